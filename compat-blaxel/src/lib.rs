@@ -1,0 +1,1 @@
+//! Placeholder: the blaxel facade is built in its own issue.

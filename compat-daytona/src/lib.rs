@@ -1,0 +1,1 @@
+//! Placeholder: the daytona facade is built in its own issue.

@@ -1,0 +1,1 @@
+//! Placeholder: the E2B facade is built in its own issue.

@@ -1,0 +1,1283 @@
+//! The agent: PID 1 inside a sandbox's namespaces.
+//!
+//! It builds the sandbox filesystem, then serves requests the monitor hands over with the
+//! client's connection attached, so process output and file bytes flow between the client and
+//! the agent directly. When the monitor goes away the agent exits, and the kernel kills every
+//! process in the sandbox's PID namespace with it.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io::Read;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, oneshot};
+
+use super::config::Record;
+use super::proto::{self, Control, Reply, Request, CHUNK};
+use super::sys;
+use crate::{
+    now_millis, Error, ExitStatus, FileKind, FileStat, ListDirOptions, MkdirOptions, ProcessInfo,
+    ProcessSelector, ProcessSpec, RemoveOptions, Result, StreamKind, WriteOptions,
+};
+
+/// Output retained per process for late attachers and log queries.
+const HISTORY_BYTES: usize = 16 << 20;
+/// Finished processes remembered for `list_processes` and late attach.
+const FINISHED_KEPT: usize = 256;
+/// How long to keep draining a process's pipes after it exited, when a descendant still
+/// holds them open.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
+/// The search path every sandbox process starts with.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Entry point in the freshly cloned child. Never returns.
+pub fn run(record: Record, ctrl: OwnedFd, sync_read: OwnedFd) -> ! {
+    sys::set_process_name("sandcove-agent");
+    let _ = sys::set_parent_death_signal(libc::SIGKILL);
+    // Wait until the monitor has written our uid/gid maps.
+    let mut byte = [0u8; 1];
+    let mut sync = std::fs::File::from(sync_read);
+    if sync.read_exact(&mut byte).is_err() {
+        sys::exit_now(1);
+    }
+    drop(sync);
+    let setup = if record.unisolated {
+        Ok(())
+    } else {
+        setup_sandbox(&record)
+    };
+    let reply = match &setup {
+        Ok(()) => Control::Ready,
+        Err(e) => Control::SetupFailed { error: e.to_body() },
+    };
+    let msg = serde_json::to_vec(&reply).unwrap_or_default();
+    let _ = sys::send_with_fds(ctrl.as_raw_fd(), &msg, &[]);
+    if setup.is_err() {
+        sys::exit_now(1);
+    }
+    let _ = sys::set_non_dumpable();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(16)
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(_) => sys::exit_now(1),
+    };
+    runtime.block_on(serve(Arc::new(Agent::new(record)), ctrl));
+    sys::exit_now(0)
+}
+
+fn unavailable(step: &str, err: std::io::Error) -> Error {
+    Error::Unavailable {
+        reason: format!("cannot set up the sandbox ({step}): {err}"),
+        remedy: "the host must allow unprivileged user namespaces with mount and proc \
+                 (sysctl kernel.unprivileged_userns_clone=1 / \
+                 kernel.apparmor_restrict_unprivileged_userns=0; in a container, run it with \
+                 a seccomp profile that allows unshare and mount); or set \
+                 SANDCOVE_ALLOW_UNISOLATED=1 to run without isolation"
+            .into(),
+    }
+}
+
+/// Build the sandbox root: a tmpfs with the host's system directories read-only, a private
+/// `/workspace`, `/tmp`, `/proc` and `/dev`, then pivot into it.
+fn setup_sandbox(record: &Record) -> Result<()> {
+    // Become root of the new user namespace (a no-op in the single-uid mapping).
+    become_ns_root().map_err(|e| unavailable("setuid in the user namespace", e))?;
+    let private = libc::MS_REC | libc::MS_PRIVATE;
+    sys::mount(None, Path::new("/"), None, private, None)
+        .map_err(|e| unavailable("make mounts private", e))?;
+    // The new root is a tmpfs mounted over /tmp of this (private) mount namespace: always
+    // reachable, unlike the state directory, which an unmapped sandbox root may not traverse.
+    let root = PathBuf::from("/tmp");
+    let size = format!("size={}m,mode=0755", record.disk_mib());
+    sys::mount(
+        Some(Path::new("tmpfs")),
+        &root,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some(&size),
+    )
+    .map_err(|e| unavailable("mount the sandbox root", e))?;
+    let r = |p: &str| root.join(p.trim_start_matches('/'));
+    let fs_err = |step: &str| {
+        let step = step.to_string();
+        move |e: std::io::Error| unavailable(&step, e)
+    };
+
+    // Host system directories, read-only (symlinks, as on merged-/usr hosts, recreated).
+    for d in [
+        "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt",
+    ] {
+        let host = Path::new("/").join(d);
+        let Ok(meta) = std::fs::symlink_metadata(&host) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(&host).map_err(fs_err("read a host symlink"))?;
+            std::os::unix::fs::symlink(target, r(d)).map_err(fs_err("link a system dir"))?;
+        } else if meta.is_dir() {
+            bind_readonly(&host, &r(d))?;
+        }
+    }
+    for d in [
+        "workspace",
+        "tmp",
+        "var/tmp",
+        "root",
+        "home",
+        "run",
+        "proc",
+        "dev",
+        "mnt",
+        "srv",
+        ".sandcove",
+    ] {
+        std::fs::create_dir_all(r(d)).map_err(fs_err("create sandbox directories"))?;
+    }
+    for d in ["tmp", "var/tmp"] {
+        std::fs::set_permissions(r(d), std::fs::Permissions::from_mode(0o1777))
+            .map_err(fs_err("chmod /tmp"))?;
+    }
+    std::fs::set_permissions(r("root"), std::fs::Permissions::from_mode(0o700))
+        .map_err(fs_err("chmod /root"))?;
+    for user in &record.users {
+        let home = r(&user.home);
+        std::fs::create_dir_all(&home).map_err(fs_err("create a home directory"))?;
+        std::os::unix::fs::chown(&home, Some(user.uid), Some(user.gid))
+            .map_err(fs_err("chown a home directory"))?;
+    }
+
+    // Our own user database, hostname and hosts file over the read-only /etc.
+    let hostname = record
+        .options
+        .hostname
+        .clone()
+        .unwrap_or_else(|| record.id.chars().take(12).collect());
+    let etc_files = [
+        ("passwd", record.passwd()),
+        ("group", record.group()),
+        ("hostname", format!("{hostname}\n")),
+        (
+            "hosts",
+            format!("127.0.0.1 localhost {hostname}\n::1 localhost ip6-localhost\n"),
+        ),
+    ];
+    if r("etc").is_dir() {
+        for (name, contents) in etc_files {
+            let src = r(".sandcove").join(name);
+            std::fs::write(&src, contents).map_err(fs_err("write /etc files"))?;
+            let dst = r("etc").join(name);
+            if dst.exists() {
+                sys::mount(Some(&src), &dst, None, libc::MS_BIND, None)
+                    .map_err(|e| unavailable("bind /etc files", e))?;
+            }
+        }
+    }
+
+    // /proc of the new PID namespace.
+    sys::mount(
+        Some(Path::new("proc")),
+        &r("proc"),
+        Some("proc"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        None,
+    )
+    .map_err(|e| unavailable("mount /proc", e))?;
+
+    // A minimal /dev: a few host devices bound in, a private devpts and shm.
+    sys::mount(
+        Some(Path::new("tmpfs")),
+        &r("dev"),
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some("mode=0755,size=64k"),
+    )
+    .map_err(|e| unavailable("mount /dev", e))?;
+    for dev in ["null", "zero", "full", "random", "urandom", "tty"] {
+        let host = Path::new("/dev").join(dev);
+        if host.exists() {
+            let target = r("dev").join(dev);
+            std::fs::write(&target, b"").map_err(fs_err("create /dev nodes"))?;
+            sys::mount(Some(&host), &target, None, libc::MS_BIND, None)
+                .map_err(|e| unavailable("bind /dev nodes", e))?;
+        }
+    }
+    for d in ["pts", "shm"] {
+        std::fs::create_dir_all(r("dev").join(d)).map_err(fs_err("create /dev dirs"))?;
+    }
+    if sys::mount(
+        Some(Path::new("devpts")),
+        &r("dev/pts"),
+        Some("devpts"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+    )
+    .is_ok()
+    {
+        std::os::unix::fs::symlink("pts/ptmx", r("dev/ptmx")).map_err(fs_err("link ptmx"))?;
+    }
+    sys::mount(
+        Some(Path::new("tmpfs")),
+        &r("dev/shm"),
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some("mode=1777,size=64m"),
+    )
+    .map_err(|e| unavailable("mount /dev/shm", e))?;
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        std::os::unix::fs::symlink(target, r("dev").join(link)).map_err(fs_err("link /dev"))?;
+    }
+
+    std::env::set_current_dir(&root).map_err(fs_err("enter the sandbox root"))?;
+    sys::pivot_root_here().map_err(|e| unavailable("pivot_root", e))?;
+    std::env::set_current_dir("/").map_err(fs_err("chdir /"))?;
+    let _ = sys::sethostname(&hostname);
+    if record.options.network == crate::NetworkPolicy::None {
+        sys::loopback_up().map_err(|e| unavailable("bring up loopback", e))?;
+    }
+    Ok(())
+}
+
+fn become_ns_root() -> std::io::Result<()> {
+    // In the range mapping our host uid (root) is unmapped; take uid 0 of the namespace so
+    // files we create belong to sandbox root.
+    let _ = sys::setrlimit(libc::RLIMIT_CORE, 0);
+    if sys::geteuid() != 0 {
+        sys::set_all_ids(0, 0)?;
+    }
+    Ok(())
+}
+
+fn bind_readonly(host: &Path, target: &Path) -> Result<()> {
+    std::fs::create_dir_all(target).map_err(|e| unavailable("create a mount point", e))?;
+    sys::mount(Some(host), target, None, libc::MS_BIND | libc::MS_REC, None)
+        .map_err(|e| unavailable("bind a system directory", e))?;
+    let keep = sys::locked_mount_flags(host).map_err(|e| unavailable("statvfs", e))?;
+    sys::mount(
+        None,
+        target,
+        None,
+        libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | keep,
+        None,
+    )
+    .map_err(|e| unavailable("remount a system directory read-only", e))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Serving
+// ---------------------------------------------------------------------------------------------
+
+/// Shared state of the agent.
+struct Agent {
+    record: Record,
+    procs: Mutex<ProcTable>,
+}
+
+#[derive(Default)]
+struct ProcTable {
+    by_pid: HashMap<u32, Arc<Proc>>,
+    finished: VecDeque<u32>,
+    exit_waiters: HashMap<u32, oneshot::Sender<ExitStatus>>,
+}
+
+/// One process started through the API.
+struct Proc {
+    pid: u32,
+    state: Mutex<ProcState>,
+    stdin: tokio::sync::Mutex<Option<tokio::net::unix::pipe::Sender>>,
+}
+
+struct ProcState {
+    info: ProcessInfo,
+    history: VecDeque<(StreamKind, Arc<Vec<u8>>)>,
+    history_bytes: usize,
+    dropped: [u64; 2],
+    subscribers: Vec<mpsc::Sender<Event>>,
+    timed_out: bool,
+}
+
+#[derive(Clone)]
+enum Event {
+    Output(StreamKind, Arc<Vec<u8>>),
+    Exit(ExitStatus),
+}
+
+impl Agent {
+    fn new(record: Record) -> Self {
+        Agent {
+            record,
+            procs: Mutex::new(ProcTable::default()),
+        }
+    }
+
+    fn process_list(&self) -> Vec<ProcessInfo> {
+        let table = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut processes: Vec<ProcessInfo> = table
+            .by_pid
+            .values()
+            .map(|p| {
+                p.state
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .info
+                    .clone()
+            })
+            .collect();
+        processes.sort_by_key(|p| (p.started_at, p.pid));
+        processes
+    }
+
+    fn find(&self, sel: &ProcessSelector) -> Result<Arc<Proc>> {
+        let table = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let found = match sel {
+            ProcessSelector::Pid(pid) => table.by_pid.get(pid).cloned(),
+            ProcessSelector::Tag(tag) => {
+                // Prefer a running process with the tag, else the newest finished one.
+                let mut best: Option<&Arc<Proc>> = None;
+                for p in table.by_pid.values() {
+                    let st = p.state.lock().unwrap_or_else(|e| e.into_inner());
+                    if st.info.tag.as_deref() != Some(tag.as_str()) {
+                        continue;
+                    }
+                    let running = st.info.exit.is_none();
+                    let better = match best {
+                        None => true,
+                        Some(b) => {
+                            let bs = b.state.lock().unwrap_or_else(|e| e.into_inner());
+                            (running && bs.info.exit.is_some())
+                                || (running == bs.info.exit.is_none()
+                                    && st.info.started_at > bs.info.started_at)
+                        }
+                    };
+                    if better {
+                        best = Some(p);
+                    }
+                }
+                best.cloned()
+            }
+        };
+        found.ok_or_else(|| Error::not_found(describe(sel)))
+    }
+}
+
+fn describe(sel: &ProcessSelector) -> String {
+    match sel {
+        ProcessSelector::Pid(pid) => format!("process {pid}"),
+        ProcessSelector::Tag(tag) => format!("process tagged {tag:?}"),
+    }
+}
+
+async fn serve(agent: Arc<Agent>, ctrl: OwnedFd) {
+    if let Err(e) = sys::set_nonblocking(ctrl.as_raw_fd(), true) {
+        eprintln!("agent: {e}");
+        return;
+    }
+    let ctrl = match sys::async_fd(ctrl) {
+        Ok(fd) => fd,
+        Err(_) => return,
+    };
+    tokio::spawn(reap_children(agent.clone()));
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let Ok(mut guard) = ctrl.readable().await else {
+            return;
+        };
+        let res = guard.try_io(|fd| sys::recv_with_fds(fd.as_raw_fd(), &mut buf));
+        let (n, mut fds) = match res {
+            Err(_would_block) => continue,
+            Ok(Ok(x)) => x,
+            Ok(Err(_)) => return,
+        };
+        if n == 0 {
+            // The monitor is gone: end the sandbox.
+            return;
+        }
+        let Ok(Control::Handoff) = serde_json::from_slice(&buf[..n]) else {
+            continue;
+        };
+        let Some(fd) = fds.pop() else { continue };
+        let std_stream = std::os::unix::net::UnixStream::from(fd);
+        if std_stream.set_nonblocking(true).is_err() {
+            continue;
+        }
+        let Ok(stream) = UnixStream::from_std(std_stream) else {
+            continue;
+        };
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            let mut stream = stream;
+            let request = match proto::read_frame::<_, Request>(&mut stream).await {
+                Ok(Some((request, _))) => request,
+                Ok(None) => return,
+                Err(e) => {
+                    let _ = proto::write_frame(&mut stream, &Reply::error(&e), &[]).await;
+                    return;
+                }
+            };
+            if let Err(e) = handle(&agent, &mut stream, request).await {
+                let _ = proto::write_frame(&mut stream, &Reply::error(&e), &[]).await;
+            }
+            let _ = stream.shutdown().await;
+        });
+    }
+}
+
+/// Reap every child (PID 1 inherits orphans too) and report the ones we wait for.
+async fn reap_children(agent: Arc<Agent>) {
+    let Ok(mut sigchld) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
+    else {
+        return;
+    };
+    loop {
+        while let Ok(Some((pid, status))) = sys::waitpid_nohang(-1) {
+            let status = match status {
+                sys::WaitStatus::Exited(code) => ExitStatus {
+                    code: Some(code),
+                    signal: None,
+                    timed_out: false,
+                },
+                sys::WaitStatus::Signaled(sig) => ExitStatus {
+                    code: None,
+                    signal: Some(sig),
+                    timed_out: false,
+                },
+            };
+            let waiter = agent
+                .procs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .exit_waiters
+                .remove(&(pid as u32));
+            if let Some(tx) = waiter {
+                let _ = tx.send(status);
+            }
+        }
+        if sigchld.recv().await.is_none() {
+            return;
+        }
+    }
+}
+
+async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: Request) -> Result<()> {
+    match request {
+        Request::Spawn { spec } => {
+            let (proc_, rx) = spawn_process(agent, spec)?;
+            proto::write_frame(stream, &Reply::Started { pid: proc_.pid }, &[]).await?;
+            forward_events(stream, rx).await
+        }
+        Request::Attach { process } => {
+            let proc_ = agent.find(&process)?;
+            let (tx, rx) = mpsc::channel(64);
+            let (gap, replay, exit) = {
+                let mut st = proc_.state.lock().unwrap_or_else(|e| e.into_inner());
+                let replay: Vec<_> = st.history.iter().cloned().collect();
+                let exit = st.info.exit;
+                if exit.is_none() {
+                    st.subscribers.push(tx);
+                }
+                (st.dropped, replay, exit)
+            };
+            proto::write_frame(stream, &Reply::Started { pid: proc_.pid }, &[]).await?;
+            if gap != [0, 0] {
+                let reply = Reply::Gap {
+                    stdout: gap[0],
+                    stderr: gap[1],
+                };
+                proto::write_frame(stream, &reply, &[]).await?;
+            }
+            for (kind, bytes) in replay {
+                write_output(stream, kind, &bytes).await?;
+            }
+            if let Some(status) = exit {
+                return proto::write_frame(stream, &Reply::Exit { status }, &[]).await;
+            }
+            forward_events(stream, rx).await
+        }
+        Request::WriteStdin { process } => {
+            let proc_ = agent.find(&process)?;
+            let mut stdin = proc_.stdin.lock().await;
+            let pipe = stdin.as_mut().ok_or_else(|| {
+                Error::invalid(format!(
+                    "{} has no open stdin (start it with stdin enabled, and do not close it)",
+                    describe(&process)
+                ))
+            })?;
+            while let Some(data) = read_data_frame(stream).await? {
+                if let Err(e) = pipe.write_all(&data).await {
+                    return Err(if e.kind() == std::io::ErrorKind::BrokenPipe {
+                        Error::invalid(format!(
+                            "{}: stdin is closed by the process",
+                            describe(&process)
+                        ))
+                    } else {
+                        Error::from_io(&e, "stdin")
+                    });
+                }
+            }
+            done(stream).await
+        }
+        Request::CloseStdin { process } => {
+            let proc_ = agent.find(&process)?;
+            proc_.stdin.lock().await.take();
+            done(stream).await
+        }
+        Request::Signal { process, signal } => {
+            let proc_ = agent.find(&process)?;
+            let running = proc_
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .info
+                .exit
+                .is_none();
+            if !running {
+                return Err(Error::not_found(format!("running {}", describe(&process))));
+            }
+            sys::kill(-(proc_.pid as i32), signal.number())
+                .or_else(|_| sys::kill(proc_.pid as i32, signal.number()))
+                .map_err(|e| Error::from_io(&e, &describe(&process)))?;
+            done(stream).await
+        }
+        Request::ListProcesses => {
+            let processes = agent.process_list();
+            proto::write_frame(stream, &Reply::Processes { processes }, &[]).await
+        }
+        Request::ReadFile { path } => read_file(agent, stream, &path).await,
+        Request::WriteFile { path, options } => write_file(agent, stream, &path, options).await,
+        Request::ListDir { path, options } => {
+            let rec = agent.record.clone();
+            let entries = blocking(move || list_dir(&rec, &path, options)).await?;
+            proto::write_frame(stream, &Reply::Entries { entries }, &[]).await
+        }
+        Request::Stat { path } => {
+            let rec = agent.record.clone();
+            let stat = blocking(move || {
+                let p = resolve(&rec, &path)?;
+                stat_path(&rec, &p)
+            })
+            .await?;
+            proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
+        }
+        Request::Mkdir { path, options } => {
+            let rec = agent.record.clone();
+            let stat = blocking(move || mkdir(&rec, &path, options)).await?;
+            proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
+        }
+        Request::Remove { path, options } => {
+            let rec = agent.record.clone();
+            blocking(move || remove(&rec, &path, options)).await?;
+            done(stream).await
+        }
+        Request::Rename { from, to } => {
+            let rec = agent.record.clone();
+            let stat = blocking(move || {
+                let (f, t) = (resolve(&rec, &from)?, resolve(&rec, &to)?);
+                std::fs::symlink_metadata(&f).map_err(|e| Error::from_io(&e, &from))?;
+                std::fs::rename(&f, &t)
+                    .map_err(|e| Error::from_io(&e, &format!("{from} -> {to}")))?;
+                stat_path(&rec, &t)
+            })
+            .await?;
+            proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
+        }
+        Request::Chmod { path, mode } => {
+            let rec = agent.record.clone();
+            let stat = blocking(move || {
+                let p = resolve(&rec, &path)?;
+                if mode > 0o7777 {
+                    return Err(Error::invalid(format!(
+                        "mode {mode:o} has bits beyond 07777"
+                    )));
+                }
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))
+                    .map_err(|e| Error::from_io(&e, &path))?;
+                stat_path(&rec, &p)
+            })
+            .await?;
+            proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
+        }
+        Request::Info | Request::Destroy | Request::SetTimeout { .. } => {
+            Err(Error::backend("monitor request sent to the agent"))
+        }
+    }
+}
+
+/// The next chunk of an upload (`Data` frames ended by `End`); `None` at the end marker.
+async fn read_data_frame(stream: &mut UnixStream) -> Result<Option<Vec<u8>>> {
+    match proto::read_frame::<_, Reply>(stream).await? {
+        Some((Reply::Data, body)) => Ok(Some(body)),
+        Some((Reply::End, _)) => Ok(None),
+        Some((other, _)) => Err(Error::backend(format!(
+            "protocol error: unexpected {other:?} in an upload"
+        ))),
+        None => Err(Error::backend("upload ended before its end marker")),
+    }
+}
+
+async fn done(stream: &mut UnixStream) -> Result<()> {
+    proto::write_frame(stream, &Reply::Done, &[]).await
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::backend(format!("agent task failed: {e}")))?
+}
+
+async fn write_output(stream: &mut UnixStream, kind: StreamKind, bytes: &[u8]) -> Result<()> {
+    let header = match kind {
+        StreamKind::Stdout => Reply::Stdout,
+        StreamKind::Stderr => Reply::Stderr,
+    };
+    for chunk in bytes.chunks(CHUNK) {
+        proto::write_frame(stream, &header, chunk).await?;
+    }
+    Ok(())
+}
+
+async fn forward_events(stream: &mut UnixStream, mut rx: mpsc::Receiver<Event>) -> Result<()> {
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Output(kind, bytes) => write_output(stream, kind, &bytes).await?,
+            Event::Exit(status) => {
+                return proto::write_frame(stream, &Reply::Exit { status }, &[]).await;
+            }
+        }
+    }
+    Err(Error::backend(
+        "process event stream ended without an exit status",
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+// ---------------------------------------------------------------------------------------------
+
+/// Check a process spec at the boundary: nothing with a NUL byte or a malformed env name
+/// reaches `exec`.
+pub fn validate_spec(spec: &ProcessSpec) -> Result<()> {
+    let argv = spec.command.to_argv();
+    if argv.is_empty() || argv[0].is_empty() {
+        return Err(Error::invalid(
+            "empty command: argv needs at least a program",
+        ));
+    }
+    for (i, arg) in argv.iter().enumerate() {
+        if arg.contains('\0') {
+            return Err(Error::invalid(format!("argument {i} contains a NUL byte")));
+        }
+    }
+    validate_envs(&spec.envs)?;
+    for (what, value) in [("cwd", &spec.cwd), ("user", &spec.user), ("tag", &spec.tag)] {
+        if value.as_deref().is_some_and(|v| v.contains('\0')) {
+            return Err(Error::invalid(format!("{what} contains a NUL byte")));
+        }
+    }
+    if spec.cwd.as_deref() == Some("") {
+        return Err(Error::invalid("cwd is empty"));
+    }
+    Ok(())
+}
+
+/// Env names must be non-empty, without `=` or NUL; values without NUL.
+pub fn validate_envs(envs: &BTreeMap<String, String>) -> Result<()> {
+    for (k, v) in envs {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(Error::invalid(format!(
+                "invalid environment variable name {k:?}: names must be non-empty, without '=' or NUL"
+            )));
+        }
+        if v.contains('\0') {
+            return Err(Error::invalid(format!(
+                "environment variable {k} has a NUL byte in its value"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn spawn_process(
+    agent: &Arc<Agent>,
+    spec: ProcessSpec,
+) -> Result<(Arc<Proc>, mpsc::Receiver<Event>)> {
+    validate_spec(&spec)?;
+    let record = &agent.record;
+    let user = record.user(spec.user.as_deref())?.clone();
+    if let Some(tag) = &spec.tag {
+        let table = agent.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let taken = table.by_pid.values().any(|p| {
+            let st = p.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.info.tag.as_deref() == Some(tag.as_str()) && st.info.exit.is_none()
+        });
+        if taken {
+            return Err(Error::AlreadyExists {
+                what: format!("running process tagged {tag:?}"),
+            });
+        }
+    }
+    let cwd = match &spec.cwd {
+        Some(c) => resolve(record, c)?,
+        None => PathBuf::from(&user.home),
+    };
+    match std::fs::metadata(&cwd) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(Error::invalid(format!(
+                "working directory {} is not a directory",
+                cwd.display()
+            )))
+        }
+        Err(e) => {
+            return Err(Error::from_io(
+                &e,
+                &format!("working directory {}", cwd.display()),
+            ))
+        }
+    }
+    let argv = spec.command.to_argv();
+    let mut envs: BTreeMap<String, String> = BTreeMap::new();
+    envs.insert("PATH".into(), DEFAULT_PATH.into());
+    envs.insert("HOME".into(), user.home.clone());
+    envs.insert("USER".into(), user.name.clone());
+    envs.insert("LOGNAME".into(), user.name.clone());
+    envs.insert("SHELL".into(), "/bin/bash".into());
+    envs.insert("LANG".into(), "C.UTF-8".into());
+    envs.insert("PWD".into(), cwd.to_string_lossy().into_owned());
+    envs.extend(record.options.envs.clone());
+    envs.extend(spec.envs.clone());
+
+    let mut cmd = std::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .env_clear()
+        .envs(&envs)
+        .current_dir(&cwd)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .stdin(if spec.stdin {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        });
+    let (uid, gid) = (user.uid, user.gid);
+    let (nproc, nofile) = (record.max_processes(), record.max_open_files());
+    let isolated = !record.unisolated;
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
+    // syscalls (no allocation, no locks).
+    unsafe {
+        cmd.pre_exec(move || {
+            if isolated {
+                sys::harden_child(uid, gid, nproc, nofile)
+            } else {
+                sys::setsid()
+            }
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            Error::not_found(format!("program {:?}", argv[0]))
+        } else {
+            Error::from_io(&e, &format!("start {:?}", argv[0]))
+        }
+    })?;
+    let pid = child.id();
+    let (exit_tx, exit_rx) = oneshot::channel();
+    let stdout = child.stdout.take().map(pipe_receiver).transpose()?;
+    let stderr = child.stderr.take().map(pipe_receiver).transpose()?;
+    let stdin = match child.stdin.take() {
+        Some(s) => Some(
+            tokio::net::unix::pipe::Sender::from_owned_fd(OwnedFd::from(s))
+                .map_err(|e| Error::from_io(&e, "stdin pipe"))?,
+        ),
+        None => None,
+    };
+    // `child` is dropped without waiting: the reaper owns waiting for every pid.
+    drop(child);
+    let (tx, rx) = mpsc::channel(64);
+    let proc_ = Arc::new(Proc {
+        pid,
+        state: Mutex::new(ProcState {
+            info: ProcessInfo {
+                pid,
+                tag: spec.tag.clone(),
+                argv,
+                cwd: cwd.to_string_lossy().into_owned(),
+                envs: spec.envs.clone(),
+                started_at: now_millis(),
+                exit: None,
+            },
+            history: VecDeque::new(),
+            history_bytes: 0,
+            dropped: [0, 0],
+            subscribers: vec![tx],
+            timed_out: false,
+        }),
+        stdin: tokio::sync::Mutex::new(stdin),
+    });
+    {
+        let mut table = agent.procs.lock().unwrap_or_else(|e| e.into_inner());
+        table.by_pid.insert(pid, proc_.clone());
+        table.exit_waiters.insert(pid, exit_tx);
+    }
+    if let Some(timeout) = spec.timeout {
+        let p = proc_.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            let mut st = p.state.lock().unwrap_or_else(|e| e.into_inner());
+            if st.info.exit.is_none() {
+                st.timed_out = true;
+                drop(st);
+                let _ = sys::kill(-(p.pid as i32), libc::SIGKILL);
+                let _ = sys::kill(p.pid as i32, libc::SIGKILL);
+            }
+        });
+    }
+    tokio::spawn(pump(agent.clone(), proc_.clone(), stdout, stderr, exit_rx));
+    Ok((proc_, rx))
+}
+
+fn pipe_receiver(fd: impl Into<OwnedFd>) -> Result<tokio::net::unix::pipe::Receiver> {
+    tokio::net::unix::pipe::Receiver::from_owned_fd(fd.into())
+        .map_err(|e| Error::from_io(&e, "output pipe"))
+}
+
+/// Move a process's output into its history and to its subscribers (with backpressure: a
+/// slow subscriber slows the process, never loses bytes), then report its exit.
+async fn pump(
+    agent: Arc<Agent>,
+    proc_: Arc<Proc>,
+    stdout: Option<tokio::net::unix::pipe::Receiver>,
+    stderr: Option<tokio::net::unix::pipe::Receiver>,
+    exit_rx: oneshot::Receiver<ExitStatus>,
+) {
+    let mut out = stdout;
+    let mut err = stderr;
+    let mut exit_rx = Some(exit_rx);
+    let mut exit: Option<ExitStatus> = None;
+    let mut buf_out = vec![0u8; 64 * 1024];
+    let mut buf_err = vec![0u8; 64 * 1024];
+    loop {
+        if out.is_none() && err.is_none() && exit.is_some() {
+            break;
+        }
+        let drain_deadline = exit.is_some();
+        let step = async {
+            tokio::select! {
+                n = read_some(&mut out, &mut buf_out) => Step::Read(StreamKind::Stdout, n),
+                n = read_some(&mut err, &mut buf_err) => Step::Read(StreamKind::Stderr, n),
+                status = wait_exit(&mut exit_rx) => Step::Exited(status),
+            }
+        };
+        let result = if drain_deadline {
+            match tokio::time::timeout(DRAIN_AFTER_EXIT, step).await {
+                Ok(r) => r,
+                Err(_) => break, // a descendant holds the pipes; stop draining
+            }
+        } else {
+            step.await
+        };
+        match result {
+            Step::Exited(status) => exit = Some(status),
+            Step::Read(kind, 0) => match kind {
+                StreamKind::Stdout => out = None,
+                StreamKind::Stderr => err = None,
+            },
+            Step::Read(kind, n) => {
+                let bytes = match kind {
+                    StreamKind::Stdout => &buf_out[..n],
+                    StreamKind::Stderr => &buf_err[..n],
+                };
+                publish(&proc_, Event::Output(kind, Arc::new(bytes.to_vec()))).await;
+            }
+        }
+    }
+    let mut status = exit.unwrap_or(ExitStatus {
+        code: None,
+        signal: None,
+        timed_out: false,
+    });
+    {
+        let mut st = proc_.state.lock().unwrap_or_else(|e| e.into_inner());
+        status.timed_out = st.timed_out;
+        st.info.exit = Some(status);
+    }
+    proc_.stdin.lock().await.take();
+    publish(&proc_, Event::Exit(status)).await;
+    proc_
+        .state
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .subscribers
+        .clear();
+    let mut table = agent.procs.lock().unwrap_or_else(|e| e.into_inner());
+    table.finished.push_back(proc_.pid);
+    while table.finished.len() > FINISHED_KEPT {
+        if let Some(old) = table.finished.pop_front() {
+            table.by_pid.remove(&old);
+        }
+    }
+}
+
+enum Step {
+    Read(StreamKind, usize),
+    Exited(ExitStatus),
+}
+
+/// Read from a pipe; a read error counts as end of stream. Never ready once the pipe is gone.
+async fn read_some(pipe: &mut Option<tokio::net::unix::pipe::Receiver>, buf: &mut [u8]) -> usize {
+    match pipe {
+        Some(p) => p.read(buf).await.unwrap_or(0),
+        None => std::future::pending().await,
+    }
+}
+
+async fn wait_exit(rx: &mut Option<oneshot::Receiver<ExitStatus>>) -> ExitStatus {
+    match rx {
+        Some(r) => {
+            let status = r.await.unwrap_or(ExitStatus {
+                code: None,
+                signal: None,
+                timed_out: false,
+            });
+            *rx = None;
+            status
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn publish(proc_: &Proc, ev: Event) {
+    let subscribers = {
+        let mut st = proc_.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Event::Output(kind, bytes) = &ev {
+            st.history_bytes += bytes.len();
+            st.history.push_back((*kind, bytes.clone()));
+            while st.history_bytes > HISTORY_BYTES {
+                let Some((k, old)) = st.history.pop_front() else {
+                    break;
+                };
+                st.history_bytes -= old.len();
+                st.dropped[k as usize] += old.len() as u64;
+            }
+        }
+        st.subscribers.clone()
+    };
+    let mut gone = Vec::new();
+    for (i, sub) in subscribers.iter().enumerate() {
+        if sub.send(ev.clone()).await.is_err() {
+            gone.push(i);
+        }
+    }
+    if !gone.is_empty() {
+        let mut st = proc_.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.subscribers.retain(|s| !s.is_closed());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files. The agent lives inside the sandbox's mount namespace with the sandbox root as its
+// root, so every path, `..` and symlink resolves inside the sandbox by construction.
+// ---------------------------------------------------------------------------------------------
+
+fn resolve(record: &Record, path: &str) -> Result<PathBuf> {
+    if path.is_empty() {
+        return Err(Error::invalid("empty path"));
+    }
+    if path.contains('\0') {
+        return Err(Error::invalid("path contains a NUL byte"));
+    }
+    let p = Path::new(path);
+    Ok(if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        Path::new(&record.default_user().home).join(p)
+    })
+}
+
+fn name_of(users: &[crate::UserInfo], id: u32, group: bool) -> String {
+    users
+        .iter()
+        .find(|u| if group { u.gid == id } else { u.uid == id })
+        .map(|u| u.name.clone())
+        .unwrap_or_else(|| {
+            if id == 65534 {
+                "nobody".into()
+            } else {
+                id.to_string()
+            }
+        })
+}
+
+fn stat_path(record: &Record, path: &Path) -> Result<FileStat> {
+    let shown = path.to_string_lossy().into_owned();
+    let meta = std::fs::symlink_metadata(path).map_err(|e| Error::from_io(&e, &shown))?;
+    Ok(stat_from_meta(record, path, &meta))
+}
+
+fn stat_from_meta(record: &Record, path: &Path, meta: &std::fs::Metadata) -> FileStat {
+    let ft = meta.file_type();
+    let kind = if ft.is_symlink() {
+        FileKind::Symlink
+    } else if ft.is_dir() {
+        FileKind::Dir
+    } else if ft.is_file() {
+        FileKind::File
+    } else {
+        FileKind::Other
+    };
+    let symlink_target = if ft.is_symlink() {
+        std::fs::read_link(path)
+            .ok()
+            .map(|t| t.to_string_lossy().into_owned())
+    } else {
+        None
+    };
+    let mtime = meta.mtime().max(0) as u64 * 1000 + meta.mtime_nsec().max(0) as u64 / 1_000_000;
+    FileStat {
+        path: path.to_string_lossy().into_owned(),
+        name: path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "/".into()),
+        kind,
+        size: meta.size(),
+        mode: meta.mode() & 0o7777,
+        uid: meta.uid(),
+        gid: meta.gid(),
+        owner: name_of(&record.users, meta.uid(), false),
+        group: name_of(&record.users, meta.gid(), true),
+        modified: mtime,
+        symlink_target,
+    }
+}
+
+fn list_dir(record: &Record, path: &str, options: ListDirOptions) -> Result<Vec<FileStat>> {
+    let root = resolve(record, path)?;
+    let meta = std::fs::metadata(&root).map_err(|e| Error::from_io(&e, path))?;
+    if !meta.is_dir() {
+        return Err(Error::invalid(format!("{path}: not a directory")));
+    }
+    if options.depth == 0 {
+        return Err(Error::invalid("depth must be at least 1"));
+    }
+    let mut out = Vec::new();
+    let mut queue = VecDeque::from([(root, 1u32)]);
+    while let Some((dir, level)) = queue.pop_front() {
+        let Ok(read) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut entries: Vec<_> = read.filter_map(|e| e.ok()).collect();
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let p = entry.path();
+            let Ok(meta) = std::fs::symlink_metadata(&p) else {
+                continue;
+            };
+            let stat = stat_from_meta(record, &p, &meta);
+            if stat.kind == FileKind::Dir && level < options.depth {
+                queue.push_back((p, level + 1));
+            }
+            out.push(stat);
+        }
+    }
+    Ok(out)
+}
+
+fn chown_to(record: &Record, path: &Path, user: Option<&str>) -> Result<()> {
+    let u = record.user(user)?;
+    if u.uid != 0 || u.gid != 0 {
+        std::os::unix::fs::lchown(path, Some(u.uid), Some(u.gid))
+            .map_err(|e| Error::from_io(&e, &path.to_string_lossy()))?;
+    }
+    Ok(())
+}
+
+/// Create missing ancestors of `path` (owned by `user`), the way `mkdir -p` does.
+fn create_parents(record: &Record, path: &Path, user: Option<&str>) -> Result<()> {
+    let mut missing = Vec::new();
+    let mut cur = path.parent();
+    while let Some(p) = cur {
+        if std::fs::symlink_metadata(p).is_ok() {
+            break;
+        }
+        missing.push(p.to_path_buf());
+        cur = p.parent();
+    }
+    for dir in missing.into_iter().rev() {
+        match std::fs::create_dir(&dir) {
+            Ok(()) => chown_to(record, &dir, user)?,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(Error::from_io(&e, &dir.to_string_lossy())),
+        }
+    }
+    Ok(())
+}
+
+fn mkdir(record: &Record, path: &str, options: MkdirOptions) -> Result<FileStat> {
+    let p = resolve(record, path)?;
+    record.user(options.user.as_deref())?;
+    if options.parents {
+        create_parents(record, &p, options.user.as_deref())?;
+    }
+    match std::fs::create_dir(&p) {
+        Ok(()) => {
+            chown_to(record, &p, options.user.as_deref())?;
+            if let Some(mode) = options.mode {
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode & 0o7777))
+                    .map_err(|e| Error::from_io(&e, path))?;
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let is_dir = std::fs::metadata(&p).map(|m| m.is_dir()).unwrap_or(false);
+            if !(options.parents && is_dir) {
+                return Err(Error::AlreadyExists {
+                    what: format!("path {path}"),
+                });
+            }
+        }
+        Err(e) => return Err(Error::from_io(&e, path)),
+    }
+    stat_path(record, &p)
+}
+
+fn remove(record: &Record, path: &str, options: RemoveOptions) -> Result<()> {
+    let p = resolve(record, path)?;
+    if p == Path::new("/") {
+        return Err(Error::invalid("refusing to remove /"));
+    }
+    let meta = std::fs::symlink_metadata(&p).map_err(|e| Error::from_io(&e, path))?;
+    let res = if meta.is_dir() {
+        if options.recursive {
+            std::fs::remove_dir_all(&p)
+        } else {
+            std::fs::remove_dir(&p)
+        }
+    } else {
+        std::fs::remove_file(&p)
+    };
+    res.map_err(|e| Error::from_io(&e, path))
+}
+
+async fn read_file(agent: &Arc<Agent>, stream: &mut UnixStream, path: &str) -> Result<()> {
+    let p = resolve(&agent.record, path)?;
+    let file = tokio::fs::File::open(&p)
+        .await
+        .map_err(|e| Error::from_io(&e, path))?;
+    let meta = file
+        .metadata()
+        .await
+        .map_err(|e| Error::from_io(&e, path))?;
+    if meta.is_dir() {
+        return Err(Error::invalid(format!("{path}: is a directory")));
+    }
+    let mut file = file;
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = file
+            .read(&mut buf)
+            .await
+            .map_err(|e| Error::from_io(&e, path))?;
+        if n == 0 {
+            break;
+        }
+        proto::write_frame(stream, &Reply::Data, &buf[..n]).await?;
+    }
+    proto::write_frame(stream, &Reply::End, &[]).await
+}
+
+async fn write_file(
+    agent: &Arc<Agent>,
+    stream: &mut UnixStream,
+    path: &str,
+    options: WriteOptions,
+) -> Result<()> {
+    let record = &agent.record;
+    let p = resolve(record, path)?;
+    record.user(options.user.as_deref())?;
+    if let Ok(m) = std::fs::metadata(&p) {
+        if m.is_dir() {
+            return Err(Error::invalid(format!("{path}: is a directory")));
+        }
+    }
+    if options.create_parents {
+        let (rec, p2, user) = (record.clone(), p.clone(), options.user.clone());
+        blocking(move || create_parents(&rec, &p2, user.as_deref())).await?;
+    }
+    // Write next to the target and rename over it at the end, so a cut-off upload never
+    // leaves a half-written file in place.
+    let existing = std::fs::metadata(&p).ok();
+    let target = if options.append {
+        p.clone()
+    } else {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        p.with_file_name(format!(".{name}.sandcove-{}", now_millis()))
+    };
+    let mut open = tokio::fs::OpenOptions::new();
+    open.write(true).create(true);
+    if options.append {
+        open.append(true);
+    } else {
+        open.truncate(true);
+    }
+    let mut file = open
+        .open(&target)
+        .await
+        .map_err(|e| Error::from_io(&e, path))?;
+    let result: Result<()> = async {
+        while let Some(body) = read_data_frame(stream).await? {
+            file.write_all(&body)
+                .await
+                .map_err(|e| Error::from_io(&e, path))?;
+        }
+        file.flush().await.map_err(|e| Error::from_io(&e, path))?;
+        Ok(())
+    }
+    .await;
+    drop(file);
+    if let Err(e) = result {
+        if !options.append {
+            let _ = std::fs::remove_file(&target);
+        }
+        return Err(e);
+    }
+    if !options.append {
+        let mode = match (&existing, options.mode) {
+            (_, Some(m)) => Some(m & 0o7777),
+            (Some(m), None) => Some(m.mode() & 0o7777),
+            (None, None) => None,
+        };
+        if let Some(mode) = mode {
+            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| Error::from_io(&e, path))?;
+        }
+        match &existing {
+            Some(m) => {
+                let _ = std::os::unix::fs::lchown(&target, Some(m.uid()), Some(m.gid()));
+            }
+            None => chown_to(record, &target, options.user.as_deref())?,
+        }
+        if let Err(e) = std::fs::rename(&target, &p) {
+            let _ = std::fs::remove_file(&target);
+            return Err(Error::from_io(&e, path));
+        }
+    } else if existing.is_none() {
+        chown_to(record, &p, options.user.as_deref())?;
+    }
+    let stat = stat_path(record, &p)?;
+    proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
+}

@@ -1,0 +1,756 @@
+//! The embedded local engine: rootless Linux namespaces, nothing to configure.
+//!
+//! ```text
+//!  client program ──unix socket──► monitor (host side, detached, one per sandbox)
+//!        ▲                            │ SOCK_SEQPACKET control + SCM_RIGHTS handoff
+//!        └──── same connection ────► agent (PID 1 in user/mount/pid/uts/ipc/net namespaces)
+//! ```
+//!
+//! [`LocalBackend::create`] writes the sandbox's record into a fresh state directory and starts
+//! the monitor by re-executing the running binary; a constructor hook ([`entry`]) catches that
+//! before `main`, so any program linking `sandcove` works with no setup. The monitor clones the
+//! agent into new namespaces, writes its uid/gid maps, and serves clients of the same user on a
+//! socket in the state directory: lifecycle requests itself, everything else by handing the
+//! client's connection to the agent. Sandboxes outlive the program that created them; each
+//! ends at its lease, on destroy, or with its monitor.
+
+mod agent;
+pub mod config;
+mod entry;
+mod monitor;
+pub(crate) mod proto;
+mod sys;
+
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use tokio::io::AsyncWriteExt;
+use tokio::net::UnixStream;
+
+use self::config::{Record, SandboxDir, UidMapping};
+use self::proto::{Hello, Reply, Request, PROTOCOL_VERSION};
+use super::{Backend, ByteStream, ProcessStream};
+use crate::{
+    now_millis, Capabilities, CreateOptions, Error, FileStat, ListDirOptions, ListOptions,
+    MkdirOptions, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, RemoveOptions, Result,
+    SandboxInfo, SandboxState, Signal, WriteOptions, DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT,
+};
+
+pub use self::agent::{validate_envs, validate_spec};
+
+/// Env var that opts in to running sandboxes without isolation where namespaces are missing.
+pub const ALLOW_UNISOLATED_ENV: &str = "SANDCOVE_ALLOW_UNISOLATED";
+
+/// Longest lease accepted (a year); longer values are almost certainly unit mistakes.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The embedded engine. Cheap to clone; all state lives in the state directory and in each
+/// sandbox's monitor, so any number of programs share sandboxes.
+#[derive(Debug, Clone)]
+pub struct LocalBackend {
+    state_dir: PathBuf,
+    mapping: UidMapping,
+    unisolated: bool,
+}
+
+impl LocalBackend {
+    /// An engine keeping state in the default directory (see
+    /// [`config::default_state_dir`]).
+    pub fn new() -> Result<Self> {
+        Self::with_state_dir(config::default_state_dir())
+    }
+
+    /// An engine keeping state under `dir` (created if missing, mode 0700).
+    pub fn with_state_dir(dir: impl Into<PathBuf>) -> Result<Self> {
+        entry::ensure_linked();
+        let state_dir = dir.into();
+        let sandboxes = state_dir.join("sandboxes");
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&sandboxes)
+            .map_err(|e| Error::from_io(&e, &format!("state directory {}", sandboxes.display())))?;
+        let unisolated =
+            std::env::var(ALLOW_UNISOLATED_ENV).is_ok_and(|v| v == "1") && !namespaces_available();
+        if unisolated {
+            eprintln!(
+                "sandcove: WARNING: user namespaces are unavailable and {ALLOW_UNISOLATED_ENV}=1: \
+                 sandboxes run WITHOUT isolation from this host"
+            );
+        }
+        let backend = LocalBackend {
+            state_dir,
+            mapping: UidMapping::for_host(sys::geteuid(), sys::getegid()),
+            unisolated,
+        };
+        backend.collect_stale();
+        Ok(backend)
+    }
+
+    /// Where sandbox state lives.
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    fn sandboxes_dir(&self) -> PathBuf {
+        self.state_dir.join("sandboxes")
+    }
+
+    fn dir(&self, id: &str) -> Result<SandboxDir> {
+        if !config::valid_id(id) {
+            return Err(Error::not_found(format!("sandbox {id:?}")));
+        }
+        Ok(SandboxDir::new(&self.state_dir, id))
+    }
+
+    /// Remove state directories whose monitor is gone (its lock is free).
+    pub fn collect_stale(&self) -> usize {
+        let Ok(entries) = std::fs::read_dir(self.sandboxes_dir()) else {
+            return 0;
+        };
+        let mut collected = 0;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                // A create in progress; abandoned ones are collected after a grace period.
+                let old = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .map(|t| t.elapsed().unwrap_or_default() > Duration::from_secs(120))
+                    .unwrap_or(false);
+                if old && lock_is_free(&path.join("lock")) {
+                    let _ = std::fs::remove_dir_all(&path);
+                    collected += 1;
+                }
+                continue;
+            }
+            if lock_is_free(&path.join("lock")) {
+                let _ = std::fs::remove_dir_all(&path);
+                collected += 1;
+            }
+        }
+        collected
+    }
+
+    /// Connect to a sandbox's monitor, or report the sandbox missing.
+    async fn connect(&self, id: &str) -> Result<UnixStream> {
+        let dir = self.dir(id)?;
+        match UnixStream::connect(dir.socket()).await {
+            Ok(s) => Ok(s),
+            Err(e) => {
+                if lock_is_free(&dir.lock()) {
+                    let _ = std::fs::remove_dir_all(&dir.dir);
+                    return Err(Error::not_found(format!("sandbox {id:?}")));
+                }
+                if dir.dir.exists() && !dir.socket().exists() {
+                    // Being destroyed right now.
+                    return Err(Error::not_found(format!("sandbox {id:?}")));
+                }
+                Err(Error::Backend {
+                    message: format!("cannot reach sandbox {id:?}: {e}"),
+                    retryable: true,
+                })
+            }
+        }
+    }
+
+    /// Send a request the monitor answers and read its one reply.
+    async fn monitor_call(&self, id: &str, request: Request) -> Result<Reply> {
+        let mut stream = self.connect(id).await?;
+        let hello = Hello {
+            version: PROTOCOL_VERSION,
+            request: Some(request),
+        };
+        proto::write_frame(&mut stream, &hello, &[]).await?;
+        match proto::read_frame::<_, Reply>(&mut stream).await? {
+            Some((Reply::Error { error }, _)) => Err(Error::from_body(&error)),
+            Some((reply, _)) => Ok(reply),
+            None => Err(Error::not_found(format!("sandbox {id:?}"))),
+        }
+    }
+
+    /// Open a connection served by the agent, with `request` sent.
+    async fn agent_stream(&self, id: &str, request: &Request) -> Result<UnixStream> {
+        let mut stream = self.connect(id).await?;
+        let hello = Hello {
+            version: PROTOCOL_VERSION,
+            request: None,
+        };
+        // Both frames in one write: no extra round trip for the routing hop.
+        let mut buf = Vec::new();
+        proto::write_frame(&mut buf, &hello, &[]).await?;
+        proto::write_frame(&mut buf, request, &[]).await?;
+        stream
+            .write_all(&buf)
+            .await
+            .map_err(|e| Error::backend(format!("sandbox {id:?}: {e}")))?;
+        Ok(stream)
+    }
+
+    /// An agent request with a single reply.
+    async fn agent_call(&self, id: &str, request: Request) -> Result<Reply> {
+        let mut stream = self.agent_stream(id, &request).await?;
+        read_reply(&mut stream, id).await
+    }
+
+    async fn agent_stat(&self, id: &str, request: Request) -> Result<FileStat> {
+        match self.agent_call(id, request).await? {
+            Reply::Stat { stat } => Ok(stat),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn agent_done(&self, id: &str, request: Request) -> Result<()> {
+        match self.agent_call(id, request).await? {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn process_stream(&self, id: &str, request: Request) -> Result<ProcessStream> {
+        let mut stream = self.agent_stream(id, &request).await?;
+        let pid = match read_reply(&mut stream, id).await? {
+            Reply::Started { pid } => pid,
+            other => return Err(unexpected(&other)),
+        };
+        let id = id.to_string();
+        let events = futures::stream::unfold(Some(stream), move |state| {
+            let id = id.clone();
+            async move {
+                let mut stream = state?;
+                let item = match proto::read_frame::<_, Reply>(&mut stream).await {
+                    Ok(Some((Reply::Stdout, body))) => Ok(ProcessEvent::Stdout(body)),
+                    Ok(Some((Reply::Stderr, body))) => Ok(ProcessEvent::Stderr(body)),
+                    Ok(Some((Reply::Gap { stdout, stderr }, _))) => {
+                        Ok(ProcessEvent::Gap { stdout, stderr })
+                    }
+                    Ok(Some((Reply::Exit { status }, _))) => {
+                        return Some((Ok(ProcessEvent::Exit(status)), None));
+                    }
+                    Ok(Some((Reply::Error { error }, _))) => {
+                        return Some((Err(Error::from_body(&error)), None));
+                    }
+                    Ok(Some((other, _))) => return Some((Err(unexpected(&other)), None)),
+                    Ok(None) => return Some((
+                        Err(Error::Backend {
+                            message: format!(
+                                "sandbox {id:?} closed the process stream before the exit status \
+                                     (the sandbox was destroyed or its agent died)"
+                            ),
+                            retryable: false,
+                        }),
+                        None,
+                    )),
+                    Err(e) => return Some((Err(e), None)),
+                };
+                Some((item, Some(stream)))
+            }
+        });
+        Ok(ProcessStream {
+            pid,
+            events: Box::pin(events),
+        })
+    }
+
+    async fn upload(&self, id: &str, request: Request, mut data: ByteStream) -> Result<UnixStream> {
+        let mut stream = self.agent_stream(id, &request).await?;
+        let (mut rd, mut wr) = stream.split();
+        // Watch for an early error reply (e.g. a bad path) while sending, so a refused upload
+        // is reported as the refusal, not as a broken pipe.
+        let send = async {
+            while let Some(chunk) = data.next().await {
+                let chunk = chunk?;
+                for piece in chunk.chunks(proto::CHUNK) {
+                    proto::write_frame(&mut wr, &Reply::Data, piece).await?;
+                }
+            }
+            proto::write_frame(&mut wr, &Reply::End, &[]).await
+        };
+        let early = async {
+            match proto::read_frame::<_, Reply>(&mut rd).await {
+                Ok(Some((Reply::Error { error }, _))) => Error::from_body(&error),
+                Ok(Some((other, _))) => unexpected(&other),
+                Ok(None) => Error::backend("sandbox closed the connection during an upload"),
+                Err(e) => e,
+            }
+        };
+        tokio::select! {
+            sent = send => sent?,
+            err = early => return Err(err),
+        }
+        Ok(stream)
+    }
+}
+
+fn lock_is_free(path: &Path) -> bool {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => sys::try_lock_exclusive(f.as_raw_fd()).unwrap_or(false),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
+async fn read_reply(stream: &mut UnixStream, id: &str) -> Result<Reply> {
+    match proto::read_frame::<_, Reply>(stream).await? {
+        Some((Reply::Error { error }, _)) => Err(Error::from_body(&error)),
+        Some((reply, _)) => Ok(reply),
+        None => Err(Error::Backend {
+            message: format!("sandbox {id:?} closed the connection without a reply"),
+            retryable: false,
+        }),
+    }
+}
+
+fn unexpected(reply: &Reply) -> Error {
+    Error::backend(format!("protocol error: unexpected reply {reply:?}"))
+}
+
+/// What a monitor reports for its record and state.
+pub(crate) fn info_of(record: &Record, state: SandboxState) -> SandboxInfo {
+    SandboxInfo {
+        id: record.id.clone(),
+        state,
+        template: record
+            .options
+            .template
+            .clone()
+            .unwrap_or_else(|| "base".into()),
+        labels: record.options.labels.clone(),
+        envs: record.options.envs.clone(),
+        resources: record.options.resources.clone(),
+        network: record.options.network.clone(),
+        user: record.default_user().clone(),
+        created_at: record.created_at,
+        ends_at: record.ends_at,
+    }
+}
+
+/// Whether this host lets us create the namespaces a sandbox needs (a quick probe).
+fn namespaces_available() -> bool {
+    std::fs::read_to_string("/proc/sys/user/max_user_namespaces")
+        .map(|s| s.trim() != "0")
+        .unwrap_or(false)
+}
+
+fn check_create(options: &CreateOptions) -> Result<()> {
+    validate_envs(&options.envs)?;
+    if let Some(t) = options.timeout {
+        if t > MAX_TIMEOUT {
+            return Err(Error::invalid(format!(
+                "timeout of {}s exceeds the maximum of {}s",
+                t.as_secs(),
+                MAX_TIMEOUT.as_secs()
+            )));
+        }
+    }
+    if let Some(template) = &options.template {
+        if !template.is_empty() && template != "base" {
+            return Err(Error::not_supported(
+                format!("template {template:?}"),
+                "the local engine has one base template (the host's system directories, \
+                 read-only); install what you need into /workspace, or use a snapshot",
+            ));
+        }
+    }
+    let r = &options.resources;
+    if r.cpu.is_some() || r.memory_mib.is_some() {
+        return Err(Error::not_supported(
+            "CPU and memory limits",
+            "omit cpu/memory: the local engine limits disk (tmpfs size), processes and open \
+             files, but CPU and memory limits need a delegated cgroup it does not use",
+        ));
+    }
+    if r.disk_mib == Some(0) || r.max_processes == Some(0) || r.max_open_files == Some(0) {
+        return Err(Error::invalid("resource limits must be positive"));
+    }
+    for (what, value) in [("hostname", &options.hostname), ("user", &options.user)] {
+        if let Some(v) = value {
+            let ok = !v.is_empty()
+                && v.len() <= 32
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+            if !ok {
+                return Err(Error::invalid(format!(
+                    "{what} {v:?} must be 1-32 letters, digits, '-', '_' or '.'"
+                )));
+            }
+        }
+    }
+    for (k, v) in &options.labels {
+        if k.contains('\0') || v.contains('\0') {
+            return Err(Error::invalid("labels must not contain NUL bytes"));
+        }
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Backend for LocalBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            backend: "local".into(),
+            isolated: !self.unisolated,
+            multiple_users: self.mapping == UidMapping::Range && !self.unisolated,
+            persistent_sandboxes: true,
+            host_network: true,
+            process_limit: !self.unisolated,
+            max_file_bytes: u64::MAX,
+            output_limit: DEFAULT_OUTPUT_LIMIT as u64,
+        }
+    }
+
+    async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
+        check_create(&options)?;
+        let id = config::new_id();
+        let default_name = options
+            .user
+            .clone()
+            .unwrap_or_else(|| config::DEFAULT_USER_NAME.into());
+        let now = now_millis();
+        let timeout = options.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        let mapping = if self.unisolated {
+            UidMapping::Single {
+                host_uid: sys::geteuid(),
+                host_gid: sys::getegid(),
+            }
+        } else {
+            self.mapping
+        };
+        let record = Record {
+            id: id.clone(),
+            users: mapping.users(&default_name),
+            mapping,
+            options,
+            created_at: now,
+            ends_at: now + timeout.as_millis() as u64,
+            unisolated: self.unisolated,
+            notes: Default::default(),
+        };
+        let state_dir = self.state_dir.clone();
+        let info = info_of(&record, SandboxState::Running);
+        tokio::task::spawn_blocking(move || start_monitor(&state_dir, &record))
+            .await
+            .map_err(|e| Error::backend(format!("create task failed: {e}")))??;
+        Ok(info)
+    }
+
+    async fn get(&self, id: &str) -> Result<SandboxInfo> {
+        match self.monitor_call(id, Request::Info).await? {
+            Reply::Info { info } => Ok(info),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn list(&self, options: ListOptions) -> Result<Vec<SandboxInfo>> {
+        let dir = self.sandboxes_dir();
+        let mut out = Vec::new();
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Ok(out);
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || !config::valid_id(&name) {
+                continue;
+            }
+            let sdir = SandboxDir::new(&self.state_dir, &name);
+            if lock_is_free(&sdir.lock()) {
+                let _ = std::fs::remove_dir_all(&sdir.dir);
+                continue;
+            }
+            let Ok(text) = std::fs::read(sdir.info()) else {
+                continue;
+            };
+            let Ok(info) = serde_json::from_slice::<SandboxInfo>(&text) else {
+                continue;
+            };
+            if info.ends_at <= now_millis() || info.state == SandboxState::Destroyed {
+                continue;
+            }
+            if options.matches(&info) {
+                out.push(info);
+            }
+        }
+        out.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(out)
+    }
+
+    async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo> {
+        if timeout > MAX_TIMEOUT {
+            return Err(Error::invalid(format!(
+                "timeout of {}s exceeds the maximum of {}s",
+                timeout.as_secs(),
+                MAX_TIMEOUT.as_secs()
+            )));
+        }
+        match self
+            .monitor_call(
+                id,
+                Request::SetTimeout {
+                    secs: timeout.as_secs_f64(),
+                },
+            )
+            .await?
+        {
+            Reply::Info { info } => Ok(info),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn destroy(&self, id: &str) -> Result<()> {
+        match self.monitor_call(id, Request::Destroy).await {
+            Ok(Reply::Done) => Ok(()),
+            Ok(other) => Err(unexpected(&other)),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
+        validate_spec(&spec)?;
+        self.process_stream(id, Request::Spawn { spec }).await
+    }
+
+    async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream> {
+        self.process_stream(id, Request::Attach { process }).await
+    }
+
+    async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
+        let body: ByteStream = Box::pin(futures::stream::once(async move { Ok(data) }));
+        let mut stream = self
+            .upload(id, Request::WriteStdin { process }, body)
+            .await?;
+        match read_reply(&mut stream, id).await? {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()> {
+        self.agent_done(id, Request::CloseStdin { process }).await
+    }
+
+    async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
+        self.agent_done(id, Request::Signal { process, signal })
+            .await
+    }
+
+    async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
+        match self.agent_call(id, Request::ListProcesses).await? {
+            Reply::Processes { processes } => Ok(processes),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream> {
+        let mut stream = self
+            .agent_stream(
+                id,
+                &Request::ReadFile {
+                    path: path.to_string(),
+                },
+            )
+            .await?;
+        // Fail fast on a missing file or a directory: the first frame decides.
+        let first = match proto::read_frame::<_, Reply>(&mut stream).await? {
+            Some((Reply::Data, body)) => body,
+            Some((Reply::End, _)) => return Ok(Box::pin(futures::stream::empty())),
+            Some((Reply::Error { error }, _)) => return Err(Error::from_body(&error)),
+            Some((other, _)) => return Err(unexpected(&other)),
+            None => {
+                return Err(Error::backend(format!(
+                    "sandbox {id:?} closed the connection without a reply"
+                )))
+            }
+        };
+        let rest = futures::stream::unfold(Some(stream), |state| async move {
+            let mut stream = state?;
+            match proto::read_frame::<_, Reply>(&mut stream).await {
+                Ok(Some((Reply::Data, body))) => Some((Ok(body), Some(stream))),
+                Ok(Some((Reply::End, _))) => None,
+                Ok(Some((Reply::Error { error }, _))) => {
+                    Some((Err(Error::from_body(&error)), None))
+                }
+                Ok(Some((other, _))) => Some((Err(unexpected(&other)), None)),
+                Ok(None) => Some((
+                    Err(Error::backend("file stream ended before its end marker")),
+                    None,
+                )),
+                Err(e) => Some((Err(e), None)),
+            }
+        });
+        Ok(Box::pin(
+            futures::stream::once(async move { Ok(first) }).chain(rest),
+        ))
+    }
+
+    async fn write_file(
+        &self,
+        id: &str,
+        path: &str,
+        data: ByteStream,
+        options: WriteOptions,
+    ) -> Result<FileStat> {
+        let request = Request::WriteFile {
+            path: path.to_string(),
+            options,
+        };
+        let mut stream = self.upload(id, request, data).await?;
+        match read_reply(&mut stream, id).await? {
+            Reply::Stat { stat } => Ok(stat),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn list_dir(
+        &self,
+        id: &str,
+        path: &str,
+        options: ListDirOptions,
+    ) -> Result<Vec<FileStat>> {
+        let request = Request::ListDir {
+            path: path.to_string(),
+            options,
+        };
+        match self.agent_call(id, request).await? {
+            Reply::Entries { entries } => Ok(entries),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn stat(&self, id: &str, path: &str) -> Result<FileStat> {
+        self.agent_stat(
+            id,
+            Request::Stat {
+                path: path.to_string(),
+            },
+        )
+        .await
+    }
+
+    async fn mkdir(&self, id: &str, path: &str, options: MkdirOptions) -> Result<FileStat> {
+        self.agent_stat(
+            id,
+            Request::Mkdir {
+                path: path.to_string(),
+                options,
+            },
+        )
+        .await
+    }
+
+    async fn remove(&self, id: &str, path: &str, options: RemoveOptions) -> Result<()> {
+        self.agent_done(
+            id,
+            Request::Remove {
+                path: path.to_string(),
+                options,
+            },
+        )
+        .await
+    }
+
+    async fn rename(&self, id: &str, from: &str, to: &str) -> Result<FileStat> {
+        self.agent_stat(
+            id,
+            Request::Rename {
+                from: from.to_string(),
+                to: to.to_string(),
+            },
+        )
+        .await
+    }
+
+    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
+        self.agent_stat(
+            id,
+            Request::Chmod {
+                path: path.to_string(),
+                mode,
+            },
+        )
+        .await
+    }
+}
+
+/// Create the state directory and start the monitor; returns once the sandbox is ready.
+fn start_monitor(state_dir: &Path, record: &Record) -> Result<()> {
+    let sandboxes = state_dir.join("sandboxes");
+    let staging = sandboxes.join(format!(".{}", record.id));
+    let final_dir = SandboxDir::new(state_dir, &record.id);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&staging)
+        .map_err(|e| Error::from_io(&e, "sandbox state directory"))?;
+    let cleanup = |e: Error| {
+        let _ = std::fs::remove_dir_all(&staging);
+        let _ = std::fs::remove_dir_all(&final_dir.dir);
+        e
+    };
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(staging.join("lock"))
+        .map_err(|e| cleanup(e.into()))?;
+    if !sys::try_lock_exclusive(lock.as_raw_fd()).map_err(|e| cleanup(e.into()))? {
+        return Err(cleanup(Error::backend(
+            "sandbox lock is held by another process",
+        )));
+    }
+    let text = serde_json::to_vec_pretty(record)
+        .map_err(|e| cleanup(Error::backend(format!("encode record: {e}"))))?;
+    std::fs::write(staging.join("record.json"), text).map_err(|e| cleanup(e.into()))?;
+    std::fs::rename(&staging, &final_dir.dir).map_err(|e| cleanup(e.into()))?;
+    let socket_len = final_dir.socket().as_os_str().len();
+    if socket_len >= 108 {
+        return Err(cleanup(Error::invalid(format!(
+            "state directory path is too long for a unix socket ({socket_len} bytes); \
+             set SANDCOVE_STATE_DIR to a shorter path"
+        ))));
+    }
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(final_dir.log())
+        .map_err(|e| cleanup(e.into()))?;
+    let (ready_read, ready_write) = sys::pipe().map_err(|e| cleanup(e.into()))?;
+    let (ready_fd, lock_fd) = (ready_write.as_raw_fd(), lock.as_raw_fd());
+    let mut cmd = std::process::Command::new("/proc/self/exe");
+    cmd.arg0("sandcove-monitor")
+        .env(entry::ROLE_ENV, entry::ROLE_MONITOR)
+        .env(monitor::DIR_ENV, &final_dir.dir)
+        .env(monitor::READY_FD_ENV, ready_fd.to_string())
+        .env(monitor::LOCK_FD_ENV, lock_fd.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log);
+    // SAFETY: only async-signal-safe syscalls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            sys::setsid()?;
+            sys::clear_cloexec(ready_fd)?;
+            sys::clear_cloexec(lock_fd)
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| {
+        cleanup(Error::backend(format!(
+            "cannot start the sandbox monitor: {e}"
+        )))
+    })?;
+    drop(ready_write);
+    // The monitor forks once and its first process exits at once.
+    let _ = child.wait();
+    let result = monitor::read_ready(std::fs::File::from(ready_read));
+    drop(lock);
+    result.map_err(cleanup)
+}

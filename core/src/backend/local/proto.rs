@@ -1,0 +1,364 @@
+//! The wire protocol between a client program, a sandbox's monitor and its agent.
+//!
+//! Every connection carries frames: `u32 header length | u32 body length | JSON header | raw
+//! body`, lengths little-endian. Bodies carry output and file bytes verbatim, so nothing is
+//! re-encoded. The first frame of a connection is a [`Hello`] naming the protocol version and
+//! the request; a peer speaking another version gets a clear error, never garbage.
+
+use std::io::Write;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::{
+    Error, ErrorBody, ExitStatus, FileStat, ListDirOptions, MkdirOptions, ProcessInfo,
+    ProcessSelector, ProcessSpec, RemoveOptions, Result, SandboxInfo, Signal, WriteOptions,
+};
+
+/// Bumped on any incompatible change to the messages below.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest JSON header accepted.
+pub const MAX_HEADER: usize = 4 << 20;
+/// Largest body accepted in one frame.
+pub const MAX_BODY: usize = 1 << 20;
+/// Size of the chunks file and output bytes are cut into.
+pub const CHUNK: usize = 256 * 1024;
+
+/// First frame of every client connection; small, so the monitor can read it and route.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Hello {
+    /// [`PROTOCOL_VERSION`] of the client.
+    pub version: u32,
+    /// A request the monitor serves itself, or `None`: hand the connection to the agent,
+    /// which reads the real [`Request`] from the next frame.
+    #[serde(default)]
+    pub request: Option<Request>,
+}
+
+/// A client request. The first group is served by the monitor, the rest by the agent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Describe the sandbox.
+    Info,
+    /// Destroy it.
+    Destroy,
+    /// Move the lease end to `secs` from now.
+    SetTimeout {
+        /// Seconds from now.
+        secs: f64,
+    },
+    /// Start a process; replies `Started`, then output events, then `Exit`.
+    Spawn {
+        /// What to run.
+        spec: ProcessSpec,
+    },
+    /// Attach to a process: `Started`, a possible `Gap`, retained output, live events.
+    Attach {
+        /// Which process.
+        process: ProcessSelector,
+    },
+    /// Write the `Data` frames that follow (up to `End`) to the process's stdin.
+    WriteStdin {
+        /// Which process.
+        process: ProcessSelector,
+    },
+    /// Close the process's stdin.
+    CloseStdin {
+        /// Which process.
+        process: ProcessSelector,
+    },
+    /// Signal the process group.
+    Signal {
+        /// Which process.
+        process: ProcessSelector,
+        /// Which signal.
+        signal: Signal,
+    },
+    /// List processes.
+    ListProcesses,
+    /// Read a file: `Stat`, then `Data` frames, then `End`.
+    ReadFile {
+        /// Path.
+        path: String,
+    },
+    /// Write a file from the `Data` frames that follow, up to `End`; replies `Stat`.
+    WriteFile {
+        /// Path.
+        path: String,
+        /// Options.
+        options: WriteOptions,
+    },
+    /// List a directory.
+    ListDir {
+        /// Path.
+        path: String,
+        /// Options.
+        options: ListDirOptions,
+    },
+    /// Stat a path.
+    Stat {
+        /// Path.
+        path: String,
+    },
+    /// Make a directory.
+    Mkdir {
+        /// Path.
+        path: String,
+        /// Options.
+        options: MkdirOptions,
+    },
+    /// Remove a path.
+    Remove {
+        /// Path.
+        path: String,
+        /// Options.
+        options: RemoveOptions,
+    },
+    /// Rename a path.
+    Rename {
+        /// Source.
+        from: String,
+        /// Destination.
+        to: String,
+    },
+    /// Change permission bits.
+    Chmod {
+        /// Path.
+        path: String,
+        /// Mode bits.
+        mode: u32,
+    },
+}
+
+/// A frame header from the serving side (and `Data`/`End` from a client streaming a file).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reply {
+    /// The request failed.
+    Error {
+        /// The error.
+        error: ErrorBody,
+    },
+    /// Sandbox description.
+    Info {
+        /// It.
+        info: SandboxInfo,
+    },
+    /// Success with nothing to report.
+    Done,
+    /// One path's metadata.
+    Stat {
+        /// It.
+        stat: FileStat,
+    },
+    /// Directory entries.
+    Entries {
+        /// Them.
+        entries: Vec<FileStat>,
+    },
+    /// Process table.
+    Processes {
+        /// Them.
+        processes: Vec<ProcessInfo>,
+    },
+    /// A process is running with this pid.
+    Started {
+        /// Pid inside the sandbox.
+        pid: u32,
+    },
+    /// Body is stdout bytes.
+    Stdout,
+    /// Body is stderr bytes.
+    Stderr,
+    /// Retained history lost this much before the attach.
+    Gap {
+        /// Stdout bytes missing.
+        stdout: u64,
+        /// Stderr bytes missing.
+        stderr: u64,
+    },
+    /// The process ended.
+    Exit {
+        /// How.
+        status: ExitStatus,
+    },
+    /// Body is file bytes.
+    Data,
+    /// End of a data stream.
+    End,
+}
+
+impl Reply {
+    /// An error reply.
+    pub fn error(err: &Error) -> Reply {
+        Reply::Error {
+            error: err.to_body(),
+        }
+    }
+}
+
+fn encode<H: Serialize>(header: &H, body: &[u8]) -> Result<Vec<u8>> {
+    let head = serde_json::to_vec(header).map_err(|e| Error::backend(format!("encode: {e}")))?;
+    if head.len() > MAX_HEADER || body.len() > MAX_BODY {
+        return Err(Error::backend("frame too large"));
+    }
+    let mut out = Vec::with_capacity(8 + head.len() + body.len());
+    out.extend_from_slice(&(head.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&head);
+    out.extend_from_slice(body);
+    Ok(out)
+}
+
+fn check_lengths(prefix: &[u8; 8]) -> Result<(usize, usize)> {
+    let hlen = u32::from_le_bytes(prefix[..4].try_into().unwrap_or_default()) as usize;
+    let blen = u32::from_le_bytes(prefix[4..].try_into().unwrap_or_default()) as usize;
+    if hlen > MAX_HEADER || blen > MAX_BODY {
+        return Err(Error::backend(format!(
+            "protocol error: frame of {hlen}+{blen} bytes exceeds the limit (a peer of another Sandcove version?)"
+        )));
+    }
+    Ok((hlen, blen))
+}
+
+fn decode_header<H: for<'de> Deserialize<'de>>(head: &[u8]) -> Result<H> {
+    serde_json::from_slice(head).map_err(|e| {
+        Error::backend(format!(
+            "protocol error: undecodable frame ({e}); the peer may run another Sandcove version"
+        ))
+    })
+}
+
+fn io_err(e: std::io::Error) -> Error {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        Error::Backend {
+            message: "connection to the sandbox closed unexpectedly".into(),
+            retryable: false,
+        }
+    } else {
+        Error::Backend {
+            message: format!("sandbox connection: {e}"),
+            retryable: false,
+        }
+    }
+}
+
+/// Write one frame.
+pub async fn write_frame<W, H>(w: &mut W, header: &H, body: &[u8]) -> Result<()>
+where
+    W: AsyncWrite + Unpin,
+    H: Serialize,
+{
+    let bytes = encode(header, body)?;
+    w.write_all(&bytes).await.map_err(io_err)
+}
+
+/// Read one frame; `Ok(None)` on a clean end of stream before a frame starts.
+pub async fn read_frame<R, H>(r: &mut R) -> Result<Option<(H, Vec<u8>)>>
+where
+    R: AsyncRead + Unpin,
+    H: for<'de> Deserialize<'de>,
+{
+    let mut prefix = [0u8; 8];
+    let mut got = 0;
+    while got < 8 {
+        let n = r.read(&mut prefix[got..]).await.map_err(io_err)?;
+        if n == 0 {
+            if got == 0 {
+                return Ok(None);
+            }
+            return Err(io_err(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        got += n;
+    }
+    let (hlen, blen) = check_lengths(&prefix)?;
+    let mut head = vec![0u8; hlen];
+    r.read_exact(&mut head).await.map_err(io_err)?;
+    let mut body = vec![0u8; blen];
+    r.read_exact(&mut body).await.map_err(io_err)?;
+    Ok(Some((decode_header(&head)?, body)))
+}
+
+/// Blocking twin of [`write_frame`], for the monitor before its runtime starts.
+pub fn write_frame_sync<W: Write, H: Serialize>(w: &mut W, header: &H, body: &[u8]) -> Result<()> {
+    let bytes = encode(header, body)?;
+    w.write_all(&bytes).map_err(io_err)
+}
+
+/// Parse a client's first frame, answering a version mismatch with a clear error.
+pub fn parse_hello(head: &[u8]) -> Result<Option<Request>> {
+    let value: serde_json::Value = decode_header(head)?;
+    let version = value.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
+    if version != PROTOCOL_VERSION as u64 {
+        return Err(Error::backend(format!(
+            "protocol version mismatch: the client speaks v{version}, this sandbox v{PROTOCOL_VERSION}; \
+             use the same Sandcove version that created the sandbox"
+        )));
+    }
+    let hello: Hello = serde_json::from_value(value)
+        .map_err(|e| Error::backend(format!("protocol error: bad request ({e})")))?;
+    Ok(hello.request)
+}
+
+/// Messages on the monitor ↔ agent control socket (one `SOCK_SEQPACKET` message each).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "snake_case")]
+pub enum Control {
+    /// Agent → monitor: the sandbox is set up.
+    Ready,
+    /// Agent → monitor: setup failed.
+    SetupFailed {
+        /// Why.
+        error: ErrorBody,
+    },
+    /// Monitor → agent: serve the client connection attached to this message; its next
+    /// frame is the request.
+    Handoff,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn frames_round_trip_binary_bodies() {
+        let body: Vec<u8> = vec![0, 255, 10, 0, 0xc3, 0x28];
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &Reply::Stdout, &body).await.unwrap();
+        let mut r = &buf[..];
+        let (h, b): (Reply, Vec<u8>) = read_frame(&mut r).await.unwrap().unwrap();
+        assert!(matches!(h, Reply::Stdout));
+        assert_eq!(b, body);
+        assert!(read_frame::<_, Reply>(&mut r).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_truncated_frame_is_an_error_not_a_short_read() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &Reply::Data, &[1, 2, 3])
+            .await
+            .unwrap();
+        buf.truncate(buf.len() - 1);
+        let mut r = &buf[..];
+        assert!(read_frame::<_, Reply>(&mut r).await.is_err());
+    }
+
+    #[test]
+    fn a_version_mismatch_is_named() {
+        let err = parse_hello(br#"{"version":99,"request":{"op":"info"}}"#).unwrap_err();
+        assert!(err.to_string().contains("v99"), "{err}");
+        assert!(matches!(
+            parse_hello(br#"{"version":1,"request":{"op":"info"}}"#),
+            Ok(Some(Request::Info))
+        ));
+    }
+
+    #[test]
+    fn oversized_lengths_are_refused() {
+        let mut prefix = [0u8; 8];
+        prefix[..4].copy_from_slice(&(MAX_HEADER as u32 + 1).to_le_bytes());
+        assert!(check_lengths(&prefix).is_err());
+    }
+}

@@ -1,0 +1,511 @@
+//! Every raw syscall the local engine makes, each `unsafe` block with its justification.
+//!
+//! Nothing outside this module calls `libc` functions that need `unsafe`.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn cstr(path: &Path) -> io::Result<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+/// A `SOCK_SEQPACKET` socketpair, both ends close-on-exec.
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a valid two-element buffer for socketpair to fill.
+    cvt(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: socketpair succeeded, so both fds are open and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A pipe, both ends close-on-exec.
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a valid two-element buffer for pipe2 to fill.
+    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: pipe2 succeeded; the fds are fresh.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Send one message with optional file descriptors attached (`SCM_RIGHTS`).
+pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usize> {
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let fd_bytes = std::mem::size_of_val(fds);
+    // SAFETY: CMSG_SPACE is a pure computation on its argument.
+    let space = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8).max(1)];
+    // SAFETY: msghdr is plain old data; zeroed is a valid initial value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = space;
+        // SAFETY: msg_control points at `space` bytes, enough for one header carrying
+        // `fds.len()` descriptors; CMSG_FIRSTHDR/CMSG_DATA stay inside that buffer.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as usize;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr() as *const u8,
+                libc::CMSG_DATA(cmsg),
+                fd_bytes,
+            );
+        }
+    }
+    // SAFETY: msg and everything it points to are valid for the duration of the call.
+    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// Receive one message and any descriptors attached to it (made close-on-exec).
+/// Returns `(0, [])` at end of stream.
+pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 32];
+    // SAFETY: msghdr is plain old data; zeroed is a valid initial value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    // SAFETY: msg points at valid buffers owned by this frame.
+    let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fds = Vec::new();
+    // SAFETY: the kernel filled msg_control with well-formed headers up to msg_controllen;
+    // the CMSG_* macros walk exactly that region, and each SCM_RIGHTS payload is an array of
+    // freshly installed descriptors that we now own.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg);
+                let len = (*cmsg).cmsg_len as usize - (data as usize - cmsg as usize);
+                let count = len / std::mem::size_of::<RawFd>();
+                for i in 0..count {
+                    let fd = std::ptr::read_unaligned((data as *const RawFd).add(i));
+                    fds.push(OwnedFd::from_raw_fd(fd));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if msg.msg_flags & libc::MSG_TRUNC != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "control message larger than the receive buffer",
+        ));
+    }
+    Ok((n as usize, fds))
+}
+
+/// The uid/gid of the peer of a connected unix socket.
+pub fn peer_uid(sock: RawFd) -> io::Result<u32> {
+    // SAFETY: ucred is plain old data.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred/len describe a valid, correctly sized output buffer.
+    cvt(unsafe {
+        libc::getsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    })?;
+    Ok(cred.uid)
+}
+
+/// Effective uid of this process.
+pub fn geteuid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Effective gid of this process.
+pub fn getegid() -> u32 {
+    // SAFETY: getegid has no preconditions and cannot fail.
+    unsafe { libc::getegid() }
+}
+
+/// `setresgid` then `setresuid` to the same ids.
+pub fn set_all_ids(uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: plain id syscalls.
+    unsafe {
+        cvt(libc::setresgid(gid, gid, gid))?;
+        cvt(libc::setresuid(uid, uid, uid))?;
+    }
+    Ok(())
+}
+
+/// Ignore SIGPIPE: a closed peer must be an error return, not a dead process. (Rust's runtime
+/// does this for `main`, but the engine's roles start before `main`.)
+pub fn ignore_sigpipe() {
+    // SAFETY: installing SIG_IGN has no memory-safety preconditions.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+}
+
+/// Clear close-on-exec on `fd` so a child keeps it across `exec`.
+pub fn clear_cloexec(fd: RawFd) -> io::Result<()> {
+    // SAFETY: F_SETFD takes an integer flag.
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }).map(drop)
+}
+
+/// Register an owned descriptor with the tokio reactor.
+pub fn async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    // SAFETY: the AsyncFd takes ownership of `fd`, so the descriptor stays open (and is not
+    // reused) for as long as it is registered, and is closed only after deregistration.
+    Ok(unsafe { tokio::io::unix::AsyncFd::register(fd) }?)
+}
+
+/// Fork. The caller must be single-threaded (it is: the monitor forks before any thread).
+pub fn fork() -> io::Result<libc::pid_t> {
+    // SAFETY: called only from the single-threaded monitor entry, so the child inherits no
+    // locks held by other threads.
+    cvt(unsafe { libc::fork() })
+}
+
+/// `clone(2)` with fork semantics (new stack copy) into fresh namespaces.
+/// Returns 0 in the child. The caller must be single-threaded.
+pub fn clone_into_namespaces(flags: libc::c_int) -> io::Result<libc::pid_t> {
+    // SAFETY: with a null stack the raw clone syscall behaves like fork: the child gets a
+    // copy-on-write copy of this (single-threaded) process and returns 0.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_void>(),
+            0 as libc::c_ulong,
+        )
+    };
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret as libc::pid_t)
+    }
+}
+
+/// Leave the process group and session of the parent.
+pub fn setsid() -> io::Result<()> {
+    // SAFETY: setsid has no memory-safety preconditions.
+    cvt(unsafe { libc::setsid() }).map(drop)
+}
+
+/// Exit immediately without running destructors or atexit handlers (after fork).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and is async-signal-safe.
+    unsafe { libc::_exit(code) }
+}
+
+/// Ask the kernel to send `signal` to us when the parent thread dies.
+pub fn set_parent_death_signal(signal: i32) -> io::Result<()> {
+    // SAFETY: PR_SET_PDEATHSIG takes a signal number; no pointers involved.
+    cvt(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong, 0, 0, 0) }).map(drop)
+}
+
+/// Make this process non-dumpable so same-uid sandbox code cannot ptrace or read its memory.
+pub fn set_non_dumpable() -> io::Result<()> {
+    // SAFETY: PR_SET_DUMPABLE takes an integer flag.
+    cvt(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) }).map(drop)
+}
+
+/// Name this thread/process as shown by `ps`.
+pub fn set_process_name(name: &str) {
+    let name = CString::new(name.replace('\0', "")).unwrap_or_default();
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes (the kernel
+    // truncates); `name` lives across the call.
+    unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr() as libc::c_ulong, 0, 0, 0) };
+}
+
+/// `kill(2)`.
+pub fn kill(pid: libc::pid_t, signal: i32) -> io::Result<()> {
+    // SAFETY: kill has no memory-safety preconditions.
+    cvt(unsafe { libc::kill(pid, signal) }).map(drop)
+}
+
+/// How a waited-for child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitStatus {
+    /// Exited with a code.
+    Exited(i32),
+    /// Killed by a signal.
+    Signaled(i32),
+}
+
+/// `waitpid(pid, WNOHANG)`: `Ok(None)` while nothing has ended.
+pub fn waitpid_nohang(pid: libc::pid_t) -> io::Result<Option<(libc::pid_t, WaitStatus)>> {
+    let mut status = 0;
+    // SAFETY: status is a valid out-pointer.
+    let ret = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if ret == 0 {
+        return Ok(None);
+    }
+    Ok(Some((ret, decode_status(status))))
+}
+
+/// Blocking `waitpid(pid)`, retried on EINTR.
+pub fn waitpid_blocking(pid: libc::pid_t) -> io::Result<WaitStatus> {
+    loop {
+        let mut status = 0;
+        // SAFETY: status is a valid out-pointer.
+        let ret = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if ret >= 0 {
+            return Ok(decode_status(status));
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+fn decode_status(status: libc::c_int) -> WaitStatus {
+    if libc::WIFSIGNALED(status) {
+        WaitStatus::Signaled(libc::WTERMSIG(status))
+    } else {
+        WaitStatus::Exited(libc::WEXITSTATUS(status))
+    }
+}
+
+/// `flock(LOCK_EX | LOCK_NB)`: `Ok(false)` when another open file description holds it.
+pub fn try_lock_exclusive(fd: RawFd) -> io::Result<bool> {
+    // SAFETY: flock has no memory-safety preconditions.
+    match cvt(unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) }) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Set or clear `O_NONBLOCK`.
+pub fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
+    // SAFETY: fcntl F_GETFL/F_SETFL take and return plain integers.
+    unsafe {
+        let flags = cvt(libc::fcntl(fd, libc::F_GETFL))?;
+        let flags = if on {
+            flags | libc::O_NONBLOCK
+        } else {
+            flags & !libc::O_NONBLOCK
+        };
+        cvt(libc::fcntl(fd, libc::F_SETFL, flags)).map(drop)
+    }
+}
+
+/// `mount(2)`. `None` arguments are passed as NULL.
+pub fn mount(
+    source: Option<&Path>,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> io::Result<()> {
+    let source = source.map(cstr).transpose()?;
+    let target = cstr(target)?;
+    let fstype = fstype.map(|s| CString::new(s).unwrap_or_default());
+    let data = data.map(|s| CString::new(s).unwrap_or_default());
+    let ptr = |c: &Option<CString>| c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: every pointer is NULL or a NUL-terminated string alive for the call.
+    cvt(unsafe {
+        libc::mount(
+            ptr(&source),
+            target.as_ptr(),
+            ptr(&fstype),
+            flags,
+            ptr(&data) as *const libc::c_void,
+        )
+    })
+    .map(drop)
+    .map_err(|e| io::Error::new(e.kind(), format!("mount {}: {e}", target.to_string_lossy())))
+}
+
+/// Mount flags of the filesystem holding `path` that a bind remount must keep (the kernel
+/// refuses to clear locked flags inherited from a more privileged namespace).
+pub fn locked_mount_flags(path: &Path) -> io::Result<libc::c_ulong> {
+    let c = cstr(path)?;
+    // SAFETY: statvfs is plain old data; `c` is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path pointer and output buffer.
+    cvt(unsafe { libc::statvfs(c.as_ptr(), &mut st) })?;
+    let mut flags = 0;
+    for (st_flag, ms_flag) in [
+        (libc::ST_NOSUID, libc::MS_NOSUID),
+        (libc::ST_NODEV, libc::MS_NODEV),
+        (libc::ST_NOEXEC, libc::MS_NOEXEC),
+        (libc::ST_NOATIME, libc::MS_NOATIME),
+        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+        (libc::ST_RELATIME, libc::MS_RELATIME),
+    ] {
+        if st.f_flag & st_flag != 0 {
+            flags |= ms_flag;
+        }
+    }
+    Ok(flags)
+}
+
+/// Switch the root of this mount namespace to the current directory and detach the old one.
+pub fn pivot_root_here() -> io::Result<()> {
+    let dot = CString::new(".").unwrap_or_default();
+    // SAFETY: pivot_root(".", ".") stacks the old root on top of the new one; both pointers
+    // are valid C strings. umount2 then detaches the old root.
+    unsafe {
+        cvt(libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) as libc::c_int)?;
+        cvt(libc::umount2(dot.as_ptr(), libc::MNT_DETACH))?;
+    }
+    Ok(())
+}
+
+/// Set the hostname of this UTS namespace.
+pub fn sethostname(name: &str) -> io::Result<()> {
+    // SAFETY: pointer and length describe `name`'s bytes.
+    cvt(unsafe { libc::sethostname(name.as_ptr() as *const libc::c_char, name.len()) }).map(drop)
+}
+
+/// Bring the loopback interface up (in a fresh network namespace it starts down).
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: a plain socket for the ioctl; closed by OwnedFd.
+    let sock =
+        cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: socket() returned a fresh fd.
+    let sock = unsafe { OwnedFd::from_raw_fd(sock) };
+    // SAFETY: ifreq is plain old data.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write `req`, a valid ifreq.
+    unsafe {
+        cvt(libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req))?;
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        cvt(libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req))?;
+    }
+    Ok(())
+}
+
+/// Set a resource limit (soft and hard).
+pub fn setrlimit(resource: libc::__rlimit_resource_t, limit: u64) -> io::Result<()> {
+    let rl = libc::rlimit {
+        rlim_cur: limit,
+        rlim_max: limit,
+    };
+    // SAFETY: rl is a valid rlimit value.
+    cvt(unsafe { libc::setrlimit(resource, &rl) }).map(drop)
+}
+
+/// Everything a freshly forked child does before `exec` to become an unprivileged sandbox
+/// process. Only async-signal-safe syscalls: it runs between fork and exec.
+pub fn harden_child(uid: u32, gid: u32, nproc: u64, nofile: u64) -> io::Result<()> {
+    // SAFETY: each call is a plain syscall on integers or on stack values valid for the call.
+    unsafe {
+        cvt(libc::setsid())?;
+        let nproc_rl = libc::rlimit {
+            rlim_cur: nproc,
+            rlim_max: nproc,
+        };
+        cvt(libc::setrlimit(libc::RLIMIT_NPROC, &nproc_rl))?;
+        let nofile_rl = libc::rlimit {
+            rlim_cur: nofile,
+            rlim_max: nofile,
+        };
+        cvt(libc::setrlimit(libc::RLIMIT_NOFILE, &nofile_rl))?;
+        // setgroups is denied in a single-uid namespace; there are no groups to drop then.
+        let groups: [libc::gid_t; 0] = [];
+        if libc::setgroups(0, groups.as_ptr()) == -1 && *libc::__errno_location() != libc::EPERM {
+            return Err(io::Error::last_os_error());
+        }
+        cvt(libc::setresgid(gid, gid, gid))?;
+        cvt(libc::setresuid(uid, uid, uid))?;
+        // Drop every capability: the bounding set (so exec cannot regain them), then the
+        // ambient, effective, permitted and inheritable sets.
+        for cap in 0..=63 {
+            let r = libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+            if r == -1 && *libc::__errno_location() == libc::EINVAL {
+                break;
+            }
+        }
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        );
+        #[repr(C)]
+        struct CapHeader {
+            version: u32,
+            pid: i32,
+        }
+        #[repr(C)]
+        struct CapData {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        let header = CapHeader {
+            version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+            pid: 0,
+        };
+        let data = [
+            CapData {
+                effective: 0,
+                permitted: 0,
+                inheritable: 0,
+            },
+            CapData {
+                effective: 0,
+                permitted: 0,
+                inheritable: 0,
+            },
+        ];
+        cvt(libc::syscall(libc::SYS_capset, &header, data.as_ptr()) as libc::c_int)?;
+        cvt(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+    }
+    Ok(())
+}
+
+/// Write a whole file at a `/proc` path (uid_map and friends need a single write).
+pub fn write_proc_file(path: &str, contents: &str) -> io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
+    f.write_all(contents.as_bytes())
+        .map_err(|e| io::Error::new(e.kind(), format!("write {path}: {e}")))
+}

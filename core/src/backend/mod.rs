@@ -1,0 +1,118 @@
+//! The [`Backend`] trait: the one interface every runtime implements.
+//!
+//! It is deliberately small and options-first: each call takes the sandbox id and an options
+//! value, and nothing has a default body, so a wrapper cannot silently lose an override.
+//! Conveniences (collecting output, reading a file whole) live on [`Client`](crate::Client)
+//! and [`Sandbox`](crate::Sandbox).
+
+use std::fmt;
+use std::pin::Pin;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::Stream;
+
+use crate::{
+    Capabilities, CreateOptions, FileStat, ListDirOptions, ListOptions, MkdirOptions, ProcessEvent,
+    ProcessInfo, ProcessSelector, ProcessSpec, RemoveOptions, Result, SandboxInfo, Signal,
+    WriteOptions,
+};
+
+pub mod local;
+
+/// A stream of byte chunks (file contents). Errors end the stream; a stream that ends without
+/// an error delivered everything.
+pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Vec<u8>>> + Send>>;
+
+/// The events of one process, ending with [`ProcessEvent::Exit`]. A stream that ends without
+/// an `Exit` event yields an error as its last item instead: output is never silently short.
+pub struct ProcessStream {
+    /// Pid of the process inside the sandbox.
+    pub pid: u32,
+    /// The events, starting after [`ProcessEvent::Start`].
+    pub events: Pin<Box<dyn Stream<Item = Result<ProcessEvent>> + Send>>,
+}
+
+impl fmt::Debug for ProcessStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProcessStream")
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A sandbox runtime: the embedded local engine, or a remote server over HTTP.
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// What this backend can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Create a sandbox and wait until it accepts commands.
+    async fn create(&self, options: CreateOptions) -> Result<SandboxInfo>;
+
+    /// Describe one sandbox. A missing or expired sandbox is [`Error::NotFound`](crate::Error).
+    async fn get(&self, id: &str) -> Result<SandboxInfo>;
+
+    /// All live sandboxes that pass the filter, from every program of this user.
+    async fn list(&self, options: ListOptions) -> Result<Vec<SandboxInfo>>;
+
+    /// Move the end of the sandbox's lease to `timeout` from now.
+    async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo>;
+
+    /// Destroy the sandbox: every process in it ends and its state is removed.
+    async fn destroy(&self, id: &str) -> Result<()>;
+
+    /// Start a process and stream its events.
+    async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream>;
+
+    /// Attach to a running (or recently finished) process: its retained output, then live
+    /// events until it exits.
+    async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream>;
+
+    /// Write bytes to a process's stdin (it must have been started with `stdin: true`).
+    async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()>;
+
+    /// Close a process's stdin so it reads end-of-file.
+    async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()>;
+
+    /// Send a signal to a process's whole process group.
+    async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()>;
+
+    /// Processes started through the API that are running or finished recently.
+    async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>>;
+
+    /// Read a file as a stream of chunks.
+    async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream>;
+
+    /// Write a file from a stream of chunks; returns the written file's metadata.
+    async fn write_file(
+        &self,
+        id: &str,
+        path: &str,
+        data: ByteStream,
+        options: WriteOptions,
+    ) -> Result<FileStat>;
+
+    /// List a directory's entries (and deeper levels, per `options.depth`).
+    async fn list_dir(
+        &self,
+        id: &str,
+        path: &str,
+        options: ListDirOptions,
+    ) -> Result<Vec<FileStat>>;
+
+    /// Metadata of one path, symlinks not followed.
+    async fn stat(&self, id: &str, path: &str) -> Result<FileStat>;
+
+    /// Create a directory.
+    async fn mkdir(&self, id: &str, path: &str, options: MkdirOptions) -> Result<FileStat>;
+
+    /// Remove a file, symlink or directory.
+    async fn remove(&self, id: &str, path: &str, options: RemoveOptions) -> Result<()>;
+
+    /// Rename (move) a path, replacing the destination when it is a file.
+    async fn rename(&self, id: &str, from: &str, to: &str) -> Result<FileStat>;
+
+    /// Change permission bits.
+    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat>;
+}

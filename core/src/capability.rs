@@ -1,0 +1,28 @@
+//! What a backend can do, checked before dispatch.
+
+use serde::{Deserialize, Serialize};
+
+/// A flat description of a backend's abilities. Anything `false` here is answered with
+/// [`Error::NotSupported`](crate::Error::NotSupported) before any effect.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Name of the backend, e.g. `local` or `http`.
+    pub backend: String,
+    /// Sandboxes are isolated from the host (namespaces). `false` only in the explicit
+    /// un-isolated opt-in mode.
+    pub isolated: bool,
+    /// Processes may run as a user other than the sandbox's default (needs more than one
+    /// mappable uid: a root host or subordinate ids).
+    pub multiple_users: bool,
+    /// Sandboxes outlive the program that created them and can be found from another one.
+    pub persistent_sandboxes: bool,
+    /// Sandboxes can get full network access ([`NetworkPolicy::Host`](crate::NetworkPolicy)).
+    pub host_network: bool,
+    /// Per-sandbox process limit (`RLIMIT_NPROC` within the sandbox's user namespace).
+    pub process_limit: bool,
+    /// Largest single file write or read, in bytes.
+    pub max_file_bytes: u64,
+    /// Default cap on captured output per stream, in bytes.
+    pub output_limit: u64,
+}

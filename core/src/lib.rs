@@ -1,0 +1,39 @@
+//! Sandcove's runtime client: run sandboxes on an embedded local engine or a remote server.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`types`] | options and results: sandboxes, processes, files |
+//! | [`error`] | [`Error`], the one error type, and its wire form |
+//! | [`capability`] | [`Capabilities`] of a backend |
+//! | [`backend`] | the [`Backend`] trait and the embedded [`LocalBackend`] |
+//! | [`client`] | [`Client`] and the [`Sandbox`] handle: the ergonomic surface |
+//!
+//! ```no_run
+//! # async fn demo() -> sandcove::Result<()> {
+//! use sandcove::{Client, Command, CreateOptions, ProcessSpec};
+//!
+//! let client = Client::from_env()?; // embedded engine unless SANDCOVE_URL is set
+//! let sandbox = client.create(CreateOptions::default()).await?;
+//! let out = sandbox.run(ProcessSpec::new(Command::sh("echo hello"))).await?;
+//! assert_eq!(out.stdout, b"hello\n");
+//! sandbox.write("notes.txt", b"kept").await?;
+//! assert_eq!(sandbox.read("notes.txt").await?, b"kept");
+//! sandbox.destroy().await?;
+//! # Ok(()) }
+//! ```
+
+pub mod backend;
+pub mod capability;
+pub mod client;
+pub mod error;
+pub mod types;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use backend::local::LocalBackend;
+pub use backend::{Backend, ByteStream, ProcessStream};
+pub use capability::Capabilities;
+pub use client::{Client, ProcessHandle, Sandbox};
+pub use error::{Error, ErrorBody, ErrorCode, Result};
+pub use types::*;

@@ -1,0 +1,642 @@
+//! Plain data exchanged with a [`Backend`](crate::Backend): sandboxes, processes, files.
+//!
+//! Everything here is serializable so the same values cross the HTTP boundary unchanged.
+//! Output is bytes end to end; decoding text is the facades' job.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// The home directory and default working directory inside every sandbox.
+pub const SANDBOX_HOME: &str = "/workspace";
+
+/// The lease a sandbox gets when its create options name none.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Default cap on the bytes one captured stream keeps (see [`Output::truncated`]).
+pub const DEFAULT_OUTPUT_LIMIT: usize = 64 * 1024 * 1024;
+
+/// Milliseconds since the Unix epoch; the one time representation on the wire.
+pub type UnixMillis = u64;
+
+/// The current time as [`UnixMillis`].
+pub fn now_millis() -> UnixMillis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Options for creating a sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CreateOptions {
+    /// Base filesystem. `None` (or `"base"`) is the host's system directories, read-only.
+    pub template: Option<String>,
+    /// Environment variables every process in the sandbox inherits.
+    pub envs: BTreeMap<String, String>,
+    /// Free-form labels, used to filter [`ListOptions`].
+    pub labels: BTreeMap<String, String>,
+    /// The lease: the sandbox is destroyed this long after creation (or after the last
+    /// `set_timeout`). `None` means [`DEFAULT_TIMEOUT`].
+    #[serde(with = "opt_duration_secs")]
+    pub timeout: Option<Duration>,
+    /// CPU, memory and disk limits.
+    pub resources: Resources,
+    /// What the sandbox may reach on the network.
+    pub network: NetworkPolicy,
+    /// The default user processes run as.
+    pub user: Option<String>,
+    /// Hostname inside the sandbox; defaults to a prefix of the id.
+    pub hostname: Option<String>,
+}
+
+/// Resource limits of a sandbox. `None` means the backend's default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Resources {
+    /// CPU cores.
+    pub cpu: Option<f64>,
+    /// Memory in MiB.
+    pub memory_mib: Option<u64>,
+    /// Size of the sandbox's writable filesystem in MiB.
+    pub disk_mib: Option<u64>,
+    /// Maximum number of processes (the `RLIMIT_NPROC` of sandbox processes).
+    pub max_processes: Option<u64>,
+    /// Maximum open files per process (`RLIMIT_NOFILE`).
+    pub max_open_files: Option<u64>,
+}
+
+/// Network access of a sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkPolicy {
+    /// Loopback only: a fresh network namespace with just `lo`. The default.
+    #[default]
+    None,
+    /// Full outbound access through the host's network.
+    Host,
+}
+
+/// Lifecycle state of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    /// Being set up.
+    Starting,
+    /// Accepting commands.
+    Running,
+    /// Frozen: processes and memory kept, nothing runs.
+    Paused,
+    /// Its processes are gone (the agent died); it can only be destroyed.
+    Stopped,
+    /// Destroyed; reported only by calls racing with the destroy.
+    Destroyed,
+}
+
+/// What a backend reports about a sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxInfo {
+    /// Unique id, stable for the sandbox's life.
+    pub id: String,
+    /// Current state.
+    pub state: SandboxState,
+    /// Template it was created from.
+    pub template: String,
+    /// Labels given at creation (or updated since).
+    pub labels: BTreeMap<String, String>,
+    /// Sandbox-wide environment variables.
+    pub envs: BTreeMap<String, String>,
+    /// Resource limits in force.
+    pub resources: Resources,
+    /// Network policy in force.
+    pub network: NetworkPolicy,
+    /// The default user.
+    pub user: UserInfo,
+    /// Creation time.
+    pub created_at: UnixMillis,
+    /// When the lease ends.
+    pub ends_at: UnixMillis,
+}
+
+/// A user inside a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserInfo {
+    /// Login name (`whoami`).
+    pub name: String,
+    /// Numeric uid inside the sandbox.
+    pub uid: u32,
+    /// Numeric gid inside the sandbox.
+    pub gid: u32,
+    /// Home directory.
+    pub home: String,
+}
+
+/// Filter for listing sandboxes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ListOptions {
+    /// Only sandboxes carrying all of these labels with these values.
+    pub labels: BTreeMap<String, String>,
+    /// Only sandboxes in one of these states (empty: any).
+    pub states: Vec<SandboxState>,
+}
+
+impl ListOptions {
+    /// Whether `info` passes this filter.
+    pub fn matches(&self, info: &SandboxInfo) -> bool {
+        let labels_ok = self
+            .labels
+            .iter()
+            .all(|(k, v)| info.labels.get(k) == Some(v));
+        labels_ok && (self.states.is_empty() || self.states.contains(&info.state))
+    }
+}
+
+/// What to run: an argv (never through an implicit shell) or an explicit shell script.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Command {
+    /// Program and arguments, executed directly. The program is looked up on `PATH`.
+    Argv(Vec<String>),
+    /// A script run as `<shell> -c <script>`; `login` adds `-l`.
+    Shell {
+        /// The script text.
+        script: String,
+        /// The shell binary, e.g. `/bin/sh` or `/bin/bash`.
+        shell: String,
+        /// Run as a login shell (`-l`).
+        login: bool,
+    },
+}
+
+impl Command {
+    /// An argv command.
+    pub fn argv<I, S>(argv: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Command::Argv(argv.into_iter().map(Into::into).collect())
+    }
+
+    /// A script for `/bin/sh -c`.
+    pub fn sh(script: impl Into<String>) -> Self {
+        Command::Shell {
+            script: script.into(),
+            shell: "/bin/sh".into(),
+            login: false,
+        }
+    }
+
+    /// A script for `/bin/bash -l -c`, as several vendors run command strings.
+    pub fn bash_login(script: impl Into<String>) -> Self {
+        Command::Shell {
+            script: script.into(),
+            shell: "/bin/bash".into(),
+            login: true,
+        }
+    }
+
+    /// The argv this command executes.
+    pub fn to_argv(&self) -> Vec<String> {
+        match self {
+            Command::Argv(v) => v.clone(),
+            Command::Shell {
+                script,
+                shell,
+                login,
+            } => {
+                let mut v = vec![shell.clone()];
+                if *login {
+                    v.push("-l".into());
+                }
+                v.push("-c".into());
+                v.push(script.clone());
+                v
+            }
+        }
+    }
+}
+
+/// A process to start in a sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcessSpec {
+    /// What to run.
+    pub command: Command,
+    /// Working directory; `None` is the user's home.
+    pub cwd: Option<String>,
+    /// Per-process environment; wins over the sandbox's envs.
+    pub envs: BTreeMap<String, String>,
+    /// User to run as; `None` is the sandbox's default user.
+    pub user: Option<String>,
+    /// A name to find the process by later (unique among running processes).
+    pub tag: Option<String>,
+    /// Keep stdin open for [`Backend::write_stdin`](crate::Backend::write_stdin); otherwise
+    /// the process reads end-of-file at once.
+    pub stdin: bool,
+    /// Kill the process group after this long and report [`ExitStatus::timed_out`].
+    #[serde(with = "opt_duration_secs")]
+    pub timeout: Option<Duration>,
+}
+
+impl ProcessSpec {
+    /// A spec with defaults for everything but the command.
+    pub fn new(command: Command) -> Self {
+        ProcessSpec {
+            command,
+            cwd: None,
+            envs: BTreeMap::new(),
+            user: None,
+            tag: None,
+            stdin: false,
+            timeout: None,
+        }
+    }
+
+    /// Set the working directory.
+    pub fn cwd(mut self, cwd: impl Into<String>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+
+    /// Add an environment variable.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.envs.insert(key.into(), value.into());
+        self
+    }
+
+    /// Set the user.
+    pub fn user(mut self, user: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self
+    }
+
+    /// Set the tag.
+    pub fn tag(mut self, tag: impl Into<String>) -> Self {
+        self.tag = Some(tag.into());
+        self
+    }
+
+    /// Keep stdin open.
+    pub fn stdin(mut self, open: bool) -> Self {
+        self.stdin = open;
+        self
+    }
+
+    /// Set the timeout.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitStatus {
+    /// Exit code, when it exited normally.
+    pub code: Option<i32>,
+    /// Signal number, when a signal ended it.
+    pub signal: Option<i32>,
+    /// It was killed because its [`ProcessSpec::timeout`] ran out.
+    pub timed_out: bool,
+}
+
+impl ExitStatus {
+    /// Exited with code 0.
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+
+    /// The shell convention: the code, or 128 + the signal number.
+    pub fn code_or_signal(&self) -> i32 {
+        match (self.code, self.signal) {
+            (Some(c), _) => c,
+            (None, Some(s)) => 128 + s,
+            (None, None) => -1,
+        }
+    }
+}
+
+/// One event in the life of a process. Offsets count bytes per stream since the start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessEvent {
+    /// The process started (or, on attach, is running) with this pid.
+    Start {
+        /// Pid inside the sandbox.
+        pid: u32,
+    },
+    /// Bytes the process wrote to stdout.
+    Stdout(Vec<u8>),
+    /// Bytes the process wrote to stderr.
+    Stderr(Vec<u8>),
+    /// Earlier output was dropped from the backend's retained history before this attach:
+    /// `bytes` is how much, per stream, is missing.
+    Gap {
+        /// Missing stdout bytes.
+        stdout: u64,
+        /// Missing stderr bytes.
+        stderr: u64,
+    },
+    /// The process ended. Always the last event.
+    Exit(ExitStatus),
+}
+
+/// Which stream of a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamKind {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+/// Collected output of a finished process.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Output {
+    /// Pid the process had.
+    pub pid: u32,
+    /// Standard output bytes, exactly as written (up to the limit).
+    pub stdout: Vec<u8>,
+    /// Standard error bytes, exactly as written (up to the limit).
+    pub stderr: Vec<u8>,
+    /// How it ended.
+    pub status: Option<ExitStatus>,
+    /// Output past the collection limit was dropped; the process still ran to the end.
+    pub truncated: bool,
+}
+
+impl Output {
+    /// The exit status; `Output` values built by this crate always carry one.
+    pub fn exit_status(&self) -> ExitStatus {
+        self.status.unwrap_or(ExitStatus {
+            code: None,
+            signal: None,
+            timed_out: false,
+        })
+    }
+
+    /// The exit code (128 + signal when a signal ended it).
+    pub fn exit_code(&self) -> i32 {
+        self.exit_status().code_or_signal()
+    }
+
+    /// Stdout decoded as UTF-8, invalid sequences replaced. Use [`Output::stdout`] for bytes.
+    pub fn stdout_lossy(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    /// Stderr decoded as UTF-8, invalid sequences replaced.
+    pub fn stderr_lossy(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+}
+
+/// A process the sandbox knows about.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    /// Pid inside the sandbox.
+    pub pid: u32,
+    /// Tag given at start.
+    pub tag: Option<String>,
+    /// The argv it runs.
+    pub argv: Vec<String>,
+    /// Its working directory.
+    pub cwd: String,
+    /// Its per-process envs.
+    pub envs: BTreeMap<String, String>,
+    /// When it started.
+    pub started_at: UnixMillis,
+    /// How it ended, if it has.
+    pub exit: Option<ExitStatus>,
+}
+
+/// Where to attach: a pid or a tag.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessSelector {
+    /// By pid.
+    Pid(u32),
+    /// By the tag given at start.
+    Tag(String),
+}
+
+/// A POSIX signal to send to a process (its whole process group).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Signal {
+    /// Hang up.
+    Hup,
+    /// Interrupt (Ctrl-C).
+    Int,
+    /// Quit.
+    Quit,
+    /// Kill, cannot be caught.
+    Kill,
+    /// Polite termination.
+    Term,
+    /// User 1.
+    Usr1,
+    /// User 2.
+    Usr2,
+    /// Stop.
+    Stop,
+    /// Continue.
+    Cont,
+}
+
+impl Signal {
+    /// The Linux signal number.
+    pub fn number(self) -> i32 {
+        match self {
+            Signal::Hup => libc::SIGHUP,
+            Signal::Int => libc::SIGINT,
+            Signal::Quit => libc::SIGQUIT,
+            Signal::Kill => libc::SIGKILL,
+            Signal::Term => libc::SIGTERM,
+            Signal::Usr1 => libc::SIGUSR1,
+            Signal::Usr2 => libc::SIGUSR2,
+            Signal::Stop => libc::SIGSTOP,
+            Signal::Cont => libc::SIGCONT,
+        }
+    }
+}
+
+/// Kind of a filesystem entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    /// Regular file.
+    File,
+    /// Directory.
+    Dir,
+    /// Symbolic link (not followed).
+    Symlink,
+    /// Anything else (socket, fifo, device).
+    Other,
+}
+
+/// Metadata of one filesystem entry. Symlinks are reported, not followed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStat {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// Last path component.
+    pub name: String,
+    /// Entry kind.
+    pub kind: FileKind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits (`0o7777` mask).
+    pub mode: u32,
+    /// Owner uid inside the sandbox.
+    pub uid: u32,
+    /// Owner gid inside the sandbox.
+    pub gid: u32,
+    /// Owner name, when the sandbox's user database knows it.
+    pub owner: String,
+    /// Group name, when known.
+    pub group: String,
+    /// Modification time.
+    pub modified: UnixMillis,
+    /// Where a symlink points, verbatim.
+    pub symlink_target: Option<String>,
+}
+
+/// Options for listing a directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListDirOptions {
+    /// 1 lists the directory's own entries; n descends n-1 levels below it.
+    pub depth: u32,
+}
+
+impl Default for ListDirOptions {
+    fn default() -> Self {
+        ListDirOptions { depth: 1 }
+    }
+}
+
+/// Options for writing a file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WriteOptions {
+    /// Create missing parent directories.
+    pub create_parents: bool,
+    /// Permission bits for a new file.
+    pub mode: Option<u32>,
+    /// Append instead of replacing.
+    pub append: bool,
+    /// Owner of new files and directories; `None` is the sandbox's default user.
+    pub user: Option<String>,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        WriteOptions {
+            create_parents: true,
+            mode: None,
+            append: false,
+            user: None,
+        }
+    }
+}
+
+/// Options for creating a directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MkdirOptions {
+    /// Create missing parents, and succeed when the directory exists.
+    pub parents: bool,
+    /// Permission bits.
+    pub mode: Option<u32>,
+    /// Owner; `None` is the sandbox's default user.
+    pub user: Option<String>,
+}
+
+impl Default for MkdirOptions {
+    fn default() -> Self {
+        MkdirOptions {
+            parents: true,
+            mode: None,
+            user: None,
+        }
+    }
+}
+
+/// Options for removing a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RemoveOptions {
+    /// Remove directories with their contents.
+    pub recursive: bool,
+}
+
+/// Serde helper: `Option<Duration>` as fractional seconds.
+pub(crate) mod opt_duration_secs {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(d) => s.serialize_some(&d.as_secs_f64()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let v: Option<f64> = Option::deserialize(d)?;
+        match v {
+            None => Ok(None),
+            Some(x) if x.is_finite() && x >= 0.0 && x < 1e12 => {
+                Ok(Some(Duration::from_secs_f64(x)))
+            }
+            Some(x) => Err(serde::de::Error::custom(format!(
+                "duration must be between 0 and 1e12 seconds, got {x}"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_commands_render_their_argv() {
+        assert_eq!(
+            Command::bash_login("echo hi").to_argv(),
+            ["/bin/bash", "-l", "-c", "echo hi"]
+        );
+        assert_eq!(Command::sh("x").to_argv(), ["/bin/sh", "-c", "x"]);
+        assert_eq!(Command::argv(["ls", "-l"]).to_argv(), ["ls", "-l"]);
+    }
+
+    #[test]
+    fn exit_status_uses_the_shell_convention_for_signals() {
+        let s = ExitStatus {
+            code: None,
+            signal: Some(9),
+            timed_out: false,
+        };
+        assert_eq!(s.code_or_signal(), 137);
+        assert!(!s.success());
+    }
+
+    #[test]
+    fn durations_reject_negative_and_absurd_values() {
+        let ok: ProcessSpec = serde_json::from_str(
+            r#"{"command":{"argv":["true"]},"cwd":null,"envs":{},"user":null,"tag":null,"stdin":false,"timeout":1.5}"#,
+        )
+        .unwrap();
+        assert_eq!(ok.timeout, Some(Duration::from_millis(1500)));
+        for bad in ["-1", "1e300"] {
+            let text = format!(
+                r#"{{"command":{{"argv":["true"]}},"cwd":null,"envs":{{}},"user":null,"tag":null,"stdin":false,"timeout":{bad}}}"#
+            );
+            assert!(serde_json::from_str::<ProcessSpec>(&text).is_err(), "{bad}");
+        }
+    }
+}
