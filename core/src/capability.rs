@@ -25,4 +25,18 @@ pub struct Capabilities {
     pub max_file_bytes: u64,
     /// Default cap on captured output per stream, in bytes.
     pub output_limit: u64,
+    /// Pause and resume keep processes and memory.
+    pub pause: bool,
+    /// Ports can be exposed as preview URLs.
+    pub previews: bool,
+    /// Filesystem snapshots and fork.
+    pub snapshots: bool,
+    /// Named persistent volumes.
+    pub volumes: bool,
+    /// Directory watches.
+    pub watch: bool,
+    /// Processes on pseudo-terminals.
+    pub pty: bool,
+    /// CPU and memory metrics.
+    pub metrics: bool,
 }

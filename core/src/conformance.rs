@@ -1,1 +1,1046 @@
-//! The conformance suite (filled below).
+//! The conformance suite: behaviour every [`Backend`] must show, as `pub async fn` cases.
+//!
+//! Each case creates what it needs, asserts, and destroys it; a failed assertion panics with a
+//! message naming the expectation. Cases read [`Backend::capabilities`] and check the refusal
+//! (`NotSupported`) where a capability is missing, so the suite runs unchanged against every
+//! backend. Host-side checks (no stray processes, host files untouched) assume the backend runs
+//! its sandboxes on this machine, as the embedded engine and a loopback server do.
+//!
+//! [`conformance_tests!`](crate::conformance_tests) expands to one `#[tokio::test]` per case:
+//!
+//! ```ignore
+//! sandcove::conformance_tests!(async {
+//!     std::sync::Arc::new(sandcove::LocalBackend::new().unwrap()) as std::sync::Arc<dyn sandcove::Backend>
+//! });
+//! ```
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+
+use crate::client::collect;
+use crate::{
+    Backend, ByteStream, Command, CreateOptions, ErrorCode, FileKind, ListDirOptions, ListOptions,
+    MkdirOptions, Output, ProcessEvent, ProcessSelector, ProcessSpec, RemoveOptions, Signal,
+    WriteOptions,
+};
+
+/// Expand to one `#[tokio::test]` per conformance case. `$make` is an expression evaluating
+/// to a future of `Arc<dyn Backend>` (evaluated afresh for each test).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@cases $make;
+            create_get_list_destroy,
+            missing_sandbox_is_not_found,
+            set_timeout_moves_the_lease,
+            lease_end_destroys_the_sandbox,
+            argv_and_shell_commands,
+            exit_codes_and_stderr,
+            output_is_binary_safe,
+            large_output_streams_without_loss,
+            sandbox_and_process_envs,
+            bad_process_input_is_refused,
+            missing_binary_is_not_found,
+            working_directory,
+            default_user_and_home,
+            running_as_another_user,
+            stdin_write_and_close,
+            signals_and_kill_mid_stream,
+            process_timeout_kills_the_group,
+            list_and_attach_processes,
+            file_round_trip_and_metadata,
+            large_file_round_trip,
+            directory_operations,
+            file_errors_are_typed,
+            file_api_cannot_escape,
+            system_directories_are_read_only,
+            destroy_ends_background_processes,
+            limits_are_applied,
+            sandbox_sees_only_its_own_processes,
+        );
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let backend: std::sync::Arc<dyn $crate::Backend> = $make.await;
+                $crate::conformance::$case(&*backend).await;
+            }
+        )*
+    };
+}
+
+/// Options for a test sandbox: a short lease so a failed test cleans up after itself, and a
+/// label so tests running in parallel can tell their sandboxes apart.
+pub fn test_options(label: &str) -> CreateOptions {
+    CreateOptions {
+        timeout: Some(Duration::from_secs(120)),
+        labels: BTreeMap::from([("conformance".to_string(), label.to_string())]),
+        ..Default::default()
+    }
+}
+
+/// A random-enough token for labels and markers.
+pub fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        crate::backend::local::config::new_id()
+    )
+}
+
+async fn create(backend: &dyn Backend, label: &str) -> String {
+    backend
+        .create(test_options(label))
+        .await
+        .unwrap_or_else(|e| panic!("create a sandbox: {e}"))
+        .id
+}
+
+/// Run a shell script to completion.
+pub async fn sh(backend: &dyn Backend, id: &str, script: &str) -> Output {
+    run(backend, id, ProcessSpec::new(Command::sh(script))).await
+}
+
+/// Run a spec to completion, panicking on errors.
+pub async fn run(backend: &dyn Backend, id: &str, spec: ProcessSpec) -> Output {
+    let shown = format!("{:?}", spec.command);
+    let stream = backend
+        .spawn(id, spec)
+        .await
+        .unwrap_or_else(|e| panic!("spawn {shown}: {e}"));
+    collect(stream, usize::MAX)
+        .await
+        .unwrap_or_else(|e| panic!("collect {shown}: {e}"))
+}
+
+fn bytes_stream(data: Vec<u8>) -> ByteStream {
+    Box::pin(futures::stream::once(async move { Ok(data) }))
+}
+
+async fn write(backend: &dyn Backend, id: &str, path: &str, data: &[u8]) {
+    backend
+        .write_file(
+            id,
+            path,
+            bytes_stream(data.to_vec()),
+            WriteOptions::default(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("write {path}: {e}"));
+}
+
+async fn read(backend: &dyn Backend, id: &str, path: &str) -> crate::Result<Vec<u8>> {
+    let mut stream = backend.read_file(id, path).await?;
+    let mut out = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        out.extend_from_slice(&chunk?);
+    }
+    Ok(out)
+}
+
+fn expect_code<T: std::fmt::Debug>(result: crate::Result<T>, code: ErrorCode, what: &str) {
+    match result {
+        Err(e) if e.code() == code => {}
+        other => panic!("{what}: expected {code:?}, got {other:?}"),
+    }
+}
+
+/// How many host processes have `marker` in their command line.
+pub fn host_processes_with(marker: &str) -> usize {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(marker))
+                .unwrap_or(false)
+        })
+        .count()
+}
+
+/// Wait until `f` is true or `limit` passes.
+async fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    f()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lifecycle
+// ---------------------------------------------------------------------------------------------
+
+/// Create reports what was asked; get and list find it; destroy makes it gone everywhere.
+pub async fn create_get_list_destroy(backend: &dyn Backend) {
+    let label = unique("lifecycle");
+    let mut options = test_options(&label);
+    options.envs.insert("GREETING".into(), "hi".into());
+    let info = backend.create(options).await.expect("create");
+    assert_eq!(info.state, crate::SandboxState::Running);
+    assert_eq!(info.labels.get("conformance"), Some(&label));
+    assert!(
+        info.ends_at > info.created_at,
+        "the lease ends after creation"
+    );
+    let got = backend.get(&info.id).await.expect("get");
+    assert_eq!(got.id, info.id);
+    assert_eq!(got.envs.get("GREETING").map(String::as_str), Some("hi"));
+    let filter = ListOptions {
+        labels: BTreeMap::from([("conformance".to_string(), label.clone())]),
+        states: vec![],
+    };
+    let listed = backend.list(filter.clone()).await.expect("list");
+    assert_eq!(listed.iter().map(|i| &i.id).collect::<Vec<_>>(), [&info.id]);
+    let other = ListOptions {
+        labels: BTreeMap::from([("conformance".to_string(), "no-such-label".to_string())]),
+        states: vec![],
+    };
+    assert!(backend
+        .list(other)
+        .await
+        .expect("list")
+        .iter()
+        .all(|i| i.id != info.id));
+    backend.destroy(&info.id).await.expect("destroy");
+    expect_code(
+        backend.get(&info.id).await,
+        ErrorCode::NotFound,
+        "get after destroy",
+    );
+    assert!(backend.list(filter).await.expect("list").is_empty());
+    expect_code(
+        backend.destroy(&info.id).await,
+        ErrorCode::NotFound,
+        "destroy twice",
+    );
+}
+
+/// Unknown and malformed ids are `NotFound` for every call.
+pub async fn missing_sandbox_is_not_found(backend: &dyn Backend) {
+    for id in ["nosuchsandbox0000000", "../etc", "", "UPPER"] {
+        expect_code(backend.get(id).await, ErrorCode::NotFound, "get");
+        expect_code(backend.destroy(id).await, ErrorCode::NotFound, "destroy");
+        expect_code(
+            backend
+                .spawn(id, ProcessSpec::new(Command::argv(["true"])))
+                .await
+                .map(|_| ()),
+            ErrorCode::NotFound,
+            "spawn",
+        );
+        expect_code(backend.stat(id, "/").await, ErrorCode::NotFound, "stat");
+    }
+}
+
+/// `set_timeout` moves the end of the lease to "now + timeout".
+pub async fn set_timeout_moves_the_lease(backend: &dyn Backend) {
+    let id = create(backend, &unique("lease")).await;
+    let before = crate::now_millis();
+    let info = backend
+        .set_timeout(&id, Duration::from_secs(600))
+        .await
+        .expect("set_timeout");
+    assert!(
+        info.ends_at >= before + 599_000 && info.ends_at <= crate::now_millis() + 601_000,
+        "ends_at {} not ~600s from now",
+        info.ends_at
+    );
+    assert_eq!(backend.get(&id).await.expect("get").ends_at, info.ends_at);
+    expect_code(
+        backend
+            .set_timeout(&id, Duration::from_secs(10 * 365 * 24 * 3600))
+            .await,
+        ErrorCode::InvalidArgument,
+        "absurd timeout",
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// At the end of its lease a sandbox is gone: not found, its processes ended on the host.
+pub async fn lease_end_destroys_the_sandbox(backend: &dyn Backend) {
+    let mut options = test_options(&unique("expire"));
+    options.timeout = Some(Duration::from_secs(2));
+    let id = backend.create(options).await.expect("create").id;
+    let marker = unique("expiring");
+    let spec = ProcessSpec::new(Command::bash_login(format!("exec -a {marker} sleep 600")));
+    let _stream = backend.spawn(&id, spec).await.expect("spawn");
+    assert!(
+        eventually(Duration::from_secs(5), || host_processes_with(&marker) == 1).await,
+        "the sleeping process runs"
+    );
+    let gone = async {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(15) {
+            if let Err(e) = backend.get(&id).await {
+                return e.is_not_found();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    };
+    assert!(gone.await, "the sandbox is not found after its lease");
+    assert!(
+        eventually(Duration::from_secs(5), || host_processes_with(&marker) == 0).await,
+        "no process of the expired sandbox is left on the host"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+// ---------------------------------------------------------------------------------------------
+
+/// Argv runs without a shell; shell scripts run through the named shell.
+pub async fn argv_and_shell_commands(backend: &dyn Backend) {
+    let id = create(backend, &unique("exec")).await;
+    let out = run(
+        backend,
+        &id,
+        ProcessSpec::new(Command::argv(["echo", "a b", "$HOME"])),
+    )
+    .await;
+    assert_eq!(out.stdout, b"a b $HOME\n", "argv is not shell-interpreted");
+    assert!(out.exit_status().success());
+    let out = sh(backend, &id, "echo one | tr a-z A-Z; echo two").await;
+    assert_eq!(out.stdout, b"ONE\ntwo\n");
+    let out = run(
+        backend,
+        &id,
+        ProcessSpec::new(Command::bash_login(
+            "echo $0; shopt -q login_shell && echo login",
+        )),
+    )
+    .await;
+    assert_eq!(out.stdout_lossy(), "/bin/bash\nlogin\n");
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// Exit codes come back; stderr is separate from stdout.
+pub async fn exit_codes_and_stderr(backend: &dyn Backend) {
+    let id = create(backend, &unique("exit")).await;
+    let out = sh(backend, &id, "echo out; echo err >&2; exit 3").await;
+    assert_eq!(out.stdout, b"out\n");
+    assert_eq!(out.stderr, b"err\n");
+    assert_eq!(out.exit_status().code, Some(3));
+    assert!(!out.truncated);
+    let out = sh(backend, &id, "kill -TERM $$").await;
+    assert_eq!(out.exit_status().signal, Some(libc::SIGTERM));
+    assert_eq!(out.exit_code(), 128 + libc::SIGTERM);
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// NUL bytes and invalid UTF-8 arrive exactly as written.
+pub async fn output_is_binary_safe(backend: &dyn Backend) {
+    let id = create(backend, &unique("binary")).await;
+    let out = sh(
+        backend,
+        &id,
+        r"printf 'a\000b\377\303\050c'; printf '\000' >&2",
+    )
+    .await;
+    assert_eq!(out.stdout, [b'a', 0, b'b', 0xff, 0xc3, 0x28, b'c']);
+    assert_eq!(out.stderr, [0]);
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// 10 MB of output arrive complete and in order.
+pub async fn large_output_streams_without_loss(backend: &dyn Backend) {
+    let id = create(backend, &unique("bigout")).await;
+    let n = 10 * 1024 * 1024;
+    let out = sh(
+        backend,
+        &id,
+        &format!("seq 1 2000000 | head -c {n}; echo done >&2"),
+    )
+    .await;
+    assert_eq!(out.stdout.len(), n, "every byte arrives");
+    let expected: Vec<u8> = (1..=2_000_000u32)
+        .flat_map(|i| format!("{i}\n").into_bytes())
+        .take(n)
+        .collect();
+    assert!(out.stdout == expected, "bytes arrive in order, unchanged");
+    assert_eq!(out.stderr, b"done\n");
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// Sandbox envs reach every process; a process's own value wins.
+pub async fn sandbox_and_process_envs(backend: &dyn Backend) {
+    let mut options = test_options(&unique("envs"));
+    options.envs.insert("SHARED".into(), "sandbox".into());
+    options.envs.insert("OVERRIDE".into(), "sandbox".into());
+    let id = backend.create(options).await.expect("create").id;
+    let spec = ProcessSpec::new(Command::sh("echo $SHARED $OVERRIDE $ONLY"))
+        .env("OVERRIDE", "process")
+        .env("ONLY", "x y");
+    assert_eq!(
+        run(backend, &id, spec).await.stdout,
+        b"sandbox process x y\n"
+    );
+    backend.destroy(&id).await.expect("destroy");
+    let mut bad = test_options("bad-env");
+    bad.envs.insert("A=B".into(), "x".into());
+    expect_code(
+        backend.create(bad).await,
+        ErrorCode::InvalidArgument,
+        "create with an invalid env name",
+    );
+}
+
+/// Empty argv, NUL bytes and bad env names are refused before anything runs.
+pub async fn bad_process_input_is_refused(backend: &dyn Backend) {
+    let id = create(backend, &unique("badinput")).await;
+    let cases = [
+        ProcessSpec::new(Command::Argv(vec![])),
+        ProcessSpec::new(Command::argv([""])),
+        ProcessSpec::new(Command::argv(["echo", "a\0b"])),
+        ProcessSpec::new(Command::argv(["true"])).env("", "x"),
+        ProcessSpec::new(Command::argv(["true"])).env("A=B", "x"),
+        ProcessSpec::new(Command::argv(["true"])).env("NUL\0", "x"),
+        ProcessSpec::new(Command::argv(["true"])).env("V", "a\0b"),
+        ProcessSpec::new(Command::argv(["true"])).cwd("/tmp\0x"),
+    ];
+    for spec in cases {
+        let shown = format!("{spec:?}");
+        expect_code(
+            backend.spawn(&id, spec).await.map(|_| ()),
+            ErrorCode::InvalidArgument,
+            &shown,
+        );
+    }
+    assert!(
+        backend.list_processes(&id).await.expect("list").is_empty(),
+        "nothing was started"
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// A missing program is a `NotFound` error at once, not a hang or a 127.
+pub async fn missing_binary_is_not_found(backend: &dyn Backend) {
+    let id = create(backend, &unique("nobin")).await;
+    let start = Instant::now();
+    let result = backend
+        .spawn(
+            &id,
+            ProcessSpec::new(Command::argv(["no-such-program-xyz"])),
+        )
+        .await;
+    expect_code(
+        result.map(|s| s.pid),
+        ErrorCode::NotFound,
+        "missing program",
+    );
+    assert!(start.elapsed() < Duration::from_secs(5));
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// The default cwd is the home; a cwd can be chosen; a missing one is `NotFound`.
+pub async fn working_directory(backend: &dyn Backend) {
+    let id = create(backend, &unique("cwd")).await;
+    assert_eq!(sh(backend, &id, "pwd").await.stdout, b"/workspace\n");
+    let spec = ProcessSpec::new(Command::argv(["pwd"])).cwd("/tmp");
+    assert_eq!(run(backend, &id, spec).await.stdout, b"/tmp\n");
+    backend
+        .mkdir(&id, "sub/dir", MkdirOptions::default())
+        .await
+        .expect("mkdir");
+    let spec = ProcessSpec::new(Command::argv(["pwd"])).cwd("sub/dir");
+    assert_eq!(
+        run(backend, &id, spec).await.stdout,
+        b"/workspace/sub/dir\n",
+        "relative cwd resolves against the home"
+    );
+    let spec = ProcessSpec::new(Command::argv(["pwd"])).cwd("/no/such/dir");
+    expect_code(
+        backend.spawn(&id, spec).await.map(|s| s.pid),
+        ErrorCode::NotFound,
+        "missing cwd",
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// `whoami` prints the configured default user; HOME is the workspace.
+pub async fn default_user_and_home(backend: &dyn Backend) {
+    let mut options = test_options(&unique("user"));
+    options.user = Some("alice".into());
+    let info = backend.create(options).await.expect("create");
+    assert_eq!(info.user.name, "alice");
+    let out = sh(backend, &info.id, "whoami; echo $HOME $USER; id -un").await;
+    assert_eq!(out.stdout_lossy(), "alice\n/workspace alice\nalice\n");
+    backend.destroy(&info.id).await.expect("destroy");
+}
+
+/// Another user works where several uids are mappable, and is refused where not.
+pub async fn running_as_another_user(backend: &dyn Backend) {
+    let id = create(backend, &unique("root")).await;
+    let spec = ProcessSpec::new(Command::sh("whoami; id -u")).user("root");
+    if backend.capabilities().multiple_users {
+        let out = run(backend, &id, spec).await;
+        assert_eq!(out.stdout_lossy(), "root\n0\n");
+        let out = sh(backend, &id, "id -u").await;
+        assert_ne!(out.stdout_lossy(), "0\n", "the default user is not root");
+    } else {
+        expect_code(
+            backend.spawn(&id, spec).await.map(|s| s.pid),
+            ErrorCode::NotSupported,
+            "run as root without multiple uids",
+        );
+    }
+    let spec = ProcessSpec::new(Command::argv(["true"])).user("nosuchuser");
+    let result = backend.spawn(&id, spec).await.map(|s| s.pid);
+    assert!(
+        matches!(&result, Err(e) if matches!(e.code(), ErrorCode::InvalidArgument | ErrorCode::NotSupported)),
+        "unknown user: {result:?}"
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// Bytes written to stdin reach the process; closing stdin ends `cat`.
+pub async fn stdin_write_and_close(backend: &dyn Backend) {
+    let id = create(backend, &unique("stdin")).await;
+    let spec = ProcessSpec::new(Command::argv(["cat"])).stdin(true);
+    let stream = backend.spawn(&id, spec).await.expect("spawn");
+    let sel = ProcessSelector::Pid(stream.pid);
+    backend
+        .write_stdin(&id, sel.clone(), b"hello \x00\xff".to_vec())
+        .await
+        .expect("write stdin");
+    backend
+        .write_stdin(&id, sel.clone(), b"world".to_vec())
+        .await
+        .expect("write stdin");
+    backend.close_stdin(&id, sel.clone()).await.expect("close");
+    let out = tokio::time::timeout(Duration::from_secs(10), collect(stream, usize::MAX))
+        .await
+        .expect("cat ends after stdin closes")
+        .expect("collect");
+    assert_eq!(out.stdout, b"hello \x00\xffworld");
+    assert!(out.exit_status().success());
+    // Without stdin enabled, the process reads EOF and writing is refused.
+    let out = run(backend, &id, ProcessSpec::new(Command::argv(["cat"]))).await;
+    assert!(out.stdout.is_empty() && out.exit_status().success());
+    let stream = backend
+        .spawn(&id, ProcessSpec::new(Command::argv(["sleep", "30"])))
+        .await
+        .expect("spawn");
+    expect_code(
+        backend
+            .write_stdin(&id, ProcessSelector::Pid(stream.pid), b"x".to_vec())
+            .await,
+        ErrorCode::InvalidArgument,
+        "stdin not enabled",
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// Signals reach the process group; a process killed mid-stream reports the signal and the
+/// output it wrote before.
+pub async fn signals_and_kill_mid_stream(backend: &dyn Backend) {
+    let id = create(backend, &unique("signal")).await;
+    let mut stream = backend
+        .spawn(
+            &id,
+            ProcessSpec::new(Command::sh(
+                "echo started; while true; do echo tick; sleep 0.05; done",
+            )),
+        )
+        .await
+        .expect("spawn");
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("tick") {
+        match stream.events.next().await {
+            Some(Ok(ProcessEvent::Stdout(b))) => seen.extend(b),
+            other => panic!("expected output, got {other:?}"),
+        }
+    }
+    backend
+        .signal(&id, ProcessSelector::Pid(stream.pid), Signal::Kill)
+        .await
+        .expect("kill");
+    let rest = collect(stream, usize::MAX).await.expect("collect");
+    seen.extend(rest.stdout);
+    assert!(seen.starts_with(b"started\ntick\n"));
+    assert_eq!(rest.status.and_then(|s| s.signal), Some(libc::SIGKILL));
+    // Signalling a finished process is NotFound.
+    let out = sh(backend, &id, "true").await;
+    expect_code(
+        backend
+            .signal(&id, ProcessSelector::Pid(out.pid), Signal::Term)
+            .await,
+        ErrorCode::NotFound,
+        "signal a finished process",
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// A process timeout kills the whole group and says so.
+pub async fn process_timeout_kills_the_group(backend: &dyn Backend) {
+    let id = create(backend, &unique("ptimeout")).await;
+    let start = Instant::now();
+    let spec = ProcessSpec::new(Command::sh("sleep 30 & sleep 30; echo never"))
+        .timeout(Duration::from_millis(500));
+    let out = run(backend, &id, spec).await;
+    assert!(start.elapsed() < Duration::from_secs(10), "killed promptly");
+    let status = out.exit_status();
+    assert!(status.timed_out, "reported as a timeout: {status:?}");
+    assert_eq!(status.signal, Some(libc::SIGKILL));
+    assert!(out.stdout.is_empty());
+    let left = sh(backend, &id, "ps -eo comm | grep -c '^sleep$' || true").await;
+    assert_eq!(
+        left.stdout_lossy().trim(),
+        "0",
+        "the background sleep died too"
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// Processes are listed with their tags; attaching replays retained output, then goes live.
+pub async fn list_and_attach_processes(backend: &dyn Backend) {
+    let id = create(backend, &unique("attach")).await;
+    let spec = ProcessSpec::new(Command::sh("echo first; read line; echo got $line"))
+        .tag("worker")
+        .stdin(true);
+    let first = backend.spawn(&id, spec.clone()).await.expect("spawn");
+    let pid = first.pid;
+    drop(first); // dropping a stream does not kill the process
+    let listed = backend.list_processes(&id).await.expect("list");
+    let entry = listed.iter().find(|p| p.pid == pid).expect("listed");
+    assert_eq!(entry.tag.as_deref(), Some("worker"));
+    assert!(entry.exit.is_none(), "still running");
+    expect_code(
+        backend.spawn(&id, spec).await.map(|s| s.pid),
+        ErrorCode::AlreadyExists,
+        "a second running process with the same tag",
+    );
+    let mut attached = backend
+        .attach(&id, ProcessSelector::Tag("worker".into()))
+        .await
+        .expect("attach");
+    assert_eq!(attached.pid, pid);
+    match attached.events.next().await {
+        Some(Ok(ProcessEvent::Stdout(b))) => assert_eq!(b, b"first\n"),
+        other => panic!("expected the retained output, got {other:?}"),
+    }
+    backend
+        .write_stdin(&id, ProcessSelector::Tag("worker".into()), b"x\n".to_vec())
+        .await
+        .expect("stdin");
+    let rest = collect(attached, usize::MAX).await.expect("collect");
+    assert_eq!(rest.stdout, b"got x\n");
+    // After exit, attach still replays the whole output and the status.
+    let late = backend
+        .attach(&id, ProcessSelector::Pid(pid))
+        .await
+        .expect("attach after exit");
+    let out = collect(late, usize::MAX).await.expect("collect");
+    assert_eq!(out.stdout, b"first\ngot x\n");
+    assert!(out.exit_status().success());
+    expect_code(
+        backend
+            .attach(&id, ProcessSelector::Pid(999_999))
+            .await
+            .map(|s| s.pid),
+        ErrorCode::NotFound,
+        "attach to an unknown pid",
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files
+// ---------------------------------------------------------------------------------------------
+
+/// Bytes written come back identical; stat reports kind, size, mode and owner.
+pub async fn file_round_trip_and_metadata(backend: &dyn Backend) {
+    let id = create(backend, &unique("files")).await;
+    let data: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
+    write(backend, &id, "data/blob.bin", &data).await;
+    assert_eq!(
+        read(backend, &id, "data/blob.bin").await.expect("read"),
+        data
+    );
+    assert_eq!(
+        read(backend, &id, "/workspace/data/blob.bin")
+            .await
+            .expect("read"),
+        data,
+        "relative paths resolve against the home"
+    );
+    let stat = backend.stat(&id, "data/blob.bin").await.expect("stat");
+    assert_eq!(stat.kind, FileKind::File);
+    assert_eq!(stat.size, 100_000);
+    assert_eq!(stat.path, "/workspace/data/blob.bin");
+    assert_eq!(stat.name, "blob.bin");
+    let info = backend.get(&id).await.expect("get");
+    assert_eq!(
+        stat.owner, info.user.name,
+        "files belong to the default user"
+    );
+    // The sandbox's processes see the same bytes.
+    let out = sh(
+        backend,
+        &id,
+        "wc -c < data/blob.bin; od -An -tu1 -j255 -N2 data/blob.bin",
+    )
+    .await;
+    assert_eq!(
+        out.stdout_lossy().split_whitespace().collect::<Vec<_>>(),
+        ["100000", "255", "0"]
+    );
+    // Append, empty files, and chmod.
+    backend
+        .write_file(
+            &id,
+            "data/blob.bin",
+            bytes_stream(b"tail".to_vec()),
+            WriteOptions {
+                append: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("append");
+    assert_eq!(
+        backend.stat(&id, "data/blob.bin").await.expect("stat").size,
+        100_004
+    );
+    write(backend, &id, "empty", b"").await;
+    assert!(read(backend, &id, "empty").await.expect("read").is_empty());
+    let stat = backend.chmod(&id, "empty", 0o640).await.expect("chmod");
+    assert_eq!(stat.mode, 0o640);
+    assert_eq!(sh(backend, &id, "stat -c %a empty").await.stdout, b"640\n");
+    // Symlinks are reported, not followed.
+    sh(backend, &id, "ln -s data/blob.bin link").await;
+    let stat = backend.stat(&id, "link").await.expect("stat link");
+    assert_eq!(stat.kind, FileKind::Symlink);
+    assert_eq!(stat.symlink_target.as_deref(), Some("data/blob.bin"));
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// A 50 MB file written in chunks reads back identical.
+pub async fn large_file_round_trip(backend: &dyn Backend) {
+    let id = create(backend, &unique("bigfile")).await;
+    let size = 50 * 1024 * 1024;
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let data: Vec<u8> = (0..size)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    let chunks: Vec<crate::Result<Vec<u8>>> =
+        data.chunks(3_000_001).map(|c| Ok(c.to_vec())).collect();
+    let stream: ByteStream = Box::pin(futures::stream::iter(chunks));
+    let stat = backend
+        .write_file(&id, "/tmp/big.bin", stream, WriteOptions::default())
+        .await
+        .expect("write 50 MB");
+    assert_eq!(stat.size, size as u64);
+    let back = read(backend, &id, "/tmp/big.bin").await.expect("read");
+    assert_eq!(back.len(), data.len());
+    assert!(back == data, "50 MB read back identical");
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// mkdir (with parents), list with depth, rename, remove (recursive), exists.
+pub async fn directory_operations(backend: &dyn Backend) {
+    let id = create(backend, &unique("dirs")).await;
+    backend
+        .mkdir(&id, "a/b/c", MkdirOptions::default())
+        .await
+        .expect("mkdir -p");
+    write(backend, &id, "a/top.txt", b"1").await;
+    write(backend, &id, "a/b/mid.txt", b"22").await;
+    write(backend, &id, "a/b/c/deep.txt", b"333").await;
+    let names = |entries: Vec<crate::FileStat>| -> Vec<String> {
+        entries.into_iter().map(|e| e.path).collect()
+    };
+    let one = backend
+        .list_dir(&id, "a", ListDirOptions { depth: 1 })
+        .await
+        .expect("list");
+    assert_eq!(names(one), ["/workspace/a/b", "/workspace/a/top.txt"]);
+    let all = names(
+        backend
+            .list_dir(&id, "a", ListDirOptions { depth: 3 })
+            .await
+            .expect("list"),
+    );
+    for p in [
+        "/workspace/a/b/c",
+        "/workspace/a/b/mid.txt",
+        "/workspace/a/b/c/deep.txt",
+    ] {
+        assert!(all.contains(&p.to_string()), "{p} in {all:?}");
+    }
+    expect_code(
+        backend
+            .mkdir(
+                &id,
+                "a/b",
+                MkdirOptions {
+                    parents: false,
+                    ..Default::default()
+                },
+            )
+            .await,
+        ErrorCode::AlreadyExists,
+        "mkdir of an existing dir without parents",
+    );
+    backend
+        .rename(&id, "a/top.txt", "a/moved.txt")
+        .await
+        .expect("rename");
+    assert!(backend.stat(&id, "a/top.txt").await.is_err());
+    assert_eq!(read(backend, &id, "a/moved.txt").await.expect("read"), b"1");
+    expect_code(
+        backend
+            .remove(&id, "a", RemoveOptions { recursive: false })
+            .await,
+        ErrorCode::InvalidArgument,
+        "non-recursive remove of a non-empty dir",
+    );
+    backend
+        .remove(&id, "a", RemoveOptions { recursive: true })
+        .await
+        .expect("remove -r");
+    expect_code(backend.stat(&id, "a").await, ErrorCode::NotFound, "removed");
+    assert_eq!(
+        sh(backend, &id, "ls -A /workspace | wc -l").await.stdout,
+        b"0\n"
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// Missing files, directories read as files and bad paths give typed errors.
+pub async fn file_errors_are_typed(backend: &dyn Backend) {
+    let id = create(backend, &unique("fileerr")).await;
+    expect_code(
+        read(backend, &id, "nope.txt").await,
+        ErrorCode::NotFound,
+        "read missing",
+    );
+    expect_code(
+        read(backend, &id, "/tmp").await,
+        ErrorCode::InvalidArgument,
+        "read a dir",
+    );
+    expect_code(
+        read(backend, &id, "a\0b").await,
+        ErrorCode::InvalidArgument,
+        "NUL path",
+    );
+    expect_code(
+        read(backend, &id, "").await,
+        ErrorCode::InvalidArgument,
+        "empty path",
+    );
+    expect_code(
+        backend
+            .list_dir(&id, "nope", ListDirOptions::default())
+            .await,
+        ErrorCode::NotFound,
+        "list missing",
+    );
+    write(backend, &id, "file", b"x").await;
+    expect_code(
+        backend
+            .list_dir(&id, "file", ListDirOptions::default())
+            .await,
+        ErrorCode::InvalidArgument,
+        "list a file",
+    );
+    expect_code(
+        backend
+            .write_file(
+                &id,
+                "/tmp",
+                bytes_stream(b"x".to_vec()),
+                WriteOptions::default(),
+            )
+            .await,
+        ErrorCode::InvalidArgument,
+        "write over a directory",
+    );
+    expect_code(
+        backend.remove(&id, "nope", RemoveOptions::default()).await,
+        ErrorCode::NotFound,
+        "remove missing",
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// `..` chains and symlinks pointing out never reach host files.
+pub async fn file_api_cannot_escape(backend: &dyn Backend) {
+    let id = create(backend, &unique("escape")).await;
+    let marker = unique("escape-marker");
+    let host_target = std::env::temp_dir().join(&marker);
+    // A `..` chain resolves inside the sandbox.
+    let path = format!("../../../../../../..{}", host_target.display());
+    write(backend, &id, &path, b"inside").await;
+    assert!(!host_target.exists(), "a `..` write created a host file");
+    assert_eq!(
+        read(backend, &id, &host_target.to_string_lossy())
+            .await
+            .expect("read"),
+        b"inside",
+        "it landed inside the sandbox"
+    );
+    // A symlink to a host-only file does not reach it.
+    let host_only = std::env::current_dir().expect("cwd").join("Cargo.toml");
+    if host_only.exists() {
+        sh(
+            backend,
+            &id,
+            &format!("ln -s {} hostlink", host_only.display()),
+        )
+        .await;
+        expect_code(
+            read(backend, &id, "hostlink").await,
+            ErrorCode::NotFound,
+            "host-only file",
+        );
+    }
+    // An absolute symlink to /etc/passwd: reads the sandbox's own, writes fail, the host's
+    // file is untouched.
+    let host_passwd = std::fs::read("/etc/passwd").unwrap_or_default();
+    sh(backend, &id, "ln -s /etc/passwd pw").await;
+    let inside = read(backend, &id, "pw")
+        .await
+        .expect("read through symlink");
+    assert_ne!(inside, host_passwd, "the sandbox has its own user database");
+    let result = backend
+        .write_file(
+            &id,
+            "pw",
+            bytes_stream(b"owned\n".to_vec()),
+            WriteOptions::default(),
+        )
+        .await;
+    expect_code(
+        result,
+        ErrorCode::PermissionDenied,
+        "write through a symlink into /etc",
+    );
+    assert_eq!(
+        std::fs::read("/etc/passwd").unwrap_or_default(),
+        host_passwd
+    );
+    let result = backend
+        .write_file(
+            &id,
+            "/etc/passwd",
+            bytes_stream(b"owned\n".to_vec()),
+            WriteOptions::default(),
+        )
+        .await;
+    assert!(result.is_err(), "writing /etc/passwd in the sandbox fails");
+    assert_eq!(
+        std::fs::read("/etc/passwd").unwrap_or_default(),
+        host_passwd
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// Host system directories are read-only inside the sandbox.
+pub async fn system_directories_are_read_only(backend: &dyn Backend) {
+    let id = create(backend, &unique("ro")).await;
+    let out = sh(
+        backend,
+        &id,
+        "touch /usr/x 2>&1; echo $?; touch /etc/x 2>&1; echo $?",
+    )
+    .await;
+    let text = out.stdout_lossy();
+    assert!(
+        !text.contains("\n0\n") && !text.starts_with("0\n"),
+        "{text}"
+    );
+    expect_code(
+        backend
+            .write_file(
+                &id,
+                "/usr/x",
+                bytes_stream(b"x".to_vec()),
+                WriteOptions::default(),
+            )
+            .await,
+        ErrorCode::PermissionDenied,
+        "write under /usr",
+    );
+    assert!(!std::path::Path::new("/usr/x").exists());
+    // /tmp and the home are writable.
+    assert!(sh(backend, &id, "touch /tmp/x ~/y")
+        .await
+        .exit_status()
+        .success());
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// Destroy ends every process of the sandbox, background ones included.
+pub async fn destroy_ends_background_processes(backend: &dyn Backend) {
+    let id = create(backend, &unique("bgkill")).await;
+    let marker = unique("bg");
+    for _ in 0..3 {
+        let spec = ProcessSpec::new(Command::bash_login(format!(
+            "(exec -a {marker} sleep 600) & exec -a {marker} sleep 600"
+        )));
+        drop(backend.spawn(&id, spec).await.expect("spawn"));
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || host_processes_with(&marker) == 6).await,
+        "six sleepers run (saw {})",
+        host_processes_with(&marker)
+    );
+    backend.destroy(&id).await.expect("destroy");
+    assert!(
+        eventually(Duration::from_secs(5), || host_processes_with(&marker) == 0).await,
+        "no process of the destroyed sandbox is left on the host"
+    );
+}
+
+/// The process and open-file limits apply inside.
+pub async fn limits_are_applied(backend: &dyn Backend) {
+    let mut options = test_options(&unique("limits"));
+    options.resources.max_processes = Some(300);
+    options.resources.max_open_files = Some(512);
+    let id = backend.create(options).await.expect("create").id;
+    let out = run(
+        backend,
+        &id,
+        ProcessSpec::new(Command::bash_login("ulimit -u; ulimit -n")),
+    )
+    .await;
+    if backend.capabilities().process_limit {
+        assert_eq!(out.stdout_lossy(), "300\n512\n");
+    }
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// Inside, `ps` shows only the sandbox's own processes.
+pub async fn sandbox_sees_only_its_own_processes(backend: &dyn Backend) {
+    let id = create(backend, &unique("pidns")).await;
+    if backend.capabilities().isolated {
+        let out = sh(backend, &id, "ls /proc | grep -c '^[0-9]*$'").await;
+        let count: u32 = out.stdout_lossy().trim().parse().unwrap_or(999);
+        assert!(count <= 4, "sandbox sees {count} processes");
+        let out = sh(backend, &id, "cat /proc/1/comm").await;
+        assert_eq!(out.stdout_lossy().trim(), "sandcove-agent");
+    }
+    backend.destroy(&id).await.expect("destroy");
+}

@@ -32,7 +32,7 @@ pub mod types;
 pub mod conformance;
 
 pub use backend::local::LocalBackend;
-pub use backend::{Backend, ByteStream, ProcessStream};
+pub use backend::{Backend, ByteStream, ProcessStream, WatchStream};
 pub use capability::Capabilities;
 pub use client::{Client, ProcessHandle, Sandbox};
 pub use error::{Error, ErrorBody, ErrorCode, Result};

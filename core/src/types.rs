@@ -50,6 +50,187 @@ pub struct CreateOptions {
     pub user: Option<String>,
     /// Hostname inside the sandbox; defaults to a prefix of the id.
     pub hostname: Option<String>,
+    /// What happens when the lease ends.
+    pub on_timeout: TimeoutAction,
+    /// Resume a paused sandbox automatically when a request arrives for it.
+    pub auto_resume: bool,
+    /// Start from this filesystem snapshot (see [`SnapshotInfo`]) instead of an empty
+    /// workspace.
+    pub snapshot: Option<String>,
+    /// Named volumes to mount.
+    pub volumes: Vec<VolumeMount>,
+}
+
+/// What a sandbox does when its lease ends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeoutAction {
+    /// Destroy it (the default).
+    #[default]
+    Destroy,
+    /// Pause it: processes and memory kept until resumed or destroyed.
+    Pause,
+}
+
+/// A named volume mounted into a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeMount {
+    /// Volume name.
+    pub volume: String,
+    /// Absolute mount path inside the sandbox.
+    pub path: String,
+    /// Mount only this directory of the volume (created if missing).
+    #[serde(default)]
+    pub subpath: Option<String>,
+    /// Mount read-only.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// A named persistent volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeInfo {
+    /// Unique name.
+    pub name: String,
+    /// Creation time.
+    pub created_at: UnixMillis,
+    /// Bytes used.
+    pub size: u64,
+}
+
+/// A filesystem snapshot of a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    /// Snapshot id, usable as [`CreateOptions::snapshot`].
+    pub id: String,
+    /// Optional name given at creation.
+    pub name: Option<String>,
+    /// The sandbox it was taken from.
+    pub sandbox_id: String,
+    /// When it was taken.
+    pub created_at: UnixMillis,
+    /// Bytes stored.
+    pub size: u64,
+}
+
+/// Options for exposing a sandbox port on the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PreviewOptions {
+    /// Port inside the sandbox (on its loopback).
+    pub port: u16,
+    /// Public previews need no token.
+    pub public: bool,
+    /// Lifetime of the token of a private preview; `None` lasts as long as the sandbox.
+    #[serde(with = "opt_duration_secs")]
+    pub token_ttl: Option<Duration>,
+    /// Header carrying the token (e.g. `x-daytona-preview-token`).
+    pub token_header: String,
+    /// Query parameter carrying the token (e.g. `bl_preview_token`).
+    pub token_query: String,
+}
+
+impl Default for PreviewOptions {
+    fn default() -> Self {
+        PreviewOptions {
+            port: 0,
+            public: false,
+            token_ttl: None,
+            token_header: "x-sandcove-preview-token".into(),
+            token_query: "sandcove_preview_token".into(),
+        }
+    }
+}
+
+/// An access token for a private preview.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreviewToken {
+    /// The secret.
+    pub value: String,
+    /// When it stops working; `None` lasts as long as the sandbox.
+    pub expires_at: Option<UnixMillis>,
+}
+
+/// A sandbox port reachable from the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preview {
+    /// Port inside the sandbox.
+    pub port: u16,
+    /// Base URL on the host, e.g. `http://127.0.0.1:41234`.
+    pub url: String,
+    /// Host and port of that URL, e.g. `127.0.0.1:41234`.
+    pub host: String,
+    /// Whether it needs no token.
+    pub public: bool,
+    /// The token of a private preview.
+    pub token: Option<PreviewToken>,
+    /// Header that carries the token.
+    pub token_header: String,
+    /// Query parameter that carries the token.
+    pub token_query: String,
+}
+
+/// Kind of a filesystem change seen by a watch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FsEventKind {
+    /// Created.
+    Create,
+    /// Written.
+    Write,
+    /// Removed.
+    Remove,
+    /// Renamed (reported for the old and the new name).
+    Rename,
+    /// Permissions changed.
+    Chmod,
+}
+
+/// One filesystem change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsEvent {
+    /// Absolute path of the entry that changed.
+    pub path: String,
+    /// Path relative to the watched directory.
+    pub name: String,
+    /// What happened.
+    pub kind: FsEventKind,
+}
+
+/// Options for watching a directory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WatchOptions {
+    /// Include subdirectories (also ones created later).
+    pub recursive: bool,
+}
+
+/// Size of a pseudo-terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtySize {
+    /// Columns.
+    pub cols: u16,
+    /// Rows.
+    pub rows: u16,
+}
+
+/// Resource usage of a sandbox at one moment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Metrics {
+    /// When measured.
+    pub timestamp: UnixMillis,
+    /// CPU use in percent of one core, averaged since the previous sample.
+    pub cpu_used_pct: f64,
+    /// Cores available.
+    pub cpu_count: u32,
+    /// Resident memory of all sandbox processes, bytes.
+    pub mem_used: u64,
+    /// Memory available to the sandbox, bytes.
+    pub mem_total: u64,
+    /// Bytes used in the sandbox filesystem.
+    pub disk_used: u64,
+    /// Size of the sandbox filesystem, bytes.
+    pub disk_total: u64,
 }
 
 /// Resource limits of a sandbox. `None` means the backend's default.
@@ -239,6 +420,10 @@ pub struct ProcessSpec {
     /// Kill the process group after this long and report [`ExitStatus::timed_out`].
     #[serde(with = "opt_duration_secs")]
     pub timeout: Option<Duration>,
+    /// Run on a pseudo-terminal of this size: stdout carries the terminal's output, stdin
+    /// is its input, there is no separate stderr.
+    #[serde(default)]
+    pub pty: Option<PtySize>,
 }
 
 impl ProcessSpec {
@@ -252,6 +437,7 @@ impl ProcessSpec {
             tag: None,
             stdin: false,
             timeout: None,
+            pty: None,
         }
     }
 
@@ -590,7 +776,7 @@ pub(crate) mod opt_duration_secs {
         let v: Option<f64> = Option::deserialize(d)?;
         match v {
             None => Ok(None),
-            Some(x) if x.is_finite() && x >= 0.0 && x < 1e12 => {
+            Some(x) if x.is_finite() && (0.0..1e12).contains(&x) => {
                 Ok(Some(Duration::from_secs_f64(x)))
             }
             Some(x) => Err(serde::de::Error::custom(format!(

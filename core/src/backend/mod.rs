@@ -13,9 +13,10 @@ use async_trait::async_trait;
 use futures::Stream;
 
 use crate::{
-    Capabilities, CreateOptions, FileStat, ListDirOptions, ListOptions, MkdirOptions, ProcessEvent,
-    ProcessInfo, ProcessSelector, ProcessSpec, RemoveOptions, Result, SandboxInfo, Signal,
-    WriteOptions,
+    Capabilities, CreateOptions, FileStat, FsEvent, ListDirOptions, ListOptions, Metrics,
+    MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessEvent, ProcessInfo,
+    ProcessSelector, ProcessSpec, PtySize, RemoveOptions, Result, SandboxInfo, Signal,
+    SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions,
 };
 
 pub mod local;
@@ -40,6 +41,9 @@ impl fmt::Debug for ProcessStream {
             .finish_non_exhaustive()
     }
 }
+
+/// Filesystem changes under a watched directory. Dropping the stream stops the watch.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<FsEvent>> + Send>>;
 
 /// A sandbox runtime: the embedded local engine, or a remote server over HTTP.
 #[async_trait]
@@ -115,4 +119,74 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Change permission bits.
     async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat>;
+
+    // ----- lifecycle beyond create/destroy -----
+
+    /// Freeze every process of the sandbox; memory and processes are kept.
+    async fn pause(&self, id: &str) -> Result<SandboxInfo>;
+
+    /// Continue a paused sandbox where it stopped.
+    async fn resume(&self, id: &str) -> Result<SandboxInfo>;
+
+    /// Current resource usage.
+    async fn metrics(&self, id: &str) -> Result<Metrics>;
+
+    // ----- terminals -----
+
+    /// Resize the pseudo-terminal of a process started with [`ProcessSpec::pty`].
+    async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()>;
+
+    // ----- watching -----
+
+    /// Watch a directory for changes.
+    async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream>;
+
+    // ----- ports -----
+
+    /// Make a port inside the sandbox reachable from the host (replacing an earlier preview of
+    /// the same port).
+    async fn expose_port(&self, id: &str, options: PreviewOptions) -> Result<Preview>;
+
+    /// The sandbox's previews.
+    async fn list_previews(&self, id: &str) -> Result<Vec<Preview>>;
+
+    /// Close a preview; later requests to its URL are refused.
+    async fn close_preview(&self, id: &str, port: u16) -> Result<()>;
+
+    /// Issue an additional token for a private preview, valid until `expires_at` (ms since
+    /// the epoch) or for the sandbox's life.
+    async fn create_preview_token(
+        &self,
+        id: &str,
+        port: u16,
+        expires_at: Option<u64>,
+    ) -> Result<PreviewToken>;
+
+    // ----- snapshots and fork -----
+
+    /// Snapshot the sandbox's writable filesystem (paused while it is captured).
+    async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo>;
+
+    /// All snapshots.
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>>;
+
+    /// Delete a snapshot.
+    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()>;
+
+    /// A new sandbox with a copy of this one's files (not its processes).
+    async fn fork(&self, id: &str, options: CreateOptions) -> Result<SandboxInfo>;
+
+    // ----- volumes -----
+
+    /// Create a named volume.
+    async fn create_volume(&self, name: &str) -> Result<VolumeInfo>;
+
+    /// Describe a volume.
+    async fn get_volume(&self, name: &str) -> Result<VolumeInfo>;
+
+    /// All volumes.
+    async fn list_volumes(&self) -> Result<Vec<VolumeInfo>>;
+
+    /// Delete a volume.
+    async fn delete_volume(&self, name: &str) -> Result<()>;
 }

@@ -714,6 +714,12 @@ fn spawn_process(
     spec: ProcessSpec,
 ) -> Result<(Arc<Proc>, mpsc::Receiver<Event>)> {
     validate_spec(&spec)?;
+    if spec.pty.is_some() {
+        return Err(Error::not_supported(
+            "processes on a pseudo-terminal",
+            "run the process without a pty and use stdin/stdout",
+        ));
+    }
     let record = &agent.record;
     let user = record.user(spec.user.as_deref())?.clone();
     if let Some(tag) = &spec.tag {
@@ -1205,6 +1211,10 @@ async fn write_file(
 ) -> Result<()> {
     let record = &agent.record;
     let p = resolve(record, path)?;
+    // Writing through a symlink writes its target, as `open(2)` would: resolve it first so the
+    // atomic replace below lands on the target, not on the link. (Inside the sandbox root, so
+    // any target is a sandbox path.)
+    let p = std::fs::canonicalize(&p).unwrap_or(p);
     record.user(options.user.as_deref())?;
     if let Ok(m) = std::fs::metadata(&p) {
         if m.is_dir() {

@@ -7,7 +7,7 @@
 //! ```
 //!
 //! [`LocalBackend::create`] writes the sandbox's record into a fresh state directory and starts
-//! the monitor by re-executing the running binary; a constructor hook ([`entry`]) catches that
+//! the monitor by re-executing the running binary; a constructor hook (in `entry.rs`) catches that
 //! before `main`, so any program linking `sandcove` works with no setup. The monitor clones the
 //! agent into new namespaces, writes its uid/gid maps, and serves clients of the same user on a
 //! socket in the state directory: lifecycle requests itself, everything else by handing the
@@ -34,11 +34,13 @@ use tokio::net::UnixStream;
 
 use self::config::{Record, SandboxDir, UidMapping};
 use self::proto::{Hello, Reply, Request, PROTOCOL_VERSION};
-use super::{Backend, ByteStream, ProcessStream};
+use super::{Backend, ByteStream, ProcessStream, WatchStream};
 use crate::{
-    now_millis, Capabilities, CreateOptions, Error, FileStat, ListDirOptions, ListOptions,
-    MkdirOptions, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, RemoveOptions, Result,
-    SandboxInfo, SandboxState, Signal, WriteOptions, DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT,
+    now_millis, Capabilities, CreateOptions, Error, FileStat, ListDirOptions, ListOptions, Metrics,
+    MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessEvent, ProcessInfo,
+    ProcessSelector, ProcessSpec, PtySize, RemoveOptions, Result, SandboxInfo, SandboxState,
+    Signal, SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions, DEFAULT_OUTPUT_LIMIT,
+    DEFAULT_TIMEOUT,
 };
 
 pub use self::agent::{validate_envs, validate_spec};
@@ -237,16 +239,18 @@ impl LocalBackend {
                         return Some((Err(Error::from_body(&error)), None));
                     }
                     Ok(Some((other, _))) => return Some((Err(unexpected(&other)), None)),
-                    Ok(None) => return Some((
-                        Err(Error::Backend {
-                            message: format!(
+                    Ok(None) => {
+                        return Some((
+                            Err(Error::Backend {
+                                message: format!(
                                 "sandbox {id:?} closed the process stream before the exit status \
                                      (the sandbox was destroyed or its agent died)"
                             ),
-                            retryable: false,
-                        }),
-                        None,
-                    )),
+                                retryable: false,
+                            }),
+                            None,
+                        ))
+                    }
                     Err(e) => return Some((Err(e), None)),
                 };
                 Some((item, Some(stream)))
@@ -361,6 +365,15 @@ fn check_create(options: &CreateOptions) -> Result<()> {
             ));
         }
     }
+    if options.on_timeout == crate::TimeoutAction::Pause || options.auto_resume {
+        return Err(pending("pausing at the end of the lease"));
+    }
+    if options.snapshot.is_some() {
+        return Err(pending("creating a sandbox from a snapshot"));
+    }
+    if !options.volumes.is_empty() {
+        return Err(pending("volumes"));
+    }
     let r = &options.resources;
     if r.cpu.is_some() || r.memory_mib.is_some() {
         return Err(Error::not_supported(
@@ -405,6 +418,13 @@ impl Backend for LocalBackend {
             process_limit: !self.unisolated,
             max_file_bytes: u64::MAX,
             output_limit: DEFAULT_OUTPUT_LIMIT as u64,
+            pause: false,
+            previews: false,
+            snapshots: false,
+            volumes: false,
+            watch: false,
+            pty: false,
+            metrics: false,
         }
     }
 
@@ -678,6 +698,87 @@ impl Backend for LocalBackend {
         )
         .await
     }
+
+    async fn pause(&self, _id: &str) -> Result<SandboxInfo> {
+        Err(pending("pause"))
+    }
+
+    async fn resume(&self, _id: &str) -> Result<SandboxInfo> {
+        Err(pending("resume"))
+    }
+
+    async fn metrics(&self, _id: &str) -> Result<Metrics> {
+        Err(pending("metrics"))
+    }
+
+    async fn resize_pty(&self, _id: &str, _process: ProcessSelector, _size: PtySize) -> Result<()> {
+        Err(pending("pty"))
+    }
+
+    async fn watch(&self, _id: &str, _path: &str, _options: WatchOptions) -> Result<WatchStream> {
+        Err(pending("watch"))
+    }
+
+    async fn expose_port(&self, _id: &str, _options: PreviewOptions) -> Result<Preview> {
+        Err(pending("previews"))
+    }
+
+    async fn list_previews(&self, _id: &str) -> Result<Vec<Preview>> {
+        Err(pending("previews"))
+    }
+
+    async fn close_preview(&self, _id: &str, _port: u16) -> Result<()> {
+        Err(pending("previews"))
+    }
+
+    async fn create_preview_token(
+        &self,
+        _id: &str,
+        _port: u16,
+        _expires_at: Option<u64>,
+    ) -> Result<PreviewToken> {
+        Err(pending("previews"))
+    }
+
+    async fn snapshot(&self, _id: &str, _name: Option<String>) -> Result<SnapshotInfo> {
+        Err(pending("snapshots"))
+    }
+
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+        Err(pending("snapshots"))
+    }
+
+    async fn delete_snapshot(&self, _snapshot_id: &str) -> Result<()> {
+        Err(pending("snapshots"))
+    }
+
+    async fn fork(&self, _id: &str, _options: CreateOptions) -> Result<SandboxInfo> {
+        Err(pending("fork"))
+    }
+
+    async fn create_volume(&self, _name: &str) -> Result<VolumeInfo> {
+        Err(pending("volumes"))
+    }
+
+    async fn get_volume(&self, _name: &str) -> Result<VolumeInfo> {
+        Err(pending("volumes"))
+    }
+
+    async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
+        Err(pending("volumes"))
+    }
+
+    async fn delete_volume(&self, _name: &str) -> Result<()> {
+        Err(pending("volumes"))
+    }
+}
+
+/// A feature the local engine does not have yet.
+fn pending(feature: &str) -> Error {
+    Error::not_supported(
+        feature,
+        "not available in this version of the local engine; see capabilities()",
+    )
 }
 
 /// Create the state directory and start the monitor; returns once the sandbox is ready.

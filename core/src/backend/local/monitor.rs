@@ -336,7 +336,7 @@ async fn serve_client(
             info: monitor.info(),
         }),
         Some(Request::SetTimeout { secs }) => {
-            if !(secs.is_finite() && secs >= 0.0 && secs <= 1e9) {
+            if !(secs.is_finite() && (0.0..=1e9).contains(&secs)) {
                 Err(Error::invalid(format!(
                     "timeout must be between 0 and 1e9 seconds, got {secs}"
                 )))

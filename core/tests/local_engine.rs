@@ -1,0 +1,220 @@
+//! The conformance suite and engine-specific behaviour, against the embedded local engine.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandcove::conformance::{host_processes_with, sh, test_options, unique};
+use sandcove::{Backend, Command, ErrorCode, LocalBackend, ProcessSpec};
+
+fn local() -> Arc<dyn Backend> {
+    Arc::new(LocalBackend::new().expect("local engine"))
+}
+
+sandcove::conformance_tests!(async { local() });
+
+/// Env var through which the cross-process test tells its child what to do.
+const CHILD_ENV: &str = "SANDCOVE_TEST_CHILD_SANDBOX";
+
+/// A sandbox created by one program is found, used and destroyed by another.
+#[tokio::test]
+async fn a_second_program_uses_and_destroys_a_sandbox() {
+    let backend = local();
+    let id = backend
+        .create(test_options(&unique("xproc")))
+        .await
+        .expect("create")
+        .id;
+    sh(&*backend, &id, "echo from-parent > /workspace/note").await;
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "second_program_child",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(CHILD_ENV, &id)
+        .status()
+        .expect("run the second program");
+    assert!(status.success(), "the second program succeeded");
+    let err = backend.get(&id).await.expect_err("destroyed by the child");
+    assert!(err.is_not_found());
+}
+
+/// The second program of [`a_second_program_uses_and_destroys_a_sandbox`]; runs only when
+/// that test starts it.
+#[tokio::test]
+#[ignore = "started by a_second_program_uses_and_destroys_a_sandbox"]
+async fn second_program_child() {
+    let Ok(id) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let backend = local();
+    let listed = backend.list(Default::default()).await.expect("list");
+    assert!(
+        listed.iter().any(|s| s.id == id),
+        "listed from another program"
+    );
+    let out = sh(&*backend, &id, "cat /workspace/note").await;
+    assert_eq!(out.stdout, b"from-parent\n");
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// A sandbox outlives the program that created it.
+#[tokio::test]
+async fn sandboxes_outlive_their_creator() {
+    let backend = local();
+    let marker = unique("outlive");
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "creator_child", "--ignored", "--nocapture"])
+        .env(CHILD_ENV, &marker)
+        .status()
+        .expect("run the creator");
+    assert!(status.success());
+    let mut filter = sandcove::ListOptions::default();
+    filter.labels.insert("conformance".into(), marker.clone());
+    let found = backend.list(filter).await.expect("list");
+    assert_eq!(found.len(), 1, "the creator's sandbox is still alive");
+    let out = sh(&*backend, &found[0].id, "cat /workspace/alive").await;
+    assert_eq!(out.stdout, b"yes\n");
+    backend.destroy(&found[0].id).await.expect("destroy");
+}
+
+#[tokio::test]
+#[ignore = "started by sandboxes_outlive_their_creator"]
+async fn creator_child() {
+    let Ok(marker) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let backend = local();
+    let id = backend
+        .create(test_options(&marker))
+        .await
+        .expect("create")
+        .id;
+    sh(&*backend, &id, "echo yes > /workspace/alive").await;
+    // Exit without destroying.
+}
+
+/// A state directory whose monitor is gone is collected by the next program.
+#[tokio::test]
+async fn stale_state_is_collected() {
+    let dir = std::env::temp_dir().join(unique("state"));
+    let backend = LocalBackend::with_state_dir(&dir).expect("engine");
+    let stale = dir.join("sandboxes").join("stalesandbox00000000");
+    std::fs::create_dir_all(&stale).unwrap();
+    std::fs::write(stale.join("lock"), b"").unwrap();
+    let err = backend
+        .get("stalesandbox00000000")
+        .await
+        .expect_err("stale");
+    assert!(err.is_not_found());
+    assert!(!stale.exists(), "collected on access");
+    std::fs::create_dir_all(&stale).unwrap();
+    assert_eq!(backend.collect_stale(), 1);
+    assert!(!stale.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A client speaking another protocol version gets a clear error, not garbage.
+#[tokio::test]
+async fn a_protocol_version_mismatch_is_a_clear_error() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = std::env::temp_dir().join(unique("ver"));
+    let backend = LocalBackend::with_state_dir(&dir).expect("engine");
+    let id = backend
+        .create(test_options("version"))
+        .await
+        .expect("create")
+        .id;
+    let sock = dir.join("sandboxes").join(&id).join("sock");
+    let mut stream = tokio::net::UnixStream::connect(&sock)
+        .await
+        .expect("connect");
+    let head = br#"{"version":999,"request":{"op":"info"}}"#;
+    let mut frame = Vec::new();
+    frame.extend_from_slice(&(head.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&0u32.to_le_bytes());
+    frame.extend_from_slice(head);
+    stream.write_all(&frame).await.unwrap();
+    let mut reply = Vec::new();
+    stream.read_to_end(&mut reply).await.unwrap();
+    let text = String::from_utf8_lossy(&reply);
+    assert!(text.contains("protocol version mismatch"), "{text}");
+    backend.destroy(&id).await.expect("destroy");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The state directory of a destroyed sandbox is removed.
+#[tokio::test]
+async fn destroy_removes_state() {
+    let dir = std::env::temp_dir().join(unique("rmstate"));
+    let backend = LocalBackend::with_state_dir(&dir).expect("engine");
+    let id = backend.create(test_options("rm")).await.expect("create").id;
+    let sdir = dir.join("sandboxes").join(&id);
+    assert!(sdir.join("sock").exists());
+    backend.destroy(&id).await.expect("destroy");
+    assert!(!sdir.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Killing the monitor ends every process of the sandbox, and the next call collects it.
+#[tokio::test]
+async fn a_dead_monitor_takes_its_sandbox_with_it() {
+    let backend = local();
+    let id = backend
+        .create(test_options(&unique("monkill")))
+        .await
+        .expect("create")
+        .id;
+    let marker = unique("orphan");
+    let spec = ProcessSpec::new(Command::bash_login(format!("exec -a {marker} sleep 600")));
+    drop(backend.spawn(&id, spec).await.expect("spawn"));
+    let mut monitor_pid = None;
+    for _ in 0..50 {
+        monitor_pid = find_monitor(&id);
+        if monitor_pid.is_some() && host_processes_with(&marker) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pid = monitor_pid.expect("monitor found");
+    // SAFETY-free: kill(1) through the shell keeps this test free of unsafe.
+    std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    let mut gone = false;
+    for _ in 0..100 {
+        if host_processes_with(&marker) == 0 {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(gone, "the sandbox's processes died with the monitor");
+    let err = backend.get(&id).await.expect_err("gone");
+    assert_eq!(err.code(), ErrorCode::NotFound);
+}
+
+/// The pid of the monitor serving sandbox `id` (its environment names the state directory).
+fn find_monitor(id: &str) -> Option<u32> {
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Ok(pid) = name.parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if !cmdline.starts_with(b"sandcove-monitor") {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&environ).contains(&format!("/{id}\0")) {
+            return Some(pid);
+        }
+    }
+    None
+}
