@@ -474,13 +474,36 @@ pub async fn working_directory(backend: &dyn Backend) {
 
 /// `whoami` prints the configured default user; HOME is the workspace.
 pub async fn default_user_and_home(backend: &dyn Backend) {
+    let id = create(backend, &unique("home")).await;
+    let out = sh(backend, &id, "whoami; echo $HOME; pwd").await;
+    assert_eq!(out.stdout_lossy(), "user\n/workspace\n/workspace\n");
+    backend.destroy(&id).await.expect("destroy");
+    // A vendor-style user and home: both are what processes and file calls see.
     let mut options = test_options(&unique("user"));
     options.user = Some("alice".into());
+    options.home = Some("/home/alice".into());
     let info = backend.create(options).await.expect("create");
     assert_eq!(info.user.name, "alice");
-    let out = sh(backend, &info.id, "whoami; echo $HOME $USER; id -un").await;
-    assert_eq!(out.stdout_lossy(), "alice\n/workspace alice\nalice\n");
+    assert_eq!(info.user.home, "/home/alice");
+    let out = sh(backend, &info.id, "whoami; echo $HOME $USER; id -un; pwd").await;
+    assert_eq!(
+        out.stdout_lossy(),
+        "alice\n/home/alice alice\nalice\n/home/alice\n"
+    );
+    write(backend, &info.id, "notes.txt", b"x").await;
+    let stat = backend.stat(&info.id, "notes.txt").await.expect("stat");
+    assert_eq!(stat.path, "/home/alice/notes.txt");
+    assert_eq!(stat.owner, "alice");
     backend.destroy(&info.id).await.expect("destroy");
+    for bad in ["relative", "/usr/x", "/", "/home/../etc"] {
+        let mut options = test_options("bad-home");
+        options.home = Some(bad.into());
+        expect_code(
+            backend.create(options).await,
+            ErrorCode::InvalidArgument,
+            bad,
+        );
+    }
 }
 
 /// Another user works where several uids are mappable, and is refused where not.

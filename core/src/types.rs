@@ -46,8 +46,11 @@ pub struct CreateOptions {
     pub resources: Resources,
     /// What the sandbox may reach on the network.
     pub network: NetworkPolicy,
-    /// The default user processes run as.
+    /// Name of the default user processes run as (default `user`).
     pub user: Option<String>,
+    /// The default user's home and the default working directory (default
+    /// [`SANDBOX_HOME`]); relative paths in file calls resolve against it.
+    pub home: Option<String>,
     /// Hostname inside the sandbox; defaults to a prefix of the id.
     pub hostname: Option<String>,
     /// What happens when the lease ends.

@@ -29,9 +29,11 @@ pub fn expected_path(name: &str) -> PathBuf {
 /// stderr if it fails.
 pub fn run_fixture(exe: &str, runtime: &Runtime) -> String {
     let mut cmd = Command::new(exe);
-    cmd.env_remove("SANDCOVE_URL").env_remove("SANDCOVE_API_KEY");
+    cmd.env_remove("SANDCOVE_URL")
+        .env_remove("SANDCOVE_API_KEY");
     if let Runtime::Server { url, api_key } = runtime {
-        cmd.env("SANDCOVE_URL", url).env("SANDCOVE_API_KEY", api_key);
+        cmd.env("SANDCOVE_URL", url)
+            .env("SANDCOVE_API_KEY", api_key);
     }
     let out = cmd.output().unwrap_or_else(|e| panic!("run {exe}: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();

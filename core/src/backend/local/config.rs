@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{CreateOptions, Error, Result, UserInfo, SANDBOX_HOME};
+use crate::{CreateOptions, Error, Result, UserInfo};
 
 /// First host uid of the range sandbox users map to when the host runs as root, far from
 /// real accounts and from the usual subordinate-id ranges.
@@ -65,8 +65,8 @@ impl UidMapping {
         }
     }
 
-    /// The users a sandbox has under this mapping, default user first.
-    pub fn users(&self, default_name: &str) -> Vec<UserInfo> {
+    /// The users a sandbox has under this mapping, default user first (with home `home`).
+    pub fn users(&self, default_name: &str, home: &str) -> Vec<UserInfo> {
         let user = |name: &str, uid: u32, home: &str| UserInfo {
             name: name.to_string(),
             uid,
@@ -74,10 +74,10 @@ impl UidMapping {
             home: home.to_string(),
         };
         match self {
-            UidMapping::Single { .. } => vec![user(default_name, 0, SANDBOX_HOME)],
-            UidMapping::Range if default_name == "root" => vec![user("root", 0, SANDBOX_HOME)],
+            UidMapping::Single { .. } => vec![user(default_name, 0, home)],
+            UidMapping::Range if default_name == "root" => vec![user("root", 0, home)],
             UidMapping::Range => vec![
-                user(default_name, DEFAULT_USER_UID, SANDBOX_HOME),
+                user(default_name, DEFAULT_USER_UID, home),
                 user("root", 0, "/root"),
             ],
         }
@@ -275,16 +275,17 @@ pub fn new_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::SANDBOX_HOME;
 
     #[test]
     fn rootless_maps_one_uid_and_root_maps_a_range() {
         let single = UidMapping::for_host(1001, 1002);
         assert_eq!(single.map_lines().0, "0 1001 1\n");
         assert_eq!(single.map_lines().1, "0 1002 1\n");
-        assert_eq!(single.users("user")[0].uid, 0);
+        assert_eq!(single.users("user", SANDBOX_HOME)[0].uid, 0);
         let range = UidMapping::for_host(0, 0);
         assert_eq!(range.map_lines().0, format!("0 {HOST_ID_BASE} 65536\n"));
-        let users = range.users("user");
+        let users = range.users("user", SANDBOX_HOME);
         assert_eq!((users[0].name.as_str(), users[0].uid), ("user", 1000));
         assert_eq!((users[1].name.as_str(), users[1].uid), ("root", 0));
     }

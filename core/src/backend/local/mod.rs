@@ -398,6 +398,25 @@ fn check_create(options: &CreateOptions) -> Result<()> {
             }
         }
     }
+    if let Some(home) = &options.home {
+        let p = Path::new(home);
+        let reserved = [
+            "/", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
+            "/proc", "/dev", "/tmp",
+        ];
+        let under_reserved = reserved[1..].iter().any(|r| p.starts_with(r));
+        if !p.is_absolute()
+            || home.contains('\0')
+            || home.split('/').any(|c| c == "..")
+            || reserved.contains(&home.trim_end_matches('/'))
+            || home == "/"
+            || under_reserved
+        {
+            return Err(Error::invalid(format!(
+                "home {home:?} must be an absolute path outside the system directories"
+            )));
+        }
+    }
     for (k, v) in &options.labels {
         if k.contains('\0') || v.contains('\0') {
             return Err(Error::invalid("labels must not contain NUL bytes"));
@@ -447,7 +466,10 @@ impl Backend for LocalBackend {
         };
         let record = Record {
             id: id.clone(),
-            users: mapping.users(&default_name),
+            users: mapping.users(
+                &default_name,
+                options.home.as_deref().unwrap_or(crate::SANDBOX_HOME),
+            ),
             mapping,
             options,
             created_at: now,
