@@ -21,8 +21,9 @@ use futures::StreamExt;
 
 use crate::client::collect;
 use crate::{
-    Backend, ByteStream, Command, CreateOptions, ErrorCode, FileKind, ListDirOptions, ListOptions,
-    MkdirOptions, Output, ProcessEvent, ProcessSelector, ProcessSpec, RemoveOptions, Signal,
+    Backend, ByteStream, Command, CreateOptions, ErrorCode, FileKind, FsEventKind, ListDirOptions,
+    ListOptions, MkdirOptions, Output, PreviewOptions, ProcessEvent, ProcessSelector, ProcessSpec,
+    PtySize, RemoveOptions, SandboxState, Signal, TimeoutAction, VolumeMount, WatchOptions,
     WriteOptions,
 };
 
@@ -59,6 +60,15 @@ macro_rules! conformance_tests {
             destroy_ends_background_processes,
             limits_are_applied,
             sandbox_sees_only_its_own_processes,
+            pause_stops_and_resume_continues,
+            lease_end_can_pause,
+            auto_resume_on_request,
+            previews_serve_and_guard_private_ports,
+            snapshots_and_fork_copy_files_not_processes,
+            volumes_outlive_sandboxes,
+            watch_reports_changes,
+            pty_processes,
+            metrics_report_usage,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -1065,5 +1075,626 @@ pub async fn sandbox_sees_only_its_own_processes(backend: &dyn Backend) {
         let out = sh(backend, &id, "cat /proc/1/comm").await;
         assert_eq!(out.stdout_lossy().trim(), "sandcove-agent");
     }
+    backend.destroy(&id).await.expect("destroy");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lifecycle beyond create/destroy (pause, leases, previews, snapshots, volumes, watch, pty)
+// ---------------------------------------------------------------------------------------------
+
+/// Read stdout until `pred` holds on everything seen so far (or 10 s pass).
+async fn read_until(
+    stream: &mut crate::ProcessStream,
+    seen: &mut Vec<u8>,
+    pred: impl Fn(&str) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !pred(&String::from_utf8_lossy(seen)) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.events.next()).await {
+            Ok(Some(Ok(ProcessEvent::Stdout(b)))) => seen.extend(b),
+            Ok(Some(Ok(_))) => {}
+            other => panic!(
+                "waiting for output, got {other:?}; saw {:?}",
+                String::from_utf8_lossy(seen)
+            ),
+        }
+    }
+}
+
+/// A counter loop stops printing while paused and continues from where it stopped.
+pub async fn pause_stops_and_resume_continues(backend: &dyn Backend) {
+    let id = create(backend, &unique("pause")).await;
+    let spec = ProcessSpec::new(Command::sh(
+        "i=0; while true; do echo $i; i=$((i+1)); sleep 0.02; done",
+    ));
+    if !backend.capabilities().pause {
+        expect_code(backend.pause(&id).await, ErrorCode::NotSupported, "pause");
+        backend.destroy(&id).await.expect("destroy");
+        return;
+    }
+    let mut stream = backend.spawn(&id, spec).await.expect("spawn");
+    let mut seen = Vec::new();
+    read_until(&mut stream, &mut seen, |s| s.lines().count() >= 5).await;
+    let info = backend.pause(&id).await.expect("pause");
+    assert_eq!(info.state, SandboxState::Paused);
+    assert_eq!(
+        backend.get(&id).await.expect("get").state,
+        SandboxState::Paused
+    );
+    // Whatever was in flight arrives; then silence.
+    while let Ok(Some(Ok(ProcessEvent::Stdout(b)))) =
+        tokio::time::timeout(Duration::from_millis(300), stream.events.next()).await
+    {
+        seen.extend(b);
+    }
+    let quiet = tokio::time::timeout(Duration::from_millis(700), stream.events.next()).await;
+    assert!(quiet.is_err(), "no output while paused, got {quiet:?}");
+    expect_code(
+        backend
+            .spawn(&id, ProcessSpec::new(Command::argv(["true"])))
+            .await
+            .map(|s| s.pid),
+        ErrorCode::InvalidState,
+        "exec in a paused sandbox",
+    );
+    let last: u64 = String::from_utf8_lossy(&seen)
+        .lines()
+        .last()
+        .and_then(|l| l.parse().ok())
+        .expect("a number");
+    let info = backend.resume(&id).await.expect("resume");
+    assert_eq!(info.state, SandboxState::Running);
+    read_until(&mut stream, &mut seen, |s| {
+        s.lines().count() as u64 > last + 5
+    })
+    .await;
+    let numbers: Vec<u64> = String::from_utf8_lossy(&seen)
+        .lines()
+        .filter_map(|l| l.parse().ok())
+        .collect();
+    assert!(
+        numbers.windows(2).all(|w| w[1] == w[0] + 1),
+        "the counter continues where it stopped: {numbers:?}"
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// `on_timeout: Pause` pauses instead of destroying; resuming starts a new lease.
+pub async fn lease_end_can_pause(backend: &dyn Backend) {
+    if !backend.capabilities().pause {
+        return;
+    }
+    let mut options = test_options(&unique("leasepause"));
+    options.timeout = Some(Duration::from_secs(1));
+    options.on_timeout = TimeoutAction::Pause;
+    let id = backend.create(options).await.expect("create").id;
+    sh(backend, &id, "echo kept > /workspace/f").await;
+    let paused = async {
+        for _ in 0..100 {
+            if matches!(
+                backend.get(&id).await.map(|i| i.state),
+                Ok(SandboxState::Paused)
+            ) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    };
+    assert!(paused.await, "paused at the end of the lease");
+    let info = backend.resume(&id).await.expect("resume");
+    assert!(info.ends_at > crate::now_millis(), "a new lease");
+    assert_eq!(sh(backend, &id, "cat /workspace/f").await.stdout, b"kept\n");
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// A sandbox created with `auto_resume` resumes when work arrives.
+pub async fn auto_resume_on_request(backend: &dyn Backend) {
+    if !backend.capabilities().pause {
+        return;
+    }
+    let mut options = test_options(&unique("autoresume"));
+    options.auto_resume = true;
+    let id = backend.create(options).await.expect("create").id;
+    backend.pause(&id).await.expect("pause");
+    assert_eq!(sh(backend, &id, "echo awake").await.stdout, b"awake\n");
+    assert_eq!(
+        backend.get(&id).await.expect("get").state,
+        SandboxState::Running
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// A raw HTTP/1.1 GET: `(status, body)`; `None` when the connection is refused.
+pub async fn http_get(host: &str, target: &str, headers: &[(&str, &str)]) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(host).await.ok()?;
+    let mut request = format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        request.push_str(&format!("{k}: {v}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+async fn start_http_server(backend: &dyn Backend, id: &str, port: u16, text: &str) {
+    write(
+        backend,
+        id,
+        &format!("/tmp/www{port}/index.html"),
+        text.as_bytes(),
+    )
+    .await;
+    let spec = ProcessSpec::new(Command::argv([
+        "python3",
+        "-m",
+        "http.server",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+    ]))
+    .cwd(format!("/tmp/www{port}"));
+    drop(backend.spawn(id, spec).await.expect("start a server"));
+    let probe = format!(
+        "for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}))' 2>/dev/null && exit 0; sleep 0.1; done; exit 1"
+    );
+    assert!(
+        sh(backend, id, &probe).await.exit_status().success(),
+        "server on {port} is up"
+    );
+}
+
+/// A server in the sandbox answers through its preview URL; private previews need a live
+/// token; sandboxes using the same port do not clash.
+pub async fn previews_serve_and_guard_private_ports(backend: &dyn Backend) {
+    let id = create(backend, &unique("preview")).await;
+    let options = PreviewOptions {
+        port: 8000,
+        token_header: "X-Test-Token".into(),
+        token_query: "test_token".into(),
+        ..Default::default()
+    };
+    if !backend.capabilities().previews {
+        expect_code(
+            backend.expose_port(&id, options).await,
+            ErrorCode::NotSupported,
+            "expose",
+        );
+        backend.destroy(&id).await.expect("destroy");
+        return;
+    }
+    start_http_server(backend, &id, 8000, "hello from the sandbox").await;
+    let private = backend.expose_port(&id, options).await.expect("expose");
+    assert!(
+        private.url.starts_with("http://127.0.0.1:"),
+        "{}",
+        private.url
+    );
+    let token = private
+        .token
+        .clone()
+        .expect("a private preview has a token")
+        .value;
+    let (status, _) = http_get(&private.host, "/", &[]).await.expect("answered");
+    assert_eq!(status, 401, "no token: refused");
+    let (status, _) = http_get(&private.host, "/", &[("X-Test-Token", "wrong")])
+        .await
+        .expect("answered");
+    assert_eq!(status, 401, "wrong token: refused");
+    let (status, body) = http_get(&private.host, "/", &[("x-test-token", &token)])
+        .await
+        .expect("answered");
+    assert_eq!((status, body.as_str()), (200, "hello from the sandbox"));
+    let (status, body) = http_get(&private.host, &format!("/?test_token={token}"), &[])
+        .await
+        .expect("answered");
+    assert_eq!((status, body.as_str()), (200, "hello from the sandbox"));
+    // An extra token that expires.
+    let short = backend
+        .create_preview_token(&id, 8000, Some(crate::now_millis() + 300))
+        .await
+        .expect("token");
+    let (status, _) = http_get(&private.host, "/", &[("X-Test-Token", &short.value)])
+        .await
+        .expect("answered");
+    assert_eq!(status, 200);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, _) = http_get(&private.host, "/", &[("X-Test-Token", &short.value)])
+        .await
+        .expect("answered");
+    assert_eq!(status, 401, "expired token: refused");
+    // A second sandbox serving the same port, exposed publicly.
+    let other = create(backend, &unique("preview2")).await;
+    start_http_server(backend, &other, 8000, "the other one").await;
+    let public = backend
+        .expose_port(
+            &other,
+            PreviewOptions {
+                port: 8000,
+                public: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("expose public");
+    assert!(public.token.is_none());
+    let (status, body) = http_get(&public.host, "/", &[]).await.expect("answered");
+    assert_eq!((status, body.as_str()), (200, "the other one"));
+    assert_eq!(backend.list_previews(&id).await.expect("list").len(), 1);
+    backend.close_preview(&id, 8000).await.expect("close");
+    assert!(
+        http_get(&private.host, "/", &[("X-Test-Token", &token)])
+            .await
+            .is_none(),
+        "closed"
+    );
+    expect_code(
+        backend.close_preview(&id, 8000).await,
+        ErrorCode::NotFound,
+        "close twice",
+    );
+    backend.destroy(&id).await.expect("destroy");
+    backend.destroy(&other).await.expect("destroy");
+    assert!(
+        http_get(&public.host, "/", &[]).await.is_none(),
+        "gone with its sandbox"
+    );
+}
+
+/// Snapshots capture files (not processes); sandboxes start from them; fork copies files.
+pub async fn snapshots_and_fork_copy_files_not_processes(backend: &dyn Backend) {
+    let id = create(backend, &unique("snap")).await;
+    if !backend.capabilities().snapshots {
+        expect_code(
+            backend.snapshot(&id, None).await,
+            ErrorCode::NotSupported,
+            "snapshot",
+        );
+        backend.destroy(&id).await.expect("destroy");
+        return;
+    }
+    write(backend, &id, "project/data.bin", &[0, 1, 2, 255]).await;
+    sh(
+        backend,
+        &id,
+        "mkdir -p /tmp/t && echo tmp > /tmp/t/x && chmod 600 project/data.bin",
+    )
+    .await;
+    let marker = unique("snapproc");
+    let spec = ProcessSpec::new(Command::bash_login(format!("exec -a {marker} sleep 600")));
+    drop(backend.spawn(&id, spec).await.expect("spawn"));
+    let snap = backend
+        .snapshot(&id, Some("first".into()))
+        .await
+        .expect("snapshot");
+    assert_eq!(snap.sandbox_id, id);
+    assert!(backend
+        .list_snapshots()
+        .await
+        .expect("list")
+        .iter()
+        .any(|s| s.id == snap.id));
+    assert_eq!(
+        backend.get(&id).await.expect("get").state,
+        SandboxState::Running,
+        "resumed"
+    );
+    let mut options = test_options(&unique("fromsnap"));
+    options.snapshot = Some(snap.id.clone());
+    let restored = backend
+        .create(options)
+        .await
+        .expect("create from snapshot")
+        .id;
+    assert_eq!(
+        read(backend, &restored, "project/data.bin")
+            .await
+            .expect("read"),
+        [0, 1, 2, 255]
+    );
+    assert_eq!(
+        sh(
+            backend,
+            &restored,
+            "cat /tmp/t/x; stat -c %a project/data.bin"
+        )
+        .await
+        .stdout,
+        b"tmp\n600\n"
+    );
+    let ps = sh(
+        backend,
+        &restored,
+        &format!("ps -eo args | grep -c '^{marker}' || true"),
+    )
+    .await;
+    assert_eq!(ps.stdout_lossy().trim(), "0", "processes are not copied");
+    let forked = backend
+        .fork(&id, test_options(&unique("fork")))
+        .await
+        .expect("fork")
+        .id;
+    assert_eq!(
+        read(backend, &forked, "project/data.bin")
+            .await
+            .expect("read"),
+        [0, 1, 2, 255]
+    );
+    write(backend, &forked, "project/data.bin", b"changed").await;
+    assert_eq!(
+        read(backend, &id, "project/data.bin").await.expect("read"),
+        [0, 1, 2, 255],
+        "a copy"
+    );
+    backend
+        .delete_snapshot(&snap.id)
+        .await
+        .expect("delete snapshot");
+    assert!(backend
+        .list_snapshots()
+        .await
+        .expect("list")
+        .iter()
+        .all(|s| s.id != snap.id));
+    let mut options = test_options("gone-snapshot");
+    options.snapshot = Some(snap.id.clone());
+    expect_code(
+        backend.create(options).await,
+        ErrorCode::NotFound,
+        "create from a deleted snapshot",
+    );
+    for sandbox in [&id, &restored, &forked] {
+        backend.destroy(sandbox).await.expect("destroy");
+    }
+}
+
+/// A volume is shared between sandboxes and outlives them; subpaths mount a directory of it.
+pub async fn volumes_outlive_sandboxes(backend: &dyn Backend) {
+    let name = unique("vol");
+    if !backend.capabilities().volumes {
+        expect_code(
+            backend.create_volume(&name).await,
+            ErrorCode::NotSupported,
+            "volume",
+        );
+        return;
+    }
+    let vol = backend.create_volume(&name).await.expect("create volume");
+    assert_eq!(vol.name, name);
+    expect_code(
+        backend.create_volume(&name).await,
+        ErrorCode::AlreadyExists,
+        "twice",
+    );
+    let mount = |path: &str, subpath: Option<&str>| VolumeMount {
+        volume: name.clone(),
+        path: path.into(),
+        subpath: subpath.map(String::from),
+        read_only: false,
+    };
+    let mut a = test_options(&unique("vola"));
+    a.volumes = vec![mount("/data", None)];
+    let a = backend.create(a).await.expect("create a").id;
+    assert!(sh(
+        backend,
+        &a,
+        "mkdir -p /data/sub && echo shared > /data/sub/f && echo top > /data/t"
+    )
+    .await
+    .exit_status()
+    .success());
+    let mut b = test_options(&unique("volb"));
+    b.volumes = vec![mount("/mnt/v", None), mount("/mnt/sub", Some("sub"))];
+    let b = backend.create(b).await.expect("create b").id;
+    assert_eq!(
+        sh(backend, &b, "cat /mnt/v/sub/f /mnt/sub/f; ls /mnt/sub")
+            .await
+            .stdout_lossy(),
+        "shared\nshared\nf\n"
+    );
+    expect_code(
+        backend.delete_volume(&name).await,
+        ErrorCode::InvalidState,
+        "delete while mounted",
+    );
+    backend.destroy(&a).await.expect("destroy");
+    backend.destroy(&b).await.expect("destroy");
+    let mut c = test_options(&unique("volc"));
+    c.volumes = vec![mount("/data", None)];
+    let c = backend.create(c).await.expect("create c").id;
+    assert_eq!(
+        read(backend, &c, "/data/t").await.expect("read"),
+        b"top\n",
+        "data outlives its writers"
+    );
+    backend.destroy(&c).await.expect("destroy");
+    assert!(backend
+        .list_volumes()
+        .await
+        .expect("list")
+        .iter()
+        .any(|v| v.name == name));
+    assert!(backend.get_volume(&name).await.expect("get").size >= 11);
+    backend.delete_volume(&name).await.expect("delete");
+    expect_code(
+        backend.get_volume(&name).await,
+        ErrorCode::NotFound,
+        "deleted",
+    );
+    let mut d = test_options("missing-volume");
+    d.volumes = vec![mount("/data", None)];
+    expect_code(
+        backend.create(d).await,
+        ErrorCode::NotFound,
+        "mount a missing volume",
+    );
+}
+
+/// A watch reports creates, writes, chmods, renames and removes; dropping it stops it.
+pub async fn watch_reports_changes(backend: &dyn Backend) {
+    let id = create(backend, &unique("watch")).await;
+    backend
+        .mkdir(&id, "w/sub", MkdirOptions::default())
+        .await
+        .expect("mkdir");
+    let options = WatchOptions { recursive: true };
+    if !backend.capabilities().watch {
+        expect_code(
+            backend.watch(&id, "w", options).await.map(drop),
+            ErrorCode::NotSupported,
+            "watch",
+        );
+        backend.destroy(&id).await.expect("destroy");
+        return;
+    }
+    let mut events = backend.watch(&id, "w", options).await.expect("watch");
+    sh(
+        backend,
+        &id,
+        "cd w && echo a > f && chmod 600 f && mv f g && echo deep > sub/d && rm g",
+    )
+    .await;
+    let mut seen = Vec::new();
+    let want = [
+        (FsEventKind::Create, "f"),
+        (FsEventKind::Write, "f"),
+        (FsEventKind::Chmod, "f"),
+        (FsEventKind::Rename, "f"),
+        (FsEventKind::Rename, "g"),
+        (FsEventKind::Create, "sub/d"),
+        (FsEventKind::Remove, "g"),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !want.iter().all(|w| seen.contains(&(w.0, w.1.to_string()))) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, events.next()).await {
+            Ok(Some(Ok(ev))) => {
+                assert!(ev.path.starts_with("/workspace/w/"), "{ev:?}");
+                seen.push((ev.kind, ev.name));
+            }
+            other => panic!("expected events {want:?}, saw {seen:?}, then {other:?}"),
+        }
+    }
+    expect_code(
+        backend.watch(&id, "nope", options).await.map(drop),
+        ErrorCode::NotFound,
+        "watch missing",
+    );
+    drop(events);
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// A process on a terminal: a tty, its size, resize, input and exit status.
+pub async fn pty_processes(backend: &dyn Backend) {
+    let id = create(backend, &unique("pty")).await;
+    let mut spec = ProcessSpec::new(Command::argv(["bash", "--norc", "--noprofile", "-i"]));
+    spec.pty = Some(PtySize { cols: 80, rows: 24 });
+    if !backend.capabilities().pty {
+        expect_code(
+            backend.spawn(&id, spec).await.map(|s| s.pid),
+            ErrorCode::NotSupported,
+            "pty",
+        );
+        backend.destroy(&id).await.expect("destroy");
+        return;
+    }
+    let mut stream = backend.spawn(&id, spec).await.expect("spawn on a pty");
+    let sel = ProcessSelector::Pid(stream.pid);
+    let mut seen = Vec::new();
+    backend
+        .write_stdin(
+            &id,
+            sel.clone(),
+            b"tty; stty size; echo MARK$((40+2))\n".to_vec(),
+        )
+        .await
+        .expect("input");
+    read_until(&mut stream, &mut seen, |s| s.contains("MARK42")).await;
+    let text = String::from_utf8_lossy(&seen).into_owned();
+    assert!(text.contains("/dev/pts/"), "{text}");
+    assert!(text.contains("24 80"), "{text}");
+    backend
+        .resize_pty(
+            &id,
+            sel.clone(),
+            PtySize {
+                cols: 100,
+                rows: 30,
+            },
+        )
+        .await
+        .expect("resize");
+    backend
+        .write_stdin(&id, sel.clone(), b"stty size; exit 7\n".to_vec())
+        .await
+        .expect("input");
+    let rest = collect(stream, usize::MAX).await.expect("collect");
+    assert!(
+        String::from_utf8_lossy(&rest.stdout).contains("30 100"),
+        "{:?}",
+        rest.stdout_lossy()
+    );
+    assert_eq!(rest.exit_status().code, Some(7));
+    let plain = backend
+        .spawn(&id, ProcessSpec::new(Command::argv(["sleep", "5"])))
+        .await
+        .expect("spawn");
+    expect_code(
+        backend
+            .resize_pty(
+                &id,
+                ProcessSelector::Pid(plain.pid),
+                PtySize { cols: 1, rows: 1 },
+            )
+            .await,
+        ErrorCode::InvalidArgument,
+        "resize without a pty",
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// Metrics report memory, disk and CPU figures.
+pub async fn metrics_report_usage(backend: &dyn Backend) {
+    let id = create(backend, &unique("metrics")).await;
+    if !backend.capabilities().metrics {
+        expect_code(
+            backend.metrics(&id).await,
+            ErrorCode::NotSupported,
+            "metrics",
+        );
+        backend.destroy(&id).await.expect("destroy");
+        return;
+    }
+    drop(
+        backend
+            .spawn(
+                &id,
+                ProcessSpec::new(Command::sh("head -c 20000000 /dev/zero > /tmp/z; sleep 30")),
+            )
+            .await
+            .expect("spawn"),
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let m = backend.metrics(&id).await.expect("metrics");
+    assert!(m.mem_used > 0, "{m:?}");
+    assert!(m.mem_total >= m.mem_used, "{m:?}");
+    assert!(m.cpu_count >= 1);
+    assert!(
+        m.disk_used >= 20_000_000 && m.disk_total >= m.disk_used,
+        "{m:?}"
+    );
     backend.destroy(&id).await.expect("destroy");
 }

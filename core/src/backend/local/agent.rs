@@ -22,8 +22,9 @@ use super::config::Record;
 use super::proto::{self, Control, Reply, Request, CHUNK};
 use super::sys;
 use crate::{
-    now_millis, Error, ExitStatus, FileKind, FileStat, ListDirOptions, MkdirOptions, ProcessInfo,
-    ProcessSelector, ProcessSpec, RemoveOptions, Result, StreamKind, WriteOptions,
+    now_millis, Error, ExitStatus, FileKind, FileStat, FsEvent, FsEventKind, ListDirOptions,
+    Metrics, MkdirOptions, ProcessInfo, ProcessSelector, ProcessSpec, RemoveOptions, Result,
+    StreamKind, WatchOptions, WriteOptions,
 };
 
 /// Output retained per process for late attachers and log queries.
@@ -182,6 +183,35 @@ fn setup_sandbox(record: &Record) -> Result<()> {
         }
     }
 
+    // Volumes (staged by the monitor where the host path is out of our reach).
+    for m in &record.mounts {
+        let target = r(&m.path);
+        std::fs::create_dir_all(&target).map_err(fs_err("create a volume mount point"))?;
+        let source = PathBuf::from(&m.host_path);
+        sys::mount(
+            Some(&source),
+            &target,
+            None,
+            libc::MS_BIND | libc::MS_REC,
+            None,
+        )
+        .map_err(|e| unavailable("bind a volume", e))?;
+        if m.read_only {
+            sys::mount(
+                None,
+                &target,
+                None,
+                libc::MS_REMOUNT
+                    | libc::MS_BIND
+                    | libc::MS_RDONLY
+                    | libc::MS_NOSUID
+                    | libc::MS_NODEV,
+                None,
+            )
+            .map_err(|e| unavailable("remount a volume read-only", e))?;
+        }
+    }
+
     // /proc of the new PID namespace.
     sys::mount(
         Some(Path::new("proc")),
@@ -297,7 +327,60 @@ struct ProcTable {
 struct Proc {
     pid: u32,
     state: Mutex<ProcState>,
-    stdin: tokio::sync::Mutex<Option<tokio::net::unix::pipe::Sender>>,
+    stdin: tokio::sync::Mutex<Option<Stdin>>,
+}
+
+/// Where bytes for a process's input go.
+enum Stdin {
+    /// A pipe to its stdin.
+    Pipe(tokio::net::unix::pipe::Sender),
+    /// The master side of its terminal (shared with the output reader).
+    Pty(Arc<tokio::io::unix::AsyncFd<OwnedFd>>),
+}
+
+impl Stdin {
+    async fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
+        match self {
+            Stdin::Pipe(p) => p.write_all(data).await,
+            Stdin::Pty(fd) => {
+                let mut off = 0;
+                while off < data.len() {
+                    let mut guard = fd.writable().await?;
+                    match guard.try_io(|f| sys::write_fd(f.as_raw_fd(), &data[off..])) {
+                        Ok(Ok(n)) => off += n,
+                        Ok(Err(e)) => return Err(e),
+                        Err(_would_block) => continue,
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// An output source of a process: a pipe, or a terminal master.
+enum Source {
+    Pipe(tokio::net::unix::pipe::Receiver),
+    Pty(Arc<tokio::io::unix::AsyncFd<OwnedFd>>),
+}
+
+impl Source {
+    /// Read some bytes; 0 at end of stream (a terminal reports EIO once its last user exits).
+    async fn read(&mut self, buf: &mut [u8]) -> usize {
+        match self {
+            Source::Pipe(p) => p.read(buf).await.unwrap_or(0),
+            Source::Pty(fd) => loop {
+                let Ok(mut guard) = fd.readable().await else {
+                    return 0;
+                };
+                match guard.try_io(|f| sys::read_fd(f.as_raw_fd(), buf)) {
+                    Ok(Ok(n)) => return n,
+                    Ok(Err(_)) => return 0,
+                    Err(_would_block) => continue,
+                }
+            },
+        }
+    }
 }
 
 struct ProcState {
@@ -386,7 +469,7 @@ async fn serve(agent: Arc<Agent>, ctrl: OwnedFd) {
         return;
     }
     let ctrl = match sys::async_fd(ctrl) {
-        Ok(fd) => fd,
+        Ok(fd) => Arc::new(fd),
         Err(_) => return,
     };
     tokio::spawn(reap_children(agent.clone()));
@@ -405,33 +488,161 @@ async fn serve(agent: Arc<Agent>, ctrl: OwnedFd) {
             // The monitor is gone: end the sandbox.
             return;
         }
-        let Ok(Control::Handoff) = serde_json::from_slice(&buf[..n]) else {
-            continue;
-        };
-        let Some(fd) = fds.pop() else { continue };
-        let std_stream = std::os::unix::net::UnixStream::from(fd);
-        if std_stream.set_nonblocking(true).is_err() {
-            continue;
-        }
-        let Ok(stream) = UnixStream::from_std(std_stream) else {
-            continue;
-        };
-        let agent = agent.clone();
-        tokio::spawn(async move {
-            let mut stream = stream;
-            let request = match proto::read_frame::<_, Request>(&mut stream).await {
-                Ok(Some((request, _))) => request,
-                Ok(None) => return,
-                Err(e) => {
-                    let _ = proto::write_frame(&mut stream, &Reply::error(&e), &[]).await;
-                    return;
+        match serde_json::from_slice(&buf[..n]) {
+            Ok(Control::Handoff) => {
+                if let Some(fd) = fds.pop() {
+                    serve_connection(agent.clone(), fd);
                 }
-            };
-            if let Err(e) = handle(&agent, &mut stream, request).await {
-                let _ = proto::write_frame(&mut stream, &Reply::error(&e), &[]).await;
             }
-            let _ = stream.shutdown().await;
-        });
+            Ok(Control::Connect { req, port }) => {
+                let ctrl = ctrl.clone();
+                tokio::spawn(async move {
+                    match connect_loopback(port).await {
+                        Ok(sock) => {
+                            let reply = Control::Reply { req, error: None };
+                            send_control(&ctrl, &reply, Some(sock.as_raw_fd())).await;
+                        }
+                        Err(e) => {
+                            let reply = Control::Reply {
+                                req,
+                                error: Some(e.to_body()),
+                            };
+                            send_control(&ctrl, &reply, None).await;
+                        }
+                    }
+                });
+            }
+            Ok(Control::Freeze { req }) => {
+                let error = freeze().await.err().map(|e| e.to_body());
+                send_control(&ctrl, &Control::Reply { req, error }, None).await;
+            }
+            Ok(Control::Thaw { req }) => {
+                thaw();
+                send_control(&ctrl, &Control::Reply { req, error: None }, None).await;
+            }
+            _ => {}
+        }
+    }
+}
+
+fn serve_connection(agent: Arc<Agent>, fd: OwnedFd) {
+    let std_stream = std::os::unix::net::UnixStream::from(fd);
+    if std_stream.set_nonblocking(true).is_err() {
+        return;
+    }
+    let Ok(stream) = UnixStream::from_std(std_stream) else {
+        return;
+    };
+    tokio::spawn(async move {
+        let mut stream = stream;
+        let request = match proto::read_frame::<_, Request>(&mut stream).await {
+            Ok(Some((request, _))) => request,
+            Ok(None) => return,
+            Err(e) => {
+                let _ = proto::write_frame(&mut stream, &Reply::error(&e), &[]).await;
+                return;
+            }
+        };
+        if let Err(e) = handle(&agent, &mut stream, request).await {
+            let _ = proto::write_frame(&mut stream, &Reply::error(&e), &[]).await;
+        }
+        let _ = stream.shutdown().await;
+    });
+}
+
+/// Send a control message (with an optional descriptor) to the monitor.
+async fn send_control(
+    ctrl: &tokio::io::unix::AsyncFd<OwnedFd>,
+    msg: &Control,
+    fd: Option<std::os::fd::RawFd>,
+) {
+    let bytes = serde_json::to_vec(msg).unwrap_or_default();
+    let fds: Vec<_> = fd.into_iter().collect();
+    loop {
+        let Ok(mut guard) = ctrl.writable().await else {
+            return;
+        };
+        match guard.try_io(|c| sys::send_with_fds(c.as_raw_fd(), &bytes, &fds)) {
+            Ok(_) => return,
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+/// Connect to a port on the sandbox's own loopback (IPv4, then IPv6).
+async fn connect_loopback(port: u16) -> Result<std::net::TcpStream> {
+    let attempt = async {
+        match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            Ok(s) => Ok(s),
+            Err(e4) => tokio::net::TcpStream::connect(("::1", port))
+                .await
+                .map_err(|_| e4),
+        }
+    };
+    let stream = tokio::time::timeout(Duration::from_secs(5), attempt)
+        .await
+        .map_err(|_| Error::Timeout {
+            what: format!("connecting to port {port} in the sandbox"),
+        })?
+        .map_err(|e| Error::Unavailable {
+            reason: format!("nothing is listening on port {port} in the sandbox ({e})"),
+            remedy: format!("start a server on port {port} (bound to 127.0.0.1 or 0.0.0.0)"),
+        })?;
+    stream
+        .into_std()
+        .map_err(|e| Error::from_io(&e, "preview socket"))
+}
+
+/// Pids of every process in the sandbox but the agent.
+fn sandbox_pids() -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| pid != 1)
+        .collect()
+}
+
+/// Stop every process; repeat until a scan finds nothing new, so a process forked during the
+/// freeze is stopped too.
+async fn freeze() -> Result<()> {
+    let mut stopped = std::collections::HashSet::new();
+    for _ in 0..100 {
+        let mut new = false;
+        for pid in sandbox_pids() {
+            if stopped.insert(pid) {
+                new = true;
+                let _ = sys::kill(pid, libc::SIGSTOP);
+            }
+        }
+        if !new {
+            // Wait for the stops to take effect.
+            for _ in 0..50 {
+                let running = sandbox_pids().into_iter().any(|pid| {
+                    let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                        .ok()
+                        .and_then(|s| {
+                            s.rsplit_once(')')
+                                .and_then(|(_, rest)| rest.trim_start().chars().next())
+                        });
+                    matches!(state, Some('R' | 'S' | 'D'))
+                });
+                if !running {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            return Ok(());
+        }
+    }
+    Err(Error::backend("processes kept forking while pausing"))
+}
+
+fn thaw() {
+    for pid in sandbox_pids() {
+        let _ = sys::kill(pid, libc::SIGCONT);
     }
 }
 
@@ -609,9 +820,40 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: Request) -
             .await?;
             proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
         }
-        Request::Info | Request::Destroy | Request::SetTimeout { .. } => {
-            Err(Error::backend("monitor request sent to the agent"))
+        Request::Metrics => {
+            let metrics = blocking(move || Ok(sample_metrics())).await?;
+            proto::write_frame(stream, &Reply::Metrics { metrics }, &[]).await
         }
+        Request::ResizePty { process, size } => {
+            let proc_ = agent.find(&process)?;
+            let stdin = proc_.stdin.lock().await;
+            match stdin.as_ref() {
+                Some(Stdin::Pty(master)) => {
+                    sys::set_winsize(master.as_raw_fd(), size.cols, size.rows)
+                        .map_err(|e| Error::from_io(&e, "resize the terminal"))?
+                }
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "{} has no terminal (start it with a pty)",
+                        describe(&process)
+                    )))
+                }
+            }
+            drop(stdin);
+            done(stream).await
+        }
+        Request::Watch { path, options } => watch(agent, stream, &path, options).await,
+        Request::ExportFs => export_fs(agent, stream).await,
+        Request::ImportFs => import_fs(agent, stream).await,
+        Request::Info
+        | Request::Destroy
+        | Request::SetTimeout { .. }
+        | Request::Pause
+        | Request::Resume
+        | Request::Expose { .. }
+        | Request::ListPreviews
+        | Request::ClosePreview { .. }
+        | Request::CreateToken { .. } => Err(Error::backend("monitor request sent to the agent")),
     }
 }
 
@@ -714,12 +956,6 @@ fn spawn_process(
     spec: ProcessSpec,
 ) -> Result<(Arc<Proc>, mpsc::Receiver<Event>)> {
     validate_spec(&spec)?;
-    if spec.pty.is_some() {
-        return Err(Error::not_supported(
-            "processes on a pseudo-terminal",
-            "run the process without a pty and use stdin/stdout",
-        ));
-    }
     let record = &agent.record;
     let user = record.user(spec.user.as_deref())?.clone();
     if let Some(tag) = &spec.tag {
@@ -765,18 +1001,37 @@ fn spawn_process(
     envs.extend(record.options.envs.clone());
     envs.extend(spec.envs.clone());
 
+    if spec.pty.is_some() {
+        envs.entry("TERM".into())
+            .or_insert_with(|| "xterm-256color".into());
+    }
     let mut cmd = std::process::Command::new(&argv[0]);
     cmd.args(&argv[1..])
         .env_clear()
         .envs(&envs)
-        .current_dir(&cwd)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .stdin(if spec.stdin {
-            std::process::Stdio::piped()
-        } else {
-            std::process::Stdio::null()
-        });
+        .current_dir(&cwd);
+    let mut pty_master = None;
+    if let Some(size) = spec.pty {
+        let (master, slave) = sys::openpty(size.cols, size.rows)
+            .map_err(|e| Error::from_io(&e, "open a pseudo-terminal"))?;
+        let clone = |fd: &OwnedFd| {
+            fd.try_clone()
+                .map_err(|e| Error::from_io(&e, "pseudo-terminal"))
+        };
+        cmd.stdin(std::process::Stdio::from(clone(&slave)?))
+            .stdout(std::process::Stdio::from(clone(&slave)?))
+            .stderr(std::process::Stdio::from(slave));
+        pty_master = Some(master);
+    } else {
+        cmd.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .stdin(if spec.stdin {
+                std::process::Stdio::piped()
+            } else {
+                std::process::Stdio::null()
+            });
+    }
+    let with_tty = pty_master.is_some();
     let (uid, gid) = (user.uid, user.gid);
     let (nproc, nofile) = (record.max_processes(), record.max_open_files());
     let isolated = !record.unisolated;
@@ -785,10 +1040,14 @@ fn spawn_process(
     unsafe {
         cmd.pre_exec(move || {
             if isolated {
-                sys::harden_child(uid, gid, nproc, nofile)
+                sys::harden_child(uid, gid, nproc, nofile)?;
             } else {
-                sys::setsid()
+                sys::setsid()?;
             }
+            if with_tty {
+                sys::set_controlling_tty()?;
+            }
+            Ok(())
         });
     }
     let mut child = cmd.spawn().map_err(|e| {
@@ -800,14 +1059,27 @@ fn spawn_process(
     })?;
     let pid = child.id();
     let (exit_tx, exit_rx) = oneshot::channel();
-    let stdout = child.stdout.take().map(pipe_receiver).transpose()?;
-    let stderr = child.stderr.take().map(pipe_receiver).transpose()?;
-    let stdin = match child.stdin.take() {
-        Some(s) => Some(
-            tokio::net::unix::pipe::Sender::from_owned_fd(OwnedFd::from(s))
-                .map_err(|e| Error::from_io(&e, "stdin pipe"))?,
-        ),
-        None => None,
+    let (stdout, stderr, stdin) = if let Some(master) = pty_master {
+        sys::set_nonblocking(master.as_raw_fd(), true)
+            .map_err(|e| Error::from_io(&e, "pseudo-terminal"))?;
+        let master =
+            Arc::new(sys::async_fd(master).map_err(|e| Error::from_io(&e, "pseudo-terminal"))?);
+        (
+            Some(Source::Pty(master.clone())),
+            None,
+            Some(Stdin::Pty(master)),
+        )
+    } else {
+        let stdout = child.stdout.take().map(pipe_receiver).transpose()?;
+        let stderr = child.stderr.take().map(pipe_receiver).transpose()?;
+        let stdin = match child.stdin.take() {
+            Some(s) => Some(Stdin::Pipe(
+                tokio::net::unix::pipe::Sender::from_owned_fd(OwnedFd::from(s))
+                    .map_err(|e| Error::from_io(&e, "stdin pipe"))?,
+            )),
+            None => None,
+        };
+        (stdout, stderr, stdin)
     };
     // `child` is dropped without waiting: the reaper owns waiting for every pid.
     drop(child);
@@ -854,8 +1126,9 @@ fn spawn_process(
     Ok((proc_, rx))
 }
 
-fn pipe_receiver(fd: impl Into<OwnedFd>) -> Result<tokio::net::unix::pipe::Receiver> {
+fn pipe_receiver(fd: impl Into<OwnedFd>) -> Result<Source> {
     tokio::net::unix::pipe::Receiver::from_owned_fd(fd.into())
+        .map(Source::Pipe)
         .map_err(|e| Error::from_io(&e, "output pipe"))
 }
 
@@ -864,8 +1137,8 @@ fn pipe_receiver(fd: impl Into<OwnedFd>) -> Result<tokio::net::unix::pipe::Recei
 async fn pump(
     agent: Arc<Agent>,
     proc_: Arc<Proc>,
-    stdout: Option<tokio::net::unix::pipe::Receiver>,
-    stderr: Option<tokio::net::unix::pipe::Receiver>,
+    stdout: Option<Source>,
+    stderr: Option<Source>,
     exit_rx: oneshot::Receiver<ExitStatus>,
 ) {
     let mut out = stdout;
@@ -941,10 +1214,10 @@ enum Step {
     Exited(ExitStatus),
 }
 
-/// Read from a pipe; a read error counts as end of stream. Never ready once the pipe is gone.
-async fn read_some(pipe: &mut Option<tokio::net::unix::pipe::Receiver>, buf: &mut [u8]) -> usize {
-    match pipe {
-        Some(p) => p.read(buf).await.unwrap_or(0),
+/// Read from a source; a read error counts as end of stream. Never ready once it is gone.
+async fn read_some(source: &mut Option<Source>, buf: &mut [u8]) -> usize {
+    match source {
+        Some(s) => s.read(buf).await,
         None => std::future::pending().await,
     }
 }
@@ -1290,4 +1563,350 @@ async fn write_file(
     }
     let stat = stat_path(record, &p)?;
     proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Metrics, watches, filesystem export/import
+// ---------------------------------------------------------------------------------------------
+
+/// CPU time (ticks) per pid at the previous sample, to turn totals into a rate.
+static LAST_CPU: Mutex<Option<(std::time::Instant, u64)>> = Mutex::new(None);
+
+fn sample_metrics() -> Metrics {
+    let page = sys::page_size();
+    let mut ticks = 0u64;
+    let mut rss = 0u64;
+    for pid in sandbox_pids() {
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            if let Some((_, rest)) = stat.rsplit_once(')') {
+                let fields: Vec<&str> = rest.split_whitespace().collect();
+                // After the command: state is field 0; utime 11, stime 12, rss 21.
+                let num = |i: usize| {
+                    fields
+                        .get(i)
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or(0)
+                };
+                ticks += num(11) + num(12);
+                rss += num(21) * page;
+            }
+        }
+    }
+    let now = std::time::Instant::now();
+    let mut last = LAST_CPU.lock().unwrap_or_else(|e| e.into_inner());
+    let cpu_used_pct = match *last {
+        Some((then, before)) if now > then => {
+            let secs = now.duration_since(then).as_secs_f64();
+            let used = ticks.saturating_sub(before) as f64 / sys::clock_ticks() as f64;
+            (used / secs * 100.0).max(0.0)
+        }
+        _ => 0.0,
+    };
+    *last = Some((now, ticks));
+    let mem_total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+        * 1024;
+    let (disk_total, disk_free) = sys::fs_usage(Path::new("/")).unwrap_or((0, 0));
+    Metrics {
+        timestamp: now_millis(),
+        cpu_used_pct,
+        cpu_count: std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1),
+        mem_used: rss,
+        mem_total,
+        disk_used: disk_total.saturating_sub(disk_free),
+        disk_total,
+    }
+}
+
+const WATCH_MASK: u32 = libc::IN_CREATE
+    | libc::IN_MODIFY
+    | libc::IN_CLOSE_WRITE
+    | libc::IN_DELETE
+    | libc::IN_MOVED_FROM
+    | libc::IN_MOVED_TO
+    | libc::IN_ATTRIB
+    | libc::IN_DELETE_SELF
+    | libc::IN_ONLYDIR;
+
+/// Watch a directory with inotify, streaming events until the client goes away.
+async fn watch(
+    agent: &Arc<Agent>,
+    stream: &mut UnixStream,
+    path: &str,
+    options: WatchOptions,
+) -> Result<()> {
+    let root = resolve(&agent.record, path)?;
+    let meta = std::fs::metadata(&root).map_err(|e| Error::from_io(&e, path))?;
+    if !meta.is_dir() {
+        return Err(Error::invalid(format!("{path}: not a directory")));
+    }
+    let fd = sys::inotify_init().map_err(|e| Error::from_io(&e, "inotify"))?;
+    let mut dirs: HashMap<i32, PathBuf> = HashMap::new();
+    let add = |fd: &OwnedFd, dir: &Path, dirs: &mut HashMap<i32, PathBuf>| {
+        if let Ok(wd) = sys::inotify_add_watch(fd.as_raw_fd(), dir, WATCH_MASK) {
+            dirs.insert(wd, dir.to_path_buf());
+        }
+    };
+    add(&fd, &root, &mut dirs);
+    if options.recursive {
+        let mut queue = VecDeque::from([root.clone()]);
+        while let Some(dir) = queue.pop_front() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    add(&fd, &e.path(), &mut dirs);
+                    queue.push_back(e.path());
+                }
+            }
+        }
+    }
+    let fd = sys::async_fd(fd).map_err(|e| Error::from_io(&e, "inotify"))?;
+    done(stream).await?;
+    let (mut rd, mut wr) = stream.split();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut probe = [0u8; 1];
+    loop {
+        tokio::select! {
+            // The client closing its side ends the watch.
+            r = rd.read(&mut probe) => {
+                if matches!(r, Ok(0) | Err(_)) {
+                    return Ok(());
+                }
+            }
+            ready = fd.readable() => {
+                let Ok(mut guard) = ready else { return Ok(()) };
+                let n = match guard.try_io(|f| sys::read_fd(f.as_raw_fd(), &mut buf)) {
+                    Ok(Ok(n)) => n,
+                    Ok(Err(_)) => return Ok(()),
+                    Err(_would_block) => continue,
+                };
+                for ev in sys::parse_inotify(&buf[..n]) {
+                    let Some(dir) = dirs.get(&ev.wd).cloned() else { continue };
+                    let full = if ev.name.is_empty() { dir.clone() } else { dir.join(&ev.name) };
+                    if options.recursive
+                        && ev.mask & libc::IN_ISDIR != 0
+                        && ev.mask & (libc::IN_CREATE | libc::IN_MOVED_TO) != 0
+                    {
+                        add(fd.get_ref(), &full, &mut dirs);
+                    }
+                    let kind = if ev.mask & libc::IN_CREATE != 0 {
+                        FsEventKind::Create
+                    } else if ev.mask & (libc::IN_MODIFY | libc::IN_CLOSE_WRITE) != 0 {
+                        if ev.mask & libc::IN_CLOSE_WRITE != 0 {
+                            // A write is already reported on modify; close adds nothing.
+                            continue;
+                        }
+                        FsEventKind::Write
+                    } else if ev.mask & (libc::IN_DELETE | libc::IN_DELETE_SELF) != 0 {
+                        FsEventKind::Remove
+                    } else if ev.mask & (libc::IN_MOVED_FROM | libc::IN_MOVED_TO) != 0 {
+                        FsEventKind::Rename
+                    } else if ev.mask & libc::IN_ATTRIB != 0 {
+                        FsEventKind::Chmod
+                    } else {
+                        continue;
+                    };
+                    let name = full
+                        .strip_prefix(&root)
+                        .map(|p| p.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    let event = FsEvent {
+                        path: full.to_string_lossy().into_owned(),
+                        name,
+                        kind,
+                    };
+                    if proto::write_frame(&mut wr, &Reply::FsEvent { event }, &[]).await.is_err() {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Paths excluded from filesystem export: mounts of host or kernel filesystems and the
+/// agent's own files. (`--one-file-system` already keeps tar out of other mounts.)
+const EXPORT_EXCLUDES: &[&str] = &[
+    "./proc",
+    "./dev",
+    "./usr",
+    "./bin",
+    "./sbin",
+    "./lib",
+    "./lib32",
+    "./lib64",
+    "./libx32",
+    "./etc",
+    "./opt",
+    "./.sandcove",
+];
+
+/// A helper program the agent runs for itself (with its own privileges inside the sandbox).
+struct Tool {
+    stdin: Option<tokio::net::unix::pipe::Sender>,
+    stdout: tokio::net::unix::pipe::Receiver,
+    stderr: tokio::net::unix::pipe::Receiver,
+    exit: oneshot::Receiver<ExitStatus>,
+}
+
+/// Start a tool. It is registered with the sandbox reaper before this returns, and the reaper
+/// runs on this same single-threaded runtime, so its exit status cannot be missed.
+fn spawn_tool(agent: &Agent, argv: &[String], with_stdin: bool) -> Result<Tool> {
+    let mut cmd = std::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .env_clear()
+        .env("PATH", DEFAULT_PATH)
+        .current_dir("/")
+        .stdin(if with_stdin {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        })
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Error::from_io(&e, &format!("start {}", argv[0])))?;
+    let (tx, exit) = oneshot::channel();
+    agent
+        .procs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .exit_waiters
+        .insert(child.id(), tx);
+    let pipe_err = |e: std::io::Error| Error::from_io(&e, "tool pipe");
+    let stdin = match child.stdin.take() {
+        Some(s) => Some(
+            tokio::net::unix::pipe::Sender::from_owned_fd(OwnedFd::from(s)).map_err(pipe_err)?,
+        ),
+        None => None,
+    };
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| Error::backend("tool stdout"))?;
+    let stderr = child
+        .stderr
+        .take()
+        .ok_or_else(|| Error::backend("tool stderr"))?;
+    Ok(Tool {
+        stdin,
+        stdout: tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(stdout))
+            .map_err(pipe_err)?,
+        stderr: tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(stderr))
+            .map_err(pipe_err)?,
+        exit,
+    })
+}
+
+/// Collect a tool's stderr in the background (so it never blocks on a full pipe).
+fn drain(mut pipe: tokio::net::unix::pipe::Receiver) -> tokio::task::JoinHandle<Vec<u8>> {
+    tokio::spawn(async move {
+        let mut text = Vec::new();
+        let _ = pipe.read_to_end(&mut text).await;
+        text
+    })
+}
+
+/// Stream a tar of the sandbox's own filesystem (the tmpfs root) to the client.
+async fn export_fs(agent: &Agent, stream: &mut UnixStream) -> Result<()> {
+    let mut argv: Vec<String> = [
+        "tar",
+        "-C",
+        "/",
+        "--one-file-system",
+        "--numeric-owner",
+        "-cf",
+        "-",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    argv.extend(EXPORT_EXCLUDES.iter().map(|e| format!("--exclude={e}")));
+    argv.push(".".into());
+    let mut tool = spawn_tool(agent, &argv, false)?;
+    let errors = drain(tool.stderr);
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = tool
+            .stdout
+            .read(&mut buf)
+            .await
+            .map_err(|e| Error::from_io(&e, "snapshot"))?;
+        if n == 0 {
+            break;
+        }
+        proto::write_frame(stream, &Reply::Data, &buf[..n]).await?;
+    }
+    let status = tool
+        .exit
+        .await
+        .map_err(|_| Error::backend("tar vanished"))?;
+    let text = errors.await.unwrap_or_default();
+    // tar exits 1 when a file changed while it was read; the archive is still complete.
+    if !matches!(status.code, Some(0 | 1)) {
+        return Err(Error::backend(format!(
+            "tar failed ({status:?}): {}",
+            String::from_utf8_lossy(&text).trim()
+        )));
+    }
+    proto::write_frame(stream, &Reply::End, &[]).await
+}
+
+/// Unpack a tar streamed by the client into the sandbox root.
+async fn import_fs(agent: &Agent, stream: &mut UnixStream) -> Result<()> {
+    let argv: Vec<String> = [
+        "tar",
+        "-C",
+        "/",
+        "--numeric-owner",
+        "--same-permissions",
+        "-xf",
+        "-",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut tool = spawn_tool(agent, &argv, true)?;
+    let errors = drain(tool.stderr);
+    let mut input = tool
+        .stdin
+        .take()
+        .ok_or_else(|| Error::backend("tar stdin"))?;
+    let mut out = tool.stdout;
+    let sink = tokio::spawn(async move {
+        let mut ignored = Vec::new();
+        let _ = out.read_to_end(&mut ignored).await;
+    });
+    while let Some(chunk) = read_data_frame(stream).await? {
+        input
+            .write_all(&chunk)
+            .await
+            .map_err(|e| Error::from_io(&e, "restore"))?;
+    }
+    drop(input);
+    let status = tool
+        .exit
+        .await
+        .map_err(|_| Error::backend("tar vanished"))?;
+    let _ = sink.await;
+    let text = errors.await.unwrap_or_default();
+    if !status.success() {
+        return Err(Error::backend(format!(
+            "restoring the snapshot failed ({status:?}): {}",
+            String::from_utf8_lossy(&text).trim()
+        )));
+    }
+    done(stream).await
 }

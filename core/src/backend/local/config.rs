@@ -105,6 +105,20 @@ pub struct Record {
     /// Free-form annotations the monitor keeps (e.g. why the agent stopped).
     #[serde(default)]
     pub notes: BTreeMap<String, String>,
+    /// Host directories (volumes) to bind into the sandbox.
+    #[serde(default)]
+    pub mounts: Vec<HostMount>,
+}
+
+/// A host directory bound into a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostMount {
+    /// Directory on the host.
+    pub host_path: String,
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// Mount read-only.
+    pub read_only: bool,
 }
 
 impl Record {

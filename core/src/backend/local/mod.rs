@@ -18,8 +18,10 @@ mod agent;
 pub mod config;
 mod entry;
 mod monitor;
+mod preview;
 pub(crate) mod proto;
 mod sys;
+mod volumes;
 
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -140,6 +142,102 @@ impl LocalBackend {
         collected
     }
 
+    fn snapshots_dir(&self) -> PathBuf {
+        self.state_dir.join("snapshots")
+    }
+
+    /// `(metadata, archive)` paths of a snapshot id.
+    fn snapshot_paths(&self, snapshot_id: &str) -> Result<(PathBuf, PathBuf)> {
+        if !config::valid_id(snapshot_id) {
+            return Err(Error::not_found(format!("snapshot {snapshot_id:?}")));
+        }
+        let dir = self.snapshots_dir();
+        Ok((
+            dir.join(format!("{snapshot_id}.json")),
+            dir.join(format!("{snapshot_id}.tar")),
+        ))
+    }
+
+    /// Stream the sandbox's filesystem into a new snapshot.
+    async fn capture(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
+        use tokio::io::AsyncWriteExt as _;
+        let snapshot_id = format!("snap-{}", config::new_id());
+        let (meta, tar) = self.snapshot_paths(&snapshot_id)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(self.snapshots_dir())
+            .map_err(|e| Error::from_io(&e, "snapshot directory"))?;
+        let partial = tar.with_extension("partial");
+        let mut file = tokio::fs::File::create(&partial)
+            .await
+            .map_err(|e| Error::from_io(&e, "snapshot file"))?;
+        let mut stream = self.agent_stream_opts(id, &Request::ExportFs, true).await?;
+        let mut size = 0u64;
+        let result: Result<()> = async {
+            loop {
+                match proto::read_frame::<_, Reply>(&mut stream).await? {
+                    Some((Reply::Data, body)) => {
+                        size += body.len() as u64;
+                        file.write_all(&body)
+                            .await
+                            .map_err(|e| Error::from_io(&e, "snapshot file"))?;
+                    }
+                    Some((Reply::End, _)) => break,
+                    Some((Reply::Error { error }, _)) => return Err(Error::from_body(&error)),
+                    Some((other, _)) => return Err(unexpected(&other)),
+                    None => return Err(Error::backend("snapshot stream ended early")),
+                }
+            }
+            file.flush()
+                .await
+                .map_err(|e| Error::from_io(&e, "snapshot file"))
+        }
+        .await;
+        drop(file);
+        if let Err(e) = result {
+            let _ = std::fs::remove_file(&partial);
+            return Err(e);
+        }
+        std::fs::rename(&partial, &tar).map_err(|e| Error::from_io(&e, "snapshot file"))?;
+        let info = SnapshotInfo {
+            id: snapshot_id,
+            name,
+            sandbox_id: id.to_string(),
+            created_at: now_millis(),
+            size,
+        };
+        let text = serde_json::to_vec_pretty(&info)
+            .map_err(|e| Error::backend(format!("encode snapshot: {e}")))?;
+        std::fs::write(&meta, text).map_err(|e| Error::from_io(&e, "snapshot metadata"))?;
+        Ok(info)
+    }
+
+    /// Unpack a snapshot archive into a fresh sandbox.
+    async fn restore(&self, id: &str, tar: &Path) -> Result<()> {
+        let file = tokio::fs::File::open(tar)
+            .await
+            .map_err(|e| Error::from_io(&e, "snapshot file"))?;
+        let chunks = futures::stream::unfold(Some(file), |state| async move {
+            use tokio::io::AsyncReadExt as _;
+            let mut file = state?;
+            let mut buf = vec![0u8; proto::CHUNK];
+            match file.read(&mut buf).await {
+                Ok(0) => None,
+                Ok(n) => {
+                    buf.truncate(n);
+                    Some((Ok(buf), Some(file)))
+                }
+                Err(e) => Some((Err(Error::from_io(&e, "snapshot file")), None)),
+            }
+        });
+        let mut stream = self.upload(id, Request::ImportFs, Box::pin(chunks)).await?;
+        match read_reply(&mut stream, id).await? {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Connect to a sandbox's monitor, or report the sandbox missing.
     async fn connect(&self, id: &str) -> Result<UnixStream> {
         let dir = self.dir(id)?;
@@ -168,6 +266,7 @@ impl LocalBackend {
         let hello = Hello {
             version: PROTOCOL_VERSION,
             request: Some(request),
+            while_paused: false,
         };
         proto::write_frame(&mut stream, &hello, &[]).await?;
         match proto::read_frame::<_, Reply>(&mut stream).await? {
@@ -179,10 +278,20 @@ impl LocalBackend {
 
     /// Open a connection served by the agent, with `request` sent.
     async fn agent_stream(&self, id: &str, request: &Request) -> Result<UnixStream> {
+        self.agent_stream_opts(id, request, false).await
+    }
+
+    async fn agent_stream_opts(
+        &self,
+        id: &str,
+        request: &Request,
+        while_paused: bool,
+    ) -> Result<UnixStream> {
         let mut stream = self.connect(id).await?;
         let hello = Hello {
             version: PROTOCOL_VERSION,
             request: None,
+            while_paused,
         };
         // Both frames in one write: no extra round trip for the routing hop.
         let mut buf = Vec::new();
@@ -264,29 +373,23 @@ impl LocalBackend {
 
     async fn upload(&self, id: &str, request: Request, mut data: ByteStream) -> Result<UnixStream> {
         let mut stream = self.agent_stream(id, &request).await?;
-        let (mut rd, mut wr) = stream.split();
-        // Watch for an early error reply (e.g. a bad path) while sending, so a refused upload
-        // is reported as the refusal, not as a broken pipe.
-        let send = async {
+        let sent: Result<()> = async {
             while let Some(chunk) = data.next().await {
                 let chunk = chunk?;
                 for piece in chunk.chunks(proto::CHUNK) {
-                    proto::write_frame(&mut wr, &Reply::Data, piece).await?;
+                    proto::write_frame(&mut stream, &Reply::Data, piece).await?;
                 }
             }
-            proto::write_frame(&mut wr, &Reply::End, &[]).await
-        };
-        let early = async {
-            match proto::read_frame::<_, Reply>(&mut rd).await {
-                Ok(Some((Reply::Error { error }, _))) => Error::from_body(&error),
-                Ok(Some((other, _))) => unexpected(&other),
-                Ok(None) => Error::backend("sandbox closed the connection during an upload"),
-                Err(e) => e,
-            }
-        };
-        tokio::select! {
-            sent = send => sent?,
-            err = early => return Err(err),
+            proto::write_frame(&mut stream, &Reply::End, &[]).await
+        }
+        .await;
+        if let Err(send_error) = sent {
+            // The agent refuses a bad request (a bad path, a closed stdin) by replying and
+            // closing; report that refusal rather than the broken pipe it causes here.
+            return match proto::read_frame::<_, Reply>(&mut stream).await {
+                Ok(Some((Reply::Error { error }, _))) => Err(Error::from_body(&error)),
+                _ => Err(send_error),
+            };
         }
         Ok(stream)
     }
@@ -365,15 +468,6 @@ fn check_create(options: &CreateOptions) -> Result<()> {
             ));
         }
     }
-    if options.on_timeout == crate::TimeoutAction::Pause || options.auto_resume {
-        return Err(pending("pausing at the end of the lease"));
-    }
-    if options.snapshot.is_some() {
-        return Err(pending("creating a sandbox from a snapshot"));
-    }
-    if !options.volumes.is_empty() {
-        return Err(pending("volumes"));
-    }
     let r = &options.resources;
     if r.cpu.is_some() || r.memory_mib.is_some() {
         return Err(Error::not_supported(
@@ -437,13 +531,13 @@ impl Backend for LocalBackend {
             process_limit: !self.unisolated,
             max_file_bytes: u64::MAX,
             output_limit: DEFAULT_OUTPUT_LIMIT as u64,
-            pause: false,
-            previews: false,
-            snapshots: false,
-            volumes: false,
-            watch: false,
-            pty: false,
-            metrics: false,
+            pause: !self.unisolated,
+            previews: true,
+            snapshots: !self.unisolated,
+            volumes: !self.unisolated,
+            watch: true,
+            pty: true,
+            metrics: true,
         }
     }
 
@@ -454,6 +548,19 @@ impl Backend for LocalBackend {
             .user
             .clone()
             .unwrap_or_else(|| config::DEFAULT_USER_NAME.into());
+        let mounts = volumes::mounts_for(self, &options.volumes)?;
+        let snapshot = match &options.snapshot {
+            Some(snap) => Some(self.snapshot_paths(snap)?.1),
+            None => None,
+        };
+        if let Some(tar) = &snapshot {
+            if !tar.exists() {
+                return Err(Error::not_found(format!(
+                    "snapshot {:?}",
+                    options.snapshot.clone().unwrap_or_default()
+                )));
+            }
+        }
         let now = now_millis();
         let timeout = options.timeout.unwrap_or(DEFAULT_TIMEOUT);
         let mapping = if self.unisolated {
@@ -476,12 +583,19 @@ impl Backend for LocalBackend {
             ends_at: now + timeout.as_millis() as u64,
             unisolated: self.unisolated,
             notes: Default::default(),
+            mounts,
         };
         let state_dir = self.state_dir.clone();
         let info = info_of(&record, SandboxState::Running);
         tokio::task::spawn_blocking(move || start_monitor(&state_dir, &record))
             .await
             .map_err(|e| Error::backend(format!("create task failed: {e}")))??;
+        if let Some(tar) = snapshot {
+            if let Err(e) = self.restore(&id, &tar).await {
+                let _ = self.destroy(&id).await;
+                return Err(e);
+            }
+        }
         Ok(info)
     }
 
@@ -721,86 +835,174 @@ impl Backend for LocalBackend {
         .await
     }
 
-    async fn pause(&self, _id: &str) -> Result<SandboxInfo> {
-        Err(pending("pause"))
+    async fn pause(&self, id: &str) -> Result<SandboxInfo> {
+        match self.monitor_call(id, Request::Pause).await? {
+            Reply::Info { info } => Ok(info),
+            other => Err(unexpected(&other)),
+        }
     }
 
-    async fn resume(&self, _id: &str) -> Result<SandboxInfo> {
-        Err(pending("resume"))
+    async fn resume(&self, id: &str) -> Result<SandboxInfo> {
+        match self.monitor_call(id, Request::Resume).await? {
+            Reply::Info { info } => Ok(info),
+            other => Err(unexpected(&other)),
+        }
     }
 
-    async fn metrics(&self, _id: &str) -> Result<Metrics> {
-        Err(pending("metrics"))
+    async fn metrics(&self, id: &str) -> Result<Metrics> {
+        match self.agent_call(id, Request::Metrics).await? {
+            Reply::Metrics { metrics } => Ok(metrics),
+            other => Err(unexpected(&other)),
+        }
     }
 
-    async fn resize_pty(&self, _id: &str, _process: ProcessSelector, _size: PtySize) -> Result<()> {
-        Err(pending("pty"))
+    async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
+        self.agent_done(id, Request::ResizePty { process, size })
+            .await
     }
 
-    async fn watch(&self, _id: &str, _path: &str, _options: WatchOptions) -> Result<WatchStream> {
-        Err(pending("watch"))
+    async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
+        let request = Request::Watch {
+            path: path.to_string(),
+            options,
+        };
+        let mut stream = self.agent_stream(id, &request).await?;
+        match read_reply(&mut stream, id).await? {
+            Reply::Done => {}
+            other => return Err(unexpected(&other)),
+        }
+        let events = futures::stream::unfold(Some(stream), |state| async move {
+            let mut stream = state?;
+            match proto::read_frame::<_, Reply>(&mut stream).await {
+                Ok(Some((Reply::FsEvent { event }, _))) => Some((Ok(event), Some(stream))),
+                Ok(Some((Reply::Error { error }, _))) => {
+                    Some((Err(Error::from_body(&error)), None))
+                }
+                Ok(Some((other, _))) => Some((Err(unexpected(&other)), None)),
+                Ok(None) => Some((
+                    Err(Error::backend(
+                        "the watch ended: the sandbox was destroyed or its agent died",
+                    )),
+                    None,
+                )),
+                Err(e) => Some((Err(e), None)),
+            }
+        });
+        Ok(Box::pin(events))
     }
 
-    async fn expose_port(&self, _id: &str, _options: PreviewOptions) -> Result<Preview> {
-        Err(pending("previews"))
+    async fn expose_port(&self, id: &str, options: PreviewOptions) -> Result<Preview> {
+        match self.monitor_call(id, Request::Expose { options }).await? {
+            Reply::Preview { preview } => Ok(preview),
+            other => Err(unexpected(&other)),
+        }
     }
 
-    async fn list_previews(&self, _id: &str) -> Result<Vec<Preview>> {
-        Err(pending("previews"))
+    async fn list_previews(&self, id: &str) -> Result<Vec<Preview>> {
+        match self.monitor_call(id, Request::ListPreviews).await? {
+            Reply::Previews { previews } => Ok(previews),
+            other => Err(unexpected(&other)),
+        }
     }
 
-    async fn close_preview(&self, _id: &str, _port: u16) -> Result<()> {
-        Err(pending("previews"))
+    async fn close_preview(&self, id: &str, port: u16) -> Result<()> {
+        match self
+            .monitor_call(id, Request::ClosePreview { port })
+            .await?
+        {
+            Reply::Done => Ok(()),
+            other => Err(unexpected(&other)),
+        }
     }
 
     async fn create_preview_token(
         &self,
-        _id: &str,
-        _port: u16,
-        _expires_at: Option<u64>,
+        id: &str,
+        port: u16,
+        expires_at: Option<u64>,
     ) -> Result<PreviewToken> {
-        Err(pending("previews"))
+        match self
+            .monitor_call(id, Request::CreateToken { port, expires_at })
+            .await?
+        {
+            Reply::Token { token } => Ok(token),
+            other => Err(unexpected(&other)),
+        }
     }
 
-    async fn snapshot(&self, _id: &str, _name: Option<String>) -> Result<SnapshotInfo> {
-        Err(pending("snapshots"))
+    async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
+        let info = self.get(id).await?;
+        let was_running = info.state == SandboxState::Running;
+        if was_running {
+            self.pause(id).await?;
+        }
+        let result = self.capture(id, name).await;
+        if was_running {
+            let resumed = self.resume(id).await;
+            if result.is_ok() {
+                resumed?;
+            }
+        }
+        result
     }
 
     async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
-        Err(pending("snapshots"))
+        let mut out = Vec::new();
+        let Ok(entries) = std::fs::read_dir(self.snapshots_dir()) else {
+            return Ok(out);
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "json") {
+                if let Ok(info) = std::fs::read(&path).map_err(Error::from).and_then(|t| {
+                    serde_json::from_slice(&t).map_err(|e| Error::backend(e.to_string()))
+                }) {
+                    out.push(info);
+                }
+            }
+        }
+        out.sort_by(|a: &SnapshotInfo, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(out)
     }
 
-    async fn delete_snapshot(&self, _snapshot_id: &str) -> Result<()> {
-        Err(pending("snapshots"))
+    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()> {
+        let (meta, tar) = self.snapshot_paths(snapshot_id)?;
+        std::fs::remove_file(&meta)
+            .map_err(|e| Error::from_io(&e, &format!("snapshot {snapshot_id:?}")))?;
+        let _ = std::fs::remove_file(tar);
+        Ok(())
     }
 
-    async fn fork(&self, _id: &str, _options: CreateOptions) -> Result<SandboxInfo> {
-        Err(pending("fork"))
+    async fn fork(&self, id: &str, options: CreateOptions) -> Result<SandboxInfo> {
+        if options.snapshot.is_some() {
+            return Err(Error::invalid(
+                "fork takes its files from the sandbox, not a snapshot",
+            ));
+        }
+        check_create(&options)?;
+        let snap = self.snapshot(id, Some(format!("fork of {id}"))).await?;
+        let mut options = options;
+        options.snapshot = Some(snap.id.clone());
+        let created = self.create(options).await;
+        let _ = self.delete_snapshot(&snap.id).await;
+        created
     }
 
-    async fn create_volume(&self, _name: &str) -> Result<VolumeInfo> {
-        Err(pending("volumes"))
+    async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {
+        volumes::create(self, name)
     }
 
-    async fn get_volume(&self, _name: &str) -> Result<VolumeInfo> {
-        Err(pending("volumes"))
+    async fn get_volume(&self, name: &str) -> Result<VolumeInfo> {
+        volumes::get(self, name)
     }
 
     async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
-        Err(pending("volumes"))
+        volumes::list(self)
     }
 
-    async fn delete_volume(&self, _name: &str) -> Result<()> {
-        Err(pending("volumes"))
+    async fn delete_volume(&self, name: &str) -> Result<()> {
+        volumes::delete(self, name).await
     }
-}
-
-/// A feature the local engine does not have yet.
-fn pending(feature: &str) -> Error {
-    Error::not_supported(
-        feature,
-        "not available in this version of the local engine; see capabilities()",
-    )
 }
 
 /// Create the state directory and start the monitor; returns once the sandbox is ready.

@@ -1,24 +1,32 @@
 //! The monitor: one detached host-side process per sandbox.
 //!
-//! It owns the agent (its child), enforces the lease, and serves clients on a unix socket in
-//! the sandbox's state directory. Lifecycle requests it answers itself; everything else it
-//! hands to the agent together with the client's connection, so bytes never pass through it.
-//! It holds the sandbox's lock file for its whole life: a state directory whose lock is free
-//! belongs to a dead monitor and is collected by the next client.
+//! It owns the agent (its child), enforces the lease, holds the preview listeners, and serves
+//! clients on a unix socket in the sandbox's state directory. Lifecycle requests it answers
+//! itself; everything else it hands to the agent together with the client's connection, so
+//! bytes never pass through it. It holds the sandbox's lock file for its whole life: a state
+//! directory whose lock is free belongs to a dead monitor and is collected by the next client.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::net::{UnixListener, UnixStream};
+use tokio::io::unix::AsyncFd;
+use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::sync::oneshot;
 
 use super::config::{Record, SandboxDir};
+use super::preview::{self, Exposed, Previews};
 use super::proto::{self, Control, Reply, Request};
 use super::{agent, sys};
-use crate::{now_millis, Error, Result, SandboxInfo, SandboxState};
+use crate::{
+    now_millis, Error, Preview, PreviewOptions, PreviewToken, Result, SandboxInfo, SandboxState,
+    TimeoutAction, DEFAULT_TIMEOUT,
+};
 
 /// Env var naming the descriptor the monitor reports readiness on.
 pub(super) const READY_FD_ENV: &str = "__SANDCOVE_READY_FD";
@@ -27,13 +35,23 @@ pub(super) const LOCK_FD_ENV: &str = "__SANDCOVE_LOCK_FD";
 /// Env var naming the sandbox's state directory.
 pub(super) const DIR_ENV: &str = "__SANDCOVE_DIR";
 
+/// How long a sandbox paused at the end of its lease is kept before it is destroyed.
+pub const PAUSED_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+type Pending = Mutex<HashMap<u64, oneshot::Sender<(Option<crate::ErrorBody>, Vec<OwnedFd>)>>>;
+
 struct Monitor {
     dir: SandboxDir,
     record: Mutex<Record>,
     state: Mutex<SandboxState>,
     agent_pid: libc::pid_t,
-    ctrl: OwnedFd,
+    ctrl: Arc<AsyncFd<OwnedFd>>,
+    pending: Pending,
+    next_req: AtomicU64,
     deadline_changed: tokio::sync::Notify,
+    previews: Previews,
+    /// Serializes pause/resume so concurrent callers see consistent states.
+    transition: tokio::sync::Mutex<()>,
 }
 
 /// Entry point of the re-executed binary in the monitor role. Never returns.
@@ -53,6 +71,9 @@ pub fn main() -> ! {
             OwnedFd::from_raw_fd(lock_fd),
         )
     };
+    // Nothing we start may inherit them.
+    let _ = sys::set_cloexec(ready.as_raw_fd());
+    let _ = sys::set_cloexec(lock.as_raw_fd());
     // Detach: the client waits for this intermediate process, the monitor lives on as an
     // orphan so the sandbox outlives the program that created it.
     match sys::fork() {
@@ -65,11 +86,14 @@ pub fn main() -> ! {
         dir: PathBuf::from(dir),
     };
     let mut ready = std::fs::File::from(ready);
-    let monitor = match start(&dir) {
-        Ok(m) => m,
+    let report = |ready: &mut std::fs::File, e: &Error| {
+        let line = serde_json::to_string(&e.to_body()).unwrap_or_default();
+        let _ = writeln!(ready, "{line}");
+    };
+    let started = match start(&dir, &[lock.as_raw_fd(), ready.as_raw_fd()]) {
+        Ok(s) => s,
         Err(e) => {
-            let line = serde_json::to_string(&e.to_body()).unwrap_or_default();
-            let _ = writeln!(ready, "{line}");
+            report(&mut ready, &e);
             let _ = std::fs::remove_dir_all(&dir.dir);
             sys::exit_now(1);
         }
@@ -82,11 +106,19 @@ pub fn main() -> ! {
         Err(_) => sys::exit_now(1),
     };
     let code = runtime.block_on(async move {
+        let (record, pid, ctrl) = started;
+        let monitor = match Monitor::new(dir, record, pid, ctrl) {
+            Ok(m) => Arc::new(m),
+            Err(e) => {
+                report(&mut ready, &e);
+                let _ = sys::kill(pid, libc::SIGKILL);
+                return 1;
+            }
+        };
         let listener = match bind(&monitor.dir) {
             Ok(l) => l,
             Err(e) => {
-                let line = serde_json::to_string(&e.to_body()).unwrap_or_default();
-                let _ = writeln!(ready, "{line}");
+                report(&mut ready, &e);
                 monitor.kill_agent();
                 let _ = std::fs::remove_dir_all(&monitor.dir.dir);
                 return 1;
@@ -95,17 +127,21 @@ pub fn main() -> ! {
         monitor.write_info();
         let _ = writeln!(ready, "ok");
         drop(ready);
-        let monitor = Arc::new(monitor);
         run(monitor, listener).await
     });
     drop(lock);
     sys::exit_now(code)
 }
 
-fn start(dir: &SandboxDir) -> Result<Monitor> {
+/// Clone the agent into fresh namespaces, map its users, and wait for its setup verdict.
+fn start(dir: &SandboxDir, close_in_agent: &[RawFd]) -> Result<(Record, libc::pid_t, OwnedFd)> {
     let text = std::fs::read(dir.record()).map_err(|e| Error::from_io(&e, "sandbox record"))?;
     let record: Record = serde_json::from_slice(&text)
         .map_err(|e| Error::backend(format!("bad sandbox record: {e}")))?;
+    let mut record = record;
+    if record.mapping == super::config::UidMapping::Range && !record.mounts.is_empty() {
+        stage_volumes(&mut record)?;
+    }
     let (ctrl, agent_ctrl) = sys::seqpacket_pair()?;
     let (sync_read, sync_write) = sys::pipe()?;
     let flags = if record.unisolated {
@@ -131,6 +167,11 @@ fn start(dir: &SandboxDir) -> Result<Monitor> {
     if pid == 0 {
         drop(ctrl);
         drop(sync_write);
+        for fd in close_in_agent {
+            // SAFETY: these descriptors belong to the monitor; the agent's copies are closed
+            // so sandbox processes can never inherit them.
+            drop(unsafe { OwnedFd::from_raw_fd(*fd) });
+        }
         agent::run(record, agent_ctrl, sync_read);
     }
     drop(agent_ctrl);
@@ -164,22 +205,58 @@ fn start(dir: &SandboxDir) -> Result<Monitor> {
     let mut buf = vec![0u8; 64 * 1024];
     let (n, _) = sys::recv_with_fds(ctrl.as_raw_fd(), &mut buf).map_err(|e| fail(e.into()))?;
     match serde_json::from_slice::<Control>(&buf[..n]) {
-        Ok(Control::Ready) => {}
-        Ok(Control::SetupFailed { error }) => return Err(fail(Error::from_body(&error))),
-        _ => {
-            return Err(fail(Error::backend(
-                "the sandbox agent exited during setup (see the monitor log)",
-            )))
-        }
+        Ok(Control::Ready) => Ok((record, pid, ctrl)),
+        Ok(Control::SetupFailed { error }) => Err(fail(Error::from_body(&error))),
+        _ => Err(fail(Error::backend(
+            "the sandbox agent exited during setup (see the monitor log)",
+        ))),
     }
-    Ok(Monitor {
-        dir: dir.clone(),
-        record: Mutex::new(record),
-        state: Mutex::new(SandboxState::Running),
-        agent_pid: pid,
-        ctrl,
-        deadline_changed: tokio::sync::Notify::new(),
-    })
+}
+
+/// Where staged volumes appear in the monitor's private mount namespace.
+const VOLUME_STAGING: &str = "/mnt";
+
+/// As root, the sandbox's root maps to an unprivileged host uid that may not traverse the
+/// state directory (e.g. under `/root`). Bind each volume into a world-traversable staging
+/// tmpfs in a private mount namespace of the monitor, which the agent's namespace inherits,
+/// and point the mounts there.
+fn stage_volumes(record: &mut Record) -> Result<()> {
+    let fail = |e: std::io::Error| Error::Unavailable {
+        reason: format!("cannot stage the sandbox's volumes: {e}"),
+        remedy: "run the host side with mount privileges, or without volumes".into(),
+    };
+    sys::unshare(libc::CLONE_NEWNS).map_err(fail)?;
+    sys::mount(
+        None,
+        std::path::Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )
+    .map_err(fail)?;
+    let staging = std::path::Path::new(VOLUME_STAGING);
+    sys::mount(
+        Some(std::path::Path::new("tmpfs")),
+        staging,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some("mode=0755,size=64k"),
+    )
+    .map_err(fail)?;
+    for (i, m) in record.mounts.iter_mut().enumerate() {
+        let target = staging.join(format!("v{i}"));
+        std::fs::create_dir(&target).map_err(fail)?;
+        sys::mount(
+            Some(std::path::Path::new(&m.host_path)),
+            &target,
+            None,
+            libc::MS_BIND | libc::MS_REC,
+            None,
+        )
+        .map_err(fail)?;
+        m.host_path = target.to_string_lossy().into_owned();
+    }
+    Ok(())
 }
 
 fn bind(dir: &SandboxDir) -> Result<UnixListener> {
@@ -193,10 +270,41 @@ fn bind(dir: &SandboxDir) -> Result<UnixListener> {
 }
 
 impl Monitor {
+    fn new(dir: SandboxDir, record: Record, agent_pid: libc::pid_t, ctrl: OwnedFd) -> Result<Self> {
+        sys::set_nonblocking(ctrl.as_raw_fd(), true)?;
+        Ok(Monitor {
+            dir,
+            record: Mutex::new(record),
+            state: Mutex::new(SandboxState::Running),
+            agent_pid,
+            ctrl: Arc::new(sys::async_fd(ctrl)?),
+            pending: Mutex::new(HashMap::new()),
+            next_req: AtomicU64::new(1),
+            deadline_changed: tokio::sync::Notify::new(),
+            previews: Arc::new(Mutex::new(Default::default())),
+            transition: tokio::sync::Mutex::new(()),
+        })
+    }
+
     fn info(&self) -> SandboxInfo {
         let record = self.record.lock().unwrap_or_else(|e| e.into_inner());
-        let state = *self.state.lock().unwrap_or_else(|e| e.into_inner());
-        super::info_of(&record, state)
+        super::info_of(&record, self.state())
+    }
+
+    fn state(&self) -> SandboxState {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_state(&self, state: SandboxState) {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = state;
+    }
+
+    fn id(&self) -> String {
+        self.record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .id
+            .clone()
     }
 
     /// Publish the current info for `list` (atomically: write, then rename).
@@ -221,11 +329,298 @@ impl Monitor {
             .unwrap_or_else(|e| e.into_inner())
             .ends_at
     }
+
+    fn set_ends_at(&self, ends_at: u64) {
+        self.record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .ends_at = ends_at;
+        self.deadline_changed.notify_one();
+    }
+
+    fn lease(&self) -> Duration {
+        self.record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .options
+            .timeout
+            .unwrap_or(DEFAULT_TIMEOUT)
+    }
+
+    /// Send a control request to the agent and wait for its reply (and descriptors).
+    async fn agent_request(&self, make: impl FnOnce(u64) -> Control) -> Result<Vec<OwnedFd>> {
+        let req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(req, tx);
+        let bytes = serde_json::to_vec(&make(req)).unwrap_or_default();
+        loop {
+            let mut guard = self.ctrl.writable().await?;
+            match guard.try_io(|c| sys::send_with_fds(c.as_raw_fd(), &bytes, &[])) {
+                Ok(Ok(_)) => break,
+                Ok(Err(e)) => {
+                    self.pending
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&req);
+                    return Err(Error::Backend {
+                        message: format!("the sandbox agent is not answering: {e}"),
+                        retryable: false,
+                    });
+                }
+                Err(_would_block) => continue,
+            }
+        }
+        let reply = tokio::time::timeout(Duration::from_secs(30), rx).await;
+        match reply {
+            Ok(Ok((None, fds))) => Ok(fds),
+            Ok(Ok((Some(error), _))) => Err(Error::from_body(&error)),
+            Ok(Err(_)) => Err(Error::backend("the sandbox agent exited")),
+            Err(_) => Err(Error::Timeout {
+                what: "waiting for the sandbox agent".into(),
+            }),
+        }
+    }
+
+    async fn pause(&self) -> Result<SandboxInfo> {
+        let _guard = self.transition.lock().await;
+        match self.state() {
+            SandboxState::Paused => return Ok(self.info()),
+            SandboxState::Running => {}
+            other => return Err(self.invalid_state(other, "pause")),
+        }
+        self.agent_request(|req| Control::Freeze { req }).await?;
+        self.set_state(SandboxState::Paused);
+        self.write_info();
+        Ok(self.info())
+    }
+
+    async fn resume(&self) -> Result<SandboxInfo> {
+        let _guard = self.transition.lock().await;
+        match self.state() {
+            SandboxState::Running => return Ok(self.info()),
+            SandboxState::Paused => {}
+            other => return Err(self.invalid_state(other, "resume")),
+        }
+        self.agent_request(|req| Control::Thaw { req }).await?;
+        self.set_state(SandboxState::Running);
+        let paused_by_lease = self
+            .record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .notes
+            .remove("paused_by_lease")
+            .is_some();
+        if paused_by_lease {
+            // A fresh lease, as long as the original one.
+            self.set_ends_at(now_millis() + self.lease().as_millis() as u64);
+        }
+        self.write_info();
+        Ok(self.info())
+    }
+
+    fn invalid_state(&self, state: SandboxState, what: &str) -> Error {
+        let why = self
+            .record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .notes
+            .get("stopped")
+            .cloned()
+            .unwrap_or_default();
+        Error::InvalidState {
+            id: self.id(),
+            state: format!("{state:?}").to_lowercase(),
+            message: format!("cannot {what} {why}").trim().to_string(),
+        }
+    }
+
+    /// Make sure the sandbox can serve a request: resume it when it is paused and asked to
+    /// resume automatically, refuse otherwise.
+    async fn ready_for_work(&self) -> Result<()> {
+        match self.state() {
+            SandboxState::Running => Ok(()),
+            SandboxState::Paused => {
+                let auto = self
+                    .record
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .options
+                    .auto_resume;
+                if auto {
+                    self.resume().await.map(drop)
+                } else {
+                    Err(Error::InvalidState {
+                        id: self.id(),
+                        state: "paused".into(),
+                        message: "resume it first (or create it with auto_resume)".into(),
+                    })
+                }
+            }
+            other => {
+                Err(self.invalid_state(other, "serve requests: only info and destroy work now;"))
+            }
+        }
+    }
+
+    async fn expose(self: &Arc<Self>, options: PreviewOptions) -> Result<Preview> {
+        if options.port == 0 {
+            return Err(Error::invalid("port must be between 1 and 65535"));
+        }
+        for name in [&options.token_header, &options.token_query] {
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(Error::invalid(format!("bad token parameter name {name:?}")));
+            }
+        }
+        {
+            let mut previews = self.previews.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(existing) = previews.get_mut(&options.port) {
+                // Same port again: keep its URL, take the new settings.
+                let (mut preview, tokens) = preview::describe(
+                    &options,
+                    existing.preview.url.clone(),
+                    existing.preview.host.clone(),
+                );
+                if !options.public {
+                    let live = existing
+                        .tokens
+                        .iter()
+                        .find(|t| t.expires_at.is_none_or(|e| e > now_millis()))
+                        .cloned();
+                    match live {
+                        Some(t) if options.token_ttl.is_none() => preview.token = Some(t),
+                        _ => existing.tokens.extend(tokens),
+                    }
+                    if preview.token.is_none() {
+                        preview.token = existing.tokens.last().cloned();
+                    }
+                } else {
+                    existing.tokens.clear();
+                }
+                existing.preview = preview.clone();
+                return Ok(preview);
+            }
+        }
+        let (listener, url, host) = preview::bind().await?;
+        let (preview, tokens) = preview::describe(&options, url, host);
+        let port = options.port;
+        let monitor = self.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((conn, _)) = listener.accept().await else {
+                    continue;
+                };
+                let monitor = monitor.clone();
+                tokio::spawn(async move { monitor.proxy(port, conn).await });
+            }
+        });
+        self.previews
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                port,
+                Exposed {
+                    preview: preview.clone(),
+                    tokens,
+                    task,
+                },
+            );
+        Ok(preview)
+    }
+
+    /// Serve one preview connection.
+    async fn proxy(self: Arc<Self>, port: u16, mut conn: TcpStream) {
+        let Some((entry, tokens)) = self
+            .previews
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&port)
+            .map(|e| (e.preview.clone(), e.tokens.clone()))
+        else {
+            return;
+        };
+        let mut head = Vec::new();
+        if !entry.public {
+            head = match preview::read_head(&mut conn).await {
+                Ok(h) => h,
+                Err(_) => return,
+            };
+            if !preview::authorized(&head, &entry, &tokens) {
+                let message = format!(
+                    "this preview is private: send its token in the {} header or the {} query parameter",
+                    entry.token_header, entry.token_query
+                );
+                preview::refuse(&mut conn, "401 Unauthorized", &message).await;
+                return;
+            }
+        }
+        if let Err(e) = self.ready_for_work().await {
+            preview::refuse(&mut conn, "503 Service Unavailable", &e.to_string()).await;
+            return;
+        }
+        let inner = match self
+            .agent_request(|req| Control::Connect { req, port })
+            .await
+        {
+            Ok(mut fds) if !fds.is_empty() => fds.remove(0),
+            Ok(_) => return,
+            Err(e) => {
+                preview::refuse(&mut conn, "502 Bad Gateway", &e.to_string()).await;
+                return;
+            }
+        };
+        let std_stream = std::net::TcpStream::from(inner);
+        if std_stream.set_nonblocking(true).is_err() {
+            return;
+        }
+        let Ok(mut upstream) = TcpStream::from_std(std_stream) else {
+            return;
+        };
+        use tokio::io::AsyncWriteExt;
+        if !head.is_empty() && upstream.write_all(&head).await.is_err() {
+            return;
+        }
+        let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
+    }
+
+    fn create_token(&self, port: u16, expires_at: Option<u64>) -> Result<PreviewToken> {
+        let mut previews = self.previews.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = previews
+            .get_mut(&port)
+            .ok_or_else(|| Error::not_found(format!("preview of port {port}")))?;
+        if entry.preview.public {
+            return Err(Error::invalid(format!(
+                "the preview of port {port} is public: it takes no tokens"
+            )));
+        }
+        let mut token = preview::new_token(None);
+        token.expires_at = expires_at;
+        entry.tokens.push(token.clone());
+        Ok(token)
+    }
+
+    fn close_preview(&self, port: u16) -> Result<()> {
+        let entry = self
+            .previews
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&port)
+            .ok_or_else(|| Error::not_found(format!("preview of port {port}")))?;
+        entry.task.abort();
+        Ok(())
+    }
 }
 
 async fn run(monitor: Arc<Monitor>, listener: UnixListener) -> i32 {
     let (stop_tx, mut stop_rx) = tokio::sync::mpsc::channel::<()>(1);
     tokio::spawn(watch_agent(monitor.clone()));
+    tokio::spawn(read_control(monitor.clone()));
     let lease = {
         let monitor = monitor.clone();
         async move {
@@ -234,7 +629,10 @@ async fn run(monitor: Arc<Monitor>, listener: UnixListener) -> i32 {
                 let wait = Duration::from_millis(ends.saturating_sub(now_millis()));
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {
-                        if now_millis() >= monitor.ends_at() {
+                        if now_millis() < monitor.ends_at() {
+                            continue;
+                        }
+                        if !lease_ended(&monitor).await {
                             return;
                         }
                     }
@@ -260,9 +658,70 @@ async fn run(monitor: Arc<Monitor>, listener: UnixListener) -> i32 {
         }
     }
     // Lease over, destroyed, or asked to terminate: end the sandbox and remove its state.
+    monitor.set_state(SandboxState::Destroyed);
     monitor.kill_agent();
     let _ = std::fs::remove_dir_all(&monitor.dir.dir);
     0
+}
+
+/// The lease ran out: pause when asked to (returns `true`: keep running), else end.
+async fn lease_ended(monitor: &Monitor) -> bool {
+    let (action, already) = {
+        let record = monitor.record.lock().unwrap_or_else(|e| e.into_inner());
+        (
+            record.options.on_timeout,
+            record.notes.contains_key("paused_by_lease"),
+        )
+    };
+    if action != TimeoutAction::Pause || already || monitor.state() == SandboxState::Stopped {
+        return false;
+    }
+    if monitor.pause().await.is_err() {
+        return false;
+    }
+    monitor
+        .record
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .notes
+        .insert("paused_by_lease".into(), now_millis().to_string());
+    monitor.set_ends_at(now_millis() + PAUSED_RETENTION.as_millis() as u64);
+    monitor.write_info();
+    true
+}
+
+/// Route the agent's replies to the requests waiting for them.
+async fn read_control(monitor: Arc<Monitor>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let Ok(mut guard) = monitor.ctrl.readable().await else {
+            return;
+        };
+        let (n, fds) = match guard.try_io(|c| sys::recv_with_fds(c.as_raw_fd(), &mut buf)) {
+            Ok(Ok(x)) => x,
+            Ok(Err(_)) => break,
+            Err(_would_block) => continue,
+        };
+        if n == 0 {
+            break;
+        }
+        if let Ok(Control::Reply { req, error }) = serde_json::from_slice(&buf[..n]) {
+            let waiter = monitor
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&req);
+            if let Some(tx) = waiter {
+                let _ = tx.send((error, fds));
+            }
+        }
+    }
+    // The agent is gone: fail everything still waiting.
+    monitor
+        .pending
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clear();
 }
 
 /// Notice the agent dying on its own: the sandbox becomes `Stopped` and stays inspectable
@@ -274,7 +733,9 @@ async fn watch_agent(monitor: Arc<Monitor>) {
     };
     loop {
         if let Ok(Some((_, status))) = sys::waitpid_nohang(monitor.agent_pid) {
-            *monitor.state.lock().unwrap_or_else(|e| e.into_inner()) = SandboxState::Stopped;
+            if monitor.state() != SandboxState::Destroyed {
+                monitor.set_state(SandboxState::Stopped);
+            }
             monitor
                 .record
                 .lock()
@@ -282,7 +743,7 @@ async fn watch_agent(monitor: Arc<Monitor>) {
                 .notes
                 .insert(
                     "stopped".into(),
-                    format!("the sandbox agent exited ({status:?})"),
+                    format!("because the sandbox agent exited ({status:?})"),
                 );
             monitor.write_info();
             return;
@@ -309,29 +770,37 @@ async fn serve_client(
         use tokio::io::AsyncReadExt;
         stream.read_exact(&mut prefix).await.ok()?;
         let hlen = u32::from_le_bytes(prefix[..4].try_into().ok()?) as usize;
-        if hlen > 64 * 1024 {
+        let blen = u32::from_le_bytes(prefix[4..].try_into().ok()?) as usize;
+        if hlen > 64 * 1024 || blen > 0 {
             return Some(Err(Error::backend(
-                "protocol error: oversized first frame (a client of another Sandcove version?)",
+                "protocol error: malformed first frame (a client of another Sandcove version?)",
             )));
         }
-        let blen = u32::from_le_bytes(prefix[4..].try_into().ok()?) as usize;
         let mut head = vec![0u8; hlen];
         stream.read_exact(&mut head).await.ok()?;
-        let mut body = vec![0u8; blen.min(64 * 1024)];
-        stream.read_exact(&mut body).await.ok()?;
         Some(proto::parse_hello(&head))
     })
     .await;
-    let request = match first {
-        Ok(Some(Ok(r))) => r,
+    let hello = match first {
+        Ok(Some(Ok(h))) => h,
         Ok(Some(Err(e))) => {
             let _ = proto::write_frame(&mut stream, &Reply::error(&e), &[]).await;
             return;
         }
         _ => return,
     };
-    let result = match request {
-        None => return hand_to_agent(&monitor, stream).await,
+    let result = match hello.request {
+        None => {
+            let paused_ok = hello.while_paused && monitor.state() == SandboxState::Paused;
+            if paused_ok {
+                return hand_to_agent(&monitor, stream).await;
+            }
+            if let Err(e) = monitor.ready_for_work().await {
+                let _ = proto::write_frame(&mut stream, &Reply::error(&e), &[]).await;
+                return;
+            }
+            return hand_to_agent(&monitor, stream).await;
+        }
         Some(Request::Info) => Ok(Reply::Info {
             info: monitor.info(),
         }),
@@ -341,12 +810,7 @@ async fn serve_client(
                     "timeout must be between 0 and 1e9 seconds, got {secs}"
                 )))
             } else {
-                monitor
-                    .record
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .ends_at = now_millis() + (secs * 1000.0) as u64;
-                monitor.deadline_changed.notify_one();
+                monitor.set_ends_at(now_millis() + (secs * 1000.0) as u64);
                 monitor.write_info();
                 Ok(Reply::Info {
                     info: monitor.info(),
@@ -354,13 +818,32 @@ async fn serve_client(
             }
         }
         Some(Request::Destroy) => {
-            *monitor.state.lock().unwrap_or_else(|e| e.into_inner()) = SandboxState::Destroyed;
+            monitor.set_state(SandboxState::Destroyed);
             monitor.kill_agent();
             let _ = std::fs::remove_dir_all(&monitor.dir.dir);
             let _ = proto::write_frame(&mut stream, &Reply::Done, &[]).await;
             let _ = stop.send(()).await;
             return;
         }
+        Some(Request::Pause) => monitor.pause().await.map(|info| Reply::Info { info }),
+        Some(Request::Resume) => monitor.resume().await.map(|info| Reply::Info { info }),
+        Some(Request::Expose { options }) => monitor
+            .expose(options)
+            .await
+            .map(|preview| Reply::Preview { preview }),
+        Some(Request::ListPreviews) => Ok(Reply::Previews {
+            previews: monitor
+                .previews
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .map(|e| e.preview.clone())
+                .collect(),
+        }),
+        Some(Request::ClosePreview { port }) => monitor.close_preview(port).map(|_| Reply::Done),
+        Some(Request::CreateToken { port, expires_at }) => monitor
+            .create_token(port, expires_at)
+            .map(|token| Reply::Token { token }),
         Some(other) => Err(Error::backend(format!(
             "protocol error: {other:?} must be routed to the agent"
         ))),
@@ -372,33 +855,21 @@ async fn serve_client(
     let _ = proto::write_frame(&mut stream, &reply, &[]).await;
 }
 
-async fn hand_to_agent(monitor: &Monitor, mut stream: UnixStream) {
-    let state = *monitor.state.lock().unwrap_or_else(|e| e.into_inner());
-    if state != SandboxState::Running {
-        let record = monitor
-            .record
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let why = record
-            .notes
-            .get("stopped")
-            .cloned()
-            .unwrap_or_else(|| "it is not running".into());
-        let err = Error::InvalidState {
-            id: record.id.clone(),
-            state: format!("{state:?}").to_lowercase(),
-            message: format!("{why}; only info and destroy work now"),
-        };
-        let _ = proto::write_frame(&mut stream, &Reply::error(&err), &[]).await;
-        return;
-    }
+async fn hand_to_agent(monitor: &Monitor, stream: UnixStream) {
     let Ok(std_stream) = stream.into_std() else {
         return;
     };
     let msg = serde_json::to_vec(&Control::Handoff).unwrap_or_default();
-    // A tiny message on a local socketpair: sendmsg does not block in practice.
-    let sent = sys::send_with_fds(monitor.ctrl.as_raw_fd(), &msg, &[std_stream.as_raw_fd()]);
+    let fd = std_stream.as_raw_fd();
+    let sent = loop {
+        let Ok(mut guard) = monitor.ctrl.writable().await else {
+            break Err(std::io::Error::other("control socket closed"));
+        };
+        match guard.try_io(|c| sys::send_with_fds(c.as_raw_fd(), &msg, &[fd])) {
+            Ok(r) => break r,
+            Err(_would_block) => continue,
+        }
+    };
     if sent.is_err() {
         let mut s = std_stream;
         let _ = s.set_nonblocking(false);

@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::{
-    Error, ErrorBody, ExitStatus, FileStat, ListDirOptions, MkdirOptions, ProcessInfo,
-    ProcessSelector, ProcessSpec, RemoveOptions, Result, SandboxInfo, Signal, WriteOptions,
+    Error, ErrorBody, ExitStatus, FileStat, FsEvent, ListDirOptions, Metrics, MkdirOptions,
+    Preview, PreviewOptions, PreviewToken, ProcessInfo, ProcessSelector, ProcessSpec, PtySize,
+    RemoveOptions, Result, SandboxInfo, Signal, WatchOptions, WriteOptions,
 };
 
 /// Bumped on any incompatible change to the messages below.
@@ -34,6 +35,10 @@ pub struct Hello {
     /// which reads the real [`Request`] from the next frame.
     #[serde(default)]
     pub request: Option<Request>,
+    /// Serve the agent request even while the sandbox is paused (filesystem export for a
+    /// snapshot, which pauses the sandbox on purpose).
+    #[serde(default)]
+    pub while_paused: bool,
 }
 
 /// A client request. The first group is served by the monitor, the rest by the agent.
@@ -130,6 +135,51 @@ pub enum Request {
         /// Mode bits.
         mode: u32,
     },
+    /// Pause the sandbox (monitor).
+    Pause,
+    /// Resume the sandbox (monitor).
+    Resume,
+    /// Expose a port (monitor); replies `Preview`.
+    Expose {
+        /// What to expose.
+        options: PreviewOptions,
+    },
+    /// List previews (monitor); replies `Previews`.
+    ListPreviews,
+    /// Close a preview (monitor).
+    ClosePreview {
+        /// Its port.
+        port: u16,
+    },
+    /// Issue another token for a private preview (monitor); replies `Token`.
+    CreateToken {
+        /// The preview's port.
+        port: u16,
+        /// Expiry, ms since the epoch.
+        expires_at: Option<u64>,
+    },
+    /// Resource usage (agent); replies `Metrics`.
+    Metrics,
+    /// Resize a process's terminal (agent).
+    ResizePty {
+        /// Which process.
+        process: ProcessSelector,
+        /// New size.
+        size: PtySize,
+    },
+    /// Watch a directory (agent): `Done` once watching, then `FsEvent` frames until the client
+    /// closes the connection.
+    Watch {
+        /// Directory.
+        path: String,
+        /// Options.
+        options: WatchOptions,
+    },
+    /// Stream a tar archive of the sandbox's writable filesystem (agent): `Data` frames, then
+    /// `End` (or `Error`).
+    ExportFs,
+    /// Unpack the tar archive in the `Data` frames that follow into the sandbox root (agent).
+    ImportFs,
 }
 
 /// A frame header from the serving side (and `Data`/`End` from a client streaming a file).
@@ -183,6 +233,31 @@ pub enum Reply {
     Exit {
         /// How.
         status: ExitStatus,
+    },
+    /// A preview.
+    Preview {
+        /// It.
+        preview: Preview,
+    },
+    /// Previews.
+    Previews {
+        /// Them.
+        previews: Vec<Preview>,
+    },
+    /// A preview token.
+    Token {
+        /// It.
+        token: PreviewToken,
+    },
+    /// Resource usage.
+    Metrics {
+        /// It.
+        metrics: Metrics,
+    },
+    /// A filesystem change.
+    FsEvent {
+        /// It.
+        event: FsEvent,
     },
     /// Body is file bytes.
     Data,
@@ -288,7 +363,7 @@ pub fn write_frame_sync<W: Write, H: Serialize>(w: &mut W, header: &H, body: &[u
 }
 
 /// Parse a client's first frame, answering a version mismatch with a clear error.
-pub fn parse_hello(head: &[u8]) -> Result<Option<Request>> {
+pub fn parse_hello(head: &[u8]) -> Result<Hello> {
     let value: serde_json::Value = decode_header(head)?;
     let version = value.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
     if version != PROTOCOL_VERSION as u64 {
@@ -297,9 +372,8 @@ pub fn parse_hello(head: &[u8]) -> Result<Option<Request>> {
              use the same Sandcove version that created the sandbox"
         )));
     }
-    let hello: Hello = serde_json::from_value(value)
-        .map_err(|e| Error::backend(format!("protocol error: bad request ({e})")))?;
-    Ok(hello.request)
+    serde_json::from_value(value)
+        .map_err(|e| Error::backend(format!("protocol error: bad request ({e})")))
 }
 
 /// Messages on the monitor ↔ agent control socket (one `SOCK_SEQPACKET` message each).
@@ -316,6 +390,31 @@ pub enum Control {
     /// Monitor → agent: serve the client connection attached to this message; its next
     /// frame is the request.
     Handoff,
+    /// Monitor → agent: connect to this TCP port on the sandbox's loopback and send back the
+    /// connected socket (a preview connection).
+    Connect {
+        /// Correlates the [`Control::Reply`].
+        req: u64,
+        /// Port inside the sandbox.
+        port: u16,
+    },
+    /// Monitor → agent: stop every sandbox process (pause).
+    Freeze {
+        /// Correlates the [`Control::Reply`].
+        req: u64,
+    },
+    /// Monitor → agent: continue every sandbox process (resume).
+    Thaw {
+        /// Correlates the [`Control::Reply`].
+        req: u64,
+    },
+    /// Agent → monitor: outcome of a request; a `Connect` success carries the socket.
+    Reply {
+        /// The request.
+        req: u64,
+        /// Why it failed, if it did.
+        error: Option<ErrorBody>,
+    },
 }
 
 #[cfg(test)]
@@ -351,7 +450,11 @@ mod tests {
         assert!(err.to_string().contains("v99"), "{err}");
         assert!(matches!(
             parse_hello(br#"{"version":1,"request":{"op":"info"}}"#),
-            Ok(Some(Request::Info))
+            Ok(Hello {
+                request: Some(Request::Info),
+                while_paused: false,
+                ..
+            })
         ));
     }
 

@@ -180,6 +180,18 @@ pub fn ignore_sigpipe() {
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
 }
 
+/// `unshare(2)`.
+pub fn unshare(flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: unshare takes plain flags.
+    cvt(unsafe { libc::unshare(flags) }).map(drop)
+}
+
+/// Set close-on-exec on `fd`.
+pub fn set_cloexec(fd: RawFd) -> io::Result<()> {
+    // SAFETY: F_SETFD takes an integer flag.
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) }).map(drop)
+}
+
 /// Clear close-on-exec on `fd` so a child keeps it across `exec`.
 pub fn clear_cloexec(fd: RawFd) -> io::Result<()> {
     // SAFETY: F_SETFD takes an integer flag.
@@ -508,4 +520,160 @@ pub fn write_proc_file(path: &str, contents: &str) -> io::Result<()> {
     let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
     f.write_all(contents.as_bytes())
         .map_err(|e| io::Error::new(e.kind(), format!("write {path}: {e}")))
+}
+
+/// A new pseudo-terminal pair `(master, slave)` of the given size, both close-on-exec.
+pub fn openpty(cols: u16, rows: u16) -> io::Result<(OwnedFd, OwnedFd)> {
+    // SAFETY: posix_openpt returns a fresh fd or -1.
+    let master =
+        cvt(unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) })?;
+    // SAFETY: `master` was just opened and is owned by nobody else.
+    let master = unsafe { OwnedFd::from_raw_fd(master) };
+    let mut name = [0 as libc::c_char; 128];
+    // SAFETY: grantpt/unlockpt take the master fd; ptsname_r writes a NUL-terminated name of at
+    // most `name.len()` bytes into our buffer.
+    unsafe {
+        cvt(libc::grantpt(master.as_raw_fd()))?;
+        cvt(libc::unlockpt(master.as_raw_fd()))?;
+        let r = libc::ptsname_r(master.as_raw_fd(), name.as_mut_ptr(), name.len());
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+    }
+    // SAFETY: ptsname_r NUL-terminated the buffer.
+    let slave = cvt(unsafe {
+        libc::open(
+            name.as_ptr(),
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: fresh fd.
+    let slave = unsafe { OwnedFd::from_raw_fd(slave) };
+    set_winsize(master.as_raw_fd(), cols, rows)?;
+    Ok((master, slave))
+}
+
+/// Set a terminal's size.
+pub fn set_winsize(fd: RawFd, cols: u16, rows: u16) -> io::Result<()> {
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads a winsize from a valid pointer.
+    cvt(unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &ws) }).map(drop)
+}
+
+/// In a forked child: make fd 0 (a terminal) the controlling terminal of the new session.
+pub fn set_controlling_tty() -> io::Result<()> {
+    // SAFETY: TIOCSCTTY on fd 0 with argument 0; no pointers.
+    cvt(unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) }).map(drop)
+}
+
+/// Read from a raw fd (non-blocking ones return `WouldBlock`).
+pub fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: buf is valid for writes of buf.len() bytes.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// Write to a raw fd (non-blocking ones return `WouldBlock`).
+pub fn write_fd(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: buf is valid for reads of buf.len() bytes.
+    let n = unsafe { libc::write(fd, buf.as_ptr() as *const libc::c_void, buf.len()) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// A non-blocking, close-on-exec inotify instance.
+pub fn inotify_init() -> io::Result<OwnedFd> {
+    // SAFETY: returns a fresh fd or -1.
+    let fd = cvt(unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) })?;
+    // SAFETY: fresh fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Watch `path` for the given inotify event mask; returns the watch descriptor.
+pub fn inotify_add_watch(fd: RawFd, path: &Path, mask: u32) -> io::Result<i32> {
+    let c = cstr(path)?;
+    // SAFETY: valid fd and C string.
+    cvt(unsafe { libc::inotify_add_watch(fd, c.as_ptr(), mask) })
+}
+
+/// One decoded inotify event.
+#[derive(Debug, Clone)]
+pub struct InotifyEvent {
+    /// Watch descriptor.
+    pub wd: i32,
+    /// Event mask.
+    pub mask: u32,
+    /// Name within the watched directory (empty for the directory itself).
+    pub name: String,
+}
+
+/// Decode a buffer of `struct inotify_event` records as read from an inotify fd.
+pub fn parse_inotify(buf: &[u8]) -> Vec<InotifyEvent> {
+    let header = std::mem::size_of::<libc::inotify_event>();
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off + header <= buf.len() {
+        // SAFETY: at least `header` bytes remain; read_unaligned copes with any alignment.
+        let ev: libc::inotify_event =
+            unsafe { std::ptr::read_unaligned(buf[off..].as_ptr() as *const libc::inotify_event) };
+        let name_start = off + header;
+        let name_end = (name_start + ev.len as usize).min(buf.len());
+        let raw = &buf[name_start..name_end];
+        let name =
+            String::from_utf8_lossy(raw.split(|b| *b == 0).next().unwrap_or(&[])).into_owned();
+        out.push(InotifyEvent {
+            wd: ev.wd,
+            mask: ev.mask,
+            name,
+        });
+        off = name_end;
+    }
+    out
+}
+
+/// `statvfs` of a path: `(total bytes, available bytes)`.
+pub fn fs_usage(path: &Path) -> io::Result<(u64, u64)> {
+    let c = cstr(path)?;
+    // SAFETY: statvfs is plain old data.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path pointer and output buffer.
+    cvt(unsafe { libc::statvfs(c.as_ptr(), &mut st) })?;
+    Ok((
+        st.f_blocks as u64 * st.f_frsize as u64,
+        st.f_bavail as u64 * st.f_frsize as u64,
+    ))
+}
+
+/// Clock ticks per second (for `/proc/<pid>/stat` CPU times).
+pub fn clock_ticks() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as u64
+    } else {
+        100
+    }
+}
+
+/// Page size in bytes.
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as u64
+    } else {
+        4096
+    }
 }
