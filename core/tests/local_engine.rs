@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sandcove::conformance::{host_processes_with, sh, test_options, unique};
-use sandcove::{Backend, Command, ErrorCode, LocalBackend, ProcessSpec};
+use sandcove::{Backend, Command, ErrorCode, LocalBackend, ProcessSelector, ProcessSpec};
 
 fn local() -> Arc<dyn Backend> {
     Arc::new(LocalBackend::new().expect("local engine"))
@@ -25,6 +25,13 @@ async fn a_second_program_uses_and_destroys_a_sandbox() {
         .expect("create")
         .id;
     sh(&*backend, &id, "echo from-parent > /workspace/note").await;
+    // A background process the second program attaches to by tag.
+    let spec = ProcessSpec::new(Command::sh(
+        "for i in 1 2 3; do echo line$i; done; read x; echo got $x",
+    ))
+    .tag("bg")
+    .stdin(true);
+    drop(backend.spawn(&id, spec).await.expect("spawn"));
     let status = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -56,6 +63,19 @@ async fn second_program_child() {
     );
     let out = sh(&*backend, &id, "cat /workspace/note").await;
     assert_eq!(out.stdout, b"from-parent\n");
+    // Reconnect to the first program's background process: its output so far, then live.
+    let attached = backend
+        .attach(&id, ProcessSelector::Tag("bg".into()))
+        .await
+        .expect("attach from another program");
+    backend
+        .write_stdin(&id, ProcessSelector::Tag("bg".into()), b"hello\n".to_vec())
+        .await
+        .expect("stdin from another program");
+    let out = sandcove::client::collect(attached, usize::MAX)
+        .await
+        .expect("collect");
+    assert_eq!(out.stdout, b"line1\nline2\nline3\ngot hello\n");
     backend.destroy(&id).await.expect("destroy");
 }
 
