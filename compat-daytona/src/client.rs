@@ -1,0 +1,771 @@
+//! `Daytona`, `DaytonaConfig`, the create parameters and `ListSandboxesQuery`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+
+use futures::Stream;
+use sandcove::{Client, CreateOptions, ListOptions, NetworkPolicy};
+
+use crate::ctx::{read_meta, Ctx, Meta};
+use crate::errors::{Context, DaytonaError};
+use crate::gaps::gap;
+use crate::sandbox::{Sandbox, SandboxState};
+use crate::snapshot::{Image, SnapshotService};
+use crate::translate::{self, DAYTONA_HOME, DAYTONA_USER, LANGUAGE_LABEL, META_PREFIX};
+use crate::volume::VolumeService;
+use crate::{awaitable, Result};
+
+/// Label holding the sandbox name (hidden from `Sandbox.labels`).
+pub(crate) const NAME_LABEL: &str = "sandcove.daytona/name";
+
+/// Python `DaytonaConfig`: every field optional. Credentials are accepted so ported code
+/// runs, and are never sent anywhere; `api_url` and `target` are recorded only.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DaytonaConfig {
+    /// `api_key` (or `DAYTONA_API_KEY`): accepted, ignored.
+    pub api_key: Option<String>,
+    /// `jwt_token` (or `DAYTONA_JWT_TOKEN`): accepted, ignored.
+    pub jwt_token: Option<String>,
+    /// `organization_id` (or `DAYTONA_ORGANIZATION_ID`): reported as `Sandbox.organization_id`.
+    pub organization_id: Option<String>,
+    /// `api_url` (or `DAYTONA_API_URL`): accepted, ignored; `SANDCOVE_URL` selects the runtime.
+    pub api_url: Option<String>,
+    /// Deprecated alias of `api_url` (or `DAYTONA_SERVER_URL`).
+    pub server_url: Option<String>,
+    /// `target` region (or `DAYTONA_TARGET`): reported as `Sandbox.target`.
+    pub target: Option<String>,
+    /// `connection_pool_maxsize`: accepted, ignored.
+    pub connection_pool_maxsize: Option<i64>,
+    /// `otel_enabled`: accepted, ignored.
+    pub otel_enabled: Option<bool>,
+}
+
+impl DaytonaConfig {
+    /// Fill unset fields from `DAYTONA_*` environment variables (Python's resolution rule 1;
+    /// `.env` files are not read).
+    pub fn from_env() -> Self {
+        DaytonaConfig::default().with_env()
+    }
+
+    fn with_env(mut self) -> Self {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        self.api_key = self.api_key.or_else(|| var("DAYTONA_API_KEY"));
+        self.jwt_token = self.jwt_token.or_else(|| var("DAYTONA_JWT_TOKEN"));
+        self.organization_id = self
+            .organization_id
+            .or_else(|| var("DAYTONA_ORGANIZATION_ID"));
+        self.api_url = self
+            .api_url
+            .or_else(|| self.server_url.clone())
+            .or_else(|| var("DAYTONA_API_URL"))
+            .or_else(|| var("DAYTONA_SERVER_URL"));
+        self.target = self.target.or_else(|| var("DAYTONA_TARGET"));
+        self.otel_enabled = self
+            .otel_enabled
+            .or_else(|| var("DAYTONA_OTEL_ENABLED").map(|v| v == "true"));
+        self
+    }
+}
+
+/// Python `CodeLanguage`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodeLanguage {
+    /// `"python"` (the default).
+    Python,
+    /// `"typescript"`.
+    Typescript,
+    /// `"javascript"`.
+    Javascript,
+}
+
+impl CodeLanguage {
+    /// The string value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CodeLanguage::Python => "python",
+            CodeLanguage::Typescript => "typescript",
+            CodeLanguage::Javascript => "javascript",
+        }
+    }
+}
+
+impl From<CodeLanguage> for String {
+    fn from(l: CodeLanguage) -> String {
+        l.as_str().to_string()
+    }
+}
+
+impl PartialEq<&str> for CodeLanguage {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+/// Python `Resources`: honoured only with an image (a gap here).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Resources {
+    /// vCPUs.
+    pub cpu: Option<i64>,
+    /// Memory in GiB.
+    pub memory: Option<i64>,
+    /// Disk in GiB.
+    pub disk: Option<i64>,
+    /// GPUs (a gap).
+    pub gpu: Option<i64>,
+}
+
+/// Python `VolumeMount`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct VolumeMount {
+    /// Volume ID or name.
+    pub volume_id: String,
+    /// Absolute mount path in the sandbox.
+    pub mount_path: String,
+    /// Mount only this prefix of the volume.
+    pub subpath: Option<String>,
+}
+
+/// Python `CreateSandboxBaseParams`: the fields both create forms share.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CreateSandboxBaseParams {
+    /// `name`: defaults to the id; duplicate → `DaytonaConflictError`.
+    pub name: Option<String>,
+    /// `language`: `python` (default), `typescript` or `javascript`.
+    pub language: Option<String>,
+    /// `os_user`: the OS user (default `daytona`, home `/home/<user>`).
+    pub os_user: Option<String>,
+    /// `env_vars`: sandbox-wide environment.
+    pub env_vars: Option<HashMap<String, String>>,
+    /// `labels`.
+    pub labels: Option<HashMap<String, String>>,
+    /// `public`: preview links need no token.
+    pub public: Option<bool>,
+    /// `auto_stop_interval` in minutes (default 15, `0` = never).
+    pub auto_stop_interval: Option<i64>,
+    /// `auto_archive_interval` in minutes (recorded).
+    pub auto_archive_interval: Option<i64>,
+    /// `auto_delete_interval` in minutes (recorded; the lease end deletes).
+    pub auto_delete_interval: Option<i64>,
+    /// `volumes`.
+    pub volumes: Option<Vec<VolumeMount>>,
+    /// `network_block_all`: loopback only.
+    pub network_block_all: Option<bool>,
+    /// `network_allow_list` (a gap).
+    pub network_allow_list: Option<String>,
+    /// `domain_allow_list` (a gap).
+    pub domain_allow_list: Option<String>,
+    /// `ephemeral`: forces `auto_delete_interval=0`.
+    pub ephemeral: Option<bool>,
+    /// `linked_sandbox` (a gap).
+    pub linked_sandbox: Option<String>,
+}
+
+/// Python `CreateSandboxFromSnapshotParams`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CreateSandboxFromSnapshotParams {
+    /// `snapshot`: name or id; `None` = the default (the host's toolchain, read-only).
+    pub snapshot: Option<String>,
+    /// See [`CreateSandboxBaseParams::name`].
+    pub name: Option<String>,
+    /// See [`CreateSandboxBaseParams::language`].
+    pub language: Option<String>,
+    /// See [`CreateSandboxBaseParams::os_user`].
+    pub os_user: Option<String>,
+    /// See [`CreateSandboxBaseParams::env_vars`].
+    pub env_vars: Option<HashMap<String, String>>,
+    /// See [`CreateSandboxBaseParams::labels`].
+    pub labels: Option<HashMap<String, String>>,
+    /// See [`CreateSandboxBaseParams::public`].
+    pub public: Option<bool>,
+    /// See [`CreateSandboxBaseParams::auto_stop_interval`].
+    pub auto_stop_interval: Option<i64>,
+    /// See [`CreateSandboxBaseParams::auto_archive_interval`].
+    pub auto_archive_interval: Option<i64>,
+    /// See [`CreateSandboxBaseParams::auto_delete_interval`].
+    pub auto_delete_interval: Option<i64>,
+    /// See [`CreateSandboxBaseParams::volumes`].
+    pub volumes: Option<Vec<VolumeMount>>,
+    /// See [`CreateSandboxBaseParams::network_block_all`].
+    pub network_block_all: Option<bool>,
+    /// See [`CreateSandboxBaseParams::network_allow_list`].
+    pub network_allow_list: Option<String>,
+    /// See [`CreateSandboxBaseParams::domain_allow_list`].
+    pub domain_allow_list: Option<String>,
+    /// See [`CreateSandboxBaseParams::ephemeral`].
+    pub ephemeral: Option<bool>,
+    /// See [`CreateSandboxBaseParams::linked_sandbox`].
+    pub linked_sandbox: Option<String>,
+}
+
+/// What `image` may be: a registry reference or a declarative [`Image`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum ImageSource {
+    /// `image="python:3.12"`.
+    Name(String),
+    /// `image=Image.debian_slim(...)...`.
+    Image(Image),
+}
+
+impl Default for ImageSource {
+    fn default() -> Self {
+        ImageSource::Name(String::new())
+    }
+}
+
+impl From<&str> for ImageSource {
+    fn from(s: &str) -> Self {
+        ImageSource::Name(s.into())
+    }
+}
+impl From<String> for ImageSource {
+    fn from(s: String) -> Self {
+        ImageSource::Name(s)
+    }
+}
+impl From<Image> for ImageSource {
+    fn from(i: Image) -> Self {
+        ImageSource::Image(i)
+    }
+}
+
+/// Python `CreateSandboxFromImageParams`: building from an image is a gap (see `MAPPING.md`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CreateSandboxFromImageParams {
+    /// `image` (required in Python).
+    pub image: ImageSource,
+    /// `resources`.
+    pub resources: Option<Resources>,
+    /// The shared fields.
+    pub base: CreateSandboxBaseParams,
+}
+
+/// The first argument of [`Daytona::create`]: either params struct, or `None`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CreateSandboxParams {
+    /// From a snapshot (the default).
+    Snapshot(CreateSandboxFromSnapshotParams),
+    /// From an image.
+    Image(CreateSandboxFromImageParams),
+}
+
+impl From<CreateSandboxFromSnapshotParams> for CreateSandboxParams {
+    fn from(p: CreateSandboxFromSnapshotParams) -> Self {
+        CreateSandboxParams::Snapshot(p)
+    }
+}
+impl From<CreateSandboxFromImageParams> for CreateSandboxParams {
+    fn from(p: CreateSandboxFromImageParams) -> Self {
+        CreateSandboxParams::Image(p)
+    }
+}
+impl From<CreateSandboxFromSnapshotParams> for Option<CreateSandboxParams> {
+    fn from(p: CreateSandboxFromSnapshotParams) -> Self {
+        Some(CreateSandboxParams::Snapshot(p))
+    }
+}
+impl From<CreateSandboxFromImageParams> for Option<CreateSandboxParams> {
+    fn from(p: CreateSandboxFromImageParams) -> Self {
+        Some(CreateSandboxParams::Image(p))
+    }
+}
+
+/// Python `SandboxListSortField`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxListSortField {
+    /// `name`.
+    Name,
+    /// `cpu`.
+    Cpu,
+    /// `memoryGib`.
+    MemoryGib,
+    /// `diskGib`.
+    DiskGib,
+    /// `lastActivityAt`.
+    LastActivityAt,
+    /// `createdAt`.
+    CreatedAt,
+}
+
+#[allow(non_upper_case_globals)]
+impl SandboxListSortField {
+    /// Python's `SandboxListSortField.CREATEDAT` spelling.
+    pub const CREATEDAT: SandboxListSortField = SandboxListSortField::CreatedAt;
+    /// Python's `SandboxListSortField.NAME` spelling.
+    pub const NAME: SandboxListSortField = SandboxListSortField::Name;
+}
+
+/// Python `SandboxListSortDirection`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxListSortDirection {
+    /// `asc`.
+    Asc,
+    /// `desc`.
+    Desc,
+}
+
+impl SandboxListSortDirection {
+    /// Python's `SandboxListSortDirection.ASC` spelling.
+    pub const ASC: SandboxListSortDirection = SandboxListSortDirection::Asc;
+    /// Python's `SandboxListSortDirection.DESC` spelling.
+    pub const DESC: SandboxListSortDirection = SandboxListSortDirection::Desc;
+}
+
+/// Python `ListSandboxesQuery`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ListSandboxesQuery {
+    /// Page size (default 100, at least 1). Not a total cap.
+    pub limit: Option<i64>,
+    /// ID prefix, case-insensitive.
+    pub id: Option<String>,
+    /// Name prefix, case-insensitive.
+    pub name: Option<String>,
+    /// Only sandboxes with all these labels.
+    pub labels: Option<HashMap<String, String>>,
+    /// Only sandboxes in these states.
+    pub states: Option<Vec<SandboxState>>,
+    /// Only public (or private) sandboxes.
+    pub is_public: Option<bool>,
+    /// Sort field (default: creation time).
+    pub sort: Option<SandboxListSortField>,
+    /// Sort direction (default: descending).
+    pub order: Option<SandboxListSortDirection>,
+}
+
+/// Python `Daytona` (mirroring `AsyncDaytona`): creates, finds and lists sandboxes.
+#[derive(Debug, Clone)]
+pub struct Daytona {
+    client: Client,
+    config: DaytonaConfig,
+    /// `daytona.volume`.
+    pub volume: VolumeService,
+    /// `daytona.snapshot`.
+    pub snapshot: SnapshotService,
+}
+
+impl Daytona {
+    /// `Daytona(config: DaytonaConfig | None = None)`. Credentials are optional and ignored;
+    /// the runtime comes from `SANDCOVE_URL` (embedded engine when unset).
+    pub fn new(config: impl Into<Option<DaytonaConfig>>) -> Result<Self> {
+        let config = config.into().unwrap_or_default().with_env();
+        let client = Client::from_env().ctx("Failed to initialize Daytona: ")?;
+        Ok(Self::with_client(client, config))
+    }
+
+    /// A `Daytona` over an existing runtime client (for embedding and tests).
+    pub fn with_client(client: Client, config: DaytonaConfig) -> Self {
+        Daytona {
+            volume: VolumeService::new(client.clone()),
+            snapshot: SnapshotService::new(client.clone()),
+            client,
+            config,
+        }
+    }
+
+    /// The configuration in force (after environment resolution).
+    pub fn config(&self) -> &DaytonaConfig {
+        &self.config
+    }
+
+    /// `create(params=None, *, timeout=60, on_snapshot_create_logs=None) -> Sandbox`.
+    /// Returns when the sandbox is `started`.
+    pub fn create(&self, params: impl Into<Option<CreateSandboxParams>>) -> CreateBuilder {
+        CreateBuilder {
+            daytona: self.clone(),
+            params: params.into(),
+            timeout: 60.0,
+        }
+    }
+
+    /// `get(sandbox_id_or_name) -> Sandbox`. Does not start a stopped sandbox.
+    pub fn get(&self, sandbox_id_or_name: impl Into<String>) -> GetBuilder {
+        GetBuilder {
+            daytona: self.clone(),
+            id: sandbox_id_or_name.into(),
+        }
+    }
+
+    /// `list(query=None) -> AsyncIterator[Sandbox]`: a lazy stream over all pages.
+    pub fn list(&self, query: impl Into<Option<ListSandboxesQuery>>) -> SandboxIterator {
+        let daytona = self.clone();
+        let query = query.into().unwrap_or_default();
+        SandboxIterator {
+            inner: Box::pin(futures::stream::once(daytona.list_all(query)).flat_map(
+                |r| -> Pin<Box<dyn Stream<Item = Result<Sandbox>> + Send>> {
+                    match r {
+                        Ok(v) => Box::pin(futures::stream::iter(v.into_iter().map(Ok))),
+                        Err(e) => Box::pin(futures::stream::once(async move { Err(e) })),
+                    }
+                },
+            )),
+        }
+    }
+
+    /// `delete(sandbox, timeout=60)`: delegates to `sandbox.delete`.
+    pub fn delete(&self, sandbox: &Sandbox) -> crate::sandbox::DeleteBuilder {
+        sandbox.delete()
+    }
+
+    /// `start(sandbox, timeout=60)`: delegates to `sandbox.start`.
+    pub fn start(&self, sandbox: &Sandbox) -> crate::sandbox::StartBuilder {
+        sandbox.start()
+    }
+
+    /// `stop(sandbox, timeout=60)`: delegates to `sandbox.stop`.
+    pub fn stop(&self, sandbox: &Sandbox) -> crate::sandbox::StopBuilder {
+        sandbox.stop()
+    }
+
+    pub(crate) async fn load(&self, info: sandcove::SandboxInfo) -> Result<Sandbox> {
+        let meta = read_meta(self.client.backend().as_ref(), &info.id)
+            .await
+            .unwrap_or_default();
+        Ok(Sandbox::from_parts(
+            self.client.clone(),
+            &self.config,
+            info,
+            meta,
+        ))
+    }
+
+    async fn find(&self, id_or_name: &str) -> Result<Sandbox> {
+        if id_or_name.is_empty() {
+            return Err(DaytonaError::validation("sandbox_id_or_name is required"));
+        }
+        match self.client.backend().get(id_or_name).await {
+            Ok(info) => self.load(info).await,
+            Err(e) if e.is_not_found() => {
+                let by_name = self
+                    .client
+                    .list(ListOptions {
+                        labels: BTreeMap::from([(NAME_LABEL.to_string(), id_or_name.to_string())]),
+                        states: vec![],
+                    })
+                    .await?;
+                match by_name.into_iter().next() {
+                    Some(info) => self.load(info).await,
+                    None => Err(e.into()),
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn list_all(self, query: ListSandboxesQuery) -> Result<Vec<Sandbox>> {
+        if matches!(query.limit, Some(l) if l < 1) {
+            return Err(DaytonaError::validation("limit must be a positive integer"));
+        }
+        let infos = self
+            .client
+            .list(ListOptions::default())
+            .await
+            .ctx("Failed to list sandboxes: ")?;
+        let mut out = Vec::new();
+        for info in infos {
+            let sb = match self.load(info).await {
+                Ok(sb) => sb,
+                Err(_) => continue,
+            };
+            let lower = |s: &str| s.to_lowercase();
+            if let Some(p) = &query.id {
+                if !lower(&sb.id).starts_with(&lower(p)) {
+                    continue;
+                }
+            }
+            if let Some(p) = &query.name {
+                if !lower(&sb.name).starts_with(&lower(p)) {
+                    continue;
+                }
+            }
+            if let Some(labels) = &query.labels {
+                if !labels.iter().all(|(k, v)| sb.labels.get(k) == Some(v)) {
+                    continue;
+                }
+            }
+            if let Some(states) = &query.states {
+                if !states.is_empty() && !sb.state.is_some_and(|s| states.contains(&s)) {
+                    continue;
+                }
+            }
+            if let Some(p) = query.is_public {
+                if sb.public != p {
+                    continue;
+                }
+            }
+            out.push(sb);
+        }
+        let field = query.sort.unwrap_or(SandboxListSortField::CreatedAt);
+        out.sort_by(|a, b| {
+            let ord = match field {
+                SandboxListSortField::Name => a.name.cmp(&b.name),
+                SandboxListSortField::Cpu => a.cpu.total_cmp(&b.cpu),
+                SandboxListSortField::MemoryGib => a.memory.total_cmp(&b.memory),
+                SandboxListSortField::DiskGib => a.disk.total_cmp(&b.disk),
+                SandboxListSortField::LastActivityAt | SandboxListSortField::CreatedAt => {
+                    a.created_at.cmp(&b.created_at)
+                }
+            };
+            ord.then_with(|| a.id.cmp(&b.id))
+        });
+        if query.order.unwrap_or(SandboxListSortDirection::Desc) == SandboxListSortDirection::Desc {
+            out.reverse();
+        }
+        Ok(out)
+    }
+}
+
+/// A lazy stream of sandboxes, as Python's `for sb in daytona.list(...)`.
+pub struct SandboxIterator {
+    inner: Pin<Box<dyn Stream<Item = Result<Sandbox>> + Send>>,
+}
+
+impl std::fmt::Debug for SandboxIterator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SandboxIterator")
+    }
+}
+
+impl SandboxIterator {
+    /// `request_timeout`: accepted (calls are local or bounded by the runtime).
+    pub fn request_timeout(self, _seconds: f64) -> Self {
+        self
+    }
+}
+
+impl Stream for SandboxIterator {
+    type Item = Result<Sandbox>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.as_mut().poll_next(cx)
+    }
+}
+
+use futures::StreamExt as _;
+
+/// Builder of [`Daytona::create`]; await it.
+#[must_use = "await the builder to run the call"]
+pub struct CreateBuilder {
+    daytona: Daytona,
+    params: Option<CreateSandboxParams>,
+    timeout: f64,
+}
+
+impl std::fmt::Debug for CreateBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreateBuilder")
+            .field("params", &self.params)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl CreateBuilder {
+    /// `timeout=60` seconds for the whole call; `0` = none.
+    pub fn timeout(mut self, seconds: impl Into<f64>) -> Self {
+        self.timeout = seconds.into();
+        self
+    }
+
+    /// `on_snapshot_create_logs=cb`: accepted; never called, since nothing is built here.
+    pub fn on_snapshot_create_logs<F: FnMut(&str) + Send + 'static>(self, _callback: F) -> Self {
+        self
+    }
+
+    async fn run(self) -> Result<Sandbox> {
+        let timeout = self.timeout;
+        with_timeout("create", timeout, self.run_inner())
+            .await
+            .ctx("Failed to create sandbox: ")
+    }
+
+    async fn run_inner(self) -> Result<Sandbox> {
+        let p = match self.params {
+            None => CreateSandboxFromSnapshotParams::default(),
+            Some(CreateSandboxParams::Snapshot(p)) => p,
+            Some(CreateSandboxParams::Image(p)) => {
+                if p.resources.as_ref().is_some_and(|r| r.gpu.is_some()) {
+                    return Err(gap("GPU resources"));
+                }
+                return Err(gap("CreateSandboxFromImageParams"));
+            }
+        };
+        let language = p.language.clone().unwrap_or_else(|| "python".into());
+        translate::check_language(&language)?;
+        for (name, v) in [
+            ("auto_stop_interval", p.auto_stop_interval),
+            ("auto_archive_interval", p.auto_archive_interval),
+        ] {
+            if v.is_some_and(|v| v < 0) {
+                return Err(DaytonaError::validation(format!(
+                    "{name} must be a non-negative integer"
+                )));
+            }
+        }
+        if p.network_allow_list.is_some() || p.domain_allow_list.is_some() {
+            return Err(gap("network_allow_list / domain_allow_list"));
+        }
+        if p.linked_sandbox.is_some() {
+            return Err(gap("linked_sandbox"));
+        }
+        let client = &self.daytona.client;
+        let caps = client.capabilities();
+        let mut labels: BTreeMap<String, String> =
+            p.labels.clone().unwrap_or_default().into_iter().collect();
+        if labels.keys().any(|k| k.starts_with(META_PREFIX)) {
+            return Err(DaytonaError::validation(format!(
+                "labels starting with {META_PREFIX:?} are reserved"
+            )));
+        }
+        labels.insert(LANGUAGE_LABEL.into(), language);
+        if let Some(name) = &p.name {
+            if name.is_empty() {
+                return Err(DaytonaError::validation("name must not be empty"));
+            }
+            let taken = client
+                .list(ListOptions {
+                    labels: BTreeMap::from([(NAME_LABEL.to_string(), name.clone())]),
+                    states: vec![],
+                })
+                .await?;
+            if !taken.is_empty() {
+                return Err(DaytonaError::Conflict(crate::errors::ErrorDetails::new(
+                    format!("Sandbox with name {name} already exists"),
+                    Some(409),
+                    Some("CONFLICT"),
+                )));
+            }
+            labels.insert(NAME_LABEL.into(), name.clone());
+        }
+        let mut envs = BTreeMap::new();
+        for (k, v) in p.env_vars.clone().unwrap_or_default() {
+            translate::check_env_name(&k)?;
+            envs.insert(k, v);
+        }
+        let user = p.os_user.clone().unwrap_or_else(|| DAYTONA_USER.into());
+        let home = match user.as_str() {
+            DAYTONA_USER => DAYTONA_HOME.to_string(),
+            "root" => "/root".to_string(),
+            other => format!("/home/{other}"),
+        };
+        let mut volumes = Vec::new();
+        for v in p.volumes.clone().unwrap_or_default() {
+            translate::check_mount_path(&v.mount_path)?;
+            volumes.push(sandcove::VolumeMount {
+                volume: v.volume_id.clone(),
+                path: v.mount_path.clone(),
+                subpath: v.subpath.clone(),
+                read_only: false,
+            });
+        }
+        let snapshot = match &p.snapshot {
+            None => None,
+            Some(s) => Some(self.daytona.snapshot.get(s.clone()).await?.id),
+        };
+        let auto_stop = p.auto_stop_interval.unwrap_or(translate::DEFAULT_AUTO_STOP);
+        let auto_delete = if p.ephemeral == Some(true) {
+            Some(0)
+        } else {
+            p.auto_delete_interval
+        };
+        let block = p.network_block_all.unwrap_or(false);
+        let options = CreateOptions {
+            envs,
+            labels,
+            timeout: Some(translate::lease_for_auto_stop(auto_stop)),
+            network: if !block && caps.host_network {
+                NetworkPolicy::Host
+            } else {
+                NetworkPolicy::None
+            },
+            user: Some(user),
+            home: Some(home),
+            snapshot,
+            volumes,
+            ..Default::default()
+        };
+        let info = client.backend().create(options).await?;
+        let meta = Meta {
+            name: p.name.clone(),
+            public: p.public.unwrap_or(false),
+            auto_stop_interval: Some(auto_stop),
+            auto_archive_interval: p.auto_archive_interval,
+            auto_delete_interval: auto_delete,
+            network_block_all: block,
+            snapshot: p.snapshot.clone(),
+            target: self.daytona.config.target.clone(),
+            volumes: p
+                .volumes
+                .unwrap_or_default()
+                .into_iter()
+                .map(|v| (v.volume_id, v.mount_path, v.subpath))
+                .collect(),
+            ..Default::default()
+        };
+        let ctx = Ctx {
+            client: client.clone(),
+            id: info.id.clone().into(),
+            work_dir: info.user.home.clone().into(),
+        };
+        if let Err(e) = ctx.set_meta(&meta).await {
+            let _ = client.backend().destroy(&info.id).await;
+            return Err(e.into());
+        }
+        Ok(Sandbox::from_parts(
+            client.clone(),
+            &self.daytona.config,
+            info,
+            meta,
+        ))
+    }
+}
+
+awaitable!(CreateBuilder => Sandbox);
+
+/// Builder of [`Daytona::get`]; await it.
+#[derive(Debug)]
+#[must_use = "await the builder to run the call"]
+pub struct GetBuilder {
+    daytona: Daytona,
+    id: String,
+}
+
+impl GetBuilder {
+    /// `request_timeout`: accepted (calls are local or bounded by the runtime).
+    pub fn request_timeout(self, _seconds: impl Into<Option<f64>>) -> Self {
+        self
+    }
+
+    async fn run(self) -> Result<Sandbox> {
+        self.daytona
+            .find(&self.id)
+            .await
+            .ctx("Failed to get sandbox: ")
+    }
+}
+
+awaitable!(GetBuilder => Sandbox);
+
+/// Run `fut` bounded by `seconds` (`0` = unbounded), as Python's `with_timeout` wrapper.
+pub(crate) async fn with_timeout<T>(
+    name: &str,
+    seconds: f64,
+    fut: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    if seconds.is_nan() || seconds < 0.0 {
+        return Err(DaytonaError::validation(
+            "Timeout must be a non-negative number",
+        ));
+    }
+    if seconds == 0.0 {
+        return fut.await;
+    }
+    let secs = seconds.max(1.0).ceil();
+    match tokio::time::timeout(Duration::from_secs_f64(secs), fut).await {
+        Ok(r) => r,
+        Err(_) => Err(DaytonaError::Timeout(crate::errors::ErrorDetails::new(
+            format!("Function '{name}' exceeded timeout of {seconds} seconds."),
+            None,
+            None,
+        ))),
+    }
+}

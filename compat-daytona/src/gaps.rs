@@ -1,0 +1,122 @@
+//! Every Daytona feature this runtime cannot honour, with what to do instead.
+//!
+//! The facade raises [`DaytonaError::NotSupported`] from this table before any effect; the
+//! table is checked against the Daytona section of `MAPPING.md` by a test.
+
+use crate::errors::DaytonaError;
+
+/// One gap: what was asked for and what to do instead.
+#[derive(Debug, Clone, Copy)]
+pub struct Gap {
+    /// The Daytona feature (as named in `MAPPING.md`).
+    pub feature: &'static str,
+    /// What to do instead.
+    pub alternative: &'static str,
+}
+
+/// All gaps of the Daytona facade.
+pub const GAPS: &[Gap] = &[
+    Gap {
+        feature: "CreateSandboxFromImageParams",
+        alternative: "create from the default snapshot (CreateSandboxFromSnapshotParams): it has the host's toolchain read-only; install packages into the home directory, then sandbox.create_snapshot(name) to reuse the result",
+    },
+    Gap {
+        feature: "snapshot.create from an image",
+        alternative: "prepare a sandbox with process.exec, then sandbox.create_snapshot(name); create later sandboxes with CreateSandboxFromSnapshotParams(snapshot=name)",
+    },
+    Gap {
+        feature: "network_allow_list / domain_allow_list",
+        alternative: "network_block_all=True for loopback only, or leave it unset for full access",
+    },
+    Gap {
+        feature: "update_network_settings",
+        alternative: "choose network_block_all when the sandbox is created",
+    },
+    Gap {
+        feature: "resize",
+        alternative: "create a new sandbox (resources are fixed at creation)",
+    },
+    Gap {
+        feature: "recover",
+        alternative: "sandboxes here never enter a recoverable error state; delete the sandbox and create a new one",
+    },
+    Gap {
+        feature: "create_lsp_server",
+        alternative: "run a language server yourself in a session (process.execute_session_command with run_async=True)",
+    },
+    Gap {
+        feature: "computer_use",
+        alternative: "no desktop is available; drive headless tools with process.exec",
+    },
+    Gap {
+        feature: "code_interpreter",
+        alternative: "process.code_run for one-shot code, or a session running python for state between calls",
+    },
+    Gap {
+        feature: "ssh access",
+        alternative: "use process.exec or sessions; there is no SSH gateway",
+    },
+    Gap {
+        feature: "pty sessions",
+        alternative: "sessions: process.execute_session_command with run_async=True and send_session_command_input",
+    },
+    Gap {
+        feature: "entrypoint session",
+        alternative: "sandboxes have no image entrypoint; start long-running programs in a session",
+    },
+    Gap {
+        feature: "expire_signed_preview_url",
+        alternative: "give create_signed_preview_url a short expires_in_seconds; tokens then expire by themselves",
+    },
+    Gap {
+        feature: "pre-signed file URLs",
+        alternative: "fs.download_file / fs.upload_file",
+    },
+    Gap {
+        feature: "object storage",
+        alternative: "upload files with fs.upload_file(s) after the sandbox is created",
+    },
+    Gap {
+        feature: "secrets and warm pools",
+        alternative: "pass values with env_vars at creation or env on exec",
+    },
+    Gap {
+        feature: "git binary",
+        alternative: "the sandbox has no git on its PATH: install git on the host (its /usr is visible read-only), or upload the files with fs.upload_files",
+    },
+    Gap {
+        feature: "GPU resources",
+        alternative: "none: the runtime has no GPUs",
+    },
+    Gap {
+        feature: "linked_sandbox",
+        alternative: "create the sandboxes independently; all sandboxes of this runtime share the host",
+    },
+];
+
+/// The `NotSupported` error for `feature` (which must be in [`GAPS`]).
+pub(crate) fn gap(feature: &str) -> DaytonaError {
+    let found = GAPS.iter().find(|g| g.feature == feature);
+    debug_assert!(found.is_some(), "gap {feature:?} is not in the table");
+    DaytonaError::not_supported(
+        feature,
+        found.map(|g| g.alternative).unwrap_or("see MAPPING.md"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn features_are_unique_and_alternatives_present() {
+        let mut seen = std::collections::BTreeSet::new();
+        for g in GAPS {
+            assert!(seen.insert(g.feature), "duplicate {}", g.feature);
+            assert!(!g.alternative.is_empty());
+            let e = gap(g.feature);
+            assert!(e.is_not_supported());
+            assert!(e.to_string().contains(g.alternative));
+        }
+    }
+}

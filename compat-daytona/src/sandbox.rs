@@ -1,0 +1,902 @@
+//! Python `Sandbox`: public fields, lifecycle, labels, intervals and previews.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use sandcove::{Client, PreviewOptions, SandboxInfo};
+
+use crate::client::{with_timeout, DaytonaConfig, NAME_LABEL};
+use crate::ctx::{Ctx, Meta};
+use crate::errors::{Context, DaytonaError};
+use crate::fs::FileSystem;
+use crate::gaps::gap;
+use crate::git::Git;
+use crate::process::Process;
+use crate::translate::{self, META_PREFIX};
+use crate::{awaitable, Result};
+
+/// Header carrying a preview token, as on Daytona.
+pub const PREVIEW_TOKEN_HEADER: &str = "x-daytona-preview-token";
+/// Query parameter carrying a signed preview token.
+pub const PREVIEW_TOKEN_QUERY: &str = "daytona_preview_token";
+
+/// Python `SandboxState` (wire strings in [`SandboxState::as_str`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum SandboxState {
+    Creating,
+    Restoring,
+    Destroyed,
+    Destroying,
+    Started,
+    Stopped,
+    Starting,
+    Stopping,
+    Error,
+    BuildFailed,
+    PendingBuild,
+    BuildingSnapshot,
+    Unknown,
+    PullingSnapshot,
+    Archived,
+    Archiving,
+    Resizing,
+    Snapshotting,
+    Forking,
+    Pausing,
+    Paused,
+    Resuming,
+}
+
+#[allow(non_upper_case_globals)]
+impl SandboxState {
+    /// Python's `SandboxState.STARTED` spelling.
+    pub const STARTED: SandboxState = SandboxState::Started;
+    /// Python's `SandboxState.STOPPED` spelling.
+    pub const STOPPED: SandboxState = SandboxState::Stopped;
+    /// Python's `SandboxState.ARCHIVED` spelling.
+    pub const ARCHIVED: SandboxState = SandboxState::Archived;
+
+    /// The wire string, e.g. `started`.
+    pub fn as_str(self) -> &'static str {
+        use SandboxState::*;
+        match self {
+            Creating => "creating",
+            Restoring => "restoring",
+            Destroyed => "destroyed",
+            Destroying => "destroying",
+            Started => "started",
+            Stopped => "stopped",
+            Starting => "starting",
+            Stopping => "stopping",
+            Error => "error",
+            BuildFailed => "build_failed",
+            PendingBuild => "pending_build",
+            BuildingSnapshot => "building_snapshot",
+            Unknown => "unknown",
+            PullingSnapshot => "pulling_snapshot",
+            Archived => "archived",
+            Archiving => "archiving",
+            Resizing => "resizing",
+            Snapshotting => "snapshotting",
+            Forking => "forking",
+            Pausing => "pausing",
+            Paused => "paused",
+            Resuming => "resuming",
+        }
+    }
+}
+
+impl std::fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The Daytona state of a runtime sandbox plus the facade's stopped/archived flags.
+pub(crate) fn state_of(state: sandcove::SandboxState, meta: &Meta) -> SandboxState {
+    match state {
+        sandcove::SandboxState::Running if meta.archived => SandboxState::Archived,
+        sandcove::SandboxState::Running if meta.stopped => SandboxState::Stopped,
+        sandcove::SandboxState::Running => SandboxState::Started,
+        sandcove::SandboxState::Starting => SandboxState::Starting,
+        sandcove::SandboxState::Paused => SandboxState::Paused,
+        sandcove::SandboxState::Stopped => SandboxState::Error,
+        sandcove::SandboxState::Destroyed => SandboxState::Destroyed,
+    }
+}
+
+/// Python `PortPreviewUrl`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortPreviewUrl {
+    /// `sandbox_id`.
+    pub sandbox_id: String,
+    /// `url`: where the port answers.
+    pub url: String,
+    /// `token`: send it in the `x-daytona-preview-token` header (empty for public sandboxes).
+    pub token: String,
+}
+
+/// Python `SignedPortPreviewUrl`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedPortPreviewUrl {
+    /// `sandbox_id`.
+    pub sandbox_id: String,
+    /// `port`.
+    pub port: i64,
+    /// `token`.
+    pub token: String,
+    /// `url`: works with no headers (the token is in the query).
+    pub url: String,
+}
+
+/// Python `sandbox.code_interpreter`: a gap here (see `MAPPING.md`).
+#[derive(Debug, Clone, Default)]
+pub struct CodeInterpreter {}
+
+impl CodeInterpreter {
+    /// `run_code(code, ...)`: not supported; use `process.code_run` or a session.
+    pub async fn run_code(&self, _code: &str) -> Result<()> {
+        Err(gap("code_interpreter"))
+    }
+}
+
+/// Python `sandbox.computer_use`: a gap here (see `MAPPING.md`).
+#[derive(Debug, Clone, Default)]
+pub struct ComputerUse {}
+
+impl ComputerUse {
+    /// `start()`: not supported (no desktop).
+    pub async fn start(&self) -> Result<()> {
+        Err(gap("computer_use"))
+    }
+}
+
+/// Python `Sandbox`: the public fields of the API's sandbox DTO, and its sub-APIs.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    /// `id`.
+    pub id: String,
+    /// `name` (the id unless one was given).
+    pub name: String,
+    /// `organization_id` (from the config; empty when unset).
+    pub organization_id: String,
+    /// `snapshot` the sandbox was created from.
+    pub snapshot: Option<String>,
+    /// `user`: the OS user (`daytona`).
+    pub user: String,
+    /// `env`: sandbox-wide environment.
+    pub env: Option<HashMap<String, String>>,
+    /// `labels` (including `code-toolbox-language`).
+    pub labels: HashMap<String, String>,
+    /// `public`: preview links need no token.
+    pub public: bool,
+    /// `target` region (from the config; `local` when unset).
+    pub target: String,
+    /// `cpu` (vCPUs).
+    pub cpu: f64,
+    /// `gpu`.
+    pub gpu: f64,
+    /// `memory` in GiB.
+    pub memory: f64,
+    /// `disk` in GiB.
+    pub disk: f64,
+    /// `state`.
+    pub state: Option<SandboxState>,
+    /// `error_reason`.
+    pub error_reason: Option<String>,
+    /// `recoverable`.
+    pub recoverable: Option<bool>,
+    /// `backup_state` (always `None`).
+    pub backup_state: Option<String>,
+    /// `backup_created_at` (always `None`).
+    pub backup_created_at: Option<String>,
+    /// `auto_stop_interval` in minutes.
+    pub auto_stop_interval: Option<f64>,
+    /// `auto_archive_interval` in minutes.
+    pub auto_archive_interval: Option<f64>,
+    /// `auto_delete_interval` in minutes (negative = disabled).
+    pub auto_delete_interval: Option<f64>,
+    /// `network_block_all`.
+    pub network_block_all: Option<bool>,
+    /// `network_allow_list` (always `None`).
+    pub network_allow_list: Option<String>,
+    /// `domain_allow_list` (always `None`).
+    pub domain_allow_list: Option<String>,
+    /// `created_at` (RFC 3339).
+    pub created_at: Option<String>,
+    /// `updated_at` (RFC 3339).
+    pub updated_at: Option<String>,
+    /// `last_activity_at` (RFC 3339).
+    pub last_activity_at: Option<String>,
+    /// `toolbox_proxy_url` (empty: there is no proxy).
+    pub toolbox_proxy_url: String,
+    /// `sandbox.fs`.
+    pub fs: FileSystem,
+    /// `sandbox.git`.
+    pub git: Git,
+    /// `sandbox.process`.
+    pub process: Process,
+    /// `sandbox.code_interpreter` (a gap).
+    pub code_interpreter: CodeInterpreter,
+    /// `sandbox.computer_use` (a gap).
+    pub computer_use: ComputerUse,
+    ctx: Ctx,
+    organization: Option<String>,
+    target_config: Option<String>,
+}
+
+impl Sandbox {
+    pub(crate) fn from_parts(
+        client: Client,
+        config: &DaytonaConfig,
+        info: SandboxInfo,
+        meta: Meta,
+    ) -> Self {
+        let ctx = Ctx {
+            client,
+            id: info.id.clone().into(),
+            work_dir: info.user.home.clone().into(),
+        };
+        let mut sb = Sandbox {
+            id: info.id.clone(),
+            name: String::new(),
+            organization_id: String::new(),
+            snapshot: None,
+            user: String::new(),
+            env: None,
+            labels: HashMap::new(),
+            public: false,
+            target: String::new(),
+            cpu: 1.0,
+            gpu: 0.0,
+            memory: 1.0,
+            disk: 3.0,
+            state: None,
+            error_reason: None,
+            recoverable: None,
+            backup_state: None,
+            backup_created_at: None,
+            auto_stop_interval: None,
+            auto_archive_interval: None,
+            auto_delete_interval: None,
+            network_block_all: None,
+            network_allow_list: None,
+            domain_allow_list: None,
+            created_at: None,
+            updated_at: None,
+            last_activity_at: None,
+            toolbox_proxy_url: String::new(),
+            fs: FileSystem::new(ctx.clone()),
+            git: Git::new(ctx.clone()),
+            process: Process::new(ctx.clone()),
+            code_interpreter: CodeInterpreter::default(),
+            computer_use: ComputerUse::default(),
+            ctx,
+            organization: config.organization_id.clone(),
+            target_config: config.target.clone(),
+        };
+        sb.apply(info, meta);
+        sb
+    }
+
+    fn apply(&mut self, info: SandboxInfo, meta: Meta) {
+        self.name = info
+            .labels
+            .get(NAME_LABEL)
+            .cloned()
+            .or(meta.name.clone())
+            .unwrap_or_else(|| info.id.clone());
+        self.organization_id = self.organization.clone().unwrap_or_default();
+        self.snapshot = meta.snapshot.clone();
+        self.user = info.user.name.clone();
+        self.env = Some(info.envs.clone().into_iter().collect());
+        let labels = meta.labels.clone().unwrap_or_else(|| {
+            info.labels
+                .iter()
+                .filter(|(k, _)| !k.starts_with(META_PREFIX))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        });
+        self.labels = labels.into_iter().collect();
+        self.public = meta.public;
+        self.target = meta
+            .target
+            .clone()
+            .or(self.target_config.clone())
+            .unwrap_or_else(|| "local".into());
+        if let Some(c) = info.resources.cpu {
+            self.cpu = c;
+        }
+        if let Some(m) = info.resources.memory_mib {
+            self.memory = m as f64 / 1024.0;
+        }
+        if let Some(d) = info.resources.disk_mib {
+            self.disk = d as f64 / 1024.0;
+        }
+        let state = state_of(info.state, &meta);
+        self.error_reason = (state == SandboxState::Error)
+            .then(|| "the sandbox's processes are gone; it can only be deleted".to_string());
+        self.recoverable = Some(false);
+        self.state = Some(state);
+        self.auto_stop_interval = Some(
+            meta.auto_stop_interval
+                .unwrap_or(translate::DEFAULT_AUTO_STOP) as f64,
+        );
+        self.auto_archive_interval = Some(
+            meta.auto_archive_interval
+                .unwrap_or(translate::DEFAULT_AUTO_ARCHIVE) as f64,
+        );
+        self.auto_delete_interval = Some(meta.auto_delete_interval.unwrap_or(-1) as f64);
+        self.network_block_all = Some(meta.network_block_all);
+        self.created_at = Some(translate::rfc3339(info.created_at));
+        self.updated_at = Some(translate::rfc3339(info.created_at));
+        self.last_activity_at = Some(translate::rfc3339(sandcove::now_millis()));
+    }
+
+    /// `refresh_data(request_timeout=None)`: reload every field.
+    pub async fn refresh_data(&mut self) -> Result<()> {
+        let info = self
+            .ctx
+            .backend()
+            .get(&self.id)
+            .await
+            .ctx("Failed to refresh sandbox data: ")?;
+        let meta = self
+            .ctx
+            .meta()
+            .await
+            .ctx("Failed to refresh sandbox data: ")?;
+        self.apply(info, meta);
+        Ok(())
+    }
+
+    /// `get_user_home_dir() -> str`.
+    pub async fn get_user_home_dir(&self) -> Result<String> {
+        let info = self
+            .ctx
+            .backend()
+            .get(&self.id)
+            .await
+            .ctx("Failed to get user home directory: ")?;
+        Ok(info.user.home)
+    }
+
+    /// `get_work_dir() -> str` (the home directory: there is no image `WORKDIR`).
+    pub async fn get_work_dir(&self) -> Result<String> {
+        self.get_user_home_dir().await
+    }
+
+    /// `set_labels(labels) -> dict`: replaces the whole set (the language label is kept only
+    /// if given, as on Daytona).
+    pub async fn set_labels<K, V>(
+        &mut self,
+        labels: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<HashMap<String, String>>
+    where
+        K: Into<String>,
+        V: Into<String>,
+    {
+        let labels: std::collections::BTreeMap<String, String> = labels
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        if labels.keys().any(|k| k.starts_with(META_PREFIX)) {
+            return Err(DaytonaError::validation(format!(
+                "labels starting with {META_PREFIX:?} are reserved"
+            )))
+            .ctx("Failed to set labels: ");
+        }
+        let mut meta = self.ctx.meta().await.ctx("Failed to set labels: ")?;
+        meta.labels = Some(labels.clone());
+        self.ctx
+            .set_meta(&meta)
+            .await
+            .ctx("Failed to set labels: ")?;
+        self.labels = labels.into_iter().collect();
+        Ok(self.labels.clone())
+    }
+
+    /// `start(timeout=60)`: start a stopped (or archived, or paused) sandbox and wait until
+    /// it is `started`.
+    pub fn start(&self) -> StartBuilder {
+        StartBuilder {
+            sandbox: self.clone(),
+            timeout: 60.0,
+        }
+    }
+
+    /// `stop(timeout=60, force=False)`: every process ends (the filesystem stays), as a
+    /// Daytona stop.
+    pub fn stop(&self) -> StopBuilder {
+        StopBuilder {
+            sandbox: self.clone(),
+            timeout: 60.0,
+        }
+    }
+
+    /// `delete(timeout=60, wait=False)`: destroy the sandbox.
+    pub fn delete(&self) -> DeleteBuilder {
+        DeleteBuilder {
+            sandbox: self.clone(),
+            timeout: 60.0,
+        }
+    }
+
+    /// `wait_for_sandbox_start(timeout=60)`.
+    pub fn wait_for_sandbox_start(&self) -> WaitBuilder {
+        WaitBuilder {
+            sandbox: self.clone(),
+            timeout: 60.0,
+            start: true,
+        }
+    }
+
+    /// `wait_for_sandbox_stop(timeout=60)`.
+    pub fn wait_for_sandbox_stop(&self) -> WaitBuilder {
+        WaitBuilder {
+            sandbox: self.clone(),
+            timeout: 60.0,
+            start: false,
+        }
+    }
+
+    async fn update_meta(&mut self, prefix: &str, change: impl FnOnce(&mut Meta)) -> Result<()> {
+        let mut meta = self.ctx.meta().await.ctx(prefix)?;
+        change(&mut meta);
+        self.ctx.set_meta(&meta).await.ctx(prefix)?;
+        Ok(())
+    }
+
+    /// `set_autostop_interval(interval)`: minutes; `0` disables. Moves the lease end to
+    /// `interval` minutes from now.
+    pub async fn set_autostop_interval(&mut self, interval: i64) -> Result<()> {
+        const P: &str = "Failed to set auto-stop interval: ";
+        if interval < 0 {
+            return Err(DaytonaError::validation(
+                "Auto-stop interval must be a non-negative integer",
+            ))
+            .ctx(P);
+        }
+        self.ctx
+            .backend()
+            .set_timeout(&self.id, translate::lease_for_auto_stop(interval))
+            .await
+            .ctx(P)?;
+        self.update_meta(P, |m| m.auto_stop_interval = Some(interval))
+            .await?;
+        self.auto_stop_interval = Some(interval as f64);
+        Ok(())
+    }
+
+    /// `set_auto_archive_interval(interval)`: minutes; `0` = the maximum (recorded only).
+    pub async fn set_auto_archive_interval(&mut self, interval: i64) -> Result<()> {
+        const P: &str = "Failed to set auto-archive interval: ";
+        if interval < 0 {
+            return Err(DaytonaError::validation(
+                "Auto-archive interval must be a non-negative integer",
+            ))
+            .ctx(P);
+        }
+        self.update_meta(P, |m| m.auto_archive_interval = Some(interval))
+            .await?;
+        self.auto_archive_interval = Some(interval as f64);
+        Ok(())
+    }
+
+    /// `set_auto_delete_interval(interval)`: minutes; negative disables (recorded only: the
+    /// lease end always deletes).
+    pub async fn set_auto_delete_interval(&mut self, interval: i64) -> Result<()> {
+        const P: &str = "Failed to set auto-delete interval: ";
+        self.update_meta(P, |m| m.auto_delete_interval = Some(interval))
+            .await?;
+        self.auto_delete_interval = Some(interval as f64);
+        Ok(())
+    }
+
+    /// `refresh_activity()`: resets the auto-stop timer (moves the lease end).
+    pub async fn refresh_activity(&self) -> Result<()> {
+        let meta = self.ctx.meta().await.ctx("Failed to refresh activity: ")?;
+        let minutes = meta
+            .auto_stop_interval
+            .unwrap_or(translate::DEFAULT_AUTO_STOP);
+        self.ctx
+            .backend()
+            .set_timeout(&self.id, translate::lease_for_auto_stop(minutes))
+            .await
+            .ctx("Failed to refresh activity: ")?;
+        Ok(())
+    }
+
+    async fn preview(&self, port: i64) -> sandcove::Result<sandcove::Preview> {
+        let port = u16::try_from(port)
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| sandcove::Error::invalid(format!("invalid port {port}")))?;
+        let existing = self.ctx.backend().list_previews(&self.id).await?;
+        if let Some(p) = existing.into_iter().find(|p| p.port == port) {
+            return Ok(p);
+        }
+        let meta = self.ctx.meta().await?;
+        self.ctx
+            .backend()
+            .expose_port(
+                &self.id,
+                PreviewOptions {
+                    port,
+                    public: meta.public,
+                    token_ttl: None,
+                    token_header: PREVIEW_TOKEN_HEADER.into(),
+                    token_query: PREVIEW_TOKEN_QUERY.into(),
+                },
+            )
+            .await
+    }
+
+    /// `get_preview_link(port) -> PortPreviewUrl`: a URL on the host that reaches `port` in
+    /// the sandbox; private sandboxes need `token` in the `x-daytona-preview-token` header.
+    pub async fn get_preview_link(&self, port: i64) -> Result<PortPreviewUrl> {
+        let p = self
+            .preview(port)
+            .await
+            .ctx("Failed to get preview link: ")?;
+        Ok(PortPreviewUrl {
+            sandbox_id: self.id.clone(),
+            url: p.url,
+            token: p.token.map(|t| t.value).unwrap_or_default(),
+        })
+    }
+
+    /// `create_signed_preview_url(port, expires_in_seconds=None)`: a URL carrying its own
+    /// token (default lifetime 60 s, 1..=86400).
+    pub fn create_signed_preview_url(&self, port: i64) -> SignedPreviewBuilder {
+        SignedPreviewBuilder {
+            sandbox: self.clone(),
+            port,
+            expires_in_seconds: None,
+        }
+    }
+
+    /// `expire_signed_preview_url(port, token)`: a gap (tokens cannot be revoked one by one).
+    pub async fn expire_signed_preview_url(&self, _port: i64, _token: &str) -> Result<()> {
+        Err(gap("expire_signed_preview_url"))
+    }
+
+    /// `archive()`: the sandbox must be stopped; it stays stopped, marked `archived`.
+    pub async fn archive(&mut self) -> Result<()> {
+        const P: &str = "Failed to archive sandbox: ";
+        let meta = self.ctx.meta().await.ctx(P)?;
+        if !meta.stopped {
+            return Err(DaytonaError::validation(
+                "Sandbox must be stopped to be archived",
+            ))
+            .ctx(P);
+        }
+        self.update_meta(P, |m| m.archived = true).await?;
+        self.state = Some(SandboxState::Archived);
+        Ok(())
+    }
+
+    /// `fork(name=None, timeout=60)`: a new sandbox with a copy of this one's files.
+    pub async fn fork(&self) -> Result<Sandbox> {
+        const P: &str = "Failed to fork sandbox: ";
+        let info = self.ctx.backend().get(&self.id).await.ctx(P)?;
+        let options = sandcove::CreateOptions {
+            envs: info.envs.clone(),
+            labels: info
+                .labels
+                .iter()
+                .filter(|(k, _)| k.as_str() != NAME_LABEL)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            user: Some(info.user.name.clone()),
+            home: Some(info.user.home.clone()),
+            network: info.network.clone(),
+            ..Default::default()
+        };
+        let forked = self.ctx.backend().fork(&self.id, options).await.ctx(P)?;
+        let meta = self.ctx.meta().await.unwrap_or_default();
+        let config = DaytonaConfig {
+            organization_id: self.organization.clone(),
+            target: self.target_config.clone(),
+            ..Default::default()
+        };
+        Ok(Sandbox::from_parts(
+            self.ctx.client.clone(),
+            &config,
+            forked,
+            Meta { name: None, ..meta },
+        ))
+    }
+
+    /// `create_snapshot(name, timeout=60)`: snapshot the sandbox's files under `name`.
+    pub async fn create_snapshot(&self, name: &str) -> Result<()> {
+        self.ctx
+            .backend()
+            .snapshot(&self.id, Some(name.to_string()))
+            .await
+            .ctx("Failed to create snapshot: ")?;
+        Ok(())
+    }
+
+    /// `pause(timeout=60)`: freeze every process (memory kept).
+    pub async fn pause(&mut self) -> Result<()> {
+        self.ctx
+            .backend()
+            .pause(&self.id)
+            .await
+            .ctx("Failed to pause sandbox: ")?;
+        self.state = Some(SandboxState::Paused);
+        Ok(())
+    }
+
+    /// `resize(resources, timeout=60)`: a gap.
+    pub async fn resize(&self, _resources: crate::Resources) -> Result<()> {
+        Err(gap("resize"))
+    }
+
+    /// `recover(timeout=60)`: a gap.
+    pub async fn recover(&self) -> Result<()> {
+        Err(gap("recover"))
+    }
+
+    /// `update_network_settings(...)`: a gap.
+    pub async fn update_network_settings(&self) -> Result<()> {
+        Err(gap("update_network_settings"))
+    }
+
+    /// `create_lsp_server(language_id, path_to_project)`: a gap.
+    pub fn create_lsp_server(&self, _language_id: &str, _path_to_project: &str) -> Result<()> {
+        Err(gap("create_lsp_server"))
+    }
+
+    /// `create_ssh_access(expires_in_minutes=None)`: a gap.
+    pub async fn create_ssh_access(&self) -> Result<()> {
+        Err(gap("ssh access"))
+    }
+
+    /// `revoke_ssh_access(token)`: a gap.
+    pub async fn revoke_ssh_access(&self, _token: &str) -> Result<()> {
+        Err(gap("ssh access"))
+    }
+
+    /// `validate_ssh_access(token)`: a gap.
+    pub async fn validate_ssh_access(&self, _token: &str) -> Result<()> {
+        Err(gap("ssh access"))
+    }
+
+    /// `download_url(path, ttl_seconds=None)`: a gap.
+    pub async fn download_url(&self, _path: &str) -> Result<String> {
+        Err(gap("pre-signed file URLs"))
+    }
+
+    /// `upload_url(path, ttl_seconds=None)`: a gap.
+    pub async fn upload_url(&self, _path: &str) -> Result<String> {
+        Err(gap("pre-signed file URLs"))
+    }
+
+    async fn do_stop(&self) -> Result<()> {
+        let backend = self.ctx.backend();
+        let info = backend.get(&self.id).await?;
+        if info.state == sandcove::SandboxState::Paused {
+            backend.resume(&self.id).await?;
+        }
+        for p in backend.list_processes(&self.id).await? {
+            if p.exit.is_none() {
+                match backend
+                    .signal(
+                        &self.id,
+                        sandcove::ProcessSelector::Pid(p.pid),
+                        sandcove::Signal::Kill,
+                    )
+                    .await
+                {
+                    Ok(()) => {}
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        let mut meta = self.ctx.meta().await?;
+        meta.stopped = true;
+        self.ctx.set_meta(&meta).await?;
+        Ok(())
+    }
+
+    async fn do_start(&self) -> Result<()> {
+        let backend = self.ctx.backend();
+        let info = backend.get(&self.id).await?;
+        if info.state == sandcove::SandboxState::Paused {
+            backend.resume(&self.id).await?;
+        }
+        let mut meta = self.ctx.meta().await?;
+        meta.stopped = false;
+        meta.archived = false;
+        self.ctx.set_meta(&meta).await?;
+        let minutes = meta
+            .auto_stop_interval
+            .unwrap_or(translate::DEFAULT_AUTO_STOP);
+        backend
+            .set_timeout(&self.id, translate::lease_for_auto_stop(minutes))
+            .await?;
+        Ok(())
+    }
+}
+
+macro_rules! timeout_setter {
+    () => {
+        /// `timeout` in seconds for the whole call (default 60; `0` = none).
+        pub fn timeout(mut self, seconds: impl Into<f64>) -> Self {
+            self.timeout = seconds.into();
+            self
+        }
+    };
+}
+
+/// Builder of [`Sandbox::start`]; await it.
+#[derive(Debug)]
+#[must_use = "await the builder to run the call"]
+pub struct StartBuilder {
+    sandbox: Sandbox,
+    timeout: f64,
+}
+
+impl StartBuilder {
+    timeout_setter!();
+
+    async fn run(self) -> Result<()> {
+        let sb = self.sandbox;
+        with_timeout("start", self.timeout, sb.do_start())
+            .await
+            .ctx("Failed to start sandbox: ")
+    }
+}
+awaitable!(StartBuilder => ());
+
+/// Builder of [`Sandbox::stop`]; await it.
+#[derive(Debug)]
+#[must_use = "await the builder to run the call"]
+pub struct StopBuilder {
+    sandbox: Sandbox,
+    timeout: f64,
+}
+
+impl StopBuilder {
+    timeout_setter!();
+
+    /// `force=False`: processes are always killed at once here.
+    pub fn force(self, _force: bool) -> Self {
+        self
+    }
+
+    async fn run(self) -> Result<()> {
+        let sb = self.sandbox;
+        with_timeout("stop", self.timeout, sb.do_stop())
+            .await
+            .ctx("Failed to stop sandbox: ")
+    }
+}
+awaitable!(StopBuilder => ());
+
+/// Builder of [`Sandbox::delete`]; await it.
+#[derive(Debug)]
+#[must_use = "await the builder to run the call"]
+pub struct DeleteBuilder {
+    sandbox: Sandbox,
+    timeout: f64,
+}
+
+impl DeleteBuilder {
+    timeout_setter!();
+
+    /// `wait=False`: deletion here is always complete when the call returns.
+    pub fn wait(self, _wait: bool) -> Self {
+        self
+    }
+
+    async fn run(self) -> Result<()> {
+        let sb = self.sandbox;
+        let id = sb.id.clone();
+        with_timeout("delete", self.timeout, async move {
+            sb.ctx.backend().destroy(&id).await.map_err(Into::into)
+        })
+        .await
+        .ctx("Failed to remove sandbox: ")
+    }
+}
+awaitable!(DeleteBuilder => ());
+
+/// Builder of [`Sandbox::wait_for_sandbox_start`] / [`Sandbox::wait_for_sandbox_stop`].
+#[derive(Debug)]
+#[must_use = "await the builder to run the call"]
+pub struct WaitBuilder {
+    sandbox: Sandbox,
+    timeout: f64,
+    start: bool,
+}
+
+impl WaitBuilder {
+    timeout_setter!();
+
+    async fn run(self) -> Result<()> {
+        let name = if self.start {
+            "wait_for_sandbox_start"
+        } else {
+            "wait_for_sandbox_stop"
+        };
+        let start = self.start;
+        let mut sb = self.sandbox;
+        with_timeout(name, self.timeout, async move {
+            loop {
+                match sb.refresh_data().await {
+                    Ok(()) => {}
+                    Err(e) if !start && e.is_not_found() => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+                match (start, sb.state) {
+                    (true, Some(SandboxState::Started)) => return Ok(()),
+                    (true, Some(SandboxState::Error | SandboxState::BuildFailed)) => {
+                        return Err(DaytonaError::new(format!(
+                            "Sandbox {} failed to start with state: {}, error reason: {}",
+                            sb.id,
+                            sb.state.map(|s| s.as_str()).unwrap_or("unknown"),
+                            sb.error_reason.clone().unwrap_or_default()
+                        )))
+                    }
+                    (false, Some(SandboxState::Stopped | SandboxState::Destroyed)) => return Ok(()),
+                    _ => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        })
+        .await
+    }
+}
+awaitable!(WaitBuilder => ());
+
+/// Builder of [`Sandbox::create_signed_preview_url`]; await it.
+#[derive(Debug)]
+#[must_use = "await the builder to run the call"]
+pub struct SignedPreviewBuilder {
+    sandbox: Sandbox,
+    port: i64,
+    expires_in_seconds: Option<i64>,
+}
+
+impl SignedPreviewBuilder {
+    /// `expires_in_seconds=None` (60 s; 1..=86400).
+    pub fn expires_in_seconds(mut self, seconds: impl Into<Option<i64>>) -> Self {
+        self.expires_in_seconds = seconds.into();
+        self
+    }
+
+    async fn run(self) -> Result<SignedPortPreviewUrl> {
+        const P: &str = "Failed to create signed preview url: ";
+        let secs = self.expires_in_seconds.unwrap_or(60);
+        if !(1..=86_400).contains(&secs) {
+            return Err(DaytonaError::validation(
+                "expires_in_seconds must be between 1 and 86400",
+            ))
+            .ctx(P);
+        }
+        let p = self.sandbox.preview(self.port).await.ctx(P)?;
+        let token = self
+            .sandbox
+            .ctx
+            .backend()
+            .create_preview_token(
+                &self.sandbox.id,
+                p.port,
+                Some(sandcove::now_millis() + secs as u64 * 1000),
+            )
+            .await
+            .ctx(P)?;
+        let sep = if p.url.contains('?') { '&' } else { '?' };
+        Ok(SignedPortPreviewUrl {
+            sandbox_id: self.sandbox.id.clone(),
+            port: self.port,
+            url: format!("{}{sep}{}={}", p.url, p.token_query, token.value),
+            token: token.value,
+        })
+    }
+}
+awaitable!(SignedPreviewBuilder => SignedPortPreviewUrl);

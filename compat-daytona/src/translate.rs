@@ -1,0 +1,337 @@
+//! Pure translation between Daytona's vocabulary and the runtime's: paths, env names, command
+//! lines, modes, times, globs. No I/O here; everything is table-tested.
+
+use std::time::Duration;
+
+use crate::errors::DaytonaError;
+
+/// Daytona's default OS user.
+pub const DAYTONA_USER: &str = "daytona";
+/// Daytona's default home and work directory.
+pub const DAYTONA_HOME: &str = "/home/daytona";
+/// Label that stores the sandbox language, as on Daytona.
+pub const LANGUAGE_LABEL: &str = "code-toolbox-language";
+/// Prefix of the labels the facade keeps for itself (hidden from `Sandbox.labels`).
+pub const META_PREFIX: &str = "sandcove.daytona/";
+/// Default auto-stop interval in minutes.
+pub const DEFAULT_AUTO_STOP: i64 = 15;
+/// Default auto-archive interval in minutes (7 days).
+pub const DEFAULT_AUTO_ARCHIVE: i64 = 7 * 24 * 60;
+/// Lease given to a sandbox whose auto-stop is disabled (`0`): 30 days.
+pub const NEVER_STOP_LEASE: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Resolve a Daytona path: absolute paths stay, relative ones (and `.`) are joined to the work
+/// dir. No `~` expansion, as on Daytona.
+pub fn resolve_path(work_dir: &str, path: &str) -> String {
+    if path.starts_with('/') {
+        return path.to_string();
+    }
+    let rest = path.trim_start_matches("./");
+    let rest = if rest == "." { "" } else { rest };
+    let base = work_dir.trim_end_matches('/');
+    if rest.is_empty() {
+        if base.is_empty() {
+            "/".into()
+        } else {
+            base.to_string()
+        }
+    } else {
+        format!("{base}/{rest}")
+    }
+}
+
+/// Daytona's env name rule: `^[A-Za-z_][A-Za-z0-9_]*$`.
+pub fn check_env_name(name: &str) -> Result<(), DaytonaError> {
+    let mut chars = name.chars();
+    let ok = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(DaytonaError::validation(format!(
+            "invalid environment variable name: '{name}'"
+        )))
+    }
+}
+
+/// The script `exec` runs under bash: stderr joins stdout in one pipe first, so `result`
+/// holds both in the order they were written, as Daytona's single buffer does.
+pub fn exec_script(command: &str) -> String {
+    format!("exec 2>&1; {command}")
+}
+
+/// Quote one word for a POSIX shell.
+pub fn quote(word: &str) -> String {
+    shell_escape::unix::escape(word.into()).into_owned()
+}
+
+/// The shell command `code_run` executes for `language`, as Daytona's daemon builds it: the
+/// code travels base64-encoded, argv words are joined with spaces **unquoted**.
+pub fn code_run_command(language: &str, code: &str, argv: &[String]) -> String {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(code);
+    let args = if argv.is_empty() {
+        String::new()
+    } else {
+        format!(" {}", argv.join(" "))
+    };
+    match language {
+        "javascript" => format!("printf '%s' '{b64}' | base64 -d | node -{args}"),
+        "typescript" => format!(
+            "printf '%s' '{b64}' | base64 -d > /tmp/dtn_$$.ts && npx ts-node -T --ignore-diagnostics 5107 \
+             -O '{{\"module\":\"CommonJS\"}}' /tmp/dtn_$$.ts{args}; dtn_ec=$?; rm -f /tmp/dtn_$$.ts; exit $dtn_ec"
+        ),
+        _ => format!("printf '%s' '{b64}' | base64 -d | python3 -u -{args}"),
+    }
+}
+
+/// Check a `CodeLanguage` value.
+pub fn check_language(language: &str) -> Result<(), DaytonaError> {
+    match language {
+        "python" | "typescript" | "javascript" => Ok(()),
+        other => Err(DaytonaError::validation(format!(
+            "Invalid code-toolbox-language: {other}"
+        ))),
+    }
+}
+
+/// The sandbox lease for an auto-stop interval in minutes (`0` = never stop).
+pub fn lease_for_auto_stop(minutes: i64) -> Duration {
+    if minutes <= 0 {
+        NEVER_STOP_LEASE
+    } else {
+        Duration::from_secs(minutes as u64 * 60)
+    }
+}
+
+/// Parse Daytona's octal mode string (`"755"`, `"0644"`).
+pub fn parse_mode(mode: &str) -> Result<u32, DaytonaError> {
+    let trimmed = mode.trim();
+    u32::from_str_radix(trimmed, 8)
+        .ok()
+        .filter(|m| !trimmed.is_empty() && *m <= 0o7777)
+        .ok_or_else(|| DaytonaError::validation(format!("invalid mode format: {mode:?}")))
+}
+
+/// Go's `FileMode.String()` for a kind and permission bits: `-rw-r--r--`, `drwxr-xr-x`.
+pub fn go_mode_string(kind: sandcove::FileKind, mode: u32) -> String {
+    let mut s = String::new();
+    s.push(match kind {
+        sandcove::FileKind::Dir => 'd',
+        sandcove::FileKind::Symlink => 'L',
+        _ => '-',
+    });
+    for (i, c) in "rwxrwxrwx".chars().enumerate() {
+        s.push(if mode & (1 << (8 - i)) != 0 { c } else { '-' });
+    }
+    s
+}
+
+/// Civil date from days since 1970-01-01 (proleptic Gregorian).
+fn civil(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+fn split_millis(millis: u64) -> (i64, u32, u32, u64, u64) {
+    let secs = (millis / 1000) as i64;
+    let (y, m, d) = civil(secs.div_euclid(86_400));
+    (y, m, d, secs.rem_euclid(86_400) as u64, millis % 1000)
+}
+
+/// RFC 3339 UTC time for milliseconds since the epoch (`2026-01-02T03:04:05.678Z`).
+pub fn rfc3339(millis: u64) -> String {
+    let (y, mo, d, s, ms) = split_millis(millis);
+    format!(
+        "{y:04}-{mo:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
+        s / 3600,
+        s / 60 % 60,
+        s % 60
+    )
+}
+
+/// Go's `time.String()` in UTC (`2026-01-02 03:04:05.678 +0000 UTC`), Daytona's `mod_time`.
+pub fn go_time_string(millis: u64) -> String {
+    let (y, mo, d, s, ms) = split_millis(millis);
+    format!(
+        "{y:04}-{mo:02}-{d:02} {:02}:{:02}:{:02}.{ms:03} +0000 UTC",
+        s / 3600,
+        s / 60 % 60,
+        s % 60
+    )
+}
+
+/// Shell glob match of a base name: `*`, `?`, `[...]` (with `!`/`^` negation and ranges).
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    fn class(p: &[char], c: char) -> Option<(bool, usize)> {
+        // p starts after '['; returns (matched, length consumed including ']')
+        let mut i = 0;
+        let negate = matches!(p.first(), Some('!') | Some('^'));
+        if negate {
+            i += 1;
+        }
+        let mut matched = false;
+        let start = i;
+        while i < p.len() {
+            if p[i] == ']' && i > start {
+                return Some((matched != negate, i + 1));
+            }
+            if i + 2 < p.len() && p[i + 1] == '-' && p[i + 2] != ']' {
+                if p[i] <= c && c <= p[i + 2] {
+                    matched = true;
+                }
+                i += 3;
+            } else {
+                if p[i] == c {
+                    matched = true;
+                }
+                i += 1;
+            }
+        }
+        None
+    }
+    fn go(p: &[char], n: &[char]) -> bool {
+        match p.first() {
+            None => n.is_empty(),
+            Some('*') => (0..=n.len()).any(|k| go(&p[1..], &n[k..])),
+            Some('?') => !n.is_empty() && go(&p[1..], &n[1..]),
+            Some('[') => match (n.first(), class(&p[1..], *n.first().unwrap_or(&'\0'))) {
+                (Some(_), Some((true, len))) => go(&p[1 + len..], &n[1..]),
+                (Some(_), Some((false, _))) => false,
+                (_, None) => n.first() == Some(&'[') && go(&p[1..], &n[1..]),
+                (None, _) => false,
+            },
+            Some(c) => n.first() == Some(c) && go(&p[1..], &n[1..]),
+        }
+    }
+    let p: Vec<char> = pattern.chars().collect();
+    let n: Vec<char> = name.chars().collect();
+    go(&p, &n)
+}
+
+/// Daytona's `VolumeMount.mount_path` rules: absolute, not `/`, no `.`/`..` components, not
+/// under a system directory.
+pub fn check_mount_path(path: &str) -> Result<(), DaytonaError> {
+    let bad = |why: &str| {
+        Err(DaytonaError::validation(format!(
+            "invalid mount path {path:?}: {why}"
+        )))
+    };
+    if !path.starts_with('/') {
+        return bad("must be absolute");
+    }
+    if path.trim_end_matches('/').is_empty() {
+        return bad("cannot be /");
+    }
+    if path.split('/').any(|c| c == "." || c == "..") {
+        return bad("cannot contain . or .. components");
+    }
+    for sys in [
+        "/proc", "/sys", "/dev", "/boot", "/etc", "/bin", "/sbin", "/lib", "/lib64",
+    ] {
+        if path == sys || path.starts_with(&format!("{sys}/")) {
+            return bad("cannot be under a system directory");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths_resolve_against_the_work_dir() {
+        for (path, want) in [
+            ("/etc/hosts", "/etc/hosts"),
+            ("a.txt", "/home/daytona/a.txt"),
+            ("./a/b", "/home/daytona/a/b"),
+            (".", "/home/daytona"),
+            ("", "/home/daytona"),
+            ("workspace/src", "/home/daytona/workspace/src"),
+            ("~/x", "/home/daytona/~/x"),
+        ] {
+            assert_eq!(resolve_path(DAYTONA_HOME, path), want, "{path}");
+        }
+        assert_eq!(resolve_path("/", "x"), "/x");
+    }
+
+    #[test]
+    fn env_names_follow_daytona_rules() {
+        for ok in ["A", "_x", "CUSTOM_SECRET", "a1"] {
+            assert!(check_env_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "1A", "A-B", "A B", "é"] {
+            let e = check_env_name(bad).unwrap_err();
+            assert!(e.is_validation());
+            assert!(e.to_string().contains("invalid environment variable name"));
+        }
+    }
+
+    #[test]
+    fn code_run_builds_the_daemon_command() {
+        let cmd = code_run_command("python", "print(1)", &["a".into(), "b c".into()]);
+        assert_eq!(
+            cmd,
+            "printf '%s' 'cHJpbnQoMSk=' | base64 -d | python3 -u - a b c"
+        );
+        assert!(code_run_command("javascript", "x", &[]).ends_with("node -"));
+        assert!(code_run_command("typescript", "x", &[]).contains("ts-node"));
+        assert!(check_language("python").is_ok());
+        assert!(check_language("ruby").unwrap_err().is_validation());
+    }
+
+    #[test]
+    fn modes_and_times_render_like_the_daemon() {
+        assert_eq!(parse_mode("755").unwrap(), 0o755);
+        assert_eq!(parse_mode("0644").unwrap(), 0o644);
+        for bad in ["", "9", "rwx", "77777"] {
+            assert!(parse_mode(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            go_mode_string(sandcove::FileKind::File, 0o644),
+            "-rw-r--r--"
+        );
+        assert_eq!(go_mode_string(sandcove::FileKind::Dir, 0o755), "drwxr-xr-x");
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(1_709_251_200_123), "2024-03-01T00:00:00.123Z");
+        assert_eq!(
+            go_time_string(951_782_400_000),
+            "2000-02-29 00:00:00.000 +0000 UTC"
+        );
+    }
+
+    #[test]
+    fn globs_match_base_names() {
+        for (p, n, want) in [
+            ("*.json", "config.json", true),
+            ("*.json", "config.jsonx", false),
+            ("?.txt", "a.txt", true),
+            ("?.txt", "ab.txt", false),
+            ("[ab]*", "beta", true),
+            ("[!ab]*", "beta", false),
+            ("[a-c]x", "bx", true),
+            ("*", "", true),
+            ("exact", "exact", true),
+        ] {
+            assert_eq!(glob_match(p, n), want, "{p} {n}");
+        }
+    }
+
+    #[test]
+    fn leases_and_mount_paths() {
+        assert_eq!(lease_for_auto_stop(15), Duration::from_secs(900));
+        assert_eq!(lease_for_auto_stop(0), NEVER_STOP_LEASE);
+        assert!(check_mount_path("/home/daytona/volume").is_ok());
+        for bad in ["rel", "/", "/etc/x", "/a/../b", "/proc"] {
+            assert!(check_mount_path(bad).is_err(), "{bad}");
+        }
+    }
+}
