@@ -24,15 +24,20 @@ pub struct Client {
 
 impl Client {
     /// The runtime the environment selects: the embedded local engine, unless
-    /// `SANDCOVE_URL` names a remote server.
+    /// `SANDCOVE_URL` names a remote `sandcove serve` (then `SANDCOVE_API_KEY` is its key and
+    /// an [`HttpBackend`](crate::HttpBackend) is used). Nothing is sent until the first call.
     pub fn from_env() -> Result<Self> {
         match std::env::var(URL_ENV) {
-            Ok(url) if !url.is_empty() => Err(Error::not_supported(
-                format!("remote runtime at {URL_ENV}={url}"),
-                format!(
-                    "this build has no HTTP backend yet; unset {URL_ENV} to use the embedded engine"
-                ),
-            )),
+            Ok(url) if !url.is_empty() => {
+                let key = std::env::var(API_KEY_ENV).unwrap_or_default();
+                if key.is_empty() {
+                    return Err(Error::Unauthenticated {
+                        message: format!("{URL_ENV} is set but {API_KEY_ENV} is not"),
+                    });
+                }
+                let backend = crate::HttpBackend::new(&url, &key)?;
+                Ok(Self::new(Arc::new(backend)))
+            }
             _ => Ok(Self::local()?),
         }
     }

@@ -31,6 +31,10 @@ pub mod types;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
+#[cfg(feature = "server")]
+pub mod server;
+
+pub use backend::http::{HttpBackend, HttpOptions};
 pub use backend::local::LocalBackend;
 pub use backend::{Backend, ByteStream, ProcessStream, WatchStream};
 pub use capability::Capabilities;

@@ -19,6 +19,7 @@ use crate::{
     SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions,
 };
 
+pub mod http;
 pub mod local;
 
 /// A stream of byte chunks (file contents). Errors end the stream; a stream that ends without

@@ -1,0 +1,1404 @@
+//! [`HttpBackend`]: the [`Backend`] trait over HTTP, talking to a `sandcove serve`
+//! (`sandcove::server`, feature `server`).
+//!
+//! # Wire format
+//!
+//! Every route lives under [`API_PREFIX`] and needs `Authorization: Bearer <key>`; the server
+//! publishes the full list as an OpenAPI document at [`OPENAPI_PATH`].
+//!
+//! - **Control calls** send and receive JSON: the serde forms of the [`crate::types`] values.
+//! - **Errors** are a JSON [`ErrorBody`] (`{"code": "not_found", "message": …, "fields": …}`)
+//!   with the status [`status_for`] gives its code; [`error_from_response`] is the one place
+//!   a status and body become an [`Error`], so every code maps back onto its own variant.
+//! - **Streams** (process events, file downloads, watches) are a binary frame stream
+//!   (`Content-Type:` [`FRAMES_CONTENT_TYPE`]), so output bytes cross unchanged: each frame is
+//!   one kind byte, a big-endian `u32` payload length, then the payload.
+//!
+//!   | kind | payload |
+//!   |---|---|
+//!   | `o` | stdout bytes, raw |
+//!   | `e` | stderr bytes, raw |
+//!   | `d` | file bytes, raw |
+//!   | `j` | one JSON value: a [`ProcessEvent`] other than output (start, gap, exit) or an [`FsEvent`] |
+//!   | `x` | end of a download or watch (empty) |
+//!   | `!` | an [`ErrorBody`]; the stream ends after it |
+//!
+//!   A process stream ends with its exit event, a download or watch with `x`. A body that ends
+//!   any other way (connection cut, server stopped, a truncated frame) yields an error as the
+//!   stream's last item: output is never silently short.
+//! - **Spawn** answers with the pid in the [`PID_HEADER`] header, then streams the events.
+//! - **Uploads** are the raw file bytes as a streamed request body.
+//! - **Stdin** is a `POST` whose raw body is written to the process.
+//!
+//! # Retries and timeouts
+//!
+//! Connection failures and `429` (honouring `Retry-After`) are retried for every call whose
+//! body can be replayed; `5xx` answers and other transport failures only for idempotent calls
+//! (`GET`, `PUT`, `DELETE`, and creates, which carry an [`IDEMPOTENCY_HEADER`] the server
+//! remembers so a retried create never makes a second sandbox). Control calls have a total
+//! timeout; streaming calls time out only while waiting for the response head, never while
+//! the stream runs.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::{Stream, StreamExt};
+use reqwest::{Method, StatusCode, Url};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::{Backend, ByteStream, ProcessStream, WatchStream};
+use crate::{
+    Capabilities, CreateOptions, Error, ErrorBody, ErrorCode, FileStat, FsEvent, ListDirOptions,
+    ListOptions, Metrics, MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessEvent,
+    ProcessInfo, ProcessSelector, ProcessSpec, PtySize, RemoveOptions, Result, SandboxInfo, Signal,
+    SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions,
+};
+
+/// Path prefix of every API route.
+pub const API_PREFIX: &str = "/v1";
+/// Path of the server's OpenAPI document.
+pub const OPENAPI_PATH: &str = "/openapi.json";
+/// Request header naming one logical create; retries carry the same value.
+pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
+/// Response header of a spawn: the pid of the new process.
+pub const PID_HEADER: &str = "x-sandcove-pid";
+/// Content type of a frame stream (see the module docs).
+pub const FRAMES_CONTENT_TYPE: &str = "application/vnd.sandcove.frames";
+
+/// The frame stream codec shared by the client and the server.
+pub mod frame {
+    /// Stdout bytes.
+    pub const STDOUT: u8 = b'o';
+    /// Stderr bytes.
+    pub const STDERR: u8 = b'e';
+    /// File bytes.
+    pub const DATA: u8 = b'd';
+    /// A JSON event.
+    pub const JSON: u8 = b'j';
+    /// End of a download or watch.
+    pub const END: u8 = b'x';
+    /// An error body; the last frame.
+    pub const ERROR: u8 = b'!';
+    /// Largest payload a decoder accepts; anything bigger is a protocol error.
+    pub const MAX_PAYLOAD: usize = 64 * 1024 * 1024;
+
+    /// One frame: kind byte, big-endian `u32` length, payload.
+    pub fn encode(kind: u8, payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(5 + payload.len());
+        out.push(kind);
+        out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// Splits a byte stream back into frames, whatever the chunk boundaries.
+    #[derive(Debug, Default)]
+    pub struct Decoder {
+        buf: Vec<u8>,
+        start: usize,
+    }
+
+    impl Decoder {
+        /// Append received bytes.
+        pub fn push(&mut self, bytes: &[u8]) {
+            if self.start > 0 && self.start == self.buf.len() {
+                self.buf.clear();
+                self.start = 0;
+            } else if self.start > 1024 * 1024 {
+                self.buf.drain(..self.start);
+                self.start = 0;
+            }
+            self.buf.extend_from_slice(bytes);
+        }
+
+        /// The next complete frame, if one has arrived; `Err` on an oversized length.
+        pub fn next_frame(&mut self) -> Result<Option<(u8, Vec<u8>)>, String> {
+            let rest = &self.buf[self.start..];
+            if rest.len() < 5 {
+                return Ok(None);
+            }
+            let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+            if len > MAX_PAYLOAD {
+                return Err(format!(
+                    "frame of {len} bytes exceeds the {MAX_PAYLOAD} limit"
+                ));
+            }
+            if rest.len() < 5 + len {
+                return Ok(None);
+            }
+            let frame = (rest[0], rest[5..5 + len].to_vec());
+            self.start += 5 + len;
+            Ok(Some(frame))
+        }
+
+        /// Bytes received that do not yet form a whole frame.
+        pub fn pending(&self) -> usize {
+            self.buf.len() - self.start
+        }
+    }
+}
+
+/// The HTTP status the server answers an error code with. [`error_from_response`] is its
+/// inverse for bodies that carry a code.
+pub fn status_for(code: ErrorCode) -> u16 {
+    match code {
+        ErrorCode::NotFound => 404,
+        ErrorCode::AlreadyExists => 409,
+        ErrorCode::InvalidArgument => 400,
+        ErrorCode::Timeout => 504,
+        ErrorCode::PermissionDenied => 403,
+        ErrorCode::Unauthenticated => 401,
+        ErrorCode::InvalidState => 409,
+        ErrorCode::NotSupported => 501,
+        ErrorCode::Unavailable => 503,
+        ErrorCode::RateLimited => 429,
+        ErrorCode::Io => 500,
+        _ => 500,
+    }
+}
+
+/// The one mapping from an HTTP error answer to an [`Error`]: a JSON [`ErrorBody`] becomes
+/// its own variant; any other body (a proxy's HTML page, plain text) is mapped by status.
+/// `retry_after` is the `Retry-After` header, used when the body does not say.
+pub fn error_from_response(status: u16, retry_after: Option<&str>, body: &[u8]) -> Error {
+    let retry_after_ms = retry_after
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|s| s.saturating_mul(1000));
+    if let Ok(parsed) = serde_json::from_slice::<ErrorBody>(body) {
+        let err = Error::from_body(&parsed);
+        return match err {
+            Error::RateLimited {
+                message,
+                retry_after_ms: None,
+            } => Error::RateLimited {
+                message,
+                retry_after_ms,
+            },
+            other => other,
+        };
+    }
+    let text = String::from_utf8_lossy(&body[..body.len().min(200)]);
+    let text = text.trim();
+    let detail = if text.is_empty() {
+        format!("HTTP {status}")
+    } else {
+        format!("HTTP {status}: {text}")
+    };
+    match status {
+        400 | 413 | 414 | 422 => Error::invalid(detail),
+        401 => Error::Unauthenticated { message: detail },
+        403 => Error::PermissionDenied { what: detail },
+        404 => Error::not_found(detail),
+        408 | 504 => Error::Timeout { what: detail },
+        409 => Error::AlreadyExists { what: detail },
+        429 => Error::RateLimited {
+            message: detail,
+            retry_after_ms,
+        },
+        501 => Error::not_supported(detail, "a server whose backend supports it"),
+        500..=599 => Error::Backend {
+            message: detail,
+            retryable: true,
+        },
+        _ => Error::backend(format!("unexpected answer: {detail}")),
+    }
+}
+
+/// Timeouts and retry policy of an [`HttpBackend`].
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    /// Total time for a control call, and the time to wait for the response head of a
+    /// streaming call (never applied to the stream itself).
+    pub request_timeout: Duration,
+    /// Time to establish a connection.
+    pub connect_timeout: Duration,
+    /// Retries after the first attempt (see the module docs for which failures qualify).
+    pub max_retries: u32,
+    /// First backoff; doubled per retry up to [`HttpOptions::max_backoff`].
+    pub backoff: Duration,
+    /// Longest wait between attempts, `Retry-After` included.
+    pub max_backoff: Duration,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions {
+            request_timeout: Duration::from_secs(120),
+            connect_timeout: Duration::from_secs(10),
+            max_retries: 4,
+            backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A [`Backend`] served by a remote `sandcove serve`. Cheap to clone.
+#[derive(Clone)]
+pub struct HttpBackend {
+    base: Url,
+    api_key: Arc<str>,
+    http: reqwest::Client,
+    options: HttpOptions,
+    caps: Arc<OnceLock<Capabilities>>,
+}
+
+impl std::fmt::Debug for HttpBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The API key is deliberately left out.
+        f.debug_struct("HttpBackend")
+            .field("url", &self.base.as_str())
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a call may be retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// Replaying it is harmless: retry 5xx and transport failures too.
+    Idempotent,
+    /// Retry only what cannot have had an effect: refused connections and 429.
+    Unsafe,
+}
+
+/// One logical request, sent (and maybe retried) by `HttpBackend::send`.
+struct Req<'a> {
+    method: Method,
+    url: Url,
+    query: &'a [(&'a str, String)],
+    payload: Payload,
+    idempotency_key: Option<&'a str>,
+    retry: Retry,
+    /// The answer is a stream: time out on its head only.
+    stream: bool,
+}
+
+/// A request body that can be replayed on retry.
+enum Payload {
+    None,
+    Json(Vec<u8>),
+    Raw(Vec<u8>),
+}
+
+impl HttpBackend {
+    /// A backend for the server at `url` (e.g. `http://127.0.0.1:8730`) with default
+    /// [`HttpOptions`]. Nothing is sent yet; [`Backend::capabilities`] fetches the server's
+    /// capabilities on first use (see [`HttpBackend::connect`] to fetch them up front).
+    pub fn new(url: &str, api_key: &str) -> Result<Self> {
+        Self::with_options(url, api_key, HttpOptions::default())
+    }
+
+    /// Like [`HttpBackend::new`] with explicit timeouts and retry policy.
+    pub fn with_options(url: &str, api_key: &str, options: HttpOptions) -> Result<Self> {
+        let base =
+            Url::parse(url).map_err(|e| Error::invalid(format!("server URL {url:?}: {e}")))?;
+        match base.scheme() {
+            "http" => {}
+            "https" => {
+                return Err(Error::not_supported(
+                    "https server URLs",
+                    "this build speaks plain http: reach the server over loopback or a tunnel",
+                ))
+            }
+            other => {
+                return Err(Error::invalid(format!(
+                    "server URL {url:?}: scheme {other:?} is not http"
+                )))
+            }
+        }
+        if base.cannot_be_a_base() || base.host().is_none() {
+            return Err(Error::invalid(format!("server URL {url:?} has no host")));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(options.connect_timeout)
+            .build()
+            .map_err(|e| Error::backend(format!("HTTP client: {e}")))?;
+        Ok(HttpBackend {
+            base,
+            api_key: api_key.into(),
+            http,
+            options,
+            caps: Arc::new(OnceLock::new()),
+        })
+    }
+
+    /// Connect to the server at `url`: checks the key and caches the server's capabilities.
+    pub async fn connect(url: &str, api_key: &str) -> Result<Self> {
+        let backend = Self::new(url, api_key)?;
+        backend.refresh_capabilities().await?;
+        Ok(backend)
+    }
+
+    /// The server's base URL.
+    pub fn url(&self) -> &str {
+        self.base.as_str()
+    }
+
+    /// Fetch the server's capabilities (and cache them if none are cached yet).
+    pub async fn refresh_capabilities(&self) -> Result<Capabilities> {
+        let caps = fetch_capabilities(self, &self.http).await?;
+        let _ = self.caps.set(caps.clone());
+        Ok(caps)
+    }
+
+    fn url_for(&self, segments: &[&str]) -> Url {
+        let mut url = self.base.clone();
+        {
+            let mut path = url
+                .path_segments_mut()
+                .expect("checked at construction: a base URL");
+            path.pop_if_empty();
+            path.extend(API_PREFIX.trim_start_matches('/').split('/'));
+            path.extend(segments);
+        }
+        url
+    }
+
+    fn sandbox_url(&self, id: &str, rest: &[&str]) -> Url {
+        let mut segments = vec!["sandboxes", id];
+        segments.extend_from_slice(rest);
+        self.url_for(&segments)
+    }
+
+    /// Send a request, retrying per `retry`, and return the successful response. `stream`
+    /// responses get a timeout on their head only.
+    async fn send(&self, req: Req<'_>) -> Result<reqwest::Response> {
+        let Req {
+            method,
+            url,
+            query,
+            payload,
+            idempotency_key,
+            retry,
+            stream,
+        } = req;
+        let mut attempt = 0u32;
+        loop {
+            let mut request = self
+                .http
+                .request(method.clone(), url.clone())
+                .bearer_auth(&*self.api_key);
+            if !query.is_empty() {
+                request = request.query(query);
+            }
+            if let Some(key) = idempotency_key {
+                request = request.header(IDEMPOTENCY_HEADER, key);
+            }
+            request = match &payload {
+                Payload::None => request,
+                Payload::Json(body) => request
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone()),
+                Payload::Raw(body) => request
+                    .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+                    .body(body.clone()),
+            };
+            if !stream {
+                request = request.timeout(self.options.request_timeout);
+            }
+            let sent = if stream {
+                match tokio::time::timeout(self.options.request_timeout, request.send()).await {
+                    Ok(result) => result,
+                    Err(_) => {
+                        let err = Error::Timeout {
+                            what: format!("{method} {}", url.path()),
+                        };
+                        if retry == Retry::Idempotent && attempt < self.options.max_retries {
+                            self.backoff(attempt, None).await;
+                            attempt += 1;
+                            continue;
+                        }
+                        return Err(err);
+                    }
+                }
+            } else {
+                request.send().await
+            };
+            let (err, retryable, retry_after) = match sent {
+                Ok(response) if response.status().is_success() => return Ok(response),
+                Ok(response) => {
+                    let status = response.status();
+                    let err = read_error(response, self.options.request_timeout).await;
+                    let retry_after = match &err {
+                        Error::RateLimited { retry_after_ms, .. } => *retry_after_ms,
+                        _ => None,
+                    };
+                    let retryable = status == StatusCode::TOO_MANY_REQUESTS
+                        || (status.is_server_error()
+                            && retry == Retry::Idempotent
+                            && err.is_retryable());
+                    (err, retryable, retry_after)
+                }
+                Err(e) => {
+                    let retryable = e.is_connect() || retry == Retry::Idempotent;
+                    (transport_error(&e, &method, &url), retryable, None)
+                }
+            };
+            if !retryable || attempt >= self.options.max_retries {
+                return Err(err);
+            }
+            self.backoff(attempt, retry_after).await;
+            attempt += 1;
+        }
+    }
+
+    async fn backoff(&self, attempt: u32, retry_after_ms: Option<u64>) {
+        let exp = self
+            .options
+            .backoff
+            .saturating_mul(1u32 << attempt.min(16))
+            .min(self.options.max_backoff);
+        let wait = match retry_after_ms {
+            Some(ms) => Duration::from_millis(ms).min(self.options.max_backoff),
+            None => exp,
+        };
+        tokio::time::sleep(wait).await;
+    }
+
+    /// A JSON call: send `body` (if any), decode the JSON answer.
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        url: Url,
+        query: &[(&str, String)],
+        body: Option<&(impl Serialize + ?Sized)>,
+        retry: Retry,
+    ) -> Result<T> {
+        let payload = match body {
+            Some(b) => Payload::Json(to_json(b)?),
+            None => Payload::None,
+        };
+        let response = self
+            .send(Req {
+                method,
+                url,
+                query,
+                payload,
+                idempotency_key: None,
+                retry,
+                stream: false,
+            })
+            .await?;
+        decode_json(response).await
+    }
+
+    /// A JSON call whose answer carries nothing.
+    async fn call_unit(
+        &self,
+        method: Method,
+        url: Url,
+        query: &[(&str, String)],
+        payload: Payload,
+        retry: Retry,
+    ) -> Result<()> {
+        let response = self
+            .send(Req {
+                method,
+                url,
+                query,
+                payload,
+                idempotency_key: None,
+                retry,
+                stream: false,
+            })
+            .await?;
+        // Drain the (empty) body so the connection returns to the pool.
+        let _ = response.bytes().await;
+        Ok(())
+    }
+
+    /// A create: a `POST` carrying a fresh idempotency key, retried like an idempotent call.
+    async fn create_call<T: DeserializeOwned>(
+        &self,
+        url: Url,
+        body: &(impl Serialize + ?Sized),
+    ) -> Result<T> {
+        let key = idempotency_key();
+        let response = self
+            .send(Req {
+                method: Method::POST,
+                url,
+                query: &[],
+                payload: Payload::Json(to_json(body)?),
+                idempotency_key: Some(&key),
+                retry: Retry::Idempotent,
+                stream: false,
+            })
+            .await?;
+        decode_json(response).await
+    }
+
+    async fn process_stream(&self, response: reqwest::Response) -> Result<ProcessStream> {
+        let pid = response
+            .headers()
+            .get(PID_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u32>().ok())
+            .ok_or_else(|| {
+                Error::backend(format!("process stream without a {PID_HEADER} header"))
+            })?;
+        Ok(ProcessStream {
+            pid,
+            events: Box::pin(process_events(frames(response))),
+        })
+    }
+}
+
+fn to_json(body: &(impl Serialize + ?Sized)) -> Result<Vec<u8>> {
+    serde_json::to_vec(body).map_err(|e| Error::invalid(format!("cannot encode request: {e}")))
+}
+
+async fn decode_json<T: DeserializeOwned>(response: reqwest::Response) -> Result<T> {
+    let url = response.url().path().to_string();
+    let bytes = response.bytes().await.map_err(|e| Error::Backend {
+        message: format!("reading the answer of {url}: {e}"),
+        retryable: true,
+    })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| Error::backend(format!("undecodable answer from {url}: {e}")))
+}
+
+async fn read_error(response: reqwest::Response, limit: Duration) -> Error {
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let body = match tokio::time::timeout(limit, response.bytes()).await {
+        Ok(Ok(bytes)) => bytes.to_vec(),
+        _ => Vec::new(),
+    };
+    error_from_response(status, retry_after.as_deref(), &body)
+}
+
+fn transport_error(e: &reqwest::Error, method: &Method, url: &Url) -> Error {
+    let what = format!("{method} {}", url.path());
+    if e.is_timeout() {
+        Error::Timeout { what }
+    } else if e.is_connect() {
+        Error::Unavailable {
+            reason: format!(
+                "cannot reach the sandcove server at {}: {}",
+                url.origin().ascii_serialization(),
+                error_chain(e)
+            ),
+            remedy: "start `sandcove serve` there, or fix SANDCOVE_URL".into(),
+        }
+    } else {
+        Error::Backend {
+            message: format!("{what}: {}", error_chain(e)),
+            retryable: true,
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+fn idempotency_key() -> String {
+    format!("sc-{}", crate::backend::local::config::new_id())
+}
+
+async fn fetch_capabilities(backend: &HttpBackend, http: &reqwest::Client) -> Result<Capabilities> {
+    let url = backend.url_for(&["capabilities"]);
+    let response = http
+        .get(url.clone())
+        .bearer_auth(&*backend.api_key)
+        .timeout(backend.options.request_timeout)
+        .send()
+        .await
+        .map_err(|e| transport_error(&e, &Method::GET, &url))?;
+    if !response.status().is_success() {
+        return Err(read_error(response, backend.options.request_timeout).await);
+    }
+    let mut caps: Capabilities = decode_json(response).await?;
+    caps.backend = format!("http+{}", caps.backend);
+    Ok(caps)
+}
+
+/// The capabilities reported while the server cannot be asked: nothing optional.
+fn unknown_capabilities() -> Capabilities {
+    Capabilities {
+        backend: "http+unreachable".into(),
+        isolated: false,
+        multiple_users: false,
+        persistent_sandboxes: false,
+        host_network: false,
+        process_limit: false,
+        max_file_bytes: 0,
+        output_limit: 0,
+        pause: false,
+        previews: false,
+        snapshots: false,
+        volumes: false,
+        watch: false,
+        pty: false,
+        metrics: false,
+    }
+}
+
+/// One decoded frame, or the reason the body broke off.
+type Frame = Result<(u8, Vec<u8>)>;
+
+/// The frames of a streamed response. A transport failure, or a body ending inside a frame,
+/// yields an error item; a clean end of body just ends the stream (the caller knows whether
+/// its terminal frame came).
+fn frames(response: reqwest::Response) -> impl Stream<Item = Frame> + Send {
+    struct State<S> {
+        body: S,
+        decoder: frame::Decoder,
+        done: bool,
+    }
+    let state = State {
+        body: Box::pin(response.bytes_stream()),
+        decoder: frame::Decoder::default(),
+        done: false,
+    };
+    futures::stream::unfold(state, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        loop {
+            match st.decoder.next_frame() {
+                Ok(Some(f)) => return Some((Ok(f), st)),
+                Ok(None) => {}
+                Err(e) => {
+                    st.done = true;
+                    return Some((Err(Error::backend(format!("bad frame stream: {e}"))), st));
+                }
+            }
+            match st.body.next().await {
+                Some(Ok(chunk)) => st.decoder.push(&chunk),
+                Some(Err(e)) => {
+                    st.done = true;
+                    return Some((Err(cut(&format!(": {}", error_chain(&e)))), st));
+                }
+                None => {
+                    st.done = true;
+                    if st.decoder.pending() > 0 {
+                        return Some((Err(cut(" inside a frame")), st));
+                    }
+                    return None;
+                }
+            }
+        }
+    })
+}
+
+fn cut(how: &str) -> Error {
+    Error::Backend {
+        message: format!("stream from the server was cut{how}"),
+        retryable: true,
+    }
+}
+
+fn frame_error(payload: &[u8]) -> Error {
+    match serde_json::from_slice::<ErrorBody>(payload) {
+        Ok(body) => Error::from_body(&body),
+        Err(e) => Error::backend(format!("undecodable error frame: {e}")),
+    }
+}
+
+/// Frames → process events, ending after `Exit`; anything else ends with an error.
+fn process_events(
+    frames: impl Stream<Item = Frame> + Send + 'static,
+) -> impl Stream<Item = Result<ProcessEvent>> + Send {
+    let frames = Box::pin(frames);
+    futures::stream::unfold(Some(frames), |state| async move {
+        let mut frames = state?;
+        let item = match frames.next().await {
+            None => Err(cut(" before the process exited")),
+            Some(Err(e)) => Err(e),
+            Some(Ok((frame::STDOUT, bytes))) => Ok(ProcessEvent::Stdout(bytes)),
+            Some(Ok((frame::STDERR, bytes))) => Ok(ProcessEvent::Stderr(bytes)),
+            Some(Ok((frame::JSON, json))) => serde_json::from_slice::<ProcessEvent>(&json)
+                .map_err(|e| Error::backend(format!("undecodable process event: {e}"))),
+            Some(Ok((frame::ERROR, body))) => Err(frame_error(&body)),
+            Some(Ok((kind, _))) => Err(Error::backend(format!(
+                "unexpected frame {:?} in a process stream",
+                kind as char
+            ))),
+        };
+        let next = match &item {
+            Ok(ProcessEvent::Exit(_)) | Err(_) => None,
+            Ok(_) => Some(frames),
+        };
+        Some((item, next))
+    })
+}
+
+/// Frames → file chunks, ending at the end frame; anything else ends with an error.
+fn download(frames: impl Stream<Item = Frame> + Send + 'static) -> ByteStream {
+    let frames = Box::pin(frames);
+    Box::pin(futures::stream::unfold(Some(frames), |state| async move {
+        let mut frames = state?;
+        match frames.next().await {
+            None => Some((Err(cut(" before the end of the file")), None)),
+            Some(Err(e)) => Some((Err(e), None)),
+            Some(Ok((frame::DATA, bytes))) => Some((Ok(bytes), Some(frames))),
+            Some(Ok((frame::END, _))) => None,
+            Some(Ok((frame::ERROR, body))) => Some((Err(frame_error(&body)), None)),
+            Some(Ok((kind, _))) => Some((
+                Err(Error::backend(format!(
+                    "unexpected frame {:?} in a download",
+                    kind as char
+                ))),
+                None,
+            )),
+        }
+    }))
+}
+
+/// Frames → filesystem events; a stream ending without the end frame ends with an error.
+fn watch_events(frames: impl Stream<Item = Frame> + Send + 'static) -> WatchStream {
+    let frames = Box::pin(frames);
+    Box::pin(futures::stream::unfold(Some(frames), |state| async move {
+        let mut frames = state?;
+        match frames.next().await {
+            None => Some((Err(cut(" while watching")), None)),
+            Some(Err(e)) => Some((Err(e), None)),
+            Some(Ok((frame::JSON, json))) => match serde_json::from_slice::<FsEvent>(&json) {
+                Ok(ev) => Some((Ok(ev), Some(frames))),
+                Err(e) => Some((
+                    Err(Error::backend(format!("undecodable watch event: {e}"))),
+                    None,
+                )),
+            },
+            Some(Ok((frame::END, _))) => None,
+            Some(Ok((frame::ERROR, body))) => Some((Err(frame_error(&body)), None)),
+            Some(Ok((kind, _))) => Some((
+                Err(Error::backend(format!(
+                    "unexpected frame {:?} in a watch",
+                    kind as char
+                ))),
+                None,
+            )),
+        }
+    }))
+}
+
+/// Query parameters naming a process.
+fn selector_query(process: &ProcessSelector) -> Vec<(&'static str, String)> {
+    match process {
+        ProcessSelector::Pid(pid) => vec![("pid", pid.to_string())],
+        ProcessSelector::Tag(tag) => vec![("tag", tag.clone())],
+    }
+}
+
+/// Request bodies of the routes that take more than one value.
+pub mod body {
+    use super::*;
+
+    /// `PUT …/timeout`.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct SetTimeout {
+        /// Seconds from now.
+        pub timeout: f64,
+    }
+
+    /// `POST …/processes/signal`.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct SignalBody {
+        /// The signal.
+        pub signal: Signal,
+    }
+
+    /// `POST …/files/mkdir`.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct Mkdir {
+        /// The directory.
+        pub path: String,
+        /// How.
+        #[serde(default)]
+        pub options: MkdirOptions,
+    }
+
+    /// `POST …/files/rename`.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct Rename {
+        /// Old path.
+        pub from: String,
+        /// New path.
+        pub to: String,
+    }
+
+    /// `POST …/files/chmod`.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct Chmod {
+        /// The path.
+        pub path: String,
+        /// New permission bits.
+        pub mode: u32,
+    }
+
+    /// `POST …/previews/{port}/tokens`.
+    #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+    pub struct NewToken {
+        /// Expiry in ms since the epoch; `None` lasts as long as the sandbox.
+        #[serde(default)]
+        pub expires_at: Option<u64>,
+    }
+
+    /// `POST …/snapshots`.
+    #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+    pub struct NewSnapshot {
+        /// Optional name.
+        #[serde(default)]
+        pub name: Option<String>,
+    }
+
+    /// `POST /v1/volumes`.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct NewVolume {
+        /// Volume name.
+        pub name: String,
+    }
+}
+
+#[async_trait]
+impl Backend for HttpBackend {
+    /// The server's backend's capabilities (named `http+<backend>`). Fetched by
+    /// [`HttpBackend::connect`]; otherwise fetched here on first use, blocking the calling
+    /// thread for one request. While the server cannot be reached, nothing optional is
+    /// reported and the next call asks again.
+    fn capabilities(&self) -> Capabilities {
+        if let Some(caps) = self.caps.get() {
+            return caps.clone();
+        }
+        // A fresh client and runtime on a separate thread: this works inside or outside an
+        // async runtime, and pooled connections never cross runtimes.
+        let fetched = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .ok()?;
+                    let http = reqwest::Client::builder()
+                        .connect_timeout(self.options.connect_timeout)
+                        .build()
+                        .ok()?;
+                    runtime.block_on(fetch_capabilities(self, &http)).ok()
+                })
+                .join()
+                .ok()
+                .flatten()
+        });
+        match fetched {
+            Some(caps) => self.caps.get_or_init(|| caps).clone(),
+            None => unknown_capabilities(),
+        }
+    }
+
+    async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
+        self.create_call(self.url_for(&["sandboxes"]), &options)
+            .await
+    }
+
+    async fn get(&self, id: &str) -> Result<SandboxInfo> {
+        let url = self.sandbox_url(id, &[]);
+        self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
+            .await
+    }
+
+    async fn list(&self, options: ListOptions) -> Result<Vec<SandboxInfo>> {
+        let filter = String::from_utf8(to_json(&options)?).expect("JSON is UTF-8");
+        let url = self.url_for(&["sandboxes"]);
+        self.call(
+            Method::GET,
+            url,
+            &[("filter", filter)],
+            None::<&()>,
+            Retry::Idempotent,
+        )
+        .await
+    }
+
+    async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo> {
+        let url = self.sandbox_url(id, &["timeout"]);
+        let body = body::SetTimeout {
+            timeout: timeout.as_secs_f64(),
+        };
+        self.call(Method::PUT, url, &[], Some(&body), Retry::Idempotent)
+            .await
+    }
+
+    async fn destroy(&self, id: &str) -> Result<()> {
+        let url = self.sandbox_url(id, &[]);
+        self.call_unit(Method::DELETE, url, &[], Payload::None, Retry::Idempotent)
+            .await
+    }
+
+    async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
+        let url = self.sandbox_url(id, &["processes"]);
+        let response = self
+            .send(Req {
+                method: Method::POST,
+                url,
+                query: &[],
+                payload: Payload::Json(to_json(&spec)?),
+                idempotency_key: None,
+                retry: Retry::Unsafe,
+                stream: true,
+            })
+            .await?;
+        self.process_stream(response).await
+    }
+
+    async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream> {
+        let url = self.sandbox_url(id, &["processes", "attach"]);
+        let response = self
+            .send(Req {
+                method: Method::GET,
+                url,
+                query: &selector_query(&process),
+                payload: Payload::None,
+                idempotency_key: None,
+                retry: Retry::Idempotent,
+                stream: true,
+            })
+            .await?;
+        self.process_stream(response).await
+    }
+
+    async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
+        let url = self.sandbox_url(id, &["processes", "stdin"]);
+        self.call_unit(
+            Method::POST,
+            url,
+            &selector_query(&process),
+            Payload::Raw(data),
+            Retry::Unsafe,
+        )
+        .await
+    }
+
+    async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()> {
+        let url = self.sandbox_url(id, &["processes", "stdin", "close"]);
+        self.call_unit(
+            Method::POST,
+            url,
+            &selector_query(&process),
+            Payload::None,
+            Retry::Unsafe,
+        )
+        .await
+    }
+
+    async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
+        let url = self.sandbox_url(id, &["processes", "signal"]);
+        let body = to_json(&body::SignalBody { signal })?;
+        self.call_unit(
+            Method::POST,
+            url,
+            &selector_query(&process),
+            Payload::Json(body),
+            Retry::Unsafe,
+        )
+        .await
+    }
+
+    async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
+        let url = self.sandbox_url(id, &["processes"]);
+        self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
+            .await
+    }
+
+    async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream> {
+        let url = self.sandbox_url(id, &["files"]);
+        let response = self
+            .send(Req {
+                method: Method::GET,
+                url,
+                query: &[("path", path.to_string())],
+                payload: Payload::None,
+                idempotency_key: None,
+                retry: Retry::Idempotent,
+                stream: true,
+            })
+            .await?;
+        Ok(download(frames(response)))
+    }
+
+    async fn write_file(
+        &self,
+        id: &str,
+        path: &str,
+        data: ByteStream,
+        options: WriteOptions,
+    ) -> Result<FileStat> {
+        let url = self.sandbox_url(id, &["files"]);
+        let options = String::from_utf8(to_json(&options)?).expect("JSON is UTF-8");
+        // A streamed body cannot be replayed, so uploads are never retried. An error item of
+        // the local stream aborts the request, and the server then keeps no partial file.
+        let body = reqwest::Body::wrap_stream(data.map(|chunk| chunk.map_err(UploadError)));
+        let sent = self
+            .http
+            .put(url.clone())
+            .bearer_auth(&*self.api_key)
+            .query(&[("path", path.to_string()), ("options", options)])
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .body(body)
+            .send()
+            .await;
+        match sent {
+            Ok(response) if response.status().is_success() => decode_json(response).await,
+            Ok(response) => Err(read_error(response, self.options.request_timeout).await),
+            Err(e) => {
+                // An error from our own stream is the caller's error, not the network's.
+                let mut source: Option<&dyn std::error::Error> = Some(&e);
+                while let Some(s) = source {
+                    if let Some(UploadError(inner)) = s.downcast_ref::<UploadError>() {
+                        return Err(Error::from_body(&inner.to_body()));
+                    }
+                    source = s.source();
+                }
+                Err(transport_error(&e, &Method::PUT, &url))
+            }
+        }
+    }
+
+    async fn list_dir(
+        &self,
+        id: &str,
+        path: &str,
+        options: ListDirOptions,
+    ) -> Result<Vec<FileStat>> {
+        let url = self.sandbox_url(id, &["files", "list"]);
+        let query = [
+            ("path", path.to_string()),
+            ("depth", options.depth.to_string()),
+        ];
+        self.call(Method::GET, url, &query, None::<&()>, Retry::Idempotent)
+            .await
+    }
+
+    async fn stat(&self, id: &str, path: &str) -> Result<FileStat> {
+        let url = self.sandbox_url(id, &["files", "stat"]);
+        self.call(
+            Method::GET,
+            url,
+            &[("path", path.to_string())],
+            None::<&()>,
+            Retry::Idempotent,
+        )
+        .await
+    }
+
+    async fn mkdir(&self, id: &str, path: &str, options: MkdirOptions) -> Result<FileStat> {
+        let url = self.sandbox_url(id, &["files", "mkdir"]);
+        let body = body::Mkdir {
+            path: path.to_string(),
+            options,
+        };
+        self.call(Method::POST, url, &[], Some(&body), Retry::Unsafe)
+            .await
+    }
+
+    async fn remove(&self, id: &str, path: &str, options: RemoveOptions) -> Result<()> {
+        let url = self.sandbox_url(id, &["files"]);
+        let query = [
+            ("path", path.to_string()),
+            ("recursive", options.recursive.to_string()),
+        ];
+        self.call_unit(Method::DELETE, url, &query, Payload::None, Retry::Unsafe)
+            .await
+    }
+
+    async fn rename(&self, id: &str, from: &str, to: &str) -> Result<FileStat> {
+        let url = self.sandbox_url(id, &["files", "rename"]);
+        let body = body::Rename {
+            from: from.to_string(),
+            to: to.to_string(),
+        };
+        self.call(Method::POST, url, &[], Some(&body), Retry::Unsafe)
+            .await
+    }
+
+    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
+        let url = self.sandbox_url(id, &["files", "chmod"]);
+        let body = body::Chmod {
+            path: path.to_string(),
+            mode,
+        };
+        self.call(Method::POST, url, &[], Some(&body), Retry::Idempotent)
+            .await
+    }
+
+    async fn pause(&self, id: &str) -> Result<SandboxInfo> {
+        let url = self.sandbox_url(id, &["pause"]);
+        self.call(Method::POST, url, &[], None::<&()>, Retry::Unsafe)
+            .await
+    }
+
+    async fn resume(&self, id: &str) -> Result<SandboxInfo> {
+        let url = self.sandbox_url(id, &["resume"]);
+        self.call(Method::POST, url, &[], None::<&()>, Retry::Unsafe)
+            .await
+    }
+
+    async fn metrics(&self, id: &str) -> Result<Metrics> {
+        let url = self.sandbox_url(id, &["metrics"]);
+        self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
+            .await
+    }
+
+    async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
+        let url = self.sandbox_url(id, &["processes", "resize"]);
+        self.call_unit(
+            Method::POST,
+            url,
+            &selector_query(&process),
+            Payload::Json(to_json(&size)?),
+            Retry::Idempotent,
+        )
+        .await
+    }
+
+    async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
+        let url = self.sandbox_url(id, &["files", "watch"]);
+        let query = [
+            ("path", path.to_string()),
+            ("recursive", options.recursive.to_string()),
+        ];
+        let response = self
+            .send(Req {
+                method: Method::GET,
+                url,
+                query: &query,
+                payload: Payload::None,
+                idempotency_key: None,
+                retry: Retry::Idempotent,
+                stream: true,
+            })
+            .await?;
+        Ok(watch_events(frames(response)))
+    }
+
+    async fn expose_port(&self, id: &str, options: PreviewOptions) -> Result<Preview> {
+        let url = self.sandbox_url(id, &["previews"]);
+        self.call(Method::POST, url, &[], Some(&options), Retry::Unsafe)
+            .await
+    }
+
+    async fn list_previews(&self, id: &str) -> Result<Vec<Preview>> {
+        let url = self.sandbox_url(id, &["previews"]);
+        self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
+            .await
+    }
+
+    async fn close_preview(&self, id: &str, port: u16) -> Result<()> {
+        let port = port.to_string();
+        let url = self.sandbox_url(id, &["previews", &port]);
+        self.call_unit(Method::DELETE, url, &[], Payload::None, Retry::Idempotent)
+            .await
+    }
+
+    async fn create_preview_token(
+        &self,
+        id: &str,
+        port: u16,
+        expires_at: Option<u64>,
+    ) -> Result<PreviewToken> {
+        let port = port.to_string();
+        let url = self.sandbox_url(id, &["previews", &port, "tokens"]);
+        self.create_call(url, &body::NewToken { expires_at }).await
+    }
+
+    async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
+        let url = self.sandbox_url(id, &["snapshots"]);
+        self.create_call(url, &body::NewSnapshot { name }).await
+    }
+
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+        let url = self.url_for(&["snapshots"]);
+        self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
+            .await
+    }
+
+    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()> {
+        let url = self.url_for(&["snapshots", snapshot_id]);
+        self.call_unit(Method::DELETE, url, &[], Payload::None, Retry::Idempotent)
+            .await
+    }
+
+    async fn fork(&self, id: &str, options: CreateOptions) -> Result<SandboxInfo> {
+        let url = self.sandbox_url(id, &["fork"]);
+        self.create_call(url, &options).await
+    }
+
+    async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {
+        let url = self.url_for(&["volumes"]);
+        self.create_call(
+            url,
+            &body::NewVolume {
+                name: name.to_string(),
+            },
+        )
+        .await
+    }
+
+    async fn get_volume(&self, name: &str) -> Result<VolumeInfo> {
+        let url = self.url_for(&["volumes", name]);
+        self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
+            .await
+    }
+
+    async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
+        let url = self.url_for(&["volumes"]);
+        self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
+            .await
+    }
+
+    async fn delete_volume(&self, name: &str) -> Result<()> {
+        let url = self.url_for(&["volumes", name]);
+        self.call_unit(Method::DELETE, url, &[], Payload::None, Retry::Idempotent)
+            .await
+    }
+}
+
+/// An error item of an upload's source stream, carried through the HTTP client.
+#[derive(Debug)]
+struct UploadError(Error);
+
+impl std::fmt::Display for UploadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "upload source failed: {}", self.0)
+    }
+}
+
+impl std::error::Error for UploadError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_maps_back_from_its_status_and_body() {
+        let errors = [
+            Error::not_found("sandbox \"x\""),
+            Error::AlreadyExists { what: "v".into() },
+            Error::invalid("bad"),
+            Error::Timeout { what: "t".into() },
+            Error::PermissionDenied {
+                what: "/usr".into(),
+            },
+            Error::Unauthenticated {
+                message: "no key".into(),
+            },
+            Error::InvalidState {
+                id: "x".into(),
+                state: "paused".into(),
+                message: "m".into(),
+            },
+            Error::not_supported("pty", "exec"),
+            Error::Unavailable {
+                reason: "r".into(),
+                remedy: "m".into(),
+            },
+            Error::RateLimited {
+                message: "slow".into(),
+                retry_after_ms: Some(2000),
+            },
+            Error::Io {
+                message: "disk".into(),
+                errno: Some(28),
+            },
+            Error::Backend {
+                message: "b".into(),
+                retryable: true,
+            },
+        ];
+        for err in errors {
+            let status = status_for(err.code());
+            let body = serde_json::to_vec(&err.to_body()).unwrap();
+            let back = error_from_response(status, None, &body);
+            assert_eq!(back.code(), err.code(), "{err}");
+            assert_eq!(back.to_string(), err.to_string());
+            assert_eq!(back.is_retryable(), err.is_retryable());
+        }
+    }
+
+    #[test]
+    fn bodies_without_a_code_map_by_status() {
+        let table = [
+            (400, ErrorCode::InvalidArgument),
+            (401, ErrorCode::Unauthenticated),
+            (403, ErrorCode::PermissionDenied),
+            (404, ErrorCode::NotFound),
+            (409, ErrorCode::AlreadyExists),
+            (413, ErrorCode::InvalidArgument),
+            (429, ErrorCode::RateLimited),
+            (501, ErrorCode::NotSupported),
+            (502, ErrorCode::Backend),
+            (503, ErrorCode::Backend),
+            (504, ErrorCode::Timeout),
+            (302, ErrorCode::Backend),
+        ];
+        for (status, code) in table {
+            let err = error_from_response(status, None, b"<html>proxy says no</html>");
+            assert_eq!(err.code(), code, "status {status}");
+            assert!(err.to_string().contains("proxy says no"), "{err}");
+        }
+        assert!(error_from_response(503, None, b"").is_retryable());
+        match error_from_response(429, Some("7"), b"") {
+            Error::RateLimited { retry_after_ms, .. } => assert_eq!(retry_after_ms, Some(7000)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn frames_survive_any_chunking() {
+        let mut wire = frame::encode(frame::STDOUT, &[0, 0xff, 1]);
+        wire.extend(frame::encode(frame::JSON, b"{}"));
+        wire.extend(frame::encode(frame::END, b""));
+        for split in 1..wire.len() {
+            let mut d = frame::Decoder::default();
+            let mut got = Vec::new();
+            for chunk in wire.chunks(split) {
+                d.push(chunk);
+                while let Some(f) = d.next_frame().unwrap() {
+                    got.push(f);
+                }
+            }
+            assert_eq!(
+                got,
+                [
+                    (frame::STDOUT, vec![0, 0xff, 1]),
+                    (frame::JSON, b"{}".to_vec()),
+                    (frame::END, vec![])
+                ]
+            );
+            assert_eq!(d.pending(), 0);
+        }
+        let mut d = frame::Decoder::default();
+        d.push(&[frame::DATA, 0xff, 0xff, 0xff, 0xff]);
+        assert!(d.next_frame().is_err(), "oversized frames are refused");
+    }
+
+    #[test]
+    fn urls_keep_ids_and_paths_in_one_segment() {
+        let b = HttpBackend::new("http://127.0.0.1:1/base/", "k").unwrap();
+        assert_eq!(
+            b.sandbox_url("../etc", &["files"]).path(),
+            "/base/v1/sandboxes/..%2Fetc/files"
+        );
+        assert!(HttpBackend::new("ftp://x", "k").is_err());
+        assert!(HttpBackend::new("https://x", "k").is_err());
+        assert!(
+            !format!("{b:?}").contains("\"k\""),
+            "the key is not printed"
+        );
+    }
+}

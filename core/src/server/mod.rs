@@ -1,0 +1,614 @@
+//! `sandcove serve`: any [`Backend`] over HTTP (feature `server`).
+//!
+//! The wire format (JSON control calls, binary frame streams, error bodies) is described in
+//! [`crate::backend::http`]; [`HttpBackend`](crate::HttpBackend) is the client. The routes are
+//! listed once, in the route modules, and both the router and the OpenAPI document served at
+//! `GET /openapi.json` are built from that one list.
+//!
+//! - **Authentication**: every route, the OpenAPI document and unknown paths included, needs
+//!   `Authorization: Bearer <key>`; the key is compared in constant time and a missing or
+//!   wrong one is answered `401` before anything else happens.
+//! - **Limits**: JSON and stdin bodies are capped at [`ServerConfig::max_body_bytes`],
+//!   uploads at [`ServerConfig::max_upload_bytes`] (and the backend's `max_file_bytes`);
+//!   a bigger body is `413` before the backend sees it.
+//! - **Errors**: always a JSON [`ErrorBody`](crate::ErrorBody) whose code maps one-to-one
+//!   onto [`Error`], with the status [`status_for`] gives it. Whatever the wrapped backend
+//!   answers (including `NotSupported`) is forwarded unchanged.
+//! - **Creates** (sandbox, fork, snapshot, volume, preview token) honour an `Idempotency-Key`
+//!   header: the first request with a key runs to completion even if its client disconnects,
+//!   and every request with the same key within [`ServerConfig::idempotency_ttl`] gets that
+//!   same answer.
+//! - **Shutdown**: when the shutdown future given to [`serve`] completes (the binary uses
+//!   Ctrl-C or SIGTERM), the server stops accepting connections, ends every open stream with
+//!   an error frame (so no client mistakes it for a complete stream), lets in-flight control
+//!   calls finish for up to [`ServerConfig::shutdown_grace`], and returns. **Live sandboxes
+//!   are left running**: sandboxes of the embedded engine are independent processes that
+//!   outlive the server, exactly as they outlive any program that creates them; each ends at
+//!   its lease or when destroyed, and a restarted server (or any program of the same user)
+//!   finds them again.
+
+mod files;
+mod idempotency;
+mod openapi;
+mod processes;
+mod resources;
+mod sandboxes;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::handler::Handler;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{on, MethodFilter, MethodRouter};
+use axum::Router;
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+
+use crate::backend::http::{frame, status_for, FRAMES_CONTENT_TYPE, OPENAPI_PATH};
+use crate::{Backend, Error};
+
+use self::idempotency::Idempotency;
+
+/// Settings of a server.
+#[derive(Clone)]
+pub struct ServerConfig {
+    /// The API key clients must present as `Authorization: Bearer <key>`. Must not be empty.
+    pub api_key: String,
+    /// Largest JSON or stdin request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Largest file upload, in bytes (the backend's `max_file_bytes` applies too).
+    pub max_upload_bytes: u64,
+    /// How long the answer to a create is remembered under its idempotency key.
+    pub idempotency_ttl: Duration,
+    /// How long in-flight calls may run on after shutdown begins.
+    pub shutdown_grace: Duration,
+}
+
+impl ServerConfig {
+    /// Defaults: 1 MiB JSON bodies, 4 GiB uploads, idempotency keys kept 10 minutes, 10 s
+    /// of grace at shutdown.
+    pub fn new(api_key: impl Into<String>) -> Self {
+        ServerConfig {
+            api_key: api_key.into(),
+            max_body_bytes: 1024 * 1024,
+            max_upload_bytes: 4 * 1024 * 1024 * 1024,
+            idempotency_ttl: Duration::from_secs(600),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The API key is deliberately left out.
+        f.debug_struct("ServerConfig")
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_upload_bytes", &self.max_upload_bytes)
+            .field("idempotency_ttl", &self.idempotency_ttl)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What every handler gets.
+#[derive(Clone)]
+struct AppState {
+    backend: Arc<dyn Backend>,
+    config: Arc<ServerConfig>,
+    idempotency: Arc<Idempotency>,
+    shutdown: Arc<watch::Sender<bool>>,
+}
+
+/// The kind of a request body, for the OpenAPI document.
+#[derive(Debug, Clone, Copy)]
+enum In {
+    None,
+    /// JSON of the named type.
+    Json(&'static str),
+    /// Raw bytes.
+    Raw,
+}
+
+/// The kind of a success answer, for the OpenAPI document.
+#[derive(Debug, Clone, Copy)]
+enum Out {
+    /// JSON of the named type.
+    Json(&'static str),
+    /// A frame stream.
+    Frames(&'static str),
+    /// An empty body.
+    Empty,
+}
+
+/// One served route: the single source of both the router and the OpenAPI document.
+struct Route {
+    method: Method,
+    path: &'static str,
+    op: &'static str,
+    summary: &'static str,
+    query: &'static [&'static str],
+    input: In,
+    output: Out,
+    handler: MethodRouter<AppState>,
+}
+
+impl Route {
+    fn new<H, T>(
+        method: Method,
+        path: &'static str,
+        op: &'static str,
+        summary: &'static str,
+        handler: H,
+    ) -> Route
+    where
+        H: Handler<T, AppState>,
+        T: 'static,
+    {
+        let filter = MethodFilter::try_from(method.clone()).expect("a standard method");
+        Route {
+            method,
+            path,
+            op,
+            summary,
+            query: &[],
+            input: In::None,
+            output: Out::Empty,
+            handler: on(filter, handler),
+        }
+    }
+
+    fn query(mut self, names: &'static [&'static str]) -> Self {
+        self.query = names;
+        self
+    }
+
+    fn input(mut self, input: In) -> Self {
+        self.input = input;
+        self
+    }
+
+    fn output(mut self, output: Out) -> Self {
+        self.output = output;
+        self
+    }
+}
+
+/// Every route, in documentation order.
+fn routes() -> Vec<Route> {
+    let mut all = vec![Route::new(
+        Method::GET,
+        OPENAPI_PATH,
+        "openapi",
+        "This API's OpenAPI document",
+        openapi::serve_document,
+    )
+    .output(Out::Json("OpenAPI"))];
+    all.extend(sandboxes::routes());
+    all.extend(processes::routes());
+    all.extend(files::routes());
+    all.extend(resources::routes());
+    all
+}
+
+/// The API for `backend` as an axum router, ready to serve. [`serve`] adds graceful
+/// shutdown; this router's streams end only when their source does.
+pub fn router(backend: Arc<dyn Backend>, config: ServerConfig) -> Router {
+    build(state(backend, config))
+}
+
+fn state(backend: Arc<dyn Backend>, config: ServerConfig) -> AppState {
+    AppState {
+        idempotency: Arc::new(Idempotency::new(config.idempotency_ttl)),
+        backend,
+        config: Arc::new(config),
+        shutdown: Arc::new(watch::channel(false).0),
+    }
+}
+
+fn build(state: AppState) -> Router {
+    let key: Arc<str> = state.config.api_key.as_str().into();
+    let mut router = Router::new();
+    for route in routes() {
+        router = router.route(route.path, route.handler);
+    }
+    router
+        .fallback(fallback)
+        .with_state(state)
+        .layer(middleware::map_response(json_errors))
+        .layer(middleware::from_fn_with_state(key, authenticate))
+}
+
+/// Serve `backend` on `listener` until `shutdown` completes (see the module docs for what
+/// shutdown does). Refuses an empty API key.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    backend: Arc<dyn Backend>,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    if config.api_key.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "an API key is required",
+        ));
+    }
+    let grace = config.shutdown_grace;
+    let state = state(backend, config);
+    let signal = state.shutdown.clone();
+    let mut stopping = signal.subscribe();
+    let app = build(state);
+    let graceful = async move {
+        shutdown.await;
+        let _ = signal.send(true);
+    };
+    let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
+    let deadline = async move {
+        let _ = stopping.wait_for(|v| *v).await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        result = server => result,
+        () = deadline => Ok(()),
+    }
+}
+
+/// Completes on Ctrl-C (SIGINT) or SIGTERM.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => futures::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+}
+
+/// A server running on a task of the current runtime, on a loopback port. Dropping it (or
+/// [`LocalServer::stop`]) shuts it down.
+#[derive(Debug)]
+pub struct LocalServer {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl LocalServer {
+    /// Bind `127.0.0.1:0` and serve `backend` there.
+    pub async fn start(backend: Arc<dyn Backend>, config: ServerConfig) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(serve(listener, backend, config, async move {
+            let _ = stopped.await;
+        }));
+        Ok(LocalServer {
+            addr,
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The base URL, e.g. `http://127.0.0.1:41234`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Shut down gracefully and wait until the server has stopped.
+    pub async fn stop(mut self) -> std::io::Result<()> {
+        drop(self.stop.take());
+        match self.task.take() {
+            Some(task) => task
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string()))),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for LocalServer {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+    }
+}
+
+/// An [`Error`] on its way out as a JSON error answer.
+struct ApiError {
+    status: Option<StatusCode>,
+    error: Error,
+}
+
+impl From<Error> for ApiError {
+    fn from(error: Error) -> Self {
+        ApiError {
+            status: None,
+            error,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status.unwrap_or_else(|| {
+            StatusCode::from_u16(status_for(self.error.code()))
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        });
+        error_response(status, &self.error)
+    }
+}
+
+fn error_response(status: StatusCode, error: &Error) -> Response {
+    let body = serde_json::to_vec(&error.to_body()).unwrap_or_default();
+    let mut response = (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response();
+    match error {
+        Error::Unauthenticated { .. } => {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        Error::RateLimited {
+            retry_after_ms: Some(ms),
+            ..
+        } => {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(ms.div_ceil(1000)));
+        }
+        _ => {}
+    }
+    response
+}
+
+fn too_large(limit: u64) -> ApiError {
+    ApiError {
+        status: Some(StatusCode::PAYLOAD_TOO_LARGE),
+        error: Error::invalid(format!("request body exceeds the {limit}-byte limit")),
+    }
+}
+
+/// Constant-time equality of the presented key and the configured one: the time taken
+/// depends only on the configured key's length, never on where the bytes differ.
+fn keys_match(presented: &[u8], expected: &[u8]) -> bool {
+    if expected.is_empty() {
+        return false;
+    }
+    let mut diff = (presented.len() != expected.len()) as u8;
+    for (i, e) in expected.iter().enumerate() {
+        let p = presented.get(i).copied().unwrap_or(0);
+        diff |= p ^ e;
+    }
+    std::hint::black_box(diff) == 0
+}
+
+async fn authenticate(State(key): State<Arc<str>>, request: Request, next: Next) -> Response {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match presented {
+        Some(p) if keys_match(p.as_bytes(), key.as_bytes()) => next.run(request).await,
+        Some(_) => ApiError::from(Error::Unauthenticated {
+            message: "wrong API key".into(),
+        })
+        .into_response(),
+        None => ApiError::from(Error::Unauthenticated {
+            message: "missing API key (Authorization: Bearer <key>)".into(),
+        })
+        .into_response(),
+    }
+}
+
+/// Turn every non-JSON error answer (axum's own rejections: bad query, bad path, wrong
+/// method) into a JSON error body, keeping its status.
+async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if status.as_u16() < 400 || is_json {
+        return response;
+    }
+    let body = axum::body::to_bytes(response.into_body(), 4096)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&body).trim().to_string();
+    let text = if text.is_empty() {
+        status.to_string()
+    } else {
+        text
+    };
+    let error = match status {
+        StatusCode::NOT_FOUND => Error::not_found(text),
+        StatusCode::UNAUTHORIZED => Error::Unauthenticated { message: text },
+        StatusCode::FORBIDDEN => Error::PermissionDenied { what: text },
+        StatusCode::TOO_MANY_REQUESTS => Error::RateLimited {
+            message: text,
+            retry_after_ms: None,
+        },
+        s if s.is_client_error() => Error::invalid(text),
+        _ => Error::backend(text),
+    };
+    error_response(status, &error)
+}
+
+async fn fallback(method: Method, uri: Uri) -> ApiError {
+    Error::not_found(format!("route {method} {}", uri.path())).into()
+}
+
+/// Read a whole body, refusing more than `limit` bytes with `413`.
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    if let Some(len) = content_length(headers) {
+        if len > limit as u64 {
+            return Err(too_large(limit as u64));
+        }
+    }
+    let mut stream = body.into_data_stream();
+    let mut buf = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| Error::invalid(format!("reading the request body: {e}")))?;
+        if buf.len() + chunk.len() > limit {
+            return Err(too_large(limit as u64));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.into())
+}
+
+/// Read and decode a JSON body; an empty body is `{}`.
+async fn read_json<T: DeserializeOwned>(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(T, Bytes), ApiError> {
+    let bytes = read_body(headers, body, state.config.max_body_bytes).await?;
+    let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        &bytes
+    };
+    let value =
+        serde_json::from_slice(text).map_err(|e| Error::invalid(format!("request body: {e}")))?;
+    Ok((value, bytes))
+}
+
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
+/// A JSON success answer.
+fn json<T: serde::Serialize>(value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(body) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            body,
+        )
+            .into_response(),
+        Err(e) => {
+            ApiError::from(Error::backend(format!("cannot encode the answer: {e}"))).into_response()
+        }
+    }
+}
+
+/// A success answer without a body.
+fn done() -> Response {
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// An error as a frame.
+fn error_frame(error: &Error) -> Vec<u8> {
+    frame::encode(
+        frame::ERROR,
+        &serde_json::to_vec(&error.to_body()).unwrap_or_default(),
+    )
+}
+
+/// A JSON value as a frame.
+fn json_frame<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    match serde_json::to_vec(value) {
+        Ok(json) => frame::encode(frame::JSON, &json),
+        Err(e) => error_frame(&Error::backend(format!("cannot encode an event: {e}"))),
+    }
+}
+
+/// A streamed answer of frames, cut with an error frame when the server shuts down.
+fn frames_response(
+    state: &AppState,
+    frames: BoxStream<'static, Vec<u8>>,
+    headers: &[(&'static str, String)],
+) -> Response {
+    let body = Body::from_stream(until_shutdown(frames, state.shutdown.subscribe()));
+    let mut response = (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(FRAMES_CONTENT_TYPE),
+        )],
+        body,
+    )
+        .into_response();
+    for (name, value) in headers {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            response.headers_mut().insert(*name, v);
+        }
+    }
+    response
+}
+
+fn until_shutdown(
+    frames: BoxStream<'static, Vec<u8>>,
+    shutdown: watch::Receiver<bool>,
+) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
+    futures::stream::unfold(Some((frames, shutdown)), |state| async move {
+        let (mut frames, mut shutdown) = state?;
+        let stopping = async {
+            if shutdown.wait_for(|v| *v).await.is_err() {
+                futures::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            biased;
+            () = stopping => {
+                let error = Error::Unavailable {
+                    reason: "the server is shutting down".into(),
+                    remedy: "retry against a running server".into(),
+                };
+                Some((Ok(Bytes::from(error_frame(&error))), None))
+            }
+            next = frames.next() => {
+                let frame = next?;
+                Some((Ok(Bytes::from(frame)), Some((frames, shutdown))))
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_compare_exactly() {
+        assert!(keys_match(b"secret", b"secret"));
+        assert!(!keys_match(b"secreT", b"secret"));
+        assert!(!keys_match(b"secret!", b"secret"));
+        assert!(!keys_match(b"secre", b"secret"));
+        assert!(!keys_match(b"", b""), "an empty key never matches");
+    }
+}

@@ -1,0 +1,219 @@
+//! Previews, snapshots and volumes.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method};
+use axum::response::{IntoResponse, Response};
+
+use super::idempotency::Stored;
+use super::{done, json, read_json, ApiError, AppState, In, Out, Route};
+use crate::backend::http::body::{NewSnapshot, NewToken, NewVolume};
+use crate::PreviewOptions;
+
+pub(super) fn routes() -> Vec<Route> {
+    vec![
+        Route::new(
+            Method::POST,
+            "/v1/sandboxes/{id}/previews",
+            "expose_port",
+            "Make a sandbox port reachable as a preview URL",
+            expose_port,
+        )
+        .input(In::Json("PreviewOptions"))
+        .output(Out::Json("Preview")),
+        Route::new(
+            Method::GET,
+            "/v1/sandboxes/{id}/previews",
+            "list_previews",
+            "The sandbox's previews",
+            list_previews,
+        )
+        .output(Out::Json("Preview[]")),
+        Route::new(
+            Method::DELETE,
+            "/v1/sandboxes/{id}/previews/{port}",
+            "close_preview",
+            "Close a preview",
+            close_preview,
+        ),
+        Route::new(
+            Method::POST,
+            "/v1/sandboxes/{id}/previews/{port}/tokens",
+            "create_preview_token",
+            "Issue another token for a private preview (honours Idempotency-Key)",
+            create_preview_token,
+        )
+        .input(In::Json("NewToken"))
+        .output(Out::Json("PreviewToken")),
+        Route::new(
+            Method::POST,
+            "/v1/sandboxes/{id}/snapshots",
+            "snapshot",
+            "Snapshot the sandbox's filesystem (honours Idempotency-Key)",
+            snapshot,
+        )
+        .input(In::Json("NewSnapshot"))
+        .output(Out::Json("SnapshotInfo")),
+        Route::new(
+            Method::GET,
+            "/v1/snapshots",
+            "list_snapshots",
+            "All snapshots",
+            list_snapshots,
+        )
+        .output(Out::Json("SnapshotInfo[]")),
+        Route::new(
+            Method::DELETE,
+            "/v1/snapshots/{snapshot_id}",
+            "delete_snapshot",
+            "Delete a snapshot",
+            delete_snapshot,
+        ),
+        Route::new(
+            Method::POST,
+            "/v1/volumes",
+            "create_volume",
+            "Create a named volume (honours Idempotency-Key)",
+            create_volume,
+        )
+        .input(In::Json("NewVolume"))
+        .output(Out::Json("VolumeInfo")),
+        Route::new(
+            Method::GET,
+            "/v1/volumes",
+            "list_volumes",
+            "All volumes",
+            list_volumes,
+        )
+        .output(Out::Json("VolumeInfo[]")),
+        Route::new(
+            Method::GET,
+            "/v1/volumes/{name}",
+            "get_volume",
+            "Describe a volume",
+            get_volume,
+        )
+        .output(Out::Json("VolumeInfo")),
+        Route::new(
+            Method::DELETE,
+            "/v1/volumes/{name}",
+            "delete_volume",
+            "Delete a volume",
+            delete_volume,
+        ),
+    ]
+}
+
+async fn expose_port(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (options, _) = read_json::<PreviewOptions>(&state, &headers, body).await?;
+    Ok(json(&state.backend.expose_port(&id, options).await?))
+}
+
+async fn list_previews(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(json(&state.backend.list_previews(&id).await?))
+}
+
+async fn close_preview(
+    State(state): State<AppState>,
+    Path((id, port)): Path<(String, u16)>,
+) -> Result<Response, ApiError> {
+    state.backend.close_preview(&id, port).await?;
+    Ok(done())
+}
+
+async fn create_preview_token(
+    State(state): State<AppState>,
+    Path((id, port)): Path<(String, u16)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let (req, raw) = match read_json::<NewToken>(&state, &headers, body).await {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let backend = state.backend.clone();
+    let scope = format!("preview-token {id} {port}");
+    state
+        .idempotency
+        .run(&headers, &scope, &raw, async move {
+            Stored::of(
+                backend
+                    .create_preview_token(&id, port, req.expires_at)
+                    .await,
+            )
+        })
+        .await
+}
+
+async fn snapshot(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let (req, raw) = match read_json::<NewSnapshot>(&state, &headers, body).await {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let backend = state.backend.clone();
+    let scope = format!("snapshot {id}");
+    state
+        .idempotency
+        .run(&headers, &scope, &raw, async move {
+            Stored::of(backend.snapshot(&id, req.name).await)
+        })
+        .await
+}
+
+async fn list_snapshots(State(state): State<AppState>) -> Result<Response, ApiError> {
+    Ok(json(&state.backend.list_snapshots().await?))
+}
+
+async fn delete_snapshot(
+    State(state): State<AppState>,
+    Path(snapshot_id): Path<String>,
+) -> Result<Response, ApiError> {
+    state.backend.delete_snapshot(&snapshot_id).await?;
+    Ok(done())
+}
+
+async fn create_volume(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let (req, raw) = match read_json::<NewVolume>(&state, &headers, body).await {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let backend = state.backend.clone();
+    state
+        .idempotency
+        .run(&headers, "volume", &raw, async move {
+            Stored::of(backend.create_volume(&req.name).await)
+        })
+        .await
+}
+
+async fn list_volumes(State(state): State<AppState>) -> Result<Response, ApiError> {
+    Ok(json(&state.backend.list_volumes().await?))
+}
+
+async fn get_volume(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(json(&state.backend.get_volume(&name).await?))
+}
+
+async fn delete_volume(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    state.backend.delete_volume(&name).await?;
+    Ok(done())
+}

@@ -1,0 +1,209 @@
+//! Sandbox lifecycle routes.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, Method};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use super::idempotency::Stored;
+use super::{done, json, read_json, ApiError, AppState, In, Out, Route};
+use crate::backend::http::body::SetTimeout;
+use crate::{CreateOptions, Error, ListOptions};
+
+pub(super) fn routes() -> Vec<Route> {
+    vec![
+        Route::new(
+            Method::GET,
+            "/v1/capabilities",
+            "capabilities",
+            "What the served backend can do",
+            capabilities,
+        )
+        .output(Out::Json("Capabilities")),
+        Route::new(
+            Method::POST,
+            "/v1/sandboxes",
+            "create",
+            "Create a sandbox (honours Idempotency-Key)",
+            create,
+        )
+        .input(In::Json("CreateOptions"))
+        .output(Out::Json("SandboxInfo")),
+        Route::new(
+            Method::GET,
+            "/v1/sandboxes",
+            "list",
+            "Live sandboxes passing the filter (a JSON ListOptions)",
+            list,
+        )
+        .query(&["filter"])
+        .output(Out::Json("SandboxInfo[]")),
+        Route::new(
+            Method::GET,
+            "/v1/sandboxes/{id}",
+            "get",
+            "Describe one sandbox",
+            get,
+        )
+        .output(Out::Json("SandboxInfo")),
+        Route::new(
+            Method::DELETE,
+            "/v1/sandboxes/{id}",
+            "destroy",
+            "Destroy a sandbox",
+            destroy,
+        ),
+        Route::new(
+            Method::PUT,
+            "/v1/sandboxes/{id}/timeout",
+            "set_timeout",
+            "Move the end of the lease to `timeout` seconds from now",
+            set_timeout,
+        )
+        .input(In::Json("SetTimeout"))
+        .output(Out::Json("SandboxInfo")),
+        Route::new(
+            Method::POST,
+            "/v1/sandboxes/{id}/pause",
+            "pause",
+            "Freeze every process of the sandbox",
+            pause,
+        )
+        .output(Out::Json("SandboxInfo")),
+        Route::new(
+            Method::POST,
+            "/v1/sandboxes/{id}/resume",
+            "resume",
+            "Continue a paused sandbox",
+            resume,
+        )
+        .output(Out::Json("SandboxInfo")),
+        Route::new(
+            Method::GET,
+            "/v1/sandboxes/{id}/metrics",
+            "metrics",
+            "Current resource usage",
+            metrics,
+        )
+        .output(Out::Json("Metrics")),
+        Route::new(
+            Method::POST,
+            "/v1/sandboxes/{id}/fork",
+            "fork",
+            "A new sandbox with a copy of this one's files (honours Idempotency-Key)",
+            fork,
+        )
+        .input(In::Json("CreateOptions"))
+        .output(Out::Json("SandboxInfo")),
+    ]
+}
+
+async fn capabilities(State(state): State<AppState>) -> Response {
+    let backend = state.backend.clone();
+    match tokio::task::spawn_blocking(move || backend.capabilities()).await {
+        Ok(caps) => json(&caps),
+        Err(e) => ApiError::from(Error::backend(format!("capabilities: {e}"))).into_response(),
+    }
+}
+
+async fn create(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let (options, raw) = match read_json::<CreateOptions>(&state, &headers, body).await {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let backend = state.backend.clone();
+    state
+        .idempotency
+        .run(&headers, "create", &raw, async move {
+            Stored::of(backend.create(options).await)
+        })
+        .await
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    filter: Option<String>,
+}
+
+async fn list(
+    State(state): State<AppState>,
+    Query(query): Query<ListQuery>,
+) -> Result<Response, ApiError> {
+    let options: ListOptions = match query.filter.as_deref() {
+        None | Some("") => ListOptions::default(),
+        Some(text) => {
+            serde_json::from_str(text).map_err(|e| Error::invalid(format!("filter: {e}")))?
+        }
+    };
+    Ok(json(&state.backend.list(options).await?))
+}
+
+async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    Ok(json(&state.backend.get(&id).await?))
+}
+
+async fn destroy(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    state.backend.destroy(&id).await?;
+    Ok(done())
+}
+
+async fn set_timeout(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (req, _) = read_json::<SetTimeout>(&state, &headers, body).await?;
+    if !(req.timeout.is_finite() && (0.0..1e12).contains(&req.timeout)) {
+        return Err(Error::invalid(format!("timeout {} is out of range", req.timeout)).into());
+    }
+    let timeout = Duration::from_secs_f64(req.timeout);
+    Ok(json(&state.backend.set_timeout(&id, timeout).await?))
+}
+
+async fn pause(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(json(&state.backend.pause(&id).await?))
+}
+
+async fn resume(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(json(&state.backend.resume(&id).await?))
+}
+
+async fn metrics(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(json(&state.backend.metrics(&id).await?))
+}
+
+async fn fork(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let (options, raw) = match read_json::<CreateOptions>(&state, &headers, body).await {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let backend = state.backend.clone();
+    let scope = format!("fork {id}");
+    state
+        .idempotency
+        .run(&headers, &scope, &raw, async move {
+            Stored::of(backend.fork(&id, options).await)
+        })
+        .await
+}

@@ -1,0 +1,422 @@
+//! `HttpBackend` against a scripted server (wiremock): status mapping, retries, idempotency
+//! keys and cut streams. Loopback only.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use sandcove::backend::http::{frame, IDEMPOTENCY_HEADER, PID_HEADER};
+use sandcove::client::collect;
+use sandcove::{
+    Backend, CreateOptions, ErrorCode, HttpBackend, HttpOptions, NetworkPolicy, ProcessEvent,
+    ProcessSpec, Resources, SandboxInfo, SandboxState, UserInfo,
+};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, Request, ResponseTemplate};
+
+fn options() -> HttpOptions {
+    HttpOptions {
+        request_timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(2),
+        max_retries: 3,
+        backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_secs(2),
+    }
+}
+
+fn client(server: &MockServer) -> HttpBackend {
+    HttpBackend::with_options(&server.uri(), "test-key", options()).unwrap()
+}
+
+fn info(id: &str) -> SandboxInfo {
+    SandboxInfo {
+        id: id.into(),
+        state: SandboxState::Running,
+        template: "base".into(),
+        labels: BTreeMap::new(),
+        envs: BTreeMap::new(),
+        resources: Resources::default(),
+        network: NetworkPolicy::None,
+        user: UserInfo {
+            name: "user".into(),
+            uid: 1000,
+            gid: 1000,
+            home: "/workspace".into(),
+        },
+        created_at: 1,
+        ends_at: 2,
+    }
+}
+
+fn error_json(code: &str, fields: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({"code": code, "message": "from the server", "fields": fields})
+}
+
+#[tokio::test]
+async fn a_503_is_retried_then_succeeds() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/sandboxes/abc"))
+        .respond_with(ResponseTemplate::new(503).set_body_string("overloaded"))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/sandboxes/abc"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(info("abc")))
+        .mount(&server)
+        .await;
+    let got = client(&server).get("abc").await.expect("retried");
+    assert_eq!(got.id, "abc");
+    let requests = server.received_requests().await.unwrap();
+    assert_eq!(requests.len(), 2);
+    for r in &requests {
+        assert_eq!(
+            r.headers.get("authorization").unwrap(),
+            "Bearer test-key",
+            "every attempt carries the key"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_429_honours_retry_after_then_succeeds() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/sandboxes"))
+        .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "1"))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/sandboxes"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(vec![info("a")]))
+        .mount(&server)
+        .await;
+    let listed = client(&server).list(Default::default()).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(server.received_requests().await.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn a_429_that_persists_is_rate_limited_with_its_retry_after() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "0"))
+        .mount(&server)
+        .await;
+    let err = client(&server).get("abc").await.unwrap_err();
+    match err {
+        sandcove::Error::RateLimited { retry_after_ms, .. } => {
+            assert_eq!(retry_after_ms, Some(0))
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(server.received_requests().await.unwrap().len(), 4);
+}
+
+#[tokio::test]
+async fn a_404_is_not_found() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/sandboxes/gone"))
+        .respond_with(ResponseTemplate::new(404).set_body_json(error_json(
+            "not_found",
+            serde_json::json!({"what": "sandbox \"gone\""}),
+        )))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/sandboxes/bare"))
+        .respond_with(ResponseTemplate::new(404))
+        .mount(&server)
+        .await;
+    let err = client(&server).get("gone").await.unwrap_err();
+    assert!(err.is_not_found());
+    assert_eq!(err.to_string(), "sandbox \"gone\" not found");
+    let err = client(&server).get("bare").await.unwrap_err();
+    assert!(
+        err.is_not_found(),
+        "a 404 without a body is still not found"
+    );
+    assert_eq!(
+        server.received_requests().await.unwrap().len(),
+        2,
+        "never retried"
+    );
+}
+
+#[tokio::test]
+async fn a_401_is_unauthenticated() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(401).set_body_json(error_json(
+            "unauthenticated",
+            serde_json::json!({"message": "wrong API key"}),
+        )))
+        .mount(&server)
+        .await;
+    let err = client(&server).get("abc").await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unauthenticated);
+    assert!(err.to_string().contains("wrong API key"));
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_non_json_error_body_is_a_backend_error_naming_the_status() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/sandboxes/abc/pause"))
+        .respond_with(
+            ResponseTemplate::new(500)
+                .insert_header("content-type", "text/html")
+                .set_body_string("<html><h1>Internal proxy error</h1></html>"),
+        )
+        .mount(&server)
+        .await;
+    let err = client(&server).pause("abc").await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Backend);
+    let text = err.to_string();
+    assert!(
+        text.contains("500") && text.contains("Internal proxy error"),
+        "{text}"
+    );
+    assert_eq!(
+        server.received_requests().await.unwrap().len(),
+        1,
+        "a non-idempotent call is not retried on 5xx"
+    );
+}
+
+#[tokio::test]
+async fn a_not_supported_answer_is_not_retried() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(501).set_body_json(error_json(
+            "not_supported",
+            serde_json::json!({"feature": "metrics", "alternative": "run top"}),
+        )))
+        .mount(&server)
+        .await;
+    let err = client(&server).metrics("abc").await.unwrap_err();
+    match err {
+        sandcove::Error::NotSupported {
+            feature,
+            alternative,
+        } => {
+            assert_eq!(feature, "metrics");
+            assert_eq!(alternative, "run top");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+}
+
+fn stream_body(frames: &[(u8, &[u8])]) -> Vec<u8> {
+    frames
+        .iter()
+        .flat_map(|(k, p)| frame::encode(*k, p))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_process_stream_cut_mid_way_ends_with_an_error() {
+    let server = MockServer::start().await;
+    // Output, then the body ends without the exit event.
+    Mock::given(method("POST"))
+        .and(path("/v1/sandboxes/abc/processes"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header(PID_HEADER, "42")
+                .set_body_bytes(stream_body(&[(frame::STDOUT, b"partial \xff")])),
+        )
+        .mount(&server)
+        .await;
+    let backend = client(&server);
+    let spec = ProcessSpec::new(sandcove::Command::argv(["true"]));
+    let mut stream = backend.spawn("abc", spec.clone()).await.unwrap();
+    assert_eq!(stream.pid, 42);
+    assert_eq!(
+        stream.events.next().await.unwrap().unwrap(),
+        ProcessEvent::Stdout(b"partial \xff".to_vec())
+    );
+    let last = stream
+        .events
+        .next()
+        .await
+        .expect("an error item, not a silent end");
+    assert!(last.is_err(), "{last:?}");
+    assert!(stream.events.next().await.is_none());
+    let stream = backend.spawn("abc", spec).await.unwrap();
+    assert!(
+        collect(stream, usize::MAX).await.is_err(),
+        "collecting a cut stream fails"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_cut_inside_a_frame_ends_with_an_error() {
+    let server = MockServer::start().await;
+    let mut body = stream_body(&[(frame::DATA, b"first")]);
+    body.extend_from_slice(&frame::encode(frame::DATA, b"second chunk")[..8]);
+    Mock::given(method("GET"))
+        .and(path("/v1/sandboxes/abc/files"))
+        .respond_with(ResponseTemplate::new(200).set_body_bytes(body))
+        .mount(&server)
+        .await;
+    let mut data = client(&server).read_file("abc", "/x").await.unwrap();
+    assert_eq!(data.next().await.unwrap().unwrap(), b"first");
+    assert!(data.next().await.unwrap().is_err());
+    assert!(data.next().await.is_none());
+}
+
+#[tokio::test]
+async fn a_download_without_its_end_frame_is_an_error() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/sandboxes/abc/files"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_bytes(stream_body(&[(frame::DATA, b"abc")])),
+        )
+        .mount(&server)
+        .await;
+    let mut data = client(&server).read_file("abc", "/x").await.unwrap();
+    let mut got = Vec::new();
+    let mut failed = false;
+    while let Some(chunk) = data.next().await {
+        match chunk {
+            Ok(bytes) => got.extend(bytes),
+            Err(_) => failed = true,
+        }
+    }
+    assert_eq!(got, b"abc");
+    assert!(failed, "a short download is never silent");
+}
+
+#[tokio::test]
+async fn a_complete_download_has_no_error() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/sandboxes/abc/files"))
+        .respond_with(ResponseTemplate::new(200).set_body_bytes(stream_body(&[
+            (frame::DATA, b"ab"),
+            (frame::DATA, b"\x00c"),
+            (frame::END, b""),
+        ])))
+        .mount(&server)
+        .await;
+    let mut data = client(&server).read_file("abc", "/x").await.unwrap();
+    let mut got = Vec::new();
+    while let Some(chunk) = data.next().await {
+        got.extend(chunk.unwrap());
+    }
+    assert_eq!(got, b"ab\x00c");
+    let query = &server.received_requests().await.unwrap()[0].url;
+    assert_eq!(query.query(), Some("path=%2Fx"));
+}
+
+#[tokio::test]
+async fn a_create_whose_response_is_lost_is_retried_with_the_same_key() {
+    let server = MockServer::start().await;
+    // The first answer never arrives in time (as if lost); the retry gets one.
+    Mock::given(method("POST"))
+        .and(path("/v1/sandboxes"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(info("first"))
+                .set_delay(Duration::from_secs(30)),
+        )
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/sandboxes"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(info("first")))
+        .mount(&server)
+        .await;
+    let backend = HttpBackend::with_options(
+        &server.uri(),
+        "test-key",
+        HttpOptions {
+            request_timeout: Duration::from_millis(300),
+            ..options()
+        },
+    )
+    .unwrap();
+    let created = backend.create(CreateOptions::default()).await.unwrap();
+    assert_eq!(created.id, "first");
+    let requests = server.received_requests().await.unwrap();
+    assert_eq!(requests.len(), 2);
+    let keys: Vec<_> = requests
+        .iter()
+        .map(|r: &Request| {
+            r.headers
+                .get(IDEMPOTENCY_HEADER)
+                .expect("an idempotency key")
+                .to_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert!(!keys[0].is_empty());
+    assert_eq!(keys[0], keys[1], "the retry carries the same key");
+    // A second, separate create gets a different key.
+    backend.create(CreateOptions::default()).await.unwrap();
+    let requests = server.received_requests().await.unwrap();
+    let third = requests[2].headers.get(IDEMPOTENCY_HEADER).unwrap();
+    assert_ne!(third.to_str().unwrap(), keys[0]);
+}
+
+#[tokio::test]
+async fn a_spawn_is_not_retried_on_5xx() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(502).set_body_string("bad gateway"))
+        .mount(&server)
+        .await;
+    let spec = ProcessSpec::new(sandcove::Command::argv(["true"]));
+    let err = client(&server).spawn("abc", spec).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Backend);
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn connection_failures_are_retried_then_unavailable() {
+    // Bind and drop a listener: nothing listens on that port any more.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let backend =
+        HttpBackend::with_options(&format!("http://127.0.0.1:{port}"), "k", options()).unwrap();
+    let err = backend.get("abc").await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    let caps = backend.capabilities();
+    assert_eq!(caps.backend, "http+unreachable");
+    assert!(!caps.pause);
+}
+
+#[test]
+fn capabilities_are_fetched_lazily_outside_a_runtime() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let server = runtime.block_on(async {
+        let server = MockServer::start().await;
+        let local = sandcove::LocalBackend::new().unwrap().capabilities();
+        Mock::given(method("GET"))
+            .and(path("/v1/capabilities"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(local))
+            .expect(1)
+            .mount(&server)
+            .await;
+        server
+    });
+    let backend = client(&server);
+    assert_eq!(backend.capabilities().backend, "http+local");
+    assert_eq!(
+        backend.capabilities().backend,
+        "http+local",
+        "cached after the first fetch"
+    );
+    runtime.block_on(server.verify());
+}

@@ -1,0 +1,574 @@
+//! The server: authentication on every route, body limits, route ↔ backend-method mapping,
+//! the OpenAPI document, idempotent creates, shutdown, and many clients at once.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use sandcove::backend::http::{IDEMPOTENCY_HEADER, OPENAPI_PATH};
+use sandcove::conformance::{test_options, unique};
+use sandcove::server::{LocalServer, ServerConfig};
+use sandcove::{
+    Backend, ByteStream, Capabilities, Command, CreateOptions, Error, ErrorCode, FileStat,
+    HttpBackend, ListDirOptions, ListOptions, LocalBackend, Metrics, MkdirOptions, Preview,
+    PreviewOptions, PreviewToken, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream,
+    PtySize, RemoveOptions, Result, SandboxInfo, Signal, SnapshotInfo, VolumeInfo, WatchOptions,
+    WatchStream, WriteOptions,
+};
+use serde_json::Value;
+
+/// A backend that answers every call `NotSupported { feature: <method name> }` and counts
+/// the calls that reached it.
+#[derive(Debug, Default)]
+struct Refuser {
+    calls: AtomicUsize,
+}
+
+impl Refuser {
+    fn no<T>(&self, method: &str) -> Result<T> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Err(Error::not_supported(method, "nothing: a test stub"))
+    }
+}
+
+#[async_trait]
+impl Backend for Refuser {
+    fn capabilities(&self) -> Capabilities {
+        LocalBackend::new().unwrap().capabilities()
+    }
+    async fn create(&self, _: CreateOptions) -> Result<SandboxInfo> {
+        self.no("create")
+    }
+    async fn get(&self, _: &str) -> Result<SandboxInfo> {
+        self.no("get")
+    }
+    async fn list(&self, _: ListOptions) -> Result<Vec<SandboxInfo>> {
+        self.no("list")
+    }
+    async fn set_timeout(&self, _: &str, _: Duration) -> Result<SandboxInfo> {
+        self.no("set_timeout")
+    }
+    async fn destroy(&self, _: &str) -> Result<()> {
+        self.no("destroy")
+    }
+    async fn spawn(&self, _: &str, _: ProcessSpec) -> Result<ProcessStream> {
+        self.no("spawn")
+    }
+    async fn attach(&self, _: &str, _: ProcessSelector) -> Result<ProcessStream> {
+        self.no("attach")
+    }
+    async fn write_stdin(&self, _: &str, _: ProcessSelector, _: Vec<u8>) -> Result<()> {
+        self.no("write_stdin")
+    }
+    async fn close_stdin(&self, _: &str, _: ProcessSelector) -> Result<()> {
+        self.no("close_stdin")
+    }
+    async fn signal(&self, _: &str, _: ProcessSelector, _: Signal) -> Result<()> {
+        self.no("signal")
+    }
+    async fn list_processes(&self, _: &str) -> Result<Vec<ProcessInfo>> {
+        self.no("list_processes")
+    }
+    async fn read_file(&self, _: &str, _: &str) -> Result<ByteStream> {
+        self.no("read_file")
+    }
+    async fn write_file(
+        &self,
+        _: &str,
+        _: &str,
+        _: ByteStream,
+        _: WriteOptions,
+    ) -> Result<FileStat> {
+        self.no("write_file")
+    }
+    async fn list_dir(&self, _: &str, _: &str, _: ListDirOptions) -> Result<Vec<FileStat>> {
+        self.no("list_dir")
+    }
+    async fn stat(&self, _: &str, _: &str) -> Result<FileStat> {
+        self.no("stat")
+    }
+    async fn mkdir(&self, _: &str, _: &str, _: MkdirOptions) -> Result<FileStat> {
+        self.no("mkdir")
+    }
+    async fn remove(&self, _: &str, _: &str, _: RemoveOptions) -> Result<()> {
+        self.no("remove")
+    }
+    async fn rename(&self, _: &str, _: &str, _: &str) -> Result<FileStat> {
+        self.no("rename")
+    }
+    async fn chmod(&self, _: &str, _: &str, _: u32) -> Result<FileStat> {
+        self.no("chmod")
+    }
+    async fn pause(&self, _: &str) -> Result<SandboxInfo> {
+        self.no("pause")
+    }
+    async fn resume(&self, _: &str) -> Result<SandboxInfo> {
+        self.no("resume")
+    }
+    async fn metrics(&self, _: &str) -> Result<Metrics> {
+        self.no("metrics")
+    }
+    async fn resize_pty(&self, _: &str, _: ProcessSelector, _: PtySize) -> Result<()> {
+        self.no("resize_pty")
+    }
+    async fn watch(&self, _: &str, _: &str, _: WatchOptions) -> Result<WatchStream> {
+        self.no("watch")
+    }
+    async fn expose_port(&self, _: &str, _: PreviewOptions) -> Result<Preview> {
+        self.no("expose_port")
+    }
+    async fn list_previews(&self, _: &str) -> Result<Vec<Preview>> {
+        self.no("list_previews")
+    }
+    async fn close_preview(&self, _: &str, _: u16) -> Result<()> {
+        self.no("close_preview")
+    }
+    async fn create_preview_token(&self, _: &str, _: u16, _: Option<u64>) -> Result<PreviewToken> {
+        self.no("create_preview_token")
+    }
+    async fn snapshot(&self, _: &str, _: Option<String>) -> Result<SnapshotInfo> {
+        self.no("snapshot")
+    }
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+        self.no("list_snapshots")
+    }
+    async fn delete_snapshot(&self, _: &str) -> Result<()> {
+        self.no("delete_snapshot")
+    }
+    async fn fork(&self, _: &str, _: CreateOptions) -> Result<SandboxInfo> {
+        self.no("fork")
+    }
+    async fn create_volume(&self, _: &str) -> Result<VolumeInfo> {
+        self.no("create_volume")
+    }
+    async fn get_volume(&self, _: &str) -> Result<VolumeInfo> {
+        self.no("get_volume")
+    }
+    async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
+        self.no("list_volumes")
+    }
+    async fn delete_volume(&self, _: &str) -> Result<()> {
+        self.no("delete_volume")
+    }
+}
+
+const KEY: &str = "the-right-key";
+
+async fn start(backend: Arc<dyn Backend>, config: ServerConfig) -> LocalServer {
+    LocalServer::start(backend, config).await.expect("server")
+}
+
+/// Every documented operation as (method, concrete path, query, body).
+fn operations(doc: &Value) -> Vec<(String, String, String, &'static str, Vec<u8>)> {
+    let mut ops = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let concrete = path
+                .replace("{id}", "sb1")
+                .replace("{port}", "8080")
+                .replace("{snapshot_id}", "snap1")
+                .replace("{name}", "vol1");
+            let mut query = Vec::new();
+            for p in op["parameters"].as_array().unwrap() {
+                if p["in"] == "query" {
+                    let value = match p["name"].as_str().unwrap() {
+                        "pid" => "7",
+                        "path" => "/workspace/x",
+                        "depth" => "1",
+                        "recursive" => "false",
+                        "filter" => "{}",
+                        "options" => "{}",
+                        _ => continue,
+                    };
+                    query.push(format!("{}={}", p["name"].as_str().unwrap(), value));
+                }
+            }
+            let op_name = op["operationId"].as_str().unwrap().to_string();
+            let body: Vec<u8> = match op_name.as_str() {
+                "spawn" => br#"{"command":{"argv":["true"]},"cwd":null,"envs":{},"user":null,"tag":null,"stdin":false,"timeout":null}"#.to_vec(),
+                "set_timeout" => br#"{"timeout":60}"#.to_vec(),
+                "signal" => br#"{"signal":"TERM"}"#.to_vec(),
+                "resize_pty" => br#"{"cols":80,"rows":24}"#.to_vec(),
+                "mkdir" | "chmod" => br#"{"path":"/workspace/d","mode":448}"#.to_vec(),
+                "rename" => br#"{"from":"/a","to":"/b"}"#.to_vec(),
+                "expose_port" => br#"{"port":8080}"#.to_vec(),
+                "create_volume" => br#"{"name":"vol1"}"#.to_vec(),
+                "write_stdin" | "write_file" => b"bytes".to_vec(),
+                _ => b"{}".to_vec(),
+            };
+            let kind = if op_name == "openapi" || op_name == "capabilities" {
+                "local"
+            } else {
+                "backend"
+            };
+            ops.push((
+                method.to_uppercase(),
+                format!("{concrete}?{}", query.join("&")),
+                op_name,
+                kind,
+                body,
+            ));
+        }
+    }
+    ops
+}
+
+async fn fetch_document(server: &LocalServer) -> Value {
+    reqwest::Client::new()
+        .get(format!("{}{OPENAPI_PATH}", server.url()))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Each documented route reaches the backend method its operationId names, and the
+/// backend's answer (here `NotSupported`) comes back unchanged; undocumented routes are
+/// answered by the fallback. Together with the unit test comparing the route list with the
+/// document, this shows the document and the router agree.
+#[tokio::test]
+async fn every_documented_route_reaches_its_backend_method() {
+    let refuser = Arc::new(Refuser::default());
+    let server = start(refuser.clone(), ServerConfig::new(KEY)).await;
+    let doc = fetch_document(&server).await;
+    let ops = operations(&doc);
+    assert!(ops.len() >= 38, "{} operations documented", ops.len());
+    let http = reqwest::Client::new();
+    for (method, path, op, kind, body) in &ops {
+        let response = http
+            .request(method.parse().unwrap(), format!("{}{path}", server.url()))
+            .bearer_auth(KEY)
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let answer: Value = response.json().await.unwrap();
+        if *kind == "local" {
+            assert_eq!(status, 200, "{method} {path}");
+            continue;
+        }
+        assert_eq!(status, 501, "{method} {path}: {answer}");
+        assert_eq!(answer["code"], "not_supported", "{method} {path}");
+        assert_eq!(answer["fields"]["feature"], op.as_str(), "{method} {path}");
+    }
+    assert_eq!(
+        refuser.calls.load(Ordering::SeqCst),
+        ops.len() - 2,
+        "each backend route called the backend once"
+    );
+    for (method, path) in [
+        ("GET", "/v1/nothing"),
+        ("PATCH", "/v1/sandboxes/x"),
+        ("GET", "/"),
+    ] {
+        let response = http
+            .request(method.parse().unwrap(), format!("{}{path}", server.url()))
+            .bearer_auth(KEY)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let answer: Value = response.json().await.expect("a JSON error body");
+        assert!(matches!(status, 404 | 405), "{method} {path}: {status}");
+        assert!(answer["code"].is_string(), "{answer}");
+    }
+}
+
+/// A missing or wrong key is 401 on every route (the document and unknown paths included),
+/// and the backend is never called.
+#[tokio::test]
+async fn a_missing_or_wrong_key_is_401_everywhere_and_nothing_happens() {
+    let refuser = Arc::new(Refuser::default());
+    let server = start(refuser.clone(), ServerConfig::new(KEY)).await;
+    let doc = fetch_document(&server).await;
+    let mut ops = operations(&doc);
+    ops.push((
+        "GET".into(),
+        "/v1/unknown".into(),
+        "unknown".into(),
+        "",
+        vec![],
+    ));
+    let http = reqwest::Client::new();
+    let wrong: [Option<&str>; 5] = [
+        None,
+        Some("Bearer wrong-key"),
+        Some("Bearer the-right-ke"),
+        Some("Basic the-right-key"),
+        Some("Bearer "),
+    ];
+    for (method, path, _, _, body) in &ops {
+        for auth in wrong {
+            let mut request = http
+                .request(method.parse().unwrap(), format!("{}{path}", server.url()))
+                .body(body.clone());
+            if let Some(a) = auth {
+                request = request.header("authorization", a);
+            }
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status().as_u16(), 401, "{method} {path} {auth:?}");
+            assert_eq!(response.headers()["www-authenticate"], "Bearer");
+            let answer: Value = response.json().await.unwrap();
+            assert_eq!(answer["code"], "unauthenticated");
+        }
+    }
+    assert_eq!(refuser.calls.load(Ordering::SeqCst), 0, "nothing happened");
+    let err = HttpBackend::connect(&server.url(), "wrong")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unauthenticated);
+}
+
+/// The client maps every trait method onto its route and the answer back onto the error.
+#[tokio::test]
+async fn every_client_method_round_trips_the_backends_answer() {
+    let refuser = Arc::new(Refuser::default());
+    let server = start(refuser.clone(), ServerConfig::new(KEY)).await;
+    let c = HttpBackend::connect(&server.url(), KEY).await.unwrap();
+    let sel = || ProcessSelector::Tag("t/1 ?&".into());
+    let data = || -> ByteStream { Box::pin(futures::stream::iter(vec![Ok(b"x".to_vec())])) };
+    let spec = ProcessSpec::new(Command::argv(["true"]));
+    let results: Vec<(&str, Result<()>)> = vec![
+        ("create", c.create(Default::default()).await.map(drop)),
+        ("get", c.get("a").await.map(drop)),
+        ("list", c.list(Default::default()).await.map(drop)),
+        (
+            "set_timeout",
+            c.set_timeout("a", Duration::from_secs(5)).await.map(drop),
+        ),
+        ("destroy", c.destroy("a").await),
+        ("spawn", c.spawn("a", spec).await.map(drop)),
+        ("attach", c.attach("a", sel()).await.map(drop)),
+        (
+            "write_stdin",
+            c.write_stdin("a", sel(), b"x".to_vec()).await,
+        ),
+        (
+            "close_stdin",
+            c.close_stdin("a", ProcessSelector::Pid(3)).await,
+        ),
+        ("signal", c.signal("a", sel(), Signal::Int).await),
+        ("list_processes", c.list_processes("a").await.map(drop)),
+        ("read_file", c.read_file("a", "/x y").await.map(drop)),
+        (
+            "write_file",
+            c.write_file("a", "/x", data(), Default::default())
+                .await
+                .map(drop),
+        ),
+        (
+            "list_dir",
+            c.list_dir("a", "/", Default::default()).await.map(drop),
+        ),
+        ("stat", c.stat("a", "/").await.map(drop)),
+        (
+            "mkdir",
+            c.mkdir("a", "/d", Default::default()).await.map(drop),
+        ),
+        ("remove", c.remove("a", "/d", Default::default()).await),
+        ("rename", c.rename("a", "/d", "/e").await.map(drop)),
+        ("chmod", c.chmod("a", "/d", 0o700).await.map(drop)),
+        ("pause", c.pause("a").await.map(drop)),
+        ("resume", c.resume("a").await.map(drop)),
+        ("metrics", c.metrics("a").await.map(drop)),
+        (
+            "resize_pty",
+            c.resize_pty("a", sel(), PtySize { cols: 1, rows: 1 }).await,
+        ),
+        (
+            "watch",
+            c.watch("a", "/", Default::default()).await.map(drop),
+        ),
+        (
+            "expose_port",
+            c.expose_port("a", Default::default()).await.map(drop),
+        ),
+        ("list_previews", c.list_previews("a").await.map(drop)),
+        ("close_preview", c.close_preview("a", 80).await),
+        (
+            "create_preview_token",
+            c.create_preview_token("a", 80, Some(5)).await.map(drop),
+        ),
+        (
+            "snapshot",
+            c.snapshot("a", Some("n".into())).await.map(drop),
+        ),
+        ("list_snapshots", c.list_snapshots().await.map(drop)),
+        ("delete_snapshot", c.delete_snapshot("s").await),
+        ("fork", c.fork("a", Default::default()).await.map(drop)),
+        ("create_volume", c.create_volume("v").await.map(drop)),
+        ("get_volume", c.get_volume("v").await.map(drop)),
+        ("list_volumes", c.list_volumes().await.map(drop)),
+        ("delete_volume", c.delete_volume("v").await),
+    ];
+    for (method, result) in &results {
+        match result {
+            Err(Error::NotSupported { feature, .. }) => assert_eq!(feature, method),
+            other => panic!("{method}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        refuser.calls.load(Ordering::SeqCst),
+        results.len(),
+        "one backend call per client call: NotSupported is not retried"
+    );
+}
+
+/// Bodies over the limits are 413 before the backend sees them.
+#[tokio::test]
+async fn oversized_bodies_are_413() {
+    let refuser = Arc::new(Refuser::default());
+    let mut config = ServerConfig::new(KEY);
+    config.max_body_bytes = 1024;
+    config.max_upload_bytes = 2048;
+    let server = start(refuser.clone(), config).await;
+    let http = reqwest::Client::new();
+    let big_json = format!(r#"{{"labels":{{"k":"{}"}}}}"#, "x".repeat(4096));
+    let cases = [
+        ("POST", "/v1/sandboxes", big_json.into_bytes()),
+        (
+            "POST",
+            "/v1/sandboxes/sb1/processes/stdin?pid=1",
+            vec![0u8; 4096],
+        ),
+        ("PUT", "/v1/sandboxes/sb1/files?path=/x", vec![1u8; 4096]),
+    ];
+    for (method, path, body) in cases {
+        let response = http
+            .request(method.parse().unwrap(), format!("{}{path}", server.url()))
+            .bearer_auth(KEY)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 413, "{method} {path}");
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(answer["code"], "invalid_argument");
+    }
+    assert_eq!(refuser.calls.load(Ordering::SeqCst), 0);
+    // A streamed upload without a length is cut at the limit too, and leaves no file.
+    let engine: Arc<dyn Backend> = Arc::new(LocalBackend::new().unwrap());
+    let mut config = ServerConfig::new(KEY);
+    config.max_upload_bytes = 2048;
+    let server = start(engine.clone(), config).await;
+    let client = HttpBackend::connect(&server.url(), KEY).await.unwrap();
+    let id = client
+        .create(test_options(&unique("limit")))
+        .await
+        .unwrap()
+        .id;
+    let chunks: Vec<Result<Vec<u8>>> = (0..8).map(|_| Ok(vec![2u8; 1024])).collect();
+    let err = client
+        .write_file(
+            &id,
+            "big",
+            Box::pin(futures::stream::iter(chunks)),
+            Default::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    assert!(client.stat(&id, "big").await.unwrap_err().is_not_found());
+    client.destroy(&id).await.unwrap();
+}
+
+/// The same idempotency key makes one sandbox, however often it is sent; reusing it for a
+/// different request is refused.
+#[tokio::test]
+async fn a_repeated_create_key_makes_one_sandbox() {
+    let engine: Arc<dyn Backend> = Arc::new(LocalBackend::new().unwrap());
+    let server = start(engine.clone(), ServerConfig::new(KEY)).await;
+    let label = unique("idem");
+    let body = serde_json::to_vec(&test_options(&label)).unwrap();
+    let http = reqwest::Client::new();
+    let key = unique("key");
+    let send = |body: Vec<u8>| {
+        http.post(format!("{}/v1/sandboxes", server.url()))
+            .bearer_auth(KEY)
+            .header(IDEMPOTENCY_HEADER, &key)
+            .body(body)
+            .send()
+    };
+    let (a, b) = tokio::join!(send(body.clone()), send(body.clone()));
+    let c = send(body.clone()).await.unwrap();
+    let ids: Vec<String> = vec![
+        a.unwrap().json::<SandboxInfo>().await.unwrap().id,
+        b.unwrap().json::<SandboxInfo>().await.unwrap().id,
+        c.json::<SandboxInfo>().await.unwrap().id,
+    ];
+    assert_eq!(ids[0], ids[1]);
+    assert_eq!(ids[0], ids[2]);
+    let mut filter = ListOptions::default();
+    filter.labels.insert("conformance".into(), label.clone());
+    assert_eq!(engine.list(filter).await.unwrap().len(), 1, "one sandbox");
+    let other = serde_json::to_vec(&test_options("other")).unwrap();
+    let refused = send(other).await.unwrap();
+    assert_eq!(refused.status().as_u16(), 400);
+    engine.destroy(&ids[0]).await.unwrap();
+}
+
+/// Stopping the server ends open streams with an error, never a silent short stream, and
+/// leaves the sandbox running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cuts_streams_with_an_error_and_keeps_sandboxes() {
+    let engine: Arc<dyn Backend> = Arc::new(LocalBackend::new().unwrap());
+    let mut config = ServerConfig::new(KEY);
+    config.shutdown_grace = Duration::from_secs(5);
+    let server = start(engine.clone(), config).await;
+    let client = HttpBackend::connect(&server.url(), KEY).await.unwrap();
+    let id = client
+        .create(test_options(&unique("stop")))
+        .await
+        .unwrap()
+        .id;
+    let spec = ProcessSpec::new(Command::sh("echo started; sleep 60"));
+    let mut stream = client.spawn(&id, spec).await.unwrap();
+    let first = stream.events.next().await.unwrap().unwrap();
+    assert_eq!(first, sandcove::ProcessEvent::Stdout(b"started\n".to_vec()));
+    server.stop().await.expect("stops");
+    let last = stream.events.next().await.expect("an error item");
+    let err = last.expect_err("the cut is an error");
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    engine
+        .get(&id)
+        .await
+        .expect("the sandbox outlives the server");
+    engine.destroy(&id).await.unwrap();
+}
+
+/// 50 clients at once each create a sandbox, run a command and destroy it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_clients() {
+    let engine: Arc<dyn Backend> = Arc::new(LocalBackend::new().unwrap());
+    let server = start(engine, ServerConfig::new(KEY)).await;
+    let label = unique("fifty");
+    let tasks: Vec<_> = (0..50)
+        .map(|i| {
+            let url = server.url();
+            let label = label.clone();
+            tokio::spawn(async move {
+                let client = HttpBackend::connect(&url, KEY).await?;
+                let sandbox = sandcove::Client::new(Arc::new(client));
+                let sb = sandbox.create(test_options(&label)).await?;
+                let out = sb
+                    .run(ProcessSpec::new(Command::sh(format!("echo client-{i}"))))
+                    .await?;
+                sb.destroy().await?;
+                Ok::<_, Error>(out.stdout)
+            })
+        })
+        .collect();
+    for (i, task) in tasks.into_iter().enumerate() {
+        let stdout = task
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("client {i}: {e}"));
+        assert_eq!(stdout, format!("client-{i}\n").into_bytes());
+    }
+}
