@@ -238,3 +238,76 @@ fn find_monitor(id: &str) -> Option<u32> {
     }
     None
 }
+
+/// The explicit un-isolated mode says so, and still keeps sandbox paths apart from each other
+/// and destroys every process it started.
+#[tokio::test]
+async fn unisolated_mode_is_explicit_and_cleans_up() {
+    let dir = std::env::temp_dir().join(unique("uniso"));
+    let backend = LocalBackend::unisolated(&dir).expect("engine");
+    let caps = backend.capabilities();
+    assert!(!caps.isolated && !caps.pause && !caps.snapshots && !caps.volumes);
+    let id = backend
+        .create(test_options("uniso"))
+        .await
+        .expect("create")
+        .id;
+    backend
+        .write_file(
+            &id,
+            "notes/a.txt",
+            Box::pin(futures::stream::once(async { Ok(b"hi".to_vec()) })),
+            Default::default(),
+        )
+        .await
+        .expect("write");
+    let stat = backend.stat(&id, "notes/a.txt").await.expect("stat");
+    assert_eq!(
+        stat.path, "/workspace/notes/a.txt",
+        "sandbox paths, not host paths"
+    );
+    let out = sh(&backend, &id, "cat notes/a.txt; pwd").await;
+    assert!(
+        out.stdout_lossy().starts_with("hi"),
+        "{}",
+        out.stdout_lossy()
+    );
+    let escaped = backend.stat(&id, "../../../../../../../etc/hostname").await;
+    assert!(
+        escaped.is_err() || escaped.unwrap().path.starts_with("/etc"),
+        "`..` is clamped"
+    );
+    let marker = unique("unisobg");
+    let spec = ProcessSpec::new(Command::bash_login(format!(
+        "(exec -a {marker} sleep 600) & exec -a {marker} sleep 600"
+    )));
+    drop(backend.spawn(&id, spec).await.expect("spawn"));
+    for _ in 0..100 {
+        if host_processes_with(&marker) == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(host_processes_with(&marker), 2);
+    expect_not_supported(backend.pause(&id).await.map(drop));
+    backend.destroy(&id).await.expect("destroy");
+    for _ in 0..100 {
+        if host_processes_with(&marker) == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        host_processes_with(&marker),
+        0,
+        "destroy ended every process"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn expect_not_supported(result: sandcove::Result<()>) {
+    match result {
+        Err(e) => assert_eq!(e.code(), ErrorCode::NotSupported, "{e}"),
+        Ok(()) => panic!("expected NotSupported"),
+    }
+}

@@ -49,7 +49,8 @@ pub fn run(record: Record, ctrl: OwnedFd, sync_read: OwnedFd) -> ! {
     }
     drop(sync);
     let setup = if record.unisolated {
-        Ok(())
+        // Orphans of sandbox processes come to us, so destroy can find and end them.
+        sys::set_child_subreaper().map_err(|e| Error::from_io(&e, "become a subreaper"))
     } else {
         setup_sandbox(&record)
     };
@@ -593,16 +594,14 @@ async fn connect_loopback(port: u16) -> Result<std::net::TcpStream> {
         .map_err(|e| Error::from_io(&e, "preview socket"))
 }
 
-/// Pids of every process in the sandbox but the agent.
+/// Pids of every process in the sandbox but the agent: everything in our PID namespace, or,
+/// un-isolated, our descendants.
 fn sandbox_pids() -> Vec<i32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&pid| pid != 1)
-        .collect()
+    let all = sys::all_pids();
+    if std::process::id() == 1 {
+        return all.into_iter().filter(|&pid| pid != 1).collect();
+    }
+    sys::descendants(std::process::id() as i32, &all)
 }
 
 /// Stop every process; repeat until a scan finds nothing new, so a process forked during the
@@ -972,7 +971,7 @@ fn spawn_process(
     }
     let cwd = match &spec.cwd {
         Some(c) => resolve(record, c)?,
-        None => PathBuf::from(&user.home),
+        None => host_path(record, Path::new(&user.home)),
     };
     match std::fs::metadata(&cwd) {
         Ok(m) if m.is_dir() => {}
@@ -992,7 +991,12 @@ fn spawn_process(
     let argv = spec.command.to_argv();
     let mut envs: BTreeMap<String, String> = BTreeMap::new();
     envs.insert("PATH".into(), DEFAULT_PATH.into());
-    envs.insert("HOME".into(), user.home.clone());
+    envs.insert(
+        "HOME".into(),
+        host_path(record, Path::new(&user.home))
+            .to_string_lossy()
+            .into_owned(),
+    );
     envs.insert("USER".into(), user.name.clone());
     envs.insert("LOGNAME".into(), user.name.clone());
     envs.insert("SHELL".into(), "/bin/bash".into());
@@ -1270,6 +1274,11 @@ async fn publish(proc_: &Proc, ev: Event) {
 // root, so every path, `..` and symlink resolves inside the sandbox by construction.
 // ---------------------------------------------------------------------------------------------
 
+/// The agent-side path for a sandbox path (relative paths start at the default home).
+///
+/// Isolated, that is the path itself: the agent's root is the sandbox root. Un-isolated (the
+/// explicit opt-in), sandbox paths live under a host directory; `..` is clamped there, but
+/// symlinks are not confined — that mode has no isolation by definition.
 fn resolve(record: &Record, path: &str) -> Result<PathBuf> {
     if path.is_empty() {
         return Err(Error::invalid("empty path"));
@@ -1278,11 +1287,43 @@ fn resolve(record: &Record, path: &str) -> Result<PathBuf> {
         return Err(Error::invalid("path contains a NUL byte"));
     }
     let p = Path::new(path);
-    Ok(if p.is_absolute() {
+    let full = if p.is_absolute() {
         p.to_path_buf()
     } else {
         Path::new(&record.default_user().home).join(p)
-    })
+    };
+    Ok(host_path(record, &full))
+}
+
+/// Map an absolute sandbox path onto the agent's filesystem.
+fn host_path(record: &Record, sandbox_path: &Path) -> PathBuf {
+    let Some(prefix) = &record.root_prefix else {
+        return sandbox_path.to_path_buf();
+    };
+    let mut parts: Vec<&std::ffi::OsStr> = Vec::new();
+    for c in sandbox_path.components() {
+        match c {
+            std::path::Component::Normal(n) => parts.push(n),
+            std::path::Component::ParentDir => {
+                parts.pop();
+            }
+            _ => {}
+        }
+    }
+    parts
+        .iter()
+        .fold(PathBuf::from(prefix), |acc, p| acc.join(p))
+}
+
+/// Map an agent-side path back to what the sandbox calls it.
+fn sandbox_path(record: &Record, path: &Path) -> String {
+    match &record.root_prefix {
+        Some(prefix) => match path.strip_prefix(prefix) {
+            Ok(rest) => format!("/{}", rest.to_string_lossy()),
+            Err(_) => path.to_string_lossy().into_owned(),
+        },
+        None => path.to_string_lossy().into_owned(),
+    }
 }
 
 fn name_of(users: &[crate::UserInfo], id: u32, group: bool) -> String {
@@ -1325,7 +1366,7 @@ fn stat_from_meta(record: &Record, path: &Path, meta: &std::fs::Metadata) -> Fil
     };
     let mtime = meta.mtime().max(0) as u64 * 1000 + meta.mtime_nsec().max(0) as u64 / 1_000_000;
     FileStat {
-        path: path.to_string_lossy().into_owned(),
+        path: sandbox_path(record, path),
         name: path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -1722,7 +1763,7 @@ async fn watch(
                         .map(|p| p.to_string_lossy().into_owned())
                         .unwrap_or_default();
                     let event = FsEvent {
-                        path: full.to_string_lossy().into_owned(),
+                        path: sandbox_path(&agent.record, &full),
                         name,
                         kind,
                     };

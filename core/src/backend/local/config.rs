@@ -108,6 +108,9 @@ pub struct Record {
     /// Host directories (volumes) to bind into the sandbox.
     #[serde(default)]
     pub mounts: Vec<HostMount>,
+    /// Un-isolated mode only: the host directory standing in for the sandbox's `/`.
+    #[serde(default)]
+    pub root_prefix: Option<String>,
 }
 
 /// A host directory bound into a sandbox.

@@ -69,6 +69,18 @@ impl LocalBackend {
         Self::with_state_dir(config::default_state_dir())
     }
 
+    /// An engine that runs sandboxes WITHOUT isolation: processes run as this user on this
+    /// host, with sandbox paths mapped under the sandbox's state directory. Only for hosts
+    /// without user namespaces, by explicit choice; `capabilities().isolated` is `false`.
+    pub fn unisolated(dir: impl Into<PathBuf>) -> Result<Self> {
+        let mut backend = Self::with_state_dir(dir)?;
+        if !backend.unisolated {
+            eprintln!("sandcove: WARNING: sandboxes run WITHOUT isolation from this host");
+        }
+        backend.unisolated = true;
+        Ok(backend)
+    }
+
     /// An engine keeping state under `dir` (created if missing, mode 0700).
     pub fn with_state_dir(dir: impl Into<PathBuf>) -> Result<Self> {
         entry::ensure_linked();
@@ -548,6 +560,12 @@ impl Backend for LocalBackend {
             .user
             .clone()
             .unwrap_or_else(|| config::DEFAULT_USER_NAME.into());
+        if self.unisolated && (!options.volumes.is_empty() || options.snapshot.is_some()) {
+            return Err(Error::not_supported(
+                "volumes and snapshots without isolation",
+                "run on a host with user namespaces",
+            ));
+        }
         let mounts = volumes::mounts_for(self, &options.volumes)?;
         let snapshot = match &options.snapshot {
             Some(snap) => Some(self.snapshot_paths(snap)?.1),
@@ -584,6 +602,13 @@ impl Backend for LocalBackend {
             unisolated: self.unisolated,
             notes: Default::default(),
             mounts,
+            root_prefix: self.unisolated.then(|| {
+                SandboxDir::new(&self.state_dir, &id)
+                    .dir
+                    .join("root")
+                    .to_string_lossy()
+                    .into_owned()
+            }),
         };
         let state_dir = self.state_dir.clone();
         let info = info_of(&record, SandboxState::Running);
@@ -931,6 +956,12 @@ impl Backend for LocalBackend {
     }
 
     async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
+        if self.unisolated {
+            return Err(Error::not_supported(
+                "snapshots without isolation",
+                "run on a host with user namespaces",
+            ));
+        }
         let info = self.get(id).await?;
         let was_running = info.state == SandboxState::Running;
         if was_running {
@@ -1034,6 +1065,17 @@ fn start_monitor(state_dir: &Path, record: &Record) -> Result<()> {
     let text = serde_json::to_vec_pretty(record)
         .map_err(|e| cleanup(Error::backend(format!("encode record: {e}"))))?;
     std::fs::write(staging.join("record.json"), text).map_err(|e| cleanup(e.into()))?;
+    if record.unisolated {
+        // The host directory standing in for the sandbox root.
+        let root = staging.join("root");
+        for dir in [record.default_user().home.as_str(), "/tmp"] {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(root.join(dir.trim_start_matches('/')))
+                .map_err(|e| cleanup(e.into()))?;
+        }
+    }
     std::fs::rename(&staging, &final_dir.dir).map_err(|e| cleanup(e.into()))?;
     let socket_len = final_dir.socket().as_os_str().len();
     if socket_len >= 108 {

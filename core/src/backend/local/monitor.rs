@@ -319,8 +319,35 @@ impl Monitor {
     }
 
     fn kill_agent(&self) {
+        let unisolated = self
+            .record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unisolated;
+        if unisolated {
+            // No PID namespace ends the processes for us: stop the agent (so it adopts no
+            // more orphans), then kill its whole tree until nothing is left.
+            let _ = sys::kill(self.agent_pid, libc::SIGSTOP);
+            for _ in 0..100 {
+                let tree = sys::descendants(self.agent_pid, &sys::all_pids());
+                if tree.is_empty() {
+                    break;
+                }
+                for pid in tree {
+                    let _ = sys::kill(pid, libc::SIGKILL);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         let _ = sys::kill(self.agent_pid, libc::SIGKILL);
         let _ = sys::waitpid_blocking(self.agent_pid);
+    }
+
+    fn unisolated(&self) -> bool {
+        self.record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unisolated
     }
 
     fn ends_at(&self) -> u64 {
@@ -385,6 +412,12 @@ impl Monitor {
     }
 
     async fn pause(&self) -> Result<SandboxInfo> {
+        if self.unisolated() {
+            return Err(Error::not_supported(
+                "pausing an un-isolated sandbox",
+                "run on a host with user namespaces",
+            ));
+        }
         let _guard = self.transition.lock().await;
         match self.state() {
             SandboxState::Paused => return Ok(self.info()),

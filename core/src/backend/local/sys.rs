@@ -677,3 +677,46 @@ pub fn page_size() -> u64 {
         4096
     }
 }
+
+/// Adopt orphaned descendants (so they can be found and ended with us).
+pub fn set_child_subreaper() -> io::Result<()> {
+    // SAFETY: PR_SET_CHILD_SUBREAPER takes an integer flag.
+    cvt(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) }).map(drop)
+}
+
+/// Every pid in `/proc`.
+pub fn all_pids() -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .collect()
+}
+
+/// The parent pid of `pid`, from `/proc/<pid>/stat`.
+pub fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Every descendant of `root` among `pids`.
+pub fn descendants(root: i32, pids: &[i32]) -> Vec<i32> {
+    let parents: Vec<(i32, i32)> = pids
+        .iter()
+        .filter_map(|&p| Some((p, parent_of(p)?)))
+        .collect();
+    let mut out = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        for &(child, ppid) in &parents {
+            if ppid == parent && !out.contains(&child) {
+                out.push(child);
+                frontier.push(child);
+            }
+        }
+    }
+    out
+}
