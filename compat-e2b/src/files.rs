@@ -1,0 +1,1030 @@
+//! `sandbox.files`: the sandbox filesystem. Relative paths resolve against `/home/user`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::IntoFuture;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use sandcove::{ByteStream, FileKind, FileStat, ListDirOptions, MkdirOptions, RemoveOptions};
+
+use crate::call::{with_request_timeout, BoxFuture, Call, IntoSeconds};
+use crate::errors::{Result, SandboxException};
+use crate::gaps::refuse;
+use crate::sandbox::Ctx;
+use crate::translate::{self, py_opt_str, py_str, DateTime};
+
+/// `FileType`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FileType {
+    /// `FILE = "file"`.
+    File,
+    /// `DIR = "dir"`.
+    Dir,
+    /// `SYMLINK = "symlink"`.
+    Symlink,
+}
+
+impl FileType {
+    /// The string value (`"file"`, `"dir"`, `"symlink"`).
+    pub fn value(&self) -> &'static str {
+        match self {
+            FileType::File => "file",
+            FileType::Dir => "dir",
+            FileType::Symlink => "symlink",
+        }
+    }
+
+    fn from_kind(kind: FileKind) -> Option<Self> {
+        match kind {
+            FileKind::File => Some(FileType::File),
+            FileKind::Dir => Some(FileType::Dir),
+            FileKind::Symlink => Some(FileType::Symlink),
+            FileKind::Other => None,
+        }
+    }
+}
+
+impl fmt::Debug for FileType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "<FileType.{}: '{}'>",
+            self.value().to_uppercase(),
+            self.value()
+        )
+    }
+}
+
+fn py_type(t: &Option<FileType>) -> String {
+    t.map(|t| format!("{t:?}")).unwrap_or_else(|| "None".into())
+}
+
+fn py_metadata(m: &Option<BTreeMap<String, String>>) -> String {
+    m.as_ref()
+        .map(translate::py_dict)
+        .unwrap_or_else(|| "None".into())
+}
+
+/// `WriteInfo`: what `write` returns.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WriteInfo {
+    /// `name`.
+    pub name: String,
+    /// `type`.
+    pub r#type: Option<FileType>,
+    /// `path` (absolute).
+    pub path: String,
+    /// `metadata`.
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+impl fmt::Debug for WriteInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "WriteInfo(name={}, type={}, path={}, metadata={})",
+            py_str(&self.name),
+            py_type(&self.r#type),
+            py_str(&self.path),
+            py_metadata(&self.metadata)
+        )
+    }
+}
+
+/// `EntryInfo`: a file, directory or symlink.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EntryInfo {
+    /// `name`.
+    pub name: String,
+    /// `type`.
+    pub r#type: Option<FileType>,
+    /// `path` (absolute).
+    pub path: String,
+    /// `size` in bytes.
+    pub size: i64,
+    /// `mode`: permission bits, e.g. `0o644`.
+    pub mode: i64,
+    /// `permissions`, e.g. `-rw-r--r--`.
+    pub permissions: String,
+    /// `owner`.
+    pub owner: String,
+    /// `group`.
+    pub group: String,
+    /// `modified_time`.
+    pub modified_time: DateTime,
+    /// `symlink_target`.
+    pub symlink_target: Option<String>,
+    /// `metadata`.
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+impl EntryInfo {
+    pub(crate) fn from_stat(ctx: &Ctx, s: &FileStat) -> EntryInfo {
+        EntryInfo {
+            name: s.name.clone(),
+            r#type: FileType::from_kind(s.kind),
+            path: ctx.e2b_path(&s.path),
+            size: s.size as i64,
+            mode: i64::from(s.mode),
+            permissions: translate::permissions_string(s.kind, s.mode),
+            owner: s.owner.clone(),
+            group: s.group.clone(),
+            modified_time: DateTime::from_unix_millis(s.modified),
+            symlink_target: s.symlink_target.clone(),
+            metadata: None,
+        }
+    }
+}
+
+impl fmt::Debug for EntryInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "EntryInfo(name={}, type={}, path={}, size={}, mode=0o{:o}, permissions={}, owner={}, group={}, modified_time={:?}, symlink_target={})",
+            py_str(&self.name),
+            py_type(&self.r#type),
+            py_str(&self.path),
+            self.size,
+            self.mode,
+            py_str(&self.permissions),
+            py_str(&self.owner),
+            py_str(&self.group),
+            self.modified_time,
+            py_opt_str(self.symlink_target.as_deref()),
+        )
+    }
+}
+
+/// Data for `write`: text, bytes, or a local file (streamed).
+pub enum WriteData {
+    /// Bytes (text is UTF-8 encoded).
+    Bytes(Vec<u8>),
+    /// A local file, read in chunks.
+    File(std::fs::File),
+}
+
+impl fmt::Debug for WriteData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WriteData::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
+            WriteData::File(_) => f.write_str("File"),
+        }
+    }
+}
+
+impl From<&str> for WriteData {
+    fn from(s: &str) -> Self {
+        WriteData::Bytes(s.as_bytes().to_vec())
+    }
+}
+impl From<String> for WriteData {
+    fn from(s: String) -> Self {
+        WriteData::Bytes(s.into_bytes())
+    }
+}
+impl From<&String> for WriteData {
+    fn from(s: &String) -> Self {
+        WriteData::Bytes(s.as_bytes().to_vec())
+    }
+}
+impl From<Vec<u8>> for WriteData {
+    fn from(b: Vec<u8>) -> Self {
+        WriteData::Bytes(b)
+    }
+}
+impl From<&[u8]> for WriteData {
+    fn from(b: &[u8]) -> Self {
+        WriteData::Bytes(b.to_vec())
+    }
+}
+impl<const N: usize> From<&[u8; N]> for WriteData {
+    fn from(b: &[u8; N]) -> Self {
+        WriteData::Bytes(b.to_vec())
+    }
+}
+impl From<std::fs::File> for WriteData {
+    fn from(f: std::fs::File) -> Self {
+        WriteData::File(f)
+    }
+}
+
+impl WriteData {
+    fn into_stream(self) -> ByteStream {
+        match self {
+            WriteData::Bytes(b) => Box::pin(futures::stream::once(async move { Ok(b) })),
+            WriteData::File(file) => {
+                let file = Arc::new(Mutex::new(file));
+                Box::pin(futures::stream::unfold(file, |file| async move {
+                    let f = file.clone();
+                    let chunk = tokio::task::spawn_blocking(move || {
+                        use std::io::Read;
+                        let mut buf = vec![0u8; 1 << 20];
+                        let n = f
+                            .lock()
+                            .map_err(|_| sandcove::Error::backend("file lock poisoned"))?
+                            .read(&mut buf)
+                            .map_err(|e| sandcove::Error::from_io(&e, "local file"))?;
+                        buf.truncate(n);
+                        Ok::<_, sandcove::Error>(buf)
+                    })
+                    .await
+                    .unwrap_or_else(|e| Err(sandcove::Error::backend(e.to_string())));
+                    match chunk {
+                        Ok(b) if b.is_empty() => None,
+                        other => Some((other, file)),
+                    }
+                }))
+            }
+        }
+    }
+}
+
+/// `WriteEntry`: one file of `write_files`.
+#[derive(Debug)]
+pub struct WriteEntry {
+    /// `path`.
+    pub path: String,
+    /// `data`.
+    pub data: WriteData,
+}
+
+impl WriteEntry {
+    /// `{"path": path, "data": data}`.
+    pub fn new(path: impl Into<String>, data: impl Into<WriteData>) -> Self {
+        WriteEntry {
+            path: path.into(),
+            data: data.into(),
+        }
+    }
+}
+
+/// Output formats of `files.read(..., format=...)`: each marker picks the result type.
+pub mod read_format {
+    /// `format="text"` (the default): `String`.
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct Text;
+    /// `format="bytes"`: `Vec<u8>`.
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct Bytes;
+    /// `format="stream"`: [`FileStreamReader`](super::FileStreamReader).
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct Stream;
+}
+
+/// `FileStreamReader`: the chunks of a file read with `format="stream"`.
+pub struct FileStreamReader {
+    inner: Option<ByteStream>,
+}
+
+impl fmt::Debug for FileStreamReader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FileStreamReader")
+            .field("open", &self.inner.is_some())
+            .finish()
+    }
+}
+
+impl FileStreamReader {
+    /// The next chunk; `None` at the end.
+    pub async fn next(&mut self) -> Option<Result<Vec<u8>>> {
+        let item = self.inner.as_mut()?.next().await;
+        match item {
+            None => {
+                self.inner = None;
+                None
+            }
+            Some(r) => Some(r.map_err(Into::into)),
+        }
+    }
+
+    /// `close()`: stop reading.
+    pub fn close(&mut self) {
+        self.inner = None;
+    }
+}
+
+/// `sandbox.files` (class `Filesystem`).
+#[derive(Debug, Clone)]
+pub struct Filesystem {
+    pub(crate) ctx: Ctx,
+}
+
+/// Options every filesystem call takes: `user=` and `request_timeout=`.
+#[derive(Debug, Clone, Default)]
+struct Common {
+    user: Option<String>,
+    request_timeout: Option<f64>,
+}
+
+impl Common {
+    /// Refuse another user where the runtime's file calls cannot act as one.
+    fn same_user_only(&self, ctx: &Ctx) -> Result<()> {
+        match ctx.runtime_user(self.user.as_deref()) {
+            None => Ok(()),
+            Some(_) => Err(refuse("file_user")),
+        }
+    }
+}
+
+macro_rules! common_setters {
+    () => {
+        /// `user=`: the Linux user the operation runs as (default `user`).
+        pub fn user(mut self, user: impl Into<String>) -> Self {
+            self.common.user = Some(user.into());
+            self
+        }
+
+        /// `request_timeout=`: bounds the call, seconds.
+        pub fn request_timeout(mut self, secs: impl IntoSeconds) -> Self {
+            self.common.request_timeout = secs.into_seconds();
+            self
+        }
+    };
+}
+
+/// A filesystem call with only the common keywords.
+#[must_use = "a call does nothing until awaited"]
+pub struct FsCall<T> {
+    common: Common,
+    ctx: Ctx,
+    run: Box<dyn FnOnce(Ctx, Common) -> BoxFuture<'static, T> + Send>,
+}
+
+impl<T> fmt::Debug for FsCall<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FsCall")
+            .field("common", &self.common)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Send + 'static> FsCall<T> {
+    fn new<F, Fut>(ctx: &Ctx, f: F) -> Self
+    where
+        F: FnOnce(Ctx, Common) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+    {
+        FsCall {
+            common: Common::default(),
+            ctx: ctx.clone(),
+            run: Box::new(move |ctx, common| Box::pin(f(ctx, common))),
+        }
+    }
+
+    common_setters!();
+}
+
+impl<T: Send + 'static> IntoFuture for FsCall<T> {
+    type Output = Result<T>;
+    type IntoFuture = BoxFuture<'static, T>;
+    fn into_future(self) -> Self::IntoFuture {
+        let limit = self.common.request_timeout;
+        with_request_timeout((self.run)(self.ctx, self.common), limit)
+    }
+}
+
+impl Filesystem {
+    /// `files.read(path, format="text", user=None, request_timeout=None, gzip=False)`:
+    /// text by default; `.format(read_format::Bytes)` for bytes,
+    /// `.format(read_format::Stream)` for a stream.
+    pub fn read(&self, path: impl Into<String>) -> ReadBuilder<read_format::Text> {
+        ReadBuilder {
+            ctx: self.ctx.clone(),
+            path: path.into(),
+            common: Common::default(),
+            _format: PhantomData,
+        }
+    }
+
+    /// `files.write(path, data, user=None, request_timeout=None, gzip=False,
+    /// use_octet_stream=None, metadata=None) -> WriteInfo`. Creates parent directories and
+    /// replaces an existing file.
+    pub fn write(&self, path: impl Into<String>, data: impl Into<WriteData>) -> WriteBuilder {
+        WriteBuilder {
+            ctx: self.ctx.clone(),
+            entries: vec![WriteEntry::new(path, data)],
+            common: Common::default(),
+            metadata: false,
+        }
+    }
+
+    /// `files.write_files(files, user=None, ...) -> list[WriteInfo]`.
+    pub fn write_files(&self, files: Vec<WriteEntry>) -> WriteFilesBuilder {
+        WriteFilesBuilder(WriteBuilder {
+            ctx: self.ctx.clone(),
+            entries: files,
+            common: Common::default(),
+            metadata: false,
+        })
+    }
+
+    /// `files.list(path, depth=1, user=None, request_timeout=None) -> list[EntryInfo]`:
+    /// directories first, then by name (case-insensitive).
+    pub fn list(&self, path: impl Into<String>) -> ListBuilder {
+        ListBuilder {
+            ctx: self.ctx.clone(),
+            path: path.into(),
+            depth: Some(1),
+            common: Common::default(),
+        }
+    }
+
+    /// `files.exists(path, user=None, request_timeout=None) -> bool`.
+    pub fn exists(&self, path: impl Into<String>) -> FsCall<bool> {
+        let path = path.into();
+        FsCall::new(&self.ctx, move |ctx, common| async move {
+            common.same_user_only(&ctx)?;
+            match ctx.backend.stat(&ctx.id, &ctx.path(&path)).await {
+                Ok(_) => Ok(true),
+                Err(e) if e.is_not_found() => Ok(false),
+                Err(e) => Err(e.into()),
+            }
+        })
+    }
+
+    /// `files.get_info(path, user=None, request_timeout=None) -> EntryInfo`.
+    pub fn get_info(&self, path: impl Into<String>) -> FsCall<EntryInfo> {
+        let path = path.into();
+        FsCall::new(&self.ctx, move |ctx, common| async move {
+            common.same_user_only(&ctx)?;
+            let s = ctx.backend.stat(&ctx.id, &ctx.path(&path)).await?;
+            Ok(EntryInfo::from_stat(&ctx, &s))
+        })
+    }
+
+    /// `files.remove(path, user=None, request_timeout=None)`: recursive; a missing path is
+    /// not an error.
+    pub fn remove(&self, path: impl Into<String>) -> FsCall<()> {
+        let path = path.into();
+        FsCall::new(&self.ctx, move |ctx, common| async move {
+            common.same_user_only(&ctx)?;
+            match ctx
+                .backend
+                .remove(&ctx.id, &ctx.path(&path), RemoveOptions { recursive: true })
+                .await
+            {
+                Ok(()) => Ok(()),
+                Err(e) if e.is_not_found() => Ok(()),
+                Err(e) => Err(e.into()),
+            }
+        })
+    }
+
+    /// `files.rename(old_path, new_path, user=None, request_timeout=None) -> EntryInfo`:
+    /// creates the destination's parent directories.
+    pub fn rename(
+        &self,
+        old_path: impl Into<String>,
+        new_path: impl Into<String>,
+    ) -> FsCall<EntryInfo> {
+        let (from, to) = (old_path.into(), new_path.into());
+        FsCall::new(&self.ctx, move |ctx, common| async move {
+            common.same_user_only(&ctx)?;
+            let from = ctx.path(&from);
+            let to = ctx.path(&to);
+            ctx.backend.stat(&ctx.id, &from).await?;
+            if let Some((parent, _)) = to.rsplit_once('/') {
+                if !parent.is_empty() {
+                    ctx.backend
+                        .mkdir(&ctx.id, parent, MkdirOptions::default())
+                        .await?;
+                }
+            }
+            let s = ctx.backend.rename(&ctx.id, &from, &to).await?;
+            Ok(EntryInfo::from_stat(&ctx, &s))
+        })
+    }
+
+    /// `files.make_dir(path, user=None, request_timeout=None) -> bool`: `mkdir -p`; `false`
+    /// when the directory exists.
+    pub fn make_dir(&self, path: impl Into<String>) -> FsCall<bool> {
+        let path = path.into();
+        FsCall::new(&self.ctx, move |ctx, common| async move {
+            let p = ctx.path(&path);
+            match ctx.backend.stat(&ctx.id, &p).await {
+                Ok(s) if s.kind == FileKind::Dir => return Ok(false),
+                Ok(_) => {
+                    return Err(SandboxException::invalid_argument(format!(
+                        "path '{path}' already exists and is not a directory"
+                    )))
+                }
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+            ctx.backend
+                .mkdir(
+                    &ctx.id,
+                    &p,
+                    MkdirOptions {
+                        user: ctx.runtime_user(common.user.as_deref()),
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            Ok(true)
+        })
+    }
+
+    /// `files.watch_dir(path, user=None, request_timeout=None, recursive=False,
+    /// include_entry=False, allow_network_mounts=False) -> WatchHandle` (the polling form:
+    /// `get_new_events()` and `stop()`). Needs the runtime's watch.
+    pub fn watch_dir(&self, path: impl Into<String>) -> WatchBuilder {
+        WatchBuilder {
+            ctx: self.ctx.clone(),
+            path: path.into(),
+            recursive: false,
+            include_entry: false,
+            common: Common::default(),
+        }
+    }
+}
+
+/// The builder of `files.read(...)`; the type parameter is the chosen format.
+#[must_use = "a call does nothing until awaited"]
+pub struct ReadBuilder<F> {
+    ctx: Ctx,
+    path: String,
+    common: Common,
+    _format: PhantomData<F>,
+}
+
+impl<F> fmt::Debug for ReadBuilder<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadBuilder")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F> ReadBuilder<F> {
+    /// `format=`: [`read_format::Text`], [`read_format::Bytes`] or [`read_format::Stream`].
+    pub fn format<G>(self, _format: G) -> ReadBuilder<G> {
+        ReadBuilder {
+            ctx: self.ctx,
+            path: self.path,
+            common: self.common,
+            _format: PhantomData,
+        }
+    }
+
+    /// `gzip=`: a transfer encoding in E2B; content is identical either way, so it has no
+    /// effect here.
+    pub fn gzip(self, _gzip: bool) -> Self {
+        self
+    }
+
+    common_setters!();
+
+    async fn open(ctx: Ctx, path: String, common: Common) -> Result<ByteStream> {
+        common.same_user_only(&ctx)?;
+        Ok(ctx.backend.read_file(&ctx.id, &ctx.path(&path)).await?)
+    }
+
+    async fn bytes(ctx: Ctx, path: String, common: Common) -> Result<Vec<u8>> {
+        let mut stream = Self::open(ctx, path, common).await?;
+        let mut out = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            out.extend_from_slice(&chunk?);
+        }
+        Ok(out)
+    }
+}
+
+impl IntoFuture for ReadBuilder<read_format::Text> {
+    type Output = Result<String>;
+    type IntoFuture = BoxFuture<'static, String>;
+    fn into_future(self) -> Self::IntoFuture {
+        let limit = self.common.request_timeout;
+        with_request_timeout(
+            Box::pin(async move {
+                let b = Self::bytes(self.ctx, self.path, self.common).await?;
+                Ok(String::from_utf8_lossy(&b).into_owned())
+            }),
+            limit,
+        )
+    }
+}
+
+impl IntoFuture for ReadBuilder<read_format::Bytes> {
+    type Output = Result<Vec<u8>>;
+    type IntoFuture = BoxFuture<'static, Vec<u8>>;
+    fn into_future(self) -> Self::IntoFuture {
+        let limit = self.common.request_timeout;
+        with_request_timeout(
+            Box::pin(Self::bytes(self.ctx, self.path, self.common)),
+            limit,
+        )
+    }
+}
+
+impl IntoFuture for ReadBuilder<read_format::Stream> {
+    type Output = Result<FileStreamReader>;
+    type IntoFuture = BoxFuture<'static, FileStreamReader>;
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let s = Self::open(self.ctx, self.path, self.common).await?;
+            Ok(FileStreamReader { inner: Some(s) })
+        })
+    }
+}
+
+/// The builder of `files.write(...)`.
+#[must_use = "a call does nothing until awaited"]
+#[derive(Debug)]
+pub struct WriteBuilder {
+    ctx: Ctx,
+    entries: Vec<WriteEntry>,
+    common: Common,
+    metadata: bool,
+}
+
+impl WriteBuilder {
+    common_setters!();
+
+    /// `gzip=`: transfer encoding only; no effect on what is written.
+    pub fn gzip(self, _gzip: bool) -> Self {
+        self
+    }
+
+    /// `use_octet_stream=`: transfer encoding only; no effect on what is written.
+    pub fn use_octet_stream(self, _use: bool) -> Self {
+        self
+    }
+
+    /// `metadata=`: not supported (see MAPPING.md).
+    pub fn metadata<K: Into<String>, V: Into<String>>(
+        mut self,
+        _metadata: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        self.metadata = true;
+        self
+    }
+
+    async fn run(self) -> Result<Vec<WriteInfo>> {
+        if self.metadata {
+            return Err(refuse("file_metadata"));
+        }
+        let ctx = self.ctx;
+        let user = ctx.runtime_user(self.common.user.as_deref());
+        let mut out = Vec::with_capacity(self.entries.len());
+        for entry in self.entries {
+            let path = ctx.path(&entry.path);
+            let options = sandcove::WriteOptions {
+                create_parents: true,
+                user: user.clone(),
+                ..Default::default()
+            };
+            let s = ctx
+                .backend
+                .write_file(&ctx.id, &path, entry.data.into_stream(), options)
+                .await?;
+            out.push(WriteInfo {
+                name: s.name.clone(),
+                r#type: FileType::from_kind(s.kind),
+                path: ctx.e2b_path(&s.path),
+                metadata: None,
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl IntoFuture for WriteBuilder {
+    type Output = Result<WriteInfo>;
+    type IntoFuture = BoxFuture<'static, WriteInfo>;
+    fn into_future(self) -> Self::IntoFuture {
+        let limit = self.common.request_timeout;
+        with_request_timeout(
+            Box::pin(async move {
+                let mut infos = self.run().await?;
+                infos
+                    .pop()
+                    .ok_or_else(|| SandboxException::sandbox("nothing was written"))
+            }),
+            limit,
+        )
+    }
+}
+
+/// The builder of `files.write_files(...)`.
+#[must_use = "a call does nothing until awaited"]
+#[derive(Debug)]
+pub struct WriteFilesBuilder(WriteBuilder);
+
+impl WriteFilesBuilder {
+    /// `user=`.
+    pub fn user(self, user: impl Into<String>) -> Self {
+        WriteFilesBuilder(self.0.user(user))
+    }
+
+    /// `request_timeout=`.
+    pub fn request_timeout(self, secs: impl IntoSeconds) -> Self {
+        WriteFilesBuilder(self.0.request_timeout(secs))
+    }
+
+    /// `gzip=`: no effect (transfer encoding).
+    pub fn gzip(self, _gzip: bool) -> Self {
+        self
+    }
+
+    /// `metadata=`: not supported.
+    pub fn metadata<K: Into<String>, V: Into<String>>(
+        self,
+        metadata: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        WriteFilesBuilder(self.0.metadata(metadata))
+    }
+}
+
+impl IntoFuture for WriteFilesBuilder {
+    type Output = Result<Vec<WriteInfo>>;
+    type IntoFuture = BoxFuture<'static, Vec<WriteInfo>>;
+    fn into_future(self) -> Self::IntoFuture {
+        let limit = self.0.common.request_timeout;
+        with_request_timeout(Box::pin(self.0.run()), limit)
+    }
+}
+
+/// The builder of `files.list(...)`.
+#[must_use = "a call does nothing until awaited"]
+#[derive(Debug)]
+pub struct ListBuilder {
+    ctx: Ctx,
+    path: String,
+    depth: Option<i64>,
+    common: Common,
+}
+
+impl ListBuilder {
+    /// `depth=`: levels to descend (1 = direct children; must be at least 1).
+    pub fn depth(mut self, depth: impl Into<Option<i64>>) -> Self {
+        self.depth = depth.into();
+        self
+    }
+
+    common_setters!();
+}
+
+impl IntoFuture for ListBuilder {
+    type Output = Result<Vec<EntryInfo>>;
+    type IntoFuture = BoxFuture<'static, Vec<EntryInfo>>;
+    fn into_future(self) -> Self::IntoFuture {
+        let limit = self.common.request_timeout;
+        with_request_timeout(
+            Box::pin(async move {
+                let depth = self.depth.unwrap_or(1);
+                if depth < 1 {
+                    return Err(SandboxException::invalid_argument(
+                        "depth should be at least one",
+                    ));
+                }
+                self.common.same_user_only(&self.ctx)?;
+                let ctx = self.ctx;
+                let listed = ctx
+                    .backend
+                    .list_dir(
+                        &ctx.id,
+                        &ctx.path(&self.path),
+                        ListDirOptions {
+                            depth: u32::try_from(depth).unwrap_or(u32::MAX),
+                        },
+                    )
+                    .await?;
+                let mut entries: Vec<EntryInfo> = listed
+                    .iter()
+                    .filter(|s| s.kind != FileKind::Other)
+                    .map(|s| EntryInfo::from_stat(&ctx, s))
+                    .collect();
+                translate::sort_entries(&mut entries, |e| {
+                    (
+                        e.r#type == Some(FileType::Dir),
+                        e.name.clone(),
+                        e.path.clone(),
+                    )
+                });
+                Ok(entries)
+            }),
+            limit,
+        )
+    }
+}
+
+/// `FilesystemEventType`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FilesystemEventType {
+    /// `CHMOD = "chmod"`.
+    Chmod,
+    /// `CREATE = "create"`.
+    Create,
+    /// `REMOVE = "remove"`.
+    Remove,
+    /// `RENAME = "rename"`.
+    Rename,
+    /// `WRITE = "write"`.
+    Write,
+}
+
+impl FilesystemEventType {
+    /// The string value, e.g. `"create"`.
+    pub fn value(&self) -> &'static str {
+        match self {
+            FilesystemEventType::Chmod => "chmod",
+            FilesystemEventType::Create => "create",
+            FilesystemEventType::Remove => "remove",
+            FilesystemEventType::Rename => "rename",
+            FilesystemEventType::Write => "write",
+        }
+    }
+
+    fn from_kind(kind: sandcove::FsEventKind) -> Self {
+        match kind {
+            sandcove::FsEventKind::Create => FilesystemEventType::Create,
+            sandcove::FsEventKind::Write => FilesystemEventType::Write,
+            sandcove::FsEventKind::Remove => FilesystemEventType::Remove,
+            sandcove::FsEventKind::Rename => FilesystemEventType::Rename,
+            sandcove::FsEventKind::Chmod => FilesystemEventType::Chmod,
+        }
+    }
+}
+
+impl fmt::Debug for FilesystemEventType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "<FilesystemEventType.{}: '{}'>",
+            self.value().to_uppercase(),
+            self.value()
+        )
+    }
+}
+
+/// `FilesystemEvent`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct FilesystemEvent {
+    /// `name`: path relative to the watched directory.
+    pub name: String,
+    /// `type`.
+    pub r#type: FilesystemEventType,
+    /// `entry` (with `include_entry=True`).
+    pub entry: Option<EntryInfo>,
+}
+
+impl fmt::Debug for FilesystemEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "FilesystemEvent(name={}, type={:?}, entry={})",
+            py_str(&self.name),
+            self.r#type,
+            self.entry
+                .as_ref()
+                .map(|e| format!("{e:?}"))
+                .unwrap_or_else(|| "None".into())
+        )
+    }
+}
+
+/// The builder of `files.watch_dir(...)`.
+#[must_use = "a call does nothing until awaited"]
+#[derive(Debug)]
+pub struct WatchBuilder {
+    ctx: Ctx,
+    path: String,
+    recursive: bool,
+    include_entry: bool,
+    common: Common,
+}
+
+impl WatchBuilder {
+    /// `recursive=`: include subdirectories.
+    pub fn recursive(mut self, recursive: bool) -> Self {
+        self.recursive = recursive;
+        self
+    }
+
+    /// `include_entry=`: attach the entry's `EntryInfo` to each event (when it still exists).
+    pub fn include_entry(mut self, include: bool) -> Self {
+        self.include_entry = include;
+        self
+    }
+
+    /// `allow_network_mounts=`: there are no network mounts in a Sandcove sandbox; accepted.
+    pub fn allow_network_mounts(self, _allow: bool) -> Self {
+        self
+    }
+
+    common_setters!();
+}
+
+#[derive(Debug, Default)]
+struct WatchState {
+    events: Vec<FilesystemEvent>,
+    error: Option<String>,
+    stopped: bool,
+}
+
+/// `WatchHandle`: collects events in the background; poll them with `get_new_events()`.
+#[derive(Debug)]
+pub struct WatchHandle {
+    state: Arc<Mutex<WatchState>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl IntoFuture for WatchBuilder {
+    type Output = Result<WatchHandle>;
+    type IntoFuture = BoxFuture<'static, WatchHandle>;
+    fn into_future(self) -> Self::IntoFuture {
+        let limit = self.common.request_timeout;
+        with_request_timeout(
+            Box::pin(async move {
+                self.common.same_user_only(&self.ctx)?;
+                let ctx = self.ctx;
+                let mut stream = ctx
+                    .backend
+                    .watch(
+                        &ctx.id,
+                        &ctx.path(&self.path),
+                        sandcove::WatchOptions {
+                            recursive: self.recursive,
+                        },
+                    )
+                    .await?;
+                let state = Arc::new(Mutex::new(WatchState::default()));
+                let shared = state.clone();
+                let include = self.include_entry;
+                let task = tokio::spawn(async move {
+                    while let Some(item) = stream.next().await {
+                        let event = match item {
+                            Ok(ev) => ev,
+                            Err(e) => {
+                                if let Ok(mut s) = shared.lock() {
+                                    s.error = Some(e.to_string());
+                                }
+                                return;
+                            }
+                        };
+                        let entry = if include {
+                            match ctx.backend.stat(&ctx.id, &event.path).await {
+                                Ok(st) => Some(EntryInfo::from_stat(&ctx, &st)),
+                                Err(_) => None,
+                            }
+                        } else {
+                            None
+                        };
+                        if let Ok(mut s) = shared.lock() {
+                            s.events.push(FilesystemEvent {
+                                name: event.name,
+                                r#type: FilesystemEventType::from_kind(event.kind),
+                                entry,
+                            });
+                        }
+                    }
+                });
+                Ok(WatchHandle { state, task })
+            }),
+            limit,
+        )
+    }
+}
+
+impl WatchHandle {
+    /// `handle.get_new_events(request_timeout=None) -> list[FilesystemEvent]`: the events
+    /// since the last call.
+    pub fn get_new_events(&self) -> Call<Vec<FilesystemEvent>> {
+        let state = self.state.clone();
+        Call::new(async move {
+            let mut s = state
+                .lock()
+                .map_err(|_| SandboxException::sandbox("watcher state poisoned"))?;
+            if s.stopped {
+                return Err(SandboxException::sandbox("The watcher is already stopped"));
+            }
+            if s.events.is_empty() {
+                if let Some(e) = s.error.take() {
+                    return Err(SandboxException::sandbox(e));
+                }
+            }
+            Ok(std::mem::take(&mut s.events))
+        })
+    }
+
+    /// `handle.stop(request_timeout=None)`.
+    pub fn stop(&self) -> Call<()> {
+        let state = self.state.clone();
+        self.task.abort();
+        Call::new(async move {
+            if let Ok(mut s) = state.lock() {
+                s.stopped = true;
+            }
+            Ok(())
+        })
+    }
+}
+
+impl Drop for WatchHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

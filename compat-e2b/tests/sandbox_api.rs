@@ -1,0 +1,528 @@
+//! `Sandbox`: create, connect, kill, set_timeout, get_info, list, lifecycle gaps and
+//! capability-dependent calls, against the embedded runtime.
+
+mod common;
+
+use common::{assert_not_supported, caps, sandbox, skip, unique};
+use e2b::{
+    DateTime, Sandbox, SandboxLifecycle, SandboxNetworkOpts, SandboxQuery, SandboxState,
+    ALL_TRAFFIC,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_gives_e2b_user_home_envs_and_info() {
+    let sbx = Sandbox::create()
+        .timeout(60)
+        .metadata([("userId", "123")])
+        .envs([("MY_VAR", "my_value")])
+        .api_key("e2b_0123abcd")
+        .await
+        .expect("create");
+    let r = sbx
+        .commands
+        .run("whoami; pwd; echo $HOME; echo $E2B_SANDBOX $E2B_SANDBOX_ID $E2B_TEMPLATE_ID; echo $MY_VAR; shopt -q login_shell && echo login")
+        .await
+        .expect("run");
+    assert_eq!(
+        r.stdout,
+        format!(
+            "user\n/home/user\n/home/user\ntrue {} base\nmy_value\nlogin\n",
+            sbx.sandbox_id
+        )
+    );
+    assert_eq!(sbx.sandbox_domain, "localhost");
+    assert_eq!(
+        sbx.connection_config.api_key.as_deref(),
+        Some("e2b_0123abcd")
+    );
+    let info = sbx.get_info().await.expect("get_info");
+    assert_eq!(info.sandbox_id, sbx.sandbox_id);
+    assert_eq!(info.template_id, "base");
+    assert_eq!(info.name.as_deref(), Some("base"));
+    assert_eq!(info.metadata.get("userId").map(String::as_str), Some("123"));
+    assert_eq!(info.state, SandboxState::Running);
+    assert_eq!(info.envd_version, "99.99.99");
+    assert_eq!(info.sandbox_domain.as_deref(), Some("localhost"));
+    assert_eq!(
+        info.end_at.unix_millis - info.started_at.unix_millis,
+        60_000,
+        "the lifetime is the create timeout"
+    );
+    assert!(info.cpu_count >= 1);
+    let shown = format!("{info:?}");
+    assert!(
+        shown.starts_with(&format!("SandboxInfo(sandbox_id='{}'", sbx.sandbox_id)),
+        "{shown}"
+    );
+    assert!(shown.contains("metadata={'userId': '123'}"), "{shown}");
+    // The static form reports the same.
+    assert_eq!(
+        Sandbox::get_info(sbx.sandbox_id.clone())
+            .await
+            .expect("static get_info"),
+        info
+    );
+    assert!(sbx.kill().await.expect("kill"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_zero_means_the_default_lifetime() {
+    let sbx = Sandbox::create().timeout(0).await.expect("create");
+    let info = sbx.get_info().await.expect("info");
+    assert_eq!(
+        info.end_at.unix_millis - info.started_at.unix_millis,
+        300_000
+    );
+    assert!(Sandbox::kill(sbx.sandbox_id.clone()).await.expect("kill"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_timeout_kill_and_is_running() {
+    let sbx = sandbox("lifecycle").await;
+    assert!(sbx.is_running().await.expect("is_running"));
+    let before = DateTime::now().unix_millis;
+    sbx.set_timeout(600).await.expect("set_timeout");
+    let end = sbx.get_info().await.expect("info").end_at.unix_millis;
+    assert!(end >= before + 600_000, "end_at moved to ~600 s from now");
+    Sandbox::set_timeout(sbx.sandbox_id.clone(), 30)
+        .await
+        .expect("static set_timeout");
+    let end = sbx.get_info().await.expect("info").end_at.unix_millis;
+    assert!(end < before + 600_000, "set_timeout can shorten");
+    assert!(sbx.kill().await.expect("kill"));
+    assert!(
+        !sbx.kill().await.expect("kill again"),
+        "kill of a gone sandbox is false"
+    );
+    assert!(!Sandbox::kill("nosuchsandbox00000000")
+        .await
+        .expect("kill unknown"));
+    assert!(!sbx.is_running().await.expect("is_running after kill"));
+    let err = sbx.get_info().await.unwrap_err();
+    assert!(err.is_sandbox_not_found() && err.is_not_found(), "{err:?}");
+    let err = sbx.set_timeout(10).await.unwrap_err();
+    assert!(err.is_sandbox_not_found(), "{err:?}");
+    let err = sbx.commands.run("true").await.unwrap_err();
+    assert!(err.is_not_found(), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_only_extends_and_unknown_is_not_found() {
+    let sbx = Sandbox::create().timeout(100).await.expect("create");
+    let again = Sandbox::connect(sbx.sandbox_id.clone())
+        .timeout(10)
+        .await
+        .expect("connect");
+    assert_eq!(again.sandbox_id, sbx.sandbox_id);
+    let info = again.get_info().await.expect("info");
+    assert_eq!(
+        info.end_at.unix_millis - info.started_at.unix_millis,
+        100_000,
+        "a shorter connect timeout does not shorten the lifetime"
+    );
+    let before = DateTime::now().unix_millis;
+    let third = sbx.connect().timeout(500).await.expect("instance connect");
+    let end = third.get_info().await.expect("info").end_at.unix_millis;
+    assert!(end >= before + 500_000, "a longer connect timeout extends");
+    let r = third.commands.run("whoami").await.expect("run");
+    assert_eq!(r.stdout.trim(), "user");
+    sbx.kill().await.expect("kill");
+    let err = Sandbox::connect("nosuchsandbox00000000").await.unwrap_err();
+    assert!(err.is_sandbox_not_found(), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "Paused sandbox nosuchsandbox00000000 not found"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_filters_by_metadata_and_pages() {
+    let tag = unique("list");
+    let mut made = Vec::new();
+    for i in 0..3 {
+        let i = i.to_string();
+        made.push(
+            Sandbox::create()
+                .timeout(60)
+                .metadata([("listTest", tag.as_str()), ("n", i.as_str())])
+                .await
+                .expect("create"),
+        );
+    }
+    let query = SandboxQuery {
+        metadata: Some([("listTest".to_string(), tag.clone())].into()),
+        ..Default::default()
+    };
+    let mut paginator = Sandbox::list().query(query.clone());
+    assert!(paginator.has_next);
+    let all = paginator.next_items().await.expect("next_items");
+    assert_eq!(all.len(), 3);
+    assert!(!paginator.has_next);
+    let ns: Vec<_> = all.iter().map(|i| i.metadata["n"].clone()).collect();
+    assert_eq!(ns, ["2", "1", "0"], "newest first");
+    assert!(
+        all.iter().all(|i| i.sandbox_domain.is_none()),
+        "list leaves out the domain"
+    );
+    let err = paginator.next_items().await.unwrap_err();
+    assert_eq!(err.to_string(), "No more items to fetch");
+    // Pages of one, oldest first.
+    let mut paginator = Sandbox::list().query(query.clone()).limit(1).order("asc");
+    let mut seen = Vec::new();
+    while paginator.has_next {
+        let page = paginator.next_items().await.expect("page");
+        assert_eq!(page.len(), 1);
+        seen.push(page[0].metadata["n"].clone());
+    }
+    assert_eq!(seen, ["0", "1", "2"]);
+    // Start from a token.
+    let mut paginator = Sandbox::list()
+        .query(query.clone())
+        .limit(2)
+        .next_token("2");
+    assert_eq!(paginator.next_items().await.expect("page").len(), 1);
+    // AND across metadata keys; paused-only finds nothing.
+    let narrow = SandboxQuery {
+        metadata: Some(
+            [
+                ("listTest".to_string(), tag.clone()),
+                ("n".to_string(), "1".to_string()),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    let items = Sandbox::list()
+        .query(narrow)
+        .next_items()
+        .await
+        .expect("list");
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0].sandbox_id, made[1].sandbox_id);
+    let paused = SandboxQuery {
+        state: Some(vec![SandboxState::Paused]),
+        ..query.clone()
+    };
+    assert!(Sandbox::list()
+        .query(paused)
+        .next_items()
+        .await
+        .expect("list")
+        .is_empty());
+    let later = SandboxQuery {
+        started_after: Some(DateTime::from_unix_millis(u64::MAX / 2)),
+        ..query.clone()
+    };
+    assert!(Sandbox::list()
+        .query(later)
+        .next_items()
+        .await
+        .expect("list")
+        .is_empty());
+    let err = Sandbox::list()
+        .order("sideways")
+        .next_items()
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_argument(), "{err:?}");
+    let err = Sandbox::list().limit(0).next_items().await.unwrap_err();
+    assert!(err.is_invalid_argument(), "{err:?}");
+    for s in &made {
+        s.kill().await.expect("kill");
+    }
+    let gone = Sandbox::list()
+        .query(query)
+        .next_items()
+        .await
+        .expect("list");
+    assert!(gone.is_empty(), "killed sandboxes disappear");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gaps_are_refused_before_any_effect() {
+    let tag = unique("gaps");
+    let meta = [("gapTest", tag.as_str())];
+    let base = || Sandbox::create().timeout(30).metadata(meta);
+    assert_not_supported(base().mcp(serde_json::json!({"x": {}})).await, "mcp");
+    assert_not_supported(base().iam(serde_json::json!({})).await, "iam");
+    assert_not_supported(base().template("my-custom-template").await, "template");
+    let rules = SandboxNetworkOpts {
+        allow_out: Some(vec!["1.1.1.1".into()]),
+        ..Default::default()
+    };
+    assert_not_supported(base().network(rules).await, "network rules");
+    let private = SandboxNetworkOpts {
+        allow_public_traffic: Some(false),
+        ..Default::default()
+    };
+    assert_not_supported(base().network(private).await, "private traffic");
+    let lc = SandboxLifecycle {
+        on_timeout: Some("pause".into()),
+        keep_memory: Some(false),
+        ..Default::default()
+    };
+    assert_not_supported(base().lifecycle(lc).await, "keep_memory=False");
+    if !caps().volumes {
+        assert_not_supported(base().volume_mounts([("/mnt/v", "vol")]).await, "volumes");
+    }
+    let query = SandboxQuery {
+        metadata: Some([("gapTest".to_string(), tag.clone())].into()),
+        ..Default::default()
+    };
+    assert!(
+        Sandbox::list()
+            .query(query)
+            .next_items()
+            .await
+            .expect("list")
+            .is_empty(),
+        "no refused create made a sandbox"
+    );
+    // Invalid lifecycles are InvalidArgument, also before any effect.
+    let lc = SandboxLifecycle {
+        auto_resume: Some(true),
+        ..Default::default()
+    };
+    assert!(base()
+        .lifecycle(lc)
+        .await
+        .unwrap_err()
+        .is_invalid_argument());
+    let lc = SandboxLifecycle {
+        on_timeout: Some("kill".into()),
+        keep_memory: Some(true),
+        ..Default::default()
+    };
+    assert!(base()
+        .lifecycle(lc)
+        .await
+        .unwrap_err()
+        .is_invalid_argument());
+    // Instance gaps.
+    let sbx = sandbox("gaps").await;
+    assert_not_supported(sbx.upload_url("demo.txt").await, "upload_url");
+    assert_not_supported(sbx.download_url("demo.txt").await, "download_url");
+    assert_not_supported(sbx.get_mcp_url(), "get_mcp_url");
+    assert_not_supported(
+        sbx.update_network(SandboxNetworkOpts::default()).await,
+        "update_network",
+    );
+    assert_not_supported(
+        sbx.pause().keep_memory(false).await,
+        "pause keep_memory=False",
+    );
+    assert!(
+        sbx.is_running().await.expect("still running"),
+        "refusals had no effect"
+    );
+    sbx.kill().await.expect("kill");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_choices_are_applied() {
+    let sbx = Sandbox::create()
+        .timeout(30)
+        .allow_internet_access(false)
+        .await
+        .expect("create");
+    assert_eq!(
+        sbx.get_info().await.expect("info").allow_internet_access,
+        Some(false)
+    );
+    let r = sbx
+        .commands
+        .run("awk -F: 'NR>2 {gsub(/ /, \"\", $1); print $1}' /proc/net/dev")
+        .await
+        .expect("run");
+    assert_eq!(r.stdout.trim(), "lo", "loopback only");
+    sbx.kill().await.expect("kill");
+    let deny = SandboxNetworkOpts {
+        deny_out: Some(vec![ALL_TRAFFIC.into()]),
+        ..Default::default()
+    };
+    let sbx = Sandbox::create()
+        .timeout(30)
+        .network(deny)
+        .await
+        .expect("create");
+    assert_eq!(
+        sbx.get_info().await.expect("info").allow_internet_access,
+        Some(false)
+    );
+    sbx.kill().await.expect("kill");
+    if caps().host_network {
+        let sbx = Sandbox::create().timeout(30).await.expect("create");
+        assert_eq!(
+            sbx.get_info().await.expect("info").allow_internet_access,
+            Some(true),
+            "E2B's default is internet access"
+        );
+        sbx.kill().await.expect("kill");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_and_resume_follow_the_capability() {
+    let sbx = sandbox("pause").await;
+    if caps().pause {
+        sbx.commands
+            .run("echo kept > state.txt")
+            .await
+            .expect("run");
+        assert!(sbx.pause().await.expect("pause"));
+        assert!(
+            !Sandbox::pause(sbx.sandbox_id.clone())
+                .await
+                .expect("pause again"),
+            "already paused"
+        );
+        assert_eq!(
+            sbx.get_info().await.expect("info").state,
+            SandboxState::Paused
+        );
+        assert!(!sbx.is_running().await.expect("is_running"));
+        let resumed = sbx.connect().await.expect("connect resumes");
+        assert!(resumed.is_running().await.expect("is_running"));
+        assert_eq!(
+            resumed.files.read("state.txt").await.expect("read"),
+            "kept\n"
+        );
+    } else {
+        skip("pause / connect-resume", "pause");
+        assert_not_supported(sbx.pause().await, "pause");
+        assert_not_supported(sbx.beta_pause().await, "beta_pause");
+        assert!(sbx.is_running().await.expect("still running"));
+        let lc = SandboxLifecycle {
+            on_timeout: Some("pause".into()),
+            ..Default::default()
+        };
+        assert_not_supported(
+            Sandbox::create().timeout(30).lifecycle(lc).await,
+            "on_timeout=pause",
+        );
+    }
+    sbx.kill().await.expect("kill");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_follow_the_capability() {
+    let sbx = sandbox("metrics").await;
+    if caps().metrics {
+        let m = sbx.get_metrics().await.expect("metrics");
+        assert_eq!(m.len(), 1);
+        assert!(m[0].mem_total > 0 && m[0].cpu_count >= 1);
+        let none = Sandbox::get_metrics(sbx.sandbox_id.clone())
+            .end(DateTime::from_unix_millis(1))
+            .await
+            .expect("metrics");
+        assert!(none.is_empty(), "samples outside the range are left out");
+    } else {
+        skip("get_metrics", "metrics");
+        assert_not_supported(sbx.get_metrics().await, "get_metrics");
+    }
+    sbx.kill().await.expect("kill");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_host_reaches_the_port_when_previews_exist() {
+    let sbx = sandbox("host").await;
+    if caps().previews {
+        let _server = sbx
+            .commands
+            .run("python3 -m http.server 3000")
+            .background(true)
+            .timeout(0)
+            .await
+            .expect("server");
+        sbx.files
+            .write("hello.txt", "hi from the sandbox")
+            .await
+            .expect("write");
+        let host = sbx.get_host(3000).await.expect("get_host");
+        let mut body = String::new();
+        for _ in 0..100 {
+            if let Ok(b) = http_get(&host, "/hello.txt") {
+                body = b;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert!(body.ends_with("hi from the sandbox"), "{body}");
+    } else {
+        skip("get_host", "previews");
+        assert_not_supported(sbx.get_host(3000).await, "get_host");
+    }
+    sbx.kill().await.expect("kill");
+}
+
+fn http_get(host: &str, path: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(host)?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    if !out.starts_with("HTTP/1.0 200") && !out.starts_with("HTTP/1.1 200") {
+        return Err(std::io::Error::other(out));
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_and_fork_follow_the_capability() {
+    let sbx = sandbox("snap").await;
+    sbx.files.write("f.txt", "v1").await.expect("write");
+    if caps().snapshots {
+        let name = unique("snap");
+        let snap = sbx
+            .create_snapshot()
+            .name(name.clone())
+            .await
+            .expect("snapshot");
+        let listed = sbx.list_snapshots().next_items().await.expect("list");
+        assert!(listed.iter().any(|s| s.snapshot_id == snap.snapshot_id));
+        let from = Sandbox::create()
+            .timeout(30)
+            .template(snap.snapshot_id.clone())
+            .await
+            .expect("create from snapshot");
+        assert_eq!(from.files.read("f.txt").await.expect("read"), "v1");
+        from.kill().await.expect("kill");
+        let forks = sbx.fork().count(2).timeout(30).await.expect("fork");
+        assert_eq!(forks.len(), 2);
+        for f in forks {
+            let f = f.expect("fork");
+            assert_eq!(f.files.read("f.txt").await.expect("read"), "v1");
+            f.kill().await.expect("kill");
+        }
+        assert!(Sandbox::delete_snapshot(snap.snapshot_id.clone())
+            .await
+            .expect("delete"));
+        assert!(!Sandbox::delete_snapshot(snap.snapshot_id)
+            .await
+            .expect("delete again"));
+    } else {
+        skip("create_snapshot / list_snapshots / fork", "snapshots");
+        assert_not_supported(sbx.create_snapshot().await, "create_snapshot");
+        assert_not_supported(
+            Sandbox::list_snapshots().next_items().await,
+            "list_snapshots",
+        );
+        assert_not_supported(sbx.fork().await, "fork");
+    }
+    assert!(sbx.fork().count(0).await.unwrap_err().is_invalid_argument());
+    sbx.kill().await.expect("kill");
+}
+
+#[test]
+fn public_types_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Sandbox>();
+    check::<e2b::SandboxInfo>();
+    check::<e2b::CommandResult>();
+    check::<e2b::EntryInfo>();
+    check::<e2b::SandboxException>();
+    check::<e2b::code_interpreter::Sandbox>();
+    fn check_send<T: Send>() {}
+    check_send::<e2b::CommandHandle>();
+    check_send::<e2b::WatchHandle>();
+}
