@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 
 /// Where a fixture's sandboxes live.
 #[derive(Debug, Clone)]
@@ -16,6 +17,92 @@ pub enum Runtime {
         /// Its API key.
         api_key: String,
     },
+}
+
+/// A `sandcove serve` running in this process on a loopback port (see
+/// [`start_loopback_server`]). Dropping it shuts the server down and waits for it; sandboxes
+/// it created live on until destroyed or their lease ends, as with any server.
+#[derive(Debug)]
+pub struct ServerGuard {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for ServerGuard {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Start a server wrapping the embedded engine on `127.0.0.1:0` with a random API key, on a
+/// background thread with its own tokio runtime; returns where to reach it and the guard that
+/// stops it. Panics if the server cannot start.
+pub fn start_loopback_server() -> (Runtime, ServerGuard) {
+    use sandcove::server::{serve, ServerConfig};
+    let api_key = format!("test-{}", sandcove::backend::local::config::new_id());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (ready, bound) = std::sync::mpsc::channel::<Result<std::net::SocketAddr, String>>();
+    let key = api_key.clone();
+    let thread = std::thread::Builder::new()
+        .name("sandcove-loopback-server".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready.send(Err(format!("runtime: {e}")));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let engine = match sandcove::LocalBackend::new() {
+                    Ok(engine) => engine,
+                    Err(e) => {
+                        let _ = ready.send(Err(format!("engine: {e}")));
+                        return;
+                    }
+                };
+                let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let _ = ready.send(Err(format!("bind: {e}")));
+                        return;
+                    }
+                };
+                let addr = listener.local_addr().map_err(|e| format!("address: {e}"));
+                let _ = ready.send(addr);
+                let stopped = async move {
+                    let _ = stopped.await;
+                };
+                if let Err(e) =
+                    serve(listener, Arc::new(engine), ServerConfig::new(key), stopped).await
+                {
+                    eprintln!("loopback server: {e}");
+                }
+            });
+        })
+        .expect("spawn the server thread");
+    let addr = match bound.recv() {
+        Ok(Ok(addr)) => addr,
+        Ok(Err(e)) => panic!("loopback server did not start: {e}"),
+        Err(_) => panic!("loopback server thread ended before binding"),
+    };
+    (
+        Runtime::Server {
+            url: format!("http://{addr}"),
+            api_key,
+        },
+        ServerGuard {
+            stop: Some(stop),
+            thread: Some(thread),
+        },
+    )
 }
 
 /// The expected output file of fixture `name`.
@@ -90,6 +177,35 @@ pub fn check_fixture(name: &str, exe: &str, runtime: &Runtime) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_loopback_server_serves_until_its_guard_drops() {
+        let (runtime, guard) = start_loopback_server();
+        let Runtime::Server { url, api_key } = runtime.clone() else {
+            panic!("a server runtime");
+        };
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let backend = sandcove::HttpBackend::connect(&url, &api_key)
+                .await
+                .expect("connect with the key");
+            let client = sandcove::Client::new(Arc::new(backend));
+            let sandbox = client.create(Default::default()).await.expect("create");
+            let out = sandbox
+                .run(sandcove::ProcessSpec::new(sandcove::Command::sh(
+                    "echo served",
+                )))
+                .await
+                .expect("run");
+            assert_eq!(out.stdout, b"served\n");
+            sandbox.destroy().await.expect("destroy");
+            let wrong = sandcove::HttpBackend::connect(&url, "wrong").await;
+            assert!(wrong.is_err(), "the random key is required");
+        });
+        drop(guard);
+        let after = rt.block_on(sandcove::HttpBackend::connect(&url, &api_key));
+        assert!(after.is_err(), "the server is gone after its guard drops");
+    }
 
     #[test]
     fn wildcards_match_within_a_line_only() {
