@@ -311,3 +311,33 @@ fn expect_not_supported(result: sandcove::Result<()>) {
         Ok(()) => panic!("expected NotSupported"),
     }
 }
+
+/// Sandbox processes cannot make namespaces or mount, yet threads and forks work.
+#[tokio::test]
+async fn namespaces_and_mounts_are_refused_inside() {
+    let backend = local();
+    let id = backend
+        .create(test_options(&unique("seccomp")))
+        .await
+        .expect("create")
+        .id;
+    let out = sh(
+        &*backend,
+        &id,
+        "unshare -Ur true 2>/dev/null; echo userns=$?; unshare -m true 2>/dev/null; echo mountns=$?; \
+         mkdir -p /tmp/m; mount -t tmpfs none /tmp/m 2>/dev/null; echo mount=$?",
+    )
+    .await;
+    let text = out.stdout_lossy();
+    for line in text.lines() {
+        assert!(!line.ends_with("=0"), "{text}");
+    }
+    let out = sh(
+        &*backend,
+        &id,
+        "python3 -c 'import threading; t=threading.Thread(target=print, args=(\"thread ok\",)); t.start(); t.join()'; echo a | cat",
+    )
+    .await;
+    assert_eq!(out.stdout_lossy(), "thread ok\na\n");
+    backend.destroy(&id).await.expect("destroy");
+}

@@ -1039,12 +1039,14 @@ fn spawn_process(
     let (uid, gid) = (user.uid, user.gid);
     let (nproc, nofile) = (record.max_processes(), record.max_open_files());
     let isolated = !record.unisolated;
+    let filters = super::seccomp::filters();
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
-    // syscalls (no allocation, no locks).
+    // syscalls (no allocation, no locks; the filters were compiled before the fork).
     unsafe {
         cmd.pre_exec(move || {
             if isolated {
                 sys::harden_child(uid, gid, nproc, nofile)?;
+                super::seccomp::apply(filters)?;
             } else {
                 sys::setsid()?;
             }

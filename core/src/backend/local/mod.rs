@@ -20,6 +20,7 @@ mod entry;
 mod monitor;
 mod preview;
 pub(crate) mod proto;
+mod seccomp;
 mod sys;
 mod volumes;
 

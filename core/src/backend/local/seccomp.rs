@@ -1,0 +1,108 @@
+//! The seccomp deny-list applied to every sandbox process.
+//!
+//! Capabilities are already dropped, so most of these calls would fail anyway; the filter
+//! removes the kernel attack surface behind them (new user namespaces, mount APIs, BPF,
+//! io_uring, keyrings, module loading). `clone3` answers `ENOSYS` so C libraries fall back to
+//! `clone`, whose flags the filter can inspect.
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule,
+};
+
+/// Syscalls refused with `EPERM`, whatever their arguments.
+const DENIED: &[libc::c_long] = &[
+    libc::SYS_unshare,
+    libc::SYS_setns,
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_swapon,
+    libc::SYS_swapoff,
+    libc::SYS_reboot,
+    libc::SYS_kexec_load,
+    libc::SYS_kexec_file_load,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+    libc::SYS_bpf,
+    libc::SYS_perf_event_open,
+    libc::SYS_userfaultfd,
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    libc::SYS_acct,
+    libc::SYS_quotactl,
+    libc::SYS_open_by_handle_at,
+    libc::SYS_fsopen,
+    libc::SYS_fsconfig,
+    libc::SYS_fsmount,
+    libc::SYS_fspick,
+    libc::SYS_move_mount,
+    libc::SYS_open_tree,
+    libc::SYS_syslog,
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+];
+
+/// The compiled filters, built once per agent (before any fork), applied in each child.
+pub fn filters() -> &'static [BpfProgram] {
+    static FILTERS: OnceLock<Vec<BpfProgram>> = OnceLock::new();
+    FILTERS.get_or_init(|| build().unwrap_or_default())
+}
+
+fn build() -> Result<Vec<BpfProgram>, seccompiler::Error> {
+    let arch = std::env::consts::ARCH
+        .try_into()
+        .map_err(seccompiler::Error::Backend)?;
+    let mut deny: BTreeMap<i64, Vec<SeccompRule>> =
+        DENIED.iter().map(|&nr| (nr as i64, Vec::new())).collect();
+    // clone is how threads and processes are made: refuse only a new user namespace.
+    let newuser = libc::CLONE_NEWUSER as u64;
+    deny.insert(
+        libc::SYS_clone as i64,
+        vec![SeccompRule::new(vec![SeccompCondition::new(
+            0,
+            SeccompCmpArgLen::Qword,
+            SeccompCmpOp::MaskedEq(newuser),
+            newuser,
+        )
+        .map_err(seccompiler::Error::Backend)?])
+        .map_err(seccompiler::Error::Backend)?],
+    );
+    let deny = SeccompFilter::new(
+        deny,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(seccompiler::Error::Backend)?;
+    let clone3 = SeccompFilter::new(
+        BTreeMap::from([(libc::SYS_clone3 as i64, Vec::new())]),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch,
+    )
+    .map_err(seccompiler::Error::Backend)?;
+    Ok(vec![deny.try_into()?, clone3.try_into()?])
+}
+
+/// Install the filters in the calling (freshly forked) process. Allocation-free.
+pub fn apply(filters: &[BpfProgram]) -> std::io::Result<()> {
+    for f in filters {
+        seccompiler::apply_filter(f).map_err(|_| std::io::Error::from_raw_os_error(libc::EPERM))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_filters_compile_for_this_architecture() {
+        assert_eq!(super::filters().len(), 2);
+    }
+}
