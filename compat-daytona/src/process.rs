@@ -158,7 +158,7 @@ impl Process {
         spec.tag = Some(session_tag(session_id));
         spec.cwd = Some(self.ctx.work_dir.to_string());
         let stream = self.ctx.backend().spawn(&self.ctx.id, spec).await.ctx(P)?;
-        let state = SessionState::start(&self.ctx, session_id, stream);
+        let state = SessionState::start(stream);
         registry()
             .lock()
             .expect("session registry")
@@ -208,7 +208,8 @@ impl Process {
     /// `delete_session(session_id)`: kill the session shell's whole process group.
     pub async fn delete_session(&self, session_id: &str) -> Result<()> {
         const P: &str = "Failed to delete session: ";
-        self.session(session_id).await.ctx(P)?;
+        let state = self.session(session_id).await.ctx(P)?;
+        let mut changed = state.version.subscribe();
         self.ctx
             .backend()
             .signal(
@@ -218,6 +219,15 @@ impl Process {
             )
             .await
             .ctx(P)?;
+        // Return once the shell is gone, so the session is not found from now on.
+        let gone = async {
+            while !state.inner.lock().expect("session state").ended {
+                if changed.changed().await.is_err() {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(10), gone).await;
         registry()
             .lock()
             .expect("session registry")
@@ -244,6 +254,7 @@ impl Process {
     pub async fn get_session_command(&self, session_id: &str, command_id: &str) -> Result<Command> {
         const P: &str = "Failed to get session command: ";
         let state = self.session(session_id).await.ctx(P)?;
+        state.wait_for(command_id).await;
         let inner = state.inner.lock().expect("session state");
         inner
             .find(command_id)
@@ -260,6 +271,7 @@ impl Process {
     ) -> Result<SessionCommandLogsResponse> {
         const P: &str = "Failed to get session command logs: ";
         let state = self.session(session_id).await.ctx(P)?;
+        state.wait_for(command_id).await;
         let inner = state.inner.lock().expect("session state");
         let cmd = inner
             .find(command_id)
@@ -287,6 +299,7 @@ impl Process {
     {
         const P: &str = "Failed to get session command logs: ";
         let state = self.session(session_id).await.ctx(P)?;
+        state.wait_for(command_id).await;
         let mut changed = state.version.subscribe();
         let mut cursor = 0;
         let mut carry_out = Vec::new();
@@ -339,6 +352,7 @@ impl Process {
     ) -> Result<()> {
         const P: &str = "Failed to send session command input: ";
         let state = self.session(session_id).await.ctx(P)?;
+        state.wait_for(command_id).await;
         {
             let inner = state.inner.lock().expect("session state");
             let cmd = inner
@@ -425,7 +439,7 @@ impl Process {
             .backend()
             .attach(&self.ctx.id, ProcessSelector::Tag(tag))
             .await?;
-        let state = SessionState::start(&self.ctx, session_id, stream);
+        let state = SessionState::rebuild(stream).await;
         registry()
             .lock()
             .expect("session registry")
@@ -729,6 +743,8 @@ async fn combined_output(mut stream: ProcessStream) -> Result<(Vec<u8>, sandcove
 
 const SESSION_TAG: &str = "daytona-session-";
 const SESSION_DIR: &str = "/tmp/.daytona-sessions";
+/// A pause this long in an attached shell's output ends its replay.
+const REPLAY_IDLE: Duration = Duration::from_millis(150);
 const MARK_OPEN: &[u8] = b"\x1e\x1fdtn:";
 const MARK_CLOSE: &[u8] = b"\x1f\x1e";
 /// A start marker longer than this is treated as output (it cannot be ours).
@@ -924,21 +940,25 @@ impl SessionInner {
                     let Some(id) = id else { continue };
                     match kind {
                         Some("s") => {
+                            let command = rest
+                                .and_then(unhex)
+                                .map(|b| String::from_utf8_lossy(&b).into_owned());
                             let idx = match self.commands.iter().position(|c| c.id == id) {
                                 Some(i) => i,
                                 None => {
-                                    let command = rest
-                                        .and_then(unhex)
-                                        .map(|b| String::from_utf8_lossy(&b).into_owned())
-                                        .unwrap_or_default();
                                     self.commands.push(CmdState {
                                         id: id.to_string(),
-                                        command,
                                         ..Default::default()
                                     });
                                     self.commands.len() - 1
                                 }
                             };
+                            // The stderr marker (no text) may arrive before the stdout one.
+                            if let Some(command) = command {
+                                if self.commands[idx].command.is_empty() {
+                                    self.commands[idx].command = command;
+                                }
+                            }
                             self.current[s] = Some(idx);
                         }
                         Some("e") => {
@@ -971,40 +991,98 @@ struct SessionState {
 }
 
 impl SessionState {
-    fn start(ctx: &Ctx, session_id: &str, stream: ProcessStream) -> Arc<Self> {
+    fn new() -> Arc<Self> {
         let (version, _) = tokio::sync::watch::channel(0);
-        let state = Arc::new(SessionState {
+        Arc::new(SessionState {
             inner: Mutex::new(SessionInner::default()),
             version,
             submit: tokio::sync::Mutex::new(()),
-        });
-        let weak = Arc::downgrade(&state);
-        let _ = (ctx, session_id);
+        })
+    }
+
+    /// Apply one event of the session shell; returns whether the shell has ended.
+    fn apply(&self, ev: sandcove::Result<ProcessEvent>) -> bool {
+        let ended = {
+            let mut inner = self.inner.lock().expect("session state");
+            match ev {
+                Ok(ProcessEvent::Stdout(b)) => inner.feed(false, &b),
+                Ok(ProcessEvent::Stderr(b)) => inner.feed(true, &b),
+                Ok(ProcessEvent::Exit(_)) | Err(_) => inner.ended = true,
+                Ok(_) => {}
+            }
+            inner.ended
+        };
+        self.version.send_modify(|v| *v += 1);
+        ended
+    }
+
+    /// Follow the shell's events in the background for as long as the state is in use.
+    fn follow(self: &Arc<Self>, stream: ProcessStream) {
+        let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut events = stream.events;
             while let Some(ev) = events.next().await {
                 let Some(state) = weak.upgrade() else { return };
-                let ended = {
-                    let mut inner = state.inner.lock().expect("session state");
-                    match ev {
-                        Ok(ProcessEvent::Stdout(b)) => inner.feed(false, &b),
-                        Ok(ProcessEvent::Stderr(b)) => inner.feed(true, &b),
-                        Ok(ProcessEvent::Exit(_)) | Err(_) => inner.ended = true,
-                        Ok(_) => {}
-                    }
-                    inner.ended
-                };
-                state.version.send_modify(|v| *v += 1);
-                if ended {
+                if state.apply(ev) {
                     return;
                 }
             }
             if let Some(state) = weak.upgrade() {
-                state.inner.lock().expect("session state").ended = true;
-                state.version.send_modify(|v| *v += 1);
+                state.apply(Err(sandcove::Error::backend("session stream ended")));
             }
         });
+    }
+
+    /// State for a shell this program just started.
+    fn start(stream: ProcessStream) -> Arc<Self> {
+        let state = Self::new();
+        state.follow(stream);
         state
+    }
+
+    /// State rebuilt from an attached shell: the replayed output is applied before this
+    /// returns (the replay arrives at once; a pause ends it), then live events follow.
+    async fn rebuild(mut stream: ProcessStream) -> Arc<Self> {
+        let state = Self::new();
+        loop {
+            match tokio::time::timeout(REPLAY_IDLE, stream.events.next()).await {
+                Ok(Some(ev)) => {
+                    if state.apply(ev) {
+                        return state;
+                    }
+                }
+                Ok(None) => {
+                    state.apply(Err(sandcove::Error::backend("session stream ended")));
+                    return state;
+                }
+                Err(_) => break,
+            }
+        }
+        state.follow(stream);
+        state
+    }
+
+    /// Wait (briefly) for a command id this program has not seen yet to show up.
+    async fn wait_for(&self, cmd_id: &str) {
+        let mut changed = self.version.subscribe();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        loop {
+            if self
+                .inner
+                .lock()
+                .expect("session state")
+                .find(cmd_id)
+                .is_some()
+            {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, changed.changed())
+                .await
+                .map_or(true, |r| r.is_err())
+            {
+                return;
+            }
+        }
     }
 }
 
@@ -1013,6 +1091,13 @@ type Registry = Mutex<HashMap<(String, String), Arc<SessionState>>>;
 fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(Default::default)
+}
+
+/// Forget this program's session state, as if another program made the next call (the
+/// state is then rebuilt by attaching to the session shells). For tests.
+#[doc(hidden)]
+pub fn forget_sessions() {
+    registry().lock().expect("session registry").clear();
 }
 
 fn key(ctx: &Ctx, session_id: &str) -> (String, String) {
