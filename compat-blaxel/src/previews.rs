@@ -1,0 +1,306 @@
+//! `sandbox.previews` (Python `SandboxPreviews`): a named preview is a port of the sandbox
+//! exposed on this machine as a URL; private ones need a token, sent in the header
+//! `X-Blaxel-Preview-Token` or the query parameter `bl_preview_token`.
+
+use std::time::SystemTime;
+
+use serde_json::Value;
+
+use crate::errors::{Result, SandboxAPIError};
+use crate::models::{self, Preview, PreviewMetadata, PreviewSpec};
+use crate::sandbox::Ctx;
+use crate::state::{self, PreviewRecords, PREVIEWS_RECORD};
+use crate::{gaps, translate};
+
+/// Header carrying a preview token.
+pub const TOKEN_HEADER: &str = "X-Blaxel-Preview-Token";
+/// Query parameter carrying a preview token.
+pub const TOKEN_QUERY: &str = "bl_preview_token";
+
+/// `sandbox.previews`.
+#[derive(Debug, Clone)]
+pub struct SandboxPreviews {
+    ctx: Ctx,
+}
+
+/// Anything `previews.create` accepts: a [`Preview`] or a `json!` dict with `metadata` and
+/// `spec`.
+pub trait IntoPreview {
+    /// The preview, or a `ValueError`.
+    fn into_preview(self) -> Result<Preview>;
+}
+impl IntoPreview for Preview {
+    fn into_preview(self) -> Result<Preview> {
+        Ok(self)
+    }
+}
+impl IntoPreview for Value {
+    fn into_preview(self) -> Result<Preview> {
+        models::from_value(self, "Preview")
+    }
+}
+
+/// A preview (Python `SandboxPreview`).
+#[derive(Debug, Clone)]
+pub struct SandboxPreview {
+    /// The preview name.
+    pub name: String,
+    /// `preview.metadata`.
+    pub metadata: PreviewMetadata,
+    /// `preview.spec`; `spec.url` is the URL.
+    pub spec: PreviewSpec,
+    /// The model.
+    pub preview: Preview,
+    /// Tokens of a private preview.
+    pub tokens: SandboxPreviewTokens,
+}
+
+/// `preview.tokens` (Python `SandboxPreviewTokens`).
+#[derive(Debug, Clone)]
+pub struct SandboxPreviewTokens {
+    /// The preview name.
+    pub preview_name: String,
+    /// The sandbox name.
+    pub resource_name: String,
+    ctx: Ctx,
+    port: u16,
+}
+
+/// A token (Python `SandboxPreviewToken`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxPreviewToken {
+    /// The secret to send.
+    pub value: String,
+    /// Expiry as the server words it (RFC 3339).
+    pub expires_at: String,
+}
+
+/// When a token expires: a `SystemTime` (Python `datetime`) or an ISO-8601 string.
+pub trait IntoExpiry {
+    /// Ms since the epoch, or a `ValueError`.
+    fn into_expiry(self) -> Result<u64>;
+}
+impl IntoExpiry for SystemTime {
+    fn into_expiry(self) -> Result<u64> {
+        self.duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .map_err(|_| SandboxAPIError::value_error("expires_at is before 1970"))
+    }
+}
+impl IntoExpiry for &str {
+    fn into_expiry(self) -> Result<u64> {
+        translate::parse_iso8601(self)
+            .ok_or_else(|| SandboxAPIError::value_error(format!("invalid date {self:?}")))
+    }
+}
+
+fn unexpected(e: sandcove::Error) -> SandboxAPIError {
+    SandboxAPIError::from(e).into_unexpected_status()
+}
+
+fn missing(name: &str) -> SandboxAPIError {
+    SandboxAPIError::UnexpectedStatus {
+        status_code: 404,
+        content: format!(r#"{{"error": "preview {name} not found"}}"#),
+        source: None,
+    }
+}
+
+impl SandboxPreviewTokens {
+    /// `tokens.create(expires_at)`: a token valid until `expires_at`.
+    pub async fn create(&self, expires_at: impl IntoExpiry) -> Result<SandboxPreviewToken> {
+        let at = expires_at.into_expiry()?;
+        let token = self
+            .ctx
+            .core
+            .backend()
+            .create_preview_token(self.ctx.core.id(), self.port, Some(at))
+            .await
+            .map_err(unexpected)?;
+        Ok(SandboxPreviewToken {
+            value: token.value,
+            expires_at: translate::format_rfc3339(token.expires_at.unwrap_or(at)),
+        })
+    }
+
+    /// `tokens.list()`: not supported (the runtime does not list tokens).
+    pub async fn list(&self) -> Result<Vec<SandboxPreviewToken>> {
+        Err(gaps::refuse("preview tokens list/delete"))
+    }
+
+    /// `tokens.delete(token_name)`: not supported.
+    pub async fn delete(&self, token_name: &str) -> Result<Value> {
+        let _ = token_name;
+        Err(gaps::refuse("preview tokens list/delete"))
+    }
+}
+
+impl SandboxPreviews {
+    pub(crate) fn new(ctx: Ctx) -> Self {
+        SandboxPreviews { ctx }
+    }
+
+    async fn records(&self) -> Result<PreviewRecords> {
+        Ok(state::read_json(&self.ctx.core, PREVIEWS_RECORD)
+            .await?
+            .unwrap_or_default())
+    }
+
+    fn model(&self, mut preview: Preview, live: &sandcove::Preview) -> SandboxPreview {
+        preview.metadata.resource_name = Some(self.ctx.name.clone());
+        preview.metadata.resource_type = Some("sandbox".into());
+        preview.spec.url = Some(live.url.clone());
+        preview.spec.public = Some(live.public);
+        SandboxPreview {
+            name: preview.metadata.name.clone(),
+            metadata: preview.metadata.clone(),
+            spec: preview.spec.clone(),
+            tokens: SandboxPreviewTokens {
+                preview_name: preview.metadata.name.clone(),
+                resource_name: self.ctx.name.clone(),
+                ctx: self.ctx.clone(),
+                port: live.port,
+            },
+            preview,
+        }
+    }
+
+    /// `previews.create(preview)`: expose `spec.port` (public with `spec.public`).
+    pub async fn create(&self, preview: impl IntoPreview) -> Result<SandboxPreview> {
+        let preview = preview.into_preview()?;
+        let s = &preview.spec;
+        if s.prefix_url.is_some() || s.custom_domain.is_some() {
+            return Err(gaps::refuse("preview prefix_url/custom_domain"));
+        }
+        if s.request_headers.is_some() || s.response_headers.is_some() {
+            return Err(gaps::refuse("preview request_headers/response_headers"));
+        }
+        if s.expires.is_some() || s.ttl.is_some() {
+            return Err(gaps::refuse("preview expires/ttl"));
+        }
+        if !translate::valid_name(&preview.metadata.name) {
+            return Err(SandboxAPIError::UnexpectedStatus {
+                status_code: 400,
+                content: format!(
+                    r#"{{"error": "invalid preview name {:?}"}}"#,
+                    preview.metadata.name
+                ),
+                source: None,
+            });
+        }
+        let port = match s.port {
+            Some(p) if (1..=65535).contains(&p) && p != 80 => p as u16,
+            other => {
+                return Err(SandboxAPIError::UnexpectedStatus {
+                    status_code: 400,
+                    content: format!(r#"{{"error": "invalid preview port {other:?}"}}"#),
+                    source: None,
+                })
+            }
+        };
+        let mut records = self.records().await?;
+        if records.contains_key(&preview.metadata.name) {
+            return Err(SandboxAPIError::UnexpectedStatus {
+                status_code: 409,
+                content: r#"{"error": "Resource already exists"}"#.into(),
+                source: None,
+            });
+        }
+        let live = self
+            .ctx
+            .core
+            .backend()
+            .expose_port(
+                self.ctx.core.id(),
+                sandcove::PreviewOptions {
+                    port,
+                    public: s.public.unwrap_or(false),
+                    token_ttl: None,
+                    token_header: TOKEN_HEADER.into(),
+                    token_query: TOKEN_QUERY.into(),
+                },
+            )
+            .await
+            .map_err(unexpected)?;
+        records.insert(preview.metadata.name.clone(), preview.clone());
+        state::write_json(&self.ctx.core, PREVIEWS_RECORD, &records).await?;
+        Ok(self.model(preview, &live))
+    }
+
+    /// `previews.create_if_not_exists(preview)`: the preview of that name, or a new one.
+    pub async fn create_if_not_exists(&self, preview: impl IntoPreview) -> Result<SandboxPreview> {
+        let preview = preview.into_preview()?;
+        match self.get(&preview.metadata.name).await {
+            Ok(p) => Ok(p),
+            Err(e) if e.is_not_found() => self.create(preview).await,
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `previews.get(preview_name)`.
+    pub async fn get(&self, preview_name: &str) -> Result<SandboxPreview> {
+        let records = self.records().await?;
+        let preview = records
+            .get(preview_name)
+            .cloned()
+            .ok_or_else(|| missing(preview_name))?;
+        let live = self.live(&preview).await?;
+        Ok(self.model(preview, &live))
+    }
+
+    async fn live(&self, preview: &Preview) -> Result<sandcove::Preview> {
+        let port = preview.spec.port.unwrap_or_default();
+        self.ctx
+            .core
+            .backend()
+            .list_previews(self.ctx.core.id())
+            .await
+            .map_err(unexpected)?
+            .into_iter()
+            .find(|p| i64::from(p.port) == port)
+            .ok_or_else(|| missing(&preview.metadata.name))
+    }
+
+    /// `previews.list()`.
+    pub async fn list(&self) -> Result<Vec<SandboxPreview>> {
+        let records = self.records().await?;
+        let live = self
+            .ctx
+            .core
+            .backend()
+            .list_previews(self.ctx.core.id())
+            .await
+            .map_err(unexpected)?;
+        Ok(records
+            .into_values()
+            .filter_map(|p| {
+                let l = live
+                    .iter()
+                    .find(|l| Some(i64::from(l.port)) == p.spec.port)?;
+                Some(self.model(p, l))
+            })
+            .collect())
+    }
+
+    /// `previews.delete(preview_name)`: closes the URL; returns the deleted preview.
+    pub async fn delete(&self, preview_name: &str) -> Result<Preview> {
+        let mut records = self.records().await?;
+        let preview = records
+            .remove(preview_name)
+            .ok_or_else(|| missing(preview_name))?;
+        let port = preview.spec.port.unwrap_or_default() as u16;
+        match self
+            .ctx
+            .core
+            .backend()
+            .close_preview(self.ctx.core.id(), port)
+            .await
+        {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(unexpected(e)),
+        }
+        state::write_json(&self.ctx.core, PREVIEWS_RECORD, &records).await?;
+        Ok(preview)
+    }
+}

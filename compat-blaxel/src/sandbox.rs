@@ -1,0 +1,1247 @@
+//! `SandboxInstance`: create, find, list, update and delete sandboxes by name; snapshots and
+//! fork.
+//!
+//! A Blaxel sandbox is a core sandbox whose label `blaxel.name` carries the name, created with
+//! user `root` and home `/blaxel` (Blaxel's `HOME` and working directory). What Blaxel reports
+//! but the core does not keep (image, memory, ports, region, lifecycle, display name, later
+//! labels) lives in a small record inside the sandbox, so every client program sees it.
+
+use std::collections::BTreeMap;
+use std::future::IntoFuture;
+use std::ops::Deref;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+
+use crate::errors::{Result, SandboxAPIError};
+use crate::models::{
+    self, Env, Metadata, Sandbox, SandboxCreateConfiguration, SandboxForkResponse,
+    SandboxLifecycle, SandboxSnapshot, SandboxSpec, SandboxUpdateMetadata,
+};
+use crate::state::{self, NameLock, SandboxRecord, NAME_LABEL, PROC_DIR, SANDBOX_RECORD};
+use crate::translate::{self, DEFAULT_IMAGE, DEFAULT_MEMORY, HOME};
+use crate::{fs, gaps, previews, process};
+
+/// The lease of a sandbox created with no `ttl`, `expires` or lifecycle policy. Blaxel keeps
+/// such sandboxes (in standby) until deleted; here every sandbox has a lease.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(24 * 3600);
+
+/// What the sub-APIs of one sandbox share.
+#[derive(Debug, Clone)]
+pub(crate) struct Ctx {
+    pub core: sandcove::Sandbox,
+    pub name: String,
+}
+
+/// Anything `SandboxInstance::create` accepts: a `SandboxCreateConfiguration`, a full
+/// `Sandbox` model, a JSON dict of either shape, or `None`.
+pub trait IntoSandboxCreate {
+    /// The configuration, or a `ValueError` for unknown keys and bad types.
+    fn into_create(self) -> Result<SandboxCreateConfiguration>;
+}
+
+impl IntoSandboxCreate for SandboxCreateConfiguration {
+    fn into_create(self) -> Result<SandboxCreateConfiguration> {
+        Ok(self)
+    }
+}
+
+impl IntoSandboxCreate for Option<SandboxCreateConfiguration> {
+    fn into_create(self) -> Result<SandboxCreateConfiguration> {
+        Ok(self.unwrap_or_default())
+    }
+}
+
+impl IntoSandboxCreate for Sandbox {
+    fn into_create(self) -> Result<SandboxCreateConfiguration> {
+        let r = self.spec.runtime;
+        Ok(SandboxCreateConfiguration {
+            name: Some(self.metadata.name).filter(|n| !n.is_empty()),
+            image: Some(r.image).filter(|i| !i.is_empty()),
+            memory: Some(r.memory).filter(|m| *m > 0),
+            ports: Some(r.ports).filter(|p| !p.is_empty()),
+            envs: Some(r.envs).filter(|e| !e.is_empty()),
+            volumes: Some(self.spec.volumes).filter(|v| !v.is_empty()),
+            ttl: r.ttl,
+            expires: r.expires,
+            region: self.spec.region,
+            lifecycle: self.spec.lifecycle,
+            network: None,
+            snapshot_enabled: r.snapshot_enabled,
+            labels: Some(self.metadata.labels).filter(|l| !l.is_empty()),
+            extra_args: None,
+        })
+    }
+}
+
+impl IntoSandboxCreate for Value {
+    fn into_create(self) -> Result<SandboxCreateConfiguration> {
+        match &self {
+            Value::Null => Ok(SandboxCreateConfiguration::default()),
+            Value::Object(map) if map.contains_key("metadata") || map.contains_key("spec") => {
+                models::from_value::<Sandbox>(self, "Sandbox")?.into_create()
+            }
+            _ => models::from_value(self, "SandboxCreateConfiguration"),
+        }
+    }
+}
+
+/// A sandbox (Python `SandboxInstance`). The class methods are associated functions here;
+/// the instance API (`sandbox.process`, `sandbox.fs`, `sandbox.delete()`, …) is on
+/// [`SandboxHandle`], which this derefs to.
+#[derive(Debug, Clone)]
+pub struct SandboxInstance {
+    handle: SandboxHandle,
+}
+
+impl Deref for SandboxInstance {
+    type Target = SandboxHandle;
+    fn deref(&self) -> &SandboxHandle {
+        &self.handle
+    }
+}
+
+/// The instance side of a [`SandboxInstance`]: its record and its sub-APIs.
+#[derive(Debug, Clone)]
+pub struct SandboxHandle {
+    /// The control-plane record.
+    pub sandbox: Sandbox,
+    /// `sandbox.metadata`.
+    pub metadata: Metadata,
+    /// `sandbox.spec`.
+    pub spec: SandboxSpec,
+    /// `sandbox.status`: `DEPLOYED`.
+    pub status: Option<String>,
+    /// Seconds until the lease ends.
+    pub expires_in: Option<i64>,
+    /// Last use (RFC 3339).
+    pub last_used_at: Option<String>,
+    /// Infrastructure errors: always empty here.
+    pub errors: Vec<String>,
+    /// Processes.
+    pub process: process::SandboxProcess,
+    /// Files.
+    pub fs: fs::SandboxFileSystem,
+    /// Preview URLs.
+    pub previews: previews::SandboxPreviews,
+    /// Sessions (not supported).
+    pub sessions: gaps::SandboxSessions,
+    /// Network helpers (not supported).
+    pub network: gaps::SandboxNetwork,
+    /// Sandbox-API system calls.
+    pub system: gaps::SandboxSystem,
+    /// Agent drives (not supported).
+    pub drives: gaps::SandboxDrive,
+    /// Codegen helpers (not supported).
+    pub codegen: gaps::SandboxCodegen,
+    /// Schedules (not supported).
+    pub schedules: gaps::SandboxSchedules,
+    pub(crate) ctx: Ctx,
+}
+
+/// One page of a listing (Python `AsyncPaginatedList`): derefs to the items.
+#[derive(Debug, Clone)]
+pub struct AsyncPaginatedList<T> {
+    /// The items of this page.
+    pub data: Vec<T>,
+    /// Whether more pages follow.
+    pub has_more: bool,
+    /// Cursor of the next page.
+    pub next_cursor: Option<String>,
+    /// Total number of items across pages.
+    pub total: i64,
+}
+
+impl<T> AsyncPaginatedList<T> {
+    /// Whether this page is empty.
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+}
+
+impl<T> Deref for AsyncPaginatedList<T> {
+    type Target = Vec<T>;
+    fn deref(&self) -> &Vec<T> {
+        &self.data
+    }
+}
+
+impl<T> IntoIterator for AsyncPaginatedList<T> {
+    type Item = T;
+    type IntoIter = std::vec::IntoIter<T>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.data.into_iter()
+    }
+}
+
+macro_rules! into_future {
+    ($builder:ty => $out:ty) => {
+        impl IntoFuture for $builder {
+            type Output = $crate::errors::Result<$out>;
+            type IntoFuture = BoxFuture<'static, $crate::errors::Result<$out>>;
+            fn into_future(self) -> Self::IntoFuture {
+                Box::pin(self.run())
+            }
+        }
+    };
+}
+pub(crate) use into_future;
+
+/// Builder of `SandboxInstance.create(sandbox, safe=False, create_if_not_exist=False)`.
+#[derive(Debug)]
+pub struct CreateBuilder {
+    config: Result<SandboxCreateConfiguration>,
+    safe: bool,
+    create_if_not_exist: bool,
+}
+
+impl CreateBuilder {
+    /// `safe=`: list `/` once after creation, ignoring errors.
+    pub fn safe(mut self, safe: bool) -> Self {
+        self.safe = safe;
+        self
+    }
+
+    /// `create_if_not_exist=`: return the live sandbox of that name instead of a 409.
+    pub fn create_if_not_exist(mut self, yes: bool) -> Self {
+        self.create_if_not_exist = yes;
+        self
+    }
+
+    async fn run(self) -> Result<SandboxInstance> {
+        let config = self.config?;
+        let instance = create_sandbox(config, self.create_if_not_exist).await?;
+        if self.safe {
+            let _ = instance.fs.ls("/").await;
+        }
+        Ok(instance)
+    }
+}
+into_future!(CreateBuilder => SandboxInstance);
+
+/// Builder of `SandboxInstance.list(limit=50, cursor=None)`.
+#[derive(Debug)]
+pub struct ListBuilder {
+    limit: i64,
+    cursor: Option<String>,
+}
+
+impl ListBuilder {
+    /// `limit=` (default 50).
+    pub fn limit(mut self, limit: i64) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// `cursor=`: the `next_cursor` of a previous page.
+    pub fn cursor(mut self, cursor: impl Into<Option<String>>) -> Self {
+        self.cursor = cursor.into();
+        self
+    }
+
+    async fn run(self) -> Result<AsyncPaginatedList<SandboxInstance>> {
+        let client = state::client()?;
+        let mut all: Vec<sandcove::SandboxInfo> = client
+            .list(sandcove::ListOptions::default())
+            .await
+            .map_err(|e| SandboxAPIError::from(e).into_control_plane())?
+            .into_iter()
+            .filter(|i| i.labels.contains_key(NAME_LABEL))
+            .collect();
+        all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        let start: usize = match &self.cursor {
+            None => 0,
+            Some(c) => c.parse().map_err(|_| {
+                SandboxAPIError::api(400, "INVALID_CURSOR", format!("invalid cursor {c:?}"))
+            })?,
+        };
+        let limit = if self.limit <= 0 {
+            50
+        } else {
+            self.limit as usize
+        };
+        let total = all.len();
+        let mut data = Vec::new();
+        for info in all.into_iter().skip(start).take(limit) {
+            match instance_from_info(&client, info).await {
+                Ok(i) => data.push(i),
+                Err(e) if e.is_not_found() => {} // deleted meanwhile
+                Err(e) => return Err(e),
+            }
+        }
+        let end = start + limit;
+        Ok(AsyncPaginatedList {
+            data,
+            has_more: end < total,
+            next_cursor: (end < total).then(|| end.to_string()),
+            total: total as i64,
+        })
+    }
+}
+into_future!(ListBuilder => AsyncPaginatedList<SandboxInstance>);
+
+/// Builder of `sandbox.snapshot(name=None)`.
+#[derive(Debug)]
+pub struct SnapshotBuilder {
+    ctx: Ctx,
+    name: Option<String>,
+}
+
+impl SnapshotBuilder {
+    /// `name=`.
+    pub fn name(mut self, name: impl Into<Option<String>>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    async fn run(self) -> Result<SandboxSnapshot> {
+        let info = self
+            .ctx
+            .core
+            .backend()
+            .snapshot(self.ctx.core.id(), self.name)
+            .await
+            .map_err(cp)?;
+        Ok(snapshot_model(&info, &self.ctx.name))
+    }
+}
+into_future!(SnapshotBuilder => SandboxSnapshot);
+
+/// Builder of `sandbox.fork(target_name, target_type="sandbox", port=None, traffic=None,
+/// custom_domain=None, prefix=None, snapshot_id=None)`.
+#[derive(Debug)]
+pub struct ForkBuilder {
+    ctx: Ctx,
+    target_name: String,
+    target_type: String,
+    port: Option<i64>,
+    traffic: Option<i64>,
+    custom_domain: Option<String>,
+    prefix: Option<String>,
+    snapshot_id: Option<String>,
+}
+
+impl ForkBuilder {
+    /// `target_type=`: `sandbox` (default); `application` is not supported.
+    pub fn target_type(mut self, t: impl Into<String>) -> Self {
+        self.target_type = t.into();
+        self
+    }
+    /// `port=` (application forks only; not supported).
+    pub fn port(mut self, port: impl Into<Option<i64>>) -> Self {
+        self.port = port.into();
+        self
+    }
+    /// `traffic=` (application forks only; not supported).
+    pub fn traffic(mut self, traffic: impl Into<Option<i64>>) -> Self {
+        self.traffic = traffic.into();
+        self
+    }
+    /// `custom_domain=` (not supported).
+    pub fn custom_domain(mut self, d: impl Into<Option<String>>) -> Self {
+        self.custom_domain = d.into();
+        self
+    }
+    /// `prefix=` (not supported).
+    pub fn prefix(mut self, p: impl Into<Option<String>>) -> Self {
+        self.prefix = p.into();
+        self
+    }
+    /// `snapshot_id=`: fork from this snapshot instead of the live state.
+    pub fn snapshot_id(mut self, id: impl Into<Option<String>>) -> Self {
+        self.snapshot_id = id.into();
+        self
+    }
+
+    async fn run(self) -> Result<SandboxForkResponse> {
+        if self.target_type != "sandbox" {
+            return Err(gaps::refuse("fork target_type=\"application\""));
+        }
+        if self.port.is_some() || self.traffic.is_some() {
+            return Err(gaps::refuse("fork port/traffic"));
+        }
+        if self.custom_domain.is_some() || self.prefix.is_some() {
+            return Err(gaps::refuse("fork custom_domain/prefix"));
+        }
+        if !translate::valid_name(&self.target_name) {
+            return Err(invalid_name(&self.target_name));
+        }
+        let client = state::client()?;
+        let source = read_record(&self.ctx.core).await?;
+        let _lock = NameLock::acquire().await?;
+        if state::find_by_name(&client, &self.target_name)
+            .await
+            .map_err(SandboxAPIError::into_control_plane)?
+            .is_some()
+        {
+            return Err(already_exists(&self.target_name));
+        }
+        let src_info = self.ctx.core.info().await.map_err(cp)?;
+        let mut sandbox = source.sandbox.clone();
+        sandbox.metadata.name = self.target_name.clone();
+        let (options, idle) = core_options(&sandbox, &src_info.envs, sandcove::now_millis())?;
+        let backend = self.ctx.core.backend();
+        let info = match &self.snapshot_id {
+            Some(snap) => {
+                let mut options = options;
+                options.snapshot = Some(snap.clone());
+                backend.create(options).await.map_err(cp)?
+            }
+            None => backend
+                .fork(self.ctx.core.id(), options)
+                .await
+                .map_err(cp)?,
+        };
+        let core = client.connect(&info.id).await.map_err(cp)?;
+        // The copied facade state belongs to the source's processes.
+        let _ = core.remove(PROC_DIR).await;
+        core.mkdir(PROC_DIR).await.map_err(cp)?;
+        sandbox.metadata.created_at = Some(translate::format_rfc3339(info.created_at));
+        sandbox.metadata.updated_at = sandbox.metadata.created_at.clone();
+        state::write_json(
+            &core,
+            SANDBOX_RECORD,
+            &SandboxRecord {
+                sandbox,
+                idle_secs: idle,
+            },
+        )
+        .await?;
+        Ok(SandboxForkResponse {
+            name: self.target_name,
+            snapshot_id: self.snapshot_id,
+            type_: "sandbox".into(),
+        })
+    }
+}
+into_future!(ForkBuilder => SandboxForkResponse);
+
+/// Builder of the deprecated `sandbox.wait(max_wait=60000, interval=1000)` (both ms): returns
+/// at once, as on Blaxel, since a created sandbox is usable immediately.
+#[derive(Debug)]
+pub struct WaitBuilder {
+    instance: SandboxHandle,
+    max_wait: i64,
+    interval: i64,
+}
+
+impl WaitBuilder {
+    /// `max_wait=` in ms (ignored, as on Blaxel).
+    pub fn max_wait(mut self, ms: i64) -> Self {
+        self.max_wait = ms;
+        self
+    }
+    /// `interval=` in ms (ignored, as on Blaxel).
+    pub fn interval(mut self, ms: i64) -> Self {
+        self.interval = ms;
+        self
+    }
+    async fn run(self) -> Result<SandboxHandle> {
+        let _ = (self.max_wait, self.interval);
+        Ok(self.instance)
+    }
+}
+into_future!(WaitBuilder => SandboxHandle);
+
+impl SandboxInstance {
+    /// `SandboxInstance.create(sandbox=None, safe=False, create_if_not_exist=False)`.
+    ///
+    /// `sandbox` is a [`SandboxCreateConfiguration`], a full [`Sandbox`], a `json!` dict of
+    /// either shape, or `None`. Defaults: image `blaxel/base-image:latest`, memory 4096
+    /// (recorded, not enforced), a generated name. `ttl`/`expires`/lifecycle become the
+    /// sandbox's lease; `envs` reach every process; `labels` round-trip.
+    pub fn create(sandbox: impl IntoSandboxCreate) -> CreateBuilder {
+        CreateBuilder {
+            config: sandbox.into_create(),
+            safe: false,
+            create_if_not_exist: false,
+        }
+    }
+
+    /// `SandboxInstance.create_if_not_exists(sandbox)`: the live sandbox of that name, or a
+    /// new one. Safe under concurrent callers, in one program or several.
+    pub async fn create_if_not_exists(sandbox: impl IntoSandboxCreate) -> Result<Self> {
+        let config = sandbox.into_create()?;
+        if config.name.is_none() {
+            return Err(SandboxAPIError::value_error("Sandbox name is required"));
+        }
+        create_sandbox(config, true).await
+    }
+
+    /// `SandboxInstance.get(sandbox_name)`; a missing name is `SandboxAPIError` with
+    /// `status_code` 404.
+    pub async fn get(sandbox_name: &str) -> Result<Self> {
+        let client = state::client()?;
+        let info = state::find_by_name(&client, sandbox_name)
+            .await
+            .map_err(SandboxAPIError::into_control_plane)?
+            .ok_or_else(|| not_found(sandbox_name))?;
+        let instance = instance_from_info(&client, info).await?;
+        instance.touch().await;
+        Ok(instance)
+    }
+
+    /// `SandboxInstance.list(limit=50, cursor=None)`: one page of sandboxes, oldest first.
+    pub fn list() -> ListBuilder {
+        ListBuilder {
+            limit: 50,
+            cursor: None,
+        }
+    }
+
+    /// `SandboxInstance.delete(sandbox_name)` (class form): destroys the sandbox and returns
+    /// its record with status `DELETING`. The instance form is [`SandboxHandle::delete`].
+    pub async fn delete(sandbox_name: &str) -> Result<Sandbox> {
+        let client = state::client()?;
+        let info = state::find_by_name(&client, sandbox_name)
+            .await
+            .map_err(SandboxAPIError::into_control_plane)?
+            .ok_or_else(|| not_found(sandbox_name))?;
+        delete_info(&client, info).await
+    }
+
+    /// `SandboxInstance.update_metadata(sandbox_name, metadata)`: labels are merged into the
+    /// existing ones, `display_name` is replaced. `metadata` is a [`SandboxUpdateMetadata`] or
+    /// a `json!` dict.
+    pub async fn update_metadata(
+        sandbox_name: &str,
+        metadata: impl IntoUpdateMetadata,
+    ) -> Result<Self> {
+        let update = metadata.into_update()?;
+        Self::update_record(sandbox_name, move |record| {
+            if let Some(labels) = update.labels {
+                record.sandbox.metadata.labels.extend(labels);
+            }
+            if let Some(d) = update.display_name {
+                record.sandbox.metadata.display_name = Some(d);
+            }
+            Ok(false)
+        })
+        .await
+    }
+
+    /// `SandboxInstance.update_ttl(sandbox_name, ttl)`: a new maximum age counted from
+    /// creation; `None` or `""` clears it. The lease moves accordingly.
+    pub async fn update_ttl(sandbox_name: &str, ttl: impl Into<Option<String>>) -> Result<Self> {
+        let ttl = ttl.into().filter(|t| !t.is_empty());
+        if let Some(t) = &ttl {
+            translate::parse_duration(t).ok_or_else(|| bad_duration(t))?;
+        }
+        Self::update_record(sandbox_name, move |record| {
+            record.sandbox.spec.runtime.ttl = ttl;
+            Ok(true)
+        })
+        .await
+    }
+
+    /// `SandboxInstance.update_lifecycle(sandbox_name, lifecycle)`: replace the expiration
+    /// policies (`None` clears them). The lease moves accordingly.
+    pub async fn update_lifecycle(
+        sandbox_name: &str,
+        lifecycle: impl IntoLifecycle,
+    ) -> Result<Self> {
+        let lifecycle = lifecycle.into_lifecycle()?;
+        Self::update_record(sandbox_name, move |record| {
+            record.sandbox.spec.lifecycle = lifecycle;
+            Ok(true)
+        })
+        .await
+    }
+
+    /// `SandboxInstance.update_network(sandbox_name, network)`: not supported.
+    pub async fn update_network(sandbox_name: &str, network: Value) -> Result<Self> {
+        let _ = (sandbox_name, network);
+        Err(gaps::refuse("update_network"))
+    }
+
+    /// `SandboxInstance.from_session(session)`: not supported (sessions are not).
+    pub async fn from_session(session: Value) -> Result<Self> {
+        let _ = session;
+        Err(gaps::refuse("sessions"))
+    }
+
+    async fn update_record(
+        sandbox_name: &str,
+        change: impl FnOnce(&mut SandboxRecord) -> Result<bool>,
+    ) -> Result<Self> {
+        let client = state::client()?;
+        let info = state::find_by_name(&client, sandbox_name)
+            .await
+            .map_err(SandboxAPIError::into_control_plane)?
+            .ok_or_else(|| not_found(sandbox_name))?;
+        let core = client.connect(&info.id).await.map_err(cp)?;
+        let mut record = read_record(&core).await?;
+        let before = record.clone();
+        let lease_changed = change(&mut record)?;
+        if lease_changed {
+            let created = translate::parse_iso8601(
+                record
+                    .sandbox
+                    .metadata
+                    .created_at
+                    .as_deref()
+                    .unwrap_or_default(),
+            )
+            .unwrap_or(info.created_at);
+            let now = sandcove::now_millis();
+            let (end, idle) = lease_end(&record.sandbox, created, now)?;
+            record.idle_secs = idle;
+            let remaining = end.saturating_sub(now).max(1000);
+            if let Err(e) = core.set_timeout(Duration::from_millis(remaining)).await {
+                let _ = state::write_json(&core, SANDBOX_RECORD, &before).await;
+                return Err(cp(e));
+            }
+        }
+        record.sandbox.metadata.updated_at =
+            Some(translate::format_rfc3339(sandcove::now_millis()));
+        state::write_json(&core, SANDBOX_RECORD, &record).await?;
+        instance_from_info(&client, core.info().await.map_err(cp)?).await
+    }
+}
+
+/// Anything `update_metadata` accepts.
+pub trait IntoUpdateMetadata {
+    /// The update, or a `ValueError`.
+    fn into_update(self) -> Result<SandboxUpdateMetadata>;
+}
+impl IntoUpdateMetadata for SandboxUpdateMetadata {
+    fn into_update(self) -> Result<SandboxUpdateMetadata> {
+        Ok(self)
+    }
+}
+impl IntoUpdateMetadata for Value {
+    fn into_update(self) -> Result<SandboxUpdateMetadata> {
+        models::from_value(self, "SandboxUpdateMetadata")
+    }
+}
+
+/// Anything `update_lifecycle` accepts: a [`SandboxLifecycle`], a dict, or `None`.
+pub trait IntoLifecycle {
+    /// The lifecycle, or a `ValueError`.
+    fn into_lifecycle(self) -> Result<Option<SandboxLifecycle>>;
+}
+impl IntoLifecycle for SandboxLifecycle {
+    fn into_lifecycle(self) -> Result<Option<SandboxLifecycle>> {
+        Ok(Some(self))
+    }
+}
+impl IntoLifecycle for Option<SandboxLifecycle> {
+    fn into_lifecycle(self) -> Result<Option<SandboxLifecycle>> {
+        Ok(self)
+    }
+}
+impl IntoLifecycle for Value {
+    fn into_lifecycle(self) -> Result<Option<SandboxLifecycle>> {
+        if self.is_null() {
+            return Ok(None);
+        }
+        models::from_value(self, "SandboxLifecycle").map(Some)
+    }
+}
+
+impl SandboxHandle {
+    /// `await instance.delete()` (instance form of `SandboxInstance.delete`).
+    pub async fn delete(&self) -> Result<Sandbox> {
+        let client = state::client()?;
+        let info = match self.ctx.core.info().await {
+            Ok(info) => info,
+            Err(e) if e.is_not_found() => return Err(not_found(&self.ctx.name)),
+            Err(e) => return Err(cp(e)),
+        };
+        delete_info(&client, info).await
+    }
+
+    /// `instance.snapshot(name=None)`: a filesystem snapshot of the sandbox.
+    pub fn snapshot(&self) -> SnapshotBuilder {
+        SnapshotBuilder {
+            ctx: self.ctx.clone(),
+            name: None,
+        }
+    }
+
+    /// `instance.list_snapshots()`: the snapshots of this sandbox.
+    pub async fn list_snapshots(&self) -> Result<Vec<SandboxSnapshot>> {
+        let all = self.ctx.core.backend().list_snapshots().await.map_err(cp)?;
+        Ok(all
+            .iter()
+            .filter(|s| s.sandbox_id == self.ctx.core.id())
+            .map(|s| snapshot_model(s, &self.ctx.name))
+            .collect())
+    }
+
+    /// `instance.delete_snapshot(snapshot_id)`.
+    pub async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()> {
+        self.ctx
+            .core
+            .backend()
+            .delete_snapshot(snapshot_id)
+            .await
+            .map_err(cp)
+    }
+
+    /// `instance.fork(target_name, target_type="sandbox", port=None, traffic=None,
+    /// custom_domain=None, prefix=None, snapshot_id=None)`: a new sandbox named
+    /// `target_name` with a copy of this one's files (not its processes).
+    pub fn fork(&self, target_name: &str) -> ForkBuilder {
+        ForkBuilder {
+            ctx: self.ctx.clone(),
+            target_name: target_name.to_string(),
+            target_type: "sandbox".into(),
+            port: None,
+            traffic: None,
+            custom_domain: None,
+            prefix: None,
+            snapshot_id: None,
+        }
+    }
+
+    /// Deprecated `instance.wait(max_wait=60000, interval=1000)`: returns at once.
+    pub fn wait(&self) -> WaitBuilder {
+        WaitBuilder {
+            instance: self.clone(),
+            max_wait: 60_000,
+            interval: 1000,
+        }
+    }
+
+    /// `instance.fetch(port, path="/", …)`: not supported; expose the port with
+    /// `previews.create` and request its URL.
+    pub async fn fetch(&self, port: i64, path: &str) -> Result<Value> {
+        let _ = (port, path);
+        Err(gaps::refuse("fetch"))
+    }
+
+    /// The runtime's id of this sandbox (not a Blaxel attribute).
+    pub fn sandcove_id(&self) -> &str {
+        self.ctx.core.id()
+    }
+
+    /// Renew an idle-timeout lease (`ttl-idle`): any use of the sandbox counts.
+    pub(crate) async fn touch(&self) {
+        touch(&self.ctx.core).await;
+    }
+}
+
+/// Renew the lease of a sandbox with a `ttl-idle` policy (best effort).
+pub(crate) async fn touch(core: &sandcove::Sandbox) {
+    if let Ok(Some(record)) = state::read_json::<SandboxRecord>(core, SANDBOX_RECORD).await {
+        if let Some(idle) = record.idle_secs {
+            let now = sandcove::now_millis();
+            let created = record
+                .sandbox
+                .metadata
+                .created_at
+                .as_deref()
+                .and_then(translate::parse_iso8601)
+                .unwrap_or(now);
+            if let Ok((end, _)) = lease_end(&record.sandbox, created, now) {
+                let remaining = end.saturating_sub(now).max(1000);
+                let _ = core
+                    .set_timeout(Duration::from_millis(remaining.min(idle * 1000)))
+                    .await;
+            }
+        }
+    }
+}
+
+fn cp(e: sandcove::Error) -> SandboxAPIError {
+    SandboxAPIError::from(e).into_control_plane()
+}
+
+fn not_found(name: &str) -> SandboxAPIError {
+    SandboxAPIError::api(
+        404,
+        "Sandbox not found",
+        format!("Sandbox {name} not found"),
+    )
+}
+
+fn already_exists(name: &str) -> SandboxAPIError {
+    SandboxAPIError::api(
+        409,
+        "SANDBOX_ALREADY_EXISTS",
+        format!("Sandbox {name} already exists"),
+    )
+}
+
+fn invalid_name(name: &str) -> SandboxAPIError {
+    SandboxAPIError::api(
+        400,
+        "INVALID_NAME",
+        format!(
+            "invalid sandbox name {name:?}: lowercase letters, digits and '-', at most 49 \
+             characters"
+        ),
+    )
+}
+
+fn bad_duration(text: &str) -> SandboxAPIError {
+    SandboxAPIError::api(
+        400,
+        "INVALID_TTL",
+        format!("invalid duration {text:?}: use e.g. 30s, 5m, 24h, 7d, 2w"),
+    )
+}
+
+fn snapshot_model(info: &sandcove::SnapshotInfo, sandbox_name: &str) -> SandboxSnapshot {
+    SandboxSnapshot {
+        id: info.id.clone(),
+        name: info.name.clone(),
+        sandbox_name: sandbox_name.to_string(),
+        status: "ready".into(),
+        created_at: translate::format_rfc3339(info.created_at),
+        workspace: std::env::var("BL_WORKSPACE").ok(),
+    }
+}
+
+async fn read_record(core: &sandcove::Sandbox) -> Result<SandboxRecord> {
+    if let Some(r) = state::read_json::<SandboxRecord>(core, SANDBOX_RECORD).await? {
+        return Ok(r);
+    }
+    // Created a moment ago by another program that has not written the record yet: derive
+    // what the core knows.
+    let info = core.info().await.map_err(cp)?;
+    Ok(record_from_info(&info))
+}
+
+fn record_from_info(info: &sandcove::SandboxInfo) -> SandboxRecord {
+    let mut labels = info.labels.clone();
+    let name = labels.remove(NAME_LABEL).unwrap_or_default();
+    SandboxRecord {
+        sandbox: Sandbox {
+            metadata: Metadata {
+                name,
+                labels,
+                created_at: Some(translate::format_rfc3339(info.created_at)),
+                ..Default::default()
+            },
+            spec: SandboxSpec {
+                enabled: true,
+                runtime: models::SandboxRuntime {
+                    image: DEFAULT_IMAGE.into(),
+                    memory: DEFAULT_MEMORY,
+                    envs: info
+                        .envs
+                        .iter()
+                        .map(|(k, v)| Env {
+                            name: k.clone(),
+                            value: v.clone(),
+                            secret: None,
+                        })
+                        .collect(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        idle_secs: None,
+    }
+}
+
+pub(crate) async fn instance_from_info(
+    client: &sandcove::Client,
+    info: sandcove::SandboxInfo,
+) -> Result<SandboxInstance> {
+    let core = client.connect(&info.id).await.map_err(|e| match e {
+        e if e.is_not_found() => not_found(info.labels.get(NAME_LABEL).map_or("", |s| s)),
+        e => cp(e),
+    })?;
+    let record = read_record(&core).await?;
+    Ok(build_instance(core, &info, record.sandbox))
+}
+
+fn build_instance(
+    core: sandcove::Sandbox,
+    info: &sandcove::SandboxInfo,
+    mut sandbox: Sandbox,
+) -> SandboxInstance {
+    let now = sandcove::now_millis();
+    sandbox.status = Some("DEPLOYED".into());
+    sandbox.state = Some(
+        if info.state == sandcove::SandboxState::Paused {
+            "STANDBY"
+        } else {
+            "RUNNING"
+        }
+        .into(),
+    );
+    sandbox.expires_in = Some((info.ends_at.saturating_sub(now) / 1000) as i64);
+    sandbox.last_used_at = Some(translate::format_rfc3339(now));
+    sandbox.metadata.url = Some(format!("sandcove://{}", info.id));
+    sandbox.metadata.workspace = std::env::var("BL_WORKSPACE").ok();
+    let ctx = Ctx {
+        core,
+        name: sandbox.metadata.name.clone(),
+    };
+    SandboxInstance {
+        handle: SandboxHandle {
+            metadata: sandbox.metadata.clone(),
+            spec: sandbox.spec.clone(),
+            status: sandbox.status.clone(),
+            expires_in: sandbox.expires_in,
+            last_used_at: sandbox.last_used_at.clone(),
+            errors: Vec::new(),
+            sandbox,
+            process: process::SandboxProcess::new(ctx.clone()),
+            fs: fs::SandboxFileSystem::new(ctx.clone()),
+            previews: previews::SandboxPreviews::new(ctx.clone()),
+            sessions: gaps::SandboxSessions::default(),
+            network: gaps::SandboxNetwork::default(),
+            system: gaps::SandboxSystem::new(ctx.clone()),
+            drives: gaps::SandboxDrive::default(),
+            codegen: gaps::SandboxCodegen::default(),
+            schedules: gaps::SandboxSchedules::default(),
+            ctx,
+        },
+    }
+}
+
+async fn delete_info(client: &sandcove::Client, info: sandcove::SandboxInfo) -> Result<Sandbox> {
+    let name = info.labels.get(NAME_LABEL).cloned().unwrap_or_default();
+    let instance = instance_from_info(client, info.clone()).await?;
+    match instance.ctx.core.destroy().await {
+        Ok(()) => {}
+        Err(e) if e.is_not_found() => return Err(not_found(&name)),
+        Err(e) => return Err(cp(e)),
+    }
+    let mut sandbox = instance.sandbox.clone();
+    sandbox.status = Some("DELETING".into());
+    Ok(sandbox)
+}
+
+/// When the lease of `sandbox` (created at `created_ms`) ends, given its `ttl`, `expires` and
+/// lifecycle policies, plus the idle timeout in seconds if a `ttl-idle` policy is set.
+pub(crate) fn lease_end(
+    sandbox: &Sandbox,
+    created_ms: u64,
+    now_ms: u64,
+) -> Result<(u64, Option<u64>)> {
+    let r = &sandbox.spec.runtime;
+    let mut ends: Vec<u64> = Vec::new();
+    let mut idle = None;
+    if let Some(ttl) = &r.ttl {
+        let d = translate::parse_duration(ttl).ok_or_else(|| bad_duration(ttl))?;
+        ends.push(created_ms + d.as_millis() as u64);
+    }
+    if let Some(exp) = &r.expires {
+        let at = translate::parse_iso8601(exp).ok_or_else(|| {
+            SandboxAPIError::api(400, "INVALID_EXPIRES", format!("invalid date {exp:?}"))
+        })?;
+        ends.push(at);
+    }
+    if let Some(lc) = &sandbox.spec.lifecycle {
+        for p in &lc.expiration_policies {
+            if p.action != "delete" {
+                return Err(SandboxAPIError::api(
+                    400,
+                    "INVALID_LIFECYCLE",
+                    format!("unknown expiration action {:?}", p.action),
+                ));
+            }
+            match p.r#type.as_str() {
+                "ttl-max-age" => {
+                    let d = translate::parse_duration(&p.value)
+                        .ok_or_else(|| bad_duration(&p.value))?;
+                    ends.push(created_ms + d.as_millis() as u64);
+                }
+                "ttl-idle" => {
+                    let d = translate::parse_duration(&p.value)
+                        .ok_or_else(|| bad_duration(&p.value))?;
+                    idle = Some(d.as_secs().max(1));
+                    ends.push(now_ms + d.as_millis() as u64);
+                }
+                "date" => {
+                    let at = translate::parse_iso8601(&p.value).ok_or_else(|| {
+                        SandboxAPIError::api(
+                            400,
+                            "INVALID_LIFECYCLE",
+                            format!("invalid date {:?}", p.value),
+                        )
+                    })?;
+                    ends.push(at);
+                }
+                other => {
+                    return Err(SandboxAPIError::api(
+                        400,
+                        "INVALID_LIFECYCLE",
+                        format!("unknown expiration policy type {other:?}"),
+                    ))
+                }
+            }
+        }
+    }
+    let end = ends
+        .into_iter()
+        .min()
+        .unwrap_or(now_ms + DEFAULT_LEASE.as_millis() as u64);
+    Ok((end, idle))
+}
+
+/// The core options for a Blaxel sandbox record; `envs` are the sandbox-wide variables.
+fn core_options(
+    sandbox: &Sandbox,
+    envs: &BTreeMap<String, String>,
+    now: u64,
+) -> Result<(sandcove::CreateOptions, Option<u64>)> {
+    let (end, idle) = lease_end(sandbox, now, now)?;
+    if end <= now {
+        return Err(SandboxAPIError::api(
+            400,
+            "INVALID_EXPIRES",
+            "the sandbox would expire before it is created",
+        ));
+    }
+    let mut labels = sandbox.metadata.labels.clone();
+    labels.insert(NAME_LABEL.into(), sandbox.metadata.name.clone());
+    let mut volumes = Vec::new();
+    for v in &sandbox.spec.volumes {
+        volumes.push(sandcove::VolumeMount {
+            volume: v.name.clone(),
+            path: v.mount_path.clone(),
+            subpath: None,
+            read_only: v.read_only,
+        });
+    }
+    Ok((
+        sandcove::CreateOptions {
+            envs: envs.clone(),
+            labels,
+            timeout: Some(Duration::from_millis(end - now)),
+            user: Some("root".into()),
+            home: Some(HOME.into()),
+            volumes,
+            ..Default::default()
+        },
+        idle,
+    ))
+}
+
+/// Check a create configuration and turn it into the Blaxel record (defaults applied). Gaps
+/// are refused here, before anything is created.
+pub(crate) fn sandbox_from_config(config: SandboxCreateConfiguration) -> Result<Sandbox> {
+    if config.network.as_ref().is_some_and(|n| !n.is_null()) {
+        return Err(gaps::refuse("network"));
+    }
+    if config.extra_args.as_ref().is_some_and(|a| !a.is_empty()) {
+        return Err(gaps::refuse("extra_args"));
+    }
+    for v in config.volumes.iter().flatten() {
+        if v.r#type.as_deref().is_some_and(|t| t != "persistent") {
+            if v.r#type.as_deref() == Some("ephemeral") {
+                if v.size_mb.is_none_or(|s| s <= 0) {
+                    return Err(SandboxAPIError::value_error(
+                        "ephemeral volumes need a positive size_mb",
+                    ));
+                }
+                return Err(gaps::refuse("ephemeral volumes"));
+            }
+            return Err(SandboxAPIError::value_error(format!(
+                "volume type must be persistent or ephemeral, got {:?}",
+                v.r#type
+            )));
+        }
+    }
+    if let Some(region) = &config.region {
+        if !translate::REGIONS.contains(&region.as_str()) {
+            return Err(SandboxAPIError::api(
+                400,
+                "INVALID_REGION",
+                format!(
+                    "unknown region {region:?}; Blaxel regions are {}",
+                    translate::REGIONS.join(", ")
+                ),
+            ));
+        }
+    }
+    let memory = config.memory.unwrap_or(DEFAULT_MEMORY);
+    if memory <= 0 {
+        return Err(SandboxAPIError::api(
+            400,
+            "INVALID_MEMORY",
+            "memory must be positive",
+        ));
+    }
+    for p in config.ports.iter().flatten() {
+        if !(1..=65535).contains(&p.target) {
+            return Err(SandboxAPIError::value_error(format!(
+                "port {} is out of range",
+                p.target
+            )));
+        }
+        if !["HTTP", "TCP", "TLS", "UDP"].contains(&p.protocol.as_str()) {
+            return Err(SandboxAPIError::value_error(format!(
+                "port protocol must be HTTP, TCP, TLS or UDP, got {:?}",
+                p.protocol
+            )));
+        }
+    }
+    let name = config
+        .name
+        .unwrap_or_else(|| format!("sandbox-{}", state::random_suffix(8)));
+    if !translate::valid_name(&name) {
+        return Err(invalid_name(&name));
+    }
+    if let Some(labels) = &config.labels {
+        if labels.contains_key(NAME_LABEL) {
+            return Err(SandboxAPIError::value_error(format!(
+                "the label {NAME_LABEL:?} is reserved"
+            )));
+        }
+    }
+    Ok(Sandbox {
+        metadata: Metadata {
+            name,
+            labels: config.labels.unwrap_or_default(),
+            ..Default::default()
+        },
+        spec: SandboxSpec {
+            enabled: true,
+            region: config.region.or_else(|| std::env::var("BL_REGION").ok()),
+            lifecycle: config.lifecycle,
+            runtime: models::SandboxRuntime {
+                image: config.image.unwrap_or_else(|| DEFAULT_IMAGE.into()),
+                memory,
+                ports: config.ports.unwrap_or_default(),
+                envs: config.envs.unwrap_or_default(),
+                ttl: config.ttl,
+                expires: config.expires,
+                snapshot_enabled: config.snapshot_enabled,
+            },
+            volumes: config.volumes.unwrap_or_default(),
+        },
+        ..Default::default()
+    })
+}
+
+async fn create_sandbox(
+    config: SandboxCreateConfiguration,
+    create_if_not_exist: bool,
+) -> Result<SandboxInstance> {
+    let mut sandbox = sandbox_from_config(config)?;
+    let envs: BTreeMap<String, String> = sandbox
+        .spec
+        .runtime
+        .envs
+        .iter()
+        .map(|e| (e.name.clone(), e.value.clone()))
+        .collect();
+    let now = sandcove::now_millis();
+    let (options, idle) = core_options(&sandbox, &envs, now)?;
+    let client = state::client()?;
+    let _lock = NameLock::acquire().await?;
+    if let Some(existing) = state::find_by_name(&client, &sandbox.metadata.name)
+        .await
+        .map_err(SandboxAPIError::into_control_plane)?
+    {
+        if create_if_not_exist {
+            let instance = instance_from_info(&client, existing).await?;
+            instance.touch().await;
+            return Ok(instance);
+        }
+        return Err(already_exists(&sandbox.metadata.name));
+    }
+    let info = client
+        .backend()
+        .create(options)
+        .await
+        .map_err(|e| match e {
+            sandcove::Error::NotSupported { .. } => SandboxAPIError::from(e),
+            e => cp(e),
+        })?;
+    let core = client.connect(&info.id).await.map_err(cp)?;
+    sandbox.metadata.created_at = Some(translate::format_rfc3339(info.created_at));
+    sandbox.metadata.updated_at = sandbox.metadata.created_at.clone();
+    let setup = async {
+        core.mkdir(PROC_DIR).await?;
+        state::write_json(
+            &core,
+            SANDBOX_RECORD,
+            &SandboxRecord {
+                sandbox: sandbox.clone(),
+                idle_secs: idle,
+            },
+        )
+        .await
+    };
+    if let Err(e) = setup.await {
+        let _ = core.destroy().await;
+        return Err(e);
+    }
+    Ok(build_instance(core, &info, sandbox))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn record(value: Value) -> Sandbox {
+        sandbox_from_config(value.into_create().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn defaults_are_blaxels() {
+        let s = record(json!({"name": "a"}));
+        assert_eq!(s.spec.runtime.image, DEFAULT_IMAGE);
+        assert_eq!(s.spec.runtime.memory, 4096);
+        assert!(s.spec.runtime.ports.is_empty());
+        let generated = record(json!({}));
+        assert!(generated.metadata.name.starts_with("sandbox-"));
+        let full = record(json!({"metadata": {"name": "b", "labels": {"k": "v"}},
+            "spec": {"runtime": {"image": "x", "memory": 2048}}}));
+        assert_eq!(full.metadata.name, "b");
+        assert_eq!(full.spec.runtime.memory, 2048);
+        assert_eq!(full.metadata.labels["k"], "v");
+    }
+
+    #[test]
+    fn bad_configurations_are_refused_before_anything_runs() {
+        let refused = |v: Value| {
+            v.into_create()
+                .and_then(sandbox_from_config)
+                .expect_err("refused")
+        };
+        assert!(matches!(
+            refused(json!({"name": "a", "bogus": 1})),
+            SandboxAPIError::ValueError { .. }
+        ));
+        assert_eq!(
+            refused(json!({"name": "a", "region": "mars-1"})).status_code(),
+            Some(400)
+        );
+        assert!(refused(json!({"name": "a", "network": {"proxy": {}}})).is_not_supported());
+        assert!(refused(json!({"name": "a", "extra_args": {"tun": "enabled"}})).is_not_supported());
+        assert!(refused(json!({"name": "Bad_Name"})).status_code() == Some(400));
+        assert!(matches!(
+            refused(json!({"name": "a", "envs": [{"name": "A"}]})),
+            SandboxAPIError::ValueError { .. }
+        ));
+    }
+
+    #[test]
+    fn leases_follow_ttl_expires_and_lifecycle() {
+        let now = 1_000_000_000_000u64;
+        let lease = |v: Value| lease_end(&record(v), now, now).unwrap();
+        assert_eq!(
+            lease(json!({"name": "a", "ttl": "5m"})),
+            (now + 300_000, None)
+        );
+        assert_eq!(
+            lease(json!({"name": "a"})).0,
+            now + DEFAULT_LEASE.as_millis() as u64
+        );
+        assert_eq!(
+            lease(json!({"name": "a", "ttl": "1h", "expires": "2001-09-09T01:50:00Z"})).0,
+            1_000_000_200_000
+        );
+        assert_eq!(
+            lease(json!({"name": "a", "lifecycle": {"expiration_policies":
+                [{"type": "ttl-idle", "value": "30m", "action": "delete"}]}})),
+            (now + 1_800_000, Some(1800))
+        );
+        let bad = record(json!({"name": "a", "ttl": "soon"}));
+        assert!(lease_end(&bad, now, now).is_err());
+    }
+}

@@ -1,0 +1,199 @@
+//! Facade state: the runtime client, the cross-process name lock, and the small JSON records
+//! the facade keeps inside each sandbox (so every client program sees the same names,
+//! labels and process statuses).
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use futures::StreamExt;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::errors::{Result, SandboxAPIError};
+use crate::models::Sandbox;
+
+/// Core label holding the Blaxel sandbox name.
+pub(crate) const NAME_LABEL: &str = "blaxel.name";
+/// Per-process records: `<pid>.json`, `<pid>.restarts`, `<pid>.done`.
+pub(crate) const PROC_DIR: &str = "/tmp/.blaxel/proc";
+/// The sandbox record.
+pub(crate) const SANDBOX_RECORD: &str = "/tmp/.blaxel/sandbox.json";
+/// Preview name → port.
+pub(crate) const PREVIEWS_RECORD: &str = "/tmp/.blaxel/previews.json";
+/// Tag prefix of the facade's own background processes (hidden from `process.list`).
+pub(crate) const INTERNAL_TAG_PREFIX: &str = ".blaxel-";
+
+static CLIENT: OnceLock<sandcove::Client> = OnceLock::new();
+
+/// The runtime client `sandcove::Client::from_env()` selects, made once per program.
+pub(crate) fn client() -> Result<sandcove::Client> {
+    if let Some(c) = CLIENT.get() {
+        return Ok(c.clone());
+    }
+    let c = sandcove::Client::from_env()?;
+    Ok(CLIENT.get_or_init(|| c).clone())
+}
+
+/// What the facade records about a sandbox, inside it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct SandboxRecord {
+    /// The Blaxel view: metadata and spec as created or updated.
+    pub sandbox: Sandbox,
+    /// Idle timeout (`ttl-idle`) in seconds: each use moves the lease end this far out.
+    pub idle_secs: Option<u64>,
+}
+
+/// What the facade records about a process, inside the sandbox.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct ProcessRecord {
+    pub name: String,
+    pub command: String,
+    pub working_dir: String,
+    pub keep_alive: bool,
+    pub max_restarts: i64,
+    pub restart_on_failure: bool,
+    /// `stopped` or `killed` once the facade did that.
+    pub mark: Option<String>,
+    /// When it was marked (ms).
+    pub marked_at: Option<u64>,
+}
+
+/// Preview records: name → what was asked.
+pub(crate) type PreviewRecords = BTreeMap<String, crate::models::Preview>;
+
+/// An exclusive lock on the sandbox names of this user (an `flock`ed file in the runtime's
+/// state directory), held while a name is checked and taken. Released on drop.
+#[derive(Debug)]
+pub(crate) struct NameLock {
+    _file: std::fs::File,
+}
+
+impl NameLock {
+    pub(crate) async fn acquire() -> Result<Self> {
+        tokio::task::spawn_blocking(|| {
+            use std::os::fd::AsRawFd;
+            let dir = sandcove::backend::local::config::default_state_dir();
+            std::fs::create_dir_all(&dir)?;
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(dir.join("blaxel-names.lock"))?;
+            loop {
+                // SAFETY: flock on a descriptor we own; no memory is shared with the kernel.
+                let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+                if rc == 0 {
+                    break;
+                }
+                let err = std::io::Error::last_os_error();
+                if err.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(err);
+                }
+            }
+            Ok(NameLock { _file: file })
+        })
+        .await
+        .map_err(|e| SandboxAPIError::exception(format!("name lock task failed: {e}")))?
+        .map_err(|e: std::io::Error| SandboxAPIError::from(sandcove::Error::from(e)))
+    }
+}
+
+/// The live core sandbox carrying Blaxel name `name`, if any (the newest when several do).
+pub(crate) async fn find_by_name(
+    client: &sandcove::Client,
+    name: &str,
+) -> Result<Option<sandcove::SandboxInfo>> {
+    let filter = sandcove::ListOptions {
+        labels: BTreeMap::from([(NAME_LABEL.to_string(), name.to_string())]),
+        states: vec![],
+    };
+    let mut found = client.list(filter).await?;
+    found.sort_by_key(|i| i.created_at);
+    Ok(found.pop())
+}
+
+/// Read a JSON record inside the sandbox; `None` when it does not exist (or is unreadable).
+pub(crate) async fn read_json<T: DeserializeOwned>(
+    sandbox: &sandcove::Sandbox,
+    path: &str,
+) -> Result<Option<T>> {
+    match sandbox.read(path).await {
+        Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Write a JSON record inside the sandbox.
+pub(crate) async fn write_json<T: Serialize>(
+    sandbox: &sandcove::Sandbox,
+    path: &str,
+    value: &T,
+) -> Result<()> {
+    let bytes = serde_json::to_vec(value)
+        .map_err(|e| SandboxAPIError::exception(format!("encode {path}: {e}")))?;
+    sandbox.write(path, bytes).await?;
+    Ok(())
+}
+
+/// Read a small text file inside the sandbox; `None` when missing.
+pub(crate) async fn read_text(sandbox: &sandcove::Sandbox, path: &str) -> Result<Option<String>> {
+    match sandbox.read(path).await {
+        Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A random lowercase alphanumeric string of `n` characters.
+pub(crate) fn random_suffix(n: usize) -> String {
+    use std::io::Read;
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut bytes = vec![0u8; n];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_err()
+    {
+        use std::hash::{BuildHasher, Hasher};
+        for (i, b) in bytes.iter_mut().enumerate() {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_usize(i);
+            h.write_u64(sandcove::now_millis());
+            *b = h.finish() as u8;
+        }
+    }
+    bytes
+        .iter()
+        .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
+        .collect()
+}
+
+/// Drain what a process stream delivers without waiting for more than `idle` between events:
+/// a snapshot of a running process's retained output. Returns stdout, stderr and the exit
+/// status if it was seen.
+pub(crate) async fn drain(
+    mut stream: sandcove::ProcessStream,
+    idle: Option<std::time::Duration>,
+) -> (Vec<u8>, Vec<u8>, Option<sandcove::ExitStatus>) {
+    let (mut out, mut err, mut exit) = (Vec::new(), Vec::new(), None);
+    loop {
+        let next = match idle {
+            Some(d) => match tokio::time::timeout(d, stream.events.next()).await {
+                Ok(n) => n,
+                Err(_) => break,
+            },
+            None => stream.events.next().await,
+        };
+        match next {
+            Some(Ok(sandcove::ProcessEvent::Stdout(b))) => out.extend(b),
+            Some(Ok(sandcove::ProcessEvent::Stderr(b))) => err.extend(b),
+            Some(Ok(sandcove::ProcessEvent::Exit(s))) => {
+                exit = Some(s);
+                break;
+            }
+            Some(Ok(_)) => {}
+            Some(Err(_)) | None => break,
+        }
+    }
+    (out, err, exit)
+}

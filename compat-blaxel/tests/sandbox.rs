@@ -1,0 +1,288 @@
+//! `SandboxInstance` against the real embedded engine.
+
+mod common;
+
+use blaxel::{SandboxAPIError, SandboxInstance, SandboxUpdateMetadata};
+use common::{sandbox, unique};
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_get_list_delete_round_trip() {
+    let name = unique("lifecycle");
+    let sb = SandboxInstance::create(json!({
+        "name": name,
+        "region": "us-pdx-1",
+        "ports": [{"target": 3000, "protocol": "HTTP"}],
+        "labels": {"env": "dev"},
+        "envs": [{"name": "NODE_ENV", "value": "test"}],
+        "ttl": "5m",
+    }))
+    .await
+    .expect("create");
+    assert_eq!(sb.metadata.name, name);
+    assert_eq!(sb.status.as_deref(), Some("DEPLOYED"));
+    assert_eq!(sb.sandbox.state.as_deref(), Some("RUNNING"));
+    assert_eq!(sb.spec.runtime.image, "blaxel/base-image:latest");
+    assert_eq!(sb.spec.runtime.memory, 4096);
+    assert_eq!(sb.spec.region.as_deref(), Some("us-pdx-1"));
+    assert_eq!(sb.spec.runtime.ports[0].target, 3000);
+    let expires_in = sb.expires_in.expect("expires_in");
+    assert!((200..=300).contains(&expires_in), "{expires_in}");
+
+    let got = SandboxInstance::get(&name).await.expect("get");
+    assert_eq!(
+        got.metadata.labels.get("env").map(String::as_str),
+        Some("dev")
+    );
+    assert_eq!(got.spec.runtime.envs.len(), 1);
+    assert_eq!(got.sandcove_id(), sb.sandcove_id());
+
+    let listed = SandboxInstance::list().limit(1000).await.expect("list");
+    assert!(listed.iter().any(|s| s.metadata.name == name));
+
+    // A second create with a live name is a 409.
+    let err = SandboxInstance::create(json!({"name": name}))
+        .await
+        .expect_err("duplicate name");
+    assert_eq!(err.status_code(), Some(409));
+    assert_eq!(err.code(), Some("SANDBOX_ALREADY_EXISTS"));
+
+    let deleted = SandboxInstance::delete(&name).await.expect("delete");
+    assert_eq!(deleted.metadata.name, name);
+    let err = SandboxInstance::get(&name).await.expect_err("gone");
+    assert!(matches!(err, SandboxAPIError::Api { .. }));
+    assert_eq!(err.status_code(), Some(404));
+    assert!(err.is_not_found());
+    // The instance form on a deleted sandbox is a 404 too.
+    assert!(sb.delete().await.expect_err("deleted twice").is_not_found());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_if_not_exists_gives_one_sandbox_to_concurrent_callers() {
+    let name = unique("cine");
+    let cfg = json!({"name": name, "ttl": "5m"});
+    let (a, b) = tokio::join!(
+        SandboxInstance::create_if_not_exists(cfg.clone()),
+        SandboxInstance::create_if_not_exists(cfg.clone())
+    );
+    let (a, b) = (a.expect("first"), b.expect("second"));
+    assert_eq!(a.sandcove_id(), b.sandcove_id());
+    let again = SandboxInstance::create_if_not_exists(cfg)
+        .await
+        .expect("third");
+    assert_eq!(again.sandcove_id(), a.sandcove_id());
+    // No name is a ValueError.
+    assert!(matches!(
+        SandboxInstance::create_if_not_exists(json!({"ttl": "5m"})).await,
+        Err(SandboxAPIError::ValueError { .. })
+    ));
+    SandboxInstance::delete(&name).await.expect("delete");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_if_not_exists_across_programs() {
+    // Two separate processes race for the same name: both end up with one sandbox.
+    let exe = std::env::current_exe().expect("test binary");
+    if std::env::var("BL_TEST_CHILD_NAME").is_ok() {
+        return;
+    }
+    let name = unique("xproc");
+    let spawn = || {
+        std::process::Command::new(&exe)
+            .args(["--exact", "child_creates_if_not_exists", "--nocapture"])
+            .env("BL_TEST_CHILD_NAME", &name)
+            .output()
+            .expect("run child")
+    };
+    let (o1, o2) = std::thread::scope(|s| {
+        let h1 = s.spawn(spawn);
+        let h2 = s.spawn(spawn);
+        (h1.join().unwrap(), h2.join().unwrap())
+    });
+    let id = |o: &std::process::Output| {
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(o.status.success(), "child failed: {text}");
+        text.lines()
+            .find_map(|l| l.strip_prefix("SANDBOX-ID "))
+            .map(str::to_string)
+            .expect("child printed the id")
+    };
+    assert_eq!(id(&o1), id(&o2));
+    SandboxInstance::delete(&name).await.expect("delete");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_creates_if_not_exists() {
+    let Ok(name) = std::env::var("BL_TEST_CHILD_NAME") else {
+        return; // only meaningful as the child of create_if_not_exists_across_programs
+    };
+    let sb = SandboxInstance::create_if_not_exists(json!({"name": name, "ttl": "5m"}))
+        .await
+        .expect("create_if_not_exists");
+    println!("SANDBOX-ID {}", sb.sandcove_id());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_ttl_and_lifecycle_updates() {
+    let sb = sandbox("update").await;
+    let name = sb.metadata.name.clone();
+    let updated = SandboxInstance::update_metadata(
+        &name,
+        json!({"labels": {"team": "a"}, "display_name": "My box"}),
+    )
+    .await
+    .expect("update_metadata");
+    assert_eq!(updated.metadata.labels["team"], "a");
+    assert_eq!(updated.metadata.display_name.as_deref(), Some("My box"));
+    let updated = SandboxInstance::update_metadata(
+        &name,
+        SandboxUpdateMetadata {
+            labels: Some([("env".to_string(), "prod".to_string())].into()),
+            display_name: None,
+        },
+    )
+    .await
+    .expect("update_metadata");
+    assert_eq!(updated.metadata.labels["team"], "a", "labels are merged");
+    assert_eq!(updated.metadata.labels["env"], "prod");
+    // Seen from a fresh lookup too.
+    let got = SandboxInstance::get(&name).await.expect("get");
+    assert_eq!(got.metadata.display_name.as_deref(), Some("My box"));
+
+    let longer = SandboxInstance::update_ttl(&name, Some("1h".to_string()))
+        .await
+        .expect("update_ttl");
+    assert_eq!(longer.spec.runtime.ttl.as_deref(), Some("1h"));
+    assert!(longer.expires_in.unwrap() > 3000);
+    let bad = SandboxInstance::update_ttl(&name, Some("soon".to_string())).await;
+    assert_eq!(bad.expect_err("bad ttl").status_code(), Some(400));
+
+    let lc = SandboxInstance::update_lifecycle(
+        &name,
+        json!({"expiration_policies": [{"type": "ttl-max-age", "value": "2m", "action": "delete"}]}),
+    )
+    .await
+    .expect("update_lifecycle");
+    assert!(lc.expires_in.unwrap() <= 120);
+    assert_eq!(
+        lc.spec
+            .lifecycle
+            .as_ref()
+            .unwrap()
+            .expiration_policies
+            .len(),
+        1
+    );
+    let cleared = SandboxInstance::update_lifecycle(&name, serde_json::Value::Null)
+        .await
+        .expect("clear lifecycle");
+    assert!(cleared.spec.lifecycle.is_none());
+    assert!(cleared.expires_in.unwrap() > 3000, "back to the 1h ttl");
+    let same = sb.wait().max_wait(10).await.expect("wait is a no-op");
+    assert_eq!(same.metadata.name, name);
+    sb.delete().await.expect("delete");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_happen_before_any_effect() {
+    let name = unique("refused");
+    for cfg in [
+        json!({"name": name, "network": {"proxy": {"allowed_domains": ["x"]}}}),
+        json!({"name": name, "extra_args": {"tun": "enabled"}}),
+        json!({"name": name, "volumes": [{"name": "v", "mount_path": "/v", "type": "ephemeral", "size_mb": 10}]}),
+    ] {
+        let err = SandboxInstance::create(cfg).await.expect_err("refused");
+        assert!(err.is_not_supported(), "{err}");
+    }
+    let err = SandboxInstance::create(json!({"name": name, "region": "mars-1"}))
+        .await
+        .expect_err("bad region");
+    assert_eq!(err.status_code(), Some(400));
+    let err = SandboxInstance::create(json!({"name": name, "colour": "red"}))
+        .await
+        .expect_err("unknown key");
+    assert!(matches!(err, SandboxAPIError::ValueError { .. }));
+    assert!(SandboxInstance::get(&name)
+        .await
+        .unwrap_err()
+        .is_not_found());
+    assert!(SandboxInstance::update_network(&name, json!({}))
+        .await
+        .unwrap_err()
+        .is_not_supported());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_and_fork_follow_the_capability() {
+    let sb = sandbox("snap").await;
+    sb.fs
+        .write("/blaxel/app/data.txt", "kept")
+        .await
+        .expect("write");
+    let fork_name = unique("forked");
+    if common::capabilities().snapshots {
+        let snap = sb
+            .snapshot()
+            .name("before".to_string())
+            .await
+            .expect("snapshot");
+        assert_eq!(snap.sandbox_name, sb.metadata.name);
+        assert!(sb
+            .list_snapshots()
+            .await
+            .expect("list")
+            .iter()
+            .any(|s| s.id == snap.id));
+        let fork = sb.fork(&fork_name).await.expect("fork");
+        assert_eq!(fork.name, fork_name);
+        assert_eq!(fork.type_, "sandbox");
+        let forked = SandboxInstance::get(&fork_name).await.expect("get fork");
+        assert_eq!(
+            forked.fs.read("/blaxel/app/data.txt").await.unwrap(),
+            "kept"
+        );
+        forked.delete().await.expect("delete fork");
+        sb.delete_snapshot(&snap.id).await.expect("delete snapshot");
+    } else {
+        eprintln!("LOUD SKIP: the runtime has no snapshots yet; checking the refusal");
+        assert!(sb.snapshot().await.unwrap_err().is_not_supported());
+        assert!(sb.list_snapshots().await.unwrap_err().is_not_supported());
+        assert!(sb.fork(&fork_name).await.unwrap_err().is_not_supported());
+        assert!(SandboxInstance::get(&fork_name)
+            .await
+            .unwrap_err()
+            .is_not_found());
+    }
+    assert!(sb
+        .fork(&fork_name)
+        .target_type("application")
+        .await
+        .unwrap_err()
+        .is_not_supported());
+    sb.delete().await.expect("delete");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gap_sub_apis_refuse() {
+    let sb = sandbox("gaps").await;
+    assert!(sb.sessions.list().await.unwrap_err().is_not_supported());
+    assert!(sb.drives.list().await.unwrap_err().is_not_supported());
+    assert!(sb
+        .codegen
+        .fastapply("a", "b")
+        .await
+        .unwrap_err()
+        .is_not_supported());
+    assert!(sb.schedules.list().await.unwrap_err().is_not_supported());
+    assert!(sb
+        .network
+        .fetch(3000, "/")
+        .await
+        .unwrap_err()
+        .is_not_supported());
+    assert!(sb.fetch(3000, "/").await.unwrap_err().is_not_supported());
+    assert!(sb.system.upgrade().await.unwrap_err().is_not_supported());
+    assert_eq!(sb.system.health().await.expect("health").status, "ok");
+    assert!(blaxel::bl_agent("x").await.unwrap_err().is_not_supported());
+    sb.delete().await.expect("delete");
+}
