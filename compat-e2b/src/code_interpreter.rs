@@ -155,15 +155,7 @@ impl Sandbox {
                     "context '{id}' not found"
                 )));
             };
-            match ctx
-                .backend
-                .signal(&ctx.id, ProcessSelector::Pid(p.pid), Signal::Kill)
-                .await
-            {
-                Ok(()) => Ok(()),
-                Err(e) if e.is_not_found() => Ok(()),
-                Err(e) => Err(e.into()),
-            }
+            kill_and_wait(ctx, p.pid).await
         })
     }
 
@@ -182,22 +174,7 @@ impl Sandbox {
             let (language, _) = parse_tag(p.tag.as_deref().unwrap_or_default())
                 .unwrap_or_else(|| ("python".into(), id.clone()));
             sandbox.contexts.lock().await.remove(&id);
-            let _ = ctx
-                .backend
-                .signal(&ctx.id, ProcessSelector::Pid(p.pid), Signal::Kill)
-                .await;
-            // Wait for the old interpreter to end so its tag is free.
-            let mut old = ctx
-                .backend
-                .attach(&ctx.id, ProcessSelector::Pid(p.pid))
-                .await;
-            if let Ok(stream) = old.as_mut() {
-                while let Some(Ok(ev)) = stream.events.next().await {
-                    if matches!(ev, ProcessEvent::Exit(_)) {
-                        break;
-                    }
-                }
-            }
+            kill_and_wait(&ctx, p.pid).await?;
             let driver = Driver::start(ctx.clone(), &id, &language, Some(p.cwd)).await?;
             sandbox.contexts.lock().await.insert(id, driver);
             Ok(())
@@ -225,6 +202,28 @@ impl Sandbox {
         map.insert(id.to_string(), driver.clone());
         Ok(driver)
     }
+}
+
+/// Kill an interpreter and wait until it has ended, so its tag is free and it is no longer
+/// listed.
+async fn kill_and_wait(ctx: &Ctx, pid: u32) -> Res<()> {
+    match ctx
+        .backend
+        .signal(&ctx.id, ProcessSelector::Pid(pid), Signal::Kill)
+        .await
+    {
+        Ok(()) => {}
+        Err(e) if e.is_not_found() => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    if let Ok(mut stream) = ctx.backend.attach(&ctx.id, ProcessSelector::Pid(pid)).await {
+        while let Some(Ok(ev)) = stream.events.next().await {
+            if matches!(ev, ProcessEvent::Exit(_)) {
+                break;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn make_tag(language: &str, id: &str) -> String {
