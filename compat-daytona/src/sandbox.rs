@@ -222,6 +222,7 @@ pub struct Sandbox {
     /// `sandbox.computer_use` (a gap).
     pub computer_use: ComputerUse,
     ctx: Ctx,
+    meta: Meta,
     organization: Option<String>,
     target_config: Option<String>,
 }
@@ -273,6 +274,7 @@ impl Sandbox {
             code_interpreter: CodeInterpreter::default(),
             computer_use: ComputerUse::default(),
             ctx,
+            meta: Meta::default(),
             organization: config.organization_id.clone(),
             target_config: config.target.clone(),
         };
@@ -329,6 +331,7 @@ impl Sandbox {
         );
         self.auto_delete_interval = Some(meta.auto_delete_interval.unwrap_or(-1) as f64);
         self.network_block_all = Some(meta.network_block_all);
+        self.meta = meta;
         self.created_at = Some(translate::rfc3339(info.created_at));
         self.updated_at = Some(translate::rfc3339(info.created_at));
         self.last_activity_at = Some(translate::rfc3339(sandcove::now_millis()));
@@ -342,11 +345,15 @@ impl Sandbox {
             .get(&self.id)
             .await
             .ctx("Failed to refresh sandbox data: ")?;
-        let meta = self
-            .ctx
-            .meta()
-            .await
-            .ctx("Failed to refresh sandbox data: ")?;
+        // A paused sandbox cannot be read; its facade state is then the last one seen.
+        let meta = if info.state == sandcove::SandboxState::Paused {
+            self.meta.clone()
+        } else {
+            self.ctx
+                .meta()
+                .await
+                .ctx("Failed to refresh sandbox data: ")?
+        };
         self.apply(info, meta);
         Ok(())
     }
