@@ -1,0 +1,382 @@
+//! Sandcove against the floor and its peers, side by side in one run.
+//!
+//! `cargo bench -p sandcove-bench` (add `-- --quick` for a shorter run). Every latency row is
+//! sampled once per round, rounds interleave all rows, so a noisy neighbour slows every row
+//! alike and the ratios to the floor stay meaningful. Nothing here asserts a timing.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use sandcove::{
+    Backend, ByteStream, Command, CreateOptions, HttpBackend, LocalBackend, ProcessEvent,
+    ProcessSpec, WriteOptions,
+};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+struct Row {
+    name: &'static str,
+    what: String,
+    samples: Vec<Duration>,
+}
+
+impl Row {
+    fn new(name: &'static str, what: impl Into<String>) -> Self {
+        Row {
+            name,
+            what: what.into(),
+            samples: Vec::new(),
+        }
+    }
+
+    fn pct(&self, p: f64) -> Duration {
+        let mut s = self.samples.clone();
+        s.sort();
+        if s.is_empty() {
+            return Duration::ZERO;
+        }
+        let i = ((s.len() as f64 - 1.0) * p).round() as usize;
+        s[i]
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1000.0)
+}
+
+fn short_options() -> CreateOptions {
+    CreateOptions {
+        timeout: Some(Duration::from_secs(600)),
+        ..Default::default()
+    }
+}
+
+/// Time `echo hi` to its first output byte and its exit.
+async fn echo(backend: &dyn Backend, id: &str) -> Result<Duration, BoxError> {
+    let start = Instant::now();
+    let mut stream = backend
+        .spawn(id, ProcessSpec::new(Command::argv(["echo", "hi"])))
+        .await?;
+    while let Some(ev) = stream.events.next().await {
+        if let ProcessEvent::Exit(_) = ev? {
+            break;
+        }
+    }
+    Ok(start.elapsed())
+}
+
+/// Create → first byte of `echo hi` → destroy.
+async fn create_cycle(backend: &dyn Backend) -> Result<Duration, BoxError> {
+    let start = Instant::now();
+    let id = backend.create(short_options()).await?.id;
+    let mut stream = backend
+        .spawn(&id, ProcessSpec::new(Command::argv(["echo", "hi"])))
+        .await?;
+    while let Some(ev) = stream.events.next().await {
+        if let ProcessEvent::Stdout(_) = ev? {
+            break;
+        }
+    }
+    let elapsed = start.elapsed();
+    drop(stream);
+    backend.destroy(&id).await?;
+    Ok(elapsed)
+}
+
+fn floor() -> Duration {
+    let start = Instant::now();
+    let status = std::process::Command::new("true").status();
+    let d = start.elapsed();
+    assert!(status.map(|s| s.success()).unwrap_or(false));
+    d
+}
+
+fn bwrap_available() -> bool {
+    std::process::Command::new("bwrap")
+        .args(["--version"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// bwrap one-shot with a comparable isolation set: user, mount, pid, ipc, uts and net
+/// namespaces, read-only system directories, private /tmp, /proc and /dev.
+fn bwrap() -> Duration {
+    let start = Instant::now();
+    let status = std::process::Command::new("bwrap")
+        .args([
+            "--unshare-all",
+            "--die-with-parent",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+            "--symlink",
+            "usr/bin",
+            "/bin",
+            "--symlink",
+            "usr/lib",
+            "/lib",
+            "--symlink",
+            "usr/lib64",
+            "/lib64",
+            "--ro-bind",
+            "/etc",
+            "/etc",
+            "--tmpfs",
+            "/tmp",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "true",
+        ])
+        .status();
+    let d = start.elapsed();
+    assert!(status.map(|s| s.success()).unwrap_or(false), "bwrap ran");
+    d
+}
+
+async fn write_read(backend: &dyn Backend, id: &str, bytes: usize) -> Result<Duration, BoxError> {
+    let data = vec![0x5au8; bytes];
+    let start = Instant::now();
+    let chunks: Vec<sandcove::Result<Vec<u8>>> =
+        data.chunks(1 << 20).map(|c| Ok(c.to_vec())).collect();
+    let stream: ByteStream = Box::pin(futures::stream::iter(chunks));
+    backend
+        .write_file(id, "/tmp/bench.bin", stream, WriteOptions::default())
+        .await?;
+    let mut read = backend.read_file(id, "/tmp/bench.bin").await?;
+    let mut n = 0;
+    while let Some(chunk) = read.next().await {
+        n += chunk?.len();
+    }
+    assert_eq!(n, bytes);
+    Ok(start.elapsed())
+}
+
+/// Resident memory (kB) of the monitors and agents of sandboxes `ids` (both carry the
+/// sandbox's state directory in their environment), and how many processes that is.
+fn rss_kb_of(ids: &[String]) -> (u64, usize) {
+    let needles: Vec<String> = ids.iter().map(|id| format!("/sandboxes/{id}\0")).collect();
+    let mut total = 0;
+    let mut count = 0;
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let p = e.path();
+        let Ok(env) = std::fs::read(p.join("environ")) else {
+            continue;
+        };
+        let env = String::from_utf8_lossy(&env);
+        if !needles.iter().any(|n| env.contains(n.as_str())) {
+            continue;
+        }
+        let status = std::fs::read_to_string(p.join("status")).unwrap_or_default();
+        if let Some(kb) = status
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            total += kb;
+            count += 1;
+        }
+    }
+    (total, count)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), BoxError> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let rounds = if quick { 30 } else { 200 };
+    // The default state directory: the facade finds its runtime the same way.
+    let local: Arc<dyn Backend> = Arc::new(LocalBackend::new()?);
+
+    // A loopback server over the same engine.
+    let key = "bench-key".to_string();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(sandcove::server::serve(
+        listener,
+        local.clone(),
+        sandcove::server::ServerConfig::new(key.clone()),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let http: Arc<dyn Backend> = Arc::new(HttpBackend::connect(&url, &key).await?);
+
+    let exec_sandbox = local.create(short_options()).await?.id;
+    let facade = e2b::Sandbox::create().timeout(600).await?;
+    let facade_core_id = facade.sandbox_id.clone();
+
+    let has_bwrap = bwrap_available();
+    let mut rows = vec![
+        Row::new("floor", "std::process::Command running `true`"),
+        Row::new(
+            "peer",
+            if has_bwrap {
+                "bwrap one-shot running `true` (all namespaces, ro /usr /etc, tmpfs /tmp, /proc, /dev)"
+            } else {
+                "bwrap not installed: skipped"
+            },
+        ),
+        Row::new(
+            "create",
+            "create → first byte of `echo hi` → destroy (embedded)",
+        ),
+        Row::new(
+            "exec",
+            "`echo hi` round trip in an existing sandbox (embedded)",
+        ),
+        Row::new(
+            "exec-http",
+            "`echo hi` round trip through HttpBackend ↔ loopback server",
+        ),
+        Row::new("facade", "e2b `commands.run(\"echo hi\")`"),
+        Row::new("facade-core", "the core call that `commands.run` makes"),
+    ];
+    // Warm up every path once.
+    floor();
+    echo(&*local, &exec_sandbox).await?;
+    echo(&*http, &exec_sandbox).await?;
+    facade.commands.run("echo hi").await?;
+    for round in 0..rounds {
+        rows[0].samples.push(floor());
+        if has_bwrap {
+            rows[1].samples.push(bwrap());
+        }
+        // Creation is the slowest row: sample it every other round to keep the run short.
+        if round % 2 == 0 {
+            rows[2].samples.push(create_cycle(&*local).await?);
+        }
+        rows[3].samples.push(echo(&*local, &exec_sandbox).await?);
+        rows[4].samples.push(echo(&*http, &exec_sandbox).await?);
+        let start = Instant::now();
+        facade.commands.run("echo hi").await?;
+        rows[5].samples.push(start.elapsed());
+        let start = Instant::now();
+        let spec = ProcessSpec::new(Command::bash_login("echo hi"))
+            .env("E2B_SANDBOX", "true")
+            .env("E2B_SANDBOX_ID", facade_core_id.clone())
+            .timeout(Duration::from_secs(60));
+        let stream = local.spawn(&facade_core_id, spec).await?;
+        sandcove::client::collect(stream, sandcove::DEFAULT_OUTPUT_LIMIT).await?;
+        rows[6].samples.push(start.elapsed());
+    }
+
+    // Throughput: write then read back, embedded and over HTTP, interleaved.
+    let mut throughput = Vec::new();
+    for (label, bytes, reps) in [
+        ("1 MiB", 1usize << 20, if quick { 5 } else { 20 }),
+        ("100 MiB", 100 << 20, if quick { 1 } else { 3 }),
+    ] {
+        let mut embedded = Vec::new();
+        let mut over_http = Vec::new();
+        for _ in 0..reps {
+            embedded.push(write_read(&*local, &exec_sandbox, bytes).await?);
+            over_http.push(write_read(&*http, &exec_sandbox, bytes).await?);
+        }
+        let mbps = |v: &[Duration]| {
+            let mut v = v.to_vec();
+            v.sort();
+            let med = v[v.len() / 2];
+            2.0 * bytes as f64 / (1 << 20) as f64 / med.as_secs_f64()
+        };
+        throughput.push((label, mbps(&embedded), mbps(&over_http)));
+    }
+
+    // Fan-out: 100 sandboxes created concurrently, one command each, all destroyed.
+    let fan = 100;
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..fan)
+        .map(|_| {
+            let backend = local.clone();
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let id = backend.create(short_options()).await?.id;
+                echo(&*backend, &id).await?;
+                backend.destroy(&id).await?;
+                Ok::<Duration, BoxError>(t.elapsed())
+            })
+        })
+        .collect();
+    let mut per = Row::new("fan-out", "");
+    let mut failures = 0;
+    for t in tasks {
+        match t.await? {
+            Ok(d) => per.samples.push(d),
+            Err(_) => failures += 1,
+        }
+    }
+    let fan_wall = start.elapsed();
+
+    // Idle memory: 20 idle sandboxes, resident memory of their monitors and agents.
+    let idle_n = 20;
+    let mut idle = Vec::new();
+    for _ in 0..idle_n {
+        idle.push(local.create(short_options()).await?.id);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (kb, count) = rss_kb_of(&idle);
+    let per_sandbox_kb = kb as f64 / idle_n as f64;
+    for id in idle {
+        local.destroy(&id).await?;
+    }
+
+    let floor_p50 = rows[0].pct(0.5);
+    println!("Sandcove benchmark — {rounds} interleaved rounds");
+    println!();
+    println!("| row | p50 ms | p95 ms | p99 ms | p50 / floor | what |");
+    println!("|---|---:|---:|---:|---:|---|");
+    for row in &rows {
+        if row.samples.is_empty() {
+            println!("| {} | – | – | – | – | {} |", row.name, row.what);
+            continue;
+        }
+        println!(
+            "| {} | {} | {} | {} | {:.2}× | {} |",
+            row.name,
+            ms(row.pct(0.5)),
+            ms(row.pct(0.95)),
+            ms(row.pct(0.99)),
+            row.pct(0.5).as_secs_f64() / floor_p50.as_secs_f64(),
+            row.what
+        );
+    }
+    println!();
+    let ratio =
+        |a: usize, b: usize| rows[a].pct(0.5).as_secs_f64() / rows[b].pct(0.5).as_secs_f64();
+    println!("| ratio | value | target |");
+    println!("|---|---:|---:|");
+    println!("| create / floor | {:.2}× | ≤ 3× |", ratio(2, 0));
+    println!("| exec / floor | {:.2}× | ≤ 1.5× |", ratio(3, 0));
+    println!("| facade / its core call | {:.3}× | ≤ 1.05× |", ratio(5, 6));
+    println!("| exec-http / exec | {:.2}× | ≤ 2× |", ratio(4, 3));
+    if has_bwrap {
+        println!("| create / bwrap one-shot | {:.2}× | – |", ratio(2, 1));
+    }
+    println!();
+    println!("| files | embedded MB/s | HTTP MB/s |");
+    println!("|---|---:|---:|");
+    for (label, e, h) in &throughput {
+        println!("| write + read {label} | {e:.0} | {h:.0} |");
+    }
+    println!();
+    println!(
+        "fan-out: {fan} sandboxes concurrently (create, one command, destroy): wall {} ms, \
+         per-sandbox p50 {} ms, p99 {} ms, failures {failures}",
+        fan_wall.as_millis(),
+        ms(per.pct(0.5)),
+        ms(per.pct(0.99)),
+    );
+    println!(
+        "idle: {per_sandbox_kb:.0} kB resident per idle sandbox (monitor + agent: {count} processes for {idle_n} sandboxes)"
+    );
+
+    facade.kill().await?;
+    local.destroy(&exec_sandbox).await?;
+    let _ = stop_tx.send(());
+    let _ = server.await;
+    Ok(())
+}
