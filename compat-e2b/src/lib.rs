@@ -11,6 +11,7 @@
 //! | [`commands`] | `sandbox.commands`: run (foreground / background), connect, list, kill, stdin |
 //! | [`files`] | `sandbox.files`: read, write, list, info, remove, rename, make_dir, watch_dir |
 //! | [`pty`] | `sandbox.pty`: terminals |
+//! | [`products`] | `Volume`, `Template`, `Secret`, `sandbox.git`: refused |
 //! | [`code_interpreter`] | `e2b_code_interpreter`: stateful `run_code` and code contexts |
 //! | [`errors`] | [`SandboxException`] and [`CommandExitException`] |
 //! | [`translate`] | pure translation of paths, envs, exit statuses and Python-style printing |
@@ -39,6 +40,7 @@ pub mod commands;
 pub mod errors;
 pub mod files;
 pub mod gaps;
+pub mod products;
 pub mod pty;
 pub mod sandbox;
 pub mod translate;
@@ -50,6 +52,7 @@ pub use files::{
     read_format, EntryInfo, FileStreamReader, FileType, Filesystem, FilesystemEvent,
     FilesystemEventType, WatchHandle, WriteData, WriteEntry, WriteInfo,
 };
+pub use products::{Git, Secret, Template, Volume};
 pub use pty::{Pty, PtySize};
 pub use sandbox::{
     runtime_capabilities, ConnectionConfig, Sandbox, SandboxInfo, SandboxInfoLifecycle,

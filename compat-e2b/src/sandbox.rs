@@ -104,6 +104,8 @@ pub struct SandboxInstance {
     pub connection_config: ConnectionConfig,
     /// `traffic_access_token`: always `None` (ports are reached through [`SandboxInstance::get_host`]).
     pub traffic_access_token: Option<String>,
+    /// `git`: not supported (run `git` with `commands.run`).
+    pub git: crate::products::Git,
     pub(crate) ctx: Ctx,
 }
 
@@ -136,6 +138,7 @@ impl Sandbox {
                 pty: Pty { ctx: ctx.clone() },
                 connection_config,
                 traffic_access_token: None,
+                git: crate::products::Git,
                 ctx,
             },
         }
