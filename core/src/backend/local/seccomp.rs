@@ -3,7 +3,7 @@
 //! Capabilities are already dropped, so most of these calls would fail anyway; the filter
 //! removes the kernel attack surface behind them (new user namespaces, mount APIs, BPF,
 //! io_uring, keyrings, module loading). `clone3` answers `ENOSYS` so C libraries fall back to
-//! `clone`, whose flags the filter can inspect.
+//! `clone`, whose flags the filter can inspect. (64-bit Linux: syscall numbers are `i64`.)
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -14,7 +14,7 @@ use seccompiler::{
 };
 
 /// Syscalls refused with `EPERM`, whatever their arguments.
-const DENIED: &[libc::c_long] = &[
+const DENIED: &[i64] = &[
     libc::SYS_unshare,
     libc::SYS_setns,
     libc::SYS_mount,
@@ -60,11 +60,11 @@ fn build() -> Result<Vec<BpfProgram>, seccompiler::Error> {
         .try_into()
         .map_err(seccompiler::Error::Backend)?;
     let mut deny: BTreeMap<i64, Vec<SeccompRule>> =
-        DENIED.iter().map(|&nr| (nr as i64, Vec::new())).collect();
+        DENIED.iter().map(|&nr| (nr, Vec::new())).collect();
     // clone is how threads and processes are made: refuse only a new user namespace.
     let newuser = libc::CLONE_NEWUSER as u64;
     deny.insert(
-        libc::SYS_clone as i64,
+        libc::SYS_clone,
         vec![SeccompRule::new(vec![SeccompCondition::new(
             0,
             SeccompCmpArgLen::Qword,
@@ -82,7 +82,7 @@ fn build() -> Result<Vec<BpfProgram>, seccompiler::Error> {
     )
     .map_err(seccompiler::Error::Backend)?;
     let clone3 = SeccompFilter::new(
-        BTreeMap::from([(libc::SYS_clone3 as i64, Vec::new())]),
+        BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
         SeccompAction::Allow,
         SeccompAction::Errno(libc::ENOSYS as u32),
         arch,
