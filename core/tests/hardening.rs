@@ -1,0 +1,1669 @@
+//! Hardening, part 1: isolation and bad input, against the embedded engine.
+//!
+//! Every test here plays the untrusted side: code inside a sandbox (or a path or option a
+//! model made up) tries to reach the host or another sandbox, and the test asserts the
+//! attempt fails *and* that nothing on the host changed (canary files fingerprinted before and
+//! after, host processes checked by pid and marker). Each test runs a private engine
+//! ([`common::Env`]) so it can also assert that nothing is left behind.
+//!
+//! Runs as root and rootless (CI runs this binary again as an unprivileged user).
+
+#[path = "hardening_common.rs"]
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::StreamExt;
+use sandcove::conformance::{run, unique};
+use sandcove::{
+    Backend, ByteStream, Command, CreateOptions, ErrorCode, ListDirOptions, MkdirOptions,
+    NetworkPolicy, Output, PreviewOptions, ProcessSelector, ProcessSpec, PtySize, RemoveOptions,
+    Resources, Signal, VolumeMount, WatchOptions, WriteOptions,
+};
+
+use common::{Canaries, Env, Gen, HostSleeper};
+
+/// Run a bash script inside sandbox `id`.
+async fn bash(backend: &dyn Backend, id: &str, script: &str) -> Output {
+    run(
+        backend,
+        id,
+        ProcessSpec::new(Command::argv(["bash", "-c", script])),
+    )
+    .await
+}
+
+/// Run a bash script that searches for `marker`, passed as `$M` so the script's own command
+/// line does not contain it.
+async fn bash_seeking(backend: &dyn Backend, id: &str, marker: &str, script: &str) -> Output {
+    run(
+        backend,
+        id,
+        ProcessSpec::new(Command::argv(["bash", "-c", script])).env("M", marker),
+    )
+    .await
+}
+
+fn bytes(data: &[u8]) -> ByteStream {
+    let data = data.to_vec();
+    Box::pin(futures::stream::once(async move { Ok(data) }))
+}
+
+async fn read_all(backend: &dyn Backend, id: &str, path: &str) -> sandcove::Result<Vec<u8>> {
+    let mut stream = backend.read_file(id, path).await?;
+    let mut out = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        out.extend_from_slice(&chunk?);
+    }
+    Ok(out)
+}
+
+/// Whether `path` is under a host directory the sandbox sees read-only (then it is visible
+/// inside by design, and "host-only" checks do not apply to it).
+fn shared_with_sandboxes(path: &Path) -> bool {
+    [
+        "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
+    ]
+    .iter()
+    .any(|d| path.starts_with(d))
+}
+
+fn host_names(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|e| {
+            e.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host files
+// ---------------------------------------------------------------------------------------------
+
+/// The repository checkout, the state directory (with another sandbox's directory in it),
+/// `/root`, `$HOME` and a host temp dir cannot be read or listed from inside, by a process or
+/// through the file API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_only_paths_cannot_be_read_or_listed() {
+    let env = Env::new("paths");
+    let marker = unique("paths");
+    let a = env.sandbox(&marker).await;
+    let b = env.sandbox(&marker).await;
+    let b_secret = format!("b-secret-{marker}");
+    env.backend
+        .write_file(
+            &b,
+            &format!("/workspace/{b_secret}"),
+            bytes(b"b's data"),
+            WriteOptions::default(),
+        )
+        .await
+        .expect("write b's file");
+    let canary_dir = std::env::temp_dir().join(unique("hc-host-canary"));
+    let canaries = Canaries::plant(&[canary_dir.clone(), env.dir.join("canary")]);
+
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let b_state = env.dir.join("sandboxes").join(&b);
+    let targets: Vec<PathBuf> = vec![
+        canary_dir.join("secret"),
+        canary_dir.join("dir"),
+        env.dir.join("canary/secret"),
+        b_state.clone(),
+        b_state.join("record.json"),
+        b_state.join("sock"),
+        manifest.join("Cargo.toml"),
+        manifest.join("src"),
+        manifest.join("tests/hardening.rs"),
+    ];
+    let mut tried = 0;
+    for target in &targets {
+        if shared_with_sandboxes(target) {
+            eprintln!(
+                "SKIP {}: under a system directory sandboxes see read-only",
+                target.display()
+            );
+            continue;
+        }
+        let t = target.display();
+        let out = bash(
+            &*env.backend,
+            &a,
+            &format!("cat '{t}' 2>&1; echo \"cat=$?\"; ls -A '{t}' 2>&1; echo \"ls=$?\""),
+        )
+        .await;
+        let text = out.stdout_lossy();
+        assert!(
+            !text.contains("cat=0") && !text.contains("ls=0"),
+            "{t} is reachable inside: {text}"
+        );
+        assert!(!text.contains("must stay unread"), "{t} leaked: {text}");
+        let read = read_all(&*env.backend, &a, &target.to_string_lossy()).await;
+        assert!(read.is_err(), "file API read {t}: {read:?}");
+        let listed = env
+            .backend
+            .list_dir(&a, &target.to_string_lossy(), ListDirOptions { depth: 2 })
+            .await;
+        assert!(listed.is_err(), "file API list {t}: {listed:?}");
+        let stat = env.backend.stat(&a, &target.to_string_lossy()).await;
+        assert_eq!(
+            stat.map(|s| s.path).map_err(|e| e.code()),
+            Err(ErrorCode::NotFound),
+            "file API stat {t}"
+        );
+        tried += 1;
+    }
+    // `/root` and `$HOME` exist inside (the sandbox's own, empty), never with the host's
+    // entries in them.
+    let home = std::env::var("HOME").unwrap_or_default();
+    for dir in ["/root", home.as_str()] {
+        if dir.is_empty() || shared_with_sandboxes(Path::new(dir)) {
+            continue;
+        }
+        let host = host_names(Path::new(dir));
+        let out = bash(&*env.backend, &a, &format!("ls -A '{dir}' 2>/dev/null")).await;
+        let inside: Vec<String> = out.stdout_lossy().lines().map(str::to_string).collect();
+        let leaked: Vec<&String> = inside.iter().filter(|n| host.contains(n)).collect();
+        assert!(
+            leaked.is_empty(),
+            "host entries of {dir} visible: {leaked:?}"
+        );
+        if let Ok(entries) = env
+            .backend
+            .list_dir(&a, dir, ListDirOptions { depth: 1 })
+            .await
+        {
+            let leaked: Vec<String> = entries
+                .into_iter()
+                .map(|e| e.name)
+                .filter(|n| host.contains(n))
+                .collect();
+            assert!(leaked.is_empty(), "file API lists host {dir}: {leaked:?}");
+        }
+        tried += 1;
+    }
+    // The other sandbox's file is nowhere in this one, not even through /proc.
+    let out = bash(
+        &*env.backend,
+        &a,
+        &format!(
+            "find / -xdev -name '{b_secret}' 2>/dev/null; \
+             cat /proc/*/root/workspace/{b_secret} 2>/dev/null; \
+             ls /workspace"
+        ),
+    )
+    .await;
+    assert!(
+        !out.stdout_lossy().contains(&b_secret),
+        "b's file seen from a: {}",
+        out.stdout_lossy()
+    );
+    assert_eq!(
+        read_all(&*env.backend, &b, &format!("/workspace/{b_secret}"))
+            .await
+            .expect("b still has it"),
+        b"b's data"
+    );
+    canaries.assert_unchanged("reading host paths");
+    println!("hardening: {tried} host-only paths refused inside and through the file API");
+    let _ = std::fs::remove_dir_all(&canary_dir);
+}
+
+/// Writes to `/usr` and `/etc` fail, from a process and through the file API (which runs
+/// with the sandbox root's capabilities), and the host's files are unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn system_directories_cannot_be_changed() {
+    let env = Env::new("sysdirs");
+    let id = env.sandbox(&unique("sysdirs")).await;
+    let m = unique("hc");
+    let watched = [
+        "/etc/passwd",
+        "/etc/group",
+        "/etc/hostname",
+        "/etc/hosts",
+        "/usr/bin/env",
+    ];
+    let fingerprint = || -> Vec<(String, Vec<u8>, u32)> {
+        use std::os::unix::fs::MetadataExt;
+        watched
+            .iter()
+            .map(|p| {
+                (
+                    p.to_string(),
+                    std::fs::read(p).unwrap_or_default(),
+                    std::fs::metadata(p).map(|m| m.mode()).unwrap_or(0),
+                )
+            })
+            .collect()
+    };
+    let before = fingerprint();
+    let created = [
+        format!("/usr/{m}"),
+        format!("/usr/bin/{m}"),
+        format!("/etc/{m}"),
+        format!("/opt/{m}"),
+        format!("/usr/lib/{m}"),
+    ];
+    let script = format!(
+        "for p in {list}; do touch $p; mkdir $p.d; echo x > $p.w; ln -s / $p.l; done; \
+         chmod 777 /usr/bin/env; rm -f /etc/hostname /etc/hosts; mv /etc/group /etc/g2; \
+         echo owned >> /etc/passwd; mount -o remount,rw /usr; mount -o remount,bind,rw /etc; \
+         touch /usr/{m}.after-remount; true",
+        list = created.join(" ")
+    );
+    let out = bash(&*env.backend, &id, &script).await;
+    assert!(out.exit_status().success());
+    // Through the file API.
+    let mut refused = 0;
+    for p in &created {
+        let w = env
+            .backend
+            .write_file(&id, p, bytes(b"x"), WriteOptions::default())
+            .await;
+        let d = env
+            .backend
+            .mkdir(&id, &format!("{p}.dir"), MkdirOptions::default())
+            .await;
+        assert!(w.is_err() && d.is_err(), "{p}: write {w:?} mkdir {d:?}");
+        refused += 2;
+    }
+    let attempts = [
+        env.backend.chmod(&id, "/usr/bin/env", 0o777).await.err(),
+        env.backend
+            .remove(&id, "/usr/bin/env", RemoveOptions::default())
+            .await
+            .err(),
+        env.backend
+            .remove(&id, "/etc", RemoveOptions { recursive: true })
+            .await
+            .err(),
+        env.backend
+            .rename(&id, "/etc/hosts", "/workspace/hosts")
+            .await
+            .err(),
+        env.backend
+            .rename(&id, "/workspace", "/usr/workspace")
+            .await
+            .err(),
+        env.backend
+            .write_file(
+                &id,
+                "/usr/bin/env",
+                bytes(b"#!/bin/sh\necho owned\n"),
+                WriteOptions::default(),
+            )
+            .await
+            .err(),
+    ];
+    for (i, a) in attempts.iter().enumerate() {
+        assert!(a.is_some(), "file API attempt {i} succeeded");
+        refused += 1;
+    }
+    // Appending to the sandbox's own /etc/passwd may work: it is a private copy.
+    let _ = env
+        .backend
+        .write_file(
+            &id,
+            "/etc/passwd",
+            bytes(b"owned::0:0::/:/bin/sh\n"),
+            WriteOptions {
+                append: true,
+                ..Default::default()
+            },
+        )
+        .await;
+    assert_eq!(fingerprint(), before, "host system files changed");
+    for p in &created {
+        for suffix in ["", ".d", ".w", ".l", ".dir", ".after-remount"] {
+            let host = format!("{p}{suffix}");
+            assert!(
+                std::fs::symlink_metadata(&host).is_err(),
+                "{host} appeared on the host"
+            );
+        }
+    }
+    println!("hardening: {refused} file API writes to system directories refused");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host processes and network
+// ---------------------------------------------------------------------------------------------
+
+/// A host process is invisible in the sandbox's `/proc` and survives `kill -9` of its pid,
+/// `kill -9 -1`, and attempts on PID 1, the monitor's and this test's pids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_processes_are_invisible_and_unkillable() {
+    let env = Env::new("hostproc");
+    let id = env.sandbox(&unique("hostproc")).await;
+    let marker = unique("hc-host-sleep");
+    let mut sleeper = HostSleeper::start(&marker);
+    assert!(
+        common::eventually(Duration::from_secs(10), || {
+            sandcove::conformance::host_processes_with(&marker) == 1
+        })
+        .await
+    );
+    let host_pid = sleeper.pid();
+    let (monitor, agent) = common::monitor_and_agent(&id).await;
+    let me = std::process::id();
+    let out = bash_seeking(
+        &*env.backend,
+        &id,
+        &marker,
+        "grep -l \"$M\" /proc/[0-9]*/cmdline 2>/dev/null; \
+         ls /proc | grep -E '^[0-9]+$' | tr '\\n' ' '",
+    )
+    .await;
+    let text = out.stdout_lossy();
+    assert!(!text.contains("/proc/"), "host process visible: {text}");
+    let inside: Vec<u32> = text
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    assert!(inside.len() <= 6, "sandbox sees {} pids", inside.len());
+    let mut targets = vec![host_pid, monitor, agent, me];
+    targets.retain(|p| !inside.contains(p));
+    let list: Vec<String> = targets.iter().map(u32::to_string).collect();
+    let out = bash(
+        &*env.backend,
+        &id,
+        &format!(
+            "for p in {}; do kill -9 $p 2>/dev/null && echo killed $p; done; \
+             kill -9 1 2>/dev/null; kill -TERM 1 2>/dev/null; kill -9 -1 2>/dev/null; true",
+            list.join(" ")
+        ),
+    )
+    .await;
+    // `kill -9 -1` ends the script itself; it must not have reported any kill.
+    assert!(
+        !out.stdout_lossy().contains("killed"),
+        "{}",
+        out.stdout_lossy()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(sleeper.running(), "the host sleep was killed from inside");
+    assert!(common::alive(monitor) && common::alive(agent));
+    let ok = bash(&*env.backend, &id, "echo still-here").await;
+    assert_eq!(
+        ok.stdout, b"still-here\n",
+        "the sandbox survives its own kills"
+    );
+    println!(
+        "hardening: {} host pids survived kill -9 from inside; kill -9 -1 and PID 1 survived",
+        targets.len()
+    );
+}
+
+/// A python3 probe run inside: TCP connects and abstract unix socket connects, one line each.
+fn probe_script(tcp: &[u16], abstract_names: &[String]) -> String {
+    let tcp: Vec<String> = tcp.iter().map(u16::to_string).collect();
+    let names: Vec<String> = abstract_names.iter().map(|n| format!("{n:?}")).collect();
+    format!(
+        r#"
+import socket
+for port in [{tcp}]:
+    s = socket.socket()
+    s.settimeout(3)
+    try:
+        s.connect(("127.0.0.1", port)); print("tcp", port, "connected")
+    except Exception as e:
+        print("tcp", port, "refused", type(e).__name__)
+for name in [{names}]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(3)
+    try:
+        s.connect("\0" + name); print("abstract", name, "connected")
+    except Exception as e:
+        print("abstract", name, "refused", type(e).__name__)
+print("interfaces", " ".join(sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:])))
+"#,
+        tcp = tcp.join(", "),
+        names = names.join(", ")
+    )
+}
+
+async fn has_python(backend: &dyn Backend, id: &str) -> bool {
+    let out = bash(backend, id, "command -v python3 >/dev/null && echo yes").await;
+    if out.stdout != b"yes\n" {
+        eprintln!("SKIP: python3 is not installed on this host; socket probes not run");
+        return false;
+    }
+    true
+}
+
+async fn python(backend: &dyn Backend, id: &str, script: &str) -> String {
+    let out = run(
+        backend,
+        id,
+        ProcessSpec::new(Command::argv(["python3", "-c", script])),
+    )
+    .await;
+    assert!(
+        out.exit_status().success(),
+        "probe failed: {}",
+        out.stderr_lossy()
+    );
+    out.stdout_lossy()
+}
+
+/// With the default policy, a TCP listener on the host's 127.0.0.1 and a host abstract unix
+/// socket are unreachable, and the sandbox has no interface but `lo`. With
+/// `NetworkPolicy::Host` (documented as sharing the host network) the same listener is
+/// reachable: the probe can tell the difference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_loopback_and_abstract_sockets_are_unreachable() {
+    use std::os::linux::net::SocketAddrExt;
+    let env = Env::new("net");
+    let id = env.sandbox(&unique("net")).await;
+    if !has_python(&*env.backend, &id).await {
+        let out = bash(&*env.backend, &id, "cat /proc/net/dev").await;
+        assert!(!out.stdout_lossy().contains("eth"));
+        return;
+    }
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("host listener");
+    tcp.set_nonblocking(true).unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    let name = unique("hc-abstract");
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let unix = std::os::unix::net::UnixListener::bind_addr(&addr).expect("abstract listener");
+    unix.set_nonblocking(true).unwrap();
+
+    let text = python(
+        &*env.backend,
+        &id,
+        &probe_script(&[port], std::slice::from_ref(&name)),
+    )
+    .await;
+    assert!(text.contains(&format!("tcp {port} refused")), "{text}");
+    assert!(text.contains(&format!("abstract {name} refused")), "{text}");
+    assert!(
+        text.lines().any(|l| l.trim() == "interfaces lo"),
+        "only lo: {text}"
+    );
+    assert!(tcp.accept().is_err(), "the host listener got a connection");
+    assert!(
+        unix.accept().is_err(),
+        "the abstract socket got a connection"
+    );
+
+    // The same probe with the host network reaches both: the isolation above is the netns.
+    let mut opts = env.options(&unique("hostnet"));
+    opts.network = NetworkPolicy::Host;
+    let shared = env.create(opts).await;
+    let text = python(
+        &*env.backend,
+        &shared,
+        &probe_script(&[port], std::slice::from_ref(&name)),
+    )
+    .await;
+    assert!(text.contains(&format!("tcp {port} connected")), "{text}");
+    assert!(
+        text.contains(&format!("abstract {name} connected")),
+        "{text}"
+    );
+    println!("hardening: host TCP 127.0.0.1:{port} and an abstract socket refused under NetworkPolicy::None");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sandbox to sandbox
+// ---------------------------------------------------------------------------------------------
+
+/// One sandbox cannot see, signal or connect to another's processes, nor read its files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_cannot_reach_each_other() {
+    let env = Env::new("peers");
+    let marker = unique("peers");
+    let a = env.sandbox(&marker).await;
+    let b = env.sandbox(&marker).await;
+    let b_marker = unique("hc-peer-b");
+    let b_abstract = unique("hc-peer-abstract");
+    let python_ok = has_python(&*env.backend, &b).await;
+    let b_script = if python_ok {
+        format!(
+            "import socket,time\n\
+             t=socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+             t.bind(('127.0.0.1', 47001)); t.listen()\n\
+             u=socket.socket(socket.AF_UNIX); u.bind('\\0{b_abstract}'); u.listen()\n\
+             print('ready', flush=True)\n\
+             time.sleep(600)\n"
+        )
+    } else {
+        String::new()
+    };
+    let spec = if python_ok {
+        ProcessSpec::new(Command::argv([
+            "bash",
+            "-c",
+            &format!("exec -a {b_marker} python3 -c \"$0\"", b_marker = b_marker),
+            &b_script,
+        ]))
+    } else {
+        ProcessSpec::new(Command::argv([
+            "bash",
+            "-c",
+            &format!("exec -a {b_marker} sleep 600"),
+        ]))
+    };
+    let mut b_proc = env.backend.spawn(&b, spec).await.expect("b's server");
+    if python_ok {
+        let mut seen = Vec::new();
+        while !String::from_utf8_lossy(&seen).contains("ready") {
+            match tokio::time::timeout(Duration::from_secs(20), b_proc.events.next()).await {
+                Ok(Some(Ok(sandcove::ProcessEvent::Stdout(x)))) => seen.extend(x),
+                Ok(Some(Ok(_))) => {}
+                other => panic!("b's server did not start: {other:?}"),
+            }
+        }
+    }
+    assert!(
+        common::eventually(Duration::from_secs(10), || {
+            sandcove::conformance::host_processes_with(&b_marker) == 1
+        })
+        .await
+    );
+    env.backend
+        .write_file(
+            &b,
+            "/workspace/b-only",
+            bytes(b"b"),
+            WriteOptions::default(),
+        )
+        .await
+        .unwrap();
+    let b_pid_inside = b_proc.pid;
+    let b_host_pids: Vec<String> = all_with_marker(&b_marker)
+        .iter()
+        .map(u32::to_string)
+        .collect();
+    let (b_monitor, b_agent) = common::monitor_and_agent(&b).await;
+
+    // From a: nothing of b is visible, and signals at b's pids (host or in-sandbox numbers)
+    // hit nothing of b.
+    let out = bash_seeking(
+        &*env.backend,
+        &a,
+        &b_marker,
+        &format!(
+            "grep -l \"$M\" /proc/[0-9]*/cmdline 2>/dev/null; cat /workspace/b-only 2>&1; \
+             find / -xdev -name b-only 2>/dev/null; \
+             for p in {} {b_monitor} {b_agent} {b_pid_inside}; do kill -9 $p 2>/dev/null; done; \
+             kill -9 -1 2>/dev/null; true",
+            b_host_pids.join(" ")
+        ),
+    )
+    .await;
+    let text = out.stdout_lossy();
+    assert!(
+        !text.contains("/proc/") && !text.contains("b-only\n"),
+        "{text}"
+    );
+    if python_ok {
+        let text = python(
+            &*env.backend,
+            &a,
+            &probe_script(&[47001], std::slice::from_ref(&b_abstract)),
+        )
+        .await;
+        assert!(
+            text.contains("tcp 47001 refused"),
+            "a reached b's port: {text}"
+        );
+        assert!(
+            text.contains(&format!("abstract {b_abstract} refused")),
+            "a reached b's abstract socket: {text}"
+        );
+        // The same probe inside b connects: the services are really there.
+        let text = python(
+            &*env.backend,
+            &b,
+            &probe_script(&[47001], std::slice::from_ref(&b_abstract)),
+        )
+        .await;
+        assert!(text.contains("tcp 47001 connected"), "{text}");
+        assert!(
+            text.contains(&format!("abstract {b_abstract} connected")),
+            "{text}"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        sandcove::conformance::host_processes_with(&b_marker),
+        1,
+        "b's process survived a's attempts"
+    );
+    assert!(common::alive(b_monitor) && common::alive(b_agent));
+    assert_eq!(
+        read_all(&*env.backend, &b, "/workspace/b-only")
+            .await
+            .unwrap(),
+        b"b"
+    );
+    println!(
+        "hardening: sandbox-to-sandbox: files, /proc, signals, TCP and abstract sockets refused"
+    );
+}
+
+fn all_with_marker(marker: &str) -> Vec<u32> {
+    common::all_processes()
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{}/cmdline", p.pid))
+                .map(|c| String::from_utf8_lossy(&c).contains(marker))
+                .unwrap_or(false)
+        })
+        .map(|p| p.pid)
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The file API
+// ---------------------------------------------------------------------------------------------
+
+/// Find a bash that stays reachable however the sandbox root's own entries are shuffled
+/// (`/usr` is a read-only bind: it cannot be removed or renamed).
+fn sturdy_bash() -> String {
+    std::fs::canonicalize("/bin/bash")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "/bin/bash".into())
+}
+
+/// Plant symlinks pointing out of the sandbox in every way we know.
+async fn plant_links(env: &Env, id: &str, host_dir: &Path) {
+    let h = host_dir.display();
+    let s = env.dir.display();
+    let script = format!(
+        "mkdir -p /workspace/d/sub && cd /workspace && \
+         ln -sfn ../../../../../../../.. up; ln -sfn / abs; ln -sfn '{h}' host; \
+         ln -sfn '{h}/secret' hostsecret; ln -sfn '{s}' state; ln -sfn ../workspace/up rel; \
+         ln -sfn loop loop; ln -sfn /proc/self/root self; ln -sfn /proc/1/cwd cwd; \
+         ln -sfn d/sub/../../up/.. chain; true"
+    );
+    let out = run(
+        &*env.backend,
+        id,
+        ProcessSpec::new(Command::argv([sturdy_bash(), "-c".into(), script])),
+    )
+    .await;
+    assert!(out.exit_status().success(), "{}", out.stderr_lossy());
+}
+
+/// Generated paths (`..` chains, absolute and relative symlinks pointing out, loops, host
+/// paths verbatim) through every file call never touch a host file, and never read one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_paths_never_touch_host_files() {
+    let env = Env::new("fsprop");
+    let id = env.sandbox(&unique("fsprop")).await;
+    let host_dir = std::env::temp_dir().join(unique("hc-prop-canary"));
+    let canaries = Canaries::plant(&[host_dir.clone(), env.dir.join("canary")]);
+    let host_workspace = Path::new("/workspace").exists();
+    plant_links(&env, &id, &host_dir).await;
+    let host_dir_s = host_dir.to_string_lossy().into_owned();
+    let state_s = env.dir.to_string_lossy().into_owned();
+    let mut alphabet: Vec<&str> = vec![
+        "..",
+        ".",
+        "",
+        "up",
+        "abs",
+        "host",
+        "hostsecret",
+        "state",
+        "rel",
+        "loop",
+        "self",
+        "cwd",
+        "chain",
+        "d",
+        "sub",
+        "secret",
+        "dir",
+        "canary",
+        "workspace",
+        "tmp",
+        "x",
+    ];
+    alphabet.extend(host_dir_s.split('/').filter(|c| !c.is_empty()));
+    alphabet.extend(state_s.split('/').filter(|c| !c.is_empty()));
+    let host_secret = std::fs::read(host_dir.join("secret")).unwrap();
+    const SEED: u64 = 0x5A4D_C0E5_2026_0009;
+    const CASES: usize = 400;
+    let mut gen = Gen::new(SEED);
+    let mut outcomes: BTreeMap<&str, (u32, u32)> = BTreeMap::new();
+    for i in 0..CASES {
+        if i % 40 == 0 {
+            plant_links(&env, &id, &host_dir).await;
+        }
+        let path = match gen.below(10) {
+            0 => format!(
+                "{host_dir_s}/{}",
+                gen.pick(&["secret", "dir/inner", "new", "dir"])
+            ),
+            1 => format!("{state_s}/canary/{}", gen.pick(&["secret", "dir", "new"])),
+            _ => gen.path(&alphabet),
+        };
+        let op = *gen.pick(&[
+            "write", "append", "mkdir", "remove", "rename", "chmod", "read", "list", "stat",
+        ]);
+        let b = &*env.backend;
+        let data = format!("sandbox bytes {i}").into_bytes();
+        let result: Result<(), sandcove::Error> = match op {
+            "write" => b
+                .write_file(&id, &path, bytes(&data), WriteOptions::default())
+                .await
+                .map(drop),
+            "append" => b
+                .write_file(
+                    &id,
+                    &path,
+                    bytes(&data),
+                    WriteOptions {
+                        append: true,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map(drop),
+            "mkdir" => b.mkdir(&id, &path, MkdirOptions::default()).await.map(drop),
+            "remove" => {
+                b.remove(&id, &path, RemoveOptions { recursive: true })
+                    .await
+            }
+            "rename" => {
+                let to = gen.path(&alphabet);
+                b.rename(&id, &path, &to).await.map(drop)
+            }
+            "chmod" => b.chmod(&id, &path, 0o777).await.map(drop),
+            "read" => match read_all(b, &id, &path).await {
+                Ok(content) => {
+                    assert_ne!(
+                        content, host_secret,
+                        "case {i} (seed {SEED:#x}): read {path:?} returned the host secret"
+                    );
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            },
+            "list" => b
+                .list_dir(&id, &path, ListDirOptions { depth: 3 })
+                .await
+                .map(drop),
+            _ => b.stat(&id, &path).await.map(drop),
+        };
+        let entry = outcomes.entry(op).or_default();
+        if result.is_ok() {
+            entry.0 += 1;
+        } else {
+            entry.1 += 1;
+        }
+        if i % 50 == 49 {
+            canaries.assert_unchanged(&format!("after case {i} (seed {SEED:#x})"));
+        }
+    }
+    canaries.assert_unchanged("after every generated case");
+    assert_eq!(
+        Path::new("/workspace").exists(),
+        host_workspace,
+        "a host /workspace appeared"
+    );
+    // The sandbox still works: the calls were contained, not fatal.
+    let ok = run(
+        &*env.backend,
+        &id,
+        ProcessSpec::new(Command::argv([
+            sturdy_bash(),
+            "-c".into(),
+            "echo ok".into(),
+        ])),
+    )
+    .await;
+    assert_eq!(ok.stdout, b"ok\n");
+    println!(
+        "hardening: {CASES} generated file calls (seed {SEED:#x}), {} canaries untouched; \
+         ok/refused per call: {outcomes:?}",
+        canaries.count()
+    );
+    let _ = std::fs::remove_dir_all(&host_dir);
+}
+
+/// A symlink swapped between "a directory" and "pointing out" by a process inside, while the
+/// file API uses paths through it, never lets a call reach the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn symlink_swapped_during_file_calls_never_reaches_the_host() {
+    let env = Env::new("race");
+    let id = env.sandbox(&unique("race")).await;
+    let host_dir = std::env::temp_dir().join(unique("hc-race-canary"));
+    let canaries = Canaries::plant(&[host_dir.clone(), env.dir.join("canary")]);
+    let host_secret = std::fs::read(host_dir.join("secret")).unwrap();
+    let h = host_dir.display();
+    let s = env.dir.display();
+    let racer = format!(
+        "mkdir -p /workspace/race/real/dir; cd /workspace/race; \
+         while :; do ln -sfn real x; ln -sfn '{h}' x; ln -sfn ../../../../../.. x; \
+         ln -sfn '{s}/canary' x; ln -sfn /proc/self/root/../.. x; ln -sfn / x; done"
+    );
+    let racer_proc = env
+        .backend
+        .spawn(&id, ProcessSpec::new(Command::argv(["bash", "-c", &racer])))
+        .await
+        .expect("racer");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    const ROUNDS: usize = 300;
+    let mut ok = 0;
+    for i in 0..ROUNDS {
+        let b = &*env.backend;
+        let data = format!("race {i}").into_bytes();
+        let r = match i % 7 {
+            0 => b
+                .write_file(
+                    &id,
+                    "/workspace/race/x/secret",
+                    bytes(&data),
+                    WriteOptions::default(),
+                )
+                .await
+                .map(drop),
+            1 => b
+                .write_file(
+                    &id,
+                    "/workspace/race/x/dir/inner",
+                    bytes(&data),
+                    WriteOptions {
+                        append: true,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map(drop),
+            2 => match read_all(b, &id, "/workspace/race/x/secret").await {
+                Ok(c) => {
+                    assert_ne!(c, host_secret, "round {i}: read the host secret");
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            },
+            3 => b
+                .mkdir(&id, "/workspace/race/x/dir/new", MkdirOptions::default())
+                .await
+                .map(drop),
+            4 => {
+                b.remove(
+                    &id,
+                    "/workspace/race/x/dir",
+                    RemoveOptions { recursive: true },
+                )
+                .await
+            }
+            5 => b
+                .rename(&id, "/workspace/race/x/secret", "/workspace/race/x/moved")
+                .await
+                .map(drop),
+            _ => b
+                .chmod(&id, "/workspace/race/x/secret", 0o777)
+                .await
+                .map(drop),
+        };
+        if r.is_ok() {
+            ok += 1;
+        }
+    }
+    drop(racer_proc);
+    canaries.assert_unchanged("after the symlink race");
+    println!("hardening: {ROUNDS} file calls raced a symlink swapper ({ok} succeeded inside), host untouched");
+    let _ = std::fs::remove_dir_all(&host_dir);
+}
+
+/// `/proc` magic links of the agent (the process serving the file API) lead to host objects:
+/// `/proc/self/exe` is the host program's binary, `/proc/self/fd/2` the monitor's log in the
+/// host state directory. The file API must neither read nor write host files through them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "engine bug: the file API follows the agent's /proc magic links: read_file(\"/proc/self/exe\") returns the host binary, and /proc/self/fd/2 is the host monitor.log (readable and appendable rootless)"]
+async fn file_api_does_not_follow_proc_magic_links_to_host_files() {
+    use std::io::Write;
+    let env = Env::new("magic");
+    let id = env.sandbox(&unique("magic")).await;
+    let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+    let log = env.dir.join("sandboxes").join(&id).join("monitor.log");
+    let log_marker = unique("hc-log-marker");
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&log)
+        .and_then(|mut f| writeln!(f, "{log_marker}"))
+        .expect("mark the host log");
+    let log_before = std::fs::read(&log).unwrap();
+    let mut leaks = Vec::new();
+    for path in ["/proc/self/exe", "/proc/1/exe", "/proc/thread-self/exe"] {
+        if let Ok(content) = read_all(&*env.backend, &id, path).await {
+            if content.len() == exe.len() && content[..4096] == exe[..4096] {
+                leaks.push(format!("read {path}: the host binary"));
+            }
+        }
+    }
+    for path in ["/proc/self/fd/2", "/proc/1/fd/2", "/proc/thread-self/fd/2"] {
+        if let Ok(content) = read_all(&*env.backend, &id, path).await {
+            if String::from_utf8_lossy(&content).contains(&log_marker) {
+                leaks.push(format!("read {path}: the host monitor log"));
+            }
+        }
+        let _ = env
+            .backend
+            .write_file(
+                &id,
+                path,
+                bytes(b"written through a magic link\n"),
+                WriteOptions {
+                    append: true,
+                    ..Default::default()
+                },
+            )
+            .await;
+        if std::fs::read(&log).unwrap_or_default() != log_before {
+            leaks.push(format!("append to {path}: changed the host monitor log"));
+        }
+    }
+    assert!(
+        leaks.is_empty(),
+        "host files reached through /proc: {leaks:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad input at the Backend boundary
+// ---------------------------------------------------------------------------------------------
+
+fn code_of<T>(r: sandcove::Result<T>) -> Option<ErrorCode> {
+    r.err().map(|e| e.code())
+}
+
+/// Invalid create options are refused with a typed error before anything exists: no state
+/// entry, no monitor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_create_options_are_refused_and_create_nothing() {
+    let env = Env::new("badcreate");
+    let base = env.options(&unique("badcreate"));
+    let with = |f: &dyn Fn(&mut CreateOptions)| {
+        let mut o = base.clone();
+        f(&mut o);
+        o
+    };
+    let cases: Vec<(&str, CreateOptions, ErrorCode)> = vec![
+        (
+            "empty env name",
+            with(&|o| {
+                o.envs.insert(String::new(), "v".into());
+            }),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "env name with =",
+            with(&|o| {
+                o.envs.insert("A=B".into(), "v".into());
+            }),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "env name with NUL",
+            with(&|o| {
+                o.envs.insert("A\0B".into(), "v".into());
+            }),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "env value with NUL",
+            with(&|o| {
+                o.envs.insert("A".into(), "v\0w".into());
+            }),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "label with NUL",
+            with(&|o| {
+                o.labels.insert("k".into(), "v\0".into());
+            }),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "timeout of u64::MAX seconds",
+            with(&|o| o.timeout = Some(Duration::from_secs(u64::MAX))),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "timeout Duration::MAX",
+            with(&|o| o.timeout = Some(Duration::MAX)),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "timeout over a year",
+            with(&|o| o.timeout = Some(Duration::from_secs(366 * 24 * 3600))),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "hostname with a slash",
+            with(&|o| o.hostname = Some("a/b".into())),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "empty hostname",
+            with(&|o| o.hostname = Some(String::new())),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "hostname of 33 chars",
+            with(&|o| o.hostname = Some("h".repeat(33))),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "user with NUL",
+            with(&|o| o.user = Some("a\0".into())),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "user ../root",
+            with(&|o| o.user = Some("../root".into())),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "relative home",
+            with(&|o| o.home = Some("home".into())),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "home /",
+            with(&|o| o.home = Some("/".into())),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "home under /usr",
+            with(&|o| o.home = Some("/usr/local/x".into())),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "home with ..",
+            with(&|o| o.home = Some("/home/../etc".into())),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "home with NUL",
+            with(&|o| o.home = Some("/home/\0".into())),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "home /proc",
+            with(&|o| o.home = Some("/proc".into())),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "zero disk",
+            with(&|o| o.resources.disk_mib = Some(0)),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "zero processes",
+            with(&|o| o.resources.max_processes = Some(0)),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "zero open files",
+            with(&|o| o.resources.max_open_files = Some(0)),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            "unknown template",
+            with(&|o| o.template = Some("../../etc".into())),
+            ErrorCode::NotSupported,
+        ),
+        (
+            "cpu limit",
+            with(&|o| {
+                o.resources = Resources {
+                    cpu: Some(-1.0),
+                    ..Default::default()
+                }
+            }),
+            ErrorCode::NotSupported,
+        ),
+        (
+            "memory limit",
+            with(&|o| o.resources.memory_mib = Some(u64::MAX)),
+            ErrorCode::NotSupported,
+        ),
+        (
+            "unknown snapshot",
+            with(&|o| o.snapshot = Some("snap-nope".into())),
+            ErrorCode::NotFound,
+        ),
+        (
+            "snapshot id ../x",
+            with(&|o| o.snapshot = Some("../x".into())),
+            ErrorCode::NotFound,
+        ),
+        (
+            "unknown volume",
+            with(&|o| {
+                o.volumes = vec![VolumeMount {
+                    volume: "nope-vol".into(),
+                    path: "/data".into(),
+                    subpath: None,
+                    read_only: false,
+                }]
+            }),
+            ErrorCode::NotFound,
+        ),
+        (
+            "volume name ../..",
+            with(&|o| {
+                o.volumes = vec![VolumeMount {
+                    volume: "../..".into(),
+                    path: "/data".into(),
+                    subpath: None,
+                    read_only: false,
+                }]
+            }),
+            ErrorCode::InvalidArgument,
+        ),
+    ];
+    let caps = env.backend.capabilities();
+    let mut tried = 0;
+    for (what, options, expected) in cases {
+        if (what.contains("volume") && !caps.volumes)
+            || (what.contains("snapshot") && !caps.snapshots)
+        {
+            continue;
+        }
+        let got = tokio::time::timeout(Duration::from_secs(30), env.backend.create(options))
+            .await
+            .unwrap_or_else(|_| panic!("{what}: create hung"));
+        let code = code_of(got);
+        assert!(
+            code == Some(expected)
+                || (expected == ErrorCode::NotFound && code == Some(ErrorCode::InvalidArgument)),
+            "{what}: expected {expected:?}, got {code:?}"
+        );
+        assert!(
+            env.state_entries().is_empty(),
+            "{what}: left {:?}",
+            env.state_entries()
+        );
+        assert!(
+            env.engine_processes().is_empty(),
+            "{what}: a monitor started"
+        );
+        tried += 1;
+    }
+    assert!(env
+        .backend
+        .list(Default::default())
+        .await
+        .unwrap()
+        .is_empty());
+    println!("hardening: {tried} invalid create options refused, nothing created");
+}
+
+/// A zero lease is not an error, but such a sandbox ends at once and leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_lease_ends_at_once_and_leaves_nothing() {
+    let env = Env::new("zerolease");
+    let mut opts = env.options(&unique("zero"));
+    opts.timeout = Some(Duration::ZERO);
+    match env.backend.create(opts).await {
+        Ok(info) => {
+            assert!(
+                common::eventually(Duration::from_secs(30), || env.state_entries().is_empty())
+                    .await
+            );
+            let err = env.backend.get(&info.id).await.expect_err("ended");
+            assert!(err.is_not_found(), "{err}");
+        }
+        Err(e) => assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}"),
+    }
+    env.assert_nothing_left("zero lease").await;
+}
+
+/// Invalid process specs are refused with `InvalidArgument` (or `NotFound`/`NotSupported`
+/// where that is what is wrong) and start nothing; the sandbox is unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_process_specs_are_refused_and_start_nothing() {
+    let env = Env::new("badspec");
+    let id = env.sandbox(&unique("badspec")).await;
+    let before = env.backend.list_processes(&id).await.unwrap().len();
+    let spec = |argv: &[&str]| ProcessSpec::new(Command::argv(argv.iter().copied()));
+    let base = spec(&["true"]);
+    let with = |f: &dyn Fn(&mut ProcessSpec)| {
+        let mut s = base.clone();
+        f(&mut s);
+        s
+    };
+    let mut cases: Vec<(&str, ProcessSpec, &[ErrorCode])> = vec![
+        ("empty argv", spec(&[]), &[ErrorCode::InvalidArgument]),
+        ("empty program", spec(&[""]), &[ErrorCode::InvalidArgument]),
+        (
+            "NUL in program",
+            spec(&["tr\0ue"]),
+            &[ErrorCode::InvalidArgument],
+        ),
+        (
+            "NUL in argument",
+            spec(&["echo", "a\0b"]),
+            &[ErrorCode::InvalidArgument],
+        ),
+        (
+            "NUL in script",
+            ProcessSpec::new(Command::sh("echo a\0b")),
+            &[ErrorCode::InvalidArgument],
+        ),
+        (
+            "NUL in shell",
+            ProcessSpec::new(Command::Shell {
+                script: "true".into(),
+                shell: "/bin/sh\0".into(),
+                login: false,
+            }),
+            &[ErrorCode::InvalidArgument],
+        ),
+        (
+            "empty env name",
+            with(&|s| {
+                s.envs.insert(String::new(), "x".into());
+            }),
+            &[ErrorCode::InvalidArgument],
+        ),
+        (
+            "env name with =",
+            with(&|s| {
+                s.envs.insert("A=B".into(), "x".into());
+            }),
+            &[ErrorCode::InvalidArgument],
+        ),
+        (
+            "env name with NUL",
+            with(&|s| {
+                s.envs.insert("A\0".into(), "x".into());
+            }),
+            &[ErrorCode::InvalidArgument],
+        ),
+        (
+            "env value with NUL",
+            with(&|s| {
+                s.envs.insert("A".into(), "\0".into());
+            }),
+            &[ErrorCode::InvalidArgument],
+        ),
+        (
+            "NUL in cwd",
+            with(&|s| s.cwd = Some("/tmp\0".into())),
+            &[ErrorCode::InvalidArgument],
+        ),
+        (
+            "empty cwd",
+            with(&|s| s.cwd = Some(String::new())),
+            &[ErrorCode::InvalidArgument],
+        ),
+        (
+            "missing cwd",
+            with(&|s| s.cwd = Some("/nope/nope".into())),
+            &[ErrorCode::NotFound],
+        ),
+        (
+            "file as cwd",
+            with(&|s| s.cwd = Some("/etc/hostname".into())),
+            &[ErrorCode::InvalidArgument],
+        ),
+        (
+            "NUL in user",
+            with(&|s| s.user = Some("ro\0ot".into())),
+            &[ErrorCode::InvalidArgument],
+        ),
+        (
+            "unknown user",
+            with(&|s| s.user = Some("nobody-here".into())),
+            &[ErrorCode::InvalidArgument, ErrorCode::NotSupported],
+        ),
+        (
+            "NUL in tag",
+            with(&|s| s.tag = Some("t\0".into())),
+            &[ErrorCode::InvalidArgument],
+        ),
+        (
+            "missing program",
+            spec(&["/nope/bin/x"]),
+            &[ErrorCode::NotFound],
+        ),
+    ];
+    if !env.backend.capabilities().pty {
+        cases.retain(|c| !c.0.contains("pty"));
+    }
+    let mut tried = 0;
+    let mut failures = Vec::new();
+    for (what, spec, expected) in cases {
+        let got = tokio::time::timeout(Duration::from_secs(30), env.backend.spawn(&id, spec))
+            .await
+            .unwrap_or_else(|_| panic!("{what}: spawn hung"));
+        let code = got.as_ref().err().map(|e| e.code());
+        if !code.is_some_and(|c| expected.contains(&c)) {
+            failures.push(format!(
+                "{what}: expected {expected:?}, got {:?}",
+                got.map(|s| s.pid).map_err(|e| e.to_string())
+            ));
+        }
+        tried += 1;
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+    assert_eq!(
+        env.backend.list_processes(&id).await.unwrap().len(),
+        before,
+        "a refused spec started a process"
+    );
+    let ok = bash(&*env.backend, &id, "echo fine").await;
+    assert_eq!(ok.stdout, b"fine\n");
+    println!("hardening: {tried} invalid process specs refused");
+}
+
+/// An absurd process timeout (beyond what the wire format carries) is a clear
+/// `InvalidArgument` at the boundary, like every other bad spec field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "engine bug: an absurd ProcessSpec::timeout is not validated; the agent answers a Backend \"protocol error: undecodable frame\" instead of InvalidArgument"]
+async fn absurd_process_timeouts_are_invalid_argument() {
+    let env = Env::new("abstimeout");
+    let id = env.sandbox(&unique("abst")).await;
+    for t in [
+        Duration::MAX,
+        Duration::from_secs(u64::MAX),
+        Duration::from_secs(10_000_000_000_000),
+    ] {
+        let spec = ProcessSpec::new(Command::argv(["true"])).timeout(t);
+        let got = tokio::time::timeout(Duration::from_secs(30), env.backend.spawn(&id, spec))
+            .await
+            .expect("spawn does not hang");
+        let err = got.map(|s| s.pid).expect_err("refused");
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{t:?}: {err}");
+    }
+    assert!(env.backend.list_processes(&id).await.unwrap().is_empty());
+}
+
+/// A zero process timeout is either refused or honoured, never a hang: the
+/// zero one ends the process at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_process_timeout_kills_at_once() {
+    let env = Env::new("zerotimeout");
+    let id = env.sandbox(&unique("zerot")).await;
+    let spec = ProcessSpec::new(Command::argv(["sleep", "600"])).timeout(Duration::ZERO);
+    match env.backend.spawn(&id, spec).await {
+        Ok(stream) => {
+            let out = tokio::time::timeout(
+                Duration::from_secs(30),
+                sandcove::client::collect(stream, 1024),
+            )
+            .await
+            .expect("a zero timeout does not hang")
+            .expect("collect");
+            assert!(out.exit_status().timed_out, "{out:?}");
+        }
+        Err(e) => assert_eq!(e.code(), ErrorCode::InvalidArgument),
+    }
+}
+
+/// Every per-sandbox call with an unknown or malformed id is `NotFound`, creates nothing and
+/// never hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_and_malformed_ids_are_not_found_everywhere() {
+    let env = Env::new("ids");
+    let destroyed = env.sandbox(&unique("ids")).await;
+    env.backend.destroy(&destroyed).await.unwrap();
+    let long = "a".repeat(300);
+    let ids: Vec<&str> = vec![
+        "",
+        "nope",
+        "aaaaaaaaaaaaaaaaaaaa",
+        destroyed.as_str(),
+        "..",
+        "../..",
+        "../../../etc",
+        "a/b",
+        "/",
+        "x\0y",
+        "-rf",
+        "UPPER",
+        ".hidden",
+        "sandboxes",
+        long.as_str(),
+        "with space",
+        "ünïcode",
+    ];
+    let b = &*env.backend;
+    let sel = || ProcessSelector::Pid(1);
+    let mut tried = 0;
+    for id in &ids {
+        macro_rules! check {
+            ($call:expr, $name:literal) => {{
+                let r = tokio::time::timeout(Duration::from_secs(30), $call)
+                    .await
+                    .unwrap_or_else(|_| panic!("{} on {:?} hung", $name, id));
+                let code = r.as_ref().err().map(|e| e.code());
+                assert_eq!(code, Some(ErrorCode::NotFound), "{} on {:?}", $name, id);
+                tried += 1;
+            }};
+        }
+        check!(b.get(id), "get");
+        check!(b.set_timeout(id, Duration::from_secs(5)), "set_timeout");
+        check!(b.destroy(id), "destroy");
+        check!(
+            b.spawn(id, ProcessSpec::new(Command::argv(["true"]))),
+            "spawn"
+        );
+        check!(b.attach(id, sel()), "attach");
+        check!(b.write_stdin(id, sel(), b"x".to_vec()), "write_stdin");
+        check!(b.close_stdin(id, sel()), "close_stdin");
+        check!(b.signal(id, sel(), Signal::Kill), "signal");
+        check!(b.list_processes(id), "list_processes");
+        check!(b.read_file(id, "/etc/hostname"), "read_file");
+        check!(
+            b.write_file(id, "/workspace/x", bytes(b"x"), WriteOptions::default()),
+            "write_file"
+        );
+        check!(b.list_dir(id, "/", ListDirOptions::default()), "list_dir");
+        check!(b.stat(id, "/"), "stat");
+        check!(
+            b.mkdir(id, "/workspace/d", MkdirOptions::default()),
+            "mkdir"
+        );
+        check!(
+            b.remove(id, "/workspace", RemoveOptions::default()),
+            "remove"
+        );
+        check!(b.rename(id, "/a", "/b"), "rename");
+        check!(b.chmod(id, "/", 0o777), "chmod");
+        check!(b.pause(id), "pause");
+        check!(b.resume(id), "resume");
+        check!(b.metrics(id), "metrics");
+        check!(
+            b.resize_pty(id, sel(), PtySize { cols: 80, rows: 24 }),
+            "resize_pty"
+        );
+        check!(b.watch(id, "/workspace", WatchOptions::default()), "watch");
+        check!(
+            b.expose_port(
+                id,
+                PreviewOptions {
+                    port: 80,
+                    ..Default::default()
+                }
+            ),
+            "expose_port"
+        );
+        check!(b.list_previews(id), "list_previews");
+        check!(b.close_preview(id, 80), "close_preview");
+        check!(b.create_preview_token(id, 80, None), "create_preview_token");
+        check!(b.snapshot(id, None), "snapshot");
+        check!(b.fork(id, CreateOptions::default()), "fork");
+        check!(b.delete_snapshot(id), "delete_snapshot");
+        assert!(
+            env.state_entries().is_empty(),
+            "{id:?} left {:?}",
+            env.state_entries()
+        );
+    }
+    // Nothing appeared next to the state directory either (a `..` id resolved on the host
+    // would have).
+    let parent_before: Vec<String> = host_names(&env.dir);
+    assert!(
+        parent_before
+            .iter()
+            .all(|n| n == "sandboxes" || n == "snapshots" || n == "volumes"),
+        "unexpected state entries: {parent_before:?}"
+    );
+    println!(
+        "hardening: {} malformed or unknown ids x 29 calls = {tried} NotFound answers",
+        ids.len()
+    );
+}
+
+/// Bad file paths (empty, NUL), bad set_timeout values and bad volume names are refused with
+/// a typed error and change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_paths_timeouts_and_names_are_refused_and_change_nothing() {
+    let env = Env::new("badpaths");
+    let id = env.sandbox(&unique("badpaths")).await;
+    let b = &*env.backend;
+    let before = b
+        .list_dir(&id, "/workspace", ListDirOptions { depth: 5 })
+        .await
+        .unwrap();
+    let mut tried = 0;
+    for path in ["", "\0", "a\0b", "/workspace/\0", "/workspace/x\0/../y"] {
+        let results = [
+            code_of(
+                b.write_file(&id, path, bytes(b"x"), WriteOptions::default())
+                    .await,
+            ),
+            code_of(read_all(b, &id, path).await),
+            code_of(b.list_dir(&id, path, ListDirOptions::default()).await),
+            code_of(b.stat(&id, path).await),
+            code_of(b.mkdir(&id, path, MkdirOptions::default()).await),
+            code_of(b.remove(&id, path, RemoveOptions { recursive: true }).await),
+            code_of(b.rename(&id, path, "/workspace/y").await),
+            code_of(b.rename(&id, "/workspace", path).await),
+            code_of(b.chmod(&id, path, 0o777).await),
+            code_of(b.watch(&id, path, WatchOptions::default()).await),
+        ];
+        for (i, code) in results.iter().enumerate() {
+            assert_eq!(
+                *code,
+                Some(ErrorCode::InvalidArgument),
+                "path {path:?}, call {i}"
+            );
+            tried += 1;
+        }
+    }
+    let info = b.get(&id).await.unwrap();
+    for t in [
+        Duration::MAX,
+        Duration::from_secs(u64::MAX),
+        Duration::from_secs(400 * 24 * 3600),
+    ] {
+        assert_eq!(
+            code_of(b.set_timeout(&id, t).await),
+            Some(ErrorCode::InvalidArgument),
+            "{t:?}"
+        );
+        tried += 1;
+    }
+    assert_eq!(
+        b.get(&id).await.unwrap().ends_at,
+        info.ends_at,
+        "the lease moved"
+    );
+    if b.capabilities().volumes {
+        for name in ["", "..", "../x", "a/b", "a\0b", ".hidden", &"v".repeat(300)] {
+            let code = code_of(b.create_volume(name).await);
+            assert!(
+                matches!(code, Some(ErrorCode::InvalidArgument)),
+                "volume {name:?}: {code:?}"
+            );
+            let code = code_of(b.delete_volume(name).await);
+            assert!(
+                matches!(code, Some(ErrorCode::InvalidArgument | ErrorCode::NotFound)),
+                "delete volume {name:?}: {code:?}"
+            );
+            tried += 2;
+        }
+        assert!(b.list_volumes().await.unwrap().is_empty());
+    }
+    for snap in ["", "..", "../../x", "snap-\0"] {
+        assert_eq!(
+            code_of(b.delete_snapshot(snap).await),
+            Some(ErrorCode::NotFound),
+            "{snap:?}"
+        );
+        tried += 1;
+    }
+    let after = b
+        .list_dir(&id, "/workspace", ListDirOptions { depth: 5 })
+        .await
+        .unwrap();
+    assert_eq!(before, after, "a refused call changed the workspace");
+    println!("hardening: {tried} bad paths, timeouts and names refused");
+}
+
+/// The helpers themselves: a helper that cannot fail would make the suites vacuous.
+mod helpers {
+    use super::common::*;
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn the_path_generator_is_deterministic_and_covers_its_alphabet() {
+        let alphabet = ["..", ".", "a", "link"];
+        let mut a = Gen::new(7);
+        let mut b = Gen::new(7);
+        let first: Vec<String> = (0..200).map(|_| a.path(&alphabet)).collect();
+        let second: Vec<String> = (0..200).map(|_| b.path(&alphabet)).collect();
+        assert_eq!(first, second, "same seed, same paths");
+        for part in alphabet {
+            assert!(
+                first.iter().any(|p| p.split('/').any(|c| c == part)),
+                "{part} generated"
+            );
+        }
+        assert!(first.iter().any(|p| p.starts_with('/')));
+        assert!(first.iter().any(|p| !p.starts_with('/')));
+        assert_ne!(
+            first,
+            (0..200)
+                .map(|_| Gen::new(8).path(&alphabet))
+                .collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn canaries_notice_a_change() {
+        let root = std::env::temp_dir().join(unique("hc-canary-self"));
+        let c = Canaries::plant(std::slice::from_ref(&root));
+        assert!(c.count() >= 6);
+        c.assert_unchanged("untouched");
+        std::fs::write(root.join("dir/inner"), b"changed").unwrap();
+        assert_eq!(
+            c.changes(),
+            [format!("changed {}", root.join("dir/inner").display())],
+            "a changed canary is reported"
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn descendants_and_process_lookups_work_on_this_host() {
+        let marker = unique("hc-self-sleep");
+        let mut sleeper = HostSleeper::start(&marker);
+        let me = std::process::id();
+        let start = Instant::now();
+        while !descendants(me).contains(&sleeper.pid()) && start.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(descendants(me).contains(&sleeper.pid()));
+        assert!(sleeper.running());
+        assert!(alive(sleeper.pid()));
+        assert!(rss_kib() > 0);
+    }
+}

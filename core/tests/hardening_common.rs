@@ -1,0 +1,520 @@
+//! Helpers shared by the hardening suites (`hardening*.rs`): a private engine per test that
+//! cleans up after itself, host-side process and mount inspection, canary files whose every
+//! byte and timestamp is checked afterwards, and a small deterministic path generator.
+//!
+//! Included by the hardening suites with `#[path = "hardening_common.rs"] mod common;` (its
+//! own tests live in `hardening.rs`; built on its own, this file has none).
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sandcove::conformance::unique;
+use sandcove::{Backend, CreateOptions, LocalBackend};
+
+/// Label every hardening sandbox carries (with the test's own marker as its value).
+pub const LABEL: &str = "hardening";
+
+/// A private engine: its own state directory under the temp dir. Dropping it ends every
+/// sandbox still alive there (SIGTERM to their monitors, SIGKILL if that is not enough) and
+/// removes the directory, so a failed test leaves nothing behind.
+pub struct Env {
+    /// The engine as a trait object.
+    pub backend: Arc<dyn Backend>,
+    /// The engine itself.
+    pub local: LocalBackend,
+    /// Its state directory.
+    pub dir: PathBuf,
+}
+
+impl Env {
+    /// A fresh engine with a private state directory.
+    pub fn new(tag: &str) -> Env {
+        let dir = std::env::temp_dir().join(unique(&format!("hc-{tag}")));
+        Env::at(dir)
+    }
+
+    /// An engine over an existing (or new) state directory, as another program would open it.
+    pub fn at(dir: PathBuf) -> Env {
+        let local = LocalBackend::with_state_dir(&dir).expect("start the local engine");
+        Env {
+            backend: Arc::new(local.clone()),
+            local,
+            dir,
+        }
+    }
+
+    /// Create options for a test sandbox: labelled, with a short lease.
+    pub fn options(&self, marker: &str) -> CreateOptions {
+        CreateOptions {
+            timeout: Some(Duration::from_secs(90)),
+            labels: BTreeMap::from([(LABEL.to_string(), marker.to_string())]),
+            ..Default::default()
+        }
+    }
+
+    /// Create a sandbox with [`Env::options`].
+    pub async fn sandbox(&self, marker: &str) -> String {
+        self.create(self.options(marker)).await
+    }
+
+    /// Create a sandbox with explicit options.
+    pub async fn create(&self, options: CreateOptions) -> String {
+        self.backend
+            .create(options)
+            .await
+            .unwrap_or_else(|e| panic!("create a sandbox: {e}"))
+            .id
+    }
+
+    /// Names in the state directory's `sandboxes/`.
+    pub fn state_entries(&self) -> Vec<String> {
+        state_entries(&self.dir)
+    }
+
+    /// Pids of the monitors serving sandboxes of this state directory.
+    pub fn monitors(&self) -> Vec<u32> {
+        monitors_of(&self.dir)
+    }
+
+    /// Pids of every engine process (monitors and agents) of this state directory.
+    pub fn engine_processes(&self) -> Vec<u32> {
+        engine_processes_of(&self.dir)
+    }
+
+    /// Wait (bounded) until no monitor, no state entry and no mount of this engine is left.
+    pub async fn assert_nothing_left(&self, what: &str) {
+        let clean = eventually(Duration::from_secs(60), || {
+            self.engine_processes().is_empty()
+                && self.state_entries().is_empty()
+                && !host_mounts_mention(&self.dir.to_string_lossy())
+        })
+        .await;
+        assert!(
+            clean,
+            "{what}: left behind engine processes {:?}, state entries {:?}",
+            self.engine_processes(),
+            self.state_entries()
+        );
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        terminate_monitors(&self.dir);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// End every monitor of state directory `dir` and wait (bounded) for them to go.
+pub fn terminate_monitors(dir: &Path) {
+    for pid in monitors_of(dir) {
+        signal(pid, libc::SIGTERM);
+    }
+    let start = Instant::now();
+    while !engine_processes_of(dir).is_empty() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for pid in engine_processes_of(dir) {
+        signal(pid, libc::SIGKILL);
+    }
+}
+
+/// Names in `<dir>/sandboxes/`.
+pub fn state_entries(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir.join("sandboxes")) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Send `sig` to host process `pid` (errors ignored: it may be gone already).
+pub fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) takes plain integers.
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+/// Whether host process `pid` exists and is not a zombie.
+pub fn alive(pid: u32) -> bool {
+    proc_stat(pid).is_some_and(|s| s.state != 'Z')
+}
+
+/// The fields of `/proc/<pid>/stat` the suites use.
+#[derive(Debug, Clone)]
+pub struct ProcStat {
+    /// Pid.
+    pub pid: u32,
+    /// Command name (`comm`).
+    pub comm: String,
+    /// State letter.
+    pub state: char,
+    /// Parent pid.
+    pub ppid: u32,
+}
+
+/// Parse `/proc/<pid>/stat`.
+pub fn proc_stat(pid: u32) -> Option<ProcStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let comm = text[open + 1..close].to_string();
+    let mut rest = text[close + 1..].split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    let ppid = rest.next()?.parse().ok()?;
+    Some(ProcStat {
+        pid,
+        comm,
+        state,
+        ppid,
+    })
+}
+
+/// Every host process.
+pub fn all_processes() -> Vec<ProcStat> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(proc_stat)
+        .collect()
+}
+
+/// Live (non-zombie) descendants of host process `root`.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let procs = all_processes();
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        for p in &procs {
+            if p.ppid == parent && p.state != 'Z' && !found.contains(&p.pid) {
+                found.push(p.pid);
+            }
+        }
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+/// Pids of the monitors whose sandbox lives under state directory `dir`.
+pub fn monitors_of(dir: &Path) -> Vec<u32> {
+    only_monitors(engine_processes_of(dir))
+}
+
+/// Pids of every engine process (monitors, and agents, which inherit the monitor's command
+/// line and environment) whose sandbox lives under state directory `dir`.
+pub fn engine_processes_of(dir: &Path) -> Vec<u32> {
+    let needle = format!("__SANDCOVE_DIR={}/sandboxes/", dir.display());
+    engine_processes_matching(|environ| environ.contains(&needle))
+}
+
+/// Pid of the monitor of sandbox `id` (under any state directory).
+pub fn monitor_of(id: &str) -> Option<u32> {
+    let needle = format!("/sandboxes/{id}\0");
+    only_monitors(engine_processes_matching(|environ| {
+        environ.contains(&needle)
+    }))
+    .into_iter()
+    .next()
+}
+
+fn only_monitors(pids: Vec<u32>) -> Vec<u32> {
+    pids.into_iter()
+        .filter(|p| proc_stat(*p).is_some_and(|s| s.comm == "sandcove-mon"))
+        .collect()
+}
+
+fn engine_processes_matching(pred: impl Fn(&str) -> bool) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if !cmdline.starts_with(b"sandcove-monitor") {
+            continue;
+        }
+        if !alive(pid) {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if pred(&String::from_utf8_lossy(&environ)) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// The agent (`sandcove-agent`, PID 1 of the sandbox) under monitor `monitor`.
+pub fn agent_of(monitor: u32) -> Option<u32> {
+    all_processes()
+        .into_iter()
+        .find(|p| p.ppid == monitor && p.comm == "sandcove-agent" && p.state != 'Z')
+        .map(|p| p.pid)
+}
+
+/// Monitor and agent pids of sandbox `id`, waiting (bounded) for both to show.
+pub async fn monitor_and_agent(id: &str) -> (u32, u32) {
+    let start = Instant::now();
+    loop {
+        if let Some(m) = monitor_of(id) {
+            if let Some(a) = agent_of(m) {
+                return (m, a);
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "monitor and agent of sandbox {id} not found"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether this process's mount table mentions `needle` (a sandbox mount leaking to the host
+/// would).
+pub fn host_mounts_mention(needle: &str) -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|t| t.contains(needle))
+}
+
+/// Resident memory of this process, KiB.
+pub fn rss_kib() -> u64 {
+    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Wait until `f` is true or `limit` passes; returns the last answer.
+pub async fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    f()
+}
+
+/// A host process (`sleep`) whose command line carries a marker; killed on drop.
+pub struct HostSleeper {
+    /// The child.
+    pub child: std::process::Child,
+    /// The marker in its command line.
+    pub marker: String,
+}
+
+impl HostSleeper {
+    /// Start `sleep 600` on the host under the name `marker`.
+    pub fn start(marker: &str) -> HostSleeper {
+        let child = std::process::Command::new("bash")
+            .args(["-c", &format!("exec -a {marker} sleep 600")])
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("start a host sleep");
+        HostSleeper {
+            child,
+            marker: marker.to_string(),
+        }
+    }
+
+    /// Its host pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether it still runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for HostSleeper {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a canary entry looked like when planted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint {
+    kind: &'static str,
+    mode: u32,
+    mtime_ns: i128,
+    ctime_ns: i128,
+    content: Vec<u8>,
+}
+
+/// Host files and directories nobody may touch, fingerprinted (kind, mode, times, bytes,
+/// symlink targets) so any change, creation or removal beneath them is seen.
+pub struct Canaries {
+    /// Roots watched.
+    pub roots: Vec<PathBuf>,
+    before: BTreeMap<PathBuf, Fingerprint>,
+}
+
+impl Canaries {
+    /// Plant a canary tree under each of `roots` (created if missing) and fingerprint it.
+    pub fn plant(roots: &[PathBuf]) -> Canaries {
+        for root in roots {
+            std::fs::create_dir_all(root.join("dir/sub")).unwrap();
+            std::fs::write(root.join("secret"), b"host secret: must stay unread").unwrap();
+            std::fs::write(root.join("dir/inner"), b"inner").unwrap();
+            std::fs::write(root.join("dir/sub/deep"), b"deep").unwrap();
+            let _ = std::os::unix::fs::symlink("secret", root.join("link"));
+        }
+        let mut c = Canaries {
+            roots: roots.to_vec(),
+            before: BTreeMap::new(),
+        };
+        c.before = c.fingerprint();
+        c
+    }
+
+    fn fingerprint(&self) -> BTreeMap<PathBuf, Fingerprint> {
+        let mut out = BTreeMap::new();
+        for root in &self.roots {
+            walk(root, &mut out);
+        }
+        out
+    }
+
+    /// Panic naming every entry that changed, appeared or vanished.
+    pub fn assert_unchanged(&self, what: &str) {
+        let diffs = self.changes();
+        assert!(diffs.is_empty(), "{what}: host canaries touched: {diffs:?}");
+    }
+
+    /// Every entry that changed, appeared or vanished since planting.
+    pub fn changes(&self) -> Vec<String> {
+        let now = self.fingerprint();
+        let mut diffs = Vec::new();
+        for (path, fp) in &self.before {
+            match now.get(path) {
+                None => diffs.push(format!("removed {}", path.display())),
+                Some(n) if n != fp => diffs.push(format!("changed {}", path.display())),
+                _ => {}
+            }
+        }
+        for path in now.keys() {
+            if !self.before.contains_key(path) {
+                diffs.push(format!("created {}", path.display()));
+            }
+        }
+        diffs
+    }
+
+    /// How many entries are watched.
+    pub fn count(&self) -> usize {
+        self.before.len()
+    }
+}
+
+fn walk(path: &Path, out: &mut BTreeMap<PathBuf, Fingerprint>) {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return;
+    };
+    let ft = meta.file_type();
+    let (kind, content) = if ft.is_symlink() {
+        (
+            "symlink",
+            std::fs::read_link(path)
+                .map(|t| t.into_os_string().into_encoded_bytes())
+                .unwrap_or_default(),
+        )
+    } else if ft.is_dir() {
+        ("dir", Vec::new())
+    } else {
+        ("file", std::fs::read(path).unwrap_or_default())
+    };
+    out.insert(
+        path.to_path_buf(),
+        Fingerprint {
+            kind,
+            mode: meta.mode(),
+            mtime_ns: meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
+            ctime_ns: meta.ctime() as i128 * 1_000_000_000 + meta.ctime_nsec() as i128,
+            content,
+        },
+    );
+    if ft.is_dir() {
+        if let Ok(entries) = std::fs::read_dir(path) {
+            for e in entries.flatten() {
+                walk(&e.path(), out);
+            }
+        }
+    }
+}
+
+/// A small deterministic generator (xorshift64*): the same seed gives the same cases on every
+/// run and machine, so a failing case can be replayed from its printed seed and index.
+pub struct Gen(u64);
+
+impl Gen {
+    /// A generator from `seed` (0 is replaced by a fixed odd constant).
+    pub fn new(seed: u64) -> Gen {
+        Gen(if seed == 0 {
+            0x9E37_79B9_7F4A_7C15
+        } else {
+            seed
+        })
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A number in `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    /// One of `items`.
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+
+    /// A path built from `components` (1 to 8 of them), absolute or relative.
+    pub fn path(&mut self, components: &[&str]) -> String {
+        let n = 1 + self.below(8);
+        let parts: Vec<&str> = (0..n).map(|_| *self.pick(components)).collect();
+        let joined = parts.join("/");
+        if self.below(2) == 0 {
+            format!("/{joined}")
+        } else {
+            joined
+        }
+    }
+}
