@@ -853,6 +853,23 @@ async fn exec(
         .await?;
         return Ok((response, None));
     }
+    if !ports.is_empty() && task.is_finished() {
+        // It ended while we waited for its ports: report how.
+        if let Ok((out, err, exit)) = (&mut task).await {
+            let response = response_of(
+                ctx,
+                pid,
+                &record,
+                exit.as_ref(),
+                &out,
+                &err,
+                false,
+                usize::MAX,
+            )
+            .await?;
+            return Ok((response, None));
+        }
+    }
     let response = response_of(ctx, pid, &record, None, &[], &[], false, 0).await?;
     if has_callbacks {
         return Ok((response, Some(task.abort_handle())));
