@@ -531,6 +531,12 @@ impl SandboxIterator {
     pub fn request_timeout(self, _seconds: f64) -> Self {
         self
     }
+
+    /// The next sandbox (Python's `async for`), without importing a stream trait:
+    /// `while let Some(sb) = sandboxes.next().await { let sb = sb?; … }`.
+    pub async fn next(&mut self) -> Option<Result<Sandbox>> {
+        futures::StreamExt::next(&mut self.inner).await
+    }
 }
 
 impl Stream for SandboxIterator {
