@@ -286,3 +286,56 @@ async fn gap_sub_apis_refuse() {
     assert!(blaxel::bl_agent("x").await.unwrap_err().is_not_supported());
     sb.delete().await.expect("delete");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_none_safe_and_paged_listing() {
+    let a = SandboxInstance::create(None)
+        .safe(true)
+        .await
+        .expect("create(None)");
+    assert!(
+        a.metadata.name.starts_with("sandbox-"),
+        "{}",
+        a.metadata.name
+    );
+    assert!(
+        a.expires_in.unwrap() > 23 * 3600,
+        "the default lease is 24 h"
+    );
+    let b = sandbox("paged").await;
+    let first = SandboxInstance::list().limit(1).await.expect("page 1");
+    assert_eq!(first.len(), 1);
+    assert!(first.total >= 2);
+    assert!(first.has_more);
+    let mut seen = vec![first[0].metadata.name.clone()];
+    let mut cursor = first.next_cursor.clone();
+    while let Some(c) = cursor {
+        let page = SandboxInstance::list()
+            .limit(1)
+            .cursor(c)
+            .await
+            .expect("next page");
+        seen.extend(page.iter().map(|s| s.metadata.name.clone()));
+        cursor = page.next_cursor.clone();
+    }
+    // Pages never repeat an item (other tests may delete sandboxes meanwhile, so a page
+    // boundary can skip one; new sandboxes are appended at the end).
+    let mut unique = seen.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), seen.len(), "{seen:?}");
+    let all = SandboxInstance::list().limit(1000).await.expect("list");
+    for name in [&a.metadata.name, &b.metadata.name] {
+        assert!(
+            all.iter().any(|s| &s.metadata.name == name),
+            "{name} listed"
+        );
+    }
+    let err = SandboxInstance::list()
+        .cursor("not-a-cursor".to_string())
+        .await
+        .expect_err("bad cursor");
+    assert_eq!(err.status_code(), Some(400));
+    a.delete().await.expect("delete");
+    b.delete().await.expect("delete");
+}
