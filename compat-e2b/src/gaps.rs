@@ -57,11 +57,6 @@ pub const GAPS: &[Gap] = &[
         alternative: "run the operation as that user with commands.run(..., user=...)",
     },
     Gap {
-        key: "signed_urls",
-        feature: "Sandbox.upload_url / download_url (pre-signed envd URLs)",
-        alternative: "files.write / files.read, or serve the file yourself and use get_host(port)",
-    },
-    Gap {
         key: "volume_api",
         feature: "Volume / AsyncVolume (volume management API)",
         alternative: "sandcove::Client volumes through the core runtime",

@@ -14,6 +14,7 @@
 //! | [`products`] | `Volume`, `Template`, `Secret`, `sandbox.git`: refused |
 //! | [`code_interpreter`] | `e2b_code_interpreter`: stateful `run_code` and code contexts |
 //! | [`errors`] | [`SandboxException`] and [`CommandExitException`] |
+//! | [`transfer`] | `upload_url` / `download_url`: file URLs served from the sandbox |
 //! | [`translate`] | pure translation of paths, envs, exit statuses and Python-style printing |
 //! | [`gaps`] | the E2B features Sandcove refuses, with what to do instead |
 //!
@@ -43,6 +44,7 @@ pub mod gaps;
 pub mod products;
 pub mod pty;
 pub mod sandbox;
+pub mod transfer;
 pub mod translate;
 
 pub use call::{Call, IntoSeconds};

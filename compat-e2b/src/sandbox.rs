@@ -328,18 +328,19 @@ impl SandboxInstance {
         })
     }
 
-    /// `sbx.upload_url(path=None, user=None, use_signature_expiration=None)`: not supported
-    /// (see MAPPING.md).
-    pub fn upload_url(&self, path: impl Into<String>) -> Call<String> {
-        let _ = path.into();
-        Call::new(async { Err(refuse("signed_urls")) })
+    /// `sbx.upload_url(path=None, user=None, use_signature_expiration=None)`: a URL that
+    /// takes a `POST` multipart/form-data upload (field `file`) into `path` (`""`: the
+    /// part's filename), with no other credential. Unlike E2B's pure function it starts the
+    /// sandbox's file server and exposes it (so it is `async`); it needs the runtime's
+    /// previews.
+    pub fn upload_url(&self, path: impl Into<String>) -> crate::transfer::FileUrlBuilder {
+        crate::transfer::FileUrlBuilder::upload(self.ctx.clone(), path.into())
     }
 
-    /// `sbx.download_url(path, user=None, use_signature_expiration=None)`: not supported (see
-    /// MAPPING.md).
-    pub fn download_url(&self, path: impl Into<String>) -> Call<String> {
-        let _ = path.into();
-        Call::new(async { Err(refuse("signed_urls")) })
+    /// `sbx.download_url(path, user=None, use_signature_expiration=None)`: a URL whose plain
+    /// `GET` returns the file's bytes (see [`SandboxInstance::upload_url`]).
+    pub fn download_url(&self, path: impl Into<String>) -> crate::transfer::FileUrlBuilder {
+        crate::transfer::FileUrlBuilder::download(self.ctx.clone(), path.into())
     }
 
     /// `sbx.get_mcp_url()`: not supported.

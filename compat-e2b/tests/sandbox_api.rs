@@ -300,8 +300,6 @@ async fn gaps_are_refused_before_any_effect() {
         .is_invalid_argument());
     // Instance gaps.
     let sbx = sandbox("gaps").await;
-    assert_not_supported(sbx.upload_url("demo.txt").await, "upload_url");
-    assert_not_supported(sbx.download_url("demo.txt").await, "download_url");
     assert_not_supported(sbx.get_mcp_url(), "get_mcp_url");
     assert_not_supported(
         sbx.update_network(SandboxNetworkOpts::default()).await,
@@ -453,6 +451,84 @@ async fn get_host_reaches_the_port_when_previews_exist() {
         assert_not_supported(sbx.get_host(3000).await, "get_host");
     }
     sbx.kill().await.expect("kill");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upload_and_download_urls_work_with_plain_http() {
+    let sbx = sandbox("urls").await;
+    if caps().previews {
+        let url = sbx
+            .upload_url("demo.txt")
+            .user("user")
+            .use_signature_expiration(10_000)
+            .await
+            .expect("upload_url");
+        assert!(
+            url.contains("signature=") && url.contains("signature_expiration="),
+            "{url}"
+        );
+        let boundary = "XyZbOuNdArY";
+        let body = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"demo.txt\"\r\nContent-Type: application/octet-stream\r\n\r\nuploaded content\r\n--{boundary}--\r\n"
+        );
+        let reply = http(
+            "POST",
+            &url,
+            &format!("multipart/form-data; boundary={boundary}"),
+            body.as_bytes(),
+        )
+        .expect("POST upload");
+        assert!(reply.starts_with("HTTP/1.0 200"), "{reply}");
+        assert!(reply.contains("/home/user/demo.txt"), "{reply}");
+        assert_eq!(
+            sbx.files.read("demo.txt").await.expect("read"),
+            "uploaded content"
+        );
+        let url = sbx.download_url("demo.txt").await.expect("download_url");
+        let reply = http("GET", &url, "", b"").expect("GET download");
+        assert!(
+            reply.starts_with("HTTP/1.0 200") && reply.ends_with("\r\n\r\nuploaded content"),
+            "{reply}"
+        );
+        // Without the signature the runtime refuses the request.
+        let unsigned = url.split("&signature=").next().unwrap().to_string();
+        let reply = http("GET", &unsigned, "", b"").expect("GET unsigned");
+        assert!(
+            reply.starts_with("HTTP/1.1 401") || reply.starts_with("HTTP/1.0 401"),
+            "{reply}"
+        );
+        let err = sbx.download_url("").await.unwrap_err();
+        assert!(err.is_invalid_argument(), "{err:?}");
+    } else {
+        skip("upload_url / download_url", "previews");
+        assert_not_supported(sbx.upload_url("demo.txt").await, "upload_url");
+    }
+    assert_not_supported(
+        sbx.download_url("x").user("root").await,
+        "download_url as root",
+    );
+    sbx.kill().await.expect("kill");
+}
+
+/// One HTTP/1.0 request to an `http://host:port/path?query` URL; the whole reply.
+fn http(method: &str, url: &str, content_type: &str, body: &[u8]) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").expect("http URL");
+    let (host, target) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let mut s = std::net::TcpStream::connect(host)?;
+    let mut head = format!(
+        "{method} {target} HTTP/1.0\r\nHost: {host}\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if !content_type.is_empty() {
+        head.push_str(&format!("Content-Type: {content_type}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes())?;
+    s.write_all(body)?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
 }
 
 fn http_get(host: &str, path: &str) -> std::io::Result<String> {
