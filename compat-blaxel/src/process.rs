@@ -629,6 +629,10 @@ async fn describe(
         Err(_) => (Vec::new(), Vec::new(), None),
     };
     let exit = info.exit.or(seen_exit);
+    let record = ProcessRecord {
+        started_at: Some(info.started_at),
+        ..record
+    };
     response_of(
         ctx,
         info.pid,
@@ -673,14 +677,17 @@ async fn response_of(
     } else {
         Some(String::new())
     };
-    let started = ctx
-        .core
-        .processes()
-        .await?
-        .into_iter()
-        .find(|p| p.pid == pid)
-        .map(|p| p.started_at)
-        .unwrap_or_else(sandcove::now_millis);
+    let started = match record.started_at {
+        Some(t) => t,
+        None => ctx
+            .core
+            .processes()
+            .await?
+            .into_iter()
+            .find(|p| p.pid == pid)
+            .map(|p| p.started_at)
+            .unwrap_or_else(sandcove::now_millis),
+    };
     let stdout = tail(out, limit);
     let stderr = tail(err, limit);
     Ok(ProcessResponse {
@@ -786,6 +793,7 @@ async fn exec(
         restart_on_failure: restart,
         mark: None,
         marked_at: None,
+        started_at: None,
     };
     state::write_json(&ctx.core, &format!("{PROC_DIR}/{pid}.json"), &record).await?;
     let has_callbacks = callbacks.any();

@@ -56,6 +56,9 @@ pub(crate) struct ProcessRecord {
     pub mark: Option<String>,
     /// When it was marked (ms).
     pub marked_at: Option<u64>,
+    /// Start time (ms), when known without asking the runtime.
+    #[serde(default, skip_serializing)]
+    pub started_at: Option<u64>,
 }
 
 /// Preview records: name → what was asked.
