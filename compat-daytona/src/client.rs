@@ -383,6 +383,7 @@ impl Daytona {
         GetBuilder {
             daytona: self.clone(),
             id: sandbox_id_or_name.into(),
+            request_timeout: None,
         }
     }
 
@@ -733,17 +734,19 @@ awaitable!(CreateBuilder => Sandbox);
 pub struct GetBuilder {
     daytona: Daytona,
     id: String,
+    request_timeout: Option<f64>,
 }
 
 impl GetBuilder {
-    /// `request_timeout`: accepted (calls are local or bounded by the runtime).
-    pub fn request_timeout(self, _seconds: impl Into<Option<f64>>) -> Self {
+    /// `request_timeout=None`: seconds the call may take (`None` = no bound).
+    pub fn request_timeout(mut self, seconds: impl Into<Option<f64>>) -> Self {
+        self.request_timeout = seconds.into();
         self
     }
 
     async fn run(self) -> Result<Sandbox> {
-        self.daytona
-            .find(&self.id)
+        let seconds = self.request_timeout.unwrap_or(0.0);
+        with_timeout("get", seconds, self.daytona.find(&self.id))
             .await
             .ctx("Failed to get sandbox: ")
     }

@@ -6,10 +6,14 @@
 
 use sandcove::{FileKind, FileStat, ListDirOptions, MkdirOptions, RemoveOptions};
 
+use crate::client::with_timeout;
 use crate::ctx::Ctx;
 use crate::errors::{Context, DaytonaError, ErrorDetails};
 use crate::translate;
 use crate::{awaitable, Result};
+
+/// Default `timeout` of uploads and downloads, in seconds (as Daytona).
+const FILE_TIMEOUT: i64 = 1800;
 
 /// How deep find/search/replace walk.
 const WALK_DEPTH: u32 = 64;
@@ -241,6 +245,7 @@ impl FileSystem {
                 destination: remote_path.into(),
             }],
             prefix: "Failed to upload file: ",
+            timeout: FILE_TIMEOUT,
         }
     }
 
@@ -251,6 +256,7 @@ impl FileSystem {
             fs: self.clone(),
             files,
             prefix: "Failed to upload files: ",
+            timeout: FILE_TIMEOUT,
         }
     }
 
@@ -260,6 +266,7 @@ impl FileSystem {
         DownloadBuilder {
             fs: self.clone(),
             remote_path: remote_path.into(),
+            timeout: FILE_TIMEOUT,
         }
     }
 
@@ -269,6 +276,7 @@ impl FileSystem {
         DownloadFilesBuilder {
             fs: self.clone(),
             files,
+            timeout: FILE_TIMEOUT,
         }
     }
 
@@ -556,16 +564,24 @@ pub struct UploadBuilder {
     fs: FileSystem,
     files: Vec<FileUpload>,
     prefix: &'static str,
+    timeout: i64,
 }
 
 impl UploadBuilder {
-    /// `timeout=1800`: accepted (uploads are bounded by the runtime).
-    pub fn timeout(self, _seconds: i64) -> Self {
+    /// `timeout=1800` seconds for the whole call (`0` = none).
+    pub fn timeout(mut self, seconds: i64) -> Self {
+        self.timeout = seconds;
         self
     }
 
     async fn run(self) -> Result<()> {
-        self.fs.upload(self.files).await.ctx(self.prefix)
+        with_timeout(
+            "upload_files",
+            self.timeout as f64,
+            self.fs.upload(self.files),
+        )
+        .await
+        .ctx(self.prefix)
     }
 }
 awaitable!(UploadBuilder => ());
@@ -576,11 +592,13 @@ awaitable!(UploadBuilder => ());
 pub struct DownloadBuilder {
     fs: FileSystem,
     remote_path: String,
+    timeout: i64,
 }
 
 impl DownloadBuilder {
-    /// `timeout=1800`: accepted (downloads are bounded by the runtime).
-    pub fn timeout(self, _seconds: i64) -> Self {
+    /// `timeout=1800` seconds for the whole call (`0` = none).
+    pub fn timeout(mut self, seconds: i64) -> Self {
+        self.timeout = seconds;
         self
     }
 
@@ -593,10 +611,13 @@ impl DownloadBuilder {
     }
 
     async fn run(self) -> Result<Vec<u8>> {
-        self.fs
-            .download(&self.remote_path)
-            .await
-            .ctx("Failed to download file: ")
+        with_timeout(
+            "download_file",
+            self.timeout as f64,
+            self.fs.download(&self.remote_path),
+        )
+        .await
+        .ctx("Failed to download file: ")
     }
 }
 awaitable!(DownloadBuilder => Vec<u8>);
@@ -628,15 +649,24 @@ awaitable!(DownloadToBuilder => ());
 pub struct DownloadFilesBuilder {
     fs: FileSystem,
     files: Vec<FileDownloadRequest>,
+    timeout: i64,
 }
 
 impl DownloadFilesBuilder {
-    /// `timeout=1800`: accepted.
-    pub fn timeout(self, _seconds: i64) -> Self {
+    /// `timeout=1800` seconds for the whole call (`0` = none).
+    pub fn timeout(mut self, seconds: i64) -> Self {
+        self.timeout = seconds;
         self
     }
 
     async fn run(self) -> Result<Vec<FileDownloadResponse>> {
+        let seconds = self.timeout as f64;
+        with_timeout("download_files", seconds, self.run_inner())
+            .await
+            .ctx("Failed to download files: ")
+    }
+
+    async fn run_inner(self) -> Result<Vec<FileDownloadResponse>> {
         let mut out = Vec::new();
         for req in self.files {
             let got = self.fs.download(&req.source).await;

@@ -1100,6 +1100,14 @@ pub fn forget_sessions() {
     registry().lock().expect("session registry").clear();
 }
 
+/// Drop this program's session state of a deleted sandbox.
+pub(crate) fn forget_sandbox(sandbox_id: &str) {
+    registry()
+        .lock()
+        .expect("session registry")
+        .retain(|(sb, _), _| sb != sandbox_id);
+}
+
 fn key(ctx: &Ctx, session_id: &str) -> (String, String) {
     (ctx.id.to_string(), session_id.to_string())
 }

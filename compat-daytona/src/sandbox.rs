@@ -805,7 +805,9 @@ impl DeleteBuilder {
         let sb = self.sandbox;
         let id = sb.id.clone();
         with_timeout("delete", self.timeout, async move {
-            sb.ctx.backend().destroy(&id).await.map_err(Into::into)
+            sb.ctx.backend().destroy(&id).await?;
+            crate::process::forget_sandbox(&id);
+            Ok(())
         })
         .await
         .ctx("Failed to remove sandbox: ")

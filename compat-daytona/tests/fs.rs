@@ -39,8 +39,15 @@ async fn upload_download_list_and_info() {
         b"\x00\xffbinary"
     );
     fs.upload_file(b"Hello, World!", "path/to/file.txt")
+        .timeout(60)
         .await
         .unwrap();
+    assert!(fs
+        .download_file("path/to/file.txt")
+        .timeout(-1)
+        .await
+        .unwrap_err()
+        .is_validation());
     assert_eq!(
         fs.download_file("/home/daytona/path/to/file.txt")
             .await

@@ -34,6 +34,32 @@ async fn clone_status_branches_commit_pull_push() {
         .await
         .unwrap();
     assert_eq!(sb.git.status("copy2").await.unwrap().current_branch, "main");
+    let first = sb
+        .process
+        .exec("git -C origin rev-parse HEAD")
+        .await
+        .unwrap()
+        .result
+        .trim()
+        .to_string();
+    sb.git
+        .clone("/home/daytona/origin", "pinned")
+        .commit_id(first.clone())
+        .username("u".to_string())
+        .password("p".to_string())
+        .insecure_skip_tls(true)
+        .await
+        .unwrap();
+    assert_eq!(
+        sb.git.status("pinned").await.unwrap().current_branch,
+        "HEAD"
+    );
+    let head = sb
+        .process
+        .exec("git -C pinned rev-parse HEAD")
+        .await
+        .unwrap();
+    assert_eq!(head.result.trim(), first);
 
     sb.fs.upload_file(b"new", "repo/b.txt").await.unwrap();
     sb.fs.upload_file(b"changed", "repo/a.txt").await.unwrap();

@@ -176,7 +176,11 @@ async fn labels_list_get_by_name() {
         .unwrap_err();
     assert!(dup.is_conflict(), "{dup}");
 
-    let by_name = d.get(format!("{tag}-b")).await.unwrap();
+    let by_name = d
+        .get(format!("{tag}-b"))
+        .request_timeout(30.0)
+        .await
+        .unwrap();
     assert_eq!(by_name.id, b.id);
 
     let set = a

@@ -138,6 +138,14 @@ async fn volumes_are_shared_between_sandboxes() {
         return;
     }
     assert!(d.volume.get(name.clone()).await.unwrap_err().is_not_found());
+    let direct = d.volume.create(&format!("{name}-direct")).await.unwrap();
+    assert!(d
+        .volume
+        .create(&direct.name)
+        .await
+        .unwrap_err()
+        .is_conflict());
+    d.volume.delete(&direct).await.unwrap();
     let volume = d.volume.get(name.clone()).create(true).await.unwrap();
     assert_eq!(
         (volume.id.as_str(), volume.state.as_str()),
@@ -229,6 +237,7 @@ async fn snapshots_fork_and_pause() {
             (snap.name.as_str(), snap.state.as_str()),
             (name.as_str(), "active")
         );
+        assert_eq!(d.snapshot.activate(&snap).await.unwrap(), snap);
         let page = d.snapshot.list().limit(1000).await.unwrap();
         assert!(page.items.iter().any(|s| s.id == snap.id));
         assert!(d.snapshot.list().page(0).await.unwrap_err().is_validation());
