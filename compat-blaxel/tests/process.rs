@@ -267,7 +267,7 @@ async fn callbacks_and_stream_logs() {
         .expect("exec");
     assert_eq!(p.status, "running");
     sb.process.wait("bg-cb").interval(50).await.unwrap();
-    for _ in 0..50 {
+    for _ in 0..250 {
         if lines.lock().unwrap().len() == 2 {
             break;
         }
@@ -297,7 +297,7 @@ async fn callbacks_and_stream_logs() {
 
     // After close, nothing more arrives.
     sb.process
-        .exec(json!({"name": "closed-stream", "command": "sleep 0.5; echo late"}))
+        .exec(json!({"name": "closed-stream", "command": "sleep 1; echo late"}))
         .await
         .unwrap();
     let late = Arc::new(Mutex::new(Vec::<String>::new()));
