@@ -7,6 +7,7 @@
 //! | [`capability`] | [`Capabilities`] of a backend |
 //! | [`backend`] | the [`Backend`] trait and the embedded [`LocalBackend`] |
 //! | [`client`] | [`Client`] and the [`Sandbox`] handle: the ergonomic surface |
+//! | `server` (feature `server`) | `sandcove serve`: any backend over HTTP, for [`HttpBackend`] |
 //!
 //! ```no_run
 //! # async fn demo() -> sandcove::Result<()> {

@@ -1388,12 +1388,24 @@ mod tests {
     }
 
     #[test]
+    fn public_types_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<HttpBackend>();
+        check::<HttpOptions>();
+    }
+
+    #[test]
     fn urls_keep_ids_and_paths_in_one_segment() {
         let b = HttpBackend::new("http://127.0.0.1:1/base/", "k").unwrap();
         assert_eq!(
             b.sandbox_url("../etc", &["files"]).path(),
             "/base/v1/sandboxes/..%2Fetc/files"
         );
+        for dots in [".", ".."] {
+            let url = b.sandbox_url(dots, &["files"]);
+            assert!(url.path().ends_with("/files"), "{url}");
+            assert!(url.path().starts_with("/base/v1/sandboxes/"), "{url}");
+        }
         assert!(HttpBackend::new("ftp://x", "k").is_err());
         assert!(HttpBackend::new("https://x", "k").is_err());
         assert!(

@@ -189,18 +189,34 @@ async fn write_file(
     if content_length(&headers).is_some_and(|len| len > limit) {
         return Err(too_large(limit));
     }
-    let over = Arc::new(AtomicBool::new(false));
+    let over = Arc::new(Over::default());
     let data = upload_stream(body, limit, over.clone());
-    let result = state.backend.write_file(&id, &q.path, data, options).await;
-    if over.load(Ordering::SeqCst) {
+    // Past the limit the answer is 413 at once, whatever the backend does with the error
+    // item it is handed (the write is abandoned). The same when the client breaks off.
+    let result = tokio::select! {
+        result = state.backend.write_file(&id, &q.path, data, options) => Some(result),
+        () = over.notify.notified() => None,
+    };
+    if over.flag.load(Ordering::SeqCst) {
         return Err(too_large(limit));
     }
-    Ok(json(&result?))
+    match result {
+        Some(result) => Ok(json(&result?)),
+        None => Err(Error::invalid("the upload broke off").into()),
+    }
+}
+
+/// An upload to abandon: `notify` fires when it passes its limit (`flag` set) or the
+/// client's body breaks off.
+#[derive(Default)]
+struct Over {
+    flag: AtomicBool,
+    notify: tokio::sync::Notify,
 }
 
 /// The request body as a [`ByteStream`]: an error item (never a silent end) when the client
 /// breaks off or sends more than `limit` bytes, so the backend keeps no partial file.
-fn upload_stream(body: Body, limit: u64, over: Arc<AtomicBool>) -> ByteStream {
+fn upload_stream(body: Body, limit: u64, over: Arc<Over>) -> ByteStream {
     let data = body.into_data_stream();
     Box::pin(futures::stream::unfold(Some((data, 0u64)), move |st| {
         let over = over.clone();
@@ -211,19 +227,21 @@ fn upload_stream(body: Body, limit: u64, over: Arc<AtomicBool>) -> ByteStream {
                 Some(Ok(chunk)) => {
                     let total = total + chunk.len() as u64;
                     if total > limit {
-                        over.store(true, Ordering::SeqCst);
+                        over.flag.store(true, Ordering::SeqCst);
+                        over.notify.notify_one();
                         let e = Error::invalid(format!("upload exceeds {limit} bytes"));
                         return Some((Err(e), None));
                     }
                     Some((Ok(chunk.to_vec()), Some((data, total))))
                 }
-                Some(Err(e)) => Some((
-                    Err(Error::Backend {
+                Some(Err(e)) => {
+                    over.notify.notify_one();
+                    let e = Error::Backend {
                         message: format!("the upload broke off: {e}"),
                         retryable: true,
-                    }),
-                    None,
-                )),
+                    };
+                    Some((Err(e), None))
+                }
             }
         }
     }))

@@ -604,6 +604,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn public_types_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<ServerConfig>();
+        check::<LocalServer>();
+    }
+
+    #[test]
     fn keys_compare_exactly() {
         assert!(keys_match(b"secret", b"secret"));
         assert!(!keys_match(b"secreT", b"secret"));
