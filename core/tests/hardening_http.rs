@@ -1,0 +1,630 @@
+//! Hardening, part 4: the HTTP boundary (`sandcove serve` over the embedded engine, and
+//! `HttpBackend`).
+//!
+//! `http_server.rs` already checks one missing and one wrong key per route and oversized
+//! bodies against a backend that refuses everything. This suite puts a real engine behind the
+//! server and attacks it: malformed bodies on every JSON route, API keys in every wrong form,
+//! the engine's bad-input cases through the client (they must keep their error codes across
+//! the wire), malformed ids in URLs, and a server restarted under a working client. After each
+//! attack, nothing may have changed: no new sandbox, process, file, volume or snapshot.
+
+#[path = "hardening_common.rs"]
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use sandcove::conformance::unique;
+use sandcove::server::{serve, LocalServer, ServerConfig};
+use sandcove::{
+    Backend, ByteStream, Command, CreateOptions, ErrorCode, HttpBackend, HttpOptions,
+    ListDirOptions, ProcessSelector, ProcessSpec, WriteOptions,
+};
+use serde_json::Value;
+
+use common::Env;
+
+const KEY: &str = "hardening-key-0123456789abcdef";
+
+fn bytes(data: &[u8]) -> ByteStream {
+    let data = data.to_vec();
+    Box::pin(futures::stream::once(async move { Ok(data) }))
+}
+
+/// Every documented operation: (method, path template, takes a JSON body, query string,
+/// operation id).
+async fn operations(url: &str) -> Vec<(String, String, bool, String, String)> {
+    let doc: Value = reqwest::Client::new()
+        .get(format!("{url}/openapi.json"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .expect("fetch the API document")
+        .json()
+        .await
+        .expect("a JSON document");
+    let mut ops = Vec::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for (method, op) in item.as_object().unwrap() {
+            let json_body = op["requestBody"]["content"]
+                .as_object()
+                .is_some_and(|c| c.contains_key("application/json"));
+            let mut query = Vec::new();
+            for p in op["parameters"].as_array().into_iter().flatten() {
+                if p["in"] == "query" {
+                    let value = match p["name"].as_str().unwrap_or("") {
+                        "pid" => "1",
+                        "path" => "/workspace/x",
+                        "depth" => "1",
+                        "recursive" => "false",
+                        "filter" => "{}",
+                        "options" => "{}",
+                        _ => continue,
+                    };
+                    query.push(format!("{}={value}", p["name"].as_str().unwrap()));
+                }
+            }
+            ops.push((
+                method.to_uppercase(),
+                path.clone(),
+                json_body,
+                query.join("&"),
+                op["operationId"].as_str().unwrap_or("").to_string(),
+            ));
+        }
+    }
+    assert!(
+        ops.len() > 30,
+        "the document lists the API ({} ops)",
+        ops.len()
+    );
+    ops
+}
+
+fn concrete(path: &str, id: &str) -> String {
+    path.replace("{id}", id)
+        .replace("{port}", "8080")
+        .replace("{snapshot_id}", "snap-nope")
+        .replace("{name}", "vol-nope")
+}
+
+/// What must not change under an attack: sandboxes, the test sandbox's files and processes,
+/// volumes and snapshots.
+async fn world(engine: &dyn Backend, id: &str) -> String {
+    let sandboxes: Vec<(String, sandcove::SandboxState, u64)> = engine
+        .list(Default::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.id, s.state, s.ends_at))
+        .collect();
+    let files: Vec<(String, u64)> = engine
+        .list_dir(id, "/workspace", ListDirOptions { depth: 4 })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|f| (f.path, f.size))
+        .collect();
+    let procs = engine.list_processes(id).await.unwrap().len();
+    let volumes = engine.list_volumes().await.map(|v| v.len()).unwrap_or(0);
+    let snapshots = engine.list_snapshots().await.map(|v| v.len()).unwrap_or(0);
+    format!("{sandboxes:?} {files:?} procs={procs} volumes={volumes} snapshots={snapshots}")
+}
+
+async fn engine_and_server(tag: &str) -> (Env, LocalServer, String) {
+    let env = Env::new(tag);
+    let server = LocalServer::start(env.backend.clone(), ServerConfig::new(KEY))
+        .await
+        .expect("server");
+    let id = env.sandbox(&unique(tag)).await;
+    env.backend
+        .write_file(
+            &id,
+            "/workspace/keep",
+            bytes(b"kept"),
+            WriteOptions::default(),
+        )
+        .await
+        .unwrap();
+    (env, server, id)
+}
+
+/// Send each of `bodies` to every route that takes JSON; every answer must be a typed 4xx
+/// error body, nothing may change. Returns how many requests were sent and their statuses.
+async fn refuse_bodies_everywhere(tag: &str, bodies: &[Vec<u8>]) -> String {
+    refuse_bodies(tag, &|_| bodies.to_vec()).await
+}
+
+/// Send the bodies `bodies_for(operation id)` to every route that takes JSON; as
+/// [`refuse_bodies_everywhere`].
+async fn refuse_bodies(tag: &str, bodies_for: &dyn Fn(&str) -> Vec<Vec<u8>>) -> String {
+    let (env, server, id) = engine_and_server(tag).await;
+    let before = world(&*env.backend, &id).await;
+    let http = reqwest::Client::new();
+    let mut tried = 0;
+    let mut statuses = std::collections::BTreeMap::new();
+    for (method, path, json_body, query, op) in operations(&server.url()).await {
+        if !json_body {
+            continue;
+        }
+        for body in &bodies_for(&op) {
+            let url = format!("{}{}?{query}", server.url(), concrete(&path, &id));
+            let response = tokio::time::timeout(
+                Duration::from_secs(30),
+                http.request(method.parse().unwrap(), &url)
+                    .bearer_auth(KEY)
+                    .header("content-type", "application/json")
+                    .body(body.clone())
+                    .send(),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{method} {path} hung"))
+            .unwrap();
+            let status = response.status().as_u16();
+            let answer: Value = response
+                .json()
+                .await
+                .unwrap_or_else(|e| panic!("{method} {path}: not a JSON error body: {e}"));
+            assert!(
+                (400..500).contains(&status),
+                "{method} {path} with {:?}: {status} {answer}",
+                String::from_utf8_lossy(&body[..body.len().min(40)])
+            );
+            assert!(answer["code"].is_string(), "{method} {path}: {answer}");
+            *statuses.entry(status).or_insert(0) += 1;
+            tried += 1;
+        }
+    }
+    assert_eq!(
+        world(&*env.backend, &id).await,
+        before,
+        "a refused body changed something"
+    );
+    server.stop().await.unwrap();
+    format!("{tried} requests, statuses {statuses:?}")
+}
+
+/// A JSON array is not an options object. serde accepts the sequence form of a struct, so
+/// `[]` is read as "all defaults": `POST /v1/sandboxes` with body `[]` creates a sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "server bug: a JSON array body ([]) is accepted as an all-defaults options object; POST /v1/sandboxes with [] creates a sandbox"]
+async fn a_json_array_is_not_an_options_object() {
+    let summary = refuse_bodies_everywhere("harray", &[b"[]".to_vec()]).await;
+    println!("hardening: [] refused on every JSON route: {summary}");
+}
+
+/// Malformed JSON on every route that takes JSON is a typed 4xx error body; no route answers
+/// 5xx, and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_bodies_on_every_json_route_are_refused_and_change_nothing() {
+    let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+    let anywhere: Vec<Vec<u8>> = vec![
+        b"{".to_vec(),
+        b"{\"a\":}".to_vec(),
+        b"{\"timeout\": 1".to_vec(),
+        b"null".to_vec(),
+        b"true".to_vec(),
+        b"\"text\"".to_vec(),
+        b"42".to_vec(),
+        b"1e400".to_vec(),
+        vec![0xff, 0xfe, 0x00, 0x7b],
+        deep.into_bytes(),
+    ];
+    // Well-formed JSON with a wrong type or value in a field the route does read.
+    let typed = |op: &str| -> Vec<&'static str> {
+        match op {
+            "create" | "fork" => vec![
+                r#"{"timeout": -1}"#,
+                r#"{"timeout": 1e400}"#,
+                r#"{"envs": {"a": 1}}"#,
+                r#"{"labels": []}"#,
+                r#"{"network": "everything"}"#,
+                r#"{"resources": {"disk_mib": -5}}"#,
+            ],
+            "spawn" => vec![
+                r#"{"command": 5}"#,
+                r#"{"command": {"argv": "true"}}"#,
+                r#"{"command": {"argv": ["true"]}, "timeout": -3}"#,
+            ],
+            "set_timeout" => vec![r#"{"timeout": -1}"#, r#"{"timeout": "soon"}"#],
+            "signal" => vec![r#"{"signal": "NOPE"}"#, r#"{"signal": 9.5}"#],
+            "resize_pty" => vec![
+                r#"{"cols": -1, "rows": 24}"#,
+                r#"{"cols": 70000, "rows": 1}"#,
+            ],
+            "mkdir" => vec![
+                r#"{"path": [1]}"#,
+                r#"{"path": "/x", "options": {"mode": -7}}"#,
+            ],
+            "chmod" => vec![
+                r#"{"path": [1], "mode": 448}"#,
+                r#"{"path": "/x", "mode": -7}"#,
+            ],
+            "rename" => vec![r#"{"from": 1, "to": "/b"}"#],
+            "expose_port" => vec![r#"{"port": 70000}"#, r#"{"port": "x"}"#],
+            _ => vec![],
+        }
+    };
+    let summary = refuse_bodies("hmalformed", &|op| {
+        let mut bodies = anywhere.clone();
+        bodies.extend(typed(op).into_iter().map(|b| b.as_bytes().to_vec()));
+        bodies
+    })
+    .await;
+    println!(
+        "hardening: malformed and mistyped JSON bodies on every JSON route refused: {summary}"
+    );
+}
+
+/// API keys in every wrong form get 401 with a typed body on every route, and nothing
+/// changes (the routes run against a real engine with a live sandbox).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_keys_in_every_form_get_401_everywhere_and_change_nothing() {
+    let (env, server, id) = engine_and_server("hkeys").await;
+    let before = world(&*env.backend, &id).await;
+    let prefix = &KEY[..KEY.len() - 1];
+    let upper = KEY.to_uppercase();
+    let basic = format!("Basic {KEY}");
+    let longer = format!("Bearer {KEY}x");
+    let shorter = format!("Bearer {prefix}");
+    let shouted = format!("Bearer {upper}");
+    let token = format!("Token {KEY}");
+    let variants: Vec<(&str, Option<(&str, &str)>)> = vec![
+        ("no header", None),
+        ("empty", Some(("authorization", ""))),
+        ("scheme only", Some(("authorization", "Bearer"))),
+        ("empty bearer", Some(("authorization", "Bearer "))),
+        ("prefix of the key", Some(("authorization", &shorter))),
+        ("key plus a byte", Some(("authorization", &longer))),
+        ("other case", Some(("authorization", &shouted))),
+        ("basic scheme", Some(("authorization", &basic))),
+        ("token scheme", Some(("authorization", &token))),
+        ("bare key", Some(("authorization", KEY))),
+        ("x-api-key header", Some(("x-api-key", KEY))),
+    ];
+    let http = reqwest::Client::new();
+    let ops = operations(&server.url()).await;
+    let mut tried = 0;
+    for (method, path, _, query, _) in &ops {
+        for (what, header) in &variants {
+            let url = format!(
+                "{}{}?{query}&api_key={KEY}",
+                server.url(),
+                concrete(path, &id)
+            );
+            let mut request = http
+                .request(method.parse().unwrap(), &url)
+                .body(br#"{"timeout": 1}"#.to_vec());
+            if let Some((name, value)) = header {
+                request = request.header(*name, *value);
+            }
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            let answer: Value = response.json().await.expect("a JSON error body");
+            assert_eq!(status, 401, "{method} {path} with {what}: {answer}");
+            assert_eq!(
+                answer["code"], "unauthenticated",
+                "{method} {path} with {what}"
+            );
+            tried += 1;
+        }
+    }
+    assert_eq!(
+        world(&*env.backend, &id).await,
+        before,
+        "an unauthenticated call changed something"
+    );
+    assert_eq!(env.state_entries().len(), 1, "no sandbox created");
+    println!(
+        "hardening: {} key forms x {} routes = {tried} unauthenticated requests refused",
+        variants.len(),
+        ops.len()
+    );
+    server.stop().await.unwrap();
+}
+
+/// The engine's bad-input cases keep their typed error across the wire: the client gets the
+/// same code as a direct call, and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_through_the_client_keeps_its_error_code() {
+    let (env, server, id) = engine_and_server("hbadinput").await;
+    let client = HttpBackend::connect(&server.url(), KEY)
+        .await
+        .expect("client");
+    let before = world(&*env.backend, &id).await;
+    let direct: &dyn Backend = &*env.backend;
+    let remote: &dyn Backend = &client;
+    let mut tried = 0;
+    let bad_creates: Vec<CreateOptions> = vec![
+        CreateOptions {
+            envs: [("A=B".to_string(), "x".to_string())].into(),
+            ..Default::default()
+        },
+        CreateOptions {
+            envs: [("A".to_string(), "x\0".to_string())].into(),
+            ..Default::default()
+        },
+        CreateOptions {
+            timeout: Some(Duration::from_secs(400 * 24 * 3600)),
+            ..Default::default()
+        },
+        CreateOptions {
+            home: Some("/etc".into()),
+            ..Default::default()
+        },
+        CreateOptions {
+            template: Some("nope".into()),
+            ..Default::default()
+        },
+    ];
+    for options in bad_creates {
+        let a = direct.create(options.clone()).await.map(|i| i.id);
+        let b = remote.create(options.clone()).await.map(|i| i.id);
+        let (a, b) = (
+            a.expect_err("direct refuses"),
+            b.expect_err("remote refuses"),
+        );
+        assert_eq!(a.code(), b.code(), "{options:?}: {a} vs {b}");
+        tried += 1;
+    }
+    let bad_specs: Vec<ProcessSpec> = vec![
+        ProcessSpec::new(Command::argv(Vec::<String>::new())),
+        ProcessSpec::new(Command::argv([""])),
+        ProcessSpec::new(Command::argv(["echo", "a\0b"])),
+        ProcessSpec::new(Command::argv(["true"])).env("", "x"),
+        ProcessSpec::new(Command::argv(["true"])).env("A=B", "x"),
+        ProcessSpec::new(Command::argv(["true"])).cwd("/nope/nope"),
+        ProcessSpec::new(Command::argv(["/nope/bin"])),
+    ];
+    for spec in bad_specs {
+        let a = direct.spawn(&id, spec.clone()).await.map(|s| s.pid);
+        let b = tokio::time::timeout(Duration::from_secs(30), remote.spawn(&id, spec.clone()))
+            .await
+            .expect("no hang")
+            .map(|s| s.pid);
+        let (a, b) = (
+            a.expect_err("direct refuses"),
+            b.expect_err("remote refuses"),
+        );
+        assert_eq!(a.code(), b.code(), "{:?}: {a} vs {b}", spec.command);
+        tried += 1;
+    }
+    for path in ["", "a\0b", "/workspace/\0"] {
+        let a = direct.stat(&id, path).await.map(drop).expect_err("direct");
+        let b = remote.stat(&id, path).await.map(drop).expect_err("remote");
+        assert_eq!(a.code(), b.code(), "stat {path:?}: {a} vs {b}");
+        let b = remote
+            .write_file(&id, path, bytes(b"x"), WriteOptions::default())
+            .await
+            .map(drop)
+            .expect_err("remote write");
+        assert_eq!(b.code(), ErrorCode::InvalidArgument, "write {path:?}: {b}");
+        tried += 2;
+    }
+    for bad_id in [
+        "nope",
+        "../..",
+        "a/b",
+        "x y",
+        "%2e%2e",
+        "..%2F..%2Fetc",
+        "x\0",
+        "",
+    ] {
+        let b = tokio::time::timeout(Duration::from_secs(30), remote.get(bad_id))
+            .await
+            .expect("no hang");
+        let code = b.map(drop).expect_err("unknown id").code();
+        assert!(
+            matches!(code, ErrorCode::NotFound | ErrorCode::InvalidArgument),
+            "get {bad_id:?}: {code:?}"
+        );
+        let b = remote
+            .spawn(bad_id, ProcessSpec::new(Command::argv(["true"])))
+            .await
+            .map(|s| s.pid)
+            .expect_err("unknown id");
+        assert!(
+            matches!(b.code(), ErrorCode::NotFound | ErrorCode::InvalidArgument),
+            "spawn in {bad_id:?}: {b}"
+        );
+        let b = remote.destroy(bad_id).await.expect_err("unknown id");
+        assert!(
+            matches!(b.code(), ErrorCode::NotFound | ErrorCode::InvalidArgument),
+            "destroy {bad_id:?}: {b}"
+        );
+        tried += 3;
+    }
+    let a = direct
+        .set_timeout(&id, Duration::MAX)
+        .await
+        .map(drop)
+        .expect_err("direct");
+    let b = remote
+        .set_timeout(&id, Duration::MAX)
+        .await
+        .map(drop)
+        .expect_err("remote");
+    assert_eq!(a.code(), ErrorCode::InvalidArgument, "{a}");
+    assert_eq!(b.code(), ErrorCode::InvalidArgument, "{b}");
+    tried += 1;
+    // Raw requests with path tricks in the id segment are typed 4xx, never a host path.
+    let http = reqwest::Client::new();
+    for raw in [
+        "..%2F..%2Fetc%2Fpasswd",
+        "%2e%2e",
+        "%00",
+        "a%2Fb",
+        &"x".repeat(5000),
+    ] {
+        let response = http
+            .get(format!("{}/v1/sandboxes/{raw}", server.url()))
+            .bearer_auth(KEY)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let answer: Value = response.json().await.expect("JSON error body");
+        assert!((400..500).contains(&status), "{raw}: {status} {answer}");
+        tried += 1;
+    }
+    assert_eq!(
+        world(&*env.backend, &id).await,
+        before,
+        "bad input changed something"
+    );
+    println!("hardening: {tried} bad inputs through HttpBackend and raw HTTP refused with their engine error codes");
+    server.stop().await.unwrap();
+}
+
+/// A server restarted under a working client: a live stream ends with an error, calls made
+/// while it is down fail cleanly (bounded, typed) or are retried as documented, a create sent
+/// while it is down lands exactly once after the restart, and the same client keeps working
+/// with the sandboxes, which never stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_never_hangs_its_client() {
+    let env = Env::new("hrestart");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let url = format!("http://{addr}");
+    let mut config = ServerConfig::new(KEY);
+    config.shutdown_grace = Duration::from_secs(1);
+    let start = |listener: tokio::net::TcpListener| {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(serve(
+            listener,
+            env.backend.clone(),
+            config.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        (stop, task)
+    };
+    let (stop, task) = start(listener);
+    let options = HttpOptions {
+        request_timeout: Duration::from_secs(15),
+        connect_timeout: Duration::from_secs(2),
+        max_retries: 6,
+        backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_millis(800),
+    };
+    let client = Arc::new(HttpBackend::with_options(&url, KEY, options).unwrap());
+    let id = client
+        .create(env.options(&unique("hrestart")))
+        .await
+        .unwrap()
+        .id;
+    let mut live = client
+        .spawn(
+            &id,
+            ProcessSpec::new(Command::argv(["sleep", "600"])).tag("live"),
+        )
+        .await
+        .unwrap();
+
+    // Stop the server.
+    drop(stop);
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("the server stops")
+        .unwrap()
+        .unwrap();
+    let last = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut last = None;
+        while let Some(ev) = live.events.next().await {
+            last = Some(ev);
+        }
+        last
+    })
+    .await
+    .expect("the live stream ends once the server is gone");
+    assert!(
+        matches!(last, Some(Err(_))),
+        "the cut stream ends with an error: {last:?}"
+    );
+
+    // While it is down: every call ends, with a typed error, within a bounded time.
+    let mut down = Vec::new();
+    macro_rules! while_down {
+        ($call:expr, $name:literal) => {{
+            let r = tokio::time::timeout(Duration::from_secs(60), $call)
+                .await
+                .unwrap_or_else(|_| panic!("{} hung while the server was down", $name));
+            let e = r
+                .err()
+                .unwrap_or_else(|| panic!("{} succeeded with no server", $name));
+            down.push(format!(
+                "{}: {:?} (retryable: {})",
+                $name,
+                e.code(),
+                e.is_retryable()
+            ));
+        }};
+    }
+    while_down!(client.get(&id), "get");
+    while_down!(client.list(Default::default()), "list");
+    while_down!(
+        client.spawn(&id, ProcessSpec::new(Command::argv(["true"]))),
+        "spawn"
+    );
+    while_down!(client.read_file(&id, "/etc/hostname"), "read_file");
+    while_down!(
+        client.write_stdin(&id, ProcessSelector::Tag("live".into()), b"x".to_vec()),
+        "write_stdin"
+    );
+
+    // A create sent while the server is down is retried across the restart and lands once.
+    let label = unique("hrestart-retried");
+    let mut retried_options = env.options(&label);
+    retried_options.timeout = Some(Duration::from_secs(60));
+    let pending = {
+        let client = client.clone();
+        tokio::spawn(async move { client.create(retried_options).await })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .expect("rebind the same port");
+    let (stop, task) = start(listener);
+    let created = tokio::time::timeout(Duration::from_secs(60), pending)
+        .await
+        .expect("the retried create ends")
+        .unwrap()
+        .expect("the retried create succeeds after the restart");
+    let mut filter = sandcove::ListOptions::default();
+    filter.labels.insert(common::LABEL.into(), label);
+    assert_eq!(
+        env.backend.list(filter).await.unwrap().len(),
+        1,
+        "a retried create makes exactly one sandbox"
+    );
+
+    // The same client works again; the first sandbox and its process never stopped.
+    let info = client.get(&id).await.expect("get after the restart");
+    assert_eq!(info.state, sandcove::SandboxState::Running);
+    let processes = client.list_processes(&id).await.unwrap();
+    assert!(
+        processes
+            .iter()
+            .any(|p| p.tag.as_deref() == Some("live") && p.exit.is_none()),
+        "the live process survived the server restart"
+    );
+    let out = sandcove::client::collect(
+        client
+            .spawn(&id, ProcessSpec::new(Command::sh("echo back")))
+            .await
+            .unwrap(),
+        1024,
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.stdout, b"back\n");
+    client.destroy(&created.id).await.unwrap();
+    client.destroy(&id).await.unwrap();
+    drop(stop);
+    let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+    env.assert_nothing_left("after the server restart").await;
+    println!("hardening: server restarted under a client: stream cut with an error, {} calls failed cleanly while down ({down:?}), a create retried across the restart landed once", down.len());
+}
