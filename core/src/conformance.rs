@@ -915,6 +915,22 @@ pub async fn file_errors_are_typed(backend: &dyn Backend) {
         ErrorCode::NotFound,
         "remove missing",
     );
+    // A data stream that fails part-way: the write fails promptly, nothing is left behind,
+    // and the sandbox keeps working.
+    let failing: ByteStream = Box::pin(futures::stream::iter(vec![
+        Ok(vec![7u8; 300_000]),
+        Err(crate::Error::invalid("the source broke")),
+    ]));
+    let result = tokio::time::timeout(
+        Duration::from_secs(20),
+        backend.write_file(&id, "partial.bin", failing, WriteOptions::default()),
+    )
+    .await
+    .expect("an aborted upload returns promptly");
+    assert!(result.is_err(), "an aborted upload is an error: {result:?}");
+    let leftover = sh(backend, &id, "ls -A /workspace").await.stdout_lossy();
+    assert_eq!(leftover, "file\n", "no partial or temporary file is left");
+    assert_eq!(sh(backend, &id, "echo alive").await.stdout, b"alive\n");
     backend.destroy(&id).await.expect("destroy");
 }
 

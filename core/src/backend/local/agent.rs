@@ -99,6 +99,15 @@ fn setup_sandbox(record: &Record) -> Result<()> {
     // The new root is a tmpfs mounted over /tmp of this (private) mount namespace: always
     // reachable, unlike the state directory, which an unmapped sandbox root may not traverse.
     let root = PathBuf::from("/tmp");
+    // Open the volume sources now: a source under the host's /tmp is hidden once the root
+    // tmpfs is mounted there, but a descriptor opened first still reaches it (and belongs to
+    // this mount namespace, so it can be bound).
+    let mut volume_sources = Vec::new();
+    for m in &record.mounts {
+        let dir = std::fs::File::open(&m.host_path)
+            .map_err(|e| unavailable(&format!("open volume directory {}", m.host_path), e))?;
+        volume_sources.push(dir);
+    }
     let size = format!("size={}m,mode=0755", record.disk_mib());
     sys::mount(
         Some(Path::new("tmpfs")),
@@ -185,10 +194,10 @@ fn setup_sandbox(record: &Record) -> Result<()> {
     }
 
     // Volumes (staged by the monitor where the host path is out of our reach).
-    for m in &record.mounts {
+    for (m, dir) in record.mounts.iter().zip(&volume_sources) {
         let target = r(&m.path);
         std::fs::create_dir_all(&target).map_err(fs_err("create a volume mount point"))?;
-        let source = PathBuf::from(&m.host_path);
+        let source = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
         sys::mount(
             Some(&source),
             &target,
@@ -272,6 +281,7 @@ fn setup_sandbox(record: &Record) -> Result<()> {
         std::os::unix::fs::symlink(target, r("dev").join(link)).map_err(fs_err("link /dev"))?;
     }
 
+    drop(volume_sources);
     std::env::set_current_dir(&root).map_err(fs_err("enter the sandbox root"))?;
     sys::pivot_root_here().map_err(|e| unavailable("pivot_root", e))?;
     std::env::set_current_dir("/").map_err(fs_err("chdir /"))?;

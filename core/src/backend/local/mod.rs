@@ -281,12 +281,19 @@ impl LocalBackend {
             request: Some(request),
             while_paused: false,
         };
-        proto::write_frame(&mut stream, &hello, &[]).await?;
-        match proto::read_frame::<_, Reply>(&mut stream).await? {
-            Some((Reply::Error { error }, _)) => Err(Error::from_body(&error)),
-            Some((reply, _)) => Ok(reply),
-            None => Err(Error::not_found(format!("sandbox {id:?}"))),
+        let result = async {
+            proto::write_frame(&mut stream, &hello, &[]).await?;
+            match proto::read_frame::<_, Reply>(&mut stream).await? {
+                Some((Reply::Error { error }, _)) => Err(Error::from_body(&error)),
+                Some((reply, _)) => Ok(reply),
+                None => Err(Error::not_found(format!("sandbox {id:?}"))),
+            }
         }
+        .await;
+        result.map_err(|e| match e {
+            Error::Backend { .. } => self.or_gone(id, e),
+            other => other,
+        })
     }
 
     /// Open a connection served by the agent, with `request` sent.
@@ -320,7 +327,10 @@ impl LocalBackend {
     /// An agent request with a single reply.
     async fn agent_call(&self, id: &str, request: Request) -> Result<Reply> {
         let mut stream = self.agent_stream(id, &request).await?;
-        read_reply(&mut stream, id).await
+        read_reply(&mut stream, id).await.map_err(|e| match e {
+            Error::Backend { .. } => self.or_gone(id, e),
+            other => other,
+        })
     }
 
     async fn agent_stat(&self, id: &str, request: Request) -> Result<FileStat> {
@@ -339,7 +349,11 @@ impl LocalBackend {
 
     async fn process_stream(&self, id: &str, request: Request) -> Result<ProcessStream> {
         let mut stream = self.agent_stream(id, &request).await?;
-        let pid = match read_reply(&mut stream, id).await? {
+        let first = read_reply(&mut stream, id).await.map_err(|e| match e {
+            Error::Backend { .. } => self.or_gone(id, e),
+            other => other,
+        });
+        let pid = match first? {
             Reply::Started { pid } => pid,
             other => return Err(unexpected(&other)),
         };
@@ -386,25 +400,56 @@ impl LocalBackend {
 
     async fn upload(&self, id: &str, request: Request, mut data: ByteStream) -> Result<UnixStream> {
         let mut stream = self.agent_stream(id, &request).await?;
-        let sent: Result<()> = async {
-            while let Some(chunk) = data.next().await {
-                let chunk = chunk?;
-                for piece in chunk.chunks(proto::CHUNK) {
-                    proto::write_frame(&mut stream, &Reply::Data, piece).await?;
+        while let Some(chunk) = data.next().await {
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(e) => {
+                    // The caller's data failed: end the upload without its end marker, so the
+                    // agent discards what it received, and report the caller's error.
+                    let _ = stream.shutdown().await;
+                    return Err(e);
+                }
+            };
+            for piece in chunk.chunks(proto::CHUNK) {
+                if let Err(send_error) = proto::write_frame(&mut stream, &Reply::Data, piece).await
+                {
+                    return Err(self.refusal_or(&mut stream, send_error).await);
                 }
             }
-            proto::write_frame(&mut stream, &Reply::End, &[]).await
         }
-        .await;
-        if let Err(send_error) = sent {
-            // The agent refuses a bad request (a bad path, a closed stdin) by replying and
-            // closing; report that refusal rather than the broken pipe it causes here.
-            return match proto::read_frame::<_, Reply>(&mut stream).await {
-                Ok(Some((Reply::Error { error }, _))) => Err(Error::from_body(&error)),
-                _ => Err(send_error),
-            };
+        if let Err(send_error) = proto::write_frame(&mut stream, &Reply::End, &[]).await {
+            return Err(self.refusal_or(&mut stream, send_error).await);
         }
         Ok(stream)
+    }
+}
+
+impl LocalBackend {
+    /// The agent refuses a bad upload (a bad path, a closed stdin) by replying and closing;
+    /// report that refusal rather than the broken pipe it causes on our side.
+    async fn refusal_or(&self, stream: &mut UnixStream, send_error: Error) -> Error {
+        match proto::read_frame::<_, Reply>(stream).await {
+            Ok(Some((Reply::Error { error }, _))) => Error::from_body(&error),
+            _ => send_error,
+        }
+    }
+
+    /// Whether sandbox `id` no longer exists (its directory is gone or its monitor is dead).
+    fn is_gone(&self, id: &str) -> bool {
+        match self.dir(id) {
+            Ok(dir) => !dir.dir.exists() || !dir.socket().exists() || lock_is_free(&dir.lock()),
+            Err(_) => true,
+        }
+    }
+
+    /// Turn a connection failure on an existing connection into `NotFound` when the sandbox
+    /// went away under it (destroyed, or its lease ended).
+    fn or_gone(&self, id: &str, err: Error) -> Error {
+        if !err.is_not_found() && self.is_gone(id) {
+            Error::not_found(format!("sandbox {id:?}"))
+        } else {
+            err
+        }
     }
 }
 

@@ -690,8 +690,12 @@ async fn run(monitor: Arc<Monitor>, listener: UnixListener) -> i32 {
             _ = async { match terminate.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => break,
         }
     }
-    // Lease over, destroyed, or asked to terminate: end the sandbox and remove its state.
+    // Lease over, destroyed, or asked to terminate: stop taking clients first (a client that
+    // finds no socket in a live directory knows the sandbox is going), then end the sandbox
+    // and remove its state.
     monitor.set_state(SandboxState::Destroyed);
+    let _ = std::fs::remove_file(monitor.dir.socket());
+    drop(listener);
     monitor.kill_agent();
     let _ = std::fs::remove_dir_all(&monitor.dir.dir);
     0
@@ -852,6 +856,7 @@ async fn serve_client(
         }
         Some(Request::Destroy) => {
             monitor.set_state(SandboxState::Destroyed);
+            let _ = std::fs::remove_file(monitor.dir.socket());
             monitor.kill_agent();
             let _ = std::fs::remove_dir_all(&monitor.dir.dir);
             let _ = proto::write_frame(&mut stream, &Reply::Done, &[]).await;
