@@ -75,6 +75,11 @@ pub const GAPS: &[(&str, &str)] = &[
         "delete the preview when done; give tokens an expiry with tokens.create(expires_at)",
     ),
     (
+        "public and private previews of the same port",
+        "give every preview of one port the same visibility, or serve the other one on \
+         another port",
+    ),
+    (
         "preview tokens list/delete",
         "create tokens with a short expiry, or delete the preview to revoke them",
     ),

@@ -206,22 +206,35 @@ impl SandboxPreviews {
                 source: None,
             });
         }
-        let live = self
-            .ctx
-            .core
-            .backend()
-            .expose_port(
-                self.ctx.core.id(),
-                sandcove::PreviewOptions {
-                    port,
-                    public: s.public.unwrap_or(false),
-                    token_ttl: None,
-                    token_header: TOKEN_HEADER.into(),
-                    token_query: TOKEN_QUERY.into(),
-                },
-            )
-            .await
-            .map_err(unexpected)?;
+        let public = s.public.unwrap_or(false);
+        // The runtime has one preview per port: named previews of one port share it, so
+        // they must agree on visibility.
+        let sharing = records
+            .values()
+            .find(|p| p.spec.port == Some(i64::from(port)))
+            .cloned();
+        let live = match sharing {
+            Some(other) if other.spec.public.unwrap_or(false) != public => {
+                return Err(gaps::refuse("public and private previews of the same port"))
+            }
+            Some(other) => self.live(&other).await?,
+            None => self
+                .ctx
+                .core
+                .backend()
+                .expose_port(
+                    self.ctx.core.id(),
+                    sandcove::PreviewOptions {
+                        port,
+                        public,
+                        token_ttl: None,
+                        token_header: TOKEN_HEADER.into(),
+                        token_query: TOKEN_QUERY.into(),
+                    },
+                )
+                .await
+                .map_err(unexpected)?,
+        };
         records.insert(preview.metadata.name.clone(), preview.clone());
         state::write_json(&self.ctx.core, PREVIEWS_RECORD, &records).await?;
         Ok(self.model(preview, &live))
@@ -282,23 +295,29 @@ impl SandboxPreviews {
             .collect())
     }
 
-    /// `previews.delete(preview_name)`: closes the URL; returns the deleted preview.
+    /// `previews.delete(preview_name)`: closes the URL (unless another named preview of the
+    /// same port still uses it); returns the deleted preview.
     pub async fn delete(&self, preview_name: &str) -> Result<Preview> {
         let mut records = self.records().await?;
         let preview = records
             .remove(preview_name)
             .ok_or_else(|| missing(preview_name))?;
         let port = preview.spec.port.unwrap_or_default() as u16;
-        match self
-            .ctx
-            .core
-            .backend()
-            .close_preview(self.ctx.core.id(), port)
-            .await
-        {
-            Ok(()) => {}
-            Err(e) if e.is_not_found() => {}
-            Err(e) => return Err(unexpected(e)),
+        let shared = records
+            .values()
+            .any(|p| p.spec.port == Some(i64::from(port)));
+        if !shared {
+            match self
+                .ctx
+                .core
+                .backend()
+                .close_preview(self.ctx.core.id(), port)
+                .await
+            {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(unexpected(e)),
+            }
         }
         state::write_json(&self.ctx.core, PREVIEWS_RECORD, &records).await?;
         Ok(preview)

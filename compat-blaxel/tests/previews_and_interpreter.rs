@@ -69,6 +69,36 @@ async fn previews_serve_and_private_ones_need_the_token() {
     .await;
     assert_eq!(status, 200);
 
+    // A second private preview of the port shares its URL; a public one cannot coexist.
+    let twin = sb
+        .previews
+        .create(json!({"metadata": {"name": "twin"}, "spec": {"port": 3000, "public": false}}))
+        .await
+        .expect("second private preview");
+    assert_eq!(twin.spec.url, preview.spec.url);
+    let err = sb
+        .previews
+        .create(
+            json!({"metadata": {"name": "app-preview"}, "spec": {"port": 3000, "public": true}}),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.is_not_supported(), "{err}");
+    sb.previews.delete("token-test").await.expect("delete");
+    assert!(sb
+        .previews
+        .get("token-test")
+        .await
+        .unwrap_err()
+        .is_not_found());
+    let (status, _) = http_get(
+        &format!("{url}/index.html?bl_preview_token={}", token.value),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200, "the twin keeps the port's URL open");
+    sb.previews.delete("twin").await.expect("delete twin");
+
     let public = sb
         .previews
         .create_if_not_exists(
@@ -99,13 +129,16 @@ async fn previews_serve_and_private_ones_need_the_token() {
         .map(|p| p.name)
         .collect();
     assert!(names.contains(&"app-preview".to_string()));
-    sb.previews.delete("token-test").await.expect("delete");
+    let public_url = public.spec.url.clone().unwrap();
+    sb.previews.delete("app-preview").await.expect("delete");
     assert!(sb
         .previews
-        .get("token-test")
+        .get("app-preview")
         .await
         .unwrap_err()
         .is_not_found());
+    let (status, _) = http_get(&format!("{public_url}/index.html"), &[]).await;
+    assert_ne!(status, 200, "a deleted preview no longer serves");
     sb.delete().await.unwrap();
 }
 

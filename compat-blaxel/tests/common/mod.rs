@@ -36,7 +36,7 @@ pub fn capabilities() -> sandcove::Capabilities {
 }
 
 /// Send a plain HTTP/1.0 GET to `url` (http://host:port/path?query) with optional headers;
-/// returns the status code and body.
+/// returns the status code and body (status 0 when the connection is refused).
 pub async fn http_get(url: &str, headers: &[(&str, &str)]) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rest = url.strip_prefix("http://").expect("http URL");
@@ -52,7 +52,9 @@ pub async fn http_get(url: &str, headers: &[(&str, &str)]) -> (u16, String) {
     } else {
         path.to_string()
     };
-    let mut stream = tokio::net::TcpStream::connect(host).await.expect("connect");
+    let Ok(mut stream) = tokio::net::TcpStream::connect(host).await else {
+        return (0, String::new()); // nothing listens: no HTTP status at all
+    };
     let mut req = format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n");
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
