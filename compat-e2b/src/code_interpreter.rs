@@ -66,7 +66,7 @@ impl From<crate::Sandbox> for Sandbox {
 impl Sandbox {
     /// `Sandbox.create(template=None, ...)` with the code interpreter's default template.
     pub fn create() -> CreateBuilder<Sandbox> {
-        CreateBuilder::default()
+        CreateBuilder::default().template(DEFAULT_TEMPLATE)
     }
 
     /// `Sandbox.connect(sandbox_id, timeout=None, **opts)`.
@@ -513,7 +513,7 @@ impl fmt::Debug for Result {
 }
 
 /// `Execution`: what `run_code` returns.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Clone, Default, PartialEq)]
 pub struct Execution {
     /// `results`.
     pub results: Vec<Result>,
@@ -525,6 +525,22 @@ pub struct Execution {
     pub execution_count: Option<i64>,
     /// `text`: the main result's text (the value of the last expression), else `None`.
     pub text: Option<String>,
+}
+
+impl fmt::Debug for Execution {
+    /// Python's `repr`: `Execution(Results: [...], Logs: Logs(...), Error: None)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Execution(Results: {:?}, Logs: {:?}, Error: {})",
+            self.results,
+            self.logs,
+            self.error
+                .as_ref()
+                .map(|e| format!("{e:?}"))
+                .unwrap_or_else(|| "None".into())
+        )
+    }
 }
 
 type Callback<T> = Box<dyn FnMut(T) + Send + 'static>;
@@ -875,6 +891,15 @@ mod tests {
         };
         assert_eq!(format!("{r:?}"), "Result(2)");
         assert_eq!(r.formats(), ["text"]);
+        let e = Execution {
+            results: vec![r],
+            logs,
+            ..Default::default()
+        };
+        assert_eq!(
+            format!("{e:?}"),
+            "Execution(Results: [Result(2)], Logs: Logs(stdout: ['hello world\\n'], stderr: []), Error: None)"
+        );
     }
 
     #[test]

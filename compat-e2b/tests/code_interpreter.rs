@@ -195,3 +195,15 @@ async fn code_contexts_are_isolated_listed_restarted_and_removed() {
     assert!(err.is_not_supported(), "{err:?}");
     sbx.kill().await.expect("kill");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_code_interpreter_template_is_reported() {
+    let sbx = sandbox().await;
+    let r = sbx
+        .commands
+        .run("echo $E2B_TEMPLATE_ID")
+        .await
+        .expect("run");
+    assert_eq!(r.stdout, "code-interpreter-v1\n");
+    sbx.kill().await.expect("kill");
+}

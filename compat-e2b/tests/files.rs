@@ -278,6 +278,11 @@ async fn watch_dir_follows_the_capability() {
             .await
             .expect("watch");
         sbx.files
+            .make_dir("/home/user/my-folder")
+            .await
+            .expect("mkdir");
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        sbx.files
             .write("/home/user/my-folder/my-file", "x")
             .await
             .expect("write");

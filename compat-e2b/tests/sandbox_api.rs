@@ -589,6 +589,89 @@ async fn snapshots_and_fork_follow_the_capability() {
     sbx.kill().await.expect("kill");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volume_mounts_follow_the_capability() {
+    let client = sandcove::Client::from_env().expect("runtime");
+    if caps().volumes {
+        let name = unique("vol").replace('-', "");
+        client
+            .backend()
+            .create_volume(&name)
+            .await
+            .expect("create volume");
+        let sbx = Sandbox::create()
+            .timeout(30)
+            .volume_mounts([("/mnt/data", name.as_str())])
+            .await
+            .expect("create with a volume");
+        sbx.files
+            .write("/mnt/data/kept.txt", "in the volume")
+            .await
+            .expect("write");
+        sbx.kill().await.expect("kill");
+        let again = Sandbox::create()
+            .timeout(30)
+            .volume_mounts([("/mnt/data", name.as_str())])
+            .await
+            .expect("create with the volume again");
+        assert_eq!(
+            again.files.read("/mnt/data/kept.txt").await.expect("read"),
+            "in the volume"
+        );
+        again.kill().await.expect("kill");
+        client
+            .backend()
+            .delete_volume(&name)
+            .await
+            .expect("delete volume");
+    } else {
+        skip("volume_mounts", "volumes");
+        assert_not_supported(
+            Sandbox::create()
+                .timeout(30)
+                .volume_mounts([("/mnt/data", "v")])
+                .await,
+            "volume_mounts",
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_timeout_pause_pauses_instead_of_killing() {
+    let lc = SandboxLifecycle {
+        on_timeout: Some("pause".into()),
+        auto_resume: Some(false),
+        ..Default::default()
+    };
+    let made = Sandbox::create().timeout(2).lifecycle(lc).await;
+    if !caps().pause {
+        skip("lifecycle on_timeout='pause'", "pause");
+        assert_not_supported(made, "on_timeout=pause");
+        return;
+    }
+    let sbx = made.expect("create");
+    sbx.files.write("kept.txt", "kept").await.expect("write");
+    let mut state = None;
+    for _ in 0..200 {
+        state = sbx.get_info().await.ok().map(|i| i.state);
+        if state == Some(SandboxState::Paused) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        state,
+        Some(SandboxState::Paused),
+        "paused at the end of its lifetime"
+    );
+    let resumed = Sandbox::connect(sbx.sandbox_id.clone())
+        .timeout(30)
+        .await
+        .expect("connect resumes");
+    assert_eq!(resumed.files.read("kept.txt").await.expect("read"), "kept");
+    resumed.kill().await.expect("kill");
+}
+
 #[test]
 fn public_types_are_send_and_sync() {
     fn check<T: Send + Sync>() {}

@@ -99,3 +99,10 @@ fn e2b_persistence() {
         check_everywhere("e2b_persistence", env!("CARGO_BIN_EXE_e2b_persistence"));
     }
 }
+
+#[test]
+fn e2b_signed_urls() {
+    if has(capabilities().previews, "e2b_signed_urls", "previews") {
+        check_everywhere("e2b_signed_urls", env!("CARGO_BIN_EXE_e2b_signed_urls"));
+    }
+}
