@@ -114,6 +114,8 @@ pub struct Resources {
     pub disk: Option<i64>,
     /// GPUs (a gap).
     pub gpu: Option<i64>,
+    /// GPU types, e.g. `H100` (a gap).
+    pub gpu_type: Option<Vec<String>>,
 }
 
 /// Python `VolumeMount`.
@@ -237,8 +239,36 @@ pub struct CreateSandboxFromImageParams {
     pub image: ImageSource,
     /// `resources`.
     pub resources: Option<Resources>,
-    /// The shared fields.
-    pub base: CreateSandboxBaseParams,
+    /// See [`CreateSandboxBaseParams::name`].
+    pub name: Option<String>,
+    /// See [`CreateSandboxBaseParams::language`].
+    pub language: Option<String>,
+    /// See [`CreateSandboxBaseParams::os_user`].
+    pub os_user: Option<String>,
+    /// See [`CreateSandboxBaseParams::env_vars`].
+    pub env_vars: Option<HashMap<String, String>>,
+    /// See [`CreateSandboxBaseParams::labels`].
+    pub labels: Option<HashMap<String, String>>,
+    /// See [`CreateSandboxBaseParams::public`].
+    pub public: Option<bool>,
+    /// See [`CreateSandboxBaseParams::auto_stop_interval`].
+    pub auto_stop_interval: Option<i64>,
+    /// See [`CreateSandboxBaseParams::auto_archive_interval`].
+    pub auto_archive_interval: Option<i64>,
+    /// See [`CreateSandboxBaseParams::auto_delete_interval`].
+    pub auto_delete_interval: Option<i64>,
+    /// See [`CreateSandboxBaseParams::volumes`].
+    pub volumes: Option<Vec<VolumeMount>>,
+    /// See [`CreateSandboxBaseParams::network_block_all`].
+    pub network_block_all: Option<bool>,
+    /// See [`CreateSandboxBaseParams::network_allow_list`].
+    pub network_allow_list: Option<String>,
+    /// See [`CreateSandboxBaseParams::domain_allow_list`].
+    pub domain_allow_list: Option<String>,
+    /// See [`CreateSandboxBaseParams::ephemeral`].
+    pub ephemeral: Option<bool>,
+    /// See [`CreateSandboxBaseParams::linked_sandbox`].
+    pub linked_sandbox: Option<String>,
 }
 
 /// The first argument of [`Daytona::create`]: either params struct, or `None`.
@@ -590,7 +620,10 @@ impl CreateBuilder {
             None => CreateSandboxFromSnapshotParams::default(),
             Some(CreateSandboxParams::Snapshot(p)) => p,
             Some(CreateSandboxParams::Image(p)) => {
-                if p.resources.as_ref().is_some_and(|r| r.gpu.is_some()) {
+                if p.resources
+                    .as_ref()
+                    .is_some_and(|r| r.gpu.is_some() || r.gpu_type.is_some())
+                {
                     return Err(gap("GPU resources"));
                 }
                 return Err(gap("CreateSandboxFromImageParams"));

@@ -755,18 +755,18 @@ pub struct PermissionsBuilder {
 
 impl PermissionsBuilder {
     /// `mode=None`: octal string.
-    pub fn mode(mut self, mode: impl Into<Option<String>>) -> Self {
-        self.mode = mode.into();
+    pub fn mode(mut self, mode: impl crate::OptionalString) -> Self {
+        self.mode = mode.into_optional();
         self
     }
     /// `owner=None`: user name or uid.
-    pub fn owner(mut self, owner: impl Into<Option<String>>) -> Self {
-        self.owner = owner.into();
+    pub fn owner(mut self, owner: impl crate::OptionalString) -> Self {
+        self.owner = owner.into_optional();
         self
     }
     /// `group=None`: group name or gid.
-    pub fn group(mut self, group: impl Into<Option<String>>) -> Self {
-        self.group = group.into();
+    pub fn group(mut self, group: impl crate::OptionalString) -> Self {
+        self.group = group.into_optional();
         self
     }
 

@@ -387,23 +387,23 @@ pub struct CloneBuilder {
 
 impl CloneBuilder {
     /// `branch=None`.
-    pub fn branch(mut self, branch: impl Into<Option<String>>) -> Self {
-        self.branch = branch.into();
+    pub fn branch(mut self, branch: impl crate::OptionalString) -> Self {
+        self.branch = branch.into_optional();
         self
     }
     /// `commit_id=None`: leaves a detached HEAD at that commit.
-    pub fn commit_id(mut self, commit_id: impl Into<Option<String>>) -> Self {
-        self.commit_id = commit_id.into();
+    pub fn commit_id(mut self, commit_id: impl crate::OptionalString) -> Self {
+        self.commit_id = commit_id.into_optional();
         self
     }
     /// `username=None`.
-    pub fn username(mut self, username: impl Into<Option<String>>) -> Self {
-        self.username = username.into();
+    pub fn username(mut self, username: impl crate::OptionalString) -> Self {
+        self.username = username.into_optional();
         self
     }
     /// `password=None`.
-    pub fn password(mut self, password: impl Into<Option<String>>) -> Self {
-        self.password = password.into();
+    pub fn password(mut self, password: impl crate::OptionalString) -> Self {
+        self.password = password.into_optional();
         self
     }
     /// `insecure_skip_tls=None`.
@@ -533,13 +533,13 @@ pub struct SyncBuilder {
 
 impl SyncBuilder {
     /// `username=None`.
-    pub fn username(mut self, username: impl Into<Option<String>>) -> Self {
-        self.username = username.into();
+    pub fn username(mut self, username: impl crate::OptionalString) -> Self {
+        self.username = username.into_optional();
         self
     }
     /// `password=None`.
-    pub fn password(mut self, password: impl Into<Option<String>>) -> Self {
-        self.password = password.into();
+    pub fn password(mut self, password: impl crate::OptionalString) -> Self {
+        self.password = password.into_optional();
         self
     }
 

@@ -67,6 +67,39 @@ pub use sandbox::{
 pub use snapshot::{CreateSnapshotParams, Image, PaginatedSnapshots, Snapshot, SnapshotService};
 pub use volume::{Volume, VolumeService};
 
+/// A string argument Python also accepts as `None`: `&str`, `String`, or an `Option` of
+/// either, so `.cwd("src")` and `.cwd(None::<String>)` both read like the Python call.
+pub trait OptionalString {
+    /// The value as `Option<String>`.
+    fn into_optional(self) -> Option<String>;
+}
+
+impl OptionalString for &str {
+    fn into_optional(self) -> Option<String> {
+        Some(self.to_string())
+    }
+}
+impl OptionalString for String {
+    fn into_optional(self) -> Option<String> {
+        Some(self)
+    }
+}
+impl OptionalString for &String {
+    fn into_optional(self) -> Option<String> {
+        Some(self.clone())
+    }
+}
+impl OptionalString for Option<String> {
+    fn into_optional(self) -> Option<String> {
+        self
+    }
+}
+impl OptionalString for Option<&str> {
+    fn into_optional(self) -> Option<String> {
+        self.map(str::to_owned)
+    }
+}
+
 /// Result type of this crate.
 pub type Result<T, E = DaytonaError> = std::result::Result<T, E>;
 

@@ -570,8 +570,8 @@ pub struct ExecBuilder {
 
 impl ExecBuilder {
     /// `cwd=None`: working directory (relative → the work dir).
-    pub fn cwd(mut self, cwd: impl Into<Option<String>>) -> Self {
-        self.cwd = cwd.into();
+    pub fn cwd(mut self, cwd: impl crate::OptionalString) -> Self {
+        self.cwd = cwd.into_optional();
         self
     }
 

@@ -112,10 +112,7 @@ async fn create_validates_like_daytona() {
     for err in [
         d.create(CreateSandboxFromImageParams {
             image: "python:3.12".into(),
-            base: daytona::CreateSandboxBaseParams {
-                labels: Some(marker.clone()),
-                ..Default::default()
-            },
+            labels: Some(marker.clone()),
             ..Default::default()
         })
         .await

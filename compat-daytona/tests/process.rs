@@ -36,13 +36,10 @@ async fn exec_runs_through_a_shell_and_combines_output() {
 async fn exec_cwd_env_and_timeout() {
     let (_d, sb) = common::sandbox().await;
     sb.process.exec("mkdir -p workspace/src").await.unwrap();
-    let r = sb
-        .process
-        .exec("pwd")
-        .cwd("workspace/src".to_string())
-        .await
-        .unwrap();
+    let r = sb.process.exec("pwd").cwd("workspace/src").await.unwrap();
     assert_eq!(r.result, "/home/daytona/workspace/src\n");
+    let r = sb.process.exec("pwd").cwd(None::<String>).await.unwrap();
+    assert_eq!(r.result, "/home/daytona\n", "None is the work dir");
 
     let r = sb
         .process
