@@ -48,9 +48,12 @@ async fn start_sleeper(backend: &dyn Backend, id: &str, marker: &str) {
          exec -a \"$M\" sleep 600",
     ]))
     .env("M", marker);
+    let before = host_processes_with(marker);
     drop(backend.spawn(id, spec).await.expect("spawn a sleeper"));
     assert!(
-        eventually(Duration::from_secs(20), || host_processes_with(marker) >= 2).await,
+        eventually(Duration::from_secs(20), || host_processes_with(marker)
+            >= before + 2)
+        .await,
         "sleepers of {marker} did not start"
     );
 }
@@ -154,7 +157,7 @@ async fn creator_child() {
     let mut held = Vec::new();
     for _ in 0..2 {
         let options = sandcove::CreateOptions {
-            timeout: Some(Duration::from_secs(12)),
+            timeout: Some(Duration::from_secs(20)),
             labels: BTreeMap::from([(common::LABEL.to_string(), marker.to_string())]),
             ..Default::default()
         };
@@ -445,10 +448,12 @@ async fn filling_the_disk_hits_enospc_inside() {
         assert!(kib <= DISK_MIB * 1024, "root filesystem of {kib} KiB");
     }
     // The file API: a typed error, nothing half-written left in place.
-    let big = vec![7u8; (DISK_MIB as usize + 8) << 20];
+    // Streamed in 1 MiB chunks, so this process holds little of it.
+    let chunks = (0..DISK_MIB + 8).map(|_| Ok(vec![7u8; 1 << 20]));
+    let big: ByteStream = Box::pin(futures::stream::iter(chunks));
     let err = env
         .backend
-        .write_file(&id, "/workspace/big", bytes(&big), WriteOptions::default())
+        .write_file(&id, "/workspace/big", big, WriteOptions::default())
         .await
         .expect_err("a write beyond the disk size fails");
     assert!(
