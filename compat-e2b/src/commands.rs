@@ -451,7 +451,7 @@ pub struct CommandHandle {
     ctx: Ctx,
     events: Option<Pin<Box<dyn Stream<Item = sandcove::Result<ProcessEvent>> + Send>>>,
     pty: bool,
-    deadline: Option<tokio::time::Instant>,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     out: Utf8Decoder,
     err: Utf8Decoder,
     stdout: String,
@@ -483,7 +483,7 @@ impl CommandHandle {
             ctx,
             events: Some(stream.events),
             pty,
-            deadline,
+            deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
             out: Utf8Decoder::default(),
             err: Utf8Decoder::default(),
             stdout: String::new(),
@@ -500,10 +500,10 @@ impl CommandHandle {
     pub async fn next(&mut self) -> Option<Result<CommandOutput>> {
         loop {
             let events = self.events.as_mut()?;
-            let event = match self.deadline {
-                Some(at) => match tokio::time::timeout_at(at, events.next()).await {
-                    Ok(e) => e,
-                    Err(_) => {
+            let event = match self.deadline.as_mut() {
+                Some(sleep) => tokio::select! {
+                    e = events.next() => e,
+                    _ = sleep.as_mut() => {
                         self.events = None;
                         return Some(Err(SandboxException::timeout(
                             "context deadline exceeded: the command's stream timeout passed",

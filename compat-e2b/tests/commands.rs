@@ -291,3 +291,33 @@ async fn stdin_disconnect_connect_list_and_kill_by_pid() {
     drop(h);
     sbx.kill().await.expect("kill");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_timeout_ends_the_stream_not_the_process() {
+    use futures::StreamExt;
+    let sbx = sandbox("connect-timeout").await;
+    let h = sbx
+        .commands
+        .run("sleep 30")
+        .background(true)
+        .timeout(0)
+        .await
+        .expect("bg");
+    let mut attached = sbx
+        .commands
+        .connect(h.pid)
+        .timeout(1)
+        .await
+        .expect("connect");
+    // Through the Stream impl: the deadline ends the stream with a TimeoutException.
+    let item = StreamExt::next(&mut attached).await.expect("an item");
+    assert!(item.unwrap_err().is_timeout());
+    assert!(attached.next().await.is_none(), "the stream has ended");
+    let running = sbx.commands.list().await.expect("list");
+    assert!(
+        running.iter().any(|p| p.pid == h.pid),
+        "the process keeps running"
+    );
+    assert!(h.kill().await.expect("kill"));
+    sbx.kill().await.expect("kill");
+}
