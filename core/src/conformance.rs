@@ -216,6 +216,25 @@ pub async fn create_get_list_destroy(backend: &dyn Backend) {
     };
     let listed = backend.list(filter.clone()).await.expect("list");
     assert_eq!(listed.iter().map(|i| &i.id).collect::<Vec<_>>(), [&info.id]);
+    // Labels can be replaced, and list filters see the new ones.
+    let mut relabeled = BTreeMap::from([("conformance".to_string(), label.clone())]);
+    relabeled.insert("stage".into(), "two".into());
+    let updated = backend
+        .set_labels(&info.id, relabeled.clone())
+        .await
+        .expect("set labels");
+    assert_eq!(updated.labels, relabeled);
+    let mut by_new = filter.clone();
+    by_new.labels.insert("stage".into(), "two".into());
+    assert_eq!(backend.list(by_new).await.expect("list").len(), 1);
+    assert_eq!(backend.get(&info.id).await.expect("get").labels, relabeled);
+    expect_code(
+        backend
+            .set_labels(&info.id, BTreeMap::from([(String::new(), "x".to_string())]))
+            .await,
+        ErrorCode::InvalidArgument,
+        "an empty label key",
+    );
     let other = ListOptions {
         labels: BTreeMap::from([("conformance".to_string(), "no-such-label".to_string())]),
         states: vec![],

@@ -50,6 +50,13 @@ impl Backend for Refuser {
     async fn set_timeout(&self, _: &str, _: Duration) -> Result<SandboxInfo> {
         self.no("set_timeout")
     }
+    async fn set_labels(
+        &self,
+        _: &str,
+        _: std::collections::BTreeMap<String, String>,
+    ) -> Result<SandboxInfo> {
+        self.no("set_labels")
+    }
     async fn destroy(&self, _: &str) -> Result<()> {
         self.no("destroy")
     }
@@ -157,11 +164,12 @@ impl Backend for Refuser {
 const KEY: &str = "the-right-key";
 
 /// Every async method of the `Backend` trait.
-const METHODS: [&str; 36] = [
+const METHODS: [&str; 37] = [
     "create",
     "get",
     "list",
     "set_timeout",
+    "set_labels",
     "destroy",
     "spawn",
     "attach",
@@ -229,6 +237,7 @@ fn operations(doc: &Value) -> Vec<(String, String, String, &'static str, Vec<u8>
             let body: Vec<u8> = match op_name.as_str() {
                 "spawn" => br#"{"command":{"argv":["true"]},"cwd":null,"envs":{},"user":null,"tag":null,"stdin":false,"timeout":null}"#.to_vec(),
                 "set_timeout" => br#"{"timeout":60}"#.to_vec(),
+                "set_labels" => br#"{"labels":{"a":"b"}}"#.to_vec(),
                 "signal" => br#"{"signal":"TERM"}"#.to_vec(),
                 "resize_pty" => br#"{"cols":80,"rows":24}"#.to_vec(),
                 "mkdir" | "chmod" => br#"{"path":"/workspace/d","mode":448}"#.to_vec(),
@@ -386,6 +395,10 @@ async fn every_client_method_round_trips_the_backends_answer() {
         (
             "set_timeout",
             c.set_timeout("a", Duration::from_secs(5)).await.map(drop),
+        ),
+        (
+            "set_labels",
+            c.set_labels("a", Default::default()).await.map(drop),
         ),
         ("destroy", c.destroy("a").await),
         ("spawn", c.spawn("a", spec).await.map(drop)),

@@ -807,6 +807,13 @@ pub mod body {
         pub timeout: f64,
     }
 
+    /// `PUT …/labels`.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct SetLabels {
+        /// The new labels (replacing the old ones).
+        pub labels: std::collections::BTreeMap<String, String>,
+    }
+
     /// `POST …/processes/signal`.
     #[derive(Debug, Clone, Serialize, Deserialize)]
     pub struct SignalBody {
@@ -930,6 +937,17 @@ impl Backend for HttpBackend {
         let body = body::SetTimeout {
             timeout: timeout.as_secs_f64(),
         };
+        self.call(Method::PUT, url, &[], Some(&body), Retry::Idempotent)
+            .await
+    }
+
+    async fn set_labels(
+        &self,
+        id: &str,
+        labels: std::collections::BTreeMap<String, String>,
+    ) -> Result<SandboxInfo> {
+        let url = self.sandbox_url(id, &["labels"]);
+        let body = body::SetLabels { labels };
         self.call(Method::PUT, url, &[], Some(&body), Retry::Idempotent)
             .await
     }

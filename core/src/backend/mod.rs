@@ -64,6 +64,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Move the end of the sandbox's lease to `timeout` from now.
     async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo>;
 
+    /// Replace the sandbox's labels (works while it is paused).
+    async fn set_labels(
+        &self,
+        id: &str,
+        labels: std::collections::BTreeMap<String, String>,
+    ) -> Result<SandboxInfo>;
+
     /// Destroy the sandbox: every process in it ends and its state is removed.
     async fn destroy(&self, id: &str) -> Result<()>;
 

@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use super::idempotency::Stored;
 use super::{done, json, read_json, ApiError, AppState, In, Out, Route};
-use crate::backend::http::body::SetTimeout;
+use crate::backend::http::body::{SetLabels, SetTimeout};
 use crate::{CreateOptions, Error, ListOptions};
 
 pub(super) fn routes() -> Vec<Route> {
@@ -64,6 +64,15 @@ pub(super) fn routes() -> Vec<Route> {
             set_timeout,
         )
         .input(In::Json("SetTimeout"))
+        .output(Out::Json("SandboxInfo")),
+        Route::new(
+            Method::PUT,
+            "/v1/sandboxes/{id}/labels",
+            "set_labels",
+            "Replace the sandbox's labels",
+            set_labels,
+        )
+        .input(In::Json("SetLabels"))
         .output(Out::Json("SandboxInfo")),
         Route::new(
             Method::POST,
@@ -165,6 +174,16 @@ async fn set_timeout(
     }
     let timeout = Duration::from_secs_f64(req.timeout);
     Ok(json(&state.backend.set_timeout(&id, timeout).await?))
+}
+
+async fn set_labels(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (req, _) = read_json::<SetLabels>(&state, &headers, body).await?;
+    Ok(json(&state.backend.set_labels(&id, req.labels).await?))
 }
 
 async fn pause(

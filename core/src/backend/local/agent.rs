@@ -857,6 +857,7 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: Request) -
         Request::Info
         | Request::Destroy
         | Request::SetTimeout { .. }
+        | Request::SetLabels { .. }
         | Request::Pause
         | Request::Resume
         | Request::Expose { .. }

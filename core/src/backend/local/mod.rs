@@ -569,9 +569,16 @@ fn check_create(options: &CreateOptions) -> Result<()> {
             )));
         }
     }
-    for (k, v) in &options.labels {
-        if k.contains('\0') || v.contains('\0') {
-            return Err(Error::invalid("labels must not contain NUL bytes"));
+    check_labels(&options.labels)
+}
+
+/// Labels: non-empty keys; no NUL bytes anywhere.
+pub(crate) fn check_labels(labels: &std::collections::BTreeMap<String, String>) -> Result<()> {
+    for (k, v) in labels {
+        if k.is_empty() || k.contains('\0') || v.contains('\0') {
+            return Err(Error::invalid(
+                "label keys must be non-empty, and labels must not contain NUL bytes",
+            ));
         }
     }
     Ok(())
@@ -727,6 +734,18 @@ impl Backend for LocalBackend {
             )
             .await?
         {
+            Reply::Info { info } => Ok(info),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn set_labels(
+        &self,
+        id: &str,
+        labels: std::collections::BTreeMap<String, String>,
+    ) -> Result<SandboxInfo> {
+        check_labels(&labels)?;
+        match self.monitor_call(id, Request::SetLabels { labels }).await? {
             Reply::Info { info } => Ok(info),
             other => Err(unexpected(&other)),
         }

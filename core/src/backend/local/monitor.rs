@@ -863,6 +863,21 @@ async fn serve_client(
             let _ = stop.send(()).await;
             return;
         }
+        Some(Request::SetLabels { labels }) => match super::check_labels(&labels) {
+            Ok(()) => {
+                monitor
+                    .record
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .options
+                    .labels = labels;
+                monitor.write_info();
+                Ok(Reply::Info {
+                    info: monitor.info(),
+                })
+            }
+            Err(e) => Err(e),
+        },
         Some(Request::Pause) => monitor.pause().await.map(|info| Reply::Info { info }),
         Some(Request::Resume) => monitor.resume().await.map(|info| Reply::Info { info }),
         Some(Request::Expose { options }) => monitor

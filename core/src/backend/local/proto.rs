@@ -135,6 +135,11 @@ pub enum Request {
         /// Mode bits.
         mode: u32,
     },
+    /// Replace the labels (monitor).
+    SetLabels {
+        /// The new labels.
+        labels: std::collections::BTreeMap<String, String>,
+    },
     /// Pause the sandbox (monitor).
     Pause,
     /// Resume the sandbox (monitor).
