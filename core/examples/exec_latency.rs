@@ -49,5 +49,20 @@ async fn main() -> sandcove::Result<()> {
         "floor (std::process::Command echo hi) {:?}",
         t.elapsed() / 300
     );
+    let mut creates = Vec::new();
+    let mut destroys = Vec::new();
+    for _ in 0..30 {
+        let t = Instant::now();
+        let id = backend.create(CreateOptions::default()).await?.id;
+        creates.push(t.elapsed());
+        let t = Instant::now();
+        backend.destroy(&id).await?;
+        destroys.push(t.elapsed());
+    }
+    println!(
+        "create {:?}  destroy {:?}",
+        p50(&mut creates),
+        p50(&mut destroys)
+    );
     backend.destroy(&id).await
 }

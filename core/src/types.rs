@@ -30,7 +30,7 @@ pub fn now_millis() -> UnixMillis {
 
 /// Options for creating a sandbox.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct CreateOptions {
     /// Base filesystem. `None` (or `"base"`) is the host's system directories, read-only.
     pub template: Option<String>,
@@ -77,6 +77,7 @@ pub enum TimeoutAction {
 
 /// A named volume mounted into a sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct VolumeMount {
     /// Volume name.
     pub volume: String,
@@ -118,7 +119,7 @@ pub struct SnapshotInfo {
 
 /// Options for exposing a sandbox port on the host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct PreviewOptions {
     /// Port inside the sandbox (on its loopback).
     pub port: u16,
@@ -202,7 +203,7 @@ pub struct FsEvent {
 
 /// Options for watching a directory.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct WatchOptions {
     /// Include subdirectories (also ones created later).
     pub recursive: bool,
@@ -210,6 +211,7 @@ pub struct WatchOptions {
 
 /// Size of a pseudo-terminal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PtySize {
     /// Columns.
     pub cols: u16,
@@ -238,7 +240,7 @@ pub struct Metrics {
 
 /// Resource limits of a sandbox. `None` means the backend's default.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct Resources {
     /// CPU cores.
     pub cpu: Option<f64>,
@@ -319,7 +321,7 @@ pub struct UserInfo {
 
 /// Filter for listing sandboxes.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ListOptions {
     /// Only sandboxes carrying all of these labels with these values.
     pub labels: BTreeMap<String, String>,
@@ -406,6 +408,7 @@ impl Command {
 
 /// A process to start in a sandbox.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ProcessSpec {
     /// What to run.
     pub command: Command,
@@ -697,6 +700,7 @@ pub struct FileStat {
 
 /// Options for listing a directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ListDirOptions {
     /// 1 lists the directory's own entries; n descends n-1 levels below it.
     pub depth: u32,
@@ -710,7 +714,7 @@ impl Default for ListDirOptions {
 
 /// Options for writing a file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct WriteOptions {
     /// Create missing parent directories.
     pub create_parents: bool,
@@ -735,7 +739,7 @@ impl Default for WriteOptions {
 
 /// Options for creating a directory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct MkdirOptions {
     /// Create missing parents, and succeed when the directory exists.
     pub parents: bool,
@@ -757,7 +761,7 @@ impl Default for MkdirOptions {
 
 /// Options for removing a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct RemoveOptions {
     /// Remove directories with their contents.
     pub recursive: bool,
@@ -812,6 +816,13 @@ mod tests {
         };
         assert_eq!(s.code_or_signal(), 137);
         assert!(!s.success());
+    }
+
+    #[test]
+    fn unknown_option_fields_are_refused_not_ignored() {
+        assert!(serde_json::from_str::<CreateOptions>(r#"{"tmeout": 5}"#).is_err());
+        assert!(serde_json::from_str::<WriteOptions>(r#"{"mode": 420, "owner": "x"}"#).is_err());
+        assert!(serde_json::from_str::<CreateOptions>(r#"{"timeout": 5}"#).is_ok());
     }
 
     #[test]

@@ -188,7 +188,7 @@ async fn refuse_bodies(tag: &str, bodies_for: &dyn Fn(&str) -> Vec<Vec<u8>>) -> 
 /// A JSON array is not an options object. serde accepts the sequence form of a struct, so
 /// `[]` is read as "all defaults": `POST /v1/sandboxes` with body `[]` creates a sandbox.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "server bug: a JSON array body ([]) is accepted as an all-defaults options object; POST /v1/sandboxes with [] creates a sandbox"]
+
 async fn a_json_array_is_not_an_options_object() {
     let summary = refuse_bodies_everywhere("harray", &[b"[]".to_vec()]).await;
     println!("hardening: [] refused on every JSON route: {summary}");

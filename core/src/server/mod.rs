@@ -496,8 +496,14 @@ async fn read_json<T: DeserializeOwned>(
     } else {
         &bytes
     };
-    let value =
+    // Every body is an object: serde would otherwise accept a struct in its array form.
+    let value: serde_json::Value =
         serde_json::from_slice(text).map_err(|e| Error::invalid(format!("request body: {e}")))?;
+    if !value.is_object() {
+        return Err(Error::invalid("request body: expected a JSON object").into());
+    }
+    let value =
+        serde_json::from_value(value).map_err(|e| Error::invalid(format!("request body: {e}")))?;
     Ok((value, bytes))
 }
 

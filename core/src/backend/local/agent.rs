@@ -34,6 +34,8 @@ const FINISHED_KEPT: usize = 256;
 /// How long to keep draining a process's pipes after it exited, when a descendant still
 /// holds them open.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
+/// Longest process timeout accepted (a year); longer is a unit mistake, and "none" is `None`.
+pub const MAX_PROCESS_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The search path every sandbox process starts with.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -64,6 +66,11 @@ pub fn run(record: Record, ctrl: OwnedFd, sync_read: OwnedFd) -> ! {
         sys::exit_now(1);
     }
     let _ = sys::set_non_dumpable();
+    if !record.unisolated {
+        // Our inherited stdio is the monitor's log in the host state directory; reachable
+        // through /proc/1/fd it would be a way out of the sandbox.
+        let _ = sys::stdio_to_dev_null();
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .max_blocking_threads(16)
@@ -822,7 +829,11 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: Request) -
                         "mode {mode:o} has bits beyond 07777"
                     )));
                 }
-                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))
+                // Through an O_PATH descriptor opened without magic links, so the mode lands on
+                // the sandbox file the path names, never on what a /proc link leads to.
+                let fd = open_in_sandbox(&p, libc::O_PATH, 0, &path)?;
+                let by_fd = format!("/proc/self/fd/{}", fd.as_raw_fd());
+                std::fs::set_permissions(&by_fd, std::fs::Permissions::from_mode(mode))
                     .map_err(|e| Error::from_io(&e, &path))?;
                 stat_path(&rec, &p)
             })
@@ -940,6 +951,15 @@ pub fn validate_spec(spec: &ProcessSpec) -> Result<()> {
     }
     if spec.cwd.as_deref() == Some("") {
         return Err(Error::invalid("cwd is empty"));
+    }
+    if let Some(t) = spec.timeout {
+        if t > MAX_PROCESS_TIMEOUT {
+            return Err(Error::invalid(format!(
+                "process timeout of {}s exceeds the maximum of {}s (omit it for no timeout)",
+                t.as_secs(),
+                MAX_PROCESS_TIMEOUT.as_secs()
+            )));
+        }
     }
     Ok(())
 }
@@ -1292,6 +1312,20 @@ async fn publish(proc_: &Proc, ev: Event) {
 /// Isolated, that is the path itself: the agent's root is the sandbox root. Un-isolated (the
 /// explicit opt-in), sandbox paths live under a host directory; `..` is clamped there, but
 /// symlinks are not confined — that mode has no isolation by definition.
+/// Open a sandbox path for the file API, refusing to pass through `/proc` magic links (the
+/// agent's own `/proc/self/exe` and descriptors lead outside the sandbox).
+fn open_in_sandbox(p: &Path, flags: libc::c_int, mode: u32, shown: &str) -> Result<std::fs::File> {
+    match sys::open_no_magiclinks(p, flags, mode) {
+        Ok(fd) => Ok(std::fs::File::from(fd)),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) && p.starts_with("/proc") => {
+            Err(Error::PermissionDenied {
+                what: format!("{shown}: the file API does not follow /proc links"),
+            })
+        }
+        Err(e) => Err(Error::from_io(&e, shown)),
+    }
+}
+
 fn resolve(record: &Record, path: &str) -> Result<PathBuf> {
     if path.is_empty() {
         return Err(Error::invalid("empty path"));
@@ -1505,9 +1539,8 @@ fn remove(record: &Record, path: &str, options: RemoveOptions) -> Result<()> {
 
 async fn read_file(agent: &Arc<Agent>, stream: &mut UnixStream, path: &str) -> Result<()> {
     let p = resolve(&agent.record, path)?;
-    let file = tokio::fs::File::open(&p)
-        .await
-        .map_err(|e| Error::from_io(&e, path))?;
+    let file = open_in_sandbox(&p, libc::O_RDONLY, 0, path)?;
+    let file = tokio::fs::File::from_std(file);
     let meta = file
         .metadata()
         .await
@@ -1564,17 +1597,14 @@ async fn write_file(
             .unwrap_or_default();
         p.with_file_name(format!(".{name}.sandcove-{}", now_millis()))
     };
-    let mut open = tokio::fs::OpenOptions::new();
-    open.write(true).create(true);
-    if options.append {
-        open.append(true);
-    } else {
-        open.truncate(true);
-    }
-    let mut file = open
-        .open(&target)
-        .await
-        .map_err(|e| Error::from_io(&e, path))?;
+    let flags = libc::O_WRONLY
+        | libc::O_CREAT
+        | if options.append {
+            libc::O_APPEND
+        } else {
+            libc::O_TRUNC
+        };
+    let mut file = tokio::fs::File::from_std(open_in_sandbox(&target, flags, 0o644, path)?);
     let result: Result<()> = async {
         while let Some(body) = read_data_frame(stream).await? {
             file.write_all(&body)

@@ -459,6 +459,16 @@ pub fn harden_child(uid: u32, gid: u32, nproc: u64, nofile: u64) -> io::Result<(
             rlim_max: nofile,
         };
         cvt(libc::setrlimit(libc::RLIMIT_NOFILE, &nofile_rl))?;
+        // Empty the bounding set first, while we still hold CAP_SETPCAP (changing to a
+        // non-root uid below clears it), so exec can never regain a capability.
+        for cap in 0..=63 {
+            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) == -1 {
+                match *libc::__errno_location() {
+                    libc::EINVAL => break, // past the last capability this kernel knows
+                    _ => return Err(io::Error::last_os_error()),
+                }
+            }
+        }
         // setgroups is denied in a single-uid namespace; there are no groups to drop then.
         let groups: [libc::gid_t; 0] = [];
         if libc::setgroups(0, groups.as_ptr()) == -1 && *libc::__errno_location() != libc::EPERM {
@@ -466,14 +476,7 @@ pub fn harden_child(uid: u32, gid: u32, nproc: u64, nofile: u64) -> io::Result<(
         }
         cvt(libc::setresgid(gid, gid, gid))?;
         cvt(libc::setresuid(uid, uid, uid))?;
-        // Drop every capability: the bounding set (so exec cannot regain them), then the
-        // ambient, effective, permitted and inheritable sets.
-        for cap in 0..=63 {
-            let r = libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
-            if r == -1 && *libc::__errno_location() == libc::EINVAL {
-                break;
-            }
-        }
+        // Then the ambient, effective, permitted and inheritable sets.
         libc::prctl(
             libc::PR_CAP_AMBIENT,
             libc::PR_CAP_AMBIENT_CLEAR_ALL,
@@ -719,4 +722,56 @@ pub fn descendants(root: i32, pids: &[i32]) -> Vec<i32> {
         }
     }
     out
+}
+
+/// `openat2(2)` with `RESOLVE_NO_MAGICLINKS`: open `path` like `open(2)`, but refuse (with
+/// `ELOOP`) to pass through `/proc` magic links such as `/proc/self/exe` or
+/// `/proc/<pid>/fd/<n>`, which can lead to objects outside the caller's root.
+pub fn open_no_magiclinks(path: &Path, flags: libc::c_int, mode: u32) -> io::Result<OwnedFd> {
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+    let c = cstr(path)?;
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u64,
+        mode: if flags & libc::O_CREAT != 0 {
+            mode as u64
+        } else {
+            0
+        },
+        resolve: RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: `c` is a valid C string and `how` a correctly laid out open_how of the size
+    // passed; the returned descriptor is fresh.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: openat2 returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Point fds 0, 1 and 2 at `/dev/null`, so no descriptor of ours leads outside the sandbox.
+pub fn stdio_to_dev_null() -> io::Result<()> {
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    for fd in 0..3 {
+        // SAFETY: dup2 onto the standard descriptors; `null` stays open across the calls.
+        cvt(unsafe { libc::dup2(null.as_raw_fd(), fd) })?;
+    }
+    Ok(())
 }
