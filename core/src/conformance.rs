@@ -1623,6 +1623,23 @@ pub async fn watch_reports_changes(backend: &dyn Backend) {
             other => panic!("expected events {want:?}, saw {seen:?}, then {other:?}"),
         }
     }
+    // Files made in a directory before its watch was added are reported too.
+    sh(
+        backend,
+        &id,
+        "mkdir -p w/new/deeper && echo x > w/new/deeper/f",
+    )
+    .await;
+    let want = ["new", "new/deeper", "new/deeper/f"];
+    let mut created: Vec<String> = Vec::new();
+    while !want.iter().all(|w| created.iter().any(|c| c == w)) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left + Duration::from_secs(10), events.next()).await {
+            Ok(Some(Ok(ev))) if ev.kind == FsEventKind::Create => created.push(ev.name),
+            Ok(Some(Ok(_))) => {}
+            other => panic!("expected creates of {want:?}, saw {created:?}, then {other:?}"),
+        }
+    }
     expect_code(
         backend.watch(&id, "nope", options).await.map(drop),
         ErrorCode::NotFound,

@@ -1778,12 +1778,6 @@ async fn watch(
                 for ev in sys::parse_inotify(&buf[..n]) {
                     let Some(dir) = dirs.get(&ev.wd).cloned() else { continue };
                     let full = if ev.name.is_empty() { dir.clone() } else { dir.join(&ev.name) };
-                    if options.recursive
-                        && ev.mask & libc::IN_ISDIR != 0
-                        && ev.mask & (libc::IN_CREATE | libc::IN_MOVED_TO) != 0
-                    {
-                        add(fd.get_ref(), &full, &mut dirs);
-                    }
                     let kind = if ev.mask & libc::IN_CREATE != 0 {
                         FsEventKind::Create
                     } else if ev.mask & (libc::IN_MODIFY | libc::IN_CLOSE_WRITE) != 0 {
@@ -1801,17 +1795,40 @@ async fn watch(
                     } else {
                         continue;
                     };
-                    let name = full
-                        .strip_prefix(&root)
-                        .map(|p| p.to_string_lossy().into_owned())
-                        .unwrap_or_default();
-                    let event = FsEvent {
-                        path: sandbox_path(&agent.record, &full),
-                        name,
-                        kind,
-                    };
-                    if proto::write_frame(&mut wr, &Reply::FsEvent { event }, &[]).await.is_err() {
-                        return Ok(());
+                    let mut changes = vec![(full.clone(), kind)];
+                    if options.recursive
+                        && ev.mask & libc::IN_ISDIR != 0
+                        && ev.mask & (libc::IN_CREATE | libc::IN_MOVED_TO) != 0
+                    {
+                        // Watch the new directory, then report what was already created in it
+                        // before the watch existed (a `mkdir -p a/b && touch a/b/f` race).
+                        add(fd.get_ref(), &full, &mut dirs);
+                        let mut queue = VecDeque::from([full.clone()]);
+                        while let Some(dir) = queue.pop_front() {
+                            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+                            for e in entries.flatten() {
+                                let path = e.path();
+                                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                                    add(fd.get_ref(), &path, &mut dirs);
+                                    queue.push_back(path.clone());
+                                }
+                                changes.push((path, FsEventKind::Create));
+                            }
+                        }
+                    }
+                    for (changed, kind) in changes {
+                        let name = changed
+                            .strip_prefix(&root)
+                            .map(|p| p.to_string_lossy().into_owned())
+                            .unwrap_or_default();
+                        let event = FsEvent {
+                            path: sandbox_path(&agent.record, &changed),
+                            name,
+                            kind,
+                        };
+                        if proto::write_frame(&mut wr, &Reply::FsEvent { event }, &[]).await.is_err() {
+                            return Ok(());
+                        }
                     }
                 }
             }
