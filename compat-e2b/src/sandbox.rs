@@ -877,7 +877,7 @@ pub struct SandboxInfo {
     pub envd_version: String,
     /// `allow_internet_access` (only from `get_info`).
     pub allow_internet_access: Option<bool>,
-    /// `lifecycle`: not reported by the runtime (`None`).
+    /// `lifecycle` (only from `get_info`, as on E2B).
     pub lifecycle: Option<SandboxInfoLifecycle>,
     /// `volume_mounts`: `{"name", "path"}` pairs.
     pub volume_mounts: Vec<BTreeMap<String, String>>,
@@ -919,8 +919,23 @@ impl SandboxInfo {
                 .unwrap_or_else(host_memory_mb),
             envd_version: translate::ENVD_VERSION.into(),
             allow_internet_access: detail.then_some(info.network == NetworkPolicy::Host),
-            lifecycle: None,
-            volume_mounts: Vec::new(),
+            lifecycle: detail.then(|| SandboxInfoLifecycle {
+                on_timeout: match info.on_timeout {
+                    sandcove::TimeoutAction::Pause => "pause".into(),
+                    _ => "kill".into(),
+                },
+                auto_resume: info.auto_resume,
+            }),
+            volume_mounts: info
+                .volumes
+                .iter()
+                .map(|v| {
+                    BTreeMap::from([
+                        ("name".to_string(), v.volume.clone()),
+                        ("path".to_string(), v.path.clone()),
+                    ])
+                })
+                .collect(),
         }
     }
 }

@@ -80,6 +80,15 @@ async fn timeout_zero_means_the_default_lifetime() {
 async fn set_timeout_kill_and_is_running() {
     let sbx = sandbox("lifecycle").await;
     assert!(sbx.is_running().await.expect("is_running"));
+    let lifecycle = sbx.get_info().await.expect("info").lifecycle;
+    assert_eq!(
+        lifecycle,
+        Some(e2b::SandboxInfoLifecycle {
+            on_timeout: "kill".into(),
+            auto_resume: false,
+        }),
+        "get_info reports the lifecycle"
+    );
     let before = DateTime::now().unix_millis;
     sbx.set_timeout(600).await.expect("set_timeout");
     let end = sbx.get_info().await.expect("info").end_at.unix_millis;

@@ -304,6 +304,18 @@ pub struct SandboxInfo {
     pub created_at: UnixMillis,
     /// When the lease ends.
     pub ends_at: UnixMillis,
+    /// What happens when the lease ends.
+    #[serde(default)]
+    pub on_timeout: TimeoutAction,
+    /// Whether a paused sandbox resumes when work arrives for it.
+    #[serde(default)]
+    pub auto_resume: bool,
+    /// Volumes mounted at creation.
+    #[serde(default)]
+    pub volumes: Vec<VolumeMount>,
+    /// The snapshot it was created from, if any.
+    #[serde(default)]
+    pub snapshot: Option<String>,
 }
 
 /// A user inside a sandbox.

@@ -45,6 +45,10 @@ fn info(id: &str) -> SandboxInfo {
         },
         created_at: 1,
         ends_at: 2,
+        on_timeout: Default::default(),
+        auto_resume: false,
+        volumes: Vec::new(),
+        snapshot: None,
     }
 }
 

@@ -496,6 +496,10 @@ pub(crate) fn info_of(record: &Record, state: SandboxState) -> SandboxInfo {
         user: record.default_user().clone(),
         created_at: record.created_at,
         ends_at: record.ends_at,
+        on_timeout: record.options.on_timeout,
+        auto_resume: record.options.auto_resume,
+        volumes: record.options.volumes.clone(),
+        snapshot: record.options.snapshot.clone(),
     }
 }
 
