@@ -250,6 +250,12 @@ pub async fn serve(
         shutdown.await;
         let _ = signal.send(true);
     };
+    // No Nagle: small frames (a command's output, its exit) must leave at once, not wait for
+    // the peer's delayed ACK (~40 ms per round trip otherwise).
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
     let deadline = async move {
         let _ = stopping.wait_for(|v| *v).await;
