@@ -699,6 +699,13 @@ pub async fn list_and_attach_processes(backend: &dyn Backend) {
         .expect("attach after exit");
     let out = collect(late, usize::MAX).await.expect("collect");
     assert_eq!(out.stdout, b"first\ngot x\n");
+    let listed = backend.list_processes(&id).await.expect("list");
+    let entry = listed.iter().find(|p| p.pid == pid).expect("still listed");
+    assert!(entry.exit.is_some());
+    assert!(
+        entry.ended_at.is_some_and(|t| t >= entry.started_at),
+        "an end time: {entry:?}"
+    );
     assert!(out.exit_status().success());
     expect_code(
         backend

@@ -616,6 +616,9 @@ pub struct ProcessInfo {
     pub started_at: UnixMillis,
     /// How it ended, if it has.
     pub exit: Option<ExitStatus>,
+    /// When it ended, if it has.
+    #[serde(default)]
+    pub ended_at: Option<UnixMillis>,
 }
 
 /// Where to attach: a pid or a tag.

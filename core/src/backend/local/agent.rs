@@ -1132,6 +1132,7 @@ fn spawn_process(
                 envs: spec.envs.clone(),
                 started_at: now_millis(),
                 exit: None,
+                ended_at: None,
             },
             history: VecDeque::new(),
             history_bytes: 0,
@@ -1228,6 +1229,7 @@ async fn pump(
         let mut st = proc_.state.lock().unwrap_or_else(|e| e.into_inner());
         status.timed_out = st.timed_out;
         st.info.exit = Some(status);
+        st.info.ended_at = Some(now_millis());
     }
     proc_.stdin.lock().await.take();
     publish(&proc_, Event::Exit(status)).await;
