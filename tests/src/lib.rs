@@ -174,6 +174,32 @@ pub fn check_fixture(name: &str, exe: &str, runtime: &Runtime) {
     }
 }
 
+/// The capabilities of the embedded runtime (the loopback server wraps the same engine).
+pub fn capabilities() -> sandcove::Capabilities {
+    sandcove::Client::local()
+        .expect("the embedded runtime")
+        .capabilities()
+}
+
+/// Run fixture `name` (binary `exe`) on the embedded runtime, then on a loopback server, one
+/// after the other (fixtures may use fixed sandbox names, as vendor examples do).
+pub fn check_everywhere(name: &str, exe: &str) {
+    check_fixture(name, exe, &Runtime::Embedded);
+    let (server, _guard) = start_loopback_server();
+    check_fixture(name, exe, &server);
+}
+
+/// Whether to run fixture `name`, which needs capability `what`; says loudly why not.
+pub fn has(available: bool, name: &str, what: &str) -> bool {
+    if !available {
+        eprintln!(
+            "SKIPPING {name}: the runtime has no {what} yet (capabilities().{what} == false); \
+             this fixture runs by itself once it lands"
+        );
+    }
+    available
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,32 +1,7 @@
 //! Every Daytona fixture program against the embedded runtime and against a loopback server.
 //! Fixtures that need a capability the runtime lacks are skipped, loudly, until it lands.
 
-use sandcove_tests::{check_fixture, start_loopback_server, Runtime};
-
-/// The capabilities of the embedded runtime (the loopback server wraps the same engine).
-fn capabilities() -> sandcove::Capabilities {
-    sandcove::Client::local()
-        .expect("the embedded runtime")
-        .capabilities()
-}
-
-/// Run fixture `name` on the embedded runtime, then on a loopback server.
-fn check_everywhere(name: &str, exe: &str) {
-    check_fixture(name, exe, &Runtime::Embedded);
-    let (server, _guard) = start_loopback_server();
-    check_fixture(name, exe, &server);
-}
-
-/// Whether to run a fixture needing `what`; prints why not.
-fn has(available: bool, name: &str, what: &str) -> bool {
-    if !available {
-        eprintln!(
-            "SKIPPING {name}: the runtime has no {what} yet (capabilities().{what} == false); \
-             this fixture runs by itself once it lands"
-        );
-    }
-    available
-}
+use sandcove_tests::{capabilities, check_everywhere, has};
 
 #[test]
 fn daytona_quickstart() {
