@@ -296,6 +296,14 @@ impl LocalBackend {
         })
     }
 
+    /// A monitor request answered with the sandbox's info.
+    async fn monitor_info(&self, id: &str, request: Request) -> Result<SandboxInfo> {
+        match self.monitor_call(id, request).await? {
+            Reply::Info { info } => Ok(info),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Open a connection served by the agent, with `request` sent.
     async fn agent_stream(&self, id: &str, request: &Request) -> Result<UnixStream> {
         self.agent_stream_opts(id, request, false).await
@@ -682,10 +690,7 @@ impl Backend for LocalBackend {
     }
 
     async fn get(&self, id: &str) -> Result<SandboxInfo> {
-        match self.monitor_call(id, Request::Info).await? {
-            Reply::Info { info } => Ok(info),
-            other => Err(unexpected(&other)),
-        }
+        self.monitor_info(id, Request::Info).await
     }
 
     async fn list(&self, options: ListOptions) -> Result<Vec<SandboxInfo>> {
@@ -729,18 +734,13 @@ impl Backend for LocalBackend {
                 MAX_TIMEOUT.as_secs()
             )));
         }
-        match self
-            .monitor_call(
-                id,
-                Request::SetTimeout {
-                    secs: timeout.as_secs_f64(),
-                },
-            )
-            .await?
-        {
-            Reply::Info { info } => Ok(info),
-            other => Err(unexpected(&other)),
-        }
+        self.monitor_info(
+            id,
+            Request::SetTimeout {
+                secs: timeout.as_secs_f64(),
+            },
+        )
+        .await
     }
 
     async fn set_labels(
@@ -749,10 +749,7 @@ impl Backend for LocalBackend {
         labels: std::collections::BTreeMap<String, String>,
     ) -> Result<SandboxInfo> {
         check_labels(&labels)?;
-        match self.monitor_call(id, Request::SetLabels { labels }).await? {
-            Reply::Info { info } => Ok(info),
-            other => Err(unexpected(&other)),
-        }
+        self.monitor_info(id, Request::SetLabels { labels }).await
     }
 
     async fn destroy(&self, id: &str) -> Result<()> {
@@ -930,17 +927,11 @@ impl Backend for LocalBackend {
     }
 
     async fn pause(&self, id: &str) -> Result<SandboxInfo> {
-        match self.monitor_call(id, Request::Pause).await? {
-            Reply::Info { info } => Ok(info),
-            other => Err(unexpected(&other)),
-        }
+        self.monitor_info(id, Request::Pause).await
     }
 
     async fn resume(&self, id: &str) -> Result<SandboxInfo> {
-        match self.monitor_call(id, Request::Resume).await? {
-            Reply::Info { info } => Ok(info),
-            other => Err(unexpected(&other)),
-        }
+        self.monitor_info(id, Request::Resume).await
     }
 
     async fn metrics(&self, id: &str) -> Result<Metrics> {
