@@ -1630,6 +1630,35 @@ pub async fn watch_reports_changes(backend: &dyn Backend) {
             other => panic!("expected events {want:?}, saw {seen:?}, then {other:?}"),
         }
     }
+    // Writes through the file API read as writes: a create and a write for a new file, a
+    // write for an existing one, and never the engine's temporary file.
+    write(backend, &id, "w/api.txt", b"1").await;
+    write(backend, &id, "w/api.txt", b"2").await;
+    let mut api_events = Vec::new();
+    while api_events
+        .iter()
+        .filter(|k| **k == FsEventKind::Write)
+        .count()
+        < 2
+    {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left + Duration::from_secs(10), events.next()).await {
+            Ok(Some(Ok(ev))) => {
+                assert!(
+                    !ev.name.contains(".sandcove-"),
+                    "temporary file shown: {ev:?}"
+                );
+                if ev.name == "api.txt" {
+                    api_events.push(ev.kind);
+                }
+            }
+            other => panic!("expected API write events, saw {api_events:?}, then {other:?}"),
+        }
+    }
+    assert_eq!(
+        api_events,
+        [FsEventKind::Create, FsEventKind::Write, FsEventKind::Write]
+    );
     // Files made in a directory before its watch was added are reported too.
     sh(
         backend,

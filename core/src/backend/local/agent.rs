@@ -1597,7 +1597,7 @@ async fn write_file(
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        p.with_file_name(format!(".{name}.sandcove-{}", now_millis()))
+        p.with_file_name(temp_name_for(&name, existing.is_some()))
     };
     let flags = libc::O_WRONLY
         | libc::O_CREAT
@@ -1762,6 +1762,8 @@ async fn watch(
     let (mut rd, mut wr) = stream.split();
     let mut buf = vec![0u8; 64 * 1024];
     let mut probe = [0u8; 1];
+    // API writes in flight: target path → whether the target existed when the write began.
+    let mut api_writes: HashMap<PathBuf, bool> = HashMap::new();
     loop {
         tokio::select! {
             // The client closing its side ends the watch.
@@ -1780,6 +1782,43 @@ async fn watch(
                 for ev in sys::parse_inotify(&buf[..n]) {
                     let Some(dir) = dirs.get(&ev.wd).cloned() else { continue };
                     let full = if ev.name.is_empty() { dir.clone() } else { dir.join(&ev.name) };
+                    // An API write goes through a temporary file renamed over its target: hide
+                    // the temporary file, and report the landing as what it is for the target
+                    // (a create and a write, or a write).
+                    if let Some((target, existed)) = temp_target(&ev.name) {
+                        let target = dir.join(target);
+                        if ev.mask & libc::IN_CREATE != 0 {
+                            api_writes.insert(target, existed);
+                        } else if ev.mask & libc::IN_DELETE != 0 {
+                            api_writes.remove(&target);
+                        }
+                        continue;
+                    }
+                    let landed = if ev.mask & libc::IN_MOVED_TO != 0 {
+                        api_writes.remove(&full)
+                    } else {
+                        None
+                    };
+                    if let Some(existed) = landed {
+                        let mut kinds = vec![FsEventKind::Write];
+                        if !existed {
+                            kinds.insert(0, FsEventKind::Create);
+                        }
+                        for kind in kinds {
+                            let event = FsEvent {
+                                path: sandbox_path(&agent.record, &full),
+                                name: full
+                                    .strip_prefix(&root)
+                                    .map(|p| p.to_string_lossy().into_owned())
+                                    .unwrap_or_default(),
+                                kind,
+                            };
+                            if proto::write_frame(&mut wr, &Reply::FsEvent { event }, &[]).await.is_err() {
+                                return Ok(());
+                            }
+                        }
+                        continue;
+                    }
                     let kind = if ev.mask & libc::IN_CREATE != 0 {
                         FsEventKind::Create
                     } else if ev.mask & (libc::IN_MODIFY | libc::IN_CLOSE_WRITE) != 0 {
@@ -1836,6 +1875,25 @@ async fn watch(
             }
         }
     }
+}
+
+/// The temporary name an API write uses beside its target (renamed over it at the end). It
+/// records whether the target existed, so a watch can report the landing as a create or a
+/// write without racing the rename.
+fn temp_name_for(target: &str, existed: bool) -> String {
+    let new = if existed { "" } else { "new-" };
+    format!(".{target}.sandcove-{new}{}", now_millis())
+}
+
+/// For an API write's temporary file: its target name and whether the target existed.
+fn temp_target(name: &str) -> Option<(&str, bool)> {
+    let (head, tail) = name.strip_prefix('.')?.rsplit_once(".sandcove-")?;
+    let (existed, digits) = match tail.strip_prefix("new-") {
+        Some(d) => (false, d),
+        None => (true, tail),
+    };
+    (!head.is_empty() && !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then_some((head, existed))
 }
 
 /// Paths excluded from filesystem export: mounts of host or kernel filesystems and the
@@ -2012,4 +2070,30 @@ async fn import_fs(agent: &Agent, stream: &mut UnixStream) -> Result<()> {
         )));
     }
     done(stream).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_write_temporary_names_round_trip() {
+        assert_eq!(
+            temp_target(&temp_name_for("a.txt", true)),
+            Some(("a.txt", true))
+        );
+        assert_eq!(
+            temp_target(&temp_name_for("a.txt", false)),
+            Some(("a.txt", false))
+        );
+        for not_temp in [
+            "notes.txt",
+            ".notes.sandcove-",
+            ".sandcove-12",
+            ".a.sandcove-1x",
+            "a.sandcove-1",
+        ] {
+            assert_eq!(temp_target(not_temp), None, "{not_temp}");
+        }
+    }
 }
