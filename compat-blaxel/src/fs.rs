@@ -581,12 +581,6 @@ impl WatchBuilder {
                 {
                     continue;
                 }
-                // The runtime writes files atomically through a hidden temporary name;
-                // Blaxel writes in place. Hide the temporary file and report the rename
-                // that lands the file as its creation.
-                if translate::is_runtime_temp_name(&translate::basename(&event.path)) {
-                    continue;
-                }
                 let mut op = match event.kind {
                     sandcove::FsEventKind::Create => "CREATE",
                     sandcove::FsEventKind::Write => "WRITE",
@@ -594,6 +588,7 @@ impl WatchBuilder {
                     sandcove::FsEventKind::Rename => "RENAME",
                     sandcove::FsEventKind::Chmod => "CHMOD",
                 };
+                // The side of a rename that exists afterwards is reported as its creation.
                 if op == "RENAME" && core.stat(&event.path).await.is_ok() {
                     op = "CREATE";
                 }

@@ -372,15 +372,6 @@ pub fn parent(path: &str) -> String {
     }
 }
 
-/// Whether `name` is the hidden temporary name the runtime writes a file under before
-/// renaming it into place (`.<name>.sandcove-<digits>`).
-pub fn is_runtime_temp_name(name: &str) -> bool {
-    name.starts_with('.')
-        && name
-            .rsplit_once(".sandcove-")
-            .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-}
-
 /// Parse an octal permission string such as `"0755"` or `"644"`.
 pub fn parse_permissions(text: &str) -> Option<u32> {
     let t = text.trim();
@@ -538,9 +529,6 @@ mod tests {
         assert_eq!(parse_permissions("0755"), Some(0o755));
         assert_eq!(parse_permissions("644"), Some(0o644));
         assert_eq!(parse_permissions("9"), None);
-        assert!(is_runtime_temp_name(".a.txt.sandcove-1795995424879"));
-        assert!(!is_runtime_temp_name("a.txt"));
-        assert!(!is_runtime_temp_name(".a.sandcove-x"));
     }
 
     #[test]

@@ -955,7 +955,6 @@ impl IntoFuture for WatchBuilder {
                 let shared = state.clone();
                 let include = self.include_entry;
                 let task = tokio::spawn(async move {
-                    let mut translator = translate::WatchTranslator::default();
                     while let Some(item) = stream.next().await {
                         let event = match item {
                             Ok(ev) => ev,
@@ -966,26 +965,22 @@ impl IntoFuture for WatchBuilder {
                                 return;
                             }
                         };
-                        for (name, kind) in translator.translate(&event.name, event.kind) {
-                            let entry = if include {
-                                let path = match event.path.strip_suffix(event.name.as_str()) {
-                                    Some(root) => format!("{root}{name}"),
-                                    None => event.path.clone(),
-                                };
-                                match ctx.backend.stat(&ctx.id, &path).await {
-                                    Ok(st) => Some(EntryInfo::from_stat(&ctx, &st)),
-                                    Err(_) => None,
-                                }
-                            } else {
-                                None
-                            };
-                            if let Ok(mut s) = shared.lock() {
-                                s.events.push(FilesystemEvent {
-                                    name,
-                                    r#type: FilesystemEventType::from_kind(kind),
-                                    entry,
-                                });
+                        // The runtime already reports API writes as E2B does (create, then
+                        // write) and never shows its temporary files: events map one to one.
+                        let entry = if include {
+                            match ctx.backend.stat(&ctx.id, &event.path).await {
+                                Ok(st) => Some(EntryInfo::from_stat(&ctx, &st)),
+                                Err(_) => None,
                             }
+                        } else {
+                            None
+                        };
+                        if let Ok(mut s) = shared.lock() {
+                            s.events.push(FilesystemEvent {
+                                name: event.name,
+                                r#type: FilesystemEventType::from_kind(event.kind),
+                                entry,
+                            });
                         }
                     }
                 });

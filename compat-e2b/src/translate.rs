@@ -294,54 +294,6 @@ pub fn timeout_secs(secs: Option<f64>) -> Option<std::time::Duration> {
     }
 }
 
-/// If `name` (relative to a watched directory) is the temporary file the runtime writes
-/// through (`.<file>.sandcove-<digits>` beside `<file>`), the final name it becomes.
-pub fn atomic_write_target(name: &str) -> Option<String> {
-    let (dir, base) = match name.rsplit_once('/') {
-        Some((d, b)) => (Some(d), b),
-        None => (None, name),
-    };
-    let rest = base.strip_prefix('.')?;
-    let (file, digits) = rest.rsplit_once(".sandcove-")?;
-    if file.is_empty() || digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some(match dir {
-        Some(d) => format!("{d}/{file}"),
-        None => file.to_string(),
-    })
-}
-
-/// Turns the runtime's watch events into E2B's: a file written through a temporary file and
-/// renamed into place is reported as E2B reports a write (`create`, then `write`), and the
-/// temporary file's own events are left out.
-#[derive(Debug, Default, Clone)]
-pub struct WatchTranslator {
-    renamed_into: Option<String>,
-}
-
-impl WatchTranslator {
-    /// The E2B events for one runtime event.
-    pub fn translate(
-        &mut self,
-        name: &str,
-        kind: sandcove::FsEventKind,
-    ) -> Vec<(String, sandcove::FsEventKind)> {
-        use sandcove::FsEventKind as K;
-        if let Some(target) = atomic_write_target(name) {
-            if kind == K::Rename {
-                self.renamed_into = Some(target);
-            }
-            return Vec::new();
-        }
-        if kind == K::Rename && self.renamed_into.as_deref() == Some(name) {
-            self.renamed_into = None;
-            return vec![(name.to_string(), K::Create), (name.to_string(), K::Write)];
-        }
-        vec![(name.to_string(), kind)]
-    }
-}
-
 /// Incremental UTF-8 decoding with U+FFFD replacement: a multi-byte character split across
 /// chunks is decoded whole.
 #[derive(Debug, Default, Clone)]
@@ -517,54 +469,6 @@ mod tests {
         assert_eq!(
             timeout_secs(Some(1.5)),
             Some(std::time::Duration::from_millis(1500))
-        );
-    }
-
-    #[test]
-    fn atomic_writes_look_like_e2b_writes() {
-        use sandcove::FsEventKind as K;
-        assert_eq!(
-            atomic_write_target(".my-file.sandcove-17959"),
-            Some("my-file".into())
-        );
-        assert_eq!(
-            atomic_write_target("a/b/.x.txt.sandcove-1"),
-            Some("a/b/x.txt".into())
-        );
-        for not_temp in [
-            "my-file",
-            ".hidden",
-            ".x.sandcove-",
-            ".x.sandcove-12a",
-            "..sandcove-1",
-        ] {
-            assert_eq!(atomic_write_target(not_temp), None, "{not_temp}");
-        }
-        let mut t = WatchTranslator::default();
-        let temp = ".my-file.sandcove-1";
-        let mut out = Vec::new();
-        for (name, kind) in [
-            (temp, K::Create),
-            (temp, K::Write),
-            (temp, K::Chmod),
-            (temp, K::Rename),
-            ("my-file", K::Rename),
-            ("f2", K::Rename),
-            ("f2", K::Remove),
-        ] {
-            out.extend(t.translate(name, kind));
-        }
-        let want = [
-            ("my-file", K::Create),
-            ("my-file", K::Write),
-            ("f2", K::Rename),
-            ("f2", K::Remove),
-        ];
-        assert_eq!(
-            out,
-            want.iter()
-                .map(|(n, k)| (n.to_string(), *k))
-                .collect::<Vec<_>>()
         );
     }
 
