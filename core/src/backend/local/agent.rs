@@ -111,8 +111,12 @@ fn setup_sandbox(record: &Record) -> Result<()> {
     // this mount namespace, so it can be bound).
     let mut volume_sources = Vec::new();
     for m in &record.mounts {
-        let dir = std::fs::File::open(&m.host_path)
-            .map_err(|e| unavailable(&format!("open volume directory {}", m.host_path), e))?;
+        let dir =
+            super::volumes::open_source(Path::new(&m.host_path), m.subpath.as_deref(), false, None)
+                .map_err(|e| match &m.subpath {
+                    Some(sub) => super::volumes::subpath_error(&m.path, sub, e),
+                    None => unavailable(&format!("open volume directory {}", m.host_path), e),
+                })?;
         volume_sources.push(dir);
     }
     let size = format!("size={}m,mode=0755", record.disk_mib());
@@ -201,22 +205,34 @@ fn setup_sandbox(record: &Record) -> Result<()> {
     }
 
     // Volumes (staged by the monitor where the host path is out of our reach).
+    // A mount point may lie inside an earlier volume, whose contents a sandbox wrote: it is
+    // made and reached beneath the new root with no symlinks, never by a host path.
+    let root_fd = sys::open_dir_path(&root).map_err(fs_err("open the sandbox root"))?;
     for (m, dir) in record.mounts.iter().zip(&volume_sources) {
-        let target = r(&m.path);
-        std::fs::create_dir_all(&target).map_err(fs_err("create a volume mount point"))?;
-        let source = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+        let rel = Path::new(m.path.trim_start_matches('/'));
+        let shown = |e: std::io::Error| {
+            Error::invalid(format!(
+                "volume mount path {:?} cannot be made inside the sandbox: {e}",
+                m.path
+            ))
+        };
+        let target = super::volumes::dirs_beneath(root_fd.as_raw_fd(), rel, true, None, false)
+            .map_err(shown)?;
         sys::mount(
-            Some(&source),
-            &target,
+            Some(&sys::fd_path(dir.as_raw_fd())),
+            &sys::fd_path(target.as_raw_fd()),
             None,
             libc::MS_BIND | libc::MS_REC,
             None,
         )
         .map_err(|e| unavailable("bind a volume", e))?;
         if m.read_only {
+            // Reopened: the descriptor above is the directory under the new mount.
+            let target =
+                sys::open_beneath(root_fd.as_raw_fd(), rel, libc::O_PATH, false).map_err(shown)?;
             sys::mount(
                 None,
-                &target,
+                &sys::fd_path(target.as_raw_fd()),
                 None,
                 libc::MS_REMOUNT
                     | libc::MS_BIND

@@ -116,8 +116,13 @@ pub struct Record {
 /// A host directory bound into a sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostMount {
-    /// Directory on the host.
+    /// Directory on the host that only the host controls: a volume's data directory, or
+    /// the monitor's staging mount of it.
     pub host_path: String,
+    /// Directory beneath `host_path` to mount instead. Sandboxes write the volume's contents,
+    /// so it is resolved from a descriptor of `host_path` with no symlinks, never by name.
+    #[serde(default)]
+    pub subpath: Option<String>,
     /// Absolute path inside the sandbox.
     pub path: String,
     /// Mount read-only.

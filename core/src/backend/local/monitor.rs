@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 use super::config::{Record, SandboxDir};
 use super::preview::{self, Exposed, Previews};
 use super::proto::{self, Control, Reply, Request};
-use super::{agent, sys};
+use super::{agent, sys, volumes};
 use crate::{
     now_millis, Error, Preview, PreviewOptions, PreviewToken, Result, SandboxInfo, SandboxState,
     TimeoutAction, DEFAULT_TIMEOUT,
@@ -246,8 +246,19 @@ fn stage_volumes(record: &mut Record) -> Result<()> {
     for (i, m) in record.mounts.iter_mut().enumerate() {
         let target = staging.join(format!("v{i}"));
         std::fs::create_dir(&target).map_err(fail)?;
+        // Resolved in this (new) mount namespace, so the descriptor can be bound here.
+        let source = volumes::open_source(
+            std::path::Path::new(&m.host_path),
+            m.subpath.as_deref(),
+            false,
+            None,
+        )
+        .map_err(|e| match &m.subpath {
+            Some(sub) => volumes::subpath_error(&m.path, sub, e),
+            None => fail(e),
+        })?;
         sys::mount(
-            Some(std::path::Path::new(&m.host_path)),
+            Some(&sys::fd_path(source.as_raw_fd())),
             &target,
             None,
             libc::MS_BIND | libc::MS_REC,
@@ -255,6 +266,7 @@ fn stage_volumes(record: &mut Record) -> Result<()> {
         )
         .map_err(fail)?;
         m.host_path = target.to_string_lossy().into_owned();
+        m.subpath = None;
     }
     Ok(())
 }

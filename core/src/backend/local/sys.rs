@@ -775,3 +775,138 @@ pub fn stdio_to_dev_null() -> io::Result<()> {
     }
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------------
+// Descriptors and sandbox-controlled directories
+// ---------------------------------------------------------------------------------------------
+
+/// `openat2` resolution flags: stay beneath the starting directory, follow no symlink of any
+/// kind, optionally never leave its filesystem.
+const RESOLVE_NO_XDEV: u64 = 0x01;
+const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+const RESOLVE_BENEATH: u64 = 0x08;
+
+/// Open `path` relative to the directory `dir`, refusing (`EXDEV`/`ELOOP`) anything that
+/// would leave it: `..` above it, absolute paths, symlinks, `/proc` magic links, other mounts.
+/// For paths a sandbox controls (volume contents): whatever it planted, the result is inside
+/// `dir`. With `same_fs`, crossing into another mount is refused too. Always close-on-exec.
+pub fn open_beneath(
+    dir: RawFd,
+    path: &Path,
+    flags: libc::c_int,
+    same_fs: bool,
+) -> io::Result<OwnedFd> {
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    let c = cstr(path)?;
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: RESOLVE_BENEATH
+            | RESOLVE_NO_SYMLINKS
+            | RESOLVE_NO_MAGICLINKS
+            | if same_fs { RESOLVE_NO_XDEV } else { 0 },
+    };
+    // SAFETY: `c` is a valid C string and `how` a correctly laid out open_how of the size
+    // passed; the returned descriptor is fresh.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir,
+            c.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: openat2 returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Open a trusted directory (one only the host controls) as an `O_PATH` descriptor, refusing
+/// a symlink in its last component.
+pub fn open_dir_path(path: &Path) -> io::Result<OwnedFd> {
+    let c = cstr(path)?;
+    // SAFETY: valid C string; the result is a fresh descriptor or -1.
+    let fd = cvt(unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: open returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `mkdirat(2)`: make the single entry `name` in the directory `dir`.
+pub fn mkdir_at(dir: RawFd, name: &Path, mode: u32) -> io::Result<()> {
+    let c = cstr(name)?;
+    // SAFETY: valid C string; `dir` is a descriptor the caller holds.
+    cvt(unsafe { libc::mkdirat(dir, c.as_ptr(), mode as libc::mode_t) }).map(drop)
+}
+
+/// Change the owner of the object `fd` refers to (also an `O_PATH` descriptor), never a path.
+pub fn chown_fd(fd: RawFd, uid: u32, gid: u32) -> io::Result<()> {
+    let empty = CString::default();
+    // SAFETY: AT_EMPTY_PATH with an empty C string acts on `fd` itself.
+    cvt(unsafe { libc::fchownat(fd, empty.as_ptr(), uid, gid, libc::AT_EMPTY_PATH) }).map(drop)
+}
+
+/// The path through which the kernel reaches the object `fd` refers to (for `mount(2)`,
+/// which takes paths): `/proc/self/fd/N`.
+pub fn fd_path(fd: RawFd) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("/proc/self/fd/{fd}"))
+}
+
+/// Mark every descriptor from `first` up close-on-exec (`close_range(2)` with
+/// `CLOSE_RANGE_CLOEXEC`): nothing reaches the next program but what is re-opened on purpose.
+/// Async-signal-safe, so usable between fork and exec; unlike closing, it keeps the pipe
+/// through which `std::process::Command` learns whether `exec` failed.
+pub fn cloexec_from(first: u32) -> io::Result<()> {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: a plain syscall on integers.
+    let ret = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, CLOSE_RANGE_CLOEXEC) };
+    cvt(ret as libc::c_int).map(drop)
+}
+
+/// Close every descriptor above 2 except those in `keep` (`close_range(2)` over the gaps).
+/// Used at the start of a re-executed or cloned engine process, which must hold nothing its
+/// launcher leaked.
+pub fn close_fds_except(keep: &[RawFd]) -> io::Result<()> {
+    let mut keep: Vec<u32> = keep
+        .iter()
+        .filter(|&&fd| fd > 2)
+        .map(|&fd| fd as u32)
+        .collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut first = 3u32;
+    for fd in keep.into_iter().chain(std::iter::once(u32::MAX)) {
+        if fd > first {
+            let last = if fd == u32::MAX { u32::MAX } else { fd - 1 };
+            // SAFETY: a plain syscall on integers; the caller owns no descriptor in the range.
+            let ret = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) };
+            cvt(ret as libc::c_int)?;
+        }
+        first = fd.saturating_add(1);
+    }
+    Ok(())
+}
+
+/// The descriptors this process has open, from `/proc/self/fd`.
+pub fn open_fds() -> Vec<RawFd> {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}

@@ -1,12 +1,13 @@
 //! Named persistent volumes: directories under the state directory, bound into sandboxes.
 
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use super::config::{self, HostMount, Record, UidMapping};
-use super::LocalBackend;
+use super::{sys, LocalBackend};
 use crate::{now_millis, Error, Result, VolumeInfo, VolumeMount};
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -46,7 +47,6 @@ fn default_user_host_ids(backend: &LocalBackend) -> Option<(u32, u32)> {
 
 fn make_dir(backend: &LocalBackend, path: &Path) -> Result<()> {
     std::fs::DirBuilder::new()
-        .recursive(true)
         .mode(0o755)
         .create(path)
         .map_err(|e| Error::from_io(&e, &format!("volume directory {}", path.display())))?;
@@ -57,19 +57,102 @@ fn make_dir(backend: &LocalBackend, path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn size_of(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
+/// Open the directory a volume mount binds: `data_dir` itself (a directory only the host
+/// controls), or `subpath` beneath it, so that no symlink, `..` or mount a sandbox planted in
+/// the volume is ever followed (see [`dirs_beneath`]). The result is an `O_PATH` descriptor
+/// for `mount(2)` through `/proc/self/fd`.
+pub(super) fn open_source(
+    data_dir: &Path,
+    subpath: Option<&str>,
+    create: bool,
+    owner: Option<(u32, u32)>,
+) -> std::io::Result<OwnedFd> {
+    let dir = sys::open_dir_path(data_dir)?;
+    match subpath {
+        None => Ok(dir),
+        Some(sub) => dirs_beneath(dir.as_raw_fd(), Path::new(sub), create, owner, true),
+    }
+}
+
+/// Walk `rel` from the directory `dir` one component at a time with `openat2`
+/// (`RESOLVE_BENEATH`, no symlinks, no magic links; with `same_fs`, no other mounts), making
+/// missing directories (mode 0755) when `create` and giving them to `owner` through their
+/// descriptors. Returns an `O_PATH` descriptor of the last directory.
+pub(super) fn dirs_beneath(
+    dir: std::os::fd::RawFd,
+    rel: &Path,
+    create: bool,
+    owner: Option<(u32, u32)>,
+    same_fs: bool,
+) -> std::io::Result<OwnedFd> {
+    let flags = libc::O_PATH | libc::O_DIRECTORY;
+    let mut current = sys::open_beneath(dir, Path::new("."), flags, same_fs)?;
+    for component in rel.iter() {
+        let name = Path::new(component);
+        if name == Path::new("/") || name == Path::new(".") {
             continue;
-        };
-        for e in entries.flatten() {
-            match e.metadata() {
-                Ok(m) if m.is_dir() => stack.push(e.path()),
-                Ok(m) => total += m.len(),
-                Err(_) => {}
+        }
+        let at = current.as_raw_fd();
+        let next = match sys::open_beneath(at, name, flags, same_fs) {
+            Err(e) if create && e.raw_os_error() == Some(libc::ENOENT) => {
+                match sys::mkdir_at(at, name, 0o755) {
+                    Err(e) if e.raw_os_error() != Some(libc::EEXIST) => return Err(e),
+                    _ => {}
+                }
+                let made = sys::open_beneath(at, name, flags, same_fs)?;
+                if let Some((uid, gid)) = owner {
+                    sys::chown_fd(made.as_raw_fd(), uid, gid)?;
+                }
+                made
             }
+            other => other?,
+        };
+        current = next;
+    }
+    Ok(current)
+}
+
+/// Bytes of regular files in a volume. Sandboxes write its contents, so every directory is
+/// entered through a descriptor opened beneath its parent with no symlinks: a directory
+/// swapped for a link to a host tree is skipped, never walked. Depth-first, one descriptor per
+/// level, at most `MAX_DEPTH` levels and `MAX_ENTRIES` entries (a bound, not an exact count).
+fn size_of(dir: &Path) -> u64 {
+    let Ok(root) = sys::open_dir_path(dir) else {
+        return 0;
+    };
+    let mut budget = MAX_ENTRIES;
+    size_beneath(root.as_raw_fd(), Path::new("."), 0, &mut budget)
+}
+
+const MAX_DEPTH: usize = 256;
+const MAX_ENTRIES: usize = 1_000_000;
+
+fn size_beneath(parent: std::os::fd::RawFd, name: &Path, depth: usize, budget: &mut usize) -> u64 {
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY;
+    let Ok(dir) = sys::open_beneath(parent, name, flags, true) else {
+        return 0;
+    };
+    let Ok(entries) = std::fs::read_dir(sys::fd_path(dir.as_raw_fd())) else {
+        return 0;
+    };
+    let mut total = 0;
+    for e in entries.flatten() {
+        if *budget == 0 {
+            break;
+        }
+        *budget -= 1;
+        // `DirEntry::metadata` does not follow symlinks.
+        match e.metadata() {
+            Ok(m) if m.is_dir() && depth < MAX_DEPTH => {
+                total += size_beneath(
+                    dir.as_raw_fd(),
+                    Path::new(&e.file_name()),
+                    depth + 1,
+                    budget,
+                )
+            }
+            Ok(m) if m.is_file() => total += m.len(),
+            _ => {}
         }
     }
     total
@@ -193,22 +276,39 @@ pub fn mounts_for(backend: &LocalBackend, mounts: &[VolumeMount]) -> Result<Vec<
                 m.path
             )));
         }
-        let mut host = dir.join("data");
+        let data = dir.join("data");
         if let Some(sub) = &m.subpath {
-            let sub_path = Path::new(sub);
-            if sub_path.is_absolute() || sub.split('/').any(|c| c == "..") || sub.contains('\0') {
+            if Path::new(sub).is_absolute()
+                || sub.split('/').any(|c| c == "..")
+                || sub.contains('\0')
+                || sub.split('/').all(|c| c.is_empty() || c == ".")
+            {
                 return Err(Error::invalid(format!(
                     "volume subpath {sub:?} must be relative and stay inside the volume"
                 )));
             }
-            host = host.join(sub_path);
-            make_dir(backend, &host)?;
+            // Create it now, as the host user; the monitor and agent resolve it again the same
+            // way and never create anything in a volume.
+            open_source(&data, Some(sub), true, default_user_host_ids(backend))
+                .map_err(|e| subpath_error(&m.volume, sub, e))?;
         }
         out.push(HostMount {
-            host_path: host.to_string_lossy().into_owned(),
+            host_path: data.to_string_lossy().into_owned(),
+            subpath: m.subpath.clone(),
             path: m.path.clone(),
             read_only: m.read_only,
         });
     }
     Ok(out)
+}
+
+/// The error for a subpath that cannot be resolved inside its volume.
+pub(super) fn subpath_error(volume: &str, sub: &str, e: std::io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(libc::ELOOP | libc::EXDEV | libc::ENOTDIR) => Error::invalid(format!(
+            "volume {volume:?} subpath {sub:?} is not a plain directory inside the volume \
+             (a symlink or a file is in the way)"
+        )),
+        _ => Error::from_io(&e, &format!("volume {volume:?} subpath {sub:?}")),
+    }
 }

@@ -1,0 +1,222 @@
+//! Hardening, part 4: the escapes an adversarial review found, one test per attack, each
+//! reproducing the attack exactly and asserting it fails and leaves the host unchanged.
+//!
+//! - a volume `subpath` that sandbox code turned into a symlink to a host directory;
+//! - descriptors the program that starts Sandcove leaked, reaching sandbox processes;
+//! - the seccomp filter and landlock failing closed.
+//!
+//! Runs as root and rootless (CI runs this binary again as an unprivileged user).
+
+#[path = "hardening_common.rs"]
+mod common;
+
+use std::path::PathBuf;
+
+use sandcove::conformance::{run, unique};
+use sandcove::{Backend, Command, CreateOptions, ErrorCode, Output, ProcessSpec, VolumeMount};
+
+use common::{Canaries, Env};
+
+async fn bash(backend: &dyn Backend, id: &str, script: &str) -> Output {
+    run(
+        backend,
+        id,
+        ProcessSpec::new(Command::argv(["bash", "-c", script])),
+    )
+    .await
+}
+
+fn mount(volume: &str, path: &str, subpath: Option<&str>) -> VolumeMount {
+    VolumeMount {
+        volume: volume.into(),
+        path: path.into(),
+        subpath: subpath.map(Into::into),
+        read_only: false,
+    }
+}
+
+/// A host directory no sandbox may see, planted with canaries (and world-readable, so the
+/// rootless run's sandboxes could reach it if the engine let them).
+fn host_canaries(tag: &str) -> (PathBuf, Canaries) {
+    let dir = std::env::temp_dir().join(unique(tag));
+    let canaries = Canaries::plant(std::slice::from_ref(&dir));
+    (dir, canaries)
+}
+
+/// Finding 1: sandbox A plants `escape -> <host dir>` (and friends) in a volume; a later
+/// sandbox asking for those subpaths must be refused with nothing mounted, created or chowned
+/// on the host, while a fresh subpath still works and is shared through the volume.
+#[tokio::test(flavor = "multi_thread")]
+async fn volume_subpaths_never_follow_links_a_sandbox_planted() {
+    let env = Env::new("volsub");
+    let (host, canaries) = host_canaries("volsub-host");
+    env.backend.create_volume("shared").await.unwrap();
+    let planter = env
+        .create(CreateOptions {
+            volumes: vec![mount("shared", "/vol", None)],
+            ..env.options("planter")
+        })
+        .await;
+    let h = host.display();
+    let out = bash(
+        &*env.backend,
+        &planter,
+        &format!(
+            "set -e; cd /vol; ln -s '{h}' escape; ln -s / root; ln -s ../../../.. up; \
+             mkdir -p a; ln -s '{h}/dir' a/b; ln -s /proc/self/root proc; \
+             mkdir -p real/inner; echo ok"
+        ),
+    )
+    .await;
+    assert_eq!(out.stdout_lossy().trim(), "ok", "{}", out.stderr_lossy());
+
+    for sub in [
+        "escape",
+        "escape/dir",
+        "escape/new",
+        "root",
+        "root/tmp",
+        "up",
+        "a/b",
+        "a/b/sub",
+        "proc",
+        "proc/tmp",
+    ] {
+        let result = env
+            .backend
+            .create(CreateOptions {
+                volumes: vec![mount("shared", "/mnt/v", Some(sub))],
+                ..env.options("victim")
+            })
+            .await;
+        match result {
+            Err(e) => assert_eq!(
+                e.code(),
+                ErrorCode::InvalidArgument,
+                "subpath {sub:?}: refused, but with {e}"
+            ),
+            Ok(info) => {
+                // Show what the escape would have reached, then fail.
+                let seen = bash(&*env.backend, &info.id, "ls -la /mnt/v; touch /mnt/v/pwned").await;
+                panic!(
+                    "subpath {sub:?} through a planted link was mounted: {}",
+                    seen.stdout_lossy()
+                );
+            }
+        }
+        canaries.assert_unchanged(&format!("subpath {sub:?}"));
+    }
+
+    // Plain and new subpaths still work, and both sandboxes see one directory.
+    let user = env
+        .create(CreateOptions {
+            volumes: vec![
+                mount("shared", "/mnt/real", Some("real/inner")),
+                mount("shared", "/mnt/new", Some("fresh/deeper")),
+            ],
+            ..env.options("user")
+        })
+        .await;
+    let out = bash(
+        &*env.backend,
+        &user,
+        "echo one > /mnt/real/f && echo two > /mnt/new/g && echo done",
+    )
+    .await;
+    assert_eq!(out.stdout_lossy().trim(), "done", "{}", out.stderr_lossy());
+    let out = bash(
+        &*env.backend,
+        &planter,
+        "cat /vol/real/inner/f /vol/fresh/deeper/g",
+    )
+    .await;
+    assert_eq!(out.stdout_lossy(), "one\ntwo\n", "{}", out.stderr_lossy());
+    canaries.assert_unchanged("after the legitimate mounts");
+
+    for id in [planter, user] {
+        env.backend.destroy(&id).await.unwrap();
+    }
+    env.assert_nothing_left("volume subpaths").await;
+    let _ = std::fs::remove_dir_all(&host);
+}
+
+/// Finding 1, raced: while sandbox A keeps swapping a real directory for a link to a host
+/// directory, sandboxes created with that subpath either get the real directory or are
+/// refused; the host directory is never mounted or changed.
+#[tokio::test(flavor = "multi_thread")]
+async fn volume_subpath_swapped_during_create_never_reaches_the_host() {
+    let env = Env::new("volrace");
+    let (host, canaries) = host_canaries("volrace-host");
+    env.backend.create_volume("raced").await.unwrap();
+    let swapper = env
+        .create(CreateOptions {
+            volumes: vec![mount("raced", "/vol", None)],
+            ..env.options("swapper")
+        })
+        .await;
+    let h = host.display();
+    let script = format!(
+        "cd /vol && mkdir -p keep && while :; do mv keep held; ln -sfn '{h}' keep; \
+         rm -f keep; mv held keep; done"
+    );
+    let spec = ProcessSpec::new(Command::argv(["bash", "-c", &script]));
+    let swapping = env.backend.spawn(&swapper, spec).await.unwrap();
+    let (mut mounted, mut refused) = (0, 0);
+    for _ in 0..12 {
+        let result = env
+            .backend
+            .create(CreateOptions {
+                volumes: vec![mount("raced", "/mnt/v", Some("keep"))],
+                ..env.options("racer")
+            })
+            .await;
+        match result {
+            Ok(info) => {
+                mounted += 1;
+                // Whatever it got is the volume's directory, never the host's.
+                let out = bash(
+                    &*env.backend,
+                    &info.id,
+                    "test -e /mnt/v/secret && echo HOST; touch /mnt/v/x 2>/dev/null; true",
+                )
+                .await;
+                assert!(!out.stdout_lossy().contains("HOST"), "host dir mounted");
+                env.backend.destroy(&info.id).await.unwrap();
+            }
+            Err(e) => {
+                refused += 1;
+                assert!(
+                    matches!(e.code(), ErrorCode::InvalidArgument | ErrorCode::NotFound),
+                    "refused with an unexpected error: {e}"
+                );
+            }
+        }
+        canaries.assert_unchanged("during the swap race");
+    }
+    drop(swapping);
+    env.backend.destroy(&swapper).await.unwrap();
+    assert_eq!(mounted + refused, 12);
+    env.assert_nothing_left("volume race").await;
+    let _ = std::fs::remove_dir_all(&host);
+}
+
+/// Bad subpaths are refused as text before anything is created.
+#[tokio::test(flavor = "multi_thread")]
+async fn volume_subpaths_that_leave_the_volume_are_invalid() {
+    let env = Env::new("volbad");
+    env.backend.create_volume("v").await.unwrap();
+    for sub in ["/abs", "../up", "a/../../b", "", ".", "./", "a\0b"] {
+        let err = env
+            .backend
+            .create(CreateOptions {
+                volumes: vec![mount("v", "/mnt/v", Some(sub))],
+                ..env.options("bad")
+            })
+            .await
+            .expect_err(sub);
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{sub:?}: {err}");
+    }
+    let info = env.backend.get_volume("v").await.unwrap();
+    assert_eq!(info.size, 0);
+    env.assert_nothing_left("bad subpaths").await;
+}
