@@ -1091,6 +1091,8 @@ fn spawn_process(
     // syscalls (no allocation, no locks; the filters were compiled before the fork).
     unsafe {
         cmd.pre_exec(move || {
+            // Only stdio reaches the program: every other descriptor closes at exec.
+            sys::cloexec_from(3)?;
             if isolated {
                 sys::harden_child(uid, gid, nproc, nofile)?;
                 super::seccomp::apply(filters)?;
@@ -1952,6 +1954,10 @@ fn spawn_tool(agent: &Agent, argv: &[String], with_stdin: bool) -> Result<Tool> 
         })
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
+    // SAFETY: one async-signal-safe syscall between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| sys::cloexec_from(3));
+    }
     let mut child = cmd
         .spawn()
         .map_err(|e| Error::from_io(&e, &format!("start {}", argv[0])))?;

@@ -1097,6 +1097,10 @@ impl Backend for LocalBackend {
 }
 
 /// Create the state directory and start the monitor; returns once the sandbox is ready.
+/// The environment variables a monitor (and so its agent) keeps from the program that
+/// starts it; everything else, secrets included, is dropped at the re-exec.
+const MONITOR_ENV: &[&str] = &["PATH", "LANG", "LC_ALL", "TZ", "RUST_BACKTRACE", "RUST_LOG"];
+
 fn start_monitor(state_dir: &Path, record: &Record) -> Result<()> {
     let sandboxes = state_dir.join("sandboxes");
     let staging = sandboxes.join(format!(".{}", record.id));
@@ -1153,6 +1157,14 @@ fn start_monitor(state_dir: &Path, record: &Record) -> Result<()> {
     let (ready_read, ready_write) = sys::pipe().map_err(|e| cleanup(e.into()))?;
     let (ready_fd, lock_fd) = (ready_write.as_raw_fd(), lock.as_raw_fd());
     let mut cmd = std::process::Command::new("/proc/self/exe");
+    // A clean environment: the launcher's secrets (an API key above all) must not sit in the
+    // monitor's or the agent's environment; only the settings the engine reads pass.
+    cmd.env_clear();
+    for (name, value) in std::env::vars_os() {
+        if name.to_str().is_some_and(|n| MONITOR_ENV.contains(&n)) {
+            cmd.env(name, value);
+        }
+    }
     cmd.arg0("sandcove-monitor")
         .env(entry::ROLE_ENV, entry::ROLE_MONITOR)
         .env(monitor::DIR_ENV, &final_dir.dir)
@@ -1165,6 +1177,8 @@ fn start_monitor(state_dir: &Path, record: &Record) -> Result<()> {
     unsafe {
         cmd.pre_exec(move || {
             sys::setsid()?;
+            // Nothing the launcher leaked reaches the monitor: only these two pass.
+            sys::cloexec_from(3)?;
             sys::clear_cloexec(ready_fd)?;
             sys::clear_cloexec(lock_fd)
         });

@@ -64,6 +64,11 @@ pub fn main() -> ! {
     ) else {
         sys::exit_now(2);
     };
+    // Whatever else the program that created the sandbox had open without close-on-exec
+    // reached us through exec: close it before anything can pass it on.
+    if sys::close_fds_except(&[ready_fd, lock_fd]).is_err() {
+        sys::exit_now(2);
+    }
     // SAFETY: the client passed these descriptors to us, open, under these numbers.
     let (ready, lock) = unsafe {
         (
@@ -90,7 +95,7 @@ pub fn main() -> ! {
         let line = serde_json::to_string(&e.to_body()).unwrap_or_default();
         let _ = writeln!(ready, "{line}");
     };
-    let started = match start(&dir, &[lock.as_raw_fd(), ready.as_raw_fd()]) {
+    let started = match start(&dir) {
         Ok(s) => s,
         Err(e) => {
             report(&mut ready, &e);
@@ -134,7 +139,7 @@ pub fn main() -> ! {
 }
 
 /// Clone the agent into fresh namespaces, map its users, and wait for its setup verdict.
-fn start(dir: &SandboxDir, close_in_agent: &[RawFd]) -> Result<(Record, libc::pid_t, OwnedFd)> {
+fn start(dir: &SandboxDir) -> Result<(Record, libc::pid_t, OwnedFd)> {
     let text = std::fs::read(dir.record()).map_err(|e| Error::from_io(&e, "sandbox record"))?;
     let record: Record = serde_json::from_slice(&text)
         .map_err(|e| Error::backend(format!("bad sandbox record: {e}")))?;
@@ -165,13 +170,15 @@ fn start(dir: &SandboxDir, close_in_agent: &[RawFd]) -> Result<(Record, libc::pi
             .into(),
     })?;
     if pid == 0 {
-        drop(ctrl);
-        drop(sync_write);
-        for fd in close_in_agent {
-            // SAFETY: these descriptors belong to the monitor; the agent's copies are closed
-            // so sandbox processes can never inherit them.
-            drop(unsafe { OwnedFd::from_raw_fd(*fd) });
+        // The agent keeps its two ends and stdio (the monitor's log, until setup is done);
+        // the monitor's lock, ready pipe and every other descriptor are closed so no
+        // sandbox process can ever reach them.
+        if sys::close_fds_except(&[agent_ctrl.as_raw_fd(), sync_read.as_raw_fd()]).is_err() {
+            sys::exit_now(1);
         }
+        // Already closed: forget them rather than close numbers that may be reused.
+        std::mem::forget(ctrl);
+        std::mem::forget(sync_write);
         agent::run(record, agent_ctrl, sync_read);
     }
     drop(agent_ctrl);

@@ -899,14 +899,3 @@ pub fn close_fds_except(keep: &[RawFd]) -> io::Result<()> {
     }
     Ok(())
 }
-
-/// The descriptors this process has open, from `/proc/self/fd`.
-pub fn open_fds() -> Vec<RawFd> {
-    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect()
-}

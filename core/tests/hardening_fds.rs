@@ -1,0 +1,136 @@
+//! Hardening: what the program that starts Sandcove has open or set must not reach sandboxes.
+//!
+//! A program of its own (this test binary holds one test), because it plants leaked
+//! descriptors and a secret in its own process, as a careless launcher would: a directory
+//! open at fd 9 without close-on-exec (started as `prog 9</`), the write end of a pipe at
+//! fd 10, and `SANDCOVE_API_KEY` in the environment. None of it may show in a sandbox
+//! process, the sandbox's agent or its monitor.
+//!
+//! Runs as root and rootless (CI runs this binary again as an unprivileged user).
+
+#[path = "hardening_common.rs"]
+mod common;
+
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use sandcove::conformance::{run, unique};
+use sandcove::{Command, ProcessSpec};
+
+use common::{Canaries, Env};
+
+/// `dup2` `fd` onto `target` without close-on-exec (what a shell's `9<dir` does).
+fn plant(fd: i32, target: i32) {
+    // SAFETY: dup2 on descriptors this test owns; the result is checked.
+    let got = unsafe { libc::dup2(fd, target) };
+    assert_eq!(got, target, "dup2: {}", std::io::Error::last_os_error());
+}
+
+/// What each descriptor of process `pid` points at, where this user may look.
+fn fd_targets(pid: u32) -> Option<Vec<(String, PathBuf)>> {
+    let entries = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    Some(
+        entries
+            .flatten()
+            .filter_map(|e| {
+                let target = std::fs::read_link(e.path()).ok()?;
+                Some((e.file_name().to_string_lossy().into_owned(), target))
+            })
+            .collect(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn descriptors_and_secrets_of_the_launcher_never_reach_a_sandbox() {
+    let secret = unique("leaked-api-key");
+    let host = std::env::temp_dir().join(unique("fd-canary"));
+    let canaries = Canaries::plant(std::slice::from_ref(&host));
+    let dir = std::fs::File::open(&host).unwrap();
+    plant(dir.as_raw_fd(), 9);
+    let mut pipe = [0; 2];
+    // SAFETY: pipe writes two fresh descriptors into the array.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    plant(pipe[1], 10);
+    let pipe_target = std::fs::read_link("/proc/self/fd/10").unwrap();
+    // SAFETY: this binary runs this one test; nothing reads the environment concurrently
+    // before the engine starts below.
+    unsafe { std::env::set_var("SANDCOVE_API_KEY", &secret) };
+
+    let env = Env::new("fds");
+    let id = env.sandbox("fds").await;
+    let out = run(
+        &*env.backend,
+        &id,
+        ProcessSpec::new(Command::argv([
+            "bash",
+            "-c",
+            "ls /proc/self/fd | sort -n | tr '\\n' ' '; echo; \
+             for n in 9 10; do test -e /proc/self/fd/$n && echo LEAK$n; done; \
+             echo x > /proc/self/fd/9/pwned 2>/dev/null && echo WROTE; \
+             cat /proc/1/environ /proc/self/environ 2>/dev/null | tr '\\0' '\\n'; true",
+        ])),
+    )
+    .await;
+    let stdout = out.stdout_lossy();
+    let mut lines = stdout.lines();
+    let fds: Vec<u32> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    // stdio and the directory `ls` itself reads.
+    assert!(
+        fds.iter().all(|&fd| fd <= 3),
+        "a sandbox process holds descriptors it was not given: {fds:?}"
+    );
+    assert!(!stdout.contains("LEAK"), "leaked descriptor: {stdout}");
+    assert!(!stdout.contains("WROTE"), "wrote on the host: {stdout}");
+    assert!(!stdout.contains(&secret), "API key visible in the sandbox");
+
+    // The engine's own processes on the host hold neither, nor the secret.
+    let (monitor, agent) = common::monitor_and_agent(&id).await;
+    let leaked = |pid: u32| -> Vec<String> {
+        fd_targets(pid)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(_, t)| t == &host || t == &pipe_target)
+            .map(|(fd, t)| format!("fd {fd} -> {}", t.display()))
+            .collect()
+    };
+    assert_eq!(
+        leaked(monitor),
+        Vec::<String>::new(),
+        "monitor holds leaked fds"
+    );
+    assert!(
+        fd_targets(monitor).is_some(),
+        "the monitor's fds are readable by its owner"
+    );
+    // The agent is non-dumpable: only root may look.
+    if let Some(targets) = fd_targets(agent) {
+        assert_eq!(
+            leaked(agent),
+            Vec::<String>::new(),
+            "agent holds leaked fds: {targets:?}"
+        );
+    } else {
+        eprintln!("note: the agent's descriptors are not readable as this user (non-dumpable)");
+    }
+    for pid in [monitor, agent] {
+        if let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) {
+            assert!(
+                !String::from_utf8_lossy(&environ).contains(&secret),
+                "process {pid} carries SANDCOVE_API_KEY"
+            );
+        }
+    }
+    assert!(
+        !Path::new(&host).join("pwned").exists(),
+        "a sandbox wrote on the host"
+    );
+    canaries.assert_unchanged("leaked descriptors");
+    env.backend.destroy(&id).await.unwrap();
+    env.assert_nothing_left("fds").await;
+    let _ = std::fs::remove_dir_all(&host);
+}
