@@ -312,6 +312,9 @@ fn setup_sandbox(record: &Record) -> Result<()> {
     if record.options.network == crate::NetworkPolicy::None {
         sys::loopback_up().map_err(|e| unavailable("bring up loopback", e))?;
     }
+    // Fail closed: no sandbox starts without its seccomp filter or its Landlock layer.
+    super::seccomp::filters()?;
+    super::landlock::confine_to_root(record.landlock_optional)?;
     Ok(())
 }
 
@@ -1086,7 +1089,7 @@ fn spawn_process(
     let (uid, gid) = (user.uid, user.gid);
     let (nproc, nofile) = (record.max_processes(), record.max_open_files());
     let isolated = !record.unisolated;
-    let filters = super::seccomp::filters();
+    let filters = super::seccomp::filters()?;
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
     // syscalls (no allocation, no locks; the filters were compiled before the fork).
     unsafe {

@@ -102,6 +102,10 @@ pub struct Record {
     pub ends_at: u64,
     /// Whether the sandbox was created without isolation (explicit opt-in only).
     pub unisolated: bool,
+    /// Whether the sandbox may run without Landlock on a kernel that lacks it (explicit
+    /// opt-in only; otherwise setup fails).
+    #[serde(default)]
+    pub landlock_optional: bool,
     /// Free-form annotations the monitor keeps (e.g. why the agent stopped).
     #[serde(default)]
     pub notes: BTreeMap<String, String>,

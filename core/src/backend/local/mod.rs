@@ -17,6 +17,7 @@
 mod agent;
 pub mod config;
 mod entry;
+mod landlock;
 mod monitor;
 mod preview;
 pub(crate) mod proto;
@@ -61,6 +62,7 @@ pub struct LocalBackend {
     state_dir: PathBuf,
     mapping: UidMapping,
     unisolated: bool,
+    landlock_optional: bool,
 }
 
 impl LocalBackend {
@@ -104,6 +106,8 @@ impl LocalBackend {
             state_dir,
             mapping: UidMapping::for_host(sys::geteuid(), sys::getegid()),
             unisolated,
+            landlock_optional: std::env::var(landlock::ALLOW_NO_LANDLOCK_ENV)
+                .is_ok_and(|v| v == "1"),
         };
         backend.collect_stale();
         Ok(backend)
@@ -665,6 +669,7 @@ impl Backend for LocalBackend {
             created_at: now,
             ends_at: now + timeout.as_millis() as u64,
             unisolated: self.unisolated,
+            landlock_optional: self.landlock_optional,
             notes: Default::default(),
             mounts,
             root_prefix: self.unisolated.then(|| {

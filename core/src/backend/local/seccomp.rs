@@ -50,15 +50,31 @@ const DENIED: &[i64] = &[
 ];
 
 /// The compiled filters, built once per agent (before any fork), applied in each child.
-pub fn filters() -> &'static [BpfProgram] {
-    static FILTERS: OnceLock<Vec<BpfProgram>> = OnceLock::new();
-    FILTERS.get_or_init(|| build().unwrap_or_default())
+/// A filter that fails to build is an error for every caller, never an empty list: no
+/// sandbox process runs without it.
+pub fn filters() -> crate::Result<&'static [BpfProgram]> {
+    static FILTERS: OnceLock<Result<Vec<BpfProgram>, String>> = OnceLock::new();
+    checked(FILTERS.get_or_init(|| build(std::env::consts::ARCH).map_err(|e| e.to_string())))
 }
 
-fn build() -> Result<Vec<BpfProgram>, seccompiler::Error> {
-    let arch = std::env::consts::ARCH
-        .try_into()
-        .map_err(seccompiler::Error::Backend)?;
+/// The filters, or the error that stops sandbox creation.
+fn checked(built: &Result<Vec<BpfProgram>, String>) -> crate::Result<&[BpfProgram]> {
+    match built {
+        Ok(f) if !f.is_empty() => Ok(f),
+        Ok(_) => Err(unavailable("the filter list is empty".into())),
+        Err(e) => Err(unavailable(e.clone())),
+    }
+}
+
+fn unavailable(why: String) -> crate::Error {
+    crate::Error::Unavailable {
+        reason: format!("cannot build the sandbox's seccomp filter: {why}"),
+        remedy: "run on x86_64 or aarch64 Linux (the architectures the filter is built for)".into(),
+    }
+}
+
+fn build(arch: &str) -> Result<Vec<BpfProgram>, seccompiler::Error> {
+    let arch = arch.try_into().map_err(seccompiler::Error::Backend)?;
     let mut deny: BTreeMap<i64, Vec<SeccompRule>> =
         DENIED.iter().map(|&nr| (nr, Vec::new())).collect();
     // clone is how threads and processes are made: refuse only a new user namespace.
@@ -91,8 +107,12 @@ fn build() -> Result<Vec<BpfProgram>, seccompiler::Error> {
     Ok(vec![deny.try_into()?, clone3.try_into()?])
 }
 
-/// Install the filters in the calling (freshly forked) process. Allocation-free.
+/// Install the filters in the calling (freshly forked) process. Allocation-free. An empty
+/// list is refused: the caller must have had [`filters`] succeed.
 pub fn apply(filters: &[BpfProgram]) -> std::io::Result<()> {
+    if filters.is_empty() {
+        return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+    }
     for f in filters {
         seccompiler::apply_filter(f).map_err(|_| std::io::Error::from_raw_os_error(libc::EPERM))?;
     }
@@ -101,8 +121,26 @@ pub fn apply(filters: &[BpfProgram]) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use crate::ErrorCode;
+
     #[test]
     fn the_filters_compile_for_this_architecture() {
-        assert_eq!(super::filters().len(), 2);
+        assert_eq!(super::filters().unwrap().len(), 2);
+    }
+
+    /// Fail closed: a filter that cannot be built stops sandbox creation with a typed error
+    /// (before, the failure became an empty filter list and sandboxes ran unfiltered).
+    #[test]
+    fn a_filter_that_fails_to_build_is_an_error_not_an_empty_list() {
+        let built = super::build("sparc").map_err(|e| e.to_string());
+        assert!(built.is_err());
+        let err = super::checked(&built).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+        let err = super::checked(&Ok(Vec::new())).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+        assert!(
+            super::apply(&[]).is_err(),
+            "an empty filter list was applied"
+        );
     }
 }

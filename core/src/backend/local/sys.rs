@@ -899,3 +899,18 @@ pub fn close_fds_except(keep: &[RawFd]) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Set `no_new_privs` on the calling thread (required before an unprivileged Landlock or
+/// seccomp restriction). Async-signal-safe.
+pub fn set_no_new_privs() -> io::Result<()> {
+    // SAFETY: a plain prctl on integers.
+    cvt(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }).map(drop)
+}
+
+/// `landlock_restrict_self(2)`: enforce the ruleset `ruleset` on the calling thread and what
+/// it starts. Async-signal-safe.
+pub fn landlock_restrict_self(ruleset: RawFd) -> io::Result<()> {
+    // SAFETY: a plain syscall on integers.
+    let ret = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) };
+    cvt(ret as libc::c_int).map(drop)
+}
