@@ -39,4 +39,11 @@ pub struct Capabilities {
     pub pty: bool,
     /// CPU and memory metrics.
     pub metrics: bool,
+    /// Memory and process-count limits are enforced (cgroups); without it, asking for a
+    /// memory limit is `NotSupported`.
+    #[serde(default)]
+    pub memory_limit: bool,
+    /// CPU limits are enforced (cgroups); without it, asking for CPU cores is `NotSupported`.
+    #[serde(default)]
+    pub cpu_limit: bool,
 }

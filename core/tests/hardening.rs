@@ -1210,12 +1210,12 @@ async fn bad_create_options_are_refused_and_create_nothing() {
                     ..Default::default()
                 }
             }),
-            ErrorCode::NotSupported,
+            ErrorCode::InvalidArgument,
         ),
         (
             "memory limit",
             with(&|o| o.resources.memory_mib = Some(u64::MAX)),
-            ErrorCode::NotSupported,
+            ErrorCode::InvalidArgument,
         ),
         (
             "unknown snapshot",

@@ -645,6 +645,8 @@ fn unknown_capabilities() -> Capabilities {
         watch: false,
         pty: false,
         metrics: false,
+        memory_limit: false,
+        cpu_limit: false,
     }
 }
 

@@ -1097,6 +1097,9 @@ fn spawn_process(
             // Only stdio reaches the program: every other descriptor closes at exec.
             sys::cloexec_from(3)?;
             if isolated {
+                // Undo the agent's OOM protection (see the monitor): sandbox processes are
+                // what a sandbox at its memory limit gives up.
+                let _ = sys::set_oom_score_adj(0);
                 sys::harden_child(uid, gid, nproc, nofile)?;
                 super::seccomp::apply(filters)?;
             } else {

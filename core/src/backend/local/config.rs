@@ -106,6 +106,9 @@ pub struct Record {
     /// opt-in only; otherwise setup fails).
     #[serde(default)]
     pub landlock_optional: bool,
+    /// The cgroup the monitor puts the sandbox in, where the host allows one.
+    #[serde(default)]
+    pub cgroup: Option<super::cgroup::Plan>,
     /// Free-form annotations the monitor keeps (e.g. why the agent stopped).
     #[serde(default)]
     pub notes: BTreeMap<String, String>,

@@ -15,6 +15,7 @@
 //! ends at its lease, on destroy, or with its monitor.
 
 mod agent;
+mod cgroup;
 pub mod config;
 mod entry;
 mod landlock;
@@ -63,6 +64,7 @@ pub struct LocalBackend {
     mapping: UidMapping,
     unisolated: bool,
     landlock_optional: bool,
+    cgroups: Option<cgroup::Hierarchy>,
 }
 
 impl LocalBackend {
@@ -108,6 +110,7 @@ impl LocalBackend {
             unisolated,
             landlock_optional: std::env::var(landlock::ALLOW_NO_LANDLOCK_ENV)
                 .is_ok_and(|v| v == "1"),
+            cgroups: if unisolated { None } else { cgroup::detect() },
         };
         backend.collect_stale();
         Ok(backend)
@@ -155,6 +158,10 @@ impl LocalBackend {
                 let _ = std::fs::remove_dir_all(&path);
                 collected += 1;
             }
+        }
+        if let Some(h) = &self.cgroups {
+            let sandboxes = self.sandboxes_dir();
+            cgroup::collect_stale(h, &|id| sandboxes.join(id).exists());
         }
         collected
     }
@@ -522,7 +529,7 @@ fn namespaces_available() -> bool {
         .unwrap_or(false)
 }
 
-fn check_create(options: &CreateOptions) -> Result<()> {
+fn check_create(options: &CreateOptions, cgroups: bool) -> Result<()> {
     validate_envs(&options.envs)?;
     if let Some(t) = options.timeout {
         if t > MAX_TIMEOUT {
@@ -543,13 +550,7 @@ fn check_create(options: &CreateOptions) -> Result<()> {
         }
     }
     let r = &options.resources;
-    if r.cpu.is_some() || r.memory_mib.is_some() {
-        return Err(Error::not_supported(
-            "CPU and memory limits",
-            "omit cpu/memory: the local engine limits disk (tmpfs size), processes and open \
-             files, but CPU and memory limits need a delegated cgroup it does not use",
-        ));
-    }
+    cgroup::check(r, cgroups)?;
     if r.disk_mib == Some(0) || r.max_processes == Some(0) || r.max_open_files == Some(0) {
         return Err(Error::invalid("resource limits must be positive"));
     }
@@ -619,11 +620,13 @@ impl Backend for LocalBackend {
             watch: true,
             pty: true,
             metrics: true,
+            memory_limit: self.cgroups.is_some(),
+            cpu_limit: self.cgroups.is_some(),
         }
     }
 
     async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
-        check_create(&options)?;
+        check_create(&options, self.cgroups.is_some())?;
         let id = config::new_id();
         let default_name = options
             .user
@@ -658,6 +661,20 @@ impl Backend for LocalBackend {
         } else {
             self.mapping
         };
+        let cgroup = self.cgroups.clone().map(|hierarchy| cgroup::Plan {
+            hierarchy,
+            limits: cgroup::Limits {
+                memory_mib: options
+                    .resources
+                    .memory_mib
+                    .unwrap_or(cgroup::DEFAULT_MEMORY_MIB),
+                cpu: options.resources.cpu,
+                pids: options
+                    .resources
+                    .max_processes
+                    .unwrap_or(config::DEFAULT_MAX_PROCESSES),
+            },
+        });
         let record = Record {
             id: id.clone(),
             users: mapping.users(
@@ -670,6 +687,7 @@ impl Backend for LocalBackend {
             ends_at: now + timeout.as_millis() as u64,
             unisolated: self.unisolated,
             landlock_optional: self.landlock_optional,
+            cgroup,
             notes: Default::default(),
             mounts,
             root_prefix: self.unisolated.then(|| {
@@ -1075,7 +1093,7 @@ impl Backend for LocalBackend {
                 "fork takes its files from the sandbox, not a snapshot",
             ));
         }
-        check_create(&options)?;
+        check_create(&options, self.cgroups.is_some())?;
         let snap = self.snapshot(id, Some(format!("fork of {id}"))).await?;
         let mut options = options;
         options.snapshot = Some(snap.id.clone());

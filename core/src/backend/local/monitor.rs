@@ -110,6 +110,11 @@ pub fn main() -> ! {
         Ok(rt) => rt,
         Err(_) => sys::exit_now(1),
     };
+    let cgroup = started
+        .0
+        .cgroup
+        .clone()
+        .map(|plan| (plan, started.0.id.clone()));
     let code = runtime.block_on(async move {
         let (record, pid, ctrl) = started;
         let monitor = match Monitor::new(dir, record, pid, ctrl) {
@@ -134,6 +139,10 @@ pub fn main() -> ! {
         drop(ready);
         run(monitor, listener).await
     });
+    drop(runtime);
+    if let Some((plan, id)) = cgroup {
+        super::cgroup::remove(&plan.hierarchy, &id);
+    }
     drop(lock);
     sys::exit_now(code)
 }
@@ -162,6 +171,11 @@ fn start(dir: &SandboxDir) -> Result<(Record, libc::pid_t, OwnedFd)> {
         }
         f
     };
+    // A sandbox at its memory limit loses the process that asked, never its agent, so it
+    // stays controllable (files can be removed, processes killed): the agent inherits an
+    // OOM score that spares it (needs privilege; rootless it keeps the default), and sandbox
+    // processes set theirs back to 0 before exec.
+    let spare_agent = record.cgroup.is_some() && sys::set_oom_score_adj(-1000).is_ok();
     let pid = sys::clone_into_namespaces(flags).map_err(|e| Error::Unavailable {
         reason: format!("cannot create namespaces for the sandbox: {e}"),
         remedy: "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, \
@@ -180,6 +194,9 @@ fn start(dir: &SandboxDir) -> Result<(Record, libc::pid_t, OwnedFd)> {
         std::mem::forget(ctrl);
         std::mem::forget(sync_write);
         agent::run(record, agent_ctrl, sync_read);
+    }
+    if spare_agent {
+        let _ = sys::set_oom_score_adj(0);
     }
     drop(agent_ctrl);
     drop(sync_read);
@@ -205,18 +222,39 @@ fn start(dir: &SandboxDir) -> Result<(Record, libc::pid_t, OwnedFd)> {
         write("uid_map", &uid_map).map_err(fail)?;
         write("gid_map", &gid_map).map_err(fail)?;
     }
+    // Into its cgroup before the agent does anything: all it starts is held to the limits.
+    if let Some(plan) = &record.cgroup {
+        super::cgroup::enter(&plan.hierarchy, &record.id, plan.limits, pid).map_err(|e| {
+            fail(Error::Unavailable {
+                reason: format!("cannot put the sandbox in its cgroup: {e}"),
+                remedy: "check that the cgroup hierarchy Sandcove uses is writable".into(),
+            })
+        })?;
+    }
     let mut sync_write = std::fs::File::from(sync_write);
     sync_write.write_all(b"1").map_err(|e| fail(e.into()))?;
     drop(sync_write);
     // Wait for the agent's verdict on its setup.
     let mut buf = vec![0u8; 64 * 1024];
-    let (n, _) = sys::recv_with_fds(ctrl.as_raw_fd(), &mut buf).map_err(|e| fail(e.into()))?;
-    match serde_json::from_slice::<Control>(&buf[..n]) {
-        Ok(Control::Ready) => Ok((record, pid, ctrl)),
-        Ok(Control::SetupFailed { error }) => Err(fail(Error::from_body(&error))),
-        _ => Err(fail(Error::backend(
-            "the sandbox agent exited during setup (see the monitor log)",
-        ))),
+    let verdict = match sys::recv_with_fds(ctrl.as_raw_fd(), &mut buf) {
+        Err(e) => Err(fail(e.into())),
+        Ok((n, _)) => match serde_json::from_slice::<Control>(&buf[..n]) {
+            Ok(Control::Ready) => Ok(()),
+            Ok(Control::SetupFailed { error }) => Err(fail(Error::from_body(&error))),
+            _ => Err(fail(Error::backend(
+                "the sandbox agent exited during setup (see the monitor log)",
+            ))),
+        },
+    };
+    match verdict {
+        Ok(()) => Ok((record, pid, ctrl)),
+        Err(e) => {
+            // The agent is gone (`fail` reaped it): its cgroup goes before the error returns.
+            if let Some(plan) = &record.cgroup {
+                super::cgroup::remove(&plan.hierarchy, &record.id);
+            }
+            Err(e)
+        }
     }
 }
 

@@ -914,3 +914,57 @@ pub fn landlock_restrict_self(ruleset: RawFd) -> io::Result<()> {
     let ret = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) };
     cvt(ret as libc::c_int).map(drop)
 }
+
+/// Whether this process may create entries in directory `dir` (`faccessat` W_OK|X_OK with
+/// the effective ids).
+pub fn access_writable(dir: &Path) -> io::Result<bool> {
+    let c = cstr(dir)?;
+    // SAFETY: valid C string; a plain syscall.
+    let ret = unsafe {
+        libc::faccessat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::W_OK | libc::X_OK,
+            libc::AT_EACCESS,
+        )
+    };
+    Ok(ret == 0)
+}
+
+/// Set this process's OOM score adjustment (`/proc/self/oom_score_adj`). Async-signal-safe:
+/// no allocation, so usable between fork and exec.
+pub fn set_oom_score_adj(value: i16) -> io::Result<()> {
+    let mut text = [0u8; 8];
+    let mut len = 0;
+    if value < 0 {
+        text[0] = b'-';
+        len = 1;
+    }
+    let mut digits = [0u8; 5];
+    let (mut n, mut count) = (value.unsigned_abs(), 0);
+    loop {
+        digits[count] = b'0' + (n % 10) as u8;
+        count += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for d in digits[..count].iter().rev() {
+        text[len] = *d;
+        len += 1;
+    }
+    // SAFETY: a NUL-terminated literal path; `text[..len]` is initialized; the fd is closed.
+    unsafe {
+        let fd = cvt(libc::open(
+            c"/proc/self/oom_score_adj".as_ptr(),
+            libc::O_WRONLY | libc::O_CLOEXEC,
+        ))?;
+        let written = libc::write(fd, text.as_ptr().cast(), len);
+        libc::close(fd);
+        if written < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
