@@ -134,3 +134,45 @@ async fn descriptors_and_secrets_of_the_launcher_never_reach_a_sandbox() {
     env.assert_nothing_left("fds").await;
     let _ = std::fs::remove_dir_all(&host);
 }
+
+/// A launcher with a hard `RLIMIT_NOFILE` below the engine's default (4096) still runs
+/// sandbox processes: the default is clamped to the hard limit (before, every spawn failed
+/// with a misleading permission error); an explicit request above it is refused by name.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_low_hard_open_files_limit_is_clamped_not_fatal() {
+    let hard = 1024;
+    let rl = libc::rlimit {
+        rlim_cur: hard,
+        rlim_max: hard,
+    };
+    // SAFETY: lowering this test process's own limit; `rl` is valid.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) }, 0);
+    let env = Env::new("nofile");
+    let id = env.sandbox("nofile").await;
+    let out = run(
+        &*env.backend,
+        &id,
+        ProcessSpec::new(Command::argv(["bash", "-c", "ulimit -Hn"])),
+    )
+    .await;
+    assert_eq!(
+        out.stdout_lossy().trim(),
+        hard.to_string(),
+        "{}",
+        out.stderr_lossy()
+    );
+    env.backend.destroy(&id).await.unwrap();
+
+    let mut options = env.options("nofile-explicit");
+    options.resources.max_open_files = Some(hard + 1);
+    let id = env.create(options).await;
+    let err = env
+        .backend
+        .spawn(&id, ProcessSpec::new(Command::argv(["true"])))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), sandcove::ErrorCode::InvalidArgument, "{err}");
+    assert!(err.to_string().contains("hard limit"), "{err}");
+    env.backend.destroy(&id).await.unwrap();
+    env.assert_nothing_left("nofile").await;
+}

@@ -1087,7 +1087,31 @@ fn spawn_process(
     }
     let with_tty = pty_master.is_some();
     let (uid, gid) = (user.uid, user.gid);
-    let (nproc, nofile) = (record.max_processes(), record.max_open_files());
+    // A default above the host's hard limit (which no process in a user namespace can
+    // raise) is clamped to it; an explicit request above it is refused with the reason.
+    let limit = |resource, wanted: u64, explicit: bool, what: &str| -> Result<u64> {
+        let hard = sys::hard_rlimit(resource).unwrap_or(u64::MAX);
+        match (wanted > hard, explicit) {
+            (false, _) => Ok(wanted),
+            (true, false) => Ok(hard),
+            (true, true) => Err(Error::invalid(format!(
+                "{what} of {wanted} exceeds this host's hard limit of {hard}"
+            ))),
+        }
+    };
+    let res = &record.options.resources;
+    let nproc = limit(
+        libc::RLIMIT_NPROC,
+        record.max_processes(),
+        res.max_processes.is_some(),
+        "max_processes",
+    )?;
+    let nofile = limit(
+        libc::RLIMIT_NOFILE,
+        record.max_open_files(),
+        res.max_open_files.is_some(),
+        "max_open_files",
+    )?;
     let isolated = !record.unisolated;
     let filters = super::seccomp::filters()?;
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe

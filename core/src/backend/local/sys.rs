@@ -968,3 +968,14 @@ pub fn set_oom_score_adj(value: i16) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// The hard limit of `resource` for this process (`u64::MAX` for unlimited).
+pub fn hard_rlimit(resource: libc::__rlimit_resource_t) -> io::Result<u64> {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `rl` is a valid output buffer.
+    cvt(unsafe { libc::getrlimit(resource, &mut rl) })?;
+    Ok(rl.rlim_max)
+}
