@@ -2,8 +2,7 @@
 //!
 //! A program of its own (this test binary holds one test), because it plants leaked
 //! descriptors and a secret in its own process, as a careless launcher would: a directory
-//! open at fd 9 without close-on-exec (started as `prog 9</`), the write end of a pipe at
-//! fd 10, and `SANDCOVE_API_KEY` in the environment. None of it may show in a sandbox
+//! open without close-on-exec (as when started as `prog 9</`), the write end of a pipe, and `SANDCOVE_API_KEY` in the environment. None of it may show in a sandbox
 //! process, the sandbox's agent or its monitor.
 //!
 //! Runs as root and rootless (CI runs this binary again as an unprivileged user).
@@ -19,11 +18,13 @@ use sandcove::{Command, ProcessSpec};
 
 use common::{Canaries, Env};
 
-/// `dup2` `fd` onto `target` without close-on-exec (what a shell's `9<dir` does).
-fn plant(fd: i32, target: i32) {
-    // SAFETY: dup2 on descriptors this test owns; the result is checked.
-    let got = unsafe { libc::dup2(fd, target) };
-    assert_eq!(got, target, "dup2: {}", std::io::Error::last_os_error());
+/// Duplicate `fd` to the lowest free descriptor from `at` up, without close-on-exec (what a
+/// shell's `9<dir` does; a high number so nothing of the test's own is clobbered).
+fn plant(fd: i32, at: i32) -> i32 {
+    // SAFETY: F_DUPFD on a descriptor this test owns; the result is checked.
+    let got = unsafe { libc::fcntl(fd, libc::F_DUPFD, at) };
+    assert!(got >= at, "F_DUPFD: {}", std::io::Error::last_os_error());
+    got
 }
 
 /// What each descriptor of process `pid` points at, where this user may look.
@@ -40,18 +41,25 @@ fn fd_targets(pid: u32) -> Option<Vec<(String, PathBuf)>> {
     )
 }
 
+/// One test, two steps in order: both change process-wide state (descriptors, environment,
+/// limits) that concurrent tests of one binary would trip over.
 #[tokio::test(flavor = "multi_thread")]
+async fn the_launchers_descriptors_secrets_and_limits() {
+    descriptors_and_secrets_of_the_launcher_never_reach_a_sandbox().await;
+    a_low_hard_open_files_limit_is_clamped_not_fatal().await;
+}
+
 async fn descriptors_and_secrets_of_the_launcher_never_reach_a_sandbox() {
     let secret = unique("leaked-api-key");
     let host = std::env::temp_dir().join(unique("fd-canary"));
     let canaries = Canaries::plant(std::slice::from_ref(&host));
     let dir = std::fs::File::open(&host).unwrap();
-    plant(dir.as_raw_fd(), 9);
+    let dir_fd = plant(dir.as_raw_fd(), 900);
     let mut pipe = [0; 2];
     // SAFETY: pipe writes two fresh descriptors into the array.
     assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
-    plant(pipe[1], 10);
-    let pipe_target = std::fs::read_link("/proc/self/fd/10").unwrap();
+    let pipe_fd = plant(pipe[1], 910);
+    let pipe_target = std::fs::read_link(format!("/proc/self/fd/{pipe_fd}")).unwrap();
     // SAFETY: this binary runs this one test; nothing reads the environment concurrently
     // before the engine starts below.
     unsafe { std::env::set_var("SANDCOVE_API_KEY", &secret) };
@@ -65,10 +73,12 @@ async fn descriptors_and_secrets_of_the_launcher_never_reach_a_sandbox() {
             "bash",
             "-c",
             "ls /proc/self/fd | sort -n | tr '\\n' ' '; echo; \
-             for n in 9 10; do test -e /proc/self/fd/$n && echo LEAK$n; done; \
-             echo x > /proc/self/fd/9/pwned 2>/dev/null && echo WROTE; \
+             for n in $D $P; do test -e /proc/self/fd/$n && echo LEAK$n; done; \
+             echo x > /proc/self/fd/$D/pwned 2>/dev/null && echo WROTE; \
              cat /proc/1/environ /proc/self/environ 2>/dev/null | tr '\\0' '\\n'; true",
-        ])),
+        ]))
+        .env("D", dir_fd.to_string())
+        .env("P", pipe_fd.to_string()),
     )
     .await;
     let stdout = out.stdout_lossy();
@@ -138,7 +148,6 @@ async fn descriptors_and_secrets_of_the_launcher_never_reach_a_sandbox() {
 /// A launcher with a hard `RLIMIT_NOFILE` below the engine's default (4096) still runs
 /// sandbox processes: the default is clamped to the hard limit (before, every spawn failed
 /// with a misleading permission error); an explicit request above it is refused by name.
-#[tokio::test(flavor = "multi_thread")]
 async fn a_low_hard_open_files_limit_is_clamped_not_fatal() {
     let hard = 1024;
     let rl = libc::rlimit {
