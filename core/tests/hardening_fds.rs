@@ -2,8 +2,9 @@
 //!
 //! A program of its own (this test binary holds one test), because it plants leaked
 //! descriptors and a secret in its own process, as a careless launcher would: a directory
-//! open without close-on-exec (as when started as `prog 9</`), the write end of a pipe, and `SANDCOVE_API_KEY` in the environment. None of it may show in a sandbox
-//! process, the sandbox's agent or its monitor.
+//! open without close-on-exec (as when started as `prog 9</`), the write end of a pipe, and
+//! `SANDCOVE_API_KEY` in the environment. None of it may show in a sandbox process, the
+//! sandbox's agent or its monitor. Then it lowers its own hard `RLIMIT_NOFILE`.
 //!
 //! Runs as root and rootless (CI runs this binary again as an unprivileged user).
 
