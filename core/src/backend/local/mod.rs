@@ -18,6 +18,7 @@ mod agent;
 pub mod config;
 mod entry;
 mod monitor;
+mod net;
 mod preview;
 pub(crate) mod proto;
 mod seccomp;
@@ -61,6 +62,8 @@ pub struct LocalBackend {
     state_dir: PathBuf,
     mapping: UidMapping,
     unisolated: bool,
+    /// The usable user-mode networking helper, or why there is none.
+    pasta: std::result::Result<PathBuf, String>,
 }
 
 impl LocalBackend {
@@ -104,9 +107,19 @@ impl LocalBackend {
             state_dir,
             mapping: UidMapping::for_host(sys::geteuid(), sys::getegid()),
             unisolated,
+            pasta: net::probe(net::find_pasta().as_deref()),
         };
         backend.collect_stale();
         Ok(backend)
+    }
+
+    /// Use `helper` as the user-mode networking helper (`pasta`) for
+    /// [`NetworkPolicy::Internet`](crate::NetworkPolicy::Internet), or none. By default it is
+    /// `$SANDCOVE_PASTA` when set (empty: none), else `pasta` from the system directories;
+    /// [`Capabilities::internet`] says whether it is usable.
+    pub fn with_network_helper(mut self, helper: Option<PathBuf>) -> Self {
+        self.pasta = net::probe(helper.as_deref());
+        self
     }
 
     /// Where sandbox state lives.
@@ -605,6 +618,7 @@ impl Backend for LocalBackend {
             multiple_users: self.mapping == UidMapping::Range && !self.unisolated,
             persistent_sandboxes: true,
             host_network: true,
+            internet: !self.unisolated && self.pasta.is_ok(),
             process_limit: !self.unisolated,
             max_file_bytes: u64::MAX,
             output_limit: DEFAULT_OUTPUT_LIMIT as u64,
@@ -631,6 +645,20 @@ impl Backend for LocalBackend {
                 "run on a host with user namespaces",
             ));
         }
+        let pasta = match options.network {
+            crate::NetworkPolicy::Internet if self.unisolated => {
+                return Err(Error::not_supported(
+                    "internet access without isolation",
+                    "run on a host with user namespaces (the sandbox needs its own network \
+                     namespace), or use NetworkPolicy::Host knowingly",
+                ))
+            }
+            crate::NetworkPolicy::Internet => match &self.pasta {
+                Ok(path) => Some(path.to_string_lossy().into_owned()),
+                Err(reason) => return Err(net::unavailable(reason)),
+            },
+            _ => None,
+        };
         let mounts = volumes::mounts_for(self, &options.volumes)?;
         let snapshot = match &options.snapshot {
             Some(snap) => Some(self.snapshot_paths(snap)?.1),
@@ -674,6 +702,7 @@ impl Backend for LocalBackend {
                     .to_string_lossy()
                     .into_owned()
             }),
+            pasta,
         };
         let state_dir = self.state_dir.clone();
         let info = info_of(&record, SandboxState::Running);

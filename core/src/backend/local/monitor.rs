@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 use super::config::{Record, SandboxDir};
 use super::preview::{self, Exposed, Previews};
 use super::proto::{self, Control, Reply, Request};
-use super::{agent, sys};
+use super::{agent, net, sys};
 use crate::{
     now_millis, Error, Preview, PreviewOptions, PreviewToken, Result, SandboxInfo, SandboxState,
     TimeoutAction, DEFAULT_TIMEOUT,
@@ -52,6 +52,9 @@ struct Monitor {
     previews: Previews,
     /// Serializes pause/resume so concurrent callers see consistent states.
     transition: tokio::sync::Mutex<()>,
+    /// The networking helper of an Internet sandbox, kept for the monitor's life (it also
+    /// dies with the monitor's main thread).
+    _helper: Option<net::Helper>,
 }
 
 /// Entry point of the re-executed binary in the monitor role. Never returns.
@@ -106,8 +109,8 @@ pub fn main() -> ! {
         Err(_) => sys::exit_now(1),
     };
     let code = runtime.block_on(async move {
-        let (record, pid, ctrl) = started;
-        let monitor = match Monitor::new(dir, record, pid, ctrl) {
+        let (record, pid, ctrl, helper) = started;
+        let monitor = match Monitor::new(dir, record, pid, ctrl, helper) {
             Ok(m) => Arc::new(m),
             Err(e) => {
                 report(&mut ready, &e);
@@ -133,8 +136,13 @@ pub fn main() -> ! {
     sys::exit_now(code)
 }
 
-/// Clone the agent into fresh namespaces, map its users, and wait for its setup verdict.
-fn start(dir: &SandboxDir, close_in_agent: &[RawFd]) -> Result<(Record, libc::pid_t, OwnedFd)> {
+/// A started sandbox: its record, the agent's pid, the control socket, and the networking
+/// helper of an Internet sandbox.
+type Started = (Record, libc::pid_t, OwnedFd, Option<net::Helper>);
+
+/// Clone the agent into fresh namespaces, map its users, wire out its network if asked, and
+/// wait for its setup verdict.
+fn start(dir: &SandboxDir, close_in_agent: &[RawFd]) -> Result<Started> {
     let text = std::fs::read(dir.record()).map_err(|e| Error::from_io(&e, "sandbox record"))?;
     let record: Record = serde_json::from_slice(&text)
         .map_err(|e| Error::backend(format!("bad sandbox record: {e}")))?;
@@ -152,10 +160,22 @@ fn start(dir: &SandboxDir, close_in_agent: &[RawFd]) -> Result<(Record, libc::pi
             | libc::CLONE_NEWPID
             | libc::CLONE_NEWUTS
             | libc::CLONE_NEWIPC;
-        if record.options.network == crate::NetworkPolicy::None {
+        // Every policy but an explicit Host gets a network namespace of its own.
+        if record.options.network != crate::NetworkPolicy::Host {
             f |= libc::CLONE_NEWNET;
         }
         f
+    };
+    // Internet: what the agent blocks, read from the host's tables before the clone.
+    let internet = record.options.network == crate::NetworkPolicy::Internet;
+    let plan = match (internet, &record.pasta) {
+        (false, _) => None,
+        (true, Some(_)) if !record.unisolated => Some(net::Plan::for_host()),
+        _ => {
+            return Err(net::unavailable(
+                "no user-mode networking helper was recorded",
+            ))
+        }
     };
     let pid = sys::clone_into_namespaces(flags).map_err(|e| Error::Unavailable {
         reason: format!("cannot create namespaces for the sandbox: {e}"),
@@ -172,7 +192,7 @@ fn start(dir: &SandboxDir, close_in_agent: &[RawFd]) -> Result<(Record, libc::pi
             // so sandbox processes can never inherit them.
             drop(unsafe { OwnedFd::from_raw_fd(*fd) });
         }
-        agent::run(record, agent_ctrl, sync_read);
+        agent::run(record, agent_ctrl, sync_read, plan);
     }
     drop(agent_ctrl);
     drop(sync_read);
@@ -198,6 +218,14 @@ fn start(dir: &SandboxDir, close_in_agent: &[RawFd]) -> Result<(Record, libc::pi
         write("uid_map", &uid_map).map_err(fail)?;
         write("gid_map", &gid_map).map_err(fail)?;
     }
+    // The helper configures the interface and routes before the agent installs its rules
+    // (a default route is refused once its gateway is unreachable).
+    let helper = match (&plan, &record.pasta) {
+        (Some(_), Some(path)) => {
+            Some(net::start_helper(std::path::Path::new(path), pid).map_err(fail)?)
+        }
+        _ => None,
+    };
     let mut sync_write = std::fs::File::from(sync_write);
     sync_write.write_all(b"1").map_err(|e| fail(e.into()))?;
     drop(sync_write);
@@ -205,7 +233,7 @@ fn start(dir: &SandboxDir, close_in_agent: &[RawFd]) -> Result<(Record, libc::pi
     let mut buf = vec![0u8; 64 * 1024];
     let (n, _) = sys::recv_with_fds(ctrl.as_raw_fd(), &mut buf).map_err(|e| fail(e.into()))?;
     match serde_json::from_slice::<Control>(&buf[..n]) {
-        Ok(Control::Ready) => Ok((record, pid, ctrl)),
+        Ok(Control::Ready) => Ok((record, pid, ctrl, helper)),
         Ok(Control::SetupFailed { error }) => Err(fail(Error::from_body(&error))),
         _ => Err(fail(Error::backend(
             "the sandbox agent exited during setup (see the monitor log)",
@@ -270,7 +298,13 @@ fn bind(dir: &SandboxDir) -> Result<UnixListener> {
 }
 
 impl Monitor {
-    fn new(dir: SandboxDir, record: Record, agent_pid: libc::pid_t, ctrl: OwnedFd) -> Result<Self> {
+    fn new(
+        dir: SandboxDir,
+        record: Record,
+        agent_pid: libc::pid_t,
+        ctrl: OwnedFd,
+        helper: Option<net::Helper>,
+    ) -> Result<Self> {
         sys::set_nonblocking(ctrl.as_raw_fd(), true)?;
         Ok(Monitor {
             dir,
@@ -283,6 +317,7 @@ impl Monitor {
             deadline_changed: tokio::sync::Notify::new(),
             previews: Arc::new(Mutex::new(Default::default())),
             transition: tokio::sync::Mutex::new(()),
+            _helper: helper,
         })
     }
 
