@@ -121,6 +121,11 @@ async fn internet_sandbox_reaches_no_host_private_or_metadata_address() {
     let Some(env) = internet_env("inet") else {
         return;
     };
+    // Bound before the sandbox exists, as a host service would be: pasta's default
+    // port detection would forward it into the sandbox's loopback.
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("host listener");
+    tcp.set_nonblocking(true).unwrap();
+    let port = tcp.local_addr().unwrap().port();
     let id = internet_sandbox(&env, &unique("inet")).await;
     assert_eq!(
         env.backend.get(&id).await.expect("info").network,
@@ -129,9 +134,6 @@ async fn internet_sandbox_reaches_no_host_private_or_metadata_address() {
     if !has_python(&*env.backend, &id).await {
         return;
     }
-    let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("host listener");
-    tcp.set_nonblocking(true).unwrap();
-    let port = tcp.local_addr().unwrap().port();
     let blocked = [
         "169.254.169.254",
         "10.0.0.1",
