@@ -512,7 +512,9 @@ impl<S> CreateBuilder<S> {
         self
     }
 
-    /// `allow_internet_access=`: `True` is the host's network, `False` loopback only.
+    /// `allow_internet_access=`: `True` is isolated internet access (`NetworkPolicy::Internet`;
+    /// `Unavailable` where the runtime lacks it), `False` loopback only; unset, internet where
+    /// the runtime has it, else loopback only with one warning.
     pub fn allow_internet_access(mut self, allow: bool) -> Self {
         self.allow_internet_access = Some(allow);
         self
