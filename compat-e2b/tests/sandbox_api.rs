@@ -706,7 +706,7 @@ async fn default_network_does_not_reach_host_loopback() {
     let sbx = sandbox("net-default").await;
     let r = sbx
         .commands
-        .run(&format!(
+        .run(format!(
             "if command -v python3 >/dev/null; then python3 -c \"import socket; s=socket.socket(); \
              s.settimeout(3); print(s.connect_ex(('127.0.0.1', {port})))\"; else echo no-python; fi"
         ))
