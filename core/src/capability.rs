@@ -20,10 +20,10 @@ pub struct Capabilities {
     /// Sandboxes outlive the program that created them and can be found from another one.
     pub persistent_sandboxes: bool,
     /// Sandboxes can share the host's network namespace
-    /// ([`NetworkPolicy::Host`](crate::NetworkPolicy::Host), explicit opt-in only).
+    /// ([`NetworkPolicy::Host`], explicit opt-in only).
     pub host_network: bool,
     /// Sandboxes can get isolated outbound internet access
-    /// ([`NetworkPolicy::Internet`](crate::NetworkPolicy::Internet)): the user-mode
+    /// ([`NetworkPolicy::Internet`]): the user-mode
     /// networking helper is installed and usable here.
     #[serde(default)]
     pub internet: bool,
