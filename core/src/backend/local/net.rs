@@ -97,7 +97,9 @@ pub fn probe(helper: Option<&Path>) -> std::result::Result<PathBuf, String> {
         }
     }
     sys::tun_usable().map_err(|e| format!("/dev/net/tun cannot be opened by this user: {e}"))?;
-    Ok(helper.to_path_buf())
+    // Absolute (the monitor runs it from another working directory), but not resolved:
+    // the binary picks its mode from the name it is run by (`pasta` vs `passt`).
+    std::path::absolute(helper).map_err(|e| format!("{}: {e}", helper.display()))
 }
 
 /// The error for an Internet request this engine cannot honour.
