@@ -36,11 +36,11 @@ pub const GAPS: &[(&str, &str)] = &[
     ),
     (
         "network",
-        "omit `network`: sandboxes get a private loopback-only network",
+        "omit `network`: sandboxes get isolated internet access (no host, private or link-local address) where the runtime has it, else loopback only",
     ),
     (
         "update_network",
-        "create the sandbox with the network it needs (loopback only here)",
+        "the network is fixed at creation (isolated internet where the runtime has it, else loopback only)",
     ),
     (
         "extra_args",

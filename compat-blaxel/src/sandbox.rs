@@ -380,8 +380,9 @@ impl ForkBuilder {
         let src_info = self.ctx.core.info().await.map_err(cp)?;
         let mut sandbox = source.sandbox.clone();
         sandbox.metadata.name = self.target_name.clone();
-        let (options, idle) = core_options(&sandbox, &src_info.envs, sandcove::now_millis())?;
+        let (mut options, idle) = core_options(&sandbox, &src_info.envs, sandcove::now_millis())?;
         let backend = self.ctx.core.backend();
+        options.network = backend.capabilities().vendor_internet_default();
         let info = match &self.snapshot_id {
             Some(snap) => {
                 let mut options = options;
@@ -1128,8 +1129,11 @@ async fn create_sandbox(
         .map(|e| (e.name.clone(), e.value.clone()))
         .collect();
     let now = sandcove::now_millis();
-    let (options, idle) = core_options(&sandbox, &envs, now)?;
+    let (mut options, idle) = core_options(&sandbox, &envs, now)?;
     let client = state::client()?;
+    // Blaxel sandboxes reach the internet by default: isolated internet where the runtime
+    // has it, else loopback only with a warning. Never the host's network.
+    options.network = client.capabilities().vendor_internet_default();
     let _lock = NameLock::acquire().await?;
     if let Some(existing) = state::find_by_name(&client, &sandbox.metadata.name)
         .await

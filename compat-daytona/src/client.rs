@@ -712,10 +712,12 @@ impl CreateBuilder {
             envs,
             labels,
             timeout: Some(translate::lease_for_auto_stop(auto_stop)),
-            network: if !block && caps.host_network {
-                NetworkPolicy::Host
-            } else {
+            // Daytona's default is internet access: isolated internet where the runtime has
+            // it, else loopback only with a warning. Never the host's network.
+            network: if block {
                 NetworkPolicy::None
+            } else {
+                caps.vendor_internet_default()
             },
             user: Some(user),
             home: Some(home),

@@ -26,7 +26,7 @@ pub const GAPS: &[Gap] = &[
     },
     Gap {
         feature: "network_allow_list / domain_allow_list",
-        alternative: "network_block_all=True for loopback only, or leave it unset for full access",
+        alternative: "network_block_all=True for loopback only, or leave it unset for isolated internet access (no host, private or link-local address)",
     },
     Gap {
         feature: "update_network_settings",

@@ -426,7 +426,7 @@ impl CloneBuilder {
                 return Err(DaytonaError::Connection(ErrorDetails::new(
                     format!(
                         "{P}{} needs network access, and this sandbox has none (created with \
-                         network_block_all=True or on a runtime without host networking); clone \
+                         network_block_all=True or on a runtime without isolated internet); clone \
                          from a path or file:// URL inside the sandbox instead",
                         self.url
                     ),

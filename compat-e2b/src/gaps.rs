@@ -34,7 +34,7 @@ pub const GAPS: &[Gap] = &[
     Gap {
         key: "network_rules",
         feature: "Sandbox.create(network={allow_out|deny_out|rules|egress_proxy|mask_request_host}) other than denying all egress",
-        alternative: "allow_internet_access=False (loopback only) or True (host network)",
+        alternative: "allow_internet_access=False (loopback only) or True (isolated internet: no host, private or link-local address)",
     },
     Gap {
         key: "update_network",

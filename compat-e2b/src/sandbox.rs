@@ -512,7 +512,9 @@ impl<S> CreateBuilder<S> {
         self
     }
 
-    /// `allow_internet_access=`: `True` is the host's network, `False` loopback only.
+    /// `allow_internet_access=`: `True` is isolated internet access (`NetworkPolicy::Internet`;
+    /// `Unavailable` where the runtime lacks it), `False` loopback only; unset, internet where
+    /// the runtime has it, else loopback only with one warning.
     pub fn allow_internet_access(mut self, allow: bool) -> Self {
         self.allow_internet_access = Some(allow);
         self
@@ -634,18 +636,14 @@ impl<S> CreateBuilder<S> {
                 internet = Some(false);
             }
         }
-        options.network =
-            match internet {
-                Some(false) => NetworkPolicy::None,
-                Some(true) if !caps.host_network => return Err(sandcove::Error::not_supported(
-                    "allow_internet_access=True",
-                    "this runtime gives sandboxes loopback only; use allow_internet_access=False",
-                )
-                .into()),
-                // E2B's default is internet access; use it where the runtime has it.
-                _ if caps.host_network => NetworkPolicy::Host,
-                _ => NetworkPolicy::None,
-            };
+        options.network = match internet {
+            Some(false) => NetworkPolicy::None,
+            // Asked for explicitly: the runtime refuses it (Unavailable) where it cannot.
+            Some(true) => NetworkPolicy::Internet,
+            // E2B's default is internet access: isolated internet where the runtime has it,
+            // else loopback only with a warning. Never the host's network.
+            None => caps.vendor_internet_default(),
+        };
         // Lifecycle.
         if let Some(lc) = &self.lifecycle {
             let pause = match lc.on_timeout.as_deref() {
@@ -918,7 +916,7 @@ impl SandboxInfo {
                 .map(|m| m as i64)
                 .unwrap_or_else(host_memory_mb),
             envd_version: translate::ENVD_VERSION.into(),
-            allow_internet_access: detail.then_some(info.network == NetworkPolicy::Host),
+            allow_internet_access: detail.then_some(info.network != NetworkPolicy::None),
             lifecycle: detail.then(|| SandboxInfoLifecycle {
                 on_timeout: match info.on_timeout {
                     sandcove::TimeoutAction::Pause => "pause".into(),

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::NetworkPolicy;
+
 /// A flat description of a backend's abilities. Anything `false` here is answered with
 /// [`Error::NotSupported`](crate::Error::NotSupported) before any effect.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -17,8 +19,14 @@ pub struct Capabilities {
     pub multiple_users: bool,
     /// Sandboxes outlive the program that created them and can be found from another one.
     pub persistent_sandboxes: bool,
-    /// Sandboxes can get full network access ([`NetworkPolicy::Host`](crate::NetworkPolicy)).
+    /// Sandboxes can share the host's network namespace
+    /// ([`NetworkPolicy::Host`], explicit opt-in only).
     pub host_network: bool,
+    /// Sandboxes can get isolated outbound internet access
+    /// ([`NetworkPolicy::Internet`]): the user-mode
+    /// networking helper is installed and usable here.
+    #[serde(default)]
+    pub internet: bool,
     /// Per-sandbox process limit (`RLIMIT_NPROC` within the sandbox's user namespace).
     pub process_limit: bool,
     /// Largest single file write or read, in bytes.
@@ -46,4 +54,30 @@ pub struct Capabilities {
     /// CPU limits are enforced (cgroups); without it, asking for CPU cores is `NotSupported`.
     #[serde(default)]
     pub cpu_limit: bool,
+}
+
+/// The remedy named when isolated internet access is unavailable on a local host.
+pub const INTERNET_REMEDY: &str =
+    "install the user-mode networking helper `pasta` (Debian/Ubuntu: \
+     apt-get install passt) and make /dev/net/tun usable by this user (chmod 0666 /dev/net/tun)";
+
+impl Capabilities {
+    /// The policy for a vendor whose default is "internet on": [`NetworkPolicy::Internet`]
+    /// where this backend has it, else [`NetworkPolicy::None`] (loopback only), announced by
+    /// one warning line on stderr per process naming the remedy. Never
+    /// [`NetworkPolicy::Host`]: sharing the host's network is an explicit choice.
+    pub fn vendor_internet_default(&self) -> NetworkPolicy {
+        if self.internet {
+            return NetworkPolicy::Internet;
+        }
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            eprintln!(
+                "sandcove: WARNING: sandboxes get loopback-only networking instead of the \
+                 vendor's default internet access ({} has no isolated internet): {INTERNET_REMEDY}",
+                self.backend
+            );
+        });
+        NetworkPolicy::None
+    }
 }

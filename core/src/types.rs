@@ -255,13 +255,28 @@ pub struct Resources {
 }
 
 /// Network access of a sandbox.
+///
+/// Vendor "internet on" defaults map to [`NetworkPolicy::Internet`] where the backend reports
+/// [`Capabilities::internet`](crate::Capabilities::internet), else to [`NetworkPolicy::None`]
+/// (see [`Capabilities::vendor_internet_default`](crate::Capabilities::vendor_internet_default)).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NetworkPolicy {
     /// Loopback only: a fresh network namespace with just `lo`. The default.
     #[default]
     None,
-    /// Full outbound access through the host's network.
+    /// Outbound internet from a fresh network namespace of its own, wired out through
+    /// user-mode networking (`pasta`, Debian package `passt`). Nothing on the host is
+    /// reachable through it: not the host's loopback (no gateway mapping, no port forwarding),
+    /// not link-local addresses (cloud instance metadata), not private or special-purpose
+    /// ranges (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7, fe80::/10, …), not the
+    /// subnets the host is attached to. DNS goes to the host's resolvers (port 53 only).
+    /// No port of the sandbox is published; use previews for inbound traffic. Refused with
+    /// [`Error::Unavailable`](crate::Error::Unavailable) where the helper is missing.
+    Internet,
+    /// The host's own network namespace: everything the host can reach, including its
+    /// loopback services and the cloud metadata endpoint. An explicit opt-in for trusted
+    /// code only; no facade ever picks it.
     Host,
 }
 

@@ -635,6 +635,7 @@ fn unknown_capabilities() -> Capabilities {
         multiple_users: false,
         persistent_sandboxes: false,
         host_network: false,
+        internet: false,
         process_limit: false,
         max_file_bytes: 0,
         output_limit: 0,

@@ -19,6 +19,7 @@ use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
 use super::config::Record;
+use super::net::Plan;
 use super::proto::{self, Control, Reply, Request, CHUNK};
 use super::sys;
 use crate::{
@@ -40,7 +41,9 @@ pub const MAX_PROCESS_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Entry point in the freshly cloned child. Never returns.
-pub fn run(record: Record, ctrl: OwnedFd, sync_read: OwnedFd) -> ! {
+///
+/// `net` is the plan of an Internet sandbox: rules installed before any sandbox process runs.
+pub fn run(record: Record, ctrl: OwnedFd, sync_read: OwnedFd, net: Option<Plan>) -> ! {
     sys::set_process_name("sandcove-agent");
     let _ = sys::set_parent_death_signal(libc::SIGKILL);
     // Wait until the monitor has written our uid/gid maps.
@@ -54,7 +57,7 @@ pub fn run(record: Record, ctrl: OwnedFd, sync_read: OwnedFd) -> ! {
         // Orphans of sandbox processes come to us, so destroy can find and end them.
         sys::set_child_subreaper().map_err(|e| Error::from_io(&e, "become a subreaper"))
     } else {
-        setup_sandbox(&record)
+        setup_sandbox(&record, net.as_ref())
     };
     let reply = match &setup {
         Ok(()) => Control::Ready,
@@ -97,7 +100,7 @@ fn unavailable(step: &str, err: std::io::Error) -> Error {
 
 /// Build the sandbox root: a tmpfs with the host's system directories read-only, a private
 /// `/workspace`, `/tmp`, `/proc` and `/dev`, then pivot into it.
-fn setup_sandbox(record: &Record) -> Result<()> {
+fn setup_sandbox(record: &Record, net: Option<&Plan>) -> Result<()> {
     // Become root of the new user namespace (a no-op in the single-uid mapping).
     become_ns_root().map_err(|e| unavailable("setuid in the user namespace", e))?;
     let private = libc::MS_REC | libc::MS_PRIVATE;
@@ -309,8 +312,22 @@ fn setup_sandbox(record: &Record) -> Result<()> {
     sys::pivot_root_here().map_err(|e| unavailable("pivot_root", e))?;
     std::env::set_current_dir("/").map_err(fs_err("chdir /"))?;
     let _ = sys::sethostname(&hostname);
-    if record.options.network == crate::NetworkPolicy::None {
+    if record.options.network != crate::NetworkPolicy::Host {
         sys::loopback_up().map_err(|e| unavailable("bring up loopback", e))?;
+    }
+    match (&record.options.network, net) {
+        (crate::NetworkPolicy::Internet, Some(plan)) => plan.apply().map_err(|e| {
+            super::net::unavailable(&format!(
+                "cannot block host, link-local and private ranges in the sandbox: {e}"
+            ))
+        })?,
+        // Fail closed: never an Internet sandbox without its blocks.
+        (crate::NetworkPolicy::Internet, None) => {
+            return Err(super::net::unavailable(
+                "no network plan reached the sandbox",
+            ))
+        }
+        _ => {}
     }
     // Fail closed: no sandbox starts without its seccomp filter or its Landlock layer.
     super::seccomp::filters()?;

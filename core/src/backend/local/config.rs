@@ -118,6 +118,9 @@ pub struct Record {
     /// Un-isolated mode only: the host directory standing in for the sandbox's `/`.
     #[serde(default)]
     pub root_prefix: Option<String>,
+    /// Internet policy only: the user-mode networking helper (`pasta`) the monitor starts.
+    #[serde(default)]
+    pub pasta: Option<String>,
 }
 
 /// A host directory bound into a sandbox.

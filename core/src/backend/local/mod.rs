@@ -20,6 +20,7 @@ pub mod config;
 mod entry;
 mod landlock;
 mod monitor;
+mod net;
 mod preview;
 pub(crate) mod proto;
 mod seccomp;
@@ -65,6 +66,8 @@ pub struct LocalBackend {
     unisolated: bool,
     landlock_optional: bool,
     cgroups: Option<cgroup::Hierarchy>,
+    /// The usable user-mode networking helper, or why there is none.
+    pasta: std::result::Result<PathBuf, String>,
 }
 
 impl LocalBackend {
@@ -111,9 +114,19 @@ impl LocalBackend {
             landlock_optional: std::env::var(landlock::ALLOW_NO_LANDLOCK_ENV)
                 .is_ok_and(|v| v == "1"),
             cgroups: if unisolated { None } else { cgroup::detect() },
+            pasta: net::probe(net::find_pasta().as_deref()),
         };
         backend.collect_stale();
         Ok(backend)
+    }
+
+    /// Use `helper` as the user-mode networking helper (`pasta`) for
+    /// [`NetworkPolicy::Internet`](crate::NetworkPolicy::Internet), or none. By default it is
+    /// `$SANDCOVE_PASTA` when set (empty: none), else `pasta` from the system directories;
+    /// [`Capabilities::internet`] says whether it is usable.
+    pub fn with_network_helper(mut self, helper: Option<PathBuf>) -> Self {
+        self.pasta = net::probe(helper.as_deref());
+        self
     }
 
     /// Where sandbox state lives.
@@ -610,6 +623,7 @@ impl Backend for LocalBackend {
             multiple_users: self.mapping == UidMapping::Range && !self.unisolated,
             persistent_sandboxes: true,
             host_network: true,
+            internet: !self.unisolated && self.pasta.is_ok(),
             process_limit: !self.unisolated,
             max_file_bytes: u64::MAX,
             output_limit: DEFAULT_OUTPUT_LIMIT as u64,
@@ -638,6 +652,20 @@ impl Backend for LocalBackend {
                 "run on a host with user namespaces",
             ));
         }
+        let pasta = match options.network {
+            crate::NetworkPolicy::Internet if self.unisolated => {
+                return Err(Error::not_supported(
+                    "internet access without isolation",
+                    "run on a host with user namespaces (the sandbox needs its own network \
+                     namespace), or use NetworkPolicy::Host knowingly",
+                ))
+            }
+            crate::NetworkPolicy::Internet => match &self.pasta {
+                Ok(path) => Some(path.to_string_lossy().into_owned()),
+                Err(reason) => return Err(net::unavailable(reason)),
+            },
+            _ => None,
+        };
         let mounts = volumes::mounts_for(self, &options.volumes)?;
         let snapshot = match &options.snapshot {
             Some(snap) => Some(self.snapshot_paths(snap)?.1),
@@ -697,6 +725,7 @@ impl Backend for LocalBackend {
                     .to_string_lossy()
                     .into_owned()
             }),
+            pasta,
         };
         let state_dir = self.state_dir.clone();
         let info = info_of(&record, SandboxState::Running);

@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 use super::config::{Record, SandboxDir};
 use super::preview::{self, Exposed, Previews};
 use super::proto::{self, Control, Reply, Request};
-use super::{agent, sys, volumes};
+use super::{agent, net, sys, volumes};
 use crate::{
     now_millis, Error, Preview, PreviewOptions, PreviewToken, Result, SandboxInfo, SandboxState,
     TimeoutAction, DEFAULT_TIMEOUT,
@@ -52,6 +52,9 @@ struct Monitor {
     previews: Previews,
     /// Serializes pause/resume so concurrent callers see consistent states.
     transition: tokio::sync::Mutex<()>,
+    /// The networking helper of an Internet sandbox, kept for the monitor's life (it also
+    /// dies with the monitor's main thread).
+    _helper: Option<net::Helper>,
 }
 
 /// Entry point of the re-executed binary in the monitor role. Never returns.
@@ -116,8 +119,8 @@ pub fn main() -> ! {
         .clone()
         .map(|plan| (plan, started.0.id.clone()));
     let code = runtime.block_on(async move {
-        let (record, pid, ctrl) = started;
-        let monitor = match Monitor::new(dir, record, pid, ctrl) {
+        let (record, pid, ctrl, helper) = started;
+        let monitor = match Monitor::new(dir, record, pid, ctrl, helper) {
             Ok(m) => Arc::new(m),
             Err(e) => {
                 report(&mut ready, &e);
@@ -147,8 +150,13 @@ pub fn main() -> ! {
     sys::exit_now(code)
 }
 
-/// Clone the agent into fresh namespaces, map its users, and wait for its setup verdict.
-fn start(dir: &SandboxDir) -> Result<(Record, libc::pid_t, OwnedFd)> {
+/// A started sandbox: its record, the agent's pid, the control socket, and the networking
+/// helper of an Internet sandbox.
+type Started = (Record, libc::pid_t, OwnedFd, Option<net::Helper>);
+
+/// Clone the agent into fresh namespaces, map its users, wire out its network if asked, and
+/// wait for its setup verdict.
+fn start(dir: &SandboxDir) -> Result<Started> {
     let text = std::fs::read(dir.record()).map_err(|e| Error::from_io(&e, "sandbox record"))?;
     let record: Record = serde_json::from_slice(&text)
         .map_err(|e| Error::backend(format!("bad sandbox record: {e}")))?;
@@ -166,7 +174,8 @@ fn start(dir: &SandboxDir) -> Result<(Record, libc::pid_t, OwnedFd)> {
             | libc::CLONE_NEWPID
             | libc::CLONE_NEWUTS
             | libc::CLONE_NEWIPC;
-        if record.options.network == crate::NetworkPolicy::None {
+        // Every policy but an explicit Host gets a network namespace of its own.
+        if record.options.network != crate::NetworkPolicy::Host {
             f |= libc::CLONE_NEWNET;
         }
         f
@@ -176,6 +185,17 @@ fn start(dir: &SandboxDir) -> Result<(Record, libc::pid_t, OwnedFd)> {
     // OOM score that spares it (needs privilege; rootless it keeps the default), and sandbox
     // processes set theirs back to 0 before exec.
     let spare_agent = record.cgroup.is_some() && sys::set_oom_score_adj(-1000).is_ok();
+    // Internet: what the agent blocks, read from the host's tables before the clone.
+    let internet = record.options.network == crate::NetworkPolicy::Internet;
+    let plan = match (internet, &record.pasta) {
+        (false, _) => None,
+        (true, Some(_)) if !record.unisolated => Some(net::Plan::for_host()),
+        _ => {
+            return Err(net::unavailable(
+                "no user-mode networking helper was recorded",
+            ))
+        }
+    };
     let pid = sys::clone_into_namespaces(flags).map_err(|e| Error::Unavailable {
         reason: format!("cannot create namespaces for the sandbox: {e}"),
         remedy: "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, \
@@ -193,16 +213,21 @@ fn start(dir: &SandboxDir) -> Result<(Record, libc::pid_t, OwnedFd)> {
         // Already closed: forget them rather than close numbers that may be reused.
         std::mem::forget(ctrl);
         std::mem::forget(sync_write);
-        agent::run(record, agent_ctrl, sync_read);
+        agent::run(record, agent_ctrl, sync_read, plan);
     }
     if spare_agent {
         let _ = sys::set_oom_score_adj(0);
     }
     drop(agent_ctrl);
     drop(sync_read);
+    let cgroup = record.cgroup.clone().map(|plan| (plan, record.id.clone()));
+    // Cleanup finishes before the error returns: the agent reaped, its cgroup removed.
     let fail = |e: Error| {
         let _ = sys::kill(pid, libc::SIGKILL);
         let _ = sys::waitpid_blocking(pid);
+        if let Some((plan, id)) = &cgroup {
+            super::cgroup::remove(&plan.hierarchy, id);
+        }
         e
     };
     if !record.unisolated {
@@ -231,30 +256,26 @@ fn start(dir: &SandboxDir) -> Result<(Record, libc::pid_t, OwnedFd)> {
             })
         })?;
     }
+    // The helper configures the interface and routes before the agent installs its rules
+    // (a default route is refused once its gateway is unreachable).
+    let helper = match (&plan, &record.pasta) {
+        (Some(_), Some(path)) => {
+            Some(net::start_helper(std::path::Path::new(path), pid).map_err(fail)?)
+        }
+        _ => None,
+    };
     let mut sync_write = std::fs::File::from(sync_write);
     sync_write.write_all(b"1").map_err(|e| fail(e.into()))?;
     drop(sync_write);
     // Wait for the agent's verdict on its setup.
     let mut buf = vec![0u8; 64 * 1024];
-    let verdict = match sys::recv_with_fds(ctrl.as_raw_fd(), &mut buf) {
-        Err(e) => Err(fail(e.into())),
-        Ok((n, _)) => match serde_json::from_slice::<Control>(&buf[..n]) {
-            Ok(Control::Ready) => Ok(()),
-            Ok(Control::SetupFailed { error }) => Err(fail(Error::from_body(&error))),
-            _ => Err(fail(Error::backend(
-                "the sandbox agent exited during setup (see the monitor log)",
-            ))),
-        },
-    };
-    match verdict {
-        Ok(()) => Ok((record, pid, ctrl)),
-        Err(e) => {
-            // The agent is gone (`fail` reaped it): its cgroup goes before the error returns.
-            if let Some(plan) = &record.cgroup {
-                super::cgroup::remove(&plan.hierarchy, &record.id);
-            }
-            Err(e)
-        }
+    let (n, _) = sys::recv_with_fds(ctrl.as_raw_fd(), &mut buf).map_err(|e| fail(e.into()))?;
+    match serde_json::from_slice::<Control>(&buf[..n]) {
+        Ok(Control::Ready) => Ok((record, pid, ctrl, helper)),
+        Ok(Control::SetupFailed { error }) => Err(fail(Error::from_body(&error))),
+        _ => Err(fail(Error::backend(
+            "the sandbox agent exited during setup (see the monitor log)",
+        ))),
     }
 }
 
@@ -327,7 +348,13 @@ fn bind(dir: &SandboxDir) -> Result<UnixListener> {
 }
 
 impl Monitor {
-    fn new(dir: SandboxDir, record: Record, agent_pid: libc::pid_t, ctrl: OwnedFd) -> Result<Self> {
+    fn new(
+        dir: SandboxDir,
+        record: Record,
+        agent_pid: libc::pid_t,
+        ctrl: OwnedFd,
+        helper: Option<net::Helper>,
+    ) -> Result<Self> {
         sys::set_nonblocking(ctrl.as_raw_fd(), true)?;
         Ok(Monitor {
             dir,
@@ -340,6 +367,7 @@ impl Monitor {
             deadline_changed: tokio::sync::Notify::new(),
             previews: Arc::new(Mutex::new(Default::default())),
             transition: tokio::sync::Mutex::new(()),
+            _helper: helper,
         })
     }
 
