@@ -111,6 +111,9 @@ pub struct Record {
     /// Un-isolated mode only: the host directory standing in for the sandbox's `/`.
     #[serde(default)]
     pub root_prefix: Option<String>,
+    /// Limits of each preview listener.
+    #[serde(default)]
+    pub preview_limits: super::PreviewLimits,
 }
 
 /// A host directory bound into a sandbox.

@@ -47,6 +47,7 @@ use crate::{
 };
 
 pub use self::agent::{validate_envs, validate_spec};
+pub use self::preview::PreviewLimits;
 
 /// Env var that opts in to running sandboxes without isolation where namespaces are missing.
 pub const ALLOW_UNISOLATED_ENV: &str = "SANDCOVE_ALLOW_UNISOLATED";
@@ -61,6 +62,7 @@ pub struct LocalBackend {
     state_dir: PathBuf,
     mapping: UidMapping,
     unisolated: bool,
+    preview_limits: PreviewLimits,
 }
 
 impl LocalBackend {
@@ -104,9 +106,17 @@ impl LocalBackend {
             state_dir,
             mapping: UidMapping::for_host(sys::geteuid(), sys::getegid()),
             unisolated,
+            preview_limits: PreviewLimits::default(),
         };
         backend.collect_stale();
         Ok(backend)
+    }
+
+    /// The same engine, giving sandboxes it creates from now on these preview limits
+    /// (head timeout and connection cap of each preview listener).
+    pub fn with_preview_limits(mut self, limits: PreviewLimits) -> Self {
+        self.preview_limits = limits;
+        self
     }
 
     /// Where sandbox state lives.
@@ -666,6 +676,7 @@ impl Backend for LocalBackend {
             ends_at: now + timeout.as_millis() as u64,
             unisolated: self.unisolated,
             notes: Default::default(),
+            preview_limits: self.preview_limits,
             mounts,
             root_prefix: self.unisolated.then(|| {
                 SandboxDir::new(&self.state_dir, &id)
