@@ -667,13 +667,15 @@ impl Monitor {
         // starting a second request on this connection, which is never forwarded.
         let pipelined = !incoming.take_buffered().is_empty();
         drop(incoming);
-        if pipelined {
-            return;
-        }
         use tokio::io::AsyncReadExt;
         let (mut client_read, mut client_write) = conn.split();
         let answer = tokio::io::copy(&mut upstream, &mut client_write);
         tokio::pin!(answer);
+        if pipelined {
+            // Answer the first request only, then close.
+            let _ = answer.await;
+            return;
+        }
         let mut probe = [0u8; 1];
         tokio::select! {
             _ = &mut answer => {}
