@@ -349,7 +349,7 @@ pub fn load_tls(
     Ok(Arc::new(config))
 }
 
-/// Read a small file whole (at most [`MAX_PEM_BYTES`]); with `private`, refuse a regular
+/// Read a small file whole (at most 1 MiB); with `private`, refuse a regular
 /// file that group or others may read.
 pub fn read_secret_file(path: &std::path::Path, private: bool) -> crate::Result<Vec<u8>> {
     use std::io::Read;
