@@ -29,6 +29,8 @@ pub mod client;
 pub mod error;
 pub mod types;
 
+mod listen;
+
 #[cfg(feature = "conformance")]
 pub mod conformance;
 

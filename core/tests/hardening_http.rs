@@ -628,3 +628,257 @@ async fn a_restarted_server_never_hangs_its_client() {
     env.assert_nothing_left("after the server restart").await;
     println!("hardening: server restarted under a client: stream cut with an error, {} calls failed cleanly while down ({down:?}), a create retried across the restart landed once", down.len());
 }
+
+/// Slow-loris helpers: sockets that send part of a request head and then nothing.
+mod slow {
+    use std::io::{ErrorKind, Read, Write};
+    use std::net::TcpStream;
+
+    /// `count` connections to `addr`, each with a request head that never ends.
+    pub fn half_sent_heads(addr: &str, count: usize) -> Vec<Option<TcpStream>> {
+        (0..count)
+            .map(|_| {
+                let mut s = TcpStream::connect(addr).expect("connect (backlog)");
+                s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                    .expect("send part of a head");
+                s.set_nonblocking(true).unwrap();
+                Some(s)
+            })
+            .collect()
+    }
+
+    /// Whether every socket has been closed by the server (EOF or reset), reading away
+    /// whatever it answered first (a `408`).
+    pub fn all_closed(socks: &mut [Option<TcpStream>]) -> bool {
+        let mut buf = [0u8; 1024];
+        for slot in socks.iter_mut() {
+            if let Some(s) = slot {
+                loop {
+                    match s.read(&mut buf) {
+                        Ok(0) => {
+                            *slot = None;
+                            break;
+                        }
+                        Ok(_) => continue,
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                        Err(_) => {
+                            *slot = None;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        socks.iter().all(Option::is_none)
+    }
+}
+
+/// Finding: half-sent request heads held connections forever and starved authenticated
+/// requests. With a connection cap and a head timeout, an authenticated call still completes
+/// and every half-open connection is closed once its head time is up.
+#[tokio::test]
+async fn serve_survives_half_sent_heads() {
+    let env = Env::new("hloris");
+    let mut config = ServerConfig::new(KEY);
+    config.max_connections = 16;
+    config.head_timeout = Duration::from_millis(1000);
+    let server = LocalServer::start(env.backend.clone(), config)
+        .await
+        .expect("start");
+    let addr = server.addr().to_string();
+    let mut attack = tokio::task::spawn_blocking(move || slow::half_sent_heads(&addr, 60))
+        .await
+        .unwrap();
+    let client = HttpBackend::new(&server.url(), KEY).unwrap();
+    let listed = tokio::time::timeout(Duration::from_secs(60), client.list(Default::default()))
+        .await
+        .expect("an authenticated call completes despite the half-open connections");
+    listed.expect("list");
+    assert!(
+        common::eventually(Duration::from_secs(20), || slow::all_closed(&mut attack)).await,
+        "half-open connections are closed after the head timeout"
+    );
+    server.stop().await.unwrap();
+}
+
+/// Starts a keep-alive HTTP/1.1 server on `port` in sandbox `id` that answers each request
+/// with its path and logs the path to `/tmp/paths.log`.
+async fn keep_alive_server(backend: &dyn Backend, id: &str, port: u16) {
+    let script = format!(
+        r#"
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        with open("/tmp/paths.log", "a") as f:
+            f.write(self.path + "\n")
+        body = self.path.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", {port}), H).serve_forever()
+"#
+    );
+    drop(
+        backend
+            .spawn(
+                id,
+                ProcessSpec::new(Command::argv(["python3", "-c", &script])),
+            )
+            .await
+            .expect("start a server"),
+    );
+    let probe = format!(
+        "for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}))' 2>/dev/null && exit 0; sleep 0.1; done; exit 1"
+    );
+    let out = sandcove::conformance::run(backend, id, ProcessSpec::new(Command::sh(&probe))).await;
+    assert!(out.exit_status().success(), "server on {port} is up");
+}
+
+fn preview_env(tag: &str, limits: sandcove::backend::local::PreviewLimits) -> Env {
+    let dir = std::env::temp_dir().join(unique(&format!("hc-{tag}")));
+    let local = sandcove::LocalBackend::with_state_dir(&dir)
+        .expect("engine")
+        .with_preview_limits(limits);
+    Env {
+        backend: Arc::new(local.clone()),
+        local,
+        dir,
+    }
+}
+
+/// Finding: a private preview read heads without a time limit and accepted without a cap, so
+/// half-sent heads pinned the monitor. Now the sandbox's API and a preview request with a
+/// token still complete, and the half-open connections get `408` and are closed.
+#[tokio::test]
+async fn private_previews_survive_half_sent_heads() {
+    let limits = sandcove::backend::local::PreviewLimits {
+        head_timeout_ms: 1000,
+        max_connections: 8,
+    };
+    let env = preview_env("ploris", limits);
+    let id = env.sandbox("ploris").await;
+    keep_alive_server(env.backend.as_ref(), &id, 8000).await;
+    let preview = env
+        .backend
+        .expose_port(
+            &id,
+            sandcove::PreviewOptions {
+                port: 8000,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("expose");
+    let token = preview.token.clone().unwrap().value;
+    let host = preview.host.clone();
+    let mut attack = tokio::task::spawn_blocking(move || slow::half_sent_heads(&host, 24))
+        .await
+        .unwrap();
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        sandcove::conformance::run(
+            env.backend.as_ref(),
+            &id,
+            ProcessSpec::new(Command::sh("echo still-served")),
+        ),
+    )
+    .await
+    .expect("the sandbox API answers during the attack");
+    assert_eq!(out.stdout, b"still-served\n");
+    let answered = tokio::time::timeout(
+        Duration::from_secs(60),
+        sandcove::conformance::http_get(
+            &preview.host,
+            "/through",
+            &[(preview.token_header.as_str(), token.as_str())],
+        ),
+    )
+    .await
+    .expect("a preview request completes during the attack");
+    assert_eq!(answered, Some((200, "/through".to_string())));
+    assert!(
+        common::eventually(Duration::from_secs(20), || slow::all_closed(&mut attack)).await,
+        "half-open preview connections are closed after the head timeout"
+    );
+    env.backend.destroy(&id).await.unwrap();
+}
+
+/// Finding: the token was checked on a connection's first request only. A second request
+/// without a token on the same kept-alive connection never reaches the sandbox.
+#[tokio::test]
+async fn a_second_request_on_a_preview_connection_is_not_forwarded() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = Env::new("pkeep");
+    let id = env.sandbox("pkeep").await;
+    keep_alive_server(env.backend.as_ref(), &id, 8001).await;
+    let preview = env
+        .backend
+        .expose_port(
+            &id,
+            sandcove::PreviewOptions {
+                port: 8001,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("expose");
+    let token = preview.token.clone().unwrap().value;
+    for pipelined in [false, true] {
+        let mut conn = tokio::net::TcpStream::connect(&preview.host).await.unwrap();
+        let first = format!(
+            "GET /first HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n{}: {token}\r\n\r\n",
+            preview.token_header
+        );
+        let second = "GET /second HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n";
+        let mut seen = Vec::new();
+        if pipelined {
+            conn.write_all(format!("{first}{second}").as_bytes())
+                .await
+                .unwrap();
+        } else {
+            conn.write_all(first.as_bytes()).await.unwrap();
+            let mut buf = [0u8; 4096];
+            while !String::from_utf8_lossy(&seen).ends_with("/first") {
+                let n = tokio::time::timeout(Duration::from_secs(20), conn.read(&mut buf))
+                    .await
+                    .expect("the first answer arrives")
+                    .unwrap();
+                assert!(
+                    n > 0,
+                    "answer cut short: {:?}",
+                    String::from_utf8_lossy(&seen)
+                );
+                seen.extend_from_slice(&buf[..n]);
+            }
+            // The connection may already be closed; a failed write is fine.
+            let _ = conn.write_all(second.as_bytes()).await;
+        }
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut rest))
+            .await
+            .expect("the connection is closed, not kept for a second request");
+        seen.extend_from_slice(&rest);
+        let text = String::from_utf8_lossy(&seen).into_owned();
+        assert!(
+            text.starts_with("HTTP/1.1 200") || text.starts_with("HTTP/1.0 200"),
+            "{text}"
+        );
+        assert!(!text.contains("/second"), "second request answered: {text}");
+    }
+    let log = sandcove::conformance::run(
+        env.backend.as_ref(),
+        &id,
+        ProcessSpec::new(Command::sh("cat /tmp/paths.log")),
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8_lossy(&log.stdout),
+        "/first\n/first\n",
+        "only the requests with a token reached the sandbox"
+    );
+    env.backend.destroy(&id).await.unwrap();
+}

@@ -241,7 +241,70 @@ pub struct HttpBackend {
     api_key: Arc<str>,
     http: reqwest::Client,
     options: HttpOptions,
+    /// The only trusted roots, when [`CA_FILE_ENV`] named them.
+    roots: Option<Arc<Vec<reqwest::Certificate>>>,
     caps: Arc<OnceLock<Capabilities>>,
+}
+
+/// Env var naming a PEM file of the certificates that alone are trusted to sign the
+/// server's certificate (a private CA, or the server's self-signed certificate).
+pub const CA_FILE_ENV: &str = "SANDCOVE_CA_FILE";
+/// Env var that, set to `1`, allows plain `http://` to a non-loopback server.
+pub const ALLOW_INSECURE_HTTP_ENV: &str = "SANDCOVE_ALLOW_INSECURE_HTTP";
+/// Largest CA file read.
+const MAX_CA_FILE_BYTES: u64 = 1024 * 1024;
+
+/// Whether `url` names this host's loopback.
+fn is_loopback(url: &Url) -> bool {
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    match bare.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback(),
+        Err(_) => host.eq_ignore_ascii_case("localhost"),
+    }
+}
+
+/// The PEM certificates in `path` (bounded read; at least one).
+fn load_ca_file(path: &std::path::Path) -> Result<Vec<reqwest::Certificate>> {
+    use std::io::Read;
+    let what = format!("{CA_FILE_ENV} {}", path.display());
+    let file = std::fs::File::open(path).map_err(|e| Error::from_io(&e, &what))?;
+    let mut pem = Vec::new();
+    file.take(MAX_CA_FILE_BYTES + 1)
+        .read_to_end(&mut pem)
+        .map_err(|e| Error::from_io(&e, &what))?;
+    if pem.len() as u64 > MAX_CA_FILE_BYTES {
+        return Err(Error::invalid(format!(
+            "{what}: larger than {MAX_CA_FILE_BYTES} bytes"
+        )));
+    }
+    let certs = reqwest::Certificate::from_pem_bundle(&pem)
+        .map_err(|e| Error::invalid(format!("{what}: {e}")))?;
+    if certs.is_empty() {
+        return Err(Error::invalid(format!("{what}: no PEM certificate")));
+    }
+    Ok(certs)
+}
+
+/// The HTTP client: rustls, with only `roots` trusted when given.
+fn client(
+    options: &HttpOptions,
+    roots: Option<&Vec<reqwest::Certificate>>,
+) -> Result<reqwest::Client> {
+    let mut builder = reqwest::Client::builder()
+        .use_rustls_tls()
+        .connect_timeout(options.connect_timeout);
+    if let Some(roots) = roots {
+        builder = builder.tls_built_in_root_certs(false);
+        for cert in roots {
+            builder = builder.add_root_certificate(cert.clone());
+        }
+    }
+    builder
+        .build()
+        .map_err(|e| Error::backend(format!("HTTP client: {e}")))
 }
 
 impl std::fmt::Debug for HttpBackend {
@@ -291,35 +354,46 @@ impl HttpBackend {
     }
 
     /// Like [`HttpBackend::new`] with explicit timeouts and retry policy.
+    ///
+    /// An `http://` URL must name a loopback host (`127.0.0.0/8`, `::1`, `localhost`): the
+    /// API key would otherwise cross the network in clear text. Anything else needs
+    /// `https://`, or [`ALLOW_INSECURE_HTTP_ENV`]`=1` to accept the risk. Over https the
+    /// server is verified against the system's roots (`SSL_CERT_FILE` and `SSL_CERT_DIR`
+    /// are honoured), or only against the PEM certificates in [`CA_FILE_ENV`] when set.
     pub fn with_options(url: &str, api_key: &str, options: HttpOptions) -> Result<Self> {
         let base =
             Url::parse(url).map_err(|e| Error::invalid(format!("server URL {url:?}: {e}")))?;
-        match base.scheme() {
-            "http" => {}
-            "https" => {
-                return Err(Error::not_supported(
-                    "https server URLs",
-                    "this build speaks plain http: reach the server over loopback or a tunnel",
-                ))
-            }
-            other => {
-                return Err(Error::invalid(format!(
-                    "server URL {url:?}: scheme {other:?} is not http"
-                )))
-            }
-        }
         if base.cannot_be_a_base() || base.host().is_none() {
             return Err(Error::invalid(format!("server URL {url:?} has no host")));
         }
-        let http = reqwest::Client::builder()
-            .connect_timeout(options.connect_timeout)
-            .build()
-            .map_err(|e| Error::backend(format!("HTTP client: {e}")))?;
+        match base.scheme() {
+            "https" => {}
+            "http" if is_loopback(&base) => {}
+            "http" if std::env::var(ALLOW_INSECURE_HTTP_ENV).is_ok_and(|v| v == "1") => {}
+            "http" => {
+                return Err(Error::invalid(format!(
+                    "server URL {url:?}: plain http beyond loopback would send the API key in \
+                     clear text; serve TLS (`sandcove serve --tls-cert FILE --tls-key FILE`) and \
+                     use https://, or set {ALLOW_INSECURE_HTTP_ENV}=1 to accept the risk"
+                )))
+            }
+            other => {
+                return Err(Error::invalid(format!(
+                    "server URL {url:?}: scheme {other:?} is not http or https"
+                )))
+            }
+        }
+        let roots = match std::env::var_os(CA_FILE_ENV) {
+            Some(path) => Some(Arc::new(load_ca_file(std::path::Path::new(&path))?)),
+            None => None,
+        };
+        let http = client(&options, roots.as_deref())?;
         Ok(HttpBackend {
             base,
             api_key: api_key.into(),
             http,
             options,
+            roots,
             caps: Arc::new(OnceLock::new()),
         })
     }
@@ -895,10 +969,7 @@ impl Backend for HttpBackend {
                         .enable_all()
                         .build()
                         .ok()?;
-                    let http = reqwest::Client::builder()
-                        .connect_timeout(self.options.connect_timeout)
-                        .build()
-                        .ok()?;
+                    let http = client(&self.options, self.roots.as_deref()).ok()?;
                     runtime.block_on(fetch_capabilities(self, &http)).ok()
                 })
                 .join()
@@ -1428,7 +1499,7 @@ mod tests {
             assert!(url.path().starts_with("/base/v1/sandboxes/"), "{url}");
         }
         assert!(HttpBackend::new("ftp://x", "k").is_err());
-        assert!(HttpBackend::new("https://x", "k").is_err());
+        assert!(HttpBackend::new("https://x", "k").is_ok());
         assert!(
             !format!("{b:?}").contains("\"k\""),
             "the key is not printed"

@@ -18,6 +18,12 @@
 //!   header: the first request with a key runs to completion even if its client disconnects,
 //!   and every request with the same key within [`ServerConfig::idempotency_ttl`] gets that
 //!   same answer.
+//! - **Connections**: HTTP/1.1, over TLS when [`ServerConfig::tls`] is set (see
+//!   [`load_tls`]). At most [`ServerConfig::max_connections`] connections are served at once
+//!   (further ones wait in the kernel's backlog, costing the server nothing); a client gets
+//!   [`ServerConfig::head_timeout`] to finish its TLS handshake and each request head,
+//!   idle keep-alive connections included, and is then disconnected; running out of
+//!   descriptors pauses accepting instead of spinning.
 //! - **Shutdown**: when the shutdown future given to [`serve`] completes (the binary uses
 //!   Ctrl-C or SIGTERM), the server stops accepting connections, ends every open stream with
 //!   an error frame (so no client mistakes it for a complete stream), lets in-flight control
@@ -71,11 +77,19 @@ pub struct ServerConfig {
     pub idempotency_ttl: Duration,
     /// How long in-flight calls may run on after shutdown begins.
     pub shutdown_grace: Duration,
+    /// Connections served at once; further ones wait until one closes.
+    pub max_connections: usize,
+    /// How long a client may take for its TLS handshake and for each request head
+    /// (including the wait for the next request on a kept-alive connection).
+    pub head_timeout: Duration,
+    /// Serve HTTPS with this configuration (see [`load_tls`]); `None` serves plain HTTP,
+    /// which is only fit for loopback.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl ServerConfig {
     /// Defaults: 1 MiB JSON bodies, 4 GiB uploads, idempotency keys kept 10 minutes, 10 s
-    /// of grace at shutdown.
+    /// of grace at shutdown, 512 connections, 10 s per request head, plain HTTP.
     pub fn new(api_key: impl Into<String>) -> Self {
         ServerConfig {
             api_key: api_key.into(),
@@ -83,6 +97,9 @@ impl ServerConfig {
             max_upload_bytes: 4 * 1024 * 1024 * 1024,
             idempotency_ttl: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(10),
+            max_connections: 512,
+            head_timeout: Duration::from_secs(10),
+            tls: None,
         }
     }
 }
@@ -95,6 +112,9 @@ impl std::fmt::Debug for ServerConfig {
             .field("max_upload_bytes", &self.max_upload_bytes)
             .field("idempotency_ttl", &self.idempotency_ttl)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("max_connections", &self.max_connections)
+            .field("head_timeout", &self.head_timeout)
+            .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -242,29 +262,129 @@ pub async fn serve(
         ));
     }
     let grace = config.shutdown_grace;
+    let head_timeout = config.head_timeout;
+    let tls = config.tls.clone().map(tokio_rustls::TlsAcceptor::from);
+    let mut acceptor = crate::listen::Acceptor::new(config.max_connections);
     let state = state(backend, config);
     let signal = state.shutdown.clone();
-    let mut stopping = signal.subscribe();
     let app = build(state);
-    let graceful = async move {
-        shutdown.await;
-        let _ = signal.send(true);
-    };
-    // No Nagle: small frames (a command's output, its exit) must leave at once, not wait for
-    // the peer's delayed ACK (~40 ms per round trip otherwise).
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(head_timeout);
+    let connections = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let ((tcp, _), permit) = tokio::select! {
+            accepted = acceptor.next(|| listener.accept()) => accepted,
+            () = &mut shutdown => break,
+        };
+        // No Nagle: small frames (a command's output, its exit) must leave at once, not wait
+        // for the peer's delayed ACK (~40 ms per round trip otherwise).
         let _ = tcp.set_nodelay(true);
-    });
-    let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
-    let deadline = async move {
-        let _ = stopping.wait_for(|v| *v).await;
-        tokio::time::sleep(grace).await;
-    };
-    tokio::select! {
-        result = server => result,
-        () = deadline => Ok(()),
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let (http, watcher, tls) = (http.clone(), connections.watcher(), tls.clone());
+        tokio::spawn(async move {
+            match tls {
+                None => {
+                    let io = hyper_util::rt::TokioIo::new(tcp);
+                    let _ = watcher.watch(http.serve_connection(io, service)).await;
+                }
+                Some(tls) => {
+                    let Ok(Ok(stream)) = tokio::time::timeout(head_timeout, tls.accept(tcp)).await
+                    else {
+                        return;
+                    };
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let _ = watcher.watch(http.serve_connection(io, service)).await;
+                }
+            }
+            drop(permit);
+        });
     }
+    // Stop taking connections, cut open streams with an error frame, let in-flight calls
+    // finish within the grace period.
+    drop(listener);
+    let _ = signal.send(true);
+    tokio::select! {
+        () = connections.shutdown() => {}
+        () = tokio::time::sleep(grace) => {}
+    }
+    Ok(())
+}
+
+/// Largest certificate or key file read by [`load_tls`].
+const MAX_PEM_BYTES: u64 = 1024 * 1024;
+
+/// A TLS configuration from PEM files: `cert` holds the server's certificate chain (leaf
+/// first), `key` its private key (PKCS#8, PKCS#1 or SEC1). Files are read bounded; a key
+/// readable by group or others is refused, since it would let other local users impersonate
+/// the server. Serves HTTP/1.1 only.
+pub fn load_tls(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> crate::Result<Arc<rustls::ServerConfig>> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs_pem = read_secret_file(cert, false)?;
+    let key_pem = read_secret_file(key, true)?;
+    let certs = CertificateDer::pem_slice_iter(&certs_pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::invalid(format!("certificate file {}: {e}", cert.display())))?;
+    if certs.is_empty() {
+        return Err(Error::invalid(format!(
+            "certificate file {} holds no PEM certificate",
+            cert.display()
+        )));
+    }
+    let key_der = PrivateKeyDer::from_pem_slice(&key_pem)
+        .map_err(|e| Error::invalid(format!("key file {}: {e}", key.display())))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::backend(format!("TLS setup: {e}")))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key_der)
+        .map_err(|e| Error::invalid(format!("TLS certificate and key: {e}")))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Read a small file whole (at most 1 MiB); with `private`, refuse a regular
+/// file that group or others may read.
+pub fn read_secret_file(path: &std::path::Path, private: bool) -> crate::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::File::open(path)
+        .map_err(|e| Error::from_io(&e, &format!("open {}", path.display())))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::from_io(&e, &format!("stat {}", path.display())))?;
+    if !meta.is_file() {
+        return Err(Error::invalid(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
+    }
+    if private && meta.mode() & 0o077 != 0 {
+        return Err(Error::PermissionDenied {
+            what: format!(
+                "{} is readable by other users (mode {:o}): run `chmod 600` on it",
+                path.display(),
+                meta.mode() & 0o777
+            ),
+        });
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_PEM_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::from_io(&e, &format!("read {}", path.display())))?;
+    if bytes.len() as u64 > MAX_PEM_BYTES {
+        return Err(Error::invalid(format!(
+            "{} is larger than {MAX_PEM_BYTES} bytes",
+            path.display()
+        )));
+    }
+    Ok(bytes)
 }
 
 /// Completes on Ctrl-C (SIGINT) or SIGTERM.
@@ -288,21 +408,24 @@ pub async fn shutdown_signal() {
 #[derive(Debug)]
 pub struct LocalServer {
     addr: SocketAddr,
+    tls: bool,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
 
 impl LocalServer {
-    /// Bind `127.0.0.1:0` and serve `backend` there.
+    /// Bind `127.0.0.1:0` and serve `backend` there (over TLS when `config.tls` is set).
     pub async fn start(backend: Arc<dyn Backend>, config: ServerConfig) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
+        let tls = config.tls.is_some();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(serve(listener, backend, config, async move {
             let _ = stopped.await;
         }));
         Ok(LocalServer {
             addr,
+            tls,
             stop: Some(stop),
             task: Some(task),
         })
@@ -313,9 +436,10 @@ impl LocalServer {
         self.addr
     }
 
-    /// The base URL, e.g. `http://127.0.0.1:41234`.
+    /// The base URL, e.g. `http://127.0.0.1:41234` (`https://` when serving TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Shut down gracefully and wait until the server has stopped.

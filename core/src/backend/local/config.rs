@@ -121,6 +121,9 @@ pub struct Record {
     /// Internet policy only: the user-mode networking helper (`pasta`) the monitor starts.
     #[serde(default)]
     pub pasta: Option<String>,
+    /// Limits of each preview listener.
+    #[serde(default)]
+    pub preview_limits: super::PreviewLimits,
 }
 
 /// A host directory bound into a sandbox.

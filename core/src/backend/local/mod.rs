@@ -50,6 +50,7 @@ use crate::{
 };
 
 pub use self::agent::{validate_envs, validate_spec};
+pub use self::preview::PreviewLimits;
 
 /// Env var that opts in to running sandboxes without isolation where namespaces are missing.
 pub const ALLOW_UNISOLATED_ENV: &str = "SANDCOVE_ALLOW_UNISOLATED";
@@ -68,6 +69,7 @@ pub struct LocalBackend {
     cgroups: Option<cgroup::Hierarchy>,
     /// The usable user-mode networking helper, or why there is none.
     pasta: std::result::Result<PathBuf, String>,
+    preview_limits: PreviewLimits,
 }
 
 impl LocalBackend {
@@ -115,6 +117,7 @@ impl LocalBackend {
                 .is_ok_and(|v| v == "1"),
             cgroups: if unisolated { None } else { cgroup::detect() },
             pasta: net::probe(net::find_pasta().as_deref()),
+            preview_limits: PreviewLimits::default(),
         };
         backend.collect_stale();
         Ok(backend)
@@ -126,6 +129,13 @@ impl LocalBackend {
     /// [`Capabilities::internet`] says whether it is usable.
     pub fn with_network_helper(mut self, helper: Option<PathBuf>) -> Self {
         self.pasta = net::probe(helper.as_deref());
+        self
+    }
+
+    /// The same engine, giving sandboxes it creates from now on these preview limits
+    /// (head timeout and connection cap of each preview listener).
+    pub fn with_preview_limits(mut self, limits: PreviewLimits) -> Self {
+        self.preview_limits = limits;
         self
     }
 
@@ -717,6 +727,7 @@ impl Backend for LocalBackend {
             landlock_optional: self.landlock_optional,
             cgroup,
             notes: Default::default(),
+            preview_limits: self.preview_limits,
             mounts,
             root_prefix: self.unisolated.then(|| {
                 SandboxDir::new(&self.state_dir, &id)

@@ -629,13 +629,20 @@ impl Monitor {
         let (preview, tokens) = preview::describe(&options, url, host);
         let port = options.port;
         let monitor = self.clone();
+        let limits = self
+            .record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .preview_limits;
         let task = tokio::spawn(async move {
+            let mut acceptor = crate::listen::Acceptor::new(limits.max_connections);
             loop {
-                let Ok((conn, _)) = listener.accept().await else {
-                    continue;
-                };
+                let ((conn, _), permit) = acceptor.next(|| listener.accept()).await;
                 let monitor = monitor.clone();
-                tokio::spawn(async move { monitor.proxy(port, conn).await });
+                tokio::spawn(async move {
+                    monitor.proxy(port, conn, limits).await;
+                    drop(permit);
+                });
             }
         });
         self.previews
@@ -652,8 +659,13 @@ impl Monitor {
         Ok(preview)
     }
 
-    /// Serve one preview connection.
-    async fn proxy(self: Arc<Self>, port: u16, mut conn: TcpStream) {
+    /// Serve one preview connection (see the `preview` module for what is checked).
+    async fn proxy(
+        self: Arc<Self>,
+        port: u16,
+        mut conn: TcpStream,
+        limits: preview::PreviewLimits,
+    ) {
         let Some((entry, tokens)) = self
             .previews
             .lock()
@@ -663,48 +675,126 @@ impl Monitor {
         else {
             return;
         };
-        let mut head = Vec::new();
-        if !entry.public {
-            head = match preview::read_head(&mut conn).await {
-                Ok(h) => h,
-                Err(_) => return,
+        if entry.public {
+            let Some(mut upstream) = self.connect_upstream(port, &mut conn).await else {
+                return;
             };
-            if !preview::authorized(&head, &entry, &tokens) {
+            let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
+            return;
+        }
+        let mut incoming = preview::Incoming::new(&mut conn);
+        let timeout = Duration::from_millis(limits.head_timeout_ms);
+        let head = match tokio::time::timeout(timeout, incoming.head()).await {
+            Ok(Ok(Some(head))) => head,
+            Ok(Ok(None)) => {
+                let message = "request head too large";
+                preview::refuse(
+                    incoming.stream(),
+                    "431 Request Header Fields Too Large",
+                    message,
+                )
+                .await;
+                return;
+            }
+            Ok(Err(_)) => return,
+            Err(_) => {
+                let message = "the request head did not arrive in time";
+                preview::refuse(incoming.stream(), "408 Request Timeout", message).await;
+                return;
+            }
+        };
+        let accepted = match preview::check(&head, &entry, &tokens) {
+            Ok(a) => a,
+            Err(preview::Refusal::Malformed(why)) => {
+                preview::refuse(incoming.stream(), "400 Bad Request", why).await;
+                return;
+            }
+            Err(preview::Refusal::Unauthorized) => {
                 let message = format!(
                     "this preview is private: send its token in the {} header or the {} query parameter",
                     entry.token_header, entry.token_query
                 );
-                preview::refuse(&mut conn, "401 Unauthorized", &message).await;
+                preview::refuse(incoming.stream(), "401 Unauthorized", &message).await;
                 return;
             }
-        }
-        if let Err(e) = self.ready_for_work().await {
-            preview::refuse(&mut conn, "503 Service Unavailable", &e.to_string()).await;
+        };
+        let Some(mut upstream) = self.connect_upstream(port, incoming.stream()).await else {
             return;
+        };
+        use tokio::io::AsyncWriteExt;
+        if upstream.write_all(&accepted.head).await.is_err() {
+            return;
+        }
+        if accepted.framing == preview::Framing::Upgrade {
+            // Raw bytes only once the sandbox agrees to switch protocols.
+            let Ok((answer, status)) = preview::read_response_head(&mut upstream).await else {
+                return;
+            };
+            if incoming.stream().write_all(&answer).await.is_err() {
+                return;
+            }
+            if status == 101 {
+                let early = incoming.take_buffered();
+                if !early.is_empty() && upstream.write_all(&early).await.is_err() {
+                    return;
+                }
+                let _ = tokio::io::copy_bidirectional(incoming.stream(), &mut upstream).await;
+                return;
+            }
+        } else if incoming
+            .copy_body(accepted.framing, &mut upstream)
+            .await
+            .is_err()
+        {
+            return;
+        }
+        // The request is complete: only the answer flows now. A client that sends more is
+        // starting a second request on this connection, which is never forwarded.
+        let pipelined = !incoming.take_buffered().is_empty();
+        drop(incoming);
+        use tokio::io::AsyncReadExt;
+        let (mut client_read, mut client_write) = conn.split();
+        let answer = tokio::io::copy(&mut upstream, &mut client_write);
+        tokio::pin!(answer);
+        if pipelined {
+            // Answer the first request only, then close.
+            let _ = answer.await;
+            return;
+        }
+        let mut probe = [0u8; 1];
+        tokio::select! {
+            _ = &mut answer => {}
+            read = client_read.read(&mut probe) => {
+                // The client closed its sending side: let the answer finish. Anything else
+                // (more bytes, an error) ends the connection.
+                if matches!(read, Ok(0)) {
+                    let _ = answer.await;
+                }
+            }
+        }
+    }
+
+    /// A socket connected to `port` inside the sandbox, or `None` after answering the client
+    /// with why not.
+    async fn connect_upstream(&self, port: u16, conn: &mut TcpStream) -> Option<TcpStream> {
+        if let Err(e) = self.ready_for_work().await {
+            preview::refuse(conn, "503 Service Unavailable", &e.to_string()).await;
+            return None;
         }
         let inner = match self
             .agent_request(|req| Control::Connect { req, port })
             .await
         {
             Ok(mut fds) if !fds.is_empty() => fds.remove(0),
-            Ok(_) => return,
+            Ok(_) => return None,
             Err(e) => {
-                preview::refuse(&mut conn, "502 Bad Gateway", &e.to_string()).await;
-                return;
+                preview::refuse(conn, "502 Bad Gateway", &e.to_string()).await;
+                return None;
             }
         };
         let std_stream = std::net::TcpStream::from(inner);
-        if std_stream.set_nonblocking(true).is_err() {
-            return;
-        }
-        let Ok(mut upstream) = TcpStream::from_std(std_stream) else {
-            return;
-        };
-        use tokio::io::AsyncWriteExt;
-        if !head.is_empty() && upstream.write_all(&head).await.is_err() {
-            return;
-        }
-        let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
+        std_stream.set_nonblocking(true).ok()?;
+        TcpStream::from_std(std_stream).ok()
     }
 
     fn create_token(&self, port: u16, expires_at: Option<u64>) -> Result<PreviewToken> {
@@ -762,13 +852,18 @@ async fn run(monitor: Arc<Monitor>, listener: UnixListener) -> i32 {
     tokio::pin!(lease);
     let mut terminate =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    // Clients of the same user are not capped, but descriptor exhaustion must pause the
+    // loop, not spin it.
+    let mut acceptor = crate::listen::Acceptor::new(tokio::sync::Semaphore::MAX_PERMITS);
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+            ((stream, _), permit) = acceptor.next(|| listener.accept()) => {
                 let monitor = monitor.clone();
                 let stop_tx = stop_tx.clone();
-                tokio::spawn(async move { serve_client(monitor, stream, stop_tx).await });
+                tokio::spawn(async move {
+                    serve_client(monitor, stream, stop_tx).await;
+                    drop(permit);
+                });
             }
             _ = &mut lease => break,
             _ = stop_rx.recv() => break,

@@ -3,11 +3,21 @@
 //! Each accepted connection asks the agent for a socket connected to the port on the
 //! sandbox's own loopback (the agent lives in the sandbox's network namespace, so no host port
 //! is shared and no privilege is needed) and then copies bytes both ways. A private preview
-//! first reads the HTTP request head and requires a live token in the configured header or
-//! query parameter; anything else gets `401` and the sandbox is never contacted.
+//! first reads the HTTP request head (within [`PreviewLimits::head_timeout_ms`], else `408`)
+//! and requires a live token in the configured header or query parameter; a malformed head
+//! gets `400`, a missing or dead token `401`, and the sandbox is never contacted.
+//!
+//! A private preview carries **one request per connection**: the forwarded head says
+//! `Connection: close`, exactly the request's body is forwarded (by `Content-Length` or
+//! chunked framing), and a client that sends anything more on that connection is cut off, so
+//! every request is checked for a token. A WebSocket upgrade becomes a raw tunnel only once
+//! the sandbox answers `101`. Each listener serves at most [`PreviewLimits::max_connections`]
+//! connections at once; the rest wait in the kernel's backlog.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -77,56 +87,231 @@ pub fn describe(
     )
 }
 
-/// Whether a request head carries a live token for this preview.
-pub fn authorized(head: &[u8], preview: &Preview, tokens: &[PreviewToken]) -> bool {
-    let text = String::from_utf8_lossy(head);
-    let mut lines = text.split("\r\n");
+/// Limits on each preview listener. Stored in the sandbox's record at create, so the
+/// monitor applies the values the creating program chose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreviewLimits {
+    /// How long a client may take to send a private preview's request head, in ms; a
+    /// slower one gets `408` and is closed.
+    pub head_timeout_ms: u64,
+    /// Connections served at once per preview; further ones wait in the kernel's backlog.
+    pub max_connections: usize,
+}
+
+impl Default for PreviewLimits {
+    /// 10 s per request head, 256 connections per preview.
+    fn default() -> Self {
+        PreviewLimits {
+            head_timeout_ms: 10_000,
+            max_connections: 256,
+        }
+    }
+}
+
+/// Why a request head is not forwarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not a well-formed HTTP/1.x request head (`400`).
+    Malformed(&'static str),
+    /// No live token (`401`).
+    Unauthorized,
+}
+
+/// How the body of an accepted request is framed, i.e. how many bytes of the client's
+/// stream belong to this request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body, or exactly this many bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// A protocol upgrade (WebSocket): raw bytes follow once the sandbox answers `101`.
+    Upgrade,
+}
+
+/// A private preview's request head that carries a live token: what to send upstream.
+#[derive(Debug)]
+pub struct Accepted {
+    /// The head to forward, with `Connection: close` unless it asks for an upgrade.
+    pub head: Vec<u8>,
+    /// Body framing.
+    pub framing: Framing,
+}
+
+/// Check a complete request head (through its blank line): well-formed, carrying a live
+/// token in the preview's header or query parameter. A request is forwarded alone: its head
+/// is rewritten to `Connection: close`, so the next request needs a new connection and is
+/// checked again.
+pub fn check(
+    head: &[u8],
+    preview: &Preview,
+    tokens: &[PreviewToken],
+) -> std::result::Result<Accepted, Refusal> {
+    let text = head
+        .strip_suffix(b"\r\n\r\n")
+        .ok_or(Refusal::Malformed("incomplete request head"))?;
+    let mut lines = text
+        .split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
     let request_line = lines.next().unwrap_or_default();
-    let target = request_line.split(' ').nth(1).unwrap_or_default();
-    let mut offered: Vec<String> = Vec::new();
+    let request_line = std::str::from_utf8(request_line)
+        .ok()
+        .filter(|l| l.bytes().all(|b| b.is_ascii_graphic() || b == b' '))
+        .ok_or(Refusal::Malformed("bad request line"))?;
+    let mut parts = request_line.split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(Refusal::Malformed("bad request line"));
+    };
+    if method.is_empty() || !method.bytes().all(is_token_byte) || target.is_empty() {
+        return Err(Refusal::Malformed("bad request line"));
+    }
+    if version != "HTTP/1.1" && version != "HTTP/1.0" {
+        return Err(Refusal::Malformed("only HTTP/1.x is proxied"));
+    }
+    let mut offered: Vec<Vec<u8>> = Vec::new();
     if let Some((_, query)) = target.split_once('?') {
+        let query = query.split_once('#').map_or(query, |(q, _)| q);
         for pair in query.split('&') {
-            if let Some((k, v)) = pair.split_once('=') {
-                if k == preview.token_query {
-                    offered.push(percent_decode(v));
-                }
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let k = percent_decode(k).ok_or(Refusal::Malformed("bad percent-encoding"))?;
+            if k == preview.token_query.as_bytes() {
+                offered.push(percent_decode(v).ok_or(Refusal::Malformed("bad percent-encoding"))?);
             }
         }
     }
+    let mut forwarded = Vec::with_capacity(head.len() + 20);
+    forwarded.extend_from_slice(request_line.as_bytes());
+    forwarded.extend_from_slice(b"\r\n");
+    let mut length: Option<u64> = None;
+    let mut chunked = false;
+    let mut upgrade = false;
+    let mut connection_upgrade = false;
     for line in lines {
-        if line.is_empty() {
-            break;
+        let colon = line
+            .iter()
+            .position(|&b| b == b':')
+            .ok_or(Refusal::Malformed("bad header line"))?;
+        let (name, value) = (&line[..colon], trim(&line[colon + 1..]));
+        if name.is_empty() || !name.iter().copied().all(is_token_byte) {
+            return Err(Refusal::Malformed("bad header name"));
         }
-        if let Some((name, value)) = line.split_once(':') {
-            if name.trim().eq_ignore_ascii_case(&preview.token_header) {
-                offered.push(value.trim().to_string());
+        if value.iter().any(|&b| b == b'\r' || b == 0) {
+            return Err(Refusal::Malformed("bad header value"));
+        }
+        let name = std::str::from_utf8(name).unwrap_or_default();
+        if name.eq_ignore_ascii_case(&preview.token_header) {
+            offered.push(value.to_vec());
+        }
+        if name.eq_ignore_ascii_case("content-length") {
+            let n = std::str::from_utf8(value)
+                .ok()
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or(Refusal::Malformed("bad Content-Length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(Refusal::Malformed("conflicting Content-Length"));
             }
+            length = Some(n);
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            // Only a final `chunked` can be framed; anything else cannot be delimited.
+            let last = value
+                .rsplit(|&b| b == b',')
+                .next()
+                .map(trim)
+                .unwrap_or_default();
+            if !last.eq_ignore_ascii_case(b"chunked") {
+                return Err(Refusal::Malformed("unsupported Transfer-Encoding"));
+            }
+            chunked = true;
+        } else if name.eq_ignore_ascii_case("upgrade") {
+            upgrade = true;
+        } else if name.eq_ignore_ascii_case("connection") {
+            connection_upgrade |= value
+                .split(|&b| b == b',')
+                .any(|t| trim(t).eq_ignore_ascii_case(b"upgrade"));
         }
+        let hop = ["connection", "keep-alive", "proxy-connection"];
+        if !hop.iter().any(|h| name.eq_ignore_ascii_case(h)) {
+            forwarded.extend_from_slice(line);
+            forwarded.extend_from_slice(b"\r\n");
+        }
+    }
+    if chunked && length.is_some() {
+        // Two framings at once is how requests are smuggled past a proxy.
+        return Err(Refusal::Malformed(
+            "both Content-Length and Transfer-Encoding",
+        ));
     }
     let now = now_millis();
-    offered.iter().any(|o| {
-        tokens.iter().any(|t| {
-            constant_eq(o.as_bytes(), t.value.as_bytes()) && t.expires_at.is_none_or(|e| now < e)
-        })
+    let live = offered.iter().any(|o| {
+        tokens
+            .iter()
+            .any(|t| constant_eq(o, t.value.as_bytes()) && t.expires_at.is_none_or(|e| now < e))
+    });
+    if !live {
+        return Err(Refusal::Unauthorized);
+    }
+    let framing = if upgrade && connection_upgrade && !chunked && length.unwrap_or(0) == 0 {
+        forwarded.extend_from_slice(b"Connection: upgrade\r\n");
+        Framing::Upgrade
+    } else {
+        forwarded.extend_from_slice(b"Connection: close\r\n");
+        if chunked {
+            Framing::Chunked
+        } else {
+            Framing::Length(length.unwrap_or(0))
+        }
+    };
+    forwarded.extend_from_slice(b"\r\n");
+    Ok(Accepted {
+        head: forwarded,
+        framing,
     })
 }
 
-fn percent_decode(s: &str) -> String {
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+fn trim(v: &[u8]) -> &[u8] {
+    let start = v
+        .iter()
+        .position(|b| !b" \t".contains(b))
+        .unwrap_or(v.len());
+    let end = v
+        .iter()
+        .rposition(|b| !b" \t".contains(b))
+        .map_or(start, |e| e + 1);
+    &v[start..end]
+}
+
+/// Decode `%XX` escapes and `+`; `None` for a `%` not followed by two hex digits.
+fn percent_decode(s: &str) -> Option<Vec<u8>> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(v);
+        match bytes[i] {
+            b'%' => {
+                let hex = |b: u8| (b as char).to_digit(16);
+                let hi = hex(*bytes.get(i + 1)?)?;
+                let lo = hex(*bytes.get(i + 2)?)?;
+                out.push((hi * 16 + lo) as u8);
                 i += 3;
-                continue;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
             }
         }
-        out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
-        i += 1;
     }
-    String::from_utf8_lossy(&out).into_owned()
+    Some(out)
 }
 
 /// Compare secrets without an early exit on the first differing byte.
@@ -137,18 +322,143 @@ pub fn constant_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Read the request head (through the blank line) or up to [`MAX_HEAD`] bytes.
-pub async fn read_head(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
-    let mut head = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_HEAD {
-        let n = stream.read(&mut buf).await?;
-        if n == 0 {
-            break;
+/// Bytes read from a client beyond what was consumed so far, and the stream they came from.
+pub struct Incoming<'a> {
+    stream: &'a mut TcpStream,
+    buf: Vec<u8>,
+}
+
+impl<'a> Incoming<'a> {
+    /// Start reading `stream`.
+    pub fn new(stream: &'a mut TcpStream) -> Self {
+        Incoming {
+            stream,
+            buf: Vec::new(),
         }
-        head.extend_from_slice(&buf[..n]);
     }
-    Ok(head)
+
+    async fn fill(&mut self) -> std::io::Result<()> {
+        let mut chunk = [0u8; 8192];
+        let n = self.stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(())
+    }
+
+    /// The request head through its blank line, or `None` when the client sent more than
+    /// [`MAX_HEAD`] bytes without one. Bytes after the head stay buffered.
+    pub async fn head(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        loop {
+            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let rest = self.buf.split_off(end + 4);
+                return Ok(Some(std::mem::replace(&mut self.buf, rest)));
+            }
+            if self.buf.len() >= MAX_HEAD {
+                return Ok(None);
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// Copy exactly `n` bytes to `out`.
+    async fn copy_exact(&mut self, mut n: u64, out: &mut TcpStream) -> std::io::Result<()> {
+        while n > 0 {
+            if self.buf.is_empty() {
+                self.fill().await?;
+            }
+            let take = self.buf.len().min(usize::try_from(n).unwrap_or(usize::MAX));
+            out.write_all(&self.buf[..take]).await?;
+            self.buf.drain(..take);
+            n -= take as u64;
+        }
+        Ok(())
+    }
+
+    /// Copy one line (through its LF, at most `max` bytes) to `out` and return it.
+    async fn copy_line(&mut self, max: usize, out: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+        loop {
+            if let Some(end) = self.buf.iter().position(|&b| b == b'\n') {
+                let rest = self.buf.split_off(end + 1);
+                let line = std::mem::replace(&mut self.buf, rest);
+                out.write_all(&line).await?;
+                return Ok(line);
+            }
+            if self.buf.len() >= max {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "chunk line too long",
+                ));
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// Copy the body of the request just accepted to `out`, and no byte more.
+    pub async fn copy_body(
+        &mut self,
+        framing: Framing,
+        out: &mut TcpStream,
+    ) -> std::io::Result<()> {
+        match framing {
+            Framing::Length(n) => self.copy_exact(n, out).await,
+            Framing::Upgrade => Ok(()),
+            Framing::Chunked => loop {
+                let line = self.copy_line(4096, out).await?;
+                let text = std::str::from_utf8(&line).unwrap_or_default();
+                let size = text.split(';').next().unwrap_or_default().trim();
+                let size = u64::from_str_radix(size, 16).map_err(|_| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, "bad chunk size")
+                })?;
+                if size == 0 {
+                    // Trailer fields, then the blank line that ends the body.
+                    loop {
+                        let line = self.copy_line(MAX_HEAD, out).await?;
+                        if line == b"\r\n" || line == b"\n" {
+                            return Ok(());
+                        }
+                    }
+                }
+                self.copy_exact(size, out).await?;
+                let end = self.copy_line(2, out).await?;
+                if end != b"\r\n" && end != b"\n" {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "chunk not followed by CRLF",
+                    ));
+                }
+            },
+        }
+    }
+
+    /// Hand over the bytes read ahead (for a raw tunnel after an upgrade).
+    pub fn take_buffered(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.buf)
+    }
+
+    /// The client stream.
+    pub fn stream(&mut self) -> &mut TcpStream {
+        self.stream
+    }
+}
+
+/// Read a response head from the sandbox (through its blank line, at most [`MAX_HEAD`]
+/// bytes) and return it with its status code.
+pub async fn read_response_head(upstream: &mut TcpStream) -> std::io::Result<(Vec<u8>, u16)> {
+    let mut incoming = Incoming::new(upstream);
+    let head = incoming.head().await?.ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, "response head too large")
+    })?;
+    let mut all = head;
+    all.extend(incoming.take_buffered());
+    let status = all
+        .split(|&b| b == b' ')
+        .nth(1)
+        .and_then(|s| std::str::from_utf8(s).ok())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    Ok((all, status))
 }
 
 /// Answer a refused request and close.
@@ -176,21 +486,21 @@ mod tests {
         describe(&options, "http://x".into(), "x".into())
     }
 
+    fn ok(head: &[u8], p: &Preview, tokens: &[PreviewToken]) -> bool {
+        check(head, p, tokens).is_ok()
+    }
+
     #[test]
     fn tokens_are_accepted_in_the_header_or_the_query() {
         let (p, tokens) = preview();
         let t = &tokens[0].value;
         let by_header = format!("GET / HTTP/1.1\r\nHost: x\r\nx-blaxel-preview-token: {t}\r\n\r\n");
         let by_query = format!("GET /a?b=1&bl_preview_token={t} HTTP/1.1\r\nHost: x\r\n\r\n");
-        assert!(authorized(by_header.as_bytes(), &p, &tokens));
-        assert!(authorized(by_query.as_bytes(), &p, &tokens));
-        assert!(!authorized(
-            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
-            &p,
-            &tokens
-        ));
+        assert!(ok(by_header.as_bytes(), &p, &tokens));
+        assert!(ok(by_query.as_bytes(), &p, &tokens));
+        assert!(!ok(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", &p, &tokens));
         let wrong = "GET / HTTP/1.1\r\nX-Blaxel-Preview-Token: nope\r\n\r\n";
-        assert!(!authorized(wrong.as_bytes(), &p, &tokens));
+        assert!(!ok(wrong.as_bytes(), &p, &tokens));
     }
 
     #[test]
@@ -199,7 +509,7 @@ mod tests {
         tokens[0].expires_at = Some(now_millis() - 1);
         let t = &tokens[0].value;
         let req = format!("GET /?bl_preview_token={t} HTTP/1.1\r\n\r\n");
-        assert!(!authorized(req.as_bytes(), &p, &tokens));
+        assert!(!ok(req.as_bytes(), &p, &tokens));
     }
 
     #[test]
@@ -211,5 +521,95 @@ mod tests {
         };
         let (p, tokens) = describe(&options, String::new(), String::new());
         assert!(p.token.is_none() && tokens.is_empty());
+    }
+
+    /// Hostile heads never panic: each gets the refusal it deserves, and a good token in a
+    /// bad head is still refused.
+    #[test]
+    fn malformed_heads_are_refused_not_crashed_on() {
+        let (p, tokens) = preview();
+        let t = tokens[0].value.clone();
+        let good = format!("x-blaxel-preview-token: {t}");
+        let bad = Refusal::Malformed("");
+        let cases: Vec<(String, Option<Refusal>)> = vec![
+            (format!("GET /?tok=%aé HTTP/1.1\r\n{good}\r\n\r\n"), Some(bad)),
+            (format!("GET /?tok=%a HTTP/1.1\r\n{good}\r\n\r\n"), None),
+            (format!("GET /?bl_preview_token=%aé HTTP/1.1\r\n{good}\r\n\r\n"), Some(bad)),
+            ("GET /?bl_preview_token=%zz HTTP/1.1\r\n\r\n".to_string(), Some(bad)),
+            ("GET /?bl_preview_token=% HTTP/1.1\r\n\r\n".to_string(), Some(bad)),
+            ("GET /?bl_preview_token=é%e HTTP/1.1\r\n\r\n".to_string(), Some(bad)),
+            (format!("GET /?%=x&bl_preview_token={t} HTTP/1.1\r\n\r\n"), Some(bad)),
+            ("GET /?bl_preview_token HTTP/1.1\r\n\r\n".to_string(), Some(Refusal::Unauthorized)),
+            (format!("GET /?bl_preview_token={t}#frag HTTP/1.1\r\n\r\n"), None),
+            (format!("GET /?bl%5Fpreview%5Ftoken={t} HTTP/1.1\r\n\r\n"), None),
+            (format!("GET / HTTP/1.1\r\n{good}\r\n"), Some(bad)),
+            (format!("GET / HTTP/1.1\r\n{good}\r\nbroken line\r\n\r\n"), Some(bad)),
+            (format!("GET / HTTP/1.1\r\n{good}\r\n folded: x\r\n\r\n"), Some(bad)),
+            (format!("GET / HTTP/2\r\n{good}\r\n\r\n"), Some(bad)),
+            (format!("GET  / HTTP/1.1\r\n{good}\r\n\r\n"), Some(bad)),
+            (format!("G\u{e9}T / HTTP/1.1\r\n{good}\r\n\r\n"), Some(bad)),
+            ("\r\n\r\n".to_string(), Some(bad)),
+            (format!("POST / HTTP/1.1\r\n{good}\r\nContent-Length: 1x\r\n\r\n"), Some(bad)),
+            (format!("POST / HTTP/1.1\r\n{good}\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"), Some(bad)),
+            (format!("POST / HTTP/1.1\r\n{good}\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"), Some(bad)),
+            (format!("POST / HTTP/1.1\r\n{good}\r\nTransfer-Encoding: gzip\r\n\r\n"), Some(bad)),
+            (format!("POST / HTTP/1.1\r\n{good}\r\nContent-Length: 99999999999999999999999\r\n\r\n"), Some(bad)),
+            (format!("GET / HTTP/1.1\r\n{good}\r\n\r\n"), None),
+        ];
+        for (head, want) in cases {
+            let got = check(head.as_bytes(), &p, &tokens);
+            match (want, &got) {
+                (None, Ok(_)) => {}
+                (Some(Refusal::Malformed(_)), Err(Refusal::Malformed(_))) => {}
+                (Some(Refusal::Unauthorized), Err(Refusal::Unauthorized)) => {}
+                _ => panic!("{head:?}: expected {want:?}, got {got:?}"),
+            }
+        }
+        // Arbitrary bytes after a valid prefix never panic either.
+        let alphabet = b"%a\xc3\xa9:\r\n =&?#+0fZ";
+        let mut seed = 0x2545_f491_u32;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        for _ in 0..2000 {
+            let mut head = b"GET /?bl_preview_token=".to_vec();
+            for _ in 0..(next() % 40) {
+                head.push(alphabet[next() as usize % alphabet.len()]);
+            }
+            head.extend_from_slice(b"\r\n\r\n");
+            let _ = check(&head, &p, &tokens);
+        }
+    }
+
+    #[test]
+    fn forwarded_heads_close_after_one_request() {
+        let (p, tokens) = preview();
+        let t = &tokens[0].value;
+        let head = format!(
+            "POST /x HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nx-blaxel-preview-token: {t}\r\nContent-Length: 4\r\n\r\n"
+        );
+        let accepted = check(head.as_bytes(), &p, &tokens).unwrap();
+        let text = String::from_utf8(accepted.head).unwrap();
+        assert!(text.ends_with("Connection: close\r\n\r\n"), "{text}");
+        assert!(!text.to_ascii_lowercase().contains("keep-alive"), "{text}");
+        assert_eq!(accepted.framing, Framing::Length(4));
+        let ws = format!(
+            "GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nx-blaxel-preview-token: {t}\r\n\r\n"
+        );
+        let accepted = check(ws.as_bytes(), &p, &tokens).unwrap();
+        assert_eq!(accepted.framing, Framing::Upgrade);
+        assert!(String::from_utf8(accepted.head)
+            .unwrap()
+            .contains("Connection: upgrade\r\n"));
+        let chunked = format!(
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nx-blaxel-preview-token: {t}\r\n\r\n"
+        );
+        assert_eq!(
+            check(chunked.as_bytes(), &p, &tokens).unwrap().framing,
+            Framing::Chunked
+        );
     }
 }
