@@ -205,7 +205,11 @@ async fn writes_through_magic_links_are_refused_and_copy_nothing() {
         .into_iter()
         .map(|e| e.name)
         .collect();
-    assert_eq!(names, ["exe", "viaroot"], "nothing created beside the links");
+    assert_eq!(
+        names,
+        ["exe", "viaroot"],
+        "nothing created beside the links"
+    );
     binary.assert_unchanged("after writes through magic links");
 }
 
@@ -228,9 +232,18 @@ async fn every_file_call_refuses_proc_and_its_magic_links() {
         "/proc/self/fd",
         "/proc/1",
     ] {
-        assert_eq!(code_of(b.list_dir(&id, path, d1).await), denied, "list {path}");
+        assert_eq!(
+            code_of(b.list_dir(&id, path, d1).await),
+            denied,
+            "list {path}"
+        );
     }
-    for path in ["/proc/1/exe", "/proc/1/root", "/proc/1/map_files", "/proc/1/environ"] {
+    for path in [
+        "/proc/1/exe",
+        "/proc/1/root",
+        "/proc/1/map_files",
+        "/proc/1/environ",
+    ] {
         assert_eq!(code_of(b.stat(&id, path).await), denied, "stat {path}");
         assert_eq!(code_of(read_all(b, &id, path).await), denied, "read {path}");
     }
@@ -285,10 +298,15 @@ async fn every_file_call_refuses_proc_and_its_magic_links() {
         .map(|e| e.path.as_str())
         .filter(|p| p.starts_with("/proc/"))
         .collect();
-    assert!(inside_proc.is_empty(), "listed inside /proc: {inside_proc:?}");
+    assert!(
+        inside_proc.is_empty(),
+        "listed inside /proc: {inside_proc:?}"
+    );
     assert!(deep.iter().any(|e| e.path == "/workspace/keep"));
     assert_eq!(
-        bash(b, &id, "cat /workspace/keep; ls /workspace").await.stdout,
+        bash(b, &id, "cat /workspace/keep; ls /workspace")
+            .await
+            .stdout,
         b"keep\nkeep\n",
         "nothing changed inside"
     );
@@ -327,11 +345,7 @@ async fn reads_refuse_devices_fifos_and_sockets_promptly() {
         let r = tokio::time::timeout(Duration::from_secs(10), read_all(b, &id, path))
             .await
             .unwrap_or_else(|_| panic!("read {path} hung"));
-        assert_eq!(
-            code_of(r),
-            Some(ErrorCode::InvalidArgument),
-            "read {path}"
-        );
+        assert_eq!(code_of(r), Some(ErrorCode::InvalidArgument), "read {path}");
     }
     // The agent is not stuck: other calls answer at once.
     let alive = tokio::time::timeout(Duration::from_secs(10), bash(b, &id, "echo alive"))
@@ -352,12 +366,22 @@ async fn reads_stop_at_the_size_the_file_had_when_opened() {
     let id = env.sandbox(&unique("growread")).await;
     let b = &*env.backend;
     const SIZE: usize = 8 << 20;
-    let out = bash(b, &id, &format!("head -c {SIZE} /dev/zero > /workspace/grow; echo ok")).await;
+    let out = bash(
+        b,
+        &id,
+        &format!("head -c {SIZE} /dev/zero > /workspace/grow; echo ok"),
+    )
+    .await;
     assert_eq!(out.stdout, b"ok\n");
     let mut stream = b.read_file(&id, "/workspace/grow").await.expect("open");
     let first = stream.next().await.expect("a chunk").expect("data");
     // The agent is at most a socket buffer ahead of us: grow the file well past that.
-    let grown = bash(b, &id, &format!("head -c {SIZE} /dev/zero >> /workspace/grow; echo ok")).await;
+    let grown = bash(
+        b,
+        &id,
+        &format!("head -c {SIZE} /dev/zero >> /workspace/grow; echo ok"),
+    )
+    .await;
     assert_eq!(grown.stdout, b"ok\n");
     let mut total = first.len();
     while let Some(chunk) = stream.next().await {
@@ -386,25 +410,44 @@ async fn names_that_are_not_utf8_can_be_listed_and_addressed() {
         .await
         .expect("list");
     assert_eq!(entries.len(), 2, "{entries:?}");
-    assert_ne!(entries[0].name, entries[1].name, "distinct names stay distinct");
+    assert_ne!(
+        entries[0].name, entries[1].name,
+        "distinct names stay distinct"
+    );
     let mut contents = Vec::new();
     for e in &entries {
         let stat = b.stat(&id, &e.path).await.expect("stat by listed path");
         assert_eq!(stat.name, e.name);
-        contents.push(read_all(b, &id, &e.path).await.expect("read by listed path"));
+        contents.push(
+            read_all(b, &id, &e.path)
+                .await
+                .expect("read by listed path"),
+        );
     }
     contents.sort();
     assert_eq!(contents, [b"one".to_vec(), b"two".to_vec()]);
     // Written, renamed and removed by the same names.
-    b.write_file(&id, &entries[0].path, bytes(b"new"), WriteOptions::default())
-        .await
-        .expect("write by listed path");
+    b.write_file(
+        &id,
+        &entries[0].path,
+        bytes(b"new"),
+        WriteOptions::default(),
+    )
+    .await
+    .expect("write by listed path");
     let renamed = format!("{}-moved", entries[1].path);
-    b.rename(&id, &entries[1].path, &renamed).await.expect("rename");
+    b.rename(&id, &entries[1].path, &renamed)
+        .await
+        .expect("rename");
     b.remove(&id, &renamed, RemoveOptions::default())
         .await
         .expect("remove");
-    let out = bash(b, &id, "cd /workspace && ls | od -An -c | tr -s ' '; cat bad*").await;
+    let out = bash(
+        b,
+        &id,
+        "cd /workspace && ls | od -An -c | tr -s ' '; cat bad*",
+    )
+    .await;
     let text = out.stdout_lossy();
     // Listed in byte order: 0xFE (rewritten) stays, 0xFF (renamed, then removed) is gone.
     assert!(text.contains("b a d 376 . t x t"), "{text}");

@@ -19,13 +19,12 @@ use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
 use super::config::Record;
-use super::proto::{self, Control, Reply, Request, CHUNK};
 use super::files;
+use super::proto::{self, Control, Reply, Request, CHUNK};
 use super::sys;
 use crate::{
     now_millis, Error, ExitStatus, FsEvent, FsEventKind, Metrics, ProcessInfo, ProcessSelector,
-    ProcessSpec, Result,
-    StreamKind, WatchOptions, WriteOptions,
+    ProcessSpec, Result, StreamKind, WatchOptions, WriteOptions,
 };
 
 /// Output retained per process for late attachers and log queries.

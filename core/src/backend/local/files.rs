@@ -263,7 +263,12 @@ fn stat_of(record: &Record, rel: &Path, st: &libc::stat, link: Option<OsString>)
 }
 
 /// Stat entry `name` of `dir` itself (a symlink is reported, not followed).
-fn stat_entry(record: &Record, dir: &OwnedFd, name: &OsStr, rel: &Path) -> std::io::Result<FileStat> {
+fn stat_entry(
+    record: &Record,
+    dir: &OwnedFd,
+    name: &OsStr,
+    rel: &Path,
+) -> std::io::Result<FileStat> {
     let st = sys::lstat_at(dir.as_raw_fd(), name)?;
     let link = if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
         sys::readlink_at(dir.as_raw_fd(), name).ok()
@@ -287,10 +292,9 @@ pub(super) fn stat(record: &Record, path: &str) -> Result<FileStat> {
 
 /// The entries of a held directory, sorted by name.
 fn entries(dir: &OwnedFd) -> std::io::Result<Vec<OsString>> {
-    let mut names: Vec<OsString> =
-        std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()))?
-            .filter_map(|e| e.ok().map(|e| e.file_name()))
-            .collect();
+    let mut names: Vec<OsString> = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()))?
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .collect();
     names.sort();
     Ok(names)
 }
@@ -376,7 +380,13 @@ fn create_dir_in(
 }
 
 /// `mkdir -p` of `rel`: every missing level created (owned by `user`); the last one held.
-fn mkdir_all(root: &OwnedFd, record: &Record, rel: &Path, user: Option<&str>, shown: &str) -> Result<OwnedFd> {
+fn mkdir_all(
+    root: &OwnedFd,
+    record: &Record,
+    rel: &Path,
+    user: Option<&str>,
+    shown: &str,
+) -> Result<OwnedFd> {
     let mut cur = open_from_root(root, Path::new(""), libc::O_PATH | libc::O_DIRECTORY, shown)?;
     let mut prefix = PathBuf::new();
     for name in rel.iter() {
@@ -551,7 +561,9 @@ pub(super) fn open_for_read(record: &Record, path: &str) -> Result<(std::fs::Fil
         .map_err(|e| Error::from_io(&e, path))?;
     let again = sys::fstat(fd.as_raw_fd()).map_err(|e| Error::from_io(&e, path))?;
     if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
-        return Err(Error::backend(format!("{path}: changed while it was opened")));
+        return Err(Error::backend(format!(
+            "{path}: changed while it was opened"
+        )));
     }
     Ok((std::fs::File::from(fd), again.st_size.max(0) as u64))
 }
@@ -623,7 +635,10 @@ pub(super) fn begin_write(
             Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
                 hops += 1;
                 if hops > MAX_HOPS {
-                    return Err(resolve_err(std::io::Error::from_raw_os_error(libc::ELOOP), path));
+                    return Err(resolve_err(
+                        std::io::Error::from_raw_os_error(libc::ELOOP),
+                        path,
+                    ));
                 }
                 let link = sys::readlink_at(dir.as_raw_fd(), &name)
                     .map_err(|e| Error::from_io(&e, path))?;
@@ -684,7 +699,11 @@ pub(super) fn begin_write(
             name,
             temp: None,
             owner: if new { owner } else { None },
-            mode: if new { Some(mode.unwrap_or(0o644)) } else { mode },
+            mode: if new {
+                Some(mode.unwrap_or(0o644))
+            } else {
+                mode
+            },
             rel: t.rel,
             file: std::fs::File::from(file),
         });
