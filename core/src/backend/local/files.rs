@@ -61,7 +61,7 @@ pub fn encode_name(raw: &OsStr) -> String {
         let (valid, bad) = match std::str::from_utf8(rest) {
             Ok(s) => (s, 0),
             Err(e) => {
-                // SAFETY-free: valid_up_to is a char boundary of valid UTF-8.
+                // `valid_up_to` ends on a character boundary.
                 let s = std::str::from_utf8(&rest[..e.valid_up_to()]).unwrap_or("");
                 (s, e.error_len().unwrap_or(rest.len() - e.valid_up_to()))
             }
