@@ -454,3 +454,32 @@ async fn names_that_are_not_utf8_can_be_listed_and_addressed() {
     assert!(text.trim_end().ends_with("new"), "{text}");
     assert!(!text.contains("377"), "{text}");
 }
+
+/// A process's working directory resolves like every file call (magic links and `/proc`
+/// refused) and the process starts in exactly the directory that was checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_working_directories_resolve_like_the_file_api() {
+    let env = Env::new("cwd");
+    let id = env.sandbox(&unique("cwd")).await;
+    let b = &*env.backend;
+    bash(
+        b,
+        &id,
+        "mkdir -p /workspace/sub && ln -s /workspace/sub /workspace/link",
+    )
+    .await;
+    for cwd in [
+        "/proc/1/root/workspace",
+        "/proc/self/cwd",
+        "/proc/1/map_files",
+    ] {
+        let spec = ProcessSpec::new(Command::argv(["pwd"])).cwd(cwd);
+        assert_eq!(
+            code_of(b.spawn(&id, spec).await.map(|s| s.pid)),
+            Some(ErrorCode::PermissionDenied),
+            "cwd {cwd}"
+        );
+    }
+    let spec = ProcessSpec::new(Command::argv(["pwd", "-P"])).cwd("/workspace/link");
+    assert_eq!(run(b, &id, spec).await.stdout, b"/workspace/sub\n");
+}

@@ -978,21 +978,14 @@ fn spawn_process(
         Some(c) => resolve(record, c)?,
         None => host_path(record, Path::new(&user.home)),
     };
-    match std::fs::metadata(&cwd) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => {
-            return Err(Error::invalid(format!(
-                "working directory {} is not a directory",
-                cwd.display()
-            )))
-        }
-        Err(e) => {
-            return Err(Error::from_io(
-                &e,
-                &format!("working directory {}", cwd.display()),
-            ))
-        }
-    }
+    // Resolved like every file call (beneath the sandbox root, no magic links, not /proc), and
+    // entered through that descriptor: the child changes into exactly the directory checked
+    // (before it drops privileges), whatever the path names by then.
+    let cwd_fd = {
+        let shown = spec.cwd.clone().unwrap_or_else(|| user.home.clone());
+        let root = files::open_root(record)?;
+        files::open_dir(&root, record, &shown)?.0
+    };
     let argv = spec.command.to_argv();
     let mut envs: BTreeMap<String, String> = BTreeMap::new();
     envs.insert("PATH".into(), DEFAULT_PATH.into());
@@ -1018,7 +1011,7 @@ fn spawn_process(
     cmd.args(&argv[1..])
         .env_clear()
         .envs(&envs)
-        .current_dir(&cwd);
+        .current_dir(format!("/proc/self/fd/{}", cwd_fd.as_raw_fd()));
     let mut pty_master = None;
     if let Some(size) = spec.pty {
         let (master, slave) = sys::openpty(size.cols, size.rows)
