@@ -984,7 +984,16 @@ fn spawn_process(
     let cwd_fd = {
         let shown = spec.cwd.clone().unwrap_or_else(|| user.home.clone());
         let root = files::open_root(record)?;
-        files::open_dir(&root, record, &shown)?.0
+        // Errors keep naming the working directory (facades map a missing one specially).
+        let subject = format!("working directory {}", cwd.display());
+        match files::open_dir(&root, record, &shown) {
+            Ok((fd, _)) => fd,
+            Err(e) if e.is_not_found() => return Err(Error::not_found(subject)),
+            Err(Error::InvalidArgument { .. }) => {
+                return Err(Error::invalid(format!("{subject} is not a directory")))
+            }
+            Err(e) => return Err(e),
+        }
     };
     let argv = spec.command.to_argv();
     let mut envs: BTreeMap<String, String> = BTreeMap::new();
