@@ -15,6 +15,9 @@ use crate::{
 pub const URL_ENV: &str = "SANDCOVE_URL";
 /// Env var holding the API key for [`URL_ENV`].
 pub const API_KEY_ENV: &str = "SANDCOVE_API_KEY";
+/// Most bytes [`Sandbox::read`] collects in memory (a sandbox file can be made as large as
+/// its disk allows; larger reads go through [`Sandbox::read_stream`]).
+pub const MAX_READ_BYTES: u64 = 512 << 20;
 
 /// Entry point: creates, finds and lists sandboxes on one backend.
 #[derive(Debug, Clone)]
@@ -152,12 +155,19 @@ impl Sandbox {
         self.backend.list_processes(&self.id).await
     }
 
-    /// Read a whole file.
+    /// Read a whole file into memory (at most [`MAX_READ_BYTES`]; larger files are an
+    /// `InvalidArgument` error: stream them with [`Sandbox::read_stream`]).
     pub async fn read(&self, path: &str) -> Result<Vec<u8>> {
         let mut stream = self.backend.read_file(&self.id, path).await?;
         let mut out = Vec::new();
         while let Some(chunk) = stream.next().await {
-            out.extend_from_slice(&chunk?);
+            let chunk = chunk?;
+            if (out.len() + chunk.len()) as u64 > MAX_READ_BYTES {
+                return Err(Error::invalid(format!(
+                    "{path}: larger than {MAX_READ_BYTES} bytes, too large to read into memory;                      use read_stream"
+                )));
+            }
+            out.extend_from_slice(&chunk);
         }
         Ok(out)
     }

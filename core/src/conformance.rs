@@ -55,6 +55,7 @@ macro_rules! conformance_tests {
             large_file_round_trip,
             directory_operations,
             file_errors_are_typed,
+            failed_uploads_leave_nothing_behind,
             file_api_cannot_escape,
             system_directories_are_read_only,
             destroy_ends_background_processes,
@@ -957,6 +958,54 @@ pub async fn file_errors_are_typed(backend: &dyn Backend) {
     let leftover = sh(backend, &id, "ls -A /workspace").await.stdout_lossy();
     assert_eq!(leftover, "file\n", "no partial or temporary file is left");
     assert_eq!(sh(backend, &id, "echo alive").await.stdout, b"alive\n");
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// An upload whose source fails part-way leaves nothing behind, and the cleanup is finished
+/// by the time the error is returned: a listing made at once shows no temporary file, over
+/// new and existing targets, many times over.
+pub async fn failed_uploads_leave_nothing_behind(backend: &dyn Backend) {
+    let id = create(backend, &unique("debris")).await;
+    write(backend, &id, "kept.bin", b"original").await;
+    for round in 0..30 {
+        let target = if round % 2 == 0 {
+            "kept.bin"
+        } else {
+            "new.bin"
+        };
+        let failing: ByteStream = Box::pin(futures::stream::iter(vec![
+            Ok(vec![round as u8; 200_000]),
+            Ok(vec![round as u8; 200_000]),
+            Err(crate::Error::invalid("the source broke")),
+        ]));
+        let result = tokio::time::timeout(
+            Duration::from_secs(20),
+            backend.write_file(&id, target, failing, WriteOptions::default()),
+        )
+        .await
+        .expect("an aborted upload returns promptly");
+        assert!(
+            result.is_err(),
+            "round {round}: an aborted upload is an error"
+        );
+        let names: Vec<String> = backend
+            .list_dir(&id, "/workspace", ListDirOptions { depth: 1 })
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(
+            names,
+            ["kept.bin"],
+            "round {round}: debris after a failed upload"
+        );
+    }
+    assert_eq!(
+        read(backend, &id, "kept.bin").await.expect("read"),
+        b"original",
+        "a failed overwrite leaves the old content"
+    );
     backend.destroy(&id).await.expect("destroy");
 }
 

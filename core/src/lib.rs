@@ -41,6 +41,6 @@ pub use backend::http::{HttpBackend, HttpOptions};
 pub use backend::local::LocalBackend;
 pub use backend::{Backend, ByteStream, ProcessStream, WatchStream};
 pub use capability::Capabilities;
-pub use client::{Client, ProcessHandle, Sandbox};
+pub use client::{Client, ProcessHandle, Sandbox, MAX_READ_BYTES};
 pub use error::{Error, ErrorBody, ErrorCode, Result};
 pub use types::*;

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -19,13 +19,13 @@ use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
 use super::config::Record;
+use super::files;
 use super::net::Plan;
 use super::proto::{self, Control, Reply, Request, CHUNK};
 use super::sys;
 use crate::{
-    now_millis, Error, ExitStatus, FileKind, FileStat, FsEvent, FsEventKind, ListDirOptions,
-    Metrics, MkdirOptions, ProcessInfo, ProcessSelector, ProcessSpec, RemoveOptions, Result,
-    StreamKind, WatchOptions, WriteOptions,
+    now_millis, Error, ExitStatus, FsEvent, FsEventKind, Metrics, ProcessInfo, ProcessSelector,
+    ProcessSpec, Result, StreamKind, WatchOptions, WriteOptions,
 };
 
 /// Output retained per process for late attachers and log queries.
@@ -822,58 +822,32 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: Request) -
         Request::WriteFile { path, options } => write_file(agent, stream, &path, options).await,
         Request::ListDir { path, options } => {
             let rec = agent.record.clone();
-            let entries = blocking(move || list_dir(&rec, &path, options)).await?;
+            let entries = blocking(move || files::list_dir(&rec, &path, options)).await?;
             proto::write_frame(stream, &Reply::Entries { entries }, &[]).await
         }
         Request::Stat { path } => {
             let rec = agent.record.clone();
-            let stat = blocking(move || {
-                let p = resolve(&rec, &path)?;
-                stat_path(&rec, &p)
-            })
-            .await?;
+            let stat = blocking(move || files::stat(&rec, &path)).await?;
             proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
         }
         Request::Mkdir { path, options } => {
             let rec = agent.record.clone();
-            let stat = blocking(move || mkdir(&rec, &path, options)).await?;
+            let stat = blocking(move || files::mkdir(&rec, &path, options)).await?;
             proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
         }
         Request::Remove { path, options } => {
             let rec = agent.record.clone();
-            blocking(move || remove(&rec, &path, options)).await?;
+            blocking(move || files::remove(&rec, &path, options.recursive)).await?;
             done(stream).await
         }
         Request::Rename { from, to } => {
             let rec = agent.record.clone();
-            let stat = blocking(move || {
-                let (f, t) = (resolve(&rec, &from)?, resolve(&rec, &to)?);
-                std::fs::symlink_metadata(&f).map_err(|e| Error::from_io(&e, &from))?;
-                std::fs::rename(&f, &t)
-                    .map_err(|e| Error::from_io(&e, &format!("{from} -> {to}")))?;
-                stat_path(&rec, &t)
-            })
-            .await?;
+            let stat = blocking(move || files::rename(&rec, &from, &to)).await?;
             proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
         }
         Request::Chmod { path, mode } => {
             let rec = agent.record.clone();
-            let stat = blocking(move || {
-                let p = resolve(&rec, &path)?;
-                if mode > 0o7777 {
-                    return Err(Error::invalid(format!(
-                        "mode {mode:o} has bits beyond 07777"
-                    )));
-                }
-                // Through an O_PATH descriptor opened without magic links, so the mode lands on
-                // the sandbox file the path names, never on what a /proc link leads to.
-                let fd = open_in_sandbox(&p, libc::O_PATH, 0, &path)?;
-                let by_fd = format!("/proc/self/fd/{}", fd.as_raw_fd());
-                std::fs::set_permissions(&by_fd, std::fs::Permissions::from_mode(mode))
-                    .map_err(|e| Error::from_io(&e, &path))?;
-                stat_path(&rec, &p)
-            })
-            .await?;
+            let stat = blocking(move || files::chmod(&rec, &path, mode)).await?;
             proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
         }
         Request::Metrics => {
@@ -1040,21 +1014,23 @@ fn spawn_process(
         Some(c) => resolve(record, c)?,
         None => host_path(record, Path::new(&user.home)),
     };
-    match std::fs::metadata(&cwd) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => {
-            return Err(Error::invalid(format!(
-                "working directory {} is not a directory",
-                cwd.display()
-            )))
+    // Resolved like every file call (beneath the sandbox root, no magic links, not /proc), and
+    // entered through that descriptor: the child changes into exactly the directory checked
+    // (before it drops privileges), whatever the path names by then.
+    let cwd_fd = {
+        let shown = spec.cwd.clone().unwrap_or_else(|| user.home.clone());
+        let root = files::open_root(record)?;
+        // Errors keep naming the working directory (facades map a missing one specially).
+        let subject = format!("working directory {}", cwd.display());
+        match files::open_dir(&root, record, &shown) {
+            Ok((fd, _)) => fd,
+            Err(e) if e.is_not_found() => return Err(Error::not_found(subject)),
+            Err(Error::InvalidArgument { .. }) => {
+                return Err(Error::invalid(format!("{subject} is not a directory")))
+            }
+            Err(e) => return Err(e),
         }
-        Err(e) => {
-            return Err(Error::from_io(
-                &e,
-                &format!("working directory {}", cwd.display()),
-            ))
-        }
-    }
+    };
     let argv = spec.command.to_argv();
     let mut envs: BTreeMap<String, String> = BTreeMap::new();
     envs.insert("PATH".into(), DEFAULT_PATH.into());
@@ -1080,7 +1056,7 @@ fn spawn_process(
     cmd.args(&argv[1..])
         .env_clear()
         .envs(&envs)
-        .current_dir(&cwd);
+        .current_dir(format!("/proc/self/fd/{}", cwd_fd.as_raw_fd()));
     let mut pty_master = None;
     if let Some(size) = spec.pty {
         let (master, slave) = sys::openpty(size.cols, size.rows)
@@ -1370,8 +1346,8 @@ async fn publish(proc_: &Proc, ev: Event) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Files. The agent lives inside the sandbox's mount namespace with the sandbox root as its
-// root, so every path, `..` and symlink resolves inside the sandbox by construction.
+// Files. The file API itself is in `files.rs` (every call resolved beneath a descriptor of
+// the sandbox root); here are the process working directory and the streaming halves.
 // ---------------------------------------------------------------------------------------------
 
 /// The agent-side path for a sandbox path (relative paths start at the default home).
@@ -1379,20 +1355,6 @@ async fn publish(proc_: &Proc, ev: Event) {
 /// Isolated, that is the path itself: the agent's root is the sandbox root. Un-isolated (the
 /// explicit opt-in), sandbox paths live under a host directory; `..` is clamped there, but
 /// symlinks are not confined — that mode has no isolation by definition.
-/// Open a sandbox path for the file API, refusing to pass through `/proc` magic links (the
-/// agent's own `/proc/self/exe` and descriptors lead outside the sandbox).
-fn open_in_sandbox(p: &Path, flags: libc::c_int, mode: u32, shown: &str) -> Result<std::fs::File> {
-    match sys::open_no_magiclinks(p, flags, mode) {
-        Ok(fd) => Ok(std::fs::File::from(fd)),
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) && p.starts_with("/proc") => {
-            Err(Error::PermissionDenied {
-                what: format!("{shown}: the file API does not follow /proc links"),
-            })
-        }
-        Err(e) => Err(Error::from_io(&e, shown)),
-    }
-}
-
 fn resolve(record: &Record, path: &str) -> Result<PathBuf> {
     if path.is_empty() {
         return Err(Error::invalid("empty path"));
@@ -1429,193 +1391,13 @@ fn host_path(record: &Record, sandbox_path: &Path) -> PathBuf {
         .fold(PathBuf::from(prefix), |acc, p| acc.join(p))
 }
 
-/// Map an agent-side path back to what the sandbox calls it.
-fn sandbox_path(record: &Record, path: &Path) -> String {
-    match &record.root_prefix {
-        Some(prefix) => match path.strip_prefix(prefix) {
-            Ok(rest) => format!("/{}", rest.to_string_lossy()),
-            Err(_) => path.to_string_lossy().into_owned(),
-        },
-        None => path.to_string_lossy().into_owned(),
-    }
-}
-
-fn name_of(users: &[crate::UserInfo], id: u32, group: bool) -> String {
-    users
-        .iter()
-        .find(|u| if group { u.gid == id } else { u.uid == id })
-        .map(|u| u.name.clone())
-        .unwrap_or_else(|| {
-            if id == 65534 {
-                "nobody".into()
-            } else {
-                id.to_string()
-            }
-        })
-}
-
-fn stat_path(record: &Record, path: &Path) -> Result<FileStat> {
-    let shown = path.to_string_lossy().into_owned();
-    let meta = std::fs::symlink_metadata(path).map_err(|e| Error::from_io(&e, &shown))?;
-    Ok(stat_from_meta(record, path, &meta))
-}
-
-fn stat_from_meta(record: &Record, path: &Path, meta: &std::fs::Metadata) -> FileStat {
-    let ft = meta.file_type();
-    let kind = if ft.is_symlink() {
-        FileKind::Symlink
-    } else if ft.is_dir() {
-        FileKind::Dir
-    } else if ft.is_file() {
-        FileKind::File
-    } else {
-        FileKind::Other
-    };
-    let symlink_target = if ft.is_symlink() {
-        std::fs::read_link(path)
-            .ok()
-            .map(|t| t.to_string_lossy().into_owned())
-    } else {
-        None
-    };
-    let mtime = meta.mtime().max(0) as u64 * 1000 + meta.mtime_nsec().max(0) as u64 / 1_000_000;
-    FileStat {
-        path: sandbox_path(record, path),
-        name: path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "/".into()),
-        kind,
-        size: meta.size(),
-        mode: meta.mode() & 0o7777,
-        uid: meta.uid(),
-        gid: meta.gid(),
-        owner: name_of(&record.users, meta.uid(), false),
-        group: name_of(&record.users, meta.gid(), true),
-        modified: mtime,
-        symlink_target,
-    }
-}
-
-fn list_dir(record: &Record, path: &str, options: ListDirOptions) -> Result<Vec<FileStat>> {
-    let root = resolve(record, path)?;
-    let meta = std::fs::metadata(&root).map_err(|e| Error::from_io(&e, path))?;
-    if !meta.is_dir() {
-        return Err(Error::invalid(format!("{path}: not a directory")));
-    }
-    if options.depth == 0 {
-        return Err(Error::invalid("depth must be at least 1"));
-    }
-    let mut out = Vec::new();
-    let mut queue = VecDeque::from([(root, 1u32)]);
-    while let Some((dir, level)) = queue.pop_front() {
-        let Ok(read) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        let mut entries: Vec<_> = read.filter_map(|e| e.ok()).collect();
-        entries.sort_by_key(|e| e.file_name());
-        for entry in entries {
-            let p = entry.path();
-            let Ok(meta) = std::fs::symlink_metadata(&p) else {
-                continue;
-            };
-            let stat = stat_from_meta(record, &p, &meta);
-            if stat.kind == FileKind::Dir && level < options.depth {
-                queue.push_back((p, level + 1));
-            }
-            out.push(stat);
-        }
-    }
-    Ok(out)
-}
-
-fn chown_to(record: &Record, path: &Path, user: Option<&str>) -> Result<()> {
-    let u = record.user(user)?;
-    if u.uid != 0 || u.gid != 0 {
-        std::os::unix::fs::lchown(path, Some(u.uid), Some(u.gid))
-            .map_err(|e| Error::from_io(&e, &path.to_string_lossy()))?;
-    }
-    Ok(())
-}
-
-/// Create missing ancestors of `path` (owned by `user`), the way `mkdir -p` does.
-fn create_parents(record: &Record, path: &Path, user: Option<&str>) -> Result<()> {
-    let mut missing = Vec::new();
-    let mut cur = path.parent();
-    while let Some(p) = cur {
-        if std::fs::symlink_metadata(p).is_ok() {
-            break;
-        }
-        missing.push(p.to_path_buf());
-        cur = p.parent();
-    }
-    for dir in missing.into_iter().rev() {
-        match std::fs::create_dir(&dir) {
-            Ok(()) => chown_to(record, &dir, user)?,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(Error::from_io(&e, &dir.to_string_lossy())),
-        }
-    }
-    Ok(())
-}
-
-fn mkdir(record: &Record, path: &str, options: MkdirOptions) -> Result<FileStat> {
-    let p = resolve(record, path)?;
-    record.user(options.user.as_deref())?;
-    if options.parents {
-        create_parents(record, &p, options.user.as_deref())?;
-    }
-    match std::fs::create_dir(&p) {
-        Ok(()) => {
-            chown_to(record, &p, options.user.as_deref())?;
-            if let Some(mode) = options.mode {
-                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode & 0o7777))
-                    .map_err(|e| Error::from_io(&e, path))?;
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let is_dir = std::fs::metadata(&p).map(|m| m.is_dir()).unwrap_or(false);
-            if !(options.parents && is_dir) {
-                return Err(Error::AlreadyExists {
-                    what: format!("path {path}"),
-                });
-            }
-        }
-        Err(e) => return Err(Error::from_io(&e, path)),
-    }
-    stat_path(record, &p)
-}
-
-fn remove(record: &Record, path: &str, options: RemoveOptions) -> Result<()> {
-    let p = resolve(record, path)?;
-    if p == Path::new("/") {
-        return Err(Error::invalid("refusing to remove /"));
-    }
-    let meta = std::fs::symlink_metadata(&p).map_err(|e| Error::from_io(&e, path))?;
-    let res = if meta.is_dir() {
-        if options.recursive {
-            std::fs::remove_dir_all(&p)
-        } else {
-            std::fs::remove_dir(&p)
-        }
-    } else {
-        std::fs::remove_file(&p)
-    };
-    res.map_err(|e| Error::from_io(&e, path))
-}
-
+/// Read a regular file and stream it, ending at the size it had when opened (a file that
+/// keeps growing, or lies about its end, is cut there).
 async fn read_file(agent: &Arc<Agent>, stream: &mut UnixStream, path: &str) -> Result<()> {
-    let p = resolve(&agent.record, path)?;
-    let file = open_in_sandbox(&p, libc::O_RDONLY, 0, path)?;
-    let file = tokio::fs::File::from_std(file);
-    let meta = file
-        .metadata()
-        .await
-        .map_err(|e| Error::from_io(&e, path))?;
-    if meta.is_dir() {
-        return Err(Error::invalid(format!("{path}: is a directory")));
-    }
-    let mut file = file;
+    let (rec, p) = (agent.record.clone(), path.to_string());
+    // Opening can block (a lease held by sandbox code), so it runs off the event loop.
+    let (file, size) = blocking(move || files::open_for_read(&rec, &p)).await?;
+    let mut file = tokio::fs::File::from_std(file).take(size);
     let mut buf = vec![0u8; CHUNK];
     loop {
         let n = file
@@ -1630,48 +1412,21 @@ async fn read_file(agent: &Arc<Agent>, stream: &mut UnixStream, path: &str) -> R
     proto::write_frame(stream, &Reply::End, &[]).await
 }
 
+/// Write a file from an upload: into a fresh temporary file beside the target, renamed over
+/// it at the end, so a cut-off upload never leaves a half-written file in place (an append
+/// writes in place). On failure the temporary file is removed before the error is returned.
 async fn write_file(
     agent: &Arc<Agent>,
     stream: &mut UnixStream,
     path: &str,
     options: WriteOptions,
 ) -> Result<()> {
-    let record = &agent.record;
-    let p = resolve(record, path)?;
-    // Writing through a symlink writes its target, as `open(2)` would: resolve it first so the
-    // atomic replace below lands on the target, not on the link. (Inside the sandbox root, so
-    // any target is a sandbox path.)
-    let p = std::fs::canonicalize(&p).unwrap_or(p);
-    record.user(options.user.as_deref())?;
-    if let Ok(m) = std::fs::metadata(&p) {
-        if m.is_dir() {
-            return Err(Error::invalid(format!("{path}: is a directory")));
-        }
-    }
-    if options.create_parents {
-        let (rec, p2, user) = (record.clone(), p.clone(), options.user.clone());
-        blocking(move || create_parents(&rec, &p2, user.as_deref())).await?;
-    }
-    // Write next to the target and rename over it at the end, so a cut-off upload never
-    // leaves a half-written file in place.
-    let existing = std::fs::metadata(&p).ok();
-    let target = if options.append {
-        p.clone()
-    } else {
-        let name = p
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        p.with_file_name(temp_name_for(&name, existing.is_some()))
-    };
-    let flags = libc::O_WRONLY
-        | libc::O_CREAT
-        | if options.append {
-            libc::O_APPEND
-        } else {
-            libc::O_TRUNC
-        };
-    let mut file = tokio::fs::File::from_std(open_in_sandbox(&target, flags, 0o644, path)?);
+    let (rec, p) = (agent.record.clone(), path.to_string());
+    let pending = blocking(move || files::begin_write(&rec, &p, &options)).await?;
+    let mut file = tokio::fs::File::from_std(pending.file.try_clone().map_err(|e| {
+        pending.discard();
+        Error::from_io(&e, path)
+    })?);
     let result: Result<()> = async {
         while let Some(body) = read_data_frame(stream).await? {
             file.write_all(&body)
@@ -1683,36 +1438,15 @@ async fn write_file(
     }
     .await;
     drop(file);
-    if let Err(e) = result {
-        if !options.append {
-            let _ = std::fs::remove_file(&target);
+    let (rec, p) = (agent.record.clone(), path.to_string());
+    let stat = blocking(move || match result {
+        Ok(()) => pending.finish(&rec, &p),
+        Err(e) => {
+            pending.discard();
+            Err(e)
         }
-        return Err(e);
-    }
-    if !options.append {
-        let mode = match (&existing, options.mode) {
-            (_, Some(m)) => Some(m & 0o7777),
-            (Some(m), None) => Some(m.mode() & 0o7777),
-            (None, None) => None,
-        };
-        if let Some(mode) = mode {
-            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
-                .map_err(|e| Error::from_io(&e, path))?;
-        }
-        match &existing {
-            Some(m) => {
-                let _ = std::os::unix::fs::lchown(&target, Some(m.uid()), Some(m.gid()));
-            }
-            None => chown_to(record, &target, options.user.as_deref())?,
-        }
-        if let Err(e) = std::fs::rename(&target, &p) {
-            let _ = std::fs::remove_file(&target);
-            return Err(Error::from_io(&e, path));
-        }
-    } else if existing.is_none() {
-        chown_to(record, &p, options.user.as_deref())?;
-    }
-    let stat = stat_path(record, &p)?;
+    })
+    .await?;
     proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
 }
 
@@ -1788,6 +1522,46 @@ const WATCH_MASK: u32 = libc::IN_CREATE
     | libc::IN_DELETE_SELF
     | libc::IN_ONLYDIR;
 
+/// Directories under watch: watch descriptor → root-relative path.
+type Watched = HashMap<i32, PathBuf>;
+
+/// Add a watch on a held directory (through our own `/proc/self/fd`, so the watch lands on
+/// that directory, never on what a path names now) and, when `recursive`, on every directory
+/// below it (opened by descriptor, no links, not into /proc). Returns the entries found below
+/// (for reporting what was created before the watch existed).
+fn watch_tree(
+    inotify: std::os::fd::RawFd,
+    top: OwnedFd,
+    rel: PathBuf,
+    recursive: bool,
+    dirs: &mut Watched,
+) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut queue = VecDeque::from([(top, rel)]);
+    while let Some((dir, rel)) = queue.pop_front() {
+        let by_fd = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+        if let Ok(wd) = sys::inotify_add_watch(inotify, &by_fd, WATCH_MASK) {
+            dirs.insert(wd, rel.clone());
+        }
+        if !recursive {
+            continue;
+        }
+        let Ok(read) = std::fs::read_dir(&by_fd) else {
+            continue;
+        };
+        let mut names: Vec<_> = read.flatten().map(|e| e.file_name()).collect();
+        names.sort();
+        for name in names {
+            let child = rel.join(&name);
+            if let Some(sub) = files::open_subdir(&dir, &name) {
+                queue.push_back((sub, child.clone()));
+            }
+            found.push(child);
+        }
+    }
+    found
+}
+
 /// Watch a directory with inotify, streaming events until the client goes away.
 async fn watch(
     agent: &Arc<Agent>,
@@ -1795,33 +1569,19 @@ async fn watch(
     path: &str,
     options: WatchOptions,
 ) -> Result<()> {
-    let root = resolve(&agent.record, path)?;
-    let meta = std::fs::metadata(&root).map_err(|e| Error::from_io(&e, path))?;
-    if !meta.is_dir() {
-        return Err(Error::invalid(format!("{path}: not a directory")));
-    }
     let fd = sys::inotify_init().map_err(|e| Error::from_io(&e, "inotify"))?;
-    let mut dirs: HashMap<i32, PathBuf> = HashMap::new();
-    let add = |fd: &OwnedFd, dir: &Path, dirs: &mut HashMap<i32, PathBuf>| {
-        if let Ok(wd) = sys::inotify_add_watch(fd.as_raw_fd(), dir, WATCH_MASK) {
-            dirs.insert(wd, dir.to_path_buf());
-        }
-    };
-    add(&fd, &root, &mut dirs);
-    if options.recursive {
-        let mut queue = VecDeque::from([root.clone()]);
-        while let Some(dir) = queue.pop_front() {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for e in entries.flatten() {
-                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                    add(&fd, &e.path(), &mut dirs);
-                    queue.push_back(e.path());
-                }
-            }
-        }
-    }
+    let (rec, p, raw) = (agent.record.clone(), path.to_string(), fd.as_raw_fd());
+    let recursive = options.recursive;
+    // Resolving and scanning touch the filesystem: off the event loop. (`fd` outlives the
+    // closure: it is awaited here.)
+    let (root, mut dirs) = blocking(move || {
+        let sandbox_root = files::open_root(&rec)?;
+        let (top, rel) = files::open_dir(&sandbox_root, &rec, &p)?;
+        let mut dirs = Watched::new();
+        watch_tree(raw, top, rel.clone(), recursive, &mut dirs);
+        Ok((rel, dirs))
+    })
+    .await?;
     let fd = sys::async_fd(fd).map_err(|e| Error::from_io(&e, "inotify"))?;
     done(stream).await?;
     let (mut rd, mut wr) = stream.split();
@@ -1829,6 +1589,14 @@ async fn watch(
     let mut probe = [0u8; 1];
     // API writes in flight: target path → whether the target existed when the write began.
     let mut api_writes: HashMap<PathBuf, bool> = HashMap::new();
+    let event_of = |changed: &Path, kind: FsEventKind| FsEvent {
+        path: files::encode_name(Path::new("/").join(changed).as_os_str()),
+        name: changed
+            .strip_prefix(&root)
+            .map(|p| files::encode_name(p.as_os_str()))
+            .unwrap_or_default(),
+        kind,
+    };
     loop {
         tokio::select! {
             // The client closing its side ends the watch.
@@ -1850,7 +1618,7 @@ async fn watch(
                     // An API write goes through a temporary file renamed over its target: hide
                     // the temporary file, and report the landing as what it is for the target
                     // (a create and a write, or a write).
-                    if let Some((target, existed)) = temp_target(&ev.name) {
+                    if let Some((target, existed)) = files::temp_target(&ev.name) {
                         let target = dir.join(target);
                         if ev.mask & libc::IN_CREATE != 0 {
                             api_writes.insert(target, existed);
@@ -1870,14 +1638,7 @@ async fn watch(
                             kinds.insert(0, FsEventKind::Create);
                         }
                         for kind in kinds {
-                            let event = FsEvent {
-                                path: sandbox_path(&agent.record, &full),
-                                name: full
-                                    .strip_prefix(&root)
-                                    .map(|p| p.to_string_lossy().into_owned())
-                                    .unwrap_or_default(),
-                                kind,
-                            };
+                            let event = event_of(&full, kind);
                             if proto::write_frame(&mut wr, &Reply::FsEvent { event }, &[]).await.is_err() {
                                 return Ok(());
                             }
@@ -1908,30 +1669,32 @@ async fn watch(
                     {
                         // Watch the new directory, then report what was already created in it
                         // before the watch existed (a `mkdir -p a/b && touch a/b/f` race).
-                        add(fd.get_ref(), &full, &mut dirs);
-                        let mut queue = VecDeque::from([full.clone()]);
-                        while let Some(dir) = queue.pop_front() {
-                            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
-                            for e in entries.flatten() {
-                                let path = e.path();
-                                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                                    add(fd.get_ref(), &path, &mut dirs);
-                                    queue.push_back(path.clone());
-                                }
-                                changes.push((path, FsEventKind::Create));
-                            }
+                        // Opened beneath its watched parent without following links, off the
+                        // event loop.
+                        let (rec, name, raw) = (agent.record.clone(), ev.name.clone(), fd.as_raw_fd());
+                        let (parent, new_rel) = (dir.clone(), full.clone());
+                        let scanned = blocking(move || {
+                            let sandbox_root = files::open_root(&rec)?;
+                            let parent = files::open_dir(
+                                &sandbox_root,
+                                &rec,
+                                &files::encode_name(Path::new("/").join(&parent).as_os_str()),
+                            )?;
+                            let mut added = Watched::new();
+                            let found = match files::open_subdir(&parent.0, &name) {
+                                Some(sub) => watch_tree(raw, sub, new_rel, true, &mut added),
+                                None => Vec::new(),
+                            };
+                            Ok((added, found))
+                        })
+                        .await;
+                        if let Ok((added, found)) = scanned {
+                            dirs.extend(added);
+                            changes.extend(found.into_iter().map(|p| (p, FsEventKind::Create)));
                         }
                     }
                     for (changed, kind) in changes {
-                        let name = changed
-                            .strip_prefix(&root)
-                            .map(|p| p.to_string_lossy().into_owned())
-                            .unwrap_or_default();
-                        let event = FsEvent {
-                            path: sandbox_path(&agent.record, &changed),
-                            name,
-                            kind,
-                        };
+                        let event = event_of(&changed, kind);
                         if proto::write_frame(&mut wr, &Reply::FsEvent { event }, &[]).await.is_err() {
                             return Ok(());
                         }
@@ -1940,25 +1703,6 @@ async fn watch(
             }
         }
     }
-}
-
-/// The temporary name an API write uses beside its target (renamed over it at the end). It
-/// records whether the target existed, so a watch can report the landing as a create or a
-/// write without racing the rename.
-fn temp_name_for(target: &str, existed: bool) -> String {
-    let new = if existed { "" } else { "new-" };
-    format!(".{target}.sandcove-{new}{}", now_millis())
-}
-
-/// For an API write's temporary file: its target name and whether the target existed.
-fn temp_target(name: &str) -> Option<(&str, bool)> {
-    let (head, tail) = name.strip_prefix('.')?.rsplit_once(".sandcove-")?;
-    let (existed, digits) = match tail.strip_prefix("new-") {
-        Some(d) => (false, d),
-        None => (true, tail),
-    };
-    (!head.is_empty() && !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then_some((head, existed))
 }
 
 /// Paths excluded from filesystem export: mounts of host or kernel filesystems and the
@@ -1980,6 +1724,7 @@ const EXPORT_EXCLUDES: &[&str] = &[
 
 /// A helper program the agent runs for itself (with its own privileges inside the sandbox).
 struct Tool {
+    pid: u32,
     stdin: Option<tokio::net::unix::pipe::Sender>,
     stdout: tokio::net::unix::pipe::Receiver,
     stderr: tokio::net::unix::pipe::Receiver,
@@ -2031,6 +1776,7 @@ fn spawn_tool(agent: &Agent, argv: &[String], with_stdin: bool) -> Result<Tool> 
         .take()
         .ok_or_else(|| Error::backend("tool stderr"))?;
     Ok(Tool {
+        pid: child.id(),
         stdin,
         stdout: tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(stdout))
             .map_err(pipe_err)?,
@@ -2038,6 +1784,13 @@ fn spawn_tool(agent: &Agent, argv: &[String], with_stdin: bool) -> Result<Tool> 
             .map_err(pipe_err)?,
         exit,
     })
+}
+
+/// Kill a tool and wait until it is reaped (bounded), so an error answered after this leaves
+/// no tool running.
+async fn end_tool(pid: u32, exit: oneshot::Receiver<ExitStatus>) {
+    let _ = sys::kill(pid as i32, libc::SIGKILL);
+    let _ = tokio::time::timeout(Duration::from_secs(10), exit).await;
 }
 
 /// Collect a tool's stderr in the background (so it never blocks on a full pipe).
@@ -2068,16 +1821,24 @@ async fn export_fs(agent: &Agent, stream: &mut UnixStream) -> Result<()> {
     let mut tool = spawn_tool(agent, &argv, false)?;
     let errors = drain(tool.stderr);
     let mut buf = vec![0u8; CHUNK];
-    loop {
-        let n = tool
-            .stdout
-            .read(&mut buf)
-            .await
-            .map_err(|e| Error::from_io(&e, "snapshot"))?;
-        if n == 0 {
-            break;
+    let copied: Result<()> = async {
+        loop {
+            let n = tool
+                .stdout
+                .read(&mut buf)
+                .await
+                .map_err(|e| Error::from_io(&e, "snapshot"))?;
+            if n == 0 {
+                return Ok(());
+            }
+            proto::write_frame(stream, &Reply::Data, &buf[..n]).await?;
         }
-        proto::write_frame(stream, &Reply::Data, &buf[..n]).await?;
+    }
+    .await;
+    if let Err(e) = copied {
+        // The client went away (or the pipe broke): end tar before answering.
+        end_tool(tool.pid, tool.exit).await;
+        return Err(e);
     }
     let status = tool
         .exit
@@ -2119,13 +1880,23 @@ async fn import_fs(agent: &Agent, stream: &mut UnixStream) -> Result<()> {
         let mut ignored = Vec::new();
         let _ = out.read_to_end(&mut ignored).await;
     });
-    while let Some(chunk) = read_data_frame(stream).await? {
-        input
-            .write_all(&chunk)
-            .await
-            .map_err(|e| Error::from_io(&e, "restore"))?;
+    let fed: Result<()> = async {
+        while let Some(chunk) = read_data_frame(stream).await? {
+            input
+                .write_all(&chunk)
+                .await
+                .map_err(|e| Error::from_io(&e, "restore"))?;
+        }
+        Ok(())
     }
+    .await;
     drop(input);
+    if let Err(e) = fed {
+        // The archive broke off: end tar before answering, so nothing keeps unpacking.
+        end_tool(tool.pid, tool.exit).await;
+        let _ = sink.await;
+        return Err(e);
+    }
     let status = tool
         .exit
         .await
@@ -2139,30 +1910,4 @@ async fn import_fs(agent: &Agent, stream: &mut UnixStream) -> Result<()> {
         )));
     }
     done(stream).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn api_write_temporary_names_round_trip() {
-        assert_eq!(
-            temp_target(&temp_name_for("a.txt", true)),
-            Some(("a.txt", true))
-        );
-        assert_eq!(
-            temp_target(&temp_name_for("a.txt", false)),
-            Some(("a.txt", false))
-        );
-        for not_temp in [
-            "notes.txt",
-            ".notes.sandcove-",
-            ".sandcove-12",
-            ".a.sandcove-1x",
-            "a.sandcove-1",
-        ] {
-            assert_eq!(temp_target(not_temp), None, "{not_temp}");
-        }
-    }
 }

@@ -18,6 +18,7 @@ mod agent;
 mod cgroup;
 pub mod config;
 mod entry;
+mod files;
 mod landlock;
 mod monitor;
 mod net;
@@ -447,8 +448,14 @@ impl LocalBackend {
                 Ok(c) => c,
                 Err(e) => {
                     // The caller's data failed: end the upload without its end marker, so the
-                    // agent discards what it received, and report the caller's error.
+                    // agent discards what it received. Its answer comes once that cleanup is
+                    // done (the temporary file removed); only then report the caller's error.
                     let _ = stream.shutdown().await;
+                    let _ = tokio::time::timeout(
+                        UPLOAD_CLEANUP_WAIT,
+                        proto::read_frame::<_, Reply>(&mut stream),
+                    )
+                    .await;
                     return Err(e);
                 }
             };
@@ -465,6 +472,9 @@ impl LocalBackend {
         Ok(stream)
     }
 }
+
+/// How long a failed upload waits for the agent to finish discarding what it received.
+const UPLOAD_CLEANUP_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl LocalBackend {
     /// The agent refuses a bad upload (a bad path, a closed stdin) by replying and closing;

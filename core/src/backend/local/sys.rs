@@ -618,8 +618,8 @@ pub struct InotifyEvent {
     pub wd: i32,
     /// Event mask.
     pub mask: u32,
-    /// Name within the watched directory (empty for the directory itself).
-    pub name: String,
+    /// Name within the watched directory (empty for the directory itself), as raw bytes.
+    pub name: std::ffi::OsString,
 }
 
 /// Decode a buffer of `struct inotify_event` records as read from an inotify fd.
@@ -634,8 +634,10 @@ pub fn parse_inotify(buf: &[u8]) -> Vec<InotifyEvent> {
         let name_start = off + header;
         let name_end = (name_start + ev.len as usize).min(buf.len());
         let raw = &buf[name_start..name_end];
-        let name =
-            String::from_utf8_lossy(raw.split(|b| *b == 0).next().unwrap_or(&[])).into_owned();
+        let name = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(
+            raw.split(|b| *b == 0).next().unwrap_or(&[]),
+        )
+        .to_os_string();
         out.push(InotifyEvent {
             wd: ev.wd,
             mask: ev.mask,
@@ -724,43 +726,189 @@ pub fn descendants(root: i32, pids: &[i32]) -> Vec<i32> {
     out
 }
 
-/// `openat2(2)` with `RESOLVE_NO_MAGICLINKS`: open `path` like `open(2)`, but refuse (with
-/// `ELOOP`) to pass through `/proc` magic links such as `/proc/self/exe` or
-/// `/proc/<pid>/fd/<n>`, which can lead to objects outside the caller's root.
-pub fn open_no_magiclinks(path: &Path, flags: libc::c_int, mode: u32) -> io::Result<OwnedFd> {
+/// `openat2(2)` `resolve` flag: refuse to cross a mount point.
+pub const RESOLVE_NO_XDEV: u64 = 0x01;
+/// `openat2(2)` `resolve` flag: refuse `/proc` magic links (`/proc/<pid>/exe`, `fd/<n>`, …).
+pub const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+/// `openat2(2)` `resolve` flag: refuse every symlink.
+pub const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+/// `openat2(2)` `resolve` flag: fail on anything resolving outside the directory fd.
+pub const RESOLVE_BENEATH: u64 = 0x08;
+/// `openat2(2)` `resolve` flag: resolve as if the directory fd were the root (`..` and
+/// absolute symlinks stay beneath it).
+pub const RESOLVE_IN_ROOT: u64 = 0x10;
+/// `statfs` magic of procfs.
+pub const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+
+/// `openat2(2)`: open `path` relative to `dir` under the given `RESOLVE_*` rules
+/// (close-on-exec always). Retried on `EAGAIN`, which the kernel returns when a concurrent
+/// rename may have let a `..` step escape its check.
+pub fn openat2(
+    dir: RawFd,
+    path: &Path,
+    flags: libc::c_int,
+    mode: u32,
+    resolve: u64,
+) -> io::Result<OwnedFd> {
     #[repr(C)]
     struct OpenHow {
         flags: u64,
         mode: u64,
         resolve: u64,
     }
-    const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
     let c = cstr(path)?;
     let how = OpenHow {
         flags: (flags | libc::O_CLOEXEC) as u64,
-        mode: if flags & libc::O_CREAT != 0 {
+        mode: if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 {
             mode as u64
         } else {
             0
         },
-        resolve: RESOLVE_NO_MAGICLINKS,
+        resolve,
     };
-    // SAFETY: `c` is a valid C string and `how` a correctly laid out open_how of the size
-    // passed; the returned descriptor is fresh.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            libc::AT_FDCWD,
+    for _ in 0..64 {
+        // SAFETY: `c` is a valid C string and `how` a correctly laid out open_how of the size
+        // passed; the returned descriptor is fresh.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dir,
+                c.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: openat2 returned a new descriptor that nothing else owns.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EAGAIN) {
+            return Err(err);
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::EAGAIN))
+}
+
+/// Reopen the object a descriptor (often `O_PATH`) refers to, with new flags. This goes
+/// through our own `/proc/self/fd/<n>`, which leads to exactly that inode, never to whatever
+/// a path names now.
+pub fn reopen(fd: RawFd, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let path = CString::new(format!("/proc/self/fd/{fd}"))
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: `path` is a valid C string; open returns a fresh descriptor or -1.
+    let new = cvt(unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) })?;
+    // SAFETY: fresh descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+/// `fstat(2)` (works on `O_PATH` descriptors).
+pub fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+    // SAFETY: stat is plain old data.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid output buffer.
+    cvt(unsafe { libc::fstat(fd, &mut st) })?;
+    Ok(st)
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: the entry itself, never what a link names.
+pub fn lstat_at(dir: RawFd, name: &std::ffi::OsStr) -> io::Result<libc::stat> {
+    let c = cstr(Path::new(name))?;
+    // SAFETY: stat is plain old data.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and output buffer.
+    cvt(unsafe { libc::fstatat(dir, c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) })?;
+    Ok(st)
+}
+
+/// `readlinkat(2)`: the target of the symlink `name` in `dir` (at most `PATH_MAX` bytes).
+pub fn readlink_at(dir: RawFd, name: &std::ffi::OsStr) -> io::Result<std::ffi::OsString> {
+    use std::os::unix::ffi::OsStringExt;
+    let c = cstr(Path::new(name))?;
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: buf is valid for writes of buf.len() bytes.
+    let n = unsafe {
+        libc::readlinkat(
+            dir,
             c.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
+            buf.as_mut_ptr() as *mut libc::c_char,
+            buf.len(),
         )
     };
-    if fd < 0 {
+    if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: openat2 returned a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    buf.truncate(n as usize);
+    Ok(std::ffi::OsString::from_vec(buf))
+}
+
+/// `mkdirat(2)`.
+pub fn mkdir_at(dir: RawFd, name: &std::ffi::OsStr, mode: u32) -> io::Result<()> {
+    let c = cstr(Path::new(name))?;
+    // SAFETY: valid C string.
+    cvt(unsafe { libc::mkdirat(dir, c.as_ptr(), mode as libc::mode_t) }).map(drop)
+}
+
+/// `unlinkat(2)` (`AT_REMOVEDIR` when `dir_entry`); never follows a symlink.
+pub fn unlink_at(dir: RawFd, name: &std::ffi::OsStr, dir_entry: bool) -> io::Result<()> {
+    let c = cstr(Path::new(name))?;
+    let flags = if dir_entry { libc::AT_REMOVEDIR } else { 0 };
+    // SAFETY: valid C string.
+    cvt(unsafe { libc::unlinkat(dir, c.as_ptr(), flags) }).map(drop)
+}
+
+/// `renameat(2)`: move an entry between two held directories; never follows a symlink.
+pub fn rename_at(
+    from_dir: RawFd,
+    from: &std::ffi::OsStr,
+    to_dir: RawFd,
+    to: &std::ffi::OsStr,
+) -> io::Result<()> {
+    let (f, t) = (cstr(Path::new(from))?, cstr(Path::new(to))?);
+    // SAFETY: valid C strings.
+    cvt(unsafe { libc::renameat(from_dir, f.as_ptr(), to_dir, t.as_ptr()) }).map(drop)
+}
+
+/// `fchmod(2)` on an open (not `O_PATH`) descriptor.
+pub fn fchmod(fd: RawFd, mode: u32) -> io::Result<()> {
+    // SAFETY: plain syscall on an fd.
+    cvt(unsafe { libc::fchmod(fd, mode as libc::mode_t) }).map(drop)
+}
+
+/// Change the mode of what an `O_PATH` descriptor refers to, through `/proc/self/fd/<n>`
+/// (`fchmod` refuses `O_PATH` descriptors). Never resolves a path that others control.
+pub fn chmod_fd_path(fd: RawFd, mode: u32) -> io::Result<()> {
+    let path = CString::new(format!("/proc/self/fd/{fd}"))
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: valid C string.
+    cvt(unsafe { libc::chmod(path.as_ptr(), mode as libc::mode_t) }).map(drop)
+}
+
+/// `fchownat(fd, "", uid, gid, AT_EMPTY_PATH)`: change the owner of exactly what `fd` (also
+/// an `O_PATH` one) refers to.
+pub fn fchown(fd: RawFd, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: an empty C string literal with AT_EMPTY_PATH operates on `fd` itself.
+    cvt(unsafe { libc::fchownat(fd, c"".as_ptr(), uid, gid, libc::AT_EMPTY_PATH) }).map(drop)
+}
+
+/// The filesystem type (`f_type`) of what `fd` refers to.
+pub fn fs_type(fd: RawFd) -> io::Result<i64> {
+    // SAFETY: statfs is plain old data.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid output buffer.
+    cvt(unsafe { libc::fstatfs(fd, &mut st) })?;
+    Ok(st.f_type as i64)
+}
+
+/// Eight random bytes from the kernel.
+pub fn random_u64() -> io::Result<u64> {
+    let mut buf = [0u8; 8];
+    // SAFETY: buf is valid for writes of 8 bytes.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
+    if n != buf.len() as isize {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u64::from_ne_bytes(buf))
 }
 
 /// Point fds 0, 1 and 2 at `/dev/null`, so no descriptor of ours leads outside the sandbox.
@@ -780,54 +928,21 @@ pub fn stdio_to_dev_null() -> io::Result<()> {
 // Descriptors and sandbox-controlled directories
 // ---------------------------------------------------------------------------------------------
 
-/// `openat2` resolution flags: stay beneath the starting directory, follow no symlink of any
-/// kind, optionally never leave its filesystem.
-const RESOLVE_NO_XDEV: u64 = 0x01;
-const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
-const RESOLVE_NO_SYMLINKS: u64 = 0x04;
-const RESOLVE_BENEATH: u64 = 0x08;
-
 /// Open `path` relative to the directory `dir`, refusing (`EXDEV`/`ELOOP`) anything that
-/// would leave it: `..` above it, absolute paths, symlinks, `/proc` magic links, other mounts.
-/// For paths a sandbox controls (volume contents): whatever it planted, the result is inside
-/// `dir`. With `same_fs`, crossing into another mount is refused too. Always close-on-exec.
+/// would leave it: `..` above it, absolute paths, symlinks, `/proc` magic links, and with
+/// `same_fs` other mounts. For paths a sandbox controls (volume contents): whatever it
+/// planted, the result is inside `dir`. Always close-on-exec.
 pub fn open_beneath(
     dir: RawFd,
     path: &Path,
     flags: libc::c_int,
     same_fs: bool,
 ) -> io::Result<OwnedFd> {
-    #[repr(C)]
-    struct OpenHow {
-        flags: u64,
-        mode: u64,
-        resolve: u64,
-    }
-    let c = cstr(path)?;
-    let how = OpenHow {
-        flags: (flags | libc::O_CLOEXEC) as u64,
-        mode: 0,
-        resolve: RESOLVE_BENEATH
-            | RESOLVE_NO_SYMLINKS
-            | RESOLVE_NO_MAGICLINKS
-            | if same_fs { RESOLVE_NO_XDEV } else { 0 },
-    };
-    // SAFETY: `c` is a valid C string and `how` a correctly laid out open_how of the size
-    // passed; the returned descriptor is fresh.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dir,
-            c.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: openat2 returned a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    let resolve = RESOLVE_BENEATH
+        | RESOLVE_NO_SYMLINKS
+        | RESOLVE_NO_MAGICLINKS
+        | if same_fs { RESOLVE_NO_XDEV } else { 0 };
+    openat2(dir, path, flags, 0, resolve)
 }
 
 /// Open a trusted directory (one only the host controls) as an `O_PATH` descriptor, refusing
@@ -843,13 +958,6 @@ pub fn open_dir_path(path: &Path) -> io::Result<OwnedFd> {
     })?;
     // SAFETY: open returned a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// `mkdirat(2)`: make the single entry `name` in the directory `dir`.
-pub fn mkdir_at(dir: RawFd, name: &Path, mode: u32) -> io::Result<()> {
-    let c = cstr(name)?;
-    // SAFETY: valid C string; `dir` is a descriptor the caller holds.
-    cvt(unsafe { libc::mkdirat(dir, c.as_ptr(), mode as libc::mode_t) }).map(drop)
 }
 
 /// Change the owner of the object `fd` refers to (also an `O_PATH` descriptor), never a path.
@@ -987,7 +1095,14 @@ pub fn hard_rlimit(resource: libc::__rlimit_resource_t) -> io::Result<u64> {
 /// Whether `/dev/net/tun` opens read-write for this user (what `pasta` needs). Opening the
 /// clone device without `TUNSETIFF` creates nothing.
 pub fn tun_usable() -> io::Result<()> {
-    open_no_magiclinks(Path::new("/dev/net/tun"), libc::O_RDWR, 0).map(drop)
+    openat2(
+        libc::AT_FDCWD,
+        Path::new("/dev/net/tun"),
+        libc::O_RDWR,
+        0,
+        RESOLVE_NO_MAGICLINKS,
+    )
+    .map(drop)
 }
 
 /// Make `cmd` receive SIGKILL when the calling thread dies, and hand it `fd` as descriptor 3

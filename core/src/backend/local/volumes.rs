@@ -95,7 +95,7 @@ pub(super) fn dirs_beneath(
         let at = current.as_raw_fd();
         let next = match sys::open_beneath(at, name, flags, same_fs) {
             Err(e) if create && e.raw_os_error() == Some(libc::ENOENT) => {
-                match sys::mkdir_at(at, name, 0o755) {
+                match sys::mkdir_at(at, name.as_os_str(), 0o755) {
                     Err(e) if e.raw_os_error() != Some(libc::EEXIST) => return Err(e),
                     _ => {}
                 }
