@@ -720,9 +720,8 @@ pub async fn process_timeout_kills_the_group(backend: &dyn Backend) {
     assert_eq!(status.signal, Some(libc::SIGKILL));
     assert!(out.stdout.is_empty());
     // The orphaned background sleep is reaped by PID 1 on its own schedule: wait for it.
-    let id = &id;
-    eventually(PATIENCE, "the background sleep died too", || async move {
-        let left = sh(backend, id, "ps -eo comm | grep -c '^sleep$' || true").await;
+    eventually(PATIENCE, "the background sleep died too", || async {
+        let left = sh(backend, &id, "ps -eo comm | grep -c '^sleep$' || true").await;
         equals(left.stdout_lossy().trim().to_string(), "0".to_string())
     })
     .await;
