@@ -208,11 +208,15 @@ pub const PATIENCE: Duration = Duration::from_secs(60);
 /// when it succeeded (never a recount), and the panic names `what` and the last `Err` seen.
 /// The one waiting helper of every suite; use it instead of sleeping for a condition.
 ///
-/// ```ignore
+/// ```no_run
+/// # async fn demo(marker: &str) {
+/// use sandcove::conformance::{equals, eventually, host_process_count, PATIENCE};
 /// let n = eventually(PATIENCE, "two sleepers run", || async {
-///     equals(host_process_count(&marker), 2)
+///     equals(host_process_count(marker), 2)
 /// })
 /// .await;
+/// assert_eq!(n, 2);
+/// # }
 /// ```
 pub async fn eventually<T, E, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
 where
