@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use blaxel::{SandboxAPIError, SandboxFilesystemFile, WatchEvent};
 use common::sandbox;
+use sandcove::conformance::{eventually, holds, PATIENCE};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -261,12 +262,14 @@ async fn watch_follows_the_capability() {
             .write("/blaxel/app/node_modules/x", "x")
             .await
             .unwrap();
-        for _ in 0..100 {
-            if !events.lock().unwrap().is_empty() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
+        eventually(PATIENCE, "the event for a.txt with its content", || async {
+            let seen = events.lock().unwrap().clone();
+            let found = seen
+                .iter()
+                .any(|e| e.name == "a.txt" && e.content.as_deref() == Some("hello"));
+            holds(found, seen)
+        })
+        .await;
         handle.close();
         let seen = events.lock().unwrap().clone();
         let a = seen

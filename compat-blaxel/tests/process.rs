@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use blaxel::{ProcessRequest, ProcessResponseStatus, SandboxInstance};
 use common::{sandbox, unique};
+use sandcove::conformance::{equals, eventually, PATIENCE};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,13 +268,13 @@ async fn callbacks_and_stream_logs() {
         .expect("exec");
     assert_eq!(p.status, "running");
     sb.process.wait("bg-cb").interval(50).await.unwrap();
-    for _ in 0..250 {
-        if lines.lock().unwrap().len() == 2 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    assert_eq!(*lines.lock().unwrap(), ["a", "b"]);
+    eventually(PATIENCE, "both lines reach the callback", || async {
+        equals(
+            lines.lock().unwrap().clone(),
+            vec!["a".to_string(), "b".into()],
+        )
+    })
+    .await;
     p.close();
 
     // stream_logs: backlog then live, until the process ends.

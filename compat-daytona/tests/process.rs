@@ -89,8 +89,17 @@ async fn exec_cwd_env_and_timeout() {
     assert_eq!(err.status_code(), Some(408));
     assert_eq!(err.code(), Some("PROCESS_EXECUTION_TIMEOUT"));
     // The whole process group was killed: no sleeper is left behind.
-    let r = sb.process.exec("pgrep -x sleep | wc -l").await.unwrap();
-    assert_eq!(r.result.trim(), "0");
+    // Orphans are reaped by PID 1 on its own schedule: wait for them to be gone.
+    let sb = &sb;
+    sandcove::conformance::eventually(
+        sandcove::conformance::PATIENCE,
+        "no sleeper is left",
+        || async move {
+            let r = sb.process.exec("pgrep -x sleep | wc -l").await.unwrap();
+            sandcove::conformance::equals(r.result.trim().to_string(), "0".to_string())
+        },
+    )
+    .await;
 
     assert!(sb.process.exec("   ").await.unwrap_err().is_validation());
     sb.delete().await.unwrap();

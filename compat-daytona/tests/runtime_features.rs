@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use daytona::{CreateSandboxFromSnapshotParams, Sandbox, VolumeMount};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -60,15 +58,14 @@ async fn serve(sb: &Sandbox, port: u16) {
 
 /// GET until the server in the sandbox answers (it needs a moment to start).
 async fn get_when_up(url: &str, headers: &[(&str, &str)]) -> (u16, String) {
-    for _ in 0..200 {
-        if let Ok((status, body)) = http_get(url, headers).await {
-            if status != 502 && status != 0 {
-                return (status, body);
-            }
+    let what = format!("the preview at {url} answers");
+    sandcove::conformance::eventually(sandcove::conformance::PATIENCE, &what, || async {
+        match http_get(url, headers).await {
+            Ok((status, body)) if status != 502 && status != 0 => Ok((status, body)),
+            other => Err(format!("{other:?}")),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("preview at {url} never answered");
+    })
+    .await
 }
 
 #[tokio::test]

@@ -5,6 +5,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::{assert_not_supported, caps, sandbox};
+use sandcove::conformance::{equals, eventually, holds, PATIENCE};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreground_run_returns_the_result_and_streams_chunks() {
@@ -150,12 +151,21 @@ async fn timeout_kills_and_raises() {
         .await
         .expect("background");
     assert!(h.wait().await.unwrap_err().is_timeout());
-    let left = sbx
-        .commands
-        .run("pgrep -x sleep || true")
-        .await
-        .expect("run");
-    assert_eq!(left.stdout, "", "the timed-out processes are gone");
+    // Orphans are reaped by PID 1 on its own schedule: wait for them to be gone.
+    let sbx = &sbx;
+    eventually(
+        PATIENCE,
+        "the timed-out processes are gone",
+        || async move {
+            let left = sbx
+                .commands
+                .run("pgrep -x sleep || true")
+                .await
+                .expect("run");
+            equals(left.stdout, String::new())
+        },
+    )
+    .await;
     sbx.kill().await.expect("kill");
 }
 
@@ -278,16 +288,11 @@ async fn stdin_disconnect_connect_list_and_kill_by_pid() {
     assert!(!sbx.commands.kill(999_999).await.expect("kill unknown"));
     let err = sbx.commands.connect(999_999).await.unwrap_err();
     assert!(err.is_not_found(), "{err:?}");
-    let mut listed = true;
-    for _ in 0..100 {
+    eventually(PATIENCE, "killed processes leave the list", || async {
         let running = sbx.commands.list().await.expect("list");
-        listed = running.iter().any(|p| p.pid == h2.pid);
-        if !listed {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert!(!listed, "killed processes leave the list");
+        holds(!running.iter().any(|p| p.pid == h2.pid), running)
+    })
+    .await;
     drop(h);
     sbx.kill().await.expect("kill");
 }

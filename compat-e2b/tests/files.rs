@@ -4,6 +4,7 @@ mod common;
 
 use common::{assert_not_supported, caps, sandbox, skip, unique};
 use e2b::{read_format, FileType, FilesystemEventType, WriteEntry};
+use sandcove::conformance::{eventually, holds, PATIENCE};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_read_and_info() {
@@ -251,24 +252,19 @@ async fn watch_dir_follows_the_capability() {
             .write("/home/user/my-file", "hello")
             .await
             .expect("write");
-        let mut events = Vec::new();
-        for _ in 0..100 {
-            events.extend(handle.get_new_events().await.expect("events"));
-            if events
+        let events = std::sync::Mutex::new(Vec::new());
+        eventually(PATIENCE, "a write event for my-file", || async {
+            let new = handle.get_new_events().await.expect("events");
+            let mut events = events.lock().unwrap();
+            events.extend(new);
+            let write = events
                 .iter()
-                .any(|e| e.r#type == FilesystemEventType::Write)
-            {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
+                .any(|e| e.r#type == FilesystemEventType::Write);
+            holds(write, format!("{events:?}"))
+        })
+        .await;
+        let events = events.into_inner().unwrap();
         assert!(events.iter().all(|e| e.name == "my-file"), "{events:?}");
-        assert!(
-            events
-                .iter()
-                .any(|e| e.r#type == FilesystemEventType::Write),
-            "{events:?}"
-        );
         handle.stop().await.expect("stop");
         assert!(handle.get_new_events().await.is_err(), "stopped");
         let rec = sbx
@@ -281,26 +277,23 @@ async fn watch_dir_follows_the_capability() {
             .make_dir("/home/user/my-folder")
             .await
             .expect("mkdir");
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        // No pause needed: files made in a new directory before its watch is added are
+        // reported too.
         sbx.files
             .write("/home/user/my-folder/my-file", "x")
             .await
             .expect("write");
-        let mut names = Vec::new();
-        for _ in 0..100 {
-            names.extend(
-                rec.get_new_events()
-                    .await
-                    .expect("events")
-                    .into_iter()
-                    .map(|e| e.name),
-            );
-            if names.iter().any(|n| n == "my-folder/my-file") {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        assert!(names.iter().any(|n| n == "my-folder/my-file"), "{names:?}");
+        let names = std::sync::Mutex::new(Vec::new());
+        eventually(PATIENCE, "an event for my-folder/my-file", || async {
+            let new = rec.get_new_events().await.expect("events");
+            let mut names = names.lock().unwrap();
+            names.extend(new.into_iter().map(|e| e.name));
+            holds(
+                names.iter().any(|n| n == "my-folder/my-file"),
+                format!("{names:?}"),
+            )
+        })
+        .await;
         assert!(sbx
             .files
             .watch_dir("/nope")

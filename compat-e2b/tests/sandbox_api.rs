@@ -8,6 +8,7 @@ use e2b::{
     DateTime, Sandbox, SandboxLifecycle, SandboxNetworkOpts, SandboxQuery, SandboxState,
     ALL_TRAFFIC,
 };
+use sandcove::conformance::{equals, eventually, PATIENCE};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_gives_e2b_user_home_envs_and_info() {
@@ -446,14 +447,19 @@ async fn get_host_reaches_the_port_when_previews_exist() {
             .await
             .expect("write");
         let host = sbx.get_host(3000).await.expect("get_host");
-        let mut body = String::new();
-        for _ in 0..100 {
-            if let Ok(b) = http_get(&host, "/hello.txt") {
-                body = b;
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
+        let host = &host;
+        let body = eventually(
+            PATIENCE,
+            "the server in the sandbox answers",
+            || async move {
+                // A blocking std client: run it off the event loop.
+                let host = host.clone();
+                tokio::task::spawn_blocking(move || http_get(&host, "/hello.txt"))
+                    .await
+                    .expect("join")
+            },
+        )
+        .await;
         assert!(body.ends_with("hi from the sandbox"), "{body}");
     } else {
         skip("get_host", "previews");
@@ -652,7 +658,7 @@ async fn on_timeout_pause_pauses_instead_of_killing() {
         auto_resume: Some(false),
         ..Default::default()
     };
-    let made = Sandbox::create().timeout(2).lifecycle(lc).await;
+    let made = Sandbox::create().timeout(600).lifecycle(lc).await;
     if !caps().pause {
         skip("lifecycle on_timeout='pause'", "pause");
         assert_not_supported(made, "on_timeout=pause");
@@ -660,19 +666,15 @@ async fn on_timeout_pause_pauses_instead_of_killing() {
     }
     let sbx = made.expect("create");
     sbx.files.write("kept.txt", "kept").await.expect("write");
-    let mut state = None;
-    for _ in 0..200 {
-        state = sbx.get_info().await.ok().map(|i| i.state);
-        if state == Some(SandboxState::Paused) {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    assert_eq!(
-        state,
-        Some(SandboxState::Paused),
-        "paused at the end of its lifetime"
-    );
+    // The lease is shortened only once the file is written: a slow machine cannot pause first.
+    sbx.set_timeout(2).await.expect("set_timeout");
+    eventually(PATIENCE, "paused at the end of its lifetime", || async {
+        equals(
+            sbx.get_info().await.ok().map(|i| i.state),
+            Some(SandboxState::Paused),
+        )
+    })
+    .await;
     let resumed = Sandbox::connect(sbx.sandbox_id.clone())
         .timeout(30)
         .await

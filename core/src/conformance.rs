@@ -83,11 +83,12 @@ macro_rules! conformance_tests {
     };
 }
 
-/// Options for a test sandbox: a short lease so a failed test cleans up after itself, and a
-/// label so tests running in parallel can tell their sandboxes apart.
+/// Options for a test sandbox: a bounded lease so a failed test cleans up after itself (long
+/// enough for a slow case on a loaded machine), and a label so tests running in parallel can
+/// tell their sandboxes apart.
 pub fn test_options(label: &str) -> CreateOptions {
     CreateOptions {
-        timeout: Some(Duration::from_secs(120)),
+        timeout: Some(Duration::from_secs(600)),
         labels: BTreeMap::from([("conformance".to_string(), label.to_string())]),
         ..Default::default()
     }
@@ -159,37 +160,100 @@ fn expect_code<T: std::fmt::Debug>(result: crate::Result<T>, code: ErrorCode, wh
     }
 }
 
-/// How many host processes have `marker` in their command line.
-pub fn host_processes_with(marker: &str) -> usize {
+/// Pids of the host processes whose `argv[0]` is exactly `name` (as `exec -a NAME` sets it).
+///
+/// Exact, never a substring: a script that merely mentions a marker (and every short-lived
+/// shell forked while it runs, such as the one `/etc/profile` starts for `$(id -u)`) is not
+/// counted. Zombies are left out: they are dead, only not yet reaped.
+pub fn host_processes_named(name: &str) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0;
+        return Vec::new();
     };
-    entries
+    let mut pids: Vec<u32> = entries
         .flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                return false;
+            };
+            let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+            argv0 == name.as_bytes() && !is_zombie(*pid)
         })
-        .filter(|e| {
-            std::fs::read(e.path().join("cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(marker))
-                .unwrap_or(false)
-        })
-        .count()
+        .collect();
+    pids.sort_unstable();
+    pids
 }
 
-/// Wait until `f` is true or `limit` passes.
-async fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+/// How many host processes are named exactly `name` (see [`host_processes_named`]).
+pub fn host_process_count(name: &str) -> usize {
+    host_processes_named(name).len()
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let after = s.rfind(')')?;
+            s[after + 1..].split_whitespace().next().map(|st| st == "Z")
+        })
+        .unwrap_or(false)
+}
+
+/// How long a condition may take to come true: generous, because a loaded 2-core machine
+/// running many suites at once can delay any single step by seconds.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Poll `check` until it returns `Ok`, or panic once `limit` has passed.
+///
+/// The last evaluation *is* the assertion: the value returned is the one `check` observed
+/// when it succeeded (never a recount), and the panic names `what` and the last `Err` seen.
+/// The one waiting helper of every suite; use it instead of sleeping for a condition.
+///
+/// ```no_run
+/// # async fn demo(marker: &str) {
+/// use sandcove::conformance::{equals, eventually, host_process_count, PATIENCE};
+/// let n = eventually(PATIENCE, "two sleepers run", || async {
+///     equals(host_process_count(marker), 2)
+/// })
+/// .await;
+/// assert_eq!(n, 2);
+/// # }
+/// ```
+pub async fn eventually<T, E, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+where
+    E: std::fmt::Debug,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
     let start = Instant::now();
-    while start.elapsed() < limit {
-        if f() {
-            return true;
+    loop {
+        let last = match check().await {
+            Ok(value) => return value,
+            Err(e) => e,
+        };
+        if start.elapsed() >= limit {
+            panic!("{what}: not true after {limit:?}; last seen: {last:?}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    f()
+}
+
+/// `Ok(seen)` when `seen == wanted`, else an `Err` naming both: the usual [`eventually`] check.
+pub fn equals<T: PartialEq + std::fmt::Debug>(seen: T, wanted: T) -> Result<T, String> {
+    if seen == wanted {
+        Ok(seen)
+    } else {
+        Err(format!("{seen:?}, wanted {wanted:?}"))
+    }
+}
+
+/// `Ok(())` when `ok`, else an `Err` carrying `seen` (what was observed instead).
+pub fn holds<S: std::fmt::Debug>(ok: bool, seen: S) -> Result<(), S> {
+    if ok {
+        Ok(())
+    } else {
+        Err(seen)
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -303,31 +367,35 @@ pub async fn set_timeout_moves_the_lease(backend: &dyn Backend) {
 
 /// At the end of its lease a sandbox is gone: not found, its processes ended on the host.
 pub async fn lease_end_destroys_the_sandbox(backend: &dyn Backend) {
-    let mut options = test_options(&unique("expire"));
-    options.timeout = Some(Duration::from_secs(2));
-    let id = backend.create(options).await.expect("create").id;
+    let id = create(backend, &unique("expire")).await;
     let marker = unique("expiring");
     let spec = ProcessSpec::new(Command::bash_login(format!("exec -a {marker} sleep 600")));
     let _stream = backend.spawn(&id, spec).await.expect("spawn");
-    assert!(
-        eventually(Duration::from_secs(5), || host_processes_with(&marker) == 1).await,
-        "the sleeping process runs"
-    );
-    let gone = async {
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(15) {
-            if let Err(e) = backend.get(&id).await {
-                return e.is_not_found();
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+    let marker = &marker;
+    eventually(PATIENCE, "the sleeping process runs", || async move {
+        equals(host_process_count(marker), 1)
+    })
+    .await;
+    // Shorten the lease only now: however slow the machine, the process was seen first.
+    backend
+        .set_timeout(&id, Duration::from_secs(1))
+        .await
+        .expect("set_timeout");
+    // The lease is what is tested here: wait for its end, then for the sandbox to be gone.
+    let err = eventually(PATIENCE, "the sandbox ends with its lease", || async {
+        match backend.get(&id).await {
+            Ok(info) => Err(format!("still {:?}", info.state)),
+            Err(e) => Ok(e),
         }
-        false
-    };
-    assert!(gone.await, "the sandbox is not found after its lease");
-    assert!(
-        eventually(Duration::from_secs(5), || host_processes_with(&marker) == 0).await,
-        "no process of the expired sandbox is left on the host"
-    );
+    })
+    .await;
+    assert!(err.is_not_found(), "not found after its lease: {err}");
+    eventually(
+        PATIENCE,
+        "no process of the expired sandbox is left on the host",
+        || async move { equals(host_process_count(marker), 0) },
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -473,7 +541,11 @@ pub async fn missing_binary_is_not_found(backend: &dyn Backend) {
         ErrorCode::NotFound,
         "missing program",
     );
-    assert!(start.elapsed() < Duration::from_secs(5));
+    // Generous for a loaded machine, yet far below a hang.
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "refused promptly"
+    );
     backend.destroy(&id).await.expect("destroy");
 }
 
@@ -576,7 +648,7 @@ pub async fn stdin_write_and_close(backend: &dyn Backend) {
         .await
         .expect("write stdin");
     backend.close_stdin(&id, sel.clone()).await.expect("close");
-    let out = tokio::time::timeout(Duration::from_secs(10), collect(stream, usize::MAX))
+    let out = tokio::time::timeout(PATIENCE, collect(stream, usize::MAX))
         .await
         .expect("cat ends after stdin closes")
         .expect("collect");
@@ -646,17 +718,18 @@ pub async fn process_timeout_kills_the_group(backend: &dyn Backend) {
     let spec = ProcessSpec::new(Command::sh("sleep 30 & sleep 30; echo never"))
         .timeout(Duration::from_millis(500));
     let out = run(backend, &id, spec).await;
-    assert!(start.elapsed() < Duration::from_secs(10), "killed promptly");
+    // The sleeps last 30 s: ending well before that is the kill, even on a loaded machine.
+    assert!(start.elapsed() < Duration::from_secs(25), "killed promptly");
     let status = out.exit_status();
     assert!(status.timed_out, "reported as a timeout: {status:?}");
     assert_eq!(status.signal, Some(libc::SIGKILL));
     assert!(out.stdout.is_empty());
-    let left = sh(backend, &id, "ps -eo comm | grep -c '^sleep$' || true").await;
-    assert_eq!(
-        left.stdout_lossy().trim(),
-        "0",
-        "the background sleep died too"
-    );
+    // The orphaned background sleep is reaped by PID 1 on its own schedule: wait for it.
+    eventually(PATIENCE, "the background sleep died too", || async {
+        let left = sh(backend, &id, "ps -eo comm | grep -c '^sleep$' || true").await;
+        equals(left.stdout_lossy().trim().to_string(), "0".to_string())
+    })
+    .await;
     backend.destroy(&id).await.expect("destroy");
 }
 
@@ -949,7 +1022,7 @@ pub async fn file_errors_are_typed(backend: &dyn Backend) {
         Err(crate::Error::invalid("the source broke")),
     ]));
     let result = tokio::time::timeout(
-        Duration::from_secs(20),
+        PATIENCE,
         backend.write_file(&id, "partial.bin", failing, WriteOptions::default()),
     )
     .await
@@ -1126,16 +1199,18 @@ pub async fn destroy_ends_background_processes(backend: &dyn Backend) {
         )));
         drop(backend.spawn(&id, spec).await.expect("spawn"));
     }
-    assert!(
-        eventually(Duration::from_secs(5), || host_processes_with(&marker) == 6).await,
-        "six sleepers run (saw {})",
-        host_processes_with(&marker)
-    );
+    let marker = &marker;
+    eventually(PATIENCE, "six sleepers run", || async move {
+        equals(host_process_count(marker), 6)
+    })
+    .await;
     backend.destroy(&id).await.expect("destroy");
-    assert!(
-        eventually(Duration::from_secs(5), || host_processes_with(&marker) == 0).await,
-        "no process of the destroyed sandbox is left on the host"
-    );
+    eventually(
+        PATIENCE,
+        "no process of the destroyed sandbox is left on the host",
+        || async move { equals(host_process_count(marker), 0) },
+    )
+    .await;
 }
 
 /// The process and open-file limits apply inside.
@@ -1173,13 +1248,13 @@ pub async fn sandbox_sees_only_its_own_processes(backend: &dyn Backend) {
 // Lifecycle beyond create/destroy (pause, leases, previews, snapshots, volumes, watch, pty)
 // ---------------------------------------------------------------------------------------------
 
-/// Read stdout until `pred` holds on everything seen so far (or 10 s pass).
+/// Read stdout until `pred` holds on everything seen so far (or [`PATIENCE`] passes).
 async fn read_until(
     stream: &mut crate::ProcessStream,
     seen: &mut Vec<u8>,
     pred: impl Fn(&str) -> bool,
 ) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + PATIENCE;
     while !pred(&String::from_utf8_lossy(seen)) {
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, stream.events.next()).await {
@@ -1213,13 +1288,21 @@ pub async fn pause_stops_and_resume_continues(backend: &dyn Backend) {
         backend.get(&id).await.expect("get").state,
         SandboxState::Paused
     );
-    // Whatever was in flight arrives; then silence.
-    while let Ok(Some(Ok(ProcessEvent::Stdout(b)))) =
-        tokio::time::timeout(Duration::from_millis(300), stream.events.next()).await
-    {
-        seen.extend(b);
+    // Whatever was in flight arrives; then silence. Time is the subject here: output written
+    // before the pause may still be relayed, so drain until a full second passes without any
+    // (bounded), then a further second must stay silent.
+    let drain_until = Instant::now() + PATIENCE;
+    while let Ok(next) = tokio::time::timeout(Duration::from_secs(1), stream.events.next()).await {
+        match next {
+            Some(Ok(ProcessEvent::Stdout(b))) => seen.extend(b),
+            other => panic!("expected output or silence while paused, got {other:?}"),
+        }
+        assert!(
+            Instant::now() < drain_until,
+            "output never stops while paused"
+        );
     }
-    let quiet = tokio::time::timeout(Duration::from_millis(700), stream.events.next()).await;
+    let quiet = tokio::time::timeout(Duration::from_secs(1), stream.events.next()).await;
     assert!(quiet.is_err(), "no output while paused, got {quiet:?}");
     expect_code(
         backend
@@ -1257,23 +1340,19 @@ pub async fn lease_end_can_pause(backend: &dyn Backend) {
         return;
     }
     let mut options = test_options(&unique("leasepause"));
-    options.timeout = Some(Duration::from_secs(1));
     options.on_timeout = TimeoutAction::Pause;
     let id = backend.create(options).await.expect("create").id;
     sh(backend, &id, "echo kept > /workspace/f").await;
-    let paused = async {
-        for _ in 0..100 {
-            if matches!(
-                backend.get(&id).await.map(|i| i.state),
-                Ok(SandboxState::Paused)
-            ) {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        false
-    };
-    assert!(paused.await, "paused at the end of the lease");
+    // A short lease only once the file is written, so a slow machine cannot pause it first.
+    backend
+        .set_timeout(&id, Duration::from_secs(1))
+        .await
+        .expect("set_timeout");
+    eventually(PATIENCE, "paused at the end of the lease", || async {
+        let state = backend.get(&id).await.map(|i| i.state);
+        holds(matches!(state, Ok(SandboxState::Paused)), state)
+    })
+    .await;
     let info = backend.resume(&id).await.expect("resume");
     assert!(info.ends_at > crate::now_millis(), "a new lease");
     assert_eq!(sh(backend, &id, "cat /workspace/f").await.stdout, b"kept\n");
@@ -1308,7 +1387,7 @@ pub async fn http_get(host: &str, target: &str, headers: &[(&str, &str)]) -> Opt
     request.push_str("\r\n");
     stream.write_all(request.as_bytes()).await.ok()?;
     let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
+    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut response))
         .await
         .ok()?
         .ok()?;
@@ -1340,7 +1419,7 @@ async fn start_http_server(backend: &dyn Backend, id: &str, port: u16, text: &st
     .cwd(format!("/tmp/www{port}"));
     drop(backend.spawn(id, spec).await.expect("start a server"));
     let probe = format!(
-        "for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}))' 2>/dev/null && exit 0; sleep 0.1; done; exit 1"
+        "for i in $(seq 600); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}))' 2>/dev/null && exit 0; sleep 0.1; done; exit 1"
     );
     assert!(
         sh(backend, id, &probe).await.exit_status().success(),
@@ -1393,20 +1472,41 @@ pub async fn previews_serve_and_guard_private_ports(backend: &dyn Backend) {
         .await
         .expect("answered");
     assert_eq!((status, body.as_str()), (200, "hello from the sandbox"));
-    // An extra token that expires.
-    let short = backend
-        .create_preview_token(&id, 8000, Some(crate::now_millis() + 300))
+    // Extra tokens with an expiry: one far enough ahead that no request outlives it, and one
+    // whose expiry is the subject (refused once it has passed, never before).
+    let long = backend
+        .create_preview_token(&id, 8000, Some(crate::now_millis() + 600_000))
         .await
         .expect("token");
-    let (status, _) = http_get(&private.host, "/", &[("X-Test-Token", &short.value)])
+    let (status, _) = http_get(&private.host, "/", &[("X-Test-Token", &long.value)])
         .await
         .expect("answered");
-    assert_eq!(status, 200);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (status, _) = http_get(&private.host, "/", &[("X-Test-Token", &short.value)])
+    assert_eq!(status, 200, "an unexpired extra token is accepted");
+    let expires_at = crate::now_millis() + 1_000;
+    let short = backend
+        .create_preview_token(&id, 8000, Some(expires_at))
         .await
-        .expect("answered");
-    assert_eq!(status, 401, "expired token: refused");
+        .expect("token");
+    let host = &private.host;
+    let short = &short.value;
+    eventually(PATIENCE, "an expired token is refused", || async move {
+        let asked_at = crate::now_millis();
+        let (status, _) = http_get(host, "/", &[("X-Test-Token", short)])
+            .await
+            .ok_or("no answer")?;
+        match status {
+            401 if asked_at < expires_at => {
+                panic!(
+                    "token refused {} ms before its expiry",
+                    expires_at - asked_at
+                )
+            }
+            401 => Ok(()),
+            200 => Err("still accepted"),
+            _ => panic!("unexpected status {status}"),
+        }
+    })
+    .await;
     // A second sandbox serving the same port, exposed publicly.
     let other = create(backend, &unique("preview2")).await;
     start_http_server(backend, &other, 8000, "the other one").await;
@@ -1668,10 +1768,8 @@ pub async fn watch_reports_changes(backend: &dyn Backend) {
         (FsEventKind::Create, "sub/d"),
         (FsEventKind::Remove, "g"),
     ];
-    let deadline = Instant::now() + Duration::from_secs(10);
     while !want.iter().all(|w| seen.contains(&(w.0, w.1.to_string()))) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, events.next()).await {
+        match tokio::time::timeout(PATIENCE, events.next()).await {
             Ok(Some(Ok(ev))) => {
                 assert!(ev.path.starts_with("/workspace/w/"), "{ev:?}");
                 seen.push((ev.kind, ev.name));
@@ -1690,8 +1788,7 @@ pub async fn watch_reports_changes(backend: &dyn Backend) {
         .count()
         < 2
     {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left + Duration::from_secs(10), events.next()).await {
+        match tokio::time::timeout(PATIENCE, events.next()).await {
             Ok(Some(Ok(ev))) => {
                 assert!(
                     !ev.name.contains(".sandcove-"),
@@ -1718,8 +1815,7 @@ pub async fn watch_reports_changes(backend: &dyn Backend) {
     let want = ["new", "new/deeper", "new/deeper/f"];
     let mut created: Vec<String> = Vec::new();
     while !want.iter().all(|w| created.iter().any(|c| c == w)) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left + Duration::from_secs(10), events.next()).await {
+        match tokio::time::timeout(PATIENCE, events.next()).await {
             Ok(Some(Ok(ev))) if ev.kind == FsEventKind::Create => created.push(ev.name),
             Ok(Some(Ok(_))) => {}
             other => panic!("expected creates of {want:?}, saw {created:?}, then {other:?}"),
@@ -1815,23 +1911,29 @@ pub async fn metrics_report_usage(backend: &dyn Backend) {
         backend.destroy(&id).await.expect("destroy");
         return;
     }
-    drop(
-        backend
-            .spawn(
-                &id,
-                ProcessSpec::new(Command::sh("head -c 20000000 /dev/zero > /tmp/z; sleep 30")),
-            )
-            .await
-            .expect("spawn"),
-    );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let m = backend.metrics(&id).await.expect("metrics");
+    let mut stream = backend
+        .spawn(
+            &id,
+            ProcessSpec::new(Command::sh(
+                "head -c 20000000 /dev/zero > /tmp/z; echo written; sleep 30",
+            )),
+        )
+        .await
+        .expect("spawn");
+    // Wait for the write to be done (the process says so), not for a guessed time.
+    read_until(&mut stream, &mut Vec::new(), |s| s.contains("written")).await;
+    let m = eventually(PATIENCE, "metrics count the 20 MB written", || async {
+        let m = backend.metrics(&id).await.expect("metrics");
+        if m.disk_used >= 20_000_000 {
+            Ok(m)
+        } else {
+            Err(m)
+        }
+    })
+    .await;
     assert!(m.mem_used > 0, "{m:?}");
     assert!(m.mem_total >= m.mem_used, "{m:?}");
     assert!(m.cpu_count >= 1);
-    assert!(
-        m.disk_used >= 20_000_000 && m.disk_total >= m.disk_used,
-        "{m:?}"
-    );
+    assert!(m.disk_total >= m.disk_used, "{m:?}");
     backend.destroy(&id).await.expect("destroy");
 }

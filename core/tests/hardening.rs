@@ -418,13 +418,11 @@ async fn host_processes_are_invisible_and_unkillable() {
     let id = env.sandbox(&unique("hostproc")).await;
     let marker = unique("hc-host-sleep");
     let mut sleeper = HostSleeper::start(&marker);
-    assert!(
-        common::eventually(Duration::from_secs(10), || {
-            sandcove::conformance::host_processes_with(&marker) == 1
-        })
-        .await
-    );
     let host_pid = sleeper.pid();
+    common::eventually(common::PATIENCE, "the host sleeper runs", || async {
+        common::equals(common::host_processes_named(&marker), vec![host_pid])
+    })
+    .await;
     let (monitor, agent) = common::monitor_and_agent(&id).await;
     let me = std::process::id();
     let out = bash_seeking(
@@ -461,6 +459,8 @@ async fn host_processes_are_invisible_and_unkillable() {
         "{}",
         out.stdout_lossy()
     );
+    // A negative check (nothing may die): the grace period gives a wrongly delivered kill time
+    // to act; on a slow machine it can only hide a failure, never cause one.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(sleeper.running(), "the host sleep was killed from inside");
     assert!(common::alive(monitor) && common::alive(agent));
@@ -636,12 +636,10 @@ async fn sandboxes_cannot_reach_each_other() {
             }
         }
     }
-    assert!(
-        common::eventually(Duration::from_secs(10), || {
-            sandcove::conformance::host_processes_with(&b_marker) == 1
-        })
-        .await
-    );
+    common::eventually(common::PATIENCE, "b's named process runs", || async {
+        common::equals(common::host_process_count(&b_marker), 1)
+    })
+    .await;
     env.backend
         .write_file(
             &b,
@@ -652,7 +650,7 @@ async fn sandboxes_cannot_reach_each_other() {
         .await
         .unwrap();
     let b_pid_inside = b_proc.pid;
-    let b_host_pids: Vec<String> = all_with_marker(&b_marker)
+    let b_host_pids: Vec<String> = common::host_processes_named(&b_marker)
         .iter()
         .map(u32::to_string)
         .collect();
@@ -706,9 +704,10 @@ async fn sandboxes_cannot_reach_each_other() {
             "{text}"
         );
     }
+    // A negative check (nothing may die): see host_processes_are_invisible_and_unkillable.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        sandcove::conformance::host_processes_with(&b_marker),
+        common::host_process_count(&b_marker),
         1,
         "b's process survived a's attempts"
     );
@@ -722,18 +721,6 @@ async fn sandboxes_cannot_reach_each_other() {
     println!(
         "hardening: sandbox-to-sandbox: files, /proc, signals, TCP and abstract sockets refused"
     );
-}
-
-fn all_with_marker(marker: &str) -> Vec<u32> {
-    common::all_processes()
-        .into_iter()
-        .filter(|p| {
-            std::fs::read(format!("/proc/{}/cmdline", p.pid))
-                .map(|c| String::from_utf8_lossy(&c).contains(marker))
-                .unwrap_or(false)
-        })
-        .map(|p| p.pid)
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -927,7 +914,11 @@ async fn symlink_swapped_during_file_calls_never_reaches_the_host() {
         .spawn(&id, ProcessSpec::new(Command::argv(["bash", "-c", &racer])))
         .await
         .expect("racer");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Race only once the racer is swapping (its link exists).
+    common::eventually(common::PATIENCE, "the racer runs", || async {
+        env.backend.stat(&id, "/workspace/race/x").await.map(drop)
+    })
+    .await;
     const ROUNDS: usize = 300;
     let mut ok = 0;
     for i in 0..ROUNDS {
@@ -1297,10 +1288,10 @@ async fn a_zero_lease_ends_at_once_and_leaves_nothing() {
     opts.timeout = Some(Duration::ZERO);
     match env.backend.create(opts).await {
         Ok(info) => {
-            assert!(
-                common::eventually(Duration::from_secs(30), || env.state_entries().is_empty())
-                    .await
-            );
+            common::eventually(common::PATIENCE, "the zero lease ends", || async {
+                common::equals(env.state_entries(), vec![])
+            })
+            .await;
             let err = env.backend.get(&info.id).await.expect_err("ended");
             assert!(err.is_not_found(), "{err}");
         }
@@ -1698,7 +1689,7 @@ async fn bad_paths_timeouts_and_names_are_refused_and_change_nothing() {
 mod helpers {
     use super::common::*;
     use super::*;
-    use std::time::Instant;
+    use std::os::unix::process::CommandExt;
 
     #[test]
     fn the_path_generator_is_deterministic_and_covers_its_alphabet() {
@@ -1739,19 +1730,94 @@ mod helpers {
         let _ = std::fs::remove_dir_all(&root);
     }
 
-    #[test]
-    fn descendants_and_process_lookups_work_on_this_host() {
+    #[tokio::test]
+    async fn descendants_and_process_lookups_work_on_this_host() {
         let marker = unique("hc-self-sleep");
         let mut sleeper = HostSleeper::start(&marker);
         let me = std::process::id();
-        let start = Instant::now();
-        while !descendants(me).contains(&sleeper.pid()) && start.elapsed() < Duration::from_secs(10)
-        {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert!(descendants(me).contains(&sleeper.pid()));
+        let pid = sleeper.pid();
+        eventually(PATIENCE, "the sleeper is a descendant", || async {
+            holds(descendants(me).contains(&pid), descendants(me))
+        })
+        .await;
         assert!(sleeper.running());
         assert!(alive(sleeper.pid()));
         assert!(rss_kib() > 0);
+    }
+
+    /// The flake this replaces: a script that merely *mentions* a marker (and every shell it
+    /// forks) was counted as a process carrying it. Only an exact `argv[0]` counts.
+    #[tokio::test]
+    async fn processes_are_identified_by_exact_name_never_by_a_script_mentioning_it() {
+        let marker = unique("hc-exact");
+        let named = HostSleeper::start(&marker);
+        // Two shells whose command lines contain the marker (and a longer name sharing its
+        // prefix): none of them is named `marker`.
+        let mut mentions = std::process::Command::new("bash")
+            .process_group(0)
+            .args([
+                "-c",
+                &format!("(sleep 600; : {marker}) & exec -a {marker}-other sleep 600 # {marker}"),
+            ])
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("start the mentioning shells");
+        let other = format!("{marker}-other");
+        eventually(PATIENCE, "the decoys run", || async {
+            equals(host_process_count(&other), 1)
+        })
+        .await;
+        let mentioning = all_processes()
+            .into_iter()
+            .filter(|p| {
+                std::fs::read(format!("/proc/{}/cmdline", p.pid))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&marker))
+            })
+            .count();
+        assert!(
+            mentioning >= 3,
+            "the decoys mention the marker ({mentioning})"
+        );
+        assert_eq!(host_processes_named(&marker), vec![named.pid()]);
+        assert_eq!(host_process_count(&marker), 1);
+        // The decoys are a process group of their own: end all of it.
+        let group = format!("-{}", mentions.id());
+        let killed = std::process::Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .status()
+            .expect("kill the decoys");
+        assert!(killed.success());
+        let _ = mentions.wait();
+    }
+
+    /// `eventually` returns the value of the evaluation that succeeded (no recount), and its
+    /// deadline is an assertion that fails naming what was last seen.
+    #[tokio::test]
+    async fn eventually_returns_the_successful_observation_and_fails_on_its_deadline() {
+        let mut calls = 0;
+        let seen = eventually(PATIENCE, "a counter reaches 3", || {
+            calls += 1;
+            let now = calls;
+            async move { holds(now >= 3, now).map(|()| now) }
+        })
+        .await;
+        assert_eq!(seen, 3, "the observation that passed is the one returned");
+        let failed = tokio::spawn(async {
+            eventually(Duration::from_millis(200), "never true", || async {
+                holds(false, "still false")
+            })
+            .await
+        })
+        .await
+        .expect_err("an unmet condition panics at its deadline");
+        let message = failed
+            .into_panic()
+            .downcast::<String>()
+            .map(|m| *m)
+            .unwrap_or_default();
+        assert!(
+            message.contains("never true") && message.contains("still false"),
+            "{message}"
+        );
     }
 }

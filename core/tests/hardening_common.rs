@@ -4,7 +4,7 @@
 //!
 //! Included by the hardening suites with `#[path = "hardening_common.rs"] mod common;` (its
 //! own tests live in `hardening.rs`; built on its own, this file has none).
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -13,6 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sandcove::conformance::unique;
+pub use sandcove::conformance::{
+    equals, eventually, holds, host_process_count, host_processes_named, PATIENCE,
+};
 use sandcove::{Backend, CreateOptions, LocalBackend};
 
 /// Label every hardening sandbox carries (with the test's own marker as its value).
@@ -87,18 +90,19 @@ impl Env {
 
     /// Wait (bounded) until no monitor, no state entry and no mount of this engine is left.
     pub async fn assert_nothing_left(&self, what: &str) {
-        let clean = eventually(Duration::from_secs(60), || {
-            self.engine_processes().is_empty()
-                && self.state_entries().is_empty()
-                && !host_mounts_mention(&self.dir.to_string_lossy())
+        eventually(PATIENCE, what, || async {
+            let processes = self.engine_processes();
+            let entries = self.state_entries();
+            let mounted = host_mounts_mention(&self.dir.to_string_lossy());
+            holds(
+                processes.is_empty() && entries.is_empty() && !mounted,
+                format!(
+                    "left behind engine processes {processes:?}, state entries {entries:?}, \
+                     mounts: {mounted}"
+                ),
+            )
         })
         .await;
-        assert!(
-            clean,
-            "{what}: left behind engine processes {:?}, state entries {:?}",
-            self.engine_processes(),
-            self.state_entries()
-        );
     }
 }
 
@@ -279,19 +283,13 @@ pub fn agent_of(monitor: u32) -> Option<u32> {
 
 /// Monitor and agent pids of sandbox `id`, waiting (bounded) for both to show.
 pub async fn monitor_and_agent(id: &str) -> (u32, u32) {
-    let start = Instant::now();
-    loop {
-        if let Some(m) = monitor_of(id) {
-            if let Some(a) = agent_of(m) {
-                return (m, a);
-            }
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "monitor and agent of sandbox {id} not found"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let what = format!("the monitor and agent of sandbox {id} show");
+    eventually(PATIENCE, &what, || async {
+        let monitor = monitor_of(id).ok_or("no monitor")?;
+        let agent = agent_of(monitor).ok_or("no agent")?;
+        Ok::<_, &str>((monitor, agent))
+    })
+    .await
 }
 
 /// Whether this process's mount table mentions `needle` (a sandbox mount leaking to the host
@@ -309,23 +307,11 @@ pub fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// Wait until `f` is true or `limit` passes; returns the last answer.
-pub async fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if f() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    f()
-}
-
-/// A host process (`sleep`) whose command line carries a marker; killed on drop.
+/// A host process (`sleep`) named `marker` (its exact `argv[0]`); killed on drop.
 pub struct HostSleeper {
     /// The child.
     pub child: std::process::Child,
-    /// The marker in its command line.
+    /// Its `argv[0]`.
     pub marker: String,
 }
 

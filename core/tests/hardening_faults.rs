@@ -18,13 +18,13 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use sandcove::conformance::{host_processes_with, run, unique};
+use sandcove::conformance::{run, unique};
 use sandcove::{
     Backend, ByteStream, Client, Command, ErrorCode, ListOptions, LocalBackend, Output,
     ProcessEvent, ProcessSpec, Resources, SandboxState, Signal, WriteOptions,
 };
 
-use common::{eventually, Env};
+use common::{equals, eventually, holds, host_process_count, Env, PATIENCE};
 
 /// Env var through which a test tells its child program what to do.
 const CHILD_ENV: &str = "SANDCOVE_HARDENING_CHILD";
@@ -38,8 +38,8 @@ async fn bash(backend: &dyn Backend, id: &str, script: &str) -> Output {
     .await
 }
 
-/// Start `exec -a <marker> sleep 600` (optionally daemonized with its own session) in a
-/// sandbox and wait until the host sees it.
+/// Start two sleepers in a sandbox, named exactly `<marker>` and (daemonized in a session of
+/// its own) `<marker>-daemon`, and wait until the host sees both.
 async fn start_sleeper(backend: &dyn Backend, id: &str, marker: &str) {
     let spec = ProcessSpec::new(Command::argv([
         "bash",
@@ -48,14 +48,17 @@ async fn start_sleeper(backend: &dyn Backend, id: &str, marker: &str) {
          exec -a \"$M\" sleep 600",
     ]))
     .env("M", marker);
-    let before = host_processes_with(marker);
+    let before = sleepers(marker);
     drop(backend.spawn(id, spec).await.expect("spawn a sleeper"));
-    assert!(
-        eventually(Duration::from_secs(20), || host_processes_with(marker)
-            >= before + 2)
-        .await,
-        "sleepers of {marker} did not start"
-    );
+    eventually(PATIENCE, "both sleepers start", || async {
+        equals(sleepers(marker), before + 2)
+    })
+    .await;
+}
+
+/// Host processes started by [`start_sleeper`] with `marker` (both names, exactly).
+fn sleepers(marker: &str) -> usize {
+    host_process_count(marker) + host_process_count(&format!("{marker}-daemon"))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -118,21 +121,26 @@ async fn sandboxes_outlive_a_killed_creator_and_end_at_their_lease() {
         assert_eq!(out.stdout, b"the creator\nran-again\n");
     }
     assert_eq!(
-        host_processes_with(&marker),
+        sleepers(&marker),
         4,
         "the creator's background processes (2 per sandbox) still run"
     );
-    // Then they end at their lease, with everything in them.
-    let ends_at = listed.iter().map(|s| s.ends_at).max().unwrap();
-    let wait = Duration::from_millis(ends_at.saturating_sub(sandcove::now_millis()));
-    assert!(wait < Duration::from_secs(60), "short lease");
-    tokio::time::sleep(wait).await;
-    assert!(
-        eventually(Duration::from_secs(60), || host_processes_with(&marker)
-            == 0)
-        .await,
-        "processes outlived the lease"
-    );
+    // Then they end at their lease, with everything in them. The lease is shortened only now
+    // (by the new program), so a slow machine cannot end it before the checks above.
+    for id in &ids {
+        let info = again
+            .set_timeout(id, Duration::from_secs(1))
+            .await
+            .expect("shorten the lease");
+        assert!(
+            info.ends_at <= sandcove::now_millis() + 1_000,
+            "short lease"
+        );
+    }
+    eventually(PATIENCE, "no process outlives the lease", || async {
+        equals(sleepers(&marker), 0)
+    })
+    .await;
     env.assert_nothing_left("after the lease").await;
     for id in &ids {
         let err = again.get(id).await.expect_err("gone");
@@ -156,8 +164,9 @@ async fn creator_child() {
     let mut ids = Vec::new();
     let mut held = Vec::new();
     for _ in 0..2 {
+        // Long enough for any machine: the parent shortens it once it has checked everything.
         let options = sandcove::CreateOptions {
-            timeout: Some(Duration::from_secs(20)),
+            timeout: Some(Duration::from_secs(600)),
             labels: BTreeMap::from([(common::LABEL.to_string(), marker.to_string())]),
             ..Default::default()
         };
@@ -198,15 +207,24 @@ async fn a_killed_monitor_takes_its_sandbox_with_it() {
         "sandbox processes: {sandbox_procs:?}"
     );
     common::signal(monitor, libc::SIGKILL);
-    assert!(
-        eventually(Duration::from_secs(30), || {
-            host_processes_with(&marker) == 0
-                && !common::alive(agent)
-                && sandbox_procs.iter().all(|p| !common::alive(*p))
-        })
-        .await,
-        "the sandbox's processes outlived its monitor"
-    );
+    eventually(
+        PATIENCE,
+        "the sandbox's processes die with their monitor",
+        || async {
+            let left: Vec<u32> = sandbox_procs
+                .iter()
+                .copied()
+                .filter(|p| common::alive(*p))
+                .collect();
+            let named = sleepers(&marker);
+            let agent_alive = common::alive(agent);
+            holds(
+                named == 0 && !agent_alive && left.is_empty(),
+                format!("{named} sleepers, agent alive: {agent_alive}, alive: {left:?}"),
+            )
+        },
+    )
+    .await;
     // The next program collects the stale state and works.
     let next = LocalBackend::with_state_dir(&env.dir).expect("the next program's engine");
     assert!(
@@ -263,22 +281,20 @@ async fn a_killed_agent_leaves_a_stopped_sandbox_that_destroy_removes() {
         matches!(last, Some(Err(_))),
         "a cut stream ends with an error: {last:?}"
     );
-    assert!(
-        eventually(Duration::from_secs(30), || host_processes_with(&marker)
-            == 0)
-        .await,
-        "sandbox processes outlived the agent"
-    );
+    eventually(
+        PATIENCE,
+        "no sandbox process outlives the agent",
+        || async { equals(sleepers(&marker), 0) },
+    )
+    .await;
     // The sandbox reports Stopped, from get and from list.
-    let mut state = None;
-    for _ in 0..200 {
-        state = env.backend.get(&id).await.ok().map(|i| i.state);
-        if state == Some(SandboxState::Stopped) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(state, Some(SandboxState::Stopped));
+    eventually(PATIENCE, "the sandbox reports Stopped", || async {
+        equals(
+            env.backend.get(&id).await.ok().map(|i| i.state),
+            Some(SandboxState::Stopped),
+        )
+    })
+    .await;
     let listed = env.backend.list(Default::default()).await.unwrap();
     assert_eq!(
         listed.iter().find(|s| s.id == id).map(|s| s.state),
@@ -358,25 +374,35 @@ async fn a_fork_bomb_is_contained_and_destroyable() {
     let id = env.create(opts).await;
     let (_, agent) = common::monitor_and_agent(&id).await;
     let marker = unique("hc-bomb");
-    let bomb = format!("bomb() {{ bomb | bomb & }}; bomb; sleep 600 # {marker}");
+    // The bomb's shell is named exactly `marker` (`exec -a`), and so is every fork of it.
+    let bomb = "bomb() { bomb | bomb & }; bomb; sleep 600";
     drop(
         env.backend
-            .spawn(&id, ProcessSpec::new(Command::argv(["bash", "-c", &bomb])))
+            .spawn(
+                &id,
+                ProcessSpec::new(Command::argv([
+                    "bash",
+                    "-c",
+                    "exec -a \"$M\" bash -c \"$0\"",
+                    bomb,
+                ]))
+                .env("M", &marker),
+            )
             .await
             .expect("start the bomb"),
     );
-    // Let it saturate, sampling the sandbox's process count.
+    eventually(PATIENCE, "the bomb runs", || async {
+        let n = host_process_count(&marker);
+        holds(n > 4, n)
+    })
+    .await;
+    // Time is the subject here: let it saturate for a while, sampling the process count.
     let mut peak = 0;
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(4) {
         peak = peak.max(common::descendants(agent).len());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(
-        host_processes_with(&marker) > 4,
-        "the bomb did run ({} processes)",
-        host_processes_with(&marker)
-    );
     assert!(
         peak as u64 <= LIMIT + 2,
         "the sandbox held {peak} processes with max_processes {LIMIT}"
@@ -401,12 +427,10 @@ async fn a_fork_bomb_is_contained_and_destroyable() {
         .await
         .expect("destroy does not hang")
         .expect("destroy the bombed sandbox");
-    assert!(
-        eventually(Duration::from_secs(30), || host_processes_with(&marker)
-            == 0)
-        .await,
-        "bomb processes outlived destroy"
-    );
+    eventually(PATIENCE, "no bomb process outlives destroy", || async {
+        equals(host_process_count(&marker), 0)
+    })
+    .await;
     env.backend.destroy(&neighbour).await.unwrap();
     env.assert_nothing_left("after the fork bomb").await;
     println!("hardening: fork bomb under max_processes={LIMIT}: peak {peak} processes, host and neighbour responsive, destroyed cleanly");
@@ -566,29 +590,30 @@ async fn a_process_ignoring_sigterm_is_ended_by_destroy() {
     .env("M", &marker)
     .tag("stubborn");
     drop(env.backend.spawn(&id, spec).await.unwrap());
-    assert!(
-        eventually(Duration::from_secs(20), || host_processes_with(&marker)
-            == 2)
-        .await
-    );
+    eventually(PATIENCE, "both stubborn sleepers run", || async {
+        equals(sleepers(&marker), 2)
+    })
+    .await;
     for s in [Signal::Term, Signal::Int, Signal::Hup] {
         env.backend
             .signal(&id, sandcove::ProcessSelector::Tag("stubborn".into()), s)
             .await
             .unwrap();
     }
+    // A negative check (nothing may die): the grace period gives a wrongly delivered signal
+    // time to act; on a slow machine it can only hide a failure, never cause one.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(host_processes_with(&marker), 2, "SIGTERM was ignored");
+    assert_eq!(sleepers(&marker), 2, "SIGTERM was ignored");
     tokio::time::timeout(Duration::from_secs(30), env.backend.destroy(&id))
         .await
         .expect("destroy does not hang")
         .unwrap();
-    assert!(
-        eventually(Duration::from_secs(30), || host_processes_with(&marker)
-            == 0)
-        .await,
-        "a SIGTERM-ignoring process outlived destroy"
-    );
+    eventually(
+        PATIENCE,
+        "no SIGTERM-ignoring process outlives destroy",
+        || async { equals(sleepers(&marker), 0) },
+    )
+    .await;
     env.assert_nothing_left("after destroying stubborn processes")
         .await;
 }

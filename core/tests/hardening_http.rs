@@ -510,6 +510,12 @@ async fn a_restarted_server_never_hangs_its_client() {
         backoff: Duration::from_millis(100),
         max_backoff: Duration::from_millis(800),
     };
+    // For the create retried across the restart: enough retries (about 15 s of backoff) to
+    // outlast a restart on a loaded machine.
+    let patient = HttpOptions {
+        max_retries: 20,
+        ..options.clone()
+    };
     let client = Arc::new(HttpBackend::with_options(&url, KEY, options).unwrap());
     let id = client
         .create(env.options(&unique("hrestart")))
@@ -580,9 +586,11 @@ async fn a_restarted_server_never_hangs_its_client() {
     let mut retried_options = env.options(&label);
     retried_options.timeout = Some(Duration::from_secs(60));
     let pending = {
-        let client = client.clone();
+        let client = HttpBackend::with_options(&url, KEY, patient).unwrap();
         tokio::spawn(async move { client.create(retried_options).await })
     };
+    // Give the create time to meet the closed port first. Not a condition stood in for: if it
+    // has not been sent yet, it simply lands once on the restarted server and the check holds.
     tokio::time::sleep(Duration::from_millis(400)).await;
     let listener = tokio::net::TcpListener::bind(addr)
         .await

@@ -10,10 +10,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use sandcove::conformance::{host_processes_with, unique};
+use sandcove::conformance::unique;
 use sandcove::{Command, ListOptions, ProcessSpec, WriteOptions};
 
-use common::{eventually, Env};
+use common::{equals, eventually, host_process_count, Env};
 
 /// How many sandboxes are held at once.
 const SANDBOXES: usize = 200;
@@ -66,13 +66,12 @@ async fn two_hundred_sandboxes_alive_at_once_all_work_and_none_leaks() {
     let created_in = started.elapsed();
 
     // All alive at once: every background process runs, every sandbox is listed.
-    assert!(
-        eventually(Duration::from_secs(120), || host_processes_with(&marker)
-            == SANDBOXES)
-        .await,
-        "{} of {SANDBOXES} background processes running",
-        host_processes_with(&marker)
-    );
+    eventually(
+        Duration::from_secs(300),
+        "every background process runs",
+        || async { equals(host_process_count(&marker), SANDBOXES) },
+    )
+    .await;
     let mut filter = ListOptions::default();
     filter.labels.insert(common::LABEL.into(), marker.clone());
     let listed = env.backend.list(filter.clone()).await.expect("list");
@@ -122,7 +121,7 @@ async fn two_hundred_sandboxes_alive_at_once_all_work_and_none_leaks() {
         failures.len()
     );
     assert_eq!(
-        host_processes_with(&marker),
+        host_process_count(&marker),
         SANDBOXES,
         "still all alive after the runs"
     );
@@ -143,13 +142,12 @@ async fn two_hundred_sandboxes_alive_at_once_all_work_and_none_leaks() {
         .await;
     let failures: Vec<&String> = destroyed.iter().filter_map(|r| r.as_ref().err()).collect();
     assert!(failures.is_empty(), "{failures:?}");
-    assert!(
-        eventually(Duration::from_secs(60), || host_processes_with(&marker)
-            == 0)
-        .await,
-        "{} sandbox processes outlived destroy",
-        host_processes_with(&marker)
-    );
+    eventually(
+        Duration::from_secs(300),
+        "no sandbox process outlives destroy",
+        || async { equals(host_process_count(&marker), 0) },
+    )
+    .await;
     env.assert_nothing_left("after 200 sandboxes").await;
     assert!(env.backend.list(filter).await.unwrap().is_empty());
     println!(

@@ -16,8 +16,9 @@ use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
 fn options() -> HttpOptions {
     HttpOptions {
-        request_timeout: Duration::from_secs(5),
-        connect_timeout: Duration::from_secs(2),
+        // Generous: a mock on loopback answers at once, but a loaded machine may not run it.
+        request_timeout: Duration::from_secs(30),
+        connect_timeout: Duration::from_secs(10),
         max_retries: 3,
         backoff: Duration::from_millis(10),
         max_backoff: Duration::from_secs(2),
@@ -328,7 +329,7 @@ async fn a_create_whose_response_is_lost_is_retried_with_the_same_key() {
         .respond_with(
             ResponseTemplate::new(200)
                 .set_body_json(info("first"))
-                .set_delay(Duration::from_secs(30)),
+                .set_delay(Duration::from_secs(300)),
         )
         .up_to_n_times(1)
         .mount(&server)
@@ -342,7 +343,9 @@ async fn a_create_whose_response_is_lost_is_retried_with_the_same_key() {
         &server.uri(),
         "test-key",
         HttpOptions {
-            request_timeout: Duration::from_millis(300),
+            // The lost answer times out after this; the retry's answer must arrive within it
+            // too, so it is far above a loaded machine's scheduling delay.
+            request_timeout: Duration::from_secs(10),
             ..options()
         },
     )

@@ -1,9 +1,10 @@
 //! The conformance suite and engine-specific behaviour, against the embedded local engine.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use sandcove::conformance::{host_processes_with, sh, test_options, unique};
+use sandcove::conformance::{
+    equals, eventually, host_process_count, sh, test_options, unique, PATIENCE,
+};
 use sandcove::{Backend, Command, ErrorCode, LocalBackend, ProcessSelector, ProcessSpec};
 
 fn local() -> Arc<dyn Backend> {
@@ -189,29 +190,27 @@ async fn a_dead_monitor_takes_its_sandbox_with_it() {
     let marker = unique("orphan");
     let spec = ProcessSpec::new(Command::bash_login(format!("exec -a {marker} sleep 600")));
     drop(backend.spawn(&id, spec).await.expect("spawn"));
-    let mut monitor_pid = None;
-    for _ in 0..50 {
-        monitor_pid = find_monitor(&id);
-        if monitor_pid.is_some() && host_processes_with(&marker) == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let pid = monitor_pid.expect("monitor found");
+    let marker = &marker;
+    eventually(PATIENCE, "the sleeper runs", || async move {
+        equals(host_process_count(marker), 1)
+    })
+    .await;
+    let pid = eventually(PATIENCE, "the monitor is found", || async {
+        find_monitor(&id).ok_or("no monitor")
+    })
+    .await;
     // SAFETY-free: kill(1) through the shell keeps this test free of unsafe.
-    std::process::Command::new("kill")
+    let killed = std::process::Command::new("kill")
         .args(["-9", &pid.to_string()])
         .status()
         .unwrap();
-    let mut gone = false;
-    for _ in 0..100 {
-        if host_processes_with(&marker) == 0 {
-            gone = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(gone, "the sandbox's processes died with the monitor");
+    assert!(killed.success(), "kill -9 {pid}");
+    eventually(
+        PATIENCE,
+        "the sandbox's processes died with the monitor",
+        || async move { equals(host_process_count(marker), 0) },
+    )
+    .await;
     let err = backend.get(&id).await.expect_err("gone");
     assert_eq!(err.code(), ErrorCode::NotFound);
 }
@@ -272,36 +271,49 @@ async fn unisolated_mode_is_explicit_and_cleans_up() {
         "{}",
         out.stdout_lossy()
     );
-    let escaped = backend.stat(&id, "../../../../../../../etc/hostname").await;
+    // `..` is clamped inside the sandbox's own root: a file that exists only on the host is
+    // neither seen nor written through a `..` chain.
+    let host_dir = std::env::temp_dir().join(unique("uniso-host"));
+    std::fs::create_dir_all(&host_dir).unwrap();
+    let host_only = host_dir.join("host-only");
+    std::fs::write(&host_only, b"host").unwrap();
+    let climb = "../../../../../../../../../../..";
+    let seen = backend
+        .stat(&id, &format!("{climb}{}", host_only.display()))
+        .await;
     assert!(
-        escaped.is_err() || escaped.unwrap().path.starts_with("/etc"),
-        "`..` is clamped"
+        matches!(&seen, Err(e) if e.is_not_found()),
+        "a host-only file is reachable through `..`: {seen:?}"
     );
+    let written = host_dir.join("written");
+    backend
+        .write_file(
+            &id,
+            &format!("{climb}{}", written.display()),
+            Box::pin(futures::stream::once(async { Ok(b"x".to_vec()) })),
+            Default::default(),
+        )
+        .await
+        .expect("a `..` write lands inside the sandbox");
+    assert!(!written.exists(), "a `..` write created a host file");
+    assert_eq!(std::fs::read(&host_only).unwrap(), b"host");
+    let _ = std::fs::remove_dir_all(&host_dir);
     let marker = unique("unisobg");
     let spec = ProcessSpec::new(Command::bash_login(format!(
         "(exec -a {marker} sleep 600) & exec -a {marker} sleep 600"
     )));
     drop(backend.spawn(&id, spec).await.expect("spawn"));
-    for _ in 0..100 {
-        if host_processes_with(&marker) == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(host_processes_with(&marker), 2);
+    let marker = &marker;
+    eventually(PATIENCE, "both sleepers run", || async move {
+        equals(host_process_count(marker), 2)
+    })
+    .await;
     expect_not_supported(backend.pause(&id).await.map(drop));
     backend.destroy(&id).await.expect("destroy");
-    for _ in 0..100 {
-        if host_processes_with(&marker) == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(
-        host_processes_with(&marker),
-        0,
-        "destroy ended every process"
-    );
+    eventually(PATIENCE, "destroy ended every process", || async move {
+        equals(host_process_count(marker), 0)
+    })
+    .await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
