@@ -189,9 +189,9 @@ async fn internet_sandbox_reaches_no_host_private_or_metadata_address() {
 
 /// The helper of `monitor` (its child other than the agent), waiting for it to show.
 async fn helper_of(monitor: u32, agent: u32) -> u32 {
-    let mut found = None;
-    let seen = eventually(Duration::from_secs(30), || {
-        found = all_processes()
+    let what = format!("monitor {monitor} has a networking helper");
+    eventually(Duration::from_secs(30), &what, || {
+        let found = all_processes()
             .into_iter()
             .find(|p| {
                 p.ppid == monitor
@@ -205,11 +205,10 @@ async fn helper_of(monitor: u32, agent: u32) -> u32 {
                     })
             })
             .map(|p| p.pid);
-        found.is_some()
+        let found = found.ok_or("none yet");
+        async move { found }
     })
-    .await;
-    assert!(seen, "monitor {monitor} has no networking helper");
-    found.unwrap()
+    .await
 }
 
 /// The networking helper goes with its sandbox: on destroy, and when the monitor is killed
@@ -228,16 +227,26 @@ async fn destroy_and_a_killed_monitor_leave_no_network_helper() {
     let helper_b = helper_of(mon_b, agent_b).await;
 
     env.backend.destroy(&a).await.expect("destroy");
-    assert!(
-        eventually(Duration::from_secs(30), || !alive(helper_a)).await,
-        "the helper {helper_a} outlived its destroyed sandbox"
-    );
+    eventually(
+        Duration::from_secs(30),
+        &format!("the helper {helper_a} outlived its destroyed sandbox"),
+        || {
+            let gone = sandcove::conformance::holds(!alive(helper_a), helper_a);
+            async move { gone }
+        },
+    )
+    .await;
 
     signal(mon_b, libc::SIGKILL);
-    assert!(
-        eventually(Duration::from_secs(30), || !alive(helper_b)).await,
-        "the helper {helper_b} outlived its killed monitor"
-    );
+    eventually(
+        Duration::from_secs(30),
+        &format!("the helper {helper_b} outlived its killed monitor"),
+        || {
+            let gone = sandcove::conformance::holds(!alive(helper_b), helper_b);
+            async move { gone }
+        },
+    )
+    .await;
     // The killed monitor's state is collected by the next program's engine.
     let _next = LocalBackend::with_state_dir(&env.dir).expect("the next program's engine");
     env.assert_nothing_left("internet sandboxes").await;
