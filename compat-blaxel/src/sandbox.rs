@@ -1133,7 +1133,12 @@ async fn create_sandbox(
     let client = state::client()?;
     // Blaxel sandboxes reach the internet by default: isolated internet where the runtime
     // has it, else loopback only with a warning. Never the host's network.
-    options.network = client.capabilities().vendor_internet_default();
+    let caps = client.capabilities();
+    options.network = caps.vendor_internet_default();
+    // Blaxel's `memory` (MB) is the sandbox's limit where the runtime enforces one.
+    if caps.memory_limit {
+        options.resources.memory_mib = Some(sandbox.spec.runtime.memory as u64);
+    }
     let _lock = NameLock::acquire().await?;
     if let Some(existing) = state::find_by_name(&client, &sandbox.metadata.name)
         .await

@@ -339,3 +339,29 @@ async fn create_none_safe_and_paged_listing() {
     a.delete().await.expect("delete");
     b.delete().await.expect("delete");
 }
+
+/// `memory` is the sandbox's limit where the runtime can enforce one (a cgroup it writes),
+/// and only recorded elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_is_the_sandbox_limit_where_the_runtime_enforces_limits() {
+    let name = unique("memory");
+    let sb = SandboxInstance::create(json!({"name": name, "memory": 64}))
+        .await
+        .expect("create");
+    assert_eq!(sb.spec.runtime.memory, 64);
+    let id = sb.sandcove_id().to_string();
+    let files = [
+        format!("/sys/fs/cgroup/memory/sandcove/{id}/memory.limit_in_bytes"),
+        format!("/sys/fs/cgroup/sandcove/{id}/memory.max"),
+    ];
+    let limit = files
+        .iter()
+        .find_map(|f| std::fs::read_to_string(f).ok())
+        .map(|t| t.trim().parse::<u64>().expect("a number"));
+    if common::capabilities().memory_limit {
+        assert_eq!(limit, Some(64 << 20), "the sandbox's cgroup limit");
+    } else {
+        assert_eq!(limit, None, "no cgroup without memory limits");
+    }
+    SandboxInstance::delete(&name).await.expect("delete");
+}
