@@ -181,6 +181,9 @@ pub fn enter(h: &Hierarchy, id: &str, limits: Limits, pid: i32) -> std::io::Resu
             Hierarchy::V1 { .. } => {
                 let (memory, cpu, pids) = (&made[0], &made[1], &made[2]);
                 write(memory, "memory.limit_in_bytes", bytes.to_string())?;
+                // v1 charges TCP socket buffers only once this is set: without it a sandbox
+                // holds unread data in loopback connections far past its limit.
+                write(memory, "memory.kmem.tcp.limit_in_bytes", bytes.to_string())?;
                 if memory.join("memory.memsw.limit_in_bytes").exists() {
                     write(memory, "memory.memsw.limit_in_bytes", bytes.to_string())?;
                 }

@@ -90,6 +90,19 @@ fn build(arch: &str) -> Result<Vec<BpfProgram>, seccompiler::Error> {
         .map_err(seccompiler::Error::Backend)?])
         .map_err(seccompiler::Error::Backend)?],
     );
+    // prlimit64 may read any process's limits and set the caller's own; setting another
+    // process's is refused: every sandbox process shares the agent's uid in a single-uid
+    // namespace, and lowering PID 1's limits would break the sandbox's API.
+    deny.insert(
+        libc::SYS_prlimit64,
+        vec![SeccompRule::new(vec![
+            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, 0)
+                .map_err(seccompiler::Error::Backend)?,
+            SeccompCondition::new(2, SeccompCmpArgLen::Qword, SeccompCmpOp::Ne, 0)
+                .map_err(seccompiler::Error::Backend)?,
+        ])
+        .map_err(seccompiler::Error::Backend)?],
+    );
     let deny = SeccompFilter::new(
         deny,
         SeccompAction::Allow,
