@@ -132,6 +132,21 @@ async fn volume_subpaths_never_follow_links_a_sandbox_planted() {
     .await;
     assert_eq!(out.stdout_lossy(), "one\ntwo\n", "{}", out.stderr_lossy());
     canaries.assert_unchanged("after the legitimate mounts");
+    // A volume outlives its sandboxes: no setuid or device file made in one takes effect.
+    let out = bash(
+        &*env.backend,
+        &user,
+        "awk '$5 == \"/mnt/real\" || $5 == \"/mnt/new\" {print $6}' /proc/self/mountinfo",
+    )
+    .await;
+    let flags: Vec<String> = out.stdout_lossy().lines().map(String::from).collect();
+    assert_eq!(flags.len(), 2, "volume mounts: {flags:?} {}", out.stderr_lossy());
+    for f in &flags {
+        assert!(
+            f.split(',').any(|o| o == "nosuid") && f.split(',').any(|o| o == "nodev"),
+            "a volume is mounted {f}"
+        );
+    }
 
     for id in [planter, user] {
         env.backend.destroy(&id).await.unwrap();

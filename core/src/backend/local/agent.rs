@@ -229,23 +229,22 @@ fn setup_sandbox(record: &Record, net: Option<&Plan>) -> Result<()> {
             None,
         )
         .map_err(|e| unavailable("bind a volume", e))?;
-        if m.read_only {
-            // Reopened: the descriptor above is the directory under the new mount.
-            let target =
-                sys::open_beneath(root_fd.as_raw_fd(), rel, libc::O_PATH, false).map_err(shown)?;
-            sys::mount(
-                None,
-                &sys::fd_path(target.as_raw_fd()),
-                None,
-                libc::MS_REMOUNT
-                    | libc::MS_BIND
-                    | libc::MS_RDONLY
-                    | libc::MS_NOSUID
-                    | libc::MS_NODEV,
-                None,
-            )
-            .map_err(|e| unavailable("remount a volume read-only", e))?;
-        }
+        // Reopened: the descriptor above is the directory under the new mount. Never setuid
+        // or device files from a volume (a sandbox writes them, and the volume outlives it);
+        // flags the host's mount locks are kept, as the kernel requires.
+        let target =
+            sys::open_beneath(root_fd.as_raw_fd(), rel, libc::O_PATH, false).map_err(shown)?;
+        let target = sys::fd_path(target.as_raw_fd());
+        let keep = sys::locked_mount_flags(&target).map_err(|e| unavailable("statvfs", e))?;
+        let read_only = if m.read_only { libc::MS_RDONLY } else { 0 };
+        sys::mount(
+            None,
+            &target,
+            None,
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV | read_only | keep,
+            None,
+        )
+        .map_err(|e| unavailable("remount a volume nosuid and nodev", e))?;
     }
 
     // /proc of the new PID namespace.
