@@ -172,11 +172,7 @@ impl Process {
             .session(session_id)
             .await
             .ctx("Failed to get session: ")?;
-        let inner = state.inner.lock().expect("session state");
-        Ok(Session {
-            session_id: session_id.to_string(),
-            commands: inner.commands.iter().map(CmdState::command).collect(),
-        })
+        Ok(state.snapshot(session_id))
     }
 
     /// `list_sessions() -> list[Session]`.
@@ -189,15 +185,15 @@ impl Process {
             .await
             .ctx(P)?;
         let mut out = Vec::new();
-        for p in procs {
+        for p in &procs {
             let Some(id) = p.tag.as_deref().and_then(|t| t.strip_prefix(SESSION_TAG)) else {
                 continue;
             };
             if p.exit.is_some() {
                 continue;
             }
-            match self.get_session(id).await {
-                Ok(s) => out.push(s),
+            match self.session_in(&procs, id).await {
+                Ok(state) => out.push(state.snapshot(id)),
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e.prefixed(P)),
             }
@@ -411,33 +407,47 @@ impl Process {
     }
 
     /// The live state of a session: this program's, or rebuilt by attaching to its shell.
+    ///
+    /// Whether the shell runs is asked of the runtime on every call, never of the cached
+    /// state: the cache learns of the shell's end only when its stream task gets to the exit
+    /// event, which may be after a `stop` or `delete_session` (of this program or another)
+    /// has returned.
     async fn session(&self, session_id: &str) -> Result<Arc<SessionState>> {
+        let procs = self.ctx.backend().list_processes(&self.ctx.id).await?;
+        self.session_in(&procs, session_id).await
+    }
+
+    /// [`Process::session`] against a process listing the caller has just taken.
+    async fn session_in(
+        &self,
+        procs: &[sandcove::ProcessInfo],
+        session_id: &str,
+    ) -> Result<Arc<SessionState>> {
         let k = key(&self.ctx, session_id);
-        if let Some(s) = registry().lock().expect("session registry").get(&k) {
-            if !s.inner.lock().expect("session state").ended {
-                return Ok(s.clone());
-            }
-        }
         let tag = session_tag(session_id);
-        let running = self
-            .ctx
-            .backend()
-            .list_processes(&self.ctx.id)
-            .await?
-            .into_iter()
-            .any(|p| p.tag.as_deref() == Some(tag.as_str()) && p.exit.is_none());
-        if !running {
+        let shell = procs
+            .iter()
+            .find(|p| p.tag.as_deref() == Some(tag.as_str()) && p.exit.is_none())
+            .map(|p| p.pid);
+        let Some(pid) = shell else {
+            // Holders of the old state keep it; its stream task still delivers the tail.
             registry().lock().expect("session registry").remove(&k);
             return Err(DaytonaError::NotFound(ErrorDetails::new(
                 format!("session {session_id} not found"),
                 Some(404),
                 Some("SESSION_NOT_FOUND"),
             )));
+        };
+        if let Some(s) = registry().lock().expect("session registry").get(&k) {
+            // Another pid is another shell under the same id (deleted and created again).
+            if s.pid == pid && !s.inner.lock().expect("session state").ended {
+                return Ok(s.clone());
+            }
         }
         let stream = self
             .ctx
             .backend()
-            .attach(&self.ctx.id, ProcessSelector::Tag(tag))
+            .attach(&self.ctx.id, ProcessSelector::Pid(pid))
             .await?;
         let state = SessionState::rebuild(stream).await;
         registry()
@@ -985,15 +995,18 @@ impl SessionInner {
 
 #[derive(Debug)]
 struct SessionState {
+    /// The shell's pid in the sandbox.
+    pid: u32,
     inner: Mutex<SessionInner>,
     version: tokio::sync::watch::Sender<u64>,
     submit: tokio::sync::Mutex<()>,
 }
 
 impl SessionState {
-    fn new() -> Arc<Self> {
+    fn new(pid: u32) -> Arc<Self> {
         let (version, _) = tokio::sync::watch::channel(0);
         Arc::new(SessionState {
+            pid,
             inner: Mutex::new(SessionInner::default()),
             version,
             submit: tokio::sync::Mutex::new(()),
@@ -1035,7 +1048,7 @@ impl SessionState {
 
     /// State for a shell this program just started.
     fn start(stream: ProcessStream) -> Arc<Self> {
-        let state = Self::new();
+        let state = Self::new(stream.pid);
         state.follow(stream);
         state
     }
@@ -1043,7 +1056,7 @@ impl SessionState {
     /// State rebuilt from an attached shell: the replayed output is applied before this
     /// returns (the replay arrives at once; a pause ends it), then live events follow.
     async fn rebuild(mut stream: ProcessStream) -> Arc<Self> {
-        let state = Self::new();
+        let state = Self::new(stream.pid);
         loop {
             match tokio::time::timeout(REPLAY_IDLE, stream.events.next()).await {
                 Ok(Some(ev)) => {
@@ -1060,6 +1073,15 @@ impl SessionState {
         }
         state.follow(stream);
         state
+    }
+
+    /// The Python `Session` as seen so far.
+    fn snapshot(&self, session_id: &str) -> Session {
+        let inner = self.inner.lock().expect("session state");
+        Session {
+            session_id: session_id.to_string(),
+            commands: inner.commands.iter().map(CmdState::command).collect(),
+        }
     }
 
     /// Wait (briefly) for a command id this program has not seen yet to show up.
@@ -1100,7 +1122,29 @@ pub fn forget_sessions() {
     registry().lock().expect("session registry").clear();
 }
 
-/// Drop this program's session state of a deleted sandbox.
+/// Wait until the runtime has recorded the end of process `pid` (its exit event on an
+/// attach comes after the record, and a process the runtime no longer knows has ended).
+pub(crate) async fn wait_recorded_exit(ctx: &Ctx, pid: u32) -> sandcove::Result<()> {
+    let mut stream = match ctx
+        .backend()
+        .attach(&ctx.id, ProcessSelector::Pid(pid))
+        .await
+    {
+        Ok(s) => s,
+        Err(e) if e.is_not_found() => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    while let Some(ev) = stream.events.next().await {
+        if let ProcessEvent::Exit(_) = ev? {
+            return Ok(());
+        }
+    }
+    Err(sandcove::Error::backend(format!(
+        "process {pid}: stream ended without an exit status"
+    )))
+}
+
+/// Drop this program's session state of a deleted (or stopped) sandbox.
 pub(crate) fn forget_sandbox(sandbox_id: &str) {
     registry()
         .lock()

@@ -688,12 +688,25 @@ impl Sandbox {
         if info.state == sandcove::SandboxState::Paused {
             backend.resume(&self.id).await?;
         }
-        for p in backend.list_processes(&self.id).await? {
-            if p.exit.is_none() {
+        // Stop returns only once the runtime has recorded every end (waiting on the exit
+        // events, not on time), so whatever is asked next (a session, a command, the process
+        // list) sees a stopped sandbox. Processes started meanwhile are in the next listing.
+        loop {
+            let running: Vec<u32> = backend
+                .list_processes(&self.id)
+                .await?
+                .into_iter()
+                .filter(|p| p.exit.is_none())
+                .map(|p| p.pid)
+                .collect();
+            if running.is_empty() {
+                break;
+            }
+            for &pid in &running {
                 match backend
                     .signal(
                         &self.id,
-                        sandcove::ProcessSelector::Pid(p.pid),
+                        sandcove::ProcessSelector::Pid(pid),
                         sandcove::Signal::Kill,
                     )
                     .await
@@ -703,7 +716,11 @@ impl Sandbox {
                     Err(e) => return Err(e.into()),
                 }
             }
+            for pid in running {
+                crate::process::wait_recorded_exit(&self.ctx, pid).await?;
+            }
         }
+        crate::process::forget_sandbox(&self.id);
         let mut meta = self.ctx.meta().await?;
         meta.stopped = true;
         self.ctx.set_meta(&meta).await?;
