@@ -140,7 +140,12 @@ async fn volume_subpaths_never_follow_links_a_sandbox_planted() {
     )
     .await;
     let flags: Vec<String> = out.stdout_lossy().lines().map(String::from).collect();
-    assert_eq!(flags.len(), 2, "volume mounts: {flags:?} {}", out.stderr_lossy());
+    assert_eq!(
+        flags.len(),
+        2,
+        "volume mounts: {flags:?} {}",
+        out.stderr_lossy()
+    );
     for f in &flags {
         assert!(
             f.split(',').any(|o| o == "nosuid") && f.split(',').any(|o| o == "nodev"),
@@ -325,4 +330,27 @@ async fn memory_and_cpu_limits_are_enforced_or_refused() {
     )
     .await;
     env.assert_nothing_left("limits").await;
+}
+
+/// A process whose background child keeps writing to the inherited output pipe still ends:
+/// its exit is reported after a bounded drain (before, every read restarted the drain wait,
+/// so the exit, and a facade's `stop`, waited forever).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_descendant_writing_forever_does_not_hold_back_the_exit() {
+    let env = Env::new("drain");
+    let id = env.sandbox("drain").await;
+    let spec = ProcessSpec::new(Command::argv([
+        "bash",
+        "-c",
+        "(while :; do echo x; sleep 0.01; done) & exit 3",
+    ]));
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        run(&*env.backend, &id, spec),
+    )
+    .await
+    .expect("the exit is reported while the descendant still writes");
+    assert_eq!(out.exit_code(), 3);
+    env.backend.destroy(&id).await.unwrap();
+    env.assert_nothing_left("drain").await;
 }

@@ -32,8 +32,8 @@ use crate::{
 const HISTORY_BYTES: usize = 16 << 20;
 /// Finished processes remembered for `list_processes` and late attach.
 const FINISHED_KEPT: usize = 256;
-/// How long to keep draining a process's pipes after it exited, when a descendant still
-/// holds them open.
+/// How long, in all, to keep draining a process's pipes after it exited, when a descendant
+/// still holds them open.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
 /// Longest process timeout accepted (a year); longer is a unit mistake, and "none" is `None`.
 pub const MAX_PROCESS_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -1225,11 +1225,16 @@ async fn pump(
     let mut exit: Option<ExitStatus> = None;
     let mut buf_out = vec![0u8; 64 * 1024];
     let mut buf_err = vec![0u8; 64 * 1024];
+    // Set once, when the process exits: a descendant that keeps writing to inherited pipes
+    // cannot hold the exit back by restarting a per-read wait.
+    let mut drain_until: Option<tokio::time::Instant> = None;
     loop {
         if out.is_none() && err.is_none() && exit.is_some() {
             break;
         }
-        let drain_deadline = exit.is_some();
+        if exit.is_some() && drain_until.is_none() {
+            drain_until = Some(tokio::time::Instant::now() + DRAIN_AFTER_EXIT);
+        }
         let step = async {
             tokio::select! {
                 n = read_some(&mut out, &mut buf_out) => Step::Read(StreamKind::Stdout, n),
@@ -1237,8 +1242,8 @@ async fn pump(
                 status = wait_exit(&mut exit_rx) => Step::Exited(status),
             }
         };
-        let result = if drain_deadline {
-            match tokio::time::timeout(DRAIN_AFTER_EXIT, step).await {
+        let result = if let Some(deadline) = drain_until {
+            match tokio::time::timeout_at(deadline, step).await {
                 Ok(r) => r,
                 Err(_) => break, // a descendant holds the pipes; stop draining
             }
