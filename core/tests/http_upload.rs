@@ -14,9 +14,8 @@ use sandcove::server::{LocalServer, ServerConfig};
 use sandcove::{
     Backend, ByteStream, Capabilities, CreateOptions, Error, ErrorCode, FileStat, HttpBackend,
     ListDirOptions, ListOptions, LocalBackend, Metrics, MkdirOptions, Preview, PreviewOptions,
-    PreviewToken, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, PtySize,
-    RemoveOptions, Result, SandboxInfo, Signal, SnapshotInfo, VolumeInfo, WatchOptions,
-    WatchStream, WriteOptions,
+    PreviewToken, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, PtySize, RemoveOptions,
+    Result, SandboxInfo, Signal, SnapshotInfo, VolumeInfo, WatchOptions, WatchStream, WriteOptions,
 };
 
 /// How long [`SlowCleanup`] holds back a failed upload's error before its engine sees it.
@@ -171,12 +170,15 @@ impl Backend for SlowCleanup {
     }
 }
 
-/// A loopback server over [`SlowCleanup`] and a client for it; the server lives as long as
-/// the test's runtime.
-async fn served(config: impl FnOnce(&mut ServerConfig)) -> (HttpBackend, String, String) {
+/// A loopback server over [`SlowCleanup`], a client for it, the server's URL and key, and
+/// the engine itself; the server lives as long as the test's runtime.
+async fn served(
+    config: impl FnOnce(&mut ServerConfig),
+) -> (HttpBackend, String, String, Arc<LocalBackend>) {
     let key = unique("key");
+    let engine = Arc::new(LocalBackend::new().expect("local engine"));
     let backend = SlowCleanup {
-        inner: Arc::new(LocalBackend::new().expect("local engine")),
+        inner: engine.clone(),
     };
     let mut server_config = ServerConfig::new(key.clone());
     config(&mut server_config);
@@ -186,7 +188,7 @@ async fn served(config: impl FnOnce(&mut ServerConfig)) -> (HttpBackend, String,
     let url = server.url();
     let client = HttpBackend::connect(&url, &key).await.expect("connect");
     std::mem::forget(server);
-    (client, url, key)
+    (client, url, key, engine)
 }
 
 async fn names(backend: &dyn Backend, id: &str) -> Vec<String> {
@@ -203,20 +205,85 @@ fn chunks(items: Vec<Result<Vec<u8>>>) -> ByteStream {
     Box::pin(futures::stream::iter(items))
 }
 
-/// The conformance case, over a server whose backend cleans up slowly: the listing made as
-/// soon as each failed upload returns shows no temporary file.
+/// A source that yields `data`, waits until the engine holds the upload's temporary file,
+/// then fails: the failure always comes when there is something to clean up.
+fn fails_once_staged(engine: Arc<LocalBackend>, id: &str, data: Vec<u8>) -> ByteStream {
+    let id = id.to_string();
+    let fail = futures::stream::once(async move {
+        eventually(PATIENCE, "the upload's temporary file exists", || async {
+            let seen = names(&*engine, &id).await;
+            if seen
+                .iter()
+                .any(|n| n.starts_with(".") && n.contains(".sandcove-"))
+            {
+                Ok(())
+            } else {
+                Err(seen)
+            }
+        })
+        .await;
+        Err(Error::invalid("the source broke"))
+    });
+    Box::pin(futures::stream::iter([Ok(data)]).chain(fail))
+}
+
+/// Over a server whose backend cleans up slowly, a listing made as soon as a failed upload
+/// returns shows no temporary file, over new and existing targets; the caller gets its own
+/// source's error, and an overwritten file keeps its old content.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_uploads_over_http_wait_for_a_slow_cleanup() {
-    let (client, _, _) = served(|_| {}).await;
-    sandcove::conformance::failed_uploads_leave_nothing_behind(&client).await;
+    let (client, _, _, engine) = served(|_| {}).await;
+    let id = client
+        .create(test_options(&unique("slow")))
+        .await
+        .unwrap()
+        .id;
+    let kept = chunks(vec![Ok(b"original".to_vec())]);
+    client
+        .write_file(&id, "kept.bin", kept, WriteOptions::default())
+        .await
+        .unwrap();
+    for round in 0..6 {
+        let target = if round % 2 == 0 {
+            "kept.bin"
+        } else {
+            "new.bin"
+        };
+        let source = fails_once_staged(engine.clone(), &id, vec![round as u8; 200_000]);
+        let err = client
+            .write_file(&id, target, source, WriteOptions::default())
+            .await
+            .expect_err("a failed source fails the upload");
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+        assert!(err.to_string().contains("the source broke"), "{err}");
+        assert_eq!(
+            names(&client, &id).await,
+            ["kept.bin"],
+            "round {round}: debris after a failed upload"
+        );
+    }
+    let mut content = Vec::new();
+    let mut download = client.read_file(&id, "kept.bin").await.unwrap();
+    while let Some(chunk) = download.next().await {
+        content.extend(chunk.unwrap());
+    }
+    assert_eq!(
+        content, b"original",
+        "a failed overwrite keeps the old content"
+    );
+    client.destroy(&id).await.unwrap();
 }
 
 /// An upload past the server's limit is refused (413 → `InvalidArgument`) only once the
 /// backend has discarded what it received.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_over_the_limit_is_refused_after_its_cleanup() {
-    let (client, _, _) = served(|c| c.max_upload_bytes = 64 * 1024).await;
-    let id = client.create(test_options(&unique("limit"))).await.unwrap().id;
+    let (client, _, _, _) = served(|c| c.max_upload_bytes = 64 * 1024).await;
+    let id = client
+        .create(test_options(&unique("limit")))
+        .await
+        .unwrap()
+        .id;
     for round in 0..5 {
         let data = chunks((0..4).map(|_| Ok(vec![round as u8; 32 * 1024])).collect());
         let err = client
@@ -238,8 +305,12 @@ async fn an_upload_over_the_limit_is_refused_after_its_cleanup() {
 /// cleans up, while a complete raw upload (plain HTTP tools) still writes the file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_abandons_uploads_that_break_off() {
-    let (client, url, key) = served(|_| {}).await;
-    let id = client.create(test_options(&unique("cut"))).await.unwrap().id;
+    let (client, url, key, _) = served(|_| {}).await;
+    let id = client
+        .create(test_options(&unique("cut")))
+        .await
+        .unwrap()
+        .id;
     let http = reqwest::Client::new();
     let put = |name: &str, content_type: &str, body: reqwest::Body| {
         http.put(format!("{url}/v1/sandboxes/{id}/files"))
@@ -257,7 +328,12 @@ async fn the_server_abandons_uploads_that_break_off() {
         ]))
     };
     // Cut connections: the client cannot hear the answer, so wait for the cleanup.
-    let raw = put("raw.bin", "application/octet-stream", cut(vec![5u8; 100_000])).await;
+    let raw = put(
+        "raw.bin",
+        "application/octet-stream",
+        cut(vec![5u8; 100_000]),
+    )
+    .await;
     assert!(raw.is_err(), "the raw upload was cut: {raw:?}");
     let framed = put("framed.bin", FRAMES_CONTENT_TYPE, cut(data.clone())).await;
     assert!(framed.is_err(), "the framed upload was cut: {framed:?}");
@@ -272,9 +348,13 @@ async fn the_server_abandons_uploads_that_break_off() {
     assert_eq!(short.status().as_u16(), 500, "a short framed body fails");
     assert_eq!(names(&client, &id).await, Vec::<String>::new());
     // A complete raw body, and a complete framed one, write their files.
-    let raw_ok = put("raw.bin", "application/octet-stream", vec![6u8; 1000].into())
-        .await
-        .expect("an answer");
+    let raw_ok = put(
+        "raw.bin",
+        "application/octet-stream",
+        vec![6u8; 1000].into(),
+    )
+    .await
+    .expect("an answer");
     assert_eq!(raw_ok.status().as_u16(), 200);
     let mut whole = data;
     whole.extend(frame::encode(frame::END, b""));
