@@ -154,7 +154,10 @@ pub mod frame {
             }
             let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
             if len > self.max {
-                return Err(format!("frame of {len} bytes exceeds the {} limit", self.max));
+                return Err(format!(
+                    "frame of {len} bytes exceeds the {} limit",
+                    self.max
+                ));
             }
             if rest.len() < 5 + len {
                 return Ok(None);

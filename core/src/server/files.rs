@@ -18,7 +18,8 @@ use super::{
 use crate::backend::http::body::{Chmod, Mkdir, Rename};
 use crate::backend::http::{frame, FRAMES_CONTENT_TYPE, UPLOAD_CLEANUP_WAIT};
 use crate::{
-    ByteStream, Error, ErrorBody, ListDirOptions, RemoveOptions, WatchOptions, WatchStream, WriteOptions,
+    ByteStream, Error, ErrorBody, ListDirOptions, RemoveOptions, WatchOptions, WatchStream,
+    WriteOptions,
 };
 
 /// Largest file chunk put in one frame.
