@@ -27,7 +27,14 @@
 //!   any other way (connection cut, server stopped, a truncated frame) yields an error as the
 //!   stream's last item: output is never silently short.
 //! - **Spawn** answers with the pid in the [`PID_HEADER`] header, then streams the events.
-//! - **Uploads** are the raw file bytes as a streamed request body.
+//! - **Uploads** are a frame stream in the request body (`Content-Type:`
+//!   [`FRAMES_CONTENT_TYPE`]): `d` frames of at most [`frame::UPLOAD_MAX_PAYLOAD`] bytes, then
+//!   `x` to commit, or `!` (an [`ErrorBody`]) to abandon the write. When the caller's source
+//!   stream fails, the client sends `!` instead of cutting the connection and waits (at most
+//!   [`UPLOAD_CLEANUP_WAIT`] plus a margin) for the answer, which the server sends only once
+//!   its backend has discarded what it received: a failed upload leaves nothing behind by the
+//!   time its error is returned. A framed body that ends without `x` or `!` is abandoned too,
+//!   as is a raw body (`application/octet-stream`, for plain HTTP tools) that breaks off.
 //! - **Stdin** is a `POST` whose raw body is written to the process.
 //!
 //! # Retries and timeouts
@@ -66,6 +73,9 @@ pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 pub const PID_HEADER: &str = "x-sandcove-pid";
 /// Content type of a frame stream (see the module docs).
 pub const FRAMES_CONTENT_TYPE: &str = "application/vnd.sandcove.frames";
+/// How long the server waits for its backend to discard an abandoned upload before it
+/// answers anyway; the client waits a little longer for that answer.
+pub const UPLOAD_CLEANUP_WAIT: Duration = Duration::from_secs(30);
 
 /// The frame stream codec shared by the client and the server.
 pub mod frame {
@@ -83,24 +93,47 @@ pub mod frame {
     pub const ERROR: u8 = b'!';
     /// Largest payload a decoder accepts; anything bigger is a protocol error.
     pub const MAX_PAYLOAD: usize = 64 * 1024 * 1024;
+    /// Largest payload of one upload frame: bounds what the server buffers per upload.
+    pub const UPLOAD_MAX_PAYLOAD: usize = 1024 * 1024;
+
+    /// The 5-byte head of a frame with `len` payload bytes.
+    pub fn head(kind: u8, len: usize) -> [u8; 5] {
+        let [a, b, c, d] = (len as u32).to_be_bytes();
+        [kind, a, b, c, d]
+    }
 
     /// One frame: kind byte, big-endian `u32` length, payload.
     pub fn encode(kind: u8, payload: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(5 + payload.len());
-        out.push(kind);
-        out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        out.extend_from_slice(&head(kind, payload.len()));
         out.extend_from_slice(payload);
         out
     }
 
     /// Splits a byte stream back into frames, whatever the chunk boundaries.
-    #[derive(Debug, Default)]
+    #[derive(Debug)]
     pub struct Decoder {
         buf: Vec<u8>,
         start: usize,
+        max: usize,
+    }
+
+    impl Default for Decoder {
+        fn default() -> Self {
+            Self::with_max_payload(MAX_PAYLOAD)
+        }
     }
 
     impl Decoder {
+        /// A decoder that refuses payloads over `max` bytes (never more than [`MAX_PAYLOAD`]).
+        pub fn with_max_payload(max: usize) -> Self {
+            Decoder {
+                buf: Vec::new(),
+                start: 0,
+                max: max.min(MAX_PAYLOAD),
+            }
+        }
+
         /// Append received bytes.
         pub fn push(&mut self, bytes: &[u8]) {
             if self.start > 0 && self.start == self.buf.len() {
@@ -120,9 +153,10 @@ pub mod frame {
                 return Ok(None);
             }
             let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
-            if len > MAX_PAYLOAD {
+            if len > self.max {
                 return Err(format!(
-                    "frame of {len} bytes exceeds the {MAX_PAYLOAD} limit"
+                    "frame of {len} bytes exceeds the {} limit",
+                    self.max
                 ));
             }
             if rest.len() < 5 + len {
@@ -1132,32 +1166,34 @@ impl Backend for HttpBackend {
     ) -> Result<FileStat> {
         let url = self.sandbox_url(id, &["files"]);
         let options = String::from_utf8(to_json(&options)?).expect("JSON is UTF-8");
-        // A streamed body cannot be replayed, so uploads are never retried. An error item of
-        // the local stream aborts the request, and the server then keeps no partial file.
-        let body = reqwest::Body::wrap_stream(data.map(|chunk| chunk.map_err(UploadError)));
-        let sent = self
+        // A streamed body cannot be replayed, so uploads are never retried. When the source
+        // fails, the body ends with an abandon frame rather than being cut, so the server's
+        // answer tells us its backend has discarded the partial file.
+        let abandon = Arc::new(Abandon::default());
+        let body = reqwest::Body::wrap_stream(upload_frames(data, abandon.clone()));
+        let send = self
             .http
             .put(url.clone())
             .bearer_auth(&*self.api_key)
             .query(&[("path", path.to_string()), ("options", options)])
-            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .header(reqwest::header::CONTENT_TYPE, FRAMES_CONTENT_TYPE)
             .body(body)
-            .send()
-            .await;
+            .send();
+        let sent = tokio::select! {
+            sent = send => Some(sent),
+            () = abandon.deadline() => None,
+        };
+        // The caller's own error wins, whatever the server made of the abandoned body; it
+        // is returned only now, after the server's answer (or the bounded wait for it).
+        if let Some(error) = abandon.take() {
+            return Err(error);
+        }
         match sent {
-            Ok(response) if response.status().is_success() => decode_json(response).await,
-            Ok(response) => Err(read_error(response, self.options.request_timeout).await),
-            Err(e) => {
-                // An error from our own stream is the caller's error, not the network's.
-                let mut source: Option<&dyn std::error::Error> = Some(&e);
-                while let Some(s) = source {
-                    if let Some(UploadError(inner)) = s.downcast_ref::<UploadError>() {
-                        return Err(Error::from_body(&inner.to_body()));
-                    }
-                    source = s.source();
-                }
-                Err(transport_error(&e, &Method::PUT, &url))
-            }
+            Some(Ok(response)) if response.status().is_success() => decode_json(response).await,
+            Some(Ok(response)) => Err(read_error(response, self.options.request_timeout).await),
+            Some(Err(e)) => Err(transport_error(&e, &Method::PUT, &url)),
+            // The deadline runs only after the source failed, whose error was taken above.
+            None => Err(Error::backend("the upload was abandoned")),
         }
     }
 
@@ -1360,17 +1396,63 @@ impl Backend for HttpBackend {
     }
 }
 
-/// An error item of an upload's source stream, carried through the HTTP client.
-#[derive(Debug)]
-struct UploadError(Error);
+/// The error of an upload's source stream, kept for the caller while the body carries an
+/// abandon frame to the server.
+#[derive(Default)]
+struct Abandon {
+    error: std::sync::Mutex<Option<Error>>,
+    failed: tokio::sync::Notify,
+}
 
-impl std::fmt::Display for UploadError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "upload source failed: {}", self.0)
+impl Abandon {
+    fn set(&self, error: Error) {
+        *self.error.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+        self.failed.notify_one();
+    }
+
+    fn take(&self) -> Option<Error> {
+        self.error.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    /// Completes a bounded while after the source failed: the server answers an abandoned
+    /// upload within [`UPLOAD_CLEANUP_WAIT`]; the margin covers the answer's transit.
+    async fn deadline(&self) {
+        self.failed.notified().await;
+        tokio::time::sleep(UPLOAD_CLEANUP_WAIT + Duration::from_secs(5)).await;
     }
 }
 
-impl std::error::Error for UploadError {}
+/// The upload body: the source's bytes as `d` frames, then `x`; or, when the source fails,
+/// `!` with its error (kept in `abandon`) and the end of the body.
+fn upload_frames(
+    data: ByteStream,
+    abandon: Arc<Abandon>,
+) -> impl Stream<Item = std::result::Result<Vec<u8>, std::convert::Infallible>> + Send + 'static {
+    futures::stream::unfold(Some(data), move |data| {
+        let abandon = abandon.clone();
+        async move {
+            let mut data = data?;
+            let pieces: Vec<Vec<u8>> = match data.next().await {
+                None => return Some((vec![frame::encode(frame::END, b"")], None)),
+                Some(Err(e)) => {
+                    let body = serde_json::to_vec(&e.to_body()).expect("an ErrorBody serialises");
+                    abandon.set(e);
+                    return Some((vec![frame::encode(frame::ERROR, &body)], None));
+                }
+                // The common chunk crosses without a copy: its head, then the bytes.
+                Some(Ok(bytes)) if bytes.len() <= frame::UPLOAD_MAX_PAYLOAD => {
+                    vec![frame::head(frame::DATA, bytes.len()).to_vec(), bytes]
+                }
+                Some(Ok(bytes)) => bytes
+                    .chunks(frame::UPLOAD_MAX_PAYLOAD)
+                    .map(|piece| frame::encode(frame::DATA, piece))
+                    .collect(),
+            };
+            Some((pieces, Some(data)))
+        }
+    })
+    .flat_map(|pieces| futures::stream::iter(pieces.into_iter().map(Ok)))
+}
 
 #[cfg(test)]
 mod tests {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, Method};
+use axum::http::{header, HeaderMap, Method};
 use axum::response::Response;
 use futures::stream::BoxStream;
 use futures::StreamExt;
@@ -16,9 +16,10 @@ use super::{
     ApiError, AppState, In, Out, Route,
 };
 use crate::backend::http::body::{Chmod, Mkdir, Rename};
-use crate::backend::http::frame;
+use crate::backend::http::{frame, FRAMES_CONTENT_TYPE, UPLOAD_CLEANUP_WAIT};
 use crate::{
-    ByteStream, Error, ListDirOptions, RemoveOptions, WatchOptions, WatchStream, WriteOptions,
+    ByteStream, Error, ErrorBody, ListDirOptions, RemoveOptions, WatchOptions, WatchStream,
+    WriteOptions,
 };
 
 /// Largest file chunk put in one frame.
@@ -39,11 +40,11 @@ pub(super) fn routes() -> Vec<Route> {
             Method::PUT,
             "/v1/sandboxes/{id}/files",
             "write_file",
-            "Upload a file: the raw request body, streamed; `options` is a JSON WriteOptions",
+            "Upload a file: a frame stream (`d` data, then `x` to commit or `!` to abandon) or the raw bytes, streamed; `options` is a JSON WriteOptions",
             write_file,
         )
         .query(&["path", "options"])
-        .input(In::Raw)
+        .input(In::Upload)
         .output(Out::Json("FileStat")),
         Route::new(
             Method::DELETE,
@@ -186,36 +187,59 @@ async fn write_file(
         }
     };
     let limit = state.config.max_upload_bytes;
-    if content_length(&headers).is_some_and(|len| len > limit) {
+    let framed = headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes() == FRAMES_CONTENT_TYPE.as_bytes());
+    // A raw body's length is the file's; a framed body's adds five bytes a frame, so there
+    // only the decoder can count.
+    if !framed && content_length(&headers).is_some_and(|len| len > limit) {
         return Err(too_large(limit));
     }
     let over = Arc::new(Over::default());
-    let data = upload_stream(body, limit, over.clone());
-    // Past the limit the answer is 413 at once, whatever the backend does with the error
-    // item it is handed (the write is abandoned). The same when the client breaks off.
-    let result = tokio::select! {
-        result = state.backend.write_file(&id, &q.path, data, options) => Some(result),
-        () = over.notify.notified() => None,
+    let data = if framed {
+        framed_upload(body, limit, over.clone())
+    } else {
+        upload_stream(body, limit, over.clone())
+    };
+    // The write runs in a task of its own: when the client goes away, hyper drops this
+    // handler, and the backend must still finish discarding what it received.
+    let backend = state.backend.clone();
+    let mut task =
+        tokio::spawn(async move { backend.write_file(&id, &q.path, data, options).await });
+    // An abandoned upload (over the limit, broken off, or abandoned by the client) hands the
+    // backend an error item; the backend answers once it has cleaned up, and so do we, so
+    // the client sees the error only after the cleanup. A backend that never answers is
+    // waited for a bounded time only.
+    let joined = tokio::select! {
+        joined = &mut task => Some(joined),
+        () = async {
+            over.notify.notified().await;
+            tokio::time::sleep(UPLOAD_CLEANUP_WAIT).await;
+        } => None,
     };
     if over.flag.load(Ordering::SeqCst) {
         return Err(too_large(limit));
     }
-    match result {
-        Some(result) => Ok(json(&result?)),
-        None => Err(Error::invalid("the upload broke off").into()),
+    match joined {
+        Some(Ok(result)) => Ok(json(&result?)),
+        Some(Err(e)) => Err(Error::backend(format!("the write task failed: {e}")).into()),
+        None => Err(Error::Timeout {
+            what: "discarding an abandoned upload".into(),
+        }
+        .into()),
     }
 }
 
-/// An upload to abandon: `notify` fires when it passes its limit (`flag` set) or the
-/// client's body breaks off.
+/// An upload's abandonment: `notify` fires when its stream yields an error item (the client
+/// broke off or abandoned it, or it passed its limit, which also sets `flag`).
 #[derive(Default)]
 struct Over {
     flag: AtomicBool,
     notify: tokio::sync::Notify,
 }
 
-/// The request body as a [`ByteStream`]: an error item (never a silent end) when the client
-/// breaks off or sends more than `limit` bytes, so the backend keeps no partial file.
+/// The raw request body as a [`ByteStream`]: an error item (never a silent end) when the
+/// client breaks off or sends more than `limit` bytes, so the backend keeps no partial file.
 fn upload_stream(body: Body, limit: u64, over: Arc<Over>) -> ByteStream {
     let data = body.into_data_stream();
     Box::pin(futures::stream::unfold(Some((data, 0u64)), move |st| {
@@ -236,11 +260,94 @@ fn upload_stream(body: Body, limit: u64, over: Arc<Over>) -> ByteStream {
                 }
                 Some(Err(e)) => {
                     over.notify.notify_one();
-                    let e = Error::Backend {
-                        message: format!("the upload broke off: {e}"),
-                        retryable: true,
-                    };
-                    Some((Err(e), None))
+                    Some((Err(broke_off(e)), None))
+                }
+            }
+        }
+    }))
+}
+
+fn broke_off(e: impl std::fmt::Display) -> Error {
+    Error::Backend {
+        message: format!("the upload broke off: {e}"),
+        retryable: true,
+    }
+}
+
+/// A framed request body (see [`crate::backend::http`]) as a [`ByteStream`]: the `d`
+/// payloads, ending at `x`. An `!` frame (the client abandons the write, saying why), a body
+/// that ends or breaks off before `x`, a malformed frame or more than `limit` bytes yield an
+/// error item instead, so the backend keeps no partial file.
+fn framed_upload(body: Body, limit: u64, over: Arc<Over>) -> ByteStream {
+    struct St {
+        data: axum::body::BodyDataStream,
+        decoder: frame::Decoder,
+        total: u64,
+    }
+    let st = St {
+        data: body.into_data_stream(),
+        decoder: frame::Decoder::with_max_payload(frame::UPLOAD_MAX_PAYLOAD),
+        total: 0,
+    };
+    Box::pin(futures::stream::unfold(Some(st), move |st| {
+        let over = over.clone();
+        async move {
+            let mut st = st?;
+            let fail = |e: Error| {
+                over.notify.notify_one();
+                Some((Err(e), None))
+            };
+            loop {
+                let next = match st.decoder.next_frame() {
+                    Ok(next) => next,
+                    Err(e) => return fail(Error::invalid(format!("upload: {e}"))),
+                };
+                match next {
+                    Some((frame::DATA, payload)) => {
+                        st.total += payload.len() as u64;
+                        if st.total > limit {
+                            over.flag.store(true, Ordering::SeqCst);
+                            return fail(Error::invalid(format!("upload exceeds {limit} bytes")));
+                        }
+                        if !payload.is_empty() {
+                            return Some((Ok(payload), Some(st)));
+                        }
+                    }
+                    Some((frame::END, _)) => {
+                        // The end frame closes the body: anything after it is refused.
+                        if st.decoder.pending() > 0 {
+                            return fail(Error::invalid("upload: bytes after the end frame"));
+                        }
+                        loop {
+                            match st.data.next().await {
+                                None => return None,
+                                Some(Ok(chunk)) if chunk.is_empty() => {}
+                                Some(Ok(_)) => {
+                                    return fail(Error::invalid(
+                                        "upload: bytes after the end frame",
+                                    ))
+                                }
+                                Some(Err(e)) => return fail(broke_off(e)),
+                            }
+                        }
+                    }
+                    Some((frame::ERROR, payload)) => {
+                        let error = serde_json::from_slice::<ErrorBody>(&payload)
+                            .map(|body| Error::from_body(&body))
+                            .unwrap_or_else(|_| Error::invalid("the client abandoned the upload"));
+                        return fail(error);
+                    }
+                    Some((kind, _)) => {
+                        return fail(Error::invalid(format!(
+                            "upload: unexpected frame kind {:?}",
+                            kind as char
+                        )))
+                    }
+                    None => match st.data.next().await {
+                        Some(Ok(chunk)) => st.decoder.push(&chunk),
+                        Some(Err(e)) => return fail(broke_off(e)),
+                        None => return fail(broke_off("the body ended before its end frame")),
+                    },
                 }
             }
         }

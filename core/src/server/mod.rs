@@ -136,6 +136,8 @@ enum In {
     Json(&'static str),
     /// Raw bytes.
     Raw,
+    /// A file upload: a frame stream, or raw bytes.
+    Upload,
 }
 
 /// The kind of a success answer, for the OpenAPI document.

@@ -62,6 +62,12 @@ fn build() -> Value {
             In::Raw => {
                 op["requestBody"] = json!({"required": true, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}});
             }
+            In::Upload => {
+                op["requestBody"] = json!({"required": true, "content": {
+                    FRAMES_CONTENT_TYPE: {"schema": {"type": "string", "format": "binary", "description": "`d` frames, then `x` to commit or `!` (an Error) to abandon; the answer comes once an abandoned write is discarded"}},
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary", "description": "the file's bytes; a body that breaks off is abandoned"}},
+                }});
+            }
         }
         op["responses"]["200"] = match route.output {
             Out::Json(t) => {
