@@ -23,17 +23,7 @@ use sandcove::{
     Resources, Signal, VolumeMount, WatchOptions, WriteOptions,
 };
 
-use common::{Canaries, Env, Gen, HostSleeper};
-
-/// Run a bash script inside sandbox `id`.
-async fn bash(backend: &dyn Backend, id: &str, script: &str) -> Output {
-    run(
-        backend,
-        id,
-        ProcessSpec::new(Command::argv(["bash", "-c", script])),
-    )
-    .await
-}
+use common::{bash, Canaries, Env, Gen, HostSleeper};
 
 /// Run a bash script that searches for `marker`, passed as `$M` so the script's own command
 /// line does not contain it.

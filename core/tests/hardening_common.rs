@@ -12,11 +12,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sandcove::conformance::unique;
 pub use sandcove::conformance::{
     equals, eventually, holds, host_process_count, host_processes_named, PATIENCE,
 };
-use sandcove::{Backend, CreateOptions, LocalBackend};
+use sandcove::conformance::{run, unique};
+use sandcove::{Backend, Command, CreateOptions, LocalBackend, Output, ProcessSpec};
 
 /// Label every hardening sandbox carries (with the test's own marker as its value).
 pub const LABEL: &str = "hardening";
@@ -503,4 +503,14 @@ impl Gen {
             joined
         }
     }
+}
+
+/// Run a bash script inside sandbox `id` and collect its output.
+pub async fn bash(backend: &dyn Backend, id: &str, script: &str) -> Output {
+    run(
+        backend,
+        id,
+        ProcessSpec::new(Command::argv(["bash", "-c", script])),
+    )
+    .await
 }

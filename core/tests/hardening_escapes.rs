@@ -13,18 +13,9 @@ mod common;
 use std::path::PathBuf;
 
 use sandcove::conformance::{run, unique};
-use sandcove::{Backend, Command, CreateOptions, ErrorCode, Output, ProcessSpec, VolumeMount};
+use sandcove::{Command, CreateOptions, ErrorCode, ProcessSpec, VolumeMount};
 
-use common::{Canaries, Env};
-
-async fn bash(backend: &dyn Backend, id: &str, script: &str) -> Output {
-    run(
-        backend,
-        id,
-        ProcessSpec::new(Command::argv(["bash", "-c", script])),
-    )
-    .await
-}
+use common::{bash, Canaries, Env};
 
 fn mount(volume: &str, path: &str, subpath: Option<&str>) -> VolumeMount {
     VolumeMount {

@@ -18,25 +18,16 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use sandcove::conformance::{run, unique};
+use sandcove::conformance::unique;
 use sandcove::{
-    Backend, ByteStream, Client, Command, ErrorCode, ListOptions, LocalBackend, Output,
-    ProcessEvent, ProcessSpec, Resources, SandboxState, Signal, WriteOptions,
+    Backend, ByteStream, Client, Command, ErrorCode, ListOptions, LocalBackend, ProcessEvent,
+    ProcessSpec, Resources, SandboxState, Signal, WriteOptions,
 };
 
-use common::{equals, eventually, holds, host_process_count, Env, PATIENCE};
+use common::{bash, equals, eventually, holds, host_process_count, Env, PATIENCE};
 
 /// Env var through which a test tells its child program what to do.
 const CHILD_ENV: &str = "SANDCOVE_HARDENING_CHILD";
-
-async fn bash(backend: &dyn Backend, id: &str, script: &str) -> Output {
-    run(
-        backend,
-        id,
-        ProcessSpec::new(Command::argv(["bash", "-c", script])),
-    )
-    .await
-}
 
 /// Start two sleepers in a sandbox, named exactly `<marker>` and (daemonized in a session of
 /// its own) `<marker>-daemon`, and wait until the host sees both.

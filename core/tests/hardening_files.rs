@@ -21,20 +21,11 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use sandcove::conformance::{run, unique};
 use sandcove::{
-    Backend, ByteStream, Command, ErrorCode, FileKind, ListDirOptions, MkdirOptions, Output,
-    ProcessSpec, RemoveOptions, WatchOptions, WriteOptions,
+    Backend, ByteStream, Command, ErrorCode, FileKind, ListDirOptions, MkdirOptions, ProcessSpec,
+    RemoveOptions, WatchOptions, WriteOptions,
 };
 
-use common::{Canaries, Env};
-
-async fn bash(backend: &dyn Backend, id: &str, script: &str) -> Output {
-    run(
-        backend,
-        id,
-        ProcessSpec::new(Command::argv(["bash", "-c", script])),
-    )
-    .await
-}
+use common::{bash, Canaries, Env};
 
 fn bytes(data: &[u8]) -> ByteStream {
     let data = data.to_vec();
