@@ -245,11 +245,11 @@ async fn gaps_in_files_are_refused_before_any_effect() {
     sbx.kill().await.expect("kill");
 }
 
+/// The events an [`event_log`] callback was given.
+type Events = Arc<Mutex<Vec<FilesystemEvent>>>;
+
 /// An `on_event` callback that keeps the events it is given.
-fn event_log() -> (
-    Arc<Mutex<Vec<FilesystemEvent>>>,
-    impl FnMut(FilesystemEvent) + Send + 'static,
-) {
+fn event_log() -> (Events, impl FnMut(FilesystemEvent) + Send + 'static) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let sink = seen.clone();
     (seen, move |e: FilesystemEvent| sink.lock().unwrap().push(e))

@@ -7,8 +7,11 @@ use std::sync::{Arc, Mutex};
 use common::{assert_not_supported, caps, sandbox, skip};
 use e2b::PtySize;
 
+/// What a [`collector`] callback was given.
+type Seen = Arc<Mutex<Vec<u8>>>;
+
 /// An `on_data` callback that keeps what it is given.
-fn collector() -> (Arc<Mutex<Vec<u8>>>, impl FnMut(Vec<u8>) + Send + 'static) {
+fn collector() -> (Seen, impl FnMut(Vec<u8>) + Send + 'static) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let sink = seen.clone();
     (seen, move |data: Vec<u8>| sink.lock().unwrap().extend(data))
