@@ -273,8 +273,8 @@ impl std::fmt::Debug for RunCodeBuilder {
 
 impl RunCodeBuilder {
     /// `language=`: `python` (the default context); other languages are not supported.
-    pub fn language(mut self, language: impl Into<Option<String>>) -> Self {
-        self.language = language.into();
+    pub fn language(mut self, language: impl crate::OptionalString) -> Self {
+        self.language = language.into_optional();
         self
     }
     /// `context=`: run in this context's state.
@@ -316,13 +316,13 @@ impl RunCodeBuilder {
         self
     }
     /// `timeout=` in seconds (default 60; 0 waits forever).
-    pub fn timeout(mut self, seconds: impl Into<Option<f64>>) -> Self {
-        self.timeout = seconds.into();
+    pub fn timeout(mut self, seconds: impl crate::Seconds) -> Self {
+        self.timeout = seconds.into_seconds();
         self
     }
     /// `request_timeout=` in seconds (accepted; requests here are local).
-    pub fn request_timeout(mut self, seconds: impl Into<Option<f64>>) -> Self {
-        self.request_timeout = seconds.into();
+    pub fn request_timeout(mut self, seconds: impl crate::Seconds) -> Self {
+        self.request_timeout = seconds.into_seconds();
         self
     }
 
@@ -475,18 +475,18 @@ pub struct CreateContextBuilder {
 
 impl CreateContextBuilder {
     /// `cwd=`: the context's working directory.
-    pub fn cwd(mut self, cwd: impl Into<Option<String>>) -> Self {
-        self.cwd = cwd.into();
+    pub fn cwd(mut self, cwd: impl crate::OptionalString) -> Self {
+        self.cwd = cwd.into_optional();
         self
     }
     /// `language=`: `python`.
-    pub fn language(mut self, language: impl Into<Option<String>>) -> Self {
-        self.language = language.into();
+    pub fn language(mut self, language: impl crate::OptionalString) -> Self {
+        self.language = language.into_optional();
         self
     }
     /// `request_timeout=` (accepted; requests here are local).
-    pub fn request_timeout(mut self, seconds: impl Into<Option<f64>>) -> Self {
-        self.request_timeout = seconds.into();
+    pub fn request_timeout(mut self, seconds: impl crate::Seconds) -> Self {
+        self.request_timeout = seconds.into_seconds();
         self
     }
     async fn run(self) -> BlResult<Context> {

@@ -187,8 +187,8 @@ pub struct WriteTreeBuilder {
 }
 impl WriteTreeBuilder {
     /// `destination_path=`: where the paths are joined (default `/`).
-    pub fn destination_path(mut self, p: impl Into<Option<String>>) -> Self {
-        self.destination_path = p.into();
+    pub fn destination_path(mut self, p: impl crate::OptionalString) -> Self {
+        self.destination_path = p.into_optional();
         self
     }
     async fn run(self) -> Result<Directory> {
@@ -266,8 +266,8 @@ pub struct FindBuilder {
 }
 impl FindBuilder {
     /// `type=`: `file` (default) or `directory`.
-    pub fn r#type(mut self, t: impl Into<Option<String>>) -> Self {
-        self.r#type = t.into();
+    pub fn r#type(mut self, t: impl crate::OptionalString) -> Self {
+        self.r#type = t.into_optional();
         self
     }
     /// `patterns=`: globs matched against base names.
@@ -379,8 +379,8 @@ impl GrepBuilder {
         self
     }
     /// `file_pattern=`: glob matched against base names.
-    pub fn file_pattern(mut self, p: impl Into<Option<String>>) -> Self {
-        self.file_pattern = p.into();
+    pub fn file_pattern(mut self, p: impl crate::OptionalString) -> Self {
+        self.file_pattern = p.into_optional();
         self
     }
     /// `exclude_dirs=`.
@@ -534,6 +534,13 @@ impl std::fmt::Debug for WatchBuilder {
 }
 
 impl WatchBuilder {
+    /// `options=`: [`WatchOptions`], a `json!` dict (`with_content`, `ignore`), or `None`. A key
+    /// the facade does not know is an error when the builder is awaited.
+    pub fn options(mut self, options: impl IntoWatchOptions) -> Self {
+        self.options = options.into_watch_options();
+        self
+    }
+
     /// `options["on_error"]`: receives errors of the running watch.
     pub fn on_error(mut self, f: impl FnMut(SandboxAPIError) + Send + 'static) -> Self {
         self.on_error = Some(Box::new(f));
@@ -890,18 +897,18 @@ impl SandboxFileSystem {
     }
 
     /// `fs.watch(path, callback, options=None)`: events for the directory (recursive when the
-    /// path ends with `/**`); `options` is [`WatchOptions`], a dict, or `None`.
+    /// path ends with `/**`). `options` has a default, so it is the `.options(...)` setter
+    /// ([`WatchOptions`], a dict, or `None`).
     pub fn watch(
         &self,
         path: &str,
         callback: impl FnMut(WatchEvent) + Send + 'static,
-        options: impl IntoWatchOptions,
     ) -> WatchBuilder {
         WatchBuilder {
             ctx: self.ctx.clone(),
             path: path.to_string(),
             callback: Box::new(callback),
-            options: options.into_watch_options(),
+            options: Ok(WatchOptions::default()),
             on_error: None,
         }
     }

@@ -63,6 +63,60 @@ pub use previews::{SandboxPreview, SandboxPreviewToken, SandboxPreviews};
 pub use process::{AsyncStreamHandle, ProcessResponseWithLog, SandboxProcess};
 pub use sandbox::{AsyncPaginatedList, SandboxHandle, SandboxInstance};
 
+/// A string argument Python also accepts as `None`: `&str`, `String`, `&String`, or
+/// `Option<String>`, so `.cwd("/app")`, `.cwd(dir)` and `.cwd(None)` all read like the Python
+/// call. (There is deliberately no `Option<&str>` form: it would make a bare `None` ambiguous.)
+pub trait OptionalString {
+    /// The value as `Option<String>`.
+    fn into_optional(self) -> Option<String>;
+}
+
+impl OptionalString for &str {
+    fn into_optional(self) -> Option<String> {
+        Some(self.to_string())
+    }
+}
+impl OptionalString for String {
+    fn into_optional(self) -> Option<String> {
+        Some(self)
+    }
+}
+impl OptionalString for &String {
+    fn into_optional(self) -> Option<String> {
+        Some(self.clone())
+    }
+}
+impl OptionalString for Option<String> {
+    fn into_optional(self) -> Option<String> {
+        self
+    }
+}
+
+/// A number of seconds as Python takes it (`int` or `float`), or `None`:
+/// `.timeout(30)`, `.timeout(2.5)` and `.timeout(None)` all read like the Python call.
+pub trait Seconds {
+    /// The value in seconds; `None` when absent.
+    fn into_seconds(self) -> Option<f64>;
+}
+
+macro_rules! seconds_from {
+    ($($t:ty),*) => {$(
+        impl Seconds for $t {
+            fn into_seconds(self) -> Option<f64> {
+                Some(self as f64)
+            }
+        }
+    )*};
+}
+seconds_from!(i32, i64, u32, u64, f32, f64);
+
+// Only `Option<f64>`: a second `Option` form would make a bare `None` ambiguous.
+impl Seconds for Option<f64> {
+    fn into_seconds(self) -> Option<f64> {
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

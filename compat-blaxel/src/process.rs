@@ -408,10 +408,11 @@ impl AsyncStreamHandle {
 
     /// `await wait(timeout=None)`: until the stream ends (the process exited), or `timeout`
     /// seconds pass.
-    pub async fn wait(&self, timeout: impl Into<Option<f64>>) -> Result<()> {
+    pub async fn wait(&self, timeout: impl crate::Seconds) -> Result<()> {
+        let timeout = timeout.into_seconds();
         let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
         let Some(mut task) = task else { return Ok(()) };
-        let done = match timeout.into() {
+        let done = match timeout {
             None => {
                 let _ = (&mut task).await;
                 true

@@ -235,8 +235,8 @@ impl ListBuilder {
     }
 
     /// `cursor=`: the `next_cursor` of a previous page.
-    pub fn cursor(mut self, cursor: impl Into<Option<String>>) -> Self {
-        self.cursor = cursor.into();
+    pub fn cursor(mut self, cursor: impl crate::OptionalString) -> Self {
+        self.cursor = cursor.into_optional();
         self
     }
 
@@ -290,8 +290,8 @@ pub struct SnapshotBuilder {
 
 impl SnapshotBuilder {
     /// `name=`.
-    pub fn name(mut self, name: impl Into<Option<String>>) -> Self {
-        self.name = name.into();
+    pub fn name(mut self, name: impl crate::OptionalString) -> Self {
+        self.name = name.into_optional();
         self
     }
 
@@ -339,18 +339,18 @@ impl ForkBuilder {
         self
     }
     /// `custom_domain=` (not supported).
-    pub fn custom_domain(mut self, d: impl Into<Option<String>>) -> Self {
-        self.custom_domain = d.into();
+    pub fn custom_domain(mut self, d: impl crate::OptionalString) -> Self {
+        self.custom_domain = d.into_optional();
         self
     }
     /// `prefix=` (not supported).
-    pub fn prefix(mut self, p: impl Into<Option<String>>) -> Self {
-        self.prefix = p.into();
+    pub fn prefix(mut self, p: impl crate::OptionalString) -> Self {
+        self.prefix = p.into_optional();
         self
     }
     /// `snapshot_id=`: fork from this snapshot instead of the live state.
-    pub fn snapshot_id(mut self, id: impl Into<Option<String>>) -> Self {
-        self.snapshot_id = id.into();
+    pub fn snapshot_id(mut self, id: impl crate::OptionalString) -> Self {
+        self.snapshot_id = id.into_optional();
         self
     }
 
@@ -524,8 +524,8 @@ impl SandboxInstance {
 
     /// `SandboxInstance.update_ttl(sandbox_name, ttl)`: a new maximum age counted from
     /// creation; `None` or `""` clears it. The lease moves accordingly.
-    pub async fn update_ttl(sandbox_name: &str, ttl: impl Into<Option<String>>) -> Result<Self> {
-        let ttl = ttl.into().filter(|t| !t.is_empty());
+    pub async fn update_ttl(sandbox_name: &str, ttl: impl crate::OptionalString) -> Result<Self> {
+        let ttl = ttl.into_optional().filter(|t| !t.is_empty());
         if let Some(t) = &ttl {
             translate::parse_duration(t).ok_or_else(|| bad_duration(t))?;
         }

@@ -249,11 +249,8 @@ async fn watch_follows_the_capability() {
     let e2 = events.clone();
     let result = sb
         .fs
-        .watch(
-            "/blaxel/app",
-            move |e| e2.lock().unwrap().push(e),
-            json!({"with_content": true, "ignore": ["node_modules"]}),
-        )
+        .watch("/blaxel/app", move |e| e2.lock().unwrap().push(e))
+        .options(json!({"with_content": true, "ignore": ["node_modules"]}))
         .await;
     if common::capabilities().watch {
         let handle = result.expect("watch");
@@ -290,11 +287,7 @@ async fn watch_follows_the_capability() {
     }
     // Watching a file is refused either way.
     sb.fs.write("/blaxel/f.txt", "x").await.unwrap();
-    let err = sb
-        .fs
-        .watch("/blaxel/f.txt", |_| {}, None)
-        .await
-        .unwrap_err();
+    let err = sb.fs.watch("/blaxel/f.txt", |_| {}).await.unwrap_err();
     assert_eq!(err.status_code(), Some(400));
     sb.delete().await.unwrap();
 }

@@ -438,13 +438,13 @@ impl Daytona {
         sandbox.delete()
     }
 
-    /// `start(sandbox, timeout=60)`: delegates to `sandbox.start`.
-    pub fn start(&self, sandbox: &Sandbox) -> crate::sandbox::StartBuilder {
+    /// `start(sandbox, timeout=60)`: delegates to `sandbox.start` (which updates `sandbox`).
+    pub fn start<'a>(&self, sandbox: &'a mut Sandbox) -> crate::sandbox::StartBuilder<'a> {
         sandbox.start()
     }
 
-    /// `stop(sandbox, timeout=60)`: delegates to `sandbox.stop`.
-    pub fn stop(&self, sandbox: &Sandbox) -> crate::sandbox::StopBuilder {
+    /// `stop(sandbox, timeout=60)`: delegates to `sandbox.stop` (which updates `sandbox`).
+    pub fn stop<'a>(&self, sandbox: &'a mut Sandbox) -> crate::sandbox::StopBuilder<'a> {
         sandbox.stop()
     }
 
@@ -559,7 +559,7 @@ impl std::fmt::Debug for SandboxIterator {
 
 impl SandboxIterator {
     /// `request_timeout`: accepted (calls are local or bounded by the runtime).
-    pub fn request_timeout(self, _seconds: f64) -> Self {
+    pub fn request_timeout(self, _seconds: impl crate::Seconds) -> Self {
         self
     }
 
@@ -774,8 +774,8 @@ pub struct GetBuilder {
 
 impl GetBuilder {
     /// `request_timeout=None`: seconds the call may take (`None` = no bound).
-    pub fn request_timeout(mut self, seconds: impl Into<Option<f64>>) -> Self {
-        self.request_timeout = seconds.into();
+    pub fn request_timeout(mut self, seconds: impl crate::Seconds) -> Self {
+        self.request_timeout = seconds.into_seconds();
         self
     }
 

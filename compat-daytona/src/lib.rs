@@ -67,8 +67,9 @@ pub use sandbox::{
 pub use snapshot::{CreateSnapshotParams, Image, PaginatedSnapshots, Snapshot, SnapshotService};
 pub use volume::{Volume, VolumeService};
 
-/// A string argument Python also accepts as `None`: `&str`, `String`, or an `Option` of
-/// either, so `.cwd("src")` and `.cwd(None::<String>)` both read like the Python call.
+/// A string argument Python also accepts as `None`: `&str`, `String`, `&String`, or
+/// `Option<String>`, so `.cwd("src")` and `.cwd(None)` both read like the Python call. (There
+/// is deliberately no `Option<&str>` form: it would make a bare `None` ambiguous.)
 pub trait OptionalString {
     /// The value as `Option<String>`.
     fn into_optional(self) -> Option<String>;
@@ -94,9 +95,29 @@ impl OptionalString for Option<String> {
         self
     }
 }
-impl OptionalString for Option<&str> {
-    fn into_optional(self) -> Option<String> {
-        self.map(str::to_owned)
+
+/// A number of seconds as Python takes it (`int` or `float`), or `None`:
+/// `.timeout(30)`, `.timeout(2.5)` and `.timeout(None)` all read like the Python call.
+pub trait Seconds {
+    /// The value in seconds; `None` when absent.
+    fn into_seconds(self) -> Option<f64>;
+}
+
+macro_rules! seconds_from {
+    ($($t:ty),*) => {$(
+        impl Seconds for $t {
+            fn into_seconds(self) -> Option<f64> {
+                Some(self as f64)
+            }
+        }
+    )*};
+}
+seconds_from!(i32, i64, u32, u64, f32, f64);
+
+// Only `Option<f64>`: a second `Option` form would make a bare `None` ambiguous.
+impl Seconds for Option<f64> {
+    fn into_seconds(self) -> Option<f64> {
+        self
     }
 }
 

@@ -405,19 +405,19 @@ impl Sandbox {
     }
 
     /// `start(timeout=60)`: start a stopped (or archived, or paused) sandbox and wait until
-    /// it is `started`.
-    pub fn start(&self) -> StartBuilder {
+    /// it is `started`; this object's fields are then refreshed (`state` reads `started`).
+    pub fn start(&mut self) -> StartBuilder<'_> {
         StartBuilder {
-            sandbox: self.clone(),
+            sandbox: self,
             timeout: 60.0,
         }
     }
 
     /// `stop(timeout=60, force=False)`: every process ends (the filesystem stays), as a
-    /// Daytona stop.
-    pub fn stop(&self) -> StopBuilder {
+    /// Daytona stop; this object's fields are then refreshed (`state` reads `stopped`).
+    pub fn stop(&mut self) -> StopBuilder<'_> {
         StopBuilder {
-            sandbox: self.clone(),
+            sandbox: self,
             timeout: 60.0,
         }
     }
@@ -430,19 +430,19 @@ impl Sandbox {
         }
     }
 
-    /// `wait_for_sandbox_start(timeout=60)`.
-    pub fn wait_for_sandbox_start(&self) -> WaitBuilder {
+    /// `wait_for_sandbox_start(timeout=60)`: polls, refreshing this object's fields.
+    pub fn wait_for_sandbox_start(&mut self) -> WaitBuilder<'_> {
         WaitBuilder {
-            sandbox: self.clone(),
+            sandbox: self,
             timeout: 60.0,
             start: true,
         }
     }
 
-    /// `wait_for_sandbox_stop(timeout=60)`.
-    pub fn wait_for_sandbox_stop(&self) -> WaitBuilder {
+    /// `wait_for_sandbox_stop(timeout=60)`: polls, refreshing this object's fields.
+    pub fn wait_for_sandbox_stop(&mut self) -> WaitBuilder<'_> {
         WaitBuilder {
-            sandbox: self.clone(),
+            sandbox: self,
             timeout: 60.0,
             start: false,
         }
@@ -757,35 +757,53 @@ macro_rules! timeout_setter {
     };
 }
 
+/// Make a builder that borrows its sandbox mutably awaitable (the call updates its fields,
+/// as the Python object's are updated in place).
+macro_rules! awaitable_mut {
+    ($builder:ident => $out:ty) => {
+        impl<'a> std::future::IntoFuture for $builder<'a> {
+            type Output = Result<$out>;
+            type IntoFuture =
+                std::pin::Pin<Box<dyn std::future::Future<Output = Self::Output> + Send + 'a>>;
+            fn into_future(self) -> Self::IntoFuture {
+                Box::pin(self.run())
+            }
+        }
+    };
+}
+
 /// Builder of [`Sandbox::start`]; await it.
 #[derive(Debug)]
 #[must_use = "await the builder to run the call"]
-pub struct StartBuilder {
-    sandbox: Sandbox,
+pub struct StartBuilder<'a> {
+    sandbox: &'a mut Sandbox,
     timeout: f64,
 }
 
-impl StartBuilder {
+impl StartBuilder<'_> {
     timeout_setter!();
 
     async fn run(self) -> Result<()> {
         let sb = self.sandbox;
-        with_timeout("start", self.timeout, sb.do_start())
-            .await
-            .ctx("Failed to start sandbox: ")
+        with_timeout("start", self.timeout, async {
+            sb.do_start().await?;
+            sb.refresh_data().await
+        })
+        .await
+        .ctx("Failed to start sandbox: ")
     }
 }
-awaitable!(StartBuilder => ());
+awaitable_mut!(StartBuilder => ());
 
 /// Builder of [`Sandbox::stop`]; await it.
 #[derive(Debug)]
 #[must_use = "await the builder to run the call"]
-pub struct StopBuilder {
-    sandbox: Sandbox,
+pub struct StopBuilder<'a> {
+    sandbox: &'a mut Sandbox,
     timeout: f64,
 }
 
-impl StopBuilder {
+impl StopBuilder<'_> {
     timeout_setter!();
 
     /// `force=False`: processes are always killed at once here.
@@ -795,12 +813,15 @@ impl StopBuilder {
 
     async fn run(self) -> Result<()> {
         let sb = self.sandbox;
-        with_timeout("stop", self.timeout, sb.do_stop())
-            .await
-            .ctx("Failed to stop sandbox: ")
+        with_timeout("stop", self.timeout, async {
+            sb.do_stop().await?;
+            sb.refresh_data().await
+        })
+        .await
+        .ctx("Failed to stop sandbox: ")
     }
 }
-awaitable!(StopBuilder => ());
+awaitable_mut!(StopBuilder => ());
 
 /// Builder of [`Sandbox::delete`]; await it.
 #[derive(Debug)]
@@ -835,13 +856,13 @@ awaitable!(DeleteBuilder => ());
 /// Builder of [`Sandbox::wait_for_sandbox_start`] / [`Sandbox::wait_for_sandbox_stop`].
 #[derive(Debug)]
 #[must_use = "await the builder to run the call"]
-pub struct WaitBuilder {
-    sandbox: Sandbox,
+pub struct WaitBuilder<'a> {
+    sandbox: &'a mut Sandbox,
     timeout: f64,
     start: bool,
 }
 
-impl WaitBuilder {
+impl WaitBuilder<'_> {
     timeout_setter!();
 
     async fn run(self) -> Result<()> {
@@ -851,7 +872,7 @@ impl WaitBuilder {
             "wait_for_sandbox_stop"
         };
         let start = self.start;
-        let mut sb = self.sandbox;
+        let sb = self.sandbox;
         with_timeout(name, self.timeout, async move {
             loop {
                 match sb.refresh_data().await {
@@ -877,7 +898,7 @@ impl WaitBuilder {
         .await
     }
 }
-awaitable!(WaitBuilder => ());
+awaitable_mut!(WaitBuilder => ());
 
 /// Builder of [`Sandbox::create_signed_preview_url`]; await it.
 #[derive(Debug)]

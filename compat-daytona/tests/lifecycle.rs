@@ -239,8 +239,9 @@ async fn stop_start_archive_and_intervals() {
     let (d, mut sb) = common::sandbox().await;
     sb.fs.upload_file(b"kept", "state.txt").await.unwrap();
     sb.process.create_session("bg").await.unwrap();
-    d.stop(&sb).await.unwrap();
-    sb.refresh_data().await.unwrap();
+    assert_eq!(sb.state, Some(SandboxState::Started));
+    // As in Python, the call updates the object it was given: no `refresh_data()` needed.
+    d.stop(&mut sb).await.unwrap();
     assert_eq!(sb.state, Some(SandboxState::Stopped));
     sb.wait_for_sandbox_stop().await.unwrap();
     // That the session is gone at once after stop is checked by
@@ -257,9 +258,13 @@ async fn stop_start_archive_and_intervals() {
     sb.archive().await.unwrap();
     sb.refresh_data().await.unwrap();
     assert_eq!(sb.state, Some(SandboxState::Archived));
-    d.start(&sb).timeout(30).await.unwrap();
+    d.start(&mut sb).timeout(30).await.unwrap();
+    assert_eq!(sb.state, Some(SandboxState::Started));
     sb.wait_for_sandbox_start().timeout(10).await.unwrap();
-    sb.refresh_data().await.unwrap();
+    // The instance forms update the object as well.
+    sb.stop().await.unwrap();
+    assert_eq!(sb.state, Some(SandboxState::Stopped));
+    sb.start().await.unwrap();
     assert_eq!(sb.state, Some(SandboxState::Started));
     assert_eq!(sb.fs.download_file("state.txt").await.unwrap(), b"kept");
     assert!(
@@ -364,7 +369,7 @@ async fn a_stopped_sandbox_has_no_sessions() {
         assert_eq!(job.exit_code, Some(0), "the job has its own group: {job:?}");
         assert_eq!(sb.process.list_sessions().await.unwrap().len(), 2);
 
-        d.stop(&sb).await.unwrap();
+        d.stop(&mut sb).await.unwrap();
         for id in ["bg", "held"] {
             let found = sb.process.get_session(id).await;
             assert!(

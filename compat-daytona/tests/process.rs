@@ -38,7 +38,7 @@ async fn exec_cwd_env_and_timeout() {
     sb.process.exec("mkdir -p workspace/src").await.unwrap();
     let r = sb.process.exec("pwd").cwd("workspace/src").await.unwrap();
     assert_eq!(r.result, "/home/daytona/workspace/src\n");
-    let r = sb.process.exec("pwd").cwd(None::<String>).await.unwrap();
+    let r = sb.process.exec("pwd").cwd(None).await.unwrap();
     assert_eq!(r.result, "/home/daytona\n", "None is the work dir");
 
     let r = sb

@@ -272,7 +272,6 @@ async fn snapshots_fork_and_pause() {
         sb.refresh_data().await.unwrap();
         assert_eq!(sb.state, Some(daytona::SandboxState::Paused));
         sb.start().await.unwrap();
-        sb.refresh_data().await.unwrap();
         assert_eq!(sb.state, Some(daytona::SandboxState::Started));
         assert_eq!(sb.process.exec("echo up").await.unwrap().result, "up\n");
     } else {

@@ -22,14 +22,45 @@ macro_rules! seconds_from {
                 Some(self as f64)
             }
         }
-        impl IntoSeconds for Option<$t> {
-            fn into_seconds(self) -> Option<f64> {
-                self.map(|v| v as f64)
-            }
-        }
     )*};
 }
 seconds_from!(i32, i64, u32, u64, f32, f64);
+
+// Only `Option<f64>`: a second `Option` form would make Python's bare `None` ambiguous.
+impl IntoSeconds for Option<f64> {
+    fn into_seconds(self) -> Option<f64> {
+        self
+    }
+}
+
+/// A string keyword Python also accepts as `None`: `&str`, `String`, `&String`, or
+/// `Option<String>`, so `.cwd("/tmp")`, `.cwd(dir)` and `.cwd(None)` all read like the Python
+/// call. (There is deliberately no `Option<&str>` form: it would make a bare `None` ambiguous.)
+pub trait OptionalString {
+    /// The value as `Option<String>`.
+    fn into_optional(self) -> Option<String>;
+}
+
+impl OptionalString for &str {
+    fn into_optional(self) -> Option<String> {
+        Some(self.to_string())
+    }
+}
+impl OptionalString for String {
+    fn into_optional(self) -> Option<String> {
+        Some(self)
+    }
+}
+impl OptionalString for &String {
+    fn into_optional(self) -> Option<String> {
+        Some(self.clone())
+    }
+}
+impl OptionalString for Option<String> {
+    fn into_optional(self) -> Option<String> {
+        self
+    }
+}
 
 /// A call awaited directly (`IntoFuture`), with E2B's connection keywords as setters.
 ///

@@ -572,8 +572,8 @@ impl fmt::Debug for RunCodeBuilder {
 
 impl RunCodeBuilder {
     /// `language=`: `"python"` (the default).
-    pub fn language(mut self, language: impl Into<String>) -> Self {
-        self.language = Some(language.into());
+    pub fn language(mut self, language: impl crate::OptionalString) -> Self {
+        self.language = language.into_optional();
         self
     }
 
@@ -811,14 +811,14 @@ pub struct CreateContextBuilder {
 
 impl CreateContextBuilder {
     /// `cwd=`: the interpreter's working directory (default `/home/user`).
-    pub fn cwd(mut self, cwd: impl Into<String>) -> Self {
-        self.cwd = Some(cwd.into());
+    pub fn cwd(mut self, cwd: impl crate::OptionalString) -> Self {
+        self.cwd = cwd.into_optional();
         self
     }
 
     /// `language=`: `"python"` (the default).
-    pub fn language(mut self, language: impl Into<String>) -> Self {
-        self.language = Some(language.into());
+    pub fn language(mut self, language: impl crate::OptionalString) -> Self {
+        self.language = language.into_optional();
         self
     }
 

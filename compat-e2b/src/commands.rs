@@ -10,7 +10,7 @@ use std::task::{Context as TaskContext, Poll};
 use futures::{Stream, StreamExt};
 use sandcove::{Command, ProcessEvent, ProcessSelector, ProcessSpec, Signal};
 
-use crate::call::{BoxFuture, Call, IntoSeconds};
+use crate::call::{with_request_timeout, BoxFuture, Call, IntoSeconds};
 use crate::errors::{CommandExitException, Result, SandboxException};
 use crate::sandbox::Ctx;
 use crate::translate::{self, py_opt_str, py_str, Utf8Decoder};
@@ -98,14 +98,19 @@ impl Commands {
         }
     }
 
-    /// `commands.connect(pid, timeout=60, request_timeout=None) -> CommandHandle`. Sandcove
-    /// replays the output the process wrote before (E2B does not).
+    /// `commands.connect(pid, timeout=60, request_timeout=None, on_stdout=None,
+    /// on_stderr=None) -> CommandHandle`. Sandcove replays the output the process wrote
+    /// before (E2B does not).
     pub fn connect(&self, pid: i64) -> ConnectBuilder {
         ConnectBuilder {
             ctx: self.ctx.clone(),
             pid,
             timeout: Some(translate::DEFAULT_COMMAND_TIMEOUT),
             pty: false,
+            on_stdout: None,
+            on_stderr: None,
+            on_pty: None,
+            request_timeout: None,
         }
     }
 
@@ -234,14 +239,14 @@ impl RunBuilder {
     }
 
     /// `user=`: run as this user (default `user`).
-    pub fn user(mut self, user: impl Into<String>) -> Self {
-        self.user = Some(user.into());
+    pub fn user(mut self, user: impl crate::OptionalString) -> Self {
+        self.user = user.into_optional();
         self
     }
 
     /// `cwd=`: working directory (default `/home/user`; relative to the home; `~` expanded).
-    pub fn cwd(mut self, cwd: impl Into<String>) -> Self {
-        self.cwd = Some(cwd.into());
+    pub fn cwd(mut self, cwd: impl crate::OptionalString) -> Self {
+        self.cwd = cwd.into_optional();
         self
     }
 
@@ -340,13 +345,13 @@ impl BackgroundRunBuilder {
     }
 
     /// `user=`.
-    pub fn user(mut self, user: impl Into<String>) -> Self {
+    pub fn user(mut self, user: impl crate::OptionalString) -> Self {
         self.run = self.run.user(user);
         self
     }
 
     /// `cwd=`.
-    pub fn cwd(mut self, cwd: impl Into<String>) -> Self {
+    pub fn cwd(mut self, cwd: impl crate::OptionalString) -> Self {
         self.run = self.run.cwd(cwd);
         self
     }
@@ -397,24 +402,60 @@ impl IntoFuture for BackgroundRunBuilder {
     }
 }
 
-/// The builder of `commands.connect(pid, ...)` / `pty.connect(pid, ...)`.
-#[derive(Debug)]
+/// The builder of `commands.connect(pid, ...)` / `pty.connect(pid, on_data, ...)`.
 #[must_use = "a call does nothing until awaited"]
 pub struct ConnectBuilder {
     ctx: Ctx,
     pid: i64,
     timeout: Option<f64>,
     pty: bool,
+    on_stdout: Option<OutputHandler>,
+    on_stderr: Option<OutputHandler>,
+    on_pty: Option<PtyHandler>,
+    request_timeout: Option<f64>,
+}
+
+impl fmt::Debug for ConnectBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectBuilder")
+            .field("pid", &self.pid)
+            .field("timeout", &self.timeout)
+            .field("pty", &self.pty)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ConnectBuilder {
-    pub(crate) fn pty(ctx: Ctx, pid: i64) -> Self {
+    pub(crate) fn pty(ctx: Ctx, pid: i64, on_data: PtyHandler) -> Self {
         ConnectBuilder {
             ctx,
             pid,
             timeout: Some(translate::DEFAULT_COMMAND_TIMEOUT),
             pty: true,
+            on_stdout: None,
+            on_stderr: None,
+            on_pty: Some(on_data),
+            request_timeout: None,
         }
+    }
+
+    /// `on_stdout=` (async `commands.connect`): called with each decoded stdout chunk as the
+    /// handle is iterated or waited on.
+    pub fn on_stdout(mut self, f: impl FnMut(String) + Send + 'static) -> Self {
+        self.on_stdout = Some(Box::new(f));
+        self
+    }
+
+    /// `on_stderr=` (async `commands.connect`).
+    pub fn on_stderr(mut self, f: impl FnMut(String) + Send + 'static) -> Self {
+        self.on_stderr = Some(Box::new(f));
+        self
+    }
+
+    /// `request_timeout=`: bounds the attach call, seconds.
+    pub fn request_timeout(mut self, secs: impl IntoSeconds) -> Self {
+        self.request_timeout = secs.into_seconds();
+        self
     }
 
     /// `timeout=`: how long the handle streams (default 60 s; `0` = no limit); at expiry
@@ -429,7 +470,8 @@ impl IntoFuture for ConnectBuilder {
     type Output = Result<CommandHandle>;
     type IntoFuture = BoxFuture<'static, CommandHandle>;
     fn into_future(self) -> Self::IntoFuture {
-        Box::pin(async move {
+        let limit = self.request_timeout;
+        let attach = Box::pin(async move {
             let pid = pid_u32(self.pid)?;
             let stream = self
                 .ctx
@@ -438,8 +480,13 @@ impl IntoFuture for ConnectBuilder {
                 .await?;
             let deadline =
                 translate::timeout_secs(self.timeout).map(|d| tokio::time::Instant::now() + d);
-            Ok(CommandHandle::new(self.ctx, stream, self.pty, deadline))
-        })
+            let mut handle = CommandHandle::new(self.ctx, stream, self.pty, deadline);
+            handle.on_stdout = self.on_stdout;
+            handle.on_stderr = self.on_stderr;
+            handle.on_pty = self.on_pty;
+            Ok(handle)
+        });
+        with_request_timeout(attach, limit)
     }
 }
 
@@ -457,9 +504,9 @@ pub struct CommandHandle {
     stdout: String,
     stderr: String,
     finished: Option<Result<CommandResult>>,
-    on_stdout: Option<OutputHandler>,
-    on_stderr: Option<OutputHandler>,
-    on_pty: Option<PtyHandler>,
+    pub(crate) on_stdout: Option<OutputHandler>,
+    pub(crate) on_stderr: Option<OutputHandler>,
+    pub(crate) on_pty: Option<PtyHandler>,
 }
 
 impl fmt::Debug for CommandHandle {

@@ -331,8 +331,8 @@ impl Common {
 macro_rules! common_setters {
     () => {
         /// `user=`: the Linux user the operation runs as (default `user`).
-        pub fn user(mut self, user: impl Into<String>) -> Self {
-            self.common.user = Some(user.into());
+        pub fn user(mut self, user: impl crate::OptionalString) -> Self {
+            self.common.user = user.into_optional();
             self
         }
 
@@ -527,13 +527,22 @@ impl Filesystem {
         })
     }
 
-    /// `files.watch_dir(path, user=None, request_timeout=None, recursive=False,
-    /// include_entry=False, allow_network_mounts=False) -> WatchHandle` (the polling form:
-    /// `get_new_events()` and `stop()`). Needs the runtime's watch.
-    pub fn watch_dir(&self, path: impl Into<String>) -> WatchBuilder {
+    /// `files.watch_dir(path, on_event, on_exit=None, user=None, request_timeout=None,
+    /// timeout=60, recursive=False, include_entry=False, allow_network_mounts=False) ->
+    /// AsyncWatchHandle` (the async class's streaming form): `on_event` is called with each
+    /// event from a background task until the watch ends (`timeout`, an error, or `stop()`).
+    /// Needs the runtime's watch.
+    pub fn watch_dir(
+        &self,
+        path: impl Into<String>,
+        on_event: impl FnMut(FilesystemEvent) + Send + 'static,
+    ) -> WatchBuilder {
         WatchBuilder {
             ctx: self.ctx.clone(),
             path: path.into(),
+            on_event: Box::new(on_event),
+            on_exit: None,
+            timeout: Some(translate::DEFAULT_COMMAND_TIMEOUT),
             recursive: false,
             include_entry: false,
             common: Common::default(),
@@ -715,7 +724,7 @@ pub struct WriteFilesBuilder(WriteBuilder);
 
 impl WriteFilesBuilder {
     /// `user=`.
-    pub fn user(self, user: impl Into<String>) -> Self {
+    pub fn user(self, user: impl crate::OptionalString) -> Self {
         WriteFilesBuilder(self.0.user(user))
     }
 
@@ -886,18 +895,51 @@ impl fmt::Debug for FilesystemEvent {
     }
 }
 
-/// The builder of `files.watch_dir(...)`.
+/// An `on_event` callback of `files.watch_dir`.
+pub type WatchEventHandler = Box<dyn FnMut(FilesystemEvent) + Send + 'static>;
+
+/// An `on_exit` callback of `files.watch_dir`: called once, with the error that ended the
+/// watch or `None`.
+pub type WatchExitHandler = Box<dyn FnOnce(Option<SandboxException>) + Send + 'static>;
+
+/// The builder of `files.watch_dir(path, on_event, ...)`.
 #[must_use = "a call does nothing until awaited"]
-#[derive(Debug)]
 pub struct WatchBuilder {
     ctx: Ctx,
     path: String,
+    on_event: WatchEventHandler,
+    on_exit: Option<WatchExitHandler>,
+    timeout: Option<f64>,
     recursive: bool,
     include_entry: bool,
     common: Common,
 }
 
+impl fmt::Debug for WatchBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WatchBuilder")
+            .field("path", &self.path)
+            .field("timeout", &self.timeout)
+            .field("recursive", &self.recursive)
+            .field("include_entry", &self.include_entry)
+            .finish_non_exhaustive()
+    }
+}
+
 impl WatchBuilder {
+    /// `on_exit=`: called once when the watch ends, with the error that ended it (a
+    /// `Timeout` when `timeout` passed) or `None`. Not called after `stop()`.
+    pub fn on_exit(mut self, f: impl FnOnce(Option<SandboxException>) + Send + 'static) -> Self {
+        self.on_exit = Some(Box::new(f));
+        self
+    }
+
+    /// `timeout=`: how long the watch runs, seconds (default 60; `0` or `None` = no limit).
+    pub fn timeout(mut self, timeout: impl IntoSeconds) -> Self {
+        self.timeout = timeout.into_seconds();
+        self
+    }
+
     /// `recursive=`: include subdirectories.
     pub fn recursive(mut self, recursive: bool) -> Self {
         self.recursive = recursive;
@@ -918,23 +960,20 @@ impl WatchBuilder {
     common_setters!();
 }
 
-#[derive(Debug, Default)]
-struct WatchState {
-    events: Vec<FilesystemEvent>,
-    error: Option<String>,
-    stopped: bool,
+/// `AsyncWatchHandle`: the running watch of `files.watch_dir`; end it with `stop()`.
+/// Dropping the handle stops the watch as well.
+#[derive(Debug)]
+pub struct AsyncWatchHandle {
+    // Taken by `stop()`, which waits for the task so no callback outlives the call.
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
-/// `WatchHandle`: collects events in the background; poll them with `get_new_events()`.
-#[derive(Debug)]
-pub struct WatchHandle {
-    state: Arc<Mutex<WatchState>>,
-    task: tokio::task::JoinHandle<()>,
-}
+/// The name the sync class gives the handle; here it is the async [`AsyncWatchHandle`].
+pub type WatchHandle = AsyncWatchHandle;
 
 impl IntoFuture for WatchBuilder {
-    type Output = Result<WatchHandle>;
-    type IntoFuture = BoxFuture<'static, WatchHandle>;
+    type Output = Result<AsyncWatchHandle>;
+    type IntoFuture = BoxFuture<'static, AsyncWatchHandle>;
     fn into_future(self) -> Self::IntoFuture {
         let limit = self.common.request_timeout;
         with_request_timeout(
@@ -951,19 +990,27 @@ impl IntoFuture for WatchBuilder {
                         },
                     )
                     .await?;
-                let state = Arc::new(Mutex::new(WatchState::default()));
-                let shared = state.clone();
                 let include = self.include_entry;
+                let mut on_event = self.on_event;
+                let on_exit = self.on_exit;
+                let deadline =
+                    translate::timeout_secs(self.timeout).map(|d| Box::pin(tokio::time::sleep(d)));
                 let task = tokio::spawn(async move {
-                    while let Some(item) = stream.next().await {
+                    let mut deadline = deadline;
+                    let ended: Option<SandboxException> = loop {
+                        let item = match deadline.as_mut() {
+                            Some(sleep) => tokio::select! {
+                                item = stream.next() => item,
+                                _ = sleep.as_mut() => break Some(SandboxException::timeout(
+                                    "context deadline exceeded: the watch's timeout passed",
+                                )),
+                            },
+                            None => stream.next().await,
+                        };
                         let event = match item {
-                            Ok(ev) => ev,
-                            Err(e) => {
-                                if let Ok(mut s) = shared.lock() {
-                                    s.error = Some(e.to_string());
-                                }
-                                return;
-                            }
+                            None => break None,
+                            Some(Err(e)) => break Some(e.into()),
+                            Some(Ok(ev)) => ev,
                         };
                         // The runtime already reports API writes as E2B does (create, then
                         // write) and never shows its temporary files: events map one to one.
@@ -975,58 +1022,46 @@ impl IntoFuture for WatchBuilder {
                         } else {
                             None
                         };
-                        if let Ok(mut s) = shared.lock() {
-                            s.events.push(FilesystemEvent {
-                                name: event.name,
-                                r#type: FilesystemEventType::from_kind(event.kind),
-                                entry,
-                            });
-                        }
+                        on_event(FilesystemEvent {
+                            name: event.name,
+                            r#type: FilesystemEventType::from_kind(event.kind),
+                            entry,
+                        });
+                    };
+                    // The runtime's watch is released before `on_exit` runs.
+                    drop(stream);
+                    if let Some(f) = on_exit {
+                        f(ended);
                     }
                 });
-                Ok(WatchHandle { state, task })
+                Ok(AsyncWatchHandle {
+                    task: Mutex::new(Some(task)),
+                })
             }),
             limit,
         )
     }
 }
 
-impl WatchHandle {
-    /// `handle.get_new_events(request_timeout=None) -> list[FilesystemEvent]`: the events
-    /// since the last call.
-    pub fn get_new_events(&self) -> Call<Vec<FilesystemEvent>> {
-        let state = self.state.clone();
-        Call::new(async move {
-            let mut s = state
-                .lock()
-                .map_err(|_| SandboxException::sandbox("watcher state poisoned"))?;
-            if s.stopped {
-                return Err(SandboxException::sandbox("The watcher is already stopped"));
-            }
-            if s.events.is_empty() {
-                if let Some(e) = s.error.take() {
-                    return Err(SandboxException::sandbox(e));
-                }
-            }
-            Ok(std::mem::take(&mut s.events))
-        })
-    }
-
-    /// `handle.stop(request_timeout=None)`.
+impl AsyncWatchHandle {
+    /// `await handle.stop()`: end the watch; no callback runs after it returns.
     pub fn stop(&self) -> Call<()> {
-        let state = self.state.clone();
-        self.task.abort();
+        let task = self.task.lock().ok().and_then(|mut t| t.take());
         Call::new(async move {
-            if let Ok(mut s) = state.lock() {
-                s.stopped = true;
+            if let Some(task) = task {
+                task.abort();
+                // Cancelled (or already finished): either way no callback runs any more.
+                let _ = task.await;
             }
             Ok(())
         })
     }
 }
 
-impl Drop for WatchHandle {
+impl Drop for AsyncWatchHandle {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = self.task.get_mut().ok().and_then(|t| t.take()) {
+            task.abort();
+        }
     }
 }

@@ -47,12 +47,12 @@ pub mod sandbox;
 pub mod transfer;
 pub mod translate;
 
-pub use call::{Call, IntoSeconds};
+pub use call::{Call, IntoSeconds, OptionalString};
 pub use commands::{CommandHandle, CommandResult, Commands, ProcessInfo};
 pub use errors::{CommandExitException, SandboxException};
 pub use files::{
-    read_format, EntryInfo, FileStreamReader, FileType, Filesystem, FilesystemEvent,
-    FilesystemEventType, WatchHandle, WriteData, WriteEntry, WriteInfo,
+    read_format, AsyncWatchHandle, EntryInfo, FileStreamReader, FileType, Filesystem,
+    FilesystemEvent, FilesystemEventType, WatchHandle, WriteData, WriteEntry, WriteInfo,
 };
 pub use products::{Git, Secret, Template, Volume};
 pub use pty::{Pty, PtySize};

@@ -1,12 +1,13 @@
 //! `sandbox.pty`: interactive terminals running `/bin/bash -i -l`. Needs the runtime's pty.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::future::IntoFuture;
 
 use sandcove::{Command, ProcessSelector, ProcessSpec};
 
-use crate::call::{BoxFuture, Call, IntoSeconds};
-use crate::commands::{kill_pid, pid_u32, send_stdin, CommandHandle, ConnectBuilder};
+use crate::call::{with_request_timeout, BoxFuture, Call, IntoSeconds};
+use crate::commands::{kill_pid, pid_u32, send_stdin, CommandHandle, ConnectBuilder, PtyHandler};
 use crate::errors::{Result, SandboxException};
 use crate::sandbox::Ctx;
 use crate::translate;
@@ -46,23 +47,35 @@ pub struct Pty {
 }
 
 impl Pty {
-    /// `pty.create(size, user=None, cwd=None, envs=None, timeout=60, request_timeout=None)
-    /// -> CommandHandle`: output arrives as the third item when iterating, or via
-    /// `wait().on_pty(...)`.
-    pub fn create(&self, size: PtySize) -> PtyCreateBuilder {
+    /// `pty.create(size, on_data, user=None, cwd=None, envs=None, timeout=60,
+    /// request_timeout=None) -> CommandHandle` (the async class's shape): `on_data` is called
+    /// with the terminal's raw bytes as the handle is iterated or waited on; the bytes are
+    /// also the third item when iterating.
+    pub fn create(
+        &self,
+        size: PtySize,
+        on_data: impl FnMut(Vec<u8>) + Send + 'static,
+    ) -> PtyCreateBuilder {
         PtyCreateBuilder {
             ctx: self.ctx.clone(),
             size,
+            on_data: Box::new(on_data),
             user: None,
             cwd: None,
             envs: BTreeMap::new(),
             timeout: Some(translate::DEFAULT_COMMAND_TIMEOUT),
+            request_timeout: None,
         }
     }
 
-    /// `pty.connect(pid, timeout=60, request_timeout=None) -> CommandHandle`.
-    pub fn connect(&self, pid: i64) -> ConnectBuilder {
-        ConnectBuilder::pty(self.ctx.clone(), pid)
+    /// `pty.connect(pid, on_data, timeout=60, request_timeout=None) -> CommandHandle` (the
+    /// async class's shape: `on_data` comes second).
+    pub fn connect(
+        &self,
+        pid: i64,
+        on_data: impl FnMut(Vec<u8>) + Send + 'static,
+    ) -> ConnectBuilder {
+        ConnectBuilder::pty(self.ctx.clone(), pid, Box::new(on_data))
     }
 
     /// `pty.send_stdin(pid, data, request_timeout=None)`: write to the terminal.
@@ -89,27 +102,44 @@ impl Pty {
 }
 
 /// The builder of `pty.create(...)`.
-#[derive(Debug)]
 #[must_use = "a call does nothing until awaited"]
 pub struct PtyCreateBuilder {
     ctx: Ctx,
     size: PtySize,
+    on_data: PtyHandler,
     user: Option<String>,
     cwd: Option<String>,
     envs: BTreeMap<String, String>,
     timeout: Option<f64>,
+    request_timeout: Option<f64>,
+}
+
+impl fmt::Debug for PtyCreateBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PtyCreateBuilder")
+            .field("size", &self.size)
+            .field("cwd", &self.cwd)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PtyCreateBuilder {
+    /// `request_timeout=`: bounds the start call, seconds.
+    pub fn request_timeout(mut self, secs: impl IntoSeconds) -> Self {
+        self.request_timeout = secs.into_seconds();
+        self
+    }
+
     /// `user=`.
-    pub fn user(mut self, user: impl Into<String>) -> Self {
-        self.user = Some(user.into());
+    pub fn user(mut self, user: impl crate::OptionalString) -> Self {
+        self.user = user.into_optional();
         self
     }
 
     /// `cwd=`.
-    pub fn cwd(mut self, cwd: impl Into<String>) -> Self {
-        self.cwd = Some(cwd.into());
+    pub fn cwd(mut self, cwd: impl crate::OptionalString) -> Self {
+        self.cwd = cwd.into_optional();
         self
     }
 
@@ -136,7 +166,8 @@ impl IntoFuture for PtyCreateBuilder {
     type Output = Result<CommandHandle>;
     type IntoFuture = BoxFuture<'static, CommandHandle>;
     fn into_future(self) -> Self::IntoFuture {
-        Box::pin(async move {
+        let limit = self.request_timeout;
+        let start = Box::pin(async move {
             let ctx = self.ctx;
             let mut envs = BTreeMap::from([
                 ("TERM".to_string(), "xterm-256color".to_string()),
@@ -159,7 +190,10 @@ impl IntoFuture for PtyCreateBuilder {
                 pty: Some(self.size.core()?),
             };
             let stream = ctx.backend.spawn(&ctx.id, spec).await?;
-            Ok(CommandHandle::new(ctx, stream, true, None))
-        })
+            let mut handle = CommandHandle::new(ctx, stream, true, None);
+            handle.on_pty = Some(self.on_data);
+            Ok(handle)
+        });
+        with_request_timeout(start, limit)
     }
 }

@@ -206,7 +206,8 @@ impl Sandbox {
     }
 
     /// `Sandbox.list(query=None, limit=None, next_token=None, order=None, **opts) ->
-    /// SandboxPaginator`. No call is made until `next_items()`.
+    /// SandboxPaginator`. No call is made until `next_items()`; the builder is the paginator,
+    /// and awaiting it (`Sandbox::list().query(q).await?`) yields it as well.
     pub fn list() -> SandboxPaginator {
         SandboxPaginator {
             has_next: true,
@@ -470,8 +471,8 @@ impl<S> Default for CreateBuilder<S> {
 
 impl<S> CreateBuilder<S> {
     /// `template=`: `None`/`"base"` is the host's system directories; a snapshot id works too.
-    pub fn template(mut self, template: impl Into<String>) -> Self {
-        self.template = Some(template.into());
+    pub fn template(mut self, template: impl crate::OptionalString) -> Self {
+        self.template = template.into_optional();
         self
     }
 
@@ -559,8 +560,8 @@ impl<S> CreateBuilder<S> {
     }
 
     /// `api_key=`: accepted and ignored (never sent anywhere).
-    pub fn api_key(mut self, api_key: impl Into<String>) -> Self {
-        self.config.api_key = Some(api_key.into());
+    pub fn api_key(mut self, api_key: impl crate::OptionalString) -> Self {
+        self.config.api_key = api_key.into_optional();
         self
     }
 
@@ -753,8 +754,8 @@ impl<S> ConnectBuilder<S> {
     }
 
     /// `api_key=`: accepted and ignored.
-    pub fn api_key(mut self, api_key: impl Into<String>) -> Self {
-        self.config.api_key = Some(api_key.into());
+    pub fn api_key(mut self, api_key: impl crate::OptionalString) -> Self {
+        self.config.api_key = api_key.into_optional();
         self
     }
 
@@ -1007,9 +1008,9 @@ pub struct SandboxPaginator {
 }
 
 impl SandboxPaginator {
-    /// `query=`.
-    pub fn query(mut self, query: SandboxQuery) -> Self {
-        self.query = Some(query);
+    /// `query=`: a [`SandboxQuery`] or `None`.
+    pub fn query(mut self, query: impl Into<Option<SandboxQuery>>) -> Self {
+        self.query = query.into();
         self
     }
 
@@ -1020,14 +1021,14 @@ impl SandboxPaginator {
     }
 
     /// `next_token=`: start from this page.
-    pub fn next_token(mut self, token: impl Into<String>) -> Self {
-        self.next_token = Some(token.into());
+    pub fn next_token(mut self, token: impl crate::OptionalString) -> Self {
+        self.next_token = token.into_optional();
         self
     }
 
     /// `order=`: `"asc"` or `"desc"`.
-    pub fn order(mut self, order: impl Into<String>) -> Self {
-        self.order = Some(order.into());
+    pub fn order(mut self, order: impl crate::OptionalString) -> Self {
+        self.order = order.into_optional();
         self
     }
 
@@ -1132,6 +1133,16 @@ impl SnapshotInfo {
     }
 }
 
+// `AsyncSandbox.list()` hands back its paginator without a request; awaiting the builder
+// (as every other call here is awaited) yields that paginator, still unfetched.
+impl IntoFuture for SandboxPaginator {
+    type Output = Result<SandboxPaginator>;
+    type IntoFuture = std::future::Ready<Result<SandboxPaginator>>;
+    fn into_future(self) -> Self::IntoFuture {
+        std::future::ready(Ok(self))
+    }
+}
+
 /// `SnapshotPaginator`.
 #[derive(Debug, Clone)]
 pub struct SnapshotPaginator {
@@ -1149,14 +1160,14 @@ pub struct SnapshotPaginator {
 
 impl SnapshotPaginator {
     /// `sandbox_id=`.
-    pub fn sandbox_id(mut self, id: impl Into<String>) -> Self {
-        self.sandbox_id = Some(id.into());
+    pub fn sandbox_id(mut self, id: impl crate::OptionalString) -> Self {
+        self.sandbox_id = id.into_optional();
         self
     }
 
     /// `name=`.
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
+    pub fn name(mut self, name: impl crate::OptionalString) -> Self {
+        self.name = name.into_optional();
         self
     }
 
@@ -1167,8 +1178,8 @@ impl SnapshotPaginator {
     }
 
     /// `next_token=`.
-    pub fn next_token(mut self, token: impl Into<String>) -> Self {
-        self.next_token = Some(token.into());
+    pub fn next_token(mut self, token: impl crate::OptionalString) -> Self {
+        self.next_token = token.into_optional();
         self
     }
 
@@ -1204,6 +1215,15 @@ impl SnapshotPaginator {
         self.next_token = (offset + limit < all.len()).then(|| (offset + limit).to_string());
         self.has_next = self.next_token.is_some();
         Ok(page)
+    }
+}
+
+// Awaiting `Sandbox::list_snapshots()` yields the unfetched paginator, as for `list()`.
+impl IntoFuture for SnapshotPaginator {
+    type Output = Result<SnapshotPaginator>;
+    type IntoFuture = std::future::Ready<Result<SnapshotPaginator>>;
+    fn into_future(self) -> Self::IntoFuture {
+        std::future::ready(Ok(self))
     }
 }
 
@@ -1341,8 +1361,8 @@ pub struct SnapshotBuilder {
 
 impl SnapshotBuilder {
     /// `name=`.
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
+    pub fn name(mut self, name: impl crate::OptionalString) -> Self {
+        self.name = name.into_optional();
         self
     }
 }

@@ -60,8 +60,8 @@ impl FileUrlBuilder {
     }
 
     /// `user=`: the default user only (another user is refused).
-    pub fn user(mut self, user: impl Into<String>) -> Self {
-        self.user = Some(user.into());
+    pub fn user(mut self, user: impl crate::OptionalString) -> Self {
+        self.user = user.into_optional();
         self
     }
 

@@ -3,7 +3,9 @@
 mod common;
 
 use common::{assert_not_supported, caps, sandbox, skip, unique};
-use e2b::{read_format, FileType, FilesystemEventType, WriteEntry};
+use std::sync::{Arc, Mutex};
+
+use e2b::{read_format, FileType, FilesystemEvent, FilesystemEventType, WriteEntry};
 use sandcove::conformance::{eventually, holds, PATIENCE};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -243,33 +245,51 @@ async fn gaps_in_files_are_refused_before_any_effect() {
     sbx.kill().await.expect("kill");
 }
 
+/// The events an [`event_log`] callback was given.
+type Events = Arc<Mutex<Vec<FilesystemEvent>>>;
+
+/// An `on_event` callback that keeps the events it is given.
+fn event_log() -> (Events, impl FnMut(FilesystemEvent) + Send + 'static) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    (seen, move |e: FilesystemEvent| sink.lock().unwrap().push(e))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_dir_follows_the_capability() {
     let sbx = sandbox("watch").await;
     if caps().watch {
-        let handle = sbx.files.watch_dir("/home/user").await.expect("watch");
+        // The async class's shape: `files.watch_dir(path, on_event)`.
+        let (events, on_event) = event_log();
+        let handle = sbx
+            .files
+            .watch_dir("/home/user", on_event)
+            .await
+            .expect("watch");
         sbx.files
             .write("/home/user/my-file", "hello")
             .await
             .expect("write");
-        let events = std::sync::Mutex::new(Vec::new());
         eventually(PATIENCE, "a write event for my-file", || async {
-            let new = handle.get_new_events().await.expect("events");
-            let mut events = events.lock().unwrap();
-            events.extend(new);
+            let events = events.lock().unwrap();
             let write = events
                 .iter()
                 .any(|e| e.r#type == FilesystemEventType::Write);
             holds(write, format!("{events:?}"))
         })
         .await;
-        let events = events.into_inner().unwrap();
-        assert!(events.iter().all(|e| e.name == "my-file"), "{events:?}");
         handle.stop().await.expect("stop");
-        assert!(handle.get_new_events().await.is_err(), "stopped");
+        let seen = events.lock().unwrap().clone();
+        assert!(seen.iter().all(|e| e.name == "my-file"), "{seen:?}");
+        // After `stop()` returns no callback runs, whatever happens in the directory.
+        sbx.files
+            .write("/home/user/after-stop", "x")
+            .await
+            .expect("write");
+        let (names, on_event) = event_log();
         let rec = sbx
             .files
-            .watch_dir("/home/user")
+            .watch_dir("/home/user", on_event)
             .recursive(true)
             .await
             .expect("watch");
@@ -283,26 +303,42 @@ async fn watch_dir_follows_the_capability() {
             .write("/home/user/my-folder/my-file", "x")
             .await
             .expect("write");
-        let names = std::sync::Mutex::new(Vec::new());
         eventually(PATIENCE, "an event for my-folder/my-file", || async {
-            let new = rec.get_new_events().await.expect("events");
-            let mut names = names.lock().unwrap();
-            names.extend(new.into_iter().map(|e| e.name));
+            let names = names.lock().unwrap();
             holds(
-                names.iter().any(|n| n == "my-folder/my-file"),
+                names.iter().any(|e| e.name == "my-folder/my-file"),
                 format!("{names:?}"),
             )
         })
         .await;
+        rec.stop().await.expect("stop");
+        // Both later watches' events were seen by now: the first watch stayed stopped.
+        assert_eq!(*events.lock().unwrap(), seen);
+
+        // `timeout=` ends the watch and `on_exit` hears why, once.
+        let (exits_tx, mut exits) = tokio::sync::mpsc::unbounded_channel();
+        let _short = sbx
+            .files
+            .watch_dir("/home/user", |_| {})
+            .timeout(1)
+            .on_exit(move |e| {
+                let _ = exits_tx.send(e);
+            })
+            .await
+            .expect("watch");
+        let ended = exits.recv().await.expect("on_exit ran");
+        assert!(ended.expect("an error").is_timeout());
+        assert!(exits.recv().await.is_none(), "on_exit runs once");
+
         assert!(sbx
             .files
-            .watch_dir("/nope")
+            .watch_dir("/nope", |_| {})
             .await
             .unwrap_err()
             .is_file_not_found());
     } else {
         skip("watch_dir", "watch");
-        assert_not_supported(sbx.files.watch_dir("/home/user").await, "watch_dir");
+        assert_not_supported(sbx.files.watch_dir("/home/user", |_| {}).await, "watch_dir");
     }
     sbx.kill().await.expect("kill");
 }

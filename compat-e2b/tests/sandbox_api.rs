@@ -163,7 +163,8 @@ async fn list_filters_by_metadata_and_pages() {
         metadata: Some([("listTest".to_string(), tag.clone())].into()),
         ..Default::default()
     };
-    let mut paginator = Sandbox::list().query(query.clone());
+    // The builder is awaited like every async call; that yields the paginator, unfetched.
+    let mut paginator = Sandbox::list().query(query.clone()).await.expect("list");
     assert!(paginator.has_next);
     let all = paginator.next_items().await.expect("next_items");
     assert_eq!(all.len(), 3);
