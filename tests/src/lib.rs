@@ -41,7 +41,13 @@ impl Drop for ServerGuard {
 /// background thread with its own tokio runtime; returns where to reach it and the guard that
 /// stops it. Panics if the server cannot start.
 pub fn start_loopback_server() -> (Runtime, ServerGuard) {
+    start_loopback_server_in(None)
+}
+
+/// [`start_loopback_server`] with the engine's state in `state_dir` (default: the user's).
+pub fn start_loopback_server_in(state_dir: Option<&Path>) -> (Runtime, ServerGuard) {
     use sandcove::server::{serve, ServerConfig};
+    let state_dir = state_dir.map(Path::to_path_buf);
     let api_key = format!("test-{}", sandcove::backend::local::config::new_id());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (ready, bound) = std::sync::mpsc::channel::<Result<std::net::SocketAddr, String>>();
@@ -61,7 +67,11 @@ pub fn start_loopback_server() -> (Runtime, ServerGuard) {
                 }
             };
             runtime.block_on(async move {
-                let engine = match sandcove::LocalBackend::new() {
+                let engine = match &state_dir {
+                    Some(dir) => sandcove::LocalBackend::with_state_dir(dir),
+                    None => sandcove::LocalBackend::new(),
+                };
+                let engine = match engine {
                     Ok(engine) => engine,
                     Err(e) => {
                         let _ = ready.send(Err(format!("engine: {e}")));
@@ -115,9 +125,17 @@ pub fn expected_path(name: &str) -> PathBuf {
 /// Run the fixture binary at `exe` on `runtime`; returns its stdout, panicking with its
 /// stderr if it fails.
 pub fn run_fixture(exe: &str, runtime: &Runtime) -> String {
+    run_fixture_in(exe, runtime, None)
+}
+
+/// [`run_fixture`] with an embedded runtime's state in `state_dir` (default: the user's).
+pub fn run_fixture_in(exe: &str, runtime: &Runtime, state_dir: Option<&Path>) -> String {
     let mut cmd = Command::new(exe);
     cmd.env_remove("SANDCOVE_URL")
         .env_remove("SANDCOVE_API_KEY");
+    if let Some(dir) = state_dir {
+        cmd.env("SANDCOVE_STATE_DIR", dir);
+    }
     if let Runtime::Server { url, api_key } = runtime {
         cmd.env("SANDCOVE_URL", url)
             .env("SANDCOVE_API_KEY", api_key);
@@ -166,9 +184,14 @@ pub fn matches_expected(expected: &str, actual: &str) -> Result<(), String> {
 
 /// Run fixture `name` (its binary at `exe`) on `runtime` and assert its output matches.
 pub fn check_fixture(name: &str, exe: &str, runtime: &Runtime) {
+    check_fixture_in(name, exe, runtime, None)
+}
+
+/// [`check_fixture`] with an embedded runtime's state in `state_dir`.
+pub fn check_fixture_in(name: &str, exe: &str, runtime: &Runtime, state_dir: Option<&Path>) {
     let expected = std::fs::read_to_string(expected_path(name))
         .unwrap_or_else(|e| panic!("expected output of {name}: {e}"));
-    let actual = run_fixture(exe, runtime);
+    let actual = run_fixture_in(exe, runtime, state_dir);
     if let Err(diff) = matches_expected(&expected, &actual) {
         panic!("{name} on {runtime:?}: {diff}\n--- actual output\n{actual}");
     }
@@ -181,11 +204,59 @@ pub fn capabilities() -> sandcove::Capabilities {
         .capabilities()
 }
 
+/// A private engine state directory for one fixture check, so fixtures' fixed sandbox names
+/// (as vendor examples use) never meet those of another test run by the same user at the same
+/// time. Dropping it ends whatever sandbox a failed fixture left there and removes it.
+#[derive(Debug)]
+pub struct PrivateState {
+    /// The directory (short, under the temp dir: it holds unix sockets).
+    pub dir: PathBuf,
+}
+
+impl PrivateState {
+    /// A new, empty state directory.
+    pub fn new() -> PrivateState {
+        let id = sandcove::backend::local::config::new_id();
+        let dir = std::env::temp_dir().join(format!("sc-fx-{}", &id[..10]));
+        std::fs::create_dir_all(&dir).expect("fixture state directory");
+        PrivateState { dir }
+    }
+}
+
+impl Default for PrivateState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for PrivateState {
+    fn drop(&mut self) {
+        if let Ok(engine) = sandcove::LocalBackend::with_state_dir(&self.dir) {
+            if let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                runtime.block_on(async {
+                    use sandcove::Backend;
+                    for sandbox in engine.list(Default::default()).await.unwrap_or_default() {
+                        let _ = engine.destroy(&sandbox.id).await;
+                    }
+                });
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// Run fixture `name` (binary `exe`) on the embedded runtime, then on a loopback server, one
-/// after the other (fixtures may use fixed sandbox names, as vendor examples do).
+/// after the other (fixtures may use fixed sandbox names, as vendor examples do), each with a
+/// private state directory.
 pub fn check_everywhere(name: &str, exe: &str) {
-    check_fixture(name, exe, &Runtime::Embedded);
-    let (server, _guard) = start_loopback_server();
+    let state = PrivateState::new();
+    check_fixture_in(name, exe, &Runtime::Embedded, Some(&state.dir));
+    drop(state);
+    let state = PrivateState::new();
+    let (server, _guard) = start_loopback_server_in(Some(&state.dir));
     check_fixture(name, exe, &server);
 }
 
