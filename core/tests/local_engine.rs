@@ -136,6 +136,83 @@ async fn stale_state_is_collected() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A name entry whose holder is gone (its creator or monitor died: the sandbox's lock is
+/// free) is taken over by the next create; one whose holder is still creating (its staging
+/// lock held, as by another program mid-create) is not.
+#[tokio::test]
+async fn names_of_dead_holders_are_reclaimed_and_of_creating_ones_are_not() {
+    let dir = std::env::temp_dir().join(unique("state"));
+    let backend = LocalBackend::with_state_dir(&dir).expect("engine");
+    let names = dir.join("names");
+    std::fs::create_dir_all(&names).unwrap();
+    let plant = |sandbox_dir: &str, name: &str, holder: &str| {
+        let holder_dir = dir.join("sandboxes").join(sandbox_dir);
+        std::fs::create_dir_all(&holder_dir).unwrap();
+        let lock = std::fs::File::create(holder_dir.join("lock")).unwrap();
+        std::os::unix::fs::symlink(holder, names.join(name)).unwrap();
+        lock
+    };
+    let named = |name: &str| sandcove::CreateOptions {
+        name: Some(name.to_string()),
+        ..test_options(&unique("reclaim"))
+    };
+
+    // A dead monitor: its sandbox directory remains, its lock is free.
+    drop(plant(
+        "deadsandbox000000000",
+        "taken-by-the-dead",
+        "deadsandbox000000000",
+    ));
+    let reclaimed = backend
+        .create(named("taken-by-the-dead"))
+        .await
+        .expect("a dead holder's name is free");
+    assert_eq!(
+        std::fs::read_link(names.join("taken-by-the-dead")).unwrap(),
+        std::path::Path::new(&reclaimed.id),
+        "the entry now names the new sandbox"
+    );
+
+    // Another program mid-create: staging directory, lock held.
+    let held = plant(
+        ".busysandbox000000000",
+        "being-created",
+        "busysandbox000000000",
+    );
+    held.try_lock().expect("hold the staging lock");
+    let err = backend
+        .create(named("being-created"))
+        .await
+        .expect_err("a name being taken by a live creator");
+    assert_eq!(err.code(), ErrorCode::AlreadyExists, "{err}");
+    // That creator dies before finishing: the name becomes free.
+    drop(held);
+    let after = backend
+        .create(named("being-created"))
+        .await
+        .expect("the crashed creator's name is free");
+
+    // Stale entries are collected with stale state.
+    drop(plant(
+        "gonesandbox000000000",
+        "left-behind",
+        "gonesandbox000000000",
+    ));
+    backend.collect_stale();
+    assert!(
+        std::fs::symlink_metadata(names.join("left-behind")).is_err(),
+        "a dead holder's entry is collected"
+    );
+    assert!(
+        std::fs::symlink_metadata(names.join("being-created")).is_ok(),
+        "a live holder's entry is kept"
+    );
+    for id in [reclaimed.id, after.id] {
+        backend.destroy(&id).await.expect("destroy");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A client speaking another protocol version gets a clear error, not garbage.
 #[tokio::test]
 async fn a_protocol_version_mismatch_is_a_clear_error() {
