@@ -1058,6 +1058,7 @@ impl SandboxPaginator {
                 .into_iter()
                 .map(SandboxState::core)
                 .collect(),
+            name: None,
         };
         let mut all: Vec<sandcove::SandboxInfo> = backend()?
             .list(options)
