@@ -387,7 +387,7 @@ pub async fn unique_names(backend: &dyn Backend) {
     );
     assert_eq!(
         ids_labelled(backend, &label).await,
-        [first.id.clone()],
+        std::slice::from_ref(&first.id),
         "the refused create made no sandbox"
     );
     // Get by name: the list filter answers that one sandbox, whatever other filters say.
