@@ -19,7 +19,7 @@ use crate::models::{
     self, Env, Metadata, Sandbox, SandboxCreateConfiguration, SandboxForkResponse,
     SandboxLifecycle, SandboxSnapshot, SandboxSpec, SandboxUpdateMetadata,
 };
-use crate::state::{self, NameLock, SandboxRecord, NAME_LABEL, PROC_DIR, SANDBOX_RECORD};
+use crate::state::{self, SandboxRecord, NAME_LABEL, PROC_DIR, SANDBOX_RECORD};
 use crate::translate::{self, DEFAULT_IMAGE, DEFAULT_MEMORY, HOME};
 use crate::{fs, gaps, previews, process};
 
@@ -369,14 +369,6 @@ impl ForkBuilder {
         }
         let client = state::client()?;
         let source = read_record(&self.ctx.core).await?;
-        let _lock = NameLock::acquire().await?;
-        if state::find_by_name(&client, &self.target_name)
-            .await
-            .map_err(SandboxAPIError::into_control_plane)?
-            .is_some()
-        {
-            return Err(already_exists(&self.target_name));
-        }
         let src_info = self.ctx.core.info().await.map_err(cp)?;
         let mut sandbox = source.sandbox.clone();
         sandbox.metadata.name = self.target_name.clone();
@@ -387,13 +379,15 @@ impl ForkBuilder {
             Some(snap) => {
                 let mut options = options;
                 options.snapshot = Some(snap.clone());
-                backend.create(options).await.map_err(cp)?
+                backend.create(options).await
             }
-            None => backend
-                .fork(self.ctx.core.id(), options)
-                .await
-                .map_err(cp)?,
-        };
+            None => backend.fork(self.ctx.core.id(), options).await,
+        }
+        .map_err(|e| match e {
+            // The runtime keeps names unique (atomically, wherever it runs).
+            sandcove::Error::AlreadyExists { .. } => already_exists(&self.target_name),
+            e => cp(e),
+        })?;
         let core = client.connect(&info.id).await.map_err(cp)?;
         // The copied facade state belongs to the source's processes.
         let _ = core.remove(PROC_DIR).await;
@@ -1007,6 +1001,8 @@ fn core_options(
     }
     Ok((
         sandcove::CreateOptions {
+            // The Blaxel name is the core's unique name: the runtime refuses a taken one.
+            name: Some(sandbox.metadata.name.clone()),
             envs: envs.clone(),
             labels,
             timeout: Some(Duration::from_millis(end - now)),
@@ -1116,6 +1112,10 @@ pub(crate) fn sandbox_from_config(config: SandboxCreateConfiguration) -> Result<
     })
 }
 
+/// How often `create_if_not_exists` retries when its name is taken by a sandbox it cannot
+/// list yet (about a second in all).
+const NAME_RACE_ATTEMPTS: u32 = 50;
+
 async fn create_sandbox(
     config: SandboxCreateConfiguration,
     create_if_not_exist: bool,
@@ -1139,26 +1139,36 @@ async fn create_sandbox(
     if caps.memory_limit {
         options.resources.memory_mib = Some(sandbox.spec.runtime.memory as u64);
     }
-    let _lock = NameLock::acquire().await?;
-    if let Some(existing) = state::find_by_name(&client, &sandbox.metadata.name)
-        .await
-        .map_err(SandboxAPIError::into_control_plane)?
-    {
-        if create_if_not_exist {
-            let instance = instance_from_info(&client, existing).await?;
-            instance.touch().await;
-            return Ok(instance);
+    // The runtime keeps names unique atomically (wherever it runs): create first, and only
+    // a taken name means "get the existing one" for create_if_not_exists.
+    let mut attempts = 0;
+    let info = loop {
+        attempts += 1;
+        match client.backend().create(options.clone()).await {
+            Ok(info) => break info,
+            Err(sandcove::Error::AlreadyExists { .. }) if create_if_not_exist => {
+                let existing = state::find_by_name(&client, &sandbox.metadata.name)
+                    .await
+                    .map_err(SandboxAPIError::into_control_plane)?;
+                if let Some(existing) = existing {
+                    let instance = instance_from_info(&client, existing).await?;
+                    instance.touch().await;
+                    return Ok(instance);
+                }
+                // Not listed: its holder is still being created (listed once ready) or was
+                // just destroyed (the name is free again). Ask again, a bounded number of times.
+                if attempts >= NAME_RACE_ATTEMPTS {
+                    return Err(already_exists(&sandbox.metadata.name));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(sandcove::Error::AlreadyExists { .. }) => {
+                return Err(already_exists(&sandbox.metadata.name))
+            }
+            Err(e @ sandcove::Error::NotSupported { .. }) => return Err(SandboxAPIError::from(e)),
+            Err(e) => return Err(cp(e)),
         }
-        return Err(already_exists(&sandbox.metadata.name));
-    }
-    let info = client
-        .backend()
-        .create(options)
-        .await
-        .map_err(|e| match e {
-            sandcove::Error::NotSupported { .. } => SandboxAPIError::from(e),
-            e => cp(e),
-        })?;
+    };
     let core = client.connect(&info.id).await.map_err(cp)?;
     sandbox.metadata.created_at = Some(translate::format_rfc3339(info.created_at));
     sandbox.metadata.updated_at = sandbox.metadata.created_at.clone();

@@ -1,4 +1,4 @@
-//! Facade state: the runtime client, the cross-process name lock, and the small JSON records
+//! Facade state: the runtime client, lookup by name, and the small JSON records
 //! the facade keeps inside each sandbox (so every client program sees the same names,
 //! labels and process statuses).
 
@@ -64,55 +64,17 @@ pub(crate) struct ProcessRecord {
 /// Preview records: name → what was asked.
 pub(crate) type PreviewRecords = BTreeMap<String, crate::models::Preview>;
 
-/// An exclusive lock on the sandbox names of this user (an `flock`ed file in the runtime's
-/// state directory), held while a name is checked and taken. Released on drop.
-#[derive(Debug)]
-pub(crate) struct NameLock {
-    _file: std::fs::File,
-}
-
-impl NameLock {
-    pub(crate) async fn acquire() -> Result<Self> {
-        tokio::task::spawn_blocking(|| {
-            use std::os::fd::AsRawFd;
-            let dir = sandcove::backend::local::config::default_state_dir();
-            std::fs::create_dir_all(&dir)?;
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(dir.join("blaxel-names.lock"))?;
-            loop {
-                // SAFETY: flock on a descriptor we own; no memory is shared with the kernel.
-                let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
-                if rc == 0 {
-                    break;
-                }
-                let err = std::io::Error::last_os_error();
-                if err.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(err);
-                }
-            }
-            Ok(NameLock { _file: file })
-        })
-        .await
-        .map_err(|e| SandboxAPIError::exception(format!("name lock task failed: {e}")))?
-        .map_err(|e: std::io::Error| SandboxAPIError::from(sandcove::Error::from(e)))
-    }
-}
-
-/// The live core sandbox carrying Blaxel name `name`, if any (the newest when several do).
+/// The live core sandbox named `name`, if any. The Blaxel name is the core's unique sandbox
+/// name, so the runtime (local or remote) answers at most one.
 pub(crate) async fn find_by_name(
     client: &sandcove::Client,
     name: &str,
 ) -> Result<Option<sandcove::SandboxInfo>> {
     let filter = sandcove::ListOptions {
-        labels: BTreeMap::from([(NAME_LABEL.to_string(), name.to_string())]),
-        states: vec![],
+        name: Some(name.to_string()),
+        ..Default::default()
     };
-    let mut found = client.list(filter).await?;
-    found.sort_by_key(|i| i.created_at);
-    Ok(found.pop())
+    Ok(client.list(filter).await?.pop())
 }
 
 /// Read a JSON record inside the sandbox; `None` when it does not exist (or is unreadable).

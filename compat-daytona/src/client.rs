@@ -17,9 +17,6 @@ use crate::translate::{self, DAYTONA_HOME, DAYTONA_USER, LANGUAGE_LABEL, META_PR
 use crate::volume::VolumeService;
 use crate::{awaitable, Result};
 
-/// Label holding the sandbox name (hidden from `Sandbox.labels`).
-pub(crate) const NAME_LABEL: &str = "sandcove.daytona/name";
-
 /// Python `DaytonaConfig`: every field optional. Credentials are accepted so ported code
 /// runs, and are never sent anywhere; `api_url` and `target` are recorded only.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -467,11 +464,12 @@ impl Daytona {
         match self.client.backend().get(id_or_name).await {
             Ok(info) => self.load(info).await,
             Err(e) if e.is_not_found() => {
+                // The Daytona name is the core's unique sandbox name.
                 let by_name = self
                     .client
                     .list(ListOptions {
-                        labels: BTreeMap::from([(NAME_LABEL.to_string(), id_or_name.to_string())]),
-                        states: vec![],
+                        name: Some(id_or_name.to_string()),
+                        ..Default::default()
                     })
                     .await?;
                 match by_name.into_iter().next() {
@@ -658,23 +656,13 @@ impl CreateBuilder {
         }
         labels.insert(LANGUAGE_LABEL.into(), language);
         if let Some(name) = &p.name {
-            if name.is_empty() {
-                return Err(DaytonaError::validation("name must not be empty"));
-            }
-            let taken = client
-                .list(ListOptions {
-                    labels: BTreeMap::from([(NAME_LABEL.to_string(), name.clone())]),
-                    states: vec![],
-                })
-                .await?;
-            if !taken.is_empty() {
-                return Err(DaytonaError::Conflict(crate::errors::ErrorDetails::new(
-                    format!("Sandbox with name {name} already exists"),
-                    Some(409),
-                    Some("CONFLICT"),
+            if !sandcove::valid_sandbox_name(name) {
+                return Err(DaytonaError::validation(format!(
+                    "name {name:?} must be 1-{} ASCII letters, digits, '-', '_' or '.', \
+                     starting with a letter or digit",
+                    sandcove::MAX_SANDBOX_NAME
                 )));
             }
-            labels.insert(NAME_LABEL.into(), name.clone());
         }
         let mut envs = BTreeMap::new();
         for (k, v) in p.env_vars.clone().unwrap_or_default() {
@@ -723,9 +711,24 @@ impl CreateBuilder {
             home: Some(home),
             snapshot,
             volumes,
+            // The runtime keeps names unique, atomically and wherever it runs.
+            name: p.name.clone(),
             ..Default::default()
         };
-        let info = client.backend().create(options).await?;
+        let info = match client.backend().create(options).await {
+            Ok(info) => info,
+            Err(sandcove::Error::AlreadyExists { .. }) => {
+                return Err(DaytonaError::Conflict(crate::errors::ErrorDetails::new(
+                    format!(
+                        "Sandbox with name {} already exists",
+                        p.name.as_deref().unwrap_or_default()
+                    ),
+                    Some(409),
+                    Some("CONFLICT"),
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        };
         let meta = Meta {
             name: p.name.clone(),
             public: p.public.unwrap_or(false),

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sandcove::{Client, PreviewOptions, SandboxInfo};
 
-use crate::client::{with_timeout, DaytonaConfig, NAME_LABEL};
+use crate::client::{with_timeout, DaytonaConfig};
 use crate::ctx::{Ctx, Meta};
 use crate::errors::{Context, DaytonaError};
 use crate::fs::FileSystem;
@@ -283,12 +283,9 @@ impl Sandbox {
     }
 
     fn apply(&mut self, info: SandboxInfo, meta: Meta) {
-        self.name = info
-            .labels
-            .get(NAME_LABEL)
-            .cloned()
-            .or(meta.name.clone())
-            .unwrap_or_else(|| info.id.clone());
+        // The runtime's name only: the facade record inside the sandbox is writable by
+        // sandbox code, so it never decides what a sandbox is called.
+        self.name = info.name.clone().unwrap_or_else(|| info.id.clone());
         self.organization_id = self.organization.clone().unwrap_or_default();
         self.snapshot = meta.snapshot.clone();
         self.user = info.user.name.clone();
@@ -590,12 +587,8 @@ impl Sandbox {
         let info = self.ctx.backend().get(&self.id).await.ctx(P)?;
         let options = sandcove::CreateOptions {
             envs: info.envs.clone(),
-            labels: info
-                .labels
-                .iter()
-                .filter(|(k, _)| k.as_str() != NAME_LABEL)
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            // No name: a fork never inherits its source's (Daytona names it by its id).
+            labels: info.labels.clone(),
             user: Some(info.user.name.clone()),
             home: Some(info.user.home.clone()),
             network: info.network.clone(),

@@ -1059,6 +1059,7 @@ impl SandboxPaginator {
                 .into_iter()
                 .map(SandboxState::core)
                 .collect(),
+            name: None,
         };
         let mut all: Vec<sandcove::SandboxInfo> = backend()?
             .list(options)

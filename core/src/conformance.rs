@@ -34,6 +34,8 @@ macro_rules! conformance_tests {
     ($make:expr) => {
         $crate::conformance_tests!(@cases $make;
             create_get_list_destroy,
+            unique_names,
+            concurrent_creates_with_one_name,
             missing_sandbox_is_not_found,
             set_timeout_moves_the_lease,
             lease_end_destroys_the_sandbox,
@@ -278,6 +280,7 @@ pub async fn create_get_list_destroy(backend: &dyn Backend) {
     let filter = ListOptions {
         labels: BTreeMap::from([("conformance".to_string(), label.clone())]),
         states: vec![],
+        name: None,
     };
     let listed = backend.list(filter.clone()).await.expect("list");
     assert_eq!(listed.iter().map(|i| &i.id).collect::<Vec<_>>(), [&info.id]);
@@ -303,6 +306,7 @@ pub async fn create_get_list_destroy(backend: &dyn Backend) {
     let other = ListOptions {
         labels: BTreeMap::from([("conformance".to_string(), "no-such-label".to_string())]),
         states: vec![],
+        name: None,
     };
     assert!(backend
         .list(other)
@@ -322,6 +326,143 @@ pub async fn create_get_list_destroy(backend: &dyn Backend) {
         ErrorCode::NotFound,
         "destroy twice",
     );
+}
+
+/// Options for a sandbox named `name`, labelled `label`.
+fn named(label: &str, name: &str) -> CreateOptions {
+    CreateOptions {
+        name: Some(name.to_string()),
+        ..test_options(label)
+    }
+}
+
+/// Ids of the live sandboxes carrying the conformance label `label`.
+async fn ids_labelled(backend: &dyn Backend, label: &str) -> Vec<String> {
+    let filter = ListOptions {
+        labels: BTreeMap::from([("conformance".to_string(), label.to_string())]),
+        ..Default::default()
+    };
+    let listed = backend.list(filter).await.expect("list");
+    listed.into_iter().map(|i| i.id).collect()
+}
+
+/// A name is unique among live sandboxes: a taken name is `AlreadyExists` and creates
+/// nothing, a sandbox is found by name, a fork does not inherit its source's name, and the
+/// name is free again once its sandbox is destroyed.
+pub async fn unique_names(backend: &dyn Backend) {
+    let label = unique("names");
+    let name = unique("n");
+    for bad in [
+        "",
+        "-lead",
+        ".hidden",
+        "a/b",
+        "sp ace",
+        "nul\0",
+        &"x".repeat(64),
+    ] {
+        expect_code(
+            backend.create(named(&label, bad)).await,
+            ErrorCode::InvalidArgument,
+            &format!("the name {bad:?}"),
+        );
+    }
+    assert!(
+        ids_labelled(backend, &label).await.is_empty(),
+        "a refused name creates nothing"
+    );
+    let first = backend
+        .create(named(&label, &name))
+        .await
+        .expect("create with a name");
+    assert_eq!(first.name.as_deref(), Some(name.as_str()));
+    assert_eq!(
+        backend.get(&first.id).await.expect("get").name.as_deref(),
+        Some(name.as_str())
+    );
+    expect_code(
+        backend.create(named(&label, &name)).await,
+        ErrorCode::AlreadyExists,
+        "a second create with a live sandbox's name",
+    );
+    assert_eq!(
+        ids_labelled(backend, &label).await,
+        std::slice::from_ref(&first.id),
+        "the refused create made no sandbox"
+    );
+    // Get by name: the list filter answers that one sandbox, whatever other filters say.
+    let by_name = |n: &str| ListOptions {
+        name: Some(n.to_string()),
+        ..Default::default()
+    };
+    let found = backend.list(by_name(&name)).await.expect("list by name");
+    assert_eq!(found.iter().map(|i| &i.id).collect::<Vec<_>>(), [&first.id]);
+    assert!(backend
+        .list(by_name(&unique("n")))
+        .await
+        .expect("list by a free name")
+        .is_empty());
+    // Names are case-sensitive: another case is another name.
+    let upper = name.to_uppercase();
+    let other = backend
+        .create(named(&label, &upper))
+        .await
+        .expect("create with the name in upper case");
+    assert_eq!(other.name.as_deref(), Some(upper.as_str()));
+    let mut forked = None;
+    if backend.capabilities().snapshots {
+        expect_code(
+            backend.fork(&first.id, named(&label, &name)).await,
+            ErrorCode::AlreadyExists,
+            "a fork taking its source's name",
+        );
+        let fork = backend
+            .fork(&first.id, test_options(&label))
+            .await
+            .expect("fork");
+        assert_eq!(fork.name, None, "a fork does not inherit the name");
+        forked = Some(fork.id);
+    }
+    backend.destroy(&first.id).await.expect("destroy");
+    assert!(backend
+        .list(by_name(&name))
+        .await
+        .expect("list by name")
+        .is_empty());
+    let again = backend
+        .create(named(&label, &name))
+        .await
+        .expect("the name is free once its sandbox is destroyed");
+    assert_eq!(again.name.as_deref(), Some(name.as_str()));
+    assert_ne!(again.id, first.id);
+    for id in [again.id, other.id].into_iter().chain(forked) {
+        backend.destroy(&id).await.expect("destroy");
+    }
+}
+
+/// Creates racing for one name: exactly one wins, the others are `AlreadyExists` and
+/// create nothing.
+pub async fn concurrent_creates_with_one_name(backend: &dyn Backend) {
+    const RACERS: usize = 8;
+    let label = unique("race");
+    let name = unique("n");
+    let results =
+        futures::future::join_all((0..RACERS).map(|_| backend.create(named(&label, &name)))).await;
+    let mut winners = Vec::new();
+    for result in results {
+        match result {
+            Ok(info) => winners.push(info.id),
+            Err(e) if e.code() == ErrorCode::AlreadyExists => {}
+            Err(e) => panic!("a racing create failed otherwise: {e}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one create wins: {winners:?}");
+    assert_eq!(
+        ids_labelled(backend, &label).await,
+        winners,
+        "the losers created nothing"
+    );
+    backend.destroy(&winners[0]).await.expect("destroy");
 }
 
 /// Unknown and malformed ids are `NotFound` for every call.

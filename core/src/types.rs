@@ -32,6 +32,12 @@ pub fn now_millis() -> UnixMillis {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CreateOptions {
+    /// A name unique among the live sandboxes of one runtime (see [`valid_sandbox_name`] for
+    /// the accepted form). A create naming a taken name fails with
+    /// [`Error::AlreadyExists`](crate::Error::AlreadyExists) and creates nothing; the name is
+    /// free again once its sandbox is destroyed or its lease has ended. Find a sandbox by name
+    /// with [`ListOptions::name`]. A fork never inherits its source's name.
+    pub name: Option<String>,
     /// Base filesystem. `None` (or `"base"`) is the host's system directories, read-only.
     pub template: Option<String>,
     /// Environment variables every process in the sandbox inherits.
@@ -301,6 +307,9 @@ pub enum SandboxState {
 pub struct SandboxInfo {
     /// Unique id, stable for the sandbox's life.
     pub id: String,
+    /// The unique name given at creation ([`CreateOptions::name`]), if any.
+    #[serde(default)]
+    pub name: Option<String>,
     /// Current state.
     pub state: SandboxState,
     /// Template it was created from.
@@ -354,6 +363,9 @@ pub struct ListOptions {
     pub labels: BTreeMap<String, String>,
     /// Only sandboxes in one of these states (empty: any).
     pub states: Vec<SandboxState>,
+    /// Only the sandbox with this unique name ([`CreateOptions::name`]): a get by name,
+    /// answering at most one sandbox.
+    pub name: Option<String>,
 }
 
 impl ListOptions {
@@ -363,8 +375,26 @@ impl ListOptions {
             .labels
             .iter()
             .all(|(k, v)| info.labels.get(k) == Some(v));
-        labels_ok && (self.states.is_empty() || self.states.contains(&info.state))
+        let name_ok = self.name.is_none() || info.name == self.name;
+        labels_ok && name_ok && (self.states.is_empty() || self.states.contains(&info.state))
     }
+}
+
+/// Longest sandbox name accepted ([`CreateOptions::name`]), in bytes.
+pub const MAX_SANDBOX_NAME: usize = 63;
+
+/// Whether `name` is an acceptable sandbox name: 1 to [`MAX_SANDBOX_NAME`] ASCII letters,
+/// digits, `-`, `_` or `.`, starting with a letter or digit. Case matters (`A` and `a` are
+/// different names). The form fits a file name, a DNS label (without `_`/`.`) and every
+/// vendor's naming rules this project translates.
+pub fn valid_sandbox_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= MAX_SANDBOX_NAME
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// What to run: an argv (never through an implicit shell) or an explicit shell script.

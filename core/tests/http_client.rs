@@ -32,6 +32,7 @@ fn client(server: &MockServer) -> HttpBackend {
 fn info(id: &str) -> SandboxInfo {
     SandboxInfo {
         id: id.into(),
+        name: None,
         state: SandboxState::Running,
         template: "base".into(),
         labels: BTreeMap::new(),

@@ -574,6 +574,52 @@ async fn a_repeated_create_key_makes_one_sandbox() {
     engine.destroy(&ids[0]).await.unwrap();
 }
 
+/// Retries of a named create (one idempotency key) all get the one sandbox, never a
+/// spurious `AlreadyExists` from the name the first attempt took; a create under another key
+/// with that name is `AlreadyExists` (409) through the client.
+#[tokio::test]
+async fn a_retried_named_create_is_not_already_exists() {
+    let engine: Arc<dyn Backend> = Arc::new(LocalBackend::new().unwrap());
+    let server = start(engine.clone(), ServerConfig::new(KEY)).await;
+    let label = unique("idemname");
+    let name = unique("n");
+    let options = CreateOptions {
+        name: Some(name.clone()),
+        ..test_options(&label)
+    };
+    let body = serde_json::to_vec(&options).unwrap();
+    let http = reqwest::Client::new();
+    let key = unique("key");
+    let send = || {
+        http.post(format!("{}/v1/sandboxes", server.url()))
+            .bearer_auth(KEY)
+            .header(IDEMPOTENCY_HEADER, &key)
+            .body(body.clone())
+            .send()
+    };
+    let (a, b) = tokio::join!(send(), send());
+    let c = send().await.unwrap();
+    let mut ids = Vec::new();
+    for response in [a.unwrap(), b.unwrap(), c] {
+        assert_eq!(
+            response.status().as_u16(),
+            200,
+            "a retry answers the sandbox"
+        );
+        let info = response.json::<SandboxInfo>().await.unwrap();
+        assert_eq!(info.name.as_deref(), Some(name.as_str()));
+        ids.push(info.id);
+    }
+    assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+    let client = HttpBackend::connect(&server.url(), KEY).await.unwrap();
+    let err = client.create(options).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::AlreadyExists, "{err}");
+    let mut filter = ListOptions::default();
+    filter.labels.insert("conformance".into(), label);
+    assert_eq!(engine.list(filter).await.unwrap().len(), 1, "one sandbox");
+    engine.destroy(&ids[0]).await.unwrap();
+}
+
 /// Stopping the server ends open streams with an error, never a silent short stream, and
 /// leaves the sandbox running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

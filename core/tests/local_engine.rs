@@ -136,6 +136,141 @@ async fn stale_state_is_collected() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A name entry whose holder is gone (its creator or monitor died: the sandbox's lock is
+/// free) is taken over by the next create; one whose holder is still creating (its staging
+/// lock held, as by another program mid-create) is not.
+///
+/// A lock file this test opens can stay held for a moment by a child another test forks
+/// before that child's exec closes it; so "free again" is waited for, never assumed.
+#[tokio::test]
+async fn names_of_dead_holders_are_reclaimed_and_of_creating_ones_are_not() {
+    let dir = std::env::temp_dir().join(unique("state"));
+    let backend = LocalBackend::with_state_dir(&dir).expect("engine");
+    let names = dir.join("names");
+    std::fs::create_dir_all(&names).unwrap();
+    let plant = |sandbox_dir: &str, name: &str, holder: &str| {
+        let holder_dir = dir.join("sandboxes").join(sandbox_dir);
+        std::fs::create_dir_all(&holder_dir).unwrap();
+        let lock = std::fs::File::create(holder_dir.join("lock")).unwrap();
+        std::os::unix::fs::symlink(holder, names.join(name)).unwrap();
+        lock
+    };
+    let named = |name: &str| sandcove::CreateOptions {
+        name: Some(name.to_string()),
+        ..test_options(&unique("reclaim"))
+    };
+    let create_when_free = |name: &'static str| {
+        let backend = backend.clone();
+        let options = named(name);
+        async move {
+            eventually(PATIENCE, &format!("the name {name:?} is free"), || {
+                let (backend, options) = (backend.clone(), options.clone());
+                async move { backend.create(options).await }
+            })
+            .await
+        }
+    };
+
+    // A dead monitor: its sandbox directory remains, its lock is free.
+    drop(plant(
+        "deadsandbox000000000",
+        "taken-by-the-dead",
+        "deadsandbox000000000",
+    ));
+    let reclaimed = create_when_free("taken-by-the-dead").await;
+    assert_eq!(
+        std::fs::read_link(names.join("taken-by-the-dead")).unwrap(),
+        std::path::Path::new(&reclaimed.id),
+        "the entry now names the new sandbox"
+    );
+
+    // Another program mid-create: staging directory, lock held.
+    let held = plant(
+        ".busysandbox000000000",
+        "being-created",
+        "busysandbox000000000",
+    );
+    held.try_lock().expect("hold the staging lock");
+    let err = backend
+        .create(named("being-created"))
+        .await
+        .expect_err("a name being taken by a live creator");
+    assert_eq!(err.code(), ErrorCode::AlreadyExists, "{err}");
+    // That creator dies before finishing: the name becomes free.
+    drop(held);
+    let after = create_when_free("being-created").await;
+
+    // Stale entries are collected with stale state; live ones are kept.
+    drop(plant(
+        "gonesandbox000000000",
+        "left-behind",
+        "gonesandbox000000000",
+    ));
+    eventually(PATIENCE, "a dead holder's entry is collected", || async {
+        backend.collect_stale();
+        sandcove::conformance::holds(
+            std::fs::symlink_metadata(names.join("left-behind")).is_err(),
+            "still there",
+        )
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_link(names.join("being-created")).unwrap(),
+        std::path::Path::new(&after.id),
+        "a live holder's entry is kept"
+    );
+    for id in [reclaimed.id, after.id] {
+        backend.destroy(&id).await.expect("destroy");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Creates racing to take over a dead holder's name: exactly one wins (replacing a stale
+/// entry must not let two creators each think they hold the name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_creates_over_a_stale_name_leave_one_winner() {
+    const RACERS: usize = 8;
+    let dir = std::env::temp_dir().join(unique("state"));
+    let backend = LocalBackend::with_state_dir(&dir).expect("engine");
+    let names = dir.join("names");
+    std::fs::create_dir_all(&names).unwrap();
+    for round in 0..40 {
+        let name = format!("stale-{round}");
+        let holder = format!("deadsandbox{round:09}");
+        // A holder whose lock file is gone is dead; no file is opened here, so no child
+        // another test forks can hold it for a moment.
+        std::fs::create_dir_all(dir.join("sandboxes").join(&holder)).unwrap();
+        std::os::unix::fs::symlink(&holder, names.join(&name)).unwrap();
+        let label = unique("stalerace");
+        let results = futures::future::join_all((0..RACERS).map(|_| {
+            let backend = backend.clone();
+            let options = sandcove::CreateOptions {
+                name: Some(name.clone()),
+                ..test_options(&label)
+            };
+            tokio::spawn(async move { backend.create(options).await })
+        }))
+        .await;
+        let mut winners = Vec::new();
+        for result in results {
+            match result.expect("task") {
+                Ok(info) => winners.push(info.id),
+                Err(e) if e.code() == ErrorCode::AlreadyExists => {}
+                Err(e) => panic!("a racing create failed otherwise: {e}"),
+            }
+        }
+        for id in &winners {
+            backend.destroy(id).await.expect("destroy");
+        }
+        assert_eq!(
+            winners.len(),
+            1,
+            "round {round}: one winner, got {winners:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A client speaking another protocol version gets a clear error, not garbage.
 #[tokio::test]
 async fn a_protocol_version_mismatch_is_a_clear_error() {

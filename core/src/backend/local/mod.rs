@@ -21,6 +21,7 @@ mod entry;
 mod files;
 mod landlock;
 mod monitor;
+mod names;
 mod net;
 mod preview;
 pub(crate) mod proto;
@@ -156,7 +157,8 @@ impl LocalBackend {
         Ok(SandboxDir::new(&self.state_dir, id))
     }
 
-    /// Remove state directories whose monitor is gone (its lock is free).
+    /// Remove state directories whose monitor is gone (its lock is free), and the name
+    /// entries of sandboxes that no longer exist.
     pub fn collect_stale(&self) -> usize {
         let Ok(entries) = std::fs::read_dir(self.sandboxes_dir()) else {
             return 0;
@@ -183,6 +185,7 @@ impl LocalBackend {
                 collected += 1;
             }
         }
+        collected += names::collect_stale(&self.state_dir);
         if let Some(h) = &self.cgroups {
             let sandboxes = self.sandboxes_dir();
             cgroup::collect_stale(h, &|id| sandboxes.join(id).exists());
@@ -535,6 +538,7 @@ fn unexpected(reply: &Reply) -> Error {
 pub(crate) fn info_of(record: &Record, state: SandboxState) -> SandboxInfo {
     SandboxInfo {
         id: record.id.clone(),
+        name: record.options.name.clone(),
         state,
         template: record
             .options
@@ -564,6 +568,11 @@ fn namespaces_available() -> bool {
 
 fn check_create(options: &CreateOptions, cgroups: bool) -> Result<()> {
     validate_envs(&options.envs)?;
+    if let Some(name) = &options.name {
+        if !crate::valid_sandbox_name(name) {
+            return Err(names::invalid_name(name));
+        }
+    }
     if let Some(t) = options.timeout {
         if t > MAX_TIMEOUT {
             return Err(Error::invalid(format!(
@@ -1182,9 +1191,13 @@ fn start_monitor(state_dir: &Path, record: &Record) -> Result<()> {
         .mode(0o700)
         .create(&staging)
         .map_err(|e| Error::from_io(&e, "sandbox state directory"))?;
+    let name = record.options.name.as_deref();
     let cleanup = |e: Error| {
         let _ = std::fs::remove_dir_all(&staging);
         let _ = std::fs::remove_dir_all(&final_dir.dir);
+        if let Some(name) = name {
+            names::release(state_dir, name, &record.id);
+        }
         e
     };
     let lock = std::fs::OpenOptions::new()
@@ -1198,6 +1211,14 @@ fn start_monitor(state_dir: &Path, record: &Record) -> Result<()> {
         return Err(cleanup(Error::backend(
             "sandbox lock is held by another process",
         )));
+    }
+    // The name is taken while this program holds the sandbox's lock, which the monitor then
+    // inherits: the name stays taken exactly as long as the sandbox lives.
+    if let Some(name) = name {
+        if let Err(e) = names::claim(state_dir, name, &record.id) {
+            let _ = std::fs::remove_dir_all(&staging);
+            return Err(e);
+        }
     }
     let text = serde_json::to_vec_pretty(record)
         .map_err(|e| cleanup(Error::backend(format!("encode record: {e}"))))?;

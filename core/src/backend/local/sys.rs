@@ -329,6 +329,18 @@ pub fn try_lock_exclusive(fd: RawFd) -> io::Result<bool> {
     }
 }
 
+/// `flock(LOCK_EX)`, waiting for the holder; retried when a signal interrupts the wait.
+pub fn lock_exclusive(fd: RawFd) -> io::Result<()> {
+    loop {
+        // SAFETY: flock has no memory-safety preconditions.
+        match cvt(unsafe { libc::flock(fd, libc::LOCK_EX) }) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Set or clear `O_NONBLOCK`.
 pub fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
     // SAFETY: fcntl F_GETFL/F_SETFL take and return plain integers.
