@@ -345,3 +345,70 @@ async fn a_descendant_writing_forever_does_not_hold_back_the_exit() {
     env.backend.destroy(&id).await.unwrap();
     env.assert_nothing_left("drain").await;
 }
+
+/// Issue 13's rule for snapshots and forks: when the agent dies while a snapshot (or the
+/// snapshot a fork takes) is being written, the error comes back only after the partial
+/// archive is gone, and a failed fork leaves no new sandbox. The archive is written from
+/// tens of thousands of small files, so the export runs long enough to be cut.
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshots_and_forks_cut_off_midway_leave_nothing_behind() {
+    let env = Env::new("cutsnap");
+    let snapshots = env.dir.join("snapshots");
+    let partials = || -> Vec<String> {
+        std::fs::read_dir(&snapshots)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.ends_with(".partial"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for fork in [false, true] {
+        let id = env.sandbox("cutsnap").await;
+        let out = bash(
+            &*env.backend,
+            &id,
+            "mkdir -p /workspace/many && cd /workspace/many && \
+             head -c 160M /dev/zero | split -b 4k -a 6 - f && ls | wc -l",
+        )
+        .await;
+        assert!(out.exit_code() == 0, "{}", out.stderr_lossy());
+        let (_, agent) = common::monitor_and_agent(&id).await;
+        let backend = env.backend.clone();
+        let source = id.clone();
+        let cut = tokio::spawn(async move {
+            if fork {
+                backend
+                    .fork(&source, Default::default())
+                    .await
+                    .map(|info| info.id)
+            } else {
+                backend.snapshot(&source, None).await.map(|info| info.id)
+            }
+        });
+        common::eventually(common::PATIENCE, "the archive is being written", || {
+            let seen = partials();
+            let started = common::holds(!seen.is_empty(), seen);
+            async move { started }
+        })
+        .await;
+        common::signal(agent, libc::SIGKILL);
+        let result = cut.await.unwrap();
+        // The error is back: by now nothing of the attempt may remain.
+        let left = partials();
+        assert!(
+            result.is_err(),
+            "the export finished before the cut: {result:?}"
+        );
+        assert_eq!(left, Vec::<String>::new(), "partial archive left behind");
+        assert_eq!(env.backend.list_snapshots().await.unwrap().len(), 0);
+        let sandboxes = env.backend.list(Default::default()).await.unwrap();
+        assert!(
+            sandboxes.iter().all(|s| s.id == id),
+            "a failed fork left a sandbox: {sandboxes:?}"
+        );
+        let _ = env.backend.destroy(&id).await;
+    }
+    env.assert_nothing_left("cut snapshots").await;
+}

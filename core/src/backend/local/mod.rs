@@ -250,7 +250,10 @@ impl LocalBackend {
             let _ = std::fs::remove_file(&partial);
             return Err(e);
         }
-        std::fs::rename(&partial, &tar).map_err(|e| Error::from_io(&e, "snapshot file"))?;
+        if let Err(e) = std::fs::rename(&partial, &tar) {
+            let _ = std::fs::remove_file(&partial);
+            return Err(Error::from_io(&e, "snapshot file"));
+        }
         let info = SnapshotInfo {
             id: snapshot_id,
             name,
@@ -260,7 +263,12 @@ impl LocalBackend {
         };
         let text = serde_json::to_vec_pretty(&info)
             .map_err(|e| Error::backend(format!("encode snapshot: {e}")))?;
-        std::fs::write(&meta, text).map_err(|e| Error::from_io(&e, "snapshot metadata"))?;
+        if let Err(e) = std::fs::write(&meta, text) {
+            // No snapshot without its metadata: nothing half-made stays behind.
+            let _ = std::fs::remove_file(&meta);
+            let _ = std::fs::remove_file(&tar);
+            return Err(Error::from_io(&e, "snapshot metadata"));
+        }
         Ok(info)
     }
 
