@@ -1539,7 +1539,7 @@ fn watch_tree(
     rel: PathBuf,
     recursive: bool,
     dirs: &mut Watched,
-) -> Vec<PathBuf> {
+) -> Vec<(PathBuf, bool)> {
     let mut found = Vec::new();
     let mut queue = VecDeque::from([(top, rel)]);
     while let Some((dir, rel)) = queue.pop_front() {
@@ -1557,10 +1557,13 @@ fn watch_tree(
         names.sort();
         for name in names {
             let child = rel.join(&name);
+            // Not following a final symlink: `by_fd` is the held directory itself.
+            let written = std::fs::symlink_metadata(by_fd.join(&name))
+                .is_ok_and(|m| m.is_file() && m.len() > 0);
             if let Some(sub) = files::open_subdir(&dir, &name) {
                 queue.push_back((sub, child.clone()));
             }
-            found.push(child);
+            found.push((child, written));
         }
     }
     found
@@ -1694,7 +1697,20 @@ async fn watch(
                         .await;
                         if let Ok((added, found)) = scanned {
                             dirs.extend(added);
-                            changes.extend(found.into_iter().map(|p| (p, FsEventKind::Create)));
+                            for (path, written) in found {
+                                // An API write caught mid-way: remember it like one seen live,
+                                // so its landing is reported as a create and a write.
+                                let name = path.file_name().unwrap_or_default();
+                                if let Some((target, existed)) = files::temp_target(name) {
+                                    let parent = path.parent().unwrap_or(Path::new(""));
+                                    api_writes.insert(parent.join(target), existed);
+                                    continue;
+                                }
+                                changes.push((path.clone(), FsEventKind::Create));
+                                if written {
+                                    changes.push((path, FsEventKind::Write));
+                                }
+                            }
                         }
                     }
                     for (changed, kind) in changes {
