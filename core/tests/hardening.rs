@@ -18,12 +18,12 @@ use std::time::Duration;
 use futures::StreamExt;
 use sandcove::conformance::{run, unique};
 use sandcove::{
-    Backend, ByteStream, Command, CreateOptions, ErrorCode, ListDirOptions, MkdirOptions,
-    NetworkPolicy, Output, PreviewOptions, ProcessSelector, ProcessSpec, PtySize, RemoveOptions,
-    Resources, Signal, VolumeMount, WatchOptions, WriteOptions,
+    Backend, Command, CreateOptions, ErrorCode, ListDirOptions, MkdirOptions, NetworkPolicy,
+    Output, PreviewOptions, ProcessSelector, ProcessSpec, PtySize, RemoveOptions, Resources,
+    Signal, VolumeMount, WatchOptions, WriteOptions,
 };
 
-use common::{bash, Canaries, Env, Gen, HostSleeper};
+use common::{bash, bytes, read_all, Canaries, Env, Gen, HostSleeper};
 
 /// Run a bash script that searches for `marker`, passed as `$M` so the script's own command
 /// line does not contain it.
@@ -34,20 +34,6 @@ async fn bash_seeking(backend: &dyn Backend, id: &str, marker: &str, script: &st
         ProcessSpec::new(Command::argv(["bash", "-c", script])).env("M", marker),
     )
     .await
-}
-
-fn bytes(data: &[u8]) -> ByteStream {
-    let data = data.to_vec();
-    Box::pin(futures::stream::once(async move { Ok(data) }))
-}
-
-async fn read_all(backend: &dyn Backend, id: &str, path: &str) -> sandcove::Result<Vec<u8>> {
-    let mut stream = backend.read_file(id, path).await?;
-    let mut out = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        out.extend_from_slice(&chunk?);
-    }
-    Ok(out)
 }
 
 /// Whether `path` is under a host directory the sandbox sees read-only (then it is visible

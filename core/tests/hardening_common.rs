@@ -514,3 +514,20 @@ pub async fn bash(backend: &dyn Backend, id: &str, script: &str) -> Output {
     )
     .await
 }
+
+/// A one-chunk upload source.
+pub fn bytes(data: &[u8]) -> sandcove::ByteStream {
+    let data = data.to_vec();
+    Box::pin(futures::stream::once(async move { Ok(data) }))
+}
+
+/// Read a whole file of sandbox `id` through the file API.
+pub async fn read_all(backend: &dyn Backend, id: &str, path: &str) -> sandcove::Result<Vec<u8>> {
+    use futures::StreamExt;
+    let mut stream = backend.read_file(id, path).await?;
+    let mut out = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        out.extend_from_slice(&chunk?);
+    }
+    Ok(out)
+}

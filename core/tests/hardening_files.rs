@@ -21,25 +21,11 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use sandcove::conformance::{run, unique};
 use sandcove::{
-    Backend, ByteStream, Command, ErrorCode, FileKind, ListDirOptions, MkdirOptions, ProcessSpec,
+    Backend, Command, ErrorCode, FileKind, ListDirOptions, MkdirOptions, ProcessSpec,
     RemoveOptions, WatchOptions, WriteOptions,
 };
 
-use common::{bash, Canaries, Env};
-
-fn bytes(data: &[u8]) -> ByteStream {
-    let data = data.to_vec();
-    Box::pin(futures::stream::once(async move { Ok(data) }))
-}
-
-async fn read_all(backend: &dyn Backend, id: &str, path: &str) -> sandcove::Result<Vec<u8>> {
-    let mut stream = backend.read_file(id, path).await?;
-    let mut out = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        out.extend_from_slice(&chunk?);
-    }
-    Ok(out)
-}
+use common::{bash, bytes, read_all, Canaries, Env};
 
 fn code_of<T>(r: sandcove::Result<T>) -> Option<ErrorCode> {
     r.err().map(|e| e.code())
