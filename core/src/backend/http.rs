@@ -715,7 +715,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 fn idempotency_key() -> String {
-    format!("sc-{}", crate::backend::local::config::new_id())
+    format!("sc-{}", crate::random_id(20))
 }
 
 async fn fetch_capabilities(backend: &HttpBackend, http: &reqwest::Client) -> Result<Capabilities> {

@@ -518,6 +518,7 @@ fn describe(sel: &ProcessSelector) -> String {
 
 async fn serve(agent: Arc<Agent>, ctrl: OwnedFd) {
     if let Err(e) = sys::set_nonblocking(ctrl.as_raw_fd(), true) {
+        // The agent has no log subscriber: its stderr is the monitor's log file.
         eprintln!("agent: {e}");
         return;
     }

@@ -87,7 +87,7 @@ impl LocalBackend {
     pub fn unisolated(dir: impl Into<PathBuf>) -> Result<Self> {
         let mut backend = Self::with_state_dir(dir)?;
         if !backend.unisolated {
-            eprintln!("sandcove: WARNING: sandboxes run WITHOUT isolation from this host");
+            tracing::warn!("sandboxes run WITHOUT isolation from this host");
         }
         backend.unisolated = true;
         Ok(backend)
@@ -106,9 +106,9 @@ impl LocalBackend {
         let unisolated =
             std::env::var(ALLOW_UNISOLATED_ENV).is_ok_and(|v| v == "1") && !namespaces_available();
         if unisolated {
-            eprintln!(
-                "sandcove: WARNING: user namespaces are unavailable and {ALLOW_UNISOLATED_ENV}=1: \
-                 sandboxes run WITHOUT isolation from this host"
+            tracing::warn!(
+                "user namespaces are unavailable and {ALLOW_UNISOLATED_ENV}=1: sandboxes run \
+                 WITHOUT isolation from this host"
             );
         }
         let backend = LocalBackend {
