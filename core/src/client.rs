@@ -7,8 +7,8 @@ use futures::StreamExt;
 
 use crate::{
     Backend, ByteStream, Capabilities, CreateOptions, Error, FileStat, ListDirOptions, ListOptions,
-    MkdirOptions, Output, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec,
-    ProcessStream, RemoveOptions, Result, SandboxInfo, Signal, WriteOptions, DEFAULT_OUTPUT_LIMIT,
+    MkdirOptions, Output, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream,
+    RemoveOptions, Result, SandboxInfo, Signal, WriteOptions, DEFAULT_OUTPUT_LIMIT,
 };
 
 /// Env var naming a remote `sandcove serve` to use instead of the embedded engine.

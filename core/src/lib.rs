@@ -32,6 +32,7 @@ pub mod capability;
 pub mod client;
 pub mod error;
 pub mod types;
+pub mod validate;
 
 #[cfg(any(feature = "local", feature = "server"))]
 mod listen;
@@ -51,3 +52,4 @@ pub use capability::Capabilities;
 pub use client::{Client, ProcessHandle, Sandbox, MAX_READ_BYTES};
 pub use error::{Error, ErrorBody, ErrorCode, Result};
 pub use types::*;
+pub use validate::{MAX_PROCESS_TIMEOUT, MAX_SANDBOX_TIMEOUT};
