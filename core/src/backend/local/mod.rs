@@ -16,7 +16,7 @@
 
 mod agent;
 mod cgroup;
-pub mod config;
+pub(crate) mod config;
 mod entry;
 mod files;
 mod landlock;
@@ -51,6 +51,7 @@ use crate::{
     DEFAULT_TIMEOUT,
 };
 
+pub use self::config::default_state_dir;
 pub use self::preview::PreviewLimits;
 
 /// Env var that opts in to running sandboxes without isolation where namespaces are missing.
@@ -71,8 +72,7 @@ pub struct LocalBackend {
 }
 
 impl LocalBackend {
-    /// An engine keeping state in the default directory (see
-    /// [`config::default_state_dir`]).
+    /// An engine keeping state in the default directory (see [`default_state_dir`]).
     pub fn new() -> Result<Self> {
         Self::with_state_dir(config::default_state_dir())
     }
