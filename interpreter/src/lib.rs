@@ -652,25 +652,8 @@ impl Context {
     pub async fn run(&self, code: impl Into<String>, options: RunOptions) -> Result<Execution> {
         self.check_live()?;
         check_envs(&options.envs)?;
+        let deadline = options.timeout.map(|t| Instant::now() + t);
         let token = random_hex(16)?;
-        let (generation, pid, reader) = {
-            let mut slot = self.slot();
-            if slot.ended {
-                return Err(self.ended_error());
-            }
-            (slot.generation, slot.info.pid, slot.reader.take())
-        };
-        let reader = match reader {
-            Some(r) => r,
-            None => {
-                let interp = self.interp();
-                let stream = interp
-                    .backend
-                    .attach(&interp.sandbox_id, ProcessSelector::Pid(pid))
-                    .await?;
-                FrameReader::new(stream)
-            }
-        };
         let request = serde_json::json!({
             "op": "run",
             "token": token,
@@ -681,31 +664,62 @@ impl Context {
             .map_err(|e| Error::invalid(format!("code-context request: {e}")))?;
         line.push(b'\n');
         let interp = self.interp();
-        if let Err(e) = interp
-            .backend
-            .write_stdin(&interp.sandbox_id, ProcessSelector::Pid(pid), line)
-            .await
-        {
-            // Most likely the interpreter is gone: say so rather than "stdin closed".
-            let running = interp
+        let mut adopted = false;
+        let (generation, pid, reader) = loop {
+            let (generation, pid, reader) = {
+                let mut slot = self.slot();
+                let ended = slot.ended;
+                (
+                    slot.generation,
+                    (!ended).then_some(slot.info.pid),
+                    slot.reader.take(),
+                )
+            };
+            let Some(pid) = pid else {
+                // Another program may have restarted the context: follow it, once.
+                if !adopted && self.adopt(generation).await? {
+                    adopted = true;
+                    continue;
+                }
+                return Err(self.ended_error());
+            };
+            let reader = match reader {
+                Some(r) => r,
+                None => FrameReader::new(
+                    interp
+                        .backend
+                        .attach(&interp.sandbox_id, ProcessSelector::Pid(pid))
+                        .await?,
+                ),
+            };
+            match interp
                 .backend
-                .list_processes(&interp.sandbox_id)
-                .await?
-                .iter()
-                .any(|p| p.pid == pid && p.exit.is_none());
-            if running {
-                return Err(e);
+                .write_stdin(&interp.sandbox_id, ProcessSelector::Pid(pid), line.clone())
+                .await
+            {
+                Ok(()) => break (generation, pid, reader),
+                Err(e) => {
+                    // Most likely the interpreter is gone: say so rather than "stdin closed".
+                    let running = interp
+                        .backend
+                        .list_processes(&interp.sandbox_id)
+                        .await?
+                        .iter()
+                        .any(|p| p.pid == pid && p.exit.is_none());
+                    if running {
+                        return Err(e);
+                    }
+                    self.mark_ended(generation);
+                }
             }
-            self.mark_ended(generation);
-            return Err(self.ended_error());
-        }
+        };
         let run = Run {
             context: self.clone(),
             generation,
             pid,
             reader: Some(reader),
             token,
-            deadline: options.timeout.map(|t| Instant::now() + t),
+            deadline,
             timeout: options.timeout,
             grace: options.interrupt_grace,
             phase: Phase::Queued,
@@ -717,6 +731,23 @@ impl Context {
         Ok(Execution {
             events: Box::pin(events),
         })
+    }
+
+    /// Switch to a live interpreter of this context other than the one of `generation` (one
+    /// another program restarted); false when there is none.
+    async fn adopt(&self, generation: u64) -> Result<bool> {
+        let Some((info, _)) = self.interp().find(&self.inner.id).await? else {
+            return Ok(false);
+        };
+        let mut slot = self.slot();
+        if slot.generation != generation || (slot.info.pid == info.pid && slot.ended) {
+            return Ok(slot.generation != generation);
+        }
+        slot.generation += 1;
+        slot.info = info;
+        slot.reader = None;
+        slot.ended = false;
+        Ok(true)
     }
 
     /// Interrupt the running cell (SIGINT to the interpreter): it raises `KeyboardInterrupt`,

@@ -347,12 +347,18 @@ async fn restart_clears_state_and_delete_ends_the_context(backend: Arc<dyn Backe
         .expect("context");
     assert_eq!(ctx.info().cwd, "/tmp");
     run(&ctx, "mine = 1").await;
+    let early = interp.context("work").await.expect("found");
+    assert_eq!(main_text(&run(&early, "mine").await).as_deref(), Some("1"));
     let before = ctx.info().pid;
     ctx.restart().await.expect("restart");
+    // A handle made before the restart follows the context to its new interpreter.
+    let events = run(&early, "'mine' in globals()").await;
+    assert_eq!(main_text(&events).as_deref(), Some("False"));
+    assert_eq!(count(&events), Some(1), "the count starts again");
     assert_ne!(ctx.info().pid, before);
     let events = run(&ctx, "import os\n('mine' in globals(), os.getcwd())").await;
     assert_eq!(main_text(&events).as_deref(), Some("(False, '/tmp')"));
-    assert_eq!(count(&events), Some(1), "the count starts again");
+    assert_eq!(count(&events), Some(2));
     // Another handle sees the restarted context.
     let other = interp.context("work").await.expect("found");
     run(&other, "mine = 2").await;
