@@ -1028,7 +1028,18 @@ impl Run {
             Phase::Cancelling(_) | Phase::Interrupting(_) => {
                 // The cell ignored the interrupt: kill the interpreter (its state is lost).
                 let interp = self.context.interp().clone();
-                let killed = interp.signal_pid(self.pid, Signal::Kill).await;
+                let mut killed = interp.signal_pid(self.pid, Signal::Kill).await;
+                if let (Ok(()), Some(reader)) = (&killed, self.reader.as_mut()) {
+                    // Report only once it is gone, so no caller sees it still listed.
+                    if tokio::time::timeout(EXIT_WAIT, reader.wait_exit())
+                        .await
+                        .is_err()
+                    {
+                        killed = Err(Error::Timeout {
+                            what: "the killed code-context interpreter did not end".into(),
+                        });
+                    }
+                }
                 self.phase = Phase::Done;
                 self.reader = None;
                 self.context.mark_ended(self.generation);
