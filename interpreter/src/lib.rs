@@ -143,15 +143,8 @@ fn check_envs(envs: &BTreeMap<String, String>) -> Result<()> {
     Ok(())
 }
 
-/// `n` random bytes as lowercase hex.
-fn random_hex(n: usize) -> Result<String> {
-    let mut bytes = vec![0u8; n];
-    getrandom::getrandom(&mut bytes).map_err(|e| Error::Io {
-        message: format!("random bytes for a code-context token: {e}"),
-        errno: None,
-    })?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
-}
+/// Characters of a run's token: 26 base-36 characters are over 128 bits.
+const TOKEN_LEN: usize = 26;
 
 // ----- events -----
 
@@ -396,7 +389,7 @@ impl Interpreter {
         let language = check_language(options.language.as_deref())?;
         let id = match options.id {
             Some(id) => id,
-            None => random_hex(8)?,
+            None => sandcove::random_id(12),
         };
         check_id(&id)?;
         check_envs(&options.envs)?;
@@ -653,7 +646,7 @@ impl Context {
         self.check_live()?;
         check_envs(&options.envs)?;
         let deadline = options.timeout.map(|t| Instant::now() + t);
-        let token = random_hex(16)?;
+        let token = sandcove::random_id(TOKEN_LEN);
         let request = serde_json::json!({
             "op": "run",
             "token": token,
