@@ -1,7 +1,7 @@
 //! The ergonomic surface: a [`Client`] over any [`Backend`], and [`Sandbox`] handles.
 
 use std::collections::BTreeMap;
-use std::future::{Future, IntoFuture};
+use std::future::IntoFuture;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
