@@ -137,6 +137,19 @@ impl LocalBackend {
         self
     }
 
+    /// Volumes need a mount namespace to appear in a sandbox, so without isolation every
+    /// volume call is refused before any effect, as `capabilities().volumes` says.
+    fn volumes_supported(&self) -> Result<()> {
+        if self.unisolated {
+            return Err(Error::not_supported(
+                "volumes without isolation",
+                "run on a host with user namespaces, or keep shared files outside the sandbox \
+                 and copy them in with the file API",
+            ));
+        }
+        Ok(())
+    }
+
     /// Where sandbox state lives.
     pub fn state_dir(&self) -> &Path {
         &self.state_dir
@@ -675,12 +688,19 @@ impl Backend for LocalBackend {
                     .unwrap_or(config::DEFAULT_MAX_PROCESSES),
             },
         });
+        let mut users = mapping.users(
+            &default_name,
+            options.home.as_deref().unwrap_or(crate::SANDBOX_HOME),
+        );
+        if self.unisolated {
+            // No user namespace: the sandbox user is the host user running the engine.
+            for user in &mut users {
+                (user.uid, user.gid) = (sys::geteuid(), sys::getegid());
+            }
+        }
         let record = Record {
             id: id.clone(),
-            users: mapping.users(
-                &default_name,
-                options.home.as_deref().unwrap_or(crate::SANDBOX_HOME),
-            ),
+            users,
             mapping,
             options,
             created_at: now,
@@ -1099,18 +1119,22 @@ impl Backend for LocalBackend {
     }
 
     async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {
+        self.volumes_supported()?;
         volumes::create(self, name)
     }
 
     async fn get_volume(&self, name: &str) -> Result<VolumeInfo> {
+        self.volumes_supported()?;
         volumes::get(self, name)
     }
 
     async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
+        self.volumes_supported()?;
         volumes::list(self)
     }
 
     async fn delete_volume(&self, name: &str) -> Result<()> {
+        self.volumes_supported()?;
         volumes::delete(self, name).await
     }
 }
