@@ -1068,6 +1068,8 @@ fn spawn_process(
                 super::seccomp::apply(filters)?;
             } else {
                 sys::setsid()?;
+                // The one limit that stays per process without a user namespace.
+                sys::setrlimit(libc::RLIMIT_NOFILE, nofile)?;
             }
             if with_tty {
                 sys::set_controlling_tty()?;

@@ -599,6 +599,28 @@ fn check_create(options: &CreateOptions, cgroups: bool) -> Result<()> {
     cgroup::check(&options.resources, cgroups)
 }
 
+/// What a sandbox without isolation cannot honour, refused before any effect (see
+/// `capabilities()`): volumes, snapshots, pausing (a lease that pauses, auto-resume), a
+/// per-sandbox process limit (`RLIMIT_NPROC` counts every process of the host user) and a
+/// disk size (there is no sandbox filesystem to size).
+fn check_unisolated(options: &CreateOptions) -> Result<()> {
+    let refused = if !options.volumes.is_empty() || options.snapshot.is_some() {
+        "volumes and snapshots"
+    } else if options.on_timeout == crate::TimeoutAction::Pause || options.auto_resume {
+        "pausing (on_timeout: Pause, auto_resume)"
+    } else if options.resources.max_processes.is_some() {
+        "a per-sandbox process limit (max_processes)"
+    } else if options.resources.disk_mib.is_some() {
+        "a disk size (disk_mib)"
+    } else {
+        return Ok(());
+    };
+    Err(Error::not_supported(
+        format!("{refused} without isolation"),
+        "run on a host with user namespaces",
+    ))
+}
+
 #[async_trait]
 impl Backend for LocalBackend {
     fn capabilities(&self) -> Capabilities {
@@ -631,11 +653,8 @@ impl Backend for LocalBackend {
             .user
             .clone()
             .unwrap_or_else(|| config::DEFAULT_USER_NAME.into());
-        if self.unisolated && (!options.volumes.is_empty() || options.snapshot.is_some()) {
-            return Err(Error::not_supported(
-                "volumes and snapshots without isolation",
-                "run on a host with user namespaces",
-            ));
+        if self.unisolated {
+            check_unisolated(&options)?;
         }
         let pasta = match options.network {
             crate::NetworkPolicy::Internet if self.unisolated => {
