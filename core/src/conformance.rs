@@ -914,11 +914,12 @@ pub async fn process_timeout_kills_the_group(backend: &dyn Backend) {
     // stat), so the check below finds exactly it: without isolation `ps` would show every
     // `sleep` on the host.
     let spec = ProcessSpec::new(Command::sh(
-        "sleep 30 & echo \"$! $(cut -d' ' -f22 /proc/$!/stat)\" >&2; sleep 30; echo never",
+        "sleep 600 & echo \"$! $(cut -d' ' -f22 /proc/$!/stat)\" >&2; sleep 30; echo never",
     ))
     .timeout(Duration::from_millis(500));
     let out = run(backend, &id, spec).await;
-    // The sleeps last 30 s: ending well before that is the kill, even on a loaded machine.
+    // The foreground sleep lasts 30 s: ending well before that is the kill, even on a loaded
+    // machine. The background one outlasts the wait below, so only the kill ends it there.
     assert!(start.elapsed() < Duration::from_secs(25), "killed promptly");
     let status = out.exit_status();
     assert!(status.timed_out, "reported as a timeout: {status:?}");
