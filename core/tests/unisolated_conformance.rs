@@ -6,8 +6,11 @@ use std::sync::Arc;
 
 use sandcove::{Backend, LocalBackend};
 
+/// One state directory for every run, beside the isolated engine's (not inside it, so the two
+/// modes never list each other's sandboxes): each case destroys what it made, so nothing
+/// accumulates.
 fn unisolated() -> Arc<dyn Backend> {
-    let dir = std::env::temp_dir().join(sandcove::conformance::unique("unisolated-state"));
+    let dir = sandcove::backend::local::default_state_dir().with_extension("unisolated");
     Arc::new(LocalBackend::unisolated(dir).expect("un-isolated engine"))
 }
 
