@@ -273,6 +273,42 @@ pub mod read_format {
     pub struct Stream;
 }
 
+/// Open `path` for reading as E2B's `user` (shared by `files.read` and the wire's
+/// `GET /files`).
+pub(crate) async fn open_read(ctx: &Ctx, path: &str, user: Option<&str>) -> Result<ByteStream> {
+    let common = Common {
+        user: user.map(str::to_string),
+        request_timeout: None,
+    };
+    common.same_user_only(ctx)?;
+    Ok(ctx.backend.read_file(&ctx.id, &ctx.path(path)).await?)
+}
+
+/// Write `data` to `path` as E2B's `user`, creating parent directories (shared by
+/// `files.write` and the wire's `POST /files`).
+pub(crate) async fn write_stream(
+    ctx: &Ctx,
+    path: &str,
+    data: ByteStream,
+    user: Option<&str>,
+) -> Result<WriteInfo> {
+    let options = sandcove::WriteOptions {
+        create_parents: true,
+        user: ctx.runtime_user(user),
+        ..Default::default()
+    };
+    let s = ctx
+        .backend
+        .write_file(&ctx.id, &ctx.path(path), data, options)
+        .await?;
+    Ok(WriteInfo {
+        name: s.name.clone(),
+        r#type: FileType::from_kind(s.kind),
+        path: ctx.e2b_path(&s.path),
+        metadata: None,
+    })
+}
+
 /// `FileStreamReader`: the chunks of a file read with `format="stream"`.
 pub struct FileStreamReader {
     inner: Option<ByteStream>,
@@ -587,8 +623,7 @@ impl<F> ReadBuilder<F> {
     common_setters!();
 
     async fn open(ctx: Ctx, path: String, common: Common) -> Result<ByteStream> {
-        common.same_user_only(&ctx)?;
-        Ok(ctx.backend.read_file(&ctx.id, &ctx.path(&path)).await?)
+        open_read(&ctx, &path, common.user.as_deref()).await
     }
 
     async fn bytes(ctx: Ctx, path: String, common: Common) -> Result<Vec<u8>> {
@@ -676,25 +711,17 @@ impl WriteBuilder {
             return Err(refuse("file_metadata"));
         }
         let ctx = self.ctx;
-        let user = ctx.runtime_user(self.common.user.as_deref());
         let mut out = Vec::with_capacity(self.entries.len());
         for entry in self.entries {
-            let path = ctx.path(&entry.path);
-            let options = sandcove::WriteOptions {
-                create_parents: true,
-                user: user.clone(),
-                ..Default::default()
-            };
-            let s = ctx
-                .backend
-                .write_file(&ctx.id, &path, entry.data.into_stream(), options)
-                .await?;
-            out.push(WriteInfo {
-                name: s.name.clone(),
-                r#type: FileType::from_kind(s.kind),
-                path: ctx.e2b_path(&s.path),
-                metadata: None,
-            });
+            out.push(
+                write_stream(
+                    &ctx,
+                    &entry.path,
+                    entry.data.into_stream(),
+                    self.common.user.as_deref(),
+                )
+                .await?,
+            );
         }
         Ok(out)
     }
