@@ -231,9 +231,6 @@ fn main() -> ExitCode {
                     native: format!("{scheme}://{native}"),
                     e2b: None,
                 };
-                eprintln!(
-                    "sandcove serve: listening on {scheme}://{native} (Ctrl-C to stop; sandboxes outlive the server)"
-                );
                 // One shutdown signal, fanned out to every listener.
                 let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
                 let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -243,7 +240,6 @@ fn main() -> ExitCode {
                 if let Some(l) = e2b_listener {
                     let addr = l.local_addr()?;
                     listeners.e2b = Some(format!("{scheme}://{addr}"));
-                    eprintln!("sandcove serve: E2B wire protocol on {scheme}://{addr}");
                     let app = e2b::wire::router(backend.clone(), wire);
                     tasks.push(tokio::spawn(server::serve_router(
                         l,
@@ -252,7 +248,14 @@ fn main() -> ExitCode {
                         stopped(stop_rx.clone()),
                     )));
                 }
+                // Recorded before announced: whoever reads the announcement finds the record.
                 let record = record::write(&state_dir, &listeners)?;
+                eprintln!(
+                    "sandcove serve: listening on {scheme}://{native} (Ctrl-C to stop; sandboxes outlive the server)"
+                );
+                if let Some(e2b) = &listeners.e2b {
+                    eprintln!("sandcove serve: E2B wire protocol on {e2b}");
+                }
                 let native_task = tokio::spawn(server::serve(
                     listener,
                     backend,

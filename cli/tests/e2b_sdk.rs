@@ -1,0 +1,298 @@
+//! E2B's official Python SDK, unmodified, against `sandcove serve --e2b`.
+//!
+//! Each test provisions the pinned SDK (`fixtures/python/pins-*.txt`) in a virtualenv under
+//! the build directory on first use, starts the built `sandcove serve` on free loopback ports
+//! with a private state directory, points the SDK at it with the lines `sandcove env e2b`
+//! prints (exactly what a user evaluates), runs one program from `fixtures/python/` and
+//! compares its output with the `.expected` file beside it. A machine without `python3`
+//! fails these tests, saying so.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sandcove_tests::PrivateState;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sandcove");
+const E2B_PINS: &str = "pins-e2b-2.63.0.txt";
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/python")
+}
+
+/// A short, stable fingerprint of the pin file, so a changed pin gets a fresh venv.
+fn fingerprint(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// The virtualenv holding the pinned packages of `pins`, built once. Two tests racing here
+/// each build in a private directory and rename it into place; the loser discards its copy.
+fn venv(pins: &str) -> PathBuf {
+    let pin_file = fixtures().join(pins);
+    let bytes = std::fs::read(&pin_file).expect("the pin file");
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("sdk");
+    let stem = pins.trim_end_matches(".txt");
+    let dir = root.join(format!("py-{stem}-{}", fingerprint(&bytes)));
+    if dir.join(".complete").exists() {
+        return dir;
+    }
+    match Command::new("python3").arg("--version").output() {
+        Ok(out) if out.status.success() => {}
+        other => panic!(
+            "python3 is missing ({other:?}): the official-SDK tests need python3 (3.9 or \
+             newer, with the venv module) on PATH"
+        ),
+    }
+    std::fs::create_dir_all(&root).expect("the SDK directory");
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let tmp = root.join(format!(".tmp-{stem}-{}-{nanos}", std::process::id()));
+    let status = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&tmp)
+        .status()
+        .expect("python3 -m venv");
+    assert!(status.success(), "python3 -m venv {} failed", tmp.display());
+    let out = Command::new(tmp.join("bin/python"))
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-r",
+        ])
+        .arg(&pin_file)
+        .output()
+        .expect("pip install");
+    assert!(
+        out.status.success(),
+        "pip install -r {} failed:\n{}",
+        pin_file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(tmp.join(".complete"), b"").expect("the completion marker");
+    if std::fs::rename(&tmp, &dir).is_err() {
+        // Another test got there first: use its copy.
+        let _ = std::fs::remove_dir_all(&tmp);
+        assert!(
+            dir.join(".complete").exists(),
+            "could not install {}",
+            dir.display()
+        );
+    }
+    dir
+}
+
+/// A `sandcove serve --e2b` child process with a private state directory.
+struct Server {
+    child: Child,
+    e2b: String,
+    key: String,
+    state: PrivateState,
+}
+
+impl Server {
+    fn start() -> Server {
+        let state = PrivateState::new();
+        let key = format!("sdk-test-{}", std::process::id());
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--e2b", "127.0.0.1:0"])
+            .env("SANDCOVE_API_KEY", &key)
+            .env("SANDCOVE_STATE_DIR", &state.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start sandcove serve");
+        let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
+        let mut e2b = None;
+        for _ in 0..4 {
+            let mut line = String::new();
+            if stderr.read_line(&mut line).unwrap_or(0) == 0 {
+                break;
+            }
+            if let Some(url) = line
+                .trim()
+                .strip_prefix("sandcove serve: E2B wire protocol on ")
+            {
+                e2b = Some(url.to_string());
+                break;
+            }
+        }
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut sink = String::new();
+            while stderr.read_line(&mut sink).unwrap_or(0) > 0 {
+                sink.clear();
+            }
+        });
+        let e2b = e2b.expect("the server announces its E2B listener");
+        Server {
+            child,
+            e2b,
+            key,
+            state,
+        }
+    }
+
+    /// `sandcove env e2b` for this server: the variables, parsed from its `export` lines.
+    fn env(&self) -> Result<Vec<(String, String)>, String> {
+        let out = Command::new(BIN)
+            .args(["env", "e2b"])
+            .env("SANDCOVE_API_KEY", &self.key)
+            .env("SANDCOVE_STATE_DIR", &self.state.dir)
+            .output()
+            .expect("sandcove env");
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("export "))
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.trim_matches('\'').to_string()))
+            .collect())
+    }
+
+    /// Stop with SIGTERM, as Ctrl-C would, and wait for the exit.
+    fn stop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Run `fixtures/python/<name>.py` with the SDK of `pins` against a fresh server; compare
+/// its stdout with `<name>.expected`.
+fn check_program(pins: &str, name: &str) {
+    let venv = venv(pins);
+    let server = Server::start();
+    let vars = server.env().expect("sandcove env e2b");
+    let mut cmd = Command::new(venv.join("bin/python"));
+    cmd.arg(fixtures().join(format!("{name}.py")))
+        .current_dir(fixtures())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", std::env::var_os("HOME").unwrap_or_default())
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("SDK_TEST_TAG", format!("{name}-{}", std::process::id()));
+    for (k, v) in &vars {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run the program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{name}.py failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected = std::fs::read_to_string(fixtures().join(format!("{name}.expected")))
+        .expect("the expected output");
+    assert_eq!(stdout, expected, "{name}.py printed something else");
+}
+
+#[test]
+fn python_sdk_readme_quickstart_verbatim() {
+    check_program(E2B_PINS, "e2b_quickstart");
+}
+
+#[test]
+fn python_sdk_commands() {
+    check_program(E2B_PINS, "e2b_commands");
+}
+
+#[test]
+fn python_sdk_files() {
+    check_program(E2B_PINS, "e2b_files");
+}
+
+#[test]
+fn python_sdk_sandboxes() {
+    check_program(E2B_PINS, "e2b_sandboxes");
+}
+
+#[test]
+fn env_points_at_the_running_server_and_fails_without_one() {
+    let mut server = Server::start();
+    let vars = server.env().expect("sandcove env e2b");
+    assert_eq!(
+        vars,
+        vec![
+            ("E2B_API_URL".to_string(), server.e2b.clone()),
+            ("E2B_SANDBOX_URL".to_string(), server.e2b.clone()),
+            ("E2B_API_KEY".to_string(), server.key.clone()),
+        ]
+    );
+    // Without the key there is nothing to print.
+    let out = Command::new(BIN)
+        .args(["env", "e2b"])
+        .env_remove("SANDCOVE_API_KEY")
+        .env("SANDCOVE_STATE_DIR", &server.state.dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    // A clean stop removes the record: no server, exit 1 with a message.
+    server.stop();
+    let err = server.env().expect_err("no server runs any more");
+    assert!(err.contains("no running `sandcove serve --e2b"), "{err}");
+    // A record left by a killed server is stale: detected and removed.
+    let servers = server.state.dir.join("servers");
+    std::fs::create_dir_all(&servers).unwrap();
+    std::fs::write(
+        servers.join("999999999.json"),
+        br#"{"pid":999999999,"native":"http://127.0.0.1:9","e2b":"http://127.0.0.1:9"}"#,
+    )
+    .unwrap();
+    assert!(server.env().is_err());
+    assert!(
+        !servers.join("999999999.json").exists(),
+        "the stale record is removed"
+    );
+}
+
+#[test]
+fn vendors_without_a_wire_protocol_are_refused_clearly() {
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--daytona",
+            "127.0.0.1:0",
+        ])
+        .env("SANDCOVE_API_KEY", "k")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--daytona is not available yet"));
+    let out = Command::new(BIN)
+        .args(["env", "blaxel"])
+        .env("SANDCOVE_API_KEY", "k")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+}
