@@ -963,7 +963,7 @@ mod tests {
         );
         let three = sandcove::ExitStatus {
             code: Some(3),
-            ..ok.clone()
+            ..ok
         };
         assert_eq!(end_event(&three)["end"]["error"], json!("exit status 3"));
         let killed = sandcove::ExitStatus {
