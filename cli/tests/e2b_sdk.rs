@@ -231,6 +231,11 @@ fn python_sdk_files() {
 }
 
 #[test]
+fn python_sdk_processes_and_lifecycle() {
+    check_program(E2B_PINS, "e2b_processes");
+}
+
+#[test]
 fn python_sdk_sandboxes() {
     check_program(E2B_PINS, "e2b_sandboxes");
 }

@@ -162,12 +162,31 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
 }
 
 async fn not_found(request: Request) -> Response {
+    let path = request.uri().path();
+    // A 404 under a sandbox's path would read as "sandbox not found" to the SDK: E2B calls
+    // Sandcove does not serve over the wire yet say so instead.
+    let known = [
+        "/sandboxes",
+        "/v2/sandboxes",
+        "/snapshots",
+        "/templates",
+        "/volumes",
+        "/secrets",
+    ]
+    .iter()
+    .any(|p| path == *p || path.starts_with(&format!("{p}/")));
+    let status = if known {
+        StatusCode::NOT_IMPLEMENTED
+    } else {
+        StatusCode::NOT_FOUND
+    };
     control::api_error(
-        StatusCode::NOT_FOUND,
+        status,
         format!(
-            "{} {} is not part of E2B's API as Sandcove serves it",
+            "{} {path} is not served over E2B's wire protocol by Sandcove yet (snapshots, \
+             fork, templates, volumes, secrets, logs and network updates are not); the Rust \
+             facade compat-e2b and sandcove's native API have snapshots and fork",
             request.method(),
-            request.uri().path()
         ),
     )
 }
