@@ -16,6 +16,8 @@ use sandcove_tests::PrivateState;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandcove");
 const E2B_PINS: &str = "pins-e2b-2.63.0.txt";
+/// The last SDK that creates with `POST /sandboxes` (newer ones use `/v2/sandboxes`).
+const E2B_LEGACY_PINS: &str = "pins-e2b-2.50.0.txt";
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/python")
@@ -238,6 +240,20 @@ fn python_sdk_processes_and_lifecycle() {
 #[test]
 fn python_sdk_sandboxes() {
     check_program(E2B_PINS, "e2b_sandboxes");
+}
+
+/// The same programs with the older SDK: the legacy create path and older Connect clients.
+#[test]
+fn python_sdk_2_50_legacy_create_and_every_program() {
+    for name in [
+        "e2b_quickstart",
+        "e2b_commands",
+        "e2b_files",
+        "e2b_processes",
+        "e2b_sandboxes",
+    ] {
+        check_program(E2B_LEGACY_PINS, name);
+    }
 }
 
 #[test]
