@@ -238,6 +238,16 @@ fn python_sdk_processes_and_lifecycle() {
 }
 
 #[test]
+fn python_sdk_watch_by_polling() {
+    check_program(E2B_PINS, "e2b_watch");
+}
+
+#[test]
+fn python_sdk_async_and_streamed_watch() {
+    check_program(E2B_PINS, "e2b_async");
+}
+
+#[test]
 fn python_sdk_sandboxes() {
     check_program(E2B_PINS, "e2b_sandboxes");
 }
@@ -251,6 +261,8 @@ fn python_sdk_2_50_legacy_create_and_every_program() {
         "e2b_files",
         "e2b_processes",
         "e2b_sandboxes",
+        "e2b_watch",
+        "e2b_async",
     ] {
         check_program(E2B_LEGACY_PINS, name);
     }

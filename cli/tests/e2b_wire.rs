@@ -394,3 +394,42 @@ async fn oversized_bodies_are_refused() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 413);
 }
+
+#[tokio::test]
+async fn a_watcher_answers_only_its_own_sandbox() {
+    let env = env().await;
+    let (a, a_token) = env.create().await;
+    let (b, b_token) = env.create().await;
+    let r = env
+        .envd("/filesystem.Filesystem/CreateWatcher", &a, &a_token)
+        .json(&json!({"path": "/home/user", "recursive": false}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let id = r.json::<Value>().await.unwrap()["watcherId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for path in [
+        "/filesystem.Filesystem/GetWatcherEvents",
+        "/filesystem.Filesystem/RemoveWatcher",
+    ] {
+        let r = env
+            .envd(path, &b, &b_token)
+            .json(&json!({ "watcherId": id }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 404, "{path} from another sandbox");
+        assert_eq!(r.json::<Value>().await.unwrap()["code"], "not_found");
+    }
+    // Still there for its own sandbox.
+    let r = env
+        .envd("/filesystem.Filesystem/GetWatcherEvents", &a, &a_token)
+        .json(&json!({ "watcherId": id }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+}

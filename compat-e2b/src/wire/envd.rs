@@ -59,6 +59,13 @@ pub(crate) fn routes() -> Router<Wire> {
         .route("/filesystem.Filesystem/MakeDir", post(make_dir))
         .route("/filesystem.Filesystem/Move", post(move_entry))
         .route("/filesystem.Filesystem/Remove", post(remove))
+        .route("/filesystem.Filesystem/WatchDir", post(watch_dir))
+        .route("/filesystem.Filesystem/CreateWatcher", post(create_watcher))
+        .route(
+            "/filesystem.Filesystem/GetWatcherEvents",
+            post(get_watcher_events),
+        )
+        .route("/filesystem.Filesystem/RemoveWatcher", post(remove_watcher))
         .route("/filesystem.Filesystem/{method}", post(unimplemented))
         .route("/files", get(download).post(upload))
         .route("/health", get(health))
@@ -671,6 +678,144 @@ async fn remove(
     let req: PathRequest = unary(&wire, body).await?;
     let user = basic_user(&headers)?;
     fs(&wire, &id).await?.remove(req.path).user(user).await?;
+    Ok(connect::unary_ok(json!({})))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WatchRequest {
+    path: String,
+    #[serde(default)]
+    recursive: bool,
+    #[serde(default)]
+    include_entry: bool,
+    #[serde(default)]
+    allow_network_mounts: bool,
+}
+
+/// A `FilesystemEvent` as envd's JSON.
+fn fs_event_json(e: &files::FilesystemEvent) -> Value {
+    let kind = format!("EVENT_TYPE_{}", e.r#type.value().to_ascii_uppercase());
+    let mut v = json!({"name": e.name, "type": kind});
+    if let Some(entry) = &e.entry {
+        v["entry"] = entry_json(entry);
+    }
+    v
+}
+
+/// `WatchDir`: unlike process streams, its messages are the oneof itself (`{"start":{}}`,
+/// `{"filesystem":…}`, `{"keepalive":{}}`), not wrapped in `event`.
+async fn watch_dir(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let inner = async {
+        let deadline = connect::timeout_ms(&headers)?.map(Duration::from_millis);
+        let user = basic_user(&headers)?;
+        let req: WatchRequest = stream_request(&wire, body).await?;
+        let _ = req.allow_network_mounts;
+        let ctx = context(&wire, &id).await?;
+        let mut stream = files::open_watch(&ctx, &req.path, req.recursive, user.as_deref()).await?;
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+        let quiet = keepalive(&headers).unwrap_or(Duration::from_secs(100 * 365 * 86_400));
+        let include = req.include_entry;
+        tokio::spawn(async move {
+            if tx
+                .send(connect::message(&json!({"start": {}})))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            let far = tokio::time::Instant::now() + Duration::from_secs(100 * 365 * 86_400);
+            let deadline_at = deadline
+                .map(|d| tokio::time::Instant::now() + d)
+                .unwrap_or(far);
+            let end = loop {
+                let next = tokio::select! {
+                    next = stream.next() => next,
+                    () = tokio::time::sleep(quiet) => {
+                        if tx.send(connect::message(&json!({"keepalive": {}}))).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    () = tokio::time::sleep_until(deadline_at) => {
+                        break Some(ConnectError::new(Code::DeadlineExceeded, "the watch's timeout passed"));
+                    }
+                };
+                match next {
+                    Some(Ok(ev)) => {
+                        let e = files::watch_event(&ctx, ev, include).await;
+                        if tx
+                            .send(connect::message(&json!({"filesystem": fs_event_json(&e)})))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Some(Err(e)) => break Some(ConnectError::from(e)),
+                    None => break None,
+                }
+            };
+            let _ = tx.send(connect::end_stream(end.as_ref())).await;
+        });
+        Ok::<_, ConnectError>(connect::stream_response(Body::from_stream(
+            futures::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+            }),
+        )))
+    };
+    match inner.await {
+        Ok(response) => response,
+        Err(e) => connect::stream_error(e),
+    }
+}
+
+async fn create_watcher(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let req: WatchRequest = unary(&wire, body).await?;
+    let user = basic_user(&headers)?;
+    let ctx = context(&wire, &id).await?;
+    let stream = files::open_watch(&ctx, &req.path, req.recursive, user.as_deref()).await?;
+    let watcher_id = wire
+        .watchers
+        .add(id, ctx, stream, req.include_entry)
+        .map_err(|why| ConnectError::new(Code::ResourceExhausted, why))?;
+    Ok(connect::unary_ok(json!({ "watcherId": watcher_id })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WatcherRequest {
+    watcher_id: String,
+}
+
+async fn get_watcher_events(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let req: WatcherRequest = unary(&wire, body).await?;
+    let events = wire.watchers.take(&id, &req.watcher_id)?;
+    let events: Vec<Value> = events.iter().map(fs_event_json).collect();
+    Ok(connect::unary_ok(json!({ "events": events })))
+}
+
+async fn remove_watcher(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let req: WatcherRequest = unary(&wire, body).await?;
+    wire.watchers.remove(&id, &req.watcher_id)?;
     Ok(connect::unary_ok(json!({})))
 }
 

@@ -28,6 +28,7 @@
 pub mod connect;
 pub mod control;
 pub mod envd;
+mod watchers;
 
 use std::sync::Arc;
 
@@ -90,6 +91,7 @@ pub(crate) struct Wire {
     pub backend: Arc<dyn Backend>,
     pub config: Arc<WireConfig>,
     tokens: Arc<ring::hmac::Key>,
+    pub watchers: Arc<watchers::Watchers>,
 }
 
 impl Wire {
@@ -152,6 +154,7 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
         backend,
         config: Arc::new(config),
         tokens,
+        watchers: Arc::default(),
     };
     control::routes()
         .merge(envd::routes())
