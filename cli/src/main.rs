@@ -194,8 +194,7 @@ fn main() -> ExitCode {
                     );
                 }
             }
-            let state_dir =
-                state_dir.unwrap_or_else(sandcove::backend::local::config::default_state_dir);
+            let state_dir = state_dir.unwrap_or_else(sandcove::backend::local::default_state_dir);
             let backend: Arc<dyn Backend> = match LocalBackend::with_state_dir(&state_dir) {
                 Ok(engine) => Arc::new(engine),
                 Err(e) => {
@@ -316,7 +315,7 @@ fn env_command(vendor: &str, state_dir: Option<PathBuf>) -> ExitCode {
         );
         return ExitCode::FAILURE;
     };
-    let state_dir = state_dir.unwrap_or_else(sandcove::backend::local::config::default_state_dir);
+    let state_dir = state_dir.unwrap_or_else(sandcove::backend::local::default_state_dir);
     let url = match record::find_e2b(&state_dir) {
         Ok(Some(url)) => url,
         Ok(None) => {

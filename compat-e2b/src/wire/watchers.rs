@@ -98,7 +98,7 @@ impl Watchers {
                 "the watch ended (the directory or the sandbox is gone)",
             ));
         });
-        let id = format!("w-{}", sandcove::backend::local::config::new_id());
+        let id = format!("w-{}", sandcove::random_id(20));
         all.insert(
             id.clone(),
             Watcher {
