@@ -1,11 +1,11 @@
-//! E2B's official Python SDK, unmodified, against `sandcove serve --e2b`.
+//! E2B's official Python and JavaScript SDKs, unmodified, against `sandcove serve --e2b`.
 //!
-//! Each test provisions the pinned SDK (`fixtures/python/pins-*.txt`) in a virtualenv under
-//! the build directory on first use, starts the built `sandcove serve` on free loopback ports
+//! Each test provisions the pinned SDK (`fixtures/python/pins-*.txt` in a virtualenv,
+//! `fixtures/js/package-lock.json` with `npm ci`) under the build directory on first use, starts the built `sandcove serve` on free loopback ports
 //! with a private state directory, points the SDK at it with the lines `sandcove env e2b`
-//! prints (exactly what a user evaluates), runs one program from `fixtures/python/` and
-//! compares its output with the `.expected` file beside it. A machine without `python3`
-//! fails these tests, saying so.
+//! prints (exactly what a user evaluates), runs one program from `fixtures/python/` or
+//! `fixtures/js/` and compares its output with the `.expected` file beside it. A machine
+//! without `python3` or `node` and `npm` fails these tests, saying so.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -33,57 +33,68 @@ fn fingerprint(bytes: &[u8]) -> String {
     format!("{h:016x}")
 }
 
-/// The virtualenv holding the pinned packages of `pins`, built once. Two tests racing here
-/// each build in a private directory and rename it into place; the loser discards its copy.
+/// The virtualenv holding the pinned packages of `pins`, built once.
 fn venv(pins: &str) -> PathBuf {
     let pin_file = fixtures().join(pins);
     let bytes = std::fs::read(&pin_file).expect("the pin file");
-    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("sdk");
     let stem = pins.trim_end_matches(".txt");
-    let dir = root.join(format!("py-{stem}-{}", fingerprint(&bytes)));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("sdk")
+        .join(format!("py-{stem}-{}", fingerprint(&bytes)));
+    provision(&dir, |tmp| {
+        match Command::new("python3").arg("--version").output() {
+            Ok(out) if out.status.success() => {}
+            other => panic!(
+                "python3 is missing ({other:?}): the official-SDK tests need python3 (3.9 or \
+                 newer, with the venv module) on PATH"
+            ),
+        }
+        let status = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(tmp)
+            .status()
+            .expect("python3 -m venv");
+        assert!(status.success(), "python3 -m venv {} failed", tmp.display());
+        let out = Command::new(tmp.join("bin/python"))
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-r",
+            ])
+            .arg(&pin_file)
+            .output()
+            .expect("pip install");
+        assert!(
+            out.status.success(),
+            "pip install -r {} failed:\n{}",
+            pin_file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    dir
+}
+
+/// Build `dir` once: `fill` populates a private directory, which is then renamed into place
+/// (a racing test that loses the rename discards its copy and uses the winner's).
+fn provision(dir: &Path, fill: impl FnOnce(&Path)) {
     if dir.join(".complete").exists() {
-        return dir;
+        return;
     }
-    match Command::new("python3").arg("--version").output() {
-        Ok(out) if out.status.success() => {}
-        other => panic!(
-            "python3 is missing ({other:?}): the official-SDK tests need python3 (3.9 or \
-             newer, with the venv module) on PATH"
-        ),
-    }
-    std::fs::create_dir_all(&root).expect("the SDK directory");
+    let root = dir.parent().expect("a parent directory");
+    std::fs::create_dir_all(root).expect("the SDK directory");
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    let tmp = root.join(format!(".tmp-{stem}-{}-{nanos}", std::process::id()));
-    let status = Command::new("python3")
-        .args(["-m", "venv"])
-        .arg(&tmp)
-        .status()
-        .expect("python3 -m venv");
-    assert!(status.success(), "python3 -m venv {} failed", tmp.display());
-    let out = Command::new(tmp.join("bin/python"))
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "-r",
-        ])
-        .arg(&pin_file)
-        .output()
-        .expect("pip install");
-    assert!(
-        out.status.success(),
-        "pip install -r {} failed:\n{}",
-        pin_file.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let name = dir.file_name().unwrap().to_string_lossy();
+    let tmp = root.join(format!(".tmp-{name}-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&tmp).expect("a private build directory");
+    fill(&tmp);
     std::fs::write(tmp.join(".complete"), b"").expect("the completion marker");
-    if std::fs::rename(&tmp, &dir).is_err() {
-        // Another test got there first: use its copy.
+    if std::fs::rename(&tmp, dir).is_err() {
         let _ = std::fs::remove_dir_all(&tmp);
         assert!(
             dir.join(".complete").exists(),
@@ -91,7 +102,87 @@ fn venv(pins: &str) -> PathBuf {
             dir.display()
         );
     }
+}
+
+fn js_fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/js")
+}
+
+/// A directory holding `node_modules` for `fixtures/js/package-lock.json`, built once.
+fn node_project() -> PathBuf {
+    let lock = std::fs::read(js_fixtures().join("package-lock.json")).expect("the lock file");
+    let manifest = std::fs::read(js_fixtures().join("package.json")).expect("package.json");
+    let mut both = lock.clone();
+    both.extend_from_slice(&manifest);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("sdk")
+        .join(format!("js-{}", fingerprint(&both)));
+    provision(&dir, |tmp| {
+        for tool in ["node", "npm"] {
+            match Command::new(tool).arg("--version").output() {
+                Ok(out) if out.status.success() => {}
+                other => panic!(
+                    "{tool} is missing ({other:?}): the official JavaScript SDK tests need \
+                     node (18 or newer) and npm on PATH"
+                ),
+            }
+        }
+        std::fs::write(tmp.join("package.json"), &manifest).unwrap();
+        std::fs::write(tmp.join("package-lock.json"), &lock).unwrap();
+        let out = Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
+            .current_dir(tmp)
+            .output()
+            .expect("npm ci");
+        assert!(
+            out.status.success(),
+            "npm ci failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
     dir
+}
+
+/// Run `fixtures/js/<name>.mjs` with the pinned SDK against a fresh server.
+fn check_js_program(name: &str) {
+    let project = node_project();
+    // ES modules resolve packages from their own directory upwards: run a copy placed in
+    // the provisioned project.
+    let program = project.join(format!("{name}.mjs"));
+    std::fs::copy(js_fixtures().join(format!("{name}.mjs")), &program).expect("copy the program");
+    let server = Server::start();
+    let vars = server.env().expect("sandcove env e2b");
+    let mut cmd = Command::new("node");
+    cmd.arg(&program)
+        .current_dir(&project)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", std::env::var_os("HOME").unwrap_or_default())
+        .env("SDK_TEST_TAG", format!("js-{name}-{}", std::process::id()));
+    for (k, v) in &vars {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{name}.mjs failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected = std::fs::read_to_string(js_fixtures().join(format!("{name}.expected")))
+        .expect("the expected output");
+    assert_eq!(stdout, expected, "{name}.mjs printed something else");
+}
+
+#[test]
+fn js_sdk_readme_quickstart_verbatim() {
+    check_js_program("e2b_quickstart");
+}
+
+#[test]
+fn js_sdk_commands_files_watch_and_errors() {
+    check_js_program("e2b_basics");
 }
 
 /// A `sandcove serve --e2b` child process with a private state directory.
