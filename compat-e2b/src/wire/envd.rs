@@ -82,14 +82,26 @@ async fn unimplemented(request: Request) -> Response {
     .into_response()
 }
 
-/// The sandbox of an envd call, as the facade's context.
-async fn context(wire: &Wire, id: &str) -> Result<Ctx, SandboxException> {
-    let info = wire.backend.get(id).await?;
+/// The sandbox of an envd call, as the facade's context. A sandbox that is gone is
+/// `unavailable` with "was not found", as E2B's proxy answers, so the SDK raises its
+/// `SandboxNotRunningException`.
+async fn context(wire: &Wire, id: &str) -> Result<Ctx, ConnectError> {
+    let info = match wire.backend.get(id).await {
+        Ok(info) => info,
+        Err(e) if e.is_not_found() => {
+            return Err(ConnectError::new(
+                Code::Unavailable,
+                format!("The sandbox {id} was not found"),
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    };
     if info.state == sandcove::SandboxState::Paused {
         return Err(SandboxException::Timeout {
             message: format!("Sandbox {id} is paused: connect to it to resume it"),
             source: None,
-        });
+        }
+        .into());
     }
     Ok(Inner::from_info(wire.backend.clone(), &info))
 }
@@ -824,6 +836,8 @@ fn rest_error(e: ConnectError) -> Response {
     let status = match e.code {
         // envd answers a full disk with 507, which the SDK raises as NotEnoughSpace.
         Code::ResourceExhausted if e.message.contains("space") => StatusCode::INSUFFICIENT_STORAGE,
+        // envd's REST routes answer an unreachable sandbox with 502, as its proxy does.
+        Code::Unavailable => StatusCode::BAD_GATEWAY,
         code => code.http_status(),
     };
     super::control::api_error(status, e.message)
@@ -1052,7 +1066,7 @@ async fn health(
 ) -> Response {
     match context(&wire, &id).await {
         Ok(_) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => super::control::api_error(StatusCode::BAD_GATEWAY, e.to_string()),
+        Err(e) => super::control::api_error(StatusCode::BAD_GATEWAY, e.message),
     }
 }
 

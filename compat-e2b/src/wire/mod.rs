@@ -248,8 +248,8 @@ async fn authenticate(State(wire): State<Wire>, mut request: Request, next: Next
                 return connect::ConnectError::new(
                     connect::Code::Unavailable,
                     format!(
-                        "port {other} is not served over E2B's wire protocol; expose it with \
-                         sandcove's preview API instead"
+                        "port is not open: port {other} is not served over E2B's wire \
+                         protocol; expose it with sandcove's preview API instead"
                     ),
                 )
                 .into_response();
