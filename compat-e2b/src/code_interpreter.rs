@@ -106,6 +106,7 @@ impl Sandbox {
             on_error: None,
             envs: BTreeMap::new(),
             timeout: Some(DEFAULT_RUN_CODE_TIMEOUT),
+            kept: Default::default(),
         }
     }
 
@@ -410,6 +411,8 @@ pub struct RunCodeBuilder {
     on_error: Option<Callback<ExecutionError>>,
     envs: BTreeMap<String, String>,
     timeout: Option<f64>,
+    /// What the returned `Execution` may still hold (a cell can print without end).
+    kept: sandcove_interpreter::OutputBudget,
 }
 
 impl fmt::Debug for RunCodeBuilder {
@@ -512,6 +515,7 @@ impl RunCodeBuilder {
                     self.output(&mut exec, text, chunk.timestamp_ns, true);
                 }
                 Ok(Event::Result(r)) => {
+                    let keep = self.admit(&mut exec, r.size());
                     let r = to_result(r);
                     if r.is_main_result {
                         exec.text = r.text.clone();
@@ -519,7 +523,9 @@ impl RunCodeBuilder {
                     if let Some(f) = self.on_result.as_mut() {
                         f(r.clone());
                     }
-                    exec.results.push(r);
+                    if keep {
+                        exec.results.push(r);
+                    }
                 }
                 Ok(Event::Error(e)) => {
                     let e = to_error(e);
@@ -558,14 +564,30 @@ impl RunCodeBuilder {
             timestamp: ts.unwrap_or_else(|| (sandcove::now_millis() as i64) * 1_000_000),
             error,
         };
+        let keep = self.admit(exec, msg.line.len());
         let (logs, callback) = if error {
             (&mut exec.logs.stderr, self.on_stderr.as_mut())
         } else {
             (&mut exec.logs.stdout, self.on_stdout.as_mut())
         };
-        logs.push(msg.line.clone());
+        if keep {
+            logs.push(msg.line.clone());
+        }
         if let Some(f) = callback {
             f(msg);
+        }
+    }
+
+    /// Whether `bytes` more output may be kept in `exec`; the first time not, a note says so.
+    fn admit(&mut self, exec: &mut Execution, bytes: usize) -> bool {
+        use sandcove_interpreter::{Admit, OutputBudget};
+        match self.kept.admit(bytes) {
+            Admit::Keep => true,
+            Admit::FirstDrop => {
+                exec.logs.stderr.push(OutputBudget::note());
+                false
+            }
+            Admit::Drop => false,
         }
     }
 }
