@@ -114,6 +114,19 @@ impl Backend for Refuser {
     async fn resume(&self, _: &str) -> Result<SandboxInfo> {
         self.no("resume")
     }
+    async fn stop(&self, _: &str) -> Result<SandboxInfo> {
+        self.no("stop")
+    }
+    async fn start(&self, _: &str) -> Result<SandboxInfo> {
+        self.no("start")
+    }
+    async fn update_annotations(
+        &self,
+        _: &str,
+        _: sandcove::AnnotationUpdate,
+    ) -> Result<std::collections::BTreeMap<String, String>> {
+        self.no("update_annotations")
+    }
     async fn metrics(&self, _: &str) -> Result<Metrics> {
         self.no("metrics")
     }
