@@ -2525,6 +2525,25 @@ pub async fn stop_ends_processes_keeps_files_and_start_runs_again(backend: &dyn 
         ErrorCode::InvalidState,
         "resume while stopped",
     );
+    if backend.capabilities().snapshots {
+        // Files of a stopped sandbox are consistent (nothing runs): a fork copies them.
+        let forked = backend
+            .fork(&id, test_options(&unique("stopfork")))
+            .await
+            .expect("fork a stopped sandbox");
+        assert_eq!(
+            read(backend, &forked.id, "kept/file.txt")
+                .await
+                .expect("read the fork"),
+            b"still here"
+        );
+        assert_eq!(
+            backend.get(&id).await.expect("get").state,
+            SandboxState::Stopped,
+            "forking does not start the source"
+        );
+        backend.destroy(&forked.id).await.expect("destroy the fork");
+    }
     if backend.capabilities().pause {
         expect_code(
             backend.pause(&id).await,
