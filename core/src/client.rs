@@ -7,8 +7,8 @@ use futures::StreamExt;
 
 use crate::{
     Backend, ByteStream, Capabilities, CreateOptions, Error, FileStat, ListDirOptions, ListOptions,
-    LocalBackend, MkdirOptions, Output, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec,
-    ProcessStream, RemoveOptions, Result, SandboxInfo, Signal, WriteOptions, DEFAULT_OUTPUT_LIMIT,
+    MkdirOptions, Output, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream,
+    RemoveOptions, Result, SandboxInfo, Signal, WriteOptions, DEFAULT_OUTPUT_LIMIT,
 };
 
 /// Env var naming a remote `sandcove serve` to use instead of the embedded engine.
@@ -38,16 +38,40 @@ impl Client {
                         message: format!("{URL_ENV} is set but {API_KEY_ENV} is not"),
                     });
                 }
-                let backend = crate::HttpBackend::new(&url, &key)?;
-                Ok(Self::new(Arc::new(backend)))
+                Self::remote(&url, &key)
             }
-            _ => Ok(Self::local()?),
+            _ => Self::local(),
         }
     }
 
+    #[cfg(feature = "http")]
+    fn remote(url: &str, key: &str) -> Result<Self> {
+        Ok(Self::new(Arc::new(crate::HttpBackend::new(url, key)?)))
+    }
+
+    #[cfg(not(feature = "http"))]
+    fn remote(_url: &str, _key: &str) -> Result<Self> {
+        Err(Error::NotSupported {
+            feature: format!("{URL_ENV} (a remote server)"),
+            alternative: "build sandcove with its `http` feature".into(),
+        })
+    }
+
     /// The embedded local engine with its default state directory.
+    #[cfg(not(feature = "local"))]
     pub fn local() -> Result<Self> {
-        Ok(Self::new(Arc::new(LocalBackend::new()?)))
+        Err(Error::NotSupported {
+            feature: "the embedded engine".into(),
+            alternative: format!(
+                "build sandcove with its `local` feature, or set {URL_ENV} to a `sandcove serve`"
+            ),
+        })
+    }
+
+    /// The embedded local engine with its default state directory.
+    #[cfg(feature = "local")]
+    pub fn local() -> Result<Self> {
+        Ok(Self::new(Arc::new(crate::LocalBackend::new()?)))
     }
 
     /// A client over any backend.
@@ -391,7 +415,8 @@ mod tests {
         check::<Sandbox>();
         check::<crate::Error>();
         check::<crate::SandboxInfo>();
-        check::<LocalBackend>();
+        #[cfg(feature = "local")]
+        check::<crate::LocalBackend>();
         fn check_send<T: Send>() {}
         check_send::<ProcessHandle>();
     }

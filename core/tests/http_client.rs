@@ -429,3 +429,36 @@ fn capabilities_are_fetched_lazily_outside_a_runtime() {
     );
     runtime.block_on(server.verify());
 }
+
+/// Bad input is refused by the client with the engine's error, before anything is sent.
+#[tokio::test]
+async fn bad_input_is_refused_before_anything_is_sent() {
+    let server = MockServer::start().await;
+    let backend = client(&server);
+    let mut bad_envs = CreateOptions::default();
+    bad_envs.envs.insert("A=B".into(), "x".into());
+    let bad_name = CreateOptions {
+        name: Some("../x".into()),
+        ..Default::default()
+    };
+    for options in [bad_envs, bad_name] {
+        let e = backend.create(options.clone()).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+        let e = backend.fork("sb", options).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    }
+    let e = backend
+        .spawn("sb", ProcessSpec::new(sandcove::Command::argv(["a\0b"])))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    let labels = BTreeMap::from([(String::new(), "v".to_string())]);
+    let e = backend.set_labels("sb", labels).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    let e = backend
+        .set_timeout("sb", sandcove::MAX_SANDBOX_TIMEOUT * 2)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    assert!(server.received_requests().await.unwrap().is_empty());
+}

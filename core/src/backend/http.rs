@@ -717,7 +717,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 fn idempotency_key() -> String {
-    format!("sc-{}", crate::backend::local::config::new_id())
+    format!("sc-{}", crate::random_id(20))
 }
 
 async fn fetch_capabilities(backend: &HttpBackend, http: &reqwest::Client) -> Result<Capabilities> {
@@ -1019,6 +1019,7 @@ impl Backend for HttpBackend {
     }
 
     async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
+        options.validate()?;
         self.create_call(self.url_for(&["sandboxes"]), &options)
             .await
     }
@@ -1043,6 +1044,7 @@ impl Backend for HttpBackend {
     }
 
     async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo> {
+        crate::validate::validate_sandbox_timeout(timeout)?;
         let url = self.sandbox_url(id, &["timeout"]);
         let body = body::SetTimeout {
             timeout: timeout.as_secs_f64(),
@@ -1056,6 +1058,7 @@ impl Backend for HttpBackend {
         id: &str,
         labels: std::collections::BTreeMap<String, String>,
     ) -> Result<SandboxInfo> {
+        crate::validate::validate_labels(&labels)?;
         let url = self.sandbox_url(id, &["labels"]);
         let body = body::SetLabels { labels };
         self.call(Method::PUT, url, &[], Some(&body), Retry::Idempotent)
@@ -1081,6 +1084,7 @@ impl Backend for HttpBackend {
     }
 
     async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
+        spec.validate()?;
         let url = self.sandbox_url(id, &["processes"]);
         let response = self
             .send(Req {
@@ -1389,6 +1393,7 @@ impl Backend for HttpBackend {
     }
 
     async fn fork(&self, id: &str, options: CreateOptions) -> Result<SandboxInfo> {
+        options.validate()?;
         let url = self.sandbox_url(id, &["fork"]);
         self.create_call(url, &options).await
     }

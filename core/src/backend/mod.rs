@@ -19,7 +19,9 @@ use crate::{
     SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions,
 };
 
+#[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "local")]
 pub mod local;
 
 /// A stream of byte chunks (file contents). Errors end the stream; a stream that ends without
