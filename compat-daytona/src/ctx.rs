@@ -15,6 +15,9 @@ use crate::translate;
 /// code cannot change them, and they are readable while the sandbox is paused or stopped.
 pub(crate) const META_KEY: &str = "daytona/meta";
 
+/// Compare-and-set attempts of one facade-state change before its conflict is reported.
+const MAX_META_ATTEMPTS: u32 = 64;
+
 /// The facade's per-sandbox state.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
@@ -79,7 +82,9 @@ impl Ctx {
     /// Change the facade state with a compare-and-set on its annotation, retried on a
     /// conflict, so two programs changing different fields both keep their change.
     pub async fn update_meta(&self, change: impl Fn(&mut Meta)) -> sandcove::Result<Meta> {
+        let mut attempts = 0;
         loop {
+            attempts += 1;
             let info = self.backend().get(&self.id).await?;
             let old = info.annotations.get(META_KEY).cloned();
             let mut meta = meta_of(&info);
@@ -88,7 +93,9 @@ impl Ctx {
                 AnnotationUpdate::set(META_KEY, encode_meta(&meta)?).expecting(META_KEY, old);
             match self.backend().update_annotations(&self.id, update).await {
                 Ok(_) => return Ok(meta),
-                Err(sandcove::Error::Conflict { .. }) => continue,
+                // Someone else changed it first: re-read and apply the change again (bounded,
+                // so endless contention surfaces as the conflict rather than a hang).
+                Err(sandcove::Error::Conflict { .. }) if attempts < MAX_META_ATTEMPTS => continue,
                 Err(e) => return Err(e),
             }
         }
