@@ -258,7 +258,7 @@ fn event_log() -> (Events, impl FnMut(FilesystemEvent) + Send + 'static) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_dir_follows_the_capability() {
     let sbx = sandbox("watch").await;
-    if caps().watch {
+    if caps().await.watch {
         // The async class's shape: `files.watch_dir(path, on_event)`.
         let (events, on_event) = event_log();
         let handle = sbx

@@ -84,13 +84,21 @@ impl Client {
         &self.backend
     }
 
-    /// What the backend can do.
+    /// What the backend can do, as last learned (no I/O; see [`Client::ready`]).
     pub fn capabilities(&self) -> Capabilities {
         self.backend.capabilities()
     }
 
+    /// What the backend can do, learned once (a remote server is asked on the first call).
+    /// Every entry point of the client runs it, so [`Client::capabilities`] is accurate after
+    /// any of them.
+    pub async fn ready(&self) -> Result<Capabilities> {
+        self.backend.ready().await
+    }
+
     /// Create a sandbox.
     pub async fn create(&self, options: CreateOptions) -> Result<Sandbox> {
+        self.ready().await?;
         let info = self.backend.create(options).await?;
         Ok(Sandbox {
             backend: self.backend.clone(),
@@ -100,6 +108,7 @@ impl Client {
 
     /// A handle to an existing sandbox, checked to exist.
     pub async fn connect(&self, id: &str) -> Result<Sandbox> {
+        self.ready().await?;
         let info = self.backend.get(id).await?;
         Ok(Sandbox {
             backend: self.backend.clone(),
@@ -109,6 +118,7 @@ impl Client {
 
     /// Live sandboxes passing the filter.
     pub async fn list(&self, options: ListOptions) -> Result<Vec<SandboxInfo>> {
+        self.ready().await?;
         self.backend.list(options).await
     }
 }

@@ -402,32 +402,31 @@ async fn connection_failures_are_retried_then_unavailable() {
     let err = backend.get("abc").await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
     let caps = backend.capabilities();
-    assert_eq!(caps.backend, "http+unreachable");
+    assert_eq!(caps.backend, "http+unknown");
     assert!(!caps.pause);
 }
 
-#[test]
-fn capabilities_are_fetched_lazily_outside_a_runtime() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let server = runtime.block_on(async {
-        let server = MockServer::start().await;
-        let local = sandcove::LocalBackend::new().unwrap().capabilities();
-        Mock::given(method("GET"))
-            .and(path("/v1/capabilities"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(local))
-            .expect(1)
-            .mount(&server)
-            .await;
-        server
-    });
+/// `capabilities()` never does I/O: before `ready` it reports nothing optional; `ready` asks
+/// the server once and later calls answer from the cache.
+#[tokio::test]
+async fn capabilities_are_fetched_once_by_ready_and_never_by_capabilities() {
+    let server = MockServer::start().await;
+    let local = sandcove::LocalBackend::new().unwrap().capabilities();
+    Mock::given(method("GET"))
+        .and(path("/v1/capabilities"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(local))
+        .expect(1)
+        .mount(&server)
+        .await;
     let backend = client(&server);
-    assert_eq!(backend.capabilities().backend, "http+local");
-    assert_eq!(
-        backend.capabilities().backend,
-        "http+local",
-        "cached after the first fetch"
-    );
-    runtime.block_on(server.verify());
+    let before = backend.capabilities();
+    assert_eq!(before.backend, "http+unknown");
+    assert!(!before.pause && !before.previews);
+    assert!(server.received_requests().await.unwrap().is_empty());
+    assert_eq!(backend.ready().await.unwrap().backend, "http+local");
+    assert_eq!(backend.ready().await.unwrap().backend, "http+local");
+    assert_eq!(backend.capabilities().backend, "http+local", "cached");
+    server.verify().await;
 }
 
 /// Bad input is refused by the client with the engine's error, before anything is sent.

@@ -277,8 +277,6 @@ pub struct HttpBackend {
     api_key: Arc<str>,
     http: reqwest::Client,
     options: HttpOptions,
-    /// The only trusted roots, when [`CA_FILE_ENV`] named them.
-    roots: Option<Arc<Vec<reqwest::Certificate>>>,
     caps: Arc<OnceLock<Capabilities>>,
 }
 
@@ -420,16 +418,15 @@ impl HttpBackend {
             }
         }
         let roots = match std::env::var_os(CA_FILE_ENV) {
-            Some(path) => Some(Arc::new(load_ca_file(std::path::Path::new(&path))?)),
+            Some(path) => Some(load_ca_file(std::path::Path::new(&path))?),
             None => None,
         };
-        let http = client(&options, roots.as_deref())?;
+        let http = client(&options, roots.as_ref())?;
         Ok(HttpBackend {
             base,
             api_key: api_key.into(),
             http,
             options,
-            roots,
             caps: Arc::new(OnceLock::new()),
         })
     }
@@ -737,10 +734,10 @@ async fn fetch_capabilities(backend: &HttpBackend, http: &reqwest::Client) -> Re
     Ok(caps)
 }
 
-/// The capabilities reported while the server cannot be asked: nothing optional.
+/// The capabilities reported before the server was asked: nothing optional.
 fn unknown_capabilities() -> Capabilities {
     Capabilities {
-        backend: "http+unreachable".into(),
+        backend: "http+unknown".into(),
         isolated: false,
         multiple_users: false,
         persistent_sandboxes: false,
@@ -993,28 +990,16 @@ impl Backend for HttpBackend {
     /// thread for one request. While the server cannot be reached, nothing optional is
     /// reported and the next call asks again.
     fn capabilities(&self) -> Capabilities {
-        if let Some(caps) = self.caps.get() {
-            return caps.clone();
-        }
-        // A fresh client and runtime on a separate thread: this works inside or outside an
-        // async runtime, and pooled connections never cross runtimes.
-        let fetched = std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    let runtime = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .ok()?;
-                    let http = client(&self.options, self.roots.as_deref()).ok()?;
-                    runtime.block_on(fetch_capabilities(self, &http)).ok()
-                })
-                .join()
-                .ok()
-                .flatten()
-        });
-        match fetched {
-            Some(caps) => self.caps.get_or_init(|| caps).clone(),
-            None => unknown_capabilities(),
+        self.caps
+            .get()
+            .cloned()
+            .unwrap_or_else(unknown_capabilities)
+    }
+
+    async fn ready(&self) -> Result<Capabilities> {
+        match self.caps.get() {
+            Some(caps) => Ok(caps.clone()),
+            None => self.refresh_capabilities().await,
         }
     }
 

@@ -612,6 +612,10 @@ impl Backend for LocalBackend {
         }
     }
 
+    async fn ready(&self) -> Result<Capabilities> {
+        Ok(self.capabilities())
+    }
+
     async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
         check_create(&options, self.cgroups.is_some())?;
         let id = config::new_id();
