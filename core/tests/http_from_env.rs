@@ -27,7 +27,11 @@ async fn the_environment_selects_the_runtime() {
     let client = Client::from_env().expect("an HTTP client");
     assert_eq!(client.capabilities().backend, "http+unknown", "no I/O yet");
     assert!(client.connect("abc").await.unwrap_err().is_not_found());
-    assert_eq!(client.capabilities().backend, "http+local", "learned by connect");
+    assert_eq!(
+        client.capabilities().backend,
+        "http+local",
+        "learned by connect"
+    );
 
     std::env::remove_var(API_KEY_ENV);
     let err = Client::from_env().unwrap_err();
