@@ -141,6 +141,15 @@ fn api_key(file: Option<PathBuf>, on_command_line: bool) -> Result<String, Strin
 }
 
 fn main() -> ExitCode {
+    // The library reports warnings (no isolation, no internet for sandboxes) as `tracing`
+    // events; the command shows them on stderr (`RUST_LOG` adjusts the level).
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
     let cli = Cli::parse();
     match cli.command {
         Cmd::Env { vendor, state_dir } => env_command(&vendor, state_dir),
