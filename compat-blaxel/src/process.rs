@@ -23,7 +23,7 @@ use crate::models::{
     self, ProcessRequest, ProcessResponse, ProcessResponseStatus, SuccessResponse,
 };
 use crate::sandbox::{into_future, Ctx};
-use crate::state::{self, ProcessRecord, INTERNAL_TAG_PREFIX, PROC_DIR};
+use crate::state::{self, ProcessRecord, INTERNAL_TAG_PREFIX, PROC_DIR, PROC_KEY_PREFIX};
 use crate::translate::{self, HOME};
 
 /// A log callback: receives one line, without its newline.
@@ -522,14 +522,14 @@ impl SandboxProcess {
                 format!("process {identifier} is not running"),
             ));
         }
-        let path = format!("{PROC_DIR}/{}.json", info.pid);
-        let mut record = state::read_json::<ProcessRecord>(&self.ctx.core, &path)
+        let key = state::proc_key(info.pid);
+        let mut record = state::read_annotation::<ProcessRecord>(&self.ctx.core, &key)
             .await?
             .unwrap_or_else(|| record_from_info(&info));
         let before = record.clone();
         record.mark = Some(mark.to_string());
         record.marked_at = Some(sandcove::now_millis());
-        state::write_json(&self.ctx.core, &path, &record).await?;
+        state::write_annotation(&self.ctx.core, &key, &record).await?;
         let sent = self
             .ctx
             .core
@@ -541,7 +541,7 @@ impl SandboxProcess {
             )
             .await;
         if let Err(e) = sent {
-            let _ = state::write_json(&self.ctx.core, &path, &before).await;
+            let _ = state::write_annotation(&self.ctx.core, &key, &before).await;
             if e.is_not_found() {
                 return Err(SandboxAPIError::response_from(
                     404,
@@ -605,6 +605,37 @@ fn tail(bytes: &[u8], limit: usize) -> String {
     String::from_utf8_lossy(&bytes[start..]).into_owned()
 }
 
+/// Record a new process (a runtime annotation), dropping the records of processes the
+/// runtime no longer lists once there are many, so the records stay bounded as the
+/// runtime's own history does.
+async fn record_process(ctx: &Ctx, pid: u32, record: &ProcessRecord) -> Result<()> {
+    let key = state::proc_key(pid);
+    let mut update = sandcove::AnnotationUpdate::set(&key, state::encode(&key, record)?);
+    let info = ctx.core.info().await?;
+    let recorded = info
+        .annotations
+        .keys()
+        .filter(|k| k.starts_with(PROC_KEY_PREFIX))
+        .count();
+    if recorded >= state::PROC_RECORDS_KEPT {
+        let listed: std::collections::HashSet<String> = ctx
+            .core
+            .processes()
+            .await?
+            .iter()
+            .map(|p| state::proc_key(p.pid))
+            .collect();
+        update.remove = info
+            .annotations
+            .keys()
+            .filter(|k| k.starts_with(PROC_KEY_PREFIX) && **k != key && !listed.contains(*k))
+            .cloned()
+            .collect();
+    }
+    state::update_annotations(&ctx.core, update).await?;
+    Ok(())
+}
+
 /// The Blaxel view of one core process.
 async fn describe(
     ctx: &Ctx,
@@ -612,10 +643,9 @@ async fn describe(
     list: bool,
     limit: usize,
 ) -> Result<ProcessResponse> {
-    let record =
-        state::read_json::<ProcessRecord>(&ctx.core, &format!("{PROC_DIR}/{}.json", info.pid))
-            .await?
-            .unwrap_or_else(|| record_from_info(info));
+    let record = state::read_annotation::<ProcessRecord>(&ctx.core, &state::proc_key(info.pid))
+        .await?
+        .unwrap_or_else(|| record_from_info(info));
     let running = info.exit.is_none();
     let (out, err, seen_exit) = match ctx
         .core
@@ -799,7 +829,7 @@ async fn exec(
         marked_at: None,
         started_at: None,
     };
-    state::write_json(&ctx.core, &format!("{PROC_DIR}/{pid}.json"), &record).await?;
+    record_process(ctx, pid, &record).await?;
     let has_callbacks = callbacks.any();
     let mut task = tokio::spawn(pump(stream, callbacks));
     let started = Instant::now();
@@ -848,10 +878,9 @@ async fn exec(
         };
         let (out, err, exit) =
             joined.map_err(|e| SandboxAPIError::exception(format!("output task failed: {e}")))?;
-        let record =
-            state::read_json::<ProcessRecord>(&ctx.core, &format!("{PROC_DIR}/{pid}.json"))
-                .await?
-                .unwrap_or(record);
+        let record = state::read_annotation::<ProcessRecord>(&ctx.core, &state::proc_key(pid))
+            .await?
+            .unwrap_or(record);
         let response = response_of(
             ctx,
             pid,

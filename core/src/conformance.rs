@@ -21,10 +21,10 @@ use futures::StreamExt;
 
 use crate::client::collect;
 use crate::{
-    Backend, ByteStream, Command, CreateOptions, ErrorCode, FileKind, FsEventKind, ListDirOptions,
-    ListOptions, MkdirOptions, Output, PreviewOptions, ProcessEvent, ProcessSelector, ProcessSpec,
-    PtySize, RemoveOptions, SandboxState, Signal, TimeoutAction, VolumeMount, WatchOptions,
-    WriteOptions,
+    AnnotationUpdate, Backend, ByteStream, Command, CreateOptions, ErrorCode, FileKind,
+    FsEventKind, ListDirOptions, ListOptions, MkdirOptions, Output, PreviewOptions, ProcessEvent,
+    ProcessSelector, ProcessSpec, PtySize, RemoveOptions, SandboxState, Signal, TimeoutAction,
+    VolumeMount, WatchOptions, WriteOptions,
 };
 
 /// Expand to one `#[tokio::test]` per conformance case. `$make` is an expression evaluating
@@ -72,6 +72,14 @@ macro_rules! conformance_tests {
             watch_reports_changes,
             pty_processes,
             metrics_report_usage,
+            annotations_set_get_remove,
+            annotations_readable_while_paused_or_stopped,
+            annotations_are_out_of_reach_of_sandboxed_code,
+            fork_copies_annotations,
+            annotation_bounds_are_refused_with_nothing_changed,
+            concurrent_annotation_updates_lose_nothing,
+            stop_ends_processes_keeps_files_and_start_runs_again,
+            stop_pauses_the_lease,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -2257,5 +2265,554 @@ pub async fn metrics_report_usage(backend: &dyn Backend) {
     assert!(m.mem_total >= m.mem_used, "{m:?}");
     assert!(m.cpu_count >= 1);
     assert!(m.disk_total >= m.disk_used, "{m:?}");
+    backend.destroy(&id).await.expect("destroy");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Annotations and stop/start
+// ---------------------------------------------------------------------------------------------
+
+fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Annotations given at create are reported by get and list; an update sets and removes
+/// keys at once and answers the new map.
+pub async fn annotations_set_get_remove(backend: &dyn Backend) {
+    let label = unique("annot");
+    let mut options = test_options(&label);
+    options.annotations = map(&[("vendor/a", "1"), ("vendor/b", "two")]);
+    let info = backend.create(options).await.expect("create");
+    assert_eq!(
+        info.annotations,
+        map(&[("vendor/a", "1"), ("vendor/b", "two")])
+    );
+    let id = info.id;
+    let mut update = AnnotationUpdate::set("vendor/c", "{\"json\": [1, 2]}");
+    update.remove.push("vendor/a".into());
+    update.remove.push("vendor/absent".into());
+    let now = backend
+        .update_annotations(&id, update)
+        .await
+        .expect("update");
+    let want = map(&[("vendor/b", "two"), ("vendor/c", "{\"json\": [1, 2]}")]);
+    assert_eq!(now, want);
+    assert_eq!(backend.get(&id).await.expect("get").annotations, want);
+    let listed = backend
+        .list(ListOptions {
+            labels: BTreeMap::from([("conformance".to_string(), label)]),
+            ..Default::default()
+        })
+        .await
+        .expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].annotations, want);
+    // An expectation that holds applies; one that does not changes nothing.
+    let cas = AnnotationUpdate::set("vendor/b", "three").expecting("vendor/b", Some("two".into()));
+    assert_eq!(
+        backend
+            .update_annotations(&id, cas)
+            .await
+            .expect("cas")
+            .get("vendor/b")
+            .map(String::as_str),
+        Some("three")
+    );
+    let stale = AnnotationUpdate::set("vendor/b", "four").expecting("vendor/b", Some("two".into()));
+    expect_code(
+        backend.update_annotations(&id, stale).await,
+        ErrorCode::Conflict,
+        "a compare-and-set on a stale value",
+    );
+    let absent = AnnotationUpdate::set("vendor/b", "five").expecting("vendor/b", None);
+    expect_code(
+        backend.update_annotations(&id, absent).await,
+        ErrorCode::Conflict,
+        "an expected-absent key that exists",
+    );
+    assert_eq!(
+        backend
+            .get(&id)
+            .await
+            .expect("get")
+            .annotations
+            .get("vendor/b")
+            .map(String::as_str),
+        Some("three")
+    );
+    backend.destroy(&id).await.expect("destroy");
+    expect_code(
+        backend
+            .update_annotations(&id, AnnotationUpdate::set("k", "v"))
+            .await,
+        ErrorCode::NotFound,
+        "annotations of a destroyed sandbox",
+    );
+}
+
+/// Annotations are read and changed while the sandbox is paused (where pausing is
+/// supported) and while it is stopped, without resuming or starting it.
+pub async fn annotations_readable_while_paused_or_stopped(backend: &dyn Backend) {
+    let mut options = test_options(&unique("annotpause"));
+    options.annotations = map(&[("k", "v")]);
+    let id = backend.create(options).await.expect("create").id;
+    if backend.capabilities().pause {
+        backend.pause(&id).await.expect("pause");
+        let info = backend.get(&id).await.expect("get");
+        assert_eq!(info.annotations, map(&[("k", "v")]));
+        let now = backend
+            .update_annotations(&id, AnnotationUpdate::set("paused", "yes"))
+            .await
+            .expect("update while paused");
+        assert_eq!(now, map(&[("k", "v"), ("paused", "yes")]));
+        assert_eq!(
+            backend.get(&id).await.expect("get").state,
+            SandboxState::Paused,
+            "an annotation update does not resume"
+        );
+        backend.resume(&id).await.expect("resume");
+    }
+    backend.stop(&id).await.expect("stop");
+    backend
+        .update_annotations(&id, AnnotationUpdate::set("stopped", "yes"))
+        .await
+        .expect("update while stopped");
+    let info = backend.get(&id).await.expect("get");
+    assert_eq!(
+        info.state,
+        SandboxState::Stopped,
+        "an update does not start"
+    );
+    assert_eq!(
+        info.annotations.get("stopped").map(String::as_str),
+        Some("yes")
+    );
+    assert_eq!(info.annotations.get("k").map(String::as_str), Some("v"));
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// Nothing inside the sandbox holds or reaches the annotations: their values appear in no
+/// file sandboxed code can read, and code that rewrites and deletes files everywhere it can
+/// write leaves them as they were.
+pub async fn annotations_are_out_of_reach_of_sandboxed_code(backend: &dyn Backend) {
+    let secret = unique("annotvalue");
+    let mut options = test_options(&unique("annotreach"));
+    options.annotations = map(&[("record", &secret)]);
+    let id = backend.create(options).await.expect("create").id;
+    backend
+        .update_annotations(&id, AnnotationUpdate::set("later", &secret))
+        .await
+        .expect("update");
+    if backend.capabilities().isolated {
+        // Every writable place: clobber, then delete, everything there.
+        let vandal = "for d in / /tmp /var/tmp /dev/shm /run \"$HOME\" /workspace; do \
+                        find \"$d\" -xdev -type f -writable 2>/dev/null | \
+                          while read -r f; do printf garbage > \"$f\"; done; \
+                        printf garbage > \"$d/.sandcove-annotations.json\" 2>/dev/null; \
+                      done; \
+                      rm -rf /tmp/* /tmp/.[!.]* /workspace/* /workspace/.[!.]* 2>/dev/null; true";
+        sh(backend, &id, vandal).await;
+        // The sandbox's own filesystems (not the read-only host directories bound in).
+        let found = sh(
+            backend,
+            &id,
+            &format!(
+                "for d in / /tmp /var/tmp /dev/shm /run \"$HOME\" /workspace; do \
+                   find \"$d\" -xdev -type f -readable -exec grep -lsF -- '{secret}' {{}} + ; \
+                 done 2>/dev/null | head -5; true"
+            ),
+        )
+        .await;
+        assert_eq!(
+            found.stdout_lossy().trim(),
+            "",
+            "an annotation value is readable inside the sandbox"
+        );
+    } else {
+        // Un-isolated sandbox processes share the host's files: no vandalism here.
+        println!("annotations_are_out_of_reach_of_sandboxed_code: un-isolated backend, in-sandbox part skipped");
+    }
+    assert_eq!(
+        backend.get(&id).await.expect("get").annotations,
+        map(&[("later", &secret), ("record", &secret)])
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// A fork starts with a copy of its source's annotations, the fork's own on top; later
+/// changes to either do not reach the other.
+pub async fn fork_copies_annotations(backend: &dyn Backend) {
+    let mut options = test_options(&unique("annotfork"));
+    options.annotations = map(&[("a", "1"), ("b", "2")]);
+    let id = backend.create(options).await.expect("create").id;
+    let mut fork_options = test_options(&unique("annotforked"));
+    fork_options.annotations = map(&[("b", "3"), ("c", "4")]);
+    if !backend.capabilities().snapshots {
+        expect_code(
+            backend.fork(&id, fork_options).await,
+            ErrorCode::NotSupported,
+            "fork",
+        );
+        backend.destroy(&id).await.expect("destroy");
+        return;
+    }
+    let forked = backend.fork(&id, fork_options).await.expect("fork");
+    let want = map(&[("a", "1"), ("b", "3"), ("c", "4")]);
+    assert_eq!(forked.annotations, want, "what fork answers");
+    assert_eq!(
+        backend.get(&forked.id).await.expect("get").annotations,
+        want
+    );
+    backend
+        .update_annotations(&id, AnnotationUpdate::set("a", "changed"))
+        .await
+        .expect("update source");
+    assert_eq!(
+        backend.get(&forked.id).await.expect("get").annotations,
+        want,
+        "a copy, not a link"
+    );
+    // A fork whose own annotations would overflow the bounds is refused before it is made.
+    let mut too_many = test_options(&unique("annotforkbad"));
+    too_many.annotations = (0..crate::MAX_ANNOTATIONS - 1)
+        .map(|i| (format!("k{i}"), String::new()))
+        .collect();
+    expect_code(
+        backend.fork(&id, too_many).await,
+        ErrorCode::InvalidArgument,
+        "a fork over the annotation count",
+    );
+    for sandbox in [&id, &forked.id] {
+        backend.destroy(sandbox).await.expect("destroy");
+    }
+}
+
+/// Out-of-bounds annotations are `InvalidArgument`: at create nothing is made, on update
+/// nothing changes.
+pub async fn annotation_bounds_are_refused_with_nothing_changed(backend: &dyn Backend) {
+    let big = "x".repeat(crate::MAX_ANNOTATION_VALUE + 1);
+    let long_key = "k".repeat(crate::MAX_ANNOTATION_KEY + 1);
+    let many: BTreeMap<String, String> = (0..=crate::MAX_ANNOTATIONS)
+        .map(|i| (format!("k{i}"), String::new()))
+        .collect();
+    let bulky: BTreeMap<String, String> =
+        (0..crate::MAX_ANNOTATIONS_BYTES / crate::MAX_ANNOTATION_VALUE + 1)
+            .map(|i| (format!("k{i}"), "y".repeat(crate::MAX_ANNOTATION_VALUE)))
+            .collect();
+    let bad_maps: Vec<(&str, BTreeMap<String, String>)> = vec![
+        ("an empty key", map(&[("", "v")])),
+        ("a key with a space", map(&[("a b", "v")])),
+        ("a key with a NUL", map(&[("a\0b", "v")])),
+        ("a non-ASCII key", map(&[("clé", "v")])),
+        (
+            "a key too long",
+            BTreeMap::from([(long_key.clone(), "v".to_string())]),
+        ),
+        (
+            "a value too large",
+            BTreeMap::from([("k".to_string(), big.clone())]),
+        ),
+        ("a value with a NUL", map(&[("k", "a\0b")])),
+        ("too many keys", many.clone()),
+        ("too many bytes", bulky.clone()),
+    ];
+    let label = unique("annotbounds");
+    for (what, annotations) in &bad_maps {
+        let mut options = test_options(&label);
+        options.annotations = annotations.clone();
+        expect_code(
+            backend.create(options).await,
+            ErrorCode::InvalidArgument,
+            &format!("create with {what}"),
+        );
+    }
+    assert!(
+        ids_labelled(backend, &label).await.is_empty(),
+        "a refused create makes nothing"
+    );
+    let mut options = test_options(&label);
+    options.annotations = map(&[("keep", "me")]);
+    let id = backend.create(options).await.expect("create").id;
+    for (what, annotations) in &bad_maps {
+        let update = AnnotationUpdate {
+            set: annotations.clone(),
+            ..Default::default()
+        };
+        expect_code(
+            backend.update_annotations(&id, update).await,
+            ErrorCode::InvalidArgument,
+            &format!("update with {what}"),
+        );
+    }
+    expect_code(
+        backend
+            .update_annotations(&id, AnnotationUpdate::remove("bad key"))
+            .await,
+        ErrorCode::InvalidArgument,
+        "removing a malformed key",
+    );
+    // Bounds hold on the result too: keys that are fine one by one, too many together.
+    let half: BTreeMap<String, String> = (0..crate::MAX_ANNOTATIONS / 2 + 1)
+        .map(|i| (format!("k{i}"), String::new()))
+        .collect();
+    backend
+        .update_annotations(
+            &id,
+            AnnotationUpdate {
+                set: half,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("half the allowed keys");
+    let other_half: BTreeMap<String, String> = (0..crate::MAX_ANNOTATIONS / 2 + 1)
+        .map(|i| (format!("j{i}"), String::new()))
+        .collect();
+    expect_code(
+        backend
+            .update_annotations(
+                &id,
+                AnnotationUpdate {
+                    set: other_half,
+                    ..Default::default()
+                },
+            )
+            .await,
+        ErrorCode::InvalidArgument,
+        "an update overflowing the count",
+    );
+    let after = backend.get(&id).await.expect("get").annotations;
+    assert_eq!(after.get("keep").map(String::as_str), Some("me"));
+    assert_eq!(
+        after.len(),
+        crate::MAX_ANNOTATIONS / 2 + 2,
+        "the refused update changed nothing"
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// Programs updating one record with compare-and-set never lose each other's writes: each
+/// increments a shared counter several times (re-reading and retrying on `Conflict`) and the
+/// counter ends at the total.
+pub async fn concurrent_annotation_updates_lose_nothing(backend: &dyn Backend) {
+    const WRITERS: usize = 6;
+    const EACH: usize = 5;
+    let id = create(backend, &unique("annotcas")).await;
+    let mut conflicts = 0usize;
+    let writers = (0..WRITERS).map(|w| {
+        let id = id.clone();
+        async move {
+            let mut conflicts = 0usize;
+            for _ in 0..EACH {
+                loop {
+                    let current = backend.get(&id).await.expect("get").annotations;
+                    let old = current.get("counter").cloned();
+                    let n: usize = old.as_deref().map_or(0, |v| v.parse().expect("a number"));
+                    let mut update = AnnotationUpdate::set("counter", (n + 1).to_string())
+                        .expecting("counter", old);
+                    update
+                        .set
+                        .insert(format!("writer/{w}"), (n + 1).to_string());
+                    match backend.update_annotations(&id, update).await {
+                        Ok(_) => break,
+                        Err(e) if e.code() == ErrorCode::Conflict => conflicts += 1,
+                        Err(e) => panic!("update: {e}"),
+                    }
+                }
+            }
+            conflicts
+        }
+    });
+    for c in futures::future::join_all(writers).await {
+        conflicts += c;
+    }
+    let annotations = backend.get(&id).await.expect("get").annotations;
+    assert_eq!(
+        annotations.get("counter").map(String::as_str),
+        Some((WRITERS * EACH).to_string().as_str()),
+        "no increment lost ({conflicts} conflicts retried)"
+    );
+    for w in 0..WRITERS {
+        assert!(
+            annotations.contains_key(&format!("writer/{w}")),
+            "writer {w}"
+        );
+    }
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// Stop ends every process (a tagged marker by its exact pid, and a background child),
+/// keeps files, refuses work until started; start runs again with the same files, and new
+/// processes work. Stop and start are idempotent; pause, resume and start refuse the states
+/// they do not apply to.
+pub async fn stop_ends_processes_keeps_files_and_start_runs_again(backend: &dyn Backend) {
+    let id = create(backend, &unique("stop")).await;
+    write(backend, &id, "kept/file.txt", b"still here").await;
+    let marker = unique("stopmark");
+    let child = unique("stopchild");
+    let spec = ProcessSpec::new(Command::bash_login(format!(
+        "(exec -a {child} sleep 600) & exec -a {marker} sleep 600"
+    )))
+    .tag("stop-marker");
+    let stream = backend.spawn(&id, spec).await.expect("spawn");
+    let pid = stream.pid;
+    drop(stream);
+    let local = backend.capabilities().isolated;
+    if local {
+        eventually(PATIENCE, "marker and child run", || async {
+            equals(
+                (host_process_count(&marker), host_process_count(&child)),
+                (1, 1),
+            )
+        })
+        .await;
+    }
+    let info = backend.stop(&id).await.expect("stop");
+    assert_eq!(info.state, SandboxState::Stopped);
+    assert_eq!(
+        backend.get(&id).await.expect("get").state,
+        SandboxState::Stopped
+    );
+    if local {
+        // Already gone when stop returns: no waiting.
+        assert_eq!(
+            (host_process_count(&marker), host_process_count(&child)),
+            (0, 0),
+            "every process ended by the time stop returned"
+        );
+    }
+    assert_eq!(
+        backend.stop(&id).await.expect("stop again").state,
+        SandboxState::Stopped
+    );
+    expect_code(
+        backend
+            .spawn(&id, ProcessSpec::new(Command::argv(["true"])))
+            .await
+            .map(|s| s.pid),
+        ErrorCode::InvalidState,
+        "spawn while stopped",
+    );
+    expect_code(
+        read(backend, &id, "kept/file.txt").await,
+        ErrorCode::InvalidState,
+        "a file read while stopped",
+    );
+    expect_code(
+        backend.resume(&id).await,
+        ErrorCode::InvalidState,
+        "resume while stopped",
+    );
+    if backend.capabilities().snapshots {
+        // Files of a stopped sandbox are consistent (nothing runs): a fork copies them.
+        let forked = backend
+            .fork(&id, test_options(&unique("stopfork")))
+            .await
+            .expect("fork a stopped sandbox");
+        assert_eq!(
+            read(backend, &forked.id, "kept/file.txt")
+                .await
+                .expect("read the fork"),
+            b"still here"
+        );
+        assert_eq!(
+            backend.get(&id).await.expect("get").state,
+            SandboxState::Stopped,
+            "forking does not start the source"
+        );
+        backend.destroy(&forked.id).await.expect("destroy the fork");
+    }
+    if backend.capabilities().pause {
+        expect_code(
+            backend.pause(&id).await,
+            ErrorCode::InvalidState,
+            "pause while stopped",
+        );
+    }
+    let info = backend.start(&id).await.expect("start");
+    assert_eq!(info.state, SandboxState::Running);
+    assert_eq!(
+        backend.start(&id).await.expect("start again").state,
+        SandboxState::Running
+    );
+    assert_eq!(
+        read(backend, &id, "kept/file.txt").await.expect("read"),
+        b"still here"
+    );
+    let processes = backend.list_processes(&id).await.expect("list processes");
+    let marker_info = processes
+        .iter()
+        .find(|p| p.pid == pid)
+        .unwrap_or_else(|| panic!("pid {pid} listed: {processes:?}"));
+    assert_eq!(marker_info.tag.as_deref(), Some("stop-marker"));
+    let exit = marker_info.exit.expect("the marker ended");
+    assert_eq!(exit.signal, Some(9), "killed by the stop: {exit:?}");
+    assert!(marker_info.ended_at.is_some());
+    assert!(
+        processes.iter().all(|p| p.exit.is_some()),
+        "no process runs after a stop: {processes:?}"
+    );
+    assert_eq!(sh(backend, &id, "echo again").await.stdout, b"again\n");
+    if backend.capabilities().pause {
+        backend.pause(&id).await.expect("pause");
+        expect_code(
+            backend.start(&id).await,
+            ErrorCode::InvalidState,
+            "start while paused",
+        );
+        // Stopping a paused sandbox ends its frozen processes too.
+        let frozen = unique("frozen");
+        let spec = ProcessSpec::new(Command::bash_login(format!("exec -a {frozen} sleep 600")));
+        backend.resume(&id).await.expect("resume");
+        drop(backend.spawn(&id, spec).await.expect("spawn"));
+        if local {
+            eventually(PATIENCE, "the frozen marker runs", || async {
+                equals(host_process_count(&frozen), 1)
+            })
+            .await;
+        }
+        backend.pause(&id).await.expect("pause");
+        assert_eq!(
+            backend.stop(&id).await.expect("stop paused").state,
+            SandboxState::Stopped
+        );
+        if local {
+            assert_eq!(host_process_count(&frozen), 0, "frozen processes ended");
+        }
+        backend.start(&id).await.expect("start");
+    }
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// The lease does not run while a sandbox is stopped: a sandbox stopped with a few seconds
+/// left outlives that time, and start gives it back what it had left.
+pub async fn stop_pauses_the_lease(backend: &dyn Backend) {
+    const LEASE: Duration = Duration::from_secs(10);
+    let mut options = test_options(&unique("stoplease"));
+    options.timeout = Some(LEASE);
+    let info = backend.create(options).await.expect("create");
+    let id = info.id;
+    let left_before = info.ends_at.saturating_sub(crate::now_millis());
+    backend.stop(&id).await.expect("stop");
+    // Time passing is the subject: wait until the original lease has ended.
+    let original_end = info.ends_at + 1000;
+    eventually(PATIENCE, "the original lease has passed", || async {
+        holds(crate::now_millis() > original_end, crate::now_millis())
+    })
+    .await;
+    let stopped = backend
+        .get(&id)
+        .await
+        .expect("a stopped sandbox outlives its lease");
+    assert_eq!(stopped.state, SandboxState::Stopped);
+    let started = backend.start(&id).await.expect("start");
+    let left_after = started.ends_at.saturating_sub(crate::now_millis());
+    assert!(
+        left_after + 3000 >= left_before && left_after <= left_before + 500,
+        "start gives back the time left at stop: {left_before} ms before, {left_after} ms after"
+    );
     backend.destroy(&id).await.expect("destroy");
 }

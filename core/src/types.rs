@@ -91,6 +91,10 @@ pub struct CreateOptions {
     pub snapshot: Option<String>,
     /// Named volumes to mount.
     pub volumes: Vec<VolumeMount>,
+    /// Key/values kept for the sandbox outside it (see [`SandboxInfo::annotations`] and
+    /// [`check_annotations`] for the bounds). A fork starts from a copy of its source's
+    /// annotations, with these applied on top.
+    pub annotations: BTreeMap<String, String>,
 }
 
 /// What a sandbox does when its lease ends.
@@ -319,8 +323,13 @@ pub enum SandboxState {
     Running,
     /// Frozen: processes and memory kept, nothing runs.
     Paused,
-    /// Its processes are gone (the agent died); it can only be destroyed.
+    /// Stopped on request ([`Backend::stop`](crate::Backend::stop)): every process ended,
+    /// files kept, the lease paused; [`Backend::start`](crate::Backend::start) makes it
+    /// `Running` again.
     Stopped,
+    /// Broken: its agent died on its own, so its processes are gone and nothing can restart
+    /// it; it can only be inspected and destroyed.
+    Failed,
     /// Destroyed; reported only by calls racing with the destroy.
     Destroyed,
 }
@@ -363,6 +372,157 @@ pub struct SandboxInfo {
     /// The snapshot it was created from, if any.
     #[serde(default)]
     pub snapshot: Option<String>,
+    /// Key/values for programs that manage the sandbox (a facade's vendor attributes,
+    /// session records, process names). They are held by the runtime outside the sandbox:
+    /// nothing running inside can read or change them, they stay readable while the sandbox
+    /// is paused, stopped or failed, and a fork gets a copy only because fork copies them
+    /// explicitly. Change them with [`Backend::update_annotations`](crate::Backend::update_annotations).
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// One atomic change to a sandbox's annotations ([`Backend::update_annotations`](crate::Backend::update_annotations)):
+/// every expectation is checked, then `remove` and `set` are applied, all under one lock, or
+/// nothing changes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AnnotationUpdate {
+    /// Compare-and-set: the current value each of these keys must have (`None`: the key must
+    /// be absent). Any mismatch fails the whole update with
+    /// [`Error::Conflict`](crate::Error::Conflict), so two programs updating the same record
+    /// cannot lose each other's writes: re-read, merge, retry.
+    pub expect: BTreeMap<String, Option<String>>,
+    /// Keys to remove (absent keys are fine).
+    pub remove: Vec<String>,
+    /// Keys to set (applied after `remove`).
+    pub set: BTreeMap<String, String>,
+}
+
+impl AnnotationUpdate {
+    /// An update setting one key.
+    pub fn set(key: impl Into<String>, value: impl Into<String>) -> Self {
+        let mut update = AnnotationUpdate::default();
+        update.set.insert(key.into(), value.into());
+        update
+    }
+
+    /// An update removing one key.
+    pub fn remove(key: impl Into<String>) -> Self {
+        AnnotationUpdate {
+            remove: vec![key.into()],
+            ..Default::default()
+        }
+    }
+
+    /// Also require `key` to hold `value` now (`None`: to be absent).
+    pub fn expecting(mut self, key: impl Into<String>, value: Option<String>) -> Self {
+        self.expect.insert(key.into(), value);
+        self
+    }
+
+    /// Check what can be checked without the current map: every key named, and the keys and
+    /// values to set on their own ([`check_annotations`]).
+    pub fn validate(&self) -> crate::Result<()> {
+        for key in self.expect.keys().chain(self.remove.iter()) {
+            check_annotation_key(key)?;
+        }
+        check_annotations(&self.set)
+    }
+
+    /// Check every key named (expectations included) and apply the update to `current`,
+    /// returning the new map; `current` is unchanged on any error. Backends call this under
+    /// the lock that serializes updates.
+    pub fn apply(
+        &self,
+        current: &BTreeMap<String, String>,
+    ) -> crate::Result<BTreeMap<String, String>> {
+        self.validate()?;
+        for (key, want) in &self.expect {
+            if current.get(key) != want.as_ref() {
+                return Err(crate::Error::Conflict {
+                    what: format!(
+                        "annotation {key:?}: expected {}, found {}",
+                        describe_value(want.as_deref()),
+                        describe_value(current.get(key).map(String::as_str))
+                    ),
+                });
+            }
+        }
+        let mut next = current.clone();
+        for key in &self.remove {
+            next.remove(key);
+        }
+        for (k, v) in &self.set {
+            next.insert(k.clone(), v.clone());
+        }
+        check_annotations(&next)?;
+        Ok(next)
+    }
+}
+
+fn describe_value(v: Option<&str>) -> String {
+    match v {
+        None => "no value".into(),
+        Some(v) if v.len() > 40 => format!("a value of {} bytes", v.len()),
+        Some(v) => format!("{v:?}"),
+    }
+}
+
+/// Longest annotation key, in bytes.
+pub const MAX_ANNOTATION_KEY: usize = 128;
+/// Largest annotation value, in bytes.
+pub const MAX_ANNOTATION_VALUE: usize = 16 * 1024;
+/// Most annotations one sandbox holds.
+pub const MAX_ANNOTATIONS: usize = 1024;
+/// Largest total of every annotation key and value of one sandbox, in bytes.
+pub const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
+
+fn check_annotation_key(key: &str) -> crate::Result<()> {
+    let ok = !key.is_empty()
+        && key.len() <= MAX_ANNOTATION_KEY
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/' | b':'));
+    if ok {
+        Ok(())
+    } else {
+        Err(crate::Error::invalid(format!(
+            "annotation key {:?} must be 1-{MAX_ANNOTATION_KEY} ASCII letters, digits, \
+             '-', '_', '.', '/' or ':'",
+            key.chars().take(MAX_ANNOTATION_KEY + 1).collect::<String>()
+        )))
+    }
+}
+
+/// Whether a whole annotation map is within the bounds: keys of 1 to
+/// [`MAX_ANNOTATION_KEY`] bytes of ASCII letters, digits, `-`, `_`, `.`, `/` or `:`; values of
+/// at most [`MAX_ANNOTATION_VALUE`] bytes without NUL; at most [`MAX_ANNOTATIONS`] entries
+/// and [`MAX_ANNOTATIONS_BYTES`] in all. Beyond them: [`Error::InvalidArgument`](crate::Error::InvalidArgument).
+pub fn check_annotations(map: &BTreeMap<String, String>) -> crate::Result<()> {
+    if map.len() > MAX_ANNOTATIONS {
+        return Err(crate::Error::invalid(format!(
+            "a sandbox holds at most {MAX_ANNOTATIONS} annotations, this would be {}",
+            map.len()
+        )));
+    }
+    let mut total = 0usize;
+    for (k, v) in map {
+        check_annotation_key(k)?;
+        if v.len() > MAX_ANNOTATION_VALUE || v.contains('\0') {
+            return Err(crate::Error::invalid(format!(
+                "annotation {k:?}: values hold at most {MAX_ANNOTATION_VALUE} bytes and no NUL \
+                 (this one has {} bytes)",
+                v.len()
+            )));
+        }
+        total += k.len() + v.len();
+    }
+    if total > MAX_ANNOTATIONS_BYTES {
+        return Err(crate::Error::invalid(format!(
+            "annotations hold at most {MAX_ANNOTATIONS_BYTES} bytes in all, this would be {total}"
+        )));
+    }
+    Ok(())
 }
 
 /// A user inside a sandbox.

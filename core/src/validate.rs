@@ -27,6 +27,7 @@ impl CreateOptions {
     pub fn validate(&self) -> Result<()> {
         validate_envs(&self.envs)?;
         validate_labels(&self.labels)?;
+        crate::check_annotations(&self.annotations)?;
         if let Some(name) = &self.name {
             if !crate::valid_sandbox_name(name) {
                 return Err(invalid_sandbox_name(name));

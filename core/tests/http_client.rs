@@ -51,6 +51,7 @@ fn info(id: &str) -> SandboxInfo {
         auto_resume: false,
         volumes: Vec::new(),
         snapshot: None,
+        annotations: BTreeMap::new(),
     }
 }
 

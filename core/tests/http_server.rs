@@ -117,6 +117,19 @@ impl Backend for Refuser {
     async fn resume(&self, _: &str) -> Result<SandboxInfo> {
         self.no("resume")
     }
+    async fn stop(&self, _: &str) -> Result<SandboxInfo> {
+        self.no("stop")
+    }
+    async fn start(&self, _: &str) -> Result<SandboxInfo> {
+        self.no("start")
+    }
+    async fn update_annotations(
+        &self,
+        _: &str,
+        _: sandcove::AnnotationUpdate,
+    ) -> Result<std::collections::BTreeMap<String, String>> {
+        self.no("update_annotations")
+    }
     async fn metrics(&self, _: &str) -> Result<Metrics> {
         self.no("metrics")
     }
@@ -167,12 +180,13 @@ impl Backend for Refuser {
 const KEY: &str = "the-right-key";
 
 /// Every async method of the `Backend` trait.
-const METHODS: [&str; 37] = [
+const METHODS: [&str; 40] = [
     "create",
     "get",
     "list",
     "set_timeout",
     "set_labels",
+    "update_annotations",
     "destroy",
     "spawn",
     "attach",
@@ -190,6 +204,8 @@ const METHODS: [&str; 37] = [
     "chmod",
     "pause",
     "resume",
+    "stop",
+    "start",
     "metrics",
     "resize_pty",
     "watch",
@@ -403,6 +419,12 @@ async fn every_client_method_round_trips_the_backends_answer() {
             "set_labels",
             c.set_labels("a", Default::default()).await.map(drop),
         ),
+        (
+            "update_annotations",
+            c.update_annotations("a", sandcove::AnnotationUpdate::set("k", "v"))
+                .await
+                .map(drop),
+        ),
         ("destroy", c.destroy("a").await),
         ("spawn", c.spawn("a", spec).await.map(drop)),
         ("attach", c.attach("a", sel()).await.map(drop)),
@@ -437,6 +459,8 @@ async fn every_client_method_round_trips_the_backends_answer() {
         ("chmod", c.chmod("a", "/d", 0o700).await.map(drop)),
         ("pause", c.pause("a").await.map(drop)),
         ("resume", c.resume("a").await.map(drop)),
+        ("stop", c.stop("a").await.map(drop)),
+        ("start", c.start("a").await.map(drop)),
         ("metrics", c.metrics("a").await.map(drop)),
         (
             "resize_pty",

@@ -121,6 +121,19 @@ impl Backend for SlowCleanup {
     async fn resume(&self, id: &str) -> Result<SandboxInfo> {
         self.inner.resume(id).await
     }
+    async fn stop(&self, id: &str) -> Result<SandboxInfo> {
+        self.inner.stop(id).await
+    }
+    async fn start(&self, id: &str) -> Result<SandboxInfo> {
+        self.inner.start(id).await
+    }
+    async fn update_annotations(
+        &self,
+        id: &str,
+        u: sandcove::AnnotationUpdate,
+    ) -> Result<BTreeMap<String, String>> {
+        self.inner.update_annotations(id, u).await
+    }
     async fn metrics(&self, id: &str) -> Result<Metrics> {
         self.inner.metrics(id).await
     }

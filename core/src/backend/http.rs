@@ -180,6 +180,7 @@ pub fn status_for(code: ErrorCode) -> u16 {
     match code {
         ErrorCode::NotFound => 404,
         ErrorCode::AlreadyExists => 409,
+        ErrorCode::Conflict => 412,
         ErrorCode::InvalidArgument => 400,
         ErrorCode::Timeout => 504,
         ErrorCode::PermissionDenied => 403,
@@ -227,6 +228,7 @@ pub fn error_from_response(status: u16, retry_after: Option<&str>, body: &[u8]) 
         404 => Error::not_found(detail),
         408 | 504 => Error::Timeout { what: detail },
         409 => Error::AlreadyExists { what: detail },
+        412 => Error::Conflict { what: detail },
         429 => Error::RateLimited {
             message: detail,
             retry_after_ms,
@@ -1048,6 +1050,18 @@ impl Backend for HttpBackend {
             .await
     }
 
+    async fn update_annotations(
+        &self,
+        id: &str,
+        update: crate::AnnotationUpdate,
+    ) -> Result<std::collections::BTreeMap<String, String>> {
+        update.validate()?;
+        let url = self.sandbox_url(id, &["annotations"]);
+        // Not replayed after it may have run: a repeated compare-and-set would fail.
+        self.call(Method::POST, url, &[], Some(&update), Retry::Unsafe)
+            .await
+    }
+
     async fn destroy(&self, id: &str) -> Result<()> {
         let url = self.sandbox_url(id, &[]);
         self.call_unit(Method::DELETE, url, &[], Payload::None, Retry::Idempotent)
@@ -1265,6 +1279,19 @@ impl Backend for HttpBackend {
             .await
     }
 
+    async fn stop(&self, id: &str) -> Result<SandboxInfo> {
+        let url = self.sandbox_url(id, &["stop"]);
+        // Stopping a stopped sandbox changes nothing: safe to replay.
+        self.call(Method::POST, url, &[], None::<&()>, Retry::Idempotent)
+            .await
+    }
+
+    async fn start(&self, id: &str) -> Result<SandboxInfo> {
+        let url = self.sandbox_url(id, &["start"]);
+        self.call(Method::POST, url, &[], None::<&()>, Retry::Idempotent)
+            .await
+    }
+
     async fn metrics(&self, id: &str) -> Result<Metrics> {
         let url = self.sandbox_url(id, &["metrics"]);
         self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
@@ -1453,6 +1480,7 @@ mod tests {
         let errors = [
             Error::not_found("sandbox \"x\""),
             Error::AlreadyExists { what: "v".into() },
+            Error::Conflict { what: "k".into() },
             Error::invalid("bad"),
             Error::Timeout { what: "t".into() },
             Error::PermissionDenied {
@@ -1502,6 +1530,7 @@ mod tests {
             (403, ErrorCode::PermissionDenied),
             (404, ErrorCode::NotFound),
             (409, ErrorCode::AlreadyExists),
+            (412, ErrorCode::Conflict),
             (413, ErrorCode::InvalidArgument),
             (429, ErrorCode::RateLimited),
             (501, ErrorCode::NotSupported),

@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use futures::Stream;
 
 use crate::{
-    Capabilities, CreateOptions, FileStat, FsEvent, ListDirOptions, ListOptions, Metrics,
-    MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessEvent, ProcessInfo,
+    AnnotationUpdate, Capabilities, CreateOptions, FileStat, FsEvent, ListDirOptions, ListOptions,
+    Metrics, MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessEvent, ProcessInfo,
     ProcessSelector, ProcessSpec, PtySize, RemoveOptions, Result, SandboxInfo, Signal,
     SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions,
 };
@@ -78,6 +78,17 @@ pub trait Backend: Send + Sync + fmt::Debug {
         id: &str,
         labels: std::collections::BTreeMap<String, String>,
     ) -> Result<SandboxInfo>;
+
+    /// Change the sandbox's annotations ([`SandboxInfo::annotations`]) atomically, as
+    /// `update` says (compare-and-set included); returns the map now in force. Works in
+    /// every state but destroyed. Out-of-bounds keys or values are
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument), a failed expectation
+    /// [`Error::Conflict`](crate::Error::Conflict); either way nothing changes.
+    async fn update_annotations(
+        &self,
+        id: &str,
+        update: AnnotationUpdate,
+    ) -> Result<std::collections::BTreeMap<String, String>>;
 
     /// Destroy the sandbox: every process in it ends and its state is removed.
     async fn destroy(&self, id: &str) -> Result<()>;
@@ -143,6 +154,20 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Continue a paused sandbox where it stopped.
     async fn resume(&self, id: &str) -> Result<SandboxInfo>;
+
+    /// Stop the sandbox: every process in it ends (killed), its files stay, its lease is
+    /// paused (the time left is kept). The state becomes
+    /// [`SandboxState::Stopped`](crate::SandboxState::Stopped); processes and file calls are
+    /// refused with [`Error::InvalidState`](crate::Error::InvalidState) until
+    /// [`Backend::start`]; info, annotations, labels, the lease and destroy keep working.
+    /// Stopping a paused sandbox ends its frozen processes too; stopping a stopped one
+    /// changes nothing.
+    async fn stop(&self, id: &str) -> Result<SandboxInfo>;
+
+    /// Start a stopped sandbox: it runs again with the files it had and no processes, and
+    /// its lease counts down again from the time it had left. Starting a running sandbox
+    /// changes nothing; a paused one must be resumed instead.
+    async fn start(&self, id: &str) -> Result<SandboxInfo>;
 
     /// Current resource usage.
     async fn metrics(&self, id: &str) -> Result<Metrics>;

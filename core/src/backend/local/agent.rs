@@ -573,6 +573,10 @@ async fn serve(agent: Arc<Agent>, ctrl: OwnedFd) {
                 thaw();
                 send_control(&ctrl, &Control::Reply { req, error: None }, None).await;
             }
+            Ok(Control::Stop { req }) => {
+                let error = stop_all(&agent).await.err().map(|e| e.to_body());
+                send_control(&ctrl, &Control::Reply { req, error }, None).await;
+            }
             _ => {}
         }
     }
@@ -689,6 +693,53 @@ async fn freeze() -> Result<()> {
         }
     }
     Err(Error::backend("processes kept forking while pausing"))
+}
+
+/// Kill every sandbox process (a stop): SIGKILL each one found, frozen ones included, until
+/// a scan finds none left (a process forked meanwhile is found by the next scan), then wait
+/// until each API process's end is recorded, so a process list read after the stop shows
+/// them ended. The agent, its namespaces and the sandbox's files stay.
+async fn stop_all(agent: &Agent) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let pids = sandbox_pids();
+        if pids.is_empty() {
+            break;
+        }
+        for pid in pids {
+            let _ = sys::kill(pid, libc::SIGKILL);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(Error::backend("processes kept appearing while stopping"));
+        }
+        // The reaper (on this runtime) collects them meanwhile.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    loop {
+        let running = agent
+            .procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_pid
+            .values()
+            .any(|p| {
+                p.state
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .info
+                    .exit
+                    .is_none()
+            });
+        if !running {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(Error::backend(
+                "stopped processes did not report their end in time",
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 fn thaw() {
@@ -878,6 +929,9 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: Request) -
         | Request::Destroy
         | Request::SetTimeout { .. }
         | Request::SetLabels { .. }
+        | Request::UpdateAnnotations { .. }
+        | Request::Stop
+        | Request::Start
         | Request::Pause
         | Request::Resume
         | Request::Expose { .. }

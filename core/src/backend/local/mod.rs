@@ -44,11 +44,11 @@ use self::config::{Record, SandboxDir, UidMapping};
 use self::proto::{Hello, Reply, Request, PROTOCOL_VERSION};
 use super::{Backend, ByteStream, ProcessStream, WatchStream};
 use crate::{
-    now_millis, Capabilities, CreateOptions, Error, FileStat, ListDirOptions, ListOptions, Metrics,
-    MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessEvent, ProcessInfo,
-    ProcessSelector, ProcessSpec, PtySize, RemoveOptions, Result, SandboxInfo, SandboxState,
-    Signal, SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions, DEFAULT_OUTPUT_LIMIT,
-    DEFAULT_TIMEOUT,
+    now_millis, AnnotationUpdate, Capabilities, CreateOptions, Error, FileStat, ListDirOptions,
+    ListOptions, Metrics, MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessEvent,
+    ProcessInfo, ProcessSelector, ProcessSpec, PtySize, RemoveOptions, Result, SandboxInfo,
+    SandboxState, Signal, SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions,
+    DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT,
 };
 
 pub use self::config::default_state_dir;
@@ -573,6 +573,7 @@ pub(crate) fn info_of(record: &Record, state: SandboxState) -> SandboxInfo {
         auto_resume: record.options.auto_resume,
         volumes: record.options.volumes.clone(),
         snapshot: record.options.snapshot.clone(),
+        annotations: record.options.annotations.clone(),
     }
 }
 
@@ -814,6 +815,22 @@ impl Backend for LocalBackend {
         self.monitor_info(id, Request::SetLabels { labels }).await
     }
 
+    async fn update_annotations(
+        &self,
+        id: &str,
+        update: AnnotationUpdate,
+    ) -> Result<std::collections::BTreeMap<String, String>> {
+        // Bad keys are refused here too, before the sandbox is contacted.
+        update.validate()?;
+        match self
+            .monitor_call(id, Request::UpdateAnnotations { update })
+            .await?
+        {
+            Reply::Annotations { annotations } => Ok(annotations),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     async fn destroy(&self, id: &str) -> Result<()> {
         match self.monitor_call(id, Request::Destroy).await {
             Ok(Reply::Done) => Ok(()),
@@ -996,6 +1013,14 @@ impl Backend for LocalBackend {
         self.monitor_info(id, Request::Resume).await
     }
 
+    async fn stop(&self, id: &str) -> Result<SandboxInfo> {
+        self.monitor_info(id, Request::Stop).await
+    }
+
+    async fn start(&self, id: &str) -> Result<SandboxInfo> {
+        self.monitor_info(id, Request::Start).await
+    }
+
     async fn metrics(&self, id: &str) -> Result<Metrics> {
         match self.agent_call(id, Request::Metrics).await? {
             Reply::Metrics { metrics } => Ok(metrics),
@@ -1133,8 +1158,15 @@ impl Backend for LocalBackend {
             ));
         }
         check_create(&options, self.cgroups.is_some())?;
-        let snap = self.snapshot(id, Some(format!("fork of {id}"))).await?;
+        // Annotations are copied on purpose, never inherited through the files: the source's,
+        // then the fork's own on top, checked before anything is made.
+        let source = self.get(id).await?;
         let mut options = options;
+        let mut annotations = source.annotations;
+        annotations.append(&mut options.annotations);
+        crate::check_annotations(&annotations)?;
+        options.annotations = annotations;
+        let snap = self.snapshot(id, Some(format!("fork of {id}"))).await?;
         options.snapshot = Some(snap.id.clone());
         let created = self.create(options).await;
         let _ = self.delete_snapshot(&snap.id).await;

@@ -140,6 +140,15 @@ pub enum Request {
         /// The new labels.
         labels: std::collections::BTreeMap<String, String>,
     },
+    /// Change the annotations (monitor); replies `Annotations`.
+    UpdateAnnotations {
+        /// The change.
+        update: crate::AnnotationUpdate,
+    },
+    /// Stop the sandbox: processes killed, files kept, lease paused (monitor).
+    Stop,
+    /// Start a stopped sandbox (monitor).
+    Start,
     /// Pause the sandbox (monitor).
     Pause,
     /// Resume the sandbox (monitor).
@@ -203,6 +212,11 @@ pub enum Reply {
     },
     /// Success with nothing to report.
     Done,
+    /// The annotations now in force.
+    Annotations {
+        /// Them.
+        annotations: std::collections::BTreeMap<String, String>,
+    },
     /// One path's metadata.
     Stat {
         /// It.
@@ -410,6 +424,11 @@ pub enum Control {
     },
     /// Monitor → agent: continue every sandbox process (resume).
     Thaw {
+        /// Correlates the [`Control::Reply`].
+        req: u64,
+    },
+    /// Monitor → agent: kill every sandbox process and wait until they are reaped (stop).
+    Stop {
         /// Correlates the [`Control::Reply`].
         req: u64,
     },
