@@ -213,7 +213,7 @@ impl Sandbox {
         Spawn(self.run(command))
     }
 
-    async fn start(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
+    async fn start_process(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
         let stream = self.backend.spawn(&self.id, spec).await?;
         Ok(self.handle(stream))
     }
@@ -236,6 +236,25 @@ impl Sandbox {
     /// Replace the sandbox's labels.
     pub async fn set_labels(&self, labels: BTreeMap<String, String>) -> Result<SandboxInfo> {
         self.backend.set_labels(&self.id, labels).await
+    }
+
+    /// Update the sandbox's annotations atomically (see [`Backend::update_annotations`]);
+    /// returns the new map.
+    pub async fn update_annotations(
+        &self,
+        update: crate::AnnotationUpdate,
+    ) -> Result<BTreeMap<String, String>> {
+        self.backend.update_annotations(&self.id, update).await
+    }
+
+    /// End every process but keep the files; [`Sandbox::start`] runs it again.
+    pub async fn stop(&self) -> Result<SandboxInfo> {
+        self.backend.stop(&self.id).await
+    }
+
+    /// Start a stopped sandbox again.
+    pub async fn start(&self) -> Result<SandboxInfo> {
+        self.backend.start(&self.id).await
     }
 
     /// Freeze every process; memory and processes are kept.
@@ -550,7 +569,7 @@ impl IntoFuture for Run {
     type IntoFuture = BoxFuture<'static, Result<Output>>;
 
     fn into_future(self) -> Self::IntoFuture {
-        async move { self.sandbox.start(self.spec).await?.wait().await }.boxed()
+        async move { self.sandbox.start_process(self.spec).await?.wait().await }.boxed()
     }
 }
 
@@ -601,7 +620,7 @@ impl IntoFuture for Spawn {
     type IntoFuture = BoxFuture<'static, Result<ProcessHandle>>;
 
     fn into_future(self) -> Self::IntoFuture {
-        async move { self.0.sandbox.start(self.0.spec).await }.boxed()
+        async move { self.0.sandbox.start_process(self.0.spec).await }.boxed()
     }
 }
 
