@@ -56,7 +56,10 @@ impl Ctx {
 
     pub async fn read(&self, path: &str) -> sandcove::Result<Vec<u8>> {
         use futures::StreamExt;
-        let mut stream = self.backend().read_file(&self.id, path).await?;
+        let mut stream = self
+            .backend()
+            .read_file(&self.id, path, Default::default())
+            .await?;
         let mut out = Vec::new();
         while let Some(chunk) = stream.next().await {
             out.extend_from_slice(&chunk?);
@@ -84,7 +87,7 @@ impl Ctx {
 /// Read the facade state of sandbox `id`; a sandbox created by other means has none.
 pub(crate) async fn read_meta(backend: &dyn Backend, id: &str) -> sandcove::Result<Meta> {
     use futures::StreamExt;
-    let mut stream = match backend.read_file(id, META_PATH).await {
+    let mut stream = match backend.read_file(id, META_PATH, Default::default()).await {
         Ok(s) => s,
         Err(e) if e.is_not_found() => return Ok(Meta::default()),
         Err(e) => return Err(e),

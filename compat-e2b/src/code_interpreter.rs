@@ -330,6 +330,7 @@ impl Driver {
             stdin: true,
             timeout: None,
             pty: None,
+            restart: None,
         };
         let stream = ctx.backend.spawn(&ctx.id, spec).await?;
         Ok(Driver::from_stream(ctx, stream))

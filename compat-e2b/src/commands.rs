@@ -296,6 +296,7 @@ impl RunBuilder {
             stdin: self.stdin,
             timeout: translate::timeout_secs(self.timeout),
             pty: None,
+            restart: None,
         }
     }
 
@@ -589,7 +590,10 @@ impl CommandHandle {
                         return Some(Ok(item));
                     }
                 }
-                ProcessEvent::Start { .. } | ProcessEvent::Gap { .. } => {}
+                ProcessEvent::Start { .. }
+                | ProcessEvent::Gap { .. }
+                | ProcessEvent::Live
+                | ProcessEvent::Restarted { .. } => {}
                 ProcessEvent::Exit(status) => {
                     self.events = None;
                     let tail_out = self.out.finish();

@@ -436,7 +436,11 @@ impl Filesystem {
         let path = path.into();
         FsCall::new(&self.ctx, move |ctx, common| async move {
             common.same_user_only(&ctx)?;
-            match ctx.backend.stat(&ctx.id, &ctx.path(&path)).await {
+            match ctx
+                .backend
+                .stat(&ctx.id, &ctx.path(&path), Default::default())
+                .await
+            {
                 Ok(_) => Ok(true),
                 Err(e) if e.is_not_found() => Ok(false),
                 Err(e) => Err(e.into()),
@@ -449,7 +453,10 @@ impl Filesystem {
         let path = path.into();
         FsCall::new(&self.ctx, move |ctx, common| async move {
             common.same_user_only(&ctx)?;
-            let s = ctx.backend.stat(&ctx.id, &ctx.path(&path)).await?;
+            let s = ctx
+                .backend
+                .stat(&ctx.id, &ctx.path(&path), Default::default())
+                .await?;
             Ok(EntryInfo::from_stat(&ctx, &s))
         })
     }
@@ -484,7 +491,7 @@ impl Filesystem {
             common.same_user_only(&ctx)?;
             let from = ctx.path(&from);
             let to = ctx.path(&to);
-            ctx.backend.stat(&ctx.id, &from).await?;
+            ctx.backend.stat(&ctx.id, &from, Default::default()).await?;
             if let Some((parent, _)) = to.rsplit_once('/') {
                 if !parent.is_empty() {
                     ctx.backend
@@ -503,7 +510,7 @@ impl Filesystem {
         let path = path.into();
         FsCall::new(&self.ctx, move |ctx, common| async move {
             let p = ctx.path(&path);
-            match ctx.backend.stat(&ctx.id, &p).await {
+            match ctx.backend.stat(&ctx.id, &p, Default::default()).await {
                 Ok(s) if s.kind == FileKind::Dir => return Ok(false),
                 Ok(_) => {
                     return Err(SandboxException::invalid_argument(format!(
@@ -588,7 +595,10 @@ impl<F> ReadBuilder<F> {
 
     async fn open(ctx: Ctx, path: String, common: Common) -> Result<ByteStream> {
         common.same_user_only(&ctx)?;
-        Ok(ctx.backend.read_file(&ctx.id, &ctx.path(&path)).await?)
+        Ok(ctx
+            .backend
+            .read_file(&ctx.id, &ctx.path(&path), Default::default())
+            .await?)
     }
 
     async fn bytes(ctx: Ctx, path: String, common: Common) -> Result<Vec<u8>> {
@@ -798,6 +808,7 @@ impl IntoFuture for ListBuilder {
                         &ctx.path(&self.path),
                         ListDirOptions {
                             depth: u32::try_from(depth).unwrap_or(u32::MAX),
+                            user: None,
                         },
                     )
                     .await?;
@@ -1015,7 +1026,11 @@ impl IntoFuture for WatchBuilder {
                         // The runtime already reports API writes as E2B does (create, then
                         // write) and never shows its temporary files: events map one to one.
                         let entry = if include {
-                            match ctx.backend.stat(&ctx.id, &event.path).await {
+                            match ctx
+                                .backend
+                                .stat(&ctx.id, &event.path, Default::default())
+                                .await
+                            {
                                 Ok(st) => Some(EntryInfo::from_stat(&ctx, &st)),
                                 Err(_) => None,
                             }

@@ -147,7 +147,7 @@ async fn write(backend: &dyn Backend, id: &str, path: &str, data: &[u8]) {
 }
 
 async fn read(backend: &dyn Backend, id: &str, path: &str) -> crate::Result<Vec<u8>> {
-    let mut stream = backend.read_file(id, path).await?;
+    let mut stream = backend.read_file(id, path, Default::default()).await?;
     let mut out = Vec::new();
     while let Some(chunk) = stream.next().await {
         out.extend_from_slice(&chunk?);
@@ -478,7 +478,11 @@ pub async fn missing_sandbox_is_not_found(backend: &dyn Backend) {
             ErrorCode::NotFound,
             "spawn",
         );
-        expect_code(backend.stat(id, "/").await, ErrorCode::NotFound, "stat");
+        expect_code(
+            backend.stat(id, "/", Default::default()).await,
+            ErrorCode::NotFound,
+            "stat",
+        );
     }
 }
 
@@ -734,7 +738,10 @@ pub async fn default_user_and_home(backend: &dyn Backend) {
         "alice\n/home/alice alice\nalice\n/home/alice\n"
     );
     write(backend, &info.id, "notes.txt", b"x").await;
-    let stat = backend.stat(&info.id, "notes.txt").await.expect("stat");
+    let stat = backend
+        .stat(&info.id, "notes.txt", Default::default())
+        .await
+        .expect("stat");
     assert_eq!(stat.path, "/home/alice/notes.txt");
     assert_eq!(stat.owner, "alice");
     backend.destroy(&info.id).await.expect("destroy");
@@ -953,7 +960,10 @@ pub async fn file_round_trip_and_metadata(backend: &dyn Backend) {
         data,
         "relative paths resolve against the home"
     );
-    let stat = backend.stat(&id, "data/blob.bin").await.expect("stat");
+    let stat = backend
+        .stat(&id, "data/blob.bin", Default::default())
+        .await
+        .expect("stat");
     assert_eq!(stat.kind, FileKind::File);
     assert_eq!(stat.size, 100_000);
     assert_eq!(stat.path, "/workspace/data/blob.bin");
@@ -988,7 +998,11 @@ pub async fn file_round_trip_and_metadata(backend: &dyn Backend) {
         .await
         .expect("append");
     assert_eq!(
-        backend.stat(&id, "data/blob.bin").await.expect("stat").size,
+        backend
+            .stat(&id, "data/blob.bin", Default::default())
+            .await
+            .expect("stat")
+            .size,
         100_004
     );
     write(backend, &id, "empty", b"").await;
@@ -998,7 +1012,10 @@ pub async fn file_round_trip_and_metadata(backend: &dyn Backend) {
     assert_eq!(sh(backend, &id, "stat -c %a empty").await.stdout, b"640\n");
     // Symlinks are reported, not followed.
     sh(backend, &id, "ln -s data/blob.bin link").await;
-    let stat = backend.stat(&id, "link").await.expect("stat link");
+    let stat = backend
+        .stat(&id, "link", Default::default())
+        .await
+        .expect("stat link");
     assert_eq!(stat.kind, FileKind::Symlink);
     assert_eq!(stat.symlink_target.as_deref(), Some("data/blob.bin"));
     backend.destroy(&id).await.expect("destroy");
@@ -1045,13 +1062,27 @@ pub async fn directory_operations(backend: &dyn Backend) {
         entries.into_iter().map(|e| e.path).collect()
     };
     let one = backend
-        .list_dir(&id, "a", ListDirOptions { depth: 1 })
+        .list_dir(
+            &id,
+            "a",
+            ListDirOptions {
+                depth: 1,
+                user: None,
+            },
+        )
         .await
         .expect("list");
     assert_eq!(names(one), ["/workspace/a/b", "/workspace/a/top.txt"]);
     let all = names(
         backend
-            .list_dir(&id, "a", ListDirOptions { depth: 3 })
+            .list_dir(
+                &id,
+                "a",
+                ListDirOptions {
+                    depth: 3,
+                    user: None,
+                },
+            )
             .await
             .expect("list"),
     );
@@ -1080,7 +1111,10 @@ pub async fn directory_operations(backend: &dyn Backend) {
         .rename(&id, "a/top.txt", "a/moved.txt")
         .await
         .expect("rename");
-    assert!(backend.stat(&id, "a/top.txt").await.is_err());
+    assert!(backend
+        .stat(&id, "a/top.txt", Default::default())
+        .await
+        .is_err());
     assert_eq!(read(backend, &id, "a/moved.txt").await.expect("read"), b"1");
     expect_code(
         backend
@@ -1093,7 +1127,11 @@ pub async fn directory_operations(backend: &dyn Backend) {
         .remove(&id, "a", RemoveOptions { recursive: true })
         .await
         .expect("remove -r");
-    expect_code(backend.stat(&id, "a").await, ErrorCode::NotFound, "removed");
+    expect_code(
+        backend.stat(&id, "a", Default::default()).await,
+        ErrorCode::NotFound,
+        "removed",
+    );
     assert_eq!(
         sh(backend, &id, "ls -A /workspace | wc -l").await.stdout,
         b"0\n"
@@ -1203,7 +1241,14 @@ pub async fn failed_uploads_leave_nothing_behind(backend: &dyn Backend) {
             "round {round}: an aborted upload is an error"
         );
         let names: Vec<String> = backend
-            .list_dir(&id, "/workspace", ListDirOptions { depth: 1 })
+            .list_dir(
+                &id,
+                "/workspace",
+                ListDirOptions {
+                    depth: 1,
+                    user: None,
+                },
+            )
             .await
             .expect("list")
             .into_iter()

@@ -92,13 +92,13 @@ impl Backend for SlowCleanup {
         self.inner.list_processes(id).await
     }
     async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream> {
-        self.inner.read_file(id, path).await
+        self.inner.read_file(id, path, Default::default()).await
     }
     async fn list_dir(&self, id: &str, path: &str, o: ListDirOptions) -> Result<Vec<FileStat>> {
         self.inner.list_dir(id, path, o).await
     }
     async fn stat(&self, id: &str, path: &str) -> Result<FileStat> {
-        self.inner.stat(id, path).await
+        self.inner.stat(id, path, Default::default()).await
     }
     async fn mkdir(&self, id: &str, path: &str, o: MkdirOptions) -> Result<FileStat> {
         self.inner.mkdir(id, path, o).await
@@ -193,7 +193,14 @@ async fn served(
 
 async fn names(backend: &dyn Backend, id: &str) -> Vec<String> {
     backend
-        .list_dir(id, "/workspace", ListDirOptions { depth: 1 })
+        .list_dir(
+            id,
+            "/workspace",
+            ListDirOptions {
+                depth: 1,
+                user: None,
+            },
+        )
         .await
         .expect("list")
         .into_iter()
@@ -263,7 +270,10 @@ async fn failed_uploads_over_http_wait_for_a_slow_cleanup() {
         );
     }
     let mut content = Vec::new();
-    let mut download = client.read_file(&id, "kept.bin").await.unwrap();
+    let mut download = client
+        .read_file(&id, "kept.bin", Default::default())
+        .await
+        .unwrap();
     while let Some(chunk) = download.next().await {
         content.extend(chunk.unwrap());
     }
@@ -363,7 +373,10 @@ async fn the_server_abandons_uploads_that_break_off() {
         .expect("an answer");
     assert_eq!(framed_ok.status().as_u16(), 200);
     assert_eq!(names(&client, &id).await, ["framed.bin", "raw.bin"]);
-    let stat = client.stat(&id, "framed.bin").await.unwrap();
+    let stat = client
+        .stat(&id, "framed.bin", Default::default())
+        .await
+        .unwrap();
     assert_eq!(stat.size, 100_000);
     client.destroy(&id).await.unwrap();
 }

@@ -659,12 +659,27 @@ pub(super) fn begin_write(
     };
     let mode = options.mode.map(|m| m & 0o7777);
     // Owner and mode come from the target entry itself (never from anything a link leads to).
-    let owner = match &existing {
-        Some(st) => Some((st.st_uid, st.st_gid)),
-        None => {
-            let u = record.user(user)?;
-            (u.uid != 0 || u.gid != 0).then_some((u.uid, u.gid))
+    let u = record.user(user)?;
+    let as_user = user.is_some() && (u.uid, u.gid) != (0, 0);
+    if let (true, Some(st)) = (as_user, &existing) {
+        if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+            // The replacement lands by rename, which the kernel checks on the directory only;
+            // replacing a file needs write permission on the file itself, so ask for it as
+            // this user (no truncation, non-blocking: nothing changes, nothing can hang).
+            open_entry(
+                dir.as_raw_fd(),
+                &name,
+                libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
+                0,
+            )
+            .map_err(|e| resolve_err(e, path))?;
         }
+    }
+    let owner = match &existing {
+        // A user cannot give a file away: replacing someone else's file leaves it theirs.
+        Some(st) if as_user && st.st_uid != u.uid => Some((u.uid, u.gid)),
+        Some(st) => Some((st.st_uid, st.st_gid)),
+        None => (u.uid != 0 || u.gid != 0).then_some((u.uid, u.gid)),
     };
     if options.append {
         let file = match &existing {
