@@ -91,14 +91,19 @@ impl Backend for SlowCleanup {
     async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
         self.inner.list_processes(id).await
     }
-    async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream> {
-        self.inner.read_file(id, path, Default::default()).await
+    async fn read_file(
+        &self,
+        id: &str,
+        path: &str,
+        o: sandcove::ReadOptions,
+    ) -> Result<ByteStream> {
+        self.inner.read_file(id, path, o).await
     }
     async fn list_dir(&self, id: &str, path: &str, o: ListDirOptions) -> Result<Vec<FileStat>> {
         self.inner.list_dir(id, path, o).await
     }
-    async fn stat(&self, id: &str, path: &str) -> Result<FileStat> {
-        self.inner.stat(id, path, Default::default()).await
+    async fn stat(&self, id: &str, path: &str, o: sandcove::StatOptions) -> Result<FileStat> {
+        self.inner.stat(id, path, o).await
     }
     async fn mkdir(&self, id: &str, path: &str, o: MkdirOptions) -> Result<FileStat> {
         self.inner.mkdir(id, path, o).await

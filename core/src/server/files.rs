@@ -112,11 +112,6 @@ pub(super) fn routes() -> Vec<Route> {
     ]
 }
 
-#[derive(Deserialize)]
-struct PathQuery {
-    path: String,
-}
-
 fn download_frames(data: ByteStream) -> BoxStream<'static, Vec<u8>> {
     enum St {
         Data(ByteStream),

@@ -331,7 +331,13 @@ pub(super) fn list_dir(
     let mut out = Vec::new();
     let mut queue = std::collections::VecDeque::from([(top, rel, 1u32)]);
     while let Some((dir, rel, level)) = queue.pop_front() {
-        let Ok(names) = entries(&dir) else { continue };
+        let names = match entries(&dir) {
+            Ok(names) => names,
+            // The directory asked for must be readable (as a user, by that user); deeper
+            // levels that cannot be read are left out, as `find` would.
+            Err(e) if level == 1 => return Err(Error::from_io(&e, path)),
+            Err(_) => continue,
+        };
         for name in names {
             let child = rel.join(&name);
             let Ok(stat) = stat_entry(record, &dir, &name, &child) else {
