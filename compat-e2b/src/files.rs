@@ -319,6 +319,19 @@ struct Common {
 }
 
 impl Common {
+    /// The runtime user an explicit `user=` names (E2B's `user` is the sandbox's default
+    /// user); `None` when no user was given: the runtime's file identity, as before.
+    /// The runtime then checks that user's permissions and gives it what it creates; an
+    /// unknown user is the runtime's error, before anything happens.
+    fn file_user(&self, ctx: &Ctx) -> Option<String> {
+        self.user
+            .as_deref()
+            .map(|u| match ctx.runtime_user(Some(u)) {
+                None => ctx.user.clone(),
+                Some(other) => other,
+            })
+    }
+
     /// Refuse another user where the runtime's file calls cannot act as one.
     fn same_user_only(&self, ctx: &Ctx) -> Result<()> {
         match ctx.runtime_user(self.user.as_deref()) {
@@ -435,12 +448,10 @@ impl Filesystem {
     pub fn exists(&self, path: impl Into<String>) -> FsCall<bool> {
         let path = path.into();
         FsCall::new(&self.ctx, move |ctx, common| async move {
-            common.same_user_only(&ctx)?;
-            match ctx
-                .backend
-                .stat(&ctx.id, &ctx.path(&path), Default::default())
-                .await
-            {
+            let options = sandcove::StatOptions {
+                user: common.file_user(&ctx),
+            };
+            match ctx.backend.stat(&ctx.id, &ctx.path(&path), options).await {
                 Ok(_) => Ok(true),
                 Err(e) if e.is_not_found() => Ok(false),
                 Err(e) => Err(e.into()),
@@ -452,11 +463,10 @@ impl Filesystem {
     pub fn get_info(&self, path: impl Into<String>) -> FsCall<EntryInfo> {
         let path = path.into();
         FsCall::new(&self.ctx, move |ctx, common| async move {
-            common.same_user_only(&ctx)?;
-            let s = ctx
-                .backend
-                .stat(&ctx.id, &ctx.path(&path), Default::default())
-                .await?;
+            let options = sandcove::StatOptions {
+                user: common.file_user(&ctx),
+            };
+            let s = ctx.backend.stat(&ctx.id, &ctx.path(&path), options).await?;
             Ok(EntryInfo::from_stat(&ctx, &s))
         })
     }
@@ -594,10 +604,12 @@ impl<F> ReadBuilder<F> {
     common_setters!();
 
     async fn open(ctx: Ctx, path: String, common: Common) -> Result<ByteStream> {
-        common.same_user_only(&ctx)?;
+        let options = sandcove::ReadOptions {
+            user: common.file_user(&ctx),
+        };
         Ok(ctx
             .backend
-            .read_file(&ctx.id, &ctx.path(&path), Default::default())
+            .read_file(&ctx.id, &ctx.path(&path), options)
             .await?)
     }
 
@@ -686,7 +698,7 @@ impl WriteBuilder {
             return Err(refuse("file_metadata"));
         }
         let ctx = self.ctx;
-        let user = ctx.runtime_user(self.common.user.as_deref());
+        let user = self.common.file_user(&ctx);
         let mut out = Vec::with_capacity(self.entries.len());
         for entry in self.entries {
             let path = ctx.path(&entry.path);
@@ -799,8 +811,8 @@ impl IntoFuture for ListBuilder {
                         "depth should be at least one",
                     ));
                 }
-                self.common.same_user_only(&self.ctx)?;
                 let ctx = self.ctx;
+                let user = self.common.file_user(&ctx);
                 let listed = ctx
                     .backend
                     .list_dir(
@@ -808,7 +820,7 @@ impl IntoFuture for ListBuilder {
                         &ctx.path(&self.path),
                         ListDirOptions {
                             depth: u32::try_from(depth).unwrap_or(u32::MAX),
-                            user: None,
+                            user,
                         },
                     )
                     .await?;
