@@ -951,15 +951,28 @@ async fn history_of(stream: &mut crate::ProcessStream) -> Vec<ProcessEvent> {
         let next = tokio::time::timeout(PATIENCE, stream.events.next()).await;
         match next {
             Ok(Some(Ok(ProcessEvent::Live))) => return seen,
-            Ok(Some(Ok(ProcessEvent::Exit(s)))) => {
-                panic!("attach reached the exit {s:?} without a live marker after {seen:?}")
-            }
+            Ok(Some(Ok(ProcessEvent::Exit(s)))) => panic!(
+                "attach reached the exit {s:?} without a live marker after {}",
+                summary(&seen)
+            ),
             Ok(Some(Ok(ev))) => seen.push(ev),
             Ok(Some(Err(e))) => panic!("attach failed before its live marker: {e}"),
             Ok(None) => panic!("attach ended before its live marker"),
-            Err(_) => panic!("no live marker within {PATIENCE:?}; history so far: {seen:?}"),
+            Err(_) => panic!(
+                "no live marker within {PATIENCE:?}; history so far: {}",
+                summary(&seen)
+            ),
         }
     }
+}
+
+/// A short description of a list of events (for messages; histories can be megabytes).
+fn summary(events: &[ProcessEvent]) -> String {
+    format!(
+        "{} events, {} stdout bytes",
+        events.len(),
+        stdout_of(events).len()
+    )
 }
 
 /// Stdout bytes of a list of events.
