@@ -1312,6 +1312,24 @@ pub async fn file_calls_as_a_user(backend: &dyn Backend) {
             .expect("root reads"),
         b"s3cret"
     );
+    // The user's identity never outlives its call: calls without a user, interleaved, keep
+    // the file API's own identity.
+    for round in 0..8 {
+        expect_code(
+            read_as("/workspace/secret", &me).await,
+            ErrorCode::PermissionDenied,
+            "as the user, again",
+        );
+        let stream = backend
+            .read_file(&id, "/workspace/secret", ReadOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: a call without a user failed: {e}"));
+        let got: Vec<_> = stream.collect().await;
+        assert!(
+            matches!(got.as_slice(), [Ok(b)] if b == b"s3cret"),
+            "round {round}: {got:?}"
+        );
+    }
     // Replacing it as the user is refused too, and leaves it as it was.
     expect_code(
         write_as("/workspace/secret", b"mine now", &me, None).await,
