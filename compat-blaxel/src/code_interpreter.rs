@@ -1,120 +1,40 @@
 //! `CodeInterpreter` (Python `blaxel.core.sandbox.CodeInterpreter`): a sandbox with a stateful
 //! Python interpreter.
 //!
-//! Blaxel runs a Jupyter server on port 8888. Here a small Python driver (written into the
-//! sandbox, run with `python3` as a background process with stdin) plays that part: it reads
-//! one JSON request per line, executes the code in a persistent namespace, evaluates a final
-//! expression, and answers with JSON lines (`stdout`, `stderr`, `result`, `error`,
-//! `end_of_execution`). Each code context is one driver process.
+//! Blaxel runs a Jupyter server on port 8888. Here the shared code-context driver
+//! (`sandcove-interpreter`) plays that part: each code context is one of its Python
+//! interpreters, started in the sandbox and found again by any client. This module only
+//! reshapes the driver's events into Blaxel's types (a string result loses its quotes, as
+//! Jupyter's `text/plain` shows it).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::IntoFuture;
 use std::ops::Deref;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use futures::StreamExt;
-use serde_json::{json, Value};
+use sandcove_interpreter::{mime, ContextOptions, Event, Interpreter, RunOptions, Utf8Decoder};
+use serde_json::Value;
 
 use crate::errors::{Result as BlResult, SandboxAPIError};
 use crate::models::{self, ExpirationPolicy, Port, SandboxCreateConfiguration, SandboxLifecycle};
 use crate::sandbox::{into_future, IntoSandboxCreate, SandboxInstance};
-use crate::state::{self, INTERNAL_TAG_PREFIX};
-use crate::{gaps, translate};
+use crate::{gaps, state, translate};
 
-/// Where the driver lives inside the sandbox.
-const DRIVER_PATH: &str = "/tmp/.blaxel/interpreter.py";
+/// Id of the default context (the one `run_code` uses without `context=`).
+const DEFAULT_CONTEXT_ID: &str = "default";
 
-const DRIVER: &str = r#"import ast, json, os, sys, traceback
-
-_real = os.fdopen(os.dup(1), "w", buffering=1)
-_ns = {"__name__": "__main__"}
-_count = 0
-
-
-def _emit(obj):
-    _real.write(json.dumps(obj) + "\n")
-    _real.flush()
-
-
-class _Writer:
-    def __init__(self, kind, rid):
-        self.kind, self.rid, self.buf = kind, rid, ""
-
-    def write(self, text):
-        self.buf += text
-        if "\n" in self.buf:
-            head, _, self.buf = self.buf.rpartition("\n")
-            _emit({"id": self.rid, "type": self.kind, "text": head + "\n"})
-        return len(text)
-
-    def flush(self):
-        if self.buf:
-            _emit({"id": self.rid, "type": self.kind, "text": self.buf})
-            self.buf = ""
-
-    def isatty(self):
-        return False
-
-
-def _text(value):
-    t = repr(value)
-    if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"":
-        t = t[1:-1]
-    return t
-
-
-for _line in sys.stdin:
-    try:
-        _req = json.loads(_line)
-    except ValueError:
-        continue
-    _rid = _req.get("id")
-    _env = _req.get("env") or {}
-    _saved = {k: os.environ.get(k) for k in _env}
-    os.environ.update(_env)
-    _count += 1
-    _emit({"id": _rid, "type": "start"})
-    _out, _err = _Writer("stdout", _rid), _Writer("stderr", _rid)
-    sys.stdout, sys.stderr = _out, _err
-    try:
-        _tree = ast.parse(_req.get("code", ""), "<cell>", "exec")
-        _last = None
-        if _tree.body and isinstance(_tree.body[-1], ast.Expr):
-            _last = ast.Expression(_tree.body.pop().value)
-        exec(compile(_tree, "<cell>", "exec"), _ns)
-        if _last is not None:
-            _value = eval(compile(_last, "<cell>", "eval"), _ns)
-            if _value is not None:
-                _out.flush()
-                _emit({"id": _rid, "type": "result", "text": _text(_value), "is_main_result": True})
-    except BaseException as _e:
-        _out.flush()
-        _err.flush()
-        _emit({"id": _rid, "type": "error", "name": type(_e).__name__, "value": str(_e),
-               "traceback": traceback.format_exc()})
-    finally:
-        _out.flush()
-        _err.flush()
-        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
-        for _k, _v in _saved.items():
-            if _v is None:
-                os.environ.pop(_k, None)
-            else:
-                os.environ[_k] = _v
-        _emit({"id": _rid, "type": "end_of_execution", "execution_count": _count})
-"#;
-
-/// Tag of the default context's driver.
-fn default_tag() -> String {
-    format!("{INTERNAL_TAG_PREFIX}interpreter-python")
-}
+/// `run_code`'s default timeout, seconds.
+const DEFAULT_TIMEOUT_SECS: f64 = 60.0;
 
 /// A sandbox with a stateful code interpreter. Derefs to [`SandboxInstance`], so
 /// `ci.process`, `ci.fs`, `ci.delete()` work as on any sandbox.
 #[derive(Debug, Clone)]
 pub struct CodeInterpreter {
     instance: SandboxInstance,
+    /// Context handles already reached, by id (each keeps its interpreter's output stream).
+    contexts: Arc<tokio::sync::Mutex<HashMap<String, sandcove_interpreter::Context>>>,
 }
 
 impl Deref for CodeInterpreter {
@@ -236,8 +156,8 @@ impl CreateBuilder {
             .safe(self.safe)
             .create_if_not_exist(self.create_if_not_exist)
             .await?;
-        let ci = CodeInterpreter { instance };
-        ci.driver(&default_tag(), None).await?;
+        let ci = CodeInterpreter::from_instance(instance);
+        ci.context(DEFAULT_CONTEXT_ID).await?;
         Ok(ci)
     }
 }
@@ -333,120 +253,98 @@ impl RunCodeBuilder {
                 "You can provide context or language, but not both at the same time.",
             ));
         }
-        if let Some(l) = &self.language {
-            if l != "python" {
-                return Err(gaps::refuse("code interpreter languages other than python"));
-            }
-        }
-        let tag = match &self.context {
-            Some(c) => context_tag(&c.id),
-            None => default_tag(),
+        check_language(self.language.as_deref())?;
+        let id = match &self.context {
+            Some(c) => c.id.clone(),
+            None => DEFAULT_CONTEXT_ID.to_string(),
         };
         crate::sandbox::touch(&self.ci.ctx.core).await;
-        let pid = self.ci.driver(&tag, None).await?;
-        let core = &self.ci.ctx.core;
-        let backend = core.backend();
-        let sel = sandcove::ProcessSelector::Pid(pid);
-        let mut stream = backend.attach(core.id(), sel.clone()).await?;
-        let rid = state::random_suffix(12);
-        let line = json!({"id": rid, "code": self.code, "env": self.envs}).to_string() + "\n";
-        backend
-            .write_stdin(core.id(), sel, line.into_bytes())
-            .await?;
-        let mut execution = Execution::default();
-        let mut buf: Vec<u8> = Vec::new();
-        let mut started = false;
-        let limit = match self.timeout.unwrap_or(60.0) {
-            t if t <= 0.0 => None,
+        let context = self.ci.context(&id).await?;
+        let limit = match self.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS) {
+            t if t <= 0.0 || !t.is_finite() => None,
             t => Some(Duration::from_secs_f64(t)),
         };
-        let deadline = limit.map(|l| tokio::time::Instant::now() + l);
-        loop {
-            let next = match deadline {
-                Some(d) => match tokio::time::timeout_at(d, stream.events.next()).await {
-                    Ok(n) => n,
-                    Err(_) => {
-                        return Err(SandboxAPIError::exception(format!(
-                            "Code execution timed out after {} seconds",
-                            limit.map_or(0.0, |l| l.as_secs_f64())
-                        )))
-                    }
-                },
-                None => stream.events.next().await,
-            };
-            let bytes = match next {
-                Some(Ok(sandcove::ProcessEvent::Stdout(b))) => b,
-                Some(Ok(sandcove::ProcessEvent::Exit(_))) | None => {
-                    return Err(SandboxAPIError::exception(
-                        "the code interpreter exited during the execution",
-                    ))
+        let options = RunOptions::new()
+            .envs(std::mem::take(&mut self.envs))
+            .timeout(limit);
+        let mut events = context.run(std::mem::take(&mut self.code), options).await?;
+        let mut execution = Execution::default();
+        let (mut out, mut err) = (Utf8Decoder::default(), Utf8Decoder::default());
+        while let Some(event) = events.next_event().await {
+            match event {
+                Ok(Event::Stdout(chunk)) => {
+                    let text = out.decode(&chunk.data);
+                    self.output(&mut execution, text, chunk.timestamp_ns, false);
                 }
-                Some(Ok(_)) => continue,
-                Some(Err(e)) => return Err(e.into()),
-            };
-            buf.extend_from_slice(&bytes);
-            while let Some(i) = buf.iter().position(|b| *b == b'\n') {
-                let raw: Vec<u8> = buf.drain(..=i).collect();
-                let text = String::from_utf8_lossy(&raw[..i]).into_owned();
-                let Ok(msg) = serde_json::from_str::<Value>(&text) else {
-                    if started {
-                        self.output(&mut execution, text + "\n", false);
-                    }
-                    continue;
-                };
-                if msg.get("id").and_then(Value::as_str) != Some(rid.as_str()) {
-                    continue;
+                Ok(Event::Stderr(chunk)) => {
+                    let text = err.decode(&chunk.data);
+                    self.output(&mut execution, text, chunk.timestamp_ns, true);
                 }
-                match msg.get("type").and_then(Value::as_str).unwrap_or_default() {
-                    "start" => started = true,
-                    "stdout" | "stderr" => {
-                        let is_stderr = msg["type"] == "stderr";
-                        let t = msg["text"].as_str().unwrap_or_default().to_string();
-                        self.output(&mut execution, t, is_stderr);
+                Ok(Event::Result(r)) => {
+                    let mut extra: BTreeMap<String, Value> = r.data;
+                    let text = extra
+                        .remove(mime::TEXT)
+                        .and_then(|v| v.as_str().map(strip_quotes));
+                    let r = Result {
+                        text,
+                        is_main_result: r.is_main_result,
+                        extra,
+                    };
+                    if let Some(f) = &mut self.on_result {
+                        f(r.clone());
                     }
-                    "result" => {
-                        let mut extra: BTreeMap<String, Value> = msg
-                            .as_object()
-                            .map(|m| m.clone().into_iter().collect())
-                            .unwrap_or_default();
-                        for k in ["id", "type", "text", "is_main_result"] {
-                            extra.remove(k);
-                        }
-                        let r = Result {
-                            text: msg["text"].as_str().map(str::to_string),
-                            is_main_result: msg["is_main_result"].as_bool().unwrap_or(false),
-                            extra,
-                        };
-                        if let Some(f) = &mut self.on_result {
-                            f(r.clone());
-                        }
-                        execution.results.push(r);
-                    }
-                    "error" => {
-                        let e = ExecutionError {
-                            name: msg["name"].as_str().unwrap_or_default().into(),
-                            value: msg["value"].as_str().unwrap_or_default().into(),
-                            traceback: msg["traceback"].as_str().unwrap_or_default().into(),
-                        };
-                        if let Some(f) = &mut self.on_error {
-                            f(e.clone());
-                        }
-                        execution.error = Some(e);
-                    }
-                    "end_of_execution" => {
-                        execution.execution_count = msg["execution_count"].as_i64();
-                        return Ok(execution);
-                    }
-                    _ => {}
+                    execution.results.push(r);
                 }
+                Ok(Event::Error(e)) => {
+                    let e = ExecutionError {
+                        name: e.name,
+                        value: e.value,
+                        traceback: e.traceback,
+                    };
+                    if let Some(f) = &mut self.on_error {
+                        f(e.clone());
+                    }
+                    execution.error = Some(e);
+                }
+                Ok(Event::ExecutionCount(n)) => execution.execution_count = i64::try_from(n).ok(),
+                Ok(Event::End) => {
+                    let (o, e) = (out.finish(), err.finish());
+                    self.output(&mut execution, o, None, false);
+                    self.output(&mut execution, e, None, true);
+                    return Ok(execution);
+                }
+                Ok(_) => {}
+                Err(e) if e.code() == sandcove::ErrorCode::Timeout => {
+                    return Err(SandboxAPIError::exception(format!(
+                        "Code execution timed out after {} seconds",
+                        limit.map_or(0.0, |l| l.as_secs_f64())
+                    )))
+                }
+                Err(e) => return Err(e.into()),
             }
         }
+        Err(SandboxAPIError::exception(
+            "the code interpreter exited during the execution",
+        ))
     }
 
-    fn output(&mut self, execution: &mut Execution, text: String, is_stderr: bool) {
+    fn output(
+        &mut self,
+        execution: &mut Execution,
+        text: String,
+        timestamp_ns: Option<i64>,
+        is_stderr: bool,
+    ) {
+        if text.is_empty() {
+            return;
+        }
+        let timestamp = match timestamp_ns {
+            Some(ns) => ns as f64 / 1e9,
+            None => sandcove::now_millis() as f64 / 1000.0,
+        };
         let message = OutputMessage {
             text: text.clone(),
-            timestamp: Some(sandcove::now_millis() as f64 / 1000.0),
+            timestamp: Some(timestamp),
             is_stderr,
         };
         if is_stderr {
@@ -491,21 +389,37 @@ impl CreateContextBuilder {
     }
     async fn run(self) -> BlResult<Context> {
         let _ = self.request_timeout;
-        if self.language.as_deref().is_some_and(|l| l != "python") {
-            return Err(gaps::refuse("code interpreter languages other than python"));
+        check_language(self.language.as_deref())?;
+        let mut options = ContextOptions::new().id(state::random_suffix(16));
+        if let Some(cwd) = self.cwd {
+            options = options.cwd(translate::expand_working_dir(&cwd, translate::HOME));
         }
-        let id = state::random_suffix(16);
-        let cwd = self
-            .cwd
-            .map(|c| translate::expand_working_dir(&c, translate::HOME));
-        self.ci.driver(&context_tag(&id), cwd).await?;
+        let context = self.ci.interpreter().create_context(options).await?;
+        let id = context.id().to_string();
+        self.ci.contexts.lock().await.insert(id.clone(), context);
         Ok(Context { id })
     }
 }
 into_future!(CreateContextBuilder => Context);
 
-fn context_tag(id: &str) -> String {
-    format!("{INTERNAL_TAG_PREFIX}interpreter-{id}")
+/// Python only (the sandbox's `python3`); other languages are Blaxel's gap.
+fn check_language(language: Option<&str>) -> BlResult<()> {
+    match language {
+        None | Some("python") => Ok(()),
+        Some(_) => Err(gaps::refuse("code interpreter languages other than python")),
+    }
+}
+
+/// Jupyter's `text/plain` of a string, as Blaxel shows it: the `repr` without its quotes.
+fn strip_quotes(repr: &str) -> String {
+    let quoted = repr.len() >= 2
+        && (repr.starts_with('\'') && repr.ends_with('\'')
+            || repr.starts_with('"') && repr.ends_with('"'));
+    if quoted {
+        repr[1..repr.len() - 1].to_string()
+    } else {
+        repr.to_string()
+    }
 }
 
 impl CodeInterpreter {
@@ -526,8 +440,8 @@ impl CodeInterpreter {
     /// `CodeInterpreter.get(sandbox_name)`.
     pub async fn get(sandbox_name: &str) -> BlResult<Self> {
         let instance = SandboxInstance::get(sandbox_name).await?;
-        let ci = CodeInterpreter { instance };
-        ci.driver(&default_tag(), None).await?;
+        let ci = CodeInterpreter::from_instance(instance);
+        ci.context(DEFAULT_CONTEXT_ID).await?;
         Ok(ci)
     }
 
@@ -559,35 +473,37 @@ impl CodeInterpreter {
         }
     }
 
-    /// The pid of the running driver tagged `tag`, started if needed.
-    async fn driver(&self, tag: &str, cwd: Option<String>) -> BlResult<u32> {
-        let core = &self.ctx.core;
-        let running = core
-            .processes()
-            .await?
-            .into_iter()
-            .find(|p| p.tag.as_deref() == Some(tag) && p.exit.is_none());
-        if let Some(p) = running {
-            return Ok(p.pid);
+    fn from_instance(instance: SandboxInstance) -> Self {
+        CodeInterpreter {
+            instance,
+            contexts: Default::default(),
         }
-        core.write(DRIVER_PATH, DRIVER.as_bytes().to_vec()).await?;
-        let mut spec =
-            sandcove::ProcessSpec::new(sandcove::Command::argv(["python3", "-u", DRIVER_PATH]))
-                .tag(tag)
-                .stdin(true);
-        spec.cwd = cwd;
-        match core.backend().spawn(core.id(), spec).await {
-            Ok(stream) => Ok(stream.pid),
-            // Another program started it a moment ago.
-            Err(sandcove::Error::AlreadyExists { .. }) => core
-                .processes()
+    }
+
+    fn interpreter(&self) -> Interpreter {
+        Interpreter::for_sandbox(&self.ctx.core)
+    }
+
+    /// The context a run goes to: cached, else found (started by any client), else — only
+    /// the default one — started.
+    async fn context(&self, id: &str) -> BlResult<sandcove_interpreter::Context> {
+        let mut map = self.contexts.lock().await;
+        if let Some(c) = map.get(id) {
+            if !c.ended() {
+                return Ok(c.clone());
+            }
+            map.remove(id);
+        }
+        let interpreter = self.interpreter();
+        let context = if id == DEFAULT_CONTEXT_ID {
+            interpreter
+                .get_or_create_context(ContextOptions::new().id(id))
                 .await?
-                .into_iter()
-                .find(|p| p.tag.as_deref() == Some(tag) && p.exit.is_none())
-                .map(|p| p.pid)
-                .ok_or_else(|| SandboxAPIError::exception("the code interpreter did not start")),
-            Err(e) => Err(e.into()),
-        }
+        } else {
+            interpreter.context(id).await?
+        };
+        map.insert(id.to_string(), context.clone());
+        Ok(context)
     }
 }
 
@@ -604,4 +520,25 @@ pub fn context_from_value(value: Value) -> BlResult<Context> {
         .or(raw.context_id)
         .map(|id| Context { id })
         .ok_or_else(|| SandboxAPIError::value_error("a context needs an id"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn string_results_lose_their_quotes_only() {
+        assert_eq!(strip_quotes("'abc'"), "abc");
+        assert_eq!(strip_quotes("\"it's\""), "it's");
+        assert_eq!(strip_quotes("4"), "4");
+        assert_eq!(strip_quotes("'"), "'");
+        assert_eq!(strip_quotes("['a']"), "['a']");
+    }
+
+    #[test]
+    fn only_python_is_offered() {
+        check_language(None).unwrap();
+        check_language(Some("python")).unwrap();
+        assert!(check_language(Some("r")).unwrap_err().is_not_supported());
+    }
 }

@@ -7,101 +7,124 @@ use serde_json::Value;
 use crate::errors::{Result, SandboxAPIError};
 use crate::sandbox::Ctx;
 
-/// `(feature, alternative)` for every refused Blaxel feature.
-pub const GAPS: &[(&str, &str)] = &[
-    (
-        "sessions",
-        "call the sandbox through this facade from any program of the same user; there is no \
+/// One refused feature (the type all three facades share).
+pub use sandcove_compat_support::Gap;
+
+/// Every refused Blaxel feature (its key is the feature's name in MAPPING.md).
+pub const GAPS: &[Gap] = &[
+    Gap {
+        key: "sessions",
+        feature: "sessions",
+        alternative: "call the sandbox through this facade from any program of the same user; there is no \
          per-sandbox HTTP API to hand out",
-    ),
-    (
-        "drives",
-        "mount a named volume at creation (`volumes`) where the runtime supports volumes",
-    ),
-    (
-        "codegen",
-        "run your own edit or ranking tool inside the sandbox with process.exec",
-    ),
-    (
-        "system.upgrade",
-        "nothing to upgrade: the sandbox API is part of the runtime",
-    ),
-    (
-        "schedules",
-        "schedule on the host (cron, a timer) and call process.exec",
-    ),
-    (
-        "fetch",
-        "expose the port with previews.create and request the preview URL",
-    ),
-    (
-        "network",
-        "omit `network`: sandboxes get isolated internet access (no host, private or link-local address) where the runtime has it, else loopback only",
-    ),
-    (
-        "update_network",
-        "the network is fixed at creation (isolated internet where the runtime has it, else loopback only)",
-    ),
-    (
-        "extra_args",
-        "omit `extra_args`: the runtime has one kernel configuration",
-    ),
-    (
-        "ephemeral volumes",
-        "write scratch data under /tmp or the home directory",
-    ),
-    (
-        "fork target_type=\"application\"",
-        "fork into a sandbox (the default target_type)",
-    ),
-    (
-        "fork port/traffic",
-        "fork into a sandbox and expose ports with previews.create",
-    ),
-    (
-        "fork custom_domain/prefix",
-        "use the preview URL the runtime assigns",
-    ),
-    (
-        "preview prefix_url/custom_domain",
-        "use the URL in preview.spec.url",
-    ),
-    (
-        "preview request_headers/response_headers",
-        "set headers in the server running in the sandbox",
-    ),
-    (
-        "preview expires/ttl",
-        "delete the preview when done; give tokens an expiry with tokens.create(expires_at)",
-    ),
-    (
-        "public and private previews of the same port",
-        "give every preview of one port the same visibility, or serve the other one on \
+    },
+    Gap {
+        key: "drives",
+        feature: "drives",
+        alternative: "mount a named volume at creation (`volumes`) where the runtime supports volumes",
+    },
+    Gap {
+        key: "codegen",
+        feature: "codegen",
+        alternative: "run your own edit or ranking tool inside the sandbox with process.exec",
+    },
+    Gap {
+        key: "system.upgrade",
+        feature: "system.upgrade",
+        alternative: "nothing to upgrade: the sandbox API is part of the runtime",
+    },
+    Gap {
+        key: "schedules",
+        feature: "schedules",
+        alternative: "schedule on the host (cron, a timer) and call process.exec",
+    },
+    Gap {
+        key: "fetch",
+        feature: "fetch",
+        alternative: "expose the port with previews.create and request the preview URL",
+    },
+    Gap {
+        key: "network",
+        feature: "network",
+        alternative: "omit `network`: sandboxes get isolated internet access (no host, private or link-local address) where the runtime has it, else loopback only",
+    },
+    Gap {
+        key: "update_network",
+        feature: "update_network",
+        alternative: "the network is fixed at creation (isolated internet where the runtime has it, else loopback only)",
+    },
+    Gap {
+        key: "extra_args",
+        feature: "extra_args",
+        alternative: "omit `extra_args`: the runtime has one kernel configuration",
+    },
+    Gap {
+        key: "ephemeral volumes",
+        feature: "ephemeral volumes",
+        alternative: "write scratch data under /tmp or the home directory",
+    },
+    Gap {
+        key: "fork target_type=\"application\"",
+        feature: "fork target_type=\"application\"",
+        alternative: "fork into a sandbox (the default target_type)",
+    },
+    Gap {
+        key: "fork port/traffic",
+        feature: "fork port/traffic",
+        alternative: "fork into a sandbox and expose ports with previews.create",
+    },
+    Gap {
+        key: "fork custom_domain/prefix",
+        feature: "fork custom_domain/prefix",
+        alternative: "use the preview URL the runtime assigns",
+    },
+    Gap {
+        key: "preview prefix_url/custom_domain",
+        feature: "preview prefix_url/custom_domain",
+        alternative: "use the URL in preview.spec.url",
+    },
+    Gap {
+        key: "preview request_headers/response_headers",
+        feature: "preview request_headers/response_headers",
+        alternative: "set headers in the server running in the sandbox",
+    },
+    Gap {
+        key: "preview expires/ttl",
+        feature: "preview expires/ttl",
+        alternative: "delete the preview when done; give tokens an expiry with tokens.create(expires_at)",
+    },
+    Gap {
+        key: "public and private previews of the same port",
+        feature: "public and private previews of the same port",
+        alternative: "give every preview of one port the same visibility, or serve the other one on \
          another port",
-    ),
-    (
-        "preview tokens list/delete",
-        "create tokens with a short expiry, or delete the preview to revoke them",
-    ),
-    (
-        "code interpreter languages other than python",
-        "run other languages with process.exec",
-    ),
-    (
-        "agents, models and MCP servers hosting",
-        "run your agent, model client or MCP server as a process in the sandbox",
-    ),
+    },
+    Gap {
+        key: "preview tokens list/delete",
+        feature: "preview tokens list/delete",
+        alternative: "create tokens with a short expiry, or delete the preview to revoke them",
+    },
+    Gap {
+        key: "code interpreter languages other than python",
+        feature: "code interpreter languages other than python",
+        alternative: "run other languages with process.exec",
+    },
+    Gap {
+        key: "agents, models and MCP servers hosting",
+        feature: "agents, models and MCP servers hosting",
+        alternative: "run your agent, model client or MCP server as a process in the sandbox",
+    },
 ];
 
 /// The refusal of `feature` (one of [`GAPS`]).
 pub fn refuse(feature: &str) -> SandboxAPIError {
     let alternative = GAPS
         .iter()
-        .find(|(f, _)| *f == feature)
-        .map(|(_, a)| *a)
+        .find(|g| g.key == feature)
+        .map(|g| g.alternative)
         .unwrap_or("see MAPPING.md");
     debug_assert!(
-        GAPS.iter().any(|(f, _)| *f == feature),
+        GAPS.iter().any(|g| g.key == feature),
         "gap {feature:?} is missing from the GAPS table"
     );
     SandboxAPIError::NotSupported {
@@ -294,42 +317,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn gaps_are_unique_and_have_alternatives() {
-        for (i, (f, a)) in GAPS.iter().enumerate() {
-            assert!(!a.is_empty(), "{f}");
-            assert!(GAPS[i + 1..].iter().all(|(g, _)| g != f), "{f} twice");
-        }
-    }
-
-    #[test]
-    fn mapping_md_lists_every_gap_and_no_other() {
+    fn gaps_have_alternatives_and_mapping_md_lists_each_once() {
+        assert!(GAPS.iter().all(|g| !g.alternative.is_empty()));
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../MAPPING.md");
         let text = std::fs::read_to_string(path).expect("MAPPING.md");
-        let section = text
-            .split("\n## ")
-            .find(|s| s.starts_with("Blaxel"))
-            .expect("a Blaxel section");
-        let gaps_part = section
-            .split("### Gaps")
-            .nth(1)
-            .expect("a Gaps subsection")
-            .split("\n### ")
-            .next()
-            .unwrap_or_default();
-        let listed: Vec<String> = gaps_part
-            .lines()
-            .filter_map(|l| l.strip_prefix("| `"))
-            .filter_map(|l| l.split("` |").next())
-            .map(str::to_string)
-            .collect();
-        for (f, _) in GAPS {
-            assert!(listed.iter().any(|l| l == f), "MAPPING.md lacks gap {f:?}");
-        }
-        for l in &listed {
-            assert!(
-                GAPS.iter().any(|(f, _)| f == l),
-                "MAPPING.md lists unknown gap {l:?}"
-            );
+        if let Err(differences) = sandcove_compat_support::gap::check_mapping(&text, "Blaxel", GAPS)
+        {
+            panic!("{differences}");
         }
     }
 }

@@ -471,7 +471,7 @@ impl SandboxProcess {
         let mut out = Vec::new();
         for info in infos {
             let Some(tag) = &info.tag else { continue };
-            if tag.starts_with(INTERNAL_TAG_PREFIX) {
+            if tag.starts_with(INTERNAL_TAG_PREFIX) || sandcove_interpreter::is_context_tag(tag) {
                 continue;
             }
             out.push(describe(&self.ctx, &info, true, INLINE_LIMIT).await?);
@@ -728,7 +728,10 @@ async fn exec(
         .clone()
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| format!("proc-{}", state::random_suffix(8)));
-    if name.starts_with(INTERNAL_TAG_PREFIX) || name.parse::<u32>().is_ok() {
+    if name.starts_with(INTERNAL_TAG_PREFIX)
+        || sandcove_interpreter::is_context_tag(&name)
+        || name.parse::<u32>().is_ok()
+    {
         return Err(SandboxAPIError::response(
             400,
             format!("invalid process name '{name}'"),

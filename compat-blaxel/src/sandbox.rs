@@ -374,7 +374,7 @@ impl ForkBuilder {
         sandbox.metadata.name = self.target_name.clone();
         let (mut options, idle) = core_options(&sandbox, &src_info.envs, sandcove::now_millis())?;
         let backend = self.ctx.core.backend();
-        options.network = backend.capabilities().vendor_internet_default();
+        options.network = backend.ready().await?.vendor_internet_default();
         let info = match &self.snapshot_id {
             Some(snap) => {
                 let mut options = options;
@@ -1133,7 +1133,7 @@ async fn create_sandbox(
     let client = state::client()?;
     // Blaxel sandboxes reach the internet by default: isolated internet where the runtime
     // has it, else loopback only with a warning. Never the host's network.
-    let caps = client.capabilities();
+    let caps = client.ready().await?;
     options.network = caps.vendor_internet_default();
     // Blaxel's `memory` (MB) is the sandbox's limit where the runtime enforces one.
     if caps.memory_limit {

@@ -103,25 +103,7 @@ pub(crate) async fn write_json<T: Serialize>(
 
 /// A random lowercase alphanumeric string of `n` characters.
 pub(crate) fn random_suffix(n: usize) -> String {
-    use std::io::Read;
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut bytes = vec![0u8; n];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .is_err()
-    {
-        use std::hash::{BuildHasher, Hasher};
-        for (i, b) in bytes.iter_mut().enumerate() {
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_usize(i);
-            h.write_u64(sandcove::now_millis());
-            *b = h.finish() as u8;
-        }
-    }
-    bytes
-        .iter()
-        .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
-        .collect()
+    sandcove::random_id(n)
 }
 
 /// The output an attach returns before its live marker: the process's logs so far (each

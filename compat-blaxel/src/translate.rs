@@ -63,115 +63,27 @@ pub fn valid_name(name: &str) -> bool {
 
 // ----- dates -----
 
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = if y >= 0 { y } else { y - 399 } / 400;
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
-
-fn split_millis(ms: u64) -> (i64, i64, i64, i64, i64, i64, u64) {
-    let secs = (ms / 1000) as i64;
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
-    (y, m, d, rem / 3600, rem % 3600 / 60, rem % 60, ms % 1000)
-}
-
 /// `Wed, 01 Jan 2023 12:00:00 GMT`, the format of process `startedAt`/`completedAt`.
 pub fn format_rfc1123(ms: u64) -> String {
-    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    let (y, m, d, h, mi, s, _) = split_millis(ms);
-    let weekday = DAYS[((ms / 1000 / 86_400) % 7) as usize];
-    format!(
-        "{weekday}, {d:02} {} {y:04} {h:02}:{mi:02}:{s:02} GMT",
-        MONTHS[(m - 1) as usize]
-    )
+    sandcove_compat_support::dates::rfc1123(ms)
 }
 
 /// `2023-01-01T12:00:00.123Z` (RFC 3339, UTC, milliseconds).
 pub fn format_rfc3339(ms: u64) -> String {
-    let (y, m, d, h, mi, s, frac) = split_millis(ms);
-    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{frac:03}Z")
+    sandcove_compat_support::dates::rfc3339_millis(ms)
 }
 
 /// Parse an ISO-8601 date-time (`2026-01-02T03:04:05`, optional fraction, optional `Z` or
 /// `±HH:MM`; a naive time is UTC, as the Python SDK appends `Z`) into ms since the epoch.
 pub fn parse_iso8601(text: &str) -> Option<u64> {
-    let t = text.trim();
-    let b = t.as_bytes();
-    if b.len() < 19 || b[4] != b'-' || b[7] != b'-' || !(b[10] == b'T' || b[10] == b' ') {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| t.get(r)?.parse::<i64>().ok();
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (h, mi, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
-        return None;
-    }
-    let mut rest = &t[19..];
-    let mut millis = 0i64;
-    if let Some(frac) = rest.strip_prefix('.') {
-        let digits: String = frac.chars().take_while(|c| c.is_ascii_digit()).collect();
-        if digits.is_empty() {
-            return None;
-        }
-        let first3: String = digits.chars().chain("000".chars()).take(3).collect();
-        millis = first3.parse().ok()?;
-        rest = &frac[digits.len()..];
-    }
-    let offset_secs = match rest {
-        "" | "Z" | "z" => 0,
-        _ => {
-            let sign = match rest.as_bytes()[0] {
-                b'+' => 1,
-                b'-' => -1,
-                _ => return None,
-            };
-            let hhmm = rest[1..].replace(':', "");
-            if hhmm.len() != 4 {
-                return None;
-            }
-            let oh: i64 = hhmm[..2].parse().ok()?;
-            let om: i64 = hhmm[2..].parse().ok()?;
-            sign * (oh * 3600 + om * 60)
-        }
-    };
-    let secs = days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + s - offset_secs;
-    let ms = secs * 1000 + millis;
-    u64::try_from(ms).ok()
+    sandcove_compat_support::dates::parse_iso8601(text)
 }
 
 // ----- processes -----
 
-/// Quote `s` for a POSIX shell (single quotes).
+/// Quote `s` for a POSIX shell.
 pub fn shell_quote(s: &str) -> String {
-    if !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:@%+,".contains(&b))
-    {
-        return s.to_string();
-    }
-    format!("'{}'", s.replace('\'', r"'\''"))
+    sandcove_compat_support::shell::quote(s)
 }
 
 /// Expand `~` to the home and collapse `//` in a working directory.

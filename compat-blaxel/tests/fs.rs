@@ -252,7 +252,7 @@ async fn watch_follows_the_capability() {
         .watch("/blaxel/app", move |e| e2.lock().unwrap().push(e))
         .options(json!({"with_content": true, "ignore": ["node_modules"]}))
         .await;
-    if common::capabilities().watch {
+    if common::capabilities().await.watch {
         let handle = result.expect("watch");
         sb.fs.write("/blaxel/app/a.txt", "hello").await.unwrap();
         sb.fs

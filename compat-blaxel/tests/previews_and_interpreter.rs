@@ -26,7 +26,7 @@ async fn previews_serve_and_private_ones_need_the_token() {
             json!({"metadata": {"name": "token-test"}, "spec": {"port": 3000, "public": false}}),
         )
         .await;
-    if !common::capabilities().previews {
+    if !common::capabilities().await.previews {
         eprintln!("LOUD SKIP: the runtime has no previews yet; checking the refusal");
         assert!(result.unwrap_err().is_not_supported());
         assert!(sb

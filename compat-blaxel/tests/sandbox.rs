@@ -220,7 +220,7 @@ async fn snapshots_and_fork_follow_the_capability() {
         .await
         .expect("write");
     let fork_name = unique("forked");
-    if common::capabilities().snapshots {
+    if common::capabilities().await.snapshots {
         let snap = sb
             .snapshot()
             .name("before".to_string())
@@ -358,7 +358,7 @@ async fn memory_is_the_sandbox_limit_where_the_runtime_enforces_limits() {
         .iter()
         .find_map(|f| std::fs::read_to_string(f).ok())
         .map(|t| t.trim().parse::<u64>().expect("a number"));
-    if common::capabilities().memory_limit {
+    if common::capabilities().await.memory_limit {
         assert_eq!(limit, Some(64 << 20), "the sandbox's cgroup limit");
     } else {
         assert_eq!(limit, None, "no cgroup without memory limits");

@@ -646,7 +646,7 @@ impl CreateBuilder {
             return Err(gap("linked_sandbox"));
         }
         let client = &self.daytona.client;
-        let caps = client.capabilities();
+        let caps = client.ready().await?;
         let mut labels: BTreeMap<String, String> =
             p.labels.clone().unwrap_or_default().into_iter().collect();
         if labels.keys().any(|k| k.starts_with(META_PREFIX)) {

@@ -67,34 +67,8 @@ pub use sandbox::{
 pub use snapshot::{CreateSnapshotParams, Image, PaginatedSnapshots, Snapshot, SnapshotService};
 pub use volume::{Volume, VolumeService};
 
-/// A string argument Python also accepts as `None`: `&str`, `String`, `&String`, or
-/// `Option<String>`, so `.cwd("src")` and `.cwd(None)` both read like the Python call. (There
-/// is deliberately no `Option<&str>` form: it would make a bare `None` ambiguous.)
-pub trait OptionalString {
-    /// The value as `Option<String>`.
-    fn into_optional(self) -> Option<String>;
-}
-
-impl OptionalString for &str {
-    fn into_optional(self) -> Option<String> {
-        Some(self.to_string())
-    }
-}
-impl OptionalString for String {
-    fn into_optional(self) -> Option<String> {
-        Some(self)
-    }
-}
-impl OptionalString for &String {
-    fn into_optional(self) -> Option<String> {
-        Some(self.clone())
-    }
-}
-impl OptionalString for Option<String> {
-    fn into_optional(self) -> Option<String> {
-        self
-    }
-}
+/// A string keyword Python also accepts as `None` (MIRRORING.md rule 3), shared by the facades.
+pub use sandcove_compat_support::OptionalString;
 
 /// A number of seconds as Python takes it (`int` or `float`), or `None`:
 /// `.timeout(30)`, `.timeout(2.5)` and `.timeout(None)` all read like the Python call.

@@ -786,17 +786,9 @@ fn command_not_found(id: &str) -> DaytonaError {
     ))
 }
 
+/// A command id: 20 random characters, as unguessable as the runtime's own ids.
 fn new_id() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let mix =
-        (t as u64) ^ (u64::from(std::process::id()) << 32) ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    format!("{:016x}{:04x}", mix, n & 0xffff)
+    sandcove::random_id(20)
 }
 
 fn hex(bytes: &[u8]) -> String {

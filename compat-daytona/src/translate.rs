@@ -62,7 +62,7 @@ pub fn exec_script(command: &str) -> String {
 
 /// Quote one word for a POSIX shell.
 pub fn quote(word: &str) -> String {
-    shell_escape::unix::escape(word.into()).into_owned()
+    sandcove_compat_support::shell::quote(word)
 }
 
 /// The shell command `code_run` executes for `language`, as Daytona's daemon builds it: the
@@ -127,45 +127,14 @@ pub fn go_mode_string(kind: sandcove::FileKind, mode: u32) -> String {
     s
 }
 
-/// Civil date from days since 1970-01-01 (proleptic Gregorian).
-fn civil(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-fn split_millis(millis: u64) -> (i64, u32, u32, u64, u64) {
-    let secs = (millis / 1000) as i64;
-    let (y, m, d) = civil(secs.div_euclid(86_400));
-    (y, m, d, secs.rem_euclid(86_400) as u64, millis % 1000)
-}
-
 /// RFC 3339 UTC time for milliseconds since the epoch (`2026-01-02T03:04:05.678Z`).
 pub fn rfc3339(millis: u64) -> String {
-    let (y, mo, d, s, ms) = split_millis(millis);
-    format!(
-        "{y:04}-{mo:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
-        s / 3600,
-        s / 60 % 60,
-        s % 60
-    )
+    sandcove_compat_support::dates::rfc3339_millis(millis)
 }
 
 /// Go's `time.String()` in UTC (`2026-01-02 03:04:05.678 +0000 UTC`), Daytona's `mod_time`.
 pub fn go_time_string(millis: u64) -> String {
-    let (y, mo, d, s, ms) = split_millis(millis);
-    format!(
-        "{y:04}-{mo:02}-{d:02} {:02}:{:02}:{:02}.{ms:03} +0000 UTC",
-        s / 3600,
-        s / 60 % 60,
-        s % 60
-    )
+    sandcove_compat_support::dates::go_time_string(millis)
 }
 
 /// Shell glob match of a base name: `*`, `?`, `[...]` (with `!`/`^` negation and ranges).

@@ -6,8 +6,9 @@ mod common;
 use daytona::{CreateSandboxFromSnapshotParams, Sandbox, VolumeMount};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn capabilities() -> sandcove::Capabilities {
-    sandcove::Client::from_env().unwrap().capabilities()
+async fn capabilities() -> sandcove::Capabilities {
+    let client = sandcove::Client::from_env().expect("runtime");
+    client.ready().await.expect("capabilities")
 }
 
 /// A plain HTTP/1.1 GET; returns the status line and body.
@@ -71,7 +72,7 @@ async fn get_when_up(url: &str, headers: &[(&str, &str)]) -> (u16, String) {
 #[tokio::test]
 async fn preview_links_serve_with_their_token() {
     let (_d, sb) = common::sandbox().await;
-    if !capabilities().previews {
+    if !capabilities().await.previews {
         let e = sb.get_preview_link(3000).await.unwrap_err();
         assert!(e.is_not_supported(), "{e}");
         sb.delete().await.unwrap();
@@ -129,7 +130,7 @@ async fn preview_links_serve_with_their_token() {
 async fn volumes_are_shared_between_sandboxes() {
     let d = common::daytona();
     let name = format!("dtn-vol-{}", std::process::id());
-    if !capabilities().volumes {
+    if !capabilities().await.volumes {
         let e = d.volume.get(name.clone()).create(true).await.unwrap_err();
         assert!(e.is_not_supported(), "{e}");
         return;
@@ -218,7 +219,7 @@ async fn volumes_are_shared_between_sandboxes() {
 #[tokio::test]
 async fn snapshots_fork_and_pause() {
     let (d, mut sb) = common::sandbox().await;
-    if !capabilities().snapshots {
+    if !capabilities().await.snapshots {
         assert!(sb
             .create_snapshot("s")
             .await
@@ -267,7 +268,7 @@ async fn snapshots_fork_and_pause() {
         .unwrap_err()
         .is_not_supported());
 
-    if capabilities().pause {
+    if capabilities().await.pause {
         sb.pause().await.unwrap();
         sb.refresh_data().await.unwrap();
         assert_eq!(sb.state, Some(daytona::SandboxState::Paused));

@@ -33,34 +33,8 @@ impl IntoSeconds for Option<f64> {
     }
 }
 
-/// A string keyword Python also accepts as `None`: `&str`, `String`, `&String`, or
-/// `Option<String>`, so `.cwd("/tmp")`, `.cwd(dir)` and `.cwd(None)` all read like the Python
-/// call. (There is deliberately no `Option<&str>` form: it would make a bare `None` ambiguous.)
-pub trait OptionalString {
-    /// The value as `Option<String>`.
-    fn into_optional(self) -> Option<String>;
-}
-
-impl OptionalString for &str {
-    fn into_optional(self) -> Option<String> {
-        Some(self.to_string())
-    }
-}
-impl OptionalString for String {
-    fn into_optional(self) -> Option<String> {
-        Some(self)
-    }
-}
-impl OptionalString for &String {
-    fn into_optional(self) -> Option<String> {
-        Some(self.clone())
-    }
-}
-impl OptionalString for Option<String> {
-    fn into_optional(self) -> Option<String> {
-        self
-    }
-}
+/// A string keyword Python also accepts as `None` (MIRRORING.md rule 3), shared by the facades.
+pub use sandcove_compat_support::OptionalString;
 
 /// A call awaited directly (`IntoFuture`), with E2B's connection keywords as setters.
 ///

@@ -1,26 +1,26 @@
 //! `e2b_code_interpreter`: a `Sandbox` with stateful code execution (`run_code`).
 //!
-//! Each code context is one Python driver process in the sandbox (started on first use),
-//! fed requests over stdin and answering with line-delimited JSON; variables, imports and
-//! functions persist between calls in the same context. Contexts are tagged processes, so
-//! another program that connects to the sandbox finds them with `list_code_contexts`.
+//! Each code context is one interpreter of the shared driver (`sandcove-interpreter`),
+//! started on first use; variables, imports and functions persist between calls in the same
+//! context. This module only reshapes the driver's events into E2B's types (`Execution.text`
+//! is the main result's `repr`). Contexts are tagged processes, so another program that
+//! connects to the sandbox finds them with `list_code_contexts`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::IntoFuture;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use futures::StreamExt;
-use sandcove::{Command, ProcessEvent, ProcessSelector, ProcessSpec, Signal};
-use tokio::sync::{mpsc, Mutex};
+use sandcove_interpreter::{
+    mime, CellError, CellResult, ContextOptions, Event, Interpreter, RunOptions, Utf8Decoder,
+};
+use tokio::sync::Mutex;
 
 use crate::call::{BoxFuture, Call, IntoSeconds};
 use crate::errors::SandboxException;
 use crate::gaps::refuse;
-use crate::sandbox::{ConnectBuilder, CreateBuilder, Ctx};
+use crate::sandbox::{ConnectBuilder, CreateBuilder};
 use crate::translate::{self, py_list};
 
 type Res<T> = crate::errors::Result<T>;
@@ -34,9 +34,6 @@ pub const DEFAULT_TEMPLATE: &str = "code-interpreter-v1";
 /// `run_code`'s default timeout, seconds.
 pub const DEFAULT_RUN_CODE_TIMEOUT: f64 = 300.0;
 
-const DRIVER_SOURCE: &str = include_str!("interpreter.py");
-const DRIVER_PATH: &str = "/tmp/.e2b-code-interpreter.py";
-const TAG_PREFIX: &str = "e2b-code-context:";
 const DEFAULT_CONTEXT_ID: &str = "default";
 
 /// `e2b_code_interpreter.Sandbox`: an `e2b::Sandbox` (it derefs to one) plus `run_code` and
@@ -44,7 +41,7 @@ const DEFAULT_CONTEXT_ID: &str = "default";
 #[derive(Debug, Clone)]
 pub struct Sandbox {
     base: crate::Sandbox,
-    contexts: Arc<Mutex<HashMap<String, Arc<Driver>>>>,
+    contexts: Arc<Mutex<HashMap<String, sandcove_interpreter::Context>>>,
 }
 
 impl Deref for Sandbox {
@@ -123,20 +120,16 @@ impl Sandbox {
 
     /// `sandbox.list_code_contexts() -> list[Context]`.
     pub fn list_code_contexts(&self) -> Call<Vec<Context>> {
-        let ctx = self.base.ctx.clone();
+        let sandbox = self.clone();
         Call::new(async move {
-            let listed = ctx.backend.list_processes(&ctx.id).await?;
+            let ctx = &sandbox.base.ctx;
+            let listed = sandbox.interpreter().list_contexts().await?;
             Ok(listed
                 .into_iter()
-                .filter(|p| p.exit.is_none())
-                .filter_map(|p| {
-                    let tag = p.tag?;
-                    let (language, id) = parse_tag(&tag)?;
-                    Some(Context {
-                        id,
-                        language,
-                        cwd: ctx.e2b_path(&p.cwd),
-                    })
+                .map(|c| Context {
+                    id: c.id,
+                    language: c.language,
+                    cwd: ctx.e2b_path(&c.cwd),
                 })
                 .collect())
         })
@@ -148,14 +141,9 @@ impl Sandbox {
         let sandbox = self.clone();
         Call::new(async move {
             sandbox.contexts.lock().await.remove(&id);
-            let ctx = &sandbox.base.ctx;
-            let found = find_context_process(ctx, &id).await?;
-            let Some(p) = found else {
-                return Err(SandboxException::not_found(format!(
-                    "context '{id}' not found"
-                )));
-            };
-            kill_and_wait(ctx, p.pid).await
+            let found = sandbox.existing(&id).await?;
+            found.delete().await?;
+            Ok(())
         })
     }
 
@@ -165,94 +153,59 @@ impl Sandbox {
         let id = context.into().0;
         let sandbox = self.clone();
         Call::new(async move {
-            let ctx = sandbox.base.ctx.clone();
-            let Some(p) = find_context_process(&ctx, &id).await? else {
-                return Err(SandboxException::not_found(format!(
-                    "context '{id}' not found"
-                )));
-            };
-            let (language, _) = parse_tag(p.tag.as_deref().unwrap_or_default())
-                .unwrap_or_else(|| ("python".into(), id.clone()));
-            sandbox.contexts.lock().await.remove(&id);
-            kill_and_wait(&ctx, p.pid).await?;
-            let driver = Driver::start(ctx.clone(), &id, &language, Some(p.cwd)).await?;
-            sandbox.contexts.lock().await.insert(id, driver);
+            let found = sandbox.existing(&id).await?;
+            found.restart().await?;
+            sandbox.contexts.lock().await.insert(id, found);
             Ok(())
         })
     }
 
-    async fn driver(&self, id: &str, language: &str, cwd: Option<String>) -> Res<Arc<Driver>> {
+    fn interpreter(&self) -> Interpreter {
+        let ctx = &self.base.ctx;
+        Interpreter::new(ctx.backend.clone(), ctx.id.clone())
+    }
+
+    /// A live context by id (started by any program), as E2B's `NotFoundException` if none.
+    async fn existing(&self, id: &str) -> Res<sandcove_interpreter::Context> {
+        match self.interpreter().context(id).await {
+            Ok(c) => Ok(c),
+            Err(e) if e.is_not_found() => Err(SandboxException::not_found(format!(
+                "context '{id}' not found"
+            ))),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The context a run goes to: cached, else found, else (only the default one) started.
+    async fn context(&self, id: &str) -> Res<sandcove_interpreter::Context> {
         let mut map = self.contexts.lock().await;
-        if let Some(d) = map.get(id) {
-            if !d.exited() {
-                return Ok(d.clone());
+        if let Some(c) = map.get(id) {
+            if !c.ended() {
+                return Ok(c.clone());
             }
             map.remove(id);
         }
-        let ctx = self.base.ctx.clone();
-        let driver = match find_context_process(&ctx, id).await? {
-            Some(p) => Driver::attach(ctx, p.pid).await?,
-            None if id == DEFAULT_CONTEXT_ID => Driver::start(ctx, id, language, cwd).await?,
-            None => {
-                return Err(SandboxException::not_found(format!(
-                    "context '{id}' not found"
-                )))
-            }
+        let context = if id == DEFAULT_CONTEXT_ID {
+            let ctx = &self.base.ctx;
+            let options = ContextOptions::new().id(id).envs(translate::process_envs(
+                &ctx.envs,
+                &ctx.id,
+                &BTreeMap::new(),
+            ));
+            self.interpreter().get_or_create_context(options).await?
+        } else {
+            self.existing(id).await?
         };
-        map.insert(id.to_string(), driver.clone());
-        Ok(driver)
+        map.insert(id.to_string(), context.clone());
+        Ok(context)
     }
-}
-
-/// Kill an interpreter and wait until it has ended, so its tag is free and it is no longer
-/// listed.
-async fn kill_and_wait(ctx: &Ctx, pid: u32) -> Res<()> {
-    match ctx
-        .backend
-        .signal(&ctx.id, ProcessSelector::Pid(pid), Signal::Kill)
-        .await
-    {
-        Ok(()) => {}
-        Err(e) if e.is_not_found() => return Ok(()),
-        Err(e) => return Err(e.into()),
-    }
-    if let Ok(mut stream) = ctx.backend.attach(&ctx.id, ProcessSelector::Pid(pid)).await {
-        while let Some(Ok(ev)) = stream.events.next().await {
-            if matches!(ev, ProcessEvent::Exit(_)) {
-                break;
-            }
-        }
-    }
-    Ok(())
-}
-
-fn make_tag(language: &str, id: &str) -> String {
-    format!("{TAG_PREFIX}{language}:{id}")
-}
-
-fn parse_tag(tag: &str) -> Option<(String, String)> {
-    let rest = tag.strip_prefix(TAG_PREFIX)?;
-    let (language, id) = rest.split_once(':')?;
-    Some((language.to_string(), id.to_string()))
-}
-
-async fn find_context_process(ctx: &Ctx, id: &str) -> Res<Option<sandcove::ProcessInfo>> {
-    let listed = ctx.backend.list_processes(&ctx.id).await?;
-    Ok(listed.into_iter().find(|p| {
-        p.exit.is_none()
-            && p.tag
-                .as_deref()
-                .and_then(parse_tag)
-                .is_some_and(|(_, i)| i == id)
-    }))
 }
 
 /// The languages a context can run: Python (the sandbox's `python3`).
 fn check_language(language: Option<&str>) -> Res<String> {
-    match language {
-        None | Some("python") | Some("python3") => Ok("python".into()),
-        Some(_) => Err(refuse("code_language")),
-    }
+    sandcove_interpreter::check_language(language)
+        .map(str::to_string)
+        .map_err(|_| refuse("code_language"))
 }
 
 /// Something naming a code context: a [`Context`] or its id.
@@ -289,108 +242,6 @@ pub struct Context {
     pub language: String,
     /// `cwd`.
     pub cwd: String,
-}
-
-/// A message from a driver process.
-#[derive(Debug)]
-enum Msg {
-    Json(serde_json::Value),
-    Stderr(String),
-    Exited,
-}
-
-/// One running interpreter: its pid and the messages it sends.
-#[derive(Debug)]
-struct Driver {
-    ctx: Ctx,
-    pid: u32,
-    rx: Mutex<mpsc::UnboundedReceiver<Msg>>,
-    exited: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Driver {
-    async fn start(ctx: Ctx, id: &str, language: &str, cwd: Option<String>) -> Res<Arc<Driver>> {
-        let data: sandcove::ByteStream = Box::pin(futures::stream::once(async {
-            Ok(DRIVER_SOURCE.as_bytes().to_vec())
-        }));
-        ctx.backend
-            .write_file(
-                &ctx.id,
-                DRIVER_PATH,
-                data,
-                sandcove::WriteOptions::default(),
-            )
-            .await?;
-        let spec = ProcessSpec {
-            command: Command::argv(["python3", "-u", DRIVER_PATH]),
-            cwd: cwd.as_deref().map(|c| ctx.path(c)),
-            envs: translate::process_envs(&ctx.envs, &ctx.id, &BTreeMap::new()),
-            user: None,
-            tag: Some(make_tag(language, id)),
-            stdin: true,
-            timeout: None,
-            pty: None,
-            restart: None,
-        };
-        let stream = ctx.backend.spawn(&ctx.id, spec).await?;
-        Ok(Driver::from_stream(ctx, stream))
-    }
-
-    async fn attach(ctx: Ctx, pid: u32) -> Res<Arc<Driver>> {
-        let stream = ctx
-            .backend
-            .attach(&ctx.id, ProcessSelector::Pid(pid))
-            .await?;
-        Ok(Driver::from_stream(ctx, stream))
-    }
-
-    fn from_stream(ctx: Ctx, stream: sandcove::ProcessStream) -> Arc<Driver> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let exited = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = exited.clone();
-        let pid = stream.pid;
-        let mut events = stream.events;
-        tokio::spawn(async move {
-            let mut line = Vec::new();
-            let mut err = translate::Utf8Decoder::default();
-            while let Some(ev) = events.next().await {
-                match ev {
-                    Ok(ProcessEvent::Stdout(bytes)) => {
-                        for b in bytes {
-                            if b == b'\n' {
-                                if let Ok(v) = serde_json::from_slice(&line) {
-                                    let _ = tx.send(Msg::Json(v));
-                                }
-                                line.clear();
-                            } else {
-                                line.push(b);
-                            }
-                        }
-                    }
-                    Ok(ProcessEvent::Stderr(bytes)) => {
-                        let text = err.decode(&bytes);
-                        if !text.is_empty() {
-                            let _ = tx.send(Msg::Stderr(text));
-                        }
-                    }
-                    Ok(ProcessEvent::Exit(_)) | Err(_) => break,
-                    Ok(_) => {}
-                }
-            }
-            flag.store(true, Ordering::SeqCst);
-            let _ = tx.send(Msg::Exited);
-        });
-        Arc::new(Driver {
-            ctx,
-            pid,
-            rx: Mutex::new(rx),
-            exited,
-        })
-    }
-
-    fn exited(&self) -> bool {
-        self.exited.load(Ordering::SeqCst)
-    }
 }
 
 /// `Logs`: output lines of one execution.
@@ -638,103 +489,30 @@ impl RunCodeBuilder {
                 "You can provide context or language, but not both at the same time.",
             ));
         }
-        let language = check_language(self.language.as_deref())?;
+        check_language(self.language.as_deref())?;
         let id = self
             .context
             .clone()
             .unwrap_or_else(|| DEFAULT_CONTEXT_ID.to_string());
-        let driver = self.sandbox.driver(&id, &language, None).await?;
-        let mut rx = driver.rx.lock().await;
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        let rid = format!(
-            "{}-{}-{}",
-            std::process::id(),
-            sandcove::now_millis(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-        let request = serde_json::json!({"id": rid, "code": self.code, "envs": self.envs});
-        let mut line =
-            serde_json::to_vec(&request).map_err(|e| SandboxException::sandbox(e.to_string()))?;
-        line.push(b'\n');
-        let ctx = &driver.ctx;
-        ctx.backend
-            .write_stdin(&ctx.id, ProcessSelector::Pid(driver.pid), line)
-            .await?;
-        let deadline =
-            translate::timeout_secs(self.timeout).map(|d| tokio::time::Instant::now() + d);
+        let context = self.sandbox.context(&id).await?;
+        let options = RunOptions::new()
+            .envs(std::mem::take(&mut self.envs))
+            .timeout(translate::timeout_secs(self.timeout));
+        let mut events = context.run(std::mem::take(&mut self.code), options).await?;
         let mut exec = Execution::default();
-        let mut interrupted = false;
-        loop {
-            let msg = match deadline {
-                Some(at) if !interrupted => match tokio::time::timeout_at(at, rx.recv()).await {
-                    Ok(m) => m,
-                    Err(_) => {
-                        interrupted = true;
-                        let _ = ctx
-                            .backend
-                            .signal(&ctx.id, ProcessSelector::Pid(driver.pid), Signal::Int)
-                            .await;
-                        continue;
-                    }
-                },
-                _ if interrupted => {
-                    match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
-                        Ok(m) => m,
-                        Err(_) => {
-                            let _ = ctx
-                                .backend
-                                .signal(&ctx.id, ProcessSelector::Pid(driver.pid), Signal::Kill)
-                                .await;
-                            None
-                        }
-                    }
+        let (mut out, mut err) = (Utf8Decoder::default(), Utf8Decoder::default());
+        while let Some(event) = events.next_event().await {
+            match event {
+                Ok(Event::Stdout(chunk)) => {
+                    let text = out.decode(&chunk.data);
+                    self.output(&mut exec, text, chunk.timestamp_ns, false);
                 }
-                _ => rx.recv().await,
-            };
-            let Some(msg) = msg else {
-                return Err(timeout_or_ended(interrupted));
-            };
-            let v = match msg {
-                Msg::Exited => return Err(timeout_or_ended(interrupted)),
-                Msg::Stderr(text) => {
-                    if !interrupted {
-                        self.stderr_line(&mut exec, text);
-                    }
-                    continue;
+                Ok(Event::Stderr(chunk)) => {
+                    let text = err.decode(&chunk.data);
+                    self.output(&mut exec, text, chunk.timestamp_ns, true);
                 }
-                Msg::Json(v) => v,
-            };
-            if v.get("id").and_then(|i| i.as_str()) != Some(rid.as_str()) {
-                continue; // a reply to an earlier request (replayed on attach, or interrupted)
-            }
-            let text = |k: &str| {
-                v.get(k)
-                    .and_then(|t| t.as_str())
-                    .unwrap_or_default()
-                    .to_string()
-            };
-            match v.get("type").and_then(|t| t.as_str()) {
-                Some("stdout") => {
-                    let msg = OutputMessage {
-                        line: text("text"),
-                        timestamp: v.get("timestamp").and_then(|t| t.as_i64()).unwrap_or(0),
-                        error: false,
-                    };
-                    exec.logs.stdout.push(msg.line.clone());
-                    if let Some(f) = self.on_stdout.as_mut() {
-                        f(msg);
-                    }
-                }
-                Some("stderr") => self.stderr_line(&mut exec, text("text")),
-                Some("result") => {
-                    let r = Result {
-                        text: Some(text("text")),
-                        is_main_result: v
-                            .get("is_main_result")
-                            .and_then(|b| b.as_bool())
-                            .unwrap_or(false),
-                        ..Default::default()
-                    };
+                Ok(Event::Result(r)) => {
+                    let r = to_result(r);
                     if r.is_main_result {
                         exec.text = r.text.clone();
                     }
@@ -743,39 +521,91 @@ impl RunCodeBuilder {
                     }
                     exec.results.push(r);
                 }
-                Some("error") => {
-                    let e = ExecutionError {
-                        name: text("name"),
-                        value: text("value"),
-                        traceback: text("traceback"),
-                    };
+                Ok(Event::Error(e)) => {
+                    let e = to_error(e);
                     if let Some(f) = self.on_error.as_mut() {
                         f(e.clone());
                     }
                     exec.error = Some(e);
                 }
-                Some("end") => {
-                    exec.execution_count = v.get("execution_count").and_then(|c| c.as_i64());
-                    if interrupted {
-                        return Err(execution_timeout());
-                    }
+                Ok(Event::ExecutionCount(n)) => {
+                    exec.execution_count = i64::try_from(n).ok();
+                }
+                Ok(Event::End) => {
+                    let (o, e) = (out.finish(), err.finish());
+                    self.output(&mut exec, o, None, false);
+                    self.output(&mut exec, e, None, true);
                     return Ok(exec);
                 }
-                _ => {}
+                Ok(_) => {}
+                Err(e) if e.code() == sandcove::ErrorCode::Timeout => {
+                    return Err(execution_timeout())
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(SandboxException::sandbox(
+            "the code context's interpreter ended",
+        ))
+    }
+
+    fn output(&mut self, exec: &mut Execution, line: String, ts: Option<i64>, error: bool) {
+        if line.is_empty() {
+            return;
+        }
+        let msg = OutputMessage {
+            line,
+            timestamp: ts.unwrap_or_else(|| (sandcove::now_millis() as i64) * 1_000_000),
+            error,
+        };
+        let (logs, callback) = if error {
+            (&mut exec.logs.stderr, self.on_stderr.as_mut())
+        } else {
+            (&mut exec.logs.stdout, self.on_stdout.as_mut())
+        };
+        logs.push(msg.line.clone());
+        if let Some(f) = callback {
+            f(msg);
+        }
+    }
+}
+
+/// E2B's `Result` from the driver's MIME bundle; types E2B has no field for go to `extra`.
+fn to_result(r: CellResult) -> Result {
+    let mut out = Result {
+        is_main_result: r.is_main_result,
+        ..Default::default()
+    };
+    let mut extra = serde_json::Map::new();
+    for (kind, value) in r.data {
+        let text = || value.as_str().map(str::to_string);
+        match kind.as_str() {
+            mime::TEXT => out.text = text(),
+            mime::HTML => out.html = text(),
+            mime::MARKDOWN => out.markdown = text(),
+            mime::SVG => out.svg = text(),
+            mime::PNG => out.png = text(),
+            mime::JPEG => out.jpeg = text(),
+            mime::PDF => out.pdf = text(),
+            mime::LATEX => out.latex = text(),
+            mime::JAVASCRIPT => out.javascript = text(),
+            mime::JSON => out.json = Some(value),
+            _ => {
+                extra.insert(kind, value);
             }
         }
     }
+    if !extra.is_empty() {
+        out.extra = Some(serde_json::Value::Object(extra));
+    }
+    out
+}
 
-    fn stderr_line(&mut self, exec: &mut Execution, line: String) {
-        let msg = OutputMessage {
-            line,
-            timestamp: (sandcove::now_millis() as i64) * 1_000_000,
-            error: true,
-        };
-        exec.logs.stderr.push(msg.line.clone());
-        if let Some(f) = self.on_stderr.as_mut() {
-            f(msg);
-        }
+fn to_error(e: CellError) -> ExecutionError {
+    ExecutionError {
+        name: e.name,
+        value: e.value,
+        traceback: e.traceback,
     }
 }
 
@@ -783,14 +613,6 @@ fn execution_timeout() -> SandboxException {
     SandboxException::timeout(
         "Execution timed out — the 'timeout' option can be used to increase this timeout",
     )
-}
-
-fn timeout_or_ended(interrupted: bool) -> SandboxException {
-    if interrupted {
-        execution_timeout()
-    } else {
-        SandboxException::sandbox("the code context's interpreter ended")
-    }
 }
 
 impl IntoFuture for RunCodeBuilder {
@@ -835,29 +657,28 @@ impl IntoFuture for CreateContextBuilder {
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
             let language = check_language(self.language.as_deref())?;
-            static NEXT: AtomicU64 = AtomicU64::new(1);
-            let id = format!(
-                "{:x}{:x}{}",
-                std::process::id(),
-                sandcove::now_millis(),
-                NEXT.fetch_add(1, Ordering::Relaxed)
-            );
             let ctx = self.sandbox.base.ctx.clone();
             let cwd = self
                 .cwd
                 .clone()
                 .unwrap_or_else(|| translate::E2B_HOME.into());
-            let driver = Driver::start(ctx.clone(), &id, &language, Some(cwd.clone())).await?;
+            let options = ContextOptions::new()
+                .language(language.clone())
+                .cwd(ctx.path(&cwd))
+                .envs(translate::process_envs(
+                    &ctx.envs,
+                    &ctx.id,
+                    &BTreeMap::new(),
+                ));
+            let context = self.sandbox.interpreter().create_context(options).await?;
+            let id = context.id().to_string();
+            let cwd = ctx.e2b_path(&context.info().cwd);
             self.sandbox
                 .contexts
                 .lock()
                 .await
-                .insert(id.clone(), driver);
-            Ok(Context {
-                id,
-                language,
-                cwd: ctx.e2b_path(&ctx.path(&cwd)),
-            })
+                .insert(id.clone(), context);
+            Ok(Context { id, language, cwd })
         })
     }
 }
@@ -865,15 +686,6 @@ impl IntoFuture for CreateContextBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tags_round_trip() {
-        assert_eq!(
-            parse_tag(&make_tag("python", "abc")),
-            Some(("python".into(), "abc".into()))
-        );
-        assert_eq!(parse_tag("other"), None);
-    }
 
     #[test]
     fn logs_and_results_print_like_python() {
@@ -901,6 +713,28 @@ mod tests {
             format!("{e:?}"),
             "Execution(Results: [Result(2)], Logs: Logs(stdout: ['hello world\\n'], stderr: []), Error: None)"
         );
+    }
+
+    #[test]
+    fn driver_results_map_onto_e2b_fields() {
+        let r = to_result(CellResult {
+            data: BTreeMap::from([
+                (mime::TEXT.to_string(), "'x'".into()),
+                (mime::HTML.to_string(), "<b>x</b>".into()),
+                (mime::JSON.to_string(), serde_json::json!({"a": 1})),
+                ("text/csv".to_string(), "a,b".into()),
+            ]),
+            is_main_result: true,
+        });
+        assert_eq!(
+            r.text.as_deref(),
+            Some("'x'"),
+            "E2B keeps the repr's quotes"
+        );
+        assert_eq!(r.html.as_deref(), Some("<b>x</b>"));
+        assert_eq!(r.json, Some(serde_json::json!({"a": 1})));
+        assert_eq!(r.extra, Some(serde_json::json!({"text/csv": "a,b"})));
+        assert_eq!(r.formats(), ["text", "html", "json"]);
     }
 
     #[test]

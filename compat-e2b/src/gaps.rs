@@ -8,16 +8,8 @@
 
 use crate::errors::SandboxException;
 
-/// One refused feature.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Gap {
-    /// Stable key used in the code and in MAPPING.md.
-    pub key: &'static str,
-    /// The E2B call or option, as a Python user writes it.
-    pub feature: &'static str,
-    /// What to do instead.
-    pub alternative: &'static str,
-}
+/// One refused feature (the type all three facades share).
+pub use sandcove_compat_support::Gap;
 
 /// Every refused feature.
 pub const GAPS: &[Gap] = &[
@@ -96,8 +88,7 @@ pub const GAPS: &[Gap] = &[
 /// The gap with this key. Panics on an unknown key: that is a bug in this crate, caught by
 /// the tests.
 pub fn gap(key: &str) -> &'static Gap {
-    GAPS.iter()
-        .find(|g| g.key == key)
+    sandcove_compat_support::gap::find(GAPS, key)
         .unwrap_or_else(|| panic!("unknown gap key {key:?}"))
 }
 

@@ -580,7 +580,7 @@ impl<S> CreateBuilder<S> {
         if self.iam {
             return Err(refuse("iam"));
         }
-        let caps = backend.capabilities();
+        let caps = backend.ready().await?;
         let mut options = CreateOptions {
             user: Some(translate::E2B_USER.into()),
             home: Some(translate::E2B_HOME.into()),
@@ -1415,7 +1415,7 @@ impl IntoFuture for ForkBuilder {
             }
             let backend = backend()?;
             let source = backend.get(&self.sandbox_id).await?;
-            if !backend.capabilities().snapshots {
+            if !backend.ready().await?.snapshots {
                 return Err(sandcove::Error::not_supported(
                     "Sandbox.fork",
                     "this runtime has no snapshots yet; create a new sandbox and copy files",
@@ -1453,6 +1453,6 @@ impl IntoFuture for ForkBuilder {
 
 /// Whether this client's runtime can do `what` (`pause`, `previews`, `watch`, `pty`,
 /// `metrics`, `snapshots`, `volumes`). For tests and callers that branch on capabilities.
-pub fn runtime_capabilities() -> Result<sandcove::Capabilities> {
-    Ok(client()?.capabilities())
+pub async fn runtime_capabilities() -> Result<sandcove::Capabilities> {
+    Ok(client()?.ready().await?)
 }

@@ -215,17 +215,15 @@ async fn ensure_server(ctx: &Ctx) -> Result<()> {
     ))
 }
 
-/// RFC 3986 percent-encoding of a query value.
+/// RFC 3986 percent-encoding of a query value (unreserved characters and `/` kept).
 pub fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    const KEEP: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~')
+        .remove(b'/');
+    percent_encoding::utf8_percent_encode(s, KEEP).to_string()
 }
 
 #[cfg(test)]

@@ -46,28 +46,15 @@ impl DateTime {
 
     /// `(year, month, day, hour, minute, second, microsecond)`.
     pub fn parts(&self) -> (i64, u32, u32, u32, u32, u32, u32) {
-        let secs = (self.unix_millis / 1000) as i64;
-        let micros = ((self.unix_millis % 1000) * 1000) as u32;
-        let days = secs.div_euclid(86_400);
-        let rem = secs.rem_euclid(86_400) as u32;
-        // Civil date from days since 1970-01-01 (proleptic Gregorian).
-        let z = days + 719_468;
-        let era = z.div_euclid(146_097);
-        let doe = z.rem_euclid(146_097);
-        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-        let mp = (5 * doy + 2) / 153;
-        let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-        let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-        let year = yoe + era * 400 + i64::from(month <= 2);
+        let t = sandcove_compat_support::dates::utc(self.unix_millis);
         (
-            year,
-            month,
-            day,
-            rem / 3600,
-            rem / 60 % 60,
-            rem % 60,
-            micros,
+            i64::from(t.year()),
+            u32::from(u8::from(t.month())),
+            u32::from(t.day()),
+            u32::from(t.hour()),
+            u32::from(t.minute()),
+            u32::from(t.second()),
+            t.microsecond(),
         )
     }
 }

@@ -122,7 +122,7 @@ async fn envs_cwd_and_user() {
     let r = sbx.commands.run("whoami").user("user").await.expect("run");
     assert_eq!(r.stdout, "user\n");
     let root = sbx.commands.run("whoami").user("root").await;
-    if caps().multiple_users {
+    if caps().await.multiple_users {
         assert_eq!(root.expect("run as root").stdout, "root\n");
     } else {
         assert_not_supported(root, "user=root without multiple uids");

@@ -248,7 +248,7 @@ async fn gaps_in_files_are_refused_before_any_effect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_calls_act_as_the_given_user() {
     let sbx = sandbox("fileuser").await;
-    if !caps().multiple_users {
+    if !caps().await.multiple_users {
         skip("file calls as root", "multiple_users");
         assert_not_supported(sbx.files.read("m.txt").user("root").await, "read as root");
         assert_not_supported(sbx.files.list("/").user("root").await, "list as root");
@@ -326,7 +326,7 @@ fn event_log() -> (Events, impl FnMut(FilesystemEvent) + Send + 'static) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_dir_follows_the_capability() {
     let sbx = sandbox("watch").await;
-    if caps().watch {
+    if caps().await.watch {
         // The async class's shape: `files.watch_dir(path, on_event)`.
         let (events, on_event) = event_log();
         let handle = sbx

@@ -3,48 +3,12 @@
 
 use e2b::gaps::GAPS;
 
-fn e2b_section() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../MAPPING.md");
-    let text = std::fs::read_to_string(path).expect("MAPPING.md");
-    let start = text.find("\n## E2B\n").expect("an E2B section");
-    let rest = &text[start + 1..];
-    let end = rest[3..].find("\n## ").map(|i| i + 3).unwrap_or(rest.len());
-    rest[..end].to_string()
-}
-
 #[test]
 fn mapping_lists_exactly_the_gaps_of_the_code() {
-    let section = e2b_section();
-    let gaps = section
-        .split("### Gaps")
-        .nth(1)
-        .expect("a Gaps subsection")
-        .split("\n### ")
-        .next()
-        .unwrap()
-        .to_string();
-    let rows: Vec<(String, String, String)> = gaps
-        .lines()
-        .filter(|l| l.starts_with("| `"))
-        .map(|l| {
-            let cells: Vec<String> = l
-                .trim_matches('|')
-                .split(" | ")
-                .map(|c| c.trim().replace("\\|", "|"))
-                .collect();
-            (
-                cells[0].trim_matches('`').to_string(),
-                cells[1].clone(),
-                cells[2].clone(),
-            )
-        })
-        .collect();
-    let listed: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
-    let coded: Vec<&str> = GAPS.iter().map(|g| g.key).collect();
-    assert_eq!(listed, coded, "MAPPING.md's E2B gaps and gaps::GAPS differ");
-    for (row, gap) in rows.iter().zip(GAPS) {
-        assert_eq!(row.1, gap.feature, "feature of {}", gap.key);
-        assert_eq!(row.2, gap.alternative, "alternative of {}", gap.key);
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../MAPPING.md"))
+        .expect("MAPPING.md");
+    if let Err(differences) = sandcove_compat_support::gap::check_mapping(&text, "E2B", GAPS) {
+        panic!("{differences}");
     }
 }
 

@@ -23,7 +23,7 @@ async fn pty_follows_the_capability() {
     let (seen, on_data) = collector();
     // The async class's shape: `pty.create(size, on_data)`.
     let created = sbx.pty.create(PtySize::new(24, 80), on_data).await;
-    if caps().pty {
+    if caps().await.pty {
         let mut terminal = created.expect("pty");
         let pid = terminal.pid;
         sbx.pty

@@ -273,7 +273,7 @@ async fn gaps_are_refused_before_any_effect() {
         ..Default::default()
     };
     assert_not_supported(base().lifecycle(lc).await, "keep_memory=False");
-    if !caps().volumes {
+    if !caps().await.volumes {
         assert_not_supported(base().volume_mounts([("/mnt/v", "vol")]).await, "volumes");
     }
     let query = SandboxQuery {
@@ -364,7 +364,7 @@ async fn network_choices_are_applied() {
     let sbx = Sandbox::create().timeout(30).await.expect("create");
     assert_eq!(
         sbx.get_info().await.expect("info").allow_internet_access,
-        Some(caps().internet),
+        Some(caps().await.internet),
         "E2B's default is internet access where the runtime has it"
     );
     sbx.kill().await.expect("kill");
@@ -373,7 +373,7 @@ async fn network_choices_are_applied() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_and_resume_follow_the_capability() {
     let sbx = sandbox("pause").await;
-    if caps().pause {
+    if caps().await.pause {
         sbx.commands
             .run("echo kept > state.txt")
             .await
@@ -416,7 +416,7 @@ async fn pause_and_resume_follow_the_capability() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_follow_the_capability() {
     let sbx = sandbox("metrics").await;
-    if caps().metrics {
+    if caps().await.metrics {
         let m = sbx.get_metrics().await.expect("metrics");
         assert_eq!(m.len(), 1);
         assert!(m[0].mem_total > 0 && m[0].cpu_count >= 1);
@@ -435,7 +435,7 @@ async fn metrics_follow_the_capability() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_host_reaches_the_port_when_previews_exist() {
     let sbx = sandbox("host").await;
-    if caps().previews {
+    if caps().await.previews {
         let _server = sbx
             .commands
             .run("python3 -m http.server 3000")
@@ -472,7 +472,7 @@ async fn get_host_reaches_the_port_when_previews_exist() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upload_and_download_urls_work_with_plain_http() {
     let sbx = sandbox("urls").await;
-    if caps().previews {
+    if caps().await.previews {
         let url = sbx
             .upload_url("demo.txt")
             .user("user")
@@ -563,7 +563,7 @@ fn http_get(host: &str, path: &str) -> std::io::Result<String> {
 async fn snapshots_and_fork_follow_the_capability() {
     let sbx = sandbox("snap").await;
     sbx.files.write("f.txt", "v1").await.expect("write");
-    if caps().snapshots {
+    if caps().await.snapshots {
         let name = unique("snap");
         let snap = sbx
             .create_snapshot()
@@ -608,7 +608,7 @@ async fn snapshots_and_fork_follow_the_capability() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volume_mounts_follow_the_capability() {
     let client = sandcove::Client::from_env().expect("runtime");
-    if caps().volumes {
+    if caps().await.volumes {
         let name = unique("vol").replace('-', "");
         client
             .backend()
@@ -660,7 +660,7 @@ async fn on_timeout_pause_pauses_instead_of_killing() {
         ..Default::default()
     };
     let made = Sandbox::create().timeout(600).lifecycle(lc).await;
-    if !caps().pause {
+    if !caps().await.pause {
         skip("lifecycle on_timeout='pause'", "pause");
         assert_not_supported(made, "on_timeout=pause");
         return;

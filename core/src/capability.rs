@@ -64,7 +64,7 @@ pub const INTERNET_REMEDY: &str =
 impl Capabilities {
     /// The policy for a vendor whose default is "internet on": [`NetworkPolicy::Internet`]
     /// where this backend has it, else [`NetworkPolicy::None`] (loopback only), announced by
-    /// one warning line on stderr per process naming the remedy. Never
+    /// one `tracing` warning per process naming the remedy. Never
     /// [`NetworkPolicy::Host`]: sharing the host's network is an explicit choice.
     pub fn vendor_internet_default(&self) -> NetworkPolicy {
         if self.internet {
@@ -72,8 +72,8 @@ impl Capabilities {
         }
         static WARNED: std::sync::Once = std::sync::Once::new();
         WARNED.call_once(|| {
-            eprintln!(
-                "sandcove: WARNING: sandboxes get loopback-only networking instead of the \
+            tracing::warn!(
+                "sandboxes get loopback-only networking instead of the \
                  vendor's default internet access ({} has no isolated internet): {INTERNET_REMEDY}",
                 self.backend
             );

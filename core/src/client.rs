@@ -7,8 +7,8 @@ use futures::StreamExt;
 
 use crate::{
     Backend, ByteStream, Capabilities, CreateOptions, Error, FileStat, ListDirOptions, ListOptions,
-    LocalBackend, MkdirOptions, Output, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec,
-    ProcessStream, RemoveOptions, Result, SandboxInfo, Signal, WriteOptions, DEFAULT_OUTPUT_LIMIT,
+    MkdirOptions, Output, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream,
+    RemoveOptions, Result, SandboxInfo, Signal, WriteOptions, DEFAULT_OUTPUT_LIMIT,
 };
 
 /// Env var naming a remote `sandcove serve` to use instead of the embedded engine.
@@ -38,16 +38,40 @@ impl Client {
                         message: format!("{URL_ENV} is set but {API_KEY_ENV} is not"),
                     });
                 }
-                let backend = crate::HttpBackend::new(&url, &key)?;
-                Ok(Self::new(Arc::new(backend)))
+                Self::remote(&url, &key)
             }
-            _ => Ok(Self::local()?),
+            _ => Self::local(),
         }
     }
 
+    #[cfg(feature = "http")]
+    fn remote(url: &str, key: &str) -> Result<Self> {
+        Ok(Self::new(Arc::new(crate::HttpBackend::new(url, key)?)))
+    }
+
+    #[cfg(not(feature = "http"))]
+    fn remote(_url: &str, _key: &str) -> Result<Self> {
+        Err(Error::NotSupported {
+            feature: format!("{URL_ENV} (a remote server)"),
+            alternative: "build sandcove with its `http` feature".into(),
+        })
+    }
+
     /// The embedded local engine with its default state directory.
+    #[cfg(not(feature = "local"))]
     pub fn local() -> Result<Self> {
-        Ok(Self::new(Arc::new(LocalBackend::new()?)))
+        Err(Error::NotSupported {
+            feature: "the embedded engine".into(),
+            alternative: format!(
+                "build sandcove with its `local` feature, or set {URL_ENV} to a `sandcove serve`"
+            ),
+        })
+    }
+
+    /// The embedded local engine with its default state directory.
+    #[cfg(feature = "local")]
+    pub fn local() -> Result<Self> {
+        Ok(Self::new(Arc::new(crate::LocalBackend::new()?)))
     }
 
     /// A client over any backend.
@@ -60,13 +84,21 @@ impl Client {
         &self.backend
     }
 
-    /// What the backend can do.
+    /// What the backend can do, as last learned (no I/O; see [`Client::ready`]).
     pub fn capabilities(&self) -> Capabilities {
         self.backend.capabilities()
     }
 
+    /// What the backend can do, learned once (a remote server is asked on the first call).
+    /// Every entry point of the client runs it, so [`Client::capabilities`] is accurate after
+    /// any of them.
+    pub async fn ready(&self) -> Result<Capabilities> {
+        self.backend.ready().await
+    }
+
     /// Create a sandbox.
     pub async fn create(&self, options: CreateOptions) -> Result<Sandbox> {
+        self.ready().await?;
         let info = self.backend.create(options).await?;
         Ok(Sandbox {
             backend: self.backend.clone(),
@@ -76,6 +108,7 @@ impl Client {
 
     /// A handle to an existing sandbox, checked to exist.
     pub async fn connect(&self, id: &str) -> Result<Sandbox> {
+        self.ready().await?;
         let info = self.backend.get(id).await?;
         Ok(Sandbox {
             backend: self.backend.clone(),
@@ -85,6 +118,7 @@ impl Client {
 
     /// Live sandboxes passing the filter.
     pub async fn list(&self, options: ListOptions) -> Result<Vec<SandboxInfo>> {
+        self.ready().await?;
         self.backend.list(options).await
     }
 }
@@ -397,7 +431,8 @@ mod tests {
         check::<Sandbox>();
         check::<crate::Error>();
         check::<crate::SandboxInfo>();
-        check::<LocalBackend>();
+        #[cfg(feature = "local")]
+        check::<crate::LocalBackend>();
         fn check_send<T: Send>() {}
         check_send::<ProcessHandle>();
     }

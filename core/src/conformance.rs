@@ -101,11 +101,7 @@ pub fn test_options(label: &str) -> CreateOptions {
 
 /// A random-enough token for labels and markers.
 pub fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}-{}-{}",
-        std::process::id(),
-        crate::backend::local::config::new_id()
-    )
+    format!("{prefix}-{}-{}", std::process::id(), crate::random_id(20))
 }
 
 async fn create(backend: &dyn Backend, label: &str) -> String {

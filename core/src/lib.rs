@@ -9,6 +9,10 @@
 //! | [`client`] | [`Client`] and the [`Sandbox`] handle: the ergonomic surface |
 //! | `server` (feature `server`) | `sandcove serve`: any backend over HTTP, for [`HttpBackend`] |
 //!
+//! Features (all on by default): `local` (the embedded engine), `http` (the client for a remote
+//! server), `server` (the server; implies `http`). A program that only talks to a remote server
+//! builds with `default-features = false, features = ["http"]` and compiles no engine.
+//!
 //! ```no_run
 //! # async fn demo() -> sandcove::Result<()> {
 //! use sandcove::{Client, Command, CreateOptions, ProcessSpec};
@@ -28,7 +32,9 @@ pub mod capability;
 pub mod client;
 pub mod error;
 pub mod types;
+pub mod validate;
 
+#[cfg(any(feature = "local", feature = "server"))]
 mod listen;
 
 #[cfg(feature = "conformance")]
@@ -37,10 +43,13 @@ pub mod conformance;
 #[cfg(feature = "server")]
 pub mod server;
 
+#[cfg(feature = "http")]
 pub use backend::http::{HttpBackend, HttpOptions};
+#[cfg(feature = "local")]
 pub use backend::local::LocalBackend;
 pub use backend::{Backend, ByteStream, ProcessStream, WatchStream};
 pub use capability::Capabilities;
 pub use client::{Client, ProcessHandle, Sandbox, MAX_READ_BYTES};
 pub use error::{Error, ErrorBody, ErrorCode, Result};
 pub use types::*;
+pub use validate::{MAX_PROCESS_TIMEOUT, MAX_SANDBOX_TIMEOUT};

@@ -28,6 +28,29 @@ pub fn now_millis() -> UnixMillis {
         .unwrap_or(0)
 }
 
+/// `len` random lowercase letters and digits from the kernel's random source (ids, tokens).
+///
+/// # Panics
+/// If the kernel's random source fails, which Linux does not do once booted: a guessable id or
+/// token would be worse than stopping.
+pub fn random_id(len: usize) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    // Rejection sampling keeps every character equally likely (256 is not a multiple of 36).
+    const LIMIT: u8 = (256 / ALPHABET.len() * ALPHABET.len()) as u8;
+    let mut out = String::with_capacity(len);
+    let mut buf = [0u8; 64];
+    while out.len() < len {
+        getrandom::fill(&mut buf).expect("the kernel's random source");
+        for b in buf.iter().filter(|b| **b < LIMIT) {
+            if out.len() == len {
+                break;
+            }
+            out.push(ALPHABET[usize::from(*b) % ALPHABET.len()] as char);
+        }
+    }
+    out
+}
+
 /// Options for creating a sandbox.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -945,6 +968,23 @@ pub(crate) mod opt_duration_secs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_ids_have_the_length_and_alphabet_asked_for_and_differ() {
+        let ids: Vec<String> = (0..50).map(|_| random_id(20)).collect();
+        for id in &ids {
+            assert_eq!(id.len(), 20);
+            assert!(id
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()));
+        }
+        let mut unique = ids.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), ids.len());
+        assert_eq!(random_id(0), "");
+        assert_eq!(random_id(200).len(), 200);
+    }
 
     #[test]
     fn shell_commands_render_their_argv() {

@@ -410,30 +410,62 @@ async fn connection_failures_are_retried_then_unavailable() {
     let err = backend.get("abc").await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
     let caps = backend.capabilities();
-    assert_eq!(caps.backend, "http+unreachable");
+    assert_eq!(caps.backend, "http+unknown");
     assert!(!caps.pause);
 }
 
-#[test]
-fn capabilities_are_fetched_lazily_outside_a_runtime() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let server = runtime.block_on(async {
-        let server = MockServer::start().await;
-        let local = sandcove::LocalBackend::new().unwrap().capabilities();
-        Mock::given(method("GET"))
-            .and(path("/v1/capabilities"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(local))
-            .expect(1)
-            .mount(&server)
-            .await;
-        server
-    });
+/// `capabilities()` never does I/O: before `ready` it reports nothing optional; `ready` asks
+/// the server once and later calls answer from the cache.
+#[tokio::test]
+async fn capabilities_are_fetched_once_by_ready_and_never_by_capabilities() {
+    let server = MockServer::start().await;
+    let local = sandcove::LocalBackend::new().unwrap().capabilities();
+    Mock::given(method("GET"))
+        .and(path("/v1/capabilities"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(local))
+        .expect(1)
+        .mount(&server)
+        .await;
     let backend = client(&server);
-    assert_eq!(backend.capabilities().backend, "http+local");
-    assert_eq!(
-        backend.capabilities().backend,
-        "http+local",
-        "cached after the first fetch"
-    );
-    runtime.block_on(server.verify());
+    let before = backend.capabilities();
+    assert_eq!(before.backend, "http+unknown");
+    assert!(!before.pause && !before.previews);
+    assert!(server.received_requests().await.unwrap().is_empty());
+    assert_eq!(backend.ready().await.unwrap().backend, "http+local");
+    assert_eq!(backend.ready().await.unwrap().backend, "http+local");
+    assert_eq!(backend.capabilities().backend, "http+local", "cached");
+    server.verify().await;
+}
+
+/// Bad input is refused by the client with the engine's error, before anything is sent.
+#[tokio::test]
+async fn bad_input_is_refused_before_anything_is_sent() {
+    let server = MockServer::start().await;
+    let backend = client(&server);
+    let mut bad_envs = CreateOptions::default();
+    bad_envs.envs.insert("A=B".into(), "x".into());
+    let bad_name = CreateOptions {
+        name: Some("../x".into()),
+        ..Default::default()
+    };
+    for options in [bad_envs, bad_name] {
+        let e = backend.create(options.clone()).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+        let e = backend.fork("sb", options).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    }
+    let e = backend
+        .spawn("sb", ProcessSpec::new(sandcove::Command::argv(["a\0b"])))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    let labels = BTreeMap::from([(String::new(), "v".to_string())]);
+    let e = backend.set_labels("sb", labels).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    let e = backend
+        .set_timeout("sb", sandcove::MAX_SANDBOX_TIMEOUT * 2)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    assert!(server.received_requests().await.unwrap().is_empty());
 }

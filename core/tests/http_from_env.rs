@@ -25,8 +25,13 @@ async fn the_environment_selects_the_runtime() {
     std::env::set_var(URL_ENV, server.uri());
     std::env::set_var(API_KEY_ENV, "env-key");
     let client = Client::from_env().expect("an HTTP client");
-    assert_eq!(client.capabilities().backend, "http+local");
+    assert_eq!(client.capabilities().backend, "http+unknown", "no I/O yet");
     assert!(client.connect("abc").await.unwrap_err().is_not_found());
+    assert_eq!(
+        client.capabilities().backend,
+        "http+local",
+        "learned by connect"
+    );
 
     std::env::remove_var(API_KEY_ENV);
     let err = Client::from_env().unwrap_err();

@@ -38,6 +38,9 @@ impl Backend for Refuser {
     fn capabilities(&self) -> Capabilities {
         LocalBackend::new().unwrap().capabilities()
     }
+    async fn ready(&self) -> Result<Capabilities> {
+        Ok(self.capabilities())
+    }
     async fn create(&self, _: CreateOptions) -> Result<SandboxInfo> {
         self.no("create")
     }

@@ -36,6 +36,9 @@ impl Backend for SlowCleanup {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+    async fn ready(&self) -> Result<Capabilities> {
+        self.inner.ready().await
+    }
     async fn write_file(
         &self,
         id: &str,

@@ -48,7 +48,7 @@ pub fn start_loopback_server() -> (Runtime, ServerGuard) {
 pub fn start_loopback_server_in(state_dir: Option<&Path>) -> (Runtime, ServerGuard) {
     use sandcove::server::{serve, ServerConfig};
     let state_dir = state_dir.map(Path::to_path_buf);
-    let api_key = format!("test-{}", sandcove::backend::local::config::new_id());
+    let api_key = format!("test-{}", sandcove::random_id(20));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (ready, bound) = std::sync::mpsc::channel::<Result<std::net::SocketAddr, String>>();
     let key = api_key.clone();
@@ -216,7 +216,7 @@ pub struct PrivateState {
 impl PrivateState {
     /// A new, empty state directory.
     pub fn new() -> PrivateState {
-        let id = sandcove::backend::local::config::new_id();
+        let id = sandcove::random_id(20);
         let dir = std::env::temp_dir().join(format!("sc-fx-{}", &id[..10]));
         std::fs::create_dir_all(&dir).expect("fixture state directory");
         PrivateState { dir }

@@ -29,10 +29,9 @@ pub async fn sandbox(prefix: &str) -> SandboxInstance {
 }
 
 /// Whether the runtime has a capability.
-pub fn capabilities() -> sandcove::Capabilities {
-    sandcove::Client::from_env()
-        .expect("runtime")
-        .capabilities()
+pub async fn capabilities() -> sandcove::Capabilities {
+    let client = sandcove::Client::from_env().expect("runtime");
+    client.ready().await.expect("capabilities")
 }
 
 /// Send a plain HTTP/1.0 GET to `url` (http://host:port/path?query) with optional headers;

@@ -28,8 +28,8 @@ pub async fn sandbox(test: &str) -> Sandbox {
 }
 
 /// What the runtime can do.
-pub fn caps() -> sandcove::Capabilities {
-    e2b::runtime_capabilities().expect("runtime")
+pub async fn caps() -> sandcove::Capabilities {
+    e2b::runtime_capabilities().await.expect("runtime")
 }
 
 /// Assert that `result` is the facade's NotSupported error.

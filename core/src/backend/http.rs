@@ -276,8 +276,6 @@ pub struct HttpBackend {
     api_key: Arc<str>,
     http: reqwest::Client,
     options: HttpOptions,
-    /// The only trusted roots, when [`CA_FILE_ENV`] named them.
-    roots: Option<Arc<Vec<reqwest::Certificate>>>,
     caps: Arc<OnceLock<Capabilities>>,
 }
 
@@ -419,16 +417,15 @@ impl HttpBackend {
             }
         }
         let roots = match std::env::var_os(CA_FILE_ENV) {
-            Some(path) => Some(Arc::new(load_ca_file(std::path::Path::new(&path))?)),
+            Some(path) => Some(load_ca_file(std::path::Path::new(&path))?),
             None => None,
         };
-        let http = client(&options, roots.as_deref())?;
+        let http = client(&options, roots.as_ref())?;
         Ok(HttpBackend {
             base,
             api_key: api_key.into(),
             http,
             options,
-            roots,
             caps: Arc::new(OnceLock::new()),
         })
     }
@@ -727,7 +724,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 fn idempotency_key() -> String {
-    format!("sc-{}", crate::backend::local::config::new_id())
+    format!("sc-{}", crate::random_id(20))
 }
 
 async fn fetch_capabilities(backend: &HttpBackend, http: &reqwest::Client) -> Result<Capabilities> {
@@ -747,10 +744,10 @@ async fn fetch_capabilities(backend: &HttpBackend, http: &reqwest::Client) -> Re
     Ok(caps)
 }
 
-/// The capabilities reported while the server cannot be asked: nothing optional.
+/// The capabilities reported before the server was asked: nothing optional.
 fn unknown_capabilities() -> Capabilities {
     Capabilities {
-        backend: "http+unreachable".into(),
+        backend: "http+unknown".into(),
         isolated: false,
         multiple_users: false,
         persistent_sandboxes: false,
@@ -1003,32 +1000,21 @@ impl Backend for HttpBackend {
     /// thread for one request. While the server cannot be reached, nothing optional is
     /// reported and the next call asks again.
     fn capabilities(&self) -> Capabilities {
-        if let Some(caps) = self.caps.get() {
-            return caps.clone();
-        }
-        // A fresh client and runtime on a separate thread: this works inside or outside an
-        // async runtime, and pooled connections never cross runtimes.
-        let fetched = std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    let runtime = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .ok()?;
-                    let http = client(&self.options, self.roots.as_deref()).ok()?;
-                    runtime.block_on(fetch_capabilities(self, &http)).ok()
-                })
-                .join()
-                .ok()
-                .flatten()
-        });
-        match fetched {
-            Some(caps) => self.caps.get_or_init(|| caps).clone(),
-            None => unknown_capabilities(),
+        self.caps
+            .get()
+            .cloned()
+            .unwrap_or_else(unknown_capabilities)
+    }
+
+    async fn ready(&self) -> Result<Capabilities> {
+        match self.caps.get() {
+            Some(caps) => Ok(caps.clone()),
+            None => self.refresh_capabilities().await,
         }
     }
 
     async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
+        options.validate()?;
         self.create_call(self.url_for(&["sandboxes"]), &options)
             .await
     }
@@ -1053,6 +1039,7 @@ impl Backend for HttpBackend {
     }
 
     async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo> {
+        crate::validate::validate_sandbox_timeout(timeout)?;
         let url = self.sandbox_url(id, &["timeout"]);
         let body = body::SetTimeout {
             timeout: timeout.as_secs_f64(),
@@ -1066,6 +1053,7 @@ impl Backend for HttpBackend {
         id: &str,
         labels: std::collections::BTreeMap<String, String>,
     ) -> Result<SandboxInfo> {
+        crate::validate::validate_labels(&labels)?;
         let url = self.sandbox_url(id, &["labels"]);
         let body = body::SetLabels { labels };
         self.call(Method::PUT, url, &[], Some(&body), Retry::Idempotent)
@@ -1079,6 +1067,7 @@ impl Backend for HttpBackend {
     }
 
     async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
+        spec.validate()?;
         let url = self.sandbox_url(id, &["processes"]);
         let response = self
             .send(Req {
@@ -1377,6 +1366,7 @@ impl Backend for HttpBackend {
     }
 
     async fn fork(&self, id: &str, options: CreateOptions) -> Result<SandboxInfo> {
+        options.validate()?;
         let url = self.sandbox_url(id, &["fork"]);
         self.create_call(url, &options).await
     }

@@ -19,7 +19,9 @@ use crate::{
     SnapshotInfo, StatOptions, VolumeInfo, WatchOptions, WriteOptions,
 };
 
+#[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "local")]
 pub mod local;
 
 /// A stream of byte chunks (file contents). Errors end the stream; a stream that ends without
@@ -49,8 +51,14 @@ pub type WatchStream = Pin<Box<dyn Stream<Item = Result<FsEvent>> + Send>>;
 /// A sandbox runtime: the embedded local engine, or a remote server over HTTP.
 #[async_trait]
 pub trait Backend: Send + Sync + fmt::Debug {
-    /// What this backend can do.
+    /// What this backend can do, as last learned: never does I/O. An HTTP backend knows its
+    /// server's capabilities after [`ready`](Backend::ready) (which its `connect` and every
+    /// [`Client`](crate::Client) entry point run); before that it reports nothing optional.
     fn capabilities(&self) -> Capabilities;
+
+    /// Learn what this backend can do, once (an HTTP backend asks its server on the first
+    /// call and keeps the answer), and return it.
+    async fn ready(&self) -> Result<Capabilities>;
 
     /// Create a sandbox and wait until it accepts commands.
     async fn create(&self, options: CreateOptions) -> Result<SandboxInfo>;

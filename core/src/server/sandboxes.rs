@@ -111,10 +111,9 @@ pub(super) fn routes() -> Vec<Route> {
 }
 
 async fn capabilities(State(state): State<AppState>) -> Response {
-    let backend = state.backend.clone();
-    match tokio::task::spawn_blocking(move || backend.capabilities()).await {
+    match state.backend.ready().await {
         Ok(caps) => json(&caps),
-        Err(e) => ApiError::from(Error::backend(format!("capabilities: {e}"))).into_response(),
+        Err(e) => ApiError::from(e).into_response(),
     }
 }
 

@@ -36,7 +36,6 @@ const FINISHED_KEPT: usize = 256;
 /// still holds them open.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
 /// Longest process timeout accepted (a year); longer is a unit mistake, and "none" is `None`.
-pub const MAX_PROCESS_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The search path every sandbox process starts with.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -536,6 +535,7 @@ fn describe(sel: &ProcessSelector) -> String {
 
 async fn serve(agent: Arc<Agent>, ctrl: OwnedFd) {
     if let Err(e) = sys::set_nonblocking(ctrl.as_raw_fd(), true) {
+        // The agent has no log subscriber: its stderr is the monitor's log file.
         eprintln!("agent: {e}");
         return;
     }
@@ -1036,69 +1036,11 @@ async fn forward_events(stream: &mut UnixStream, mut rx: mpsc::Receiver<Event>) 
 // Processes
 // ---------------------------------------------------------------------------------------------
 
-/// Check a process spec at the boundary: nothing with a NUL byte or a malformed env name
-/// reaches `exec`.
-pub fn validate_spec(spec: &ProcessSpec) -> Result<()> {
-    let argv = spec.command.to_argv();
-    if argv.is_empty() || argv[0].is_empty() {
-        return Err(Error::invalid(
-            "empty command: argv needs at least a program",
-        ));
-    }
-    for (i, arg) in argv.iter().enumerate() {
-        if arg.contains('\0') {
-            return Err(Error::invalid(format!("argument {i} contains a NUL byte")));
-        }
-    }
-    validate_envs(&spec.envs)?;
-    for (what, value) in [("cwd", &spec.cwd), ("user", &spec.user), ("tag", &spec.tag)] {
-        if value.as_deref().is_some_and(|v| v.contains('\0')) {
-            return Err(Error::invalid(format!("{what} contains a NUL byte")));
-        }
-    }
-    if spec.cwd.as_deref() == Some("") {
-        return Err(Error::invalid("cwd is empty"));
-    }
-    if let Some(t) = spec.timeout {
-        if t > MAX_PROCESS_TIMEOUT {
-            return Err(Error::invalid(format!(
-                "process timeout of {}s exceeds the maximum of {}s (omit it for no timeout)",
-                t.as_secs(),
-                MAX_PROCESS_TIMEOUT.as_secs()
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Env names must be non-empty, without `=` or NUL; values without NUL.
-pub fn validate_envs(envs: &BTreeMap<String, String>) -> Result<()> {
-    for (k, v) in envs {
-        if k.is_empty() || k.contains('=') || k.contains('\0') {
-            return Err(Error::invalid(format!(
-                "invalid environment variable name {k:?}: names must be non-empty, without '=' or NUL"
-            )));
-        }
-        if v.contains('\0') {
-            return Err(Error::invalid(format!(
-                "environment variable {k} has a NUL byte in its value"
-            )));
-        }
-    }
-    Ok(())
-}
-
 fn spawn_process(
     agent: &Arc<Agent>,
     spec: ProcessSpec,
 ) -> Result<(Arc<Proc>, mpsc::Receiver<Event>)> {
-    validate_spec(&spec)?;
-    if spec.restart.is_some() && spec.pty.is_some() {
-        return Err(Error::invalid(
-            "a restart policy cannot be combined with a pty (a terminal belongs to one \
-             incarnation)",
-        ));
-    }
+    spec.validate()?;
     let record = &agent.record;
     record.user(spec.user.as_deref())?;
     if let Some(tag) = &spec.tag {

@@ -287,24 +287,7 @@ pub fn valid_id(id: &str) -> bool {
 
 /// A fresh random sandbox id: 20 lowercase letters and digits.
 pub fn new_id() -> String {
-    use std::io::Read;
-    let mut bytes = [0u8; 20];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .is_err()
-    {
-        // No /dev/urandom: time and pid still make collisions practically impossible here,
-        // and create refuses an existing directory anyway.
-        let seed = crate::now_millis() as u128 * 1_000_003 + std::process::id() as u128;
-        for (i, b) in bytes.iter_mut().enumerate() {
-            *b = (seed >> (i % 16 * 8)) as u8 ^ (i as u8).wrapping_mul(31);
-        }
-    }
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    bytes
-        .iter()
-        .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
-        .collect()
+    crate::random_id(20)
 }
 
 #[cfg(test)]

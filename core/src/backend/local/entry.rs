@@ -29,6 +29,7 @@ extern "C" fn entry(
     if role == ROLE_MONITOR {
         monitor::main();
     }
+    // Before main, in a helper process with no log subscriber: stderr is all there is.
     eprintln!("sandcove: unknown role {role:?}");
     sys::exit_now(2);
 }

@@ -16,7 +16,7 @@
 
 mod agent;
 mod cgroup;
-pub mod config;
+pub(crate) mod config;
 mod entry;
 mod files;
 mod landlock;
@@ -52,14 +52,11 @@ use crate::{
 };
 use crate::{ReadOptions, StatOptions};
 
-pub use self::agent::{validate_envs, validate_spec};
+pub use self::config::default_state_dir;
 pub use self::preview::PreviewLimits;
 
 /// Env var that opts in to running sandboxes without isolation where namespaces are missing.
 pub const ALLOW_UNISOLATED_ENV: &str = "SANDCOVE_ALLOW_UNISOLATED";
-
-/// Longest lease accepted (a year); longer values are almost certainly unit mistakes.
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The embedded engine. Cheap to clone; all state lives in the state directory and in each
 /// sandbox's monitor, so any number of programs share sandboxes.
@@ -76,8 +73,7 @@ pub struct LocalBackend {
 }
 
 impl LocalBackend {
-    /// An engine keeping state in the default directory (see
-    /// [`config::default_state_dir`]).
+    /// An engine keeping state in the default directory (see [`default_state_dir`]).
     pub fn new() -> Result<Self> {
         Self::with_state_dir(config::default_state_dir())
     }
@@ -88,7 +84,7 @@ impl LocalBackend {
     pub fn unisolated(dir: impl Into<PathBuf>) -> Result<Self> {
         let mut backend = Self::with_state_dir(dir)?;
         if !backend.unisolated {
-            eprintln!("sandcove: WARNING: sandboxes run WITHOUT isolation from this host");
+            tracing::warn!("sandboxes run WITHOUT isolation from this host");
         }
         backend.unisolated = true;
         Ok(backend)
@@ -107,9 +103,9 @@ impl LocalBackend {
         let unisolated =
             std::env::var(ALLOW_UNISOLATED_ENV).is_ok_and(|v| v == "1") && !namespaces_available();
         if unisolated {
-            eprintln!(
-                "sandcove: WARNING: user namespaces are unavailable and {ALLOW_UNISOLATED_ENV}=1: \
-                 sandboxes run WITHOUT isolation from this host"
+            tracing::warn!(
+                "user namespaces are unavailable and {ALLOW_UNISOLATED_ENV}=1: sandboxes run \
+                 WITHOUT isolation from this host"
             );
         }
         let backend = LocalBackend {
@@ -588,22 +584,10 @@ fn namespaces_available() -> bool {
         .unwrap_or(false)
 }
 
+/// The engine's own checks after the shared ones ([`CreateOptions::validate`]): its one
+/// template and the resources its cgroups can enforce.
 fn check_create(options: &CreateOptions, cgroups: bool) -> Result<()> {
-    validate_envs(&options.envs)?;
-    if let Some(name) = &options.name {
-        if !crate::valid_sandbox_name(name) {
-            return Err(names::invalid_name(name));
-        }
-    }
-    if let Some(t) = options.timeout {
-        if t > MAX_TIMEOUT {
-            return Err(Error::invalid(format!(
-                "timeout of {}s exceeds the maximum of {}s",
-                t.as_secs(),
-                MAX_TIMEOUT.as_secs()
-            )));
-        }
-    }
+    options.validate()?;
     if let Some(template) = &options.template {
         if !template.is_empty() && template != "base" {
             return Err(Error::not_supported(
@@ -613,56 +597,7 @@ fn check_create(options: &CreateOptions, cgroups: bool) -> Result<()> {
             ));
         }
     }
-    let r = &options.resources;
-    cgroup::check(r, cgroups)?;
-    if r.disk_mib == Some(0) || r.max_processes == Some(0) || r.max_open_files == Some(0) {
-        return Err(Error::invalid("resource limits must be positive"));
-    }
-    for (what, value) in [("hostname", &options.hostname), ("user", &options.user)] {
-        if let Some(v) = value {
-            let ok = !v.is_empty()
-                && v.len() <= 32
-                && v.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
-            if !ok {
-                return Err(Error::invalid(format!(
-                    "{what} {v:?} must be 1-32 letters, digits, '-', '_' or '.'"
-                )));
-            }
-        }
-    }
-    if let Some(home) = &options.home {
-        let p = Path::new(home);
-        let reserved = [
-            "/", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt",
-            "/proc", "/dev", "/tmp",
-        ];
-        let under_reserved = reserved[1..].iter().any(|r| p.starts_with(r));
-        if !p.is_absolute()
-            || home.contains('\0')
-            || home.split('/').any(|c| c == "..")
-            || reserved.contains(&home.trim_end_matches('/'))
-            || home == "/"
-            || under_reserved
-        {
-            return Err(Error::invalid(format!(
-                "home {home:?} must be an absolute path outside the system directories"
-            )));
-        }
-    }
-    check_labels(&options.labels)
-}
-
-/// Labels: non-empty keys; no NUL bytes anywhere.
-pub(crate) fn check_labels(labels: &std::collections::BTreeMap<String, String>) -> Result<()> {
-    for (k, v) in labels {
-        if k.is_empty() || k.contains('\0') || v.contains('\0') {
-            return Err(Error::invalid(
-                "label keys must be non-empty, and labels must not contain NUL bytes",
-            ));
-        }
-    }
-    Ok(())
+    cgroup::check(&options.resources, cgroups)
 }
 
 #[async_trait]
@@ -688,6 +623,10 @@ impl Backend for LocalBackend {
             memory_limit: self.cgroups.is_some(),
             cpu_limit: self.cgroups.is_some(),
         }
+    }
+
+    async fn ready(&self) -> Result<Capabilities> {
+        Ok(self.capabilities())
     }
 
     async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
@@ -831,13 +770,7 @@ impl Backend for LocalBackend {
     }
 
     async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo> {
-        if timeout > MAX_TIMEOUT {
-            return Err(Error::invalid(format!(
-                "timeout of {}s exceeds the maximum of {}s",
-                timeout.as_secs(),
-                MAX_TIMEOUT.as_secs()
-            )));
-        }
+        crate::validate::validate_sandbox_timeout(timeout)?;
         self.monitor_info(
             id,
             Request::SetTimeout {
@@ -852,7 +785,7 @@ impl Backend for LocalBackend {
         id: &str,
         labels: std::collections::BTreeMap<String, String>,
     ) -> Result<SandboxInfo> {
-        check_labels(&labels)?;
+        crate::validate::validate_labels(&labels)?;
         self.monitor_info(id, Request::SetLabels { labels }).await
     }
 
@@ -865,7 +798,7 @@ impl Backend for LocalBackend {
     }
 
     async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
-        validate_spec(&spec)?;
+        spec.validate()?;
         self.process_stream(id, Request::Spawn { spec }).await
     }
 

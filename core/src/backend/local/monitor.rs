@@ -1043,7 +1043,7 @@ async fn serve_client(
             let _ = stop.send(()).await;
             return;
         }
-        Some(Request::SetLabels { labels }) => match super::check_labels(&labels) {
+        Some(Request::SetLabels { labels }) => match crate::validate::validate_labels(&labels) {
             Ok(()) => {
                 monitor
                     .record

@@ -70,7 +70,7 @@ fn holder_of(link: &Path) -> Result<Option<String>> {
 /// sandbox is [`Error::AlreadyExists`]; a stale entry is replaced.
 pub(super) fn claim(state_dir: &Path, name: &str, id: &str) -> Result<()> {
     if !crate::valid_sandbox_name(name) {
-        return Err(invalid_name(name));
+        return Err(crate::validate::invalid_sandbox_name(name));
     }
     let _guard = guard(state_dir)?;
     let link = names_dir(state_dir).join(name);
@@ -143,13 +143,4 @@ fn taken(name: &str) -> Error {
     Error::AlreadyExists {
         what: format!("a live sandbox named {name:?}"),
     }
-}
-
-/// The error for a name outside the accepted form.
-pub(super) fn invalid_name(name: &str) -> Error {
-    Error::invalid(format!(
-        "sandbox name {name:?} must be 1-{} ASCII letters, digits, '-', '_' or '.', \
-         starting with a letter or digit",
-        crate::MAX_SANDBOX_NAME
-    ))
 }

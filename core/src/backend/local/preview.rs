@@ -287,31 +287,16 @@ fn trim(v: &[u8]) -> &[u8] {
     &v[start..end]
 }
 
-/// Decode `%XX` escapes and `+`; `None` for a `%` not followed by two hex digits.
+/// Decode `%XX` escapes and `+`; `None` for a `%` not followed by two hex digits (the
+/// decoder alone would pass such a `%` through, and a token must match exactly as sent).
 fn percent_decode(s: &str) -> Option<Vec<u8>> {
     let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = |b: u8| (b as char).to_digit(16);
-                let hi = hex(*bytes.get(i + 1)?)?;
-                let lo = hex(*bytes.get(i + 2)?)?;
-                out.push((hi * 16 + lo) as u8);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    Some(out)
+    let well_formed = bytes.iter().enumerate().all(|(i, b)| {
+        *b != b'%'
+            || (bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+    });
+    well_formed.then(|| percent_encoding::percent_decode_str(&s.replace('+', " ")).collect())
 }
 
 /// Compare secrets without an early exit on the first differing byte.
@@ -475,6 +460,15 @@ pub async fn refuse(stream: &mut TcpStream, status: &str, message: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percent_decoding_is_strict() {
+        assert_eq!(percent_decode("a%2Bb+c").unwrap(), b"a+b c");
+        assert_eq!(percent_decode("%C3%BC").unwrap(), "ü".as_bytes());
+        for bad in ["%", "%4", "%zz", "a%g1"] {
+            assert_eq!(percent_decode(bad), None, "{bad:?}");
+        }
+    }
 
     fn preview() -> (Preview, Vec<PreviewToken>) {
         let options = PreviewOptions {

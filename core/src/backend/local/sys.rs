@@ -915,11 +915,7 @@ pub fn fs_type(fd: RawFd) -> io::Result<i64> {
 /// Eight random bytes from the kernel.
 pub fn random_u64() -> io::Result<u64> {
     let mut buf = [0u8; 8];
-    // SAFETY: buf is valid for writes of 8 bytes.
-    let n = unsafe { libc::getrandom(buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
-    if n != buf.len() as isize {
-        return Err(io::Error::last_os_error());
-    }
+    getrandom::fill(&mut buf).map_err(|e| io::Error::other(e.to_string()))?;
     Ok(u64::from_ne_bytes(buf))
 }
 

@@ -1,0 +1,217 @@
+//! Checks every backend makes the same way, on the types themselves: the embedded engine runs
+//! them before any effect, and the HTTP backend before sending anything, so bad input gets the
+//! same [`Error::InvalidArgument`](crate::Error) wherever it is refused.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::{CreateOptions, Error, ProcessSpec, Result};
+
+/// The longest lease a sandbox can have (`CreateOptions::timeout`, `set_timeout`).
+pub const MAX_SANDBOX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The longest timeout a process can have (`ProcessSpec::timeout`).
+pub const MAX_PROCESS_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// System directories a sandbox's home may not be, or be under.
+const RESERVED_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/proc",
+    "/dev", "/tmp",
+];
+
+impl CreateOptions {
+    /// Refuse options no backend can honour: bad envs or labels, a malformed name, hostname,
+    /// user or home, a lease over [`MAX_SANDBOX_TIMEOUT`], a zero resource limit.
+    /// (Whether a backend supports a template or a resource is its own check.)
+    pub fn validate(&self) -> Result<()> {
+        validate_envs(&self.envs)?;
+        validate_labels(&self.labels)?;
+        if let Some(name) = &self.name {
+            if !crate::valid_sandbox_name(name) {
+                return Err(invalid_sandbox_name(name));
+            }
+        }
+        if let Some(t) = self.timeout {
+            validate_sandbox_timeout(t)?;
+        }
+        let r = &self.resources;
+        if r.disk_mib == Some(0) || r.max_processes == Some(0) || r.max_open_files == Some(0) {
+            return Err(Error::invalid("resource limits must be positive"));
+        }
+        for (what, value) in [("hostname", &self.hostname), ("user", &self.user)] {
+            if let Some(v) = value {
+                let ok = !v.is_empty()
+                    && v.len() <= 32
+                    && v.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+                if !ok {
+                    return Err(Error::invalid(format!(
+                        "{what} {v:?} must be 1-32 letters, digits, '-', '_' or '.'"
+                    )));
+                }
+            }
+        }
+        if let Some(home) = &self.home {
+            let p = Path::new(home);
+            let trimmed = home.trim_end_matches('/');
+            if !p.is_absolute()
+                || home.contains('\0')
+                || home.split('/').any(|c| c == "..")
+                || trimmed.is_empty()
+                || RESERVED_DIRS.iter().any(|r| p.starts_with(r))
+            {
+                return Err(Error::invalid(format!(
+                    "home {home:?} must be an absolute path outside the system directories"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ProcessSpec {
+    /// Refuse a process no backend can start: an empty program, NUL bytes in argv, envs, cwd,
+    /// user or tag, an empty cwd, a timeout over [`MAX_PROCESS_TIMEOUT`], a restart policy
+    /// with a pty.
+    pub fn validate(&self) -> Result<()> {
+        if self.restart.is_some() && self.pty.is_some() {
+            return Err(Error::invalid(
+                "a restart policy cannot be combined with a pty (a terminal belongs to one \
+                 incarnation)",
+            ));
+        }
+        let argv = self.command.to_argv();
+        if argv.is_empty() || argv[0].is_empty() {
+            return Err(Error::invalid(
+                "empty command: argv needs at least a program",
+            ));
+        }
+        if let Some(i) = argv.iter().position(|a| a.contains('\0')) {
+            return Err(Error::invalid(format!("argument {i} contains a NUL byte")));
+        }
+        validate_envs(&self.envs)?;
+        for (what, value) in [("cwd", &self.cwd), ("user", &self.user), ("tag", &self.tag)] {
+            if value.as_deref().is_some_and(|v| v.contains('\0')) {
+                return Err(Error::invalid(format!("{what} contains a NUL byte")));
+            }
+        }
+        if self.cwd.as_deref() == Some("") {
+            return Err(Error::invalid("cwd is empty"));
+        }
+        if let Some(t) = self.timeout {
+            if t > MAX_PROCESS_TIMEOUT {
+                return Err(Error::invalid(format!(
+                    "process timeout of {}s exceeds the maximum of {}s (omit it for no timeout)",
+                    t.as_secs(),
+                    MAX_PROCESS_TIMEOUT.as_secs()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Env names must be non-empty, without `=` or NUL; values without NUL.
+pub fn validate_envs(envs: &BTreeMap<String, String>) -> Result<()> {
+    for (k, v) in envs {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(Error::invalid(format!(
+                "invalid environment variable name {k:?}: names must be non-empty, without '=' or NUL"
+            )));
+        }
+        if v.contains('\0') {
+            return Err(Error::invalid(format!(
+                "environment variable {k} has a NUL byte in its value"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Label keys must be non-empty; keys and values without NUL.
+pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<()> {
+    if labels
+        .iter()
+        .any(|(k, v)| k.is_empty() || k.contains('\0') || v.contains('\0'))
+    {
+        return Err(Error::invalid(
+            "label keys must be non-empty, and labels must not contain NUL bytes",
+        ));
+    }
+    Ok(())
+}
+
+/// A lease may not exceed [`MAX_SANDBOX_TIMEOUT`].
+pub fn validate_sandbox_timeout(timeout: Duration) -> Result<()> {
+    if timeout > MAX_SANDBOX_TIMEOUT {
+        return Err(Error::invalid(format!(
+            "timeout of {}s exceeds the maximum of {}s",
+            timeout.as_secs(),
+            MAX_SANDBOX_TIMEOUT.as_secs()
+        )));
+    }
+    Ok(())
+}
+
+/// The error for a sandbox name outside the accepted form.
+pub fn invalid_sandbox_name(name: &str) -> Error {
+    Error::invalid(format!(
+        "sandbox name {name:?} must be 1-{} ASCII letters, digits, '-', '_' or '.', \
+         starting with a letter or digit",
+        crate::MAX_SANDBOX_NAME
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Command, ErrorCode};
+
+    fn refused(r: Result<()>) -> bool {
+        matches!(r, Err(e) if e.code() == ErrorCode::InvalidArgument)
+    }
+
+    #[test]
+    fn bad_create_options_are_refused_and_good_ones_pass() {
+        assert!(CreateOptions::default().validate().is_ok());
+        let with = |f: fn(&mut CreateOptions)| {
+            let mut o = CreateOptions::default();
+            f(&mut o);
+            o.validate()
+        };
+        assert!(refused(with(|o| {
+            o.envs.insert("A=B".into(), "x".into());
+        })));
+        assert!(refused(with(|o| {
+            o.labels.insert(String::new(), "x".into());
+        })));
+        assert!(refused(with(|o| o.name = Some("-x".into()))));
+        assert!(refused(with(|o| o.timeout = Some(MAX_SANDBOX_TIMEOUT * 2))));
+        assert!(refused(with(|o| o.resources.max_processes = Some(0))));
+        assert!(refused(with(|o| o.hostname = Some("a b".into()))));
+        for home in ["rel", "/", "/usr/x", "/tmp", "/a/../etc", "//"] {
+            let o = CreateOptions {
+                home: Some(home.into()),
+                ..Default::default()
+            };
+            assert!(refused(o.validate()), "{home:?}");
+        }
+        assert!(with(|o| o.home = Some("/srv/me".into())).is_ok());
+    }
+
+    #[test]
+    fn bad_process_specs_are_refused_and_good_ones_pass() {
+        assert!(ProcessSpec::new(Command::sh("true")).validate().is_ok());
+        assert!(refused(ProcessSpec::new(Command::argv([""])).validate()));
+        assert!(refused(
+            ProcessSpec::new(Command::argv(["a", "b\0"])).validate()
+        ));
+        let mut s = ProcessSpec::new(Command::sh("true"));
+        s.cwd = Some(String::new());
+        assert!(refused(s.validate()));
+        let mut s = ProcessSpec::new(Command::sh("true"));
+        s.timeout = Some(MAX_PROCESS_TIMEOUT * 2);
+        assert!(refused(s.validate()));
+    }
+}
