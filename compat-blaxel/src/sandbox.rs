@@ -390,7 +390,7 @@ impl ForkBuilder {
         })?;
         let core = client.connect(&info.id).await.map_err(cp)?;
         // The copied facade state belongs to the source's processes.
-        let _ = core.remove(PROC_DIR).await;
+        let _ = core.remove_all(PROC_DIR).await;
         core.mkdir(PROC_DIR).await.map_err(cp)?;
         sandbox.metadata.created_at = Some(translate::format_rfc3339(info.created_at));
         sandbox.metadata.updated_at = sandbox.metadata.created_at.clone();

@@ -163,6 +163,31 @@ impl Commands {
     }
 }
 
+/// The core spec of a process started the E2B way: cwd translated onto the sandbox's home,
+/// E2B's per-process envs, the E2B user mapped onto the sandbox's default user. Shared by
+/// `commands.run` and the wire protocol's `Process/Start`.
+pub(crate) fn process_spec(
+    ctx: &crate::sandbox::Inner,
+    command: Command,
+    envs: &BTreeMap<String, String>,
+    user: Option<&str>,
+    cwd: Option<&str>,
+    stdin: bool,
+    timeout: Option<std::time::Duration>,
+) -> ProcessSpec {
+    ProcessSpec {
+        command,
+        cwd: cwd.filter(|c| !c.is_empty()).map(|c| ctx.path(c)),
+        envs: translate::process_envs(&ctx.envs, &ctx.id, envs),
+        user: ctx.runtime_user(user),
+        tag: None,
+        stdin,
+        timeout,
+        pty: None,
+        restart: None,
+    }
+}
+
 pub(crate) fn kill_pid(ctx: Ctx, pid: i64) -> Call<bool> {
     Call::new(async move {
         let pid = pid_u32(pid)?;
@@ -282,22 +307,15 @@ impl RunBuilder {
     }
 
     fn spec(&self) -> ProcessSpec {
-        let ctx = &self.ctx;
-        ProcessSpec {
-            command: Command::bash_login(self.cmd.clone()),
-            cwd: self
-                .cwd
-                .as_deref()
-                .filter(|c| !c.is_empty())
-                .map(|c| ctx.path(c)),
-            envs: translate::process_envs(&ctx.envs, &ctx.id, &self.envs),
-            user: ctx.runtime_user(self.user.as_deref()),
-            tag: None,
-            stdin: self.stdin,
-            timeout: translate::timeout_secs(self.timeout),
-            pty: None,
-            restart: None,
-        }
+        process_spec(
+            &self.ctx,
+            Command::bash_login(self.cmd.clone()),
+            &self.envs,
+            self.user.as_deref(),
+            self.cwd.as_deref(),
+            self.stdin,
+            translate::timeout_secs(self.timeout),
+        )
     }
 
     async fn start(mut self) -> Result<CommandHandle> {

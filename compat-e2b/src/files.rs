@@ -273,6 +273,101 @@ pub mod read_format {
     pub struct Stream;
 }
 
+/// Start watching `path` as E2B's `user` (shared by `files.watch_dir` and the wire's watch
+/// calls).
+pub(crate) async fn open_watch(
+    ctx: &Ctx,
+    path: &str,
+    recursive: bool,
+    user: Option<&str>,
+) -> Result<sandcove::WatchStream> {
+    let common = Common {
+        user: user.map(str::to_string),
+        request_timeout: None,
+    };
+    common.same_user_only(ctx)?;
+    Ok(ctx
+        .backend
+        .watch(
+            &ctx.id,
+            &ctx.path(path),
+            sandcove::WatchOptions { recursive },
+        )
+        .await?)
+}
+
+/// A runtime watch event as E2B's, with the entry's info when asked for.
+pub(crate) async fn watch_event(
+    ctx: &Ctx,
+    event: sandcove::FsEvent,
+    include_entry: bool,
+) -> FilesystemEvent {
+    // The runtime already reports API writes as E2B does (create, then write) and never
+    // shows its temporary files: events map one to one.
+    let entry = if include_entry {
+        match ctx
+            .backend
+            .stat(&ctx.id, &event.path, Default::default())
+            .await
+        {
+            Ok(st) => Some(EntryInfo::from_stat(ctx, &st)),
+            Err(_) => None,
+        }
+    } else {
+        None
+    };
+    FilesystemEvent {
+        name: event.name,
+        r#type: FilesystemEventType::from_kind(event.kind),
+        entry,
+    }
+}
+
+/// Open `path` for reading as E2B's `user` (shared by `files.read` and the wire's
+/// `GET /files`).
+pub(crate) async fn open_read(ctx: &Ctx, path: &str, user: Option<&str>) -> Result<ByteStream> {
+    let common = Common {
+        user: user.map(str::to_string),
+        request_timeout: None,
+    };
+    let options = sandcove::ReadOptions {
+        user: common.file_user(ctx),
+    };
+    Ok(ctx
+        .backend
+        .read_file(&ctx.id, &ctx.path(path), options)
+        .await?)
+}
+
+/// Write `data` to `path` as E2B's `user`, creating parent directories (shared by
+/// `files.write` and the wire's `POST /files`).
+pub(crate) async fn write_stream(
+    ctx: &Ctx,
+    path: &str,
+    data: ByteStream,
+    user: Option<&str>,
+) -> Result<WriteInfo> {
+    let common = Common {
+        user: user.map(str::to_string),
+        request_timeout: None,
+    };
+    let options = sandcove::WriteOptions {
+        create_parents: true,
+        user: common.file_user(ctx),
+        ..Default::default()
+    };
+    let s = ctx
+        .backend
+        .write_file(&ctx.id, &ctx.path(path), data, options)
+        .await?;
+    Ok(WriteInfo {
+        name: s.name.clone(),
+        r#type: FileType::from_kind(s.kind),
+        path: ctx.e2b_path(&s.path),
+        metadata: None,
+    })
+}
+
 /// `FileStreamReader`: the chunks of a file read with `format="stream"`.
 pub struct FileStreamReader {
     inner: Option<ByteStream>,
@@ -604,13 +699,7 @@ impl<F> ReadBuilder<F> {
     common_setters!();
 
     async fn open(ctx: Ctx, path: String, common: Common) -> Result<ByteStream> {
-        let options = sandcove::ReadOptions {
-            user: common.file_user(&ctx),
-        };
-        Ok(ctx
-            .backend
-            .read_file(&ctx.id, &ctx.path(&path), options)
-            .await?)
+        open_read(&ctx, &path, common.user.as_deref()).await
     }
 
     async fn bytes(ctx: Ctx, path: String, common: Common) -> Result<Vec<u8>> {
@@ -698,25 +787,17 @@ impl WriteBuilder {
             return Err(refuse("file_metadata"));
         }
         let ctx = self.ctx;
-        let user = self.common.file_user(&ctx);
         let mut out = Vec::with_capacity(self.entries.len());
         for entry in self.entries {
-            let path = ctx.path(&entry.path);
-            let options = sandcove::WriteOptions {
-                create_parents: true,
-                user: user.clone(),
-                ..Default::default()
-            };
-            let s = ctx
-                .backend
-                .write_file(&ctx.id, &path, entry.data.into_stream(), options)
-                .await?;
-            out.push(WriteInfo {
-                name: s.name.clone(),
-                r#type: FileType::from_kind(s.kind),
-                path: ctx.e2b_path(&s.path),
-                metadata: None,
-            });
+            out.push(
+                write_stream(
+                    &ctx,
+                    &entry.path,
+                    entry.data.into_stream(),
+                    self.common.user.as_deref(),
+                )
+                .await?,
+            );
         }
         Ok(out)
     }
@@ -1001,18 +1082,14 @@ impl IntoFuture for WatchBuilder {
         let limit = self.common.request_timeout;
         with_request_timeout(
             Box::pin(async move {
-                self.common.same_user_only(&self.ctx)?;
                 let ctx = self.ctx;
-                let mut stream = ctx
-                    .backend
-                    .watch(
-                        &ctx.id,
-                        &ctx.path(&self.path),
-                        sandcove::WatchOptions {
-                            recursive: self.recursive,
-                        },
-                    )
-                    .await?;
+                let mut stream = open_watch(
+                    &ctx,
+                    &self.path,
+                    self.recursive,
+                    self.common.user.as_deref(),
+                )
+                .await?;
                 let include = self.include_entry;
                 let mut on_event = self.on_event;
                 let on_exit = self.on_exit;
@@ -1035,25 +1112,7 @@ impl IntoFuture for WatchBuilder {
                             Some(Err(e)) => break Some(e.into()),
                             Some(Ok(ev)) => ev,
                         };
-                        // The runtime already reports API writes as E2B does (create, then
-                        // write) and never shows its temporary files: events map one to one.
-                        let entry = if include {
-                            match ctx
-                                .backend
-                                .stat(&ctx.id, &event.path, Default::default())
-                                .await
-                            {
-                                Ok(st) => Some(EntryInfo::from_stat(&ctx, &st)),
-                                Err(_) => None,
-                            }
-                        } else {
-                            None
-                        };
-                        on_event(FilesystemEvent {
-                            name: event.name,
-                            r#type: FilesystemEventType::from_kind(event.kind),
-                            entry,
-                        });
+                        on_event(watch_event(&ctx, event, include).await);
                     };
                     // The runtime's watch is released before `on_exit` runs.
                     drop(stream);

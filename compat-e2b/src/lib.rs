@@ -17,6 +17,7 @@
 //! | [`transfer`] | `upload_url` / `download_url`: file URLs served from the sandbox |
 //! | [`translate`] | pure translation of paths, envs, exit statuses and Python-style printing |
 //! | [`gaps`] | the E2B features Sandcove refuses, with what to do instead |
+//! | `wire` | (feature `wire`) E2B's wire protocol for the official SDKs, as an axum router |
 //!
 //! Sandboxes run on the runtime `sandcove::Client::from_env()` selects (the embedded local
 //! engine unless `SANDCOVE_URL` is set). `E2B_API_KEY` and `api_key=` are accepted and ignored:
@@ -46,6 +47,8 @@ pub mod pty;
 pub mod sandbox;
 pub mod transfer;
 pub mod translate;
+#[cfg(feature = "wire")]
+pub mod wire;
 
 pub use call::{Call, IntoSeconds, OptionalString};
 pub use commands::{CommandHandle, CommandResult, Commands, ProcessInfo};

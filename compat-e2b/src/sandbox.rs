@@ -378,7 +378,7 @@ impl SandboxInstance {
     }
 }
 
-async fn kill(backend: &dyn Backend, id: &str) -> Result<bool> {
+pub(crate) async fn kill(backend: &dyn Backend, id: &str) -> Result<bool> {
     match backend.destroy(id).await {
         Ok(()) => Ok(true),
         Err(e) if e.is_not_found() => Ok(false),
@@ -396,7 +396,7 @@ fn whole_seconds(secs: Option<f64>) -> Result<Duration> {
     }
 }
 
-async fn set_timeout(backend: &dyn Backend, id: &str, secs: Option<f64>) -> Result<()> {
+pub(crate) async fn set_timeout(backend: &dyn Backend, id: &str, secs: Option<f64>) -> Result<()> {
     let timeout = whole_seconds(secs)?;
     backend.set_timeout(id, timeout).await?;
     Ok(())
@@ -767,28 +767,40 @@ impl<S> ConnectBuilder<S> {
 
     pub(crate) async fn run(self) -> Result<Sandbox> {
         let backend = backend()?;
-        let timeout = whole_seconds(self.timeout)?;
-        let mut info = match backend.get(&self.sandbox_id).await {
-            Ok(info) => info,
-            Err(e) if e.is_not_found() => {
-                return Err(SandboxException::SandboxNotFound {
-                    message: format!("Paused sandbox {} not found", self.sandbox_id),
-                    source: Some(Box::new(e)),
-                })
-            }
-            Err(e) => return Err(e.into()),
-        };
-        if info.state == sandcove::SandboxState::Paused {
-            info = backend.resume(&info.id).await?;
-        }
-        let wanted = sandcove::now_millis() + timeout.as_millis() as u64;
-        if info.ends_at < wanted {
-            info = backend.set_timeout(&info.id, timeout).await?;
-        }
+        let info = connect_on(&*backend, &self.sandbox_id, self.timeout).await?;
         let mut config = self.config;
         config.domain = SANDBOX_DOMAIN.into();
         Ok(Sandbox::from_ctx(Inner::from_info(backend, &info), config))
     }
+}
+
+/// `Sandbox.connect(id, timeout)` on `backend`: resume a paused sandbox and extend (never
+/// shorten) its lifetime to `timeout` seconds from now (default 300). Shared by the Rust
+/// facade and the wire protocol.
+pub(crate) async fn connect_on(
+    backend: &dyn Backend,
+    sandbox_id: &str,
+    timeout: Option<f64>,
+) -> Result<sandcove::SandboxInfo> {
+    let timeout = whole_seconds(timeout)?;
+    let mut info = match backend.get(sandbox_id).await {
+        Ok(info) => info,
+        Err(e) if e.is_not_found() => {
+            return Err(SandboxException::SandboxNotFound {
+                message: format!("Paused sandbox {sandbox_id} not found"),
+                source: Some(Box::new(e)),
+            })
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if info.state == sandcove::SandboxState::Paused {
+        info = backend.resume(&info.id).await?;
+    }
+    let wanted = sandcove::now_millis() + timeout.as_millis() as u64;
+    if info.ends_at < wanted {
+        info = backend.set_timeout(&info.id, timeout).await?;
+    }
+    Ok(info)
 }
 
 impl<S: From<Sandbox> + Send + 'static> IntoFuture for ConnectBuilder<S> {
@@ -1035,6 +1047,29 @@ impl SandboxPaginator {
     /// `paginator.next_items(**opts) -> list[SandboxInfo]`: the next page. Raises
     /// `SandboxException("No more items to fetch")` after the last page.
     pub async fn next_items(&mut self) -> Result<Vec<SandboxInfo>> {
+        let backend = backend()?;
+        self.next_items_on(&*backend).await
+    }
+
+    /// [`next_items`](Self::next_items) on `backend`.
+    pub(crate) async fn next_items_on(
+        &mut self,
+        backend: &dyn Backend,
+    ) -> Result<Vec<SandboxInfo>> {
+        Ok(self
+            .next_core_items_on(backend)
+            .await?
+            .iter()
+            .map(|i| SandboxInfo::from_core(i, false))
+            .collect())
+    }
+
+    /// The next page as the core's infos (shared with the wire protocol, which answers with
+    /// more fields than `SandboxInfo` holds).
+    pub(crate) async fn next_core_items_on(
+        &mut self,
+        backend: &dyn Backend,
+    ) -> Result<Vec<sandcove::SandboxInfo>> {
         if !self.has_next {
             return Err(SandboxException::sandbox("No more items to fetch"));
         }
@@ -1061,7 +1096,7 @@ impl SandboxPaginator {
                 .collect(),
             name: None,
         };
-        let mut all: Vec<sandcove::SandboxInfo> = backend()?
+        let mut all: Vec<sandcove::SandboxInfo> = backend
             .list(options)
             .await?
             .into_iter()
@@ -1085,12 +1120,8 @@ impl SandboxPaginator {
         if descending {
             all.reverse();
         }
-        let page: Vec<SandboxInfo> = all
-            .iter()
-            .skip(offset)
-            .take(limit)
-            .map(|i| SandboxInfo::from_core(i, false))
-            .collect();
+        let page: Vec<sandcove::SandboxInfo> =
+            all.iter().skip(offset).take(limit).cloned().collect();
         self.next_token = (offset + limit < all.len()).then(|| (offset + limit).to_string());
         self.has_next = self.next_token.is_some();
         Ok(page)
@@ -1286,17 +1317,7 @@ impl IntoFuture for MetricsBuilder {
         let limit = self.request_timeout;
         with_request_timeout(
             Box::pin(async move {
-                let m = backend()?.metrics(&self.sandbox_id).await?;
-                let sample = SandboxMetrics {
-                    cpu_count: i64::from(m.cpu_count),
-                    cpu_used_pct: m.cpu_used_pct,
-                    disk_total: m.disk_total as i64,
-                    disk_used: m.disk_used as i64,
-                    mem_total: m.mem_total as i64,
-                    mem_used: m.mem_used as i64,
-                    mem_cache: 0,
-                    timestamp: DateTime::from_unix_millis(m.timestamp),
-                };
+                let sample = metrics_on(&*backend()?, &self.sandbox_id).await?;
                 let in_range = self.start.is_none_or(|s| sample.timestamp >= s)
                     && self.end.is_none_or(|e| sample.timestamp <= e);
                 Ok(if in_range { vec![sample] } else { Vec::new() })
@@ -1304,6 +1325,39 @@ impl IntoFuture for MetricsBuilder {
             limit,
         )
     }
+}
+
+/// One metrics sample of a sandbox, as E2B reports it (shared with the wire protocol).
+pub(crate) async fn metrics_on(backend: &dyn Backend, sandbox_id: &str) -> Result<SandboxMetrics> {
+    let m = backend.metrics(sandbox_id).await?;
+    Ok(SandboxMetrics {
+        cpu_count: i64::from(m.cpu_count),
+        cpu_used_pct: m.cpu_used_pct,
+        disk_total: m.disk_total as i64,
+        disk_used: m.disk_used as i64,
+        mem_total: m.mem_total as i64,
+        mem_used: m.mem_used as i64,
+        mem_cache: 0,
+        timestamp: DateTime::from_unix_millis(m.timestamp),
+    })
+}
+
+/// `pause(sandbox_id, keep_memory)` on `backend`: `false` when already paused (shared with
+/// the wire protocol).
+pub(crate) async fn pause_on(
+    backend: &dyn Backend,
+    sandbox_id: &str,
+    keep_memory: bool,
+) -> Result<bool> {
+    if !keep_memory {
+        return Err(refuse("keep_memory_false"));
+    }
+    let info = backend.get(sandbox_id).await?;
+    if info.state == sandcove::SandboxState::Paused {
+        return Ok(false);
+    }
+    backend.pause(sandbox_id).await?;
+    Ok(true)
 }
 
 /// The builder of `pause(...)`.
@@ -1335,18 +1389,9 @@ impl IntoFuture for PauseBuilder {
     fn into_future(self) -> Self::IntoFuture {
         let limit = self.request_timeout;
         with_request_timeout(
-            Box::pin(async move {
-                if !self.keep_memory {
-                    return Err(refuse("keep_memory_false"));
-                }
-                let backend = backend()?;
-                let info = backend.get(&self.sandbox_id).await?;
-                if info.state == sandcove::SandboxState::Paused {
-                    return Ok(false);
-                }
-                backend.pause(&self.sandbox_id).await?;
-                Ok(true)
-            }),
+            Box::pin(
+                async move { pause_on(&*backend()?, &self.sandbox_id, self.keep_memory).await },
+            ),
             limit,
         )
     }

@@ -12,7 +12,10 @@ pub struct Capabilities {
     /// Name of the backend, e.g. `local` or `http`.
     pub backend: String,
     /// Sandboxes are isolated from the host (namespaces). `false` only in the explicit
-    /// un-isolated opt-in mode.
+    /// un-isolated opt-in mode: processes then run as the host user, see host paths (the
+    /// sandbox's own files live in a host directory standing for its root, which the file
+    /// API resolves beneath), the host's processes, network and ports, and can write
+    /// wherever that user can.
     pub isolated: bool,
     /// Processes may run as a user other than the sandbox's default (needs more than one
     /// mappable uid: a root host or subordinate ids).

@@ -1,14 +1,21 @@
 //! The ergonomic surface: a [`Client`] over any [`Backend`], and [`Sandbox`] handles.
 
+use std::collections::BTreeMap;
+use std::future::IntoFuture;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::{FutureExt, Stream, StreamExt};
 
 use crate::{
-    Backend, ByteStream, Capabilities, CreateOptions, Error, FileStat, ListDirOptions, ListOptions,
-    MkdirOptions, Output, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream,
-    RemoveOptions, Result, SandboxInfo, Signal, WriteOptions, DEFAULT_OUTPUT_LIMIT,
+    Backend, ByteStream, Capabilities, Command, CreateOptions, Error, FileStat, ListDirOptions,
+    ListOptions, Metrics, MkdirOptions, Output, Preview, PreviewOptions, PreviewToken,
+    ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, PtySize, RemoveOptions,
+    Result, SandboxInfo, Signal, SnapshotInfo, VolumeInfo, WatchOptions, WatchStream, WriteOptions,
+    DEFAULT_OUTPUT_LIMIT,
 };
 
 /// Env var naming a remote `sandcove serve` to use instead of the embedded engine.
@@ -121,6 +128,36 @@ impl Client {
         self.ready().await?;
         self.backend.list(options).await
     }
+
+    /// All snapshots.
+    pub async fn snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+        self.backend.list_snapshots().await
+    }
+
+    /// Delete a snapshot.
+    pub async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()> {
+        self.backend.delete_snapshot(snapshot_id).await
+    }
+
+    /// Create a named volume.
+    pub async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {
+        self.backend.create_volume(name).await
+    }
+
+    /// Describe a volume.
+    pub async fn volume(&self, name: &str) -> Result<VolumeInfo> {
+        self.backend.get_volume(name).await
+    }
+
+    /// All volumes.
+    pub async fn volumes(&self) -> Result<Vec<VolumeInfo>> {
+        self.backend.list_volumes().await
+    }
+
+    /// Delete a volume.
+    pub async fn delete_volume(&self, name: &str) -> Result<()> {
+        self.backend.delete_volume(name).await
+    }
 }
 
 /// A handle to one sandbox. Dropping it does nothing: the sandbox lives until destroyed or
@@ -158,13 +195,25 @@ impl Sandbox {
     }
 
     /// Run a process to completion and collect its output (up to
-    /// [`DEFAULT_OUTPUT_LIMIT`] bytes per stream; see [`Output::truncated`]).
-    pub async fn run(&self, spec: ProcessSpec) -> Result<Output> {
-        self.spawn(spec).await?.wait().await
+    /// [`DEFAULT_OUTPUT_LIMIT`] bytes per stream; see [`Output::truncated`]). A string is a
+    /// shell command line; options are set on the returned call, which runs when awaited:
+    /// `sandbox.run("ls").cwd("/tmp").await`.
+    pub fn run(&self, command: impl Into<ProcessSpec>) -> Run {
+        Run {
+            sandbox: self.clone(),
+            spec: command.into(),
+        }
     }
 
-    /// Start a process and return a handle streaming its events.
-    pub async fn spawn(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
+    /// Start a process and return a handle streaming its events (awaited like [`run`]:
+    /// `sandbox.spawn("server").tag("web").await`).
+    ///
+    /// [`run`]: Sandbox::run
+    pub fn spawn(&self, command: impl Into<ProcessSpec>) -> Spawn {
+        Spawn(self.run(command))
+    }
+
+    async fn start(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
         let stream = self.backend.spawn(&self.id, spec).await?;
         Ok(self.handle(stream))
     }
@@ -182,6 +231,72 @@ impl Sandbox {
             pid: stream.pid,
             stream,
         }
+    }
+
+    /// Replace the sandbox's labels.
+    pub async fn set_labels(&self, labels: BTreeMap<String, String>) -> Result<SandboxInfo> {
+        self.backend.set_labels(&self.id, labels).await
+    }
+
+    /// Freeze every process; memory and processes are kept.
+    pub async fn pause(&self) -> Result<SandboxInfo> {
+        self.backend.pause(&self.id).await
+    }
+
+    /// Continue a paused sandbox.
+    pub async fn resume(&self) -> Result<SandboxInfo> {
+        self.backend.resume(&self.id).await
+    }
+
+    /// Current resource usage.
+    pub async fn metrics(&self) -> Result<Metrics> {
+        self.backend.metrics(&self.id).await
+    }
+
+    /// Watch a directory for changes; dropping the stream stops the watch.
+    pub async fn watch(&self, path: &str, options: WatchOptions) -> Result<WatchStream> {
+        self.backend.watch(&self.id, path, options).await
+    }
+
+    /// Make a port inside the sandbox reachable from the host.
+    pub async fn expose_port(&self, options: PreviewOptions) -> Result<Preview> {
+        self.backend.expose_port(&self.id, options).await
+    }
+
+    /// The sandbox's previews.
+    pub async fn previews(&self) -> Result<Vec<Preview>> {
+        self.backend.list_previews(&self.id).await
+    }
+
+    /// Close the preview of `port`.
+    pub async fn close_preview(&self, port: u16) -> Result<()> {
+        self.backend.close_preview(&self.id, port).await
+    }
+
+    /// Another token for the private preview of `port`, valid until `expires_at` (ms since
+    /// the epoch) or for the sandbox's life.
+    pub async fn create_preview_token(
+        &self,
+        port: u16,
+        expires_at: Option<u64>,
+    ) -> Result<PreviewToken> {
+        self.backend
+            .create_preview_token(&self.id, port, expires_at)
+            .await
+    }
+
+    /// Snapshot the sandbox's files.
+    pub async fn snapshot(&self, name: Option<String>) -> Result<SnapshotInfo> {
+        self.backend.snapshot(&self.id, name).await
+    }
+
+    /// A new sandbox with a copy of this one's files (not its processes).
+    pub async fn fork(&self, options: CreateOptions) -> Result<Sandbox> {
+        let info = self.backend.fork(&self.id, options).await?;
+        Ok(Sandbox {
+            backend: self.backend.clone(),
+            id: info.id,
+        })
     }
 
     /// Processes started through the API.
@@ -263,8 +378,15 @@ impl Sandbox {
             .await
     }
 
-    /// Remove a path (directories recursively).
+    /// Remove a file, a symlink or an empty directory.
     pub async fn remove(&self, path: &str) -> Result<()> {
+        self.backend
+            .remove(&self.id, path, RemoveOptions { recursive: false })
+            .await
+    }
+
+    /// Remove a path and, for a directory, everything under it.
+    pub async fn remove_all(&self, path: &str) -> Result<()> {
         self.backend
             .remove(&self.id, path, RemoveOptions { recursive: true })
             .await
@@ -336,9 +458,252 @@ impl ProcessHandle {
         self.signal(Signal::Kill).await
     }
 
+    /// Resize the process's pseudo-terminal (started with [`ProcessSpec::pty`]).
+    pub async fn resize_pty(&self, size: PtySize) -> Result<()> {
+        self.backend
+            .resize_pty(&self.sandbox_id, ProcessSelector::Pid(self.pid), size)
+            .await
+    }
+
+    /// The process's stdin as an [`AsyncWrite`](tokio::io::AsyncWrite) (the process must have
+    /// been started with stdin open). Each write is sent before the next starts; `flush`
+    /// waits for the last one and reports its error; `shutdown` closes stdin.
+    pub fn stdin(&self) -> ProcessStdin {
+        ProcessStdin {
+            backend: self.backend.clone(),
+            sandbox_id: self.sandbox_id.clone(),
+            pid: self.pid,
+            in_flight: None,
+            closed: false,
+        }
+    }
+
     /// Collect everything until exit (see [`collect`]).
     pub async fn wait(self) -> Result<Output> {
         collect(self.stream, DEFAULT_OUTPUT_LIMIT).await
+    }
+}
+
+/// The events of the process, ending with [`ProcessEvent::Exit`] (or an error).
+impl Stream for ProcessHandle {
+    type Item = Result<ProcessEvent>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.stream.events.poll_next_unpin(cx)
+    }
+}
+
+/// A process call being configured; it runs when awaited, collecting the output.
+#[must_use = "a process call does nothing until awaited"]
+#[derive(Debug)]
+pub struct Run {
+    sandbox: Sandbox,
+    spec: ProcessSpec,
+}
+
+impl Run {
+    /// Working directory (default: the user's home).
+    pub fn cwd(mut self, cwd: impl Into<String>) -> Self {
+        self.spec.cwd = Some(cwd.into());
+        self
+    }
+
+    /// Add an environment variable.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.spec.envs.insert(key.into(), value.into());
+        self
+    }
+
+    /// Run as this user.
+    pub fn user(mut self, user: impl Into<String>) -> Self {
+        self.spec.user = Some(user.into());
+        self
+    }
+
+    /// A name to find the process by.
+    pub fn tag(mut self, tag: impl Into<String>) -> Self {
+        self.spec.tag = Some(tag.into());
+        self
+    }
+
+    /// Keep stdin open (for [`ProcessHandle::stdin`]).
+    pub fn stdin(mut self, open: bool) -> Self {
+        self.spec.stdin = open;
+        self
+    }
+
+    /// Kill the process group after this long.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.spec.timeout = Some(timeout);
+        self
+    }
+
+    /// Run on a pseudo-terminal of this size.
+    pub fn pty(mut self, size: PtySize) -> Self {
+        self.spec.pty = Some(size);
+        self
+    }
+
+    /// The spec as configured.
+    pub fn spec(&self) -> &ProcessSpec {
+        &self.spec
+    }
+}
+
+impl IntoFuture for Run {
+    type Output = Result<Output>;
+    type IntoFuture = BoxFuture<'static, Result<Output>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        async move { self.sandbox.start(self.spec).await?.wait().await }.boxed()
+    }
+}
+
+/// A process start being configured ([`Sandbox::spawn`]); awaited, it returns the handle.
+#[must_use = "a process start does nothing until awaited"]
+#[derive(Debug)]
+pub struct Spawn(Run);
+
+impl Spawn {
+    /// Working directory (default: the user's home).
+    pub fn cwd(self, cwd: impl Into<String>) -> Self {
+        Spawn(self.0.cwd(cwd))
+    }
+
+    /// Add an environment variable.
+    pub fn env(self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        Spawn(self.0.env(key, value))
+    }
+
+    /// Run as this user.
+    pub fn user(self, user: impl Into<String>) -> Self {
+        Spawn(self.0.user(user))
+    }
+
+    /// A name to find the process by.
+    pub fn tag(self, tag: impl Into<String>) -> Self {
+        Spawn(self.0.tag(tag))
+    }
+
+    /// Keep stdin open (for [`ProcessHandle::stdin`]).
+    pub fn stdin(self, open: bool) -> Self {
+        Spawn(self.0.stdin(open))
+    }
+
+    /// Kill the process group after this long.
+    pub fn timeout(self, timeout: Duration) -> Self {
+        Spawn(self.0.timeout(timeout))
+    }
+
+    /// Run on a pseudo-terminal of this size.
+    pub fn pty(self, size: PtySize) -> Self {
+        Spawn(self.0.pty(size))
+    }
+}
+
+impl IntoFuture for Spawn {
+    type Output = Result<ProcessHandle>;
+    type IntoFuture = BoxFuture<'static, Result<ProcessHandle>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        async move { self.0.sandbox.start(self.0.spec).await }.boxed()
+    }
+}
+
+impl From<&str> for ProcessSpec {
+    /// A shell command line (`sh -c`).
+    fn from(script: &str) -> Self {
+        ProcessSpec::new(Command::sh(script))
+    }
+}
+
+impl From<String> for ProcessSpec {
+    /// A shell command line (`sh -c`).
+    fn from(script: String) -> Self {
+        ProcessSpec::new(Command::sh(script))
+    }
+}
+
+impl From<Command> for ProcessSpec {
+    fn from(command: Command) -> Self {
+        ProcessSpec::new(command)
+    }
+}
+
+/// A process's stdin as an [`AsyncWrite`](tokio::io::AsyncWrite) ([`ProcessHandle::stdin`]).
+pub struct ProcessStdin {
+    backend: Arc<dyn Backend>,
+    sandbox_id: String,
+    pid: u32,
+    in_flight: Option<BoxFuture<'static, Result<()>>>,
+    closed: bool,
+}
+
+impl std::fmt::Debug for ProcessStdin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessStdin")
+            .field("sandbox_id", &self.sandbox_id)
+            .field("pid", &self.pid)
+            .field("closed", &self.closed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProcessStdin {
+    /// Drive the write (or close) in flight to its end.
+    fn poll_in_flight(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let Some(fut) = self.in_flight.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        let done = std::task::ready!(fut.as_mut().poll(cx));
+        self.in_flight = None;
+        Poll::Ready(done.map_err(std::io::Error::other))
+    }
+}
+
+impl tokio::io::AsyncWrite for ProcessStdin {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        std::task::ready!(this.poll_in_flight(cx))?;
+        if this.closed {
+            return Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()));
+        }
+        let (backend, id, pid, data) = (
+            this.backend.clone(),
+            this.sandbox_id.clone(),
+            this.pid,
+            buf.to_vec(),
+        );
+        this.in_flight = Some(
+            async move {
+                backend
+                    .write_stdin(&id, ProcessSelector::Pid(pid), data)
+                    .await
+            }
+            .boxed(),
+        );
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.get_mut().poll_in_flight(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        std::task::ready!(this.poll_in_flight(cx))?;
+        if this.closed {
+            return Poll::Ready(Ok(()));
+        }
+        this.closed = true;
+        let (backend, id, pid) = (this.backend.clone(), this.sandbox_id.clone(), this.pid);
+        this.in_flight =
+            Some(async move { backend.close_stdin(&id, ProcessSelector::Pid(pid)).await }.boxed());
+        this.poll_in_flight(cx)
     }
 }
 

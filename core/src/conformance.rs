@@ -161,6 +161,31 @@ fn expect_code<T: std::fmt::Debug>(result: crate::Result<T>, code: ErrorCode, wh
     }
 }
 
+/// Say loudly that part of `case` does not apply to this backend, and why.
+fn skipped(case: &str, why: &str) {
+    eprintln!("SKIPPED: {case}: {why}");
+}
+
+/// Where processes of sandbox `id` see the sandbox root: `""` on an isolated backend. Without
+/// isolation they see the host directory standing for it, found here from `pwd` in the home
+/// (which must end with `home`); path checks then compare beneath it, and say so loudly.
+async fn process_root(backend: &dyn Backend, id: &str, home: &str, case: &str) -> String {
+    if backend.capabilities().isolated {
+        return String::new();
+    }
+    let pwd = sh(backend, id, "pwd").await.stdout_lossy();
+    let root = pwd
+        .strip_suffix(&format!("{home}\n"))
+        .filter(|root| root.starts_with('/'))
+        .unwrap_or_else(|| panic!("un-isolated, pwd {pwd:?} is not a host path ending in {home}"))
+        .to_string();
+    skipped(
+        case,
+        &format!("un-isolated processes see host paths: sandbox paths are checked beneath {root}"),
+    );
+    root
+}
+
 /// Pids of the host processes whose `argv[0]` is exactly `name` (as `exec -a NAME` sets it).
 ///
 /// Exact, never a substring: a script that merely mentions a marker (and every short-lived
@@ -696,17 +721,24 @@ pub async fn missing_binary_is_not_found(backend: &dyn Backend) {
 /// The default cwd is the home; a cwd can be chosen; a missing one is `NotFound`.
 pub async fn working_directory(backend: &dyn Backend) {
     let id = create(backend, &unique("cwd")).await;
-    assert_eq!(sh(backend, &id, "pwd").await.stdout, b"/workspace\n");
+    let root = process_root(backend, &id, "/workspace", "working_directory").await;
+    assert_eq!(
+        sh(backend, &id, "pwd").await.stdout_lossy(),
+        format!("{root}/workspace\n")
+    );
     let spec = ProcessSpec::new(Command::argv(["pwd"])).cwd("/tmp");
-    assert_eq!(run(backend, &id, spec).await.stdout, b"/tmp\n");
+    assert_eq!(
+        run(backend, &id, spec).await.stdout_lossy(),
+        format!("{root}/tmp\n")
+    );
     backend
         .mkdir(&id, "sub/dir", MkdirOptions::default())
         .await
         .expect("mkdir");
     let spec = ProcessSpec::new(Command::argv(["pwd"])).cwd("sub/dir");
     assert_eq!(
-        run(backend, &id, spec).await.stdout,
-        b"/workspace/sub/dir\n",
+        run(backend, &id, spec).await.stdout_lossy(),
+        format!("{root}/workspace/sub/dir\n"),
         "relative cwd resolves against the home"
     );
     let spec = ProcessSpec::new(Command::argv(["pwd"])).cwd("/no/such/dir");
@@ -721,8 +753,25 @@ pub async fn working_directory(backend: &dyn Backend) {
 /// `whoami` prints the configured default user; HOME is the workspace.
 pub async fn default_user_and_home(backend: &dyn Backend) {
     let id = create(backend, &unique("home")).await;
-    let out = sh(backend, &id, "whoami; echo $HOME; pwd").await;
-    assert_eq!(out.stdout_lossy(), "user\n/workspace\n/workspace\n");
+    let root = process_root(backend, &id, "/workspace", "default_user_and_home").await;
+    if backend.capabilities().isolated {
+        let out = sh(backend, &id, "whoami; echo $HOME; pwd").await;
+        assert_eq!(out.stdout_lossy(), "user\n/workspace\n/workspace\n");
+    } else {
+        // Without a user namespace processes run as the host user that runs the engine.
+        skipped(
+            "default_user_and_home",
+            "un-isolated processes run as the host user: checking the uid, not the name",
+        );
+        let uid = std::os::unix::fs::MetadataExt::uid(
+            &std::fs::metadata("/proc/self").expect("this process's uid"),
+        );
+        let out = sh(backend, &id, "id -u; echo $HOME; pwd").await;
+        assert_eq!(
+            out.stdout_lossy(),
+            format!("{uid}\n{root}/workspace\n{root}/workspace\n")
+        );
+    }
     backend.destroy(&id).await.expect("destroy");
     // A vendor-style user and home: both are what processes and file calls see.
     let mut options = test_options(&unique("user"));
@@ -731,11 +780,20 @@ pub async fn default_user_and_home(backend: &dyn Backend) {
     let info = backend.create(options).await.expect("create");
     assert_eq!(info.user.name, "alice");
     assert_eq!(info.user.home, "/home/alice");
-    let out = sh(backend, &info.id, "whoami; echo $HOME $USER; id -un; pwd").await;
-    assert_eq!(
-        out.stdout_lossy(),
-        "alice\n/home/alice alice\nalice\n/home/alice\n"
-    );
+    let root = process_root(backend, &info.id, "/home/alice", "default_user_and_home").await;
+    if backend.capabilities().isolated {
+        let out = sh(backend, &info.id, "whoami; echo $HOME $USER; id -un; pwd").await;
+        assert_eq!(
+            out.stdout_lossy(),
+            "alice\n/home/alice alice\nalice\n/home/alice\n"
+        );
+    } else {
+        let out = sh(backend, &info.id, "echo $HOME $USER; pwd").await;
+        assert_eq!(
+            out.stdout_lossy(),
+            format!("{root}/home/alice alice\n{root}/home/alice\n")
+        );
+    }
     write(backend, &info.id, "notes.txt", b"x").await;
     let stat = backend
         .stat(&info.id, "notes.txt", Default::default())
@@ -862,22 +920,38 @@ pub async fn signals_and_kill_mid_stream(backend: &dyn Backend) {
 pub async fn process_timeout_kills_the_group(backend: &dyn Backend) {
     let id = create(backend, &unique("ptimeout")).await;
     let start = Instant::now();
-    let spec = ProcessSpec::new(Command::sh("sleep 30 & sleep 30; echo never"))
-        .timeout(Duration::from_millis(500));
+    // The background sleep names itself on stderr by pid and start time (field 22 of its
+    // stat), so the check below finds exactly it: without isolation `ps` would show every
+    // `sleep` on the host.
+    let spec = ProcessSpec::new(Command::sh(
+        "sleep 600 & echo \"$! $(cut -d' ' -f22 /proc/$!/stat)\" >&2; sleep 30; echo never",
+    ))
+    .timeout(Duration::from_millis(500));
     let out = run(backend, &id, spec).await;
-    // The sleeps last 30 s: ending well before that is the kill, even on a loaded machine.
+    // The foreground sleep lasts 30 s: ending well before that is the kill, even on a loaded
+    // machine. The background one outlasts the wait below, so only the kill ends it there.
     assert!(start.elapsed() < Duration::from_secs(25), "killed promptly");
     let status = out.exit_status();
     assert!(status.timed_out, "reported as a timeout: {status:?}");
     assert_eq!(status.signal, Some(libc::SIGKILL));
     assert!(out.stdout.is_empty());
-    // The orphaned background sleep is reaped by PID 1 on its own schedule: wait for it.
-    eventually(PATIENCE, "the background sleep died too", || async {
-        let left = sh(backend, &id, "ps -eo comm | grep -c '^sleep$' || true").await;
-        equals(left.stdout_lossy().trim().to_string(), "0".to_string())
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let (pid, started) = stderr
+        .trim()
+        .split_once(' ')
+        .filter(|(pid, started)| pid.parse::<u32>().is_ok() && started.parse::<u64>().is_ok())
+        .unwrap_or_else(|| panic!("the background sleep's pid and start: {stderr:?}"));
+    // The orphaned background sleep is reaped by PID 1 on its own schedule: wait until no
+    // process with its pid and start time is left.
+    let check = format!("cut -d' ' -f22 /proc/{pid}/stat 2>/dev/null || true");
+    let (check, id) = (&check, &id);
+    eventually(PATIENCE, "the background sleep died too", || async move {
+        let id = id.as_str();
+        let left = sh(backend, id, check).await.stdout_lossy();
+        holds(left.trim() != started, left)
     })
     .await;
-    backend.destroy(&id).await.expect("destroy");
+    backend.destroy(id).await.expect("destroy");
 }
 
 /// Processes are listed with their tags; attaching replays retained output, then goes live.
@@ -1588,7 +1662,7 @@ pub async fn directory_operations(backend: &dyn Backend) {
         "removed",
     );
     assert_eq!(
-        sh(backend, &id, "ls -A /workspace | wc -l").await.stdout,
+        sh(backend, &id, "ls -A \"$HOME\" | wc -l").await.stdout,
         b"0\n"
     );
     backend.destroy(&id).await.expect("destroy");
@@ -1662,7 +1736,7 @@ pub async fn file_errors_are_typed(backend: &dyn Backend) {
     .await
     .expect("an aborted upload returns promptly");
     assert!(result.is_err(), "an aborted upload is an error: {result:?}");
-    let leftover = sh(backend, &id, "ls -A /workspace").await.stdout_lossy();
+    let leftover = sh(backend, &id, "ls -A \"$HOME\"").await.stdout_lossy();
     assert_eq!(leftover, "file\n", "no partial or temporary file is left");
     assert_eq!(sh(backend, &id, "echo alive").await.stdout, b"alive\n");
     backend.destroy(&id).await.expect("destroy");
@@ -1758,10 +1832,24 @@ pub async fn file_api_cannot_escape(backend: &dyn Backend) {
     // file is untouched.
     let host_passwd = std::fs::read("/etc/passwd").unwrap_or_default();
     sh(backend, &id, "ln -s /etc/passwd pw").await;
-    let inside = read(backend, &id, "pw")
-        .await
-        .expect("read through symlink");
-    assert_ne!(inside, host_passwd, "the sandbox has its own user database");
+    let isolated = backend.capabilities().isolated;
+    let result = read(backend, &id, "pw").await;
+    if isolated {
+        let inside = result.expect("read through symlink");
+        assert_ne!(inside, host_passwd, "the sandbox has its own user database");
+    } else {
+        // The link resolves beneath the host directory standing for the sandbox root, which
+        // holds no system directories: there is no /etc/passwd to read.
+        skipped(
+            "file_api_cannot_escape",
+            "un-isolated, the sandbox root has no /etc: the link leads nowhere",
+        );
+        expect_code(
+            result,
+            ErrorCode::NotFound,
+            "read through a symlink into /etc",
+        );
+    }
     let result = backend
         .write_file(
             &id,
@@ -1772,7 +1860,11 @@ pub async fn file_api_cannot_escape(backend: &dyn Backend) {
         .await;
     expect_code(
         result,
-        ErrorCode::PermissionDenied,
+        if isolated {
+            ErrorCode::PermissionDenied
+        } else {
+            ErrorCode::NotFound
+        },
         "write through a symlink into /etc",
     );
     assert_eq!(
@@ -1787,7 +1879,16 @@ pub async fn file_api_cannot_escape(backend: &dyn Backend) {
             WriteOptions::default(),
         )
         .await;
-    assert!(result.is_err(), "writing /etc/passwd in the sandbox fails");
+    if isolated {
+        assert!(result.is_err(), "writing /etc/passwd in the sandbox fails");
+    } else {
+        // Un-isolated, /etc in the sandbox root is an ordinary directory of that root.
+        result.expect("write /etc/passwd beneath the sandbox root");
+        assert_eq!(
+            read(backend, &id, "/etc/passwd").await.expect("read"),
+            b"owned\n"
+        );
+    }
     assert_eq!(
         std::fs::read("/etc/passwd").unwrap_or_default(),
         host_passwd
@@ -1798,32 +1899,52 @@ pub async fn file_api_cannot_escape(backend: &dyn Backend) {
 /// Host system directories are read-only inside the sandbox.
 pub async fn system_directories_are_read_only(backend: &dyn Backend) {
     let id = create(backend, &unique("ro")).await;
-    let out = sh(
+    let isolated = backend.capabilities().isolated;
+    if isolated {
+        let out = sh(
+            backend,
+            &id,
+            "touch /usr/x 2>&1; echo $?; touch /etc/x 2>&1; echo $?",
+        )
+        .await;
+        let text = out.stdout_lossy();
+        assert!(
+            !text.contains("\n0\n") && !text.starts_with("0\n"),
+            "{text}"
+        );
+    } else {
+        // Never tried: un-isolated processes write wherever the host user may.
+        skipped(
+            "system_directories_are_read_only",
+            "un-isolated processes see the host's system directories as the host user does",
+        );
+    }
+    let result = backend
+        .write_file(
+            &id,
+            "/usr/x",
+            bytes_stream(b"x".to_vec()),
+            WriteOptions::default(),
+        )
+        .await;
+    if isolated {
+        expect_code(result, ErrorCode::PermissionDenied, "write under /usr");
+    } else {
+        // The file API works beneath the host directory standing for the sandbox root,
+        // where /usr is an ordinary directory: the write lands there, never in the host's.
+        result.expect("write /usr/x beneath the sandbox root");
+        assert_eq!(read(backend, &id, "/usr/x").await.expect("read"), b"x");
+    }
+    assert!(!std::path::Path::new("/usr/x").exists());
+    // /tmp and the home are writable (un-isolated: the sandbox's, beneath its host root).
+    let root = process_root(
         backend,
         &id,
-        "touch /usr/x 2>&1; echo $?; touch /etc/x 2>&1; echo $?",
+        "/workspace",
+        "system_directories_are_read_only",
     )
     .await;
-    let text = out.stdout_lossy();
-    assert!(
-        !text.contains("\n0\n") && !text.starts_with("0\n"),
-        "{text}"
-    );
-    expect_code(
-        backend
-            .write_file(
-                &id,
-                "/usr/x",
-                bytes_stream(b"x".to_vec()),
-                WriteOptions::default(),
-            )
-            .await,
-        ErrorCode::PermissionDenied,
-        "write under /usr",
-    );
-    assert!(!std::path::Path::new("/usr/x").exists());
-    // /tmp and the home are writable.
-    assert!(sh(backend, &id, "touch /tmp/x ~/y")
+    assert!(sh(backend, &id, &format!("touch {root}/tmp/x ~/y"))
         .await
         .exit_status()
         .success());
@@ -1859,6 +1980,15 @@ pub async fn limits_are_applied(backend: &dyn Backend) {
     let mut options = test_options(&unique("limits"));
     options.resources.max_processes = Some(300);
     options.resources.max_open_files = Some(512);
+    let process_limit = backend.capabilities().process_limit;
+    if !process_limit {
+        expect_code(
+            backend.create(options.clone()).await,
+            ErrorCode::NotSupported,
+            "a process limit the backend cannot enforce",
+        );
+        options.resources.max_processes = None;
+    }
     let id = backend.create(options).await.expect("create").id;
     let out = run(
         backend,
@@ -1866,8 +1996,11 @@ pub async fn limits_are_applied(backend: &dyn Backend) {
         ProcessSpec::new(Command::bash_login("ulimit -u; ulimit -n")),
     )
     .await;
-    if backend.capabilities().process_limit {
-        assert_eq!(out.stdout_lossy(), "300\n512\n");
+    let out = out.stdout_lossy();
+    if process_limit {
+        assert_eq!(out, "300\n512\n");
+    } else {
+        assert_eq!(out.lines().nth(1), Some("512"), "open files: {out:?}");
     }
     backend.destroy(&id).await.expect("destroy");
 }
@@ -1881,6 +2014,11 @@ pub async fn sandbox_sees_only_its_own_processes(backend: &dyn Backend) {
         assert!(count <= 4, "sandbox sees {count} processes");
         let out = sh(backend, &id, "cat /proc/1/comm").await;
         assert_eq!(out.stdout_lossy().trim(), "sandcove-agent");
+    } else {
+        skipped(
+            "sandbox_sees_only_its_own_processes",
+            "un-isolated processes share the host's process table",
+        );
     }
     backend.destroy(&id).await.expect("destroy");
 }
@@ -1977,11 +2115,16 @@ pub async fn pause_stops_and_resume_continues(backend: &dyn Backend) {
 
 /// `on_timeout: Pause` pauses instead of destroying; resuming starts a new lease.
 pub async fn lease_end_can_pause(backend: &dyn Backend) {
-    if !backend.capabilities().pause {
-        return;
-    }
     let mut options = test_options(&unique("leasepause"));
     options.on_timeout = TimeoutAction::Pause;
+    if !backend.capabilities().pause {
+        expect_code(
+            backend.create(options).await,
+            ErrorCode::NotSupported,
+            "a lease that pauses without pause",
+        );
+        return;
+    }
     let id = backend.create(options).await.expect("create").id;
     sh(backend, &id, "echo kept > /workspace/f").await;
     // A short lease only once the file is written, so a slow machine cannot pause it first.
@@ -2002,11 +2145,16 @@ pub async fn lease_end_can_pause(backend: &dyn Backend) {
 
 /// A sandbox created with `auto_resume` resumes when work arrives.
 pub async fn auto_resume_on_request(backend: &dyn Backend) {
-    if !backend.capabilities().pause {
-        return;
-    }
     let mut options = test_options(&unique("autoresume"));
     options.auto_resume = true;
+    if !backend.capabilities().pause {
+        expect_code(
+            backend.create(options).await,
+            ErrorCode::NotSupported,
+            "auto_resume without pause",
+        );
+        return;
+    }
     let id = backend.create(options).await.expect("create").id;
     backend.pause(&id).await.expect("pause");
     assert_eq!(sh(backend, &id, "echo awake").await.stdout, b"awake\n");
@@ -2068,12 +2216,25 @@ async fn start_http_server(backend: &dyn Backend, id: &str, port: u16, text: &st
     );
 }
 
+/// A loopback port that was free on the host a moment ago (the kernel's choice, so parallel
+/// runs do not pick the same one).
+fn free_host_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
 /// A server in the sandbox answers through its preview URL; private previews need a live
 /// token; sandboxes using the same port do not clash.
 pub async fn previews_serve_and_guard_private_ports(backend: &dyn Backend) {
     let id = create(backend, &unique("preview")).await;
+    // Un-isolated sandboxes share the host's network: each server needs a port free on the
+    // host, and two cannot both serve the same one.
+    let isolated = backend.capabilities().isolated;
+    let port = if isolated { 8000 } else { free_host_port() };
     let options = PreviewOptions {
-        port: 8000,
+        port,
         token_header: "X-Test-Token".into(),
         token_query: "test_token".into(),
         ..Default::default()
@@ -2087,7 +2248,7 @@ pub async fn previews_serve_and_guard_private_ports(backend: &dyn Backend) {
         backend.destroy(&id).await.expect("destroy");
         return;
     }
-    start_http_server(backend, &id, 8000, "hello from the sandbox").await;
+    start_http_server(backend, &id, port, "hello from the sandbox").await;
     let private = backend.expose_port(&id, options).await.expect("expose");
     assert!(
         private.url.starts_with("http://127.0.0.1:"),
@@ -2116,7 +2277,7 @@ pub async fn previews_serve_and_guard_private_ports(backend: &dyn Backend) {
     // Extra tokens with an expiry: one far enough ahead that no request outlives it, and one
     // whose expiry is the subject (refused once it has passed, never before).
     let long = backend
-        .create_preview_token(&id, 8000, Some(crate::now_millis() + 600_000))
+        .create_preview_token(&id, port, Some(crate::now_millis() + 600_000))
         .await
         .expect("token");
     let (status, _) = http_get(&private.host, "/", &[("X-Test-Token", &long.value)])
@@ -2125,7 +2286,7 @@ pub async fn previews_serve_and_guard_private_ports(backend: &dyn Backend) {
     assert_eq!(status, 200, "an unexpired extra token is accepted");
     let expires_at = crate::now_millis() + 1_000;
     let short = backend
-        .create_preview_token(&id, 8000, Some(expires_at))
+        .create_preview_token(&id, port, Some(expires_at))
         .await
         .expect("token");
     let host = &private.host;
@@ -2150,12 +2311,21 @@ pub async fn previews_serve_and_guard_private_ports(backend: &dyn Backend) {
     .await;
     // A second sandbox serving the same port, exposed publicly.
     let other = create(backend, &unique("preview2")).await;
-    start_http_server(backend, &other, 8000, "the other one").await;
+    let other_port = if isolated {
+        port
+    } else {
+        skipped(
+            "previews_serve_and_guard_private_ports",
+            "un-isolated sandboxes share the host's ports: the second one serves another port",
+        );
+        free_host_port()
+    };
+    start_http_server(backend, &other, other_port, "the other one").await;
     let public = backend
         .expose_port(
             &other,
             PreviewOptions {
-                port: 8000,
+                port: other_port,
                 public: true,
                 ..Default::default()
             },
@@ -2166,7 +2336,7 @@ pub async fn previews_serve_and_guard_private_ports(backend: &dyn Backend) {
     let (status, body) = http_get(&public.host, "/", &[]).await.expect("answered");
     assert_eq!((status, body.as_str()), (200, "the other one"));
     assert_eq!(backend.list_previews(&id).await.expect("list").len(), 1);
-    backend.close_preview(&id, 8000).await.expect("close");
+    backend.close_preview(&id, port).await.expect("close");
     assert!(
         http_get(&private.host, "/", &[("X-Test-Token", &token)])
             .await
@@ -2174,7 +2344,7 @@ pub async fn previews_serve_and_guard_private_ports(backend: &dyn Backend) {
         "closed"
     );
     expect_code(
-        backend.close_preview(&id, 8000).await,
+        backend.close_preview(&id, port).await,
         ErrorCode::NotFound,
         "close twice",
     );
@@ -2301,6 +2471,21 @@ pub async fn volumes_outlive_sandboxes(backend: &dyn Backend) {
             backend.create_volume(&name).await,
             ErrorCode::NotSupported,
             "volume",
+        );
+        expect_code(
+            backend.get_volume(&name).await,
+            ErrorCode::NotSupported,
+            "get volume",
+        );
+        expect_code(
+            backend.list_volumes().await,
+            ErrorCode::NotSupported,
+            "list volumes",
+        );
+        expect_code(
+            backend.delete_volume(&name).await,
+            ErrorCode::NotSupported,
+            "delete volume",
         );
         return;
     }

@@ -263,13 +263,78 @@ pub async fn serve(
             "an API key is required",
         ));
     }
-    let grace = config.shutdown_grace;
-    let head_timeout = config.head_timeout;
-    let tls = config.tls.clone().map(tokio_rustls::TlsAcceptor::from);
-    let mut acceptor = crate::listen::Acceptor::new(config.max_connections);
+    let limits = ConnectionLimits::from(&config);
     let state = state(backend, config);
     let signal = state.shutdown.clone();
     let app = build(state);
+    serve_connections(listener, app, limits, shutdown, move || {
+        // Cut open streams with an error frame.
+        let _ = signal.send(true);
+    })
+    .await
+}
+
+/// How a listener treats its connections: the cap, the head timeout, TLS and the grace
+/// period at shutdown. [`serve`] takes them from its [`ServerConfig`]; [`serve_router`]
+/// applies them to any other router (the vendor wire listeners of `sandcove serve`).
+#[derive(Clone)]
+pub struct ConnectionLimits {
+    /// Connections served at once; further ones wait in the kernel's backlog.
+    pub max_connections: usize,
+    /// Time for the TLS handshake and for each request head (idle keep-alive included).
+    pub head_timeout: Duration,
+    /// How long in-flight calls may run on after shutdown begins.
+    pub shutdown_grace: Duration,
+    /// Serve HTTPS with this configuration; `None` is plain HTTP.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+impl From<&ServerConfig> for ConnectionLimits {
+    fn from(config: &ServerConfig) -> Self {
+        ConnectionLimits {
+            max_connections: config.max_connections,
+            head_timeout: config.head_timeout,
+            shutdown_grace: config.shutdown_grace,
+            tls: config.tls.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for ConnectionLimits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionLimits")
+            .field("max_connections", &self.max_connections)
+            .field("head_timeout", &self.head_timeout)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+/// Serve any `app` on `listener` with the same connection handling as [`serve`]: capped
+/// accepts that pause on descriptor exhaustion, a deadline on every request head, optional
+/// TLS, and a graceful stop when `shutdown` completes. Authentication and body limits are
+/// the router's own business.
+pub async fn serve_router(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_connections(listener, app, limits, shutdown, || {}).await
+}
+
+async fn serve_connections(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    on_stop: impl FnOnce(),
+) -> std::io::Result<()> {
+    let grace = limits.shutdown_grace;
+    let head_timeout = limits.head_timeout;
+    let tls = limits.tls.clone().map(tokio_rustls::TlsAcceptor::from);
+    let mut acceptor = crate::listen::Acceptor::new(limits.max_connections);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(head_timeout);
@@ -303,10 +368,10 @@ pub async fn serve(
             drop(permit);
         });
     }
-    // Stop taking connections, cut open streams with an error frame, let in-flight calls
-    // finish within the grace period.
+    // Stop taking connections, cut open streams, let in-flight calls finish within the
+    // grace period.
     drop(listener);
-    let _ = signal.send(true);
+    on_stop();
     tokio::select! {
         () = connections.shutdown() => {}
         () = tokio::time::sleep(grace) => {}

@@ -1245,6 +1245,8 @@ fn launch(agent: &Arc<Agent>, spec: &ProcessSpec) -> Result<Incarnation> {
                 super::seccomp::apply(filters)?;
             } else {
                 sys::setsid()?;
+                // The one limit that stays per process without a user namespace.
+                sys::setrlimit(libc::RLIMIT_NOFILE, nofile)?;
             }
             if with_tty {
                 sys::set_controlling_tty()?;
@@ -1510,8 +1512,8 @@ async fn publish(proc_: &Proc, ev: Event) {
 /// The agent-side path for a sandbox path (relative paths start at the default home).
 ///
 /// Isolated, that is the path itself: the agent's root is the sandbox root. Un-isolated (the
-/// explicit opt-in), sandbox paths live under a host directory; `..` is clamped there, but
-/// symlinks are not confined — that mode has no isolation by definition.
+/// explicit opt-in), sandbox paths live under a host directory; `..` is clamped there, and the
+/// directory actually entered is resolved beneath it by the file API (symlinks included).
 fn resolve(record: &Record, path: &str) -> Result<PathBuf> {
     if path.is_empty() {
         return Err(Error::invalid("empty path"));

@@ -138,6 +138,19 @@ impl LocalBackend {
         self
     }
 
+    /// Volumes need a mount namespace to appear in a sandbox, so without isolation every
+    /// volume call is refused before any effect, as `capabilities().volumes` says.
+    fn volumes_supported(&self) -> Result<()> {
+        if self.unisolated {
+            return Err(Error::not_supported(
+                "volumes without isolation",
+                "run on a host with user namespaces, or keep shared files outside the sandbox \
+                 and copy them in with the file API",
+            ));
+        }
+        Ok(())
+    }
+
     /// Where sandbox state lives.
     pub fn state_dir(&self) -> &Path {
         &self.state_dir
@@ -600,6 +613,28 @@ fn check_create(options: &CreateOptions, cgroups: bool) -> Result<()> {
     cgroup::check(&options.resources, cgroups)
 }
 
+/// What a sandbox without isolation cannot honour, refused before any effect (see
+/// `capabilities()`): volumes, snapshots, pausing (a lease that pauses, auto-resume), a
+/// per-sandbox process limit (`RLIMIT_NPROC` counts every process of the host user) and a
+/// disk size (there is no sandbox filesystem to size).
+fn check_unisolated(options: &CreateOptions) -> Result<()> {
+    let refused = if !options.volumes.is_empty() || options.snapshot.is_some() {
+        "volumes and snapshots"
+    } else if options.on_timeout == crate::TimeoutAction::Pause || options.auto_resume {
+        "pausing (on_timeout: Pause, auto_resume)"
+    } else if options.resources.max_processes.is_some() {
+        "a per-sandbox process limit (max_processes)"
+    } else if options.resources.disk_mib.is_some() {
+        "a disk size (disk_mib)"
+    } else {
+        return Ok(());
+    };
+    Err(Error::not_supported(
+        format!("{refused} without isolation"),
+        "run on a host with user namespaces",
+    ))
+}
+
 #[async_trait]
 impl Backend for LocalBackend {
     fn capabilities(&self) -> Capabilities {
@@ -636,11 +671,8 @@ impl Backend for LocalBackend {
             .user
             .clone()
             .unwrap_or_else(|| config::DEFAULT_USER_NAME.into());
-        if self.unisolated && (!options.volumes.is_empty() || options.snapshot.is_some()) {
-            return Err(Error::not_supported(
-                "volumes and snapshots without isolation",
-                "run on a host with user namespaces",
-            ));
+        if self.unisolated {
+            check_unisolated(&options)?;
         }
         let pasta = match options.network {
             crate::NetworkPolicy::Internet if self.unisolated => {
@@ -693,12 +725,19 @@ impl Backend for LocalBackend {
                     .unwrap_or(config::DEFAULT_MAX_PROCESSES),
             },
         });
+        let mut users = mapping.users(
+            &default_name,
+            options.home.as_deref().unwrap_or(crate::SANDBOX_HOME),
+        );
+        if self.unisolated {
+            // No user namespace: the sandbox user is the host user running the engine.
+            for user in &mut users {
+                (user.uid, user.gid) = (sys::geteuid(), sys::getegid());
+            }
+        }
         let record = Record {
             id: id.clone(),
-            users: mapping.users(
-                &default_name,
-                options.home.as_deref().unwrap_or(crate::SANDBOX_HOME),
-            ),
+            users,
             mapping,
             options,
             created_at: now,
@@ -1119,18 +1158,22 @@ impl Backend for LocalBackend {
     }
 
     async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {
+        self.volumes_supported()?;
         volumes::create(self, name)
     }
 
     async fn get_volume(&self, name: &str) -> Result<VolumeInfo> {
+        self.volumes_supported()?;
         volumes::get(self, name)
     }
 
     async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
+        self.volumes_supported()?;
         volumes::list(self)
     }
 
     async fn delete_volume(&self, name: &str) -> Result<()> {
+        self.volumes_supported()?;
         volumes::delete(self, name).await
     }
 }

@@ -1,0 +1,360 @@
+//! The `sandcove` command: `sandcove serve` exposes the embedded engine over HTTP (the native
+//! API, plus one listener per vendor wire protocol asked for), and `sandcove env VENDOR`
+//! prints the variables that point that vendor's official SDKs at the running server.
+
+mod record;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use sandcove::client::API_KEY_ENV;
+use sandcove::server::{self, ConnectionLimits, ServerConfig};
+use sandcove::{Backend, LocalBackend};
+
+/// Sandcove: sandboxes you own, for code written for the E2B, Daytona and Blaxel SDKs.
+#[derive(Debug, Parser)]
+#[command(name = "sandcove", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+// One value, parsed once at start-up: boxing the big variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
+enum Cmd {
+    /// Serve the embedded engine over HTTP. Clients use SANDCOVE_URL and SANDCOVE_API_KEY.
+    ///
+    /// The API key comes from the SANDCOVE_API_KEY environment variable or from
+    /// --api-key-file, never from the command line (which every local user can read). The
+    /// server removes SANDCOVE_API_KEY from its own environment once read, so nothing it
+    /// starts inherits it.
+    ///
+    /// Stopping the server (Ctrl-C, SIGTERM) leaves live sandboxes running: they end at
+    /// their lease or when destroyed, and a restarted server finds them again.
+    Serve {
+        /// Address to listen on. Beyond loopback, serve TLS (--tls-cert, --tls-key).
+        #[arg(long, default_value = "127.0.0.1:8730")]
+        listen: SocketAddr,
+        /// A file holding the API key (first line; the file must not be readable by group
+        /// or others). Alternative to SANDCOVE_API_KEY.
+        #[arg(long, value_name = "PATH")]
+        api_key_file: Option<PathBuf>,
+        /// Refused: a key on the command line is visible to every local user.
+        #[arg(long, hide = true, value_name = "KEY")]
+        api_key: Option<String>,
+        /// PEM certificate chain (leaf first): serve HTTPS. Needs --tls-key.
+        #[arg(long, value_name = "FILE", requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// PEM private key of --tls-cert (mode 0600 or stricter).
+        #[arg(long, value_name = "FILE", requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// The engine's state directory (default: $SANDCOVE_STATE_DIR, else
+        /// $XDG_STATE_HOME/sandcove).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Largest JSON or stdin request body, in bytes.
+        #[arg(long, default_value_t = 1024 * 1024)]
+        max_body_bytes: usize,
+        /// Largest file upload, in bytes.
+        #[arg(long, default_value_t = 4 * 1024 * 1024 * 1024)]
+        max_upload_bytes: u64,
+        /// Connections served at once; more wait until one closes.
+        #[arg(long, default_value_t = 512)]
+        max_connections: usize,
+        /// Milliseconds a client gets for its TLS handshake and each request head.
+        #[arg(long, default_value_t = 10_000)]
+        head_timeout_ms: u64,
+        /// Also serve E2B's wire protocol (control plane and envd) on this address, for
+        /// E2B's official Python and TypeScript SDKs (see `sandcove env e2b`). Same engine,
+        /// same API key (sent by the SDKs as X-API-KEY), same TLS settings.
+        #[arg(long, value_name = "ADDR")]
+        e2b: Option<SocketAddr>,
+        /// Daytona's wire protocol: not available yet (refused).
+        #[arg(long, value_name = "ADDR")]
+        daytona: Option<SocketAddr>,
+        /// Blaxel's wire protocol: not available yet (refused).
+        #[arg(long, value_name = "ADDR")]
+        blaxel: Option<SocketAddr>,
+    },
+    /// Print `export` lines that point a vendor's official SDKs at the running server.
+    ///
+    /// The server is found through the state directory, where `sandcove serve` records its
+    /// listeners while it runs. Use as `eval "$(SANDCOVE_API_KEY=... sandcove env e2b)"`.
+    ///
+    /// For `e2b` it prints:
+    ///   E2B_API_URL      the E2B listener's origin (control plane: create, list, kill, ...);
+    ///   E2B_SANDBOX_URL  the same origin (envd: commands, files), which the SDK otherwise
+    ///                    derives from E2B's public domain;
+    ///   E2B_API_KEY      the value of SANDCOVE_API_KEY (the server's key).
+    ///
+    /// Exits 1 with a message when no server with that vendor's listener is running or
+    /// SANDCOVE_API_KEY is unset.
+    #[command(verbatim_doc_comment)]
+    Env {
+        /// The vendor: e2b (daytona and blaxel are not available yet).
+        vendor: String,
+        /// The engine's state directory the server uses (default: $SANDCOVE_STATE_DIR, else
+        /// $XDG_STATE_HOME/sandcove).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+}
+
+/// The API key from `--api-key-file` or the environment, which is then scrubbed.
+fn api_key(file: Option<PathBuf>, on_command_line: bool) -> Result<String, String> {
+    // Read (and remove) the variable first, so it never outlives this point whatever else
+    // fails. The process is still single-threaded here.
+    let from_env = std::env::var(API_KEY_ENV).ok();
+    std::env::remove_var(API_KEY_ENV);
+    if on_command_line {
+        return Err(format!(
+            "--api-key is not accepted: the command line is visible to every local user. \
+             Set {API_KEY_ENV} or use --api-key-file PATH"
+        ));
+    }
+    let key = match (file, from_env) {
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "both {API_KEY_ENV} and --api-key-file are set: choose one"
+            ))
+        }
+        (Some(path), None) => {
+            let bytes = server::read_secret_file(&path, true).map_err(|e| e.to_string())?;
+            let text = String::from_utf8(bytes)
+                .map_err(|_| format!("{}: the key is not UTF-8", path.display()))?;
+            text.lines().next().unwrap_or_default().trim().to_string()
+        }
+        (None, Some(key)) => key.trim().to_string(),
+        (None, None) => String::new(),
+    };
+    if key.is_empty() {
+        return Err(format!(
+            "the API key is empty; set {API_KEY_ENV} or use --api-key-file PATH"
+        ));
+    }
+    Ok(key)
+}
+
+fn main() -> ExitCode {
+    // The library reports warnings (no isolation, no internet for sandboxes) as `tracing`
+    // events; the command shows them on stderr (`RUST_LOG` adjusts the level).
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Cmd::Env { vendor, state_dir } => env_command(&vendor, state_dir),
+        Cmd::Serve {
+            listen,
+            api_key_file,
+            api_key: on_command_line,
+            tls_cert,
+            tls_key,
+            state_dir,
+            max_body_bytes,
+            max_upload_bytes,
+            max_connections,
+            head_timeout_ms,
+            e2b,
+            daytona,
+            blaxel,
+        } => {
+            for (flag, given) in [("--daytona", daytona), ("--blaxel", blaxel)] {
+                if given.is_some() {
+                    eprintln!(
+                        "sandcove serve: {flag} is not available yet: only --e2b serves a \
+                         vendor wire protocol in this version; Rust programs can use the \
+                         compat crates against --listen"
+                    );
+                    return ExitCode::from(2);
+                }
+            }
+            let api_key = match api_key(api_key_file, on_command_line.is_some()) {
+                Ok(key) => key,
+                Err(message) => {
+                    eprintln!("sandcove serve: {message}");
+                    return ExitCode::from(2);
+                }
+            };
+            let tls = match (tls_cert, tls_key) {
+                (Some(cert), Some(key)) => match server::load_tls(&cert, &key) {
+                    Ok(tls) => Some(tls),
+                    Err(e) => {
+                        eprintln!("sandcove serve: {e}");
+                        return ExitCode::from(2);
+                    }
+                },
+                _ => None,
+            };
+            for addr in std::iter::once(listen).chain(e2b) {
+                if tls.is_none() && !addr.ip().is_loopback() {
+                    eprintln!(
+                        "sandcove serve: WARNING: plain HTTP on {addr}: the API key crosses the \
+                         network in clear text; serve TLS with --tls-cert and --tls-key"
+                    );
+                }
+            }
+            let state_dir = state_dir.unwrap_or_else(sandcove::backend::local::default_state_dir);
+            let backend: Arc<dyn Backend> = match LocalBackend::with_state_dir(&state_dir) {
+                Ok(engine) => Arc::new(engine),
+                Err(e) => {
+                    eprintln!("sandcove serve: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            let mut config = ServerConfig::new(api_key.clone());
+            config.max_body_bytes = max_body_bytes;
+            config.max_upload_bytes = max_upload_bytes;
+            config.max_connections = max_connections;
+            config.head_timeout = Duration::from_millis(head_timeout_ms);
+            config.tls = tls;
+            let limits = ConnectionLimits::from(&config);
+            let mut wire = e2b::wire::WireConfig::new(api_key);
+            wire.max_body_bytes = max_body_bytes;
+            wire.max_upload_bytes = max_upload_bytes;
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("sandcove serve: cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let result = runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::bind(listen).await?;
+                let native = listener.local_addr()?;
+                let e2b_listener = match e2b {
+                    Some(addr) => Some(tokio::net::TcpListener::bind(addr).await?),
+                    None => None,
+                };
+                let mut listeners = record::Listeners {
+                    pid: std::process::id(),
+                    native: format!("{scheme}://{native}"),
+                    e2b: None,
+                };
+                // One shutdown signal, fanned out to every listener.
+                let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+                let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                };
+                let mut tasks = Vec::new();
+                if let Some(l) = e2b_listener {
+                    let addr = l.local_addr()?;
+                    listeners.e2b = Some(format!("{scheme}://{addr}"));
+                    let app = e2b::wire::router(backend.clone(), wire);
+                    tasks.push(tokio::spawn(server::serve_router(
+                        l,
+                        app,
+                        limits.clone(),
+                        stopped(stop_rx.clone()),
+                    )));
+                }
+                // Recorded before announced: whoever reads the announcement finds the record.
+                let record = record::write(&state_dir, &listeners)?;
+                eprintln!(
+                    "sandcove serve: listening on {scheme}://{native} (Ctrl-C to stop; sandboxes outlive the server)"
+                );
+                if let Some(e2b) = &listeners.e2b {
+                    eprintln!("sandcove serve: E2B wire protocol on {e2b}");
+                }
+                let native_task = tokio::spawn(server::serve(
+                    listener,
+                    backend,
+                    config,
+                    stopped(stop_rx.clone()),
+                ));
+                server::shutdown_signal().await;
+                let _ = stop_tx.send(true);
+                let mut result = native_task
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+                for task in tasks {
+                    let r = task
+                        .await
+                        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+                    if result.is_ok() {
+                        result = r;
+                    }
+                }
+                record::remove(&record);
+                result
+            });
+            match result {
+                Ok(()) => {
+                    eprintln!("sandcove serve: stopped; live sandboxes keep running until their lease ends or they are destroyed");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("sandcove serve: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+/// `sandcove env VENDOR`.
+fn env_command(vendor: &str, state_dir: Option<PathBuf>) -> ExitCode {
+    if vendor != "e2b" {
+        let message = match vendor {
+            "daytona" | "blaxel" => {
+                format!("{vendor}'s wire protocol is not available yet (only e2b is)")
+            }
+            other => format!("unknown vendor '{other}': use e2b"),
+        };
+        eprintln!("sandcove env: {message}");
+        return ExitCode::FAILURE;
+    }
+    let Some(key) = std::env::var(API_KEY_ENV)
+        .ok()
+        .filter(|k| !k.trim().is_empty())
+    else {
+        eprintln!(
+            "sandcove env: {API_KEY_ENV} is not set: set it to the server's API key (the SDK \
+             sends it as E2B_API_KEY)"
+        );
+        return ExitCode::FAILURE;
+    };
+    let state_dir = state_dir.unwrap_or_else(sandcove::backend::local::default_state_dir);
+    let url = match record::find_e2b(&state_dir) {
+        Ok(Some(url)) => url,
+        Ok(None) => {
+            eprintln!(
+                "sandcove env: no running `sandcove serve --e2b ADDR` found in {}; start one \
+                 (with the same state directory) first",
+                state_dir.display()
+            );
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            eprintln!("sandcove env: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("export E2B_API_URL={}", shell_quote(&url));
+    println!("export E2B_SANDBOX_URL={}", shell_quote(&url));
+    println!("export E2B_API_KEY={}", shell_quote(key.trim()));
+    ExitCode::SUCCESS
+}
+
+/// A value as one POSIX shell word.
+fn shell_quote(value: &str) -> String {
+    if !value.is_empty()
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./:@=+,%".contains(&b))
+    {
+        value.to_string()
+    } else {
+        format!("'{}'", value.replace('\'', "'\\''"))
+    }
+}

@@ -1,0 +1,422 @@
+//! E2B's official Python and JavaScript SDKs, unmodified, against `sandcove serve --e2b`.
+//!
+//! Each test provisions the pinned SDK (`fixtures/python/pins-*.txt` in a virtualenv,
+//! `fixtures/js/package-lock.json` with `npm ci`) under the build directory on first use, starts the built `sandcove serve` on free loopback ports
+//! with a private state directory, points the SDK at it with the lines `sandcove env e2b`
+//! prints (exactly what a user evaluates), runs one program from `fixtures/python/` or
+//! `fixtures/js/` and compares its output with the `.expected` file beside it. A machine
+//! without `python3` or `node` and `npm` fails these tests, saying so.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sandcove_tests::PrivateState;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sandcove");
+const E2B_PINS: &str = "pins-e2b-2.63.0.txt";
+/// The last SDK that creates with `POST /sandboxes` (newer ones use `/v2/sandboxes`).
+const E2B_LEGACY_PINS: &str = "pins-e2b-2.50.0.txt";
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/python")
+}
+
+/// A short, stable fingerprint of the pin file, so a changed pin gets a fresh venv.
+fn fingerprint(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// The virtualenv holding the pinned packages of `pins`, built once.
+fn venv(pins: &str) -> PathBuf {
+    let pin_file = fixtures().join(pins);
+    let bytes = std::fs::read(&pin_file).expect("the pin file");
+    let stem = pins.trim_end_matches(".txt");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("sdk")
+        .join(format!("py-{stem}-{}", fingerprint(&bytes)));
+    provision(&dir, |tmp| {
+        match Command::new("python3").arg("--version").output() {
+            Ok(out) if out.status.success() => {}
+            other => panic!(
+                "python3 is missing ({other:?}): the official-SDK tests need python3 (3.9 or \
+                 newer, with the venv module) on PATH"
+            ),
+        }
+        let status = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(tmp)
+            .status()
+            .expect("python3 -m venv");
+        assert!(status.success(), "python3 -m venv {} failed", tmp.display());
+        let out = Command::new(tmp.join("bin/python"))
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-r",
+            ])
+            .arg(&pin_file)
+            .output()
+            .expect("pip install");
+        assert!(
+            out.status.success(),
+            "pip install -r {} failed:\n{}",
+            pin_file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    dir
+}
+
+/// Build `dir` once: `fill` populates a private directory, which is then renamed into place
+/// (a racing test that loses the rename discards its copy and uses the winner's).
+fn provision(dir: &Path, fill: impl FnOnce(&Path)) {
+    if dir.join(".complete").exists() {
+        return;
+    }
+    let root = dir.parent().expect("a parent directory");
+    std::fs::create_dir_all(root).expect("the SDK directory");
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let name = dir.file_name().unwrap().to_string_lossy();
+    let tmp = root.join(format!(".tmp-{name}-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&tmp).expect("a private build directory");
+    fill(&tmp);
+    std::fs::write(tmp.join(".complete"), b"").expect("the completion marker");
+    if std::fs::rename(&tmp, dir).is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        assert!(
+            dir.join(".complete").exists(),
+            "could not install {}",
+            dir.display()
+        );
+    }
+}
+
+fn js_fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/js")
+}
+
+/// A directory holding `node_modules` for `fixtures/js/package-lock.json`, built once.
+fn node_project() -> PathBuf {
+    let lock = std::fs::read(js_fixtures().join("package-lock.json")).expect("the lock file");
+    let manifest = std::fs::read(js_fixtures().join("package.json")).expect("package.json");
+    let mut both = lock.clone();
+    both.extend_from_slice(&manifest);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("sdk")
+        .join(format!("js-{}", fingerprint(&both)));
+    provision(&dir, |tmp| {
+        for tool in ["node", "npm"] {
+            match Command::new(tool).arg("--version").output() {
+                Ok(out) if out.status.success() => {}
+                other => panic!(
+                    "{tool} is missing ({other:?}): the official JavaScript SDK tests need \
+                     node (18 or newer) and npm on PATH"
+                ),
+            }
+        }
+        std::fs::write(tmp.join("package.json"), &manifest).unwrap();
+        std::fs::write(tmp.join("package-lock.json"), &lock).unwrap();
+        let out = Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
+            .current_dir(tmp)
+            .output()
+            .expect("npm ci");
+        assert!(
+            out.status.success(),
+            "npm ci failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    dir
+}
+
+/// Run `fixtures/js/<name>.mjs` with the pinned SDK against a fresh server.
+fn check_js_program(name: &str) {
+    let project = node_project();
+    // ES modules resolve packages from their own directory upwards: run a copy placed in
+    // the provisioned project.
+    let program = project.join(format!("{name}.mjs"));
+    std::fs::copy(js_fixtures().join(format!("{name}.mjs")), &program).expect("copy the program");
+    let server = Server::start();
+    let vars = server.env().expect("sandcove env e2b");
+    let mut cmd = Command::new("node");
+    cmd.arg(&program)
+        .current_dir(&project)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", std::env::var_os("HOME").unwrap_or_default())
+        .env("SDK_TEST_TAG", format!("js-{name}-{}", std::process::id()));
+    for (k, v) in &vars {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{name}.mjs failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected = std::fs::read_to_string(js_fixtures().join(format!("{name}.expected")))
+        .expect("the expected output");
+    assert_eq!(stdout, expected, "{name}.mjs printed something else");
+}
+
+#[test]
+fn js_sdk_readme_quickstart_verbatim() {
+    check_js_program("e2b_quickstart");
+}
+
+#[test]
+fn js_sdk_commands_files_watch_and_errors() {
+    check_js_program("e2b_basics");
+}
+
+/// A `sandcove serve --e2b` child process with a private state directory.
+struct Server {
+    child: Child,
+    e2b: String,
+    key: String,
+    state: PrivateState,
+}
+
+impl Server {
+    fn start() -> Server {
+        let state = PrivateState::new();
+        let key = format!("sdk-test-{}", std::process::id());
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--e2b", "127.0.0.1:0"])
+            .env("SANDCOVE_API_KEY", &key)
+            .env("SANDCOVE_STATE_DIR", &state.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start sandcove serve");
+        let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
+        let mut e2b = None;
+        for _ in 0..4 {
+            let mut line = String::new();
+            if stderr.read_line(&mut line).unwrap_or(0) == 0 {
+                break;
+            }
+            if let Some(url) = line
+                .trim()
+                .strip_prefix("sandcove serve: E2B wire protocol on ")
+            {
+                e2b = Some(url.to_string());
+                break;
+            }
+        }
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut sink = String::new();
+            while stderr.read_line(&mut sink).unwrap_or(0) > 0 {
+                sink.clear();
+            }
+        });
+        let e2b = e2b.expect("the server announces its E2B listener");
+        Server {
+            child,
+            e2b,
+            key,
+            state,
+        }
+    }
+
+    /// `sandcove env e2b` for this server: the variables, parsed from its `export` lines.
+    fn env(&self) -> Result<Vec<(String, String)>, String> {
+        let out = Command::new(BIN)
+            .args(["env", "e2b"])
+            .env("SANDCOVE_API_KEY", &self.key)
+            .env("SANDCOVE_STATE_DIR", &self.state.dir)
+            .output()
+            .expect("sandcove env");
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("export "))
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.trim_matches('\'').to_string()))
+            .collect())
+    }
+
+    /// Stop with SIGTERM, as Ctrl-C would, and wait for the exit.
+    fn stop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Run `fixtures/python/<name>.py` with the SDK of `pins` against a fresh server; compare
+/// its stdout with `<name>.expected`.
+fn check_program(pins: &str, name: &str) {
+    let venv = venv(pins);
+    let server = Server::start();
+    let vars = server.env().expect("sandcove env e2b");
+    let mut cmd = Command::new(venv.join("bin/python"));
+    cmd.arg(fixtures().join(format!("{name}.py")))
+        .current_dir(fixtures())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", std::env::var_os("HOME").unwrap_or_default())
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("SDK_TEST_TAG", format!("{name}-{}", std::process::id()));
+    for (k, v) in &vars {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run the program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{name}.py failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected = std::fs::read_to_string(fixtures().join(format!("{name}.expected")))
+        .expect("the expected output");
+    assert_eq!(stdout, expected, "{name}.py printed something else");
+}
+
+#[test]
+fn python_sdk_readme_quickstart_verbatim() {
+    check_program(E2B_PINS, "e2b_quickstart");
+}
+
+#[test]
+fn python_sdk_commands() {
+    check_program(E2B_PINS, "e2b_commands");
+}
+
+#[test]
+fn python_sdk_files() {
+    check_program(E2B_PINS, "e2b_files");
+}
+
+#[test]
+fn python_sdk_processes_and_lifecycle() {
+    check_program(E2B_PINS, "e2b_processes");
+}
+
+#[test]
+fn python_sdk_watch_by_polling() {
+    check_program(E2B_PINS, "e2b_watch");
+}
+
+#[test]
+fn python_sdk_async_and_streamed_watch() {
+    check_program(E2B_PINS, "e2b_async");
+}
+
+#[test]
+fn python_sdk_sandboxes() {
+    check_program(E2B_PINS, "e2b_sandboxes");
+}
+
+/// The same programs with the older SDK: the legacy create path and older Connect clients.
+#[test]
+fn python_sdk_2_50_legacy_create_and_every_program() {
+    for name in [
+        "e2b_quickstart",
+        "e2b_commands",
+        "e2b_files",
+        "e2b_processes",
+        "e2b_sandboxes",
+        "e2b_watch",
+        "e2b_async",
+    ] {
+        check_program(E2B_LEGACY_PINS, name);
+    }
+}
+
+#[test]
+fn env_points_at_the_running_server_and_fails_without_one() {
+    let mut server = Server::start();
+    let vars = server.env().expect("sandcove env e2b");
+    assert_eq!(
+        vars,
+        vec![
+            ("E2B_API_URL".to_string(), server.e2b.clone()),
+            ("E2B_SANDBOX_URL".to_string(), server.e2b.clone()),
+            ("E2B_API_KEY".to_string(), server.key.clone()),
+        ]
+    );
+    // Without the key there is nothing to print.
+    let out = Command::new(BIN)
+        .args(["env", "e2b"])
+        .env_remove("SANDCOVE_API_KEY")
+        .env("SANDCOVE_STATE_DIR", &server.state.dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    // A clean stop removes the record: no server, exit 1 with a message.
+    server.stop();
+    let err = server.env().expect_err("no server runs any more");
+    assert!(err.contains("no running `sandcove serve --e2b"), "{err}");
+    // A record left by a killed server is stale: detected and removed.
+    let servers = server.state.dir.join("servers");
+    std::fs::create_dir_all(&servers).unwrap();
+    std::fs::write(
+        servers.join("999999999.json"),
+        br#"{"pid":999999999,"native":"http://127.0.0.1:9","e2b":"http://127.0.0.1:9"}"#,
+    )
+    .unwrap();
+    assert!(server.env().is_err());
+    assert!(
+        !servers.join("999999999.json").exists(),
+        "the stale record is removed"
+    );
+}
+
+#[test]
+fn vendors_without_a_wire_protocol_are_refused_clearly() {
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--daytona",
+            "127.0.0.1:0",
+        ])
+        .env("SANDCOVE_API_KEY", "k")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--daytona is not available yet"));
+    let out = Command::new(BIN)
+        .args(["env", "blaxel"])
+        .env("SANDCOVE_API_KEY", "k")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+}

@@ -1,0 +1,443 @@
+//! E2B's wire protocol byte by byte, from a Rust client: Connect envelopes and end-of-stream
+//! messages, deadlines, keep-alives, and authentication before any effect. The router runs
+//! in this process over the embedded engine with a private state directory.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use sandcove::conformance::eventually;
+use sandcove::server::{serve_router, ConnectionLimits};
+use sandcove::{Backend, LocalBackend};
+use sandcove_tests::PrivateState;
+use serde_json::{json, Value};
+
+const KEY: &str = "wire-test-key";
+
+struct Env {
+    url: String,
+    http: reqwest::Client,
+    backend: Arc<LocalBackend>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    state: Option<PrivateState>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        // The state's cleanup runs its own runtime: not on this runtime's thread.
+        let state = self.state.take();
+        let _ = std::thread::spawn(move || drop(state)).join();
+    }
+}
+
+async fn env() -> Env {
+    let state = PrivateState::new();
+    let backend = Arc::new(LocalBackend::with_state_dir(&state.dir).expect("engine"));
+    let app = e2b::wire::router(backend.clone(), e2b::wire::WireConfig::new(KEY));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let limits = ConnectionLimits {
+        max_connections: 64,
+        head_timeout: Duration::from_secs(10),
+        shutdown_grace: Duration::from_secs(1),
+        tls: None,
+    };
+    tokio::spawn(serve_router(listener, app, limits, async move {
+        let _ = stopped.await;
+    }));
+    Env {
+        url,
+        http: reqwest::Client::new(),
+        backend,
+        stop: Some(stop),
+        state: Some(state),
+    }
+}
+
+impl Env {
+    /// Create a sandbox over the wire; its id and envd token.
+    async fn create(&self) -> (String, String) {
+        let r = self
+            .http
+            .post(format!("{}/v2/sandboxes", self.url))
+            .header("X-API-KEY", KEY)
+            .json(&json!({"templateID": "base", "metadata": {}, "envVars": {}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 201);
+        let body: Value = r.json().await.unwrap();
+        (
+            body["sandboxID"].as_str().unwrap().to_string(),
+            body["envdAccessToken"].as_str().unwrap().to_string(),
+        )
+    }
+
+    fn envd(&self, path: &str, id: &str, token: &str) -> reqwest::RequestBuilder {
+        self.http
+            .post(format!("{}{path}", self.url))
+            .header("E2b-Sandbox-Id", id)
+            .header("E2b-Sandbox-Port", "49983")
+            .header("X-Access-Token", token)
+            .header("Connect-Protocol-Version", "1")
+    }
+
+    /// A server-stream call: the raw answer body.
+    async fn stream(
+        &self,
+        path: &str,
+        id: &str,
+        token: &str,
+        message: &Value,
+        headers: &[(&str, &str)],
+    ) -> (u16, String, Vec<u8>) {
+        let payload = serde_json::to_vec(message).unwrap();
+        let mut body = vec![0u8];
+        body.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        body.extend_from_slice(&payload);
+        let mut req = self
+            .envd(path, id, token)
+            .header("Content-Type", "application/connect+json");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let r = req.body(body).send().await.unwrap();
+        let status = r.status().as_u16();
+        let ct = r
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        (status, ct, r.bytes().await.unwrap().to_vec())
+    }
+}
+
+/// Split a Connect stream body into `(flags, json)` envelopes, strictly: every length must
+/// match exactly, nothing may follow the end-of-stream envelope, and it must be there.
+fn envelopes(body: &[u8]) -> Vec<(u8, Value)> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        assert!(rest.len() >= 5, "a truncated envelope header: {rest:?}");
+        let flags = rest[0];
+        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        assert!(rest.len() >= 5 + len, "an envelope longer than the body");
+        let value: Value = serde_json::from_slice(&rest[5..5 + len]).unwrap_or_else(|e| {
+            panic!(
+                "envelope payload is not JSON ({e}): {:?}",
+                &rest[5..5 + len]
+            )
+        });
+        out.push((flags, value));
+        rest = &rest[5 + len..];
+        if flags & 2 != 0 {
+            assert!(rest.is_empty(), "bytes after the end-of-stream envelope");
+        }
+    }
+    assert_eq!(
+        out.last().map(|(f, _)| *f),
+        Some(2),
+        "the stream ends with an end-of-stream envelope"
+    );
+    assert!(
+        out[..out.len() - 1].iter().all(|(f, _)| *f == 0),
+        "only the last envelope is flagged"
+    );
+    out
+}
+
+fn start_message(script: &str, tag: Option<&str>) -> Value {
+    let mut m =
+        json!({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", script]}, "stdin": false});
+    if let Some(tag) = tag {
+        m["tag"] = json!(tag);
+    }
+    m
+}
+
+#[tokio::test]
+async fn process_start_streams_exact_connect_envelopes() {
+    let env = env().await;
+    let (id, token) = env.create().await;
+    let (status, ct, body) = env
+        .stream(
+            "/process.Process/Start",
+            &id,
+            &token,
+            &start_message("printf 'hi\\n'; printf '\\377' >&2; exit 3", None),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(ct, "application/connect+json");
+    // The end-of-stream envelope of a successful stream, byte for byte.
+    assert!(body.ends_with(&[2, 0, 0, 0, 2, b'{', b'}']), "{body:?}");
+    let all = envelopes(&body);
+    let events: Vec<&Value> = all[..all.len() - 1]
+        .iter()
+        .map(|(_, v)| &v["event"])
+        .collect();
+    assert!(
+        events[0]["start"]["pid"].as_u64().is_some_and(|p| p > 0),
+        "{events:?}"
+    );
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    for e in &events[1..events.len() - 1] {
+        if let Some(s) = e["data"]["stdout"].as_str() {
+            stdout.extend(b64.decode(s).unwrap());
+        } else if let Some(s) = e["data"]["stderr"].as_str() {
+            stderr.extend(b64.decode(s).unwrap());
+        } else {
+            panic!("unexpected event {e}");
+        }
+    }
+    assert_eq!(stdout, b"hi\n");
+    assert_eq!(stderr, [0xff], "binary output is carried as base64 bytes");
+    assert_eq!(
+        events[events.len() - 1],
+        &json!({"end": {"exitCode": 3, "exited": true, "status": "exit status 3", "error": "exit status 3"}})
+    );
+}
+
+#[tokio::test]
+async fn a_malformed_envelope_is_refused_and_nothing_runs() {
+    let env = env().await;
+    let (id, token) = env.create().await;
+    let payload = serde_json::to_vec(&start_message("touch /home/user/ran", None)).unwrap();
+    // The length says one byte more than the body holds.
+    let mut body = vec![0u8];
+    body.extend_from_slice(&(payload.len() as u32 + 1).to_be_bytes());
+    body.extend_from_slice(&payload);
+    let r = env
+        .envd("/process.Process/Start", &id, &token)
+        .header("Content-Type", "application/connect+json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let bytes = r.bytes().await.unwrap();
+    let all = envelopes(&bytes);
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].1["error"]["code"], "invalid_argument");
+    let err = env
+        .backend
+        .stat(&id, "/home/user/ran", Default::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+}
+
+#[tokio::test]
+async fn a_deadline_kills_the_process_and_ends_with_deadline_exceeded() {
+    let env = env().await;
+    let (id, token) = env.create().await;
+    let (_, _, body) = env
+        .stream(
+            "/process.Process/Start",
+            &id,
+            &token,
+            &start_message("sleep 120", Some("deadline")),
+            &[("Connect-Timeout-Ms", "500")],
+        )
+        .await;
+    let all = envelopes(&body);
+    let (flags, last) = all.last().unwrap();
+    assert_eq!(*flags, 2);
+    assert_eq!(last["error"]["code"], "deadline_exceeded", "{last}");
+    let backend = env.backend.clone();
+    eventually(
+        Duration::from_secs(10),
+        "the timed-out process is gone",
+        || {
+            let backend = backend.clone();
+            let id = id.clone();
+            async move {
+                let listed = backend
+                    .list_processes(&id)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                match listed
+                    .iter()
+                    .find(|p| p.tag.as_deref() == Some("deadline") && p.exit.is_none())
+                {
+                    Some(p) => Err(format!("still running: {p:?}")),
+                    None => Ok(()),
+                }
+            }
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn quiet_streams_carry_keepalives() {
+    let env = env().await;
+    let (id, token) = env.create().await;
+    let (_, _, body) = env
+        .stream(
+            "/process.Process/Start",
+            &id,
+            &token,
+            &start_message("sleep 2.5; echo done", None),
+            &[("Keepalive-Ping-Interval", "1")],
+        )
+        .await;
+    let all = envelopes(&body);
+    let keepalives = all
+        .iter()
+        .filter(|(_, v)| v["event"].get("keepalive").is_some())
+        .count();
+    assert!(keepalives >= 1, "no keepalive in {all:?}");
+    assert_eq!(all[all.len() - 2].1["event"]["end"]["exitCode"], 0);
+}
+
+#[tokio::test]
+async fn wrong_credentials_are_refused_before_any_effect() {
+    let env = env().await;
+    let before = env.backend.list(Default::default()).await.unwrap().len();
+    for key in [
+        None,
+        Some("wrong"),
+        Some("wire-test-ke"),
+        Some("wire-test-keyy"),
+    ] {
+        let mut req = env
+            .http
+            .post(format!("{}/v2/sandboxes", env.url))
+            .json(&json!({"templateID": "base"}));
+        if let Some(k) = key {
+            req = req.header("X-API-KEY", k);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 401, "{key:?}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["code"], 401);
+        assert!(body["message"].as_str().is_some());
+    }
+    assert_eq!(
+        env.backend.list(Default::default()).await.unwrap().len(),
+        before
+    );
+
+    let (id, token) = env.create().await;
+    let (other, other_token) = env.create().await;
+    assert_ne!(token, other_token);
+    // Another sandbox's token, a damaged token, none at all.
+    let mut damaged = token.clone();
+    damaged.pop();
+    damaged.push(if token.ends_with('0') { '1' } else { '0' });
+    for bad in [other_token.as_str(), damaged.as_str(), ""] {
+        let (status, _, body) = env
+            .stream(
+                "/process.Process/Start",
+                &id,
+                bad,
+                &start_message("touch /home/user/pwned", None),
+                &[],
+            )
+            .await;
+        assert_eq!(status, 401);
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["code"], "unauthenticated");
+        let r = env
+            .http
+            .get(format!("{}/files?path=/etc/hostname", env.url))
+            .header("E2b-Sandbox-Id", &id)
+            .header("X-Access-Token", bad)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 401);
+    }
+    let err = env
+        .backend
+        .stat(&id, "/home/user/pwned", Default::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    // The control-plane key is not an envd token either.
+    let (status, _, _) = env
+        .stream(
+            "/process.Process/Start",
+            &other,
+            KEY,
+            &start_message("true", None),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 401);
+}
+
+#[tokio::test]
+async fn oversized_bodies_are_refused() {
+    let env = env().await;
+    let (id, token) = env.create().await;
+    let big = "x".repeat(2 * 1024 * 1024);
+    let (_, _, body) = env
+        .stream(
+            "/process.Process/Start",
+            &id,
+            &token,
+            &start_message(&big, None),
+            &[],
+        )
+        .await;
+    let all = envelopes(&body);
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].1["error"]["code"], "resource_exhausted");
+    let r = env
+        .http
+        .post(format!("{}/v2/sandboxes", env.url))
+        .header("X-API-KEY", KEY)
+        .header("Content-Type", "application/json")
+        .body(format!(
+            "{{\"templateID\":\"base\",\"metadata\":{{\"a\":\"{big}\"}}}}"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+}
+
+#[tokio::test]
+async fn a_watcher_answers_only_its_own_sandbox() {
+    let env = env().await;
+    let (a, a_token) = env.create().await;
+    let (b, b_token) = env.create().await;
+    let r = env
+        .envd("/filesystem.Filesystem/CreateWatcher", &a, &a_token)
+        .json(&json!({"path": "/home/user", "recursive": false}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let id = r.json::<Value>().await.unwrap()["watcherId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for path in [
+        "/filesystem.Filesystem/GetWatcherEvents",
+        "/filesystem.Filesystem/RemoveWatcher",
+    ] {
+        let r = env
+            .envd(path, &b, &b_token)
+            .json(&json!({ "watcherId": id }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 404, "{path} from another sandbox");
+        assert_eq!(r.json::<Value>().await.unwrap()["code"], "not_found");
+    }
+    // Still there for its own sandbox.
+    let r = env
+        .envd("/filesystem.Filesystem/GetWatcherEvents", &a, &a_token)
+        .json(&json!({ "watcherId": id }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+}

@@ -1,0 +1,1151 @@
+//! envd, the in-sandbox API of E2B's SDKs: `process.Process/*` and `filesystem.Filesystem/*`
+//! over Connect (JSON codec), `/files` upload and download, `/health`.
+//!
+//! Every call has already been authenticated for its sandbox (`X-Access-Token`, see the
+//! module above); each resolves the sandbox, then goes through the Rust facade's own
+//! functions (`commands`, `files`) so paths, envs, users and errors mean the same thing
+//! however the call arrives.
+//!
+//! Streams (`Start`, `Connect`) send `start`, then `data` (stdout, stderr or pty bytes, base64)
+//! and one `end` event, then the end-of-stream envelope. A quiet stream gets a `keepalive`
+//! event every `Keepalive-Ping-Interval` seconds. With `Connect-Timeout-Ms`, `Start` gives
+//! the process that long: the engine kills it at the deadline and the stream ends with
+//! `deadline_exceeded` (the SDK's `TimeoutException`); `Connect` ends its stream the same way
+//! but leaves the process running.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use base64::Engine as _;
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::connect::{self, Code, ConnectError};
+use super::{read_body, SandboxId, Wire};
+use crate::commands::{process_spec, Commands};
+use crate::errors::SandboxException;
+use crate::files::{self, EntryInfo, FileType, Filesystem};
+use crate::sandbox::{Ctx, Inner};
+use crate::translate;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+/// Longest keep-alive interval honoured (a client asking for more gets this).
+const MAX_KEEPALIVE: Duration = Duration::from_secs(600);
+/// How long after a `Start` deadline the stream waits for the engine's exit report.
+const DEADLINE_GRACE: Duration = Duration::from_secs(5);
+
+/// envd's routes.
+pub(crate) fn routes() -> Router<Wire> {
+    Router::new()
+        .route("/process.Process/Start", post(start))
+        .route("/process.Process/Connect", post(attach))
+        .route("/process.Process/List", post(list))
+        .route("/process.Process/SendInput", post(send_input))
+        .route("/process.Process/SendSignal", post(send_signal))
+        .route("/process.Process/CloseStdin", post(close_stdin))
+        .route("/process.Process/Update", post(update))
+        .route("/process.Process/{method}", post(unimplemented))
+        .route("/filesystem.Filesystem/Stat", post(stat))
+        .route("/filesystem.Filesystem/ListDir", post(list_dir))
+        .route("/filesystem.Filesystem/MakeDir", post(make_dir))
+        .route("/filesystem.Filesystem/Move", post(move_entry))
+        .route("/filesystem.Filesystem/Remove", post(remove))
+        .route("/filesystem.Filesystem/WatchDir", post(watch_dir))
+        .route("/filesystem.Filesystem/CreateWatcher", post(create_watcher))
+        .route(
+            "/filesystem.Filesystem/GetWatcherEvents",
+            post(get_watcher_events),
+        )
+        .route("/filesystem.Filesystem/RemoveWatcher", post(remove_watcher))
+        .route("/filesystem.Filesystem/{method}", post(unimplemented))
+        .route("/files", get(download).post(upload))
+        .route("/health", get(health))
+}
+
+async fn unimplemented(request: Request) -> Response {
+    ConnectError::new(
+        Code::Unimplemented,
+        format!(
+            "{} is not served over E2B's wire protocol by this Sandcove yet",
+            request.uri().path().trim_start_matches('/')
+        ),
+    )
+    .into_response()
+}
+
+/// The sandbox of an envd call, as the facade's context. A sandbox that is gone is
+/// `unavailable` with "was not found", as E2B's proxy answers, so the SDK raises its
+/// `SandboxNotRunningException`.
+async fn context(wire: &Wire, id: &str) -> Result<Ctx, ConnectError> {
+    let info = match wire.backend.get(id).await {
+        Ok(info) => info,
+        Err(e) if e.is_not_found() => {
+            return Err(ConnectError::new(
+                Code::Unavailable,
+                format!("The sandbox {id} was not found"),
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if info.state == sandcove::SandboxState::Paused {
+        return Err(SandboxException::Timeout {
+            message: format!("Sandbox {id} is paused: connect to it to resume it"),
+            source: None,
+        }
+        .into());
+    }
+    Ok(Inner::from_info(wire.backend.clone(), &info))
+}
+
+/// The user named by `Authorization: Basic base64("user:")`, as envd reads it.
+fn basic_user(headers: &HeaderMap) -> Result<Option<String>, ConnectError> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Ok(None);
+    };
+    let bad = || ConnectError::new(Code::InvalidArgument, "invalid Authorization header");
+    let text = value.to_str().map_err(|_| bad())?;
+    let Some(encoded) = text.strip_prefix("Basic ") else {
+        return Err(bad());
+    };
+    let decoded = B64.decode(encoded.trim()).map_err(|_| bad())?;
+    let decoded = String::from_utf8(decoded).map_err(|_| bad())?;
+    let user = decoded.split(':').next().unwrap_or_default();
+    Ok((!user.is_empty()).then(|| user.to_string()))
+}
+
+/// Read a unary request body and parse it.
+async fn unary<T: serde::de::DeserializeOwned>(wire: &Wire, body: Body) -> Result<T, ConnectError> {
+    let bytes = read_body(body, wire.config.max_body_bytes).await?;
+    if bytes.is_empty() {
+        return connect::parse(b"{}");
+    }
+    connect::parse(&bytes)
+}
+
+/// `ProcessSelector`: `{"pid": n}` or `{"tag": "…"}`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Selector {
+    pid: Option<u32>,
+    tag: Option<String>,
+}
+
+impl Selector {
+    fn core(self) -> Result<sandcove::ProcessSelector, ConnectError> {
+        match (self.pid, self.tag) {
+            (Some(pid), None) => Ok(sandcove::ProcessSelector::Pid(pid)),
+            (None, Some(tag)) => Ok(sandcove::ProcessSelector::Tag(tag)),
+            _ => Err(ConnectError::new(
+                Code::InvalidArgument,
+                "process selector needs exactly one of pid and tag",
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct PtyBody {
+    size: Option<SizeBody>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SizeBody {
+    cols: u32,
+    rows: u32,
+}
+
+impl PtyBody {
+    fn core(&self) -> Result<sandcove::PtySize, ConnectError> {
+        let Some(size) = &self.size else {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                "pty.size is required",
+            ));
+        };
+        let cols = u16::try_from(size.cols).ok().filter(|c| *c > 0);
+        let rows = u16::try_from(size.rows).ok().filter(|r| *r > 0);
+        match (cols, rows) {
+            (Some(cols), Some(rows)) => Ok(sandcove::PtySize { cols, rows }),
+            _ => Err(ConnectError::new(
+                Code::InvalidArgument,
+                format!("invalid pty size {}x{}", size.cols, size.rows),
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct ProcessConfig {
+    cmd: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    envs: BTreeMap<String, String>,
+    cwd: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StartRequest {
+    process: ProcessConfig,
+    pty: Option<PtyBody>,
+    tag: Option<String>,
+    stdin: Option<bool>,
+}
+
+/// The core command for envd's `cmd` + `args`: the facade's `bash -l -c` form when that is
+/// what the SDK sent (as `commands.run` always does), else the argv as given.
+fn command_of(config: &ProcessConfig) -> sandcove::Command {
+    if config.cmd == "/bin/bash"
+        && config.args.len() == 3
+        && config.args[0] == "-l"
+        && config.args[1] == "-c"
+    {
+        return sandcove::Command::bash_login(config.args[2].clone());
+    }
+    let mut argv = vec![config.cmd.clone()];
+    argv.extend(config.args.iter().cloned());
+    sandcove::Command::Argv(argv)
+}
+
+/// `Keepalive-Ping-Interval` (seconds), capped.
+fn keepalive(headers: &HeaderMap) -> Option<Duration> {
+    let secs: u64 = headers
+        .get("keepalive-ping-interval")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    (secs > 0).then(|| Duration::from_secs(secs).min(MAX_KEEPALIVE))
+}
+
+/// Read the one message of a server-stream request.
+async fn stream_request<T: serde::de::DeserializeOwned>(
+    wire: &Wire,
+    body: Body,
+) -> Result<T, ConnectError> {
+    let bytes = read_body(body, wire.config.max_body_bytes).await?;
+    connect::parse(connect::single_message(&bytes)?)
+}
+
+/// `{"event": …}` as a stream envelope.
+fn event(event: Value) -> Bytes {
+    connect::message(&json!({ "event": event }))
+}
+
+/// The `end` event for an exit status, as envd reports it.
+fn end_event(status: &sandcove::ExitStatus) -> Value {
+    let (code, error) = translate::exit_fields(status);
+    let text = match (status.code, status.signal) {
+        (Some(c), _) => format!("exit status {c}"),
+        (None, Some(s)) => format!("signal: {}", translate::signal_name(s)),
+        (None, None) => "unknown".to_string(),
+    };
+    let mut end = json!({"exitCode": code, "exited": status.code.is_some(), "status": text});
+    if let Some(e) = error {
+        end["error"] = json!(e);
+    }
+    json!({ "end": end })
+}
+
+/// Pump a process's events into a Connect stream body.
+fn process_body(
+    pid: u32,
+    mut events: std::pin::Pin<
+        Box<dyn futures::Stream<Item = sandcove::Result<sandcove::ProcessEvent>> + Send>,
+    >,
+    pty: bool,
+    keepalive: Option<Duration>,
+    deadline: Option<Duration>,
+) -> Body {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    tokio::spawn(async move {
+        if tx
+            .send(event(json!({"start": {"pid": pid}})))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let deadline = deadline.map(|d| tokio::time::Instant::now() + d);
+        let far = tokio::time::Instant::now() + Duration::from_secs(100 * 365 * 86_400);
+        let deadline_at = deadline.unwrap_or(far);
+        let quiet = keepalive.unwrap_or(Duration::from_secs(100 * 365 * 86_400));
+        let end = loop {
+            let next = tokio::select! {
+                next = events.next() => next,
+                () = tokio::time::sleep(quiet) => {
+                    if tx.send(event(json!({"keepalive": {}}))).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                () = tokio::time::sleep_until(deadline_at) => {
+                    break Some(ConnectError::new(
+                        Code::DeadlineExceeded,
+                        "the command's timeout passed",
+                    ));
+                }
+            };
+            let message = match next {
+                Some(Ok(sandcove::ProcessEvent::Stdout(bytes))) => {
+                    let key = if pty { "pty" } else { "stdout" };
+                    event(json!({"data": { key: B64.encode(bytes) }}))
+                }
+                Some(Ok(sandcove::ProcessEvent::Stderr(bytes))) => {
+                    event(json!({"data": {"stderr": B64.encode(bytes)}}))
+                }
+                Some(Ok(sandcove::ProcessEvent::Exit(status))) => {
+                    if status.timed_out {
+                        break Some(ConnectError::new(
+                            Code::DeadlineExceeded,
+                            "the command's timeout passed and it was killed",
+                        ));
+                    }
+                    let _ = tx.send(event(end_event(&status))).await;
+                    break None;
+                }
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => break Some(ConnectError::from(e)),
+                None => {
+                    break Some(ConnectError::new(
+                        Code::Unavailable,
+                        "the process's event stream ended before it exited",
+                    ))
+                }
+            };
+            if tx.send(message).await.is_err() {
+                return;
+            }
+        };
+        let _ = tx.send(connect::end_stream(end.as_ref())).await;
+    });
+    Body::from_stream(futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    }))
+}
+
+async fn start(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match start_inner(&wire, &id, &headers, body).await {
+        Ok(response) => response,
+        Err(e) => connect::stream_error(e),
+    }
+}
+
+async fn start_inner(
+    wire: &Wire,
+    id: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let deadline = connect::timeout_ms(headers)?.map(Duration::from_millis);
+    let user = basic_user(headers)?;
+    let req: StartRequest = stream_request(wire, body).await?;
+    let ctx = context(wire, id).await?;
+    let mut spec = process_spec(
+        &ctx,
+        command_of(&req.process),
+        &req.process.envs,
+        user.as_deref(),
+        req.process.cwd.as_deref(),
+        // envd keeps stdin open unless told otherwise (older SDKs never said).
+        req.stdin.unwrap_or(true),
+        deadline,
+    );
+    spec.tag = req.tag.filter(|t| !t.is_empty());
+    if let Some(pty) = &req.pty {
+        spec.pty = Some(pty.core()?);
+    }
+    let pty = spec.pty.is_some();
+    let stream = wire
+        .backend
+        .spawn(id, spec)
+        .await
+        .map_err(SandboxException::from)?;
+    // The engine kills at the deadline; the stream waits a little longer for its report.
+    let body = process_body(
+        stream.pid,
+        stream.events,
+        pty,
+        keepalive(headers),
+        deadline.map(|d| d + DEADLINE_GRACE),
+    );
+    Ok(connect::stream_response(body))
+}
+
+#[derive(Debug, Deserialize)]
+struct ProcessRequest {
+    process: Selector,
+}
+
+async fn attach(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let inner = async {
+        let deadline = connect::timeout_ms(&headers)?.map(Duration::from_millis);
+        let req: ProcessRequest = stream_request(&wire, body).await?;
+        context(&wire, &id).await?;
+        let selector = req.process.core()?;
+        let listed = wire.backend.list_processes(&id).await?;
+        let pty_of = |pid: u32| {
+            listed.iter().any(|p| {
+                p.pid == pid
+                    && p.argv.first().is_some_and(|a| a == "/bin/bash")
+                    && p.argv.get(1).is_some_and(|a| a == "-i")
+            })
+        };
+        let stream = wire
+            .backend
+            .attach(&id, selector)
+            .await
+            .map_err(SandboxException::from)?;
+        let body = process_body(
+            stream.pid,
+            stream.events,
+            pty_of(stream.pid),
+            keepalive(&headers),
+            deadline,
+        );
+        Ok::<_, ConnectError>(connect::stream_response(body))
+    };
+    match inner.await {
+        Ok(response) => response,
+        Err(e) => connect::stream_error(e),
+    }
+}
+
+async fn list(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let _: Value = unary(&wire, body).await?;
+    let ctx = context(&wire, &id).await?;
+    let processes = Commands { ctx }.list().await?;
+    let processes: Vec<Value> = processes
+        .into_iter()
+        .map(|p| {
+            let mut config = json!({"cmd": p.cmd, "args": p.args, "envs": p.envs});
+            if let Some(cwd) = p.cwd {
+                config["cwd"] = json!(cwd);
+            }
+            let mut info = json!({"config": config, "pid": p.pid});
+            if let Some(tag) = p.tag {
+                info["tag"] = json!(tag);
+            }
+            info
+        })
+        .collect();
+    Ok(connect::unary_ok(json!({ "processes": processes })))
+}
+
+#[derive(Debug, Deserialize)]
+struct InputBody {
+    stdin: Option<String>,
+    pty: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SendInputRequest {
+    process: Selector,
+    input: InputBody,
+}
+
+fn decode_b64(text: &str) -> Result<Vec<u8>, ConnectError> {
+    B64.decode(text)
+        .map_err(|_| ConnectError::new(Code::InvalidArgument, "input is not valid base64"))
+}
+
+async fn send_input(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let req: SendInputRequest = unary(&wire, body).await?;
+    let data = match (&req.input.stdin, &req.input.pty) {
+        (Some(s), None) | (None, Some(s)) => decode_b64(s)?,
+        _ => {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                "input needs exactly one of stdin and pty",
+            ))
+        }
+    };
+    context(&wire, &id).await?;
+    wire.backend
+        .write_stdin(&id, req.process.core()?, data)
+        .await
+        .map_err(SandboxException::from)?;
+    Ok(connect::unary_ok(json!({})))
+}
+
+#[derive(Debug, Deserialize)]
+struct SignalRequest {
+    process: Selector,
+    signal: Value,
+}
+
+async fn send_signal(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let req: SignalRequest = unary(&wire, body).await?;
+    let signal = match &req.signal {
+        Value::String(s) if s == "SIGNAL_SIGKILL" => sandcove::Signal::Kill,
+        Value::String(s) if s == "SIGNAL_SIGTERM" => sandcove::Signal::Term,
+        Value::Number(n) if n.as_u64() == Some(9) => sandcove::Signal::Kill,
+        Value::Number(n) if n.as_u64() == Some(15) => sandcove::Signal::Term,
+        other => {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                format!("unsupported signal {other}: SIGNAL_SIGKILL or SIGNAL_SIGTERM"),
+            ))
+        }
+    };
+    context(&wire, &id).await?;
+    wire.backend
+        .signal(&id, req.process.core()?, signal)
+        .await
+        .map_err(SandboxException::from)?;
+    Ok(connect::unary_ok(json!({})))
+}
+
+async fn close_stdin(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let req: ProcessRequest = unary(&wire, body).await?;
+    context(&wire, &id).await?;
+    wire.backend
+        .close_stdin(&id, req.process.core()?)
+        .await
+        .map_err(SandboxException::from)?;
+    Ok(connect::unary_ok(json!({})))
+}
+
+#[derive(Debug, Deserialize)]
+struct UpdateRequest {
+    process: Selector,
+    pty: Option<PtyBody>,
+}
+
+async fn update(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let req: UpdateRequest = unary(&wire, body).await?;
+    context(&wire, &id).await?;
+    if let Some(pty) = &req.pty {
+        let size = pty.core()?;
+        wire.backend
+            .resize_pty(&id, req.process.core()?, size)
+            .await
+            .map_err(SandboxException::from)?;
+    }
+    Ok(connect::unary_ok(json!({})))
+}
+
+/// `EntryInfo` as envd's JSON.
+fn entry_json(e: &EntryInfo) -> Value {
+    let kind = match e.r#type {
+        Some(FileType::File) => "FILE_TYPE_FILE",
+        Some(FileType::Dir) => "FILE_TYPE_DIRECTORY",
+        Some(FileType::Symlink) => "FILE_TYPE_SYMLINK",
+        None => "FILE_TYPE_UNSPECIFIED",
+    };
+    let mut v = json!({
+        "name": e.name,
+        "type": kind,
+        "path": e.path,
+        "size": e.size.to_string(),
+        "mode": e.mode,
+        "permissions": e.permissions,
+        "owner": e.owner,
+        "group": e.group,
+        "modifiedTime": super::control::rfc3339(e.modified_time.unix_millis),
+    });
+    if let Some(target) = &e.symlink_target {
+        v["symlinkTarget"] = json!(target);
+        v["isSymlink"] = json!(true);
+    }
+    v
+}
+
+#[derive(Debug, Deserialize)]
+struct PathRequest {
+    path: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct ListDirRequest {
+    path: String,
+    depth: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct MoveRequest {
+    source: String,
+    destination: String,
+}
+
+async fn fs(wire: &Wire, id: &str) -> Result<Filesystem, ConnectError> {
+    Ok(Filesystem {
+        ctx: context(wire, id).await?,
+    })
+}
+
+async fn stat(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let req: PathRequest = unary(&wire, body).await?;
+    let user = basic_user(&headers)?;
+    let entry = fs(&wire, &id).await?.get_info(req.path).user(user).await?;
+    Ok(connect::unary_ok(json!({ "entry": entry_json(&entry) })))
+}
+
+async fn list_dir(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let req: ListDirRequest = unary(&wire, body).await?;
+    let user = basic_user(&headers)?;
+    // envd treats a missing or zero depth as 1.
+    let depth = req.depth.filter(|d| *d != 0).unwrap_or(1);
+    let entries = fs(&wire, &id)
+        .await?
+        .list(req.path)
+        .depth(depth)
+        .user(user)
+        .await?;
+    let entries: Vec<Value> = entries.iter().map(entry_json).collect();
+    Ok(connect::unary_ok(json!({ "entries": entries })))
+}
+
+async fn make_dir(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let req: PathRequest = unary(&wire, body).await?;
+    let user = basic_user(&headers)?;
+    let fs = fs(&wire, &id).await?;
+    if !fs.make_dir(req.path.clone()).user(user.clone()).await? {
+        return Err(ConnectError::new(
+            Code::AlreadyExists,
+            format!("directory '{}' already exists", req.path),
+        ));
+    }
+    let entry = fs.get_info(req.path).user(user).await?;
+    Ok(connect::unary_ok(json!({ "entry": entry_json(&entry) })))
+}
+
+async fn move_entry(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let req: MoveRequest = unary(&wire, body).await?;
+    let user = basic_user(&headers)?;
+    let entry = fs(&wire, &id)
+        .await?
+        .rename(req.source, req.destination)
+        .user(user)
+        .await?;
+    Ok(connect::unary_ok(json!({ "entry": entry_json(&entry) })))
+}
+
+async fn remove(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let req: PathRequest = unary(&wire, body).await?;
+    let user = basic_user(&headers)?;
+    fs(&wire, &id).await?.remove(req.path).user(user).await?;
+    Ok(connect::unary_ok(json!({})))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WatchRequest {
+    path: String,
+    #[serde(default)]
+    recursive: bool,
+    #[serde(default)]
+    include_entry: bool,
+    #[serde(default)]
+    allow_network_mounts: bool,
+}
+
+/// A `FilesystemEvent` as envd's JSON.
+fn fs_event_json(e: &files::FilesystemEvent) -> Value {
+    let kind = format!("EVENT_TYPE_{}", e.r#type.value().to_ascii_uppercase());
+    let mut v = json!({"name": e.name, "type": kind});
+    if let Some(entry) = &e.entry {
+        v["entry"] = entry_json(entry);
+    }
+    v
+}
+
+/// `WatchDir`: unlike process streams, its messages are the oneof itself (`{"start":{}}`,
+/// `{"filesystem":…}`, `{"keepalive":{}}`), not wrapped in `event`.
+async fn watch_dir(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let inner = async {
+        let deadline = connect::timeout_ms(&headers)?.map(Duration::from_millis);
+        let user = basic_user(&headers)?;
+        let req: WatchRequest = stream_request(&wire, body).await?;
+        let _ = req.allow_network_mounts;
+        let ctx = context(&wire, &id).await?;
+        let mut stream = files::open_watch(&ctx, &req.path, req.recursive, user.as_deref()).await?;
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+        let quiet = keepalive(&headers).unwrap_or(Duration::from_secs(100 * 365 * 86_400));
+        let include = req.include_entry;
+        tokio::spawn(async move {
+            if tx
+                .send(connect::message(&json!({"start": {}})))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            let far = tokio::time::Instant::now() + Duration::from_secs(100 * 365 * 86_400);
+            let deadline_at = deadline
+                .map(|d| tokio::time::Instant::now() + d)
+                .unwrap_or(far);
+            let end = loop {
+                let next = tokio::select! {
+                    next = stream.next() => next,
+                    () = tokio::time::sleep(quiet) => {
+                        if tx.send(connect::message(&json!({"keepalive": {}}))).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    () = tokio::time::sleep_until(deadline_at) => {
+                        break Some(ConnectError::new(Code::DeadlineExceeded, "the watch's timeout passed"));
+                    }
+                };
+                match next {
+                    Some(Ok(ev)) => {
+                        let e = files::watch_event(&ctx, ev, include).await;
+                        if tx
+                            .send(connect::message(&json!({"filesystem": fs_event_json(&e)})))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Some(Err(e)) => break Some(ConnectError::from(e)),
+                    None => break None,
+                }
+            };
+            let _ = tx.send(connect::end_stream(end.as_ref())).await;
+        });
+        Ok::<_, ConnectError>(connect::stream_response(Body::from_stream(
+            futures::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+            }),
+        )))
+    };
+    match inner.await {
+        Ok(response) => response,
+        Err(e) => connect::stream_error(e),
+    }
+}
+
+async fn create_watcher(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let req: WatchRequest = unary(&wire, body).await?;
+    let user = basic_user(&headers)?;
+    let ctx = context(&wire, &id).await?;
+    let stream = files::open_watch(&ctx, &req.path, req.recursive, user.as_deref()).await?;
+    let watcher_id = wire
+        .watchers
+        .add(id, ctx, stream, req.include_entry)
+        .map_err(|why| ConnectError::new(Code::ResourceExhausted, why))?;
+    Ok(connect::unary_ok(json!({ "watcherId": watcher_id })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WatcherRequest {
+    watcher_id: String,
+}
+
+async fn get_watcher_events(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let req: WatcherRequest = unary(&wire, body).await?;
+    let events = wire.watchers.take(&id, &req.watcher_id)?;
+    let events: Vec<Value> = events.iter().map(fs_event_json).collect();
+    Ok(connect::unary_ok(json!({ "events": events })))
+}
+
+async fn remove_watcher(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let req: WatcherRequest = unary(&wire, body).await?;
+    wire.watchers.remove(&id, &req.watcher_id)?;
+    Ok(connect::unary_ok(json!({})))
+}
+
+/// An error of the REST routes (`/files`, `/health`): `{"code": <status>, "message"}`.
+fn rest_error(e: ConnectError) -> Response {
+    let status = match e.code {
+        // envd answers a full disk with 507, which the SDK raises as NotEnoughSpace.
+        Code::ResourceExhausted if e.message.contains("space") => StatusCode::INSUFFICIENT_STORAGE,
+        // envd's REST routes answer an unreachable sandbox with 502, as its proxy does.
+        Code::Unavailable => StatusCode::BAD_GATEWAY,
+        code => code.http_status(),
+    };
+    super::control::api_error(status, e.message)
+}
+
+#[derive(Debug, Deserialize)]
+struct FilesQuery {
+    path: Option<String>,
+    username: Option<String>,
+}
+
+async fn download(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    Query(q): Query<FilesQuery>,
+) -> Response {
+    let inner = async {
+        let path = q.path.unwrap_or_default();
+        let ctx = context(&wire, &id).await?;
+        let stream = files::open_read(&ctx, &path, q.username.as_deref()).await?;
+        Ok::<_, ConnectError>(stream)
+    };
+    match inner.await {
+        Ok(stream) => {
+            let body = Body::from_stream(stream.map(|chunk| {
+                chunk
+                    .map(Bytes::from)
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+            }));
+            let mut response = Response::new(body);
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            response
+        }
+        Err(e) => rest_error(e),
+    }
+}
+
+async fn upload(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    Query(q): Query<FilesQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match upload_inner(&wire, &id, q, &headers, body).await {
+        Ok(written) => {
+            let list: Vec<Value> = written
+                .iter()
+                .map(|w| {
+                    json!({
+                        "name": w.name,
+                        "type": w.r#type.as_ref().map(|t| t.value()).unwrap_or("file"),
+                        "path": w.path,
+                    })
+                })
+                .collect();
+            axum::Json(Value::Array(list)).into_response()
+        }
+        Err(e) => rest_error(e),
+    }
+}
+
+async fn upload_inner(
+    wire: &Wire,
+    id: &str,
+    q: FilesQuery,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Vec<files::WriteInfo>, ConnectError> {
+    if let Some(encoding) = headers.get(header::CONTENT_ENCODING) {
+        if encoding.as_bytes() != b"identity" {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                "compressed uploads (gzip=True) are not supported by Sandcove; write without gzip",
+            ));
+        }
+    }
+    if headers
+        .keys()
+        .any(|k| k.as_str().starts_with("x-metadata-"))
+    {
+        return Err(crate::gaps::refuse("file_metadata").into());
+    }
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let ctx = context(wire, id).await?;
+    let user = q.username.as_deref();
+    if content_type.starts_with("application/octet-stream") {
+        let Some(path) = q.path.filter(|p| !p.is_empty()) else {
+            return Err(ConnectError::new(Code::InvalidArgument, "path is required"));
+        };
+        let limit = wire.config.max_upload_bytes;
+        let mut seen = 0u64;
+        let stream = body.into_data_stream().map(move |chunk| {
+            let chunk = chunk.map_err(|e| sandcove::Error::invalid(format!("upload: {e}")))?;
+            seen += chunk.len() as u64;
+            if seen > limit {
+                return Err(sandcove::Error::invalid(format!(
+                    "the upload is larger than {limit} bytes"
+                )));
+            }
+            Ok(chunk.to_vec())
+        });
+        let written = files::write_stream(&ctx, &path, Box::pin(stream), user).await?;
+        return Ok(vec![written]);
+    }
+    let Some(boundary) = multipart_boundary(&content_type) else {
+        return Err(ConnectError::new(
+            Code::InvalidArgument,
+            "uploads must be multipart/form-data or application/octet-stream",
+        ));
+    };
+    let bytes = read_body(body, wire.config.max_multipart_bytes).await?;
+    let parts = parse_multipart(&bytes, &boundary)?;
+    if parts.is_empty() {
+        return Err(ConnectError::new(
+            Code::InvalidArgument,
+            "no file in the upload",
+        ));
+    }
+    let single = parts.len() == 1;
+    let mut out = Vec::with_capacity(parts.len());
+    for part in parts {
+        let path = match (&q.path, part.filename) {
+            (Some(p), _) if single && !p.is_empty() => p.clone(),
+            (_, Some(f)) if !f.is_empty() => f,
+            _ => {
+                return Err(ConnectError::new(
+                    Code::InvalidArgument,
+                    "each uploaded part needs a filename (its path)",
+                ))
+            }
+        };
+        let data = part.data.to_vec();
+        let stream = Box::pin(futures::stream::once(async move { Ok(data) }));
+        out.push(files::write_stream(&ctx, &path, stream, user).await?);
+    }
+    Ok(out)
+}
+
+/// The boundary of a `multipart/form-data` content type.
+fn multipart_boundary(content_type: &str) -> Option<String> {
+    let (kind, params) = content_type.split_once(';')?;
+    if !kind.trim().eq_ignore_ascii_case("multipart/form-data") {
+        return None;
+    }
+    params.split(';').find_map(|p| {
+        let (k, v) = p.trim().split_once('=')?;
+        k.eq_ignore_ascii_case("boundary")
+            .then(|| v.trim_matches('"').to_string())
+            .filter(|b| !b.is_empty() && b.len() <= 200)
+    })
+}
+
+/// One part of a multipart body.
+#[derive(Debug)]
+struct Part<'a> {
+    filename: Option<String>,
+    data: &'a [u8],
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The file parts of a `multipart/form-data` body (RFC 7578), strictly: a body that does not
+/// follow the format is an error, never a partial upload.
+fn parse_multipart<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<Part<'a>>, ConnectError> {
+    let bad = |why: &str| ConnectError::new(Code::InvalidArgument, format!("multipart: {why}"));
+    let delimiter = format!("--{boundary}");
+    let mut rest = match find(body, delimiter.as_bytes()) {
+        Some(i) => &body[i + delimiter.len()..],
+        None => return Err(bad("no boundary")),
+    };
+    let separator = format!("\r\n--{boundary}");
+    let mut parts = Vec::new();
+    loop {
+        if rest.starts_with(b"--") {
+            return Ok(parts);
+        }
+        rest = rest
+            .strip_prefix(b"\r\n")
+            .ok_or_else(|| bad("bad delimiter line"))?;
+        let head_end = find(rest, b"\r\n\r\n").ok_or_else(|| bad("unterminated part headers"))?;
+        let head = std::str::from_utf8(&rest[..head_end]).map_err(|_| bad("non-UTF-8 headers"))?;
+        let content = &rest[head_end + 4..];
+        let end = find(content, separator.as_bytes()).ok_or_else(|| bad("unterminated part"))?;
+        let mut name = None;
+        let mut filename = None;
+        for line in head.split("\r\n") {
+            let Some((k, v)) = line.split_once(':') else {
+                return Err(bad("bad part header"));
+            };
+            if k.trim().eq_ignore_ascii_case("content-disposition") {
+                for param in v.split(';').skip(1) {
+                    if let Some((pk, pv)) = param.trim().split_once('=') {
+                        let pv = pv.trim().trim_matches('"').to_string();
+                        match pk.trim() {
+                            "name" => name = Some(pv),
+                            "filename" => filename = Some(pv),
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+        if name.as_deref() == Some("file") {
+            parts.push(Part {
+                filename,
+                data: &content[..end],
+            });
+        }
+        rest = &content[end + separator.len()..];
+    }
+}
+
+async fn health(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+) -> Response {
+    match context(&wire, &id).await {
+        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => super::control::api_error(StatusCode::BAD_GATEWAY, e.message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multipart_bodies_parse_strictly() {
+        let body = b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/home/user/a.txt\"\r\nContent-Type: application/octet-stream\r\n\r\nhi\r\nthere\r\n--XyZ--\r\n";
+        let parts = parse_multipart(body, "XyZ").unwrap();
+        assert_eq!(parts.len(), 1);
+        assert_eq!(parts[0].filename.as_deref(), Some("/home/user/a.txt"));
+        assert_eq!(parts[0].data, b"hi\r\nthere");
+        // Truncated: no closing delimiter.
+        assert!(parse_multipart(&body[..body.len() - 12], "XyZ").is_err());
+        assert!(parse_multipart(body, "other").is_err());
+        assert_eq!(
+            multipart_boundary("multipart/form-data; boundary=abc").as_deref(),
+            Some("abc")
+        );
+        assert_eq!(multipart_boundary("application/json"), None);
+    }
+
+    #[test]
+    fn start_keeps_the_facade_shell_form() {
+        let c = ProcessConfig {
+            cmd: "/bin/bash".into(),
+            args: vec!["-l".into(), "-c".into(), "echo hi".into()],
+            envs: BTreeMap::new(),
+            cwd: None,
+        };
+        assert_eq!(command_of(&c), sandcove::Command::bash_login("echo hi"));
+        let c = ProcessConfig {
+            cmd: "ls".into(),
+            args: vec!["-la".into()],
+            envs: BTreeMap::new(),
+            cwd: None,
+        };
+        assert_eq!(command_of(&c), sandcove::Command::argv(["ls", "-la"]));
+    }
+
+    #[test]
+    fn exit_statuses_become_end_events() {
+        let ok = sandcove::ExitStatus {
+            code: Some(0),
+            signal: None,
+            timed_out: false,
+        };
+        assert_eq!(
+            end_event(&ok),
+            json!({"end": {"exitCode": 0, "exited": true, "status": "exit status 0"}})
+        );
+        let three = sandcove::ExitStatus {
+            code: Some(3),
+            ..ok
+        };
+        assert_eq!(end_event(&three)["end"]["error"], json!("exit status 3"));
+        let killed = sandcove::ExitStatus {
+            code: None,
+            signal: Some(9),
+            timed_out: false,
+        };
+        assert_eq!(
+            end_event(&killed),
+            json!({"end": {"exitCode": -1, "exited": false, "status": "signal: killed", "error": "signal: killed"}})
+        );
+    }
+
+    #[test]
+    fn basic_auth_names_the_user() {
+        let mut h = HeaderMap::new();
+        assert_eq!(basic_user(&h).unwrap(), None);
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Basic cm9vdDo="),
+        );
+        assert_eq!(basic_user(&h).unwrap().as_deref(), Some("root"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
+        assert!(basic_user(&h).is_err());
+    }
+}

@@ -1,0 +1,342 @@
+//! E2B's wire protocol, so E2B's official SDKs (Python `e2b`, TypeScript `e2b`) run unchanged
+//! against Sandcove: `sandcove serve --e2b ADDR` serves [`router`] there, and the SDK is
+//! pointed at it with `E2B_API_URL` and `E2B_SANDBOX_URL` (both the listener's origin).
+//!
+//! | module | what |
+//! |---|---|
+//! | [`control`] | the control plane (`/v2/sandboxes`, `/sandboxes/{id}/…`): REST + JSON |
+//! | [`envd`] | the in-sandbox API: `process.Process/*`, `filesystem.Filesystem/*` over Connect, `/files`, `/health` |
+//! | [`connect`] | Connect framing with the JSON codec: envelopes, end-of-stream errors, deadlines |
+//!
+//! One origin serves both planes, as the SDK allows: a request carrying `E2b-Sandbox-Id`
+//! (every envd call does) or aimed at an envd path is an envd call, anything else is a
+//! control-plane call.
+//!
+//! **Authentication** happens before any handler runs. Control-plane calls must carry the
+//! server's API key as `X-API-KEY` (compared in constant time); a missing or wrong key is
+//! `401 {"code":401,"message":…}`, which the SDK raises as `AuthenticationException`. envd
+//! calls must carry, as `X-Access-Token`, the `envdAccessToken` the control plane returned
+//! for that sandbox: an HMAC-SHA256 of the sandbox id under the server's API key, so it is
+//! kept nowhere (nothing in the sandbox can read or rewrite it), survives a server restart,
+//! and one sandbox's token opens no other sandbox. A wrong or missing token is
+//! `401 {"code":"unauthenticated",…}`.
+//!
+//! **Translation** is the Rust facade's: creating a sandbox goes through the same
+//! `Sandbox.create` option checks, commands get the same paths, envs and users, errors the
+//! same exception classes (mapped to statuses and Connect codes in one place each).
+
+pub mod connect;
+pub mod control;
+pub mod envd;
+mod watchers;
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use sandcove::Backend;
+
+/// The envd port E2B's SDKs name in `E2b-Sandbox-Port`.
+pub const ENVD_PORT: &str = "49983";
+/// The code interpreter's port (not served over the wire yet).
+pub const CODE_INTERPRETER_PORT: &str = "49999";
+/// The envd version advertised: the highest whose SDK-gated features are implemented
+/// (stdin, default user, `close_stdin`, octet-stream uploads; not file metadata, 0.6.2).
+pub const WIRE_ENVD_VERSION: &str = "0.5.7";
+
+/// Settings of the E2B listener.
+#[derive(Clone)]
+pub struct WireConfig {
+    /// The server's API key: `X-API-KEY` must equal it, and envd tokens derive from it.
+    pub api_key: String,
+    /// Largest JSON or Connect request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Largest file upload, in bytes.
+    pub max_upload_bytes: u64,
+    /// Largest multipart upload, in bytes: a multipart body is parsed in memory, so it has
+    /// its own, smaller cap (octet-stream uploads stream and obey `max_upload_bytes`).
+    pub max_multipart_bytes: usize,
+}
+
+impl WireConfig {
+    /// Defaults: 1 MiB bodies, 4 GiB streamed uploads, 64 MiB multipart uploads.
+    pub fn new(api_key: impl Into<String>) -> Self {
+        WireConfig {
+            api_key: api_key.into(),
+            max_body_bytes: 1024 * 1024,
+            max_upload_bytes: 4 * 1024 * 1024 * 1024,
+            max_multipart_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+impl std::fmt::Debug for WireConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The API key is deliberately left out.
+        f.debug_struct("WireConfig")
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_upload_bytes", &self.max_upload_bytes)
+            .field("max_multipart_bytes", &self.max_multipart_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What every handler gets.
+#[derive(Clone)]
+pub(crate) struct Wire {
+    pub backend: Arc<dyn Backend>,
+    pub config: Arc<WireConfig>,
+    tokens: Arc<ring::hmac::Key>,
+    pub watchers: Arc<watchers::Watchers>,
+}
+
+impl Wire {
+    /// The `envdAccessToken` of sandbox `id`.
+    pub fn envd_token(&self, id: &str) -> String {
+        envd_token(&self.tokens, id)
+    }
+}
+
+/// The `envdAccessToken` of sandbox `id` under `key`.
+fn envd_token(key: &ring::hmac::Key, id: &str) -> String {
+    let tag = ring::hmac::sign(key, &token_message(id));
+    let mut out = String::from("sct_");
+    for b in tag.as_ref() {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// Whether `token` is sandbox `id`'s token (verified in constant time).
+fn token_matches(key: &ring::hmac::Key, id: &str, token: &str) -> bool {
+    let Some(hex) = token.strip_prefix("sct_") else {
+        return false;
+    };
+    let Some(tag) = decode_hex(hex) else {
+        return false;
+    };
+    ring::hmac::verify(key, &token_message(id), &tag).is_ok()
+}
+
+fn token_message(id: &str) -> Vec<u8> {
+    let mut m = b"sandcove e2b envd access token\0".to_vec();
+    m.extend_from_slice(id.as_bytes());
+    m
+}
+
+fn decode_hex(hex: &str) -> Option<Vec<u8>> {
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
+        .collect()
+}
+
+/// The sandbox an authenticated envd request is for.
+#[derive(Debug, Clone)]
+pub(crate) struct SandboxId(pub String);
+
+/// E2B's wire API over `backend`, ready to serve (the caller provides the listener, the
+/// connection cap and head timeouts: `sandcove::server::serve_router`).
+pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
+    let tokens = Arc::new(ring::hmac::Key::new(
+        ring::hmac::HMAC_SHA256,
+        config.api_key.as_bytes(),
+    ));
+    let body_limit = config.max_body_bytes;
+    let wire = Wire {
+        backend,
+        config: Arc::new(config),
+        tokens,
+        watchers: Arc::default(),
+    };
+    control::routes()
+        .merge(envd::routes())
+        .fallback(not_found)
+        .with_state(wire.clone())
+        .layer(axum::extract::DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(wire, authenticate))
+}
+
+async fn not_found(request: Request) -> Response {
+    let path = request.uri().path();
+    // A 404 under a sandbox's path would read as "sandbox not found" to the SDK: E2B calls
+    // Sandcove does not serve over the wire yet say so instead.
+    let known = [
+        "/sandboxes",
+        "/v2/sandboxes",
+        "/snapshots",
+        "/templates",
+        "/volumes",
+        "/secrets",
+    ]
+    .iter()
+    .any(|p| path == *p || path.starts_with(&format!("{p}/")));
+    let status = if known {
+        StatusCode::NOT_IMPLEMENTED
+    } else {
+        StatusCode::NOT_FOUND
+    };
+    control::api_error(
+        status,
+        format!(
+            "{} {path} is not served over E2B's wire protocol by Sandcove yet (snapshots, \
+             fork, templates, volumes, secrets, logs and network updates are not); the Rust \
+             facade compat-e2b and sandcove's native API have snapshots and fork",
+            request.method(),
+        ),
+    )
+}
+
+/// Whether a path belongs to envd rather than the control plane.
+pub(crate) fn is_envd_path(path: &str) -> bool {
+    path.starts_with("/process.Process/")
+        || path.starts_with("/filesystem.Filesystem/")
+        || path == "/files"
+        || path == "/health"
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Constant-time equality of two byte strings (length is not secret).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn authenticate(State(wire): State<Wire>, mut request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    let sandbox = header_str(headers, "e2b-sandbox-id").map(str::to_string);
+    if sandbox.is_some() || is_envd_path(request.uri().path()) {
+        let Some(id) = sandbox else {
+            return connect::ConnectError::new(
+                connect::Code::Unauthenticated,
+                "missing E2b-Sandbox-Id header",
+            )
+            .into_response();
+        };
+        let token = header_str(headers, "x-access-token").unwrap_or("");
+        if !token_matches(&wire.tokens, &id, token) {
+            return connect::ConnectError::new(
+                connect::Code::Unauthenticated,
+                "invalid or missing X-Access-Token for this sandbox",
+            )
+            .into_response();
+        }
+        match header_str(headers, "e2b-sandbox-port") {
+            None | Some(ENVD_PORT) => {}
+            Some(CODE_INTERPRETER_PORT) => {
+                return connect::ConnectError::new(
+                    connect::Code::Unimplemented,
+                    "the code interpreter is not served over E2B's wire protocol by this \
+                     Sandcove yet; use commands.run(\"python3 -c ...\") or the Rust facade's \
+                     run_code",
+                )
+                .into_response();
+            }
+            Some(other) => {
+                return connect::ConnectError::new(
+                    connect::Code::Unavailable,
+                    format!(
+                        "port is not open: port {other} is not served over E2B's wire \
+                         protocol; expose it with sandcove's preview API instead"
+                    ),
+                )
+                .into_response();
+            }
+        }
+        request.extensions_mut().insert(SandboxId(id));
+        return next.run(request).await;
+    }
+    let key = header_str(headers, "x-api-key").unwrap_or("");
+    if key.is_empty() || !constant_time_eq(key.as_bytes(), wire.config.api_key.as_bytes()) {
+        let mut response = control::api_error(
+            StatusCode::UNAUTHORIZED,
+            "Invalid API key: X-API-KEY must be the server's SANDCOVE_API_KEY".to_string(),
+        );
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("X-API-KEY"),
+        );
+        return response;
+    }
+    next.run(request).await
+}
+
+/// Read a request body whole, at most `limit` bytes; beyond that the request is refused
+/// before the rest is read.
+pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, BodyError> {
+    use futures::StreamExt;
+    let mut stream = body.into_data_stream();
+    let mut out = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| BodyError::Read(e.to_string()))?;
+        if out.len() + chunk.len() > limit {
+            return Err(BodyError::TooLarge(limit));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
+/// Why a body could not be read.
+#[derive(Debug)]
+pub(crate) enum BodyError {
+    /// Bigger than the limit (bytes).
+    TooLarge(usize),
+    /// The connection failed mid-body.
+    Read(String),
+}
+
+impl From<BodyError> for connect::ConnectError {
+    fn from(e: BodyError) -> Self {
+        match e {
+            BodyError::TooLarge(limit) => connect::ConnectError::new(
+                connect::Code::ResourceExhausted,
+                format!("the request body is larger than {limit} bytes"),
+            ),
+            BodyError::Read(why) => connect::ConnectError::new(
+                connect::Code::InvalidArgument,
+                format!("reading the request body: {why}"),
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(k: &str) -> ring::hmac::Key {
+        ring::hmac::Key::new(ring::hmac::HMAC_SHA256, k.as_bytes())
+    }
+
+    #[test]
+    fn envd_tokens_are_per_sandbox_and_per_key() {
+        let w = key("k1");
+        let t = envd_token(&w, "sbx-a");
+        assert!(token_matches(&w, "sbx-a", &t));
+        assert!(!token_matches(&w, "sbx-b", &t), "another sandbox's token");
+        assert!(!token_matches(&key("k2"), "sbx-a", &t), "another key");
+        let mut flipped = t.clone().into_bytes();
+        let last = flipped.len() - 1;
+        flipped[last] = if flipped[last] == b'0' { b'1' } else { b'0' };
+        assert!(!token_matches(
+            &w,
+            "sbx-a",
+            std::str::from_utf8(&flipped).unwrap()
+        ));
+        assert!(!token_matches(&w, "sbx-a", ""));
+        assert!(!token_matches(&w, "sbx-a", &t[..t.len() - 2]));
+    }
+}

@@ -1,0 +1,148 @@
+//! envd's polling watchers (`CreateWatcher`, `GetWatcherEvents`, `RemoveWatcher`), which the
+//! synchronous Python SDK's `files.watch_dir` uses: a watch runs on a task and its events wait
+//! here, bounded, until the client polls.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+
+use super::connect::{Code, ConnectError};
+use crate::files::{self, FilesystemEvent};
+use crate::sandbox::Ctx;
+
+/// Watchers alive at once per server.
+pub const MAX_WATCHERS: usize = 256;
+/// Events kept per watcher between two polls; beyond that the watcher fails.
+pub const MAX_PENDING_EVENTS: usize = 10_000;
+
+struct Watcher {
+    sandbox: String,
+    state: Arc<Mutex<Pending>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct Pending {
+    events: VecDeque<FilesystemEvent>,
+    /// Why the watch ended, reported on the next poll.
+    ended: Option<ConnectError>,
+}
+
+/// The registry of polling watchers.
+#[derive(Default)]
+pub(crate) struct Watchers {
+    all: Mutex<HashMap<String, Watcher>>,
+}
+
+impl Drop for Watchers {
+    fn drop(&mut self) {
+        if let Ok(all) = self.all.lock() {
+            for w in all.values() {
+                w.task.abort();
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Watchers {
+    /// Register a watch of sandbox `sandbox`; its id.
+    pub fn add(
+        &self,
+        sandbox: String,
+        ctx: Ctx,
+        mut stream: sandcove::WatchStream,
+        include_entry: bool,
+    ) -> Result<String, String> {
+        let mut all = lock(&self.all);
+        all.retain(|_, w| !w.task.is_finished() || !lock(&w.state).events.is_empty());
+        if all.len() >= MAX_WATCHERS {
+            return Err(format!(
+                "{MAX_WATCHERS} watchers are already open on this server: remove some first"
+            ));
+        }
+        let state = Arc::new(Mutex::new(Pending::default()));
+        let pending = state.clone();
+        let task = tokio::spawn(async move {
+            while let Some(item) = stream.next().await {
+                let ended = match item {
+                    Ok(ev) => {
+                        let e = files::watch_event(&ctx, ev, include_entry).await;
+                        let mut p = lock(&pending);
+                        if p.events.len() >= MAX_PENDING_EVENTS {
+                            Some(ConnectError::new(
+                                Code::ResourceExhausted,
+                                format!(
+                                    "more than {MAX_PENDING_EVENTS} events waited for a poll: \
+                                     the watcher stopped"
+                                ),
+                            ))
+                        } else {
+                            p.events.push_back(e);
+                            None
+                        }
+                    }
+                    Err(e) => Some(ConnectError::from(e)),
+                };
+                if let Some(e) = ended {
+                    lock(&pending).ended = Some(e);
+                    return;
+                }
+            }
+            lock(&pending).ended = Some(ConnectError::new(
+                Code::Unavailable,
+                "the watch ended (the directory or the sandbox is gone)",
+            ));
+        });
+        let id = format!("w-{}", sandcove::random_id(20));
+        all.insert(
+            id.clone(),
+            Watcher {
+                sandbox,
+                state,
+                task,
+            },
+        );
+        Ok(id)
+    }
+
+    /// The events since the last poll; the watch's error once it has ended.
+    pub fn take(&self, sandbox: &str, id: &str) -> Result<Vec<FilesystemEvent>, ConnectError> {
+        let mut all = lock(&self.all);
+        let Some(w) = all.get(id).filter(|w| w.sandbox == sandbox) else {
+            return Err(ConnectError::new(
+                Code::NotFound,
+                format!("watcher {id} not found"),
+            ));
+        };
+        let mut p = lock(&w.state);
+        if p.events.is_empty() {
+            if let Some(e) = p.ended.take() {
+                drop(p);
+                all.remove(id);
+                return Err(e);
+            }
+        }
+        Ok(p.events.drain(..).collect())
+    }
+
+    /// Stop and forget a watcher.
+    pub fn remove(&self, sandbox: &str, id: &str) -> Result<(), ConnectError> {
+        let mut all = lock(&self.all);
+        match all.get(id) {
+            Some(w) if w.sandbox == sandbox => {
+                w.task.abort();
+                all.remove(id);
+                Ok(())
+            }
+            _ => Err(ConnectError::new(
+                Code::NotFound,
+                format!("watcher {id} not found"),
+            )),
+        }
+    }
+}
