@@ -17,7 +17,7 @@ use crate::{
 };
 
 /// Bumped on any incompatible change to the messages below.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 1;
 
 /// Largest JSON header accepted.
 pub const MAX_HEADER: usize = 4 << 20;
@@ -471,7 +471,7 @@ mod tests {
         let err = parse_hello(br#"{"version":99,"request":{"op":"info"}}"#).unwrap_err();
         assert!(err.to_string().contains("v99"), "{err}");
         assert!(matches!(
-            parse_hello(br#"{"version":2,"request":{"op":"info"}}"#),
+            parse_hello(br#"{"version":1,"request":{"op":"info"}}"#),
             Ok(Hello {
                 request: Some(Request::Info),
                 while_paused: false,
