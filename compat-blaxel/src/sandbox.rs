@@ -19,7 +19,7 @@ use crate::models::{
     self, Env, Metadata, Sandbox, SandboxCreateConfiguration, SandboxForkResponse,
     SandboxLifecycle, SandboxSnapshot, SandboxSpec, SandboxUpdateMetadata,
 };
-use crate::state::{self, SandboxRecord, NAME_LABEL, PROC_DIR, SANDBOX_KEY};
+use crate::state::{self, SandboxRecord, NAME_LABEL, SANDBOX_KEY};
 use crate::translate::{self, DEFAULT_IMAGE, DEFAULT_MEMORY, HOME};
 use crate::{fs, gaps, previews, process};
 
@@ -389,9 +389,6 @@ impl ForkBuilder {
             e => cp(e),
         })?;
         let core = client.connect(&info.id).await.map_err(cp)?;
-        // The copied wrapper files belong to the source's processes.
-        let _ = core.remove_all(PROC_DIR).await;
-        core.mkdir(PROC_DIR).await.map_err(cp)?;
         sandbox.metadata.created_at = Some(translate::format_rfc3339(info.created_at));
         sandbox.metadata.updated_at = sandbox.metadata.created_at.clone();
         // The fork got a copy of the source's annotations: its own record replaces the
@@ -1181,7 +1178,6 @@ async fn create_sandbox(
     sandbox.metadata.created_at = Some(translate::format_rfc3339(info.created_at));
     sandbox.metadata.updated_at = sandbox.metadata.created_at.clone();
     let setup = async {
-        core.mkdir(PROC_DIR).await?;
         state::write_annotation(
             &core,
             SANDBOX_KEY,

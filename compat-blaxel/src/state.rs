@@ -16,8 +16,6 @@ use crate::models::Sandbox;
 
 /// Core label holding the Blaxel sandbox name.
 pub(crate) const NAME_LABEL: &str = "blaxel.name";
-/// Where the process wrapper leaves `<pid>.restarts` and `<pid>.done`.
-pub(crate) const PROC_DIR: &str = "/tmp/.blaxel/proc";
 /// Annotation holding the sandbox record ([`SandboxRecord`]).
 pub(crate) const SANDBOX_KEY: &str = "blaxel/sandbox";
 /// Prefix of the annotation holding one named preview (`blaxel/preview/<name>`).
@@ -154,46 +152,30 @@ pub(crate) async fn write_annotation<T: Serialize>(
     Ok(())
 }
 
-/// Read a small text file inside the sandbox; `None` when missing.
-pub(crate) async fn read_text(sandbox: &sandcove::Sandbox, path: &str) -> Result<Option<String>> {
-    match sandbox.read(path).await {
-        Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
-        Err(e) if e.is_not_found() => Ok(None),
-        Err(e) => Err(e.into()),
-    }
-}
-
 /// A random lowercase alphanumeric string of `n` characters.
 pub(crate) fn random_suffix(n: usize) -> String {
     sandcove::random_id(n)
 }
 
-/// Drain what a process stream delivers without waiting for more than `idle` between events:
-/// a snapshot of a running process's retained output. Returns stdout, stderr and the exit
-/// status if it was seen.
-pub(crate) async fn drain(
+/// The output an attach returns before its live marker: the process's logs so far (each
+/// restart shown as Blaxel's restart line in stdout). Never waits for the process.
+pub(crate) async fn history(
     mut stream: sandcove::ProcessStream,
-    idle: Option<std::time::Duration>,
-) -> (Vec<u8>, Vec<u8>, Option<sandcove::ExitStatus>) {
-    let (mut out, mut err, mut exit) = (Vec::new(), Vec::new(), None);
-    loop {
-        let next = match idle {
-            Some(d) => match tokio::time::timeout(d, stream.events.next()).await {
-                Ok(n) => n,
-                Err(_) => break,
-            },
-            None => stream.events.next().await,
-        };
-        match next {
-            Some(Ok(sandcove::ProcessEvent::Stdout(b))) => out.extend(b),
-            Some(Ok(sandcove::ProcessEvent::Stderr(b))) => err.extend(b),
-            Some(Ok(sandcove::ProcessEvent::Exit(s))) => {
-                exit = Some(s);
-                break;
-            }
-            Some(Ok(_)) => {}
-            Some(Err(_)) | None => break,
+    max_restarts: Option<u32>,
+) -> Result<(Vec<u8>, Vec<u8>)> {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    while let Some(event) = stream.events.next().await {
+        match event? {
+            sandcove::ProcessEvent::Stdout(b) => out.extend(b),
+            sandcove::ProcessEvent::Stderr(b) => err.extend(b),
+            sandcove::ProcessEvent::Restarted {
+                restarts, previous, ..
+            } => out.extend(
+                crate::translate::restart_line(&previous, restarts, max_restarts).into_bytes(),
+            ),
+            sandcove::ProcessEvent::Live | sandcove::ProcessEvent::Exit(_) => break,
+            _ => {}
         }
     }
-    (out, err, exit)
+    Ok((out, err))
 }

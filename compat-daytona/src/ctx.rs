@@ -60,7 +60,10 @@ impl Ctx {
 
     pub async fn read(&self, path: &str) -> sandcove::Result<Vec<u8>> {
         use futures::StreamExt;
-        let mut stream = self.backend().read_file(&self.id, path).await?;
+        let mut stream = self
+            .backend()
+            .read_file(&self.id, path, Default::default())
+            .await?;
         let mut out = Vec::new();
         while let Some(chunk) = stream.next().await {
             out.extend_from_slice(&chunk?);

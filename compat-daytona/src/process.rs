@@ -748,8 +748,6 @@ async fn combined_output(mut stream: ProcessStream) -> Result<(Vec<u8>, sandcove
 // ----- sessions -----
 
 const SESSION_TAG: &str = "daytona-session-";
-/// A pause this long in an attached shell's output ends its replay.
-const REPLAY_IDLE: Duration = Duration::from_millis(150);
 const MARK_OPEN: &[u8] = b"\x1e\x1fdtn:";
 const MARK_CLOSE: &[u8] = b"\x1f\x1e";
 /// A start marker longer than this is treated as output (it cannot be ours).
@@ -1043,22 +1041,22 @@ impl SessionState {
         state
     }
 
-    /// State rebuilt from an attached shell: the replayed output is applied before this
-    /// returns (the replay arrives at once; a pause ends it), then live events follow.
+    /// State rebuilt from an attached shell: the retained output (everything before the
+    /// attach's live marker) is applied before this returns, then live events follow.
     async fn rebuild(mut stream: ProcessStream) -> Arc<Self> {
         let state = Self::new(stream.pid);
         loop {
-            match tokio::time::timeout(REPLAY_IDLE, stream.events.next()).await {
-                Ok(Some(ev)) => {
+            match stream.events.next().await {
+                Some(Ok(ProcessEvent::Live)) => break,
+                Some(ev) => {
                     if state.apply(ev) {
                         return state;
                     }
                 }
-                Ok(None) => {
+                None => {
                     state.apply(Err(sandcove::Error::backend("session stream ended")));
                     return state;
                 }
-                Err(_) => break,
             }
         }
         state.follow(stream);

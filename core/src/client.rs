@@ -326,7 +326,10 @@ impl Sandbox {
     /// Read a whole file into memory (at most [`MAX_READ_BYTES`]; larger files are an
     /// `InvalidArgument` error: stream them with [`Sandbox::read_stream`]).
     pub async fn read(&self, path: &str) -> Result<Vec<u8>> {
-        let mut stream = self.backend.read_file(&self.id, path).await?;
+        let mut stream = self
+            .backend
+            .read_file(&self.id, path, Default::default())
+            .await?;
         let mut out = Vec::new();
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;
@@ -342,7 +345,9 @@ impl Sandbox {
 
     /// Read a file as a stream of chunks.
     pub async fn read_stream(&self, path: &str) -> Result<ByteStream> {
-        self.backend.read_file(&self.id, path).await
+        self.backend
+            .read_file(&self.id, path, Default::default())
+            .await
     }
 
     /// Write a whole file (parents created), replacing it atomically.
@@ -367,18 +372,18 @@ impl Sandbox {
     /// List a directory to `depth` levels.
     pub async fn list_dir(&self, path: &str, depth: u32) -> Result<Vec<FileStat>> {
         self.backend
-            .list_dir(&self.id, path, ListDirOptions { depth })
+            .list_dir(&self.id, path, ListDirOptions { depth, user: None })
             .await
     }
 
     /// Metadata of a path (symlinks not followed).
     pub async fn stat(&self, path: &str) -> Result<FileStat> {
-        self.backend.stat(&self.id, path).await
+        self.backend.stat(&self.id, path, Default::default()).await
     }
 
     /// Whether a path exists.
     pub async fn exists(&self, path: &str) -> Result<bool> {
-        match self.backend.stat(&self.id, path).await {
+        match self.backend.stat(&self.id, path, Default::default()).await {
             Ok(_) => Ok(true),
             Err(e) if e.is_not_found() => Ok(false),
             Err(e) => Err(e),
@@ -739,6 +744,7 @@ pub async fn collect(mut stream: ProcessStream, limit: usize) -> Result<Output> 
                 append_limited(&mut out.stderr, &bytes, limit, &mut out.truncated)
             }
             ProcessEvent::Gap { .. } => out.truncated = true,
+            ProcessEvent::Live | ProcessEvent::Restarted { .. } => {}
             ProcessEvent::Exit(status) => {
                 out.status = Some(status);
                 return Ok(out);

@@ -670,7 +670,35 @@ pub struct ProcessSpec {
     /// is its input, there is no separate stderr.
     #[serde(default)]
     pub pty: Option<PtySize>,
+    /// Restart the process when it fails (see [`RestartPolicy`]); `None` never restarts.
+    #[serde(default)]
+    pub restart: Option<RestartPolicy>,
 }
+
+/// Restart-on-failure, run by the engine: when an incarnation of the process fails, a new
+/// one is started from the same spec [`RESTART_DELAY`] later, up to `max_restarts` times.
+///
+/// What a caller sees: one logical process. Its streams (spawn and attach) carry every
+/// incarnation's output in order, a [`ProcessEvent::Restarted`] between two incarnations, and
+/// one [`ProcessEvent::Exit`] at the very end (the last incarnation's status).
+/// [`ProcessInfo::pid`] stays the first incarnation's pid (selectors by that pid and by tag
+/// keep working); [`ProcessInfo::current_pid`] and [`ProcessInfo::restarts`] show the
+/// incarnation running now. Signals and stdin go to the current incarnation.
+///
+/// "Failure" is an exit with a non-zero code or by a signal, except when the process was
+/// signalled through the API ([`Backend::signal`](crate::Backend::signal), other than
+/// `STOP`/`CONT`) or killed by its [`ProcessSpec::timeout`] (which covers all incarnations
+/// together): those end it for good. A process with a restart policy cannot use a `pty`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RestartPolicy {
+    /// Most restarts; `None` is unlimited.
+    pub max_restarts: Option<u32>,
+}
+
+/// How long the engine waits after a failed incarnation before starting the next one (so a
+/// program that fails at once cannot spin).
+pub const RESTART_DELAY: Duration = Duration::from_secs(1);
 
 impl ProcessSpec {
     /// A spec with defaults for everything but the command.
@@ -684,6 +712,7 @@ impl ProcessSpec {
             stdin: false,
             timeout: None,
             pty: None,
+            restart: None,
         }
     }
 
@@ -764,6 +793,24 @@ pub enum ProcessEvent {
     Stdout(Vec<u8>),
     /// Bytes the process wrote to stderr.
     Stderr(Vec<u8>),
+    /// Only on [`Backend::attach`](crate::Backend::attach), exactly once: the retained history
+    /// (any [`ProcessEvent::Gap`], output and restarts) ends here, and every later event happens
+    /// live. It comes before [`ProcessEvent::Exit`], also when the process had already ended
+    /// (then `Exit` follows at once). [`Backend::spawn`](crate::Backend::spawn) never emits it.
+    /// "Logs so far" is the output before this marker: no timing guess is needed.
+    Live,
+    /// A process with a [`RestartPolicy`] failed and was started again: `previous` is how the
+    /// last incarnation ended, `pid` the new incarnation's pid, `restarts` how many restarts
+    /// there have been so far (1 for the first). Kept in the history, so attach replays it in
+    /// place.
+    Restarted {
+        /// Pid of the new incarnation.
+        pid: u32,
+        /// Restarts so far.
+        restarts: u32,
+        /// How the previous incarnation ended.
+        previous: ExitStatus,
+    },
     /// Earlier output was dropped from the backend's retained history before this attach:
     /// `bytes` is how much, per stream, is missing.
     Gap {
@@ -844,9 +891,19 @@ pub struct ProcessInfo {
     pub started_at: UnixMillis,
     /// How it ended, if it has.
     pub exit: Option<ExitStatus>,
-    /// When it ended, if it has.
+    /// When it ended, if it has (for good: a process being restarted has not ended).
     #[serde(default)]
     pub ended_at: Option<UnixMillis>,
+    /// Pid of the incarnation running now (differs from `pid` after a restart; the last
+    /// incarnation's pid once it has ended).
+    #[serde(default)]
+    pub current_pid: u32,
+    /// Restarts so far under its [`RestartPolicy`].
+    #[serde(default)]
+    pub restarts: u32,
+    /// Its restart policy, if any.
+    #[serde(default)]
+    pub restart: Option<RestartPolicy>,
 }
 
 /// Where to attach: a pid or a tag.
@@ -942,17 +999,45 @@ pub struct FileStat {
 }
 
 /// Options for listing a directory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListDirOptions {
     /// 1 lists the directory's own entries; n descends n-1 levels below it.
     pub depth: u32,
+    /// List as this sandbox user (see [`ReadOptions::user`]); `None` as the file API's own
+    /// identity.
+    #[serde(default)]
+    pub user: Option<String>,
 }
 
 impl Default for ListDirOptions {
     fn default() -> Self {
-        ListDirOptions { depth: 1 }
+        ListDirOptions {
+            depth: 1,
+            user: None,
+        }
     }
+}
+
+/// Options for reading a file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReadOptions {
+    /// Read as this sandbox user: the kernel checks that user's permissions (a file only root
+    /// may read is [`Error::PermissionDenied`](crate::Error::PermissionDenied)). `None` reads
+    /// with the file API's own identity, the sandbox's root, as before. An unknown user is an
+    /// error before anything is touched (and a user other than the default is
+    /// [`Error::NotSupported`](crate::Error::NotSupported) where the sandbox has one uid).
+    pub user: Option<String>,
+}
+
+/// Options for describing one path.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StatOptions {
+    /// Look the path up as this sandbox user (see [`ReadOptions::user`]): a path under a
+    /// directory the user may not search is refused.
+    pub user: Option<String>,
 }
 
 /// Options for writing a file.
@@ -965,7 +1050,11 @@ pub struct WriteOptions {
     pub mode: Option<u32>,
     /// Append instead of replacing.
     pub append: bool,
-    /// Owner of new files and directories; `None` is the sandbox's default user.
+    /// Write as this sandbox user (see [`ReadOptions::user`]): the kernel checks its
+    /// permissions on the directories and on an existing target, and new files and
+    /// directories are that user's. `None` writes with the file API's own identity and gives
+    /// new entries to the sandbox's default user. Replacing an existing file as a user who does
+    /// not own it leaves the new file owned by that user.
     pub user: Option<String>,
 }
 

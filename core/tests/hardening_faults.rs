@@ -314,13 +314,16 @@ async fn a_killed_agent_leaves_a_failed_sandbox_that_destroy_removes() {
         b.spawn(&id, ProcessSpec::new(Command::argv(["true"]))),
         "spawn"
     );
-    fails!(b.read_file(&id, "/etc/hostname"), "read_file");
+    fails!(
+        b.read_file(&id, "/etc/hostname", Default::default()),
+        "read_file"
+    );
     fails!(
         b.write_file(&id, "/workspace/x", bytes(b"x"), WriteOptions::default()),
         "write_file"
     );
     fails!(b.list_processes(&id), "list_processes");
-    fails!(b.stat(&id, "/workspace"), "stat");
+    fails!(b.stat(&id, "/workspace", Default::default()), "stat");
     fails!(b.pause(&id), "pause");
     // A failed sandbox is not a stopped one: nothing can start it again.
     fails!(b.start(&id), "start");

@@ -81,7 +81,7 @@ impl Backend for Refuser {
     async fn list_processes(&self, _: &str) -> Result<Vec<ProcessInfo>> {
         self.no("list_processes")
     }
-    async fn read_file(&self, _: &str, _: &str) -> Result<ByteStream> {
+    async fn read_file(&self, _: &str, _: &str, _: sandcove::ReadOptions) -> Result<ByteStream> {
         self.no("read_file")
     }
     async fn write_file(
@@ -96,7 +96,7 @@ impl Backend for Refuser {
     async fn list_dir(&self, _: &str, _: &str, _: ListDirOptions) -> Result<Vec<FileStat>> {
         self.no("list_dir")
     }
-    async fn stat(&self, _: &str, _: &str) -> Result<FileStat> {
+    async fn stat(&self, _: &str, _: &str, _: sandcove::StatOptions) -> Result<FileStat> {
         self.no("stat")
     }
     async fn mkdir(&self, _: &str, _: &str, _: MkdirOptions) -> Result<FileStat> {
@@ -438,7 +438,10 @@ async fn every_client_method_round_trips_the_backends_answer() {
         ),
         ("signal", c.signal("a", sel(), Signal::Int).await),
         ("list_processes", c.list_processes("a").await.map(drop)),
-        ("read_file", c.read_file("a", "/x y").await.map(drop)),
+        (
+            "read_file",
+            c.read_file("a", "/x y", Default::default()).await.map(drop),
+        ),
         (
             "write_file",
             c.write_file("a", "/x", data(), Default::default())
@@ -449,7 +452,7 @@ async fn every_client_method_round_trips_the_backends_answer() {
             "list_dir",
             c.list_dir("a", "/", Default::default()).await.map(drop),
         ),
-        ("stat", c.stat("a", "/").await.map(drop)),
+        ("stat", c.stat("a", "/", Default::default()).await.map(drop)),
         (
             "mkdir",
             c.mkdir("a", "/d", Default::default()).await.map(drop),

@@ -62,6 +62,7 @@ use crate::{
     ProcessInfo, ProcessSelector, ProcessSpec, PtySize, RemoveOptions, Result, SandboxInfo, Signal,
     SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions,
 };
+use crate::{ReadOptions, StatOptions};
 
 /// Path prefix of every API route.
 pub const API_PREFIX: &str = "/v1";
@@ -653,6 +654,17 @@ impl HttpBackend {
     }
 }
 
+/// A file call's query with the `user` parameter when one is named.
+fn with_user(
+    mut query: Vec<(&'static str, String)>,
+    user: Option<String>,
+) -> Vec<(&'static str, String)> {
+    if let Some(user) = user {
+        query.push(("user", user));
+    }
+    query
+}
+
 fn to_json(body: &(impl Serialize + ?Sized)) -> Result<Vec<u8>> {
     serde_json::to_vec(body).map_err(|e| Error::invalid(format!("cannot encode request: {e}")))
 }
@@ -1144,13 +1156,13 @@ impl Backend for HttpBackend {
             .await
     }
 
-    async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream> {
+    async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream> {
         let url = self.sandbox_url(id, &["files"]);
         let response = self
             .send(Req {
                 method: Method::GET,
                 url,
-                query: &[("path", path.to_string())],
+                query: &with_user(vec![("path", path.to_string())], options.user),
                 payload: Payload::None,
                 idempotency_key: None,
                 retry: Retry::Idempotent,
@@ -1207,20 +1219,23 @@ impl Backend for HttpBackend {
         options: ListDirOptions,
     ) -> Result<Vec<FileStat>> {
         let url = self.sandbox_url(id, &["files", "list"]);
-        let query = [
-            ("path", path.to_string()),
-            ("depth", options.depth.to_string()),
-        ];
+        let query = with_user(
+            vec![
+                ("path", path.to_string()),
+                ("depth", options.depth.to_string()),
+            ],
+            options.user,
+        );
         self.call(Method::GET, url, &query, None::<&()>, Retry::Idempotent)
             .await
     }
 
-    async fn stat(&self, id: &str, path: &str) -> Result<FileStat> {
+    async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat> {
         let url = self.sandbox_url(id, &["files", "stat"]);
         self.call(
             Method::GET,
             url,
-            &[("path", path.to_string())],
+            &with_user(vec![("path", path.to_string())], options.user),
             None::<&()>,
             Retry::Idempotent,
         )

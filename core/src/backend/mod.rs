@@ -15,8 +15,8 @@ use futures::Stream;
 use crate::{
     AnnotationUpdate, Capabilities, CreateOptions, FileStat, FsEvent, ListDirOptions, ListOptions,
     Metrics, MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessEvent, ProcessInfo,
-    ProcessSelector, ProcessSpec, PtySize, RemoveOptions, Result, SandboxInfo, Signal,
-    SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions,
+    ProcessSelector, ProcessSpec, PtySize, ReadOptions, RemoveOptions, Result, SandboxInfo, Signal,
+    SnapshotInfo, StatOptions, VolumeInfo, WatchOptions, WriteOptions,
 };
 
 #[cfg(feature = "http")]
@@ -113,7 +113,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
     async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>>;
 
     /// Read a file as a stream of chunks.
-    async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream>;
+    async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream>;
 
     /// Write a file from a stream of chunks; returns the written file's metadata.
     async fn write_file(
@@ -133,7 +133,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
     ) -> Result<Vec<FileStat>>;
 
     /// Metadata of one path, symlinks not followed.
-    async fn stat(&self, id: &str, path: &str) -> Result<FileStat>;
+    async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat>;
 
     /// Create a directory.
     async fn mkdir(&self, id: &str, path: &str, options: MkdirOptions) -> Result<FileStat>;

@@ -437,16 +437,24 @@ impl Source {
 
 struct ProcState {
     info: ProcessInfo,
-    history: VecDeque<(StreamKind, Arc<Vec<u8>>)>,
+    /// Output and restarts, oldest first (never the exit).
+    history: VecDeque<Event>,
     history_bytes: usize,
     dropped: [u64; 2],
     subscribers: Vec<mpsc::Sender<Event>>,
     timed_out: bool,
+    /// Signalled through the API: a restart policy does not bring it back.
+    stop_requested: bool,
 }
 
 #[derive(Clone)]
 enum Event {
     Output(StreamKind, Arc<Vec<u8>>),
+    Restarted {
+        pid: u32,
+        restarts: u32,
+        previous: ExitStatus,
+    },
     Exit(ExitStatus),
 }
 
@@ -478,7 +486,17 @@ impl Agent {
     fn find(&self, sel: &ProcessSelector) -> Result<Arc<Proc>> {
         let table = self.procs.lock().unwrap_or_else(|e| e.into_inner());
         let found = match sel {
-            ProcessSelector::Pid(pid) => table.by_pid.get(pid).cloned(),
+            // The pid a process started with, or the pid of its current incarnation.
+            ProcessSelector::Pid(pid) => table.by_pid.get(pid).cloned().or_else(|| {
+                table
+                    .by_pid
+                    .values()
+                    .find(|p| {
+                        let st = p.state.lock().unwrap_or_else(|e| e.into_inner());
+                        st.info.current_pid == *pid && st.info.exit.is_none()
+                    })
+                    .cloned()
+            }),
             ProcessSelector::Tag(tag) => {
                 // Prefer a running process with the tag, else the newest finished one.
                 let mut best: Option<&Arc<Proc>> = None;
@@ -811,9 +829,12 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: Request) -
                 };
                 proto::write_frame(stream, &reply, &[]).await?;
             }
-            for (kind, bytes) in replay {
-                write_output(stream, kind, &bytes).await?;
+            for ev in replay {
+                write_event(stream, &ev).await?;
             }
+            // Everything before this marker was history; callers that want "the logs so far"
+            // stop reading here instead of guessing with a timer.
+            proto::write_frame(stream, &Reply::Live, &[]).await?;
             if let Some(status) = exit {
                 return proto::write_frame(stream, &Reply::Exit { status }, &[]).await;
             }
@@ -849,18 +870,19 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: Request) -
         }
         Request::Signal { process, signal } => {
             let proc_ = agent.find(&process)?;
-            let running = proc_
-                .state
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .info
-                .exit
-                .is_none();
-            if !running {
-                return Err(Error::not_found(format!("running {}", describe(&process))));
-            }
-            sys::kill(-(proc_.pid as i32), signal.number())
-                .or_else(|_| sys::kill(proc_.pid as i32, signal.number()))
+            let current = {
+                let mut st = proc_.state.lock().unwrap_or_else(|e| e.into_inner());
+                if st.info.exit.is_some() {
+                    return Err(Error::not_found(format!("running {}", describe(&process))));
+                }
+                // Any signal but stop/continue is a request to end it: no restart after.
+                if !matches!(signal, crate::Signal::Stop | crate::Signal::Cont) {
+                    st.stop_requested = true;
+                }
+                st.info.current_pid as i32
+            };
+            sys::kill(-current, signal.number())
+                .or_else(|_| sys::kill(current, signal.number()))
                 .map_err(|e| Error::from_io(&e, &describe(&process)))?;
             done(stream).await
         }
@@ -868,16 +890,23 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: Request) -
             let processes = agent.process_list();
             proto::write_frame(stream, &Reply::Processes { processes }, &[]).await
         }
-        Request::ReadFile { path } => read_file(agent, stream, &path).await,
+        Request::ReadFile { path, options } => read_file(agent, stream, &path, options.user).await,
         Request::WriteFile { path, options } => write_file(agent, stream, &path, options).await,
         Request::ListDir { path, options } => {
             let rec = agent.record.clone();
-            let entries = blocking(move || files::list_dir(&rec, &path, options)).await?;
+            let user = options.user.clone();
+            let entries = as_user(&agent.record, user, move || {
+                files::list_dir(&rec, &path, options)
+            })
+            .await?;
             proto::write_frame(stream, &Reply::Entries { entries }, &[]).await
         }
-        Request::Stat { path } => {
+        Request::Stat { path, options } => {
             let rec = agent.record.clone();
-            let stat = blocking(move || files::stat(&rec, &path)).await?;
+            let stat = as_user(&agent.record, options.user, move || {
+                files::stat(&rec, &path)
+            })
+            .await?;
             proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
         }
         Request::Mkdir { path, options } => {
@@ -963,6 +992,52 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
         .map_err(|e| Error::backend(format!("agent task failed: {e}")))?
 }
 
+/// Run blocking file work as sandbox user `user` (`None`: as the agent itself, on the
+/// blocking pool).
+///
+/// The user is looked up in the sandbox's record (the same table processes run from; it is
+/// host-written, never read from files sandbox code can edit), so an unknown user is an error
+/// before anything is touched. A user with the agent's own ids needs no switch. Any other runs
+/// on a fresh thread that takes the user's filesystem identity for itself alone and ends with
+/// the work, so no thread ever goes back to a pool with a changed identity.
+async fn as_user<T: Send + 'static>(
+    record: &Record,
+    user: Option<String>,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let Some(name) = user else {
+        return blocking(f).await;
+    };
+    let u = record.user(Some(&name))?;
+    if (u.uid, u.gid) == (0, 0) {
+        return blocking(f).await;
+    }
+    if record.unisolated {
+        // Un-isolated, the agent is the host user: there is no other identity to take.
+        return Err(Error::not_supported(
+            format!("file calls as user {name:?} without isolation"),
+            "omit the user (files are accessed as the host user)",
+        ));
+    }
+    let (uid, gid) = (u.uid, u.gid);
+    let (tx, rx) = oneshot::channel();
+    std::thread::Builder::new()
+        .name("sandcove-files-as-user".into())
+        .spawn(move || {
+            let result = sys::set_thread_fs_identity(uid, gid)
+                .map_err(|e| Error::Unavailable {
+                    reason: format!("cannot act as user {name:?} for a file call: {e}"),
+                    remedy: "omit the user, or run the host side as root so the sandbox has                              more than one uid"
+                        .into(),
+                })
+                .and_then(|()| f());
+            let _ = tx.send(result);
+        })
+        .map_err(|e| Error::from_io(&e, "start a file thread"))?;
+    rx.await
+        .map_err(|_| Error::backend("a file call as a user ended without a result"))?
+}
+
 async fn write_output(stream: &mut UnixStream, kind: StreamKind, bytes: &[u8]) -> Result<()> {
     let header = match kind {
         StreamKind::Stdout => Reply::Stdout,
@@ -974,10 +1049,33 @@ async fn write_output(stream: &mut UnixStream, kind: StreamKind, bytes: &[u8]) -
     Ok(())
 }
 
+/// Write one history entry (output or a restart).
+async fn write_event(stream: &mut UnixStream, ev: &Event) -> Result<()> {
+    match ev {
+        Event::Output(kind, bytes) => write_output(stream, *kind, bytes).await,
+        Event::Restarted {
+            pid,
+            restarts,
+            previous,
+        } => {
+            let reply = Reply::Restarted {
+                pid: *pid,
+                restarts: *restarts,
+                previous: *previous,
+            };
+            proto::write_frame(stream, &reply, &[]).await
+        }
+        Event::Exit(status) => {
+            proto::write_frame(stream, &Reply::Exit { status: *status }, &[]).await
+        }
+    }
+}
+
 async fn forward_events(stream: &mut UnixStream, mut rx: mpsc::Receiver<Event>) -> Result<()> {
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Output(kind, bytes) => write_output(stream, kind, &bytes).await?,
+            ev @ Event::Restarted { .. } => write_event(stream, &ev).await?,
             Event::Exit(status) => {
                 return proto::write_frame(stream, &Reply::Exit { status }, &[]).await;
             }
@@ -998,7 +1096,7 @@ fn spawn_process(
 ) -> Result<(Arc<Proc>, mpsc::Receiver<Event>)> {
     spec.validate()?;
     let record = &agent.record;
-    let user = record.user(spec.user.as_deref())?.clone();
+    record.user(spec.user.as_deref())?;
     if let Some(tag) = &spec.tag {
         let table = agent.procs.lock().unwrap_or_else(|e| e.into_inner());
         let taken = table.by_pid.values().any(|p| {
@@ -1011,6 +1109,85 @@ fn spawn_process(
             });
         }
     }
+    let inc = launch(agent, &spec)?;
+    let (tx, rx) = mpsc::channel(64);
+    let pid = inc.pid;
+    let proc_ = Arc::new(Proc {
+        pid,
+        state: Mutex::new(ProcState {
+            info: ProcessInfo {
+                pid,
+                tag: spec.tag.clone(),
+                argv: inc.argv.clone(),
+                cwd: inc.cwd.clone(),
+                envs: spec.envs.clone(),
+                started_at: now_millis(),
+                exit: None,
+                ended_at: None,
+                current_pid: pid,
+                restarts: 0,
+                restart: spec.restart,
+            },
+            history: VecDeque::new(),
+            history_bytes: 0,
+            dropped: [0, 0],
+            subscribers: vec![tx],
+            timed_out: false,
+            stop_requested: false,
+        }),
+        stdin: tokio::sync::Mutex::new(inc.stdin),
+    });
+    agent
+        .procs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .by_pid
+        .insert(pid, proc_.clone());
+    if let Some(timeout) = spec.timeout {
+        let p = proc_.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            let mut st = p.state.lock().unwrap_or_else(|e| e.into_inner());
+            if st.info.exit.is_none() {
+                st.timed_out = true;
+                let current = st.info.current_pid as i32;
+                drop(st);
+                let _ = sys::kill(-current, libc::SIGKILL);
+                let _ = sys::kill(current, libc::SIGKILL);
+            }
+        });
+    }
+    let first = Streams {
+        stdout: inc.stdout,
+        stderr: inc.stderr,
+        exit_rx: inc.exit_rx,
+    };
+    tokio::spawn(supervise(agent.clone(), proc_.clone(), spec, first));
+    Ok((proc_, rx))
+}
+
+/// One started incarnation of a process: its pid, the ends of its stdio and its exit.
+struct Incarnation {
+    pid: u32,
+    argv: Vec<String>,
+    cwd: String,
+    stdout: Option<Source>,
+    stderr: Option<Source>,
+    stdin: Option<Stdin>,
+    exit_rx: oneshot::Receiver<ExitStatus>,
+}
+
+/// What [`pump`] reads for one incarnation.
+struct Streams {
+    stdout: Option<Source>,
+    stderr: Option<Source>,
+    exit_rx: oneshot::Receiver<ExitStatus>,
+}
+
+/// Start one incarnation of `spec` (the first, or a restart) and register for its exit.
+fn launch(agent: &Arc<Agent>, spec: &ProcessSpec) -> Result<Incarnation> {
+    let record = &agent.record;
+    let user = record.user(spec.user.as_deref())?.clone();
     let cwd = match &spec.cwd {
         Some(c) => resolve(record, c)?,
         None => host_path(record, Path::new(&user.home)),
@@ -1139,7 +1316,6 @@ fn spawn_process(
         }
     })?;
     let pid = child.id();
-    let (exit_tx, exit_rx) = oneshot::channel();
     let (stdout, stderr, stdin) = if let Some(master) = pty_master {
         sys::set_nonblocking(master.as_raw_fd(), true)
             .map_err(|e| Error::from_io(&e, "pseudo-terminal"))?;
@@ -1164,48 +1340,100 @@ fn spawn_process(
     };
     // `child` is dropped without waiting: the reaper owns waiting for every pid.
     drop(child);
-    let (tx, rx) = mpsc::channel(64);
-    let proc_ = Arc::new(Proc {
+    let (exit_tx, exit_rx) = oneshot::channel();
+    agent
+        .procs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .exit_waiters
+        .insert(pid, exit_tx);
+    Ok(Incarnation {
         pid,
-        state: Mutex::new(ProcState {
-            info: ProcessInfo {
-                pid,
-                tag: spec.tag.clone(),
-                argv,
-                cwd: cwd.to_string_lossy().into_owned(),
-                envs: spec.envs.clone(),
-                started_at: now_millis(),
-                exit: None,
-                ended_at: None,
-            },
-            history: VecDeque::new(),
-            history_bytes: 0,
-            dropped: [0, 0],
-            subscribers: vec![tx],
-            timed_out: false,
-        }),
-        stdin: tokio::sync::Mutex::new(stdin),
-    });
-    {
-        let mut table = agent.procs.lock().unwrap_or_else(|e| e.into_inner());
-        table.by_pid.insert(pid, proc_.clone());
-        table.exit_waiters.insert(pid, exit_tx);
-    }
-    if let Some(timeout) = spec.timeout {
-        let p = proc_.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(timeout).await;
-            let mut st = p.state.lock().unwrap_or_else(|e| e.into_inner());
-            if st.info.exit.is_none() {
-                st.timed_out = true;
-                drop(st);
-                let _ = sys::kill(-(p.pid as i32), libc::SIGKILL);
-                let _ = sys::kill(p.pid as i32, libc::SIGKILL);
+        argv,
+        cwd: cwd.to_string_lossy().into_owned(),
+        stdout,
+        stderr,
+        stdin,
+        exit_rx,
+    })
+}
+
+/// Run a process to its end: pump each incarnation's output, restart it per its policy, then
+/// publish the final exit and retire it from the table.
+async fn supervise(agent: Arc<Agent>, proc_: Arc<Proc>, spec: ProcessSpec, first: Streams) {
+    let mut streams = first;
+    let mut status = loop {
+        let status = pump(&proc_, streams).await;
+        let Some(policy) = spec.restart else {
+            break status;
+        };
+        let restarts = {
+            let st = proc_.state.lock().unwrap_or_else(|e| e.into_inner());
+            let failed = !status.success() && !st.timed_out && !st.stop_requested;
+            let room = policy.max_restarts.is_none_or(|m| st.info.restarts < m);
+            if !(failed && room) {
+                break status;
             }
-        });
+            st.info.restarts + 1
+        };
+        tokio::time::sleep(crate::RESTART_DELAY).await;
+        // A stop or a timeout that came during the delay ends it too.
+        {
+            let st = proc_.state.lock().unwrap_or_else(|e| e.into_inner());
+            if st.timed_out || st.stop_requested {
+                break status;
+            }
+        }
+        match launch(&agent, &spec) {
+            Ok(inc) => {
+                {
+                    let mut st = proc_.state.lock().unwrap_or_else(|e| e.into_inner());
+                    st.info.current_pid = inc.pid;
+                    st.info.restarts = restarts;
+                }
+                *proc_.stdin.lock().await = inc.stdin;
+                let ev = Event::Restarted {
+                    pid: inc.pid,
+                    restarts,
+                    previous: status,
+                };
+                publish(&proc_, ev).await;
+                streams = Streams {
+                    stdout: inc.stdout,
+                    stderr: inc.stderr,
+                    exit_rx: inc.exit_rx,
+                };
+            }
+            // The restart itself failed (e.g. the working directory is gone): the process
+            // ends with the last incarnation's status, and the reason is in its stderr.
+            Err(e) => {
+                let line = format!("sandcove: restart failed: {e}\n").into_bytes();
+                publish(&proc_, Event::Output(StreamKind::Stderr, Arc::new(line))).await;
+                break status;
+            }
+        }
+    };
+    {
+        let mut st = proc_.state.lock().unwrap_or_else(|e| e.into_inner());
+        status.timed_out = st.timed_out;
+        st.info.exit = Some(status);
+        st.info.ended_at = Some(now_millis());
     }
-    tokio::spawn(pump(agent.clone(), proc_.clone(), stdout, stderr, exit_rx));
-    Ok((proc_, rx))
+    proc_.stdin.lock().await.take();
+    publish(&proc_, Event::Exit(status)).await;
+    proc_
+        .state
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .subscribers
+        .clear();
+    let mut table = agent.procs.lock().unwrap_or_else(|e| e.into_inner());
+    table.finished.push_back(proc_.pid);
+    while table.finished.len() > FINISHED_KEPT {
+        if let Some(old) = table.finished.pop_front() {
+            table.by_pid.remove(&old);
+        }
+    }
 }
 
 fn pipe_receiver(fd: impl Into<OwnedFd>) -> Result<Source> {
@@ -1214,18 +1442,12 @@ fn pipe_receiver(fd: impl Into<OwnedFd>) -> Result<Source> {
         .map_err(|e| Error::from_io(&e, "output pipe"))
 }
 
-/// Move a process's output into its history and to its subscribers (with backpressure: a
-/// slow subscriber slows the process, never loses bytes), then report its exit.
-async fn pump(
-    agent: Arc<Agent>,
-    proc_: Arc<Proc>,
-    stdout: Option<Source>,
-    stderr: Option<Source>,
-    exit_rx: oneshot::Receiver<ExitStatus>,
-) {
-    let mut out = stdout;
-    let mut err = stderr;
-    let mut exit_rx = Some(exit_rx);
+/// Move one incarnation's output into the history and to the subscribers (with
+/// backpressure: a slow subscriber slows the process, never loses bytes); return its exit.
+async fn pump(proc_: &Proc, streams: Streams) -> ExitStatus {
+    let mut out = streams.stdout;
+    let mut err = streams.stderr;
+    let mut exit_rx = Some(streams.exit_rx);
     let mut exit: Option<ExitStatus> = None;
     let mut buf_out = vec![0u8; 64 * 1024];
     let mut buf_err = vec![0u8; 64 * 1024];
@@ -1265,36 +1487,15 @@ async fn pump(
                     StreamKind::Stdout => &buf_out[..n],
                     StreamKind::Stderr => &buf_err[..n],
                 };
-                publish(&proc_, Event::Output(kind, Arc::new(bytes.to_vec()))).await;
+                publish(proc_, Event::Output(kind, Arc::new(bytes.to_vec()))).await;
             }
         }
     }
-    let mut status = exit.unwrap_or(ExitStatus {
+    exit.unwrap_or(ExitStatus {
         code: None,
         signal: None,
         timed_out: false,
-    });
-    {
-        let mut st = proc_.state.lock().unwrap_or_else(|e| e.into_inner());
-        status.timed_out = st.timed_out;
-        st.info.exit = Some(status);
-        st.info.ended_at = Some(now_millis());
-    }
-    proc_.stdin.lock().await.take();
-    publish(&proc_, Event::Exit(status)).await;
-    proc_
-        .state
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .subscribers
-        .clear();
-    let mut table = agent.procs.lock().unwrap_or_else(|e| e.into_inner());
-    table.finished.push_back(proc_.pid);
-    while table.finished.len() > FINISHED_KEPT {
-        if let Some(old) = table.finished.pop_front() {
-            table.by_pid.remove(&old);
-        }
-    }
+    })
 }
 
 enum Step {
@@ -1328,13 +1529,17 @@ async fn wait_exit(rx: &mut Option<oneshot::Receiver<ExitStatus>>) -> ExitStatus
 async fn publish(proc_: &Proc, ev: Event) {
     let subscribers = {
         let mut st = proc_.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Event::Output(kind, bytes) = &ev {
+        if let Event::Output(_, bytes) = &ev {
             st.history_bytes += bytes.len();
-            st.history.push_back((*kind, bytes.clone()));
-            while st.history_bytes > HISTORY_BYTES {
-                let Some((k, old)) = st.history.pop_front() else {
-                    break;
-                };
+        }
+        if !matches!(ev, Event::Exit(_)) {
+            st.history.push_back(ev.clone());
+        }
+        while st.history_bytes > HISTORY_BYTES {
+            let Some(old) = st.history.pop_front() else {
+                break;
+            };
+            if let Event::Output(k, old) = old {
                 st.history_bytes -= old.len();
                 st.dropped[k as usize] += old.len() as u64;
             }
@@ -1401,10 +1606,16 @@ fn host_path(record: &Record, sandbox_path: &Path) -> PathBuf {
 
 /// Read a regular file and stream it, ending at the size it had when opened (a file that
 /// keeps growing, or lies about its end, is cut there).
-async fn read_file(agent: &Arc<Agent>, stream: &mut UnixStream, path: &str) -> Result<()> {
+async fn read_file(
+    agent: &Arc<Agent>,
+    stream: &mut UnixStream,
+    path: &str,
+    user: Option<String>,
+) -> Result<()> {
     let (rec, p) = (agent.record.clone(), path.to_string());
-    // Opening can block (a lease held by sandbox code), so it runs off the event loop.
-    let (file, size) = blocking(move || files::open_for_read(&rec, &p)).await?;
+    // Opening can block (a lease held by sandbox code), so it runs off the event loop; as a
+    // user, the open is where the kernel checks that user's permissions.
+    let (file, size) = as_user(&agent.record, user, move || files::open_for_read(&rec, &p)).await?;
     let mut file = tokio::fs::File::from_std(file).take(size);
     let mut buf = vec![0u8; CHUNK];
     loop {
@@ -1430,7 +1641,11 @@ async fn write_file(
     options: WriteOptions,
 ) -> Result<()> {
     let (rec, p) = (agent.record.clone(), path.to_string());
-    let pending = blocking(move || files::begin_write(&rec, &p, &options)).await?;
+    let user = options.user.clone();
+    let pending = as_user(&agent.record, user.clone(), move || {
+        files::begin_write(&rec, &p, &options)
+    })
+    .await?;
     let mut file = tokio::fs::File::from_std(pending.file.try_clone().map_err(|e| {
         pending.discard();
         Error::from_io(&e, path)
@@ -1447,7 +1662,7 @@ async fn write_file(
     .await;
     drop(file);
     let (rec, p) = (agent.record.clone(), path.to_string());
-    let stat = blocking(move || match result {
+    let stat = as_user(&agent.record, user, move || match result {
         Ok(()) => pending.finish(&rec, &p),
         Err(e) => {
             pending.discard();

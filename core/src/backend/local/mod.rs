@@ -50,6 +50,7 @@ use crate::{
     SandboxState, Signal, SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions,
     DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT,
 };
+use crate::{ReadOptions, StatOptions};
 
 pub use self::config::default_state_dir;
 pub use self::preview::PreviewLimits;
@@ -431,6 +432,19 @@ impl LocalBackend {
                     Ok(Some((Reply::Gap { stdout, stderr }, _))) => {
                         Ok(ProcessEvent::Gap { stdout, stderr })
                     }
+                    Ok(Some((Reply::Live, _))) => Ok(ProcessEvent::Live),
+                    Ok(Some((
+                        Reply::Restarted {
+                            pid,
+                            restarts,
+                            previous,
+                        },
+                        _,
+                    ))) => Ok(ProcessEvent::Restarted {
+                        pid,
+                        restarts,
+                        previous,
+                    }),
                     Ok(Some((Reply::Exit { status }, _))) => {
                         return Some((Ok(ProcessEvent::Exit(status)), None));
                     }
@@ -875,12 +889,13 @@ impl Backend for LocalBackend {
         }
     }
 
-    async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream> {
+    async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream> {
         let mut stream = self
             .agent_stream(
                 id,
                 &Request::ReadFile {
                     path: path.to_string(),
+                    options,
                 },
             )
             .await?;
@@ -951,11 +966,12 @@ impl Backend for LocalBackend {
         }
     }
 
-    async fn stat(&self, id: &str, path: &str) -> Result<FileStat> {
+    async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat> {
         self.agent_stat(
             id,
             Request::Stat {
                 path: path.to_string(),
+                options,
             },
         )
         .await
