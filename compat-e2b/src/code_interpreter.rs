@@ -510,6 +510,7 @@ impl RunCodeBuilder {
                     }
                 }
                 ExecItem::Result(r) => {
+                    let r = *r;
                     if r.is_main_result {
                         exec.text = r.text.clone();
                     }
@@ -541,8 +542,8 @@ pub(crate) enum ExecItem {
     Stdout(OutputMessage),
     /// Decoded stderr text.
     Stderr(OutputMessage),
-    /// A result (the main one or a displayed one).
-    Result(Result),
+    /// A result (the main one or a displayed one); boxed, it is much the largest item.
+    Result(Box<Result>),
     /// The exception the code raised.
     Error(ExecutionError),
     /// The context's execution count.
@@ -605,7 +606,9 @@ impl RunItems {
                     let text = self.err.decode(&chunk.data);
                     self.push_output(text, chunk.timestamp_ns, true);
                 }
-                Event::Result(r) => self.pending.push_back(ExecItem::Result(to_result(r))),
+                Event::Result(r) => self
+                    .pending
+                    .push_back(ExecItem::Result(Box::new(to_result(r)))),
                 Event::Error(e) => self.pending.push_back(ExecItem::Error(to_error(e))),
                 Event::ExecutionCount(n) => {
                     if let Ok(n) = i64::try_from(n) {

@@ -403,7 +403,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            item_json(&ExecItem::Result(r)),
+            item_json(&ExecItem::Result(Box::new(r))),
             json!({"type": "result", "text": "2", "json": {"a": 1}, "is_main_result": true}),
             "absent fields are left out (the JS SDK counts unknown keys as extra formats)"
         );
