@@ -258,7 +258,9 @@ async fn write_read(backend: &dyn Backend, id: &str, bytes: usize) -> Result<Dur
     backend
         .write_file(id, "/tmp/bench.bin", stream, WriteOptions::default())
         .await?;
-    let mut read = backend.read_file(id, "/tmp/bench.bin").await?;
+    let mut read = backend
+        .read_file(id, "/tmp/bench.bin", Default::default())
+        .await?;
     let mut n = 0;
     while let Some(chunk) = read.next().await {
         n += chunk?.len();

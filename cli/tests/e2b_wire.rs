@@ -223,7 +223,11 @@ async fn a_malformed_envelope_is_refused_and_nothing_runs() {
     let all = envelopes(&bytes);
     assert_eq!(all.len(), 1);
     assert_eq!(all[0].1["error"]["code"], "invalid_argument");
-    let err = env.backend.stat(&id, "/home/user/ran").await.unwrap_err();
+    let err = env
+        .backend
+        .stat(&id, "/home/user/ran", Default::default())
+        .await
+        .unwrap_err();
     assert!(err.is_not_found(), "{err}");
 }
 
@@ -349,7 +353,11 @@ async fn wrong_credentials_are_refused_before_any_effect() {
             .unwrap();
         assert_eq!(r.status().as_u16(), 401);
     }
-    let err = env.backend.stat(&id, "/home/user/pwned").await.unwrap_err();
+    let err = env
+        .backend
+        .stat(&id, "/home/user/pwned", Default::default())
+        .await
+        .unwrap_err();
     assert!(err.is_not_found(), "{err}");
     // The control-plane key is not an envd token either.
     let (status, _, _) = env
@@ -522,7 +530,11 @@ async fn code_interpreter_streams_ndjson_and_checks_tokens_first() {
         )
         .await;
     assert_eq!(status, 401);
-    let err = env.backend.stat(&id, "/home/user/pwned").await.unwrap_err();
+    let err = env
+        .backend
+        .stat(&id, "/home/user/pwned", Default::default())
+        .await
+        .unwrap_err();
     assert!(err.is_not_found(), "{err}");
     assert!(
         env.backend

@@ -179,6 +179,8 @@ pub struct RunCodeBuilder {
     envs: BTreeMap<String, String>,
     timeout: Option<f64>,
     request_timeout: Option<f64>,
+    /// What the returned `Execution` may still hold (a cell can print without end).
+    kept: sandcove_interpreter::OutputBudget,
 }
 
 impl std::fmt::Debug for RunCodeBuilder {
@@ -281,6 +283,7 @@ impl RunCodeBuilder {
                     self.output(&mut execution, text, chunk.timestamp_ns, true);
                 }
                 Ok(Event::Result(r)) => {
+                    let keep = self.admit(&mut execution, r.size());
                     let mut extra: BTreeMap<String, Value> = r.data;
                     let text = extra
                         .remove(mime::TEXT)
@@ -293,7 +296,9 @@ impl RunCodeBuilder {
                     if let Some(f) = &mut self.on_result {
                         f(r.clone());
                     }
-                    execution.results.push(r);
+                    if keep {
+                        execution.results.push(r);
+                    }
                 }
                 Ok(Event::Error(e)) => {
                     let e = ExecutionError {
@@ -347,16 +352,35 @@ impl RunCodeBuilder {
             timestamp: Some(timestamp),
             is_stderr,
         };
+        let keep = self.admit(execution, text.len());
         if is_stderr {
-            execution.logs.stderr.push(text);
+            if keep {
+                execution.logs.stderr.push(text);
+            }
             if let Some(f) = &mut self.on_stderr {
                 f(message);
             }
         } else {
-            execution.logs.stdout.push(text);
+            if keep {
+                execution.logs.stdout.push(text);
+            }
             if let Some(f) = &mut self.on_stdout {
                 f(message);
             }
+        }
+    }
+
+    /// Whether `bytes` more output may be kept in `execution`; the first time not, a note
+    /// says so.
+    fn admit(&mut self, execution: &mut Execution, bytes: usize) -> bool {
+        use sandcove_interpreter::{Admit, OutputBudget};
+        match self.kept.admit(bytes) {
+            Admit::Keep => true,
+            Admit::FirstDrop => {
+                execution.logs.stderr.push(OutputBudget::note());
+                false
+            }
+            Admit::Drop => false,
         }
     }
 }
@@ -460,6 +484,7 @@ impl CodeInterpreter {
             envs: BTreeMap::new(),
             timeout: None,
             request_timeout: None,
+            kept: Default::default(),
         }
     }
 

@@ -158,7 +158,7 @@ pub fn status_of(err: &sandcove::Error) -> i64 {
     use sandcove::Error as E;
     match err {
         E::NotFound { .. } => 404,
-        E::AlreadyExists { .. } => 409,
+        E::AlreadyExists { .. } | E::Conflict { .. } => 409,
         E::InvalidArgument { .. } => 400,
         E::Timeout { .. } => 504,
         E::PermissionDenied { .. } => 403,

@@ -9,7 +9,7 @@ use serde_json::Value;
 use crate::errors::{Result, SandboxAPIError};
 use crate::models::{self, Preview, PreviewMetadata, PreviewSpec};
 use crate::sandbox::Ctx;
-use crate::state::{self, PreviewRecords, PREVIEWS_RECORD};
+use crate::state::{self, PreviewRecords, PREVIEW_KEY_PREFIX};
 use crate::{gaps, translate};
 
 /// Header carrying a preview token.
@@ -141,9 +141,8 @@ impl SandboxPreviews {
     }
 
     async fn records(&self) -> Result<PreviewRecords> {
-        Ok(state::read_json(&self.ctx.core, PREVIEWS_RECORD)
-            .await?
-            .unwrap_or_default())
+        let info = self.ctx.core.info().await?;
+        Ok(state::annotations_under(&info, PREVIEW_KEY_PREFIX))
     }
 
     fn model(&self, mut preview: Preview, live: &sandcove::Preview) -> SandboxPreview {
@@ -198,7 +197,7 @@ impl SandboxPreviews {
                 })
             }
         };
-        let mut records = self.records().await?;
+        let records = self.records().await?;
         if records.contains_key(&preview.metadata.name) {
             return Err(SandboxAPIError::UnexpectedStatus {
                 status_code: 409,
@@ -235,8 +234,22 @@ impl SandboxPreviews {
                 .await
                 .map_err(unexpected)?,
         };
-        records.insert(preview.metadata.name.clone(), preview.clone());
-        state::write_json(&self.ctx.core, PREVIEWS_RECORD, &records).await?;
+        // One annotation per name, set only if still absent: two programs creating one name
+        // at once cannot both win.
+        let key = state::preview_key(&preview.metadata.name);
+        let update = sandcove::AnnotationUpdate::set(&key, state::encode(&key, &preview)?)
+            .expecting(&key, None);
+        match state::update_annotations(&self.ctx.core, update).await {
+            Ok(_) => {}
+            Err(sandcove::Error::Conflict { .. }) => {
+                return Err(SandboxAPIError::UnexpectedStatus {
+                    status_code: 409,
+                    content: r#"{"error": "Resource already exists"}"#.into(),
+                    source: None,
+                })
+            }
+            Err(e) => return Err(e.into()),
+        }
         Ok(self.model(preview, &live))
     }
 
@@ -319,7 +332,8 @@ impl SandboxPreviews {
                 Err(e) => return Err(unexpected(e)),
             }
         }
-        state::write_json(&self.ctx.core, PREVIEWS_RECORD, &records).await?;
+        let update = sandcove::AnnotationUpdate::remove(state::preview_key(preview_name));
+        state::update_annotations(&self.ctx.core, update).await?;
         Ok(preview)
     }
 }

@@ -2,11 +2,14 @@
 //! stream_logs.
 //!
 //! A Blaxel process is a core process whose tag is its name (the core keeps tags unique among
-//! running processes, as Blaxel keeps names). The command runs under `sh -c` inside a small
-//! wrapper that records its end time and, with `restart_on_failure`, restarts it under the
-//! same pid. What the core does not keep (the command as submitted, the requested working
-//! dir, restart settings, `stopped`/`killed`) is a JSON record per pid inside the sandbox, so
-//! any client program finds the process by name with the same status.
+//! running processes, as Blaxel keeps names). The command runs under `sh -c`; its end time
+//! and exit come from the core (`ProcessInfo.ended_at`, `exit`), and `restart_on_failure` is
+//! the core's restart policy, so the pid stays the first incarnation's and the restart count
+//! is `ProcessInfo.restarts`. Each restart shows in the output as Blaxel's restart line.
+//! "Logs so far" are the history an attach returns before its live marker. What the core does
+//! not keep (the command as submitted, the requested working dir, `stopped`/`killed`) is a
+//! JSON record per pid inside the sandbox, so any client program finds the process by name
+//! with the same status.
 
 use std::future::IntoFuture;
 use std::ops::Deref;
@@ -23,7 +26,7 @@ use crate::models::{
     self, ProcessRequest, ProcessResponse, ProcessResponseStatus, SuccessResponse,
 };
 use crate::sandbox::{into_future, Ctx};
-use crate::state::{self, ProcessRecord, INTERNAL_TAG_PREFIX, PROC_DIR};
+use crate::state::{self, ProcessRecord, INTERNAL_TAG_PREFIX, PROC_KEY_PREFIX};
 use crate::translate::{self, HOME};
 
 /// A log callback: receives one line, without its newline.
@@ -117,6 +120,7 @@ impl Lines {
 async fn pump(
     mut stream: sandcove::ProcessStream,
     mut callbacks: Callbacks,
+    max_restarts: Option<u32>,
 ) -> (Vec<u8>, Vec<u8>, Option<sandcove::ExitStatus>) {
     let (mut out, mut err, mut exit) = (Vec::new(), Vec::new(), None);
     let (mut lo, mut le) = (Lines::default(), Lines::default());
@@ -136,6 +140,15 @@ async fn pump(
                     if !l.is_empty() {
                         callbacks.line(true, l);
                     }
+                }
+            }
+            Ok(sandcove::ProcessEvent::Restarted {
+                restarts, previous, ..
+            }) => {
+                let line = translate::restart_line(&previous, restarts, max_restarts);
+                out.extend_from_slice(line.as_bytes());
+                for l in lo.push(line.as_bytes()) {
+                    callbacks.line(false, l);
                 }
             }
             Ok(sandcove::ProcessEvent::Exit(s)) => {
@@ -367,8 +380,9 @@ impl StreamLogsBuilder {
             .attach(self.ctx.core.id(), sandcove::ProcessSelector::Pid(info.pid))
             .await?;
         let callbacks = self.callbacks;
+        let max = info.restart.and_then(|r| r.max_restarts);
         let task = tokio::spawn(async move {
-            pump(stream, callbacks).await;
+            pump(stream, callbacks, max).await;
         });
         Ok(AsyncStreamHandle {
             task: Arc::new(Mutex::new(Some(task))),
@@ -522,14 +536,14 @@ impl SandboxProcess {
                 format!("process {identifier} is not running"),
             ));
         }
-        let path = format!("{PROC_DIR}/{}.json", info.pid);
-        let mut record = state::read_json::<ProcessRecord>(&self.ctx.core, &path)
+        let key = state::proc_key(info.pid);
+        let mut record = state::read_annotation::<ProcessRecord>(&self.ctx.core, &key)
             .await?
             .unwrap_or_else(|| record_from_info(&info));
         let before = record.clone();
         record.mark = Some(mark.to_string());
         record.marked_at = Some(sandcove::now_millis());
-        state::write_json(&self.ctx.core, &path, &record).await?;
+        state::write_annotation(&self.ctx.core, &key, &record).await?;
         let sent = self
             .ctx
             .core
@@ -541,7 +555,7 @@ impl SandboxProcess {
             )
             .await;
         if let Err(e) = sent {
-            let _ = state::write_json(&self.ctx.core, &path, &before).await;
+            let _ = state::write_annotation(&self.ctx.core, &key, &before).await;
             if e.is_not_found() {
                 return Err(SandboxAPIError::response_from(
                     404,
@@ -605,6 +619,37 @@ fn tail(bytes: &[u8], limit: usize) -> String {
     String::from_utf8_lossy(&bytes[start..]).into_owned()
 }
 
+/// Record a new process (a runtime annotation), dropping the records of processes the
+/// runtime no longer lists once there are many, so the records stay bounded as the
+/// runtime's own history does.
+async fn record_process(ctx: &Ctx, pid: u32, record: &ProcessRecord) -> Result<()> {
+    let key = state::proc_key(pid);
+    let mut update = sandcove::AnnotationUpdate::set(&key, state::encode(&key, record)?);
+    let info = ctx.core.info().await?;
+    let recorded = info
+        .annotations
+        .keys()
+        .filter(|k| k.starts_with(PROC_KEY_PREFIX))
+        .count();
+    if recorded >= state::PROC_RECORDS_KEPT {
+        let listed: std::collections::HashSet<String> = ctx
+            .core
+            .processes()
+            .await?
+            .iter()
+            .map(|p| state::proc_key(p.pid))
+            .collect();
+        update.remove = info
+            .annotations
+            .keys()
+            .filter(|k| k.starts_with(PROC_KEY_PREFIX) && **k != key && !listed.contains(*k))
+            .cloned()
+            .collect();
+    }
+    state::update_annotations(&ctx.core, update).await?;
+    Ok(())
+}
+
 /// The Blaxel view of one core process.
 async fn describe(
     ctx: &Ctx,
@@ -612,39 +657,37 @@ async fn describe(
     list: bool,
     limit: usize,
 ) -> Result<ProcessResponse> {
-    let record =
-        state::read_json::<ProcessRecord>(&ctx.core, &format!("{PROC_DIR}/{}.json", info.pid))
-            .await?
-            .unwrap_or_else(|| record_from_info(info));
-    let running = info.exit.is_none();
-    let (out, err, seen_exit) = match ctx
+    let record = state::read_annotation::<ProcessRecord>(&ctx.core, &state::proc_key(info.pid))
+        .await?
+        .unwrap_or_else(|| record_from_info(info));
+    // The logs so far: the history an attach returns before its live marker, exact under
+    // any load (no waiting for output to go quiet).
+    let max = info.restart.and_then(|r| r.max_restarts);
+    let (out, err) = match ctx
         .core
         .backend()
         .attach(ctx.core.id(), sandcove::ProcessSelector::Pid(info.pid))
         .await
     {
-        Ok(stream) => {
-            let idle = running.then(|| Duration::from_millis(50));
-            state::drain(stream, idle).await
-        }
-        Err(_) => (Vec::new(), Vec::new(), None),
+        Ok(stream) => state::history(stream, max).await?,
+        Err(e) if e.is_not_found() => (Vec::new(), Vec::new()),
+        Err(e) => return Err(e.into()),
     };
-    let exit = info.exit.or(seen_exit);
     let record = ProcessRecord {
         started_at: Some(info.started_at),
         ..record
     };
-    response_of(
-        ctx,
-        info.pid,
-        &record,
-        exit.as_ref(),
-        &out,
-        &err,
-        list,
-        limit,
-    )
-    .await
+    response_of(ctx, info.pid, &record, Some(info), &out, &err, list, limit).await
+}
+
+/// The core's description of process `pid` (its first pid), if it still has one.
+async fn info_of(ctx: &Ctx, pid: u32) -> Result<Option<sandcove::ProcessInfo>> {
+    Ok(ctx
+        .core
+        .processes()
+        .await?
+        .into_iter()
+        .find(|p| p.pid == pid))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -652,26 +695,18 @@ async fn response_of(
     ctx: &Ctx,
     pid: u32,
     record: &ProcessRecord,
-    exit: Option<&sandcove::ExitStatus>,
+    info: Option<&sandcove::ProcessInfo>,
     out: &[u8],
     err: &[u8],
     list: bool,
     limit: usize,
 ) -> Result<ProcessResponse> {
-    let (status, exit_code) = translate::process_status(exit, record.mark.as_deref());
-    let restart_count = if record.restart_on_failure {
-        state::read_text(&ctx.core, &format!("{PROC_DIR}/{pid}.restarts"))
-            .await?
-            .and_then(|t| t.trim().parse().ok())
-            .unwrap_or(0)
-    } else {
-        0
-    };
+    // End, exit and restarts as the core reports them.
+    let exit = info.and_then(|i| i.exit);
+    let (status, exit_code) = translate::process_status(exit.as_ref(), record.mark.as_deref());
+    let restart_count = info.map_or(0, |i| i64::from(i.restarts));
     let completed_at = if exit.is_some() {
-        let done = state::read_text(&ctx.core, &format!("{PROC_DIR}/{pid}.done"))
-            .await?
-            .and_then(|t| t.trim().parse::<u64>().ok())
-            .or(record.marked_at);
+        let done = info.and_then(|i| i.ended_at).or(record.marked_at);
         Some(done.map(translate::format_rfc1123).unwrap_or_default())
     } else if list {
         None
@@ -748,8 +783,9 @@ async fn exec(
             SandboxAPIError::value_error(format!("wait_for_ports: {p} is not a port"))
         })?);
     }
-    let script = translate::wrapper_script(&req.command, restart.then_some(max_restarts), PROC_DIR);
-    let mut spec = sandcove::ProcessSpec::new(sandcove::Command::sh(script));
+    let mut spec = sandcove::ProcessSpec::new(sandcove::Command::sh(req.command.clone()));
+    let policy = restart.then(|| translate::restart_policy(max_restarts));
+    spec.restart = policy;
     if !working_dir.is_empty() {
         spec.cwd = Some(working_dir.clone());
     }
@@ -799,9 +835,10 @@ async fn exec(
         marked_at: None,
         started_at: None,
     };
-    state::write_json(&ctx.core, &format!("{PROC_DIR}/{pid}.json"), &record).await?;
+    record_process(ctx, pid, &record).await?;
     let has_callbacks = callbacks.any();
-    let mut task = tokio::spawn(pump(stream, callbacks));
+    let max = policy.and_then(|p| p.max_restarts);
+    let mut task = tokio::spawn(pump(stream, callbacks, max));
     let started = Instant::now();
     // Bounds the waiting (not the process) unless keep_alive, where the core kills it.
     let wait_limit = match req.timeout {
@@ -846,17 +883,17 @@ async fn exec(
                 }
             }
         };
-        let (out, err, exit) =
+        let (out, err, _) =
             joined.map_err(|e| SandboxAPIError::exception(format!("output task failed: {e}")))?;
-        let record =
-            state::read_json::<ProcessRecord>(&ctx.core, &format!("{PROC_DIR}/{pid}.json"))
-                .await?
-                .unwrap_or(record);
+        let record = state::read_annotation::<ProcessRecord>(&ctx.core, &state::proc_key(pid))
+            .await?
+            .unwrap_or(record);
+        let info = info_of(ctx, pid).await?;
         let response = response_of(
             ctx,
             pid,
             &record,
-            exit.as_ref(),
+            info.as_ref(),
             &out,
             &err,
             false,
@@ -867,12 +904,13 @@ async fn exec(
     }
     if !ports.is_empty() && task.is_finished() {
         // It ended while we waited for its ports: report how.
-        if let Ok((out, err, exit)) = (&mut task).await {
+        if let Ok((out, err, _)) = (&mut task).await {
+            let info = info_of(ctx, pid).await?;
             let response = response_of(
                 ctx,
                 pid,
                 &record,
-                exit.as_ref(),
+                info.as_ref(),
                 &out,
                 &err,
                 false,

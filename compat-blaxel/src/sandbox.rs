@@ -19,7 +19,7 @@ use crate::models::{
     self, Env, Metadata, Sandbox, SandboxCreateConfiguration, SandboxForkResponse,
     SandboxLifecycle, SandboxSnapshot, SandboxSpec, SandboxUpdateMetadata,
 };
-use crate::state::{self, SandboxRecord, NAME_LABEL, PROC_DIR, SANDBOX_RECORD};
+use crate::state::{self, SandboxRecord, NAME_LABEL, SANDBOX_KEY};
 use crate::translate::{self, DEFAULT_IMAGE, DEFAULT_MEMORY, HOME};
 use crate::{fs, gaps, previews, process};
 
@@ -389,20 +389,25 @@ impl ForkBuilder {
             e => cp(e),
         })?;
         let core = client.connect(&info.id).await.map_err(cp)?;
-        // The copied facade state belongs to the source's processes.
-        let _ = core.remove_all(PROC_DIR).await;
-        core.mkdir(PROC_DIR).await.map_err(cp)?;
         sandbox.metadata.created_at = Some(translate::format_rfc3339(info.created_at));
         sandbox.metadata.updated_at = sandbox.metadata.created_at.clone();
-        state::write_json(
-            &core,
-            SANDBOX_RECORD,
-            &SandboxRecord {
-                sandbox,
-                idle_secs: idle,
-            },
-        )
-        .await?;
+        // The fork got a copy of the source's annotations: its own record replaces the
+        // source's, and the source's process and preview records do not describe the fork.
+        let record = SandboxRecord {
+            sandbox,
+            idle_secs: idle,
+        };
+        let mut update =
+            sandcove::AnnotationUpdate::set(SANDBOX_KEY, state::encode(SANDBOX_KEY, &record)?);
+        update.remove = info
+            .annotations
+            .keys()
+            .filter(|k| {
+                k.starts_with(state::PROC_KEY_PREFIX) || k.starts_with(state::PREVIEW_KEY_PREFIX)
+            })
+            .cloned()
+            .collect();
+        state::update_annotations(&core, update).await.map_err(cp)?;
         Ok(SandboxForkResponse {
             name: self.target_name,
             snapshot_id: self.snapshot_id,
@@ -584,13 +589,13 @@ impl SandboxInstance {
             record.idle_secs = idle;
             let remaining = end.saturating_sub(now).max(1000);
             if let Err(e) = core.set_timeout(Duration::from_millis(remaining)).await {
-                let _ = state::write_json(&core, SANDBOX_RECORD, &before).await;
+                let _ = state::write_annotation(&core, SANDBOX_KEY, &before).await;
                 return Err(cp(e));
             }
         }
         record.sandbox.metadata.updated_at =
             Some(translate::format_rfc3339(sandcove::now_millis()));
-        state::write_json(&core, SANDBOX_RECORD, &record).await?;
+        state::write_annotation(&core, SANDBOX_KEY, &record).await?;
         instance_from_info(&client, core.info().await.map_err(cp)?).await
     }
 }
@@ -720,7 +725,7 @@ impl SandboxHandle {
 
 /// Renew the lease of a sandbox with a `ttl-idle` policy (best effort).
 pub(crate) async fn touch(core: &sandcove::Sandbox) {
-    if let Ok(Some(record)) = state::read_json::<SandboxRecord>(core, SANDBOX_RECORD).await {
+    if let Ok(Some(record)) = state::read_annotation::<SandboxRecord>(core, SANDBOX_KEY).await {
         if let Some(idle) = record.idle_secs {
             let now = sandcove::now_millis();
             let created = record
@@ -791,7 +796,7 @@ fn snapshot_model(info: &sandcove::SnapshotInfo, sandbox_name: &str) -> SandboxS
 }
 
 async fn read_record(core: &sandcove::Sandbox) -> Result<SandboxRecord> {
-    if let Some(r) = state::read_json::<SandboxRecord>(core, SANDBOX_RECORD).await? {
+    if let Some(r) = state::read_annotation::<SandboxRecord>(core, SANDBOX_KEY).await? {
         return Ok(r);
     }
     // Created a moment ago by another program that has not written the record yet: derive
@@ -1173,10 +1178,9 @@ async fn create_sandbox(
     sandbox.metadata.created_at = Some(translate::format_rfc3339(info.created_at));
     sandbox.metadata.updated_at = sandbox.metadata.created_at.clone();
     let setup = async {
-        core.mkdir(PROC_DIR).await?;
-        state::write_json(
+        state::write_annotation(
             &core,
-            SANDBOX_RECORD,
+            SANDBOX_KEY,
             &SandboxRecord {
                 sandbox: sandbox.clone(),
                 idle_secs: idle,

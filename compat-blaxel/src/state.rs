@@ -1,6 +1,8 @@
-//! Facade state: the runtime client, lookup by name, and the small JSON records
-//! the facade keeps inside each sandbox (so every client program sees the same names,
-//! labels and process statuses).
+//! Facade state: the runtime client, lookup by name, and the small JSON records the facade
+//! keeps as runtime annotations of each sandbox (so every client program sees the same
+//! names, labels and process statuses). Annotations are held by the runtime outside the
+//! sandbox: sandbox code can neither read nor rewrite them, and a fork gets a copy only
+//! because fork copies them explicitly.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -14,12 +16,15 @@ use crate::models::Sandbox;
 
 /// Core label holding the Blaxel sandbox name.
 pub(crate) const NAME_LABEL: &str = "blaxel.name";
-/// Per-process records: `<pid>.json`, `<pid>.restarts`, `<pid>.done`.
-pub(crate) const PROC_DIR: &str = "/tmp/.blaxel/proc";
-/// The sandbox record.
-pub(crate) const SANDBOX_RECORD: &str = "/tmp/.blaxel/sandbox.json";
-/// Preview name → port.
-pub(crate) const PREVIEWS_RECORD: &str = "/tmp/.blaxel/previews.json";
+/// Annotation holding the sandbox record ([`SandboxRecord`]).
+pub(crate) const SANDBOX_KEY: &str = "blaxel/sandbox";
+/// Prefix of the annotation holding one named preview (`blaxel/preview/<name>`).
+pub(crate) const PREVIEW_KEY_PREFIX: &str = "blaxel/preview/";
+/// Prefix of the annotation holding one process record (`blaxel/proc/<pid>`).
+pub(crate) const PROC_KEY_PREFIX: &str = "blaxel/proc/";
+/// Process records kept before those of processes the runtime no longer lists are dropped
+/// (the runtime keeps a bounded history of finished processes; so do the records).
+pub(crate) const PROC_RECORDS_KEPT: usize = 300;
 /// Tag prefix of the facade's own background processes (hidden from `process.list`).
 pub(crate) const INTERNAL_TAG_PREFIX: &str = ".blaxel-";
 
@@ -77,37 +82,74 @@ pub(crate) async fn find_by_name(
     Ok(client.list(filter).await?.pop())
 }
 
-/// Read a JSON record inside the sandbox; `None` when it does not exist (or is unreadable).
-pub(crate) async fn read_json<T: DeserializeOwned>(
-    sandbox: &sandcove::Sandbox,
-    path: &str,
-) -> Result<Option<T>> {
-    match sandbox.read(path).await {
-        Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
-        Err(e) if e.is_not_found() => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+/// The annotation key of process `pid`'s record.
+pub(crate) fn proc_key(pid: u32) -> String {
+    format!("{PROC_KEY_PREFIX}{pid}")
 }
 
-/// Write a JSON record inside the sandbox.
-pub(crate) async fn write_json<T: Serialize>(
+/// The annotation key of the preview named `name`.
+pub(crate) fn preview_key(name: &str) -> String {
+    format!("{PREVIEW_KEY_PREFIX}{name}")
+}
+
+/// The JSON record under `key` in `info`'s annotations; `None` when absent or undecodable.
+pub(crate) fn annotation<T: DeserializeOwned>(
+    info: &sandcove::SandboxInfo,
+    key: &str,
+) -> Option<T> {
+    info.annotations
+        .get(key)
+        .and_then(|text| serde_json::from_str(text).ok())
+}
+
+/// Every JSON record whose key starts with `prefix`, by the rest of the key.
+pub(crate) fn annotations_under<T: DeserializeOwned>(
+    info: &sandcove::SandboxInfo,
+    prefix: &str,
+) -> BTreeMap<String, T> {
+    info.annotations
+        .iter()
+        .filter_map(|(k, v)| {
+            let rest = k.strip_prefix(prefix)?;
+            Some((rest.to_string(), serde_json::from_str(v).ok()?))
+        })
+        .collect()
+}
+
+/// Read the JSON record under `key`; `None` when there is none.
+pub(crate) async fn read_annotation<T: DeserializeOwned>(
     sandbox: &sandcove::Sandbox,
-    path: &str,
+    key: &str,
+) -> Result<Option<T>> {
+    Ok(annotation(&sandbox.info().await?, key))
+}
+
+/// The annotation text of a record.
+pub(crate) fn encode<T: Serialize>(key: &str, value: &T) -> Result<String> {
+    serde_json::to_string(value)
+        .map_err(|e| SandboxAPIError::exception(format!("encode {key}: {e}")))
+}
+
+/// Apply an annotation update to the sandbox.
+pub(crate) async fn update_annotations(
+    sandbox: &sandcove::Sandbox,
+    update: sandcove::AnnotationUpdate,
+) -> sandcove::Result<BTreeMap<String, String>> {
+    sandbox
+        .backend()
+        .update_annotations(sandbox.id(), update)
+        .await
+}
+
+/// Record `value` under `key` (replacing what was there).
+pub(crate) async fn write_annotation<T: Serialize>(
+    sandbox: &sandcove::Sandbox,
+    key: &str,
     value: &T,
 ) -> Result<()> {
-    let bytes = serde_json::to_vec(value)
-        .map_err(|e| SandboxAPIError::exception(format!("encode {path}: {e}")))?;
-    sandbox.write(path, bytes).await?;
+    let update = sandcove::AnnotationUpdate::set(key, encode(key, value)?);
+    update_annotations(sandbox, update).await?;
     Ok(())
-}
-
-/// Read a small text file inside the sandbox; `None` when missing.
-pub(crate) async fn read_text(sandbox: &sandcove::Sandbox, path: &str) -> Result<Option<String>> {
-    match sandbox.read(path).await {
-        Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
-        Err(e) if e.is_not_found() => Ok(None),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// A random lowercase alphanumeric string of `n` characters.
@@ -115,32 +157,25 @@ pub(crate) fn random_suffix(n: usize) -> String {
     sandcove::random_id(n)
 }
 
-/// Drain what a process stream delivers without waiting for more than `idle` between events:
-/// a snapshot of a running process's retained output. Returns stdout, stderr and the exit
-/// status if it was seen.
-pub(crate) async fn drain(
+/// The output an attach returns before its live marker: the process's logs so far (each
+/// restart shown as Blaxel's restart line in stdout). Never waits for the process.
+pub(crate) async fn history(
     mut stream: sandcove::ProcessStream,
-    idle: Option<std::time::Duration>,
-) -> (Vec<u8>, Vec<u8>, Option<sandcove::ExitStatus>) {
-    let (mut out, mut err, mut exit) = (Vec::new(), Vec::new(), None);
-    loop {
-        let next = match idle {
-            Some(d) => match tokio::time::timeout(d, stream.events.next()).await {
-                Ok(n) => n,
-                Err(_) => break,
-            },
-            None => stream.events.next().await,
-        };
-        match next {
-            Some(Ok(sandcove::ProcessEvent::Stdout(b))) => out.extend(b),
-            Some(Ok(sandcove::ProcessEvent::Stderr(b))) => err.extend(b),
-            Some(Ok(sandcove::ProcessEvent::Exit(s))) => {
-                exit = Some(s);
-                break;
-            }
-            Some(Ok(_)) => {}
-            Some(Err(_)) | None => break,
+    max_restarts: Option<u32>,
+) -> Result<(Vec<u8>, Vec<u8>)> {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    while let Some(event) = stream.events.next().await {
+        match event? {
+            sandcove::ProcessEvent::Stdout(b) => out.extend(b),
+            sandcove::ProcessEvent::Stderr(b) => err.extend(b),
+            sandcove::ProcessEvent::Restarted {
+                restarts, previous, ..
+            } => out.extend(
+                crate::translate::restart_line(&previous, restarts, max_restarts).into_bytes(),
+            ),
+            sandcove::ProcessEvent::Live | sandcove::ProcessEvent::Exit(_) => break,
+            _ => {}
         }
     }
-    (out, err, exit)
+    Ok((out, err))
 }

@@ -105,32 +105,20 @@ pub fn expand_working_dir(dir: &str, home: &str) -> String {
     out
 }
 
-/// The script a Blaxel process runs as: `command` under `sh -c`, then its end time (ms) is
-/// written to `<proc_dir>/$$.done`. With `restart` (`Some(max_restarts)`, negative is
-/// unlimited) a failed exit is restarted 1 s later under the same pid, the restart count is
-/// kept in `<proc_dir>/$$.restarts`, and Blaxel's restart line is printed.
-pub fn wrapper_script(command: &str, restart: Option<i64>, proc_dir: &str) -> String {
-    let cmd = shell_quote(command);
-    let dir = shell_quote(proc_dir);
-    let done = format!("date +%s%3N > {dir}/$$.done 2>/dev/null; exit $code");
-    match restart {
-        None => format!("sh -c {cmd}; code=$?; {done}"),
-        Some(max) => {
-            let shown = if max < 0 {
-                "unlimited".to_string()
-            } else {
-                max.to_string()
-            };
-            format!(
-                "n=0; while :; do sh -c {cmd}; code=$?; \
-                 if [ $code -eq 0 ]; then break; fi; \
-                 if [ {max} -ge 0 ] && [ $n -ge {max} ]; then break; fi; \
-                 n=$((n+1)); echo $n > {dir}/$$.restarts; \
-                 echo \"[Process failed with exit code $code. Attempting restart $n/{shown}...]\"; \
-                 sleep 1; done; {done}"
-            )
-        }
+/// The core restart policy for Blaxel's `max_restarts` (negative is unlimited).
+pub fn restart_policy(max_restarts: i64) -> sandcove::RestartPolicy {
+    sandcove::RestartPolicy {
+        max_restarts: (max_restarts >= 0).then(|| u32::try_from(max_restarts).unwrap_or(u32::MAX)),
     }
+}
+
+/// The line Blaxel prints into a process's output before restart `n` (with its newline).
+pub fn restart_line(previous: &sandcove::ExitStatus, n: u32, max: Option<u32>) -> String {
+    let shown = max.map_or_else(|| "unlimited".to_string(), |m| m.to_string());
+    format!(
+        "[Process failed with exit code {}. Attempting restart {n}/{shown}...]\n",
+        previous.code_or_signal()
+    )
 }
 
 /// Blaxel's status and exit code for a process: `mark` is `stopped`/`killed` when the facade
@@ -444,16 +432,18 @@ mod tests {
     }
 
     #[test]
-    fn wrapper_scripts() {
-        let s = wrapper_script("exit 1", Some(3), "/tmp/p");
-        assert!(s.contains("sh -c 'exit 1'"));
-        assert!(s.contains("[ 3 -ge 0 ] && [ $n -ge 3 ]"));
-        assert!(s.contains("restart $n/3..."));
-        assert!(s.contains("/tmp/p/$$.restarts"));
-        assert!(wrapper_script("x", Some(-1), "/p").contains("$n/unlimited"));
+    fn restart_policies_and_lines() {
+        assert_eq!(restart_policy(3).max_restarts, Some(3));
+        assert_eq!(restart_policy(-1).max_restarts, None);
+        let failed = sandcove::ExitStatus {
+            code: Some(2),
+            signal: None,
+            timed_out: false,
+        };
         assert_eq!(
-            wrapper_script("echo 'hi'", None, "/p"),
-            r"sh -c 'echo '\''hi'\'''; code=$?; date +%s%3N > /p/$$.done 2>/dev/null; exit $code"
+            restart_line(&failed, 1, Some(3)),
+            "[Process failed with exit code 2. Attempting restart 1/3...]\n"
         );
+        assert!(restart_line(&failed, 4, None).contains("4/unlimited"));
     }
 }

@@ -365,3 +365,79 @@ async fn memory_is_the_sandbox_limit_where_the_runtime_enforces_limits() {
     }
     SandboxInstance::delete(&name).await.expect("delete");
 }
+
+/// The facade's records live outside the sandbox (runtime annotations): code in the sandbox
+/// that edits the files where they once lived, then deletes everything under `/tmp`,
+/// changes neither the labels, the process names nor the previews the facade reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_code_cannot_rewrite_facade_records() {
+    let sb = sandbox("records").await;
+    let name = sb.metadata.name.clone();
+    SandboxInstance::update_metadata(&name, json!({"labels": {"team": "a"}}))
+        .await
+        .expect("update_metadata");
+    let keeper = sb
+        .process
+        .exec(json!({"name": "keeper", "command": "sleep 300"}))
+        .await
+        .expect("exec");
+    let previews = common::capabilities().await.previews;
+    if previews {
+        sb.previews
+            .create(json!({"metadata": {"name": "pv"}, "spec": {"port": 3000, "public": true}}))
+            .await
+            .expect("preview");
+    }
+    let check = |when: &'static str| {
+        let name = name.clone();
+        let pid = keeper.pid.clone();
+        let sb = &sb;
+        async move {
+            let got = SandboxInstance::get(&name).await.expect("get");
+            assert_eq!(
+                got.metadata.labels.get("team").map(String::as_str),
+                Some("a"),
+                "{when}: labels"
+            );
+            let p = sb.process.get("keeper").await.expect("process by name");
+            assert_eq!(
+                (p.name.as_str(), p.pid.as_str()),
+                ("keeper", pid.as_str()),
+                "{when}"
+            );
+            let listed = sb.process.list().await.expect("list");
+            assert!(
+                listed.iter().any(|p| p.name == "keeper" && p.pid == pid),
+                "{when}: {listed:?}"
+            );
+            assert!(
+                listed.iter().all(|p| p.name != "evil"),
+                "{when}: {listed:?}"
+            );
+            if previews {
+                let names: Vec<_> = sb
+                    .previews
+                    .list()
+                    .await
+                    .expect("previews")
+                    .into_iter()
+                    .map(|p| p.name)
+                    .collect();
+                assert_eq!(names, ["pv"], "{when}");
+            }
+        }
+    };
+    // Edit the files the facade once kept its records in (serde's compact JSON).
+    let forge = r#"sed -i 's/"team":"a"/"team":"evil"/' /tmp/.blaxel/sandbox.json; sed -i 's/"keeper"/"evil"/' /tmp/.blaxel/proc/*.json; printf '{}' > /tmp/.blaxel/previews.json; true"#;
+    sb.process
+        .exec(json!({"command": forge, "wait_for_completion": true}))
+        .await
+        .expect("forge");
+    check("after editing the old record files").await;
+    sb.process
+        .exec(json!({"command": "rm -rf /tmp/.blaxel /tmp/* /tmp/.[!.]*; true", "wait_for_completion": true}))
+        .await
+        .expect("vandalize");
+    check("after deleting everything under /tmp").await;
+    sb.delete().await.expect("delete");
+}

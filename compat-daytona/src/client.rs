@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::Stream;
 use sandcove::{Client, CreateOptions, ListOptions, NetworkPolicy};
 
-use crate::ctx::{read_meta, Ctx, Meta};
+use crate::ctx::{encode_meta, meta_of, Meta};
 use crate::errors::{Context, DaytonaError};
 use crate::gaps::gap;
 use crate::sandbox::{Sandbox, SandboxState};
@@ -446,9 +446,7 @@ impl Daytona {
     }
 
     pub(crate) async fn load(&self, info: sandcove::SandboxInfo) -> Result<Sandbox> {
-        let meta = read_meta(self.client.backend().as_ref(), &info.id)
-            .await
-            .unwrap_or_default();
+        let meta = meta_of(&info);
         Ok(Sandbox::from_parts(
             self.client.clone(),
             &self.config,
@@ -696,6 +694,27 @@ impl CreateBuilder {
             p.auto_delete_interval
         };
         let block = p.network_block_all.unwrap_or(false);
+        let meta = Meta {
+            name: p.name.clone(),
+            public: p.public.unwrap_or(false),
+            auto_stop_interval: Some(auto_stop),
+            auto_archive_interval: p.auto_archive_interval,
+            auto_delete_interval: auto_delete,
+            network_block_all: block,
+            snapshot: p.snapshot.clone(),
+            target: self.daytona.config.target.clone(),
+            volumes: p
+                .volumes
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|v| (v.volume_id, v.mount_path, v.subpath))
+                .collect(),
+            ..Default::default()
+        };
+        // The facade state goes in with the create: there is no moment where the sandbox
+        // exists without it.
+        let annotations = BTreeMap::from([(crate::ctx::META_KEY.to_string(), encode_meta(&meta)?)]);
         let options = CreateOptions {
             envs,
             labels,
@@ -713,6 +732,7 @@ impl CreateBuilder {
             volumes,
             // The runtime keeps names unique, atomically and wherever it runs.
             name: p.name.clone(),
+            annotations,
             ..Default::default()
         };
         let info = match client.backend().create(options).await {
@@ -729,32 +749,6 @@ impl CreateBuilder {
             }
             Err(e) => return Err(e.into()),
         };
-        let meta = Meta {
-            name: p.name.clone(),
-            public: p.public.unwrap_or(false),
-            auto_stop_interval: Some(auto_stop),
-            auto_archive_interval: p.auto_archive_interval,
-            auto_delete_interval: auto_delete,
-            network_block_all: block,
-            snapshot: p.snapshot.clone(),
-            target: self.daytona.config.target.clone(),
-            volumes: p
-                .volumes
-                .unwrap_or_default()
-                .into_iter()
-                .map(|v| (v.volume_id, v.mount_path, v.subpath))
-                .collect(),
-            ..Default::default()
-        };
-        let ctx = Ctx {
-            client: client.clone(),
-            id: info.id.clone().into(),
-            work_dir: info.user.home.clone().into(),
-        };
-        if let Err(e) = ctx.set_meta(&meta).await {
-            let _ = client.backend().destroy(&info.id).await;
-            return Err(e.into());
-        }
         Ok(Sandbox::from_parts(
             client.clone(),
             &self.daytona.config,

@@ -1,18 +1,22 @@
 //! What every sub-API shares: the runtime client, the sandbox id, its work dir, and the
-//! facade's own per-sandbox state (labels set later, stopped flag, intervals).
+//! facade's own per-sandbox state (labels set later, archived flag, intervals).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use sandcove::{Backend, Client, Output, ProcessSpec};
+use sandcove::{AnnotationUpdate, Backend, Client, Output, ProcessSpec, SandboxInfo};
 use serde::{Deserialize, Serialize};
 
 use crate::translate;
 
-/// Where the facade keeps what Daytona can change after creation and the runtime cannot
-/// store (label replacement, stopped/archived, intervals). It lives in the sandbox, so every
-/// program (and a remote runtime) sees the same values.
-pub(crate) const META_PATH: &str = "/tmp/.sandcove-daytona.json";
+/// The annotation holding what Daytona can change after creation and the runtime has no
+/// field for (label replacement, archived, intervals). Annotations are kept by the runtime
+/// outside the sandbox: every program (and a remote runtime) sees the same values, sandbox
+/// code cannot change them, and they are readable while the sandbox is paused or stopped.
+pub(crate) const META_KEY: &str = "daytona/meta";
+
+/// Compare-and-set attempts of one facade-state change before its conflict is reported.
+const MAX_META_ATTEMPTS: u32 = 64;
 
 /// The facade's per-sandbox state.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -20,7 +24,7 @@ pub(crate) const META_PATH: &str = "/tmp/.sandcove-daytona.json";
 pub(crate) struct Meta {
     pub name: Option<String>,
     pub labels: Option<BTreeMap<String, String>>,
-    pub stopped: bool,
+    /// Archived (Daytona's `archive()`); only ever set on a stopped sandbox, cleared by start.
     pub archived: bool,
     pub public: bool,
     pub auto_stop_interval: Option<i64>,
@@ -56,7 +60,10 @@ impl Ctx {
 
     pub async fn read(&self, path: &str) -> sandcove::Result<Vec<u8>> {
         use futures::StreamExt;
-        let mut stream = self.backend().read_file(&self.id, path).await?;
+        let mut stream = self
+            .backend()
+            .read_file(&self.id, path, Default::default())
+            .await?;
         let mut out = Vec::new();
         while let Some(chunk) = stream.next().await {
             out.extend_from_slice(&chunk?);
@@ -75,27 +82,43 @@ impl Ctx {
         read_meta(self.backend().as_ref(), &self.id).await
     }
 
-    pub async fn set_meta(&self, meta: &Meta) -> sandcove::Result<()> {
-        let json = serde_json::to_vec(meta).map_err(|e| sandcove::Error::backend(e.to_string()))?;
-        self.write(META_PATH, json).await.map(|_| ())
+    /// Change the facade state with a compare-and-set on its annotation, retried on a
+    /// conflict, so two programs changing different fields both keep their change.
+    pub async fn update_meta(&self, change: impl Fn(&mut Meta)) -> sandcove::Result<Meta> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let info = self.backend().get(&self.id).await?;
+            let old = info.annotations.get(META_KEY).cloned();
+            let mut meta = meta_of(&info);
+            change(&mut meta);
+            let update =
+                AnnotationUpdate::set(META_KEY, encode_meta(&meta)?).expecting(META_KEY, old);
+            match self.backend().update_annotations(&self.id, update).await {
+                Ok(_) => return Ok(meta),
+                // Someone else changed it first: re-read and apply the change again (bounded,
+                // so endless contention surfaces as the conflict rather than a hang).
+                Err(sandcove::Error::Conflict { .. }) if attempts < MAX_META_ATTEMPTS => continue,
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
 
-/// Read the facade state of sandbox `id`; a sandbox created by other means has none.
+/// The annotation text of a facade state.
+pub(crate) fn encode_meta(meta: &Meta) -> sandcove::Result<String> {
+    serde_json::to_string(meta).map_err(|e| sandcove::Error::backend(e.to_string()))
+}
+
+/// The facade state recorded for a sandbox; a sandbox created by other means has none.
+pub(crate) fn meta_of(info: &SandboxInfo) -> Meta {
+    info.annotations
+        .get(META_KEY)
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or_default()
+}
+
+/// Read the facade state of sandbox `id`.
 pub(crate) async fn read_meta(backend: &dyn Backend, id: &str) -> sandcove::Result<Meta> {
-    use futures::StreamExt;
-    let mut stream = match backend.read_file(id, META_PATH).await {
-        Ok(s) => s,
-        Err(e) if e.is_not_found() => return Ok(Meta::default()),
-        Err(e) => return Err(e),
-    };
-    let mut out = Vec::new();
-    while let Some(chunk) = stream.next().await {
-        match chunk {
-            Ok(c) => out.extend_from_slice(&c),
-            Err(e) if e.is_not_found() => return Ok(Meta::default()),
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(serde_json::from_slice(&out).unwrap_or_default())
+    Ok(meta_of(&backend.get(id).await?))
 }

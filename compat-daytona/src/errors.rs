@@ -216,7 +216,9 @@ impl From<sandcove::Error> for DaytonaError {
         let (variant, status, code): (fn(ErrorDetails) -> DaytonaError, Option<u16>, &str) =
             match &err {
                 E::NotFound { .. } => (DaytonaError::NotFound, Some(404), "NOT_FOUND"),
-                E::AlreadyExists { .. } => (DaytonaError::Conflict, Some(409), "CONFLICT"),
+                E::AlreadyExists { .. } | E::Conflict { .. } => {
+                    (DaytonaError::Conflict, Some(409), "CONFLICT")
+                }
                 E::InvalidArgument { .. } => (DaytonaError::BadRequest, Some(400), "BAD_REQUEST"),
                 E::InvalidState { .. } => (DaytonaError::BadRequest, Some(400), "INVALID_STATE"),
                 E::Timeout { .. } => (DaytonaError::Timeout, Some(408), "TIMEOUT"),

@@ -295,7 +295,7 @@ impl FileSystem {
         let stat = self
             .ctx
             .backend()
-            .stat(&self.ctx.id, &abs)
+            .stat(&self.ctx.id, &abs, Default::default())
             .await
             .map_err(|e| map_file_err(e, path))
             .ctx("Failed to get file info: ")?;
@@ -305,14 +305,25 @@ impl FileSystem {
     /// Every regular file under `path` (or `path` itself), with its path as the caller wrote it.
     async fn walk(&self, path: &str) -> sandcove::Result<Vec<(String, FileStat)>> {
         let abs = self.ctx.resolve(path);
-        let root = self.ctx.backend().stat(&self.ctx.id, &abs).await?;
+        let root = self
+            .ctx
+            .backend()
+            .stat(&self.ctx.id, &abs, Default::default())
+            .await?;
         if root.kind != FileKind::Dir {
             return Ok(vec![(path.to_string(), root)]);
         }
         let entries = self
             .ctx
             .backend()
-            .list_dir(&self.ctx.id, &abs, ListDirOptions { depth: WALK_DEPTH })
+            .list_dir(
+                &self.ctx.id,
+                &abs,
+                ListDirOptions {
+                    depth: WALK_DEPTH,
+                    user: None,
+                },
+            )
             .await?;
         let shown_root = path.trim_end_matches('/');
         let mut out: Vec<(String, FileStat)> = entries
@@ -436,11 +447,11 @@ impl FileSystem {
         let (src, dst) = (self.ctx.resolve(source), self.ctx.resolve(destination));
         let backend = self.ctx.backend();
         backend
-            .stat(&self.ctx.id, &src)
+            .stat(&self.ctx.id, &src, Default::default())
             .await
             .map_err(|e| map_file_err(e, source))
             .ctx(P)?;
-        match backend.stat(&self.ctx.id, &dst).await {
+        match backend.stat(&self.ctx.id, &dst, Default::default()).await {
             Ok(_) => {
                 return Err(DaytonaError::Conflict(ErrorDetails::new(
                     format!("{P}destination already exists: {destination}"),
@@ -495,7 +506,7 @@ impl FileSystem {
         let stat = self
             .ctx
             .backend()
-            .stat(&self.ctx.id, &abs)
+            .stat(&self.ctx.id, &abs, Default::default())
             .await
             .map_err(|e| map_file_err(e, remote_path))?;
         if stat.kind == FileKind::Dir {
@@ -533,7 +544,7 @@ impl DeleteFileBuilder {
         let abs = self.fs.ctx.resolve(&self.path);
         let backend = self.fs.ctx.backend();
         let stat = backend
-            .stat(&self.fs.ctx.id, &abs)
+            .stat(&self.fs.ctx.id, &abs, Default::default())
             .await
             .map_err(|e| map_file_err(e, &self.path))
             .ctx(P)?;
@@ -732,6 +743,7 @@ impl ListFilesBuilder {
                 &self.fs.ctx.resolve(&self.path),
                 ListDirOptions {
                     depth: depth.min(u32::MAX as i64) as u32,
+                    user: None,
                 },
             )
             .await
@@ -781,7 +793,7 @@ impl PermissionsBuilder {
             .transpose()
             .ctx(P)?;
         ctx.backend()
-            .stat(&ctx.id, &abs)
+            .stat(&ctx.id, &abs, Default::default())
             .await
             .map_err(|e| map_file_err(e, &self.path))
             .ctx(P)?;

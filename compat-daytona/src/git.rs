@@ -190,7 +190,12 @@ impl Git {
             Ok(o) => o,
             Err(e) if e.is_not_found() && cwd.is_some() => {
                 let missing = self.ctx.resolve(cwd.unwrap_or_default());
-                match self.ctx.backend().stat(&self.ctx.id, &missing).await {
+                match self
+                    .ctx
+                    .backend()
+                    .stat(&self.ctx.id, &missing, Default::default())
+                    .await
+                {
                     Err(_) => {
                         return Err(DaytonaError::NotFound(ErrorDetails::new(
                             format!("repository not found: {missing}"),

@@ -474,10 +474,6 @@ impl Process {
         let run_async = req.run_async.or(req.var_async).unwrap_or(false);
         let state = self.session(session_id).await?;
         let cmd_id = new_id();
-        let file = format!("{SESSION_DIR}/{session_id}/{cmd_id}.sh");
-        self.ctx
-            .write(&file, req.command.clone().into_bytes())
-            .await?;
         {
             // Commands of one session run one after another: wait for the previous one.
             let _turn = state.submit.lock().await;
@@ -511,7 +507,7 @@ impl Process {
                     command: req.command.clone(),
                     ..Default::default()
                 });
-            let line = driver_line(&cmd_id, &req.command, &file, run_async);
+            let line = driver_line(&cmd_id, &req.command, run_async);
             self.ctx
                 .backend()
                 .write_stdin(
@@ -752,9 +748,6 @@ async fn combined_output(mut stream: ProcessStream) -> Result<(Vec<u8>, sandcove
 // ----- sessions -----
 
 const SESSION_TAG: &str = "daytona-session-";
-const SESSION_DIR: &str = "/tmp/.daytona-sessions";
-/// A pause this long in an attached shell's output ends its replay.
-const REPLAY_IDLE: Duration = Duration::from_millis(150);
 const MARK_OPEN: &[u8] = b"\x1e\x1fdtn:";
 const MARK_CLOSE: &[u8] = b"\x1f\x1e";
 /// A start marker longer than this is treated as output (it cannot be ours).
@@ -804,17 +797,20 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// The line written to the session shell for one command: start markers, the sourced command
-/// file (stdin closed for synchronous commands), then end markers with the exit code.
-fn driver_line(cmd_id: &str, command: &str, file: &str, run_async: bool) -> String {
+/// The line written to the session shell for one command: start markers, the command
+/// itself (stdin closed for synchronous commands), then end markers with the exit code.
+///
+/// The command travels in this line, quoted for the shell and run with `eval`: nothing of it
+/// is kept in a file inside the sandbox, where sandbox code could rewrite it before it runs.
+fn driver_line(cmd_id: &str, command: &str, run_async: bool) -> String {
     let stdin = if run_async { "" } else { " </dev/null" };
     format!(
         "printf '\\036\\037dtn:s:{cmd_id}:{hex}\\037\\036'; printf '\\036\\037dtn:s:{cmd_id}\\037\\036' >&2; \
-         . {file}{stdin}; __dtn_ec=$?; \
+         eval {quoted}{stdin}; __dtn_ec=$?; \
          printf '\\036\\037dtn:e:{cmd_id}:%d\\037\\036' \"$__dtn_ec\"; \
          printf '\\036\\037dtn:e:{cmd_id}:%d\\037\\036' \"$__dtn_ec\" >&2\n",
         hex = hex(command.as_bytes()),
-        file = translate::quote(file),
+        quoted = translate::quote(command),
     )
 }
 
@@ -1045,22 +1041,22 @@ impl SessionState {
         state
     }
 
-    /// State rebuilt from an attached shell: the replayed output is applied before this
-    /// returns (the replay arrives at once; a pause ends it), then live events follow.
+    /// State rebuilt from an attached shell: the retained output (everything before the
+    /// attach's live marker) is applied before this returns, then live events follow.
     async fn rebuild(mut stream: ProcessStream) -> Arc<Self> {
         let state = Self::new(stream.pid);
         loop {
-            match tokio::time::timeout(REPLAY_IDLE, stream.events.next()).await {
-                Ok(Some(ev)) => {
+            match stream.events.next().await {
+                Some(Ok(ProcessEvent::Live)) => break,
+                Some(ev) => {
                     if state.apply(ev) {
                         return state;
                     }
                 }
-                Ok(None) => {
+                None => {
                     state.apply(Err(sandcove::Error::backend("session stream ended")));
                     return state;
                 }
-                Err(_) => break,
             }
         }
         state.follow(stream);
@@ -1112,28 +1108,6 @@ fn registry() -> &'static Registry {
 #[doc(hidden)]
 pub fn forget_sessions() {
     registry().lock().expect("session registry").clear();
-}
-
-/// Wait until the runtime has recorded the end of process `pid` (its exit event on an
-/// attach comes after the record, and a process the runtime no longer knows has ended).
-pub(crate) async fn wait_recorded_exit(ctx: &Ctx, pid: u32) -> sandcove::Result<()> {
-    let mut stream = match ctx
-        .backend()
-        .attach(&ctx.id, ProcessSelector::Pid(pid))
-        .await
-    {
-        Ok(s) => s,
-        Err(e) if e.is_not_found() => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    while let Some(ev) = stream.events.next().await {
-        if let ProcessEvent::Exit(_) = ev? {
-            return Ok(());
-        }
-    }
-    Err(sandcove::Error::backend(format!(
-        "process {pid}: stream ended without an exit status"
-    )))
 }
 
 /// Drop this program's session state of a deleted (or stopped) sandbox.
@@ -1236,11 +1210,13 @@ mod tests {
         for bad in ["", "entrypoint", "a/b", "a b", ".x"] {
             assert!(check_session_id(bad).is_err(), "{bad}");
         }
-        let line = driver_line("c1", "echo hi", "/tmp/x.sh", false);
+        let line = driver_line("c1", "echo hi", false);
         assert!(line.contains("dtn:s:c1:6563686f206869"));
-        assert!(line.contains(". /tmp/x.sh </dev/null;"));
+        // The command is in the line itself, quoted: no file in the sandbox holds it.
+        assert!(line.contains("eval 'echo hi' </dev/null;"), "{line}");
         assert!(line.ends_with('\n'));
-        assert!(!driver_line("c1", "x", "/tmp/x.sh", true).contains("/dev/null"));
+        assert!(!driver_line("c1", "x", true).contains("/dev/null"));
+        assert!(driver_line("c1", "a'b", true).contains(r#"eval 'a'\''b';"#));
         assert_eq!(unhex("6869").unwrap(), b"hi");
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use sandcove::{Client, PreviewOptions, SandboxInfo};
 
 use crate::client::{with_timeout, DaytonaConfig};
-use crate::ctx::{Ctx, Meta};
+use crate::ctx::{meta_of, Ctx, Meta};
 use crate::errors::{Context, DaytonaError};
 use crate::fs::FileSystem;
 use crate::gaps::gap;
@@ -93,15 +93,16 @@ impl std::fmt::Display for SandboxState {
     }
 }
 
-/// The Daytona state of a runtime sandbox plus the facade's stopped/archived flags.
+/// The Daytona state of a runtime sandbox: the runtime's state, with the facade's archived
+/// flag telling a stopped sandbox from an archived one.
 pub(crate) fn state_of(state: sandcove::SandboxState, meta: &Meta) -> SandboxState {
     match state {
-        sandcove::SandboxState::Running if meta.archived => SandboxState::Archived,
-        sandcove::SandboxState::Running if meta.stopped => SandboxState::Stopped,
         sandcove::SandboxState::Running => SandboxState::Started,
         sandcove::SandboxState::Starting => SandboxState::Starting,
         sandcove::SandboxState::Paused => SandboxState::Paused,
-        sandcove::SandboxState::Stopped => SandboxState::Error,
+        sandcove::SandboxState::Stopped if meta.archived => SandboxState::Archived,
+        sandcove::SandboxState::Stopped => SandboxState::Stopped,
+        sandcove::SandboxState::Failed => SandboxState::Error,
         sandcove::SandboxState::Destroyed => SandboxState::Destroyed,
     }
 }
@@ -283,8 +284,7 @@ impl Sandbox {
     }
 
     fn apply(&mut self, info: SandboxInfo, meta: Meta) {
-        // The runtime's name only: the facade record inside the sandbox is writable by
-        // sandbox code, so it never decides what a sandbox is called.
+        // The runtime's name only: it is unique and atomic there.
         self.name = info.name.clone().unwrap_or_else(|| info.id.clone());
         self.organization_id = self.organization.clone().unwrap_or_default();
         self.snapshot = meta.snapshot.clone();
@@ -342,15 +342,8 @@ impl Sandbox {
             .get(&self.id)
             .await
             .ctx("Failed to refresh sandbox data: ")?;
-        // A paused sandbox cannot be read; its facade state is then the last one seen.
-        let meta = if info.state == sandcove::SandboxState::Paused {
-            self.meta.clone()
-        } else {
-            self.ctx
-                .meta()
-                .await
-                .ctx("Failed to refresh sandbox data: ")?
-        };
+        // The facade state is an annotation: readable in every state.
+        let meta = meta_of(&info);
         self.apply(info, meta);
         Ok(())
     }
@@ -391,10 +384,8 @@ impl Sandbox {
             )))
             .ctx("Failed to set labels: ");
         }
-        let mut meta = self.ctx.meta().await.ctx("Failed to set labels: ")?;
-        meta.labels = Some(labels.clone());
         self.ctx
-            .set_meta(&meta)
+            .update_meta(|m| m.labels = Some(labels.clone()))
             .await
             .ctx("Failed to set labels: ")?;
         self.labels = labels.into_iter().collect();
@@ -445,10 +436,9 @@ impl Sandbox {
         }
     }
 
-    async fn update_meta(&mut self, prefix: &str, change: impl FnOnce(&mut Meta)) -> Result<()> {
-        let mut meta = self.ctx.meta().await.ctx(prefix)?;
-        change(&mut meta);
-        self.ctx.set_meta(&meta).await.ctx(prefix)?;
+    async fn update_meta(&mut self, prefix: &str, change: impl Fn(&mut Meta)) -> Result<()> {
+        let meta = self.ctx.update_meta(change).await.ctx(prefix)?;
+        self.meta = meta;
         Ok(())
     }
 
@@ -569,8 +559,8 @@ impl Sandbox {
     /// `archive()`: the sandbox must be stopped; it stays stopped, marked `archived`.
     pub async fn archive(&mut self) -> Result<()> {
         const P: &str = "Failed to archive sandbox: ";
-        let meta = self.ctx.meta().await.ctx(P)?;
-        if !meta.stopped {
+        let info = self.ctx.backend().get(&self.id).await.ctx(P)?;
+        if info.state != sandcove::SandboxState::Stopped {
             return Err(DaytonaError::validation(
                 "Sandbox must be stopped to be archived",
             ))
@@ -594,8 +584,9 @@ impl Sandbox {
             network: info.network.clone(),
             ..Default::default()
         };
+        // The runtime copies the facade state (an annotation) into the fork.
         let forked = self.ctx.backend().fork(&self.id, options).await.ctx(P)?;
-        let meta = self.ctx.meta().await.unwrap_or_default();
+        let meta = meta_of(&forked);
         let config = DaytonaConfig {
             organization_id: self.organization.clone(),
             target: self.target_config.clone(),
@@ -676,60 +667,32 @@ impl Sandbox {
     }
 
     async fn do_stop(&self) -> Result<()> {
-        let backend = self.ctx.backend();
-        let info = backend.get(&self.id).await?;
-        if info.state == sandcove::SandboxState::Paused {
-            backend.resume(&self.id).await?;
-        }
-        // Stop returns only once the runtime has recorded every end (waiting on the exit
-        // events, not on time), so whatever is asked next (a session, a command, the process
-        // list) sees a stopped sandbox. Processes started meanwhile are in the next listing.
-        loop {
-            let running: Vec<u32> = backend
-                .list_processes(&self.id)
-                .await?
-                .into_iter()
-                .filter(|p| p.exit.is_none())
-                .map(|p| p.pid)
-                .collect();
-            if running.is_empty() {
-                break;
-            }
-            for &pid in &running {
-                match backend
-                    .signal(
-                        &self.id,
-                        sandcove::ProcessSelector::Pid(pid),
-                        sandcove::Signal::Kill,
-                    )
-                    .await
-                {
-                    Ok(()) => {}
-                    Err(e) if e.is_not_found() => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            for pid in running {
-                crate::process::wait_recorded_exit(&self.ctx, pid).await?;
-            }
-        }
+        // The runtime's stop kills every process (frozen ones of a paused sandbox too) and
+        // returns once their ends are recorded, so whatever is asked next (a session, a
+        // command, the process list) sees a stopped sandbox.
+        self.ctx.backend().stop(&self.id).await?;
         crate::process::forget_sandbox(&self.id);
-        let mut meta = self.ctx.meta().await?;
-        meta.stopped = true;
-        self.ctx.set_meta(&meta).await?;
         Ok(())
     }
 
     async fn do_start(&self) -> Result<()> {
         let backend = self.ctx.backend();
         let info = backend.get(&self.id).await?;
-        if info.state == sandcove::SandboxState::Paused {
-            backend.resume(&self.id).await?;
+        match info.state {
+            sandcove::SandboxState::Paused => {
+                backend.resume(&self.id).await?;
+            }
+            sandcove::SandboxState::Stopped => {
+                backend.start(&self.id).await?;
+            }
+            _ => {}
         }
-        let mut meta = self.ctx.meta().await?;
-        meta.stopped = false;
-        meta.archived = false;
-        self.ctx.set_meta(&meta).await?;
+        let meta = if meta_of(&info).archived {
+            self.ctx.update_meta(|m| m.archived = false).await?
+        } else {
+            meta_of(&info)
+        };
+        // A state change restarts the auto-stop count.
         let minutes = meta
             .auto_stop_interval
             .unwrap_or(translate::DEFAULT_AUTO_STOP);

@@ -326,8 +326,9 @@ async fn gaps_refuse_before_any_effect() {
     sb.delete().await.unwrap();
 }
 
-/// Stop ends every process, so the moment `stop` has returned no session is found, listed or
-/// asked about, however far the facade's own reading of the session streams lags. Session `bg`
+/// Stop ends every process, so the moment `stop` has returned no session answers: the
+/// stopped sandbox refuses toolbox calls, and once started again no session is found, listed
+/// or asked about, however far the facade's own reading of the session streams lags. Session `bg`
 /// has a command running; session `held` started a job in its own process group that keeps
 /// the shell's output open, so the runtime records the shell's end only after its drain pause:
 /// that makes the window in which stale session state could answer wide in every round (it
@@ -370,11 +371,28 @@ async fn a_stopped_sandbox_has_no_sessions() {
         assert_eq!(sb.process.list_sessions().await.unwrap().len(), 2);
 
         d.stop(&mut sb).await.unwrap();
+        // As on Daytona, a stopped sandbox refuses toolbox calls: no stale session answers.
+        for id in ["bg", "held"] {
+            let found = sb.process.get_session(id).await;
+            assert!(
+                matches!(&found, Err(e) if e.to_string().contains("stopped")),
+                "round {round}: session {id} of a stopped sandbox: {found:?}"
+            );
+        }
+        let listed = sb.process.list_sessions().await;
+        assert!(
+            matches!(&listed, Err(e) if e.to_string().contains("stopped")),
+            "round {round}: {listed:?}"
+        );
+        sb.refresh_data().await.unwrap();
+        assert_eq!(sb.state, Some(SandboxState::Stopped));
+        // Started again, the sessions are gone: their shells ended with the stop.
+        d.start(&mut sb).await.unwrap();
         for id in ["bg", "held"] {
             let found = sb.process.get_session(id).await;
             assert!(
                 matches!(&found, Err(e) if e.is_not_found()),
-                "round {round}: session {id} of a stopped sandbox: {found:?}"
+                "round {round}: session {id} after a stop: {found:?}"
             );
         }
         let cmd = sb.process.get_session_command("bg", &running.cmd_id).await;
@@ -384,8 +402,62 @@ async fn a_stopped_sandbox_has_no_sessions() {
         );
         let listed = sb.process.list_sessions().await.unwrap();
         assert!(listed.is_empty(), "round {round}: {listed:?}");
+        d.stop(&mut sb).await.unwrap();
         sb.refresh_data().await.unwrap();
         assert_eq!(sb.state, Some(SandboxState::Stopped));
         sb.delete().timeout(30).await.unwrap();
     }
+}
+
+/// The facade's state lives outside the sandbox (runtime annotations and the runtime's own
+/// state): code in the sandbox that forges the file where the facade once kept its record,
+/// then clobbers and deletes everything under `/tmp`, changes neither the labels, the
+/// intervals, the state nor the sessions the facade reports.
+#[tokio::test]
+async fn sandbox_code_cannot_rewrite_facade_state() {
+    use daytona::SessionExecuteRequest;
+    let (d, mut sb) = common::sandbox().await;
+    sb.set_labels([("team", "a")]).await.unwrap();
+    sb.set_autostop_interval(7).await.unwrap();
+    sb.process.create_session("s1").await.unwrap();
+    let forged = r#"{"labels":{"team":"evil"},"stopped":true,"archived":true,"public":true,"auto_stop_interval":99}"#;
+    let script = format!(
+        "printf '%s' '{forged}' > /tmp/.sandcove-daytona.json; \
+         find /tmp -type f -exec sh -c 'printf garbage > \"$1\"' _ {{}} \\; ; \
+         rm -rf /tmp/.daytona-sessions; printf '%s' '{forged}' > /tmp/.sandcove-daytona.json; \
+         echo done"
+    );
+    let out = sb.process.exec(script).await.unwrap();
+    assert_eq!(out.exit_code, 0, "{out:?}");
+    sb.refresh_data().await.unwrap();
+    let labels: Vec<_> = sb.labels.iter().collect();
+    assert_eq!(labels, [(&"team".to_string(), &"a".to_string())]);
+    assert_eq!(sb.state, Some(SandboxState::Started));
+    assert_eq!(sb.auto_stop_interval, Some(7.0));
+    assert!(!sb.public);
+    let sessions = sb.process.list_sessions().await.unwrap();
+    assert_eq!(
+        sessions
+            .iter()
+            .map(|s| s.session_id.as_str())
+            .collect::<Vec<_>>(),
+        ["s1"]
+    );
+    let ran = sb
+        .process
+        .execute_session_command(
+            "s1",
+            SessionExecuteRequest {
+                command: "echo still-mine".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(ran.stdout.as_deref().map(str::trim), Some("still-mine"));
+    // A stopped sandbox reads stopped from the runtime, whatever a file said before.
+    d.stop(&mut sb).await.unwrap();
+    sb.refresh_data().await.unwrap();
+    assert_eq!(sb.state, Some(SandboxState::Stopped));
+    sb.delete().timeout(30).await.unwrap();
 }

@@ -106,6 +106,7 @@ impl Sandbox {
             on_error: None,
             envs: BTreeMap::new(),
             timeout: Some(DEFAULT_RUN_CODE_TIMEOUT),
+            kept: Default::default(),
         }
     }
 
@@ -326,6 +327,32 @@ pub struct Result {
 }
 
 impl Result {
+    /// Bytes of its representations (what an [`Execution`] counts against its budget).
+    fn size(&self) -> usize {
+        let strings = [
+            &self.text,
+            &self.html,
+            &self.markdown,
+            &self.svg,
+            &self.png,
+            &self.jpeg,
+            &self.pdf,
+            &self.latex,
+            &self.javascript,
+        ];
+        let values = [&self.json, &self.data, &self.chart, &self.extra];
+        strings
+            .iter()
+            .filter_map(|v| v.as_ref())
+            .map(String::len)
+            .sum::<usize>()
+            + values
+                .iter()
+                .filter_map(|v| v.as_ref())
+                .map(|v| v.to_string().len())
+                .sum::<usize>()
+    }
+
     /// `formats()`: the names of the fields present.
     pub fn formats(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
@@ -410,6 +437,8 @@ pub struct RunCodeBuilder {
     on_error: Option<Callback<ExecutionError>>,
     envs: BTreeMap<String, String>,
     timeout: Option<f64>,
+    /// What the returned `Execution` may still hold (a cell can print without end).
+    kept: sandcove_interpreter::OutputBudget,
 }
 
 impl fmt::Debug for RunCodeBuilder {
@@ -498,26 +527,33 @@ impl RunCodeBuilder {
         while let Some(item) = run.next_item().await {
             match item? {
                 ExecItem::Stdout(msg) => {
-                    exec.logs.stdout.push(msg.line.clone());
+                    if self.admit(&mut exec, msg.line.len()) {
+                        exec.logs.stdout.push(msg.line.clone());
+                    }
                     if let Some(f) = self.on_stdout.as_mut() {
                         f(msg);
                     }
                 }
                 ExecItem::Stderr(msg) => {
-                    exec.logs.stderr.push(msg.line.clone());
+                    if self.admit(&mut exec, msg.line.len()) {
+                        exec.logs.stderr.push(msg.line.clone());
+                    }
                     if let Some(f) = self.on_stderr.as_mut() {
                         f(msg);
                     }
                 }
                 ExecItem::Result(r) => {
                     let r = *r;
+                    let keep = self.admit(&mut exec, r.size());
                     if r.is_main_result {
                         exec.text = r.text.clone();
                     }
                     if let Some(f) = self.on_result.as_mut() {
                         f(r.clone());
                     }
-                    exec.results.push(r);
+                    if keep {
+                        exec.results.push(r);
+                    }
                 }
                 ExecItem::Error(e) => {
                     if let Some(f) = self.on_error.as_mut() {
@@ -530,6 +566,19 @@ impl RunCodeBuilder {
             }
         }
         Err(interpreter_ended())
+    }
+
+    /// Whether `bytes` more output may be kept in `exec`; the first time not, a note says so.
+    fn admit(&mut self, exec: &mut Execution, bytes: usize) -> bool {
+        use sandcove_interpreter::{Admit, OutputBudget};
+        match self.kept.admit(bytes) {
+            Admit::Keep => true,
+            Admit::FirstDrop => {
+                exec.logs.stderr.push(OutputBudget::note());
+                false
+            }
+            Admit::Drop => false,
+        }
     }
 }
 

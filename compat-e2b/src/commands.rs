@@ -184,6 +184,7 @@ pub(crate) fn process_spec(
         stdin,
         timeout,
         pty: None,
+        restart: None,
     }
 }
 
@@ -607,7 +608,10 @@ impl CommandHandle {
                         return Some(Ok(item));
                     }
                 }
-                ProcessEvent::Start { .. } | ProcessEvent::Gap { .. } => {}
+                ProcessEvent::Start { .. }
+                | ProcessEvent::Gap { .. }
+                | ProcessEvent::Live
+                | ProcessEvent::Restarted { .. } => {}
                 ProcessEvent::Exit(status) => {
                     self.events = None;
                     let tail_out = self.out.finish();

@@ -305,7 +305,11 @@ pub(crate) async fn watch_event(
     // The runtime already reports API writes as E2B does (create, then write) and never
     // shows its temporary files: events map one to one.
     let entry = if include_entry {
-        match ctx.backend.stat(&ctx.id, &event.path).await {
+        match ctx
+            .backend
+            .stat(&ctx.id, &event.path, Default::default())
+            .await
+        {
             Ok(st) => Some(EntryInfo::from_stat(ctx, &st)),
             Err(_) => None,
         }
@@ -326,8 +330,13 @@ pub(crate) async fn open_read(ctx: &Ctx, path: &str, user: Option<&str>) -> Resu
         user: user.map(str::to_string),
         request_timeout: None,
     };
-    common.same_user_only(ctx)?;
-    Ok(ctx.backend.read_file(&ctx.id, &ctx.path(path)).await?)
+    let options = sandcove::ReadOptions {
+        user: common.file_user(ctx),
+    };
+    Ok(ctx
+        .backend
+        .read_file(&ctx.id, &ctx.path(path), options)
+        .await?)
 }
 
 /// Write `data` to `path` as E2B's `user`, creating parent directories (shared by
@@ -338,9 +347,13 @@ pub(crate) async fn write_stream(
     data: ByteStream,
     user: Option<&str>,
 ) -> Result<WriteInfo> {
+    let common = Common {
+        user: user.map(str::to_string),
+        request_timeout: None,
+    };
     let options = sandcove::WriteOptions {
         create_parents: true,
-        user: ctx.runtime_user(user),
+        user: common.file_user(ctx),
         ..Default::default()
     };
     let s = ctx
@@ -401,6 +414,19 @@ struct Common {
 }
 
 impl Common {
+    /// The runtime user an explicit `user=` names (E2B's `user` is the sandbox's default
+    /// user); `None` when no user was given: the runtime's file identity, as before.
+    /// The runtime then checks that user's permissions and gives it what it creates; an
+    /// unknown user is the runtime's error, before anything happens.
+    fn file_user(&self, ctx: &Ctx) -> Option<String> {
+        self.user
+            .as_deref()
+            .map(|u| match ctx.runtime_user(Some(u)) {
+                None => ctx.user.clone(),
+                Some(other) => other,
+            })
+    }
+
     /// Refuse another user where the runtime's file calls cannot act as one.
     fn same_user_only(&self, ctx: &Ctx) -> Result<()> {
         match ctx.runtime_user(self.user.as_deref()) {
@@ -517,8 +543,10 @@ impl Filesystem {
     pub fn exists(&self, path: impl Into<String>) -> FsCall<bool> {
         let path = path.into();
         FsCall::new(&self.ctx, move |ctx, common| async move {
-            common.same_user_only(&ctx)?;
-            match ctx.backend.stat(&ctx.id, &ctx.path(&path)).await {
+            let options = sandcove::StatOptions {
+                user: common.file_user(&ctx),
+            };
+            match ctx.backend.stat(&ctx.id, &ctx.path(&path), options).await {
                 Ok(_) => Ok(true),
                 Err(e) if e.is_not_found() => Ok(false),
                 Err(e) => Err(e.into()),
@@ -530,8 +558,10 @@ impl Filesystem {
     pub fn get_info(&self, path: impl Into<String>) -> FsCall<EntryInfo> {
         let path = path.into();
         FsCall::new(&self.ctx, move |ctx, common| async move {
-            common.same_user_only(&ctx)?;
-            let s = ctx.backend.stat(&ctx.id, &ctx.path(&path)).await?;
+            let options = sandcove::StatOptions {
+                user: common.file_user(&ctx),
+            };
+            let s = ctx.backend.stat(&ctx.id, &ctx.path(&path), options).await?;
             Ok(EntryInfo::from_stat(&ctx, &s))
         })
     }
@@ -566,7 +596,7 @@ impl Filesystem {
             common.same_user_only(&ctx)?;
             let from = ctx.path(&from);
             let to = ctx.path(&to);
-            ctx.backend.stat(&ctx.id, &from).await?;
+            ctx.backend.stat(&ctx.id, &from, Default::default()).await?;
             if let Some((parent, _)) = to.rsplit_once('/') {
                 if !parent.is_empty() {
                     ctx.backend
@@ -585,7 +615,7 @@ impl Filesystem {
         let path = path.into();
         FsCall::new(&self.ctx, move |ctx, common| async move {
             let p = ctx.path(&path);
-            match ctx.backend.stat(&ctx.id, &p).await {
+            match ctx.backend.stat(&ctx.id, &p, Default::default()).await {
                 Ok(s) if s.kind == FileKind::Dir => return Ok(false),
                 Ok(_) => {
                     return Err(SandboxException::invalid_argument(format!(
@@ -862,8 +892,8 @@ impl IntoFuture for ListBuilder {
                         "depth should be at least one",
                     ));
                 }
-                self.common.same_user_only(&self.ctx)?;
                 let ctx = self.ctx;
+                let user = self.common.file_user(&ctx);
                 let listed = ctx
                     .backend
                     .list_dir(
@@ -871,6 +901,7 @@ impl IntoFuture for ListBuilder {
                         &ctx.path(&self.path),
                         ListDirOptions {
                             depth: u32::try_from(depth).unwrap_or(u32::MAX),
+                            user,
                         },
                     )
                     .await?;

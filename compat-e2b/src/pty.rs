@@ -188,6 +188,7 @@ impl IntoFuture for PtyCreateBuilder {
                 stdin: true,
                 timeout: translate::timeout_secs(self.timeout),
                 pty: Some(self.size.core()?),
+                restart: None,
             };
             let stream = ctx.backend.spawn(&ctx.id, spec).await?;
             let mut handle = CommandHandle::new(ctx, stream, true, None);

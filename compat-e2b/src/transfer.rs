@@ -189,6 +189,7 @@ async fn ensure_server(ctx: &Ctx) -> Result<()> {
         stdin: false,
         timeout: None,
         pty: None,
+        restart: None,
     };
     let mut stream = match ctx.backend.spawn(&ctx.id, spec).await {
         Ok(s) => s,

@@ -207,3 +207,34 @@ async fn the_code_interpreter_template_is_reported() {
     assert_eq!(r.stdout, "code-interpreter-v1\n");
     sbx.kill().await.expect("kill");
 }
+
+/// A cell that prints without end cannot grow the program's memory with it: the execution
+/// keeps at most 64 MiB of output and says so once, while the callback still sees every byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_output_kept_in_an_execution_is_bounded() {
+    let sbx = sandbox().await;
+    let streamed = Arc::new(Mutex::new(0usize));
+    let counter = streamed.clone();
+    let execution = sbx
+        .run_code("import sys\nfor _ in range(72):\n    sys.stdout.write('x' * (1 << 20))\n    sys.stdout.flush()")
+        .on_stdout(move |m| *counter.lock().unwrap() += m.line.len())
+        .timeout(300)
+        .await
+        .expect("run");
+    let kept: usize = execution.logs.stdout.iter().map(String::len).sum();
+    assert!(kept <= 64 << 20, "kept {kept} bytes");
+    assert!(kept >= 60 << 20, "a prefix is kept: {kept} bytes");
+    let notes = execution
+        .logs
+        .stderr
+        .iter()
+        .filter(|l| l.contains("was not kept"))
+        .count();
+    assert_eq!(notes, 1, "one note: {:?}", execution.logs.stderr);
+    assert_eq!(
+        *streamed.lock().unwrap(),
+        72 << 20,
+        "the callback saw everything"
+    );
+    sbx.kill().await.expect("kill");
+}

@@ -226,8 +226,6 @@ async fn gaps_in_files_are_refused_before_any_effect() {
         !sbx.files.exists("m.txt").await.expect("exists"),
         "nothing written"
     );
-    assert_not_supported(sbx.files.read("m.txt").user("root").await, "read as root");
-    assert_not_supported(sbx.files.list("/").user("root").await, "list as root");
     assert_not_supported(
         sbx.files.remove("/tmp").user("root").await,
         "remove as root",
@@ -241,6 +239,76 @@ async fn gaps_in_files_are_refused_before_any_effect() {
     assert_eq!(
         sbx.files.read("u.txt").user("user").await.expect("read"),
         "x"
+    );
+    sbx.kill().await.expect("kill");
+}
+
+/// `user=` on read, list, exists, get_info and write acts as that user: its permissions,
+/// its ownership. Where the runtime has one uid, another user is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_calls_act_as_the_given_user() {
+    let sbx = sandbox("fileuser").await;
+    if !caps().await.multiple_users {
+        skip("file calls as root", "multiple_users");
+        assert_not_supported(sbx.files.read("m.txt").user("root").await, "read as root");
+        assert_not_supported(sbx.files.list("/").user("root").await, "list as root");
+        sbx.kill().await.expect("kill");
+        return;
+    }
+    let setup = "echo s3cret > /tmp/secret && chmod 600 /tmp/secret && \
+                 mkdir -m 700 /tmp/vault && touch /tmp/vault/in";
+    let r = sbx.commands.run(setup).user("root").await.expect("setup");
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    assert!(
+        sbx.files.read("/tmp/secret").user("user").await.is_err(),
+        "a root-only file is unreadable as user"
+    );
+    assert_eq!(
+        sbx.files
+            .read("/tmp/secret")
+            .user("root")
+            .await
+            .expect("root reads"),
+        "s3cret\n"
+    );
+    assert!(
+        sbx.files.list("/tmp/vault").user("user").await.is_err(),
+        "a 0700 root directory is unlistable as user"
+    );
+    assert!(
+        sbx.files
+            .get_info("/tmp/vault/in")
+            .user("user")
+            .await
+            .is_err(),
+        "nothing beneath it can be looked up as user"
+    );
+    let listed = sbx
+        .files
+        .list("/tmp/vault")
+        .user("root")
+        .await
+        .expect("root lists");
+    assert_eq!(listed.len(), 1);
+    let w = sbx
+        .files
+        .write("by-root.txt", "x")
+        .user("root")
+        .await
+        .expect("write as root");
+    assert_eq!(w.path, "/home/user/by-root.txt");
+    let info = sbx.files.get_info("by-root.txt").await.expect("info");
+    assert_eq!(info.owner, "root", "written as root: root's file");
+    sbx.files
+        .write("by-user.txt", "x")
+        .user("user")
+        .await
+        .expect("write as user");
+    let info = sbx.files.get_info("by-user.txt").await.expect("info");
+    assert_eq!(info.owner, "user");
+    assert!(
+        sbx.files.read("x").user("nosuchuser").await.is_err(),
+        "an unknown user is refused"
     );
     sbx.kill().await.expect("kill");
 }

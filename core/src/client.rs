@@ -213,7 +213,7 @@ impl Sandbox {
         Spawn(self.run(command))
     }
 
-    async fn start(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
+    async fn start_process(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
         let stream = self.backend.spawn(&self.id, spec).await?;
         Ok(self.handle(stream))
     }
@@ -236,6 +236,25 @@ impl Sandbox {
     /// Replace the sandbox's labels.
     pub async fn set_labels(&self, labels: BTreeMap<String, String>) -> Result<SandboxInfo> {
         self.backend.set_labels(&self.id, labels).await
+    }
+
+    /// Update the sandbox's annotations atomically (see [`Backend::update_annotations`]);
+    /// returns the new map.
+    pub async fn update_annotations(
+        &self,
+        update: crate::AnnotationUpdate,
+    ) -> Result<BTreeMap<String, String>> {
+        self.backend.update_annotations(&self.id, update).await
+    }
+
+    /// End every process but keep the files; [`Sandbox::start`] runs it again.
+    pub async fn stop(&self) -> Result<SandboxInfo> {
+        self.backend.stop(&self.id).await
+    }
+
+    /// Start a stopped sandbox again.
+    pub async fn start(&self) -> Result<SandboxInfo> {
+        self.backend.start(&self.id).await
     }
 
     /// Freeze every process; memory and processes are kept.
@@ -307,7 +326,10 @@ impl Sandbox {
     /// Read a whole file into memory (at most [`MAX_READ_BYTES`]; larger files are an
     /// `InvalidArgument` error: stream them with [`Sandbox::read_stream`]).
     pub async fn read(&self, path: &str) -> Result<Vec<u8>> {
-        let mut stream = self.backend.read_file(&self.id, path).await?;
+        let mut stream = self
+            .backend
+            .read_file(&self.id, path, Default::default())
+            .await?;
         let mut out = Vec::new();
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;
@@ -323,7 +345,9 @@ impl Sandbox {
 
     /// Read a file as a stream of chunks.
     pub async fn read_stream(&self, path: &str) -> Result<ByteStream> {
-        self.backend.read_file(&self.id, path).await
+        self.backend
+            .read_file(&self.id, path, Default::default())
+            .await
     }
 
     /// Write a whole file (parents created), replacing it atomically.
@@ -348,18 +372,18 @@ impl Sandbox {
     /// List a directory to `depth` levels.
     pub async fn list_dir(&self, path: &str, depth: u32) -> Result<Vec<FileStat>> {
         self.backend
-            .list_dir(&self.id, path, ListDirOptions { depth })
+            .list_dir(&self.id, path, ListDirOptions { depth, user: None })
             .await
     }
 
     /// Metadata of a path (symlinks not followed).
     pub async fn stat(&self, path: &str) -> Result<FileStat> {
-        self.backend.stat(&self.id, path).await
+        self.backend.stat(&self.id, path, Default::default()).await
     }
 
     /// Whether a path exists.
     pub async fn exists(&self, path: &str) -> Result<bool> {
-        match self.backend.stat(&self.id, path).await {
+        match self.backend.stat(&self.id, path, Default::default()).await {
             Ok(_) => Ok(true),
             Err(e) if e.is_not_found() => Ok(false),
             Err(e) => Err(e),
@@ -550,7 +574,7 @@ impl IntoFuture for Run {
     type IntoFuture = BoxFuture<'static, Result<Output>>;
 
     fn into_future(self) -> Self::IntoFuture {
-        async move { self.sandbox.start(self.spec).await?.wait().await }.boxed()
+        async move { self.sandbox.start_process(self.spec).await?.wait().await }.boxed()
     }
 }
 
@@ -601,7 +625,7 @@ impl IntoFuture for Spawn {
     type IntoFuture = BoxFuture<'static, Result<ProcessHandle>>;
 
     fn into_future(self) -> Self::IntoFuture {
-        async move { self.0.sandbox.start(self.0.spec).await }.boxed()
+        async move { self.0.sandbox.start_process(self.0.spec).await }.boxed()
     }
 }
 
@@ -720,6 +744,7 @@ pub async fn collect(mut stream: ProcessStream, limit: usize) -> Result<Output> 
                 append_limited(&mut out.stderr, &bytes, limit, &mut out.truncated)
             }
             ProcessEvent::Gap { .. } => out.truncated = true,
+            ProcessEvent::Live | ProcessEvent::Restarted { .. } => {}
             ProcessEvent::Exit(status) => {
                 out.status = Some(status);
                 return Ok(out);

@@ -21,10 +21,10 @@ use futures::StreamExt;
 
 use crate::client::collect;
 use crate::{
-    Backend, ByteStream, Command, CreateOptions, ErrorCode, FileKind, FsEventKind, ListDirOptions,
-    ListOptions, MkdirOptions, Output, PreviewOptions, ProcessEvent, ProcessSelector, ProcessSpec,
-    PtySize, RemoveOptions, SandboxState, Signal, TimeoutAction, VolumeMount, WatchOptions,
-    WriteOptions,
+    AnnotationUpdate, Backend, ByteStream, Command, CreateOptions, ErrorCode, FileKind,
+    FsEventKind, ListDirOptions, ListOptions, MkdirOptions, Output, PreviewOptions, ProcessEvent,
+    ProcessSelector, ProcessSpec, PtySize, ReadOptions, RemoveOptions, RestartPolicy, SandboxState,
+    Signal, StatOptions, TimeoutAction, VolumeMount, WatchOptions, WriteOptions,
 };
 
 /// Expand to one `#[tokio::test]` per conformance case. `$make` is an expression evaluating
@@ -53,6 +53,9 @@ macro_rules! conformance_tests {
             signals_and_kill_mid_stream,
             process_timeout_kills_the_group,
             list_and_attach_processes,
+            attach_marks_where_live_output_starts,
+            restart_policy_restarts_failures,
+            file_calls_as_a_user,
             file_round_trip_and_metadata,
             large_file_round_trip,
             directory_operations,
@@ -72,6 +75,14 @@ macro_rules! conformance_tests {
             watch_reports_changes,
             pty_processes,
             metrics_report_usage,
+            annotations_set_get_remove,
+            annotations_readable_while_paused_or_stopped,
+            annotations_are_out_of_reach_of_sandboxed_code,
+            fork_copies_annotations,
+            annotation_bounds_are_refused_with_nothing_changed,
+            concurrent_annotation_updates_lose_nothing,
+            stop_ends_processes_keeps_files_and_start_runs_again,
+            stop_pauses_the_lease,
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
@@ -143,7 +154,7 @@ async fn write(backend: &dyn Backend, id: &str, path: &str, data: &[u8]) {
 }
 
 async fn read(backend: &dyn Backend, id: &str, path: &str) -> crate::Result<Vec<u8>> {
-    let mut stream = backend.read_file(id, path).await?;
+    let mut stream = backend.read_file(id, path, Default::default()).await?;
     let mut out = Vec::new();
     while let Some(chunk) = stream.next().await {
         out.extend_from_slice(&chunk?);
@@ -499,7 +510,11 @@ pub async fn missing_sandbox_is_not_found(backend: &dyn Backend) {
             ErrorCode::NotFound,
             "spawn",
         );
-        expect_code(backend.stat(id, "/").await, ErrorCode::NotFound, "stat");
+        expect_code(
+            backend.stat(id, "/", Default::default()).await,
+            ErrorCode::NotFound,
+            "stat",
+        );
     }
 }
 
@@ -788,7 +803,10 @@ pub async fn default_user_and_home(backend: &dyn Backend) {
         );
     }
     write(backend, &info.id, "notes.txt", b"x").await;
-    let stat = backend.stat(&info.id, "notes.txt").await.expect("stat");
+    let stat = backend
+        .stat(&info.id, "notes.txt", Default::default())
+        .await
+        .expect("stat");
     assert_eq!(stat.path, "/home/alice/notes.txt");
     assert_eq!(stat.owner, "alice");
     backend.destroy(&info.id).await.expect("destroy");
@@ -967,9 +985,14 @@ pub async fn list_and_attach_processes(backend: &dyn Backend) {
         .await
         .expect("attach");
     assert_eq!(attached.pid, pid);
-    match attached.events.next().await {
+    // The first output, retained or (when the attach came first) live after the marker.
+    let mut next = attached.events.next().await;
+    if matches!(next, Some(Ok(ProcessEvent::Live))) {
+        next = attached.events.next().await;
+    }
+    match next {
         Some(Ok(ProcessEvent::Stdout(b))) => assert_eq!(b, b"first\n"),
-        other => panic!("expected the retained output, got {other:?}"),
+        other => panic!("expected the first output, got {other:?}"),
     }
     backend
         .write_stdin(&id, ProcessSelector::Tag("worker".into()), b"x\n".to_vec())
@@ -1003,6 +1026,457 @@ pub async fn list_and_attach_processes(backend: &dyn Backend) {
     backend.destroy(&id).await.expect("destroy");
 }
 
+/// The events of an attach up to its [`ProcessEvent::Live`] marker (which must come, and
+/// promptly: it follows the retained history without waiting for the process).
+async fn history_of(stream: &mut crate::ProcessStream) -> Vec<ProcessEvent> {
+    let mut seen = Vec::new();
+    loop {
+        let next = tokio::time::timeout(PATIENCE, stream.events.next()).await;
+        match next {
+            Ok(Some(Ok(ProcessEvent::Live))) => return seen,
+            Ok(Some(Ok(ProcessEvent::Exit(s)))) => panic!(
+                "attach reached the exit {s:?} without a live marker after {}",
+                summary(&seen)
+            ),
+            Ok(Some(Ok(ev))) => seen.push(ev),
+            Ok(Some(Err(e))) => panic!("attach failed before its live marker: {e}"),
+            Ok(None) => panic!("attach ended before its live marker"),
+            Err(_) => panic!(
+                "no live marker within {PATIENCE:?}; history so far: {}",
+                summary(&seen)
+            ),
+        }
+    }
+}
+
+/// A short description of a list of events (for messages; histories can be megabytes).
+fn summary(events: &[ProcessEvent]) -> String {
+    format!(
+        "{} events, {} stdout bytes",
+        events.len(),
+        stdout_of(events).len()
+    )
+}
+
+/// Stdout bytes of a list of events.
+fn stdout_of(events: &[ProcessEvent]) -> Vec<u8> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            ProcessEvent::Stdout(b) => Some(b.as_slice()),
+            _ => None,
+        })
+        .flatten()
+        .copied()
+        .collect()
+}
+
+/// Attach returns the retained history, then one `Live` marker, then live events; spawn never
+/// emits the marker. "Logs so far" is exact whatever the load: megabytes of history all come
+/// before the marker, and nothing written later does.
+pub async fn attach_marks_where_live_output_starts(backend: &dyn Backend) {
+    let id = create(backend, &unique("live")).await;
+    // Spawn streams never carry the marker.
+    let spawned = backend
+        .spawn(&id, ProcessSpec::new(Command::sh("echo hi; echo oops >&2")))
+        .await
+        .expect("spawn");
+    let events: Vec<_> = spawned.events.collect().await;
+    assert!(
+        events.iter().all(|e| !matches!(e, Ok(ProcessEvent::Live))),
+        "spawn emitted a live marker: {events:?}"
+    );
+    // A process with a lot of history that then waits for input.
+    let script = "head -c 3000000 /dev/zero | tr '\\0' a; echo; echo ready; read x; echo after $x";
+    let spec = ProcessSpec::new(Command::sh(script))
+        .tag("talker")
+        .stdin(true);
+    let pid = backend.spawn(&id, spec).await.expect("spawn").pid;
+    let mut want = vec![b'a'; 3_000_000];
+    want.extend_from_slice(b"\nready\n");
+    let attached = eventually(PATIENCE, "the history ends with ready", || async {
+        let mut stream = backend
+            .attach(&id, ProcessSelector::Tag("talker".into()))
+            .await
+            .map_err(|e| e.to_string())?;
+        let history = history_of(&mut stream).await;
+        let out = stdout_of(&history);
+        if out.ends_with(b"ready\n") {
+            Ok(stream)
+        } else {
+            Err(format!("{} bytes so far", out.len()))
+        }
+    })
+    .await;
+    assert_eq!(attached.pid, pid);
+    // The retained history was complete (checked once more on a fresh attach).
+    let mut again = backend
+        .attach(&id, ProcessSelector::Pid(pid))
+        .await
+        .expect("attach");
+    let history = history_of(&mut again).await;
+    assert_eq!(
+        stdout_of(&history).len(),
+        want.len(),
+        "whole history before the marker"
+    );
+    assert!(stdout_of(&history) == want, "history bytes intact");
+    drop(again);
+    // After the marker: only what happens now.
+    backend
+        .write_stdin(&id, ProcessSelector::Pid(pid), b"x\n".to_vec())
+        .await
+        .expect("stdin");
+    let live = collect(attached, usize::MAX).await.expect("live part");
+    assert_eq!(live.stdout, b"after x\n", "live events follow the marker");
+    assert!(live.exit_status().success());
+    // After the exit: the whole history, the marker, then the exit.
+    let mut late = backend
+        .attach(&id, ProcessSelector::Pid(pid))
+        .await
+        .expect("attach after exit");
+    let history = history_of(&mut late).await;
+    want.extend_from_slice(b"after x\n");
+    assert!(stdout_of(&history) == want, "full history after exit");
+    let rest: Vec<_> = late.events.collect().await;
+    assert!(
+        matches!(rest.as_slice(), [Ok(ProcessEvent::Exit(s))] if s.success()),
+        "only the exit after the marker: {rest:?}"
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// A restart policy brings a failing process back (up to its limit, as one logical process
+/// with one final exit); success and API signals end it for good; attach by tag and by the
+/// current pid reach the incarnation running now.
+pub async fn restart_policy_restarts_failures(backend: &dyn Backend) {
+    let id = create(backend, &unique("restart")).await;
+    let policy = |max| RestartPolicy { max_restarts: max };
+    // Fails every time: 1 run + 2 restarts.
+    let script = "n=$(cat /workspace/count 2>/dev/null || echo 0); n=$((n+1)); \
+                  echo $n > /workspace/count; echo run $n; exit 3";
+    let mut spec = ProcessSpec::new(Command::sh(script)).tag("flaky");
+    spec.restart = Some(policy(Some(2)));
+    let stream = backend.spawn(&id, spec).await.expect("spawn");
+    let pid = stream.pid;
+    let events: Vec<_> = stream
+        .events
+        .map(|e| e.expect("event"))
+        .collect::<Vec<_>>()
+        .await;
+    assert_eq!(stdout_of(&events), b"run 1\nrun 2\nrun 3\n", "{events:?}");
+    let restarts: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            ProcessEvent::Restarted {
+                restarts, previous, ..
+            } => Some((*restarts, previous.code)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(restarts, [(1, Some(3)), (2, Some(3))], "{events:?}");
+    assert!(
+        matches!(events.last(), Some(ProcessEvent::Exit(s)) if s.code == Some(3)),
+        "one final exit, last: {events:?}"
+    );
+    let exits = events
+        .iter()
+        .filter(|e| matches!(e, ProcessEvent::Exit(_)))
+        .count();
+    assert_eq!(exits, 1, "one exit for the logical process");
+    let info = backend
+        .list_processes(&id)
+        .await
+        .expect("list")
+        .into_iter()
+        .find(|p| p.pid == pid)
+        .expect("listed under its first pid");
+    assert_eq!(info.restarts, 2);
+    assert_eq!(info.restart, Some(policy(Some(2))));
+    assert_ne!(info.current_pid, pid, "a later incarnation ran last");
+    assert!(info.exit.is_some_and(|s| s.code == Some(3)));
+    assert!(info.ended_at.is_some());
+    // Attach replays the restarts in place.
+    let mut late = backend
+        .attach(&id, ProcessSelector::Tag("flaky".into()))
+        .await
+        .expect("attach");
+    let history = history_of(&mut late).await;
+    let shape: Vec<&str> = history
+        .iter()
+        .map(|e| match e {
+            ProcessEvent::Stdout(_) => "out",
+            ProcessEvent::Restarted { .. } => "restart",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(shape, ["out", "restart", "out", "restart", "out"]);
+
+    // Success is not restarted.
+    let mut spec = ProcessSpec::new(Command::sh("echo fine"));
+    spec.restart = Some(policy(None));
+    let out = run(backend, &id, spec).await;
+    assert_eq!(out.stdout, b"fine\n");
+    assert!(out.exit_status().success());
+
+    // First incarnation fails, the second stays up: tag and current pid reach it, and a
+    // signal through the API ends it for good (unlimited restarts notwithstanding).
+    let script = "if [ -e /workspace/second ]; then echo second; exec sleep 1000; fi; \
+                  touch /workspace/second; echo first; exit 1";
+    let mut spec = ProcessSpec::new(Command::sh(script)).tag("phoenix");
+    spec.restart = Some(policy(None));
+    let pid = backend.spawn(&id, spec).await.expect("spawn").pid;
+    let current = eventually(PATIENCE, "the second incarnation runs", || async {
+        let list = backend
+            .list_processes(&id)
+            .await
+            .map_err(|e| e.to_string())?;
+        let p = list.iter().find(|p| p.pid == pid).ok_or("not listed")?;
+        if p.restarts == 1 && p.exit.is_none() {
+            Ok(p.current_pid)
+        } else {
+            Err(format!("{p:?}"))
+        }
+    })
+    .await;
+    assert_ne!(current, pid);
+    let mut by_tag = backend
+        .attach(&id, ProcessSelector::Tag("phoenix".into()))
+        .await
+        .expect("attach by tag");
+    let history = eventually(PATIENCE, "the second incarnation wrote", || async {
+        let mut s = backend
+            .attach(&id, ProcessSelector::Pid(current))
+            .await
+            .map_err(|e| e.to_string())?;
+        let h = history_of(&mut s).await;
+        let out = stdout_of(&h);
+        if out == b"first\nsecond\n" {
+            Ok(h)
+        } else {
+            Err(String::from_utf8_lossy(&out).into_owned())
+        }
+    })
+    .await;
+    assert!(history.iter().any(
+        |e| matches!(e, ProcessEvent::Restarted { pid: p, restarts: 1, .. } if *p == current)
+    ));
+    history_of(&mut by_tag).await;
+    backend
+        .signal(&id, ProcessSelector::Tag("phoenix".into()), Signal::Kill)
+        .await
+        .expect("kill");
+    let rest = collect(by_tag, usize::MAX).await.expect("rest");
+    assert_eq!(rest.exit_status().signal, Some(9), "{rest:?}");
+    let info = backend
+        .list_processes(&id)
+        .await
+        .expect("list")
+        .into_iter()
+        .find(|p| p.pid == pid)
+        .expect("listed");
+    assert_eq!(info.restarts, 1, "killed through the API: not restarted");
+    assert!(info.exit.is_some());
+
+    // A terminal belongs to one incarnation: refused.
+    let mut spec = ProcessSpec::new(Command::argv(["true"]));
+    spec.restart = Some(policy(None));
+    spec.pty = Some(PtySize { cols: 80, rows: 24 });
+    expect_code(
+        backend.spawn(&id, spec).await.map(|s| s.pid),
+        ErrorCode::InvalidArgument,
+        "restart with a pty",
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// File calls as a user get that user's permissions and ownership; an unknown user is refused
+/// before anything happens; where the sandbox has one uid, other users are `NotSupported`.
+pub async fn file_calls_as_a_user(backend: &dyn Backend) {
+    let id = create(backend, &unique("fileuser")).await;
+    let info = backend.get(&id).await.expect("get");
+    let me = info.user.name.clone();
+    let read_as = |path: &'static str, user: &str| {
+        let options = ReadOptions {
+            user: Some(user.to_string()),
+        };
+        let id = id.clone();
+        async move {
+            let stream = backend.read_file(&id, path, options).await?;
+            let chunks: Vec<_> = stream.collect().await;
+            chunks
+                .into_iter()
+                .collect::<crate::Result<Vec<_>>>()
+                .map(|c| c.concat())
+        }
+    };
+    let write_as = |path: &'static str, data: &'static [u8], user: &str, mode: Option<u32>| {
+        let options = WriteOptions {
+            user: Some(user.to_string()),
+            mode,
+            ..Default::default()
+        };
+        let id = id.clone();
+        async move {
+            let body: ByteStream = Box::pin(futures::stream::iter([Ok(data.to_vec())]));
+            backend.write_file(&id, path, body, options).await
+        }
+    };
+    let list_as = |path: &'static str, user: &str| {
+        let options = ListDirOptions {
+            depth: 1,
+            user: Some(user.to_string()),
+        };
+        let id = id.clone();
+        async move { backend.list_dir(&id, path, options).await }
+    };
+    let stat_as = |path: &'static str, user: &str| {
+        let options = StatOptions {
+            user: Some(user.to_string()),
+        };
+        let id = id.clone();
+        async move { backend.stat(&id, path, options).await }
+    };
+    // Unknown users: refused before any effect.
+    let result = write_as("/workspace/ghost.txt", b"x", "nosuchuser", None).await;
+    assert!(
+        matches!(&result, Err(e) if matches!(e.code(), ErrorCode::InvalidArgument | ErrorCode::NotSupported)),
+        "unknown user: {result:?}"
+    );
+    expect_code(
+        backend
+            .stat(&id, "/workspace/ghost.txt", StatOptions::default())
+            .await,
+        ErrorCode::NotFound,
+        "nothing written for an unknown user",
+    );
+    // The default user by name works everywhere.
+    let st = write_as("/workspace/mine.txt", b"mine", &me, None)
+        .await
+        .expect("write as the default user");
+    assert_eq!((st.uid, st.owner.as_str()), (info.user.uid, me.as_str()));
+    assert_eq!(
+        read_as("/workspace/mine.txt", &me).await.expect("read"),
+        b"mine"
+    );
+    assert_eq!(
+        stat_as("/workspace/mine.txt", &me).await.expect("stat").uid,
+        info.user.uid
+    );
+    list_as("/workspace", &me).await.expect("list");
+    if !backend.capabilities().multiple_users {
+        expect_code(
+            read_as("/workspace/mine.txt", "root").await,
+            ErrorCode::NotSupported,
+            "a second user without multiple uids",
+        );
+        backend.destroy(&id).await.expect("destroy");
+        return;
+    }
+    assert_ne!(info.user.uid, 0, "the default user is not root here");
+    // A root-only file.
+    let st = write_as("/workspace/secret", b"s3cret", "root", Some(0o600))
+        .await
+        .expect("write as root");
+    assert_eq!((st.uid, st.mode), (0, 0o600), "owned by root: {st:?}");
+    expect_code(
+        read_as("/workspace/secret", &me).await,
+        ErrorCode::PermissionDenied,
+        "reading a root-only file as the user",
+    );
+    assert_eq!(
+        read_as("/workspace/secret", "root")
+            .await
+            .expect("root reads"),
+        b"s3cret"
+    );
+    // The user's identity never outlives its call: calls without a user, interleaved, keep
+    // the file API's own identity.
+    for round in 0..8 {
+        expect_code(
+            read_as("/workspace/secret", &me).await,
+            ErrorCode::PermissionDenied,
+            "as the user, again",
+        );
+        let stream = backend
+            .read_file(&id, "/workspace/secret", ReadOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: a call without a user failed: {e}"));
+        let got: Vec<_> = stream.collect().await;
+        assert!(
+            matches!(got.as_slice(), [Ok(b)] if b == b"s3cret"),
+            "round {round}: {got:?}"
+        );
+    }
+    // Replacing it as the user is refused too, and leaves it as it was.
+    expect_code(
+        write_as("/workspace/secret", b"mine now", &me, None).await,
+        ErrorCode::PermissionDenied,
+        "overwriting a root-only file as the user",
+    );
+    assert_eq!(
+        read_as("/workspace/secret", "root")
+            .await
+            .expect("root reads"),
+        b"s3cret"
+    );
+    // A directory only root may enter.
+    let dir = MkdirOptions {
+        parents: true,
+        mode: Some(0o700),
+        user: Some("root".into()),
+    };
+    backend
+        .mkdir(&id, "/workspace/private", dir)
+        .await
+        .expect("mkdir as root");
+    write_as("/workspace/private/inner.txt", b"in", "root", None)
+        .await
+        .expect("write inside as root");
+    expect_code(
+        list_as("/workspace/private", &me).await,
+        ErrorCode::PermissionDenied,
+        "listing a 0700 root directory as the user",
+    );
+    expect_code(
+        stat_as("/workspace/private/inner.txt", &me).await,
+        ErrorCode::PermissionDenied,
+        "stat beneath a 0700 root directory as the user",
+    );
+    expect_code(
+        write_as("/workspace/private/new.txt", b"n", &me, None).await,
+        ErrorCode::PermissionDenied,
+        "creating a file in a 0700 root directory as the user",
+    );
+    let names: Vec<_> = list_as("/workspace/private", "root")
+        .await
+        .expect("root lists")
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names, ["inner.txt"], "nothing created by the refused write");
+    // What the user creates is the user's, parents included.
+    let st = write_as("/workspace/made/by/me.txt", b"x", &me, None)
+        .await
+        .expect("write with parents as the user");
+    assert_eq!(st.uid, info.user.uid);
+    let parent = backend
+        .stat(&id, "/workspace/made/by", StatOptions::default())
+        .await
+        .expect("stat parent");
+    assert_eq!(
+        parent.uid, info.user.uid,
+        "created parents belong to the user"
+    );
+    // The processes agree: the same file is unreadable to the user's processes.
+    let out = sh(backend, &id, "cat /workspace/secret").await;
+    assert!(
+        !out.exit_status().success(),
+        "a user process cannot read it either"
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Files
 // ---------------------------------------------------------------------------------------------
@@ -1023,7 +1497,10 @@ pub async fn file_round_trip_and_metadata(backend: &dyn Backend) {
         data,
         "relative paths resolve against the home"
     );
-    let stat = backend.stat(&id, "data/blob.bin").await.expect("stat");
+    let stat = backend
+        .stat(&id, "data/blob.bin", Default::default())
+        .await
+        .expect("stat");
     assert_eq!(stat.kind, FileKind::File);
     assert_eq!(stat.size, 100_000);
     assert_eq!(stat.path, "/workspace/data/blob.bin");
@@ -1058,7 +1535,11 @@ pub async fn file_round_trip_and_metadata(backend: &dyn Backend) {
         .await
         .expect("append");
     assert_eq!(
-        backend.stat(&id, "data/blob.bin").await.expect("stat").size,
+        backend
+            .stat(&id, "data/blob.bin", Default::default())
+            .await
+            .expect("stat")
+            .size,
         100_004
     );
     write(backend, &id, "empty", b"").await;
@@ -1068,7 +1549,10 @@ pub async fn file_round_trip_and_metadata(backend: &dyn Backend) {
     assert_eq!(sh(backend, &id, "stat -c %a empty").await.stdout, b"640\n");
     // Symlinks are reported, not followed.
     sh(backend, &id, "ln -s data/blob.bin link").await;
-    let stat = backend.stat(&id, "link").await.expect("stat link");
+    let stat = backend
+        .stat(&id, "link", Default::default())
+        .await
+        .expect("stat link");
     assert_eq!(stat.kind, FileKind::Symlink);
     assert_eq!(stat.symlink_target.as_deref(), Some("data/blob.bin"));
     backend.destroy(&id).await.expect("destroy");
@@ -1115,13 +1599,27 @@ pub async fn directory_operations(backend: &dyn Backend) {
         entries.into_iter().map(|e| e.path).collect()
     };
     let one = backend
-        .list_dir(&id, "a", ListDirOptions { depth: 1 })
+        .list_dir(
+            &id,
+            "a",
+            ListDirOptions {
+                depth: 1,
+                user: None,
+            },
+        )
         .await
         .expect("list");
     assert_eq!(names(one), ["/workspace/a/b", "/workspace/a/top.txt"]);
     let all = names(
         backend
-            .list_dir(&id, "a", ListDirOptions { depth: 3 })
+            .list_dir(
+                &id,
+                "a",
+                ListDirOptions {
+                    depth: 3,
+                    user: None,
+                },
+            )
             .await
             .expect("list"),
     );
@@ -1150,7 +1648,10 @@ pub async fn directory_operations(backend: &dyn Backend) {
         .rename(&id, "a/top.txt", "a/moved.txt")
         .await
         .expect("rename");
-    assert!(backend.stat(&id, "a/top.txt").await.is_err());
+    assert!(backend
+        .stat(&id, "a/top.txt", Default::default())
+        .await
+        .is_err());
     assert_eq!(read(backend, &id, "a/moved.txt").await.expect("read"), b"1");
     expect_code(
         backend
@@ -1163,7 +1664,11 @@ pub async fn directory_operations(backend: &dyn Backend) {
         .remove(&id, "a", RemoveOptions { recursive: true })
         .await
         .expect("remove -r");
-    expect_code(backend.stat(&id, "a").await, ErrorCode::NotFound, "removed");
+    expect_code(
+        backend.stat(&id, "a", Default::default()).await,
+        ErrorCode::NotFound,
+        "removed",
+    );
     assert_eq!(
         sh(backend, &id, "ls -A \"$HOME\" | wc -l").await.stdout,
         b"0\n"
@@ -1273,7 +1778,14 @@ pub async fn failed_uploads_leave_nothing_behind(backend: &dyn Backend) {
             "round {round}: an aborted upload is an error"
         );
         let names: Vec<String> = backend
-            .list_dir(&id, "/workspace", ListDirOptions { depth: 1 })
+            .list_dir(
+                &id,
+                "/workspace",
+                ListDirOptions {
+                    depth: 1,
+                    user: None,
+                },
+            )
             .await
             .expect("list")
             .into_iter()
@@ -2257,5 +2769,554 @@ pub async fn metrics_report_usage(backend: &dyn Backend) {
     assert!(m.mem_total >= m.mem_used, "{m:?}");
     assert!(m.cpu_count >= 1);
     assert!(m.disk_total >= m.disk_used, "{m:?}");
+    backend.destroy(&id).await.expect("destroy");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Annotations and stop/start
+// ---------------------------------------------------------------------------------------------
+
+fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Annotations given at create are reported by get and list; an update sets and removes
+/// keys at once and answers the new map.
+pub async fn annotations_set_get_remove(backend: &dyn Backend) {
+    let label = unique("annot");
+    let mut options = test_options(&label);
+    options.annotations = map(&[("vendor/a", "1"), ("vendor/b", "two")]);
+    let info = backend.create(options).await.expect("create");
+    assert_eq!(
+        info.annotations,
+        map(&[("vendor/a", "1"), ("vendor/b", "two")])
+    );
+    let id = info.id;
+    let mut update = AnnotationUpdate::set("vendor/c", "{\"json\": [1, 2]}");
+    update.remove.push("vendor/a".into());
+    update.remove.push("vendor/absent".into());
+    let now = backend
+        .update_annotations(&id, update)
+        .await
+        .expect("update");
+    let want = map(&[("vendor/b", "two"), ("vendor/c", "{\"json\": [1, 2]}")]);
+    assert_eq!(now, want);
+    assert_eq!(backend.get(&id).await.expect("get").annotations, want);
+    let listed = backend
+        .list(ListOptions {
+            labels: BTreeMap::from([("conformance".to_string(), label)]),
+            ..Default::default()
+        })
+        .await
+        .expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].annotations, want);
+    // An expectation that holds applies; one that does not changes nothing.
+    let cas = AnnotationUpdate::set("vendor/b", "three").expecting("vendor/b", Some("two".into()));
+    assert_eq!(
+        backend
+            .update_annotations(&id, cas)
+            .await
+            .expect("cas")
+            .get("vendor/b")
+            .map(String::as_str),
+        Some("three")
+    );
+    let stale = AnnotationUpdate::set("vendor/b", "four").expecting("vendor/b", Some("two".into()));
+    expect_code(
+        backend.update_annotations(&id, stale).await,
+        ErrorCode::Conflict,
+        "a compare-and-set on a stale value",
+    );
+    let absent = AnnotationUpdate::set("vendor/b", "five").expecting("vendor/b", None);
+    expect_code(
+        backend.update_annotations(&id, absent).await,
+        ErrorCode::Conflict,
+        "an expected-absent key that exists",
+    );
+    assert_eq!(
+        backend
+            .get(&id)
+            .await
+            .expect("get")
+            .annotations
+            .get("vendor/b")
+            .map(String::as_str),
+        Some("three")
+    );
+    backend.destroy(&id).await.expect("destroy");
+    expect_code(
+        backend
+            .update_annotations(&id, AnnotationUpdate::set("k", "v"))
+            .await,
+        ErrorCode::NotFound,
+        "annotations of a destroyed sandbox",
+    );
+}
+
+/// Annotations are read and changed while the sandbox is paused (where pausing is
+/// supported) and while it is stopped, without resuming or starting it.
+pub async fn annotations_readable_while_paused_or_stopped(backend: &dyn Backend) {
+    let mut options = test_options(&unique("annotpause"));
+    options.annotations = map(&[("k", "v")]);
+    let id = backend.create(options).await.expect("create").id;
+    if backend.capabilities().pause {
+        backend.pause(&id).await.expect("pause");
+        let info = backend.get(&id).await.expect("get");
+        assert_eq!(info.annotations, map(&[("k", "v")]));
+        let now = backend
+            .update_annotations(&id, AnnotationUpdate::set("paused", "yes"))
+            .await
+            .expect("update while paused");
+        assert_eq!(now, map(&[("k", "v"), ("paused", "yes")]));
+        assert_eq!(
+            backend.get(&id).await.expect("get").state,
+            SandboxState::Paused,
+            "an annotation update does not resume"
+        );
+        backend.resume(&id).await.expect("resume");
+    }
+    backend.stop(&id).await.expect("stop");
+    backend
+        .update_annotations(&id, AnnotationUpdate::set("stopped", "yes"))
+        .await
+        .expect("update while stopped");
+    let info = backend.get(&id).await.expect("get");
+    assert_eq!(
+        info.state,
+        SandboxState::Stopped,
+        "an update does not start"
+    );
+    assert_eq!(
+        info.annotations.get("stopped").map(String::as_str),
+        Some("yes")
+    );
+    assert_eq!(info.annotations.get("k").map(String::as_str), Some("v"));
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// Nothing inside the sandbox holds or reaches the annotations: their values appear in no
+/// file sandboxed code can read, and code that rewrites and deletes files everywhere it can
+/// write leaves them as they were.
+pub async fn annotations_are_out_of_reach_of_sandboxed_code(backend: &dyn Backend) {
+    let secret = unique("annotvalue");
+    let mut options = test_options(&unique("annotreach"));
+    options.annotations = map(&[("record", &secret)]);
+    let id = backend.create(options).await.expect("create").id;
+    backend
+        .update_annotations(&id, AnnotationUpdate::set("later", &secret))
+        .await
+        .expect("update");
+    if backend.capabilities().isolated {
+        // Every writable place: clobber, then delete, everything there.
+        let vandal = "for d in / /tmp /var/tmp /dev/shm /run \"$HOME\" /workspace; do \
+                        find \"$d\" -xdev -type f -writable 2>/dev/null | \
+                          while read -r f; do printf garbage > \"$f\"; done; \
+                        printf garbage > \"$d/.sandcove-annotations.json\" 2>/dev/null; \
+                      done; \
+                      rm -rf /tmp/* /tmp/.[!.]* /workspace/* /workspace/.[!.]* 2>/dev/null; true";
+        sh(backend, &id, vandal).await;
+        // The sandbox's own filesystems (not the read-only host directories bound in).
+        let found = sh(
+            backend,
+            &id,
+            &format!(
+                "for d in / /tmp /var/tmp /dev/shm /run \"$HOME\" /workspace; do \
+                   find \"$d\" -xdev -type f -readable -exec grep -lsF -- '{secret}' {{}} + ; \
+                 done 2>/dev/null | head -5; true"
+            ),
+        )
+        .await;
+        assert_eq!(
+            found.stdout_lossy().trim(),
+            "",
+            "an annotation value is readable inside the sandbox"
+        );
+    } else {
+        // Un-isolated sandbox processes share the host's files: no vandalism here.
+        println!("annotations_are_out_of_reach_of_sandboxed_code: un-isolated backend, in-sandbox part skipped");
+    }
+    assert_eq!(
+        backend.get(&id).await.expect("get").annotations,
+        map(&[("later", &secret), ("record", &secret)])
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// A fork starts with a copy of its source's annotations, the fork's own on top; later
+/// changes to either do not reach the other.
+pub async fn fork_copies_annotations(backend: &dyn Backend) {
+    let mut options = test_options(&unique("annotfork"));
+    options.annotations = map(&[("a", "1"), ("b", "2")]);
+    let id = backend.create(options).await.expect("create").id;
+    let mut fork_options = test_options(&unique("annotforked"));
+    fork_options.annotations = map(&[("b", "3"), ("c", "4")]);
+    if !backend.capabilities().snapshots {
+        expect_code(
+            backend.fork(&id, fork_options).await,
+            ErrorCode::NotSupported,
+            "fork",
+        );
+        backend.destroy(&id).await.expect("destroy");
+        return;
+    }
+    let forked = backend.fork(&id, fork_options).await.expect("fork");
+    let want = map(&[("a", "1"), ("b", "3"), ("c", "4")]);
+    assert_eq!(forked.annotations, want, "what fork answers");
+    assert_eq!(
+        backend.get(&forked.id).await.expect("get").annotations,
+        want
+    );
+    backend
+        .update_annotations(&id, AnnotationUpdate::set("a", "changed"))
+        .await
+        .expect("update source");
+    assert_eq!(
+        backend.get(&forked.id).await.expect("get").annotations,
+        want,
+        "a copy, not a link"
+    );
+    // A fork whose own annotations would overflow the bounds is refused before it is made.
+    let mut too_many = test_options(&unique("annotforkbad"));
+    too_many.annotations = (0..crate::MAX_ANNOTATIONS - 1)
+        .map(|i| (format!("k{i}"), String::new()))
+        .collect();
+    expect_code(
+        backend.fork(&id, too_many).await,
+        ErrorCode::InvalidArgument,
+        "a fork over the annotation count",
+    );
+    for sandbox in [&id, &forked.id] {
+        backend.destroy(sandbox).await.expect("destroy");
+    }
+}
+
+/// Out-of-bounds annotations are `InvalidArgument`: at create nothing is made, on update
+/// nothing changes.
+pub async fn annotation_bounds_are_refused_with_nothing_changed(backend: &dyn Backend) {
+    let big = "x".repeat(crate::MAX_ANNOTATION_VALUE + 1);
+    let long_key = "k".repeat(crate::MAX_ANNOTATION_KEY + 1);
+    let many: BTreeMap<String, String> = (0..=crate::MAX_ANNOTATIONS)
+        .map(|i| (format!("k{i}"), String::new()))
+        .collect();
+    let bulky: BTreeMap<String, String> =
+        (0..crate::MAX_ANNOTATIONS_BYTES / crate::MAX_ANNOTATION_VALUE + 1)
+            .map(|i| (format!("k{i}"), "y".repeat(crate::MAX_ANNOTATION_VALUE)))
+            .collect();
+    let bad_maps: Vec<(&str, BTreeMap<String, String>)> = vec![
+        ("an empty key", map(&[("", "v")])),
+        ("a key with a space", map(&[("a b", "v")])),
+        ("a key with a NUL", map(&[("a\0b", "v")])),
+        ("a non-ASCII key", map(&[("clé", "v")])),
+        (
+            "a key too long",
+            BTreeMap::from([(long_key.clone(), "v".to_string())]),
+        ),
+        (
+            "a value too large",
+            BTreeMap::from([("k".to_string(), big.clone())]),
+        ),
+        ("a value with a NUL", map(&[("k", "a\0b")])),
+        ("too many keys", many.clone()),
+        ("too many bytes", bulky.clone()),
+    ];
+    let label = unique("annotbounds");
+    for (what, annotations) in &bad_maps {
+        let mut options = test_options(&label);
+        options.annotations = annotations.clone();
+        expect_code(
+            backend.create(options).await,
+            ErrorCode::InvalidArgument,
+            &format!("create with {what}"),
+        );
+    }
+    assert!(
+        ids_labelled(backend, &label).await.is_empty(),
+        "a refused create makes nothing"
+    );
+    let mut options = test_options(&label);
+    options.annotations = map(&[("keep", "me")]);
+    let id = backend.create(options).await.expect("create").id;
+    for (what, annotations) in &bad_maps {
+        let update = AnnotationUpdate {
+            set: annotations.clone(),
+            ..Default::default()
+        };
+        expect_code(
+            backend.update_annotations(&id, update).await,
+            ErrorCode::InvalidArgument,
+            &format!("update with {what}"),
+        );
+    }
+    expect_code(
+        backend
+            .update_annotations(&id, AnnotationUpdate::remove("bad key"))
+            .await,
+        ErrorCode::InvalidArgument,
+        "removing a malformed key",
+    );
+    // Bounds hold on the result too: keys that are fine one by one, too many together.
+    let half: BTreeMap<String, String> = (0..crate::MAX_ANNOTATIONS / 2 + 1)
+        .map(|i| (format!("k{i}"), String::new()))
+        .collect();
+    backend
+        .update_annotations(
+            &id,
+            AnnotationUpdate {
+                set: half,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("half the allowed keys");
+    let other_half: BTreeMap<String, String> = (0..crate::MAX_ANNOTATIONS / 2 + 1)
+        .map(|i| (format!("j{i}"), String::new()))
+        .collect();
+    expect_code(
+        backend
+            .update_annotations(
+                &id,
+                AnnotationUpdate {
+                    set: other_half,
+                    ..Default::default()
+                },
+            )
+            .await,
+        ErrorCode::InvalidArgument,
+        "an update overflowing the count",
+    );
+    let after = backend.get(&id).await.expect("get").annotations;
+    assert_eq!(after.get("keep").map(String::as_str), Some("me"));
+    assert_eq!(
+        after.len(),
+        crate::MAX_ANNOTATIONS / 2 + 2,
+        "the refused update changed nothing"
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// Programs updating one record with compare-and-set never lose each other's writes: each
+/// increments a shared counter several times (re-reading and retrying on `Conflict`) and the
+/// counter ends at the total.
+pub async fn concurrent_annotation_updates_lose_nothing(backend: &dyn Backend) {
+    const WRITERS: usize = 6;
+    const EACH: usize = 5;
+    let id = create(backend, &unique("annotcas")).await;
+    let mut conflicts = 0usize;
+    let writers = (0..WRITERS).map(|w| {
+        let id = id.clone();
+        async move {
+            let mut conflicts = 0usize;
+            for _ in 0..EACH {
+                loop {
+                    let current = backend.get(&id).await.expect("get").annotations;
+                    let old = current.get("counter").cloned();
+                    let n: usize = old.as_deref().map_or(0, |v| v.parse().expect("a number"));
+                    let mut update = AnnotationUpdate::set("counter", (n + 1).to_string())
+                        .expecting("counter", old);
+                    update
+                        .set
+                        .insert(format!("writer/{w}"), (n + 1).to_string());
+                    match backend.update_annotations(&id, update).await {
+                        Ok(_) => break,
+                        Err(e) if e.code() == ErrorCode::Conflict => conflicts += 1,
+                        Err(e) => panic!("update: {e}"),
+                    }
+                }
+            }
+            conflicts
+        }
+    });
+    for c in futures::future::join_all(writers).await {
+        conflicts += c;
+    }
+    let annotations = backend.get(&id).await.expect("get").annotations;
+    assert_eq!(
+        annotations.get("counter").map(String::as_str),
+        Some((WRITERS * EACH).to_string().as_str()),
+        "no increment lost ({conflicts} conflicts retried)"
+    );
+    for w in 0..WRITERS {
+        assert!(
+            annotations.contains_key(&format!("writer/{w}")),
+            "writer {w}"
+        );
+    }
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// Stop ends every process (a tagged marker by its exact pid, and a background child),
+/// keeps files, refuses work until started; start runs again with the same files, and new
+/// processes work. Stop and start are idempotent; pause, resume and start refuse the states
+/// they do not apply to.
+pub async fn stop_ends_processes_keeps_files_and_start_runs_again(backend: &dyn Backend) {
+    let id = create(backend, &unique("stop")).await;
+    write(backend, &id, "kept/file.txt", b"still here").await;
+    let marker = unique("stopmark");
+    let child = unique("stopchild");
+    let spec = ProcessSpec::new(Command::bash_login(format!(
+        "(exec -a {child} sleep 600) & exec -a {marker} sleep 600"
+    )))
+    .tag("stop-marker");
+    let stream = backend.spawn(&id, spec).await.expect("spawn");
+    let pid = stream.pid;
+    drop(stream);
+    let local = backend.capabilities().isolated;
+    if local {
+        eventually(PATIENCE, "marker and child run", || async {
+            equals(
+                (host_process_count(&marker), host_process_count(&child)),
+                (1, 1),
+            )
+        })
+        .await;
+    }
+    let info = backend.stop(&id).await.expect("stop");
+    assert_eq!(info.state, SandboxState::Stopped);
+    assert_eq!(
+        backend.get(&id).await.expect("get").state,
+        SandboxState::Stopped
+    );
+    if local {
+        // Already gone when stop returns: no waiting.
+        assert_eq!(
+            (host_process_count(&marker), host_process_count(&child)),
+            (0, 0),
+            "every process ended by the time stop returned"
+        );
+    }
+    assert_eq!(
+        backend.stop(&id).await.expect("stop again").state,
+        SandboxState::Stopped
+    );
+    expect_code(
+        backend
+            .spawn(&id, ProcessSpec::new(Command::argv(["true"])))
+            .await
+            .map(|s| s.pid),
+        ErrorCode::InvalidState,
+        "spawn while stopped",
+    );
+    expect_code(
+        read(backend, &id, "kept/file.txt").await,
+        ErrorCode::InvalidState,
+        "a file read while stopped",
+    );
+    expect_code(
+        backend.resume(&id).await,
+        ErrorCode::InvalidState,
+        "resume while stopped",
+    );
+    if backend.capabilities().snapshots {
+        // Files of a stopped sandbox are consistent (nothing runs): a fork copies them.
+        let forked = backend
+            .fork(&id, test_options(&unique("stopfork")))
+            .await
+            .expect("fork a stopped sandbox");
+        assert_eq!(
+            read(backend, &forked.id, "kept/file.txt")
+                .await
+                .expect("read the fork"),
+            b"still here"
+        );
+        assert_eq!(
+            backend.get(&id).await.expect("get").state,
+            SandboxState::Stopped,
+            "forking does not start the source"
+        );
+        backend.destroy(&forked.id).await.expect("destroy the fork");
+    }
+    if backend.capabilities().pause {
+        expect_code(
+            backend.pause(&id).await,
+            ErrorCode::InvalidState,
+            "pause while stopped",
+        );
+    }
+    let info = backend.start(&id).await.expect("start");
+    assert_eq!(info.state, SandboxState::Running);
+    assert_eq!(
+        backend.start(&id).await.expect("start again").state,
+        SandboxState::Running
+    );
+    assert_eq!(
+        read(backend, &id, "kept/file.txt").await.expect("read"),
+        b"still here"
+    );
+    let processes = backend.list_processes(&id).await.expect("list processes");
+    let marker_info = processes
+        .iter()
+        .find(|p| p.pid == pid)
+        .unwrap_or_else(|| panic!("pid {pid} listed: {processes:?}"));
+    assert_eq!(marker_info.tag.as_deref(), Some("stop-marker"));
+    let exit = marker_info.exit.expect("the marker ended");
+    assert_eq!(exit.signal, Some(9), "killed by the stop: {exit:?}");
+    assert!(marker_info.ended_at.is_some());
+    assert!(
+        processes.iter().all(|p| p.exit.is_some()),
+        "no process runs after a stop: {processes:?}"
+    );
+    assert_eq!(sh(backend, &id, "echo again").await.stdout, b"again\n");
+    if backend.capabilities().pause {
+        backend.pause(&id).await.expect("pause");
+        expect_code(
+            backend.start(&id).await,
+            ErrorCode::InvalidState,
+            "start while paused",
+        );
+        // Stopping a paused sandbox ends its frozen processes too.
+        let frozen = unique("frozen");
+        let spec = ProcessSpec::new(Command::bash_login(format!("exec -a {frozen} sleep 600")));
+        backend.resume(&id).await.expect("resume");
+        drop(backend.spawn(&id, spec).await.expect("spawn"));
+        if local {
+            eventually(PATIENCE, "the frozen marker runs", || async {
+                equals(host_process_count(&frozen), 1)
+            })
+            .await;
+        }
+        backend.pause(&id).await.expect("pause");
+        assert_eq!(
+            backend.stop(&id).await.expect("stop paused").state,
+            SandboxState::Stopped
+        );
+        if local {
+            assert_eq!(host_process_count(&frozen), 0, "frozen processes ended");
+        }
+        backend.start(&id).await.expect("start");
+    }
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// The lease does not run while a sandbox is stopped: a sandbox stopped with a few seconds
+/// left outlives that time, and start gives it back what it had left.
+pub async fn stop_pauses_the_lease(backend: &dyn Backend) {
+    const LEASE: Duration = Duration::from_secs(10);
+    let mut options = test_options(&unique("stoplease"));
+    options.timeout = Some(LEASE);
+    let info = backend.create(options).await.expect("create");
+    let id = info.id;
+    let left_before = info.ends_at.saturating_sub(crate::now_millis());
+    backend.stop(&id).await.expect("stop");
+    // Time passing is the subject: wait until the original lease has ended.
+    let original_end = info.ends_at + 1000;
+    eventually(PATIENCE, "the original lease has passed", || async {
+        holds(crate::now_millis() > original_end, crate::now_millis())
+    })
+    .await;
+    let stopped = backend
+        .get(&id)
+        .await
+        .expect("a stopped sandbox outlives its lease");
+    assert_eq!(stopped.state, SandboxState::Stopped);
+    let started = backend.start(&id).await.expect("start");
+    let left_after = started.ends_at.saturating_sub(crate::now_millis());
+    assert!(
+        left_after + 3000 >= left_before && left_after <= left_before + 500,
+        "start gives back the time left at stop: {left_before} ms before, {left_after} ms after"
+    );
     backend.destroy(&id).await.expect("destroy");
 }

@@ -21,6 +21,13 @@ pub enum Error {
         /// What collided.
         what: String,
     },
+    /// A compare-and-set precondition did not hold (someone else changed the value first):
+    /// re-read, merge and retry.
+    #[error("conflict: {what}")]
+    Conflict {
+        /// What did not match.
+        what: String,
+    },
     /// The request itself is wrong; retrying it unchanged cannot help.
     #[error("invalid argument: {message}")]
     InvalidArgument {
@@ -109,6 +116,8 @@ pub enum ErrorCode {
     NotFound,
     /// [`Error::AlreadyExists`]
     AlreadyExists,
+    /// [`Error::Conflict`]
+    Conflict,
     /// [`Error::InvalidArgument`]
     InvalidArgument,
     /// [`Error::Timeout`]
@@ -195,6 +204,7 @@ impl Error {
         match self {
             Error::NotFound { .. } => ErrorCode::NotFound,
             Error::AlreadyExists { .. } => ErrorCode::AlreadyExists,
+            Error::Conflict { .. } => ErrorCode::Conflict,
             Error::InvalidArgument { .. } => ErrorCode::InvalidArgument,
             Error::Timeout { .. } => ErrorCode::Timeout,
             Error::PermissionDenied { .. } => ErrorCode::PermissionDenied,
@@ -214,6 +224,7 @@ impl Error {
         let fields: Vec<(&str, serde_json::Value)> = match self {
             Error::NotFound { what }
             | Error::AlreadyExists { what }
+            | Error::Conflict { what }
             | Error::Timeout { what }
             | Error::PermissionDenied { what } => vec![("what", json!(what))],
             Error::InvalidArgument { message } | Error::Unauthenticated { message } => {
@@ -277,6 +288,7 @@ impl Error {
         match body.code {
             ErrorCode::NotFound => Error::NotFound { what: s("what") },
             ErrorCode::AlreadyExists => Error::AlreadyExists { what: s("what") },
+            ErrorCode::Conflict => Error::Conflict { what: s("what") },
             ErrorCode::InvalidArgument => Error::InvalidArgument {
                 message: s("message"),
             },

@@ -91,6 +91,10 @@ pub struct CreateOptions {
     pub snapshot: Option<String>,
     /// Named volumes to mount.
     pub volumes: Vec<VolumeMount>,
+    /// Key/values kept for the sandbox outside it (see [`SandboxInfo::annotations`] and
+    /// [`check_annotations`] for the bounds). A fork starts from a copy of its source's
+    /// annotations, with these applied on top.
+    pub annotations: BTreeMap<String, String>,
 }
 
 /// What a sandbox does when its lease ends.
@@ -319,8 +323,13 @@ pub enum SandboxState {
     Running,
     /// Frozen: processes and memory kept, nothing runs.
     Paused,
-    /// Its processes are gone (the agent died); it can only be destroyed.
+    /// Stopped on request ([`Backend::stop`](crate::Backend::stop)): every process ended,
+    /// files kept, the lease paused; [`Backend::start`](crate::Backend::start) makes it
+    /// `Running` again.
     Stopped,
+    /// Broken: its agent died on its own, so its processes are gone and nothing can restart
+    /// it; it can only be inspected and destroyed.
+    Failed,
     /// Destroyed; reported only by calls racing with the destroy.
     Destroyed,
 }
@@ -363,6 +372,157 @@ pub struct SandboxInfo {
     /// The snapshot it was created from, if any.
     #[serde(default)]
     pub snapshot: Option<String>,
+    /// Key/values for programs that manage the sandbox (a facade's vendor attributes,
+    /// session records, process names). They are held by the runtime outside the sandbox:
+    /// nothing running inside can read or change them, they stay readable while the sandbox
+    /// is paused, stopped or failed, and a fork gets a copy only because fork copies them
+    /// explicitly. Change them with [`Backend::update_annotations`](crate::Backend::update_annotations).
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// One atomic change to a sandbox's annotations ([`Backend::update_annotations`](crate::Backend::update_annotations)):
+/// every expectation is checked, then `remove` and `set` are applied, all under one lock, or
+/// nothing changes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AnnotationUpdate {
+    /// Compare-and-set: the current value each of these keys must have (`None`: the key must
+    /// be absent). Any mismatch fails the whole update with
+    /// [`Error::Conflict`](crate::Error::Conflict), so two programs updating the same record
+    /// cannot lose each other's writes: re-read, merge, retry.
+    pub expect: BTreeMap<String, Option<String>>,
+    /// Keys to remove (absent keys are fine).
+    pub remove: Vec<String>,
+    /// Keys to set (applied after `remove`).
+    pub set: BTreeMap<String, String>,
+}
+
+impl AnnotationUpdate {
+    /// An update setting one key.
+    pub fn set(key: impl Into<String>, value: impl Into<String>) -> Self {
+        let mut update = AnnotationUpdate::default();
+        update.set.insert(key.into(), value.into());
+        update
+    }
+
+    /// An update removing one key.
+    pub fn remove(key: impl Into<String>) -> Self {
+        AnnotationUpdate {
+            remove: vec![key.into()],
+            ..Default::default()
+        }
+    }
+
+    /// Also require `key` to hold `value` now (`None`: to be absent).
+    pub fn expecting(mut self, key: impl Into<String>, value: Option<String>) -> Self {
+        self.expect.insert(key.into(), value);
+        self
+    }
+
+    /// Check what can be checked without the current map: every key named, and the keys and
+    /// values to set on their own ([`check_annotations`]).
+    pub fn validate(&self) -> crate::Result<()> {
+        for key in self.expect.keys().chain(self.remove.iter()) {
+            check_annotation_key(key)?;
+        }
+        check_annotations(&self.set)
+    }
+
+    /// Check every key named (expectations included) and apply the update to `current`,
+    /// returning the new map; `current` is unchanged on any error. Backends call this under
+    /// the lock that serializes updates.
+    pub fn apply(
+        &self,
+        current: &BTreeMap<String, String>,
+    ) -> crate::Result<BTreeMap<String, String>> {
+        self.validate()?;
+        for (key, want) in &self.expect {
+            if current.get(key) != want.as_ref() {
+                return Err(crate::Error::Conflict {
+                    what: format!(
+                        "annotation {key:?}: expected {}, found {}",
+                        describe_value(want.as_deref()),
+                        describe_value(current.get(key).map(String::as_str))
+                    ),
+                });
+            }
+        }
+        let mut next = current.clone();
+        for key in &self.remove {
+            next.remove(key);
+        }
+        for (k, v) in &self.set {
+            next.insert(k.clone(), v.clone());
+        }
+        check_annotations(&next)?;
+        Ok(next)
+    }
+}
+
+fn describe_value(v: Option<&str>) -> String {
+    match v {
+        None => "no value".into(),
+        Some(v) if v.len() > 40 => format!("a value of {} bytes", v.len()),
+        Some(v) => format!("{v:?}"),
+    }
+}
+
+/// Longest annotation key, in bytes.
+pub const MAX_ANNOTATION_KEY: usize = 128;
+/// Largest annotation value, in bytes.
+pub const MAX_ANNOTATION_VALUE: usize = 16 * 1024;
+/// Most annotations one sandbox holds.
+pub const MAX_ANNOTATIONS: usize = 1024;
+/// Largest total of every annotation key and value of one sandbox, in bytes.
+pub const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
+
+fn check_annotation_key(key: &str) -> crate::Result<()> {
+    let ok = !key.is_empty()
+        && key.len() <= MAX_ANNOTATION_KEY
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/' | b':'));
+    if ok {
+        Ok(())
+    } else {
+        Err(crate::Error::invalid(format!(
+            "annotation key {:?} must be 1-{MAX_ANNOTATION_KEY} ASCII letters, digits, \
+             '-', '_', '.', '/' or ':'",
+            key.chars().take(MAX_ANNOTATION_KEY + 1).collect::<String>()
+        )))
+    }
+}
+
+/// Whether a whole annotation map is within the bounds: keys of 1 to
+/// [`MAX_ANNOTATION_KEY`] bytes of ASCII letters, digits, `-`, `_`, `.`, `/` or `:`; values of
+/// at most [`MAX_ANNOTATION_VALUE`] bytes without NUL; at most [`MAX_ANNOTATIONS`] entries
+/// and [`MAX_ANNOTATIONS_BYTES`] in all. Beyond them: [`Error::InvalidArgument`](crate::Error::InvalidArgument).
+pub fn check_annotations(map: &BTreeMap<String, String>) -> crate::Result<()> {
+    if map.len() > MAX_ANNOTATIONS {
+        return Err(crate::Error::invalid(format!(
+            "a sandbox holds at most {MAX_ANNOTATIONS} annotations, this would be {}",
+            map.len()
+        )));
+    }
+    let mut total = 0usize;
+    for (k, v) in map {
+        check_annotation_key(k)?;
+        if v.len() > MAX_ANNOTATION_VALUE || v.contains('\0') {
+            return Err(crate::Error::invalid(format!(
+                "annotation {k:?}: values hold at most {MAX_ANNOTATION_VALUE} bytes and no NUL \
+                 (this one has {} bytes)",
+                v.len()
+            )));
+        }
+        total += k.len() + v.len();
+    }
+    if total > MAX_ANNOTATIONS_BYTES {
+        return Err(crate::Error::invalid(format!(
+            "annotations hold at most {MAX_ANNOTATIONS_BYTES} bytes in all, this would be {total}"
+        )));
+    }
+    Ok(())
 }
 
 /// A user inside a sandbox.
@@ -510,7 +670,35 @@ pub struct ProcessSpec {
     /// is its input, there is no separate stderr.
     #[serde(default)]
     pub pty: Option<PtySize>,
+    /// Restart the process when it fails (see [`RestartPolicy`]); `None` never restarts.
+    #[serde(default)]
+    pub restart: Option<RestartPolicy>,
 }
+
+/// Restart-on-failure, run by the engine: when an incarnation of the process fails, a new
+/// one is started from the same spec [`RESTART_DELAY`] later, up to `max_restarts` times.
+///
+/// What a caller sees: one logical process. Its streams (spawn and attach) carry every
+/// incarnation's output in order, a [`ProcessEvent::Restarted`] between two incarnations, and
+/// one [`ProcessEvent::Exit`] at the very end (the last incarnation's status).
+/// [`ProcessInfo::pid`] stays the first incarnation's pid (selectors by that pid and by tag
+/// keep working); [`ProcessInfo::current_pid`] and [`ProcessInfo::restarts`] show the
+/// incarnation running now. Signals and stdin go to the current incarnation.
+///
+/// "Failure" is an exit with a non-zero code or by a signal, except when the process was
+/// signalled through the API ([`Backend::signal`](crate::Backend::signal), other than
+/// `STOP`/`CONT`) or killed by its [`ProcessSpec::timeout`] (which covers all incarnations
+/// together): those end it for good. A process with a restart policy cannot use a `pty`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RestartPolicy {
+    /// Most restarts; `None` is unlimited.
+    pub max_restarts: Option<u32>,
+}
+
+/// How long the engine waits after a failed incarnation before starting the next one (so a
+/// program that fails at once cannot spin).
+pub const RESTART_DELAY: Duration = Duration::from_secs(1);
 
 impl ProcessSpec {
     /// A spec with defaults for everything but the command.
@@ -524,6 +712,7 @@ impl ProcessSpec {
             stdin: false,
             timeout: None,
             pty: None,
+            restart: None,
         }
     }
 
@@ -604,6 +793,24 @@ pub enum ProcessEvent {
     Stdout(Vec<u8>),
     /// Bytes the process wrote to stderr.
     Stderr(Vec<u8>),
+    /// Only on [`Backend::attach`](crate::Backend::attach), exactly once: the retained history
+    /// (any [`ProcessEvent::Gap`], output and restarts) ends here, and every later event happens
+    /// live. It comes before [`ProcessEvent::Exit`], also when the process had already ended
+    /// (then `Exit` follows at once). [`Backend::spawn`](crate::Backend::spawn) never emits it.
+    /// "Logs so far" is the output before this marker: no timing guess is needed.
+    Live,
+    /// A process with a [`RestartPolicy`] failed and was started again: `previous` is how the
+    /// last incarnation ended, `pid` the new incarnation's pid, `restarts` how many restarts
+    /// there have been so far (1 for the first). Kept in the history, so attach replays it in
+    /// place.
+    Restarted {
+        /// Pid of the new incarnation.
+        pid: u32,
+        /// Restarts so far.
+        restarts: u32,
+        /// How the previous incarnation ended.
+        previous: ExitStatus,
+    },
     /// Earlier output was dropped from the backend's retained history before this attach:
     /// `bytes` is how much, per stream, is missing.
     Gap {
@@ -684,9 +891,19 @@ pub struct ProcessInfo {
     pub started_at: UnixMillis,
     /// How it ended, if it has.
     pub exit: Option<ExitStatus>,
-    /// When it ended, if it has.
+    /// When it ended, if it has (for good: a process being restarted has not ended).
     #[serde(default)]
     pub ended_at: Option<UnixMillis>,
+    /// Pid of the incarnation running now (differs from `pid` after a restart; the last
+    /// incarnation's pid once it has ended).
+    #[serde(default)]
+    pub current_pid: u32,
+    /// Restarts so far under its [`RestartPolicy`].
+    #[serde(default)]
+    pub restarts: u32,
+    /// Its restart policy, if any.
+    #[serde(default)]
+    pub restart: Option<RestartPolicy>,
 }
 
 /// Where to attach: a pid or a tag.
@@ -782,17 +999,45 @@ pub struct FileStat {
 }
 
 /// Options for listing a directory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListDirOptions {
     /// 1 lists the directory's own entries; n descends n-1 levels below it.
     pub depth: u32,
+    /// List as this sandbox user (see [`ReadOptions::user`]); `None` as the file API's own
+    /// identity.
+    #[serde(default)]
+    pub user: Option<String>,
 }
 
 impl Default for ListDirOptions {
     fn default() -> Self {
-        ListDirOptions { depth: 1 }
+        ListDirOptions {
+            depth: 1,
+            user: None,
+        }
     }
+}
+
+/// Options for reading a file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReadOptions {
+    /// Read as this sandbox user: the kernel checks that user's permissions (a file only root
+    /// may read is [`Error::PermissionDenied`](crate::Error::PermissionDenied)). `None` reads
+    /// with the file API's own identity, the sandbox's root, as before. An unknown user is an
+    /// error before anything is touched (and a user other than the default is
+    /// [`Error::NotSupported`](crate::Error::NotSupported) where the sandbox has one uid).
+    pub user: Option<String>,
+}
+
+/// Options for describing one path.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StatOptions {
+    /// Look the path up as this sandbox user (see [`ReadOptions::user`]): a path under a
+    /// directory the user may not search is refused.
+    pub user: Option<String>,
 }
 
 /// Options for writing a file.
@@ -805,7 +1050,11 @@ pub struct WriteOptions {
     pub mode: Option<u32>,
     /// Append instead of replacing.
     pub append: bool,
-    /// Owner of new files and directories; `None` is the sandbox's default user.
+    /// Write as this sandbox user (see [`ReadOptions::user`]): the kernel checks its
+    /// permissions on the directories and on an existing target, and new files and
+    /// directories are that user's. `None` writes with the file API's own identity and gives
+    /// new entries to the sandbox's default user. Replacing an existing file as a user who does
+    /// not own it leaves the new file owned by that user.
     pub user: Option<String>,
 }
 

@@ -27,6 +27,7 @@ impl CreateOptions {
     pub fn validate(&self) -> Result<()> {
         validate_envs(&self.envs)?;
         validate_labels(&self.labels)?;
+        crate::check_annotations(&self.annotations)?;
         if let Some(name) = &self.name {
             if !crate::valid_sandbox_name(name) {
                 return Err(invalid_sandbox_name(name));
@@ -72,8 +73,15 @@ impl CreateOptions {
 
 impl ProcessSpec {
     /// Refuse a process no backend can start: an empty program, NUL bytes in argv, envs, cwd,
-    /// user or tag, an empty cwd, a timeout over [`MAX_PROCESS_TIMEOUT`].
+    /// user or tag, an empty cwd, a timeout over [`MAX_PROCESS_TIMEOUT`], a restart policy
+    /// with a pty.
     pub fn validate(&self) -> Result<()> {
+        if self.restart.is_some() && self.pty.is_some() {
+            return Err(Error::invalid(
+                "a restart policy cannot be combined with a pty (a terminal belongs to one \
+                 incarnation)",
+            ));
+        }
         let argv = self.command.to_argv();
         if argv.is_empty() || argv[0].is_empty() {
             return Err(Error::invalid(

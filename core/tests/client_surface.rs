@@ -125,6 +125,23 @@ async fn the_rest_of_the_backend_is_reachable_from_a_handle() {
         let labels = [("k".to_string(), "v".to_string())].into();
         let info = sandbox.set_labels(labels).await.expect("labels");
         assert_eq!(info.labels.get("k").map(String::as_str), Some("v"), "{how}");
+        let update = sandcove::AnnotationUpdate {
+            set: [("owner".to_string(), "me".to_string())].into(),
+            ..Default::default()
+        };
+        let annotations = sandbox.update_annotations(update).await.expect("annotate");
+        assert_eq!(
+            annotations.get("owner").map(String::as_str),
+            Some("me"),
+            "{how}"
+        );
+        assert_eq!(
+            sandbox.stop().await.expect("stop").state,
+            sandcove::SandboxState::Stopped,
+            "{how}"
+        );
+        sandbox.start().await.expect("start");
+        assert_eq!(sandbox.run("echo up").await.expect("run").stdout, b"up\n");
         if caps.metrics {
             sandbox.metrics().await.expect("metrics");
         }

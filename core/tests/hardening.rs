@@ -121,10 +121,20 @@ async fn host_only_paths_cannot_be_read_or_listed() {
         assert!(read.is_err(), "file API read {t}: {read:?}");
         let listed = env
             .backend
-            .list_dir(&a, &target.to_string_lossy(), ListDirOptions { depth: 2 })
+            .list_dir(
+                &a,
+                &target.to_string_lossy(),
+                ListDirOptions {
+                    depth: 2,
+                    user: None,
+                },
+            )
             .await;
         assert!(listed.is_err(), "file API list {t}: {listed:?}");
-        let stat = env.backend.stat(&a, &target.to_string_lossy()).await;
+        let stat = env
+            .backend
+            .stat(&a, &target.to_string_lossy(), Default::default())
+            .await;
         assert_eq!(
             stat.map(|s| s.path).map_err(|e| e.code()),
             Err(ErrorCode::NotFound),
@@ -149,7 +159,14 @@ async fn host_only_paths_cannot_be_read_or_listed() {
         );
         if let Ok(entries) = env
             .backend
-            .list_dir(&a, dir, ListDirOptions { depth: 1 })
+            .list_dir(
+                &a,
+                dir,
+                ListDirOptions {
+                    depth: 1,
+                    user: None,
+                },
+            )
             .await
         {
             let leaked: Vec<String> = entries
@@ -828,10 +845,17 @@ async fn generated_paths_never_touch_host_files() {
                 Err(e) => Err(e),
             },
             "list" => b
-                .list_dir(&id, &path, ListDirOptions { depth: 3 })
+                .list_dir(
+                    &id,
+                    &path,
+                    ListDirOptions {
+                        depth: 3,
+                        user: None,
+                    },
+                )
                 .await
                 .map(drop),
-            _ => b.stat(&id, &path).await.map(drop),
+            _ => b.stat(&id, &path, Default::default()).await.map(drop),
         };
         let entry = outcomes.entry(op).or_default();
         if result.is_ok() {
@@ -892,7 +916,10 @@ async fn symlink_swapped_during_file_calls_never_reaches_the_host() {
         .expect("racer");
     // Race only once the racer is swapping (its link exists).
     common::eventually(common::PATIENCE, "the racer runs", || async {
-        env.backend.stat(&id, "/workspace/race/x").await.map(drop)
+        env.backend
+            .stat(&id, "/workspace/race/x", Default::default())
+            .await
+            .map(drop)
     })
     .await;
     const ROUNDS: usize = 300;
@@ -1512,13 +1539,16 @@ async fn unknown_and_malformed_ids_are_not_found_everywhere() {
         check!(b.close_stdin(id, sel()), "close_stdin");
         check!(b.signal(id, sel(), Signal::Kill), "signal");
         check!(b.list_processes(id), "list_processes");
-        check!(b.read_file(id, "/etc/hostname"), "read_file");
+        check!(
+            b.read_file(id, "/etc/hostname", Default::default()),
+            "read_file"
+        );
         check!(
             b.write_file(id, "/workspace/x", bytes(b"x"), WriteOptions::default()),
             "write_file"
         );
         check!(b.list_dir(id, "/", ListDirOptions::default()), "list_dir");
-        check!(b.stat(id, "/"), "stat");
+        check!(b.stat(id, "/", Default::default()), "stat");
         check!(
             b.mkdir(id, "/workspace/d", MkdirOptions::default()),
             "mkdir"
@@ -1582,7 +1612,14 @@ async fn bad_paths_timeouts_and_names_are_refused_and_change_nothing() {
     let id = env.sandbox(&unique("badpaths")).await;
     let b = &*env.backend;
     let before = b
-        .list_dir(&id, "/workspace", ListDirOptions { depth: 5 })
+        .list_dir(
+            &id,
+            "/workspace",
+            ListDirOptions {
+                depth: 5,
+                user: None,
+            },
+        )
         .await
         .unwrap();
     let mut tried = 0;
@@ -1594,7 +1631,7 @@ async fn bad_paths_timeouts_and_names_are_refused_and_change_nothing() {
             ),
             code_of(read_all(b, &id, path).await),
             code_of(b.list_dir(&id, path, ListDirOptions::default()).await),
-            code_of(b.stat(&id, path).await),
+            code_of(b.stat(&id, path, Default::default()).await),
             code_of(b.mkdir(&id, path, MkdirOptions::default()).await),
             code_of(b.remove(&id, path, RemoveOptions { recursive: true }).await),
             code_of(b.rename(&id, path, "/workspace/y").await),
@@ -1654,7 +1691,14 @@ async fn bad_paths_timeouts_and_names_are_refused_and_change_nothing() {
         tried += 1;
     }
     let after = b
-        .list_dir(&id, "/workspace", ListDirOptions { depth: 5 })
+        .list_dir(
+            &id,
+            "/workspace",
+            ListDirOptions {
+                depth: 5,
+                user: None,
+            },
+        )
         .await
         .unwrap();
     assert_eq!(before, after, "a refused call changed the workspace");

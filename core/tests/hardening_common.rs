@@ -524,7 +524,7 @@ pub fn bytes(data: &[u8]) -> sandcove::ByteStream {
 /// Read a whole file of sandbox `id` through the file API.
 pub async fn read_all(backend: &dyn Backend, id: &str, path: &str) -> sandcove::Result<Vec<u8>> {
     use futures::StreamExt;
-    let mut stream = backend.read_file(id, path).await?;
+    let mut stream = backend.read_file(id, path, Default::default()).await?;
     let mut out = Vec::new();
     while let Some(chunk) = stream.next().await {
         out.extend_from_slice(&chunk?);

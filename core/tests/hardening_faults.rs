@@ -4,7 +4,7 @@
 //!
 //! The promise under test: sandboxes outlive the program that made them; a dead monitor takes
 //! everything in its sandbox with it and leaves nothing the next program cannot collect; a
-//! dead agent leaves a `Stopped` sandbox that answers clearly and can be destroyed; abuse
+//! dead agent leaves a `Failed` sandbox that answers clearly and can be destroyed; abuse
 //! inside a sandbox stays inside it, the host stays responsive, and destroy always ends it.
 //!
 //! Runs as root and rootless (CI runs this binary again as an unprivileged user).
@@ -243,9 +243,9 @@ async fn a_killed_monitor_takes_its_sandbox_with_it() {
 
 /// SIGKILL of the agent (PID 1 of the sandbox, the monitor's child): a live process stream
 /// ends with an error, calls fail with a clear error instead of hanging, the sandbox reports
-/// `Stopped`, and destroy still works and leaves nothing.
+/// `Failed`, and destroy still works and leaves nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_agent_leaves_a_stopped_sandbox_that_destroy_removes() {
+async fn a_killed_agent_leaves_a_failed_sandbox_that_destroy_removes() {
     let env = Env::new("agentkill");
     let id = env.sandbox(&unique("agentkill")).await;
     let marker = unique("hc-agentkill");
@@ -278,18 +278,18 @@ async fn a_killed_agent_leaves_a_stopped_sandbox_that_destroy_removes() {
         || async { equals(sleepers(&marker), 0) },
     )
     .await;
-    // The sandbox reports Stopped, from get and from list.
-    eventually(PATIENCE, "the sandbox reports Stopped", || async {
+    // The sandbox reports Failed, from get and from list.
+    eventually(PATIENCE, "the sandbox reports Failed", || async {
         equals(
             env.backend.get(&id).await.ok().map(|i| i.state),
-            Some(SandboxState::Stopped),
+            Some(SandboxState::Failed),
         )
     })
     .await;
     let listed = env.backend.list(Default::default()).await.unwrap();
     assert_eq!(
         listed.iter().find(|s| s.id == id).map(|s| s.state),
-        Some(SandboxState::Stopped)
+        Some(SandboxState::Failed)
     );
     // Calls fail with a clear error, never hang.
     let b = &*env.backend;
@@ -298,10 +298,10 @@ async fn a_killed_agent_leaves_a_stopped_sandbox_that_destroy_removes() {
         ($call:expr, $name:literal) => {{
             let r = tokio::time::timeout(Duration::from_secs(30), $call)
                 .await
-                .unwrap_or_else(|_| panic!("{} hung on a stopped sandbox", $name));
+                .unwrap_or_else(|_| panic!("{} hung on a failed sandbox", $name));
             let e = r
                 .err()
-                .unwrap_or_else(|| panic!("{} succeeded on a stopped sandbox", $name));
+                .unwrap_or_else(|| panic!("{} succeeded on a failed sandbox", $name));
             answers.push(format!("{}: {:?}: {e}", $name, e.code()));
             assert!(
                 matches!(e.code(), ErrorCode::InvalidState | ErrorCode::Backend),
@@ -314,14 +314,19 @@ async fn a_killed_agent_leaves_a_stopped_sandbox_that_destroy_removes() {
         b.spawn(&id, ProcessSpec::new(Command::argv(["true"]))),
         "spawn"
     );
-    fails!(b.read_file(&id, "/etc/hostname"), "read_file");
+    fails!(
+        b.read_file(&id, "/etc/hostname", Default::default()),
+        "read_file"
+    );
     fails!(
         b.write_file(&id, "/workspace/x", bytes(b"x"), WriteOptions::default()),
         "write_file"
     );
     fails!(b.list_processes(&id), "list_processes");
-    fails!(b.stat(&id, "/workspace"), "stat");
+    fails!(b.stat(&id, "/workspace", Default::default()), "stat");
     fails!(b.pause(&id), "pause");
+    // A failed sandbox is not a stopped one: nothing can start it again.
+    fails!(b.start(&id), "start");
     fails!(b.metrics(&id), "metrics");
     let spawn_err = answers[0].to_lowercase();
     assert!(
@@ -332,11 +337,11 @@ async fn a_killed_agent_leaves_a_stopped_sandbox_that_destroy_removes() {
     tokio::time::timeout(Duration::from_secs(30), env.backend.destroy(&id))
         .await
         .expect("destroy does not hang")
-        .expect("destroy a stopped sandbox");
-    env.assert_nothing_left("after destroying a stopped sandbox")
+        .expect("destroy a failed sandbox");
+    env.assert_nothing_left("after destroying a failed sandbox")
         .await;
     println!(
-        "hardening: agent SIGKILLed; sandbox Stopped; {} calls failed clearly: {answers:?}",
+        "hardening: agent SIGKILLed; sandbox Failed; {} calls failed clearly: {answers:?}",
         answers.len()
     );
 }

@@ -70,7 +70,7 @@ impl HostBinary {
 /// Wait (bounded) until `path` exists in the sandbox.
 async fn wait_for(backend: &dyn Backend, id: &str, path: &str) {
     let start = Instant::now();
-    while backend.stat(id, path).await.is_err() {
+    while backend.stat(id, path, Default::default()).await.is_err() {
         assert!(
             start.elapsed() < Duration::from_secs(20),
             "{path} never appeared"
@@ -133,7 +133,7 @@ async fn write_temp_file_swapped_for_a_link_never_changes_host_files() {
         if let Ok(stat) = &r {
             assert_eq!(stat.path, path);
         }
-        if let Ok(st) = env.backend.stat(&id, &path).await {
+        if let Ok(st) = env.backend.stat(&id, &path, Default::default()).await {
             if st.kind == FileKind::Symlink {
                 landed_links += 1;
             }
@@ -176,7 +176,14 @@ async fn writes_through_magic_links_are_refused_and_copy_nothing() {
     }
     let names: Vec<String> = env
         .backend
-        .list_dir(&id, "/workspace", ListDirOptions { depth: 1 })
+        .list_dir(
+            &id,
+            "/workspace",
+            ListDirOptions {
+                depth: 1,
+                user: None,
+            },
+        )
         .await
         .expect("list")
         .into_iter()
@@ -201,7 +208,10 @@ async fn every_file_call_refuses_proc_and_its_magic_links() {
     let b = &*env.backend;
     bash(b, &id, "echo keep > /workspace/keep").await;
     let denied = Some(ErrorCode::PermissionDenied);
-    let d1 = ListDirOptions { depth: 1 };
+    let d1 = ListDirOptions {
+        depth: 1,
+        user: None,
+    };
     for path in [
         "/proc/1/root",
         "/proc/1/root/workspace",
@@ -210,7 +220,7 @@ async fn every_file_call_refuses_proc_and_its_magic_links() {
         "/proc/1",
     ] {
         assert_eq!(
-            code_of(b.list_dir(&id, path, d1).await),
+            code_of(b.list_dir(&id, path, d1.clone()).await),
             denied,
             "list {path}"
         );
@@ -221,7 +231,11 @@ async fn every_file_call_refuses_proc_and_its_magic_links() {
         "/proc/1/map_files",
         "/proc/1/environ",
     ] {
-        assert_eq!(code_of(b.stat(&id, path).await), denied, "stat {path}");
+        assert_eq!(
+            code_of(b.stat(&id, path, Default::default()).await),
+            denied,
+            "stat {path}"
+        );
         assert_eq!(code_of(read_all(b, &id, path).await), denied, "read {path}");
     }
     assert_eq!(
@@ -267,7 +281,14 @@ async fn every_file_call_refuses_proc_and_its_magic_links() {
         "watch through /proc/1/root"
     );
     let deep = b
-        .list_dir(&id, "/", ListDirOptions { depth: 3 })
+        .list_dir(
+            &id,
+            "/",
+            ListDirOptions {
+                depth: 3,
+                user: None,
+            },
+        )
         .await
         .expect("list / deep");
     let inside_proc: Vec<&str> = deep
@@ -315,7 +336,7 @@ async fn reads_refuse_devices_fifos_and_sockets_promptly() {
         "/dev/zero",
         "/dev/null",
     ];
-    if b.stat(&id, "sock").await.is_ok() {
+    if b.stat(&id, "sock", Default::default()).await.is_ok() {
         paths.push("sock");
     }
     for path in paths {
@@ -329,10 +350,13 @@ async fn reads_refuse_devices_fifos_and_sockets_promptly() {
         .await
         .expect("the sandbox still answers");
     assert_eq!(alive.stdout, b"alive\n");
-    tokio::time::timeout(Duration::from_secs(10), b.stat(&id, "fifo"))
-        .await
-        .expect("stat answers")
-        .expect("stat of a FIFO is fine");
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        b.stat(&id, "fifo", Default::default()),
+    )
+    .await
+    .expect("stat answers")
+    .expect("stat of a FIFO is fine");
 }
 
 /// A file that grows while it is read is cut at the size it had when the read began (a
@@ -350,7 +374,10 @@ async fn reads_stop_at_the_size_the_file_had_when_opened() {
     )
     .await;
     assert_eq!(out.stdout, b"ok\n");
-    let mut stream = b.read_file(&id, "/workspace/grow").await.expect("open");
+    let mut stream = b
+        .read_file(&id, "/workspace/grow", Default::default())
+        .await
+        .expect("open");
     let first = stream.next().await.expect("a chunk").expect("data");
     // The agent is at most a socket buffer ahead of us: grow the file well past that.
     let grown = bash(
@@ -383,7 +410,14 @@ async fn names_that_are_not_utf8_can_be_listed_and_addressed() {
     .await;
     assert_eq!(out.stdout, b"ok\n");
     let entries = b
-        .list_dir(&id, "/workspace", ListDirOptions { depth: 1 })
+        .list_dir(
+            &id,
+            "/workspace",
+            ListDirOptions {
+                depth: 1,
+                user: None,
+            },
+        )
         .await
         .expect("list");
     assert_eq!(entries.len(), 2, "{entries:?}");
@@ -393,7 +427,10 @@ async fn names_that_are_not_utf8_can_be_listed_and_addressed() {
     );
     let mut contents = Vec::new();
     for e in &entries {
-        let stat = b.stat(&id, &e.path).await.expect("stat by listed path");
+        let stat = b
+            .stat(&id, &e.path, Default::default())
+            .await
+            .expect("stat by listed path");
         assert_eq!(stat.name, e.name);
         contents.push(
             read_all(b, &id, &e.path)

@@ -100,7 +100,14 @@ async fn world(engine: &dyn Backend, id: &str) -> String {
         .map(|s| (s.id, s.state, s.ends_at))
         .collect();
     let files: Vec<(String, u64)> = engine
-        .list_dir(id, "/workspace", ListDirOptions { depth: 4 })
+        .list_dir(
+            id,
+            "/workspace",
+            ListDirOptions {
+                depth: 4,
+                user: None,
+            },
+        )
         .await
         .unwrap()
         .into_iter()
@@ -391,8 +398,16 @@ async fn bad_input_through_the_client_keeps_its_error_code() {
         tried += 1;
     }
     for path in ["", "a\0b", "/workspace/\0"] {
-        let a = direct.stat(&id, path).await.map(drop).expect_err("direct");
-        let b = remote.stat(&id, path).await.map(drop).expect_err("remote");
+        let a = direct
+            .stat(&id, path, Default::default())
+            .await
+            .map(drop)
+            .expect_err("direct");
+        let b = remote
+            .stat(&id, path, Default::default())
+            .await
+            .map(drop)
+            .expect_err("remote");
         assert_eq!(a.code(), b.code(), "stat {path:?}: {a} vs {b}");
         let b = remote
             .write_file(&id, path, bytes(b"x"), WriteOptions::default())
@@ -575,7 +590,10 @@ async fn a_restarted_server_never_hangs_its_client() {
         client.spawn(&id, ProcessSpec::new(Command::argv(["true"]))),
         "spawn"
     );
-    while_down!(client.read_file(&id, "/etc/hostname"), "read_file");
+    while_down!(
+        client.read_file(&id, "/etc/hostname", Default::default()),
+        "read_file"
+    );
     while_down!(
         client.write_stdin(&id, ProcessSelector::Tag("live".into()), b"x".to_vec()),
         "write_stdin"

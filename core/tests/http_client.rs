@@ -51,6 +51,7 @@ fn info(id: &str) -> SandboxInfo {
         auto_resume: false,
         volumes: Vec::new(),
         snapshot: None,
+        annotations: BTreeMap::new(),
     }
 }
 
@@ -270,7 +271,10 @@ async fn a_stream_cut_inside_a_frame_ends_with_an_error() {
         .respond_with(ResponseTemplate::new(200).set_body_bytes(body))
         .mount(&server)
         .await;
-    let mut data = client(&server).read_file("abc", "/x").await.unwrap();
+    let mut data = client(&server)
+        .read_file("abc", "/x", Default::default())
+        .await
+        .unwrap();
     assert_eq!(data.next().await.unwrap().unwrap(), b"first");
     assert!(data.next().await.unwrap().is_err());
     assert!(data.next().await.is_none());
@@ -286,7 +290,10 @@ async fn a_download_without_its_end_frame_is_an_error() {
         )
         .mount(&server)
         .await;
-    let mut data = client(&server).read_file("abc", "/x").await.unwrap();
+    let mut data = client(&server)
+        .read_file("abc", "/x", Default::default())
+        .await
+        .unwrap();
     let mut got = Vec::new();
     let mut failed = false;
     while let Some(chunk) = data.next().await {
@@ -311,7 +318,10 @@ async fn a_complete_download_has_no_error() {
         ])))
         .mount(&server)
         .await;
-    let mut data = client(&server).read_file("abc", "/x").await.unwrap();
+    let mut data = client(&server)
+        .read_file("abc", "/x", Default::default())
+        .await
+        .unwrap();
     let mut got = Vec::new();
     while let Some(chunk) = data.next().await {
         got.extend(chunk.unwrap());

@@ -81,7 +81,7 @@ impl Backend for Refuser {
     async fn list_processes(&self, _: &str) -> Result<Vec<ProcessInfo>> {
         self.no("list_processes")
     }
-    async fn read_file(&self, _: &str, _: &str) -> Result<ByteStream> {
+    async fn read_file(&self, _: &str, _: &str, _: sandcove::ReadOptions) -> Result<ByteStream> {
         self.no("read_file")
     }
     async fn write_file(
@@ -96,7 +96,7 @@ impl Backend for Refuser {
     async fn list_dir(&self, _: &str, _: &str, _: ListDirOptions) -> Result<Vec<FileStat>> {
         self.no("list_dir")
     }
-    async fn stat(&self, _: &str, _: &str) -> Result<FileStat> {
+    async fn stat(&self, _: &str, _: &str, _: sandcove::StatOptions) -> Result<FileStat> {
         self.no("stat")
     }
     async fn mkdir(&self, _: &str, _: &str, _: MkdirOptions) -> Result<FileStat> {
@@ -116,6 +116,19 @@ impl Backend for Refuser {
     }
     async fn resume(&self, _: &str) -> Result<SandboxInfo> {
         self.no("resume")
+    }
+    async fn stop(&self, _: &str) -> Result<SandboxInfo> {
+        self.no("stop")
+    }
+    async fn start(&self, _: &str) -> Result<SandboxInfo> {
+        self.no("start")
+    }
+    async fn update_annotations(
+        &self,
+        _: &str,
+        _: sandcove::AnnotationUpdate,
+    ) -> Result<std::collections::BTreeMap<String, String>> {
+        self.no("update_annotations")
     }
     async fn metrics(&self, _: &str) -> Result<Metrics> {
         self.no("metrics")
@@ -167,12 +180,13 @@ impl Backend for Refuser {
 const KEY: &str = "the-right-key";
 
 /// Every async method of the `Backend` trait.
-const METHODS: [&str; 37] = [
+const METHODS: [&str; 40] = [
     "create",
     "get",
     "list",
     "set_timeout",
     "set_labels",
+    "update_annotations",
     "destroy",
     "spawn",
     "attach",
@@ -190,6 +204,8 @@ const METHODS: [&str; 37] = [
     "chmod",
     "pause",
     "resume",
+    "stop",
+    "start",
     "metrics",
     "resize_pty",
     "watch",
@@ -403,6 +419,12 @@ async fn every_client_method_round_trips_the_backends_answer() {
             "set_labels",
             c.set_labels("a", Default::default()).await.map(drop),
         ),
+        (
+            "update_annotations",
+            c.update_annotations("a", sandcove::AnnotationUpdate::set("k", "v"))
+                .await
+                .map(drop),
+        ),
         ("destroy", c.destroy("a").await),
         ("spawn", c.spawn("a", spec).await.map(drop)),
         ("attach", c.attach("a", sel()).await.map(drop)),
@@ -416,7 +438,10 @@ async fn every_client_method_round_trips_the_backends_answer() {
         ),
         ("signal", c.signal("a", sel(), Signal::Int).await),
         ("list_processes", c.list_processes("a").await.map(drop)),
-        ("read_file", c.read_file("a", "/x y").await.map(drop)),
+        (
+            "read_file",
+            c.read_file("a", "/x y", Default::default()).await.map(drop),
+        ),
         (
             "write_file",
             c.write_file("a", "/x", data(), Default::default())
@@ -427,7 +452,7 @@ async fn every_client_method_round_trips_the_backends_answer() {
             "list_dir",
             c.list_dir("a", "/", Default::default()).await.map(drop),
         ),
-        ("stat", c.stat("a", "/").await.map(drop)),
+        ("stat", c.stat("a", "/", Default::default()).await.map(drop)),
         (
             "mkdir",
             c.mkdir("a", "/d", Default::default()).await.map(drop),
@@ -437,6 +462,8 @@ async fn every_client_method_round_trips_the_backends_answer() {
         ("chmod", c.chmod("a", "/d", 0o700).await.map(drop)),
         ("pause", c.pause("a").await.map(drop)),
         ("resume", c.resume("a").await.map(drop)),
+        ("stop", c.stop("a").await.map(drop)),
+        ("start", c.start("a").await.map(drop)),
         ("metrics", c.metrics("a").await.map(drop)),
         (
             "resize_pty",

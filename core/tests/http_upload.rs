@@ -94,14 +94,19 @@ impl Backend for SlowCleanup {
     async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
         self.inner.list_processes(id).await
     }
-    async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream> {
-        self.inner.read_file(id, path).await
+    async fn read_file(
+        &self,
+        id: &str,
+        path: &str,
+        o: sandcove::ReadOptions,
+    ) -> Result<ByteStream> {
+        self.inner.read_file(id, path, o).await
     }
     async fn list_dir(&self, id: &str, path: &str, o: ListDirOptions) -> Result<Vec<FileStat>> {
         self.inner.list_dir(id, path, o).await
     }
-    async fn stat(&self, id: &str, path: &str) -> Result<FileStat> {
-        self.inner.stat(id, path).await
+    async fn stat(&self, id: &str, path: &str, o: sandcove::StatOptions) -> Result<FileStat> {
+        self.inner.stat(id, path, o).await
     }
     async fn mkdir(&self, id: &str, path: &str, o: MkdirOptions) -> Result<FileStat> {
         self.inner.mkdir(id, path, o).await
@@ -120,6 +125,19 @@ impl Backend for SlowCleanup {
     }
     async fn resume(&self, id: &str) -> Result<SandboxInfo> {
         self.inner.resume(id).await
+    }
+    async fn stop(&self, id: &str) -> Result<SandboxInfo> {
+        self.inner.stop(id).await
+    }
+    async fn start(&self, id: &str) -> Result<SandboxInfo> {
+        self.inner.start(id).await
+    }
+    async fn update_annotations(
+        &self,
+        id: &str,
+        u: sandcove::AnnotationUpdate,
+    ) -> Result<BTreeMap<String, String>> {
+        self.inner.update_annotations(id, u).await
     }
     async fn metrics(&self, id: &str) -> Result<Metrics> {
         self.inner.metrics(id).await
@@ -196,7 +214,14 @@ async fn served(
 
 async fn names(backend: &dyn Backend, id: &str) -> Vec<String> {
     backend
-        .list_dir(id, "/workspace", ListDirOptions { depth: 1 })
+        .list_dir(
+            id,
+            "/workspace",
+            ListDirOptions {
+                depth: 1,
+                user: None,
+            },
+        )
         .await
         .expect("list")
         .into_iter()
@@ -266,7 +291,10 @@ async fn failed_uploads_over_http_wait_for_a_slow_cleanup() {
         );
     }
     let mut content = Vec::new();
-    let mut download = client.read_file(&id, "kept.bin").await.unwrap();
+    let mut download = client
+        .read_file(&id, "kept.bin", Default::default())
+        .await
+        .unwrap();
     while let Some(chunk) = download.next().await {
         content.extend(chunk.unwrap());
     }
@@ -366,7 +394,10 @@ async fn the_server_abandons_uploads_that_break_off() {
         .expect("an answer");
     assert_eq!(framed_ok.status().as_u16(), 200);
     assert_eq!(names(&client, &id).await, ["framed.bin", "raw.bin"]);
-    let stat = client.stat(&id, "framed.bin").await.unwrap();
+    let stat = client
+        .stat(&id, "framed.bin", Default::default())
+        .await
+        .unwrap();
     assert_eq!(stat.size, 100_000);
     client.destroy(&id).await.unwrap();
 }

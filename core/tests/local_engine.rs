@@ -395,7 +395,10 @@ async fn unisolated_mode_is_explicit_and_cleans_up() {
         )
         .await
         .expect("write");
-    let stat = backend.stat(&id, "notes/a.txt").await.expect("stat");
+    let stat = backend
+        .stat(&id, "notes/a.txt", Default::default())
+        .await
+        .expect("stat");
     assert_eq!(
         stat.path, "/workspace/notes/a.txt",
         "sandbox paths, not host paths"
@@ -414,7 +417,11 @@ async fn unisolated_mode_is_explicit_and_cleans_up() {
     std::fs::write(&host_only, b"host").unwrap();
     let climb = "../../../../../../../../../../..";
     let seen = backend
-        .stat(&id, &format!("{climb}{}", host_only.display()))
+        .stat(
+            &id,
+            &format!("{climb}{}", host_only.display()),
+            Default::default(),
+        )
         .await;
     assert!(
         matches!(&seen, Err(e) if e.is_not_found()),

@@ -215,7 +215,7 @@ async fn sandbox_code_cannot_change_the_agents_resource_limits() {
 
 async fn read_all(env: &Env, id: &str, path: &str) -> sandcove::Result<Vec<u8>> {
     use futures::StreamExt;
-    let mut stream = env.backend.read_file(id, path).await?;
+    let mut stream = env.backend.read_file(id, path, Default::default()).await?;
     let mut out = Vec::new();
     while let Some(chunk) = stream.next().await {
         out.extend_from_slice(&chunk?);
@@ -276,7 +276,7 @@ async fn file_api_refuses_proc_under_other_names() {
         if let Ok(entries) = b.list_dir(&id, path, Default::default()).await {
             leaks.push(format!("list {path}: {} entries", entries.len()));
         }
-        if let Ok(st) = b.stat(&id, path).await {
+        if let Ok(st) = b.stat(&id, path, Default::default()).await {
             // stat does not follow the last link: the sandbox's own symlinks are its own.
             if !matches!(st.kind, sandcove::FileKind::Symlink) {
                 leaks.push(format!("stat {path}: {st:?}"));

@@ -66,6 +66,77 @@ mod frames;
 
 pub use frames::MAX_FRAME_BYTES;
 
+/// Most bytes of one execution's output (logs and results) a facade keeps in memory; a cell
+/// can print without end, and what a program holds must not grow with it. Past it, output
+/// still reaches the streaming callbacks but is no longer collected.
+pub const MAX_KEPT_OUTPUT_BYTES: usize = 64 << 20;
+
+/// What a collector does with the next piece of output ([`OutputBudget::admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Keep it.
+    Keep,
+    /// Drop it, and this is the first piece dropped: note once that output was cut.
+    FirstDrop,
+    /// Drop it (already noted).
+    Drop,
+}
+
+/// Counts the bytes one execution's collector keeps, up to [`MAX_KEPT_OUTPUT_BYTES`].
+#[derive(Debug, Clone)]
+pub struct OutputBudget {
+    left: usize,
+    dropped: bool,
+}
+
+impl Default for OutputBudget {
+    fn default() -> Self {
+        OutputBudget::new(MAX_KEPT_OUTPUT_BYTES)
+    }
+}
+
+impl OutputBudget {
+    /// A budget of `bytes`.
+    pub fn new(bytes: usize) -> Self {
+        OutputBudget {
+            left: bytes,
+            dropped: false,
+        }
+    }
+
+    /// Whether a piece of `bytes` may be kept; once one piece is refused, every later piece
+    /// is too, so what is kept is a prefix of the output.
+    pub fn admit(&mut self, bytes: usize) -> Admit {
+        if !self.dropped && bytes <= self.left {
+            self.left -= bytes;
+            return Admit::Keep;
+        }
+        if std::mem::replace(&mut self.dropped, true) {
+            Admit::Drop
+        } else {
+            Admit::FirstDrop
+        }
+    }
+
+    /// The note a collector adds once when it starts dropping output.
+    pub fn note() -> String {
+        format!(
+            "[output beyond {} MiB was not kept; stream it with the on_stdout/on_stderr/on_result callbacks]\n",
+            MAX_KEPT_OUTPUT_BYTES >> 20
+        )
+    }
+}
+
+impl CellResult {
+    /// About how many bytes this result holds (its representations' text).
+    pub fn size(&self) -> usize {
+        self.data
+            .iter()
+            .map(|(k, v)| k.len() + v.as_str().map_or_else(|| v.to_string().len(), str::len))
+            .sum()
+    }
+}
+
 /// The driver's source, run with `python3 -c` (no file in the sandbox to swap or edit).
 pub const DRIVER_SOURCE: &str = include_str!("driver.py");
 
@@ -1188,6 +1259,25 @@ fn incomplete_suffix(bytes: &[u8]) -> usize {
         return if need > back { back } else { 0 };
     }
     0
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::{Admit, OutputBudget};
+
+    #[test]
+    fn a_budget_keeps_a_prefix_and_notes_the_first_drop_once() {
+        let mut b = OutputBudget::new(10);
+        assert_eq!(b.admit(6), Admit::Keep);
+        assert_eq!(b.admit(5), Admit::FirstDrop);
+        assert_eq!(
+            b.admit(1),
+            Admit::Drop,
+            "a prefix: nothing after a drop is kept"
+        );
+        assert_eq!(b.admit(0), Admit::Drop);
+        assert!(OutputBudget::note().contains("64 MiB"));
+    }
 }
 
 #[cfg(test)]

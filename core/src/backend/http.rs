@@ -62,6 +62,7 @@ use crate::{
     ProcessInfo, ProcessSelector, ProcessSpec, PtySize, RemoveOptions, Result, SandboxInfo, Signal,
     SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions,
 };
+use crate::{ReadOptions, StatOptions};
 
 /// Path prefix of every API route.
 pub const API_PREFIX: &str = "/v1";
@@ -180,6 +181,7 @@ pub fn status_for(code: ErrorCode) -> u16 {
     match code {
         ErrorCode::NotFound => 404,
         ErrorCode::AlreadyExists => 409,
+        ErrorCode::Conflict => 412,
         ErrorCode::InvalidArgument => 400,
         ErrorCode::Timeout => 504,
         ErrorCode::PermissionDenied => 403,
@@ -227,6 +229,7 @@ pub fn error_from_response(status: u16, retry_after: Option<&str>, body: &[u8]) 
         404 => Error::not_found(detail),
         408 | 504 => Error::Timeout { what: detail },
         409 => Error::AlreadyExists { what: detail },
+        412 => Error::Conflict { what: detail },
         429 => Error::RateLimited {
             message: detail,
             retry_after_ms,
@@ -651,6 +654,17 @@ impl HttpBackend {
     }
 }
 
+/// A file call's query with the `user` parameter when one is named.
+fn with_user(
+    mut query: Vec<(&'static str, String)>,
+    user: Option<String>,
+) -> Vec<(&'static str, String)> {
+    if let Some(user) = user {
+        query.push(("user", user));
+    }
+    query
+}
+
 fn to_json(body: &(impl Serialize + ?Sized)) -> Result<Vec<u8>> {
     serde_json::to_vec(body).map_err(|e| Error::invalid(format!("cannot encode request: {e}")))
 }
@@ -1048,6 +1062,18 @@ impl Backend for HttpBackend {
             .await
     }
 
+    async fn update_annotations(
+        &self,
+        id: &str,
+        update: crate::AnnotationUpdate,
+    ) -> Result<std::collections::BTreeMap<String, String>> {
+        update.validate()?;
+        let url = self.sandbox_url(id, &["annotations"]);
+        // Not replayed after it may have run: a repeated compare-and-set would fail.
+        self.call(Method::POST, url, &[], Some(&update), Retry::Unsafe)
+            .await
+    }
+
     async fn destroy(&self, id: &str) -> Result<()> {
         let url = self.sandbox_url(id, &[]);
         self.call_unit(Method::DELETE, url, &[], Payload::None, Retry::Idempotent)
@@ -1130,13 +1156,13 @@ impl Backend for HttpBackend {
             .await
     }
 
-    async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream> {
+    async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream> {
         let url = self.sandbox_url(id, &["files"]);
         let response = self
             .send(Req {
                 method: Method::GET,
                 url,
-                query: &[("path", path.to_string())],
+                query: &with_user(vec![("path", path.to_string())], options.user),
                 payload: Payload::None,
                 idempotency_key: None,
                 retry: Retry::Idempotent,
@@ -1193,20 +1219,23 @@ impl Backend for HttpBackend {
         options: ListDirOptions,
     ) -> Result<Vec<FileStat>> {
         let url = self.sandbox_url(id, &["files", "list"]);
-        let query = [
-            ("path", path.to_string()),
-            ("depth", options.depth.to_string()),
-        ];
+        let query = with_user(
+            vec![
+                ("path", path.to_string()),
+                ("depth", options.depth.to_string()),
+            ],
+            options.user,
+        );
         self.call(Method::GET, url, &query, None::<&()>, Retry::Idempotent)
             .await
     }
 
-    async fn stat(&self, id: &str, path: &str) -> Result<FileStat> {
+    async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat> {
         let url = self.sandbox_url(id, &["files", "stat"]);
         self.call(
             Method::GET,
             url,
-            &[("path", path.to_string())],
+            &with_user(vec![("path", path.to_string())], options.user),
             None::<&()>,
             Retry::Idempotent,
         )
@@ -1262,6 +1291,19 @@ impl Backend for HttpBackend {
     async fn resume(&self, id: &str) -> Result<SandboxInfo> {
         let url = self.sandbox_url(id, &["resume"]);
         self.call(Method::POST, url, &[], None::<&()>, Retry::Unsafe)
+            .await
+    }
+
+    async fn stop(&self, id: &str) -> Result<SandboxInfo> {
+        let url = self.sandbox_url(id, &["stop"]);
+        // Stopping a stopped sandbox changes nothing: safe to replay.
+        self.call(Method::POST, url, &[], None::<&()>, Retry::Idempotent)
+            .await
+    }
+
+    async fn start(&self, id: &str) -> Result<SandboxInfo> {
+        let url = self.sandbox_url(id, &["start"]);
+        self.call(Method::POST, url, &[], None::<&()>, Retry::Idempotent)
             .await
     }
 
@@ -1453,6 +1495,7 @@ mod tests {
         let errors = [
             Error::not_found("sandbox \"x\""),
             Error::AlreadyExists { what: "v".into() },
+            Error::Conflict { what: "k".into() },
             Error::invalid("bad"),
             Error::Timeout { what: "t".into() },
             Error::PermissionDenied {
@@ -1502,6 +1545,7 @@ mod tests {
             (403, ErrorCode::PermissionDenied),
             (404, ErrorCode::NotFound),
             (409, ErrorCode::AlreadyExists),
+            (412, ErrorCode::Conflict),
             (413, ErrorCode::InvalidArgument),
             (429, ErrorCode::RateLimited),
             (501, ErrorCode::NotSupported),

@@ -13,10 +13,10 @@ use async_trait::async_trait;
 use futures::Stream;
 
 use crate::{
-    Capabilities, CreateOptions, FileStat, FsEvent, ListDirOptions, ListOptions, Metrics,
-    MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessEvent, ProcessInfo,
-    ProcessSelector, ProcessSpec, PtySize, RemoveOptions, Result, SandboxInfo, Signal,
-    SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions,
+    AnnotationUpdate, Capabilities, CreateOptions, FileStat, FsEvent, ListDirOptions, ListOptions,
+    Metrics, MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessEvent, ProcessInfo,
+    ProcessSelector, ProcessSpec, PtySize, ReadOptions, RemoveOptions, Result, SandboxInfo, Signal,
+    SnapshotInfo, StatOptions, VolumeInfo, WatchOptions, WriteOptions,
 };
 
 #[cfg(feature = "http")]
@@ -79,6 +79,17 @@ pub trait Backend: Send + Sync + fmt::Debug {
         labels: std::collections::BTreeMap<String, String>,
     ) -> Result<SandboxInfo>;
 
+    /// Change the sandbox's annotations ([`SandboxInfo::annotations`]) atomically, as
+    /// `update` says (compare-and-set included); returns the map now in force. Works in
+    /// every state but destroyed. Out-of-bounds keys or values are
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument), a failed expectation
+    /// [`Error::Conflict`](crate::Error::Conflict); either way nothing changes.
+    async fn update_annotations(
+        &self,
+        id: &str,
+        update: AnnotationUpdate,
+    ) -> Result<std::collections::BTreeMap<String, String>>;
+
     /// Destroy the sandbox: every process in it ends and its state is removed.
     async fn destroy(&self, id: &str) -> Result<()>;
 
@@ -102,7 +113,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
     async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>>;
 
     /// Read a file as a stream of chunks.
-    async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream>;
+    async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream>;
 
     /// Write a file from a stream of chunks; returns the written file's metadata.
     async fn write_file(
@@ -122,7 +133,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
     ) -> Result<Vec<FileStat>>;
 
     /// Metadata of one path, symlinks not followed.
-    async fn stat(&self, id: &str, path: &str) -> Result<FileStat>;
+    async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat>;
 
     /// Create a directory.
     async fn mkdir(&self, id: &str, path: &str, options: MkdirOptions) -> Result<FileStat>;
@@ -143,6 +154,20 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Continue a paused sandbox where it stopped.
     async fn resume(&self, id: &str) -> Result<SandboxInfo>;
+
+    /// Stop the sandbox: every process in it ends (killed), its files stay, its lease is
+    /// paused (the time left is kept). The state becomes
+    /// [`SandboxState::Stopped`](crate::SandboxState::Stopped); processes and file calls are
+    /// refused with [`Error::InvalidState`](crate::Error::InvalidState) until
+    /// [`Backend::start`]; info, annotations, labels, the lease and destroy keep working.
+    /// Stopping a paused sandbox ends its frozen processes too; stopping a stopped one
+    /// changes nothing.
+    async fn stop(&self, id: &str) -> Result<SandboxInfo>;
+
+    /// Start a stopped sandbox: it runs again with the files it had and no processes, and
+    /// its lease counts down again from the time it had left. Starting a running sandbox
+    /// changes nothing; a paused one must be resumed instead.
+    async fn start(&self, id: &str) -> Result<SandboxInfo>;
 
     /// Current resource usage.
     async fn metrics(&self, id: &str) -> Result<Metrics>;

@@ -21,6 +21,7 @@ use crate::{
     ByteStream, Error, ErrorBody, ListDirOptions, RemoveOptions, WatchOptions, WatchStream,
     WriteOptions,
 };
+use crate::{ReadOptions, StatOptions};
 
 /// Largest file chunk put in one frame.
 const CHUNK: usize = 1024 * 1024;
@@ -34,7 +35,7 @@ pub(super) fn routes() -> Vec<Route> {
             "Download a file as frames",
             read_file,
         )
-        .query(&["path"])
+        .query(&["path", "user"])
         .output(Out::Frames("file bytes")),
         Route::new(
             Method::PUT,
@@ -61,7 +62,7 @@ pub(super) fn routes() -> Vec<Route> {
             "List a directory to `depth` levels",
             list_dir,
         )
-        .query(&["path", "depth"])
+        .query(&["path", "depth", "user"])
         .output(Out::Json("FileStat[]")),
         Route::new(
             Method::GET,
@@ -70,7 +71,7 @@ pub(super) fn routes() -> Vec<Route> {
             "Metadata of one path, symlinks not followed",
             stat,
         )
-        .query(&["path"])
+        .query(&["path", "user"])
         .output(Out::Json("FileStat")),
         Route::new(
             Method::POST,
@@ -109,11 +110,6 @@ pub(super) fn routes() -> Vec<Route> {
         .query(&["path", "recursive"])
         .output(Out::Frames("filesystem events")),
     ]
-}
-
-#[derive(Deserialize)]
-struct PathQuery {
-    path: String,
 }
 
 fn download_frames(data: ByteStream) -> BoxStream<'static, Vec<u8>> {
@@ -161,9 +157,10 @@ fn watch_frames(events: WatchStream) -> BoxStream<'static, Vec<u8>> {
 async fn read_file(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    Query(q): Query<PathQuery>,
+    Query(q): Query<UserPathQuery>,
 ) -> Result<Response, ApiError> {
-    let data = state.backend.read_file(&id, &q.path).await?;
+    let options = ReadOptions { user: q.user };
+    let data = state.backend.read_file(&id, &q.path, options).await?;
     Ok(frames_response(&state, download_frames(data), &[]))
 }
 
@@ -377,6 +374,14 @@ async fn remove(
 struct ListQuery {
     path: String,
     depth: Option<u32>,
+    user: Option<String>,
+}
+
+/// A path and the sandbox user to act as (read and stat).
+#[derive(Deserialize)]
+struct UserPathQuery {
+    path: String,
+    user: Option<String>,
 }
 
 async fn list_dir(
@@ -386,6 +391,7 @@ async fn list_dir(
 ) -> Result<Response, ApiError> {
     let options = ListDirOptions {
         depth: q.depth.unwrap_or(ListDirOptions::default().depth),
+        user: q.user,
     };
     Ok(json(&state.backend.list_dir(&id, &q.path, options).await?))
 }
@@ -393,9 +399,10 @@ async fn list_dir(
 async fn stat(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    Query(q): Query<PathQuery>,
+    Query(q): Query<UserPathQuery>,
 ) -> Result<Response, ApiError> {
-    Ok(json(&state.backend.stat(&id, &q.path).await?))
+    let options = StatOptions { user: q.user };
+    Ok(json(&state.backend.stat(&id, &q.path, options).await?))
 }
 
 async fn mkdir(

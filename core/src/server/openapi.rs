@@ -112,7 +112,7 @@ fn build() -> Value {
                     "required": ["code", "message"],
                     "properties": {
                         "code": {"type": "string", "enum": [
-                            "not_found", "already_exists", "invalid_argument", "timeout",
+                            "not_found", "already_exists", "conflict", "invalid_argument", "timeout",
                             "permission_denied", "unauthenticated", "invalid_state",
                             "not_supported", "unavailable", "rate_limited", "io", "backend"
                         ]},
@@ -162,6 +162,7 @@ mod tests {
         for code in [
             ErrorCode::NotFound,
             ErrorCode::AlreadyExists,
+            ErrorCode::Conflict,
             ErrorCode::InvalidArgument,
             ErrorCode::Timeout,
             ErrorCode::PermissionDenied,

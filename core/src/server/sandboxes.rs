@@ -11,7 +11,7 @@ use serde::Deserialize;
 use super::idempotency::Stored;
 use super::{done, json, read_json, ApiError, AppState, In, Out, Route};
 use crate::backend::http::body::{SetLabels, SetTimeout};
-use crate::{CreateOptions, Error, ListOptions};
+use crate::{AnnotationUpdate, CreateOptions, Error, ListOptions};
 
 pub(super) fn routes() -> Vec<Route> {
     vec![
@@ -73,6 +73,31 @@ pub(super) fn routes() -> Vec<Route> {
             set_labels,
         )
         .input(In::Json("SetLabels"))
+        .output(Out::Json("SandboxInfo")),
+        Route::new(
+            Method::POST,
+            "/v1/sandboxes/{id}/annotations",
+            "update_annotations",
+            "Change the sandbox's annotations atomically (compare-and-set included); answers the map now in force",
+            update_annotations,
+        )
+        .input(In::Json("AnnotationUpdate"))
+        .output(Out::Json("Annotations")),
+        Route::new(
+            Method::POST,
+            "/v1/sandboxes/{id}/stop",
+            "stop",
+            "End every process of the sandbox, keeping its files; its lease pauses",
+            stop,
+        )
+        .output(Out::Json("SandboxInfo")),
+        Route::new(
+            Method::POST,
+            "/v1/sandboxes/{id}/start",
+            "start",
+            "Run a stopped sandbox again",
+            start,
+        )
         .output(Out::Json("SandboxInfo")),
         Route::new(
             Method::POST,
@@ -183,6 +208,27 @@ async fn set_labels(
 ) -> Result<Response, ApiError> {
     let (req, _) = read_json::<SetLabels>(&state, &headers, body).await?;
     Ok(json(&state.backend.set_labels(&id, req.labels).await?))
+}
+
+async fn update_annotations(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (update, _) = read_json::<AnnotationUpdate>(&state, &headers, body).await?;
+    Ok(json(&state.backend.update_annotations(&id, update).await?))
+}
+
+async fn stop(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    Ok(json(&state.backend.stop(&id).await?))
+}
+
+async fn start(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(json(&state.backend.start(&id).await?))
 }
 
 async fn pause(

@@ -331,7 +331,13 @@ pub(super) fn list_dir(
     let mut out = Vec::new();
     let mut queue = std::collections::VecDeque::from([(top, rel, 1u32)]);
     while let Some((dir, rel, level)) = queue.pop_front() {
-        let Ok(names) = entries(&dir) else { continue };
+        let names = match entries(&dir) {
+            Ok(names) => names,
+            // The directory asked for must be readable (as a user, by that user); deeper
+            // levels that cannot be read are left out, as `find` would.
+            Err(e) if level == 1 => return Err(Error::from_io(&e, path)),
+            Err(_) => continue,
+        };
         for name in names {
             let child = rel.join(&name);
             let Ok(stat) = stat_entry(record, &dir, &name, &child) else {
@@ -659,12 +665,27 @@ pub(super) fn begin_write(
     };
     let mode = options.mode.map(|m| m & 0o7777);
     // Owner and mode come from the target entry itself (never from anything a link leads to).
-    let owner = match &existing {
-        Some(st) => Some((st.st_uid, st.st_gid)),
-        None => {
-            let u = record.user(user)?;
-            (u.uid != 0 || u.gid != 0).then_some((u.uid, u.gid))
+    let u = record.user(user)?;
+    let as_user = user.is_some() && (u.uid, u.gid) != (0, 0);
+    if let (true, Some(st)) = (as_user, &existing) {
+        if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+            // The replacement lands by rename, which the kernel checks on the directory only;
+            // replacing a file needs write permission on the file itself, so ask for it as
+            // this user (no truncation, non-blocking: nothing changes, nothing can hang).
+            open_entry(
+                dir.as_raw_fd(),
+                &name,
+                libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
+                0,
+            )
+            .map_err(|e| resolve_err(e, path))?;
         }
+    }
+    let owner = match &existing {
+        // A user cannot give a file away: replacing someone else's file leaves it theirs.
+        Some(st) if as_user && st.st_uid != u.uid => Some((u.uid, u.gid)),
+        Some(st) => Some((st.st_uid, st.st_gid)),
+        None => (u.uid != 0 || u.gid != 0).then_some((u.uid, u.gid)),
     };
     if options.append {
         let file = match &existing {

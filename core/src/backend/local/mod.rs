@@ -44,12 +44,13 @@ use self::config::{Record, SandboxDir, UidMapping};
 use self::proto::{Hello, Reply, Request, PROTOCOL_VERSION};
 use super::{Backend, ByteStream, ProcessStream, WatchStream};
 use crate::{
-    now_millis, Capabilities, CreateOptions, Error, FileStat, ListDirOptions, ListOptions, Metrics,
-    MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessEvent, ProcessInfo,
-    ProcessSelector, ProcessSpec, PtySize, RemoveOptions, Result, SandboxInfo, SandboxState,
-    Signal, SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions, DEFAULT_OUTPUT_LIMIT,
-    DEFAULT_TIMEOUT,
+    now_millis, AnnotationUpdate, Capabilities, CreateOptions, Error, FileStat, ListDirOptions,
+    ListOptions, Metrics, MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessEvent,
+    ProcessInfo, ProcessSelector, ProcessSpec, PtySize, RemoveOptions, Result, SandboxInfo,
+    SandboxState, Signal, SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions,
+    DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT,
 };
+use crate::{ReadOptions, StatOptions};
 
 pub use self::config::default_state_dir;
 pub use self::preview::PreviewLimits;
@@ -431,6 +432,19 @@ impl LocalBackend {
                     Ok(Some((Reply::Gap { stdout, stderr }, _))) => {
                         Ok(ProcessEvent::Gap { stdout, stderr })
                     }
+                    Ok(Some((Reply::Live, _))) => Ok(ProcessEvent::Live),
+                    Ok(Some((
+                        Reply::Restarted {
+                            pid,
+                            restarts,
+                            previous,
+                        },
+                        _,
+                    ))) => Ok(ProcessEvent::Restarted {
+                        pid,
+                        restarts,
+                        previous,
+                    }),
                     Ok(Some((Reply::Exit { status }, _))) => {
                         return Some((Ok(ProcessEvent::Exit(status)), None));
                     }
@@ -573,6 +587,7 @@ pub(crate) fn info_of(record: &Record, state: SandboxState) -> SandboxInfo {
         auto_resume: record.options.auto_resume,
         volumes: record.options.volumes.clone(),
         snapshot: record.options.snapshot.clone(),
+        annotations: record.options.annotations.clone(),
     }
 }
 
@@ -814,6 +829,22 @@ impl Backend for LocalBackend {
         self.monitor_info(id, Request::SetLabels { labels }).await
     }
 
+    async fn update_annotations(
+        &self,
+        id: &str,
+        update: AnnotationUpdate,
+    ) -> Result<std::collections::BTreeMap<String, String>> {
+        // Bad keys are refused here too, before the sandbox is contacted.
+        update.validate()?;
+        match self
+            .monitor_call(id, Request::UpdateAnnotations { update })
+            .await?
+        {
+            Reply::Annotations { annotations } => Ok(annotations),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     async fn destroy(&self, id: &str) -> Result<()> {
         match self.monitor_call(id, Request::Destroy).await {
             Ok(Reply::Done) => Ok(()),
@@ -858,12 +889,13 @@ impl Backend for LocalBackend {
         }
     }
 
-    async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream> {
+    async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream> {
         let mut stream = self
             .agent_stream(
                 id,
                 &Request::ReadFile {
                     path: path.to_string(),
+                    options,
                 },
             )
             .await?;
@@ -934,11 +966,12 @@ impl Backend for LocalBackend {
         }
     }
 
-    async fn stat(&self, id: &str, path: &str) -> Result<FileStat> {
+    async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat> {
         self.agent_stat(
             id,
             Request::Stat {
                 path: path.to_string(),
+                options,
             },
         )
         .await
@@ -994,6 +1027,14 @@ impl Backend for LocalBackend {
 
     async fn resume(&self, id: &str) -> Result<SandboxInfo> {
         self.monitor_info(id, Request::Resume).await
+    }
+
+    async fn stop(&self, id: &str) -> Result<SandboxInfo> {
+        self.monitor_info(id, Request::Stop).await
+    }
+
+    async fn start(&self, id: &str) -> Result<SandboxInfo> {
+        self.monitor_info(id, Request::Start).await
     }
 
     async fn metrics(&self, id: &str) -> Result<Metrics> {
@@ -1133,8 +1174,15 @@ impl Backend for LocalBackend {
             ));
         }
         check_create(&options, self.cgroups.is_some())?;
-        let snap = self.snapshot(id, Some(format!("fork of {id}"))).await?;
+        // Annotations are copied on purpose, never inherited through the files: the source's,
+        // then the fork's own on top, checked before anything is made.
+        let source = self.get(id).await?;
         let mut options = options;
+        let mut annotations = source.annotations;
+        annotations.append(&mut options.annotations);
+        crate::check_annotations(&annotations)?;
+        options.annotations = annotations;
+        let snap = self.snapshot(id, Some(format!("fork of {id}"))).await?;
         options.snapshot = Some(snap.id.clone());
         let created = self.create(options).await;
         let _ = self.delete_snapshot(&snap.id).await;

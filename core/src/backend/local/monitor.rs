@@ -35,8 +35,20 @@ pub(super) const LOCK_FD_ENV: &str = "__SANDCOVE_LOCK_FD";
 /// Env var naming the sandbox's state directory.
 pub(super) const DIR_ENV: &str = "__SANDCOVE_DIR";
 
-/// How long a sandbox paused at the end of its lease is kept before it is destroyed.
+/// How long a sandbox paused at the end of its lease, or stopped, is kept before it is
+/// destroyed.
 pub const PAUSED_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Largest first frame a client may send: a monitor request, at most an annotation update
+/// of [`crate::MAX_ANNOTATIONS_BYTES`] with every byte JSON-escaped.
+const MAX_FIRST_FRAME: usize = 8 * crate::MAX_ANNOTATIONS_BYTES;
+
+/// Note naming why the agent died (the sandbox is `Failed`).
+const FAILED_NOTE: &str = "failed";
+/// Note holding the lease time (ms) a stopped sandbox gets back when started.
+const LEASE_LEFT_NOTE: &str = "lease_left_ms";
+/// Note marking a sandbox paused because its lease ended.
+const PAUSED_BY_LEASE_NOTE: &str = "paused_by_lease";
 
 type Pending = Mutex<HashMap<u64, oneshot::Sender<(Option<crate::ErrorBody>, Vec<OwnedFd>)>>>;
 
@@ -529,12 +541,106 @@ impl Monitor {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .notes
-            .remove("paused_by_lease")
+            .remove(PAUSED_BY_LEASE_NOTE)
             .is_some();
         if paused_by_lease {
             // A fresh lease, as long as the original one.
             self.set_ends_at(now_millis() + self.lease().as_millis() as u64);
         }
+        self.write_info();
+        Ok(self.info())
+    }
+
+    /// Apply an annotation update under the record's lock (so concurrent updates serialize
+    /// and a compare-and-set sees the latest value), then publish it.
+    fn update_annotations(
+        &self,
+        update: &crate::AnnotationUpdate,
+    ) -> Result<std::collections::BTreeMap<String, String>> {
+        let next = {
+            let mut record = self.record.lock().unwrap_or_else(|e| e.into_inner());
+            let next = update.apply(&record.options.annotations)?;
+            record.options.annotations = next.clone();
+            next
+        };
+        self.write_info();
+        Ok(next)
+    }
+
+    /// Move the lease end; a stopped sandbox keeps the new time for when it starts.
+    async fn set_timeout(&self, ms: u64) {
+        let _guard = self.transition.lock().await;
+        if self.state() == SandboxState::Stopped {
+            self.record
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .notes
+                .insert(LEASE_LEFT_NOTE.into(), ms.to_string());
+        } else {
+            self.set_ends_at(now_millis() + ms);
+        }
+    }
+
+    /// Kill every process (through the agent, which stays with the namespaces and files),
+    /// keep the lease's time left, and hold the sandbox for the retention period.
+    async fn stop(&self) -> Result<SandboxInfo> {
+        let _guard = self.transition.lock().await;
+        match self.state() {
+            SandboxState::Stopped => return Ok(self.info()),
+            // Frozen processes die of SIGKILL as well.
+            SandboxState::Running | SandboxState::Paused => {}
+            other => return Err(self.invalid_state(other, "stop")),
+        }
+        self.agent_request(|req| Control::Stop { req }).await?;
+        let now = now_millis();
+        {
+            let mut record = self.record.lock().unwrap_or_else(|e| e.into_inner());
+            // A sandbox paused by its lease gets a fresh lease when it runs again, as on resume.
+            let left = if record.notes.remove(PAUSED_BY_LEASE_NOTE).is_some() {
+                record
+                    .options
+                    .timeout
+                    .unwrap_or(DEFAULT_TIMEOUT)
+                    .as_millis() as u64
+            } else {
+                record.ends_at.saturating_sub(now)
+            };
+            record
+                .notes
+                .insert(LEASE_LEFT_NOTE.into(), left.to_string());
+        }
+        self.set_state(SandboxState::Stopped);
+        self.set_ends_at(now + PAUSED_RETENTION.as_millis() as u64);
+        self.write_info();
+        Ok(self.info())
+    }
+
+    /// Run a stopped sandbox again, with the lease time it had left.
+    async fn start(&self) -> Result<SandboxInfo> {
+        let _guard = self.transition.lock().await;
+        match self.state() {
+            SandboxState::Running => return Ok(self.info()),
+            SandboxState::Stopped => {}
+            SandboxState::Paused => {
+                return Err(Error::InvalidState {
+                    id: self.id(),
+                    state: "paused".into(),
+                    message: "a paused sandbox is resumed, not started".into(),
+                })
+            }
+            other => return Err(self.invalid_state(other, "start")),
+        }
+        let kept = self
+            .record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .notes
+            .remove(LEASE_LEFT_NOTE);
+        let left = kept
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_else(|| self.lease().as_millis() as u64);
+        self.set_ends_at(now_millis() + left);
+        self.set_state(SandboxState::Running);
         self.write_info();
         Ok(self.info())
     }
@@ -545,9 +651,14 @@ impl Monitor {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .notes
-            .get("stopped")
+            .get(FAILED_NOTE)
             .cloned()
             .unwrap_or_default();
+        let why = if state == SandboxState::Stopped {
+            "while it is stopped: start it first".to_string()
+        } else {
+            why
+        };
         Error::InvalidState {
             id: self.id(),
             state: format!("{state:?}").to_lowercase(),
@@ -577,6 +688,11 @@ impl Monitor {
                     })
                 }
             }
+            SandboxState::Stopped => Err(Error::InvalidState {
+                id: self.id(),
+                state: "stopped".into(),
+                message: "its processes ended when it was stopped: start it first".into(),
+            }),
             other => {
                 Err(self.invalid_state(other, "serve requests: only info and destroy work now;"))
             }
@@ -887,10 +1003,15 @@ async fn lease_ended(monitor: &Monitor) -> bool {
         let record = monitor.record.lock().unwrap_or_else(|e| e.into_inner());
         (
             record.options.on_timeout,
-            record.notes.contains_key("paused_by_lease"),
+            record.notes.contains_key(PAUSED_BY_LEASE_NOTE),
         )
     };
-    if action != TimeoutAction::Pause || already || monitor.state() == SandboxState::Stopped {
+    // A stopped or failed sandbox has nothing to pause: its retention ended, destroy it.
+    let ended = matches!(
+        monitor.state(),
+        SandboxState::Stopped | SandboxState::Failed
+    );
+    if action != TimeoutAction::Pause || already || ended {
         return false;
     }
     if monitor.pause().await.is_err() {
@@ -901,7 +1022,7 @@ async fn lease_ended(monitor: &Monitor) -> bool {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .notes
-        .insert("paused_by_lease".into(), now_millis().to_string());
+        .insert(PAUSED_BY_LEASE_NOTE.into(), now_millis().to_string());
     monitor.set_ends_at(now_millis() + PAUSED_RETENTION.as_millis() as u64);
     monitor.write_info();
     true
@@ -941,7 +1062,7 @@ async fn read_control(monitor: Arc<Monitor>) {
         .clear();
 }
 
-/// Notice the agent dying on its own: the sandbox becomes `Stopped` and stays inspectable
+/// Notice the agent dying on its own: the sandbox becomes `Failed` and stays inspectable
 /// and destroyable.
 async fn watch_agent(monitor: Arc<Monitor>) {
     let Ok(mut sigchld) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
@@ -951,7 +1072,7 @@ async fn watch_agent(monitor: Arc<Monitor>) {
     loop {
         if let Ok(Some((_, status))) = sys::waitpid_nohang(monitor.agent_pid) {
             if monitor.state() != SandboxState::Destroyed {
-                monitor.set_state(SandboxState::Stopped);
+                monitor.set_state(SandboxState::Failed);
             }
             monitor
                 .record
@@ -959,7 +1080,7 @@ async fn watch_agent(monitor: Arc<Monitor>) {
                 .unwrap_or_else(|e| e.into_inner())
                 .notes
                 .insert(
-                    "stopped".into(),
+                    FAILED_NOTE.into(),
                     format!("because the sandbox agent exited ({status:?})"),
                 );
             monitor.write_info();
@@ -988,7 +1109,8 @@ async fn serve_client(
         stream.read_exact(&mut prefix).await.ok()?;
         let hlen = u32::from_le_bytes(prefix[..4].try_into().ok()?) as usize;
         let blen = u32::from_le_bytes(prefix[4..].try_into().ok()?) as usize;
-        if hlen > 64 * 1024 || blen > 0 {
+        // Monitor requests carry at most an annotation update (bounded well below this).
+        if hlen > MAX_FIRST_FRAME || blen > 0 {
             return Some(Err(Error::backend(
                 "protocol error: malformed first frame (a client of another Sandcove version?)",
             )));
@@ -1008,7 +1130,12 @@ async fn serve_client(
     };
     let result = match hello.request {
         None => {
-            let paused_ok = hello.while_paused && monitor.state() == SandboxState::Paused;
+            // Snapshots read files of a paused or stopped sandbox: nothing runs to change them.
+            let paused_ok = hello.while_paused
+                && matches!(
+                    monitor.state(),
+                    SandboxState::Paused | SandboxState::Stopped
+                );
             if paused_ok {
                 return hand_to_agent(&monitor, stream).await;
             }
@@ -1027,7 +1154,7 @@ async fn serve_client(
                     "timeout must be between 0 and 1e9 seconds, got {secs}"
                 )))
             } else {
-                monitor.set_ends_at(now_millis() + (secs * 1000.0) as u64);
+                monitor.set_timeout((secs * 1000.0) as u64).await;
                 monitor.write_info();
                 Ok(Reply::Info {
                     info: monitor.info(),
@@ -1058,6 +1185,11 @@ async fn serve_client(
             }
             Err(e) => Err(e),
         },
+        Some(Request::UpdateAnnotations { update }) => monitor
+            .update_annotations(&update)
+            .map(|annotations| Reply::Annotations { annotations }),
+        Some(Request::Stop) => monitor.stop().await.map(|info| Reply::Info { info }),
+        Some(Request::Start) => monitor.start().await.map(|info| Reply::Info { info }),
         Some(Request::Pause) => monitor.pause().await.map(|info| Reply::Info { info }),
         Some(Request::Resume) => monitor.resume().await.map(|info| Reply::Info { info }),
         Some(Request::Expose { options }) => monitor

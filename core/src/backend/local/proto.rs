@@ -59,7 +59,7 @@ pub enum Request {
         /// What to run.
         spec: ProcessSpec,
     },
-    /// Attach to a process: `Started`, a possible `Gap`, retained output, live events.
+    /// Attach to a process: `Started`, a possible `Gap`, retained output, `Live`, live events.
     Attach {
         /// Which process.
         process: ProcessSelector,
@@ -87,6 +87,9 @@ pub enum Request {
     ReadFile {
         /// Path.
         path: String,
+        /// Options.
+        #[serde(default)]
+        options: crate::ReadOptions,
     },
     /// Write a file from the `Data` frames that follow, up to `End`; replies `Stat`.
     WriteFile {
@@ -106,6 +109,9 @@ pub enum Request {
     Stat {
         /// Path.
         path: String,
+        /// Options.
+        #[serde(default)]
+        options: crate::StatOptions,
     },
     /// Make a directory.
     Mkdir {
@@ -140,6 +146,15 @@ pub enum Request {
         /// The new labels.
         labels: std::collections::BTreeMap<String, String>,
     },
+    /// Change the annotations (monitor); replies `Annotations`.
+    UpdateAnnotations {
+        /// The change.
+        update: crate::AnnotationUpdate,
+    },
+    /// Stop the sandbox: processes killed, files kept, lease paused (monitor).
+    Stop,
+    /// Start a stopped sandbox (monitor).
+    Start,
     /// Pause the sandbox (monitor).
     Pause,
     /// Resume the sandbox (monitor).
@@ -203,6 +218,11 @@ pub enum Reply {
     },
     /// Success with nothing to report.
     Done,
+    /// The annotations now in force.
+    Annotations {
+        /// Them.
+        annotations: std::collections::BTreeMap<String, String>,
+    },
     /// One path's metadata.
     Stat {
         /// It.
@@ -233,6 +253,17 @@ pub enum Reply {
         stdout: u64,
         /// Stderr bytes missing.
         stderr: u64,
+    },
+    /// Attach only: the retained history ends here; what follows is live.
+    Live,
+    /// A process with a restart policy was started again.
+    Restarted {
+        /// Pid of the new incarnation.
+        pid: u32,
+        /// Restarts so far.
+        restarts: u32,
+        /// How the previous incarnation ended.
+        previous: ExitStatus,
     },
     /// The process ended.
     Exit {
@@ -410,6 +441,11 @@ pub enum Control {
     },
     /// Monitor → agent: continue every sandbox process (resume).
     Thaw {
+        /// Correlates the [`Control::Reply`].
+        req: u64,
+    },
+    /// Monitor → agent: kill every sandbox process and wait until they are reaped (stop).
+    Stop {
         /// Correlates the [`Control::Reply`].
         req: u64,
     },

@@ -1322,3 +1322,39 @@ fn parse_ack(reply: &[u8], seq: u32) -> Option<i32> {
     }
     None
 }
+
+/// Give the calling thread, and only it, the filesystem identity of `uid`/`gid` with no
+/// supplementary groups, so the kernel checks that user's permissions on every later path
+/// lookup and new files are that user's.
+///
+/// Raw syscalls on purpose: the kernel keeps credentials per thread, and the libc wrappers
+/// (`setgroups` here) would broadcast the change to every thread of the process. Moving the
+/// fs uid from 0 to another uid also drops the thread's effective filesystem capabilities
+/// (`CAP_DAC_OVERRIDE`, `CAP_FOWNER`, …). The change cannot be undone safely by the caller:
+/// run this only on a dedicated thread that ends after its work. Each step is checked: an
+/// identity that did not fully take is an error, never a thread running as root.
+pub fn set_thread_fs_identity(uid: u32, gid: u32) -> io::Result<()> {
+    let none: *const libc::gid_t = std::ptr::null();
+    // SAFETY: setgroups with a count of 0 reads nothing through the (null) list pointer.
+    let ret = unsafe { libc::syscall(libc::SYS_setgroups, 0usize, none) };
+    if ret == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: setfsgid/setfsuid take an integer and return the previous id; they cannot
+    // fail in a way that touches memory. A call with -1 (never valid) changes nothing and
+    // returns the current id, which is how the change is verified.
+    let (fsgid, fsuid) = unsafe {
+        libc::syscall(libc::SYS_setfsgid, gid);
+        let fsgid = libc::syscall(libc::SYS_setfsgid, u32::MAX) as u32;
+        libc::syscall(libc::SYS_setfsuid, uid);
+        let fsuid = libc::syscall(libc::SYS_setfsuid, u32::MAX) as u32;
+        (fsgid, fsuid)
+    };
+    if (fsuid, fsgid) != (uid, gid) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("could not take the identity {uid}:{gid} (got {fsuid}:{fsgid})"),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,744 @@
+//! The agent: PID 1 inside a sandbox's namespaces.
+//!
+//! It builds the sandbox filesystem, then serves requests the monitor hands over with the
+//! client's connection attached, so process output and file bytes flow between the client and
+//! the agent directly. When the monitor goes away the agent exits, and the kernel kills every
+//! process in the sandbox's PID namespace with it.
+//!
+//! This module serves requests and controls the sandbox (freeze, stop); by concern the rest is
+//! in [`setup`] (building the sandbox), [`process`] (starting, supervising and streaming
+//! processes), [`file_calls`], [`metrics`], [`watch`](mod@watch) and [`snapshot`] (filesystem export and
+//! import). Children share this module's imports (`use super::*`).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::io::Read;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, oneshot};
+
+mod file_calls;
+mod metrics;
+mod process;
+mod setup;
+mod snapshot;
+mod watch;
+
+use self::file_calls::*;
+use self::metrics::*;
+use self::process::*;
+use self::setup::*;
+use self::snapshot::*;
+use self::watch::*;
+
+use super::config::Record;
+use super::files;
+use super::net::Plan;
+use super::proto::{self, Control, Reply, Request, CHUNK};
+use super::sys;
+use super::{landlock, net, seccomp, volumes};
+use crate::{
+    now_millis, Error, ExitStatus, FsEvent, FsEventKind, Metrics, ProcessInfo, ProcessSelector,
+    ProcessSpec, Result, StreamKind, WatchOptions, WriteOptions,
+};
+
+/// Output retained per process for late attachers and log queries.
+const HISTORY_BYTES: usize = 16 << 20;
+/// Finished processes remembered for `list_processes` and late attach.
+const FINISHED_KEPT: usize = 256;
+/// How long, in all, to keep draining a process's pipes after it exited, when a descendant
+/// still holds them open.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
+/// Longest process timeout accepted (a year); longer is a unit mistake, and "none" is `None`.
+/// The search path every sandbox process starts with.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Entry point in the freshly cloned child. Never returns.
+///
+/// `net` is the plan of an Internet sandbox: rules installed before any sandbox process runs.
+pub fn run(record: Record, ctrl: OwnedFd, sync_read: OwnedFd, net: Option<Plan>) -> ! {
+    sys::set_process_name("sandcove-agent");
+    let _ = sys::set_parent_death_signal(libc::SIGKILL);
+    // Wait until the monitor has written our uid/gid maps.
+    let mut byte = [0u8; 1];
+    let mut sync = std::fs::File::from(sync_read);
+    if sync.read_exact(&mut byte).is_err() {
+        sys::exit_now(1);
+    }
+    drop(sync);
+    let setup = if record.unisolated {
+        // Orphans of sandbox processes come to us, so destroy can find and end them.
+        sys::set_child_subreaper().map_err(|e| Error::from_io(&e, "become a subreaper"))
+    } else {
+        setup_sandbox(&record, net.as_ref())
+    };
+    let reply = match &setup {
+        Ok(()) => Control::Ready,
+        Err(e) => Control::SetupFailed { error: e.to_body() },
+    };
+    let msg = serde_json::to_vec(&reply).unwrap_or_default();
+    let _ = sys::send_with_fds(ctrl.as_raw_fd(), &msg, &[]);
+    if setup.is_err() {
+        sys::exit_now(1);
+    }
+    let _ = sys::set_non_dumpable();
+    if !record.unisolated {
+        // Our inherited stdio is the monitor's log in the host state directory; reachable
+        // through /proc/1/fd it would be a way out of the sandbox.
+        let _ = sys::stdio_to_dev_null();
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(16)
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(_) => sys::exit_now(1),
+    };
+    runtime.block_on(serve(Arc::new(Agent::new(record)), ctrl));
+    sys::exit_now(0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Serving
+// ---------------------------------------------------------------------------------------------
+
+/// Shared state of the agent.
+struct Agent {
+    record: Record,
+    procs: Mutex<ProcTable>,
+}
+
+impl Agent {
+    fn new(record: Record) -> Self {
+        Agent {
+            record,
+            procs: Mutex::new(ProcTable::default()),
+        }
+    }
+
+    fn process_list(&self) -> Vec<ProcessInfo> {
+        let table = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut processes: Vec<ProcessInfo> = table
+            .by_pid
+            .values()
+            .map(|p| {
+                p.state
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .info
+                    .clone()
+            })
+            .collect();
+        processes.sort_by_key(|p| (p.started_at, p.pid));
+        processes
+    }
+
+    fn find(&self, sel: &ProcessSelector) -> Result<Arc<Proc>> {
+        let table = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        let found = match sel {
+            // The pid a process started with, or the pid of its current incarnation.
+            ProcessSelector::Pid(pid) => table.by_pid.get(pid).cloned().or_else(|| {
+                table
+                    .by_pid
+                    .values()
+                    .find(|p| {
+                        let st = p.state.lock().unwrap_or_else(|e| e.into_inner());
+                        st.info.current_pid == *pid && st.info.exit.is_none()
+                    })
+                    .cloned()
+            }),
+            ProcessSelector::Tag(tag) => {
+                // Prefer a running process with the tag, else the newest finished one.
+                let mut best: Option<&Arc<Proc>> = None;
+                for p in table.by_pid.values() {
+                    let st = p.state.lock().unwrap_or_else(|e| e.into_inner());
+                    if st.info.tag.as_deref() != Some(tag.as_str()) {
+                        continue;
+                    }
+                    let running = st.info.exit.is_none();
+                    let better = match best {
+                        None => true,
+                        Some(b) => {
+                            let bs = b.state.lock().unwrap_or_else(|e| e.into_inner());
+                            (running && bs.info.exit.is_some())
+                                || (running == bs.info.exit.is_none()
+                                    && st.info.started_at > bs.info.started_at)
+                        }
+                    };
+                    if better {
+                        best = Some(p);
+                    }
+                }
+                best.cloned()
+            }
+        };
+        found.ok_or_else(|| Error::not_found(describe(sel)))
+    }
+}
+
+fn describe(sel: &ProcessSelector) -> String {
+    match sel {
+        ProcessSelector::Pid(pid) => format!("process {pid}"),
+        ProcessSelector::Tag(tag) => format!("process tagged {tag:?}"),
+    }
+}
+
+async fn serve(agent: Arc<Agent>, ctrl: OwnedFd) {
+    if let Err(e) = sys::set_nonblocking(ctrl.as_raw_fd(), true) {
+        // The agent has no log subscriber: its stderr is the monitor's log file.
+        eprintln!("agent: {e}");
+        return;
+    }
+    let ctrl = match sys::async_fd(ctrl) {
+        Ok(fd) => Arc::new(fd),
+        Err(_) => return,
+    };
+    tokio::spawn(reap_children(agent.clone()));
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let Ok(mut guard) = ctrl.readable().await else {
+            return;
+        };
+        let res = guard.try_io(|fd| sys::recv_with_fds(fd.as_raw_fd(), &mut buf));
+        let (n, mut fds) = match res {
+            Err(_would_block) => continue,
+            Ok(Ok(x)) => x,
+            Ok(Err(_)) => return,
+        };
+        if n == 0 {
+            // The monitor is gone: end the sandbox.
+            return;
+        }
+        match serde_json::from_slice(&buf[..n]) {
+            Ok(Control::Handoff) => {
+                if let Some(fd) = fds.pop() {
+                    serve_connection(agent.clone(), fd);
+                }
+            }
+            Ok(Control::Connect { req, port }) => {
+                let ctrl = ctrl.clone();
+                tokio::spawn(async move {
+                    match connect_loopback(port).await {
+                        Ok(sock) => {
+                            let reply = Control::Reply { req, error: None };
+                            send_control(&ctrl, &reply, Some(sock.as_raw_fd())).await;
+                        }
+                        Err(e) => {
+                            let reply = Control::Reply {
+                                req,
+                                error: Some(e.to_body()),
+                            };
+                            send_control(&ctrl, &reply, None).await;
+                        }
+                    }
+                });
+            }
+            Ok(Control::Freeze { req }) => {
+                let error = freeze().await.err().map(|e| e.to_body());
+                send_control(&ctrl, &Control::Reply { req, error }, None).await;
+            }
+            Ok(Control::Thaw { req }) => {
+                thaw();
+                send_control(&ctrl, &Control::Reply { req, error: None }, None).await;
+            }
+            Ok(Control::Stop { req }) => {
+                let error = stop_all(&agent).await.err().map(|e| e.to_body());
+                send_control(&ctrl, &Control::Reply { req, error }, None).await;
+            }
+            _ => {}
+        }
+    }
+}
+
+fn serve_connection(agent: Arc<Agent>, fd: OwnedFd) {
+    let std_stream = std::os::unix::net::UnixStream::from(fd);
+    if std_stream.set_nonblocking(true).is_err() {
+        return;
+    }
+    let Ok(stream) = UnixStream::from_std(std_stream) else {
+        return;
+    };
+    tokio::spawn(async move {
+        let mut stream = stream;
+        let request = match proto::read_frame::<_, Request>(&mut stream).await {
+            Ok(Some((request, _))) => request,
+            Ok(None) => return,
+            Err(e) => {
+                let _ = proto::write_frame(&mut stream, &Reply::error(&e), &[]).await;
+                return;
+            }
+        };
+        if let Err(e) = handle(&agent, &mut stream, request).await {
+            let _ = proto::write_frame(&mut stream, &Reply::error(&e), &[]).await;
+        }
+        let _ = stream.shutdown().await;
+    });
+}
+
+/// Send a control message (with an optional descriptor) to the monitor.
+async fn send_control(
+    ctrl: &tokio::io::unix::AsyncFd<OwnedFd>,
+    msg: &Control,
+    fd: Option<std::os::fd::RawFd>,
+) {
+    let bytes = serde_json::to_vec(msg).unwrap_or_default();
+    let fds: Vec<_> = fd.into_iter().collect();
+    loop {
+        let Ok(mut guard) = ctrl.writable().await else {
+            return;
+        };
+        match guard.try_io(|c| sys::send_with_fds(c.as_raw_fd(), &bytes, &fds)) {
+            Ok(_) => return,
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+/// Connect to a port on the sandbox's own loopback (IPv4, then IPv6).
+async fn connect_loopback(port: u16) -> Result<std::net::TcpStream> {
+    let attempt = async {
+        match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            Ok(s) => Ok(s),
+            Err(e4) => tokio::net::TcpStream::connect(("::1", port))
+                .await
+                .map_err(|_| e4),
+        }
+    };
+    let stream = tokio::time::timeout(Duration::from_secs(5), attempt)
+        .await
+        .map_err(|_| Error::Timeout {
+            what: format!("connecting to port {port} in the sandbox"),
+        })?
+        .map_err(|e| Error::Unavailable {
+            reason: format!("nothing is listening on port {port} in the sandbox ({e})"),
+            remedy: format!("start a server on port {port} (bound to 127.0.0.1 or 0.0.0.0)"),
+        })?;
+    stream
+        .into_std()
+        .map_err(|e| Error::from_io(&e, "preview socket"))
+}
+
+/// Pids of every process in the sandbox but the agent: everything in our PID namespace, or,
+/// un-isolated, our descendants.
+fn sandbox_pids() -> Vec<i32> {
+    let all = sys::all_pids();
+    if std::process::id() == 1 {
+        return all.into_iter().filter(|&pid| pid != 1).collect();
+    }
+    sys::descendants(std::process::id() as i32, &all)
+}
+
+/// Stop every process; repeat until a scan finds nothing new, so a process forked during the
+/// freeze is stopped too.
+async fn freeze() -> Result<()> {
+    let mut stopped = std::collections::HashSet::new();
+    for _ in 0..100 {
+        let mut new = false;
+        for pid in sandbox_pids() {
+            if stopped.insert(pid) {
+                new = true;
+                let _ = sys::kill(pid, libc::SIGSTOP);
+            }
+        }
+        if !new {
+            // Wait for the stops to take effect.
+            for _ in 0..50 {
+                let running = sandbox_pids().into_iter().any(|pid| {
+                    let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                        .ok()
+                        .and_then(|s| {
+                            s.rsplit_once(')')
+                                .and_then(|(_, rest)| rest.trim_start().chars().next())
+                        });
+                    matches!(state, Some('R' | 'S' | 'D'))
+                });
+                if !running {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            return Ok(());
+        }
+    }
+    Err(Error::backend("processes kept forking while pausing"))
+}
+
+/// Kill every sandbox process (a stop): SIGKILL each one found, frozen ones included, until
+/// a scan finds none left (a process forked meanwhile is found by the next scan), then wait
+/// until each API process's end is recorded, so a process list read after the stop shows
+/// them ended. The agent, its namespaces and the sandbox's files stay.
+async fn stop_all(agent: &Agent) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let pids = sandbox_pids();
+        if pids.is_empty() {
+            break;
+        }
+        for pid in pids {
+            let _ = sys::kill(pid, libc::SIGKILL);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(Error::backend("processes kept appearing while stopping"));
+        }
+        // The reaper (on this runtime) collects them meanwhile.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    loop {
+        let running = agent
+            .procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_pid
+            .values()
+            .any(|p| {
+                p.state
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .info
+                    .exit
+                    .is_none()
+            });
+        if !running {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(Error::backend(
+                "stopped processes did not report their end in time",
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn thaw() {
+    for pid in sandbox_pids() {
+        let _ = sys::kill(pid, libc::SIGCONT);
+    }
+}
+
+/// Reap every child (PID 1 inherits orphans too) and report the ones we wait for.
+async fn reap_children(agent: Arc<Agent>) {
+    let Ok(mut sigchld) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
+    else {
+        return;
+    };
+    loop {
+        while let Ok(Some((pid, status))) = sys::waitpid_nohang(-1) {
+            let status = match status {
+                sys::WaitStatus::Exited(code) => ExitStatus {
+                    code: Some(code),
+                    signal: None,
+                    timed_out: false,
+                },
+                sys::WaitStatus::Signaled(sig) => ExitStatus {
+                    code: None,
+                    signal: Some(sig),
+                    timed_out: false,
+                },
+            };
+            let waiter = agent
+                .procs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .exit_waiters
+                .remove(&(pid as u32));
+            if let Some(tx) = waiter {
+                let _ = tx.send(status);
+            }
+        }
+        if sigchld.recv().await.is_none() {
+            return;
+        }
+    }
+}
+
+async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: Request) -> Result<()> {
+    match request {
+        Request::Spawn { spec } => {
+            let (proc_, rx) = spawn_process(agent, spec)?;
+            proto::write_frame(stream, &Reply::Started { pid: proc_.pid }, &[]).await?;
+            forward_events(stream, rx).await
+        }
+        Request::Attach { process } => {
+            let proc_ = agent.find(&process)?;
+            let (tx, rx) = mpsc::channel(64);
+            let (gap, replay, exit) = {
+                let mut st = proc_.state.lock().unwrap_or_else(|e| e.into_inner());
+                let replay: Vec<_> = st.history.iter().cloned().collect();
+                let exit = st.info.exit;
+                if exit.is_none() {
+                    st.subscribers.push(tx);
+                }
+                (st.dropped, replay, exit)
+            };
+            proto::write_frame(stream, &Reply::Started { pid: proc_.pid }, &[]).await?;
+            if gap != [0, 0] {
+                let reply = Reply::Gap {
+                    stdout: gap[0],
+                    stderr: gap[1],
+                };
+                proto::write_frame(stream, &reply, &[]).await?;
+            }
+            for ev in replay {
+                write_event(stream, &ev).await?;
+            }
+            // Everything before this marker was history; callers that want "the logs so far"
+            // stop reading here instead of guessing with a timer.
+            proto::write_frame(stream, &Reply::Live, &[]).await?;
+            if let Some(status) = exit {
+                return proto::write_frame(stream, &Reply::Exit { status }, &[]).await;
+            }
+            forward_events(stream, rx).await
+        }
+        Request::WriteStdin { process } => {
+            let proc_ = agent.find(&process)?;
+            let mut stdin = proc_.stdin.lock().await;
+            let pipe = stdin.as_mut().ok_or_else(|| {
+                Error::invalid(format!(
+                    "{} has no open stdin (start it with stdin enabled, and do not close it)",
+                    describe(&process)
+                ))
+            })?;
+            while let Some(data) = read_data_frame(stream).await? {
+                if let Err(e) = pipe.write_all(&data).await {
+                    return Err(if e.kind() == std::io::ErrorKind::BrokenPipe {
+                        Error::invalid(format!(
+                            "{}: stdin is closed by the process",
+                            describe(&process)
+                        ))
+                    } else {
+                        Error::from_io(&e, "stdin")
+                    });
+                }
+            }
+            done(stream).await
+        }
+        Request::CloseStdin { process } => {
+            let proc_ = agent.find(&process)?;
+            proc_.stdin.lock().await.take();
+            done(stream).await
+        }
+        Request::Signal { process, signal } => {
+            let proc_ = agent.find(&process)?;
+            let current = {
+                let mut st = proc_.state.lock().unwrap_or_else(|e| e.into_inner());
+                if st.info.exit.is_some() {
+                    return Err(Error::not_found(format!("running {}", describe(&process))));
+                }
+                // Any signal but stop/continue is a request to end it: no restart after.
+                if !matches!(signal, crate::Signal::Stop | crate::Signal::Cont) {
+                    st.stop_requested = true;
+                }
+                st.info.current_pid as i32
+            };
+            sys::kill(-current, signal.number())
+                .or_else(|_| sys::kill(current, signal.number()))
+                .map_err(|e| Error::from_io(&e, &describe(&process)))?;
+            done(stream).await
+        }
+        Request::ListProcesses => {
+            let processes = agent.process_list();
+            proto::write_frame(stream, &Reply::Processes { processes }, &[]).await
+        }
+        Request::ReadFile { path, options } => read_file(agent, stream, &path, options.user).await,
+        Request::WriteFile { path, options } => write_file(agent, stream, &path, options).await,
+        Request::ListDir { path, options } => {
+            let rec = agent.record.clone();
+            let user = options.user.clone();
+            let entries = as_user(&agent.record, user, move || {
+                files::list_dir(&rec, &path, options)
+            })
+            .await?;
+            proto::write_frame(stream, &Reply::Entries { entries }, &[]).await
+        }
+        Request::Stat { path, options } => {
+            let rec = agent.record.clone();
+            let stat = as_user(&agent.record, options.user, move || {
+                files::stat(&rec, &path)
+            })
+            .await?;
+            proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
+        }
+        Request::Mkdir { path, options } => {
+            let rec = agent.record.clone();
+            let stat = blocking(move || files::mkdir(&rec, &path, options)).await?;
+            proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
+        }
+        Request::Remove { path, options } => {
+            let rec = agent.record.clone();
+            blocking(move || files::remove(&rec, &path, options.recursive)).await?;
+            done(stream).await
+        }
+        Request::Rename { from, to } => {
+            let rec = agent.record.clone();
+            let stat = blocking(move || files::rename(&rec, &from, &to)).await?;
+            proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
+        }
+        Request::Chmod { path, mode } => {
+            let rec = agent.record.clone();
+            let stat = blocking(move || files::chmod(&rec, &path, mode)).await?;
+            proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
+        }
+        Request::Metrics => {
+            let metrics = blocking(move || Ok(sample_metrics())).await?;
+            proto::write_frame(stream, &Reply::Metrics { metrics }, &[]).await
+        }
+        Request::ResizePty { process, size } => {
+            let proc_ = agent.find(&process)?;
+            let stdin = proc_.stdin.lock().await;
+            match stdin.as_ref() {
+                Some(Stdin::Pty(master)) => {
+                    sys::set_winsize(master.as_raw_fd(), size.cols, size.rows)
+                        .map_err(|e| Error::from_io(&e, "resize the terminal"))?
+                }
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "{} has no terminal (start it with a pty)",
+                        describe(&process)
+                    )))
+                }
+            }
+            drop(stdin);
+            done(stream).await
+        }
+        Request::Watch { path, options } => watch(agent, stream, &path, options).await,
+        Request::ExportFs => export_fs(agent, stream).await,
+        Request::ImportFs => import_fs(agent, stream).await,
+        Request::Info
+        | Request::Destroy
+        | Request::SetTimeout { .. }
+        | Request::SetLabels { .. }
+        | Request::UpdateAnnotations { .. }
+        | Request::Stop
+        | Request::Start
+        | Request::Pause
+        | Request::Resume
+        | Request::Expose { .. }
+        | Request::ListPreviews
+        | Request::ClosePreview { .. }
+        | Request::CreateToken { .. } => Err(Error::backend("monitor request sent to the agent")),
+    }
+}
+
+/// The next chunk of an upload (`Data` frames ended by `End`); `None` at the end marker.
+async fn read_data_frame(stream: &mut UnixStream) -> Result<Option<Vec<u8>>> {
+    match proto::read_frame::<_, Reply>(stream).await? {
+        Some((Reply::Data, body)) => Ok(Some(body)),
+        Some((Reply::End, _)) => Ok(None),
+        Some((other, _)) => Err(Error::backend(format!(
+            "protocol error: unexpected {other:?} in an upload"
+        ))),
+        None => Err(Error::backend("upload ended before its end marker")),
+    }
+}
+
+async fn done(stream: &mut UnixStream) -> Result<()> {
+    proto::write_frame(stream, &Reply::Done, &[]).await
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::backend(format!("agent task failed: {e}")))?
+}
+
+/// Run blocking file work as sandbox user `user` (`None`: as the agent itself, on the
+/// blocking pool).
+///
+/// The user is looked up in the sandbox's record (the same table processes run from; it is
+/// host-written, never read from files sandbox code can edit), so an unknown user is an error
+/// before anything is touched. A user with the agent's own ids needs no switch. Any other runs
+/// on a fresh thread that takes the user's filesystem identity for itself alone and ends with
+/// the work, so no thread ever goes back to a pool with a changed identity.
+async fn as_user<T: Send + 'static>(
+    record: &Record,
+    user: Option<String>,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let Some(name) = user else {
+        return blocking(f).await;
+    };
+    let u = record.user(Some(&name))?;
+    if (u.uid, u.gid) == (0, 0) {
+        return blocking(f).await;
+    }
+    if record.unisolated {
+        // Un-isolated, the agent is the host user: there is no other identity to take.
+        return Err(Error::not_supported(
+            format!("file calls as user {name:?} without isolation"),
+            "omit the user (files are accessed as the host user)",
+        ));
+    }
+    let (uid, gid) = (u.uid, u.gid);
+    let (tx, rx) = oneshot::channel();
+    std::thread::Builder::new()
+        .name("sandcove-files-as-user".into())
+        .spawn(move || {
+            let result = sys::set_thread_fs_identity(uid, gid)
+                .map_err(|e| Error::Unavailable {
+                    reason: format!("cannot act as user {name:?} for a file call: {e}"),
+                    remedy: "omit the user, or run the host side as root so the sandbox has                              more than one uid"
+                        .into(),
+                })
+                .and_then(|()| f());
+            let _ = tx.send(result);
+        })
+        .map_err(|e| Error::from_io(&e, "start a file thread"))?;
+    rx.await
+        .map_err(|_| Error::backend("a file call as a user ended without a result"))?
+}
+
+async fn write_output(stream: &mut UnixStream, kind: StreamKind, bytes: &[u8]) -> Result<()> {
+    let header = match kind {
+        StreamKind::Stdout => Reply::Stdout,
+        StreamKind::Stderr => Reply::Stderr,
+    };
+    for chunk in bytes.chunks(CHUNK) {
+        proto::write_frame(stream, &header, chunk).await?;
+    }
+    Ok(())
+}
+
+/// Write one history entry (output or a restart).
+async fn write_event(stream: &mut UnixStream, ev: &Event) -> Result<()> {
+    match ev {
+        Event::Output(kind, bytes) => write_output(stream, *kind, bytes).await,
+        Event::Restarted {
+            pid,
+            restarts,
+            previous,
+        } => {
+            let reply = Reply::Restarted {
+                pid: *pid,
+                restarts: *restarts,
+                previous: *previous,
+            };
+            proto::write_frame(stream, &reply, &[]).await
+        }
+        Event::Exit(status) => {
+            proto::write_frame(stream, &Reply::Exit { status: *status }, &[]).await
+        }
+    }
+}
+
+async fn forward_events(stream: &mut UnixStream, mut rx: mpsc::Receiver<Event>) -> Result<()> {
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Output(kind, bytes) => write_output(stream, kind, &bytes).await?,
+            ev @ Event::Restarted { .. } => write_event(stream, &ev).await?,
+            Event::Exit(status) => {
+                return proto::write_frame(stream, &Reply::Exit { status }, &[]).await;
+            }
+        }
+    }
+    Err(Error::backend(
+        "process event stream ended without an exit status",
+    ))
+}

@@ -1,0 +1,276 @@
+//! Building the sandbox: the root filesystem, mounts, volumes and network, before serving.
+
+use super::*;
+
+pub(super) fn unavailable(step: &str, err: std::io::Error) -> Error {
+    Error::Unavailable {
+        reason: format!("cannot set up the sandbox ({step}): {err}"),
+        remedy: "the host must allow unprivileged user namespaces with mount and proc \
+                 (sysctl kernel.unprivileged_userns_clone=1 / \
+                 kernel.apparmor_restrict_unprivileged_userns=0; in a container, run it with \
+                 a seccomp profile that allows unshare and mount); or set \
+                 SANDCOVE_ALLOW_UNISOLATED=1 to run without isolation"
+            .into(),
+    }
+}
+
+/// Build the sandbox root: a tmpfs with the host's system directories read-only, a private
+/// `/workspace`, `/tmp`, `/proc` and `/dev`, then pivot into it.
+pub(super) fn setup_sandbox(record: &Record, net: Option<&Plan>) -> Result<()> {
+    // Become root of the new user namespace (a no-op in the single-uid mapping).
+    become_ns_root().map_err(|e| unavailable("setuid in the user namespace", e))?;
+    let private = libc::MS_REC | libc::MS_PRIVATE;
+    sys::mount(None, Path::new("/"), None, private, None)
+        .map_err(|e| unavailable("make mounts private", e))?;
+    // The new root is a tmpfs mounted over /tmp of this (private) mount namespace: always
+    // reachable, unlike the state directory, which an unmapped sandbox root may not traverse.
+    let root = PathBuf::from("/tmp");
+    // Open the volume sources now: a source under the host's /tmp is hidden once the root
+    // tmpfs is mounted there, but a descriptor opened first still reaches it (and belongs to
+    // this mount namespace, so it can be bound).
+    let mut volume_sources = Vec::new();
+    for m in &record.mounts {
+        let dir =
+            super::volumes::open_source(Path::new(&m.host_path), m.subpath.as_deref(), false, None)
+                .map_err(|e| match &m.subpath {
+                    Some(sub) => super::volumes::subpath_error(&m.path, sub, e),
+                    None => unavailable(&format!("open volume directory {}", m.host_path), e),
+                })?;
+        volume_sources.push(dir);
+    }
+    let size = format!("size={}m,mode=0755", record.disk_mib());
+    sys::mount(
+        Some(Path::new("tmpfs")),
+        &root,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some(&size),
+    )
+    .map_err(|e| unavailable("mount the sandbox root", e))?;
+    let r = |p: &str| root.join(p.trim_start_matches('/'));
+    let fs_err = |step: &str| {
+        let step = step.to_string();
+        move |e: std::io::Error| unavailable(&step, e)
+    };
+
+    // Host system directories, read-only (symlinks, as on merged-/usr hosts, recreated).
+    for d in [
+        "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt",
+    ] {
+        let host = Path::new("/").join(d);
+        let Ok(meta) = std::fs::symlink_metadata(&host) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(&host).map_err(fs_err("read a host symlink"))?;
+            std::os::unix::fs::symlink(target, r(d)).map_err(fs_err("link a system dir"))?;
+        } else if meta.is_dir() {
+            bind_readonly(&host, &r(d))?;
+        }
+    }
+    for d in [
+        "workspace",
+        "tmp",
+        "var/tmp",
+        "root",
+        "home",
+        "run",
+        "proc",
+        "dev",
+        "mnt",
+        "srv",
+        ".sandcove",
+    ] {
+        std::fs::create_dir_all(r(d)).map_err(fs_err("create sandbox directories"))?;
+    }
+    for d in ["tmp", "var/tmp"] {
+        std::fs::set_permissions(r(d), std::fs::Permissions::from_mode(0o1777))
+            .map_err(fs_err("chmod /tmp"))?;
+    }
+    std::fs::set_permissions(r("root"), std::fs::Permissions::from_mode(0o700))
+        .map_err(fs_err("chmod /root"))?;
+    for user in &record.users {
+        let home = r(&user.home);
+        std::fs::create_dir_all(&home).map_err(fs_err("create a home directory"))?;
+        std::os::unix::fs::chown(&home, Some(user.uid), Some(user.gid))
+            .map_err(fs_err("chown a home directory"))?;
+    }
+
+    // Our own user database, hostname and hosts file over the read-only /etc.
+    let hostname = record
+        .options
+        .hostname
+        .clone()
+        .unwrap_or_else(|| record.id.chars().take(12).collect());
+    let etc_files = [
+        ("passwd", record.passwd()),
+        ("group", record.group()),
+        ("hostname", format!("{hostname}\n")),
+        (
+            "hosts",
+            format!("127.0.0.1 localhost {hostname}\n::1 localhost ip6-localhost\n"),
+        ),
+    ];
+    if r("etc").is_dir() {
+        for (name, contents) in etc_files {
+            let src = r(".sandcove").join(name);
+            std::fs::write(&src, contents).map_err(fs_err("write /etc files"))?;
+            let dst = r("etc").join(name);
+            if dst.exists() {
+                sys::mount(Some(&src), &dst, None, libc::MS_BIND, None)
+                    .map_err(|e| unavailable("bind /etc files", e))?;
+            }
+        }
+    }
+
+    // Volumes (staged by the monitor where the host path is out of our reach).
+    // A mount point may lie inside an earlier volume, whose contents a sandbox wrote: it is
+    // made and reached beneath the new root with no symlinks, never by a host path.
+    let root_fd = sys::open_dir_path(&root).map_err(fs_err("open the sandbox root"))?;
+    for (m, dir) in record.mounts.iter().zip(&volume_sources) {
+        let rel = Path::new(m.path.trim_start_matches('/'));
+        let shown = |e: std::io::Error| {
+            Error::invalid(format!(
+                "volume mount path {:?} cannot be made inside the sandbox: {e}",
+                m.path
+            ))
+        };
+        let target = super::volumes::dirs_beneath(root_fd.as_raw_fd(), rel, true, None, false)
+            .map_err(shown)?;
+        sys::mount(
+            Some(&sys::fd_path(dir.as_raw_fd())),
+            &sys::fd_path(target.as_raw_fd()),
+            None,
+            libc::MS_BIND | libc::MS_REC,
+            None,
+        )
+        .map_err(|e| unavailable("bind a volume", e))?;
+        // Reopened: the descriptor above is the directory under the new mount. Never setuid
+        // or device files from a volume (a sandbox writes them, and the volume outlives it);
+        // flags the host's mount locks are kept, as the kernel requires.
+        let target =
+            sys::open_beneath(root_fd.as_raw_fd(), rel, libc::O_PATH, false).map_err(shown)?;
+        let target = sys::fd_path(target.as_raw_fd());
+        let keep = sys::locked_mount_flags(&target).map_err(|e| unavailable("statvfs", e))?;
+        let read_only = if m.read_only { libc::MS_RDONLY } else { 0 };
+        sys::mount(
+            None,
+            &target,
+            None,
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV | read_only | keep,
+            None,
+        )
+        .map_err(|e| unavailable("remount a volume nosuid and nodev", e))?;
+    }
+
+    // /proc of the new PID namespace.
+    sys::mount(
+        Some(Path::new("proc")),
+        &r("proc"),
+        Some("proc"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        None,
+    )
+    .map_err(|e| unavailable("mount /proc", e))?;
+
+    // A minimal /dev: a few host devices bound in, a private devpts and shm.
+    sys::mount(
+        Some(Path::new("tmpfs")),
+        &r("dev"),
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some("mode=0755,size=64k"),
+    )
+    .map_err(|e| unavailable("mount /dev", e))?;
+    for dev in ["null", "zero", "full", "random", "urandom", "tty"] {
+        let host = Path::new("/dev").join(dev);
+        if host.exists() {
+            let target = r("dev").join(dev);
+            std::fs::write(&target, b"").map_err(fs_err("create /dev nodes"))?;
+            sys::mount(Some(&host), &target, None, libc::MS_BIND, None)
+                .map_err(|e| unavailable("bind /dev nodes", e))?;
+        }
+    }
+    for d in ["pts", "shm"] {
+        std::fs::create_dir_all(r("dev").join(d)).map_err(fs_err("create /dev dirs"))?;
+    }
+    if sys::mount(
+        Some(Path::new("devpts")),
+        &r("dev/pts"),
+        Some("devpts"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+    )
+    .is_ok()
+    {
+        std::os::unix::fs::symlink("pts/ptmx", r("dev/ptmx")).map_err(fs_err("link ptmx"))?;
+    }
+    sys::mount(
+        Some(Path::new("tmpfs")),
+        &r("dev/shm"),
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some("mode=1777,size=64m"),
+    )
+    .map_err(|e| unavailable("mount /dev/shm", e))?;
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        std::os::unix::fs::symlink(target, r("dev").join(link)).map_err(fs_err("link /dev"))?;
+    }
+
+    drop(volume_sources);
+    std::env::set_current_dir(&root).map_err(fs_err("enter the sandbox root"))?;
+    sys::pivot_root_here().map_err(|e| unavailable("pivot_root", e))?;
+    std::env::set_current_dir("/").map_err(fs_err("chdir /"))?;
+    let _ = sys::sethostname(&hostname);
+    if record.options.network != crate::NetworkPolicy::Host {
+        sys::loopback_up().map_err(|e| unavailable("bring up loopback", e))?;
+    }
+    match (&record.options.network, net) {
+        (crate::NetworkPolicy::Internet, Some(plan)) => plan.apply().map_err(|e| {
+            super::net::unavailable(&format!(
+                "cannot block host, link-local and private ranges in the sandbox: {e}"
+            ))
+        })?,
+        // Fail closed: never an Internet sandbox without its blocks.
+        (crate::NetworkPolicy::Internet, None) => {
+            return Err(super::net::unavailable(
+                "no network plan reached the sandbox",
+            ))
+        }
+        _ => {}
+    }
+    // Fail closed: no sandbox starts without its seccomp filter or its Landlock layer.
+    super::seccomp::filters()?;
+    super::landlock::confine_to_root(record.landlock_optional)?;
+    Ok(())
+}
+
+pub(super) fn become_ns_root() -> std::io::Result<()> {
+    // In the range mapping our host uid (root) is unmapped; take uid 0 of the namespace so
+    // files we create belong to sandbox root.
+    let _ = sys::setrlimit(libc::RLIMIT_CORE, 0);
+    if sys::geteuid() != 0 {
+        sys::set_all_ids(0, 0)?;
+    }
+    Ok(())
+}
+
+pub(super) fn bind_readonly(host: &Path, target: &Path) -> Result<()> {
+    std::fs::create_dir_all(target).map_err(|e| unavailable("create a mount point", e))?;
+    sys::mount(Some(host), target, None, libc::MS_BIND | libc::MS_REC, None)
+        .map_err(|e| unavailable("bind a system directory", e))?;
+    let keep = sys::locked_mount_flags(host).map_err(|e| unavailable("statvfs", e))?;
+    sys::mount(
+        None,
+        target,
+        None,
+        libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | keep,
+        None,
+    )
+    .map_err(|e| unavailable("remount a system directory read-only", e))
+}

@@ -1,0 +1,212 @@
+//! Watching a directory tree for changes (inotify).
+
+use super::*;
+
+pub(super) const WATCH_MASK: u32 = libc::IN_CREATE
+    | libc::IN_MODIFY
+    | libc::IN_CLOSE_WRITE
+    | libc::IN_DELETE
+    | libc::IN_MOVED_FROM
+    | libc::IN_MOVED_TO
+    | libc::IN_ATTRIB
+    | libc::IN_DELETE_SELF
+    | libc::IN_ONLYDIR;
+
+/// Directories under watch: watch descriptor → root-relative path.
+pub(super) type Watched = HashMap<i32, PathBuf>;
+
+/// Add a watch on a held directory (through our own `/proc/self/fd`, so the watch lands on
+/// that directory, never on what a path names now) and, when `recursive`, on every directory
+/// below it (opened by descriptor, no links, not into /proc). Returns the entries found below
+/// (for reporting what was created before the watch existed).
+pub(super) fn watch_tree(
+    inotify: std::os::fd::RawFd,
+    top: OwnedFd,
+    rel: PathBuf,
+    recursive: bool,
+    dirs: &mut Watched,
+) -> Vec<(PathBuf, bool)> {
+    let mut found = Vec::new();
+    let mut queue = VecDeque::from([(top, rel)]);
+    while let Some((dir, rel)) = queue.pop_front() {
+        let by_fd = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+        if let Ok(wd) = sys::inotify_add_watch(inotify, &by_fd, WATCH_MASK) {
+            dirs.insert(wd, rel.clone());
+        }
+        if !recursive {
+            continue;
+        }
+        let Ok(read) = std::fs::read_dir(&by_fd) else {
+            continue;
+        };
+        let mut names: Vec<_> = read.flatten().map(|e| e.file_name()).collect();
+        names.sort();
+        for name in names {
+            let child = rel.join(&name);
+            // Not following a final symlink: `by_fd` is the held directory itself.
+            let written = std::fs::symlink_metadata(by_fd.join(&name))
+                .is_ok_and(|m| m.is_file() && m.len() > 0);
+            if let Some(sub) = files::open_subdir(&dir, &name) {
+                queue.push_back((sub, child.clone()));
+            }
+            found.push((child, written));
+        }
+    }
+    found
+}
+
+/// Watch a directory with inotify, streaming events until the client goes away.
+pub(super) async fn watch(
+    agent: &Arc<Agent>,
+    stream: &mut UnixStream,
+    path: &str,
+    options: WatchOptions,
+) -> Result<()> {
+    let fd = sys::inotify_init().map_err(|e| Error::from_io(&e, "inotify"))?;
+    let (rec, p, raw) = (agent.record.clone(), path.to_string(), fd.as_raw_fd());
+    let recursive = options.recursive;
+    // Resolving and scanning touch the filesystem: off the event loop. (`fd` outlives the
+    // closure: it is awaited here.)
+    let (root, mut dirs) = blocking(move || {
+        let sandbox_root = files::open_root(&rec)?;
+        let (top, rel) = files::open_dir(&sandbox_root, &rec, &p)?;
+        let mut dirs = Watched::new();
+        watch_tree(raw, top, rel.clone(), recursive, &mut dirs);
+        Ok((rel, dirs))
+    })
+    .await?;
+    let fd = sys::async_fd(fd).map_err(|e| Error::from_io(&e, "inotify"))?;
+    done(stream).await?;
+    let (mut rd, mut wr) = stream.split();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut probe = [0u8; 1];
+    // API writes in flight: target path → whether the target existed when the write began.
+    let mut api_writes: HashMap<PathBuf, bool> = HashMap::new();
+    let event_of = |changed: &Path, kind: FsEventKind| FsEvent {
+        path: files::encode_name(Path::new("/").join(changed).as_os_str()),
+        name: changed
+            .strip_prefix(&root)
+            .map(|p| files::encode_name(p.as_os_str()))
+            .unwrap_or_default(),
+        kind,
+    };
+    loop {
+        tokio::select! {
+            // The client closing its side ends the watch.
+            r = rd.read(&mut probe) => {
+                if matches!(r, Ok(0) | Err(_)) {
+                    return Ok(());
+                }
+            }
+            ready = fd.readable() => {
+                let Ok(mut guard) = ready else { return Ok(()) };
+                let n = match guard.try_io(|f| sys::read_fd(f.as_raw_fd(), &mut buf)) {
+                    Ok(Ok(n)) => n,
+                    Ok(Err(_)) => return Ok(()),
+                    Err(_would_block) => continue,
+                };
+                for ev in sys::parse_inotify(&buf[..n]) {
+                    let Some(dir) = dirs.get(&ev.wd).cloned() else { continue };
+                    let full = if ev.name.is_empty() { dir.clone() } else { dir.join(&ev.name) };
+                    // An API write goes through a temporary file renamed over its target: hide
+                    // the temporary file, and report the landing as what it is for the target
+                    // (a create and a write, or a write).
+                    if let Some((target, existed)) = files::temp_target(&ev.name) {
+                        let target = dir.join(target);
+                        if ev.mask & libc::IN_CREATE != 0 {
+                            api_writes.insert(target, existed);
+                        } else if ev.mask & libc::IN_DELETE != 0 {
+                            api_writes.remove(&target);
+                        }
+                        continue;
+                    }
+                    let landed = if ev.mask & libc::IN_MOVED_TO != 0 {
+                        api_writes.remove(&full)
+                    } else {
+                        None
+                    };
+                    if let Some(existed) = landed {
+                        let mut kinds = vec![FsEventKind::Write];
+                        if !existed {
+                            kinds.insert(0, FsEventKind::Create);
+                        }
+                        for kind in kinds {
+                            let event = event_of(&full, kind);
+                            if proto::write_frame(&mut wr, &Reply::FsEvent { event }, &[]).await.is_err() {
+                                return Ok(());
+                            }
+                        }
+                        continue;
+                    }
+                    let kind = if ev.mask & libc::IN_CREATE != 0 {
+                        FsEventKind::Create
+                    } else if ev.mask & (libc::IN_MODIFY | libc::IN_CLOSE_WRITE) != 0 {
+                        if ev.mask & libc::IN_CLOSE_WRITE != 0 {
+                            // A write is already reported on modify; close adds nothing.
+                            continue;
+                        }
+                        FsEventKind::Write
+                    } else if ev.mask & (libc::IN_DELETE | libc::IN_DELETE_SELF) != 0 {
+                        FsEventKind::Remove
+                    } else if ev.mask & (libc::IN_MOVED_FROM | libc::IN_MOVED_TO) != 0 {
+                        FsEventKind::Rename
+                    } else if ev.mask & libc::IN_ATTRIB != 0 {
+                        FsEventKind::Chmod
+                    } else {
+                        continue;
+                    };
+                    let mut changes = vec![(full.clone(), kind)];
+                    if options.recursive
+                        && ev.mask & libc::IN_ISDIR != 0
+                        && ev.mask & (libc::IN_CREATE | libc::IN_MOVED_TO) != 0
+                    {
+                        // Watch the new directory, then report what was already created in it
+                        // before the watch existed (a `mkdir -p a/b && touch a/b/f` race).
+                        // Opened beneath its watched parent without following links, off the
+                        // event loop.
+                        let (rec, name, raw) = (agent.record.clone(), ev.name.clone(), fd.as_raw_fd());
+                        let (parent, new_rel) = (dir.clone(), full.clone());
+                        let scanned = blocking(move || {
+                            let sandbox_root = files::open_root(&rec)?;
+                            let parent = files::open_dir(
+                                &sandbox_root,
+                                &rec,
+                                &files::encode_name(Path::new("/").join(&parent).as_os_str()),
+                            )?;
+                            let mut added = Watched::new();
+                            let found = match files::open_subdir(&parent.0, &name) {
+                                Some(sub) => watch_tree(raw, sub, new_rel, true, &mut added),
+                                None => Vec::new(),
+                            };
+                            Ok((added, found))
+                        })
+                        .await;
+                        if let Ok((added, found)) = scanned {
+                            dirs.extend(added);
+                            for (path, written) in found {
+                                // An API write caught mid-way: remember it like one seen live,
+                                // so its landing is reported as a create and a write.
+                                let name = path.file_name().unwrap_or_default();
+                                if let Some((target, existed)) = files::temp_target(name) {
+                                    let parent = path.parent().unwrap_or(Path::new(""));
+                                    api_writes.insert(parent.join(target), existed);
+                                    continue;
+                                }
+                                changes.push((path.clone(), FsEventKind::Create));
+                                if written {
+                                    changes.push((path, FsEventKind::Write));
+                                }
+                            }
+                        }
+                    }
+                    for (changed, kind) in changes {
+                        let event = event_of(&changed, kind);
+                        if proto::write_frame(&mut wr, &Reply::FsEvent { event }, &[]).await.is_err() {
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
