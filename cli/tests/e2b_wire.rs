@@ -690,3 +690,38 @@ async fn a_client_that_leaves_interrupts_its_cell_and_the_context_lives_on() {
         "{next:?}"
     );
 }
+
+#[tokio::test]
+async fn a_queued_client_that_leaves_does_not_interrupt_the_running_cell() {
+    let env = env().await;
+    let (id, token) = env.create().await;
+    let auth = [("X-Access-Token", token.as_str())];
+    let run = |code: &str| {
+        interpreter(&env, reqwest::Method::POST, "/execute", &id, &auth)
+            .json(&json!({ "code": code }))
+            .send()
+    };
+    // A's cell runs (it said so), then B's request queues behind it and B leaves.
+    let mut a = run("import time\nprint('a-started', flush=True)\ntime.sleep(3)\n'a-done'")
+        .await
+        .unwrap();
+    let first = a.chunk().await.unwrap().expect("A's first line");
+    assert!(String::from_utf8_lossy(&first).contains("a-started"));
+    let b = tokio::time::timeout(Duration::from_millis(500), async {
+        let mut r = run("'b'").await.unwrap();
+        r.chunk().await.unwrap()
+    })
+    .await;
+    assert!(b.is_err(), "B ran while A's cell was still running: {b:?}");
+    // A's cell finishes undisturbed.
+    let mut rest = first.to_vec();
+    while let Some(chunk) = a.chunk().await.unwrap() {
+        rest.extend_from_slice(&chunk);
+    }
+    let lines = ndjson(&rest);
+    assert!(
+        lines.contains(&json!({"type": "result", "text": "'a-done'", "is_main_result": true})),
+        "{lines:?}"
+    );
+    assert!(lines.iter().all(|l| l["type"] != "error"), "{lines:?}");
+}

@@ -34,7 +34,8 @@ pub const DEFAULT_TEMPLATE: &str = "code-interpreter-v1";
 /// `run_code`'s default timeout, seconds.
 pub const DEFAULT_RUN_CODE_TIMEOUT: f64 = 300.0;
 
-const DEFAULT_CONTEXT_ID: &str = "default";
+/// The context `run_code` uses when given none.
+pub(crate) const DEFAULT_CONTEXT_ID: &str = "default";
 
 /// `e2b_code_interpreter.Sandbox`: an `e2b::Sandbox` (it derefs to one) plus `run_code` and
 /// code contexts.

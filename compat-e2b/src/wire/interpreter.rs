@@ -9,15 +9,19 @@
 //!
 //! The SDKs bound an execution themselves (`timeout=`, default 300 s) by dropping the
 //! connection; a run whose client went away before it ended is interrupted (`SIGINT`, as
-//! Jupyter's interrupt), so the context stays usable and keeps its state.
+//! Jupyter's interrupt), so the context stays usable and keeps its state. So that the
+//! interrupt can only reach the cell of the client that left, this server lets one
+//! `/execute` per context into the interpreter at a time; the others wait here, where leaving
+//! costs nothing, and the turn is handed on only once the interrupt has been sent.
 //!
 //! Errors use the statuses the SDKs map: 404 (`NotFoundException`: context not found), 502
 //! (`TimeoutException`: the sandbox is gone, as E2B's proxy answers), anything else
 //! `SandboxException("<status> <reason>: <body>")`; bodies are plain text, so the message
 //! reads as is.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
@@ -132,6 +136,57 @@ async fn json_body<T: serde::de::DeserializeOwned + Default>(
     })
 }
 
+/// The turn of each code context `(sandbox, context)` whose cell this server runs or queues.
+/// Entries live only while a request holds or awaits them, so the map stays as small as the
+/// number of requests in flight.
+#[derive(Debug, Default)]
+pub(crate) struct CellLocks {
+    map: Mutex<HashMap<(String, String), CellLock>>,
+}
+
+/// One context's turn.
+type CellLock = Arc<tokio::sync::Mutex<()>>;
+
+/// A context's turn, held for one run; the map entry goes when nobody else wants it.
+struct Turn {
+    locks: Arc<CellLocks>,
+    key: (String, String),
+    lock: CellLock,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl CellLocks {
+    async fn turn(self: &Arc<Self>, sandbox: &str, context: &str) -> Turn {
+        let key = (sandbox.to_string(), context.to_string());
+        let lock = {
+            let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+            // Entries nobody holds or awaits any more (however their owner went away).
+            map.retain(|_, lock| Arc::strong_count(lock) > 1);
+            map.entry(key.clone()).or_default().clone()
+        };
+        let mut turn = Turn {
+            locks: self.clone(),
+            key,
+            lock: lock.clone(),
+            guard: None,
+        };
+        // If this wait is dropped (the client left while queued), `Turn`'s drop tidies up.
+        turn.guard = Some(lock.lock_owned().await);
+        turn
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut map = self.locks.map.lock().unwrap_or_else(|p| p.into_inner());
+        // Two owners left: the map and this turn; nobody else holds or awaits it.
+        if Arc::strong_count(&self.lock) == 2 {
+            map.remove(&self.key);
+        }
+    }
+}
+
 /// `POST /execute`'s body.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -155,6 +210,11 @@ async fn execute(
         Ok(s) => s,
         Err(response) => return response,
     };
+    let context = req
+        .context_id
+        .clone()
+        .unwrap_or_else(|| ci::DEFAULT_CONTEXT_ID.to_string());
+    let turn = wire.cells.turn(&id, &context).await;
     let run = sandbox
         .start_run(
             req.code,
@@ -169,9 +229,13 @@ async fn execute(
         Ok(run) => run,
         Err(e) => return exception(e),
     };
-    let lines = futures::stream::unfold(Some(Interrupting(run)), |state| async move {
+    let running = Interrupting {
+        run,
+        turn: Some(turn),
+    };
+    let lines = futures::stream::unfold(Some(running), |state| async move {
         let mut run = state?;
-        match run.0.next_item().await {
+        match run.run.next_item().await {
             Some(Ok(item)) => {
                 let last = matches!(item, ExecItem::End);
                 Some((
@@ -205,20 +269,27 @@ async fn execute(
         .into_response()
 }
 
-/// A run that is interrupted if dropped before it ended (the client went away).
-struct Interrupting(RunItems);
+/// A run that is interrupted if dropped before it ended (the client went away), holding its
+/// context's turn until then.
+struct Interrupting {
+    run: RunItems,
+    turn: Option<Turn>,
+}
 
 impl Drop for Interrupting {
     fn drop(&mut self) {
-        if self.0.finished() {
+        let turn = self.turn.take();
+        if self.run.finished() {
             return;
         }
-        let context = self.0.context().clone();
+        let context = self.run.context().clone();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
                 // A failed interrupt leaves the cell running until it ends by itself (the
                 // context's next run waits for it); the client is gone, nobody to tell.
                 let _ = context.interrupt().await;
+                // Only now may the next run of this context be sent to the interpreter.
+                drop(turn);
             });
         }
     }

@@ -99,6 +99,8 @@ pub(crate) struct Wire {
     pub config: Arc<WireConfig>,
     tokens: Arc<ring::hmac::Key>,
     pub watchers: Arc<watchers::Watchers>,
+    /// One `/execute` at a time per code context (see `interpreter`).
+    pub(crate) cells: Arc<interpreter::CellLocks>,
 }
 
 impl Wire {
@@ -173,6 +175,7 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
         config: Arc::new(config),
         tokens,
         watchers: Arc::default(),
+        cells: Arc::default(),
     };
     let interpreter = interpreter::routes()
         .with_state(wire.clone())
