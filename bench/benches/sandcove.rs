@@ -66,6 +66,118 @@ async fn echo(backend: &dyn Backend, id: &str) -> Result<Duration, BoxError> {
     Ok(start.elapsed())
 }
 
+/// `echo hi` through E2B's wire protocol: `process.Process/Start` over Connect (JSON
+/// envelopes), read to the end of the stream, as E2B's SDKs do.
+async fn echo_e2b_wire(wire: &E2bWire) -> Result<Duration, BoxError> {
+    let payload = serde_json::to_vec(&serde_json::json!({
+        "process": {"cmd": "echo", "args": ["hi"]},
+        "stdin": false,
+    }))?;
+    let mut body = vec![0u8];
+    body.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    body.extend_from_slice(&payload);
+    let start = Instant::now();
+    let r = wire
+        .http
+        .post(format!("{}/process.Process/Start", wire.url))
+        .header("E2b-Sandbox-Id", &wire.id)
+        .header("E2b-Sandbox-Port", "49983")
+        .header("X-Access-Token", &wire.token)
+        .header("Connect-Protocol-Version", "1")
+        .header("Content-Type", "application/connect+json")
+        .body(body)
+        .send()
+        .await?;
+    let bytes = r.bytes().await?;
+    let elapsed = start.elapsed();
+    // The last envelope must be the end of stream (flag 2) with no error, after an exit 0.
+    let text = String::from_utf8_lossy(&bytes);
+    if !text.contains("\"exitCode\"") && !text.contains("\"exited\":true") {
+        return Err(format!("no end event in {text}").into());
+    }
+    if text.contains("\"error\"") {
+        return Err(format!("the stream ended with an error: {text}").into());
+    }
+    Ok(elapsed)
+}
+
+/// A sandbox made through the E2B listener, and what reaching its envd takes.
+struct E2bWire {
+    http: reqwest::Client,
+    url: String,
+    key: String,
+    id: String,
+    token: String,
+}
+
+/// The official Python SDK's `commands.run("echo hi")`, 100 calls, in milliseconds; `None`
+/// (with the reason) when no Python with the pinned SDK is found.
+fn python_sdk_samples(url: &str, key: &str) -> Result<Vec<Duration>, String> {
+    const PROGRAM: &str = r#"
+from e2b import Sandbox
+import time
+
+sbx = Sandbox.create(timeout=600)
+try:
+    sbx.commands.run("echo hi")
+    for _ in range(100):
+        t = time.perf_counter()
+        sbx.commands.run("echo hi")
+        print(time.perf_counter() - t)
+finally:
+    sbx.kill()
+"#;
+    let python = match std::env::var_os("SANDCOVE_BENCH_PYTHON") {
+        Some(p) => std::path::PathBuf::from(p),
+        None => {
+            // The virtualenv the official-SDK tests provision (cli/tests/e2b_sdk.rs).
+            let sdk = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("sdk");
+            let found = std::fs::read_dir(&sdk).ok().and_then(|dir| {
+                dir.filter_map(|e| e.ok()).map(|e| e.path()).find(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("py-pins-e2b-2.63.0-"))
+                        && p.join(".complete").exists()
+                })
+            });
+            match found {
+                Some(venv) => venv.join("bin/python"),
+                None => {
+                    return Err(format!(
+                        "skipped: no Python with the pinned e2b SDK (set SANDCOVE_BENCH_PYTHON, \
+                         or run `cargo test -p sandcove-cli --test e2b_sdk` once to provision {})",
+                        sdk.display()
+                    ))
+                }
+            }
+        }
+    };
+    let out = std::process::Command::new(&python)
+        .args(["-c", PROGRAM])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", std::env::var_os("HOME").unwrap_or_default())
+        .env("E2B_API_URL", url)
+        .env("E2B_SANDBOX_URL", url)
+        .env("E2B_API_KEY", key)
+        .output()
+        .map_err(|e| format!("{}: {e}", python.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the Python SDK program failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            l.trim()
+                .parse::<f64>()
+                .map(Duration::from_secs_f64)
+                .map_err(|e| format!("{l:?}: {e}"))
+        })
+        .collect()
+}
+
 /// Create → first byte of `echo hi` → destroy.
 async fn create_cycle(backend: &dyn Backend) -> Result<Duration, BoxError> {
     let start = Instant::now();
@@ -208,6 +320,47 @@ async fn main() -> Result<(), BoxError> {
     ));
     let http: Arc<dyn Backend> = Arc::new(HttpBackend::connect(&url, &key).await?);
 
+    // E2B's wire protocol over the same engine, as `sandcove serve --e2b` serves it.
+    let e2b_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let e2b_url = format!("http://{}", e2b_listener.local_addr()?);
+    let (e2b_stop_tx, e2b_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let e2b_server = tokio::spawn(sandcove::server::serve_router(
+        e2b_listener,
+        e2b::wire::router(local.clone(), e2b::wire::WireConfig::new(key.clone())),
+        sandcove::server::ConnectionLimits {
+            max_connections: 64,
+            head_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(1),
+            tls: None,
+        },
+        async move {
+            let _ = e2b_stop_rx.await;
+        },
+    ));
+    let wire_http = reqwest::Client::new();
+    let created: serde_json::Value = wire_http
+        .post(format!("{e2b_url}/v2/sandboxes"))
+        .header("X-API-KEY", &key)
+        .json(&serde_json::json!({"templateID": "base", "timeout": 600}))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let wire = E2bWire {
+        http: wire_http,
+        url: e2b_url.clone(),
+        key: key.clone(),
+        id: created["sandboxID"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        token: created["envdAccessToken"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    };
+
     let exec_sandbox = local.create(short_options()).await?.id;
     let facade = e2b::Sandbox::create().timeout(600).await?;
     let facade_core_id = facade.sandbox_id.clone();
@@ -237,11 +390,16 @@ async fn main() -> Result<(), BoxError> {
         ),
         Row::new("facade", "e2b `commands.run(\"echo hi\")`"),
         Row::new("facade-core", "the core call that `commands.run` makes"),
+        Row::new(
+            "e2b-wire",
+            "`echo hi` via `process.Process/Start` on the E2B listener (Rust client, Connect JSON)",
+        ),
     ];
     // Warm up every path once.
     floor();
     echo(&*local, &exec_sandbox).await?;
     echo(&*http, &exec_sandbox).await?;
+    echo_e2b_wire(&wire).await?;
     facade.commands.run("echo hi").await?;
     for round in 0..rounds {
         rows[0].samples.push(floor());
@@ -265,7 +423,12 @@ async fn main() -> Result<(), BoxError> {
         let stream = local.spawn(&facade_core_id, spec).await?;
         sandcove::client::collect(stream, sandcove::DEFAULT_OUTPUT_LIMIT).await?;
         rows[6].samples.push(start.elapsed());
+        rows[7].samples.push(echo_e2b_wire(&wire).await?);
     }
+
+    // The official Python SDK against the same listener: its own client, its own loop.
+    let (py_url, py_key) = (wire.url.clone(), wire.key.clone());
+    let python = tokio::task::spawn_blocking(move || python_sdk_samples(&py_url, &py_key)).await?;
 
     // Throughput: write then read back, embedded and over HTTP, interleaved.
     let mut throughput = Vec::new();
@@ -355,6 +518,7 @@ async fn main() -> Result<(), BoxError> {
     println!("| exec / floor | {:.2}× | ≤ 1.5× |", ratio(3, 0));
     println!("| facade / its core call | {:.3}× | ≤ 1.05× |", ratio(5, 6));
     println!("| exec-http / exec | {:.2}× | ≤ 2× |", ratio(4, 3));
+    println!("| e2b-wire / exec-http | {:.2}× | ≤ 1.5× |", ratio(7, 4));
     if has_bwrap {
         println!("| create / bwrap one-shot | {:.2}× | – |", ratio(2, 1));
     }
@@ -376,6 +540,30 @@ async fn main() -> Result<(), BoxError> {
         "idle: {per_sandbox_kb:.0} kB resident per idle sandbox (monitor + agent: {count} processes for {idle_n} sandboxes)"
     );
 
+    match &python {
+        Ok(samples) => {
+            let mut py = Row::new("python-sdk", "");
+            py.samples = samples.clone();
+            println!(
+                "python-sdk: official `e2b` 2.63.0 `commands.run(\"echo hi\")` over the E2B \
+                 listener, {} calls: p50 {} ms, p95 {} ms, p99 {} ms",
+                py.samples.len(),
+                ms(py.pct(0.5)),
+                ms(py.pct(0.95)),
+                ms(py.pct(0.99)),
+            );
+        }
+        Err(why) => println!("python-sdk: {why}"),
+    }
+
+    let _ = wire
+        .http
+        .delete(format!("{}/sandboxes/{}", wire.url, wire.id))
+        .header("X-API-KEY", &wire.key)
+        .send()
+        .await;
+    let _ = e2b_stop_tx.send(());
+    let _ = e2b_server.await;
     facade.kill().await?;
     local.destroy(&exec_sandbox).await?;
     let _ = stop_tx.send(());

@@ -16,6 +16,8 @@ use sandcove_tests::PrivateState;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandcove");
 const E2B_PINS: &str = "pins-e2b-2.63.0.txt";
+/// The code interpreter SDK (`e2b-code-interpreter`, on top of `e2b`).
+const CI_PINS: &str = "pins-e2b-code-interpreter-2.11.5.txt";
 /// The last SDK that creates with `POST /sandboxes` (newer ones use `/v2/sandboxes`).
 const E2B_LEGACY_PINS: &str = "pins-e2b-2.50.0.txt";
 
@@ -185,6 +187,17 @@ fn js_sdk_commands_files_watch_and_errors() {
     check_js_program("e2b_basics");
 }
 
+/// `@e2b/code-interpreter`'s README quickstart, verbatim.
+#[test]
+fn js_code_interpreter_readme_quickstart_verbatim() {
+    check_js_program("e2b_ci_quickstart");
+}
+
+#[test]
+fn js_code_interpreter_contexts_errors_envs_timeout() {
+    check_js_program("e2b_ci_contexts");
+}
+
 /// A `sandcove serve --e2b` child process with a private state directory.
 struct Server {
     child: Child,
@@ -341,6 +354,17 @@ fn python_sdk_async_and_streamed_watch() {
 #[test]
 fn python_sdk_sandboxes() {
     check_program(E2B_PINS, "e2b_sandboxes");
+}
+
+/// `e2b-code-interpreter`'s README quickstart, verbatim.
+#[test]
+fn python_code_interpreter_readme_quickstart_verbatim() {
+    check_program(CI_PINS, "e2b_ci_quickstart");
+}
+
+#[test]
+fn python_code_interpreter_contexts_errors_envs_timeout() {
+    check_program(CI_PINS, "e2b_ci_contexts");
 }
 
 /// The same programs with the older SDK: the legacy create path and older Connect clients.

@@ -441,3 +441,287 @@ async fn a_watcher_answers_only_its_own_sandbox() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
 }
+
+/// A code-interpreter call (`E2b-Sandbox-Port: 49999`) with the given credential headers.
+fn interpreter(
+    env: &Env,
+    method: reqwest::Method,
+    path: &str,
+    id: &str,
+    headers: &[(&str, &str)],
+) -> reqwest::RequestBuilder {
+    let mut req = env
+        .http
+        .request(method, format!("{}{path}", env.url))
+        .header("E2b-Sandbox-Id", id)
+        .header("E2b-Sandbox-Port", "49999");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req
+}
+
+/// The NDJSON lines of an `/execute` answer, strictly: each line one JSON object, the body
+/// ending with a newline and `end_of_execution` last.
+fn ndjson(body: &[u8]) -> Vec<Value> {
+    let text = std::str::from_utf8(body).expect("UTF-8");
+    assert!(text.ends_with('\n'), "{text:?}");
+    let lines: Vec<Value> = text
+        .trim_end_matches('\n')
+        .split('\n')
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    assert_eq!(lines.last().unwrap(), &json!({"type": "end_of_execution"}));
+    lines
+}
+
+/// The traffic token of a sandbox made over the wire.
+async fn traffic_token(env: &Env, id: &str) -> String {
+    let r = env
+        .http
+        .get(format!("{}/sandboxes/{id}", env.url))
+        .header("X-API-KEY", KEY)
+        .send()
+        .await
+        .unwrap();
+    let body: Value = r.json().await.unwrap();
+    body["trafficAccessToken"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn code_interpreter_streams_ndjson_and_checks_tokens_first() {
+    let env = env().await;
+    let (id, token) = env.create().await;
+    let (other, other_token) = env.create().await;
+    let traffic = traffic_token(&env, &id).await;
+    let other_traffic = traffic_token(&env, &other).await;
+    assert_ne!(traffic, token);
+    let pwn = json!({"code": "open('/home/user/pwned', 'w').write('x')"});
+    for headers in [
+        vec![],
+        vec![("X-Access-Token", other_token.as_str())],
+        vec![("E2B-Traffic-Access-Token", other_traffic.as_str())],
+        // Each token only in its own header.
+        vec![("X-Access-Token", traffic.as_str())],
+        vec![("E2B-Traffic-Access-Token", token.as_str())],
+        vec![("X-Access-Token", KEY)],
+    ] {
+        let r = interpreter(&env, reqwest::Method::POST, "/execute", &id, &headers)
+            .json(&pwn)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 401, "{headers:?}");
+        let r = interpreter(&env, reqwest::Method::POST, "/contexts", &id, &headers)
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 401, "{headers:?}");
+    }
+    // The traffic token opens no envd call.
+    let (status, _, _) = env
+        .stream(
+            "/process.Process/Start",
+            &id,
+            &traffic,
+            &start_message("touch /home/user/pwned", None),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 401);
+    let err = env
+        .backend
+        .stat(&id, "/home/user/pwned", Default::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    assert!(
+        env.backend
+            .list_processes(&id)
+            .await
+            .unwrap()
+            .iter()
+            .all(|p| p.tag.is_none()),
+        "no interpreter was started"
+    );
+
+    // A cell: its lines, exactly.
+    let auth = [("X-Access-Token", token.as_str())];
+    let r = interpreter(&env, reqwest::Method::POST, "/execute", &id, &auth)
+        .json(&json!({"code": "x = 41", "context_id": null, "language": null, "env_vars": null}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let lines = ndjson(&r.bytes().await.unwrap());
+    assert_eq!(
+        lines,
+        vec![
+            json!({"type": "number_of_executions", "execution_count": 1}),
+            json!({"type": "end_of_execution"}),
+        ]
+    );
+    let r = interpreter(&env, reqwest::Method::POST, "/execute", &id, &auth)
+        .json(&json!({"code": "import os\nprint('hi')\nos.environ['V'] + str(x + 1)", "env_vars": {"V": "v"}}))
+        .send()
+        .await
+        .unwrap();
+    let mut lines = ndjson(&r.bytes().await.unwrap());
+    let stdout = lines.remove(0);
+    assert_eq!(stdout["type"], "stdout");
+    assert_eq!(stdout["text"], "hi\n");
+    assert!(stdout["timestamp"].as_i64().unwrap() > 0);
+    assert_eq!(
+        lines,
+        vec![
+            json!({"type": "result", "text": "'v42'", "is_main_result": true}),
+            json!({"type": "number_of_executions", "execution_count": 2}),
+            json!({"type": "end_of_execution"}),
+        ]
+    );
+    let r = interpreter(&env, reqwest::Method::POST, "/execute", &id, &auth)
+        .json(&json!({"code": "1/0"}))
+        .send()
+        .await
+        .unwrap();
+    let lines = ndjson(&r.bytes().await.unwrap());
+    assert_eq!(lines[0]["type"], "error");
+    assert_eq!(lines[0]["name"], "ZeroDivisionError");
+    assert_eq!(lines[0]["value"], "division by zero");
+    let traceback = lines[0]["traceback"].as_str().unwrap();
+    assert!(traceback.contains("ZeroDivisionError"), "{traceback}");
+
+    // Contexts with the traffic token alone, as the SDKs send them.
+    let auth = [("E2B-Traffic-Access-Token", traffic.as_str())];
+    let r = interpreter(&env, reqwest::Method::POST, "/contexts", &id, &auth)
+        .json(&json!({"cwd": "/tmp"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let context: Value = r.json().await.unwrap();
+    assert_eq!(context["language"], "python");
+    assert_eq!(context["cwd"], "/tmp");
+    let cid = context["id"].as_str().unwrap().to_string();
+    let r = interpreter(&env, reqwest::Method::GET, "/contexts", &id, &auth)
+        .send()
+        .await
+        .unwrap();
+    let listed: Value = r.json().await.unwrap();
+    assert!(listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["id"] == cid.as_str()));
+    let path = format!("/contexts/{cid}");
+    let r = interpreter(&env, reqwest::Method::DELETE, &path, &id, &auth)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    for method in [reqwest::Method::DELETE, reqwest::Method::POST] {
+        let path = if method == reqwest::Method::POST {
+            format!("/contexts/{cid}/restart")
+        } else {
+            format!("/contexts/{cid}")
+        };
+        let r = interpreter(&env, method, &path, &id, &auth)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 404, "{path}");
+    }
+    let r = interpreter(&env, reqwest::Method::POST, "/execute", &id, &auth)
+        .json(&json!({"code": "1", "context_id": cid}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    // Bad input: another language, both context and language, unknown fields, too big.
+    for (body, status) in [
+        (json!({"code": "1", "language": "r"}), 400),
+        (
+            json!({"code": "1", "language": "python", "context_id": "default"}),
+            400,
+        ),
+        (json!({"code": "1", "surprise": true}), 400),
+        (json!({"code": "x".repeat(2 * 1024 * 1024)}), 413),
+    ] {
+        let r = interpreter(&env, reqwest::Method::POST, "/execute", &id, &auth)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status);
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_interrupts_its_cell_and_the_context_lives_on() {
+    let env = env().await;
+    let (id, token) = env.create().await;
+    let auth = [("X-Access-Token", token.as_str())];
+    let run = |code: &str| {
+        interpreter(&env, reqwest::Method::POST, "/execute", &id, &auth)
+            .json(&json!({ "code": code }))
+            .send()
+    };
+    let r = run("state = 'kept'").await.unwrap();
+    ndjson(&r.bytes().await.unwrap());
+    // The SDK's timeout: it closes the connection while the cell still runs.
+    let r = run("import time\nprint('sleeping', flush=True)\ntime.sleep(600)")
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let mut r = r;
+    let first = r.chunk().await.unwrap().expect("the first line");
+    assert!(String::from_utf8_lossy(&first).contains("sleeping"));
+    drop(r);
+    // Without the interrupt the next cell would queue behind the 600 s sleep.
+    let next = tokio::time::timeout(Duration::from_secs(60), async {
+        let r = run("state").await.unwrap();
+        ndjson(&r.bytes().await.unwrap())
+    })
+    .await
+    .expect("the context runs again soon after its client left");
+    assert!(
+        next.contains(&json!({"type": "result", "text": "'kept'", "is_main_result": true})),
+        "{next:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_queued_client_that_leaves_does_not_interrupt_the_running_cell() {
+    let env = env().await;
+    let (id, token) = env.create().await;
+    let auth = [("X-Access-Token", token.as_str())];
+    let run = |code: &str| {
+        interpreter(&env, reqwest::Method::POST, "/execute", &id, &auth)
+            .json(&json!({ "code": code }))
+            .send()
+    };
+    // A's cell runs (it said so), then B's request queues behind it and B leaves.
+    let mut a = run("import time\nprint('a-started', flush=True)\ntime.sleep(3)\n'a-done'")
+        .await
+        .unwrap();
+    let first = a.chunk().await.unwrap().expect("A's first line");
+    assert!(String::from_utf8_lossy(&first).contains("a-started"));
+    let b = tokio::time::timeout(Duration::from_millis(500), async {
+        let mut r = run("'b'").await.unwrap();
+        r.chunk().await.unwrap()
+    })
+    .await;
+    assert!(b.is_err(), "B ran while A's cell was still running: {b:?}");
+    // A's cell finishes undisturbed.
+    let mut rest = first.to_vec();
+    while let Some(chunk) = a.chunk().await.unwrap() {
+        rest.extend_from_slice(&chunk);
+    }
+    let lines = ndjson(&rest);
+    assert!(
+        lines.contains(&json!({"type": "result", "text": "'a-done'", "is_main_result": true})),
+        "{lines:?}"
+    );
+    assert!(lines.iter().all(|l| l["type"] != "error"), "{lines:?}");
+}

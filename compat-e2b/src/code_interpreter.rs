@@ -34,7 +34,8 @@ pub const DEFAULT_TEMPLATE: &str = "code-interpreter-v1";
 /// `run_code`'s default timeout, seconds.
 pub const DEFAULT_RUN_CODE_TIMEOUT: f64 = 300.0;
 
-const DEFAULT_CONTEXT_ID: &str = "default";
+/// The context `run_code` uses when given none.
+pub(crate) const DEFAULT_CONTEXT_ID: &str = "default";
 
 /// `e2b_code_interpreter.Sandbox`: an `e2b::Sandbox` (it derefs to one) plus `run_code` and
 /// code contexts.
@@ -327,6 +328,32 @@ pub struct Result {
 }
 
 impl Result {
+    /// Bytes of its representations (what an [`Execution`] counts against its budget).
+    fn size(&self) -> usize {
+        let strings = [
+            &self.text,
+            &self.html,
+            &self.markdown,
+            &self.svg,
+            &self.png,
+            &self.jpeg,
+            &self.pdf,
+            &self.latex,
+            &self.javascript,
+        ];
+        let values = [&self.json, &self.data, &self.chart, &self.extra];
+        strings
+            .iter()
+            .filter_map(|v| v.as_ref())
+            .map(String::len)
+            .sum::<usize>()
+            + values
+                .iter()
+                .filter_map(|v| v.as_ref())
+                .map(|v| v.to_string().len())
+                .sum::<usize>()
+    }
+
     /// `formats()`: the names of the fields present.
     pub fn formats(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
@@ -487,36 +514,38 @@ impl RunCodeBuilder {
     }
 
     async fn run(mut self) -> Res<Execution> {
-        if self.language.is_some() && self.context.is_some() {
-            return Err(SandboxException::invalid_argument(
-                "You can provide context or language, but not both at the same time.",
-            ));
-        }
-        check_language(self.language.as_deref())?;
-        let id = self
-            .context
-            .clone()
-            .unwrap_or_else(|| DEFAULT_CONTEXT_ID.to_string());
-        let context = self.sandbox.context(&id).await?;
-        let options = RunOptions::new()
-            .envs(std::mem::take(&mut self.envs))
-            .timeout(translate::timeout_secs(self.timeout));
-        let mut events = context.run(std::mem::take(&mut self.code), options).await?;
+        let mut run = self
+            .sandbox
+            .start_run(
+                std::mem::take(&mut self.code),
+                self.context.take(),
+                self.language.take(),
+                std::mem::take(&mut self.envs),
+                translate::timeout_secs(self.timeout),
+            )
+            .await?;
         let mut exec = Execution::default();
-        let (mut out, mut err) = (Utf8Decoder::default(), Utf8Decoder::default());
-        while let Some(event) = events.next_event().await {
-            match event {
-                Ok(Event::Stdout(chunk)) => {
-                    let text = out.decode(&chunk.data);
-                    self.output(&mut exec, text, chunk.timestamp_ns, false);
+        while let Some(item) = run.next_item().await {
+            match item? {
+                ExecItem::Stdout(msg) => {
+                    if self.admit(&mut exec, msg.line.len()) {
+                        exec.logs.stdout.push(msg.line.clone());
+                    }
+                    if let Some(f) = self.on_stdout.as_mut() {
+                        f(msg);
+                    }
                 }
-                Ok(Event::Stderr(chunk)) => {
-                    let text = err.decode(&chunk.data);
-                    self.output(&mut exec, text, chunk.timestamp_ns, true);
+                ExecItem::Stderr(msg) => {
+                    if self.admit(&mut exec, msg.line.len()) {
+                        exec.logs.stderr.push(msg.line.clone());
+                    }
+                    if let Some(f) = self.on_stderr.as_mut() {
+                        f(msg);
+                    }
                 }
-                Ok(Event::Result(r)) => {
+                ExecItem::Result(r) => {
+                    let r = *r;
                     let keep = self.admit(&mut exec, r.size());
-                    let r = to_result(r);
                     if r.is_main_result {
                         exec.text = r.text.clone();
                     }
@@ -527,55 +556,17 @@ impl RunCodeBuilder {
                         exec.results.push(r);
                     }
                 }
-                Ok(Event::Error(e)) => {
-                    let e = to_error(e);
+                ExecItem::Error(e) => {
                     if let Some(f) = self.on_error.as_mut() {
                         f(e.clone());
                     }
                     exec.error = Some(e);
                 }
-                Ok(Event::ExecutionCount(n)) => {
-                    exec.execution_count = i64::try_from(n).ok();
-                }
-                Ok(Event::End) => {
-                    let (o, e) = (out.finish(), err.finish());
-                    self.output(&mut exec, o, None, false);
-                    self.output(&mut exec, e, None, true);
-                    return Ok(exec);
-                }
-                Ok(_) => {}
-                Err(e) if e.code() == sandcove::ErrorCode::Timeout => {
-                    return Err(execution_timeout())
-                }
-                Err(e) => return Err(e.into()),
+                ExecItem::ExecutionCount(n) => exec.execution_count = Some(n),
+                ExecItem::End => return Ok(exec),
             }
         }
-        Err(SandboxException::sandbox(
-            "the code context's interpreter ended",
-        ))
-    }
-
-    fn output(&mut self, exec: &mut Execution, line: String, ts: Option<i64>, error: bool) {
-        if line.is_empty() {
-            return;
-        }
-        let msg = OutputMessage {
-            line,
-            timestamp: ts.unwrap_or_else(|| (sandcove::now_millis() as i64) * 1_000_000),
-            error,
-        };
-        let keep = self.admit(exec, msg.line.len());
-        let (logs, callback) = if error {
-            (&mut exec.logs.stderr, self.on_stderr.as_mut())
-        } else {
-            (&mut exec.logs.stdout, self.on_stdout.as_mut())
-        };
-        if keep {
-            logs.push(msg.line.clone());
-        }
-        if let Some(f) = callback {
-            f(msg);
-        }
+        Err(interpreter_ended())
     }
 
     /// Whether `bytes` more output may be kept in `exec`; the first time not, a note says so.
@@ -590,6 +581,159 @@ impl RunCodeBuilder {
             Admit::Drop => false,
         }
     }
+}
+
+/// One item of an execution as E2B reports it: the Rust `run_code` folds these into an
+/// [`Execution`] and the wire's `POST /execute` sends each as one NDJSON line, so both
+/// read the driver the same way.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum ExecItem {
+    /// Decoded stdout text.
+    Stdout(OutputMessage),
+    /// Decoded stderr text.
+    Stderr(OutputMessage),
+    /// A result (the main one or a displayed one); boxed, it is much the largest item.
+    Result(Box<Result>),
+    /// The exception the code raised.
+    Error(ExecutionError),
+    /// The context's execution count.
+    ExecutionCount(i64),
+    /// The execution is over (always last).
+    End,
+}
+
+/// A running execution, as [`ExecItem`]s.
+pub(crate) struct RunItems {
+    context: sandcove_interpreter::Context,
+    events: sandcove_interpreter::Execution,
+    out: Utf8Decoder,
+    err: Utf8Decoder,
+    pending: std::collections::VecDeque<ExecItem>,
+    done: bool,
+}
+
+impl RunItems {
+    /// The context the code runs in.
+    pub(crate) fn context(&self) -> &sandcove_interpreter::Context {
+        &self.context
+    }
+
+    /// Whether the execution ended (its [`ExecItem::End`] or an error was returned).
+    pub(crate) fn finished(&self) -> bool {
+        self.done && self.pending.is_empty()
+    }
+
+    /// The next item; `None` after [`ExecItem::End`] or an error. A timeout of the run is
+    /// E2B's `TimeoutException`.
+    pub(crate) async fn next_item(&mut self) -> Option<Res<ExecItem>> {
+        loop {
+            if let Some(item) = self.pending.pop_front() {
+                return Some(Ok(item));
+            }
+            if self.done {
+                return None;
+            }
+            let Some(event) = self.events.next_event().await else {
+                self.done = true;
+                return Some(Err(interpreter_ended()));
+            };
+            let event = match event {
+                Ok(event) => event,
+                Err(e) => {
+                    self.done = true;
+                    if e.code() == sandcove::ErrorCode::Timeout {
+                        return Some(Err(execution_timeout()));
+                    }
+                    return Some(Err(e.into()));
+                }
+            };
+            match event {
+                Event::Stdout(chunk) => {
+                    let text = self.out.decode(&chunk.data);
+                    self.push_output(text, chunk.timestamp_ns, false);
+                }
+                Event::Stderr(chunk) => {
+                    let text = self.err.decode(&chunk.data);
+                    self.push_output(text, chunk.timestamp_ns, true);
+                }
+                Event::Result(r) => self
+                    .pending
+                    .push_back(ExecItem::Result(Box::new(to_result(r)))),
+                Event::Error(e) => self.pending.push_back(ExecItem::Error(to_error(e))),
+                Event::ExecutionCount(n) => {
+                    if let Ok(n) = i64::try_from(n) {
+                        self.pending.push_back(ExecItem::ExecutionCount(n));
+                    }
+                }
+                Event::End => {
+                    let (o, e) = (self.out.finish(), self.err.finish());
+                    self.push_output(o, None, false);
+                    self.push_output(e, None, true);
+                    self.pending.push_back(ExecItem::End);
+                    self.done = true;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn push_output(&mut self, line: String, ts: Option<i64>, error: bool) {
+        if line.is_empty() {
+            return;
+        }
+        let msg = OutputMessage {
+            line,
+            timestamp: ts.unwrap_or_else(|| (sandcove::now_millis() as i64) * 1_000_000),
+            error,
+        };
+        self.pending.push_back(if error {
+            ExecItem::Stderr(msg)
+        } else {
+            ExecItem::Stdout(msg)
+        });
+    }
+}
+
+impl Sandbox {
+    /// The code interpreter of the sandbox behind `ctx` (the wire's handle: no context
+    /// cache survives the request).
+    pub(crate) fn from_ctx(ctx: crate::sandbox::Ctx) -> Sandbox {
+        Sandbox::from(crate::Sandbox::from_ctx(ctx, Default::default()))
+    }
+
+    /// Start running `code`: in context `context` (an id), else in the default context of
+    /// `language` (only Python). What `run_code` and `POST /execute` both do.
+    pub(crate) async fn start_run(
+        &self,
+        code: String,
+        context: Option<String>,
+        language: Option<String>,
+        envs: BTreeMap<String, String>,
+        timeout: Option<std::time::Duration>,
+    ) -> Res<RunItems> {
+        if language.is_some() && context.is_some() {
+            return Err(SandboxException::invalid_argument(
+                "You can provide context or language, but not both at the same time.",
+            ));
+        }
+        check_language(language.as_deref())?;
+        let id = context.unwrap_or_else(|| DEFAULT_CONTEXT_ID.to_string());
+        let context = self.context(&id).await?;
+        let options = RunOptions::new().envs(envs).timeout(timeout);
+        let events = context.run(code, options).await?;
+        Ok(RunItems {
+            context,
+            events,
+            out: Utf8Decoder::default(),
+            err: Utf8Decoder::default(),
+            pending: Default::default(),
+            done: false,
+        })
+    }
+}
+
+fn interpreter_ended() -> SandboxException {
+    SandboxException::sandbox("the code context's interpreter ended")
 }
 
 /// E2B's `Result` from the driver's MIME bundle; types E2B has no field for go to `extra`.

@@ -154,7 +154,7 @@ fn sandbox_body(wire: &Wire, info: &sandcove::SandboxInfo) -> Value {
         "clientID": "sandcove",
         "envdVersion": WIRE_ENVD_VERSION,
         "envdAccessToken": wire.envd_token(&info.id),
-        "trafficAccessToken": null,
+        "trafficAccessToken": wire.traffic_token(&info.id),
         "domain": null,
         "alias": template,
     })
@@ -243,6 +243,7 @@ fn info_body(info: &sandcove::SandboxInfo, detail: bool, wire: &Wire) -> Value {
     });
     if detail {
         body["envdAccessToken"] = json!(wire.envd_token(&info.id));
+        body["trafficAccessToken"] = json!(wire.traffic_token(&info.id));
         body["domain"] = Value::Null;
         body["allowInternetAccess"] = json!(e2b.allow_internet_access);
         if let Some(lc) = e2b.lifecycle {

@@ -85,7 +85,7 @@ async fn unimplemented(request: Request) -> Response {
 /// The sandbox of an envd call, as the facade's context. A sandbox that is gone is
 /// `unavailable` with "was not found", as E2B's proxy answers, so the SDK raises its
 /// `SandboxNotRunningException`.
-async fn context(wire: &Wire, id: &str) -> Result<Ctx, ConnectError> {
+pub(crate) async fn context(wire: &Wire, id: &str) -> Result<Ctx, ConnectError> {
     let info = match wire.backend.get(id).await {
         Ok(info) => info,
         Err(e) if e.is_not_found() => {

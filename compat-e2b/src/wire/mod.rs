@@ -7,10 +7,12 @@
 //! | [`control`] | the control plane (`/v2/sandboxes`, `/sandboxes/{id}/…`): REST + JSON |
 //! | [`envd`] | the in-sandbox API: `process.Process/*`, `filesystem.Filesystem/*` over Connect, `/files`, `/health` |
 //! | [`connect`] | Connect framing with the JSON codec: envelopes, end-of-stream errors, deadlines |
+//! | `interpreter` | the code interpreter on port 49999: `POST /execute` (NDJSON), `/contexts` |
 //!
 //! One origin serves both planes, as the SDK allows: a request carrying `E2b-Sandbox-Id`
 //! (every envd call does) or aimed at an envd path is an envd call, anything else is a
-//! control-plane call.
+//! control-plane call. A sandbox request whose `E2b-Sandbox-Port` is 49999 goes to the code
+//! interpreter's own routes (its `/health` is not envd's).
 //!
 //! **Authentication** happens before any handler runs. Control-plane calls must carry the
 //! server's API key as `X-API-KEY` (compared in constant time); a missing or wrong key is
@@ -19,7 +21,10 @@
 //! for that sandbox: an HMAC-SHA256 of the sandbox id under the server's API key, so it is
 //! kept nowhere (nothing in the sandbox can read or rewrite it), survives a server restart,
 //! and one sandbox's token opens no other sandbox. A wrong or missing token is
-//! `401 {"code":"unauthenticated",…}`.
+//! `401 {"code":"unauthenticated",…}`. The code interpreter takes the same `X-Access-Token`,
+//! or the sandbox's `trafficAccessToken` (another HMAC, under a different label) as
+//! `E2B-Traffic-Access-Token`: the SDKs send the envd token only with `/execute` and the
+//! traffic token with every code-interpreter call.
 //!
 //! **Translation** is the Rust facade's: creating a sandbox goes through the same
 //! `Sandbox.create` option checks, commands get the same paths, envs and users, errors the
@@ -28,6 +33,7 @@
 pub mod connect;
 pub mod control;
 pub mod envd;
+mod interpreter;
 mod watchers;
 
 use std::sync::Arc;
@@ -39,10 +45,11 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use sandcove::Backend;
+use tower::ServiceExt;
 
 /// The envd port E2B's SDKs name in `E2b-Sandbox-Port`.
 pub const ENVD_PORT: &str = "49983";
-/// The code interpreter's port (not served over the wire yet).
+/// The code interpreter's port.
 pub const CODE_INTERPRETER_PORT: &str = "49999";
 /// The envd version advertised: the highest whose SDK-gated features are implemented
 /// (stdin, default user, `close_stdin`, octet-stream uploads; not file metadata, 0.6.2).
@@ -92,6 +99,8 @@ pub(crate) struct Wire {
     pub config: Arc<WireConfig>,
     tokens: Arc<ring::hmac::Key>,
     pub watchers: Arc<watchers::Watchers>,
+    /// One `/execute` at a time per code context (see `interpreter`).
+    pub(crate) cells: Arc<interpreter::CellLocks>,
 }
 
 impl Wire {
@@ -99,6 +108,17 @@ impl Wire {
     pub fn envd_token(&self, id: &str) -> String {
         envd_token(&self.tokens, id)
     }
+
+    /// The `trafficAccessToken` of sandbox `id`.
+    pub fn traffic_token(&self, id: &str) -> String {
+        traffic_token(&self.tokens, id)
+    }
+}
+
+/// The `trafficAccessToken` of sandbox `id` under `key`: not the envd token, so handing it
+/// out (the SDKs expose it to user code) grants no envd call.
+fn traffic_token(key: &ring::hmac::Key, id: &str) -> String {
+    envd_token(key, &format!("traffic\0{id}"))
 }
 
 /// The `envdAccessToken` of sandbox `id` under `key`.
@@ -155,13 +175,20 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
         config: Arc::new(config),
         tokens,
         watchers: Arc::default(),
+        cells: Arc::default(),
     };
+    let interpreter = interpreter::routes()
+        .with_state(wire.clone())
+        .layer(axum::extract::DefaultBodyLimit::max(body_limit));
     control::routes()
         .merge(envd::routes())
         .fallback(not_found)
         .with_state(wire.clone())
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
-        .layer(middleware::from_fn_with_state(wire, authenticate))
+        .layer(middleware::from_fn_with_state(
+            (wire, interpreter),
+            authenticate,
+        ))
 }
 
 async fn not_found(request: Request) -> Response {
@@ -214,7 +241,11 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn authenticate(State(wire): State<Wire>, mut request: Request, next: Next) -> Response {
+async fn authenticate(
+    State((wire, interpreter)): State<(Wire, Router)>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let headers = request.headers();
     let sandbox = header_str(headers, "e2b-sandbox-id").map(str::to_string);
     if sandbox.is_some() || is_envd_path(request.uri().path()) {
@@ -225,24 +256,28 @@ async fn authenticate(State(wire): State<Wire>, mut request: Request, next: Next
             )
             .into_response();
         };
+        let port = header_str(headers, "e2b-sandbox-port");
         let token = header_str(headers, "x-access-token").unwrap_or("");
-        if !token_matches(&wire.tokens, &id, token) {
+        let mut valid = token_matches(&wire.tokens, &id, token);
+        if port == Some(CODE_INTERPRETER_PORT) && !valid {
+            let traffic = header_str(headers, "e2b-traffic-access-token").unwrap_or("");
+            valid = token_matches(&wire.tokens, &format!("traffic\0{id}"), traffic);
+        }
+        if !valid {
             return connect::ConnectError::new(
                 connect::Code::Unauthenticated,
                 "invalid or missing X-Access-Token for this sandbox",
             )
             .into_response();
         }
-        match header_str(headers, "e2b-sandbox-port") {
+        match port {
             None | Some(ENVD_PORT) => {}
             Some(CODE_INTERPRETER_PORT) => {
-                return connect::ConnectError::new(
-                    connect::Code::Unimplemented,
-                    "the code interpreter is not served over E2B's wire protocol by this \
-                     Sandcove yet; use commands.run(\"python3 -c ...\") or the Rust facade's \
-                     run_code",
-                )
-                .into_response();
+                request.extensions_mut().insert(SandboxId(id));
+                return match interpreter.oneshot(request).await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                };
             }
             Some(other) => {
                 return connect::ConnectError::new(
@@ -338,5 +373,8 @@ mod tests {
         ));
         assert!(!token_matches(&w, "sbx-a", ""));
         assert!(!token_matches(&w, "sbx-a", &t[..t.len() - 2]));
+        let traffic = traffic_token(&w, "sbx-a");
+        assert_ne!(traffic, t, "the traffic token is not the envd token");
+        assert!(!token_matches(&w, "sbx-a", &traffic));
     }
 }
