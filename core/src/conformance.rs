@@ -1153,8 +1153,8 @@ pub async fn restart_policy_restarts_failures(backend: &dyn Backend) {
     let id = create(backend, &unique("restart")).await;
     let policy = |max| RestartPolicy { max_restarts: max };
     // Fails every time: 1 run + 2 restarts.
-    let script = "n=$(cat /workspace/count 2>/dev/null || echo 0); n=$((n+1)); \
-                  echo $n > /workspace/count; echo run $n; exit 3";
+    let script = "n=$(cat $HOME/count 2>/dev/null || echo 0); n=$((n+1)); \
+                  echo $n > $HOME/count; echo run $n; exit 3";
     let mut spec = ProcessSpec::new(Command::sh(script)).tag("flaky");
     spec.restart = Some(policy(Some(2)));
     let stream = backend.spawn(&id, spec).await.expect("spawn");
@@ -1221,8 +1221,8 @@ pub async fn restart_policy_restarts_failures(backend: &dyn Backend) {
 
     // First incarnation fails, the second stays up: tag and current pid reach it, and a
     // signal through the API ends it for good (unlimited restarts notwithstanding).
-    let script = "if [ -e /workspace/second ]; then echo second; exec sleep 1000; fi; \
-                  touch /workspace/second; echo first; exit 1";
+    let script = "if [ -e $HOME/second ]; then echo second; exec sleep 1000; fi; \
+                  touch $HOME/second; echo first; exit 1";
     let mut spec = ProcessSpec::new(Command::sh(script)).tag("phoenix");
     spec.restart = Some(policy(None));
     let pid = backend.spawn(&id, spec).await.expect("spawn").pid;
