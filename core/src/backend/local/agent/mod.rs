@@ -666,7 +666,9 @@ async fn as_user<T: Send + 'static>(
         return blocking(f).await;
     };
     let u = record.user(Some(&name))?;
-    if (u.uid, u.gid) == (0, 0) {
+    // The agent's own ids (root of the user namespace; un-isolated, the host user) need no
+    // switch: its identity already is that user's.
+    if (u.uid, u.gid) == (0, 0) || (u.uid, u.gid) == (sys::geteuid(), sys::getegid()) {
         return blocking(f).await;
     }
     if record.unisolated {
