@@ -46,10 +46,7 @@ fn ms(d: Duration) -> String {
 }
 
 fn short_options() -> CreateOptions {
-    CreateOptions {
-        timeout: Some(Duration::from_secs(600)),
-        ..Default::default()
-    }
+    CreateOptions::default().timeout(Duration::from_secs(600))
 }
 
 /// Time `echo hi` to its first output byte and its exit.

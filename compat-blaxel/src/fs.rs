@@ -102,11 +102,7 @@ impl MkdirBuilder {
             .mkdir(
                 self.ctx.core.id(),
                 &self.path,
-                sandcove::MkdirOptions {
-                    parents: true,
-                    mode: Some(mode),
-                    user: None,
-                },
+                sandcove::MkdirOptions::default().parents(true).mode(mode),
             )
             .await?;
         Ok(SuccessResponse {
@@ -149,9 +145,7 @@ impl RmBuilder {
             .remove(
                 self.ctx.core.id(),
                 &self.path,
-                sandcove::RemoveOptions {
-                    recursive: self.recursive,
-                },
+                sandcove::RemoveOptions::default().recursive(self.recursive),
             )
             .await;
         match result {
@@ -564,7 +558,7 @@ impl WatchBuilder {
             .watch(
                 self.ctx.core.id(),
                 &path,
-                sandcove::WatchOptions { recursive },
+                sandcove::WatchOptions::default().recursive(recursive),
             )
             .await?;
         let core = self.ctx.core.clone();
@@ -737,12 +731,10 @@ impl SandboxFileSystem {
     async fn write_bytes(&self, path: &str, bytes: Vec<u8>) -> Result<sandcove::FileStat> {
         let stream: sandcove::ByteStream =
             Box::pin(futures::stream::once(async move { Ok(bytes) }));
-        let options = sandcove::WriteOptions {
-            create_parents: true,
-            mode: Some(0o644),
-            append: false,
-            user: None,
-        };
+        let options = sandcove::WriteOptions::default()
+            .create_parents(true)
+            .mode(0o644)
+            .append(false);
         Ok(self.ctx.core.write_stream(path, stream, options).await?)
     }
 

@@ -223,13 +223,10 @@ impl SandboxPreviews {
                 .backend()
                 .expose_port(
                     self.ctx.core.id(),
-                    sandcove::PreviewOptions {
-                        port,
-                        public,
-                        token_ttl: None,
-                        token_header: TOKEN_HEADER.into(),
-                        token_query: TOKEN_QUERY.into(),
-                    },
+                    sandcove::PreviewOptions::new(port)
+                        .public(public)
+                        .token_header(TOKEN_HEADER)
+                        .token_query(TOKEN_QUERY),
                 )
                 .await
                 .map_err(unexpected)?,

@@ -997,24 +997,22 @@ fn core_options(
     labels.insert(NAME_LABEL.into(), sandbox.metadata.name.clone());
     let mut volumes = Vec::new();
     for v in &sandbox.spec.volumes {
-        volumes.push(sandcove::VolumeMount {
-            volume: v.name.clone(),
-            path: v.mount_path.clone(),
-            subpath: None,
-            read_only: v.read_only,
-        });
+        volumes.push(
+            sandcove::VolumeMount::new(v.name.clone(), v.mount_path.clone()).read_only(v.read_only),
+        );
     }
     Ok((
-        sandcove::CreateOptions {
-            // The Blaxel name is the core's unique name: the runtime refuses a taken one.
-            name: Some(sandbox.metadata.name.clone()),
-            envs: envs.clone(),
-            labels,
-            timeout: Some(Duration::from_millis(end - now)),
-            user: Some("root".into()),
-            home: Some(HOME.into()),
-            volumes,
-            ..Default::default()
+        {
+            let mut options = sandcove::CreateOptions::default()
+                // The Blaxel name is the core's unique name: the runtime refuses a taken one.
+                .name(sandbox.metadata.name.clone())
+                .timeout(Duration::from_millis(end - now))
+                .user("root")
+                .home(HOME);
+            options.envs = envs.clone();
+            options.labels = labels;
+            options.volumes = volumes;
+            options
         },
         idle,
     ))

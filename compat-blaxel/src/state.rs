@@ -75,10 +75,7 @@ pub(crate) async fn find_by_name(
     client: &sandcove::Client,
     name: &str,
 ) -> Result<Option<sandcove::SandboxInfo>> {
-    let filter = sandcove::ListOptions {
-        name: Some(name.to_string()),
-        ..Default::default()
-    };
+    let filter = sandcove::ListOptions::default().name(name);
     Ok(client.list(filter).await?.pop())
 }
 

@@ -107,9 +107,10 @@ pub fn expand_working_dir(dir: &str, home: &str) -> String {
 
 /// The core restart policy for Blaxel's `max_restarts` (negative is unlimited).
 pub fn restart_policy(max_restarts: i64) -> sandcove::RestartPolicy {
-    sandcove::RestartPolicy {
-        max_restarts: (max_restarts >= 0).then(|| u32::try_from(max_restarts).unwrap_or(u32::MAX)),
-    }
+    let mut policy = sandcove::RestartPolicy::default();
+    policy.max_restarts =
+        (max_restarts >= 0).then(|| u32::try_from(max_restarts).unwrap_or(u32::MAX));
+    policy
 }
 
 /// The line Blaxel prints into a process's output before restart `n` (with its newline).

@@ -465,10 +465,7 @@ impl Daytona {
                 // The Daytona name is the core's unique sandbox name.
                 let by_name = self
                     .client
-                    .list(ListOptions {
-                        name: Some(id_or_name.to_string()),
-                        ..Default::default()
-                    })
+                    .list(ListOptions::default().name(id_or_name))
                     .await?;
                 match by_name.into_iter().next() {
                     Some(info) => self.load(info).await,
@@ -676,12 +673,9 @@ impl CreateBuilder {
         let mut volumes = Vec::new();
         for v in p.volumes.clone().unwrap_or_default() {
             translate::check_mount_path(&v.mount_path)?;
-            volumes.push(sandcove::VolumeMount {
-                volume: v.volume_id.clone(),
-                path: v.mount_path.clone(),
-                subpath: v.subpath.clone(),
-                read_only: false,
-            });
+            let mut mount = sandcove::VolumeMount::new(v.volume_id.clone(), v.mount_path.clone());
+            mount.subpath = v.subpath.clone();
+            volumes.push(mount);
         }
         let snapshot = match &p.snapshot {
             None => None,
@@ -715,26 +709,24 @@ impl CreateBuilder {
         // The facade state goes in with the create: there is no moment where the sandbox
         // exists without it.
         let annotations = BTreeMap::from([(crate::ctx::META_KEY.to_string(), encode_meta(&meta)?)]);
-        let options = CreateOptions {
-            envs,
-            labels,
-            timeout: Some(translate::lease_for_auto_stop(auto_stop)),
-            // Daytona's default is internet access: isolated internet where the runtime has
-            // it, else loopback only with a warning. Never the host's network.
-            network: if block {
-                NetworkPolicy::None
-            } else {
-                caps.vendor_internet_default()
-            },
-            user: Some(user),
-            home: Some(home),
-            snapshot,
-            volumes,
-            // The runtime keeps names unique, atomically and wherever it runs.
-            name: p.name.clone(),
-            annotations,
-            ..Default::default()
+        let mut options = CreateOptions::default();
+        options.envs = envs;
+        options.labels = labels;
+        options.timeout = Some(translate::lease_for_auto_stop(auto_stop));
+        // Daytona's default is internet access: isolated internet where the runtime has
+        // it, else loopback only with a warning. Never the host's network.
+        options.network = if block {
+            NetworkPolicy::None
+        } else {
+            caps.vendor_internet_default()
         };
+        options.user = Some(user);
+        options.home = Some(home);
+        options.snapshot = snapshot;
+        options.volumes = volumes;
+        // The runtime keeps names unique, atomically and wherever it runs.
+        options.name = p.name.clone();
+        options.annotations = annotations;
         let info = match client.backend().create(options).await {
             Ok(info) => info,
             Err(sandcove::Error::AlreadyExists { .. }) => {

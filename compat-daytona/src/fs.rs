@@ -211,11 +211,7 @@ impl FileSystem {
             .mkdir(
                 &self.ctx.id,
                 &self.ctx.resolve(path),
-                MkdirOptions {
-                    parents: true,
-                    mode: Some(mode),
-                    user: None,
-                },
+                MkdirOptions::default().parents(true).mode(mode),
             )
             .await
             .ctx(P)?;
@@ -319,10 +315,7 @@ impl FileSystem {
             .list_dir(
                 &self.ctx.id,
                 &abs,
-                ListDirOptions {
-                    depth: WALK_DEPTH,
-                    user: None,
-                },
+                ListDirOptions::default().depth(WALK_DEPTH),
             )
             .await?;
         let shown_root = path.trim_end_matches('/');
@@ -420,12 +413,10 @@ impl FileSystem {
                         &self.ctx.id,
                         &abs,
                         stream,
-                        sandcove::WriteOptions {
-                            create_parents: false,
-                            mode: Some(0o644),
-                            append: false,
-                            user: None,
-                        },
+                        sandcove::WriteOptions::default()
+                            .create_parents(false)
+                            .mode(0o644)
+                            .append(false),
                     )
                     .await?;
                 Ok(())
@@ -558,9 +549,7 @@ impl DeleteFileBuilder {
             .remove(
                 &self.fs.ctx.id,
                 &abs,
-                RemoveOptions {
-                    recursive: self.recursive,
-                },
+                RemoveOptions::default().recursive(self.recursive),
             )
             .await
             .ctx(P)
@@ -741,10 +730,7 @@ impl ListFilesBuilder {
             .list_dir(
                 &self.fs.ctx.id,
                 &self.fs.ctx.resolve(&self.path),
-                ListDirOptions {
-                    depth: depth.min(u32::MAX as i64) as u32,
-                    user: None,
-                },
+                ListDirOptions::default().depth(depth.min(u32::MAX as i64) as u32),
             )
             .await
             .map_err(|e| map_file_err(e, &self.path))

@@ -516,13 +516,10 @@ impl Sandbox {
             .backend()
             .expose_port(
                 &self.id,
-                PreviewOptions {
-                    port,
-                    public: meta.public,
-                    token_ttl: None,
-                    token_header: PREVIEW_TOKEN_HEADER.into(),
-                    token_query: PREVIEW_TOKEN_QUERY.into(),
-                },
+                PreviewOptions::new(port)
+                    .public(meta.public)
+                    .token_header(PREVIEW_TOKEN_HEADER)
+                    .token_query(PREVIEW_TOKEN_QUERY),
             )
             .await
     }
@@ -575,15 +572,13 @@ impl Sandbox {
     pub async fn fork(&self) -> Result<Sandbox> {
         const P: &str = "Failed to fork sandbox: ";
         let info = self.ctx.backend().get(&self.id).await.ctx(P)?;
-        let options = sandcove::CreateOptions {
-            envs: info.envs.clone(),
-            // No name: a fork never inherits its source's (Daytona names it by its id).
-            labels: info.labels.clone(),
-            user: Some(info.user.name.clone()),
-            home: Some(info.user.home.clone()),
-            network: info.network.clone(),
-            ..Default::default()
-        };
+        let mut options = sandcove::CreateOptions::default();
+        options.envs = info.envs.clone();
+        // No name: a fork never inherits its source's (Daytona names it by its id).
+        options.labels = info.labels.clone();
+        options.user = Some(info.user.name.clone());
+        options.home = Some(info.user.home.clone());
+        options.network = info.network.clone();
         // The runtime copies the facade state (an annotation) into the fork.
         let forked = self.ctx.backend().fork(&self.id, options).await.ctx(P)?;
         let meta = meta_of(&forked);

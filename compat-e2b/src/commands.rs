@@ -175,17 +175,13 @@ pub(crate) fn process_spec(
     stdin: bool,
     timeout: Option<std::time::Duration>,
 ) -> ProcessSpec {
-    ProcessSpec {
-        command,
-        cwd: cwd.filter(|c| !c.is_empty()).map(|c| ctx.path(c)),
-        envs: translate::process_envs(&ctx.envs, &ctx.id, envs),
-        user: ctx.runtime_user(user),
-        tag: None,
-        stdin,
-        timeout,
-        pty: None,
-        restart: None,
-    }
+    let mut spec = ProcessSpec::new(command);
+    spec.cwd = cwd.filter(|c| !c.is_empty()).map(|c| ctx.path(c));
+    spec.envs = translate::process_envs(&ctx.envs, &ctx.id, envs);
+    spec.user = ctx.runtime_user(user);
+    spec.stdin = stdin;
+    spec.timeout = timeout;
+    spec
 }
 
 pub(crate) fn kill_pid(ctx: Ctx, pid: i64) -> Call<bool> {

@@ -291,7 +291,7 @@ pub(crate) async fn open_watch(
         .watch(
             &ctx.id,
             &ctx.path(path),
-            sandcove::WatchOptions { recursive },
+            sandcove::WatchOptions::default().recursive(recursive),
         )
         .await?)
 }
@@ -330,9 +330,8 @@ pub(crate) async fn open_read(ctx: &Ctx, path: &str, user: Option<&str>) -> Resu
         user: user.map(str::to_string),
         request_timeout: None,
     };
-    let options = sandcove::ReadOptions {
-        user: common.file_user(ctx),
-    };
+    let mut options = sandcove::ReadOptions::default();
+    options.user = common.file_user(ctx);
     Ok(ctx
         .backend
         .read_file(&ctx.id, &ctx.path(path), options)
@@ -351,11 +350,8 @@ pub(crate) async fn write_stream(
         user: user.map(str::to_string),
         request_timeout: None,
     };
-    let options = sandcove::WriteOptions {
-        create_parents: true,
-        user: common.file_user(ctx),
-        ..Default::default()
-    };
+    let mut options = sandcove::WriteOptions::default().create_parents(true);
+    options.user = common.file_user(ctx);
     let s = ctx
         .backend
         .write_file(&ctx.id, &ctx.path(path), data, options)
@@ -543,9 +539,8 @@ impl Filesystem {
     pub fn exists(&self, path: impl Into<String>) -> FsCall<bool> {
         let path = path.into();
         FsCall::new(&self.ctx, move |ctx, common| async move {
-            let options = sandcove::StatOptions {
-                user: common.file_user(&ctx),
-            };
+            let mut options = sandcove::StatOptions::default();
+            options.user = common.file_user(&ctx);
             match ctx.backend.stat(&ctx.id, &ctx.path(&path), options).await {
                 Ok(_) => Ok(true),
                 Err(e) if e.is_not_found() => Ok(false),
@@ -558,9 +553,8 @@ impl Filesystem {
     pub fn get_info(&self, path: impl Into<String>) -> FsCall<EntryInfo> {
         let path = path.into();
         FsCall::new(&self.ctx, move |ctx, common| async move {
-            let options = sandcove::StatOptions {
-                user: common.file_user(&ctx),
-            };
+            let mut options = sandcove::StatOptions::default();
+            options.user = common.file_user(&ctx);
             let s = ctx.backend.stat(&ctx.id, &ctx.path(&path), options).await?;
             Ok(EntryInfo::from_stat(&ctx, &s))
         })
@@ -574,7 +568,11 @@ impl Filesystem {
             common.same_user_only(&ctx)?;
             match ctx
                 .backend
-                .remove(&ctx.id, &ctx.path(&path), RemoveOptions { recursive: true })
+                .remove(
+                    &ctx.id,
+                    &ctx.path(&path),
+                    RemoveOptions::default().recursive(true),
+                )
                 .await
             {
                 Ok(()) => Ok(()),
@@ -626,14 +624,11 @@ impl Filesystem {
                 Err(e) => return Err(e.into()),
             }
             ctx.backend
-                .mkdir(
-                    &ctx.id,
-                    &p,
-                    MkdirOptions {
-                        user: ctx.runtime_user(common.user.as_deref()),
-                        ..Default::default()
-                    },
-                )
+                .mkdir(&ctx.id, &p, {
+                    let mut options = MkdirOptions::default();
+                    options.user = ctx.runtime_user(common.user.as_deref());
+                    options
+                })
                 .await?;
             Ok(true)
         })
@@ -896,14 +891,12 @@ impl IntoFuture for ListBuilder {
                 let user = self.common.file_user(&ctx);
                 let listed = ctx
                     .backend
-                    .list_dir(
-                        &ctx.id,
-                        &ctx.path(&self.path),
-                        ListDirOptions {
-                            depth: u32::try_from(depth).unwrap_or(u32::MAX),
-                            user,
-                        },
-                    )
+                    .list_dir(&ctx.id, &ctx.path(&self.path), {
+                        let mut options = ListDirOptions::default()
+                            .depth(u32::try_from(depth).unwrap_or(u32::MAX));
+                        options.user = user;
+                        options
+                    })
                     .await?;
                 let mut entries: Vec<EntryInfo> = listed
                     .iter()

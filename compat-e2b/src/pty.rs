@@ -175,21 +175,17 @@ impl IntoFuture for PtyCreateBuilder {
                 ("LC_ALL".to_string(), "C.UTF-8".to_string()),
             ]);
             envs.extend(self.envs);
-            let spec = ProcessSpec {
-                command: Command::argv(["/bin/bash", "-i", "-l"]),
-                cwd: self
-                    .cwd
-                    .as_deref()
-                    .filter(|c| !c.is_empty())
-                    .map(|c| ctx.path(c)),
-                envs: translate::process_envs(&ctx.envs, &ctx.id, &envs),
-                user: ctx.runtime_user(self.user.as_deref()),
-                tag: None,
-                stdin: true,
-                timeout: translate::timeout_secs(self.timeout),
-                pty: Some(self.size.core()?),
-                restart: None,
-            };
+            let mut spec = ProcessSpec::new(Command::argv(["/bin/bash", "-i", "-l"]));
+            spec.cwd = self
+                .cwd
+                .as_deref()
+                .filter(|c| !c.is_empty())
+                .map(|c| ctx.path(c));
+            spec.envs = translate::process_envs(&ctx.envs, &ctx.id, &envs);
+            spec.user = ctx.runtime_user(self.user.as_deref());
+            spec.stdin = true;
+            spec.timeout = translate::timeout_secs(self.timeout);
+            spec.pty = Some(self.size.core()?);
             let stream = ctx.backend.spawn(&ctx.id, spec).await?;
             let mut handle = CommandHandle::new(ctx, stream, true, None);
             handle.on_pty = Some(self.on_data);

@@ -317,12 +317,9 @@ impl SandboxInstance {
                 .backend
                 .expose_port(
                     &ctx.id,
-                    PreviewOptions {
-                        port,
-                        public: true,
-                        token_header: "e2b-traffic-access-token".into(),
-                        ..Default::default()
-                    },
+                    PreviewOptions::new(port)
+                        .public(true)
+                        .token_header("e2b-traffic-access-token"),
                 )
                 .await?;
             Ok(preview.host)
@@ -581,12 +578,10 @@ impl<S> CreateBuilder<S> {
             return Err(refuse("iam"));
         }
         let caps = backend.ready().await?;
-        let mut options = CreateOptions {
-            user: Some(translate::E2B_USER.into()),
-            home: Some(translate::E2B_HOME.into()),
-            labels: self.metadata.clone(),
-            ..Default::default()
-        };
+        let mut options = CreateOptions::default()
+            .user(translate::E2B_USER)
+            .home(translate::E2B_HOME);
+        options.labels = self.metadata.clone();
         // Template: the base filesystem, or a snapshot id.
         let template = self
             .template
@@ -693,12 +688,7 @@ impl<S> CreateBuilder<S> {
             options.volumes = self
                 .volume_mounts
                 .iter()
-                .map(|(path, volume)| sandcove::VolumeMount {
-                    volume: volume.clone(),
-                    path: path.clone(),
-                    subpath: None,
-                    read_only: false,
-                })
+                .map(|(path, volume)| sandcove::VolumeMount::new(volume.clone(), path.clone()))
                 .collect();
         }
         let _ = self.secure;
@@ -1085,17 +1075,15 @@ impl SandboxPaginator {
         };
         let offset = page_offset(self.next_token.as_deref())?;
         let query = self.query.clone().unwrap_or_default();
-        let options = ListOptions {
-            labels: query.metadata.clone().unwrap_or_default(),
-            states: query
-                .state
-                .clone()
-                .unwrap_or_else(|| vec![SandboxState::Running, SandboxState::Paused])
-                .into_iter()
-                .map(SandboxState::core)
-                .collect(),
-            name: None,
-        };
+        let mut options = ListOptions::default();
+        options.labels = query.metadata.clone().unwrap_or_default();
+        options.states = query
+            .state
+            .clone()
+            .unwrap_or_else(|| vec![SandboxState::Running, SandboxState::Paused])
+            .into_iter()
+            .map(SandboxState::core)
+            .collect();
         let mut all: Vec<sandcove::SandboxInfo> = backend
             .list(options)
             .await?
@@ -1467,15 +1455,13 @@ impl IntoFuture for ForkBuilder {
                 )
                 .into());
             }
-            let options = CreateOptions {
-                timeout: Some(whole_seconds(self.timeout)?),
-                envs: source.envs.clone(),
-                labels: source.labels.clone(),
-                network: source.network.clone(),
-                user: Some(source.user.name.clone()),
-                home: Some(source.user.home.clone()),
-                ..Default::default()
-            };
+            let mut options = CreateOptions::default();
+            options.timeout = Some(whole_seconds(self.timeout)?);
+            options.envs = source.envs.clone();
+            options.labels = source.labels.clone();
+            options.network = source.network.clone();
+            options.user = Some(source.user.name.clone());
+            options.home = Some(source.user.home.clone());
             let mut out = Vec::new();
             for _ in 0..count {
                 let made = backend

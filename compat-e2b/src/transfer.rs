@@ -101,13 +101,10 @@ impl FileUrlBuilder {
                 ctx.backend
                     .expose_port(
                         &ctx.id,
-                        PreviewOptions {
-                            port: ENVD_PORT,
-                            public: false,
-                            token_ttl: None,
-                            token_header: "e2b-signature".into(),
-                            token_query: "signature".into(),
-                        },
+                        PreviewOptions::new(ENVD_PORT)
+                            .public(false)
+                            .token_header("e2b-signature")
+                            .token_query("signature"),
                     )
                     .await?
             }
@@ -175,22 +172,13 @@ async fn ensure_server(ctx: &Ctx) -> Result<()> {
             sandcove::WriteOptions::default(),
         )
         .await?;
-    let spec = ProcessSpec {
-        command: Command::argv([
-            "python3".to_string(),
-            "-u".to_string(),
-            SERVER_PATH.to_string(),
-            ENVD_PORT.to_string(),
-        ]),
-        cwd: None,
-        envs: Default::default(),
-        user: None,
-        tag: Some(SERVER_TAG.into()),
-        stdin: false,
-        timeout: None,
-        pty: None,
-        restart: None,
-    };
+    let spec = ProcessSpec::new(Command::argv([
+        "python3".to_string(),
+        "-u".to_string(),
+        SERVER_PATH.to_string(),
+        ENVD_PORT.to_string(),
+    ]))
+    .tag(SERVER_TAG);
     let mut stream = match ctx.backend.spawn(&ctx.id, spec).await {
         Ok(s) => s,
         // Another program started it at the same moment.

@@ -8,6 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+mod builders;
+
 /// The home directory and default working directory inside every sandbox.
 pub const SANDBOX_HOME: &str = "/workspace";
 
@@ -52,8 +54,39 @@ pub fn random_id(len: usize) -> String {
 }
 
 /// Options for creating a sandbox.
+///
+/// Like every option struct here it is `#[non_exhaustive]`: fields may be added without
+/// breaking callers, so outside this crate it is built from `Default` and then configured,
+/// by assignment or with the chainable setters:
+///
+/// ```
+/// use std::time::Duration;
+/// use sandcove::{CreateOptions, VolumeMount};
+///
+/// let options = CreateOptions::default()
+///     .name("build-7")
+///     .timeout(Duration::from_secs(600))
+///     .env("CI", "1")
+///     .volume(VolumeMount::new("cache", "/cache"));
+/// let mut same = CreateOptions::default();
+/// same.name = Some("build-7".into());
+/// same.timeout = Some(Duration::from_secs(600));
+/// same.envs.insert("CI".into(), "1".into());
+/// same.volumes.push(VolumeMount::new("cache", "/cache"));
+/// assert_eq!(options, same);
+/// ```
+///
+/// A struct literal does not compile outside this crate, not even with `..Default::default()`:
+///
+/// ```compile_fail,E0639
+/// let options = sandcove::CreateOptions {
+///     name: Some("build-7".into()),
+///     ..Default::default()
+/// };
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct CreateOptions {
     /// A name unique among the live sandboxes of one runtime (see [`valid_sandbox_name`] for
     /// the accepted form). A create naming a taken name fails with
@@ -111,6 +144,7 @@ pub enum TimeoutAction {
 /// A named volume mounted into a sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct VolumeMount {
     /// Volume name.
     pub volume: String,
@@ -153,6 +187,7 @@ pub struct SnapshotInfo {
 /// Options for exposing a sandbox port on the host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct PreviewOptions {
     /// Port inside the sandbox (on its loopback).
     pub port: u16,
@@ -237,6 +272,7 @@ pub struct FsEvent {
 /// Options for watching a directory.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct WatchOptions {
     /// Include subdirectories (also ones created later).
     pub recursive: bool,
@@ -274,6 +310,7 @@ pub struct Metrics {
 /// Resource limits of a sandbox. `None` means the backend's default.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Resources {
     /// CPU cores.
     pub cpu: Option<f64>,
@@ -386,6 +423,7 @@ pub struct SandboxInfo {
 /// nothing changes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct AnnotationUpdate {
     /// Compare-and-set: the current value each of these keys must have (`None`: the key must
     /// be absent). Any mismatch fails the whole update with
@@ -541,6 +579,7 @@ pub struct UserInfo {
 /// Filter for listing sandboxes.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ListOptions {
     /// Only sandboxes carrying all of these labels with these values.
     pub labels: BTreeMap<String, String>,
@@ -646,9 +685,26 @@ impl Command {
     }
 }
 
-/// A process to start in a sandbox.
+/// A process to start in a sandbox: `ProcessSpec::new(command)` then setters
+/// (`ProcessSpec::new(Command::sh("make")).cwd("/src").env("CC", "clang")`), or a command line
+/// (`"make".into()`). `#[non_exhaustive]`, like every option struct (see [`CreateOptions`]):
+///
+/// ```compile_fail,E0639
+/// let spec = sandcove::ProcessSpec {
+///     command: sandcove::Command::sh("true"),
+///     cwd: None,
+///     envs: Default::default(),
+///     user: None,
+///     tag: None,
+///     stdin: false,
+///     timeout: None,
+///     pty: None,
+///     restart: None,
+/// };
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ProcessSpec {
     /// What to run.
     pub command: Command,
@@ -691,6 +747,7 @@ pub struct ProcessSpec {
 /// together): those end it for good. A process with a restart policy cannot use a `pty`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct RestartPolicy {
     /// Most restarts; `None` is unlimited.
     pub max_restarts: Option<u32>,
@@ -1001,6 +1058,7 @@ pub struct FileStat {
 /// Options for listing a directory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ListDirOptions {
     /// 1 lists the directory's own entries; n descends n-1 levels below it.
     pub depth: u32,
@@ -1022,6 +1080,7 @@ impl Default for ListDirOptions {
 /// Options for reading a file.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ReadOptions {
     /// Read as this sandbox user: the kernel checks that user's permissions (a file only root
     /// may read is [`Error::PermissionDenied`](crate::Error::PermissionDenied)). `None` reads
@@ -1034,6 +1093,7 @@ pub struct ReadOptions {
 /// Options for describing one path.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct StatOptions {
     /// Look the path up as this sandbox user (see [`ReadOptions::user`]): a path under a
     /// directory the user may not search is refused.
@@ -1043,6 +1103,7 @@ pub struct StatOptions {
 /// Options for writing a file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct WriteOptions {
     /// Create missing parent directories.
     pub create_parents: bool,
@@ -1072,6 +1133,7 @@ impl Default for WriteOptions {
 /// Options for creating a directory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct MkdirOptions {
     /// Create missing parents, and succeed when the directory exists.
     pub parents: bool,
@@ -1094,6 +1156,7 @@ impl Default for MkdirOptions {
 /// Options for removing a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct RemoveOptions {
     /// Remove directories with their contents.
     pub recursive: bool,

@@ -125,10 +125,7 @@ async fn the_rest_of_the_backend_is_reachable_from_a_handle() {
         let labels = [("k".to_string(), "v".to_string())].into();
         let info = sandbox.set_labels(labels).await.expect("labels");
         assert_eq!(info.labels.get("k").map(String::as_str), Some("v"), "{how}");
-        let update = sandcove::AnnotationUpdate {
-            set: [("owner".to_string(), "me".to_string())].into(),
-            ..Default::default()
-        };
+        let update = sandcove::AnnotationUpdate::set("owner", "me");
         let annotations = sandbox.update_annotations(update).await.expect("annotate");
         assert_eq!(
             annotations.get("owner").map(String::as_str),
@@ -163,10 +160,7 @@ async fn the_rest_of_the_backend_is_reachable_from_a_handle() {
         }
         if caps.previews {
             let preview = sandbox
-                .expose_port(sandcove::PreviewOptions {
-                    port: 8000,
-                    ..Default::default()
-                })
+                .expose_port(sandcove::PreviewOptions::new(8000))
                 .await
                 .expect("expose");
             assert_eq!(sandbox.previews().await.expect("list").len(), 1, "{how}");

@@ -124,10 +124,7 @@ async fn host_only_paths_cannot_be_read_or_listed() {
             .list_dir(
                 &a,
                 &target.to_string_lossy(),
-                ListDirOptions {
-                    depth: 2,
-                    user: None,
-                },
+                ListDirOptions::default().depth(2),
             )
             .await;
         assert!(listed.is_err(), "file API list {t}: {listed:?}");
@@ -159,14 +156,7 @@ async fn host_only_paths_cannot_be_read_or_listed() {
         );
         if let Ok(entries) = env
             .backend
-            .list_dir(
-                &a,
-                dir,
-                ListDirOptions {
-                    depth: 1,
-                    user: None,
-                },
-            )
+            .list_dir(&a, dir, ListDirOptions::default().depth(1))
             .await
         {
             let leaked: Vec<String> = entries
@@ -271,7 +261,7 @@ async fn system_directories_cannot_be_changed() {
             .await
             .err(),
         env.backend
-            .remove(&id, "/etc", RemoveOptions { recursive: true })
+            .remove(&id, "/etc", RemoveOptions::default().recursive(true))
             .await
             .err(),
         env.backend
@@ -303,10 +293,7 @@ async fn system_directories_cannot_be_changed() {
             &id,
             "/etc/passwd",
             bytes(b"owned::0:0::/:/bin/sh\n"),
-            WriteOptions {
-                append: true,
-                ..Default::default()
-            },
+            WriteOptions::default().append(true),
         )
         .await;
     assert_eq!(fingerprint(), before, "host system files changed");
@@ -817,16 +804,13 @@ async fn generated_paths_never_touch_host_files() {
                     &id,
                     &path,
                     bytes(&data),
-                    WriteOptions {
-                        append: true,
-                        ..Default::default()
-                    },
+                    WriteOptions::default().append(true),
                 )
                 .await
                 .map(drop),
             "mkdir" => b.mkdir(&id, &path, MkdirOptions::default()).await.map(drop),
             "remove" => {
-                b.remove(&id, &path, RemoveOptions { recursive: true })
+                b.remove(&id, &path, RemoveOptions::default().recursive(true))
                     .await
             }
             "rename" => {
@@ -845,14 +829,7 @@ async fn generated_paths_never_touch_host_files() {
                 Err(e) => Err(e),
             },
             "list" => b
-                .list_dir(
-                    &id,
-                    &path,
-                    ListDirOptions {
-                        depth: 3,
-                        user: None,
-                    },
-                )
+                .list_dir(&id, &path, ListDirOptions::default().depth(3))
                 .await
                 .map(drop),
             _ => b.stat(&id, &path, Default::default()).await.map(drop),
@@ -942,10 +919,7 @@ async fn symlink_swapped_during_file_calls_never_reaches_the_host() {
                     &id,
                     "/workspace/race/x/dir/inner",
                     bytes(&data),
-                    WriteOptions {
-                        append: true,
-                        ..Default::default()
-                    },
+                    WriteOptions::default().append(true),
                 )
                 .await
                 .map(drop),
@@ -964,7 +938,7 @@ async fn symlink_swapped_during_file_calls_never_reaches_the_host() {
                 b.remove(
                     &id,
                     "/workspace/race/x/dir",
-                    RemoveOptions { recursive: true },
+                    RemoveOptions::default().recursive(true),
                 )
                 .await
             }
@@ -1035,10 +1009,7 @@ async fn file_api_does_not_follow_proc_magic_links_to_host_files() {
                 &id,
                 path,
                 bytes(b"written through a magic link\n"),
-                WriteOptions {
-                    append: true,
-                    ..Default::default()
-                },
+                WriteOptions::default().append(true),
             )
             .await;
         if std::fs::read(&log).unwrap_or_default() != log_before {
@@ -1198,12 +1169,7 @@ async fn bad_create_options_are_refused_and_create_nothing() {
         ),
         (
             "cpu limit",
-            with(&|o| {
-                o.resources = Resources {
-                    cpu: Some(-1.0),
-                    ..Default::default()
-                }
-            }),
+            with(&|o| o.resources = Resources::default().cpu(-1.0)),
             ErrorCode::InvalidArgument,
         ),
         (
@@ -1223,26 +1189,12 @@ async fn bad_create_options_are_refused_and_create_nothing() {
         ),
         (
             "unknown volume",
-            with(&|o| {
-                o.volumes = vec![VolumeMount {
-                    volume: "nope-vol".into(),
-                    path: "/data".into(),
-                    subpath: None,
-                    read_only: false,
-                }]
-            }),
+            with(&|o| o.volumes = vec![VolumeMount::new("nope-vol", "/data")]),
             ErrorCode::NotFound,
         ),
         (
             "volume name ../..",
-            with(&|o| {
-                o.volumes = vec![VolumeMount {
-                    volume: "../..".into(),
-                    path: "/data".into(),
-                    subpath: None,
-                    read_only: false,
-                }]
-            }),
+            with(&|o| o.volumes = vec![VolumeMount::new("../..", "/data")]),
             ErrorCode::InvalidArgument,
         ),
     ];
@@ -1567,16 +1519,7 @@ async fn unknown_and_malformed_ids_are_not_found_everywhere() {
             "resize_pty"
         );
         check!(b.watch(id, "/workspace", WatchOptions::default()), "watch");
-        check!(
-            b.expose_port(
-                id,
-                PreviewOptions {
-                    port: 80,
-                    ..Default::default()
-                }
-            ),
-            "expose_port"
-        );
+        check!(b.expose_port(id, PreviewOptions::new(80)), "expose_port");
         check!(b.list_previews(id), "list_previews");
         check!(b.close_preview(id, 80), "close_preview");
         check!(b.create_preview_token(id, 80, None), "create_preview_token");
@@ -1612,14 +1555,7 @@ async fn bad_paths_timeouts_and_names_are_refused_and_change_nothing() {
     let id = env.sandbox(&unique("badpaths")).await;
     let b = &*env.backend;
     let before = b
-        .list_dir(
-            &id,
-            "/workspace",
-            ListDirOptions {
-                depth: 5,
-                user: None,
-            },
-        )
+        .list_dir(&id, "/workspace", ListDirOptions::default().depth(5))
         .await
         .unwrap();
     let mut tried = 0;
@@ -1633,7 +1569,10 @@ async fn bad_paths_timeouts_and_names_are_refused_and_change_nothing() {
             code_of(b.list_dir(&id, path, ListDirOptions::default()).await),
             code_of(b.stat(&id, path, Default::default()).await),
             code_of(b.mkdir(&id, path, MkdirOptions::default()).await),
-            code_of(b.remove(&id, path, RemoveOptions { recursive: true }).await),
+            code_of(
+                b.remove(&id, path, RemoveOptions::default().recursive(true))
+                    .await,
+            ),
             code_of(b.rename(&id, path, "/workspace/y").await),
             code_of(b.rename(&id, "/workspace", path).await),
             code_of(b.chmod(&id, path, 0o777).await),
@@ -1691,14 +1630,7 @@ async fn bad_paths_timeouts_and_names_are_refused_and_change_nothing() {
         tried += 1;
     }
     let after = b
-        .list_dir(
-            &id,
-            "/workspace",
-            ListDirOptions {
-                depth: 5,
-                user: None,
-            },
-        )
+        .list_dir(&id, "/workspace", ListDirOptions::default().depth(5))
         .await
         .unwrap();
     assert_eq!(before, after, "a refused call changed the workspace");

@@ -52,11 +52,9 @@ impl Env {
 
     /// Create options for a test sandbox: labelled, with a short lease.
     pub fn options(&self, marker: &str) -> CreateOptions {
-        CreateOptions {
-            timeout: Some(Duration::from_secs(90)),
-            labels: BTreeMap::from([(LABEL.to_string(), marker.to_string())]),
-            ..Default::default()
-        }
+        CreateOptions::default()
+            .timeout(Duration::from_secs(90))
+            .label(LABEL, marker)
     }
 
     /// Create a sandbox with [`Env::options`].

@@ -13,17 +13,14 @@ mod common;
 use std::path::PathBuf;
 
 use sandcove::conformance::{run, unique};
-use sandcove::{Command, CreateOptions, ErrorCode, ProcessSpec, VolumeMount};
+use sandcove::{Command, ErrorCode, ProcessSpec, VolumeMount};
 
 use common::{bash, Canaries, Env};
 
 fn mount(volume: &str, path: &str, subpath: Option<&str>) -> VolumeMount {
-    VolumeMount {
-        volume: volume.into(),
-        path: path.into(),
-        subpath: subpath.map(Into::into),
-        read_only: false,
-    }
+    let mut mount = VolumeMount::new(volume, path);
+    mount.subpath = subpath.map(Into::into);
+    mount
 }
 
 /// A host directory no sandbox may see, planted with canaries (and world-readable, so the
@@ -43,9 +40,10 @@ async fn volume_subpaths_never_follow_links_a_sandbox_planted() {
     let (host, canaries) = host_canaries("volsub-host");
     env.backend.create_volume("shared").await.unwrap();
     let planter = env
-        .create(CreateOptions {
-            volumes: vec![mount("shared", "/vol", None)],
-            ..env.options("planter")
+        .create({
+            let mut options = env.options("planter");
+            options.volumes = vec![mount("shared", "/vol", None)];
+            options
         })
         .await;
     let h = host.display();
@@ -75,9 +73,10 @@ async fn volume_subpaths_never_follow_links_a_sandbox_planted() {
     ] {
         let result = env
             .backend
-            .create(CreateOptions {
-                volumes: vec![mount("shared", "/mnt/v", Some(sub))],
-                ..env.options("victim")
+            .create({
+                let mut options = env.options("victim");
+                options.volumes = vec![mount("shared", "/mnt/v", Some(sub))];
+                options
             })
             .await;
         match result {
@@ -100,12 +99,13 @@ async fn volume_subpaths_never_follow_links_a_sandbox_planted() {
 
     // Plain and new subpaths still work, and both sandboxes see one directory.
     let user = env
-        .create(CreateOptions {
-            volumes: vec![
+        .create({
+            let mut options = env.options("user");
+            options.volumes = vec![
                 mount("shared", "/mnt/real", Some("real/inner")),
                 mount("shared", "/mnt/new", Some("fresh/deeper")),
-            ],
-            ..env.options("user")
+            ];
+            options
         })
         .await;
     let out = bash(
@@ -160,9 +160,10 @@ async fn volume_subpath_swapped_during_create_never_reaches_the_host() {
     let (host, canaries) = host_canaries("volrace-host");
     env.backend.create_volume("raced").await.unwrap();
     let swapper = env
-        .create(CreateOptions {
-            volumes: vec![mount("raced", "/vol", None)],
-            ..env.options("swapper")
+        .create({
+            let mut options = env.options("swapper");
+            options.volumes = vec![mount("raced", "/vol", None)];
+            options
         })
         .await;
     let h = host.display();
@@ -176,9 +177,10 @@ async fn volume_subpath_swapped_during_create_never_reaches_the_host() {
     for _ in 0..12 {
         let result = env
             .backend
-            .create(CreateOptions {
-                volumes: vec![mount("raced", "/mnt/v", Some("keep"))],
-                ..env.options("racer")
+            .create({
+                let mut options = env.options("racer");
+                options.volumes = vec![mount("raced", "/mnt/v", Some("keep"))];
+                options
             })
             .await;
         match result {
@@ -219,9 +221,10 @@ async fn volume_subpaths_that_leave_the_volume_are_invalid() {
     for sub in ["/abs", "../up", "a/../../b", "", ".", "./", "a\0b"] {
         let err = env
             .backend
-            .create(CreateOptions {
-                volumes: vec![mount("v", "/mnt/v", Some(sub))],
-                ..env.options("bad")
+            .create({
+                let mut options = env.options("bad");
+                options.volumes = vec![mount("v", "/mnt/v", Some(sub))];
+                options
             })
             .await
             .expect_err(sub);
@@ -256,14 +259,8 @@ fn read_number(path: &std::path::Path) -> u64 {
 async fn memory_and_cpu_limits_are_enforced_or_refused() {
     let env = Env::new("limits");
     let caps = env.backend.capabilities();
-    let options = CreateOptions {
-        resources: sandcove::Resources {
-            memory_mib: Some(64),
-            cpu: Some(0.5),
-            ..Default::default()
-        },
-        ..env.options("limits")
-    };
+    let mut options = env.options("limits");
+    options.resources = sandcove::Resources::default().memory_mib(64).cpu(0.5);
     if !caps.memory_limit {
         eprintln!("no writable cgroup here: checking that limits are refused");
         let err = env.backend.create(options).await.unwrap_err();

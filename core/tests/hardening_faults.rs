@@ -12,7 +12,6 @@
 #[path = "hardening_common.rs"]
 mod common;
 
-use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -156,11 +155,9 @@ async fn creator_child() {
     let mut held = Vec::new();
     for _ in 0..2 {
         // Long enough for any machine: the parent shortens it once it has checked everything.
-        let options = sandcove::CreateOptions {
-            timeout: Some(Duration::from_secs(600)),
-            labels: BTreeMap::from([(common::LABEL.to_string(), marker.to_string())]),
-            ..Default::default()
-        };
+        let options = sandcove::CreateOptions::default()
+            .timeout(Duration::from_secs(600))
+            .label(common::LABEL, marker);
         let id = backend.create(options).await.expect("create").id;
         bash(&backend, &id, "echo 'the creator' > /workspace/made-by").await;
         start_sleeper(&backend, &id, marker).await;
@@ -363,10 +360,7 @@ async fn a_fork_bomb_is_contained_and_destroyable() {
     let env = Env::new("forkbomb");
     let neighbour = env.sandbox(&unique("forkbomb-n")).await;
     let mut opts = env.options(&unique("forkbomb"));
-    opts.resources = Resources {
-        max_processes: Some(LIMIT),
-        ..Default::default()
-    };
+    opts.resources = Resources::default().max_processes(LIMIT);
     let id = env.create(opts).await;
     let (_, agent) = common::monitor_and_agent(&id).await;
     let marker = unique("hc-bomb");

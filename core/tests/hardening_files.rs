@@ -124,10 +124,7 @@ async fn write_temp_file_swapped_for_a_link_never_changes_host_files() {
                 &id,
                 &path,
                 Box::pin(chunks),
-                WriteOptions {
-                    mode: Some(0o4777),
-                    ..Default::default()
-                },
+                WriteOptions::default().mode(0o4777),
             )
             .await;
         if let Ok(stat) = &r {
@@ -176,14 +173,7 @@ async fn writes_through_magic_links_are_refused_and_copy_nothing() {
     }
     let names: Vec<String> = env
         .backend
-        .list_dir(
-            &id,
-            "/workspace",
-            ListDirOptions {
-                depth: 1,
-                user: None,
-            },
-        )
+        .list_dir(&id, "/workspace", ListDirOptions::default().depth(1))
         .await
         .expect("list")
         .into_iter()
@@ -208,10 +198,7 @@ async fn every_file_call_refuses_proc_and_its_magic_links() {
     let b = &*env.backend;
     bash(b, &id, "echo keep > /workspace/keep").await;
     let denied = Some(ErrorCode::PermissionDenied);
-    let d1 = ListDirOptions {
-        depth: 1,
-        user: None,
-    };
+    let d1 = ListDirOptions::default().depth(1);
     for path in [
         "/proc/1/root",
         "/proc/1/root/workspace",
@@ -281,14 +268,7 @@ async fn every_file_call_refuses_proc_and_its_magic_links() {
         "watch through /proc/1/root"
     );
     let deep = b
-        .list_dir(
-            &id,
-            "/",
-            ListDirOptions {
-                depth: 3,
-                user: None,
-            },
-        )
+        .list_dir(&id, "/", ListDirOptions::default().depth(3))
         .await
         .expect("list / deep");
     let inside_proc: Vec<&str> = deep
@@ -410,14 +390,7 @@ async fn names_that_are_not_utf8_can_be_listed_and_addressed() {
     .await;
     assert_eq!(out.stdout, b"ok\n");
     let entries = b
-        .list_dir(
-            &id,
-            "/workspace",
-            ListDirOptions {
-                depth: 1,
-                user: None,
-            },
-        )
+        .list_dir(&id, "/workspace", ListDirOptions::default().depth(1))
         .await
         .expect("list");
     assert_eq!(entries.len(), 2, "{entries:?}");

@@ -100,14 +100,7 @@ async fn world(engine: &dyn Backend, id: &str) -> String {
         .map(|s| (s.id, s.state, s.ends_at))
         .collect();
     let files: Vec<(String, u64)> = engine
-        .list_dir(
-            id,
-            "/workspace",
-            ListDirOptions {
-                depth: 4,
-                user: None,
-            },
-        )
+        .list_dir(id, "/workspace", ListDirOptions::default().depth(4))
         .await
         .unwrap()
         .into_iter()
@@ -344,26 +337,11 @@ async fn bad_input_through_the_client_keeps_its_error_code() {
     let remote: &dyn Backend = &client;
     let mut tried = 0;
     let bad_creates: Vec<CreateOptions> = vec![
-        CreateOptions {
-            envs: [("A=B".to_string(), "x".to_string())].into(),
-            ..Default::default()
-        },
-        CreateOptions {
-            envs: [("A".to_string(), "x\0".to_string())].into(),
-            ..Default::default()
-        },
-        CreateOptions {
-            timeout: Some(Duration::from_secs(400 * 24 * 3600)),
-            ..Default::default()
-        },
-        CreateOptions {
-            home: Some("/etc".into()),
-            ..Default::default()
-        },
-        CreateOptions {
-            template: Some("nope".into()),
-            ..Default::default()
-        },
+        CreateOptions::default().env("A=B", "x"),
+        CreateOptions::default().env("A", "x\0"),
+        CreateOptions::default().timeout(Duration::from_secs(400 * 24 * 3600)),
+        CreateOptions::default().home("/etc"),
+        CreateOptions::default().template("nope"),
     ];
     for options in bad_creates {
         let a = direct.create(options.clone()).await.map(|i| i.id);
@@ -518,19 +496,16 @@ async fn a_restarted_server_never_hangs_its_client() {
         (stop, task)
     };
     let (stop, task) = start(listener);
-    let options = HttpOptions {
-        request_timeout: Duration::from_secs(15),
-        connect_timeout: Duration::from_secs(2),
-        max_retries: 6,
-        backoff: Duration::from_millis(100),
-        max_backoff: Duration::from_millis(800),
-    };
+    let mut options = HttpOptions::default();
+    options.request_timeout = Duration::from_secs(15);
+    options.connect_timeout = Duration::from_secs(2);
+    options.max_retries = 6;
+    options.backoff = Duration::from_millis(100);
+    options.max_backoff = Duration::from_millis(800);
     // For the create retried across the restart: enough retries (about 15 s of backoff) to
     // outlast a restart on a loaded machine.
-    let patient = HttpOptions {
-        max_retries: 20,
-        ..options.clone()
-    };
+    let mut patient = options.clone();
+    patient.max_retries = 20;
     let client = Arc::new(HttpBackend::with_options(&url, KEY, options).unwrap());
     let id = client
         .create(env.options(&unique("hrestart")))
@@ -796,13 +771,7 @@ async fn private_previews_survive_half_sent_heads() {
     keep_alive_server(env.backend.as_ref(), &id, 8000).await;
     let preview = env
         .backend
-        .expose_port(
-            &id,
-            sandcove::PreviewOptions {
-                port: 8000,
-                ..Default::default()
-            },
-        )
+        .expose_port(&id, sandcove::PreviewOptions::new(8000))
         .await
         .expect("expose");
     let token = preview.token.clone().unwrap().value;
@@ -855,13 +824,7 @@ async fn a_second_request_on_a_preview_connection_is_not_forwarded() {
     keep_alive_server(env.backend.as_ref(), &id, 8001).await;
     let preview = env
         .backend
-        .expose_port(
-            &id,
-            sandcove::PreviewOptions {
-                port: 8001,
-                ..Default::default()
-            },
-        )
+        .expose_port(&id, sandcove::PreviewOptions::new(8001))
         .await
         .expect("expose");
     let token = preview.token.clone().unwrap().value;

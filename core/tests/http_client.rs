@@ -15,14 +15,14 @@ use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
 fn options() -> HttpOptions {
-    HttpOptions {
-        // Generous: a mock on loopback answers at once, but a loaded machine may not run it.
-        request_timeout: Duration::from_secs(30),
-        connect_timeout: Duration::from_secs(10),
-        max_retries: 3,
-        backoff: Duration::from_millis(10),
-        max_backoff: Duration::from_secs(2),
-    }
+    let mut options = HttpOptions::default();
+    // Generous: a mock on loopback answers at once, but a loaded machine may not run it.
+    options.request_timeout = Duration::from_secs(30);
+    options.connect_timeout = Duration::from_secs(10);
+    options.max_retries = 3;
+    options.backoff = Duration::from_millis(10);
+    options.max_backoff = Duration::from_secs(2);
+    options
 }
 
 fn client(server: &MockServer) -> HttpBackend {
@@ -350,16 +350,13 @@ async fn a_create_whose_response_is_lost_is_retried_with_the_same_key() {
         .respond_with(ResponseTemplate::new(200).set_body_json(info("first")))
         .mount(&server)
         .await;
-    let backend = HttpBackend::with_options(
-        &server.uri(),
-        "test-key",
-        HttpOptions {
-            // The lost answer times out after this; the retry's answer must arrive within it
-            // too, so it is far above a loaded machine's scheduling delay.
-            request_timeout: Duration::from_secs(10),
-            ..options()
-        },
-    )
+    let backend = HttpBackend::with_options(&server.uri(), "test-key", {
+        let mut options = options();
+        // The lost answer times out after this; the retry's answer must arrive within it
+        // too, so it is far above a loaded machine's scheduling delay.
+        options.request_timeout = Duration::from_secs(10);
+        options
+    })
     .unwrap();
     let created = backend.create(CreateOptions::default()).await.unwrap();
     assert_eq!(created.id, "first");
@@ -445,10 +442,7 @@ async fn bad_input_is_refused_before_anything_is_sent() {
     let backend = client(&server);
     let mut bad_envs = CreateOptions::default();
     bad_envs.envs.insert("A=B".into(), "x".into());
-    let bad_name = CreateOptions {
-        name: Some("../x".into()),
-        ..Default::default()
-    };
+    let bad_name = CreateOptions::default().name("../x");
     for options in [bad_envs, bad_name] {
         let e = backend.create(options.clone()).await.unwrap_err();
         assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");

@@ -613,10 +613,7 @@ async fn a_retried_named_create_is_not_already_exists() {
     let server = start(engine.clone(), ServerConfig::new(KEY)).await;
     let label = unique("idemname");
     let name = unique("n");
-    let options = CreateOptions {
-        name: Some(name.clone()),
-        ..test_options(&label)
-    };
+    let options = test_options(&label).name(name.clone());
     let body = serde_json::to_vec(&options).unwrap();
     let http = reqwest::Client::new();
     let key = unique("key");

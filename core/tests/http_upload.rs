@@ -214,14 +214,7 @@ async fn served(
 
 async fn names(backend: &dyn Backend, id: &str) -> Vec<String> {
     backend
-        .list_dir(
-            id,
-            "/workspace",
-            ListDirOptions {
-                depth: 1,
-                user: None,
-            },
-        )
+        .list_dir(id, "/workspace", ListDirOptions::default().depth(1))
         .await
         .expect("list")
         .into_iter()

@@ -155,10 +155,7 @@ async fn names_of_dead_holders_are_reclaimed_and_of_creating_ones_are_not() {
         std::os::unix::fs::symlink(holder, names.join(name)).unwrap();
         lock
     };
-    let named = |name: &str| sandcove::CreateOptions {
-        name: Some(name.to_string()),
-        ..test_options(&unique("reclaim"))
-    };
+    let named = |name: &str| test_options(&unique("reclaim")).name(name.to_string());
     let create_when_free = |name: &'static str| {
         let backend = backend.clone();
         let options = named(name);
@@ -244,10 +241,7 @@ async fn racing_creates_over_a_stale_name_leave_one_winner() {
         let label = unique("stalerace");
         let results = futures::future::join_all((0..RACERS).map(|_| {
             let backend = backend.clone();
-            let options = sandcove::CreateOptions {
-                name: Some(name.clone()),
-                ..test_options(&label)
-            };
+            let options = test_options(&label).name(name.clone());
             tokio::spawn(async move { backend.create(options).await })
         }))
         .await;

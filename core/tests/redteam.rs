@@ -115,10 +115,7 @@ async fn memory_pin(script: &str) {
     let env = Env::new("rt-mem");
     let limit_mib = 48u64;
     let mut opts = env.options(&unique("rt-mem"));
-    opts.resources = Resources {
-        memory_mib: Some(limit_mib),
-        ..Default::default()
-    };
+    opts.resources = Resources::default().memory_mib(limit_mib);
     let id = match env.backend.create(opts).await {
         Ok(info) => info.id,
         Err(e) if e.code() == ErrorCode::NotSupported => {
@@ -340,12 +337,7 @@ async fn nested_volume_mount_points_do_not_follow_planted_links() {
     let (a, b) = (unique("rta"), unique("rtb"));
     env.backend.create_volume(&a).await.expect("volume a");
     env.backend.create_volume(&b).await.expect("volume b");
-    let mount = |volume: &str, path: &str| sandcove::VolumeMount {
-        volume: volume.into(),
-        path: path.into(),
-        subpath: None,
-        read_only: false,
-    };
+    let mount = |volume: &str, path: &str| sandcove::VolumeMount::new(volume, path);
     let mut opts = env.options(&unique("rt-nested"));
     opts.volumes = vec![mount(&a, "/data")];
     let first = env.create(opts).await;

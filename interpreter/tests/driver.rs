@@ -33,10 +33,7 @@ async fn served() -> Arc<dyn Backend> {
 /// A fresh sandbox (with a lease, so a failed test leaves nothing for long) and its
 /// interpreter.
 async fn sandbox(backend: Arc<dyn Backend>) -> (Interpreter, Cleanup) {
-    let options = CreateOptions {
-        timeout: Some(Duration::from_secs(300)),
-        ..Default::default()
-    };
+    let options = CreateOptions::default().timeout(Duration::from_secs(300));
     let info = backend.create(options).await.expect("create a sandbox");
     (
         Interpreter::new(backend.clone(), info.id.clone()),

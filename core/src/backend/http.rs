@@ -245,6 +245,7 @@ pub fn error_from_response(status: u16, retry_after: Option<&str>, body: &[u8]) 
 
 /// Timeouts and retry policy of an [`HttpBackend`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct HttpOptions {
     /// Total time for a control call, and the time to wait for the response head of a
     /// streaming call (never applied to the stream itself).

@@ -66,6 +66,7 @@ use self::idempotency::Idempotency;
 
 /// Settings of a server.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct ServerConfig {
     /// The API key clients must present as `Authorization: Bearer <key>`. Must not be empty.
     pub api_key: String,
