@@ -11,11 +11,11 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt};
 
 use crate::{
-    Backend, ByteStream, Capabilities, Command, CreateOptions, Error, FileStat, ListDirOptions,
-    ListOptions, Metrics, MkdirOptions, Output, Preview, PreviewOptions, PreviewToken,
-    ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, PtySize, RemoveOptions,
-    Result, SandboxInfo, Signal, SnapshotInfo, VolumeInfo, WatchOptions, WatchStream, WriteOptions,
-    DEFAULT_OUTPUT_LIMIT,
+    Backend, ByteStream, Capabilities, Command, CreateOptions, Error, Feature, FileStat,
+    ListDirOptions, ListOptions, Metrics, MkdirOptions, Output, Preview, PreviewOptions,
+    PreviewToken, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, PtySize,
+    RemoveOptions, Result, SandboxInfo, Signal, SnapshotInfo, VolumeInfo, WatchOptions,
+    WatchStream, WriteOptions, DEFAULT_OUTPUT_LIMIT,
 };
 
 /// Env var naming a remote `sandcove serve` to use instead of the embedded engine.
@@ -103,9 +103,12 @@ impl Client {
         self.backend.ready().await
     }
 
-    /// Create a sandbox.
+    /// Create a sandbox. Bad options are [`Error::InvalidArgument`] and options needing a
+    /// feature the backend lacks are [`Error::NotSupported`], both before anything is sent.
     pub async fn create(&self, options: CreateOptions) -> Result<Sandbox> {
-        self.ready().await?;
+        let caps = self.ready().await?;
+        options.validate()?;
+        caps.check_create(&options)?;
         let info = self.backend.create(options).await?;
         Ok(Sandbox {
             backend: self.backend.clone(),
@@ -131,32 +134,43 @@ impl Client {
 
     /// All snapshots.
     pub async fn snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+        self.require(Feature::Snapshots).await?;
         self.backend.list_snapshots().await
     }
 
     /// Delete a snapshot.
     pub async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()> {
+        self.require(Feature::Snapshots).await?;
         self.backend.delete_snapshot(snapshot_id).await
     }
 
     /// Create a named volume.
     pub async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {
+        self.require(Feature::Volumes).await?;
         self.backend.create_volume(name).await
     }
 
     /// Describe a volume.
     pub async fn volume(&self, name: &str) -> Result<VolumeInfo> {
+        self.require(Feature::Volumes).await?;
         self.backend.get_volume(name).await
     }
 
     /// All volumes.
     pub async fn volumes(&self) -> Result<Vec<VolumeInfo>> {
+        self.require(Feature::Volumes).await?;
         self.backend.list_volumes().await
     }
 
     /// Delete a volume.
     pub async fn delete_volume(&self, name: &str) -> Result<()> {
+        self.require(Feature::Volumes).await?;
         self.backend.delete_volume(name).await
+    }
+
+    /// The one capability check before dispatch (see [`crate::capability`]).
+    async fn require(&self, feature: Feature) -> Result<()> {
+        self.ready().await?.require(feature)
     }
 }
 
@@ -177,6 +191,13 @@ impl Sandbox {
     /// The backend it lives on.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
+    }
+
+    /// The one capability check before dispatch (see [`crate::capability`]): the backend's
+    /// capabilities are known once the client that made this handle was ready, so this does
+    /// no I/O after the first call.
+    async fn require(&self, feature: Feature) -> Result<()> {
+        self.backend.ready().await?.require(feature)
     }
 
     /// Current description.
@@ -214,6 +235,8 @@ impl Sandbox {
     }
 
     async fn start_process(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
+        spec.validate()?;
+        self.backend.ready().await?.check_spawn(&spec)?;
         let stream = self.backend.spawn(&self.id, spec).await?;
         Ok(self.handle(stream))
     }
@@ -259,36 +282,43 @@ impl Sandbox {
 
     /// Freeze every process; memory and processes are kept.
     pub async fn pause(&self) -> Result<SandboxInfo> {
+        self.require(Feature::Pause).await?;
         self.backend.pause(&self.id).await
     }
 
     /// Continue a paused sandbox.
     pub async fn resume(&self) -> Result<SandboxInfo> {
+        self.require(Feature::Pause).await?;
         self.backend.resume(&self.id).await
     }
 
     /// Current resource usage.
     pub async fn metrics(&self) -> Result<Metrics> {
+        self.require(Feature::Metrics).await?;
         self.backend.metrics(&self.id).await
     }
 
     /// Watch a directory for changes; dropping the stream stops the watch.
     pub async fn watch(&self, path: &str, options: WatchOptions) -> Result<WatchStream> {
+        self.require(Feature::Watch).await?;
         self.backend.watch(&self.id, path, options).await
     }
 
     /// Make a port inside the sandbox reachable from the host.
     pub async fn expose_port(&self, options: PreviewOptions) -> Result<Preview> {
+        self.require(Feature::Previews).await?;
         self.backend.expose_port(&self.id, options).await
     }
 
     /// The sandbox's previews.
     pub async fn previews(&self) -> Result<Vec<Preview>> {
+        self.require(Feature::Previews).await?;
         self.backend.list_previews(&self.id).await
     }
 
     /// Close the preview of `port`.
     pub async fn close_preview(&self, port: u16) -> Result<()> {
+        self.require(Feature::Previews).await?;
         self.backend.close_preview(&self.id, port).await
     }
 
@@ -299,6 +329,7 @@ impl Sandbox {
         port: u16,
         expires_at: Option<u64>,
     ) -> Result<PreviewToken> {
+        self.require(Feature::Previews).await?;
         self.backend
             .create_preview_token(&self.id, port, expires_at)
             .await
@@ -306,11 +337,16 @@ impl Sandbox {
 
     /// Snapshot the sandbox's files.
     pub async fn snapshot(&self, name: Option<String>) -> Result<SnapshotInfo> {
+        self.require(Feature::Snapshots).await?;
         self.backend.snapshot(&self.id, name).await
     }
 
     /// A new sandbox with a copy of this one's files (not its processes).
     pub async fn fork(&self, options: CreateOptions) -> Result<Sandbox> {
+        let caps = self.backend.ready().await?;
+        caps.require(Feature::Snapshots)?;
+        options.validate()?;
+        caps.check_create(&options)?;
         let info = self.backend.fork(&self.id, options).await?;
         Ok(Sandbox {
             backend: self.backend.clone(),
@@ -479,6 +515,7 @@ impl ProcessHandle {
 
     /// Resize the process's pseudo-terminal (started with [`ProcessSpec::pty`]).
     pub async fn resize_pty(&self, size: PtySize) -> Result<()> {
+        self.backend.ready().await?.require(Feature::Pty)?;
         self.backend
             .resize_pty(&self.sandbox_id, ProcessSelector::Pid(self.pid), size)
             .await

@@ -48,7 +48,7 @@ pub use backend::http::{HttpBackend, HttpOptions};
 #[cfg(feature = "local")]
 pub use backend::local::LocalBackend;
 pub use backend::{Backend, ByteStream, ProcessStream, WatchStream};
-pub use capability::Capabilities;
+pub use capability::{Capabilities, Feature};
 pub use client::{Client, ProcessHandle, Sandbox, MAX_READ_BYTES};
 pub use error::{Error, ErrorBody, ErrorCode, Result};
 pub use types::*;

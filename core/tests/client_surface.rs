@@ -3,13 +3,21 @@
 //! and the rest of the `Backend` trait reachable from a handle. Run on the embedded engine and
 //! over HTTP (a loopback server wrapping it).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use sandcove::conformance::{test_options, unique};
 use sandcove::server::{LocalServer, ServerConfig};
-use sandcove::{Backend, Client, Command, ErrorCode, HttpBackend, LocalBackend, ProcessEvent};
+use sandcove::{
+    AnnotationUpdate, Backend, ByteStream, Capabilities, Client, Command, CreateOptions, Error,
+    ErrorCode, Feature, FileStat, HttpBackend, ListDirOptions, ListOptions, LocalBackend, Metrics,
+    MkdirOptions, NetworkPolicy, Preview, PreviewOptions, PreviewToken, ProcessEvent, ProcessInfo,
+    ProcessSelector, ProcessSpec, ProcessStream, PtySize, ReadOptions, RemoveOptions, Resources,
+    Result, SandboxInfo, SandboxState, Signal, SnapshotInfo, StatOptions, TimeoutAction,
+    VolumeInfo, VolumeMount, WatchOptions, WatchStream, WriteOptions,
+};
 use tokio::io::AsyncWriteExt;
 
 async fn clients() -> Vec<(&'static str, Client)> {
@@ -169,5 +177,413 @@ async fn the_rest_of_the_backend_is_reachable_from_a_handle() {
         let _ = tokio::time::timeout(Duration::from_secs(60), sandbox.destroy())
             .await
             .expect("destroy in time");
+    }
+}
+
+/// The engine under a mask: it reports the features in `off` as missing and passes every call
+/// on unchanged. To a client it is a runtime without those features; a call for one that slips
+/// past the client's check still reaches the real engine and takes effect there, where the
+/// test sees it.
+#[derive(Debug)]
+struct Without {
+    inner: Arc<dyn Backend>,
+    off: Vec<Feature>,
+}
+
+impl Without {
+    fn mask(&self, mut caps: Capabilities) -> Capabilities {
+        for feature in &self.off {
+            match feature {
+                Feature::Pause => caps.pause = false,
+                Feature::Previews => caps.previews = false,
+                Feature::Snapshots => caps.snapshots = false,
+                Feature::Volumes => caps.volumes = false,
+                Feature::Watch => caps.watch = false,
+                Feature::Pty => caps.pty = false,
+                Feature::Metrics => caps.metrics = false,
+                Feature::HostNetwork => caps.host_network = false,
+                Feature::ProcessLimit => caps.process_limit = false,
+                Feature::MemoryLimit => caps.memory_limit = false,
+                Feature::CpuLimit => caps.cpu_limit = false,
+                other => panic!("unmasked feature {other:?}"),
+            }
+        }
+        caps
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for Without {
+    fn capabilities(&self) -> Capabilities {
+        self.mask(self.inner.capabilities())
+    }
+    async fn ready(&self) -> Result<Capabilities> {
+        Ok(self.mask(self.inner.ready().await?))
+    }
+    async fn create(&self, o: CreateOptions) -> Result<SandboxInfo> {
+        self.inner.create(o).await
+    }
+    async fn get(&self, id: &str) -> Result<SandboxInfo> {
+        self.inner.get(id).await
+    }
+    async fn list(&self, o: ListOptions) -> Result<Vec<SandboxInfo>> {
+        self.inner.list(o).await
+    }
+    async fn set_timeout(&self, id: &str, t: Duration) -> Result<SandboxInfo> {
+        self.inner.set_timeout(id, t).await
+    }
+    async fn set_labels(&self, id: &str, l: BTreeMap<String, String>) -> Result<SandboxInfo> {
+        self.inner.set_labels(id, l).await
+    }
+    async fn update_annotations(
+        &self,
+        id: &str,
+        u: AnnotationUpdate,
+    ) -> Result<BTreeMap<String, String>> {
+        self.inner.update_annotations(id, u).await
+    }
+    async fn destroy(&self, id: &str) -> Result<()> {
+        self.inner.destroy(id).await
+    }
+    async fn spawn(&self, id: &str, s: ProcessSpec) -> Result<ProcessStream> {
+        self.inner.spawn(id, s).await
+    }
+    async fn attach(&self, id: &str, p: ProcessSelector) -> Result<ProcessStream> {
+        self.inner.attach(id, p).await
+    }
+    async fn write_stdin(&self, id: &str, p: ProcessSelector, d: Vec<u8>) -> Result<()> {
+        self.inner.write_stdin(id, p, d).await
+    }
+    async fn close_stdin(&self, id: &str, p: ProcessSelector) -> Result<()> {
+        self.inner.close_stdin(id, p).await
+    }
+    async fn signal(&self, id: &str, p: ProcessSelector, s: Signal) -> Result<()> {
+        self.inner.signal(id, p, s).await
+    }
+    async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
+        self.inner.list_processes(id).await
+    }
+    async fn read_file(&self, id: &str, p: &str, o: ReadOptions) -> Result<ByteStream> {
+        self.inner.read_file(id, p, o).await
+    }
+    async fn write_file(
+        &self,
+        id: &str,
+        p: &str,
+        d: ByteStream,
+        o: WriteOptions,
+    ) -> Result<FileStat> {
+        self.inner.write_file(id, p, d, o).await
+    }
+    async fn list_dir(&self, id: &str, p: &str, o: ListDirOptions) -> Result<Vec<FileStat>> {
+        self.inner.list_dir(id, p, o).await
+    }
+    async fn stat(&self, id: &str, p: &str, o: StatOptions) -> Result<FileStat> {
+        self.inner.stat(id, p, o).await
+    }
+    async fn mkdir(&self, id: &str, p: &str, o: MkdirOptions) -> Result<FileStat> {
+        self.inner.mkdir(id, p, o).await
+    }
+    async fn remove(&self, id: &str, p: &str, o: RemoveOptions) -> Result<()> {
+        self.inner.remove(id, p, o).await
+    }
+    async fn rename(&self, id: &str, from: &str, to: &str) -> Result<FileStat> {
+        self.inner.rename(id, from, to).await
+    }
+    async fn chmod(&self, id: &str, p: &str, mode: u32) -> Result<FileStat> {
+        self.inner.chmod(id, p, mode).await
+    }
+    async fn pause(&self, id: &str) -> Result<SandboxInfo> {
+        self.inner.pause(id).await
+    }
+    async fn resume(&self, id: &str) -> Result<SandboxInfo> {
+        self.inner.resume(id).await
+    }
+    async fn stop(&self, id: &str) -> Result<SandboxInfo> {
+        self.inner.stop(id).await
+    }
+    async fn start(&self, id: &str) -> Result<SandboxInfo> {
+        self.inner.start(id).await
+    }
+    async fn metrics(&self, id: &str) -> Result<Metrics> {
+        self.inner.metrics(id).await
+    }
+    async fn resize_pty(&self, id: &str, p: ProcessSelector, s: PtySize) -> Result<()> {
+        self.inner.resize_pty(id, p, s).await
+    }
+    async fn watch(&self, id: &str, p: &str, o: WatchOptions) -> Result<WatchStream> {
+        self.inner.watch(id, p, o).await
+    }
+    async fn expose_port(&self, id: &str, o: PreviewOptions) -> Result<Preview> {
+        self.inner.expose_port(id, o).await
+    }
+    async fn list_previews(&self, id: &str) -> Result<Vec<Preview>> {
+        self.inner.list_previews(id).await
+    }
+    async fn close_preview(&self, id: &str, port: u16) -> Result<()> {
+        self.inner.close_preview(id, port).await
+    }
+    async fn create_preview_token(
+        &self,
+        id: &str,
+        port: u16,
+        expires_at: Option<u64>,
+    ) -> Result<PreviewToken> {
+        self.inner.create_preview_token(id, port, expires_at).await
+    }
+    async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
+        self.inner.snapshot(id, name).await
+    }
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+        self.inner.list_snapshots().await
+    }
+    async fn delete_snapshot(&self, id: &str) -> Result<()> {
+        self.inner.delete_snapshot(id).await
+    }
+    async fn fork(&self, id: &str, o: CreateOptions) -> Result<SandboxInfo> {
+        self.inner.fork(id, o).await
+    }
+    async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {
+        self.inner.create_volume(name).await
+    }
+    async fn get_volume(&self, name: &str) -> Result<VolumeInfo> {
+        self.inner.get_volume(name).await
+    }
+    async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
+        self.inner.list_volumes().await
+    }
+    async fn delete_volume(&self, name: &str) -> Result<()> {
+        self.inner.delete_volume(name).await
+    }
+}
+
+/// Every feature [`Without`] can take away.
+const MASKABLE: [Feature; 11] = [
+    Feature::Pause,
+    Feature::Previews,
+    Feature::Snapshots,
+    Feature::Volumes,
+    Feature::Watch,
+    Feature::Pty,
+    Feature::Metrics,
+    Feature::HostNetwork,
+    Feature::ProcessLimit,
+    Feature::MemoryLimit,
+    Feature::CpuLimit,
+];
+
+/// `backend` as a client used directly and as one over a loopback server wrapping it.
+async fn embedded_and_http(backend: Arc<dyn Backend>) -> Vec<(&'static str, Client)> {
+    let key = unique("key");
+    let server = LocalServer::start(backend.clone(), ServerConfig::new(key.clone()))
+        .await
+        .expect("server");
+    let remote = HttpBackend::connect(&server.url(), &key)
+        .await
+        .expect("connect");
+    // The server task belongs to this test's runtime and ends with it.
+    std::mem::forget(server);
+    vec![
+        ("embedded", Client::new(backend)),
+        ("http", Client::new(Arc::new(remote) as Arc<dyn Backend>)),
+    ]
+}
+
+/// `result` is the one refusal the capability layer gives for `feature`.
+#[track_caller]
+fn assert_refused<T: std::fmt::Debug>(result: Result<T>, feature: Feature, how: &str) {
+    match result {
+        Err(Error::NotSupported {
+            feature: named,
+            alternative,
+        }) => {
+            assert_eq!(named, feature.name(), "{how}: {feature:?}");
+            assert_eq!(alternative, feature.alternative(), "{how}: {feature:?}");
+        }
+        other => panic!("{how}: {feature:?} was not refused as unsupported: {other:?}"),
+    }
+}
+
+/// On a backend that reports a feature missing, every call needing it is refused by the
+/// client with the same error, embedded and over HTTP, and nothing reaches the backend: the
+/// engine under the mask has every feature, so a call that got through would take effect.
+#[tokio::test]
+async fn a_missing_capability_is_refused_before_dispatch() {
+    let engine: Arc<dyn Backend> = Arc::new(LocalBackend::new().expect("local engine"));
+    let masked: Arc<dyn Backend> = Arc::new(Without {
+        inner: engine.clone(),
+        off: MASKABLE.to_vec(),
+    });
+    for (how, client) in embedded_and_http(masked).await {
+        let caps = client.ready().await.expect("ready");
+        for feature in MASKABLE {
+            assert!(!caps.supports(feature), "{how}: {feature:?} is masked");
+        }
+        let label = unique("surface-caps");
+        let refused_creates = [
+            (
+                test_options(&label).volume(VolumeMount::new("surface-vol", "/data")),
+                Feature::Volumes,
+            ),
+            (
+                test_options(&label).snapshot("surface-snap"),
+                Feature::Snapshots,
+            ),
+            (
+                test_options(&label).on_timeout(TimeoutAction::Pause),
+                Feature::Pause,
+            ),
+            (
+                test_options(&label).network(NetworkPolicy::Host),
+                Feature::HostNetwork,
+            ),
+            (
+                test_options(&label).resources(Resources::default().max_processes(64)),
+                Feature::ProcessLimit,
+            ),
+            (
+                test_options(&label).resources(Resources::default().memory_mib(256)),
+                Feature::MemoryLimit,
+            ),
+            (
+                test_options(&label).resources(Resources::default().cpu(1.0)),
+                Feature::CpuLimit,
+            ),
+        ];
+        for (options, feature) in refused_creates {
+            assert_refused(client.create(options).await, feature, how);
+        }
+        let mine = ListOptions::default().label("conformance", label.clone());
+        assert!(
+            engine.list(mine.clone()).await.expect("list").is_empty(),
+            "{how}: a refused create made a sandbox"
+        );
+        assert_refused(
+            client.create_volume("surface-vol").await,
+            Feature::Volumes,
+            how,
+        );
+        assert_refused(client.volumes().await, Feature::Volumes, how);
+        assert_refused(client.snapshots().await, Feature::Snapshots, how);
+        let before_volumes = engine.list_volumes().await.expect("volumes");
+        assert!(
+            !before_volumes.iter().any(|v| v.name == "surface-vol"),
+            "{how}: a refused create_volume made a volume"
+        );
+
+        let sandbox = client.create(test_options(&label)).await.expect("create");
+        let id = sandbox.id().to_string();
+        assert_refused(
+            sandbox
+                .run("touch pty-ran")
+                .pty(PtySize { cols: 80, rows: 24 })
+                .await,
+            Feature::Pty,
+            how,
+        );
+        assert_refused(sandbox.pause().await, Feature::Pause, how);
+        assert_refused(sandbox.metrics().await, Feature::Metrics, how);
+        assert_refused(
+            sandbox
+                .watch("/workspace", WatchOptions::default())
+                .await
+                .map(drop),
+            Feature::Watch,
+            how,
+        );
+        assert_refused(
+            sandbox.expose_port(PreviewOptions::new(8000)).await,
+            Feature::Previews,
+            how,
+        );
+        assert_refused(sandbox.previews().await, Feature::Previews, how);
+        assert_refused(sandbox.snapshot(None).await, Feature::Snapshots, how);
+        assert_refused(
+            sandbox.fork(test_options(&label)).await,
+            Feature::Snapshots,
+            how,
+        );
+        // Nothing of it happened on the engine.
+        assert_eq!(
+            engine.get(&id).await.expect("info").state,
+            SandboxState::Running,
+            "{how}: a refused pause paused"
+        );
+        assert!(
+            engine
+                .list_previews(&id)
+                .await
+                .expect("previews")
+                .is_empty(),
+            "{how}: a refused preview was exposed"
+        );
+        assert_eq!(
+            engine.list(mine.clone()).await.expect("list").len(),
+            1,
+            "{how}: a refused fork made a sandbox"
+        );
+        assert!(
+            engine
+                .list_processes(&id)
+                .await
+                .expect("processes")
+                .is_empty(),
+            "{how}: a refused pty process was started"
+        );
+        assert!(
+            !engine
+                .list_snapshots()
+                .await
+                .expect("snapshots")
+                .iter()
+                .any(|s| s.sandbox_id == id),
+            "{how}: a refused snapshot was taken"
+        );
+        // What the backend has still works through the same client.
+        assert_eq!(sandbox.run("echo ok").await.expect("run").stdout, b"ok\n");
+        sandbox.destroy().await.expect("destroy");
+    }
+}
+
+/// The un-isolated engine lacks volumes, snapshots and pausing (its capabilities say so): the
+/// client refuses them with the capability layer's error, the same embedded and over HTTP,
+/// instead of each path's own wording.
+#[tokio::test]
+async fn the_unisolated_engine_is_refused_as_its_capabilities_say() {
+    let dir = sandcove::backend::local::default_state_dir().with_extension("unisolated");
+    let engine: Arc<dyn Backend> =
+        Arc::new(LocalBackend::unisolated(dir).expect("un-isolated engine"));
+    for (how, client) in embedded_and_http(engine.clone()).await {
+        let caps = client.ready().await.expect("ready");
+        assert!(!caps.isolated && !caps.volumes && !caps.snapshots && !caps.pause);
+        let label = unique("surface-unisolated");
+        assert_refused(
+            client
+                .create(test_options(&label).volume(VolumeMount::new("v", "/data")))
+                .await,
+            Feature::Volumes,
+            how,
+        );
+        assert_refused(
+            client.create(test_options(&label).auto_resume(true)).await,
+            Feature::Pause,
+            how,
+        );
+        assert_refused(client.create_volume("v").await, Feature::Volumes, how);
+        let sandbox = client.create(test_options(&label)).await.expect("create");
+        assert_refused(sandbox.pause().await, Feature::Pause, how);
+        assert_refused(sandbox.snapshot(None).await, Feature::Snapshots, how);
+        assert_refused(
+            sandbox.fork(test_options(&label)).await,
+            Feature::Snapshots,
+            how,
+        );
+        let mine = ListOptions::default().label("conformance", label.clone());
+        assert_eq!(
+            engine.list(mine).await.expect("list").len(),
+            1,
+            "{how}: only the plain create made a sandbox"
+        );
+        sandbox.destroy().await.expect("destroy");
     }
 }
