@@ -98,9 +98,7 @@ impl MkdirBuilder {
         let stat = self
             .ctx
             .core
-            .backend()
-            .mkdir(
-                self.ctx.core.id(),
+            .mkdir_with(
                 &self.path,
                 sandcove::MkdirOptions::default().parents(true).mode(mode),
             )
@@ -141,9 +139,7 @@ impl RmBuilder {
         let result = self
             .ctx
             .core
-            .backend()
-            .remove(
-                self.ctx.core.id(),
+            .remove_with(
                 &self.path,
                 sandcove::RemoveOptions::default().recursive(self.recursive),
             )
@@ -554,9 +550,7 @@ impl WatchBuilder {
         let mut stream = self
             .ctx
             .core
-            .backend()
             .watch(
-                self.ctx.core.id(),
                 &path,
                 sandcove::WatchOptions::default().recursive(recursive),
             )

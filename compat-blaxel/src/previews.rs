@@ -113,8 +113,7 @@ impl SandboxPreviewTokens {
         let token = self
             .ctx
             .core
-            .backend()
-            .create_preview_token(self.ctx.core.id(), self.port, Some(at))
+            .create_preview_token(self.port, Some(at))
             .await
             .map_err(unexpected)?;
         Ok(SandboxPreviewToken {
@@ -220,9 +219,7 @@ impl SandboxPreviews {
             None => self
                 .ctx
                 .core
-                .backend()
                 .expose_port(
-                    self.ctx.core.id(),
                     sandcove::PreviewOptions::new(port)
                         .public(public)
                         .token_header(TOKEN_HEADER)
@@ -275,8 +272,7 @@ impl SandboxPreviews {
         let port = preview.spec.port.unwrap_or_default();
         self.ctx
             .core
-            .backend()
-            .list_previews(self.ctx.core.id())
+            .previews()
             .await
             .map_err(unexpected)?
             .into_iter()
@@ -287,13 +283,7 @@ impl SandboxPreviews {
     /// `previews.list()`.
     pub async fn list(&self) -> Result<Vec<SandboxPreview>> {
         let records = self.records().await?;
-        let live = self
-            .ctx
-            .core
-            .backend()
-            .list_previews(self.ctx.core.id())
-            .await
-            .map_err(unexpected)?;
+        let live = self.ctx.core.previews().await.map_err(unexpected)?;
         Ok(records
             .into_values()
             .filter_map(|p| {
@@ -317,13 +307,7 @@ impl SandboxPreviews {
             .values()
             .any(|p| p.spec.port == Some(i64::from(port)));
         if !shared {
-            match self
-                .ctx
-                .core
-                .backend()
-                .close_preview(self.ctx.core.id(), port)
-                .await
-            {
+            match self.ctx.core.close_preview(port).await {
                 Ok(()) => {}
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(unexpected(e)),

@@ -376,9 +376,9 @@ impl StreamLogsBuilder {
         let stream = self
             .ctx
             .core
-            .backend()
-            .attach(self.ctx.core.id(), sandcove::ProcessSelector::Pid(info.pid))
-            .await?;
+            .attach(sandcove::ProcessSelector::Pid(info.pid))
+            .await?
+            .into_stream();
         let callbacks = self.callbacks;
         let max = info.restart.and_then(|r| r.max_restarts);
         let task = tokio::spawn(async move {
@@ -547,12 +547,7 @@ impl SandboxProcess {
         let sent = self
             .ctx
             .core
-            .backend()
-            .signal(
-                self.ctx.core.id(),
-                sandcove::ProcessSelector::Pid(info.pid),
-                signal,
-            )
+            .signal(sandcove::ProcessSelector::Pid(info.pid), signal)
             .await;
         if let Err(e) = sent {
             let _ = state::write_annotation(&self.ctx.core, &key, &before).await;
@@ -665,11 +660,10 @@ async fn describe(
     let max = info.restart.and_then(|r| r.max_restarts);
     let (out, err) = match ctx
         .core
-        .backend()
-        .attach(ctx.core.id(), sandcove::ProcessSelector::Pid(info.pid))
+        .attach(sandcove::ProcessSelector::Pid(info.pid))
         .await
     {
-        Ok(stream) => state::history(stream, max).await?,
+        Ok(handle) => state::history(handle.into_stream(), max).await?,
         Err(e) if e.is_not_found() => (Vec::new(), Vec::new()),
         Err(e) => return Err(e.into()),
     };
@@ -801,8 +795,8 @@ async fn exec(
             spec.timeout = Some(Duration::from_secs(t as u64));
         }
     }
-    let stream = match ctx.core.backend().spawn(ctx.core.id(), spec).await {
-        Ok(s) => s,
+    let stream = match ctx.core.spawn(spec).await {
+        Ok(handle) => handle.into_stream(),
         Err(e @ sandcove::Error::AlreadyExists { .. }) => {
             return Err(SandboxAPIError::response_from(
                 400,

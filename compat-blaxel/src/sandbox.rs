@@ -296,13 +296,7 @@ impl SnapshotBuilder {
     }
 
     async fn run(self) -> Result<SandboxSnapshot> {
-        let info = self
-            .ctx
-            .core
-            .backend()
-            .snapshot(self.ctx.core.id(), self.name)
-            .await
-            .map_err(cp)?;
+        let info = self.ctx.core.snapshot(self.name).await.map_err(cp)?;
         Ok(snapshot_model(&info, &self.ctx.name))
     }
 }
@@ -373,22 +367,21 @@ impl ForkBuilder {
         let mut sandbox = source.sandbox.clone();
         sandbox.metadata.name = self.target_name.clone();
         let (mut options, idle) = core_options(&sandbox, &src_info.envs, sandcove::now_millis())?;
-        let backend = self.ctx.core.backend();
-        options.network = backend.ready().await?.vendor_internet_default();
-        let info = match &self.snapshot_id {
+        options.network = client.ready().await?.vendor_internet_default();
+        let core = match &self.snapshot_id {
             Some(snap) => {
                 let mut options = options;
                 options.snapshot = Some(snap.clone());
-                backend.create(options).await
+                client.create(options).await
             }
-            None => backend.fork(self.ctx.core.id(), options).await,
+            None => self.ctx.core.fork(options).await,
         }
         .map_err(|e| match e {
             // The runtime keeps names unique (atomically, wherever it runs).
             sandcove::Error::AlreadyExists { .. } => already_exists(&self.target_name),
             e => cp(e),
         })?;
-        let core = client.connect(&info.id).await.map_err(cp)?;
+        let info = core.info().await.map_err(cp)?;
         sandbox.metadata.created_at = Some(translate::format_rfc3339(info.created_at));
         sandbox.metadata.updated_at = sandbox.metadata.created_at.clone();
         // The fork got a copy of the source's annotations: its own record replaces the
@@ -662,7 +655,7 @@ impl SandboxHandle {
 
     /// `instance.list_snapshots()`: the snapshots of this sandbox.
     pub async fn list_snapshots(&self) -> Result<Vec<SandboxSnapshot>> {
-        let all = self.ctx.core.backend().list_snapshots().await.map_err(cp)?;
+        let all = self.ctx.core.client().snapshots().await.map_err(cp)?;
         Ok(all
             .iter()
             .filter(|s| s.sandbox_id == self.ctx.core.id())
@@ -674,7 +667,7 @@ impl SandboxHandle {
     pub async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()> {
         self.ctx
             .core
-            .backend()
+            .client()
             .delete_snapshot(snapshot_id)
             .await
             .map_err(cp)
@@ -1145,10 +1138,10 @@ async fn create_sandbox(
     // The runtime keeps names unique atomically (wherever it runs): create first, and only
     // a taken name means "get the existing one" for create_if_not_exists.
     let mut attempts = 0;
-    let info = loop {
+    let core = loop {
         attempts += 1;
-        match client.backend().create(options.clone()).await {
-            Ok(info) => break info,
+        match client.create(options.clone()).await {
+            Ok(core) => break core,
             Err(sandcove::Error::AlreadyExists { .. }) if create_if_not_exist => {
                 let existing = state::find_by_name(&client, &sandbox.metadata.name)
                     .await
@@ -1172,7 +1165,7 @@ async fn create_sandbox(
             Err(e) => return Err(cp(e)),
         }
     };
-    let core = client.connect(&info.id).await.map_err(cp)?;
+    let info = core.info().await.map_err(cp)?;
     sandbox.metadata.created_at = Some(translate::format_rfc3339(info.created_at));
     sandbox.metadata.updated_at = sandbox.metadata.created_at.clone();
     let setup = async {

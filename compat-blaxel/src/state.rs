@@ -132,10 +132,7 @@ pub(crate) async fn update_annotations(
     sandbox: &sandcove::Sandbox,
     update: sandcove::AnnotationUpdate,
 ) -> sandcove::Result<BTreeMap<String, String>> {
-    sandbox
-        .backend()
-        .update_annotations(sandbox.id(), update)
-        .await
+    sandbox.update_annotations(update).await
 }
 
 /// Record `value` under `key` (replacing what was there).

@@ -459,7 +459,7 @@ impl Daytona {
         if id_or_name.is_empty() {
             return Err(DaytonaError::validation("sandbox_id_or_name is required"));
         }
-        match self.client.backend().get(id_or_name).await {
+        match self.client.sandbox(id_or_name).info().await {
             Ok(info) => self.load(info).await,
             Err(e) if e.is_not_found() => {
                 // The Daytona name is the core's unique sandbox name.
@@ -727,8 +727,8 @@ impl CreateBuilder {
         // The runtime keeps names unique, atomically and wherever it runs.
         options.name = p.name.clone();
         options.annotations = annotations;
-        let info = match client.backend().create(options).await {
-            Ok(info) => info,
+        let info = match client.create(options).await {
+            Ok(core) => core.info().await?,
             Err(sandcove::Error::AlreadyExists { .. }) => {
                 return Err(DaytonaError::Conflict(crate::errors::ErrorDetails::new(
                     format!(

@@ -1,10 +1,10 @@
-//! What every sub-API shares: the runtime client, the sandbox id, its work dir, and the
+//! What every sub-API shares: the runtime's handle to the sandbox, its work dir, and the
 //! facade's own per-sandbox state (labels set later, archived flag, intervals).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use sandcove::{AnnotationUpdate, Backend, Client, Output, ProcessSpec, SandboxInfo};
+use sandcove::{AnnotationUpdate, Output, ProcessSpec, SandboxInfo};
 use serde::{Deserialize, Serialize};
 
 use crate::translate;
@@ -36,17 +36,19 @@ pub(crate) struct Meta {
     pub volumes: Vec<(String, String, Option<String>)>,
 }
 
-/// A handle to one sandbox for the sub-APIs.
+/// A handle to one sandbox for the sub-APIs: the runtime's own handle (every call goes
+/// through its capability and validation checks) and the directory relative paths resolve
+/// against.
 #[derive(Debug, Clone)]
 pub(crate) struct Ctx {
-    pub client: Client,
-    pub id: Arc<str>,
+    pub core: sandcove::Sandbox,
     pub work_dir: Arc<str>,
 }
 
 impl Ctx {
-    pub fn backend(&self) -> &Arc<dyn Backend> {
-        self.client.backend()
+    /// The sandbox id.
+    pub fn id(&self) -> &str {
+        self.core.id()
     }
 
     pub fn resolve(&self, path: &str) -> String {
@@ -54,32 +56,19 @@ impl Ctx {
     }
 
     pub async fn run(&self, spec: ProcessSpec) -> sandcove::Result<Output> {
-        let stream = self.backend().spawn(&self.id, spec).await?;
-        sandcove::client::collect(stream, sandcove::DEFAULT_OUTPUT_LIMIT).await
+        self.core.run(spec).await
     }
 
     pub async fn read(&self, path: &str) -> sandcove::Result<Vec<u8>> {
-        use futures::StreamExt;
-        let mut stream = self
-            .backend()
-            .read_file(&self.id, path, Default::default())
-            .await?;
-        let mut out = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            out.extend_from_slice(&chunk?);
-        }
-        Ok(out)
+        self.core.read(path).await
     }
 
     pub async fn write(&self, path: &str, data: Vec<u8>) -> sandcove::Result<sandcove::FileStat> {
-        let stream: sandcove::ByteStream = Box::pin(futures::stream::once(async move { Ok(data) }));
-        self.backend()
-            .write_file(&self.id, path, stream, sandcove::WriteOptions::default())
-            .await
+        self.core.write(path, data).await
     }
 
     pub async fn meta(&self) -> sandcove::Result<Meta> {
-        read_meta(self.backend().as_ref(), &self.id).await
+        Ok(meta_of(&self.core.info().await?))
     }
 
     /// Change the facade state with a compare-and-set on its annotation, retried on a
@@ -88,13 +77,13 @@ impl Ctx {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let info = self.backend().get(&self.id).await?;
+            let info = self.core.info().await?;
             let old = info.annotations.get(META_KEY).cloned();
             let mut meta = meta_of(&info);
             change(&mut meta);
             let update =
                 AnnotationUpdate::set(META_KEY, encode_meta(&meta)?).expecting(META_KEY, old);
-            match self.backend().update_annotations(&self.id, update).await {
+            match self.core.update_annotations(update).await {
                 Ok(_) => return Ok(meta),
                 // Someone else changed it first: re-read and apply the change again (bounded,
                 // so endless contention surfaces as the conflict rather than a hang).
@@ -116,9 +105,4 @@ pub(crate) fn meta_of(info: &SandboxInfo) -> Meta {
         .get(META_KEY)
         .and_then(|text| serde_json::from_str(text).ok())
         .unwrap_or_default()
-}
-
-/// Read the facade state of sandbox `id`.
-pub(crate) async fn read_meta(backend: &dyn Backend, id: &str) -> sandcove::Result<Meta> {
-    Ok(meta_of(&backend.get(id).await?))
 }

@@ -207,9 +207,8 @@ impl FileSystem {
         const P: &str = "Failed to create folder: ";
         let mode = translate::parse_mode(mode).ctx(P)?;
         self.ctx
-            .backend()
-            .mkdir(
-                &self.ctx.id,
+            .core
+            .mkdir_with(
                 &self.ctx.resolve(path),
                 MkdirOptions::default().parents(true).mode(mode),
             )
@@ -290,8 +289,8 @@ impl FileSystem {
         let abs = self.ctx.resolve(path);
         let stat = self
             .ctx
-            .backend()
-            .stat(&self.ctx.id, &abs, Default::default())
+            .core
+            .stat_with(&abs, Default::default())
             .await
             .map_err(|e| map_file_err(e, path))
             .ctx("Failed to get file info: ")?;
@@ -301,22 +300,14 @@ impl FileSystem {
     /// Every regular file under `path` (or `path` itself), with its path as the caller wrote it.
     async fn walk(&self, path: &str) -> sandcove::Result<Vec<(String, FileStat)>> {
         let abs = self.ctx.resolve(path);
-        let root = self
-            .ctx
-            .backend()
-            .stat(&self.ctx.id, &abs, Default::default())
-            .await?;
+        let root = self.ctx.core.stat_with(&abs, Default::default()).await?;
         if root.kind != FileKind::Dir {
             return Ok(vec![(path.to_string(), root)]);
         }
         let entries = self
             .ctx
-            .backend()
-            .list_dir(
-                &self.ctx.id,
-                &abs,
-                ListDirOptions::default().depth(WALK_DEPTH),
-            )
+            .core
+            .list_dir_with(&abs, ListDirOptions::default().depth(WALK_DEPTH))
             .await?;
         let shown_root = path.trim_end_matches('/');
         let mut out: Vec<(String, FileStat)> = entries
@@ -408,9 +399,8 @@ impl FileSystem {
                 let stream: sandcove::ByteStream =
                     Box::pin(futures::stream::once(async move { Ok(text.into_bytes()) }));
                 self.ctx
-                    .backend()
-                    .write_file(
-                        &self.ctx.id,
+                    .core
+                    .write_stream(
                         &abs,
                         stream,
                         sandcove::WriteOptions::default()
@@ -436,13 +426,12 @@ impl FileSystem {
     pub async fn move_files(&self, source: &str, destination: &str) -> Result<()> {
         const P: &str = "Failed to move files: ";
         let (src, dst) = (self.ctx.resolve(source), self.ctx.resolve(destination));
-        let backend = self.ctx.backend();
-        backend
-            .stat(&self.ctx.id, &src, Default::default())
+        let core = &self.ctx.core;
+        core.stat(&src)
             .await
             .map_err(|e| map_file_err(e, source))
             .ctx(P)?;
-        match backend.stat(&self.ctx.id, &dst, Default::default()).await {
+        match core.stat(&dst).await {
             Ok(_) => {
                 return Err(DaytonaError::Conflict(ErrorDetails::new(
                     format!("{P}destination already exists: {destination}"),
@@ -453,7 +442,7 @@ impl FileSystem {
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e).ctx(P),
         }
-        backend.rename(&self.ctx.id, &src, &dst).await.ctx(P)?;
+        core.rename(&src, &dst).await.ctx(P)?;
         Ok(())
     }
 
@@ -496,8 +485,8 @@ impl FileSystem {
         let abs = self.ctx.resolve(remote_path);
         let stat = self
             .ctx
-            .backend()
-            .stat(&self.ctx.id, &abs, Default::default())
+            .core
+            .stat_with(&abs, Default::default())
             .await
             .map_err(|e| map_file_err(e, remote_path))?;
         if stat.kind == FileKind::Dir {
@@ -533,9 +522,9 @@ impl DeleteFileBuilder {
     async fn run(self) -> Result<()> {
         const P: &str = "Failed to delete file: ";
         let abs = self.fs.ctx.resolve(&self.path);
-        let backend = self.fs.ctx.backend();
-        let stat = backend
-            .stat(&self.fs.ctx.id, &abs, Default::default())
+        let core = &self.fs.ctx.core;
+        let stat = core
+            .stat(&abs)
             .await
             .map_err(|e| map_file_err(e, &self.path))
             .ctx(P)?;
@@ -545,12 +534,7 @@ impl DeleteFileBuilder {
             ))
             .ctx(P);
         }
-        backend
-            .remove(
-                &self.fs.ctx.id,
-                &abs,
-                RemoveOptions::default().recursive(self.recursive),
-            )
+        core.remove_with(&abs, RemoveOptions::default().recursive(self.recursive))
             .await
             .ctx(P)
     }
@@ -726,9 +710,8 @@ impl ListFilesBuilder {
         let entries = self
             .fs
             .ctx
-            .backend()
-            .list_dir(
-                &self.fs.ctx.id,
+            .core
+            .list_dir_with(
                 &self.fs.ctx.resolve(&self.path),
                 ListDirOptions::default().depth(depth.min(u32::MAX as i64) as u32),
             )
@@ -778,13 +761,13 @@ impl PermissionsBuilder {
             .map(translate::parse_mode)
             .transpose()
             .ctx(P)?;
-        ctx.backend()
-            .stat(&ctx.id, &abs, Default::default())
+        ctx.core
+            .stat_with(&abs, Default::default())
             .await
             .map_err(|e| map_file_err(e, &self.path))
             .ctx(P)?;
         if let Some(mode) = mode {
-            ctx.backend().chmod(&ctx.id, &abs, mode).await.ctx(P)?;
+            ctx.core.chmod(&abs, mode).await.ctx(P)?;
         }
         if self.owner.is_some() || self.group.is_some() {
             let spec = format!(

@@ -190,12 +190,7 @@ impl Git {
             Ok(o) => o,
             Err(e) if e.is_not_found() && cwd.is_some() => {
                 let missing = self.ctx.resolve(cwd.unwrap_or_default());
-                match self
-                    .ctx
-                    .backend()
-                    .stat(&self.ctx.id, &missing, Default::default())
-                    .await
-                {
+                match self.ctx.core.stat_with(&missing, Default::default()).await {
                     Err(_) => {
                         return Err(DaytonaError::NotFound(ErrorDetails::new(
                             format!("repository not found: {missing}"),
@@ -426,7 +421,7 @@ impl CloneBuilder {
         const P: &str = "Failed to clone repository: ";
         let ctx = &self.git.ctx;
         if !is_local_url(&self.url) {
-            let info = ctx.backend().get(&ctx.id).await.ctx(P)?;
+            let info = ctx.core.info().await.ctx(P)?;
             if info.network == NetworkPolicy::None {
                 return Err(DaytonaError::Connection(ErrorDetails::new(
                     format!(

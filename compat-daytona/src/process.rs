@@ -157,7 +157,7 @@ impl Process {
         spec.stdin = true;
         spec.tag = Some(session_tag(session_id));
         spec.cwd = Some(self.ctx.work_dir.to_string());
-        let stream = self.ctx.backend().spawn(&self.ctx.id, spec).await.ctx(P)?;
+        let stream = self.ctx.core.spawn(spec).await.ctx(P)?.into_stream();
         let state = SessionState::start(stream);
         registry()
             .lock()
@@ -178,12 +178,7 @@ impl Process {
     /// `list_sessions() -> list[Session]`.
     pub async fn list_sessions(&self) -> Result<Vec<Session>> {
         const P: &str = "Failed to list sessions: ";
-        let procs = self
-            .ctx
-            .backend()
-            .list_processes(&self.ctx.id)
-            .await
-            .ctx(P)?;
+        let procs = self.ctx.core.processes().await.ctx(P)?;
         let mut out = Vec::new();
         for p in &procs {
             let Some(id) = p.tag.as_deref().and_then(|t| t.strip_prefix(SESSION_TAG)) else {
@@ -207,9 +202,8 @@ impl Process {
         let state = self.session(session_id).await.ctx(P)?;
         let mut changed = state.version.subscribe();
         self.ctx
-            .backend()
+            .core
             .signal(
-                &self.ctx.id,
                 ProcessSelector::Tag(session_tag(session_id)),
                 sandcove::Signal::Kill,
             )
@@ -363,9 +357,8 @@ impl Process {
             }
         }
         self.ctx
-            .backend()
+            .core
             .write_stdin(
-                &self.ctx.id,
                 ProcessSelector::Tag(session_tag(session_id)),
                 format!("{data}\n").into_bytes(),
             )
@@ -413,7 +406,7 @@ impl Process {
     /// event, which may be after a `stop` or `delete_session` (of this program or another)
     /// has returned.
     async fn session(&self, session_id: &str) -> Result<Arc<SessionState>> {
-        let procs = self.ctx.backend().list_processes(&self.ctx.id).await?;
+        let procs = self.ctx.core.processes().await?;
         self.session_in(&procs, session_id).await
     }
 
@@ -446,9 +439,10 @@ impl Process {
         }
         let stream = self
             .ctx
-            .backend()
-            .attach(&self.ctx.id, ProcessSelector::Pid(pid))
-            .await?;
+            .core
+            .attach(ProcessSelector::Pid(pid))
+            .await?
+            .into_stream();
         let state = SessionState::rebuild(stream).await;
         registry()
             .lock()
@@ -509,9 +503,8 @@ impl Process {
                 });
             let line = driver_line(&cmd_id, &req.command, run_async);
             self.ctx
-                .backend()
+                .core
                 .write_stdin(
-                    &self.ctx.id,
                     ProcessSelector::Tag(session_tag(session_id)),
                     line.into_bytes(),
                 )
@@ -602,7 +595,7 @@ impl ExecBuilder {
 
     async fn run_inner(mut self) -> Result<ExecuteResponse> {
         if let Some(code) = self.code.take() {
-            let info = self.ctx.backend().get(&self.ctx.id).await?;
+            let info = self.ctx.core.info().await?;
             let meta = self.ctx.meta().await?;
             let labels = meta.labels.unwrap_or(info.labels);
             let language = labels
@@ -635,8 +628,8 @@ impl ExecBuilder {
             .timeout
             .filter(|t| *t > 0)
             .map(|t| Duration::from_secs(t as u64));
-        let stream = match self.ctx.backend().spawn(&self.ctx.id, spec).await {
-            Ok(s) => s,
+        let stream = match self.ctx.core.spawn(spec).await {
+            Ok(handle) => handle.into_stream(),
             Err(e) if e.is_not_found() && self.cwd.is_some() => {
                 // Daytona's daemon cannot start the process: exit -1 and the Go error text.
                 let result = format!("chdir {cwd}: no such file or directory");
@@ -1119,7 +1112,7 @@ pub(crate) fn forget_sandbox(sandbox_id: &str) {
 }
 
 fn key(ctx: &Ctx, session_id: &str) -> (String, String) {
-    (ctx.id.to_string(), session_id.to_string())
+    (ctx.id().to_string(), session_id.to_string())
 }
 
 fn lossy(b: &[u8]) -> String {

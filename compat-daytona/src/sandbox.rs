@@ -236,8 +236,7 @@ impl Sandbox {
         meta: Meta,
     ) -> Self {
         let ctx = Ctx {
-            client,
-            id: info.id.clone().into(),
+            core: client.sandbox(info.id.clone()),
             work_dir: info.user.home.clone().into(),
         };
         let mut sb = Sandbox {
@@ -338,8 +337,8 @@ impl Sandbox {
     pub async fn refresh_data(&mut self) -> Result<()> {
         let info = self
             .ctx
-            .backend()
-            .get(&self.id)
+            .core
+            .info()
             .await
             .ctx("Failed to refresh sandbox data: ")?;
         // The facade state is an annotation: readable in every state.
@@ -352,8 +351,8 @@ impl Sandbox {
     pub async fn get_user_home_dir(&self) -> Result<String> {
         let info = self
             .ctx
-            .backend()
-            .get(&self.id)
+            .core
+            .info()
             .await
             .ctx("Failed to get user home directory: ")?;
         Ok(info.user.home)
@@ -453,8 +452,8 @@ impl Sandbox {
             .ctx(P);
         }
         self.ctx
-            .backend()
-            .set_timeout(&self.id, translate::lease_for_auto_stop(interval))
+            .core
+            .set_timeout(translate::lease_for_auto_stop(interval))
             .await
             .ctx(P)?;
         self.update_meta(P, |m| m.auto_stop_interval = Some(interval))
@@ -495,8 +494,8 @@ impl Sandbox {
             .auto_stop_interval
             .unwrap_or(translate::DEFAULT_AUTO_STOP);
         self.ctx
-            .backend()
-            .set_timeout(&self.id, translate::lease_for_auto_stop(minutes))
+            .core
+            .set_timeout(translate::lease_for_auto_stop(minutes))
             .await
             .ctx("Failed to refresh activity: ")?;
         Ok(())
@@ -507,15 +506,14 @@ impl Sandbox {
             .ok()
             .filter(|p| *p > 0)
             .ok_or_else(|| sandcove::Error::invalid(format!("invalid port {port}")))?;
-        let existing = self.ctx.backend().list_previews(&self.id).await?;
+        let existing = self.ctx.core.previews().await?;
         if let Some(p) = existing.into_iter().find(|p| p.port == port) {
             return Ok(p);
         }
         let meta = self.ctx.meta().await?;
         self.ctx
-            .backend()
+            .core
             .expose_port(
-                &self.id,
                 PreviewOptions::new(port)
                     .public(meta.public)
                     .token_header(PREVIEW_TOKEN_HEADER)
@@ -556,7 +554,7 @@ impl Sandbox {
     /// `archive()`: the sandbox must be stopped; it stays stopped, marked `archived`.
     pub async fn archive(&mut self) -> Result<()> {
         const P: &str = "Failed to archive sandbox: ";
-        let info = self.ctx.backend().get(&self.id).await.ctx(P)?;
+        let info = self.ctx.core.info().await.ctx(P)?;
         if info.state != sandcove::SandboxState::Stopped {
             return Err(DaytonaError::validation(
                 "Sandbox must be stopped to be archived",
@@ -571,7 +569,7 @@ impl Sandbox {
     /// `fork(name=None, timeout=60)`: a new sandbox with a copy of this one's files.
     pub async fn fork(&self) -> Result<Sandbox> {
         const P: &str = "Failed to fork sandbox: ";
-        let info = self.ctx.backend().get(&self.id).await.ctx(P)?;
+        let info = self.ctx.core.info().await.ctx(P)?;
         let mut options = sandcove::CreateOptions::default();
         options.envs = info.envs.clone();
         // No name: a fork never inherits its source's (Daytona names it by its id).
@@ -580,7 +578,8 @@ impl Sandbox {
         options.home = Some(info.user.home.clone());
         options.network = info.network.clone();
         // The runtime copies the facade state (an annotation) into the fork.
-        let forked = self.ctx.backend().fork(&self.id, options).await.ctx(P)?;
+        let forked = self.ctx.core.fork(options).await.ctx(P)?;
+        let forked = forked.info().await.ctx(P)?;
         let meta = meta_of(&forked);
         let config = DaytonaConfig {
             organization_id: self.organization.clone(),
@@ -588,7 +587,7 @@ impl Sandbox {
             ..Default::default()
         };
         Ok(Sandbox::from_parts(
-            self.ctx.client.clone(),
+            self.ctx.core.client(),
             &config,
             forked,
             Meta { name: None, ..meta },
@@ -598,8 +597,8 @@ impl Sandbox {
     /// `create_snapshot(name, timeout=60)`: snapshot the sandbox's files under `name`.
     pub async fn create_snapshot(&self, name: &str) -> Result<()> {
         self.ctx
-            .backend()
-            .snapshot(&self.id, Some(name.to_string()))
+            .core
+            .snapshot(Some(name.to_string()))
             .await
             .ctx("Failed to create snapshot: ")?;
         Ok(())
@@ -608,8 +607,8 @@ impl Sandbox {
     /// `pause(timeout=60)`: freeze every process (memory kept).
     pub async fn pause(&mut self) -> Result<()> {
         self.ctx
-            .backend()
-            .pause(&self.id)
+            .core
+            .pause()
             .await
             .ctx("Failed to pause sandbox: ")?;
         self.state = Some(SandboxState::Paused);
@@ -665,20 +664,20 @@ impl Sandbox {
         // The runtime's stop kills every process (frozen ones of a paused sandbox too) and
         // returns once their ends are recorded, so whatever is asked next (a session, a
         // command, the process list) sees a stopped sandbox.
-        self.ctx.backend().stop(&self.id).await?;
+        self.ctx.core.stop().await?;
         crate::process::forget_sandbox(&self.id);
         Ok(())
     }
 
     async fn do_start(&self) -> Result<()> {
-        let backend = self.ctx.backend();
-        let info = backend.get(&self.id).await?;
+        let core = &self.ctx.core;
+        let info = core.info().await?;
         match info.state {
             sandcove::SandboxState::Paused => {
-                backend.resume(&self.id).await?;
+                core.resume().await?;
             }
             sandcove::SandboxState::Stopped => {
-                backend.start(&self.id).await?;
+                core.start().await?;
             }
             _ => {}
         }
@@ -691,8 +690,7 @@ impl Sandbox {
         let minutes = meta
             .auto_stop_interval
             .unwrap_or(translate::DEFAULT_AUTO_STOP);
-        backend
-            .set_timeout(&self.id, translate::lease_for_auto_stop(minutes))
+        core.set_timeout(translate::lease_for_auto_stop(minutes))
             .await?;
         Ok(())
     }
@@ -794,7 +792,7 @@ impl DeleteBuilder {
         let sb = self.sandbox;
         let id = sb.id.clone();
         with_timeout("delete", self.timeout, async move {
-            sb.ctx.backend().destroy(&id).await?;
+            sb.ctx.core.destroy().await?;
             crate::process::forget_sandbox(&id);
             Ok(())
         })
@@ -880,12 +878,8 @@ impl SignedPreviewBuilder {
         let token = self
             .sandbox
             .ctx
-            .backend()
-            .create_preview_token(
-                &self.sandbox.id,
-                p.port,
-                Some(sandcove::now_millis() + secs as u64 * 1000),
-            )
+            .core
+            .create_preview_token(p.port, Some(sandcove::now_millis() + secs as u64 * 1000))
             .await
             .ctx(P)?;
         let sep = if p.url.contains('?') { '&' } else { '?' };

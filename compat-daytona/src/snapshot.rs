@@ -249,7 +249,6 @@ impl SnapshotService {
     /// `delete(snapshot)`.
     pub async fn delete(&self, snapshot: &Snapshot) -> Result<()> {
         self.client
-            .backend()
             .delete_snapshot(&snapshot.id)
             .await
             .ctx("Failed to delete snapshot: ")
@@ -296,13 +295,7 @@ impl ListSnapshotsBuilder {
             ))
             .ctx(P);
         }
-        let mut all = self
-            .service
-            .client
-            .backend()
-            .list_snapshots()
-            .await
-            .ctx(P)?;
+        let mut all = self.service.client.snapshots().await.ctx(P)?;
         all.sort_by_key(|s| std::cmp::Reverse(s.created_at));
         let total = all.len() as i64;
         let items = all
@@ -332,13 +325,7 @@ pub struct GetSnapshotBuilder {
 impl GetSnapshotBuilder {
     async fn run(self) -> Result<Snapshot> {
         const P: &str = "Failed to get snapshot: ";
-        let all = self
-            .service
-            .client
-            .backend()
-            .list_snapshots()
-            .await
-            .ctx(P)?;
+        let all = self.service.client.snapshots().await.ctx(P)?;
         all.into_iter()
             .find(|s| s.id == self.name || s.name.as_deref() == Some(self.name.as_str()))
             .map(Snapshot::from)

@@ -57,8 +57,7 @@ impl VolumeService {
     pub async fn list(&self) -> Result<Vec<Volume>> {
         let v = self
             .client
-            .backend()
-            .list_volumes()
+            .volumes()
             .await
             .ctx("Failed to list volumes: ")?;
         Ok(v.into_iter().map(Volume::from).collect())
@@ -77,7 +76,6 @@ impl VolumeService {
     pub async fn create(&self, name: &str) -> Result<Volume> {
         let v = self
             .client
-            .backend()
             .create_volume(name)
             .await
             .ctx("Failed to create volume: ")?;
@@ -87,7 +85,6 @@ impl VolumeService {
     /// `delete(volume)`.
     pub async fn delete(&self, volume: &Volume) -> Result<()> {
         self.client
-            .backend()
             .delete_volume(&volume.name)
             .await
             .ctx("Failed to delete volume: ")
@@ -112,7 +109,7 @@ impl GetVolumeBuilder {
 
     async fn run(self) -> Result<Volume> {
         const P: &str = "Failed to get volume: ";
-        match self.service.client.backend().get_volume(&self.name).await {
+        match self.service.client.volume(&self.name).await {
             Ok(v) => Ok(v.into()),
             Err(e) if e.is_not_found() && self.create => self
                 .service

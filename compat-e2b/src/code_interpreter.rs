@@ -164,7 +164,7 @@ impl Sandbox {
 
     fn interpreter(&self) -> Interpreter {
         let ctx = &self.base.ctx;
-        Interpreter::new(ctx.backend.clone(), ctx.id.clone())
+        Interpreter::for_sandbox(&ctx.core)
     }
 
     /// A live context by id (started by any program), as E2B's `NotFoundException` if none.

@@ -118,7 +118,7 @@ impl Commands {
     pub fn list(&self) -> Call<Vec<ProcessInfo>> {
         let ctx = self.ctx.clone();
         Call::new(async move {
-            let listed = ctx.backend.list_processes(&ctx.id).await?;
+            let listed = ctx.core.processes().await?;
             Ok(listed
                 .into_iter()
                 .filter(|p| p.exit.is_none())
@@ -155,9 +155,7 @@ impl Commands {
         let ctx = self.ctx.clone();
         Call::new(async move {
             let pid = pid_u32(pid)?;
-            ctx.backend
-                .close_stdin(&ctx.id, ProcessSelector::Pid(pid))
-                .await?;
+            ctx.core.close_stdin(ProcessSelector::Pid(pid)).await?;
             Ok(())
         })
     }
@@ -188,8 +186,8 @@ pub(crate) fn kill_pid(ctx: Ctx, pid: i64) -> Call<bool> {
     Call::new(async move {
         let pid = pid_u32(pid)?;
         match ctx
-            .backend
-            .signal(&ctx.id, ProcessSelector::Pid(pid), Signal::Kill)
+            .core
+            .signal(ProcessSelector::Pid(pid), Signal::Kill)
             .await
         {
             Ok(()) => Ok(true),
@@ -202,8 +200,8 @@ pub(crate) fn kill_pid(ctx: Ctx, pid: i64) -> Call<bool> {
 pub(crate) fn send_stdin(ctx: Ctx, pid: i64, data: Vec<u8>) -> Call<()> {
     Call::new(async move {
         let pid = pid_u32(pid)?;
-        ctx.backend
-            .write_stdin(&ctx.id, ProcessSelector::Pid(pid), data)
+        ctx.core
+            .write_stdin(ProcessSelector::Pid(pid), data)
             .await?;
         Ok(())
     })
@@ -316,14 +314,14 @@ impl RunBuilder {
 
     async fn start(mut self) -> Result<CommandHandle> {
         let spec = self.spec();
-        let start = self.ctx.backend.spawn(&self.ctx.id, spec);
+        let start = self.ctx.core.spawn(spec);
         let stream = match translate::timeout_secs(self.request_timeout) {
             Some(limit) => tokio::time::timeout(limit, start).await.map_err(|_| {
                 SandboxException::timeout("Request timed out waiting for the command to start")
             })??,
             None => start.await?,
         };
-        let mut handle = CommandHandle::new(self.ctx.clone(), stream, false, None);
+        let mut handle = CommandHandle::new(self.ctx.clone(), stream.into_stream(), false, None);
         handle.on_stdout = self.on_stdout.take();
         handle.on_stderr = self.on_stderr.take();
         Ok(handle)
@@ -490,9 +488,10 @@ impl IntoFuture for ConnectBuilder {
             let pid = pid_u32(self.pid)?;
             let stream = self
                 .ctx
-                .backend
-                .attach(&self.ctx.id, ProcessSelector::Pid(pid))
-                .await?;
+                .core
+                .attach(ProcessSelector::Pid(pid))
+                .await?
+                .into_stream();
             let deadline =
                 translate::timeout_secs(self.timeout).map(|d| tokio::time::Instant::now() + d);
             let mut handle = CommandHandle::new(self.ctx, stream, self.pty, deadline);

@@ -287,9 +287,8 @@ pub(crate) async fn open_watch(
     };
     common.same_user_only(ctx)?;
     Ok(ctx
-        .backend
+        .core
         .watch(
-            &ctx.id,
             &ctx.path(path),
             sandcove::WatchOptions::default().recursive(recursive),
         )
@@ -305,11 +304,7 @@ pub(crate) async fn watch_event(
     // The runtime already reports API writes as E2B does (create, then write) and never
     // shows its temporary files: events map one to one.
     let entry = if include_entry {
-        match ctx
-            .backend
-            .stat(&ctx.id, &event.path, Default::default())
-            .await
-        {
+        match ctx.core.stat_with(&event.path, Default::default()).await {
             Ok(st) => Some(EntryInfo::from_stat(ctx, &st)),
             Err(_) => None,
         }
@@ -332,10 +327,7 @@ pub(crate) async fn open_read(ctx: &Ctx, path: &str, user: Option<&str>) -> Resu
     };
     let mut options = sandcove::ReadOptions::default();
     options.user = common.file_user(ctx);
-    Ok(ctx
-        .backend
-        .read_file(&ctx.id, &ctx.path(path), options)
-        .await?)
+    Ok(ctx.core.read_stream_with(&ctx.path(path), options).await?)
 }
 
 /// Write `data` to `path` as E2B's `user`, creating parent directories (shared by
@@ -353,8 +345,8 @@ pub(crate) async fn write_stream(
     let mut options = sandcove::WriteOptions::default().create_parents(true);
     options.user = common.file_user(ctx);
     let s = ctx
-        .backend
-        .write_file(&ctx.id, &ctx.path(path), data, options)
+        .core
+        .write_stream(&ctx.path(path), data, options)
         .await?;
     Ok(WriteInfo {
         name: s.name.clone(),
@@ -541,7 +533,7 @@ impl Filesystem {
         FsCall::new(&self.ctx, move |ctx, common| async move {
             let mut options = sandcove::StatOptions::default();
             options.user = common.file_user(&ctx);
-            match ctx.backend.stat(&ctx.id, &ctx.path(&path), options).await {
+            match ctx.core.stat_with(&ctx.path(&path), options).await {
                 Ok(_) => Ok(true),
                 Err(e) if e.is_not_found() => Ok(false),
                 Err(e) => Err(e.into()),
@@ -555,7 +547,7 @@ impl Filesystem {
         FsCall::new(&self.ctx, move |ctx, common| async move {
             let mut options = sandcove::StatOptions::default();
             options.user = common.file_user(&ctx);
-            let s = ctx.backend.stat(&ctx.id, &ctx.path(&path), options).await?;
+            let s = ctx.core.stat_with(&ctx.path(&path), options).await?;
             Ok(EntryInfo::from_stat(&ctx, &s))
         })
     }
@@ -567,12 +559,8 @@ impl Filesystem {
         FsCall::new(&self.ctx, move |ctx, common| async move {
             common.same_user_only(&ctx)?;
             match ctx
-                .backend
-                .remove(
-                    &ctx.id,
-                    &ctx.path(&path),
-                    RemoveOptions::default().recursive(true),
-                )
+                .core
+                .remove_with(&ctx.path(&path), RemoveOptions::default().recursive(true))
                 .await
             {
                 Ok(()) => Ok(()),
@@ -594,15 +582,13 @@ impl Filesystem {
             common.same_user_only(&ctx)?;
             let from = ctx.path(&from);
             let to = ctx.path(&to);
-            ctx.backend.stat(&ctx.id, &from, Default::default()).await?;
+            ctx.core.stat_with(&from, Default::default()).await?;
             if let Some((parent, _)) = to.rsplit_once('/') {
                 if !parent.is_empty() {
-                    ctx.backend
-                        .mkdir(&ctx.id, parent, MkdirOptions::default())
-                        .await?;
+                    ctx.core.mkdir_with(parent, MkdirOptions::default()).await?;
                 }
             }
-            let s = ctx.backend.rename(&ctx.id, &from, &to).await?;
+            let s = ctx.core.rename(&from, &to).await?;
             Ok(EntryInfo::from_stat(&ctx, &s))
         })
     }
@@ -613,7 +599,7 @@ impl Filesystem {
         let path = path.into();
         FsCall::new(&self.ctx, move |ctx, common| async move {
             let p = ctx.path(&path);
-            match ctx.backend.stat(&ctx.id, &p, Default::default()).await {
+            match ctx.core.stat_with(&p, Default::default()).await {
                 Ok(s) if s.kind == FileKind::Dir => return Ok(false),
                 Ok(_) => {
                     return Err(SandboxException::invalid_argument(format!(
@@ -623,8 +609,8 @@ impl Filesystem {
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e.into()),
             }
-            ctx.backend
-                .mkdir(&ctx.id, &p, {
+            ctx.core
+                .mkdir_with(&p, {
                     let mut options = MkdirOptions::default();
                     options.user = ctx.runtime_user(common.user.as_deref());
                     options
@@ -890,8 +876,8 @@ impl IntoFuture for ListBuilder {
                 let ctx = self.ctx;
                 let user = self.common.file_user(&ctx);
                 let listed = ctx
-                    .backend
-                    .list_dir(&ctx.id, &ctx.path(&self.path), {
+                    .core
+                    .list_dir_with(&ctx.path(&self.path), {
                         let mut options = ListDirOptions::default()
                             .depth(u32::try_from(depth).unwrap_or(u32::MAX));
                         options.user = user;

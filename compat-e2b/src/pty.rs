@@ -88,8 +88,8 @@ impl Pty {
         let ctx = self.ctx.clone();
         Call::new(async move {
             let pid = pid_u32(pid)?;
-            ctx.backend
-                .resize_pty(&ctx.id, ProcessSelector::Pid(pid), size.core()?)
+            ctx.core
+                .resize_pty(ProcessSelector::Pid(pid), size.core()?)
                 .await?;
             Ok(())
         })
@@ -186,7 +186,7 @@ impl IntoFuture for PtyCreateBuilder {
             spec.stdin = true;
             spec.timeout = translate::timeout_secs(self.timeout);
             spec.pty = Some(self.size.core()?);
-            let stream = ctx.backend.spawn(&ctx.id, spec).await?;
+            let stream = ctx.core.spawn(spec).await?.into_stream();
             let mut handle = CommandHandle::new(ctx, stream, true, None);
             handle.on_pty = Some(self.on_data);
             Ok(handle)

@@ -29,7 +29,9 @@ pub const ALL_TRAFFIC: &str = "0.0.0.0/0";
 /// What a sandbox handle knows about its sandbox, shared by its sub-APIs.
 #[derive(Debug)]
 pub(crate) struct Inner {
-    pub backend: Arc<dyn Backend>,
+    /// The runtime's handle: every call from the facade goes through it (and so through the
+    /// runtime client's validation and capability checks).
+    pub core: sandcove::Sandbox,
     pub id: String,
     /// The runtime home of the default user (`/home/user` for sandboxes made here).
     pub home: String,
@@ -44,7 +46,7 @@ pub(crate) type Ctx = Arc<Inner>;
 impl Inner {
     pub(crate) fn from_info(backend: Arc<dyn Backend>, info: &sandcove::SandboxInfo) -> Ctx {
         Arc::new(Inner {
-            backend,
+            core: sandcove::Client::new(backend).sandbox(info.id.clone()),
             id: info.id.clone(),
             home: info.user.home.clone(),
             user: info.user.name.clone(),
@@ -299,7 +301,7 @@ impl SandboxInstance {
     pub fn is_running(&self) -> Call<bool> {
         let ctx = self.ctx.clone();
         Call::new(async move {
-            match ctx.backend.get(&ctx.id).await {
+            match ctx.core.info().await {
                 Ok(info) => Ok(info.state == sandcove::SandboxState::Running),
                 Err(e) if e.is_not_found() => Ok(false),
                 Err(e) => Err(e.into()),
@@ -314,9 +316,8 @@ impl SandboxInstance {
         let ctx = self.ctx.clone();
         Call::new(async move {
             let preview = ctx
-                .backend
+                .core
                 .expose_port(
-                    &ctx.id,
                     PreviewOptions::new(port)
                         .public(true)
                         .token_header("e2b-traffic-access-token"),
@@ -1406,7 +1407,7 @@ impl IntoFuture for SnapshotBuilder {
     type IntoFuture = BoxFuture<'static, SnapshotInfo>;
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            let s = self.ctx.backend.snapshot(&self.ctx.id, self.name).await?;
+            let s = self.ctx.core.snapshot(self.name).await?;
             Ok(SnapshotInfo::from_core(&s))
         })
     }

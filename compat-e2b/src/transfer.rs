@@ -90,17 +90,16 @@ impl FileUrlBuilder {
         }
         ensure_server(&ctx).await?;
         let preview = match ctx
-            .backend
-            .list_previews(&ctx.id)
+            .core
+            .previews()
             .await?
             .into_iter()
             .find(|p| p.port == ENVD_PORT && !p.public)
         {
             Some(p) => p,
             None => {
-                ctx.backend
+                ctx.core
                     .expose_port(
-                        &ctx.id,
                         PreviewOptions::new(ENVD_PORT)
                             .public(false)
                             .token_header("e2b-signature")
@@ -112,10 +111,7 @@ impl FileUrlBuilder {
         let (token, expires) = match self.expiration {
             Some(secs) => {
                 let at = sandcove::now_millis() + secs as u64 * 1000;
-                let t = ctx
-                    .backend
-                    .create_preview_token(&ctx.id, ENVD_PORT, Some(at))
-                    .await?;
+                let t = ctx.core.create_preview_token(ENVD_PORT, Some(at)).await?;
                 (t.value, Some(at / 1000))
             }
             None => (
@@ -153,8 +149,8 @@ impl IntoFuture for FileUrlBuilder {
 /// Start the file server unless it runs; return once it listens.
 async fn ensure_server(ctx: &Ctx) -> Result<()> {
     let running = ctx
-        .backend
-        .list_processes(&ctx.id)
+        .core
+        .processes()
         .await?
         .into_iter()
         .any(|p| p.exit.is_none() && p.tag.as_deref() == Some(SERVER_TAG));
@@ -164,13 +160,8 @@ async fn ensure_server(ctx: &Ctx) -> Result<()> {
     let data: sandcove::ByteStream = Box::pin(futures::stream::once(async {
         Ok(SERVER_SOURCE.as_bytes().to_vec())
     }));
-    ctx.backend
-        .write_file(
-            &ctx.id,
-            SERVER_PATH,
-            data,
-            sandcove::WriteOptions::default(),
-        )
+    ctx.core
+        .write_stream(SERVER_PATH, data, sandcove::WriteOptions::default())
         .await?;
     let spec = ProcessSpec::new(Command::argv([
         "python3".to_string(),
@@ -179,8 +170,8 @@ async fn ensure_server(ctx: &Ctx) -> Result<()> {
         ENVD_PORT.to_string(),
     ]))
     .tag(SERVER_TAG);
-    let mut stream = match ctx.backend.spawn(&ctx.id, spec).await {
-        Ok(s) => s,
+    let mut stream = match ctx.core.spawn(spec).await {
+        Ok(handle) => handle.into_stream(),
         // Another program started it at the same moment.
         Err(sandcove::Error::AlreadyExists { .. }) => return Ok(()),
         Err(e) => return Err(e.into()),

@@ -14,8 +14,8 @@ use crate::{
     Backend, ByteStream, Capabilities, Command, CreateOptions, Error, Feature, FileStat,
     ListDirOptions, ListOptions, Metrics, MkdirOptions, Output, Preview, PreviewOptions,
     PreviewToken, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, PtySize,
-    RemoveOptions, Result, SandboxInfo, Signal, SnapshotInfo, VolumeInfo, WatchOptions,
-    WatchStream, WriteOptions, DEFAULT_OUTPUT_LIMIT,
+    ReadOptions, RemoveOptions, Result, SandboxInfo, Signal, SnapshotInfo, StatOptions, VolumeInfo,
+    WatchOptions, WatchStream, WriteOptions, DEFAULT_OUTPUT_LIMIT,
 };
 
 /// Env var naming a remote `sandcove serve` to use instead of the embedded engine.
@@ -126,6 +126,16 @@ impl Client {
         })
     }
 
+    /// A handle to the sandbox `id` without asking the backend (no I/O): for a program that
+    /// already knows the id is live, e.g. from [`Client::list`]. A call on a sandbox that is
+    /// gone fails with [`Error::NotFound`].
+    pub fn sandbox(&self, id: impl Into<String>) -> Sandbox {
+        Sandbox {
+            backend: self.backend.clone(),
+            id: id.into(),
+        }
+    }
+
     /// Live sandboxes passing the filter.
     pub async fn list(&self, options: ListOptions) -> Result<Vec<SandboxInfo>> {
         self.ready().await?;
@@ -193,6 +203,12 @@ impl Sandbox {
         &self.backend
     }
 
+    /// A client on the backend this sandbox lives on (for calls that name no sandbox:
+    /// snapshots, volumes, creating another sandbox).
+    pub fn client(&self) -> Client {
+        Client::new(self.backend.clone())
+    }
+
     /// The one capability check before dispatch (see [`crate::capability`]): the backend's
     /// capabilities are known once the client that made this handle was ready, so this does
     /// no I/O after the first call.
@@ -254,6 +270,34 @@ impl Sandbox {
             pid: stream.pid,
             stream,
         }
+    }
+
+    /// Write to the stdin of a process found by pid or tag (see [`ProcessHandle::write_stdin`]
+    /// for a process this program started).
+    pub async fn write_stdin(
+        &self,
+        process: ProcessSelector,
+        data: impl Into<Vec<u8>>,
+    ) -> Result<()> {
+        self.backend
+            .write_stdin(&self.id, process, data.into())
+            .await
+    }
+
+    /// Close the stdin of a process found by pid or tag.
+    pub async fn close_stdin(&self, process: ProcessSelector) -> Result<()> {
+        self.backend.close_stdin(&self.id, process).await
+    }
+
+    /// Signal the process group of a process found by pid or tag.
+    pub async fn signal(&self, process: ProcessSelector, signal: Signal) -> Result<()> {
+        self.backend.signal(&self.id, process, signal).await
+    }
+
+    /// Resize the pseudo-terminal of a process found by pid or tag.
+    pub async fn resize_pty(&self, process: ProcessSelector, size: PtySize) -> Result<()> {
+        self.require(Feature::Pty).await?;
+        self.backend.resize_pty(&self.id, process, size).await
     }
 
     /// Replace the sandbox's labels.
@@ -362,10 +406,12 @@ impl Sandbox {
     /// Read a whole file into memory (at most [`MAX_READ_BYTES`]; larger files are an
     /// `InvalidArgument` error: stream them with [`Sandbox::read_stream`]).
     pub async fn read(&self, path: &str) -> Result<Vec<u8>> {
-        let mut stream = self
-            .backend
-            .read_file(&self.id, path, Default::default())
-            .await?;
+        self.read_with(path, ReadOptions::default()).await
+    }
+
+    /// [`Sandbox::read`] with options (e.g. as a user).
+    pub async fn read_with(&self, path: &str, options: ReadOptions) -> Result<Vec<u8>> {
+        let mut stream = self.backend.read_file(&self.id, path, options).await?;
         let mut out = Vec::new();
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;
@@ -381,9 +427,12 @@ impl Sandbox {
 
     /// Read a file as a stream of chunks.
     pub async fn read_stream(&self, path: &str) -> Result<ByteStream> {
-        self.backend
-            .read_file(&self.id, path, Default::default())
-            .await
+        self.read_stream_with(path, ReadOptions::default()).await
+    }
+
+    /// [`Sandbox::read_stream`] with options (e.g. as a user).
+    pub async fn read_stream_with(&self, path: &str, options: ReadOptions) -> Result<ByteStream> {
+        self.backend.read_file(&self.id, path, options).await
     }
 
     /// Write a whole file (parents created), replacing it atomically.
@@ -407,19 +456,37 @@ impl Sandbox {
 
     /// List a directory to `depth` levels.
     pub async fn list_dir(&self, path: &str, depth: u32) -> Result<Vec<FileStat>> {
-        self.backend
-            .list_dir(&self.id, path, ListDirOptions { depth, user: None })
+        self.list_dir_with(path, ListDirOptions::default().depth(depth))
             .await
+    }
+
+    /// [`Sandbox::list_dir`] with options (depth, user).
+    pub async fn list_dir_with(
+        &self,
+        path: &str,
+        options: ListDirOptions,
+    ) -> Result<Vec<FileStat>> {
+        self.backend.list_dir(&self.id, path, options).await
     }
 
     /// Metadata of a path (symlinks not followed).
     pub async fn stat(&self, path: &str) -> Result<FileStat> {
-        self.backend.stat(&self.id, path, Default::default()).await
+        self.stat_with(path, StatOptions::default()).await
+    }
+
+    /// [`Sandbox::stat`] with options (e.g. as a user).
+    pub async fn stat_with(&self, path: &str, options: StatOptions) -> Result<FileStat> {
+        self.backend.stat(&self.id, path, options).await
     }
 
     /// Whether a path exists.
     pub async fn exists(&self, path: &str) -> Result<bool> {
-        match self.backend.stat(&self.id, path, Default::default()).await {
+        self.exists_with(path, StatOptions::default()).await
+    }
+
+    /// [`Sandbox::exists`] with options (e.g. as a user).
+    pub async fn exists_with(&self, path: &str, options: StatOptions) -> Result<bool> {
+        match self.backend.stat(&self.id, path, options).await {
             Ok(_) => Ok(true),
             Err(e) if e.is_not_found() => Ok(false),
             Err(e) => Err(e),
@@ -428,9 +495,12 @@ impl Sandbox {
 
     /// Create a directory with its parents.
     pub async fn mkdir(&self, path: &str) -> Result<FileStat> {
-        self.backend
-            .mkdir(&self.id, path, MkdirOptions::default())
-            .await
+        self.mkdir_with(path, MkdirOptions::default()).await
+    }
+
+    /// [`Sandbox::mkdir`] with options (parents, mode, owner).
+    pub async fn mkdir_with(&self, path: &str, options: MkdirOptions) -> Result<FileStat> {
+        self.backend.mkdir(&self.id, path, options).await
     }
 
     /// Remove a file, a symlink or an empty directory.
@@ -445,6 +515,11 @@ impl Sandbox {
         self.backend
             .remove(&self.id, path, RemoveOptions { recursive: true })
             .await
+    }
+
+    /// Remove a path as `options` say ([`Sandbox::remove`] or [`Sandbox::remove_all`]).
+    pub async fn remove_with(&self, path: &str, options: RemoveOptions) -> Result<()> {
+        self.backend.remove(&self.id, path, options).await
     }
 
     /// Rename a path.
