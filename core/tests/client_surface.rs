@@ -587,3 +587,85 @@ async fn the_unisolated_engine_is_refused_as_its_capabilities_say() {
         sandbox.destroy().await.expect("destroy");
     }
 }
+
+/// A handle made from an id alone reaches processes by tag and files with options: what the
+/// facades use instead of the backend.
+#[tokio::test]
+async fn a_handle_by_id_reaches_processes_by_tag_and_files_with_options() {
+    for (how, client) in clients().await {
+        let made = client
+            .create(test_options(&unique("surface")))
+            .await
+            .expect("create");
+        let sandbox = client.sandbox(made.id());
+        let tag = unique("echo");
+        let mut handle = sandbox
+            .spawn("read line; echo \"got $line\"")
+            .tag(tag.clone())
+            .stdin(true)
+            .await
+            .expect("spawn");
+        sandbox
+            .write_stdin(ProcessSelector::Tag(tag.clone()), b"one\n".to_vec())
+            .await
+            .expect("stdin by tag");
+        sandbox
+            .close_stdin(ProcessSelector::Tag(tag.clone()))
+            .await
+            .expect("close by tag");
+        let mut stdout = Vec::new();
+        while let Some(event) = handle.next().await {
+            if let ProcessEvent::Stdout(bytes) = event.expect("event") {
+                stdout.extend(bytes);
+            }
+        }
+        assert_eq!(stdout, b"got one\n", "{how}");
+        let err = sandbox
+            .signal(ProcessSelector::Tag(unique("nobody")), Signal::Term)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::NotFound, "{how}: {err}");
+
+        sandbox
+            .mkdir_with("a/b", MkdirOptions::default().mode(0o700))
+            .await
+            .expect("mkdir");
+        assert_eq!(
+            sandbox.stat("a/b").await.expect("stat").mode,
+            0o700,
+            "{how}"
+        );
+        sandbox.write("a/b/c", b"x".to_vec()).await.expect("write");
+        let deep = sandbox
+            .list_dir_with("a", ListDirOptions::default().depth(2))
+            .await
+            .expect("list");
+        assert_eq!(deep.len(), 2, "{how}: {deep:?}");
+        let shallow = sandbox.list_dir("a", 1).await.expect("list");
+        assert_eq!(shallow.len(), 1, "{how}: {shallow:?}");
+        assert_eq!(
+            sandbox
+                .read_with("a/b/c", ReadOptions::default())
+                .await
+                .expect("read"),
+            b"x"
+        );
+        let err = sandbox
+            .remove_with("a", RemoveOptions::default())
+            .await
+            .unwrap_err();
+        assert_ne!(err.code(), ErrorCode::NotFound, "{how}: {err}");
+        sandbox
+            .remove_with("a", RemoveOptions::default().recursive(true))
+            .await
+            .expect("remove recursively");
+        assert!(
+            !sandbox
+                .exists_with("a", StatOptions::default())
+                .await
+                .expect("exists"),
+            "{how}"
+        );
+        sandbox.destroy().await.expect("destroy");
+    }
+}
