@@ -9,11 +9,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use sandcove::conformance::{test_options, unique};
-use sandcove::server::{LocalServer, ServerConfig};
 use sandcove::{
     AnnotationUpdate, Backend, ByteStream, Capabilities, Client, Command, CreateOptions, Error,
-    ErrorCode, Feature, FileStat, HttpBackend, ListDirOptions, ListOptions, LocalBackend, Metrics,
-    MkdirOptions, NetworkPolicy, Preview, PreviewOptions, PreviewToken, ProcessEvent, ProcessInfo,
+    ErrorCode, Feature, FileStat, ListDirOptions, ListOptions, LocalBackend, Metrics, MkdirOptions,
+    NetworkPolicy, Preview, PreviewOptions, PreviewToken, ProcessEvent, ProcessInfo,
     ProcessSelector, ProcessSpec, ProcessStream, PtySize, ReadOptions, RemoveOptions, Resources,
     Result, SandboxInfo, SandboxState, Signal, SnapshotInfo, StatOptions, TimeoutAction,
     VolumeInfo, VolumeMount, WatchOptions, WatchStream, WriteOptions,
@@ -22,15 +21,7 @@ use tokio::io::AsyncWriteExt;
 
 async fn clients() -> Vec<(&'static str, Client)> {
     let engine = Arc::new(LocalBackend::new().expect("local engine"));
-    let key = unique("key");
-    let server = LocalServer::start(engine.clone(), ServerConfig::new(key.clone()))
-        .await
-        .expect("server");
-    let remote = HttpBackend::connect(&server.url(), &key)
-        .await
-        .expect("connect");
-    // The server task belongs to this test's runtime and ends with it.
-    std::mem::forget(server);
+    let remote = sandcove::conformance::served(engine.clone()).await;
     vec![
         ("embedded", Client::new(engine)),
         ("http", Client::new(Arc::new(remote) as Arc<dyn Backend>)),
@@ -374,15 +365,7 @@ const MASKABLE: [Feature; 11] = [
 
 /// `backend` as a client used directly and as one over a loopback server wrapping it.
 async fn embedded_and_http(backend: Arc<dyn Backend>) -> Vec<(&'static str, Client)> {
-    let key = unique("key");
-    let server = LocalServer::start(backend.clone(), ServerConfig::new(key.clone()))
-        .await
-        .expect("server");
-    let remote = HttpBackend::connect(&server.url(), &key)
-        .await
-        .expect("connect");
-    // The server task belongs to this test's runtime and ends with it.
-    std::mem::forget(server);
+    let remote = sandcove::conformance::served(backend.clone()).await;
     vec![
         ("embedded", Client::new(backend)),
         ("http", Client::new(Arc::new(remote) as Arc<dyn Backend>)),
