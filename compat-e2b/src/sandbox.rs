@@ -177,7 +177,7 @@ impl Sandbox {
     pub fn get_info(sandbox_id: impl Into<String>) -> Call<SandboxInfo> {
         let id = sandbox_id.into();
         Call::new(async move {
-            let info = backend()?.get(&id).await?;
+            let info = client()?.sandbox(id).info().await?;
             Ok(SandboxInfo::from_core(&info, true))
         })
     }
@@ -236,7 +236,7 @@ impl Sandbox {
     pub fn delete_snapshot(snapshot_id: impl Into<String>) -> Call<bool> {
         let id = snapshot_id.into();
         Call::new(async move {
-            match backend()?.delete_snapshot(&id).await {
+            match client()?.delete_snapshot(&id).await {
                 Ok(()) => Ok(true),
                 Err(e) if e.is_not_found() => Ok(false),
                 Err(e) => Err(e.into()),
@@ -1211,8 +1211,8 @@ impl SnapshotPaginator {
         }
         let limit = page_limit(self.limit)?;
         let offset = page_offset(self.next_token.as_deref())?;
-        let mut all: Vec<sandcove::SnapshotInfo> = backend()?
-            .list_snapshots()
+        let mut all: Vec<sandcove::SnapshotInfo> = client()?
+            .snapshots()
             .await?
             .into_iter()
             .filter(|s| {
