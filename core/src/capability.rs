@@ -4,7 +4,7 @@
 //! the [`Client`](crate::Client) and its [`Sandbox`](crate::Sandbox) handles check every call
 //! against it with [`Capabilities::require`], [`Capabilities::check_create`] and
 //! [`Capabilities::check_spawn`] before anything reaches the backend, so a missing feature is
-//! the same [`Error::NotSupported`](crate::Error::NotSupported) on every backend and over
+//! the same [`Error::NotSupported`] on every backend and over
 //! HTTP, named by [`Feature`] with what to do instead. A backend still refuses on its own
 //! where that is a security boundary (a server takes requests from any client).
 
@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::{CreateOptions, Error, NetworkPolicy, ProcessSpec, Result, TimeoutAction};
 
 /// A flat description of a backend's abilities. Anything `false` here is answered with
-/// [`Error::NotSupported`](crate::Error::NotSupported) before any effect.
+/// [`Error::NotSupported`] before any effect.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Capabilities {
@@ -123,7 +123,7 @@ pub enum Feature {
 }
 
 impl Feature {
-    /// What the feature is: the `feature` of its [`Error::NotSupported`](crate::Error::NotSupported).
+    /// What the feature is: the `feature` of its [`Error::NotSupported`].
     pub fn name(self) -> &'static str {
         match self {
             Feature::Pause => "pausing sandboxes",
@@ -186,7 +186,7 @@ impl Capabilities {
     }
 
     /// `Ok` when this backend has `feature`, else the one
-    /// [`Error::NotSupported`](crate::Error::NotSupported) naming it and its alternative.
+    /// [`Error::NotSupported`] naming it and its alternative.
     pub fn require(&self, feature: Feature) -> Result<()> {
         if self.supports(feature) {
             Ok(())
