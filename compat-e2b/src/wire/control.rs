@@ -2,8 +2,8 @@
 //! metrics, each decided by the same functions as the Rust facade's `Sandbox` methods.
 //!
 //! Errors are `{"code": <status>, "message": …}` with the status E2B's SDK maps to its
-//! exception class: 400 → `SandboxException` (invalid arguments and Sandcove's refusals, the
-//! message naming the alternative), 401 → `AuthenticationException`, 404 →
+//! exception class: 400 → `SandboxException` (invalid arguments), 501 → `SandboxException`
+//! (Sandcove's refusals, the message naming the alternative), 401 → `AuthenticationException`, 404 →
 //! `SandboxNotFoundException` (or `kill() == False`), 429 → `RateLimitException`.
 
 use std::collections::BTreeMap;
@@ -27,6 +27,8 @@ pub(crate) fn routes() -> Router<Wire> {
     Router::new()
         .route("/v2/sandboxes", post(create).get(list))
         .route("/sandboxes", post(create).get(list))
+        // Before `/sandboxes/{id}`, which would take "metrics" for a sandbox id.
+        .route("/sandboxes/metrics", get(list_metrics))
         .route("/sandboxes/{id}", get(get_info).delete(kill))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
         .route("/v2/sandboxes/{id}/connect", post(connect))
@@ -58,13 +60,21 @@ pub(crate) fn status_for(e: &SandboxException) -> StatusCode {
         | SandboxException::FileNotFound { .. } => StatusCode::NOT_FOUND,
         SandboxException::Authentication { .. } => StatusCode::UNAUTHORIZED,
         SandboxException::RateLimit { .. } => StatusCode::TOO_MANY_REQUESTS,
-        SandboxException::InvalidArgument { .. }
-        | SandboxException::NotSupported { .. }
-        | SandboxException::Template { .. } => StatusCode::BAD_REQUEST,
+        SandboxException::InvalidArgument { .. } | SandboxException::Template { .. } => {
+            StatusCode::BAD_REQUEST
+        }
+        // Neither SDK has a class of its own for a refusal: 501 is its `SandboxException`
+        // ("501: not supported on Sandcove: … (instead: …)").
+        SandboxException::NotSupported { .. } => StatusCode::NOT_IMPLEMENTED,
         SandboxException::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         SandboxException::NotEnoughSpace { .. } => StatusCode::INSUFFICIENT_STORAGE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
+}
+
+/// A facade error as an API error answer (the status of [`status_for`]).
+pub(crate) fn exception_response(e: SandboxException) -> Response {
+    api_error(status_for(&e), e.to_string())
 }
 
 /// A facade error as an API error answer.
@@ -79,7 +89,7 @@ impl<E: Into<SandboxException>> From<E> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        api_error(status_for(&self.0), self.0.to_string())
+        exception_response(self.0)
     }
 }
 
@@ -253,6 +263,10 @@ fn info_body(info: &sandcove::SandboxInfo, detail: bool, wire: &Wire) -> Value {
     body
 }
 
+async fn list_metrics() -> Response {
+    exception_response(crate::gaps::refuse("list_metrics"))
+}
+
 async fn get_info(State(wire): State<Wire>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let info = wire.backend.get(&id).await?;
     Ok(axum::Json(info_body(&info, true, &wire)).into_response())
@@ -417,15 +431,8 @@ async fn list(State(wire): State<Wire>, Query(q): Query<ListQuery>) -> Result<Re
         }
         query.state = Some(parsed);
     }
-    if let Some(t) = q.started_after.as_deref() {
-        let _ = t;
-        return Err(ApiError(
-            sandcove::Error::not_supported(
-                "Sandbox.list(query=SandboxQuery(started_after=...)) over the wire",
-                "filter the listed sandboxes' started_at on the client",
-            )
-            .into(),
-        ));
+    if q.started_after.is_some() {
+        return Err(ApiError(crate::gaps::refuse("list_started_after")));
     }
     query.template = q.template;
     let mut paginator = Sandbox::list().query(query);

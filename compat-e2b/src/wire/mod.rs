@@ -33,6 +33,7 @@
 pub mod connect;
 pub mod control;
 pub mod envd;
+mod gzip;
 mod interpreter;
 mod watchers;
 
@@ -47,13 +48,17 @@ use axum::Router;
 use sandcove::Backend;
 use tower::ServiceExt;
 
+use crate::errors::SandboxException;
+
 /// The envd port E2B's SDKs name in `E2b-Sandbox-Port`.
 pub const ENVD_PORT: &str = "49983";
 /// The code interpreter's port.
 pub const CODE_INTERPRETER_PORT: &str = "49999";
-/// The envd version advertised: the highest whose SDK-gated features are implemented
-/// (stdin, default user, `close_stdin`, octet-stream uploads; not file metadata, 0.6.2).
-pub const WIRE_ENVD_VERSION: &str = "0.5.7";
+/// The envd version advertised: the highest whose SDK-gated features are served (stdin,
+/// default user, `close_stdin`, octet-stream uploads, the watch's `entry` and network-mounts
+/// flag). File metadata (0.6.2) then reaches the server, which refuses it (`file_metadata`)
+/// before writing anything, instead of the SDK raising a version error.
+pub const WIRE_ENVD_VERSION: &str = "0.6.4";
 
 /// Settings of the E2B listener.
 #[derive(Clone)]
@@ -193,32 +198,42 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
 
 async fn not_found(request: Request) -> Response {
     let path = request.uri().path();
-    // A 404 under a sandbox's path would read as "sandbox not found" to the SDK: E2B calls
-    // Sandcove does not serve over the wire yet say so instead.
-    let known = [
-        "/sandboxes",
-        "/v2/sandboxes",
-        "/snapshots",
-        "/templates",
-        "/volumes",
-        "/secrets",
-    ]
-    .iter()
-    .any(|p| path == *p || path.starts_with(&format!("{p}/")));
-    let status = if known {
-        StatusCode::NOT_IMPLEMENTED
-    } else {
-        StatusCode::NOT_FOUND
-    };
+    if let Some(gap) = unserved_gap(request.method(), path) {
+        return control::exception_response(gap);
+    }
     control::api_error(
-        status,
+        StatusCode::NOT_FOUND,
         format!(
-            "{} {path} is not served over E2B's wire protocol by Sandcove yet (snapshots, \
-             fork, templates, volumes, secrets, logs and network updates are not); the Rust \
-             facade compat-e2b and sandcove's native API have snapshots and fork",
-            request.method(),
+            "{} {path} is not an endpoint of E2B's API",
+            request.method()
         ),
     )
+}
+
+/// The refusal for a control-plane call the pinned SDKs can make and Sandcove does not serve
+/// over the wire, so the SDK raises its own `SandboxException` naming the alternative (a bare
+/// 404 under a sandbox's path would read as "sandbox not found"). The texts are the facade's
+/// gaps: one table decides.
+fn unserved_gap(method: &axum::http::Method, path: &str) -> Option<SandboxException> {
+    use crate::gaps::refuse;
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let refusal = match segments.as_slice() {
+        ["sandboxes", _, "snapshots"] | ["snapshots", ..] => refuse("wire_snapshots"),
+        // `Sandbox.delete_snapshot(id)` deletes the snapshot's template.
+        ["templates", _] if method == axum::http::Method::DELETE => refuse("wire_snapshots"),
+        ["sandboxes", _, "fork"] => refuse("wire_fork"),
+        ["sandboxes", _, "logs"] | ["v2", "sandboxes", _, "logs"] => refuse("sandbox_logs"),
+        ["sandboxes", _, "refreshes"] => refuse("refreshes"),
+        ["sandboxes", _, "network"] => refuse("update_network"),
+        ["volumes", ..] => refuse("volume_api"),
+        ["secrets", ..] => refuse("secrets"),
+        ["templates", ..]
+        | ["v2", "templates", ..]
+        | ["v3", "templates", ..]
+        | ["default-templates", ..] => refuse("template_build"),
+        _ => return None,
+    };
+    Some(refusal)
 }
 
 /// Whether a path belongs to envd rather than the control plane.
