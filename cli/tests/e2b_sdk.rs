@@ -257,6 +257,12 @@ fn js_sdk_gaps_raise_the_sdk_error_with_the_alternative() {
     check_js_program("e2b_gaps");
 }
 
+/// `downloadUrl`/`uploadUrl` fetched with plain `fetch`, and gzip transfers.
+#[test]
+fn js_sdk_file_urls_and_gzip() {
+    check_js_program("e2b_urls");
+}
+
 #[test]
 fn js_code_interpreter_contexts_errors_envs_timeout() {
     check_js_program("e2b_ci_contexts");
@@ -401,6 +407,12 @@ fn python_sdk_async_and_streamed_watch() {
 #[test]
 fn python_sdk_gaps_raise_the_sdk_exception_with_the_alternative() {
     check_program(E2B_PINS, "e2b_gaps");
+}
+
+/// `download_url`/`upload_url` fetched with plain httpx, gzip transfers, `stream_input`.
+#[test]
+fn python_sdk_file_urls_gzip_and_stream_input() {
+    check_program(E2B_PINS, "e2b_urls");
 }
 
 #[test]

@@ -1033,3 +1033,119 @@ async fn gzip_uploads_are_decoded_within_the_upload_bound() {
         .unwrap_err();
     assert!(err.is_not_found(), "{err}");
 }
+
+/// E2B's v1 file-URL signature, computed as the SDKs do (`e2b/sandbox/signature.py`).
+fn sdk_signature(path: &str, operation: &str, token: &str, expiration: Option<u64>) -> String {
+    let mut raw = format!("{path}:{operation}::{token}");
+    if let Some(e) = expiration {
+        raw.push_str(&format!(":{e}"));
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, raw.as_bytes());
+    format!(
+        "v1_{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest.as_ref())
+    )
+}
+
+/// `download_url`/`upload_url`: with `E2B_SANDBOX_URL` set, the SDKs build
+/// `<listener>/files?path=…&signature=…[&signature_expiration=…]`, fetched without any header.
+/// The listener finds the sandbox whose token makes that signature; another operation, path
+/// or sandbox, a damaged or expired signature, and no signature at all are refused before
+/// anything is read or written.
+#[tokio::test]
+async fn signed_file_urls_reach_their_sandbox_only() {
+    let env = env().await;
+    let (id, token) = env.create().await;
+    let (_, other_token) = env.create().await;
+    let path = "/home/user/signed.txt";
+    let url = |op: &str, token: &str, expiration: Option<u64>| {
+        let mut u = format!(
+            "{}/files?path={}&signature={}",
+            env.url,
+            path.replace('/', "%2F"),
+            sdk_signature(path, op, token, expiration)
+                .replace('+', "%2B")
+                .replace('/', "%2F")
+        );
+        if let Some(e) = expiration {
+            u.push_str(&format!("&signature_expiration={e}"));
+        }
+        u
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let form = |data: &str| {
+        format!(
+            "--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n\r\n{data}\r\n--B--\r\n"
+        )
+    };
+    let post = |u: String, data: &str| {
+        env.http
+            .post(u)
+            .header("Content-Type", "multipart/form-data; boundary=B")
+            .body(form(data))
+            .send()
+    };
+    // Refused: a read signature used to write, an expired one, a damaged one, none.
+    let good = url("write", &token, None);
+    let last = if good.ends_with('A') { 'B' } else { 'A' };
+    let damaged = format!("{}{last}", &good[..good.len() - 1]);
+    for u in [
+        url("read", &token, None),
+        url("write", &token, Some(now - 10)),
+        damaged,
+        format!("{}/files?path={}", env.url, path.replace('/', "%2F")),
+    ] {
+        let r = post(u.clone(), "pwned").await.unwrap();
+        let status = r.status().as_u16();
+        assert_eq!(status, 401, "{u}: {}", r.text().await.unwrap());
+    }
+    let err = env
+        .backend
+        .stat(&id, path, Default::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "nothing written: {err}");
+    // Accepted: the upload URL, then the download URL (one with a future expiration).
+    let r = post(url("write", &token, None), "signed upload")
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    for u in [
+        url("read", &token, None),
+        url("read", &token, Some(now + 600)),
+    ] {
+        let r = env.http.get(&u).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{u}");
+        assert_eq!(r.text().await.unwrap(), "signed upload");
+    }
+    // Another sandbox's URLs for the same path reach that sandbox, never this one.
+    let r = env
+        .http
+        .get(url("read", &other_token, None))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status().as_u16(),
+        404,
+        "the other sandbox has no such file"
+    );
+    let r = post(url("write", &other_token, None), "other")
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let r = env
+        .http
+        .get(url("read", &token, None))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.text().await.unwrap(),
+        "signed upload",
+        "this sandbox's file is unchanged"
+    );
+}

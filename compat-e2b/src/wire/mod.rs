@@ -262,9 +262,22 @@ async fn authenticate(
     next: Next,
 ) -> Response {
     let headers = request.headers();
-    let sandbox = header_str(headers, "e2b-sandbox-id").map(str::to_string);
+    let mut sandbox = header_str(headers, "e2b-sandbox-id").map(str::to_string);
+    if sandbox.is_none() && request.uri().path() == "/files" {
+        // A URL from `download_url`/`upload_url`: no headers, a signature in the query.
+        let (method, uri) = (request.method().clone(), request.uri().clone());
+        match signed_file_url(&wire, &method, &uri).await {
+            Ok(Some(id)) => {
+                request.extensions_mut().insert(SandboxId(id));
+                return next.run(request).await;
+            }
+            Ok(None) => {}
+            Err(e) => return e.into_response(),
+        }
+    }
+    let headers = request.headers();
     if sandbox.is_some() || is_envd_path(request.uri().path()) {
-        let Some(id) = sandbox else {
+        let Some(id) = sandbox.take() else {
             return connect::ConnectError::new(
                 connect::Code::Unauthenticated,
                 "missing E2b-Sandbox-Id header",
@@ -323,6 +336,91 @@ async fn authenticate(
     next.run(request).await
 }
 
+/// The query of a signed `/files` URL, as E2B's SDKs build it.
+#[derive(Debug, serde::Deserialize)]
+struct SignedQuery {
+    path: Option<String>,
+    username: Option<String>,
+    signature: Option<String>,
+    signature_expiration: Option<String>,
+}
+
+/// E2B's v1 file-URL signature: `v1_` + unpadded base64 of
+/// SHA-256(`path:operation:user:envdAccessToken[:expiration]`).
+fn file_signature(
+    path: &str,
+    operation: &str,
+    user: &str,
+    token: &str,
+    expiration: Option<&str>,
+) -> String {
+    use base64::Engine as _;
+    let mut raw = format!("{path}:{operation}:{user}:{token}");
+    if let Some(e) = expiration {
+        raw.push(':');
+        raw.push_str(e);
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, raw.as_bytes());
+    format!(
+        "v1_{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest.as_ref())
+    )
+}
+
+/// The sandbox a signed `/files` URL (`download_url`, `upload_url`) was made for: the one
+/// whose envd token gives the URL's signature for this path, operation (`GET` reads, `POST`
+/// writes) and user, not expired. `None` when the URL carries no signature (the request is
+/// then judged by its headers); an error when it carries one that matches no sandbox.
+async fn signed_file_url(
+    wire: &Wire,
+    method: &axum::http::Method,
+    uri: &axum::http::Uri,
+) -> Result<Option<String>, connect::ConnectError> {
+    let Ok(axum::extract::Query(q)) = axum::extract::Query::<SignedQuery>::try_from_uri(uri) else {
+        return Ok(None);
+    };
+    let Some(signature) = q.signature else {
+        return Ok(None);
+    };
+    let refused = || {
+        connect::ConnectError::new(
+            connect::Code::Unauthenticated,
+            "invalid or expired file URL signature",
+        )
+    };
+    let operation = match *method {
+        axum::http::Method::GET => "read",
+        axum::http::Method::POST => "write",
+        _ => return Err(refused()),
+    };
+    if let Some(expiration) = &q.signature_expiration {
+        let at: u64 = expiration.parse().map_err(|_| refused())?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(u64::MAX);
+        if now > at {
+            return Err(refused());
+        }
+    }
+    let path = q.path.unwrap_or_default();
+    let user = q.username.unwrap_or_default();
+    let sandboxes = wire.backend.list(Default::default()).await?;
+    for info in sandboxes {
+        let expected = file_signature(
+            &path,
+            operation,
+            &user,
+            &wire.envd_token(&info.id),
+            q.signature_expiration.as_deref(),
+        );
+        if constant_time_eq(expected.as_bytes(), signature.as_bytes()) {
+            return Ok(Some(info.id));
+        }
+    }
+    Err(refused())
+}
+
 /// Read a request body whole, at most `limit` bytes; beyond that the request is refused
 /// before the rest is read.
 pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, BodyError> {
@@ -369,6 +467,24 @@ mod tests {
 
     fn key(k: &str) -> ring::hmac::Key {
         ring::hmac::Key::new(ring::hmac::HMAC_SHA256, k.as_bytes())
+    }
+
+    #[test]
+    fn file_signatures_are_e2bs_v1() {
+        // From the Python SDK 2.63.0's `get_signature("/home/user/a.txt", "read", None,
+        // "tok")`: sha256 of "/home/user/a.txt:read::tok", base64 without padding.
+        assert_eq!(
+            file_signature("/home/user/a.txt", "read", "", "tok", None),
+            "v1_Zkbb3914oLJLvMBzCAHQhm2ydBLxbSx2eQUR/kLdvIY"
+        );
+        assert_ne!(
+            file_signature("/home/user/a.txt", "write", "", "tok", None),
+            file_signature("/home/user/a.txt", "read", "", "tok", None)
+        );
+        assert_ne!(
+            file_signature("/a", "read", "", "tok", Some("1")),
+            file_signature("/a", "read", "", "tok", Some("2"))
+        );
     }
 
     #[test]
