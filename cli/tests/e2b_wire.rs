@@ -1149,3 +1149,63 @@ async fn signed_file_urls_reach_their_sandbox_only() {
         "this sandbox's file is unchanged"
     );
 }
+
+/// `get_host(port)`: the control plane's `domain` is the listener (`localhost:<port>` for a
+/// loopback listener), so the SDKs' `{port}-{id}.{domain}` names it; a request carrying that
+/// host reaches the port inside that sandbox through the engine's preview. Another sandbox's
+/// id or a port nothing serves gets a 502, never another sandbox's server.
+#[tokio::test]
+async fn get_host_names_the_listener_and_reaches_the_sandbox_port() {
+    let env = env().await;
+    let r = env
+        .http
+        .post(format!("{}/v2/sandboxes", env.url))
+        .header("X-API-KEY", KEY)
+        .json(&json!({"templateID": "base"}))
+        .send()
+        .await
+        .unwrap();
+    let body: Value = r.json().await.unwrap();
+    let id = body["sandboxID"].as_str().unwrap().to_string();
+    let listener_port = env.url.rsplit(':').next().unwrap().to_string();
+    assert_eq!(body["domain"], json!(format!("localhost:{listener_port}")));
+    let (other, _) = env.create().await;
+    let spec = sandcove::ProcessSpec::new(sandcove::Command::sh(
+        "mkdir -p /tmp/site && echo served-from-the-sandbox > /tmp/site/index.html && \
+         exec python3 -m http.server 8123 --bind 127.0.0.1 --directory /tmp/site",
+    ));
+    let _server = env
+        .backend
+        .spawn(&id, spec)
+        .await
+        .expect("start the server");
+    let get = |host: String| {
+        env.http
+            .get(format!("{}/index.html", env.url))
+            .header("Host", host)
+            .send()
+    };
+    let text = eventually(
+        Duration::from_secs(30),
+        "the sandbox's server answers",
+        || async {
+            let r = get(format!("8123-{id}.localhost:{listener_port}"))
+                .await
+                .map_err(|e| e.to_string())?;
+            if r.status().as_u16() != 200 {
+                return Err(format!("status {}", r.status()));
+            }
+            r.text().await.map_err(|e| e.to_string())
+        },
+    )
+    .await;
+    assert_eq!(text, "served-from-the-sandbox\n");
+    for host in [
+        format!("8123-{other}.localhost:{listener_port}"),
+        format!("8124-{id}.localhost:{listener_port}"),
+        format!("8123-nosuchsandbox.localhost:{listener_port}"),
+    ] {
+        let r = get(host.clone()).await.unwrap();
+        assert_eq!(r.status().as_u16(), 502, "{host}");
+    }
+}

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -151,8 +151,9 @@ struct VolumeMountBody {
     path: String,
 }
 
-/// The `Sandbox` answer of create and connect.
-fn sandbox_body(wire: &Wire, info: &sandcove::SandboxInfo) -> Value {
+/// The `Sandbox` answer of create and connect; `domain` is the listener as the client
+/// reached it (see `ports`), so `get_host(port)` names the listener.
+fn sandbox_body(wire: &Wire, info: &sandcove::SandboxInfo, headers: &HeaderMap) -> Value {
     let template = if info.template.is_empty() {
         crate::translate::DEFAULT_TEMPLATE.to_string()
     } else {
@@ -165,12 +166,16 @@ fn sandbox_body(wire: &Wire, info: &sandcove::SandboxInfo) -> Value {
         "envdVersion": WIRE_ENVD_VERSION,
         "envdAccessToken": wire.envd_token(&info.id),
         "trafficAccessToken": wire.traffic_token(&info.id),
-        "domain": null,
+        "domain": super::ports::domain_for(headers.get(header::HOST).and_then(|h| h.to_str().ok())),
         "alias": template,
     })
 }
 
-async fn create(State(wire): State<Wire>, body: Bytes) -> Result<Response, ApiError> {
+async fn create(
+    State(wire): State<Wire>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let req: NewSandbox = parse_json(&body)?;
     let mut builder = Sandbox::create();
     if let Some(t) = req.template_id.filter(|t| !t.is_empty()) {
@@ -230,7 +235,11 @@ async fn create(State(wire): State<Wire>, body: Bytes) -> Result<Response, ApiEr
     // The facade's own checks and translation, then the create itself.
     let options = builder.options(&*wire.backend).await?;
     let info = wire.backend.create(options).await?;
-    Ok((StatusCode::CREATED, axum::Json(sandbox_body(&wire, &info))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(sandbox_body(&wire, &info, &headers)),
+    )
+        .into_response())
 }
 
 /// `SandboxDetail` (get) or `ListedSandbox` (list).
@@ -267,9 +276,17 @@ async fn list_metrics() -> Response {
     exception_response(crate::gaps::refuse("list_metrics"))
 }
 
-async fn get_info(State(wire): State<Wire>, Path(id): Path<String>) -> Result<Response, ApiError> {
+async fn get_info(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     let info = wire.backend.get(&id).await?;
-    Ok(axum::Json(info_body(&info, true, &wire)).into_response())
+    let mut body = info_body(&info, true, &wire);
+    body["domain"] = json!(super::ports::domain_for(
+        headers.get(header::HOST).and_then(|h| h.to_str().ok())
+    ));
+    Ok(axum::Json(body).into_response())
 }
 
 async fn kill(State(wire): State<Wire>, Path(id): Path<String>) -> Result<Response, ApiError> {
@@ -310,6 +327,7 @@ struct ConnectBody {
 async fn connect(
     State(wire): State<Wire>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: ConnectBody = parse_json(&body)?;
@@ -317,7 +335,7 @@ async fn connect(
         return Err(ApiError(crate::gaps::refuse("keep_memory_false")));
     }
     let info = sandbox::connect_on(&*wire.backend, &id, req.timeout).await?;
-    Ok(axum::Json(sandbox_body(&wire, &info)).into_response())
+    Ok(axum::Json(sandbox_body(&wire, &info, &headers)).into_response())
 }
 
 #[derive(Debug, Default, Deserialize)]

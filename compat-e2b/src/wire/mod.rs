@@ -35,6 +35,7 @@ pub mod control;
 pub mod envd;
 mod gzip;
 mod interpreter;
+mod ports;
 mod watchers;
 
 use std::sync::Arc;
@@ -263,6 +264,12 @@ async fn authenticate(
 ) -> Response {
     let headers = request.headers();
     let mut sandbox = header_str(headers, "e2b-sandbox-id").map(str::to_string);
+    // `get_host(port)`: `Host: {port}-{id}.{domain}` goes to that port in the sandbox.
+    if sandbox.is_none() {
+        if let Some((port, id)) = header_str(headers, "host").and_then(ports::host_target) {
+            return ports::forward(&wire, port, &id, request).await;
+        }
+    }
     if sandbox.is_none() && request.uri().path() == "/files" {
         // A URL from `download_url`/`upload_url`: no headers, a signature in the query.
         let (method, uri) = (request.method().clone(), request.uri().clone());
