@@ -454,7 +454,7 @@ async fn list(
 ) -> Result<Response, ConnectError> {
     let (wire, id) = (&wire, &id);
     unary_call(wire, body, |_: Value| async move {
-        let ctx = context(&wire, &id).await?;
+        let ctx = context(wire, id).await?;
         let processes = Commands { ctx }.list().await?;
         let processes: Vec<Value> = processes
             .into_iter()
@@ -508,9 +508,9 @@ async fn send_input(
                 ))
             }
         };
-        context(&wire, &id).await?;
+        context(wire, id).await?;
         wire.backend
-            .write_stdin(&id, req.process.core()?, data)
+            .write_stdin(id, req.process.core()?, data)
             .await
             .map_err(SandboxException::from)?;
         Ok(json!({}))
@@ -622,9 +622,9 @@ async fn send_signal(
                 ))
             }
         };
-        context(&wire, &id).await?;
+        context(wire, id).await?;
         wire.backend
-            .signal(&id, req.process.core()?, signal)
+            .signal(id, req.process.core()?, signal)
             .await
             .map_err(SandboxException::from)?;
         Ok(json!({}))
@@ -639,9 +639,9 @@ async fn close_stdin(
 ) -> Result<Response, ConnectError> {
     let (wire, id) = (&wire, &id);
     unary_call(wire, body, |req: ProcessRequest| async move {
-        context(&wire, &id).await?;
+        context(wire, id).await?;
         wire.backend
-            .close_stdin(&id, req.process.core()?)
+            .close_stdin(id, req.process.core()?)
             .await
             .map_err(SandboxException::from)?;
         Ok(json!({}))
@@ -662,11 +662,11 @@ async fn update(
 ) -> Result<Response, ConnectError> {
     let (wire, id) = (&wire, &id);
     unary_call(wire, body, |req: UpdateRequest| async move {
-        context(&wire, &id).await?;
+        context(wire, id).await?;
         if let Some(pty) = &req.pty {
             let size = pty.core()?;
             wire.backend
-                .resize_pty(&id, req.process.core()?, size)
+                .resize_pty(id, req.process.core()?, size)
                 .await
                 .map_err(SandboxException::from)?;
         }
@@ -733,7 +733,7 @@ async fn stat(
     let (wire, id) = (&wire, &id);
     let user = basic_user(&headers)?;
     unary_call(wire, body, |req: PathRequest| async move {
-        let entry = fs(&wire, &id).await?.get_info(req.path).user(user).await?;
+        let entry = fs(wire, id).await?.get_info(req.path).user(user).await?;
         Ok(json!({ "entry": entry_json(&entry) }))
     })
     .await
@@ -750,7 +750,7 @@ async fn list_dir(
     unary_call(wire, body, |req: ListDirRequest| async move {
         // envd treats a missing or zero depth as 1.
         let depth = req.depth.filter(|d| *d != 0).unwrap_or(1);
-        let entries = fs(&wire, &id)
+        let entries = fs(wire, id)
             .await?
             .list(req.path)
             .depth(depth)
@@ -771,7 +771,7 @@ async fn make_dir(
     let (wire, id) = (&wire, &id);
     let user = basic_user(&headers)?;
     unary_call(wire, body, |req: PathRequest| async move {
-        let fs = fs(&wire, &id).await?;
+        let fs = fs(wire, id).await?;
         if !fs.make_dir(req.path.clone()).user(user.clone()).await? {
             return Err(ConnectError::new(
                 Code::AlreadyExists,
@@ -793,7 +793,7 @@ async fn move_entry(
     let (wire, id) = (&wire, &id);
     let user = basic_user(&headers)?;
     unary_call(wire, body, |req: MoveRequest| async move {
-        let entry = fs(&wire, &id)
+        let entry = fs(wire, id)
             .await?
             .rename(req.source, req.destination)
             .user(user)
@@ -812,7 +812,7 @@ async fn remove(
     let (wire, id) = (&wire, &id);
     let user = basic_user(&headers)?;
     unary_call(wire, body, |req: PathRequest| async move {
-        fs(&wire, &id).await?.remove(req.path).user(user).await?;
+        fs(wire, id).await?.remove(req.path).user(user).await?;
         Ok(json!({}))
     })
     .await
@@ -918,7 +918,7 @@ async fn create_watcher(
     let (wire, id) = (&wire, &id);
     let user = basic_user(&headers)?;
     unary_call(wire, body, |req: WatchRequest| async move {
-        let ctx = context(&wire, &id).await?;
+        let ctx = context(wire, id).await?;
         let stream = files::open_watch(&ctx, &req.path, req.recursive, user.as_deref()).await?;
         let watcher_id = wire
             .watchers
@@ -942,7 +942,7 @@ async fn get_watcher_events(
 ) -> Result<Response, ConnectError> {
     let (wire, id) = (&wire, &id);
     unary_call(wire, body, |req: WatcherRequest| async move {
-        let events = wire.watchers.take(&id, &req.watcher_id)?;
+        let events = wire.watchers.take(id, &req.watcher_id)?;
         let events: Vec<Value> = events.iter().map(fs_event_json).collect();
         Ok(json!({ "events": events }))
     })
@@ -956,7 +956,7 @@ async fn remove_watcher(
 ) -> Result<Response, ConnectError> {
     let (wire, id) = (&wire, &id);
     unary_call(wire, body, |req: WatcherRequest| async move {
-        wire.watchers.remove(&id, &req.watcher_id)?;
+        wire.watchers.remove(id, &req.watcher_id)?;
         Ok(json!({}))
     })
     .await

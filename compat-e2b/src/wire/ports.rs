@@ -69,8 +69,13 @@ pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, request: Request) 
     let preview = match previews.into_iter().find(|p| p.port == port) {
         Some(p) => p,
         None => {
-            let mut options = sandcove::PreviewOptions::default();
-            options.port = port;
+            // Core's option structs are becoming `#[non_exhaustive]`: no struct literal.
+            #[allow(clippy::field_reassign_with_default)]
+            let options = {
+                let mut options = sandcove::PreviewOptions::default();
+                options.port = port;
+                options
+            };
             match wire.backend.expose_port(id, options).await {
                 Ok(p) => p,
                 Err(e) => return bad_gateway(e.to_string()),
