@@ -1,7 +1,10 @@
 //! E2B's official Python and JavaScript SDKs, unmodified, against `sandcove serve --e2b`.
 //!
 //! Each test provisions the pinned SDK (`fixtures/python/pins-*.txt` in a virtualenv,
-//! `fixtures/js/package-lock.json` with `npm ci`) under the build directory on first use, starts the built `sandcove serve` on free loopback ports
+//! `fixtures/js/package-lock.json` with `npm ci`) on first use, once per user: under the
+//! build directory when this user can write there, else in a private directory of the user's
+//! in the temp dir (CI's rootless pass runs these tests as an unprivileged user, with the
+//! system `python3`), starts the built `sandcove serve` on free loopback ports
 //! with a private state directory, points the SDK at it with the lines `sandcove env e2b`
 //! prints (exactly what a user evaluates), runs one program from `fixtures/python/` or
 //! `fixtures/js/` and compares its output with the `.expected` file beside it. A machine
