@@ -1,0 +1,129 @@
+//! Daytona's official Python SDK, unmodified, against `sandcove serve --daytona`.
+//!
+//! Each test provisions the pinned SDK (`fixtures/python/pins-daytona-*.txt` in a
+//! virtualenv under the build directory) on first use, starts the built `sandcove serve` on
+//! free loopback ports with a private state directory, points the SDK at it with the lines
+//! `sandcove env daytona` prints (exactly what a user evaluates), runs one program from
+//! `fixtures/python/` and compares its output with the `.expected` file beside it. A machine
+//! without `python3` fails these tests, saying so.
+
+mod sdk_harness;
+
+use std::process::Command;
+
+use sdk_harness::{assert_expected, run_python, Server, BIN};
+use serde_json::Value;
+
+const PINS: &str = "pins-daytona-0.226.1.txt";
+const ANNOUNCE: &str = "Daytona wire protocol";
+
+/// One call to the Daytona listener with `key`: (status, JSON body).
+fn call(server: &Server, key: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = reqwest::Client::new();
+        let url = format!("{}{path}", server.origin);
+        let mut req = client
+            .request(method.parse().unwrap(), url)
+            .bearer_auth(key);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let resp = req.send().await.expect("the listener answers");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    })
+}
+
+/// The Python README's quickstart, verbatim (`api_key="YOUR_API_KEY"` is in the code, so
+/// the server is started with that key). It prints nothing and leaves its sandbox running:
+/// the test then finds that sandbox through the same listener and checks what the
+/// quickstart did to it.
+#[test]
+fn python_sdk_readme_quickstart_verbatim() {
+    let server = Server::start("daytona", ANNOUNCE, "YOUR_API_KEY");
+    let out = run_python(PINS, "daytona_quickstart", &server, &[]);
+    assert_expected("daytona_quickstart", &out);
+    let (status, page) = call(&server, &server.key, "GET", "/api/sandbox", None);
+    assert_eq!(status, 200, "{page}");
+    let items = page["items"].as_array().expect("items");
+    assert_eq!(items.len(), 1, "the quickstart's one sandbox: {page}");
+    let sb = &items[0];
+    assert_eq!(sb["state"], "started");
+    assert_eq!(sb["labels"]["code-toolbox-language"], "python");
+    assert_eq!(
+        sb["toolboxProxyUrl"],
+        Value::String(format!("{}/toolbox", server.origin))
+    );
+    // The sandbox the SDK made runs code through the same toolbox the SDK used.
+    let id = sb["id"].as_str().unwrap();
+    let (status, run) = call(
+        &server,
+        &server.key,
+        "POST",
+        &format!("/toolbox/{id}/process/code-run"),
+        Some(serde_json::json!({"code": "print(6 * 7)", "language": "python"})),
+    );
+    assert_eq!(status, 200, "{run}");
+    assert_eq!(run["result"], "42\n");
+    assert_eq!(run["exitCode"], 0);
+}
+
+#[test]
+fn env_points_at_the_running_server_and_fails_without_one() {
+    let mut server = Server::start("daytona", ANNOUNCE, "k-env");
+    let vars = server.env().expect("sandcove env daytona");
+    assert_eq!(
+        vars,
+        vec![
+            (
+                "DAYTONA_API_URL".to_string(),
+                format!("{}/api", server.origin)
+            ),
+            ("DAYTONA_API_KEY".to_string(), "k-env".to_string()),
+        ]
+    );
+    let out = Command::new(BIN)
+        .args(["env", "daytona"])
+        .env_remove("SANDCOVE_API_KEY")
+        .env("SANDCOVE_STATE_DIR", &server.state.dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "no key, nothing to print");
+    server.stop();
+    let err = server.env().expect_err("no server runs any more");
+    assert!(
+        err.contains("no running `sandcove serve --daytona"),
+        "{err}"
+    );
+}
+
+/// Every route checks the key before anything happens: a wrong or missing key is Daytona's
+/// 401 shape and creates nothing.
+#[test]
+fn a_wrong_key_is_refused_before_any_effect() {
+    let server = Server::start("daytona", ANNOUNCE, "right-key");
+    for key in ["wrong-key", ""] {
+        for (method, path) in [
+            ("POST", "/api/sandbox"),
+            ("GET", "/api/sandbox"),
+            ("POST", "/toolbox/any/process/execute"),
+        ] {
+            let (status, body) = call(&server, key, method, path, Some(serde_json::json!({})));
+            assert_eq!(status, 401, "{method} {path}: {body}");
+            assert_eq!(body["statusCode"], 401);
+            assert_eq!(body["error"], "Unauthorized");
+            assert!(body["message"].is_string());
+        }
+    }
+    let (status, page) = call(&server, "right-key", "GET", "/api/sandbox", None);
+    assert_eq!(status, 200);
+    assert_eq!(page["items"], serde_json::json!([]), "nothing was created");
+}

@@ -1,0 +1,247 @@
+//! What the official-SDK tests share: provisioning pinned SDKs under the build directory,
+//! a `sandcove serve` child process with one vendor listener, its `sandcove env` lines, and
+//! running one program against it with its output compared to an `.expected` file.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use sandcove_tests::PrivateState;
+
+/// The `sandcove` binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_sandcove");
+
+/// `fixtures/python`.
+pub fn py_fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/python")
+}
+
+/// A short, stable fingerprint of some bytes, so a changed pin gets a fresh install.
+pub fn fingerprint(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// Build `dir` once: `fill` populates a private directory, which is then renamed into place
+/// (a racing test that loses the rename discards its copy and uses the winner's).
+pub fn provision(dir: &Path, fill: impl FnOnce(&Path)) {
+    if dir.join(".complete").exists() {
+        return;
+    }
+    let root = dir.parent().expect("a parent directory");
+    std::fs::create_dir_all(root).expect("the SDK directory");
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let name = dir.file_name().unwrap().to_string_lossy();
+    let tmp = root.join(format!(".tmp-{name}-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&tmp).expect("a private build directory");
+    fill(&tmp);
+    std::fs::write(tmp.join(".complete"), b"").expect("the completion marker");
+    if std::fs::rename(&tmp, dir).is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        assert!(
+            dir.join(".complete").exists(),
+            "could not install {}",
+            dir.display()
+        );
+    }
+}
+
+/// The virtualenv holding the pinned packages of `fixtures/python/<pins>`, built once.
+pub fn venv(pins: &str) -> PathBuf {
+    let pin_file = py_fixtures().join(pins);
+    let bytes = std::fs::read(&pin_file).expect("the pin file");
+    let stem = pins.trim_end_matches(".txt");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("sdk")
+        .join(format!("py-{stem}-{}", fingerprint(&bytes)));
+    provision(&dir, |tmp| {
+        match Command::new("python3").arg("--version").output() {
+            Ok(out) if out.status.success() => {}
+            other => panic!(
+                "python3 is missing ({other:?}): the official-SDK tests need python3 (3.9 or \
+                 newer, with the venv module) on PATH"
+            ),
+        }
+        let status = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(tmp)
+            .status()
+            .expect("python3 -m venv");
+        assert!(status.success(), "python3 -m venv {} failed", tmp.display());
+        let out = Command::new(tmp.join("bin/python"))
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-r",
+            ])
+            .arg(&pin_file)
+            .output()
+            .expect("pip install");
+        assert!(
+            out.status.success(),
+            "pip install -r {} failed:\n{}",
+            pin_file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    dir
+}
+
+/// A `sandcove serve` child process with one vendor listener and a private state directory.
+pub struct Server {
+    child: Child,
+    /// The vendor listener's origin.
+    pub origin: String,
+    /// The native API's base URL.
+    pub native: String,
+    /// The server's API key.
+    pub key: String,
+    /// The vendor (`daytona`, `e2b`).
+    pub vendor: String,
+    /// The server's state directory.
+    pub state: PrivateState,
+}
+
+impl Server {
+    /// Start `sandcove serve --<vendor> 127.0.0.1:0` with API key `key`. `announce` is how
+    /// the server names the listener on stderr (`Daytona wire protocol`).
+    pub fn start(vendor: &str, announce: &str, key: &str) -> Server {
+        let state = PrivateState::new();
+        let mut child = Command::new(BIN)
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                &format!("--{vendor}"),
+                "127.0.0.1:0",
+            ])
+            .env("SANDCOVE_API_KEY", key)
+            .env("SANDCOVE_STATE_DIR", &state.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start sandcove serve");
+        let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
+        let mut origin = None;
+        let mut native = None;
+        let prefix = format!("sandcove serve: {announce} on ");
+        for _ in 0..6 {
+            let mut line = String::new();
+            if stderr.read_line(&mut line).unwrap_or(0) == 0 {
+                break;
+            }
+            if let Some(rest) = line.trim().strip_prefix("sandcove serve: listening on ") {
+                native = rest.split_whitespace().next().map(str::to_string);
+            }
+            if let Some(url) = line.trim().strip_prefix(&prefix) {
+                origin = Some(url.to_string());
+                break;
+            }
+        }
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut sink = String::new();
+            while stderr.read_line(&mut sink).unwrap_or(0) > 0 {
+                sink.clear();
+            }
+        });
+        Server {
+            child,
+            origin: origin.expect("the server announces its vendor listener"),
+            native: native.expect("the server announces its native listener"),
+            key: key.to_string(),
+            vendor: vendor.to_string(),
+            state,
+        }
+    }
+
+    /// `sandcove env <vendor>` for this server: the variables, from its `export` lines.
+    pub fn env(&self) -> Result<Vec<(String, String)>, String> {
+        let out = Command::new(BIN)
+            .args(["env", &self.vendor])
+            .env("SANDCOVE_API_KEY", &self.key)
+            .env("SANDCOVE_STATE_DIR", &self.state.dir)
+            .output()
+            .expect("sandcove env");
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("export "))
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.trim_matches('\'').to_string()))
+            .collect())
+    }
+
+    /// Stop with SIGTERM, as Ctrl-C would, and wait for the exit.
+    pub fn stop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Run `fixtures/python/<name>.py` with the venv of `pins` and exactly the variables
+/// `server`'s `sandcove env` prints (plus `extra`), from the fixtures directory.
+pub fn run_python(pins: &str, name: &str, server: &Server, extra: &[(&str, &str)]) -> Output {
+    let venv = venv(pins);
+    let vars = server.env().expect("sandcove env");
+    let mut cmd = Command::new(venv.join("bin/python"));
+    cmd.arg(py_fixtures().join(format!("{name}.py")))
+        .current_dir(py_fixtures())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", std::env::var_os("HOME").unwrap_or_default())
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("SDK_TEST_TAG", format!("{name}-{}", std::process::id()));
+    for (k, v) in &vars {
+        cmd.env(k, v);
+    }
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run the program")
+}
+
+/// Assert that `out` is a success whose stdout is `fixtures/python/<name>.expected`.
+pub fn assert_expected(name: &str, out: &Output) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{name}.py failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected = std::fs::read_to_string(py_fixtures().join(format!("{name}.expected")))
+        .expect("the expected output");
+    assert_eq!(stdout, expected, "{name}.py printed something else");
+}
