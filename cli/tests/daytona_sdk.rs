@@ -76,6 +76,19 @@ fn python_sdk_readme_quickstart_verbatim() {
     assert_eq!(run["exitCode"], 0);
 }
 
+/// Sandboxes (env, labels, get by id and name, list by label), commands (env, cwd, exit
+/// codes, `sh -c`, timeout), `code_run`, sessions (sync, async with input, logs, list,
+/// delete), files (upload, bulk upload, download, list, info, find, replace, move, delete),
+/// labels update, a preview link that reaches a server in the sandbox, stop/start keeping
+/// files, archive, and errors (missing sandbox, wrong key, missing file, timeout, a gap) as
+/// the SDK's own exception classes.
+#[test]
+fn python_sdk_sandboxes_commands_sessions_files_previews_and_errors() {
+    let server = Server::start("daytona", ANNOUNCE, "basics-key");
+    let out = run_python(PINS, "daytona_basics", &server, &[]);
+    assert_expected("daytona_basics", &out);
+}
+
 #[test]
 fn env_points_at_the_running_server_and_fails_without_one() {
     let mut server = Server::start("daytona", ANNOUNCE, "k-env");

@@ -158,7 +158,7 @@ fn unsupported(option: &str, alternative: &str) -> ApiError {
 }
 
 async fn create(State(wire): State<Wire>, body: Bytes) -> Result<Json<Value>, ApiError> {
-    let req: CreateSandbox = parse_json(&body)?;
+    let req: CreateSandbox = parse_json(&wire, &body)?;
     if let Some((key, _)) = req.other.iter().find(|(_, v)| !v.is_null()) {
         return Err(bad_request(format!(
             "unknown create option {key:?}: not understood by this server"
@@ -314,7 +314,7 @@ async fn replace_labels(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    let req: LabelsBody = parse_json(&body)?;
+    let req: LabelsBody = parse_json(&wire, &body)?;
     let mut sb = wire.daytona().get(id).await?;
     let labels = sb.set_labels(req.labels).await?;
     Ok(Json(json!({ "labels": labels })))
@@ -381,7 +381,7 @@ async fn preview_url(
 }
 
 /// Query pairs, percent-decoded (`+` is a space), repeated keys kept.
-fn query_pairs(raw: &str) -> Vec<(String, String)> {
+pub(crate) fn query_pairs(raw: &str) -> Vec<(String, String)> {
     let decode = |s: &str| {
         percent_encoding::percent_decode_str(&s.replace('+', " "))
             .decode_utf8_lossy()

@@ -25,6 +25,7 @@
 //! with the status the SDK maps to the same exception class.
 
 pub mod api;
+mod multipart;
 pub mod toolbox;
 
 use std::sync::Arc;
@@ -232,7 +233,7 @@ pub fn status_for(e: &DaytonaError) -> StatusCode {
 
 /// The message without the facade's per-method prefix (`"Failed to get sandbox: "`): the
 /// SDK adds its own, and two would read badly.
-fn unprefixed(message: &str) -> &str {
+pub(crate) fn unprefixed(message: &str) -> &str {
     if let Some(rest) = message.strip_prefix("Failed to ") {
         if let Some((_, tail)) = rest.split_once(": ") {
             return tail;
@@ -261,8 +262,24 @@ pub(crate) fn bad_request(message: impl Into<String>) -> ApiError {
     ApiError(DaytonaError::validation(message))
 }
 
-/// Parse a JSON body (`{}` when empty).
-pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+/// Parse a JSON body (`{}` when empty) of at most `wire`'s JSON limit (the router's own
+/// limit is the larger upload one).
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
+    wire: &Wire,
+    body: &[u8],
+) -> Result<T, ApiError> {
+    if body.len() > wire.config.max_body_bytes {
+        return Err(ApiError(DaytonaError::BadRequest(
+            crate::errors::ErrorDetails::new(
+                format!(
+                    "the request body is larger than {} bytes",
+                    wire.config.max_body_bytes
+                ),
+                Some(413),
+                Some("PAYLOAD_TOO_LARGE"),
+            ),
+        )));
+    }
     let body = if body.iter().all(u8::is_ascii_whitespace) {
         &b"{}"[..]
     } else {
