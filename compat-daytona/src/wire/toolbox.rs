@@ -440,7 +440,7 @@ async fn bulk_download(
     for path in &req.paths {
         match sb.fs.download_limited(path, budget).await {
             Ok(data) => {
-                budget -= data.len();
+                budget = budget.saturating_sub(data.len());
                 multipart::push_part(
                     &mut out,
                     &boundary,
