@@ -1,17 +1,20 @@
-//! Daytona's official Python SDK, unmodified, against `sandcove serve --daytona`.
+//! Daytona's official Python and TypeScript SDKs, unmodified, against
+//! `sandcove serve --daytona`.
 //!
 //! Each test provisions the pinned SDK (`fixtures/python/pins-daytona-*.txt` in a
-//! virtualenv under the build directory) on first use, starts the built `sandcove serve` on
+//! virtualenv, `fixtures/js/daytona/package-lock.json` with `npm ci`, both under the build
+//! directory) on first use, starts the built `sandcove serve` on
 //! free loopback ports with a private state directory, points the SDK at it with the lines
 //! `sandcove env daytona` prints (exactly what a user evaluates), runs one program from
-//! `fixtures/python/` and compares its output with the `.expected` file beside it. A machine
-//! without `python3` fails these tests, saying so.
+//! `fixtures/python/` or `fixtures/js/daytona/` and compares its output with the `.expected`
+//! file beside it. A machine without `python3`, `node` or `npm` fails these tests, saying so.
 
 mod sdk_harness;
 
 use std::process::Command;
+use std::time::Duration;
 
-use sdk_harness::{assert_expected, run_python, Server, BIN};
+use sdk_harness::{assert_expected, check_node, run_python, Server, BIN};
 use serde_json::Value;
 
 const PINS: &str = "pins-daytona-0.226.1.txt";
@@ -89,6 +92,34 @@ fn python_sdk_sandboxes_commands_sessions_files_previews_and_errors() {
     assert_expected("daytona_basics", &out);
 }
 
+/// The TypeScript SDK's getting-started program (from its documentation: the
+/// `@daytonaio/sdk` README itself only announces the rename to `@daytona/sdk`), verbatim.
+/// It never deletes its sandbox; it must still end by itself, which it does once the
+/// SDK skips its event socket (`DAYTONA_USE_DEPRECATED_POLLING`, printed by `sandcove env`).
+#[test]
+fn js_sdk_getting_started_verbatim() {
+    let server = Server::start("daytona", ANNOUNCE, "js-quickstart-key");
+    check_node(
+        "daytona",
+        "daytona_quickstart",
+        &server,
+        Duration::from_secs(60),
+    );
+}
+
+/// The Python program's ground in TypeScript: sandboxes, commands, sessions, files,
+/// previews, stop/start and the SDK's error classes.
+#[test]
+fn js_sdk_sandboxes_commands_sessions_files_previews_and_errors() {
+    let server = Server::start("daytona", ANNOUNCE, "js-basics-key");
+    check_node(
+        "daytona",
+        "daytona_basics",
+        &server,
+        Duration::from_secs(120),
+    );
+}
+
 #[test]
 fn env_points_at_the_running_server_and_fails_without_one() {
     let mut server = Server::start("daytona", ANNOUNCE, "k-env");
@@ -101,6 +132,10 @@ fn env_points_at_the_running_server_and_fails_without_one() {
                 format!("{}/api", server.origin)
             ),
             ("DAYTONA_API_KEY".to_string(), "k-env".to_string()),
+            (
+                "DAYTONA_USE_DEPRECATED_POLLING".to_string(),
+                "true".to_string()
+            ),
         ]
     );
     let out = Command::new(BIN)

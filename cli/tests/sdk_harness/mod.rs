@@ -245,3 +245,106 @@ pub fn assert_expected(name: &str, out: &Output) {
         .expect("the expected output");
     assert_eq!(stdout, expected, "{name}.py printed something else");
 }
+
+/// `fixtures/js/<dir>`.
+pub fn js_fixtures(dir: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fixtures/js")
+        .join(dir)
+}
+
+/// A directory holding `node_modules` for `fixtures/js/<dir>/package-lock.json`, built once
+/// with `npm ci`.
+pub fn node_project(dir: &str) -> PathBuf {
+    let lock = std::fs::read(js_fixtures(dir).join("package-lock.json")).expect("the lock file");
+    let manifest = std::fs::read(js_fixtures(dir).join("package.json")).expect("package.json");
+    let mut both = lock.clone();
+    both.extend_from_slice(&manifest);
+    let project = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("sdk")
+        .join(format!("js-{dir}-{}", fingerprint(&both)));
+    provision(&project, |tmp| {
+        for tool in ["node", "npm"] {
+            match Command::new(tool).arg("--version").output() {
+                Ok(out) if out.status.success() => {}
+                other => panic!(
+                    "{tool} is missing ({other:?}): the official JavaScript SDK tests need \
+                     node (18 or newer) and npm on PATH"
+                ),
+            }
+        }
+        std::fs::write(tmp.join("package.json"), &manifest).unwrap();
+        std::fs::write(tmp.join("package-lock.json"), &lock).unwrap();
+        let out = Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
+            .current_dir(tmp)
+            .output()
+            .expect("npm ci");
+        assert!(
+            out.status.success(),
+            "npm ci failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    project
+}
+
+/// Run `fixtures/js/<dir>/<name>.mjs` with the pinned SDK and exactly the variables
+/// `server`'s `sandcove env` prints; assert it succeeds, ends by itself within `limit`, and
+/// prints `<name>.expected`.
+pub fn check_node(dir: &str, name: &str, server: &Server, limit: Duration) {
+    let project = node_project(dir);
+    // ES modules resolve packages from their own directory upwards: run a copy placed in
+    // the provisioned project.
+    let program = project.join(format!("{name}.mjs"));
+    std::fs::copy(js_fixtures(dir).join(format!("{name}.mjs")), &program)
+        .expect("copy the program");
+    let vars = server.env().expect("sandcove env");
+    let mut cmd = Command::new("node");
+    cmd.arg(&program)
+        .current_dir(&project)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", std::env::var_os("HOME").unwrap_or_default())
+        .env("SDK_TEST_TAG", format!("js-{name}-{}", std::process::id()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in &vars {
+        cmd.env(k, v);
+    }
+    let started = Instant::now();
+    let mut child = cmd.spawn().expect("run node");
+    // Read both pipes on threads so a chatty program never blocks on a full pipe.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out_thread = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stdout, &mut v);
+        v
+    });
+    let err_thread = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stderr, &mut v);
+        v
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for node") {
+            break status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{name}.mjs did not end by itself within {limit:?} (an open socket?)");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = String::from_utf8_lossy(&out_thread.join().unwrap()).into_owned();
+    let stderr = String::from_utf8_lossy(&err_thread.join().unwrap()).into_owned();
+    assert!(
+        status.success(),
+        "{name}.mjs failed ({status}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    let expected = std::fs::read_to_string(js_fixtures(dir).join(format!("{name}.expected")))
+        .expect("the expected output");
+    assert_eq!(stdout, expected, "{name}.mjs printed something else");
+}
