@@ -223,6 +223,29 @@ async fn errors_have_daytonas_shape_and_status() {
         .await;
     assert_eq!(status, 200);
     assert_eq!(body["exitCode"], 7);
+    // What this listener does not serve is said so, not reported as a missing sandbox.
+    for (method, path) in [
+        ("POST", format!("/api/sandbox/{id}/fork")),
+        ("POST", format!("/toolbox/{id}/git/status")),
+        ("POST", format!("/toolbox/{id}/process/pty")),
+    ] {
+        let (status, body) = env.call(method, &path, Some(json!({}))).await;
+        assert_eq!(status, 501, "{method} {path}: {body}");
+        assert!(
+            body["message"].as_str().unwrap().contains("instead"),
+            "{body}"
+        );
+    }
+    // A JSON body past the limit is refused before it is parsed.
+    let big = "x".repeat(2 * 1024 * 1024);
+    let (status, body) = env
+        .call(
+            "POST",
+            &format!("/toolbox/{id}/process/execute"),
+            Some(json!({"command": big})),
+        )
+        .await;
+    assert_eq!(status, 413, "{body}");
 }
 
 /// Options this runtime cannot honour, and options it does not know, are refused before any

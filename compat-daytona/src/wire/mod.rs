@@ -126,12 +126,25 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
 
 async fn not_found(request: Request) -> Response {
     let path = request.uri().path();
+    // A 404 under a Daytona path would read as "sandbox not found" to the SDK: calls this
+    // listener does not serve say so instead (501, the SDK's base `DaytonaError`).
+    if path.starts_with("/api/") || path.starts_with("/toolbox/") {
+        return error_response(
+            StatusCode::NOT_IMPLEMENTED,
+            format!(
+                "{} {path} is not served over Daytona's wire protocol by Sandcove (git, LSP, \
+                 PTY, computer use, volumes, snapshots, fork, pause, resize, SSH, signed \
+                 preview URLs and followed logs are not); instead use the Rust facade \
+                 compat-daytona (git, volumes, snapshots, fork, signed previews) or sessions \
+                 for long-running and interactive programs",
+                request.method()
+            ),
+            Some("NOT_SUPPORTED"),
+        );
+    }
     error_response(
         StatusCode::NOT_FOUND,
-        format!(
-            "{} {path} is not served over Daytona's wire protocol by Sandcove (see MAPPING.md)",
-            request.method()
-        ),
+        format!("{} {path} does not exist here", request.method()),
         None,
     )
 }
