@@ -92,6 +92,16 @@ fn python_sdk_sandboxes_commands_sessions_files_previews_and_errors() {
     assert_expected("daytona_basics", &out);
 }
 
+/// Git on a repository in the sandbox through the SDK: status, add, commit, branches,
+/// checkout, a clone of a local repository, and a remote that cannot be reached (a loopback
+/// address inside the sandbox) surfacing as the SDK's error.
+#[test]
+fn python_sdk_git_on_a_local_repository() {
+    let server = Server::start("daytona", ANNOUNCE, "git-key");
+    let out = run_python(PINS, "daytona_git", &server, &[]);
+    assert_expected("daytona_git", &out);
+}
+
 /// The TypeScript SDK's getting-started program (from its documentation: the
 /// `@daytonaio/sdk` README itself only announces the rename to `@daytona/sdk`), verbatim.
 /// It never deletes its sandbox; it must still end by itself, which it does once the

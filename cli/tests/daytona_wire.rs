@@ -226,7 +226,7 @@ async fn errors_have_daytonas_shape_and_status() {
     // What this listener does not serve is said so, not reported as a missing sandbox.
     for (method, path) in [
         ("POST", format!("/api/sandbox/{id}/fork")),
-        ("POST", format!("/toolbox/{id}/git/status")),
+        ("POST", format!("/toolbox/{id}/lsp/start")),
         ("POST", format!("/toolbox/{id}/process/pty")),
     ] {
         let (status, body) = env.call(method, &path, Some(json!({}))).await;

@@ -132,11 +132,12 @@ async fn not_found(request: Request) -> Response {
         return error_response(
             StatusCode::NOT_IMPLEMENTED,
             format!(
-                "{} {path} is not served over Daytona's wire protocol by Sandcove (git, LSP, \
-                 PTY, computer use, volumes, snapshots, fork, pause, resize, SSH, signed \
-                 preview URLs and followed logs are not); instead use the Rust facade \
-                 compat-daytona (git, volumes, snapshots, fork, signed previews) or sessions \
-                 for long-running and interactive programs",
+                "{} {path} is not served over Daytona's wire protocol by Sandcove (LSP, PTY, \
+                 computer use, the code interpreter, volumes, snapshots, fork, pause, resize, \
+                 SSH, signed preview URLs, git init/remotes/config/history are not); instead \
+                 use the Rust facade compat-daytona (volumes, snapshots, fork, signed \
+                 previews), process.exec for other git commands, or sessions for \
+                 long-running and interactive programs",
                 request.method()
             ),
             Some("NOT_SUPPORTED"),

@@ -12,6 +12,8 @@
 //! listener's upload limit; an upload only ever carries **content** (the facade's "local
 //! path" upload form is never built from a request: that path would be on the server).
 //! Sessions are the facade's: one shell per session, commands with ids, logs per stream.
+//! Git is the facade's too: the `git` binary in the sandbox, credentials passed to that one
+//! process through a credential helper, never on a command line.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -64,6 +66,19 @@ pub(crate) fn routes() -> Router<Wire> {
         .route("/files/bulk-upload", post(bulk_upload))
         .route("/files/bulk-download", post(bulk_download))
         .route("/files/download", get(download))
+        .route("/git/status", get(git_status))
+        .route("/git/add", post(git_add))
+        .route("/git/commit", post(git_commit))
+        .route(
+            "/git/branches",
+            get(git_branches)
+                .post(git_create_branch)
+                .delete(git_delete_branch),
+        )
+        .route("/git/checkout", post(git_checkout))
+        .route("/git/clone", post(git_clone))
+        .route("/git/pull", post(git_pull))
+        .route("/git/push", post(git_push))
         .route("/user-home-dir", get(user_home_dir))
         .route("/work-dir", get(work_dir))
 }
@@ -676,4 +691,229 @@ async fn command_input(
         .send_session_command_input(&session, &command, &req.data)
         .await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+async fn git_status(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let q = query(raw);
+    let path = required(&q, "path")?;
+    let sb = sandbox(&wire, &id).await?;
+    let st = sb.git.status(path).await?;
+    let mut v = json!({
+        "currentBranch": st.current_branch,
+        "detached": st.current_branch == "HEAD",
+        "fileStatus": st.file_status.iter().map(|f| json!({
+            "name": f.name,
+            "staging": f.staging,
+            "worktree": f.worktree,
+            "extra": f.extra,
+        })).collect::<Vec<_>>(),
+    });
+    if let Some(ahead) = st.ahead {
+        v["ahead"] = json!(ahead);
+    }
+    if let Some(behind) = st.behind {
+        v["behind"] = json!(behind);
+    }
+    if let Some(published) = st.branch_published {
+        v["branchPublished"] = json!(published);
+    }
+    Ok(Json(v))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GitAddRequest {
+    path: String,
+    files: Vec<String>,
+}
+
+async fn git_add(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: GitAddRequest = parse_json(&wire, &body)?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.git.add(&req.path, req.files).await?;
+    Ok(StatusCode::OK)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GitCommitRequest {
+    path: String,
+    message: String,
+    author: String,
+    email: String,
+    allow_empty: Option<bool>,
+}
+
+async fn git_commit(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let req: GitCommitRequest = parse_json(&wire, &body)?;
+    let sb = sandbox(&wire, &id).await?;
+    let commit = sb
+        .git
+        .commit(req.path, req.message, req.author, req.email)
+        .allow_empty(req.allow_empty.unwrap_or(false))
+        .await?;
+    Ok(Json(json!({"hash": commit.sha})))
+}
+
+async fn git_branches(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let q = query(raw);
+    let path = required(&q, "path")?;
+    let sb = sandbox(&wire, &id).await?;
+    let branches = sb.git.branches(path).await?;
+    Ok(Json(json!({"branches": branches.branches})))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GitBranchRequest {
+    path: String,
+    name: String,
+}
+
+async fn git_create_branch(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: GitBranchRequest = parse_json(&wire, &body)?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.git.create_branch(&req.path, &req.name).await?;
+    Ok(StatusCode::CREATED)
+}
+
+async fn git_delete_branch(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: GitBranchRequest = parse_json(&wire, &body)?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.git.delete_branch(&req.path, &req.name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GitCheckoutRequest {
+    path: String,
+    branch: String,
+}
+
+async fn git_checkout(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: GitCheckoutRequest = parse_json(&wire, &body)?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.git.checkout_branch(&req.path, &req.branch).await?;
+    Ok(StatusCode::OK)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GitCloneRequest {
+    url: String,
+    path: String,
+    branch: Option<String>,
+    commit_id: Option<String>,
+    username: Option<String>,
+    password: Option<String>,
+    depth: Option<i64>,
+    insecure_skip_tls: Option<bool>,
+}
+
+async fn git_clone(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: GitCloneRequest = parse_json(&wire, &body)?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.git
+        .clone(req.url, req.path)
+        .branch(req.branch)
+        .commit_id(req.commit_id)
+        .username(req.username)
+        .password(req.password)
+        .depth(req.depth)
+        .insecure_skip_tls(req.insecure_skip_tls)
+        .await?;
+    Ok(StatusCode::OK)
+}
+
+/// `GitPullRequest` / `GitPushRequest`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GitSyncRequest {
+    path: String,
+    username: Option<String>,
+    password: Option<String>,
+    remote: Option<String>,
+    branch: Option<String>,
+    set_upstream: Option<bool>,
+}
+
+/// The remote, branch and upstream options the facade's pull and push do not take: refused
+/// unless they say what the facade does anyway (the tracked upstream).
+fn plain_sync(req: &GitSyncRequest) -> Result<(), ApiError> {
+    if req.remote.as_deref().is_some_and(|r| r != "origin")
+        || req.branch.is_some()
+        || req.set_upstream == Some(true)
+    {
+        return Err(ApiError(crate::DaytonaError::not_supported(
+            "git pull/push with remote, branch or set_upstream",
+            "configure the upstream with process.exec('git -C PATH branch --set-upstream-to …') \
+             and pull or push without them",
+        )));
+    }
+    Ok(())
+}
+
+async fn git_pull(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: GitSyncRequest = parse_json(&wire, &body)?;
+    plain_sync(&req)?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.git
+        .pull(req.path)
+        .username(req.username)
+        .password(req.password)
+        .await?;
+    Ok(StatusCode::OK)
+}
+
+async fn git_push(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: GitSyncRequest = parse_json(&wire, &body)?;
+    plain_sync(&req)?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.git
+        .push(req.path)
+        .username(req.username)
+        .password(req.password)
+        .await?;
+    Ok(StatusCode::OK)
 }
