@@ -102,6 +102,15 @@ fn python_sdk_git_on_a_local_repository() {
     assert_expected("daytona_git", &out);
 }
 
+/// Volumes through the SDK: `volume.get(create=True)`, a mount at creation, files kept
+/// across sandboxes, list and delete.
+#[test]
+fn python_sdk_volumes_keep_files_across_sandboxes() {
+    let server = Server::start("daytona", ANNOUNCE, "volumes-key");
+    let out = run_python(PINS, "daytona_volumes", &server, &[]);
+    assert_expected("daytona_volumes", &out);
+}
+
 /// The TypeScript SDK's getting-started program (from its documentation: the
 /// `@daytonaio/sdk` README itself only announces the rename to `@daytona/sdk`), verbatim.
 /// It never deletes its sandbox; it must still end by itself, which it does once the

@@ -47,6 +47,9 @@ pub(crate) fn routes() -> Router<Wire> {
         .route("/sandbox/{id}/autodelete/{interval}", post(set_autodelete))
         .route("/sandbox/{id}/toolbox-proxy-url", get(toolbox_proxy_url))
         .route("/sandbox/{id}/ports/{port}/preview-url", get(preview_url))
+        .route("/volumes", post(create_volume).get(list_volumes))
+        .route("/volumes/{id}", get(get_volume).delete(delete_volume))
+        .route("/volumes/by-name/{name}", get(get_volume))
 }
 
 /// A whole number of a facade float (`cpu`, GiB, minutes) as a JSON integer, never below
@@ -89,7 +92,13 @@ pub(crate) fn sandbox_dto(wire: &Wire, sb: &Sandbox) -> Value {
         "autoStopInterval": int(sb.auto_stop_interval.unwrap_or(0.0), 0),
         "autoArchiveInterval": int(sb.auto_archive_interval.unwrap_or(0.0), 0),
         "autoDeleteInterval": sb.auto_delete_interval.map(|v| v as i64).unwrap_or(-1),
-        "volumes": [],
+        "volumes": sb.volume_mounts().iter().map(|(volume, path, subpath)| {
+            let mut v = json!({"volumeId": volume, "mountPath": path});
+            if let Some(sub) = subpath {
+                v["subpath"] = json!(sub);
+            }
+            v
+        }).collect::<Vec<_>>(),
         "createdAt": sb.created_at,
         "updatedAt": sb.updated_at,
         "lastActivityAt": sb.last_activity_at,
@@ -378,6 +387,56 @@ async fn preview_url(
         "url": link.url,
         "token": link.token,
     })))
+}
+
+/// `VolumeDto`.
+fn volume_dto(v: &crate::Volume) -> Value {
+    json!({
+        "id": v.id,
+        "name": v.name,
+        "organizationId": v.organization_id,
+        "state": v.state,
+        "createdAt": v.created_at,
+        "updatedAt": v.updated_at,
+        "lastUsedAt": v.last_used_at,
+        "errorReason": v.error_reason,
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateVolume {
+    name: String,
+}
+
+async fn create_volume(State(wire): State<Wire>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let req: CreateVolume = parse_json(&wire, &body)?;
+    let volume = wire.daytona().volume.create(&req.name).await?;
+    Ok(Json(volume_dto(&volume)))
+}
+
+async fn list_volumes(State(wire): State<Wire>) -> Result<Json<Value>, ApiError> {
+    let volumes = wire.daytona().volume.list().await?;
+    Ok(Json(Value::Array(volumes.iter().map(volume_dto).collect())))
+}
+
+/// By id or by name: a volume's id is its name here.
+async fn get_volume(
+    State(wire): State<Wire>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let volume = wire.daytona().volume.get(name).await?;
+    Ok(Json(volume_dto(&volume)))
+}
+
+async fn delete_volume(
+    State(wire): State<Wire>,
+    Path(name): Path<String>,
+) -> Result<axum::http::StatusCode, ApiError> {
+    let daytona = wire.daytona();
+    let volume = daytona.volume.get(name).await?;
+    daytona.volume.delete(&volume).await?;
+    Ok(axum::http::StatusCode::OK)
 }
 
 /// Query pairs, percent-decoded (`+` is a space), repeated keys kept.
