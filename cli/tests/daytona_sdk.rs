@@ -111,6 +111,16 @@ fn python_sdk_volumes_keep_files_across_sandboxes() {
     assert_expected("daytona_volumes", &out);
 }
 
+/// Snapshots through the SDK: `create_snapshot`, get, list, a sandbox created from the
+/// snapshot by name with its files, delete; building one from an image is the SDK's error
+/// naming the alternative.
+#[test]
+fn python_sdk_snapshots_and_create_from_a_named_snapshot() {
+    let server = Server::start("daytona", ANNOUNCE, "snapshots-key");
+    let out = run_python(PINS, "daytona_snapshots", &server, &[]);
+    assert_expected("daytona_snapshots", &out);
+}
+
 /// The TypeScript SDK's getting-started program (from its documentation: the
 /// `@daytonaio/sdk` README itself only announces the rename to `@daytona/sdk`), verbatim.
 /// It never deletes its sandbox; it must still end by itself, which it does once the

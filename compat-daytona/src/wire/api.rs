@@ -47,6 +47,9 @@ pub(crate) fn routes() -> Router<Wire> {
         .route("/sandbox/{id}/autodelete/{interval}", post(set_autodelete))
         .route("/sandbox/{id}/toolbox-proxy-url", get(toolbox_proxy_url))
         .route("/sandbox/{id}/ports/{port}/preview-url", get(preview_url))
+        .route("/sandbox/{id}/snapshot", post(snapshot_sandbox))
+        .route("/snapshots", get(list_snapshots).post(create_snapshot))
+        .route("/snapshots/{id}", get(get_snapshot).delete(delete_snapshot))
         .route("/volumes", post(create_volume).get(list_volumes))
         .route("/volumes/{id}", get(get_volume).delete(delete_volume))
         .route("/volumes/by-name/{name}", get(get_volume))
@@ -387,6 +390,120 @@ async fn preview_url(
         "url": link.url,
         "token": link.token,
     })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CreateSandboxSnapshot {
+    name: String,
+    include_memory: Option<bool>,
+}
+
+/// `POST /api/sandbox/{id}/snapshot`: `sandbox.create_snapshot(name)`; answers the sandbox,
+/// which is already back in its previous state (the copy is taken while it waits).
+async fn snapshot_sandbox(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let req: CreateSandboxSnapshot = parse_json(&wire, &body)?;
+    if req.include_memory == Some(true) {
+        return Err(unsupported(
+            "include_memory",
+            "snapshots here hold the files only; start programs again after creating from one",
+        ));
+    }
+    let mut sb = wire.daytona().get(id).await?;
+    sb.create_snapshot(&req.name).await?;
+    sb.refresh_data().await?;
+    Ok(Json(sandbox_dto(&wire, &sb)))
+}
+
+/// `SnapshotDto`.
+fn snapshot_dto(s: &crate::Snapshot) -> Value {
+    json!({
+        "id": s.id,
+        "organizationId": s.organization_id,
+        "general": s.general,
+        "name": s.name,
+        "state": s.state,
+        "size": s.size,
+        "entrypoint": s.entrypoint,
+        "cpu": s.cpu,
+        "gpu": s.gpu,
+        "mem": s.mem,
+        "disk": s.disk,
+        "errorReason": s.error_reason,
+        "createdAt": s.created_at,
+        "updatedAt": s.updated_at,
+        "lastUsedAt": s.last_used_at,
+        "sourceSandboxId": null,
+    })
+}
+
+async fn list_snapshots(
+    State(wire): State<Wire>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let mut page = None;
+    let mut limit = None;
+    for (k, v) in query_pairs(raw.as_deref().unwrap_or("")) {
+        let number = || {
+            v.parse::<i64>()
+                .map_err(|_| bad_request(format!("{k} {v:?} is not an integer")))
+        };
+        match k.as_str() {
+            "page" => page = Some(number()?),
+            "limit" => limit = Some(number()?),
+            other => {
+                return Err(unsupported(
+                    &format!("snapshot list filter {other}"),
+                    "list every snapshot (page, limit) and filter the results",
+                ))
+            }
+        }
+    }
+    let list = wire
+        .daytona()
+        .snapshot
+        .list()
+        .page(page)
+        .limit(limit)
+        .await?;
+    Ok(Json(json!({
+        "items": list.items.iter().map(snapshot_dto).collect::<Vec<_>>(),
+        "total": list.total,
+        "page": list.page,
+        "totalPages": list.total_pages,
+    })))
+}
+
+async fn get_snapshot(
+    State(wire): State<Wire>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let snapshot = wire.daytona().snapshot.get(name).await?;
+    Ok(Json(snapshot_dto(&snapshot)))
+}
+
+async fn delete_snapshot(
+    State(wire): State<Wire>,
+    Path(name): Path<String>,
+) -> Result<axum::http::StatusCode, ApiError> {
+    let daytona = wire.daytona();
+    let snapshot = daytona.snapshot.get(name).await?;
+    daytona.snapshot.delete(&snapshot).await?;
+    Ok(axum::http::StatusCode::OK)
+}
+
+/// `POST /api/snapshots` builds from an image: the facade's gap.
+async fn create_snapshot(State(wire): State<Wire>) -> Result<Json<Value>, ApiError> {
+    let snapshot = wire
+        .daytona()
+        .snapshot
+        .create(crate::CreateSnapshotParams::default())
+        .await?;
+    Ok(Json(snapshot_dto(&snapshot)))
 }
 
 /// `VolumeDto`.
