@@ -121,6 +121,15 @@ fn python_sdk_snapshots_and_create_from_a_named_snapshot() {
     assert_expected("daytona_snapshots", &out);
 }
 
+/// Fork (a copy of the files, independent afterwards), pause then start, and a signed
+/// preview URL that reaches a server in the sandbox with no header.
+#[test]
+fn python_sdk_fork_pause_and_signed_previews() {
+    let server = Server::start("daytona", ANNOUNCE, "fork-key");
+    let out = run_python(PINS, "daytona_fork_pause_previews", &server, &[]);
+    assert_expected("daytona_fork_pause_previews", &out);
+}
+
 /// The TypeScript SDK's getting-started program (from its documentation: the
 /// `@daytonaio/sdk` README itself only announces the rename to `@daytona/sdk`), verbatim.
 /// It never deletes its sandbox; it must still end by itself, which it does once the

@@ -174,6 +174,32 @@ async fn sandbox_answers_are_strict_dtos_with_exact_json_types() {
     assert_eq!(page["items"].as_array().unwrap().len(), 1);
     assert_strict_sandbox(&page["items"][0], &toolbox);
     assert!(page["nextCursor"].is_null());
+    // Pages: a cursor walks every sandbox once, the last page has no next cursor.
+    let others = [env.create().await, env.create().await];
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            None => "/api/sandbox?limit=2".to_string(),
+            Some(c) => format!("/api/sandbox?limit=2&cursor={c}"),
+        };
+        let (status, page) = env.call("GET", &path, None).await;
+        assert_eq!(status, 200, "{page}");
+        let items = page["items"].as_array().unwrap();
+        assert!(items.len() <= 2);
+        seen.extend(items.iter().map(|s| s["id"].as_str().unwrap().to_string()));
+        match page["nextCursor"].as_str() {
+            Some(next) => cursor = Some(next.to_string()),
+            None => break,
+        }
+    }
+    seen.sort();
+    let mut all: Vec<String> = [&sb, &others[0], &others[1]]
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect();
+    all.sort();
+    assert_eq!(seen, all);
     let (status, stopped) = env
         .call("POST", &format!("/api/sandbox/{id}/stop"), None)
         .await;
@@ -225,7 +251,7 @@ async fn errors_have_daytonas_shape_and_status() {
     assert_eq!(body["exitCode"], 7);
     // What this listener does not serve is said so, not reported as a missing sandbox.
     for (method, path) in [
-        ("POST", format!("/api/sandbox/{id}/fork")),
+        ("POST", format!("/api/sandbox/{id}/resize")),
         ("POST", format!("/toolbox/{id}/lsp/start")),
         ("POST", format!("/toolbox/{id}/process/pty")),
     ] {

@@ -48,6 +48,12 @@ pub(crate) fn routes() -> Router<Wire> {
         .route("/sandbox/{id}/toolbox-proxy-url", get(toolbox_proxy_url))
         .route("/sandbox/{id}/ports/{port}/preview-url", get(preview_url))
         .route("/sandbox/{id}/snapshot", post(snapshot_sandbox))
+        .route("/sandbox/{id}/pause", post(pause))
+        .route("/sandbox/{id}/fork", post(fork))
+        .route(
+            "/sandbox/{id}/ports/{port}/signed-preview-url",
+            get(signed_preview_url),
+        )
         .route("/snapshots", get(list_snapshots).post(create_snapshot))
         .route("/snapshots/{id}", get(get_snapshot).delete(delete_snapshot))
         .route("/volumes", post(create_volume).get(list_volumes))
@@ -314,6 +320,69 @@ async fn archive(
     sb.archive().await?;
     sb.refresh_data().await?;
     Ok(Json(sandbox_dto(&wire, &sb)))
+}
+
+async fn pause(State(wire): State<Wire>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let mut sb = wire.daytona().get(id).await?;
+    sb.pause().await?;
+    sb.refresh_data().await?;
+    Ok(Json(sandbox_dto(&wire, &sb)))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ForkBody {
+    name: Option<String>,
+}
+
+/// `sandbox.fork()`: a new sandbox with a copy of this one's files, named by its id.
+async fn fork(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let req: ForkBody = parse_json(&wire, &body)?;
+    if req.name.is_some() {
+        return Err(unsupported(
+            "fork with a name",
+            "fork without a name (the fork is named by its id)",
+        ));
+    }
+    let sb = wire.daytona().get(id).await?;
+    let forked = sb.fork().await?;
+    Ok(Json(sandbox_dto(&wire, &forked)))
+}
+
+async fn signed_preview_url(
+    State(wire): State<Wire>,
+    Path((id, port)): Path<(String, String)>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let port: i64 = port
+        .parse()
+        .map_err(|_| bad_request(format!("port {port:?} is not a number")))?;
+    let mut expires = None;
+    for (k, v) in query_pairs(raw.as_deref().unwrap_or("")) {
+        match k.as_str() {
+            "expiresInSeconds" => {
+                expires = Some(v.parse::<i64>().map_err(|_| {
+                    bad_request(format!("expiresInSeconds {v:?} is not an integer"))
+                })?)
+            }
+            other => return Err(bad_request(format!("unknown parameter {other:?}"))),
+        }
+    }
+    let sb = wire.daytona().get(id).await?;
+    let link = sb
+        .create_signed_preview_url(port)
+        .expires_in_seconds(expires)
+        .await?;
+    Ok(Json(json!({
+        "sandboxId": link.sandbox_id,
+        "port": link.port,
+        "token": link.token,
+        "url": link.url,
+    })))
 }
 
 #[derive(Debug, Deserialize)]

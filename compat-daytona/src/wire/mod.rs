@@ -133,10 +133,9 @@ async fn not_found(request: Request) -> Response {
             StatusCode::NOT_IMPLEMENTED,
             format!(
                 "{} {path} is not served over Daytona's wire protocol by Sandcove (LSP, PTY, \
-                 computer use, the code interpreter, fork, pause, resize, SSH, signed preview \
-                 URLs, git init/remotes/config/history are not); instead use the Rust facade \
-                 compat-daytona (fork, signed previews), process.exec for other git commands, or sessions for \
-                 long-running and interactive programs",
+                 computer use, the code interpreter, resize, SSH, pre-signed file URLs, git \
+                 init/remotes/config/history are not); instead use process.exec for other \
+                 git commands, or sessions for long-running and interactive programs",
                 request.method()
             ),
             Some("NOT_SUPPORTED"),
