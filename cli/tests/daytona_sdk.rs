@@ -130,6 +130,15 @@ fn python_sdk_fork_pause_and_signed_previews() {
     assert_expected("daytona_fork_pause_previews", &out);
 }
 
+/// Auto-stop/archive/delete intervals, `refresh_activity`, home and work directories, list
+/// filtered by state, the client's `start`/`stop`, and `delete(wait=True)`.
+#[test]
+fn python_sdk_intervals_states_and_waiting_delete() {
+    let server = Server::start("daytona", ANNOUNCE, "lifecycle-key");
+    let out = run_python(PINS, "daytona_lifecycle", &server, &[]);
+    assert_expected("daytona_lifecycle", &out);
+}
+
 /// The TypeScript SDK's getting-started program (from its documentation: the
 /// `@daytonaio/sdk` README itself only announces the rename to `@daytona/sdk`), verbatim.
 /// It never deletes its sandbox; it must still end by itself, which it does once the

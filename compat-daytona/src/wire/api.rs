@@ -49,6 +49,7 @@ pub(crate) fn routes() -> Router<Wire> {
         .route("/sandbox/{id}/ports/{port}/preview-url", get(preview_url))
         .route("/sandbox/{id}/snapshot", post(snapshot_sandbox))
         .route("/sandbox/{id}/pause", post(pause))
+        .route("/sandbox/{id}/last-activity", post(last_activity))
         .route("/sandbox/{id}/fork", post(fork))
         .route(
             "/sandbox/{id}/ports/{port}/signed-preview-url",
@@ -320,6 +321,16 @@ async fn archive(
     sb.archive().await?;
     sb.refresh_data().await?;
     Ok(Json(sandbox_dto(&wire, &sb)))
+}
+
+/// `sandbox.refresh_activity()`: the auto-stop count starts again.
+async fn last_activity(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+) -> Result<axum::http::StatusCode, ApiError> {
+    let sb = wire.daytona().get(id).await?;
+    sb.refresh_activity().await?;
+    Ok(axum::http::StatusCode::CREATED)
 }
 
 async fn pause(State(wire): State<Wire>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
