@@ -145,6 +145,8 @@ struct CreateSandbox {
     auto_archive_interval: Option<i64>,
     auto_delete_interval: Option<i64>,
     ttl_minutes: Option<i64>,
+    /// Minutes to wait for capacity: accepted, since a create here never queues.
+    #[allow(dead_code)]
     queue_timeout: Option<i64>,
     volumes: Option<Vec<VolumeBody>>,
     secrets: Option<Value>,
@@ -233,9 +235,7 @@ async fn create(State(wire): State<Wire>, body: Bytes) -> Result<Json<Value>, Ap
         .labels
         .as_ref()
         .and_then(|l| l.get(crate::translate::LANGUAGE_LABEL).cloned());
-    // `queueTimeout` bounds waiting for capacity: a create here never queues.
-    let _ = req.queue_timeout;
-    let params: CreateSandboxParams = if let Some(build) = req.build_info {
+    let params: CreateSandboxParams = if req.build_info.is_some() {
         // An image: the facade's gap (with its GPU check) decides.
         let resources =
             (req.cpu.is_some() || req.memory.is_some() || req.disk.is_some()).then(|| Resources {
@@ -244,7 +244,6 @@ async fn create(State(wire): State<Wire>, body: Bytes) -> Result<Json<Value>, Ap
                 disk: req.disk,
                 ..Default::default()
             });
-        let _ = build;
         CreateSandboxParams::Image(CreateSandboxFromImageParams {
             resources,
             name: req.name,
