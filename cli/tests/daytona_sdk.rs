@@ -9,12 +9,14 @@
 //! `fixtures/python/` or `fixtures/js/daytona/` and compares its output with the `.expected`
 //! file beside it. A machine without `python3`, `node` or `npm` fails these tests, saying so.
 
+mod common;
 mod sdk_harness;
 
 use std::process::Command;
 use std::time::Duration;
 
-use sdk_harness::{assert_expected, check_node, run_python, Server, BIN};
+use common::bin;
+use sdk_harness::{assert_expected, check_node, run_python, Server};
 use serde_json::Value;
 
 const PINS: &str = "pins-daytona-0.226.1.txt";
@@ -185,7 +187,7 @@ fn env_points_at_the_running_server_and_fails_without_one() {
             ),
         ]
     );
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(["env", "daytona"])
         .env_remove("SANDCOVE_API_KEY")
         .env("SANDCOVE_STATE_DIR", &server.state.dir)

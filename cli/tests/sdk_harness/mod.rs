@@ -1,22 +1,78 @@
-//! What the official-SDK tests share: provisioning pinned SDKs under the build directory,
-//! a `sandcove serve` child process with one vendor listener, its `sandcove env` lines, and
-//! running one program against it with its output compared to an `.expected` file.
+//! What the Daytona official-SDK tests need: provisioning pinned SDKs once per user (under
+//! the build directory when this user can write there, else in a private directory of the
+//! user's in the temp dir, as CI's rootless pass needs), a `sandcove serve` child process
+//! with one vendor listener, its `sandcove env` lines, and running one program against it
+//! with its output compared to an `.expected` file.
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use sandcove_tests::PrivateState;
 
-/// The `sandcove` binary under test.
-pub const BIN: &str = env!("CARGO_BIN_EXE_sandcove");
+use crate::common::{bin, ServeChild};
+
+/// The repository's `fixtures/`, or `SANDCOVE_TEST_FIXTURES` when set (a copy readable by
+/// the user of CI's rootless pass).
+pub fn fixtures_root() -> PathBuf {
+    std::env::var_os("SANDCOVE_TEST_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures"))
+}
 
 /// `fixtures/python`.
 pub fn py_fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/python")
+    fixtures_root().join("python")
+}
+
+/// Where this user's SDKs are provisioned: under the build directory when this user can
+/// write there, else a private directory of this user in the temp dir (refused when someone
+/// else made it or others may write it, since the tests run what it holds).
+fn sdk_root() -> PathBuf {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let uid = std::fs::metadata("/proc/self").expect("/proc/self").uid();
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("sdk-uid{uid}"));
+    if std::fs::create_dir_all(&target).is_ok()
+        && std::fs::write(target.join(".writable"), b"").is_ok()
+    {
+        return target;
+    }
+    let tmp = std::env::temp_dir().join(format!("sandcove-sdk-uid{uid}"));
+    match std::fs::create_dir(&tmp) {
+        Ok(()) => std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o700))
+            .expect("make the SDK directory private"),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => panic!("cannot create {}: {e}", tmp.display()),
+    }
+    let meta = std::fs::symlink_metadata(&tmp).expect("the SDK directory");
+    assert!(
+        meta.is_dir() && meta.uid() == uid && meta.mode() & 0o022 == 0,
+        "refusing to use {}: not a directory of uid {uid} that only it can write",
+        tmp.display()
+    );
+    tmp
+}
+
+/// A `python3` this user can run, with the venv module: the one on PATH, else the system's.
+fn python3() -> PathBuf {
+    let mut tried = Vec::new();
+    for candidate in ["python3", "/usr/bin/python3"] {
+        match Command::new(candidate)
+            .args(["-c", "import venv, ensurepip"])
+            .output()
+        {
+            Ok(out) if out.status.success() => return PathBuf::from(candidate),
+            other => tried.push(format!("{candidate}: {other:?}")),
+        }
+    }
+    panic!(
+        "no usable python3 ({}): the official-SDK tests need python3 (3.9 or newer, with the \
+         venv module) on PATH or at /usr/bin/python3",
+        tried.join("; ")
+    )
 }
 
 /// A short, stable fingerprint of some bytes, so a changed pin gets a fresh install.
@@ -61,18 +117,12 @@ pub fn venv(pins: &str) -> PathBuf {
     let pin_file = py_fixtures().join(pins);
     let bytes = std::fs::read(&pin_file).expect("the pin file");
     let stem = pins.trim_end_matches(".txt");
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("sdk")
-        .join(format!("py-{stem}-{}", fingerprint(&bytes)));
+    let python = python3();
+    let mut key = bytes.clone();
+    key.extend_from_slice(python.as_os_str().as_encoded_bytes());
+    let dir = sdk_root().join(format!("py-{stem}-{}", fingerprint(&key)));
     provision(&dir, |tmp| {
-        match Command::new("python3").arg("--version").output() {
-            Ok(out) if out.status.success() => {}
-            other => panic!(
-                "python3 is missing ({other:?}): the official-SDK tests need python3 (3.9 or \
-                 newer, with the venv module) on PATH"
-            ),
-        }
-        let status = Command::new("python3")
+        let status = Command::new(&python)
             .args(["-m", "venv"])
             .arg(tmp)
             .status()
@@ -120,48 +170,45 @@ impl Server {
     /// the server names the listener on stderr (`Daytona wire protocol`).
     pub fn start(vendor: &str, announce: &str, key: &str) -> Server {
         let state = PrivateState::new();
-        let mut child = Command::new(BIN)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                &format!("--{vendor}"),
-                "127.0.0.1:0",
-            ])
-            .env("SANDCOVE_API_KEY", key)
-            .env("SANDCOVE_STATE_DIR", &state.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start sandcove serve");
-        let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
-        let mut origin = None;
-        let mut native = None;
+        let flag = format!("--{vendor}");
+        let native = ServeChild::start(
+            &["--listen", "127.0.0.1:0", &flag, "127.0.0.1:0"],
+            &[
+                ("SANDCOVE_API_KEY", key.as_ref()),
+                ("SANDCOVE_STATE_DIR", state.dir.as_os_str()),
+            ],
+            &[],
+            "sandcove serve: listening on",
+        )
+        .expect("the server announces its native listener");
+        let ServeChild {
+            child,
+            mut stderr,
+            url: native,
+        } = native;
+        // The vendor listener is announced next.
         let prefix = format!("sandcove serve: {announce} on ");
+        let mut origin = None;
         for _ in 0..6 {
             let mut line = String::new();
             if stderr.read_line(&mut line).unwrap_or(0) == 0 {
                 break;
-            }
-            if let Some(rest) = line.trim().strip_prefix("sandcove serve: listening on ") {
-                native = rest.split_whitespace().next().map(str::to_string);
             }
             if let Some(url) = line.trim().strip_prefix(&prefix) {
                 origin = Some(url.to_string());
                 break;
             }
         }
-        // Keep draining stderr so the server never blocks on a full pipe.
-        std::thread::spawn(move || {
-            let mut sink = String::new();
-            while stderr.read_line(&mut sink).unwrap_or(0) > 0 {
-                sink.clear();
-            }
-        });
+        let (child, _) = ServeChild {
+            child,
+            stderr,
+            url: native.clone(),
+        }
+        .drain_stderr();
         Server {
             child,
             origin: origin.expect("the server announces its vendor listener"),
-            native: native.expect("the server announces its native listener"),
+            native,
             key: key.to_string(),
             vendor: vendor.to_string(),
             state,
@@ -170,7 +217,7 @@ impl Server {
 
     /// `sandcove env <vendor>` for this server: the variables, from its `export` lines.
     pub fn env(&self) -> Result<Vec<(String, String)>, String> {
-        let out = Command::new(BIN)
+        let out = Command::new(bin())
             .args(["env", &self.vendor])
             .env("SANDCOVE_API_KEY", &self.key)
             .env("SANDCOVE_STATE_DIR", &self.state.dir)
@@ -248,9 +295,7 @@ pub fn assert_expected(name: &str, out: &Output) {
 
 /// `fixtures/js/<dir>`.
 pub fn js_fixtures(dir: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fixtures/js")
-        .join(dir)
+    fixtures_root().join("js").join(dir)
 }
 
 /// A directory holding `node_modules` for `fixtures/js/<dir>/package-lock.json`, built once
@@ -260,9 +305,7 @@ pub fn node_project(dir: &str) -> PathBuf {
     let manifest = std::fs::read(js_fixtures(dir).join("package.json")).expect("package.json");
     let mut both = lock.clone();
     both.extend_from_slice(&manifest);
-    let project = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("sdk")
-        .join(format!("js-{dir}-{}", fingerprint(&both)));
+    let project = sdk_root().join(format!("js-{dir}-{}", fingerprint(&both)));
     provision(&project, |tmp| {
         for tool in ["node", "npm"] {
             match Command::new(tool).arg("--version").output() {
