@@ -337,9 +337,10 @@ fn main() -> ExitCode {
 }
 
 /// The in-memory cap of one Daytona multipart upload: the server's upload limit, but never
-/// more than 256 MiB, since a multipart body is parsed whole.
+/// more than 64 MiB (the E2B listener's multipart cap too), since a multipart body is parsed
+/// whole.
 fn daytona_upload_cap(max_upload_bytes: u64) -> usize {
-    usize::try_from(max_upload_bytes.min(256 * 1024 * 1024)).unwrap_or(usize::MAX)
+    usize::try_from(max_upload_bytes.min(64 * 1024 * 1024)).unwrap_or(usize::MAX)
 }
 
 /// `sandcove env VENDOR`.
