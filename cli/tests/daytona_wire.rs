@@ -249,14 +249,16 @@ async fn errors_have_daytonas_shape_and_status() {
         .await;
     assert_eq!(status, 200);
     assert_eq!(body["exitCode"], 7);
-    // What this listener does not serve is said so, not reported as a missing sandbox.
-    for (method, path) in [
-        ("POST", format!("/api/sandbox/{id}/resize")),
-        ("POST", format!("/toolbox/{id}/lsp/start")),
-        ("POST", format!("/toolbox/{id}/process/pty")),
+    // What this listener does not serve is said so, not reported as a missing sandbox: a
+    // documented gap as the facade's refusal (400, its alternative), anything else as 501.
+    for (method, path, wanted) in [
+        ("POST", format!("/api/sandbox/{id}/resize"), 400),
+        ("POST", format!("/toolbox/{id}/lsp/start"), 400),
+        ("POST", format!("/toolbox/{id}/process/pty"), 400),
+        ("GET", format!("/toolbox/{id}/git/history"), 501),
     ] {
         let (status, body) = env.call(method, &path, Some(json!({}))).await;
-        assert_eq!(status, 501, "{method} {path}: {body}");
+        assert_eq!(status, wanted, "{method} {path}: {body}");
         assert!(
             body["message"].as_str().unwrap().contains("instead"),
             "{body}"

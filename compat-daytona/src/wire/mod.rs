@@ -124,18 +124,47 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
         .layer(middleware::from_fn_with_state(wire, authenticate))
 }
 
+/// The facade's gap (see `gaps`) a Daytona path belongs to, for paths this listener does not
+/// serve: the SDK then raises its own error with the facade's alternative.
+fn gap_of_path(path: &str) -> Option<&'static str> {
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let gap = match segments.as_slice() {
+        ["api", "sandbox", _, "resize", ..] => "resize",
+        ["api", "sandbox", _, "recover", ..] => "recover",
+        ["api", "sandbox", _, "network-settings", ..] => "update_network_settings",
+        ["api", "sandbox", _, "ssh-access", ..] | ["api", "sandbox", "ssh-access", ..] => {
+            "ssh access"
+        }
+        ["api", "sandbox", _, "ports", _, "signed-preview-url", _, "expire"] => {
+            "expire_signed_preview_url"
+        }
+        ["api", "sandbox", _, "secrets", ..] | ["api", "secrets", ..] => "secrets and warm pools",
+        ["api", "warm-pools", ..] | ["api", "warm-pool", ..] => "secrets and warm pools",
+        ["api", "object-storage", ..] => "object storage",
+        ["toolbox", _, "process", "pty", ..] => "pty sessions",
+        ["toolbox", _, "process", "interpreter", ..] => "code_interpreter",
+        ["toolbox", _, "lsp", ..] => "create_lsp_server",
+        ["toolbox", _, "computeruse", ..] => "computer_use",
+        _ => return None,
+    };
+    Some(gap)
+}
+
 async fn not_found(request: Request) -> Response {
     let path = request.uri().path();
+    if let Some(feature) = gap_of_path(path) {
+        return ApiError(crate::gaps::gap(feature)).into_response();
+    }
     // A 404 under a Daytona path would read as "sandbox not found" to the SDK: calls this
     // listener does not serve say so instead (501, the SDK's base `DaytonaError`).
     if path.starts_with("/api/") || path.starts_with("/toolbox/") {
         return error_response(
             StatusCode::NOT_IMPLEMENTED,
             format!(
-                "{} {path} is not served over Daytona's wire protocol by Sandcove (LSP, PTY, \
-                 computer use, the code interpreter, resize, SSH, pre-signed file URLs, git \
-                 init/remotes/config/history are not); instead use process.exec for other \
-                 git commands, or sessions for long-running and interactive programs",
+                "{} {path} is not served over Daytona's wire protocol by Sandcove (see \
+                 MAPPING.md); instead use process.exec (for git commands other than status, \
+                 add, commit, branches, checkout, clone, pull and push too), or sessions for \
+                 long-running and interactive programs",
                 request.method()
             ),
             Some("NOT_SUPPORTED"),
@@ -332,6 +361,34 @@ mod tests {
         ];
         for (e, status) in table {
             assert_eq!(status_for(&e).as_u16(), status, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn paths_not_served_name_their_gap() {
+        for (path, gap) in [
+            ("/api/sandbox/abc/resize", Some("resize")),
+            ("/api/sandbox/abc/ssh-access", Some("ssh access")),
+            ("/api/sandbox/ssh-access/validate", Some("ssh access")),
+            (
+                "/api/sandbox/abc/ports/80/signed-preview-url/tok/expire",
+                Some("expire_signed_preview_url"),
+            ),
+            ("/toolbox/abc/process/pty/s1/connect", Some("pty sessions")),
+            (
+                "/toolbox/abc/process/interpreter/execute",
+                Some("code_interpreter"),
+            ),
+            ("/toolbox/abc/lsp/start", Some("create_lsp_server")),
+            ("/toolbox/abc/computeruse/start", Some("computer_use")),
+            ("/toolbox/abc/git/history", None),
+            ("/api/sandbox/abc", None),
+        ] {
+            assert_eq!(gap_of_path(path), gap, "{path}");
+            if let Some(g) = gap {
+                // Every name is in the facade's table (its message names the alternative).
+                assert!(crate::gaps::GAPS.iter().any(|x| x.feature == g), "{g}");
+            }
         }
     }
 
