@@ -169,6 +169,14 @@ fn js_sdk_sandboxes_commands_sessions_files_previews_and_errors() {
     );
 }
 
+/// The rest in TypeScript: git, volumes, snapshots (and a sandbox from one), fork, a signed
+/// preview URL, intervals, pause/start and a documented gap (resize).
+#[test]
+fn js_sdk_git_volumes_snapshots_fork_and_gaps() {
+    let server = Server::start("daytona", ANNOUNCE, "js-more-key");
+    check_node("daytona", "daytona_more", &server, Duration::from_secs(120));
+}
+
 #[test]
 fn env_points_at_the_running_server_and_fails_without_one() {
     let mut server = Server::start("daytona", ANNOUNCE, "k-env");
