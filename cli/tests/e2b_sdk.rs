@@ -496,14 +496,14 @@ fn vendors_without_a_wire_protocol_are_refused_clearly() {
             "serve",
             "--listen",
             "127.0.0.1:0",
-            "--daytona",
+            "--blaxel",
             "127.0.0.1:0",
         ])
         .env("SANDCOVE_API_KEY", "k")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--daytona is not available yet"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--blaxel is not available yet"));
     let out = Command::new(bin())
         .args(["env", "blaxel"])
         .env("SANDCOVE_API_KEY", "k")

@@ -63,6 +63,24 @@ impl Ctx {
         self.core.read(path).await
     }
 
+    /// Read a whole file held in memory, refusing it once it passes `limit` bytes (the
+    /// file may grow while it is read, so the bound is on what arrives).
+    pub async fn read_limited(&self, path: &str, limit: usize) -> sandcove::Result<Vec<u8>> {
+        use futures::StreamExt;
+        let mut stream = self.core.read_stream(path).await?;
+        let mut out = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk?;
+            if out.len().saturating_add(chunk.len()) > limit {
+                return Err(sandcove::Error::invalid(format!(
+                    "{path} is larger than {limit} bytes, the most one download holds here"
+                )));
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(out)
+    }
+
     pub async fn write(&self, path: &str, data: Vec<u8>) -> sandcove::Result<sandcove::FileStat> {
         self.core.write(path, data).await
     }
