@@ -25,6 +25,68 @@ use sandcove::{
 
 use common::{bash, bytes, read_all, Canaries, Env, Gen, HostSleeper};
 
+/// The monitor serves lifecycle requests and the agent processes and files; a request sent to
+/// the wrong one (a buggy or foreign client) is refused with a typed error and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misrouted_requests_are_refused_by_monitor_and_agent() {
+    use sandcove::backend::local::PROTOCOL_VERSION;
+    let env = Env::new("misroute");
+    let id = env.sandbox("misroute").await;
+    let version = serde_json::json!(PROTOCOL_VERSION);
+
+    // An agent request (spawning a process) put in the monitor's hello.
+    let spec = ProcessSpec::new(Command::argv(["/bin/true"]));
+    let spawn = serde_json::json!({"op": "spawn", "spec": spec});
+    let reply = common::raw_exchange(
+        &env.dir,
+        &id,
+        &[serde_json::json!({"version": version, "request": spawn})],
+    )
+    .await
+    .expect("the monitor answers");
+    assert_eq!(reply["kind"], "error", "{reply}");
+    assert_eq!(reply["error"]["code"], "invalid_argument", "{reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("served by the sandbox agent")),
+        "{reply}"
+    );
+    let processes = env
+        .backend
+        .list_processes(&id)
+        .await
+        .expect("list processes");
+    assert!(processes.is_empty(), "nothing was started: {processes:?}");
+
+    // A monitor request (destroy) handed to the agent.
+    let reply = common::raw_exchange(
+        &env.dir,
+        &id,
+        &[
+            serde_json::json!({"version": version}),
+            serde_json::json!({"op": "destroy"}),
+        ],
+    )
+    .await
+    .expect("the agent answers");
+    assert_eq!(reply["kind"], "error", "{reply}");
+    assert_eq!(reply["error"]["code"], "invalid_argument", "{reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("served by the sandbox monitor")),
+        "{reply}"
+    );
+    let info = env
+        .backend
+        .get(&id)
+        .await
+        .expect("the sandbox is still there");
+    assert_eq!(info.state, sandcove::SandboxState::Running);
+    env.backend.destroy(&id).await.expect("destroy");
+}
+
 /// Run a bash script that searches for `marker`, passed as `$M` so the script's own command
 /// line does not contain it.
 async fn bash_seeking(backend: &dyn Backend, id: &str, marker: &str, script: &str) -> Output {

@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 
 use super::config::{Record, SandboxDir};
 use super::preview::{self, Exposed, Previews};
-use super::proto::{self, Control, Reply, Request};
+use super::proto::{self, Control, MonitorReply, MonitorRequest};
 use super::{agent, net, sys, volumes};
 use crate::{
     now_millis, Error, Preview, PreviewOptions, PreviewToken, Result, SandboxInfo, SandboxState,
@@ -1123,7 +1123,7 @@ async fn serve_client(
     let hello = match first {
         Ok(Some(Ok(h))) => h,
         Ok(Some(Err(e))) => {
-            let _ = proto::write_frame(&mut stream, &Reply::error(&e), &[]).await;
+            let _ = proto::write_frame(&mut stream, &MonitorReply::error(&e), &[]).await;
             return;
         }
         _ => return,
@@ -1140,15 +1140,15 @@ async fn serve_client(
                 return hand_to_agent(&monitor, stream).await;
             }
             if let Err(e) = monitor.ready_for_work().await {
-                let _ = proto::write_frame(&mut stream, &Reply::error(&e), &[]).await;
+                let _ = proto::write_frame(&mut stream, &MonitorReply::error(&e), &[]).await;
                 return;
             }
             return hand_to_agent(&monitor, stream).await;
         }
-        Some(Request::Info) => Ok(Reply::Info {
+        Some(MonitorRequest::Info) => Ok(MonitorReply::Info {
             info: monitor.info(),
         }),
-        Some(Request::SetTimeout { secs }) => {
+        Some(MonitorRequest::SetTimeout { secs }) => {
             if !(secs.is_finite() && (0.0..=1e9).contains(&secs)) {
                 Err(Error::invalid(format!(
                     "timeout must be between 0 and 1e9 seconds, got {secs}"
@@ -1156,47 +1156,58 @@ async fn serve_client(
             } else {
                 monitor.set_timeout((secs * 1000.0) as u64).await;
                 monitor.write_info();
-                Ok(Reply::Info {
+                Ok(MonitorReply::Info {
                     info: monitor.info(),
                 })
             }
         }
-        Some(Request::Destroy) => {
+        Some(MonitorRequest::Destroy) => {
             monitor.set_state(SandboxState::Destroyed);
             let _ = std::fs::remove_file(monitor.dir.socket());
             monitor.kill_agent();
             let _ = std::fs::remove_dir_all(&monitor.dir.dir);
-            let _ = proto::write_frame(&mut stream, &Reply::Done, &[]).await;
+            let _ = proto::write_frame(&mut stream, &MonitorReply::Done, &[]).await;
             let _ = stop.send(()).await;
             return;
         }
-        Some(Request::SetLabels { labels }) => match crate::validate::validate_labels(&labels) {
-            Ok(()) => {
-                monitor
-                    .record
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .options
-                    .labels = labels;
-                monitor.write_info();
-                Ok(Reply::Info {
-                    info: monitor.info(),
-                })
+        Some(MonitorRequest::SetLabels { labels }) => {
+            match crate::validate::validate_labels(&labels) {
+                Ok(()) => {
+                    monitor
+                        .record
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .options
+                        .labels = labels;
+                    monitor.write_info();
+                    Ok(MonitorReply::Info {
+                        info: monitor.info(),
+                    })
+                }
+                Err(e) => Err(e),
             }
-            Err(e) => Err(e),
-        },
-        Some(Request::UpdateAnnotations { update }) => monitor
+        }
+        Some(MonitorRequest::UpdateAnnotations { update }) => monitor
             .update_annotations(&update)
-            .map(|annotations| Reply::Annotations { annotations }),
-        Some(Request::Stop) => monitor.stop().await.map(|info| Reply::Info { info }),
-        Some(Request::Start) => monitor.start().await.map(|info| Reply::Info { info }),
-        Some(Request::Pause) => monitor.pause().await.map(|info| Reply::Info { info }),
-        Some(Request::Resume) => monitor.resume().await.map(|info| Reply::Info { info }),
-        Some(Request::Expose { options }) => monitor
+            .map(|annotations| MonitorReply::Annotations { annotations }),
+        Some(MonitorRequest::Stop) => monitor.stop().await.map(|info| MonitorReply::Info { info }),
+        Some(MonitorRequest::Start) => monitor
+            .start()
+            .await
+            .map(|info| MonitorReply::Info { info }),
+        Some(MonitorRequest::Pause) => monitor
+            .pause()
+            .await
+            .map(|info| MonitorReply::Info { info }),
+        Some(MonitorRequest::Resume) => monitor
+            .resume()
+            .await
+            .map(|info| MonitorReply::Info { info }),
+        Some(MonitorRequest::Expose { options }) => monitor
             .expose(options)
             .await
-            .map(|preview| Reply::Preview { preview }),
-        Some(Request::ListPreviews) => Ok(Reply::Previews {
+            .map(|preview| MonitorReply::Preview { preview }),
+        Some(MonitorRequest::ListPreviews) => Ok(MonitorReply::Previews {
             previews: monitor
                 .previews
                 .lock()
@@ -1205,17 +1216,16 @@ async fn serve_client(
                 .map(|e| e.preview.clone())
                 .collect(),
         }),
-        Some(Request::ClosePreview { port }) => monitor.close_preview(port).map(|_| Reply::Done),
-        Some(Request::CreateToken { port, expires_at }) => monitor
+        Some(MonitorRequest::ClosePreview { port }) => {
+            monitor.close_preview(port).map(|_| MonitorReply::Done)
+        }
+        Some(MonitorRequest::CreateToken { port, expires_at }) => monitor
             .create_token(port, expires_at)
-            .map(|token| Reply::Token { token }),
-        Some(other) => Err(Error::backend(format!(
-            "protocol error: {other:?} must be routed to the agent"
-        ))),
+            .map(|token| MonitorReply::Token { token }),
     };
     let reply = match result {
         Ok(r) => r,
-        Err(e) => Reply::error(&e),
+        Err(e) => MonitorReply::error(&e),
     };
     let _ = proto::write_frame(&mut stream, &reply, &[]).await;
 }
@@ -1242,7 +1252,7 @@ async fn hand_to_agent(monitor: &Monitor, stream: UnixStream) {
             message: "the sandbox agent is not answering".into(),
             retryable: false,
         };
-        let _ = proto::write_frame_sync(&mut s, &Reply::error(&err), &[]);
+        let _ = proto::write_frame_sync(&mut s, &MonitorReply::error(&err), &[]);
     }
 }
 

@@ -132,7 +132,7 @@ pub(super) async fn watch(
                         }
                         for kind in kinds {
                             let event = event_of(&full, kind);
-                            if proto::write_frame(&mut wr, &Reply::FsEvent { event }, &[]).await.is_err() {
+                            if proto::write_frame(&mut wr, &AgentReply::FsEvent { event }, &[]).await.is_err() {
                                 return Ok(());
                             }
                         }
@@ -201,7 +201,7 @@ pub(super) async fn watch(
                     }
                     for (changed, kind) in changes {
                         let event = event_of(&changed, kind);
-                        if proto::write_frame(&mut wr, &Reply::FsEvent { event }, &[]).await.is_err() {
+                        if proto::write_frame(&mut wr, &AgentReply::FsEvent { event }, &[]).await.is_err() {
                             return Ok(());
                         }
                     }
