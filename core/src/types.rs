@@ -379,6 +379,11 @@ pub struct SandboxInfo {
     /// explicitly. Change them with [`Backend::update_annotations`](crate::Backend::update_annotations).
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
+    /// Why the runtime can serve this sandbox only in part, if it cannot fully (e.g. it was
+    /// created by a Sandcove version speaking another engine protocol): what still works and
+    /// what to do. `None` for a sandbox served normally.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// One atomic change to a sandbox's annotations ([`Backend::update_annotations`](crate::Backend::update_annotations)):

@@ -250,7 +250,9 @@ impl LocalBackend {
                             .map_err(|e| Error::from_io(&e, "snapshot file"))?;
                     }
                     Some((AgentReply::End, _)) => break,
-                    Some((AgentReply::Error { error }, _)) => return Err(Error::from_body(&error)),
+                    Some((AgentReply::Error { error }, _)) => {
+                        return Err(proto::remote_error(&error))
+                    }
                     Some((other, _)) => return Err(unexpected(&other)),
                     None => return Err(Error::backend("snapshot stream ended early")),
                 }
@@ -338,16 +340,27 @@ impl LocalBackend {
 
     /// Send a request the monitor answers and read its one reply.
     async fn monitor_call(&self, id: &str, request: MonitorRequest) -> Result<MonitorReply> {
+        self.monitor_call_as(id, request, PROTOCOL_VERSION).await
+    }
+
+    /// [`Self::monitor_call`] speaking protocol `version` (only for the requests every version
+    /// encodes alike, [`proto::FROZEN_OPS`]).
+    async fn monitor_call_as(
+        &self,
+        id: &str,
+        request: MonitorRequest,
+        version: u32,
+    ) -> Result<MonitorReply> {
         let mut stream = self.connect(id).await?;
         let hello = Hello {
-            version: PROTOCOL_VERSION,
+            version,
             request: Some(request),
             while_paused: false,
         };
         let result = async {
             proto::write_frame(&mut stream, &hello, &[]).await?;
             match proto::read_frame::<_, MonitorReply>(&mut stream).await? {
-                Some((MonitorReply::Error { error }, _)) => Err(Error::from_body(&error)),
+                Some((MonitorReply::Error { error }, _)) => Err(proto::remote_error(&error)),
                 Some((reply, _)) => Ok(reply),
                 None => Err(Error::not_found(format!("sandbox {id:?}"))),
             }
@@ -456,7 +469,7 @@ impl LocalBackend {
                         return Some((Ok(ProcessEvent::Exit(status)), None));
                     }
                     Ok(Some((AgentReply::Error { error }, _))) => {
-                        return Some((Err(Error::from_body(&error)), None));
+                        return Some((Err(proto::remote_error(&error)), None));
                     }
                     Ok(Some((other, _))) => return Some((Err(unexpected(&other)), None)),
                     Ok(None) => {
@@ -528,7 +541,7 @@ impl LocalBackend {
     /// report that refusal rather than the broken pipe it causes on our side.
     async fn refusal_or(&self, stream: &mut UnixStream, send_error: Error) -> Error {
         match proto::read_frame::<_, AgentReply>(stream).await {
-            Ok(Some((AgentReply::Error { error }, _))) => Error::from_body(&error),
+            Ok(Some((AgentReply::Error { error }, _))) => proto::remote_error(&error),
             _ => send_error,
         }
     }
@@ -565,7 +578,7 @@ fn lock_is_free(path: &Path) -> bool {
 
 async fn read_reply(stream: &mut UnixStream, id: &str) -> Result<AgentReply> {
     match proto::read_frame::<_, AgentReply>(stream).await? {
-        Some((AgentReply::Error { error }, _)) => Err(Error::from_body(&error)),
+        Some((AgentReply::Error { error }, _)) => Err(proto::remote_error(&error)),
         Some((reply, _)) => Ok(reply),
         None => Err(Error::Backend {
             message: format!("sandbox {id:?} closed the connection without a reply"),
@@ -601,7 +614,36 @@ pub(crate) fn info_of(record: &Record, state: SandboxState) -> SandboxInfo {
         volumes: record.options.volumes.clone(),
         snapshot: record.options.snapshot.clone(),
         annotations: record.options.annotations.clone(),
+        note: None,
     }
+}
+
+/// The protocol version of the build that created the sandbox in `dir`, from its record (v1
+/// for records that predate the field); ours when the record cannot be read, so the monitor
+/// answers for itself.
+fn peer_protocol(dir: &SandboxDir) -> u32 {
+    let Ok(text) = std::fs::read(dir.record()) else {
+        return PROTOCOL_VERSION;
+    };
+    match serde_json::from_slice::<serde_json::Value>(&text) {
+        Ok(record) => record
+            .get("protocol")
+            .and_then(|v| v.as_u64())
+            .and_then(|v| u32::try_from(v).ok())
+            .unwrap_or(proto::FIRST_PROTOCOL_VERSION),
+        Err(_) => PROTOCOL_VERSION,
+    }
+}
+
+/// What `list` and `get` say about a sandbox whose monitor speaks protocol `peer`.
+fn protocol_note(peer: u32) -> Option<String> {
+    (peer != PROTOCOL_VERSION).then(|| {
+        format!(
+            "created by a Sandcove version speaking engine protocol v{peer} (this one speaks \
+             v{PROTOCOL_VERSION}): it can be listed, read and destroyed here, nothing else; \
+             recreate it, or use a Sandcove version speaking v{peer}"
+        )
+    })
 }
 
 /// Whether this host lets us create the namespaces a sandbox needs (a quick probe).
@@ -770,6 +812,7 @@ impl Backend for LocalBackend {
                     .into_owned()
             }),
             pasta,
+            protocol: PROTOCOL_VERSION,
         };
         let state_dir = self.state_dir.clone();
         let info = info_of(&record, SandboxState::Running);
@@ -786,7 +829,15 @@ impl Backend for LocalBackend {
     }
 
     async fn get(&self, id: &str) -> Result<SandboxInfo> {
-        self.monitor_info(id, MonitorRequest::Info).await
+        // A monitor of another version is asked in its own version (`info` never changes).
+        let peer = peer_protocol(&self.dir(id)?);
+        match self.monitor_call_as(id, MonitorRequest::Info, peer).await? {
+            MonitorReply::Info { mut info } => {
+                info.note = protocol_note(peer);
+                Ok(info)
+            }
+            other => Err(unexpected(&other)),
+        }
     }
 
     async fn list(&self, options: ListOptions) -> Result<Vec<SandboxInfo>> {
@@ -808,9 +859,10 @@ impl Backend for LocalBackend {
             let Ok(text) = std::fs::read(sdir.info()) else {
                 continue;
             };
-            let Ok(info) = serde_json::from_slice::<SandboxInfo>(&text) else {
+            let Ok(mut info) = serde_json::from_slice::<SandboxInfo>(&text) else {
                 continue;
             };
+            info.note = protocol_note(peer_protocol(&sdir));
             if info.ends_at <= now_millis() || info.state == SandboxState::Destroyed {
                 continue;
             }
@@ -860,7 +912,13 @@ impl Backend for LocalBackend {
     }
 
     async fn destroy(&self, id: &str) -> Result<()> {
-        match self.monitor_call(id, MonitorRequest::Destroy).await {
+        // Any version's monitor destroys on the same request, so nothing another build made
+        // leaks.
+        let peer = peer_protocol(&self.dir(id)?);
+        match self
+            .monitor_call_as(id, MonitorRequest::Destroy, peer)
+            .await
+        {
             Ok(MonitorReply::Done) => Ok(()),
             Ok(other) => Err(unexpected(&other)),
             Err(e) => Err(e),
@@ -919,7 +977,7 @@ impl Backend for LocalBackend {
         let first = match proto::read_frame::<_, AgentReply>(&mut stream).await? {
             Some((AgentReply::Data, body)) => body,
             Some((AgentReply::End, _)) => return Ok(Box::pin(futures::stream::empty())),
-            Some((AgentReply::Error { error }, _)) => return Err(Error::from_body(&error)),
+            Some((AgentReply::Error { error }, _)) => return Err(proto::remote_error(&error)),
             Some((other, _)) => return Err(unexpected(&other)),
             None => {
                 return Err(Error::backend(format!(
@@ -933,7 +991,7 @@ impl Backend for LocalBackend {
                 Ok(Some((AgentReply::Data, body))) => Some((Ok(body), Some(stream))),
                 Ok(Some((AgentReply::End, _))) => None,
                 Ok(Some((AgentReply::Error { error }, _))) => {
-                    Some((Err(Error::from_body(&error)), None))
+                    Some((Err(proto::remote_error(&error)), None))
                 }
                 Ok(Some((other, _))) => Some((Err(unexpected(&other)), None)),
                 Ok(None) => Some((
@@ -1080,7 +1138,7 @@ impl Backend for LocalBackend {
             match proto::read_frame::<_, AgentReply>(&mut stream).await {
                 Ok(Some((AgentReply::FsEvent { event }, _))) => Some((Ok(event), Some(stream))),
                 Ok(Some((AgentReply::Error { error }, _))) => {
-                    Some((Err(Error::from_body(&error)), None))
+                    Some((Err(proto::remote_error(&error)), None))
                 }
                 Ok(Some((other, _))) => Some((Err(unexpected(&other)), None)),
                 Ok(None) => Some((

@@ -17,7 +17,21 @@ use crate::{
 };
 
 /// Bumped on any incompatible change to the messages below.
-pub const PROTOCOL_VERSION: u32 = 1;
+///
+/// - v1: the first release.
+/// - v2: attaching to a process sends `Live` (where retained history ends) and `Restarted`
+///   events, which v1 clients do not know.
+///
+/// Whatever the version, the frame layout and two requests are frozen so a sandbox made by
+/// another build can still be described and destroyed: a [`Hello`] carrying `info` or
+/// `destroy` (see [`FROZEN_OPS`]), answered by an `info`, `done` or `error` frame.
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// Monitor requests whose encoding never changes, served to a client of any version.
+pub const FROZEN_OPS: [&str; 2] = ["info", "destroy"];
+
+/// The protocol version a sandbox record without one was made with.
+pub const FIRST_PROTOCOL_VERSION: u32 = 1;
 
 /// Largest JSON header accepted.
 pub const MAX_HEADER: usize = 4 << 20;
@@ -435,10 +449,13 @@ pub fn parse_hello(head: &[u8]) -> Result<Hello> {
     let mut value: serde_json::Value = decode_header(head)?;
     let version = value.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
     if version != PROTOCOL_VERSION as u64 {
-        return Err(Error::backend(format!(
-            "protocol version mismatch: the client speaks v{version}, this sandbox v{PROTOCOL_VERSION}; \
-             use the same Sandcove version that created the sandbox"
-        )));
+        let op = value
+            .get("request")
+            .and_then(|r| r.get("op"))
+            .and_then(|op| op.as_str());
+        if !op.is_some_and(|op| FROZEN_OPS.contains(&op)) {
+            return Err(version_mismatch(version, PROTOCOL_VERSION as u64));
+        }
     }
     let request = match value.get_mut("request").map(serde_json::Value::take) {
         None | Some(serde_json::Value::Null) => None,
@@ -455,6 +472,32 @@ pub fn parse_hello(head: &[u8]) -> Result<Hello> {
         request,
         while_paused,
     })
+}
+
+/// The typed refusal of a request between builds speaking different protocol versions.
+pub fn version_mismatch(client: u64, sandbox: u64) -> Error {
+    Error::Unavailable {
+        reason: format!(
+            "protocol version mismatch: the client speaks v{client}, the sandbox v{sandbox} \
+             (it was created by another Sandcove version)"
+        ),
+        remedy: format!(
+            "recreate the sandbox, or use a Sandcove version speaking protocol v{sandbox}; \
+             listing, getting and destroying it work from any version"
+        ),
+    }
+}
+
+/// The error a monitor or agent answered with. A v1 monitor refuses another version with an
+/// untyped backend error; it becomes the same typed refusal a newer monitor sends.
+pub fn remote_error(body: &ErrorBody) -> Error {
+    let err = Error::from_body(body);
+    match &err {
+        Error::Backend { message, .. } if message.starts_with("protocol version mismatch") => {
+            version_mismatch(PROTOCOL_VERSION as u64, FIRST_PROTOCOL_VERSION as u64)
+        }
+        _ => err,
+    }
 }
 
 /// Parse the request frame a handed-off connection starts with; a monitor request sent here is
@@ -563,12 +606,34 @@ mod tests {
         assert!(read_frame::<_, AgentReply>(&mut r).await.is_err());
     }
 
+    fn hello(text: &str) -> Result<Hello> {
+        parse_hello(text.replace("$V", &PROTOCOL_VERSION.to_string()).as_bytes())
+    }
+
     #[test]
-    fn a_version_mismatch_is_named() {
-        let err = parse_hello(br#"{"version":99,"request":{"op":"info"}}"#).unwrap_err();
+    fn a_version_mismatch_is_named_and_typed() {
+        let err = parse_hello(br#"{"version":99,"request":{"op":"pause"}}"#).unwrap_err();
+        assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
         assert!(err.to_string().contains("v99"), "{err}");
+        let err = parse_hello(br#"{"version":99}"#).unwrap_err();
+        assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+        // Info and destroy are served to any version, so nothing made by one build leaks.
         assert!(matches!(
             parse_hello(br#"{"version":1,"request":{"op":"info"}}"#),
+            Ok(Hello {
+                request: Some(MonitorRequest::Info),
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse_hello(br#"{"version":99,"request":{"op":"destroy"}}"#),
+            Ok(Hello {
+                request: Some(MonitorRequest::Destroy),
+                ..
+            })
+        ));
+        assert!(matches!(
+            hello(r#"{"version":$V,"request":{"op":"info"}}"#),
             Ok(Hello {
                 request: Some(MonitorRequest::Info),
                 while_paused: false,
@@ -580,7 +645,7 @@ mod tests {
     #[test]
     fn each_side_refuses_the_others_requests_as_misrouted() {
         // An agent request in the monitor's hello.
-        let err = parse_hello(br#"{"version":1,"request":{"op":"list_processes"}}"#).unwrap_err();
+        let err = hello(r#"{"version":$V,"request":{"op":"list_processes"}}"#).unwrap_err();
         assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
         assert!(
             err.to_string().contains("served by the sandbox agent"),
@@ -602,6 +667,27 @@ mod tests {
         let err = parse_agent_request(serde_json::from_str(r#"{"op":"no_such_op"}"#).unwrap())
             .unwrap_err();
         assert!(matches!(err, Error::Backend { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn a_v1_monitors_refusal_becomes_the_typed_one() {
+        // Exactly what a v1 monitor answers a client of another version.
+        let v1 = Error::backend(
+            "protocol version mismatch: the client speaks v2, this sandbox v1; \
+             use the same Sandcove version that created the sandbox",
+        );
+        match remote_error(&v1.to_body()) {
+            Error::Unavailable { reason, remedy } => {
+                assert!(reason.contains("v1"), "{reason}");
+                assert!(remedy.contains("recreate the sandbox"), "{remedy}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let other = Error::backend("the sandbox agent is not answering");
+        assert!(matches!(
+            remote_error(&other.to_body()),
+            Error::Backend { .. }
+        ));
     }
 
     #[test]
