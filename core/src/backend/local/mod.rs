@@ -29,6 +29,7 @@ mod seccomp;
 mod sys;
 mod volumes;
 
+use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
@@ -571,7 +572,7 @@ fn lock_is_free(path: &Path) -> bool {
         .custom_flags(libc::O_CLOEXEC)
         .open(path)
     {
-        Ok(f) => sys::try_lock_exclusive(f.as_raw_fd()).unwrap_or(false),
+        Ok(f) => sys::try_lock_exclusive(f.as_fd()).unwrap_or(false),
         Err(e) => e.kind() == std::io::ErrorKind::NotFound,
     }
 }
@@ -1316,7 +1317,7 @@ fn start_monitor(state_dir: &Path, record: &Record) -> Result<()> {
         .mode(0o600)
         .open(staging.join("lock"))
         .map_err(|e| cleanup(e.into()))?;
-    if !sys::try_lock_exclusive(lock.as_raw_fd()).map_err(|e| cleanup(e.into()))? {
+    if !sys::try_lock_exclusive(lock.as_fd()).map_err(|e| cleanup(e.into()))? {
         return Err(cleanup(Error::backend(
             "sandbox lock is held by another process",
         )));

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -92,8 +92,8 @@ pub fn main() -> ! {
         )
     };
     // Nothing we start may inherit them.
-    let _ = sys::set_cloexec(ready.as_raw_fd());
-    let _ = sys::set_cloexec(lock.as_raw_fd());
+    let _ = sys::set_cloexec(ready.as_fd());
+    let _ = sys::set_cloexec(lock.as_fd());
     // Detach: the client waits for this intermediate process, the monitor lives on as an
     // orphan so the sandbox outlives the program that created it.
     match sys::fork() {
@@ -367,7 +367,7 @@ impl Monitor {
         ctrl: OwnedFd,
         helper: Option<net::Helper>,
     ) -> Result<Self> {
-        sys::set_nonblocking(ctrl.as_raw_fd(), true)?;
+        sys::set_nonblocking(ctrl.as_fd(), true)?;
         Ok(Monitor {
             dir,
             record: Mutex::new(record),
@@ -1099,7 +1099,7 @@ async fn serve_client(
 ) {
     // Only the sandbox owner (or root) may talk to it; the directory is 0700 as well.
     let me = sys::geteuid();
-    match sys::peer_uid(stream.as_raw_fd()) {
+    match sys::peer_uid(stream.as_fd()) {
         Ok(uid) if uid == me || uid == 0 => {}
         _ => return,
     }

@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Read;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -191,7 +191,7 @@ fn describe(sel: &ProcessSelector) -> String {
 }
 
 async fn serve(agent: Arc<Agent>, ctrl: OwnedFd) {
-    if let Err(e) = sys::set_nonblocking(ctrl.as_raw_fd(), true) {
+    if let Err(e) = sys::set_nonblocking(ctrl.as_fd(), true) {
         // The agent has no log subscriber: its stderr is the monitor's log file.
         eprintln!("agent: {e}");
         return;
@@ -605,10 +605,8 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: AgentReque
             let proc_ = agent.find(&process)?;
             let stdin = proc_.stdin.lock().await;
             match stdin.as_ref() {
-                Some(Stdin::Pty(master)) => {
-                    sys::set_winsize(master.as_raw_fd(), size.cols, size.rows)
-                        .map_err(|e| Error::from_io(&e, "resize the terminal"))?
-                }
+                Some(Stdin::Pty(master)) => sys::set_winsize(master.as_fd(), size.cols, size.rows)
+                    .map_err(|e| Error::from_io(&e, "resize the terminal"))?,
                 _ => {
                     return Err(Error::invalid(format!(
                         "{} has no terminal (start it with a pty)",

@@ -1,6 +1,7 @@
 //! Watching a directory tree for changes (inotify).
 
 use super::*;
+use std::os::fd::AsFd;
 
 pub(super) const WATCH_MASK: u32 = libc::IN_CREATE
     | libc::IN_MODIFY
@@ -100,7 +101,7 @@ pub(super) async fn watch(
             }
             ready = fd.readable() => {
                 let Ok(mut guard) = ready else { return Ok(()) };
-                let n = match guard.try_io(|f| sys::read_fd(f.as_raw_fd(), &mut buf)) {
+                let n = match guard.try_io(|f| sys::read_fd(f.as_fd(), &mut buf)) {
                     Ok(Ok(n)) => n,
                     Ok(Err(_)) => return Ok(()),
                     Err(_would_block) => continue,
