@@ -1468,6 +1468,44 @@ pub async fn file_calls_as_a_user(backend: &dyn Backend) {
         parent.uid, info.user.uid,
         "created parents belong to the user"
     );
+    // Directories too: made as the user (the kernel checks the user's permissions), so none
+    // appears where the user may not write, and the ones made are the user's.
+    let mkdir_as = |path: &'static str, user: &str| {
+        let mut options = MkdirOptions::default();
+        options.user = Some(user.to_string());
+        let id = id.clone();
+        async move { backend.mkdir(&id, path, options).await }
+    };
+    expect_code(
+        mkdir_as("/workspace/private/sub", &me).await,
+        ErrorCode::PermissionDenied,
+        "mkdir in a 0700 root directory as the user",
+    );
+    expect_code(
+        mkdir_as("/workspace/private/a/b", &me).await,
+        ErrorCode::PermissionDenied,
+        "mkdir with parents in a 0700 root directory as the user",
+    );
+    let names: Vec<_> = list_as("/workspace/private", "root")
+        .await
+        .expect("root lists")
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(
+        names,
+        ["inner.txt"],
+        "nothing created by the refused mkdirs"
+    );
+    let st = mkdir_as("/workspace/mydir/nested", &me)
+        .await
+        .expect("mkdir with parents as the user");
+    assert_eq!((st.uid, st.owner.as_str()), (info.user.uid, me.as_str()));
+    let parent = backend
+        .stat(&id, "/workspace/mydir", StatOptions::default())
+        .await
+        .expect("stat the made parent");
+    assert_eq!(parent.uid, info.user.uid, "made parents are the user's");
     // The processes agree: the same file is unreadable to the user's processes.
     let out = sh(backend, &id, "cat /workspace/secret").await;
     assert!(

@@ -1082,7 +1082,9 @@ pub struct MkdirOptions {
     pub parents: bool,
     /// Permission bits.
     pub mode: Option<u32>,
-    /// Owner; `None` is the sandbox's default user.
+    /// Make the directories as this sandbox user (see [`ReadOptions::user`]): the kernel
+    /// checks its permissions, and what is made is that user's. `None` makes them with the file
+    /// API's own identity, owned by the sandbox's default user.
     pub user: Option<String>,
 }
 

@@ -578,8 +578,14 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: AgentReque
             proto::write_frame(stream, &AgentReply::Stat { stat }, &[]).await
         }
         AgentRequest::Mkdir { path, options } => {
+            // As the user: the kernel checks that user's permissions on every directory it
+            // creates in, and what it creates is that user's.
             let rec = agent.record.clone();
-            let stat = blocking(move || files::mkdir(&rec, &path, options)).await?;
+            let user = options.user.clone();
+            let stat = as_user(&agent.record, user, move || {
+                files::mkdir(&rec, &path, options)
+            })
+            .await?;
             proto::write_frame(stream, &AgentReply::Stat { stat }, &[]).await
         }
         AgentRequest::Remove { path, options } => {
