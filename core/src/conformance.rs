@@ -1471,8 +1471,10 @@ pub async fn file_calls_as_a_user(backend: &dyn Backend) {
     // Directories too: made as the user (the kernel checks the user's permissions), so none
     // appears where the user may not write, and the ones made are the user's.
     let mkdir_as = |path: &'static str, user: &str| {
-        let mut options = MkdirOptions::default();
-        options.user = Some(user.to_string());
+        let options = MkdirOptions {
+            user: Some(user.to_string()),
+            ..Default::default()
+        };
         let id = id.clone();
         async move { backend.mkdir(&id, path, options).await }
     };

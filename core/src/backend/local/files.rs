@@ -248,7 +248,7 @@ fn kind_of(mode: u32) -> FileKind {
 }
 
 fn stat_of(record: &Record, rel: &Path, st: &rustix::fs::Stat, link: Option<OsString>) -> FileStat {
-    let mtime = st.st_mtime.max(0) as u64 * 1000 + st.st_mtime_nsec.max(0) as u64 / 1_000_000;
+    let mtime = st.st_mtime.max(0) as u64 * 1000 + st.st_mtime_nsec / 1_000_000;
     FileStat {
         path: shown_path(rel),
         name: rel

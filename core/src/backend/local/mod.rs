@@ -376,7 +376,7 @@ impl LocalBackend {
     /// A monitor request answered with the sandbox's info.
     async fn monitor_info(&self, id: &str, request: MonitorRequest) -> Result<SandboxInfo> {
         match self.monitor_call(id, request).await? {
-            MonitorReply::Info { info } => Ok(info),
+            MonitorReply::Info { info } => Ok(*info),
             other => Err(unexpected(&other)),
         }
     }
@@ -835,7 +835,7 @@ impl Backend for LocalBackend {
         match self.monitor_call_as(id, MonitorRequest::Info, peer).await? {
             MonitorReply::Info { mut info } => {
                 info.note = protocol_note(peer);
-                Ok(info)
+                Ok(*info)
             }
             other => Err(unexpected(&other)),
         }

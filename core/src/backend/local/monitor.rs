@@ -1146,7 +1146,7 @@ async fn serve_client(
             return hand_to_agent(&monitor, stream).await;
         }
         Some(MonitorRequest::Info) => Ok(MonitorReply::Info {
-            info: monitor.info(),
+            info: Box::new(monitor.info()),
         }),
         Some(MonitorRequest::SetTimeout { secs }) => {
             if !(secs.is_finite() && (0.0..=1e9).contains(&secs)) {
@@ -1157,7 +1157,7 @@ async fn serve_client(
                 monitor.set_timeout((secs * 1000.0) as u64).await;
                 monitor.write_info();
                 Ok(MonitorReply::Info {
-                    info: monitor.info(),
+                    info: Box::new(monitor.info()),
                 })
             }
         }
@@ -1181,7 +1181,7 @@ async fn serve_client(
                         .labels = labels;
                     monitor.write_info();
                     Ok(MonitorReply::Info {
-                        info: monitor.info(),
+                        info: Box::new(monitor.info()),
                     })
                 }
                 Err(e) => Err(e),
@@ -1190,19 +1190,18 @@ async fn serve_client(
         Some(MonitorRequest::UpdateAnnotations { update }) => monitor
             .update_annotations(&update)
             .map(|annotations| MonitorReply::Annotations { annotations }),
-        Some(MonitorRequest::Stop) => monitor.stop().await.map(|info| MonitorReply::Info { info }),
-        Some(MonitorRequest::Start) => monitor
-            .start()
-            .await
-            .map(|info| MonitorReply::Info { info }),
-        Some(MonitorRequest::Pause) => monitor
-            .pause()
-            .await
-            .map(|info| MonitorReply::Info { info }),
-        Some(MonitorRequest::Resume) => monitor
-            .resume()
-            .await
-            .map(|info| MonitorReply::Info { info }),
+        Some(MonitorRequest::Stop) => monitor.stop().await.map(|info| MonitorReply::Info {
+            info: Box::new(info),
+        }),
+        Some(MonitorRequest::Start) => monitor.start().await.map(|info| MonitorReply::Info {
+            info: Box::new(info),
+        }),
+        Some(MonitorRequest::Pause) => monitor.pause().await.map(|info| MonitorReply::Info {
+            info: Box::new(info),
+        }),
+        Some(MonitorRequest::Resume) => monitor.resume().await.map(|info| MonitorReply::Info {
+            info: Box::new(info),
+        }),
         Some(MonitorRequest::Expose { options }) => monitor
             .expose(options)
             .await

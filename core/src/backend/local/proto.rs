@@ -235,8 +235,8 @@ pub enum MonitorReply {
     },
     /// Sandbox description.
     Info {
-        /// It.
-        info: SandboxInfo,
+        /// It (boxed: far larger than the other replies).
+        info: Box<SandboxInfo>,
     },
     /// Success with nothing to report.
     Done,
