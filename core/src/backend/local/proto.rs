@@ -23,8 +23,8 @@ use crate::{
 ///   events, which v1 clients do not know.
 ///
 /// Whatever the version, the frame layout and two requests are frozen so a sandbox made by
-/// another build can still be described and destroyed: a [`Hello`] carrying `info` or
-/// `destroy` (see [`FROZEN_OPS`]), answered by an `info`, `done` or `error` frame.
+/// another build can still be described and destroyed: a hello frame carrying `info` or
+/// `destroy` (`FROZEN_OPS`), answered by an `info`, `done` or `error` frame.
 pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Monitor requests whose encoding never changes, served to a client of any version.
