@@ -151,6 +151,7 @@ impl RmBuilder {
                 &self.path,
                 sandcove::RemoveOptions {
                     recursive: self.recursive,
+                    ..Default::default()
                 },
             )
             .await;
@@ -564,7 +565,10 @@ impl WatchBuilder {
             .watch(
                 self.ctx.core.id(),
                 &path,
-                sandcove::WatchOptions { recursive },
+                sandcove::WatchOptions {
+                    recursive,
+                    ..Default::default()
+                },
             )
             .await?;
         let core = self.ctx.core.clone();

@@ -560,6 +560,7 @@ impl DeleteFileBuilder {
                 &abs,
                 RemoveOptions {
                     recursive: self.recursive,
+                    ..Default::default()
                 },
             )
             .await

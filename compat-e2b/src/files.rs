@@ -291,7 +291,10 @@ pub(crate) async fn open_watch(
         .watch(
             &ctx.id,
             &ctx.path(path),
-            sandcove::WatchOptions { recursive },
+            sandcove::WatchOptions {
+                recursive,
+                ..Default::default()
+            },
         )
         .await?)
 }
@@ -574,7 +577,14 @@ impl Filesystem {
             common.same_user_only(&ctx)?;
             match ctx
                 .backend
-                .remove(&ctx.id, &ctx.path(&path), RemoveOptions { recursive: true })
+                .remove(
+                    &ctx.id,
+                    &ctx.path(&path),
+                    RemoveOptions {
+                        recursive: true,
+                        ..Default::default()
+                    },
+                )
                 .await
             {
                 Ok(()) => Ok(()),

@@ -235,11 +235,14 @@ pub struct FsEvent {
 }
 
 /// Options for watching a directory.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WatchOptions {
     /// Include subdirectories (also ones created later).
     pub recursive: bool,
+    /// Watch as this sandbox user (see [`ReadOptions::user`]): the directories are looked up
+    /// and watched with that user's permissions, so one the user may not read is refused.
+    pub user: Option<String>,
 }
 
 /// Size of a pseudo-terminal.
@@ -1099,11 +1102,14 @@ impl Default for MkdirOptions {
 }
 
 /// Options for removing a path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RemoveOptions {
     /// Remove directories with their contents.
     pub recursive: bool,
+    /// Remove as this sandbox user (see [`ReadOptions::user`]): the kernel checks that user's
+    /// permissions on the directories it removes from.
+    pub user: Option<String>,
 }
 
 /// Serde helper: `Option<Duration>` as fractional seconds.

@@ -495,7 +495,14 @@ async fn system_directories_cannot_be_changed() {
             .await
             .err(),
         env.backend
-            .remove(&id, "/etc", RemoveOptions { recursive: true })
+            .remove(
+                &id,
+                "/etc",
+                RemoveOptions {
+                    recursive: true,
+                    ..Default::default()
+                },
+            )
             .await
             .err(),
         env.backend
@@ -1050,8 +1057,15 @@ async fn generated_paths_never_touch_host_files() {
                 .map(drop),
             "mkdir" => b.mkdir(&id, &path, MkdirOptions::default()).await.map(drop),
             "remove" => {
-                b.remove(&id, &path, RemoveOptions { recursive: true })
-                    .await
+                b.remove(
+                    &id,
+                    &path,
+                    RemoveOptions {
+                        recursive: true,
+                        ..Default::default()
+                    },
+                )
+                .await
             }
             "rename" => {
                 let to = gen.path(&alphabet);
@@ -1188,7 +1202,10 @@ async fn symlink_swapped_during_file_calls_never_reaches_the_host() {
                 b.remove(
                     &id,
                     "/workspace/race/x/dir",
-                    RemoveOptions { recursive: true },
+                    RemoveOptions {
+                        recursive: true,
+                        ..Default::default()
+                    },
                 )
                 .await
             }
@@ -1857,7 +1874,17 @@ async fn bad_paths_timeouts_and_names_are_refused_and_change_nothing() {
             code_of(b.list_dir(&id, path, ListDirOptions::default()).await),
             code_of(b.stat(&id, path, Default::default()).await),
             code_of(b.mkdir(&id, path, MkdirOptions::default()).await),
-            code_of(b.remove(&id, path, RemoveOptions { recursive: true }).await),
+            code_of(
+                b.remove(
+                    &id,
+                    path,
+                    RemoveOptions {
+                        recursive: true,
+                        ..Default::default()
+                    },
+                )
+                .await,
+            ),
             code_of(b.rename(&id, path, "/workspace/y").await),
             code_of(b.rename(&id, "/workspace", path).await),
             code_of(b.chmod(&id, path, 0o777).await),

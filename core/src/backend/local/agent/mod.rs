@@ -589,8 +589,13 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: AgentReque
             proto::write_frame(stream, &AgentReply::Stat { stat }, &[]).await
         }
         AgentRequest::Remove { path, options } => {
+            // As the user: the kernel checks its permissions on the directories removed from.
             let rec = agent.record.clone();
-            blocking(move || files::remove(&rec, &path, options.recursive)).await?;
+            let recursive = options.recursive;
+            as_user(&agent.record, options.user, move || {
+                files::remove(&rec, &path, recursive)
+            })
+            .await?;
             done(stream).await
         }
         AgentRequest::Rename { from, to } => {
