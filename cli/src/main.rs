@@ -74,7 +74,10 @@ enum Cmd {
         /// same API key (sent by the SDKs as X-API-KEY), same TLS settings.
         #[arg(long, value_name = "ADDR")]
         e2b: Option<SocketAddr>,
-        /// Daytona's wire protocol: not available yet (refused).
+        /// Also serve Daytona's wire protocol (the `/api` control plane and the toolbox) on
+        /// this address, for Daytona's official Python and TypeScript SDKs (see `sandcove env
+        /// daytona`). Same engine, same API key (sent by the SDKs as Authorization: Bearer),
+        /// same TLS settings.
         #[arg(long, value_name = "ADDR")]
         daytona: Option<SocketAddr>,
         /// Blaxel's wire protocol: not available yet (refused).
@@ -92,11 +95,20 @@ enum Cmd {
     ///                    derives from E2B's public domain;
     ///   E2B_API_KEY      the value of SANDCOVE_API_KEY (the server's key).
     ///
+    /// For `daytona` it prints:
+    ///   DAYTONA_API_URL  the Daytona listener's origin followed by /api (the SDK finds the
+    ///                    toolbox through the URL every sandbox answer carries);
+    ///   DAYTONA_API_KEY  the value of SANDCOVE_API_KEY (the server's key);
+    ///   DAYTONA_USE_DEPRECATED_POLLING=true  the SDKs then skip their Socket.IO event
+    ///                    socket, which this server does not serve (without it they try
+    ///                    it once per client, and a Node program stays alive while the
+    ///                    Socket.IO client retries).
+    ///
     /// Exits 1 with a message when no server with that vendor's listener is running or
     /// SANDCOVE_API_KEY is unset.
     #[command(verbatim_doc_comment)]
     Env {
-        /// The vendor: e2b (daytona and blaxel are not available yet).
+        /// The vendor: e2b or daytona (blaxel is not available yet).
         vendor: String,
         /// The engine's state directory the server uses (default: $SANDCOVE_STATE_DIR, else
         /// $XDG_STATE_HOME/sandcove).
@@ -168,15 +180,13 @@ fn main() -> ExitCode {
             daytona,
             blaxel,
         } => {
-            for (flag, given) in [("--daytona", daytona), ("--blaxel", blaxel)] {
-                if given.is_some() {
-                    eprintln!(
-                        "sandcove serve: {flag} is not available yet: only --e2b serves a \
-                         vendor wire protocol in this version; Rust programs can use the \
-                         compat crates against --listen"
-                    );
-                    return ExitCode::from(2);
-                }
+            if blaxel.is_some() {
+                eprintln!(
+                    "sandcove serve: --blaxel is not available yet: only --e2b and --daytona \
+                     serve a vendor wire protocol in this version; Rust programs can use the \
+                     compat crates against --listen"
+                );
+                return ExitCode::from(2);
             }
             let api_key = match api_key(api_key_file, on_command_line.is_some()) {
                 Ok(key) => key,
@@ -195,7 +205,7 @@ fn main() -> ExitCode {
                 },
                 _ => None,
             };
-            for addr in std::iter::once(listen).chain(e2b) {
+            for addr in std::iter::once(listen).chain(e2b).chain(daytona) {
                 if tls.is_none() && !addr.ip().is_loopback() {
                     eprintln!(
                         "sandcove serve: WARNING: plain HTTP on {addr}: the API key crosses the \
@@ -219,6 +229,7 @@ fn main() -> ExitCode {
             config.head_timeout = Duration::from_millis(head_timeout_ms);
             config.tls = tls;
             let limits = ConnectionLimits::from(&config);
+            let daytona_key = api_key.clone();
             let mut wire = e2b::wire::WireConfig::new(api_key);
             wire.max_body_bytes = max_body_bytes;
             wire.max_upload_bytes = max_upload_bytes;
@@ -236,10 +247,15 @@ fn main() -> ExitCode {
                     Some(addr) => Some(tokio::net::TcpListener::bind(addr).await?),
                     None => None,
                 };
+                let daytona_listener = match daytona {
+                    Some(addr) => Some(tokio::net::TcpListener::bind(addr).await?),
+                    None => None,
+                };
                 let mut listeners = record::Listeners {
                     pid: std::process::id(),
                     native: format!("{scheme}://{native}"),
                     e2b: None,
+                    daytona: None,
                 };
                 // One shutdown signal, fanned out to every listener.
                 let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -258,6 +274,21 @@ fn main() -> ExitCode {
                         stopped(stop_rx.clone()),
                     )));
                 }
+                if let Some(l) = daytona_listener {
+                    let addr = l.local_addr()?;
+                    let origin = format!("{scheme}://{addr}");
+                    listeners.daytona = Some(origin.clone());
+                    let mut config = daytona::wire::WireConfig::new(daytona_key, origin);
+                    config.max_body_bytes = max_body_bytes;
+                    config.max_upload_bytes = daytona_upload_cap(max_upload_bytes);
+                    let app = daytona::wire::router(backend.clone(), config);
+                    tasks.push(tokio::spawn(server::serve_router(
+                        l,
+                        app,
+                        limits.clone(),
+                        stopped(stop_rx.clone()),
+                    )));
+                }
                 // Recorded before announced: whoever reads the announcement finds the record.
                 let record = record::write(&state_dir, &listeners)?;
                 eprintln!(
@@ -265,6 +296,9 @@ fn main() -> ExitCode {
                 );
                 if let Some(e2b) = &listeners.e2b {
                     eprintln!("sandcove serve: E2B wire protocol on {e2b}");
+                }
+                if let Some(daytona) = &listeners.daytona {
+                    eprintln!("sandcove serve: Daytona wire protocol on {daytona}");
                 }
                 let native_task = tokio::spawn(server::serve(
                     listener,
@@ -302,14 +336,24 @@ fn main() -> ExitCode {
     }
 }
 
+/// The in-memory cap of one Daytona multipart upload: the server's upload limit, but never
+/// more than 64 MiB (the E2B listener's multipart cap too), since a multipart body is parsed
+/// whole.
+fn daytona_upload_cap(max_upload_bytes: u64) -> usize {
+    usize::try_from(max_upload_bytes.min(64 * 1024 * 1024)).unwrap_or(usize::MAX)
+}
+
 /// `sandcove env VENDOR`.
 fn env_command(vendor: &str, state_dir: Option<PathBuf>) -> ExitCode {
+    if vendor == "daytona" {
+        return env_daytona(state_dir);
+    }
     if vendor != "e2b" {
         let message = match vendor {
-            "daytona" | "blaxel" => {
-                format!("{vendor}'s wire protocol is not available yet (only e2b is)")
+            "blaxel" => {
+                format!("{vendor}'s wire protocol is not available yet (e2b and daytona are)")
             }
-            other => format!("unknown vendor '{other}': use e2b"),
+            other => format!("unknown vendor '{other}': use e2b or daytona"),
         };
         eprintln!("sandcove env: {message}");
         return ExitCode::FAILURE;
@@ -357,4 +401,41 @@ fn shell_quote(value: &str) -> String {
     } else {
         format!("'{}'", value.replace('\'', "'\\''"))
     }
+}
+
+/// `sandcove env daytona`.
+fn env_daytona(state_dir: Option<PathBuf>) -> ExitCode {
+    let Some(key) = std::env::var(API_KEY_ENV)
+        .ok()
+        .filter(|k| !k.trim().is_empty())
+    else {
+        eprintln!(
+            "sandcove env: {API_KEY_ENV} is not set: set it to the server's API key (the SDK \
+             sends it as DAYTONA_API_KEY)"
+        );
+        return ExitCode::FAILURE;
+    };
+    let state_dir = state_dir.unwrap_or_else(sandcove::backend::local::default_state_dir);
+    let url = match record::find_daytona(&state_dir) {
+        Ok(Some(url)) => url,
+        Ok(None) => {
+            eprintln!(
+                "sandcove env: no running `sandcove serve --daytona ADDR` found in {}; start \
+                 one (with the same state directory) first",
+                state_dir.display()
+            );
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            eprintln!("sandcove env: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!(
+        "export DAYTONA_API_URL={}",
+        shell_quote(&format!("{url}/api"))
+    );
+    println!("export DAYTONA_API_KEY={}", shell_quote(key.trim()));
+    println!("export DAYTONA_USE_DEPRECATED_POLLING=true");
+    ExitCode::SUCCESS
 }

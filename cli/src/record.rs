@@ -27,6 +27,9 @@ pub struct Listeners {
     /// The E2B wire listener's origin, when serving it.
     #[serde(default)]
     pub e2b: Option<String>,
+    /// The Daytona wire listener's origin, when serving it.
+    #[serde(default)]
+    pub daytona: Option<String>,
 }
 
 fn servers_dir(state_dir: &Path) -> PathBuf {
@@ -100,6 +103,19 @@ fn alive(pid: u32, url: &str) -> bool {
 /// The E2B origin of a running server recorded under `state_dir`, if any. Records of servers
 /// that are gone are removed.
 pub fn find_e2b(state_dir: &Path) -> std::io::Result<Option<String>> {
+    find(state_dir, |l| l.e2b.clone())
+}
+
+/// The Daytona origin of a running server recorded under `state_dir`, if any.
+pub fn find_daytona(state_dir: &Path) -> std::io::Result<Option<String>> {
+    find(state_dir, |l| l.daytona.clone())
+}
+
+/// The listener `pick` selects of the newest running server that has one.
+fn find(
+    state_dir: &Path,
+    pick: impl Fn(&Listeners) -> Option<String>,
+) -> std::io::Result<Option<String>> {
     let dir = servers_dir(state_dir);
     let entries = match std::fs::read_dir(&dir) {
         Ok(entries) => entries,
@@ -121,7 +137,7 @@ pub fn find_e2b(state_dir: &Path) -> std::io::Result<Option<String>> {
             remove(&path);
             continue;
         }
-        if let Some(url) = listeners.e2b.filter(|url| alive(listeners.pid, url)) {
+        if let Some(url) = pick(&listeners).filter(|url| alive(listeners.pid, url)) {
             return Ok(Some(url));
         }
     }

@@ -1,28 +1,95 @@
 //! E2B's official Python and JavaScript SDKs, unmodified, against `sandcove serve --e2b`.
 //!
 //! Each test provisions the pinned SDK (`fixtures/python/pins-*.txt` in a virtualenv,
-//! `fixtures/js/package-lock.json` with `npm ci`) under the build directory on first use, starts the built `sandcove serve` on free loopback ports
+//! `fixtures/js/package-lock.json` with `npm ci`) on first use, once per user: under the
+//! build directory when this user can write there, else in a private directory of the user's
+//! in the temp dir (CI's rootless pass runs these tests as an unprivileged user, with the
+//! system `python3`), starts the built `sandcove serve` on free loopback ports
 //! with a private state directory, points the SDK at it with the lines `sandcove env e2b`
 //! prints (exactly what a user evaluates), runs one program from `fixtures/python/` or
 //! `fixtures/js/` and compares its output with the `.expected` file beside it. A machine
 //! without `python3` or `node` and `npm` fails these tests, saying so.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+use common::{bin, ServeChild};
 use sandcove_tests::PrivateState;
-
-const BIN: &str = env!("CARGO_BIN_EXE_sandcove");
 const E2B_PINS: &str = "pins-e2b-2.63.0.txt";
 /// The code interpreter SDK (`e2b-code-interpreter`, on top of `e2b`).
 const CI_PINS: &str = "pins-e2b-code-interpreter-2.11.5.txt";
 /// The last SDK that creates with `POST /sandboxes` (newer ones use `/v2/sandboxes`).
 const E2B_LEGACY_PINS: &str = "pins-e2b-2.50.0.txt";
 
+/// The repository's `fixtures/`, or `SANDCOVE_TEST_FIXTURES` when set (a copy readable by
+/// the user of CI's rootless pass).
+fn fixtures_root() -> PathBuf {
+    std::env::var_os("SANDCOVE_TEST_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures"))
+}
+
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/python")
+    fixtures_root().join("python")
+}
+
+/// The effective uid of this process.
+fn uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").expect("/proc/self").uid()
+}
+
+/// Where this user's SDKs are provisioned: under the build directory when this user can write
+/// there, else a private directory of this user in the temp dir. Keyed by uid, so root's and
+/// the CI user's copies never mix; a temp directory somebody else made (or anyone else may
+/// write) is refused, since the tests run what it holds.
+fn sdk_root() -> PathBuf {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let uid = uid();
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("sdk-uid{uid}"));
+    if std::fs::create_dir_all(&target).is_ok()
+        && std::fs::write(target.join(".writable"), b"").is_ok()
+    {
+        return target;
+    }
+    let tmp = std::env::temp_dir().join(format!("sandcove-sdk-uid{uid}"));
+    match std::fs::create_dir(&tmp) {
+        Ok(()) => std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o700))
+            .expect("make the SDK directory private"),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => panic!("cannot create {}: {e}", tmp.display()),
+    }
+    let meta = std::fs::symlink_metadata(&tmp).expect("the SDK directory");
+    assert!(
+        meta.is_dir() && meta.uid() == uid && meta.mode() & 0o022 == 0,
+        "refusing to use {}: not a directory of uid {uid} that only it can write",
+        tmp.display()
+    );
+    tmp
+}
+
+/// A `python3` this user can run, with the venv module: the one on PATH, else the system's
+/// (a CI user cannot run an interpreter under root's home).
+fn python3() -> PathBuf {
+    let mut tried = Vec::new();
+    for candidate in ["python3", "/usr/bin/python3"] {
+        match Command::new(candidate)
+            .args(["-c", "import venv, ensurepip"])
+            .output()
+        {
+            Ok(out) if out.status.success() => return PathBuf::from(candidate),
+            other => tried.push(format!("{candidate}: {other:?}")),
+        }
+    }
+    panic!(
+        "no usable python3 ({}): the official-SDK tests need python3 (3.9 or newer, with the \
+         venv module) on PATH or at /usr/bin/python3",
+        tried.join("; ")
+    )
 }
 
 /// A short, stable fingerprint of the pin file, so a changed pin gets a fresh venv.
@@ -40,18 +107,12 @@ fn venv(pins: &str) -> PathBuf {
     let pin_file = fixtures().join(pins);
     let bytes = std::fs::read(&pin_file).expect("the pin file");
     let stem = pins.trim_end_matches(".txt");
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("sdk")
-        .join(format!("py-{stem}-{}", fingerprint(&bytes)));
+    let python = python3();
+    let mut key = bytes.clone();
+    key.extend_from_slice(python.as_os_str().as_encoded_bytes());
+    let dir = sdk_root().join(format!("py-{stem}-{}", fingerprint(&key)));
     provision(&dir, |tmp| {
-        match Command::new("python3").arg("--version").output() {
-            Ok(out) if out.status.success() => {}
-            other => panic!(
-                "python3 is missing ({other:?}): the official-SDK tests need python3 (3.9 or \
-                 newer, with the venv module) on PATH"
-            ),
-        }
-        let status = Command::new("python3")
+        let status = Command::new(&python)
             .args(["-m", "venv"])
             .arg(tmp)
             .status()
@@ -107,7 +168,7 @@ fn provision(dir: &Path, fill: impl FnOnce(&Path)) {
 }
 
 fn js_fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/js")
+    fixtures_root().join("js")
 }
 
 /// A directory holding `node_modules` for `fixtures/js/package-lock.json`, built once.
@@ -116,9 +177,7 @@ fn node_project() -> PathBuf {
     let manifest = std::fs::read(js_fixtures().join("package.json")).expect("package.json");
     let mut both = lock.clone();
     both.extend_from_slice(&manifest);
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("sdk")
-        .join(format!("js-{}", fingerprint(&both)));
+    let dir = sdk_root().join(format!("js-{}", fingerprint(&both)));
     provision(&dir, |tmp| {
         for tool in ["node", "npm"] {
             match Command::new(tool).arg("--version").output() {
@@ -193,6 +252,20 @@ fn js_code_interpreter_readme_quickstart_verbatim() {
     check_js_program("e2b_ci_quickstart");
 }
 
+/// Every gap the JS SDK can reach: its own error class, Sandcove's refusal with the
+/// alternative, and no effect (the program checks what it can see; `e2b_wire` checks the
+/// engine).
+#[test]
+fn js_sdk_gaps_raise_the_sdk_error_with_the_alternative() {
+    check_js_program("e2b_gaps");
+}
+
+/// `downloadUrl`/`uploadUrl` fetched with plain `fetch`, and gzip transfers.
+#[test]
+fn js_sdk_file_urls_and_gzip() {
+    check_js_program("e2b_urls");
+}
+
 #[test]
 fn js_code_interpreter_contexts_errors_envs_timeout() {
     check_js_program("e2b_ci_contexts");
@@ -210,37 +283,17 @@ impl Server {
     fn start() -> Server {
         let state = PrivateState::new();
         let key = format!("sdk-test-{}", std::process::id());
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--e2b", "127.0.0.1:0"])
-            .env("SANDCOVE_API_KEY", &key)
-            .env("SANDCOVE_STATE_DIR", &state.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start sandcove serve");
-        let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
-        let mut e2b = None;
-        for _ in 0..4 {
-            let mut line = String::new();
-            if stderr.read_line(&mut line).unwrap_or(0) == 0 {
-                break;
-            }
-            if let Some(url) = line
-                .trim()
-                .strip_prefix("sandcove serve: E2B wire protocol on ")
-            {
-                e2b = Some(url.to_string());
-                break;
-            }
-        }
-        // Keep draining stderr so the server never blocks on a full pipe.
-        std::thread::spawn(move || {
-            let mut sink = String::new();
-            while stderr.read_line(&mut sink).unwrap_or(0) > 0 {
-                sink.clear();
-            }
-        });
-        let e2b = e2b.expect("the server announces its E2B listener");
+        let (child, e2b) = ServeChild::start(
+            &["--listen", "127.0.0.1:0", "--e2b", "127.0.0.1:0"],
+            &[
+                ("SANDCOVE_API_KEY", OsStr::new(&key)),
+                ("SANDCOVE_STATE_DIR", state.dir.as_os_str()),
+            ],
+            &[],
+            "sandcove serve: E2B wire protocol on",
+        )
+        .expect("the server announces its E2B listener")
+        .drain_stderr();
         Server {
             child,
             e2b,
@@ -251,7 +304,7 @@ impl Server {
 
     /// `sandcove env e2b` for this server: the variables, parsed from its `export` lines.
     fn env(&self) -> Result<Vec<(String, String)>, String> {
-        let out = Command::new(BIN)
+        let out = Command::new(bin())
             .args(["env", "e2b"])
             .env("SANDCOVE_API_KEY", &self.key)
             .env("SANDCOVE_STATE_DIR", &self.state.dir)
@@ -351,6 +404,20 @@ fn python_sdk_async_and_streamed_watch() {
     check_program(E2B_PINS, "e2b_async");
 }
 
+/// Every gap the Python SDK can reach: its own exception class, Sandcove's refusal with the
+/// alternative, and no effect (the program checks what it can see; `e2b_wire` checks the
+/// engine).
+#[test]
+fn python_sdk_gaps_raise_the_sdk_exception_with_the_alternative() {
+    check_program(E2B_PINS, "e2b_gaps");
+}
+
+/// `download_url`/`upload_url` fetched with plain httpx, gzip transfers, `stream_input`.
+#[test]
+fn python_sdk_file_urls_gzip_and_stream_input() {
+    check_program(E2B_PINS, "e2b_urls");
+}
+
 #[test]
 fn python_sdk_sandboxes() {
     check_program(E2B_PINS, "e2b_sandboxes");
@@ -396,7 +463,7 @@ fn env_points_at_the_running_server_and_fails_without_one() {
         ]
     );
     // Without the key there is nothing to print.
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(["env", "e2b"])
         .env_remove("SANDCOVE_API_KEY")
         .env("SANDCOVE_STATE_DIR", &server.state.dir)
@@ -424,20 +491,20 @@ fn env_points_at_the_running_server_and_fails_without_one() {
 
 #[test]
 fn vendors_without_a_wire_protocol_are_refused_clearly() {
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args([
             "serve",
             "--listen",
             "127.0.0.1:0",
-            "--daytona",
+            "--blaxel",
             "127.0.0.1:0",
         ])
         .env("SANDCOVE_API_KEY", "k")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--daytona is not available yet"));
-    let out = Command::new(BIN)
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--blaxel is not available yet"));
+    let out = Command::new(bin())
         .args(["env", "blaxel"])
         .env("SANDCOVE_API_KEY", "k")
         .output()

@@ -2,12 +2,13 @@
 //! messages, deadlines, keep-alives, and authentication before any effect. The router runs
 //! in this process over the embedded engine with a private state directory.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
 use sandcove::conformance::eventually;
-use sandcove::server::{serve_router, ConnectionLimits};
 use sandcove::{Backend, LocalBackend};
 use sandcove_tests::PrivateState;
 use serde_json::{json, Value};
@@ -32,21 +33,14 @@ impl Drop for Env {
 }
 
 async fn env() -> Env {
+    env_with(e2b::wire::WireConfig::new(KEY)).await
+}
+
+async fn env_with(config: e2b::wire::WireConfig) -> Env {
     let state = PrivateState::new();
     let backend = Arc::new(LocalBackend::with_state_dir(&state.dir).expect("engine"));
-    let app = e2b::wire::router(backend.clone(), e2b::wire::WireConfig::new(KEY));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let limits = ConnectionLimits {
-        max_connections: 64,
-        head_timeout: Duration::from_secs(10),
-        shutdown_grace: Duration::from_secs(1),
-        tls: None,
-    };
-    tokio::spawn(serve_router(listener, app, limits, async move {
-        let _ = stopped.await;
-    }));
+    let app = e2b::wire::router(backend.clone(), config);
+    let (url, stop) = common::serve_in_process(app).await;
     Env {
         url,
         http: reqwest::Client::new(),
@@ -638,9 +632,10 @@ async fn code_interpreter_streams_ndjson_and_checks_tokens_first() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 404);
-    // Bad input: another language, both context and language, unknown fields, too big.
+    // Bad input: another language (a refusal: 501, the SDKs' `SandboxException`), both
+    // context and language, unknown fields, too big.
     for (body, status) in [
-        (json!({"code": "1", "language": "r"}), 400),
+        (json!({"code": "1", "language": "r"}), 501),
         (
             json!({"code": "1", "language": "python", "context_id": "default"}),
             400,
@@ -724,4 +719,493 @@ async fn a_queued_client_that_leaves_does_not_interrupt_the_running_cell() {
         "{lines:?}"
     );
     assert!(lines.iter().all(|l| l["type"] != "error"), "{lines:?}");
+}
+
+/// Every gap the pinned SDKs can reach over the wire is refused with the facade's refusal
+/// text (the alternative included) and the status or Connect code the SDKs raise as their own
+/// `SandboxException`, and nothing happens: no sandbox, snapshot or file appears, the sandbox
+/// is not paused.
+#[tokio::test]
+async fn gaps_are_refused_with_the_alternative_before_any_effect() {
+    let env = env().await;
+    let (id, token) = env.create().await;
+    let snapshots_before = env.backend.list_snapshots().await.map(|s| s.len()).ok();
+    let refused = |status: u16, body: &Value, what: &str| {
+        assert_eq!(status, 501, "{what}: {body}");
+        let message = body["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with("not supported on Sandcove: ") && message.contains("(instead: "),
+            "{what}: {message}"
+        );
+    };
+    // Control plane: creates with refused options, and the routes not served.
+    for create in [
+        json!({"templateID": "base", "mcp": {"exa": {"apiKey": "k"}}}),
+        json!({"templateID": "base", "network": {"allowOut": ["example.com"]}}),
+        json!({"templateID": "my-custom-template"}),
+    ] {
+        let r = env
+            .http
+            .post(format!("{}/v2/sandboxes", env.url))
+            .header("X-API-KEY", KEY)
+            .json(&create)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        refused(status, &r.json().await.unwrap(), &create.to_string());
+    }
+    let routes = [
+        ("POST", format!("/sandboxes/{id}/snapshots")),
+        ("GET", "/snapshots".to_string()),
+        ("DELETE", "/templates/snap-gaps".to_string()),
+        ("POST", format!("/sandboxes/{id}/fork")),
+        ("PUT", format!("/sandboxes/{id}/network")),
+        ("GET", format!("/sandboxes/{id}/logs")),
+        ("GET", format!("/v2/sandboxes/{id}/logs")),
+        ("POST", format!("/sandboxes/{id}/refreshes")),
+        ("GET", "/sandboxes/metrics".to_string()),
+        ("POST", "/volumes".to_string()),
+        ("POST", "/secrets".to_string()),
+        ("GET", "/templates/aliases/gaps".to_string()),
+        ("POST", "/v3/templates".to_string()),
+        (
+            "GET",
+            "/v2/sandboxes?startedAfter=2020-01-01T00:00:00Z".to_string(),
+        ),
+    ];
+    for (method, path) in &routes {
+        let r = env
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", env.url))
+            .header("X-API-KEY", KEY)
+            .json(&json!({"memory": true, "count": 1, "denyOut": ["0.0.0.0/0"]}))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        refused(
+            status,
+            &r.json().await.unwrap(),
+            &format!("{method} {path}"),
+        );
+    }
+    let r = env
+        .http
+        .post(format!("{}/sandboxes/{id}/pause", env.url))
+        .header("X-API-KEY", KEY)
+        .json(&json!({"memory": false}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    refused(status, &r.json().await.unwrap(), "pause memory=false");
+    // envd: file metadata on an upload, a remove as another user (Connect `unimplemented`).
+    let r = env
+        .http
+        .post(format!("{}/files?path=/home/user/meta.txt", env.url))
+        .header("E2b-Sandbox-Id", &id)
+        .header("X-Access-Token", &token)
+        .header("Content-Type", "application/octet-stream")
+        .header("X-Metadata-Origin", "gaps")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    refused(status, &r.json().await.unwrap(), "metadata upload");
+    let r = env
+        .envd("/filesystem.Filesystem/Remove", &id, &token)
+        .header("Content-Type", "application/json")
+        .header("Authorization", "Basic cm9vdDo=")
+        .json(&json!({"path": "/home/user"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 501);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "unimplemented", "{body}");
+    assert!(body["message"].as_str().unwrap().contains("(instead: "));
+
+    // No effect: only the one sandbox, running; no snapshot; no file; the home remains.
+    let listed = env.backend.list(Default::default()).await.unwrap();
+    assert_eq!(
+        listed.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+        vec![id.as_str()]
+    );
+    assert_eq!(listed[0].state, sandcove::SandboxState::Running);
+    assert_eq!(
+        env.backend.list_snapshots().await.map(|s| s.len()).ok(),
+        snapshots_before
+    );
+    let err = env
+        .backend
+        .stat(&id, "/home/user/meta.txt", Default::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    env.backend
+        .stat(&id, "/home/user", Default::default())
+        .await
+        .expect("the home directory is still there");
+}
+
+/// Envelopes of JSON messages, as a client-stream body.
+fn enveloped(messages: &[Value]) -> Vec<u8> {
+    let mut body = Vec::new();
+    for m in messages {
+        let payload = serde_json::to_vec(m).unwrap();
+        body.push(0);
+        body.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        body.extend_from_slice(&payload);
+    }
+    body
+}
+
+/// `process.Process/StreamInput` (client streaming, the Python SDK's `commands.stream_input`):
+/// each data message reaches the process's stdin in order; the answer is one empty message
+/// and the end of the stream. Input before a `start`, or a malformed body, is refused.
+#[tokio::test]
+async fn stream_input_writes_each_message_to_stdin() {
+    let env = env().await;
+    let (id, token) = env.create().await;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let start = json!({
+        "process": {"cmd": "/bin/bash", "args": ["-l", "-c", "head -c 11"]},
+        "stdin": true,
+        "tag": "reader",
+    });
+    let run = env.stream("/process.Process/Start", &id, &token, &start, &[]);
+    let feed = async {
+        let pid = eventually(Duration::from_secs(30), "the reader runs", || async {
+            let listed = env
+                .backend
+                .list_processes(&id)
+                .await
+                .map_err(|e| e.to_string())?;
+            listed
+                .iter()
+                .find(|p| p.tag.as_deref() == Some("reader"))
+                .map(|p| p.pid)
+                .ok_or_else(|| "not yet".to_string())
+        })
+        .await;
+        let body = enveloped(&[
+            json!({"start": {"process": {"pid": pid}}}),
+            json!({"data": {"input": {"stdin": b64.encode("hello ")}}}),
+            json!({"keepalive": {}}),
+            json!({"data": {"input": {"stdin": b64.encode("world")}}}),
+        ]);
+        let r = env
+            .envd("/process.Process/StreamInput", &id, &token)
+            .header("Content-Type", "application/connect+json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        let answer = r.bytes().await.unwrap();
+        assert_eq!(
+            envelopes(&answer),
+            vec![(0, json!({})), (2, json!({}))],
+            "one empty message, then the end"
+        );
+    };
+    let ((status, _, body), ()) = tokio::join!(run, feed);
+    assert_eq!(status, 200);
+    let mut stdout = Vec::new();
+    for (_, v) in envelopes(&body) {
+        if let Some(s) = v["event"]["data"]["stdout"].as_str() {
+            stdout.extend(b64.decode(s).unwrap());
+        }
+    }
+    assert_eq!(stdout, b"hello world");
+
+    // Data before any start, and a body cut inside an envelope: errors ending the stream.
+    for body in [
+        enveloped(&[json!({"data": {"input": {"stdin": b64.encode("x")}}})]),
+        enveloped(&[json!({"start": {"process": {"pid": 1}}})])[..7].to_vec(),
+    ] {
+        let r = env
+            .envd("/process.Process/StreamInput", &id, &token)
+            .header("Content-Type", "application/connect+json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let answer = r.bytes().await.unwrap();
+        let all = envelopes(&answer);
+        assert_eq!(all.len(), 1, "{all:?}");
+        assert_eq!(all[0].1["error"]["code"], "invalid_argument", "{all:?}");
+    }
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
+/// Uploads sent with `Content-Encoding: gzip` (the SDKs' `files.write(..., gzip=True)`) are
+/// decoded, as octet-stream and as multipart; a gzip bomb stops at the same bound as a plain
+/// upload, and nothing of it is kept.
+#[tokio::test]
+async fn gzip_uploads_are_decoded_within_the_upload_bound() {
+    let mut config = e2b::wire::WireConfig::new(KEY);
+    config.max_upload_bytes = 1024 * 1024;
+    config.max_multipart_bytes = 1024 * 1024;
+    let env = env_with(config).await;
+    let (id, token) = env.create().await;
+    let upload = |path: &str, content_type: &str, body: Vec<u8>| {
+        env.http
+            .post(format!("{}/files?path={path}", env.url))
+            .header("E2b-Sandbox-Id", &id)
+            .header("X-Access-Token", &token)
+            .header("Content-Type", content_type.to_string())
+            .header("Content-Encoding", "gzip")
+            .body(body)
+            .send()
+    };
+    let text = b"compressed on the way in\n".repeat(100);
+    let r = upload("/home/user/a.txt", "application/octet-stream", gzip(&text))
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    let mut form = b"--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/home/user/b.txt\"\r\n\r\n".to_vec();
+    form.extend_from_slice(&text);
+    form.extend_from_slice(b"\r\n--B--\r\n");
+    let r = upload(
+        "/home/user/b.txt",
+        "multipart/form-data; boundary=B",
+        gzip(&form),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    for path in ["/home/user/a.txt", "/home/user/b.txt"] {
+        let read = env
+            .http
+            .get(format!("{}/files?path={path}", env.url))
+            .header("E2b-Sandbox-Id", &id)
+            .header("X-Access-Token", &token)
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        assert_eq!(read.as_ref(), text.as_slice(), "{path}");
+    }
+    // 8 MiB of zeros packs into a few KiB: over the 1 MiB bound once decoded, both ways.
+    let bomb = gzip(&vec![0u8; 8 * 1024 * 1024]);
+    assert!(bomb.len() < 64 * 1024);
+    for (path, content_type) in [
+        ("/home/user/bomb1", "application/octet-stream"),
+        ("/home/user/bomb2", "multipart/form-data; boundary=B"),
+    ] {
+        let r = upload(path, content_type, bomb.clone()).await.unwrap();
+        let status = r.status().as_u16();
+        let body = r.text().await.unwrap();
+        assert_eq!(status, 400, "{path}: {body}");
+        assert!(body.contains("larger than 1048576 bytes"), "{path}: {body}");
+        let err = env
+            .backend
+            .stat(&id, path, Default::default())
+            .await
+            .unwrap_err();
+        assert!(err.is_not_found(), "{path}: {err}");
+    }
+    // A truncated gzip body is refused, not written in part.
+    let cut = gzip(&text);
+    let r = upload(
+        "/home/user/cut",
+        "application/octet-stream",
+        cut[..cut.len() - 8].to_vec(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let err = env
+        .backend
+        .stat(&id, "/home/user/cut", Default::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+}
+
+/// E2B's v1 file-URL signature, computed as the SDKs do (`e2b/sandbox/signature.py`).
+fn sdk_signature(path: &str, operation: &str, token: &str, expiration: Option<u64>) -> String {
+    let mut raw = format!("{path}:{operation}::{token}");
+    if let Some(e) = expiration {
+        raw.push_str(&format!(":{e}"));
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, raw.as_bytes());
+    format!(
+        "v1_{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest.as_ref())
+    )
+}
+
+/// `download_url`/`upload_url`: with `E2B_SANDBOX_URL` set, the SDKs build
+/// `<listener>/files?path=…&signature=…[&signature_expiration=…]`, fetched without any header.
+/// The listener finds the sandbox whose token makes that signature; another operation, path
+/// or sandbox, a damaged or expired signature, and no signature at all are refused before
+/// anything is read or written.
+#[tokio::test]
+async fn signed_file_urls_reach_their_sandbox_only() {
+    let env = env().await;
+    let (id, token) = env.create().await;
+    let (_, other_token) = env.create().await;
+    let path = "/home/user/signed.txt";
+    let url = |op: &str, token: &str, expiration: Option<u64>| {
+        let mut u = format!(
+            "{}/files?path={}&signature={}",
+            env.url,
+            path.replace('/', "%2F"),
+            sdk_signature(path, op, token, expiration)
+                .replace('+', "%2B")
+                .replace('/', "%2F")
+        );
+        if let Some(e) = expiration {
+            u.push_str(&format!("&signature_expiration={e}"));
+        }
+        u
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let form = |data: &str| {
+        format!(
+            "--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n\r\n{data}\r\n--B--\r\n"
+        )
+    };
+    let post = |u: String, data: &str| {
+        env.http
+            .post(u)
+            .header("Content-Type", "multipart/form-data; boundary=B")
+            .body(form(data))
+            .send()
+    };
+    // Refused: a read signature used to write, an expired one, a damaged one, none.
+    let good = url("write", &token, None);
+    let last = if good.ends_with('A') { 'B' } else { 'A' };
+    let damaged = format!("{}{last}", &good[..good.len() - 1]);
+    for u in [
+        url("read", &token, None),
+        url("write", &token, Some(now - 10)),
+        damaged,
+        format!("{}/files?path={}", env.url, path.replace('/', "%2F")),
+    ] {
+        let r = post(u.clone(), "pwned").await.unwrap();
+        let status = r.status().as_u16();
+        assert_eq!(status, 401, "{u}: {}", r.text().await.unwrap());
+    }
+    let err = env
+        .backend
+        .stat(&id, path, Default::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "nothing written: {err}");
+    // Accepted: the upload URL, then the download URL (one with a future expiration).
+    let r = post(url("write", &token, None), "signed upload")
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    for u in [
+        url("read", &token, None),
+        url("read", &token, Some(now + 600)),
+    ] {
+        let r = env.http.get(&u).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{u}");
+        assert_eq!(r.text().await.unwrap(), "signed upload");
+    }
+    // Another sandbox's URLs for the same path reach that sandbox, never this one.
+    let r = env
+        .http
+        .get(url("read", &other_token, None))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status().as_u16(),
+        404,
+        "the other sandbox has no such file"
+    );
+    let r = post(url("write", &other_token, None), "other")
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let r = env
+        .http
+        .get(url("read", &token, None))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.text().await.unwrap(),
+        "signed upload",
+        "this sandbox's file is unchanged"
+    );
+}
+
+/// `get_host(port)`: the control plane's `domain` is the listener (`localhost:<port>` for a
+/// loopback listener), so the SDKs' `{port}-{id}.{domain}` names it; a request carrying that
+/// host reaches the port inside that sandbox through the engine's preview. Another sandbox's
+/// id or a port nothing serves gets a 502, never another sandbox's server.
+#[tokio::test]
+async fn get_host_names_the_listener_and_reaches_the_sandbox_port() {
+    let env = env().await;
+    let r = env
+        .http
+        .post(format!("{}/v2/sandboxes", env.url))
+        .header("X-API-KEY", KEY)
+        .json(&json!({"templateID": "base"}))
+        .send()
+        .await
+        .unwrap();
+    let body: Value = r.json().await.unwrap();
+    let id = body["sandboxID"].as_str().unwrap().to_string();
+    let listener_port = env.url.rsplit(':').next().unwrap().to_string();
+    assert_eq!(body["domain"], json!(format!("localhost:{listener_port}")));
+    let (other, _) = env.create().await;
+    let spec = sandcove::ProcessSpec::new(sandcove::Command::sh(
+        "mkdir -p /tmp/site && echo served-from-the-sandbox > /tmp/site/index.html && \
+         exec python3 -m http.server 8123 --bind 127.0.0.1 --directory /tmp/site",
+    ));
+    let _server = env
+        .backend
+        .spawn(&id, spec)
+        .await
+        .expect("start the server");
+    let get = |host: String| {
+        env.http
+            .get(format!("{}/index.html", env.url))
+            .header("Host", host)
+            .send()
+    };
+    let text = eventually(
+        Duration::from_secs(30),
+        "the sandbox's server answers",
+        || async {
+            let r = get(format!("8123-{id}.localhost:{listener_port}"))
+                .await
+                .map_err(|e| e.to_string())?;
+            if r.status().as_u16() != 200 {
+                return Err(format!("status {}", r.status()));
+            }
+            r.text().await.map_err(|e| e.to_string())
+        },
+    )
+    .await;
+    assert_eq!(text, "served-from-the-sandbox\n");
+    for host in [
+        format!("8123-{other}.localhost:{listener_port}"),
+        format!("8124-{id}.localhost:{listener_port}"),
+        format!("8123-nosuchsandbox.localhost:{listener_port}"),
+    ] {
+        let r = get(host.clone()).await.unwrap();
+        assert_eq!(r.status().as_u16(), 502, "{host}");
+    }
 }

@@ -1,23 +1,30 @@
 //! The `sandcove serve` binary: key required, serves the engine, stops cleanly on SIGTERM and
 //! leaves live sandboxes running.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+mod common;
+
+use std::ffi::OsStr;
+use std::process::Command;
 use std::sync::Arc;
 
+use common::{bin, ServeChild};
 use sandcove::conformance::{test_options, unique};
 use sandcove::{Backend, HttpBackend, LocalBackend, ProcessSpec};
 
-const BIN: &str = env!("CARGO_BIN_EXE_sandcove");
+/// The native listener's announcement.
+const LISTENING: &str = "sandcove serve: listening on";
 
 /// Whether the built binary can be run from here. A test binary copied elsewhere and run as
 /// another user (as CI's rootless pass does) may not reach the build directory: those tests
 /// then skip, saying so.
 fn runnable() -> bool {
-    match Command::new(BIN).arg("--version").output() {
+    match Command::new(bin()).arg("--version").output() {
         Ok(out) if out.status.success() => true,
         other => {
-            eprintln!("SKIPPED: cannot run {BIN} from this process ({other:?})");
+            eprintln!(
+                "SKIPPED: cannot run {} from this process ({other:?})",
+                bin().to_string_lossy()
+            );
             false
         }
     }
@@ -28,13 +35,13 @@ fn serve_refuses_to_start_without_a_key() {
     if !runnable() {
         return;
     }
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(["serve", "--listen", "127.0.0.1:0"])
         .env_remove("SANDCOVE_API_KEY")
         .output()
         .unwrap();
     assert!(!out.status.success());
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(["serve", "--listen", "127.0.0.1:0"])
         .env("SANDCOVE_API_KEY", " ")
         .output()
@@ -49,20 +56,17 @@ async fn serve_runs_until_sigterm_and_sandboxes_outlive_it() {
         return;
     }
     let key = unique("key");
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .env("SANDCOVE_API_KEY", &key)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no URL in {line:?}"))
-        .to_string();
+    let ServeChild {
+        mut child,
+        mut stderr,
+        url,
+    } = ServeChild::start(
+        &["--listen", "127.0.0.1:0"],
+        &[("SANDCOVE_API_KEY", OsStr::new(&key))],
+        &[],
+        LISTENING,
+    )
+    .expect("the server announces its listener");
     let client = HttpBackend::connect(&url, &key).await.expect("connect");
     let sandbox = sandcove::Client::new(Arc::new(client));
     let sb = sandbox
@@ -100,7 +104,7 @@ fn serve_refuses_a_key_on_the_command_line_or_in_an_open_file() {
     if !runnable() {
         return;
     }
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args([
             "serve",
             "--listen",
@@ -123,7 +127,7 @@ fn serve_refuses_a_key_on_the_command_line_or_in_an_open_file() {
     let file = std::env::temp_dir().join(unique("keyfile"));
     std::fs::write(&file, "from-a-file\n").unwrap();
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(["serve", "--listen", "127.0.0.1:0", "--api-key-file"])
         .arg(&file)
         .env_remove("SANDCOVE_API_KEY")
@@ -161,20 +165,14 @@ async fn serve_keeps_its_key_from_the_sandboxes_it_starts() {
         return;
     }
     let key = unique("envkey");
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .env("SANDCOVE_API_KEY", &key)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no URL in {line:?}"))
-        .to_string();
+    let (mut child, url) = ServeChild::start(
+        &["--listen", "127.0.0.1:0"],
+        &[("SANDCOVE_API_KEY", OsStr::new(&key))],
+        &[],
+        LISTENING,
+    )
+    .expect("the server announces its listener")
+    .drain_stderr();
     let client = sandcove::Client::new(Arc::new(HttpBackend::connect(&url, &key).await.unwrap()));
     let sb = client
         .create(test_options(&unique("envkey")))
@@ -206,21 +204,15 @@ fn serve_takes_its_key_from_a_private_file() {
     let file = std::env::temp_dir().join(unique("keyfile"));
     std::fs::write(&file, "from-a-file\n").unwrap();
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--api-key-file"])
-        .arg(&file)
-        .env_remove("SANDCOVE_API_KEY")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no URL in {line:?}"))
-        .to_string();
+    let file_arg = file.to_str().expect("a UTF-8 temp path");
+    let (mut child, url) = ServeChild::start(
+        &["--listen", "127.0.0.1:0", "--api-key-file", file_arg],
+        &[],
+        &["SANDCOVE_API_KEY"],
+        LISTENING,
+    )
+    .expect("the server announces its listener")
+    .drain_stderr();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let ok = runtime.block_on(HttpBackend::connect(&url, "from-a-file"));
     let wrong = runtime.block_on(HttpBackend::connect(&url, "not-the-key"));

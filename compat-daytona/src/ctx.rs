@@ -59,6 +59,12 @@ impl Ctx {
     }
 
     pub async fn read(&self, path: &str) -> sandcove::Result<Vec<u8>> {
+        self.read_limited(path, usize::MAX).await
+    }
+
+    /// Read a whole file held in memory, refusing it once it passes `limit` bytes (the
+    /// file may grow while it is read, so the bound is on what arrives).
+    pub async fn read_limited(&self, path: &str, limit: usize) -> sandcove::Result<Vec<u8>> {
         use futures::StreamExt;
         let mut stream = self
             .backend()
@@ -66,7 +72,13 @@ impl Ctx {
             .await?;
         let mut out = Vec::new();
         while let Some(chunk) = stream.next().await {
-            out.extend_from_slice(&chunk?);
+            let chunk = chunk?;
+            if out.len().saturating_add(chunk.len()) > limit {
+                return Err(sandcove::Error::invalid(format!(
+                    "{path} is larger than {limit} bytes, the most one download holds here"
+                )));
+            }
+            out.extend_from_slice(&chunk);
         }
         Ok(out)
     }

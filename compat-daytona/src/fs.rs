@@ -495,6 +495,16 @@ impl FileSystem {
     }
 
     async fn download(&self, remote_path: &str) -> Result<Vec<u8>> {
+        self.download_limited(remote_path, usize::MAX).await
+    }
+
+    /// `download_file`'s bytes, refused past `limit` bytes (the wire holds a download in
+    /// memory to frame it).
+    pub(crate) async fn download_limited(
+        &self,
+        remote_path: &str,
+        limit: usize,
+    ) -> Result<Vec<u8>> {
         if remote_path.is_empty() {
             return Err(DaytonaError::BadRequest(ErrorDetails::new(
                 "path is required",
@@ -517,7 +527,7 @@ impl FileSystem {
             )));
         }
         self.ctx
-            .read(&abs)
+            .read_limited(&abs, limit)
             .await
             .map_err(|e| map_file_err(e, remote_path))
     }

@@ -12,6 +12,7 @@
 //! | [`errors`] | `DaytonaError` and its subclasses |
 //! | [`gaps`] | features this runtime cannot honour, with alternatives |
 //! | [`translate`] | pure translation functions |
+//! | `wire` (feature `wire`) | Daytona's REST wire protocol for the official SDKs |
 //!
 //! Every call is `async` (the Python `AsyncDaytona` surface). Keyword arguments with a default
 //! are setters on a builder that is awaited directly. `DAYTONA_API_KEY` and `api_key` are
@@ -43,6 +44,8 @@ pub mod sandbox;
 pub mod snapshot;
 pub mod translate;
 pub mod volume;
+#[cfg(feature = "wire")]
+pub mod wire;
 
 mod ctx;
 

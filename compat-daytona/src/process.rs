@@ -130,6 +130,7 @@ impl Process {
             env: BTreeMap::new(),
             timeout: None,
             code: None,
+            language: None,
         }
     }
 
@@ -144,6 +145,7 @@ impl Process {
                 env: BTreeMap::new(),
                 timeout: None,
                 code: Some(code.into()),
+                language: None,
             },
             params: None,
         }
@@ -572,6 +574,9 @@ pub struct ExecBuilder {
     env: BTreeMap<String, String>,
     timeout: Option<i64>,
     code: Option<String>,
+    /// The language of `code` when the caller names it (the wire's `CodeRunRequest`);
+    /// otherwise the sandbox's `code-toolbox-language` label decides.
+    language: Option<String>,
 }
 
 impl ExecBuilder {
@@ -602,13 +607,21 @@ impl ExecBuilder {
 
     async fn run_inner(mut self) -> Result<ExecuteResponse> {
         if let Some(code) = self.code.take() {
-            let info = self.ctx.backend().get(&self.ctx.id).await?;
-            let meta = self.ctx.meta().await?;
-            let labels = meta.labels.unwrap_or(info.labels);
-            let language = labels
-                .get(LANGUAGE_LABEL)
-                .cloned()
-                .unwrap_or_else(|| "python".into());
+            let language = match self.language.take() {
+                Some(language) => {
+                    translate::check_language(&language)?;
+                    language
+                }
+                None => {
+                    let info = self.ctx.backend().get(&self.ctx.id).await?;
+                    let meta = self.ctx.meta().await?;
+                    let labels = meta.labels.unwrap_or(info.labels);
+                    labels
+                        .get(LANGUAGE_LABEL)
+                        .cloned()
+                        .unwrap_or_else(|| "python".into())
+                }
+            };
             let argv: Vec<String> = self.command.split_whitespace().map(str::to_owned).collect();
             self.command = translate::code_run_command(&language, &code, &argv);
         }
@@ -690,6 +703,14 @@ impl CodeRunBuilder {
     /// `timeout=None`: seconds, as in `exec`.
     pub fn timeout(mut self, seconds: impl Into<Option<i64>>) -> Self {
         self.exec.timeout = seconds.into();
+        self
+    }
+
+    /// Run `code` as `language` instead of the sandbox's language label (the wire's
+    /// `CodeRunRequest.language`).
+    #[cfg(feature = "wire")]
+    pub(crate) fn language(mut self, language: Option<String>) -> Self {
+        self.exec.language = language;
         self
     }
 

@@ -334,6 +334,12 @@ impl Sandbox {
         self.last_activity_at = Some(translate::rfc3339(sandcove::now_millis()));
     }
 
+    /// The volume mounts asked for at creation: (volume, mount path, subpath).
+    #[cfg(feature = "wire")]
+    pub(crate) fn volume_mounts(&self) -> &[(String, String, Option<String>)] {
+        &self.meta.volumes
+    }
+
     /// `refresh_data(request_timeout=None)`: reload every field.
     pub async fn refresh_data(&mut self) -> Result<()> {
         let info = self

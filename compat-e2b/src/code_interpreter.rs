@@ -604,6 +604,8 @@ pub(crate) enum ExecItem {
 
 /// A running execution, as [`ExecItem`]s.
 pub(crate) struct RunItems {
+    // Kept alive with the run; the wire also answers which context a run is in.
+    #[cfg_attr(not(feature = "wire"), allow(dead_code))]
     context: sandcove_interpreter::Context,
     events: sandcove_interpreter::Execution,
     out: Utf8Decoder,
@@ -614,11 +616,13 @@ pub(crate) struct RunItems {
 
 impl RunItems {
     /// The context the code runs in.
+    #[cfg(feature = "wire")]
     pub(crate) fn context(&self) -> &sandcove_interpreter::Context {
         &self.context
     }
 
     /// Whether the execution ended (its [`ExecItem::End`] or an error was returned).
+    #[cfg(feature = "wire")]
     pub(crate) fn finished(&self) -> bool {
         self.done && self.pending.is_empty()
     }
@@ -697,6 +701,7 @@ impl RunItems {
 impl Sandbox {
     /// The code interpreter of the sandbox behind `ctx` (the wire's handle: no context
     /// cache survives the request).
+    #[cfg(feature = "wire")]
     pub(crate) fn from_ctx(ctx: crate::sandbox::Ctx) -> Sandbox {
         Sandbox::from(crate::Sandbox::from_ctx(ctx, Default::default()))
     }

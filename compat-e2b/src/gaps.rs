@@ -79,6 +79,36 @@ pub const GAPS: &[Gap] = &[
         alternative: "language='python', or run the interpreter with commands.run",
     },
     Gap {
+        key: "wire_snapshots",
+        feature: "create_snapshot / list_snapshots / delete_snapshot over E2B's wire protocol (sandcove serve --e2b)",
+        alternative: "the Rust facade compat-e2b or sandcove's native API (sandcove::Sandbox::snapshot), which have snapshots",
+    },
+    Gap {
+        key: "wire_fork",
+        feature: "Sandbox.fork over E2B's wire protocol (sandcove serve --e2b)",
+        alternative: "the Rust facade compat-e2b or sandcove's native API, which have fork; or create another sandbox",
+    },
+    Gap {
+        key: "sandbox_logs",
+        feature: "sandbox logs (GET /sandboxes/{id}/logs)",
+        alternative: "read your program's output with commands.run(..., on_stdout=...) or write it to a file and read it with files.read",
+    },
+    Gap {
+        key: "refreshes",
+        feature: "POST /sandboxes/{id}/refreshes (keep-alive refresh)",
+        alternative: "extend the sandbox with set_timeout(seconds)",
+    },
+    Gap {
+        key: "list_metrics",
+        feature: "metrics of several sandboxes at once (GET /sandboxes/metrics)",
+        alternative: "get_metrics() of each sandbox",
+    },
+    Gap {
+        key: "list_started_after",
+        feature: "Sandbox.list(query=SandboxQuery(started_after=...)) over E2B's wire protocol",
+        alternative: "filter the listed sandboxes' started_at on the client",
+    },
+    Gap {
         key: "keep_memory_false",
         feature: "pause(keep_memory=False) (filesystem-only pause)",
         alternative: "pause() keeps memory and processes; or create_snapshot then kill",

@@ -107,6 +107,39 @@ pub fn test_options(label: &str) -> CreateOptions {
     }
 }
 
+/// The names directly inside `dir` of a sandbox, in the backend's order.
+pub async fn names_in(backend: &dyn Backend, id: &str, dir: &str) -> Vec<String> {
+    let options = ListDirOptions {
+        depth: 1,
+        ..Default::default()
+    };
+    backend
+        .list_dir(id, dir, options)
+        .await
+        .expect("list the directory")
+        .into_iter()
+        .map(|e| e.name)
+        .collect()
+}
+
+/// A client of a fresh loopback server (`127.0.0.1:0`, a random key) serving `engine`: the
+/// way every suite runs its cases "over HTTP". The server task belongs to the calling test's
+/// runtime and ends with it.
+#[cfg(all(feature = "server", feature = "http"))]
+pub async fn served(engine: std::sync::Arc<dyn Backend>) -> crate::HttpBackend {
+    let key = unique("key");
+    let server =
+        crate::server::LocalServer::start(engine, crate::server::ServerConfig::new(key.clone()))
+            .await
+            .expect("start the server");
+    let client = crate::HttpBackend::connect(&server.url(), &key)
+        .await
+        .expect("connect to the server");
+    // Dropping the handle would stop the server; the runtime's end stops it instead.
+    std::mem::forget(server);
+    client
+}
+
 /// A random-enough token for labels and markers.
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}-{}", std::process::id(), crate::random_id(20))
@@ -1881,20 +1914,7 @@ pub async fn failed_uploads_leave_nothing_behind(backend: &dyn Backend) {
             result.is_err(),
             "round {round}: an aborted upload is an error"
         );
-        let names: Vec<String> = backend
-            .list_dir(
-                &id,
-                "/workspace",
-                ListDirOptions {
-                    depth: 1,
-                    user: None,
-                },
-            )
-            .await
-            .expect("list")
-            .into_iter()
-            .map(|e| e.name)
-            .collect();
+        let names = names_in(backend, &id, "/workspace").await;
         assert_eq!(
             names,
             ["kept.bin"],

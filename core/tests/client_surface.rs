@@ -8,21 +8,12 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use sandcove::conformance::{test_options, unique};
-use sandcove::server::{LocalServer, ServerConfig};
-use sandcove::{Backend, Client, Command, ErrorCode, HttpBackend, LocalBackend, ProcessEvent};
+use sandcove::{Backend, Client, Command, ErrorCode, LocalBackend, ProcessEvent};
 use tokio::io::AsyncWriteExt;
 
 async fn clients() -> Vec<(&'static str, Client)> {
     let engine = Arc::new(LocalBackend::new().expect("local engine"));
-    let key = unique("key");
-    let server = LocalServer::start(engine.clone(), ServerConfig::new(key.clone()))
-        .await
-        .expect("server");
-    let remote = HttpBackend::connect(&server.url(), &key)
-        .await
-        .expect("connect");
-    // The server task belongs to this test's runtime and ends with it.
-    std::mem::forget(server);
+    let remote = sandcove::conformance::served(engine.clone()).await;
     vec![
         ("embedded", Client::new(engine)),
         ("http", Client::new(Arc::new(remote) as Arc<dyn Backend>)),

@@ -23,7 +23,7 @@ use sandcove::{
     Signal, VolumeMount, WatchOptions, WriteOptions,
 };
 
-use common::{bash, bytes, read_all, Canaries, Env, Gen, HostSleeper};
+use common::{bash, bytes, has_python, python, read_all, Canaries, Env, Gen, HostSleeper};
 
 /// The monitor serves lifecycle requests and the agent processes and files; a request sent to
 /// the wrong one (a buggy or foreign client) is refused with a typed error and changes nothing.
@@ -725,30 +725,6 @@ print("interfaces", " ".join(sorted(l.split(":")[0].strip() for l in open("/proc
         tcp = tcp.join(", "),
         names = names.join(", ")
     )
-}
-
-async fn has_python(backend: &dyn Backend, id: &str) -> bool {
-    let out = bash(backend, id, "command -v python3 >/dev/null && echo yes").await;
-    if out.stdout != b"yes\n" {
-        eprintln!("SKIP: python3 is not installed on this host; socket probes not run");
-        return false;
-    }
-    true
-}
-
-async fn python(backend: &dyn Backend, id: &str, script: &str) -> String {
-    let out = run(
-        backend,
-        id,
-        ProcessSpec::new(Command::argv(["python3", "-c", script])),
-    )
-    .await;
-    assert!(
-        out.exit_status().success(),
-        "probe failed: {}",
-        out.stderr_lossy()
-    );
-    out.stdout_lossy()
 }
 
 /// With the default policy, a TCP listener on the host's 127.0.0.1 and a host abstract unix

@@ -564,3 +564,29 @@ pub async fn raw_exchange(
     stream.read_exact(&mut head).await.expect("the header");
     Some(serde_json::from_slice(&head).expect("a JSON header"))
 }
+
+/// Whether the sandbox can run `python3` (the socket probes need it); says SKIP when not.
+pub async fn has_python(backend: &dyn Backend, id: &str) -> bool {
+    let out = bash(backend, id, "command -v python3 >/dev/null && echo yes").await;
+    if out.stdout != b"yes\n" {
+        eprintln!("SKIP: python3 is not installed on this host; socket probes not run");
+        return false;
+    }
+    true
+}
+
+/// Runs a Python probe in the sandbox and returns its stdout; the probe must succeed.
+pub async fn python(backend: &dyn Backend, id: &str, script: &str) -> String {
+    let out = run(
+        backend,
+        id,
+        ProcessSpec::new(Command::argv(["python3", "-c", script])),
+    )
+    .await;
+    assert!(
+        out.exit_status().success(),
+        "probe failed: {}",
+        out.stderr_lossy()
+    );
+    out.stdout_lossy()
+}

@@ -174,21 +174,7 @@ async fn writes_through_magic_links_are_refused_and_copy_nothing() {
             "write {path}"
         );
     }
-    let names: Vec<String> = env
-        .backend
-        .list_dir(
-            &id,
-            "/workspace",
-            ListDirOptions {
-                depth: 1,
-                user: None,
-            },
-        )
-        .await
-        .expect("list")
-        .into_iter()
-        .map(|e| e.name)
-        .collect();
+    let names = sandcove::conformance::names_in(&*env.backend, &id, "/workspace").await;
     assert_eq!(
         names,
         ["exe", "viaroot"],

@@ -19,7 +19,9 @@ use std::time::Duration;
 use sandcove::conformance::{run, unique};
 use sandcove::{Backend, Command, ErrorCode, LocalBackend, NetworkPolicy, ProcessSpec};
 
-use common::{alive, all_processes, eventually, monitor_and_agent, signal, Env};
+use common::{
+    alive, all_processes, eventually, has_python, monitor_and_agent, python, signal, Env,
+};
 
 /// An engine whose `capabilities().internet` is true, or `None` (after saying why loudly).
 fn internet_env(tag: &str) -> Option<Env> {
@@ -38,39 +40,6 @@ async fn internet_sandbox(env: &Env, marker: &str) -> String {
     let mut opts = env.options(marker);
     opts.network = NetworkPolicy::Internet;
     env.create(opts).await
-}
-
-async fn python(backend: &dyn Backend, id: &str, script: &str) -> String {
-    let out = run(
-        backend,
-        id,
-        ProcessSpec::new(Command::argv(["python3", "-c", script])),
-    )
-    .await;
-    assert!(
-        out.exit_status().success(),
-        "probe failed: {}",
-        out.stderr_lossy()
-    );
-    out.stdout_lossy()
-}
-
-async fn has_python(backend: &dyn Backend, id: &str) -> bool {
-    let out = run(
-        backend,
-        id,
-        ProcessSpec::new(Command::argv([
-            "bash",
-            "-c",
-            "command -v python3 >/dev/null && echo yes",
-        ])),
-    )
-    .await;
-    if out.stdout != b"yes\n" {
-        eprintln!("SKIP: python3 is not installed on this host; socket probes not run");
-        return false;
-    }
-    true
 }
 
 /// The probe run inside the sandbox: the routing decision (UDP connect, nothing sent) for

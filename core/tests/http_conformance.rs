@@ -3,22 +3,12 @@
 
 use std::sync::Arc;
 
-use sandcove::server::{LocalServer, ServerConfig};
-use sandcove::{Backend, HttpBackend, LocalBackend};
+use sandcove::{Backend, LocalBackend};
 
-/// A fresh server on `127.0.0.1:0` with a random key, and a client connected to it.
+/// A fresh loopback server wrapping a new engine, and a client connected to it.
 async fn served() -> Arc<dyn Backend> {
-    let key = sandcove::conformance::unique("key");
     let engine = Arc::new(LocalBackend::new().expect("local engine"));
-    let server = LocalServer::start(engine, ServerConfig::new(key.clone()))
-        .await
-        .expect("start the server");
-    let client = HttpBackend::connect(&server.url(), &key)
-        .await
-        .expect("connect");
-    // The server task belongs to this test's runtime and ends with it.
-    std::mem::forget(server);
-    Arc::new(client)
+    Arc::new(sandcove::conformance::served(engine).await)
 }
 
 sandcove::conformance_tests!(served());

@@ -213,20 +213,7 @@ async fn served(
 }
 
 async fn names(backend: &dyn Backend, id: &str) -> Vec<String> {
-    backend
-        .list_dir(
-            id,
-            "/workspace",
-            ListDirOptions {
-                depth: 1,
-                user: None,
-            },
-        )
-        .await
-        .expect("list")
-        .into_iter()
-        .map(|e| e.name)
-        .collect()
+    sandcove::conformance::names_in(backend, id, "/workspace").await
 }
 
 fn chunks(items: Vec<Result<Vec<u8>>>) -> ByteStream {

@@ -5,9 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandcove::conformance::{eventually, unique};
-use sandcove::server::{LocalServer, ServerConfig};
-use sandcove::{Backend, CreateOptions, ErrorCode, HttpBackend, LocalBackend};
+use sandcove::conformance::eventually;
+use sandcove::{Backend, CreateOptions, ErrorCode, LocalBackend};
 use sandcove_interpreter::{
     mime, CellError, CellResult, ContextOptions, Event, Execution, Interpreter, RunOptions,
 };
@@ -17,17 +16,8 @@ async fn local() -> Arc<dyn Backend> {
 }
 
 async fn served() -> Arc<dyn Backend> {
-    let key = unique("key");
     let engine = Arc::new(LocalBackend::new().expect("local engine"));
-    let server = LocalServer::start(engine, ServerConfig::new(key.clone()))
-        .await
-        .expect("start the server");
-    let client = HttpBackend::connect(&server.url(), &key)
-        .await
-        .expect("connect");
-    // The server task belongs to this test's runtime and ends with it.
-    std::mem::forget(server);
-    Arc::new(client)
+    Arc::new(sandcove::conformance::served(engine).await)
 }
 
 /// A fresh sandbox (with a lease, so a failed test leaves nothing for long) and its

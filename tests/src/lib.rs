@@ -1,6 +1,8 @@
 //! Harness for the end-to-end tests: run a fixture program, compare its output with the
 //! expected text in `fixtures/expected/`.
 
+pub mod facade;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;

@@ -121,9 +121,10 @@ impl From<SandboxException> for ConnectError {
             SandboxException::RateLimit { .. } | SandboxException::NotEnoughSpace { .. } => {
                 Code::ResourceExhausted
             }
-            SandboxException::NotSupported { .. } | SandboxException::Template { .. } => {
-                Code::FailedPrecondition
-            }
+            // Neither SDK has a class of its own for a refusal: `unimplemented` is its
+            // `SandboxException`, with the alternative in the message.
+            SandboxException::NotSupported { .. } => Code::Unimplemented,
+            SandboxException::Template { .. } => Code::FailedPrecondition,
             _ => Code::Internal,
         };
         ConnectError::new(code, e.to_string())
@@ -202,6 +203,79 @@ pub fn single_message(body: &[u8]) -> Result<&[u8], ConnectError> {
         ));
     }
     Ok(&body[HEADER_LEN..])
+}
+
+/// Splits the body of a client-stream request into its messages as the bytes arrive: each
+/// envelope at most `limit` bytes, uncompressed, not end-of-stream (clients end the body
+/// instead).
+#[derive(Debug)]
+pub struct EnvelopeReader {
+    buffer: Vec<u8>,
+    limit: usize,
+}
+
+impl EnvelopeReader {
+    /// A reader refusing messages larger than `limit` bytes.
+    pub fn new(limit: usize) -> Self {
+        EnvelopeReader {
+            buffer: Vec::new(),
+            limit,
+        }
+    }
+
+    /// Add received bytes; the complete messages they finish, in order. A bad header is an
+    /// error as soon as its five bytes are in, before its payload is buffered.
+    pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, ConnectError> {
+        self.buffer.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        loop {
+            if self.buffer.len() < HEADER_LEN {
+                return Ok(out);
+            }
+            let flags = self.buffer[0];
+            if flags & COMPRESSED != 0 {
+                return Err(ConnectError::new(
+                    Code::Unimplemented,
+                    "compressed messages are not supported (send connect-content-encoding: identity)",
+                ));
+            }
+            if flags != 0 {
+                return Err(ConnectError::new(
+                    Code::InvalidArgument,
+                    "unexpected envelope flags in a request",
+                ));
+            }
+            let len = u32::from_be_bytes([
+                self.buffer[1],
+                self.buffer[2],
+                self.buffer[3],
+                self.buffer[4],
+            ]) as usize;
+            if len > self.limit {
+                return Err(ConnectError::new(
+                    Code::ResourceExhausted,
+                    format!("a request message is larger than {} bytes", self.limit),
+                ));
+            }
+            if self.buffer.len() < HEADER_LEN + len {
+                return Ok(out);
+            }
+            out.push(self.buffer[HEADER_LEN..HEADER_LEN + len].to_vec());
+            self.buffer.drain(..HEADER_LEN + len);
+        }
+    }
+
+    /// The body ended: an error if it stopped inside an envelope.
+    pub fn finish(&self) -> Result<(), ConnectError> {
+        if self.buffer.is_empty() {
+            Ok(())
+        } else {
+            Err(ConnectError::new(
+                Code::InvalidArgument,
+                "the request body ended inside an envelope",
+            ))
+        }
+    }
 }
 
 /// Parse a request message (JSON) into `T`.
@@ -294,6 +368,37 @@ mod tests {
         end[0] = END_STREAM;
         assert!(single_message(&end).is_err());
         assert!(single_message(&ok[..4]).is_err());
+    }
+
+    #[test]
+    fn client_streams_split_into_messages_across_chunks() {
+        let mut body = envelope(0, br#"{"a":1}"#).to_vec();
+        body.extend_from_slice(&envelope(0, b"{}"));
+        // Fed one byte at a time, the two messages come out whole, in order.
+        let mut reader = EnvelopeReader::new(64);
+        let mut messages = Vec::new();
+        for b in &body {
+            messages.extend(reader.push(std::slice::from_ref(b)).unwrap());
+        }
+        assert_eq!(messages, vec![br#"{"a":1}"#.to_vec(), b"{}".to_vec()]);
+        reader.finish().unwrap();
+        // Cut one byte short: the end is an error.
+        let mut reader = EnvelopeReader::new(64);
+        assert_eq!(reader.push(&body[..body.len() - 1]).unwrap().len(), 1);
+        assert!(reader.finish().is_err());
+        // A header announcing more than the limit is refused before its payload arrives.
+        let mut reader = EnvelopeReader::new(4);
+        assert_eq!(
+            reader.push(&[0, 0, 0, 0, 5]).unwrap_err().code,
+            Code::ResourceExhausted
+        );
+        let mut reader = EnvelopeReader::new(64);
+        assert_eq!(
+            reader.push(&[COMPRESSED, 0, 0, 0, 0]).unwrap_err().code,
+            Code::Unimplemented
+        );
+        let mut reader = EnvelopeReader::new(64);
+        assert!(reader.push(&[END_STREAM, 0, 0, 0, 0]).is_err());
     }
 
     #[test]

@@ -2,15 +2,15 @@
 //! metrics, each decided by the same functions as the Rust facade's `Sandbox` methods.
 //!
 //! Errors are `{"code": <status>, "message": …}` with the status E2B's SDK maps to its
-//! exception class: 400 → `SandboxException` (invalid arguments and Sandcove's refusals, the
-//! message naming the alternative), 401 → `AuthenticationException`, 404 →
+//! exception class: 400 → `SandboxException` (invalid arguments), 501 → `SandboxException`
+//! (Sandcove's refusals, the message naming the alternative), 401 → `AuthenticationException`, 404 →
 //! `SandboxNotFoundException` (or `kill() == False`), 429 → `RateLimitException`.
 
 use std::collections::BTreeMap;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -27,6 +27,8 @@ pub(crate) fn routes() -> Router<Wire> {
     Router::new()
         .route("/v2/sandboxes", post(create).get(list))
         .route("/sandboxes", post(create).get(list))
+        // Before `/sandboxes/{id}`, which would take "metrics" for a sandbox id.
+        .route("/sandboxes/metrics", get(list_metrics))
         .route("/sandboxes/{id}", get(get_info).delete(kill))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
         .route("/v2/sandboxes/{id}/connect", post(connect))
@@ -58,13 +60,21 @@ pub(crate) fn status_for(e: &SandboxException) -> StatusCode {
         | SandboxException::FileNotFound { .. } => StatusCode::NOT_FOUND,
         SandboxException::Authentication { .. } => StatusCode::UNAUTHORIZED,
         SandboxException::RateLimit { .. } => StatusCode::TOO_MANY_REQUESTS,
-        SandboxException::InvalidArgument { .. }
-        | SandboxException::NotSupported { .. }
-        | SandboxException::Template { .. } => StatusCode::BAD_REQUEST,
+        SandboxException::InvalidArgument { .. } | SandboxException::Template { .. } => {
+            StatusCode::BAD_REQUEST
+        }
+        // Neither SDK has a class of its own for a refusal: 501 is its `SandboxException`
+        // ("501: not supported on Sandcove: … (instead: …)").
+        SandboxException::NotSupported { .. } => StatusCode::NOT_IMPLEMENTED,
         SandboxException::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         SandboxException::NotEnoughSpace { .. } => StatusCode::INSUFFICIENT_STORAGE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
+}
+
+/// A facade error as an API error answer (the status of [`status_for`]).
+pub(crate) fn exception_response(e: SandboxException) -> Response {
+    api_error(status_for(&e), e.to_string())
 }
 
 /// A facade error as an API error answer.
@@ -79,7 +89,7 @@ impl<E: Into<SandboxException>> From<E> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        api_error(status_for(&self.0), self.0.to_string())
+        exception_response(self.0)
     }
 }
 
@@ -141,8 +151,9 @@ struct VolumeMountBody {
     path: String,
 }
 
-/// The `Sandbox` answer of create and connect.
-fn sandbox_body(wire: &Wire, info: &sandcove::SandboxInfo) -> Value {
+/// The `Sandbox` answer of create and connect; `domain` is the listener as the client
+/// reached it (see `ports`), so `get_host(port)` names the listener.
+fn sandbox_body(wire: &Wire, info: &sandcove::SandboxInfo, headers: &HeaderMap) -> Value {
     let template = if info.template.is_empty() {
         crate::translate::DEFAULT_TEMPLATE.to_string()
     } else {
@@ -155,12 +166,16 @@ fn sandbox_body(wire: &Wire, info: &sandcove::SandboxInfo) -> Value {
         "envdVersion": WIRE_ENVD_VERSION,
         "envdAccessToken": wire.envd_token(&info.id),
         "trafficAccessToken": wire.traffic_token(&info.id),
-        "domain": null,
+        "domain": super::ports::domain_for(headers.get(header::HOST).and_then(|h| h.to_str().ok())),
         "alias": template,
     })
 }
 
-async fn create(State(wire): State<Wire>, body: Bytes) -> Result<Response, ApiError> {
+async fn create(
+    State(wire): State<Wire>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let req: NewSandbox = parse_json(&body)?;
     let mut builder = Sandbox::create();
     if let Some(t) = req.template_id.filter(|t| !t.is_empty()) {
@@ -220,7 +235,11 @@ async fn create(State(wire): State<Wire>, body: Bytes) -> Result<Response, ApiEr
     // The facade's own checks and translation, then the create itself.
     let options = builder.options(&*wire.backend).await?;
     let info = wire.backend.create(options).await?;
-    Ok((StatusCode::CREATED, axum::Json(sandbox_body(&wire, &info))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(sandbox_body(&wire, &info, &headers)),
+    )
+        .into_response())
 }
 
 /// `SandboxDetail` (get) or `ListedSandbox` (list).
@@ -253,9 +272,21 @@ fn info_body(info: &sandcove::SandboxInfo, detail: bool, wire: &Wire) -> Value {
     body
 }
 
-async fn get_info(State(wire): State<Wire>, Path(id): Path<String>) -> Result<Response, ApiError> {
+async fn list_metrics() -> Response {
+    exception_response(crate::gaps::refuse("list_metrics"))
+}
+
+async fn get_info(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     let info = wire.backend.get(&id).await?;
-    Ok(axum::Json(info_body(&info, true, &wire)).into_response())
+    let mut body = info_body(&info, true, &wire);
+    body["domain"] = json!(super::ports::domain_for(
+        headers.get(header::HOST).and_then(|h| h.to_str().ok())
+    ));
+    Ok(axum::Json(body).into_response())
 }
 
 async fn kill(State(wire): State<Wire>, Path(id): Path<String>) -> Result<Response, ApiError> {
@@ -296,6 +327,7 @@ struct ConnectBody {
 async fn connect(
     State(wire): State<Wire>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: ConnectBody = parse_json(&body)?;
@@ -303,7 +335,7 @@ async fn connect(
         return Err(ApiError(crate::gaps::refuse("keep_memory_false")));
     }
     let info = sandbox::connect_on(&*wire.backend, &id, req.timeout).await?;
-    Ok(axum::Json(sandbox_body(&wire, &info)).into_response())
+    Ok(axum::Json(sandbox_body(&wire, &info, &headers)).into_response())
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -417,15 +449,8 @@ async fn list(State(wire): State<Wire>, Query(q): Query<ListQuery>) -> Result<Re
         }
         query.state = Some(parsed);
     }
-    if let Some(t) = q.started_after.as_deref() {
-        let _ = t;
-        return Err(ApiError(
-            sandcove::Error::not_supported(
-                "Sandbox.list(query=SandboxQuery(started_after=...)) over the wire",
-                "filter the listed sandboxes' started_at on the client",
-            )
-            .into(),
-        ));
+    if q.started_after.is_some() {
+        return Err(ApiError(crate::gaps::refuse("list_started_after")));
     }
     query.template = q.template;
     let mut paginator = Sandbox::list().query(query);

@@ -53,6 +53,7 @@ pub(crate) fn routes() -> Router<Wire> {
         .route("/process.Process/SendSignal", post(send_signal))
         .route("/process.Process/CloseStdin", post(close_stdin))
         .route("/process.Process/Update", post(update))
+        .route("/process.Process/StreamInput", post(stream_input))
         .route("/process.Process/{method}", post(unimplemented))
         .route("/filesystem.Filesystem/Stat", post(stat))
         .route("/filesystem.Filesystem/ListDir", post(list_dir))
@@ -129,6 +130,27 @@ async fn unary<T: serde::de::DeserializeOwned>(wire: &Wire, body: Body) -> Resul
         return connect::parse(b"{}");
     }
     connect::parse(&bytes)
+}
+
+/// One unary Connect call: decode the request (bounded JSON), run `call` on it, encode its
+/// answer; an error from either step is the Connect error answer.
+async fn unary_call<T, F, Fut>(wire: &Wire, body: Body, call: F) -> Result<Response, ConnectError>
+where
+    T: serde::de::DeserializeOwned,
+    F: FnOnce(T) -> Fut,
+    Fut: std::future::Future<Output = Result<Value, ConnectError>>,
+{
+    let request = unary(wire, body).await?;
+    Ok(connect::unary_ok(call(request).await?))
+}
+
+/// One server-stream call: `call` builds the stream; an error before its first message is
+/// a stream holding only that error.
+async fn stream_call<Fut>(call: Fut) -> Response
+where
+    Fut: std::future::Future<Output = Result<Response, ConnectError>>,
+{
+    call.await.unwrap_or_else(connect::stream_error)
 }
 
 /// `ProcessSelector`: `{"pid": n}` or `{"tag": "…"}`.
@@ -340,10 +362,7 @@ async fn start(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    match start_inner(&wire, &id, &headers, body).await {
-        Ok(response) => response,
-        Err(e) => connect::stream_error(e),
-    }
+    stream_call(start_inner(&wire, &id, &headers, body)).await
 }
 
 async fn start_inner(
@@ -425,10 +444,7 @@ async fn attach(
         );
         Ok::<_, ConnectError>(connect::stream_response(body))
     };
-    match inner.await {
-        Ok(response) => response,
-        Err(e) => connect::stream_error(e),
-    }
+    stream_call(inner).await
 }
 
 async fn list(
@@ -436,24 +452,27 @@ async fn list(
     Extension(SandboxId(id)): Extension<SandboxId>,
     body: Body,
 ) -> Result<Response, ConnectError> {
-    let _: Value = unary(&wire, body).await?;
-    let ctx = context(&wire, &id).await?;
-    let processes = Commands { ctx }.list().await?;
-    let processes: Vec<Value> = processes
-        .into_iter()
-        .map(|p| {
-            let mut config = json!({"cmd": p.cmd, "args": p.args, "envs": p.envs});
-            if let Some(cwd) = p.cwd {
-                config["cwd"] = json!(cwd);
-            }
-            let mut info = json!({"config": config, "pid": p.pid});
-            if let Some(tag) = p.tag {
-                info["tag"] = json!(tag);
-            }
-            info
-        })
-        .collect();
-    Ok(connect::unary_ok(json!({ "processes": processes })))
+    let (wire, id) = (&wire, &id);
+    unary_call(wire, body, |_: Value| async move {
+        let ctx = context(wire, id).await?;
+        let processes = Commands { ctx }.list().await?;
+        let processes: Vec<Value> = processes
+            .into_iter()
+            .map(|p| {
+                let mut config = json!({"cmd": p.cmd, "args": p.args, "envs": p.envs});
+                if let Some(cwd) = p.cwd {
+                    config["cwd"] = json!(cwd);
+                }
+                let mut info = json!({"config": config, "pid": p.pid});
+                if let Some(tag) = p.tag {
+                    info["tag"] = json!(tag);
+                }
+                info
+            })
+            .collect();
+        Ok(json!({ "processes": processes }))
+    })
+    .await
 }
 
 #[derive(Debug, Deserialize)]
@@ -478,22 +497,104 @@ async fn send_input(
     Extension(SandboxId(id)): Extension<SandboxId>,
     body: Body,
 ) -> Result<Response, ConnectError> {
-    let req: SendInputRequest = unary(&wire, body).await?;
-    let data = match (&req.input.stdin, &req.input.pty) {
-        (Some(s), None) | (None, Some(s)) => decode_b64(s)?,
-        _ => {
-            return Err(ConnectError::new(
+    let (wire, id) = (&wire, &id);
+    unary_call(wire, body, |req: SendInputRequest| async move {
+        let data = match (&req.input.stdin, &req.input.pty) {
+            (Some(s), None) | (None, Some(s)) => decode_b64(s)?,
+            _ => {
+                return Err(ConnectError::new(
+                    Code::InvalidArgument,
+                    "input needs exactly one of stdin and pty",
+                ))
+            }
+        };
+        context(wire, id).await?;
+        wire.backend
+            .write_stdin(id, req.process.core()?, data)
+            .await
+            .map_err(SandboxException::from)?;
+        Ok(json!({}))
+    })
+    .await
+}
+
+/// One message of `StreamInput`: `{"start":{"process":…}}` first, then
+/// `{"data":{"input":{"stdin"|"pty":…}}}` or `{"keepalive":{}}`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+enum StreamInputEvent {
+    Start { process: Selector },
+    Data { input: InputBody },
+    Keepalive {},
+}
+
+/// `process.Process/StreamInput` (client stream; the SDKs' `commands.stream_input` and pty
+/// writers): each `data` message is written to the process's stdin or pty as it arrives,
+/// each message bounded like any request body. The answer is one empty message.
+async fn stream_input(
+    State(wire): State<Wire>,
+    Extension(SandboxId(id)): Extension<SandboxId>,
+    body: Body,
+) -> Response {
+    stream_call(async {
+        stream_input_inner(&wire, &id, body).await?;
+        let mut out = connect::message(&json!({})).to_vec();
+        out.extend_from_slice(&connect::end_stream(None));
+        Ok(connect::stream_response(Body::from(out)))
+    })
+    .await
+}
+
+async fn stream_input_inner(wire: &Wire, id: &str, body: Body) -> Result<(), ConnectError> {
+    let mut reader = connect::EnvelopeReader::new(wire.config.max_body_bytes);
+    let mut selector: Option<sandcove::ProcessSelector> = None;
+    let mut chunks = body.into_data_stream();
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|e| {
+            ConnectError::new(
                 Code::InvalidArgument,
-                "input needs exactly one of stdin and pty",
-            ))
+                format!("reading the request body: {e}"),
+            )
+        })?;
+        for message in reader.push(&chunk)? {
+            let event: StreamInputEvent = connect::parse(&message)?;
+            match (event, &selector) {
+                (StreamInputEvent::Start { process }, None) => {
+                    context(wire, id).await?;
+                    selector = Some(process.core()?);
+                }
+                (StreamInputEvent::Data { input }, Some(process)) => {
+                    let data = match (&input.stdin, &input.pty) {
+                        (Some(s), None) | (None, Some(s)) => decode_b64(s)?,
+                        _ => {
+                            return Err(ConnectError::new(
+                                Code::InvalidArgument,
+                                "input needs exactly one of stdin and pty",
+                            ))
+                        }
+                    };
+                    wire.backend
+                        .write_stdin(id, process.clone(), data)
+                        .await
+                        .map_err(SandboxException::from)?;
+                }
+                (StreamInputEvent::Keepalive {}, _) => {}
+                (StreamInputEvent::Start { .. }, Some(_)) => {
+                    return Err(ConnectError::new(
+                        Code::InvalidArgument,
+                        "StreamInput got a second start event",
+                    ))
+                }
+                (StreamInputEvent::Data { .. }, None) => {
+                    return Err(ConnectError::new(
+                        Code::InvalidArgument,
+                        "StreamInput must start with a start event naming the process",
+                    ))
+                }
+            }
         }
-    };
-    context(&wire, &id).await?;
-    wire.backend
-        .write_stdin(&id, req.process.core()?, data)
-        .await
-        .map_err(SandboxException::from)?;
-    Ok(connect::unary_ok(json!({})))
+    }
+    reader.finish()
 }
 
 #[derive(Debug, Deserialize)]
@@ -507,25 +608,28 @@ async fn send_signal(
     Extension(SandboxId(id)): Extension<SandboxId>,
     body: Body,
 ) -> Result<Response, ConnectError> {
-    let req: SignalRequest = unary(&wire, body).await?;
-    let signal = match &req.signal {
-        Value::String(s) if s == "SIGNAL_SIGKILL" => sandcove::Signal::Kill,
-        Value::String(s) if s == "SIGNAL_SIGTERM" => sandcove::Signal::Term,
-        Value::Number(n) if n.as_u64() == Some(9) => sandcove::Signal::Kill,
-        Value::Number(n) if n.as_u64() == Some(15) => sandcove::Signal::Term,
-        other => {
-            return Err(ConnectError::new(
-                Code::InvalidArgument,
-                format!("unsupported signal {other}: SIGNAL_SIGKILL or SIGNAL_SIGTERM"),
-            ))
-        }
-    };
-    context(&wire, &id).await?;
-    wire.backend
-        .signal(&id, req.process.core()?, signal)
-        .await
-        .map_err(SandboxException::from)?;
-    Ok(connect::unary_ok(json!({})))
+    let (wire, id) = (&wire, &id);
+    unary_call(wire, body, |req: SignalRequest| async move {
+        let signal = match &req.signal {
+            Value::String(s) if s == "SIGNAL_SIGKILL" => sandcove::Signal::Kill,
+            Value::String(s) if s == "SIGNAL_SIGTERM" => sandcove::Signal::Term,
+            Value::Number(n) if n.as_u64() == Some(9) => sandcove::Signal::Kill,
+            Value::Number(n) if n.as_u64() == Some(15) => sandcove::Signal::Term,
+            other => {
+                return Err(ConnectError::new(
+                    Code::InvalidArgument,
+                    format!("unsupported signal {other}: SIGNAL_SIGKILL or SIGNAL_SIGTERM"),
+                ))
+            }
+        };
+        context(wire, id).await?;
+        wire.backend
+            .signal(id, req.process.core()?, signal)
+            .await
+            .map_err(SandboxException::from)?;
+        Ok(json!({}))
+    })
+    .await
 }
 
 async fn close_stdin(
@@ -533,13 +637,16 @@ async fn close_stdin(
     Extension(SandboxId(id)): Extension<SandboxId>,
     body: Body,
 ) -> Result<Response, ConnectError> {
-    let req: ProcessRequest = unary(&wire, body).await?;
-    context(&wire, &id).await?;
-    wire.backend
-        .close_stdin(&id, req.process.core()?)
-        .await
-        .map_err(SandboxException::from)?;
-    Ok(connect::unary_ok(json!({})))
+    let (wire, id) = (&wire, &id);
+    unary_call(wire, body, |req: ProcessRequest| async move {
+        context(wire, id).await?;
+        wire.backend
+            .close_stdin(id, req.process.core()?)
+            .await
+            .map_err(SandboxException::from)?;
+        Ok(json!({}))
+    })
+    .await
 }
 
 #[derive(Debug, Deserialize)]
@@ -553,16 +660,19 @@ async fn update(
     Extension(SandboxId(id)): Extension<SandboxId>,
     body: Body,
 ) -> Result<Response, ConnectError> {
-    let req: UpdateRequest = unary(&wire, body).await?;
-    context(&wire, &id).await?;
-    if let Some(pty) = &req.pty {
-        let size = pty.core()?;
-        wire.backend
-            .resize_pty(&id, req.process.core()?, size)
-            .await
-            .map_err(SandboxException::from)?;
-    }
-    Ok(connect::unary_ok(json!({})))
+    let (wire, id) = (&wire, &id);
+    unary_call(wire, body, |req: UpdateRequest| async move {
+        context(wire, id).await?;
+        if let Some(pty) = &req.pty {
+            let size = pty.core()?;
+            wire.backend
+                .resize_pty(id, req.process.core()?, size)
+                .await
+                .map_err(SandboxException::from)?;
+        }
+        Ok(json!({}))
+    })
+    .await
 }
 
 /// `EntryInfo` as envd's JSON.
@@ -620,10 +730,13 @@ async fn stat(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ConnectError> {
-    let req: PathRequest = unary(&wire, body).await?;
+    let (wire, id) = (&wire, &id);
     let user = basic_user(&headers)?;
-    let entry = fs(&wire, &id).await?.get_info(req.path).user(user).await?;
-    Ok(connect::unary_ok(json!({ "entry": entry_json(&entry) })))
+    unary_call(wire, body, |req: PathRequest| async move {
+        let entry = fs(wire, id).await?.get_info(req.path).user(user).await?;
+        Ok(json!({ "entry": entry_json(&entry) }))
+    })
+    .await
 }
 
 async fn list_dir(
@@ -632,18 +745,21 @@ async fn list_dir(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ConnectError> {
-    let req: ListDirRequest = unary(&wire, body).await?;
+    let (wire, id) = (&wire, &id);
     let user = basic_user(&headers)?;
-    // envd treats a missing or zero depth as 1.
-    let depth = req.depth.filter(|d| *d != 0).unwrap_or(1);
-    let entries = fs(&wire, &id)
-        .await?
-        .list(req.path)
-        .depth(depth)
-        .user(user)
-        .await?;
-    let entries: Vec<Value> = entries.iter().map(entry_json).collect();
-    Ok(connect::unary_ok(json!({ "entries": entries })))
+    unary_call(wire, body, |req: ListDirRequest| async move {
+        // envd treats a missing or zero depth as 1.
+        let depth = req.depth.filter(|d| *d != 0).unwrap_or(1);
+        let entries = fs(wire, id)
+            .await?
+            .list(req.path)
+            .depth(depth)
+            .user(user)
+            .await?;
+        let entries: Vec<Value> = entries.iter().map(entry_json).collect();
+        Ok(json!({ "entries": entries }))
+    })
+    .await
 }
 
 async fn make_dir(
@@ -652,17 +768,20 @@ async fn make_dir(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ConnectError> {
-    let req: PathRequest = unary(&wire, body).await?;
+    let (wire, id) = (&wire, &id);
     let user = basic_user(&headers)?;
-    let fs = fs(&wire, &id).await?;
-    if !fs.make_dir(req.path.clone()).user(user.clone()).await? {
-        return Err(ConnectError::new(
-            Code::AlreadyExists,
-            format!("directory '{}' already exists", req.path),
-        ));
-    }
-    let entry = fs.get_info(req.path).user(user).await?;
-    Ok(connect::unary_ok(json!({ "entry": entry_json(&entry) })))
+    unary_call(wire, body, |req: PathRequest| async move {
+        let fs = fs(wire, id).await?;
+        if !fs.make_dir(req.path.clone()).user(user.clone()).await? {
+            return Err(ConnectError::new(
+                Code::AlreadyExists,
+                format!("directory '{}' already exists", req.path),
+            ));
+        }
+        let entry = fs.get_info(req.path).user(user).await?;
+        Ok(json!({ "entry": entry_json(&entry) }))
+    })
+    .await
 }
 
 async fn move_entry(
@@ -671,14 +790,17 @@ async fn move_entry(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ConnectError> {
-    let req: MoveRequest = unary(&wire, body).await?;
+    let (wire, id) = (&wire, &id);
     let user = basic_user(&headers)?;
-    let entry = fs(&wire, &id)
-        .await?
-        .rename(req.source, req.destination)
-        .user(user)
-        .await?;
-    Ok(connect::unary_ok(json!({ "entry": entry_json(&entry) })))
+    unary_call(wire, body, |req: MoveRequest| async move {
+        let entry = fs(wire, id)
+            .await?
+            .rename(req.source, req.destination)
+            .user(user)
+            .await?;
+        Ok(json!({ "entry": entry_json(&entry) }))
+    })
+    .await
 }
 
 async fn remove(
@@ -687,10 +809,13 @@ async fn remove(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ConnectError> {
-    let req: PathRequest = unary(&wire, body).await?;
+    let (wire, id) = (&wire, &id);
     let user = basic_user(&headers)?;
-    fs(&wire, &id).await?.remove(req.path).user(user).await?;
-    Ok(connect::unary_ok(json!({})))
+    unary_call(wire, body, |req: PathRequest| async move {
+        fs(wire, id).await?.remove(req.path).user(user).await?;
+        Ok(json!({}))
+    })
+    .await
 }
 
 #[derive(Debug, Deserialize)]
@@ -781,10 +906,7 @@ async fn watch_dir(
             }),
         )))
     };
-    match inner.await {
-        Ok(response) => response,
-        Err(e) => connect::stream_error(e),
-    }
+    stream_call(inner).await
 }
 
 async fn create_watcher(
@@ -793,15 +915,18 @@ async fn create_watcher(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ConnectError> {
-    let req: WatchRequest = unary(&wire, body).await?;
+    let (wire, id) = (&wire, &id);
     let user = basic_user(&headers)?;
-    let ctx = context(&wire, &id).await?;
-    let stream = files::open_watch(&ctx, &req.path, req.recursive, user.as_deref()).await?;
-    let watcher_id = wire
-        .watchers
-        .add(id, ctx, stream, req.include_entry)
-        .map_err(|why| ConnectError::new(Code::ResourceExhausted, why))?;
-    Ok(connect::unary_ok(json!({ "watcherId": watcher_id })))
+    unary_call(wire, body, |req: WatchRequest| async move {
+        let ctx = context(wire, id).await?;
+        let stream = files::open_watch(&ctx, &req.path, req.recursive, user.as_deref()).await?;
+        let watcher_id = wire
+            .watchers
+            .add(id.clone(), ctx, stream, req.include_entry)
+            .map_err(|why| ConnectError::new(Code::ResourceExhausted, why))?;
+        Ok(json!({ "watcherId": watcher_id }))
+    })
+    .await
 }
 
 #[derive(Debug, Deserialize)]
@@ -815,10 +940,13 @@ async fn get_watcher_events(
     Extension(SandboxId(id)): Extension<SandboxId>,
     body: Body,
 ) -> Result<Response, ConnectError> {
-    let req: WatcherRequest = unary(&wire, body).await?;
-    let events = wire.watchers.take(&id, &req.watcher_id)?;
-    let events: Vec<Value> = events.iter().map(fs_event_json).collect();
-    Ok(connect::unary_ok(json!({ "events": events })))
+    let (wire, id) = (&wire, &id);
+    unary_call(wire, body, |req: WatcherRequest| async move {
+        let events = wire.watchers.take(id, &req.watcher_id)?;
+        let events: Vec<Value> = events.iter().map(fs_event_json).collect();
+        Ok(json!({ "events": events }))
+    })
+    .await
 }
 
 async fn remove_watcher(
@@ -826,9 +954,12 @@ async fn remove_watcher(
     Extension(SandboxId(id)): Extension<SandboxId>,
     body: Body,
 ) -> Result<Response, ConnectError> {
-    let req: WatcherRequest = unary(&wire, body).await?;
-    wire.watchers.remove(&id, &req.watcher_id)?;
-    Ok(connect::unary_ok(json!({})))
+    let (wire, id) = (&wire, &id);
+    unary_call(wire, body, |req: WatcherRequest| async move {
+        wire.watchers.remove(id, &req.watcher_id)?;
+        Ok(json!({}))
+    })
+    .await
 }
 
 /// An error of the REST routes (`/files`, `/health`): `{"code": <status>, "message"}`.
@@ -910,14 +1041,19 @@ async fn upload_inner(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Vec<files::WriteInfo>, ConnectError> {
-    if let Some(encoding) = headers.get(header::CONTENT_ENCODING) {
-        if encoding.as_bytes() != b"identity" {
+    let gzipped = match headers.get(header::CONTENT_ENCODING).map(|v| v.as_bytes()) {
+        None | Some(b"identity") => false,
+        Some(b"gzip") | Some(b"x-gzip") => true,
+        Some(other) => {
             return Err(ConnectError::new(
                 Code::InvalidArgument,
-                "compressed uploads (gzip=True) are not supported by Sandcove; write without gzip",
-            ));
+                format!(
+                    "unknown Content-Encoding '{}': send gzip or identity",
+                    String::from_utf8_lossy(other)
+                ),
+            ))
         }
-    }
+    };
     if headers
         .keys()
         .any(|k| k.as_str().starts_with("x-metadata-"))
@@ -937,7 +1073,7 @@ async fn upload_inner(
         };
         let limit = wire.config.max_upload_bytes;
         let mut seen = 0u64;
-        let stream = body.into_data_stream().map(move |chunk| {
+        let raw = body.into_data_stream().map(move |chunk| {
             let chunk = chunk.map_err(|e| sandcove::Error::invalid(format!("upload: {e}")))?;
             seen += chunk.len() as u64;
             if seen > limit {
@@ -947,7 +1083,12 @@ async fn upload_inner(
             }
             Ok(chunk.to_vec())
         });
-        let written = files::write_stream(&ctx, &path, Box::pin(stream), user).await?;
+        let stream: sandcove::ByteStream = if gzipped {
+            Box::pin(gunzip_stream(raw, limit))
+        } else {
+            Box::pin(raw)
+        };
+        let written = files::write_stream(&ctx, &path, stream, user).await?;
         return Ok(vec![written]);
     }
     let Some(boundary) = multipart_boundary(&content_type) else {
@@ -956,7 +1097,15 @@ async fn upload_inner(
             "uploads must be multipart/form-data or application/octet-stream",
         ));
     };
-    let bytes = read_body(body, wire.config.max_multipart_bytes).await?;
+    let mut bytes = read_body(body, wire.config.max_multipart_bytes).await?;
+    if gzipped {
+        let limit = wire.config.max_multipart_bytes as u64;
+        // Decoding up to the multipart cap is CPU work: off the event loop.
+        bytes = tokio::task::spawn_blocking(move || super::gzip::gunzip_all(&bytes, limit))
+            .await
+            .map_err(|e| ConnectError::new(Code::Internal, format!("decoding the upload: {e}")))?
+            .map_err(|why| ConnectError::new(Code::InvalidArgument, why))?;
+    }
     let parts = parse_multipart(&bytes, &boundary)?;
     if parts.is_empty() {
         return Err(ConnectError::new(
@@ -982,6 +1131,30 @@ async fn upload_inner(
         out.push(files::write_stream(&ctx, &path, stream, user).await?);
     }
     Ok(out)
+}
+
+/// `raw` (gzip bytes) decoded as it arrives, at most `limit` decoded bytes; a stream cut
+/// short or malformed ends with an error, so nothing partial is kept.
+fn gunzip_stream(
+    raw: impl futures::Stream<Item = sandcove::Result<Vec<u8>>> + Send + 'static,
+    limit: u64,
+) -> impl futures::Stream<Item = sandcove::Result<Vec<u8>>> + Send + 'static {
+    let state = (Box::pin(raw), Some(super::gzip::Gunzip::new(limit)));
+    futures::stream::unfold(state, |(mut raw, decoder)| async move {
+        let mut decoder = decoder?;
+        let decoded = match raw.next().await {
+            Some(Ok(chunk)) => decoder.push(&chunk),
+            Some(Err(e)) => return Some((Err(e), (raw, None))),
+            None => {
+                let last = decoder.finish().map_err(sandcove::Error::invalid);
+                return Some((last, (raw, None)));
+            }
+        };
+        match decoded {
+            Ok(bytes) => Some((Ok(bytes), (raw, Some(decoder)))),
+            Err(why) => Some((Err(sandcove::Error::invalid(why)), (raw, None))),
+        }
+    })
 }
 
 /// The boundary of a `multipart/form-data` content type.

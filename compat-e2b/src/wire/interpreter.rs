@@ -82,9 +82,10 @@ fn status_of(e: &SandboxException) -> StatusCode {
         SandboxException::SandboxNotFound { .. } | SandboxException::Timeout { .. } => {
             StatusCode::BAD_GATEWAY
         }
-        SandboxException::InvalidArgument { .. }
-        | SandboxException::NotSupported { .. }
-        | SandboxException::Template { .. } => StatusCode::BAD_REQUEST,
+        SandboxException::InvalidArgument { .. } | SandboxException::Template { .. } => {
+            StatusCode::BAD_REQUEST
+        }
+        SandboxException::NotSupported { .. } => StatusCode::NOT_IMPLEMENTED,
         SandboxException::Authentication { .. } => StatusCode::UNAUTHORIZED,
         SandboxException::RateLimit { .. } | SandboxException::NotEnoughSpace { .. } => {
             StatusCode::TOO_MANY_REQUESTS
@@ -94,7 +95,33 @@ fn status_of(e: &SandboxException) -> StatusCode {
 }
 
 fn exception(e: SandboxException) -> Response {
+    if e.is_not_supported() {
+        return refusal(&e.to_string());
+    }
     text_error(status_of(&e), e.to_string())
+}
+
+/// A refusal: `501` with the message (naming the alternative) as the body and as the reason
+/// phrase. The JS SDK's error shows only `"<status> <reason>"`; the Python SDK's shows
+/// `"<status> <reason>: <body>"` with the standard reason (httpx does not read the wire's).
+fn refusal(message: &str) -> Response {
+    // A reason phrase is visible ASCII and spaces (RFC 9112), kept short.
+    let phrase: String = message
+        .chars()
+        .map(|c| {
+            if c == ' ' || c.is_ascii_graphic() {
+                c
+            } else {
+                '?'
+            }
+        })
+        .take(400)
+        .collect();
+    let mut response = text_error(StatusCode::NOT_IMPLEMENTED, message);
+    if let Ok(reason) = hyper::ext::ReasonPhrase::try_from(phrase.into_bytes()) {
+        response.extensions_mut().insert(reason);
+    }
+    response
 }
 
 /// envd's resolution of the sandbox, with its errors as this server's statuses.
@@ -393,20 +420,28 @@ async fn create_context(
     }
 }
 
+/// Run `call` on the sandbox's code interpreter: its answer, or its error as this server's
+/// status (the sandbox being gone included).
+async fn on_sandbox<F, Fut>(wire: &Wire, id: &str, call: F) -> Response
+where
+    F: FnOnce(ci::Sandbox) -> Fut,
+    Fut: std::future::Future<Output = Result<Response, SandboxException>>,
+{
+    match sandbox(wire, id).await {
+        Ok(sandbox) => call(sandbox).await.unwrap_or_else(exception),
+        Err(response) => response,
+    }
+}
+
 async fn list_contexts(
     State(wire): State<Wire>,
     Extension(SandboxId(id)): Extension<SandboxId>,
 ) -> Response {
-    let sandbox = match sandbox(&wire, &id).await {
-        Ok(s) => s,
-        Err(response) => return response,
-    };
-    match sandbox.list_code_contexts().await {
-        Ok(list) => {
-            axum::Json(Value::Array(list.iter().map(context_json).collect())).into_response()
-        }
-        Err(e) => exception(e),
-    }
+    on_sandbox(&wire, &id, |sandbox| async move {
+        let list = sandbox.list_code_contexts().await?;
+        Ok(axum::Json(Value::Array(list.iter().map(context_json).collect())).into_response())
+    })
+    .await
 }
 
 async fn remove_context(
@@ -414,14 +449,11 @@ async fn remove_context(
     Extension(SandboxId(id)): Extension<SandboxId>,
     Path(context): Path<String>,
 ) -> Response {
-    let sandbox = match sandbox(&wire, &id).await {
-        Ok(s) => s,
-        Err(response) => return response,
-    };
-    match sandbox.remove_code_context(context).await {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => exception(e),
-    }
+    on_sandbox(&wire, &id, |sandbox| async move {
+        sandbox.remove_code_context(context).await?;
+        Ok(StatusCode::NO_CONTENT.into_response())
+    })
+    .await
 }
 
 async fn restart_context(
@@ -429,24 +461,21 @@ async fn restart_context(
     Extension(SandboxId(id)): Extension<SandboxId>,
     Path(context): Path<String>,
 ) -> Response {
-    let sandbox = match sandbox(&wire, &id).await {
-        Ok(s) => s,
-        Err(response) => return response,
-    };
-    match sandbox.restart_code_context(context).await {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => exception(e),
-    }
+    on_sandbox(&wire, &id, |sandbox| async move {
+        sandbox.restart_code_context(context).await?;
+        Ok(StatusCode::NO_CONTENT.into_response())
+    })
+    .await
 }
 
 async fn health(
     State(wire): State<Wire>,
     Extension(SandboxId(id)): Extension<SandboxId>,
 ) -> Response {
-    match sandbox(&wire, &id).await {
-        Ok(_) => axum::Json(json!({"status": "ok"})).into_response(),
-        Err(response) => response,
-    }
+    on_sandbox(&wire, &id, |_| async {
+        Ok(axum::Json(json!({"status": "ok"})).into_response())
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -33,7 +33,9 @@
 pub mod connect;
 pub mod control;
 pub mod envd;
+mod gzip;
 mod interpreter;
+mod ports;
 mod watchers;
 
 use std::sync::Arc;
@@ -47,13 +49,17 @@ use axum::Router;
 use sandcove::Backend;
 use tower::ServiceExt;
 
+use crate::errors::SandboxException;
+
 /// The envd port E2B's SDKs name in `E2b-Sandbox-Port`.
 pub const ENVD_PORT: &str = "49983";
 /// The code interpreter's port.
 pub const CODE_INTERPRETER_PORT: &str = "49999";
-/// The envd version advertised: the highest whose SDK-gated features are implemented
-/// (stdin, default user, `close_stdin`, octet-stream uploads; not file metadata, 0.6.2).
-pub const WIRE_ENVD_VERSION: &str = "0.5.7";
+/// The envd version advertised: the highest whose SDK-gated features are served (stdin,
+/// default user, `close_stdin`, octet-stream uploads, the watch's `entry` and network-mounts
+/// flag). File metadata (0.6.2) then reaches the server, which refuses it (`file_metadata`)
+/// before writing anything, instead of the SDK raising a version error.
+pub const WIRE_ENVD_VERSION: &str = "0.6.4";
 
 /// Settings of the E2B listener.
 #[derive(Clone)]
@@ -193,32 +199,42 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
 
 async fn not_found(request: Request) -> Response {
     let path = request.uri().path();
-    // A 404 under a sandbox's path would read as "sandbox not found" to the SDK: E2B calls
-    // Sandcove does not serve over the wire yet say so instead.
-    let known = [
-        "/sandboxes",
-        "/v2/sandboxes",
-        "/snapshots",
-        "/templates",
-        "/volumes",
-        "/secrets",
-    ]
-    .iter()
-    .any(|p| path == *p || path.starts_with(&format!("{p}/")));
-    let status = if known {
-        StatusCode::NOT_IMPLEMENTED
-    } else {
-        StatusCode::NOT_FOUND
-    };
+    if let Some(gap) = unserved_gap(request.method(), path) {
+        return control::exception_response(gap);
+    }
     control::api_error(
-        status,
+        StatusCode::NOT_FOUND,
         format!(
-            "{} {path} is not served over E2B's wire protocol by Sandcove yet (snapshots, \
-             fork, templates, volumes, secrets, logs and network updates are not); the Rust \
-             facade compat-e2b and sandcove's native API have snapshots and fork",
-            request.method(),
+            "{} {path} is not an endpoint of E2B's API",
+            request.method()
         ),
     )
+}
+
+/// The refusal for a control-plane call the pinned SDKs can make and Sandcove does not serve
+/// over the wire, so the SDK raises its own `SandboxException` naming the alternative (a bare
+/// 404 under a sandbox's path would read as "sandbox not found"). The texts are the facade's
+/// gaps: one table decides.
+fn unserved_gap(method: &axum::http::Method, path: &str) -> Option<SandboxException> {
+    use crate::gaps::refuse;
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let refusal = match segments.as_slice() {
+        ["sandboxes", _, "snapshots"] | ["snapshots", ..] => refuse("wire_snapshots"),
+        // `Sandbox.delete_snapshot(id)` deletes the snapshot's template.
+        ["templates", _] if method == axum::http::Method::DELETE => refuse("wire_snapshots"),
+        ["sandboxes", _, "fork"] => refuse("wire_fork"),
+        ["sandboxes", _, "logs"] | ["v2", "sandboxes", _, "logs"] => refuse("sandbox_logs"),
+        ["sandboxes", _, "refreshes"] => refuse("refreshes"),
+        ["sandboxes", _, "network"] => refuse("update_network"),
+        ["volumes", ..] => refuse("volume_api"),
+        ["secrets", ..] => refuse("secrets"),
+        ["templates", ..]
+        | ["v2", "templates", ..]
+        | ["v3", "templates", ..]
+        | ["default-templates", ..] => refuse("template_build"),
+        _ => return None,
+    };
+    Some(refusal)
 }
 
 /// Whether a path belongs to envd rather than the control plane.
@@ -247,9 +263,28 @@ async fn authenticate(
     next: Next,
 ) -> Response {
     let headers = request.headers();
-    let sandbox = header_str(headers, "e2b-sandbox-id").map(str::to_string);
+    let mut sandbox = header_str(headers, "e2b-sandbox-id").map(str::to_string);
+    // `get_host(port)`: `Host: {port}-{id}.{domain}` goes to that port in the sandbox.
+    if sandbox.is_none() {
+        if let Some((port, id)) = header_str(headers, "host").and_then(ports::host_target) {
+            return ports::forward(&wire, port, &id, request).await;
+        }
+    }
+    if sandbox.is_none() && request.uri().path() == "/files" {
+        // A URL from `download_url`/`upload_url`: no headers, a signature in the query.
+        let (method, uri) = (request.method().clone(), request.uri().clone());
+        match signed_file_url(&wire, &method, &uri).await {
+            Ok(Some(id)) => {
+                request.extensions_mut().insert(SandboxId(id));
+                return next.run(request).await;
+            }
+            Ok(None) => {}
+            Err(e) => return e.into_response(),
+        }
+    }
+    let headers = request.headers();
     if sandbox.is_some() || is_envd_path(request.uri().path()) {
-        let Some(id) = sandbox else {
+        let Some(id) = sandbox.take() else {
             return connect::ConnectError::new(
                 connect::Code::Unauthenticated,
                 "missing E2b-Sandbox-Id header",
@@ -308,6 +343,91 @@ async fn authenticate(
     next.run(request).await
 }
 
+/// The query of a signed `/files` URL, as E2B's SDKs build it.
+#[derive(Debug, serde::Deserialize)]
+struct SignedQuery {
+    path: Option<String>,
+    username: Option<String>,
+    signature: Option<String>,
+    signature_expiration: Option<String>,
+}
+
+/// E2B's v1 file-URL signature: `v1_` + unpadded base64 of
+/// SHA-256(`path:operation:user:envdAccessToken[:expiration]`).
+fn file_signature(
+    path: &str,
+    operation: &str,
+    user: &str,
+    token: &str,
+    expiration: Option<&str>,
+) -> String {
+    use base64::Engine as _;
+    let mut raw = format!("{path}:{operation}:{user}:{token}");
+    if let Some(e) = expiration {
+        raw.push(':');
+        raw.push_str(e);
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, raw.as_bytes());
+    format!(
+        "v1_{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest.as_ref())
+    )
+}
+
+/// The sandbox a signed `/files` URL (`download_url`, `upload_url`) was made for: the one
+/// whose envd token gives the URL's signature for this path, operation (`GET` reads, `POST`
+/// writes) and user, not expired. `None` when the URL carries no signature (the request is
+/// then judged by its headers); an error when it carries one that matches no sandbox.
+async fn signed_file_url(
+    wire: &Wire,
+    method: &axum::http::Method,
+    uri: &axum::http::Uri,
+) -> Result<Option<String>, connect::ConnectError> {
+    let Ok(axum::extract::Query(q)) = axum::extract::Query::<SignedQuery>::try_from_uri(uri) else {
+        return Ok(None);
+    };
+    let Some(signature) = q.signature else {
+        return Ok(None);
+    };
+    let refused = || {
+        connect::ConnectError::new(
+            connect::Code::Unauthenticated,
+            "invalid or expired file URL signature",
+        )
+    };
+    let operation = match *method {
+        axum::http::Method::GET => "read",
+        axum::http::Method::POST => "write",
+        _ => return Err(refused()),
+    };
+    if let Some(expiration) = &q.signature_expiration {
+        let at: u64 = expiration.parse().map_err(|_| refused())?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(u64::MAX);
+        if now > at {
+            return Err(refused());
+        }
+    }
+    let path = q.path.unwrap_or_default();
+    let user = q.username.unwrap_or_default();
+    let sandboxes = wire.backend.list(Default::default()).await?;
+    for info in sandboxes {
+        let expected = file_signature(
+            &path,
+            operation,
+            &user,
+            &wire.envd_token(&info.id),
+            q.signature_expiration.as_deref(),
+        );
+        if constant_time_eq(expected.as_bytes(), signature.as_bytes()) {
+            return Ok(Some(info.id));
+        }
+    }
+    Err(refused())
+}
+
 /// Read a request body whole, at most `limit` bytes; beyond that the request is refused
 /// before the rest is read.
 pub(crate) async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, BodyError> {
@@ -354,6 +474,24 @@ mod tests {
 
     fn key(k: &str) -> ring::hmac::Key {
         ring::hmac::Key::new(ring::hmac::HMAC_SHA256, k.as_bytes())
+    }
+
+    #[test]
+    fn file_signatures_are_e2bs_v1() {
+        // From the Python SDK 2.63.0's `get_signature("/home/user/a.txt", "read", None,
+        // "tok")`: sha256 of "/home/user/a.txt:read::tok", base64 without padding.
+        assert_eq!(
+            file_signature("/home/user/a.txt", "read", "", "tok", None),
+            "v1_Zkbb3914oLJLvMBzCAHQhm2ydBLxbSx2eQUR/kLdvIY"
+        );
+        assert_ne!(
+            file_signature("/home/user/a.txt", "write", "", "tok", None),
+            file_signature("/home/user/a.txt", "read", "", "tok", None)
+        );
+        assert_ne!(
+            file_signature("/a", "read", "", "tok", Some("1")),
+            file_signature("/a", "read", "", "tok", Some("2"))
+        );
     }
 
     #[test]

@@ -1,0 +1,402 @@
+//! Daytona's wire protocol from a Rust client: the strict DTOs' JSON types, Daytona's error
+//! shapes, refusals before any effect, bounded uploads and downloads. The router runs in
+//! this process over the embedded engine with a private state directory.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandcove::server::{serve_router, ConnectionLimits};
+use sandcove::{Backend, LocalBackend};
+use sandcove_tests::PrivateState;
+use serde_json::{json, Value};
+
+const KEY: &str = "daytona-wire-key";
+
+struct Env {
+    url: String,
+    http: reqwest::Client,
+    backend: Arc<LocalBackend>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    state: Option<PrivateState>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        // The state's cleanup runs its own runtime: not on this runtime's thread.
+        let state = self.state.take();
+        let _ = std::thread::spawn(move || drop(state)).join();
+    }
+}
+
+async fn env_with(max_upload_bytes: usize) -> Env {
+    let state = PrivateState::new();
+    let backend = Arc::new(LocalBackend::with_state_dir(&state.dir).expect("engine"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let mut config = daytona::wire::WireConfig::new(KEY, url.clone());
+    config.max_upload_bytes = max_upload_bytes;
+    let app = daytona::wire::router(backend.clone(), config);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let limits = ConnectionLimits {
+        max_connections: 64,
+        head_timeout: Duration::from_secs(10),
+        shutdown_grace: Duration::from_secs(1),
+        tls: None,
+    };
+    tokio::spawn(serve_router(listener, app, limits, async move {
+        let _ = stopped.await;
+    }));
+    Env {
+        url,
+        http: reqwest::Client::new(),
+        backend,
+        stop: Some(stop),
+        state: Some(state),
+    }
+}
+
+async fn env() -> Env {
+    env_with(64 * 1024 * 1024).await
+}
+
+impl Env {
+    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", self.url))
+            .bearer_auth(KEY);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn create(&self) -> Value {
+        let (status, sb) = self
+            .call(
+                "POST",
+                "/api/sandbox",
+                Some(json!({"env": {"A": "1"}, "labels": {"code-toolbox-language": "python", "k": "v"}, "volumes": []})),
+            )
+            .await;
+        assert_eq!(status, 200, "{sb}");
+        sb
+    }
+
+    async fn sandbox_count(&self) -> usize {
+        self.backend.list(Default::default()).await.unwrap().len()
+    }
+}
+
+/// Daytona's 23 state values: anything else fails the SDK's enum validation.
+const STATES: &[&str] = &[
+    "creating",
+    "restoring",
+    "destroyed",
+    "destroying",
+    "started",
+    "stopped",
+    "starting",
+    "stopping",
+    "error",
+    "build_failed",
+    "pending_build",
+    "building_snapshot",
+    "unknown",
+    "pulling_snapshot",
+    "archived",
+    "archiving",
+    "resizing",
+    "snapshotting",
+    "forking",
+    "pausing",
+    "paused",
+    "resuming",
+];
+
+/// The fields the SDK's strict `Sandbox` model requires, with their JSON types.
+fn assert_strict_sandbox(sb: &Value, toolbox: &str) {
+    for key in [
+        "id",
+        "organizationId",
+        "name",
+        "user",
+        "target",
+        "toolboxProxyUrl",
+    ] {
+        assert!(sb[key].is_string(), "{key} must be a string: {sb}");
+    }
+    for key in ["env", "labels"] {
+        let map = sb[key].as_object().unwrap_or_else(|| panic!("{key}: {sb}"));
+        assert!(map.values().all(Value::is_string), "{key} of strings: {sb}");
+    }
+    for key in ["public", "networkBlockAll", "kvm"] {
+        assert!(sb[key].is_boolean(), "{key} must be a boolean: {sb}");
+    }
+    for key in ["cpu", "gpu", "memory", "disk"] {
+        assert!(
+            sb[key].is_i64(),
+            "{key} must be a JSON integer (StrictInt): {sb}"
+        );
+    }
+    let state = sb["state"].as_str().expect("state");
+    assert!(STATES.contains(&state), "state {state} is not Daytona's");
+    assert_eq!(sb["toolboxProxyUrl"], toolbox, "absolute, on this listener");
+}
+
+#[tokio::test]
+async fn sandbox_answers_are_strict_dtos_with_exact_json_types() {
+    let env = env().await;
+    let toolbox = format!("{}/toolbox", env.url);
+    let sb = env.create().await;
+    assert_strict_sandbox(&sb, &toolbox);
+    assert_eq!(
+        sb["state"], "started",
+        "create answers once the sandbox runs"
+    );
+    assert_eq!(sb["env"]["A"], "1");
+    assert_eq!(sb["labels"]["k"], "v");
+    let id = sb["id"].as_str().unwrap();
+    let (status, got) = env.call("GET", &format!("/api/sandbox/{id}"), None).await;
+    assert_eq!(status, 200);
+    assert_strict_sandbox(&got, &toolbox);
+    let (status, page) = env
+        .call("GET", "/api/sandbox?labels=%7B%22k%22%3A%22v%22%7D", None)
+        .await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["items"].as_array().unwrap().len(), 1);
+    assert_strict_sandbox(&page["items"][0], &toolbox);
+    assert!(page["nextCursor"].is_null());
+    // Pages: a cursor walks every sandbox once, the last page has no next cursor.
+    let others = [env.create().await, env.create().await];
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            None => "/api/sandbox?limit=2".to_string(),
+            Some(c) => format!("/api/sandbox?limit=2&cursor={c}"),
+        };
+        let (status, page) = env.call("GET", &path, None).await;
+        assert_eq!(status, 200, "{page}");
+        let items = page["items"].as_array().unwrap();
+        assert!(items.len() <= 2);
+        seen.extend(items.iter().map(|s| s["id"].as_str().unwrap().to_string()));
+        match page["nextCursor"].as_str() {
+            Some(next) => cursor = Some(next.to_string()),
+            None => break,
+        }
+    }
+    seen.sort();
+    let mut all: Vec<String> = [&sb, &others[0], &others[1]]
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect();
+    all.sort();
+    assert_eq!(seen, all);
+    let (status, stopped) = env
+        .call("POST", &format!("/api/sandbox/{id}/stop"), None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(stopped["state"], "stopped");
+    let (status, gone) = env
+        .call("DELETE", &format!("/api/sandbox/{id}"), None)
+        .await;
+    assert_eq!(status, 200, "delete answers 200 with the sandbox");
+    assert_strict_sandbox(&gone, &toolbox);
+    assert_eq!(gone["state"], "destroyed");
+}
+
+#[tokio::test]
+async fn errors_have_daytonas_shape_and_status() {
+    let env = env().await;
+    for (method, path) in [
+        ("GET", "/api/sandbox/no-such-sandbox"),
+        ("DELETE", "/api/sandbox/no-such-sandbox"),
+        ("POST", "/toolbox/no-such-sandbox/process/execute"),
+    ] {
+        let (status, body) = env
+            .call(method, path, Some(json!({"command": "true"})))
+            .await;
+        assert_eq!(status, 404, "{method} {path}: {body}");
+        assert_eq!(body["statusCode"], 404);
+        assert_eq!(body["error"], "Not Found");
+        assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    let sb = env.create().await;
+    let id = sb["id"].as_str().unwrap();
+    let (status, body) = env
+        .call(
+            "POST",
+            &format!("/toolbox/{id}/process/execute"),
+            Some(json!({"command": "sleep 5", "timeout": 1})),
+        )
+        .await;
+    assert_eq!(status, 408, "a timeout is 408: {body}");
+    assert_eq!(body["statusCode"], 408);
+    let (status, body) = env
+        .call(
+            "POST",
+            &format!("/toolbox/{id}/process/execute"),
+            Some(json!({"command": "exit 7"})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(body["exitCode"], 7);
+    // What this listener does not serve is said so, not reported as a missing sandbox: a
+    // documented gap as the facade's refusal (400, its alternative), anything else as 501.
+    for (method, path, wanted) in [
+        ("POST", format!("/api/sandbox/{id}/resize"), 400),
+        ("POST", format!("/toolbox/{id}/lsp/start"), 400),
+        ("POST", format!("/toolbox/{id}/process/pty"), 400),
+        ("GET", format!("/toolbox/{id}/git/history"), 501),
+    ] {
+        let (status, body) = env.call(method, &path, Some(json!({}))).await;
+        assert_eq!(status, wanted, "{method} {path}: {body}");
+        assert!(
+            body["message"].as_str().unwrap().contains("instead"),
+            "{body}"
+        );
+    }
+    // A JSON body past the limit is refused before it is parsed.
+    let big = "x".repeat(2 * 1024 * 1024);
+    let (status, body) = env
+        .call(
+            "POST",
+            &format!("/toolbox/{id}/process/execute"),
+            Some(json!({"command": big})),
+        )
+        .await;
+    assert_eq!(status, 413, "{body}");
+}
+
+/// Options this runtime cannot honour, and options it does not know, are refused before any
+/// sandbox exists.
+#[tokio::test]
+async fn unknown_and_unsupported_create_options_are_refused_before_any_effect() {
+    let env = env().await;
+    for body in [
+        json!({"kvm": true}),
+        json!({"someFutureOption": 1}),
+        json!({"buildInfo": {"dockerfileContent": "FROM python:3.12"}}),
+        json!({"gpu": 1}),
+        json!({"networkAllowList": "10.0.0.0/8"}),
+        json!({"cpu": 64}),
+    ] {
+        let (status, answer) = env.call("POST", "/api/sandbox", Some(body.clone())).await;
+        assert_eq!(status, 400, "{body} -> {answer}");
+        assert_eq!(answer["statusCode"], 400);
+    }
+    let (_, answer) = env
+        .call("POST", "/api/sandbox", Some(json!({"kvm": true})))
+        .await;
+    assert!(
+        answer["message"].as_str().unwrap().contains("instead"),
+        "a gap names its alternative: {answer}"
+    );
+    assert_eq!(env.sandbox_count().await, 0, "nothing was created");
+}
+
+fn multipart(boundary: &str, parts: &[(&str, Option<&str>, &[u8])]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, filename, data) in parts {
+        let filename = filename
+            .map(|f| format!("; filename=\"{f}\""))
+            .unwrap_or_default();
+        out.extend_from_slice(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"{filename}\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        out.extend_from_slice(data);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    out
+}
+
+/// An upload larger than the listener's limit is refused before anything is written, and a
+/// download never holds more than that limit in memory: a bigger file (here one sandbox
+/// code wrote) comes back as an error part, not as its bytes.
+#[tokio::test]
+async fn uploads_and_downloads_are_bounded_by_the_listener_limit() {
+    let env = env_with(1000).await;
+    let sb = env.create().await;
+    let id = sb["id"].as_str().unwrap();
+    let upload = |body: Vec<u8>| {
+        env.http
+            .post(format!("{}/toolbox/{id}/files/bulk-upload", env.url))
+            .bearer_auth(KEY)
+            .header("content-type", "multipart/form-data; boundary=BB")
+            .body(body)
+            .send()
+    };
+    let big = vec![b'x'; 2000];
+    let r = upload(multipart(
+        "BB",
+        &[
+            ("files[0].path", None, b"big.txt"),
+            ("files[0].file", Some("big.txt"), &big),
+        ],
+    ))
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let r = upload(multipart(
+        "BB",
+        &[
+            ("files[0].path", None, b"small.txt"),
+            ("files[0].file", Some("small.txt"), b"tiny"),
+        ],
+    ))
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let (status, listing) = env
+        .call("GET", &format!("/toolbox/{id}/files?path=."), None)
+        .await;
+    assert_eq!(status, 200);
+    let names: Vec<&str> = listing
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["small.txt"], "the refused upload wrote nothing");
+    // Sandbox code makes a file past the limit.
+    let (status, _) = env
+        .call(
+            "POST",
+            &format!("/toolbox/{id}/process/execute"),
+            Some(json!({"command": "head -c 5000 /dev/zero > grown.bin"})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let r = env
+        .http
+        .post(format!("{}/toolbox/{id}/files/bulk-download", env.url))
+        .bearer_auth(KEY)
+        .json(&json!({"paths": ["small.txt", "grown.bin"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let body = r.bytes().await.unwrap();
+    assert!(body.len() < 1000, "{} bytes came back", body.len());
+    let text = String::from_utf8_lossy(&body);
+    assert!(
+        text.contains("name=\"file\"; filename=\"small.txt\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("name=\"error\"; filename=\"grown.bin\""),
+        "{text}"
+    );
+}

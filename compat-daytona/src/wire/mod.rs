@@ -1,0 +1,417 @@
+//! Daytona's wire protocol, so Daytona's official SDKs (Python `daytona`, TypeScript
+//! `@daytonaio/sdk`) run unchanged against Sandcove: `sandcove serve --daytona ADDR` serves
+//! [`router`] there, and the SDK is pointed at it with `DAYTONA_API_URL=http://ADDR/api`.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`api`] | the control plane under `/api` (`/api/sandbox…`): REST + JSON |
+//! | [`toolbox`] | the in-sandbox API under `/toolbox/{id}/…` (process, files) |
+//!
+//! One listener serves both planes: every sandbox answer carries `toolboxProxyUrl` =
+//! `{base_url}/toolbox`, absolute on this same listener, and the SDK sends every toolbox
+//! call to `{toolboxProxyUrl}/{sandboxId}/…`. The SDK's Socket.IO endpoint
+//! (`/api/socket.io/`) answers 404: the SDK then polls `GET /api/sandbox/{id}`, and since
+//! every call here returns only once the engine has finished (a create answers `started`),
+//! the SDK never has to wait on a poll.
+//!
+//! **Authentication** happens before any handler runs: every call must carry the server's
+//! API key as `Authorization: Bearer KEY` (compared in constant time), the header the SDKs
+//! build from `DAYTONA_API_KEY`. A missing or wrong key is `401 {"statusCode":401,…}`,
+//! which the SDK raises as `DaytonaAuthenticationError`.
+//!
+//! **Translation** is the Rust facade's: each handler calls the same `Daytona` / `Sandbox`
+//! / `process` / `fs` functions a Rust program calls, and errors leave through one mapping
+//! ([`ApiError`]) from [`DaytonaError`] to Daytona's `{"statusCode","message","error"}`
+//! with the status the SDK maps to the same exception class.
+
+pub mod api;
+mod multipart;
+pub mod toolbox;
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use sandcove::{Backend, Client};
+use serde_json::json;
+
+use crate::{Daytona, DaytonaConfig, DaytonaError};
+
+/// Settings of the Daytona listener.
+#[derive(Clone)]
+pub struct WireConfig {
+    /// The server's API key: `Authorization: Bearer` must carry it.
+    pub api_key: String,
+    /// This listener's origin as clients reach it (`http://127.0.0.1:3001`): the base of
+    /// the absolute `toolboxProxyUrl` every sandbox answer carries.
+    pub base_url: String,
+    /// Largest JSON request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Largest file upload (one multipart request), in bytes: a multipart body is parsed
+    /// in memory, so it has its own cap.
+    pub max_upload_bytes: usize,
+}
+
+impl WireConfig {
+    /// Defaults: 1 MiB JSON bodies, 64 MiB uploads.
+    pub fn new(api_key: impl Into<String>, base_url: impl Into<String>) -> Self {
+        WireConfig {
+            api_key: api_key.into(),
+            base_url: base_url.into().trim_end_matches('/').to_string(),
+            max_body_bytes: 1024 * 1024,
+            max_upload_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+impl std::fmt::Debug for WireConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The API key is deliberately left out.
+        f.debug_struct("WireConfig")
+            .field("base_url", &self.base_url)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_upload_bytes", &self.max_upload_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What every handler gets.
+#[derive(Clone)]
+pub(crate) struct Wire {
+    pub client: Client,
+    pub config: Arc<WireConfig>,
+}
+
+impl Wire {
+    /// The facade, as a Rust program would hold it (no `DAYTONA_*` variables are read: the
+    /// server's own environment is not the caller's configuration).
+    pub fn daytona(&self) -> Daytona {
+        Daytona::with_client(self.client.clone(), DaytonaConfig::default())
+    }
+
+    /// The facade with the create call's `target`, which the facade reports back.
+    pub fn daytona_with_target(&self, target: Option<String>) -> Daytona {
+        let config = DaytonaConfig {
+            target,
+            ..Default::default()
+        };
+        Daytona::with_client(self.client.clone(), config)
+    }
+
+    /// `toolboxProxyUrl`: absolute, on this listener.
+    pub fn toolbox_url(&self) -> String {
+        format!("{}/toolbox", self.config.base_url)
+    }
+}
+
+/// Daytona's wire API over `backend`, ready to serve (the caller provides the listener, the
+/// connection cap and head timeouts: `sandcove::server::serve_router`).
+pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
+    let body_limit = config.max_body_bytes.max(config.max_upload_bytes);
+    let wire = Wire {
+        client: Client::new(backend),
+        config: Arc::new(config),
+    };
+    Router::new()
+        .nest("/api", api::routes())
+        .nest("/toolbox/{id}", toolbox::routes())
+        .fallback(not_found)
+        .with_state(wire.clone())
+        .layer(axum::extract::DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(wire, authenticate))
+}
+
+/// The facade's gap (see `gaps`) a Daytona path belongs to, for paths this listener does not
+/// serve: the SDK then raises its own error with the facade's alternative.
+fn gap_of_path(path: &str) -> Option<&'static str> {
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let gap = match segments.as_slice() {
+        ["api", "sandbox", _, "resize", ..] => "resize",
+        ["api", "sandbox", _, "recover", ..] => "recover",
+        ["api", "sandbox", _, "network-settings", ..] => "update_network_settings",
+        ["api", "sandbox", _, "ssh-access", ..] | ["api", "sandbox", "ssh-access", ..] => {
+            "ssh access"
+        }
+        ["api", "sandbox", _, "ports", _, "signed-preview-url", _, "expire"] => {
+            "expire_signed_preview_url"
+        }
+        ["api", "sandbox", _, "secrets", ..] | ["api", "secrets", ..] => "secrets and warm pools",
+        ["api", "warm-pools", ..] | ["api", "warm-pool", ..] => "secrets and warm pools",
+        ["api", "object-storage", ..] => "object storage",
+        ["toolbox", _, "process", "pty", ..] => "pty sessions",
+        ["toolbox", _, "process", "interpreter", ..] => "code_interpreter",
+        ["toolbox", _, "lsp", ..] => "create_lsp_server",
+        ["toolbox", _, "computeruse", ..] => "computer_use",
+        _ => return None,
+    };
+    Some(gap)
+}
+
+async fn not_found(request: Request) -> Response {
+    let path = request.uri().path();
+    if let Some(feature) = gap_of_path(path) {
+        return ApiError(crate::gaps::gap(feature)).into_response();
+    }
+    // A 404 under a Daytona path would read as "sandbox not found" to the SDK: calls this
+    // listener does not serve say so instead (501, the SDK's base `DaytonaError`).
+    if path.starts_with("/api/") || path.starts_with("/toolbox/") {
+        return error_response(
+            StatusCode::NOT_IMPLEMENTED,
+            format!(
+                "{} {path} is not served over Daytona's wire protocol by Sandcove (see \
+                 MAPPING.md); instead use process.exec (for git commands other than status, \
+                 add, commit, branches, checkout, clone, pull and push too), or sessions for \
+                 long-running and interactive programs",
+                request.method()
+            ),
+            Some("NOT_SUPPORTED"),
+        );
+    }
+    error_response(
+        StatusCode::NOT_FOUND,
+        format!("{} {path} does not exist here", request.method()),
+        None,
+    )
+}
+
+/// Constant-time equality of two byte strings (length is not secret).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The bearer token of a request, if it has one.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+async fn authenticate(State(wire): State<Wire>, request: Request, next: Next) -> Response {
+    // The SDK's event socket: there is none (the SDK falls back to polling). Answered
+    // before the key check because the SDK sends its key there in the Socket.IO handshake,
+    // not in a header; the answer reveals nothing and has no effect.
+    if request.uri().path().starts_with("/api/socket.io") {
+        return error_response(
+            StatusCode::NOT_FOUND,
+            "no event socket: Sandcove answers every call once it is done; poll the sandbox".into(),
+            None,
+        );
+    }
+    let key = bearer(request.headers()).unwrap_or("");
+    if key.is_empty() || !constant_time_eq(key.as_bytes(), wire.config.api_key.as_bytes()) {
+        let mut response = error_response(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized: the API key (DAYTONA_API_KEY, sent as Authorization: Bearer) \
+             must be the server's SANDCOVE_API_KEY"
+                .into(),
+            None,
+        );
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return response;
+    }
+    next.run(request).await
+}
+
+/// Daytona's error body: `{"statusCode", "message", "error"}` (plus `code` when known).
+pub(crate) fn error_response(status: StatusCode, message: String, code: Option<&str>) -> Response {
+    let mut body = json!({
+        "statusCode": status.as_u16(),
+        "message": message,
+        "error": status.canonical_reason().unwrap_or("Error"),
+    });
+    if let Some(code) = code {
+        body["code"] = json!(code);
+    }
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// A facade error on its way out as a Daytona error answer.
+#[derive(Debug)]
+pub struct ApiError(pub DaytonaError);
+
+impl<E: Into<DaytonaError>> From<E> for ApiError {
+    fn from(e: E) -> Self {
+        ApiError(e.into())
+    }
+}
+
+/// The one mapping from the facade's error classes to statuses: the status the SDK maps
+/// back to the same class (`DaytonaNotFoundError` ← 404, `DaytonaTimeoutError` ← 408, …).
+pub fn status_for(e: &DaytonaError) -> StatusCode {
+    if let Some(status) = e.status_code().and_then(|s| StatusCode::from_u16(s).ok()) {
+        return status;
+    }
+    match e {
+        DaytonaError::NotFound(_) => StatusCode::NOT_FOUND,
+        DaytonaError::Authentication(_) => StatusCode::UNAUTHORIZED,
+        DaytonaError::Forbidden(_) => StatusCode::FORBIDDEN,
+        DaytonaError::RateLimit(_) => StatusCode::TOO_MANY_REQUESTS,
+        DaytonaError::Conflict(_) => StatusCode::CONFLICT,
+        DaytonaError::BadRequest(_) | DaytonaError::NotSupported { .. } => StatusCode::BAD_REQUEST,
+        DaytonaError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
+        DaytonaError::Connection(_) | DaytonaError::ServiceUnavailable(_) => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The message without the facade's per-method prefix (`"Failed to get sandbox: "`): the
+/// SDK adds its own, and two would read badly.
+pub(crate) fn unprefixed(message: &str) -> &str {
+    if let Some(rest) = message.strip_prefix("Failed to ") {
+        if let Some((_, tail)) = rest.split_once(": ") {
+            return tail;
+        }
+    }
+    message
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = status_for(&self.0);
+        let code = match &self.0 {
+            DaytonaError::NotSupported { .. } => Some("NOT_SUPPORTED"),
+            other => other.code(),
+        };
+        error_response(
+            status,
+            unprefixed(&self.0.message()).to_string(),
+            code.map(|c| c.to_string()).as_deref(),
+        )
+    }
+}
+
+/// A 400 for a malformed request.
+pub(crate) fn bad_request(message: impl Into<String>) -> ApiError {
+    ApiError(DaytonaError::validation(message))
+}
+
+/// Parse a JSON body (`{}` when empty) of at most `wire`'s JSON limit (the router's own
+/// limit is the larger upload one).
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
+    wire: &Wire,
+    body: &[u8],
+) -> Result<T, ApiError> {
+    if body.len() > wire.config.max_body_bytes {
+        return Err(ApiError(DaytonaError::BadRequest(
+            crate::errors::ErrorDetails::new(
+                format!(
+                    "the request body is larger than {} bytes",
+                    wire.config.max_body_bytes
+                ),
+                Some(413),
+                Some("PAYLOAD_TOO_LARGE"),
+            ),
+        )));
+    }
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        &b"{}"[..]
+    } else {
+        body
+    };
+    serde_json::from_slice(body).map_err(|e| bad_request(format!("invalid request body: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_class_maps_to_the_status_the_sdk_maps_back() {
+        use crate::errors::ErrorDetails;
+        let d = || ErrorDetails::new("m", None, None);
+        let table: Vec<(DaytonaError, u16)> = vec![
+            (DaytonaError::NotFound(d()), 404),
+            (DaytonaError::Authentication(d()), 401),
+            (DaytonaError::Forbidden(d()), 403),
+            (DaytonaError::RateLimit(d()), 429),
+            (DaytonaError::Conflict(d()), 409),
+            (DaytonaError::BadRequest(d()), 400),
+            (DaytonaError::Timeout(d()), 408),
+            (DaytonaError::Connection(d()), 503),
+            (DaytonaError::ServiceUnavailable(d()), 503),
+            (DaytonaError::InternalServer(d()), 500),
+            (DaytonaError::Error(d()), 500),
+            (DaytonaError::not_supported("x", "y"), 400),
+            (
+                DaytonaError::Timeout(ErrorDetails::new("t", Some(408), None)),
+                408,
+            ),
+            (
+                DaytonaError::from(sandcove::Error::not_found("sandbox \"x\"")),
+                404,
+            ),
+        ];
+        for (e, status) in table {
+            assert_eq!(status_for(&e).as_u16(), status, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn paths_not_served_name_their_gap() {
+        for (path, gap) in [
+            ("/api/sandbox/abc/resize", Some("resize")),
+            ("/api/sandbox/abc/ssh-access", Some("ssh access")),
+            ("/api/sandbox/ssh-access/validate", Some("ssh access")),
+            (
+                "/api/sandbox/abc/ports/80/signed-preview-url/tok/expire",
+                Some("expire_signed_preview_url"),
+            ),
+            ("/toolbox/abc/process/pty/s1/connect", Some("pty sessions")),
+            (
+                "/toolbox/abc/process/interpreter/execute",
+                Some("code_interpreter"),
+            ),
+            ("/toolbox/abc/lsp/start", Some("create_lsp_server")),
+            ("/toolbox/abc/computeruse/start", Some("computer_use")),
+            ("/toolbox/abc/git/history", None),
+            ("/api/sandbox/abc", None),
+        ] {
+            assert_eq!(gap_of_path(path), gap, "{path}");
+            if let Some(g) = gap {
+                // Every name is in the facade's table (its message names the alternative).
+                assert!(crate::gaps::GAPS.iter().any(|x| x.feature == g), "{g}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_facade_prefix_is_dropped_once() {
+        assert_eq!(unprefixed("Failed to get sandbox: not found"), "not found");
+        assert_eq!(unprefixed("not found: x"), "not found: x");
+        assert_eq!(
+            unprefixed("Failed to execute command: a: b"),
+            "a: b",
+            "only the first prefix goes"
+        );
+    }
+
+    #[test]
+    fn bearer_tokens_are_parsed_strictly() {
+        let mut h = HeaderMap::new();
+        assert_eq!(bearer(&h), None);
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k1"));
+        assert_eq!(bearer(&h), Some("k1"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic k1"));
+        assert_eq!(bearer(&h), None);
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("k1"));
+        assert_eq!(bearer(&h), None);
+    }
+}

@@ -1,0 +1,157 @@
+//! `multipart/form-data` (RFC 7578) as the toolbox needs it: parsing an upload held in
+//! memory (bounded by the caller), and framing a download answer.
+
+/// One part of a multipart body.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Part<'a> {
+    /// The `name` of its `Content-Disposition`.
+    pub name: String,
+    /// The `filename`, when it is a file.
+    pub filename: Option<String>,
+    /// The content.
+    pub data: &'a [u8],
+}
+
+/// The boundary of a `multipart/form-data` content type.
+pub(crate) fn boundary(content_type: &str) -> Option<String> {
+    let (kind, params) = content_type.split_once(';')?;
+    if !kind.trim().eq_ignore_ascii_case("multipart/form-data") {
+        return None;
+    }
+    params.split(';').find_map(|p| {
+        let (k, v) = p.trim().split_once('=')?;
+        k.trim()
+            .eq_ignore_ascii_case("boundary")
+            .then(|| v.trim().trim_matches('"').to_string())
+            .filter(|b| !b.is_empty() && b.len() <= 70)
+    })
+}
+
+fn position(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// A `Content-Disposition` parameter value (quoted or bare).
+fn param(header: &str, key: &str) -> Option<String> {
+    header.split(';').skip(1).find_map(|p| {
+        let (k, v) = p.trim().split_once('=')?;
+        (k.trim() == key).then(|| {
+            let v = v.trim();
+            v.strip_prefix('"')
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or(v)
+                .replace("\\\"", "\"")
+        })
+    })
+}
+
+/// Every part of `body`, strictly: a body that does not follow the format (no closing
+/// delimiter, a part without headers) is an error, never a partial upload.
+pub(crate) fn parse<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<Part<'a>>, String> {
+    let delimiter = format!("--{boundary}");
+    let start = position(body, delimiter.as_bytes()).ok_or("no boundary in the body")?;
+    let mut rest = &body[start + delimiter.len()..];
+    let separator = format!("\r\n--{boundary}");
+    let mut parts = Vec::new();
+    loop {
+        if rest.starts_with(b"--") {
+            return Ok(parts);
+        }
+        rest = rest
+            .strip_prefix(b"\r\n")
+            .ok_or("a delimiter line does not end in CRLF")?;
+        let head_end = position(rest, b"\r\n\r\n").ok_or("unterminated part headers")?;
+        let head = std::str::from_utf8(&rest[..head_end]).map_err(|_| "non-UTF-8 headers")?;
+        let content = &rest[head_end + 4..];
+        let end = position(content, separator.as_bytes()).ok_or("unterminated part")?;
+        let mut name = None;
+        let mut filename = None;
+        for line in head.split("\r\n") {
+            let (k, v) = line.split_once(':').ok_or("a part header without ':'")?;
+            if k.trim().eq_ignore_ascii_case("content-disposition") {
+                name = param(v, "name");
+                filename = param(v, "filename");
+            }
+        }
+        parts.push(Part {
+            name: name.ok_or("a part without a name")?,
+            filename,
+            data: &content[..end],
+        });
+        rest = &content[end + separator.len()..];
+    }
+}
+
+/// A `filename` parameter value that cannot end the quoted string or the header line.
+fn quoted(value: &str) -> String {
+    value
+        .replace('%', "%25")
+        .replace('"', "%22")
+        .replace('\r', "%0D")
+        .replace('\n', "%0A")
+}
+
+/// Append one part to a multipart answer being built.
+pub(crate) fn push_part(
+    out: &mut Vec<u8>,
+    boundary: &str,
+    name: &str,
+    filename: &str,
+    content_type: &str,
+    data: &[u8],
+) {
+    out.extend_from_slice(
+        format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"{}\"\r\n\
+             Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
+            quoted(filename),
+            data.len()
+        )
+        .as_bytes(),
+    );
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Close a multipart answer.
+pub(crate) fn finish(out: &mut Vec<u8>, boundary: &str) {
+    out.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uploads_parse_strictly_and_answers_parse_back() {
+        let body = b"--XyZ\r\nContent-Disposition: form-data; name=\"files[0].path\"\r\n\r\n/a/b.txt\r\n--XyZ\r\nContent-Disposition: form-data; name=\"files[0].file\"; filename=\"b.txt\"\r\nContent-Type: application/octet-stream\r\n\r\nhi\r\nthere\r\n--XyZ--\r\n";
+        let parts = parse(body, "XyZ").unwrap();
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[0].name, "files[0].path");
+        assert_eq!(parts[0].data, b"/a/b.txt");
+        assert_eq!(parts[1].filename.as_deref(), Some("b.txt"));
+        assert_eq!(parts[1].data, b"hi\r\nthere");
+        assert!(parse(&body[..body.len() - 12], "XyZ").is_err(), "truncated");
+        assert!(parse(body, "other").is_err());
+        assert_eq!(
+            boundary("multipart/form-data; boundary=\"abc\"").as_deref(),
+            Some("abc")
+        );
+        assert_eq!(boundary("application/json"), None);
+
+        let mut out = Vec::new();
+        push_part(
+            &mut out,
+            "B",
+            "file",
+            "/x/\"q\".txt",
+            "application/octet-stream",
+            b"data",
+        );
+        finish(&mut out, "B");
+        let parts = parse(&out, "B").unwrap();
+        assert_eq!(parts.len(), 1);
+        assert_eq!(parts[0].filename.as_deref(), Some("/x/%22q%22.txt"));
+        assert_eq!(parts[0].data, b"data");
+    }
+}

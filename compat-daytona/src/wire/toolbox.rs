@@ -1,0 +1,919 @@
+//! Daytona's toolbox under `/toolbox/{sandboxId}/…`: what the SDK's `sandbox.process`
+//! and `sandbox.fs` send, each decided by the Rust facade's `Process` / `FileSystem`
+//! functions.
+//!
+//! `/process/execute` runs `command` through the sandbox's shell, as the pinned SDK
+//! documents ("run by the first available of zsh, bash or sh"): a literal `sh -c '…'`
+//! (older SDKs' `code_run`) works unchanged. stdout and stderr are merged into `result` in
+//! the order written; `timeout` (seconds) kills the process group and answers 408.
+//! `/process/code-run` keeps no state between calls.
+//!
+//! Files arrive and leave as multipart bodies held in memory, each bounded by the
+//! listener's upload limit; an upload only ever carries **content** (the facade's "local
+//! path" upload form is never built from a request: that path would be on the server).
+//! Sessions are the facade's: one shell per session, commands with ids, logs per stream.
+//! Git is the facade's too: the `git` binary in the sandbox, credentials passed to that one
+//! process through a credential helper, never on a command line.
+
+use std::collections::{BTreeMap, HashMap};
+
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::api::query_pairs;
+use super::{bad_request, multipart, parse_json, ApiError, Wire};
+use crate::fs::{FileInfo, FileSource, FileUpload};
+use crate::process::{CodeRunParams, ExecuteResponse, SessionExecuteRequest};
+use crate::sandbox::Sandbox;
+
+/// The toolbox's routes (nested under `/toolbox/{id}`).
+pub(crate) fn routes() -> Router<Wire> {
+    Router::new()
+        .route("/process/execute", post(execute))
+        .route("/process/code-run", post(code_run))
+        .route("/process/session", post(create_session).get(list_sessions))
+        .route(
+            "/process/session/{session}",
+            get(get_session).delete(delete_session),
+        )
+        .route("/process/session/{session}/exec", post(session_exec))
+        .route(
+            "/process/session/{session}/command/{command}",
+            get(get_command),
+        )
+        .route(
+            "/process/session/{session}/command/{command}/logs",
+            get(command_logs),
+        )
+        .route(
+            "/process/session/{session}/command/{command}/input",
+            post(command_input),
+        )
+        .route("/files", get(list_files).delete(delete_file))
+        .route("/files/info", get(file_info))
+        .route("/files/folder", post(create_folder))
+        .route("/files/move", post(move_file))
+        .route("/files/permissions", post(set_permissions))
+        .route("/files/find", get(find_in_files))
+        .route("/files/search", get(search_files))
+        .route("/files/replace", post(replace_in_files))
+        .route("/files/bulk-upload", post(bulk_upload))
+        .route("/files/bulk-download", post(bulk_download))
+        .route("/files/download", get(download))
+        .route("/git/status", get(git_status))
+        .route("/git/add", post(git_add))
+        .route("/git/commit", post(git_commit))
+        .route(
+            "/git/branches",
+            get(git_branches)
+                .post(git_create_branch)
+                .delete(git_delete_branch),
+        )
+        .route("/git/checkout", post(git_checkout))
+        .route("/git/clone", post(git_clone))
+        .route("/git/pull", post(git_pull))
+        .route("/git/push", post(git_push))
+        .route("/user-home-dir", get(user_home_dir))
+        .route("/work-dir", get(work_dir))
+}
+
+/// The sandbox a toolbox call is for.
+async fn sandbox(wire: &Wire, id: &str) -> Result<Sandbox, ApiError> {
+    Ok(wire.daytona().get(id.to_string()).await?)
+}
+
+/// `ExecuteRequest`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecuteRequest {
+    command: String,
+    cwd: Option<String>,
+    envs: Option<HashMap<String, String>>,
+    timeout: Option<i64>,
+}
+
+fn check_timeout(timeout: Option<i64>) -> Result<Option<i64>, ApiError> {
+    match timeout {
+        Some(t) if t < 0 => Err(bad_request("timeout must be a non-negative integer")),
+        other => Ok(other),
+    }
+}
+
+async fn execute(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let req: ExecuteRequest = parse_json(&wire, &body)?;
+    let timeout = check_timeout(req.timeout)?;
+    let sb = sandbox(&wire, &id).await?;
+    let response = sb
+        .process
+        .exec(req.command)
+        .cwd(req.cwd)
+        .env(req.envs.unwrap_or_default())
+        .timeout(timeout)
+        .await?;
+    Ok(Json(json!({
+        "exitCode": response.exit_code,
+        "result": response.result,
+    })))
+}
+
+/// `CodeRunRequest`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CodeRunRequest {
+    code: String,
+    language: Option<String>,
+    argv: Option<Vec<String>>,
+    envs: Option<HashMap<String, String>>,
+    timeout: Option<i64>,
+}
+
+fn code_run_body(response: &ExecuteResponse) -> Value {
+    let charts = response
+        .artifacts
+        .as_ref()
+        .and_then(|a| a.charts.clone())
+        .unwrap_or_default();
+    json!({
+        "exitCode": response.exit_code,
+        "result": response.result,
+        "artifacts": {"stdout": response.result, "charts": charts},
+    })
+}
+
+async fn code_run(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let req: CodeRunRequest = parse_json(&wire, &body)?;
+    let timeout = check_timeout(req.timeout)?;
+    let sb = sandbox(&wire, &id).await?;
+    let response = sb
+        .process
+        .code_run(req.code)
+        .params(CodeRunParams {
+            argv: req.argv,
+            env: req.envs,
+        })
+        .timeout(timeout)
+        .language(req.language)
+        .await?;
+    Ok(Json(code_run_body(&response)))
+}
+
+/// `FileInfo`.
+fn file_info_body(f: &FileInfo) -> Value {
+    json!({
+        "name": f.name,
+        "isDir": f.is_dir,
+        "size": f.size,
+        "mode": f.mode,
+        "permissions": f.permissions,
+        "owner": f.owner,
+        "group": f.group,
+        "modTime": f.mod_time,
+        "modifiedAt": f.modified_at,
+        "path": f.path,
+    })
+}
+
+/// The query parameters of a toolbox call, by name (the last of a repeated name wins).
+fn query(raw: Option<String>) -> HashMap<String, String> {
+    query_pairs(raw.as_deref().unwrap_or(""))
+        .into_iter()
+        .collect()
+}
+
+/// A required query parameter.
+fn required<'a>(q: &'a HashMap<String, String>, name: &str) -> Result<&'a str, ApiError> {
+    q.get(name)
+        .map(String::as_str)
+        .ok_or_else(|| bad_request(format!("the {name} query parameter is required")))
+}
+
+fn flag(q: &HashMap<String, String>, name: &str) -> Result<bool, ApiError> {
+    match q.get(name).map(String::as_str) {
+        None | Some("false") | Some("") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(bad_request(format!("{name}={other:?} is not a boolean"))),
+    }
+}
+
+async fn list_files(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let q = query(raw);
+    let depth = match q.get("depth") {
+        None => None,
+        Some(d) => Some(
+            d.parse::<i64>()
+                .map_err(|_| bad_request(format!("depth {d:?} is not an integer")))?,
+        ),
+    };
+    let sb = sandbox(&wire, &id).await?;
+    let path = q.get("path").cloned().unwrap_or_default();
+    let files = sb.fs.list_files(path).depth(depth).await?;
+    Ok(Json(Value::Array(
+        files.iter().map(file_info_body).collect(),
+    )))
+}
+
+async fn file_info(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let q = query(raw);
+    let path = required(&q, "path")?;
+    let sb = sandbox(&wire, &id).await?;
+    Ok(Json(file_info_body(&sb.fs.get_file_info(path).await?)))
+}
+
+async fn create_folder(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<StatusCode, ApiError> {
+    let q = query(raw);
+    let path = required(&q, "path")?;
+    let mode = q.get("mode").map(String::as_str).unwrap_or("0755");
+    let sb = sandbox(&wire, &id).await?;
+    sb.fs.create_folder(path, mode).await?;
+    Ok(StatusCode::CREATED)
+}
+
+async fn delete_file(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<StatusCode, ApiError> {
+    let q = query(raw);
+    let path = required(&q, "path")?.to_string();
+    let recursive = flag(&q, "recursive")?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.fs.delete_file(path).recursive(recursive).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn move_file(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<StatusCode, ApiError> {
+    let q = query(raw);
+    let source = required(&q, "source")?;
+    let destination = required(&q, "destination")?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.fs.move_files(source, destination).await?;
+    Ok(StatusCode::OK)
+}
+
+async fn set_permissions(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<StatusCode, ApiError> {
+    let q = query(raw);
+    let path = required(&q, "path")?.to_string();
+    let sb = sandbox(&wire, &id).await?;
+    sb.fs
+        .set_file_permissions(path)
+        .mode(q.get("mode").cloned())
+        .owner(q.get("owner").cloned())
+        .group(q.get("group").cloned())
+        .await?;
+    Ok(StatusCode::OK)
+}
+
+async fn find_in_files(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let q = query(raw);
+    let path = required(&q, "path")?;
+    let pattern = required(&q, "pattern")?;
+    let sb = sandbox(&wire, &id).await?;
+    let found = sb.fs.find_files(path, pattern).await?;
+    Ok(Json(Value::Array(
+        found
+            .iter()
+            .map(|m| json!({"file": m.file, "line": m.line, "content": m.content}))
+            .collect(),
+    )))
+}
+
+async fn search_files(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let q = query(raw);
+    let path = required(&q, "path")?;
+    let pattern = required(&q, "pattern")?;
+    let sb = sandbox(&wire, &id).await?;
+    let found = sb.fs.search_files(path, pattern).await?;
+    Ok(Json(json!({"files": found.files})))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ReplaceRequest {
+    files: Vec<String>,
+    pattern: String,
+    new_value: String,
+}
+
+async fn replace_in_files(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let req: ReplaceRequest = parse_json(&wire, &body)?;
+    let sb = sandbox(&wire, &id).await?;
+    let results = sb
+        .fs
+        .replace_in_files(req.files, &req.pattern, &req.new_value)
+        .await?;
+    Ok(Json(Value::Array(
+        results
+            .iter()
+            .map(|r| {
+                let mut v = json!({"file": r.file, "success": r.success});
+                if let Some(e) = &r.error {
+                    v["error"] = json!(e);
+                }
+                v
+            })
+            .collect(),
+    )))
+}
+
+/// `POST /files/bulk-upload`: parts `files[i].path` (the destination) and `files[i].file`
+/// (the content), paired by index, written in index order.
+async fn bulk_upload(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    if body.len() > wire.config.max_upload_bytes {
+        return Err(bad_request(format!(
+            "the upload is larger than {} bytes",
+            wire.config.max_upload_bytes
+        )));
+    }
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let boundary = multipart::boundary(content_type)
+        .ok_or_else(|| bad_request("uploads must be multipart/form-data with a boundary"))?;
+    let parts =
+        multipart::parse(&body, &boundary).map_err(|e| bad_request(format!("multipart: {e}")))?;
+    let mut paths: BTreeMap<usize, String> = BTreeMap::new();
+    let mut contents: BTreeMap<usize, Vec<u8>> = BTreeMap::new();
+    for part in parts {
+        let field = part
+            .name
+            .strip_prefix("files[")
+            .and_then(|rest| rest.split_once("]."));
+        let Some((index, which)) = field else {
+            return Err(bad_request(format!(
+                "unexpected upload part {:?}",
+                part.name
+            )));
+        };
+        let index: usize = index
+            .parse()
+            .map_err(|_| bad_request(format!("bad upload part index in {:?}", part.name)))?;
+        match which {
+            "path" => {
+                let path = String::from_utf8(part.data.to_vec())
+                    .map_err(|_| bad_request("an upload path is not UTF-8"))?;
+                paths.insert(index, path);
+            }
+            "file" => {
+                contents.insert(index, part.data.to_vec());
+            }
+            other => return Err(bad_request(format!("unexpected upload field {other:?}"))),
+        }
+    }
+    if paths.len() != contents.len() || paths.keys().ne(contents.keys()) {
+        return Err(bad_request(
+            "every files[i].file needs its files[i].path (and the other way round)",
+        ));
+    }
+    let uploaded: Vec<String> = paths.values().cloned().collect();
+    let files: Vec<FileUpload> = paths
+        .into_values()
+        .zip(contents.into_values())
+        .map(|(destination, data)| FileUpload {
+            // Content only: never a path on the server.
+            source: FileSource::Bytes(data),
+            destination,
+        })
+        .collect();
+    let sb = sandbox(&wire, &id).await?;
+    sb.fs.upload_files(files).timeout(0).await?;
+    Ok(Json(json!({
+        "files": uploaded.iter().map(|p| json!({"path": p})).collect::<Vec<_>>(),
+        "errors": [],
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DownloadRequest {
+    paths: Vec<String>,
+}
+
+/// `POST /files/bulk-download`: a multipart answer with one `file` part per path found and
+/// one `error` part (Daytona's JSON error) per path that could not be read.
+async fn bulk_download(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: DownloadRequest = parse_json(&wire, &body)?;
+    let sb = sandbox(&wire, &id).await?;
+    let boundary = format!("sandcove-{}", sandcove::random_id(24));
+    let mut out = Vec::new();
+    let mut budget = wire.config.max_upload_bytes;
+    for path in &req.paths {
+        match sb.fs.download_limited(path, budget).await {
+            Ok(data) => {
+                budget = budget.saturating_sub(data.len());
+                multipart::push_part(
+                    &mut out,
+                    &boundary,
+                    "file",
+                    path,
+                    "application/octet-stream",
+                    &data,
+                );
+            }
+            Err(e) => {
+                let status = super::status_for(&e);
+                let error = json!({
+                    "message": super::unprefixed(&e.message()),
+                    "statusCode": status.as_u16(),
+                    "code": e.code(),
+                });
+                multipart::push_part(
+                    &mut out,
+                    &boundary,
+                    "error",
+                    path,
+                    "application/json",
+                    error.to_string().as_bytes(),
+                );
+            }
+        }
+    }
+    multipart::finish(&mut out, &boundary);
+    let content_type = HeaderValue::from_str(&format!("multipart/form-data; boundary={boundary}"))
+        .map_err(|e| ApiError(crate::DaytonaError::new(e.to_string())))?;
+    Ok(([(header::CONTENT_TYPE, content_type)], out).into_response())
+}
+
+/// `GET /files/download?path=`: the bytes (older SDKs).
+async fn download(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let q = query(raw);
+    let path = required(&q, "path")?;
+    let sb = sandbox(&wire, &id).await?;
+    let data = sb
+        .fs
+        .download_limited(path, wire.config.max_upload_bytes)
+        .await?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        )],
+        data,
+    )
+        .into_response())
+}
+
+async fn user_home_dir(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let sb = sandbox(&wire, &id).await?;
+    Ok(Json(json!({"dir": sb.get_user_home_dir().await?})))
+}
+
+async fn work_dir(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let sb = sandbox(&wire, &id).await?;
+    Ok(Json(json!({"dir": sb.get_work_dir().await?})))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CreateSessionRequest {
+    session_id: String,
+}
+
+async fn create_session(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: CreateSessionRequest = parse_json(&wire, &body)?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.process.create_session(&req.session_id).await?;
+    Ok(StatusCode::CREATED)
+}
+
+fn session_body(s: &crate::process::Session) -> Value {
+    json!({
+        "sessionId": s.session_id,
+        "commands": s.commands.iter().map(command_body).collect::<Vec<_>>(),
+    })
+}
+
+fn command_body(c: &crate::process::Command) -> Value {
+    let mut v = json!({"id": c.id, "command": c.command});
+    if let Some(code) = c.exit_code {
+        v["exitCode"] = json!(code);
+    }
+    v
+}
+
+async fn list_sessions(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let sb = sandbox(&wire, &id).await?;
+    let sessions = sb.process.list_sessions().await?;
+    Ok(Json(Value::Array(
+        sessions.iter().map(session_body).collect(),
+    )))
+}
+
+async fn get_session(
+    State(wire): State<Wire>,
+    Path((id, session)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let sb = sandbox(&wire, &id).await?;
+    Ok(Json(session_body(&sb.process.get_session(&session).await?)))
+}
+
+async fn delete_session(
+    State(wire): State<Wire>,
+    Path((id, session)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let sb = sandbox(&wire, &id).await?;
+    sb.process.delete_session(&session).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SessionExecBody {
+    command: String,
+    run_async: Option<bool>,
+    #[serde(rename = "async")]
+    var_async: Option<bool>,
+    suppress_input_echo: Option<bool>,
+}
+
+async fn session_exec(
+    State(wire): State<Wire>,
+    Path((id, session)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: SessionExecBody = parse_json(&wire, &body)?;
+    let run_async = req.run_async.or(req.var_async).unwrap_or(false);
+    let sb = sandbox(&wire, &id).await?;
+    let response = sb
+        .process
+        .execute_session_command(
+            session,
+            SessionExecuteRequest {
+                command: req.command,
+                run_async: Some(run_async),
+                var_async: None,
+                suppress_input_echo: req.suppress_input_echo,
+            },
+        )
+        .await?;
+    let mut v = json!({"cmdId": response.cmd_id});
+    for (key, value) in [
+        ("output", &response.output),
+        ("stdout", &response.stdout),
+        ("stderr", &response.stderr),
+    ] {
+        if let Some(text) = value {
+            v[key] = json!(text);
+        }
+    }
+    if let Some(code) = response.exit_code {
+        v["exitCode"] = json!(code);
+    }
+    let status = if run_async {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(v)).into_response())
+}
+
+async fn get_command(
+    State(wire): State<Wire>,
+    Path((id, session, command)): Path<(String, String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let sb = sandbox(&wire, &id).await?;
+    Ok(Json(command_body(
+        &sb.process.get_session_command(&session, &command).await?,
+    )))
+}
+
+async fn command_logs(
+    State(wire): State<Wire>,
+    Path((id, session, command)): Path<(String, String, String)>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let q = query(raw);
+    if flag(&q, "follow")? {
+        // Followed logs go over a websocket, which this listener does not speak.
+        return Err(ApiError(crate::DaytonaError::not_supported(
+            "followed session command logs (get_session_command_logs_async)",
+            "poll get_session_command_logs until get_session_command reports an exit code",
+        )));
+    }
+    let sb = sandbox(&wire, &id).await?;
+    let logs = sb
+        .process
+        .get_session_command_logs(&session, &command)
+        .await?;
+    Ok(Json(json!({
+        "output": logs.output.unwrap_or_default(),
+        "stdout": logs.stdout.unwrap_or_default(),
+        "stderr": logs.stderr.unwrap_or_default(),
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InputRequest {
+    data: String,
+}
+
+async fn command_input(
+    State(wire): State<Wire>,
+    Path((id, session, command)): Path<(String, String, String)>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: InputRequest = parse_json(&wire, &body)?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.process
+        .send_session_command_input(&session, &command, &req.data)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn git_status(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let q = query(raw);
+    let path = required(&q, "path")?;
+    let sb = sandbox(&wire, &id).await?;
+    let st = sb.git.status(path).await?;
+    let mut v = json!({
+        "currentBranch": st.current_branch,
+        "detached": st.current_branch == "HEAD",
+        "fileStatus": st.file_status.iter().map(|f| json!({
+            "name": f.name,
+            "staging": f.staging,
+            "worktree": f.worktree,
+            "extra": f.extra,
+        })).collect::<Vec<_>>(),
+    });
+    if let Some(ahead) = st.ahead {
+        v["ahead"] = json!(ahead);
+    }
+    if let Some(behind) = st.behind {
+        v["behind"] = json!(behind);
+    }
+    if let Some(published) = st.branch_published {
+        v["branchPublished"] = json!(published);
+    }
+    Ok(Json(v))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GitAddRequest {
+    path: String,
+    files: Vec<String>,
+}
+
+async fn git_add(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: GitAddRequest = parse_json(&wire, &body)?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.git.add(&req.path, req.files).await?;
+    Ok(StatusCode::OK)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GitCommitRequest {
+    path: String,
+    message: String,
+    author: String,
+    email: String,
+    allow_empty: Option<bool>,
+}
+
+async fn git_commit(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let req: GitCommitRequest = parse_json(&wire, &body)?;
+    let sb = sandbox(&wire, &id).await?;
+    let commit = sb
+        .git
+        .commit(req.path, req.message, req.author, req.email)
+        .allow_empty(req.allow_empty.unwrap_or(false))
+        .await?;
+    Ok(Json(json!({"hash": commit.sha})))
+}
+
+async fn git_branches(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let q = query(raw);
+    let path = required(&q, "path")?;
+    let sb = sandbox(&wire, &id).await?;
+    let branches = sb.git.branches(path).await?;
+    Ok(Json(json!({"branches": branches.branches})))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GitBranchRequest {
+    path: String,
+    name: String,
+}
+
+async fn git_create_branch(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: GitBranchRequest = parse_json(&wire, &body)?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.git.create_branch(&req.path, &req.name).await?;
+    Ok(StatusCode::CREATED)
+}
+
+async fn git_delete_branch(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: GitBranchRequest = parse_json(&wire, &body)?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.git.delete_branch(&req.path, &req.name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GitCheckoutRequest {
+    path: String,
+    branch: String,
+}
+
+async fn git_checkout(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: GitCheckoutRequest = parse_json(&wire, &body)?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.git.checkout_branch(&req.path, &req.branch).await?;
+    Ok(StatusCode::OK)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GitCloneRequest {
+    url: String,
+    path: String,
+    branch: Option<String>,
+    commit_id: Option<String>,
+    username: Option<String>,
+    password: Option<String>,
+    depth: Option<i64>,
+    insecure_skip_tls: Option<bool>,
+}
+
+async fn git_clone(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: GitCloneRequest = parse_json(&wire, &body)?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.git
+        .clone(req.url, req.path)
+        .branch(req.branch)
+        .commit_id(req.commit_id)
+        .username(req.username)
+        .password(req.password)
+        .depth(req.depth)
+        .insecure_skip_tls(req.insecure_skip_tls)
+        .await?;
+    Ok(StatusCode::OK)
+}
+
+/// `GitPullRequest` / `GitPushRequest`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GitSyncRequest {
+    path: String,
+    username: Option<String>,
+    password: Option<String>,
+    remote: Option<String>,
+    branch: Option<String>,
+    set_upstream: Option<bool>,
+}
+
+/// The remote, branch and upstream options the facade's pull and push do not take: refused
+/// unless they say what the facade does anyway (the tracked upstream).
+fn plain_sync(req: &GitSyncRequest) -> Result<(), ApiError> {
+    if req.remote.as_deref().is_some_and(|r| r != "origin")
+        || req.branch.is_some()
+        || req.set_upstream == Some(true)
+    {
+        return Err(ApiError(crate::DaytonaError::not_supported(
+            "git pull/push with remote, branch or set_upstream",
+            "configure the upstream with process.exec('git -C PATH branch --set-upstream-to …') \
+             and pull or push without them",
+        )));
+    }
+    Ok(())
+}
+
+async fn git_pull(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: GitSyncRequest = parse_json(&wire, &body)?;
+    plain_sync(&req)?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.git
+        .pull(req.path)
+        .username(req.username)
+        .password(req.password)
+        .await?;
+    Ok(StatusCode::OK)
+}
+
+async fn git_push(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: GitSyncRequest = parse_json(&wire, &body)?;
+    plain_sync(&req)?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.git
+        .push(req.path)
+        .username(req.username)
+        .password(req.password)
+        .await?;
+    Ok(StatusCode::OK)
+}

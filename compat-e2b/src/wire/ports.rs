@@ -1,0 +1,164 @@
+//! Sandbox ports on the E2B listener, for `get_host(port)`.
+//!
+//! The SDKs build a port's host as `{port}-{sandboxID}.{domain}` from the `domain` the
+//! control plane returned. Sandcove returns the listener's own `host:port` there (with
+//! `localhost` for a loopback listener), so the host is
+//! `3000-<id>.localhost:<listener port>`: where that name resolves to the loopback (curl and
+//! browsers resolve every `*.localhost`; so do systems whose resolver follows RFC 6761), or
+//! with the `Host` header set by the client, the request reaches the listener, which
+//! forwards it to that port inside the sandbox through the engine's preview (a private one,
+//! its token added here, so the host-side preview port opens to nobody else). As on E2B,
+//! such a request needs no credential: anyone who can reach the listener and knows the
+//! sandbox id can reach a port the sandbox serves.
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use super::Wire;
+
+/// The `(port, sandbox id)` a `Host` of the form `{port}-{id}.{anything}` names.
+pub(crate) fn host_target(host: &str) -> Option<(u16, String)> {
+    let (label, _) = host.split_once('.')?;
+    let (port, id) = label.split_once('-')?;
+    let port: u16 = port.parse().ok().filter(|p| *p > 0)?;
+    let valid = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    valid.then(|| (port, id.to_string()))
+}
+
+/// The `domain` to return for requests that reached the listener as `host` (the request's
+/// `Host` header): a loopback address becomes `localhost`, so `*.localhost` names reach it.
+pub(crate) fn domain_for(host: Option<&str>) -> Option<String> {
+    let host = host?;
+    let (name, port) = if let Some(rest) = host.strip_prefix('[') {
+        let (inside, after) = rest.split_once(']')?;
+        (format!("[{inside}]"), after.strip_prefix(':'))
+    } else {
+        match host.rsplit_once(':') {
+            Some((n, p)) => (n.to_string(), Some(p)),
+            None => (host.to_string(), None),
+        }
+    };
+    let loopback = name == "localhost" || name.starts_with("127.") || name == "[::1]";
+    let name = if loopback { "localhost" } else { name.as_str() };
+    Some(match port {
+        Some(p) => format!("{name}:{p}"),
+        None => name.to_string(),
+    })
+}
+
+fn bad_gateway(message: String) -> Response {
+    (StatusCode::BAD_GATEWAY, message).into_response()
+}
+
+/// Forward `request` to `port` in sandbox `id` through the engine's preview of that port
+/// (made private on first use, reused after).
+pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, request: Request) -> Response {
+    let previews = match wire.backend.list_previews(id).await {
+        Ok(p) => p,
+        Err(e) if e.is_not_found() => {
+            return bad_gateway(format!("The sandbox {id} was not found"));
+        }
+        Err(e) => return bad_gateway(e.to_string()),
+    };
+    let preview = match previews.into_iter().find(|p| p.port == port) {
+        Some(p) => p,
+        None => {
+            // Core's option structs are becoming `#[non_exhaustive]`: no struct literal.
+            #[allow(clippy::field_reassign_with_default)]
+            let options = {
+                let mut options = sandcove::PreviewOptions::default();
+                options.port = port;
+                options
+            };
+            match wire.backend.expose_port(id, options).await {
+                Ok(p) => p,
+                Err(e) => return bad_gateway(e.to_string()),
+            }
+        }
+    };
+    let tcp = match tokio::net::TcpStream::connect(&preview.host).await {
+        Ok(t) => t,
+        Err(e) => return bad_gateway(format!("port {port} of sandbox {id}: {e}")),
+    };
+    let (mut sender, connection) =
+        match hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await {
+            Ok(pair) => pair,
+            Err(e) => return bad_gateway(format!("port {port} of sandbox {id}: {e}")),
+        };
+    tokio::spawn(connection);
+    let (mut parts, body) = request.into_parts();
+    if let Ok(host) = HeaderValue::from_str(&preview.host) {
+        parts.headers.insert(header::HOST, host);
+    }
+    if let Some(token) = &preview.token {
+        if let (Ok(name), Ok(value)) = (
+            header::HeaderName::from_bytes(preview.token_header.as_bytes()),
+            HeaderValue::from_str(&token.value),
+        ) {
+            parts.headers.insert(name, value);
+        }
+    }
+    // Only the path and query go upstream (the request line is origin-form).
+    if let Some(pq) = parts.uri.path_and_query().cloned() {
+        if let Ok(uri) = pq.as_str().parse() {
+            parts.uri = uri;
+        }
+    }
+    match sender
+        .send_request(axum::http::Request::from_parts(parts, body))
+        .await
+    {
+        Ok(response) => response.map(Body::new),
+        Err(e) => bad_gateway(format!("port {port} of sandbox {id}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_name_a_port_and_a_sandbox() {
+        assert_eq!(
+            host_target("3000-abc123.localhost:8080"),
+            Some((3000, "abc123".to_string()))
+        );
+        assert_eq!(
+            host_target("8080-sbx_1-x.e2b.app"),
+            Some((8080, "sbx_1-x".to_string()))
+        );
+        for not in [
+            "127.0.0.1:3000",
+            "localhost:3000",
+            "0-abc.x",
+            "70000-abc.x",
+            "3000-.x",
+            "abc-3000.x",
+        ] {
+            assert_eq!(host_target(not), None, "{not}");
+        }
+    }
+
+    #[test]
+    fn loopback_listeners_get_the_localhost_domain() {
+        assert_eq!(
+            domain_for(Some("127.0.0.1:41234")).as_deref(),
+            Some("localhost:41234")
+        );
+        assert_eq!(
+            domain_for(Some("[::1]:41234")).as_deref(),
+            Some("localhost:41234")
+        );
+        assert_eq!(
+            domain_for(Some("sandbox.example:443")).as_deref(),
+            Some("sandbox.example:443")
+        );
+        assert_eq!(domain_for(None), None);
+    }
+}
