@@ -622,8 +622,8 @@ pub(crate) fn info_of(record: &Record, state: SandboxState) -> SandboxInfo {
 /// The protocol version of the build that created the sandbox in `dir`, from its record (v1
 /// for records that predate the field); ours when the record cannot be read, so the monitor
 /// answers for itself.
-fn peer_protocol(dir: &SandboxDir) -> u32 {
-    let Ok(text) = std::fs::read(dir.record()) else {
+async fn peer_protocol(dir: &SandboxDir) -> u32 {
+    let Ok(text) = tokio::fs::read(dir.record()).await else {
         return PROTOCOL_VERSION;
     };
     match serde_json::from_slice::<serde_json::Value>(&text) {
@@ -831,7 +831,7 @@ impl Backend for LocalBackend {
 
     async fn get(&self, id: &str) -> Result<SandboxInfo> {
         // A monitor of another version is asked in its own version (`info` never changes).
-        let peer = peer_protocol(&self.dir(id)?);
+        let peer = peer_protocol(&self.dir(id)?).await;
         match self.monitor_call_as(id, MonitorRequest::Info, peer).await? {
             MonitorReply::Info { mut info } => {
                 info.note = protocol_note(peer);
@@ -863,7 +863,7 @@ impl Backend for LocalBackend {
             let Ok(mut info) = serde_json::from_slice::<SandboxInfo>(&text) else {
                 continue;
             };
-            info.note = protocol_note(peer_protocol(&sdir));
+            info.note = protocol_note(peer_protocol(&sdir).await);
             if info.ends_at <= now_millis() || info.state == SandboxState::Destroyed {
                 continue;
             }
@@ -915,7 +915,7 @@ impl Backend for LocalBackend {
     async fn destroy(&self, id: &str) -> Result<()> {
         // Any version's monitor destroys on the same request, so nothing another build made
         // leaks.
-        let peer = peer_protocol(&self.dir(id)?);
+        let peer = peer_protocol(&self.dir(id)?).await;
         match self
             .monitor_call_as(id, MonitorRequest::Destroy, peer)
             .await
