@@ -323,6 +323,19 @@ impl HostSleeper {
             .stdin(std::process::Stdio::null())
             .spawn()
             .expect("start a host sleep");
+        // Until bash has exec'd, the child is still named `bash`: a caller that looks the
+        // sleeper up by name right away must find it.
+        let argv0 = format!("/proc/{}/cmdline", child.id());
+        let deadline = Instant::now() + PATIENCE;
+        while !std::fs::read(&argv0)
+            .is_ok_and(|c| c.split(|b| *b == 0).next() == Some(marker.as_bytes()))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the host sleeper never took the name {marker}"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
         HostSleeper {
             child,
             marker: marker.to_string(),
