@@ -506,14 +506,28 @@ impl Sandbox {
     /// Remove a file, a symlink or an empty directory.
     pub async fn remove(&self, path: &str) -> Result<()> {
         self.backend
-            .remove(&self.id, path, RemoveOptions { recursive: false })
+            .remove(
+                &self.id,
+                path,
+                RemoveOptions {
+                    recursive: false,
+                    ..Default::default()
+                },
+            )
             .await
     }
 
     /// Remove a path and, for a directory, everything under it.
     pub async fn remove_all(&self, path: &str) -> Result<()> {
         self.backend
-            .remove(&self.id, path, RemoveOptions { recursive: true })
+            .remove(
+                &self.id,
+                path,
+                RemoveOptions {
+                    recursive: true,
+                    ..Default::default()
+                },
+            )
             .await
     }
 

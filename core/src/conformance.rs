@@ -1501,6 +1501,96 @@ pub async fn file_calls_as_a_user(backend: &dyn Backend) {
         parent.uid, info.user.uid,
         "created parents belong to the user"
     );
+    // Directories too: made as the user (the kernel checks the user's permissions), so none
+    // appears where the user may not write, and the ones made are the user's.
+    let mkdir_as = |path: &'static str, user: &str| {
+        let options = MkdirOptions {
+            user: Some(user.to_string()),
+            ..Default::default()
+        };
+        let id = id.clone();
+        async move { backend.mkdir(&id, path, options).await }
+    };
+    expect_code(
+        mkdir_as("/workspace/private/sub", &me).await,
+        ErrorCode::PermissionDenied,
+        "mkdir in a 0700 root directory as the user",
+    );
+    expect_code(
+        mkdir_as("/workspace/private/a/b", &me).await,
+        ErrorCode::PermissionDenied,
+        "mkdir with parents in a 0700 root directory as the user",
+    );
+    let names: Vec<_> = list_as("/workspace/private", "root")
+        .await
+        .expect("root lists")
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(
+        names,
+        ["inner.txt"],
+        "nothing created by the refused mkdirs"
+    );
+    let st = mkdir_as("/workspace/mydir/nested", &me)
+        .await
+        .expect("mkdir with parents as the user");
+    assert_eq!((st.uid, st.owner.as_str()), (info.user.uid, me.as_str()));
+    let parent = backend
+        .stat(&id, "/workspace/mydir", StatOptions::default())
+        .await
+        .expect("stat the made parent");
+    assert_eq!(parent.uid, info.user.uid, "made parents are the user's");
+    // Removing as the user: refused where the user may not write, allowed in its own places.
+    let remove_as = |path: &'static str, user: &str| {
+        let options = RemoveOptions {
+            recursive: true,
+            user: Some(user.to_string()),
+        };
+        let id = id.clone();
+        async move { backend.remove(&id, path, options).await }
+    };
+    expect_code(
+        remove_as("/workspace/private/inner.txt", &me).await,
+        ErrorCode::PermissionDenied,
+        "removing from a 0700 root directory as the user",
+    );
+    backend
+        .stat(&id, "/workspace/private/inner.txt", StatOptions::default())
+        .await
+        .expect("the refused remove left the file");
+    remove_as("/workspace/mydir", &me)
+        .await
+        .expect("remove the user's own tree as the user");
+    expect_code(
+        backend
+            .stat(&id, "/workspace/mydir", StatOptions::default())
+            .await,
+        ErrorCode::NotFound,
+        "the user's tree is gone",
+    );
+    // Watching as the user: a directory the user may not read is refused, not watched blind.
+    if backend.capabilities().watch {
+        let watch_as = |path: &'static str, user: &str| {
+            let options = WatchOptions {
+                recursive: false,
+                user: Some(user.to_string()),
+            };
+            let id = id.clone();
+            async move { backend.watch(&id, path, options).await.map(drop) }
+        };
+        expect_code(
+            watch_as("/workspace/private", &me).await,
+            ErrorCode::PermissionDenied,
+            "watching a 0700 root directory as the user",
+        );
+        watch_as("/workspace/made", &me)
+            .await
+            .expect("watch the user's own directory as the user");
+        watch_as("/workspace/private", "root")
+            .await
+            .expect("root watches it");
+    }
     // The processes agree: the same file is unreadable to the user's processes.
     let out = sh(backend, &id, "cat /workspace/secret").await;
     assert!(
@@ -1688,13 +1778,27 @@ pub async fn directory_operations(backend: &dyn Backend) {
     assert_eq!(read(backend, &id, "a/moved.txt").await.expect("read"), b"1");
     expect_code(
         backend
-            .remove(&id, "a", RemoveOptions { recursive: false })
+            .remove(
+                &id,
+                "a",
+                RemoveOptions {
+                    recursive: false,
+                    ..Default::default()
+                },
+            )
             .await,
         ErrorCode::InvalidArgument,
         "non-recursive remove of a non-empty dir",
     );
     backend
-        .remove(&id, "a", RemoveOptions { recursive: true })
+        .remove(
+            &id,
+            "a",
+            RemoveOptions {
+                recursive: true,
+                ..Default::default()
+            },
+        )
         .await
         .expect("remove -r");
     expect_code(
@@ -2598,7 +2702,10 @@ pub async fn watch_reports_changes(backend: &dyn Backend) {
         .mkdir(&id, "w/sub", MkdirOptions::default())
         .await
         .expect("mkdir");
-    let options = WatchOptions { recursive: true };
+    let options = WatchOptions {
+        recursive: true,
+        ..Default::default()
+    };
     if !backend.capabilities().watch {
         expect_code(
             backend.watch(&id, "w", options).await.map(drop),
@@ -2608,7 +2715,10 @@ pub async fn watch_reports_changes(backend: &dyn Backend) {
         backend.destroy(&id).await.expect("destroy");
         return;
     }
-    let mut events = backend.watch(&id, "w", options).await.expect("watch");
+    let mut events = backend
+        .watch(&id, "w", options.clone())
+        .await
+        .expect("watch");
     sh(
         backend,
         &id,
@@ -2679,7 +2789,7 @@ pub async fn watch_reports_changes(backend: &dyn Backend) {
         }
     }
     expect_code(
-        backend.watch(&id, "nope", options).await.map(drop),
+        backend.watch(&id, "nope", options.clone()).await.map(drop),
         ErrorCode::NotFound,
         "watch missing",
     );

@@ -270,12 +270,15 @@ pub struct FsEvent {
 }
 
 /// Options for watching a directory.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct WatchOptions {
     /// Include subdirectories (also ones created later).
     pub recursive: bool,
+    /// Watch as this sandbox user (see [`ReadOptions::user`]): the directories are looked up
+    /// and watched with that user's permissions, so one the user may not read is refused.
+    pub user: Option<String>,
 }
 
 /// Size of a pseudo-terminal.
@@ -416,6 +419,11 @@ pub struct SandboxInfo {
     /// explicitly. Change them with [`Backend::update_annotations`](crate::Backend::update_annotations).
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
+    /// Why the runtime can serve this sandbox only in part, if it cannot fully (e.g. it was
+    /// created by a Sandcove version speaking another engine protocol): what still works and
+    /// what to do. `None` for a sandbox served normally.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// One atomic change to a sandbox's annotations ([`Backend::update_annotations`](crate::Backend::update_annotations)):
@@ -1139,7 +1147,9 @@ pub struct MkdirOptions {
     pub parents: bool,
     /// Permission bits.
     pub mode: Option<u32>,
-    /// Owner; `None` is the sandbox's default user.
+    /// Make the directories as this sandbox user (see [`ReadOptions::user`]): the kernel
+    /// checks its permissions, and what is made is that user's. `None` makes them with the file
+    /// API's own identity, owned by the sandbox's default user.
     pub user: Option<String>,
 }
 
@@ -1154,12 +1164,15 @@ impl Default for MkdirOptions {
 }
 
 /// Options for removing a path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct RemoveOptions {
     /// Remove directories with their contents.
     pub recursive: bool,
+    /// Remove as this sandbox user (see [`ReadOptions::user`]): the kernel checks that user's
+    /// permissions on the directories it removes from.
+    pub user: Option<String>,
 }
 
 /// Serde helper: `Option<Duration>` as fractional seconds.

@@ -25,6 +25,230 @@ use sandcove::{
 
 use common::{bash, bytes, has_python, python, read_all, Canaries, Env, Gen, HostSleeper};
 
+/// The monitor serves lifecycle requests and the agent processes and files; a request sent to
+/// the wrong one (a buggy or foreign client) is refused with a typed error and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misrouted_requests_are_refused_by_monitor_and_agent() {
+    use sandcove::backend::local::PROTOCOL_VERSION;
+    let env = Env::new("misroute");
+    let id = env.sandbox("misroute").await;
+    let version = serde_json::json!(PROTOCOL_VERSION);
+
+    // An agent request (spawning a process) put in the monitor's hello.
+    let spec = ProcessSpec::new(Command::argv(["/bin/true"]));
+    let spawn = serde_json::json!({"op": "spawn", "spec": spec});
+    let reply = common::raw_exchange(
+        &env.dir,
+        &id,
+        &[serde_json::json!({"version": version, "request": spawn})],
+    )
+    .await
+    .expect("the monitor answers");
+    assert_eq!(reply["kind"], "error", "{reply}");
+    assert_eq!(reply["error"]["code"], "invalid_argument", "{reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("served by the sandbox agent")),
+        "{reply}"
+    );
+    let processes = env
+        .backend
+        .list_processes(&id)
+        .await
+        .expect("list processes");
+    assert!(processes.is_empty(), "nothing was started: {processes:?}");
+
+    // A monitor request (destroy) handed to the agent.
+    let reply = common::raw_exchange(
+        &env.dir,
+        &id,
+        &[
+            serde_json::json!({"version": version}),
+            serde_json::json!({"op": "destroy"}),
+        ],
+    )
+    .await
+    .expect("the agent answers");
+    assert_eq!(reply["kind"], "error", "{reply}");
+    assert_eq!(reply["error"]["code"], "invalid_argument", "{reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("served by the sandbox monitor")),
+        "{reply}"
+    );
+    let info = env
+        .backend
+        .get(&id)
+        .await
+        .expect("the sandbox is still there");
+    assert_eq!(info.state, sandcove::SandboxState::Running);
+    env.backend.destroy(&id).await.expect("destroy");
+}
+
+/// A stand-in for a sandbox made by a Sandcove release speaking protocol v1: its state directory
+/// (a record without a protocol version, the info `list` reads, the lock its monitor holds) and a
+/// monitor answering exactly as v1's did: `info` and `destroy` in v1, any other version refused
+/// with v1's untyped error.
+struct V1Monitor {
+    _lock: std::fs::File,
+    served: tokio::task::JoinHandle<Vec<u64>>,
+}
+
+impl V1Monitor {
+    async fn start(state_dir: &Path, id: &str, info: serde_json::Value) -> V1Monitor {
+        use std::os::fd::AsRawFd;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = state_dir.join("sandboxes").join(id);
+        std::fs::create_dir_all(&dir).expect("the v1 state directory");
+        std::fs::write(
+            dir.join("record.json"),
+            serde_json::json!({ "id": id }).to_string(),
+        )
+        .expect("the v1 record");
+        std::fs::write(dir.join("info.json"), info.to_string()).expect("the v1 info");
+        let lock = std::fs::File::create(dir.join("lock")).expect("the lock file");
+        // SAFETY: flock on a descriptor this function owns; no memory is involved.
+        let locked = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        assert_eq!(locked, 0, "hold the monitor lock");
+        let listener = tokio::net::UnixListener::bind(dir.join("sock")).expect("the socket");
+        let served = tokio::spawn(async move {
+            let mut versions = Vec::new();
+            loop {
+                let (mut stream, _) = listener.accept().await.expect("accept");
+                let mut prefix = [0u8; 8];
+                if stream.read_exact(&mut prefix).await.is_err() {
+                    continue;
+                }
+                let hlen = u32::from_le_bytes(prefix[..4].try_into().unwrap()) as usize;
+                let mut head = vec![0u8; hlen];
+                stream.read_exact(&mut head).await.expect("the hello");
+                let hello: serde_json::Value = serde_json::from_slice(&head).expect("JSON");
+                let version = hello["version"].as_u64().unwrap_or(0);
+                versions.push(version);
+                let (reply, destroyed) = if version != 1 {
+                    let message = format!(
+                        "protocol version mismatch: the client speaks v{version}, this sandbox \
+                         v1; use the same Sandcove version that created the sandbox"
+                    );
+                    let error = sandcove::Error::Backend {
+                        message,
+                        retryable: false,
+                    };
+                    (
+                        serde_json::json!({"kind": "error", "error": error.to_body()}),
+                        false,
+                    )
+                } else if hello["request"]["op"] == "info" {
+                    (serde_json::json!({"kind": "info", "info": info}), false)
+                } else if hello["request"]["op"] == "destroy" {
+                    std::fs::remove_dir_all(&dir).expect("remove the v1 state");
+                    (serde_json::json!({"kind": "done"}), true)
+                } else {
+                    panic!("a v1 request this test does not expect: {hello}");
+                };
+                let head = reply.to_string().into_bytes();
+                let mut frame = (head.len() as u32).to_le_bytes().to_vec();
+                frame.extend_from_slice(&0u32.to_le_bytes());
+                frame.extend_from_slice(&head);
+                let _ = stream.write_all(&frame).await;
+                if destroyed {
+                    return versions;
+                }
+            }
+        });
+        V1Monitor {
+            _lock: lock,
+            served,
+        }
+    }
+}
+
+/// A sandbox whose monitor speaks another protocol version (here v1, made by an older
+/// release) is listed and described with a note saying so, refuses every other operation with a
+/// typed error naming the remedy, and is destroyed like any other, leaving nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_of_another_protocol_version_is_listed_refused_and_destroyed() {
+    use sandcove::backend::local::PROTOCOL_VERSION;
+    assert_ne!(
+        PROTOCOL_VERSION, 1,
+        "this build speaks a newer protocol than v1"
+    );
+    let env = Env::new("v1mon");
+    let current = env.sandbox("v1mon").await;
+    let mut info = serde_json::to_value(env.backend.get(&current).await.expect("get")).unwrap();
+    let old = "v1sandbox0000000000a";
+    info["id"] = serde_json::json!(old);
+    let v1 = V1Monitor::start(&env.dir, old, info).await;
+
+    let listed = env.backend.list(Default::default()).await.expect("list");
+    let find = |id: &str| listed.iter().find(|i| i.id == id).cloned();
+    let listed_old = find(old).expect("the v1 sandbox is listed");
+    let note = listed_old.note.clone().expect("a note on the v1 sandbox");
+    assert!(note.contains("v1") && note.contains("recreate"), "{note}");
+    assert_eq!(listed_old.state, sandcove::SandboxState::Running);
+    assert_eq!(
+        find(&current).expect("the current one is listed").note,
+        None
+    );
+
+    let got = env
+        .backend
+        .get(old)
+        .await
+        .expect("get works across versions");
+    assert_eq!(got.id, old);
+    assert_eq!(got.note.as_deref(), Some(note.as_str()));
+
+    let refusals = [
+        env.backend
+            .spawn(old, ProcessSpec::new(Command::argv(["/bin/true"])))
+            .await
+            .map(|_| ())
+            .unwrap_err(),
+        env.backend
+            .set_timeout(old, Duration::from_secs(60))
+            .await
+            .map(|_| ())
+            .unwrap_err(),
+        env.backend
+            .stat(old, "/", Default::default())
+            .await
+            .map(|_| ())
+            .unwrap_err(),
+        env.backend.pause(old).await.map(|_| ()).unwrap_err(),
+    ];
+    for err in refusals {
+        match &err {
+            sandcove::Error::Unavailable { reason, remedy } => {
+                assert!(reason.contains("v1"), "{reason}");
+                assert!(remedy.contains("recreate the sandbox"), "{remedy}");
+            }
+            other => panic!("expected a typed version refusal, got {other:?}"),
+        }
+    }
+
+    env.backend
+        .destroy(old)
+        .await
+        .expect("destroy works across versions");
+    let versions = tokio::time::timeout(common::PATIENCE, v1.served)
+        .await
+        .expect("the v1 monitor saw its destroy")
+        .expect("the v1 monitor");
+    assert_eq!(
+        versions.iter().filter(|v| **v == 1).count(),
+        2,
+        "get and destroy spoke v1, the rest this build's version: {versions:?}"
+    );
+    assert!(!env.dir.join("sandboxes").join(old).exists());
+    assert!(env.backend.get(old).await.unwrap_err().is_not_found());
+    let listed = env.backend.list(Default::default()).await.expect("list");
+    assert!(listed.iter().all(|i| i.id != old), "{listed:?}");
+    env.backend.destroy(&current).await.expect("destroy");
+}
+
 /// Run a bash script that searches for `marker`, passed as `$M` so the script's own command
 /// line does not contain it.
 async fn bash_seeking(backend: &dyn Backend, id: &str, marker: &str, script: &str) -> Output {

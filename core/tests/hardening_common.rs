@@ -321,6 +321,19 @@ impl HostSleeper {
             .stdin(std::process::Stdio::null())
             .spawn()
             .expect("start a host sleep");
+        // Until bash has exec'd, the child is still named `bash`: a caller that looks the
+        // sleeper up by name right away must find it.
+        let argv0 = format!("/proc/{}/cmdline", child.id());
+        let deadline = Instant::now() + PATIENCE;
+        while !std::fs::read(&argv0)
+            .is_ok_and(|c| c.split(|b| *b == 0).next() == Some(marker.as_bytes()))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the host sleeper never took the name {marker}"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
         HostSleeper {
             child,
             marker: marker.to_string(),
@@ -528,6 +541,39 @@ pub async fn read_all(backend: &dyn Backend, id: &str, path: &str) -> sandcove::
         out.extend_from_slice(&chunk?);
     }
     Ok(out)
+}
+
+/// Send raw protocol frames (JSON headers, empty bodies) to a sandbox's monitor socket, as a
+/// client of another version or a buggy one would, and return the header of the first frame
+/// answered (`None` if the connection closes without one).
+pub async fn raw_exchange(
+    state_dir: &Path,
+    id: &str,
+    frames: &[serde_json::Value],
+) -> Option<serde_json::Value> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sock = state_dir.join("sandboxes").join(id).join("sock");
+    let mut stream = tokio::net::UnixStream::connect(&sock)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {}: {e}", sock.display()));
+    let mut out = Vec::new();
+    for frame in frames {
+        let head = serde_json::to_vec(frame).expect("encode a frame header");
+        out.extend_from_slice(&(head.len() as u32).to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&head);
+    }
+    stream.write_all(&out).await.expect("send the frames");
+    let mut prefix = [0u8; 8];
+    tokio::time::timeout(PATIENCE, stream.read_exact(&mut prefix))
+        .await
+        .expect("an answer in time")
+        .ok()?;
+    let hlen = u32::from_le_bytes(prefix[..4].try_into().unwrap()) as usize;
+    assert!(hlen < 1 << 20, "a sane header length, got {hlen}");
+    let mut head = vec![0u8; hlen];
+    stream.read_exact(&mut head).await.expect("the header");
+    Some(serde_json::from_slice(&head).expect("a JSON header"))
 }
 
 /// Whether the sandbox can run `python3` (the socket probes need it); says SKIP when not.

@@ -52,6 +52,7 @@ fn info(id: &str) -> SandboxInfo {
         volumes: Vec::new(),
         snapshot: None,
         annotations: BTreeMap::new(),
+        note: None,
     }
 }
 

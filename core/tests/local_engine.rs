@@ -265,7 +265,8 @@ async fn racing_creates_over_a_stale_name_leave_one_winner() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A client speaking another protocol version gets a clear error, not garbage.
+/// A client speaking another protocol version gets a clear, typed error, not garbage (only the
+/// frozen `info` and `destroy` requests are served to every version).
 #[tokio::test]
 async fn a_protocol_version_mismatch_is_a_clear_error() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -280,7 +281,7 @@ async fn a_protocol_version_mismatch_is_a_clear_error() {
     let mut stream = tokio::net::UnixStream::connect(&sock)
         .await
         .expect("connect");
-    let head = br#"{"version":999,"request":{"op":"info"}}"#;
+    let head = br#"{"version":999,"request":{"op":"pause"}}"#;
     let mut frame = Vec::new();
     frame.extend_from_slice(&(head.len() as u32).to_le_bytes());
     frame.extend_from_slice(&0u32.to_le_bytes());
@@ -290,6 +291,9 @@ async fn a_protocol_version_mismatch_is_a_clear_error() {
     stream.read_to_end(&mut reply).await.unwrap();
     let text = String::from_utf8_lossy(&reply);
     assert!(text.contains("protocol version mismatch"), "{text}");
+    assert!(text.contains(r#""code":"unavailable""#), "{text}");
+    let info = backend.get(&id).await.expect("get");
+    assert_eq!(info.state, sandcove::SandboxState::Running, "not paused");
     backend.destroy(&id).await.expect("destroy");
     let _ = std::fs::remove_dir_all(&dir);
 }

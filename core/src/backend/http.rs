@@ -1255,10 +1255,13 @@ impl Backend for HttpBackend {
 
     async fn remove(&self, id: &str, path: &str, options: RemoveOptions) -> Result<()> {
         let url = self.sandbox_url(id, &["files"]);
-        let query = [
-            ("path", path.to_string()),
-            ("recursive", options.recursive.to_string()),
-        ];
+        let query = with_user(
+            vec![
+                ("path", path.to_string()),
+                ("recursive", options.recursive.to_string()),
+            ],
+            options.user,
+        );
         self.call_unit(Method::DELETE, url, &query, Payload::None, Retry::Unsafe)
             .await
     }
@@ -1328,10 +1331,13 @@ impl Backend for HttpBackend {
 
     async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
         let url = self.sandbox_url(id, &["files", "watch"]);
-        let query = [
-            ("path", path.to_string()),
-            ("recursive", options.recursive.to_string()),
-        ];
+        let query = with_user(
+            vec![
+                ("path", path.to_string()),
+                ("recursive", options.recursive.to_string()),
+            ],
+            options.user,
+        );
         let response = self
             .send(Req {
                 method: Method::GET,

@@ -54,7 +54,7 @@ pub(super) fn routes() -> Vec<Route> {
             "Remove a file, symlink or directory",
             remove,
         )
-        .query(&["path", "recursive"]),
+        .query(&["path", "recursive", "user"]),
         Route::new(
             Method::GET,
             "/v1/sandboxes/{id}/files/list",
@@ -107,7 +107,7 @@ pub(super) fn routes() -> Vec<Route> {
             "Filesystem events under a directory, as frames",
             watch,
         )
-        .query(&["path", "recursive"])
+        .query(&["path", "recursive", "user"])
         .output(Out::Frames("filesystem events")),
     ]
 }
@@ -356,6 +356,7 @@ struct RemoveQuery {
     path: String,
     #[serde(default)]
     recursive: bool,
+    user: Option<String>,
 }
 
 async fn remove(
@@ -365,6 +366,7 @@ async fn remove(
 ) -> Result<Response, ApiError> {
     let options = RemoveOptions {
         recursive: q.recursive,
+        user: q.user,
     };
     state.backend.remove(&id, &q.path, options).await?;
     Ok(done())
@@ -442,6 +444,7 @@ struct WatchQuery {
     path: String,
     #[serde(default)]
     recursive: bool,
+    user: Option<String>,
 }
 
 async fn watch(
@@ -451,6 +454,7 @@ async fn watch(
 ) -> Result<Response, ApiError> {
     let options = WatchOptions {
         recursive: q.recursive,
+        user: q.user,
     };
     let events = state.backend.watch(&id, &q.path, options).await?;
     Ok(frames_response(&state, watch_frames(events), &[]))

@@ -154,6 +154,10 @@ impl WatchOptions {
         /// Set [`WatchOptions::recursive`].
         recursive: bool;
     }
+    string_setters! {
+        /// Set [`WatchOptions::user`].
+        user;
+    }
 }
 
 impl Resources {
@@ -300,6 +304,10 @@ impl RemoveOptions {
         /// Set [`RemoveOptions::recursive`].
         recursive: bool;
     }
+    string_setters! {
+        /// Set [`RemoveOptions::user`].
+        user;
+    }
 }
 
 #[cfg(test)]
@@ -326,7 +334,9 @@ mod tests {
         );
         assert!(write.create_parents, "defaults are kept");
         assert_eq!(ListDirOptions::default().depth(3).depth, 3);
-        assert!(RemoveOptions::default().recursive(true).recursive);
+        let remove = RemoveOptions::default().recursive(true).user("u");
+        assert!(remove.recursive && remove.user.as_deref() == Some("u"));
+        assert_eq!(WatchOptions::default().user("u").user.as_deref(), Some("u"));
         assert_eq!(PreviewOptions::new(80).port, 80);
         assert_eq!(RestartPolicy::at_most(2).max_restarts, Some(2));
     }

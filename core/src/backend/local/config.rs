@@ -124,6 +124,14 @@ pub struct Record {
     /// Limits of each preview listener.
     #[serde(default)]
     pub preview_limits: super::PreviewLimits,
+    /// The client ↔ monitor protocol version of the build that created the sandbox (and runs
+    /// its monitor); records from before versions were recorded are v1.
+    #[serde(default = "first_protocol_version")]
+    pub protocol: u32,
+}
+
+fn first_protocol_version() -> u32 {
+    super::proto::FIRST_PROTOCOL_VERSION
 }
 
 /// A host directory bound into a sandbox.

@@ -21,7 +21,7 @@
 //! Everything here blocks; the agent runs it on its blocking pool, never on its event loop.
 
 use std::ffi::{OsStr, OsString};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Component, Path, PathBuf};
 
@@ -155,7 +155,7 @@ fn shown_path(rel: &Path) -> String {
 pub(super) fn open_root(record: &Record) -> Result<OwnedFd> {
     let root = record.root_prefix.as_deref().unwrap_or("/");
     sys::openat2(
-        libc::AT_FDCWD,
+        rustix::fs::CWD,
         Path::new(root),
         libc::O_PATH | libc::O_DIRECTORY,
         0,
@@ -185,17 +185,22 @@ fn open_from_root(root: &OwnedFd, rel: &Path, flags: libc::c_int, shown: &str) -
     } else {
         rel
     };
-    sys::openat2(root.as_raw_fd(), rel, flags, 0, FROM_ROOT).map_err(|e| resolve_err(e, shown))
+    sys::openat2(root.as_fd(), rel, flags, 0, FROM_ROOT).map_err(|e| resolve_err(e, shown))
 }
 
 /// Open entry `name` of the held directory `dir` without following any link.
-fn open_entry(dir: RawFd, name: &OsStr, flags: libc::c_int, mode: u32) -> std::io::Result<OwnedFd> {
+fn open_entry(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    flags: libc::c_int,
+    mode: u32,
+) -> std::io::Result<OwnedFd> {
     sys::openat2(dir, Path::new(name), flags | libc::O_NOFOLLOW, mode, ENTRY)
 }
 
 /// Refuse procfs: its files are the agent's own view and its links lead to host objects.
 fn refuse_procfs(fd: &OwnedFd, shown: &str) -> Result<()> {
-    match sys::fs_type(fd.as_raw_fd()) {
+    match sys::fs_type(fd.as_fd()) {
         Ok(sys::PROC_SUPER_MAGIC) => Err(Error::PermissionDenied {
             what: format!(
                 "{shown}: the file API does not serve /proc (it would show the agent, not your \
@@ -242,8 +247,8 @@ fn kind_of(mode: u32) -> FileKind {
     }
 }
 
-fn stat_of(record: &Record, rel: &Path, st: &libc::stat, link: Option<OsString>) -> FileStat {
-    let mtime = st.st_mtime.max(0) as u64 * 1000 + st.st_mtime_nsec.max(0) as u64 / 1_000_000;
+fn stat_of(record: &Record, rel: &Path, st: &rustix::fs::Stat, link: Option<OsString>) -> FileStat {
+    let mtime = st.st_mtime.max(0) as u64 * 1000 + st.st_mtime_nsec / 1_000_000;
     FileStat {
         path: shown_path(rel),
         name: rel
@@ -269,9 +274,9 @@ fn stat_entry(
     name: &OsStr,
     rel: &Path,
 ) -> std::io::Result<FileStat> {
-    let st = sys::lstat_at(dir.as_raw_fd(), name)?;
+    let st = sys::lstat_at(dir.as_fd(), name)?;
     let link = if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
-        sys::readlink_at(dir.as_raw_fd(), name).ok()
+        sys::readlink_at(dir.as_fd(), name).ok()
     } else {
         None
     };
@@ -283,7 +288,7 @@ pub(super) fn stat(record: &Record, path: &str) -> Result<FileStat> {
     let root = open_root(record)?;
     let t = Target::parse(record, path)?;
     if t.name().is_none() {
-        let st = sys::fstat(root.as_raw_fd()).map_err(|e| Error::from_io(&e, path))?;
+        let st = sys::fstat(root.as_fd()).map_err(|e| Error::from_io(&e, path))?;
         return Ok(stat_of(record, &t.rel, &st, None));
     }
     let (dir, name) = parent_of(&root, &t)?;
@@ -310,8 +315,8 @@ pub(super) fn open_dir(root: &OwnedFd, record: &Record, path: &str) -> Result<(O
 /// Open subdirectory `name` of a held directory for descending into it: no links, and not
 /// into procfs (listing the agent's `/proc/1/map_files` would name host files).
 pub(super) fn open_subdir(dir: &OwnedFd, name: &OsStr) -> Option<OwnedFd> {
-    let sub = open_entry(dir.as_raw_fd(), name, libc::O_PATH | libc::O_DIRECTORY, 0).ok()?;
-    match sys::fs_type(sub.as_raw_fd()) {
+    let sub = open_entry(dir.as_fd(), name, libc::O_PATH | libc::O_DIRECTORY, 0).ok()?;
+    match sys::fs_type(sub.as_fd()) {
         Ok(sys::PROC_SUPER_MAGIC) | Err(_) => None,
         Ok(_) => Some(sub),
     }
@@ -358,7 +363,7 @@ pub(super) fn list_dir(
 fn give_to(record: &Record, fd: &OwnedFd, user: Option<&str>, shown: &str) -> Result<()> {
     let u = record.user(user)?;
     if u.uid != 0 || u.gid != 0 {
-        sys::fchown(fd.as_raw_fd(), u.uid, u.gid).map_err(|e| Error::from_io(&e, shown))?;
+        sys::fchown(fd.as_fd(), u.uid, u.gid).map_err(|e| Error::from_io(&e, shown))?;
     }
     Ok(())
 }
@@ -373,12 +378,12 @@ fn create_dir_in(
     user: Option<&str>,
     shown: &str,
 ) -> Result<Option<OwnedFd>> {
-    match sys::mkdir_at(dir.as_raw_fd(), name, 0o700) {
+    match sys::mkdir_at(dir.as_fd(), name, 0o700) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(None),
         Err(e) => return Err(Error::from_io(&e, shown)),
     }
-    let fd = open_entry(dir.as_raw_fd(), name, libc::O_PATH | libc::O_DIRECTORY, 0)
+    let fd = open_entry(dir.as_fd(), name, libc::O_PATH | libc::O_DIRECTORY, 0)
         .map_err(|e| resolve_err(e, shown))?;
     give_to(record, &fd, user, shown)?;
     sys::chmod_fd_path(fd.as_raw_fd(), mode).map_err(|e| Error::from_io(&e, shown))?;
@@ -441,7 +446,7 @@ pub(super) fn mkdir(record: &Record, path: &str, options: MkdirOptions) -> Resul
     let mode = options.mode.map(|m| m & 0o7777).unwrap_or(0o755);
     match create_dir_in(record, &parent, &name, mode, user, path)? {
         Some(fd) => {
-            let st = sys::fstat(fd.as_raw_fd()).map_err(|e| Error::from_io(&e, path))?;
+            let st = sys::fstat(fd.as_fd()).map_err(|e| Error::from_io(&e, path))?;
             Ok(stat_of(record, &t.rel, &st, None))
         }
         None => {
@@ -466,7 +471,7 @@ fn remove_tree(parent: &OwnedFd, name: &OsStr, depth: usize, shown: &str) -> Res
         )));
     }
     let dir = sys::openat2(
-        parent.as_raw_fd(),
+        parent.as_fd(),
         Path::new(name),
         libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW,
         0,
@@ -480,20 +485,20 @@ fn remove_tree(parent: &OwnedFd, name: &OsStr, depth: usize, shown: &str) -> Res
         }
     })?;
     for entry in entries(&dir).map_err(|e| Error::from_io(&e, shown))? {
-        let Ok(st) = sys::lstat_at(dir.as_raw_fd(), &entry) else {
+        let Ok(st) = sys::lstat_at(dir.as_fd(), &entry) else {
             continue;
         };
         if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
             remove_tree(&dir, &entry, depth + 1, shown)?;
         } else {
-            match sys::unlink_at(dir.as_raw_fd(), &entry, false) {
+            match sys::unlink_at(dir.as_fd(), &entry, false) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(Error::from_io(&e, shown)),
             }
         }
     }
-    sys::unlink_at(parent.as_raw_fd(), name, true).map_err(|e| Error::from_io(&e, shown))
+    sys::unlink_at(parent.as_fd(), name, true).map_err(|e| Error::from_io(&e, shown))
 }
 
 /// Remove a file, a symlink (not its target) or a directory.
@@ -504,15 +509,15 @@ pub(super) fn remove(record: &Record, path: &str, recursive: bool) -> Result<()>
         return Err(Error::invalid("refusing to remove /"));
     }
     let (dir, name) = parent_of(&root, &t)?;
-    let st = sys::lstat_at(dir.as_raw_fd(), &name).map_err(|e| Error::from_io(&e, path))?;
+    let st = sys::lstat_at(dir.as_fd(), &name).map_err(|e| Error::from_io(&e, path))?;
     if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
         if recursive {
             remove_tree(&dir, &name, 0, path)
         } else {
-            sys::unlink_at(dir.as_raw_fd(), &name, true).map_err(|e| Error::from_io(&e, path))
+            sys::unlink_at(dir.as_fd(), &name, true).map_err(|e| Error::from_io(&e, path))
         }
     } else {
-        sys::unlink_at(dir.as_raw_fd(), &name, false).map_err(|e| Error::from_io(&e, path))
+        sys::unlink_at(dir.as_fd(), &name, false).map_err(|e| Error::from_io(&e, path))
     }
 }
 
@@ -522,8 +527,8 @@ pub(super) fn rename(record: &Record, from: &str, to: &str) -> Result<FileStat> 
     let (f, t) = (Target::parse(record, from)?, Target::parse(record, to)?);
     let (fdir, fname) = parent_of(&root, &f)?;
     let (tdir, tname) = parent_of(&root, &t)?;
-    sys::lstat_at(fdir.as_raw_fd(), &fname).map_err(|e| Error::from_io(&e, from))?;
-    sys::rename_at(fdir.as_raw_fd(), &fname, tdir.as_raw_fd(), &tname)
+    sys::lstat_at(fdir.as_fd(), &fname).map_err(|e| Error::from_io(&e, from))?;
+    sys::rename_at(fdir.as_fd(), &fname, tdir.as_fd(), &tname)
         .map_err(|e| Error::from_io(&e, &format!("{from} -> {to}")))?;
     stat_entry(record, &tdir, &tname, &t.rel).map_err(|e| Error::from_io(&e, to))
 }
@@ -540,7 +545,7 @@ pub(super) fn chmod(record: &Record, path: &str, mode: u32) -> Result<FileStat> 
     let fd = open_from_root(&root, &t.rel, libc::O_PATH, path)?;
     refuse_procfs(&fd, path)?;
     sys::chmod_fd_path(fd.as_raw_fd(), mode).map_err(|e| Error::from_io(&e, path))?;
-    let st = sys::fstat(fd.as_raw_fd()).map_err(|e| Error::from_io(&e, path))?;
+    let st = sys::fstat(fd.as_fd()).map_err(|e| Error::from_io(&e, path))?;
     Ok(stat_of(record, &t.rel, &st, None))
 }
 
@@ -552,7 +557,7 @@ pub(super) fn open_for_read(record: &Record, path: &str) -> Result<(std::fs::Fil
     // nothing; the real open happens only once the object is known to be a regular file.
     let probe = open_from_root(&root, &t.rel, libc::O_PATH, path)?;
     refuse_procfs(&probe, path)?;
-    let st = sys::fstat(probe.as_raw_fd()).map_err(|e| Error::from_io(&e, path))?;
+    let st = sys::fstat(probe.as_fd()).map_err(|e| Error::from_io(&e, path))?;
     match st.st_mode & libc::S_IFMT {
         libc::S_IFREG => {}
         libc::S_IFDIR => return Err(Error::invalid(format!("{path}: is a directory"))),
@@ -565,7 +570,7 @@ pub(super) fn open_for_read(record: &Record, path: &str) -> Result<(std::fs::Fil
     }
     let fd = sys::reopen(probe.as_raw_fd(), libc::O_RDONLY | libc::O_NOCTTY)
         .map_err(|e| Error::from_io(&e, path))?;
-    let again = sys::fstat(fd.as_raw_fd()).map_err(|e| Error::from_io(&e, path))?;
+    let again = sys::fstat(fd.as_fd()).map_err(|e| Error::from_io(&e, path))?;
     if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
         return Err(Error::backend(format!(
             "{path}: changed while it was opened"
@@ -637,7 +642,7 @@ pub(super) fn begin_write(
         } else {
             parent_of(&root, &t)?.0
         };
-        match sys::lstat_at(dir.as_raw_fd(), &name) {
+        match sys::lstat_at(dir.as_fd(), &name) {
             Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
                 hops += 1;
                 if hops > MAX_HOPS {
@@ -646,8 +651,8 @@ pub(super) fn begin_write(
                         path,
                     ));
                 }
-                let link = sys::readlink_at(dir.as_raw_fd(), &name)
-                    .map_err(|e| Error::from_io(&e, path))?;
+                let link =
+                    sys::readlink_at(dir.as_fd(), &name).map_err(|e| Error::from_io(&e, path))?;
                 // Relative links start at the directory really holding the link.
                 let base = canonical_rel(record, &dir, path)?;
                 t = Target {
@@ -673,7 +678,7 @@ pub(super) fn begin_write(
             // replacing a file needs write permission on the file itself, so ask for it as
             // this user (no truncation, non-blocking: nothing changes, nothing can hang).
             open_entry(
-                dir.as_raw_fd(),
+                dir.as_fd(),
                 &name,
                 libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
                 0,
@@ -696,24 +701,24 @@ pub(super) fn begin_write(
             }
             // Non-blocking: should the name turn into a FIFO meanwhile, the open cannot hang.
             Some(_) => open_entry(
-                dir.as_raw_fd(),
+                dir.as_fd(),
                 &name,
                 libc::O_WRONLY | libc::O_APPEND | libc::O_NONBLOCK | libc::O_NOCTTY,
                 0,
             ),
             None => open_entry(
-                dir.as_raw_fd(),
+                dir.as_fd(),
                 &name,
                 libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
                 0o600,
             ),
         }
         .map_err(|e| resolve_err(e, path))?;
-        let st = sys::fstat(file.as_raw_fd()).map_err(|e| Error::from_io(&e, path))?;
+        let st = sys::fstat(file.as_fd()).map_err(|e| Error::from_io(&e, path))?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(Error::invalid(format!("{path}: not a regular file")));
         }
-        sys::set_nonblocking(file.as_raw_fd(), false).map_err(|e| Error::from_io(&e, path))?;
+        sys::set_nonblocking(file.as_fd(), false).map_err(|e| Error::from_io(&e, path))?;
         let new = existing.is_none();
         return Ok(PendingWrite {
             dir,
@@ -736,7 +741,7 @@ pub(super) fn begin_write(
         let temp = temp_name_for(&name, existing.is_some(), random);
         // O_EXCL never follows a link: this is a new file of ours, or nothing.
         match open_entry(
-            dir.as_raw_fd(),
+            dir.as_fd(),
             &temp,
             libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
             0o600,
@@ -775,7 +780,7 @@ fn canonical_rel(record: &Record, dir: &OwnedFd, shown: &str) -> Result<PathBuf>
 impl PendingWrite {
     /// Give the written file its owner and mode (on the descriptor) and move it into place.
     pub(super) fn finish(self, record: &Record, shown: &str) -> Result<FileStat> {
-        let fd = self.file.as_raw_fd();
+        let fd = self.file.as_fd();
         let result = (|| {
             // Owner first: a chown clears set-id bits the mode may carry.
             if let Some((uid, gid)) = self.owner {
@@ -785,7 +790,7 @@ impl PendingWrite {
                 sys::fchmod(fd, mode).map_err(|e| Error::from_io(&e, shown))?;
             }
             if let Some(temp) = &self.temp {
-                sys::rename_at(self.dir.as_raw_fd(), temp, self.dir.as_raw_fd(), &self.name)
+                sys::rename_at(self.dir.as_fd(), temp, self.dir.as_fd(), &self.name)
                     .map_err(|e| Error::from_io(&e, shown))?;
             }
             Ok(())
@@ -801,7 +806,7 @@ impl PendingWrite {
     /// Abandon the write: the temporary file is gone when this returns.
     pub(super) fn discard(&self) {
         if let Some(temp) = &self.temp {
-            let _ = sys::unlink_at(self.dir.as_raw_fd(), temp, false);
+            let _ = sys::unlink_at(self.dir.as_fd(), temp, false);
         }
     }
 }

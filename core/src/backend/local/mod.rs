@@ -29,6 +29,7 @@ mod seccomp;
 mod sys;
 mod volumes;
 
+use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
@@ -41,7 +42,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
 use self::config::{Record, SandboxDir, UidMapping};
-use self::proto::{Hello, Reply, Request, PROTOCOL_VERSION};
+use self::proto::{AgentReply, AgentRequest, Hello, MonitorReply, MonitorRequest};
 use super::{Backend, ByteStream, ProcessStream, WatchStream};
 use crate::{
     now_millis, AnnotationUpdate, Capabilities, CreateOptions, Error, FileStat, ListDirOptions,
@@ -54,6 +55,9 @@ use crate::{ReadOptions, StatOptions};
 
 pub use self::config::default_state_dir;
 pub use self::preview::PreviewLimits;
+/// The version of the client ↔ monitor ↔ agent protocol this build speaks; a sandbox created
+/// by a build speaking another version can be listed, inspected and destroyed, nothing else.
+pub use self::proto::PROTOCOL_VERSION;
 
 /// Env var that opts in to running sandboxes without isolation where namespaces are missing.
 pub const ALLOW_UNISOLATED_ENV: &str = "SANDCOVE_ALLOW_UNISOLATED";
@@ -233,19 +237,23 @@ impl LocalBackend {
         let mut file = tokio::fs::File::create(&partial)
             .await
             .map_err(|e| Error::from_io(&e, "snapshot file"))?;
-        let mut stream = self.agent_stream_opts(id, &Request::ExportFs, true).await?;
+        let mut stream = self
+            .agent_stream_opts(id, &AgentRequest::ExportFs, true)
+            .await?;
         let mut size = 0u64;
         let result: Result<()> = async {
             loop {
-                match proto::read_frame::<_, Reply>(&mut stream).await? {
-                    Some((Reply::Data, body)) => {
+                match proto::read_frame::<_, AgentReply>(&mut stream).await? {
+                    Some((AgentReply::Data, body)) => {
                         size += body.len() as u64;
                         file.write_all(&body)
                             .await
                             .map_err(|e| Error::from_io(&e, "snapshot file"))?;
                     }
-                    Some((Reply::End, _)) => break,
-                    Some((Reply::Error { error }, _)) => return Err(Error::from_body(&error)),
+                    Some((AgentReply::End, _)) => break,
+                    Some((AgentReply::Error { error }, _)) => {
+                        return Err(proto::remote_error(&error))
+                    }
                     Some((other, _)) => return Err(unexpected(&other)),
                     None => return Err(Error::backend("snapshot stream ended early")),
                 }
@@ -300,9 +308,11 @@ impl LocalBackend {
                 Err(e) => Some((Err(Error::from_io(&e, "snapshot file")), None)),
             }
         });
-        let mut stream = self.upload(id, Request::ImportFs, Box::pin(chunks)).await?;
+        let mut stream = self
+            .upload(id, AgentRequest::ImportFs, Box::pin(chunks))
+            .await?;
         match read_reply(&mut stream, id).await? {
-            Reply::Done => Ok(()),
+            AgentReply::Done => Ok(()),
             other => Err(unexpected(&other)),
         }
     }
@@ -330,17 +340,28 @@ impl LocalBackend {
     }
 
     /// Send a request the monitor answers and read its one reply.
-    async fn monitor_call(&self, id: &str, request: Request) -> Result<Reply> {
+    async fn monitor_call(&self, id: &str, request: MonitorRequest) -> Result<MonitorReply> {
+        self.monitor_call_as(id, request, PROTOCOL_VERSION).await
+    }
+
+    /// [`Self::monitor_call`] speaking protocol `version` (only for the requests every version
+    /// encodes alike, [`proto::FROZEN_OPS`]).
+    async fn monitor_call_as(
+        &self,
+        id: &str,
+        request: MonitorRequest,
+        version: u32,
+    ) -> Result<MonitorReply> {
         let mut stream = self.connect(id).await?;
         let hello = Hello {
-            version: PROTOCOL_VERSION,
+            version,
             request: Some(request),
             while_paused: false,
         };
         let result = async {
             proto::write_frame(&mut stream, &hello, &[]).await?;
-            match proto::read_frame::<_, Reply>(&mut stream).await? {
-                Some((Reply::Error { error }, _)) => Err(Error::from_body(&error)),
+            match proto::read_frame::<_, MonitorReply>(&mut stream).await? {
+                Some((MonitorReply::Error { error }, _)) => Err(proto::remote_error(&error)),
                 Some((reply, _)) => Ok(reply),
                 None => Err(Error::not_found(format!("sandbox {id:?}"))),
             }
@@ -353,22 +374,22 @@ impl LocalBackend {
     }
 
     /// A monitor request answered with the sandbox's info.
-    async fn monitor_info(&self, id: &str, request: Request) -> Result<SandboxInfo> {
+    async fn monitor_info(&self, id: &str, request: MonitorRequest) -> Result<SandboxInfo> {
         match self.monitor_call(id, request).await? {
-            Reply::Info { info } => Ok(info),
+            MonitorReply::Info { info } => Ok(*info),
             other => Err(unexpected(&other)),
         }
     }
 
     /// Open a connection served by the agent, with `request` sent.
-    async fn agent_stream(&self, id: &str, request: &Request) -> Result<UnixStream> {
+    async fn agent_stream(&self, id: &str, request: &AgentRequest) -> Result<UnixStream> {
         self.agent_stream_opts(id, request, false).await
     }
 
     async fn agent_stream_opts(
         &self,
         id: &str,
-        request: &Request,
+        request: &AgentRequest,
         while_paused: bool,
     ) -> Result<UnixStream> {
         let mut stream = self.connect(id).await?;
@@ -389,7 +410,7 @@ impl LocalBackend {
     }
 
     /// An agent request with a single reply.
-    async fn agent_call(&self, id: &str, request: Request) -> Result<Reply> {
+    async fn agent_call(&self, id: &str, request: AgentRequest) -> Result<AgentReply> {
         let mut stream = self.agent_stream(id, &request).await?;
         read_reply(&mut stream, id).await.map_err(|e| match e {
             Error::Backend { .. } => self.or_gone(id, e),
@@ -397,28 +418,28 @@ impl LocalBackend {
         })
     }
 
-    async fn agent_stat(&self, id: &str, request: Request) -> Result<FileStat> {
+    async fn agent_stat(&self, id: &str, request: AgentRequest) -> Result<FileStat> {
         match self.agent_call(id, request).await? {
-            Reply::Stat { stat } => Ok(stat),
+            AgentReply::Stat { stat } => Ok(stat),
             other => Err(unexpected(&other)),
         }
     }
 
-    async fn agent_done(&self, id: &str, request: Request) -> Result<()> {
+    async fn agent_done(&self, id: &str, request: AgentRequest) -> Result<()> {
         match self.agent_call(id, request).await? {
-            Reply::Done => Ok(()),
+            AgentReply::Done => Ok(()),
             other => Err(unexpected(&other)),
         }
     }
 
-    async fn process_stream(&self, id: &str, request: Request) -> Result<ProcessStream> {
+    async fn process_stream(&self, id: &str, request: AgentRequest) -> Result<ProcessStream> {
         let mut stream = self.agent_stream(id, &request).await?;
         let first = read_reply(&mut stream, id).await.map_err(|e| match e {
             Error::Backend { .. } => self.or_gone(id, e),
             other => other,
         });
         let pid = match first? {
-            Reply::Started { pid } => pid,
+            AgentReply::Started { pid } => pid,
             other => return Err(unexpected(&other)),
         };
         let id = id.to_string();
@@ -426,15 +447,15 @@ impl LocalBackend {
             let id = id.clone();
             async move {
                 let mut stream = state?;
-                let item = match proto::read_frame::<_, Reply>(&mut stream).await {
-                    Ok(Some((Reply::Stdout, body))) => Ok(ProcessEvent::Stdout(body)),
-                    Ok(Some((Reply::Stderr, body))) => Ok(ProcessEvent::Stderr(body)),
-                    Ok(Some((Reply::Gap { stdout, stderr }, _))) => {
+                let item = match proto::read_frame::<_, AgentReply>(&mut stream).await {
+                    Ok(Some((AgentReply::Stdout, body))) => Ok(ProcessEvent::Stdout(body)),
+                    Ok(Some((AgentReply::Stderr, body))) => Ok(ProcessEvent::Stderr(body)),
+                    Ok(Some((AgentReply::Gap { stdout, stderr }, _))) => {
                         Ok(ProcessEvent::Gap { stdout, stderr })
                     }
-                    Ok(Some((Reply::Live, _))) => Ok(ProcessEvent::Live),
+                    Ok(Some((AgentReply::Live, _))) => Ok(ProcessEvent::Live),
                     Ok(Some((
-                        Reply::Restarted {
+                        AgentReply::Restarted {
                             pid,
                             restarts,
                             previous,
@@ -445,11 +466,11 @@ impl LocalBackend {
                         restarts,
                         previous,
                     }),
-                    Ok(Some((Reply::Exit { status }, _))) => {
+                    Ok(Some((AgentReply::Exit { status }, _))) => {
                         return Some((Ok(ProcessEvent::Exit(status)), None));
                     }
-                    Ok(Some((Reply::Error { error }, _))) => {
-                        return Some((Err(Error::from_body(&error)), None));
+                    Ok(Some((AgentReply::Error { error }, _))) => {
+                        return Some((Err(proto::remote_error(&error)), None));
                     }
                     Ok(Some((other, _))) => return Some((Err(unexpected(&other)), None)),
                     Ok(None) => {
@@ -475,7 +496,12 @@ impl LocalBackend {
         })
     }
 
-    async fn upload(&self, id: &str, request: Request, mut data: ByteStream) -> Result<UnixStream> {
+    async fn upload(
+        &self,
+        id: &str,
+        request: AgentRequest,
+        mut data: ByteStream,
+    ) -> Result<UnixStream> {
         let mut stream = self.agent_stream(id, &request).await?;
         while let Some(chunk) = data.next().await {
             let chunk = match chunk {
@@ -487,20 +513,21 @@ impl LocalBackend {
                     let _ = stream.shutdown().await;
                     let _ = tokio::time::timeout(
                         UPLOAD_CLEANUP_WAIT,
-                        proto::read_frame::<_, Reply>(&mut stream),
+                        proto::read_frame::<_, AgentReply>(&mut stream),
                     )
                     .await;
                     return Err(e);
                 }
             };
             for piece in chunk.chunks(proto::CHUNK) {
-                if let Err(send_error) = proto::write_frame(&mut stream, &Reply::Data, piece).await
+                if let Err(send_error) =
+                    proto::write_frame(&mut stream, &AgentReply::Data, piece).await
                 {
                     return Err(self.refusal_or(&mut stream, send_error).await);
                 }
             }
         }
-        if let Err(send_error) = proto::write_frame(&mut stream, &Reply::End, &[]).await {
+        if let Err(send_error) = proto::write_frame(&mut stream, &AgentReply::End, &[]).await {
             return Err(self.refusal_or(&mut stream, send_error).await);
         }
         Ok(stream)
@@ -514,8 +541,8 @@ impl LocalBackend {
     /// The agent refuses a bad upload (a bad path, a closed stdin) by replying and closing;
     /// report that refusal rather than the broken pipe it causes on our side.
     async fn refusal_or(&self, stream: &mut UnixStream, send_error: Error) -> Error {
-        match proto::read_frame::<_, Reply>(stream).await {
-            Ok(Some((Reply::Error { error }, _))) => Error::from_body(&error),
+        match proto::read_frame::<_, AgentReply>(stream).await {
+            Ok(Some((AgentReply::Error { error }, _))) => proto::remote_error(&error),
             _ => send_error,
         }
     }
@@ -545,14 +572,14 @@ fn lock_is_free(path: &Path) -> bool {
         .custom_flags(libc::O_CLOEXEC)
         .open(path)
     {
-        Ok(f) => sys::try_lock_exclusive(f.as_raw_fd()).unwrap_or(false),
+        Ok(f) => sys::try_lock_exclusive(f.as_fd()).unwrap_or(false),
         Err(e) => e.kind() == std::io::ErrorKind::NotFound,
     }
 }
 
-async fn read_reply(stream: &mut UnixStream, id: &str) -> Result<Reply> {
-    match proto::read_frame::<_, Reply>(stream).await? {
-        Some((Reply::Error { error }, _)) => Err(Error::from_body(&error)),
+async fn read_reply(stream: &mut UnixStream, id: &str) -> Result<AgentReply> {
+    match proto::read_frame::<_, AgentReply>(stream).await? {
+        Some((AgentReply::Error { error }, _)) => Err(proto::remote_error(&error)),
         Some((reply, _)) => Ok(reply),
         None => Err(Error::Backend {
             message: format!("sandbox {id:?} closed the connection without a reply"),
@@ -561,7 +588,7 @@ async fn read_reply(stream: &mut UnixStream, id: &str) -> Result<Reply> {
     }
 }
 
-fn unexpected(reply: &Reply) -> Error {
+fn unexpected(reply: &impl std::fmt::Debug) -> Error {
     Error::backend(format!("protocol error: unexpected reply {reply:?}"))
 }
 
@@ -588,7 +615,36 @@ pub(crate) fn info_of(record: &Record, state: SandboxState) -> SandboxInfo {
         volumes: record.options.volumes.clone(),
         snapshot: record.options.snapshot.clone(),
         annotations: record.options.annotations.clone(),
+        note: None,
     }
+}
+
+/// The protocol version of the build that created the sandbox in `dir`, from its record (v1
+/// for records that predate the field); ours when the record cannot be read, so the monitor
+/// answers for itself.
+async fn peer_protocol(dir: &SandboxDir) -> u32 {
+    let Ok(text) = tokio::fs::read(dir.record()).await else {
+        return PROTOCOL_VERSION;
+    };
+    match serde_json::from_slice::<serde_json::Value>(&text) {
+        Ok(record) => record
+            .get("protocol")
+            .and_then(|v| v.as_u64())
+            .and_then(|v| u32::try_from(v).ok())
+            .unwrap_or(proto::FIRST_PROTOCOL_VERSION),
+        Err(_) => PROTOCOL_VERSION,
+    }
+}
+
+/// What `list` and `get` say about a sandbox whose monitor speaks protocol `peer`.
+fn protocol_note(peer: u32) -> Option<String> {
+    (peer != PROTOCOL_VERSION).then(|| {
+        format!(
+            "created by a Sandcove version speaking engine protocol v{peer} (this one speaks \
+             v{PROTOCOL_VERSION}): it can be listed, read and destroyed here, nothing else; \
+             recreate it, or use a Sandcove version speaking v{peer}"
+        )
+    })
 }
 
 /// Whether this host lets us create the namespaces a sandbox needs (a quick probe).
@@ -757,6 +813,7 @@ impl Backend for LocalBackend {
                     .into_owned()
             }),
             pasta,
+            protocol: PROTOCOL_VERSION,
         };
         let state_dir = self.state_dir.clone();
         let info = info_of(&record, SandboxState::Running);
@@ -773,7 +830,15 @@ impl Backend for LocalBackend {
     }
 
     async fn get(&self, id: &str) -> Result<SandboxInfo> {
-        self.monitor_info(id, Request::Info).await
+        // A monitor of another version is asked in its own version (`info` never changes).
+        let peer = peer_protocol(&self.dir(id)?).await;
+        match self.monitor_call_as(id, MonitorRequest::Info, peer).await? {
+            MonitorReply::Info { mut info } => {
+                info.note = protocol_note(peer);
+                Ok(*info)
+            }
+            other => Err(unexpected(&other)),
+        }
     }
 
     async fn list(&self, options: ListOptions) -> Result<Vec<SandboxInfo>> {
@@ -795,9 +860,10 @@ impl Backend for LocalBackend {
             let Ok(text) = std::fs::read(sdir.info()) else {
                 continue;
             };
-            let Ok(info) = serde_json::from_slice::<SandboxInfo>(&text) else {
+            let Ok(mut info) = serde_json::from_slice::<SandboxInfo>(&text) else {
                 continue;
             };
+            info.note = protocol_note(peer_protocol(&sdir).await);
             if info.ends_at <= now_millis() || info.state == SandboxState::Destroyed {
                 continue;
             }
@@ -813,7 +879,7 @@ impl Backend for LocalBackend {
         crate::validate::validate_sandbox_timeout(timeout)?;
         self.monitor_info(
             id,
-            Request::SetTimeout {
+            MonitorRequest::SetTimeout {
                 secs: timeout.as_secs_f64(),
             },
         )
@@ -826,7 +892,8 @@ impl Backend for LocalBackend {
         labels: std::collections::BTreeMap<String, String>,
     ) -> Result<SandboxInfo> {
         crate::validate::validate_labels(&labels)?;
-        self.monitor_info(id, Request::SetLabels { labels }).await
+        self.monitor_info(id, MonitorRequest::SetLabels { labels })
+            .await
     }
 
     async fn update_annotations(
@@ -837,17 +904,23 @@ impl Backend for LocalBackend {
         // Bad keys are refused here too, before the sandbox is contacted.
         update.validate()?;
         match self
-            .monitor_call(id, Request::UpdateAnnotations { update })
+            .monitor_call(id, MonitorRequest::UpdateAnnotations { update })
             .await?
         {
-            Reply::Annotations { annotations } => Ok(annotations),
+            MonitorReply::Annotations { annotations } => Ok(annotations),
             other => Err(unexpected(&other)),
         }
     }
 
     async fn destroy(&self, id: &str) -> Result<()> {
-        match self.monitor_call(id, Request::Destroy).await {
-            Ok(Reply::Done) => Ok(()),
+        // Any version's monitor destroys on the same request, so nothing another build made
+        // leaks.
+        let peer = peer_protocol(&self.dir(id)?).await;
+        match self
+            .monitor_call_as(id, MonitorRequest::Destroy, peer)
+            .await
+        {
+            Ok(MonitorReply::Done) => Ok(()),
             Ok(other) => Err(unexpected(&other)),
             Err(e) => Err(e),
         }
@@ -855,36 +928,38 @@ impl Backend for LocalBackend {
 
     async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
         spec.validate()?;
-        self.process_stream(id, Request::Spawn { spec }).await
+        self.process_stream(id, AgentRequest::Spawn { spec }).await
     }
 
     async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream> {
-        self.process_stream(id, Request::Attach { process }).await
+        self.process_stream(id, AgentRequest::Attach { process })
+            .await
     }
 
     async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
         let body: ByteStream = Box::pin(futures::stream::once(async move { Ok(data) }));
         let mut stream = self
-            .upload(id, Request::WriteStdin { process }, body)
+            .upload(id, AgentRequest::WriteStdin { process }, body)
             .await?;
         match read_reply(&mut stream, id).await? {
-            Reply::Done => Ok(()),
+            AgentReply::Done => Ok(()),
             other => Err(unexpected(&other)),
         }
     }
 
     async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()> {
-        self.agent_done(id, Request::CloseStdin { process }).await
+        self.agent_done(id, AgentRequest::CloseStdin { process })
+            .await
     }
 
     async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
-        self.agent_done(id, Request::Signal { process, signal })
+        self.agent_done(id, AgentRequest::Signal { process, signal })
             .await
     }
 
     async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
-        match self.agent_call(id, Request::ListProcesses).await? {
-            Reply::Processes { processes } => Ok(processes),
+        match self.agent_call(id, AgentRequest::ListProcesses).await? {
+            AgentReply::Processes { processes } => Ok(processes),
             other => Err(unexpected(&other)),
         }
     }
@@ -893,17 +968,17 @@ impl Backend for LocalBackend {
         let mut stream = self
             .agent_stream(
                 id,
-                &Request::ReadFile {
+                &AgentRequest::ReadFile {
                     path: path.to_string(),
                     options,
                 },
             )
             .await?;
         // Fail fast on a missing file or a directory: the first frame decides.
-        let first = match proto::read_frame::<_, Reply>(&mut stream).await? {
-            Some((Reply::Data, body)) => body,
-            Some((Reply::End, _)) => return Ok(Box::pin(futures::stream::empty())),
-            Some((Reply::Error { error }, _)) => return Err(Error::from_body(&error)),
+        let first = match proto::read_frame::<_, AgentReply>(&mut stream).await? {
+            Some((AgentReply::Data, body)) => body,
+            Some((AgentReply::End, _)) => return Ok(Box::pin(futures::stream::empty())),
+            Some((AgentReply::Error { error }, _)) => return Err(proto::remote_error(&error)),
             Some((other, _)) => return Err(unexpected(&other)),
             None => {
                 return Err(Error::backend(format!(
@@ -913,11 +988,11 @@ impl Backend for LocalBackend {
         };
         let rest = futures::stream::unfold(Some(stream), |state| async move {
             let mut stream = state?;
-            match proto::read_frame::<_, Reply>(&mut stream).await {
-                Ok(Some((Reply::Data, body))) => Some((Ok(body), Some(stream))),
-                Ok(Some((Reply::End, _))) => None,
-                Ok(Some((Reply::Error { error }, _))) => {
-                    Some((Err(Error::from_body(&error)), None))
+            match proto::read_frame::<_, AgentReply>(&mut stream).await {
+                Ok(Some((AgentReply::Data, body))) => Some((Ok(body), Some(stream))),
+                Ok(Some((AgentReply::End, _))) => None,
+                Ok(Some((AgentReply::Error { error }, _))) => {
+                    Some((Err(proto::remote_error(&error)), None))
                 }
                 Ok(Some((other, _))) => Some((Err(unexpected(&other)), None)),
                 Ok(None) => Some((
@@ -939,13 +1014,13 @@ impl Backend for LocalBackend {
         data: ByteStream,
         options: WriteOptions,
     ) -> Result<FileStat> {
-        let request = Request::WriteFile {
+        let request = AgentRequest::WriteFile {
             path: path.to_string(),
             options,
         };
         let mut stream = self.upload(id, request, data).await?;
         match read_reply(&mut stream, id).await? {
-            Reply::Stat { stat } => Ok(stat),
+            AgentReply::Stat { stat } => Ok(stat),
             other => Err(unexpected(&other)),
         }
     }
@@ -956,12 +1031,12 @@ impl Backend for LocalBackend {
         path: &str,
         options: ListDirOptions,
     ) -> Result<Vec<FileStat>> {
-        let request = Request::ListDir {
+        let request = AgentRequest::ListDir {
             path: path.to_string(),
             options,
         };
         match self.agent_call(id, request).await? {
-            Reply::Entries { entries } => Ok(entries),
+            AgentReply::Entries { entries } => Ok(entries),
             other => Err(unexpected(&other)),
         }
     }
@@ -969,7 +1044,7 @@ impl Backend for LocalBackend {
     async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat> {
         self.agent_stat(
             id,
-            Request::Stat {
+            AgentRequest::Stat {
                 path: path.to_string(),
                 options,
             },
@@ -980,7 +1055,7 @@ impl Backend for LocalBackend {
     async fn mkdir(&self, id: &str, path: &str, options: MkdirOptions) -> Result<FileStat> {
         self.agent_stat(
             id,
-            Request::Mkdir {
+            AgentRequest::Mkdir {
                 path: path.to_string(),
                 options,
             },
@@ -991,7 +1066,7 @@ impl Backend for LocalBackend {
     async fn remove(&self, id: &str, path: &str, options: RemoveOptions) -> Result<()> {
         self.agent_done(
             id,
-            Request::Remove {
+            AgentRequest::Remove {
                 path: path.to_string(),
                 options,
             },
@@ -1002,7 +1077,7 @@ impl Backend for LocalBackend {
     async fn rename(&self, id: &str, from: &str, to: &str) -> Result<FileStat> {
         self.agent_stat(
             id,
-            Request::Rename {
+            AgentRequest::Rename {
                 from: from.to_string(),
                 to: to.to_string(),
             },
@@ -1013,7 +1088,7 @@ impl Backend for LocalBackend {
     async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
         self.agent_stat(
             id,
-            Request::Chmod {
+            AgentRequest::Chmod {
                 path: path.to_string(),
                 mode,
             },
@@ -1022,49 +1097,49 @@ impl Backend for LocalBackend {
     }
 
     async fn pause(&self, id: &str) -> Result<SandboxInfo> {
-        self.monitor_info(id, Request::Pause).await
+        self.monitor_info(id, MonitorRequest::Pause).await
     }
 
     async fn resume(&self, id: &str) -> Result<SandboxInfo> {
-        self.monitor_info(id, Request::Resume).await
+        self.monitor_info(id, MonitorRequest::Resume).await
     }
 
     async fn stop(&self, id: &str) -> Result<SandboxInfo> {
-        self.monitor_info(id, Request::Stop).await
+        self.monitor_info(id, MonitorRequest::Stop).await
     }
 
     async fn start(&self, id: &str) -> Result<SandboxInfo> {
-        self.monitor_info(id, Request::Start).await
+        self.monitor_info(id, MonitorRequest::Start).await
     }
 
     async fn metrics(&self, id: &str) -> Result<Metrics> {
-        match self.agent_call(id, Request::Metrics).await? {
-            Reply::Metrics { metrics } => Ok(metrics),
+        match self.agent_call(id, AgentRequest::Metrics).await? {
+            AgentReply::Metrics { metrics } => Ok(metrics),
             other => Err(unexpected(&other)),
         }
     }
 
     async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
-        self.agent_done(id, Request::ResizePty { process, size })
+        self.agent_done(id, AgentRequest::ResizePty { process, size })
             .await
     }
 
     async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
-        let request = Request::Watch {
+        let request = AgentRequest::Watch {
             path: path.to_string(),
             options,
         };
         let mut stream = self.agent_stream(id, &request).await?;
         match read_reply(&mut stream, id).await? {
-            Reply::Done => {}
+            AgentReply::Done => {}
             other => return Err(unexpected(&other)),
         }
         let events = futures::stream::unfold(Some(stream), |state| async move {
             let mut stream = state?;
-            match proto::read_frame::<_, Reply>(&mut stream).await {
-                Ok(Some((Reply::FsEvent { event }, _))) => Some((Ok(event), Some(stream))),
-                Ok(Some((Reply::Error { error }, _))) => {
-                    Some((Err(Error::from_body(&error)), None))
+            match proto::read_frame::<_, AgentReply>(&mut stream).await {
+                Ok(Some((AgentReply::FsEvent { event }, _))) => Some((Ok(event), Some(stream))),
+                Ok(Some((AgentReply::Error { error }, _))) => {
+                    Some((Err(proto::remote_error(&error)), None))
                 }
                 Ok(Some((other, _))) => Some((Err(unexpected(&other)), None)),
                 Ok(None) => Some((
@@ -1080,25 +1155,28 @@ impl Backend for LocalBackend {
     }
 
     async fn expose_port(&self, id: &str, options: PreviewOptions) -> Result<Preview> {
-        match self.monitor_call(id, Request::Expose { options }).await? {
-            Reply::Preview { preview } => Ok(preview),
+        match self
+            .monitor_call(id, MonitorRequest::Expose { options })
+            .await?
+        {
+            MonitorReply::Preview { preview } => Ok(preview),
             other => Err(unexpected(&other)),
         }
     }
 
     async fn list_previews(&self, id: &str) -> Result<Vec<Preview>> {
-        match self.monitor_call(id, Request::ListPreviews).await? {
-            Reply::Previews { previews } => Ok(previews),
+        match self.monitor_call(id, MonitorRequest::ListPreviews).await? {
+            MonitorReply::Previews { previews } => Ok(previews),
             other => Err(unexpected(&other)),
         }
     }
 
     async fn close_preview(&self, id: &str, port: u16) -> Result<()> {
         match self
-            .monitor_call(id, Request::ClosePreview { port })
+            .monitor_call(id, MonitorRequest::ClosePreview { port })
             .await?
         {
-            Reply::Done => Ok(()),
+            MonitorReply::Done => Ok(()),
             other => Err(unexpected(&other)),
         }
     }
@@ -1110,10 +1188,10 @@ impl Backend for LocalBackend {
         expires_at: Option<u64>,
     ) -> Result<PreviewToken> {
         match self
-            .monitor_call(id, Request::CreateToken { port, expires_at })
+            .monitor_call(id, MonitorRequest::CreateToken { port, expires_at })
             .await?
         {
-            Reply::Token { token } => Ok(token),
+            MonitorReply::Token { token } => Ok(token),
             other => Err(unexpected(&other)),
         }
     }
@@ -1239,7 +1317,7 @@ fn start_monitor(state_dir: &Path, record: &Record) -> Result<()> {
         .mode(0o600)
         .open(staging.join("lock"))
         .map_err(|e| cleanup(e.into()))?;
-    if !sys::try_lock_exclusive(lock.as_raw_fd()).map_err(|e| cleanup(e.into()))? {
+    if !sys::try_lock_exclusive(lock.as_fd()).map_err(|e| cleanup(e.into()))? {
         return Err(cleanup(Error::backend(
             "sandbox lock is held by another process",
         )));

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 
 use super::config::{Record, SandboxDir};
 use super::preview::{self, Exposed, Previews};
-use super::proto::{self, Control, Reply, Request};
+use super::proto::{self, Control, MonitorReply, MonitorRequest};
 use super::{agent, net, sys, volumes};
 use crate::{
     now_millis, Error, Preview, PreviewOptions, PreviewToken, Result, SandboxInfo, SandboxState,
@@ -92,8 +92,8 @@ pub fn main() -> ! {
         )
     };
     // Nothing we start may inherit them.
-    let _ = sys::set_cloexec(ready.as_raw_fd());
-    let _ = sys::set_cloexec(lock.as_raw_fd());
+    let _ = sys::set_cloexec(ready.as_fd());
+    let _ = sys::set_cloexec(lock.as_fd());
     // Detach: the client waits for this intermediate process, the monitor lives on as an
     // orphan so the sandbox outlives the program that created it.
     match sys::fork() {
@@ -367,7 +367,7 @@ impl Monitor {
         ctrl: OwnedFd,
         helper: Option<net::Helper>,
     ) -> Result<Self> {
-        sys::set_nonblocking(ctrl.as_raw_fd(), true)?;
+        sys::set_nonblocking(ctrl.as_fd(), true)?;
         Ok(Monitor {
             dir,
             record: Mutex::new(record),
@@ -1099,7 +1099,7 @@ async fn serve_client(
 ) {
     // Only the sandbox owner (or root) may talk to it; the directory is 0700 as well.
     let me = sys::geteuid();
-    match sys::peer_uid(stream.as_raw_fd()) {
+    match sys::peer_uid(stream.as_fd()) {
         Ok(uid) if uid == me || uid == 0 => {}
         _ => return,
     }
@@ -1123,7 +1123,7 @@ async fn serve_client(
     let hello = match first {
         Ok(Some(Ok(h))) => h,
         Ok(Some(Err(e))) => {
-            let _ = proto::write_frame(&mut stream, &Reply::error(&e), &[]).await;
+            let _ = proto::write_frame(&mut stream, &MonitorReply::error(&e), &[]).await;
             return;
         }
         _ => return,
@@ -1140,15 +1140,15 @@ async fn serve_client(
                 return hand_to_agent(&monitor, stream).await;
             }
             if let Err(e) = monitor.ready_for_work().await {
-                let _ = proto::write_frame(&mut stream, &Reply::error(&e), &[]).await;
+                let _ = proto::write_frame(&mut stream, &MonitorReply::error(&e), &[]).await;
                 return;
             }
             return hand_to_agent(&monitor, stream).await;
         }
-        Some(Request::Info) => Ok(Reply::Info {
-            info: monitor.info(),
+        Some(MonitorRequest::Info) => Ok(MonitorReply::Info {
+            info: Box::new(monitor.info()),
         }),
-        Some(Request::SetTimeout { secs }) => {
+        Some(MonitorRequest::SetTimeout { secs }) => {
             if !(secs.is_finite() && (0.0..=1e9).contains(&secs)) {
                 Err(Error::invalid(format!(
                     "timeout must be between 0 and 1e9 seconds, got {secs}"
@@ -1156,47 +1156,57 @@ async fn serve_client(
             } else {
                 monitor.set_timeout((secs * 1000.0) as u64).await;
                 monitor.write_info();
-                Ok(Reply::Info {
-                    info: monitor.info(),
+                Ok(MonitorReply::Info {
+                    info: Box::new(monitor.info()),
                 })
             }
         }
-        Some(Request::Destroy) => {
+        Some(MonitorRequest::Destroy) => {
             monitor.set_state(SandboxState::Destroyed);
             let _ = std::fs::remove_file(monitor.dir.socket());
             monitor.kill_agent();
             let _ = std::fs::remove_dir_all(&monitor.dir.dir);
-            let _ = proto::write_frame(&mut stream, &Reply::Done, &[]).await;
+            let _ = proto::write_frame(&mut stream, &MonitorReply::Done, &[]).await;
             let _ = stop.send(()).await;
             return;
         }
-        Some(Request::SetLabels { labels }) => match crate::validate::validate_labels(&labels) {
-            Ok(()) => {
-                monitor
-                    .record
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .options
-                    .labels = labels;
-                monitor.write_info();
-                Ok(Reply::Info {
-                    info: monitor.info(),
-                })
+        Some(MonitorRequest::SetLabels { labels }) => {
+            match crate::validate::validate_labels(&labels) {
+                Ok(()) => {
+                    monitor
+                        .record
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .options
+                        .labels = labels;
+                    monitor.write_info();
+                    Ok(MonitorReply::Info {
+                        info: Box::new(monitor.info()),
+                    })
+                }
+                Err(e) => Err(e),
             }
-            Err(e) => Err(e),
-        },
-        Some(Request::UpdateAnnotations { update }) => monitor
+        }
+        Some(MonitorRequest::UpdateAnnotations { update }) => monitor
             .update_annotations(&update)
-            .map(|annotations| Reply::Annotations { annotations }),
-        Some(Request::Stop) => monitor.stop().await.map(|info| Reply::Info { info }),
-        Some(Request::Start) => monitor.start().await.map(|info| Reply::Info { info }),
-        Some(Request::Pause) => monitor.pause().await.map(|info| Reply::Info { info }),
-        Some(Request::Resume) => monitor.resume().await.map(|info| Reply::Info { info }),
-        Some(Request::Expose { options }) => monitor
+            .map(|annotations| MonitorReply::Annotations { annotations }),
+        Some(MonitorRequest::Stop) => monitor.stop().await.map(|info| MonitorReply::Info {
+            info: Box::new(info),
+        }),
+        Some(MonitorRequest::Start) => monitor.start().await.map(|info| MonitorReply::Info {
+            info: Box::new(info),
+        }),
+        Some(MonitorRequest::Pause) => monitor.pause().await.map(|info| MonitorReply::Info {
+            info: Box::new(info),
+        }),
+        Some(MonitorRequest::Resume) => monitor.resume().await.map(|info| MonitorReply::Info {
+            info: Box::new(info),
+        }),
+        Some(MonitorRequest::Expose { options }) => monitor
             .expose(options)
             .await
-            .map(|preview| Reply::Preview { preview }),
-        Some(Request::ListPreviews) => Ok(Reply::Previews {
+            .map(|preview| MonitorReply::Preview { preview }),
+        Some(MonitorRequest::ListPreviews) => Ok(MonitorReply::Previews {
             previews: monitor
                 .previews
                 .lock()
@@ -1205,17 +1215,16 @@ async fn serve_client(
                 .map(|e| e.preview.clone())
                 .collect(),
         }),
-        Some(Request::ClosePreview { port }) => monitor.close_preview(port).map(|_| Reply::Done),
-        Some(Request::CreateToken { port, expires_at }) => monitor
+        Some(MonitorRequest::ClosePreview { port }) => {
+            monitor.close_preview(port).map(|_| MonitorReply::Done)
+        }
+        Some(MonitorRequest::CreateToken { port, expires_at }) => monitor
             .create_token(port, expires_at)
-            .map(|token| Reply::Token { token }),
-        Some(other) => Err(Error::backend(format!(
-            "protocol error: {other:?} must be routed to the agent"
-        ))),
+            .map(|token| MonitorReply::Token { token }),
     };
     let reply = match result {
         Ok(r) => r,
-        Err(e) => Reply::error(&e),
+        Err(e) => MonitorReply::error(&e),
     };
     let _ = proto::write_frame(&mut stream, &reply, &[]).await;
 }
@@ -1242,7 +1251,7 @@ async fn hand_to_agent(monitor: &Monitor, stream: UnixStream) {
             message: "the sandbox agent is not answering".into(),
             retryable: false,
         };
-        let _ = proto::write_frame_sync(&mut s, &Reply::error(&err), &[]);
+        let _ = proto::write_frame_sync(&mut s, &MonitorReply::error(&err), &[]);
     }
 }
 

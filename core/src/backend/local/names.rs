@@ -14,7 +14,7 @@
 //! belongs to the engine's user, not to any sandbox, so plain paths are safe here.
 
 use std::io::ErrorKind;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -41,7 +41,7 @@ fn guard(state_dir: &Path) -> Result<std::fs::File> {
         .custom_flags(libc::O_CLOEXEC)
         .open(dir.join(".lock"))
         .map_err(|e| Error::from_io(&e, "sandbox names lock"))?;
-    sys::lock_exclusive(file.as_raw_fd()).map_err(|e| Error::from_io(&e, "sandbox names lock"))?;
+    sys::lock_exclusive(file.as_fd()).map_err(|e| Error::from_io(&e, "sandbox names lock"))?;
     Ok(file)
 }
 

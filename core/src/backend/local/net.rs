@@ -16,6 +16,7 @@
 //! the rules.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -274,7 +275,7 @@ pub fn start_helper(helper: &Path, agent_pid: libc::pid_t) -> Result<Helper> {
     let ready = sys::poll_readable(ready_read.as_raw_fd(), HELPER_READY.as_millis() as i32)?;
     let mut buf = [0u8; 32];
     let n = if ready {
-        sys::read_fd(ready_read.as_raw_fd(), &mut buf)?
+        sys::read_fd(ready_read.as_fd(), &mut buf)?
     } else {
         0
     };

@@ -17,7 +17,21 @@ use crate::{
 };
 
 /// Bumped on any incompatible change to the messages below.
-pub const PROTOCOL_VERSION: u32 = 1;
+///
+/// - v1: the first release.
+/// - v2: attaching to a process sends `Live` (where retained history ends) and `Restarted`
+///   events, which v1 clients do not know.
+///
+/// Whatever the version, the frame layout and two requests are frozen so a sandbox made by
+/// another build can still be described and destroyed: a hello frame carrying `info` or
+/// `destroy` (`FROZEN_OPS`), answered by an `info`, `done` or `error` frame.
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// Monitor requests whose encoding never changes, served to a client of any version.
+pub const FROZEN_OPS: [&str; 2] = ["info", "destroy"];
+
+/// The protocol version a sandbox record without one was made with.
+pub const FIRST_PROTOCOL_VERSION: u32 = 1;
 
 /// Largest JSON header accepted.
 pub const MAX_HEADER: usize = 4 << 20;
@@ -32,19 +46,20 @@ pub struct Hello {
     /// [`PROTOCOL_VERSION`] of the client.
     pub version: u32,
     /// A request the monitor serves itself, or `None`: hand the connection to the agent,
-    /// which reads the real [`Request`] from the next frame.
+    /// which reads the [`AgentRequest`] from the next frame.
     #[serde(default)]
-    pub request: Option<Request>,
+    pub request: Option<MonitorRequest>,
     /// Serve the agent request even while the sandbox is paused (filesystem export for a
     /// snapshot, which pauses the sandbox on purpose).
     #[serde(default)]
     pub while_paused: bool,
 }
 
-/// A client request. The first group is served by the monitor, the rest by the agent.
+/// A request the monitor serves itself: the sandbox's lifecycle, lease, labels, annotations
+/// and previews. Sent inside the [`Hello`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
-pub enum Request {
+pub enum MonitorRequest {
     /// Describe the sandbox.
     Info,
     /// Destroy it.
@@ -54,6 +69,50 @@ pub enum Request {
         /// Seconds from now.
         secs: f64,
     },
+    /// Replace the labels.
+    SetLabels {
+        /// The new labels.
+        labels: std::collections::BTreeMap<String, String>,
+    },
+    /// Change the annotations; replies `Annotations`.
+    UpdateAnnotations {
+        /// The change.
+        update: crate::AnnotationUpdate,
+    },
+    /// Stop the sandbox: processes killed, files kept, lease paused.
+    Stop,
+    /// Start a stopped sandbox.
+    Start,
+    /// Pause the sandbox.
+    Pause,
+    /// Resume the sandbox.
+    Resume,
+    /// Expose a port; replies `Preview`.
+    Expose {
+        /// What to expose.
+        options: PreviewOptions,
+    },
+    /// List previews; replies `Previews`.
+    ListPreviews,
+    /// Close a preview.
+    ClosePreview {
+        /// Its port.
+        port: u16,
+    },
+    /// Issue another token for a private preview; replies `Token`.
+    CreateToken {
+        /// The preview's port.
+        port: u16,
+        /// Expiry, ms since the epoch.
+        expires_at: Option<u64>,
+    },
+}
+
+/// A request the monitor forwards to the agent (processes, files, watch, metrics, the
+/// filesystem archive). Sent as the frame after a [`Hello`] without a request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum AgentRequest {
     /// Start a process; replies `Started`, then output events, then `Exit`.
     Spawn {
         /// What to run.
@@ -141,53 +200,16 @@ pub enum Request {
         /// Mode bits.
         mode: u32,
     },
-    /// Replace the labels (monitor).
-    SetLabels {
-        /// The new labels.
-        labels: std::collections::BTreeMap<String, String>,
-    },
-    /// Change the annotations (monitor); replies `Annotations`.
-    UpdateAnnotations {
-        /// The change.
-        update: crate::AnnotationUpdate,
-    },
-    /// Stop the sandbox: processes killed, files kept, lease paused (monitor).
-    Stop,
-    /// Start a stopped sandbox (monitor).
-    Start,
-    /// Pause the sandbox (monitor).
-    Pause,
-    /// Resume the sandbox (monitor).
-    Resume,
-    /// Expose a port (monitor); replies `Preview`.
-    Expose {
-        /// What to expose.
-        options: PreviewOptions,
-    },
-    /// List previews (monitor); replies `Previews`.
-    ListPreviews,
-    /// Close a preview (monitor).
-    ClosePreview {
-        /// Its port.
-        port: u16,
-    },
-    /// Issue another token for a private preview (monitor); replies `Token`.
-    CreateToken {
-        /// The preview's port.
-        port: u16,
-        /// Expiry, ms since the epoch.
-        expires_at: Option<u64>,
-    },
-    /// Resource usage (agent); replies `Metrics`.
+    /// Resource usage; replies `Metrics`.
     Metrics,
-    /// Resize a process's terminal (agent).
+    /// Resize a process's terminal.
     ResizePty {
         /// Which process.
         process: ProcessSelector,
         /// New size.
         size: PtySize,
     },
-    /// Watch a directory (agent): `Done` once watching, then `FsEvent` frames until the client
+    /// Watch a directory: `Done` once watching, then `FsEvent` frames until the client
     /// closes the connection.
     Watch {
         /// Directory.
@@ -195,17 +217,17 @@ pub enum Request {
         /// Options.
         options: WatchOptions,
     },
-    /// Stream a tar archive of the sandbox's writable filesystem (agent): `Data` frames, then
+    /// Stream a tar archive of the sandbox's writable filesystem: `Data` frames, then
     /// `End` (or `Error`).
     ExportFs,
-    /// Unpack the tar archive in the `Data` frames that follow into the sandbox root (agent).
+    /// Unpack the tar archive in the `Data` frames that follow into the sandbox root.
     ImportFs,
 }
 
-/// A frame header from the serving side (and `Data`/`End` from a client streaming a file).
+/// A frame header from the monitor.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Reply {
+pub enum MonitorReply {
     /// The request failed.
     Error {
         /// The error.
@@ -213,8 +235,8 @@ pub enum Reply {
     },
     /// Sandbox description.
     Info {
-        /// It.
-        info: SandboxInfo,
+        /// It (boxed: far larger than the other replies).
+        info: Box<SandboxInfo>,
     },
     /// Success with nothing to report.
     Done,
@@ -223,6 +245,35 @@ pub enum Reply {
         /// Them.
         annotations: std::collections::BTreeMap<String, String>,
     },
+    /// A preview.
+    Preview {
+        /// It.
+        preview: Preview,
+    },
+    /// Previews.
+    Previews {
+        /// Them.
+        previews: Vec<Preview>,
+    },
+    /// A preview token.
+    Token {
+        /// It.
+        token: PreviewToken,
+    },
+}
+
+/// A frame header from the agent (and `Data`/`End` from a client streaming a file to it). A
+/// refusal by the monitor before the handoff is an `Error` frame, encoded the same way.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AgentReply {
+    /// The request failed.
+    Error {
+        /// The error.
+        error: ErrorBody,
+    },
+    /// Success with nothing to report.
+    Done,
     /// One path's metadata.
     Stat {
         /// It.
@@ -270,21 +321,6 @@ pub enum Reply {
         /// How.
         status: ExitStatus,
     },
-    /// A preview.
-    Preview {
-        /// It.
-        preview: Preview,
-    },
-    /// Previews.
-    Previews {
-        /// Them.
-        previews: Vec<Preview>,
-    },
-    /// A preview token.
-    Token {
-        /// It.
-        token: PreviewToken,
-    },
     /// Resource usage.
     Metrics {
         /// It.
@@ -301,10 +337,19 @@ pub enum Reply {
     End,
 }
 
-impl Reply {
+impl MonitorReply {
     /// An error reply.
-    pub fn error(err: &Error) -> Reply {
-        Reply::Error {
+    pub fn error(err: &Error) -> MonitorReply {
+        MonitorReply::Error {
+            error: err.to_body(),
+        }
+    }
+}
+
+impl AgentReply {
+    /// An error reply.
+    pub fn error(err: &Error) -> AgentReply {
+        AgentReply::Error {
             error: err.to_body(),
         }
     }
@@ -398,18 +443,92 @@ pub fn write_frame_sync<W: Write, H: Serialize>(w: &mut W, header: &H, body: &[u
     w.write_all(&bytes).map_err(io_err)
 }
 
-/// Parse a client's first frame, answering a version mismatch with a clear error.
+/// Parse a client's first frame, answering a version mismatch with a clear error and a request
+/// meant for the agent with a typed refusal.
 pub fn parse_hello(head: &[u8]) -> Result<Hello> {
-    let value: serde_json::Value = decode_header(head)?;
+    let mut value: serde_json::Value = decode_header(head)?;
     let version = value.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
     if version != PROTOCOL_VERSION as u64 {
-        return Err(Error::backend(format!(
-            "protocol version mismatch: the client speaks v{version}, this sandbox v{PROTOCOL_VERSION}; \
-             use the same Sandcove version that created the sandbox"
-        )));
+        let op = value
+            .get("request")
+            .and_then(|r| r.get("op"))
+            .and_then(|op| op.as_str());
+        if !op.is_some_and(|op| FROZEN_OPS.contains(&op)) {
+            return Err(version_mismatch(version, PROTOCOL_VERSION as u64));
+        }
     }
-    serde_json::from_value(value)
-        .map_err(|e| Error::backend(format!("protocol error: bad request ({e})")))
+    let request = match value.get_mut("request").map(serde_json::Value::take) {
+        None | Some(serde_json::Value::Null) => None,
+        Some(request) => Some(routed::<MonitorRequest, AgentRequest>(
+            request, "monitor", "agent",
+        )?),
+    };
+    let while_paused = value
+        .get("while_paused")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    Ok(Hello {
+        version: PROTOCOL_VERSION,
+        request,
+        while_paused,
+    })
+}
+
+/// The typed refusal of a request between builds speaking different protocol versions.
+pub fn version_mismatch(client: u64, sandbox: u64) -> Error {
+    Error::Unavailable {
+        reason: format!(
+            "protocol version mismatch: the client speaks v{client}, the sandbox v{sandbox} \
+             (it was created by another Sandcove version)"
+        ),
+        remedy: format!(
+            "recreate the sandbox, or use a Sandcove version speaking protocol v{sandbox}; \
+             listing, getting and destroying it work from any version"
+        ),
+    }
+}
+
+/// The error a monitor or agent answered with. A v1 monitor refuses another version with an
+/// untyped backend error; it becomes the same typed refusal a newer monitor sends.
+pub fn remote_error(body: &ErrorBody) -> Error {
+    let err = Error::from_body(body);
+    match &err {
+        Error::Backend { message, .. } if message.starts_with("protocol version mismatch") => {
+            version_mismatch(PROTOCOL_VERSION as u64, FIRST_PROTOCOL_VERSION as u64)
+        }
+        _ => err,
+    }
+}
+
+/// Parse the request frame a handed-off connection starts with; a monitor request sent here is
+/// refused with a typed error, never served.
+pub fn parse_agent_request(header: serde_json::Value) -> Result<AgentRequest> {
+    routed::<AgentRequest, MonitorRequest>(header, "agent", "monitor")
+}
+
+/// Decode a request for this side (`Mine`); one that decodes as the other side's (`Theirs`)
+/// is refused as misrouted (`InvalidArgument`), anything else is a protocol error.
+fn routed<Mine, Theirs>(value: serde_json::Value, mine: &str, theirs: &str) -> Result<Mine>
+where
+    Mine: for<'de> Deserialize<'de>,
+    Theirs: for<'de> Deserialize<'de>,
+{
+    match serde_json::from_value::<Mine>(value.clone()) {
+        Ok(request) => Ok(request),
+        Err(e) => {
+            if serde_json::from_value::<Theirs>(value.clone()).is_ok() {
+                let op = value.get("op").and_then(|v| v.as_str()).unwrap_or("?");
+                Err(Error::invalid(format!(
+                    "request {op:?} is served by the sandbox {theirs}, not its {mine}; \
+                     it was sent on the wrong route"
+                )))
+            } else {
+                Err(Error::backend(format!(
+                    "protocol error: bad {mine} request ({e})"
+                )))
+            }
+        }
+    }
 }
 
 /// Messages on the monitor ↔ agent control socket (one `SOCK_SEQPACKET` message each).
@@ -466,36 +585,108 @@ mod tests {
     async fn frames_round_trip_binary_bodies() {
         let body: Vec<u8> = vec![0, 255, 10, 0, 0xc3, 0x28];
         let mut buf = Vec::new();
-        write_frame(&mut buf, &Reply::Stdout, &body).await.unwrap();
+        write_frame(&mut buf, &AgentReply::Stdout, &body)
+            .await
+            .unwrap();
         let mut r = &buf[..];
-        let (h, b): (Reply, Vec<u8>) = read_frame(&mut r).await.unwrap().unwrap();
-        assert!(matches!(h, Reply::Stdout));
+        let (h, b): (AgentReply, Vec<u8>) = read_frame(&mut r).await.unwrap().unwrap();
+        assert!(matches!(h, AgentReply::Stdout));
         assert_eq!(b, body);
-        assert!(read_frame::<_, Reply>(&mut r).await.unwrap().is_none());
+        assert!(read_frame::<_, AgentReply>(&mut r).await.unwrap().is_none());
     }
 
     #[tokio::test]
     async fn a_truncated_frame_is_an_error_not_a_short_read() {
         let mut buf = Vec::new();
-        write_frame(&mut buf, &Reply::Data, &[1, 2, 3])
+        write_frame(&mut buf, &AgentReply::Data, &[1, 2, 3])
             .await
             .unwrap();
         buf.truncate(buf.len() - 1);
         let mut r = &buf[..];
-        assert!(read_frame::<_, Reply>(&mut r).await.is_err());
+        assert!(read_frame::<_, AgentReply>(&mut r).await.is_err());
+    }
+
+    fn hello(text: &str) -> Result<Hello> {
+        parse_hello(text.replace("$V", &PROTOCOL_VERSION.to_string()).as_bytes())
     }
 
     #[test]
-    fn a_version_mismatch_is_named() {
-        let err = parse_hello(br#"{"version":99,"request":{"op":"info"}}"#).unwrap_err();
+    fn a_version_mismatch_is_named_and_typed() {
+        let err = parse_hello(br#"{"version":99,"request":{"op":"pause"}}"#).unwrap_err();
+        assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
         assert!(err.to_string().contains("v99"), "{err}");
+        let err = parse_hello(br#"{"version":99}"#).unwrap_err();
+        assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+        // Info and destroy are served to any version, so nothing made by one build leaks.
         assert!(matches!(
             parse_hello(br#"{"version":1,"request":{"op":"info"}}"#),
             Ok(Hello {
-                request: Some(Request::Info),
+                request: Some(MonitorRequest::Info),
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse_hello(br#"{"version":99,"request":{"op":"destroy"}}"#),
+            Ok(Hello {
+                request: Some(MonitorRequest::Destroy),
+                ..
+            })
+        ));
+        assert!(matches!(
+            hello(r#"{"version":$V,"request":{"op":"info"}}"#),
+            Ok(Hello {
+                request: Some(MonitorRequest::Info),
                 while_paused: false,
                 ..
             })
+        ));
+    }
+
+    #[test]
+    fn each_side_refuses_the_others_requests_as_misrouted() {
+        // An agent request in the monitor's hello.
+        let err = hello(r#"{"version":$V,"request":{"op":"list_processes"}}"#).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("served by the sandbox agent"),
+            "{err}"
+        );
+        // A monitor request handed to the agent.
+        let err =
+            parse_agent_request(serde_json::from_str(r#"{"op":"destroy"}"#).unwrap()).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("served by the sandbox monitor"),
+            "{err}"
+        );
+        // Each side still serves its own, and garbage is a protocol error, not a misroute.
+        assert!(matches!(
+            parse_agent_request(serde_json::from_str(r#"{"op":"list_processes"}"#).unwrap()),
+            Ok(AgentRequest::ListProcesses)
+        ));
+        let err = parse_agent_request(serde_json::from_str(r#"{"op":"no_such_op"}"#).unwrap())
+            .unwrap_err();
+        assert!(matches!(err, Error::Backend { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn a_v1_monitors_refusal_becomes_the_typed_one() {
+        // Exactly what a v1 monitor answers a client of another version.
+        let v1 = Error::backend(
+            "protocol version mismatch: the client speaks v2, this sandbox v1; \
+             use the same Sandcove version that created the sandbox",
+        );
+        match remote_error(&v1.to_body()) {
+            Error::Unavailable { reason, remedy } => {
+                assert!(reason.contains("v1"), "{reason}");
+                assert!(remedy.contains("recreate the sandbox"), "{remedy}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let other = Error::backend("the sandbox agent is not answering");
+        assert!(matches!(
+            remote_error(&other.to_body()),
+            Error::Backend { .. }
         ));
     }
 

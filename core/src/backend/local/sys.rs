@@ -4,7 +4,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
 fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
@@ -23,27 +23,18 @@ fn cstr(path: &Path) -> io::Result<CString> {
 
 /// A `SOCK_SEQPACKET` socketpair, both ends close-on-exec.
 pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: `fds` is a valid two-element buffer for socketpair to fill.
-    cvt(unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    })?;
-    // SAFETY: socketpair succeeded, so both fds are open and owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    Ok(rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )?)
 }
 
 /// A pipe, both ends close-on-exec.
 pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: `fds` is a valid two-element buffer for pipe2 to fill.
-    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
-    // SAFETY: pipe2 succeeded; the fds are fresh.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    Ok(rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?)
 }
 
 /// Send one message with optional file descriptors attached (`SCM_RIGHTS`).
@@ -133,34 +124,19 @@ pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<Owne
     Ok((n as usize, fds))
 }
 
-/// The uid/gid of the peer of a connected unix socket.
-pub fn peer_uid(sock: RawFd) -> io::Result<u32> {
-    // SAFETY: ucred is plain old data.
-    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: cred/len describe a valid, correctly sized output buffer.
-    cvt(unsafe {
-        libc::getsockopt(
-            sock,
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            &mut cred as *mut _ as *mut libc::c_void,
-            &mut len,
-        )
-    })?;
-    Ok(cred.uid)
+/// The uid of the peer of a connected unix socket.
+pub fn peer_uid(sock: impl AsFd) -> io::Result<u32> {
+    Ok(rustix::net::sockopt::socket_peercred(sock)?.uid.as_raw())
 }
 
 /// Effective uid of this process.
 pub fn geteuid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
+    rustix::process::geteuid().as_raw()
 }
 
 /// Effective gid of this process.
 pub fn getegid() -> u32 {
-    // SAFETY: getegid has no preconditions and cannot fail.
-    unsafe { libc::getegid() }
+    rustix::process::getegid().as_raw()
 }
 
 /// `setresgid` then `setresuid` to the same ids.
@@ -187,12 +163,12 @@ pub fn unshare(flags: libc::c_int) -> io::Result<()> {
 }
 
 /// Set close-on-exec on `fd`.
-pub fn set_cloexec(fd: RawFd) -> io::Result<()> {
-    // SAFETY: F_SETFD takes an integer flag.
-    cvt(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) }).map(drop)
+pub fn set_cloexec(fd: impl AsFd) -> io::Result<()> {
+    Ok(rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC)?)
 }
 
-/// Clear close-on-exec on `fd` so a child keeps it across `exec`.
+/// Clear close-on-exec on `fd` so a child keeps it across `exec`. Takes a raw descriptor: it
+/// runs in a forked child, on descriptor numbers inherited from the parent.
 pub fn clear_cloexec(fd: RawFd) -> io::Result<()> {
     // SAFETY: F_SETFD takes an integer flag.
     cvt(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }).map(drop)
@@ -236,8 +212,8 @@ pub fn clone_into_namespaces(flags: libc::c_int) -> io::Result<libc::pid_t> {
 
 /// Leave the process group and session of the parent.
 pub fn setsid() -> io::Result<()> {
-    // SAFETY: setsid has no memory-safety preconditions.
-    cvt(unsafe { libc::setsid() }).map(drop)
+    rustix::process::setsid()?;
+    Ok(())
 }
 
 /// Exit immediately without running destructors or atexit handlers (after fork).
@@ -252,10 +228,12 @@ pub fn set_parent_death_signal(signal: i32) -> io::Result<()> {
     cvt(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong, 0, 0, 0) }).map(drop)
 }
 
-/// Make this process non-dumpable so same-uid sandbox code cannot ptrace or read its memory.
+/// Make this process non-dumpable: no core dumps, no ptrace or `/proc/<pid>` access by
+/// processes of the same uid that lack privileges over it.
 pub fn set_non_dumpable() -> io::Result<()> {
-    // SAFETY: PR_SET_DUMPABLE takes an integer flag.
-    cvt(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) }).map(drop)
+    Ok(rustix::process::set_dumpable_behavior(
+        rustix::process::DumpableBehavior::NotDumpable,
+    )?)
 }
 
 /// Name this thread/process as shown by `ps`.
@@ -320,39 +298,31 @@ fn decode_status(status: libc::c_int) -> WaitStatus {
 }
 
 /// `flock(LOCK_EX | LOCK_NB)`: `Ok(false)` when another open file description holds it.
-pub fn try_lock_exclusive(fd: RawFd) -> io::Result<bool> {
-    // SAFETY: flock has no memory-safety preconditions.
-    match cvt(unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) }) {
-        Ok(_) => Ok(true),
-        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
-        Err(e) => Err(e),
+pub fn try_lock_exclusive(fd: impl AsFd) -> io::Result<bool> {
+    match rustix::fs::flock(fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 
 /// `flock(LOCK_EX)`, waiting for the holder; retried when a signal interrupts the wait.
-pub fn lock_exclusive(fd: RawFd) -> io::Result<()> {
+pub fn lock_exclusive(fd: impl AsFd) -> io::Result<()> {
     loop {
-        // SAFETY: flock has no memory-safety preconditions.
-        match cvt(unsafe { libc::flock(fd, libc::LOCK_EX) }) {
-            Ok(_) => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+        match rustix::fs::flock(&fd, rustix::fs::FlockOperation::LockExclusive) {
+            Ok(()) => return Ok(()),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
     }
 }
 
 /// Set or clear `O_NONBLOCK`.
-pub fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
-    // SAFETY: fcntl F_GETFL/F_SETFL take and return plain integers.
-    unsafe {
-        let flags = cvt(libc::fcntl(fd, libc::F_GETFL))?;
-        let flags = if on {
-            flags | libc::O_NONBLOCK
-        } else {
-            flags & !libc::O_NONBLOCK
-        };
-        cvt(libc::fcntl(fd, libc::F_SETFL, flags)).map(drop)
-    }
+pub fn set_nonblocking(fd: impl AsFd, on: bool) -> io::Result<()> {
+    use rustix::fs::OFlags;
+    let mut flags = rustix::fs::fcntl_getfl(&fd)?;
+    flags.set(OFlags::NONBLOCK, on);
+    Ok(rustix::fs::fcntl_setfl(&fd, flags)?)
 }
 
 /// `mount(2)`. `None` arguments are passed as NULL.
@@ -420,8 +390,7 @@ pub fn pivot_root_here() -> io::Result<()> {
 
 /// Set the hostname of this UTS namespace.
 pub fn sethostname(name: &str) -> io::Result<()> {
-    // SAFETY: pointer and length describe `name`'s bytes.
-    cvt(unsafe { libc::sethostname(name.as_ptr() as *const libc::c_char, name.len()) }).map(drop)
+    Ok(rustix::system::sethostname(name.as_bytes())?)
 }
 
 /// Bring the loopback interface up (in a fresh network namespace it starts down).
@@ -564,20 +533,19 @@ pub fn openpty(cols: u16, rows: u16) -> io::Result<(OwnedFd, OwnedFd)> {
     })?;
     // SAFETY: fresh fd.
     let slave = unsafe { OwnedFd::from_raw_fd(slave) };
-    set_winsize(master.as_raw_fd(), cols, rows)?;
+    set_winsize(master.as_fd(), cols, rows)?;
     Ok((master, slave))
 }
 
 /// Set a terminal's size.
-pub fn set_winsize(fd: RawFd, cols: u16, rows: u16) -> io::Result<()> {
-    let ws = libc::winsize {
+pub fn set_winsize(fd: impl AsFd, cols: u16, rows: u16) -> io::Result<()> {
+    let size = rustix::termios::Winsize {
         ws_row: rows,
         ws_col: cols,
         ws_xpixel: 0,
         ws_ypixel: 0,
     };
-    // SAFETY: TIOCSWINSZ reads a winsize from a valid pointer.
-    cvt(unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &ws) }).map(drop)
+    Ok(rustix::termios::tcsetwinsize(fd, size)?)
 }
 
 /// In a forked child: make fd 0 (a terminal) the controlling terminal of the new session.
@@ -586,37 +554,26 @@ pub fn set_controlling_tty() -> io::Result<()> {
     cvt(unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) }).map(drop)
 }
 
-/// Read from a raw fd (non-blocking ones return `WouldBlock`).
-pub fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: buf is valid for writes of buf.len() bytes.
-    let n = unsafe { libc::read(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
+/// Read from a descriptor (non-blocking ones return `WouldBlock`).
+pub fn read_fd(fd: impl AsFd, buf: &mut [u8]) -> io::Result<usize> {
+    Ok(rustix::io::read(fd, buf)?)
 }
 
-/// Write to a raw fd (non-blocking ones return `WouldBlock`).
-pub fn write_fd(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
-    // SAFETY: buf is valid for reads of buf.len() bytes.
-    let n = unsafe { libc::write(fd, buf.as_ptr() as *const libc::c_void, buf.len()) };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
+/// Write to a descriptor (non-blocking ones return `WouldBlock`).
+pub fn write_fd(fd: impl AsFd, buf: &[u8]) -> io::Result<usize> {
+    Ok(rustix::io::write(fd, buf)?)
 }
 
 /// A non-blocking, close-on-exec inotify instance.
 pub fn inotify_init() -> io::Result<OwnedFd> {
-    // SAFETY: returns a fresh fd or -1.
-    let fd = cvt(unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) })?;
-    // SAFETY: fresh fd.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    use rustix::fs::inotify::CreateFlags;
+    Ok(rustix::fs::inotify::init(
+        CreateFlags::NONBLOCK | CreateFlags::CLOEXEC,
+    )?)
 }
 
-/// Watch `path` for the given inotify event mask; returns the watch descriptor.
+/// Watch `path` for the given inotify event mask; returns the watch descriptor. Takes a raw
+/// descriptor: the watch scan runs on a blocking thread while the instance is owned elsewhere.
 pub fn inotify_add_watch(fd: RawFd, path: &Path, mask: u32) -> io::Result<i32> {
     let c = cstr(path)?;
     // SAFETY: valid fd and C string.
@@ -662,43 +619,28 @@ pub fn parse_inotify(buf: &[u8]) -> Vec<InotifyEvent> {
 
 /// `statvfs` of a path: `(total bytes, available bytes)`.
 pub fn fs_usage(path: &Path) -> io::Result<(u64, u64)> {
-    let c = cstr(path)?;
-    // SAFETY: statvfs is plain old data.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: valid path pointer and output buffer.
-    cvt(unsafe { libc::statvfs(c.as_ptr(), &mut st) })?;
+    let st = rustix::fs::statvfs(path)?;
     Ok((
-        st.f_blocks as u64 * st.f_frsize as u64,
-        st.f_bavail as u64 * st.f_frsize as u64,
+        st.f_blocks.saturating_mul(st.f_frsize),
+        st.f_bavail.saturating_mul(st.f_frsize),
     ))
 }
 
 /// Clock ticks per second (for `/proc/<pid>/stat` CPU times).
 pub fn clock_ticks() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as u64
-    } else {
-        100
-    }
+    rustix::param::clock_ticks_per_second()
 }
 
 /// Page size in bytes.
 pub fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as u64
-    } else {
-        4096
-    }
+    rustix::param::page_size() as u64
 }
 
 /// Adopt orphaned descendants (so they can be found and ended with us).
 pub fn set_child_subreaper() -> io::Result<()> {
-    // SAFETY: PR_SET_CHILD_SUBREAPER takes an integer flag.
-    cvt(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) }).map(drop)
+    Ok(rustix::process::set_child_subreaper(Some(
+        rustix::process::getpid(),
+    ))?)
 }
 
 /// Every pid in `/proc`.
@@ -756,47 +698,25 @@ pub const PROC_SUPER_MAGIC: i64 = 0x9fa0;
 /// (close-on-exec always). Retried on `EAGAIN`, which the kernel returns when a concurrent
 /// rename may have let a `..` step escape its check.
 pub fn openat2(
-    dir: RawFd,
+    dir: impl AsFd,
     path: &Path,
     flags: libc::c_int,
     mode: u32,
     resolve: u64,
 ) -> io::Result<OwnedFd> {
-    #[repr(C)]
-    struct OpenHow {
-        flags: u64,
-        mode: u64,
-        resolve: u64,
-    }
-    let c = cstr(path)?;
-    let how = OpenHow {
-        flags: (flags | libc::O_CLOEXEC) as u64,
-        mode: if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 {
-            mode as u64
-        } else {
-            0
-        },
-        resolve,
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let oflags = OFlags::from_bits_retain(flags as u32) | OFlags::CLOEXEC;
+    let mode = if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 {
+        Mode::from_raw_mode(mode)
+    } else {
+        Mode::empty()
     };
+    let resolve = ResolveFlags::from_bits_retain(resolve);
     for _ in 0..64 {
-        // SAFETY: `c` is a valid C string and `how` a correctly laid out open_how of the size
-        // passed; the returned descriptor is fresh.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                dir,
-                c.as_ptr(),
-                &how as *const OpenHow,
-                std::mem::size_of::<OpenHow>(),
-            )
-        };
-        if fd >= 0 {
-            // SAFETY: openat2 returned a new descriptor that nothing else owns.
-            return Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
-        }
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EAGAIN) {
-            return Err(err);
+        match rustix::fs::openat2(&dir, path, oflags, mode, resolve) {
+            Ok(fd) => return Ok(fd),
+            Err(rustix::io::Errno::AGAIN) => continue,
+            Err(e) => return Err(e.into()),
         }
     }
     Err(io::Error::from_raw_os_error(libc::EAGAIN))
@@ -815,76 +735,63 @@ pub fn reopen(fd: RawFd, flags: libc::c_int) -> io::Result<OwnedFd> {
 }
 
 /// `fstat(2)` (works on `O_PATH` descriptors).
-pub fn fstat(fd: RawFd) -> io::Result<libc::stat> {
-    // SAFETY: stat is plain old data.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid output buffer.
-    cvt(unsafe { libc::fstat(fd, &mut st) })?;
-    Ok(st)
+pub fn fstat(fd: impl AsFd) -> io::Result<rustix::fs::Stat> {
+    Ok(rustix::fs::fstat(fd)?)
 }
 
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: the entry itself, never what a link names.
-pub fn lstat_at(dir: RawFd, name: &std::ffi::OsStr) -> io::Result<libc::stat> {
-    let c = cstr(Path::new(name))?;
-    // SAFETY: stat is plain old data.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid C string and output buffer.
-    cvt(unsafe { libc::fstatat(dir, c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) })?;
-    Ok(st)
+pub fn lstat_at(dir: impl AsFd, name: &std::ffi::OsStr) -> io::Result<rustix::fs::Stat> {
+    Ok(rustix::fs::statat(
+        dir,
+        name,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )?)
 }
 
 /// `readlinkat(2)`: the target of the symlink `name` in `dir` (at most `PATH_MAX` bytes).
-pub fn readlink_at(dir: RawFd, name: &std::ffi::OsStr) -> io::Result<std::ffi::OsString> {
+pub fn readlink_at(dir: impl AsFd, name: &std::ffi::OsStr) -> io::Result<std::ffi::OsString> {
     use std::os::unix::ffi::OsStringExt;
-    let c = cstr(Path::new(name))?;
     let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
-    // SAFETY: buf is valid for writes of buf.len() bytes.
-    let n = unsafe {
-        libc::readlinkat(
-            dir,
-            c.as_ptr(),
-            buf.as_mut_ptr() as *mut libc::c_char,
-            buf.len(),
-        )
-    };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    buf.truncate(n as usize);
+    let len = rustix::fs::readlinkat_raw(dir, name, &mut buf[..])?;
+    buf.truncate(len);
     Ok(std::ffi::OsString::from_vec(buf))
 }
 
 /// `mkdirat(2)`.
-pub fn mkdir_at(dir: RawFd, name: &std::ffi::OsStr, mode: u32) -> io::Result<()> {
-    let c = cstr(Path::new(name))?;
-    // SAFETY: valid C string.
-    cvt(unsafe { libc::mkdirat(dir, c.as_ptr(), mode as libc::mode_t) }).map(drop)
+pub fn mkdir_at(dir: impl AsFd, name: &std::ffi::OsStr, mode: u32) -> io::Result<()> {
+    Ok(rustix::fs::mkdirat(
+        dir,
+        name,
+        rustix::fs::Mode::from_raw_mode(mode),
+    )?)
 }
 
 /// `unlinkat(2)` (`AT_REMOVEDIR` when `dir_entry`); never follows a symlink.
-pub fn unlink_at(dir: RawFd, name: &std::ffi::OsStr, dir_entry: bool) -> io::Result<()> {
-    let c = cstr(Path::new(name))?;
-    let flags = if dir_entry { libc::AT_REMOVEDIR } else { 0 };
-    // SAFETY: valid C string.
-    cvt(unsafe { libc::unlinkat(dir, c.as_ptr(), flags) }).map(drop)
+pub fn unlink_at(dir: impl AsFd, name: &std::ffi::OsStr, dir_entry: bool) -> io::Result<()> {
+    let flags = if dir_entry {
+        rustix::fs::AtFlags::REMOVEDIR
+    } else {
+        rustix::fs::AtFlags::empty()
+    };
+    Ok(rustix::fs::unlinkat(dir, name, flags)?)
 }
 
 /// `renameat(2)`: move an entry between two held directories; never follows a symlink.
 pub fn rename_at(
-    from_dir: RawFd,
+    from_dir: impl AsFd,
     from: &std::ffi::OsStr,
-    to_dir: RawFd,
+    to_dir: impl AsFd,
     to: &std::ffi::OsStr,
 ) -> io::Result<()> {
-    let (f, t) = (cstr(Path::new(from))?, cstr(Path::new(to))?);
-    // SAFETY: valid C strings.
-    cvt(unsafe { libc::renameat(from_dir, f.as_ptr(), to_dir, t.as_ptr()) }).map(drop)
+    Ok(rustix::fs::renameat(from_dir, from, to_dir, to)?)
 }
 
 /// `fchmod(2)` on an open (not `O_PATH`) descriptor.
-pub fn fchmod(fd: RawFd, mode: u32) -> io::Result<()> {
-    // SAFETY: plain syscall on an fd.
-    cvt(unsafe { libc::fchmod(fd, mode as libc::mode_t) }).map(drop)
+pub fn fchmod(fd: impl AsFd, mode: u32) -> io::Result<()> {
+    Ok(rustix::fs::fchmod(
+        fd,
+        rustix::fs::Mode::from_raw_mode(mode),
+    )?)
 }
 
 /// Change the mode of what an `O_PATH` descriptor refers to, through `/proc/self/fd/<n>`
@@ -898,18 +805,20 @@ pub fn chmod_fd_path(fd: RawFd, mode: u32) -> io::Result<()> {
 
 /// `fchownat(fd, "", uid, gid, AT_EMPTY_PATH)`: change the owner of exactly what `fd` (also
 /// an `O_PATH` one) refers to.
-pub fn fchown(fd: RawFd, uid: u32, gid: u32) -> io::Result<()> {
-    // SAFETY: an empty C string literal with AT_EMPTY_PATH operates on `fd` itself.
-    cvt(unsafe { libc::fchownat(fd, c"".as_ptr(), uid, gid, libc::AT_EMPTY_PATH) }).map(drop)
+pub fn fchown(fd: impl AsFd, uid: u32, gid: u32) -> io::Result<()> {
+    use rustix::fs::{AtFlags, Gid, Uid};
+    Ok(rustix::fs::chownat(
+        fd,
+        c"",
+        Some(Uid::from_raw(uid)),
+        Some(Gid::from_raw(gid)),
+        AtFlags::EMPTY_PATH,
+    )?)
 }
 
 /// The filesystem type (`f_type`) of what `fd` refers to.
-pub fn fs_type(fd: RawFd) -> io::Result<i64> {
-    // SAFETY: statfs is plain old data.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: valid output buffer.
-    cvt(unsafe { libc::fstatfs(fd, &mut st) })?;
-    Ok(st.f_type as i64)
+pub fn fs_type(fd: impl AsFd) -> io::Result<i64> {
+    Ok(rustix::fs::fstatfs(fd)?.f_type as i64)
 }
 
 /// Eight random bytes from the kernel.
@@ -941,7 +850,7 @@ pub fn stdio_to_dev_null() -> io::Result<()> {
 /// `same_fs` other mounts. For paths a sandbox controls (volume contents): whatever it
 /// planted, the result is inside `dir`. Always close-on-exec.
 pub fn open_beneath(
-    dir: RawFd,
+    dir: impl AsFd,
     path: &Path,
     flags: libc::c_int,
     same_fs: bool,
@@ -956,23 +865,17 @@ pub fn open_beneath(
 /// Open a trusted directory (one only the host controls) as an `O_PATH` descriptor, refusing
 /// a symlink in its last component.
 pub fn open_dir_path(path: &Path) -> io::Result<OwnedFd> {
-    let c = cstr(path)?;
-    // SAFETY: valid C string; the result is a fresh descriptor or -1.
-    let fd = cvt(unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    })?;
-    // SAFETY: open returned a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    use rustix::fs::{Mode, OFlags};
+    Ok(rustix::fs::open(
+        path,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
 }
 
 /// Change the owner of the object `fd` refers to (also an `O_PATH` descriptor), never a path.
-pub fn chown_fd(fd: RawFd, uid: u32, gid: u32) -> io::Result<()> {
-    let empty = CString::default();
-    // SAFETY: AT_EMPTY_PATH with an empty C string acts on `fd` itself.
-    cvt(unsafe { libc::fchownat(fd, empty.as_ptr(), uid, gid, libc::AT_EMPTY_PATH) }).map(drop)
+pub fn chown_fd(fd: impl AsFd, uid: u32, gid: u32) -> io::Result<()> {
+    fchown(fd, uid, gid)
 }
 
 /// The path through which the kernel reaches the object `fd` refers to (for `mount(2)`,
@@ -1104,7 +1007,7 @@ pub fn hard_rlimit(resource: libc::__rlimit_resource_t) -> io::Result<u64> {
 /// clone device without `TUNSETIFF` creates nothing.
 pub fn tun_usable() -> io::Result<()> {
     openat2(
-        libc::AT_FDCWD,
+        rustix::fs::CWD,
         Path::new("/dev/net/tun"),
         libc::O_RDWR,
         0,

@@ -1,6 +1,6 @@
 //! Named persistent volumes: directories under the state directory, bound into sandboxes.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
@@ -70,7 +70,7 @@ pub(super) fn open_source(
     let dir = sys::open_dir_path(data_dir)?;
     match subpath {
         None => Ok(dir),
-        Some(sub) => dirs_beneath(dir.as_raw_fd(), Path::new(sub), create, owner, true),
+        Some(sub) => dirs_beneath(dir.as_fd(), Path::new(sub), create, owner, true),
     }
 }
 
@@ -79,7 +79,7 @@ pub(super) fn open_source(
 /// missing directories (mode 0755) when `create` and giving them to `owner` through their
 /// descriptors. Returns an `O_PATH` descriptor of the last directory.
 pub(super) fn dirs_beneath(
-    dir: std::os::fd::RawFd,
+    dir: std::os::fd::BorrowedFd<'_>,
     rel: &Path,
     create: bool,
     owner: Option<(u32, u32)>,
@@ -92,7 +92,7 @@ pub(super) fn dirs_beneath(
         if name == Path::new("/") || name == Path::new(".") {
             continue;
         }
-        let at = current.as_raw_fd();
+        let at = current.as_fd();
         let next = match sys::open_beneath(at, name, flags, same_fs) {
             Err(e) if create && e.raw_os_error() == Some(libc::ENOENT) => {
                 match sys::mkdir_at(at, name.as_os_str(), 0o755) {
@@ -101,7 +101,7 @@ pub(super) fn dirs_beneath(
                 }
                 let made = sys::open_beneath(at, name, flags, same_fs)?;
                 if let Some((uid, gid)) = owner {
-                    sys::chown_fd(made.as_raw_fd(), uid, gid)?;
+                    sys::chown_fd(made.as_fd(), uid, gid)?;
                 }
                 made
             }
@@ -121,13 +121,18 @@ fn size_of(dir: &Path) -> u64 {
         return 0;
     };
     let mut budget = MAX_ENTRIES;
-    size_beneath(root.as_raw_fd(), Path::new("."), 0, &mut budget)
+    size_beneath(root.as_fd(), Path::new("."), 0, &mut budget)
 }
 
 const MAX_DEPTH: usize = 256;
 const MAX_ENTRIES: usize = 1_000_000;
 
-fn size_beneath(parent: std::os::fd::RawFd, name: &Path, depth: usize, budget: &mut usize) -> u64 {
+fn size_beneath(
+    parent: std::os::fd::BorrowedFd<'_>,
+    name: &Path,
+    depth: usize,
+    budget: &mut usize,
+) -> u64 {
     let flags = libc::O_RDONLY | libc::O_DIRECTORY;
     let Ok(dir) = sys::open_beneath(parent, name, flags, true) else {
         return 0;
@@ -144,12 +149,7 @@ fn size_beneath(parent: std::os::fd::RawFd, name: &Path, depth: usize, budget: &
         // `DirEntry::metadata` does not follow symlinks.
         match e.metadata() {
             Ok(m) if m.is_dir() && depth < MAX_DEPTH => {
-                total += size_beneath(
-                    dir.as_raw_fd(),
-                    Path::new(&e.file_name()),
-                    depth + 1,
-                    budget,
-                )
+                total += size_beneath(dir.as_fd(), Path::new(&e.file_name()), depth + 1, budget)
             }
             Ok(m) if m.is_file() => total += m.len(),
             _ => {}

@@ -66,9 +66,9 @@ pub(super) async fn read_file(
         if n == 0 {
             break;
         }
-        proto::write_frame(stream, &Reply::Data, &buf[..n]).await?;
+        proto::write_frame(stream, &AgentReply::Data, &buf[..n]).await?;
     }
-    proto::write_frame(stream, &Reply::End, &[]).await
+    proto::write_frame(stream, &AgentReply::End, &[]).await
 }
 
 /// Write a file from an upload: into a fresh temporary file beside the target, renamed over
@@ -110,5 +110,5 @@ pub(super) async fn write_file(
         }
     })
     .await?;
-    proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
+    proto::write_frame(stream, &AgentReply::Stat { stat }, &[]).await
 }

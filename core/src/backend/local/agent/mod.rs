@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Read;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -40,7 +40,7 @@ use self::watch::*;
 use super::config::Record;
 use super::files;
 use super::net::Plan;
-use super::proto::{self, Control, Reply, Request, CHUNK};
+use super::proto::{self, AgentReply, AgentRequest, Control, CHUNK};
 use super::sys;
 use super::{landlock, net, seccomp, volumes};
 use crate::{
@@ -191,7 +191,7 @@ fn describe(sel: &ProcessSelector) -> String {
 }
 
 async fn serve(agent: Arc<Agent>, ctrl: OwnedFd) {
-    if let Err(e) = sys::set_nonblocking(ctrl.as_raw_fd(), true) {
+    if let Err(e) = sys::set_nonblocking(ctrl.as_fd(), true) {
         // The agent has no log subscriber: its stderr is the monitor's log file.
         eprintln!("agent: {e}");
         return;
@@ -267,16 +267,23 @@ fn serve_connection(agent: Arc<Agent>, fd: OwnedFd) {
     };
     tokio::spawn(async move {
         let mut stream = stream;
-        let request = match proto::read_frame::<_, Request>(&mut stream).await {
-            Ok(Some((request, _))) => request,
+        // Only the agent's own requests are served; a monitor request is refused as misrouted.
+        let request = match proto::read_frame::<_, serde_json::Value>(&mut stream)
+            .await
+            .and_then(|frame| {
+                frame
+                    .map(|(head, _)| proto::parse_agent_request(head))
+                    .transpose()
+            }) {
+            Ok(Some(request)) => request,
             Ok(None) => return,
             Err(e) => {
-                let _ = proto::write_frame(&mut stream, &Reply::error(&e), &[]).await;
+                let _ = proto::write_frame(&mut stream, &AgentReply::error(&e), &[]).await;
                 return;
             }
         };
         if let Err(e) = handle(&agent, &mut stream, request).await {
-            let _ = proto::write_frame(&mut stream, &Reply::error(&e), &[]).await;
+            let _ = proto::write_frame(&mut stream, &AgentReply::error(&e), &[]).await;
         }
         let _ = stream.shutdown().await;
     });
@@ -459,14 +466,14 @@ async fn reap_children(agent: Arc<Agent>) {
     }
 }
 
-async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: Request) -> Result<()> {
+async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: AgentRequest) -> Result<()> {
     match request {
-        Request::Spawn { spec } => {
+        AgentRequest::Spawn { spec } => {
             let (proc_, rx) = spawn_process(agent, spec)?;
-            proto::write_frame(stream, &Reply::Started { pid: proc_.pid }, &[]).await?;
+            proto::write_frame(stream, &AgentReply::Started { pid: proc_.pid }, &[]).await?;
             forward_events(stream, rx).await
         }
-        Request::Attach { process } => {
+        AgentRequest::Attach { process } => {
             let proc_ = agent.find(&process)?;
             let (tx, rx) = mpsc::channel(64);
             let (gap, replay, exit) = {
@@ -478,9 +485,9 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: Request) -
                 }
                 (st.dropped, replay, exit)
             };
-            proto::write_frame(stream, &Reply::Started { pid: proc_.pid }, &[]).await?;
+            proto::write_frame(stream, &AgentReply::Started { pid: proc_.pid }, &[]).await?;
             if gap != [0, 0] {
-                let reply = Reply::Gap {
+                let reply = AgentReply::Gap {
                     stdout: gap[0],
                     stderr: gap[1],
                 };
@@ -491,13 +498,13 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: Request) -
             }
             // Everything before this marker was history; callers that want "the logs so far"
             // stop reading here instead of guessing with a timer.
-            proto::write_frame(stream, &Reply::Live, &[]).await?;
+            proto::write_frame(stream, &AgentReply::Live, &[]).await?;
             if let Some(status) = exit {
-                return proto::write_frame(stream, &Reply::Exit { status }, &[]).await;
+                return proto::write_frame(stream, &AgentReply::Exit { status }, &[]).await;
             }
             forward_events(stream, rx).await
         }
-        Request::WriteStdin { process } => {
+        AgentRequest::WriteStdin { process } => {
             let proc_ = agent.find(&process)?;
             let mut stdin = proc_.stdin.lock().await;
             let pipe = stdin.as_mut().ok_or_else(|| {
@@ -520,12 +527,12 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: Request) -
             }
             done(stream).await
         }
-        Request::CloseStdin { process } => {
+        AgentRequest::CloseStdin { process } => {
             let proc_ = agent.find(&process)?;
             proc_.stdin.lock().await.take();
             done(stream).await
         }
-        Request::Signal { process, signal } => {
+        AgentRequest::Signal { process, signal } => {
             let proc_ = agent.find(&process)?;
             let current = {
                 let mut st = proc_.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -543,61 +550,74 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: Request) -
                 .map_err(|e| Error::from_io(&e, &describe(&process)))?;
             done(stream).await
         }
-        Request::ListProcesses => {
+        AgentRequest::ListProcesses => {
             let processes = agent.process_list();
-            proto::write_frame(stream, &Reply::Processes { processes }, &[]).await
+            proto::write_frame(stream, &AgentReply::Processes { processes }, &[]).await
         }
-        Request::ReadFile { path, options } => read_file(agent, stream, &path, options.user).await,
-        Request::WriteFile { path, options } => write_file(agent, stream, &path, options).await,
-        Request::ListDir { path, options } => {
+        AgentRequest::ReadFile { path, options } => {
+            read_file(agent, stream, &path, options.user).await
+        }
+        AgentRequest::WriteFile { path, options } => {
+            write_file(agent, stream, &path, options).await
+        }
+        AgentRequest::ListDir { path, options } => {
             let rec = agent.record.clone();
             let user = options.user.clone();
             let entries = as_user(&agent.record, user, move || {
                 files::list_dir(&rec, &path, options)
             })
             .await?;
-            proto::write_frame(stream, &Reply::Entries { entries }, &[]).await
+            proto::write_frame(stream, &AgentReply::Entries { entries }, &[]).await
         }
-        Request::Stat { path, options } => {
+        AgentRequest::Stat { path, options } => {
             let rec = agent.record.clone();
             let stat = as_user(&agent.record, options.user, move || {
                 files::stat(&rec, &path)
             })
             .await?;
-            proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
+            proto::write_frame(stream, &AgentReply::Stat { stat }, &[]).await
         }
-        Request::Mkdir { path, options } => {
+        AgentRequest::Mkdir { path, options } => {
+            // As the user: the kernel checks that user's permissions on every directory it
+            // creates in, and what it creates is that user's.
             let rec = agent.record.clone();
-            let stat = blocking(move || files::mkdir(&rec, &path, options)).await?;
-            proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
+            let user = options.user.clone();
+            let stat = as_user(&agent.record, user, move || {
+                files::mkdir(&rec, &path, options)
+            })
+            .await?;
+            proto::write_frame(stream, &AgentReply::Stat { stat }, &[]).await
         }
-        Request::Remove { path, options } => {
+        AgentRequest::Remove { path, options } => {
+            // As the user: the kernel checks its permissions on the directories removed from.
             let rec = agent.record.clone();
-            blocking(move || files::remove(&rec, &path, options.recursive)).await?;
+            let recursive = options.recursive;
+            as_user(&agent.record, options.user, move || {
+                files::remove(&rec, &path, recursive)
+            })
+            .await?;
             done(stream).await
         }
-        Request::Rename { from, to } => {
+        AgentRequest::Rename { from, to } => {
             let rec = agent.record.clone();
             let stat = blocking(move || files::rename(&rec, &from, &to)).await?;
-            proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
+            proto::write_frame(stream, &AgentReply::Stat { stat }, &[]).await
         }
-        Request::Chmod { path, mode } => {
+        AgentRequest::Chmod { path, mode } => {
             let rec = agent.record.clone();
             let stat = blocking(move || files::chmod(&rec, &path, mode)).await?;
-            proto::write_frame(stream, &Reply::Stat { stat }, &[]).await
+            proto::write_frame(stream, &AgentReply::Stat { stat }, &[]).await
         }
-        Request::Metrics => {
+        AgentRequest::Metrics => {
             let metrics = blocking(move || Ok(sample_metrics())).await?;
-            proto::write_frame(stream, &Reply::Metrics { metrics }, &[]).await
+            proto::write_frame(stream, &AgentReply::Metrics { metrics }, &[]).await
         }
-        Request::ResizePty { process, size } => {
+        AgentRequest::ResizePty { process, size } => {
             let proc_ = agent.find(&process)?;
             let stdin = proc_.stdin.lock().await;
             match stdin.as_ref() {
-                Some(Stdin::Pty(master)) => {
-                    sys::set_winsize(master.as_raw_fd(), size.cols, size.rows)
-                        .map_err(|e| Error::from_io(&e, "resize the terminal"))?
-                }
+                Some(Stdin::Pty(master)) => sys::set_winsize(master.as_fd(), size.cols, size.rows)
+                    .map_err(|e| Error::from_io(&e, "resize the terminal"))?,
                 _ => {
                     return Err(Error::invalid(format!(
                         "{} has no terminal (start it with a pty)",
@@ -608,30 +628,17 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: Request) -
             drop(stdin);
             done(stream).await
         }
-        Request::Watch { path, options } => watch(agent, stream, &path, options).await,
-        Request::ExportFs => export_fs(agent, stream).await,
-        Request::ImportFs => import_fs(agent, stream).await,
-        Request::Info
-        | Request::Destroy
-        | Request::SetTimeout { .. }
-        | Request::SetLabels { .. }
-        | Request::UpdateAnnotations { .. }
-        | Request::Stop
-        | Request::Start
-        | Request::Pause
-        | Request::Resume
-        | Request::Expose { .. }
-        | Request::ListPreviews
-        | Request::ClosePreview { .. }
-        | Request::CreateToken { .. } => Err(Error::backend("monitor request sent to the agent")),
+        AgentRequest::Watch { path, options } => watch(agent, stream, &path, options).await,
+        AgentRequest::ExportFs => export_fs(agent, stream).await,
+        AgentRequest::ImportFs => import_fs(agent, stream).await,
     }
 }
 
 /// The next chunk of an upload (`Data` frames ended by `End`); `None` at the end marker.
 async fn read_data_frame(stream: &mut UnixStream) -> Result<Option<Vec<u8>>> {
-    match proto::read_frame::<_, Reply>(stream).await? {
-        Some((Reply::Data, body)) => Ok(Some(body)),
-        Some((Reply::End, _)) => Ok(None),
+    match proto::read_frame::<_, AgentReply>(stream).await? {
+        Some((AgentReply::Data, body)) => Ok(Some(body)),
+        Some((AgentReply::End, _)) => Ok(None),
         Some((other, _)) => Err(Error::backend(format!(
             "protocol error: unexpected {other:?} in an upload"
         ))),
@@ -640,7 +647,7 @@ async fn read_data_frame(stream: &mut UnixStream) -> Result<Option<Vec<u8>>> {
 }
 
 async fn done(stream: &mut UnixStream) -> Result<()> {
-    proto::write_frame(stream, &Reply::Done, &[]).await
+    proto::write_frame(stream, &AgentReply::Done, &[]).await
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
@@ -699,8 +706,8 @@ async fn as_user<T: Send + 'static>(
 
 async fn write_output(stream: &mut UnixStream, kind: StreamKind, bytes: &[u8]) -> Result<()> {
     let header = match kind {
-        StreamKind::Stdout => Reply::Stdout,
-        StreamKind::Stderr => Reply::Stderr,
+        StreamKind::Stdout => AgentReply::Stdout,
+        StreamKind::Stderr => AgentReply::Stderr,
     };
     for chunk in bytes.chunks(CHUNK) {
         proto::write_frame(stream, &header, chunk).await?;
@@ -717,7 +724,7 @@ async fn write_event(stream: &mut UnixStream, ev: &Event) -> Result<()> {
             restarts,
             previous,
         } => {
-            let reply = Reply::Restarted {
+            let reply = AgentReply::Restarted {
                 pid: *pid,
                 restarts: *restarts,
                 previous: *previous,
@@ -725,7 +732,7 @@ async fn write_event(stream: &mut UnixStream, ev: &Event) -> Result<()> {
             proto::write_frame(stream, &reply, &[]).await
         }
         Event::Exit(status) => {
-            proto::write_frame(stream, &Reply::Exit { status: *status }, &[]).await
+            proto::write_frame(stream, &AgentReply::Exit { status: *status }, &[]).await
         }
     }
 }
@@ -736,7 +743,7 @@ async fn forward_events(stream: &mut UnixStream, mut rx: mpsc::Receiver<Event>) 
             Event::Output(kind, bytes) => write_output(stream, kind, &bytes).await?,
             ev @ Event::Restarted { .. } => write_event(stream, &ev).await?,
             Event::Exit(status) => {
-                return proto::write_frame(stream, &Reply::Exit { status }, &[]).await;
+                return proto::write_frame(stream, &AgentReply::Exit { status }, &[]).await;
             }
         }
     }

@@ -2,6 +2,7 @@
 //! pumping their output into history and to attached clients, and their end.
 
 use super::*;
+use std::os::fd::AsFd;
 
 #[derive(Default)]
 pub(super) struct ProcTable {
@@ -33,7 +34,7 @@ impl Stdin {
                 let mut off = 0;
                 while off < data.len() {
                     let mut guard = fd.writable().await?;
-                    match guard.try_io(|f| sys::write_fd(f.as_raw_fd(), &data[off..])) {
+                    match guard.try_io(|f| sys::write_fd(f.as_fd(), &data[off..])) {
                         Ok(Ok(n)) => off += n,
                         Ok(Err(e)) => return Err(e),
                         Err(_would_block) => continue,
@@ -60,7 +61,7 @@ impl Source {
                 let Ok(mut guard) = fd.readable().await else {
                     return 0;
                 };
-                match guard.try_io(|f| sys::read_fd(f.as_raw_fd(), buf)) {
+                match guard.try_io(|f| sys::read_fd(f.as_fd(), buf)) {
                     Ok(Ok(n)) => return n,
                     Ok(Err(_)) => return 0,
                     Err(_would_block) => continue,
@@ -320,7 +321,7 @@ pub(super) fn launch(agent: &Arc<Agent>, spec: &ProcessSpec) -> Result<Incarnati
     })?;
     let pid = child.id();
     let (stdout, stderr, stdin) = if let Some(master) = pty_master {
-        sys::set_nonblocking(master.as_raw_fd(), true)
+        sys::set_nonblocking(master.as_fd(), true)
             .map_err(|e| Error::from_io(&e, "pseudo-terminal"))?;
         let master =
             Arc::new(sys::async_fd(master).map_err(|e| Error::from_io(&e, "pseudo-terminal"))?);

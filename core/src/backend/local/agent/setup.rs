@@ -1,6 +1,7 @@
 //! Building the sandbox: the root filesystem, mounts, volumes and network, before serving.
 
 use super::*;
+use std::os::fd::AsFd;
 
 pub(super) fn unavailable(step: &str, err: std::io::Error) -> Error {
     Error::Unavailable {
@@ -135,8 +136,8 @@ pub(super) fn setup_sandbox(record: &Record, net: Option<&Plan>) -> Result<()> {
                 m.path
             ))
         };
-        let target = super::volumes::dirs_beneath(root_fd.as_raw_fd(), rel, true, None, false)
-            .map_err(shown)?;
+        let target =
+            super::volumes::dirs_beneath(root_fd.as_fd(), rel, true, None, false).map_err(shown)?;
         sys::mount(
             Some(&sys::fd_path(dir.as_raw_fd())),
             &sys::fd_path(target.as_raw_fd()),
@@ -148,8 +149,7 @@ pub(super) fn setup_sandbox(record: &Record, net: Option<&Plan>) -> Result<()> {
         // Reopened: the descriptor above is the directory under the new mount. Never setuid
         // or device files from a volume (a sandbox writes them, and the volume outlives it);
         // flags the host's mount locks are kept, as the kernel requires.
-        let target =
-            sys::open_beneath(root_fd.as_raw_fd(), rel, libc::O_PATH, false).map_err(shown)?;
+        let target = sys::open_beneath(root_fd.as_fd(), rel, libc::O_PATH, false).map_err(shown)?;
         let target = sys::fd_path(target.as_raw_fd());
         let keep = sys::locked_mount_flags(&target).map_err(|e| unavailable("statvfs", e))?;
         let read_only = if m.read_only { libc::MS_RDONLY } else { 0 };

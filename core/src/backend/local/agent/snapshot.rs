@@ -130,7 +130,7 @@ pub(super) async fn export_fs(agent: &Agent, stream: &mut UnixStream) -> Result<
             if n == 0 {
                 return Ok(());
             }
-            proto::write_frame(stream, &Reply::Data, &buf[..n]).await?;
+            proto::write_frame(stream, &AgentReply::Data, &buf[..n]).await?;
         }
     }
     .await;
@@ -151,7 +151,7 @@ pub(super) async fn export_fs(agent: &Agent, stream: &mut UnixStream) -> Result<
             String::from_utf8_lossy(&text).trim()
         )));
     }
-    proto::write_frame(stream, &Reply::End, &[]).await
+    proto::write_frame(stream, &AgentReply::End, &[]).await
 }
 
 /// Unpack a tar streamed by the client into the sandbox root.

@@ -1,6 +1,7 @@
 //! Watching a directory tree for changes (inotify).
 
 use super::*;
+use std::os::fd::AsFd;
 
 pub(super) const WATCH_MASK: u32 = libc::IN_CREATE
     | libc::IN_MODIFY
@@ -65,11 +66,16 @@ pub(super) async fn watch(
     let fd = sys::inotify_init().map_err(|e| Error::from_io(&e, "inotify"))?;
     let (rec, p, raw) = (agent.record.clone(), path.to_string(), fd.as_raw_fd());
     let recursive = options.recursive;
-    // Resolving and scanning touch the filesystem: off the event loop. (`fd` outlives the
-    // closure: it is awaited here.)
-    let (root, mut dirs) = blocking(move || {
+    // Resolving and scanning touch the filesystem: off the event loop, as the caller's user
+    // if one is named (the kernel then checks that user may search and read the directory).
+    // (`fd` outlives the closure: it is awaited here.)
+    let (root, mut dirs) = as_user(&agent.record, options.user.clone(), move || {
         let sandbox_root = files::open_root(&rec)?;
         let (top, rel) = files::open_dir(&sandbox_root, &rec, &p)?;
+        // The top directory must be watched: a failure (no permission, no watches left) is
+        // the caller's error, not a watch that never reports anything.
+        let by_fd = PathBuf::from(format!("/proc/self/fd/{}", top.as_raw_fd()));
+        sys::inotify_add_watch(raw, &by_fd, WATCH_MASK).map_err(|e| Error::from_io(&e, &p))?;
         let mut dirs = Watched::new();
         watch_tree(raw, top, rel.clone(), recursive, &mut dirs);
         Ok((rel, dirs))
@@ -100,7 +106,7 @@ pub(super) async fn watch(
             }
             ready = fd.readable() => {
                 let Ok(mut guard) = ready else { return Ok(()) };
-                let n = match guard.try_io(|f| sys::read_fd(f.as_raw_fd(), &mut buf)) {
+                let n = match guard.try_io(|f| sys::read_fd(f.as_fd(), &mut buf)) {
                     Ok(Ok(n)) => n,
                     Ok(Err(_)) => return Ok(()),
                     Err(_would_block) => continue,
@@ -132,7 +138,7 @@ pub(super) async fn watch(
                         }
                         for kind in kinds {
                             let event = event_of(&full, kind);
-                            if proto::write_frame(&mut wr, &Reply::FsEvent { event }, &[]).await.is_err() {
+                            if proto::write_frame(&mut wr, &AgentReply::FsEvent { event }, &[]).await.is_err() {
                                 return Ok(());
                             }
                         }
@@ -166,7 +172,8 @@ pub(super) async fn watch(
                         // event loop.
                         let (rec, name, raw) = (agent.record.clone(), ev.name.clone(), fd.as_raw_fd());
                         let (parent, new_rel) = (dir.clone(), full.clone());
-                        let scanned = blocking(move || {
+                        let user = options.user.clone();
+                        let scanned = as_user(&agent.record, user, move || {
                             let sandbox_root = files::open_root(&rec)?;
                             let parent = files::open_dir(
                                 &sandbox_root,
@@ -201,7 +208,7 @@ pub(super) async fn watch(
                     }
                     for (changed, kind) in changes {
                         let event = event_of(&changed, kind);
-                        if proto::write_frame(&mut wr, &Reply::FsEvent { event }, &[]).await.is_err() {
+                        if proto::write_frame(&mut wr, &AgentReply::FsEvent { event }, &[]).await.is_err() {
                             return Ok(());
                         }
                     }
