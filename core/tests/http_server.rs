@@ -706,3 +706,156 @@ async fn fifty_concurrent_clients() {
         assert_eq!(stdout, format!("client-{i}\n").into_bytes());
     }
 }
+
+/// A router whose `/echo` route switches to a raw echo of every byte; `/plain` answers `ok`.
+fn upgrade_router() -> axum::Router {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    async fn echo(mut request: axum::extract::Request) -> axum::response::Response {
+        let upgrade = match sandcove::server::upgrade::prepare(&mut request) {
+            Ok(u) => u,
+            Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+        };
+        upgrade.run(|mut io| async move {
+            let (mut read, mut write) = tokio::io::split(&mut io);
+            let _ = tokio::io::copy(&mut read, &mut write).await;
+        });
+        axum::response::Response::builder()
+            .status(StatusCode::SWITCHING_PROTOCOLS)
+            .header("connection", "upgrade")
+            .header("upgrade", "echo")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    }
+    axum::Router::new()
+        .route("/echo", axum::routing::get(echo))
+        .route("/plain", axum::routing::get(|| async { "ok" }))
+}
+
+/// Open a connection to `addr` and switch it to the echo protocol.
+async fn upgraded(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(
+        b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: echo\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        assert_eq!(conn.read(&mut byte).await.unwrap(), 1, "head cut: {head:?}");
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101 "),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    conn.write_all(b"hello").await.unwrap();
+    let mut back = [0u8; 5];
+    conn.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"hello", "the connection echoes after the upgrade");
+    conn
+}
+
+fn upgrade_limits(
+    max_connections: usize,
+    shutdown_grace: Duration,
+) -> sandcove::server::ConnectionLimits {
+    sandcove::server::ConnectionLimits {
+        max_connections,
+        head_timeout: Duration::from_secs(30),
+        shutdown_grace,
+        tls: None,
+    }
+}
+
+/// An upgraded connection keeps its slot in the connection cap: with a cap of one, a second
+/// client waits until the upgraded one ends.
+#[tokio::test]
+async fn an_upgraded_connection_counts_toward_the_cap() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(sandcove::server::serve_router(
+        listener,
+        upgrade_router(),
+        upgrade_limits(1, Duration::from_secs(5)),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let first = upgraded(addr).await;
+    let mut second = tokio::net::TcpStream::connect(addr).await.unwrap();
+    second
+        .write_all(b"GET /plain HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut byte = [0u8; 1];
+    // Served at once if the upgraded connection had left the cap.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), second.read(&mut byte))
+            .await
+            .is_err(),
+        "a second connection was served while the upgraded one held the only slot"
+    );
+    drop(first);
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), second.read_to_end(&mut answer))
+        .await
+        .expect("served once the upgraded connection ended")
+        .unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 200 "), "{answer:?}");
+    assert!(answer.ends_with(b"ok"), "{answer:?}");
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}
+
+/// Shutdown closes upgraded connections instead of waiting for them, and the server returns
+/// long before its grace period.
+#[tokio::test]
+async fn shutdown_closes_upgraded_connections() {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(sandcove::server::serve_router(
+        listener,
+        upgrade_router(),
+        upgrade_limits(4, Duration::from_secs(600)),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let mut conn = upgraded(addr).await;
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(60), server)
+        .await
+        .expect("the server returns without waiting out its grace period")
+        .unwrap()
+        .unwrap();
+    let mut rest = Vec::new();
+    let end = tokio::time::timeout(Duration::from_secs(60), conn.read_to_end(&mut rest))
+        .await
+        .expect("the upgraded connection is closed");
+    assert!(
+        matches!(end, Ok(0)) || end.is_err(),
+        "closed, not more bytes: {end:?} {rest:?}"
+    );
+}
+
+/// A router served outside `serve`/`serve_router` cannot take a connection over: nothing
+/// would bound it.
+#[tokio::test]
+async fn upgrades_need_the_bounded_connection_loop() {
+    let mut request = axum::http::Request::builder()
+        .uri("/echo")
+        .header("connection", "upgrade")
+        .header("upgrade", "echo")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let err = sandcove::server::upgrade::prepare(&mut request).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotSupported, "{err}");
+}

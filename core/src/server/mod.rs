@@ -39,6 +39,7 @@ mod openapi;
 mod processes;
 mod resources;
 mod sandboxes;
+pub mod upgrade;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -339,7 +340,9 @@ async fn serve_connections(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(head_timeout);
-    let connections = hyper_util::server::graceful::GracefulShutdown::new();
+    // Every connection, and every connection taken over by an upgrade, holds a receiver:
+    // `true` tells them to stop, and the channel closing tells the server they all have.
+    let (stop, stopped) = watch::channel(false);
     tokio::pin!(shutdown);
     loop {
         let ((tcp, _), permit) = tokio::select! {
@@ -349,36 +352,54 @@ async fn serve_connections(
         // No Nagle: small frames (a command's output, its exit) must leave at once, not wait
         // for the peer's delayed ACK (~40 ms per round trip otherwise).
         let _ = tcp.set_nodelay(true);
-        let service = hyper_util::service::TowerToHyperService::new(app.clone());
-        let (http, watcher, tls) = (http.clone(), connections.watcher(), tls.clone());
+        let connection = upgrade::Connection::new(permit, stopped.clone());
+        let service =
+            hyper_util::service::TowerToHyperService::new(tower::ServiceExt::map_request(
+                app.clone(),
+                move |mut request: axum::http::Request<hyper::body::Incoming>| {
+                    request.extensions_mut().insert(connection.clone());
+                    request
+                },
+            ));
+        let (http, tls, mut stop) = (http.clone(), tls.clone(), stopped.clone());
         tokio::spawn(async move {
-            match tls {
-                None => {
-                    let io = hyper_util::rt::TokioIo::new(tcp);
-                    let _ = watcher.watch(http.serve_connection(io, service)).await;
-                }
-                Some(tls) => {
-                    let Ok(Ok(stream)) = tokio::time::timeout(head_timeout, tls.accept(tcp)).await
-                    else {
-                        return;
-                    };
-                    let io = hyper_util::rt::TokioIo::new(stream);
-                    let _ = watcher.watch(http.serve_connection(io, service)).await;
-                }
+            let io: Box<dyn ConnectionIo> = match tls {
+                None => Box::new(tcp),
+                Some(tls) => match tokio::time::timeout(head_timeout, tls.accept(tcp)).await {
+                    Ok(Ok(stream)) => Box::new(stream),
+                    _ => return,
+                },
+            };
+            let served = http
+                .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+                .with_upgrades();
+            tokio::pin!(served);
+            tokio::select! {
+                _ = served.as_mut() => return,
+                // A closed channel means the server is gone too.
+                _ = stop.wait_for(|stopped| *stopped) => {}
             }
-            drop(permit);
+            // Finish the request in flight, if any, then close.
+            served.as_mut().graceful_shutdown();
+            let _ = served.await;
         });
     }
-    // Stop taking connections, cut open streams, let in-flight calls finish within the
-    // grace period.
+    // Stop taking connections, cut open streams and upgraded connections, let in-flight
+    // calls finish within the grace period.
     drop(listener);
+    drop(stopped);
     on_stop();
+    let _ = stop.send(true);
     tokio::select! {
-        () = connections.shutdown() => {}
+        () = stop.closed() => {}
         () = tokio::time::sleep(grace) => {}
     }
     Ok(())
 }
+
+/// A client connection, plain or TLS, as the connection loop serves it.
+trait ConnectionIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> ConnectionIo for T {}
 
 /// Largest certificate or key file read by [`load_tls`].
 const MAX_PEM_BYTES: u64 = 1024 * 1024;
