@@ -1209,3 +1209,105 @@ async fn get_host_names_the_listener_and_reaches_the_sandbox_port() {
         assert_eq!(r.status().as_u16(), 502, "{host}");
     }
 }
+
+/// Switch a raw connection to `addr` to the test's `echo` protocol with `Host: host`; the
+/// `101` head, or why not.
+async fn upgrade_echo(addr: &str, host: &str) -> Result<tokio::net::TcpStream, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let request =
+        format!("GET /ws HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n");
+    conn.write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        match conn.read(&mut byte).await {
+            Ok(1) => head.push(byte[0]),
+            other => return Err(format!("head cut ({other:?}): {head:?}")),
+        }
+        if head.len() > 16 * 1024 {
+            return Err("head too long".into());
+        }
+    }
+    if !head.starts_with(b"HTTP/1.1 101 ") {
+        return Err(String::from_utf8_lossy(&head).into_owned());
+    }
+    Ok(conn)
+}
+
+/// `get_host(port)` carries protocol upgrades too (a WebSocket to a server in the sandbox):
+/// the Upgrade request reaches the sandbox's port, its `101` comes back, and then bytes flow
+/// both ways between the client and the sandbox's server.
+#[tokio::test]
+async fn get_host_forwards_an_upgraded_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = env().await;
+    let (id, _) = env.create().await;
+    // Answers an `Upgrade: echo` request with `101`, then sends back every byte upper-cased.
+    let script = r#"
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8130))
+s.listen(8)
+while True:
+    c, _ = s.accept()
+    head = b""
+    while b"\r\n\r\n" not in head:
+        d = c.recv(1024)
+        if not d:
+            break
+        head += d
+    if b"upgrade: echo" not in head.lower():
+        c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        c.close()
+        continue
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+    rest = head.split(b"\r\n\r\n", 1)[1]
+    while True:
+        if rest:
+            c.sendall(rest.upper())
+        rest = c.recv(4096)
+        if not rest:
+            break
+    c.close()
+"#;
+    let spec = sandcove::ProcessSpec::new(sandcove::Command::sh(&format!(
+        "cat > /tmp/echo.py <<'PY'\n{script}\nPY\nexec python3 /tmp/echo.py"
+    )));
+    let _server = env
+        .backend
+        .spawn(&id, spec)
+        .await
+        .expect("start the server");
+    let addr = env.url.trim_start_matches("http://").to_string();
+    let listener_port = env.url.rsplit(':').next().unwrap().to_string();
+    let host = format!("8130-{id}.localhost:{listener_port}");
+    let mut conn = eventually(
+        Duration::from_secs(30),
+        "the sandbox's server switches protocols",
+        || upgrade_echo(&addr, &host),
+    )
+    .await;
+    for message in [&b"hello"[..], b"through the splice"] {
+        conn.write_all(message).await.unwrap();
+        let mut back = vec![0u8; message.len()];
+        tokio::time::timeout(Duration::from_secs(30), conn.read_exact(&mut back))
+            .await
+            .expect("the sandbox answers")
+            .unwrap();
+        assert_eq!(back, message.to_ascii_uppercase());
+    }
+    // The sandbox's server ends the connection when the client ends its side.
+    conn.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), conn.read_to_end(&mut rest))
+        .await
+        .expect("closed after the client's end")
+        .unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
+}

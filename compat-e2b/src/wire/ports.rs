@@ -10,6 +10,11 @@
 //! its token added here, so the host-side preview port opens to nobody else). As on E2B,
 //! such a request needs no credential: anyone who can reach the listener and knows the
 //! sandbox id can reach a port the sandbox serves.
+//!
+//! A request asking to switch protocols (a WebSocket, say) is forwarded the same way; when
+//! the sandbox answers `101`, the listener splices the two connections, bytes copied both
+//! ways until either side ends, nothing moves for [`UPGRADED_IDLE`], or the listener stops.
+//! The spliced connection keeps its slot in the listener's connection cap.
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -52,13 +57,28 @@ pub(crate) fn domain_for(host: Option<&str>) -> Option<String> {
     })
 }
 
+/// How long an upgraded `get_host` connection may carry no bytes either way before it is
+/// closed.
+pub(crate) const UPGRADED_IDLE: std::time::Duration = std::time::Duration::from_secs(600);
+
 fn bad_gateway(message: String) -> Response {
     (StatusCode::BAD_GATEWAY, message).into_response()
 }
 
 /// Forward `request` to `port` in sandbox `id` through the engine's preview of that port
 /// (made private on first use, reused after).
-pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, request: Request) -> Response {
+pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, mut request: Request) -> Response {
+    use sandcove::server::upgrade;
+    // Taken before anything reaches the sandbox: a listener that cannot bound the upgraded
+    // connection refuses it.
+    let upgrade = if upgrade::is_upgrade(&request) {
+        match upgrade::prepare(&mut request) {
+            Ok(u) => Some(u),
+            Err(e) => return bad_gateway(e.to_string()),
+        }
+    } else {
+        None
+    };
     let previews = match wire.backend.list_previews(id).await {
         Ok(p) => p,
         Err(e) if e.is_not_found() => {
@@ -91,7 +111,7 @@ pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, request: Request) 
             Ok(pair) => pair,
             Err(e) => return bad_gateway(format!("port {port} of sandbox {id}: {e}")),
         };
-    tokio::spawn(connection);
+    tokio::spawn(connection.with_upgrades());
     let (mut parts, body) = request.into_parts();
     if let Ok(host) = HeaderValue::from_str(&preview.host) {
         parts.headers.insert(header::HOST, host);
@@ -114,7 +134,21 @@ pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, request: Request) 
         .send_request(axum::http::Request::from_parts(parts, body))
         .await
     {
-        Ok(response) => response.map(Body::new),
+        Ok(mut response) => {
+            if let Some(upgrade) = upgrade {
+                if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+                    let upstream = hyper::upgrade::on(&mut response);
+                    upgrade.run(move |mut client| async move {
+                        let Ok(upstream) = upstream.await else {
+                            return;
+                        };
+                        let mut upstream = hyper_util::rt::TokioIo::new(upstream);
+                        let _ = upgrade::splice(&mut client, &mut upstream, UPGRADED_IDLE).await;
+                    });
+                }
+            }
+            response.map(Body::new)
+        }
         Err(e) => bad_gateway(format!("port {port} of sandbox {id}: {e}")),
     }
 }
