@@ -98,11 +98,7 @@ enum Cmd {
     /// For `daytona` it prints:
     ///   DAYTONA_API_URL  the Daytona listener's origin followed by /api (the SDK finds the
     ///                    toolbox through the URL every sandbox answer carries);
-    ///   DAYTONA_API_KEY  the value of SANDCOVE_API_KEY (the server's key);
-    ///   DAYTONA_USE_DEPRECATED_POLLING=true  the SDKs then skip their Socket.IO event
-    ///                    socket, which this server does not serve (without it they try
-    ///                    it once per client, and a Node program stays alive while the
-    ///                    Socket.IO client retries).
+    ///   DAYTONA_API_KEY  the value of SANDCOVE_API_KEY (the server's key).
     ///
     /// Exits 1 with a message when no server with that vendor's listener is running or
     /// SANDCOVE_API_KEY is unset.
@@ -436,6 +432,5 @@ fn env_daytona(state_dir: Option<PathBuf>) -> ExitCode {
         shell_quote(&format!("{url}/api"))
     );
     println!("export DAYTONA_API_KEY={}", shell_quote(key.trim()));
-    println!("export DAYTONA_USE_DEPRECATED_POLLING=true");
     ExitCode::SUCCESS
 }

@@ -56,6 +56,11 @@ fn python_sdk_readme_quickstart_verbatim() {
     let server = Server::start("daytona", ANNOUNCE, "YOUR_API_KEY");
     let out = run_python(PINS, "daytona_quickstart", &server, &[]);
     assert_expected("daytona_quickstart", &out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("Warning") && !stderr.to_lowercase().contains("socket"),
+        "the SDK runs quietly (no polling-only mode, no socket error):\n{stderr}"
+    );
     let (status, page) = call(&server, &server.key, "GET", "/api/sandbox", None);
     assert_eq!(status, 200, "{page}");
     let items = page["items"].as_array().expect("items");
@@ -79,6 +84,19 @@ fn python_sdk_readme_quickstart_verbatim() {
     assert_eq!(status, 200, "{run}");
     assert_eq!(run["result"], "42\n");
     assert_eq!(run["exitCode"], 0);
+}
+
+/// The SDK's event socket connects (`sandcove env` sets no polling-only mode), nothing is
+/// printed on stderr, and with the socket connected `create()`, `stop()` and `start()`
+/// return as soon as the server has answered (the server sends no events; the SDK's first
+/// poll of each wait sees the final state).
+#[test]
+fn python_sdk_connects_its_event_socket_and_is_not_slowed() {
+    let server = Server::start("daytona", ANNOUNCE, "events-key");
+    let out = run_python(PINS, "daytona_events", &server, &[]);
+    assert_expected("daytona_events", &out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.trim().is_empty(), "nothing on stderr:\n{stderr}");
 }
 
 /// Sandboxes (env, labels, get by id and name, list by label), commands (env, cwd, exit
@@ -143,8 +161,8 @@ fn python_sdk_intervals_states_and_waiting_delete() {
 
 /// The TypeScript SDK's getting-started program (from its documentation: the
 /// `@daytonaio/sdk` README itself only announces the rename to `@daytona/sdk`), verbatim.
-/// It never deletes its sandbox; it must still end by itself, which it does once the
-/// SDK skips its event socket (`DAYTONA_USE_DEPRECATED_POLLING`, printed by `sandcove env`).
+/// It never deletes its sandbox; it must still end by itself, with the SDK's event socket
+/// connected (the SDK lets an idle socket keep no Node program alive).
 #[test]
 fn js_sdk_getting_started_verbatim() {
     let server = Server::start("daytona", ANNOUNCE, "js-quickstart-key");
@@ -189,10 +207,6 @@ fn env_points_at_the_running_server_and_fails_without_one() {
                 format!("{}/api", server.origin)
             ),
             ("DAYTONA_API_KEY".to_string(), "k-env".to_string()),
-            (
-                "DAYTONA_USE_DEPRECATED_POLLING".to_string(),
-                "true".to_string()
-            ),
         ]
     );
     let out = Command::new(bin())

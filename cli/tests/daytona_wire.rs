@@ -400,3 +400,123 @@ async fn uploads_and_downloads_are_bounded_by_the_listener_limit() {
         "{text}"
     );
 }
+
+/// A raw WebSocket client for the event socket: one masked text frame out.
+async fn ws_send(conn: &mut tokio::net::TcpStream, text: &str) {
+    use tokio::io::AsyncWriteExt;
+    let mask = [0x12u8, 0x34, 0x56, 0x78];
+    let data = text.as_bytes();
+    assert!(data.len() < 126, "short frames only");
+    let mut frame = vec![0x81, 0x80 | data.len() as u8];
+    frame.extend_from_slice(&mask);
+    frame.extend(data.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    conn.write_all(&frame).await.unwrap();
+}
+
+/// The next server frame: (opcode, payload).
+async fn ws_read(conn: &mut tokio::net::TcpStream) -> (u8, Vec<u8>) {
+    use tokio::io::AsyncReadExt;
+    let read = async {
+        let mut head = [0u8; 2];
+        conn.read_exact(&mut head).await.unwrap();
+        assert_eq!(head[1] & 0x80, 0, "server frames are not masked");
+        let len = match head[1] & 0x7f {
+            126 => {
+                let mut b = [0u8; 2];
+                conn.read_exact(&mut b).await.unwrap();
+                u16::from_be_bytes(b) as usize
+            }
+            127 => panic!("unexpectedly long frame"),
+            n => n as usize,
+        };
+        let mut payload = vec![0u8; len];
+        conn.read_exact(&mut payload).await.unwrap();
+        (head[0] & 0x0f, payload)
+    };
+    tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .expect("a frame from the server")
+}
+
+/// Open the event socket the way the SDKs do; the `101` head is checked.
+async fn open_event_socket(url: &str) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = url.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "GET /api/socket.io/?source=sdk-python&EIO=4&transport=websocket HTTP/1.1\r\n\
+         Host: {addr}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    );
+    conn.write_all(request.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        assert_eq!(conn.read(&mut byte).await.unwrap(), 1, "{head:?}");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    // RFC 6455's own example key and answer.
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
+        "{head}"
+    );
+    let (opcode, open) = ws_read(&mut conn).await;
+    assert_eq!(opcode, 1);
+    let open = String::from_utf8(open).unwrap();
+    let open: Value =
+        serde_json::from_str(open.strip_prefix('0').expect("Engine.IO open")).unwrap();
+    assert!(open["sid"].is_string(), "{open}");
+    assert_eq!(open["upgrades"], json!([]));
+    assert!(open["pingInterval"].as_u64().unwrap() > 0);
+    conn
+}
+
+/// The SDKs' event socket (`/api/socket.io/`, Socket.IO over a WebSocket): the server's key
+/// in the `CONNECT` packet connects, pings are answered; any other token is refused with a
+/// `CONNECT_ERROR` and the socket is closed; a request that is not a WebSocket is `400`.
+#[tokio::test]
+async fn the_event_socket_connects_with_the_servers_key_only() {
+    use tokio::io::AsyncReadExt;
+    let env = env().await;
+    let mut conn = open_event_socket(&env.url).await;
+    ws_send(&mut conn, &format!("40{}", json!({"token": KEY}))).await;
+    let (_, connected) = ws_read(&mut conn).await;
+    let connected = String::from_utf8(connected).unwrap();
+    assert!(connected.starts_with("40{\"sid\":"), "{connected}");
+    ws_send(&mut conn, "2").await;
+    assert_eq!(
+        ws_read(&mut conn).await,
+        (1, b"3".to_vec()),
+        "a ping is answered"
+    );
+    for token in [
+        json!("wrong-key"),
+        json!(""),
+        json!(format!("{KEY}x")),
+        json!(null),
+    ] {
+        let mut conn = open_event_socket(&env.url).await;
+        ws_send(&mut conn, &format!("40{}", json!({ "token": token }))).await;
+        let (_, refused) = ws_read(&mut conn).await;
+        let refused = String::from_utf8(refused).unwrap();
+        assert!(refused.starts_with("44{"), "{token}: {refused}");
+        assert_eq!(ws_read(&mut conn).await.0, 0x8, "then closed");
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(30), conn.read_to_end(&mut rest))
+            .await
+            .expect("the connection ends");
+    }
+    let r = env
+        .http
+        .get(format!(
+            "{}/api/socket.io/?EIO=4&transport=polling",
+            env.url
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+}

@@ -10,9 +10,9 @@
 //! One listener serves both planes: every sandbox answer carries `toolboxProxyUrl` =
 //! `{base_url}/toolbox`, absolute on this same listener, and the SDK sends every toolbox
 //! call to `{toolboxProxyUrl}/{sandboxId}/…`. The SDK's Socket.IO endpoint
-//! (`/api/socket.io/`) answers 404: the SDK then polls `GET /api/sandbox/{id}`, and since
-//! every call here returns only once the engine has finished (a create answers `started`),
-//! the SDK never has to wait on a poll.
+//! (`/api/socket.io/`, see `events`) accepts the SDK's connection and sends no events: every
+//! call here returns only once the engine has finished (a create answers `started`), so the
+//! SDK's first poll of `GET /api/sandbox/{id}` in any wait already sees the final state.
 //!
 //! **Authentication** happens before any handler runs: every call must carry the server's
 //! API key as `Authorization: Bearer KEY` (compared in constant time), the header the SDKs
@@ -25,6 +25,7 @@
 //! with the status the SDK maps to the same exception class.
 
 pub mod api;
+mod events;
 mod multipart;
 pub mod toolbox;
 
@@ -193,15 +194,10 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 async fn authenticate(State(wire): State<Wire>, request: Request, next: Next) -> Response {
-    // The SDK's event socket: there is none (the SDK falls back to polling). Answered
-    // before the key check because the SDK sends its key there in the Socket.IO handshake,
-    // not in a header; the answer reveals nothing and has no effect.
+    // The SDK's event socket. Served before the key check because the SDK sends its key
+    // there in the Socket.IO handshake, not in a header; the socket checks it itself.
     if request.uri().path().starts_with("/api/socket.io") {
-        return error_response(
-            StatusCode::NOT_FOUND,
-            "no event socket: Sandcove answers every call once it is done; poll the sandbox".into(),
-            None,
-        );
+        return events::socket(State(wire), request).await;
     }
     let key = bearer(request.headers()).unwrap_or("");
     if key.is_empty() || !constant_time_eq(key.as_bytes(), wire.config.api_key.as_bytes()) {
