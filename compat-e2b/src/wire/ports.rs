@@ -13,7 +13,7 @@
 //!
 //! A request asking to switch protocols (a WebSocket, say) is forwarded the same way; when
 //! the sandbox answers `101`, the listener splices the two connections, bytes copied both
-//! ways until either side ends, nothing moves for [`UPGRADED_IDLE`], or the listener stops.
+//! ways until either side ends, nothing moves for `UPGRADED_IDLE`, or the listener stops.
 //! The spliced connection keeps its slot in the listener's connection cap.
 
 use axum::body::Body;

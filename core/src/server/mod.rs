@@ -23,15 +23,17 @@
 //!   (further ones wait in the kernel's backlog, costing the server nothing); a client gets
 //!   [`ServerConfig::head_timeout`] to finish its TLS handshake and each request head,
 //!   idle keep-alive connections included, and is then disconnected; running out of
-//!   descriptors pauses accepting instead of spinning.
+//!   descriptors pauses accepting instead of spinning. A route may switch a connection to
+//!   another protocol (a WebSocket) only through [`upgrade`]: the connection keeps its slot
+//!   in the cap and is closed at shutdown.
 //! - **Shutdown**: when the shutdown future given to [`serve`] completes (the binary uses
 //!   Ctrl-C or SIGTERM), the server stops accepting connections, ends every open stream with
 //!   an error frame (so no client mistakes it for a complete stream), lets in-flight control
-//!   calls finish for up to [`ServerConfig::shutdown_grace`], and returns. **Live sandboxes
-//!   are left running**: sandboxes of the embedded engine are independent processes that
-//!   outlive the server, exactly as they outlive any program that creates them; each ends at
-//!   its lease or when destroyed, and a restarted server (or any program of the same user)
-//!   finds them again.
+//!   calls finish for up to [`ServerConfig::shutdown_grace`] (upgraded connections are closed
+//!   at once), and returns. **Live sandboxes are left running**: sandboxes of the embedded
+//!   engine are independent processes that outlive the server, exactly as they outlive any
+//!   program that creates them; each ends at its lease or when destroyed, and a restarted
+//!   server (or any program of the same user) finds them again.
 
 mod files;
 mod idempotency;
