@@ -1276,7 +1276,7 @@ while True:
             break
     c.close()
 "#;
-    let spec = sandcove::ProcessSpec::new(sandcove::Command::sh(&format!(
+    let spec = sandcove::ProcessSpec::new(sandcove::Command::sh(format!(
         "cat > /tmp/echo.py <<'PY'\n{script}\nPY\nexec python3 /tmp/echo.py"
     )));
     let _server = env

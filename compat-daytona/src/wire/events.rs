@@ -166,7 +166,7 @@ async fn read_message<R: AsyncRead + Unpin>(io: &mut R) -> io::Result<Message> {
             0x8 => return Ok(Message::Close),
             0x9 => return Ok(Message::Ping(payload)),
             0xA => return Ok(Message::Other),
-            0x0 | 0x1 | 0x2 => {
+            0x0..=0x2 => {
                 if opcode != 0 {
                     kind = Some(opcode);
                 }
