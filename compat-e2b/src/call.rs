@@ -2,7 +2,7 @@
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use crate::errors::{Result, SandboxException};
 
@@ -110,9 +110,4 @@ pub(crate) fn client() -> Result<sandcove::Client> {
     }
     let made = sandcove::Client::from_env()?;
     Ok(CLIENT.get_or_init(|| made).clone())
-}
-
-/// The backend of [`client`].
-pub(crate) fn backend() -> Result<Arc<dyn sandcove::Backend>> {
-    Ok(client()?.backend().clone())
 }

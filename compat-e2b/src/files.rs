@@ -285,14 +285,9 @@ pub(crate) async fn open_watch(
         user: user.map(str::to_string),
         request_timeout: None,
     };
-    common.same_user_only(ctx)?;
-    Ok(ctx
-        .core
-        .watch(
-            &ctx.path(path),
-            sandcove::WatchOptions::default().recursive(recursive),
-        )
-        .await?)
+    let mut options = sandcove::WatchOptions::default().recursive(recursive);
+    options.user = common.file_user(ctx);
+    Ok(ctx.core.watch(&ctx.path(path), options).await?)
 }
 
 /// A runtime watch event as E2B's, with the entry's info when asked for.
@@ -415,7 +410,7 @@ impl Common {
             })
     }
 
-    /// Refuse another user where the runtime's file calls cannot act as one.
+    /// Refuse another user where the runtime's file calls cannot act as one (rename).
     fn same_user_only(&self, ctx: &Ctx) -> Result<()> {
         match ctx.runtime_user(self.user.as_deref()) {
             None => Ok(()),
@@ -557,12 +552,9 @@ impl Filesystem {
     pub fn remove(&self, path: impl Into<String>) -> FsCall<()> {
         let path = path.into();
         FsCall::new(&self.ctx, move |ctx, common| async move {
-            common.same_user_only(&ctx)?;
-            match ctx
-                .core
-                .remove_with(&ctx.path(&path), RemoveOptions::default().recursive(true))
-                .await
-            {
+            let mut options = RemoveOptions::default().recursive(true);
+            options.user = common.file_user(&ctx);
+            match ctx.core.remove_with(&ctx.path(&path), options).await {
                 Ok(()) => Ok(()),
                 Err(e) if e.is_not_found() => Ok(()),
                 Err(e) => Err(e.into()),
@@ -612,7 +604,7 @@ impl Filesystem {
             ctx.core
                 .mkdir_with(&p, {
                     let mut options = MkdirOptions::default();
-                    options.user = ctx.runtime_user(common.user.as_deref());
+                    options.user = common.file_user(&ctx);
                     options
                 })
                 .await?;

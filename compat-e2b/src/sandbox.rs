@@ -13,9 +13,9 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandcove::{Backend, CreateOptions, ListOptions, NetworkPolicy, PreviewOptions, TimeoutAction};
+use sandcove::{CreateOptions, ListOptions, NetworkPolicy, PreviewOptions, TimeoutAction};
 
-use crate::call::{backend, client, with_request_timeout, BoxFuture, Call, IntoSeconds};
+use crate::call::{client, with_request_timeout, BoxFuture, Call, IntoSeconds};
 use crate::commands::Commands;
 use crate::errors::{Result, SandboxException};
 use crate::files::Filesystem;
@@ -44,9 +44,9 @@ pub(crate) struct Inner {
 pub(crate) type Ctx = Arc<Inner>;
 
 impl Inner {
-    pub(crate) fn from_info(backend: Arc<dyn Backend>, info: &sandcove::SandboxInfo) -> Ctx {
+    pub(crate) fn from_info(client: &sandcove::Client, info: &sandcove::SandboxInfo) -> Ctx {
         Arc::new(Inner {
-            core: sandcove::Client::new(backend).sandbox(info.id.clone()),
+            core: client.sandbox(info.id.clone()),
             id: info.id.clone(),
             home: info.user.home.clone(),
             user: info.user.name.clone(),
@@ -162,7 +162,7 @@ impl Sandbox {
     /// `Sandbox.kill(sandbox_id, **opts) -> bool`: `false` when there is no such sandbox.
     pub fn kill(sandbox_id: impl Into<String>) -> Call<bool> {
         let id = sandbox_id.into();
-        Call::new(async move { kill(&*backend()?, &id).await })
+        Call::new(async move { kill(&client()?, &id).await })
     }
 
     /// `Sandbox.set_timeout(sandbox_id, timeout, **opts)`: the sandbox ends `timeout` seconds
@@ -170,7 +170,7 @@ impl Sandbox {
     pub fn set_timeout(sandbox_id: impl Into<String>, timeout: impl IntoSeconds) -> Call<()> {
         let id = sandbox_id.into();
         let secs = timeout.into_seconds();
-        Call::new(async move { set_timeout(&*backend()?, &id, secs).await })
+        Call::new(async move { set_timeout(&client()?, &id, secs).await })
     }
 
     /// `Sandbox.get_info(sandbox_id, **opts) -> SandboxInfo`.
@@ -376,8 +376,8 @@ impl SandboxInstance {
     }
 }
 
-pub(crate) async fn kill(backend: &dyn Backend, id: &str) -> Result<bool> {
-    match backend.destroy(id).await {
+pub(crate) async fn kill(client: &sandcove::Client, id: &str) -> Result<bool> {
+    match client.sandbox(id).destroy().await {
         Ok(()) => Ok(true),
         Err(e) if e.is_not_found() => Ok(false),
         Err(e) => Err(e.into()),
@@ -394,9 +394,13 @@ fn whole_seconds(secs: Option<f64>) -> Result<Duration> {
     }
 }
 
-pub(crate) async fn set_timeout(backend: &dyn Backend, id: &str, secs: Option<f64>) -> Result<()> {
+pub(crate) async fn set_timeout(
+    client: &sandcove::Client,
+    id: &str,
+    secs: Option<f64>,
+) -> Result<()> {
     let timeout = whole_seconds(secs)?;
-    backend.set_timeout(id, timeout).await?;
+    client.sandbox(id).set_timeout(timeout).await?;
     Ok(())
 }
 
@@ -571,14 +575,14 @@ impl<S> CreateBuilder<S> {
 
     /// Validate and translate into core options. Pure apart from the capability and snapshot
     /// look-ups; nothing is created.
-    pub(crate) async fn options(&self, backend: &dyn Backend) -> Result<CreateOptions> {
+    pub(crate) async fn options(&self, client: &sandcove::Client) -> Result<CreateOptions> {
         if self.mcp {
             return Err(refuse("mcp"));
         }
         if self.iam {
             return Err(refuse("iam"));
         }
-        let caps = backend.ready().await?;
+        let caps = client.ready().await?;
         let mut options = CreateOptions::default()
             .user(translate::E2B_USER)
             .home(translate::E2B_HOME);
@@ -592,8 +596,8 @@ impl<S> CreateBuilder<S> {
             && template != crate::code_interpreter::DEFAULT_TEMPLATE
         {
             let snapshot = if caps.snapshots {
-                backend
-                    .list_snapshots()
+                client
+                    .snapshots()
                     .await?
                     .into_iter()
                     .find(|s| s.id == template || s.name.as_deref() == Some(&template))
@@ -697,12 +701,12 @@ impl<S> CreateBuilder<S> {
     }
 
     pub(crate) async fn run(self) -> Result<Sandbox> {
-        let backend = backend()?;
-        let options = self.options(&*backend).await?;
-        let info = backend.create(options).await?;
+        let client = client()?;
+        let options = self.options(&client).await?;
+        let (_, info) = client.create_described(options).await?;
         let mut config = self.config;
         config.domain = SANDBOX_DOMAIN.into();
-        Ok(Sandbox::from_ctx(Inner::from_info(backend, &info), config))
+        Ok(Sandbox::from_ctx(Inner::from_info(&client, &info), config))
     }
 }
 
@@ -757,24 +761,25 @@ impl<S> ConnectBuilder<S> {
     }
 
     pub(crate) async fn run(self) -> Result<Sandbox> {
-        let backend = backend()?;
-        let info = connect_on(&*backend, &self.sandbox_id, self.timeout).await?;
+        let client = client()?;
+        let info = connect_on(&client, &self.sandbox_id, self.timeout).await?;
         let mut config = self.config;
         config.domain = SANDBOX_DOMAIN.into();
-        Ok(Sandbox::from_ctx(Inner::from_info(backend, &info), config))
+        Ok(Sandbox::from_ctx(Inner::from_info(&client, &info), config))
     }
 }
 
-/// `Sandbox.connect(id, timeout)` on `backend`: resume a paused sandbox and extend (never
+/// `Sandbox.connect(id, timeout)` on `client`: resume a paused sandbox and extend (never
 /// shorten) its lifetime to `timeout` seconds from now (default 300). Shared by the Rust
 /// facade and the wire protocol.
 pub(crate) async fn connect_on(
-    backend: &dyn Backend,
+    client: &sandcove::Client,
     sandbox_id: &str,
     timeout: Option<f64>,
 ) -> Result<sandcove::SandboxInfo> {
     let timeout = whole_seconds(timeout)?;
-    let mut info = match backend.get(sandbox_id).await {
+    let sandbox = client.sandbox(sandbox_id);
+    let mut info = match sandbox.info().await {
         Ok(info) => info,
         Err(e) if e.is_not_found() => {
             return Err(SandboxException::SandboxNotFound {
@@ -785,11 +790,11 @@ pub(crate) async fn connect_on(
         Err(e) => return Err(e.into()),
     };
     if info.state == sandcove::SandboxState::Paused {
-        info = backend.resume(&info.id).await?;
+        info = sandbox.resume().await?;
     }
     let wanted = sandcove::now_millis() + timeout.as_millis() as u64;
     if info.ends_at < wanted {
-        info = backend.set_timeout(&info.id, timeout).await?;
+        info = sandbox.set_timeout(timeout).await?;
     }
     Ok(info)
 }
@@ -1038,17 +1043,16 @@ impl SandboxPaginator {
     /// `paginator.next_items(**opts) -> list[SandboxInfo]`: the next page. Raises
     /// `SandboxException("No more items to fetch")` after the last page.
     pub async fn next_items(&mut self) -> Result<Vec<SandboxInfo>> {
-        let backend = backend()?;
-        self.next_items_on(&*backend).await
+        self.next_items_on(&client()?).await
     }
 
-    /// [`next_items`](Self::next_items) on `backend`.
+    /// [`next_items`](Self::next_items) on `client`.
     pub(crate) async fn next_items_on(
         &mut self,
-        backend: &dyn Backend,
+        client: &sandcove::Client,
     ) -> Result<Vec<SandboxInfo>> {
         Ok(self
-            .next_core_items_on(backend)
+            .next_core_items_on(client)
             .await?
             .iter()
             .map(|i| SandboxInfo::from_core(i, false))
@@ -1059,7 +1063,7 @@ impl SandboxPaginator {
     /// more fields than `SandboxInfo` holds).
     pub(crate) async fn next_core_items_on(
         &mut self,
-        backend: &dyn Backend,
+        client: &sandcove::Client,
     ) -> Result<Vec<sandcove::SandboxInfo>> {
         if !self.has_next {
             return Err(SandboxException::sandbox("No more items to fetch"));
@@ -1085,7 +1089,7 @@ impl SandboxPaginator {
             .into_iter()
             .map(SandboxState::core)
             .collect();
-        let mut all: Vec<sandcove::SandboxInfo> = backend
+        let mut all: Vec<sandcove::SandboxInfo> = client
             .list(options)
             .await?
             .into_iter()
@@ -1306,7 +1310,7 @@ impl IntoFuture for MetricsBuilder {
         let limit = self.request_timeout;
         with_request_timeout(
             Box::pin(async move {
-                let sample = metrics_on(&*backend()?, &self.sandbox_id).await?;
+                let sample = metrics_on(&client()?, &self.sandbox_id).await?;
                 let in_range = self.start.is_none_or(|s| sample.timestamp >= s)
                     && self.end.is_none_or(|e| sample.timestamp <= e);
                 Ok(if in_range { vec![sample] } else { Vec::new() })
@@ -1317,8 +1321,11 @@ impl IntoFuture for MetricsBuilder {
 }
 
 /// One metrics sample of a sandbox, as E2B reports it (shared with the wire protocol).
-pub(crate) async fn metrics_on(backend: &dyn Backend, sandbox_id: &str) -> Result<SandboxMetrics> {
-    let m = backend.metrics(sandbox_id).await?;
+pub(crate) async fn metrics_on(
+    client: &sandcove::Client,
+    sandbox_id: &str,
+) -> Result<SandboxMetrics> {
+    let m = client.sandbox(sandbox_id).metrics().await?;
     Ok(SandboxMetrics {
         cpu_count: i64::from(m.cpu_count),
         cpu_used_pct: m.cpu_used_pct,
@@ -1331,21 +1338,22 @@ pub(crate) async fn metrics_on(backend: &dyn Backend, sandbox_id: &str) -> Resul
     })
 }
 
-/// `pause(sandbox_id, keep_memory)` on `backend`: `false` when already paused (shared with
+/// `pause(sandbox_id, keep_memory)` on `client`: `false` when already paused (shared with
 /// the wire protocol).
 pub(crate) async fn pause_on(
-    backend: &dyn Backend,
+    client: &sandcove::Client,
     sandbox_id: &str,
     keep_memory: bool,
 ) -> Result<bool> {
     if !keep_memory {
         return Err(refuse("keep_memory_false"));
     }
-    let info = backend.get(sandbox_id).await?;
+    let sandbox = client.sandbox(sandbox_id);
+    let info = sandbox.info().await?;
     if info.state == sandcove::SandboxState::Paused {
         return Ok(false);
     }
-    backend.pause(sandbox_id).await?;
+    sandbox.pause().await?;
     Ok(true)
 }
 
@@ -1378,9 +1386,7 @@ impl IntoFuture for PauseBuilder {
     fn into_future(self) -> Self::IntoFuture {
         let limit = self.request_timeout;
         with_request_timeout(
-            Box::pin(
-                async move { pause_on(&*backend()?, &self.sandbox_id, self.keep_memory).await },
-            ),
+            Box::pin(async move { pause_on(&client()?, &self.sandbox_id, self.keep_memory).await }),
             limit,
         )
     }
@@ -1447,9 +1453,10 @@ impl IntoFuture for ForkBuilder {
                     "count must be between 1 and 100, got {count}"
                 )));
             }
-            let backend = backend()?;
-            let source = backend.get(&self.sandbox_id).await?;
-            if !backend.ready().await?.snapshots {
+            let client = client()?;
+            let parent = client.sandbox(&self.sandbox_id);
+            let source = parent.info().await?;
+            if !client.ready().await?.snapshots {
                 return Err(sandcove::Error::not_supported(
                     "Sandbox.fork",
                     "this runtime has no snapshots yet; create a new sandbox and copy files",
@@ -1465,15 +1472,15 @@ impl IntoFuture for ForkBuilder {
             options.home = Some(source.user.home.clone());
             let mut out = Vec::new();
             for _ in 0..count {
-                let made = backend
-                    .fork(&self.sandbox_id, options.clone())
+                let made = parent
+                    .fork_described(options.clone())
                     .await
-                    .map(|info| {
+                    .map(|(_, info)| {
                         let config = ConnectionConfig {
                             domain: SANDBOX_DOMAIN.into(),
                             ..Default::default()
                         };
-                        Sandbox::from_ctx(Inner::from_info(backend.clone(), &info), config)
+                        Sandbox::from_ctx(Inner::from_info(&client, &info), config)
                     })
                     .map_err(SandboxException::from);
                 out.push(made);

@@ -227,8 +227,8 @@ async fn gaps_in_files_are_refused_before_any_effect() {
         "nothing written"
     );
     assert_not_supported(
-        sbx.files.remove("/tmp").user("root").await,
-        "remove as root",
+        sbx.files.rename("/tmp/a", "/tmp/b").user("root").await,
+        "rename as root",
     );
     // The default user by name is fine.
     sbx.files
@@ -252,6 +252,10 @@ async fn file_calls_act_as_the_given_user() {
         skip("file calls as root", "multiple_users");
         assert_not_supported(sbx.files.read("m.txt").user("root").await, "read as root");
         assert_not_supported(sbx.files.list("/").user("root").await, "list as root");
+        assert_not_supported(
+            sbx.files.remove("m.txt").user("root").await,
+            "remove as root",
+        );
         sbx.kill().await.expect("kill");
         return;
     }
@@ -290,6 +294,44 @@ async fn file_calls_act_as_the_given_user() {
         .await
         .expect("root lists");
     assert_eq!(listed.len(), 1);
+    // Remove and watch follow the user too: a 0700 root directory is closed to `user`.
+    assert!(
+        sbx.files
+            .remove("/tmp/vault/in")
+            .user("user")
+            .await
+            .is_err(),
+        "nothing in a 0700 root directory can be removed as user"
+    );
+    assert!(
+        sbx.files
+            .make_dir("/tmp/vault/sub")
+            .user("user")
+            .await
+            .is_err(),
+        "nothing can be made in a 0700 root directory as user"
+    );
+    assert!(
+        sbx.files
+            .watch_dir("/tmp/vault", |_| {})
+            .user("user")
+            .await
+            .is_err(),
+        "a 0700 root directory cannot be watched as user"
+    );
+    sbx.files
+        .remove("/tmp/vault/in")
+        .user("root")
+        .await
+        .expect("root removes");
+    assert!(
+        !sbx.files
+            .exists("/tmp/vault/in")
+            .user("root")
+            .await
+            .expect("exists"),
+        "removed as root"
+    );
     let w = sbx
         .files
         .write("by-root.txt", "x")

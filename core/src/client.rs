@@ -106,14 +106,17 @@ impl Client {
     /// Create a sandbox. Bad options are [`Error::InvalidArgument`] and options needing a
     /// feature the backend lacks are [`Error::NotSupported`], both before anything is sent.
     pub async fn create(&self, options: CreateOptions) -> Result<Sandbox> {
+        Ok(self.create_described(options).await?.0)
+    }
+
+    /// [`Client::create`], also returning the new sandbox's description as the backend made
+    /// it (no second round trip for a caller that needs its user, home or envs).
+    pub async fn create_described(&self, options: CreateOptions) -> Result<(Sandbox, SandboxInfo)> {
         let caps = self.ready().await?;
         options.validate()?;
         caps.check_create(&options)?;
         let info = self.backend.create(options).await?;
-        Ok(Sandbox {
-            backend: self.backend.clone(),
-            id: info.id,
-        })
+        Ok((self.sandbox(info.id.clone()), info))
     }
 
     /// A handle to an existing sandbox, checked to exist.
@@ -387,15 +390,21 @@ impl Sandbox {
 
     /// A new sandbox with a copy of this one's files (not its processes).
     pub async fn fork(&self, options: CreateOptions) -> Result<Sandbox> {
+        Ok(self.fork_described(options).await?.0)
+    }
+
+    /// [`Sandbox::fork`], also returning the new sandbox's description.
+    pub async fn fork_described(&self, options: CreateOptions) -> Result<(Sandbox, SandboxInfo)> {
         let caps = self.backend.ready().await?;
         caps.require(Feature::Snapshots)?;
         options.validate()?;
         caps.check_create(&options)?;
         let info = self.backend.fork(&self.id, options).await?;
-        Ok(Sandbox {
+        let forked = Sandbox {
             backend: self.backend.clone(),
-            id: info.id,
-        })
+            id: info.id.clone(),
+        };
+        Ok((forked, info))
     }
 
     /// Processes started through the API.

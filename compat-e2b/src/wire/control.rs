@@ -233,8 +233,8 @@ async fn create(
         builder = builder.volume_mounts(mounts.into_iter().map(|m| (m.path, m.name)));
     }
     // The facade's own checks and translation, then the create itself.
-    let options = builder.options(&*wire.backend).await?;
-    let info = wire.backend.create(options).await?;
+    let options = builder.options(&wire.client).await?;
+    let (_, info) = wire.client.create_described(options).await?;
     Ok((
         StatusCode::CREATED,
         axum::Json(sandbox_body(&wire, &info, &headers)),
@@ -281,7 +281,7 @@ async fn get_info(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let info = wire.backend.get(&id).await?;
+    let info = wire.client.sandbox(&id).info().await?;
     let mut body = info_body(&info, true, &wire);
     body["domain"] = json!(super::ports::domain_for(
         headers.get(header::HOST).and_then(|h| h.to_str().ok())
@@ -290,7 +290,7 @@ async fn get_info(
 }
 
 async fn kill(State(wire): State<Wire>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    if sandbox::kill(&*wire.backend, &id).await? {
+    if sandbox::kill(&wire.client, &id).await? {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         Err(ApiError(SandboxException::SandboxNotFound {
@@ -314,7 +314,7 @@ async fn set_timeout(
     let Some(secs) = req.timeout else {
         return Err(bad_request("timeout is required"));
     };
-    sandbox::set_timeout(&*wire.backend, &id, Some(secs)).await?;
+    sandbox::set_timeout(&wire.client, &id, Some(secs)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -334,7 +334,7 @@ async fn connect(
     if req.memory == Some(false) {
         return Err(ApiError(crate::gaps::refuse("keep_memory_false")));
     }
-    let info = sandbox::connect_on(&*wire.backend, &id, req.timeout).await?;
+    let info = sandbox::connect_on(&wire.client, &id, req.timeout).await?;
     Ok(axum::Json(sandbox_body(&wire, &info, &headers)).into_response())
 }
 
@@ -352,7 +352,7 @@ async fn pause(
 ) -> Result<Response, ApiError> {
     let req: PauseBody = parse_json(&body)?;
     let _ = req.require_healthy_guest;
-    if sandbox::pause_on(&*wire.backend, &id, req.memory.unwrap_or(true)).await? {
+    if sandbox::pause_on(&wire.client, &id, req.memory.unwrap_or(true)).await? {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         Ok(api_error(
@@ -363,7 +363,7 @@ async fn pause(
 }
 
 async fn metrics(State(wire): State<Wire>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let m = sandbox::metrics_on(&*wire.backend, &id).await?;
+    let m = sandbox::metrics_on(&wire.client, &id).await?;
     Ok(axum::Json(json!([{
         "timestamp": rfc3339(m.timestamp.unix_millis),
         "timestampUnix": m.timestamp.unix_millis / 1000,
@@ -463,7 +463,7 @@ async fn list(State(wire): State<Wire>, Query(q): Query<ListQuery>) -> Result<Re
     if let Some(order) = q.order {
         paginator = paginator.order(order);
     }
-    let page = paginator.next_core_items_on(&*wire.backend).await?;
+    let page = paginator.next_core_items_on(&wire.client).await?;
     let items = page
         .iter()
         .map(|info| info_body(info, false, &wire))

@@ -87,7 +87,7 @@ async fn unimplemented(request: Request) -> Response {
 /// `unavailable` with "was not found", as E2B's proxy answers, so the SDK raises its
 /// `SandboxNotRunningException`.
 pub(crate) async fn context(wire: &Wire, id: &str) -> Result<Ctx, ConnectError> {
-    let info = match wire.backend.get(id).await {
+    let info = match wire.client.sandbox(id).info().await {
         Ok(info) => info,
         Err(e) if e.is_not_found() => {
             return Err(ConnectError::new(
@@ -104,7 +104,7 @@ pub(crate) async fn context(wire: &Wire, id: &str) -> Result<Ctx, ConnectError> 
         }
         .into());
     }
-    Ok(Inner::from_info(wire.backend.clone(), &info))
+    Ok(Inner::from_info(&wire.client, &info))
 }
 
 /// The user named by `Authorization: Basic base64("user:")`, as envd reads it.
@@ -390,11 +390,12 @@ async fn start_inner(
         spec.pty = Some(pty.core()?);
     }
     let pty = spec.pty.is_some();
-    let stream = wire
-        .backend
-        .spawn(id, spec)
+    let stream = ctx
+        .core
+        .spawn(spec)
         .await
-        .map_err(SandboxException::from)?;
+        .map_err(SandboxException::from)?
+        .into_stream();
     // The engine kills at the deadline; the stream waits a little longer for its report.
     let body = process_body(
         stream.pid,
@@ -420,9 +421,9 @@ async fn attach(
     let inner = async {
         let deadline = connect::timeout_ms(&headers)?.map(Duration::from_millis);
         let req: ProcessRequest = stream_request(&wire, body).await?;
-        context(&wire, &id).await?;
+        let ctx = context(&wire, &id).await?;
         let selector = req.process.core()?;
-        let listed = wire.backend.list_processes(&id).await?;
+        let listed = ctx.core.processes().await?;
         let pty_of = |pid: u32| {
             listed.iter().any(|p| {
                 p.pid == pid
@@ -430,11 +431,12 @@ async fn attach(
                     && p.argv.get(1).is_some_and(|a| a == "-i")
             })
         };
-        let stream = wire
-            .backend
-            .attach(&id, selector)
+        let stream = ctx
+            .core
+            .attach(selector)
             .await
-            .map_err(SandboxException::from)?;
+            .map_err(SandboxException::from)?
+            .into_stream();
         let body = process_body(
             stream.pid,
             stream.events,
@@ -508,9 +510,9 @@ async fn send_input(
                 ))
             }
         };
-        context(wire, id).await?;
-        wire.backend
-            .write_stdin(id, req.process.core()?, data)
+        let ctx = context(wire, id).await?;
+        ctx.core
+            .write_stdin(req.process.core()?, data)
             .await
             .map_err(SandboxException::from)?;
         Ok(json!({}))
@@ -547,7 +549,7 @@ async fn stream_input(
 
 async fn stream_input_inner(wire: &Wire, id: &str, body: Body) -> Result<(), ConnectError> {
     let mut reader = connect::EnvelopeReader::new(wire.config.max_body_bytes);
-    let mut selector: Option<sandcove::ProcessSelector> = None;
+    let mut target: Option<(sandcove::ProcessSelector, crate::sandbox::Ctx)> = None;
     let mut chunks = body.into_data_stream();
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk.map_err(|e| {
@@ -558,12 +560,12 @@ async fn stream_input_inner(wire: &Wire, id: &str, body: Body) -> Result<(), Con
         })?;
         for message in reader.push(&chunk)? {
             let event: StreamInputEvent = connect::parse(&message)?;
-            match (event, &selector) {
+            match (event, &target) {
                 (StreamInputEvent::Start { process }, None) => {
-                    context(wire, id).await?;
-                    selector = Some(process.core()?);
+                    let ctx = context(wire, id).await?;
+                    target = Some((process.core()?, ctx));
                 }
-                (StreamInputEvent::Data { input }, Some(process)) => {
+                (StreamInputEvent::Data { input }, Some((process, ctx))) => {
                     let data = match (&input.stdin, &input.pty) {
                         (Some(s), None) | (None, Some(s)) => decode_b64(s)?,
                         _ => {
@@ -573,8 +575,8 @@ async fn stream_input_inner(wire: &Wire, id: &str, body: Body) -> Result<(), Con
                             ))
                         }
                     };
-                    wire.backend
-                        .write_stdin(id, process.clone(), data)
+                    ctx.core
+                        .write_stdin(process.clone(), data)
                         .await
                         .map_err(SandboxException::from)?;
                 }
@@ -622,9 +624,9 @@ async fn send_signal(
                 ))
             }
         };
-        context(wire, id).await?;
-        wire.backend
-            .signal(id, req.process.core()?, signal)
+        let ctx = context(wire, id).await?;
+        ctx.core
+            .signal(req.process.core()?, signal)
             .await
             .map_err(SandboxException::from)?;
         Ok(json!({}))
@@ -639,9 +641,9 @@ async fn close_stdin(
 ) -> Result<Response, ConnectError> {
     let (wire, id) = (&wire, &id);
     unary_call(wire, body, |req: ProcessRequest| async move {
-        context(wire, id).await?;
-        wire.backend
-            .close_stdin(id, req.process.core()?)
+        let ctx = context(wire, id).await?;
+        ctx.core
+            .close_stdin(req.process.core()?)
             .await
             .map_err(SandboxException::from)?;
         Ok(json!({}))
@@ -662,11 +664,11 @@ async fn update(
 ) -> Result<Response, ConnectError> {
     let (wire, id) = (&wire, &id);
     unary_call(wire, body, |req: UpdateRequest| async move {
-        context(wire, id).await?;
+        let ctx = context(wire, id).await?;
         if let Some(pty) = &req.pty {
             let size = pty.core()?;
-            wire.backend
-                .resize_pty(id, req.process.core()?, size)
+            ctx.core
+                .resize_pty(req.process.core()?, size)
                 .await
                 .map_err(SandboxException::from)?;
         }

@@ -101,7 +101,8 @@ impl std::fmt::Debug for WireConfig {
 /// What every handler gets.
 #[derive(Clone)]
 pub(crate) struct Wire {
-    pub backend: Arc<dyn Backend>,
+    /// Every call goes through the client surface (its validation and capability check).
+    pub client: sandcove::Client,
     pub config: Arc<WireConfig>,
     tokens: Arc<ring::hmac::Key>,
     pub watchers: Arc<watchers::Watchers>,
@@ -177,7 +178,7 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
     ));
     let body_limit = config.max_body_bytes;
     let wire = Wire {
-        backend,
+        client: sandcove::Client::new(backend),
         config: Arc::new(config),
         tokens,
         watchers: Arc::default(),
@@ -412,7 +413,7 @@ async fn signed_file_url(
     }
     let path = q.path.unwrap_or_default();
     let user = q.username.unwrap_or_default();
-    let sandboxes = wire.backend.list(Default::default()).await?;
+    let sandboxes = wire.client.list(Default::default()).await?;
     for info in sandboxes {
         let expected = file_signature(
             &path,

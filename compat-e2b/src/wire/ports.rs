@@ -79,7 +79,8 @@ pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, mut request: Reque
     } else {
         None
     };
-    let previews = match wire.backend.list_previews(id).await {
+    let sandbox = wire.client.sandbox(id);
+    let previews = match sandbox.previews().await {
         Ok(p) => p,
         Err(e) if e.is_not_found() => {
             return bad_gateway(format!("The sandbox {id} was not found"));
@@ -89,14 +90,10 @@ pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, mut request: Reque
     let preview = match previews.into_iter().find(|p| p.port == port) {
         Some(p) => p,
         None => {
-            // Core's option structs are becoming `#[non_exhaustive]`: no struct literal.
-            #[allow(clippy::field_reassign_with_default)]
-            let options = {
-                let mut options = sandcove::PreviewOptions::default();
-                options.port = port;
-                options
-            };
-            match wire.backend.expose_port(id, options).await {
+            match sandbox
+                .expose_port(sandcove::PreviewOptions::new(port))
+                .await
+            {
                 Ok(p) => p,
                 Err(e) => return bad_gateway(e.to_string()),
             }
