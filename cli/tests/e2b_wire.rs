@@ -800,7 +800,8 @@ async fn gaps_are_refused_with_the_alternative_before_any_effect() {
         .unwrap();
     let status = r.status().as_u16();
     refused(status, &r.json().await.unwrap(), "pause memory=false");
-    // envd: file metadata on an upload, a remove as another user (Connect `unimplemented`).
+    // envd: file metadata on an upload, a rename as another user (Connect `unimplemented`).
+    // (A remove as another user is served since the facade's remove takes a user.)
     let r = env
         .http
         .post(format!("{}/files?path=/home/user/meta.txt", env.url))
@@ -815,10 +816,10 @@ async fn gaps_are_refused_with_the_alternative_before_any_effect() {
     let status = r.status().as_u16();
     refused(status, &r.json().await.unwrap(), "metadata upload");
     let r = env
-        .envd("/filesystem.Filesystem/Remove", &id, &token)
+        .envd("/filesystem.Filesystem/Move", &id, &token)
         .header("Content-Type", "application/json")
         .header("Authorization", "Basic cm9vdDo=")
-        .json(&json!({"path": "/home/user"}))
+        .json(&json!({"source": "/home/user", "destination": "/home/moved"}))
         .send()
         .await
         .unwrap();
