@@ -11,206 +11,30 @@
 //! without `python3` or `node` and `npm` fails these tests, saying so.
 
 mod common;
+mod sdk_harness;
 
 use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::{bin, ServeChild};
 use sandcove_tests::PrivateState;
+use sdk_harness::{js_fixtures, node_project, py_fixtures as fixtures, venv};
+
+/// The plain SDK (`e2b`).
 const E2B_PINS: &str = "pins-e2b-2.63.0.txt";
 /// The code interpreter SDK (`e2b-code-interpreter`, on top of `e2b`).
 const CI_PINS: &str = "pins-e2b-code-interpreter-2.11.5.txt";
 /// The last SDK that creates with `POST /sandboxes` (newer ones use `/v2/sandboxes`).
 const E2B_LEGACY_PINS: &str = "pins-e2b-2.50.0.txt";
 
-/// The repository's `fixtures/`, or `SANDCOVE_TEST_FIXTURES` when set (a copy readable by
-/// the user of CI's rootless pass).
-fn fixtures_root() -> PathBuf {
-    std::env::var_os("SANDCOVE_TEST_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures"))
-}
-
-fn fixtures() -> PathBuf {
-    fixtures_root().join("python")
-}
-
-/// The effective uid of this process.
-fn uid() -> u32 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").expect("/proc/self").uid()
-}
-
-/// Where this user's SDKs are provisioned: under the build directory when this user can write
-/// there, else a private directory of this user in the temp dir. Keyed by uid, so root's and
-/// the CI user's copies never mix; a temp directory somebody else made (or anyone else may
-/// write) is refused, since the tests run what it holds.
-fn sdk_root() -> PathBuf {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let uid = uid();
-    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("sdk-uid{uid}"));
-    if std::fs::create_dir_all(&target).is_ok()
-        && std::fs::write(target.join(".writable"), b"").is_ok()
-    {
-        return target;
-    }
-    let tmp = std::env::temp_dir().join(format!("sandcove-sdk-uid{uid}"));
-    match std::fs::create_dir(&tmp) {
-        Ok(()) => std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o700))
-            .expect("make the SDK directory private"),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => panic!("cannot create {}: {e}", tmp.display()),
-    }
-    let meta = std::fs::symlink_metadata(&tmp).expect("the SDK directory");
-    assert!(
-        meta.is_dir() && meta.uid() == uid && meta.mode() & 0o022 == 0,
-        "refusing to use {}: not a directory of uid {uid} that only it can write",
-        tmp.display()
-    );
-    tmp
-}
-
-/// A `python3` this user can run, with the venv module: the one on PATH, else the system's
-/// (a CI user cannot run an interpreter under root's home).
-fn python3() -> PathBuf {
-    let mut tried = Vec::new();
-    for candidate in ["python3", "/usr/bin/python3"] {
-        match Command::new(candidate)
-            .args(["-c", "import venv, ensurepip"])
-            .output()
-        {
-            Ok(out) if out.status.success() => return PathBuf::from(candidate),
-            other => tried.push(format!("{candidate}: {other:?}")),
-        }
-    }
-    panic!(
-        "no usable python3 ({}): the official-SDK tests need python3 (3.9 or newer, with the \
-         venv module) on PATH or at /usr/bin/python3",
-        tried.join("; ")
-    )
-}
-
-/// A short, stable fingerprint of the pin file, so a changed pin gets a fresh venv.
-fn fingerprint(bytes: &[u8]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{h:016x}")
-}
-
-/// The virtualenv holding the pinned packages of `pins`, built once.
-fn venv(pins: &str) -> PathBuf {
-    let pin_file = fixtures().join(pins);
-    let bytes = std::fs::read(&pin_file).expect("the pin file");
-    let stem = pins.trim_end_matches(".txt");
-    let python = python3();
-    let mut key = bytes.clone();
-    key.extend_from_slice(python.as_os_str().as_encoded_bytes());
-    let dir = sdk_root().join(format!("py-{stem}-{}", fingerprint(&key)));
-    provision(&dir, |tmp| {
-        let status = Command::new(&python)
-            .args(["-m", "venv"])
-            .arg(tmp)
-            .status()
-            .expect("python3 -m venv");
-        assert!(status.success(), "python3 -m venv {} failed", tmp.display());
-        let out = Command::new(tmp.join("bin/python"))
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "-r",
-            ])
-            .arg(&pin_file)
-            .output()
-            .expect("pip install");
-        assert!(
-            out.status.success(),
-            "pip install -r {} failed:\n{}",
-            pin_file.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    });
-    dir
-}
-
-/// Build `dir` once: `fill` populates a private directory, which is then renamed into place
-/// (a racing test that loses the rename discards its copy and uses the winner's).
-fn provision(dir: &Path, fill: impl FnOnce(&Path)) {
-    if dir.join(".complete").exists() {
-        return;
-    }
-    let root = dir.parent().expect("a parent directory");
-    std::fs::create_dir_all(root).expect("the SDK directory");
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let name = dir.file_name().unwrap().to_string_lossy();
-    let tmp = root.join(format!(".tmp-{name}-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&tmp).expect("a private build directory");
-    fill(&tmp);
-    std::fs::write(tmp.join(".complete"), b"").expect("the completion marker");
-    if std::fs::rename(&tmp, dir).is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
-        assert!(
-            dir.join(".complete").exists(),
-            "could not install {}",
-            dir.display()
-        );
-    }
-}
-
-fn js_fixtures() -> PathBuf {
-    fixtures_root().join("js")
-}
-
-/// A directory holding `node_modules` for `fixtures/js/package-lock.json`, built once.
-fn node_project() -> PathBuf {
-    let lock = std::fs::read(js_fixtures().join("package-lock.json")).expect("the lock file");
-    let manifest = std::fs::read(js_fixtures().join("package.json")).expect("package.json");
-    let mut both = lock.clone();
-    both.extend_from_slice(&manifest);
-    let dir = sdk_root().join(format!("js-{}", fingerprint(&both)));
-    provision(&dir, |tmp| {
-        for tool in ["node", "npm"] {
-            match Command::new(tool).arg("--version").output() {
-                Ok(out) if out.status.success() => {}
-                other => panic!(
-                    "{tool} is missing ({other:?}): the official JavaScript SDK tests need \
-                     node (18 or newer) and npm on PATH"
-                ),
-            }
-        }
-        std::fs::write(tmp.join("package.json"), &manifest).unwrap();
-        std::fs::write(tmp.join("package-lock.json"), &lock).unwrap();
-        let out = Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
-            .current_dir(tmp)
-            .output()
-            .expect("npm ci");
-        assert!(
-            out.status.success(),
-            "npm ci failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    });
-    dir
-}
-
 /// Run `fixtures/js/<name>.mjs` with the pinned SDK against a fresh server.
 fn check_js_program(name: &str) {
-    let project = node_project();
+    let project = node_project("");
     // ES modules resolve packages from their own directory upwards: run a copy placed in
     // the provisioned project.
     let program = project.join(format!("{name}.mjs"));
-    std::fs::copy(js_fixtures().join(format!("{name}.mjs")), &program).expect("copy the program");
+    std::fs::copy(js_fixtures("").join(format!("{name}.mjs")), &program).expect("copy the program");
     let server = Server::start();
     let vars = server.env().expect("sandcove env e2b");
     let mut cmd = Command::new("node");
@@ -231,7 +55,7 @@ fn check_js_program(name: &str) {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    let expected = std::fs::read_to_string(js_fixtures().join(format!("{name}.expected")))
+    let expected = std::fs::read_to_string(js_fixtures("").join(format!("{name}.expected")))
         .expect("the expected output");
     assert_eq!(stdout, expected, "{name}.mjs printed something else");
 }

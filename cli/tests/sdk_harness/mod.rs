@@ -1,5 +1,5 @@
-//! What the Daytona official-SDK tests need: provisioning pinned SDKs once per user (under
-//! the build directory when this user can write there, else in a private directory of the
+//! What the official-SDK tests (E2B and Daytona) need: provisioning pinned SDKs once per user
+//! (under the build directory when this user can write there, else in a private directory of the
 //! user's in the temp dir, as CI's rootless pass needs), a `sandcove serve` child process
 //! with one vendor listener, its `sandcove env` lines, and running one program against it
 //! with its output compared to an `.expected` file.
