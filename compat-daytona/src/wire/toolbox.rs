@@ -188,14 +188,17 @@ fn file_info_body(f: &FileInfo) -> Value {
 }
 
 /// The query parameters of a toolbox call, by name (the last of a repeated name wins).
-fn query(raw: Option<String>) -> HashMap<String, String> {
+pub(crate) fn query(raw: Option<String>) -> HashMap<String, String> {
     query_pairs(raw.as_deref().unwrap_or(""))
         .into_iter()
         .collect()
 }
 
 /// A required query parameter.
-fn required<'a>(q: &'a HashMap<String, String>, name: &str) -> Result<&'a str, ApiError> {
+pub(crate) fn required<'a>(
+    q: &'a HashMap<String, String>,
+    name: &str,
+) -> Result<&'a str, ApiError> {
     q.get(name)
         .map(String::as_str)
         .ok_or_else(|| bad_request(format!("the {name} query parameter is required")))
@@ -649,20 +652,32 @@ async fn get_command(
     )))
 }
 
+/// `GET /process/session/{session}/command/{command}/logs`: the logs so far, or with
+/// `follow=true` a WebSocket that carries them as they come (see [`follow_logs`]).
 async fn command_logs(
     State(wire): State<Wire>,
     Path((id, session, command)): Path<(String, String, String)>,
     RawQuery(raw): RawQuery,
-) -> Result<Json<Value>, ApiError> {
+    mut request: axum::extract::Request,
+) -> Result<Response, ApiError> {
     let q = query(raw);
-    if flag(&q, "follow")? {
-        // Followed logs go over a websocket, which this listener does not speak.
-        return Err(ApiError(crate::DaytonaError::not_supported(
-            "followed session command logs (get_session_command_logs_async)",
-            "poll get_session_command_logs until get_session_command reports an exit code",
-        )));
-    }
+    let follow = flag(&q, "follow")?;
     let sb = sandbox(&wire, &id).await?;
+    if follow {
+        if !super::ws::is_websocket(&request) {
+            return Err(ApiError(crate::DaytonaError::not_supported(
+                "followed session command logs over a plain HTTP stream",
+                "open the logs URL with follow=true as a WebSocket (what the pinned SDKs' \
+                 get_session_command_logs_async / getSessionCommandLogs with callbacks do), or \
+                 poll get_session_command_logs",
+            )));
+        }
+        // A missing session or command is the SDK's error before the protocol switches.
+        sb.process.get_session_command(&session, &command).await?;
+        let (upgrade, response) = super::ws::accept(&mut request, None).map_err(bad_request)?;
+        upgrade.run(move |io| follow_logs(io, sb, session, command));
+        return Ok(response);
+    }
     let logs = sb
         .process
         .get_session_command_logs(&session, &command)
@@ -671,7 +686,78 @@ async fn command_logs(
         "output": logs.output.unwrap_or_default(),
         "stdout": logs.stdout.unwrap_or_default(),
         "stderr": logs.stderr.unwrap_or_default(),
-    })))
+    }))
+    .into_response())
+}
+
+/// Marks the chunks of each stream on a followed-logs socket (the SDKs split on them).
+const STDOUT_MARK: &[u8] = b"\x01\x01\x01";
+const STDERR_MARK: &[u8] = b"\x02\x02\x02";
+
+/// Send a session command's output as it comes, each chunk a binary message led by its
+/// stream's mark, then close with 1000 once the command has ended (1011 with the reason if
+/// following failed). Chunks wait in a queue between the facade's callbacks and the socket:
+/// they are the command's output, which the session keeps anyway.
+async fn follow_logs(
+    io: sandcove::server::upgrade::Upgraded,
+    sb: Sandbox,
+    session: String,
+    command: String,
+) {
+    use super::ws;
+    let (read, mut write) = tokio::io::split(io);
+    let mut incoming = ws::reader(read);
+    let (chunks, mut queued) = tokio::sync::mpsc::unbounded_channel::<(bool, String)>();
+    let stderr_chunks = chunks.clone();
+    let logs = sb.process.get_session_command_logs_async(
+        &session,
+        &command,
+        move |text| {
+            let _ = chunks.send((false, text.to_string()));
+        },
+        move |text| {
+            let _ = stderr_chunks.send((true, text.to_string()));
+        },
+    );
+    tokio::pin!(logs);
+    let frame = |is_err: bool, text: String| {
+        let mut data = if is_err { STDERR_MARK } else { STDOUT_MARK }.to_vec();
+        data.extend_from_slice(text.as_bytes());
+        data
+    };
+    loop {
+        tokio::select! {
+            biased;
+            chunk = queued.recv() => {
+                let Some((is_err, text)) = chunk else { return };
+                if ws::write_frame(&mut write, ws::BINARY, &frame(is_err, text)).await.is_err() {
+                    return;
+                }
+            }
+            ended = &mut logs => {
+                // Every callback has run by now: send what is queued, then close.
+                while let Ok((is_err, text)) = queued.try_recv() {
+                    if ws::write_frame(&mut write, ws::BINARY, &frame(is_err, text)).await.is_err() {
+                        return;
+                    }
+                }
+                let _ = match ended {
+                    Ok(()) => ws::close(&mut write, 1000, "").await,
+                    Err(e) => ws::close(&mut write, 1011, &e.message()).await,
+                };
+                return;
+            }
+            message = incoming.recv() => match message {
+                Some(Ok(ws::Message::Ping(data))) => {
+                    if ws::pong(&mut write, &data).await.is_err() {
+                        return;
+                    }
+                }
+                Some(Ok(ws::Message::Close)) | Some(Err(_)) | None => return,
+                Some(Ok(_)) => {}
+            },
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
