@@ -296,6 +296,13 @@ fn a_wrong_key_is_refused_before_any_effect() {
             ("POST", "/api/sandbox"),
             ("GET", "/api/sandbox"),
             ("POST", "/toolbox/any/process/execute"),
+            // The WebSocket routes too (the upgrade is never reached without the key).
+            ("GET", "/toolbox/any/process/pty/create-connect?id=a"),
+            ("GET", "/toolbox/any/process/pty/a/connect"),
+            (
+                "GET",
+                "/toolbox/any/process/session/s/command/c/logs?follow=true",
+            ),
         ] {
             let (status, body) = call(&server, key, method, path, Some(serde_json::json!({})));
             assert_eq!(status, 401, "{method} {path}: {body}");

@@ -70,11 +70,23 @@ impl Sizes {
 /// The PTY routes (nested under `/toolbox/{id}`).
 pub(crate) fn routes() -> Router<Wire> {
     Router::new()
-        .route("/process/pty", get(list))
+        .route("/process/pty", get(list).post(create_unconnected))
         .route("/process/pty/create-connect", get(create_connect))
         .route("/process/pty/{session}", get(info).delete(kill))
         .route("/process/pty/{session}/connect", get(connect))
         .route("/process/pty/{session}/resize", post(resize))
+}
+
+/// `POST /process/pty` (a session created without a connection, then connected to): not
+/// served; the pinned SDKs create and connect in one step.
+async fn create_unconnected() -> Response {
+    super::error_response(
+        axum::http::StatusCode::NOT_IMPLEMENTED,
+        "creating a PTY session without connecting to it is not served by Sandcove; instead \
+         use create_pty_session / createPty (GET /process/pty/create-connect as a WebSocket)"
+            .into(),
+        Some("NOT_SUPPORTED"),
+    )
 }
 
 fn check_id(id: &str) -> Result<(), ApiError> {
