@@ -170,7 +170,7 @@ async fn not_found(request: Request) -> Response {
             format!(
                 "{} {path} is not served over Daytona's wire protocol by Sandcove (see \
                  MAPPING.md); instead use process.exec (for git commands other than status, \
-                 add, commit, branches, checkout, clone, pull and push too), or sessions for \
+                 add, commit, branches, checkout, clone, pull, push, init and remotes too), or sessions for \
                  long-running and interactive programs",
                 request.method()
             ),

@@ -76,6 +76,8 @@ pub(crate) fn routes() -> Router<Wire> {
                 .delete(git_delete_branch),
         )
         .route("/git/checkout", post(git_checkout))
+        .route("/git/init", post(git_init))
+        .route("/git/remotes", get(git_remotes).post(git_remote_add))
         .route("/git/clone", post(git_clone))
         .route("/git/pull", post(git_pull))
         .route("/git/push", post(git_push))
@@ -1002,4 +1004,75 @@ async fn git_push(
         .password(req.password)
         .await?;
     Ok(StatusCode::OK)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GitInitRequest {
+    path: String,
+    bare: Option<bool>,
+    initial_branch: Option<String>,
+}
+
+async fn git_init(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: GitInitRequest = parse_json(&wire, &body)?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.git
+        .init(
+            &req.path,
+            req.bare.unwrap_or(false),
+            req.initial_branch.as_deref().filter(|b| !b.is_empty()),
+        )
+        .await?;
+    Ok(StatusCode::OK)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GitAddRemoteRequest {
+    path: String,
+    name: String,
+    url: String,
+    fetch: Option<bool>,
+    overwrite: Option<bool>,
+}
+
+async fn git_remote_add(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: GitAddRemoteRequest = parse_json(&wire, &body)?;
+    let sb = sandbox(&wire, &id).await?;
+    sb.git
+        .remote_add(
+            &req.path,
+            &req.name,
+            &req.url,
+            req.fetch.unwrap_or(false),
+            req.overwrite.unwrap_or(false),
+        )
+        .await?;
+    Ok(StatusCode::OK)
+}
+
+async fn git_remotes(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let q = query(raw);
+    let path = required(&q, "path")?;
+    let sb = sandbox(&wire, &id).await?;
+    let remotes = sb.git.remotes(path).await?;
+    Ok(Json(json!({
+        "remotes": remotes
+            .iter()
+            .map(|(name, url)| json!({"name": name, "url": url}))
+            .collect::<Vec<_>>(),
+    })))
 }
