@@ -233,14 +233,35 @@ pub(crate) async fn close<W: AsyncWrite + Unpin>(
     write_frame(io, CLOSE, &payload).await
 }
 
-/// Read messages from `reader` into a channel until the client closes or errs (the one task
-/// reading a connection, see [`read_message`]). The channel's capacity bounds what is held.
-pub(crate) fn reader<R>(mut reader: R) -> tokio::sync::mpsc::Receiver<io::Result<Message>>
+/// The messages of a connection, read by a task of their own (the one task reading a
+/// connection, see [`read_message`]). Dropping it stops that task, so the read half (and with
+/// it the connection) never outlives the handler that holds it.
+pub(crate) struct Incoming {
+    received: tokio::sync::mpsc::Receiver<io::Result<Message>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Incoming {
+    /// The next message; `None` once the reading task has stopped (after an error or a close).
+    pub(crate) async fn recv(&mut self) -> Option<io::Result<Message>> {
+        self.received.recv().await
+    }
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Read messages from `reader` until the client closes or errs; the channel's capacity bounds
+/// what is held.
+pub(crate) fn reader<R>(mut reader: R) -> Incoming
 where
     R: AsyncRead + Unpin + Send + 'static,
 {
     let (sender, received) = tokio::sync::mpsc::channel(4);
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         loop {
             let message = read_message(&mut reader).await;
             let end = matches!(message, Err(_) | Ok(Message::Close));
@@ -249,7 +270,7 @@ where
             }
         }
     });
-    received
+    Incoming { received, task }
 }
 
 #[cfg(test)]
@@ -285,5 +306,19 @@ mod tests {
         huge.extend_from_slice(&(MAX_MESSAGE as u64 + 1).to_be_bytes());
         huge.extend_from_slice(&[0, 0, 0, 0]);
         assert!(read_message(&mut &huge[..]).await.is_err());
+    }
+
+    /// A handler that stops (an ended PTY, a finished log) takes its connection with it: the
+    /// reading task does not keep the connection open behind the listener's back.
+    #[tokio::test]
+    async fn dropping_the_incoming_side_closes_the_connection() {
+        let (mut client, server) = tokio::io::duplex(64);
+        let incoming = reader(server);
+        drop(incoming);
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(std::time::Duration::from_secs(30), client.read(&mut byte))
+            .await
+            .expect("the connection is closed, not left open");
+        assert_eq!(read.unwrap(), 0);
     }
 }
