@@ -54,6 +54,7 @@ async fn env() -> Env {
     let url = format!("http://{}", listener.local_addr().unwrap());
     let mut config = blaxel::wire::WireConfig::new(KEY, url.clone());
     config.max_body_bytes = 64 * 1024;
+    config.max_upload_bytes = 1024 * 1024;
     let app = blaxel::wire::router(backend.clone(), config);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let limits = ConnectionLimits {
@@ -395,4 +396,70 @@ async fn gaps_name_their_alternative_before_any_effect() {
     assert_eq!(env.sandbox_count().await, 1, "no fork or snapshot sandbox");
     let (_, procs) = env.call("GET", "/blaxel-sbx/gaps/process", None).await;
     assert_eq!(procs, json!([]), "no process started");
+}
+
+/// A `multipart/form-data` body with one `file` field.
+fn form(bytes: &[u8]) -> (String, Vec<u8>) {
+    let boundary = "sandcove-test-boundary";
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"blob\"\r\n\
+         Content-Type: application/octet-stream\r\n\r\n"
+    )
+    .into_bytes();
+    body.extend_from_slice(bytes);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+#[tokio::test]
+async fn multipart_uploads_are_bounded_and_assembled_in_order() {
+    let env = env().await;
+    env.create("up").await;
+    let (status, init) = env
+        .call(
+            "POST",
+            "/blaxel-sbx/up/filesystem-multipart/initiate//tmp/big.bin",
+            Some(json!({"permissions": "0644"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{init}");
+    let id = init["uploadId"].as_str().unwrap().to_string();
+    let put = |n: u32, bytes: Vec<u8>| {
+        let (ct, body) = form(&bytes);
+        env.request(
+            "PUT",
+            &format!("/blaxel-sbx/up/filesystem-multipart/{id}/part?partNumber={n}"),
+            Some(KEY),
+        )
+        .header("Content-Type", ct)
+        .body(body)
+    };
+    // Parts arrive out of order; the file is assembled by part number.
+    assert_eq!(Env::send(put(2, vec![b'b'; 300 * 1024])).await.0, 200);
+    assert_eq!(Env::send(put(1, vec![b'a'; 300 * 1024])).await.0, 200);
+    // Over the listener's upload limit (1 MiB in flight): refused, nothing kept.
+    let (status, over) = Env::send(put(3, vec![b'c'; 600 * 1024])).await;
+    assert_eq!(status, 413, "{over}");
+    let (status, done) = env
+        .call(
+            "POST",
+            &format!("/blaxel-sbx/up/filesystem-multipart/{id}/complete"),
+            Some(json!({"parts": [{"partNumber": 2}, {"partNumber": 1}]})),
+        )
+        .await;
+    assert_eq!(status, 200, "{done}");
+    let resp = env
+        .request("GET", "/blaxel-sbx/up/filesystem//tmp/big.bin", Some(KEY))
+        .header("Accept", "application/octet-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let bytes = resp.bytes().await.unwrap();
+    assert_eq!(bytes.len(), 600 * 1024);
+    assert!(bytes[..300 * 1024].iter().all(|b| *b == b'a'));
+    assert!(bytes[300 * 1024..].iter().all(|b| *b == b'b'));
+    // A completed (or unknown) upload takes no more parts.
+    let (status, _) = Env::send(put(1, vec![b'x'; 10])).await;
+    assert_eq!(status, 404);
 }
