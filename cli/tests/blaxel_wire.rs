@@ -463,3 +463,38 @@ async fn multipart_uploads_are_bounded_and_assembled_in_order() {
     let (status, _) = Env::send(put(1, vec![b'x'; 10])).await;
     assert_eq!(status, 404);
 }
+
+#[tokio::test]
+async fn file_reads_are_bounded_as_json_and_streamed_as_bytes() {
+    let env = env().await;
+    env.create("reads").await;
+    // Sandbox code grows a file past the listener's upload limit (1 MiB here).
+    let (status, made) = env
+        .call(
+            "POST",
+            "/blaxel-sbx/reads/process",
+            Some(json!({"command": "head -c 1200000 /dev/zero > /tmp/huge", "waitForCompletion": true})),
+        )
+        .await;
+    assert_eq!(status, 200, "{made}");
+    let (status, json_read) = env
+        .call("GET", "/blaxel-sbx/reads/filesystem//tmp/huge", None)
+        .await;
+    assert_eq!(
+        status, 413,
+        "the JSON form holds the file in memory: bounded"
+    );
+    assert!(json_read["error"].as_str().unwrap().contains("readBinary"));
+    let resp = env
+        .request("GET", "/blaxel-sbx/reads/filesystem//tmp/huge", Some(KEY))
+        .header("Accept", "application/octet-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(
+        resp.bytes().await.unwrap().len(),
+        1_200_000,
+        "streamed whole"
+    );
+}

@@ -475,21 +475,54 @@ async fn read_path(
     if stat.kind == sandcove::FileKind::Dir {
         return Ok(ok_json(&instance.fs.ls(path).await.map_err(data)?));
     }
-    let bytes = instance.fs.read_binary(path).await.map_err(data)?;
     let raw = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|a| a.contains("application/octet-stream"));
+    let not_found = |e: sandcove::Error| {
+        if e.is_not_found() {
+            data(SandboxAPIError::response(
+                404,
+                format!("file not found: {path}"),
+            ))
+        } else {
+            data(e)
+        }
+    };
+    let mut stream = instance
+        .ctx
+        .core
+        .read_stream(path)
+        .await
+        .map_err(not_found)?;
     if raw {
+        // Streamed as read: nothing of the file is held here. A read error ends the body
+        // abnormally, never as a short file.
+        let body = Body::from_stream(
+            stream.map(|chunk| chunk.map(Bytes::from).map_err(std::io::Error::other)),
+        );
         return Ok((
             StatusCode::OK,
             [(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/octet-stream"),
             )],
-            bytes,
+            body,
         )
             .into_response());
+    }
+    // The JSON form carries the whole file: bounded by the upload limit.
+    let limit = wire.config.max_upload_bytes;
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(not_found)?;
+        if bytes.len() + chunk.len() > limit {
+            return Err(data(SandboxAPIError::response(
+                413,
+                format!("{path} is larger than {limit} bytes: read it with readBinary (streamed)"),
+            )));
+        }
+        bytes.extend_from_slice(&chunk);
     }
     Ok(json_response(
         StatusCode::OK,
