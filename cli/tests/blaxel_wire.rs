@@ -333,11 +333,11 @@ async fn exec_streams_ndjson_when_asked() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert!(
-        lines.contains(&json!({"type": "stdout", "data": "one\n"})),
+        lines.contains(&json!({"type": "stdout", "data": "one"})),
         "{text}"
     );
     assert!(
-        lines.contains(&json!({"type": "stderr", "data": "two\n"})),
+        lines.contains(&json!({"type": "stderr", "data": "two"})),
         "{text}"
     );
     let last = lines.last().unwrap();
@@ -496,5 +496,31 @@ async fn file_reads_are_bounded_as_json_and_streamed_as_bytes() {
         resp.bytes().await.unwrap().len(),
         1_200_000,
         "streamed whole"
+    );
+}
+
+#[tokio::test]
+async fn previews_take_the_python_sdks_body() {
+    let env = env().await;
+    env.create("pv").await;
+    // blaxel 0.4.24 (Python) sends the read-only `events` with every preview it creates.
+    let (status, preview) = env
+        .call(
+            "POST",
+            "/v0/sandboxes/pv/previews",
+            Some(json!({"metadata": {"name": "web"}, "spec": {"port": 3000, "public": true}, "events": []})),
+        )
+        .await;
+    assert_eq!(status, 200, "{preview}");
+    assert_eq!(preview["metadata"]["resourceName"], "pv");
+    assert!(preview["spec"]["url"].as_str().unwrap().starts_with("http"));
+    let (status, missing) = env
+        .call("GET", "/v0/sandboxes/pv/previews/none", None)
+        .await;
+    assert_eq!(status, 404, "{missing}");
+    assert_eq!(
+        missing["code"],
+        json!(404),
+        "the TypeScript SDK tests code === 404"
     );
 }

@@ -220,7 +220,8 @@ fn process_request(mut body: Value) -> Result<ProcessRequest, ApiError> {
 
 /// `POST /process`: start a process; with `waitForCompletion`, answer when it ends. Asked
 /// with `Accept: text/event-stream`, the answer is NDJSON (`application/x-ndjson`): one
-/// `{"type":"stdout"|"stderr","data":line}` per output line as it comes, then
+/// `{"type":"stdout"|"stderr","data":line}` per output line (without its newline) as it
+/// comes, then
 /// `{"type":"result","data":"<ProcessResponse JSON>"}`.
 async fn exec(
     State(wire): State<Wire>,
@@ -312,7 +313,8 @@ fn async_stream(
 
 fn ndjson_line((stderr, line): &(bool, String)) -> String {
     let kind = if *stderr { "stderr" } else { "stdout" };
-    format!("{}\n", json!({"type": kind, "data": format!("{line}\n")}))
+    // One line without its newline, as the facade's callbacks take it.
+    format!("{}\n", json!({"type": kind, "data": line}))
 }
 
 fn result_line(process: &models::ProcessResponse) -> String {
