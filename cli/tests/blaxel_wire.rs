@@ -524,3 +524,39 @@ async fn previews_take_the_python_sdks_body() {
         "the TypeScript SDK tests code === 404"
     );
 }
+
+#[tokio::test]
+async fn the_python_sdks_long_poll_wait_answers_when_the_process_ends_or_the_hold_does() {
+    let env = env().await;
+    env.create("waits").await;
+    for (name, command) in [("quick", "sleep 0.3; echo done"), ("slow", "sleep 30")] {
+        let (status, started) = env
+            .call(
+                "POST",
+                "/blaxel-sbx/waits/process",
+                Some(json!({"name": name, "command": command})),
+            )
+            .await;
+        assert_eq!(status, 200, "{started}");
+    }
+    let (status, quick) = env
+        .call(
+            "GET",
+            "/blaxel-sbx/waits/process/quick/wait?timeout=30",
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{quick}");
+    assert_eq!(quick["status"], "completed");
+    assert_eq!(quick["stdout"], "done\n");
+    let (status, slow) = env
+        .call("GET", "/blaxel-sbx/waits/process/slow/wait?timeout=1", None)
+        .await;
+    assert_eq!(status, 200, "{slow}");
+    assert_eq!(slow["status"], "running", "the hold ended first");
+    let (status, missing) = env
+        .call("GET", "/blaxel-sbx/waits/process/none/wait?timeout=1", None)
+        .await;
+    assert_eq!(status, 404, "a JSON 404: the process does not exist");
+    assert!(missing["error"].is_string());
+}
