@@ -1014,6 +1014,11 @@ fn core_options(
 /// Check a create configuration and turn it into the Blaxel record (defaults applied). Gaps
 /// are refused here, before anything is created.
 pub(crate) fn sandbox_from_config(config: SandboxCreateConfiguration) -> Result<Sandbox> {
+    if let Some(image) = config.image.as_deref() {
+        if !translate::is_host_base_image(image) {
+            return Err(gaps::refuse("image other than blaxel/base-image"));
+        }
+    }
     if config.network.as_ref().is_some_and(|n| !n.is_null()) {
         return Err(gaps::refuse("network"));
     }
@@ -1204,7 +1209,7 @@ mod tests {
         let generated = record(json!({}));
         assert!(generated.metadata.name.starts_with("sandbox-"));
         let full = record(json!({"metadata": {"name": "b", "labels": {"k": "v"}},
-            "spec": {"runtime": {"image": "x", "memory": 2048}}}));
+            "spec": {"runtime": {"image": "blaxel/base-image:1", "memory": 2048}}}));
         assert_eq!(full.metadata.name, "b");
         assert_eq!(full.spec.runtime.memory, 2048);
         assert_eq!(full.metadata.labels["k"], "v");
@@ -1228,6 +1233,23 @@ mod tests {
         assert!(refused(json!({"name": "a", "network": {"proxy": {}}})).is_not_supported());
         assert!(refused(json!({"name": "a", "extra_args": {"tun": "enabled"}})).is_not_supported());
         assert!(refused(json!({"name": "Bad_Name"})).status_code() == Some(400));
+        // An image the runtime cannot provide is refused, never run as the host base.
+        let image = refused(json!({"name": "a", "image": "myorg/custom-ml:1.2"}));
+        assert!(image.is_not_supported(), "{image:?}");
+        assert!(image.to_string().contains("blaxel/base-image"), "{image}");
+        for base in [
+            "blaxel/base-image",
+            "blaxel/base-image:latest",
+            "blaxel/jupyter-server",
+        ] {
+            assert!(
+                json!({"name": "a", "image": base})
+                    .into_create()
+                    .and_then(sandbox_from_config)
+                    .is_ok(),
+                "{base}"
+            );
+        }
         assert!(matches!(
             refused(json!({"name": "a", "envs": [{"name": "A"}]})),
             SandboxAPIError::ValueError { .. }
