@@ -367,7 +367,9 @@ impl ForkBuilder {
         let mut sandbox = source.sandbox.clone();
         sandbox.metadata.name = self.target_name.clone();
         let (mut options, idle) = core_options(&sandbox, &src_info.envs, sandcove::now_millis())?;
-        options.network = client.ready().await?.vendor_internet_default();
+        let caps = client.ready().await?;
+        options.network = caps.vendor_internet_default();
+        standby_at_lease_end(&sandbox, &caps, &mut options);
         let core = match &self.snapshot_id {
             Some(snap) => {
                 let mut options = options;
@@ -972,6 +974,34 @@ pub(crate) fn lease_end(
     Ok((end, idle))
 }
 
+/// Whether `sandbox` names a deletion policy (`ttl`, `expires` or a lifecycle policy): Blaxel
+/// deletes it then, and keeps a sandbox without one in standby until it is deleted.
+pub(crate) fn has_deletion_policy(sandbox: &Sandbox) -> bool {
+    let r = &sandbox.spec.runtime;
+    r.ttl.is_some()
+        || r.expires.is_some()
+        || sandbox
+            .spec
+            .lifecycle
+            .as_ref()
+            .is_some_and(|l| !l.expiration_policies.is_empty())
+}
+
+/// Blaxel keeps a sandbox without a deletion policy in standby (paused, woken by the next
+/// call) rather than deleting it: where the runtime can pause, the lease such a sandbox
+/// gets ([`DEFAULT_LEASE`]) pauses it at its end and the next call resumes it with a fresh
+/// lease. A sandbox with a policy is deleted at its end, as on Blaxel.
+fn standby_at_lease_end(
+    sandbox: &Sandbox,
+    caps: &sandcove::Capabilities,
+    options: &mut sandcove::CreateOptions,
+) {
+    if caps.pause && !has_deletion_policy(sandbox) {
+        options.on_timeout = sandcove::TimeoutAction::Pause;
+        options.auto_resume = true;
+    }
+}
+
 /// The core options for a Blaxel sandbox record; `envs` are the sandbox-wide variables.
 fn core_options(
     sandbox: &Sandbox,
@@ -1136,6 +1166,7 @@ async fn create_sandbox(
     // has it, else loopback only with a warning. Never the host's network.
     let caps = client.ready().await?;
     options.network = caps.vendor_internet_default();
+    standby_at_lease_end(&sandbox, &caps, &mut options);
     // Blaxel's `memory` (MB) is the sandbox's limit where the runtime enforces one.
     if caps.memory_limit {
         options.resources.memory_mib = Some(sandbox.spec.runtime.memory as u64);
