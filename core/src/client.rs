@@ -468,7 +468,10 @@ impl Sandbox {
             .await
     }
 
-    /// Snapshot the sandbox's files.
+    /// Snapshot the sandbox's files (not its processes or memory; see
+    /// [`capability::SNAPSHOT_PRESERVES`](crate::capability::SNAPSHOT_PRESERVES)). A running
+    /// sandbox is paused for it and resumed after; when that resume fails the snapshot is
+    /// still returned, with [`SnapshotInfo::source_resume_error`] set.
     pub async fn snapshot(&self, name: Option<String>) -> Result<SnapshotInfo> {
         self.require(Feature::Snapshots).await?;
         self.backend.snapshot(&self.id, name).await

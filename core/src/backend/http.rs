@@ -1007,7 +1007,8 @@ impl Backend for HttpBackend {
     /// The server's backend's capabilities (named `http+<backend>`). Fetched by
     /// [`HttpBackend::connect`]; otherwise fetched here on first use, blocking the calling
     /// thread for one request. While the server cannot be reached, nothing optional is
-    /// reported and the next call asks again.
+    /// reported, with `observed_at: None` (no evidence, not "no feature": see
+    /// [`Client::check_create`](crate::Client::check_create)), and the next call asks again.
     fn capabilities(&self) -> Capabilities {
         self.caps
             .get()
