@@ -90,6 +90,17 @@ async fn sandbox(wire: &Wire, id: &str) -> Result<Sandbox, ApiError> {
     Ok(wire.daytona().get(id.to_string()).await?)
 }
 
+/// The shape most JSON toolbox calls share: the body parsed as `T` (checked first, so a bad
+/// request never looks the sandbox up), then the sandbox it is for.
+async fn json_request<T: serde::de::DeserializeOwned>(
+    wire: &Wire,
+    id: &str,
+    body: &[u8],
+) -> Result<(T, Sandbox), ApiError> {
+    let req = parse_json(wire, body)?;
+    Ok((req, sandbox(wire, id).await?))
+}
+
 /// `ExecuteRequest`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -346,8 +357,7 @@ async fn replace_in_files(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    let req: ReplaceRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (ReplaceRequest, _) = json_request(&wire, &id, &body).await?;
     let results = sb
         .fs
         .replace_in_files(req.files, &req.pattern, &req.new_value)
@@ -452,8 +462,7 @@ async fn bulk_download(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let req: DownloadRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (DownloadRequest, _) = json_request(&wire, &id, &body).await?;
     let boundary = format!("sandcove-{}", sandcove::random_id(24));
     let mut out = Vec::new();
     let mut budget = wire.config.max_upload_bytes;
@@ -544,8 +553,7 @@ async fn create_session(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let req: CreateSessionRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (CreateSessionRequest, _) = json_request(&wire, &id, &body).await?;
     sb.process.create_session(&req.session_id).await?;
     Ok(StatusCode::CREATED)
 }
@@ -773,8 +781,7 @@ async fn command_input(
     Path((id, session, command)): Path<(String, String, String)>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let req: InputRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (InputRequest, _) = json_request(&wire, &id, &body).await?;
     sb.process
         .send_session_command_input(&session, &command, &req.data)
         .await?;
@@ -824,8 +831,7 @@ async fn git_add(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let req: GitAddRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (GitAddRequest, _) = json_request(&wire, &id, &body).await?;
     sb.git.add(&req.path, req.files).await?;
     Ok(StatusCode::OK)
 }
@@ -845,8 +851,7 @@ async fn git_commit(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    let req: GitCommitRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (GitCommitRequest, _) = json_request(&wire, &id, &body).await?;
     let commit = sb
         .git
         .commit(req.path, req.message, req.author, req.email)
@@ -879,8 +884,7 @@ async fn git_create_branch(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let req: GitBranchRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (GitBranchRequest, _) = json_request(&wire, &id, &body).await?;
     sb.git.create_branch(&req.path, &req.name).await?;
     Ok(StatusCode::CREATED)
 }
@@ -890,8 +894,7 @@ async fn git_delete_branch(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let req: GitBranchRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (GitBranchRequest, _) = json_request(&wire, &id, &body).await?;
     sb.git.delete_branch(&req.path, &req.name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -908,8 +911,7 @@ async fn git_checkout(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let req: GitCheckoutRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (GitCheckoutRequest, _) = json_request(&wire, &id, &body).await?;
     sb.git.checkout_branch(&req.path, &req.branch).await?;
     Ok(StatusCode::OK)
 }
@@ -932,8 +934,7 @@ async fn git_clone(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let req: GitCloneRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (GitCloneRequest, _) = json_request(&wire, &id, &body).await?;
     sb.git
         .clone(req.url, req.path)
         .branch(req.branch)
@@ -1019,8 +1020,7 @@ async fn git_init(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let req: GitInitRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (GitInitRequest, _) = json_request(&wire, &id, &body).await?;
     sb.git
         .init(
             &req.path,
@@ -1046,8 +1046,7 @@ async fn git_remote_add(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let req: GitAddRemoteRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (GitAddRemoteRequest, _) = json_request(&wire, &id, &body).await?;
     sb.git
         .remote_add(
             &req.path,
