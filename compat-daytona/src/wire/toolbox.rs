@@ -704,10 +704,14 @@ async fn command_logs(
 const STDOUT_MARK: &[u8] = b"\x01\x01\x01";
 const STDERR_MARK: &[u8] = b"\x02\x02\x02";
 
+/// Most output a followed-logs socket queues for a client that reads slower than the command
+/// writes; past it the socket closes with 1011 saying so (the logs stay readable by polling).
+pub const FOLLOW_QUEUE_BYTES: usize = 8 * 1024 * 1024;
+
 /// Send a session command's output as it comes, each chunk a binary message led by its
 /// stream's mark, then close with 1000 once the command has ended (1011 with the reason if
-/// following failed). Chunks wait in a queue between the facade's callbacks and the socket:
-/// they are the command's output, which the session keeps anyway.
+/// following failed). Chunks wait in a queue between the facade's callbacks and the socket,
+/// of at most [`FOLLOW_QUEUE_BYTES`].
 async fn follow_logs(
     io: sandcove::server::upgrade::Upgraded,
     sb: Sandbox,
@@ -717,18 +721,40 @@ async fn follow_logs(
     use super::ws;
     let (read, mut write) = tokio::io::split(io);
     let mut incoming = ws::reader(read);
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
     let (chunks, mut queued) = tokio::sync::mpsc::unbounded_channel::<(bool, String)>();
-    let stderr_chunks = chunks.clone();
+    // Bytes queued and not yet written; a chunk that would pass the bound is dropped and the
+    // socket ends saying so.
+    let held = Arc::new(AtomicUsize::new(0));
+    let overflow = Arc::new(AtomicBool::new(false));
+    let queue = {
+        let (held, overflow) = (held.clone(), overflow.clone());
+        move |is_err: bool, text: &str| {
+            if overflow.load(Ordering::Relaxed) {
+                return;
+            }
+            if held.fetch_add(text.len(), Ordering::Relaxed) + text.len() > FOLLOW_QUEUE_BYTES {
+                overflow.store(true, Ordering::Relaxed);
+                return;
+            }
+            let _ = chunks.send((is_err, text.to_string()));
+        }
+    };
+    let stderr_queue = queue.clone();
+    let stdout_queue = queue;
     let logs = sb.process.get_session_command_logs_async(
         &session,
         &command,
-        move |text| {
-            let _ = chunks.send((false, text.to_string()));
-        },
-        move |text| {
-            let _ = stderr_chunks.send((true, text.to_string()));
-        },
+        move |text| stdout_queue(false, text),
+        move |text| stderr_queue(true, text),
     );
+    let too_slow = || {
+        format!(
+            "the client fell more than {FOLLOW_QUEUE_BYTES} bytes behind the command's output; \
+             read the rest with get_session_command_logs"
+        )
+    };
     tokio::pin!(logs);
     let frame = |is_err: bool, text: String| {
         let mut data = if is_err { STDERR_MARK } else { STDOUT_MARK }.to_vec();
@@ -740,7 +766,13 @@ async fn follow_logs(
             biased;
             chunk = queued.recv() => {
                 let Some((is_err, text)) = chunk else { return };
+                let len = text.len();
                 if ws::write_frame(&mut write, ws::BINARY, &frame(is_err, text)).await.is_err() {
+                    return;
+                }
+                held.fetch_sub(len, Ordering::Relaxed);
+                if overflow.load(Ordering::Relaxed) && held.load(Ordering::Relaxed) == 0 {
+                    let _ = ws::close(&mut write, 1011, &too_slow()).await;
                     return;
                 }
             }
@@ -752,6 +784,9 @@ async fn follow_logs(
                     }
                 }
                 let _ = match ended {
+                    Ok(()) if overflow.load(Ordering::Relaxed) => {
+                        ws::close(&mut write, 1011, &too_slow()).await
+                    }
                     Ok(()) => ws::close(&mut write, 1000, "").await,
                     Err(e) => ws::close(&mut write, 1011, &e.message()).await,
                 };
