@@ -110,6 +110,31 @@ pub const GAPS: &[Gap] = &[
         alternative: "run other languages with process.exec",
     },
     Gap {
+        key: "spec changes",
+        feature: "spec changes",
+        alternative: "image, memory, ports, envs, volumes and region are fixed at creation: create a new sandbox with the new spec; labels, display name, ttl, expires and lifecycle can be updated",
+    },
+    Gap {
+        key: "external ids",
+        feature: "external ids",
+        alternative: "identify sandboxes by name (or by a label, listed with SandboxInstance.list)",
+    },
+    Gap {
+        key: "archive",
+        feature: "archive",
+        alternative: "snapshot the sandbox from a Rust program (compat-blaxel) or keep it running until its ttl",
+    },
+    Gap {
+        key: "fork over the wire",
+        feature: "fork over the wire",
+        alternative: "fork from a Rust program (compat-blaxel `instance.fork`), or create a sandbox and copy files",
+    },
+    Gap {
+        key: "snapshots over the wire",
+        feature: "snapshots over the wire",
+        alternative: "take snapshots from a Rust program (compat-blaxel `instance.snapshot`)",
+    },
+    Gap {
         key: "agents, models and MCP servers hosting",
         feature: "agents, models and MCP servers hosting",
         alternative: "run your agent, model client or MCP server as a process in the sandbox",

@@ -211,7 +211,8 @@ impl CreateBuilder {
 
     async fn run(self) -> Result<SandboxInstance> {
         let config = self.config?;
-        let instance = create_sandbox(config, self.create_if_not_exist).await?;
+        let client = state::client()?;
+        let instance = create_sandbox(&client, config, self.create_if_not_exist).await?;
         if self.safe {
             let _ = instance.fs.ls("/").await;
         }
@@ -241,45 +242,50 @@ impl ListBuilder {
     }
 
     async fn run(self) -> Result<AsyncPaginatedList<SandboxInstance>> {
-        let client = state::client()?;
-        let mut all: Vec<sandcove::SandboxInfo> = client
-            .list(sandcove::ListOptions::default())
-            .await
-            .map_err(|e| SandboxAPIError::from(e).into_control_plane())?
-            .into_iter()
-            .filter(|i| i.labels.contains_key(NAME_LABEL))
-            .collect();
-        all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
-        let start: usize = match &self.cursor {
-            None => 0,
-            Some(c) => c.parse().map_err(|_| {
-                SandboxAPIError::api(400, "INVALID_CURSOR", format!("invalid cursor {c:?}"))
-            })?,
-        };
-        let limit = if self.limit <= 0 {
-            50
-        } else {
-            self.limit as usize
-        };
-        let total = all.len();
-        let mut data = Vec::new();
-        for info in all.into_iter().skip(start).take(limit) {
-            match instance_from_info(&client, info).await {
-                Ok(i) => data.push(i),
-                Err(e) if e.is_not_found() => {} // deleted meanwhile
-                Err(e) => return Err(e),
-            }
-        }
-        let end = start + limit;
-        Ok(AsyncPaginatedList {
-            data,
-            has_more: end < total,
-            next_cursor: (end < total).then(|| end.to_string()),
-            total: total as i64,
-        })
+        list_page(&state::client()?, self.limit, self.cursor.as_deref()).await
     }
 }
 into_future!(ListBuilder => AsyncPaginatedList<SandboxInstance>);
+
+/// One page of Blaxel sandboxes on `client`, oldest first: `limit` (50 when not positive)
+/// from `cursor` (the `next_cursor` of a previous page).
+pub(crate) async fn list_page(
+    client: &sandcove::Client,
+    limit: i64,
+    cursor: Option<&str>,
+) -> Result<AsyncPaginatedList<SandboxInstance>> {
+    let mut all: Vec<sandcove::SandboxInfo> = client
+        .list(sandcove::ListOptions::default())
+        .await
+        .map_err(|e| SandboxAPIError::from(e).into_control_plane())?
+        .into_iter()
+        .filter(|i| i.labels.contains_key(NAME_LABEL))
+        .collect();
+    all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    let start: usize = match cursor {
+        None => 0,
+        Some(c) => c.parse().map_err(|_| {
+            SandboxAPIError::api(400, "INVALID_CURSOR", format!("invalid cursor {c:?}"))
+        })?,
+    };
+    let limit = if limit <= 0 { 50 } else { limit as usize };
+    let total = all.len();
+    let mut data = Vec::new();
+    for info in all.into_iter().skip(start).take(limit) {
+        match instance_from_info(client, info).await {
+            Ok(i) => data.push(i),
+            Err(e) if e.is_not_found() => {} // deleted meanwhile
+            Err(e) => return Err(e),
+        }
+    }
+    let end = start + limit;
+    Ok(AsyncPaginatedList {
+        data,
+        has_more: end < total,
+        next_cursor: (end < total).then(|| end.to_string()),
+        total: total as i64,
+    })
+}
 
 /// Builder of `sandbox.snapshot(name=None)`.
 #[derive(Debug)]
@@ -459,18 +465,22 @@ impl SandboxInstance {
         if config.name.is_none() {
             return Err(SandboxAPIError::value_error("Sandbox name is required"));
         }
-        create_sandbox(config, true).await
+        create_sandbox(&state::client()?, config, true).await
     }
 
     /// `SandboxInstance.get(sandbox_name)`; a missing name is `SandboxAPIError` with
     /// `status_code` 404.
     pub async fn get(sandbox_name: &str) -> Result<Self> {
-        let client = state::client()?;
-        let info = state::find_by_name(&client, sandbox_name)
+        Self::get_on(&state::client()?, sandbox_name).await
+    }
+
+    /// `get` on a given runtime client (the wire router's).
+    pub(crate) async fn get_on(client: &sandcove::Client, sandbox_name: &str) -> Result<Self> {
+        let info = state::find_by_name(client, sandbox_name)
             .await
             .map_err(SandboxAPIError::into_control_plane)?
             .ok_or_else(|| not_found(sandbox_name))?;
-        let instance = instance_from_info(&client, info).await?;
+        let instance = instance_from_info(client, info).await?;
         instance.touch().await;
         Ok(instance)
     }
@@ -486,12 +496,19 @@ impl SandboxInstance {
     /// `SandboxInstance.delete(sandbox_name)` (class form): destroys the sandbox and returns
     /// its record with status `DELETING`. The instance form is [`SandboxHandle::delete`].
     pub async fn delete(sandbox_name: &str) -> Result<Sandbox> {
-        let client = state::client()?;
-        let info = state::find_by_name(&client, sandbox_name)
+        Self::delete_on(&state::client()?, sandbox_name).await
+    }
+
+    /// `delete` on a given runtime client (the wire router's).
+    pub(crate) async fn delete_on(
+        client: &sandcove::Client,
+        sandbox_name: &str,
+    ) -> Result<Sandbox> {
+        let info = state::find_by_name(client, sandbox_name)
             .await
             .map_err(SandboxAPIError::into_control_plane)?
             .ok_or_else(|| not_found(sandbox_name))?;
-        delete_info(&client, info).await
+        delete_info(client, info).await
     }
 
     /// `SandboxInstance.update_metadata(sandbox_name, metadata)`: labels are merged into the
@@ -502,7 +519,7 @@ impl SandboxInstance {
         metadata: impl IntoUpdateMetadata,
     ) -> Result<Self> {
         let update = metadata.into_update()?;
-        Self::update_record(sandbox_name, move |record| {
+        Self::update_record(&state::client()?, sandbox_name, move |record| {
             if let Some(labels) = update.labels {
                 record.sandbox.metadata.labels.extend(labels);
             }
@@ -521,7 +538,7 @@ impl SandboxInstance {
         if let Some(t) = &ttl {
             translate::parse_duration(t).ok_or_else(|| bad_duration(t))?;
         }
-        Self::update_record(sandbox_name, move |record| {
+        Self::update_record(&state::client()?, sandbox_name, move |record| {
             record.sandbox.spec.runtime.ttl = ttl;
             Ok(true)
         })
@@ -535,7 +552,7 @@ impl SandboxInstance {
         lifecycle: impl IntoLifecycle,
     ) -> Result<Self> {
         let lifecycle = lifecycle.into_lifecycle()?;
-        Self::update_record(sandbox_name, move |record| {
+        Self::update_record(&state::client()?, sandbox_name, move |record| {
             record.sandbox.spec.lifecycle = lifecycle;
             Ok(true)
         })
@@ -554,12 +571,14 @@ impl SandboxInstance {
         Err(gaps::refuse("sessions"))
     }
 
-    async fn update_record(
+    /// Change the record of `sandbox_name` on `client`; `change` returns whether the lease
+    /// (ttl, expires, lifecycle) changed, which then moves the runtime's timeout.
+    pub(crate) async fn update_record(
+        client: &sandcove::Client,
         sandbox_name: &str,
         change: impl FnOnce(&mut SandboxRecord) -> Result<bool>,
     ) -> Result<Self> {
-        let client = state::client()?;
-        let info = state::find_by_name(&client, sandbox_name)
+        let info = state::find_by_name(client, sandbox_name)
             .await
             .map_err(SandboxAPIError::into_control_plane)?
             .ok_or_else(|| not_found(sandbox_name))?;
@@ -589,7 +608,7 @@ impl SandboxInstance {
         record.sandbox.metadata.updated_at =
             Some(translate::format_rfc3339(sandcove::now_millis()));
         state::write_annotation(&core, SANDBOX_KEY, &record).await?;
-        instance_from_info(&client, core.info().await.map_err(cp)?).await
+        instance_from_info(client, core.info().await.map_err(cp)?).await
     }
 }
 
@@ -1112,7 +1131,10 @@ pub(crate) fn sandbox_from_config(config: SandboxCreateConfiguration) -> Result<
 /// list yet (about a second in all).
 const NAME_RACE_ATTEMPTS: u32 = 50;
 
-async fn create_sandbox(
+/// Create a Blaxel sandbox from `config` on `client` (or, with `create_if_not_exist`, return
+/// the live one of that name).
+pub(crate) async fn create_sandbox(
+    client: &sandcove::Client,
     config: SandboxCreateConfiguration,
     create_if_not_exist: bool,
 ) -> Result<SandboxInstance> {
@@ -1126,7 +1148,6 @@ async fn create_sandbox(
         .collect();
     let now = sandcove::now_millis();
     let (mut options, idle) = core_options(&sandbox, &envs, now)?;
-    let client = state::client()?;
     // Blaxel sandboxes reach the internet by default: isolated internet where the runtime
     // has it, else loopback only with a warning. Never the host's network.
     let caps = client.ready().await?;
@@ -1143,11 +1164,11 @@ async fn create_sandbox(
         match client.create(options.clone()).await {
             Ok(core) => break core,
             Err(sandcove::Error::AlreadyExists { .. }) if create_if_not_exist => {
-                let existing = state::find_by_name(&client, &sandbox.metadata.name)
+                let existing = state::find_by_name(client, &sandbox.metadata.name)
                     .await
                     .map_err(SandboxAPIError::into_control_plane)?;
                 if let Some(existing) = existing {
-                    let instance = instance_from_info(&client, existing).await?;
+                    let instance = instance_from_info(client, existing).await?;
                     instance.touch().await;
                     return Ok(instance);
                 }
