@@ -135,6 +135,11 @@ pub const GAPS: &[Gap] = &[
         alternative: "take snapshots from a Rust program (compat-blaxel `instance.snapshot`)",
     },
     Gap {
+        key: "process stdin",
+        alternative: "pass input in the command (a here-document or a file written with fs.write first)",
+        feature: "process stdin",
+    },
+    Gap {
         key: "agents, models and MCP servers hosting",
         feature: "agents, models and MCP servers hosting",
         alternative: "run your agent, model client or MCP server as a process in the sandbox",

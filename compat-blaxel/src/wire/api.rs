@@ -31,6 +31,22 @@ pub(crate) fn routes() -> Router<Wire> {
             "/sandboxes/{name}",
             get(get_sandbox).put(update).delete(delete),
         )
+        .route(
+            "/sandboxes/{name}/previews",
+            get(list_previews).post(create_preview),
+        )
+        .route(
+            "/sandboxes/{name}/previews/{preview}",
+            get(get_preview).delete(delete_preview),
+        )
+        .route(
+            "/sandboxes/{name}/previews/{preview}/tokens",
+            get(token_gap).post(create_token),
+        )
+        .route(
+            "/sandboxes/{name}/previews/{preview}/tokens/{token}",
+            axum::routing::delete(token_gap),
+        )
 }
 
 /// The `Sandbox` answer for a facade sandbox record.
@@ -213,6 +229,7 @@ async fn create(
     let body: Value = parse_json(&wire, &body)?;
     let config = create_config(&body)?;
     let instance = create_sandbox(&wire.client, config, if_not_exist).await?;
+    wire.forget_deleted(&instance.metadata.name);
     Ok(json_response(
         StatusCode::OK,
         &sandbox_json(&wire, &instance.sandbox),
@@ -302,13 +319,21 @@ async fn list(
 }
 
 /// `DELETE /v0/sandboxes/{name}`: destroys the sandbox and answers its record with status
-/// `DELETING`. The name is free at once, so a second delete of the same name is a 404.
+/// `DELETING`. The name is free at once; as on Blaxel, a second delete within a minute
+/// answers the same record (later, or for a name never used, it is a 404).
 async fn delete(State(wire): State<Wire>, Path(name): Path<String>) -> Result<Response, ApiError> {
-    let sandbox = SandboxInstance::delete_on(&wire.client, &name).await?;
-    Ok(json_response(
-        StatusCode::OK,
-        &sandbox_json(&wire, &sandbox),
-    ))
+    match SandboxInstance::delete_on(&wire.client, &name).await {
+        Ok(sandbox) => {
+            let answer = sandbox_json(&wire, &sandbox);
+            wire.remember_deleted(&name, answer.clone());
+            Ok(json_response(StatusCode::OK, &answer))
+        }
+        Err(e) if e.is_not_found() => match wire.recently_deleted(&name) {
+            Some(answer) => Ok(json_response(StatusCode::OK, &answer)),
+            None => Err(e.into()),
+        },
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `PUT /v0/sandboxes/{name}`: the SDKs send the whole record with their change applied
@@ -385,6 +410,144 @@ async fn update(
         StatusCode::OK,
         &sandbox_json(&wire, &instance.sandbox),
     ))
+}
+
+/// The `Preview` answer: the facade's model, with `resourceName`/`resourceType` naming the
+/// sandbox (the TypeScript SDK's tokens use them) and status `DEPLOYED`.
+fn preview_json(sandbox: &str, preview: &crate::previews::SandboxPreview) -> Value {
+    let mut model = preview.preview.clone();
+    model.metadata.resource_name = Some(sandbox.to_string());
+    model.metadata.resource_type = Some("sandbox".into());
+    let mut value = serde_json::to_value(&model).unwrap_or_else(|_| json!({}));
+    value["status"] = json!("DEPLOYED");
+    value
+}
+
+/// `GET /v0/sandboxes/{name}/previews`.
+async fn list_previews(
+    State(wire): State<Wire>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let instance = SandboxInstance::get_on(&wire.client, &name).await?;
+    let previews = instance.previews.list().await?;
+    let out: Vec<Value> = previews.iter().map(|p| preview_json(&name, p)).collect();
+    Ok(json_response(StatusCode::OK, &json!(out)))
+}
+
+#[derive(Debug, Deserialize)]
+struct ForceQuery {
+    #[serde(default)]
+    force: Option<String>,
+}
+
+/// `POST /v0/sandboxes/{name}/previews[?force=true]`: a preview that reaches the port in the
+/// sandbox (`force` replaces one of the same name).
+async fn create_preview(
+    State(wire): State<Wire>,
+    Path(name): Path<String>,
+    Query(query): Query<ForceQuery>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let force = match query.force.as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(bad_request(format!("force must be true or false, got {other:?}")).into())
+        }
+    };
+    let mut body: Value = parse_json(&wire, &body)?;
+    // The SDKs send absent optional fields as null.
+    for part in ["metadata", "spec"] {
+        if let Some(obj) = body.get_mut(part).and_then(Value::as_object_mut) {
+            obj.retain(|_, v| !v.is_null());
+        }
+    }
+    let preview: crate::models::Preview =
+        models::from_value(body, "Preview").map_err(|e| bad_request(e.to_string()))?;
+    let instance = SandboxInstance::get_on(&wire.client, &name).await?;
+    if force {
+        match instance.previews.delete(&preview.metadata.name).await {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let created = instance.previews.create(preview).await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &preview_json(&name, &created),
+    ))
+}
+
+/// `GET /v0/sandboxes/{name}/previews/{preview}`.
+async fn get_preview(
+    State(wire): State<Wire>,
+    Path((name, preview)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let instance = SandboxInstance::get_on(&wire.client, &name).await?;
+    let p = instance.previews.get(&preview).await?;
+    Ok(json_response(StatusCode::OK, &preview_json(&name, &p)))
+}
+
+/// `DELETE /v0/sandboxes/{name}/previews/{preview}`: closed at once (its URL stops
+/// answering), so the answer carries no `DELETING` status to wait on.
+async fn delete_preview(
+    State(wire): State<Wire>,
+    Path((name, preview)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let instance = SandboxInstance::get_on(&wire.client, &name).await?;
+    let mut model = instance.previews.delete(&preview).await?;
+    model.metadata.resource_name = Some(name);
+    model.metadata.resource_type = Some("sandbox".into());
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::to_value(&model).unwrap_or_else(|_| json!({})),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+struct TokenBody {
+    #[serde(default)]
+    metadata: Option<Value>,
+    spec: TokenSpec,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TokenSpec {
+    expires_at: String,
+}
+
+/// `POST /v0/sandboxes/{name}/previews/{preview}/tokens`: `{metadata: {name}, spec:
+/// {expiresAt}}` → the token in `spec.token`.
+async fn create_token(
+    State(wire): State<Wire>,
+    Path((name, preview)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let body: TokenBody = parse_json(&wire, &body)?;
+    let instance = SandboxInstance::get_on(&wire.client, &name).await?;
+    let p = instance.previews.get(&preview).await?;
+    let token = p.tokens.create(body.spec.expires_at.as_str()).await?;
+    let token_name = body
+        .metadata
+        .as_ref()
+        .and_then(|m| m.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or("token")
+        .to_string();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "metadata": {"name": token_name, "previewName": preview, "resourceName": name},
+            "spec": {"token": token.value, "expiresAt": token.expires_at, "expired": false},
+        }),
+    ))
+}
+
+/// Listing and deleting tokens: the facade's gap.
+async fn token_gap() -> ApiError {
+    ApiError::control(crate::gaps::refuse("preview tokens list/delete"))
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | [`api`] | the control plane under `/v0` (`/v0/sandboxes…`): REST + JSON |
+//! | [`api`] | the control plane under `/v0` (`/v0/sandboxes…`, previews): REST + JSON |
+//! | [`sandbox_api`] | every sandbox's API under `/blaxel-sbx/{name}` (processes, files) |
 //!
 //! Routing looks at the request path only, never at `Host`, so one router serves the plain
 //! listener and the decrypted proxied requests alike. Every sandbox answer carries
@@ -24,6 +25,7 @@
 //! ([`ApiError`]) from [`SandboxAPIError`] to Blaxel's error bodies.
 
 pub mod api;
+pub mod sandbox_api;
 
 use std::sync::Arc;
 
@@ -82,14 +84,51 @@ impl std::fmt::Debug for WireConfig {
     }
 }
 
+/// How many deleted sandboxes are remembered, and for how long: Blaxel answers a second
+/// delete of a sandbox it is still deleting with its record, and the TypeScript README
+/// deletes the same sandbox twice (by name, then through the instance).
+const DELETED_KEPT: usize = 256;
+const DELETED_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// What every handler gets.
 #[derive(Clone)]
 pub(crate) struct Wire {
     pub client: Client,
     pub config: Arc<WireConfig>,
+    /// Records of recently deleted sandboxes (name, answer, when), newest last; bounded.
+    pub deleted:
+        Arc<std::sync::Mutex<std::collections::VecDeque<(String, Value, std::time::Instant)>>>,
 }
 
 impl Wire {
+    /// Remember the delete answer of sandbox `name`.
+    pub fn remember_deleted(&self, name: &str, answer: Value) {
+        let mut deleted = self.deleted.lock().unwrap_or_else(|e| e.into_inner());
+        deleted.retain(|(n, _, _)| n != name);
+        if deleted.len() >= DELETED_KEPT {
+            deleted.pop_front();
+        }
+        deleted.push_back((name.to_string(), answer, std::time::Instant::now()));
+    }
+
+    /// The delete answer of sandbox `name` if it was deleted within the last minute.
+    pub fn recently_deleted(&self, name: &str) -> Option<Value> {
+        let mut deleted = self.deleted.lock().unwrap_or_else(|e| e.into_inner());
+        deleted.retain(|(_, _, at)| at.elapsed() < DELETED_FOR);
+        deleted
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, v, _)| v.clone())
+    }
+
+    /// Forget `name` (a sandbox of that name exists again).
+    pub fn forget_deleted(&self, name: &str) {
+        self.deleted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(n, _, _)| n != name);
+    }
+
     /// `metadata.url` of sandbox `name`: absolute, on this listener.
     pub fn sandbox_url(&self, name: &str) -> String {
         format!("{}{DATA_PLANE_PREFIX}/{name}", self.config.base_url)
@@ -104,9 +143,14 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
     let wire = Wire {
         client: Client::new(backend),
         config: Arc::new(config),
+        deleted: Default::default(),
     };
     let inner = Router::new()
         .nest("/v0", api::routes())
+        .nest(
+            &format!("{DATA_PLANE_PREFIX}/{{name}}"),
+            sandbox_api::routes(),
+        )
         .fallback(not_found)
         .with_state(wire.clone())
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
@@ -251,11 +295,11 @@ pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
 /// Blaxel's control-plane `SandboxError` body: `{"code", "message"}` (required by the Python
 /// SDK's model), plus the numeric `status` the TypeScript SDK tests (`e.status === 404`),
 /// `status_code`, and `error` (the message, as the sandbox API words its errors).
-pub(crate) fn sandbox_error(status: StatusCode, code: &str, message: &str) -> Response {
+pub(crate) fn sandbox_error(status: StatusCode, code: impl Into<Value>, message: &str) -> Response {
     json_response(
         status,
         &json!({
-            "code": code,
+            "code": code.into(),
             "message": message,
             "error": message,
             "status": status.as_u16(),
@@ -315,15 +359,16 @@ pub fn status_for(e: &SandboxAPIError) -> StatusCode {
     }
 }
 
-/// Blaxel's error code for `e` (`SANDBOX_ALREADY_EXISTS`, `NOT_SUPPORTED`, …).
-fn code_for(e: &SandboxAPIError, status: StatusCode) -> String {
+/// Blaxel's error code for `e` (`SANDBOX_ALREADY_EXISTS`, `NOT_SUPPORTED`, …); the status
+/// as a number where there is no better one, and always for a 404: the TypeScript SDK
+/// recognises a missing sandbox or preview by `code === 404`.
+fn code_for(e: &SandboxAPIError, status: StatusCode) -> Value {
     match e {
-        SandboxAPIError::NotSupported { .. } => "NOT_SUPPORTED".into(),
-        SandboxAPIError::ValueError { .. } => "VALIDATION_ERROR".into(),
+        SandboxAPIError::NotSupported { .. } => json!("NOT_SUPPORTED"),
+        SandboxAPIError::ValueError { .. } => json!("VALIDATION_ERROR"),
         _ => match e.code() {
-            Some(code) if status != StatusCode::NOT_FOUND => code.to_string(),
-            // The TypeScript SDK recognises a missing sandbox by `code` 404 (or `status`).
-            _ => status.as_u16().to_string(),
+            Some(code) if status != StatusCode::NOT_FOUND => json!(code),
+            _ => json!(status.as_u16()),
         },
     }
 }
@@ -343,7 +388,7 @@ impl IntoResponse for ApiError {
         if self.data_plane {
             return json_response(status, &json!({ "error": message }));
         }
-        sandbox_error(status, &code_for(&self.error, status), &message)
+        sandbox_error(status, code_for(&self.error, status), &message)
     }
 }
 
@@ -382,26 +427,30 @@ mod tests {
 
     #[test]
     fn every_error_maps_to_the_status_the_sdk_maps_back() {
-        let table: Vec<(SandboxAPIError, u16, &str)> = vec![
+        let table: Vec<(SandboxAPIError, u16, Value)> = vec![
             (
                 SandboxAPIError::api(404, "Sandbox not found", "Sandbox x not found"),
                 404,
-                "404",
+                json!(404),
             ),
             (
                 SandboxAPIError::api(409, "SANDBOX_ALREADY_EXISTS", "exists"),
                 409,
-                "SANDBOX_ALREADY_EXISTS",
+                json!("SANDBOX_ALREADY_EXISTS"),
             ),
-            (SandboxAPIError::value_error("bad"), 400, "VALIDATION_ERROR"),
-            (crate::gaps::refuse("sessions"), 501, "NOT_SUPPORTED"),
-            (SandboxAPIError::response(504, "slow"), 504, "504"),
+            (
+                SandboxAPIError::value_error("bad"),
+                400,
+                json!("VALIDATION_ERROR"),
+            ),
+            (crate::gaps::refuse("sessions"), 501, json!("NOT_SUPPORTED")),
+            (SandboxAPIError::response(504, "slow"), 504, json!(504)),
             (
                 SandboxAPIError::from(sandcove::Error::not_found("file \"/x\"")),
                 404,
-                "404",
+                json!(404),
             ),
-            (SandboxAPIError::exception("boom"), 500, "500"),
+            (SandboxAPIError::exception("boom"), 500, json!(500)),
         ];
         for (e, status, code) in table {
             let s = status_for(&e);
