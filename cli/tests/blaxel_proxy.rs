@@ -120,6 +120,15 @@ fn python_sdk_readme_quickstart_verbatim() {
     );
 }
 
+/// The sandbox API the control plane's `metadata.url` names: processes (output, a
+/// non-zero exit, logs) and files (text, binary, directories, removal, a missing file).
+#[test]
+fn python_sdk_data_plane_after_the_proxy() {
+    let server = start();
+    let out = run_python(PINS, "blaxel_data_plane", &server, &[]);
+    assert_expected("blaxel_data_plane", &out);
+}
+
 /// A missing sandbox and a foreign host through the proxy: the SDK's own 404, and httpx's
 /// `ProxyError` for the refused CONNECT (403).
 #[test]
