@@ -120,6 +120,16 @@ fn python_sdk_readme_quickstart_verbatim() {
     );
 }
 
+/// The control plane through the proxy: create with envs, labels and ttl, create if not
+/// exists, get, list, label and ttl updates, public and private previews (with a token) that
+/// reach a server in the sandbox, the second delete of a name; and streamed (NDJSON) output.
+#[test]
+fn python_sdk_control_plane_through_the_proxy() {
+    let server = start();
+    let out = run_python(PINS, "blaxel_control_plane", &server, &[]);
+    assert_expected("blaxel_control_plane", &out);
+}
+
 /// The sandbox API the control plane's `metadata.url` names: processes (output, a
 /// non-zero exit, logs) and files (text, binary, directories, removal, a missing file).
 #[test]
