@@ -140,6 +140,11 @@ pub const GAPS: &[Gap] = &[
         feature: "process stdin",
     },
     Gap {
+        key: "fuzzy file search",
+        feature: "fuzzy file search",
+        alternative: "use fs.find with glob patterns, or fs.grep for contents",
+    },
+    Gap {
         key: "agents, models and MCP servers hosting",
         feature: "agents, models and MCP servers hosting",
         alternative: "run your agent, model client or MCP server as a process in the sandbox",

@@ -8,6 +8,7 @@
 //! |---|---|
 //! | [`api`] | the control plane under `/v0` (`/v0/sandboxes…`, previews): REST + JSON |
 //! | [`sandbox_api`] | every sandbox's API under `/blaxel-sbx/{name}` (processes, files) |
+//! | [`uploads`] | the sandbox API's multipart uploads (files over 5 MiB) |
 //!
 //! Routing looks at the request path only, never at `Host`, so one router serves the plain
 //! listener and the decrypted proxied requests alike. Every sandbox answer carries
@@ -26,6 +27,7 @@
 
 pub mod api;
 pub mod sandbox_api;
+pub mod uploads;
 
 use std::sync::Arc;
 
@@ -98,6 +100,8 @@ pub(crate) struct Wire {
     /// Records of recently deleted sandboxes (name, answer, when), newest last; bounded.
     pub deleted:
         Arc<std::sync::Mutex<std::collections::VecDeque<(String, Value, std::time::Instant)>>>,
+    /// Multipart uploads in flight.
+    pub uploads: Arc<std::sync::Mutex<uploads::Uploads>>,
 }
 
 impl Wire {
@@ -144,6 +148,7 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
         client: Client::new(backend),
         config: Arc::new(config),
         deleted: Default::default(),
+        uploads: Default::default(),
     };
     let inner = Router::new()
         .nest("/v0", api::routes())

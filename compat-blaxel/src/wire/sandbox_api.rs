@@ -48,25 +48,133 @@ pub(crate) fn routes() -> Router<Wire> {
         )
         .route("/watch/filesystem", get(watch_root))
         .route("/watch/filesystem/{*path}", get(watch))
+        .route("/filesystem-find/{*path}", get(find))
+        .route("/filesystem-content-search/{*path}", get(grep))
+        .route("/filesystem-search/{*path}", get(fuzzy_gap))
+        .route("/filesystem-search", get(fuzzy_gap))
+        .route(
+            "/filesystem-multipart/initiate/{*path}",
+            post(super::uploads::initiate),
+        )
+        .route(
+            "/filesystem-multipart/{upload}/part",
+            axum::routing::put(super::uploads::part),
+        )
+        .route(
+            "/filesystem-multipart/{upload}/complete",
+            post(super::uploads::complete),
+        )
+        .route(
+            "/filesystem-multipart/{upload}/abort",
+            axum::routing::delete(super::uploads::abort),
+        )
+}
+
+/// A comma-separated query list (`a,b`), empty items dropped.
+fn list_param(value: Option<&str>) -> Option<Vec<String>> {
+    value.map(|v| {
+        v.split(',')
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect()
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FindQuery {
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    patterns: Option<String>,
+    #[serde(default)]
+    max_results: Option<i64>,
+    #[serde(default)]
+    exclude_dirs: Option<String>,
+    #[serde(default)]
+    exclude_hidden: Option<bool>,
+}
+
+/// `GET /filesystem-find/{path}?type=&patterns=&maxResults=&excludeDirs=&excludeHidden=`.
+async fn find(
+    State(wire): State<Wire>,
+    Path((name, path)): Path<(String, String)>,
+    Query(q): Query<FindQuery>,
+) -> Result<Response, ApiError> {
+    let instance = sandbox(&wire, &name).await?;
+    let mut find = instance
+        .fs
+        .find(&absolute(&path))
+        .r#type(q.kind)
+        .max_results(q.max_results)
+        .exclude_hidden(q.exclude_hidden);
+    if let Some(p) = list_param(q.patterns.as_deref()) {
+        find = find.patterns(p);
+    }
+    if let Some(d) = list_param(q.exclude_dirs.as_deref()) {
+        find = find.exclude_dirs(d);
+    }
+    Ok(ok_json(&find.await.map_err(data)?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct GrepQuery {
+    query: String,
+    #[serde(default)]
+    case_sensitive: Option<bool>,
+    #[serde(default)]
+    context_lines: Option<i64>,
+    #[serde(default)]
+    max_results: Option<i64>,
+    #[serde(default)]
+    file_pattern: Option<String>,
+    #[serde(default)]
+    exclude_dirs: Option<String>,
+}
+
+/// `GET /filesystem-content-search/{path}?query=&caseSensitive=&contextLines=&…`.
+async fn grep(
+    State(wire): State<Wire>,
+    Path((name, path)): Path<(String, String)>,
+    Query(q): Query<GrepQuery>,
+) -> Result<Response, ApiError> {
+    let instance = sandbox(&wire, &name).await?;
+    let mut grep = instance
+        .fs
+        .grep(&q.query)
+        .path(absolute(&path))
+        .case_sensitive(q.case_sensitive)
+        .context_lines(q.context_lines)
+        .max_results(q.max_results)
+        .file_pattern(q.file_pattern);
+    if let Some(d) = list_param(q.exclude_dirs.as_deref()) {
+        grep = grep.exclude_dirs(d);
+    }
+    Ok(ok_json(&grep.await.map_err(data)?))
+}
+
+async fn fuzzy_gap() -> ApiError {
+    data(crate::gaps::refuse("fuzzy file search"))
 }
 
 /// An absolute sandbox path of a wildcard segment (`app/x`, `/app/x` → `/app/x`).
-fn absolute(path: &str) -> String {
+pub(crate) fn absolute(path: &str) -> String {
     format!("/{}", path.trim_start_matches('/'))
 }
 
 /// The sandbox `name` as a facade instance; a missing one is the data plane's 404.
-async fn sandbox(wire: &Wire, name: &str) -> Result<SandboxInstance, ApiError> {
+pub(crate) async fn sandbox(wire: &Wire, name: &str) -> Result<SandboxInstance, ApiError> {
     SandboxInstance::get_on(&wire.client, name)
         .await
         .map_err(ApiError::data)
 }
 
-fn data<E: Into<SandboxAPIError>>(e: E) -> ApiError {
+pub(crate) fn data<E: Into<SandboxAPIError>>(e: E) -> ApiError {
     ApiError::data(e.into())
 }
 
-fn ok_json<T: serde::Serialize>(value: &T) -> Response {
+pub(crate) fn ok_json<T: serde::Serialize>(value: &T) -> Response {
     json_response(
         StatusCode::OK,
         &serde_json::to_value(value).unwrap_or_else(|_| json!({})),
@@ -74,7 +182,7 @@ fn ok_json<T: serde::Serialize>(value: &T) -> Response {
 }
 
 /// A JSON body of at most the JSON limit, as the data plane's 400 when malformed.
-fn parse(wire: &Wire, body: &[u8]) -> Result<Value, ApiError> {
+pub(crate) fn parse(wire: &Wire, body: &[u8]) -> Result<Value, ApiError> {
     super::parse_json::<Value>(wire, body).map_err(|e| {
         ApiError::data(SandboxAPIError::response(
             e.status_code().unwrap_or(400),
@@ -367,21 +475,54 @@ async fn read_path(
     if stat.kind == sandcove::FileKind::Dir {
         return Ok(ok_json(&instance.fs.ls(path).await.map_err(data)?));
     }
-    let bytes = instance.fs.read_binary(path).await.map_err(data)?;
     let raw = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|a| a.contains("application/octet-stream"));
+    let not_found = |e: sandcove::Error| {
+        if e.is_not_found() {
+            data(SandboxAPIError::response(
+                404,
+                format!("file not found: {path}"),
+            ))
+        } else {
+            data(e)
+        }
+    };
+    let mut stream = instance
+        .ctx
+        .core
+        .read_stream(path)
+        .await
+        .map_err(not_found)?;
     if raw {
+        // Streamed as read: nothing of the file is held here. A read error ends the body
+        // abnormally, never as a short file.
+        let body = Body::from_stream(
+            stream.map(|chunk| chunk.map(Bytes::from).map_err(std::io::Error::other)),
+        );
         return Ok((
             StatusCode::OK,
             [(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/octet-stream"),
             )],
-            bytes,
+            body,
         )
             .into_response());
+    }
+    // The JSON form carries the whole file: bounded by the upload limit.
+    let limit = wire.config.max_upload_bytes;
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(not_found)?;
+        if bytes.len() + chunk.len() > limit {
+            return Err(data(SandboxAPIError::response(
+                413,
+                format!("{path} is larger than {limit} bytes: read it with readBinary (streamed)"),
+            )));
+        }
+        bytes.extend_from_slice(&chunk);
     }
     Ok(json_response(
         StatusCode::OK,
