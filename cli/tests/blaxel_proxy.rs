@@ -38,27 +38,35 @@ fn items(list: &Value) -> Vec<Value> {
 
 /// `GET {origin}{path}` on the listener in plain HTTP with the server's key.
 fn get(server: &Server, path: &str) -> (u16, Value) {
+    let (status, bytes) = call(server, "GET", path, None);
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// One plain-HTTP call to the listener with the server's key: (status, body bytes).
+fn call(server: &Server, method: &str, path: &str, body: Option<Value>) -> (u16, Vec<u8>) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let resp = reqwest::Client::builder()
+        let mut request = reqwest::Client::builder()
             .no_proxy()
             .build()
             .unwrap()
-            .get(format!("{}{path}", server.origin))
+            .request(method.parse().unwrap(), format!("{}{path}", server.origin))
             .header("X-Blaxel-Authorization", format!("Bearer {}", server.key))
             .header("X-Blaxel-Workspace", "sandcove")
-            .send()
-            .await
-            .expect("the listener answers");
+            .header("Accept", "application/octet-stream, application/json");
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let resp = request.send().await.expect("the listener answers");
         let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        (status, resp.bytes().await.unwrap().to_vec())
     })
 }
 
@@ -118,6 +126,44 @@ fn python_sdk_readme_quickstart_verbatim() {
         live.is_empty(),
         "the quickstart deleted its sandbox: {list}"
     );
+}
+
+/// The Python README's filesystem snippet, verbatim, on the sandbox it expects
+/// (`my-sandbox`, made here first): text and binary files (`./image.png` is beside the
+/// program), mkdir, ls, grep, find, watch. It prints nothing; the files are there afterwards.
+#[test]
+fn python_sdk_readme_filesystem_verbatim() {
+    let server = start();
+    let (status, body) = call(
+        &server,
+        "POST",
+        "/v0/sandboxes",
+        Some(serde_json::json!({"metadata": {"name": "my-sandbox"}})),
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let out = run_python(PINS, "blaxel_readme_filesystem", &server, &[]);
+    assert_expected("blaxel_readme_filesystem", &out);
+    let (status, config) = call(
+        &server,
+        "GET",
+        "/blaxel-sbx/my-sandbox/filesystem/app/config.json",
+        None,
+    );
+    assert_eq!(status, 200);
+    assert_eq!(config, br#"{"key": "value"}"#);
+    let (status, image) = call(
+        &server,
+        "GET",
+        "/blaxel-sbx/my-sandbox/filesystem/app/image.png",
+        None,
+    );
+    assert_eq!(status, 200);
+    let expected = std::fs::read(sdk_harness::py_fixtures().join("image.png")).unwrap();
+    assert_eq!(image, expected, "the binary file arrived unchanged");
+    let (status, listing) = get(&server, "/blaxel-sbx/my-sandbox/filesystem/app");
+    assert_eq!(status, 200);
+    let dirs = listing["subdirectories"].to_string();
+    assert!(dirs.contains("uploads"), "{listing}");
 }
 
 /// The control plane through the proxy: create with envs, labels and ttl, create if not
