@@ -80,6 +80,9 @@ struct Material {
     issuer: rcgen::Certificate,
     /// The CA certificate exactly as on disk, the trust anchor clients hold.
     der: CertificateDer<'static>,
+    /// The end of its validity, read from `der` (verifiers such as webpki do not check a
+    /// trust anchor's dates, so this is the one place its expiry is known).
+    not_after: SystemTime,
 }
 
 /// A minted leaf, ready for the handshake.
@@ -231,44 +234,30 @@ impl SandcoveCa {
             .clone()
     }
 
-    /// Mint a leaf for `host` and check it the way a client will, against the CA on disk,
-    /// now and at the leaf's end; a CA that ends first is renewed (blocking).
+    /// Mint a leaf for `host` (renewing the CA first when it would end before the leaf) and
+    /// check it the way a client will, against the CA on disk (blocking).
     fn mint(&self, host: &str) -> crate::Result<Arc<Leaf>> {
-        for attempt in 0..2 {
-            let material = self.material_now();
-            let (chain, key, not_after) = sign_leaf(&material, host)?;
-            let checked =
-                verify_leaf(&material.der, &chain[0], host, SystemTime::now()).and_then(|()| {
-                    verify_leaf(
-                        &material.der,
-                        &chain[0],
-                        host,
-                        not_after - Duration::from_secs(60),
-                    )
-                });
-            match checked {
-                Ok(()) => {
-                    let config = leaf_config(chain, key)?;
-                    return Ok(Arc::new(Leaf {
-                        config,
-                        minted: SystemTime::now(),
-                    }));
-                }
-                Err(e) if attempt == 0 && is_expiry(&e) => {
-                    let renewed = renew(&self.dir, &self.hosts)?;
-                    *self.material.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(renewed);
-                    self.leaves_lock().clear();
-                    self.write_bundle()?;
-                }
-                Err(e) => {
-                    return Err(broken_ca(
-                        &self.dir,
-                        &format!("a certificate for {host}: {e}"),
-                    ));
-                }
-            }
+        let mut material = self.material_now();
+        if material.not_after < SystemTime::now() + LEAF_LIFETIME {
+            // The CA would end before this leaf: renew it (the same check at start-up).
+            let renewed = Arc::new(renew(&self.dir, &self.hosts)?);
+            *self.material.lock().unwrap_or_else(|p| p.into_inner()) = renewed.clone();
+            self.leaves_lock().clear();
+            self.write_bundle()?;
+            material = renewed;
         }
-        Err(broken_ca(&self.dir, "a renewed CA still expires too soon"))
+        let (chain, key) = sign_leaf(&material, host)?;
+        if let Err(e) = verify_leaf(&material.der, &chain[0], host, SystemTime::now()) {
+            return Err(broken_ca(
+                &self.dir,
+                &format!("a certificate for {host}: {e}"),
+            ));
+        }
+        let config = leaf_config(chain, key)?;
+        Ok(Arc::new(Leaf {
+            config,
+            minted: SystemTime::now(),
+        }))
     }
 
     /// Write `bundle.pem` (system roots, then the CA), replacing it atomically.
@@ -349,15 +338,6 @@ fn broken_ca(dir: &Path, what: &str) -> Error {
     }
 }
 
-fn is_expiry(e: &rustls::Error) -> bool {
-    matches!(
-        e,
-        rustls::Error::InvalidCertificate(
-            rustls::CertificateError::Expired | rustls::CertificateError::ExpiredContext { .. }
-        )
-    )
-}
-
 fn offset(t: SystemTime) -> OffsetDateTime {
     OffsetDateTime::from(t)
 }
@@ -398,11 +378,7 @@ fn ca_params(
 fn sign_leaf(
     material: &Material,
     host: &str,
-) -> crate::Result<(
-    Vec<CertificateDer<'static>>,
-    PrivateKeyDer<'static>,
-    SystemTime,
-)> {
+) -> crate::Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
     let now = SystemTime::now();
     let not_after = now + LEAF_LIFETIME;
     let mut params = rcgen::CertificateParams::new(vec![host.to_string()])
@@ -422,7 +398,7 @@ fn sign_leaf(
         .signed_by(&key, &material.issuer, &material.key)
         .map_err(|e| Error::backend(format!("signing a certificate for {host}: {e}")))?;
     let key_der = PrivateKeyDer::Pkcs8(key.serialize_der().into());
-    Ok((vec![cert.der().clone()], key_der, not_after))
+    Ok((vec![cert.der().clone()], key_der))
 }
 
 /// Check `leaf` for `host` with rustls's webpki verifier, `ca` as the only root, at `at`.
@@ -499,13 +475,24 @@ fn load(dir: &Path, hosts: &[String]) -> crate::Result<Option<Material>> {
         .map_err(|e| Error::backend(format!("the CA: {e}")))?;
     // Whether the certificate belongs to this key and these hosts is checked by verifying a
     // leaf against it (`SandcoveCa::mint`).
-    Ok(Some(Material { key, issuer, der }))
+    let not_after = cert_not_after(&der).ok_or_else(|| {
+        broken_ca(
+            dir,
+            &format!("anything: {} has no readable validity", cert_path.display()),
+        )
+    })?;
+    Ok(Some(Material {
+        key,
+        issuer,
+        der,
+        not_after,
+    }))
 }
 
 /// A new CA in a fresh directory, published as `dir/ca` in one rename. When another process
 /// published one first, that one is loaded instead.
 fn create(dir: &Path, hosts: &[String]) -> crate::Result<Material> {
-    let staged = stage(dir, hosts)?;
+    let staged = stage(dir, hosts, SystemTime::now() + CA_LIFETIME)?;
     match std::fs::rename(&staged.0, dir.join("ca")) {
         Ok(()) => Ok(staged.1),
         Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::ENOTEMPTY)) => {
@@ -524,7 +511,7 @@ fn create(dir: &Path, hosts: &[String]) -> crate::Result<Material> {
 
 /// Replace `dir/ca` with a new CA.
 fn renew(dir: &Path, hosts: &[String]) -> crate::Result<Material> {
-    let (staged, material) = stage(dir, hosts)?;
+    let (staged, material) = stage(dir, hosts, SystemTime::now() + CA_LIFETIME)?;
     let retired = dir.join(format!(".retired-{}", crate::random_id(12)));
     let current = dir.join("ca");
     let moved = std::fs::rename(&current, &retired);
@@ -541,7 +528,11 @@ fn renew(dir: &Path, hosts: &[String]) -> crate::Result<Material> {
 }
 
 /// Generate a CA into a new private directory beside `dir/ca`.
-fn stage(dir: &Path, hosts: &[String]) -> crate::Result<(PathBuf, Material)> {
+fn stage(
+    dir: &Path,
+    hosts: &[String],
+    not_after: SystemTime,
+) -> crate::Result<(PathBuf, Material)> {
     let staged = dir.join(format!(".new-{}", crate::random_id(12)));
     std::fs::DirBuilder::new()
         .mode(0o700)
@@ -550,7 +541,7 @@ fn stage(dir: &Path, hosts: &[String]) -> crate::Result<(PathBuf, Material)> {
     let made = (|| {
         let key = rcgen::KeyPair::generate().map_err(|e| Error::backend(format!("CA key: {e}")))?;
         let now = SystemTime::now();
-        let mut params = ca_params(hosts, now - CLOCK_SKEW, now + CA_LIFETIME);
+        let mut params = ca_params(hosts, now - CLOCK_SKEW, not_after);
         params.serial_number = Some(rcgen::SerialNumber::from_slice(&random_serial()?));
         let issuer = params
             .self_signed(&key)
@@ -563,7 +554,14 @@ fn stage(dir: &Path, hosts: &[String]) -> crate::Result<(PathBuf, Material)> {
         )?;
         write_new(&staged.join("cert.pem"), issuer.pem().as_bytes(), 0o644)?;
         let der = issuer.der().clone();
-        Ok(Material { key, issuer, der })
+        let not_after = cert_not_after(&der)
+            .ok_or_else(|| Error::backend("the new CA certificate has no readable validity"))?;
+        Ok(Material {
+            key,
+            issuer,
+            der,
+            not_after,
+        })
     })();
     match made {
         Ok(material) => Ok((staged, material)),
@@ -572,6 +570,67 @@ fn stage(dir: &Path, hosts: &[String]) -> crate::Result<(PathBuf, Material)> {
             Err(e)
         }
     }
+}
+
+/// One DER element at the start of `input`: (tag, contents, what follows). Short and long
+/// definite lengths only, as DER allows.
+fn der_element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
+        (len, &rest[n..])
+    };
+    (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
+}
+
+/// A certificate's `notAfter`, read from its DER (`Certificate` → `tbsCertificate` →
+/// [version], serial, signature, issuer, `validity`).
+fn cert_not_after(der: &[u8]) -> Option<SystemTime> {
+    let (_, certificate, _) = der_element(der).filter(|(tag, _, _)| *tag == 0x30)?;
+    let (_, tbs, _) = der_element(certificate).filter(|(tag, _, _)| *tag == 0x30)?;
+    let mut rest = tbs;
+    if rest.first() == Some(&0xa0) {
+        rest = der_element(rest)?.2;
+    }
+    for _ in 0..3 {
+        rest = der_element(rest)?.2;
+    }
+    let (_, validity, _) = der_element(rest).filter(|(tag, _, _)| *tag == 0x30)?;
+    let (_, _, after_before) = der_element(validity)?;
+    let (tag, text, _) = der_element(after_before)?;
+    let digits = std::str::from_utf8(text).ok()?.strip_suffix('Z')?;
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let (year, rest) = match (tag, digits.len()) {
+        // UTCTime: two-digit years, 1950 to 2049.
+        (0x17, 12) => {
+            let yy: i32 = digits[..2].parse().ok()?;
+            (if yy < 50 { 2000 + yy } else { 1900 + yy }, &digits[2..])
+        }
+        // GeneralizedTime.
+        (0x18, 14) => (digits[..4].parse().ok()?, &digits[4..]),
+        _ => return None,
+    };
+    let field = |i: usize| rest[i..i + 2].parse::<u8>().ok();
+    let date =
+        time::Date::from_calendar_date(year, time::Month::try_from(field(0)?).ok()?, field(2)?)
+            .ok()?;
+    let clock = time::Time::from_hms(field(4)?, field(6)?, field(8)?).ok()?;
+    Some(
+        time::PrimitiveDateTime::new(date, clock)
+            .assume_utc()
+            .into(),
+    )
 }
 
 /// Create `path` exclusively with `mode` (never following a link) and write `bytes` durably.
@@ -703,4 +762,89 @@ pub(super) async fn connect(
         let _ = served.await;
     });
     Response::new(Body::empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOSTS: &[&str] = &["api.sandcove.test", "run.sandcove.test"];
+
+    /// A CA in `dir/ca` that ends at `not_after`, as an older server would have left it.
+    fn plant(dir: &Path, not_after: SystemTime) -> CertificateDer<'static> {
+        let hosts = normalize_hosts(HOSTS).unwrap();
+        std::fs::DirBuilder::new().mode(0o700).create(dir).unwrap();
+        let (staged, material) = stage(dir, &hosts, not_after).unwrap();
+        std::fs::rename(staged, dir.join("ca")).unwrap();
+        material.der
+    }
+
+    #[test]
+    fn a_ca_close_to_its_end_or_past_it_is_replaced_and_the_bundle_follows() {
+        let now = SystemTime::now();
+        for (what, not_after) in [
+            ("ends in 3 days", now + Duration::from_secs(3 * 24 * 3600)),
+            ("ended an hour ago", now - Duration::from_secs(1800)),
+        ] {
+            let dir =
+                std::env::temp_dir().join(format!("intercept-renew-{}", crate::random_id(12)));
+            let old = plant(&dir, not_after);
+            let ca = SandcoveCa::open(&dir, HOSTS).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_ne!(ca.cert_der(), old, "{what}: replaced");
+            let on_disk = std::fs::read(ca.cert_path()).unwrap();
+            assert_eq!(
+                CertificateDer::from_pem_slice(&on_disk).unwrap(),
+                ca.cert_der(),
+                "{what}: the new CA is on disk"
+            );
+            let bundle = std::fs::read(ca.bundle_path()).unwrap();
+            let roots: Vec<_> = CertificateDer::pem_slice_iter(&bundle)
+                .collect::<Result<_, _>>()
+                .unwrap();
+            assert_eq!(
+                roots.last(),
+                Some(&ca.cert_der()),
+                "{what}: the bundle follows"
+            );
+            assert!(!roots.contains(&old), "{what}: the old CA left the bundle");
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
+    #[test]
+    fn the_ca_validity_is_read_back_to_the_second() {
+        let dir = std::env::temp_dir().join(format!("intercept-date-{}", crate::random_id(12)));
+        let end = SystemTime::UNIX_EPOCH + Duration::from_secs(2_000_000_000);
+        let der = plant(&dir, end);
+        assert_eq!(cert_not_after(&der), Some(end));
+        let far = SystemTime::UNIX_EPOCH + Duration::from_secs(4_000_000_000); // 2096
+        let der = {
+            let _ = std::fs::remove_dir_all(&dir);
+            plant(&dir, far)
+        };
+        assert_eq!(cert_not_after(&der), Some(far), "GeneralizedTime past 2049");
+        assert_eq!(
+            cert_not_after(&der[..der.len() / 2]),
+            None,
+            "a truncated certificate"
+        );
+        assert_eq!(
+            cert_not_after(b"\x30\x84\xff\xff\xff\xff"),
+            None,
+            "a length past the end"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_ca_with_time_left_is_kept() {
+        let dir = std::env::temp_dir().join(format!("intercept-keep-{}", crate::random_id(12)));
+        let old = plant(
+            &dir,
+            SystemTime::now() + Duration::from_secs(30 * 24 * 3600),
+        );
+        let ca = SandcoveCa::open(&dir, HOSTS).unwrap();
+        assert_eq!(ca.cert_der(), old);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
