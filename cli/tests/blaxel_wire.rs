@@ -333,11 +333,11 @@ async fn exec_streams_ndjson_when_asked() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert!(
-        lines.contains(&json!({"type": "stdout", "data": "one\n"})),
+        lines.contains(&json!({"type": "stdout", "data": "one"})),
         "{text}"
     );
     assert!(
-        lines.contains(&json!({"type": "stderr", "data": "two\n"})),
+        lines.contains(&json!({"type": "stderr", "data": "two"})),
         "{text}"
     );
     let last = lines.last().unwrap();
@@ -497,4 +497,66 @@ async fn file_reads_are_bounded_as_json_and_streamed_as_bytes() {
         1_200_000,
         "streamed whole"
     );
+}
+
+#[tokio::test]
+async fn previews_take_the_python_sdks_body() {
+    let env = env().await;
+    env.create("pv").await;
+    // blaxel 0.4.24 (Python) sends the read-only `events` with every preview it creates.
+    let (status, preview) = env
+        .call(
+            "POST",
+            "/v0/sandboxes/pv/previews",
+            Some(json!({"metadata": {"name": "web"}, "spec": {"port": 3000, "public": true}, "events": []})),
+        )
+        .await;
+    assert_eq!(status, 200, "{preview}");
+    assert_eq!(preview["metadata"]["resourceName"], "pv");
+    assert!(preview["spec"]["url"].as_str().unwrap().starts_with("http"));
+    let (status, missing) = env
+        .call("GET", "/v0/sandboxes/pv/previews/none", None)
+        .await;
+    assert_eq!(status, 404, "{missing}");
+    assert_eq!(
+        missing["code"],
+        json!(404),
+        "the TypeScript SDK tests code === 404"
+    );
+}
+
+#[tokio::test]
+async fn the_python_sdks_long_poll_wait_answers_when_the_process_ends_or_the_hold_does() {
+    let env = env().await;
+    env.create("waits").await;
+    for (name, command) in [("quick", "sleep 0.3; echo done"), ("slow", "sleep 30")] {
+        let (status, started) = env
+            .call(
+                "POST",
+                "/blaxel-sbx/waits/process",
+                Some(json!({"name": name, "command": command})),
+            )
+            .await;
+        assert_eq!(status, 200, "{started}");
+    }
+    let (status, quick) = env
+        .call(
+            "GET",
+            "/blaxel-sbx/waits/process/quick/wait?timeout=30",
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{quick}");
+    assert_eq!(quick["status"], "completed");
+    assert_eq!(quick["stdout"], "done\n");
+    let (status, slow) = env
+        .call("GET", "/blaxel-sbx/waits/process/slow/wait?timeout=1", None)
+        .await;
+    assert_eq!(status, 200, "{slow}");
+    assert_eq!(slow["status"], "running", "the hold ended first");
+    let (status, missing) = env
+        .call("GET", "/blaxel-sbx/waits/process/none/wait?timeout=1", None)
+        .await;
+    assert_eq!(status, 404, "a JSON 404: the process does not exist");
+    assert!(missing["error"].is_string());
 }

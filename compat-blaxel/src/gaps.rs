@@ -59,6 +59,11 @@ pub const GAPS: &[Gap] = &[
         alternative: "omit `extra_args`: the runtime has one kernel configuration",
     },
     Gap {
+        key: "image other than blaxel/base-image",
+        feature: "image other than blaxel/base-image",
+        alternative: "omit `image` or name `blaxel/base-image` (the host base: the host's read-only system directories with sh, python3 and coreutils, a writable /blaxel); to get what the image holds, install it with process.exec and snapshot the result, or run the image on Blaxel",
+    },
+    Gap {
         key: "ephemeral volumes",
         feature: "ephemeral volumes",
         alternative: "write scratch data under /tmp or the home directory",

@@ -373,7 +373,9 @@ impl ForkBuilder {
         let mut sandbox = source.sandbox.clone();
         sandbox.metadata.name = self.target_name.clone();
         let (mut options, idle) = core_options(&sandbox, &src_info.envs, sandcove::now_millis())?;
-        options.network = client.ready().await?.vendor_internet_default();
+        let caps = client.ready().await?;
+        options.network = caps.vendor_internet_default();
+        standby_at_lease_end(&sandbox, &caps, &mut options);
         let core = match &self.snapshot_id {
             Some(snap) => {
                 let mut options = options;
@@ -991,6 +993,34 @@ pub(crate) fn lease_end(
     Ok((end, idle))
 }
 
+/// Whether `sandbox` names a deletion policy (`ttl`, `expires` or a lifecycle policy): Blaxel
+/// deletes it then, and keeps a sandbox without one in standby until it is deleted.
+pub(crate) fn has_deletion_policy(sandbox: &Sandbox) -> bool {
+    let r = &sandbox.spec.runtime;
+    r.ttl.is_some()
+        || r.expires.is_some()
+        || sandbox
+            .spec
+            .lifecycle
+            .as_ref()
+            .is_some_and(|l| !l.expiration_policies.is_empty())
+}
+
+/// Blaxel keeps a sandbox without a deletion policy in standby (paused, woken by the next
+/// call) rather than deleting it: where the runtime can pause, the lease such a sandbox
+/// gets ([`DEFAULT_LEASE`]) pauses it at its end and the next call resumes it with a fresh
+/// lease. A sandbox with a policy is deleted at its end, as on Blaxel.
+fn standby_at_lease_end(
+    sandbox: &Sandbox,
+    caps: &sandcove::Capabilities,
+    options: &mut sandcove::CreateOptions,
+) {
+    if caps.pause && !has_deletion_policy(sandbox) {
+        options.on_timeout = sandcove::TimeoutAction::Pause;
+        options.auto_resume = true;
+    }
+}
+
 /// The core options for a Blaxel sandbox record; `envs` are the sandbox-wide variables.
 fn core_options(
     sandbox: &Sandbox,
@@ -1033,6 +1063,11 @@ fn core_options(
 /// Check a create configuration and turn it into the Blaxel record (defaults applied). Gaps
 /// are refused here, before anything is created.
 pub(crate) fn sandbox_from_config(config: SandboxCreateConfiguration) -> Result<Sandbox> {
+    if let Some(image) = config.image.as_deref() {
+        if !translate::is_host_base_image(image) {
+            return Err(gaps::refuse("image other than blaxel/base-image"));
+        }
+    }
     if config.network.as_ref().is_some_and(|n| !n.is_null()) {
         return Err(gaps::refuse("network"));
     }
@@ -1152,6 +1187,7 @@ pub(crate) async fn create_sandbox(
     // has it, else loopback only with a warning. Never the host's network.
     let caps = client.ready().await?;
     options.network = caps.vendor_internet_default();
+    standby_at_lease_end(&sandbox, &caps, &mut options);
     // Blaxel's `memory` (MB) is the sandbox's limit where the runtime enforces one.
     if caps.memory_limit {
         options.resources.memory_mib = Some(sandbox.spec.runtime.memory as u64);
@@ -1225,7 +1261,7 @@ mod tests {
         let generated = record(json!({}));
         assert!(generated.metadata.name.starts_with("sandbox-"));
         let full = record(json!({"metadata": {"name": "b", "labels": {"k": "v"}},
-            "spec": {"runtime": {"image": "x", "memory": 2048}}}));
+            "spec": {"runtime": {"image": "blaxel/base-image:1", "memory": 2048}}}));
         assert_eq!(full.metadata.name, "b");
         assert_eq!(full.spec.runtime.memory, 2048);
         assert_eq!(full.metadata.labels["k"], "v");
@@ -1249,6 +1285,23 @@ mod tests {
         assert!(refused(json!({"name": "a", "network": {"proxy": {}}})).is_not_supported());
         assert!(refused(json!({"name": "a", "extra_args": {"tun": "enabled"}})).is_not_supported());
         assert!(refused(json!({"name": "Bad_Name"})).status_code() == Some(400));
+        // An image the runtime cannot provide is refused, never run as the host base.
+        let image = refused(json!({"name": "a", "image": "myorg/custom-ml:1.2"}));
+        assert!(image.is_not_supported(), "{image:?}");
+        assert!(image.to_string().contains("blaxel/base-image"), "{image}");
+        for base in [
+            "blaxel/base-image",
+            "blaxel/base-image:latest",
+            "blaxel/jupyter-server",
+        ] {
+            assert!(
+                json!({"name": "a", "image": base})
+                    .into_create()
+                    .and_then(sandbox_from_config)
+                    .is_ok(),
+                "{base}"
+            );
+        }
         assert!(matches!(
             refused(json!({"name": "a", "envs": [{"name": "A"}]})),
             SandboxAPIError::ValueError { .. }

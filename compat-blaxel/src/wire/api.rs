@@ -456,7 +456,12 @@ async fn create_preview(
         }
     };
     let mut body: Value = parse_json(&wire, &body)?;
-    // The SDKs send absent optional fields as null.
+    // The Python SDK sends the read-only `events` (`[]`) with every preview; the SDKs send
+    // absent optional fields as null.
+    if let Some(obj) = body.as_object_mut() {
+        obj.remove("events");
+        obj.remove("status");
+    }
     for part in ["metadata", "spec"] {
         if let Some(obj) = body.get_mut(part).and_then(Value::as_object_mut) {
             obj.retain(|_, v| !v.is_null());

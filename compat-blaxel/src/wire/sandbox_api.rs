@@ -35,6 +35,7 @@ pub(crate) fn routes() -> Router<Wire> {
         .route("/process/{id}", get(get_process).delete(stop_process))
         .route("/process/{id}/kill", axum::routing::delete(kill_process))
         .route("/process/{id}/logs", get(process_logs))
+        .route("/process/{id}/wait", get(wait_process))
         .route("/process/{id}/logs/stream", get(stream_logs))
         .route("/process/{id}/stdin", post(stdin_gap).delete(stdin_gap))
         .route("/filesystem", get(fs_root).put(fs_put_root))
@@ -220,7 +221,8 @@ fn process_request(mut body: Value) -> Result<ProcessRequest, ApiError> {
 
 /// `POST /process`: start a process; with `waitForCompletion`, answer when it ends. Asked
 /// with `Accept: text/event-stream`, the answer is NDJSON (`application/x-ndjson`): one
-/// `{"type":"stdout"|"stderr","data":line}` per output line as it comes, then
+/// `{"type":"stdout"|"stderr","data":line}` per output line (without its newline) as it
+/// comes, then
 /// `{"type":"result","data":"<ProcessResponse JSON>"}`.
 async fn exec(
     State(wire): State<Wire>,
@@ -312,7 +314,8 @@ fn async_stream(
 
 fn ndjson_line((stderr, line): &(bool, String)) -> String {
     let kind = if *stderr { "stderr" } else { "stdout" };
-    format!("{}\n", json!({"type": kind, "data": format!("{line}\n")}))
+    // One line without its newline, as the facade's callbacks take it.
+    format!("{}\n", json!({"type": kind, "data": line}))
 }
 
 fn result_line(process: &models::ProcessResponse) -> String {
@@ -366,6 +369,40 @@ async fn kill_process(
 ) -> Result<Response, ApiError> {
     let instance = sandbox(&wire, &name).await?;
     Ok(ok_json(&instance.process.kill(&id).await.map_err(data)?))
+}
+
+/// Longest hold of one `GET /process/{id}/wait`.
+const MAX_WAIT_SECONDS: u64 = 300;
+
+#[derive(Debug, Deserialize)]
+struct WaitQuery {
+    #[serde(default)]
+    timeout: Option<u64>,
+}
+
+/// `GET /process/{id}/wait?timeout=S` (the Python SDK's long poll): the process once it has
+/// ended, or as it is after `timeout` seconds (at most 300; default 60).
+async fn wait_process(
+    State(wire): State<Wire>,
+    Path((name, id)): Path<(String, String)>,
+    Query(q): Query<WaitQuery>,
+) -> Result<Response, ApiError> {
+    let instance = sandbox(&wire, &name).await?;
+    let seconds = q.timeout.unwrap_or(60).clamp(1, MAX_WAIT_SECONDS);
+    let waited = instance
+        .process
+        .wait(&id)
+        .max_wait((seconds * 1000) as i64)
+        .interval(100)
+        .await;
+    match waited {
+        Ok(p) => Ok(ok_json(&p)),
+        // Still running at the end of the hold: its current state, as the SDK expects.
+        Err(SandboxAPIError::Exception { .. }) => {
+            Ok(ok_json(&instance.process.get(&id).await.map_err(data)?))
+        }
+        Err(e) => Err(data(e)),
+    }
 }
 
 /// `GET /process/{id}/logs`: `{logs, stdout, stderr}`, whole.
