@@ -467,15 +467,6 @@ async fn create_preview(
             obj.retain(|_, v| !v.is_null());
         }
     }
-    // The Python SDK sends the model's read-only `events` back, as an empty list.
-    if let Some(obj) = body.as_object_mut() {
-        if obj
-            .get("events")
-            .is_some_and(|e| e.as_array().is_some_and(Vec::is_empty))
-        {
-            obj.remove("events");
-        }
-    }
     let preview: crate::models::Preview =
         models::from_value(body, "Preview").map_err(|e| bad_request(e.to_string()))?;
     let instance = SandboxInstance::get_on(&wire.client, &name).await?;
