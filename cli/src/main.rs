@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use sandcove::client::API_KEY_ENV;
+use sandcove::server::intercept::{self, SandcoveCa};
 use sandcove::server::{self, ConnectionLimits, ServerConfig};
 use sandcove::{Backend, LocalBackend};
 
@@ -84,6 +85,12 @@ enum Cmd {
         /// sandbox API) on this address, for Blaxel's official TypeScript SDK (see `sandcove
         /// env blaxel`). Same engine, same API key (sent by the SDKs as
         /// X-Blaxel-Authorization: Bearer), plain HTTP.
+        ///
+        /// The same port is an HTTPS proxy for the Python SDK, whose URL is fixed:
+        /// `CONNECT api.blaxel.ai:443` (and run.blaxel.ai, api.blaxel.dev, run.blaxel.dev) is
+        /// answered with TLS from a local CA that can sign for those four names only, and
+        /// served by the same router; any other CONNECT is refused (403). The CA is created
+        /// once in <state dir>/blaxel-ca (see `sandcove ca`).
         #[arg(long, value_name = "ADDR")]
         blaxel: Option<SocketAddr>,
     },
@@ -111,12 +118,31 @@ enum Cmd {
     ///   BL_DISABLE_H2=1  so the TypeScript SDK never opens HTTP/2 to Blaxel's own edge
     ///                    (it would send sandbox calls there).
     ///
+    /// and, for the Python SDK (whose URL is fixed to https://api.blaxel.ai):
+    ///   HTTPS_PROXY      the Blaxel listener, which intercepts only Blaxel's own host names
+    ///                    (other hosts are refused: list them in NO_PROXY);
+    ///   SSL_CERT_FILE    the bundle in <state dir>/blaxel-ca: the host's public roots plus
+    ///                    the Sandcove CA (see `sandcove ca`).
+    ///
     /// Exits 1 with a message when no server with that vendor's listener is running or
     /// SANDCOVE_API_KEY is unset.
     #[command(verbatim_doc_comment)]
     Env {
         /// The vendor: e2b, daytona or blaxel.
         vendor: String,
+        /// The engine's state directory the server uses (default: $SANDCOVE_STATE_DIR, else
+        /// $XDG_STATE_HOME/sandcove).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+    /// Show where the local CA of `sandcove serve --blaxel` lives, what it can sign, and how
+    /// to remove it.
+    ///
+    /// The CA exists only in <state dir>/blaxel-ca (its key, its certificate and the bundle
+    /// `sandcove env blaxel` names in SSL_CERT_FILE); nothing is installed into the system
+    /// trust store. Stop the server and delete that directory to remove it; the next
+    /// `sandcove serve --blaxel` creates a new one.
+    Ca {
         /// The engine's state directory the server uses (default: $SANDCOVE_STATE_DIR, else
         /// $XDG_STATE_HOME/sandcove).
         #[arg(long)]
@@ -172,6 +198,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Cmd::Env { vendor, state_dir } => env_command(&vendor, state_dir),
+        Cmd::Ca { state_dir } => ca_command(state_dir),
         Cmd::Serve {
             listen,
             api_key_file,
@@ -230,6 +257,18 @@ fn main() -> ExitCode {
                     eprintln!("sandcove serve: {e}");
                     return ExitCode::FAILURE;
                 }
+            };
+            // The Blaxel proxy's CA: created or loaded (file IO, key generation) before the
+            // event loop starts.
+            let blaxel_ca = match blaxel {
+                Some(_) => match SandcoveCa::open(blaxel_ca_dir(&state_dir), BLAXEL_HOSTS) {
+                    Ok(ca) => Some(ca),
+                    Err(e) => {
+                        eprintln!("sandcove serve: the Blaxel proxy's CA: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                },
+                None => None,
             };
             let scheme = if tls.is_some() { "https" } else { "http" };
             let mut config = ServerConfig::new(api_key.clone());
@@ -305,7 +344,7 @@ fn main() -> ExitCode {
                         stopped(stop_rx.clone()),
                     )));
                 }
-                if let Some(l) = blaxel_listener {
+                if let (Some(l), Some(ca)) = (blaxel_listener, blaxel_ca.clone()) {
                     let addr = l.local_addr()?;
                     // Plain HTTP: the origin of every sandbox's `metadata.url`.
                     let origin = format!("http://{addr}");
@@ -315,10 +354,11 @@ fn main() -> ExitCode {
                     config.max_body_bytes = max_body_bytes;
                     config.max_upload_bytes = daytona_upload_cap(max_upload_bytes);
                     let app = blaxel::wire::router(backend.clone(), config);
-                    tasks.push(tokio::spawn(server::serve_router(
+                    tasks.push(tokio::spawn(server::serve_router_intercepting(
                         l,
                         app,
                         limits.clone(),
+                        ca,
                         stopped(stop_rx.clone()),
                     )));
                 }
@@ -335,6 +375,14 @@ fn main() -> ExitCode {
                 }
                 if let Some(blaxel) = &listeners.blaxel {
                     eprintln!("sandcove serve: Blaxel wire protocol on {blaxel}");
+                    if let Some(ca) = &blaxel_ca {
+                        eprintln!(
+                            "sandcove serve: Blaxel HTTPS proxy on the same port for {} \
+                             (CA bundle {})",
+                            ca.hosts().join(", "),
+                            ca.bundle_path().display()
+                        );
+                    }
                 }
                 let native_task = tokio::spawn(server::serve(
                     listener,
@@ -381,6 +429,56 @@ fn daytona_upload_cap(max_upload_bytes: u64) -> usize {
 
 /// The workspace name of the Blaxel listener (one server is one workspace).
 const BLAXEL_WORKSPACE: &str = "sandcove";
+
+/// The hosts Blaxel's SDKs reach over HTTPS, which the Blaxel listener's proxy intercepts
+/// and its CA may sign for (and nothing else).
+const BLAXEL_HOSTS: &[&str] = &[
+    "api.blaxel.ai",
+    "run.blaxel.ai",
+    "api.blaxel.dev",
+    "run.blaxel.dev",
+];
+
+/// Where the Blaxel proxy's CA and bundle live.
+fn blaxel_ca_dir(state_dir: &std::path::Path) -> PathBuf {
+    state_dir.join("blaxel-ca")
+}
+
+/// `sandcove ca`.
+fn ca_command(state_dir: Option<PathBuf>) -> ExitCode {
+    let state_dir = state_dir.unwrap_or_else(sandcove::backend::local::default_state_dir);
+    let dir = blaxel_ca_dir(&state_dir);
+    let bundle = intercept::bundle_path(&dir);
+    println!("directory:  {}", dir.display());
+    println!(
+        "bundle:     {} (SSL_CERT_FILE: the host's public roots, then the Sandcove CA)",
+        bundle.display()
+    );
+    println!("cert:       {}", dir.join("ca").join("cert.pem").display());
+    println!(
+        "key:        {} (mode 0600)",
+        dir.join("ca").join("key.pem").display()
+    );
+    println!(
+        "signs for:  {} only (X.509 name constraints, critical; no IP addresses, no \
+         intermediate CAs, TLS server certificates only)",
+        BLAXEL_HOSTS.join(", ")
+    );
+    println!(
+        "remove:     stop `sandcove serve`, then rm -r {} (nothing was installed into the \
+         system trust store)",
+        shell_quote(&dir.display().to_string())
+    );
+    if bundle.is_file() {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!(
+            "sandcove ca: no CA in {} yet: `sandcove serve --blaxel ADDR` creates it",
+            dir.display()
+        );
+        ExitCode::FAILURE
+    }
+}
 
 /// `sandcove env VENDOR`.
 fn env_command(vendor: &str, state_dir: Option<PathBuf>) -> ExitCode {
@@ -509,6 +607,21 @@ fn env_blaxel(state_dir: Option<PathBuf>) -> ExitCode {
     println!("export BL_API_URL={}", shell_quote(&format!("{url}/v0")));
     println!("export BL_RUN_URL={}", shell_quote(&url));
     println!("export BL_DISABLE_H2=1");
-    // The Python SDK (fixed https://api.blaxel.ai): the proxy and CA lines follow here.
+    // The Python SDK (fixed https://api.blaxel.ai): through the listener's proxy, trusting
+    // the bundle of the host's roots plus the Sandcove CA.
+    let bundle = intercept::bundle_path(&blaxel_ca_dir(&state_dir));
+    if !bundle.is_file() {
+        eprintln!(
+            "sandcove env: the Blaxel proxy's CA bundle {} is missing; restart `sandcove serve \
+             --blaxel ADDR` to create it",
+            bundle.display()
+        );
+        return ExitCode::FAILURE;
+    }
+    println!("export HTTPS_PROXY={}", shell_quote(&url));
+    println!(
+        "export SSL_CERT_FILE={}",
+        shell_quote(&bundle.display().to_string())
+    );
     ExitCode::SUCCESS
 }

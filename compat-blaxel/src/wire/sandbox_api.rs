@@ -28,6 +28,121 @@ use crate::sandbox::SandboxInstance;
 /// sees the stream end, never a silent gap).
 const WATCH_BUFFER: usize = 1024;
 
+/// Bytes of live output queued for one slow client (a streamed exec or a followed log).
+/// Past it the live stream says so and drops the rest: a sandboxed process can write far
+/// faster than a client reads, and the server must not hold the difference.
+const LIVE_QUEUE_BYTES: usize = 8 * 1024 * 1024;
+
+/// The sending half of a live-output queue bounded by [`LIVE_QUEUE_BYTES`]; cloned into the
+/// facade's stdout and stderr callbacks.
+#[derive(Clone)]
+struct LiveSender {
+    tx: tokio::sync::mpsc::UnboundedSender<(bool, String)>,
+    queued: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    overflowed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The receiving half: yields each line once, then [`Live::Overflowed`] once if lines were
+/// dropped.
+struct LiveReceiver {
+    rx: tokio::sync::mpsc::UnboundedReceiver<(bool, String)>,
+    queued: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    overflowed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    reported: bool,
+}
+
+/// One item of a live-output queue.
+enum Live {
+    /// A line: `(is_stderr, text)`.
+    Line((bool, String)),
+    /// Output arrived faster than the client read it; the rest of the live stream is gone.
+    Overflowed,
+}
+
+fn live_queue() -> (LiveSender, LiveReceiver) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let queued = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let overflowed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    (
+        LiveSender {
+            tx,
+            queued: queued.clone(),
+            overflowed: overflowed.clone(),
+        },
+        LiveReceiver {
+            rx,
+            queued,
+            overflowed,
+            reported: false,
+        },
+    )
+}
+
+impl LiveSender {
+    /// Queue a line unless that would pass the bound; once a line is dropped every later one
+    /// is too, so the client never sees a silent gap followed by more output.
+    fn send(&self, stderr: bool, line: String) {
+        use std::sync::atomic::Ordering;
+        if self.overflowed.load(Ordering::Acquire) {
+            return;
+        }
+        let len = line.len().max(1);
+        if self.queued.fetch_add(len, Ordering::AcqRel) + len > LIVE_QUEUE_BYTES {
+            self.queued.fetch_sub(len, Ordering::AcqRel);
+            self.overflowed.store(true, Ordering::Release);
+            return;
+        }
+        if self.tx.send((stderr, line)).is_err() {
+            self.queued.fetch_sub(len, Ordering::AcqRel);
+        }
+    }
+}
+
+impl LiveReceiver {
+    /// The next item; `None` when every sender is gone and everything was delivered.
+    async fn recv(&mut self) -> Option<Live> {
+        use std::sync::atomic::Ordering;
+        if !self.reported && self.overflowed.load(Ordering::Acquire) && self.rx.is_empty() {
+            self.reported = true;
+            return Some(Live::Overflowed);
+        }
+        match self.rx.recv().await {
+            Some(line) => {
+                self.queued.fetch_sub(line.1.len().max(1), Ordering::AcqRel);
+                Some(Live::Line(line))
+            }
+            None if !self.reported && self.overflowed.load(Ordering::Acquire) => {
+                self.reported = true;
+                Some(Live::Overflowed)
+            }
+            None => None,
+        }
+    }
+
+    /// A line already queued, without waiting.
+    fn try_recv(&mut self) -> Option<Live> {
+        match self.rx.try_recv() {
+            Ok(line) => {
+                self.queued
+                    .fetch_sub(line.1.len().max(1), std::sync::atomic::Ordering::AcqRel);
+                Some(Live::Line(line))
+            }
+            Err(_)
+                if !self.reported && self.overflowed.load(std::sync::atomic::Ordering::Acquire) =>
+            {
+                self.reported = true;
+                Some(Live::Overflowed)
+            }
+            Err(_) => None,
+        }
+    }
+}
+
+/// What a live stream says where it dropped output.
+const OVERFLOW_NOTE: &str = "[sandcove: live output dropped here: the process wrote faster \
+                             than the client read (more than 8 MiB queued); the full output is \
+                             in the process's logs]";
+
 /// The data plane's routes (nested under `/blaxel-sbx/{name}`).
 pub(crate) fn routes() -> Router<Wire> {
     Router::new()
@@ -242,20 +357,15 @@ async fn exec(
         let process = instance.process.exec(request).await.map_err(data)?;
         return Ok(ok_json(&process));
     }
-    // The facade delivers lines to callbacks; the channel carries them to the body. It is
-    // not bounded here, but holds no more than the facade keeps for the answer itself
-    // (the whole output of a waited-for process).
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(bool, String)>();
+    // The facade delivers lines to callbacks; the queue carries them to the body, bounded
+    // in bytes (a slow client loses live lines, never the final result).
+    let (tx, mut rx) = live_queue();
     let tx_err = tx.clone();
     let run = instance
         .process
         .exec(request)
-        .on_stdout(move |line| {
-            let _ = tx.send((false, line));
-        })
-        .on_stderr(move |line| {
-            let _ = tx_err.send((true, line));
-        });
+        .on_stdout(move |line| tx.send(false, line))
+        .on_stderr(move |line| tx_err.send(true, line));
     let mut task = tokio::spawn(async move { run.await.map(|p| p.process.clone()) });
     // Errors before any output (a bad name, a missing directory) are plain error answers.
     let first = tokio::select! {
@@ -264,14 +374,14 @@ async fn exec(
             let result = done.map_err(|e| data(SandboxAPIError::exception(e.to_string())))?;
             let process = result.map_err(data)?;
             let mut lines = Vec::new();
-            while let Ok(line) = rx.try_recv() {
-                lines.push(ndjson_line(&line));
+            while let Some(item) = rx.try_recv() {
+                lines.push(live_ndjson_line(&item));
             }
             lines.push(result_line(&process));
             return Ok(ndjson_response(Body::from(lines.concat())));
         }
     };
-    let head = first.map(|l| ndjson_line(&l)).unwrap_or_default();
+    let head = first.map(|l| live_ndjson_line(&l)).unwrap_or_default();
     let stream = async_stream(head, rx, task);
     Ok(ndjson_response(Body::from_stream(stream)))
 }
@@ -280,12 +390,12 @@ async fn exec(
 /// `{"type":"error"}` line when the process could not be waited for).
 fn async_stream(
     head: String,
-    rx: tokio::sync::mpsc::UnboundedReceiver<(bool, String)>,
+    rx: LiveReceiver,
     task: tokio::task::JoinHandle<crate::Result<models::ProcessResponse>>,
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send {
     enum St {
         Lines(
-            tokio::sync::mpsc::UnboundedReceiver<(bool, String)>,
+            LiveReceiver,
             tokio::task::JoinHandle<crate::Result<models::ProcessResponse>>,
         ),
         Done,
@@ -294,7 +404,10 @@ fn async_stream(
     let rest = futures::stream::unfold(St::Lines(rx, task), |st| async move {
         match st {
             St::Lines(mut rx, task) => match rx.recv().await {
-                Some(line) => Some((Ok(Bytes::from(ndjson_line(&line))), St::Lines(rx, task))),
+                Some(item) => Some((
+                    Ok(Bytes::from(live_ndjson_line(&item))),
+                    St::Lines(rx, task),
+                )),
                 None => {
                     let last = match task.await {
                         Ok(Ok(p)) => result_line(&p),
@@ -310,6 +423,14 @@ fn async_stream(
         }
     });
     first.chain(rest)
+}
+
+/// One NDJSON line for a live item; a drop is reported on stderr, where the SDK shows it.
+fn live_ndjson_line(item: &Live) -> String {
+    match item {
+        Live::Line(line) => ndjson_line(line),
+        Live::Overflowed => ndjson_line(&(true, OVERFLOW_NOTE.to_string())),
+    }
 }
 
 fn ndjson_line((stderr, line): &(bool, String)) -> String {
@@ -440,24 +561,30 @@ async fn stream_logs(
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let instance = sandbox(&wire, &name).await?;
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (tx, rx) = live_queue();
     let tx_err = tx.clone();
     let handle = instance
         .process
         .stream_logs(&id)
-        .on_stdout(move |l| {
-            let _ = tx.send(format!("stdout:{l}\n"));
-        })
-        .on_stderr(move |l| {
-            let _ = tx_err.send(format!("stderr:{l}\n"));
-        })
+        .on_stdout(move |l| tx.send(false, l))
+        .on_stderr(move |l| tx_err.send(true, l))
         .await
         .map_err(data)?;
     let guard = CloseOnDrop(move || handle.close());
-    let stream = futures::stream::unfold((rx, guard), |(mut rx, guard)| async move {
-        rx.recv()
-            .await
-            .map(|l| (Ok::<_, std::io::Error>(Bytes::from(l)), (rx, guard)))
+    // After a drop the stream says so and ends: the logs call has the rest.
+    let stream = futures::stream::unfold(Some((rx, guard)), |state| async move {
+        let (mut rx, guard) = state?;
+        match rx.recv().await? {
+            Live::Line((stderr, l)) => {
+                let kind = if stderr { "stderr" } else { "stdout" };
+                let text = Bytes::from(format!("{kind}:{l}\n"));
+                Some((Ok::<_, std::io::Error>(text), Some((rx, guard))))
+            }
+            Live::Overflowed => {
+                let text = Bytes::from(format!("stderr:{OVERFLOW_NOTE}\n"));
+                Some((Ok(text), None))
+            }
+        }
     });
     Ok((
         StatusCode::OK,
@@ -846,6 +973,39 @@ async fn watch_path(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client that never reads holds at most the bound; it then sees every queued line, one
+    /// drop notice and the end — never a gap followed by more output.
+    #[tokio::test]
+    async fn live_output_for_a_slow_client_is_bounded_and_says_where_it_dropped() {
+        let (tx, mut rx) = live_queue();
+        let line = "x".repeat(64 * 1024);
+        let sent = 2 * LIVE_QUEUE_BYTES / line.len();
+        for _ in 0..sent {
+            tx.send(false, line.clone());
+        }
+        let queued = rx.queued.load(std::sync::atomic::Ordering::Acquire);
+        assert!(queued <= LIVE_QUEUE_BYTES, "{queued} bytes queued");
+        // Room freed by reading does not resume a stream that already dropped lines.
+        assert!(matches!(rx.recv().await, Some(Live::Line(_))));
+        tx.send(false, "after the drop".into());
+        drop(tx);
+        let mut lines = 1;
+        let mut notices = 0;
+        while let Some(item) = rx.recv().await {
+            match item {
+                Live::Line((_, l)) => {
+                    assert_eq!(notices, 0, "a line after the drop notice");
+                    assert_ne!(l, "after the drop");
+                    lines += 1;
+                }
+                Live::Overflowed => notices += 1,
+            }
+        }
+        assert_eq!(notices, 1);
+        assert_eq!(lines, LIVE_QUEUE_BYTES / line.len());
+        assert!(lines < sent);
+    }
 
     #[test]
     fn wildcard_paths_become_absolute() {
