@@ -88,10 +88,11 @@ fn python_sdk_readme_quickstart_verbatim() {
 
 /// The SDK's event socket connects (`sandcove env` sets no polling-only mode), nothing is
 /// printed on stderr, and with the socket connected `create()`, `stop()` and `start()`
-/// return as soon as the server has answered (the server sends no events; the SDK's first
-/// poll of each wait sees the final state).
+/// end in the states the server answered (the server sends no events; the SDK's first poll
+/// of each wait sees the final state — `cargo bench` times `create()` against the
+/// listener's own answer, so no timing is asserted here).
 #[test]
-fn python_sdk_connects_its_event_socket_and_is_not_slowed() {
+fn python_sdk_connects_its_event_socket_and_its_waits_end_in_the_answered_states() {
     let server = Server::start("daytona", ANNOUNCE, "events-key");
     let out = run_python(PINS, "daytona_events", &server, &[]);
     assert_expected("daytona_events", &out);
