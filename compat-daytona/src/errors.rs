@@ -220,6 +220,11 @@ impl From<sandcove::Error> for DaytonaError {
                     (DaytonaError::Conflict, Some(409), "CONFLICT")
                 }
                 E::InvalidArgument { .. } => (DaytonaError::BadRequest, Some(400), "BAD_REQUEST"),
+                // HTTP's own status for a body over the bound; Daytona's SDKs raise it as a
+                // plain DaytonaError carrying the status.
+                E::FileTooLarge { .. } => {
+                    (DaytonaError::BadRequest, Some(413), "PAYLOAD_TOO_LARGE")
+                }
                 E::InvalidState { .. } => (DaytonaError::BadRequest, Some(400), "INVALID_STATE"),
                 E::Timeout { .. } => (DaytonaError::Timeout, Some(408), "TIMEOUT"),
                 E::PermissionDenied { .. } => (DaytonaError::Forbidden, Some(403), "FORBIDDEN"),

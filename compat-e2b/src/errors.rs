@@ -258,6 +258,12 @@ impl From<sandcove::Error> for SandboxException {
                 message,
                 source: boxed(err),
             },
+            // E2B has no class of its own for it: its SDKs raise InvalidArgumentException
+            // for a request the sandbox refuses as given.
+            E::FileTooLarge { .. } => SandboxException::InvalidArgument {
+                message,
+                source: boxed(err),
+            },
             E::Io {
                 errno: Some(28), ..
             } => SandboxException::NotEnoughSpace {

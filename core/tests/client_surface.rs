@@ -278,8 +278,23 @@ impl Backend for Without {
     async fn remove(&self, id: &str, p: &str, o: RemoveOptions) -> Result<()> {
         self.inner.remove(id, p, o).await
     }
-    async fn rename(&self, id: &str, from: &str, to: &str) -> Result<FileStat> {
-        self.inner.rename(id, from, to).await
+    async fn rename(
+        &self,
+        id: &str,
+        from: &str,
+        to: &str,
+        o: sandcove::RenameOptions,
+    ) -> Result<FileStat> {
+        self.inner.rename(id, from, to, o).await
+    }
+    async fn copy(
+        &self,
+        id: &str,
+        from: &str,
+        to: &str,
+        o: sandcove::CopyOptions,
+    ) -> Result<FileStat> {
+        self.inner.copy(id, from, to, o).await
     }
     async fn chmod(&self, id: &str, p: &str, mode: u32) -> Result<FileStat> {
         self.inner.chmod(id, p, mode).await

@@ -105,8 +105,17 @@ impl Backend for Refuser {
     async fn remove(&self, _: &str, _: &str, _: RemoveOptions) -> Result<()> {
         self.no("remove")
     }
-    async fn rename(&self, _: &str, _: &str, _: &str) -> Result<FileStat> {
+    async fn rename(
+        &self,
+        _: &str,
+        _: &str,
+        _: &str,
+        _: sandcove::RenameOptions,
+    ) -> Result<FileStat> {
         self.no("rename")
+    }
+    async fn copy(&self, _: &str, _: &str, _: &str, _: sandcove::CopyOptions) -> Result<FileStat> {
+        self.no("copy")
     }
     async fn chmod(&self, _: &str, _: &str, _: u32) -> Result<FileStat> {
         self.no("chmod")
@@ -458,7 +467,16 @@ async fn every_client_method_round_trips_the_backends_answer() {
             c.mkdir("a", "/d", Default::default()).await.map(drop),
         ),
         ("remove", c.remove("a", "/d", Default::default()).await),
-        ("rename", c.rename("a", "/d", "/e").await.map(drop)),
+        (
+            "rename",
+            c.rename("a", "/d", "/e", Default::default())
+                .await
+                .map(drop),
+        ),
+        (
+            "copy",
+            c.copy("a", "/d", "/e", Default::default()).await.map(drop),
+        ),
         ("chmod", c.chmod("a", "/d", 0o700).await.map(drop)),
         ("pause", c.pause("a").await.map(drop)),
         ("resume", c.resume("a").await.map(drop)),
