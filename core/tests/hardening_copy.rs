@@ -148,11 +148,12 @@ async fn copy_copies_links_as_links_never_what_they_reach() {
     let _ = std::fs::remove_dir_all(&host_dir);
 }
 
-/// Sandbox code swaps a directory and a file of the source for links (to a directory outside
-/// the tree and to the host binary) and swaps the copy's own new directories for links to a
-/// trap directory, as fast as it can, while trees are copied over and over. No copy ever holds
-/// what lies outside the source tree, nothing is ever written into the trap, and host files
-/// stay unchanged; each copy either succeeds or fails with an error.
+/// While a tree is being copied (thousands of small files copied first keep it busy), sandbox
+/// code swaps a directory of the source that is still to be copied for a link out of the tree,
+/// and the copy's own new directory for a link to a trap directory, every round. The copy never
+/// holds what lies outside the source tree, nothing is ever written into the trap (the copy
+/// keeps building in the directory it made, wherever that was moved), and host files stay
+/// unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copy_racing_swapped_directories_stays_in_the_tree() {
     let env = Env::new("copyswap");
@@ -161,46 +162,51 @@ async fn copy_racing_swapped_directories_stays_in_the_tree() {
     let host_dir = std::env::temp_dir().join(unique("hc-copyswap-canary"));
     let canaries = Canaries::plant(std::slice::from_ref(&host_dir));
     let binary = host_binary();
-    let setup = bash(
+    // Sandbox code as the sandbox's root where it has one (the copy's new directories are
+    // root's until they land, and root owns what it moves in the sticky /tmp): the strongest
+    // attacker inside. (Sandbox root has no capabilities: it cannot write a user's directory.)
+    let as_root = |script: &str| {
+        let spec = ProcessSpec::new(Command::argv(["bash", "-c", script]));
+        if b.capabilities().multiple_users {
+            spec.user("root")
+        } else {
+            spec
+        }
+    };
+    let setup = sandcove::conformance::run(
         b,
         &id,
-        "set -e; mkdir -p /workspace/src/d /tmp/outside /tmp/trap /tmp/stolen; \
-         for i in 1 2 3 4 5 6; do echo small > /workspace/src/d/f$i; done; \
-         echo small > /workspace/src/d/a; echo outside-marker > /tmp/outside/marker",
+        as_root(
+            "set -e; mkdir -p /tmp/src/z /tmp/outside /tmp/trap /tmp/stolen /tmp/src/many; \
+             for i in $(seq 3000); do echo x > /tmp/src/many/f$i; done; \
+             echo inside > /tmp/src/z/f; echo outside-marker > /tmp/outside/marker",
+        ),
     )
     .await;
     assert_eq!(setup.exit_code(), 0, "{setup:?}");
-    let h = host_dir.display();
-    let racer = format!(
-        "cd /workspace; touch racing; shopt -s nullglob dotglob; n=0; while :; do \
-         n=$((n+1)); \
-         mv src/d src/d.x 2>/dev/null && {{ ln -s /tmp/outside src/d; rm -f src/d; \
-           mv src/d.x src/d; }}; \
-         mv src/d/a src/d/a.x 2>/dev/null && {{ ln -s /proc/1/exe src/d/a; rm -f src/d/a; \
-           mv src/d/a.x src/d/a; }}; \
-         for f in .dst-*.sandcove-* dst-*/.d.sandcove-*; do \
-           mv \"$f\" /tmp/stolen/$n 2>/dev/null && ln -sfn /tmp/trap \"$f\"; \
-           ln -sfn '{h}/dir' \"$f\" 2>/dev/null; done; \
-         done"
-    );
-    let racer_proc = b
-        .spawn(&id, ProcessSpec::new(Command::argv(["bash", "-c", &racer])))
-        .await
-        .expect("racer");
+    // Once the copy's new tree appears, swap the source's `z` (copied after `many`) for a
+    // link out of the tree, and the new tree itself for a link to the trap; then count it.
+    let racer = "cd /tmp; touch racing; shopt -s nullglob dotglob; while :; do \
+         for t in .dst-*.sandcove-*; do \
+           [ -d \"$t\" ] && [ ! -L \"$t\" ] && [ -d src/z ] && [ ! -L src/z ] || continue; \
+           mv src/z src/z.real && ln -s /tmp/outside src/z; \
+           mv \"$t\" /tmp/stolen/ && ln -s /tmp/trap \"$t\" && echo >> /tmp/swaps; \
+         done; done";
+    let racer_proc = b.spawn(&id, as_root(racer)).await.expect("racer");
     eventually(Duration::from_secs(20), "the racer runs", || async {
-        b.stat(&id, "/workspace/racing", Default::default())
+        b.stat(&id, "/tmp/racing", Default::default())
             .await
             .map(drop)
     })
     .await;
-    const ROUNDS: usize = 60;
+    const ROUNDS: usize = 12;
     let mut ok = 0;
     for i in 0..ROUNDS {
         let r = b
             .copy(
                 &id,
-                "/workspace/src",
-                &format!("/workspace/dst-{i}"),
+                "/tmp/src",
+                &format!("/tmp/dst-{i}"),
                 CopyOptions::default().recursive(true),
             )
             .await;
@@ -213,11 +219,27 @@ async fn copy_racing_swapped_directories_stays_in_the_tree() {
                         | ErrorCode::NotFound
                         | ErrorCode::InvalidArgument
                         | ErrorCode::Backend
-                        | ErrorCode::AlreadyExists
                 ),
                 "round {i}: {e:?}"
             ),
         }
+        // Nothing from outside the tree in the copy (wherever its directory was moved),
+        // nothing in the trap; then put the source back and clear up for the next round.
+        let check = sandcove::conformance::run(
+            b,
+            &id,
+            as_root(&format!(
+                "cd /tmp; grep -rl outside-marker dst-{i} stolen trap; \
+                 ls -A trap; [ -L src/z ] && rm src/z && mv src/z.real src/z; \
+                 rm -rf dst-{i} stolen/* .dst-*; true"
+            )),
+        )
+        .await;
+        assert_eq!(
+            check.stdout_lossy(),
+            "",
+            "round {i}: the copy left the tree"
+        );
         assert_eq!(host_binary(), binary, "round {i}: the host binary changed");
     }
     b.signal(
@@ -227,23 +249,17 @@ async fn copy_racing_swapped_directories_stays_in_the_tree() {
     )
     .await
     .expect("stop the racer");
-    // Nothing from outside the tree in any copy, nothing big (the host binary), nothing in
-    // the trap.
-    let check = bash(
-        b,
-        &id,
-        "cd /workspace; grep -rl outside-marker dst-* /tmp/trap; \
-         find dst-* /tmp/trap -type f -size +4k; ls -A /tmp/trap; true",
-    )
-    .await;
-    assert_eq!(
-        check.stdout_lossy(),
-        "",
-        "copies stayed in the tree ({ok}/{ROUNDS} succeeded)"
+    let swaps = bash(b, &id, "wc -l < /tmp/swaps 2>/dev/null || echo 0").await;
+    let swaps: usize = swaps.stdout_lossy().trim().parse().unwrap_or(0);
+    assert!(
+        swaps >= 1,
+        "the racer never caught a copy in the act: the test proved nothing"
     );
-    assert_eq!(host_binary(), binary, "the host binary is unchanged");
     canaries.assert_unchanged("after the copy race");
-    println!("hardening: {ROUNDS} tree copies raced a swapper ({ok} succeeded), all in the tree");
+    println!(
+        "hardening: {ROUNDS} tree copies, {swaps} swapped mid-copy ({ok} succeeded), all in \
+         the tree"
+    );
     b.destroy(&id).await.expect("destroy");
     let _ = std::fs::remove_dir_all(&host_dir);
 }
