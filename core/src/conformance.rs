@@ -1841,6 +1841,33 @@ pub async fn no_clobber_writes_renames_and_copies(backend: &dyn Backend) {
         .await
         .expect("no-clobber write of a new name");
     assert_eq!(stat.size, 5);
+    // Eight no-clobber writes of one new name at once: exactly one lands (a look before
+    // the landing would let several through).
+    let racers = (0..8u8).map(|n| {
+        // Paced chunks keep every upload open at once (the pauses shape the window in which
+        // all eight have begun and none has landed; nothing waits on them).
+        let chunks = futures::stream::iter(0..4).then(move |_| async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok(vec![n; 25_000])
+        });
+        backend.write_file(
+            &id,
+            "race.txt",
+            Box::pin(chunks),
+            WriteOptions::default().overwrite(false),
+        )
+    });
+    let results = futures::future::join_all(racers).await;
+    let won = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(won, 1, "exactly one no-clobber write wins: {results:?}");
+    for r in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert_eq!(r.code(), ErrorCode::AlreadyExists, "the losers: {r}");
+    }
+    let data = read(backend, &id, "race.txt").await.expect("read");
+    assert!(
+        data.len() == 100_000 && data.iter().all(|b| *b == data[0]),
+        "the winner's bytes, whole"
+    );
     // Rename.
     write(backend, &id, "b.txt", b"bee").await;
     let result = backend
@@ -1885,26 +1912,6 @@ pub async fn no_clobber_writes_renames_and_copies(backend: &dyn Backend) {
         .await
         .expect("an overwriting copy");
     assert_eq!(read(backend, &id, "a.txt").await.expect("read"), b"bee");
-    // Eight no-clobber writes of one new name at once: exactly one lands.
-    let racers = (0..8u8).map(|n| {
-        backend.write_file(
-            &id,
-            "race.txt",
-            bytes_stream(vec![n; 100_000]),
-            WriteOptions::default().overwrite(false),
-        )
-    });
-    let results = futures::future::join_all(racers).await;
-    let won = results.iter().filter(|r| r.is_ok()).count();
-    assert_eq!(won, 1, "exactly one no-clobber write wins: {results:?}");
-    for r in results.iter().filter_map(|r| r.as_ref().err()) {
-        assert_eq!(r.code(), ErrorCode::AlreadyExists, "the losers: {r}");
-    }
-    let data = read(backend, &id, "race.txt").await.expect("read");
-    assert!(
-        data.len() == 100_000 && data.iter().all(|b| *b == data[0]),
-        "the winner's bytes, whole"
-    );
     assert_eq!(
         names_in(backend, &id, "/workspace").await,
         ["a.txt", "c.txt", "fresh.txt", "link", "race.txt"],
