@@ -195,11 +195,16 @@ async fn write_file(
             serde_json::from_str(text).map_err(|e| Error::invalid(format!("options: {e}")))?
         }
     };
-    // The server's bound, and never past the backend's largest file or the caller's own.
+    // The server's bound, and never past the backend's largest file or the caller's own
+    // (0 is a remote backend's "not learned yet": no bound of its own known).
+    let backend_max = match state.backend.capabilities().max_file_bytes {
+        0 => u64::MAX,
+        n => n,
+    };
     let limit = state
         .config
         .max_upload_bytes
-        .min(state.backend.capabilities().max_file_bytes)
+        .min(backend_max)
         .min(options.max_bytes.unwrap_or(u64::MAX));
     let framed = headers
         .get(header::CONTENT_TYPE)
