@@ -342,6 +342,7 @@ mod tests {
             (E::not_found("file \"/x\""), 404),
             (E::AlreadyExists { what: "t".into() }, 409),
             (E::invalid("bad"), 400),
+            (E::file_too_large("/x", 1 << 20), 413),
             (E::Timeout { what: "x".into() }, 504),
             (
                 E::PermissionDenied {

@@ -287,6 +287,7 @@ mod tests {
             (E::not_found("file \"/x\""), "NotFound", Some(404)),
             (E::AlreadyExists { what: "s".into() }, "Conflict", Some(409)),
             (E::invalid("bad"), "BadRequest", Some(400)),
+            (E::file_too_large("/x", 1 << 20), "BadRequest", Some(413)),
             (
                 E::InvalidState {
                     id: "a".into(),

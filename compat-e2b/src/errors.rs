@@ -439,6 +439,10 @@ mod tests {
             (E::not_found("sandbox \"abc\""), "SandboxNotFoundException"),
             (E::not_found("/home/user/x.txt"), "FileNotFoundException"),
             (E::not_found("process 12"), "NotFoundException"),
+            (
+                E::file_too_large("/home/user/big", 1 << 20),
+                "InvalidArgumentException",
+            ),
             (E::not_found("running process 12"), "NotFoundException"),
             (E::not_found("program \"nope\""), "NotFoundException"),
             (
