@@ -672,13 +672,13 @@ impl<F> ReadBuilder<F> {
         open_read(&ctx, &path, common.user.as_deref()).await
     }
 
+    /// The whole file in memory: up to the core's largest in-memory bound (a larger file is
+    /// `FileTooLarge`, raised as `InvalidArgumentException`; `format="stream"` streams it).
     async fn bytes(ctx: Ctx, path: String, common: Common) -> Result<Vec<u8>> {
-        let mut stream = Self::open(ctx, path, common).await?;
-        let mut out = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            out.extend_from_slice(&chunk?);
-        }
-        Ok(out)
+        let mut options =
+            sandcove::ReadOptions::default().max_bytes(sandcove::MAX_MEMORY_FILE_BYTES);
+        options.user = common.file_user(&ctx);
+        Ok(ctx.core.read_with(&ctx.path(&path), options).await?)
     }
 }
 
