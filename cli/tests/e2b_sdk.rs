@@ -13,13 +13,11 @@
 mod common;
 mod sdk_harness;
 
-use std::ffi::OsStr;
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use common::{bin, ServeChild};
-use sandcove_tests::PrivateState;
-use sdk_harness::{js_fixtures, node_project, py_fixtures as fixtures, venv};
+use common::bin;
+use sdk_harness::{assert_expected, check_node, run_python, Server};
 
 /// The plain SDK (`e2b`).
 const E2B_PINS: &str = "pins-e2b-2.63.0.txt";
@@ -28,36 +26,17 @@ const CI_PINS: &str = "pins-e2b-code-interpreter-2.11.5.txt";
 /// The last SDK that creates with `POST /sandboxes` (newer ones use `/v2/sandboxes`).
 const E2B_LEGACY_PINS: &str = "pins-e2b-2.50.0.txt";
 
+/// How the server names its E2B listener on stderr.
+const ANNOUNCE: &str = "E2B wire protocol";
+
+/// A fresh `sandcove serve --e2b` with a private state directory.
+fn server() -> Server {
+    Server::start("e2b", ANNOUNCE, &format!("sdk-test-{}", std::process::id()))
+}
+
 /// Run `fixtures/js/<name>.mjs` with the pinned SDK against a fresh server.
 fn check_js_program(name: &str) {
-    let project = node_project("");
-    // ES modules resolve packages from their own directory upwards: run a copy placed in
-    // the provisioned project.
-    let program = project.join(format!("{name}.mjs"));
-    std::fs::copy(js_fixtures("").join(format!("{name}.mjs")), &program).expect("copy the program");
-    let server = Server::start();
-    let vars = server.env().expect("sandcove env e2b");
-    let mut cmd = Command::new("node");
-    cmd.arg(&program)
-        .current_dir(&project)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("HOME", std::env::var_os("HOME").unwrap_or_default())
-        .env("SDK_TEST_TAG", format!("js-{name}-{}", std::process::id()));
-    for (k, v) in &vars {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run node");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{name}.mjs failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let expected = std::fs::read_to_string(js_fixtures("").join(format!("{name}.expected")))
-        .expect("the expected output");
-    assert_eq!(stdout, expected, "{name}.mjs printed something else");
+    check_node("", name, &server(), Duration::from_secs(300));
 }
 
 #[test]
@@ -95,107 +74,11 @@ fn js_code_interpreter_contexts_errors_envs_timeout() {
     check_js_program("e2b_ci_contexts");
 }
 
-/// A `sandcove serve --e2b` child process with a private state directory.
-struct Server {
-    child: Child,
-    e2b: String,
-    key: String,
-    state: PrivateState,
-}
-
-impl Server {
-    fn start() -> Server {
-        let state = PrivateState::new();
-        let key = format!("sdk-test-{}", std::process::id());
-        let (child, e2b) = ServeChild::start(
-            &["--listen", "127.0.0.1:0", "--e2b", "127.0.0.1:0"],
-            &[
-                ("SANDCOVE_API_KEY", OsStr::new(&key)),
-                ("SANDCOVE_STATE_DIR", state.dir.as_os_str()),
-            ],
-            &[],
-            "sandcove serve: E2B wire protocol on",
-        )
-        .expect("the server announces its E2B listener")
-        .drain_stderr();
-        Server {
-            child,
-            e2b,
-            key,
-            state,
-        }
-    }
-
-    /// `sandcove env e2b` for this server: the variables, parsed from its `export` lines.
-    fn env(&self) -> Result<Vec<(String, String)>, String> {
-        let out = Command::new(bin())
-            .args(["env", "e2b"])
-            .env("SANDCOVE_API_KEY", &self.key)
-            .env("SANDCOVE_STATE_DIR", &self.state.dir)
-            .output()
-            .expect("sandcove env");
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-        }
-        Ok(String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.strip_prefix("export "))
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.trim_matches('\'').to_string()))
-            .collect())
-    }
-
-    /// Stop with SIGTERM, as Ctrl-C would, and wait for the exit.
-    fn stop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(30) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
 /// Run `fixtures/python/<name>.py` with the SDK of `pins` against a fresh server; compare
 /// its stdout with `<name>.expected`.
 fn check_program(pins: &str, name: &str) {
-    let venv = venv(pins);
-    let server = Server::start();
-    let vars = server.env().expect("sandcove env e2b");
-    let mut cmd = Command::new(venv.join("bin/python"));
-    cmd.arg(fixtures().join(format!("{name}.py")))
-        .current_dir(fixtures())
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("HOME", std::env::var_os("HOME").unwrap_or_default())
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("SDK_TEST_TAG", format!("{name}-{}", std::process::id()));
-    for (k, v) in &vars {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run the program");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{name}.py failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let expected = std::fs::read_to_string(fixtures().join(format!("{name}.expected")))
-        .expect("the expected output");
-    assert_eq!(stdout, expected, "{name}.py printed something else");
+    let out = run_python(pins, name, &server(), &[]);
+    assert_expected(name, &out);
 }
 
 #[test]
@@ -276,13 +159,13 @@ fn python_sdk_2_50_legacy_create_and_every_program() {
 
 #[test]
 fn env_points_at_the_running_server_and_fails_without_one() {
-    let mut server = Server::start();
+    let mut server = server();
     let vars = server.env().expect("sandcove env e2b");
     assert_eq!(
         vars,
         vec![
-            ("E2B_API_URL".to_string(), server.e2b.clone()),
-            ("E2B_SANDBOX_URL".to_string(), server.e2b.clone()),
+            ("E2B_API_URL".to_string(), server.origin.clone()),
+            ("E2B_SANDBOX_URL".to_string(), server.origin.clone()),
             ("E2B_API_KEY".to_string(), server.key.clone()),
         ]
     );

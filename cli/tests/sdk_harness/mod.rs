@@ -236,6 +236,9 @@ impl Server {
 
     /// Stop with SIGTERM, as Ctrl-C would, and wait for the exit.
     pub fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
