@@ -105,16 +105,15 @@ pub(super) async fn write_file(
         while let Some(body) = read_data_frame(stream).await? {
             total = total.saturating_add(body.len() as u64);
             if total > limit {
-                return Err(if limit < super::super::MAX_FILE_BYTES {
-                    Error::file_too_large(path, limit)
+                let remedy = if limit < super::super::MAX_FILE_BYTES {
+                    "the bound the call set (max_bytes); raise it or leave it unset"
                 } else {
-                    Error::FileTooLarge {
-                        what: path.to_string(),
-                        limit,
-                        remedy: "the engine's largest file (Capabilities::max_file_bytes); \
-                                 split it"
-                            .into(),
-                    }
+                    "the engine's largest file (Capabilities::max_file_bytes); split it"
+                };
+                return Err(Error::FileTooLarge {
+                    what: path.to_string(),
+                    limit,
+                    remedy: remedy.into(),
                 });
             }
             file.write_all(&body)
