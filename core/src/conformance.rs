@@ -1917,6 +1917,47 @@ pub async fn no_clobber_writes_renames_and_copies(backend: &dyn Backend) {
         ["a.txt", "c.txt", "fresh.txt", "link", "race.txt"],
         "no temporary files left"
     );
+    // A rename (and a copy) as a user acts as that user: a 0700 root directory is closed to
+    // the default user, open to root.
+    if backend.capabilities().multiple_users {
+        let me = backend.get(&id).await.expect("get").user.name;
+        let mut spec = ProcessSpec::new(Command::sh(
+            "mkdir -p /srv/vault && touch /srv/vault/in && chmod 700 /srv/vault",
+        ));
+        spec.user = Some("root".into());
+        let out = run(backend, &id, spec).await;
+        assert_eq!(out.exit_code(), 0, "{out:?}");
+        let as_me = RenameOptions::default().user(me.clone());
+        expect_code(
+            backend
+                .rename(&id, "/srv/vault/in", "/tmp/out", as_me.clone())
+                .await,
+            ErrorCode::PermissionDenied,
+            "a rename out of a root-only directory as the default user",
+        );
+        expect_code(
+            backend
+                .copy(
+                    &id,
+                    "/srv/vault/in",
+                    "/tmp/out",
+                    CopyOptions::default().user(me.clone()),
+                )
+                .await,
+            ErrorCode::PermissionDenied,
+            "a copy out of a root-only directory as the default user",
+        );
+        let st = backend
+            .rename(
+                &id,
+                "/srv/vault/in",
+                "/srv/vault/in2",
+                RenameOptions::default().user("root"),
+            )
+            .await
+            .expect("a rename as root");
+        assert_eq!(st.path, "/srv/vault/in2");
+    }
     backend.destroy(&id).await.expect("destroy");
 }
 
