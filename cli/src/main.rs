@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use sandcove::client::API_KEY_ENV;
+use sandcove::server::intercept::{self, SandcoveCa};
 use sandcove::server::{self, ConnectionLimits, ServerConfig};
 use sandcove::{Backend, LocalBackend};
 
@@ -80,7 +81,16 @@ enum Cmd {
         /// same TLS settings.
         #[arg(long, value_name = "ADDR")]
         daytona: Option<SocketAddr>,
-        /// Blaxel's wire protocol: not available yet (refused).
+        /// Also serve Blaxel's wire protocol (the `/v0` control plane and every sandbox's
+        /// sandbox API) on this address, for Blaxel's official TypeScript SDK (see `sandcove
+        /// env blaxel`). Same engine, same API key (sent by the SDKs as
+        /// X-Blaxel-Authorization: Bearer), plain HTTP.
+        ///
+        /// The same port is an HTTPS proxy for the Python SDK, whose URL is fixed:
+        /// `CONNECT api.blaxel.ai:443` (and run.blaxel.ai, api.blaxel.dev, run.blaxel.dev) is
+        /// answered with TLS from a local CA that can sign for those four names only, and
+        /// served by the same router; any other CONNECT is refused (403). The CA is created
+        /// once in <state dir>/blaxel-ca (see `sandcove ca`).
         #[arg(long, value_name = "ADDR")]
         blaxel: Option<SocketAddr>,
     },
@@ -100,12 +110,39 @@ enum Cmd {
     ///                    toolbox through the URL every sandbox answer carries);
     ///   DAYTONA_API_KEY  the value of SANDCOVE_API_KEY (the server's key).
     ///
+    /// For `blaxel` it prints:
+    ///   BL_WORKSPACE     the server's workspace name (`sandcove`);
+    ///   BL_API_KEY       the value of SANDCOVE_API_KEY (the server's key);
+    ///   BL_API_URL       the Blaxel listener's origin followed by /v0 (control plane);
+    ///   BL_RUN_URL       the Blaxel listener's origin;
+    ///   BL_DISABLE_H2=1  so the TypeScript SDK never opens HTTP/2 to Blaxel's own edge
+    ///                    (it would send sandbox calls there).
+    ///
+    /// and, for the Python SDK (whose URL is fixed to https://api.blaxel.ai):
+    ///   HTTPS_PROXY      the Blaxel listener, which intercepts only Blaxel's own host names
+    ///                    (other hosts are refused: list them in NO_PROXY);
+    ///   SSL_CERT_FILE    the bundle in <state dir>/blaxel-ca: the host's public roots plus
+    ///                    the Sandcove CA (see `sandcove ca`).
+    ///
     /// Exits 1 with a message when no server with that vendor's listener is running or
     /// SANDCOVE_API_KEY is unset.
     #[command(verbatim_doc_comment)]
     Env {
-        /// The vendor: e2b or daytona (blaxel is not available yet).
+        /// The vendor: e2b, daytona or blaxel.
         vendor: String,
+        /// The engine's state directory the server uses (default: $SANDCOVE_STATE_DIR, else
+        /// $XDG_STATE_HOME/sandcove).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+    /// Show where the local CA of `sandcove serve --blaxel` lives, what it can sign, and how
+    /// to remove it.
+    ///
+    /// The CA exists only in <state dir>/blaxel-ca (its key, its certificate and the bundle
+    /// `sandcove env blaxel` names in SSL_CERT_FILE); nothing is installed into the system
+    /// trust store. Stop the server and delete that directory to remove it; the next
+    /// `sandcove serve --blaxel` creates a new one.
+    Ca {
         /// The engine's state directory the server uses (default: $SANDCOVE_STATE_DIR, else
         /// $XDG_STATE_HOME/sandcove).
         #[arg(long)]
@@ -161,6 +198,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Cmd::Env { vendor, state_dir } => env_command(&vendor, state_dir),
+        Cmd::Ca { state_dir } => ca_command(state_dir),
         Cmd::Serve {
             listen,
             api_key_file,
@@ -176,11 +214,10 @@ fn main() -> ExitCode {
             daytona,
             blaxel,
         } => {
-            if blaxel.is_some() {
+            if blaxel.is_some() && (tls_cert.is_some() || tls_key.is_some()) {
                 eprintln!(
-                    "sandcove serve: --blaxel is not available yet: only --e2b and --daytona \
-                     serve a vendor wire protocol in this version; Rust programs can use the \
-                     compat crates against --listen"
+                    "sandcove serve: --blaxel serves plain HTTP only (the SDK's sandbox URLs \
+                     point at it); serve it on a loopback address without --tls-cert"
                 );
                 return ExitCode::from(2);
             }
@@ -201,7 +238,11 @@ fn main() -> ExitCode {
                 },
                 _ => None,
             };
-            for addr in std::iter::once(listen).chain(e2b).chain(daytona) {
+            for addr in std::iter::once(listen)
+                .chain(e2b)
+                .chain(daytona)
+                .chain(blaxel)
+            {
                 if tls.is_none() && !addr.ip().is_loopback() {
                     eprintln!(
                         "sandcove serve: WARNING: plain HTTP on {addr}: the API key crosses the \
@@ -217,6 +258,18 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
+            // The Blaxel proxy's CA: created or loaded (file IO, key generation) before the
+            // event loop starts.
+            let blaxel_ca = match blaxel {
+                Some(_) => match SandcoveCa::open(blaxel_ca_dir(&state_dir), BLAXEL_HOSTS) {
+                    Ok(ca) => Some(ca),
+                    Err(e) => {
+                        eprintln!("sandcove serve: the Blaxel proxy's CA: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                },
+                None => None,
+            };
             let scheme = if tls.is_some() { "https" } else { "http" };
             let mut config = ServerConfig::new(api_key.clone());
             config.max_body_bytes = max_body_bytes;
@@ -226,6 +279,7 @@ fn main() -> ExitCode {
             config.tls = tls;
             let limits = ConnectionLimits::from(&config);
             let daytona_key = api_key.clone();
+            let blaxel_key = api_key.clone();
             let mut wire = e2b::wire::WireConfig::new(api_key);
             wire.max_body_bytes = max_body_bytes;
             wire.max_upload_bytes = max_upload_bytes;
@@ -247,11 +301,16 @@ fn main() -> ExitCode {
                     Some(addr) => Some(tokio::net::TcpListener::bind(addr).await?),
                     None => None,
                 };
+                let blaxel_listener = match blaxel {
+                    Some(addr) => Some(tokio::net::TcpListener::bind(addr).await?),
+                    None => None,
+                };
                 let mut listeners = record::Listeners {
                     pid: std::process::id(),
                     native: format!("{scheme}://{native}"),
                     e2b: None,
                     daytona: None,
+                    blaxel: None,
                 };
                 // One shutdown signal, fanned out to every listener.
                 let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -285,6 +344,24 @@ fn main() -> ExitCode {
                         stopped(stop_rx.clone()),
                     )));
                 }
+                if let (Some(l), Some(ca)) = (blaxel_listener, blaxel_ca.clone()) {
+                    let addr = l.local_addr()?;
+                    // Plain HTTP: the origin of every sandbox's `metadata.url`.
+                    let origin = format!("http://{addr}");
+                    listeners.blaxel = Some(origin.clone());
+                    let mut config = blaxel::wire::WireConfig::new(blaxel_key, origin);
+                    config.workspace = BLAXEL_WORKSPACE.to_string();
+                    config.max_body_bytes = max_body_bytes;
+                    config.max_upload_bytes = daytona_upload_cap(max_upload_bytes);
+                    let app = blaxel::wire::router(backend.clone(), config);
+                    tasks.push(tokio::spawn(server::serve_router_intercepting(
+                        l,
+                        app,
+                        limits.clone(),
+                        ca,
+                        stopped(stop_rx.clone()),
+                    )));
+                }
                 // Recorded before announced: whoever reads the announcement finds the record.
                 let record = record::write(&state_dir, &listeners)?;
                 eprintln!(
@@ -295,6 +372,17 @@ fn main() -> ExitCode {
                 }
                 if let Some(daytona) = &listeners.daytona {
                     eprintln!("sandcove serve: Daytona wire protocol on {daytona}");
+                }
+                if let Some(blaxel) = &listeners.blaxel {
+                    eprintln!("sandcove serve: Blaxel wire protocol on {blaxel}");
+                    if let Some(ca) = &blaxel_ca {
+                        eprintln!(
+                            "sandcove serve: Blaxel HTTPS proxy on the same port for {} \
+                             (CA bundle {})",
+                            ca.hosts().join(", "),
+                            ca.bundle_path().display()
+                        );
+                    }
                 }
                 let native_task = tokio::spawn(server::serve(
                     listener,
@@ -332,11 +420,64 @@ fn main() -> ExitCode {
     }
 }
 
-/// The in-memory cap of one Daytona multipart upload: the server's upload limit, but never
-/// more than 64 MiB (the E2B listener's multipart cap too), since a multipart body is parsed
+/// The in-memory cap of one Daytona (or Blaxel) upload: the server's upload limit, but never
+/// more than 64 MiB (the E2B listener's multipart cap too), since an upload body is parsed
 /// whole.
 fn daytona_upload_cap(max_upload_bytes: u64) -> usize {
     usize::try_from(max_upload_bytes.min(64 * 1024 * 1024)).unwrap_or(usize::MAX)
+}
+
+/// The workspace name of the Blaxel listener (one server is one workspace).
+const BLAXEL_WORKSPACE: &str = "sandcove";
+
+/// The hosts Blaxel's SDKs reach over HTTPS, which the Blaxel listener's proxy intercepts
+/// and its CA may sign for (and nothing else).
+const BLAXEL_HOSTS: &[&str] = &[
+    "api.blaxel.ai",
+    "run.blaxel.ai",
+    "api.blaxel.dev",
+    "run.blaxel.dev",
+];
+
+/// Where the Blaxel proxy's CA and bundle live.
+fn blaxel_ca_dir(state_dir: &std::path::Path) -> PathBuf {
+    state_dir.join("blaxel-ca")
+}
+
+/// `sandcove ca`.
+fn ca_command(state_dir: Option<PathBuf>) -> ExitCode {
+    let state_dir = state_dir.unwrap_or_else(sandcove::backend::local::default_state_dir);
+    let dir = blaxel_ca_dir(&state_dir);
+    let bundle = intercept::bundle_path(&dir);
+    println!("directory:  {}", dir.display());
+    println!(
+        "bundle:     {} (SSL_CERT_FILE: the host's public roots, then the Sandcove CA)",
+        bundle.display()
+    );
+    println!("cert:       {}", dir.join("ca").join("cert.pem").display());
+    println!(
+        "key:        {} (mode 0600)",
+        dir.join("ca").join("key.pem").display()
+    );
+    println!(
+        "signs for:  {} only (X.509 name constraints, critical; no IP addresses, no \
+         intermediate CAs, TLS server certificates only)",
+        BLAXEL_HOSTS.join(", ")
+    );
+    println!(
+        "remove:     stop `sandcove serve`, then rm -r {} (nothing was installed into the \
+         system trust store)",
+        shell_quote(&dir.display().to_string())
+    );
+    if bundle.is_file() {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!(
+            "sandcove ca: no CA in {} yet: `sandcove serve --blaxel ADDR` creates it",
+            dir.display()
+        );
+        ExitCode::FAILURE
+    }
 }
 
 /// `sandcove env VENDOR`.
@@ -344,14 +485,11 @@ fn env_command(vendor: &str, state_dir: Option<PathBuf>) -> ExitCode {
     if vendor == "daytona" {
         return env_daytona(state_dir);
     }
+    if vendor == "blaxel" {
+        return env_blaxel(state_dir);
+    }
     if vendor != "e2b" {
-        let message = match vendor {
-            "blaxel" => {
-                format!("{vendor}'s wire protocol is not available yet (e2b and daytona are)")
-            }
-            other => format!("unknown vendor '{other}': use e2b or daytona"),
-        };
-        eprintln!("sandcove env: {message}");
+        eprintln!("sandcove env: unknown vendor '{vendor}': use e2b, daytona or blaxel");
         return ExitCode::FAILURE;
     }
     let Some(key) = std::env::var(API_KEY_ENV)
@@ -432,5 +570,58 @@ fn env_daytona(state_dir: Option<PathBuf>) -> ExitCode {
         shell_quote(&format!("{url}/api"))
     );
     println!("export DAYTONA_API_KEY={}", shell_quote(key.trim()));
+    ExitCode::SUCCESS
+}
+
+/// `sandcove env blaxel`.
+fn env_blaxel(state_dir: Option<PathBuf>) -> ExitCode {
+    let Some(key) = std::env::var(API_KEY_ENV)
+        .ok()
+        .filter(|k| !k.trim().is_empty())
+    else {
+        eprintln!(
+            "sandcove env: {API_KEY_ENV} is not set: set it to the server's API key (the SDK \
+             sends it as BL_API_KEY)"
+        );
+        return ExitCode::FAILURE;
+    };
+    let state_dir = state_dir.unwrap_or_else(sandcove::backend::local::default_state_dir);
+    let url = match record::find_blaxel(&state_dir) {
+        Ok(Some(url)) => url,
+        Ok(None) => {
+            eprintln!(
+                "sandcove env: no running `sandcove serve --blaxel ADDR` found in {}; start \
+                 one (with the same state directory) first",
+                state_dir.display()
+            );
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            eprintln!("sandcove env: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The TypeScript SDK: plain HTTP to this listener for both planes.
+    println!("export BL_WORKSPACE={}", shell_quote(BLAXEL_WORKSPACE));
+    println!("export BL_API_KEY={}", shell_quote(key.trim()));
+    println!("export BL_API_URL={}", shell_quote(&format!("{url}/v0")));
+    println!("export BL_RUN_URL={}", shell_quote(&url));
+    println!("export BL_DISABLE_H2=1");
+    // The Python SDK (fixed https://api.blaxel.ai): through the listener's proxy, trusting
+    // the bundle of the host's roots plus the Sandcove CA.
+    let bundle = intercept::bundle_path(&blaxel_ca_dir(&state_dir));
+    if !bundle.is_file() {
+        eprintln!(
+            "sandcove env: the Blaxel proxy's CA bundle {} is missing; restart `sandcove serve \
+             --blaxel ADDR` to create it",
+            bundle.display()
+        );
+        return ExitCode::FAILURE;
+    }
+    println!("export HTTPS_PROXY={}", shell_quote(&url));
+    println!(
+        "export SSL_CERT_FILE={}",
+        shell_quote(&bundle.display().to_string())
+    );
     ExitCode::SUCCESS
 }

@@ -30,6 +30,9 @@ pub struct Listeners {
     /// The Daytona wire listener's origin, when serving it.
     #[serde(default)]
     pub daytona: Option<String>,
+    /// The Blaxel wire listener's (plain HTTP) origin, when serving it.
+    #[serde(default)]
+    pub blaxel: Option<String>,
 }
 
 fn servers_dir(state_dir: &Path) -> PathBuf {
@@ -109,6 +112,11 @@ pub fn find_e2b(state_dir: &Path) -> std::io::Result<Option<String>> {
 /// The Daytona origin of a running server recorded under `state_dir`, if any.
 pub fn find_daytona(state_dir: &Path) -> std::io::Result<Option<String>> {
     find(state_dir, |l| l.daytona.clone())
+}
+
+/// The Blaxel origin of a running server recorded under `state_dir`, if any.
+pub fn find_blaxel(state_dir: &Path) -> std::io::Result<Option<String>> {
+    find(state_dir, |l| l.blaxel.clone())
 }
 
 /// The listener `pick` selects of the newest running server that has one.

@@ -199,22 +199,38 @@ fn env_points_at_the_running_server_and_fails_without_one() {
 #[test]
 fn vendors_without_a_wire_protocol_are_refused_clearly() {
     let out = Command::new(bin())
+        .args(["env", "nosuchvendor"])
+        .env("SANDCOVE_API_KEY", "k")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown vendor 'nosuchvendor'"));
+    // The Blaxel listener is plain HTTP: TLS settings are refused, not half applied.
+    let out = Command::new(bin())
         .args([
             "serve",
             "--listen",
             "127.0.0.1:0",
             "--blaxel",
             "127.0.0.1:0",
+            "--tls-cert",
+            "/nonexistent/cert.pem",
+            "--tls-key",
+            "/nonexistent/key.pem",
         ])
         .env("SANDCOVE_API_KEY", "k")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--blaxel is not available yet"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--blaxel serves plain HTTP only"));
+    // No running Blaxel listener: `env blaxel` says so.
+    let empty = std::env::temp_dir().join(format!("sandcove-no-server-{}", std::process::id()));
     let out = Command::new(bin())
         .args(["env", "blaxel"])
         .env("SANDCOVE_API_KEY", "k")
+        .env("SANDCOVE_STATE_DIR", &empty)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sandcove serve --blaxel"));
 }

@@ -59,6 +59,11 @@ pub const GAPS: &[Gap] = &[
         alternative: "omit `extra_args`: the runtime has one kernel configuration",
     },
     Gap {
+        key: "image other than blaxel/base-image",
+        feature: "image other than blaxel/base-image",
+        alternative: "omit `image` or name `blaxel/base-image` (the host base: the host's read-only system directories with sh, python3 and coreutils, a writable /blaxel); to get what the image holds, install it with process.exec and snapshot the result, or run the image on Blaxel",
+    },
+    Gap {
         key: "ephemeral volumes",
         feature: "ephemeral volumes",
         alternative: "write scratch data under /tmp or the home directory",
@@ -108,6 +113,41 @@ pub const GAPS: &[Gap] = &[
         key: "code interpreter languages other than python",
         feature: "code interpreter languages other than python",
         alternative: "run other languages with process.exec",
+    },
+    Gap {
+        key: "spec changes",
+        feature: "spec changes",
+        alternative: "image, memory, ports, envs, volumes and region are fixed at creation: create a new sandbox with the new spec; labels, display name, ttl, expires and lifecycle can be updated",
+    },
+    Gap {
+        key: "external ids",
+        feature: "external ids",
+        alternative: "identify sandboxes by name (or by a label, listed with SandboxInstance.list)",
+    },
+    Gap {
+        key: "archive",
+        feature: "archive",
+        alternative: "snapshot the sandbox from a Rust program (compat-blaxel) or keep it running until its ttl",
+    },
+    Gap {
+        key: "fork over the wire",
+        feature: "fork over the wire",
+        alternative: "fork from a Rust program (compat-blaxel `instance.fork`), or create a sandbox and copy files",
+    },
+    Gap {
+        key: "snapshots over the wire",
+        feature: "snapshots over the wire",
+        alternative: "take snapshots from a Rust program (compat-blaxel `instance.snapshot`)",
+    },
+    Gap {
+        key: "process stdin",
+        alternative: "pass input in the command (a here-document or a file written with fs.write first)",
+        feature: "process stdin",
+    },
+    Gap {
+        key: "fuzzy file search",
+        feature: "fuzzy file search",
+        alternative: "use fs.find with glob patterns, or fs.grep for contents",
     },
     Gap {
         key: "agents, models and MCP servers hosting",

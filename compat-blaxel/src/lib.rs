@@ -16,6 +16,7 @@
 //! | [`errors`] | `SandboxAPIError`, `ResponseError` | the one error type |
 //! | [`gaps`] | | what is refused, and what to do instead |
 //! | [`translate`] | | pure translation functions |
+//! | `wire` | | Blaxel's wire protocol as an HTTP router (feature `wire`) |
 //!
 //! Vendor credentials (`BL_API_KEY`, `BL_WORKSPACE`) are accepted and ignored: sandboxes live
 //! on the runtime `sandcove::Client::from_env()` selects (the embedded engine unless
@@ -53,6 +54,8 @@ pub mod process;
 pub mod sandbox;
 mod state;
 pub mod translate;
+#[cfg(feature = "wire")]
+pub mod wire;
 
 pub use code_interpreter::CodeInterpreter;
 pub use errors::{ResponseError, Result, SandboxAPIError};

@@ -211,7 +211,8 @@ impl CreateBuilder {
 
     async fn run(self) -> Result<SandboxInstance> {
         let config = self.config?;
-        let instance = create_sandbox(config, self.create_if_not_exist).await?;
+        let client = state::client()?;
+        let instance = create_sandbox(&client, config, self.create_if_not_exist).await?;
         if self.safe {
             let _ = instance.fs.ls("/").await;
         }
@@ -241,45 +242,50 @@ impl ListBuilder {
     }
 
     async fn run(self) -> Result<AsyncPaginatedList<SandboxInstance>> {
-        let client = state::client()?;
-        let mut all: Vec<sandcove::SandboxInfo> = client
-            .list(sandcove::ListOptions::default())
-            .await
-            .map_err(|e| SandboxAPIError::from(e).into_control_plane())?
-            .into_iter()
-            .filter(|i| i.labels.contains_key(NAME_LABEL))
-            .collect();
-        all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
-        let start: usize = match &self.cursor {
-            None => 0,
-            Some(c) => c.parse().map_err(|_| {
-                SandboxAPIError::api(400, "INVALID_CURSOR", format!("invalid cursor {c:?}"))
-            })?,
-        };
-        let limit = if self.limit <= 0 {
-            50
-        } else {
-            self.limit as usize
-        };
-        let total = all.len();
-        let mut data = Vec::new();
-        for info in all.into_iter().skip(start).take(limit) {
-            match instance_from_info(&client, info).await {
-                Ok(i) => data.push(i),
-                Err(e) if e.is_not_found() => {} // deleted meanwhile
-                Err(e) => return Err(e),
-            }
-        }
-        let end = start + limit;
-        Ok(AsyncPaginatedList {
-            data,
-            has_more: end < total,
-            next_cursor: (end < total).then(|| end.to_string()),
-            total: total as i64,
-        })
+        list_page(&state::client()?, self.limit, self.cursor.as_deref()).await
     }
 }
 into_future!(ListBuilder => AsyncPaginatedList<SandboxInstance>);
+
+/// One page of Blaxel sandboxes on `client`, oldest first: `limit` (50 when not positive)
+/// from `cursor` (the `next_cursor` of a previous page).
+pub(crate) async fn list_page(
+    client: &sandcove::Client,
+    limit: i64,
+    cursor: Option<&str>,
+) -> Result<AsyncPaginatedList<SandboxInstance>> {
+    let mut all: Vec<sandcove::SandboxInfo> = client
+        .list(sandcove::ListOptions::default())
+        .await
+        .map_err(|e| SandboxAPIError::from(e).into_control_plane())?
+        .into_iter()
+        .filter(|i| i.labels.contains_key(NAME_LABEL))
+        .collect();
+    all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    let start: usize = match cursor {
+        None => 0,
+        Some(c) => c.parse().map_err(|_| {
+            SandboxAPIError::api(400, "INVALID_CURSOR", format!("invalid cursor {c:?}"))
+        })?,
+    };
+    let limit = if limit <= 0 { 50 } else { limit as usize };
+    let total = all.len();
+    let mut data = Vec::new();
+    for info in all.into_iter().skip(start).take(limit) {
+        match instance_from_info(client, info).await {
+            Ok(i) => data.push(i),
+            Err(e) if e.is_not_found() => {} // deleted meanwhile
+            Err(e) => return Err(e),
+        }
+    }
+    let end = start + limit;
+    Ok(AsyncPaginatedList {
+        data,
+        has_more: end < total,
+        next_cursor: (end < total).then(|| end.to_string()),
+        total: total as i64,
+    })
+}
 
 /// Builder of `sandbox.snapshot(name=None)`.
 #[derive(Debug)]
@@ -367,7 +373,9 @@ impl ForkBuilder {
         let mut sandbox = source.sandbox.clone();
         sandbox.metadata.name = self.target_name.clone();
         let (mut options, idle) = core_options(&sandbox, &src_info.envs, sandcove::now_millis())?;
-        options.network = client.ready().await?.vendor_internet_default();
+        let caps = client.ready().await?;
+        options.network = caps.vendor_internet_default();
+        standby_at_lease_end(&sandbox, &caps, &mut options);
         let core = match &self.snapshot_id {
             Some(snap) => {
                 let mut options = options;
@@ -459,18 +467,22 @@ impl SandboxInstance {
         if config.name.is_none() {
             return Err(SandboxAPIError::value_error("Sandbox name is required"));
         }
-        create_sandbox(config, true).await
+        create_sandbox(&state::client()?, config, true).await
     }
 
     /// `SandboxInstance.get(sandbox_name)`; a missing name is `SandboxAPIError` with
     /// `status_code` 404.
     pub async fn get(sandbox_name: &str) -> Result<Self> {
-        let client = state::client()?;
-        let info = state::find_by_name(&client, sandbox_name)
+        Self::get_on(&state::client()?, sandbox_name).await
+    }
+
+    /// `get` on a given runtime client (the wire router's).
+    pub(crate) async fn get_on(client: &sandcove::Client, sandbox_name: &str) -> Result<Self> {
+        let info = state::find_by_name(client, sandbox_name)
             .await
             .map_err(SandboxAPIError::into_control_plane)?
             .ok_or_else(|| not_found(sandbox_name))?;
-        let instance = instance_from_info(&client, info).await?;
+        let instance = instance_from_info(client, info).await?;
         instance.touch().await;
         Ok(instance)
     }
@@ -486,12 +498,19 @@ impl SandboxInstance {
     /// `SandboxInstance.delete(sandbox_name)` (class form): destroys the sandbox and returns
     /// its record with status `DELETING`. The instance form is [`SandboxHandle::delete`].
     pub async fn delete(sandbox_name: &str) -> Result<Sandbox> {
-        let client = state::client()?;
-        let info = state::find_by_name(&client, sandbox_name)
+        Self::delete_on(&state::client()?, sandbox_name).await
+    }
+
+    /// `delete` on a given runtime client (the wire router's).
+    pub(crate) async fn delete_on(
+        client: &sandcove::Client,
+        sandbox_name: &str,
+    ) -> Result<Sandbox> {
+        let info = state::find_by_name(client, sandbox_name)
             .await
             .map_err(SandboxAPIError::into_control_plane)?
             .ok_or_else(|| not_found(sandbox_name))?;
-        delete_info(&client, info).await
+        delete_info(client, info).await
     }
 
     /// `SandboxInstance.update_metadata(sandbox_name, metadata)`: labels are merged into the
@@ -502,7 +521,7 @@ impl SandboxInstance {
         metadata: impl IntoUpdateMetadata,
     ) -> Result<Self> {
         let update = metadata.into_update()?;
-        Self::update_record(sandbox_name, move |record| {
+        Self::update_record(&state::client()?, sandbox_name, move |record| {
             if let Some(labels) = update.labels {
                 record.sandbox.metadata.labels.extend(labels);
             }
@@ -521,7 +540,7 @@ impl SandboxInstance {
         if let Some(t) = &ttl {
             translate::parse_duration(t).ok_or_else(|| bad_duration(t))?;
         }
-        Self::update_record(sandbox_name, move |record| {
+        Self::update_record(&state::client()?, sandbox_name, move |record| {
             record.sandbox.spec.runtime.ttl = ttl;
             Ok(true)
         })
@@ -535,7 +554,7 @@ impl SandboxInstance {
         lifecycle: impl IntoLifecycle,
     ) -> Result<Self> {
         let lifecycle = lifecycle.into_lifecycle()?;
-        Self::update_record(sandbox_name, move |record| {
+        Self::update_record(&state::client()?, sandbox_name, move |record| {
             record.sandbox.spec.lifecycle = lifecycle;
             Ok(true)
         })
@@ -554,12 +573,14 @@ impl SandboxInstance {
         Err(gaps::refuse("sessions"))
     }
 
-    async fn update_record(
+    /// Change the record of `sandbox_name` on `client`; `change` returns whether the lease
+    /// (ttl, expires, lifecycle) changed, which then moves the runtime's timeout.
+    pub(crate) async fn update_record(
+        client: &sandcove::Client,
         sandbox_name: &str,
         change: impl FnOnce(&mut SandboxRecord) -> Result<bool>,
     ) -> Result<Self> {
-        let client = state::client()?;
-        let info = state::find_by_name(&client, sandbox_name)
+        let info = state::find_by_name(client, sandbox_name)
             .await
             .map_err(SandboxAPIError::into_control_plane)?
             .ok_or_else(|| not_found(sandbox_name))?;
@@ -589,7 +610,7 @@ impl SandboxInstance {
         record.sandbox.metadata.updated_at =
             Some(translate::format_rfc3339(sandcove::now_millis()));
         state::write_annotation(&core, SANDBOX_KEY, &record).await?;
-        instance_from_info(&client, core.info().await.map_err(cp)?).await
+        instance_from_info(client, core.info().await.map_err(cp)?).await
     }
 }
 
@@ -972,6 +993,34 @@ pub(crate) fn lease_end(
     Ok((end, idle))
 }
 
+/// Whether `sandbox` names a deletion policy (`ttl`, `expires` or a lifecycle policy): Blaxel
+/// deletes it then, and keeps a sandbox without one in standby until it is deleted.
+pub(crate) fn has_deletion_policy(sandbox: &Sandbox) -> bool {
+    let r = &sandbox.spec.runtime;
+    r.ttl.is_some()
+        || r.expires.is_some()
+        || sandbox
+            .spec
+            .lifecycle
+            .as_ref()
+            .is_some_and(|l| !l.expiration_policies.is_empty())
+}
+
+/// Blaxel keeps a sandbox without a deletion policy in standby (paused, woken by the next
+/// call) rather than deleting it: where the runtime can pause, the lease such a sandbox
+/// gets ([`DEFAULT_LEASE`]) pauses it at its end and the next call resumes it with a fresh
+/// lease. A sandbox with a policy is deleted at its end, as on Blaxel.
+fn standby_at_lease_end(
+    sandbox: &Sandbox,
+    caps: &sandcove::Capabilities,
+    options: &mut sandcove::CreateOptions,
+) {
+    if caps.pause && !has_deletion_policy(sandbox) {
+        options.on_timeout = sandcove::TimeoutAction::Pause;
+        options.auto_resume = true;
+    }
+}
+
 /// The core options for a Blaxel sandbox record; `envs` are the sandbox-wide variables.
 fn core_options(
     sandbox: &Sandbox,
@@ -1014,6 +1063,11 @@ fn core_options(
 /// Check a create configuration and turn it into the Blaxel record (defaults applied). Gaps
 /// are refused here, before anything is created.
 pub(crate) fn sandbox_from_config(config: SandboxCreateConfiguration) -> Result<Sandbox> {
+    if let Some(image) = config.image.as_deref() {
+        if !translate::is_host_base_image(image) {
+            return Err(gaps::refuse("image other than blaxel/base-image"));
+        }
+    }
     if config.network.as_ref().is_some_and(|n| !n.is_null()) {
         return Err(gaps::refuse("network"));
     }
@@ -1112,7 +1166,10 @@ pub(crate) fn sandbox_from_config(config: SandboxCreateConfiguration) -> Result<
 /// list yet (about a second in all).
 const NAME_RACE_ATTEMPTS: u32 = 50;
 
-async fn create_sandbox(
+/// Create a Blaxel sandbox from `config` on `client` (or, with `create_if_not_exist`, return
+/// the live one of that name).
+pub(crate) async fn create_sandbox(
+    client: &sandcove::Client,
     config: SandboxCreateConfiguration,
     create_if_not_exist: bool,
 ) -> Result<SandboxInstance> {
@@ -1126,11 +1183,11 @@ async fn create_sandbox(
         .collect();
     let now = sandcove::now_millis();
     let (mut options, idle) = core_options(&sandbox, &envs, now)?;
-    let client = state::client()?;
     // Blaxel sandboxes reach the internet by default: isolated internet where the runtime
     // has it, else loopback only with a warning. Never the host's network.
     let caps = client.ready().await?;
     options.network = caps.vendor_internet_default();
+    standby_at_lease_end(&sandbox, &caps, &mut options);
     // Blaxel's `memory` (MB) is the sandbox's limit where the runtime enforces one.
     if caps.memory_limit {
         options.resources.memory_mib = Some(sandbox.spec.runtime.memory as u64);
@@ -1143,11 +1200,11 @@ async fn create_sandbox(
         match client.create(options.clone()).await {
             Ok(core) => break core,
             Err(sandcove::Error::AlreadyExists { .. }) if create_if_not_exist => {
-                let existing = state::find_by_name(&client, &sandbox.metadata.name)
+                let existing = state::find_by_name(client, &sandbox.metadata.name)
                     .await
                     .map_err(SandboxAPIError::into_control_plane)?;
                 if let Some(existing) = existing {
-                    let instance = instance_from_info(&client, existing).await?;
+                    let instance = instance_from_info(client, existing).await?;
                     instance.touch().await;
                     return Ok(instance);
                 }
@@ -1204,7 +1261,7 @@ mod tests {
         let generated = record(json!({}));
         assert!(generated.metadata.name.starts_with("sandbox-"));
         let full = record(json!({"metadata": {"name": "b", "labels": {"k": "v"}},
-            "spec": {"runtime": {"image": "x", "memory": 2048}}}));
+            "spec": {"runtime": {"image": "blaxel/base-image:1", "memory": 2048}}}));
         assert_eq!(full.metadata.name, "b");
         assert_eq!(full.spec.runtime.memory, 2048);
         assert_eq!(full.metadata.labels["k"], "v");
@@ -1228,6 +1285,23 @@ mod tests {
         assert!(refused(json!({"name": "a", "network": {"proxy": {}}})).is_not_supported());
         assert!(refused(json!({"name": "a", "extra_args": {"tun": "enabled"}})).is_not_supported());
         assert!(refused(json!({"name": "Bad_Name"})).status_code() == Some(400));
+        // An image the runtime cannot provide is refused, never run as the host base.
+        let image = refused(json!({"name": "a", "image": "myorg/custom-ml:1.2"}));
+        assert!(image.is_not_supported(), "{image:?}");
+        assert!(image.to_string().contains("blaxel/base-image"), "{image}");
+        for base in [
+            "blaxel/base-image",
+            "blaxel/base-image:latest",
+            "blaxel/jupyter-server",
+        ] {
+            assert!(
+                json!({"name": "a", "image": base})
+                    .into_create()
+                    .and_then(sandbox_from_config)
+                    .is_ok(),
+                "{base}"
+            );
+        }
         assert!(matches!(
             refused(json!({"name": "a", "envs": [{"name": "A"}]})),
             SandboxAPIError::ValueError { .. }

@@ -9,6 +9,14 @@ pub const REGIONS: &[&str] = &["us-pdx-1", "eu-lon-1", "us-was-1", "eu-dub-1", "
 /// Blaxel's default image.
 pub const DEFAULT_IMAGE: &str = "blaxel/base-image:latest";
 
+/// Whether a Blaxel `image` denotes the runtime's host base (the one base it runs):
+/// `blaxel/base-image` with any tag, and the code interpreter's `blaxel/jupyter-server`
+/// (served by this facade's own interpreter). Every other image is refused.
+pub fn is_host_base_image(image: &str) -> bool {
+    let name = image.split_once(':').map_or(image, |(n, _)| n);
+    name == "blaxel/base-image" || image == "blaxel/jupyter-server"
+}
+
 /// Blaxel's default memory, in MB.
 pub const DEFAULT_MEMORY: i64 = 4096;
 

@@ -441,3 +441,70 @@ async fn sandbox_code_cannot_rewrite_facade_records() {
     check("after deleting everything under /tmp").await;
     sb.delete().await.expect("delete");
 }
+
+/// Blaxel keeps a sandbox without a deletion policy in standby until it is deleted: here its
+/// lease end pauses it (`STANDBY`) instead of deleting it, and the next call wakes it with its
+/// files. A sandbox with a policy (`ttl`) is deleted at its end, as on Blaxel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_deletion_policy_the_lease_end_is_standby_not_deletion() {
+    use sandcove::conformance::{eventually, PATIENCE};
+    use std::time::Duration;
+    let client = sandcove::Client::from_env().expect("runtime");
+    let caps = client.ready().await.expect("capabilities");
+    let with_ttl = sandbox("standby-ttl").await;
+    let info = client
+        .sandbox(with_ttl.sandcove_id())
+        .info()
+        .await
+        .expect("info");
+    assert_eq!(info.on_timeout, sandcove::TimeoutAction::Destroy);
+    with_ttl.delete().await.expect("delete");
+
+    let name = unique("standby");
+    let sb = SandboxInstance::create(json!({"name": name}))
+        .await
+        .expect("create");
+    let core = client.sandbox(sb.sandcove_id());
+    let info = core.info().await.expect("info");
+    if !caps.pause {
+        eprintln!("SKIPPED: standby: the runtime cannot pause; the lease end deletes");
+        assert_eq!(info.on_timeout, sandcove::TimeoutAction::Destroy);
+        sb.delete().await.expect("delete");
+        return;
+    }
+    assert_eq!(info.on_timeout, sandcove::TimeoutAction::Pause);
+    assert!(info.auto_resume);
+    sb.fs
+        .write("/blaxel/kept.txt", "kept")
+        .await
+        .expect("write");
+    core.set_timeout(Duration::from_secs(1))
+        .await
+        .expect("a short lease");
+    let core = &core;
+    eventually(
+        PATIENCE,
+        "the lease end pauses the sandbox",
+        || async move {
+            match core.info().await {
+                Ok(i) if i.state == sandcove::SandboxState::Paused => Ok(()),
+                Ok(_) => Err("not paused yet"),
+                Err(e) => panic!("the sandbox must stay: {e}"),
+            }
+        },
+    )
+    .await;
+    let got = SandboxInstance::get(&name).await.expect("still there");
+    assert_eq!(got.sandbox.state.as_deref(), Some("STANDBY"));
+    let p = got
+        .process
+        .exec(json!({"command": "cat /blaxel/kept.txt", "wait_for_completion": true}))
+        .await
+        .expect("the next call wakes it");
+    assert_eq!(p.logs, "kept");
+    assert_eq!(
+        core.info().await.expect("info").state,
+        sandcove::SandboxState::Running
+    );
+    got.delete().await.expect("delete");
+}

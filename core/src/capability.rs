@@ -10,7 +10,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{CreateOptions, Error, NetworkPolicy, ProcessSpec, Result, TimeoutAction};
+use std::time::Duration;
+
+use crate::{CreateOptions, Error, NetworkPolicy, ProcessSpec, Result, TimeoutAction, UnixMillis};
 
 /// A flat description of a backend's abilities. Anything `false` here is answered with
 /// [`Error::NotSupported`] before any effect.
@@ -65,6 +67,84 @@ pub struct Capabilities {
     /// CPU limits are enforced (cgroups); without it, asking for CPU cores is `NotSupported`.
     #[serde(default)]
     pub cpu_limit: bool,
+    /// Template names this runtime provides ([`CreateOptions::template`]); every one of them
+    /// is the host base (see [`HOST_BASE_TEMPLATES`]) on the engines in this crate. Empty when
+    /// the runtime did not say (an older server): a template request is then
+    /// [`CheckStatus::Unknown`].
+    #[serde(default)]
+    pub templates: Vec<String>,
+    /// The leases [`set_timeout`](crate::Sandbox::set_timeout) and
+    /// [`CreateOptions::timeout`] accept; `None` when the runtime did not say.
+    #[serde(default)]
+    pub lease: Option<LeaseBounds>,
+    /// When these capabilities were observed (ms since the epoch): probed by the local
+    /// engine, or fetched from the server by the HTTP client. `None` means never observed
+    /// (a remote server not asked yet, or unreachable): every optional flag is then `false`
+    /// for lack of evidence, not because the runtime lacks the feature.
+    #[serde(default)]
+    pub observed_at: Option<UnixMillis>,
+}
+
+/// Template names that denote the host base: the host's system directories, read-only, with
+/// an empty writable `/workspace`. `None` and `""` mean the same. Any other name is refused
+/// with [`Error::NotSupported`] before any effect: a sandbox never silently runs the host base
+/// in place of an image it was asked for.
+pub const HOST_BASE_TEMPLATES: &[&str] = &["base"];
+
+/// Whether `template` names the host base (see [`HOST_BASE_TEMPLATES`]).
+pub fn is_host_base(template: Option<&str>) -> bool {
+    template.is_none_or(|t| t.is_empty() || HOST_BASE_TEMPLATES.contains(&t))
+}
+
+/// What the host base is, for the `alternative` of a refused image or template.
+pub const HOST_BASE_ALTERNATIVE: &str =
+    "this runtime runs one base: the host's system directories, read-only, with a writable \
+     /workspace (template None or \"base\"); to get the real image, run it on its vendor or \
+     install what it contains into the sandbox (a setup command, then snapshot the result and \
+     create from that snapshot)";
+
+/// The leases a runtime accepts, and how finely it keeps them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseBounds {
+    /// Shortest lease, in milliseconds. A lease of zero is refused: end a sandbox with
+    /// `destroy` (or `pause`), not with a zero timeout.
+    pub min_ms: u64,
+    /// Longest lease, in milliseconds.
+    pub max_ms: u64,
+    /// Resolution, in milliseconds: a requested lease is rounded up to a multiple of it.
+    pub step_ms: u64,
+}
+
+impl LeaseBounds {
+    /// The bounds of the engines in this crate: one second to
+    /// [`MAX_SANDBOX_TIMEOUT`](crate::MAX_SANDBOX_TIMEOUT), kept to the millisecond.
+    pub fn engine() -> Self {
+        LeaseBounds {
+            min_ms: 1000,
+            max_ms: crate::MAX_SANDBOX_TIMEOUT.as_millis() as u64,
+            step_ms: 1,
+        }
+    }
+
+    /// The lease that will be in force for a request of `timeout` (rounded up to the step),
+    /// or [`Error::InvalidArgument`] naming the bounds when it is outside them.
+    pub fn resolve(&self, timeout: Duration) -> Result<Duration> {
+        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        let step = self.step_ms.max(1);
+        let resolved = ms.div_ceil(step).saturating_mul(step);
+        if ms == 0 || ms < self.min_ms || resolved > self.max_ms {
+            return Err(Error::invalid(format!(
+                "a lease of {:.3}s is outside this runtime's bounds: at least {:.3}s, at most \
+                 {}s, in steps of {:.3}s (a zero lease is refused: destroy or pause the \
+                 sandbox instead)",
+                timeout.as_secs_f64(),
+                self.min_ms as f64 / 1000.0,
+                self.max_ms / 1000,
+                step as f64 / 1000.0,
+            )));
+        }
+        Ok(Duration::from_millis(resolved))
+    }
 }
 
 /// The remedy named when isolated internet access is unavailable on a local host.
@@ -195,33 +275,142 @@ impl Capabilities {
         }
     }
 
-    /// Every feature a create (or fork) with `options` needs, each checked with
-    /// [`Capabilities::require`]. (Templates, isolated internet and disk sizes are the
-    /// backend's own checks: whether they work depends on more than a flag.)
-    pub fn check_create(&self, options: &CreateOptions) -> Result<()> {
+    /// The read-only evaluation of a create (or fork) with `options` against these
+    /// capabilities: the one place [`Client::check_create`](crate::Client::check_create) and
+    /// every create consult. Nothing is allocated. Bad input is not judged here
+    /// ([`CreateOptions::validate`] does that).
+    pub fn evaluate_create(&self, options: &CreateOptions) -> CheckStatus {
+        if self.observed_at.is_none() {
+            return CheckStatus::Unknown {
+                what: format!(
+                    "the capabilities of {} were never observed (the runtime was not reached)",
+                    self.backend
+                ),
+            };
+        }
+        if !is_host_base(options.template.as_deref()) {
+            let template = options.template.as_deref().unwrap_or_default();
+            if self.templates.is_empty() {
+                return CheckStatus::Unknown {
+                    what: format!("whether {} provides template {template:?}", self.backend),
+                };
+            }
+            if !self.templates.iter().any(|t| t == template) {
+                return CheckStatus::Unsupported {
+                    feature: format!("template or image {template:?}"),
+                    alternative: HOST_BASE_ALTERNATIVE.into(),
+                };
+            }
+        }
+        // A runtime that does not report its lease bounds checks the lease itself.
+        if let (Some(timeout), Some(bounds)) = (options.timeout, self.lease) {
+            if let Err(Error::InvalidArgument { message }) = bounds.resolve(timeout) {
+                return CheckStatus::Unsupported {
+                    feature: message,
+                    alternative: "ask for a lease within the bounds, and renew it with \
+                                  set_timeout while the sandbox is in use"
+                        .into(),
+                };
+            }
+        }
+        if options.network == NetworkPolicy::Internet && !self.internet {
+            return if self.isolated {
+                CheckStatus::Unavailable {
+                    reason: format!(
+                        "isolated internet access is unavailable on {}: its user-mode \
+                         networking helper is missing or unusable",
+                        self.backend
+                    ),
+                    remedy: format!(
+                        "{INTERNET_REMEDY}; or create the sandbox with NetworkPolicy::None \
+                         (loopback only)"
+                    ),
+                }
+            } else {
+                CheckStatus::Unsupported {
+                    feature: "internet access without isolation".into(),
+                    alternative: "run on a host with user namespaces, or use \
+                                  NetworkPolicy::None"
+                        .into(),
+                }
+            };
+        }
+        let mut needs = Vec::new();
         if options.network == NetworkPolicy::Host {
-            self.require(Feature::HostNetwork)?;
+            needs.push(Feature::HostNetwork);
         }
         if !options.volumes.is_empty() {
-            self.require(Feature::Volumes)?;
+            needs.push(Feature::Volumes);
         }
         if options.snapshot.is_some() {
-            self.require(Feature::Snapshots)?;
+            needs.push(Feature::Snapshots);
         }
         if options.on_timeout == TimeoutAction::Pause || options.auto_resume {
-            self.require(Feature::Pause)?;
+            needs.push(Feature::Pause);
         }
         let r = &options.resources;
-        if r.max_processes.is_some() {
-            self.require(Feature::ProcessLimit)?;
+        let mut limits = Vec::new();
+        for (asked, feature) in [
+            (r.max_processes.is_some(), Feature::ProcessLimit),
+            (r.memory_mib.is_some(), Feature::MemoryLimit),
+            (r.cpu.is_some(), Feature::CpuLimit),
+        ] {
+            if asked {
+                needs.push(feature);
+                limits.push(feature.name().to_string());
+            }
         }
-        if r.memory_mib.is_some() {
-            self.require(Feature::MemoryLimit)?;
+        if let Some(missing) = needs.into_iter().find(|f| !self.supports(*f)) {
+            return CheckStatus::Unsupported {
+                feature: missing.name().into(),
+                alternative: missing.alternative().into(),
+            };
         }
-        if r.cpu.is_some() {
-            self.require(Feature::CpuLimit)?;
+        CheckStatus::Supported(Guarantees {
+            isolated: self.isolated,
+            network: options.network.clone(),
+            network_isolated: self.isolated && options.network != NetworkPolicy::Host,
+            limits_enforced: limits,
+            lease: options
+                .timeout
+                .and_then(|t| self.lease.and_then(|b| b.resolve(t).ok())),
+            snapshot_preserves: self.snapshots.then(|| SNAPSHOT_PRESERVES.to_string()),
+            observed_at: self.observed_at,
+        })
+    }
+
+    /// The read-only evaluation of a snapshot or fork: [`CheckStatus::Supported`] naming what
+    /// a snapshot keeps ([`Guarantees::snapshot_preserves`]), else why not.
+    pub fn evaluate_snapshot(&self) -> CheckStatus {
+        if self.observed_at.is_none() {
+            return CheckStatus::Unknown {
+                what: format!(
+                    "the capabilities of {} were never observed (the runtime was not reached)",
+                    self.backend
+                ),
+            };
         }
-        Ok(())
+        if !self.snapshots {
+            return CheckStatus::Unsupported {
+                feature: Feature::Snapshots.name().into(),
+                alternative: Feature::Snapshots.alternative().into(),
+            };
+        }
+        CheckStatus::Supported(Guarantees {
+            isolated: self.isolated,
+            network: NetworkPolicy::default(),
+            network_isolated: self.isolated,
+            limits_enforced: Vec::new(),
+            lease: None,
+            snapshot_preserves: Some(SNAPSHOT_PRESERVES.into()),
+            observed_at: self.observed_at,
+        })
+    }
+
+    /// Every feature a create (or fork) with `options` needs, as an error: `Ok` only when
+    /// [`Capabilities::evaluate_create`] answers [`CheckStatus::Supported`].
+    pub fn check_create(&self, options: &CreateOptions) -> Result<()> {
+        self.evaluate_create(options).into_result().map(|_| ())
     }
 
     /// Every feature a process started with `spec` needs.
@@ -231,6 +420,93 @@ impl Capabilities {
         }
         Ok(())
     }
+}
+
+/// What a snapshot (and so a fork) keeps of its source.
+pub const SNAPSHOT_PRESERVES: &str = "the sandbox's files (its writable layers: /workspace, /tmp \
+     and every other writable path), not its processes, memory or open connections; a fork \
+     starts fresh processes on a copy of the files";
+
+/// The answer of a read-only check ([`Client::check_create`](crate::Client::check_create),
+/// [`Client::check_snapshot`](crate::Client::check_snapshot)): nothing was allocated to
+/// reach it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CheckStatus {
+    /// The runtime can do it; this is what will hold.
+    Supported(Guarantees),
+    /// The runtime cannot do this at all; `alternative` says what to do instead.
+    Unsupported {
+        /// What was asked for.
+        feature: String,
+        /// What to do instead.
+        alternative: String,
+    },
+    /// The runtime or its host cannot do it now (server unreachable, helper missing).
+    Unavailable {
+        /// The cause.
+        reason: String,
+        /// How to fix it.
+        remedy: String,
+    },
+    /// No evidence either way (e.g. an older server that does not report it). Never
+    /// satisfies a requirement: a create refuses it.
+    Unknown {
+        /// What could not be established.
+        what: String,
+    },
+}
+
+impl CheckStatus {
+    /// Whether the request would be carried out.
+    pub fn is_supported(&self) -> bool {
+        matches!(self, CheckStatus::Supported(_))
+    }
+
+    /// The guarantees, or the error a create answers with: [`Error::NotSupported`] for
+    /// unsupported, [`Error::Unavailable`] for unavailable and for unknown (no evidence is
+    /// not permission).
+    pub fn into_result(self) -> Result<Guarantees> {
+        match self {
+            CheckStatus::Supported(g) => Ok(g),
+            CheckStatus::Unsupported {
+                feature,
+                alternative,
+            } => Err(Error::NotSupported {
+                feature,
+                alternative,
+            }),
+            CheckStatus::Unavailable { reason, remedy } => {
+                Err(Error::Unavailable { reason, remedy })
+            }
+            CheckStatus::Unknown { what } => Err(Error::Unavailable {
+                reason: format!("unknown: {what}"),
+                remedy: "reach the runtime (or upgrade it) so it reports this, then retry".into(),
+            }),
+        }
+    }
+}
+
+/// What holds for a supported request ([`CheckStatus::Supported`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Guarantees {
+    /// The sandbox is isolated from the host (namespaces); see [`Capabilities::isolated`].
+    pub isolated: bool,
+    /// The network policy that will be in force.
+    pub network: NetworkPolicy,
+    /// The sandbox gets its own network namespace (not the host's).
+    pub network_isolated: bool,
+    /// The limits asked for, each enforced (by [`Feature::name`]).
+    pub limits_enforced: Vec<String>,
+    /// The lease that will be in force (the request resolved to the runtime's step), when one
+    /// was asked for.
+    pub lease: Option<Duration>,
+    /// What a snapshot of the sandbox keeps ([`SNAPSHOT_PRESERVES`]); `None` without
+    /// snapshots.
+    pub snapshot_preserves: Option<String>,
+    /// When the capabilities this rests on were observed.
+    pub observed_at: Option<UnixMillis>,
 }
 
 #[cfg(test)]
@@ -258,6 +534,9 @@ mod tests {
             metrics: true,
             memory_limit: true,
             cpu_limit: true,
+            templates: vec!["base".into()],
+            lease: Some(LeaseBounds::engine()),
+            observed_at: Some(1),
         }
     }
 
@@ -336,5 +615,94 @@ mod tests {
         assert!(caps
             .check_spawn(&ProcessSpec::new(Command::sh("true")))
             .is_ok());
+    }
+
+    /// Unknown never passes for supported; unavailable and unsupported stay apart; an image
+    /// the runtime lacks is refused naming the host base.
+    #[test]
+    fn check_statuses_keep_their_meaning() {
+        let mut never = all();
+        never.observed_at = None;
+        let plain = CreateOptions::default();
+        assert!(matches!(
+            never.evaluate_create(&plain),
+            CheckStatus::Unknown { .. }
+        ));
+        assert_eq!(
+            never.check_create(&plain).unwrap_err().code(),
+            crate::ErrorCode::Unavailable
+        );
+        assert!(matches!(
+            never.evaluate_snapshot(),
+            CheckStatus::Unknown { .. }
+        ));
+
+        let mut no_helper = all();
+        no_helper.internet = false;
+        let inet = CreateOptions::default().network(NetworkPolicy::Internet);
+        match no_helper.evaluate_create(&inet) {
+            CheckStatus::Unavailable { remedy, .. } => assert!(remedy.contains("passt")),
+            other => panic!("{other:?}"),
+        }
+        no_helper.isolated = false;
+        assert!(matches!(
+            no_helper.evaluate_create(&inet),
+            CheckStatus::Unsupported { .. }
+        ));
+
+        let image = CreateOptions::default().template("myorg/custom-ml:1.2");
+        match all().evaluate_create(&image) {
+            CheckStatus::Unsupported {
+                feature,
+                alternative,
+            } => {
+                assert!(feature.contains("myorg/custom-ml:1.2"));
+                assert_eq!(alternative, HOST_BASE_ALTERNATIVE);
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut silent = all();
+        silent.templates.clear();
+        assert!(matches!(
+            silent.evaluate_create(&image),
+            CheckStatus::Unknown { .. }
+        ));
+        for base in ["", "base"] {
+            let o = CreateOptions::default().template(base);
+            assert!(silent.evaluate_create(&o).is_supported(), "{base:?}");
+        }
+        match all().evaluate_create(&plain) {
+            CheckStatus::Supported(g) => {
+                assert!(g.isolated && g.network_isolated);
+                assert_eq!(g.snapshot_preserves.as_deref(), Some(SNAPSHOT_PRESERVES));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn lease_bounds_resolve_or_refuse() {
+        let b = LeaseBounds {
+            min_ms: 1000,
+            max_ms: 10_000,
+            step_ms: 1000,
+        };
+        assert!(b.resolve(Duration::ZERO).is_err());
+        assert!(b.resolve(Duration::from_millis(999)).is_err());
+        assert!(b.resolve(Duration::from_millis(10_001)).is_err());
+        assert_eq!(
+            b.resolve(Duration::from_millis(1500)).unwrap(),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            b.resolve(Duration::from_secs(10)).unwrap(),
+            Duration::from_secs(10)
+        );
+        let e = LeaseBounds::engine();
+        assert!(e.resolve(Duration::ZERO).is_err());
+        assert!(e.resolve(crate::MAX_SANDBOX_TIMEOUT).is_ok());
+        assert!(e
+            .resolve(crate::MAX_SANDBOX_TIMEOUT + Duration::from_millis(1))
+            .is_err());
     }
 }

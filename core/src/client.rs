@@ -12,6 +12,7 @@ use futures::{FutureExt, Stream, StreamExt};
 
 use crate::CopyOptions;
 use crate::{
+    capability::{CheckStatus, LeaseBounds},
     Backend, ByteStream, Capabilities, Command, CreateOptions, Error, Feature, FileStat,
     ListDirOptions, ListOptions, Metrics, MkdirOptions, Output, Preview, PreviewOptions,
     PreviewToken, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, PtySize,
@@ -123,8 +124,52 @@ impl Client {
         self.backend.ready().await
     }
 
-    /// Create a sandbox. Bad options are [`Error::InvalidArgument`] and options needing a
-    /// feature the backend lacks are [`Error::NotSupported`], both before anything is sent.
+    /// Evaluate a create with `options` without allocating anything (a remote server is
+    /// asked for its capabilities, nothing else): [`CheckStatus::Supported`] with what will
+    /// hold, [`CheckStatus::Unsupported`] with the alternative, [`CheckStatus::Unavailable`]
+    /// when the runtime cannot do it now (a server that cannot be reached is this, never
+    /// "unsupported"), or [`CheckStatus::Unknown`]. Bad options are
+    /// [`Error::InvalidArgument`]; an error that says nothing about the runtime's
+    /// availability (a wrong API key) is returned as it is. [`Client::create`] runs the same
+    /// check before any effect.
+    pub async fn check_create(&self, options: &CreateOptions) -> Result<CheckStatus> {
+        options.validate()?;
+        Ok(match self.observe().await? {
+            Ok(caps) => caps.evaluate_create(options),
+            Err(status) => status,
+        })
+    }
+
+    /// Evaluate a snapshot (or fork) without taking one: [`CheckStatus::Supported`] naming
+    /// what a snapshot keeps (files, not processes), or why not, as [`Client::check_create`].
+    pub async fn check_snapshot(&self) -> Result<CheckStatus> {
+        Ok(match self.observe().await? {
+            Ok(caps) => caps.evaluate_snapshot(),
+            Err(status) => status,
+        })
+    }
+
+    /// The capabilities, or the check status for a runtime that cannot be reached now.
+    async fn observe(&self) -> Result<std::result::Result<Capabilities, CheckStatus>> {
+        match self.ready().await {
+            Ok(caps) => Ok(Ok(caps)),
+            Err(Error::Unavailable { reason, remedy }) => {
+                Ok(Err(CheckStatus::Unavailable { reason, remedy }))
+            }
+            Err(e @ (Error::Timeout { .. } | Error::Backend { .. })) if e.is_retryable() => {
+                Ok(Err(CheckStatus::Unavailable {
+                    reason: e.to_string(),
+                    remedy: "retry once the runtime answers".into(),
+                }))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Create a sandbox. Bad options are [`Error::InvalidArgument`]; otherwise the
+    /// [`Client::check_create`] evaluation runs first and anything but supported is its
+    /// error ([`Error::NotSupported`], or [`Error::Unavailable`] for unavailable and
+    /// unknown), all before anything is sent.
     pub async fn create(&self, options: CreateOptions) -> Result<Sandbox> {
         Ok(self.create_described(options).await?.0)
     }
@@ -132,9 +177,7 @@ impl Client {
     /// [`Client::create`], also returning the new sandbox's description as the backend made
     /// it (no second round trip for a caller that needs its user, home or envs).
     pub async fn create_described(&self, options: CreateOptions) -> Result<(Sandbox, SandboxInfo)> {
-        let caps = self.ready().await?;
-        options.validate()?;
-        caps.check_create(&options)?;
+        self.check_create(&options).await?.into_result()?;
         let info = self.backend.create(options).await?;
         Ok((self.sandbox(info.id.clone()), info))
     }
@@ -205,6 +248,20 @@ impl Client {
     }
 }
 
+/// What [`Sandbox::renew`] did.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Renewal {
+    /// The sandbox afterwards ([`SandboxInfo::ends_at`] is the new lease end).
+    pub info: SandboxInfo,
+    /// The lease asked for.
+    pub requested: Duration,
+    /// The lease in force: `requested` rounded up to the runtime's step.
+    pub resolved: Duration,
+    /// The runtime's bounds (the engine's when the runtime does not report them).
+    pub bounds: LeaseBounds,
+}
+
 /// A handle to one sandbox. Dropping it does nothing: the sandbox lives until destroyed or
 /// its lease ends.
 #[derive(Debug, Clone)]
@@ -258,9 +315,30 @@ impl Sandbox {
         self.backend.get(&self.id).await
     }
 
-    /// Move the lease end to `timeout` from now.
+    /// Move the lease end to `timeout` from now. A lease outside the runtime's
+    /// [`LeaseBounds`] (zero included) is [`Error::InvalidArgument`] naming them, before any
+    /// effect; [`Sandbox::renew`] also reports the lease as resolved.
     pub async fn set_timeout(&self, timeout: Duration) -> Result<SandboxInfo> {
-        self.backend.set_timeout(&self.id, timeout).await
+        Ok(self.renew(timeout).await?.info)
+    }
+
+    /// [`Sandbox::set_timeout`], reporting the bounds the runtime applies and the lease
+    /// resolved within them.
+    pub async fn renew(&self, timeout: Duration) -> Result<Renewal> {
+        let bounds = self
+            .backend
+            .ready()
+            .await?
+            .lease
+            .unwrap_or_else(LeaseBounds::engine);
+        let resolved = bounds.resolve(timeout)?;
+        let info = self.backend.set_timeout(&self.id, resolved).await?;
+        Ok(Renewal {
+            info,
+            requested: timeout,
+            resolved,
+            bounds,
+        })
     }
 
     /// Destroy the sandbox.
@@ -385,8 +463,13 @@ impl Sandbox {
         self.backend.watch(&self.id, path, options).await
     }
 
-    /// Make a port inside the sandbox reachable from the host.
+    /// Make a port inside the sandbox reachable from the host. A private preview's token is
+    /// checked by the preview listener and stripped from the request (header and query
+    /// parameter) before it reaches the sandboxed server; its lifetime, when given, is
+    /// within [`MIN_PREVIEW_TOKEN_TTL`](crate::validate::MIN_PREVIEW_TOKEN_TTL) and
+    /// [`MAX_PREVIEW_TOKEN_TTL`](crate::validate::MAX_PREVIEW_TOKEN_TTL).
     pub async fn expose_port(&self, options: PreviewOptions) -> Result<Preview> {
+        crate::validate::validate_token_ttl(options.token_ttl)?;
         self.require(Feature::Previews).await?;
         self.backend.expose_port(&self.id, options).await
     }
@@ -404,19 +487,25 @@ impl Sandbox {
     }
 
     /// Another token for the private preview of `port`, valid until `expires_at` (ms since
-    /// the epoch) or for the sandbox's life.
+    /// the epoch; in the future and at most
+    /// [`MAX_PREVIEW_TOKEN_TTL`](crate::validate::MAX_PREVIEW_TOKEN_TTL) ahead, else
+    /// [`Error::InvalidArgument`]) or, with `None`, for the sandbox's life.
     pub async fn create_preview_token(
         &self,
         port: u16,
         expires_at: Option<u64>,
     ) -> Result<PreviewToken> {
+        crate::validate::validate_token_expiry(expires_at, crate::now_millis())?;
         self.require(Feature::Previews).await?;
         self.backend
             .create_preview_token(&self.id, port, expires_at)
             .await
     }
 
-    /// Snapshot the sandbox's files.
+    /// Snapshot the sandbox's files (not its processes or memory; see
+    /// [`capability::SNAPSHOT_PRESERVES`](crate::capability::SNAPSHOT_PRESERVES)). A running
+    /// sandbox is paused for it and resumed after; when that resume fails the snapshot is
+    /// still returned, with [`SnapshotInfo::source_resume_error`] set.
     pub async fn snapshot(&self, name: Option<String>) -> Result<SnapshotInfo> {
         self.require(Feature::Snapshots).await?;
         self.backend.snapshot(&self.id, name).await
@@ -429,10 +518,9 @@ impl Sandbox {
 
     /// [`Sandbox::fork`], also returning the new sandbox's description.
     pub async fn fork_described(&self, options: CreateOptions) -> Result<(Sandbox, SandboxInfo)> {
-        let caps = self.backend.ready().await?;
-        caps.require(Feature::Snapshots)?;
-        options.validate()?;
-        caps.check_create(&options)?;
+        let client = self.client();
+        client.check_snapshot().await?.into_result()?;
+        client.check_create(&options).await?.into_result()?;
         let info = self.backend.fork(&self.id, options).await?;
         let forked = Sandbox {
             backend: self.backend.clone(),
@@ -721,7 +809,9 @@ impl Stream for ProcessHandle {
     }
 }
 
-/// A process call being configured; it runs when awaited, collecting the output.
+/// A process call being configured; it runs when awaited, collecting the output. The exit
+/// is data: a process that fails still gives `Ok(output)` with its
+/// [`status`](Output::status). [`Run::expect_success`] opts in to an error instead.
 #[must_use = "a process call does nothing until awaited"]
 #[derive(Debug)]
 pub struct Run {
@@ -775,6 +865,56 @@ impl Run {
     /// The spec as configured.
     pub fn spec(&self) -> &ProcessSpec {
         &self.spec
+    }
+
+    /// Fail unless the process exits with code 0: awaited, a non-zero exit or a signal death
+    /// is [`RunError::Failed`], which keeps the whole output (and names the signal).
+    pub fn expect_success(self) -> CheckedRun {
+        CheckedRun(self)
+    }
+}
+
+/// A process call that fails unless the process succeeds ([`Run::expect_success`]).
+#[must_use = "a process call does nothing until awaited"]
+#[derive(Debug)]
+pub struct CheckedRun(Run);
+
+impl IntoFuture for CheckedRun {
+    type Output = std::result::Result<Output, RunError>;
+    type IntoFuture = BoxFuture<'static, std::result::Result<Output, RunError>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        async move {
+            let output = self.0.await?;
+            if output.exit_status().success() {
+                Ok(output)
+            } else {
+                Err(RunError::Failed(Box::new(output)))
+            }
+        }
+        .boxed()
+    }
+}
+
+/// Why a [`CheckedRun`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The process ran and did not succeed; its output is kept whole.
+    #[error("process {}: {}", .0.pid, .0.exit_status())]
+    Failed(Box<Output>),
+    /// The process could not be run or followed to its end.
+    #[error(transparent)]
+    Runtime(#[from] Error),
+}
+
+impl RunError {
+    /// The output of a process that ran and failed.
+    pub fn output(&self) -> Option<&Output> {
+        match self {
+            RunError::Failed(output) => Some(output),
+            RunError::Runtime(_) => None,
+        }
     }
 }
 

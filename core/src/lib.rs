@@ -48,8 +48,10 @@ pub use backend::http::{HttpBackend, HttpOptions};
 #[cfg(feature = "local")]
 pub use backend::local::LocalBackend;
 pub use backend::{Backend, ByteStream, ProcessStream, WatchStream};
-pub use capability::{Capabilities, Feature};
-pub use client::{Client, ProcessHandle, Sandbox, MAX_READ_BYTES};
+pub use capability::{
+    Capabilities, CheckStatus, Feature, Guarantees, LeaseBounds, HOST_BASE_TEMPLATES,
+};
+pub use client::{CheckedRun, Client, ProcessHandle, Renewal, RunError, Sandbox, MAX_READ_BYTES};
 pub use error::{Error, ErrorBody, ErrorCode, Result};
 pub use types::*;
 pub use validate::{MAX_PROCESS_TIMEOUT, MAX_SANDBOX_TIMEOUT};

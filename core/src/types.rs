@@ -182,6 +182,11 @@ pub struct SnapshotInfo {
     pub created_at: UnixMillis,
     /// Bytes stored.
     pub size: u64,
+    /// Set when the snapshot was taken but its source, paused for it, could not be resumed:
+    /// the error, so the caller keeps the snapshot and learns that the source is left paused
+    /// (resume or destroy it). `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_resume_error: Option<String>,
 }
 
 /// Options for exposing a sandbox port on the host.
@@ -835,6 +840,11 @@ impl ExitStatus {
         self.code == Some(0)
     }
 
+    /// The name of the signal that ended the process (`"SIGKILL"`), when a signal did.
+    pub fn signal_name(&self) -> Option<&'static str> {
+        self.signal.map(signal_name)
+    }
+
     /// The shell convention: the code, or 128 + the signal number.
     pub fn code_or_signal(&self) -> i32 {
         match (self.code, self.signal) {
@@ -842,6 +852,61 @@ impl ExitStatus {
             (None, Some(s)) => 128 + s,
             (None, None) => -1,
         }
+    }
+}
+
+/// How it ended, in words: `exited with code 3`, `killed by signal 9 (SIGKILL)`, with
+/// `after its timeout` when [`ExitStatus::timed_out`].
+impl std::fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.code, self.signal) {
+            (Some(code), _) => write!(f, "exited with code {code}")?,
+            (None, Some(sig)) => write!(f, "killed by signal {sig} ({})", signal_name(sig))?,
+            (None, None) => write!(f, "ended without a status")?,
+        }
+        if self.timed_out {
+            write!(f, " after its timeout")?;
+        }
+        Ok(())
+    }
+}
+
+/// The conventional name of Linux signal `number` (`"SIGKILL"`); `"SIG?"` for one without a
+/// name here (a real-time signal).
+pub fn signal_name(number: i32) -> &'static str {
+    match number {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGSTKFLT => "SIGSTKFLT",
+        libc::SIGCHLD => "SIGCHLD",
+        libc::SIGCONT => "SIGCONT",
+        libc::SIGSTOP => "SIGSTOP",
+        libc::SIGTSTP => "SIGTSTP",
+        libc::SIGTTIN => "SIGTTIN",
+        libc::SIGTTOU => "SIGTTOU",
+        libc::SIGURG => "SIGURG",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGVTALRM => "SIGVTALRM",
+        libc::SIGPROF => "SIGPROF",
+        libc::SIGWINCH => "SIGWINCH",
+        libc::SIGIO => "SIGIO",
+        libc::SIGPWR => "SIGPWR",
+        libc::SIGSYS => "SIGSYS",
+        _ => "SIG?",
     }
 }
 

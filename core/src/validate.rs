@@ -14,6 +14,14 @@ pub const MAX_SANDBOX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The longest timeout a process can have (`ProcessSpec::timeout`).
 pub const MAX_PROCESS_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// The shortest lifetime a preview token can be given: a second, the shortest any vendor
+/// documents (Daytona's signed preview URLs); a vendor facade applies its own tighter bounds.
+pub const MIN_PREVIEW_TOKEN_TTL: Duration = Duration::from_secs(1);
+
+/// The longest lifetime a preview token with an expiry can be given: a week. (A token without
+/// one lasts as long as its sandbox.)
+pub const MAX_PREVIEW_TOKEN_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// System directories a sandbox's home may not be, or be under.
 const RESERVED_DIRS: &[&str] = &[
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/proc",
@@ -143,13 +151,50 @@ pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<()> {
     Ok(())
 }
 
-/// A lease may not exceed [`MAX_SANDBOX_TIMEOUT`].
+/// A lease must be within the engine's [`LeaseBounds`](crate::capability::LeaseBounds):
+/// at least a second (zero is refused), at most [`MAX_SANDBOX_TIMEOUT`].
 pub fn validate_sandbox_timeout(timeout: Duration) -> Result<()> {
-    if timeout > MAX_SANDBOX_TIMEOUT {
+    crate::capability::LeaseBounds::engine()
+        .resolve(timeout)
+        .map(|_| ())
+}
+
+/// A private preview's token lifetime ([`PreviewOptions::token_ttl`](crate::PreviewOptions))
+/// must be within [`MIN_PREVIEW_TOKEN_TTL`] and [`MAX_PREVIEW_TOKEN_TTL`].
+pub fn validate_token_ttl(ttl: Option<Duration>) -> Result<()> {
+    match ttl {
+        Some(t) if !(MIN_PREVIEW_TOKEN_TTL..=MAX_PREVIEW_TOKEN_TTL).contains(&t) => {
+            Err(Error::invalid(format!(
+                "a preview token lifetime of {:.3}s is outside {}s to {}s",
+                t.as_secs_f64(),
+                MIN_PREVIEW_TOKEN_TTL.as_secs(),
+                MAX_PREVIEW_TOKEN_TTL.as_secs()
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A preview token's expiry (ms since the epoch) must be in the future and at most
+/// [`MAX_PREVIEW_TOKEN_TTL`] ahead of `now`.
+pub fn validate_token_expiry(
+    expires_at: Option<crate::UnixMillis>,
+    now: crate::UnixMillis,
+) -> Result<()> {
+    let Some(at) = expires_at else {
+        return Ok(());
+    };
+    let max = now.saturating_add(MAX_PREVIEW_TOKEN_TTL.as_millis() as u64);
+    if at <= now || at > max {
         return Err(Error::invalid(format!(
-            "timeout of {}s exceeds the maximum of {}s",
-            timeout.as_secs(),
-            MAX_SANDBOX_TIMEOUT.as_secs()
+            "a preview token must expire in the future and at most {}s from now (expires_at \
+             {at} is {})",
+            MAX_PREVIEW_TOKEN_TTL.as_secs(),
+            if at <= now {
+                "already past"
+            } else {
+                "too far ahead"
+            }
         )));
     }
     Ok(())

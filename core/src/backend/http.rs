@@ -745,6 +745,9 @@ async fn fetch_capabilities(backend: &HttpBackend, http: &reqwest::Client) -> Re
     }
     let mut caps: Capabilities = decode_json(response).await?;
     caps.backend = format!("http+{}", caps.backend);
+    // Observed now, by this client: the server's own probe time says nothing about whether
+    // it is still reachable.
+    caps.observed_at = Some(crate::now_millis());
     Ok(caps)
 }
 
@@ -769,6 +772,9 @@ fn unknown_capabilities() -> Capabilities {
         metrics: false,
         memory_limit: false,
         cpu_limit: false,
+        templates: Vec::new(),
+        lease: None,
+        observed_at: None,
     }
 }
 
@@ -1017,7 +1023,8 @@ impl Backend for HttpBackend {
     /// The server's backend's capabilities (named `http+<backend>`). Fetched by
     /// [`HttpBackend::connect`]; otherwise fetched here on first use, blocking the calling
     /// thread for one request. While the server cannot be reached, nothing optional is
-    /// reported and the next call asks again.
+    /// reported, with `observed_at: None` (no evidence, not "no feature": see
+    /// [`Client::check_create`](crate::Client::check_create)), and the next call asks again.
     fn capabilities(&self) -> Capabilities {
         self.caps
             .get()

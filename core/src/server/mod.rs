@@ -25,7 +25,9 @@
 //!   idle keep-alive connections included, and is then disconnected; running out of
 //!   descriptors pauses accepting instead of spinning. A route may switch a connection to
 //!   another protocol (a WebSocket) only through [`upgrade`]: the connection keeps its slot
-//!   in the cap and is closed at shutdown.
+//!   in the cap and is closed at shutdown. [`serve_router_intercepting`] also terminates
+//!   `CONNECT` tunnels to a fixed list of hosts with a name-constrained local CA (see
+//!   [`intercept`]), serving what comes through them with the same router and limits.
 //! - **Shutdown**: when the shutdown future given to [`serve`] completes (the binary uses
 //!   Ctrl-C or SIGTERM), the server stops accepting connections, ends every open stream with
 //!   an error frame (so no client mistakes it for a complete stream), lets in-flight control
@@ -37,6 +39,7 @@
 
 mod files;
 mod idempotency;
+pub mod intercept;
 mod openapi;
 mod processes;
 mod resources;
@@ -271,7 +274,7 @@ pub async fn serve(
     let state = state(backend, config);
     let signal = state.shutdown.clone();
     let app = build(state);
-    serve_connections(listener, app, limits, shutdown, move || {
+    serve_connections(listener, app, limits, None, shutdown, move || {
         // Cut open streams with an error frame.
         let _ = signal.send(true);
     })
@@ -325,13 +328,78 @@ pub async fn serve_router(
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_connections(listener, app, limits, shutdown, || {}).await
+    serve_connections(listener, app, limits, None, shutdown, || {}).await
+}
+
+/// [`serve_router`] that also acts as a TLS-intercepting `CONNECT` proxy for the hosts of
+/// `ca` (see [`intercept`]): `CONNECT host:443` for one of them is answered `200`, the
+/// tunnel is terminated with a leaf `ca` mints for that host, and the decrypted HTTP/1.1
+/// requests are served by `app` with the same limits (the tunnel keeps its connection's slot
+/// in the cap, and each request head inside it has the same deadline). A `CONNECT` to any
+/// other host or port is answered `403`; other requests go to `app` as usual.
+pub async fn serve_router_intercepting(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    limits: ConnectionLimits,
+    ca: Arc<intercept::SandcoveCa>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_connections(listener, app, limits, Some(ca), shutdown, || {}).await
+}
+
+/// What a connection does with `CONNECT` requests.
+#[derive(Clone)]
+enum Proxying {
+    /// Nothing special: the router answers them like any request.
+    Off,
+    /// Intercept tunnels to the CA's hosts, refuse the rest.
+    Intercept(Arc<intercept::Tunnel>),
+    /// Already inside a tunnel: refused.
+    InsideTunnel,
+}
+
+/// The per-connection service: every request carries its [`upgrade::Connection`], `CONNECT`
+/// is handled as `proxying` says, everything else goes to `app`.
+fn dispatch(
+    app: Router,
+    connection: upgrade::Connection,
+    proxying: Proxying,
+) -> impl hyper::service::Service<
+    axum::http::Request<hyper::body::Incoming>,
+    Response = Response,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response, Infallible>> + Send + 'static,
+> + Send
+       + 'static {
+    hyper::service::service_fn(
+        move |mut request: axum::http::Request<hyper::body::Incoming>| {
+            request.extensions_mut().insert(connection.clone());
+            let (app, proxying) = (app.clone(), proxying.clone());
+            async move {
+                if request.method() == Method::CONNECT {
+                    match proxying {
+                        Proxying::Off => {}
+                        Proxying::Intercept(tunnel) => {
+                            return Ok(intercept::connect(tunnel, request, app).await)
+                        }
+                        Proxying::InsideTunnel => {
+                            return Ok(intercept::refuse(
+                                "sandcove: CONNECT inside a tunnel is refused".into(),
+                            ))
+                        }
+                    }
+                }
+                tower::ServiceExt::oneshot(app, request).await
+            }
+        },
+    )
 }
 
 async fn serve_connections(
     listener: tokio::net::TcpListener,
     app: Router,
     limits: ConnectionLimits,
+    ca: Option<Arc<intercept::SandcoveCa>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_stop: impl FnOnce(),
 ) -> std::io::Result<()> {
@@ -342,6 +410,14 @@ async fn serve_connections(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(head_timeout);
+    let proxying = match ca {
+        None => Proxying::Off,
+        Some(ca) => Proxying::Intercept(Arc::new(intercept::Tunnel {
+            ca,
+            http: http.clone(),
+            head_timeout,
+        })),
+    };
     // Every connection, and every connection taken over by an upgrade, holds a receiver:
     // `true` tells them to stop, and the channel closing tells the server they all have.
     let (stop, stopped) = watch::channel(false);
@@ -355,14 +431,7 @@ async fn serve_connections(
         // for the peer's delayed ACK (~40 ms per round trip otherwise).
         let _ = tcp.set_nodelay(true);
         let connection = upgrade::Connection::new(permit, stopped.clone());
-        let service =
-            hyper_util::service::TowerToHyperService::new(tower::ServiceExt::map_request(
-                app.clone(),
-                move |mut request: axum::http::Request<hyper::body::Incoming>| {
-                    request.extensions_mut().insert(connection.clone());
-                    request
-                },
-            ));
+        let service = dispatch(app.clone(), connection, proxying.clone());
         let (http, tls, mut stop) = (http.clone(), tls.clone(), stopped.clone());
         tokio::spawn(async move {
             let io: Box<dyn ConnectionIo> = match tls {

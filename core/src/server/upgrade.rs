@@ -43,6 +43,13 @@ impl Connection {
     }
 }
 
+impl Connection {
+    /// The server's stop signal, for a task serving this connection itself.
+    pub(super) fn stop_signal(&self) -> watch::Receiver<bool> {
+        self.0.stop.clone()
+    }
+}
+
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Connection").finish_non_exhaustive()

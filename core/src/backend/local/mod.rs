@@ -80,6 +80,9 @@ pub struct LocalBackend {
     /// The usable user-mode networking helper, or why there is none.
     pasta: std::result::Result<PathBuf, String>,
     preview_limits: PreviewLimits,
+    /// When the host was probed (namespaces, cgroups, the networking helper): the
+    /// capabilities' `observed_at`.
+    probed_at: crate::UnixMillis,
 }
 
 impl LocalBackend {
@@ -127,6 +130,7 @@ impl LocalBackend {
             cgroups: if unisolated { None } else { cgroup::detect() },
             pasta: net::probe(net::find_pasta().as_deref()),
             preview_limits: PreviewLimits::default(),
+            probed_at: crate::now_millis(),
         };
         backend.collect_stale();
         Ok(backend)
@@ -138,6 +142,7 @@ impl LocalBackend {
     /// [`Capabilities::internet`] says whether it is usable.
     pub fn with_network_helper(mut self, helper: Option<PathBuf>) -> Self {
         self.pasta = net::probe(helper.as_deref());
+        self.probed_at = crate::now_millis();
         self
     }
 
@@ -284,6 +289,7 @@ impl LocalBackend {
             sandbox_id: id.to_string(),
             created_at: now_millis(),
             size,
+            source_resume_error: None,
         };
         let text = serde_json::to_vec_pretty(&info)
             .map_err(|e| Error::backend(format!("encode snapshot: {e}")))?;
@@ -664,16 +670,27 @@ fn namespaces_available() -> bool {
 /// template and the resources its cgroups can enforce.
 fn check_create(options: &CreateOptions, cgroups: bool) -> Result<()> {
     options.validate()?;
-    if let Some(template) = &options.template {
-        if !template.is_empty() && template != "base" {
-            return Err(Error::not_supported(
-                format!("template {template:?}"),
-                "the local engine has one base template (the host's system directories, \
-                 read-only); install what you need into /workspace, or use a snapshot",
-            ));
-        }
+    if !crate::capability::is_host_base(options.template.as_deref()) {
+        return Err(Error::not_supported(
+            format!(
+                "template or image {:?}",
+                options.template.as_deref().unwrap_or_default()
+            ),
+            crate::capability::HOST_BASE_ALTERNATIVE,
+        ));
     }
     cgroup::check(&options.resources, cgroups)
+}
+
+/// A snapshot's result once its source was resumed: a capture error wins; a snapshot taken
+/// whose source then failed to resume is still returned (it exists and the caller needs its
+/// id), carrying the resume error.
+fn snapshot_outcome(captured: Result<SnapshotInfo>, resumed: Result<()>) -> Result<SnapshotInfo> {
+    let mut info = captured?;
+    if let Err(e) = resumed {
+        info.source_resume_error = Some(e.to_string());
+    }
+    Ok(info)
 }
 
 /// What a sandbox without isolation cannot honour, refused before any effect (see
@@ -720,6 +737,12 @@ impl Backend for LocalBackend {
             metrics: true,
             memory_limit: self.cgroups.is_some(),
             cpu_limit: self.cgroups.is_some(),
+            templates: crate::capability::HOST_BASE_TEMPLATES
+                .iter()
+                .map(|t| t.to_string())
+                .collect(),
+            lease: Some(crate::capability::LeaseBounds::engine()),
+            observed_at: Some(self.probed_at),
         }
     }
 
@@ -1180,6 +1203,7 @@ impl Backend for LocalBackend {
     }
 
     async fn expose_port(&self, id: &str, options: PreviewOptions) -> Result<Preview> {
+        crate::validate::validate_token_ttl(options.token_ttl)?;
         match self
             .monitor_call(id, MonitorRequest::Expose { options })
             .await?
@@ -1212,6 +1236,7 @@ impl Backend for LocalBackend {
         port: u16,
         expires_at: Option<u64>,
     ) -> Result<PreviewToken> {
+        crate::validate::validate_token_expiry(expires_at, now_millis())?;
         match self
             .monitor_call(id, MonitorRequest::CreateToken { port, expires_at })
             .await?
@@ -1235,10 +1260,7 @@ impl Backend for LocalBackend {
         }
         let result = self.capture(id, name).await;
         if was_running {
-            let resumed = self.resume(id).await;
-            if result.is_ok() {
-                resumed?;
-            }
+            return snapshot_outcome(result, self.resume(id).await.map(|_| ()));
         }
         result
     }
@@ -1281,6 +1303,11 @@ impl Backend for LocalBackend {
         // then the fork's own on top, checked before anything is made.
         let source = self.get(id).await?;
         let mut options = options;
+        // The fork's envs are added over the source's, as its annotations are.
+        let mut envs = source.envs;
+        envs.append(&mut options.envs);
+        crate::validate::validate_envs(&envs)?;
+        options.envs = envs;
         let mut annotations = source.annotations;
         annotations.append(&mut options.annotations);
         crate::check_annotations(&annotations)?;
@@ -1423,4 +1450,34 @@ fn start_monitor(state_dir: &Path, record: &Record) -> Result<()> {
     let result = monitor::read_ready(std::fs::File::from(ready_read));
     drop(lock);
     result.map_err(cleanup)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn taken() -> SnapshotInfo {
+        SnapshotInfo {
+            id: "snap-1".into(),
+            name: None,
+            sandbox_id: "sb".into(),
+            created_at: 1,
+            size: 2,
+            source_resume_error: None,
+        }
+    }
+
+    /// A snapshot taken whose source then fails to resume is returned, carrying the resume
+    /// error; a failed capture stays the error.
+    #[test]
+    fn a_snapshot_survives_its_sources_failed_resume() {
+        let info = snapshot_outcome(Ok(taken()), Err(Error::backend("agent gone")))
+            .expect("the snapshot exists: its reference is returned");
+        assert_eq!(info.id, "snap-1");
+        let why = info.source_resume_error.expect("the resume error");
+        assert!(why.contains("agent gone"), "{why}");
+        assert_eq!(snapshot_outcome(Ok(taken()), Ok(())).unwrap(), taken());
+        let err = snapshot_outcome(Err(Error::not_found("x")), Err(Error::backend("y")));
+        assert!(err.unwrap_err().is_not_found());
+    }
 }

@@ -171,19 +171,37 @@ pub fn check(
         return Err(Refusal::Malformed("only HTTP/1.x is proxied"));
     }
     let mut offered: Vec<Vec<u8>> = Vec::new();
-    if let Some((_, query)) = target.split_once('?') {
-        let query = query.split_once('#').map_or(query, |(q, _)| q);
+    // The token never reaches the sandboxed server (code in the sandbox could log it or use
+    // it): the target is forwarded without its token parameters, the head without its token
+    // header.
+    let mut upstream_target = target.to_string();
+    if let Some((path, rest)) = target.split_once('?') {
+        let (query, fragment) = match rest.split_once('#') {
+            Some((q, f)) => (q, Some(f)),
+            None => (rest, None),
+        };
+        let mut kept: Vec<&str> = Vec::new();
         for pair in query.split('&') {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
             let k = percent_decode(k).ok_or(Refusal::Malformed("bad percent-encoding"))?;
             if k == preview.token_query.as_bytes() {
                 offered.push(percent_decode(v).ok_or(Refusal::Malformed("bad percent-encoding"))?);
+            } else {
+                kept.push(pair);
             }
+        }
+        upstream_target = path.to_string();
+        if !kept.is_empty() {
+            upstream_target.push('?');
+            upstream_target.push_str(&kept.join("&"));
+        }
+        if let Some(f) = fragment {
+            upstream_target.push('#');
+            upstream_target.push_str(f);
         }
     }
     let mut forwarded = Vec::with_capacity(head.len() + 20);
-    forwarded.extend_from_slice(request_line.as_bytes());
-    forwarded.extend_from_slice(b"\r\n");
+    forwarded.extend_from_slice(format!("{method} {upstream_target} {version}\r\n").as_bytes());
     let mut length: Option<u64> = None;
     let mut chunked = false;
     let mut upgrade = false;
@@ -201,7 +219,8 @@ pub fn check(
             return Err(Refusal::Malformed("bad header value"));
         }
         let name = std::str::from_utf8(name).unwrap_or_default();
-        if name.eq_ignore_ascii_case(&preview.token_header) {
+        let is_token = name.eq_ignore_ascii_case(&preview.token_header);
+        if is_token {
             offered.push(value.to_vec());
         }
         if name.eq_ignore_ascii_case("content-length") {
@@ -233,7 +252,7 @@ pub fn check(
                 .any(|t| trim(t).eq_ignore_ascii_case(b"upgrade"));
         }
         let hop = ["connection", "keep-alive", "proxy-connection"];
-        if !hop.iter().any(|h| name.eq_ignore_ascii_case(h)) {
+        if !is_token && !hop.iter().any(|h| name.eq_ignore_ascii_case(h)) {
             forwarded.extend_from_slice(line);
             forwarded.extend_from_slice(b"\r\n");
         }
@@ -495,6 +514,31 @@ mod tests {
         assert!(!ok(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", &p, &tokens));
         let wrong = "GET / HTTP/1.1\r\nX-Blaxel-Preview-Token: nope\r\n\r\n";
         assert!(!ok(wrong.as_bytes(), &p, &tokens));
+    }
+
+    /// The token (header or query parameter, however it is encoded) is never forwarded to
+    /// the sandboxed server; everything else in the head is.
+    #[test]
+    fn tokens_are_stripped_before_forwarding() {
+        let (p, tokens) = preview();
+        let t = &tokens[0].value;
+        for head in [
+            format!("GET /a?b=1&bl_preview_token={t}&c=2 HTTP/1.1\r\nHost: x\r\n\r\n"),
+            format!("GET /a?bl%5Fpreview%5Ftoken={t}&b=1&c=2 HTTP/1.1\r\nHost: x\r\n\r\n"),
+            format!("GET /a?b=1&c=2 HTTP/1.1\r\nHost: x\r\nX-Blaxel-Preview-Token: {t}\r\n\r\n"),
+        ] {
+            let accepted = check(head.as_bytes(), &p, &tokens).expect("a live token");
+            let sent = String::from_utf8(accepted.head).unwrap();
+            assert!(!sent.contains(t.as_str()), "{sent}");
+            assert!(!sent.to_ascii_lowercase().contains("preview"), "{sent}");
+            assert!(sent.starts_with("GET /a?b=1&c=2 HTTP/1.1\r\n"), "{sent}");
+            assert!(sent.contains("\r\nHost: x\r\n"), "{sent}");
+        }
+        let only = format!("GET /p?bl_preview_token={t} HTTP/1.0\r\n\r\n");
+        let sent = check(only.as_bytes(), &p, &tokens)
+            .expect("a live token")
+            .head;
+        assert!(sent.starts_with(b"GET /p HTTP/1.0\r\n"));
     }
 
     #[test]

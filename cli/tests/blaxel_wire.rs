@@ -1,0 +1,562 @@
+//! Blaxel's wire protocol from a Rust client: authentication before any effect, the
+//! `Sandbox` and `SandboxError` shapes the SDKs read, path-only routing (the proxied
+//! `Host: api.blaxel.ai` requests), `//` paths, NDJSON exec streams, bad input and gaps. The
+//! router runs in this process over the embedded engine with a private state directory.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandcove::server::{serve_router, ConnectionLimits};
+use sandcove::{Backend, LocalBackend};
+use sandcove_tests::PrivateState;
+use serde_json::{json, Value};
+
+const KEY: &str = "blaxel-wire-key";
+
+/// Blaxel's sandbox statuses: anything else fails the Python SDK's enum.
+const STATUSES: &[&str] = &[
+    "ARCHIVED",
+    "ARCHIVING",
+    "BUILDING",
+    "BUILT",
+    "DEACTIVATED",
+    "DEACTIVATING",
+    "DELETING",
+    "DEPLOYED",
+    "DEPLOYING",
+    "FAILED",
+    "TERMINATED",
+    "UNARCHIVING",
+    "UPLOADING",
+];
+
+struct Env {
+    url: String,
+    http: reqwest::Client,
+    backend: Arc<LocalBackend>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    state: Option<PrivateState>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        // The state's cleanup runs its own runtime: not on this runtime's thread.
+        let state = self.state.take();
+        let _ = std::thread::spawn(move || drop(state)).join();
+    }
+}
+
+async fn env() -> Env {
+    let state = PrivateState::new();
+    let backend = Arc::new(LocalBackend::with_state_dir(&state.dir).expect("engine"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let mut config = blaxel::wire::WireConfig::new(KEY, url.clone());
+    config.max_body_bytes = 64 * 1024;
+    config.max_upload_bytes = 1024 * 1024;
+    let app = blaxel::wire::router(backend.clone(), config);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let limits = ConnectionLimits {
+        max_connections: 64,
+        head_timeout: Duration::from_secs(10),
+        shutdown_grace: Duration::from_secs(1),
+        tls: None,
+    };
+    tokio::spawn(serve_router(listener, app, limits, async move {
+        let _ = stopped.await;
+    }));
+    Env {
+        url,
+        http: reqwest::Client::new(),
+        backend,
+        stop: Some(stop),
+        state: Some(state),
+    }
+}
+
+impl Env {
+    fn request(&self, method: &str, path: &str, key: Option<&str>) -> reqwest::RequestBuilder {
+        let mut req = self
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", self.url))
+            .header("X-Blaxel-Workspace", "sandcove");
+        if let Some(key) = key {
+            req = req.header("X-Blaxel-Authorization", format!("Bearer {key}"));
+        }
+        req
+    }
+
+    async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut req = self.request(method, path, Some(KEY));
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        Self::send(req).await
+    }
+
+    async fn create(&self, name: &str) -> Value {
+        let (status, sb) = self
+            .call(
+                "POST",
+                "/v0/sandboxes",
+                Some(json!({"metadata": {"name": name, "labels": {"k": "v"}},
+                    "spec": {"region": "us-pdx-1", "runtime": {"image": "blaxel/base-image:latest",
+                    "memory": 4096, "generation": "mk3", "ttl": "1h"}}})),
+            )
+            .await;
+        assert_eq!(status, 200, "{sb}");
+        sb
+    }
+
+    async fn sandbox_count(&self) -> usize {
+        self.backend.list(Default::default()).await.unwrap().len()
+    }
+}
+
+/// `SandboxError` as both SDKs read it: `code` and `message` (Python's required fields) and
+/// the numeric `status` the TypeScript SDK tests.
+fn assert_sandbox_error(body: &Value, status: u16) {
+    assert!(body["message"].is_string(), "{body}");
+    assert!(!body["code"].is_null(), "{body}");
+    assert_eq!(body["status"], json!(status), "{body}");
+}
+
+#[tokio::test]
+async fn a_missing_or_wrong_key_is_refused_before_any_effect() {
+    let env = env().await;
+    let body = json!({"metadata": {"name": "nokey"}});
+    for key in [None, Some("wrong"), Some("")] {
+        let req = env.request("POST", "/v0/sandboxes", key).json(&body);
+        let (status, answer) = Env::send(req).await;
+        assert_eq!(status, 401, "{key:?}: {answer}");
+        assert_sandbox_error(&answer, 401);
+        assert_eq!(answer["code"], "UNAUTHORIZED");
+    }
+    // `Authorization: Bearer` with a wrong key is refused too, and a right one accepted.
+    let req = env
+        .http
+        .get(format!("{}/v0/sandboxes", env.url))
+        .bearer_auth("wrong");
+    assert_eq!(Env::send(req).await.0, 401);
+    let req = env
+        .http
+        .get(format!("{}/v0/sandboxes", env.url))
+        .bearer_auth(KEY);
+    assert_eq!(Env::send(req).await.0, 200);
+    assert_eq!(env.sandbox_count().await, 0, "nothing was created");
+    // The data plane: a wrong key starts no process.
+    env.create("keyed").await;
+    let req = env
+        .request("POST", "/blaxel-sbx/keyed/process", Some("wrong"))
+        .json(&json!({"command": "touch /tmp/ran", "waitForCompletion": true}));
+    assert_eq!(Env::send(req).await.0, 401);
+    let (status, procs) = env.call("GET", "/blaxel-sbx/keyed/process", None).await;
+    assert_eq!(status, 200, "{procs}");
+    assert_eq!(procs, json!([]), "no process ran");
+}
+
+#[tokio::test]
+async fn sandboxes_are_named_deployed_and_point_at_this_listener() {
+    let env = env().await;
+    let sb = env.create("shapes").await;
+    assert_eq!(sb["metadata"]["name"], "shapes");
+    assert_eq!(
+        sb["metadata"]["url"],
+        json!(format!("{}/blaxel-sbx/shapes", env.url))
+    );
+    assert_eq!(sb["metadata"]["workspace"], "sandcove");
+    assert_eq!(sb["spec"]["region"], "us-pdx-1");
+    assert!(STATUSES.contains(&sb["status"].as_str().unwrap()), "{sb}");
+    assert_eq!(sb["status"], "DEPLOYED");
+    // createIfNotExist returns the live one; without it, a taken name is a 409.
+    let again = env
+        .call(
+            "POST",
+            "/v0/sandboxes?createIfNotExist=true",
+            Some(json!({"metadata": {"name": "shapes"}})),
+        )
+        .await;
+    assert_eq!(again.0, 200, "{}", again.1);
+    assert_eq!(again.1["metadata"]["labels"]["k"], "v", "the existing one");
+    let (status, conflict) = env
+        .call(
+            "POST",
+            "/v0/sandboxes",
+            Some(json!({"metadata": {"name": "shapes"}})),
+        )
+        .await;
+    assert_eq!(status, 409, "{conflict}");
+    assert_eq!(conflict["code"], "SANDBOX_ALREADY_EXISTS");
+    // Routing looks at the path only: a proxied request names Blaxel's host.
+    let req = env
+        .request("GET", "/v0/sandboxes/shapes", Some(KEY))
+        .header("Host", "api.blaxel.ai");
+    let (status, got) = Env::send(req).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["metadata"]["url"], sb["metadata"]["url"]);
+    let (status, page) = env.call("GET", "/v0/sandboxes?limit=10", None).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["data"].as_array().unwrap().len(), 1, "{page}");
+    assert_eq!(page["meta"]["hasMore"], false);
+    // Delete, then delete again (as the TypeScript README does): both answer DELETING.
+    for _ in 0..2 {
+        let (status, gone) = env.call("DELETE", "/v0/sandboxes/shapes", None).await;
+        assert_eq!(status, 200, "{gone}");
+        assert_eq!(gone["status"], "DELETING");
+    }
+    assert_eq!(env.sandbox_count().await, 0);
+    let (status, missing) = env.call("GET", "/v0/sandboxes/shapes", None).await;
+    assert_eq!(status, 404, "{missing}");
+    assert_sandbox_error(&missing, 404);
+    assert_eq!(
+        missing["code"],
+        json!(404),
+        "the TypeScript SDK tests code === 404"
+    );
+    let (status, _) = env.call("DELETE", "/v0/sandboxes/never-made", None).await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn bad_input_is_a_400_and_creates_nothing() {
+    let env = env().await;
+    for (path, body, needle) in [
+        (
+            "/v0/sandboxes",
+            json!({"metadata": {"name": "bad"}, "spec": {"runtime": {"gpu": 1}}}),
+            "gpu",
+        ),
+        (
+            "/v0/sandboxes",
+            json!({"metadata": {"name": "Bad Name"}}),
+            "invalid sandbox name",
+        ),
+        (
+            "/v0/sandboxes",
+            json!({"metadata": {"name": "bad"}, "spec": {"region": "mars-1"}}),
+            "region",
+        ),
+        (
+            "/v0/sandboxes?createIfNotExist=maybe",
+            json!({"metadata": {"name": "bad"}}),
+            "createIfNotExist",
+        ),
+    ] {
+        let (status, answer) = env.call("POST", path, Some(body)).await;
+        assert_eq!(status, 400, "{path}: {answer}");
+        assert_sandbox_error(&answer, 400);
+        assert!(
+            answer["message"].as_str().unwrap().contains(needle),
+            "{needle}: {answer}"
+        );
+    }
+    // A body over the JSON limit.
+    let big = json!({"metadata": {"name": "big", "labels": {"x": "y".repeat(100 * 1024)}}});
+    let (status, answer) = env.call("POST", "/v0/sandboxes", Some(big)).await;
+    assert_eq!(status, 413, "{answer}");
+    assert_eq!(env.sandbox_count().await, 0);
+}
+
+#[tokio::test]
+async fn file_paths_with_double_slashes_collapse() {
+    let env = env().await;
+    env.create("paths").await;
+    let (status, put) = env
+        .call(
+            "PUT",
+            "/blaxel-sbx/paths/filesystem//tmp/dir/a.txt",
+            Some(json!({"content": "hi"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{put}");
+    // Read back with the slashes percent-encoded, as the TypeScript SDK sends them.
+    let (status, got) = env
+        .call(
+            "GET",
+            "/blaxel-sbx/paths/filesystem/%2Ftmp%2Fdir%2Fa.txt",
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["content"], "hi");
+    let (status, dir) = env
+        .call("GET", "/blaxel-sbx/paths/filesystem//tmp/dir", None)
+        .await;
+    assert_eq!(status, 200, "{dir}");
+    assert_eq!(dir["files"][0]["name"], "a.txt");
+    let (status, missing) = env
+        .call("GET", "/blaxel-sbx/paths/filesystem//tmp/none", None)
+        .await;
+    assert_eq!(status, 404, "{missing}");
+    assert!(missing["error"].is_string(), "the sandbox API's error body");
+    // Doubled slashes anywhere (a base URL given with a trailing slash) route the same.
+    let (status, sb) = env.call("GET", "/v0//sandboxes//paths", None).await;
+    assert_eq!(status, 200, "{sb}");
+    let (status, procs) = env.call("GET", "/blaxel-sbx/paths//process", None).await;
+    assert_eq!(status, 200, "{procs}");
+    let (status, nosb) = env
+        .call("GET", "/blaxel-sbx/no-such/filesystem//tmp", None)
+        .await;
+    assert_eq!(status, 404, "{nosb}");
+}
+
+#[tokio::test]
+async fn exec_streams_ndjson_when_asked() {
+    let env = env().await;
+    env.create("stream").await;
+    let resp = env
+        .request("POST", "/blaxel-sbx/stream/process", Some(KEY))
+        .header("Accept", "text/event-stream")
+        .json(&json!({"command": "echo one; echo two >&2; exit 4", "waitForCompletion": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(
+        resp.headers()["content-type"].to_str().unwrap(),
+        "application/x-ndjson"
+    );
+    let text = resp.text().await.unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        lines.contains(&json!({"type": "stdout", "data": "one"})),
+        "{text}"
+    );
+    assert!(
+        lines.contains(&json!({"type": "stderr", "data": "two"})),
+        "{text}"
+    );
+    let last = lines.last().unwrap();
+    assert_eq!(last["type"], "result", "{text}");
+    let result: Value = serde_json::from_str(last["data"].as_str().unwrap()).unwrap();
+    assert_eq!(result["exitCode"], 4);
+    assert_eq!(result["status"], "failed");
+    // Without the Accept header the same call answers JSON.
+    let (status, plain) = env
+        .call(
+            "POST",
+            "/blaxel-sbx/stream/process",
+            Some(json!({"command": "echo plain", "waitForCompletion": true})),
+        )
+        .await;
+    assert_eq!(status, 200, "{plain}");
+    assert_eq!(plain["stdout"], "plain\n");
+    assert_eq!(plain["status"], "completed");
+}
+
+#[tokio::test]
+async fn gaps_name_their_alternative_before_any_effect() {
+    let env = env().await;
+    env.create("gaps").await;
+    for (method, path, body) in [
+        (
+            "POST",
+            "/v0/sandboxes/gaps/fork",
+            json!({"targetName": "x"}),
+        ),
+        ("POST", "/v0/sandboxes/gaps/snapshots", json!({})),
+        ("GET", "/v0/sandboxes/gaps/schedules", json!(null)),
+        (
+            "POST",
+            "/blaxel-sbx/gaps/process",
+            json!({"command": "cat", "stdin": true}),
+        ),
+        (
+            "PUT",
+            "/v0/sandboxes/gaps",
+            json!({"metadata": {"name": "gaps"}, "spec": {"runtime": {"memory": 8192}}}),
+        ),
+    ] {
+        let body = (!body.is_null()).then_some(body);
+        let (status, answer) = env.call(method, path, body).await;
+        assert_eq!(status, 501, "{path}: {answer}");
+        let message = answer["message"]
+            .as_str()
+            .or(answer["error"].as_str())
+            .unwrap();
+        assert!(
+            message.contains("not supported on Sandcove") && message.contains("instead"),
+            "{path}: {answer}"
+        );
+    }
+    assert_eq!(env.sandbox_count().await, 1, "no fork or snapshot sandbox");
+    let (_, procs) = env.call("GET", "/blaxel-sbx/gaps/process", None).await;
+    assert_eq!(procs, json!([]), "no process started");
+}
+
+/// A `multipart/form-data` body with one `file` field.
+fn form(bytes: &[u8]) -> (String, Vec<u8>) {
+    let boundary = "sandcove-test-boundary";
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"blob\"\r\n\
+         Content-Type: application/octet-stream\r\n\r\n"
+    )
+    .into_bytes();
+    body.extend_from_slice(bytes);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+#[tokio::test]
+async fn multipart_uploads_are_bounded_and_assembled_in_order() {
+    let env = env().await;
+    env.create("up").await;
+    let (status, init) = env
+        .call(
+            "POST",
+            "/blaxel-sbx/up/filesystem-multipart/initiate//tmp/big.bin",
+            Some(json!({"permissions": "0644"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{init}");
+    let id = init["uploadId"].as_str().unwrap().to_string();
+    let put = |n: u32, bytes: Vec<u8>| {
+        let (ct, body) = form(&bytes);
+        env.request(
+            "PUT",
+            &format!("/blaxel-sbx/up/filesystem-multipart/{id}/part?partNumber={n}"),
+            Some(KEY),
+        )
+        .header("Content-Type", ct)
+        .body(body)
+    };
+    // Parts arrive out of order; the file is assembled by part number.
+    assert_eq!(Env::send(put(2, vec![b'b'; 300 * 1024])).await.0, 200);
+    assert_eq!(Env::send(put(1, vec![b'a'; 300 * 1024])).await.0, 200);
+    // Over the listener's upload limit (1 MiB in flight): refused, nothing kept.
+    let (status, over) = Env::send(put(3, vec![b'c'; 600 * 1024])).await;
+    assert_eq!(status, 413, "{over}");
+    let (status, done) = env
+        .call(
+            "POST",
+            &format!("/blaxel-sbx/up/filesystem-multipart/{id}/complete"),
+            Some(json!({"parts": [{"partNumber": 2}, {"partNumber": 1}]})),
+        )
+        .await;
+    assert_eq!(status, 200, "{done}");
+    let resp = env
+        .request("GET", "/blaxel-sbx/up/filesystem//tmp/big.bin", Some(KEY))
+        .header("Accept", "application/octet-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let bytes = resp.bytes().await.unwrap();
+    assert_eq!(bytes.len(), 600 * 1024);
+    assert!(bytes[..300 * 1024].iter().all(|b| *b == b'a'));
+    assert!(bytes[300 * 1024..].iter().all(|b| *b == b'b'));
+    // A completed (or unknown) upload takes no more parts.
+    let (status, _) = Env::send(put(1, vec![b'x'; 10])).await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn file_reads_are_bounded_as_json_and_streamed_as_bytes() {
+    let env = env().await;
+    env.create("reads").await;
+    // Sandbox code grows a file past the listener's upload limit (1 MiB here).
+    let (status, made) = env
+        .call(
+            "POST",
+            "/blaxel-sbx/reads/process",
+            Some(json!({"command": "head -c 1200000 /dev/zero > /tmp/huge", "waitForCompletion": true})),
+        )
+        .await;
+    assert_eq!(status, 200, "{made}");
+    let (status, json_read) = env
+        .call("GET", "/blaxel-sbx/reads/filesystem//tmp/huge", None)
+        .await;
+    assert_eq!(
+        status, 413,
+        "the JSON form holds the file in memory: bounded"
+    );
+    assert!(json_read["error"].as_str().unwrap().contains("readBinary"));
+    let resp = env
+        .request("GET", "/blaxel-sbx/reads/filesystem//tmp/huge", Some(KEY))
+        .header("Accept", "application/octet-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(
+        resp.bytes().await.unwrap().len(),
+        1_200_000,
+        "streamed whole"
+    );
+}
+
+#[tokio::test]
+async fn previews_take_the_python_sdks_body() {
+    let env = env().await;
+    env.create("pv").await;
+    // blaxel 0.4.24 (Python) sends the read-only `events` with every preview it creates.
+    let (status, preview) = env
+        .call(
+            "POST",
+            "/v0/sandboxes/pv/previews",
+            Some(json!({"metadata": {"name": "web"}, "spec": {"port": 3000, "public": true}, "events": []})),
+        )
+        .await;
+    assert_eq!(status, 200, "{preview}");
+    assert_eq!(preview["metadata"]["resourceName"], "pv");
+    assert!(preview["spec"]["url"].as_str().unwrap().starts_with("http"));
+    let (status, missing) = env
+        .call("GET", "/v0/sandboxes/pv/previews/none", None)
+        .await;
+    assert_eq!(status, 404, "{missing}");
+    assert_eq!(
+        missing["code"],
+        json!(404),
+        "the TypeScript SDK tests code === 404"
+    );
+}
+
+#[tokio::test]
+async fn the_python_sdks_long_poll_wait_answers_when_the_process_ends_or_the_hold_does() {
+    let env = env().await;
+    env.create("waits").await;
+    for (name, command) in [("quick", "sleep 0.3; echo done"), ("slow", "sleep 30")] {
+        let (status, started) = env
+            .call(
+                "POST",
+                "/blaxel-sbx/waits/process",
+                Some(json!({"name": name, "command": command})),
+            )
+            .await;
+        assert_eq!(status, 200, "{started}");
+    }
+    let (status, quick) = env
+        .call(
+            "GET",
+            "/blaxel-sbx/waits/process/quick/wait?timeout=30",
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{quick}");
+    assert_eq!(quick["status"], "completed");
+    assert_eq!(quick["stdout"], "done\n");
+    let (status, slow) = env
+        .call("GET", "/blaxel-sbx/waits/process/slow/wait?timeout=1", None)
+        .await;
+    assert_eq!(status, 200, "{slow}");
+    assert_eq!(slow["status"], "running", "the hold ended first");
+    let (status, missing) = env
+        .call("GET", "/blaxel-sbx/waits/process/none/wait?timeout=1", None)
+        .await;
+    assert_eq!(status, 404, "a JSON 404: the process does not exist");
+    assert!(missing["error"].is_string());
+}

@@ -1,0 +1,506 @@
+//! Blaxel's wire protocol, so Blaxel's official SDKs (TypeScript `@blaxel/core`, Python
+//! `blaxel`) run unchanged against Sandcove: `sandcove serve --blaxel ADDR` serves [`router`]
+//! there. The TypeScript SDK is pointed at it with `BL_API_URL=http://ADDR/v0`; the Python SDK,
+//! whose control-plane URL is fixed, reaches the same router through the listener's
+//! intercepting proxy (requests then arrive with `Host: api.blaxel.ai`).
+//!
+//! | module | what |
+//! |---|---|
+//! | [`api`] | the control plane under `/v0` (`/v0/sandboxes…`, previews): REST + JSON |
+//! | [`sandbox_api`] | every sandbox's API under `/blaxel-sbx/{name}` (processes, files) |
+//! | [`uploads`] | the sandbox API's multipart uploads (files over 5 MiB) |
+//!
+//! Routing looks at the request path only, never at `Host`, so one router serves the plain
+//! listener and the decrypted proxied requests alike. Every sandbox answer carries
+//! `metadata.url` = `{base_url}/blaxel-sbx/{name}`, absolute on the plain listener: both SDKs
+//! send their sandbox-API (data-plane) calls there.
+//!
+//! **Authentication** happens before any handler runs: every call must carry the server's API
+//! key as `X-Blaxel-Authorization: Bearer KEY` (the header both SDKs build from `BL_API_KEY`)
+//! or `Authorization: Bearer KEY`, compared in constant time. A missing or wrong key is `401`
+//! with Blaxel's `SandboxError` body, before any effect. `X-Blaxel-Workspace` is not checked:
+//! one server is one workspace, named in [`WireConfig::workspace`].
+//!
+//! **Translation** is the Rust facade's: each handler calls the same `SandboxInstance` /
+//! `process` / `fs` functions a Rust program calls, and errors leave through one mapping
+//! ([`ApiError`]) from [`SandboxAPIError`] to Blaxel's error bodies.
+
+pub mod api;
+pub mod sandbox_api;
+pub mod uploads;
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use sandcove::{Backend, Client};
+use serde_json::{json, Value};
+
+use crate::errors::SandboxAPIError;
+
+/// The path prefix of every sandbox's data plane on this listener (`metadata.url`).
+pub const DATA_PLANE_PREFIX: &str = "/blaxel-sbx";
+
+/// Settings of the Blaxel listener.
+#[derive(Clone)]
+pub struct WireConfig {
+    /// The server's API key: `X-Blaxel-Authorization: Bearer` (or `Authorization: Bearer`)
+    /// must carry it.
+    pub api_key: String,
+    /// This listener's plain-HTTP origin as clients reach it (`http://127.0.0.1:3002`): the
+    /// base of the absolute `metadata.url` every sandbox answer carries.
+    pub base_url: String,
+    /// The workspace name reported in answers (`metadata.workspace`).
+    pub workspace: String,
+    /// Largest JSON request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Largest file upload (one request), in bytes.
+    pub max_upload_bytes: usize,
+}
+
+impl WireConfig {
+    /// Defaults: workspace `sandcove`, 1 MiB JSON bodies, 64 MiB uploads.
+    pub fn new(api_key: impl Into<String>, base_url: impl Into<String>) -> Self {
+        WireConfig {
+            api_key: api_key.into(),
+            base_url: base_url.into().trim_end_matches('/').to_string(),
+            workspace: "sandcove".into(),
+            max_body_bytes: 1024 * 1024,
+            max_upload_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+impl std::fmt::Debug for WireConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The API key is deliberately left out.
+        f.debug_struct("WireConfig")
+            .field("base_url", &self.base_url)
+            .field("workspace", &self.workspace)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_upload_bytes", &self.max_upload_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How many deleted sandboxes are remembered, and for how long: Blaxel answers a second
+/// delete of a sandbox it is still deleting with its record, and the TypeScript README
+/// deletes the same sandbox twice (by name, then through the instance).
+const DELETED_KEPT: usize = 256;
+const DELETED_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// What every handler gets.
+#[derive(Clone)]
+pub(crate) struct Wire {
+    pub client: Client,
+    pub config: Arc<WireConfig>,
+    /// Records of recently deleted sandboxes (name, answer, when), newest last; bounded.
+    pub deleted:
+        Arc<std::sync::Mutex<std::collections::VecDeque<(String, Value, std::time::Instant)>>>,
+    /// Multipart uploads in flight.
+    pub uploads: Arc<std::sync::Mutex<uploads::Uploads>>,
+}
+
+impl Wire {
+    /// Remember the delete answer of sandbox `name`.
+    pub fn remember_deleted(&self, name: &str, answer: Value) {
+        let mut deleted = self.deleted.lock().unwrap_or_else(|e| e.into_inner());
+        deleted.retain(|(n, _, _)| n != name);
+        if deleted.len() >= DELETED_KEPT {
+            deleted.pop_front();
+        }
+        deleted.push_back((name.to_string(), answer, std::time::Instant::now()));
+    }
+
+    /// The delete answer of sandbox `name` if it was deleted within the last minute.
+    pub fn recently_deleted(&self, name: &str) -> Option<Value> {
+        let mut deleted = self.deleted.lock().unwrap_or_else(|e| e.into_inner());
+        deleted.retain(|(_, _, at)| at.elapsed() < DELETED_FOR);
+        deleted
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, v, _)| v.clone())
+    }
+
+    /// Forget `name` (a sandbox of that name exists again).
+    pub fn forget_deleted(&self, name: &str) {
+        self.deleted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(n, _, _)| n != name);
+    }
+
+    /// `metadata.url` of sandbox `name`: absolute, on this listener.
+    pub fn sandbox_url(&self, name: &str) -> String {
+        format!("{}{DATA_PLANE_PREFIX}/{name}", self.config.base_url)
+    }
+}
+
+/// Blaxel's wire API over `backend`, ready to serve (the caller provides the listener, the
+/// connection cap and head timeouts: `sandcove::server::serve_router`, or the intercepting
+/// proxy in front of it). Routes on the request path only.
+pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
+    let body_limit = config.max_body_bytes.max(config.max_upload_bytes);
+    let wire = Wire {
+        client: Client::new(backend),
+        config: Arc::new(config),
+        deleted: Default::default(),
+        uploads: Default::default(),
+    };
+    let inner = Router::new()
+        .nest("/v0", api::routes())
+        .nest(
+            &format!("{DATA_PLANE_PREFIX}/{{name}}"),
+            sandbox_api::routes(),
+        )
+        .fallback(not_found)
+        .with_state(wire.clone())
+        .layer(axum::extract::DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(wire, authenticate));
+    // The SDKs join `metadata.url` and absolute sandbox paths into `…/filesystem//etc`:
+    // repeated slashes collapse before routing (the inner router is the outer one's
+    // fallback, so the outer layer runs first).
+    Router::new()
+        .fallback_service(inner)
+        .layer(middleware::from_fn(collapse_slashes))
+}
+
+/// `a//b///c` → `a/b/c` (the query string is kept).
+fn collapse(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    let mut last_slash = false;
+    for c in path.chars() {
+        if c == '/' {
+            if last_slash {
+                continue;
+            }
+            last_slash = true;
+        } else {
+            last_slash = false;
+        }
+        out.push(c);
+    }
+    out
+}
+
+async fn collapse_slashes(mut request: Request, next: Next) -> Response {
+    let uri = request.uri();
+    if uri.path().contains("//") {
+        let mut target = collapse(uri.path());
+        if let Some(q) = uri.query() {
+            target.push('?');
+            target.push_str(q);
+        }
+        match target.parse::<Uri>() {
+            Ok(uri) => *request.uri_mut() = uri,
+            Err(_) => return sandbox_error(StatusCode::BAD_REQUEST, "BAD_REQUEST", "invalid path"),
+        }
+    }
+    next.run(request).await
+}
+
+async fn not_found(request: Request) -> Response {
+    let path = request.uri().path().to_string();
+    if let Some(feature) = gap_of_path(&path) {
+        return ApiError::control(crate::gaps::refuse(feature)).into_response();
+    }
+    if path.starts_with("/v0/") || path.starts_with(DATA_PLANE_PREFIX) {
+        return sandbox_error(
+            StatusCode::NOT_IMPLEMENTED,
+            "NOT_SUPPORTED",
+            &format!(
+                "{} {path} is not served over Blaxel's wire protocol by Sandcove (see \
+                 MAPPING.md); instead use the sandbox calls (create, get, list, update, delete, \
+                 previews), processes and files",
+                request.method()
+            ),
+        );
+    }
+    sandbox_error(
+        StatusCode::NOT_FOUND,
+        "NOT_FOUND",
+        &format!("{} {path} does not exist here", request.method()),
+    )
+}
+
+/// The facade's gap (see `gaps`) a Blaxel path belongs to, for paths this listener does not
+/// serve: the SDK then raises its own error with the facade's alternative.
+fn gap_of_path(path: &str) -> Option<&'static str> {
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let gap = match segments.as_slice() {
+        ["v0", "sandboxes", _, "schedules", ..]
+        | ["v0", "sandboxes", _, "schedule-executions", ..] => "schedules",
+        ["v0", "drives", ..] => "drives",
+        ["v0", "sandboxes", _, "fork"] => "fork over the wire",
+        ["v0", "sandboxes", _, "snapshots", ..] => "snapshots over the wire",
+        ["v0", "sandboxes", _, "archive" | "unarchive"] => "archive",
+        ["v0", "sandboxes", "by-external-id", ..] => "external ids",
+        ["blaxel-sbx", _, "codegen", ..] => "codegen",
+        ["blaxel-sbx", _, "drives", ..] => "drives",
+        ["blaxel-sbx", _, "upgrade", ..] => "system.upgrade",
+        ["blaxel-sbx", _, "network", ..] | ["blaxel-sbx", _, "port", ..] => "fetch",
+        _ => return None,
+    };
+    Some(gap)
+}
+
+/// Constant-time equality of two byte strings (length is not secret).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The bearer token of a request: `X-Blaxel-Authorization` first (what the SDKs send), else
+/// `Authorization`.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers
+        .get("x-blaxel-authorization")
+        .or_else(|| headers.get(header::AUTHORIZATION))?
+        .to_str()
+        .ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+async fn authenticate(State(wire): State<Wire>, request: Request, next: Next) -> Response {
+    let key = bearer(request.headers()).unwrap_or("");
+    if key.is_empty() || !constant_time_eq(key.as_bytes(), wire.config.api_key.as_bytes()) {
+        let mut response = sandbox_error(
+            StatusCode::UNAUTHORIZED,
+            "UNAUTHORIZED",
+            "Unauthorized: the API key (BL_API_KEY, sent as X-Blaxel-Authorization: Bearer) \
+             must be the server's SANDCOVE_API_KEY",
+        );
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return response;
+    }
+    next.run(request).await
+}
+
+/// A JSON answer.
+pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// Blaxel's control-plane `SandboxError` body: `{"code", "message"}` (required by the Python
+/// SDK's model), plus the numeric `status` the TypeScript SDK tests (`e.status === 404`),
+/// `status_code`, and `error` (the message, as the sandbox API words its errors).
+pub(crate) fn sandbox_error(status: StatusCode, code: impl Into<Value>, message: &str) -> Response {
+    json_response(
+        status,
+        &json!({
+            "code": code.into(),
+            "message": message,
+            "error": message,
+            "status": status.as_u16(),
+            "status_code": status.as_u16(),
+        }),
+    )
+}
+
+/// A facade error on its way out. Control-plane calls answer `SandboxError` bodies;
+/// sandbox-API (data-plane) calls answer `{"error": message}`, as Blaxel's sandbox API does.
+#[derive(Debug)]
+pub struct ApiError {
+    /// The facade's error.
+    pub error: SandboxAPIError,
+    /// Whether it leaves a data-plane call.
+    pub data_plane: bool,
+}
+
+impl ApiError {
+    /// An error of a control-plane call.
+    pub fn control(error: SandboxAPIError) -> Self {
+        ApiError {
+            error,
+            data_plane: false,
+        }
+    }
+
+    /// An error of a sandbox-API call.
+    pub fn data(error: SandboxAPIError) -> Self {
+        ApiError {
+            error,
+            data_plane: true,
+        }
+    }
+}
+
+impl From<SandboxAPIError> for ApiError {
+    fn from(e: SandboxAPIError) -> Self {
+        ApiError::control(e)
+    }
+}
+
+/// The one mapping from the facade's errors to HTTP statuses: the status the SDKs map back
+/// to the same outcome (404 → not found, 409 → already exists, …).
+pub fn status_for(e: &SandboxAPIError) -> StatusCode {
+    if let Some(status) = e
+        .status_code()
+        .and_then(|s| u16::try_from(s).ok())
+        .and_then(|s| StatusCode::from_u16(s).ok())
+    {
+        return status;
+    }
+    match e {
+        SandboxAPIError::ValueError { .. } => StatusCode::BAD_REQUEST,
+        SandboxAPIError::NotSupported { .. } => StatusCode::NOT_IMPLEMENTED,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// Blaxel's error code for `e` (`SANDBOX_ALREADY_EXISTS`, `NOT_SUPPORTED`, …); the status
+/// as a number where there is no better one, and always for a 404: the TypeScript SDK
+/// recognises a missing sandbox or preview by `code === 404`.
+fn code_for(e: &SandboxAPIError, status: StatusCode) -> Value {
+    match e {
+        SandboxAPIError::NotSupported { .. } => json!("NOT_SUPPORTED"),
+        SandboxAPIError::ValueError { .. } => json!("VALIDATION_ERROR"),
+        _ => match e.code() {
+            Some(code) if status != StatusCode::NOT_FOUND => json!(code),
+            _ => json!(status.as_u16()),
+        },
+    }
+}
+
+/// The message of `e` as a body carries it.
+fn message_of(e: &SandboxAPIError) -> String {
+    match e {
+        SandboxAPIError::Response(r) => r.message().to_string(),
+        other => other.to_string(),
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = status_for(&self.error);
+        let message = message_of(&self.error);
+        if self.data_plane {
+            return json_response(status, &json!({ "error": message }));
+        }
+        sandbox_error(status, code_for(&self.error, status), &message)
+    }
+}
+
+/// A 400 for a malformed request.
+pub(crate) fn bad_request(message: impl Into<String>) -> SandboxAPIError {
+    SandboxAPIError::api(400, "BAD_REQUEST", message)
+}
+
+/// Parse a JSON body (`{}` when empty) of at most `wire`'s JSON limit (the router's own
+/// limit is the larger upload one).
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
+    wire: &Wire,
+    body: &[u8],
+) -> Result<T, SandboxAPIError> {
+    if body.len() > wire.config.max_body_bytes {
+        return Err(SandboxAPIError::api(
+            413,
+            "PAYLOAD_TOO_LARGE",
+            format!(
+                "the request body is larger than {} bytes",
+                wire.config.max_body_bytes
+            ),
+        ));
+    }
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        &b"{}"[..]
+    } else {
+        body
+    };
+    serde_json::from_slice(body).map_err(|e| bad_request(format!("invalid request body: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_maps_to_the_status_the_sdk_maps_back() {
+        let table: Vec<(SandboxAPIError, u16, Value)> = vec![
+            (
+                SandboxAPIError::api(404, "Sandbox not found", "Sandbox x not found"),
+                404,
+                json!(404),
+            ),
+            (
+                SandboxAPIError::api(409, "SANDBOX_ALREADY_EXISTS", "exists"),
+                409,
+                json!("SANDBOX_ALREADY_EXISTS"),
+            ),
+            (
+                SandboxAPIError::value_error("bad"),
+                400,
+                json!("VALIDATION_ERROR"),
+            ),
+            (crate::gaps::refuse("sessions"), 501, json!("NOT_SUPPORTED")),
+            (SandboxAPIError::response(504, "slow"), 504, json!(504)),
+            (
+                SandboxAPIError::from(sandcove::Error::not_found("file \"/x\"")),
+                404,
+                json!(404),
+            ),
+            (SandboxAPIError::exception("boom"), 500, json!(500)),
+        ];
+        for (e, status, code) in table {
+            let s = status_for(&e);
+            assert_eq!(s.as_u16(), status, "{e:?}");
+            assert_eq!(code_for(&e, s), code, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn repeated_slashes_collapse() {
+        assert_eq!(
+            collapse("/blaxel-sbx/a/filesystem//app/x.json"),
+            "/blaxel-sbx/a/filesystem/app/x.json"
+        );
+        assert_eq!(collapse("//v0///sandboxes"), "/v0/sandboxes");
+        assert_eq!(collapse("/v0/sandboxes"), "/v0/sandboxes");
+    }
+
+    #[test]
+    fn bearer_tokens_are_parsed_strictly() {
+        let mut h = HeaderMap::new();
+        assert_eq!(bearer(&h), None);
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k1"));
+        assert_eq!(bearer(&h), Some("k1"));
+        h.insert(
+            "x-blaxel-authorization",
+            HeaderValue::from_static("Bearer k2"),
+        );
+        assert_eq!(bearer(&h), Some("k2"), "the Blaxel header wins");
+        h.insert("x-blaxel-authorization", HeaderValue::from_static("k2"));
+        assert_eq!(bearer(&h), None);
+    }
+
+    #[test]
+    fn paths_not_served_name_their_gap() {
+        for (path, gap) in [
+            ("/v0/sandboxes/a/schedules", Some("schedules")),
+            ("/v0/sandboxes/a/fork", Some("fork over the wire")),
+            ("/blaxel-sbx/a/codegen/fastapply/x", Some("codegen")),
+            ("/v0/sandboxes/a", None),
+        ] {
+            assert_eq!(gap_of_path(path), gap, "{path}");
+            if let Some(g) = gap {
+                assert!(crate::gaps::GAPS.iter().any(|x| x.key == g), "{g}");
+            }
+        }
+    }
+}
