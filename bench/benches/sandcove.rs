@@ -175,6 +175,140 @@ finally:
         .collect()
 }
 
+/// An SDK install the official-SDK tests provisioned under the build directory (any user's
+/// `sdk…` directory), by the name's prefix.
+fn provisioned(prefix: &str) -> Option<std::path::PathBuf> {
+    let tmp = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::read_dir(tmp)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|d| {
+            d.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("sdk"))
+        })
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
+                && p.join(".complete").exists()
+        })
+}
+
+/// How many `create()` calls each official Daytona SDK makes.
+const DAYTONA_CREATES: usize = 20;
+
+/// `create()` through an official Daytona SDK against the Daytona listener at `api`
+/// (`…/api`), `DAYTONA_CREATES` times after one warm-up, each sandbox deleted after it is
+/// timed; `Err` says why the row was skipped.
+fn daytona_sdk_creates(language: &str, api: &str, key: &str) -> Result<Vec<Duration>, String> {
+    const PYTHON: &str = r#"
+import sys, time
+from daytona import Daytona
+d = Daytona()
+d.delete(d.create())
+for _ in range(int(sys.argv[1])):
+    t = time.perf_counter()
+    sb = d.create()
+    print(time.perf_counter() - t, flush=True)
+    d.delete(sb)
+"#;
+    const NODE: &str = r#"
+import { Daytona } from '@daytonaio/sdk'
+const d = new Daytona()
+await (await d.create()).delete()
+for (let i = 0; i < Number(process.argv[2]); i++) {
+  const t = performance.now()
+  const sb = await d.create()
+  console.log((performance.now() - t) / 1000)
+  await sb.delete()
+}
+"#;
+    let mut cmd = if language == "python" {
+        let venv = provisioned("py-pins-daytona-").ok_or(
+            "skipped: no Python with the pinned daytona SDK (run `cargo test -p sandcove-cli \
+             --test daytona_sdk` once to provision it)",
+        )?;
+        let mut c = std::process::Command::new(venv.join("bin/python"));
+        c.args(["-c", PYTHON, &DAYTONA_CREATES.to_string()]);
+        c
+    } else {
+        let project = provisioned("js-daytona-").ok_or(
+            "skipped: no node project with the pinned @daytonaio/sdk (run `cargo test -p \
+             sandcove-cli --test daytona_sdk` once to provision it)",
+        )?;
+        // An ES module resolves packages from its own directory: write it into the project.
+        let program = project.join(format!("bench-create-{}.mjs", std::process::id()));
+        std::fs::write(&program, NODE).map_err(|e| e.to_string())?;
+        let mut c = std::process::Command::new("node");
+        c.arg(&program)
+            .arg(DAYTONA_CREATES.to_string())
+            .current_dir(&project);
+        c
+    };
+    let out = cmd
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", std::env::var_os("HOME").unwrap_or_default())
+        .env("DAYTONA_API_URL", api)
+        .env("DAYTONA_API_KEY", key)
+        .output()
+        .map_err(|e| format!("{language}: {e}"));
+    if language != "python" {
+        if let Some(project) = provisioned("js-daytona-") {
+            let _ = std::fs::remove_file(
+                project.join(format!("bench-create-{}.mjs", std::process::id())),
+            );
+        }
+    }
+    let out = out?;
+    if !out.status.success() {
+        return Err(format!(
+            "the {language} SDK program failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            l.trim()
+                .parse::<f64>()
+                .map(Duration::from_secs_f64)
+                .map_err(|e| format!("{l:?}: {e}"))
+        })
+        .collect()
+}
+
+/// `POST /api/sandbox` on the Daytona listener, timed to its answer (what the SDK's
+/// `create()` waits for at least), then deleted.
+async fn daytona_wire_create(
+    http: &reqwest::Client,
+    api: &str,
+    key: &str,
+) -> Result<Duration, BoxError> {
+    let start = Instant::now();
+    let created: serde_json::Value = http
+        .post(format!("{api}/sandbox"))
+        .bearer_auth(key)
+        .json(&serde_json::json!({}))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let took = start.elapsed();
+    let id = created["id"].as_str().unwrap_or_default();
+    http.delete(format!("{api}/sandbox/{id}"))
+        .bearer_auth(key)
+        .send()
+        .await?
+        .error_for_status()?;
+    Ok(took)
+}
+
 /// Create → first byte of `echo hi` → destroy.
 async fn create_cycle(backend: &dyn Backend) -> Result<Duration, BoxError> {
     let start = Instant::now();
@@ -552,6 +686,65 @@ async fn main() -> Result<(), BoxError> {
         }
         Err(why) => println!("python-sdk: {why}"),
     }
+
+    // Daytona: the listener's create answer against the SDKs' create() end to end. The
+    // difference is the SDK's own work; a wait that polled would add its poll interval.
+    let daytona_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let daytona_origin = format!("http://{}", daytona_listener.local_addr()?);
+    let daytona_api = format!("{daytona_origin}/api");
+    let (daytona_stop_tx, daytona_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let daytona_server = tokio::spawn(sandcove::server::serve_router(
+        daytona_listener,
+        daytona::wire::router(
+            local.clone(),
+            daytona::wire::WireConfig::new(key.clone(), daytona_origin.clone()),
+        ),
+        sandcove::server::ConnectionLimits {
+            max_connections: 64,
+            head_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(1),
+            tls: None,
+        },
+        async move {
+            let _ = daytona_stop_rx.await;
+        },
+    ));
+    let daytona_http = reqwest::Client::new();
+    daytona_wire_create(&daytona_http, &daytona_api, &key).await?;
+    let mut daytona_wire = Row::new("daytona-wire-create", "");
+    for _ in 0..DAYTONA_CREATES {
+        daytona_wire
+            .samples
+            .push(daytona_wire_create(&daytona_http, &daytona_api, &key).await?);
+    }
+    println!(
+        "daytona-wire-create: `POST /api/sandbox` answered (Rust client), {} calls: p50 {} ms, p95 {} ms",
+        daytona_wire.samples.len(),
+        ms(daytona_wire.pct(0.5)),
+        ms(daytona_wire.pct(0.95)),
+    );
+    for (language, label) in [
+        ("python", "daytona==0.226.1"),
+        ("node", "@daytonaio/sdk@0.218.0"),
+    ] {
+        let (api, k) = (daytona_api.clone(), key.clone());
+        let lang = language.to_string();
+        match tokio::task::spawn_blocking(move || daytona_sdk_creates(&lang, &api, &k)).await? {
+            Ok(samples) => {
+                let mut row = Row::new("daytona-sdk-create", "");
+                row.samples = samples;
+                println!(
+                    "daytona-sdk-create ({language}): official `{label}` `create()` end to end, {} calls: p50 {} ms, p95 {} ms",
+                    row.samples.len(),
+                    ms(row.pct(0.5)),
+                    ms(row.pct(0.95)),
+                );
+            }
+            Err(why) => println!("daytona-sdk-create ({language}): {why}"),
+        }
+    }
+    let _ = daytona_stop_tx.send(());
+    let _ = daytona_server.await;
 
     let _ = wire
         .http

@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::bin;
-use sdk_harness::{assert_expected, check_node, run_python, Server};
+use sdk_harness::{assert_expected, check_node, check_node_with, run_python, Server};
 use serde_json::Value;
 
 const PINS: &str = "pins-daytona-0.226.1.txt";
@@ -159,6 +159,54 @@ fn python_sdk_intervals_states_and_waiting_delete() {
     assert_expected("daytona_lifecycle", &out);
 }
 
+/// Followed session command logs (the SDK's WebSocket, callbacks per stream, returning once
+/// the command ends) and PTY sessions over WebSockets: create with size, cwd and envs, input
+/// and output, resize seen by the shell, info, list, a second connection, the exit code, kill,
+/// and missing or duplicate sessions as the SDK's own errors.
+#[test]
+fn python_sdk_follows_logs_and_drives_pty_sessions() {
+    let server = Server::start("daytona", ANNOUNCE, "streams-key");
+    let out = run_python(PINS, "daytona_streams", &server, &[]);
+    assert_expected("daytona_streams", &out);
+}
+
+/// The host's own base image as a Docker reference (`debian:bookworm-slim`), from the
+/// host's `/etc/os-release`: the one image the engine truly runs.
+fn host_base_image() -> String {
+    let os = std::fs::read_to_string("/etc/os-release").expect("/etc/os-release");
+    let field = |name: &str| {
+        os.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+            .map(|v| v.trim_matches('"').to_string())
+    };
+    assert_eq!(
+        field("ID").as_deref(),
+        Some("debian"),
+        "the image tests expect a Debian host (the engine runs the host's base)"
+    );
+    format!(
+        "debian:{}-slim",
+        field("VERSION_CODENAME").expect("VERSION_CODENAME")
+    )
+}
+
+/// Create from an image and with resources: the host's base image is accepted (with
+/// resources within the host's, the disk size applied), another image or a declarative one
+/// is the SDK's error naming the base that runs instead and where to get the real one, and
+/// resources above the host's are Daytona's 400; refusals create nothing.
+#[test]
+fn python_sdk_images_and_resources_against_the_host() {
+    let server = Server::start("daytona", ANNOUNCE, "images-key");
+    let image = host_base_image();
+    let out = run_python(
+        PINS,
+        "daytona_images",
+        &server,
+        &[("HOST_BASE_IMAGE", image.as_str())],
+    );
+    assert_expected("daytona_images", &out);
+}
+
 /// The TypeScript SDK's getting-started program (from its documentation: the
 /// `@daytonaio/sdk` README itself only announces the rename to `@daytona/sdk`), verbatim.
 /// It never deletes its sandbox; it must still end by itself, with the SDK's event socket
@@ -193,6 +241,20 @@ fn js_sdk_sandboxes_commands_sessions_files_previews_and_errors() {
 fn js_sdk_git_volumes_snapshots_fork_and_gaps() {
     let server = Server::start("daytona", ANNOUNCE, "js-more-key");
     check_node("daytona", "daytona_more", &server, Duration::from_secs(120));
+}
+
+/// Followed logs, PTY sessions, images and resources in TypeScript.
+#[test]
+fn js_sdk_follows_logs_drives_pty_sessions_and_checks_images() {
+    let server = Server::start("daytona", ANNOUNCE, "js-streams-key");
+    let image = host_base_image();
+    check_node_with(
+        "daytona",
+        "daytona_streams",
+        &server,
+        Duration::from_secs(120),
+        &[("HOST_BASE_IMAGE", image.as_str())],
+    );
 }
 
 #[test]
@@ -234,6 +296,13 @@ fn a_wrong_key_is_refused_before_any_effect() {
             ("POST", "/api/sandbox"),
             ("GET", "/api/sandbox"),
             ("POST", "/toolbox/any/process/execute"),
+            // The WebSocket routes too (the upgrade is never reached without the key).
+            ("GET", "/toolbox/any/process/pty/create-connect?id=a"),
+            ("GET", "/toolbox/any/process/pty/a/connect"),
+            (
+                "GET",
+                "/toolbox/any/process/session/s/command/c/logs?follow=true",
+            ),
         ] {
             let (status, body) = call(&server, key, method, path, Some(serde_json::json!({})));
             assert_eq!(status, 401, "{method} {path}: {body}");

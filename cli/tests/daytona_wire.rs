@@ -254,7 +254,7 @@ async fn errors_have_daytonas_shape_and_status() {
     for (method, path, wanted) in [
         ("POST", format!("/api/sandbox/{id}/resize"), 400),
         ("POST", format!("/toolbox/{id}/lsp/start"), 400),
-        ("POST", format!("/toolbox/{id}/process/pty"), 400),
+        ("POST", format!("/toolbox/{id}/process/pty"), 501),
         ("GET", format!("/toolbox/{id}/git/history"), 501),
     ] {
         let (status, body) = env.call(method, &path, Some(json!({}))).await;

@@ -609,17 +609,64 @@ impl CreateBuilder {
     }
 
     async fn run_inner(self) -> Result<Sandbox> {
+        let mut resources = sandcove::Resources::default();
         let p = match self.params {
             None => CreateSandboxFromSnapshotParams::default(),
             Some(CreateSandboxParams::Snapshot(p)) => p,
             Some(CreateSandboxParams::Image(p)) => {
                 if p.resources
                     .as_ref()
-                    .is_some_and(|r| r.gpu.is_some() || r.gpu_type.is_some())
+                    .is_some_and(|r| r.gpu.is_some_and(|g| g > 0) || r.gpu_type.is_some())
                 {
                     return Err(gap("GPU resources"));
                 }
-                return Err(gap("CreateSandboxFromImageParams"));
+                let caps = self.daytona.client.ready().await?;
+                let host = host_base().await;
+                if let Some(r) = &p.resources {
+                    translate::check_resources(r.cpu, r.memory, r.disk, r.gpu, &host)?;
+                }
+                let name = match &p.image {
+                    ImageSource::Name(n) => Some(n.as_str()),
+                    ImageSource::Image(_) => None,
+                };
+                // Only the engine on this machine runs this machine's base.
+                let host_image = caps.backend == "local"
+                    && name.is_some_and(|n| translate::denotes_host_base(n, &host));
+                if !host_image {
+                    return Err(image_refusal(name, &host));
+                }
+                if let Some(r) = &p.resources {
+                    // The disk is the sandbox's tmpfs, sized by the engine when isolated;
+                    // memory and CPU limits only where the host lets the engine set them
+                    // (elsewhere accepted, not enforced: MAPPING.md).
+                    if caps.isolated {
+                        resources.disk_mib = r.disk.map(|gib| gib as u64 * 1024);
+                    }
+                    if caps.memory_limit {
+                        resources.memory_mib = r.memory.map(|gib| gib as u64 * 1024);
+                    }
+                    if caps.cpu_limit {
+                        resources.cpu = r.cpu.map(|c| c as f64);
+                    }
+                }
+                CreateSandboxFromSnapshotParams {
+                    snapshot: None,
+                    name: p.name,
+                    language: p.language,
+                    os_user: p.os_user,
+                    env_vars: p.env_vars,
+                    labels: p.labels,
+                    public: p.public,
+                    auto_stop_interval: p.auto_stop_interval,
+                    auto_archive_interval: p.auto_archive_interval,
+                    auto_delete_interval: p.auto_delete_interval,
+                    volumes: p.volumes,
+                    network_block_all: p.network_block_all,
+                    network_allow_list: p.network_allow_list,
+                    domain_allow_list: p.domain_allow_list,
+                    ephemeral: p.ephemeral,
+                    linked_sandbox: p.linked_sandbox,
+                }
             }
         };
         let language = p.language.clone().unwrap_or_else(|| "python".into());
@@ -724,6 +771,7 @@ impl CreateBuilder {
         options.home = Some(home);
         options.snapshot = snapshot;
         options.volumes = volumes;
+        options.resources = resources;
         // The runtime keeps names unique, atomically and wherever it runs.
         options.name = p.name.clone();
         options.annotations = annotations;
@@ -751,6 +799,94 @@ impl CreateBuilder {
 }
 
 awaitable!(CreateBuilder => Sandbox);
+
+/// Read at most 64 KiB of a host file (small system files only).
+async fn read_small(path: &str) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let file = tokio::fs::File::open(path).await.ok()?;
+    let mut text = String::new();
+    file.take(64 * 1024).read_to_string(&mut text).await.ok()?;
+    Some(text)
+}
+
+/// The base system of the machine this program runs on (where the local engine runs its
+/// sandboxes): what an image is compared with. Unknown parts stay empty, so no image matches.
+async fn host_base() -> translate::HostBase {
+    let os = read_small("/etc/os-release").await.unwrap_or_default();
+    let field = |name: &str| {
+        os.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+            .map(|v| v.trim().trim_matches('"').to_string())
+            .unwrap_or_default()
+    };
+    let debian = field("ID") == "debian";
+    let python = tokio::fs::read_link("/usr/bin/python3")
+        .await
+        .ok()
+        .and_then(|target| {
+            let name = target.file_name()?.to_str()?.to_string();
+            let version = name.strip_prefix("python")?.to_string();
+            let ok = version.split('.').count() == 2
+                && version
+                    .split('.')
+                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+            ok.then_some(version)
+        });
+    let meminfo = read_small("/proc/meminfo").await.unwrap_or_default();
+    let memory_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    let cpus = tokio::task::spawn_blocking(|| {
+        std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
+    })
+    .await
+    .unwrap_or(1);
+    translate::HostBase {
+        debian_version: if debian {
+            field("VERSION_ID")
+        } else {
+            String::new()
+        },
+        codename: if debian {
+            field("VERSION_CODENAME")
+        } else {
+            String::new()
+        },
+        python,
+        cpus,
+        memory_gib: memory_kib.div_ceil(1024 * 1024),
+    }
+}
+
+/// The refusal of an image the runtime cannot provide: what runs instead, and where to get
+/// the real one.
+fn image_refusal(name: Option<&str>, host: &translate::HostBase) -> DaytonaError {
+    let what = match name {
+        Some(n) => format!("the image {n:?}"),
+        None => "a declarative Image (it builds on top of a base)".to_string(),
+    };
+    let base = if host.codename.is_empty() {
+        "the host's own system".to_string()
+    } else {
+        format!("the host's {}", host.describe())
+    };
+    let names = if host.codename.is_empty() {
+        String::new()
+    } else {
+        format!(" (name it as {})", host.examples())
+    };
+    DaytonaError::not_supported(
+        format!("creating a sandbox from {what}"),
+        format!(
+            "this runtime cannot pull or build images: every sandbox runs {base}. Create from \
+             the default snapshot or an image naming that base{names}, install what the image \
+             adds with process.exec and keep the result with sandbox.create_snapshot(name); \
+             to run the real image, use Daytona itself or a container runtime"
+        ),
+    )
+}
 
 /// Builder of [`Daytona::get`]; await it.
 #[derive(Debug)]

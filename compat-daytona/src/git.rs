@@ -328,6 +328,77 @@ impl Git {
         Ok(())
     }
 
+    /// `init(path, bare=False, initial_branch=None)`: a new repository at `path` (relative to
+    /// the work dir).
+    pub async fn init(&self, path: &str, bare: bool, initial_branch: Option<&str>) -> Result<()> {
+        let mut args = vec!["init".to_string(), "-q".to_string()];
+        if bare {
+            args.push("--bare".into());
+        }
+        if let Some(branch) = initial_branch {
+            // One argument, so the name can never be read as another option.
+            args.push(format!("--initial-branch={branch}"));
+        }
+        args.push("--".into());
+        args.push(self.ctx.resolve(path));
+        self.git(None, args, None)
+            .await
+            .ctx("Failed to initialize repository: ")?;
+        Ok(())
+    }
+
+    /// `remote_add(path, name, url)`: add a remote (`fetch=True` fetches it at once;
+    /// `overwrite=True` replaces a remote of that name).
+    pub async fn remote_add(
+        &self,
+        path: &str,
+        name: &str,
+        url: &str,
+        fetch: bool,
+        overwrite: bool,
+    ) -> Result<()> {
+        const P: &str = "Failed to add remote: ";
+        if overwrite
+            && self
+                .remotes(path)
+                .await
+                .ctx(P)?
+                .iter()
+                .any(|(n, _)| n == name)
+        {
+            self.git(
+                Some(path),
+                vec!["remote".into(), "remove".into(), "--".into(), name.into()],
+                None,
+            )
+            .await
+            .ctx(P)?;
+        }
+        let mut args = vec!["remote".to_string(), "add".to_string()];
+        if fetch {
+            args.push("-f".into());
+        }
+        args.extend(["--".to_string(), name.to_string(), url.to_string()]);
+        self.git(Some(path), args, None).await.ctx(P)?;
+        Ok(())
+    }
+
+    /// `remotes(path)`: each remote's name and fetch URL.
+    pub async fn remotes(&self, path: &str) -> Result<Vec<(String, String)>> {
+        let out = self
+            .git(Some(path), vec!["remote".into(), "-v".into()], None)
+            .await
+            .ctx("Failed to list remotes: ")?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                let l = l.strip_suffix(" (fetch)")?;
+                let (name, url) = l.split_once('\t')?;
+                Some((name.to_string(), url.to_string()))
+            })
+            .collect())
+    }
+
     /// `checkout_branch(path, branch)`.
     pub async fn checkout_branch(&self, path: &str, branch: &str) -> Result<()> {
         self.git(Some(path), vec!["checkout".into(), branch.into()], None)

@@ -87,6 +87,49 @@ impl SandboxState {
     }
 }
 
+impl SandboxState {
+    /// Every state, in declaration order (a test checks it against the enum).
+    pub const ALL: [SandboxState; 22] = {
+        use SandboxState::*;
+        [
+            Creating,
+            Restoring,
+            Destroyed,
+            Destroying,
+            Started,
+            Stopped,
+            Starting,
+            Stopping,
+            Error,
+            BuildFailed,
+            PendingBuild,
+            BuildingSnapshot,
+            Unknown,
+            PullingSnapshot,
+            Archived,
+            Archiving,
+            Resizing,
+            Snapshotting,
+            Forking,
+            Pausing,
+            Paused,
+            Resuming,
+        ]
+    };
+}
+
+impl std::str::FromStr for SandboxState {
+    type Err = DaytonaError;
+
+    /// The state a wire string (`started`, `build_failed`, …) names.
+    fn from_str(text: &str) -> std::result::Result<Self, DaytonaError> {
+        SandboxState::ALL
+            .into_iter()
+            .find(|s| s.as_str() == text)
+            .ok_or_else(|| DaytonaError::validation(format!("unknown sandbox state {text:?}")))
+    }
+}
+
 impl std::fmt::Display for SandboxState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -898,3 +941,47 @@ impl SignedPreviewBuilder {
     }
 }
 awaitable!(SignedPreviewBuilder => SignedPortPreviewUrl);
+
+#[cfg(test)]
+mod tests {
+    use super::SandboxState;
+
+    /// A match without a wildcard: a new variant stops this from compiling until `ALL` and
+    /// this list have it.
+    fn position(s: SandboxState) -> usize {
+        use SandboxState::*;
+        match s {
+            Creating => 0,
+            Restoring => 1,
+            Destroyed => 2,
+            Destroying => 3,
+            Started => 4,
+            Stopped => 5,
+            Starting => 6,
+            Stopping => 7,
+            Error => 8,
+            BuildFailed => 9,
+            PendingBuild => 10,
+            BuildingSnapshot => 11,
+            Unknown => 12,
+            PullingSnapshot => 13,
+            Archived => 14,
+            Archiving => 15,
+            Resizing => 16,
+            Snapshotting => 17,
+            Forking => 18,
+            Pausing => 19,
+            Paused => 20,
+            Resuming => 21,
+        }
+    }
+
+    #[test]
+    fn every_state_is_listed_once_and_parses_from_its_wire_string() {
+        for (i, s) in SandboxState::ALL.into_iter().enumerate() {
+            assert_eq!(position(s), i, "{s}");
+            assert_eq!(s.as_str().parse::<SandboxState>().unwrap(), s);
+        }
+        assert!("nonsense".parse::<SandboxState>().is_err());
+    }
+}

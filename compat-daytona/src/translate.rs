@@ -212,6 +212,148 @@ pub fn check_mount_path(path: &str) -> Result<(), DaytonaError> {
     Ok(())
 }
 
+/// What the host's base system is, as images are compared with it: the local engine runs
+/// the host's `/usr` (read-only), so the only image it can truly provide is the host's own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostBase {
+    /// Debian's `VERSION_ID` (`12`), from the host's `/etc/os-release`.
+    pub debian_version: String,
+    /// Debian's `VERSION_CODENAME` (`bookworm`).
+    pub codename: String,
+    /// The `python3` of the host as `major.minor` (`3.11`), if it has one.
+    pub python: Option<String>,
+    /// Cores this process may use.
+    pub cpus: u64,
+    /// The host's memory in GiB (rounded up).
+    pub memory_gib: u64,
+}
+
+impl HostBase {
+    /// `"Debian 12 (bookworm) with python 3.11"`.
+    pub fn describe(&self) -> String {
+        match &self.python {
+            Some(py) => format!(
+                "Debian {} ({}) with python {py}",
+                self.debian_version, self.codename
+            ),
+            None => format!("Debian {} ({})", self.debian_version, self.codename),
+        }
+    }
+
+    /// Image references that name exactly this base, for messages.
+    pub fn examples(&self) -> String {
+        let mut out = vec![
+            format!("debian:{}-slim", self.codename),
+            format!("debian:{}", self.debian_version),
+        ];
+        if let Some(py) = &self.python {
+            out.push(format!("python:{py}-slim-{}", self.codename));
+        }
+        out.join(", ")
+    }
+}
+
+/// Whether image reference `image` names the host's own base, so a sandbox of the host base
+/// *is* that image: `debian:{12|bookworm}[-slim]`, or `python:{major.minor}[-slim]-{codename}`
+/// with the host's python (the codename must be in the tag: a bare `python:3.11` follows
+/// Docker's current Debian release, not the host's). A registry prefix other than Docker
+/// Hub's library, a digest, or a patch version are never the host base.
+pub fn denotes_host_base(image: &str, host: &HostBase) -> bool {
+    let image = image.trim();
+    let image = image
+        .strip_prefix("docker.io/library/")
+        .or_else(|| image.strip_prefix("library/"))
+        .unwrap_or(image);
+    if image.contains('@') || image.contains('/') {
+        return false;
+    }
+    let Some((name, tag)) = image.split_once(':') else {
+        return false;
+    };
+    match name {
+        "debian" => {
+            let tag = tag.strip_suffix("-slim").unwrap_or(tag);
+            tag == host.debian_version || tag == host.codename
+        }
+        "python" => {
+            let Some(py) = &host.python else {
+                return false;
+            };
+            let Some(rest) = tag
+                .strip_prefix(py.as_str())
+                .and_then(|r| r.strip_prefix('-'))
+            else {
+                return false;
+            };
+            let rest = rest.strip_prefix("slim-").unwrap_or(rest);
+            rest == host.codename
+        }
+        _ => false,
+    }
+}
+
+/// The image a Dockerfile is, when it is nothing but one `FROM <image>` line (what the SDKs
+/// send for an image given by name); `None` for anything that builds.
+pub fn dockerfile_image(dockerfile: &str) -> Option<&str> {
+    let mut lines = dockerfile
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'));
+    let first = lines.next()?;
+    if lines.next().is_some() {
+        return None;
+    }
+    let (keyword, rest) = first.split_once(char::is_whitespace)?;
+    if !keyword.eq_ignore_ascii_case("FROM") {
+        return None;
+    }
+    let mut words = rest.split_whitespace();
+    let image = words.next()?;
+    // `FROM image AS stage` is still that image; other words are not.
+    match (words.next(), words.next(), words.next()) {
+        (None, _, _) => Some(image),
+        (Some(as_), Some(_), None) if as_.eq_ignore_ascii_case("as") => Some(image),
+        _ => None,
+    }
+}
+
+/// Check requested resources (`cpu` cores, `memory` and `disk` GiB, `gpu` count) against what
+/// the host has: above it is Daytona's 400 naming the limit; below it is accepted (whether it is
+/// enforced is the runtime's, see `MAPPING.md`).
+pub fn check_resources(
+    cpu: Option<i64>,
+    memory: Option<i64>,
+    disk: Option<i64>,
+    gpu: Option<i64>,
+    host: &HostBase,
+) -> Result<(), DaytonaError> {
+    // The disk is a tmpfs: it lives in the host's memory.
+    for (what, value, max, unit) in [
+        ("CPU", cpu, host.cpus, " cores"),
+        ("Memory", memory, host.memory_gib, "GB"),
+        ("Disk", disk, host.memory_gib, "GB"),
+        ("GPU", gpu, 0, ""),
+    ] {
+        let Some(value) = value else { continue };
+        if value < 0 || (value == 0 && what != "GPU") {
+            return Err(DaytonaError::validation(format!(
+                "{what} must be a positive integer, not {value}"
+            )));
+        }
+        if value as u64 > max {
+            return Err(DaytonaError::BadRequest(crate::errors::ErrorDetails::new(
+                format!(
+                    "{what} request {value}{unit} exceeds maximum allowed per sandbox \
+                     ({max}{unit}): this host has {max}{unit}"
+                ),
+                Some(400),
+                Some("RESOURCE_LIMIT_EXCEEDED"),
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,6 +443,78 @@ mod tests {
         assert!(check_mount_path("/home/daytona/volume").is_ok());
         for bad in ["rel", "/", "/etc/x", "/a/../b", "/proc"] {
             assert!(check_mount_path(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn host() -> HostBase {
+        HostBase {
+            debian_version: "12".into(),
+            codename: "bookworm".into(),
+            python: Some("3.11".into()),
+            cpus: 4,
+            memory_gib: 8,
+        }
+    }
+
+    #[test]
+    fn only_images_naming_the_host_base_denote_it() {
+        let h = host();
+        for yes in [
+            "debian:12",
+            "debian:12-slim",
+            "debian:bookworm-slim",
+            "docker.io/library/debian:bookworm",
+            "python:3.11-slim-bookworm",
+            "python:3.11-bookworm",
+        ] {
+            assert!(denotes_host_base(yes, &h), "{yes}");
+        }
+        for no in [
+            "debian:13",
+            "debian:trixie-slim",
+            "debian",
+            "debian:latest",
+            "python:3.11",
+            "python:3.11-slim",
+            "python:3.12-slim-bookworm",
+            "python:3.11.9-slim-bookworm",
+            "ubuntu:22.04",
+            "ghcr.io/x/debian:12",
+            "debian@sha256:abc",
+            "node:20-bookworm",
+        ] {
+            assert!(!denotes_host_base(no, &h), "{no}");
+        }
+    }
+
+    #[test]
+    fn a_dockerfile_is_an_image_only_when_it_builds_nothing() {
+        assert_eq!(dockerfile_image("FROM debian:12\n"), Some("debian:12"));
+        assert_eq!(
+            dockerfile_image("\n  from debian:12 AS base\n"),
+            Some("debian:12")
+        );
+        assert_eq!(dockerfile_image("FROM debian:12\nRUN true\n"), None);
+        assert_eq!(dockerfile_image("RUN true"), None);
+        assert_eq!(dockerfile_image(""), None);
+        assert_eq!(dockerfile_image("FROM --platform=x debian:12 y"), None);
+    }
+
+    #[test]
+    fn resources_above_the_host_are_refused() {
+        let h = host();
+        assert!(check_resources(Some(4), Some(8), Some(8), Some(0), &h).is_ok());
+        assert!(check_resources(None, None, None, None, &h).is_ok());
+        for (cpu, mem, disk, gpu) in [
+            (Some(5), None, None, None),
+            (None, Some(9), None, None),
+            (None, None, Some(9), None),
+            (None, None, None, Some(1)),
+            (Some(0), None, None, None),
+            (None, Some(-1), None, None),
+        ] {
+            let err = check_resources(cpu, mem, disk, gpu, &h).unwrap_err();
+            assert!(matches!(err, DaytonaError::BadRequest(_)), "{err:?}");
         }
     }
 }

@@ -732,15 +732,23 @@ async fn fifty_concurrent_clients() {
     }
 }
 
-/// A router whose `/echo` route switches to a raw echo of every byte; `/plain` answers `ok`.
+/// Idle limit of the `/echo-brief` route of [`upgrade_router`].
+const BRIEF_IDLE: Duration = Duration::from_millis(400);
+
+/// A router whose `/echo` route switches to a raw echo of every byte (`/echo-brief` too, with
+/// an idle limit of [`BRIEF_IDLE`]); `/plain` answers `ok`.
 fn upgrade_router() -> axum::Router {
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
     async fn echo(mut request: axum::extract::Request) -> axum::response::Response {
-        let upgrade = match sandcove::server::upgrade::prepare(&mut request) {
+        let brief = request.uri().path() == "/echo-brief";
+        let mut upgrade = match sandcove::server::upgrade::prepare(&mut request) {
             Ok(u) => u,
             Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
         };
+        if brief {
+            upgrade = upgrade.idle_limit(BRIEF_IDLE);
+        }
         upgrade.run(|mut io| async move {
             let (mut read, mut write) = tokio::io::split(&mut io);
             let _ = tokio::io::copy(&mut read, &mut write).await;
@@ -754,15 +762,22 @@ fn upgrade_router() -> axum::Router {
     }
     axum::Router::new()
         .route("/echo", axum::routing::get(echo))
+        .route("/echo-brief", axum::routing::get(echo))
         .route("/plain", axum::routing::get(|| async { "ok" }))
 }
 
 /// Open a connection to `addr` and switch it to the echo protocol.
 async fn upgraded(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+    upgraded_at(addr, "/echo").await
+}
+
+/// [`upgraded`] on the route at `path`.
+async fn upgraded_at(addr: std::net::SocketAddr, path: &str) -> tokio::net::TcpStream {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
     conn.write_all(
-        b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: echo\r\n\r\n",
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: echo\r\n\r\n")
+            .as_bytes(),
     )
     .await
     .unwrap();
@@ -869,6 +884,57 @@ async fn shutdown_closes_upgraded_connections() {
         matches!(end, Ok(0)) || end.is_err(),
         "closed, not more bytes: {end:?} {rest:?}"
     );
+}
+
+/// An upgraded connection on which nothing moves is closed after its idle limit (and frees
+/// its slot), while one that keeps moving bytes stays open past it.
+#[tokio::test]
+async fn an_idle_upgraded_connection_is_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(sandcove::server::serve_router(
+        listener,
+        upgrade_router(),
+        upgrade_limits(1, Duration::from_secs(5)),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let mut conn = upgraded_at(addr, "/echo-brief").await;
+    // Traffic for several idle limits keeps it open.
+    let busy_until = tokio::time::Instant::now() + BRIEF_IDLE * 3;
+    while tokio::time::Instant::now() < busy_until {
+        conn.write_all(b"x").await.unwrap();
+        let mut back = [0u8; 1];
+        conn.read_exact(&mut back)
+            .await
+            .expect("a busy connection stays open");
+        tokio::time::sleep(BRIEF_IDLE / 4).await;
+    }
+    // Silence: the server closes it.
+    let mut rest = Vec::new();
+    let end = tokio::time::timeout(Duration::from_secs(60), conn.read_to_end(&mut rest))
+        .await
+        .expect("the idle upgraded connection is closed");
+    assert!(
+        matches!(end, Ok(0)) || end.is_err(),
+        "closed, not more bytes: {end:?} {rest:?}"
+    );
+    // Its slot (the only one) is free again.
+    let mut next = tokio::net::TcpStream::connect(addr).await.unwrap();
+    next.write_all(b"GET /plain HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), next.read_to_end(&mut answer))
+        .await
+        .expect("served once the idle connection was closed")
+        .unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 200 "), "{answer:?}");
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
 }
 
 /// A router served outside `serve`/`serve_router` cannot take a connection over: nothing

@@ -339,6 +339,17 @@ pub fn node_project(dir: &str) -> PathBuf {
 /// `server`'s `sandcove env` prints; assert it succeeds, ends by itself within `limit`, and
 /// prints `<name>.expected`.
 pub fn check_node(dir: &str, name: &str, server: &Server, limit: Duration) {
+    check_node_with(dir, name, server, limit, &[]);
+}
+
+/// [`check_node`] with `extra` variables for the program.
+pub fn check_node_with(
+    dir: &str,
+    name: &str,
+    server: &Server,
+    limit: Duration,
+    extra: &[(&str, &str)],
+) {
     let project = node_project(dir);
     // ES modules resolve packages from their own directory upwards: run a copy placed in
     // the provisioned project.
@@ -356,6 +367,9 @@ pub fn check_node(dir: &str, name: &str, server: &Server, limit: Duration) {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     for (k, v) in &vars {
+        cmd.env(k, v);
+    }
+    for (k, v) in extra {
         cmd.env(k, v);
     }
     let started = Instant::now();

@@ -19,7 +19,8 @@ use serde_json::{json, Value};
 use super::{bad_request, parse_json, ApiError, Wire};
 use crate::client::{
     CreateSandboxFromImageParams, CreateSandboxFromSnapshotParams, CreateSandboxParams,
-    ListSandboxesQuery, Resources, SandboxListSortDirection, SandboxListSortField, VolumeMount,
+    ImageSource, ListSandboxesQuery, Resources, SandboxListSortDirection, SandboxListSortField,
+    VolumeMount,
 };
 use crate::gaps::gap;
 use crate::sandbox::{Sandbox, SandboxState};
@@ -235,8 +236,23 @@ async fn create(State(wire): State<Wire>, body: Bytes) -> Result<Json<Value>, Ap
         .labels
         .as_ref()
         .and_then(|l| l.get(crate::translate::LANGUAGE_LABEL).cloned());
-    let params: CreateSandboxParams = if req.build_info.is_some() {
-        // An image: the facade's gap (with its GPU check) decides.
+    let params: CreateSandboxParams = if let Some(build) = &req.build_info {
+        // An image: a Dockerfile that only names one (`FROM x`, what the SDKs send for an
+        // image given by name) is that image; anything that builds, or needs uploaded
+        // context, is a declarative image. The facade decides (the host's own base runs;
+        // any other image is refused naming what would run instead).
+        let dockerfile = build
+            .get("dockerfileContent")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let has_context = build
+            .get("contextHashes")
+            .and_then(Value::as_array)
+            .is_some_and(|c| !c.is_empty());
+        let image = match crate::translate::dockerfile_image(dockerfile) {
+            Some(name) if !has_context => ImageSource::Name(name.to_string()),
+            _ => ImageSource::Image(crate::snapshot::Image::default()),
+        };
         let resources =
             (req.cpu.is_some() || req.memory.is_some() || req.disk.is_some()).then(|| Resources {
                 cpu: req.cpu,
@@ -245,15 +261,32 @@ async fn create(State(wire): State<Wire>, body: Bytes) -> Result<Json<Value>, Ap
                 ..Default::default()
             });
         CreateSandboxParams::Image(CreateSandboxFromImageParams {
+            image,
             resources,
             name: req.name,
-            ..Default::default()
+            language,
+            os_user: req.user,
+            env_vars: req.env,
+            labels: req.labels,
+            public: req.public,
+            auto_stop_interval: req.auto_stop_interval,
+            auto_archive_interval: req.auto_archive_interval,
+            auto_delete_interval: req.auto_delete_interval,
+            volumes,
+            network_block_all: req.network_block_all,
+            network_allow_list: req.network_allow_list,
+            domain_allow_list: req.domain_allow_list,
+            ephemeral: None,
+            linked_sandbox: req.linked_sandbox,
         })
     } else {
         if req.cpu.is_some() || req.memory.is_some() || req.disk.is_some() {
+            // As on Daytona, a snapshot fixes its own resources.
             return Err(unsupported(
-                "resources without an image",
-                "create from the default snapshot without resources; limits are the host's",
+                "resources with a snapshot",
+                "a snapshot fixes its resources; give resources with an image (the host's \
+                 base, e.g. CreateSandboxFromImageParams(image=\"debian:bookworm-slim\", \
+                 resources=...))",
             ));
         }
         CreateSandboxParams::Snapshot(CreateSandboxFromSnapshotParams {
@@ -724,33 +757,7 @@ fn list_query(raw: &str) -> Result<(ListSandboxesQuery, usize, usize), ApiError>
 }
 
 fn parse_state(text: &str) -> Option<SandboxState> {
-    use SandboxState::*;
-    [
-        Creating,
-        Restoring,
-        Destroyed,
-        Destroying,
-        Started,
-        Stopped,
-        Starting,
-        Stopping,
-        Error,
-        BuildFailed,
-        PendingBuild,
-        BuildingSnapshot,
-        Unknown,
-        PullingSnapshot,
-        Archived,
-        Archiving,
-        Resizing,
-        Snapshotting,
-        Forking,
-        Pausing,
-        Paused,
-        Resuming,
-    ]
-    .into_iter()
-    .find(|s| s.as_str() == text)
+    text.parse().ok()
 }
 
 async fn list(State(wire): State<Wire>, RawQuery(raw): RawQuery) -> Result<Json<Value>, ApiError> {

@@ -17,25 +17,22 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use base64::Engine as _;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 
+use super::ws::{self, pong, read_message, send_text, Message};
 use super::Wire;
 
 /// Largest frame (or message across fragments) a client may send.
-pub const MAX_FRAME: usize = 64 * 1024;
+pub const MAX_FRAME: usize = ws::MAX_MESSAGE;
 /// Time from the WebSocket opening to an accepted Socket.IO `CONNECT`.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Engine.IO's ping interval, announced to the client.
 const PING_INTERVAL: Duration = Duration::from_secs(25);
 /// How long after a ping the client may take to answer, announced to the client.
 const PING_TIMEOUT: Duration = Duration::from_secs(20);
-/// RFC 6455's key suffix for `Sec-WebSocket-Accept`.
-const WEBSOCKET_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 
 /// Session ids: they name a connection and grant nothing.
 static SESSIONS: AtomicU64 = AtomicU64::new(1);
@@ -66,151 +63,15 @@ pub(crate) async fn socket(State(wire): State<Wire>, mut request: Request) -> Re
     if param("transport") != Some("websocket") {
         return refuse(StatusCode::BAD_REQUEST, "Transport unknown");
     }
-    let headers = request.headers();
-    let websocket = headers
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-    let version = headers
-        .get(header::SEC_WEBSOCKET_VERSION)
-        .and_then(|v| v.to_str().ok());
-    let key = headers
-        .get(header::SEC_WEBSOCKET_KEY)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|k| {
-            base64::engine::general_purpose::STANDARD
-                .decode(k)
-                .is_ok_and(|raw| raw.len() == 16)
-        })
-        .map(str::to_string);
-    let (true, Some("13"), Some(key)) = (websocket, version, key) else {
-        return refuse(StatusCode::BAD_REQUEST, "Bad handshake method");
+    let (upgrade, response) = match ws::accept(&mut request, None) {
+        Ok(pair) => pair,
+        Err(message) => return refuse(StatusCode::BAD_REQUEST, &message),
     };
-    let upgrade = match sandcove::server::upgrade::prepare(&mut request) {
-        Ok(u) => u,
-        Err(e) => return refuse(StatusCode::BAD_REQUEST, &e.to_string()),
-    };
-    let digest = ring::digest::digest(
-        &ring::digest::SHA1_FOR_LEGACY_USE_ONLY,
-        format!("{key}{WEBSOCKET_GUID}").as_bytes(),
-    );
-    let accept = base64::engine::general_purpose::STANDARD.encode(digest.as_ref());
     let api_key = wire.config.api_key.clone();
     upgrade.run(move |mut io| async move {
         let _ = session(&mut io, &api_key).await;
     });
-    Response::builder()
-        .status(StatusCode::SWITCHING_PROTOCOLS)
-        .header(header::UPGRADE, "websocket")
-        .header(header::CONNECTION, "Upgrade")
-        .header(header::SEC_WEBSOCKET_ACCEPT, accept)
-        .body(Body::empty())
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
-}
-
-/// One WebSocket message from the client.
-enum Message {
-    Text(String),
-    /// A WebSocket ping: answered with a pong carrying the same bytes.
-    Ping(Vec<u8>),
-    /// Binary data, pongs: nothing the protocol here uses.
-    Other,
-    Close,
-}
-
-async fn read_frame_head<R: AsyncRead + Unpin>(io: &mut R) -> io::Result<(bool, u8, usize)> {
-    let mut head = [0u8; 2];
-    io.read_exact(&mut head).await?;
-    let (fin, opcode) = (head[0] & 0x80 != 0, head[0] & 0x0f);
-    if head[0] & 0x70 != 0 || head[1] & 0x80 == 0 {
-        // Reserved bits (no extension was agreed), or an unmasked client frame.
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "bad frame"));
-    }
-    let len = match head[1] & 0x7f {
-        126 => {
-            let mut b = [0u8; 2];
-            io.read_exact(&mut b).await?;
-            u64::from(u16::from_be_bytes(b))
-        }
-        127 => {
-            let mut b = [0u8; 8];
-            io.read_exact(&mut b).await?;
-            u64::from_be_bytes(b)
-        }
-        n => u64::from(n),
-    };
-    if len > MAX_FRAME as u64 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "frame too large",
-        ));
-    }
-    Ok((fin, opcode, len as usize))
-}
-
-/// The next message. Not cancel-safe: a partly read frame is lost.
-async fn read_message<R: AsyncRead + Unpin>(io: &mut R) -> io::Result<Message> {
-    let mut message: Vec<u8> = Vec::new();
-    let mut kind = None;
-    loop {
-        let (fin, opcode, len) = read_frame_head(io).await?;
-        let mut mask = [0u8; 4];
-        io.read_exact(&mut mask).await?;
-        let mut payload = vec![0u8; len];
-        io.read_exact(&mut payload).await?;
-        for (i, b) in payload.iter_mut().enumerate() {
-            *b ^= mask[i % 4];
-        }
-        match opcode {
-            0x8 => return Ok(Message::Close),
-            0x9 => return Ok(Message::Ping(payload)),
-            0xA => return Ok(Message::Other),
-            0x0..=0x2 => {
-                if opcode != 0 {
-                    kind = Some(opcode);
-                }
-                if message.len() + payload.len() > MAX_FRAME {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "message too large",
-                    ));
-                }
-                message.extend_from_slice(&payload);
-                if fin {
-                    return Ok(match kind {
-                        Some(0x1) => Message::Text(String::from_utf8(message).map_err(|_| {
-                            io::Error::new(io::ErrorKind::InvalidData, "text is not UTF-8")
-                        })?),
-                        _ => Message::Other,
-                    });
-                }
-            }
-            _ => return Err(io::Error::new(io::ErrorKind::InvalidData, "bad opcode")),
-        }
-    }
-}
-
-async fn write_frame<W: AsyncWrite + Unpin>(io: &mut W, opcode: u8, data: &[u8]) -> io::Result<()> {
-    let mut frame = vec![0x80 | opcode];
-    match data.len() {
-        n if n < 126 => frame.push(n as u8),
-        n if n <= usize::from(u16::MAX) => {
-            frame.push(126);
-            frame.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        n => {
-            frame.push(127);
-            frame.extend_from_slice(&(n as u64).to_be_bytes());
-        }
-    }
-    frame.extend_from_slice(data);
-    io.write_all(&frame).await?;
-    io.flush().await
-}
-
-async fn send_text<W: AsyncWrite + Unpin>(io: &mut W, text: &str) -> io::Result<()> {
-    write_frame(io, 0x1, text.as_bytes()).await
+    response
 }
 
 /// Whether a Socket.IO `CONNECT` payload (after `40`) carries `key` as its `token`.
@@ -237,8 +98,8 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S, key: &str) -> io
         loop {
             match read_message(io).await? {
                 Message::Close => return Ok(false),
-                Message::Ping(data) => write_frame(io, 0xA, &data).await?,
-                Message::Other => {}
+                Message::Ping(data) => pong(io, &data).await?,
+                Message::Binary(_) | Message::Pong => {}
                 Message::Text(text) => {
                     if text == "2" {
                         send_text(io, "3").await?;
@@ -268,7 +129,7 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S, key: &str) -> io
     match connected {
         Ok(Ok(true)) => {}
         Ok(Ok(false)) | Err(_) => {
-            let _ = write_frame(io, 0x8, &1000u16.to_be_bytes()).await;
+            let _ = ws::close(io, 1000, "").await;
             return Ok(());
         }
         Ok(Err(e)) => return Err(e),
@@ -297,8 +158,8 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S, key: &str) -> io
                     send_text(&mut writer, "2").await?;
                 }
                 Ok(None) | Ok(Some(Message::Close)) => return Ok(()),
-                Ok(Some(Message::Ping(data))) => write_frame(&mut writer, 0xA, &data).await?,
-                Ok(Some(Message::Other)) => {}
+                Ok(Some(Message::Ping(data))) => pong(&mut writer, &data).await?,
+                Ok(Some(Message::Binary(_) | Message::Pong)) => {}
                 Ok(Some(Message::Text(text))) => {
                     pinged = false;
                     match text.as_str() {
@@ -316,7 +177,7 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S, key: &str) -> io
         read = reading => read,
         answered = answering => answered,
     };
-    let _ = write_frame(&mut writer, 0x8, &1000u16.to_be_bytes()).await;
+    let _ = ws::close(&mut writer, 1000, "").await;
     ended
 }
 

@@ -5,7 +5,9 @@
 //! | module | what |
 //! |---|---|
 //! | [`api`] | the control plane under `/api` (`/api/sandbox…`): REST + JSON |
-//! | [`toolbox`] | the in-sandbox API under `/toolbox/{id}/…` (process, files) |
+//! | [`toolbox`] | the in-sandbox API under `/toolbox/{id}/…` (process, files, git) |
+//! | [`pty`] | PTY sessions under `/toolbox/{id}/process/pty…` (WebSocket + REST) |
+//! | `ws` | the WebSocket server side the sockets share (handshake, bounded frames) |
 //!
 //! One listener serves both planes: every sandbox answer carries `toolboxProxyUrl` =
 //! `{base_url}/toolbox`, absolute on this same listener, and the SDK sends every toolbox
@@ -27,7 +29,9 @@
 pub mod api;
 mod events;
 mod multipart;
+pub mod pty;
 pub mod toolbox;
+mod ws;
 
 use std::sync::Arc;
 
@@ -84,6 +88,8 @@ impl std::fmt::Debug for WireConfig {
 pub(crate) struct Wire {
     pub client: Client,
     pub config: Arc<WireConfig>,
+    /// Terminal sizes of the PTY sessions this listener made.
+    pub ptys: Arc<pty::Sizes>,
 }
 
 impl Wire {
@@ -115,10 +121,11 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
     let wire = Wire {
         client: Client::new(backend),
         config: Arc::new(config),
+        ptys: Arc::default(),
     };
     Router::new()
         .nest("/api", api::routes())
-        .nest("/toolbox/{id}", toolbox::routes())
+        .nest("/toolbox/{id}", toolbox::routes().merge(pty::routes()))
         .fallback(not_found)
         .with_state(wire.clone())
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
@@ -142,7 +149,6 @@ fn gap_of_path(path: &str) -> Option<&'static str> {
         ["api", "sandbox", _, "secrets", ..] | ["api", "secrets", ..] => "secrets and warm pools",
         ["api", "warm-pools", ..] | ["api", "warm-pool", ..] => "secrets and warm pools",
         ["api", "object-storage", ..] => "object storage",
-        ["toolbox", _, "process", "pty", ..] => "pty sessions",
         ["toolbox", _, "process", "interpreter", ..] => "code_interpreter",
         ["toolbox", _, "lsp", ..] => "create_lsp_server",
         ["toolbox", _, "computeruse", ..] => "computer_use",
@@ -164,7 +170,7 @@ async fn not_found(request: Request) -> Response {
             format!(
                 "{} {path} is not served over Daytona's wire protocol by Sandcove (see \
                  MAPPING.md); instead use process.exec (for git commands other than status, \
-                 add, commit, branches, checkout, clone, pull and push too), or sessions for \
+                 add, commit, branches, checkout, clone, pull, push, init and remotes too), or sessions for \
                  long-running and interactive programs",
                 request.method()
             ),
@@ -370,7 +376,6 @@ mod tests {
                 "/api/sandbox/abc/ports/80/signed-preview-url/tok/expire",
                 Some("expire_signed_preview_url"),
             ),
-            ("/toolbox/abc/process/pty/s1/connect", Some("pty sessions")),
             (
                 "/toolbox/abc/process/interpreter/execute",
                 Some("code_interpreter"),

@@ -76,6 +76,8 @@ pub(crate) fn routes() -> Router<Wire> {
                 .delete(git_delete_branch),
         )
         .route("/git/checkout", post(git_checkout))
+        .route("/git/init", post(git_init))
+        .route("/git/remotes", get(git_remotes).post(git_remote_add))
         .route("/git/clone", post(git_clone))
         .route("/git/pull", post(git_pull))
         .route("/git/push", post(git_push))
@@ -86,6 +88,17 @@ pub(crate) fn routes() -> Router<Wire> {
 /// The sandbox a toolbox call is for.
 async fn sandbox(wire: &Wire, id: &str) -> Result<Sandbox, ApiError> {
     Ok(wire.daytona().get(id.to_string()).await?)
+}
+
+/// The shape most JSON toolbox calls share: the body parsed as `T` (checked first, so a bad
+/// request never looks the sandbox up), then the sandbox it is for.
+async fn json_request<T: serde::de::DeserializeOwned>(
+    wire: &Wire,
+    id: &str,
+    body: &[u8],
+) -> Result<(T, Sandbox), ApiError> {
+    let req = parse_json(wire, body)?;
+    Ok((req, sandbox(wire, id).await?))
 }
 
 /// `ExecuteRequest`.
@@ -188,14 +201,17 @@ fn file_info_body(f: &FileInfo) -> Value {
 }
 
 /// The query parameters of a toolbox call, by name (the last of a repeated name wins).
-fn query(raw: Option<String>) -> HashMap<String, String> {
+pub(crate) fn query(raw: Option<String>) -> HashMap<String, String> {
     query_pairs(raw.as_deref().unwrap_or(""))
         .into_iter()
         .collect()
 }
 
 /// A required query parameter.
-fn required<'a>(q: &'a HashMap<String, String>, name: &str) -> Result<&'a str, ApiError> {
+pub(crate) fn required<'a>(
+    q: &'a HashMap<String, String>,
+    name: &str,
+) -> Result<&'a str, ApiError> {
     q.get(name)
         .map(String::as_str)
         .ok_or_else(|| bad_request(format!("the {name} query parameter is required")))
@@ -341,8 +357,7 @@ async fn replace_in_files(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    let req: ReplaceRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (ReplaceRequest, _) = json_request(&wire, &id, &body).await?;
     let results = sb
         .fs
         .replace_in_files(req.files, &req.pattern, &req.new_value)
@@ -447,8 +462,7 @@ async fn bulk_download(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let req: DownloadRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (DownloadRequest, _) = json_request(&wire, &id, &body).await?;
     let boundary = format!("sandcove-{}", sandcove::random_id(24));
     let mut out = Vec::new();
     let mut budget = wire.config.max_upload_bytes;
@@ -539,8 +553,7 @@ async fn create_session(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let req: CreateSessionRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (CreateSessionRequest, _) = json_request(&wire, &id, &body).await?;
     sb.process.create_session(&req.session_id).await?;
     Ok(StatusCode::CREATED)
 }
@@ -649,20 +662,32 @@ async fn get_command(
     )))
 }
 
+/// `GET /process/session/{session}/command/{command}/logs`: the logs so far, or with
+/// `follow=true` a WebSocket that carries them as they come (see [`follow_logs`]).
 async fn command_logs(
     State(wire): State<Wire>,
     Path((id, session, command)): Path<(String, String, String)>,
     RawQuery(raw): RawQuery,
-) -> Result<Json<Value>, ApiError> {
+    mut request: axum::extract::Request,
+) -> Result<Response, ApiError> {
     let q = query(raw);
-    if flag(&q, "follow")? {
-        // Followed logs go over a websocket, which this listener does not speak.
-        return Err(ApiError(crate::DaytonaError::not_supported(
-            "followed session command logs (get_session_command_logs_async)",
-            "poll get_session_command_logs until get_session_command reports an exit code",
-        )));
-    }
+    let follow = flag(&q, "follow")?;
     let sb = sandbox(&wire, &id).await?;
+    if follow {
+        if !super::ws::is_websocket(&request) {
+            return Err(ApiError(crate::DaytonaError::not_supported(
+                "followed session command logs over a plain HTTP stream",
+                "open the logs URL with follow=true as a WebSocket (what the pinned SDKs' \
+                 get_session_command_logs_async / getSessionCommandLogs with callbacks do), or \
+                 poll get_session_command_logs",
+            )));
+        }
+        // A missing session or command is the SDK's error before the protocol switches.
+        sb.process.get_session_command(&session, &command).await?;
+        let (upgrade, response) = super::ws::accept(&mut request, None).map_err(bad_request)?;
+        upgrade.run(move |io| follow_logs(io, sb, session, command));
+        return Ok(response);
+    }
     let logs = sb
         .process
         .get_session_command_logs(&session, &command)
@@ -671,7 +696,113 @@ async fn command_logs(
         "output": logs.output.unwrap_or_default(),
         "stdout": logs.stdout.unwrap_or_default(),
         "stderr": logs.stderr.unwrap_or_default(),
-    })))
+    }))
+    .into_response())
+}
+
+/// Marks the chunks of each stream on a followed-logs socket (the SDKs split on them).
+const STDOUT_MARK: &[u8] = b"\x01\x01\x01";
+const STDERR_MARK: &[u8] = b"\x02\x02\x02";
+
+/// Most output a followed-logs socket queues for a client that reads slower than the command
+/// writes; past it the socket closes with 1011 saying so (the logs stay readable by polling).
+pub const FOLLOW_QUEUE_BYTES: usize = 8 * 1024 * 1024;
+
+/// Send a session command's output as it comes, each chunk a binary message led by its
+/// stream's mark, then close with 1000 once the command has ended (1011 with the reason if
+/// following failed). Chunks wait in a queue between the facade's callbacks and the socket,
+/// of at most [`FOLLOW_QUEUE_BYTES`].
+async fn follow_logs(
+    io: sandcove::server::upgrade::Upgraded,
+    sb: Sandbox,
+    session: String,
+    command: String,
+) {
+    use super::ws;
+    let (read, mut write) = tokio::io::split(io);
+    let mut incoming = ws::reader(read);
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let (chunks, mut queued) = tokio::sync::mpsc::unbounded_channel::<(bool, String)>();
+    // Bytes queued and not yet written; a chunk that would pass the bound is dropped and the
+    // socket ends saying so.
+    let held = Arc::new(AtomicUsize::new(0));
+    let overflow = Arc::new(AtomicBool::new(false));
+    let queue = {
+        let (held, overflow) = (held.clone(), overflow.clone());
+        move |is_err: bool, text: &str| {
+            if overflow.load(Ordering::Relaxed) {
+                return;
+            }
+            if held.fetch_add(text.len(), Ordering::Relaxed) + text.len() > FOLLOW_QUEUE_BYTES {
+                overflow.store(true, Ordering::Relaxed);
+                return;
+            }
+            let _ = chunks.send((is_err, text.to_string()));
+        }
+    };
+    let stderr_queue = queue.clone();
+    let stdout_queue = queue;
+    let logs = sb.process.get_session_command_logs_async(
+        &session,
+        &command,
+        move |text| stdout_queue(false, text),
+        move |text| stderr_queue(true, text),
+    );
+    let too_slow = || {
+        format!(
+            "the client fell more than {FOLLOW_QUEUE_BYTES} bytes behind the command's output; \
+             read the rest with get_session_command_logs"
+        )
+    };
+    tokio::pin!(logs);
+    let frame = |is_err: bool, text: String| {
+        let mut data = if is_err { STDERR_MARK } else { STDOUT_MARK }.to_vec();
+        data.extend_from_slice(text.as_bytes());
+        data
+    };
+    loop {
+        tokio::select! {
+            biased;
+            chunk = queued.recv() => {
+                let Some((is_err, text)) = chunk else { return };
+                let len = text.len();
+                if ws::write_frame(&mut write, ws::BINARY, &frame(is_err, text)).await.is_err() {
+                    return;
+                }
+                held.fetch_sub(len, Ordering::Relaxed);
+                if overflow.load(Ordering::Relaxed) && held.load(Ordering::Relaxed) == 0 {
+                    let _ = ws::close(&mut write, 1011, &too_slow()).await;
+                    return;
+                }
+            }
+            ended = &mut logs => {
+                // Every callback has run by now: send what is queued, then close.
+                while let Ok((is_err, text)) = queued.try_recv() {
+                    if ws::write_frame(&mut write, ws::BINARY, &frame(is_err, text)).await.is_err() {
+                        return;
+                    }
+                }
+                let _ = match ended {
+                    Ok(()) if overflow.load(Ordering::Relaxed) => {
+                        ws::close(&mut write, 1011, &too_slow()).await
+                    }
+                    Ok(()) => ws::close(&mut write, 1000, "").await,
+                    Err(e) => ws::close(&mut write, 1011, &e.message()).await,
+                };
+                return;
+            }
+            message = incoming.recv() => match message {
+                Some(Ok(ws::Message::Ping(data))) => {
+                    if ws::pong(&mut write, &data).await.is_err() {
+                        return;
+                    }
+                }
+                Some(Ok(ws::Message::Close)) | Some(Err(_)) | None => return,
+                Some(Ok(_)) => {}
+            },
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -685,8 +816,7 @@ async fn command_input(
     Path((id, session, command)): Path<(String, String, String)>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let req: InputRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (InputRequest, _) = json_request(&wire, &id, &body).await?;
     sb.process
         .send_session_command_input(&session, &command, &req.data)
         .await?;
@@ -736,8 +866,7 @@ async fn git_add(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let req: GitAddRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (GitAddRequest, _) = json_request(&wire, &id, &body).await?;
     sb.git.add(&req.path, req.files).await?;
     Ok(StatusCode::OK)
 }
@@ -757,8 +886,7 @@ async fn git_commit(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    let req: GitCommitRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (GitCommitRequest, _) = json_request(&wire, &id, &body).await?;
     let commit = sb
         .git
         .commit(req.path, req.message, req.author, req.email)
@@ -791,8 +919,7 @@ async fn git_create_branch(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let req: GitBranchRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (GitBranchRequest, _) = json_request(&wire, &id, &body).await?;
     sb.git.create_branch(&req.path, &req.name).await?;
     Ok(StatusCode::CREATED)
 }
@@ -802,8 +929,7 @@ async fn git_delete_branch(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let req: GitBranchRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (GitBranchRequest, _) = json_request(&wire, &id, &body).await?;
     sb.git.delete_branch(&req.path, &req.name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -820,8 +946,7 @@ async fn git_checkout(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let req: GitCheckoutRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (GitCheckoutRequest, _) = json_request(&wire, &id, &body).await?;
     sb.git.checkout_branch(&req.path, &req.branch).await?;
     Ok(StatusCode::OK)
 }
@@ -844,8 +969,7 @@ async fn git_clone(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    let req: GitCloneRequest = parse_json(&wire, &body)?;
-    let sb = sandbox(&wire, &id).await?;
+    let (req, sb): (GitCloneRequest, _) = json_request(&wire, &id, &body).await?;
     sb.git
         .clone(req.url, req.path)
         .branch(req.branch)
@@ -916,4 +1040,73 @@ async fn git_push(
         .password(req.password)
         .await?;
     Ok(StatusCode::OK)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GitInitRequest {
+    path: String,
+    bare: Option<bool>,
+    initial_branch: Option<String>,
+}
+
+async fn git_init(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let (req, sb): (GitInitRequest, _) = json_request(&wire, &id, &body).await?;
+    sb.git
+        .init(
+            &req.path,
+            req.bare.unwrap_or(false),
+            req.initial_branch.as_deref().filter(|b| !b.is_empty()),
+        )
+        .await?;
+    Ok(StatusCode::OK)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GitAddRemoteRequest {
+    path: String,
+    name: String,
+    url: String,
+    fetch: Option<bool>,
+    overwrite: Option<bool>,
+}
+
+async fn git_remote_add(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let (req, sb): (GitAddRemoteRequest, _) = json_request(&wire, &id, &body).await?;
+    sb.git
+        .remote_add(
+            &req.path,
+            &req.name,
+            &req.url,
+            req.fetch.unwrap_or(false),
+            req.overwrite.unwrap_or(false),
+        )
+        .await?;
+    Ok(StatusCode::OK)
+}
+
+async fn git_remotes(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let q = query(raw);
+    let path = required(&q, "path")?;
+    let sb = sandbox(&wire, &id).await?;
+    let remotes = sb.git.remotes(path).await?;
+    Ok(Json(json!({
+        "remotes": remotes
+            .iter()
+            .map(|(name, url)| json!({"name": name, "url": url}))
+            .collect::<Vec<_>>(),
+    })))
 }

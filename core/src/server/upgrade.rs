@@ -6,22 +6,117 @@
 //! request, then [`Upgrade::run`] with what to do with the raw connection. The taken-over
 //! connection keeps its slot in the listener's connection cap until it ends, and it is
 //! closed when the server shuts down: an upgraded connection has no graceful end a server
-//! could ask for, and the grace period is for in-flight calls.
+//! could ask for, and the grace period is for in-flight calls. It is also closed once no byte
+//! has moved either way for its idle limit ([`DEFAULT_IDLE_LIMIT`] unless
+//! [`Upgrade::idle_limit`] sets another, never above [`MAX_IDLE_LIMIT`]), so a peer that goes
+//! silent cannot hold a slot of the cap for ever.
 
 use std::future::Future;
 use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::Request;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{watch, OwnedSemaphorePermit};
+use tokio::time::Instant;
 
 use crate::Error;
 
-/// A raw connection after an upgrade.
-pub type Upgraded = TokioIo<hyper::upgrade::Upgraded>;
+/// How long an upgraded connection may carry no bytes either way before it is closed, unless
+/// [`Upgrade::idle_limit`] says otherwise.
+pub const DEFAULT_IDLE_LIMIT: Duration = Duration::from_secs(600);
+/// The largest idle limit [`Upgrade::idle_limit`] accepts (larger ones are lowered to it).
+pub const MAX_IDLE_LIMIT: Duration = Duration::from_secs(3600);
+
+/// A raw connection after an upgrade. Every byte read or written counts as activity for the
+/// connection's idle limit.
+pub struct Upgraded {
+    io: TokioIo<hyper::upgrade::Upgraded>,
+    activity: Arc<Activity>,
+}
+
+impl std::fmt::Debug for Upgraded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upgraded").finish_non_exhaustive()
+    }
+}
+
+/// When an upgraded connection last moved a byte, in milliseconds after `base`.
+struct Activity {
+    base: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            base: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = self.base.elapsed().as_millis().min(u128::from(u64::MAX)) as u64;
+        self.last_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    fn last(&self) -> Instant {
+        self.base + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
+    }
+
+    /// Resolves once nothing has moved for `idle`.
+    async fn idle_for(&self, idle: Duration) {
+        loop {
+            let deadline = self.last() + idle;
+            if Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep_until(deadline).await;
+        }
+    }
+}
+
+impl AsyncRead for Upgraded {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.touch();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Upgraded {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write(cx, data);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        polled
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
 
 /// The connection a request arrived on: its slot in the listener's cap and the server's stop
 /// signal. Inserted into every request's extensions by the connection loop.
@@ -61,6 +156,7 @@ impl std::fmt::Debug for Connection {
 pub struct Upgrade {
     pending: hyper::upgrade::OnUpgrade,
     connection: Connection,
+    idle: Duration,
 }
 
 impl std::fmt::Debug for Upgrade {
@@ -109,14 +205,23 @@ pub fn prepare(request: &mut Request) -> crate::Result<Upgrade> {
     Ok(Upgrade {
         pending,
         connection,
+        idle: DEFAULT_IDLE_LIMIT,
     })
 }
 
 impl Upgrade {
+    /// Close the connection once no byte has moved either way for `idle` (at most
+    /// [`MAX_IDLE_LIMIT`]; [`DEFAULT_IDLE_LIMIT`] when not set).
+    pub fn idle_limit(mut self, idle: Duration) -> Self {
+        self.idle = idle.min(MAX_IDLE_LIMIT);
+        self
+    }
+
     /// Once the `101` answer has gone out, run `task` on the raw connection, on its own
     /// tokio task. The connection counts toward the listener's cap until `task` ends, and
-    /// `task` is dropped (closing the connection) when the server stops. If the answer is
-    /// not a `101`, or the client goes away first, `task` never runs.
+    /// `task` is dropped (closing the connection) when the server stops or when nothing has
+    /// moved on the connection for its idle limit. If the answer is not a `101`, or the
+    /// client goes away first, `task` never runs.
     pub fn run<F, Fut>(self, task: F)
     where
         F: FnOnce(Upgraded) -> Fut + Send + 'static,
@@ -125,18 +230,27 @@ impl Upgrade {
         let Upgrade {
             pending,
             connection,
+            idle,
         } = self;
         tokio::spawn(async move {
             let mut stop = connection.0.stop.clone();
+            let activity = Arc::new(Activity::new());
+            let watched = activity.clone();
             let work = async move {
                 if let Ok(io) = pending.await {
-                    task(TokioIo::new(io)).await;
+                    activity.touch();
+                    task(Upgraded {
+                        io: TokioIo::new(io),
+                        activity,
+                    })
+                    .await;
                 }
             };
             tokio::select! {
                 () = work => {}
                 // A closed channel means the server is gone too.
                 _ = stop.wait_for(|stopped| *stopped) => {}
+                () = watched.idle_for(idle) => {}
             }
             drop(connection);
         });
