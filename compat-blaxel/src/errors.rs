@@ -160,6 +160,7 @@ pub fn status_of(err: &sandcove::Error) -> i64 {
         E::NotFound { .. } => 404,
         E::AlreadyExists { .. } | E::Conflict { .. } => 409,
         E::InvalidArgument { .. } => 400,
+        E::FileTooLarge { .. } => 413,
         E::Timeout { .. } => 504,
         E::PermissionDenied { .. } => 403,
         E::Unauthenticated { .. } => 401,
@@ -182,6 +183,7 @@ fn status_text(status: i64) -> &'static str {
         403 => "Forbidden",
         404 => "Not Found",
         409 => "Conflict",
+        413 => "Payload Too Large",
         422 => "Unprocessable Entity",
         429 => "Too Many Requests",
         500 => "Internal Server Error",
@@ -340,6 +342,7 @@ mod tests {
             (E::not_found("file \"/x\""), 404),
             (E::AlreadyExists { what: "t".into() }, 409),
             (E::invalid("bad"), 400),
+            (E::file_too_large("/x", 1 << 20), 413),
             (E::Timeout { what: "x".into() }, 504),
             (
                 E::PermissionDenied {

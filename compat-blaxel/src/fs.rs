@@ -401,7 +401,7 @@ impl GrepBuilder {
                     continue;
                 }
             }
-            let Ok(bytes) = self.ctx.core.read(&e.path).await else {
+            let Ok(bytes) = self.ctx.core.read_with(&e.path, whole()).await else {
                 continue;
             };
             if bytes.contains(&0) {
@@ -588,7 +588,7 @@ impl WatchBuilder {
                     op = "CREATE";
                 }
                 let content = if options.with_content && (op == "CREATE" || op == "WRITE") {
-                    core.read(&event.path)
+                    core.read_with(&event.path, whole())
                         .await
                         .ok()
                         .map(|b| String::from_utf8_lossy(&b).into_owned())
@@ -751,7 +751,7 @@ impl SandboxFileSystem {
 
     /// `fs.read_binary(path)`: exact bytes.
     pub async fn read_binary(&self, path: &str) -> Result<Vec<u8>> {
-        match self.ctx.core.read(path).await {
+        match self.ctx.core.read_with(path, whole()).await {
             Ok(b) => Ok(b),
             Err(e) if e.is_not_found() => Err(not_found_read(path, e)),
             Err(e @ sandcove::Error::InvalidArgument { .. })
@@ -898,4 +898,10 @@ impl SandboxFileSystem {
             on_error: None,
         }
     }
+}
+
+/// Blaxel's calls hold a file whole: up to the core's largest in-memory bound (a larger file
+/// is `FileTooLarge`, 413).
+fn whole() -> sandcove::ReadOptions {
+    sandcove::ReadOptions::default().max_bytes(sandcove::MAX_MEMORY_FILE_BYTES)
 }

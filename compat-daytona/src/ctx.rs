@@ -59,8 +59,11 @@ impl Ctx {
         self.core.run(spec).await
     }
 
+    /// A whole file in memory: Daytona's calls hold files whole, so up to the core's largest
+    /// in-memory bound (larger is `FileTooLarge`, 413).
     pub async fn read(&self, path: &str) -> sandcove::Result<Vec<u8>> {
-        self.core.read(path).await
+        let options = sandcove::ReadOptions::default().max_bytes(sandcove::MAX_MEMORY_FILE_BYTES);
+        self.core.read_with(path, options).await
     }
 
     /// Read a whole file held in memory, refusing it once it passes `limit` bytes (the
@@ -72,9 +75,11 @@ impl Ctx {
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;
             if out.len().saturating_add(chunk.len()) > limit {
-                return Err(sandcove::Error::invalid(format!(
-                    "{path} is larger than {limit} bytes, the most one download holds here"
-                )));
+                return Err(sandcove::Error::FileTooLarge {
+                    what: path.to_string(),
+                    limit: limit as u64,
+                    remedy: "the most one download holds here".into(),
+                });
             }
             out.extend_from_slice(&chunk);
         }
@@ -82,7 +87,8 @@ impl Ctx {
     }
 
     pub async fn write(&self, path: &str, data: Vec<u8>) -> sandcove::Result<sandcove::FileStat> {
-        self.core.write(path, data).await
+        let options = sandcove::WriteOptions::default().max_bytes(sandcove::MAX_MEMORY_FILE_BYTES);
+        self.core.write_with(path, data, options).await
     }
 
     pub async fn meta(&self) -> sandcove::Result<Meta> {

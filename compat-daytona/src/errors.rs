@@ -220,6 +220,11 @@ impl From<sandcove::Error> for DaytonaError {
                     (DaytonaError::Conflict, Some(409), "CONFLICT")
                 }
                 E::InvalidArgument { .. } => (DaytonaError::BadRequest, Some(400), "BAD_REQUEST"),
+                // HTTP's own status for a body over the bound; Daytona's SDKs raise it as a
+                // plain DaytonaError carrying the status.
+                E::FileTooLarge { .. } => {
+                    (DaytonaError::BadRequest, Some(413), "PAYLOAD_TOO_LARGE")
+                }
                 E::InvalidState { .. } => (DaytonaError::BadRequest, Some(400), "INVALID_STATE"),
                 E::Timeout { .. } => (DaytonaError::Timeout, Some(408), "TIMEOUT"),
                 E::PermissionDenied { .. } => (DaytonaError::Forbidden, Some(403), "FORBIDDEN"),
@@ -282,6 +287,7 @@ mod tests {
             (E::not_found("file \"/x\""), "NotFound", Some(404)),
             (E::AlreadyExists { what: "s".into() }, "Conflict", Some(409)),
             (E::invalid("bad"), "BadRequest", Some(400)),
+            (E::file_too_large("/x", 1 << 20), "BadRequest", Some(413)),
             (
                 E::InvalidState {
                     id: "a".into(),

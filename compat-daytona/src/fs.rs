@@ -422,7 +422,8 @@ impl FileSystem {
     }
 
     /// `move_files(source, destination)`: the destination must not exist (409) and its
-    /// parent must (404).
+    /// parent must (404). The 409 is decided by the rename itself (`RENAME_NOREPLACE`), so a
+    /// destination created meanwhile is never replaced.
     pub async fn move_files(&self, source: &str, destination: &str) -> Result<()> {
         const P: &str = "Failed to move files: ";
         let (src, dst) = (self.ctx.resolve(source), self.ctx.resolve(destination));
@@ -431,19 +432,18 @@ impl FileSystem {
             .await
             .map_err(|e| map_file_err(e, source))
             .ctx(P)?;
-        match core.stat(&dst).await {
-            Ok(_) => {
-                return Err(DaytonaError::Conflict(ErrorDetails::new(
+        let options = sandcove::RenameOptions::default().overwrite(false);
+        match core.rename_with(&src, &dst, options).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == sandcove::ErrorCode::AlreadyExists => {
+                Err(DaytonaError::Conflict(ErrorDetails::new(
                     format!("{P}destination already exists: {destination}"),
                     Some(409),
                     Some("CONFLICT"),
                 )))
             }
-            Err(e) if e.is_not_found() => {}
-            Err(e) => return Err(e).ctx(P),
+            Err(e) => Err(e).ctx(P),
         }
-        core.rename(&src, &dst).await.ctx(P)?;
-        Ok(())
     }
 
     /// `set_file_permissions(path, mode=None, owner=None, group=None)`.
@@ -474,8 +474,10 @@ impl FileSystem {
         Ok(())
     }
 
+    /// A download held in memory: up to the core's largest in-memory bound.
     async fn download(&self, remote_path: &str) -> Result<Vec<u8>> {
-        self.download_limited(remote_path, usize::MAX).await
+        let limit = usize::try_from(sandcove::MAX_MEMORY_FILE_BYTES).unwrap_or(usize::MAX);
+        self.download_limited(remote_path, limit).await
     }
 
     /// `download_file`'s bytes, refused past `limit` bytes (the wire holds a download in

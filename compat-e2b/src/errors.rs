@@ -258,6 +258,12 @@ impl From<sandcove::Error> for SandboxException {
                 message,
                 source: boxed(err),
             },
+            // E2B has no class of its own for it: its SDKs raise InvalidArgumentException
+            // for a request the sandbox refuses as given.
+            E::FileTooLarge { .. } => SandboxException::InvalidArgument {
+                message,
+                source: boxed(err),
+            },
             E::Io {
                 errno: Some(28), ..
             } => SandboxException::NotEnoughSpace {
@@ -433,6 +439,10 @@ mod tests {
             (E::not_found("sandbox \"abc\""), "SandboxNotFoundException"),
             (E::not_found("/home/user/x.txt"), "FileNotFoundException"),
             (E::not_found("process 12"), "NotFoundException"),
+            (
+                E::file_too_large("/home/user/big", 1 << 20),
+                "InvalidArgumentException",
+            ),
             (E::not_found("running process 12"), "NotFoundException"),
             (E::not_found("program \"nope\""), "NotFoundException"),
             (

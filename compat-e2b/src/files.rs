@@ -409,14 +409,6 @@ impl Common {
                 Some(other) => other,
             })
     }
-
-    /// Refuse another user where the runtime's file calls cannot act as one (rename).
-    fn same_user_only(&self, ctx: &Ctx) -> Result<()> {
-        match ctx.runtime_user(self.user.as_deref()) {
-            None => Ok(()),
-            Some(_) => Err(refuse("file_user")),
-        }
-    }
 }
 
 macro_rules! common_setters {
@@ -528,11 +520,9 @@ impl Filesystem {
         FsCall::new(&self.ctx, move |ctx, common| async move {
             let mut options = sandcove::StatOptions::default();
             options.user = common.file_user(&ctx);
-            match ctx.core.stat_with(&ctx.path(&path), options).await {
-                Ok(_) => Ok(true),
-                Err(e) if e.is_not_found() => Ok(false),
-                Err(e) => Err(e.into()),
-            }
+            // `false` only when the path is not there; anything that keeps the question from
+            // being answered is raised.
+            Ok(ctx.core.exists_with(&ctx.path(&path), options).await?)
         })
     }
 
@@ -563,7 +553,8 @@ impl Filesystem {
     }
 
     /// `files.rename(old_path, new_path, user=None, request_timeout=None) -> EntryInfo`:
-    /// creates the destination's parent directories.
+    /// creates the destination's parent directories; as `user`, the engine acts as that
+    /// user (the kernel checks its permissions on both directories).
     pub fn rename(
         &self,
         old_path: impl Into<String>,
@@ -571,16 +562,22 @@ impl Filesystem {
     ) -> FsCall<EntryInfo> {
         let (from, to) = (old_path.into(), new_path.into());
         FsCall::new(&self.ctx, move |ctx, common| async move {
-            common.same_user_only(&ctx)?;
+            let user = common.file_user(&ctx);
             let from = ctx.path(&from);
             let to = ctx.path(&to);
-            ctx.core.stat_with(&from, Default::default()).await?;
+            let mut stat = sandcove::StatOptions::default();
+            stat.user = user.clone();
+            ctx.core.stat_with(&from, stat).await?;
             if let Some((parent, _)) = to.rsplit_once('/') {
                 if !parent.is_empty() {
-                    ctx.core.mkdir_with(parent, MkdirOptions::default()).await?;
+                    let mut mkdir = MkdirOptions::default();
+                    mkdir.user = user.clone();
+                    ctx.core.mkdir_with(parent, mkdir).await?;
                 }
             }
-            let s = ctx.core.rename(&from, &to).await?;
+            let mut options = sandcove::RenameOptions::default();
+            options.user = user;
+            let s = ctx.core.rename_with(&from, &to, options).await?;
             Ok(EntryInfo::from_stat(&ctx, &s))
         })
     }
@@ -675,13 +672,13 @@ impl<F> ReadBuilder<F> {
         open_read(&ctx, &path, common.user.as_deref()).await
     }
 
+    /// The whole file in memory: up to the core's largest in-memory bound (a larger file is
+    /// `FileTooLarge`, raised as `InvalidArgumentException`; `format="stream"` streams it).
     async fn bytes(ctx: Ctx, path: String, common: Common) -> Result<Vec<u8>> {
-        let mut stream = Self::open(ctx, path, common).await?;
-        let mut out = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            out.extend_from_slice(&chunk?);
-        }
-        Ok(out)
+        let mut options =
+            sandcove::ReadOptions::default().max_bytes(sandcove::MAX_MEMORY_FILE_BYTES);
+        options.user = common.file_user(&ctx);
+        Ok(ctx.core.read_with(&ctx.path(&path), options).await?)
     }
 }
 

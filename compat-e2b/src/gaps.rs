@@ -45,7 +45,7 @@ pub const GAPS: &[Gap] = &[
     },
     Gap {
         key: "file_user",
-        feature: "files.rename(..., user=<another user>)",
+        feature: "files.upload_url/download_url(..., user=<another user>)",
         alternative: "run the operation as that user with commands.run(..., user=...)",
     },
     Gap {

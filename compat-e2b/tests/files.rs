@@ -226,10 +226,15 @@ async fn gaps_in_files_are_refused_before_any_effect() {
         !sbx.files.exists("m.txt").await.expect("exists"),
         "nothing written"
     );
-    assert_not_supported(
-        sbx.files.rename("/tmp/a", "/tmp/b").user("root").await,
-        "rename as root",
-    );
+    // A rename as another user is no gap any more: the engine acts as that user (where the
+    // runtime has one uid, another user is refused as for every file call).
+    sbx.files.write("/tmp/a", "x").await.expect("write");
+    let renamed = sbx.files.rename("/tmp/a", "/tmp/b").user("root").await;
+    if caps().await.multiple_users {
+        assert_eq!(renamed.expect("rename as root").path, "/tmp/b");
+    } else {
+        assert_not_supported(renamed, "rename as root with one uid");
+    }
     // The default user by name is fine.
     sbx.files
         .write("u.txt", "x")
@@ -319,6 +324,26 @@ async fn file_calls_act_as_the_given_user() {
             .is_err(),
         "a 0700 root directory cannot be watched as user"
     );
+    assert!(
+        sbx.files
+            .rename("/tmp/vault/in", "/tmp/out")
+            .user("user")
+            .await
+            .is_err(),
+        "nothing in a 0700 root directory can be renamed as user"
+    );
+    let moved = sbx
+        .files
+        .rename("/tmp/vault/in", "/tmp/vault/in2")
+        .user("root")
+        .await
+        .expect("root renames");
+    assert_eq!(moved.path, "/tmp/vault/in2");
+    sbx.files
+        .rename("/tmp/vault/in2", "/tmp/vault/in")
+        .user("root")
+        .await
+        .expect("root renames back");
     sbx.files
         .remove("/tmp/vault/in")
         .user("root")

@@ -10,27 +10,31 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt};
 
+use crate::CopyOptions;
 use crate::{
     capability::{CheckStatus, LeaseBounds},
     Backend, ByteStream, Capabilities, Command, CreateOptions, Error, Feature, FileStat,
     ListDirOptions, ListOptions, Metrics, MkdirOptions, Output, Preview, PreviewOptions,
     PreviewToken, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, PtySize,
-    ReadOptions, RemoveOptions, Result, SandboxInfo, Signal, SnapshotInfo, StatOptions, VolumeInfo,
-    WatchOptions, WatchStream, WriteOptions, DEFAULT_OUTPUT_LIMIT,
+    ReadOptions, RemoveOptions, RenameOptions, Result, SandboxInfo, Signal, SnapshotInfo,
+    StatOptions, VolumeInfo, WatchOptions, WatchStream, WriteOptions, DEFAULT_MEMORY_FILE_BYTES,
+    DEFAULT_OUTPUT_LIMIT, MAX_MEMORY_FILE_BYTES,
 };
 
 /// Env var naming a remote `sandcove serve` to use instead of the embedded engine.
 pub const URL_ENV: &str = "SANDCOVE_URL";
 /// Env var holding the API key for [`URL_ENV`].
 pub const API_KEY_ENV: &str = "SANDCOVE_API_KEY";
-/// Most bytes [`Sandbox::read`] collects in memory (a sandbox file can be made as large as
-/// its disk allows; larger reads go through [`Sandbox::read_stream`]).
-pub const MAX_READ_BYTES: u64 = 512 << 20;
+/// The largest bound [`Sandbox::read`] accepts (an alias of [`MAX_MEMORY_FILE_BYTES`], kept
+/// for callers of earlier versions; the default bound is [`DEFAULT_MEMORY_FILE_BYTES`]).
+pub const MAX_READ_BYTES: u64 = MAX_MEMORY_FILE_BYTES;
 
 /// Entry point: creates, finds and lists sandboxes on one backend.
 #[derive(Debug, Clone)]
 pub struct Client {
     backend: Arc<dyn Backend>,
+    /// Bound of the in-memory file calls of this client's sandboxes.
+    memory_file_bytes: u64,
 }
 
 impl Client {
@@ -84,7 +88,23 @@ impl Client {
 
     /// A client over any backend.
     pub fn new(backend: Arc<dyn Backend>) -> Self {
-        Client { backend }
+        Client {
+            backend,
+            memory_file_bytes: DEFAULT_MEMORY_FILE_BYTES,
+        }
+    }
+
+    /// This client with another bound for the in-memory file calls of its sandboxes
+    /// ([`Sandbox::read`], [`Sandbox::write`]; default [`DEFAULT_MEMORY_FILE_BYTES`]). Above
+    /// [`MAX_MEMORY_FILE_BYTES`] (or zero) is [`Error::InvalidArgument`]: stream larger files.
+    pub fn with_memory_file_bytes(mut self, bytes: u64) -> Result<Self> {
+        self.memory_file_bytes = check_memory_bound(bytes)?;
+        Ok(self)
+    }
+
+    /// The bound of the in-memory file calls (see [`Client::with_memory_file_bytes`]).
+    pub fn memory_file_bytes(&self) -> u64 {
+        self.memory_file_bytes
     }
 
     /// The backend under this client.
@@ -166,10 +186,7 @@ impl Client {
     pub async fn connect(&self, id: &str) -> Result<Sandbox> {
         self.ready().await?;
         let info = self.backend.get(id).await?;
-        Ok(Sandbox {
-            backend: self.backend.clone(),
-            id: info.id,
-        })
+        Ok(self.sandbox(info.id))
     }
 
     /// A handle to the sandbox `id` without asking the backend (no I/O): for a program that
@@ -179,6 +196,7 @@ impl Client {
         Sandbox {
             backend: self.backend.clone(),
             id: id.into(),
+            memory_file_bytes: self.memory_file_bytes,
         }
     }
 
@@ -250,6 +268,19 @@ pub struct Renewal {
 pub struct Sandbox {
     backend: Arc<dyn Backend>,
     id: String,
+    /// Bound of the in-memory file calls (from the client that made this handle).
+    memory_file_bytes: u64,
+}
+
+/// Check a bound for the in-memory file calls.
+fn check_memory_bound(bytes: u64) -> Result<u64> {
+    if bytes == 0 || bytes > MAX_MEMORY_FILE_BYTES {
+        return Err(Error::invalid(format!(
+            "in-memory file bound {bytes}: must be between 1 and {MAX_MEMORY_FILE_BYTES} \
+             bytes; stream larger files (read_stream / write_stream)"
+        )));
+    }
+    Ok(bytes)
 }
 
 impl Sandbox {
@@ -266,7 +297,10 @@ impl Sandbox {
     /// A client on the backend this sandbox lives on (for calls that name no sandbox:
     /// snapshots, volumes, creating another sandbox).
     pub fn client(&self) -> Client {
-        Client::new(self.backend.clone())
+        Client {
+            backend: self.backend.clone(),
+            memory_file_bytes: self.memory_file_bytes,
+        }
     }
 
     /// The one capability check before dispatch (see [`crate::capability`]): the backend's
@@ -491,6 +525,7 @@ impl Sandbox {
         let forked = Sandbox {
             backend: self.backend.clone(),
             id: info.id.clone(),
+            memory_file_bytes: self.memory_file_bytes,
         };
         Ok((forked, info))
     }
@@ -500,29 +535,34 @@ impl Sandbox {
         self.backend.list_processes(&self.id).await
     }
 
-    /// Read a whole file into memory (at most [`MAX_READ_BYTES`]; larger files are an
-    /// `InvalidArgument` error: stream them with [`Sandbox::read_stream`]).
+    /// Read a whole file into memory: at most the in-memory bound
+    /// ([`DEFAULT_MEMORY_FILE_BYTES`] unless the client raised it); a larger file is
+    /// [`Error::FileTooLarge`], refused before it is sent: stream it with
+    /// [`Sandbox::read_stream`].
     pub async fn read(&self, path: &str) -> Result<Vec<u8>> {
         self.read_with(path, ReadOptions::default()).await
     }
 
-    /// [`Sandbox::read`] with options (e.g. as a user).
-    pub async fn read_with(&self, path: &str, options: ReadOptions) -> Result<Vec<u8>> {
+    /// [`Sandbox::read`] with options (e.g. as a user); [`ReadOptions::max_bytes`] sets this
+    /// call's bound (at most [`MAX_MEMORY_FILE_BYTES`]).
+    pub async fn read_with(&self, path: &str, mut options: ReadOptions) -> Result<Vec<u8>> {
+        let limit = check_memory_bound(options.max_bytes.unwrap_or(self.memory_file_bytes))?;
+        options.max_bytes = Some(limit);
         let mut stream = self.backend.read_file(&self.id, path, options).await?;
         let mut out = Vec::new();
         while let Some(chunk) = stream.next().await {
             let chunk = chunk?;
-            if (out.len() + chunk.len()) as u64 > MAX_READ_BYTES {
-                return Err(Error::invalid(format!(
-                    "{path}: larger than {MAX_READ_BYTES} bytes, too large to read into memory;                      use read_stream"
-                )));
+            // The backend refuses a file over the bound when it opens it; this catches one
+            // that grows meanwhile, or a backend that does not check.
+            if (out.len() + chunk.len()) as u64 > limit {
+                return Err(Error::file_too_large(path, limit));
             }
             out.extend_from_slice(&chunk);
         }
         Ok(out)
     }
 
-    /// Read a file as a stream of chunks.
+    /// Read a file as a stream of chunks (no bound but the backend's).
     pub async fn read_stream(&self, path: &str) -> Result<ByteStream> {
         self.read_stream_with(path, ReadOptions::default()).await
     }
@@ -532,16 +572,35 @@ impl Sandbox {
         self.backend.read_file(&self.id, path, options).await
     }
 
-    /// Write a whole file (parents created), replacing it atomically.
+    /// Write a whole file from memory (parents created), replacing it atomically. More than
+    /// the in-memory bound is [`Error::FileTooLarge`] before anything is sent: stream it
+    /// with [`Sandbox::write_stream`].
     pub async fn write(&self, path: &str, data: impl Into<Vec<u8>>) -> Result<FileStat> {
+        self.write_with(path, data, WriteOptions::default()).await
+    }
+
+    /// [`Sandbox::write`] with options: no-clobber ([`WriteOptions::overwrite`]), mode, user;
+    /// [`WriteOptions::max_bytes`] sets this call's bound (at most [`MAX_MEMORY_FILE_BYTES`]).
+    pub async fn write_with(
+        &self,
+        path: &str,
+        data: impl Into<Vec<u8>>,
+        mut options: WriteOptions,
+    ) -> Result<FileStat> {
         let data = data.into();
+        let limit = check_memory_bound(options.max_bytes.unwrap_or(self.memory_file_bytes))?;
+        if data.len() as u64 > limit {
+            return Err(Error::file_too_large(path, limit));
+        }
+        options.max_bytes = Some(limit);
         let stream: ByteStream = Box::pin(futures::stream::once(async move { Ok(data) }));
         self.backend
-            .write_file(&self.id, path, stream, WriteOptions::default())
+            .write_file(&self.id, path, stream, options)
             .await
     }
 
-    /// Write a file from a stream with explicit options.
+    /// Write a file from a stream with explicit options (no bound but
+    /// [`WriteOptions::max_bytes`] and the backend's).
     pub async fn write_stream(
         &self,
         path: &str,
@@ -576,18 +635,17 @@ impl Sandbox {
         self.backend.stat(&self.id, path, options).await
     }
 
-    /// Whether a path exists.
+    /// Whether a path exists (a symlink counts as itself). `Ok(false)` means the path is not
+    /// there (`ENOENT`, or a component that is not a directory); anything that keeps the
+    /// question from being answered (permission denied, a sandbox that is gone or stopped, a
+    /// server that cannot be reached) is that error, never `false`.
     pub async fn exists(&self, path: &str) -> Result<bool> {
         self.exists_with(path, StatOptions::default()).await
     }
 
     /// [`Sandbox::exists`] with options (e.g. as a user).
     pub async fn exists_with(&self, path: &str, options: StatOptions) -> Result<bool> {
-        match self.backend.stat(&self.id, path, options).await {
-            Ok(_) => Ok(true),
-            Err(e) if e.is_not_found() => Ok(false),
-            Err(e) => Err(e),
-        }
+        exists(&*self.backend, &self.id, path, options).await
     }
 
     /// Create a directory with its parents.
@@ -633,9 +691,25 @@ impl Sandbox {
         self.backend.remove(&self.id, path, options).await
     }
 
-    /// Rename a path.
+    /// Rename a path (a file at the destination is replaced).
     pub async fn rename(&self, from: &str, to: &str) -> Result<FileStat> {
-        self.backend.rename(&self.id, from, to).await
+        self.rename_with(from, to, RenameOptions::default()).await
+    }
+
+    /// [`Sandbox::rename`] with options: no-clobber ([`RenameOptions::overwrite`]), as a user.
+    pub async fn rename_with(
+        &self,
+        from: &str,
+        to: &str,
+        options: RenameOptions,
+    ) -> Result<FileStat> {
+        self.backend.rename(&self.id, from, to, options).await
+    }
+
+    /// Copy a file, or a directory tree with [`CopyOptions::recursive`], inside the sandbox:
+    /// streamed beneath the sandbox root, symlinks copied as links (see [`CopyOptions`]).
+    pub async fn copy(&self, from: &str, to: &str, options: CopyOptions) -> Result<FileStat> {
+        self.backend.copy(&self.id, from, to, options).await
     }
 
     /// Change permission bits.
@@ -998,6 +1072,27 @@ impl tokio::io::AsyncWrite for ProcessStdin {
         this.in_flight =
             Some(async move { backend.close_stdin(&id, ProcessSelector::Pid(pid)).await }.boxed());
         this.poll_in_flight(cx)
+    }
+}
+
+/// [`Sandbox::exists_with`] over any backend (for code that holds a [`Backend`] and an id):
+/// `Ok(false)` only when the path is not there, an error when the question cannot be answered.
+pub async fn exists(
+    backend: &dyn Backend,
+    id: &str,
+    path: &str,
+    options: StatOptions,
+) -> Result<bool> {
+    match backend.stat(id, path, options).await {
+        Ok(_) => Ok(true),
+        // The same code says "no such sandbox": a file is only known missing while the
+        // sandbox is known to be there (asked after, so a sandbox that went meanwhile is that
+        // error, never `false`).
+        Err(e) if e.is_not_found() => {
+            backend.get(id).await?;
+            Ok(false)
+        }
+        Err(e) => Err(e),
     }
 }
 

@@ -21,10 +21,11 @@ use futures::StreamExt;
 
 use crate::client::collect;
 use crate::{
-    AnnotationUpdate, Backend, ByteStream, Command, CreateOptions, ErrorCode, FileKind,
-    FsEventKind, ListDirOptions, ListOptions, MkdirOptions, Output, PreviewOptions, ProcessEvent,
-    ProcessSelector, ProcessSpec, PtySize, ReadOptions, RemoveOptions, RestartPolicy, SandboxState,
-    Signal, StatOptions, TimeoutAction, VolumeMount, WatchOptions, WriteOptions,
+    AnnotationUpdate, Backend, ByteStream, Command, CopyOptions, CreateOptions, ErrorCode,
+    FileKind, FsEventKind, ListDirOptions, ListOptions, MkdirOptions, Output, PreviewOptions,
+    ProcessEvent, ProcessSelector, ProcessSpec, PtySize, ReadOptions, RemoveOptions, RenameOptions,
+    RestartPolicy, SandboxState, Signal, StatOptions, TimeoutAction, VolumeMount, WatchOptions,
+    WriteOptions,
 };
 
 /// Expand to one `#[tokio::test]` per conformance case. `$make` is an expression evaluating
@@ -58,6 +59,10 @@ macro_rules! conformance_tests {
             file_calls_as_a_user,
             file_round_trip_and_metadata,
             large_file_round_trip,
+            file_byte_bounds,
+            no_clobber_writes_renames_and_copies,
+            copy_files_and_trees,
+            exists_tells_missing_from_unknown,
             directory_operations,
             file_errors_are_typed,
             failed_uploads_leave_nothing_behind,
@@ -1348,6 +1353,7 @@ pub async fn file_calls_as_a_user(backend: &dyn Backend) {
     let read_as = |path: &'static str, user: &str| {
         let options = ReadOptions {
             user: Some(user.to_string()),
+            ..Default::default()
         };
         let id = id.clone();
         async move {
@@ -1724,6 +1730,409 @@ pub async fn large_file_round_trip(backend: &dyn Backend) {
     backend.destroy(&id).await.expect("destroy");
 }
 
+/// Byte bounds: a read over its `max_bytes` is `FileTooLarge` before any byte is sent, a
+/// write over its bound is `FileTooLarge` with nothing kept (an existing file unchanged), and
+/// the backend reports a real largest file.
+pub async fn file_byte_bounds(backend: &dyn Backend) {
+    let caps = backend.capabilities();
+    assert!(
+        caps.max_file_bytes < u64::MAX && caps.max_file_bytes >= crate::MAX_MEMORY_FILE_BYTES,
+        "a real largest file is reported: {}",
+        caps.max_file_bytes
+    );
+    let id = create(backend, &unique("bounds")).await;
+    let two_mib = vec![b'z'; 2 << 20];
+    write(backend, &id, "big.bin", &two_mib).await;
+    let started = Instant::now();
+    let refused = backend
+        .read_file(&id, "big.bin", ReadOptions::default().max_bytes(1 << 20))
+        .await;
+    match refused {
+        Err(crate::Error::FileTooLarge { limit, .. }) => assert_eq!(limit, 1 << 20),
+        Err(e) => panic!("a read over its bound: expected FileTooLarge, got {e:?}"),
+        Ok(_) => panic!("a read over its bound was served"),
+    }
+    assert!(started.elapsed() < PATIENCE, "refused promptly");
+    let back = backend
+        .read_file(&id, "big.bin", ReadOptions::default().max_bytes(2 << 20))
+        .await
+        .expect("a read at its bound");
+    let chunks: Vec<_> = back.collect().await;
+    let back: Vec<u8> = chunks
+        .into_iter()
+        .collect::<crate::Result<Vec<_>>>()
+        .expect("read")
+        .concat();
+    assert!(back == two_mib, "a read at its bound is whole");
+    // A write over its bound, in several chunks: refused, nothing kept.
+    write(backend, &id, "kept.bin", b"original").await;
+    for target in ["kept.bin", "new.bin"] {
+        let chunks: Vec<crate::Result<Vec<u8>>> = (0..4).map(|_| Ok(vec![1u8; 400_000])).collect();
+        let result = backend
+            .write_file(
+                &id,
+                target,
+                Box::pin(futures::stream::iter(chunks)),
+                WriteOptions::default().max_bytes(1 << 20),
+            )
+            .await;
+        expect_code(result, ErrorCode::FileTooLarge, "a write over its bound");
+    }
+    assert_eq!(
+        names_in(backend, &id, "/workspace").await,
+        ["big.bin", "kept.bin"],
+        "nothing kept from refused writes"
+    );
+    assert_eq!(
+        read(backend, &id, "kept.bin").await.expect("read"),
+        b"original"
+    );
+    // At the bound exactly, a write lands.
+    let stat = backend
+        .write_file(
+            &id,
+            "exact.bin",
+            bytes_stream(vec![2u8; 1 << 20]),
+            WriteOptions::default().max_bytes(1 << 20),
+        )
+        .await
+        .expect("a write at its bound");
+    assert_eq!(stat.size, 1 << 20);
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// `overwrite: false` on write, rename and copy: anything at the destination (a file, a
+/// symlink) is refused with `AlreadyExists` and left as it was; concurrent no-clobber writes of
+/// one new name have exactly one winner (the check is atomic, not a look before the act).
+pub async fn no_clobber_writes_renames_and_copies(backend: &dyn Backend) {
+    let id = create(backend, &unique("noclobber")).await;
+    let keep = WriteOptions::default().overwrite(false);
+    write(backend, &id, "a.txt", b"original").await;
+    let result = backend
+        .write_file(&id, "a.txt", bytes_stream(b"new".to_vec()), keep.clone())
+        .await;
+    expect_code(
+        result,
+        ErrorCode::AlreadyExists,
+        "no-clobber write over a file",
+    );
+    let result = backend
+        .write_file(
+            &id,
+            "a.txt",
+            bytes_stream(b"new".to_vec()),
+            keep.clone().append(true),
+        )
+        .await;
+    expect_code(result, ErrorCode::AlreadyExists, "no-clobber append");
+    assert_eq!(
+        read(backend, &id, "a.txt").await.expect("read"),
+        b"original"
+    );
+    // A symlink at the name is something there: not followed, not replaced.
+    let out = sh(backend, &id, "ln -s /tmp/elsewhere \"$HOME/link\"").await;
+    assert_eq!(out.exit_code(), 0, "{out:?}");
+    let result = backend
+        .write_file(&id, "link", bytes_stream(b"new".to_vec()), keep.clone())
+        .await;
+    expect_code(
+        result,
+        ErrorCode::AlreadyExists,
+        "no-clobber write over a symlink",
+    );
+    expect_code(
+        backend
+            .stat(&id, "/tmp/elsewhere", StatOptions::default())
+            .await,
+        ErrorCode::NotFound,
+        "the link's target was not created",
+    );
+    let stat = backend
+        .write_file(
+            &id,
+            "fresh.txt",
+            bytes_stream(b"fresh".to_vec()),
+            keep.clone(),
+        )
+        .await
+        .expect("no-clobber write of a new name");
+    assert_eq!(stat.size, 5);
+    // Eight no-clobber writes of one new name at once: exactly one lands (a look before
+    // the landing would let several through).
+    let racers = (0..8u8).map(|n| {
+        // Paced chunks keep every upload open at once (the pauses shape the window in which
+        // all eight have begun and none has landed; nothing waits on them).
+        let chunks = futures::stream::iter(0..4).then(move |_| async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok(vec![n; 25_000])
+        });
+        backend.write_file(
+            &id,
+            "race.txt",
+            Box::pin(chunks),
+            WriteOptions::default().overwrite(false),
+        )
+    });
+    let results = futures::future::join_all(racers).await;
+    let won = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(won, 1, "exactly one no-clobber write wins: {results:?}");
+    for r in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert_eq!(r.code(), ErrorCode::AlreadyExists, "the losers: {r}");
+    }
+    let data = read(backend, &id, "race.txt").await.expect("read");
+    assert!(
+        data.len() == 100_000 && data.iter().all(|b| *b == data[0]),
+        "the winner's bytes, whole"
+    );
+    // Rename.
+    write(backend, &id, "b.txt", b"bee").await;
+    let result = backend
+        .rename(
+            &id,
+            "b.txt",
+            "a.txt",
+            RenameOptions::default().overwrite(false),
+        )
+        .await;
+    expect_code(result, ErrorCode::AlreadyExists, "no-clobber rename");
+    assert_eq!(
+        read(backend, &id, "a.txt").await.expect("read"),
+        b"original"
+    );
+    assert_eq!(read(backend, &id, "b.txt").await.expect("read"), b"bee");
+    backend
+        .rename(
+            &id,
+            "b.txt",
+            "c.txt",
+            RenameOptions::default().overwrite(false),
+        )
+        .await
+        .expect("no-clobber rename to a new name");
+    // Copy.
+    let result = backend
+        .copy(
+            &id,
+            "c.txt",
+            "a.txt",
+            CopyOptions::default().overwrite(false),
+        )
+        .await;
+    expect_code(result, ErrorCode::AlreadyExists, "no-clobber copy");
+    assert_eq!(
+        read(backend, &id, "a.txt").await.expect("read"),
+        b"original"
+    );
+    backend
+        .copy(&id, "c.txt", "a.txt", CopyOptions::default())
+        .await
+        .expect("an overwriting copy");
+    assert_eq!(read(backend, &id, "a.txt").await.expect("read"), b"bee");
+    assert_eq!(
+        names_in(backend, &id, "/workspace").await,
+        ["a.txt", "c.txt", "fresh.txt", "link", "race.txt"],
+        "no temporary files left"
+    );
+    // A rename (and a copy) as a user acts as that user: a 0700 root directory is closed to
+    // the default user, open to root.
+    if backend.capabilities().multiple_users {
+        let me = backend.get(&id).await.expect("get").user.name;
+        let mut spec = ProcessSpec::new(Command::sh(
+            "mkdir -p /srv/vault && touch /srv/vault/in && chmod 700 /srv/vault",
+        ));
+        spec.user = Some("root".into());
+        let out = run(backend, &id, spec).await;
+        assert_eq!(out.exit_code(), 0, "{out:?}");
+        let as_me = RenameOptions::default().user(me.clone());
+        expect_code(
+            backend
+                .rename(&id, "/srv/vault/in", "/tmp/out", as_me.clone())
+                .await,
+            ErrorCode::PermissionDenied,
+            "a rename out of a root-only directory as the default user",
+        );
+        expect_code(
+            backend
+                .copy(
+                    &id,
+                    "/srv/vault/in",
+                    "/tmp/out",
+                    CopyOptions::default().user(me.clone()),
+                )
+                .await,
+            ErrorCode::PermissionDenied,
+            "a copy out of a root-only directory as the default user",
+        );
+        let st = backend
+            .rename(
+                &id,
+                "/srv/vault/in",
+                "/srv/vault/in2",
+                RenameOptions::default().user("root"),
+            )
+            .await
+            .expect("a rename as root");
+        assert_eq!(st.path, "/srv/vault/in2");
+    }
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// `copy`: a file (content and mode), a tree (nested files, symlinks copied as links,
+/// modes), refusals (a directory without `recursive`, a directory into itself, a missing
+/// source) leaving nothing behind, and a copy as another user owned by that user.
+pub async fn copy_files_and_trees(backend: &dyn Backend) {
+    let id = create(backend, &unique("copy")).await;
+    let setup = sh(
+        backend,
+        &id,
+        "set -e; cd \"$HOME\"; mkdir -p src/deep/er; printf one > src/one.txt; \
+         chmod 751 src/one.txt; printf two > src/deep/er/two.txt; chmod 700 src/deep; \
+         ln -s ../one.txt src/deep/link; ln -s /etc/hostname src/abs; \
+         head -c 3000000 /dev/urandom > src/big.bin",
+    )
+    .await;
+    assert_eq!(setup.exit_code(), 0, "{setup:?}");
+    let st = backend
+        .copy(&id, "src/one.txt", "one-copy.txt", CopyOptions::default())
+        .await
+        .expect("copy a file");
+    assert_eq!((st.kind, st.mode, st.size), (FileKind::File, 0o751, 3));
+    assert_eq!(
+        read(backend, &id, "one-copy.txt").await.expect("read"),
+        b"one"
+    );
+    expect_code(
+        backend
+            .copy(&id, "src", "dst", CopyOptions::default())
+            .await,
+        ErrorCode::InvalidArgument,
+        "a directory without recursive",
+    );
+    expect_code(
+        backend
+            .copy(&id, "nope", "dst", CopyOptions::default().recursive(true))
+            .await,
+        ErrorCode::NotFound,
+        "a missing source",
+    );
+    expect_code(
+        backend
+            .copy(
+                &id,
+                "src",
+                "src/deep/inner",
+                CopyOptions::default().recursive(true),
+            )
+            .await,
+        ErrorCode::InvalidArgument,
+        "a directory into itself",
+    );
+    let st = backend
+        .copy(&id, "src", "dst", CopyOptions::default().recursive(true))
+        .await
+        .expect("copy a tree");
+    assert_eq!(st.kind, FileKind::Dir);
+    let check = sh(
+        backend,
+        &id,
+        "cd \"$HOME\"; cmp src/big.bin dst/big.bin && cat dst/deep/er/two.txt && \
+         readlink dst/deep/link && readlink dst/abs && stat -c %a dst/deep dst/one.txt && \
+         ls -A dst && ls -A dst/deep",
+    )
+    .await;
+    assert_eq!(
+        check.stdout_lossy(),
+        "two../one.txt\n/etc/hostname\n700\n751\nabs\nbig.bin\ndeep\none.txt\ner\nlink\n",
+        "the tree copied: {check:?}"
+    );
+    assert_eq!(
+        names_in(backend, &id, "/workspace").await,
+        ["dst", "one-copy.txt", "src"],
+        "no temporary entries left by the refused copies"
+    );
+    // Overwriting merges into an existing directory and replaces its files.
+    write(backend, &id, "dst/one.txt", b"changed").await;
+    write(backend, &id, "dst/extra.txt", b"extra").await;
+    backend
+        .copy(&id, "src", "dst", CopyOptions::default().recursive(true))
+        .await
+        .expect("merge a tree");
+    assert_eq!(
+        read(backend, &id, "dst/one.txt").await.expect("read"),
+        b"one"
+    );
+    assert_eq!(
+        read(backend, &id, "dst/extra.txt").await.expect("read"),
+        b"extra"
+    );
+    if backend.capabilities().multiple_users {
+        let st = backend
+            .copy(
+                &id,
+                "src/one.txt",
+                "/tmp/as-root.txt",
+                CopyOptions::default().user("root"),
+            )
+            .await
+            .expect("copy as root");
+        assert_eq!((st.uid, st.owner.as_str()), (0, "root"));
+        let info = backend.get(&id).await.expect("get");
+        let st = backend
+            .copy(&id, "src/one.txt", "/tmp/as-me.txt", CopyOptions::default())
+            .await
+            .expect("copy as the default");
+        assert_eq!(st.uid, info.user.uid, "a copy belongs to the acting user");
+    }
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// `exists` says `false` only for a path that is not there (missing, or under a file); a
+/// sandbox that is gone is an error, never `false`.
+pub async fn exists_tells_missing_from_unknown(backend: &dyn Backend) {
+    let id = create(backend, &unique("exists")).await;
+    let exists =
+        |path: &'static str| crate::client::exists(backend, &id, path, StatOptions::default());
+    write(backend, &id, "file", b"x").await;
+    assert!(exists("file").await.expect("exists"));
+    assert!(!exists("nope").await.expect("a missing path"));
+    assert!(
+        !exists("file/under").await.expect("a path under a file"),
+        "a path under a file is not there"
+    );
+    expect_code(
+        backend
+            .stat(&id, "file/under", StatOptions::default())
+            .await,
+        ErrorCode::NotFound,
+        "stat under a file",
+    );
+    if backend.capabilities().multiple_users {
+        let info = backend.get(&id).await.expect("get");
+        let mut spec = ProcessSpec::new(Command::sh(
+            "mkdir -p /srv/closed && touch /srv/closed/x && chmod 700 /srv/closed",
+        ));
+        spec.user = Some("root".into());
+        let out = run(backend, &id, spec).await;
+        assert_eq!(out.exit_code(), 0, "{out:?}");
+        let as_me = StatOptions::default().user(info.user.name.clone());
+        let result = crate::client::exists(backend, &id, "/srv/closed/x", as_me).await;
+        expect_code(
+            result,
+            ErrorCode::PermissionDenied,
+            "a path the user cannot search",
+        );
+    }
+    backend.destroy(&id).await.expect("destroy");
+    let gone = crate::client::exists(backend, &id, "file", StatOptions::default()).await;
+    expect_code(
+        gone,
+        ErrorCode::NotFound,
+        "a destroyed sandbox is not 'no such file'",
+    );
+    let gone = crate::client::exists(backend, &id, "nope", StatOptions::default()).await;
+    assert!(gone.is_err(), "a destroyed sandbox: {gone:?}");
+}
+
 /// mkdir (with parents), list with depth, rename, remove (recursive), exists.
 pub async fn directory_operations(backend: &dyn Backend) {
     let id = create(backend, &unique("dirs")).await;
@@ -1784,7 +2193,7 @@ pub async fn directory_operations(backend: &dyn Backend) {
         "mkdir of an existing dir without parents",
     );
     backend
-        .rename(&id, "a/top.txt", "a/moved.txt")
+        .rename(&id, "a/top.txt", "a/moved.txt", Default::default())
         .await
         .expect("rename");
     assert!(backend

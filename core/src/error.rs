@@ -86,6 +86,18 @@ pub enum Error {
         /// How long the server asked us to wait, in milliseconds.
         retry_after_ms: Option<u64>,
     },
+    /// A file is larger than the bound of the call: an in-memory read or write
+    /// ([`DEFAULT_MEMORY_FILE_BYTES`](crate::DEFAULT_MEMORY_FILE_BYTES) unless raised), or the
+    /// backend's largest file. Nothing was kept; `remedy` says what to call instead.
+    #[error("{what} is larger than {limit} bytes ({remedy})")]
+    FileTooLarge {
+        /// The file.
+        what: String,
+        /// The bound that was passed, in bytes.
+        limit: u64,
+        /// What to do instead (stream it, or raise the bound).
+        remedy: String,
+    },
     /// A local or sandbox-side I/O failure.
     #[error("i/o error: {message}")]
     Io {
@@ -134,6 +146,8 @@ pub enum ErrorCode {
     Unavailable,
     /// [`Error::RateLimited`]
     RateLimited,
+    /// [`Error::FileTooLarge`]
+    FileTooLarge,
     /// [`Error::Io`]
     Io,
     /// [`Error::Backend`]
@@ -194,6 +208,19 @@ impl Error {
         }
     }
 
+    /// An in-memory file call refused: `what` is over `limit` bytes, to be streamed instead.
+    pub fn file_too_large(what: impl Into<String>, limit: u64) -> Self {
+        Error::FileTooLarge {
+            what: what.into(),
+            limit,
+            remedy: format!(
+                "the in-memory bound; stream it (read_stream / write_stream) or raise the bound \
+                 per call or per client, up to {} bytes",
+                crate::MAX_MEMORY_FILE_BYTES
+            ),
+        }
+    }
+
     /// Whether the subject does not exist (a missing sandbox, process or file alike).
     pub fn is_not_found(&self) -> bool {
         matches!(self, Error::NotFound { .. })
@@ -213,6 +240,7 @@ impl Error {
             Error::NotSupported { .. } => ErrorCode::NotSupported,
             Error::Unavailable { .. } => ErrorCode::Unavailable,
             Error::RateLimited { .. } => ErrorCode::RateLimited,
+            Error::FileTooLarge { .. } => ErrorCode::FileTooLarge,
             Error::Io { .. } => ErrorCode::Io,
             Error::Backend { .. } => ErrorCode::Backend,
         }
@@ -251,6 +279,15 @@ impl Error {
             } => vec![
                 ("message", json!(message)),
                 ("retry_after_ms", json!(retry_after_ms)),
+            ],
+            Error::FileTooLarge {
+                what,
+                limit,
+                remedy,
+            } => vec![
+                ("what", json!(what)),
+                ("limit", json!(limit)),
+                ("remedy", json!(remedy)),
             ],
             Error::Io { message, errno } => {
                 vec![("message", json!(message)), ("errno", json!(errno))]
@@ -313,6 +350,15 @@ impl Error {
             ErrorCode::RateLimited => Error::RateLimited {
                 message: s("message"),
                 retry_after_ms: body.fields.get("retry_after_ms").and_then(|v| v.as_u64()),
+            },
+            ErrorCode::FileTooLarge => Error::FileTooLarge {
+                what: s("what"),
+                limit: body
+                    .fields
+                    .get("limit")
+                    .and_then(|v| v.as_u64())
+                    .unwrap_or(0),
+                remedy: s("remedy"),
             },
             ErrorCode::Io => Error::Io {
                 message: s("message"),
@@ -408,6 +454,7 @@ mod tests {
                 message: "slow".into(),
                 retry_after_ms: Some(1500),
             },
+            Error::file_too_large("/workspace/big", 1 << 20),
             Error::Io {
                 message: "disk".into(),
                 errno: Some(28),

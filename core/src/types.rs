@@ -1161,6 +1161,11 @@ pub struct ReadOptions {
     /// error before anything is touched (and a user other than the default is
     /// [`Error::NotSupported`](crate::Error::NotSupported) where the sandbox has one uid).
     pub user: Option<String>,
+    /// Refuse a file larger than this many bytes with
+    /// [`Error::FileTooLarge`](crate::Error::FileTooLarge) before any byte is sent. `None`
+    /// streams any size; [`Sandbox::read`](crate::Sandbox::read) sets it to the in-memory
+    /// bound ([`DEFAULT_MEMORY_FILE_BYTES`] unless configured).
+    pub max_bytes: Option<u64>,
 }
 
 /// Options for describing one path.
@@ -1190,6 +1195,15 @@ pub struct WriteOptions {
     /// new entries to the sandbox's default user. Replacing an existing file as a user who does
     /// not own it leaves the new file owned by that user.
     pub user: Option<String>,
+    /// Replace an existing file (the default). `false` refuses to clobber anything at the
+    /// path with [`Error::AlreadyExists`](crate::Error::AlreadyExists): the check is the
+    /// landing itself (`O_EXCL` for an append, `renameat2(RENAME_NOREPLACE)` for a write),
+    /// never a look followed by an act, and a refused write leaves no trace.
+    pub overwrite: bool,
+    /// Refuse more than this many bytes with
+    /// [`Error::FileTooLarge`](crate::Error::FileTooLarge) (nothing is kept). `None` takes
+    /// the backend's own bound ([`Capabilities::max_file_bytes`](crate::Capabilities)).
+    pub max_bytes: Option<u64>,
 }
 
 impl Default for WriteOptions {
@@ -1199,9 +1213,78 @@ impl Default for WriteOptions {
             mode: None,
             append: false,
             user: None,
+            overwrite: true,
+            max_bytes: None,
         }
     }
 }
+
+/// Options for renaming (moving) a path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct RenameOptions {
+    /// Replace an existing file (or empty directory) at the destination (the default).
+    /// `false` refuses with [`Error::AlreadyExists`](crate::Error::AlreadyExists) when
+    /// anything has that name, atomically (`renameat2(RENAME_NOREPLACE)`).
+    pub overwrite: bool,
+    /// Rename as this sandbox user (see [`ReadOptions::user`]): the kernel checks that
+    /// user's permissions on both directories (and the sticky bit).
+    pub user: Option<String>,
+}
+
+impl Default for RenameOptions {
+    fn default() -> Self {
+        RenameOptions {
+            overwrite: true,
+            user: None,
+        }
+    }
+}
+
+/// Options for copying a file or a directory tree inside a sandbox.
+///
+/// A copy streams beneath the sandbox root (no file is ever held in memory): symlinks are
+/// copied as symlinks at every level, never followed; permission bits are kept (set-id bits
+/// dropped); new entries belong to the acting user. A file or a whole new tree lands at the
+/// destination by one rename, so a failed copy leaves nothing behind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct CopyOptions {
+    /// Copy a directory with its contents; without it a directory source is
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument).
+    pub recursive: bool,
+    /// Replace what is at the destination (the default): a file is replaced atomically, a
+    /// directory source is merged into an existing directory. `false` refuses with
+    /// [`Error::AlreadyExists`](crate::Error::AlreadyExists) when anything has the
+    /// destination's name (checked by the landing rename, `RENAME_NOREPLACE`).
+    pub overwrite: bool,
+    /// Copy as this sandbox user (see [`ReadOptions::user`]).
+    pub user: Option<String>,
+}
+
+impl Default for CopyOptions {
+    fn default() -> Self {
+        CopyOptions {
+            recursive: false,
+            overwrite: true,
+            user: None,
+        }
+    }
+}
+
+/// Default bound of the in-memory file calls ([`Sandbox::read`](crate::Sandbox::read),
+/// [`Sandbox::write`](crate::Sandbox::write)): 1 MiB. Raise it per call
+/// ([`ReadOptions::max_bytes`], [`WriteOptions::max_bytes`]) or per client
+/// ([`Client::with_memory_file_bytes`](crate::Client::with_memory_file_bytes)), up to
+/// [`MAX_MEMORY_FILE_BYTES`]; stream anything larger.
+pub const DEFAULT_MEMORY_FILE_BYTES: u64 = 1 << 20;
+
+/// Largest bound the in-memory file calls accept: 256 MiB. Larger files go through
+/// [`Sandbox::read_stream`](crate::Sandbox::read_stream) and
+/// [`Sandbox::write_stream`](crate::Sandbox::write_stream).
+pub const MAX_MEMORY_FILE_BYTES: u64 = 256 << 20;
 
 /// Options for creating a directory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -278,8 +278,23 @@ impl Backend for Without {
     async fn remove(&self, id: &str, p: &str, o: RemoveOptions) -> Result<()> {
         self.inner.remove(id, p, o).await
     }
-    async fn rename(&self, id: &str, from: &str, to: &str) -> Result<FileStat> {
-        self.inner.rename(id, from, to).await
+    async fn rename(
+        &self,
+        id: &str,
+        from: &str,
+        to: &str,
+        o: sandcove::RenameOptions,
+    ) -> Result<FileStat> {
+        self.inner.rename(id, from, to, o).await
+    }
+    async fn copy(
+        &self,
+        id: &str,
+        from: &str,
+        to: &str,
+        o: sandcove::CopyOptions,
+    ) -> Result<FileStat> {
+        self.inner.copy(id, from, to, o).await
     }
     async fn chmod(&self, id: &str, p: &str, mode: u32) -> Result<FileStat> {
         self.inner.chmod(id, p, mode).await
@@ -649,6 +664,60 @@ async fn a_handle_by_id_reaches_processes_by_tag_and_files_with_options() {
                 .expect("exists"),
             "{how}"
         );
+        sandbox.destroy().await.expect("destroy");
+    }
+}
+
+/// The in-memory file calls are bounded: 1 MiB by default (a larger file is `FileTooLarge`,
+/// refused before it is sent, naming the streaming call), raised per call and per client up to
+/// 256 MiB (more is refused as an argument); the streaming calls are not bounded by it.
+#[tokio::test]
+async fn in_memory_file_calls_are_bounded_and_say_to_stream() {
+    for (how, client) in clients().await {
+        let sandbox = client
+            .create(test_options(&unique("membound")))
+            .await
+            .expect("create");
+        let big = vec![7u8; (sandcove::DEFAULT_MEMORY_FILE_BYTES + 1) as usize];
+        let err = sandbox.write("big.bin", big.clone()).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::FileTooLarge, "{how}: {err}");
+        assert!(err.to_string().contains("write_stream"), "{how}: {err}");
+        assert!(
+            !sandbox.exists("big.bin").await.expect("exists"),
+            "{how}: nothing sent"
+        );
+        let stream: ByteStream = Box::pin(futures::stream::iter([Ok(big.clone())]));
+        sandbox
+            .write_stream("big.bin", stream, WriteOptions::default())
+            .await
+            .expect("a streamed write is not bounded by the in-memory bound");
+        let err = sandbox.read("big.bin").await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::FileTooLarge, "{how}: {err}");
+        assert!(err.to_string().contains("read_stream"), "{how}: {err}");
+        let per_call = ReadOptions::default().max_bytes(2 << 20);
+        assert_eq!(
+            sandbox.read_with("big.bin", per_call).await.expect("read"),
+            big,
+            "{how}"
+        );
+        let raised = client
+            .clone()
+            .with_memory_file_bytes(2 << 20)
+            .expect("a bound within the maximum");
+        let handle = raised.sandbox(sandbox.id());
+        assert_eq!(handle.read("big.bin").await.expect("read").len(), big.len());
+        handle
+            .write("again.bin", big.clone())
+            .await
+            .expect("a write within the raised bound");
+        let too_much = sandcove::MAX_MEMORY_FILE_BYTES + 1;
+        let err = client.clone().with_memory_file_bytes(too_much).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{how}: {err}");
+        let err = sandbox
+            .read_with("big.bin", ReadOptions::default().max_bytes(too_much))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{how}: {err}");
         sandbox.destroy().await.expect("destroy");
     }
 }

@@ -489,11 +489,11 @@ async fn system_directories_cannot_be_changed() {
             .await
             .err(),
         env.backend
-            .rename(&id, "/etc/hosts", "/workspace/hosts")
+            .rename(&id, "/etc/hosts", "/workspace/hosts", Default::default())
             .await
             .err(),
         env.backend
-            .rename(&id, "/workspace", "/usr/workspace")
+            .rename(&id, "/workspace", "/usr/workspace", Default::default())
             .await
             .err(),
         env.backend
@@ -1015,7 +1015,9 @@ async fn generated_paths_never_touch_host_files() {
             }
             "rename" => {
                 let to = gen.path(&alphabet);
-                b.rename(&id, &path, &to).await.map(drop)
+                b.rename(&id, &path, &to, Default::default())
+                    .await
+                    .map(drop)
             }
             "chmod" => b.chmod(&id, &path, 0o777).await.map(drop),
             "read" => match read_all(b, &id, &path).await {
@@ -1143,7 +1145,12 @@ async fn symlink_swapped_during_file_calls_never_reaches_the_host() {
                 .await
             }
             5 => b
-                .rename(&id, "/workspace/race/x/secret", "/workspace/race/x/moved")
+                .rename(
+                    &id,
+                    "/workspace/race/x/secret",
+                    "/workspace/race/x/moved",
+                    Default::default(),
+                )
                 .await
                 .map(drop),
             _ => b
@@ -1709,7 +1716,7 @@ async fn unknown_and_malformed_ids_are_not_found_everywhere() {
             b.remove(id, "/workspace", RemoveOptions::default()),
             "remove"
         );
-        check!(b.rename(id, "/a", "/b"), "rename");
+        check!(b.rename(id, "/a", "/b", Default::default()), "rename");
         check!(b.chmod(id, "/", 0o777), "chmod");
         check!(b.pause(id), "pause");
         check!(b.resume(id), "resume");
@@ -1773,8 +1780,11 @@ async fn bad_paths_timeouts_and_names_are_refused_and_change_nothing() {
                 b.remove(&id, path, RemoveOptions::default().recursive(true))
                     .await,
             ),
-            code_of(b.rename(&id, path, "/workspace/y").await),
-            code_of(b.rename(&id, "/workspace", path).await),
+            code_of(
+                b.rename(&id, path, "/workspace/y", Default::default())
+                    .await,
+            ),
+            code_of(b.rename(&id, "/workspace", path, Default::default()).await),
             code_of(b.chmod(&id, path, 0o777).await),
             code_of(b.watch(&id, path, WatchOptions::default()).await),
         ];

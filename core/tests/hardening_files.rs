@@ -246,8 +246,13 @@ async fn every_file_call_refuses_proc_and_its_magic_links() {
     );
     assert_eq!(
         code_of(
-            b.rename(&id, "/proc/1/root/workspace/keep", "/workspace/moved")
-                .await
+            b.rename(
+                &id,
+                "/proc/1/root/workspace/keep",
+                "/workspace/moved",
+                Default::default()
+            )
+            .await
         ),
         denied,
         "rename through /proc/1/root"
@@ -416,7 +421,7 @@ async fn names_that_are_not_utf8_can_be_listed_and_addressed() {
     .await
     .expect("write by listed path");
     let renamed = format!("{}-moved", entries[1].path);
-    b.rename(&id, &entries[1].path, &renamed)
+    b.rename(&id, &entries[1].path, &renamed, Default::default())
         .await
         .expect("rename");
     b.remove(&id, &renamed, RemoveOptions::default())

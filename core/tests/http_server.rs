@@ -105,8 +105,17 @@ impl Backend for Refuser {
     async fn remove(&self, _: &str, _: &str, _: RemoveOptions) -> Result<()> {
         self.no("remove")
     }
-    async fn rename(&self, _: &str, _: &str, _: &str) -> Result<FileStat> {
+    async fn rename(
+        &self,
+        _: &str,
+        _: &str,
+        _: &str,
+        _: sandcove::RenameOptions,
+    ) -> Result<FileStat> {
         self.no("rename")
+    }
+    async fn copy(&self, _: &str, _: &str, _: &str, _: sandcove::CopyOptions) -> Result<FileStat> {
+        self.no("copy")
     }
     async fn chmod(&self, _: &str, _: &str, _: u32) -> Result<FileStat> {
         self.no("chmod")
@@ -180,7 +189,7 @@ impl Backend for Refuser {
 const KEY: &str = "the-right-key";
 
 /// Every async method of the `Backend` trait.
-const METHODS: [&str; 40] = [
+const METHODS: [&str; 41] = [
     "create",
     "get",
     "list",
@@ -201,6 +210,7 @@ const METHODS: [&str; 40] = [
     "mkdir",
     "remove",
     "rename",
+    "copy",
     "chmod",
     "pause",
     "resume",
@@ -260,7 +270,7 @@ fn operations(doc: &Value) -> Vec<(String, String, String, &'static str, Vec<u8>
                 "signal" => br#"{"signal":"TERM"}"#.to_vec(),
                 "resize_pty" => br#"{"cols":80,"rows":24}"#.to_vec(),
                 "mkdir" | "chmod" => br#"{"path":"/workspace/d","mode":448}"#.to_vec(),
-                "rename" => br#"{"from":"/a","to":"/b"}"#.to_vec(),
+                "rename" | "copy" => br#"{"from":"/a","to":"/b"}"#.to_vec(),
                 "expose_port" => br#"{"port":8080}"#.to_vec(),
                 "create_volume" => br#"{"name":"vol1"}"#.to_vec(),
                 "write_stdin" | "write_file" => b"bytes".to_vec(),
@@ -458,7 +468,16 @@ async fn every_client_method_round_trips_the_backends_answer() {
             c.mkdir("a", "/d", Default::default()).await.map(drop),
         ),
         ("remove", c.remove("a", "/d", Default::default()).await),
-        ("rename", c.rename("a", "/d", "/e").await.map(drop)),
+        (
+            "rename",
+            c.rename("a", "/d", "/e", Default::default())
+                .await
+                .map(drop),
+        ),
+        (
+            "copy",
+            c.copy("a", "/d", "/e", Default::default()).await.map(drop),
+        ),
         ("chmod", c.chmod("a", "/d", 0o700).await.map(drop)),
         ("pause", c.pause("a").await.map(drop)),
         ("resume", c.resume("a").await.map(drop)),
@@ -539,7 +558,13 @@ async fn oversized_bodies_are_413() {
             .unwrap();
         assert_eq!(response.status().as_u16(), 413, "{method} {path}");
         let answer: Value = response.json().await.unwrap();
-        assert_eq!(answer["code"], "invalid_argument");
+        // A file upload says which file and its bound; other bodies are bad arguments.
+        let code = if path.contains("/files") {
+            "file_too_large"
+        } else {
+            "invalid_argument"
+        };
+        assert_eq!(answer["code"], code, "{method} {path}");
     }
     assert_eq!(refuser.calls.load(Ordering::SeqCst), 0);
     // A streamed upload without a length is cut at the limit too.
@@ -563,7 +588,7 @@ async fn oversized_bodies_are_413() {
         )
         .await
         .unwrap_err();
-    assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    assert_eq!(err.code(), ErrorCode::FileTooLarge, "{err}");
     // Whether the sandbox survives an aborted upload is the engine's business (checked by
     // its own tests); here only the refusal matters.
     let _ = client.destroy(&id).await;

@@ -29,15 +29,20 @@ const CLEANUP_DELAY: Duration = Duration::from_millis(300);
 #[derive(Debug)]
 struct SlowCleanup {
     inner: Arc<LocalBackend>,
+    /// The largest file it reports (`Capabilities::max_file_bytes`), when not the engine's.
+    max_file_bytes: Option<u64>,
 }
 
 #[async_trait]
 impl Backend for SlowCleanup {
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        let mut caps = self.inner.capabilities();
+        caps.max_file_bytes = self.max_file_bytes.unwrap_or(caps.max_file_bytes);
+        caps
     }
     async fn ready(&self) -> Result<Capabilities> {
-        self.inner.ready().await
+        self.inner.ready().await?;
+        Ok(self.capabilities())
     }
     async fn write_file(
         &self,
@@ -114,8 +119,23 @@ impl Backend for SlowCleanup {
     async fn remove(&self, id: &str, path: &str, o: RemoveOptions) -> Result<()> {
         self.inner.remove(id, path, o).await
     }
-    async fn rename(&self, id: &str, from: &str, to: &str) -> Result<FileStat> {
-        self.inner.rename(id, from, to).await
+    async fn rename(
+        &self,
+        id: &str,
+        from: &str,
+        to: &str,
+        o: sandcove::RenameOptions,
+    ) -> Result<FileStat> {
+        self.inner.rename(id, from, to, o).await
+    }
+    async fn copy(
+        &self,
+        id: &str,
+        from: &str,
+        to: &str,
+        o: sandcove::CopyOptions,
+    ) -> Result<FileStat> {
+        self.inner.copy(id, from, to, o).await
     }
     async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
         self.inner.chmod(id, path, mode).await
@@ -196,10 +216,19 @@ impl Backend for SlowCleanup {
 async fn served(
     config: impl FnOnce(&mut ServerConfig),
 ) -> (HttpBackend, String, String, Arc<LocalBackend>) {
+    served_capped(config, None).await
+}
+
+/// [`served`], its backend reporting `max_file_bytes` as its largest file.
+async fn served_capped(
+    config: impl FnOnce(&mut ServerConfig),
+    max_file_bytes: Option<u64>,
+) -> (HttpBackend, String, String, Arc<LocalBackend>) {
     let key = unique("key");
     let engine = Arc::new(LocalBackend::new().expect("local engine"));
     let backend = SlowCleanup {
         inner: engine.clone(),
+        max_file_bytes,
     };
     let mut server_config = ServerConfig::new(key.clone());
     config(&mut server_config);
@@ -292,7 +321,7 @@ async fn failed_uploads_over_http_wait_for_a_slow_cleanup() {
     client.destroy(&id).await.unwrap();
 }
 
-/// An upload past the server's limit is refused (413 → `InvalidArgument`) only once the
+/// An upload past the server's limit is refused (413 → `FileTooLarge`) only once the
 /// backend has discarded what it received.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_over_the_limit_is_refused_after_its_cleanup() {
@@ -308,13 +337,56 @@ async fn an_upload_over_the_limit_is_refused_after_its_cleanup() {
             .write_file(&id, "big.bin", data, WriteOptions::default())
             .await
             .expect_err("over the limit");
-        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+        assert_eq!(err.code(), ErrorCode::FileTooLarge, "{err}");
         assert_eq!(
             names(&client, &id).await,
             Vec::<String>::new(),
             "round {round}: debris after a refused upload"
         );
     }
+    client.destroy(&id).await.unwrap();
+}
+
+/// The server bounds an upload by its backend's largest file too (as its docs say), and by
+/// the call's own `max_bytes`: refused as `FileTooLarge`, nothing kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_over_the_backends_largest_file_is_refused() {
+    let (client, _, _, _) = served_capped(|_| {}, Some(64 * 1024)).await;
+    let id = client
+        .create(test_options(&unique("cap")))
+        .await
+        .unwrap()
+        .id;
+    let data = chunks((0..4).map(|_| Ok(vec![1u8; 32 * 1024])).collect());
+    let err = client
+        .write_file(&id, "big.bin", data, WriteOptions::default())
+        .await
+        .expect_err("over the backend's largest file");
+    match &err {
+        Error::FileTooLarge { limit, .. } => assert_eq!(*limit, 64 * 1024, "{err}"),
+        other => panic!("expected FileTooLarge, got {other:?}"),
+    }
+    let data = chunks((0..4).map(|_| Ok(vec![1u8; 8 * 1024])).collect());
+    let err = client
+        .write_file(
+            &id,
+            "big.bin",
+            data,
+            WriteOptions::default().max_bytes(16 * 1024),
+        )
+        .await
+        .expect_err("over the call's bound");
+    assert_eq!(err.code(), ErrorCode::FileTooLarge, "{err}");
+    assert_eq!(
+        names(&client, &id).await,
+        Vec::<String>::new(),
+        "nothing kept"
+    );
+    let small = chunks(vec![Ok(vec![1u8; 1024])]);
+    client
+        .write_file(&id, "small.bin", small, WriteOptions::default())
+        .await
+        .expect("within every bound");
     client.destroy(&id).await.unwrap();
 }
 

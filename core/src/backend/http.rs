@@ -62,7 +62,7 @@ use crate::{
     ProcessInfo, ProcessSelector, ProcessSpec, PtySize, RemoveOptions, Result, SandboxInfo, Signal,
     SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions,
 };
-use crate::{ReadOptions, StatOptions};
+use crate::{CopyOptions, ReadOptions, RenameOptions, StatOptions};
 
 /// Path prefix of every API route.
 pub const API_PREFIX: &str = "/v1";
@@ -190,6 +190,7 @@ pub fn status_for(code: ErrorCode) -> u16 {
         ErrorCode::NotSupported => 501,
         ErrorCode::Unavailable => 503,
         ErrorCode::RateLimited => 429,
+        ErrorCode::FileTooLarge => 413,
         ErrorCode::Io => 500,
         _ => 500,
     }
@@ -967,6 +968,21 @@ pub mod body {
         pub from: String,
         /// New path.
         pub to: String,
+        /// How (no-clobber, as a user); absent from older clients: the defaults.
+        #[serde(default)]
+        pub options: crate::RenameOptions,
+    }
+
+    /// `POST …/files/copy`.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct Copy {
+        /// Source path.
+        pub from: String,
+        /// Destination path.
+        pub to: String,
+        /// How.
+        #[serde(default)]
+        pub options: crate::CopyOptions,
     }
 
     /// `POST …/files/chmod`.
@@ -1166,11 +1182,15 @@ impl Backend for HttpBackend {
 
     async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream> {
         let url = self.sandbox_url(id, &["files"]);
+        let mut query = with_user(vec![("path", path.to_string())], options.user);
+        if let Some(limit) = options.max_bytes {
+            query.push(("max_bytes", limit.to_string()));
+        }
         let response = self
             .send(Req {
                 method: Method::GET,
                 url,
-                query: &with_user(vec![("path", path.to_string())], options.user),
+                query: &query,
                 payload: Payload::None,
                 idempotency_key: None,
                 retry: Retry::Idempotent,
@@ -1273,11 +1293,29 @@ impl Backend for HttpBackend {
             .await
     }
 
-    async fn rename(&self, id: &str, from: &str, to: &str) -> Result<FileStat> {
+    async fn rename(
+        &self,
+        id: &str,
+        from: &str,
+        to: &str,
+        options: RenameOptions,
+    ) -> Result<FileStat> {
         let url = self.sandbox_url(id, &["files", "rename"]);
         let body = body::Rename {
             from: from.to_string(),
             to: to.to_string(),
+            options,
+        };
+        self.call(Method::POST, url, &[], Some(&body), Retry::Unsafe)
+            .await
+    }
+
+    async fn copy(&self, id: &str, from: &str, to: &str, options: CopyOptions) -> Result<FileStat> {
+        let url = self.sandbox_url(id, &["files", "copy"]);
+        let body = body::Copy {
+            from: from.to_string(),
+            to: to.to_string(),
+            options,
         };
         self.call(Method::POST, url, &[], Some(&body), Retry::Unsafe)
             .await
@@ -1536,6 +1574,7 @@ mod tests {
                 message: "disk".into(),
                 errno: Some(28),
             },
+            Error::file_too_large("/workspace/big", 1 << 20),
             Error::Backend {
                 message: "b".into(),
                 retryable: true,

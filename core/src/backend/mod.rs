@@ -13,10 +13,10 @@ use async_trait::async_trait;
 use futures::Stream;
 
 use crate::{
-    AnnotationUpdate, Capabilities, CreateOptions, FileStat, FsEvent, ListDirOptions, ListOptions,
-    Metrics, MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessEvent, ProcessInfo,
-    ProcessSelector, ProcessSpec, PtySize, ReadOptions, RemoveOptions, Result, SandboxInfo, Signal,
-    SnapshotInfo, StatOptions, VolumeInfo, WatchOptions, WriteOptions,
+    AnnotationUpdate, Capabilities, CopyOptions, CreateOptions, FileStat, FsEvent, ListDirOptions,
+    ListOptions, Metrics, MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessEvent,
+    ProcessInfo, ProcessSelector, ProcessSpec, PtySize, ReadOptions, RemoveOptions, RenameOptions,
+    Result, SandboxInfo, Signal, SnapshotInfo, StatOptions, VolumeInfo, WatchOptions, WriteOptions,
 };
 
 #[cfg(feature = "http")]
@@ -141,8 +141,20 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Remove a file, symlink or directory.
     async fn remove(&self, id: &str, path: &str, options: RemoveOptions) -> Result<()>;
 
-    /// Rename (move) a path, replacing the destination when it is a file.
-    async fn rename(&self, id: &str, from: &str, to: &str) -> Result<FileStat>;
+    /// Rename (move) a path. By default a file (or empty directory) at the destination is
+    /// replaced; with `options.overwrite == false` anything there is
+    /// [`Error::AlreadyExists`](crate::Error::AlreadyExists), decided atomically by the rename.
+    async fn rename(
+        &self,
+        id: &str,
+        from: &str,
+        to: &str,
+        options: RenameOptions,
+    ) -> Result<FileStat>;
+
+    /// Copy a file, or with `options.recursive` a directory tree, inside the sandbox
+    /// (see [`CopyOptions`]); returns the copy's metadata.
+    async fn copy(&self, id: &str, from: &str, to: &str, options: CopyOptions) -> Result<FileStat>;
 
     /// Change permission bits.
     async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat>;

@@ -12,10 +12,10 @@ use futures::StreamExt;
 use serde::Deserialize;
 
 use super::{
-    content_length, done, error_frame, frames_response, json, json_frame, read_json, too_large,
-    ApiError, AppState, In, Out, Route,
+    content_length, done, error_frame, frames_response, json, json_frame, read_json, ApiError,
+    AppState, In, Out, Route,
 };
-use crate::backend::http::body::{Chmod, Mkdir, Rename};
+use crate::backend::http::body::{Chmod, Copy, Mkdir, Rename};
 use crate::backend::http::{frame, FRAMES_CONTENT_TYPE, UPLOAD_CLEANUP_WAIT};
 use crate::{
     ByteStream, Error, ErrorBody, ListDirOptions, RemoveOptions, WatchOptions, WatchStream,
@@ -35,7 +35,7 @@ pub(super) fn routes() -> Vec<Route> {
             "Download a file as frames",
             read_file,
         )
-        .query(&["path", "user"])
+        .query(&["path", "user", "max_bytes"])
         .output(Out::Frames("file bytes")),
         Route::new(
             Method::PUT,
@@ -90,6 +90,15 @@ pub(super) fn routes() -> Vec<Route> {
             rename,
         )
         .input(In::Json("Rename"))
+        .output(Out::Json("FileStat")),
+        Route::new(
+            Method::POST,
+            "/v1/sandboxes/{id}/files/copy",
+            "copy",
+            "Copy a file or (recursive) a directory tree inside the sandbox",
+            copy,
+        )
+        .input(In::Json("Copy"))
         .output(Out::Json("FileStat")),
         Route::new(
             Method::POST,
@@ -157,9 +166,12 @@ fn watch_frames(events: WatchStream) -> BoxStream<'static, Vec<u8>> {
 async fn read_file(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    Query(q): Query<UserPathQuery>,
+    Query(q): Query<ReadQuery>,
 ) -> Result<Response, ApiError> {
-    let options = ReadOptions { user: q.user };
+    let options = ReadOptions {
+        user: q.user,
+        max_bytes: q.max_bytes,
+    };
     let data = state.backend.read_file(&id, &q.path, options).await?;
     Ok(frames_response(&state, download_frames(data), &[]))
 }
@@ -183,14 +195,24 @@ async fn write_file(
             serde_json::from_str(text).map_err(|e| Error::invalid(format!("options: {e}")))?
         }
     };
-    let limit = state.config.max_upload_bytes;
+    // The server's bound, and never past the backend's largest file or the caller's own
+    // (0 is a remote backend's "not learned yet": no bound of its own known).
+    let backend_max = match state.backend.capabilities().max_file_bytes {
+        0 => u64::MAX,
+        n => n,
+    };
+    let limit = state
+        .config
+        .max_upload_bytes
+        .min(backend_max)
+        .min(options.max_bytes.unwrap_or(u64::MAX));
     let framed = headers
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes() == FRAMES_CONTENT_TYPE.as_bytes());
     // A raw body's length is the file's; a framed body's adds five bytes a frame, so there
     // only the decoder can count.
     if !framed && content_length(&headers).is_some_and(|len| len > limit) {
-        return Err(too_large(limit));
+        return Err(upload_too_large(&q.path, limit));
     }
     let over = Arc::new(Over::default());
     let data = if framed {
@@ -201,6 +223,7 @@ async fn write_file(
     // The write runs in a task of its own: when the client goes away, hyper drops this
     // handler, and the backend must still finish discarding what it received.
     let backend = state.backend.clone();
+    let path = q.path.clone();
     let mut task =
         tokio::spawn(async move { backend.write_file(&id, &q.path, data, options).await });
     // An abandoned upload (over the limit, broken off, or abandoned by the client) hands the
@@ -215,7 +238,7 @@ async fn write_file(
         } => None,
     };
     if over.flag.load(Ordering::SeqCst) {
-        return Err(too_large(limit));
+        return Err(upload_too_large(&path, limit));
     }
     match joined {
         Some(Ok(result)) => Ok(json(&result?)),
@@ -225,6 +248,16 @@ async fn write_file(
         }
         .into()),
     }
+}
+
+/// An upload over its bound: [`Error::FileTooLarge`] (413), saying what bounds it.
+fn upload_too_large(path: &str, limit: u64) -> ApiError {
+    Error::FileTooLarge {
+        what: path.to_string(),
+        limit,
+        remedy: "the largest upload this server, its backend or the call takes".into(),
+    }
+    .into()
 }
 
 /// An upload's abandonment: `notify` fires when its stream yields an error item (the client
@@ -379,7 +412,15 @@ struct ListQuery {
     user: Option<String>,
 }
 
-/// A path and the sandbox user to act as (read and stat).
+/// A read: the path, the user to act as, the bound.
+#[derive(Deserialize)]
+struct ReadQuery {
+    path: String,
+    user: Option<String>,
+    max_bytes: Option<u64>,
+}
+
+/// A path and the sandbox user to act as (stat).
 #[derive(Deserialize)]
 struct UserPathQuery {
     path: String,
@@ -426,7 +467,27 @@ async fn rename(
     body: Body,
 ) -> Result<Response, ApiError> {
     let (req, _) = read_json::<Rename>(&state, &headers, body).await?;
-    Ok(json(&state.backend.rename(&id, &req.from, &req.to).await?))
+    Ok(json(
+        &state
+            .backend
+            .rename(&id, &req.from, &req.to, req.options)
+            .await?,
+    ))
+}
+
+async fn copy(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (req, _) = read_json::<Copy>(&state, &headers, body).await?;
+    Ok(json(
+        &state
+            .backend
+            .copy(&id, &req.from, &req.to, req.options)
+            .await?,
+    ))
 }
 
 async fn chmod(

@@ -114,7 +114,8 @@ fn build() -> Value {
                         "code": {"type": "string", "enum": [
                             "not_found", "already_exists", "conflict", "invalid_argument", "timeout",
                             "permission_denied", "unauthenticated", "invalid_state",
-                            "not_supported", "unavailable", "rate_limited", "io", "backend"
+                            "not_supported", "unavailable", "rate_limited", "file_too_large",
+                            "io", "backend"
                         ]},
                         "message": {"type": "string"},
                         "fields": {"type": "object"},
@@ -171,6 +172,7 @@ mod tests {
             ErrorCode::NotSupported,
             ErrorCode::Unavailable,
             ErrorCode::RateLimited,
+            ErrorCode::FileTooLarge,
             ErrorCode::Io,
             ErrorCode::Backend,
         ] {

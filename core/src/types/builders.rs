@@ -258,6 +258,10 @@ impl ReadOptions {
         /// Set [`ReadOptions::user`].
         user;
     }
+    option_setters! {
+        /// Set [`ReadOptions::max_bytes`].
+        max_bytes: u64;
+    }
 }
 
 impl StatOptions {
@@ -277,9 +281,39 @@ impl WriteOptions {
     option_setters! {
         /// Set [`WriteOptions::mode`].
         mode: u32;
+        /// Set [`WriteOptions::max_bytes`].
+        max_bytes: u64;
     }
     string_setters! {
         /// Set [`WriteOptions::user`].
+        user;
+    }
+    value_setters! {
+        /// Set [`WriteOptions::overwrite`].
+        overwrite: bool;
+    }
+}
+
+impl RenameOptions {
+    value_setters! {
+        /// Set [`RenameOptions::overwrite`].
+        overwrite: bool;
+    }
+    string_setters! {
+        /// Set [`RenameOptions::user`].
+        user;
+    }
+}
+
+impl CopyOptions {
+    value_setters! {
+        /// Set [`CopyOptions::recursive`].
+        recursive: bool;
+        /// Set [`CopyOptions::overwrite`].
+        overwrite: bool;
+    }
+    string_setters! {
+        /// Set [`CopyOptions::user`].
         user;
     }
 }

@@ -283,7 +283,8 @@ fn stat_entry(
     Ok(stat_of(record, rel, &st, link))
 }
 
-/// Metadata of a path; symlinks are reported, not followed.
+/// Metadata of a path; symlinks are reported, not followed. A path through something that
+/// is not a directory names nothing (`ENOTDIR` is not found, as for `exists`).
 pub(super) fn stat(record: &Record, path: &str) -> Result<FileStat> {
     let root = open_root(record)?;
     let t = Target::parse(record, path)?;
@@ -291,8 +292,30 @@ pub(super) fn stat(record: &Record, path: &str) -> Result<FileStat> {
         let st = sys::fstat(root.as_fd()).map_err(|e| Error::from_io(&e, path))?;
         return Ok(stat_of(record, &t.rel, &st, None));
     }
-    let (dir, name) = parent_of(&root, &t)?;
-    stat_entry(record, &dir, &name, &t.rel).map_err(|e| Error::from_io(&e, path))
+    let missing = |e: std::io::Error| {
+        if e.raw_os_error() == Some(libc::ENOTDIR) {
+            Error::not_found(format!("file {path:?}"))
+        } else {
+            resolve_err(e, path)
+        }
+    };
+    let name = t.name().unwrap_or_default().to_os_string();
+    let parent = t.rel.parent().unwrap_or(Path::new(""));
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let dir = sys::openat2(
+        root.as_fd(),
+        parent,
+        libc::O_PATH | libc::O_DIRECTORY,
+        0,
+        FROM_ROOT,
+    )
+    .map_err(missing)?;
+    refuse_procfs(&dir, path)?;
+    stat_entry(record, &dir, &name, &t.rel).map_err(missing)
 }
 
 /// The entries of a held directory, sorted by name.
@@ -521,16 +544,271 @@ pub(super) fn remove(record: &Record, path: &str, recursive: bool) -> Result<()>
     }
 }
 
-/// Rename an entry (a symlink moves as itself).
-pub(super) fn rename(record: &Record, from: &str, to: &str) -> Result<FileStat> {
+/// Rename an entry (a symlink moves as itself). Without `overwrite`, an existing destination
+/// is refused by the rename itself (`RENAME_NOREPLACE`), never by a look before it.
+pub(super) fn rename(record: &Record, from: &str, to: &str, overwrite: bool) -> Result<FileStat> {
     let root = open_root(record)?;
     let (f, t) = (Target::parse(record, from)?, Target::parse(record, to)?);
     let (fdir, fname) = parent_of(&root, &f)?;
     let (tdir, tname) = parent_of(&root, &t)?;
     sys::lstat_at(fdir.as_fd(), &fname).map_err(|e| Error::from_io(&e, from))?;
-    sys::rename_at(fdir.as_fd(), &fname, tdir.as_fd(), &tname)
-        .map_err(|e| Error::from_io(&e, &format!("{from} -> {to}")))?;
+    land(&fdir, &fname, &tdir, &tname, overwrite)
+        .map_err(|e| landing_err(e, &format!("{from} -> {to}"), to))?;
     stat_entry(record, &tdir, &tname, &t.rel).map_err(|e| Error::from_io(&e, to))
+}
+
+/// Move `from` (in `fdir`) to `to` (in `tdir`): replacing, or refusing any existing `to`.
+fn land(
+    fdir: &OwnedFd,
+    from: &OsStr,
+    tdir: &OwnedFd,
+    to: &OsStr,
+    overwrite: bool,
+) -> std::io::Result<()> {
+    if overwrite {
+        sys::rename_at(fdir.as_fd(), from, tdir.as_fd(), to)
+    } else {
+        sys::rename_noreplace_at(fdir.as_fd(), from, tdir.as_fd(), to)
+    }
+}
+
+/// A failed landing: `EEXIST` is the no-clobber refusal, named after the destination.
+fn landing_err(e: std::io::Error, subject: &str, to: &str) -> Error {
+    if e.raw_os_error() == Some(libc::EEXIST) {
+        Error::AlreadyExists {
+            what: format!("path {to} (not overwritten)"),
+        }
+    } else {
+        Error::from_io(&e, subject)
+    }
+}
+
+/// Directory levels a copy descends (one descriptor held per level on each side).
+const MAX_COPY_DEPTH: usize = 256;
+
+/// One copy in progress: what it needs at every level.
+struct Copy<'a> {
+    record: &'a Record,
+    user: Option<&'a str>,
+    recursive: bool,
+    shown: &'a str,
+    /// Directories this copy created (device, inode): met again in the source, the
+    /// destination lies inside the source, and the copy would never end.
+    made: Vec<(u64, u64)>,
+}
+
+/// Copy a file, a symlink (as itself) or, with `recursive`, a directory tree.
+///
+/// Everything below the two parents is reached by descriptor with no link followed
+/// (`RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`), so a symlink or a
+/// directory swapped in by sandbox code while the copy runs can never lead it outside the
+/// tree, let alone the sandbox. Data is streamed kernel-side (`copy_file_range`), never held.
+/// A file, or a new tree, is built under a temporary name and lands by one rename (without
+/// `overwrite`, `RENAME_NOREPLACE`); on failure the temporary entry is removed before the
+/// error is returned.
+pub(super) fn copy(
+    record: &Record,
+    from: &str,
+    to: &str,
+    options: &crate::CopyOptions,
+) -> Result<FileStat> {
+    let root = open_root(record)?;
+    let user = options.user.as_deref();
+    record.user(user)?;
+    let (f, t) = (Target::parse(record, from)?, Target::parse(record, to)?);
+    let (fdir, fname) = parent_of(&root, &f)?;
+    let (tdir, tname) = parent_of(&root, &t)?;
+    let shown = format!("{from} -> {to}");
+    let mut job = Copy {
+        record,
+        user,
+        recursive: options.recursive,
+        shown: &shown,
+        made: Vec::new(),
+    };
+    job.entry(&fdir, &fname, &tdir, &tname, options.overwrite, 0)?;
+    stat_entry(record, &tdir, &tname, &t.rel).map_err(|e| Error::from_io(&e, to))
+}
+
+impl Copy<'_> {
+    fn io(&self, e: std::io::Error) -> Error {
+        resolve_err(e, self.shown)
+    }
+
+    /// Copy entry `sname` of `sdir` to `dname` in `ddir`.
+    fn entry(
+        &mut self,
+        sdir: &OwnedFd,
+        sname: &OsStr,
+        ddir: &OwnedFd,
+        dname: &OsStr,
+        overwrite: bool,
+        depth: usize,
+    ) -> Result<()> {
+        if depth > MAX_COPY_DEPTH {
+            return Err(Error::invalid(format!(
+                "{}: more than {MAX_COPY_DEPTH} directory levels; copy it from a process \
+                 (cp -a)",
+                self.shown
+            )));
+        }
+        let st = sys::lstat_at(sdir.as_fd(), sname).map_err(|e| self.io(e))?;
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFDIR => self.dir(sdir, sname, ddir, dname, overwrite, depth),
+            libc::S_IFREG => self.file(sdir, sname, &st, ddir, dname, overwrite),
+            libc::S_IFLNK => {
+                let target = sys::readlink_at(sdir.as_fd(), sname).map_err(|e| self.io(e))?;
+                self.build_and_land(ddir, dname, overwrite, |job, temp| {
+                    sys::symlink_at(&target, ddir.as_fd(), temp).map_err(|e| job.io(e))?;
+                    let fd =
+                        open_entry(ddir.as_fd(), temp, libc::O_PATH, 0).map_err(|e| job.io(e))?;
+                    give_to(job.record, &fd, job.user, job.shown)
+                })
+            }
+            _ => Err(Error::invalid(format!(
+                "{}: {} is not a regular file, directory or symlink; the file API copies those \
+                 only",
+                self.shown,
+                encode_name(sname)
+            ))),
+        }
+    }
+
+    /// Build an entry under a fresh temporary name in `ddir` with `build`, then land it at
+    /// `dname`; on any failure the temporary entry is removed first.
+    fn build_and_land(
+        &mut self,
+        ddir: &OwnedFd,
+        dname: &OsStr,
+        overwrite: bool,
+        build: impl FnOnce(&mut Self, &OsStr) -> Result<()>,
+    ) -> Result<()> {
+        let random = sys::random_u64().map_err(|e| Error::from_io(&e, "random"))?;
+        let temp = temp_name_for(dname, false, random);
+        let result = build(self, &temp).and_then(|()| {
+            land(ddir, &temp, ddir, dname, overwrite)
+                .map_err(|e| landing_err(e, self.shown, &encode_name(dname)))
+        });
+        if result.is_err() {
+            match sys::lstat_at(ddir.as_fd(), &temp) {
+                Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {
+                    let _ = remove_tree(ddir, &temp, 0, self.shown);
+                }
+                Ok(_) => {
+                    let _ = sys::unlink_at(ddir.as_fd(), &temp, false);
+                }
+                Err(_) => {}
+            }
+        }
+        result
+    }
+
+    /// Copy a regular file: opened without following links and without blocking (should it
+    /// have become a FIFO meanwhile), checked to be the file just looked at.
+    fn file(
+        &mut self,
+        sdir: &OwnedFd,
+        sname: &OsStr,
+        st: &rustix::fs::Stat,
+        ddir: &OwnedFd,
+        dname: &OsStr,
+        overwrite: bool,
+    ) -> Result<()> {
+        let src = open_entry(
+            sdir.as_fd(),
+            sname,
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
+            0,
+        )
+        .map_err(|e| self.io(e))?;
+        let again = sys::fstat(src.as_fd()).map_err(|e| self.io(e))?;
+        if again.st_mode & libc::S_IFMT != libc::S_IFREG
+            || (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino)
+        {
+            return Err(Error::backend(format!(
+                "{}: the source changed while it was copied",
+                self.shown
+            )));
+        }
+        sys::set_nonblocking(src.as_fd(), false).map_err(|e| self.io(e))?;
+        let mode = again.st_mode & 0o1777;
+        self.build_and_land(ddir, dname, overwrite, |job, temp| {
+            let out = open_entry(
+                ddir.as_fd(),
+                temp,
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+                0o600,
+            )
+            .map_err(|e| job.io(e))?;
+            let (mut from, mut into) = (std::fs::File::from(src), std::fs::File::from(out));
+            std::io::copy(&mut from, &mut into).map_err(|e| job.io(e))?;
+            let out = OwnedFd::from(into);
+            // Owner first: a chown clears set-id bits a mode may carry.
+            give_to(job.record, &out, job.user, job.shown)?;
+            sys::fchmod(out.as_fd(), mode).map_err(|e| job.io(e))
+        })
+    }
+
+    /// Copy a directory: into a new tree that lands whole, or (overwriting) merged into a
+    /// directory already at the destination.
+    fn dir(
+        &mut self,
+        sdir: &OwnedFd,
+        sname: &OsStr,
+        ddir: &OwnedFd,
+        dname: &OsStr,
+        overwrite: bool,
+        depth: usize,
+    ) -> Result<()> {
+        if !self.recursive {
+            return Err(Error::invalid(format!(
+                "{}: is a directory (copy it with recursive)",
+                self.shown
+            )));
+        }
+        let src = open_entry(sdir.as_fd(), sname, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+            .map_err(|e| self.io(e))?;
+        refuse_procfs(&src, self.shown)?;
+        let st = sys::fstat(src.as_fd()).map_err(|e| self.io(e))?;
+        if self.made.contains(&(st.st_dev, st.st_ino)) {
+            return Err(Error::invalid(format!(
+                "{}: cannot copy a directory into itself",
+                self.shown
+            )));
+        }
+        let names = entries(&src).map_err(|e| self.io(e))?;
+        let mode = st.st_mode & 0o1777;
+        if overwrite {
+            if let Ok(existing) =
+                open_entry(ddir.as_fd(), dname, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+            {
+                let est = sys::fstat(existing.as_fd()).map_err(|e| self.io(e))?;
+                if (est.st_dev, est.st_ino) == (st.st_dev, st.st_ino) {
+                    return Err(Error::invalid(format!(
+                        "{}: source and destination are the same directory",
+                        self.shown
+                    )));
+                }
+                self.made.push((est.st_dev, est.st_ino));
+                for name in &names {
+                    self.entry(&src, name, &existing, name, true, depth + 1)?;
+                }
+                return Ok(());
+            }
+        }
+        self.build_and_land(ddir, dname, overwrite, |job, temp| {
+            sys::mkdir_at(ddir.as_fd(), temp, 0o700).map_err(|e| job.io(e))?;
+            let new = open_entry(ddir.as_fd(), temp, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+                .map_err(|e| job.io(e))?;
+            let nst = sys::fstat(new.as_fd()).map_err(|e| job.io(e))?;
+            job.made.push((nst.st_dev, nst.st_ino));
+            for name in &names {
+                job.entry(&src, name, &new, name, false, depth + 1)?;
+            }
+            give_to(job.record, &new, job.user, job.shown)?;
+            sys::fchmod(new.as_fd(), mode).map_err(|e| job.io(e))
+        })
+    }
 }
 
 /// Change the mode of what a path names (in-sandbox symlinks followed), through a descriptor.
@@ -585,6 +863,8 @@ pub(super) struct PendingWrite {
     name: OsString,
     /// The temporary name beside the target (`None` for an append, written in place).
     temp: Option<OsString>,
+    /// Land without replacing anything (`RENAME_NOREPLACE`).
+    noreplace: bool,
     /// Owner and mode to give the file before it lands.
     owner: Option<(u32, u32)>,
     mode: Option<u32>,
@@ -643,6 +923,12 @@ pub(super) fn begin_write(
             parent_of(&root, &t)?.0
         };
         match sys::lstat_at(dir.as_fd(), &name) {
+            // No-clobber: anything with the name, a symlink included, is kept as it is.
+            Ok(_) if !options.overwrite => {
+                return Err(Error::AlreadyExists {
+                    what: format!("path {path} (not overwritten)"),
+                })
+            }
             Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
                 hops += 1;
                 if hops > MAX_HOPS {
@@ -724,6 +1010,7 @@ pub(super) fn begin_write(
             dir,
             name,
             temp: None,
+            noreplace: !options.overwrite,
             owner: if new { owner } else { None },
             mode: if new {
                 Some(mode.unwrap_or(0o644))
@@ -758,6 +1045,7 @@ pub(super) fn begin_write(
         dir,
         name,
         temp: Some(temp),
+        noreplace: !options.overwrite,
         owner,
         mode: Some(mode.unwrap_or(0o644)),
         rel: t.rel,
@@ -790,8 +1078,8 @@ impl PendingWrite {
                 sys::fchmod(fd, mode).map_err(|e| Error::from_io(&e, shown))?;
             }
             if let Some(temp) = &self.temp {
-                sys::rename_at(self.dir.as_fd(), temp, self.dir.as_fd(), &self.name)
-                    .map_err(|e| Error::from_io(&e, shown))?;
+                land(&self.dir, temp, &self.dir, &self.name, !self.noreplace)
+                    .map_err(|e| landing_err(e, shown, shown))?;
             }
             Ok(())
         })();

@@ -51,7 +51,7 @@ use crate::{
     SandboxState, Signal, SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions,
     DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT,
 };
-use crate::{ReadOptions, StatOptions};
+use crate::{CopyOptions, ReadOptions, RenameOptions, StatOptions};
 
 pub use self::config::default_state_dir;
 pub use self::preview::PreviewLimits;
@@ -61,6 +61,12 @@ pub use self::proto::PROTOCOL_VERSION;
 
 /// Env var that opts in to running sandboxes without isolation where namespaces are missing.
 pub const ALLOW_UNISOLATED_ENV: &str = "SANDCOVE_ALLOW_UNISOLATED";
+
+/// The largest file one write takes, in bytes (4 GiB; reported as
+/// [`Capabilities::max_file_bytes`]). The agent counts what it receives and refuses more with
+/// [`Error::FileTooLarge`], discarding the partial file; reads are never larger than the file,
+/// whose size the sandbox's disk bounds.
+pub const MAX_FILE_BYTES: u64 = 4 << 30;
 
 /// The embedded engine. Cheap to clone; all state lives in the state directory and in each
 /// sandbox's monitor, so any number of programs share sandboxes.
@@ -720,7 +726,7 @@ impl Backend for LocalBackend {
             host_network: true,
             internet: !self.unisolated && self.pasta.is_ok(),
             process_limit: !self.unisolated,
-            max_file_bytes: u64::MAX,
+            max_file_bytes: MAX_FILE_BYTES,
             output_limit: DEFAULT_OUTPUT_LIMIT as u64,
             pause: !self.unisolated,
             previews: true,
@@ -1097,12 +1103,31 @@ impl Backend for LocalBackend {
         .await
     }
 
-    async fn rename(&self, id: &str, from: &str, to: &str) -> Result<FileStat> {
+    async fn rename(
+        &self,
+        id: &str,
+        from: &str,
+        to: &str,
+        options: RenameOptions,
+    ) -> Result<FileStat> {
         self.agent_stat(
             id,
             AgentRequest::Rename {
                 from: from.to_string(),
                 to: to.to_string(),
+                options,
+            },
+        )
+        .await
+    }
+
+    async fn copy(&self, id: &str, from: &str, to: &str, options: CopyOptions) -> Result<FileStat> {
+        self.agent_stat(
+            id,
+            AgentRequest::Copy {
+                from: from.to_string(),
+                to: to.to_string(),
+                options,
             },
         )
         .await

@@ -192,6 +192,19 @@ pub enum AgentRequest {
         from: String,
         /// Destination.
         to: String,
+        /// Options.
+        #[serde(default)]
+        options: crate::RenameOptions,
+    },
+    /// Copy a file or tree; replies `Stat`.
+    Copy {
+        /// Source.
+        from: String,
+        /// Destination.
+        to: String,
+        /// Options.
+        #[serde(default)]
+        options: crate::CopyOptions,
     },
     /// Change permission bits.
     Chmod {

@@ -786,6 +786,32 @@ pub fn rename_at(
     Ok(rustix::fs::renameat(from_dir, from, to_dir, to)?)
 }
 
+/// `renameat2(2)` with `RENAME_NOREPLACE`: like [`rename_at`], but an existing `to` is
+/// `EEXIST`, decided atomically by the kernel (no look-then-act window).
+pub fn rename_noreplace_at(
+    from_dir: impl AsFd,
+    from: &std::ffi::OsStr,
+    to_dir: impl AsFd,
+    to: &std::ffi::OsStr,
+) -> io::Result<()> {
+    Ok(rustix::fs::renameat_with(
+        from_dir,
+        from,
+        to_dir,
+        to,
+        rustix::fs::RenameFlags::NOREPLACE,
+    )?)
+}
+
+/// `symlinkat(2)`: a new symlink `name` in `dir` holding `target` verbatim.
+pub fn symlink_at(
+    target: &std::ffi::OsStr,
+    dir: impl AsFd,
+    name: &std::ffi::OsStr,
+) -> io::Result<()> {
+    Ok(rustix::fs::symlinkat(target, dir, name)?)
+}
+
 /// `fchmod(2)` on an open (not `O_PATH`) descriptor.
 pub fn fchmod(fd: impl AsFd, mode: u32) -> io::Result<()> {
     Ok(rustix::fs::fchmod(

@@ -50,12 +50,19 @@ pub(super) async fn read_file(
     agent: &Arc<Agent>,
     stream: &mut UnixStream,
     path: &str,
-    user: Option<String>,
+    options: crate::ReadOptions,
 ) -> Result<()> {
     let (rec, p) = (agent.record.clone(), path.to_string());
     // Opening can block (a lease held by sandbox code), so it runs off the event loop; as a
     // user, the open is where the kernel checks that user's permissions.
-    let (file, size) = as_user(&agent.record, user, move || files::open_for_read(&rec, &p)).await?;
+    let (file, size) = as_user(&agent.record, options.user, move || {
+        files::open_for_read(&rec, &p)
+    })
+    .await?;
+    // Refused before any byte is sent: the caller keeps it in memory.
+    if let Some(limit) = options.max_bytes.filter(|&limit| size > limit) {
+        return Err(Error::file_too_large(path, limit));
+    }
     let mut file = tokio::fs::File::from_std(file).take(size);
     let mut buf = vec![0u8; CHUNK];
     loop {
@@ -82,6 +89,7 @@ pub(super) async fn write_file(
 ) -> Result<()> {
     let (rec, p) = (agent.record.clone(), path.to_string());
     let user = options.user.clone();
+    let options_limit = options.max_bytes.unwrap_or(u64::MAX);
     let pending = as_user(&agent.record, user.clone(), move || {
         files::begin_write(&rec, &p, &options)
     })
@@ -90,8 +98,24 @@ pub(super) async fn write_file(
         pending.discard();
         Error::from_io(&e, path)
     })?);
+    // The bound of this write: the caller's, and never past the engine's largest file.
+    let limit = options_limit.min(super::super::MAX_FILE_BYTES);
     let result: Result<()> = async {
+        let mut total = 0u64;
         while let Some(body) = read_data_frame(stream).await? {
+            total = total.saturating_add(body.len() as u64);
+            if total > limit {
+                let remedy = if limit < super::super::MAX_FILE_BYTES {
+                    "the bound the call set (max_bytes); raise it or leave it unset"
+                } else {
+                    "the engine's largest file (Capabilities::max_file_bytes); split it"
+                };
+                return Err(Error::FileTooLarge {
+                    what: path.to_string(),
+                    limit,
+                    remedy: remedy.into(),
+                });
+            }
             file.write_all(&body)
                 .await
                 .map_err(|e| Error::from_io(&e, path))?;

@@ -554,9 +554,7 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: AgentReque
             let processes = agent.process_list();
             proto::write_frame(stream, &AgentReply::Processes { processes }, &[]).await
         }
-        AgentRequest::ReadFile { path, options } => {
-            read_file(agent, stream, &path, options.user).await
-        }
+        AgentRequest::ReadFile { path, options } => read_file(agent, stream, &path, options).await,
         AgentRequest::WriteFile { path, options } => {
             write_file(agent, stream, &path, options).await
         }
@@ -598,9 +596,24 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: AgentReque
             .await?;
             done(stream).await
         }
-        AgentRequest::Rename { from, to } => {
+        AgentRequest::Rename { from, to, options } => {
+            // As the user: the kernel checks its permissions on both directories.
             let rec = agent.record.clone();
-            let stat = blocking(move || files::rename(&rec, &from, &to)).await?;
+            let overwrite = options.overwrite;
+            let stat = as_user(&agent.record, options.user, move || {
+                files::rename(&rec, &from, &to, overwrite)
+            })
+            .await?;
+            proto::write_frame(stream, &AgentReply::Stat { stat }, &[]).await
+        }
+        AgentRequest::Copy { from, to, options } => {
+            // As the user: it reads and creates with that user's permissions.
+            let rec = agent.record.clone();
+            let user = options.user.clone();
+            let stat = as_user(&agent.record, user, move || {
+                files::copy(&rec, &from, &to, &options)
+            })
+            .await?;
             proto::write_frame(stream, &AgentReply::Stat { stat }, &[]).await
         }
         AgentRequest::Chmod { path, mode } => {
