@@ -21,11 +21,13 @@ use crate::{
 /// - v1: the first release.
 /// - v2: attaching to a process sends `Live` (where retained history ends) and `Restarted`
 ///   events, which v1 clients do not know.
+/// - v3: reads and writes carry a byte bound, writes and renames an `overwrite` flag,
+///   renames a user, and a `copy` request exists (issue 21's file calls).
 ///
 /// Whatever the version, the frame layout and two requests are frozen so a sandbox made by
 /// another build can still be described and destroyed: a hello frame carrying `info` or
 /// `destroy` (`FROZEN_OPS`), answered by an `info`, `done` or `error` frame.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Monitor requests whose encoding never changes, served to a client of any version.
 pub const FROZEN_OPS: [&str; 2] = ["info", "destroy"];
