@@ -492,36 +492,65 @@ fn env_command(vendor: &str, state_dir: Option<PathBuf>) -> ExitCode {
         eprintln!("sandcove env: unknown vendor '{vendor}': use e2b, daytona or blaxel");
         return ExitCode::FAILURE;
     }
+    let Ok(Running { key, url, .. }) = running(state_dir, "e2b", "E2B_API_KEY", record::find_e2b)
+    else {
+        return ExitCode::FAILURE;
+    };
+    println!("export E2B_API_URL={}", shell_quote(&url));
+    println!("export E2B_SANDBOX_URL={}", shell_quote(&url));
+    println!("export E2B_API_KEY={}", shell_quote(&key));
+    ExitCode::SUCCESS
+}
+
+/// What `sandcove env` needs of a running vendor listener.
+struct Running {
+    /// The server's API key, from the environment.
+    key: String,
+    /// The listener's origin, from its record.
+    url: String,
+    /// The state directory the record was found in.
+    state_dir: PathBuf,
+}
+
+/// The API key and the running `sandcove serve --<vendor>` listener recorded in the state
+/// directory; `Err` after saying on stderr what is missing (`sdk_key_var`: the variable the
+/// vendor's SDK reads the key from).
+fn running(
+    state_dir: Option<PathBuf>,
+    vendor: &str,
+    sdk_key_var: &str,
+    find: fn(&std::path::Path) -> std::io::Result<Option<String>>,
+) -> Result<Running, ()> {
     let Some(key) = std::env::var(API_KEY_ENV)
         .ok()
         .filter(|k| !k.trim().is_empty())
     else {
         eprintln!(
             "sandcove env: {API_KEY_ENV} is not set: set it to the server's API key (the SDK \
-             sends it as E2B_API_KEY)"
+             sends it as {sdk_key_var})"
         );
-        return ExitCode::FAILURE;
+        return Err(());
     };
     let state_dir = state_dir.unwrap_or_else(sandcove::backend::local::default_state_dir);
-    let url = match record::find_e2b(&state_dir) {
-        Ok(Some(url)) => url,
+    match find(&state_dir) {
+        Ok(Some(url)) => Ok(Running {
+            key: key.trim().to_string(),
+            url,
+            state_dir,
+        }),
         Ok(None) => {
             eprintln!(
-                "sandcove env: no running `sandcove serve --e2b ADDR` found in {}; start one \
-                 (with the same state directory) first",
+                "sandcove env: no running `sandcove serve --{vendor} ADDR` found in {}; start \
+                 one (with the same state directory) first",
                 state_dir.display()
             );
-            return ExitCode::FAILURE;
+            Err(())
         }
         Err(e) => {
             eprintln!("sandcove env: {e}");
-            return ExitCode::FAILURE;
+            Err(())
         }
-    };
-    println!("export E2B_API_URL={}", shell_quote(&url));
-    println!("export E2B_SANDBOX_URL={}", shell_quote(&url));
-    println!("export E2B_API_KEY={}", shell_quote(key.trim()));
-    ExitCode::SUCCESS
+    }
 }
 
 /// A value as one POSIX shell word.
@@ -539,71 +568,35 @@ fn shell_quote(value: &str) -> String {
 
 /// `sandcove env daytona`.
 fn env_daytona(state_dir: Option<PathBuf>) -> ExitCode {
-    let Some(key) = std::env::var(API_KEY_ENV)
-        .ok()
-        .filter(|k| !k.trim().is_empty())
-    else {
-        eprintln!(
-            "sandcove env: {API_KEY_ENV} is not set: set it to the server's API key (the SDK \
-             sends it as DAYTONA_API_KEY)"
-        );
+    let Ok(Running { key, url, .. }) = running(
+        state_dir,
+        "daytona",
+        "DAYTONA_API_KEY",
+        record::find_daytona,
+    ) else {
         return ExitCode::FAILURE;
-    };
-    let state_dir = state_dir.unwrap_or_else(sandcove::backend::local::default_state_dir);
-    let url = match record::find_daytona(&state_dir) {
-        Ok(Some(url)) => url,
-        Ok(None) => {
-            eprintln!(
-                "sandcove env: no running `sandcove serve --daytona ADDR` found in {}; start \
-                 one (with the same state directory) first",
-                state_dir.display()
-            );
-            return ExitCode::FAILURE;
-        }
-        Err(e) => {
-            eprintln!("sandcove env: {e}");
-            return ExitCode::FAILURE;
-        }
     };
     println!(
         "export DAYTONA_API_URL={}",
         shell_quote(&format!("{url}/api"))
     );
-    println!("export DAYTONA_API_KEY={}", shell_quote(key.trim()));
+    println!("export DAYTONA_API_KEY={}", shell_quote(&key));
     ExitCode::SUCCESS
 }
 
 /// `sandcove env blaxel`.
 fn env_blaxel(state_dir: Option<PathBuf>) -> ExitCode {
-    let Some(key) = std::env::var(API_KEY_ENV)
-        .ok()
-        .filter(|k| !k.trim().is_empty())
+    let Ok(Running {
+        key,
+        url,
+        state_dir,
+    }) = running(state_dir, "blaxel", "BL_API_KEY", record::find_blaxel)
     else {
-        eprintln!(
-            "sandcove env: {API_KEY_ENV} is not set: set it to the server's API key (the SDK \
-             sends it as BL_API_KEY)"
-        );
         return ExitCode::FAILURE;
-    };
-    let state_dir = state_dir.unwrap_or_else(sandcove::backend::local::default_state_dir);
-    let url = match record::find_blaxel(&state_dir) {
-        Ok(Some(url)) => url,
-        Ok(None) => {
-            eprintln!(
-                "sandcove env: no running `sandcove serve --blaxel ADDR` found in {}; start \
-                 one (with the same state directory) first",
-                state_dir.display()
-            );
-            return ExitCode::FAILURE;
-        }
-        Err(e) => {
-            eprintln!("sandcove env: {e}");
-            return ExitCode::FAILURE;
-        }
     };
     // The TypeScript SDK: plain HTTP to this listener for both planes.
     println!("export BL_WORKSPACE={}", shell_quote(BLAXEL_WORKSPACE));
-    println!("export BL_API_KEY={}", shell_quote(key.trim()));
+    println!("export BL_API_KEY={}", shell_quote(&key));
     println!("export BL_API_URL={}", shell_quote(&format!("{url}/v0")));
     println!("export BL_RUN_URL={}", shell_quote(&url));
     println!("export BL_DISABLE_H2=1");
