@@ -101,40 +101,41 @@ impl LiveSender {
 impl LiveReceiver {
     /// The next item; `None` when every sender is gone and everything was delivered.
     async fn recv(&mut self) -> Option<Live> {
-        use std::sync::atomic::Ordering;
-        if !self.reported && self.overflowed.load(Ordering::Acquire) && self.rx.is_empty() {
-            self.reported = true;
-            return Some(Live::Overflowed);
-        }
-        match self.rx.recv().await {
-            Some(line) => {
-                self.queued.fetch_sub(line.1.len().max(1), Ordering::AcqRel);
-                Some(Live::Line(line))
+        if self.rx.is_empty() {
+            if let Some(notice) = self.drop_notice() {
+                return Some(notice);
             }
-            None if !self.reported && self.overflowed.load(Ordering::Acquire) => {
-                self.reported = true;
-                Some(Live::Overflowed)
-            }
-            None => None,
         }
+        let next = self.rx.recv().await;
+        self.deliver(next)
     }
 
     /// A line already queued, without waiting.
     fn try_recv(&mut self) -> Option<Live> {
-        match self.rx.try_recv() {
-            Ok(line) => {
+        let next = self.rx.try_recv().ok();
+        self.deliver(next)
+    }
+
+    /// What the channel's `next` becomes: a line (its bytes no longer queued), else the drop
+    /// notice if it is owed.
+    fn deliver(&mut self, next: Option<(bool, String)>) -> Option<Live> {
+        match next {
+            Some(line) => {
                 self.queued
                     .fetch_sub(line.1.len().max(1), std::sync::atomic::Ordering::AcqRel);
                 Some(Live::Line(line))
             }
-            Err(_)
-                if !self.reported && self.overflowed.load(std::sync::atomic::Ordering::Acquire) =>
-            {
-                self.reported = true;
-                Some(Live::Overflowed)
-            }
-            Err(_) => None,
+            None => self.drop_notice(),
         }
+    }
+
+    /// The drop notice, once, after lines were dropped.
+    fn drop_notice(&mut self) -> Option<Live> {
+        if self.reported || !self.overflowed.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        self.reported = true;
+        Some(Live::Overflowed)
     }
 }
 
