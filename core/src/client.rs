@@ -134,7 +134,7 @@ impl Client {
     /// check before any effect.
     pub async fn check_create(&self, options: &CreateOptions) -> Result<CheckStatus> {
         options.validate()?;
-        Ok(match self.observe().await? {
+        Ok(match self.runtime_status().await? {
             Ok(caps) => caps.evaluate_create(options),
             Err(status) => status,
         })
@@ -143,14 +143,14 @@ impl Client {
     /// Evaluate a snapshot (or fork) without taking one: [`CheckStatus::Supported`] naming
     /// what a snapshot keeps (files, not processes), or why not, as [`Client::check_create`].
     pub async fn check_snapshot(&self) -> Result<CheckStatus> {
-        Ok(match self.observe().await? {
+        Ok(match self.runtime_status().await? {
             Ok(caps) => caps.evaluate_snapshot(),
             Err(status) => status,
         })
     }
 
     /// The capabilities, or the check status for a runtime that cannot be reached now.
-    async fn observe(&self) -> Result<std::result::Result<Capabilities, CheckStatus>> {
+    async fn runtime_status(&self) -> Result<std::result::Result<Capabilities, CheckStatus>> {
         match self.ready().await {
             Ok(caps) => Ok(Ok(caps)),
             Err(Error::Unavailable { reason, remedy }) => {
@@ -240,6 +240,14 @@ impl Client {
     pub async fn delete_volume(&self, name: &str) -> Result<()> {
         self.require(Feature::Volumes).await?;
         self.backend.delete_volume(name).await
+    }
+
+    /// What happened to an operation (see [`crate::operation`]): after a call failed with
+    /// [`Error::OutcomeUnknown`], this says whether it took effect (and what it made)
+    /// without doing it again. A remote server answers from its record; the embedded engine
+    /// records nothing and answers [`OperationStatus::Unknown`](crate::OperationStatus).
+    pub async fn observe(&self, operation: &crate::OperationId) -> Result<crate::OperationStatus> {
+        self.backend.observe(operation).await
     }
 
     /// The one capability check before dispatch (see [`crate::capability`]).

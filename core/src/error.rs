@@ -114,6 +114,18 @@ pub enum Error {
         /// Whether retrying the same call may succeed.
         retryable: bool,
     },
+    /// The request of an operation with a remote effect was sent, but its answer was lost
+    /// (the connection broke, or no answer came in time): it may or may not have taken effect.
+    /// Ask [`Client::observe`](crate::Client::observe) about `operation`, or run the call again
+    /// under the same id ([`OperationId::scope`](crate::OperationId::scope)), which never acts
+    /// twice where the runtime records operations. A blind retry under a new id might.
+    #[error("outcome unknown of operation {operation}: {message}")]
+    OutcomeUnknown {
+        /// The operation id the request carried.
+        operation: String,
+        /// What was sent and how its answer was lost.
+        message: String,
+    },
 }
 
 /// Shorthand for results of this crate.
@@ -152,6 +164,8 @@ pub enum ErrorCode {
     Io,
     /// [`Error::Backend`]
     Backend,
+    /// [`Error::OutcomeUnknown`]
+    OutcomeUnknown,
 }
 
 /// The serializable form of an [`Error`]: a code plus the variant's fields.
@@ -221,6 +235,15 @@ impl Error {
         }
     }
 
+    /// The operation id of an [`Error::OutcomeUnknown`]: what to pass to
+    /// [`Client::observe`](crate::Client::observe) or to run again under.
+    pub fn unknown_outcome(&self) -> Option<crate::OperationId> {
+        match self {
+            Error::OutcomeUnknown { operation, .. } => crate::OperationId::parse(operation).ok(),
+            _ => None,
+        }
+    }
+
     /// Whether the subject does not exist (a missing sandbox, process or file alike).
     pub fn is_not_found(&self) -> bool {
         matches!(self, Error::NotFound { .. })
@@ -243,6 +266,7 @@ impl Error {
             Error::FileTooLarge { .. } => ErrorCode::FileTooLarge,
             Error::Io { .. } => ErrorCode::Io,
             Error::Backend { .. } => ErrorCode::Backend,
+            Error::OutcomeUnknown { .. } => ErrorCode::OutcomeUnknown,
         }
     }
 
@@ -294,6 +318,9 @@ impl Error {
             }
             Error::Backend { message, retryable } => {
                 vec![("message", json!(message)), ("retryable", json!(retryable))]
+            }
+            Error::OutcomeUnknown { operation, message } => {
+                vec![("operation", json!(operation)), ("message", json!(message))]
             }
         };
         ErrorBody {
@@ -375,6 +402,10 @@ impl Error {
                     .get("retryable")
                     .and_then(|v| v.as_bool())
                     .unwrap_or(false),
+            },
+            ErrorCode::OutcomeUnknown => Error::OutcomeUnknown {
+                operation: s("operation"),
+                message: s("message"),
             },
         }
     }
@@ -462,6 +493,10 @@ mod tests {
             Error::Backend {
                 message: "agent died".into(),
                 retryable: true,
+            },
+            Error::OutcomeUnknown {
+                operation: "op-1".into(),
+                message: "POST /v1/sandboxes: connection reset".into(),
             },
         ]
     }

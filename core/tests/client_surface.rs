@@ -361,6 +361,12 @@ impl Backend for Without {
     async fn delete_volume(&self, name: &str) -> Result<()> {
         self.inner.delete_volume(name).await
     }
+    async fn observe(
+        &self,
+        operation: &sandcove::OperationId,
+    ) -> Result<sandcove::OperationStatus> {
+        self.inner.observe(operation).await
+    }
 }
 
 /// Every feature [`Without`] can take away.

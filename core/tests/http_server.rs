@@ -184,6 +184,9 @@ impl Backend for Refuser {
     async fn delete_volume(&self, _: &str) -> Result<()> {
         self.no("delete_volume")
     }
+    async fn observe(&self, _: &sandcove::OperationId) -> Result<sandcove::OperationStatus> {
+        self.no("observe")
+    }
 }
 
 const KEY: &str = "the-right-key";
@@ -246,7 +249,8 @@ fn operations(doc: &Value) -> Vec<(String, String, String, &'static str, Vec<u8>
                 .replace("{id}", "sb1")
                 .replace("{port}", "8080")
                 .replace("{snapshot_id}", "snap1")
-                .replace("{name}", "vol1");
+                .replace("{name}", "vol1")
+                .replace("{op}", "op1");
             let mut query = Vec::new();
             for p in op["parameters"].as_array().unwrap() {
                 if p["in"] == "query" {
@@ -276,7 +280,8 @@ fn operations(doc: &Value) -> Vec<(String, String, String, &'static str, Vec<u8>
                 "write_stdin" | "write_file" => b"bytes".to_vec(),
                 _ => b"{}".to_vec(),
             };
-            let kind = if op_name == "openapi" || op_name == "capabilities" {
+            // The server answers these itself (observe: from its record of operations).
+            let kind = if ["openapi", "capabilities", "observe"].contains(&op_name.as_str()) {
                 "local"
             } else {
                 "backend"
@@ -318,7 +323,7 @@ async fn every_documented_route_reaches_its_backend_method() {
     let mut documented: Vec<&str> = ops.iter().map(|o| o.2.as_str()).collect();
     documented.sort_unstable();
     let mut expected: Vec<&str> = METHODS.to_vec();
-    expected.extend(["openapi", "capabilities"]);
+    expected.extend(["openapi", "capabilities", "observe"]);
     expected.sort_unstable();
     assert_eq!(documented, expected, "one route per backend method");
     let http = reqwest::Client::new();
@@ -342,7 +347,7 @@ async fn every_documented_route_reaches_its_backend_method() {
     }
     assert_eq!(
         refuser.calls.load(Ordering::SeqCst),
-        ops.len() - 2,
+        ops.len() - 3,
         "each backend route called the backend once"
     );
     for (method, path) in [

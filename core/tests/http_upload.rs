@@ -209,6 +209,12 @@ impl Backend for SlowCleanup {
     async fn delete_volume(&self, name: &str) -> Result<()> {
         self.inner.delete_volume(name).await
     }
+    async fn observe(
+        &self,
+        operation: &sandcove::OperationId,
+    ) -> Result<sandcove::OperationStatus> {
+        self.inner.observe(operation).await
+    }
 }
 
 /// A loopback server over [`SlowCleanup`], a client for it, the server's URL and key, and

@@ -42,7 +42,12 @@
 //! Connection failures and `429` (honouring `Retry-After`) are retried for every call whose
 //! body can be replayed; `5xx` answers and other transport failures only for idempotent calls
 //! (`GET`, `PUT`, `DELETE`, and creates, which carry an [`IDEMPOTENCY_HEADER`] the server
-//! remembers so a retried create never makes a second sandbox). Control calls have a total
+//! remembers so a retried create never makes a second sandbox). Every call with a remote
+//! effect (creates, forks, snapshots, volumes, preview tokens, destroys and deletes, process
+//! starts) carries its [`OperationId`](crate::OperationId) in that header; when such a request
+//! was sent and its answer lost (a broken connection, a timeout waiting for the answer) the
+//! call fails with [`Error::OutcomeUnknown`] naming it, and `GET /v1/operations/{op}` (what
+//! [`Backend::observe`] asks) says what became of it. Control calls have a total
 //! timeout; streaming calls time out only while waiting for the response head, never while
 //! the stream runs.
 
@@ -192,6 +197,7 @@ pub fn status_for(code: ErrorCode) -> u16 {
         ErrorCode::RateLimited => 429,
         ErrorCode::FileTooLarge => 413,
         ErrorCode::Io => 500,
+        ErrorCode::OutcomeUnknown => 502,
         _ => 500,
     }
 }
@@ -520,13 +526,14 @@ impl HttpBackend {
                             attempt += 1;
                             continue;
                         }
-                        return Err(err);
+                        return Err(outcome_lost(err, idempotency_key));
                     }
                 }
             } else {
                 request.send().await
             };
-            let (err, retryable, retry_after) = match sent {
+            // `lost`: the request may have reached the server, and its answer did not arrive.
+            let (err, retryable, retry_after, lost) = match sent {
                 Ok(response) if response.status().is_success() => return Ok(response),
                 Ok(response) => {
                     let status = response.status();
@@ -539,15 +546,20 @@ impl HttpBackend {
                         || (status.is_server_error()
                             && retry == Retry::Idempotent
                             && err.is_retryable());
-                    (err, retryable, retry_after)
+                    (err, retryable, retry_after, false)
                 }
                 Err(e) => {
                     let retryable = e.is_connect() || retry == Retry::Idempotent;
-                    (transport_error(&e, &method, &url), retryable, None)
+                    let lost = !(e.is_connect() || e.is_builder());
+                    (transport_error(&e, &method, &url), retryable, None, lost)
                 }
             };
             if !retryable || attempt >= self.options.max_retries {
-                return Err(err);
+                return Err(if lost {
+                    outcome_lost(err, idempotency_key)
+                } else {
+                    err
+                });
             }
             self.backoff(attempt, retry_after).await;
             attempt += 1;
@@ -619,25 +631,52 @@ impl HttpBackend {
         Ok(())
     }
 
-    /// A create: a `POST` carrying a fresh idempotency key, retried like an idempotent call.
+    /// A create: a `POST` carrying its operation id (the scope's, or a fresh one) as the
+    /// idempotency key, retried like an idempotent call.
     async fn create_call<T: DeserializeOwned>(
         &self,
         url: Url,
         body: &(impl Serialize + ?Sized),
     ) -> Result<T> {
-        let key = idempotency_key();
+        let key = crate::OperationId::current_or_new();
         let response = self
             .send(Req {
                 method: Method::POST,
                 url,
                 query: &[],
                 payload: Payload::Json(to_json(body)?),
-                idempotency_key: Some(&key),
+                idempotency_key: Some(key.as_str()),
                 retry: Retry::Idempotent,
                 stream: false,
             })
             .await?;
-        decode_json(response).await
+        decode_json(response)
+            .await
+            .map_err(|e| outcome_lost(e, Some(key.as_str())))
+    }
+
+    /// A destroy or delete: a `DELETE` carrying its operation id, so a replay after a lost
+    /// answer gets the first one's outcome instead of "not found".
+    async fn delete_call(&self, url: Url) -> Result<()> {
+        let key = crate::OperationId::current_or_new();
+        let target = url.clone();
+        let response = self
+            .send(Req {
+                method: Method::DELETE,
+                url,
+                query: &[],
+                payload: Payload::None,
+                idempotency_key: Some(key.as_str()),
+                retry: Retry::Idempotent,
+                stream: false,
+            })
+            .await?;
+        response.bytes().await.map(drop).map_err(|e| {
+            outcome_lost(
+                transport_error(&e, &Method::DELETE, &target),
+                Some(key.as_str()),
+            )
+        })
     }
 
     async fn process_stream(&self, response: reqwest::Response) -> Result<ProcessStream> {
@@ -727,8 +766,19 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-fn idempotency_key() -> String {
-    format!("sc-{}", crate::random_id(20))
+/// `err`, met after a request carrying operation `key` may have taken effect, as
+/// [`Error::OutcomeUnknown`]; without a key (a call without a remote effect) unchanged.
+fn outcome_lost(err: Error, key: Option<&str>) -> Error {
+    match key {
+        Some(operation) => Error::OutcomeUnknown {
+            operation: operation.to_string(),
+            message: format!(
+                "the request was sent and its answer was lost ({err}); observe the operation, or \
+                 run the call again under the same operation id"
+            ),
+        },
+        None => err,
+    }
 }
 
 async fn fetch_capabilities(backend: &HttpBackend, http: &reqwest::Client) -> Result<Capabilities> {
@@ -1099,21 +1149,22 @@ impl Backend for HttpBackend {
     }
 
     async fn destroy(&self, id: &str) -> Result<()> {
-        let url = self.sandbox_url(id, &[]);
-        self.call_unit(Method::DELETE, url, &[], Payload::None, Retry::Idempotent)
-            .await
+        self.delete_call(self.sandbox_url(id, &[])).await
     }
 
     async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
         spec.validate()?;
         let url = self.sandbox_url(id, &["processes"]);
+        // The operation id lets a server answer a replayed start by attaching to the process
+        // the first one started; the call is still not retried blindly here.
+        let key = crate::OperationId::current_or_new();
         let response = self
             .send(Req {
                 method: Method::POST,
                 url,
                 query: &[],
                 payload: Payload::Json(to_json(&spec)?),
-                idempotency_key: None,
+                idempotency_key: Some(key.as_str()),
                 retry: Retry::Unsafe,
                 stream: true,
             })
@@ -1439,8 +1490,7 @@ impl Backend for HttpBackend {
     }
 
     async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()> {
-        let url = self.url_for(&["snapshots", snapshot_id]);
-        self.call_unit(Method::DELETE, url, &[], Payload::None, Retry::Idempotent)
+        self.delete_call(self.url_for(&["snapshots", snapshot_id]))
             .await
     }
 
@@ -1474,8 +1524,12 @@ impl Backend for HttpBackend {
     }
 
     async fn delete_volume(&self, name: &str) -> Result<()> {
-        let url = self.url_for(&["volumes", name]);
-        self.call_unit(Method::DELETE, url, &[], Payload::None, Retry::Idempotent)
+        self.delete_call(self.url_for(&["volumes", name])).await
+    }
+
+    async fn observe(&self, operation: &crate::OperationId) -> Result<crate::OperationStatus> {
+        let url = self.url_for(&["operations", operation.as_str()]);
+        self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
             .await
     }
 }

@@ -14,9 +14,10 @@ use futures::Stream;
 
 use crate::{
     AnnotationUpdate, Capabilities, CopyOptions, CreateOptions, FileStat, FsEvent, ListDirOptions,
-    ListOptions, Metrics, MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessEvent,
-    ProcessInfo, ProcessSelector, ProcessSpec, PtySize, ReadOptions, RemoveOptions, RenameOptions,
-    Result, SandboxInfo, Signal, SnapshotInfo, StatOptions, VolumeInfo, WatchOptions, WriteOptions,
+    ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus, Preview, PreviewOptions,
+    PreviewToken, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, PtySize, ReadOptions,
+    RemoveOptions, RenameOptions, Result, SandboxInfo, Signal, SnapshotInfo, StatOptions,
+    VolumeInfo, WatchOptions, WriteOptions,
 };
 
 #[cfg(feature = "http")]
@@ -242,4 +243,10 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Delete a volume.
     async fn delete_volume(&self, name: &str) -> Result<()>;
+
+    // ----- operations -----
+
+    /// What happened to the operation `operation` (see [`crate::operation`]): done with its
+    /// answer, failed with its error, in progress, or unknown. Never acts on it.
+    async fn observe(&self, operation: &OperationId) -> Result<OperationStatus>;
 }

@@ -1,5 +1,10 @@
-//! Idempotency keys: the first request with a key runs to completion on its own task, and
-//! every request with that key gets the same answer while it is remembered.
+//! Idempotency keys, which are the clients' operation ids (see [`crate::operation`]): the
+//! first request with a key runs to completion on its own task, and every request with that
+//! key gets the same answer while it is remembered. Records are bounded in time
+//! ([`ServerConfig::idempotency_ttl`](super::ServerConfig)) and in count
+//! ([`ServerConfig::max_operations`](super::ServerConfig)): at the count bound the oldest
+//! finished record goes first; when every record is still running, a new keyed request is
+//! refused as rate limited instead of forgetting one that may still act.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -13,7 +18,7 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 
 use super::ApiError;
 use crate::backend::http::IDEMPOTENCY_HEADER;
-use crate::Error;
+use crate::{Error, ErrorBody, OperationStatus};
 
 /// Longest accepted key.
 const MAX_KEY_LEN: usize = 256;
@@ -51,7 +56,47 @@ impl Stored {
         }
     }
 
-    fn into_response(self) -> Response {
+    /// A call that answers nothing: `204 No Content`, or its error.
+    pub(super) fn unit(result: crate::Result<()>) -> Stored {
+        match result {
+            Ok(()) => Stored {
+                status: StatusCode::NO_CONTENT,
+                body: Bytes::new(),
+            },
+            Err(e) => Stored::of::<()>(Err(e)),
+        }
+    }
+
+    /// Worth replaying: transient failures are not, so a retry runs the call again.
+    fn is_final(&self) -> bool {
+        !(self.status.is_server_error() || self.status == StatusCode::TOO_MANY_REQUESTS)
+    }
+
+    /// Whether the call succeeded.
+    pub(super) fn is_success(&self) -> bool {
+        self.status.is_success()
+    }
+
+    /// The JSON answer of a successful call.
+    pub(super) fn value(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// What [`Idempotency::status`] reports for this finished answer.
+    fn outcome(&self) -> OperationStatus {
+        if self.is_success() {
+            return OperationStatus::Done {
+                result: self.value(),
+            };
+        }
+        let error = serde_json::from_slice::<ErrorBody>(&self.body).unwrap_or_else(|_| {
+            Error::backend(format!("failed with status {}", self.status)).to_body()
+        });
+        OperationStatus::Failed { error }
+    }
+
+    /// The HTTP answer.
+    pub(super) fn into_response(self) -> Response {
         (
             self.status,
             [(
@@ -61,11 +106,6 @@ impl Stored {
             self.body,
         )
             .into_response()
-    }
-
-    /// Worth replaying: transient failures are not, so a retry runs the call again.
-    fn is_final(&self) -> bool {
-        !(self.status.is_server_error() || self.status == StatusCode::TOO_MANY_REQUESTS)
     }
 }
 
@@ -79,14 +119,38 @@ struct Entry {
 /// Remembered answers by key.
 pub(super) struct Idempotency {
     ttl: Duration,
+    max_entries: usize,
     entries: Mutex<(u64, HashMap<String, Entry>)>,
 }
 
 impl Idempotency {
-    pub(super) fn new(ttl: Duration) -> Self {
+    /// Records kept `ttl`, at most `max_entries` of them (at least one).
+    pub(super) fn new(ttl: Duration, max_entries: usize) -> Self {
         Idempotency {
             ttl,
+            max_entries: max_entries.max(1),
             entries: Mutex::new((0, HashMap::new())),
+        }
+    }
+
+    /// What is recorded about operation `key` (see [`crate::operation`]).
+    pub(super) fn status(&self, key: &str) -> OperationStatus {
+        let mut guard = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let ttl = self.ttl;
+        guard.1.retain(|_, e| e.at.elapsed() < ttl);
+        match guard.1.get(key) {
+            None => OperationStatus::Unknown {
+                reason: format!(
+                    "this server has no record of operation {key:?}: it never arrived, or its \
+                     record ended (records are kept {} s, at most {})",
+                    ttl.as_secs(),
+                    self.max_entries
+                ),
+            },
+            Some(entry) => match entry.answer.peek() {
+                Some(stored) => stored.outcome(),
+                None => OperationStatus::InProgress,
+            },
         }
     }
 
@@ -104,58 +168,97 @@ impl Idempotency {
     where
         F: Future<Output = Stored> + Send + 'static,
     {
+        match self.run_stored(headers, scope, fingerprint, op).await {
+            Ok((stored, _)) => stored.into_response(),
+            Err(e) => e.into_response(),
+        }
+    }
+
+    /// [`Idempotency::run`], answering the stored outcome and whether this request ran `op`
+    /// (`false`: the outcome is an earlier request's).
+    pub(super) async fn run_stored<F>(
+        &self,
+        headers: &HeaderMap,
+        scope: &str,
+        fingerprint: &[u8],
+        op: F,
+    ) -> Result<(Stored, bool), ApiError>
+    where
+        F: Future<Output = Stored> + Send + 'static,
+    {
         let key = match headers.get(IDEMPOTENCY_HEADER) {
             None => None,
             Some(v) => match v.to_str() {
-                Ok(k) if !k.is_empty() && k.len() <= MAX_KEY_LEN => Some(format!("{scope} {k}")),
+                Ok(k) if !k.is_empty() && k.len() <= MAX_KEY_LEN => Some(k.to_string()),
                 _ => {
-                    return ApiError::from(Error::invalid(format!(
+                    return Err(ApiError::from(Error::invalid(format!(
                         "{IDEMPOTENCY_HEADER} must be 1 to {MAX_KEY_LEN} visible characters"
-                    )))
-                    .into_response()
+                    ))))
                 }
             },
         };
         let Some(key) = key else {
-            return spawned(op).await.into_response();
+            return Ok((spawned(op).await, true));
         };
-        let (serial, answer) = {
+        // The same key on another route or with another body is another request.
+        let mut print = Vec::with_capacity(scope.len() + 1 + fingerprint.len());
+        print.extend_from_slice(scope.as_bytes());
+        print.push(b'\n');
+        print.extend_from_slice(fingerprint);
+        let (answer, first) = {
             let mut guard = self.entries.lock().unwrap_or_else(|p| p.into_inner());
             let (next_serial, entries) = &mut *guard;
             let ttl = self.ttl;
             entries.retain(|_, e| e.at.elapsed() < ttl);
             match entries.get(&key) {
-                Some(entry) if entry.fingerprint != fingerprint => {
-                    return ApiError::from(Error::invalid(format!(
-                        "{IDEMPOTENCY_HEADER} was already used for a different request"
-                    )))
-                    .into_response()
+                Some(entry) if entry.fingerprint != print => {
+                    return Err(ApiError::from(Error::invalid(format!(
+                        "{IDEMPOTENCY_HEADER} (operation id) was already used for a different \
+                         request"
+                    ))))
                 }
-                Some(entry) => (entry.serial, entry.answer.clone()),
-                None => {
+                // A transient failure is not replayed: the retry runs the call again.
+                Some(entry) if entry.answer.peek().is_none_or(Stored::is_final) => {
+                    (entry.answer.clone(), false)
+                }
+                _ => {
+                    if !entries.contains_key(&key) && entries.len() >= self.max_entries {
+                        let oldest = entries
+                            .iter()
+                            .filter(|(_, e)| e.answer.peek().is_some())
+                            .min_by_key(|(_, e)| e.serial)
+                            .map(|(k, _)| k.clone());
+                        match oldest {
+                            Some(k) => {
+                                entries.remove(&k);
+                            }
+                            None => {
+                                return Err(ApiError::from(Error::RateLimited {
+                                    message: format!(
+                                        "{} operations are running: try again shortly",
+                                        entries.len()
+                                    ),
+                                    retry_after_ms: Some(1000),
+                                }))
+                            }
+                        }
+                    }
                     *next_serial += 1;
                     let answer = spawned(op).boxed().shared();
                     entries.insert(
-                        key.clone(),
+                        key,
                         Entry {
                             at: Instant::now(),
                             serial: *next_serial,
-                            fingerprint: fingerprint.to_vec(),
+                            fingerprint: print,
                             answer: answer.clone(),
                         },
                     );
-                    (*next_serial, answer)
+                    (answer, true)
                 }
             }
         };
-        let stored = answer.await;
-        if !stored.is_final() {
-            let mut guard = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-            if guard.1.get(&key).is_some_and(|e| e.serial == serial) {
-                guard.1.remove(&key);
-            }
-        }
-        stored.into_response()
+        Ok((answer.await, first))
     }
 }
 
@@ -167,7 +270,7 @@ where
     let task = tokio::spawn(op);
     async move {
         task.await.unwrap_or_else(|e| {
-            Stored::of::<()>(Err(Error::backend(format!("create failed: {e}"))))
+            Stored::of::<()>(Err(Error::backend(format!("the operation failed: {e}"))))
         })
     }
 }

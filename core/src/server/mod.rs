@@ -14,10 +14,14 @@
 //! - **Errors**: always a JSON [`ErrorBody`](crate::ErrorBody) whose code maps one-to-one
 //!   onto [`Error`], with the status [`status_for`] gives it. Whatever the wrapped backend
 //!   answers (including `NotSupported`) is forwarded unchanged.
-//! - **Creates** (sandbox, fork, snapshot, volume, preview token) honour an `Idempotency-Key`
-//!   header: the first request with a key runs to completion even if its client disconnects,
-//!   and every request with the same key within [`ServerConfig::idempotency_ttl`] gets that
-//!   same answer.
+//! - **Operations** with a remote effect (create, fork, snapshot, volume, preview token,
+//!   destroy, snapshot and volume deletes, process start) honour an `Idempotency-Key` header,
+//!   the client's [`OperationId`](crate::OperationId): the first request with a key runs to
+//!   completion even if its client disconnects, and every request with the same key within
+//!   [`ServerConfig::idempotency_ttl`] gets that same answer (a process start attaches to the
+//!   process the first one started). `GET /v1/operations/{op}` reports what became of one
+//!   ([`OperationStatus`](crate::OperationStatus)). At most [`ServerConfig::max_operations`]
+//!   outcomes are kept.
 //! - **Connections**: HTTP/1.1, over TLS when [`ServerConfig::tls`] is set (see
 //!   [`load_tls`]). At most [`ServerConfig::max_connections`] connections are served at once
 //!   (further ones wait in the kernel's backlog, costing the server nothing); a client gets
@@ -41,6 +45,7 @@ mod files;
 mod idempotency;
 pub mod intercept;
 mod openapi;
+mod operations;
 mod processes;
 mod resources;
 mod sandboxes;
@@ -80,8 +85,12 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Largest file upload, in bytes (the backend's `max_file_bytes` applies too).
     pub max_upload_bytes: u64,
-    /// How long the answer to a create is remembered under its idempotency key.
+    /// How long the outcome of an operation (a create, destroy, delete or process start) is
+    /// remembered under its idempotency key (the client's operation id).
     pub idempotency_ttl: Duration,
+    /// How many operation outcomes are remembered at most (the oldest finished one goes
+    /// first; with every one still running, new keyed requests are rate limited).
+    pub max_operations: usize,
     /// How long in-flight calls may run on after shutdown begins.
     pub shutdown_grace: Duration,
     /// Connections served at once; further ones wait until one closes.
@@ -95,7 +104,8 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
-    /// Defaults: 1 MiB JSON bodies, 4 GiB uploads, idempotency keys kept 10 minutes, 10 s
+    /// Defaults: 1 MiB JSON bodies, 4 GiB uploads, operation outcomes (idempotency keys) kept
+    /// 10 minutes and at most 10 000 of them, 10 s
     /// of grace at shutdown, 512 connections, 10 s per request head, plain HTTP.
     pub fn new(api_key: impl Into<String>) -> Self {
         ServerConfig {
@@ -103,6 +113,7 @@ impl ServerConfig {
             max_body_bytes: 1024 * 1024,
             max_upload_bytes: 4 * 1024 * 1024 * 1024,
             idempotency_ttl: Duration::from_secs(600),
+            max_operations: 10_000,
             shutdown_grace: Duration::from_secs(10),
             max_connections: 512,
             head_timeout: Duration::from_secs(10),
@@ -118,6 +129,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_upload_bytes", &self.max_upload_bytes)
             .field("idempotency_ttl", &self.idempotency_ttl)
+            .field("max_operations", &self.max_operations)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("max_connections", &self.max_connections)
             .field("head_timeout", &self.head_timeout)
@@ -225,6 +237,7 @@ fn routes() -> Vec<Route> {
     all.extend(processes::routes());
     all.extend(files::routes());
     all.extend(resources::routes());
+    all.extend(operations::routes());
     all
 }
 
@@ -236,7 +249,10 @@ pub fn router(backend: Arc<dyn Backend>, config: ServerConfig) -> Router {
 
 fn state(backend: Arc<dyn Backend>, config: ServerConfig) -> AppState {
     AppState {
-        idempotency: Arc::new(Idempotency::new(config.idempotency_ttl)),
+        idempotency: Arc::new(Idempotency::new(
+            config.idempotency_ttl,
+            config.max_operations,
+        )),
         backend,
         config: Arc::new(config),
         shutdown: Arc::new(watch::channel(false).0),

@@ -8,6 +8,7 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use serde::Deserialize;
 
+use super::idempotency::Stored;
 use super::{
     done, error_frame, frames_response, json, json_frame, read_body, read_json, ApiError, AppState,
     In, Out, Route,
@@ -24,7 +25,7 @@ pub(super) fn routes() -> Vec<Route> {
             Method::POST,
             "/v1/sandboxes/{id}/processes",
             "spawn",
-            "Start a process; the pid is in the x-sandcove-pid header, the events follow as frames",
+            "Start a process (honours Idempotency-Key: a repeat attaches to it); the pid is in the x-sandcove-pid header, the events follow as frames",
             spawn,
         )
         .input(In::Json("ProcessSpec"))
@@ -127,14 +128,48 @@ fn stream_response(state: &AppState, stream: ProcessStream) -> Response {
     frames_response(state, process_frames(stream), &[(PID_HEADER, pid)])
 }
 
+/// A start under an operation id is recorded as `{"pid": n}`; the same id again attaches to
+/// that process (its retained output, then live events) instead of starting another.
 async fn spawn(
     State(state): State<AppState>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (spec, _) = read_json::<ProcessSpec>(&state, &headers, body).await?;
-    let stream = state.backend.spawn(&id, spec).await?;
+    let (spec, raw) = read_json::<ProcessSpec>(&state, &headers, body).await?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let backend = state.backend.clone();
+    let target = id.clone();
+    let scope = format!("spawn {id}");
+    let (stored, first) = state
+        .idempotency
+        .run_stored(&headers, &scope, &raw, async move {
+            match backend.spawn(&target, spec).await {
+                Ok(stream) => {
+                    let pid = stream.pid;
+                    // Nobody waiting (the client hung up): the process runs on, attachable.
+                    let _ = tx.send(stream);
+                    Stored::of(Ok(serde_json::json!({ "pid": pid })))
+                }
+                Err(e) => Stored::of::<()>(Err(e)),
+            }
+        })
+        .await?;
+    if !stored.is_success() {
+        return Ok(stored.into_response());
+    }
+    let stream = match (first, rx.await) {
+        (true, Ok(stream)) => stream,
+        _ => {
+            let pid = stored
+                .value()
+                .get("pid")
+                .and_then(|p| p.as_u64())
+                .and_then(|p| u32::try_from(p).ok())
+                .ok_or_else(|| Error::backend("the recorded start has no pid"))?;
+            state.backend.attach(&id, ProcessSelector::Pid(pid)).await?
+        }
+    };
     Ok(stream_response(&state, stream))
 }
 

@@ -66,7 +66,7 @@ pub(super) fn routes() -> Vec<Route> {
             Method::DELETE,
             "/v1/snapshots/{snapshot_id}",
             "delete_snapshot",
-            "Delete a snapshot",
+            "Delete a snapshot (honours Idempotency-Key)",
             delete_snapshot,
         ),
         Route::new(
@@ -98,7 +98,7 @@ pub(super) fn routes() -> Vec<Route> {
             Method::DELETE,
             "/v1/volumes/{name}",
             "delete_volume",
-            "Delete a volume",
+            "Delete a volume (honours Idempotency-Key)",
             delete_volume,
         ),
     ]
@@ -180,9 +180,16 @@ async fn list_snapshots(State(state): State<AppState>) -> Result<Response, ApiEr
 async fn delete_snapshot(
     State(state): State<AppState>,
     Path(snapshot_id): Path<String>,
-) -> Result<Response, ApiError> {
-    state.backend.delete_snapshot(&snapshot_id).await?;
-    Ok(done())
+    headers: HeaderMap,
+) -> Response {
+    let backend = state.backend.clone();
+    let scope = format!("delete snapshot {snapshot_id}");
+    state
+        .idempotency
+        .run(&headers, &scope, b"", async move {
+            Stored::unit(backend.delete_snapshot(&snapshot_id).await)
+        })
+        .await
 }
 
 async fn create_volume(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
@@ -213,7 +220,14 @@ async fn get_volume(
 async fn delete_volume(
     State(state): State<AppState>,
     Path(name): Path<String>,
-) -> Result<Response, ApiError> {
-    state.backend.delete_volume(&name).await?;
-    Ok(done())
+    headers: HeaderMap,
+) -> Response {
+    let backend = state.backend.clone();
+    let scope = format!("delete volume {name}");
+    state
+        .idempotency
+        .run(&headers, &scope, b"", async move {
+            Stored::unit(backend.delete_volume(&name).await)
+        })
+        .await
 }

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::idempotency::Stored;
-use super::{done, json, read_json, ApiError, AppState, In, Out, Route};
+use super::{json, read_json, ApiError, AppState, In, Out, Route};
 use crate::backend::http::body::{SetLabels, SetTimeout};
 use crate::{AnnotationUpdate, CreateOptions, Error, ListOptions};
 
@@ -53,7 +53,7 @@ pub(super) fn routes() -> Vec<Route> {
             Method::DELETE,
             "/v1/sandboxes/{id}",
             "destroy",
-            "Destroy a sandbox",
+            "Destroy a sandbox (honours Idempotency-Key)",
             destroy,
         ),
         Route::new(
@@ -181,9 +181,16 @@ async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Result<Re
 async fn destroy(
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    state.backend.destroy(&id).await?;
-    Ok(done())
+    headers: HeaderMap,
+) -> Response {
+    let backend = state.backend.clone();
+    let scope = format!("destroy {id}");
+    state
+        .idempotency
+        .run(&headers, &scope, b"", async move {
+            Stored::unit(backend.destroy(&id).await)
+        })
+        .await
 }
 
 async fn set_timeout(

@@ -1338,7 +1338,24 @@ impl Backend for LocalBackend {
         self.volumes_supported()?;
         volumes::delete(self, name).await
     }
+
+    async fn observe(&self, operation: &crate::OperationId) -> Result<crate::OperationStatus> {
+        Ok(embedded_observe(operation))
+    }
 }
+
+/// The embedded engine's answer about any operation: it records none, because each call runs
+/// in the caller's own program and its answer cannot be lost without the program ending.
+fn embedded_observe(operation: &crate::OperationId) -> crate::OperationStatus {
+    crate::OperationStatus::Unknown {
+        reason: format!(
+            "the embedded engine does not record operations ({operation} included): a call's \
+             answer reaches its caller unless the program ends first; to find a sandbox whose \
+             create was interrupted, list sandboxes by a label set at create"
+        ),
+    }
+}
+
 
 /// Create the state directory and start the monitor; returns once the sandbox is ready.
 /// The environment variables a monitor (and so its agent) keeps from the program that

@@ -1,0 +1,26 @@
+//! What became of an operation (see [`crate::operation`]), from the idempotency record.
+
+use axum::extract::{Path, State};
+use axum::http::Method;
+use axum::response::Response;
+
+use super::{json, ApiError, AppState, Out, Route};
+
+pub(super) fn routes() -> Vec<Route> {
+    vec![Route::new(
+        Method::GET,
+        "/v1/operations/{op}",
+        "observe",
+        "What became of the operation with this id (the idempotency key it was sent with): done, failed, in progress or unknown",
+        observe,
+    )
+    .output(Out::Json("OperationStatus"))]
+}
+
+async fn observe(
+    State(state): State<AppState>,
+    Path(op): Path<String>,
+) -> Result<Response, ApiError> {
+    let op = crate::OperationId::parse(&op)?;
+    Ok(json(&state.idempotency.status(op.as_str())))
+}
