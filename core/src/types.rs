@@ -429,6 +429,11 @@ pub struct SandboxInfo {
     /// what to do. `None` for a sandbox served normally.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Set only on the answer of a fork: the fork was made, but its source, paused to copy
+    /// its files, failed to resume (the error, in words). The source is left paused; resume
+    /// or destroy it. As [`SnapshotInfo::source_resume_error`] for a snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_resume_error: Option<String>,
 }
 
 /// One atomic change to a sandbox's annotations ([`Backend::update_annotations`](crate::Backend::update_annotations)):

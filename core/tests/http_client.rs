@@ -53,6 +53,7 @@ fn info(id: &str) -> SandboxInfo {
         snapshot: None,
         annotations: BTreeMap::new(),
         note: None,
+        source_resume_error: None,
     }
 }
 

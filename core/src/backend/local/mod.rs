@@ -628,6 +628,7 @@ pub(crate) fn info_of(record: &Record, state: SandboxState) -> SandboxInfo {
         snapshot: record.options.snapshot.clone(),
         annotations: record.options.annotations.clone(),
         note: None,
+        source_resume_error: None,
     }
 }
 
@@ -690,6 +691,18 @@ fn snapshot_outcome(captured: Result<SnapshotInfo>, resumed: Result<()>) -> Resu
     if let Err(e) = resumed {
         info.source_resume_error = Some(e.to_string());
     }
+    Ok(info)
+}
+
+/// A fork's result: a create error wins; a fork made whose source then failed to resume is
+/// still returned (it exists and the caller needs its id), carrying the resume error, as a
+/// snapshot's is.
+fn fork_outcome(
+    created: Result<SandboxInfo>,
+    source_resume_error: Option<String>,
+) -> Result<SandboxInfo> {
+    let mut info = created?;
+    info.source_resume_error = source_resume_error;
     Ok(info)
 }
 
@@ -1316,7 +1329,7 @@ impl Backend for LocalBackend {
         options.snapshot = Some(snap.id.clone());
         let created = self.create(options).await;
         let _ = self.delete_snapshot(&snap.id).await;
-        created
+        fork_outcome(created, snap.source_resume_error)
     }
 
     async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {
@@ -1495,6 +1508,30 @@ mod tests {
         assert!(why.contains("agent gone"), "{why}");
         assert_eq!(snapshot_outcome(Ok(taken()), Ok(())).unwrap(), taken());
         let err = snapshot_outcome(Err(Error::not_found("x")), Err(Error::backend("y")));
+        assert!(err.unwrap_err().is_not_found());
+    }
+
+    /// A fork whose source fails to resume after its files were copied is returned with the
+    /// resume error, as a snapshot is (before, the error was dropped); the field survives
+    /// the wire; a failed create stays the error.
+    #[test]
+    fn a_fork_carries_its_sources_failed_resume() {
+        let mut made: SandboxInfo = serde_json::from_value(serde_json::json!({
+            "id": "fork-1", "state": "running", "template": "base", "labels": {}, "envs": {},
+            "resources": {}, "network": "none",
+            "user": {"name": "user", "uid": 1000, "gid": 1000, "home": "/workspace"},
+            "created_at": 1, "ends_at": 2
+        }))
+        .expect("a sandbox description");
+        made.source_resume_error = None;
+        let info = fork_outcome(Ok(made.clone()), Some("agent gone".into())).unwrap();
+        assert_eq!(info.id, "fork-1");
+        assert_eq!(info.source_resume_error.as_deref(), Some("agent gone"));
+        let wire: SandboxInfo =
+            serde_json::from_str(&serde_json::to_string(&info).unwrap()).unwrap();
+        assert_eq!(wire.source_resume_error.as_deref(), Some("agent gone"));
+        assert_eq!(fork_outcome(Ok(made.clone()), None).unwrap(), made);
+        let err = fork_outcome(Err(Error::not_found("x")), Some("y".into()));
         assert!(err.unwrap_err().is_not_found());
     }
 }
