@@ -493,3 +493,70 @@ async fn namespaces_and_mounts_are_refused_inside() {
     assert_eq!(out.stdout_lossy(), "thread ok\na\n");
     backend.destroy(&id).await.expect("destroy");
 }
+
+/// An engine configured with a smaller largest file refuses a larger write with
+/// `FileTooLarge` naming its bound, leaves no file, reports the bound in its capabilities, and
+/// takes a file at the bound; a bound of zero or past the agent's is refused.
+#[tokio::test]
+async fn a_configured_max_file_bytes_refuses_larger_writes() {
+    let engine = LocalBackend::new()
+        .expect("local engine")
+        .with_max_file_bytes(1024)
+        .expect("a 1 KiB bound");
+    assert_eq!(engine.capabilities().max_file_bytes, 1024);
+    assert!(LocalBackend::new().unwrap().with_max_file_bytes(0).is_err());
+    assert!(LocalBackend::new()
+        .unwrap()
+        .with_max_file_bytes(sandcove::backend::local::MAX_FILE_BYTES + 1)
+        .is_err());
+    let id = engine
+        .create(test_options(&unique("maxfile")))
+        .await
+        .expect("create")
+        .id;
+    let write = |len: usize, max: Option<u64>| {
+        let mut options = sandcove::WriteOptions::default();
+        options.max_bytes = max;
+        engine.write_file(
+            &id,
+            "big.bin",
+            Box::pin(futures::stream::once(async move { Ok(vec![7u8; len]) })),
+            options,
+        )
+    };
+    let err = write(2048, None)
+        .await
+        .expect_err("over the engine's bound");
+    match &err {
+        sandcove::Error::FileTooLarge { limit, remedy, .. } => {
+            assert_eq!(*limit, 1024, "{err}");
+            assert!(remedy.contains("max_file_bytes"), "{err}");
+        }
+        other => panic!("expected FileTooLarge, got {other:?}"),
+    }
+    let err = write(2048, Some(1 << 20))
+        .await
+        .expect_err("a larger call bound");
+    assert_eq!(err.code(), ErrorCode::FileTooLarge, "{err}");
+    let gone = engine.stat(&id, "big.bin", Default::default()).await;
+    assert!(gone.unwrap_err().is_not_found(), "no partial file is left");
+    let stat = write(1024, None).await.expect("a file at the bound");
+    assert_eq!(stat.size, 1024);
+    engine.destroy(&id).await.expect("destroy");
+}
+
+/// The embedded engine records no operations and says so instead of guessing.
+#[tokio::test]
+async fn the_engine_answers_unknown_about_operations() {
+    let backend = local();
+    let status = backend
+        .observe(&sandcove::OperationId::new())
+        .await
+        .expect("observe");
+    match status {
+        sandcove::OperationStatus::Unknown { reason } => {
+            assert!(reason.contains("does not record operations"), "{reason}")
+        }
+        other => panic!("expected Unknown, got {other:?}"),
+    }
+}

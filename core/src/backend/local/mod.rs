@@ -80,6 +80,8 @@ pub struct LocalBackend {
     /// The usable user-mode networking helper, or why there is none.
     pasta: std::result::Result<PathBuf, String>,
     preview_limits: PreviewLimits,
+    /// The largest file one write takes ([`LocalBackend::with_max_file_bytes`]).
+    max_file_bytes: u64,
     /// When the host was probed (namespaces, cgroups, the networking helper): the
     /// capabilities' `observed_at`.
     probed_at: crate::UnixMillis,
@@ -130,6 +132,7 @@ impl LocalBackend {
             cgroups: if unisolated { None } else { cgroup::detect() },
             pasta: net::probe(net::find_pasta().as_deref()),
             preview_limits: PreviewLimits::default(),
+            max_file_bytes: MAX_FILE_BYTES,
             probed_at: crate::now_millis(),
         };
         backend.collect_stale();
@@ -151,6 +154,21 @@ impl LocalBackend {
     pub fn with_preview_limits(mut self, limits: PreviewLimits) -> Self {
         self.preview_limits = limits;
         self
+    }
+
+    /// The same engine, taking files of at most `bytes` in one write (default and most
+    /// [`MAX_FILE_BYTES`], the agent's own bound); a larger write is refused with
+    /// [`Error::FileTooLarge`] and leaves no file. Reported as
+    /// [`Capabilities::max_file_bytes`]. Zero or more than [`MAX_FILE_BYTES`] is
+    /// [`Error::InvalidArgument`].
+    pub fn with_max_file_bytes(mut self, bytes: u64) -> Result<Self> {
+        if bytes == 0 || bytes > MAX_FILE_BYTES {
+            return Err(Error::invalid(format!(
+                "max_file_bytes {bytes}: must be 1 to {MAX_FILE_BYTES}"
+            )));
+        }
+        self.max_file_bytes = bytes;
+        Ok(self)
     }
 
     /// Volumes need a mount namespace to appear in a sandbox, so without isolation every
@@ -739,7 +757,7 @@ impl Backend for LocalBackend {
             host_network: true,
             internet: !self.unisolated && self.pasta.is_ok(),
             process_limit: !self.unisolated,
-            max_file_bytes: MAX_FILE_BYTES,
+            max_file_bytes: self.max_file_bytes,
             output_limit: DEFAULT_OUTPUT_LIMIT as u64,
             pause: !self.unisolated,
             previews: true,
@@ -1056,14 +1074,35 @@ impl Backend for LocalBackend {
         data: ByteStream,
         options: WriteOptions,
     ) -> Result<FileStat> {
+        // The engine's configured bound, where it is tighter than the caller's: the agent
+        // enforces whichever bound the request carries.
+        let mut options = options;
+        let engine_bound = self.max_file_bytes < MAX_FILE_BYTES
+            && options.max_bytes.is_none_or(|m| m > self.max_file_bytes);
+        if engine_bound {
+            options.max_bytes = Some(self.max_file_bytes);
+        }
         let request = AgentRequest::WriteFile {
             path: path.to_string(),
             options,
         };
-        let mut stream = self.upload(id, request, data).await?;
-        match read_reply(&mut stream, id).await? {
-            AgentReply::Stat { stat } => Ok(stat),
-            other => Err(unexpected(&other)),
+        let reply = async {
+            let mut stream = self.upload(id, request, data).await?;
+            read_reply(&mut stream, id).await
+        };
+        match reply.await {
+            Ok(AgentReply::Stat { stat }) => Ok(stat),
+            Ok(other) => Err(unexpected(&other)),
+            Err(Error::FileTooLarge { what, limit, .. }) if engine_bound => {
+                Err(Error::FileTooLarge {
+                    what,
+                    limit,
+                    remedy: "the engine's largest file (its configured max_file_bytes, \
+                             Capabilities::max_file_bytes); split it or configure a larger bound"
+                        .into(),
+                })
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -1368,7 +1407,6 @@ fn embedded_observe(operation: &crate::OperationId) -> crate::OperationStatus {
         ),
     }
 }
-
 
 /// Create the state directory and start the monitor; returns once the sandbox is ready.
 /// The environment variables a monitor (and so its agent) keeps from the program that
