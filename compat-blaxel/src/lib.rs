@@ -52,6 +52,7 @@ pub mod models;
 pub mod previews;
 pub mod process;
 pub mod sandbox;
+pub mod standby;
 mod state;
 pub mod translate;
 #[cfg(feature = "wire")]

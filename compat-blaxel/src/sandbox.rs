@@ -1009,15 +1009,19 @@ pub(crate) fn has_deletion_policy(sandbox: &Sandbox) -> bool {
 /// Blaxel keeps a sandbox without a deletion policy in standby (paused, woken by the next
 /// call) rather than deleting it: where the runtime can pause, the lease such a sandbox
 /// gets ([`DEFAULT_LEASE`]) pauses it at its end and the next call resumes it with a fresh
-/// lease. A sandbox with a policy is deleted at its end, as on Blaxel.
+/// lease. A sandbox with a policy is deleted at its end, as on Blaxel. Every sandbox wakes
+/// on its next call where the runtime can pause, so the idle standby of
+/// [`crate::standby`] applies to all of them.
 fn standby_at_lease_end(
     sandbox: &Sandbox,
     caps: &sandcove::Capabilities,
     options: &mut sandcove::CreateOptions,
 ) {
-    if caps.pause && !has_deletion_policy(sandbox) {
-        options.on_timeout = sandcove::TimeoutAction::Pause;
+    if caps.pause {
         options.auto_resume = true;
+        if !has_deletion_policy(sandbox) {
+            options.on_timeout = sandcove::TimeoutAction::Pause;
+        }
     }
 }
 

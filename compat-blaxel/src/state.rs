@@ -30,12 +30,15 @@ pub(crate) const INTERNAL_TAG_PREFIX: &str = ".blaxel-";
 
 static CLIENT: OnceLock<sandcove::Client> = OnceLock::new();
 
-/// The runtime client `sandcove::Client::from_env()` selects, made once per program.
+/// The runtime client `sandcove::Client::from_env()` selects, made once per program, with
+/// Blaxel's standby after a quiet period ([`crate::standby`]).
 pub(crate) fn client() -> Result<sandcove::Client> {
     if let Some(c) = CLIENT.get() {
         return Ok(c.clone());
     }
+    let quiet = crate::standby::standby_after()?;
     let c = sandcove::Client::from_env()?;
+    let c = sandcove::Client::new(crate::standby::wrap(c.backend().clone(), quiet));
     Ok(CLIENT.get_or_init(|| c).clone())
 }
 

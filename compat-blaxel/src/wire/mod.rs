@@ -59,10 +59,14 @@ pub struct WireConfig {
     pub max_body_bytes: usize,
     /// Largest file upload (one request), in bytes.
     pub max_upload_bytes: usize,
+    /// The quiet period after which a sandbox goes to standby ([`crate::standby`]); `None`
+    /// keeps sandboxes running until their lease ends.
+    pub standby_after: Option<std::time::Duration>,
 }
 
 impl WireConfig {
-    /// Defaults: workspace `sandcove`, 1 MiB JSON bodies, 64 MiB uploads.
+    /// Defaults: workspace `sandcove`, 1 MiB JSON bodies, 64 MiB uploads, standby after
+    /// Blaxel's quiet period ([`crate::standby::DEFAULT_STANDBY_AFTER`]).
     pub fn new(api_key: impl Into<String>, base_url: impl Into<String>) -> Self {
         WireConfig {
             api_key: api_key.into(),
@@ -70,6 +74,7 @@ impl WireConfig {
             workspace: "sandcove".into(),
             max_body_bytes: 1024 * 1024,
             max_upload_bytes: 64 * 1024 * 1024,
+            standby_after: Some(crate::standby::DEFAULT_STANDBY_AFTER),
         }
     }
 }
@@ -145,7 +150,7 @@ impl Wire {
 pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
     let body_limit = config.max_body_bytes.max(config.max_upload_bytes);
     let wire = Wire {
-        client: Client::new(backend),
+        client: Client::new(crate::standby::wrap(backend, config.standby_after)),
         config: Arc::new(config),
         deleted: Default::default(),
         uploads: Default::default(),
