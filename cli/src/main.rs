@@ -64,6 +64,10 @@ enum Cmd {
         /// Largest file upload, in bytes.
         #[arg(long, default_value_t = 4 * 1024 * 1024 * 1024)]
         max_upload_bytes: u64,
+        /// The engine's largest file in one write, in bytes (1 to 4 GiB); a larger write is
+        /// refused with FileTooLarge.
+        #[arg(long, default_value_t = sandcove::backend::local::MAX_FILE_BYTES)]
+        max_file_bytes: u64,
         /// Connections served at once; more wait until one closes.
         #[arg(long, default_value_t = 512)]
         max_connections: usize,
@@ -208,6 +212,7 @@ fn main() -> ExitCode {
             state_dir,
             max_body_bytes,
             max_upload_bytes,
+            max_file_bytes,
             max_connections,
             head_timeout_ms,
             e2b,
@@ -251,7 +256,9 @@ fn main() -> ExitCode {
                 }
             }
             let state_dir = state_dir.unwrap_or_else(sandcove::backend::local::default_state_dir);
-            let backend: Arc<dyn Backend> = match LocalBackend::with_state_dir(&state_dir) {
+            let engine = LocalBackend::with_state_dir(&state_dir)
+                .and_then(|engine| engine.with_max_file_bytes(max_file_bytes));
+            let backend: Arc<dyn Backend> = match engine {
                 Ok(engine) => Arc::new(engine),
                 Err(e) => {
                     eprintln!("sandcove serve: {e}");
