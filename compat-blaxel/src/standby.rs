@@ -2,7 +2,7 @@
 //! (Blaxel: about 15 seconds without an active connection) goes to standby, keeping its
 //! memory, processes and files, and the next call wakes it.
 //!
-//! Here the facade's runtime client goes through [`Standby`], a [`Backend`] wrapper that
+//! Here the facade's runtime client goes through a [`Backend`] wrapper that
 //! counts every data-plane call on a sandbox (processes, files, previews, snapshots and
 //! forks) as activity for as long as it runs, a returned stream (process output, a download,
 //! a watch) for as long as it is held. Once a sandbox has had none for the quiet period, the

@@ -5,7 +5,7 @@
 //! volume create or delete, preview token and process start it sends; a caller that wants to
 //! know the id up front (to save it before sending) mints one itself and runs the call inside
 //! [`OperationId::scope`]. When the answer is lost after the request was sent, the call fails
-//! with [`Error::OutcomeUnknown`](crate::Error::OutcomeUnknown) naming the id;
+//! with [`Error::OutcomeUnknown`] naming the id;
 //! [`Client::observe`](crate::Client::observe) then reports an [`OperationStatus`], and
 //! running the same call again in a scope of the same id returns the recorded outcome.
 //!
@@ -20,7 +20,7 @@
 //!   so (list sandboxes by a label set at create to find one whose create was interrupted).
 //!
 //! Use one id for one call: two different calls under one id are refused
-//! ([`Error::InvalidArgument`](crate::Error::InvalidArgument)) by a recording server.
+//! ([`Error::InvalidArgument`]) by a recording server.
 
 use std::fmt;
 use std::future::Future;
@@ -80,6 +80,7 @@ impl OperationId {
     }
 
     /// The id of the enclosing scope, or a fresh one.
+    #[cfg(feature = "http")]
     pub(crate) fn current_or_new() -> OperationId {
         Self::current().unwrap_or_else(OperationId::new)
     }
