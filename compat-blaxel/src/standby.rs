@@ -128,8 +128,21 @@ impl Drop for Activity {
     }
 }
 
+/// Disarms a watch that ends without finishing (its runtime shut down), so the next call's
+/// end arms a new one.
+struct Disarm(Option<Arc<Idle>>);
+
+impl Drop for Disarm {
+    fn drop(&mut self) {
+        if let Some(idle) = self.0.take() {
+            idle.armed.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
 /// Wait out the quiet period of sandbox `id`, then put it in standby (see the module docs).
 async fn watch(inner: Arc<dyn Backend>, idle: Arc<Idle>, id: String, quiet: Duration) {
+    let mut disarm = Disarm(Some(idle.clone()));
     loop {
         tokio::time::sleep_until((idle.last() + quiet).into()).await;
         if idle.last().elapsed() < quiet {
@@ -152,6 +165,7 @@ async fn watch(inner: Arc<dyn Backend>, idle: Arc<Idle>, id: String, quiet: Dura
         }
         // Disarmed while the gate is still held, so any later call's end arms a new watch.
         idle.armed.store(false, Ordering::SeqCst);
+        disarm.0 = None;
         return;
     }
 }

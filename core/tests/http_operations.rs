@@ -111,6 +111,20 @@ async fn lossy_relay(upstream: Option<String>) -> String {
     format!("http://{addr}")
 }
 
+/// A loopback listener that reads each request and never answers (holding the connection).
+async fn silent_listener() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut client, _)) = listener.accept().await {
+            read_request(&mut client).await;
+            held.push(client);
+        }
+    });
+    format!("http://{addr}")
+}
+
 /// A create repeated under one operation id makes one sandbox and answers the same one;
 /// `observe` reports it done with its id; a destroy repeated under its id is not "not
 /// found" the second time; an id never sent is unknown.
@@ -287,6 +301,19 @@ async fn outcome_unknown_only_after_the_request_may_have_arrived() {
         .await
         .expect_err("dropped");
     assert_eq!(err.unknown_outcome(), Some(mine));
+
+    // No answer in time: the same.
+    let silent = silent_listener().await;
+    let mut short = options(0);
+    short.request_timeout = Duration::from_millis(300);
+    let waiting = HttpBackend::with_options(&silent, "key", short).expect("client");
+    let mine = OperationId::new();
+    let err = mine
+        .clone()
+        .scope(waiting.delete_volume("v"))
+        .await
+        .expect_err("no answer");
+    assert_eq!(err.unknown_outcome(), Some(mine), "{err:?}");
 
     let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = closed.local_addr().unwrap();
