@@ -277,6 +277,15 @@ fn main() -> ExitCode {
                 },
                 None => None,
             };
+            // Blaxel's standby quiet period (SANDCOVE_BLAXEL_STANDBY_MS), as the Rust facade
+            // reads it; a bad value stops here rather than being ignored.
+            let blaxel_standby = match blaxel::standby::standby_after() {
+                Ok(quiet) => quiet,
+                Err(e) => {
+                    eprintln!("sandcove serve: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             let scheme = if tls.is_some() { "https" } else { "http" };
             let mut config = ServerConfig::new(api_key.clone());
             config.max_body_bytes = max_body_bytes;
@@ -357,6 +366,7 @@ fn main() -> ExitCode {
                     let origin = format!("http://{addr}");
                     listeners.blaxel = Some(origin.clone());
                     let mut config = blaxel::wire::WireConfig::new(blaxel_key, origin);
+                    config.standby_after = blaxel_standby;
                     config.workspace = BLAXEL_WORKSPACE.to_string();
                     config.max_body_bytes = max_body_bytes;
                     config.max_upload_bytes = daytona_upload_cap(max_upload_bytes);
