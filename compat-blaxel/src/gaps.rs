@@ -105,11 +105,6 @@ pub const GAPS: &[Gap] = &[
          another port",
     },
     Gap {
-        key: "preview tokens list/delete",
-        feature: "preview tokens list/delete",
-        alternative: "create tokens with a short expiry, or delete the preview to revoke them",
-    },
-    Gap {
         key: "code interpreter languages other than python",
         feature: "code interpreter languages other than python",
         alternative: "run other languages with process.exec",
