@@ -15,8 +15,9 @@ pub const GAPS: &[Gap] = &[
     Gap {
         key: "sessions",
         feature: "sessions",
-        alternative: "call the sandbox through this facade from any program of the same user; there is no \
-         per-sandbox HTTP API to hand out",
+        alternative: "to let a client reach a server in the sandbox, make a private preview of its \
+         port and hand out a token (previews.create, preview.tokens.create); the sandbox API \
+         itself is not handed out per sandbox",
     },
     Gap {
         key: "drives",
