@@ -438,6 +438,10 @@ impl Backend for Standby {
         self.inner.create_preview_token(id, port, expires_at).await
     }
 
+    async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()> {
+        self.inner.revoke_preview_token(id, port, token).await
+    }
+
     async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
         let _activity = self.active(id).await;
         self.inner.snapshot(id, name).await
