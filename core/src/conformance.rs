@@ -4328,8 +4328,10 @@ pub async fn references_reopen_or_say_what_became_of_them(client: crate::Client)
 
     // A preview, closed: its tombstone.
     if caps.previews {
-        let mut options = PreviewOptions::default();
-        options.port = 8080;
+        let options = PreviewOptions {
+            port: 8080,
+            ..Default::default()
+        };
         sandbox.expose_port(options).await.expect("expose");
         let vr = sandbox.preview_reference(8080).unwrap();
         match client.reopen(&vr).await.expect("reopen") {

@@ -7,7 +7,7 @@
 //! | [`capability`] | [`Capabilities`] of a backend |
 //! | [`backend`] | the [`Backend`] trait and the embedded [`LocalBackend`] |
 //! | [`client`] | [`Client`] and the [`Sandbox`] handle: the ergonomic surface |
-//! | [`reference`] | saved [`Reference`]s that a later program reopens, and tombstones |
+//! | [`reference`](mod@reference) | saved [`Reference`]s that a later program reopens, and tombstones |
 //! | `server` (feature `server`) | `sandcove serve`: any backend over HTTP, for [`HttpBackend`] |
 //!
 //! Features (all on by default): `local` (the embedded engine), `http` (the client for a remote

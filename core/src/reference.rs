@@ -424,7 +424,7 @@ impl Tombstone {
 #[non_exhaustive]
 pub enum Reopened {
     /// A sandbox (in whatever state it is: reopen never resumes or starts it).
-    Sandbox(crate::SandboxInfo),
+    Sandbox(Box<crate::SandboxInfo>),
     /// A process of a running sandbox.
     Process(crate::ProcessInfo),
     /// A snapshot.
@@ -482,7 +482,10 @@ pub(crate) async fn reopen(
     }
     let id = reference.id();
     let found = match reference.kind() {
-        ResourceKind::Sandbox => backend.get(id).await.map(Reopened::Sandbox),
+        ResourceKind::Sandbox => backend
+            .get(id)
+            .await
+            .map(|info| Reopened::Sandbox(Box::new(info))),
         ResourceKind::Snapshot => {
             caps.require(crate::Feature::Snapshots)?;
             match backend.list_snapshots().await {
@@ -583,10 +586,12 @@ async fn other_kind(
             }
         }
     }
-    if found.is_none() && reference.kind() != ResourceKind::Volume && caps.volumes {
-        if backend.get_volume(id).await.is_ok() {
-            found = Some(ResourceKind::Volume);
-        }
+    if found.is_none()
+        && reference.kind() != ResourceKind::Volume
+        && caps.volumes
+        && backend.get_volume(id).await.is_ok()
+    {
+        found = Some(ResourceKind::Volume);
     }
     let found = found.filter(|_| !reference.kind().has_parent())?;
     Some(Error::Conflict {
@@ -637,7 +642,7 @@ impl crate::Client {
         reopen(&**self.backend(), reference).await
     }
 
-    /// [`Client::reopen`] for a sandbox reference, as a handle. Another kind is
+    /// [`Client::reopen`](crate::Client::reopen) for a sandbox reference, as a handle. Another kind is
     /// [`Error::Conflict`].
     pub async fn reopen_sandbox(&self, reference: &Reference) -> Result<crate::Sandbox> {
         if reference.kind() != ResourceKind::Sandbox {
@@ -666,7 +671,7 @@ impl crate::Client {
         Reference::volume(&self.runtime_id().await?, &volume.name)
     }
 
-    /// A reference to a sandbox this client's runtime reported (e.g. from [`Client::list`]).
+    /// A reference to a sandbox this client's runtime reported (e.g. from [`Client::list`](crate::Client::list)).
     pub async fn sandbox_reference(&self, sandbox: &crate::SandboxInfo) -> Result<Reference> {
         Reference::sandbox(&self.runtime_id().await?, &sandbox.id)
     }
