@@ -20,8 +20,8 @@
 //!   A reference reopened through a client of another runtime is
 //!   [`Error::Forbidden`], never looked up there: the same id on another runtime is another
 //!   resource.
-//! - Every component is 1 to 128 ASCII letters, digits, `-`, `_` or `.`, so `:` only ever
-//!   separates; a pid or port is a positive decimal number.
+//! - Every component is 1 to 128 ASCII letters, digits, `-`, `_` or `.`, not starting with
+//!   `.`, so `:` only ever separates; a pid or port is a positive decimal number.
 //!
 //! # Reopen outcomes
 //!
@@ -138,7 +138,9 @@ pub struct Reference {
 }
 
 fn valid_component(s: &str) -> bool {
+    // Never `.` or `..`: a component may become a URL path segment or a file name.
     !s.is_empty()
+        && !s.starts_with('.')
         && s.len() <= MAX_REFERENCE_COMPONENT
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
@@ -150,7 +152,8 @@ fn check_component(what: &str, s: &str) -> Result<()> {
     } else {
         Err(Error::invalid(format!(
             "{what} {s:?} cannot be part of a reference: it must be 1 to \
-             {MAX_REFERENCE_COMPONENT} ASCII letters, digits, '-', '_' or '.'"
+             {MAX_REFERENCE_COMPONENT} ASCII letters, digits, '-', '_' or '.', not starting \
+             with '.'"
         )))
     }
 }
@@ -763,6 +766,8 @@ mod tests {
             ("sandcove:v1::sandbox:abc", "runtime id"),
             ("sandcove:v1:rt-a:volume:a/b", "volume id"),
             ("sandcove:v1:rt-a:sandbox:", "sandbox id"),
+            ("sandcove:v1:rt-a:volume:..", "volume id"),
+            ("sandcove:v1:.:sandbox:abc", "runtime id"),
         ];
         for (text, needle) in cases {
             match text.parse::<Reference>() {
