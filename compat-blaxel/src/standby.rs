@@ -478,6 +478,14 @@ impl Backend for Standby {
         self.inner.delete_volume(name).await
     }
 
+    async fn tombstone(
+        &self,
+        kind: sandcove::ResourceKind,
+        id: &str,
+    ) -> Result<Option<sandcove::Tombstone>> {
+        self.inner.tombstone(kind, id).await
+    }
+
     async fn observe(&self, operation: &OperationId) -> Result<OperationStatus> {
         self.inner.observe(operation).await
     }

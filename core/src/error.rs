@@ -126,6 +126,26 @@ pub enum Error {
         /// What was sent and how its answer was lost.
         message: String,
     },
+    /// The resource existed on this runtime and ended recently: its tombstone (see
+    /// [`crate::reference`]). Distinct from [`Error::NotFound`], which means no record of it.
+    #[error("{kind} {id:?} was destroyed at {} ({reason})", crate::reference::format_utc(*at))]
+    Destroyed {
+        /// Its kind (`sandbox`, `snapshot`, `volume`, `preview`).
+        kind: String,
+        /// Its id (`<sandbox>:<port>` for a preview).
+        id: String,
+        /// When it ended (ms since the epoch).
+        at: crate::UnixMillis,
+        /// Why: `destroyed`, `its lease ended`, `deleted`, ….
+        reason: String,
+    },
+    /// The runtime refuses access: the subject belongs to another runtime (a reference it did
+    /// not issue). Retrying here cannot help.
+    #[error("forbidden: {what}")]
+    Forbidden {
+        /// What was refused, and why.
+        what: String,
+    },
 }
 
 /// Shorthand for results of this crate.
@@ -166,6 +186,10 @@ pub enum ErrorCode {
     Backend,
     /// [`Error::OutcomeUnknown`]
     OutcomeUnknown,
+    /// [`Error::Destroyed`]
+    Destroyed,
+    /// [`Error::Forbidden`]
+    Forbidden,
 }
 
 /// The serializable form of an [`Error`]: a code plus the variant's fields.
@@ -249,6 +273,11 @@ impl Error {
         matches!(self, Error::NotFound { .. })
     }
 
+    /// Whether the subject ended recently ([`Error::Destroyed`]: a tombstone answered).
+    pub fn is_destroyed(&self) -> bool {
+        matches!(self, Error::Destroyed { .. })
+    }
+
     /// The machine-readable code of this error.
     pub fn code(&self) -> ErrorCode {
         match self {
@@ -267,6 +296,8 @@ impl Error {
             Error::Io { .. } => ErrorCode::Io,
             Error::Backend { .. } => ErrorCode::Backend,
             Error::OutcomeUnknown { .. } => ErrorCode::OutcomeUnknown,
+            Error::Destroyed { .. } => ErrorCode::Destroyed,
+            Error::Forbidden { .. } => ErrorCode::Forbidden,
         }
     }
 
@@ -278,7 +309,8 @@ impl Error {
             | Error::AlreadyExists { what }
             | Error::Conflict { what }
             | Error::Timeout { what }
-            | Error::PermissionDenied { what } => vec![("what", json!(what))],
+            | Error::PermissionDenied { what }
+            | Error::Forbidden { what } => vec![("what", json!(what))],
             Error::InvalidArgument { message } | Error::Unauthenticated { message } => {
                 vec![("message", json!(message))]
             }
@@ -322,6 +354,17 @@ impl Error {
             Error::OutcomeUnknown { operation, message } => {
                 vec![("operation", json!(operation)), ("message", json!(message))]
             }
+            Error::Destroyed {
+                kind,
+                id,
+                at,
+                reason,
+            } => vec![
+                ("kind", json!(kind)),
+                ("id", json!(id)),
+                ("at", json!(at)),
+                ("reason", json!(reason)),
+            ],
         };
         ErrorBody {
             code: self.code(),
@@ -407,6 +450,13 @@ impl Error {
                 operation: s("operation"),
                 message: s("message"),
             },
+            ErrorCode::Destroyed => Error::Destroyed {
+                kind: s("kind"),
+                id: s("id"),
+                at: body.fields.get("at").and_then(|v| v.as_u64()).unwrap_or(0),
+                reason: s("reason"),
+            },
+            ErrorCode::Forbidden => Error::Forbidden { what: s("what") },
         }
     }
 
@@ -497,6 +547,15 @@ mod tests {
             Error::OutcomeUnknown {
                 operation: "op-1".into(),
                 message: "POST /v1/sandboxes: connection reset".into(),
+            },
+            Error::Destroyed {
+                kind: "sandbox".into(),
+                id: "abc".into(),
+                at: 1_767_225_600_000,
+                reason: "destroyed".into(),
+            },
+            Error::Forbidden {
+                what: "reference of runtime rt-b".into(),
             },
         ]
     }

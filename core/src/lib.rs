@@ -8,6 +8,7 @@
 //! | [`backend`] | the [`Backend`] trait and the embedded [`LocalBackend`] |
 //! | [`client`] | [`Client`] and the [`Sandbox`] handle: the ergonomic surface |
 //! | [`operation`] | [`OperationId`]s of calls with a remote effect, and what [`Client::observe`] learns |
+//! | [`reference`](mod@reference) | saved [`Reference`]s that a later program reopens, and tombstones |
 //! | `server` (feature `server`) | `sandcove serve`: any backend over HTTP, for [`HttpBackend`] |
 //!
 //! Features (all on by default): `local` (the embedded engine), `http` (the client for a remote
@@ -33,6 +34,7 @@ pub mod capability;
 pub mod client;
 pub mod error;
 pub mod operation;
+pub mod reference;
 pub mod types;
 pub mod validate;
 
@@ -56,5 +58,6 @@ pub use capability::{
 pub use client::{CheckedRun, Client, ProcessHandle, Renewal, RunError, Sandbox, MAX_READ_BYTES};
 pub use error::{Error, ErrorBody, ErrorCode, Result};
 pub use operation::{OperationId, OperationStatus};
+pub use reference::{Reference, Reopened, ResourceKind, Tombstone};
 pub use types::*;
 pub use validate::{MAX_PROCESS_TIMEOUT, MAX_SANDBOX_TIMEOUT};

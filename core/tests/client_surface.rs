@@ -370,6 +370,14 @@ impl Backend for Without {
     ) -> Result<sandcove::OperationStatus> {
         self.inner.observe(operation).await
     }
+
+    async fn tombstone(
+        &self,
+        kind: sandcove::ResourceKind,
+        id: &str,
+    ) -> Result<Option<sandcove::Tombstone>> {
+        self.inner.tombstone(kind, id).await
+    }
 }
 
 /// Every feature [`Without`] can take away.

@@ -218,6 +218,14 @@ impl Backend for SlowCleanup {
     ) -> Result<sandcove::OperationStatus> {
         self.inner.observe(operation).await
     }
+
+    async fn tombstone(
+        &self,
+        kind: sandcove::ResourceKind,
+        id: &str,
+    ) -> Result<Option<sandcove::Tombstone>> {
+        self.inner.tombstone(kind, id).await
+    }
 }
 
 /// A loopback server over [`SlowCleanup`], a client for it, the server's URL and key, and

@@ -109,6 +109,14 @@ pub(super) fn routes() -> Vec<Route> {
             "Delete a volume (honours Idempotency-Key)",
             delete_volume,
         ),
+        Route::new(
+            Method::GET,
+            "/v1/tombstones/{kind}/{id}",
+            "tombstone",
+            "The record of a resource that ended recently (null when there is none)",
+            tombstone,
+        )
+        .output(Out::Json("Tombstone?")),
     ]
 }
 
@@ -252,4 +260,12 @@ async fn delete_volume(
             Stored::unit(backend.delete_volume(&name).await)
         })
         .await
+}
+
+async fn tombstone(
+    State(state): State<AppState>,
+    Path((kind, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let kind: crate::ResourceKind = kind.parse()?;
+    Ok(json(&state.backend.tombstone(kind, &id).await?))
 }
