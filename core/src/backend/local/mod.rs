@@ -750,6 +750,7 @@ impl Backend for LocalBackend {
         Ok(self.capabilities())
     }
 
+    #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
     async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
         check_create(&options, self.cgroups.is_some())?;
         let id = config::new_id();
@@ -941,6 +942,7 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn destroy(&self, id: &str) -> Result<()> {
         // Any version's monitor destroys on the same request, so nothing another build made
         // leaks.
@@ -955,11 +957,13 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
         spec.validate()?;
         self.process_stream(id, AgentRequest::Spawn { spec }).await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream> {
         self.process_stream(id, AgentRequest::Attach { process })
             .await
@@ -993,6 +997,7 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream> {
         let mut stream = self
             .agent_stream(
@@ -1036,6 +1041,7 @@ impl Backend for LocalBackend {
         ))
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn write_file(
         &self,
         id: &str,
@@ -1144,10 +1150,12 @@ impl Backend for LocalBackend {
         .await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn pause(&self, id: &str) -> Result<SandboxInfo> {
         self.monitor_info(id, MonitorRequest::Pause).await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn resume(&self, id: &str) -> Result<SandboxInfo> {
         self.monitor_info(id, MonitorRequest::Resume).await
     }
@@ -1246,6 +1254,7 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
         if self.unisolated {
             return Err(Error::not_supported(
@@ -1292,6 +1301,7 @@ impl Backend for LocalBackend {
         Ok(())
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn fork(&self, id: &str, options: CreateOptions) -> Result<SandboxInfo> {
         if options.snapshot.is_some() {
             return Err(Error::invalid(
