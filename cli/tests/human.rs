@@ -884,3 +884,42 @@ async fn metrics_and_request_logs_in(state: &PrivateState) {
         "{info_line}"
     );
 }
+
+/// `doctor` exits 1, saying so, where sandboxes cannot be created: here an engine whose state
+/// directory cannot be made, and a server that is not there.
+#[test]
+fn doctor_fails_where_sandboxes_cannot_be_created() {
+    if !runnable() {
+        return;
+    }
+    // A closed loopback port: bind one, note it, let it go.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for env in [
+        vec![(
+            "SANDCOVE_STATE_DIR",
+            "/proc/version/cannot-be-a-directory".to_string(),
+        )],
+        vec![
+            ("SANDCOVE_URL", format!("http://127.0.0.1:{port}")),
+            ("SANDCOVE_API_KEY", "k".to_string()),
+        ],
+    ] {
+        let mut command = std::process::Command::new(bin());
+        command
+            .arg("doctor")
+            .env_remove("SANDCOVE_URL")
+            .env_remove("SANDCOVE_API_KEY");
+        for (k, v) in &env {
+            command.env(k, v);
+        }
+        let out = command.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{env:?}: {}", show(&out));
+        assert!(text.contains("sandboxes CANNOT be created here"), "{text}");
+        assert!(text.lines().any(|l| l.starts_with("FAIL")), "{text}");
+    }
+}
