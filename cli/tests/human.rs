@@ -226,6 +226,7 @@ on_both!(
     snapshots_and_volumes,
     doctor_reports,
     shell_through_a_pty,
+    cp_shows_progress_only_on_a_terminal,
 );
 
 async fn lifecycle(t: &Target) {
@@ -610,6 +611,47 @@ fn openpty(cols: u16, rows: u16) -> (OwnedFd, OwnedFd) {
             OwnedFd::from_raw_fd(terminal),
         )
     }
+}
+
+/// A large copy shows progress on stderr when it is a terminal, and nothing when it is not.
+async fn cp_shows_progress_only_on_a_terminal(t: &Target) {
+    let id = t.create(&[]).await;
+    let host = std::env::temp_dir().join(unique("big"));
+    let size: usize = 20 * 1024 * 1024;
+    std::fs::write(&host, vec![7u8; size]).unwrap();
+    let dst = format!("{id}:/workspace/big");
+    let (controller, terminal) = openpty(80, 24);
+    let mut child = t
+        .command(&["cp", host.to_str().unwrap(), &dst])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(terminal.try_clone().unwrap())
+        .spawn()
+        .unwrap();
+    drop(terminal);
+    let mut reader = std::fs::File::from(controller);
+    let screen = std::thread::spawn(move || {
+        // Until every copy of the terminal side is closed (EIO).
+        let mut all = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            all.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&all).to_string()
+    });
+    assert!(child.wait().await.unwrap().success());
+    let screen = screen.join().unwrap();
+    assert!(screen.contains("20 / 20 MiB (100%)"), "{screen:?}");
+    let size_inside = t.ok(&["exec", &id, "--", "stat", "-c", "%s", "/workspace/big"]).await;
+    assert_eq!(size_inside.trim(), size.to_string());
+    // Not a terminal: nothing on stderr.
+    let out = t.run(&["cp", host.to_str().unwrap(), &dst]).await;
+    assert!(out.status.success(), "{}", show(&out));
+    assert!(out.stderr.is_empty(), "{}", show(&out));
+    let _ = std::fs::remove_file(&host);
 }
 
 async fn shell_through_a_pty(t: &Target) {
