@@ -10,7 +10,6 @@ use std::ffi::{OsStr, OsString};
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::{Output, Stdio};
-use std::time::Duration;
 
 use common::{bin, ServeChild};
 use sandcove::conformance::{eventually, holds, unique, PATIENCE};
@@ -582,6 +581,16 @@ async fn doctor_reports(t: &Target) {
     assert_eq!(t.json(&["ls"]).await, Value::Array(vec![]));
 }
 
+/// The local-mode flags of the terminal behind a pty controller.
+fn terminal_flags(controller: &OwnedFd) -> libc::tcflag_t {
+    // SAFETY: an all-zero termios is a valid value for tcgetattr to overwrite.
+    let mut attrs: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: tcgetattr writes one termios into the valid pointer given.
+    let rc = unsafe { libc::tcgetattr(controller.as_raw_fd(), &mut attrs) };
+    assert_eq!(rc, 0, "tcgetattr: {}", std::io::Error::last_os_error());
+    attrs.c_lflag
+}
+
 /// A pseudo-terminal pair: (controller, terminal).
 fn openpty(cols: u16, rows: u16) -> (OwnedFd, OwnedFd) {
     let mut controller = -1;
@@ -645,7 +654,9 @@ async fn cp_shows_progress_only_on_a_terminal(t: &Target) {
     assert!(child.wait().await.unwrap().success());
     let screen = screen.join().unwrap();
     assert!(screen.contains("20 / 20 MiB (100%)"), "{screen:?}");
-    let size_inside = t.ok(&["exec", &id, "--", "stat", "-c", "%s", "/workspace/big"]).await;
+    let size_inside = t
+        .ok(&["exec", &id, "--", "stat", "-c", "%s", "/workspace/big"])
+        .await;
     assert_eq!(size_inside.trim(), size.to_string());
     // Not a terminal: nothing on stderr.
     let out = t.run(&["cp", host.to_str().unwrap(), &dst]).await;
@@ -698,6 +709,13 @@ async fn shell_through_a_pty(t: &Target) {
     // A typed command's output (the marker is computed, so the echo of the line is not it).
     std::io::Write::write_all(&mut writer, b"echo M$((6*7))M\n").unwrap();
     eventually(PATIENCE, "the command's output", || async { shown("M42M") }).await;
+    // This side's terminal is raw while the shell runs (no local echo, no line editing).
+    let local = terminal_flags(&controller);
+    assert_eq!(
+        local & (libc::ICANON | libc::ECHO),
+        0,
+        "raw mode: {local:#o}"
+    );
     std::io::Write::write_all(&mut writer, b"echo S$(stty size | tr ' ' x)S\n").unwrap();
     eventually(PATIENCE, "the starting size", || async {
         shown("S30x100S")
@@ -719,7 +737,6 @@ async fn shell_through_a_pty(t: &Target) {
             b"echo S$(stty size | tr ' ' x)S\n",
         )
         .unwrap();
-        tokio::time::sleep(Duration::from_millis(200)).await;
         shown("S40x120S")
     })
     .await;
@@ -734,6 +751,9 @@ async fn shell_through_a_pty(t: &Target) {
         "{}",
         String::from_utf8_lossy(&screen.lock().unwrap())
     );
+    // And the terminal's mode is given back.
+    let local = terminal_flags(&controller);
+    assert_eq!(local & libc::ICANON, libc::ICANON, "restored: {local:#o}");
 }
 
 #[test]
