@@ -241,7 +241,20 @@ pub fn logs(args: LogsArgs, json: bool) -> Outcome {
             let (stream, bytes) = match event? {
                 ProcessEvent::Stdout(bytes) => ("stdout", bytes),
                 ProcessEvent::Stderr(bytes) => ("stderr", bytes),
-                ProcessEvent::Live if !args.follow => break,
+                ProcessEvent::Live if !args.follow => {
+                    // History ends here; an ended process's exit follows at once, but a
+                    // running one's would block, so ask the process list instead.
+                    if json {
+                        let pid = handle.pid();
+                        exit = sandbox
+                            .processes()
+                            .await?
+                            .into_iter()
+                            .find(|p| p.pid == pid)
+                            .and_then(|p| p.exit);
+                    }
+                    break;
+                }
                 ProcessEvent::Exit(status) => {
                     exit = Some(status);
                     break;

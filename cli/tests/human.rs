@@ -387,6 +387,20 @@ async fn logs_and_ps(t: &Target) {
     assert!(out.status.success(), "{}", show(&out));
     assert_eq!(out.stdout, b"one\n");
     assert_eq!(out.stderr, b"two\n");
+    // As JSON: one object per chunk, then the exit.
+    let out = t.run(&["--json", "logs", &id, "once"]).await;
+    assert!(out.status.success(), "{}", show(&out));
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let chunks: Vec<(&str, &str)> = lines
+        .iter()
+        .filter_map(|l| Some((l["stream"].as_str()?, l["data"].as_str()?)))
+        .collect();
+    assert!(chunks.contains(&("stdout", "one\n")), "{lines:?}");
+    assert!(chunks.contains(&("stderr", "two\n")), "{lines:?}");
+    assert_eq!(lines.last().unwrap()["exit"]["code"], 0, "{lines:?}");
     // A process still running: `logs` prints what is there and returns; `logs -f` follows
     // it to its end.
     let mut waiting = t
