@@ -1254,6 +1254,17 @@ impl Backend for LocalBackend {
         }
     }
 
+    async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()> {
+        let request = MonitorRequest::RevokeToken {
+            port,
+            token: token.to_string(),
+        };
+        match self.monitor_call(id, request).await? {
+            MonitorReply::Done => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
         if self.unisolated {

@@ -108,6 +108,13 @@ pub enum MonitorRequest {
         /// Expiry, ms since the epoch.
         expires_at: Option<u64>,
     },
+    /// Revoke one token of a private preview; replies `Done`.
+    RevokeToken {
+        /// The preview's port.
+        port: u16,
+        /// The token's value.
+        token: String,
+    },
 }
 
 /// A request the monitor forwards to the agent (processes, files, watch, metrics, the
