@@ -11,6 +11,7 @@ use sandcove::client::API_KEY_ENV;
 use sandcove::server::intercept::SandcoveCa;
 use sandcove::server::{self, ConnectionLimits, ServerConfig};
 use sandcove::{Backend, LocalBackend};
+use tracing::Instrument;
 
 use crate::record;
 
@@ -233,7 +234,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
                 if let Some(l) = e2b_listener {
                     let addr = l.local_addr()?;
                     listeners.e2b = Some(format!("{scheme}://{addr}"));
-                    let app = e2b::wire::router(backend.clone(), wire);
+                    let app = traced(e2b::wire::router(backend.clone(), wire), "e2b");
                     tasks.push(tokio::spawn(server::serve_router(
                         l,
                         app,
@@ -248,7 +249,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
                     let mut config = daytona::wire::WireConfig::new(daytona_key, origin);
                     config.max_body_bytes = max_body_bytes;
                     config.max_upload_bytes = daytona_upload_cap(max_upload_bytes);
-                    let app = daytona::wire::router(backend.clone(), config);
+                    let app = traced(daytona::wire::router(backend.clone(), config), "daytona");
                     tasks.push(tokio::spawn(server::serve_router(
                         l,
                         app,
@@ -265,7 +266,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
                     config.workspace = BLAXEL_WORKSPACE.to_string();
                     config.max_body_bytes = max_body_bytes;
                     config.max_upload_bytes = daytona_upload_cap(max_upload_bytes);
-                    let app = blaxel::wire::router(backend.clone(), config);
+                    let app = traced(blaxel::wire::router(backend.clone(), config), "blaxel");
                     tasks.push(tokio::spawn(server::serve_router_intercepting(
                         l,
                         app,
@@ -328,6 +329,31 @@ pub fn run(args: ServeArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A vendor wire listener's router with one log line per request, in a span naming the
+/// listener, the method, the path (never the query, which may carry signatures, nor any
+/// header, which carry keys), the status and the duration.
+fn traced(app: axum::Router, listener: &'static str) -> axum::Router {
+    app.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| async move {
+            let started = std::time::Instant::now();
+            let path: String = request.uri().path().chars().take(256).collect();
+            let span = tracing::info_span!(
+                "request",
+                listener,
+                method = %request.method(),
+                path,
+                status = tracing::field::Empty,
+                duration_ms = tracing::field::Empty,
+            );
+            let response = next.run(request).instrument(span.clone()).await;
+            span.record("status", response.status().as_u16());
+            span.record("duration_ms", started.elapsed().as_millis() as u64);
+            span.in_scope(|| tracing::info!("request answered"));
+            response
+        },
+    ))
 }
 
 /// The in-memory cap of one Daytona (or Blaxel) upload: the server's upload limit, but never

@@ -835,6 +835,8 @@ async fn metrics_and_request_logs_in(state: &PrivateState) {
             state.dir.to_str().unwrap(),
             "--log-format",
             "json",
+            "--e2b",
+            "127.0.0.1:0",
         ],
         &[
             ("SANDCOVE_API_KEY", OsStr::new(&key)),
@@ -849,6 +851,14 @@ async fn metrics_and_request_logs_in(state: &PrivateState) {
         mut stderr,
         url,
     } = serve;
+    // The next announcement is the E2B listener's.
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
+    let e2b = line
+        .trim()
+        .strip_prefix("sandcove serve: E2B wire protocol on ")
+        .unwrap_or_else(|| panic!("the E2B listener's announcement: {line:?}"))
+        .to_string();
     let logs = std::thread::spawn(move || {
         let mut text = String::new();
         let _ = stderr.read_to_string(&mut text);
@@ -888,6 +898,14 @@ async fn metrics_and_request_logs_in(state: &PrivateState) {
         .unwrap();
     assert_eq!(wrong.status(), 401);
 
+    // A vendor listener's request is logged too (its key is in X-API-KEY).
+    let listed = http
+        .get(format!("{e2b}/sandboxes?metadata=team%3Dsecret-query"))
+        .header("X-API-KEY", &key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status(), 200);
     let answer = scrape(true).await.unwrap();
     assert_eq!(answer.status(), 200);
     assert!(answer.headers()["content-type"]
@@ -949,6 +967,14 @@ async fn metrics_and_request_logs_in(state: &PrivateState) {
         (200..300).contains(&span["status"].as_u64().unwrap()),
         "{answered}"
     );
+    let vendor_line = logs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["span"]["listener"] == "e2b")
+        .unwrap_or_else(|| panic!("a request line of the E2B listener in\n{logs}"));
+    assert_eq!(vendor_line["span"]["path"], "/sandboxes", "{vendor_line}");
+    assert_eq!(vendor_line["span"]["status"], 200, "{vendor_line}");
+    assert!(!logs.contains("secret-query"), "the query is never logged");
     let info_line = logs
         .lines()
         .find(|l| l.contains(&format!("\"sandbox\":\"{keep}\"")))
