@@ -810,6 +810,7 @@ impl Backend for LocalBackend {
         Ok(self.capabilities())
     }
 
+    #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
     async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
         check_create(&options, self.cgroups.is_some())?;
         let id = config::new_id();
@@ -1002,6 +1003,7 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn destroy(&self, id: &str) -> Result<()> {
         // Any version's monitor destroys on the same request, so nothing another build made
         // leaks.
@@ -1016,11 +1018,13 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
         spec.validate()?;
         self.process_stream(id, AgentRequest::Spawn { spec }).await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream> {
         self.process_stream(id, AgentRequest::Attach { process })
             .await
@@ -1054,6 +1058,7 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream> {
         let mut stream = self
             .agent_stream(
@@ -1097,6 +1102,7 @@ impl Backend for LocalBackend {
         ))
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn write_file(
         &self,
         id: &str,
@@ -1226,10 +1232,12 @@ impl Backend for LocalBackend {
         .await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn pause(&self, id: &str) -> Result<SandboxInfo> {
         self.monitor_info(id, MonitorRequest::Pause).await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn resume(&self, id: &str) -> Result<SandboxInfo> {
         self.monitor_info(id, MonitorRequest::Resume).await
     }
@@ -1347,6 +1355,7 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
         if self.unisolated {
             return Err(Error::not_supported(
@@ -1399,6 +1408,7 @@ impl Backend for LocalBackend {
         Ok(())
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn fork(&self, id: &str, options: CreateOptions) -> Result<SandboxInfo> {
         if options.snapshot.is_some() {
             return Err(Error::invalid(
