@@ -150,7 +150,9 @@ async fn creator_child() {
         return;
     };
     let (dir, marker) = arg.split_once('|').expect("dir|marker");
-    let backend = LocalBackend::with_state_dir(PathBuf::from(dir)).expect("engine");
+    let backend = LocalBackend::with_state_dir(PathBuf::from(dir))
+        .expect("engine")
+        .with_warm_pool(0);
     let mut ids = Vec::new();
     let mut held = Vec::new();
     for _ in 0..2 {
