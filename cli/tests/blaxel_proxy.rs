@@ -209,3 +209,207 @@ fn python_sdk_wrong_key() {
     assert_eq!(status, 200, "{list}");
     assert!(items(&list).is_empty(), "nothing created: {list}");
 }
+
+/// A plain-HTTP call that must succeed, with its JSON answer.
+fn ok(server: &Server, method: &str, path: &str, body: Option<Value>) -> Value {
+    let (status, bytes) = call(server, method, path, body);
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    assert_eq!(status, 200, "{method} {path}: {text}");
+    serde_json::from_str(&text).unwrap_or(Value::String(text))
+}
+
+/// Run `command` in sandbox `name` from the test (to prepare what a README snippet assumes
+/// of Blaxel's images) and wait for it to succeed.
+fn prepare(server: &Server, name: &str, command: &str) {
+    let done = ok(
+        server,
+        "POST",
+        &format!("/blaxel-sbx/{name}/process"),
+        Some(serde_json::json!({"command": command, "waitForCompletion": true})),
+    );
+    assert_eq!(done["exitCode"], 0, "{command}: {done}");
+}
+
+/// A GET of `url` (a preview) with `headers`: the status, or `None` when nothing answers.
+fn fetch_status(url: &str, headers: &[(&str, &str)]) -> Option<u16> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut request = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .get(url);
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        Some(request.send().await.ok()?.status().as_u16())
+    })
+}
+
+/// Preview tokens through the SDK: `tokens.create` (named by the server when the SDK sends no
+/// name), `tokens.list` with values, `tokens.create_if_expired` reusing the latest live token,
+/// `tokens.delete(name)` after which that token is refused while the other still opens the
+/// preview, a second delete (404), and a deleted preview taking its tokens with it.
+#[test]
+fn python_sdk_preview_tokens_list_and_delete() {
+    let server = start();
+    let out = run_python(PINS, "blaxel_preview_tokens", &server, &[]);
+    assert_expected("blaxel_preview_tokens", &out);
+}
+
+/// The Python README's preview snippet, verbatim, on what it assumes of Blaxel's images: a
+/// sandbox `my-sandbox` with `python` on its PATH and an `/app` directory (prepared here).
+/// It starts a web server, makes the private `preview-3000` and a token with
+/// `create_if_expired`; afterwards the token is listed and opens the preview, and deleting it
+/// over the wire makes the preview refuse it.
+#[test]
+fn python_sdk_readme_preview_verbatim() {
+    let server = start();
+    ok(
+        &server,
+        "POST",
+        "/v0/sandboxes",
+        Some(
+            serde_json::json!({"metadata": {"name": "my-sandbox"}, "spec": {"runtime": {
+            "envs": [{"name": "PATH", "value": "/app/bin:/usr/local/bin:/usr/bin:/bin"}]}}}),
+        ),
+    );
+    prepare(
+        &server,
+        "my-sandbox",
+        "mkdir -p /app/bin && ln -s /usr/bin/python3 /app/bin/python && echo readme > /app/index.txt",
+    );
+    let out = run_python(PINS, "blaxel_readme_preview", &server, &[]);
+    assert_expected("blaxel_readme_preview", &out);
+    let preview = ok(
+        &server,
+        "GET",
+        "/v0/sandboxes/my-sandbox/previews/preview-3000",
+        None,
+    );
+    assert_eq!(preview["spec"]["public"], false, "{preview}");
+    let url = preview["spec"]["url"].as_str().expect("a URL").to_string();
+    let tokens = ok(
+        &server,
+        "GET",
+        "/v0/sandboxes/my-sandbox/previews/preview-3000/tokens",
+        None,
+    );
+    let tokens = tokens.as_array().expect("a list of tokens").clone();
+    assert_eq!(tokens.len(), 1, "create_if_expired made one: {tokens:?}");
+    let value = tokens[0]["spec"]["token"].as_str().unwrap().to_string();
+    let token_name = tokens[0]["metadata"]["name"].as_str().unwrap().to_string();
+    let header = [("X-Blaxel-Preview-Token", value.as_str())];
+    assert_eq!(fetch_status(&url, &header), Some(200), "the token opens it");
+    assert_eq!(fetch_status(&url, &[]), Some(401), "private");
+    ok(
+        &server,
+        "DELETE",
+        &format!("/v0/sandboxes/my-sandbox/previews/preview-3000/tokens/{token_name}"),
+        None,
+    );
+    assert_eq!(
+        fetch_status(&url, &header),
+        Some(401),
+        "a deleted token no longer opens the preview"
+    );
+    let tokens = ok(
+        &server,
+        "GET",
+        "/v0/sandboxes/my-sandbox/previews/preview-3000/tokens",
+        None,
+    );
+    assert_eq!(
+        tokens,
+        serde_json::json!([]),
+        "deleted tokens are not listed"
+    );
+}
+
+/// The Python README's process snippet, verbatim, on an `/app` with a `build` script
+/// (prepared here; Blaxel's images bring their own app). `npm run build` runs to completion;
+/// the snippet then kills `build-process`, which has already exited: Blaxel answers that with
+/// an error (the SDK raises), and so does Sandcove, so the program ends with the SDK's
+/// exception after the build ran. `blaxel_readme_process.expected` is the last line of its
+/// stderr.
+#[test]
+fn python_sdk_readme_process_verbatim() {
+    let server = start();
+    ok(
+        &server,
+        "POST",
+        "/v0/sandboxes",
+        Some(serde_json::json!({"metadata": {"name": "my-sandbox"}})),
+    );
+    ok(
+        &server,
+        "PUT",
+        "/blaxel-sbx/my-sandbox/filesystem/app/package.json",
+        Some(serde_json::json!({ "content": APP_PACKAGE })),
+    );
+    let out = run_python(PINS, "blaxel_readme_process", &server, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the kill of an exited process raises: {stderr}"
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+    let last = stderr.lines().last().unwrap_or("").to_string() + "\n";
+    let expected =
+        std::fs::read_to_string(sdk_harness::py_fixtures().join("blaxel_readme_process.expected"))
+            .unwrap();
+    assert_eq!(last, expected, "{stderr}");
+    let (status, built) = call(
+        &server,
+        "GET",
+        "/blaxel-sbx/my-sandbox/filesystem/app/dist.txt",
+        None,
+    );
+    assert_eq!(
+        (status, built.as_slice()),
+        (200, &b"built"[..]),
+        "npm run build ran"
+    );
+}
+
+/// The `/app/package.json` the README's process snippets assume: `build` writes `dist.txt`.
+const APP_PACKAGE: &str = r#"{"name":"app","private":true,"scripts":{"build":"node -e \"require('fs').writeFileSync('dist.txt','built')\""}}"#;
+
+/// `fs.cp`: the plain copy (`cp -r` as a process) and `no_overwrite` (one runtime copy,
+/// served at `/filesystem-copy`): a file, a directory into an existing directory, and an
+/// existing target refused with the SDK's `FileExistsError`, unchanged.
+#[test]
+fn python_sdk_copies_files() {
+    let server = start();
+    let out = run_python(PINS, "blaxel_cp", &server, &[]);
+    assert_expected("blaxel_cp", &out);
+}
+
+/// Every documented gap a Python program reaches answers the SDK's own error, naming the
+/// feature and its alternative.
+#[test]
+fn python_sdk_gaps_name_the_alternative() {
+    let server = start();
+    let out = run_python(PINS, "blaxel_gaps", &server, &[]);
+    assert_expected("blaxel_gaps", &out);
+}
+
+/// `BL_WORKSPACE` naming another workspace: `403 UNAUTHORIZED_WORKSPACE` before anything is
+/// created.
+#[test]
+fn python_sdk_wrong_workspace() {
+    let server = start();
+    let out = run_python(
+        PINS,
+        "blaxel_wrong_workspace",
+        &server,
+        &[("BL_WORKSPACE", "another-workspace")],
+    );
+    assert_expected("blaxel_wrong_workspace", &out);
+    let (status, list) = get(&server, "/v0/sandboxes");
+    assert_eq!(status, 200, "{list}");
+    assert!(items(&list).is_empty(), "nothing created: {list}");
+}

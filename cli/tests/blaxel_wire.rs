@@ -166,6 +166,41 @@ async fn a_missing_or_wrong_key_is_refused_before_any_effect() {
     assert_eq!(procs, json!([]), "no process ran");
 }
 
+/// `X-Blaxel-Workspace` naming another workspace is `403 UNAUTHORIZED_WORKSPACE` before any
+/// effect, on the control plane and on a sandbox's API; no header, or an empty one (what
+/// `@blaxel/core` sends without `BL_WORKSPACE`), is accepted.
+#[tokio::test]
+async fn a_wrong_workspace_is_refused_before_any_effect() {
+    let env = env().await;
+    let with = |method: &str, path: &str, workspace: Option<&str>| {
+        let mut req = env
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", env.url))
+            .header("X-Blaxel-Authorization", format!("Bearer {KEY}"));
+        if let Some(w) = workspace {
+            req = req.header("X-Blaxel-Workspace", w);
+        }
+        req
+    };
+    let body = json!({"metadata": {"name": "elsewhere"}});
+    let (status, answer) =
+        Env::send(with("POST", "/v0/sandboxes", Some("another")).json(&body)).await;
+    assert_eq!(status, 403, "{answer}");
+    assert_sandbox_error(&answer, 403);
+    assert_eq!(answer["code"], "UNAUTHORIZED_WORKSPACE");
+    assert_eq!(env.sandbox_count().await, 0, "nothing was created");
+    env.create("ws").await;
+    let run = json!({"command": "touch /tmp/ran", "waitForCompletion": true});
+    let req = with("POST", "/blaxel-sbx/ws/process", Some("another")).json(&run);
+    assert_eq!(Env::send(req).await.0, 403);
+    let (status, procs) = env.call("GET", "/blaxel-sbx/ws/process", None).await;
+    assert_eq!((status, procs), (200, json!([])), "no process ran");
+    for workspace in [None, Some("")] {
+        let (status, answer) = Env::send(with("GET", "/v0/sandboxes/ws", workspace)).await;
+        assert_eq!(status, 200, "{workspace:?}: {answer}");
+    }
+}
+
 #[tokio::test]
 async fn sandboxes_are_named_deployed_and_point_at_this_listener() {
     let env = env().await;

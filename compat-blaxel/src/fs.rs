@@ -205,6 +205,7 @@ pub struct CpBuilder {
     source: String,
     destination: String,
     max_wait: i64,
+    no_overwrite: bool,
 }
 impl CpBuilder {
     /// `max_wait=` in ms (default 180000).
@@ -212,7 +213,18 @@ impl CpBuilder {
         self.max_wait = ms;
         self
     }
+
+    /// `no_overwrite=`: copy in one runtime call that never replaces anything; an existing
+    /// final target is a 409 `FILE_ALREADY_EXISTS` (Python raises `FileExistsError`).
+    pub fn no_overwrite(mut self, no_overwrite: bool) -> Self {
+        self.no_overwrite = no_overwrite;
+        self
+    }
+
     async fn run(self) -> Result<CopyResponse> {
+        if self.no_overwrite {
+            return copy_in_runtime(&self.ctx, &self.source, &self.destination, false).await;
+        }
         let process = SandboxProcess::new(self.ctx.clone());
         let command = format!(
             "cp -r {} {}",
@@ -241,6 +253,66 @@ impl CpBuilder {
     }
 }
 into_future!(CpBuilder => CopyResponse);
+
+/// The error of a copy whose final target exists.
+pub(crate) fn file_exists(source: &str, destination: &str) -> SandboxAPIError {
+    SandboxAPIError::api(
+        409,
+        "FILE_ALREADY_EXISTS",
+        format!("Could not copy {source} to {destination}: destination already exists"),
+    )
+}
+
+/// Copy `source` to `destination` with the runtime's copy (streamed beneath the sandbox
+/// root, symlinks copied as links), `cp -r` style: an existing destination directory holds
+/// the copy under the source's name. Without `overwrite`, nothing that exists is replaced.
+pub(crate) async fn copy_in_runtime(
+    ctx: &Ctx,
+    source: &str,
+    destination: &str,
+    overwrite: bool,
+) -> Result<CopyResponse> {
+    if source.is_empty() || destination.is_empty() {
+        return Err(SandboxAPIError::value_error(
+            "source and destination must be nonempty paths",
+        ));
+    }
+    let from = match ctx.core.stat(source).await {
+        Ok(st) => st,
+        Err(e) if e.is_not_found() => {
+            return Err(SandboxAPIError::api(
+                404,
+                "FILE_NOT_FOUND",
+                format!("Could not copy {source}: no such file or directory"),
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let target = match ctx.core.stat(destination).await {
+        Ok(st) if st.kind == sandcove::FileKind::Dir => {
+            format!(
+                "{}/{}",
+                destination.trim_end_matches('/'),
+                translate::basename(source)
+            )
+        }
+        Ok(_) => destination.to_string(),
+        Err(e) if e.is_not_found() => destination.to_string(),
+        Err(e) => return Err(e.into()),
+    };
+    let mut options = sandcove::CopyOptions::default();
+    options.recursive = from.kind == sandcove::FileKind::Dir;
+    options.overwrite = overwrite;
+    match ctx.core.copy(source, &target, options).await {
+        Ok(_) => Ok(CopyResponse {
+            message: "Files copied".into(),
+            source: source.to_string(),
+            destination: destination.to_string(),
+        }),
+        Err(sandcove::Error::AlreadyExists { .. }) => Err(file_exists(source, destination)),
+        Err(e) => Err(e.into()),
+    }
+}
 
 /// Builder of `fs.find(path, type=None, patterns=None, max_results=None, exclude_dirs=None,
 /// exclude_hidden=None)`.
@@ -850,6 +922,7 @@ impl SandboxFileSystem {
             source: source.to_string(),
             destination: destination.to_string(),
             max_wait: 180_000,
+            no_overwrite: false,
         }
     }
 

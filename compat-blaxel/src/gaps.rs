@@ -15,8 +15,9 @@ pub const GAPS: &[Gap] = &[
     Gap {
         key: "sessions",
         feature: "sessions",
-        alternative: "call the sandbox through this facade from any program of the same user; there is no \
-         per-sandbox HTTP API to hand out",
+        alternative: "to let a client reach a server in the sandbox, make a private preview of its \
+         port and hand out a token (previews.create, preview.tokens.create); the sandbox API \
+         itself is not handed out per sandbox",
     },
     Gap {
         key: "drives",
@@ -103,11 +104,6 @@ pub const GAPS: &[Gap] = &[
         feature: "public and private previews of the same port",
         alternative: "give every preview of one port the same visibility, or serve the other one on \
          another port",
-    },
-    Gap {
-        key: "preview tokens list/delete",
-        feature: "preview tokens list/delete",
-        alternative: "create tokens with a short expiry, or delete the preview to revoke them",
     },
     Gap {
         key: "code interpreter languages other than python",

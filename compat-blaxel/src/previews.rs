@@ -69,11 +69,18 @@ pub struct SandboxPreviewTokens {
 /// A token (Python `SandboxPreviewToken`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SandboxPreviewToken {
+    /// The token's name: what `tokens.delete` takes.
+    pub name: String,
     /// The secret to send.
     pub value: String,
     /// Expiry as the server words it (RFC 3339).
     pub expires_at: String,
+    /// Whether it has expired.
+    pub expired: bool,
 }
+
+/// Most tokens one preview holds at once (expired ones are dropped when another is made).
+pub const MAX_TOKENS_PER_PREVIEW: usize = 100;
 
 /// When a token expires: a `SystemTime` (Python `datetime`) or an ISO-8601 string.
 pub trait IntoExpiry {
@@ -107,30 +114,154 @@ fn missing(name: &str) -> SandboxAPIError {
 }
 
 impl SandboxPreviewTokens {
-    /// `tokens.create(expires_at)`: a token valid until `expires_at`.
+    /// `tokens.create(expires_at)`: a token valid until `expires_at`, with a generated name.
     pub async fn create(&self, expires_at: impl IntoExpiry) -> Result<SandboxPreviewToken> {
+        self.create_named("", expires_at).await
+    }
+
+    /// `tokens.create` with the name the TypeScript SDK sends (`token-<ms>`); an empty name
+    /// gets a generated one (the Python SDK sends `""`).
+    pub async fn create_named(
+        &self,
+        name: &str,
+        expires_at: impl IntoExpiry,
+    ) -> Result<SandboxPreviewToken> {
         let at = expires_at.into_expiry()?;
+        let name = if name.is_empty() {
+            format!(
+                "token-{}-{}",
+                sandcove::now_millis(),
+                state::random_suffix(6)
+            )
+        } else {
+            name.to_string()
+        };
+        if !translate::valid_name(&name) {
+            return Err(SandboxAPIError::UnexpectedStatus {
+                status_code: 400,
+                content: format!(
+                    r#"{{"error": "invalid token name {name:?}: lowercase letters, digits and -, at most 49"}}"#
+                ),
+                source: None,
+            });
+        }
+        let now = sandcove::now_millis();
+        let records = self.records().await?;
+        let key = state::token_key(&self.preview_name, &name);
+        if records.iter().any(|r| r.name == name) {
+            return Err(SandboxAPIError::UnexpectedStatus {
+                status_code: 409,
+                content: r#"{"error": "Resource already exists"}"#.into(),
+                source: None,
+            });
+        }
+        // Expired tokens no longer open anything: their records make room.
+        let expired: Vec<String> = records
+            .iter()
+            .filter(|r| r.expires_at <= now)
+            .map(|r| state::token_key(&self.preview_name, &r.name))
+            .collect();
+        if records.len() - expired.len() >= MAX_TOKENS_PER_PREVIEW {
+            return Err(SandboxAPIError::UnexpectedStatus {
+                status_code: 400,
+                content: format!(
+                    r#"{{"error": "preview {} already has {MAX_TOKENS_PER_PREVIEW} live tokens: delete some first"}}"#,
+                    self.preview_name
+                ),
+                source: None,
+            });
+        }
         let token = self
             .ctx
             .core
             .create_preview_token(self.port, Some(at))
             .await
             .map_err(unexpected)?;
-        Ok(SandboxPreviewToken {
+        let record = state::TokenRecord {
+            name: name.clone(),
             value: token.value,
-            expires_at: translate::format_rfc3339(token.expires_at.unwrap_or(at)),
-        })
+            expires_at: token.expires_at.unwrap_or(at),
+        };
+        let mut update = sandcove::AnnotationUpdate::set(&key, state::encode(&key, &record)?)
+            .expecting(&key, None);
+        update.remove = expired;
+        if let Err(e) = state::update_annotations(&self.ctx.core, update).await {
+            // Unrecorded, the token could never be listed or deleted: take it back.
+            let _ = self
+                .ctx
+                .core
+                .revoke_preview_token(self.port, &record.value)
+                .await;
+            return Err(match e {
+                sandcove::Error::Conflict { .. } => SandboxAPIError::UnexpectedStatus {
+                    status_code: 409,
+                    content: r#"{"error": "Resource already exists"}"#.into(),
+                    source: None,
+                },
+                e => e.into(),
+            });
+        }
+        Ok(token_of(&record, now))
     }
 
-    /// `tokens.list()`: not supported (the runtime does not list tokens).
+    /// The token records of this preview.
+    async fn records(&self) -> Result<Vec<state::TokenRecord>> {
+        let info = self.ctx.core.info().await?;
+        let prefix = format!("{}{}/", state::TOKEN_KEY_PREFIX, self.preview_name);
+        Ok(
+            state::annotations_under::<state::TokenRecord>(&info, &prefix)
+                .into_values()
+                .collect(),
+        )
+    }
+
+    /// `tokens.list()`: this preview's tokens (expired ones too, until the next `create`
+    /// drops them).
     pub async fn list(&self) -> Result<Vec<SandboxPreviewToken>> {
-        Err(gaps::refuse("preview tokens list/delete"))
+        let now = sandcove::now_millis();
+        Ok(self
+            .records()
+            .await?
+            .iter()
+            .map(|r| token_of(r, now))
+            .collect())
     }
 
-    /// `tokens.delete(token_name)`: not supported.
-    pub async fn delete(&self, token_name: &str) -> Result<Value> {
-        let _ = token_name;
-        Err(gaps::refuse("preview tokens list/delete"))
+    /// `tokens.delete(token_name)`: the token stops opening the preview at once; returns it.
+    pub async fn delete(&self, token_name: &str) -> Result<SandboxPreviewToken> {
+        let record = self
+            .records()
+            .await?
+            .into_iter()
+            .find(|r| r.name == token_name)
+            .ok_or_else(|| SandboxAPIError::UnexpectedStatus {
+                status_code: 404,
+                content: format!(r#"{{"error": "preview token {token_name} not found"}}"#),
+                source: None,
+            })?;
+        revoke(&self.ctx, self.port, &record).await?;
+        let key = state::token_key(&self.preview_name, &record.name);
+        state::update_annotations(&self.ctx.core, sandcove::AnnotationUpdate::remove(key)).await?;
+        Ok(token_of(&record, sandcove::now_millis()))
+    }
+}
+
+/// Revoke `record`'s token in the runtime; one the runtime no longer knows (it expired, or
+/// its preview's URL closed) opens nothing already.
+async fn revoke(ctx: &Ctx, port: u16, record: &state::TokenRecord) -> Result<()> {
+    match ctx.core.revoke_preview_token(port, &record.value).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(unexpected(e)),
+    }
+}
+
+fn token_of(record: &state::TokenRecord, now: u64) -> SandboxPreviewToken {
+    SandboxPreviewToken {
+        name: record.name.clone(),
+        value: record.value.clone(),
+        expires_at: translate::format_rfc3339(record.expires_at),
+        expired: record.expires_at <= now,
     }
 }
 
@@ -306,14 +437,26 @@ impl SandboxPreviews {
         let shared = records
             .values()
             .any(|p| p.spec.port == Some(i64::from(port)));
-        if !shared {
+        // Its tokens go with it (the runtime's tokens belong to the port, which another
+        // named preview may still use).
+        let info = self.ctx.core.info().await?;
+        let prefix = format!("{}{preview_name}/", state::TOKEN_KEY_PREFIX);
+        let tokens = state::annotations_under::<state::TokenRecord>(&info, &prefix);
+        if shared {
+            for record in tokens.values() {
+                revoke(&self.ctx, port, record).await?;
+            }
+        } else {
             match self.ctx.core.close_preview(port).await {
                 Ok(()) => {}
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(unexpected(e)),
             }
         }
-        let update = sandcove::AnnotationUpdate::remove(state::preview_key(preview_name));
+        let mut update = sandcove::AnnotationUpdate::remove(state::preview_key(preview_name));
+        update
+            .remove
+            .extend(tokens.keys().map(|t| state::token_key(preview_name, t)));
         state::update_annotations(&self.ctx.core, update).await?;
         Ok(preview)
     }

@@ -393,7 +393,8 @@ impl ForkBuilder {
         sandbox.metadata.created_at = Some(translate::format_rfc3339(info.created_at));
         sandbox.metadata.updated_at = sandbox.metadata.created_at.clone();
         // The fork got a copy of the source's annotations: its own record replaces the
-        // source's, and the source's process and preview records do not describe the fork.
+        // source's, and the source's process, preview and preview-token records do not
+        // describe the fork (its previews are its own; the source's token values stay out).
         let record = SandboxRecord {
             sandbox,
             idle_secs: idle,
@@ -404,7 +405,9 @@ impl ForkBuilder {
             .annotations
             .keys()
             .filter(|k| {
-                k.starts_with(state::PROC_KEY_PREFIX) || k.starts_with(state::PREVIEW_KEY_PREFIX)
+                k.starts_with(state::PROC_KEY_PREFIX)
+                    || k.starts_with(state::PREVIEW_KEY_PREFIX)
+                    || k.starts_with(state::TOKEN_KEY_PREFIX)
             })
             .cloned()
             .collect();

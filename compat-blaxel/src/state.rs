@@ -20,6 +20,8 @@ pub(crate) const NAME_LABEL: &str = "blaxel.name";
 pub(crate) const SANDBOX_KEY: &str = "blaxel/sandbox";
 /// Prefix of the annotation holding one named preview (`blaxel/preview/<name>`).
 pub(crate) const PREVIEW_KEY_PREFIX: &str = "blaxel/preview/";
+/// Prefix of the annotation holding one preview token (`blaxel/ptoken/<preview>/<token>`).
+pub(crate) const TOKEN_KEY_PREFIX: &str = "blaxel/ptoken/";
 /// Prefix of the annotation holding one process record (`blaxel/proc/<pid>`).
 pub(crate) const PROC_KEY_PREFIX: &str = "blaxel/proc/";
 /// Process records kept before those of processes the runtime no longer lists are dropped
@@ -87,6 +89,22 @@ pub(crate) fn proc_key(pid: u32) -> String {
 /// The annotation key of the preview named `name`.
 pub(crate) fn preview_key(name: &str) -> String {
     format!("{PREVIEW_KEY_PREFIX}{name}")
+}
+
+/// The annotation key of token `token` of the preview named `preview`.
+pub(crate) fn token_key(preview: &str, token: &str) -> String {
+    format!("{TOKEN_KEY_PREFIX}{preview}/{token}")
+}
+
+/// What the facade records about one preview token: the runtime checks tokens by value and
+/// keeps no names, so the name (what Blaxel's `tokens.delete` takes) and the value it stands
+/// for live here, outside the sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct TokenRecord {
+    pub name: String,
+    pub value: String,
+    /// Expiry, ms since the epoch.
+    pub expires_at: u64,
 }
 
 /// The JSON record under `key` in `info`'s annotations; `None` when absent or undecodable.

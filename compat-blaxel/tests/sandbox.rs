@@ -233,6 +233,15 @@ async fn snapshots_and_fork_follow_the_capability() {
             .expect("list")
             .iter()
             .any(|s| s.id == snap.id));
+        // A private preview with a token on the source: the fork must not inherit the
+        // token's record (name and value) with the copied annotations.
+        let preview = sb
+            .previews
+            .create(serde_json::json!({"metadata": {"name": "p"}, "spec": {"port": 8000}}))
+            .await
+            .expect("preview");
+        let in_an_hour = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+        preview.tokens.create(in_an_hour).await.expect("token");
         let fork = sb.fork(&fork_name).await.expect("fork");
         assert_eq!(fork.name, fork_name);
         assert_eq!(fork.type_, "sandbox");
@@ -240,6 +249,16 @@ async fn snapshots_and_fork_follow_the_capability() {
         assert_eq!(
             forked.fs.read("/blaxel/app/data.txt").await.unwrap(),
             "kept"
+        );
+        let forked_preview = forked
+            .previews
+            .create(serde_json::json!({"metadata": {"name": "p"}, "spec": {"port": 8000}}))
+            .await
+            .expect("the fork's own preview");
+        assert_eq!(
+            forked_preview.tokens.list().await.expect("tokens"),
+            vec![],
+            "the source's token records stay with the source"
         );
         forked.delete().await.expect("delete fork");
         sb.delete_snapshot(&snap.id).await.expect("delete snapshot");

@@ -502,6 +502,16 @@ impl Sandbox {
             .await
     }
 
+    /// Revoke the token `token` (its value) of the private preview of `port`: requests that
+    /// carry it are refused from now on (a connection already upgraded, e.g. a websocket, is
+    /// not cut). An unknown token is [`Error::NotFound`].
+    pub async fn revoke_preview_token(&self, port: u16, token: &str) -> Result<()> {
+        self.require(Feature::Previews).await?;
+        self.backend
+            .revoke_preview_token(&self.id, port, token)
+            .await
+    }
+
     /// Snapshot the sandbox's files (not its processes or memory; see
     /// [`capability::SNAPSHOT_PRESERVES`](crate::capability::SNAPSHOT_PRESERVES)). A running
     /// sandbox is paused for it and resumed after; when that resume fails the snapshot is

@@ -2841,6 +2841,24 @@ pub async fn previews_serve_and_guard_private_ports(backend: &dyn Backend) {
         .await
         .expect("answered");
     assert_eq!(status, 200, "an unexpired extra token is accepted");
+    // A revoked token stops working at once; the others keep working.
+    backend
+        .revoke_preview_token(&id, port, &long.value)
+        .await
+        .expect("revoke");
+    let (status, _) = http_get(&private.host, "/", &[("X-Test-Token", &long.value)])
+        .await
+        .expect("answered");
+    assert_eq!(status, 401, "a revoked token is refused");
+    let (status, _) = http_get(&private.host, "/", &[("X-Test-Token", &token)])
+        .await
+        .expect("answered");
+    assert_eq!(status, 200, "revoking one token leaves the others");
+    expect_code(
+        backend.revoke_preview_token(&id, port, &long.value).await,
+        ErrorCode::NotFound,
+        "revoking a token twice",
+    );
     let expires_at = crate::now_millis() + 1_000;
     let short = backend
         .create_preview_token(&id, port, Some(expires_at))

@@ -337,6 +337,9 @@ impl Backend for Without {
     ) -> Result<PreviewToken> {
         self.inner.create_preview_token(id, port, expires_at).await
     }
+    async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()> {
+        self.inner.revoke_preview_token(id, port, token).await
+    }
     async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
         self.inner.snapshot(id, name).await
     }

@@ -160,6 +160,9 @@ impl Backend for Refuser {
     async fn create_preview_token(&self, _: &str, _: u16, _: Option<u64>) -> Result<PreviewToken> {
         self.no("create_preview_token")
     }
+    async fn revoke_preview_token(&self, _: &str, _: u16, _: &str) -> Result<()> {
+        self.no("revoke_preview_token")
+    }
     async fn snapshot(&self, _: &str, _: Option<String>) -> Result<SnapshotInfo> {
         self.no("snapshot")
     }
@@ -189,7 +192,7 @@ impl Backend for Refuser {
 const KEY: &str = "the-right-key";
 
 /// Every async method of the `Backend` trait.
-const METHODS: [&str; 41] = [
+const METHODS: [&str; 42] = [
     "create",
     "get",
     "list",
@@ -223,6 +226,7 @@ const METHODS: [&str; 41] = [
     "list_previews",
     "close_preview",
     "create_preview_token",
+    "revoke_preview_token",
     "snapshot",
     "list_snapshots",
     "delete_snapshot",
@@ -272,6 +276,7 @@ fn operations(doc: &Value) -> Vec<(String, String, String, &'static str, Vec<u8>
                 "mkdir" | "chmod" => br#"{"path":"/workspace/d","mode":448}"#.to_vec(),
                 "rename" | "copy" => br#"{"from":"/a","to":"/b"}"#.to_vec(),
                 "expose_port" => br#"{"port":8080}"#.to_vec(),
+                "revoke_preview_token" => br#"{"token":"t"}"#.to_vec(),
                 "create_volume" => br#"{"name":"vol1"}"#.to_vec(),
                 "write_stdin" | "write_file" => b"bytes".to_vec(),
                 _ => b"{}".to_vec(),
@@ -501,6 +506,10 @@ async fn every_client_method_round_trips_the_backends_answer() {
         (
             "create_preview_token",
             c.create_preview_token("a", 80, Some(5)).await.map(drop),
+        ),
+        (
+            "revoke_preview_token",
+            c.revoke_preview_token("a", 80, "t").await,
         ),
         (
             "snapshot",

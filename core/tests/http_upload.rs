@@ -185,6 +185,9 @@ impl Backend for SlowCleanup {
     ) -> Result<PreviewToken> {
         self.inner.create_preview_token(id, port, ttl).await
     }
+    async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()> {
+        self.inner.revoke_preview_token(id, port, token).await
+    }
     async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
         self.inner.snapshot(id, name).await
     }

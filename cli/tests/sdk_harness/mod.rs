@@ -342,14 +342,15 @@ pub fn check_node(dir: &str, name: &str, server: &Server, limit: Duration) {
     check_node_with(dir, name, server, limit, &[]);
 }
 
-/// [`check_node`] with `extra` variables for the program.
-pub fn check_node_with(
+/// Run `fixtures/js/<dir>/<name>.mjs` as [`check_node`] does (plus `extra` variables) and
+/// return how it ended and what it printed (stdout, stderr), without judging either.
+pub fn run_node(
     dir: &str,
     name: &str,
     server: &Server,
     limit: Duration,
     extra: &[(&str, &str)],
-) {
+) -> (std::process::ExitStatus, String, String) {
     let project = node_project(dir);
     // ES modules resolve packages from their own directory upwards: run a copy placed in
     // the provisioned project.
@@ -400,6 +401,18 @@ pub fn check_node_with(
     };
     let stdout = String::from_utf8_lossy(&out_thread.join().unwrap()).into_owned();
     let stderr = String::from_utf8_lossy(&err_thread.join().unwrap()).into_owned();
+    (status, stdout, stderr)
+}
+
+/// [`check_node`] with `extra` variables for the program.
+pub fn check_node_with(
+    dir: &str,
+    name: &str,
+    server: &Server,
+    limit: Duration,
+    extra: &[(&str, &str)],
+) {
+    let (status, stdout, stderr) = run_node(dir, name, server, limit, extra);
     assert!(
         status.success(),
         "{name}.mjs failed ({status}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}"

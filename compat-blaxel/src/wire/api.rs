@@ -41,11 +41,11 @@ pub(crate) fn routes() -> Router<Wire> {
         )
         .route(
             "/sandboxes/{name}/previews/{preview}/tokens",
-            get(token_gap).post(create_token),
+            get(list_tokens).post(create_token),
         )
         .route(
             "/sandboxes/{name}/previews/{preview}/tokens/{token}",
-            axum::routing::delete(token_gap),
+            axum::routing::delete(delete_token),
         )
 }
 
@@ -469,6 +469,12 @@ async fn create_preview(
     }
     let preview: crate::models::Preview =
         models::from_value(body, "Preview").map_err(|e| bad_request(e.to_string()))?;
+    // Port 443 is Blaxel's own sandbox API: a preview of it is what both SDKs' sessions
+    // create (`session-<ms>`, with an expiry), and that API is this listener, not a port in
+    // the sandbox.
+    if preview.spec.port == Some(443) {
+        return Err(crate::gaps::refuse("sessions").into());
+    }
     let instance = SandboxInstance::get_on(&wire.client, &name).await?;
     if force {
         match instance.previews.delete(&preview.metadata.name).await {
@@ -523,36 +529,81 @@ struct TokenSpec {
     expires_at: String,
 }
 
+/// The `PreviewToken` answer.
+fn token_json(
+    wire: &Wire,
+    sandbox: &str,
+    preview: &str,
+    token: &crate::previews::SandboxPreviewToken,
+) -> Value {
+    json!({
+        "metadata": {
+            "name": token.name,
+            "previewName": preview,
+            "resourceName": sandbox,
+            "resourceType": "sandbox",
+            "workspace": wire.config.workspace,
+        },
+        "spec": {"token": token.value, "expiresAt": token.expires_at, "expired": token.expired},
+    })
+}
+
 /// `POST /v0/sandboxes/{name}/previews/{preview}/tokens`: `{metadata: {name}, spec:
-/// {expiresAt}}` → the token in `spec.token`.
+/// {expiresAt}}` → the token in `spec.token`; an empty name (the Python SDK's) gets a
+/// generated one, which `tokens.delete` takes.
 async fn create_token(
     State(wire): State<Wire>,
     Path((name, preview)): Path<(String, String)>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let body: TokenBody = parse_json(&wire, &body)?;
+    let token_name = match body.metadata.as_ref().and_then(|m| present(m.get("name"))) {
+        None => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err(bad_request("metadata.name must be a string").into()),
+    };
     let instance = SandboxInstance::get_on(&wire.client, &name).await?;
     let p = instance.previews.get(&preview).await?;
-    let token = p.tokens.create(body.spec.expires_at.as_str()).await?;
-    let token_name = body
-        .metadata
-        .as_ref()
-        .and_then(|m| m.get("name"))
-        .and_then(Value::as_str)
-        .unwrap_or("token")
-        .to_string();
+    let token = p
+        .tokens
+        .create_named(&token_name, body.spec.expires_at.as_str())
+        .await?;
     Ok(json_response(
         StatusCode::OK,
-        &json!({
-            "metadata": {"name": token_name, "previewName": preview, "resourceName": name},
-            "spec": {"token": token.value, "expiresAt": token.expires_at, "expired": false},
-        }),
+        &token_json(&wire, &name, &preview, &token),
     ))
 }
 
-/// Listing and deleting tokens: the facade's gap.
-async fn token_gap() -> ApiError {
-    ApiError::control(crate::gaps::refuse("preview tokens list/delete"))
+/// `GET /v0/sandboxes/{name}/previews/{preview}/tokens`: every token of the preview, with
+/// its value (the Python SDK's `create_if_expired` reuses one).
+async fn list_tokens(
+    State(wire): State<Wire>,
+    Path((name, preview)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let instance = SandboxInstance::get_on(&wire.client, &name).await?;
+    let p = instance.previews.get(&preview).await?;
+    let tokens: Vec<Value> = p
+        .tokens
+        .list()
+        .await?
+        .iter()
+        .map(|t| token_json(&wire, &name, &preview, t))
+        .collect();
+    Ok(json_response(StatusCode::OK, &json!(tokens)))
+}
+
+/// `DELETE /v0/sandboxes/{name}/previews/{preview}/tokens/{token}` (the token's name): the
+/// token stops opening the preview before the answer leaves.
+async fn delete_token(
+    State(wire): State<Wire>,
+    Path((name, preview, token)): Path<(String, String, String)>,
+) -> Result<Response, ApiError> {
+    let instance = SandboxInstance::get_on(&wire.client, &name).await?;
+    let p = instance.previews.get(&preview).await?;
+    let deleted = p.tokens.delete(&token).await?;
+    let mut answer = token_json(&wire, &name, &preview, &deleted);
+    answer["message"] = json!("Preview token deleted successfully");
+    Ok(json_response(StatusCode::OK, &answer))
 }
 
 #[cfg(test)]

@@ -18,8 +18,9 @@
 //! **Authentication** happens before any handler runs: every call must carry the server's API
 //! key as `X-Blaxel-Authorization: Bearer KEY` (the header both SDKs build from `BL_API_KEY`)
 //! or `Authorization: Bearer KEY`, compared in constant time. A missing or wrong key is `401`
-//! with Blaxel's `SandboxError` body, before any effect. `X-Blaxel-Workspace` is not checked:
-//! one server is one workspace, named in [`WireConfig::workspace`].
+//! with Blaxel's `SandboxError` body, before any effect. One server is one workspace, named in
+//! [`WireConfig::workspace`]: a request whose `X-Blaxel-Workspace` names another is `403`
+//! `UNAUTHORIZED_WORKSPACE`, before any effect (a request without the header is accepted).
 //!
 //! **Translation** is the Rust facade's: each handler calls the same `SandboxInstance` /
 //! `process` / `fs` functions a Rust program calls, and errors leave through one mapping
@@ -281,7 +282,33 @@ async fn authenticate(State(wire): State<Wire>, request: Request, next: Next) ->
             .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return response;
     }
+    if let Err(sent) = check_workspace(request.headers(), &wire.config.workspace) {
+        return sandbox_error(
+            StatusCode::FORBIDDEN,
+            "UNAUTHORIZED_WORKSPACE",
+            &format!(
+                "Forbidden: this key is for workspace {:?}, not {sent:?} (BL_WORKSPACE, sent as \
+                 X-Blaxel-Workspace; `sandcove env blaxel` prints the right one)",
+                wire.config.workspace
+            ),
+        );
+    }
     next.run(request).await
+}
+
+/// `X-Blaxel-Workspace`, when a request names one, must be the server's workspace: a program
+/// configured for another workspace is refused instead of acting on this one. An absent or
+/// empty header (the TypeScript SDK sends `""` without `BL_WORKSPACE`) is accepted. The
+/// error carries what was sent, lossily decoded.
+fn check_workspace(headers: &HeaderMap, workspace: &str) -> Result<(), String> {
+    let Some(value) = headers.get("x-blaxel-workspace") else {
+        return Ok(());
+    };
+    let sent = value.as_bytes();
+    if sent.is_empty() || sent == workspace.as_bytes() {
+        return Ok(());
+    }
+    Err(String::from_utf8_lossy(sent).chars().take(100).collect())
 }
 
 /// A JSON answer.
@@ -487,6 +514,20 @@ mod tests {
         assert_eq!(bearer(&h), Some("k2"), "the Blaxel header wins");
         h.insert("x-blaxel-authorization", HeaderValue::from_static("k2"));
         assert_eq!(bearer(&h), None);
+    }
+
+    #[test]
+    fn only_the_servers_workspace_or_none_is_accepted() {
+        let mut h = HeaderMap::new();
+        assert_eq!(check_workspace(&h, "sandcove"), Ok(()), "no header");
+        h.insert("x-blaxel-workspace", HeaderValue::from_static(""));
+        assert_eq!(check_workspace(&h, "sandcove"), Ok(()), "empty header");
+        h.insert("x-blaxel-workspace", HeaderValue::from_static("sandcove"));
+        assert_eq!(check_workspace(&h, "sandcove"), Ok(()));
+        h.insert("x-blaxel-workspace", HeaderValue::from_static("other"));
+        assert_eq!(check_workspace(&h, "sandcove"), Err("other".into()));
+        h.insert("x-blaxel-workspace", HeaderValue::from_static("Sandcove"));
+        assert!(check_workspace(&h, "sandcove").is_err(), "names are exact");
     }
 
     #[test]

@@ -165,6 +165,7 @@ pub(crate) fn routes() -> Router<Wire> {
         )
         .route("/watch/filesystem", get(watch_root))
         .route("/watch/filesystem/{*path}", get(watch))
+        .route("/filesystem-copy", post(copy))
         .route("/filesystem-find/{*path}", get(find))
         .route("/filesystem-content-search/{*path}", get(grep))
         .route("/filesystem-search/{*path}", get(fuzzy_gap))
@@ -882,6 +883,43 @@ async fn write_tree(
         .await
         .map_err(data)?;
     Ok(ok_json(&dir))
+}
+
+/// `POST /filesystem-copy` (`{source, destination, noOverwrite}`, the Python SDK's
+/// `cp(..., no_overwrite=True)`): one runtime copy, `cp -r` style (an existing destination
+/// directory holds the copy under the source's name); with `noOverwrite` an existing final
+/// target is `409` with code `FILE_ALREADY_EXISTS` (the SDK's `FileExistsError`) and is left
+/// unchanged.
+async fn copy(
+    State(wire): State<Wire>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    struct Copy {
+        source: String,
+        destination: String,
+        #[serde(default)]
+        no_overwrite: bool,
+    }
+    let body = parse(&wire, &body)?;
+    let request: Copy = serde_json::from_value(body)
+        .map_err(|e| data(SandboxAPIError::response(400, format!("invalid body: {e}"))))?;
+    let instance = sandbox(&wire, &name).await?;
+    let source = absolute(&request.source);
+    let destination = absolute(&request.destination);
+    match crate::fs::copy_in_runtime(&instance.ctx, &source, &destination, !request.no_overwrite)
+        .await
+    {
+        Ok(done) => Ok(ok_json(&done)),
+        // The SDK tells a conflict by this code in the body.
+        Err(e) if e.status_code() == Some(409) => Ok(json_response(
+            StatusCode::CONFLICT,
+            &json!({"code": "FILE_ALREADY_EXISTS", "error": message(&e)}),
+        )),
+        Err(e) => Err(data(e)),
+    }
 }
 
 #[derive(Debug, Deserialize)]

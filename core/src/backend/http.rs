@@ -1002,6 +1002,15 @@ pub mod body {
         pub expires_at: Option<u64>,
     }
 
+    /// `POST …/previews/{port}/tokens/revoke`: the token travels in the body, never in a URL
+    /// (URLs end up in logs).
+    #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct RevokeToken {
+        /// The token's value.
+        pub token: String,
+    }
+
     /// `POST …/snapshots`.
     #[derive(Debug, Clone, Default, Serialize, Deserialize)]
     pub struct NewSnapshot {
@@ -1425,6 +1434,24 @@ impl Backend for HttpBackend {
         let port = port.to_string();
         let url = self.sandbox_url(id, &["previews", &port, "tokens"]);
         self.create_call(url, &body::NewToken { expires_at }).await
+    }
+
+    async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()> {
+        let port = port.to_string();
+        let url = self.sandbox_url(id, &["previews", &port, "tokens", "revoke"]);
+        let body = body::RevokeToken {
+            token: token.to_string(),
+        };
+        // Not replayed after a possible effect: a second revoke of the same token would
+        // answer NotFound for a revoke that worked.
+        self.call_unit(
+            Method::POST,
+            url,
+            &[],
+            Payload::Json(to_json(&body)?),
+            Retry::Unsafe,
+        )
+        .await
     }
 
     async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {

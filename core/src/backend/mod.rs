@@ -215,6 +215,11 @@ pub trait Backend: Send + Sync + fmt::Debug {
         expires_at: Option<u64>,
     ) -> Result<PreviewToken>;
 
+    /// Revoke one token of a private preview (named by its value): later requests carrying it
+    /// are refused. A token that is unknown (never issued, or already revoked) is
+    /// [`Error::NotFound`](crate::Error::NotFound).
+    async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()>;
+
     // ----- snapshots and fork -----
 
     /// Snapshot the sandbox's writable filesystem (paused while it is captured).

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::idempotency::Stored;
 use super::{done, json, read_json, ApiError, AppState, In, Out, Route};
-use crate::backend::http::body::{NewSnapshot, NewToken, NewVolume};
+use crate::backend::http::body::{NewSnapshot, NewToken, NewVolume, RevokeToken};
 use crate::PreviewOptions;
 
 pub(super) fn routes() -> Vec<Route> {
@@ -45,6 +45,14 @@ pub(super) fn routes() -> Vec<Route> {
         )
         .input(In::Json("NewToken"))
         .output(Out::Json("PreviewToken")),
+        Route::new(
+            Method::POST,
+            "/v1/sandboxes/{id}/previews/{port}/tokens/revoke",
+            "revoke_preview_token",
+            "Revoke one token of a private preview (named by its value, in the body)",
+            revoke_preview_token,
+        )
+        .input(In::Json("RevokeToken")),
         Route::new(
             Method::POST,
             "/v1/sandboxes/{id}/snapshots",
@@ -151,6 +159,20 @@ async fn create_preview_token(
             )
         })
         .await
+}
+
+async fn revoke_preview_token(
+    State(state): State<AppState>,
+    Path((id, port)): Path<(String, u16)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (req, _) = read_json::<RevokeToken>(&state, &headers, body).await?;
+    state
+        .backend
+        .revoke_preview_token(&id, port, &req.token)
+        .await?;
+    Ok(done())
 }
 
 async fn snapshot(

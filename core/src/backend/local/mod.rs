@@ -1390,6 +1390,17 @@ impl Backend for LocalBackend {
         }
     }
 
+    async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()> {
+        let request = MonitorRequest::RevokeToken {
+            port,
+            token: token.to_string(),
+        };
+        match self.monitor_call(id, request).await? {
+            MonitorReply::Done => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
         if self.unisolated {
             return Err(Error::not_supported(

@@ -961,6 +961,33 @@ impl Monitor {
         Ok(token)
     }
 
+    fn revoke_token(&self, port: u16, token: &str) -> Result<()> {
+        let mut previews = self.previews.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = previews
+            .get_mut(&port)
+            .ok_or_else(|| Error::not_found(format!("preview of port {port}")))?;
+        let before = entry.tokens.len();
+        // Compared in constant time, as the preview proxy compares them.
+        entry
+            .tokens
+            .retain(|t| !preview::constant_eq(t.value.as_bytes(), token.as_bytes()));
+        if entry.tokens.len() == before {
+            return Err(Error::not_found(format!(
+                "that token of the preview of port {port}"
+            )));
+        }
+        // The token a later `expose` of this port reports must still be a live one.
+        if entry
+            .preview
+            .token
+            .as_ref()
+            .is_some_and(|t| preview::constant_eq(t.value.as_bytes(), token.as_bytes()))
+        {
+            entry.preview.token = entry.tokens.last().cloned();
+        }
+        Ok(())
+    }
+
     fn close_preview(&self, port: u16) -> Result<()> {
         let entry = self
             .previews
@@ -1253,6 +1280,9 @@ async fn serve_client(
         Some(MonitorRequest::CreateToken { port, expires_at }) => monitor
             .create_token(port, expires_at)
             .map(|token| MonitorReply::Token { token }),
+        Some(MonitorRequest::RevokeToken { port, token }) => monitor
+            .revoke_token(port, &token)
+            .map(|_| MonitorReply::Done),
         Some(MonitorRequest::Claim { options, users }) => {
             monitor
                 .claim(*options, users)

@@ -108,6 +108,13 @@ pub enum MonitorRequest {
         /// Expiry, ms since the epoch.
         expires_at: Option<u64>,
     },
+    /// Revoke one token of a private preview; replies `Done`.
+    RevokeToken {
+        /// The preview's port.
+        port: u16,
+        /// The token's value.
+        token: String,
+    },
     /// Hand a warm-pool sandbox to its claimer: its options (name, envs, labels, user,
     /// lease, annotations) and users replace the pool's, its lease and creation time start
     /// now, and it becomes visible to `list`. Refused unless the sandbox is an unclaimed pool
