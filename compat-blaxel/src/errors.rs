@@ -157,7 +157,8 @@ impl std::error::Error for SandboxAPIError {
 pub fn status_of(err: &sandcove::Error) -> i64 {
     use sandcove::Error as E;
     match err {
-        E::NotFound { .. } => 404,
+        E::NotFound { .. } | E::Destroyed { .. } => 404,
+        E::Forbidden { .. } => 403,
         E::AlreadyExists { .. } | E::Conflict { .. } => 409,
         E::InvalidArgument { .. } => 400,
         E::FileTooLarge { .. } => 413,

@@ -481,10 +481,25 @@ impl SandboxInstance {
 
     /// `get` on a given runtime client (the wire router's).
     pub(crate) async fn get_on(client: &sandcove::Client, sandbox_name: &str) -> Result<Self> {
-        let info = state::find_by_name(client, sandbox_name)
+        let found = state::find_by_name(client, sandbox_name)
             .await
-            .map_err(SandboxAPIError::into_control_plane)?
-            .ok_or_else(|| not_found(sandbox_name))?;
+            .map_err(SandboxAPIError::into_control_plane)?;
+        let Some(info) = found else {
+            return Err(
+                match client
+                    .tombstone(sandcove::ResourceKind::Sandbox, sandbox_name)
+                    .await
+                {
+                    // Ended recently: Blaxel's 404, saying when.
+                    Ok(Some(t)) => SandboxAPIError::api(
+                        404,
+                        "Sandbox not found",
+                        format!("Sandbox {sandbox_name} not found: {}", t.to_error()),
+                    ),
+                    _ => not_found(sandbox_name),
+                },
+            );
+        };
         let instance = instance_from_info(client, info).await?;
         instance.touch().await;
         Ok(instance)
@@ -732,6 +747,13 @@ impl SandboxHandle {
     /// The runtime's id of this sandbox (not a Blaxel attribute).
     pub fn sandcove_id(&self) -> &str {
         self.ctx.core.id()
+    }
+
+    /// The runtime's saved reference to this sandbox (not a Blaxel attribute):
+    /// `sandcove:v1:<runtime>:sandbox:<id>`, which `sandcove::Client::reopen` checks from a
+    /// later program. `SandboxInstance.get(name)` keeps working with the name.
+    pub fn sandcove_reference(&self) -> Result<sandcove::Reference> {
+        Ok(self.ctx.core.reference()?)
     }
 
     /// Renew an idle-timeout lease (`ttl-idle`): any use of the sandbox counts.

@@ -47,12 +47,16 @@ async fn create_get_list_delete_round_trip() {
     assert_eq!(err.status_code(), Some(409));
     assert_eq!(err.code(), Some("SANDBOX_ALREADY_EXISTS"));
 
+    let reference = got.sandcove_reference().expect("reference");
+    assert_eq!(reference.id(), sb.sandcove_id());
     let deleted = SandboxInstance::delete(&name).await.expect("delete");
     assert_eq!(deleted.metadata.name, name);
     let err = SandboxInstance::get(&name).await.expect_err("gone");
     assert!(matches!(err, SandboxAPIError::Api { .. }));
     assert_eq!(err.status_code(), Some(404));
     assert!(err.is_not_found());
+    // Deleted recently: still Blaxel's 404, saying when.
+    assert!(err.to_string().contains("destroyed at 20"), "{err}");
     // The instance form on a deleted sandbox is a 404 too.
     assert!(sb.delete().await.expect_err("deleted twice").is_not_found());
 }

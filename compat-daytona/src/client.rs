@@ -469,7 +469,15 @@ impl Daytona {
                     .await?;
                 match by_name.into_iter().next() {
                     Some(info) => self.load(info).await,
-                    None => Err(e.into()),
+                    // Ended recently (by id or name): say when, still as a not-found.
+                    None => match self
+                        .client
+                        .tombstone(sandcove::ResourceKind::Sandbox, id_or_name)
+                        .await
+                    {
+                        Ok(Some(t)) => Err(t.to_error().into()),
+                        _ => Err(e.into()),
+                    },
                 }
             }
             Err(e) => Err(e.into()),

@@ -215,7 +215,10 @@ impl From<sandcove::Error> for DaytonaError {
         let message = err.to_string();
         let (variant, status, code): (fn(ErrorDetails) -> DaytonaError, Option<u16>, &str) =
             match &err {
-                E::NotFound { .. } => (DaytonaError::NotFound, Some(404), "NOT_FOUND"),
+                // A tombstone is Daytona's not-found, its message saying when it ended.
+                E::NotFound { .. } | E::Destroyed { .. } => {
+                    (DaytonaError::NotFound, Some(404), "NOT_FOUND")
+                }
                 E::AlreadyExists { .. } | E::Conflict { .. } => {
                     (DaytonaError::Conflict, Some(409), "CONFLICT")
                 }

@@ -412,6 +412,13 @@ impl Sandbox {
         self.get_user_home_dir().await
     }
 
+    /// The runtime's saved reference to this sandbox (not a Daytona attribute):
+    /// `sandcove:v1:<runtime>:sandbox:<id>`, which `sandcove::Client::reopen` checks from a
+    /// later program. `daytona.get(id)` keeps working with the bare id.
+    pub fn sandcove_reference(&self) -> Result<sandcove::Reference> {
+        Ok(self.ctx.core.reference()?)
+    }
+
     /// `set_labels(labels) -> dict`: replaces the whole set (the language label is kept only
     /// if given, as on Daytona).
     pub async fn set_labels<K, V>(

@@ -49,10 +49,16 @@ async fn create_defaults_and_fields() {
     assert_eq!(sb.get_work_dir().await.unwrap(), "/home/daytona");
     let r = sb.process.exec("echo $GREETING").await.unwrap();
     assert_eq!(r.result, "hi there\n");
+    assert_eq!(sb.sandcove_reference().unwrap().id(), sb.id);
     d.delete(&sb).await.unwrap();
     let gone = d.get(sb.id.clone()).await.unwrap_err();
     assert!(gone.is_not_found(), "{gone}");
     assert!(gone.to_string().starts_with("Failed to get sandbox: "));
+    // Deleted recently: still Daytona's not-found, saying when (by id and by name).
+    assert!(gone.to_string().contains("destroyed at 20"), "{gone}");
+    let by_name = d.get(sb.name.clone()).await.unwrap_err();
+    assert!(by_name.is_not_found(), "{by_name}");
+    assert!(by_name.to_string().contains("destroyed at 20"), "{by_name}");
     assert!(d.get("").await.unwrap_err().is_validation());
 }
 

@@ -228,6 +228,17 @@ impl From<sandcove::Error> for SandboxException {
                     }
                 }
             }
+            // A tombstone: still E2B's not-found, saying when it ended.
+            E::Destroyed { kind, id, .. } if kind == "sandbox" => {
+                SandboxException::SandboxNotFound {
+                    message: format!("Sandbox {id} not found: {message}"),
+                    source: boxed(err),
+                }
+            }
+            E::Destroyed { .. } => SandboxException::NotFound {
+                message,
+                source: boxed(err),
+            },
             E::InvalidArgument { .. } => SandboxException::InvalidArgument {
                 message,
                 source: boxed(err),
@@ -439,6 +450,24 @@ mod tests {
             (E::not_found("sandbox \"abc\""), "SandboxNotFoundException"),
             (E::not_found("/home/user/x.txt"), "FileNotFoundException"),
             (E::not_found("process 12"), "NotFoundException"),
+            (
+                E::Destroyed {
+                    kind: "sandbox".into(),
+                    id: "abc".into(),
+                    at: 0,
+                    reason: "destroyed".into(),
+                },
+                "SandboxNotFoundException",
+            ),
+            (
+                E::Destroyed {
+                    kind: "snapshot".into(),
+                    id: "s".into(),
+                    at: 0,
+                    reason: "deleted".into(),
+                },
+                "NotFoundException",
+            ),
             (
                 E::file_too_large("/home/user/big", 1 << 20),
                 "InvalidArgumentException",

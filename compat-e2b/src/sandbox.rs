@@ -267,6 +267,13 @@ impl SandboxInstance {
         ConnectBuilder::new(self.sandbox_id.clone(), self.connection_config.clone())
     }
 
+    /// The runtime's saved reference to this sandbox (not an E2B attribute):
+    /// `sandcove:v1:<runtime>:sandbox:<sandbox_id>`, which `sandcove::Client::reopen` checks
+    /// from a later program. `Sandbox.connect(sandbox_id)` keeps working with the bare id.
+    pub fn sandcove_reference(&self) -> Result<sandcove::Reference> {
+        Ok(self.ctx.core.reference()?)
+    }
+
     /// `sbx.kill(**opts) -> bool`.
     pub fn kill(&self) -> Call<bool> {
         Sandbox::kill(self.sandbox_id.clone())
@@ -782,10 +789,22 @@ pub(crate) async fn connect_on(
     let mut info = match sandbox.info().await {
         Ok(info) => info,
         Err(e) if e.is_not_found() => {
+            // A saved id of a sandbox that ended recently says when and why.
+            let (e, why) = match client
+                .tombstone(sandcove::ResourceKind::Sandbox, sandbox_id)
+                .await
+            {
+                Ok(Some(t)) => {
+                    let gone = t.to_error();
+                    let why = format!(": {gone}");
+                    (gone, why)
+                }
+                _ => (e, String::new()),
+            };
             return Err(SandboxException::SandboxNotFound {
-                message: format!("Paused sandbox {sandbox_id} not found"),
+                message: format!("Paused sandbox {sandbox_id} not found{why}"),
                 source: Some(Box::new(e)),
-            })
+            });
         }
         Err(e) => return Err(e.into()),
     };

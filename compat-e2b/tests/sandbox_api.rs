@@ -727,3 +727,28 @@ async fn default_network_does_not_reach_host_loopback() {
     }
     sbx.kill().await.expect("kill");
 }
+
+/// A saved id of a sandbox killed recently is still E2B's not-found, saying when it ended;
+/// the runtime's reference to it answers the same tombstone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_to_a_killed_sandbox_says_when_it_was_destroyed() {
+    let sbx = Sandbox::create().timeout(60).await.expect("create");
+    let id = sbx.sandbox_id.clone();
+    let reference = sbx.sandcove_reference().expect("reference");
+    assert_eq!(reference.id(), id);
+    assert!(sbx.kill().await.expect("kill"));
+    let err = Sandbox::connect(id.clone()).await.unwrap_err();
+    assert!(err.is_sandbox_not_found(), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.starts_with(&format!("Paused sandbox {id} not found: ")),
+        "{text}"
+    );
+    assert!(text.contains("destroyed at 20"), "{text}");
+    let reopened = sandcove::Client::from_env()
+        .expect("client")
+        .reopen(&reference)
+        .await
+        .unwrap_err();
+    assert!(reopened.is_destroyed(), "{reopened:?}");
+}

@@ -83,6 +83,11 @@ pub struct Capabilities {
     /// for lack of evidence, not because the runtime lacks the feature.
     #[serde(default)]
     pub observed_at: Option<UnixMillis>,
+    /// The runtime's stable identity, the scope of its [`Reference`](crate::Reference)s: the
+    /// embedded engine's is minted once per state directory and kept there; a server reports
+    /// its backend's. `None` when the runtime did not say (an older server, or not reached).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_id: Option<String>,
 }
 
 /// Template names that denote the host base: the host's system directories, read-only, with
@@ -537,6 +542,7 @@ mod tests {
             templates: vec!["base".into()],
             lease: Some(LeaseBounds::engine()),
             observed_at: Some(1),
+            runtime_id: Some("rt-test".into()),
         }
     }
 

@@ -743,6 +743,12 @@ impl ProcessHandle {
         self.pid
     }
 
+    /// A saved reference to this process (see [`crate::reference`]).
+    pub fn reference(&self) -> Result<crate::Reference> {
+        let runtime = crate::reference::runtime_of(&self.backend.capabilities())?;
+        crate::Reference::process(&runtime, &self.sandbox_id, self.pid)
+    }
+
     /// The next event; `None` after the exit event has been returned.
     pub async fn next_event(&mut self) -> Option<Result<ProcessEvent>> {
         self.stream.events.next().await

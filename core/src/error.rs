@@ -114,6 +114,26 @@ pub enum Error {
         /// Whether retrying the same call may succeed.
         retryable: bool,
     },
+    /// The resource existed on this runtime and ended recently: its tombstone (see
+    /// [`crate::reference`]). Distinct from [`Error::NotFound`], which means no record of it.
+    #[error("{kind} {id:?} was destroyed at {} ({reason})", crate::reference::format_utc(*at))]
+    Destroyed {
+        /// Its kind (`sandbox`, `snapshot`, `volume`, `preview`).
+        kind: String,
+        /// Its id (`<sandbox>:<port>` for a preview).
+        id: String,
+        /// When it ended (ms since the epoch).
+        at: crate::UnixMillis,
+        /// Why: `destroyed`, `its lease ended`, `deleted`, ….
+        reason: String,
+    },
+    /// The runtime refuses access: the subject belongs to another runtime (a reference it did
+    /// not issue). Retrying here cannot help.
+    #[error("forbidden: {what}")]
+    Forbidden {
+        /// What was refused, and why.
+        what: String,
+    },
 }
 
 /// Shorthand for results of this crate.
@@ -152,6 +172,10 @@ pub enum ErrorCode {
     Io,
     /// [`Error::Backend`]
     Backend,
+    /// [`Error::Destroyed`]
+    Destroyed,
+    /// [`Error::Forbidden`]
+    Forbidden,
 }
 
 /// The serializable form of an [`Error`]: a code plus the variant's fields.
@@ -226,6 +250,11 @@ impl Error {
         matches!(self, Error::NotFound { .. })
     }
 
+    /// Whether the subject ended recently ([`Error::Destroyed`]: a tombstone answered).
+    pub fn is_destroyed(&self) -> bool {
+        matches!(self, Error::Destroyed { .. })
+    }
+
     /// The machine-readable code of this error.
     pub fn code(&self) -> ErrorCode {
         match self {
@@ -243,6 +272,8 @@ impl Error {
             Error::FileTooLarge { .. } => ErrorCode::FileTooLarge,
             Error::Io { .. } => ErrorCode::Io,
             Error::Backend { .. } => ErrorCode::Backend,
+            Error::Destroyed { .. } => ErrorCode::Destroyed,
+            Error::Forbidden { .. } => ErrorCode::Forbidden,
         }
     }
 
@@ -254,7 +285,8 @@ impl Error {
             | Error::AlreadyExists { what }
             | Error::Conflict { what }
             | Error::Timeout { what }
-            | Error::PermissionDenied { what } => vec![("what", json!(what))],
+            | Error::PermissionDenied { what }
+            | Error::Forbidden { what } => vec![("what", json!(what))],
             Error::InvalidArgument { message } | Error::Unauthenticated { message } => {
                 vec![("message", json!(message))]
             }
@@ -295,6 +327,17 @@ impl Error {
             Error::Backend { message, retryable } => {
                 vec![("message", json!(message)), ("retryable", json!(retryable))]
             }
+            Error::Destroyed {
+                kind,
+                id,
+                at,
+                reason,
+            } => vec![
+                ("kind", json!(kind)),
+                ("id", json!(id)),
+                ("at", json!(at)),
+                ("reason", json!(reason)),
+            ],
         };
         ErrorBody {
             code: self.code(),
@@ -376,6 +419,13 @@ impl Error {
                     .and_then(|v| v.as_bool())
                     .unwrap_or(false),
             },
+            ErrorCode::Destroyed => Error::Destroyed {
+                kind: s("kind"),
+                id: s("id"),
+                at: body.fields.get("at").and_then(|v| v.as_u64()).unwrap_or(0),
+                reason: s("reason"),
+            },
+            ErrorCode::Forbidden => Error::Forbidden { what: s("what") },
         }
     }
 
@@ -462,6 +512,15 @@ mod tests {
             Error::Backend {
                 message: "agent died".into(),
                 retryable: true,
+            },
+            Error::Destroyed {
+                kind: "sandbox".into(),
+                id: "abc".into(),
+                at: 1_767_225_600_000,
+                reason: "destroyed".into(),
+            },
+            Error::Forbidden {
+                what: "reference of runtime rt-b".into(),
             },
         ]
     }

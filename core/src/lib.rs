@@ -7,6 +7,7 @@
 //! | [`capability`] | [`Capabilities`] of a backend |
 //! | [`backend`] | the [`Backend`] trait and the embedded [`LocalBackend`] |
 //! | [`client`] | [`Client`] and the [`Sandbox`] handle: the ergonomic surface |
+//! | [`reference`](mod@reference) | saved [`Reference`]s that a later program reopens, and tombstones |
 //! | `server` (feature `server`) | `sandcove serve`: any backend over HTTP, for [`HttpBackend`] |
 //!
 //! Features (all on by default): `local` (the embedded engine), `http` (the client for a remote
@@ -31,6 +32,7 @@ pub mod backend;
 pub mod capability;
 pub mod client;
 pub mod error;
+pub mod reference;
 pub mod types;
 pub mod validate;
 
@@ -53,5 +55,6 @@ pub use capability::{
 };
 pub use client::{CheckedRun, Client, ProcessHandle, Renewal, RunError, Sandbox, MAX_READ_BYTES};
 pub use error::{Error, ErrorBody, ErrorCode, Result};
+pub use reference::{Reference, Reopened, ResourceKind, Tombstone};
 pub use types::*;
 pub use validate::{MAX_PROCESS_TIMEOUT, MAX_SANDBOX_TIMEOUT};

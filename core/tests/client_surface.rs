@@ -364,6 +364,13 @@ impl Backend for Without {
     async fn delete_volume(&self, name: &str) -> Result<()> {
         self.inner.delete_volume(name).await
     }
+    async fn tombstone(
+        &self,
+        kind: sandcove::ResourceKind,
+        id: &str,
+    ) -> Result<Option<sandcove::Tombstone>> {
+        self.inner.tombstone(kind, id).await
+    }
 }
 
 /// Every feature [`Without`] can take away.

@@ -465,3 +465,23 @@ async fn bad_input_is_refused_before_anything_is_sent() {
     assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
     assert!(server.received_requests().await.unwrap().is_empty());
 }
+
+/// Reopening a saved reference through a server that cannot be reached is `Unavailable`
+/// (never `NotFound`: the resource may well exist), and so is minting a reference before the
+/// runtime was reached.
+#[tokio::test]
+async fn reopen_through_an_unreachable_server_is_unavailable() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let backend =
+        HttpBackend::with_options(&format!("http://127.0.0.1:{port}"), "k", options()).unwrap();
+    let client = sandcove::Client::new(std::sync::Arc::new(backend));
+    let reference: sandcove::Reference = "sandcove:v1:rt-a:sandbox:abc".parse().unwrap();
+    let err = client.reopen(&reference).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    let err = client.sandbox("abc").reference().unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+}

@@ -14,8 +14,8 @@ use sandcove::{
     Backend, ByteStream, Capabilities, Command, CreateOptions, Error, ErrorCode, FileStat,
     HttpBackend, ListDirOptions, ListOptions, LocalBackend, Metrics, MkdirOptions, Preview,
     PreviewOptions, PreviewToken, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream,
-    PtySize, RemoveOptions, Result, SandboxInfo, Signal, SnapshotInfo, VolumeInfo, WatchOptions,
-    WatchStream, WriteOptions,
+    PtySize, RemoveOptions, ResourceKind, Result, SandboxInfo, Signal, SnapshotInfo, Tombstone,
+    VolumeInfo, WatchOptions, WatchStream, WriteOptions,
 };
 use serde_json::Value;
 
@@ -187,12 +187,15 @@ impl Backend for Refuser {
     async fn delete_volume(&self, _: &str) -> Result<()> {
         self.no("delete_volume")
     }
+    async fn tombstone(&self, _: ResourceKind, _: &str) -> Result<Option<Tombstone>> {
+        self.no("tombstone")
+    }
 }
 
 const KEY: &str = "the-right-key";
 
 /// Every async method of the `Backend` trait.
-const METHODS: [&str; 42] = [
+const METHODS: [&str; 43] = [
     "create",
     "get",
     "list",
@@ -235,6 +238,7 @@ const METHODS: [&str; 42] = [
     "get_volume",
     "list_volumes",
     "delete_volume",
+    "tombstone",
 ];
 
 async fn start(backend: Arc<dyn Backend>, config: ServerConfig) -> LocalServer {
@@ -250,7 +254,8 @@ fn operations(doc: &Value) -> Vec<(String, String, String, &'static str, Vec<u8>
                 .replace("{id}", "sb1")
                 .replace("{port}", "8080")
                 .replace("{snapshot_id}", "snap1")
-                .replace("{name}", "vol1");
+                .replace("{name}", "vol1")
+                .replace("{kind}", "sandbox");
             let mut query = Vec::new();
             for p in op["parameters"].as_array().unwrap() {
                 if p["in"] == "query" {
@@ -522,6 +527,10 @@ async fn every_client_method_round_trips_the_backends_answer() {
         ("get_volume", c.get_volume("v").await.map(drop)),
         ("list_volumes", c.list_volumes().await.map(drop)),
         ("delete_volume", c.delete_volume("v").await),
+        (
+            "tombstone",
+            c.tombstone(ResourceKind::Sandbox, "a").await.map(drop),
+        ),
     ];
     let called: Vec<&str> = results.iter().map(|r| r.0).collect();
     assert_eq!(called, METHODS, "every method is exercised");

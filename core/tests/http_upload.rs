@@ -212,6 +212,13 @@ impl Backend for SlowCleanup {
     async fn delete_volume(&self, name: &str) -> Result<()> {
         self.inner.delete_volume(name).await
     }
+    async fn tombstone(
+        &self,
+        kind: sandcove::ResourceKind,
+        id: &str,
+    ) -> Result<Option<sandcove::Tombstone>> {
+        self.inner.tombstone(kind, id).await
+    }
 }
 
 /// A loopback server over [`SlowCleanup`], a client for it, the server's URL and key, and

@@ -610,3 +610,33 @@ async fn pool_child() {
     .await;
     std::process::exit(0);
 }
+
+/// Two engines with their own state directories are two runtimes: a reference from one is
+/// refused by the other without being looked up there, while another engine on the same state
+/// directory (a later program) shares the runtime id and reopens it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reference_from_another_state_directory_is_forbidden() {
+    let a = sandcove::Client::new(local());
+    let other_dir = std::env::temp_dir().join(unique("sandcove-other-runtime"));
+    let b = sandcove::Client::new(Arc::new(
+        LocalBackend::with_state_dir(&other_dir).expect("second engine"),
+    ));
+    let same = sandcove::Client::new(local());
+    let rt_a = a.runtime_id().await.expect("runtime id");
+    assert_ne!(rt_a, b.runtime_id().await.expect("runtime id"));
+    assert_eq!(rt_a, same.runtime_id().await.expect("runtime id"));
+    let sandbox = a
+        .create(test_options(&unique("refs-two")))
+        .await
+        .expect("create");
+    let saved = sandbox.reference().expect("reference").to_string();
+    let reference: sandcove::Reference = saved.parse().expect("parse");
+    match b.reopen(&reference).await {
+        Err(sandcove::Error::Forbidden { what }) => assert!(what.contains(&rt_a), "{what}"),
+        other => panic!("another runtime's reference: {other:?}"),
+    }
+    let again = same.reopen_sandbox(&reference).await.expect("same runtime");
+    assert_eq!(again.id(), sandbox.id());
+    sandbox.destroy().await.expect("destroy");
+    let _ = std::fs::remove_dir_all(&other_dir);
+}

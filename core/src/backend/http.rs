@@ -192,6 +192,8 @@ pub fn status_for(code: ErrorCode) -> u16 {
         ErrorCode::RateLimited => 429,
         ErrorCode::FileTooLarge => 413,
         ErrorCode::Io => 500,
+        ErrorCode::Destroyed => 410,
+        ErrorCode::Forbidden => 403,
         _ => 500,
     }
 }
@@ -227,7 +229,8 @@ pub fn error_from_response(status: u16, retry_after: Option<&str>, body: &[u8]) 
         400 | 413 | 414 | 422 => Error::invalid(detail),
         401 => Error::Unauthenticated { message: detail },
         403 => Error::PermissionDenied { what: detail },
-        404 => Error::not_found(detail),
+        // Without a body there is no tombstone to rebuild: gone is not found.
+        404 | 410 => Error::not_found(detail),
         408 | 504 => Error::Timeout { what: detail },
         409 => Error::AlreadyExists { what: detail },
         412 => Error::Conflict { what: detail },
@@ -775,6 +778,7 @@ fn unknown_capabilities() -> Capabilities {
         templates: Vec::new(),
         lease: None,
         observed_at: None,
+        runtime_id: None,
     }
 }
 
@@ -1505,6 +1509,16 @@ impl Backend for HttpBackend {
         self.call_unit(Method::DELETE, url, &[], Payload::None, Retry::Idempotent)
             .await
     }
+
+    async fn tombstone(
+        &self,
+        kind: crate::ResourceKind,
+        id: &str,
+    ) -> Result<Option<crate::Tombstone>> {
+        let url = self.url_for(&["tombstones", kind.as_str(), id]);
+        self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
+            .await
+    }
 }
 
 /// The error of an upload's source stream, kept for the caller while the body carries an
@@ -1606,6 +1620,15 @@ mod tests {
                 message: "b".into(),
                 retryable: true,
             },
+            Error::Destroyed {
+                kind: "sandbox".into(),
+                id: "x".into(),
+                at: 1_767_225_600_000,
+                reason: "destroyed".into(),
+            },
+            Error::Forbidden {
+                what: "another runtime's reference".into(),
+            },
         ];
         for err in errors {
             let status = status_for(err.code());
@@ -1624,6 +1647,7 @@ mod tests {
             (401, ErrorCode::Unauthenticated),
             (403, ErrorCode::PermissionDenied),
             (404, ErrorCode::NotFound),
+            (410, ErrorCode::NotFound),
             (409, ErrorCode::AlreadyExists),
             (412, ErrorCode::Conflict),
             (413, ErrorCode::InvalidArgument),

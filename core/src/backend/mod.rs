@@ -16,7 +16,8 @@ use crate::{
     AnnotationUpdate, Capabilities, CopyOptions, CreateOptions, FileStat, FsEvent, ListDirOptions,
     ListOptions, Metrics, MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessEvent,
     ProcessInfo, ProcessSelector, ProcessSpec, PtySize, ReadOptions, RemoveOptions, RenameOptions,
-    Result, SandboxInfo, Signal, SnapshotInfo, StatOptions, VolumeInfo, WatchOptions, WriteOptions,
+    ResourceKind, Result, SandboxInfo, Signal, SnapshotInfo, StatOptions, Tombstone, VolumeInfo,
+    WatchOptions, WriteOptions,
 };
 
 #[cfg(feature = "http")]
@@ -247,4 +248,15 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Delete a volume.
     async fn delete_volume(&self, name: &str) -> Result<()>;
+
+    // ----- references -----
+
+    /// The tombstone of a resource of `kind` that ended recently (see
+    /// [`crate::reference`]), or `None` when this runtime keeps no record of it (never
+    /// existed, or its tombstone expired). `id` is [`Reference::tombstone_id`]
+    /// (`<sandbox>:<port>` for a preview); for a sandbox it may also be the sandbox's unique
+    /// name (an id is matched first). Reads only.
+    ///
+    /// [`Reference::tombstone_id`]: crate::Reference::tombstone_id
+    async fn tombstone(&self, kind: ResourceKind, id: &str) -> Result<Option<Tombstone>>;
 }

@@ -109,6 +109,14 @@ pub(super) fn routes() -> Vec<Route> {
             "Delete a volume",
             delete_volume,
         ),
+        Route::new(
+            Method::GET,
+            "/v1/tombstones/{kind}/{id}",
+            "tombstone",
+            "The record of a resource that ended recently (null when there is none)",
+            tombstone,
+        )
+        .output(Out::Json("Tombstone?")),
     ]
 }
 
@@ -238,4 +246,12 @@ async fn delete_volume(
 ) -> Result<Response, ApiError> {
     state.backend.delete_volume(&name).await?;
     Ok(done())
+}
+
+async fn tombstone(
+    State(state): State<AppState>,
+    Path((kind, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let kind: crate::ResourceKind = kind.parse()?;
+    Ok(json(&state.backend.tombstone(kind, &id).await?))
 }

@@ -26,6 +26,7 @@ mod net;
 mod pool;
 mod preview;
 pub(crate) mod proto;
+mod refs;
 mod seccomp;
 mod sys;
 mod volumes;
@@ -87,6 +88,8 @@ pub struct LocalBackend {
     probed_at: crate::UnixMillis,
     /// Warm sandboxes `create` claims (shared by this engine's clones).
     pool: std::sync::Arc<pool::Pool>,
+    /// This state directory's identity, the scope of its references (see `refs`).
+    runtime_id: String,
 }
 
 impl LocalBackend {
@@ -125,6 +128,7 @@ impl LocalBackend {
                  WITHOUT isolation from this host"
             );
         }
+        let runtime_id = refs::runtime_id(&state_dir)?;
         let backend = LocalBackend {
             state_dir,
             mapping: UidMapping::for_host(sys::geteuid(), sys::getegid()),
@@ -140,6 +144,7 @@ impl LocalBackend {
             } else {
                 pool::size_from_env()
             })),
+            runtime_id,
         };
         backend.collect_stale();
         Ok(backend)
@@ -334,6 +339,7 @@ impl LocalBackend {
                 continue;
             }
             if lock_is_free(&path.join("lock")) {
+                self.bury_sandbox(&name, "its monitor exited");
                 let _ = std::fs::remove_dir_all(&path);
                 collected += 1;
             }
@@ -344,6 +350,28 @@ impl LocalBackend {
             cgroup::collect_stale(h, &|id| sandboxes.join(id).exists());
         }
         collected
+    }
+
+    /// Record the end of sandbox `id` (blocking; best effort: without it a reference answers
+    /// not-found instead of destroyed).
+    fn bury_sandbox(&self, id: &str, reason: &str) {
+        if !config::valid_id(id) {
+            return;
+        }
+        let tombstone = crate::Tombstone::now(crate::ResourceKind::Sandbox, id, reason);
+        if let Err(e) = refs::record(&self.state_dir, &tombstone) {
+            tracing::warn!("no tombstone for sandbox {id}: {e}");
+        }
+    }
+
+    /// Record the end of a resource, off the event loop (best effort, as `bury_sandbox`).
+    async fn bury(&self, kind: crate::ResourceKind, id: String, reason: &'static str) {
+        let state_dir = self.state_dir.clone();
+        let tombstone = crate::Tombstone::now(kind, id, reason);
+        let done = tokio::task::spawn_blocking(move || refs::record(&state_dir, &tombstone)).await;
+        if let Ok(Err(e)) | Err(e) = done.map_err(|e| Error::backend(e.to_string())) {
+            tracing::warn!("no tombstone for a {kind}: {e}");
+        }
     }
 
     fn snapshots_dir(&self) -> PathBuf {
@@ -983,6 +1011,7 @@ impl Backend for LocalBackend {
                 .collect(),
             lease: Some(crate::capability::LeaseBounds::engine()),
             observed_at: Some(self.probed_at),
+            runtime_id: Some(self.runtime_id.clone()),
         }
     }
 
@@ -1027,6 +1056,7 @@ impl Backend for LocalBackend {
             }
             let sdir = SandboxDir::new(&self.state_dir, &name);
             if lock_is_free(&sdir.lock()) {
+                self.bury_sandbox(&name, "its monitor exited");
                 let _ = std::fs::remove_dir_all(&sdir.dir);
                 continue;
             }
@@ -1369,7 +1399,15 @@ impl Backend for LocalBackend {
             .monitor_call(id, MonitorRequest::ClosePreview { port })
             .await?
         {
-            MonitorReply::Done => Ok(()),
+            MonitorReply::Done => {
+                self.bury(
+                    crate::ResourceKind::Preview,
+                    format!("{id}:{port}"),
+                    "closed",
+                )
+                .await;
+                Ok(())
+            }
             other => Err(unexpected(&other)),
         }
     }
@@ -1444,6 +1482,12 @@ impl Backend for LocalBackend {
         std::fs::remove_file(&meta)
             .map_err(|e| Error::from_io(&e, &format!("snapshot {snapshot_id:?}")))?;
         let _ = std::fs::remove_file(tar);
+        self.bury(
+            crate::ResourceKind::Snapshot,
+            snapshot_id.to_string(),
+            "deleted",
+        )
+        .await;
         Ok(())
     }
 
@@ -1491,7 +1535,22 @@ impl Backend for LocalBackend {
 
     async fn delete_volume(&self, name: &str) -> Result<()> {
         self.volumes_supported()?;
-        volumes::delete(self, name).await
+        volumes::delete(self, name).await?;
+        self.bury(crate::ResourceKind::Volume, name.to_string(), "deleted")
+            .await;
+        Ok(())
+    }
+
+    async fn tombstone(
+        &self,
+        kind: crate::ResourceKind,
+        id: &str,
+    ) -> Result<Option<crate::Tombstone>> {
+        let state_dir = self.state_dir.clone();
+        let id = id.to_string();
+        tokio::task::spawn_blocking(move || refs::lookup(&state_dir, kind, &id))
+            .await
+            .map_err(|e| Error::backend(format!("tombstone task failed: {e}")))?
     }
 }
 

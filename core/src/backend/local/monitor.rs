@@ -1040,9 +1040,28 @@ async fn run(monitor: Arc<Monitor>, listener: UnixListener) -> i32 {
                     drop(permit);
                 });
             }
-            _ = &mut lease => break,
+            _ = &mut lease => {
+                let retained = monitor.state() == SandboxState::Stopped
+                    || monitor
+                        .record
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .notes
+                        .contains_key(PAUSED_BY_LEASE_NOTE);
+                let reason = if retained {
+                    "its retention after the lease ended"
+                } else {
+                    "its lease ended"
+                };
+                bury(&monitor, reason).await;
+                break;
+            }
+            // Destroyed: the request recorded it.
             _ = stop_rx.recv() => break,
-            _ = async { match terminate.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => break,
+            _ = async { match terminate.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {
+                bury(&monitor, "its monitor was terminated").await;
+                break;
+            }
         }
     }
     // Lease over, destroyed, or asked to terminate: stop taking clients first (a client that
@@ -1054,6 +1073,28 @@ async fn run(monitor: Arc<Monitor>, listener: UnixListener) -> i32 {
     monitor.kill_agent();
     let _ = std::fs::remove_dir_all(&monitor.dir.dir);
     0
+}
+
+/// Record the sandbox's end in the engine's tombstones (best effort: without it a saved
+/// reference answers not-found instead of destroyed).
+async fn bury(monitor: &Monitor, reason: &'static str) {
+    // `<state dir>/sandboxes/<id>`
+    let Some(state_dir) = monitor.dir.dir.parent().and_then(|p| p.parent()) else {
+        return;
+    };
+    let state_dir = state_dir.to_path_buf();
+    let (name, pooled) = {
+        let record = monitor.record.lock().unwrap_or_else(|e| e.into_inner());
+        (record.options.name.clone(), record.pooled)
+    };
+    // An unclaimed warm-pool member was never anyone's sandbox: its end (every few seconds
+    // in a busy pool) must not crowd real tombstones out.
+    if pooled {
+        return;
+    }
+    let tombstone =
+        crate::Tombstone::now(crate::ResourceKind::Sandbox, monitor.id(), reason).with_name(name);
+    let _ = tokio::task::spawn_blocking(move || super::refs::record(&state_dir, &tombstone)).await;
 }
 
 /// The lease ran out: pause when asked to (returns `true`: keep running), else end.
@@ -1222,6 +1263,8 @@ async fn serve_client(
         }
         Some(MonitorRequest::Destroy) => {
             monitor.set_state(SandboxState::Destroyed);
+            // Before the answer: a client that saw the destroy succeed finds the tombstone.
+            bury(&monitor, "destroyed").await;
             let _ = std::fs::remove_file(monitor.dir.socket());
             monitor.kill_agent();
             let _ = std::fs::remove_dir_all(&monitor.dir.dir);
