@@ -521,7 +521,7 @@ async fn a_claimed_warm_sandbox_matches_a_cold_one() {
 }
 
 /// Pool members never show in `list`, of this program or another one, though they exist;
-/// dropping the engine ends them.
+/// dropping the engine ends them, leaving no tombstone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_pool_members_are_never_listed_and_end_with_their_engine() {
     let dir = std::env::temp_dir().join(unique("pool-hidden"));
@@ -547,11 +547,19 @@ async fn warm_pool_members_are_never_listed_and_end_with_their_engine() {
         .expect("engine")
         .with_warm_pool(0);
     assert_eq!(other.list(Default::default()).await.expect("list"), vec![]);
+    let tombstones = || {
+        std::fs::read_dir(dir.join("tombstones"))
+            .map(|d| d.flatten().count())
+            .unwrap_or(0)
+    };
+    let buried = tombstones();
     drop(warm);
     eventually(PATIENCE, "the members end with their engine", || async {
         equals(entries(), 0)
     })
     .await;
+    // Members were never anyone's sandbox: their ends leave no tombstone.
+    assert_eq!(tombstones(), buried, "tombstones of pool members");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
