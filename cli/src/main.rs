@@ -1,20 +1,27 @@
 //! The `sandcove` command: `sandcove serve` exposes the embedded engine over HTTP (the native
-//! API, plus one listener per vendor wire protocol asked for), and `sandcove env VENDOR`
-//! prints the variables that point that vendor's official SDKs at the running server.
+//! API, plus one listener per vendor wire protocol asked for), `sandcove env VENDOR` prints
+//! the variables that point that vendor's official SDKs at the running server, and the human
+//! commands (`ls`, `exec`, `shell`, `cp`, `doctor`, …) work on sandboxes from a terminal,
+//! through the embedded engine or the server `SANDCOVE_URL` names.
+//!
+//! Modules: `serve` (the server), `env` (`env`, `ca`), `sandboxes` (lifecycle), `procs`
+//! (processes), `cp` (files), `store` (snapshots, volumes), `doctor`, `out` (what the human
+//! commands share: errors, tables, JSON), `record` (the running server's listeners).
 
+mod cp;
+mod doctor;
+mod env;
+mod out;
+mod procs;
 mod record;
+mod sandboxes;
+mod serve;
+mod store;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use sandcove::client::API_KEY_ENV;
-use sandcove::server::intercept::{self, SandcoveCa};
-use sandcove::server::{self, ConnectionLimits, ServerConfig};
-use sandcove::{Backend, LocalBackend};
 
 /// Sandcove: sandboxes you own, for code written for the E2B, Daytona and Blaxel SDKs.
 #[derive(Debug, Parser)]
@@ -22,6 +29,22 @@ use sandcove::{Backend, LocalBackend};
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
+    /// Print JSON instead of tables and text (every command).
+    #[arg(long, global = true)]
+    json: bool,
+    /// Log lines as text or as JSON objects (one per line, on stderr); RUST_LOG sets what is
+    /// logged (default: warnings).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -37,63 +60,7 @@ enum Cmd {
     ///
     /// Stopping the server (Ctrl-C, SIGTERM) leaves live sandboxes running: they end at
     /// their lease or when destroyed, and a restarted server finds them again.
-    Serve {
-        /// Address to listen on. Beyond loopback, serve TLS (--tls-cert, --tls-key).
-        #[arg(long, default_value = "127.0.0.1:8730")]
-        listen: SocketAddr,
-        /// A file holding the API key (first line; the file must not be readable by group
-        /// or others). Alternative to SANDCOVE_API_KEY.
-        #[arg(long, value_name = "PATH")]
-        api_key_file: Option<PathBuf>,
-        /// Refused: a key on the command line is visible to every local user.
-        #[arg(long, hide = true, value_name = "KEY")]
-        api_key: Option<String>,
-        /// PEM certificate chain (leaf first): serve HTTPS. Needs --tls-key.
-        #[arg(long, value_name = "FILE", requires = "tls_key")]
-        tls_cert: Option<PathBuf>,
-        /// PEM private key of --tls-cert (mode 0600 or stricter).
-        #[arg(long, value_name = "FILE", requires = "tls_cert")]
-        tls_key: Option<PathBuf>,
-        /// The engine's state directory (default: $SANDCOVE_STATE_DIR, else
-        /// $XDG_STATE_HOME/sandcove).
-        #[arg(long)]
-        state_dir: Option<PathBuf>,
-        /// Largest JSON or stdin request body, in bytes.
-        #[arg(long, default_value_t = 1024 * 1024)]
-        max_body_bytes: usize,
-        /// Largest file upload, in bytes.
-        #[arg(long, default_value_t = 4 * 1024 * 1024 * 1024)]
-        max_upload_bytes: u64,
-        /// Connections served at once; more wait until one closes.
-        #[arg(long, default_value_t = 512)]
-        max_connections: usize,
-        /// Milliseconds a client gets for its TLS handshake and each request head.
-        #[arg(long, default_value_t = 10_000)]
-        head_timeout_ms: u64,
-        /// Also serve E2B's wire protocol (control plane and envd) on this address, for
-        /// E2B's official Python and TypeScript SDKs (see `sandcove env e2b`). Same engine,
-        /// same API key (sent by the SDKs as X-API-KEY), same TLS settings.
-        #[arg(long, value_name = "ADDR")]
-        e2b: Option<SocketAddr>,
-        /// Also serve Daytona's wire protocol (the `/api` control plane and the toolbox) on
-        /// this address, for Daytona's official Python and TypeScript SDKs (see `sandcove env
-        /// daytona`). Same engine, same API key (sent by the SDKs as Authorization: Bearer),
-        /// same TLS settings.
-        #[arg(long, value_name = "ADDR")]
-        daytona: Option<SocketAddr>,
-        /// Also serve Blaxel's wire protocol (the `/v0` control plane and every sandbox's
-        /// sandbox API) on this address, for Blaxel's official TypeScript SDK (see `sandcove
-        /// env blaxel`). Same engine, same API key (sent by the SDKs as
-        /// X-Blaxel-Authorization: Bearer), plain HTTP.
-        ///
-        /// The same port is an HTTPS proxy for the Python SDK, whose URL is fixed:
-        /// `CONNECT api.blaxel.ai:443` (and run.blaxel.ai, api.blaxel.dev, run.blaxel.dev) is
-        /// answered with TLS from a local CA that can sign for those four names only, and
-        /// served by the same router; any other CONNECT is refused (403). The CA is created
-        /// once in <state dir>/blaxel-ca (see `sandcove ca`).
-        #[arg(long, value_name = "ADDR")]
-        blaxel: Option<SocketAddr>,
-    },
+    Serve(serve::ServeArgs),
     /// Print `export` lines that point a vendor's official SDKs at the running server.
     ///
     /// The server is found through the state directory, where `sandcove serve` records its
@@ -148,473 +115,120 @@ enum Cmd {
         #[arg(long)]
         state_dir: Option<PathBuf>,
     },
-}
-
-/// The API key from `--api-key-file` or the environment, which is then scrubbed.
-fn api_key(file: Option<PathBuf>, on_command_line: bool) -> Result<String, String> {
-    // Read (and remove) the variable first, so it never outlives this point whatever else
-    // fails. The process is still single-threaded here.
-    let from_env = std::env::var(API_KEY_ENV).ok();
-    std::env::remove_var(API_KEY_ENV);
-    if on_command_line {
-        return Err(format!(
-            "--api-key is not accepted: the command line is visible to every local user. \
-             Set {API_KEY_ENV} or use --api-key-file PATH"
-        ));
-    }
-    let key = match (file, from_env) {
-        (Some(_), Some(_)) => {
-            return Err(format!(
-                "both {API_KEY_ENV} and --api-key-file are set: choose one"
-            ))
-        }
-        (Some(path), None) => {
-            let bytes = server::read_secret_file(&path, true).map_err(|e| e.to_string())?;
-            let text = String::from_utf8(bytes)
-                .map_err(|_| format!("{}: the key is not UTF-8", path.display()))?;
-            text.lines().next().unwrap_or_default().trim().to_string()
-        }
-        (None, Some(key)) => key.trim().to_string(),
-        (None, None) => String::new(),
-    };
-    if key.is_empty() {
-        return Err(format!(
-            "the API key is empty; set {API_KEY_ENV} or use --api-key-file PATH"
-        ));
-    }
-    Ok(key)
+    /// List sandboxes: id, name, vendor, state, age, lease left, labels.
+    Ls(sandboxes::LsArgs),
+    /// Describe one sandbox.
+    Info {
+        /// The sandbox.
+        id: String,
+    },
+    /// Create a sandbox; prints its id.
+    Create(sandboxes::CreateArgs),
+    /// Destroy sandboxes (by id, or --all [--label KEY=VALUE]).
+    Kill(sandboxes::KillArgs),
+    /// Freeze a sandbox: its processes stop, its memory is kept.
+    Pause {
+        /// The sandbox.
+        id: String,
+    },
+    /// Thaw a paused sandbox.
+    Resume {
+        /// The sandbox.
+        id: String,
+    },
+    /// Set a sandbox's lease, counted from now (`90`, `30s`, `10m`, `1h`).
+    SetTimeout {
+        /// The sandbox.
+        id: String,
+        /// The new lease.
+        #[arg(value_parser = out::parse_duration)]
+        timeout: std::time::Duration,
+    },
+    /// Run a command in a sandbox: `sandcove exec ID -- CMD ARGS…`. Stdin is forwarded,
+    /// output passed through, and the command's exit status is this command's (128 + N for a
+    /// process killed by signal N).
+    Exec(procs::ExecArgs),
+    /// An interactive shell in a sandbox (bash if it has one, else sh), on a terminal;
+    /// exits with the shell's status.
+    Shell {
+        /// The sandbox.
+        id: String,
+    },
+    /// Print the output of a process (by pid or tag) retained so far; -f follows it.
+    Logs(procs::LogsArgs),
+    /// List the processes started in a sandbox through the API.
+    Ps {
+        /// The sandbox.
+        id: String,
+    },
+    /// Copy files or directories between this host and a sandbox (ID:/path), either way.
+    Cp(cp::CpArgs),
+    /// Snapshots of sandboxes' files.
+    #[command(subcommand)]
+    Snapshot(store::SnapshotCmd),
+    /// Named volumes.
+    #[command(subcommand)]
+    Volume(store::VolumeCmd),
+    /// Check what this host supports, with a remedy for each missing piece; exits 1 when
+    /// sandboxes cannot be created.
+    Doctor,
+    /// Print a shell completion script: `sandcove completions bash > …`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
     // The library reports warnings (no isolation, no internet for sandboxes) as `tracing`
     // events; the command shows them on stderr (`RUST_LOG` adjusts the level).
-    tracing_subscriber::fmt()
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
-    let cli = Cli::parse();
+        .with_env_filter(filter);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .init(),
+    }
+    let json = cli.json;
     match cli.command {
-        Cmd::Env { vendor, state_dir } => env_command(&vendor, state_dir),
-        Cmd::Ca { state_dir } => ca_command(state_dir),
-        Cmd::Serve {
-            listen,
-            api_key_file,
-            api_key: on_command_line,
-            tls_cert,
-            tls_key,
-            state_dir,
-            max_body_bytes,
-            max_upload_bytes,
-            max_connections,
-            head_timeout_ms,
-            e2b,
-            daytona,
-            blaxel,
-        } => {
-            if blaxel.is_some() && (tls_cert.is_some() || tls_key.is_some()) {
-                eprintln!(
-                    "sandcove serve: --blaxel serves plain HTTP only (the SDK's sandbox URLs \
-                     point at it); serve it on a loopback address without --tls-cert"
-                );
-                return ExitCode::from(2);
-            }
-            let api_key = match api_key(api_key_file, on_command_line.is_some()) {
-                Ok(key) => key,
-                Err(message) => {
-                    eprintln!("sandcove serve: {message}");
-                    return ExitCode::from(2);
-                }
-            };
-            let tls = match (tls_cert, tls_key) {
-                (Some(cert), Some(key)) => match server::load_tls(&cert, &key) {
-                    Ok(tls) => Some(tls),
-                    Err(e) => {
-                        eprintln!("sandcove serve: {e}");
-                        return ExitCode::from(2);
-                    }
-                },
-                _ => None,
-            };
-            for addr in std::iter::once(listen)
-                .chain(e2b)
-                .chain(daytona)
-                .chain(blaxel)
-            {
-                if tls.is_none() && !addr.ip().is_loopback() {
-                    eprintln!(
-                        "sandcove serve: WARNING: plain HTTP on {addr}: the API key crosses the \
-                         network in clear text; serve TLS with --tls-cert and --tls-key"
-                    );
-                }
-            }
-            let state_dir = state_dir.unwrap_or_else(sandcove::backend::local::default_state_dir);
-            let backend: Arc<dyn Backend> = match LocalBackend::with_state_dir(&state_dir) {
-                Ok(engine) => Arc::new(engine),
-                Err(e) => {
-                    eprintln!("sandcove serve: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            // The Blaxel proxy's CA: created or loaded (file IO, key generation) before the
-            // event loop starts.
-            let blaxel_ca = match blaxel {
-                Some(_) => match SandcoveCa::open(blaxel_ca_dir(&state_dir), BLAXEL_HOSTS) {
-                    Ok(ca) => Some(ca),
-                    Err(e) => {
-                        eprintln!("sandcove serve: the Blaxel proxy's CA: {e}");
-                        return ExitCode::FAILURE;
-                    }
-                },
-                None => None,
-            };
-            let scheme = if tls.is_some() { "https" } else { "http" };
-            let mut config = ServerConfig::new(api_key.clone());
-            config.max_body_bytes = max_body_bytes;
-            config.max_upload_bytes = max_upload_bytes;
-            config.max_connections = max_connections;
-            config.head_timeout = Duration::from_millis(head_timeout_ms);
-            config.tls = tls;
-            let limits = ConnectionLimits::from(&config);
-            let daytona_key = api_key.clone();
-            let blaxel_key = api_key.clone();
-            let mut wire = e2b::wire::WireConfig::new(api_key);
-            wire.max_body_bytes = max_body_bytes;
-            wire.max_upload_bytes = max_upload_bytes;
-            let runtime = match tokio::runtime::Runtime::new() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("sandcove serve: cannot start the async runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            let result = runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::bind(listen).await?;
-                let native = listener.local_addr()?;
-                let e2b_listener = match e2b {
-                    Some(addr) => Some(tokio::net::TcpListener::bind(addr).await?),
-                    None => None,
-                };
-                let daytona_listener = match daytona {
-                    Some(addr) => Some(tokio::net::TcpListener::bind(addr).await?),
-                    None => None,
-                };
-                let blaxel_listener = match blaxel {
-                    Some(addr) => Some(tokio::net::TcpListener::bind(addr).await?),
-                    None => None,
-                };
-                let mut listeners = record::Listeners {
-                    pid: std::process::id(),
-                    native: format!("{scheme}://{native}"),
-                    e2b: None,
-                    daytona: None,
-                    blaxel: None,
-                };
-                // One shutdown signal, fanned out to every listener.
-                let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-                let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                };
-                let mut tasks = Vec::new();
-                if let Some(l) = e2b_listener {
-                    let addr = l.local_addr()?;
-                    listeners.e2b = Some(format!("{scheme}://{addr}"));
-                    let app = e2b::wire::router(backend.clone(), wire);
-                    tasks.push(tokio::spawn(server::serve_router(
-                        l,
-                        app,
-                        limits.clone(),
-                        stopped(stop_rx.clone()),
-                    )));
-                }
-                if let Some(l) = daytona_listener {
-                    let addr = l.local_addr()?;
-                    let origin = format!("{scheme}://{addr}");
-                    listeners.daytona = Some(origin.clone());
-                    let mut config = daytona::wire::WireConfig::new(daytona_key, origin);
-                    config.max_body_bytes = max_body_bytes;
-                    config.max_upload_bytes = daytona_upload_cap(max_upload_bytes);
-                    let app = daytona::wire::router(backend.clone(), config);
-                    tasks.push(tokio::spawn(server::serve_router(
-                        l,
-                        app,
-                        limits.clone(),
-                        stopped(stop_rx.clone()),
-                    )));
-                }
-                if let (Some(l), Some(ca)) = (blaxel_listener, blaxel_ca.clone()) {
-                    let addr = l.local_addr()?;
-                    // Plain HTTP: the origin of every sandbox's `metadata.url`.
-                    let origin = format!("http://{addr}");
-                    listeners.blaxel = Some(origin.clone());
-                    let mut config = blaxel::wire::WireConfig::new(blaxel_key, origin);
-                    config.workspace = BLAXEL_WORKSPACE.to_string();
-                    config.max_body_bytes = max_body_bytes;
-                    config.max_upload_bytes = daytona_upload_cap(max_upload_bytes);
-                    let app = blaxel::wire::router(backend.clone(), config);
-                    tasks.push(tokio::spawn(server::serve_router_intercepting(
-                        l,
-                        app,
-                        limits.clone(),
-                        ca,
-                        stopped(stop_rx.clone()),
-                    )));
-                }
-                // Recorded before announced: whoever reads the announcement finds the record.
-                let record = record::write(&state_dir, &listeners)?;
-                eprintln!(
-                    "sandcove serve: listening on {scheme}://{native} (Ctrl-C to stop; sandboxes outlive the server)"
-                );
-                if let Some(e2b) = &listeners.e2b {
-                    eprintln!("sandcove serve: E2B wire protocol on {e2b}");
-                }
-                if let Some(daytona) = &listeners.daytona {
-                    eprintln!("sandcove serve: Daytona wire protocol on {daytona}");
-                }
-                if let Some(blaxel) = &listeners.blaxel {
-                    eprintln!("sandcove serve: Blaxel wire protocol on {blaxel}");
-                    if let Some(ca) = &blaxel_ca {
-                        eprintln!(
-                            "sandcove serve: Blaxel HTTPS proxy on the same port for {} \
-                             (CA bundle {})",
-                            ca.hosts().join(", "),
-                            ca.bundle_path().display()
-                        );
-                    }
-                }
-                let native_task = tokio::spawn(server::serve(
-                    listener,
-                    backend,
-                    config,
-                    stopped(stop_rx.clone()),
-                ));
-                server::shutdown_signal().await;
-                let _ = stop_tx.send(true);
-                let mut result = native_task
-                    .await
-                    .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
-                for task in tasks {
-                    let r = task
-                        .await
-                        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
-                    if result.is_ok() {
-                        result = r;
-                    }
-                }
-                record::remove(&record);
-                result
-            });
-            match result {
-                Ok(()) => {
-                    eprintln!("sandcove serve: stopped; live sandboxes keep running until their lease ends or they are destroyed");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("sandcove serve: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+        Cmd::Env { vendor, state_dir } => env::env_command(&vendor, state_dir),
+        Cmd::Ca { state_dir } => env::ca_command(state_dir),
+        Cmd::Serve(args) => serve::run(args),
+        Cmd::Ls(args) => out::finish("ls", sandboxes::ls(args, json)),
+        Cmd::Info { id } => out::finish("info", sandboxes::info(&id, json)),
+        Cmd::Create(args) => out::finish("create", sandboxes::create(args, json)),
+        Cmd::Kill(args) => out::finish("kill", sandboxes::kill(args, json)),
+        Cmd::Pause { id } => out::finish(
+            "pause",
+            sandboxes::change(&id, sandboxes::Change::Pause, json),
+        ),
+        Cmd::Resume { id } => out::finish(
+            "resume",
+            sandboxes::change(&id, sandboxes::Change::Resume, json),
+        ),
+        Cmd::SetTimeout { id, timeout } => out::finish(
+            "set-timeout",
+            sandboxes::change(&id, sandboxes::Change::Timeout(timeout), json),
+        ),
+        Cmd::Exec(args) => out::finish("exec", procs::exec(args, json)),
+        Cmd::Shell { id } => out::finish("shell", procs::shell(&id)),
+        Cmd::Logs(args) => out::finish("logs", procs::logs(args, json)),
+        Cmd::Ps { id } => out::finish("ps", procs::ps(&id, json)),
+        Cmd::Cp(args) => out::finish("cp", cp::cp(args, json)),
+        Cmd::Snapshot(cmd) => out::finish("snapshot", store::snapshot(cmd, json)),
+        Cmd::Volume(cmd) => out::finish("volume", store::volume(cmd, json)),
+        Cmd::Doctor => out::finish("doctor", doctor::doctor(json)),
+        Cmd::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "sandcove", &mut std::io::stdout());
+            ExitCode::SUCCESS
         }
     }
-}
-
-/// The in-memory cap of one Daytona (or Blaxel) upload: the server's upload limit, but never
-/// more than 64 MiB (the E2B listener's multipart cap too), since an upload body is parsed
-/// whole.
-fn daytona_upload_cap(max_upload_bytes: u64) -> usize {
-    usize::try_from(max_upload_bytes.min(64 * 1024 * 1024)).unwrap_or(usize::MAX)
-}
-
-/// The workspace name of the Blaxel listener (one server is one workspace).
-const BLAXEL_WORKSPACE: &str = "sandcove";
-
-/// The hosts Blaxel's SDKs reach over HTTPS, which the Blaxel listener's proxy intercepts
-/// and its CA may sign for (and nothing else).
-const BLAXEL_HOSTS: &[&str] = &[
-    "api.blaxel.ai",
-    "run.blaxel.ai",
-    "api.blaxel.dev",
-    "run.blaxel.dev",
-];
-
-/// Where the Blaxel proxy's CA and bundle live.
-fn blaxel_ca_dir(state_dir: &std::path::Path) -> PathBuf {
-    state_dir.join("blaxel-ca")
-}
-
-/// `sandcove ca`.
-fn ca_command(state_dir: Option<PathBuf>) -> ExitCode {
-    let state_dir = state_dir.unwrap_or_else(sandcove::backend::local::default_state_dir);
-    let dir = blaxel_ca_dir(&state_dir);
-    let bundle = intercept::bundle_path(&dir);
-    println!("directory:  {}", dir.display());
-    println!(
-        "bundle:     {} (SSL_CERT_FILE: the host's public roots, then the Sandcove CA)",
-        bundle.display()
-    );
-    println!("cert:       {}", dir.join("ca").join("cert.pem").display());
-    println!(
-        "key:        {} (mode 0600)",
-        dir.join("ca").join("key.pem").display()
-    );
-    println!(
-        "signs for:  {} only (X.509 name constraints, critical; no IP addresses, no \
-         intermediate CAs, TLS server certificates only)",
-        BLAXEL_HOSTS.join(", ")
-    );
-    println!(
-        "remove:     stop `sandcove serve`, then rm -r {} (nothing was installed into the \
-         system trust store)",
-        shell_quote(&dir.display().to_string())
-    );
-    if bundle.is_file() {
-        ExitCode::SUCCESS
-    } else {
-        eprintln!(
-            "sandcove ca: no CA in {} yet: `sandcove serve --blaxel ADDR` creates it",
-            dir.display()
-        );
-        ExitCode::FAILURE
-    }
-}
-
-/// `sandcove env VENDOR`.
-fn env_command(vendor: &str, state_dir: Option<PathBuf>) -> ExitCode {
-    if vendor == "daytona" {
-        return env_daytona(state_dir);
-    }
-    if vendor == "blaxel" {
-        return env_blaxel(state_dir);
-    }
-    if vendor != "e2b" {
-        eprintln!("sandcove env: unknown vendor '{vendor}': use e2b, daytona or blaxel");
-        return ExitCode::FAILURE;
-    }
-    let Ok(Running { key, url, .. }) = running(state_dir, "e2b", "E2B_API_KEY", record::find_e2b)
-    else {
-        return ExitCode::FAILURE;
-    };
-    println!("export E2B_API_URL={}", shell_quote(&url));
-    println!("export E2B_SANDBOX_URL={}", shell_quote(&url));
-    println!("export E2B_API_KEY={}", shell_quote(&key));
-    ExitCode::SUCCESS
-}
-
-/// What `sandcove env` needs of a running vendor listener.
-struct Running {
-    /// The server's API key, from the environment.
-    key: String,
-    /// The listener's origin, from its record.
-    url: String,
-    /// The state directory the record was found in.
-    state_dir: PathBuf,
-}
-
-/// The API key and the running `sandcove serve --<vendor>` listener recorded in the state
-/// directory; `Err` after saying on stderr what is missing (`sdk_key_var`: the variable the
-/// vendor's SDK reads the key from).
-fn running(
-    state_dir: Option<PathBuf>,
-    vendor: &str,
-    sdk_key_var: &str,
-    find: fn(&std::path::Path) -> std::io::Result<Option<String>>,
-) -> Result<Running, ()> {
-    let Some(key) = std::env::var(API_KEY_ENV)
-        .ok()
-        .filter(|k| !k.trim().is_empty())
-    else {
-        eprintln!(
-            "sandcove env: {API_KEY_ENV} is not set: set it to the server's API key (the SDK \
-             sends it as {sdk_key_var})"
-        );
-        return Err(());
-    };
-    let state_dir = state_dir.unwrap_or_else(sandcove::backend::local::default_state_dir);
-    match find(&state_dir) {
-        Ok(Some(url)) => Ok(Running {
-            key: key.trim().to_string(),
-            url,
-            state_dir,
-        }),
-        Ok(None) => {
-            eprintln!(
-                "sandcove env: no running `sandcove serve --{vendor} ADDR` found in {}; start \
-                 one (with the same state directory) first",
-                state_dir.display()
-            );
-            Err(())
-        }
-        Err(e) => {
-            eprintln!("sandcove env: {e}");
-            Err(())
-        }
-    }
-}
-
-/// A value as one POSIX shell word.
-fn shell_quote(value: &str) -> String {
-    if !value.is_empty()
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./:@=+,%".contains(&b))
-    {
-        value.to_string()
-    } else {
-        format!("'{}'", value.replace('\'', "'\\''"))
-    }
-}
-
-/// `sandcove env daytona`.
-fn env_daytona(state_dir: Option<PathBuf>) -> ExitCode {
-    let Ok(Running { key, url, .. }) = running(
-        state_dir,
-        "daytona",
-        "DAYTONA_API_KEY",
-        record::find_daytona,
-    ) else {
-        return ExitCode::FAILURE;
-    };
-    println!(
-        "export DAYTONA_API_URL={}",
-        shell_quote(&format!("{url}/api"))
-    );
-    println!("export DAYTONA_API_KEY={}", shell_quote(&key));
-    ExitCode::SUCCESS
-}
-
-/// `sandcove env blaxel`.
-fn env_blaxel(state_dir: Option<PathBuf>) -> ExitCode {
-    let Ok(Running {
-        key,
-        url,
-        state_dir,
-    }) = running(state_dir, "blaxel", "BL_API_KEY", record::find_blaxel)
-    else {
-        return ExitCode::FAILURE;
-    };
-    // The TypeScript SDK: plain HTTP to this listener for both planes.
-    println!("export BL_WORKSPACE={}", shell_quote(BLAXEL_WORKSPACE));
-    println!("export BL_API_KEY={}", shell_quote(&key));
-    println!("export BL_API_URL={}", shell_quote(&format!("{url}/v0")));
-    println!("export BL_RUN_URL={}", shell_quote(&url));
-    println!("export BL_DISABLE_H2=1");
-    // The Python SDK (fixed https://api.blaxel.ai): through the listener's proxy, trusting
-    // the bundle of the host's roots plus the Sandcove CA.
-    let bundle = intercept::bundle_path(&blaxel_ca_dir(&state_dir));
-    if !bundle.is_file() {
-        eprintln!(
-            "sandcove env: the Blaxel proxy's CA bundle {} is missing; restart `sandcove serve \
-             --blaxel ADDR` to create it",
-            bundle.display()
-        );
-        return ExitCode::FAILURE;
-    }
-    println!("export HTTPS_PROXY={}", shell_quote(&url));
-    println!(
-        "export SSL_CERT_FILE={}",
-        shell_quote(&bundle.display().to_string())
-    );
-    ExitCode::SUCCESS
 }

@@ -40,6 +40,7 @@
 mod files;
 mod idempotency;
 pub mod intercept;
+mod observe;
 mod openapi;
 mod processes;
 mod resources;
@@ -246,14 +247,23 @@ fn state(backend: Arc<dyn Backend>, config: ServerConfig) -> AppState {
 fn build(state: AppState) -> Router {
     let key: Arc<str> = state.config.api_key.as_str().into();
     let mut router = Router::new();
+    let mut table = Vec::new();
     for route in routes() {
+        table.push((route.method.clone(), route.path, route.op));
         router = router.route(route.path, route.handler);
     }
+    // Spans and metrics: one layer around everything (see `observe`).
+    let observer = Arc::new(observe::Observer::new(table));
+    let metrics = Router::new()
+        .route(observe::METRICS_PATH, axum::routing::get(observe::metrics))
+        .with_state((observer.clone(), state.backend.clone()));
     router
         .fallback(fallback)
         .with_state(state)
+        .merge(metrics)
         .layer(middleware::map_response(json_errors))
         .layer(middleware::from_fn_with_state(key, authenticate))
+        .layer(middleware::from_fn_with_state(observer, observe::observe))
 }
 
 /// Serve `backend` on `listener` until `shutdown` completes (see the module docs for what
@@ -656,6 +666,8 @@ fn error_response(status: StatusCode, error: &Error) -> Response {
         body,
     )
         .into_response();
+    // For the metrics' errors by code.
+    response.extensions_mut().insert(error.code());
     match error {
         Error::Unauthenticated { .. } => {
             response

@@ -1019,6 +1019,7 @@ impl Backend for LocalBackend {
         Ok(self.capabilities())
     }
 
+    #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
     async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
         check_create(&options, self.cgroups.is_some())?;
         if !self.unisolated && pool::serves(&options, self.mapping) {
@@ -1115,6 +1116,7 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn destroy(&self, id: &str) -> Result<()> {
         // Any version's monitor destroys on the same request, so nothing another build made
         // leaks.
@@ -1129,11 +1131,13 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
         spec.validate()?;
         self.process_stream(id, AgentRequest::Spawn { spec }).await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream> {
         self.process_stream(id, AgentRequest::Attach { process })
             .await
@@ -1167,6 +1171,7 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream> {
         let mut stream = self
             .agent_stream(
@@ -1210,6 +1215,7 @@ impl Backend for LocalBackend {
         ))
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn write_file(
         &self,
         id: &str,
@@ -1318,10 +1324,12 @@ impl Backend for LocalBackend {
         .await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn pause(&self, id: &str) -> Result<SandboxInfo> {
         self.monitor_info(id, MonitorRequest::Pause).await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn resume(&self, id: &str) -> Result<SandboxInfo> {
         self.monitor_info(id, MonitorRequest::Resume).await
     }
@@ -1439,6 +1447,7 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
         if self.unisolated {
             return Err(Error::not_supported(
@@ -1491,6 +1500,7 @@ impl Backend for LocalBackend {
         Ok(())
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn fork(&self, id: &str, options: CreateOptions) -> Result<SandboxInfo> {
         if options.snapshot.is_some() {
             return Err(Error::invalid(

@@ -1,0 +1,381 @@
+//! `sandcove serve`: the native API, plus one listener per vendor wire protocol asked for.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use sandcove::client::API_KEY_ENV;
+use sandcove::server::intercept::SandcoveCa;
+use sandcove::server::{self, ConnectionLimits, ServerConfig};
+use sandcove::{Backend, LocalBackend};
+use tracing::Instrument;
+
+use crate::record;
+
+// The arguments of `sandcove serve` (its help text is the variant's doc in `main.rs`).
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on. Beyond loopback, serve TLS (--tls-cert, --tls-key).
+    #[arg(long, default_value = "127.0.0.1:8730")]
+    pub listen: SocketAddr,
+    /// A file holding the API key (first line; the file must not be readable by group
+    /// or others). Alternative to SANDCOVE_API_KEY.
+    #[arg(long, value_name = "PATH")]
+    pub api_key_file: Option<PathBuf>,
+    /// Refused: a key on the command line is visible to every local user.
+    #[arg(long, hide = true, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// PEM certificate chain (leaf first): serve HTTPS. Needs --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert (mode 0600 or stricter).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// The engine's state directory (default: $SANDCOVE_STATE_DIR, else
+    /// $XDG_STATE_HOME/sandcove).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Largest JSON or stdin request body, in bytes.
+    #[arg(long, default_value_t = 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// Largest file upload, in bytes.
+    #[arg(long, default_value_t = 4 * 1024 * 1024 * 1024)]
+    pub max_upload_bytes: u64,
+    /// Connections served at once; more wait until one closes.
+    #[arg(long, default_value_t = 512)]
+    pub max_connections: usize,
+    /// Milliseconds a client gets for its TLS handshake and each request head.
+    #[arg(long, default_value_t = 10_000)]
+    pub head_timeout_ms: u64,
+    /// Also serve E2B's wire protocol (control plane and envd) on this address, for
+    /// E2B's official Python and TypeScript SDKs (see `sandcove env e2b`). Same engine,
+    /// same API key (sent by the SDKs as X-API-KEY), same TLS settings.
+    #[arg(long, value_name = "ADDR")]
+    pub e2b: Option<SocketAddr>,
+    /// Also serve Daytona's wire protocol (the `/api` control plane and the toolbox) on
+    /// this address, for Daytona's official Python and TypeScript SDKs (see `sandcove env
+    /// daytona`). Same engine, same API key (sent by the SDKs as Authorization: Bearer),
+    /// same TLS settings.
+    #[arg(long, value_name = "ADDR")]
+    pub daytona: Option<SocketAddr>,
+    /// Also serve Blaxel's wire protocol (the `/v0` control plane and every sandbox's
+    /// sandbox API) on this address, for Blaxel's official TypeScript SDK (see `sandcove
+    /// env blaxel`). Same engine, same API key (sent by the SDKs as
+    /// X-Blaxel-Authorization: Bearer), plain HTTP.
+    ///
+    /// The same port is an HTTPS proxy for the Python SDK, whose URL is fixed:
+    /// `CONNECT api.blaxel.ai:443` (and run.blaxel.ai, api.blaxel.dev, run.blaxel.dev) is
+    /// answered with TLS from a local CA that can sign for those four names only, and
+    /// served by the same router; any other CONNECT is refused (403). The CA is created
+    /// once in <state dir>/blaxel-ca (see `sandcove ca`).
+    #[arg(long, value_name = "ADDR")]
+    pub blaxel: Option<SocketAddr>,
+}
+
+/// The API key from `--api-key-file` or the environment, which is then scrubbed.
+fn api_key(file: Option<PathBuf>, on_command_line: bool) -> Result<String, String> {
+    // Read (and remove) the variable first, so it never outlives this point whatever else
+    // fails. The process is still single-threaded here.
+    let from_env = std::env::var(API_KEY_ENV).ok();
+    std::env::remove_var(API_KEY_ENV);
+    if on_command_line {
+        return Err(format!(
+            "--api-key is not accepted: the command line is visible to every local user. \
+             Set {API_KEY_ENV} or use --api-key-file PATH"
+        ));
+    }
+    let key = match (file, from_env) {
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "both {API_KEY_ENV} and --api-key-file are set: choose one"
+            ))
+        }
+        (Some(path), None) => {
+            let bytes = server::read_secret_file(&path, true).map_err(|e| e.to_string())?;
+            let text = String::from_utf8(bytes)
+                .map_err(|_| format!("{}: the key is not UTF-8", path.display()))?;
+            text.lines().next().unwrap_or_default().trim().to_string()
+        }
+        (None, Some(key)) => key.trim().to_string(),
+        (None, None) => String::new(),
+    };
+    if key.is_empty() {
+        return Err(format!(
+            "the API key is empty; set {API_KEY_ENV} or use --api-key-file PATH"
+        ));
+    }
+    Ok(key)
+}
+
+/// `sandcove serve`.
+pub fn run(args: ServeArgs) -> ExitCode {
+    let ServeArgs {
+        listen,
+        api_key_file,
+        api_key: on_command_line,
+        tls_cert,
+        tls_key,
+        state_dir,
+        max_body_bytes,
+        max_upload_bytes,
+        max_connections,
+        head_timeout_ms,
+        e2b,
+        daytona,
+        blaxel,
+    } = args;
+    if blaxel.is_some() && (tls_cert.is_some() || tls_key.is_some()) {
+        eprintln!(
+            "sandcove serve: --blaxel serves plain HTTP only (the SDK's sandbox URLs \
+                     point at it); serve it on a loopback address without --tls-cert"
+        );
+        return ExitCode::from(2);
+    }
+    let api_key = match api_key(api_key_file, on_command_line.is_some()) {
+        Ok(key) => key,
+        Err(message) => {
+            eprintln!("sandcove serve: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let tls = match (tls_cert, tls_key) {
+        (Some(cert), Some(key)) => match server::load_tls(&cert, &key) {
+            Ok(tls) => Some(tls),
+            Err(e) => {
+                eprintln!("sandcove serve: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => None,
+    };
+    for addr in std::iter::once(listen)
+        .chain(e2b)
+        .chain(daytona)
+        .chain(blaxel)
+    {
+        if tls.is_none() && !addr.ip().is_loopback() {
+            eprintln!(
+                "sandcove serve: WARNING: plain HTTP on {addr}: the API key crosses the \
+                         network in clear text; serve TLS with --tls-cert and --tls-key"
+            );
+        }
+    }
+    let state_dir = state_dir.unwrap_or_else(sandcove::backend::local::default_state_dir);
+    let backend: Arc<dyn Backend> = match LocalBackend::with_state_dir(&state_dir) {
+        Ok(engine) => Arc::new(engine),
+        Err(e) => {
+            eprintln!("sandcove serve: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The Blaxel proxy's CA: created or loaded (file IO, key generation) before the
+    // event loop starts.
+    let blaxel_ca = match blaxel {
+        Some(_) => match SandcoveCa::open(blaxel_ca_dir(&state_dir), BLAXEL_HOSTS) {
+            Ok(ca) => Some(ca),
+            Err(e) => {
+                eprintln!("sandcove serve: the Blaxel proxy's CA: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut config = ServerConfig::new(api_key.clone());
+    config.max_body_bytes = max_body_bytes;
+    config.max_upload_bytes = max_upload_bytes;
+    config.max_connections = max_connections;
+    config.head_timeout = Duration::from_millis(head_timeout_ms);
+    config.tls = tls;
+    let limits = ConnectionLimits::from(&config);
+    let daytona_key = api_key.clone();
+    let blaxel_key = api_key.clone();
+    let mut wire = e2b::wire::WireConfig::new(api_key);
+    wire.max_body_bytes = max_body_bytes;
+    wire.max_upload_bytes = max_upload_bytes;
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sandcove serve: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::bind(listen).await?;
+                let native = listener.local_addr()?;
+                let e2b_listener = match e2b {
+                    Some(addr) => Some(tokio::net::TcpListener::bind(addr).await?),
+                    None => None,
+                };
+                let daytona_listener = match daytona {
+                    Some(addr) => Some(tokio::net::TcpListener::bind(addr).await?),
+                    None => None,
+                };
+                let blaxel_listener = match blaxel {
+                    Some(addr) => Some(tokio::net::TcpListener::bind(addr).await?),
+                    None => None,
+                };
+                let mut listeners = record::Listeners {
+                    pid: std::process::id(),
+                    native: format!("{scheme}://{native}"),
+                    e2b: None,
+                    daytona: None,
+                    blaxel: None,
+                };
+                // One shutdown signal, fanned out to every listener.
+                let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+                let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                };
+                let mut tasks = Vec::new();
+                if let Some(l) = e2b_listener {
+                    let addr = l.local_addr()?;
+                    listeners.e2b = Some(format!("{scheme}://{addr}"));
+                    let app = traced(e2b::wire::router(backend.clone(), wire), "e2b");
+                    tasks.push(tokio::spawn(server::serve_router(
+                        l,
+                        app,
+                        limits.clone(),
+                        stopped(stop_rx.clone()),
+                    )));
+                }
+                if let Some(l) = daytona_listener {
+                    let addr = l.local_addr()?;
+                    let origin = format!("{scheme}://{addr}");
+                    listeners.daytona = Some(origin.clone());
+                    let mut config = daytona::wire::WireConfig::new(daytona_key, origin);
+                    config.max_body_bytes = max_body_bytes;
+                    config.max_upload_bytes = daytona_upload_cap(max_upload_bytes);
+                    let app = traced(daytona::wire::router(backend.clone(), config), "daytona");
+                    tasks.push(tokio::spawn(server::serve_router(
+                        l,
+                        app,
+                        limits.clone(),
+                        stopped(stop_rx.clone()),
+                    )));
+                }
+                if let (Some(l), Some(ca)) = (blaxel_listener, blaxel_ca.clone()) {
+                    let addr = l.local_addr()?;
+                    // Plain HTTP: the origin of every sandbox's `metadata.url`.
+                    let origin = format!("http://{addr}");
+                    listeners.blaxel = Some(origin.clone());
+                    let mut config = blaxel::wire::WireConfig::new(blaxel_key, origin);
+                    config.workspace = BLAXEL_WORKSPACE.to_string();
+                    config.max_body_bytes = max_body_bytes;
+                    config.max_upload_bytes = daytona_upload_cap(max_upload_bytes);
+                    let app = traced(blaxel::wire::router(backend.clone(), config), "blaxel");
+                    tasks.push(tokio::spawn(server::serve_router_intercepting(
+                        l,
+                        app,
+                        limits.clone(),
+                        ca,
+                        stopped(stop_rx.clone()),
+                    )));
+                }
+                // Recorded before announced: whoever reads the announcement finds the record.
+                let record = record::write(&state_dir, &listeners)?;
+                eprintln!(
+                    "sandcove serve: listening on {scheme}://{native} (Ctrl-C to stop; sandboxes outlive the server)"
+                );
+                if let Some(e2b) = &listeners.e2b {
+                    eprintln!("sandcove serve: E2B wire protocol on {e2b}");
+                }
+                if let Some(daytona) = &listeners.daytona {
+                    eprintln!("sandcove serve: Daytona wire protocol on {daytona}");
+                }
+                if let Some(blaxel) = &listeners.blaxel {
+                    eprintln!("sandcove serve: Blaxel wire protocol on {blaxel}");
+                    if let Some(ca) = &blaxel_ca {
+                        eprintln!(
+                            "sandcove serve: Blaxel HTTPS proxy on the same port for {} \
+                             (CA bundle {})",
+                            ca.hosts().join(", "),
+                            ca.bundle_path().display()
+                        );
+                    }
+                }
+                let native_task = tokio::spawn(server::serve(
+                    listener,
+                    backend,
+                    config,
+                    stopped(stop_rx.clone()),
+                ));
+                server::shutdown_signal().await;
+                let _ = stop_tx.send(true);
+                let mut result = native_task
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+                for task in tasks {
+                    let r = task
+                        .await
+                        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+                    if result.is_ok() {
+                        result = r;
+                    }
+                }
+                record::remove(&record);
+                result
+            });
+    match result {
+        Ok(()) => {
+            eprintln!("sandcove serve: stopped; live sandboxes keep running until their lease ends or they are destroyed");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sandcove serve: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A vendor wire listener's router with one log line per request, in a span naming the
+/// listener, the method, the path (never the query, which may carry signatures, nor any
+/// header, which carry keys), the status and the duration.
+fn traced(app: axum::Router, listener: &'static str) -> axum::Router {
+    app.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| async move {
+            let started = std::time::Instant::now();
+            let path: String = request.uri().path().chars().take(256).collect();
+            let span = tracing::info_span!(
+                "request",
+                listener,
+                method = %request.method(),
+                path,
+                status = tracing::field::Empty,
+                duration_ms = tracing::field::Empty,
+            );
+            let response = next.run(request).instrument(span.clone()).await;
+            span.record("status", response.status().as_u16());
+            span.record("duration_ms", started.elapsed().as_millis() as u64);
+            span.in_scope(|| tracing::info!("request answered"));
+            response
+        },
+    ))
+}
+
+/// The in-memory cap of one Daytona (or Blaxel) upload: the server's upload limit, but never
+/// more than 64 MiB (the E2B listener's multipart cap too), since an upload body is parsed
+/// whole.
+fn daytona_upload_cap(max_upload_bytes: u64) -> usize {
+    usize::try_from(max_upload_bytes.min(64 * 1024 * 1024)).unwrap_or(usize::MAX)
+}
+
+/// The workspace name of the Blaxel listener (one server is one workspace).
+pub const BLAXEL_WORKSPACE: &str = "sandcove";
+
+/// The hosts Blaxel's SDKs reach over HTTPS, which the Blaxel listener's proxy intercepts
+/// and its CA may sign for (and nothing else).
+pub const BLAXEL_HOSTS: &[&str] = &[
+    "api.blaxel.ai",
+    "run.blaxel.ai",
+    "api.blaxel.dev",
+    "run.blaxel.dev",
+];
+
+/// Where the Blaxel proxy's CA and bundle live.
+pub fn blaxel_ca_dir(state_dir: &std::path::Path) -> PathBuf {
+    state_dir.join("blaxel-ca")
+}
