@@ -1,6 +1,7 @@
 //! Sandcove against the floor and its peers, side by side in one run.
 //!
-//! `cargo bench -p sandcove-bench` (add `-- --quick` for a shorter run). Every latency row is
+//! `cargo bench -p sandcove-bench` (add `-- --quick` for a shorter run, `-- --scale` for the
+//! 1,000-sandbox rows, which need a few GiB of memory). Every latency row is
 //! sampled once per round, rounds interleave all rows, so a noisy neighbour slows every row
 //! alike and the ratios to the floor stay meaningful. Nothing here asserts a timing.
 
@@ -400,11 +401,12 @@ async fn write_read(backend: &dyn Backend, id: &str, bytes: usize) -> Result<Dur
     Ok(start.elapsed())
 }
 
-/// Resident memory (kB) of the monitors and agents of sandboxes `ids` (both carry the
-/// sandbox's state directory in their environment), and how many processes that is.
-fn rss_kb_of(ids: &[String]) -> (u64, usize) {
+/// Resident (RSS) and proportional (PSS, shared pages split between their users) memory in
+/// kB of the monitors and agents of sandboxes `ids` (both carry the sandbox's state
+/// directory in their environment), from `smaps_rollup`, and how many processes that is.
+fn memory_kb_of(ids: &[String]) -> (u64, u64, usize) {
     let needles: Vec<String> = ids.iter().map(|id| format!("/sandboxes/{id}\0")).collect();
-    let mut total = 0;
+    let (mut rss, mut pss) = (0, 0);
     let mut count = 0;
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let p = e.path();
@@ -415,26 +417,124 @@ fn rss_kb_of(ids: &[String]) -> (u64, usize) {
         if !needles.iter().any(|n| env.contains(n.as_str())) {
             continue;
         }
-        let status = std::fs::read_to_string(p.join("status")).unwrap_or_default();
-        if let Some(kb) = status
-            .lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<u64>().ok())
-        {
-            total += kb;
+        let rollup = std::fs::read_to_string(p.join("smaps_rollup")).unwrap_or_default();
+        let field = |name: &str| {
+            rollup
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        if let (Some(r), Some(p)) = (field("Rss:"), field("Pss:")) {
+            rss += r;
+            pss += p;
             count += 1;
         }
     }
-    (total, count)
+    (rss, pss, count)
+}
+
+/// `MemAvailable` of the host, kB.
+fn mem_available_kb() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `--scale`: 1,000 sandboxes created concurrently with one command each, then destroyed;
+/// then 1,000 idle sandboxes held at once, with the host memory they take.
+async fn scale_rows(local: Arc<dyn Backend>) {
+    const N: usize = 1000;
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..N)
+        .map(|_| {
+            let backend = local.clone();
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let id = backend.create(short_options()).await?.id;
+                let ran = echo(&*backend, &id).await;
+                backend.destroy(&id).await?;
+                ran?;
+                Ok::<Duration, BoxError>(t.elapsed())
+            })
+        })
+        .collect();
+    let mut per = Row::new("scale", "");
+    let mut errors: std::collections::BTreeMap<String, usize> = Default::default();
+    for t in tasks {
+        match t.await {
+            Ok(Ok(d)) => per.samples.push(d),
+            Ok(Err(e)) => *errors.entry(e.to_string()).or_default() += 1,
+            Err(e) => *errors.entry(e.to_string()).or_default() += 1,
+        }
+    }
+    let wall = start.elapsed();
+    println!(
+        "scale: {N} sandboxes concurrently (create, one command, destroy): wall {} ms, \
+         per-sandbox p50 {} ms, p99 {} ms, failures {} {errors:?}",
+        wall.as_millis(),
+        ms(per.pct(0.5)),
+        ms(per.pct(0.99)),
+        errors.values().sum::<usize>(),
+    );
+
+    let before = mem_available_kb();
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..N)
+        .map(|_| {
+            let backend = local.clone();
+            tokio::spawn(async move { backend.create(short_options()).await.map(|i| i.id) })
+        })
+        .collect();
+    let mut held = Vec::new();
+    let mut failures = 0;
+    for t in tasks {
+        match t.await {
+            Ok(Ok(id)) => held.push(id),
+            _ => failures += 1,
+        }
+    }
+    let made = start.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (rss, pss, count) = memory_kb_of(&held);
+    let taken = before.saturating_sub(mem_available_kb());
+    println!(
+        "scale: {} idle sandboxes held at once ({failures} failed; made in {} ms): RSS {} MiB, \
+         PSS {} MiB ({count} processes), host MemAvailable down {} MiB ({:.0} kB per sandbox)",
+        held.len(),
+        made.as_millis(),
+        rss / 1024,
+        pss / 1024,
+        taken / 1024,
+        taken as f64 / held.len().max(1) as f64,
+    );
+    let destroys: Vec<_> = held
+        .into_iter()
+        .map(|id| {
+            let backend = local.clone();
+            tokio::spawn(async move { backend.destroy(&id).await })
+        })
+        .collect();
+    for d in destroys {
+        let _ = d.await;
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), BoxError> {
     let quick = std::env::args().any(|a| a == "--quick");
     let rounds = if quick { 30 } else { 200 };
-    // The default state directory: the facade finds its runtime the same way.
-    let local: Arc<dyn Backend> = Arc::new(LocalBackend::new()?);
+    let scale = std::env::args().any(|a| a == "--scale");
+    // The default state directory: the facade finds its runtime the same way. `local` keeps
+    // a warm pool of two (the default, set explicitly so the environment cannot change the
+    // row); `cold` is the same engine without one, for the cold-create row.
+    let warm_engine = LocalBackend::new()?.with_warm_pool(2);
+    let local: Arc<dyn Backend> = Arc::new(warm_engine.clone());
+    let cold: Arc<dyn Backend> = Arc::new(LocalBackend::new()?.with_warm_pool(0));
 
     // A loopback server over the same engine.
     let key = "bench-key".to_string();
@@ -509,7 +609,7 @@ async fn main() -> Result<(), BoxError> {
         ),
         Row::new(
             "create",
-            "create → first byte of `echo hi` → destroy (embedded)",
+            "create → first byte of `echo hi` → destroy (embedded, warm pool of 2)",
         ),
         Row::new(
             "exec",
@@ -525,6 +625,10 @@ async fn main() -> Result<(), BoxError> {
             "e2b-wire",
             "`echo hi` via `process.Process/Start` on the E2B listener (Rust client, Connect JSON)",
         ),
+        Row::new(
+            "create-cold",
+            "create → first byte of `echo hi` → destroy (embedded, no pool: namespaces and root built while the caller waits)",
+        ),
     ];
     // Warm up every path once.
     floor();
@@ -532,14 +636,27 @@ async fn main() -> Result<(), BoxError> {
     echo(&*http, &exec_sandbox).await?;
     echo_e2b_wire(&wire).await?;
     facade.commands.run("echo hi").await?;
+    // The pool starts filling at the first create; let it fill before sampling.
+    create_cycle(&*local).await?;
+    create_cycle(&*cold).await?;
+    for _ in 0..200 {
+        if warm_engine.warm_ready() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let claims_before = warm_engine.warm_claims();
     for round in 0..rounds {
         rows[0].samples.push(floor());
         if has_bwrap {
             rows[1].samples.push(bwrap());
         }
         // Creation is the slowest row: sample it every other round to keep the run short.
+        // Warm and cold alternate, so the pool has a round to refill after each claim.
         if round % 2 == 0 {
             rows[2].samples.push(create_cycle(&*local).await?);
+        } else {
+            rows[8].samples.push(create_cycle(&*cold).await?);
         }
         rows[3].samples.push(echo(&*local, &exec_sandbox).await?);
         rows[4].samples.push(echo(&*http, &exec_sandbox).await?);
@@ -556,6 +673,9 @@ async fn main() -> Result<(), BoxError> {
         rows[6].samples.push(start.elapsed());
         rows[7].samples.push(echo_e2b_wire(&wire).await?);
     }
+
+    let warm_hits = warm_engine.warm_claims() - claims_before;
+    let warm_samples = rows[2].samples.len();
 
     // The official Python SDK against the same listener: its own client, its own loop.
     let (py_url, py_key) = (wire.url.clone(), wire.key.clone());
@@ -614,8 +734,9 @@ async fn main() -> Result<(), BoxError> {
         idle.push(local.create(short_options()).await?.id);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (kb, count) = rss_kb_of(&idle);
-    let per_sandbox_kb = kb as f64 / idle_n as f64;
+    let (rss_kb, pss_kb, count) = memory_kb_of(&idle);
+    let per_sandbox_kb = rss_kb as f64 / idle_n as f64;
+    let per_sandbox_pss = pss_kb as f64 / idle_n as f64;
     for id in idle {
         local.destroy(&id).await?;
     }
@@ -645,13 +766,17 @@ async fn main() -> Result<(), BoxError> {
         |a: usize, b: usize| rows[a].pct(0.5).as_secs_f64() / rows[b].pct(0.5).as_secs_f64();
     println!("| ratio | value | target |");
     println!("|---|---:|---:|");
-    println!("| create / floor | {:.2}× | ≤ 3× |", ratio(2, 0));
+    println!("| create (warm) / floor | {:.2}× | ≤ 3× |", ratio(2, 0));
+    println!("| create-cold / floor | {:.2}× | – |", ratio(8, 0));
     println!("| exec / floor | {:.2}× | ≤ 1.5× |", ratio(3, 0));
     println!("| facade / its core call | {:.3}× | ≤ 1.05× |", ratio(5, 6));
     println!("| exec-http / exec | {:.2}× | ≤ 2× |", ratio(4, 3));
     println!("| e2b-wire / exec-http | {:.2}× | ≤ 1.5× |", ratio(7, 4));
     if has_bwrap {
-        println!("| create / bwrap one-shot | {:.2}× | – |", ratio(2, 1));
+        println!(
+            "| create-cold / bwrap one-shot | {:.2}× | ≤ 1.0× |",
+            ratio(8, 1)
+        );
     }
     println!();
     println!("| files | embedded MB/s | HTTP MB/s |");
@@ -668,8 +793,14 @@ async fn main() -> Result<(), BoxError> {
         ms(per.pct(0.99)),
     );
     println!(
-        "idle: {per_sandbox_kb:.0} kB resident per idle sandbox (monitor + agent: {count} processes for {idle_n} sandboxes)"
+        "idle: {per_sandbox_kb:.0} kB RSS, {per_sandbox_pss:.0} kB PSS per idle sandbox (monitor + agent, smaps_rollup: {count} processes for {idle_n} sandboxes)"
     );
+    println!(
+        "warm pool: {warm_hits} of {warm_samples} warm-row creates were claimed from the pool"
+    );
+    if scale {
+        scale_rows(local.clone()).await;
+    }
 
     match &python {
         Ok(samples) => {

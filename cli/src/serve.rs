@@ -48,6 +48,10 @@ pub struct ServeArgs {
     /// refused with FileTooLarge.
     #[arg(long, default_value_t = sandcove::backend::local::MAX_FILE_BYTES)]
     pub max_file_bytes: u64,
+    /// Sandboxes of the default shape the engine keeps created ahead, claimed by the next
+    /// creates (0 turns the pool off, at most 64). Default: SANDCOVE_WARM_POOL, else 2.
+    #[arg(long, value_name = "N")]
+    pub warm_pool: Option<usize>,
     /// Connections served at once; more wait until one closes.
     #[arg(long, default_value_t = 512)]
     pub max_connections: usize,
@@ -126,6 +130,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
         max_body_bytes,
         max_upload_bytes,
         max_file_bytes,
+        warm_pool,
         max_connections,
         head_timeout_ms,
         e2b,
@@ -170,7 +175,15 @@ pub fn run(args: ServeArgs) -> ExitCode {
     }
     let state_dir = state_dir.unwrap_or_else(sandcove::backend::local::default_state_dir);
     let engine = LocalBackend::with_state_dir(&state_dir)
-        .and_then(|engine| engine.with_max_file_bytes(max_file_bytes));
+        .and_then(|engine| engine.with_max_file_bytes(max_file_bytes))
+        .map(|engine| {
+            let size = warm_pool.unwrap_or_else(|| {
+                sandcove::backend::local::warm_pool_size_from_env_or(
+                    sandcove::backend::local::SERVER_WARM_POOL,
+                )
+            });
+            engine.with_warm_pool(size)
+        });
     let backend: Arc<dyn Backend> = match engine {
         Ok(engine) => Arc::new(engine),
         Err(e) => {

@@ -96,6 +96,17 @@ async fn previews_serve_and_private_ones_need_the_token() {
         &[],
     )
     .await;
+    assert_eq!(status, 401, "deleting a preview revokes its tokens");
+    let twin_token = twin
+        .tokens
+        .create(SystemTime::now() + Duration::from_secs(600))
+        .await
+        .expect("twin token");
+    let (status, _) = http_get(
+        &format!("{url}/index.html?bl_preview_token={}", twin_token.value),
+        &[],
+    )
+    .await;
     assert_eq!(status, 200, "the twin keeps the port's URL open");
     sb.previews.delete("twin").await.expect("delete twin");
 

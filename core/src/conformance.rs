@@ -4247,6 +4247,100 @@ pub async fn preview_tokens_are_bounded_and_never_reach_the_sandbox(backend: &dy
     backend.destroy(&id).await.expect("destroy");
 }
 
+// ---------------------------------------------------------------------------------------------
+// Warm and cold creates
+// ---------------------------------------------------------------------------------------------
+
+/// What a caller can observe of a fresh sandbox, from inside and out, with its id and name
+/// replaced by placeholders.
+async fn fresh_view(
+    backend: &dyn Backend,
+    options: CreateOptions,
+    lease: Duration,
+) -> (String, crate::SandboxInfo) {
+    let asked_name = options.name.clone().expect("the case names its sandboxes");
+    let before = crate::now_millis();
+    let info = backend.create(options).await.expect("create");
+    let after = crate::now_millis();
+    let id = info.id.clone();
+    // The lease and the creation time start at this create, not when a pool made it.
+    assert!(
+        (before..=after).contains(&info.created_at),
+        "created_at {} outside the create call [{before}, {after}]",
+        info.created_at
+    );
+    assert_eq!(info.ends_at - info.created_at, lease.as_millis() as u64);
+    assert_eq!(info.name.as_deref(), Some(asked_name.as_str()));
+    assert_eq!(info.state, SandboxState::Running);
+    let got = backend.get(&id).await.expect("get");
+    assert_eq!(
+        (got.created_at, got.ends_at),
+        (info.created_at, info.ends_at)
+    );
+    assert_eq!(got.envs, info.envs);
+    let listed = backend
+        .list(ListOptions::default())
+        .await
+        .expect("list")
+        .into_iter()
+        .filter(|s| s.id == id)
+        .count();
+    assert_eq!(listed, 1, "listed once");
+    // Nothing ran in it before this caller.
+    assert_eq!(
+        backend.list_processes(&id).await.expect("processes"),
+        vec![],
+        "a fresh sandbox has run nothing"
+    );
+    let script = "id -un; id -u; id -g; id -Gn; echo \"$HOME\"; pwd; hostname; \
+                  echo --; printenv | sort; \
+                  echo --; ls -A /tmp /var/tmp /workspace /dev/shm 2>&1; \
+                  echo --; cat /etc/passwd /etc/group /etc/hostname /etc/hosts; \
+                  echo --; for p in /proc/[0-9]*; do read -r c < $p/comm; echo \"$c\"; done; \
+                  echo --; ulimit -a; umask; \
+                  echo --; ls -la / /workspace | awk '{print $1, $3, $4, $NF}'";
+    let out = sh(backend, &id, script).await;
+    assert_eq!(out.exit_code(), 0, "{}", out.stderr_lossy());
+    let hostname: String = id.chars().take(12).collect();
+    let view = out
+        .stdout_lossy()
+        .replace(&id, "<id>")
+        .replace(&hostname, "<hostname>")
+        .replace(&asked_name, "<name>");
+    let mut info = got;
+    info.id = "<id>".into();
+    info.name = Some("<name>".into());
+    info.created_at = 0;
+    info.ends_at = 0;
+    backend.destroy(&id).await.expect("destroy");
+    (view, info)
+}
+
+/// A sandbox `first` hands out (with the local engine: a warm-pool member it claims) matches
+/// one `second` creates cold with the same options, in everything a caller sees: name, envs,
+/// labels, user, lease, annotations, a `/tmp` and `/workspace` nothing wrote to, no process
+/// run before, its hostname, users, groups, limits and files.
+pub async fn claimed_sandbox_matches_a_cold_one(first: &dyn Backend, second: &dyn Backend) {
+    let lease = Duration::from_secs(321);
+    let marker = unique("claim");
+    let options = |name: &str| {
+        let mut o = test_options(&marker)
+            .env("CLAIM_A", "1")
+            .env("CLAIM_B", "two words")
+            .annotation("claim", "yes")
+            .timeout(lease);
+        o.name = Some(name.to_string());
+        o.user = Some("alice".into());
+        o
+    };
+    let (warm_view, warm_info) = fresh_view(first, options(&unique("warm")), lease).await;
+    let (cold_view, cold_info) = fresh_view(second, options(&unique("cold")), lease).await;
+    assert_eq!(warm_info, cold_info, "what get() says");
+    assert_eq!(warm_view, cold_view, "what a process sees");
+    assert!(warm_view.contains("\nCLAIM_B=two words\n"), "{warm_view}");
+    assert!(warm_view.starts_with("alice\n"), "{warm_view}");
+}
+
 /// Expect `result` to be the tombstone of `kind` `id`, with its time and reason in words.
 fn assert_destroyed<T: std::fmt::Debug>(
     result: crate::Result<T>,

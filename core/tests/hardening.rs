@@ -1743,9 +1743,14 @@ async fn unknown_and_malformed_ids_are_not_found_everywhere() {
     // would have).
     let parent_before: Vec<String> = host_names(&env.dir);
     assert!(
-        parent_before
-            .iter()
-            .all(|n| n == "sandboxes" || n == "snapshots" || n == "volumes"),
+        parent_before.iter().all(|n| [
+            "sandboxes",
+            "snapshots",
+            "volumes",
+            "runtime-id",
+            "tombstones"
+        ]
+        .contains(&n.as_str())),
         "unexpected state entries: {parent_before:?}"
     );
     println!(

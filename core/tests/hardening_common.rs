@@ -42,7 +42,11 @@ impl Env {
 
     /// An engine over an existing (or new) state directory, as another program would open it.
     pub fn at(dir: PathBuf) -> Env {
-        let local = LocalBackend::with_state_dir(&dir).expect("start the local engine");
+        // No warm pool: these suites account for every sandbox and process of their state
+        // directory (claimed sandboxes are covered by the conformance suite).
+        let local = LocalBackend::with_state_dir(&dir)
+            .expect("start the local engine")
+            .with_warm_pool(0);
         Env {
             backend: Arc::new(local.clone()),
             local,

@@ -94,7 +94,9 @@ async fn sandboxes_outlive_a_killed_creator_and_end_at_their_lease() {
     assert_eq!(ids.len(), 2);
 
     // A new program (a fresh engine over the same state directory) finds and uses them.
-    let again = LocalBackend::with_state_dir(&env.dir).expect("a new program's engine");
+    let again = LocalBackend::with_state_dir(&env.dir)
+        .expect("a new program's engine")
+        .with_warm_pool(0);
     let mut filter = ListOptions::default();
     filter.labels.insert(common::LABEL.into(), marker.clone());
     let listed = again.list(filter.clone()).await.expect("list");
@@ -150,7 +152,9 @@ async fn creator_child() {
         return;
     };
     let (dir, marker) = arg.split_once('|').expect("dir|marker");
-    let backend = LocalBackend::with_state_dir(PathBuf::from(dir)).expect("engine");
+    let backend = LocalBackend::with_state_dir(PathBuf::from(dir))
+        .expect("engine")
+        .with_warm_pool(0);
     let mut ids = Vec::new();
     let mut held = Vec::new();
     for _ in 0..2 {
@@ -214,7 +218,9 @@ async fn a_killed_monitor_takes_its_sandbox_with_it() {
     )
     .await;
     // The next program collects the stale state and works.
-    let next = LocalBackend::with_state_dir(&env.dir).expect("the next program's engine");
+    let next = LocalBackend::with_state_dir(&env.dir)
+        .expect("the next program's engine")
+        .with_warm_pool(0);
     assert!(
         env.state_entries().is_empty(),
         "stale state not collected: {:?}",

@@ -749,6 +749,7 @@ fn preview_env(tag: &str, limits: sandcove::backend::local::PreviewLimits) -> En
     let dir = std::env::temp_dir().join(unique(&format!("hc-{tag}")));
     let local = sandcove::LocalBackend::with_state_dir(&dir)
         .expect("engine")
+        .with_warm_pool(0)
         .with_preview_limits(limits);
     Env {
         backend: Arc::new(local.clone()),

@@ -217,7 +217,9 @@ async fn destroy_and_a_killed_monitor_leave_no_network_helper() {
     )
     .await;
     // The killed monitor's state is collected by the next program's engine.
-    let _next = LocalBackend::with_state_dir(&env.dir).expect("the next program's engine");
+    let _next = LocalBackend::with_state_dir(&env.dir)
+        .expect("the next program's engine")
+        .with_warm_pool(0);
     env.assert_nothing_left("internet sandboxes").await;
 }
 

@@ -561,6 +561,131 @@ async fn the_engine_answers_unknown_about_operations() {
     }
 }
 
+/// A create the warm pool serves matches a cold one in everything a caller can observe (the
+/// conformance case), and it really was served by the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_warm_sandbox_matches_a_cold_one() {
+    let warm = LocalBackend::new().expect("engine").with_warm_pool(1);
+    let cold = LocalBackend::new().expect("engine").with_warm_pool(0);
+    // The first create starts the pool filling.
+    let first = warm
+        .create(test_options(&unique("warm-start")))
+        .await
+        .expect("create");
+    warm.destroy(&first.id).await.expect("destroy");
+    eventually(PATIENCE, "the pool holds a member", || async {
+        equals(warm.warm_ready(), 1)
+    })
+    .await;
+    let claims = warm.warm_claims();
+    sandcove::conformance::claimed_sandbox_matches_a_cold_one(&warm, &cold).await;
+    assert_eq!(
+        warm.warm_claims(),
+        claims + 1,
+        "the first sandbox was claimed"
+    );
+    assert_eq!(cold.warm_claims(), 0);
+}
+
+/// Pool members never show in `list`, of this program or another one, though they exist;
+/// dropping the engine ends them, leaving no tombstone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_pool_members_are_never_listed_and_end_with_their_engine() {
+    let dir = std::env::temp_dir().join(unique("pool-hidden"));
+    let warm = LocalBackend::with_state_dir(&dir)
+        .expect("engine")
+        .with_warm_pool(2);
+    let first = warm
+        .create(test_options(&unique("pool-hidden")))
+        .await
+        .expect("create");
+    warm.destroy(&first.id).await.expect("destroy");
+    let entries = || {
+        std::fs::read_dir(dir.join("sandboxes"))
+            .map(|d| d.flatten().count())
+            .unwrap_or(0)
+    };
+    eventually(PATIENCE, "two members ready", || async {
+        equals((warm.warm_ready(), entries()), (2, 2))
+    })
+    .await;
+    assert_eq!(warm.list(Default::default()).await.expect("list"), vec![]);
+    let other = LocalBackend::with_state_dir(&dir)
+        .expect("engine")
+        .with_warm_pool(0);
+    assert_eq!(other.list(Default::default()).await.expect("list"), vec![]);
+    let tombstones = || {
+        std::fs::read_dir(dir.join("tombstones"))
+            .map(|d| d.flatten().count())
+            .unwrap_or(0)
+    };
+    let buried = tombstones();
+    drop(warm);
+    eventually(PATIENCE, "the members end with their engine", || async {
+        equals(entries(), 0)
+    })
+    .await;
+    // Members were never anyone's sandbox: their ends leave no tombstone.
+    assert_eq!(tombstones(), buried, "tombstones of pool members");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Env var naming the state directory the pool child fills.
+const POOL_CHILD_ENV: &str = "SANDCOVE_TEST_POOL_CHILD_DIR";
+
+/// A program that exits without cleaning up leaves its warm members behind only until their
+/// short lease ends: nothing leaks.
+#[tokio::test]
+async fn warm_pool_members_end_at_their_lease_after_their_program_exits() {
+    let dir = std::env::temp_dir().join(unique("pool-exit"));
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "pool_child", "--ignored", "--nocapture"])
+        .env(POOL_CHILD_ENV, &dir)
+        .status()
+        .expect("run the pool child");
+    assert!(status.success(), "the pool child succeeded");
+    let entries = || {
+        std::fs::read_dir(dir.join("sandboxes"))
+            .map(|d| d.flatten().count())
+            .unwrap_or(0)
+    };
+    assert_eq!(entries(), 2, "the child's two members outlive it");
+    let engine = LocalBackend::with_state_dir(&dir)
+        .expect("engine")
+        .with_warm_pool(0);
+    assert_eq!(engine.list(Default::default()).await.expect("list"), vec![]);
+    eventually(
+        sandcove::backend::local::MEMBER_LEASE + PATIENCE,
+        "the members end at their lease",
+        || async { equals(entries(), 0) },
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The program of [`warm_pool_members_end_at_their_lease_after_their_program_exits`]: fills a
+/// pool of two, then exits at once, running no destructor.
+#[tokio::test]
+#[ignore = "started by warm_pool_members_end_at_their_lease_after_their_program_exits"]
+async fn pool_child() {
+    let Some(dir) = std::env::var_os(POOL_CHILD_ENV) else {
+        return;
+    };
+    let warm = LocalBackend::with_state_dir(dir)
+        .expect("engine")
+        .with_warm_pool(2);
+    let first = warm
+        .create(test_options(&unique("pool-exit")))
+        .await
+        .expect("create");
+    warm.destroy(&first.id).await.expect("destroy");
+    eventually(PATIENCE, "two members ready", || async {
+        equals(warm.warm_ready(), 2)
+    })
+    .await;
+    std::process::exit(0);
+}
+
 /// Two engines with their own state directories are two runtimes: a reference from one is
 /// refused by the other without being looked up there, while another engine on the same state
 /// directory (a later program) shares the runtime id and reopens it.

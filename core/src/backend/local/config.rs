@@ -128,6 +128,10 @@ pub struct Record {
     /// its monitor); records from before versions were recorded are v1.
     #[serde(default = "first_protocol_version")]
     pub protocol: u32,
+    /// A warm-pool member not yet claimed: hidden from `list` (no `info.json`) and served
+    /// to no one but its pool's claim.
+    #[serde(default)]
+    pub pooled: bool,
 }
 
 fn first_protocol_version() -> u32 {

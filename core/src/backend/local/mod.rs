@@ -23,6 +23,7 @@ mod landlock;
 mod monitor;
 mod names;
 mod net;
+mod pool;
 mod preview;
 pub(crate) mod proto;
 mod refs;
@@ -55,6 +56,10 @@ use crate::{
 use crate::{CopyOptions, ReadOptions, RenameOptions, StatOptions};
 
 pub use self::config::default_state_dir;
+pub use self::pool::{
+    size_from_env_or as warm_pool_size_from_env_or, DEFAULT_WARM_POOL, MAX_WARM_POOL, MEMBER_LEASE,
+    SERVER_WARM_POOL, WARM_POOL_ENV,
+};
 pub use self::preview::PreviewLimits;
 /// The version of the client ↔ monitor ↔ agent protocol this build speaks; a sandbox created
 /// by a build speaking another version can be listed, inspected and destroyed, nothing else.
@@ -86,6 +91,8 @@ pub struct LocalBackend {
     /// When the host was probed (namespaces, cgroups, the networking helper): the
     /// capabilities' `observed_at`.
     probed_at: crate::UnixMillis,
+    /// Warm sandboxes `create` claims (shared by this engine's clones).
+    pool: std::sync::Arc<pool::Pool>,
     /// This state directory's identity, the scope of its references (see `refs`).
     runtime_id: String,
 }
@@ -138,6 +145,11 @@ impl LocalBackend {
             preview_limits: PreviewLimits::default(),
             max_file_bytes: MAX_FILE_BYTES,
             probed_at: crate::now_millis(),
+            pool: std::sync::Arc::new(pool::Pool::new(if unisolated {
+                0
+            } else {
+                pool::size_from_env()
+            })),
             runtime_id,
         };
         backend.collect_stale();
@@ -159,6 +171,125 @@ impl LocalBackend {
     pub fn with_preview_limits(mut self, limits: PreviewLimits) -> Self {
         self.preview_limits = limits;
         self
+    }
+
+    /// The same engine keeping `size` warm sandboxes (at most [`MAX_WARM_POOL`]; `0` turns
+    /// the pool off) instead of what [`WARM_POOL_ENV`] or [`DEFAULT_WARM_POOL`] said. The
+    /// pool fills in the background from the first `create` on; sandboxes of the default
+    /// shape (any name, envs, labels, user, lease and annotations) are then claimed from it,
+    /// every other shape is created cold. Members are never listed and end at a short lease
+    /// ([`MEMBER_LEASE`]) when the program exits. Without isolation there is no pool.
+    pub fn with_warm_pool(mut self, size: usize) -> Self {
+        let size = if self.unisolated { 0 } else { size };
+        self.pool = std::sync::Arc::new(pool::Pool::new(size));
+        self
+    }
+
+    /// Warm sandboxes ready to be claimed right now (none until the first `create` starts
+    /// filling the pool).
+    pub fn warm_ready(&self) -> usize {
+        self.pool.ready()
+    }
+
+    /// How many creates this engine served from its warm pool so far.
+    pub fn warm_claims(&self) -> u64 {
+        self.pool.claims()
+    }
+
+    /// This engine without a pool: what the pool's own task makes members with (holding
+    /// the pool itself would keep it alive forever).
+    fn without_pool(&self) -> Self {
+        let mut engine = self.clone();
+        engine.pool = std::sync::Arc::new(pool::Pool::new(0));
+        engine
+    }
+
+    /// Make a pool member: the default shape, lease `lease`, hidden from `list`. Returns its
+    /// id and lease end.
+    async fn create_member(&self, lease: Duration) -> Result<(String, u64)> {
+        let info = self
+            .create_cold(CreateOptions::default().timeout(lease), true)
+            .await?;
+        Ok((info.id, info.ends_at))
+    }
+
+    /// Destroy a pool member.
+    async fn destroy_member(&self, id: &str) -> Result<()> {
+        self.destroy(id).await
+    }
+
+    /// The sandbox's users under `options` (default user first).
+    fn users_for(&self, options: &CreateOptions) -> Vec<crate::UserInfo> {
+        let default_name = options
+            .user
+            .clone()
+            .unwrap_or_else(|| config::DEFAULT_USER_NAME.into());
+        self.mapping.users(
+            &default_name,
+            options.home.as_deref().unwrap_or(crate::SANDBOX_HOME),
+        )
+    }
+
+    /// Hand warm member `id` to a create with `options` (a shape the pool serves). `Ok(None)`:
+    /// the member could not be used (it is destroyed) and the create goes cold.
+    async fn claim(&self, id: &str, options: &CreateOptions) -> Result<Option<SandboxInfo>> {
+        // The name first: a name held elsewhere fails this create as a cold one would, and
+        // leaves the member untouched for the next claim.
+        if let Some(name) = options.name.clone() {
+            let (state_dir, member) = (self.state_dir.clone(), id.to_string());
+            let taken =
+                tokio::task::spawn_blocking(move || names::claim(&state_dir, &name, &member))
+                    .await
+                    .map_err(|e| Error::backend(format!("create task failed: {e}")))?;
+            if let Err(e) = taken {
+                self.pool.put_back(id.to_string());
+                return Err(e);
+            }
+        }
+        let users = self.users_for(options);
+        let applied = async {
+            self.agent_done(
+                id,
+                AgentRequest::ApplyClaim {
+                    options: Box::new(options.clone()),
+                    users: users.clone(),
+                },
+            )
+            .await?;
+            match self
+                .monitor_call(
+                    id,
+                    MonitorRequest::Claim {
+                        options: Box::new(options.clone()),
+                        users,
+                    },
+                )
+                .await?
+            {
+                MonitorReply::Info { info } => Ok(*info),
+                other => Err(unexpected(&other)),
+            }
+        }
+        .await;
+        match applied {
+            Ok(info) => {
+                self.pool.claimed();
+                Ok(Some(info))
+            }
+            Err(e) => {
+                tracing::debug!("warm sandbox {id} not claimed ({e}): creating cold");
+                let _ = self.destroy(id).await;
+                if let Some(name) = &options.name {
+                    let (state_dir, name, member) =
+                        (self.state_dir.clone(), name.clone(), id.to_string());
+                    let _ = tokio::task::spawn_blocking(move || {
+                        names::release(&state_dir, &name, &member)
+                    })
+                    .await;
+                }
+                Ok(None)
+            }
+        }
     }
 
     /// The same engine, taking files of at most `bytes` in one write (default and most
@@ -774,45 +905,10 @@ fn check_unisolated(options: &CreateOptions) -> Result<()> {
     ))
 }
 
-#[async_trait]
-impl Backend for LocalBackend {
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            backend: "local".into(),
-            isolated: !self.unisolated,
-            multiple_users: self.mapping == UidMapping::Range && !self.unisolated,
-            persistent_sandboxes: true,
-            host_network: true,
-            internet: !self.unisolated && self.pasta.is_ok(),
-            process_limit: !self.unisolated,
-            max_file_bytes: self.max_file_bytes,
-            output_limit: DEFAULT_OUTPUT_LIMIT as u64,
-            pause: !self.unisolated,
-            previews: true,
-            snapshots: !self.unisolated,
-            volumes: !self.unisolated,
-            watch: true,
-            pty: true,
-            metrics: true,
-            memory_limit: self.cgroups.is_some(),
-            cpu_limit: self.cgroups.is_some(),
-            templates: crate::capability::HOST_BASE_TEMPLATES
-                .iter()
-                .map(|t| t.to_string())
-                .collect(),
-            lease: Some(crate::capability::LeaseBounds::engine()),
-            observed_at: Some(self.probed_at),
-            runtime_id: Some(self.runtime_id.clone()),
-        }
-    }
-
-    async fn ready(&self) -> Result<Capabilities> {
-        Ok(self.capabilities())
-    }
-
-    #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
-    async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
-        check_create(&options, self.cgroups.is_some())?;
+impl LocalBackend {
+    /// Create a sandbox the slow way: a fresh monitor, namespaces and root. `pooled` marks
+    /// a warm-pool member (hidden from `list` until claimed).
+    async fn create_cold(&self, options: CreateOptions, pooled: bool) -> Result<SandboxInfo> {
         let id = config::new_id();
         let default_name = options
             .user
@@ -904,6 +1000,7 @@ impl Backend for LocalBackend {
             }),
             pasta,
             protocol: PROTOCOL_VERSION,
+            pooled,
         };
         let state_dir = self.state_dir.clone();
         let info = info_of(&record, SandboxState::Running);
@@ -917,6 +1014,56 @@ impl Backend for LocalBackend {
             }
         }
         Ok(info)
+    }
+}
+
+#[async_trait]
+impl Backend for LocalBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            backend: "local".into(),
+            isolated: !self.unisolated,
+            multiple_users: self.mapping == UidMapping::Range && !self.unisolated,
+            persistent_sandboxes: true,
+            host_network: true,
+            internet: !self.unisolated && self.pasta.is_ok(),
+            process_limit: !self.unisolated,
+            max_file_bytes: self.max_file_bytes,
+            output_limit: DEFAULT_OUTPUT_LIMIT as u64,
+            pause: !self.unisolated,
+            previews: true,
+            snapshots: !self.unisolated,
+            volumes: !self.unisolated,
+            watch: true,
+            pty: true,
+            metrics: true,
+            memory_limit: self.cgroups.is_some(),
+            cpu_limit: self.cgroups.is_some(),
+            templates: crate::capability::HOST_BASE_TEMPLATES
+                .iter()
+                .map(|t| t.to_string())
+                .collect(),
+            lease: Some(crate::capability::LeaseBounds::engine()),
+            observed_at: Some(self.probed_at),
+            runtime_id: Some(self.runtime_id.clone()),
+        }
+    }
+
+    async fn ready(&self) -> Result<Capabilities> {
+        Ok(self.capabilities())
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
+    async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
+        check_create(&options, self.cgroups.is_some())?;
+        if !self.unisolated && pool::serves(&options, self.mapping) {
+            if let Some(id) = self.pool.take(self) {
+                if let Some(info) = self.claim(&id, &options).await? {
+                    return Ok(info);
+                }
+            }
+        }
+        self.create_cold(options, false).await
     }
 
     async fn get(&self, id: &str) -> Result<SandboxInfo> {

@@ -404,8 +404,12 @@ impl Monitor {
             .clone()
     }
 
-    /// Publish the current info for `list` (atomically: write, then rename).
+    /// Publish the current info for `list` (atomically: write, then rename). An unclaimed
+    /// warm-pool member publishes nothing: `list` never shows it.
     fn write_info(&self) {
+        if self.record.lock().unwrap_or_else(|e| e.into_inner()).pooled {
+            return;
+        }
         let info = self.info();
         let tmp = self.dir.dir.join(".info.json.tmp");
         if let Ok(text) = serde_json::to_vec(&info) {
@@ -547,6 +551,34 @@ impl Monitor {
             // A fresh lease, as long as the original one.
             self.set_ends_at(now_millis() + self.lease().as_millis() as u64);
         }
+        self.write_info();
+        Ok(self.info())
+    }
+
+    /// Hand this warm-pool member to its claimer (the agent took the claim first): the
+    /// claimer's options and users replace the pool's, creation time and lease start now, and
+    /// the sandbox becomes visible. A sandbox claimed already (or never pooled) is refused.
+    fn claim(
+        &self,
+        options: crate::CreateOptions,
+        users: Vec<crate::UserInfo>,
+    ) -> Result<SandboxInfo> {
+        {
+            let mut record = self.record.lock().unwrap_or_else(|e| e.into_inner());
+            if !record.pooled {
+                return Err(Error::invalid(
+                    "this sandbox is not an unclaimed warm-pool member",
+                ));
+            }
+            let now = now_millis();
+            let lease = options.timeout.unwrap_or(DEFAULT_TIMEOUT);
+            record.options = options;
+            record.users = users;
+            record.pooled = false;
+            record.created_at = now;
+            record.ends_at = now + lease.as_millis() as u64;
+        }
+        self.deadline_changed.notify_one();
         self.write_info();
         Ok(self.info())
     }
@@ -1051,13 +1083,15 @@ async fn bury(monitor: &Monitor, reason: &'static str) {
         return;
     };
     let state_dir = state_dir.to_path_buf();
-    let name = monitor
-        .record
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .options
-        .name
-        .clone();
+    let (name, pooled) = {
+        let record = monitor.record.lock().unwrap_or_else(|e| e.into_inner());
+        (record.options.name.clone(), record.pooled)
+    };
+    // An unclaimed warm-pool member was never anyone's sandbox: its end (every few seconds
+    // in a busy pool) must not crowd real tombstones out.
+    if pooled {
+        return;
+    }
     let tombstone =
         crate::Tombstone::now(crate::ResourceKind::Sandbox, monitor.id(), reason).with_name(name);
     let _ = tokio::task::spawn_blocking(move || super::refs::record(&state_dir, &tombstone)).await;
@@ -1292,6 +1326,13 @@ async fn serve_client(
         Some(MonitorRequest::RevokeToken { port, token }) => monitor
             .revoke_token(port, &token)
             .map(|_| MonitorReply::Done),
+        Some(MonitorRequest::Claim { options, users }) => {
+            monitor
+                .claim(*options, users)
+                .map(|info| MonitorReply::Info {
+                    info: Box::new(info),
+                })
+        }
     };
     let reply = match result {
         Ok(r) => r,

@@ -115,6 +115,16 @@ pub enum MonitorRequest {
         /// The token's value.
         token: String,
     },
+    /// Hand a warm-pool sandbox to its claimer: its options (name, envs, labels, user,
+    /// lease, annotations) and users replace the pool's, its lease and creation time start
+    /// now, and it becomes visible to `list`. Refused unless the sandbox is an unclaimed pool
+    /// member whose agent took the claim ([`AgentRequest::ApplyClaim`]) already.
+    Claim {
+        /// The claimer's create options.
+        options: Box<crate::CreateOptions>,
+        /// The sandbox's users under those options.
+        users: Vec<crate::UserInfo>,
+    },
 }
 
 /// A request the monitor forwards to the agent (processes, files, watch, metrics, the
@@ -244,6 +254,15 @@ pub enum AgentRequest {
     ExportFs,
     /// Unpack the tar archive in the `Data` frames that follow into the sandbox root.
     ImportFs,
+    /// Take a warm-pool sandbox for a claimer (once; only before anything ran in it): the
+    /// claimer's envs and users replace the pool's, and `/etc/passwd` and `/etc/group` are
+    /// rewritten for them. Replies `Done`.
+    ApplyClaim {
+        /// The claimer's create options.
+        options: Box<crate::CreateOptions>,
+        /// The sandbox's users under those options.
+        users: Vec<crate::UserInfo>,
+    },
 }
 
 /// A frame header from the monitor.

@@ -52,10 +52,10 @@ pub(super) async fn read_file(
     path: &str,
     options: crate::ReadOptions,
 ) -> Result<()> {
-    let (rec, p) = (agent.record.clone(), path.to_string());
+    let (rec, p) = (agent.record(), path.to_string());
     // Opening can block (a lease held by sandbox code), so it runs off the event loop; as a
     // user, the open is where the kernel checks that user's permissions.
-    let (file, size) = as_user(&agent.record, options.user, move || {
+    let (file, size) = as_user(&agent.record(), options.user, move || {
         files::open_for_read(&rec, &p)
     })
     .await?;
@@ -87,10 +87,10 @@ pub(super) async fn write_file(
     path: &str,
     options: WriteOptions,
 ) -> Result<()> {
-    let (rec, p) = (agent.record.clone(), path.to_string());
+    let (rec, p) = (agent.record(), path.to_string());
     let user = options.user.clone();
     let options_limit = options.max_bytes.unwrap_or(u64::MAX);
-    let pending = as_user(&agent.record, user.clone(), move || {
+    let pending = as_user(&agent.record(), user.clone(), move || {
         files::begin_write(&rec, &p, &options)
     })
     .await?;
@@ -125,8 +125,8 @@ pub(super) async fn write_file(
     }
     .await;
     drop(file);
-    let (rec, p) = (agent.record.clone(), path.to_string());
-    let stat = as_user(&agent.record, user, move || match result {
+    let (rec, p) = (agent.record(), path.to_string());
+    let stat = as_user(&agent.record(), user, move || match result {
         Ok(()) => pending.finish(&rec, &p),
         Err(e) => {
             pending.discard();

@@ -111,16 +111,55 @@ pub fn run(record: Record, ctrl: OwnedFd, sync_read: OwnedFd, net: Option<Plan>)
 
 /// Shared state of the agent.
 struct Agent {
-    record: Record,
+    /// The sandbox's record; replaced once, when a warm-pool member is claimed.
+    record: Mutex<Arc<Record>>,
     procs: Mutex<ProcTable>,
 }
 
 impl Agent {
     fn new(record: Record) -> Self {
         Agent {
-            record,
+            record: Mutex::new(Arc::new(record)),
             procs: Mutex::new(ProcTable::default()),
         }
+    }
+
+    /// The record as it stands (envs and users change when a pool member is claimed).
+    fn record(&self) -> Arc<Record> {
+        self.record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Take this warm-pool member for a claimer: once, and only while nothing ever ran in
+    /// it (so no sandbox code can have touched the files rewritten here). The claimer's
+    /// envs and users replace the pool's and `/etc/passwd` and `/etc/group` are rewritten
+    /// for them (the bind mounts over `/etc` share these files' inodes).
+    fn apply_claim(
+        &self,
+        options: crate::CreateOptions,
+        users: Vec<crate::UserInfo>,
+    ) -> Result<()> {
+        let mut current = self.record.lock().unwrap_or_else(|e| e.into_inner());
+        let untouched = {
+            let table = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+            table.by_pid.is_empty()
+        };
+        if !current.pooled || !untouched || current.unisolated {
+            return Err(Error::invalid(
+                "this sandbox is not an unclaimed warm-pool member",
+            ));
+        }
+        let mut next = (**current).clone();
+        next.options = options;
+        next.users = users;
+        next.pooled = false;
+        for (name, contents) in [("passwd", next.passwd()), ("group", next.group())] {
+            write_sandcove_file(name, contents.as_bytes())?;
+        }
+        *current = Arc::new(next);
+        Ok(())
     }
 
     fn process_list(&self) -> Vec<ProcessInfo> {
@@ -181,6 +220,22 @@ impl Agent {
         };
         found.ok_or_else(|| Error::not_found(describe(sel)))
     }
+}
+
+/// Replace the contents of `/.sandcove/<name>` (the source of a bind mount over `/etc`),
+/// in place and without following a symlink.
+fn write_sandcove_file(name: &str, contents: &[u8]) -> Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let path = Path::new("/.sandcove").join(name);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| Error::from_io(&e, &format!("claim: {}", path.display())))?;
+    file.write_all(contents)
+        .map_err(|e| Error::from_io(&e, &format!("claim: {}", path.display())))
 }
 
 fn describe(sel: &ProcessSelector) -> String {
@@ -559,17 +614,17 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: AgentReque
             write_file(agent, stream, &path, options).await
         }
         AgentRequest::ListDir { path, options } => {
-            let rec = agent.record.clone();
+            let rec = agent.record();
             let user = options.user.clone();
-            let entries = as_user(&agent.record, user, move || {
+            let entries = as_user(&agent.record(), user, move || {
                 files::list_dir(&rec, &path, options)
             })
             .await?;
             proto::write_frame(stream, &AgentReply::Entries { entries }, &[]).await
         }
         AgentRequest::Stat { path, options } => {
-            let rec = agent.record.clone();
-            let stat = as_user(&agent.record, options.user, move || {
+            let rec = agent.record();
+            let stat = as_user(&agent.record(), options.user, move || {
                 files::stat(&rec, &path)
             })
             .await?;
@@ -578,9 +633,9 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: AgentReque
         AgentRequest::Mkdir { path, options } => {
             // As the user: the kernel checks that user's permissions on every directory it
             // creates in, and what it creates is that user's.
-            let rec = agent.record.clone();
+            let rec = agent.record();
             let user = options.user.clone();
-            let stat = as_user(&agent.record, user, move || {
+            let stat = as_user(&agent.record(), user, move || {
                 files::mkdir(&rec, &path, options)
             })
             .await?;
@@ -588,9 +643,9 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: AgentReque
         }
         AgentRequest::Remove { path, options } => {
             // As the user: the kernel checks its permissions on the directories removed from.
-            let rec = agent.record.clone();
+            let rec = agent.record();
             let recursive = options.recursive;
-            as_user(&agent.record, options.user, move || {
+            as_user(&agent.record(), options.user, move || {
                 files::remove(&rec, &path, recursive)
             })
             .await?;
@@ -598,9 +653,9 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: AgentReque
         }
         AgentRequest::Rename { from, to, options } => {
             // As the user: the kernel checks its permissions on both directories.
-            let rec = agent.record.clone();
+            let rec = agent.record();
             let overwrite = options.overwrite;
-            let stat = as_user(&agent.record, options.user, move || {
+            let stat = as_user(&agent.record(), options.user, move || {
                 files::rename(&rec, &from, &to, overwrite)
             })
             .await?;
@@ -608,16 +663,16 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: AgentReque
         }
         AgentRequest::Copy { from, to, options } => {
             // As the user: it reads and creates with that user's permissions.
-            let rec = agent.record.clone();
+            let rec = agent.record();
             let user = options.user.clone();
-            let stat = as_user(&agent.record, user, move || {
+            let stat = as_user(&agent.record(), user, move || {
                 files::copy(&rec, &from, &to, &options)
             })
             .await?;
             proto::write_frame(stream, &AgentReply::Stat { stat }, &[]).await
         }
         AgentRequest::Chmod { path, mode } => {
-            let rec = agent.record.clone();
+            let rec = agent.record();
             let stat = blocking(move || files::chmod(&rec, &path, mode)).await?;
             proto::write_frame(stream, &AgentReply::Stat { stat }, &[]).await
         }
@@ -644,6 +699,11 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: AgentReque
         AgentRequest::Watch { path, options } => watch(agent, stream, &path, options).await,
         AgentRequest::ExportFs => export_fs(agent, stream).await,
         AgentRequest::ImportFs => import_fs(agent, stream).await,
+        AgentRequest::ApplyClaim { options, users } => {
+            let agent = agent.clone();
+            blocking(move || agent.apply_claim(*options, users)).await?;
+            done(stream).await
+        }
     }
 }
 

@@ -99,7 +99,8 @@ pub(super) fn spawn_process(
     spec: ProcessSpec,
 ) -> Result<(Arc<Proc>, mpsc::Receiver<Event>)> {
     spec.validate()?;
-    let record = &agent.record;
+    let record = agent.record();
+    let record = &*record;
     record.user(spec.user.as_deref())?;
     if let Some(tag) = &spec.tag {
         let table = agent.procs.lock().unwrap_or_else(|e| e.into_inner());
@@ -190,7 +191,8 @@ pub(super) struct Streams {
 
 /// Start one incarnation of `spec` (the first, or a restart) and register for its exit.
 pub(super) fn launch(agent: &Arc<Agent>, spec: &ProcessSpec) -> Result<Incarnation> {
-    let record = &agent.record;
+    let record = agent.record();
+    let record = &*record;
     let user = record.user(spec.user.as_deref())?.clone();
     let cwd = match &spec.cwd {
         Some(c) => resolve(record, c)?,

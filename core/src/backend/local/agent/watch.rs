@@ -64,12 +64,12 @@ pub(super) async fn watch(
     options: WatchOptions,
 ) -> Result<()> {
     let fd = sys::inotify_init().map_err(|e| Error::from_io(&e, "inotify"))?;
-    let (rec, p, raw) = (agent.record.clone(), path.to_string(), fd.as_raw_fd());
+    let (rec, p, raw) = (agent.record(), path.to_string(), fd.as_raw_fd());
     let recursive = options.recursive;
     // Resolving and scanning touch the filesystem: off the event loop, as the caller's user
     // if one is named (the kernel then checks that user may search and read the directory).
     // (`fd` outlives the closure: it is awaited here.)
-    let (root, mut dirs) = as_user(&agent.record, options.user.clone(), move || {
+    let (root, mut dirs) = as_user(&agent.record(), options.user.clone(), move || {
         let sandbox_root = files::open_root(&rec)?;
         let (top, rel) = files::open_dir(&sandbox_root, &rec, &p)?;
         // The top directory must be watched: a failure (no permission, no watches left) is
@@ -170,10 +170,10 @@ pub(super) async fn watch(
                         // before the watch existed (a `mkdir -p a/b && touch a/b/f` race).
                         // Opened beneath its watched parent without following links, off the
                         // event loop.
-                        let (rec, name, raw) = (agent.record.clone(), ev.name.clone(), fd.as_raw_fd());
+                        let (rec, name, raw) = (agent.record(), ev.name.clone(), fd.as_raw_fd());
                         let (parent, new_rel) = (dir.clone(), full.clone());
                         let user = options.user.clone();
-                        let scanned = as_user(&agent.record, user, move || {
+                        let scanned = as_user(&agent.record(), user, move || {
                             let sandbox_root = files::open_root(&rec)?;
                             let parent = files::open_dir(
                                 &sandbox_root,
