@@ -11,7 +11,6 @@ use sandcove::client::API_KEY_ENV;
 use sandcove::server::intercept::SandcoveCa;
 use sandcove::server::{self, ConnectionLimits, ServerConfig};
 use sandcove::{Backend, LocalBackend};
-use tracing::Instrument;
 
 use crate::record;
 
@@ -219,6 +218,8 @@ pub fn run(args: ServeArgs) -> ExitCode {
     config.max_connections = max_connections;
     config.head_timeout = Duration::from_millis(head_timeout_ms);
     config.tls = tls;
+    // One set of counters for the native API and every vendor listener: one scrape.
+    let metrics = config.metrics.clone();
     let limits = ConnectionLimits::from(&config);
     let daytona_key = api_key.clone();
     let blaxel_key = api_key.clone();
@@ -263,7 +264,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
                 if let Some(l) = e2b_listener {
                     let addr = l.local_addr()?;
                     listeners.e2b = Some(format!("{scheme}://{addr}"));
-                    let app = traced(e2b::wire::router(backend.clone(), wire), "e2b");
+                    let app = server::observe_listener(e2b::wire::router(backend.clone(), wire), "e2b", &metrics);
                     tasks.push(tokio::spawn(server::serve_router(
                         l,
                         app,
@@ -278,7 +279,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
                     let mut config = daytona::wire::WireConfig::new(daytona_key, origin);
                     config.max_body_bytes = max_body_bytes;
                     config.max_upload_bytes = daytona_upload_cap(max_upload_bytes);
-                    let app = traced(daytona::wire::router(backend.clone(), config), "daytona");
+                    let app = server::observe_listener(daytona::wire::router(backend.clone(), config), "daytona", &metrics);
                     tasks.push(tokio::spawn(server::serve_router(
                         l,
                         app,
@@ -296,7 +297,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
                     config.workspace = BLAXEL_WORKSPACE.to_string();
                     config.max_body_bytes = max_body_bytes;
                     config.max_upload_bytes = daytona_upload_cap(max_upload_bytes);
-                    let app = traced(blaxel::wire::router(backend.clone(), config), "blaxel");
+                    let app = server::observe_listener(blaxel::wire::router(backend.clone(), config), "blaxel", &metrics);
                     tasks.push(tokio::spawn(server::serve_router_intercepting(
                         l,
                         app,
@@ -359,31 +360,6 @@ pub fn run(args: ServeArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// A vendor wire listener's router with one log line per request, in a span naming the
-/// listener, the method, the path (never the query, which may carry signatures, nor any
-/// header, which carry keys), the status and the duration.
-fn traced(app: axum::Router, listener: &'static str) -> axum::Router {
-    app.layer(axum::middleware::from_fn(
-        move |request: axum::extract::Request, next: axum::middleware::Next| async move {
-            let started = std::time::Instant::now();
-            let path: String = request.uri().path().chars().take(256).collect();
-            let span = tracing::info_span!(
-                "request",
-                listener,
-                method = %request.method(),
-                path,
-                status = tracing::field::Empty,
-                duration_ms = tracing::field::Empty,
-            );
-            let response = next.run(request).instrument(span.clone()).await;
-            span.record("status", response.status().as_u16());
-            span.record("duration_ms", started.elapsed().as_millis() as u64);
-            span.in_scope(|| tracing::info!("request answered"));
-            response
-        },
-    ))
 }
 
 /// The in-memory cap of one Daytona (or Blaxel) upload: the server's upload limit, but never

@@ -935,6 +935,15 @@ async fn metrics_and_request_logs_in(state: &PrivateState) {
     // The 5000 bytes of output went out through the process stream.
     assert!(get("sandcove_bytes_total{direction=\"out\"}") > 5000.0);
     assert!(get("sandcove_bytes_total{direction=\"in\"}") > 0.0);
+    // The vendor listener's request is counted in the same document, under its listener.
+    assert_eq!(
+        get("sandcove_requests_total{op=\"e2b\",status=\"200\"}"),
+        1.0
+    );
+    assert_eq!(
+        get("sandcove_request_duration_seconds_count{op=\"e2b\"}"),
+        1.0
+    );
     t.ok(&["kill", &keep]).await;
 
     let status = std::process::Command::new("kill")
@@ -953,6 +962,14 @@ async fn metrics_and_request_logs_in(state: &PrivateState) {
     assert!(
         !requests.is_empty(),
         "a request log line for create in\n{logs}"
+    );
+    // Engine operations have spans of their own: the failed lookup behind `info
+    // nosuchsandbox` is logged in the engine's `get` span naming the sandbox.
+    assert!(
+        logs.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .any(|v| v["span"]["name"] == "get" && v["span"]["sandbox"] == "nosuchsandbox"),
+        "an engine span for get in\n{logs}"
     );
     // The line written once the answer is known carries its status and duration.
     let answered = requests

@@ -45,6 +45,7 @@ mod files;
 mod idempotency;
 pub mod intercept;
 mod observe;
+pub use observe::{observe_listener, ServerMetrics};
 mod openapi;
 mod operations;
 mod processes;
@@ -102,6 +103,9 @@ pub struct ServerConfig {
     /// Serve HTTPS with this configuration (see [`load_tls`]); `None` serves plain HTTP,
     /// which is only fit for loopback.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Where the native API counts what `GET /metrics` serves; share it with vendor
+    /// listeners ([`observe_listener`]) so one scrape covers them too.
+    pub metrics: ServerMetrics,
 }
 
 impl ServerConfig {
@@ -119,6 +123,7 @@ impl ServerConfig {
             max_connections: 512,
             head_timeout: Duration::from_secs(10),
             tls: None,
+            metrics: ServerMetrics::default(),
         }
     }
 }
@@ -269,7 +274,7 @@ fn build(state: AppState) -> Router {
         router = router.route(route.path, route.handler);
     }
     // Spans and metrics: one layer around everything (see `observe`).
-    let observer = Arc::new(observe::Observer::new(table));
+    let observer = Arc::new(observe::Observer::new(table, &state.config.metrics));
     let metrics = Router::new()
         .route(observe::METRICS_PATH, axum::routing::get(observe::metrics))
         .with_state((observer.clone(), state.backend.clone()));

@@ -53,19 +53,39 @@ struct Counters {
     destroys: u64,
 }
 
+/// What one server counts, shared by its native API and its vendor wire listeners, so one
+/// `GET /metrics` covers every port the server serves. Cloning shares the counts.
+#[derive(Clone, Default)]
+pub struct ServerMetrics {
+    tally: Arc<Tally>,
+}
+
+impl std::fmt::Debug for ServerMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServerMetrics")
+    }
+}
+
+/// The counters behind [`ServerMetrics`].
+#[derive(Default)]
+struct Tally {
+    counters: Mutex<Counters>,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+}
+
 /// The observing layer's state: the route table (to name operations) and the counters.
 pub(crate) struct Observer {
     /// `(method, route)` → operation name, from the route table.
     ops: HashMap<(Method, &'static str), &'static str>,
-    counters: Mutex<Counters>,
-    bytes_in: AtomicU64,
-    bytes_out: AtomicU64,
+    tally: Arc<Tally>,
 }
 
 impl Observer {
     /// An observer naming operations after `routes` (`(method, path, op)`).
     pub(crate) fn new(
         routes: impl IntoIterator<Item = (Method, &'static str, &'static str)>,
+        metrics: &ServerMetrics,
     ) -> Self {
         let mut ops: HashMap<_, _> = routes
             .into_iter()
@@ -74,9 +94,7 @@ impl Observer {
         ops.insert((Method::GET, METRICS_PATH), "metrics");
         Observer {
             ops,
-            counters: Mutex::new(Counters::default()),
-            bytes_in: AtomicU64::new(0),
-            bytes_out: AtomicU64::new(0),
+            tally: Arc::clone(&metrics.tally),
         }
     }
 
@@ -90,6 +108,16 @@ impl Observer {
             .unwrap_or(("-", "unmatched"))
     }
 
+    fn record(&self, op: &str, status: u16, error: Option<ErrorCode>, seconds: f64) {
+        self.tally.record(op, status, error, seconds)
+    }
+
+    fn render(&self, live: Result<BTreeMap<String, u64>, String>) -> String {
+        self.tally.render_document(live)
+    }
+}
+
+impl Tally {
     fn record(&self, op: &str, status: u16, error: Option<ErrorCode>, seconds: f64) {
         let mut c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         *c.requests.entry((op.to_string(), status)).or_default() += 1;
@@ -114,7 +142,7 @@ impl Observer {
     }
 
     /// The metrics document; `live` is the live sandboxes by state (or why they are unknown).
-    fn render(&self, live: Result<BTreeMap<String, u64>, String>) -> String {
+    fn render_document(&self, live: Result<BTreeMap<String, u64>, String>) -> String {
         let c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = String::new();
         family(
@@ -286,7 +314,7 @@ pub(crate) async fn observe(
     let request = request.map(|body| {
         Body::new(Counting {
             inner: body,
-            counter: Arc::clone(&observer),
+            counter: Arc::clone(&observer.tally),
             incoming: true,
         })
     });
@@ -304,10 +332,61 @@ pub(crate) async fn observe(
     response.map(|body| {
         Body::new(Counting {
             inner: body,
-            counter: observer,
+            counter: Arc::clone(&observer.tally),
             incoming: false,
         })
     })
+}
+
+/// A vendor wire listener's router (`listener` names it: `e2b`, `daytona`, `blaxel`),
+/// observed like the native API: a span per request naming the listener, method, path (never
+/// the query, which may carry signatures, nor any header, which carry keys), status and
+/// duration, and its requests, latency and bytes counted in `metrics` under the operation
+/// `listener` (vendor paths carry ids, so they are not used as label values).
+pub fn observe_listener(
+    router: axum::Router,
+    listener: &'static str,
+    metrics: &ServerMetrics,
+) -> axum::Router {
+    let tally = Arc::clone(&metrics.tally);
+    router.layer(axum::middleware::from_fn(
+        move |request: Request, next: Next| {
+            let tally = Arc::clone(&tally);
+            async move {
+                let started = Instant::now();
+                let path: String = request.uri().path().chars().take(256).collect();
+                let span = tracing::info_span!(
+                    "request",
+                    listener,
+                    method = %request.method(),
+                    path,
+                    status = tracing::field::Empty,
+                    duration_ms = tracing::field::Empty,
+                );
+                let request = request.map(|body| {
+                    Body::new(Counting {
+                        inner: body,
+                        counter: Arc::clone(&tally),
+                        incoming: true,
+                    })
+                });
+                let response = next.run(request).instrument(span.clone()).await;
+                let elapsed = started.elapsed();
+                let status = response.status().as_u16();
+                tally.record(listener, status, None, elapsed.as_secs_f64());
+                span.record("status", status);
+                span.record("duration_ms", elapsed.as_millis() as u64);
+                span.in_scope(|| tracing::info!("request answered"));
+                response.map(|body| {
+                    Body::new(Counting {
+                        inner: body,
+                        counter: tally,
+                        incoming: false,
+                    })
+                })
+            }
+        },
+    ))
 }
 
 /// `GET /metrics`.
@@ -341,7 +420,7 @@ pub(crate) async fn metrics(
 /// hints and end-of-stream as they were (a known length stays a `Content-Length`).
 struct Counting {
     inner: Body,
-    counter: Arc<Observer>,
+    counter: Arc<Tally>,
     incoming: bool,
 }
 
@@ -394,7 +473,10 @@ mod tests {
 
     #[test]
     fn the_document_counts_what_was_recorded() {
-        let observer = Observer::new([(Method::POST, "/v1/sandboxes", "create")]);
+        let observer = Observer::new(
+            [(Method::POST, "/v1/sandboxes", "create")],
+            &ServerMetrics::default(),
+        );
         assert_eq!(
             observer.op(&Method::POST, "/v1/sandboxes"),
             ("/v1/sandboxes", "create")

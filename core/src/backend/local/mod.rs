@@ -1049,6 +1049,7 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
     async fn ready(&self) -> Result<Capabilities> {
         Ok(self.capabilities())
     }
@@ -1066,6 +1067,7 @@ impl Backend for LocalBackend {
         self.create_cold(options, false).await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn get(&self, id: &str) -> Result<SandboxInfo> {
         // A monitor of another version is asked in its own version (`info` never changes).
         let peer = peer_protocol(&self.dir(id)?).await;
@@ -1078,6 +1080,7 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
     async fn list(&self, options: ListOptions) -> Result<Vec<SandboxInfo>> {
         let dir = self.sandboxes_dir();
         let mut out = Vec::new();
@@ -1113,6 +1116,7 @@ impl Backend for LocalBackend {
         Ok(out)
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo> {
         crate::validate::validate_sandbox_timeout(timeout)?;
         self.monitor_info(
@@ -1124,6 +1128,7 @@ impl Backend for LocalBackend {
         .await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn set_labels(
         &self,
         id: &str,
@@ -1134,6 +1139,7 @@ impl Backend for LocalBackend {
             .await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn update_annotations(
         &self,
         id: &str,
@@ -1177,6 +1183,7 @@ impl Backend for LocalBackend {
             .await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
         let body: ByteStream = Box::pin(futures::stream::once(async move { Ok(data) }));
         let mut stream = self
@@ -1188,16 +1195,19 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()> {
         self.agent_done(id, AgentRequest::CloseStdin { process })
             .await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
         self.agent_done(id, AgentRequest::Signal { process, signal })
             .await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
         match self.agent_call(id, AgentRequest::ListProcesses).await? {
             AgentReply::Processes { processes } => Ok(processes),
@@ -1289,6 +1299,7 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn list_dir(
         &self,
         id: &str,
@@ -1305,6 +1316,7 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat> {
         self.agent_stat(
             id,
@@ -1316,6 +1328,7 @@ impl Backend for LocalBackend {
         .await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn mkdir(&self, id: &str, path: &str, options: MkdirOptions) -> Result<FileStat> {
         self.agent_stat(
             id,
@@ -1327,6 +1340,7 @@ impl Backend for LocalBackend {
         .await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn remove(&self, id: &str, path: &str, options: RemoveOptions) -> Result<()> {
         self.agent_done(
             id,
@@ -1338,6 +1352,7 @@ impl Backend for LocalBackend {
         .await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn rename(
         &self,
         id: &str,
@@ -1356,6 +1371,7 @@ impl Backend for LocalBackend {
         .await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn copy(&self, id: &str, from: &str, to: &str, options: CopyOptions) -> Result<FileStat> {
         self.agent_stat(
             id,
@@ -1368,6 +1384,7 @@ impl Backend for LocalBackend {
         .await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
         self.agent_stat(
             id,
@@ -1389,14 +1406,17 @@ impl Backend for LocalBackend {
         self.monitor_info(id, MonitorRequest::Resume).await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn stop(&self, id: &str) -> Result<SandboxInfo> {
         self.monitor_info(id, MonitorRequest::Stop).await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn start(&self, id: &str) -> Result<SandboxInfo> {
         self.monitor_info(id, MonitorRequest::Start).await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn metrics(&self, id: &str) -> Result<Metrics> {
         match self.agent_call(id, AgentRequest::Metrics).await? {
             AgentReply::Metrics { metrics } => Ok(metrics),
@@ -1404,11 +1424,13 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
         self.agent_done(id, AgentRequest::ResizePty { process, size })
             .await
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
         let request = AgentRequest::Watch {
             path: path.to_string(),
@@ -1439,6 +1461,7 @@ impl Backend for LocalBackend {
         Ok(Box::pin(events))
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn expose_port(&self, id: &str, options: PreviewOptions) -> Result<Preview> {
         crate::validate::validate_token_ttl(options.token_ttl)?;
         match self
@@ -1450,6 +1473,7 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn list_previews(&self, id: &str) -> Result<Vec<Preview>> {
         match self.monitor_call(id, MonitorRequest::ListPreviews).await? {
             MonitorReply::Previews { previews } => Ok(previews),
@@ -1457,6 +1481,7 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn close_preview(&self, id: &str, port: u16) -> Result<()> {
         match self
             .monitor_call(id, MonitorRequest::ClosePreview { port })
@@ -1475,6 +1500,7 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn create_preview_token(
         &self,
         id: &str,
@@ -1491,6 +1517,7 @@ impl Backend for LocalBackend {
         }
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()> {
         let request = MonitorRequest::RevokeToken {
             port,
@@ -1522,6 +1549,7 @@ impl Backend for LocalBackend {
         result
     }
 
+    #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
     async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
         let mut out = Vec::new();
         let Ok(entries) = std::fs::read_dir(self.snapshots_dir()) else {
@@ -1541,6 +1569,7 @@ impl Backend for LocalBackend {
         Ok(out)
     }
 
+    #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
     async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()> {
         let (meta, tar) = self.snapshot_paths(snapshot_id)?;
         std::fs::remove_file(&meta)
@@ -1583,21 +1612,25 @@ impl Backend for LocalBackend {
         fork_outcome(created, snap.source_resume_error)
     }
 
+    #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
     async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {
         self.volumes_supported()?;
         volumes::create(self, name)
     }
 
+    #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
     async fn get_volume(&self, name: &str) -> Result<VolumeInfo> {
         self.volumes_supported()?;
         volumes::get(self, name)
     }
 
+    #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
     async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
         self.volumes_supported()?;
         volumes::list(self)
     }
 
+    #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
     async fn delete_volume(&self, name: &str) -> Result<()> {
         self.volumes_supported()?;
         volumes::delete(self, name).await?;
@@ -1606,6 +1639,7 @@ impl Backend for LocalBackend {
         Ok(())
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(kind = %kind, id = id), err(level = "debug"))]
     async fn tombstone(
         &self,
         kind: crate::ResourceKind,
@@ -1618,6 +1652,7 @@ impl Backend for LocalBackend {
             .map_err(|e| Error::backend(format!("tombstone task failed: {e}")))?
     }
 
+    #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
     async fn observe(&self, operation: &crate::OperationId) -> Result<crate::OperationStatus> {
         Ok(embedded_observe(operation))
     }
