@@ -616,6 +616,11 @@ impl<S> CreateBuilder<S> {
                 None => return Err(refuse("custom_template")),
             }
         }
+        // Which vendor made it (and from what), kept outside the sandbox: `sandcove ls`
+        // shows the vendor column from it.
+        options
+            .annotations
+            .insert("e2b/template".into(), template.clone());
         // Lifetime: `timeout or 300`.
         let secs = match self.timeout {
             Some(0.0) => None,

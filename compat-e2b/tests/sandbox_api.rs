@@ -50,6 +50,17 @@ async fn create_gives_e2b_user_home_envs_and_info() {
         "the lifetime is the create timeout"
     );
     assert!(info.cpu_count >= 1);
+    // The runtime records which vendor made it (what `sandcove ls` shows).
+    let core = sandcove::Client::from_env()
+        .expect("client")
+        .sandbox(sbx.sandbox_id.clone())
+        .info()
+        .await
+        .expect("core info");
+    assert_eq!(
+        core.annotations.get("e2b/template").map(String::as_str),
+        Some("base")
+    );
     let shown = format!("{info:?}");
     assert!(
         shown.starts_with(&format!("SandboxInfo(sandbox_id='{}'", sbx.sandbox_id)),
