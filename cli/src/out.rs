@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use sandcove::client::{API_KEY_ENV, URL_ENV};
-use sandcove::{Client, Error};
+use sandcove::{Client, Error, UnixMillis};
 
 /// Exit status of a command that failed (the runtime refused, or was unreachable).
 pub const FAILED: u8 = 1;
@@ -100,6 +100,34 @@ pub fn print_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<(), Failure
         .map_err(|e| Failure::failed(format!("cannot encode JSON: {e}")))?;
     println!("{text}");
     Ok(())
+}
+
+/// Print a listing: `list` as JSON with `--json`, else one table row per item (`row` gets
+/// the item and the current time, for ages and leases left).
+pub fn print_listing<T: serde::Serialize>(
+    json: bool,
+    list: &[T],
+    header: &[&str],
+    row: impl Fn(&T, UnixMillis) -> Vec<String>,
+) -> Result<(), Failure> {
+    if json {
+        return print_json(list);
+    }
+    let now = sandcove::now_millis();
+    let rows: Vec<Vec<String>> = list.iter().map(|item| row(item, now)).collect();
+    print_table(header, &rows);
+    Ok(())
+}
+
+/// Report what a removing command removed: `{"removed": [...]}` with `--json`, else one name
+/// per line.
+pub fn print_removed(json: bool, removed: &[String]) -> Result<(), Failure> {
+    if json {
+        print_json(&serde_json::json!({ "removed": removed }))
+    } else {
+        removed.iter().for_each(|name| println!("{name}"));
+        Ok(())
+    }
 }
 
 /// Print rows under a header, columns padded to their widest cell (the last is not padded).

@@ -283,14 +283,11 @@ pub fn ps(id: &str, json: bool) -> Outcome {
     let client = out::client()?;
     let mut list = out::runtime()?.block_on(async { client.sandbox(id).processes().await })?;
     list.sort_by_key(|p| p.pid);
-    if json {
-        out::print_json(&list)?;
-        return Ok(0);
-    }
-    let now = sandcove::now_millis();
-    let rows: Vec<Vec<String>> = list
-        .iter()
-        .map(|p| {
+    out::print_listing(
+        json,
+        &list,
+        &["PID", "TAG", "STATE", "AGE", "COMMAND"],
+        |p, now| {
             let state = match &p.exit {
                 None => "running".to_string(),
                 Some(status) => match (status.code, status.signal_name()) {
@@ -306,8 +303,7 @@ pub fn ps(id: &str, json: bool) -> Outcome {
                 out::human_span(now.saturating_sub(p.started_at)),
                 p.argv.join(" "),
             ]
-        })
-        .collect();
-    out::print_table(&["PID", "TAG", "STATE", "AGE", "COMMAND"], &rows);
+        },
+    )?;
     Ok(0)
 }

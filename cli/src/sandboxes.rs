@@ -91,26 +91,9 @@ pub fn ls(args: LsArgs, json: bool) -> Outcome {
     let client = out::client()?;
     let mut list = out::runtime()?.block_on(client.list(options))?;
     list.sort_by_key(|info| info.created_at);
-    if json {
-        out::print_json(&list)?;
-        return Ok(0);
-    }
-    let now = sandcove::now_millis();
-    let rows: Vec<Vec<String>> = list
-        .iter()
-        .map(|info| {
-            vec![
-                info.id.clone(),
-                info.name.clone().unwrap_or_else(|| "-".into()),
-                vendor(info).into(),
-                state_name(info),
-                out::human_span(now.saturating_sub(info.created_at)),
-                out::human_span(info.ends_at.saturating_sub(now)),
-                out::labels_text(&info.labels),
-            ]
-        })
-        .collect();
-    out::print_table(
+    out::print_listing(
+        json,
+        &list,
         &[
             "ID",
             "NAME",
@@ -120,8 +103,18 @@ pub fn ls(args: LsArgs, json: bool) -> Outcome {
             "LEASE LEFT",
             "LABELS",
         ],
-        &rows,
-    );
+        |info, now| {
+            vec![
+                info.id.clone(),
+                info.name.clone().unwrap_or_else(|| "-".into()),
+                vendor(info).into(),
+                state_name(info),
+                out::human_span(now.saturating_sub(info.created_at)),
+                out::human_span(info.ends_at.saturating_sub(now)),
+                out::labels_text(&info.labels),
+            ]
+        },
+    )?;
     Ok(0)
 }
 

@@ -1,7 +1,6 @@
 //! What outlives sandboxes: `snapshot ls|create|rm` and `volume ls|create|rm`.
 
 use clap::Subcommand;
-use serde_json::json;
 
 use crate::out::{self, Outcome};
 
@@ -53,14 +52,11 @@ pub fn snapshot(cmd: SnapshotCmd, json: bool) -> Outcome {
         SnapshotCmd::Ls => {
             let mut list = runtime.block_on(client.snapshots())?;
             list.sort_by_key(|s| s.created_at);
-            if json {
-                out::print_json(&list)?;
-                return Ok(0);
-            }
-            let now = sandcove::now_millis();
-            let rows: Vec<Vec<String>> = list
-                .iter()
-                .map(|s| {
+            out::print_listing(
+                json,
+                &list,
+                &["ID", "NAME", "SANDBOX", "AGE", "SIZE"],
+                |s, now| {
                     vec![
                         s.id.clone(),
                         s.name.clone().unwrap_or_else(|| "-".into()),
@@ -68,9 +64,8 @@ pub fn snapshot(cmd: SnapshotCmd, json: bool) -> Outcome {
                         out::human_span(now.saturating_sub(s.created_at)),
                         s.size.to_string(),
                     ]
-                })
-                .collect();
-            out::print_table(&["ID", "NAME", "SANDBOX", "AGE", "SIZE"], &rows);
+                },
+            )?;
         }
         SnapshotCmd::Create { id, name } => {
             let info = runtime.block_on(async { client.sandbox(id).snapshot(name).await })?;
@@ -92,11 +87,7 @@ pub fn snapshot(cmd: SnapshotCmd, json: bool) -> Outcome {
             for id in &ids {
                 runtime.block_on(client.delete_snapshot(id))?;
             }
-            if json {
-                out::print_json(&json!({ "removed": ids }))?;
-            } else {
-                ids.iter().for_each(|id| println!("{id}"));
-            }
+            out::print_removed(json, &ids)?;
         }
     }
     Ok(0)
@@ -110,22 +101,13 @@ pub fn volume(cmd: VolumeCmd, json: bool) -> Outcome {
         VolumeCmd::Ls => {
             let mut list = runtime.block_on(client.volumes())?;
             list.sort_by(|a, b| a.name.cmp(&b.name));
-            if json {
-                out::print_json(&list)?;
-                return Ok(0);
-            }
-            let now = sandcove::now_millis();
-            let rows: Vec<Vec<String>> = list
-                .iter()
-                .map(|v| {
-                    vec![
-                        v.name.clone(),
-                        out::human_span(now.saturating_sub(v.created_at)),
-                        v.size.to_string(),
-                    ]
-                })
-                .collect();
-            out::print_table(&["NAME", "AGE", "SIZE"], &rows);
+            out::print_listing(json, &list, &["NAME", "AGE", "SIZE"], |v, now| {
+                vec![
+                    v.name.clone(),
+                    out::human_span(now.saturating_sub(v.created_at)),
+                    v.size.to_string(),
+                ]
+            })?;
         }
         VolumeCmd::Create { name } => {
             let info = runtime.block_on(client.create_volume(&name))?;
@@ -139,11 +121,7 @@ pub fn volume(cmd: VolumeCmd, json: bool) -> Outcome {
             for name in &names {
                 runtime.block_on(client.delete_volume(name))?;
             }
-            if json {
-                out::print_json(&json!({ "removed": names }))?;
-            } else {
-                names.iter().for_each(|n| println!("{n}"));
-            }
+            out::print_removed(json, &names)?;
         }
     }
     Ok(0)
