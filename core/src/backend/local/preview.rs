@@ -27,6 +27,10 @@ use crate::{now_millis, Error, Preview, PreviewOptions, PreviewToken, Result};
 /// Largest request head read while checking a token.
 const MAX_HEAD: usize = 64 * 1024;
 
+/// Most live tokens one preview holds at once (expired ones are dropped when another is
+/// made), so a caller minting tokens in a loop cannot grow the monitor without bound.
+pub const MAX_TOKENS: usize = 1000;
+
 /// One exposed port.
 pub struct Exposed {
     /// What callers see.
@@ -35,6 +39,38 @@ pub struct Exposed {
     pub tokens: Vec<PreviewToken>,
     /// The accept loop; aborted when the preview closes.
     pub task: tokio::task::JoinHandle<()>,
+    /// Signalled when a token is revoked or the preview's settings change, and dropped when
+    /// it closes: connections already let through re-check that they are still allowed.
+    pub changed: tokio::sync::watch::Sender<()>,
+}
+
+impl Exposed {
+    /// Drop expired tokens and make room for one more, or say why there is none.
+    pub fn room_for_token(&mut self) -> Result<()> {
+        let now = now_millis();
+        self.tokens.retain(|t| t.expires_at.is_none_or(|e| now < e));
+        if self.tokens.len() >= MAX_TOKENS {
+            return Err(Error::invalid(format!(
+                "the preview of port {} already has {MAX_TOKENS} live tokens: revoke some first",
+                self.preview.port
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether a connection let through by `token` (`None`: a public preview's) may go on.
+    pub fn still_allows(&self, token: Option<&PreviewToken>) -> bool {
+        match token {
+            None => self.preview.public,
+            Some(token) => {
+                !self.preview.public
+                    && self
+                        .tokens
+                        .iter()
+                        .any(|t| constant_eq(t.value.as_bytes(), token.value.as_bytes()))
+            }
+        }
+    }
 }
 
 /// The previews of one sandbox, by sandbox port.
@@ -136,6 +172,8 @@ pub struct Accepted {
     pub head: Vec<u8>,
     /// Body framing.
     pub framing: Framing,
+    /// The token that let the request through.
+    pub token: PreviewToken,
 }
 
 /// Check a complete request head (through its blank line): well-formed, carrying a live
@@ -264,14 +302,14 @@ pub fn check(
         ));
     }
     let now = now_millis();
-    let live = offered.iter().any(|o| {
+    let live = offered.iter().find_map(|o| {
         tokens
             .iter()
-            .any(|t| constant_eq(o, t.value.as_bytes()) && t.expires_at.is_none_or(|e| now < e))
+            .find(|t| constant_eq(o, t.value.as_bytes()) && t.expires_at.is_none_or(|e| now < e))
     });
-    if !live {
+    let Some(token) = live.cloned() else {
         return Err(Refusal::Unauthorized);
-    }
+    };
     let framing = if upgrade && connection_upgrade && !chunked && length.unwrap_or(0) == 0 {
         forwarded.extend_from_slice(b"Connection: upgrade\r\n");
         Framing::Upgrade
@@ -287,6 +325,7 @@ pub fn check(
     Ok(Accepted {
         head: forwarded,
         framing,
+        token,
     })
 }
 
@@ -443,6 +482,11 @@ impl<'a> Incoming<'a> {
 
     /// The client stream.
     pub fn stream(&mut self) -> &mut TcpStream {
+        self.stream
+    }
+
+    /// The client stream, dropping what was read ahead.
+    pub fn into_stream(self) -> &'a mut TcpStream {
         self.stream
     }
 }
