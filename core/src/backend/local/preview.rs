@@ -240,6 +240,7 @@ pub fn check(
     }
     let mut forwarded = Vec::with_capacity(head.len() + 20);
     forwarded.extend_from_slice(format!("{method} {upstream_target} {version}\r\n").as_bytes());
+    let mut kept_lines: Vec<&[u8]> = Vec::new();
     let mut length: Option<u64> = None;
     let mut chunked = false;
     let mut upgrade = false;
@@ -291,8 +292,7 @@ pub fn check(
         }
         let hop = ["connection", "keep-alive", "proxy-connection"];
         if !is_token && !hop.iter().any(|h| name.eq_ignore_ascii_case(h)) {
-            forwarded.extend_from_slice(line);
-            forwarded.extend_from_slice(b"\r\n");
+            kept_lines.push(line);
         }
     }
     if chunked && length.is_some() {
@@ -310,6 +310,14 @@ pub fn check(
     let Some(token) = live.cloned() else {
         return Err(Refusal::Unauthorized);
     };
+    // Nor in any other header: a browser repeats the URL it came from (with its token
+    // parameter) in `Referer`, and a client may carry it in a cookie.
+    for line in kept_lines {
+        if !contains(line, token.value.as_bytes()) {
+            forwarded.extend_from_slice(line);
+            forwarded.extend_from_slice(b"\r\n");
+        }
+    }
     let framing = if upgrade && connection_upgrade && !chunked && length.unwrap_or(0) == 0 {
         forwarded.extend_from_slice(b"Connection: upgrade\r\n");
         Framing::Upgrade
@@ -327,6 +335,11 @@ pub fn check(
         framing,
         token,
     })
+}
+
+/// Whether `needle` (non-empty) occurs in `haystack`.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 fn is_token_byte(b: u8) -> bool {
@@ -578,6 +591,15 @@ mod tests {
             assert!(sent.starts_with("GET /a?b=1&c=2 HTTP/1.1\r\n"), "{sent}");
             assert!(sent.contains("\r\nHost: x\r\n"), "{sent}");
         }
+        // Nor does it travel in another header: a browser's Referer (the URL it came from,
+        // token included) or a cookie.
+        let referred = format!(
+            "GET /b HTTP/1.1\r\nHost: x\r\nX-Blaxel-Preview-Token: {t}\r\nReferer: http://x/a?bl_preview_token={t}\r\nCookie: s={t}\r\nAccept: */*\r\n\r\n"
+        );
+        let sent =
+            String::from_utf8(check(referred.as_bytes(), &p, &tokens).unwrap().head).unwrap();
+        assert!(!sent.contains(t.as_str()), "{sent}");
+        assert!(sent.contains("\r\nAccept: */*\r\n"), "{sent}");
         let only = format!("GET /p?bl_preview_token={t} HTTP/1.0\r\n\r\n");
         let sent = check(only.as_bytes(), &p, &tokens)
             .expect("a live token")
