@@ -145,7 +145,11 @@ async fn a_token_revoked_while_the_head_is_in_flight_opens_nothing() {
         .expose_port(&id, PreviewOptions::new(PORT))
         .await
         .expect("expose");
-    let token = preview.token.clone().expect("a private preview's token").value;
+    let token = preview
+        .token
+        .clone()
+        .expect("a private preview's token")
+        .value;
     let header = &preview.token_header;
 
     let mut early = TcpStream::connect(&preview.host).await.expect("connect");
@@ -290,11 +294,7 @@ async fn revoking_or_closing_cuts_the_connections_already_let_through() {
         .await
         .expect("expose publicly");
     wait_for_server(&preview.host, "").await;
-    let (mut open, got) = request(
-        &preview.host,
-        "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n",
-    )
-    .await;
+    let (mut open, got) = request(&preview.host, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n").await;
     assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
     env.backend.close_preview(&id, PORT).await.expect("close");
     until_closed(&mut open, "a public preview's tunnel after it closed").await;
@@ -314,7 +314,11 @@ async fn preview_tokens_per_preview_are_bounded() {
     let mut made = Vec::new();
     let refused = loop {
         let in_a_minute = Some(sandcove::now_millis() + 60_000);
-        match env.backend.create_preview_token(&id, PORT, in_a_minute).await {
+        match env
+            .backend
+            .create_preview_token(&id, PORT, in_a_minute)
+            .await
+        {
             Ok(token) => made.push(token.value),
             Err(e) => break e,
         }

@@ -320,17 +320,23 @@ mod tests {
         // The digest still tells requests apart: the same key with another body is refused,
         // with the same body it replays.
         let again = records
-            .run_stored(&keyed("k199"), "create", &body, async { Stored::unit(Ok(())) })
+            .run_stored(&keyed("k199"), "create", &body, async {
+                Stored::unit(Ok(()))
+            })
             .await;
         assert!(matches!(again, Ok((_, false))));
         let mut other = body.clone();
         other[0] = b'y';
         let refused = records
-            .run_stored(&keyed("k199"), "create", &other, async { Stored::unit(Ok(())) })
+            .run_stored(&keyed("k199"), "create", &other, async {
+                Stored::unit(Ok(()))
+            })
             .await;
         assert!(refused.is_err());
         let rescoped = records
-            .run_stored(&keyed("k199"), "destroy a", &body, async { Stored::unit(Ok(())) })
+            .run_stored(&keyed("k199"), "destroy a", &body, async {
+                Stored::unit(Ok(()))
+            })
             .await;
         assert!(rescoped.is_err());
     }
