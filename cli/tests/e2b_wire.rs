@@ -1354,6 +1354,15 @@ async fn snapshots_and_fork_answer_as_e2b_does() {
         assert_eq!(body["names"], json!([name]), "{body}");
         taken.push(body["snapshotID"].as_str().unwrap().to_string());
     }
+    let r = call(
+        "POST",
+        "/sandboxes/no-such-sandbox/snapshots".into(),
+        json!({}),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
     // Paged newest first, one per page.
     let r = call(
         "GET",

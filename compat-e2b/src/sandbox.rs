@@ -1456,10 +1456,7 @@ impl IntoFuture for SnapshotBuilder {
     type Output = Result<SnapshotInfo>;
     type IntoFuture = BoxFuture<'static, SnapshotInfo>;
     fn into_future(self) -> Self::IntoFuture {
-        Box::pin(async move {
-            let s = self.ctx.core.snapshot(self.name).await?;
-            Ok(SnapshotInfo::from_core(&s))
-        })
+        Box::pin(async move { create_snapshot_of(&self.ctx.core, self.name).await })
     }
 }
 
@@ -1553,13 +1550,12 @@ pub(crate) async fn fork_on(
     Ok(out)
 }
 
-/// `create_snapshot(name)` of `sandbox_id` on `client`'s runtime.
-pub(crate) async fn create_snapshot_on(
-    client: &sandcove::Client,
-    sandbox_id: &str,
+/// `create_snapshot(name)` of `sandbox` (the facade's instance or the wire's).
+pub(crate) async fn create_snapshot_of(
+    sandbox: &sandcove::Sandbox,
     name: Option<String>,
 ) -> Result<SnapshotInfo> {
-    let s = client.sandbox(sandbox_id).snapshot(name).await?;
+    let s = sandbox.snapshot(name).await?;
     Ok(SnapshotInfo::from_core(&s))
 }
 

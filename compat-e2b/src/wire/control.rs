@@ -410,7 +410,7 @@ async fn create_snapshot(
     let req: SnapshotBody = parse_json(&body)?;
     let _ = req.memory;
     let name = req.name.filter(|n| !n.is_empty());
-    let taken = sandbox::create_snapshot_on(&wire.client, &id, name).await?;
+    let taken = sandbox::create_snapshot_of(&wire.client.sandbox(&id), name).await?;
     Ok((StatusCode::CREATED, axum::Json(snapshot_body(&taken))).into_response())
 }
 
@@ -437,14 +437,17 @@ async fn list_snapshots(
         paginator = paginator.limit(limit);
     }
     let page = paginator.next_items_on(&wire.client).await?;
-    let mut response =
-        axum::Json(Value::Array(page.iter().map(snapshot_body).collect())).into_response();
-    if let Some(token) = paginator.next_token {
-        if let Ok(v) = HeaderValue::from_str(&token) {
-            response.headers_mut().insert("x-next-token", v);
-        }
+    let items = page.iter().map(snapshot_body).collect();
+    Ok(page_response(items, paginator.next_token))
+}
+
+/// A page of a list answer, the next page's token in `x-next-token` (none on the last).
+fn page_response(items: Vec<Value>, next_token: Option<String>) -> Response {
+    let mut response = axum::Json(Value::Array(items)).into_response();
+    if let Some(v) = next_token.and_then(|t| HeaderValue::from_str(&t).ok()) {
+        response.headers_mut().insert("x-next-token", v);
     }
-    Ok(response)
+    response
 }
 
 async fn delete_snapshot(
@@ -578,13 +581,7 @@ async fn list(State(wire): State<Wire>, Query(q): Query<ListQuery>) -> Result<Re
         .iter()
         .map(|info| info_body(info, false, &wire))
         .collect();
-    let mut response = axum::Json(Value::Array(items)).into_response();
-    if let Some(token) = paginator.next_token {
-        if let Ok(v) = HeaderValue::from_str(&token) {
-            response.headers_mut().insert("x-next-token", v);
-        }
-    }
-    Ok(response)
+    Ok(page_response(items, paginator.next_token))
 }
 
 #[cfg(test)]
