@@ -7,7 +7,7 @@ use sandcove_tests::{capabilities, check_everywhere, has};
 fn daytona_quickstart() {
     check_everywhere(
         "daytona_quickstart",
-        env!("CARGO_BIN_EXE_daytona_quickstart"),
+        env!("CARGO_BIN_EXE_fx_daytona_quickstart"),
     );
 }
 
@@ -15,7 +15,7 @@ fn daytona_quickstart() {
 fn daytona_getting_started() {
     check_everywhere(
         "daytona_getting_started",
-        env!("CARGO_BIN_EXE_daytona_getting_started"),
+        env!("CARGO_BIN_EXE_fx_daytona_getting_started"),
     );
 }
 
@@ -23,7 +23,7 @@ fn daytona_getting_started() {
 fn daytona_shell_exec() {
     check_everywhere(
         "daytona_shell_exec",
-        env!("CARGO_BIN_EXE_daytona_shell_exec"),
+        env!("CARGO_BIN_EXE_fx_daytona_shell_exec"),
     );
 }
 
@@ -31,24 +31,24 @@ fn daytona_shell_exec() {
 fn daytona_file_operations() {
     check_everywhere(
         "daytona_file_operations",
-        env!("CARGO_BIN_EXE_daytona_file_operations"),
+        env!("CARGO_BIN_EXE_fx_daytona_file_operations"),
     );
 }
 
 #[test]
 fn daytona_git() {
-    check_everywhere("daytona_git", env!("CARGO_BIN_EXE_daytona_git"));
+    check_everywhere("daytona_git", env!("CARGO_BIN_EXE_fx_daytona_git"));
 }
 
 #[test]
 fn daytona_sessions() {
-    check_everywhere("daytona_sessions", env!("CARGO_BIN_EXE_daytona_sessions"));
+    check_everywhere("daytona_sessions", env!("CARGO_BIN_EXE_fx_daytona_sessions"));
 }
 
 #[test]
 fn daytona_preview() {
     if has(capabilities().previews, "daytona_preview", "previews") {
-        check_everywhere("daytona_preview", env!("CARGO_BIN_EXE_daytona_preview"));
+        check_everywhere("daytona_preview", env!("CARGO_BIN_EXE_fx_daytona_preview"));
     }
 }
 
@@ -56,14 +56,14 @@ fn daytona_preview() {
 fn daytona_labels_list() {
     check_everywhere(
         "daytona_labels_list",
-        env!("CARGO_BIN_EXE_daytona_labels_list"),
+        env!("CARGO_BIN_EXE_fx_daytona_labels_list"),
     );
 }
 
 #[test]
 fn daytona_volumes() {
     if has(capabilities().volumes, "daytona_volumes", "volumes") {
-        check_everywhere("daytona_volumes", env!("CARGO_BIN_EXE_daytona_volumes"));
+        check_everywhere("daytona_volumes", env!("CARGO_BIN_EXE_fx_daytona_volumes"));
     }
 }
 
@@ -71,6 +71,6 @@ fn daytona_volumes() {
 fn daytona_code_run_params() {
     check_everywhere(
         "daytona_code_run_params",
-        env!("CARGO_BIN_EXE_daytona_code_run_params"),
+        env!("CARGO_BIN_EXE_fx_daytona_code_run_params"),
     );
 }
