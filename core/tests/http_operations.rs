@@ -226,12 +226,7 @@ async fn a_create_repeated_under_its_operation_id_makes_one_sandbox() {
 #[tokio::test]
 async fn a_process_start_repeated_under_its_operation_id_runs_once() {
     let (url, key) = server().await;
-    let backend = Arc::new(HttpBackend::connect(&url, &key).await.expect("connect"));
-    let id = backend
-        .create(test_options(&unique("op-spawn")))
-        .await
-        .expect("create")
-        .id;
+    let (backend, id) = sandbox_on(&url, &key, "op-spawn").await;
     let spec = || ProcessSpec::new(Command::sh("echo started >> /workspace/runs; echo hi"));
     let op = OperationId::new();
     let first = op
@@ -372,6 +367,17 @@ async fn server_with(mut config: ServerConfig) -> (String, String) {
     (url, key)
 }
 
+/// A client of the server at `url` and a fresh sandbox on it labelled `prefix`.
+async fn sandbox_on(url: &str, key: &str, prefix: &str) -> (Arc<HttpBackend>, String) {
+    let backend = Arc::new(HttpBackend::connect(url, key).await.expect("connect"));
+    let id = backend
+        .create(test_options(&unique(prefix)))
+        .await
+        .expect("create")
+        .id;
+    (backend, id)
+}
+
 /// `data` as an upload stream of `chunk`-byte pieces.
 fn upload(data: &[u8], chunk: usize) -> ByteStream {
     let pieces: Vec<sandcove::Result<Vec<u8>>> =
@@ -380,7 +386,7 @@ fn upload(data: &[u8], chunk: usize) -> ByteStream {
 }
 
 /// The file's bytes, read back through the API.
-async fn contents(backend: &dyn Backend, id: &str, path: &str) -> Vec<u8> {
+async fn contents(backend: &HttpBackend, id: &str, path: &str) -> Vec<u8> {
     use futures::StreamExt;
     let mut data = backend
         .read_file(id, path, ReadOptions::default())
@@ -400,14 +406,9 @@ async fn contents(backend: &dyn Backend, id: &str, path: &str) -> Vec<u8> {
 #[tokio::test]
 async fn a_lost_write_answer_is_observed_and_a_retry_writes_once() {
     let (url, key) = server().await;
-    let direct = HttpBackend::connect(&url, &key).await.expect("connect");
+    let (direct, id) = sandbox_on(&url, &key, "op-write").await;
     let relay = lossy_relay(Some(url.clone())).await;
     let lossy = HttpBackend::with_options(&relay, &key, options(0)).expect("client");
-    let id = direct
-        .create(test_options(&unique("op-write")))
-        .await
-        .expect("create")
-        .id;
     let path = "/workspace/note";
     let err = lossy
         .write_file(&id, path, upload(b"first", 2), WriteOptions::default())
@@ -416,14 +417,7 @@ async fn a_lost_write_answer_is_observed_and_a_retry_writes_once() {
     let op = err
         .unknown_outcome()
         .unwrap_or_else(|| panic!("OutcomeUnknown with the operation id, got {err:?}"));
-    let status = eventually(PATIENCE, "the write to finish", || async {
-        match direct.observe(&op).await {
-            Ok(status @ OperationStatus::Done { .. }) => Ok(status),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
-    let OperationStatus::Done { result } = status else {
+    let OperationStatus::Done { result } = observed_done(&direct, &op).await else {
         unreachable!()
     };
     let recorded: FileStat = serde_json::from_value(result).expect("a FileStat");
@@ -486,12 +480,7 @@ async fn a_large_streamed_write_is_recognised_by_its_content_digest() {
     let mut config = ServerConfig::new("replaced");
     config.max_body_bytes = 64 * 1024;
     let (url, key) = server_with(config).await;
-    let backend = HttpBackend::connect(&url, &key).await.expect("connect");
-    let id = backend
-        .create(test_options(&unique("op-upload")))
-        .await
-        .expect("create")
-        .id;
+    let (backend, id) = sandbox_on(&url, &key, "op-upload").await;
     let path = "/workspace/big";
     let big: Vec<u8> = (0..6 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
     let op = OperationId::new();
@@ -544,12 +533,7 @@ async fn a_large_streamed_write_is_recognised_by_its_content_digest() {
 #[tokio::test]
 async fn a_repeat_of_a_running_write_is_refused_while_it_runs() {
     let (url, key) = server().await;
-    let backend = Arc::new(HttpBackend::connect(&url, &key).await.expect("connect"));
-    let id = backend
-        .create(test_options(&unique("op-running")))
-        .await
-        .expect("create")
-        .id;
+    let (backend, id) = sandbox_on(&url, &key, "op-running").await;
     let path = "/workspace/slow";
     let (tx, rx) = tokio::sync::mpsc::channel::<sandcove::Result<Vec<u8>>>(4);
     let data: ByteStream = Box::pin(tokio_stream_of(rx));
@@ -585,7 +569,7 @@ async fn a_repeat_of_a_running_write_is_refused_while_it_runs() {
     drop(tx);
     let stat = first.await.expect("join").expect("the first write");
     assert_eq!(stat.size, 18);
-    assert_eq!(contents(&*backend, &id, path).await, b"part one, part two");
+    assert_eq!(contents(&backend, &id, path).await, b"part one, part two");
     let status = backend.observe(&op).await.expect("observe");
     assert!(matches!(status, OperationStatus::Done { .. }), "{status:?}");
     backend.destroy(&id).await.expect("destroy");
@@ -605,12 +589,7 @@ fn tokio_stream_of<T: Send + 'static>(
 #[tokio::test]
 async fn file_changes_repeated_under_their_operation_id_act_once() {
     let (url, key) = server().await;
-    let backend = HttpBackend::connect(&url, &key).await.expect("connect");
-    let id = backend
-        .create(test_options(&unique("op-files")))
-        .await
-        .expect("create")
-        .id;
+    let (backend, id) = sandbox_on(&url, &key, "op-files").await;
     async fn twice<
         T: std::fmt::Debug + PartialEq,
         F: std::future::Future<Output = sandcove::Result<T>>,
@@ -677,24 +656,40 @@ async fn file_changes_repeated_under_their_operation_id_act_once() {
     );
 
     let relay = lossy_relay(Some(url.clone())).await;
-    let lossy = HttpBackend::with_options(&relay, &key, options(0)).expect("client");
+    unanswered_mkdir_is_recorded(&backend, &relay, &key, &id, "/workspace/e").await;
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// A mkdir sent through `front` (a relay that loses its answer) is `OutcomeUnknown` naming
+/// its operation id, which `backend` observes done, and the directory is there.
+async fn unanswered_mkdir_is_recorded(
+    backend: &HttpBackend,
+    front: &str,
+    key: &str,
+    id: &str,
+    path: &str,
+) {
+    let lossy = HttpBackend::with_options(front, key, options(0)).expect("client");
     let err = lossy
-        .mkdir(&id, "/workspace/e", MkdirOptions::default())
+        .mkdir(id, path, MkdirOptions::default())
         .await
         .expect_err("the answer is lost");
     let op = err.unknown_outcome().expect("the mkdir's operation id");
-    eventually(PATIENCE, "the mkdir to finish", || async {
-        match backend.observe(&op).await {
-            Ok(OperationStatus::Done { .. }) => Ok(()),
+    observed_done(backend, &op).await;
+    let made = backend.stat(id, path, StatOptions::default()).await;
+    assert_eq!(made.expect("the directory").kind, FileKind::Dir);
+}
+
+/// What `backend` observes of `op` once it is done (waiting while it is in progress or not
+/// yet known).
+async fn observed_done(backend: &HttpBackend, op: &OperationId) -> OperationStatus {
+    eventually(PATIENCE, "the operation to be recorded done", || async {
+        match backend.observe(op).await {
+            Ok(status @ OperationStatus::Done { .. }) => Ok(status),
             other => Err(format!("{other:?}")),
         }
     })
-    .await;
-    let made = backend
-        .stat(&id, "/workspace/e", StatOptions::default())
-        .await;
-    assert_eq!(made.expect("the directory").kind, FileKind::Dir);
-    backend.destroy(&id).await.expect("destroy");
+    .await
 }
 
 /// An operation whose client hung up before its answer is still recorded to the end:
@@ -702,29 +697,8 @@ async fn file_changes_repeated_under_their_operation_id_act_once() {
 #[tokio::test]
 async fn an_operation_whose_client_hung_up_is_recorded_to_its_end() {
     let (url, key) = server().await;
-    let backend = HttpBackend::connect(&url, &key).await.expect("connect");
-    let id = backend
-        .create(test_options(&unique("op-hangup")))
-        .await
-        .expect("create")
-        .id;
+    let (backend, id) = sandbox_on(&url, &key, "op-hangup").await;
     let relay = hanging_up_relay(url.clone()).await;
-    let lossy = HttpBackend::with_options(&relay, &key, options(0)).expect("client");
-    let err = lossy
-        .mkdir(&id, "/workspace/h", MkdirOptions::default())
-        .await
-        .expect_err("no answer");
-    let op = err.unknown_outcome().expect("the mkdir's operation id");
-    eventually(PATIENCE, "the mkdir to be recorded done", || async {
-        match backend.observe(&op).await {
-            Ok(OperationStatus::Done { .. }) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
-    let made = backend
-        .stat(&id, "/workspace/h", StatOptions::default())
-        .await;
-    assert_eq!(made.expect("the directory").kind, FileKind::Dir);
+    unanswered_mkdir_is_recorded(&backend, &relay, &key, &id, "/workspace/h").await;
     backend.destroy(&id).await.expect("destroy");
 }

@@ -559,23 +559,48 @@ async fn stat(
     Ok(json(&state.backend.stat(&id, &q.path, options).await?))
 }
 
-/// The metadata-changing calls (mkdir, rename, copy, chmod) are recorded under their
-/// operation id like every call with a remote effect: a repeat answers the first outcome.
+/// A metadata-changing call (mkdir, rename, copy, chmod) with its JSON body `T`, recorded
+/// under its operation id like every call with a remote effect: a repeat answers the first
+/// outcome. `call` runs the backend call on the request.
+async fn recorded<T, F, Fut>(
+    state: AppState,
+    id: String,
+    headers: HeaderMap,
+    body: Body,
+    route: &str,
+    call: F,
+) -> Result<Response, ApiError>
+where
+    T: serde::de::DeserializeOwned + Send + 'static,
+    F: FnOnce(Arc<dyn crate::Backend>, String, T) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = crate::Result<crate::FileStat>> + Send + 'static,
+{
+    let (req, raw) = read_json::<T>(&state, &headers, body).await?;
+    let backend = state.backend.clone();
+    let scope = format!("{route} {id}");
+    Ok(state
+        .idempotency
+        .run(&headers, &scope, &raw, async move {
+            Stored::of(call(backend, id, req).await)
+        })
+        .await)
+}
+
 async fn mkdir(
     State(state): State<AppState>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (req, raw) = read_json::<Mkdir>(&state, &headers, body).await?;
-    let backend = state.backend.clone();
-    let scope = format!("mkdir {id}");
-    Ok(state
-        .idempotency
-        .run(&headers, &scope, &raw, async move {
-            Stored::of(backend.mkdir(&id, &req.path, req.options).await)
-        })
-        .await)
+    recorded(
+        state,
+        id,
+        headers,
+        body,
+        "mkdir",
+        |b, id, r: Mkdir| async move { b.mkdir(&id, &r.path, r.options).await },
+    )
+    .await
 }
 
 async fn rename(
@@ -584,15 +609,15 @@ async fn rename(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (req, raw) = read_json::<Rename>(&state, &headers, body).await?;
-    let backend = state.backend.clone();
-    let scope = format!("rename {id}");
-    Ok(state
-        .idempotency
-        .run(&headers, &scope, &raw, async move {
-            Stored::of(backend.rename(&id, &req.from, &req.to, req.options).await)
-        })
-        .await)
+    recorded(
+        state,
+        id,
+        headers,
+        body,
+        "rename",
+        |b, id, r: Rename| async move { b.rename(&id, &r.from, &r.to, r.options).await },
+    )
+    .await
 }
 
 async fn copy(
@@ -601,15 +626,15 @@ async fn copy(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (req, raw) = read_json::<Copy>(&state, &headers, body).await?;
-    let backend = state.backend.clone();
-    let scope = format!("copy {id}");
-    Ok(state
-        .idempotency
-        .run(&headers, &scope, &raw, async move {
-            Stored::of(backend.copy(&id, &req.from, &req.to, req.options).await)
-        })
-        .await)
+    recorded(
+        state,
+        id,
+        headers,
+        body,
+        "copy",
+        |b, id, r: Copy| async move { b.copy(&id, &r.from, &r.to, r.options).await },
+    )
+    .await
 }
 
 async fn chmod(
@@ -618,15 +643,15 @@ async fn chmod(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (req, raw) = read_json::<Chmod>(&state, &headers, body).await?;
-    let backend = state.backend.clone();
-    let scope = format!("chmod {id}");
-    Ok(state
-        .idempotency
-        .run(&headers, &scope, &raw, async move {
-            Stored::of(backend.chmod(&id, &req.path, req.mode).await)
-        })
-        .await)
+    recorded(
+        state,
+        id,
+        headers,
+        body,
+        "chmod",
+        |b, id, r: Chmod| async move { b.chmod(&id, &r.path, r.mode).await },
+    )
+    .await
 }
 
 #[derive(Deserialize)]

@@ -213,19 +213,8 @@ impl Idempotency {
                 }
                 _ => {
                     self.make_room(entries, &key)?;
-                    *next_serial += 1;
                     let answer = spawned(op).boxed().shared();
-                    keep_recording(&answer);
-                    entries.insert(
-                        key,
-                        Entry {
-                            at: Instant::now(),
-                            serial: *next_serial,
-                            fingerprint: print,
-                            content: None,
-                            answer: answer.clone(),
-                        },
-                    );
+                    record(next_serial, entries, key, print, None, &answer);
                     (answer, true)
                 }
             }
@@ -279,7 +268,6 @@ impl Idempotency {
             }
         }
         self.make_room(entries, &key)?;
-        *next_serial += 1;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let answer = async move {
             rx.await.unwrap_or_else(|_| {
@@ -288,17 +276,7 @@ impl Idempotency {
         }
         .boxed()
         .shared();
-        keep_recording(&answer);
-        entries.insert(
-            key,
-            Entry {
-                at: Instant::now(),
-                serial: *next_serial,
-                fingerprint: print,
-                content: Some(content),
-                answer: answer.clone(),
-            },
-        );
+        record(next_serial, entries, key, print, Some(content), &answer);
         Ok(UploadClaim::First(Recorder { tx, answer }))
     }
 
@@ -431,10 +409,29 @@ fn used_for_another() -> ApiError {
     })
 }
 
-/// Drive `answer` to its end on a task of its own, so the record completes (and `observe`
-/// reports it) even when the client that sent it has gone and nobody awaits the answer.
-fn keep_recording(answer: &Answer) {
+/// Record `answer` under `key` (the caller made room), and drive it to its end on a task of
+/// its own, so the record completes (and `observe` reports it) even when the client that
+/// sent it has gone and nobody awaits the answer.
+fn record(
+    next_serial: &mut u64,
+    entries: &mut HashMap<String, Entry>,
+    key: String,
+    print: [u8; 32],
+    content: Option<ContentDigest>,
+    answer: &Answer,
+) {
+    *next_serial += 1;
     tokio::spawn(answer.clone());
+    entries.insert(
+        key,
+        Entry {
+            at: Instant::now(),
+            serial: *next_serial,
+            fingerprint: print,
+            content,
+            answer: answer.clone(),
+        },
+    );
 }
 
 /// Run `op` on its own task (started now, whether or not anyone awaits the result).
