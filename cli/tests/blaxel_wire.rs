@@ -3,13 +3,12 @@
 //! `Host: api.blaxel.ai` requests), `//` paths, NDJSON exec streams, bad input and gaps. The
 //! router runs in this process over the embedded engine with a private state directory.
 
-use std::sync::Arc;
-use std::time::Duration;
+mod common;
 
-use sandcove::server::{serve_router, ConnectionLimits};
-use sandcove::{Backend, LocalBackend};
-use sandcove_tests::PrivateState;
+use sandcove::Backend;
 use serde_json::{json, Value};
+
+use common::WireEnv as Env;
 
 const KEY: &str = "blaxel-wire-key";
 
@@ -30,49 +29,14 @@ const STATUSES: &[&str] = &[
     "UPLOADING",
 ];
 
-struct Env {
-    url: String,
-    http: reqwest::Client,
-    backend: Arc<LocalBackend>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    state: Option<PrivateState>,
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        // The state's cleanup runs its own runtime: not on this runtime's thread.
-        let state = self.state.take();
-        let _ = std::thread::spawn(move || drop(state)).join();
-    }
-}
-
 async fn env() -> Env {
-    let state = PrivateState::new();
-    let backend = Arc::new(LocalBackend::with_state_dir(&state.dir).expect("engine"));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let mut config = blaxel::wire::WireConfig::new(KEY, url.clone());
-    config.max_body_bytes = 64 * 1024;
-    config.max_upload_bytes = 1024 * 1024;
-    let app = blaxel::wire::router(backend.clone(), config);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let limits = ConnectionLimits {
-        max_connections: 64,
-        head_timeout: Duration::from_secs(10),
-        shutdown_grace: Duration::from_secs(1),
-        tls: None,
-    };
-    tokio::spawn(serve_router(listener, app, limits, async move {
-        let _ = stopped.await;
-    }));
-    Env {
-        url,
-        http: reqwest::Client::new(),
-        backend,
-        stop: Some(stop),
-        state: Some(state),
-    }
+    Env::start(|backend, url| {
+        let mut config = blaxel::wire::WireConfig::new(KEY, url);
+        config.max_body_bytes = 64 * 1024;
+        config.max_upload_bytes = 1024 * 1024;
+        blaxel::wire::router(backend, config)
+    })
+    .await
 }
 
 impl Env {

@@ -1,23 +1,12 @@
 //! A runtime that cannot be reached is unavailable, never "this runtime lacks the feature":
 //! Daytona's volume calls and a create with volumes answer `DaytonaServiceUnavailableError`.
 
-use std::sync::Arc;
-
 use daytona::{CreateSandboxFromSnapshotParams, Daytona, DaytonaConfig, DaytonaError, VolumeMount};
 
-/// A loopback port nothing listens on (bound by the kernel's choice, then released).
-fn closed_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
-}
-
+// One test in this binary: it points the whole program at the unreachable server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_is_unavailable_not_unsupported() {
-    let url = format!("http://127.0.0.1:{}", closed_port());
-    let backend = sandcove::HttpBackend::new(&url, "unused-key").expect("a client, nothing sent");
-    let client = sandcove::Client::new(Arc::new(backend));
+    let client = sandcove::conformance::unreachable_runtime().await;
     let daytona = Daytona::with_client(client, DaytonaConfig::default());
     let err = daytona.volume.list().await.expect_err("no server");
     assert!(

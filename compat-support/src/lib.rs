@@ -5,10 +5,13 @@
 //!   test that a facade's gap table and its MAPPING.md section list the same rows;
 //! - [`OptionalString`]: the argument type of an optional string keyword (MIRRORING.md rule 3);
 //! - [`dates`]: the vendors' date formats, on the `time` crate;
-//! - [`shell`]: POSIX shell quoting, on `shell-escape`.
+//! - [`shell`]: POSIX shell quoting, on `shell-escape`;
+//! - [`multipart`]: the one strict `multipart/form-data` parser (and answer framing) of the
+//!   wire listeners.
 
 pub mod dates;
 pub mod gap;
+pub mod multipart;
 pub mod shell;
 
 pub use gap::Gap;

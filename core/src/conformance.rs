@@ -169,6 +169,38 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}-{}", std::process::id(), crate::random_id(20))
 }
 
+/// Point this whole program at a `sandcove serve` that cannot be reached (`SANDCOVE_URL` on a
+/// loopback port nothing listens on, a placeholder key) and check the core's view of it:
+/// capabilities never observed, and a create needing volumes checks as
+/// [`CheckStatus::Unavailable`](crate::CheckStatus) saying it "cannot reach" the server, never
+/// as unsupported. The facades' unreachable-runtime tests start here and then check their own
+/// errors. It sets the process environment: call it from a test binary's only test, before
+/// anything reads the runtime.
+pub async fn unreachable_runtime() -> crate::Client {
+    // A port the kernel chose, released at once: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port();
+    std::env::set_var(crate::client::URL_ENV, format!("http://127.0.0.1:{port}"));
+    std::env::set_var(crate::client::API_KEY_ENV, "unused-key");
+    let client = crate::Client::from_env().expect("a client (nothing sent yet)");
+    assert_eq!(client.capabilities().observed_at, None, "never observed");
+    let mut options = CreateOptions::default();
+    options.volumes.push(VolumeMount::new("data", "/data"));
+    match client
+        .check_create(&options)
+        .await
+        .expect("a check answers")
+    {
+        crate::CheckStatus::Unavailable { reason, .. } => {
+            assert!(reason.contains("cannot reach"), "{reason}")
+        }
+        other => panic!("unreachable server: {other:?}"),
+    }
+    client
+}
+
 async fn create(backend: &dyn Backend, label: &str) -> String {
     backend
         .create(test_options(label))

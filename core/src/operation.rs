@@ -2,7 +2,8 @@
 //! learn what happened, or run the call again, without it acting twice.
 //!
 //! The client mints a random [`OperationId`] for every create, fork, snapshot, destroy,
-//! volume create or delete, preview token and process start it sends; a caller that wants to
+//! volume create or delete, preview token, process start and file change (write or streamed
+//! upload, mkdir, remove, rename, copy, chmod) it sends; a caller that wants to
 //! know the id up front (to save it before sending) mints one itself and runs the call inside
 //! [`OperationId::scope`]. When the answer is lost after the request was sent, the call fails
 //! with [`Error::OutcomeUnknown`] naming the id;
@@ -13,14 +14,18 @@
 //! - **A `sandcove serve`** (the [`HttpBackend`](crate::HttpBackend)) records every operation
 //!   that carries an id, for a bounded time and count (its `ServerConfig`), and answers a
 //!   repeated id with the recorded outcome. A repeated process start answers by attaching to
-//!   the process the first one started.
+//!   the process the first one started. A repeated file write answers the first write's
+//!   [`FileStat`](crate::FileStat) without writing again when its path, options and content
+//!   (compared by a digest taken as the upload streams) are the same; while the first write
+//!   still runs, a repeat is refused at once ([`Error::Conflict`]: observe it instead).
 //! - **The embedded engine** runs each call in the caller's own program, where an answer
 //!   cannot be lost without the program itself going away; it records nothing and
 //!   [`Client::observe`](crate::Client::observe) answers [`OperationStatus::Unknown`] saying
 //!   so (list sandboxes by a label set at create to find one whose create was interrupted).
 //!
-//! Use one id for one call: two different calls under one id are refused
-//! ([`Error::InvalidArgument`]) by a recording server.
+//! Use one id for one call: two different calls under one id (another route, other
+//! arguments, other file content) are refused ([`Error::Conflict`]) by a recording server,
+//! before the second has any effect.
 
 use std::fmt;
 use std::future::Future;
@@ -113,7 +118,8 @@ pub enum OperationStatus {
     /// It finished and took effect; `result` is its answer as JSON (a
     /// [`SandboxInfo`](crate::SandboxInfo) for a create or fork, a
     /// [`SnapshotInfo`](crate::SnapshotInfo), a [`VolumeInfo`](crate::VolumeInfo), `{"pid": n}`
-    /// for a process start, `null` for a destroy or delete).
+    /// for a process start, a [`FileStat`](crate::FileStat) for a file write, mkdir, rename,
+    /// copy or chmod, `null` for a destroy, delete or file remove).
     Done {
         /// The answer.
         result: serde_json::Value,

@@ -486,3 +486,63 @@ async fn reopen_through_an_unreachable_server_is_unavailable() {
     let err = client.sandbox("abc").reference().unwrap_err();
     assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
 }
+
+/// Every file change sent through the client (the path every facade's file writes take)
+/// carries an operation id: a fresh one per call, or the scope's when the caller names one.
+#[tokio::test]
+async fn every_file_change_carries_an_operation_id() {
+    let server = MockServer::start().await;
+    let stat = serde_json::json!({
+        "path": "/workspace/f", "name": "f", "kind": "file", "size": 2, "mode": 420,
+        "uid": 1000, "gid": 1000, "owner": "user", "group": "user", "modified": 1,
+        "symlink_target": null
+    });
+    Mock::given(method("DELETE"))
+        .respond_with(ResponseTemplate::new(204))
+        .mount(&server)
+        .await;
+    Mock::given(wiremock::matchers::any())
+        .respond_with(ResponseTemplate::new(200).set_body_json(&stat))
+        .mount(&server)
+        .await;
+    let backend = std::sync::Arc::new(client(&server));
+    let sandbox = sandcove::Client::new(backend).sandbox("abc");
+    sandbox.write("/workspace/f", b"hi".to_vec()).await.unwrap();
+    let stream: sandcove::ByteStream = Box::pin(futures::stream::iter(vec![Ok(b"hi".to_vec())]));
+    sandbox
+        .write_stream("/workspace/f", stream, Default::default())
+        .await
+        .unwrap();
+    sandbox.mkdir("/workspace/d").await.unwrap();
+    sandbox
+        .rename("/workspace/f", "/workspace/g")
+        .await
+        .unwrap();
+    sandbox
+        .copy("/workspace/g", "/workspace/h", Default::default())
+        .await
+        .unwrap();
+    sandbox.chmod("/workspace/h", 0o600).await.unwrap();
+    sandbox.remove("/workspace/h").await.unwrap();
+    let mine = sandcove::OperationId::new();
+    mine.clone()
+        .scope(sandbox.write("/workspace/f", b"again".to_vec()))
+        .await
+        .unwrap();
+    let requests = server.received_requests().await.unwrap();
+    let keys: Vec<String> = requests
+        .iter()
+        .map(|r: &Request| {
+            r.headers
+                .get(IDEMPOTENCY_HEADER)
+                .unwrap_or_else(|| panic!("{} {} without an operation id", r.method, r.url))
+                .to_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(keys.len(), 8, "{keys:?}");
+    let distinct: std::collections::BTreeSet<_> = keys.iter().collect();
+    assert_eq!(distinct.len(), 8, "a fresh id per call: {keys:?}");
+    assert_eq!(keys[7], mine.as_str(), "the scope's id");
+}

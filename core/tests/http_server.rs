@@ -649,7 +649,9 @@ async fn a_repeated_create_key_makes_one_sandbox() {
     assert_eq!(engine.list(filter).await.unwrap().len(), 1, "one sandbox");
     let other = serde_json::to_vec(&test_options("other")).unwrap();
     let refused = send(other).await.unwrap();
-    assert_eq!(refused.status().as_u16(), 400);
+    assert_eq!(refused.status().as_u16(), 412);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["code"], "conflict", "{body}");
     engine.destroy(&ids[0]).await.unwrap();
 }
 

@@ -84,10 +84,25 @@ impl ServeChild {
 /// Serve `app` on a free loopback port in this process, with the server's connection limits;
 /// its URL, and the sender whose drop stops it.
 pub async fn serve_in_process(app: axum::Router) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let (listener, url) = loopback_listener().await;
+    (url, serve_on(listener, app))
+}
+
+/// A listener on a free loopback port, and its URL.
+async fn loopback_listener() -> (tokio::net::TcpListener, String) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a loopback port");
     let url = format!("http://{}", listener.local_addr().expect("its address"));
+    (listener, url)
+}
+
+/// Serve `app` on `listener` with the server's connection limits until the returned sender
+/// is dropped.
+fn serve_on(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+) -> tokio::sync::oneshot::Sender<()> {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let limits = ConnectionLimits {
         max_connections: 64,
@@ -98,5 +113,49 @@ pub async fn serve_in_process(app: axum::Router) -> (String, tokio::sync::onesho
     tokio::spawn(serve_router(listener, app, limits, async move {
         let _ = stopped.await;
     }));
-    (url, stop)
+    stop
+}
+
+/// A vendor wire router served in this process over the embedded engine with a private
+/// state directory; dropping it stops the listener and cleans the state up.
+pub struct WireEnv {
+    /// The listener's URL.
+    pub url: String,
+    /// A client for it.
+    pub http: reqwest::Client,
+    /// The engine behind the router.
+    pub backend: std::sync::Arc<sandcove::LocalBackend>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    state: Option<sandcove_tests::PrivateState>,
+}
+
+impl WireEnv {
+    /// Serve the router `router` makes from the engine and the listener's own URL (which
+    /// vendor answers embed).
+    pub async fn start(
+        router: impl FnOnce(std::sync::Arc<sandcove::LocalBackend>, String) -> axum::Router,
+    ) -> WireEnv {
+        let state = sandcove_tests::PrivateState::new();
+        let backend = std::sync::Arc::new(
+            sandcove::LocalBackend::with_state_dir(&state.dir).expect("engine"),
+        );
+        let (listener, url) = loopback_listener().await;
+        let stop = serve_on(listener, router(backend.clone(), url.clone()));
+        WireEnv {
+            url,
+            http: reqwest::Client::new(),
+            backend,
+            stop: Some(stop),
+            state: Some(state),
+        }
+    }
+}
+
+impl Drop for WireEnv {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        // The state's cleanup runs its own runtime: not on this runtime's thread.
+        let state = self.state.take();
+        let _ = std::thread::spawn(move || drop(state)).join();
+    }
 }

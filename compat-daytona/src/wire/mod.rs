@@ -28,7 +28,6 @@
 
 pub mod api;
 mod events;
-mod multipart;
 pub mod pty;
 pub mod toolbox;
 mod ws;

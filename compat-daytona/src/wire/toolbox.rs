@@ -27,10 +27,11 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::api::query_pairs;
-use super::{bad_request, multipart, parse_json, ApiError, Wire};
+use super::{bad_request, parse_json, ApiError, Wire};
 use crate::fs::{FileInfo, FileSource, FileUpload};
 use crate::process::{CodeRunParams, ExecuteResponse, SessionExecuteRequest};
 use crate::sandbox::Sandbox;
+use sandcove_compat_support::multipart;
 
 /// The toolbox's routes (nested under `/toolbox/{id}`).
 pub(crate) fn routes() -> Router<Wire> {

@@ -25,6 +25,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Router};
 use base64::Engine as _;
 use futures::StreamExt;
+use sandcove_compat_support::multipart;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -1093,7 +1094,7 @@ async fn upload_inner(
         let written = files::write_stream(&ctx, &path, stream, user).await?;
         return Ok(vec![written]);
     }
-    let Some(boundary) = multipart_boundary(&content_type) else {
+    let Some(boundary) = multipart::boundary(&content_type) else {
         return Err(ConnectError::new(
             Code::InvalidArgument,
             "uploads must be multipart/form-data or application/octet-stream",
@@ -1108,7 +1109,11 @@ async fn upload_inner(
             .map_err(|e| ConnectError::new(Code::Internal, format!("decoding the upload: {e}")))?
             .map_err(|why| ConnectError::new(Code::InvalidArgument, why))?;
     }
-    let parts = parse_multipart(&bytes, &boundary)?;
+    let parts: Vec<_> = multipart::parse(&bytes, &boundary)
+        .map_err(|why| ConnectError::new(Code::InvalidArgument, format!("multipart: {why}")))?
+        .into_iter()
+        .filter(|part| part.name == "file")
+        .collect();
     if parts.is_empty() {
         return Err(ConnectError::new(
             Code::InvalidArgument,
@@ -1159,82 +1164,6 @@ fn gunzip_stream(
     })
 }
 
-/// The boundary of a `multipart/form-data` content type.
-fn multipart_boundary(content_type: &str) -> Option<String> {
-    let (kind, params) = content_type.split_once(';')?;
-    if !kind.trim().eq_ignore_ascii_case("multipart/form-data") {
-        return None;
-    }
-    params.split(';').find_map(|p| {
-        let (k, v) = p.trim().split_once('=')?;
-        k.eq_ignore_ascii_case("boundary")
-            .then(|| v.trim_matches('"').to_string())
-            .filter(|b| !b.is_empty() && b.len() <= 200)
-    })
-}
-
-/// One part of a multipart body.
-#[derive(Debug)]
-struct Part<'a> {
-    filename: Option<String>,
-    data: &'a [u8],
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-/// The file parts of a `multipart/form-data` body (RFC 7578), strictly: a body that does not
-/// follow the format is an error, never a partial upload.
-fn parse_multipart<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<Part<'a>>, ConnectError> {
-    let bad = |why: &str| ConnectError::new(Code::InvalidArgument, format!("multipart: {why}"));
-    let delimiter = format!("--{boundary}");
-    let mut rest = match find(body, delimiter.as_bytes()) {
-        Some(i) => &body[i + delimiter.len()..],
-        None => return Err(bad("no boundary")),
-    };
-    let separator = format!("\r\n--{boundary}");
-    let mut parts = Vec::new();
-    loop {
-        if rest.starts_with(b"--") {
-            return Ok(parts);
-        }
-        rest = rest
-            .strip_prefix(b"\r\n")
-            .ok_or_else(|| bad("bad delimiter line"))?;
-        let head_end = find(rest, b"\r\n\r\n").ok_or_else(|| bad("unterminated part headers"))?;
-        let head = std::str::from_utf8(&rest[..head_end]).map_err(|_| bad("non-UTF-8 headers"))?;
-        let content = &rest[head_end + 4..];
-        let end = find(content, separator.as_bytes()).ok_or_else(|| bad("unterminated part"))?;
-        let mut name = None;
-        let mut filename = None;
-        for line in head.split("\r\n") {
-            let Some((k, v)) = line.split_once(':') else {
-                return Err(bad("bad part header"));
-            };
-            if k.trim().eq_ignore_ascii_case("content-disposition") {
-                for param in v.split(';').skip(1) {
-                    if let Some((pk, pv)) = param.trim().split_once('=') {
-                        let pv = pv.trim().trim_matches('"').to_string();
-                        match pk.trim() {
-                            "name" => name = Some(pv),
-                            "filename" => filename = Some(pv),
-                            _ => {}
-                        }
-                    }
-                }
-            }
-        }
-        if name.as_deref() == Some("file") {
-            parts.push(Part {
-                filename,
-                data: &content[..end],
-            });
-        }
-        rest = &content[end + separator.len()..];
-    }
-}
-
 async fn health(
     State(wire): State<Wire>,
     Extension(SandboxId(id)): Extension<SandboxId>,
@@ -1248,23 +1177,6 @@ async fn health(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn multipart_bodies_parse_strictly() {
-        let body = b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/home/user/a.txt\"\r\nContent-Type: application/octet-stream\r\n\r\nhi\r\nthere\r\n--XyZ--\r\n";
-        let parts = parse_multipart(body, "XyZ").unwrap();
-        assert_eq!(parts.len(), 1);
-        assert_eq!(parts[0].filename.as_deref(), Some("/home/user/a.txt"));
-        assert_eq!(parts[0].data, b"hi\r\nthere");
-        // Truncated: no closing delimiter.
-        assert!(parse_multipart(&body[..body.len() - 12], "XyZ").is_err());
-        assert!(parse_multipart(body, "other").is_err());
-        assert_eq!(
-            multipart_boundary("multipart/form-data; boundary=abc").as_deref(),
-            Some("abc")
-        );
-        assert_eq!(multipart_boundary("application/json"), None);
-    }
 
     #[test]
     fn start_keeps_the_facade_shell_form() {

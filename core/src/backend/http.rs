@@ -44,7 +44,8 @@
 //! (`GET`, `PUT`, `DELETE`, and creates, which carry an [`IDEMPOTENCY_HEADER`] the server
 //! remembers so a retried create never makes a second sandbox). Every call with a remote
 //! effect (creates, forks, snapshots, volumes, preview tokens, destroys and deletes, process
-//! starts) carries its [`OperationId`](crate::OperationId) in that header; when such a request
+//! starts, file writes and uploads, mkdir, remove, rename, copy, chmod) carries its
+//! [`OperationId`](crate::OperationId) in that header; when such a request
 //! was sent and its answer lost (a broken connection, a timeout waiting for the answer) the
 //! call fails with [`Error::OutcomeUnknown`] naming it, and `GET /v1/operations/{op}` (what
 //! [`Backend::observe`] asks) says what became of it. Control calls have a total
@@ -73,7 +74,8 @@ use crate::{CopyOptions, ReadOptions, RenameOptions, StatOptions};
 pub const API_PREFIX: &str = "/v1";
 /// Path of the server's OpenAPI document.
 pub const OPENAPI_PATH: &str = "/openapi.json";
-/// Request header naming one logical create; retries carry the same value.
+/// Request header naming one logical operation (the [`OperationId`](crate::OperationId));
+/// retries carry the same value.
 pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 /// Response header of a spawn: the pid of the new process.
 pub const PID_HEADER: &str = "x-sandcove-pid";
@@ -641,13 +643,28 @@ impl HttpBackend {
         url: Url,
         body: &(impl Serialize + ?Sized),
     ) -> Result<T> {
+        self.op_call(Method::POST, url, &[], Payload::Json(to_json(body)?))
+            .await
+    }
+
+    /// A call with a remote effect (a create, a file change): it carries its operation id
+    /// (the scope's, or a fresh one) as the idempotency key, so it is retried like an
+    /// idempotent call (the server answers a replay with the first outcome), and an answer
+    /// lost after it was sent is [`Error::OutcomeUnknown`] naming the id.
+    async fn op_call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        url: Url,
+        query: &[(&str, String)],
+        payload: Payload,
+    ) -> Result<T> {
         let key = crate::OperationId::current_or_new();
         let response = self
             .send(Req {
-                method: Method::POST,
+                method,
                 url,
-                query: &[],
-                payload: Payload::Json(to_json(body)?),
+                query,
+                payload,
                 idempotency_key: Some(key.as_str()),
                 retry: Retry::Idempotent,
                 stream: false,
@@ -660,14 +677,14 @@ impl HttpBackend {
 
     /// A destroy or delete: a `DELETE` carrying its operation id, so a replay after a lost
     /// answer gets the first one's outcome instead of "not found".
-    async fn delete_call(&self, url: Url) -> Result<()> {
+    async fn delete_call(&self, url: Url, query: &[(&str, String)]) -> Result<()> {
         let key = crate::OperationId::current_or_new();
         let target = url.clone();
         let response = self
             .send(Req {
                 method: Method::DELETE,
                 url,
-                query: &[],
+                query,
                 payload: Payload::None,
                 idempotency_key: Some(key.as_str()),
                 retry: Retry::Idempotent,
@@ -1162,7 +1179,7 @@ impl Backend for HttpBackend {
     }
 
     async fn destroy(&self, id: &str) -> Result<()> {
-        self.delete_call(self.sandbox_url(id, &[])).await
+        self.delete_call(self.sandbox_url(id, &[]), &[]).await
     }
 
     async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
@@ -1273,6 +1290,9 @@ impl Backend for HttpBackend {
     ) -> Result<FileStat> {
         let url = self.sandbox_url(id, &["files"]);
         let options = String::from_utf8(to_json(&options)?).expect("JSON is UTF-8");
+        // The operation id lets the server answer a repeat of this write (same path, options
+        // and content) with the first outcome instead of writing again.
+        let key = crate::OperationId::current_or_new();
         // A streamed body cannot be replayed, so uploads are never retried. When the source
         // fails, the body ends with an abandon frame rather than being cut, so the server's
         // answer tells us its backend has discarded the partial file.
@@ -1284,6 +1304,7 @@ impl Backend for HttpBackend {
             .bearer_auth(&*self.api_key)
             .query(&[("path", path.to_string()), ("options", options)])
             .header(reqwest::header::CONTENT_TYPE, FRAMES_CONTENT_TYPE)
+            .header(IDEMPOTENCY_HEADER, key.as_str())
             .body(body)
             .send();
         let sent = tokio::select! {
@@ -1296,9 +1317,18 @@ impl Backend for HttpBackend {
             return Err(error);
         }
         match sent {
-            Some(Ok(response)) if response.status().is_success() => decode_json(response).await,
+            Some(Ok(response)) if response.status().is_success() => decode_json(response)
+                .await
+                .map_err(|e| outcome_lost(e, Some(key.as_str()))),
             Some(Ok(response)) => Err(read_error(response, self.options.request_timeout).await),
-            Some(Err(e)) => Err(transport_error(&e, &Method::PUT, &url)),
+            // Nothing reached the server: nothing was written.
+            Some(Err(e)) if e.is_connect() || e.is_builder() => {
+                Err(transport_error(&e, &Method::PUT, &url))
+            }
+            Some(Err(e)) => Err(outcome_lost(
+                transport_error(&e, &Method::PUT, &url),
+                Some(key.as_str()),
+            )),
             // The deadline runs only after the source failed, whose error was taken above.
             None => Err(Error::backend("the upload was abandoned")),
         }
@@ -1340,7 +1370,7 @@ impl Backend for HttpBackend {
             path: path.to_string(),
             options,
         };
-        self.call(Method::POST, url, &[], Some(&body), Retry::Unsafe)
+        self.op_call(Method::POST, url, &[], Payload::Json(to_json(&body)?))
             .await
     }
 
@@ -1353,8 +1383,7 @@ impl Backend for HttpBackend {
             ],
             options.user,
         );
-        self.call_unit(Method::DELETE, url, &query, Payload::None, Retry::Unsafe)
-            .await
+        self.delete_call(url, &query).await
     }
 
     async fn rename(
@@ -1370,7 +1399,7 @@ impl Backend for HttpBackend {
             to: to.to_string(),
             options,
         };
-        self.call(Method::POST, url, &[], Some(&body), Retry::Unsafe)
+        self.op_call(Method::POST, url, &[], Payload::Json(to_json(&body)?))
             .await
     }
 
@@ -1381,7 +1410,7 @@ impl Backend for HttpBackend {
             to: to.to_string(),
             options,
         };
-        self.call(Method::POST, url, &[], Some(&body), Retry::Unsafe)
+        self.op_call(Method::POST, url, &[], Payload::Json(to_json(&body)?))
             .await
     }
 
@@ -1391,7 +1420,7 @@ impl Backend for HttpBackend {
             path: path.to_string(),
             mode,
         };
-        self.call(Method::POST, url, &[], Some(&body), Retry::Idempotent)
+        self.op_call(Method::POST, url, &[], Payload::Json(to_json(&body)?))
             .await
     }
 
@@ -1521,7 +1550,7 @@ impl Backend for HttpBackend {
     }
 
     async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()> {
-        self.delete_call(self.url_for(&["snapshots", snapshot_id]))
+        self.delete_call(self.url_for(&["snapshots", snapshot_id]), &[])
             .await
     }
 
@@ -1555,7 +1584,8 @@ impl Backend for HttpBackend {
     }
 
     async fn delete_volume(&self, name: &str) -> Result<()> {
-        self.delete_call(self.url_for(&["volumes", name])).await
+        self.delete_call(self.url_for(&["volumes", name]), &[])
+            .await
     }
 
     async fn observe(&self, operation: &crate::OperationId) -> Result<crate::OperationStatus> {

@@ -11,9 +11,10 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use serde::Deserialize;
 
+use super::idempotency::{hashed, ContentDigest, Stored, UploadClaim};
 use super::{
-    content_length, done, error_frame, frames_response, json, json_frame, read_json, ApiError,
-    AppState, In, Out, Route,
+    content_length, error_frame, frames_response, json, json_frame, read_json, ApiError, AppState,
+    In, Out, Route,
 };
 use crate::backend::http::body::{Chmod, Copy, Mkdir, Rename};
 use crate::backend::http::{frame, FRAMES_CONTENT_TYPE, UPLOAD_CLEANUP_WAIT};
@@ -41,7 +42,7 @@ pub(super) fn routes() -> Vec<Route> {
             Method::PUT,
             "/v1/sandboxes/{id}/files",
             "write_file",
-            "Upload a file: a frame stream (`d` data, then `x` to commit or `!` to abandon) or the raw bytes, streamed; `options` is a JSON WriteOptions",
+            "Upload a file: a frame stream (`d` data, then `x` to commit or `!` to abandon) or the raw bytes, streamed; `options` is a JSON WriteOptions (honours Idempotency-Key: a repeat with the same path, options and content answers the first outcome without writing; other content is a conflict)",
             write_file,
         )
         .query(&["path", "options"])
@@ -51,7 +52,7 @@ pub(super) fn routes() -> Vec<Route> {
             Method::DELETE,
             "/v1/sandboxes/{id}/files",
             "remove",
-            "Remove a file, symlink or directory",
+            "Remove a file, symlink or directory (honours Idempotency-Key)",
             remove,
         )
         .query(&["path", "recursive", "user"]),
@@ -77,7 +78,7 @@ pub(super) fn routes() -> Vec<Route> {
             Method::POST,
             "/v1/sandboxes/{id}/files/mkdir",
             "mkdir",
-            "Create a directory",
+            "Create a directory (honours Idempotency-Key)",
             mkdir,
         )
         .input(In::Json("Mkdir"))
@@ -86,7 +87,7 @@ pub(super) fn routes() -> Vec<Route> {
             Method::POST,
             "/v1/sandboxes/{id}/files/rename",
             "rename",
-            "Rename (move) a path",
+            "Rename (move) a path (honours Idempotency-Key)",
             rename,
         )
         .input(In::Json("Rename"))
@@ -95,7 +96,7 @@ pub(super) fn routes() -> Vec<Route> {
             Method::POST,
             "/v1/sandboxes/{id}/files/copy",
             "copy",
-            "Copy a file or (recursive) a directory tree inside the sandbox",
+            "Copy a file or (recursive) a directory tree inside the sandbox (honours Idempotency-Key)",
             copy,
         )
         .input(In::Json("Copy"))
@@ -104,7 +105,7 @@ pub(super) fn routes() -> Vec<Route> {
             Method::POST,
             "/v1/sandboxes/{id}/files/chmod",
             "chmod",
-            "Change permission bits",
+            "Change permission bits (honours Idempotency-Key)",
             chmod,
         )
         .input(In::Json("Chmod"))
@@ -182,6 +183,10 @@ struct WriteQuery {
     options: Option<String>,
 }
 
+/// An upload under an operation id is recorded with the digest of its content, hashed as
+/// it streams (see [`Idempotency::claim_upload`](super::idempotency::Idempotency)): the same
+/// id, path, options and content again answers the first outcome without writing; other
+/// content under that id is a conflict, and the file is not touched.
 async fn write_file(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -214,50 +219,148 @@ async fn write_file(
     if !framed && content_length(&headers).is_some_and(|len| len > limit) {
         return Err(upload_too_large(&q.path, limit));
     }
-    let over = Arc::new(Over::default());
-    let data = if framed {
-        framed_upload(body, limit, over.clone())
-    } else {
-        upload_stream(body, limit, over.clone())
+    let options_text = serde_json::to_string(&options)
+        .map_err(|e| Error::backend(format!("cannot encode the options: {e}")))?;
+    let scope = format!("write {id}\n{}\n{options_text}", q.path);
+    let content = ContentDigest::default();
+    let mut upload = Upload {
+        backend: state.backend.clone(),
+        id,
+        path: q.path,
+        options,
+        limit,
+        framed,
+        body,
     };
-    // The write runs in a task of its own: when the client goes away, hyper drops this
-    // handler, and the backend must still finish discarding what it received.
-    let backend = state.backend.clone();
-    let path = q.path.clone();
-    let mut task =
-        tokio::spawn(async move { backend.write_file(&id, &q.path, data, options).await });
-    // An abandoned upload (over the limit, broken off, or abandoned by the client) hands the
-    // backend an error item; the backend answers once it has cleaned up, and so do we, so
-    // the client sees the error only after the cleanup. A backend that never answers is
-    // waited for a bounded time only.
-    let joined = tokio::select! {
-        joined = &mut task => Some(joined),
-        () = async {
-            over.notify.notified().await;
-            tokio::time::sleep(UPLOAD_CLEANUP_WAIT).await;
-        } => None,
-    };
-    if over.flag.load(Ordering::SeqCst) {
-        return Err(upload_too_large(&path, limit));
-    }
-    match joined {
-        Some(Ok(result)) => Ok(json(&result?)),
-        Some(Err(e)) => Err(Error::backend(format!("the write task failed: {e}")).into()),
-        None => Err(Error::Timeout {
-            what: "discarding an abandoned upload".into(),
+    match state
+        .idempotency
+        .claim_upload(&headers, &scope, content.clone())?
+    {
+        UploadClaim::Unkeyed => Ok(json(&upload.write(None).await?)),
+        UploadClaim::First(recorder) => Ok(recorder
+            .run(async move { Stored::of(upload.write(Some(content)).await) })
+            .await
+            .into_response()),
+        UploadClaim::Repeat { answer, digest } => {
+            if upload.digest().await? == digest {
+                Ok(answer.into_response())
+            } else {
+                Err(Error::Conflict {
+                    what: format!(
+                        "the operation id was already used to write other content to {:?}; \
+                         the file was left as it is: mint a new operation id for a new write",
+                        upload.path
+                    ),
+                }
+                .into())
+            }
         }
-        .into()),
+    }
+}
+
+/// One upload request, as received.
+struct Upload {
+    backend: Arc<dyn crate::Backend>,
+    id: String,
+    path: String,
+    options: WriteOptions,
+    limit: u64,
+    framed: bool,
+    body: Body,
+}
+
+impl Upload {
+    /// The body as file bytes: an error item when it breaks off, is abandoned or goes past
+    /// the limit (which sets `over`).
+    fn data(body: Body, framed: bool, limit: u64, over: Arc<Over>) -> ByteStream {
+        if framed {
+            framed_upload(body, limit, over)
+        } else {
+            upload_stream(body, limit, over)
+        }
+    }
+
+    /// Write the body to the file, hashing it into `content` on the way when given.
+    async fn write(self, content: Option<ContentDigest>) -> crate::Result<crate::FileStat> {
+        let Upload {
+            backend,
+            id,
+            path,
+            options,
+            limit,
+            framed,
+            body,
+        } = self;
+        let over = Arc::new(Over::default());
+        let mut data = Self::data(body, framed, limit, over.clone());
+        if let Some(content) = content {
+            data = hashed(data, content);
+        }
+        // The write runs in a task of its own: when the client goes away, hyper drops this
+        // handler, and the backend must still finish discarding what it received.
+        let target = path.clone();
+        let mut task =
+            tokio::spawn(async move { backend.write_file(&id, &target, data, options).await });
+        // An abandoned upload (over the limit, broken off, or abandoned by the client) hands
+        // the backend an error item; the backend answers once it has cleaned up, and so do
+        // we, so the client sees the error only after the cleanup. A backend that never
+        // answers is waited for a bounded time only.
+        let joined = tokio::select! {
+            joined = &mut task => Some(joined),
+            () = async {
+                over.notify.notified().await;
+                tokio::time::sleep(UPLOAD_CLEANUP_WAIT).await;
+            } => None,
+        };
+        if over.flag.load(Ordering::SeqCst) {
+            return Err(too_large(&path, limit));
+        }
+        match joined {
+            Some(Ok(result)) => result,
+            Some(Err(e)) => Err(Error::backend(format!("the write task failed: {e}"))),
+            None => Err(Error::Timeout {
+                what: "discarding an abandoned upload".into(),
+            }),
+        }
+    }
+
+    /// The digest of the body's content, read through and discarded (a repeat of a recorded
+    /// upload: nothing is written, and nothing is kept but the running digest).
+    async fn digest(&mut self) -> crate::Result<[u8; 32]> {
+        let over = Arc::new(Over::default());
+        let body = std::mem::replace(&mut self.body, Body::empty());
+        let content = ContentDigest::default();
+        let mut data = hashed(
+            Self::data(body, self.framed, self.limit, over.clone()),
+            content.clone(),
+        );
+        while let Some(item) = data.next().await {
+            if let Err(e) = item {
+                if over.flag.load(Ordering::SeqCst) {
+                    return Err(too_large(&self.path, self.limit));
+                }
+                return Err(e);
+            }
+        }
+        content
+            .get()
+            .copied()
+            .ok_or_else(|| Error::backend("the upload's digest is missing"))
     }
 }
 
 /// An upload over its bound: [`Error::FileTooLarge`] (413), saying what bounds it.
 fn upload_too_large(path: &str, limit: u64) -> ApiError {
+    too_large(path, limit).into()
+}
+
+/// [`upload_too_large`] as the core error.
+fn too_large(path: &str, limit: u64) -> Error {
     Error::FileTooLarge {
         what: path.to_string(),
         limit,
         remedy: "the largest upload this server, its backend or the call takes".into(),
     }
-    .into()
 }
 
 /// An upload's abandonment: `notify` fires when its stream yields an error item (the client
@@ -396,13 +499,21 @@ async fn remove(
     State(state): State<AppState>,
     Path(id): Path<String>,
     Query(q): Query<RemoveQuery>,
-) -> Result<Response, ApiError> {
+    headers: HeaderMap,
+) -> Response {
+    let backend = state.backend.clone();
     let options = RemoveOptions {
         recursive: q.recursive,
         user: q.user,
     };
-    state.backend.remove(&id, &q.path, options).await?;
-    Ok(done())
+    let scope = format!("remove {id}");
+    let print = format!("{}\n{}\n{:?}", q.path, options.recursive, options.user);
+    state
+        .idempotency
+        .run(&headers, &scope, print.as_bytes(), async move {
+            Stored::unit(backend.remove(&id, &q.path, options).await)
+        })
+        .await
 }
 
 #[derive(Deserialize)]
@@ -448,16 +559,48 @@ async fn stat(
     Ok(json(&state.backend.stat(&id, &q.path, options).await?))
 }
 
+/// A metadata-changing call (mkdir, rename, copy, chmod) with its JSON body `T`, recorded
+/// under its operation id like every call with a remote effect: a repeat answers the first
+/// outcome. `call` runs the backend call on the request.
+async fn recorded<T, F, Fut>(
+    state: AppState,
+    id: String,
+    headers: HeaderMap,
+    body: Body,
+    route: &str,
+    call: F,
+) -> Result<Response, ApiError>
+where
+    T: serde::de::DeserializeOwned + Send + 'static,
+    F: FnOnce(Arc<dyn crate::Backend>, String, T) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = crate::Result<crate::FileStat>> + Send + 'static,
+{
+    let (req, raw) = read_json::<T>(&state, &headers, body).await?;
+    let backend = state.backend.clone();
+    let scope = format!("{route} {id}");
+    Ok(state
+        .idempotency
+        .run(&headers, &scope, &raw, async move {
+            Stored::of(call(backend, id, req).await)
+        })
+        .await)
+}
+
 async fn mkdir(
     State(state): State<AppState>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (req, _) = read_json::<Mkdir>(&state, &headers, body).await?;
-    Ok(json(
-        &state.backend.mkdir(&id, &req.path, req.options).await?,
-    ))
+    recorded(
+        state,
+        id,
+        headers,
+        body,
+        "mkdir",
+        |b, id, r: Mkdir| async move { b.mkdir(&id, &r.path, r.options).await },
+    )
+    .await
 }
 
 async fn rename(
@@ -466,13 +609,15 @@ async fn rename(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (req, _) = read_json::<Rename>(&state, &headers, body).await?;
-    Ok(json(
-        &state
-            .backend
-            .rename(&id, &req.from, &req.to, req.options)
-            .await?,
-    ))
+    recorded(
+        state,
+        id,
+        headers,
+        body,
+        "rename",
+        |b, id, r: Rename| async move { b.rename(&id, &r.from, &r.to, r.options).await },
+    )
+    .await
 }
 
 async fn copy(
@@ -481,13 +626,15 @@ async fn copy(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (req, _) = read_json::<Copy>(&state, &headers, body).await?;
-    Ok(json(
-        &state
-            .backend
-            .copy(&id, &req.from, &req.to, req.options)
-            .await?,
-    ))
+    recorded(
+        state,
+        id,
+        headers,
+        body,
+        "copy",
+        |b, id, r: Copy| async move { b.copy(&id, &r.from, &r.to, r.options).await },
+    )
+    .await
 }
 
 async fn chmod(
@@ -496,8 +643,15 @@ async fn chmod(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (req, _) = read_json::<Chmod>(&state, &headers, body).await?;
-    Ok(json(&state.backend.chmod(&id, &req.path, req.mode).await?))
+    recorded(
+        state,
+        id,
+        headers,
+        body,
+        "chmod",
+        |b, id, r: Chmod| async move { b.chmod(&id, &r.path, r.mode).await },
+    )
+    .await
 }
 
 #[derive(Deserialize)]

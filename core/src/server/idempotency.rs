@@ -4,21 +4,25 @@
 //! ([`ServerConfig::idempotency_ttl`](super::ServerConfig)) and in count
 //! ([`ServerConfig::max_operations`](super::ServerConfig)): at the count bound the oldest
 //! finished record goes first; when every record is still running, a new keyed request is
-//! refused as rate limited instead of forgetting one that may still act.
+//! refused as rate limited instead of forgetting one that may still act. A record keeps the
+//! answer and digests of the request (never its body), so the same key sent with another
+//! request is refused as [`Error::Conflict`]. An upload is identified by the digest of its
+//! content, hashed while it streams ([`Idempotency::claim_upload`]).
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::future::{BoxFuture, FutureExt, Shared};
+use futures::StreamExt;
 
 use super::ApiError;
 use crate::backend::http::IDEMPOTENCY_HEADER;
-use crate::{Error, ErrorBody, OperationStatus};
+use crate::{ByteStream, Error, ErrorBody, OperationStatus};
 
 /// Longest accepted key.
 const MAX_KEY_LEN: usize = 256;
@@ -109,13 +113,17 @@ impl Stored {
     }
 }
 
+/// A recorded answer, shared by every request under its key.
+type Answer = Shared<BoxFuture<'static, Stored>>;
+
 struct Entry {
     at: Instant,
     serial: u64,
-    /// SHA-256 of the scope and request: a record costs the same whatever the request's
-    /// size, so `max_entries` bounds memory (bodies are up to the JSON body limit each).
+    /// [`request_print`] of the request.
     fingerprint: [u8; 32],
-    answer: Shared<BoxFuture<'static, Stored>>,
+    /// An upload's content digest (see [`Idempotency::claim_upload`]).
+    content: Option<ContentDigest>,
+    answer: Answer,
 }
 
 /// Remembered answers by key.
@@ -188,88 +196,242 @@ impl Idempotency {
     where
         F: Future<Output = Stored> + Send + 'static,
     {
-        let key = match headers.get(IDEMPOTENCY_HEADER) {
-            None => None,
-            Some(v) => match v.to_str() {
-                Ok(k) if !k.is_empty() && k.len() <= MAX_KEY_LEN => Some(k.to_string()),
-                _ => {
-                    return Err(ApiError::from(Error::invalid(format!(
-                        "{IDEMPOTENCY_HEADER} must be 1 to {MAX_KEY_LEN} visible characters"
-                    ))))
-                }
-            },
-        };
-        let Some(key) = key else {
+        let Some(key) = key_of(headers)? else {
             return Ok((spawned(op).await, true));
         };
-        // The same key on another route or with another body is another request.
-        let print = digest(scope, fingerprint);
+        let print = request_print(scope, fingerprint);
         let (answer, first) = {
             let mut guard = self.entries.lock().unwrap_or_else(|p| p.into_inner());
             let (next_serial, entries) = &mut *guard;
             let ttl = self.ttl;
             entries.retain(|_, e| e.at.elapsed() < ttl);
             match entries.get(&key) {
-                Some(entry) if entry.fingerprint != print => {
-                    return Err(ApiError::from(Error::invalid(format!(
-                        "{IDEMPOTENCY_HEADER} (operation id) was already used for a different \
-                         request"
-                    ))))
-                }
+                Some(entry) if entry.fingerprint != print => return Err(used_for_another()),
                 // A transient failure is not replayed: the retry runs the call again.
                 Some(entry) if entry.answer.peek().is_none_or(Stored::is_final) => {
                     (entry.answer.clone(), false)
                 }
                 _ => {
-                    if !entries.contains_key(&key) && entries.len() >= self.max_entries {
-                        let oldest = entries
-                            .iter()
-                            .filter(|(_, e)| e.answer.peek().is_some())
-                            .min_by_key(|(_, e)| e.serial)
-                            .map(|(k, _)| k.clone());
-                        match oldest {
-                            Some(k) => {
-                                entries.remove(&k);
-                            }
-                            None => {
-                                return Err(ApiError::from(Error::RateLimited {
-                                    message: format!(
-                                        "{} operations are running: try again shortly",
-                                        entries.len()
-                                    ),
-                                    retry_after_ms: Some(1000),
-                                }))
-                            }
-                        }
-                    }
-                    *next_serial += 1;
+                    self.make_room(entries, &key)?;
                     let answer = spawned(op).boxed().shared();
-                    entries.insert(
-                        key,
-                        Entry {
-                            at: Instant::now(),
-                            serial: *next_serial,
-                            fingerprint: print,
-                            answer: answer.clone(),
-                        },
-                    );
+                    record(next_serial, entries, key, print, None, &answer);
                     (answer, true)
                 }
             }
         };
         Ok((answer.await, first))
     }
+
+    /// Claim the idempotency key of an upload within `scope` (the route, the path and the
+    /// options, all but the content). The content's digest is known only once the whole body
+    /// has streamed through, so the first request records into `content` as it streams (see
+    /// [`UploadClaim::First`]) and a repeat is compared only after its own body has been
+    /// hashed. Decided at once, without waiting: the same key on another request, or while
+    /// its first upload still runs, is [`Error::Conflict`]. A first upload whose body never
+    /// arrived in full wrote nothing, so its key runs again, as after a transient failure.
+    pub(super) fn claim_upload(
+        &self,
+        headers: &HeaderMap,
+        scope: &str,
+        content: ContentDigest,
+    ) -> Result<UploadClaim, ApiError> {
+        let Some(key) = key_of(headers)? else {
+            return Ok(UploadClaim::Unkeyed);
+        };
+        let print = request_print(scope, b"");
+        let mut guard = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let (next_serial, entries) = &mut *guard;
+        let ttl = self.ttl;
+        entries.retain(|_, e| e.at.elapsed() < ttl);
+        if let Some(entry) = entries.get(&key) {
+            if entry.fingerprint != print {
+                return Err(used_for_another());
+            }
+            match entry.answer.peek() {
+                None => {
+                    return Err(ApiError::from(Error::Conflict {
+                        what: format!(
+                            "operation {key:?} (the {IDEMPOTENCY_HEADER}) is a write that is \
+                             still running: observe it, or send it again once it has finished"
+                        ),
+                    }))
+                }
+                Some(stored) if stored.is_final() => {
+                    if let Some(digest) = entry.content.as_ref().and_then(|c| c.get()) {
+                        return Ok(UploadClaim::Repeat {
+                            answer: stored.clone(),
+                            digest: *digest,
+                        });
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        self.make_room(entries, &key)?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let answer = async move {
+            rx.await.unwrap_or_else(|_| {
+                Stored::of::<()>(Err(Error::backend("the write ended without an answer")))
+            })
+        }
+        .boxed()
+        .shared();
+        record(next_serial, entries, key, print, Some(content), &answer);
+        Ok(UploadClaim::First(Recorder { tx, answer }))
+    }
+
+    /// Make room for a new record under `key`: at the count bound the oldest finished record
+    /// goes; when every record is still running, the request is refused as rate limited.
+    fn make_room(&self, entries: &mut HashMap<String, Entry>, key: &str) -> Result<(), ApiError> {
+        if entries.contains_key(key) || entries.len() < self.max_entries {
+            return Ok(());
+        }
+        let oldest = entries
+            .iter()
+            .filter(|(_, e)| e.answer.peek().is_some())
+            .min_by_key(|(_, e)| e.serial)
+            .map(|(k, _)| k.clone());
+        match oldest {
+            Some(k) => {
+                entries.remove(&k);
+                Ok(())
+            }
+            None => Err(ApiError::from(Error::RateLimited {
+                message: format!(
+                    "{} operations are running: try again shortly",
+                    entries.len()
+                ),
+                retry_after_ms: Some(1000),
+            })),
+        }
+    }
 }
 
-/// The digest a record keeps of a request: its scope (no newline in it), a newline, its body.
-fn digest(scope: &str, fingerprint: &[u8]) -> [u8; 32] {
+/// SHA-256 of an upload's bytes, set once all of them have arrived (never for a body that
+/// broke off, was abandoned or went over its bound).
+pub(super) type ContentDigest = Arc<OnceLock<[u8; 32]>>;
+
+/// What [`Idempotency::claim_upload`] decided.
+pub(super) enum UploadClaim {
+    /// No idempotency key: write as asked, nothing recorded.
+    Unkeyed,
+    /// The first upload under its key: write through [`Recorder::run`], hashing the body
+    /// into the claim's [`ContentDigest`].
+    First(Recorder),
+    /// A repeat of a finished upload: once the repeat's body is hashed, answer `answer` when
+    /// its digest is `digest`; other content is a conflict. Either way nothing is written.
+    Repeat {
+        /// The first upload's answer.
+        answer: Stored,
+        /// The first upload's content digest.
+        digest: [u8; 32],
+    },
+}
+
+/// Records the outcome of the first request under a key.
+pub(super) struct Recorder {
+    tx: tokio::sync::oneshot::Sender<Stored>,
+    answer: Answer,
+}
+
+impl Recorder {
+    /// Run `op` on its own task (a client hanging up cannot cancel it), record its outcome
+    /// and answer it.
+    pub(super) async fn run<F>(self, op: F) -> Stored
+    where
+        F: Future<Output = Stored> + Send + 'static,
+    {
+        let Recorder { tx, answer } = self;
+        tokio::spawn(async move {
+            let _ = tx.send(op.await);
+        });
+        answer.await
+    }
+}
+
+/// An upload's content as [`ContentDigest`] computes it: the bytes of `data`, in order.
+pub(super) fn hashed(data: ByteStream, content: ContentDigest) -> ByteStream {
+    let context = ring::digest::Context::new(&ring::digest::SHA256);
+    Box::pin(futures::stream::unfold(Some((data, context)), move |st| {
+        let content = content.clone();
+        async move {
+            let (mut data, mut context) = st?;
+            match data.next().await {
+                Some(Ok(chunk)) => {
+                    context.update(&chunk);
+                    Some((Ok(chunk), Some((data, context))))
+                }
+                Some(Err(e)) => Some((Err(e), None)),
+                None => {
+                    let mut digest = [0u8; 32];
+                    digest.copy_from_slice(context.finish().as_ref());
+                    let _ = content.set(digest);
+                    None
+                }
+            }
+        }
+    }))
+}
+
+/// The idempotency key of a request, if it has one (refused when malformed).
+fn key_of(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    match headers.get(IDEMPOTENCY_HEADER) {
+        None => Ok(None),
+        Some(v) => match v.to_str() {
+            Ok(k) if !k.is_empty() && k.len() <= MAX_KEY_LEN => Ok(Some(k.to_string())),
+            _ => Err(ApiError::from(Error::invalid(format!(
+                "{IDEMPOTENCY_HEADER} must be 1 to {MAX_KEY_LEN} visible characters"
+            )))),
+        },
+    }
+}
+
+/// What identifies a request under its key: a digest of its route (`scope`) and body, so a
+/// record keeps 32 bytes whatever the body's size. The same key on another route or with
+/// another body is another request.
+fn request_print(scope: &str, fingerprint: &[u8]) -> [u8; 32] {
     let mut context = ring::digest::Context::new(&ring::digest::SHA256);
     context.update(scope.as_bytes());
     context.update(b"\n");
     context.update(fingerprint);
-    let mut out = [0u8; 32];
-    out.copy_from_slice(context.finish().as_ref());
-    out
+    let mut print = [0u8; 32];
+    print.copy_from_slice(context.finish().as_ref());
+    print
+}
+
+/// The answer to a key used for another request.
+fn used_for_another() -> ApiError {
+    ApiError::from(Error::Conflict {
+        what: format!(
+            "the {IDEMPOTENCY_HEADER} (operation id) was already used for a different request; \
+             mint a new operation id for a new request"
+        ),
+    })
+}
+
+/// Record `answer` under `key` (the caller made room), and drive it to its end on a task of
+/// its own, so the record completes (and `observe` reports it) even when the client that
+/// sent it has gone and nobody awaits the answer.
+fn record(
+    next_serial: &mut u64,
+    entries: &mut HashMap<String, Entry>,
+    key: String,
+    print: [u8; 32],
+    content: Option<ContentDigest>,
+    answer: &Answer,
+) {
+    *next_serial += 1;
+    tokio::spawn(answer.clone());
+    entries.insert(
+        key,
+        Entry {
+            at: Instant::now(),
+            serial: *next_serial,
+            fingerprint: print,
+            content,
+            answer: answer.clone(),
+        },
+    );
 }
 
 /// Run `op` on its own task (started now, whether or not anyone awaits the result).

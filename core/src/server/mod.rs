@@ -15,13 +15,19 @@
 //!   onto [`Error`], with the status [`status_for`] gives it. Whatever the wrapped backend
 //!   answers (including `NotSupported`) is forwarded unchanged.
 //! - **Operations** with a remote effect (create, fork, snapshot, volume, preview token,
-//!   destroy, snapshot and volume deletes, process start) honour an `Idempotency-Key` header,
-//!   the client's [`OperationId`](crate::OperationId): the first request with a key runs to
-//!   completion even if its client disconnects, and every request with the same key within
+//!   destroy, snapshot and volume deletes, process start, file write, mkdir, remove, rename,
+//!   copy, chmod) honour an `Idempotency-Key` header, the client's
+//!   [`OperationId`](crate::OperationId): the first request with a key runs to completion
+//!   even if its client disconnects, and every request with the same key within
 //!   [`ServerConfig::idempotency_ttl`] gets that same answer (a process start attaches to the
-//!   process the first one started). `GET /v1/operations/{op}` reports what became of one
-//!   ([`OperationStatus`](crate::OperationStatus)). At most [`ServerConfig::max_operations`]
-//!   outcomes are kept.
+//!   process the first one started); the same key with another request is `409 conflict`.
+//!   A file upload is recorded with the SHA-256 of its content, computed as it streams (the
+//!   body is never buffered): a repeat with the same path, options and content answers the
+//!   first outcome without writing, other content is a conflict and the file is not touched,
+//!   and a repeat while the first upload still runs is a conflict at once (observe it, or
+//!   send it again once it has finished). `GET /v1/operations/{op}` reports what became of
+//!   one ([`OperationStatus`](crate::OperationStatus)). At most
+//!   [`ServerConfig::max_operations`] outcomes are kept, each without its request's body.
 //! - **Connections**: HTTP/1.1, over TLS when [`ServerConfig::tls`] is set (see
 //!   [`load_tls`]). At most [`ServerConfig::max_connections`] connections are served at once
 //!   (further ones wait in the kernel's backlog, costing the server nothing); a client gets
@@ -87,8 +93,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Largest file upload, in bytes (the backend's `max_file_bytes` applies too).
     pub max_upload_bytes: u64,
-    /// How long the outcome of an operation (a create, destroy, delete or process start) is
-    /// remembered under its idempotency key (the client's operation id).
+    /// How long the outcome of an operation (a create, destroy, delete, process start or
+    /// file change) is remembered under its idempotency key (the client's operation id).
     pub idempotency_ttl: Duration,
     /// How many operation outcomes are remembered at most (the oldest finished one goes
     /// first; with every one still running, new keyed requests are rate limited).

@@ -1,9 +1,10 @@
-//! `multipart/form-data` (RFC 7578) as the toolbox needs it: parsing an upload held in
-//! memory (bounded by the caller), and framing a download answer.
+//! `multipart/form-data` (RFC 7578) as the wire listeners need it (E2B's envd uploads,
+//! Daytona's toolbox uploads and downloads): parsing an upload held in memory (bounded by the
+//! caller, which reads at most its listener's limit), and framing a download answer.
 
 /// One part of a multipart body.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Part<'a> {
+pub struct Part<'a> {
     /// The `name` of its `Content-Disposition`.
     pub name: String,
     /// The `filename`, when it is a file.
@@ -12,8 +13,13 @@ pub(crate) struct Part<'a> {
     pub data: &'a [u8],
 }
 
-/// The boundary of a `multipart/form-data` content type.
-pub(crate) fn boundary(content_type: &str) -> Option<String> {
+/// Longest boundary accepted: RFC 2046 allows 70 characters; some clients send longer ones,
+/// and the bound only has to keep the delimiter search small.
+pub const MAX_BOUNDARY_LEN: usize = 200;
+
+/// The boundary of a `multipart/form-data` content type (1 to [`MAX_BOUNDARY_LEN`]
+/// characters), or `None` for any other content type.
+pub fn boundary(content_type: &str) -> Option<String> {
     let (kind, params) = content_type.split_once(';')?;
     if !kind.trim().eq_ignore_ascii_case("multipart/form-data") {
         return None;
@@ -23,7 +29,7 @@ pub(crate) fn boundary(content_type: &str) -> Option<String> {
         k.trim()
             .eq_ignore_ascii_case("boundary")
             .then(|| v.trim().trim_matches('"').to_string())
-            .filter(|b| !b.is_empty() && b.len() <= 70)
+            .filter(|b| !b.is_empty() && b.len() <= MAX_BOUNDARY_LEN)
     })
 }
 
@@ -46,8 +52,9 @@ fn param(header: &str, key: &str) -> Option<String> {
 }
 
 /// Every part of `body`, strictly: a body that does not follow the format (no closing
-/// delimiter, a part without headers) is an error, never a partial upload.
-pub(crate) fn parse<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<Part<'a>>, String> {
+/// delimiter, a part without headers or without a name) is an error, never a partial upload.
+/// The parts borrow from `body`: nothing is copied.
+pub fn parse<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<Part<'a>>, String> {
     let delimiter = format!("--{boundary}");
     let start = position(body, delimiter.as_bytes()).ok_or("no boundary in the body")?;
     let mut rest = &body[start + delimiter.len()..];
@@ -92,7 +99,7 @@ fn quoted(value: &str) -> String {
 }
 
 /// Append one part to a multipart answer being built.
-pub(crate) fn push_part(
+pub fn push_part(
     out: &mut Vec<u8>,
     boundary: &str,
     name: &str,
@@ -114,7 +121,7 @@ pub(crate) fn push_part(
 }
 
 /// Close a multipart answer.
-pub(crate) fn finish(out: &mut Vec<u8>, boundary: &str) {
+pub fn finish(out: &mut Vec<u8>, boundary: &str) {
     out.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
 }
 
@@ -138,6 +145,17 @@ mod tests {
             Some("abc")
         );
         assert_eq!(boundary("application/json"), None);
+        assert_eq!(
+            boundary("multipart/form-data; boundary=abc").as_deref(),
+            Some("abc")
+        );
+        let long = "b".repeat(MAX_BOUNDARY_LEN + 1);
+        assert_eq!(
+            boundary(&format!("multipart/form-data; boundary={long}")),
+            None
+        );
+        let nameless = b"--B\r\nContent-Disposition: form-data\r\n\r\nx\r\n--B--\r\n";
+        assert!(parse(nameless, "B").is_err(), "a part without a name");
 
         let mut out = Vec::new();
         push_part(
