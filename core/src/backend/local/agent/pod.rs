@@ -73,8 +73,10 @@ fn prepare(config: &PodAgentConfig) -> Result<Record> {
         .user
         .clone()
         .unwrap_or_else(|| super::super::config::DEFAULT_USER_NAME.to_string());
-    let mut options = crate::CreateOptions::default();
-    options.envs = config.envs.clone();
+    let options = crate::CreateOptions {
+        envs: config.envs.clone(),
+        ..Default::default()
+    };
     let now = now_millis();
     let record = Record {
         id: config.sandbox.clone(),
