@@ -170,7 +170,8 @@ impl Backend for PodAgents {
             "envs": options.envs,
             "resources": options.resources,
             "network": options.network,
-            "user": {"name": user, "uid": 0, "gid": 0, "home": home},
+            // The agent runs as this test's uid: so do its processes and files.
+            "user": {"name": user, "uid": my_uid(), "gid": my_gid(), "home": home},
             "created_at": now,
             "ends_at": now + 600_000,
         }))
@@ -362,6 +363,14 @@ impl Backend for PodAgents {
     async fn observe(&self, _operation: &OperationId) -> Result<OperationStatus> {
         Err(unsupported("operation records"))
     }
+}
+
+fn my_uid() -> u32 {
+    std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap())
+}
+
+fn my_gid() -> u32 {
+    std::os::unix::fs::MetadataExt::gid(&std::fs::metadata("/proc/self").unwrap())
 }
 
 async fn pods() -> Arc<dyn Backend> {
