@@ -520,7 +520,8 @@ impl RemoteAgent {
                     return Err(e);
                 }
             };
-            for piece in chunk.chunks(proto::CHUNK) {
+            // Frames as large as the protocol allows: fewer headers and wake-ups per byte.
+            for piece in chunk.chunks(proto::MAX_BODY) {
                 if let Err(send_error) =
                     proto::write_frame(&mut stream, &AgentReply::Data, piece).await
                 {

@@ -259,15 +259,6 @@ fn start(dir: &SandboxDir) -> Result<Started> {
         write("uid_map", &uid_map).map_err(fail)?;
         write("gid_map", &gid_map).map_err(fail)?;
     }
-    // Into its cgroup before the agent does anything: all it starts is held to the limits.
-    if let Some(plan) = &record.cgroup {
-        super::cgroup::enter(&plan.hierarchy, &record.id, plan.limits, pid).map_err(|e| {
-            fail(Error::Unavailable {
-                reason: format!("cannot put the sandbox in its cgroup: {e}"),
-                remedy: "check that the cgroup hierarchy Sandcove uses is writable".into(),
-            })
-        })?;
-    }
     // The helper configures the interface and routes before the agent installs its rules
     // (a default route is refused once its gateway is unreachable).
     let helper = match (&plan, &record.pasta) {
@@ -279,10 +270,26 @@ fn start(dir: &SandboxDir) -> Result<Started> {
     let mut sync_write = std::fs::File::from(sync_write);
     sync_write.write_all(b"1").map_err(|e| fail(e.into()))?;
     drop(sync_write);
-    // Wait for the agent's verdict on its setup.
+    // Into its cgroup while the agent builds its root (a v1 move waits for an RCU grace
+    // period; the agent's mounts need not wait for it), and before it is ready: the agent
+    // starts no process during setup, and none before the monitor has its verdict, so all
+    // that sandbox code ever runs is held to the limits.
+    let entered = match &record.cgroup {
+        Some(plan) => super::cgroup::enter(&plan.hierarchy, &record.id, plan.limits, pid),
+        None => Ok(()),
+    };
+    // Wait for the agent's verdict on its setup. A failed setup is reported as such even
+    // when the agent's exit made the cgroup move fail too.
     let mut buf = vec![0u8; 64 * 1024];
     let (n, _) = sys::recv_with_fds(ctrl.as_raw_fd(), &mut buf).map_err(|e| fail(e.into()))?;
-    match serde_json::from_slice::<Control>(&buf[..n]) {
+    let verdict = serde_json::from_slice::<Control>(&buf[..n]);
+    if let (Err(e), false) = (entered, matches!(verdict, Ok(Control::SetupFailed { .. }))) {
+        return Err(fail(Error::Unavailable {
+            reason: format!("cannot put the sandbox in its cgroup: {e}"),
+            remedy: "check that the cgroup hierarchy Sandcove uses is writable".into(),
+        }));
+    }
+    match verdict {
         Ok(Control::Ready) => Ok((record, pid, ctrl, helper)),
         Ok(Control::SetupFailed { error }) => Err(fail(Error::from_body(&error))),
         _ => Err(fail(Error::backend(

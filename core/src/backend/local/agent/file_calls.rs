@@ -2,6 +2,7 @@
 //! of the sandbox root); here are process working directories and the streaming halves.
 
 use super::*;
+use std::io::Write as _;
 
 /// The agent-side path for a sandbox path (relative paths start at the default home).
 ///
@@ -63,19 +64,48 @@ pub(super) async fn read_file(
     if let Some(limit) = options.max_bytes.filter(|&limit| size > limit) {
         return Err(Error::file_too_large(path, limit));
     }
-    let mut file = tokio::fs::File::from_std(file).take(size);
-    let mut buf = vec![0u8; CHUNK];
-    loop {
-        let n = file
-            .read(&mut buf)
-            .await
-            .map_err(|e| Error::from_io(&e, path))?;
-        if n == 0 {
+    // Read off the event loop a frame at a time, into one buffer that travels to the
+    // blocking pool and back: no copy beyond the kernel's, one pool hop per frame.
+    let file = Arc::new(file);
+    let mut left = size;
+    let mut buf = Vec::with_capacity(FILE_FRAME);
+    while left > 0 {
+        let want = left.min(FILE_FRAME as u64) as usize;
+        let f = file.clone();
+        let shown = path.to_string();
+        buf = blocking(move || {
+            buf.resize(want, 0);
+            let mut got = 0;
+            while got < want {
+                match (&*f).read(&mut buf[got..]) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(Error::from_io(&e, &shown)),
+                }
+            }
+            buf.truncate(got);
+            Ok(buf)
+        })
+        .await?;
+        if buf.is_empty() {
+            // The file shrank under us: it ends here.
             break;
         }
-        proto::write_frame(stream, &AgentReply::Data, &buf[..n]).await?;
+        left -= buf.len() as u64;
+        proto::write_frame(stream, &AgentReply::Data, &buf).await?;
     }
     proto::write_frame(stream, &AgentReply::End, &[]).await
+}
+
+/// Largest file chunk in one frame: the protocol's largest body.
+const FILE_FRAME: usize = proto::MAX_BODY;
+
+/// The result of a write on the blocking pool.
+async fn joined(write: tokio::task::JoinHandle<Result<()>>) -> Result<()> {
+    write
+        .await
+        .map_err(|e| Error::backend(format!("agent task failed: {e}")))?
 }
 
 /// Write a file from an upload: into a fresh temporary file beside the target, renamed over
@@ -94,13 +124,17 @@ pub(super) async fn write_file(
         files::begin_write(&rec, &p, &options)
     })
     .await?;
-    let mut file = tokio::fs::File::from_std(pending.file.try_clone().map_err(|e| {
+    let file = Arc::new(pending.file.try_clone().map_err(|e| {
         pending.discard();
         Error::from_io(&e, path)
     })?);
     // The bound of this write: the caller's, and never past the engine's largest file.
     let limit = options_limit.min(super::super::MAX_FILE_BYTES);
-    let result: Result<()> = async {
+    // Each frame is written on the blocking pool while the next one is received; at most
+    // one write is in flight, and it has ended before the result is acted on (the
+    // temporary file is never discarded under a running write).
+    let mut in_flight: Option<tokio::task::JoinHandle<Result<()>>> = None;
+    let received: Result<()> = async {
         let mut total = 0u64;
         while let Some(body) = read_data_frame(stream).await? {
             total = total.saturating_add(body.len() as u64);
@@ -116,14 +150,24 @@ pub(super) async fn write_file(
                     remedy: remedy.into(),
                 });
             }
-            file.write_all(&body)
-                .await
-                .map_err(|e| Error::from_io(&e, path))?;
+            if let Some(write) = in_flight.take() {
+                joined(write).await?;
+            }
+            let (f, shown) = (file.clone(), path.to_string());
+            in_flight = Some(tokio::task::spawn_blocking(move || {
+                (&*f)
+                    .write_all(&body)
+                    .map_err(|e| Error::from_io(&e, &shown))
+            }));
         }
-        file.flush().await.map_err(|e| Error::from_io(&e, path))?;
         Ok(())
     }
     .await;
+    let written = match in_flight.take() {
+        Some(write) => joined(write).await,
+        None => Ok(()),
+    };
+    let result = received.and(written);
     drop(file);
     let (rec, p) = (agent.record(), path.to_string());
     let stat = as_user(&agent.record(), user, move || match result {

@@ -1,0 +1,94 @@
+//! Time the embedded engine's cold create, file throughput and exec, for profiling one
+//! change against another (run two builds alternately; compare their ratios).
+//!
+//! `cargo run --release -p sandcove --example engine_profile -- [create|files|exec|hold] [rounds]`
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use sandcove::{
+    Backend, ByteStream, Command, CreateOptions, LocalBackend, ProcessEvent, ProcessSpec,
+    WriteOptions,
+};
+
+fn p50(v: &mut [Duration]) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> sandcove::Result<()> {
+    let what = std::env::args().nth(1).unwrap_or_else(|| "create".into());
+    let rounds: usize = std::env::args()
+        .nth(2)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(20);
+    let backend = LocalBackend::new()?.with_warm_pool(0);
+    let mut samples = Vec::new();
+    match what.as_str() {
+        "create" => {
+            for _ in 0..rounds {
+                let t = Instant::now();
+                let id = backend.create(CreateOptions::default()).await?.id;
+                samples.push(t.elapsed());
+                backend.destroy(&id).await?;
+            }
+        }
+        "files" => {
+            let id = backend.create(CreateOptions::default()).await?.id;
+            let bytes = 100usize << 20;
+            let data = vec![0x5au8; bytes];
+            for _ in 0..rounds {
+                let chunks: Vec<sandcove::Result<Vec<u8>>> =
+                    data.chunks(1 << 20).map(|c| Ok(c.to_vec())).collect();
+                let stream: ByteStream = Box::pin(futures::stream::iter(chunks));
+                let t = Instant::now();
+                backend
+                    .write_file(&id, "/tmp/bench.bin", stream, WriteOptions::default())
+                    .await?;
+                let mut read = backend
+                    .read_file(&id, "/tmp/bench.bin", Default::default())
+                    .await?;
+                let mut n = 0;
+                while let Some(chunk) = read.next().await {
+                    n += chunk?.len();
+                }
+                samples.push(t.elapsed());
+                assert_eq!(n, bytes);
+            }
+            backend.destroy(&id).await?;
+            let d = p50(&mut samples);
+            println!(
+                "files: 100 MiB write + read p50 {d:?} = {:.0} MB/s",
+                200.0 * 1.048576 / d.as_secs_f64()
+            );
+            return Ok(());
+        }
+        "exec" => {
+            let id = backend.create(CreateOptions::default()).await?.id;
+            for _ in 0..rounds {
+                let t = Instant::now();
+                let mut stream = backend
+                    .spawn(&id, ProcessSpec::new(Command::argv(["echo", "hi"])))
+                    .await?;
+                while let Some(ev) = stream.events.next().await {
+                    if let ProcessEvent::Exit(_) = ev? {
+                        break;
+                    }
+                }
+                samples.push(t.elapsed());
+            }
+            backend.destroy(&id).await?;
+        }
+        "hold" => {
+            // One idle sandbox for `rounds` seconds, to read its processes' smaps.
+            let id = backend.create(CreateOptions::default()).await?.id;
+            println!("holding {id}");
+            tokio::time::sleep(Duration::from_secs(rounds as u64)).await;
+            return backend.destroy(&id).await;
+        }
+        other => panic!("unknown measurement {other:?}"),
+    }
+    println!("{what}: p50 {:?} over {rounds}", p50(&mut samples));
+    Ok(())
+}
