@@ -22,6 +22,8 @@ use crate::{
 
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "kubernetes")]
+pub mod kube;
 #[cfg(feature = "local")]
 pub mod local;
 
