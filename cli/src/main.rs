@@ -172,6 +172,15 @@ enum Cmd {
     /// Check what this host supports, with a remedy for each missing piece; exits 1 when
     /// sandboxes cannot be created.
     Doctor,
+    /// Run the in-pod agent (a Kubernetes sandbox's entrypoint): serve the agent protocol on
+    /// TCP to holders of the sandbox's token. Configured by SANDCOVE_AGENT_TOKEN_SHA256 (hex
+    /// SHA-256 of the token; required) and the other SANDCOVE_AGENT_* variables; prints
+    /// `listening on ADDR` once bound.
+    Agent {
+        /// Address to listen on (default: SANDCOVE_AGENT_LISTEN).
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+    },
     /// Print a shell completion script: `sandcove completions bash > …`.
     Completions {
         /// The shell.
@@ -225,6 +234,16 @@ fn main() -> ExitCode {
         Cmd::Snapshot(cmd) => out::finish("snapshot", store::snapshot(cmd, json)),
         Cmd::Volume(cmd) => out::finish("volume", store::volume(cmd, json)),
         Cmd::Doctor => out::finish("doctor", doctor::doctor(json)),
+        Cmd::Agent { listen } => {
+            use sandcove::backend::agent_server::{run_pod_agent, PodAgentConfig};
+            match PodAgentConfig::from_env_listening(listen) {
+                Ok(config) => run_pod_agent(config),
+                Err(e) => {
+                    eprintln!("sandcove agent: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Cmd::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(shell, &mut command, "sandcove", &mut std::io::stdout());

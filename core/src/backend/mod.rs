@@ -20,6 +20,10 @@ use crate::{
     StatOptions, Tombstone, VolumeInfo, WatchOptions, WriteOptions,
 };
 
+#[cfg(feature = "local")]
+pub mod agent_client;
+#[cfg(feature = "local")]
+pub mod agent_server;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "kubernetes")]

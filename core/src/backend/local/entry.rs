@@ -1,5 +1,5 @@
 //! The constructor hook that turns a re-executed copy of any program linking `sandcove` into
-//! a sandbox monitor, before that program's `main` runs.
+//! a sandbox monitor (or an in-pod agent), before that program's `main` runs.
 
 use super::{monitor, sys};
 
@@ -28,6 +28,15 @@ extern "C" fn entry(
     sys::ignore_sigpipe();
     if role == ROLE_MONITOR {
         monitor::main();
+    }
+    if role == crate::backend::agent_server::ROLE_POD_AGENT {
+        match crate::backend::agent_server::PodAgentConfig::from_env() {
+            Ok(config) => crate::backend::agent_server::run_pod_agent(config),
+            Err(e) => {
+                eprintln!("sandcove agent: {e}");
+                sys::exit_now(2);
+            }
+        }
     }
     // Before main, in a helper process with no log subscriber: stderr is all there is.
     eprintln!("sandcove: unknown role {role:?}");

@@ -14,7 +14,7 @@
 //! client's connection to the agent. Sandboxes outlive the program that created them; each
 //! ends at its lease, on destroy, or with its monitor.
 
-mod agent;
+pub(crate) mod agent;
 mod cgroup;
 pub(crate) mod config;
 mod entry;
@@ -40,18 +40,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
 use self::config::{Record, SandboxDir, UidMapping};
-use self::proto::{AgentReply, AgentRequest, Hello, MonitorReply, MonitorRequest};
+use self::proto::{AgentRequest, Hello, MonitorReply, MonitorRequest};
+use super::agent_client::{AgentDialer, AgentIo, RemoteAgent};
 use super::{Backend, ByteStream, ProcessStream, WatchStream};
 use crate::{
     now_millis, AnnotationUpdate, Capabilities, CreateOptions, Error, FileStat, ListDirOptions,
-    ListOptions, Metrics, MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessEvent,
-    ProcessInfo, ProcessSelector, ProcessSpec, PtySize, RemoveOptions, Result, SandboxInfo,
-    SandboxState, Signal, SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions,
-    DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT,
+    ListOptions, Metrics, MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessInfo,
+    ProcessSelector, ProcessSpec, PtySize, RemoveOptions, Result, SandboxInfo, SandboxState,
+    Signal, SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions, DEFAULT_OUTPUT_LIMIT,
+    DEFAULT_TIMEOUT,
 };
 use crate::{CopyOptions, ReadOptions, RenameOptions, StatOptions};
 
@@ -248,14 +248,12 @@ impl LocalBackend {
         }
         let users = self.users_for(options);
         let applied = async {
-            self.agent_done(
-                id,
-                AgentRequest::ApplyClaim {
+            self.agent(id)?
+                .done_call(AgentRequest::ApplyClaim {
                     options: Box::new(options.clone()),
                     users: users.clone(),
-                },
-            )
-            .await?;
+                })
+                .await?;
             match self
                 .monitor_call(
                     id,
@@ -425,26 +423,15 @@ impl LocalBackend {
         let mut file = tokio::fs::File::create(&partial)
             .await
             .map_err(|e| Error::from_io(&e, "snapshot file"))?;
-        let mut stream = self
-            .agent_stream_opts(id, &AgentRequest::ExportFs, true)
-            .await?;
         let mut size = 0u64;
         let result: Result<()> = async {
-            loop {
-                match proto::read_frame::<_, AgentReply>(&mut stream).await? {
-                    Some((AgentReply::Data, body)) => {
-                        size += body.len() as u64;
-                        file.write_all(&body)
-                            .await
-                            .map_err(|e| Error::from_io(&e, "snapshot file"))?;
-                    }
-                    Some((AgentReply::End, _)) => break,
-                    Some((AgentReply::Error { error }, _)) => {
-                        return Err(proto::remote_error(&error))
-                    }
-                    Some((other, _)) => return Err(unexpected(&other)),
-                    None => return Err(Error::backend("snapshot stream ended early")),
-                }
+            let mut archive = self.agent(id)?.while_paused().export_fs().await?;
+            while let Some(chunk) = archive.next().await {
+                let chunk = chunk?;
+                size += chunk.len() as u64;
+                file.write_all(&chunk)
+                    .await
+                    .map_err(|e| Error::from_io(&e, "snapshot file"))?;
             }
             file.flush()
                 .await
@@ -497,35 +484,12 @@ impl LocalBackend {
                 Err(e) => Some((Err(Error::from_io(&e, "snapshot file")), None)),
             }
         });
-        let mut stream = self
-            .upload(id, AgentRequest::ImportFs, Box::pin(chunks))
-            .await?;
-        match read_reply(&mut stream, id).await? {
-            AgentReply::Done => Ok(()),
-            other => Err(unexpected(&other)),
-        }
+        self.agent(id)?.import_fs(Box::pin(chunks)).await
     }
 
     /// Connect to a sandbox's monitor, or report the sandbox missing.
     async fn connect(&self, id: &str) -> Result<UnixStream> {
-        let dir = self.dir(id)?;
-        match UnixStream::connect(dir.socket()).await {
-            Ok(s) => Ok(s),
-            Err(e) => {
-                if lock_is_free(&dir.lock()) {
-                    let _ = std::fs::remove_dir_all(&dir.dir);
-                    return Err(Error::not_found(format!("sandbox {id:?}")));
-                }
-                if dir.dir.exists() && !dir.socket().exists() {
-                    // Being destroyed right now.
-                    return Err(Error::not_found(format!("sandbox {id:?}")));
-                }
-                Err(Error::Backend {
-                    message: format!("cannot reach sandbox {id:?}: {e}"),
-                    retryable: true,
-                })
-            }
-        }
+        connect_monitor(&self.dir(id)?, id).await
     }
 
     /// Send a request the monitor answers and read its one reply.
@@ -546,6 +510,7 @@ impl LocalBackend {
             version,
             request: Some(request),
             while_paused: false,
+            token: None,
         };
         let result = async {
             proto::write_frame(&mut stream, &hello, &[]).await?;
@@ -570,172 +535,41 @@ impl LocalBackend {
         }
     }
 
-    /// Open a connection served by the agent, with `request` sent.
-    async fn agent_stream(&self, id: &str, request: &AgentRequest) -> Result<UnixStream> {
-        self.agent_stream_opts(id, request, false).await
-    }
-
-    async fn agent_stream_opts(
-        &self,
-        id: &str,
-        request: &AgentRequest,
-        while_paused: bool,
-    ) -> Result<UnixStream> {
-        let mut stream = self.connect(id).await?;
-        let hello = Hello {
-            version: PROTOCOL_VERSION,
-            request: None,
-            while_paused,
+    /// A client of sandbox `id`'s agent, reached through its monitor's socket.
+    fn agent(&self, id: &str) -> Result<RemoteAgent> {
+        let dir = self.dir(id)?;
+        let dialer = MonitorDialer {
+            dir,
+            id: id.to_string(),
         };
-        // Both frames in one write: no extra round trip for the routing hop.
-        let mut buf = Vec::new();
-        proto::write_frame(&mut buf, &hello, &[]).await?;
-        proto::write_frame(&mut buf, request, &[]).await?;
-        stream
-            .write_all(&buf)
-            .await
-            .map_err(|e| Error::backend(format!("sandbox {id:?}: {e}")))?;
-        Ok(stream)
+        Ok(RemoteAgent::without_token(id, std::sync::Arc::new(dialer)))
     }
 
-    /// An agent request with a single reply.
-    async fn agent_call(&self, id: &str, request: AgentRequest) -> Result<AgentReply> {
-        let mut stream = self.agent_stream(id, &request).await?;
-        read_reply(&mut stream, id).await.map_err(|e| match e {
+    /// An agent call's result, with a broken connection to a sandbox that went away under it
+    /// reported as `NotFound`.
+    fn checked<T>(&self, id: &str, result: Result<T>) -> Result<T> {
+        result.map_err(|e| match e {
             Error::Backend { .. } => self.or_gone(id, e),
             other => other,
         })
-    }
-
-    async fn agent_stat(&self, id: &str, request: AgentRequest) -> Result<FileStat> {
-        match self.agent_call(id, request).await? {
-            AgentReply::Stat { stat } => Ok(stat),
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    async fn agent_done(&self, id: &str, request: AgentRequest) -> Result<()> {
-        match self.agent_call(id, request).await? {
-            AgentReply::Done => Ok(()),
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    async fn process_stream(&self, id: &str, request: AgentRequest) -> Result<ProcessStream> {
-        let mut stream = self.agent_stream(id, &request).await?;
-        let first = read_reply(&mut stream, id).await.map_err(|e| match e {
-            Error::Backend { .. } => self.or_gone(id, e),
-            other => other,
-        });
-        let pid = match first? {
-            AgentReply::Started { pid } => pid,
-            other => return Err(unexpected(&other)),
-        };
-        let id = id.to_string();
-        let events = futures::stream::unfold(Some(stream), move |state| {
-            let id = id.clone();
-            async move {
-                let mut stream = state?;
-                let item = match proto::read_frame::<_, AgentReply>(&mut stream).await {
-                    Ok(Some((AgentReply::Stdout, body))) => Ok(ProcessEvent::Stdout(body)),
-                    Ok(Some((AgentReply::Stderr, body))) => Ok(ProcessEvent::Stderr(body)),
-                    Ok(Some((AgentReply::Gap { stdout, stderr }, _))) => {
-                        Ok(ProcessEvent::Gap { stdout, stderr })
-                    }
-                    Ok(Some((AgentReply::Live, _))) => Ok(ProcessEvent::Live),
-                    Ok(Some((
-                        AgentReply::Restarted {
-                            pid,
-                            restarts,
-                            previous,
-                        },
-                        _,
-                    ))) => Ok(ProcessEvent::Restarted {
-                        pid,
-                        restarts,
-                        previous,
-                    }),
-                    Ok(Some((AgentReply::Exit { status }, _))) => {
-                        return Some((Ok(ProcessEvent::Exit(status)), None));
-                    }
-                    Ok(Some((AgentReply::Error { error }, _))) => {
-                        return Some((Err(proto::remote_error(&error)), None));
-                    }
-                    Ok(Some((other, _))) => return Some((Err(unexpected(&other)), None)),
-                    Ok(None) => {
-                        return Some((
-                            Err(Error::Backend {
-                                message: format!(
-                                "sandbox {id:?} closed the process stream before the exit status \
-                                     (the sandbox was destroyed or its agent died)"
-                            ),
-                                retryable: false,
-                            }),
-                            None,
-                        ))
-                    }
-                    Err(e) => return Some((Err(e), None)),
-                };
-                Some((item, Some(stream)))
-            }
-        });
-        Ok(ProcessStream {
-            pid,
-            events: Box::pin(events),
-        })
-    }
-
-    async fn upload(
-        &self,
-        id: &str,
-        request: AgentRequest,
-        mut data: ByteStream,
-    ) -> Result<UnixStream> {
-        let mut stream = self.agent_stream(id, &request).await?;
-        while let Some(chunk) = data.next().await {
-            let chunk = match chunk {
-                Ok(c) => c,
-                Err(e) => {
-                    // The caller's data failed: end the upload without its end marker, so the
-                    // agent discards what it received. Its answer comes once that cleanup is
-                    // done (the temporary file removed); only then report the caller's error.
-                    let _ = stream.shutdown().await;
-                    let _ = tokio::time::timeout(
-                        UPLOAD_CLEANUP_WAIT,
-                        proto::read_frame::<_, AgentReply>(&mut stream),
-                    )
-                    .await;
-                    return Err(e);
-                }
-            };
-            for piece in chunk.chunks(proto::CHUNK) {
-                if let Err(send_error) =
-                    proto::write_frame(&mut stream, &AgentReply::Data, piece).await
-                {
-                    return Err(self.refusal_or(&mut stream, send_error).await);
-                }
-            }
-        }
-        if let Err(send_error) = proto::write_frame(&mut stream, &AgentReply::End, &[]).await {
-            return Err(self.refusal_or(&mut stream, send_error).await);
-        }
-        Ok(stream)
     }
 }
 
-/// How long a failed upload waits for the agent to finish discarding what it received.
-const UPLOAD_CLEANUP_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// Dials a sandbox's monitor, which hands the connection to the agent.
+#[derive(Debug)]
+struct MonitorDialer {
+    dir: SandboxDir,
+    id: String,
+}
+
+#[async_trait]
+impl AgentDialer for MonitorDialer {
+    async fn dial(&self) -> Result<Box<dyn AgentIo>> {
+        Ok(Box::new(connect_monitor(&self.dir, &self.id).await?))
+    }
+}
 
 impl LocalBackend {
-    /// The agent refuses a bad upload (a bad path, a closed stdin) by replying and closing;
-    /// report that refusal rather than the broken pipe it causes on our side.
-    async fn refusal_or(&self, stream: &mut UnixStream, send_error: Error) -> Error {
-        match proto::read_frame::<_, AgentReply>(stream).await {
-            Ok(Some((AgentReply::Error { error }, _))) => proto::remote_error(&error),
-            _ => send_error,
-        }
-    }
-
     /// Whether sandbox `id` no longer exists (its directory is gone or its monitor is dead).
     fn is_gone(&self, id: &str) -> bool {
         match self.dir(id) {
@@ -755,6 +589,27 @@ impl LocalBackend {
     }
 }
 
+/// Connect to a sandbox's monitor, or report the sandbox missing.
+async fn connect_monitor(dir: &SandboxDir, id: &str) -> Result<UnixStream> {
+    match UnixStream::connect(dir.socket()).await {
+        Ok(s) => Ok(s),
+        Err(e) => {
+            if lock_is_free(&dir.lock()) {
+                let _ = std::fs::remove_dir_all(&dir.dir);
+                return Err(Error::not_found(format!("sandbox {id:?}")));
+            }
+            if dir.dir.exists() && !dir.socket().exists() {
+                // Being destroyed right now.
+                return Err(Error::not_found(format!("sandbox {id:?}")));
+            }
+            Err(Error::Backend {
+                message: format!("cannot reach sandbox {id:?}: {e}"),
+                retryable: true,
+            })
+        }
+    }
+}
+
 fn lock_is_free(path: &Path) -> bool {
     match std::fs::OpenOptions::new()
         .read(true)
@@ -763,17 +618,6 @@ fn lock_is_free(path: &Path) -> bool {
     {
         Ok(f) => sys::try_lock_exclusive(f.as_fd()).unwrap_or(false),
         Err(e) => e.kind() == std::io::ErrorKind::NotFound,
-    }
-}
-
-async fn read_reply(stream: &mut UnixStream, id: &str) -> Result<AgentReply> {
-    match proto::read_frame::<_, AgentReply>(stream).await? {
-        Some((AgentReply::Error { error }, _)) => Err(proto::remote_error(&error)),
-        Some((reply, _)) => Ok(reply),
-        None => Err(Error::Backend {
-            message: format!("sandbox {id:?} closed the connection without a reply"),
-            retryable: false,
-        }),
     }
 }
 
@@ -1174,89 +1018,44 @@ impl Backend for LocalBackend {
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
         spec.validate()?;
-        self.process_stream(id, AgentRequest::Spawn { spec }).await
+        let agent = self.agent(id)?;
+        self.checked(id, agent.spawn(spec).await)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream> {
-        self.process_stream(id, AgentRequest::Attach { process })
-            .await
+        let agent = self.agent(id)?;
+        self.checked(id, agent.attach(process).await)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
-        let body: ByteStream = Box::pin(futures::stream::once(async move { Ok(data) }));
-        let mut stream = self
-            .upload(id, AgentRequest::WriteStdin { process }, body)
-            .await?;
-        match read_reply(&mut stream, id).await? {
-            AgentReply::Done => Ok(()),
-            other => Err(unexpected(&other)),
-        }
+        let agent = self.agent(id)?;
+        self.checked(id, agent.write_stdin(process, data).await)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()> {
-        self.agent_done(id, AgentRequest::CloseStdin { process })
-            .await
+        let agent = self.agent(id)?;
+        self.checked(id, agent.close_stdin(process).await)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
-        self.agent_done(id, AgentRequest::Signal { process, signal })
-            .await
+        let agent = self.agent(id)?;
+        self.checked(id, agent.signal(process, signal).await)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
-        match self.agent_call(id, AgentRequest::ListProcesses).await? {
-            AgentReply::Processes { processes } => Ok(processes),
-            other => Err(unexpected(&other)),
-        }
+        let agent = self.agent(id)?;
+        self.checked(id, agent.list_processes().await)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream> {
-        let mut stream = self
-            .agent_stream(
-                id,
-                &AgentRequest::ReadFile {
-                    path: path.to_string(),
-                    options,
-                },
-            )
-            .await?;
-        // Fail fast on a missing file or a directory: the first frame decides.
-        let first = match proto::read_frame::<_, AgentReply>(&mut stream).await? {
-            Some((AgentReply::Data, body)) => body,
-            Some((AgentReply::End, _)) => return Ok(Box::pin(futures::stream::empty())),
-            Some((AgentReply::Error { error }, _)) => return Err(proto::remote_error(&error)),
-            Some((other, _)) => return Err(unexpected(&other)),
-            None => {
-                return Err(Error::backend(format!(
-                    "sandbox {id:?} closed the connection without a reply"
-                )))
-            }
-        };
-        let rest = futures::stream::unfold(Some(stream), |state| async move {
-            let mut stream = state?;
-            match proto::read_frame::<_, AgentReply>(&mut stream).await {
-                Ok(Some((AgentReply::Data, body))) => Some((Ok(body), Some(stream))),
-                Ok(Some((AgentReply::End, _))) => None,
-                Ok(Some((AgentReply::Error { error }, _))) => {
-                    Some((Err(proto::remote_error(&error)), None))
-                }
-                Ok(Some((other, _))) => Some((Err(unexpected(&other)), None)),
-                Ok(None) => Some((
-                    Err(Error::backend("file stream ended before its end marker")),
-                    None,
-                )),
-                Err(e) => Some((Err(e), None)),
-            }
-        });
-        Ok(Box::pin(
-            futures::stream::once(async move { Ok(first) }).chain(rest),
-        ))
+        let agent = self.agent(id)?;
+        self.checked(id, agent.read_file(path, options).await)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
@@ -1275,17 +1074,8 @@ impl Backend for LocalBackend {
         if engine_bound {
             options.max_bytes = Some(self.max_file_bytes);
         }
-        let request = AgentRequest::WriteFile {
-            path: path.to_string(),
-            options,
-        };
-        let reply = async {
-            let mut stream = self.upload(id, request, data).await?;
-            read_reply(&mut stream, id).await
-        };
-        match reply.await {
-            Ok(AgentReply::Stat { stat }) => Ok(stat),
-            Ok(other) => Err(unexpected(&other)),
+        let agent = self.agent(id)?;
+        match self.checked(id, agent.write_file(path, data, options).await) {
             Err(Error::FileTooLarge { what, limit, .. }) if engine_bound => {
                 Err(Error::FileTooLarge {
                     what,
@@ -1295,7 +1085,7 @@ impl Backend for LocalBackend {
                         .into(),
                 })
             }
-            Err(e) => Err(e),
+            other => other,
         }
     }
 
@@ -1306,50 +1096,26 @@ impl Backend for LocalBackend {
         path: &str,
         options: ListDirOptions,
     ) -> Result<Vec<FileStat>> {
-        let request = AgentRequest::ListDir {
-            path: path.to_string(),
-            options,
-        };
-        match self.agent_call(id, request).await? {
-            AgentReply::Entries { entries } => Ok(entries),
-            other => Err(unexpected(&other)),
-        }
+        let agent = self.agent(id)?;
+        self.checked(id, agent.list_dir(path, options).await)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat> {
-        self.agent_stat(
-            id,
-            AgentRequest::Stat {
-                path: path.to_string(),
-                options,
-            },
-        )
-        .await
+        let agent = self.agent(id)?;
+        self.checked(id, agent.stat(path, options).await)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn mkdir(&self, id: &str, path: &str, options: MkdirOptions) -> Result<FileStat> {
-        self.agent_stat(
-            id,
-            AgentRequest::Mkdir {
-                path: path.to_string(),
-                options,
-            },
-        )
-        .await
+        let agent = self.agent(id)?;
+        self.checked(id, agent.mkdir(path, options).await)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn remove(&self, id: &str, path: &str, options: RemoveOptions) -> Result<()> {
-        self.agent_done(
-            id,
-            AgentRequest::Remove {
-                path: path.to_string(),
-                options,
-            },
-        )
-        .await
+        let agent = self.agent(id)?;
+        self.checked(id, agent.remove(path, options).await)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
@@ -1360,40 +1126,20 @@ impl Backend for LocalBackend {
         to: &str,
         options: RenameOptions,
     ) -> Result<FileStat> {
-        self.agent_stat(
-            id,
-            AgentRequest::Rename {
-                from: from.to_string(),
-                to: to.to_string(),
-                options,
-            },
-        )
-        .await
+        let agent = self.agent(id)?;
+        self.checked(id, agent.rename(from, to, options).await)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn copy(&self, id: &str, from: &str, to: &str, options: CopyOptions) -> Result<FileStat> {
-        self.agent_stat(
-            id,
-            AgentRequest::Copy {
-                from: from.to_string(),
-                to: to.to_string(),
-                options,
-            },
-        )
-        .await
+        let agent = self.agent(id)?;
+        self.checked(id, agent.copy(from, to, options).await)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
-        self.agent_stat(
-            id,
-            AgentRequest::Chmod {
-                path: path.to_string(),
-                mode,
-            },
-        )
-        .await
+        let agent = self.agent(id)?;
+        self.checked(id, agent.chmod(path, mode).await)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
@@ -1418,47 +1164,20 @@ impl Backend for LocalBackend {
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn metrics(&self, id: &str) -> Result<Metrics> {
-        match self.agent_call(id, AgentRequest::Metrics).await? {
-            AgentReply::Metrics { metrics } => Ok(metrics),
-            other => Err(unexpected(&other)),
-        }
+        let agent = self.agent(id)?;
+        self.checked(id, agent.metrics().await)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
-        self.agent_done(id, AgentRequest::ResizePty { process, size })
-            .await
+        let agent = self.agent(id)?;
+        self.checked(id, agent.resize_pty(process, size).await)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
-        let request = AgentRequest::Watch {
-            path: path.to_string(),
-            options,
-        };
-        let mut stream = self.agent_stream(id, &request).await?;
-        match read_reply(&mut stream, id).await? {
-            AgentReply::Done => {}
-            other => return Err(unexpected(&other)),
-        }
-        let events = futures::stream::unfold(Some(stream), |state| async move {
-            let mut stream = state?;
-            match proto::read_frame::<_, AgentReply>(&mut stream).await {
-                Ok(Some((AgentReply::FsEvent { event }, _))) => Some((Ok(event), Some(stream))),
-                Ok(Some((AgentReply::Error { error }, _))) => {
-                    Some((Err(proto::remote_error(&error)), None))
-                }
-                Ok(Some((other, _))) => Some((Err(unexpected(&other)), None)),
-                Ok(None) => Some((
-                    Err(Error::backend(
-                        "the watch ended: the sandbox was destroyed or its agent died",
-                    )),
-                    None,
-                )),
-                Err(e) => Some((Err(e), None)),
-            }
-        });
-        Ok(Box::pin(events))
+        let agent = self.agent(id)?;
+        self.checked(id, agent.watch(path, options).await)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]

@@ -23,11 +23,17 @@ use crate::{
 ///   events, which v1 clients do not know.
 /// - v3: reads and writes carry a byte bound, writes and renames an `overwrite` flag,
 ///   renames a user, and a `copy` request exists (issue 21's file calls).
+/// - v4: the hello may carry a `token`, which an agent serving TCP (the in-pod agent of the
+///   Kubernetes backend) requires and checks before reading anything else (the monitor's
+///   unix socket is guarded by its directory and ignores it); the agent serves `ping` (a
+///   reachability check) and `tunnel` (the connection becomes a byte pipe to a port on the
+///   sandbox's loopback). Also counted here, added after v3 without a bump of their own: the
+///   monitor's `revoke_token` and `claim` and the agent's `apply_claim` (the warm pool).
 ///
 /// Whatever the version, the frame layout and two requests are frozen so a sandbox made by
 /// another build can still be described and destroyed: a hello frame carrying `info` or
 /// `destroy` (`FROZEN_OPS`), answered by an `info`, `done` or `error` frame.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Monitor requests whose encoding never changes, served to a client of any version.
 pub const FROZEN_OPS: [&str; 2] = ["info", "destroy"];
@@ -55,7 +61,15 @@ pub struct Hello {
     /// snapshot, which pauses the sandbox on purpose).
     #[serde(default)]
     pub while_paused: bool,
+    /// The per-sandbox token, for an agent that serves TCP (v4); it is never sent over the
+    /// monitor's unix socket, and the monitor ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
+
+/// Largest hello header an agent serving TCP reads before the token is checked: a hello is
+/// a version, a flag and a token, so anything near this is not a client of ours.
+pub const MAX_HELLO: usize = 16 * 1024;
 
 /// A request the monitor serves itself: the sandbox's lifecycle, lease, labels, annotations
 /// and previews. Sent inside the [`Hello`].
@@ -254,6 +268,15 @@ pub enum AgentRequest {
     ExportFs,
     /// Unpack the tar archive in the `Data` frames that follow into the sandbox root.
     ImportFs,
+    /// Check that the agent is reachable and accepts this connection; replies `Done`.
+    Ping,
+    /// Connect to `port` on the sandbox's loopback (IPv4, then IPv6); after a `Done` reply
+    /// the connection carries raw bytes both ways between the client and that port (how a
+    /// preview reaches a server inside a pod that listens on 127.0.0.1 only).
+    Tunnel {
+        /// Port inside the sandbox.
+        port: u16,
+    },
     /// Take a warm-pool sandbox for a claimer (once; only before anything ran in it): the
     /// claimer's envs and users replace the pool's, and `/etc/passwd` and `/etc/group` are
     /// rewritten for them. Replies `Done`.
@@ -478,6 +501,36 @@ where
     Ok(Some((decode_header(&head)?, body)))
 }
 
+/// Read a connection's first frame on a socket open to anyone who can reach it: a header of
+/// at most `max_header` bytes and no body, or an error (`Ok(None)` on a clean close). The
+/// caller bounds the time it waits.
+pub async fn read_hello_frame<R>(r: &mut R, max_header: usize) -> Result<Option<Vec<u8>>>
+where
+    R: AsyncRead + Unpin,
+{
+    let mut prefix = [0u8; 8];
+    let mut got = 0;
+    while got < 8 {
+        let n = r.read(&mut prefix[got..]).await.map_err(io_err)?;
+        if n == 0 {
+            if got == 0 {
+                return Ok(None);
+            }
+            return Err(io_err(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        got += n;
+    }
+    let (hlen, blen) = check_lengths(&prefix)?;
+    if hlen > max_header || blen != 0 {
+        return Err(Error::invalid(format!(
+            "protocol error: a hello of {hlen}+{blen} bytes (at most {max_header}+0)"
+        )));
+    }
+    let mut head = vec![0u8; hlen];
+    r.read_exact(&mut head).await.map_err(io_err)?;
+    Ok(Some(head))
+}
+
 /// Blocking twin of [`write_frame`], for the monitor before its runtime starts.
 pub fn write_frame_sync<W: Write, H: Serialize>(w: &mut W, header: &H, body: &[u8]) -> Result<()> {
     let bytes = encode(header, body)?;
@@ -508,10 +561,15 @@ pub fn parse_hello(head: &[u8]) -> Result<Hello> {
         .get("while_paused")
         .and_then(|v| v.as_bool())
         .unwrap_or(false);
+    let token = value
+        .get("token")
+        .and_then(|v| v.as_str())
+        .map(str::to_string);
     Ok(Hello {
         version: PROTOCOL_VERSION,
         request,
         while_paused,
+        token,
     })
 }
 

@@ -48,7 +48,7 @@ pub(super) fn host_path(record: &Record, sandbox_path: &Path) -> PathBuf {
 /// keeps growing, or lies about its end, is cut there).
 pub(super) async fn read_file(
     agent: &Arc<Agent>,
-    stream: &mut UnixStream,
+    stream: &mut impl Conn,
     path: &str,
     options: crate::ReadOptions,
 ) -> Result<()> {
@@ -83,7 +83,7 @@ pub(super) async fn read_file(
 /// writes in place). On failure the temporary file is removed before the error is returned.
 pub(super) async fn write_file(
     agent: &Arc<Agent>,
-    stream: &mut UnixStream,
+    stream: &mut impl Conn,
     path: &str,
     options: WriteOptions,
 ) -> Result<()> {

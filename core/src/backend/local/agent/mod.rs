@@ -19,12 +19,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
 mod file_calls;
 mod metrics;
+pub(crate) mod pod;
 mod process;
 mod setup;
 mod snapshot;
@@ -109,11 +110,18 @@ pub fn run(record: Record, ctrl: OwnedFd, sync_read: OwnedFd, net: Option<Plan>)
 // Serving
 // ---------------------------------------------------------------------------------------------
 
+/// A client connection the agent serves: a unix stream handed over by the monitor, or a
+/// TCP connection to the in-pod agent.
+pub(super) trait Conn: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Conn for T {}
+
 /// Shared state of the agent.
 struct Agent {
     /// The sandbox's record; replaced once, when a warm-pool member is claimed.
     record: Mutex<Arc<Record>>,
     procs: Mutex<ProcTable>,
+    /// The in-pod agent (no namespaces of its own; the container runtime isolates).
+    pod: bool,
 }
 
 impl Agent {
@@ -121,6 +129,7 @@ impl Agent {
         Agent {
             record: Mutex::new(Arc::new(record)),
             procs: Mutex::new(ProcTable::default()),
+            pod: false,
         }
     }
 
@@ -521,8 +530,21 @@ async fn reap_children(agent: Arc<Agent>) {
     }
 }
 
-async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: AgentRequest) -> Result<()> {
+async fn handle(agent: &Arc<Agent>, stream: &mut impl Conn, request: AgentRequest) -> Result<()> {
     match request {
+        AgentRequest::Ping => done(stream).await,
+        AgentRequest::Tunnel { port } => {
+            let sock = connect_loopback(port).await?;
+            sock.set_nonblocking(true)
+                .map_err(|e| Error::from_io(&e, "tunnel socket"))?;
+            let mut sock = tokio::net::TcpStream::from_std(sock)
+                .map_err(|e| Error::from_io(&e, "tunnel socket"))?;
+            done(stream).await?;
+            // From here on the connection is the caller's bytes; an error ends it, and no
+            // error frame may follow (it would be read as the server's bytes).
+            let _ = tokio::io::copy_bidirectional(stream, &mut sock).await;
+            Ok(())
+        }
         AgentRequest::Spawn { spec } => {
             let (proc_, rx) = spawn_process(agent, spec)?;
             proto::write_frame(stream, &AgentReply::Started { pid: proc_.pid }, &[]).await?;
@@ -697,6 +719,10 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: AgentReque
             done(stream).await
         }
         AgentRequest::Watch { path, options } => watch(agent, stream, &path, options).await,
+        AgentRequest::ExportFs | AgentRequest::ImportFs if agent.pod => Err(Error::not_supported(
+            "filesystem snapshots of a pod",
+            "copy files out with read_file, or snapshot the volume behind the pod",
+        )),
         AgentRequest::ExportFs => export_fs(agent, stream).await,
         AgentRequest::ImportFs => import_fs(agent, stream).await,
         AgentRequest::ApplyClaim { options, users } => {
@@ -708,7 +734,7 @@ async fn handle(agent: &Arc<Agent>, stream: &mut UnixStream, request: AgentReque
 }
 
 /// The next chunk of an upload (`Data` frames ended by `End`); `None` at the end marker.
-async fn read_data_frame(stream: &mut UnixStream) -> Result<Option<Vec<u8>>> {
+async fn read_data_frame(stream: &mut impl Conn) -> Result<Option<Vec<u8>>> {
     match proto::read_frame::<_, AgentReply>(stream).await? {
         Some((AgentReply::Data, body)) => Ok(Some(body)),
         Some((AgentReply::End, _)) => Ok(None),
@@ -719,7 +745,7 @@ async fn read_data_frame(stream: &mut UnixStream) -> Result<Option<Vec<u8>>> {
     }
 }
 
-async fn done(stream: &mut UnixStream) -> Result<()> {
+async fn done(stream: &mut impl Conn) -> Result<()> {
     proto::write_frame(stream, &AgentReply::Done, &[]).await
 }
 
@@ -777,7 +803,7 @@ async fn as_user<T: Send + 'static>(
         .map_err(|_| Error::backend("a file call as a user ended without a result"))?
 }
 
-async fn write_output(stream: &mut UnixStream, kind: StreamKind, bytes: &[u8]) -> Result<()> {
+async fn write_output(stream: &mut impl Conn, kind: StreamKind, bytes: &[u8]) -> Result<()> {
     let header = match kind {
         StreamKind::Stdout => AgentReply::Stdout,
         StreamKind::Stderr => AgentReply::Stderr,
@@ -789,7 +815,7 @@ async fn write_output(stream: &mut UnixStream, kind: StreamKind, bytes: &[u8]) -
 }
 
 /// Write one history entry (output or a restart).
-async fn write_event(stream: &mut UnixStream, ev: &Event) -> Result<()> {
+async fn write_event(stream: &mut impl Conn, ev: &Event) -> Result<()> {
     match ev {
         Event::Output(kind, bytes) => write_output(stream, *kind, bytes).await,
         Event::Restarted {
@@ -810,7 +836,7 @@ async fn write_event(stream: &mut UnixStream, ev: &Event) -> Result<()> {
     }
 }
 
-async fn forward_events(stream: &mut UnixStream, mut rx: mpsc::Receiver<Event>) -> Result<()> {
+async fn forward_events(stream: &mut impl Conn, mut rx: mpsc::Receiver<Event>) -> Result<()> {
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Output(kind, bytes) => write_output(stream, kind, &bytes).await?,

@@ -290,6 +290,7 @@ pub(super) fn launch(agent: &Arc<Agent>, spec: &ProcessSpec) -> Result<Incarnati
         "max_open_files",
     )?;
     let isolated = !record.unisolated;
+    let pod = agent.pod;
     let filters = super::seccomp::filters()?;
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
     // syscalls (no allocation, no locks; the filters were compiled before the fork).
@@ -307,6 +308,12 @@ pub(super) fn launch(agent: &Arc<Agent>, spec: &ProcessSpec) -> Result<Incarnati
                 sys::setsid()?;
                 // The one limit that stays per process without a user namespace.
                 sys::setrlimit(libc::RLIMIT_NOFILE, nofile)?;
+                if pod {
+                    // In a pod the container runtime isolates; what needs no privilege
+                    // still applies: no gaining privileges at exec, and the deny-list.
+                    sys::set_no_new_privs()?;
+                    super::seccomp::apply(filters)?;
+                }
             }
             if with_tty {
                 sys::set_controlling_tty()?;

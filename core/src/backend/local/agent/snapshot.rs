@@ -102,7 +102,7 @@ pub(super) fn drain(
 }
 
 /// Stream a tar of the sandbox's own filesystem (the tmpfs root) to the client.
-pub(super) async fn export_fs(agent: &Agent, stream: &mut UnixStream) -> Result<()> {
+pub(super) async fn export_fs(agent: &Agent, stream: &mut impl Conn) -> Result<()> {
     let mut argv: Vec<String> = [
         "tar",
         "-C",
@@ -155,7 +155,7 @@ pub(super) async fn export_fs(agent: &Agent, stream: &mut UnixStream) -> Result<
 }
 
 /// Unpack a tar streamed by the client into the sandbox root.
-pub(super) async fn import_fs(agent: &Agent, stream: &mut UnixStream) -> Result<()> {
+pub(super) async fn import_fs(agent: &Agent, stream: &mut impl Conn) -> Result<()> {
     let argv: Vec<String> = [
         "tar",
         "-C",

@@ -59,7 +59,7 @@ pub(super) fn watch_tree(
 /// Watch a directory with inotify, streaming events until the client goes away.
 pub(super) async fn watch(
     agent: &Arc<Agent>,
-    stream: &mut UnixStream,
+    stream: &mut impl Conn,
     path: &str,
     options: WatchOptions,
 ) -> Result<()> {
@@ -83,7 +83,7 @@ pub(super) async fn watch(
     .await?;
     let fd = sys::async_fd(fd).map_err(|e| Error::from_io(&e, "inotify"))?;
     done(stream).await?;
-    let (mut rd, mut wr) = stream.split();
+    let (mut rd, mut wr) = tokio::io::split(&mut *stream);
     let mut buf = vec![0u8; 64 * 1024];
     let mut probe = [0u8; 1];
     // API writes in flight: target path → whether the target existed when the write began.

@@ -1,0 +1,278 @@
+//! The in-pod agent: this module's agent serving its protocol on TCP, with no namespaces of
+//! its own (see `backend::agent_server` for the configuration and what it promises).
+//!
+//! Every request is served by the same [`handle`] as the embedded agent, beneath the
+//! configured root (the un-isolated mode's root prefix), as the agent's own uid. What differs
+//! is the front door: anyone who can reach the port can connect, so a connection's first
+//! frame must be a small hello carrying the token, read within a deadline, and checked before
+//! anything else is read; and only so many connections are served at once.
+
+use super::*;
+use crate::backend::agent_server::PodAgentConfig;
+use tokio::net::{TcpListener, TcpStream};
+
+use super::super::config::UidMapping;
+
+/// How long a refusal waits to be written, and then drains what the client sent with its
+/// hello (so closing does not reset the connection before the client reads the refusal).
+const REFUSAL_WAIT: Duration = Duration::from_secs(1);
+/// Most bytes drained from a refused client.
+const REFUSAL_DRAIN: usize = 64 * 1024;
+
+/// Entry point of the pod agent. Never returns.
+pub(crate) fn run(config: PodAgentConfig) -> ! {
+    sys::set_process_name("sandcove-agent");
+    let record = match prepare(&config) {
+        Ok(record) => record,
+        Err(e) => {
+            eprintln!("sandcove agent: {e}");
+            sys::exit_now(1);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(16)
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sandcove agent: cannot start the runtime: {e}");
+            sys::exit_now(1);
+        }
+    };
+    let mut agent = Agent::new(record);
+    agent.pod = true;
+    if let Err(e) = runtime.block_on(serve_tcp(Arc::new(agent), config)) {
+        eprintln!("sandcove agent: {e}");
+        sys::exit_now(1);
+    }
+    sys::exit_now(0)
+}
+
+/// Harden the agent itself and build the record it serves: one user (the agent's uid), the
+/// configured home and root. Every step that protects something fails closed.
+fn prepare(config: &PodAgentConfig) -> Result<Record> {
+    let fail = |what: &str, e: std::io::Error| Error::Unavailable {
+        reason: format!("the pod agent cannot {what}: {e}"),
+        remedy: "run it on Linux 5.9 or newer".into(),
+    };
+    // Nothing this process inherited reaches the programs it starts.
+    sys::cloexec_from(3).map_err(|e| fail("mark inherited descriptors close-on-exec", e))?;
+    // No process it starts can gain privileges through exec (setuid programs, file caps).
+    sys::set_no_new_privs().map_err(|e| fail("set no_new_privs", e))?;
+    // Sandbox processes share our uid: keep them from tracing us or reading our memory.
+    let _ = sys::set_non_dumpable();
+    if std::process::id() != 1 {
+        // Orphans of sandbox processes come to us (as they do to PID 1 in a container).
+        sys::set_child_subreaper().map_err(|e| fail("become a subreaper", e))?;
+    }
+    // The deny-list every process gets: a filter that cannot be built stops the agent.
+    super::seccomp::filters()?;
+    let (uid, gid) = (sys::geteuid(), sys::getegid());
+    let name = config
+        .user
+        .clone()
+        .unwrap_or_else(|| if uid == 0 { "root" } else { "user" }.to_string());
+    let mut options = crate::CreateOptions::default();
+    options.envs = config.envs.clone();
+    let now = now_millis();
+    let record = Record {
+        id: config.sandbox.clone(),
+        options,
+        users: vec![crate::UserInfo {
+            name,
+            uid,
+            gid,
+            home: config.home.clone(),
+        }],
+        // One uid: a request for any other user is refused, never run as this one.
+        mapping: UidMapping::Single {
+            host_uid: uid,
+            host_gid: gid,
+        },
+        created_at: now,
+        ends_at: u64::MAX,
+        unisolated: true,
+        landlock_optional: true,
+        cgroup: None,
+        notes: BTreeMap::new(),
+        mounts: Vec::new(),
+        root_prefix: config
+            .root
+            .as_ref()
+            .map(|r| r.to_string_lossy().into_owned()),
+        pasta: None,
+        preview_limits: Default::default(),
+        protocol: proto::PROTOCOL_VERSION,
+        pooled: false,
+    };
+    // The home exists before anything runs in it (an emptyDir in a Pod usually; made here
+    // otherwise, by the agent, before any sandbox code runs).
+    let home = host_path(&record, Path::new(&config.home));
+    std::fs::create_dir_all(&home).map_err(|e| Error::from_io(&e, &config.home))?;
+    Ok(record)
+}
+
+async fn serve_tcp(agent: Arc<Agent>, config: PodAgentConfig) -> Result<()> {
+    tokio::spawn(reap_children(agent.clone()));
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| Error::from_io(&e, &format!("listen on {}", config.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::from_io(&e, "listening address"))?;
+    {
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "listening on {addr}")
+            .and_then(|()| out.flush())
+            .map_err(|e| Error::from_io(&e, "stdout"))?;
+    }
+    let slots = Arc::new(tokio::sync::Semaphore::new(config.max_connections));
+    let config = Arc::new(config);
+    loop {
+        let (sock, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            // Out of descriptors or memory: wait rather than spin.
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = sock.set_nodelay(true);
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // Over the bound: a refusal if the socket takes it at once, then closed.
+            let err = Error::RateLimited {
+                message: format!(
+                    "the sandbox agent serves at most {} connections at once",
+                    config.max_connections
+                ),
+                retry_after_ms: Some(1000),
+            };
+            let mut frame = Vec::new();
+            if proto::write_frame(&mut frame, &AgentReply::error(&err), &[])
+                .await
+                .is_ok()
+            {
+                let _ = sock.try_write(&frame);
+            }
+            continue;
+        };
+        let (agent, config) = (agent.clone(), config.clone());
+        tokio::spawn(async move {
+            serve_tcp_connection(&agent, &config, sock).await;
+            drop(slot);
+        });
+    }
+}
+
+/// Authenticate one connection, then serve its request like a handed-off one.
+async fn serve_tcp_connection(agent: &Arc<Agent>, config: &PodAgentConfig, mut sock: TcpStream) {
+    let hello = tokio::time::timeout(
+        config.hello_timeout,
+        proto::read_hello_frame(&mut sock, proto::MAX_HELLO),
+    )
+    .await;
+    let head = match hello {
+        // Too slow (a slow-loris connection): dropped.
+        Err(_elapsed) => return,
+        Ok(Ok(Some(head))) => head,
+        Ok(Ok(None)) => return,
+        Ok(Err(e)) => return refuse(&mut sock, &e).await,
+    };
+    // The token before anything else: nothing but its presence is looked at first.
+    let value: serde_json::Value = serde_json::from_slice(&head).unwrap_or_default();
+    let token = value.get("token").and_then(|t| t.as_str());
+    if let Err(e) = check_token(token, &config.token_sha256) {
+        return refuse(&mut sock, &e).await;
+    }
+    let hello = match proto::parse_hello(&head) {
+        Ok(hello) => hello,
+        Err(e) => return refuse(&mut sock, &e).await,
+    };
+    if hello.request.is_some() {
+        let e = Error::not_supported(
+            "sandbox lifecycle requests to the in-pod agent",
+            "manage the pod through the Kubernetes backend (sandcove serve --backend kubernetes)",
+        );
+        return refuse(&mut sock, &e).await;
+    }
+    let request = tokio::time::timeout(
+        config.hello_timeout,
+        proto::read_frame::<_, serde_json::Value>(&mut sock),
+    )
+    .await;
+    let request = match request {
+        Err(_elapsed) => return,
+        Ok(Ok(None)) => return,
+        Ok(Ok(Some((head, _)))) => proto::parse_agent_request(head),
+        Ok(Err(e)) => Err(e),
+    };
+    let request = match request {
+        Ok(request) => request,
+        Err(e) => {
+            let _ = proto::write_frame(&mut sock, &AgentReply::error(&e), &[]).await;
+            return;
+        }
+    };
+    if let Err(e) = handle(agent, &mut sock, request).await {
+        let _ = proto::write_frame(&mut sock, &AgentReply::error(&e), &[]).await;
+    }
+    let _ = sock.shutdown().await;
+}
+
+/// Whether `token` hashes to `expected`, compared in constant time.
+fn check_token(token: Option<&str>, expected: &[u8; 32]) -> Result<()> {
+    let Some(token) = token else {
+        return Err(Error::Unauthenticated {
+            message: "the sandbox agent requires a token in the hello".into(),
+        });
+    };
+    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    let diff = digest
+        .as_ref()
+        .iter()
+        .zip(expected.iter())
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    if std::hint::black_box(diff) == 0 && digest.as_ref().len() == expected.len() {
+        Ok(())
+    } else {
+        Err(Error::Unauthenticated {
+            message: "the sandbox agent refused the token".into(),
+        })
+    }
+}
+
+/// Answer `err` and close, reading (within bounds) what the client already sent so the close
+/// does not reset the connection before the client reads the answer.
+async fn refuse(sock: &mut TcpStream, err: &Error) {
+    let answer = async {
+        let _ = proto::write_frame(sock, &AgentReply::error(err), &[]).await;
+        let _ = sock.shutdown().await;
+        let mut buf = vec![0u8; 8192];
+        let mut drained = 0;
+        while drained < REFUSAL_DRAIN {
+            match sock.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(REFUSAL_WAIT, answer).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_token_with_the_configured_hash_passes() {
+        let digest = ring::digest::digest(&ring::digest::SHA256, b"right");
+        let expected: [u8; 32] = digest.as_ref().try_into().unwrap();
+        assert!(check_token(Some("right"), &expected).is_ok());
+        for bad in [Some("wrong"), Some(""), Some("right "), None] {
+            let err = check_token(bad, &expected).unwrap_err();
+            assert!(matches!(err, Error::Unauthenticated { .. }), "{err:?}");
+        }
+    }
+}
