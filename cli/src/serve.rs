@@ -133,12 +133,19 @@ fn kube_key(file: Option<PathBuf>) -> Result<Vec<u8>, String> {
     std::env::remove_var(KUBE_KEY_ENV);
     let key = match (file, from_env) {
         (Some(_), Some(_)) => {
-            return Err(format!("both {KUBE_KEY_ENV} and --kube-key-file are set: choose one"))
+            return Err(format!(
+                "both {KUBE_KEY_ENV} and --kube-key-file are set: choose one"
+            ))
         }
         (Some(path), None) => {
             let bytes = server::read_secret_file(&path, true).map_err(|e| e.to_string())?;
             let text = String::from_utf8_lossy(&bytes);
-            text.lines().next().unwrap_or_default().trim().as_bytes().to_vec()
+            text.lines()
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .as_bytes()
+                .to_vec()
         }
         (None, Some(key)) => key.trim().as_bytes().to_vec(),
         (None, None) => Vec::new(),

@@ -20,6 +20,7 @@ const KEY: [u8; 32] = [7; 32];
 fn config(fake: &FakeCluster) -> KubeConfig {
     let mut config = KubeConfig::new("sandcove-test", "sandcove:test", KEY.to_vec());
     config.agent_port = fake.agent_port;
+    config.uid = kube_fake::pod_uid();
     config.isolated = false;
     config.volumes = true;
     config.grace = Duration::from_secs(1);
@@ -64,7 +65,10 @@ async fn kube_requests_on_the_wire() {
         .expect("a Pod was created");
     let pod = created.body.as_ref().expect("with a body");
     let container = &pod["spec"]["containers"][0];
-    assert_eq!(container["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(
+        container["securityContext"]["allowPrivilegeEscalation"],
+        false
+    );
     assert_eq!(
         container["securityContext"]["capabilities"]["drop"],
         serde_json::json!(["ALL"])
@@ -137,7 +141,10 @@ async fn kube_requests_on_the_wire() {
         delete.body,
         Some(serde_json::json!({"gracePeriodSeconds": 1, "propagationPolicy": "Background"}))
     );
-    assert!(fake.pod(&name).is_none(), "destroy returned before the Pod was gone");
+    assert!(
+        fake.pod(&name).is_none(),
+        "destroy returned before the Pod was gone"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -218,8 +225,16 @@ async fn kube_api_errors_map_to_core_codes() {
         .expect("create")
         .id;
     fake.fail_next("GET", &format!("/pods/{}", pod_name(&id)), 404, "NotFound");
-    assert_eq!(backend.get(&id).await.unwrap_err().code(), ErrorCode::NotFound);
-    fake.fail_next("GET", &format!("/pods/{}", pod_name(&id)), 500, "InternalError");
+    assert_eq!(
+        backend.get(&id).await.unwrap_err().code(),
+        ErrorCode::NotFound
+    );
+    fake.fail_next(
+        "GET",
+        &format!("/pods/{}", pod_name(&id)),
+        500,
+        "InternalError",
+    );
     let e = backend.get(&id).await.unwrap_err();
     assert_eq!(e.code(), ErrorCode::Backend);
     assert!(e.is_retryable());
@@ -231,10 +246,21 @@ async fn kube_api_errors_map_to_core_codes() {
         .expect("retried past the conflict");
     assert_eq!(annotations.get("k").map(String::as_str), Some("v"));
     assert_eq!(
-        backend.get(&id).await.unwrap().annotations.get("k").map(String::as_str),
+        backend
+            .get(&id)
+            .await
+            .unwrap()
+            .annotations
+            .get("k")
+            .map(String::as_str),
         Some("v")
     );
-    fake.fail_next("DELETE", &format!("/pods/{}", pod_name(&id)), 403, "Forbidden");
+    fake.fail_next(
+        "DELETE",
+        &format!("/pods/{}", pod_name(&id)),
+        403,
+        "Forbidden",
+    );
     assert_eq!(
         backend.destroy(&id).await.unwrap_err().code(),
         ErrorCode::Unavailable
@@ -273,18 +299,21 @@ async fn kube_a_restarted_server_keeps_leases_and_reaches_agents() {
     // leases from the Pods' annotations.
     let second = backend(&fake).await;
     assert_eq!(echo(&second, &long).await.expect("same token"), b"hi\n");
-    eventually(PATIENCE, "the short lease ends", || {
-        let fake = &fake;
-        let name = pod_name(&short);
-        async move { holds(fake.pod(&name).is_none(), name) }
+    // The reaper records the tombstone once the Pod is confirmed gone.
+    let tomb = eventually(PATIENCE, "the short lease ends", || {
+        let second = &second;
+        let short = &short;
+        async move {
+            let tomb = second
+                .tombstone(sandcove::ResourceKind::Sandbox, short)
+                .await
+                .unwrap();
+            tomb.ok_or("no tombstone yet")
+        }
     })
     .await;
+    assert!(fake.pod(&pod_name(&short)).is_none());
     assert!(fake.pod(&pod_name(&long)).is_some());
-    let tomb = second
-        .tombstone(sandcove::ResourceKind::Sandbox, &short)
-        .await
-        .unwrap()
-        .expect("a tombstone");
     assert_eq!(tomb.reason, "its lease ended");
 
     // A server with another key cannot use the sandbox's agent.

@@ -17,6 +17,7 @@ async fn kube() -> Arc<dyn Backend> {
     let fake = kube_fake::FakeCluster::shared();
     let mut config = KubeConfig::new("sandcove-test", "sandcove:test", vec![7; 32]);
     config.agent_port = fake.agent_port;
+    config.uid = kube_fake::pod_uid();
     config.isolated = false;
     config.volumes = false;
     config.grace = Duration::from_secs(1);

@@ -111,6 +111,18 @@ impl Drop for FakeCluster {
     }
 }
 
+/// The uid test Pods run as: 1000 when the tests run as root (the fake kubelet then runs
+/// each agent as that user, as `runAsUser` says), else the test's own uid (a rootless kubelet
+/// can run nothing else).
+pub fn pod_uid() -> i64 {
+    let me = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap());
+    if me == 0 {
+        1000
+    } else {
+        i64::from(me)
+    }
+}
+
 static NEXT_POD: AtomicU32 = AtomicU32::new(1);
 
 /// A loopback address of its own for the next Pod: 127.N.x.y with N from this process's id,
@@ -156,10 +168,11 @@ impl FakeCluster {
                 .build()
                 .expect("the fake's runtime");
             runtime.block_on(async move {
-                let app = axum::Router::new().fallback(move |method: Method, uri: Uri, body: Bytes| {
-                    let state = served.clone();
-                    async move { handle(state, method, uri, body).await }
-                });
+                let app =
+                    axum::Router::new().fallback(move |method: Method, uri: Uri, body: Bytes| {
+                        let state = served.clone();
+                        async move { handle(state, method, uri, body).await }
+                    });
                 let listener = tokio::net::TcpListener::from_std(listener).unwrap();
                 let _ = axum::serve(listener, app).await;
             });
@@ -206,7 +219,14 @@ impl FakeCluster {
 
     /// Names of every stored Pod.
     pub fn pod_names(&self) -> Vec<String> {
-        self.state.store.lock().unwrap().pods.keys().cloned().collect()
+        self.state
+            .store
+            .lock()
+            .unwrap()
+            .pods
+            .keys()
+            .cloned()
+            .collect()
     }
 
     /// The pid of the agent running Pod `name`, if scheduled and alive.
@@ -331,7 +351,9 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 /// Store a Pod event and publish it.
 fn emit(state: &State, store: &mut Store, kind: &str, object: Value) {
     let version = store.version;
-    store.events.push((version, kind.to_string(), object.clone()));
+    store
+        .events
+        .push((version, kind.to_string(), object.clone()));
     let _ = state.events.send((version, kind.to_string(), object));
 }
 
@@ -364,7 +386,11 @@ async fn handle(state: Arc<State>, method: Method, uri: Uri, body: Bytes) -> Res
             .position(|f| f.method == method.as_str() && path.contains(&f.path))
         {
             let f = faults.remove(i);
-            return status(f.code, &f.reason, &format!("injected {} {}", f.code, f.reason));
+            return status(
+                f.code,
+                &f.reason,
+                &format!("injected {} {}", f.code, f.reason),
+            );
         }
     }
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
@@ -396,9 +422,12 @@ async fn handle(state: Arc<State>, method: Method, uri: Uri, body: Bytes) -> Res
                 None => status(404, "NotFound", &format!("pods \"{name}\" not found")),
             }
         }
-        ("persistentvolumeclaims", "GET", None) => {
-            list(&state, "persistentvolumeclaims", "PersistentVolumeClaimList", &query)
-        }
+        ("persistentvolumeclaims", "GET", None) => list(
+            &state,
+            "persistentvolumeclaims",
+            "PersistentVolumeClaimList",
+            &query,
+        ),
         ("persistentvolumeclaims", "POST", None) => simple_create(
             &state,
             "persistentvolumeclaims",
@@ -469,7 +498,11 @@ fn simple_create(state: &State, kind: &str, mut object: Value) -> Response {
     };
     let mut store = state.store.lock().unwrap();
     if collection(&mut store, kind).contains_key(&name) {
-        return status(409, "AlreadyExists", &format!("{kind} \"{name}\" already exists"));
+        return status(
+            409,
+            "AlreadyExists",
+            &format!("{kind} \"{name}\" already exists"),
+        );
     }
     stamp(&mut store, &mut object);
     collection(&mut store, kind).insert(name, object.clone());
@@ -480,12 +513,23 @@ fn create_pod(state: &Arc<State>, mut pod: Value) -> Response {
     let Some(name) = pod["metadata"]["name"].as_str().map(str::to_string) else {
         return status(422, "Invalid", "metadata.name is required");
     };
-    if pod["spec"]["containers"].as_array().is_none_or(|c| c.len() != 1) {
-        return status(422, "Invalid", "the fake runs Pods of exactly one container");
+    if pod["spec"]["containers"]
+        .as_array()
+        .is_none_or(|c| c.len() != 1)
+    {
+        return status(
+            422,
+            "Invalid",
+            "the fake runs Pods of exactly one container",
+        );
     }
     let mut store = state.store.lock().unwrap();
     if store.pods.contains_key(&name) {
-        return status(409, "AlreadyExists", &format!("pods \"{name}\" already exists"));
+        return status(
+            409,
+            "AlreadyExists",
+            &format!("pods \"{name}\" already exists"),
+        );
     }
     stamp(&mut store, &mut pod);
     pod["status"] = json!({"phase": "Pending"});
@@ -502,8 +546,52 @@ fn create_pod(state: &Arc<State>, mut pod: Value) -> Response {
 fn schedule(state: Arc<State>, name: String, pod: Value) {
     let ip = next_pod_ip();
     let root = state.scratch.join(&name);
-    if let Err(e) = std::fs::create_dir_all(&root) {
-        panic!("pod root {}: {e}", root.display());
+    let container = &pod["spec"]["containers"][0];
+    let context = |key: &str| {
+        container["securityContext"][key]
+            .as_u64()
+            .or(pod["spec"]["securityContext"][key].as_u64())
+    };
+    let non_root = container["securityContext"]["runAsNonRoot"].as_bool() == Some(true)
+        || pod["spec"]["securityContext"]["runAsNonRoot"].as_bool() == Some(true);
+    let me = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap());
+    let uid = context("runAsUser").unwrap_or(u64::from(me)) as u32;
+    let gid = context("runAsGroup").unwrap_or(u64::from(uid)) as u32;
+    if uid == 0 && non_root {
+        set_failed(
+            &state,
+            &name,
+            "container has runAsNonRoot and image will run as root",
+        );
+        return;
+    }
+    if me != 0 && uid != me {
+        set_failed(
+            &state,
+            &name,
+            &format!("the fake kubelet (uid {me}) can only run Pods as its own uid, not {uid}"),
+        );
+        return;
+    }
+    // The container's filesystem: its root and every mount point (emptyDirs), owned by the
+    // Pod's user as fsGroup would make them.
+    let mut dirs = vec![root.clone()];
+    for mount in container["volumeMounts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+    {
+        if let Some(path) = mount["mountPath"].as_str() {
+            dirs.push(root.join(path.trim_start_matches('/')));
+        }
+    }
+    for dir in &dirs {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            panic!("pod directory {}: {e}", dir.display());
+        }
+        if me == 0 {
+            std::os::unix::fs::chown(dir, Some(uid), Some(gid)).expect("chown a pod directory");
+        }
     }
     let mut command = tokio::process::Command::new(std::env::current_exe().expect("test binary"));
     command.env_clear();
@@ -527,6 +615,8 @@ fn schedule(state: Arc<State>, name: String, pod: Value) {
             SocketAddr::from((ip, state.agent_port)).to_string(),
         )
         .env("SANDCOVE_AGENT_ROOT", &root)
+        .uid(uid)
+        .gid(gid)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
@@ -550,7 +640,12 @@ fn schedule(state: Arc<State>, name: String, pod: Value) {
         }
     };
     let stdout = child.stdout.take().expect("piped stdout");
-    state.store.lock().unwrap().agents.insert(name.clone(), child);
+    state
+        .store
+        .lock()
+        .unwrap()
+        .agents
+        .insert(name.clone(), child);
     tokio::spawn(async move {
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         loop {
@@ -665,7 +760,10 @@ fn children(pid: u32) -> Vec<u32> {
     };
     for task in tasks.flatten() {
         if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
-            out.extend(text.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+            out.extend(
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
         }
     }
     out
@@ -787,12 +885,7 @@ fn watch_pods(state: Arc<State>, query: BTreeMap<String, String>) -> Response {
         }
     });
     let body = Body::from_stream(tokio_stream_from(rx));
-    (
-        StatusCode::OK,
-        [("content-type", "application/json")],
-        body,
-    )
-        .into_response()
+    (StatusCode::OK, [("content-type", "application/json")], body).into_response()
 }
 
 fn tokio_stream_from(

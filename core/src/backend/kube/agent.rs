@@ -63,7 +63,8 @@ async fn agent(backend: &KubeBackend, id: &str) -> Result<RemoteAgent> {
     {
         return Ok(agent.clone());
     }
-    let (pod, _, _) = backend.live_pod(id).await?;
+    let (pod, record, _) = backend.live_pod(id).await?;
+    super::refuse_if_stopped(id, &record, "reach the processes or files of")?;
     if !super::spec::is_ready(&pod) {
         return Err(Error::InvalidState {
             id: id.to_string(),
@@ -102,6 +103,43 @@ pub(super) async fn first_contact(backend: &KubeBackend, id: &str, pod: &Pod) ->
         .unwrap_or_else(|e| e.into_inner())
         .insert(id.to_string(), agent);
     Ok(())
+}
+
+/// End every process the agent started (a stop): SIGKILL to each running one's process
+/// group, again until none runs (a restart policy may bring one back once). The agent has
+/// no single "end everything" request, so a process that left its group on its own
+/// (`setsid`) is not reached; see docs/kubernetes.md.
+pub(super) async fn end_every_process(backend: &KubeBackend, id: &str, pod: &Pod) -> Result<()> {
+    let agent = client_for(backend, id, agent_addr(backend, id, pod)?);
+    for _ in 0..100 {
+        let running: Vec<u32> = agent
+            .list_processes()
+            .await?
+            .into_iter()
+            .filter(|p| p.exit.is_none())
+            .map(|p| p.pid)
+            .collect();
+        if running.is_empty() {
+            return Ok(());
+        }
+        for pid in running {
+            match agent.signal(ProcessSelector::Pid(pid), Signal::Kill).await {
+                Ok(()) => {}
+                // Ended meanwhile.
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        // Give the agent a moment to reap what was killed before looking again.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    Err(Error::Backend {
+        message: format!(
+            "{}: processes kept running after being killed (a restart policy?)",
+            sandbox_what(id)
+        ),
+        retryable: true,
+    })
 }
 
 /// Run `call` against the sandbox's agent; a failure to reach it is `NotFound` when the Pod
@@ -181,7 +219,12 @@ pub(super) async fn write_file(
     data: ByteStream,
     options: WriteOptions,
 ) -> Result<FileStat> {
-    with_agent(b, id, |a| async move { a.write_file(path, data, options).await }).await
+    with_agent(
+        b,
+        id,
+        |a| async move { a.write_file(path, data, options).await },
+    )
+    .await
 }
 
 pub(super) async fn list_dir(

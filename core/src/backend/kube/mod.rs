@@ -19,8 +19,10 @@
 //!   cluster). Each sandbox has its own token, HMAC-SHA256(backend key, sandbox id): a
 //!   restarted server recomputes it, and only its SHA-256 is in the Pod spec, so reading the
 //!   Pod does not give it away.
-//! - What Kubernetes has no equivalent for (pause, snapshots, fork, stop/start) is
-//!   [`Error::NotSupported`] with the alternative, declared in [`Capabilities`].
+//! - **Stop** keeps the Pod (files included), kills every process its agent started and
+//!   pauses the lease; **start** gives the lease back. What Kubernetes has no equivalent for
+//!   (pause, snapshots, fork) is [`Error::NotSupported`] with the alternative, declared in
+//!   [`Capabilities`]; previews are not served yet (also `NotSupported`).
 
 pub mod spec;
 
@@ -180,14 +182,17 @@ pub fn agent_token(key: &[u8], id: &str) -> String {
 
 /// Hex SHA-256 of a token: what the agent is configured with.
 pub fn token_sha256(token: &str) -> String {
-    spec::hex(ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref())
+    crate::backend::agent_server::token_sha256_hex(token)
 }
 
 /// The runtime identity of a deployment: stable across restarts (derived from the key and
 /// the namespace), distinct between deployments with other keys or namespaces.
 fn runtime_id(key: &[u8], namespace: &str) -> String {
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
-    let tag = ring::hmac::sign(&key, format!("sandcove runtime id v1\0{namespace}").as_bytes());
+    let tag = ring::hmac::sign(
+        &key,
+        format!("sandcove runtime id v1\0{namespace}").as_bytes(),
+    );
     format!("rt-k8s-{}", &spec::hex(tag.as_ref())[..20])
 }
 
@@ -277,12 +282,14 @@ impl KubeBackend {
     /// A backend for the cluster of the usual configuration: `KUBECONFIG` or
     /// `~/.kube/config`, else the in-cluster service account.
     pub async fn connect(config: KubeConfig) -> Result<Self> {
-        let client = Client::try_default().await.map_err(|e| Error::Unavailable {
-            reason: format!("no Kubernetes configuration: {e}"),
-            remedy: "run inside the cluster with a service account (deploy/), or set \
+        let client = Client::try_default()
+            .await
+            .map_err(|e| Error::Unavailable {
+                reason: format!("no Kubernetes configuration: {e}"),
+                remedy: "run inside the cluster with a service account (deploy/), or set \
                      KUBECONFIG"
-                .into(),
-        })?;
+                    .into(),
+            })?;
         Self::with_client(client, config).await
     }
 
@@ -361,10 +368,44 @@ impl KubeBackend {
             .ok_or_else(|| Error::not_found(sandbox_what(id)))?;
         let (record, annotations) =
             spec::record_of(&pod).ok_or_else(|| Error::not_found(sandbox_what(id)))?;
-        if pod.metadata.deletion_timestamp.is_some() || record.ends_at <= crate::now_millis() {
+        if pod.metadata.deletion_timestamp.is_some() {
+            return Err(Error::not_found(sandbox_what(id)));
+        }
+        if record.ends_at <= crate::now_millis() {
+            // Ended now rather than at the reaper's next round, so the tombstone is there
+            // as soon as the sandbox is gone.
+            self.end_lease(id, record.name).await;
             return Err(Error::not_found(sandbox_what(id)));
         }
         Ok((pod, record, annotations))
+    }
+
+    /// Delete a sandbox whose lease ended and leave its tombstone. The tombstone comes
+    /// first: from the moment the lease is over the sandbox is gone for every caller, also
+    /// while its Pod is still being deleted.
+    async fn end_lease(&self, id: &str, name: Option<String>) {
+        let buried = self
+            .inner
+            .tombstones
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|t| t.kind == ResourceKind::Sandbox && t.id == id);
+        if !buried {
+            self.bury(ResourceKind::Sandbox, id, name, "its lease ended");
+        }
+        match self.delete_pod(id, self.inner.config.grace).await {
+            Ok(_) => self.forget(id),
+            Err(e) => {
+                tracing::warn!(sandbox = %id, "ending a lease: {e}");
+                // Try again shortly, not in a tight loop.
+                self.inner
+                    .leases
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id.to_string(), crate::now_millis() + 5_000);
+            }
+        }
     }
 
     /// Replace the Pod after `change` edits it, retrying when another writer got there first
@@ -399,7 +440,10 @@ impl KubeBackend {
             }
         }
         Err(Error::Backend {
-            message: format!("{} kept changing under concurrent updates", sandbox_what(id)),
+            message: format!(
+                "{} kept changing under concurrent updates",
+                sandbox_what(id)
+            ),
             retryable: true,
         })
     }
@@ -508,7 +552,11 @@ impl KubeBackend {
     /// Wait until Pod `name` is Ready (the agent listens).
     async fn wait_ready(&self, id: &str, created: &Pod) -> Result<Pod> {
         let name = spec::pod_name(id);
-        let version = created.metadata.resource_version.clone().unwrap_or_default();
+        let version = created
+            .metadata
+            .resource_version
+            .clone()
+            .unwrap_or_default();
         let what = format!("{} becoming ready", sandbox_what(id));
         self.watch_pod(
             &name,
@@ -568,9 +616,13 @@ impl KubeBackend {
         let version = pod.metadata.resource_version.clone().unwrap_or_default();
         let limit = grace + Duration::from_secs(60);
         let gone = self
-            .watch_pod(&name, version, limit, &format!("{what} being deleted"), |e| {
-                matches!(e, WatchEvent::Deleted(_)).then_some(Ok(()))
-            })
+            .watch_pod(
+                &name,
+                version,
+                limit,
+                &format!("{what} being deleted"),
+                |e| matches!(e, WatchEvent::Deleted(_)).then_some(Ok(())),
+            )
             .await;
         match gone {
             Ok(()) => Ok(true),
@@ -607,6 +659,18 @@ impl KubeBackend {
         agent::forget(self, id);
     }
 
+    /// Enforce the lease the Pod's record now says.
+    fn track_lease(&self, pod: &Pod) {
+        if let Some((record, _)) = spec::record_of(pod) {
+            self.inner
+                .leases
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(record.id, record.ends_at);
+            self.inner.wake.notify_one();
+        }
+    }
+
     /// Refuse what Kubernetes cannot honour, before any effect.
     fn check_create(&self, options: &CreateOptions) -> Result<()> {
         options.validate()?;
@@ -635,18 +699,14 @@ impl KubeBackend {
         if options.resources.max_processes.is_some() {
             return refuse(crate::Feature::ProcessLimit);
         }
-        if options.resources.max_open_files.is_some() {
-            return Err(Error::not_supported(
-                "an open-file limit (max_open_files)",
-                "omit it: on Kubernetes the container runtime's default applies",
-            ));
-        }
         if !options.volumes.is_empty() && !self.inner.config.volumes {
             return refuse(crate::Feature::Volumes);
         }
         if let Some(host) = &options.hostname {
             if !spec::is_label_part(host, false)
-                || host.bytes().any(|b| b.is_ascii_uppercase() || b == b'_' || b == b'.')
+                || host
+                    .bytes()
+                    .any(|b| b.is_ascii_uppercase() || b == b'_' || b == b'.')
             {
                 return Err(Error::invalid(format!(
                     "hostname {host:?}: on Kubernetes a hostname is lowercase letters, digits \
@@ -732,7 +792,7 @@ impl KubeBackend {
         for id in due {
             let name = match self.live_pod_any_lease(&id).await {
                 Ok(record) if record.ends_at > crate::now_millis() => {
-                    // Moved by another serving process: follow it.
+                    // Moved (set_timeout, stop) by another serving process: follow it.
                     self.inner
                         .leases
                         .lock()
@@ -743,23 +803,7 @@ impl KubeBackend {
                 Ok(record) => record.name,
                 Err(_) => None,
             };
-            match self.delete_pod(&id, self.inner.config.grace).await {
-                Ok(existed) => {
-                    self.forget(&id);
-                    if existed {
-                        self.bury(ResourceKind::Sandbox, &id, name, "its lease ended");
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(sandbox = %id, "ending a lease: {e}");
-                    // Try again shortly, not in a tight loop.
-                    self.inner
-                        .leases
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(id.clone(), crate::now_millis() + 5_000);
-                }
-            }
+            self.end_lease(&id, name).await;
         }
         self.inner
             .leases
@@ -855,6 +899,7 @@ impl Backend for KubeBackend {
             ends_at: now + lease.as_millis() as u64,
             volumes: options.volumes.clone(),
             hostname: options.hostname.clone(),
+            stopped_left_ms: None,
         };
         let token = agent_token(&self.inner.config.key, &id);
         let pod = spec::pod(
@@ -957,6 +1002,11 @@ impl Backend for KubeBackend {
                         max / 1000,
                         (ends_at - record.created_at) / 1000
                     )));
+                }
+                if record.stopped_left_ms.is_some() {
+                    // Stopped: the lease counts from the next start.
+                    record.stopped_left_ms = Some(lease.as_millis() as u64);
+                    return Ok(record.ends_at);
                 }
                 record.ends_at = ends_at;
                 Ok(ends_at)
@@ -1093,16 +1143,18 @@ impl Backend for KubeBackend {
     }
 
     async fn pause(&self, id: &str) -> Result<SandboxInfo> {
-        self.live_pod(id).await?;
+        let (_, record, _) = self.live_pod(id).await?;
+        refuse_if_stopped(id, &record, "pause")?;
         Err(Error::not_supported(
             crate::Feature::Pause.name(),
-            "Kubernetes cannot freeze a Pod: destroy the sandbox when done and keep its files \
-             in a volume",
+            "Kubernetes cannot freeze a Pod: stop the sandbox (processes end, files stay) or \
+             destroy it and keep its files in a volume",
         ))
     }
 
     async fn resume(&self, id: &str) -> Result<SandboxInfo> {
-        self.live_pod(id).await?;
+        let (_, record, _) = self.live_pod(id).await?;
+        refuse_if_stopped(id, &record, "resume")?;
         Err(Error::not_supported(
             crate::Feature::Pause.name(),
             "Kubernetes cannot freeze a Pod, so nothing is ever paused here",
@@ -1110,13 +1162,38 @@ impl Backend for KubeBackend {
     }
 
     async fn stop(&self, id: &str) -> Result<SandboxInfo> {
-        self.live_pod(id).await?;
-        Err(stop_start_refused())
+        let max = self.inner.config.max_lifetime.as_millis() as u64;
+        // Marked stopped first, so no new call starts work in it; then every process ends.
+        let (pod, ()) = self
+            .update_pod(id, |_, record, _| {
+                if record.stopped_left_ms.is_none() {
+                    let now = crate::now_millis();
+                    record.stopped_left_ms = Some(record.ends_at.saturating_sub(now));
+                    // Kept while stopped, up to the Pod's deadline.
+                    record.ends_at =
+                        (now + STOPPED_RETENTION.as_millis() as u64).min(record.created_at + max);
+                }
+                Ok(())
+            })
+            .await?;
+        agent::forget(self, id);
+        agent::end_every_process(self, id, &pod).await?;
+        self.track_lease(&pod);
+        spec::info_of(&pod).ok_or_else(|| Error::not_found(sandbox_what(id)))
     }
 
     async fn start(&self, id: &str) -> Result<SandboxInfo> {
-        self.live_pod(id).await?;
-        Err(stop_start_refused())
+        let max = self.inner.config.max_lifetime.as_millis() as u64;
+        let (pod, ()) = self
+            .update_pod(id, |_, record, _| {
+                if let Some(left) = record.stopped_left_ms.take() {
+                    record.ends_at = (crate::now_millis() + left).min(record.created_at + max);
+                }
+                Ok(())
+            })
+            .await?;
+        self.track_lease(&pod);
+        spec::info_of(&pod).ok_or_else(|| Error::not_found(sandbox_what(id)))
     }
 
     async fn metrics(&self, id: &str) -> Result<Metrics> {
@@ -1224,7 +1301,11 @@ impl Backend for KubeBackend {
             .iter()
             .filter(|c| c.metadata.deletion_timestamp.is_none())
             .filter_map(|c| {
-                let name = c.metadata.annotations.as_ref()?.get(spec::VOLUME_ANNOTATION)?;
+                let name = c
+                    .metadata
+                    .annotations
+                    .as_ref()?
+                    .get(spec::VOLUME_ANNOTATION)?;
                 (c.metadata.name.as_deref() == Some(spec::claim_name(name).as_str()))
                     .then(|| volume_info(name, c))
             })
@@ -1321,12 +1402,20 @@ fn volume_info(name: &str, claim: &PersistentVolumeClaim) -> VolumeInfo {
     }
 }
 
-fn stop_start_refused() -> Error {
-    Error::not_supported(
-        "stopping and starting sandboxes",
-        "a Pod cannot be stopped and restarted with its files: keep the files in a volume, \
-         destroy the sandbox and create a new one mounting it",
-    )
+/// How long a stopped sandbox is kept (bounded by its Pod's deadline), as on the embedded
+/// engine.
+const STOPPED_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// A call that needs a running sandbox, on a stopped one.
+fn refuse_if_stopped(id: &str, record: &PodRecord, what: &str) -> Result<()> {
+    if record.stopped_left_ms.is_some() {
+        return Err(Error::InvalidState {
+            id: id.to_string(),
+            state: "stopped".into(),
+            message: format!("cannot {what} a stopped sandbox: start it first"),
+        });
+    }
+    Ok(())
 }
 
 fn snapshots_refused() -> Error {

@@ -52,17 +52,19 @@ pub const DENY_EGRESS_POLICY: &str = "sandcove-deny-egress";
 /// internet only (no private, loopback or link-local ranges; DNS on port 53).
 pub const INTERNET_EGRESS_POLICY: &str = "sandcove-internet-egress";
 /// Environment of the in-pod agent: the address it listens on.
-pub const ENV_LISTEN: &str = "SANDCOVE_AGENT_LISTEN";
+pub const ENV_LISTEN: &str = crate::backend::agent_server::LISTEN_ENV;
 /// Environment of the in-pod agent: hex SHA-256 of its token (never the token itself).
-pub const ENV_TOKEN_SHA256: &str = "SANDCOVE_AGENT_TOKEN_SHA256";
+pub const ENV_TOKEN_SHA256: &str = crate::backend::agent_server::TOKEN_SHA256_ENV;
 /// Environment of the in-pod agent: the sandbox id.
-pub const ENV_SANDBOX: &str = "SANDCOVE_AGENT_SANDBOX";
+pub const ENV_SANDBOX: &str = crate::backend::agent_server::SANDBOX_ENV;
 /// Environment of the in-pod agent: the sandbox-wide environment of every process (JSON).
-pub const ENV_ENVS: &str = "SANDCOVE_AGENT_ENVS";
+pub const ENV_ENVS: &str = crate::backend::agent_server::ENVS_ENV;
+/// Environment of the in-pod agent: `RLIMIT_NOFILE` of every process.
+pub const ENV_MAX_OPEN_FILES: &str = crate::backend::agent_server::MAX_OPEN_FILES_ENV;
 /// Environment of the in-pod agent: the user name it reports.
-pub const ENV_USER: &str = "SANDCOVE_AGENT_USER";
+pub const ENV_USER: &str = crate::backend::agent_server::USER_ENV;
 /// Environment of the in-pod agent: the home and default working directory.
-pub const ENV_HOME: &str = "SANDCOVE_AGENT_HOME";
+pub const ENV_HOME: &str = crate::backend::agent_server::HOME_ENV;
 
 /// What a Pod needs beyond the sandbox's own options: the deployment's settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,6 +121,9 @@ pub struct PodRecord {
     /// The Pod's hostname, if one was asked for (else a prefix of the id).
     #[serde(default)]
     pub hostname: Option<String>,
+    /// Set while the sandbox is stopped: the lease time it had left, in ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_left_ms: Option<u64>,
 }
 
 /// The Pod name of sandbox `id`.
@@ -176,12 +181,7 @@ pub fn pod_labels(record: &PodRecord) -> BTreeMap<String, String> {
     if let Some(name) = &record.name {
         labels.insert(NAME_LABEL.to_string(), label_hash(name));
     }
-    labels.extend(
-        record
-            .labels
-            .iter()
-            .filter_map(|(k, v)| user_label(k, v)),
-    );
+    labels.extend(record.labels.iter().filter_map(|(k, v)| user_label(k, v)));
     labels
 }
 
@@ -236,7 +236,10 @@ pub fn resources(r: &Resources) -> Option<ResourceRequirements> {
         limits.insert("memory".to_string(), Quantity(format!("{mib}Mi")));
     }
     if let Some(mib) = r.disk_mib {
-        limits.insert("ephemeral-storage".to_string(), Quantity(format!("{mib}Mi")));
+        limits.insert(
+            "ephemeral-storage".to_string(),
+            Quantity(format!("{mib}Mi")),
+        );
     }
     (!limits.is_empty()).then(|| ResourceRequirements {
         requests: Some(limits.clone()),
@@ -328,6 +331,18 @@ pub fn pod(
         value: Some(value),
         ..Default::default()
     };
+    let mut envs = vec![
+        env(ENV_LISTEN, format!("0.0.0.0:{}", params.agent_port)),
+        env(ENV_TOKEN_SHA256, token_sha256.to_string()),
+        env(ENV_SANDBOX, record.id.clone()),
+        env(ENV_USER, record.user.name.clone()),
+        env(ENV_HOME, home.clone()),
+        env(ENV_ENVS, envs_json),
+        env("HOME", home.clone()),
+    ];
+    if let Some(n) = record.resources.max_open_files {
+        envs.push(env(ENV_MAX_OPEN_FILES, n.to_string()));
+    }
     let container = Container {
         name: CONTAINER.into(),
         image: Some(params.image.clone()),
@@ -338,15 +353,7 @@ pub fn pod(
             "--listen".into(),
             format!("0.0.0.0:{}", params.agent_port),
         ]),
-        env: Some(vec![
-            env(ENV_LISTEN, format!("0.0.0.0:{}", params.agent_port)),
-            env(ENV_TOKEN_SHA256, token_sha256.to_string()),
-            env(ENV_SANDBOX, record.id.clone()),
-            env(ENV_USER, record.user.name.clone()),
-            env(ENV_HOME, home.clone()),
-            env(ENV_ENVS, envs_json),
-            env("HOME", home.clone()),
-        ]),
+        env: Some(envs),
         working_dir: Some(home),
         ports: Some(vec![ContainerPort {
             name: Some("agent".into()),
@@ -469,10 +476,14 @@ pub fn state_of(pod: &Pod) -> SandboxState {
 /// What the backend reports about a sandbox Pod.
 pub fn info_of(pod: &Pod) -> Option<SandboxInfo> {
     let (record, annotations) = record_of(pod)?;
+    let state = match state_of(pod) {
+        SandboxState::Running if record.stopped_left_ms.is_some() => SandboxState::Stopped,
+        other => other,
+    };
     Some(SandboxInfo {
         id: record.id,
         name: record.name,
-        state: state_of(pod),
+        state,
         template: record.template,
         labels: record.labels,
         envs: record.envs,

@@ -49,6 +49,7 @@ fn record() -> PodRecord {
         ends_at: 301_000,
         volumes: Vec::new(),
         hostname: None,
+        stopped_left_ms: None,
     }
 }
 
@@ -71,9 +72,12 @@ fn the_pod_is_hardened_and_carries_its_state() {
             "label.sandcove.dev/team": "ml",
         })
     );
-    let recorded: PodRecord =
-        serde_json::from_str(meta["annotations"][spec::RECORD_ANNOTATION].as_str().unwrap())
-            .unwrap();
+    let recorded: PodRecord = serde_json::from_str(
+        meta["annotations"][spec::RECORD_ANNOTATION]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(recorded, record());
     assert_eq!(
         meta["annotations"][spec::ANNOTATIONS_ANNOTATION],
@@ -170,7 +174,10 @@ fn volumes_become_claims_mounted_at_their_paths() {
     );
     let pvc = serde_json::to_value(spec::volume_claim("sandboxes", "data", 1024, None)).unwrap();
     assert_eq!(pvc["metadata"]["name"], claim);
-    assert_eq!(pvc["metadata"]["annotations"]["sandcove.dev/volume"], "data");
+    assert_eq!(
+        pvc["metadata"]["annotations"]["sandcove.dev/volume"],
+        "data"
+    );
     assert_eq!(pvc["spec"]["accessModes"], json!(["ReadWriteOnce"]));
     assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "1024Mi");
 }
@@ -232,7 +239,12 @@ fn egress_policies_deny_by_default_and_keep_internet_off_private_ranges() {
         "internet"
     );
     let except = &internet["spec"]["egress"][0]["to"][0]["ipBlock"]["except"];
-    for private in ["10.0.0.0/8", "169.254.0.0/16", "127.0.0.0/8", "192.168.0.0/16"] {
+    for private in [
+        "10.0.0.0/8",
+        "169.254.0.0/16",
+        "127.0.0.0/8",
+        "192.168.0.0/16",
+    ] {
         assert!(
             except.as_array().unwrap().contains(&json!(private)),
             "{private}"
@@ -266,17 +278,27 @@ fn api_statuses_map_to_core_errors() {
 fn tokens_are_derived_per_sandbox_and_only_their_hash_is_sent() {
     let key = [9u8; 32];
     let a = agent_token(&key, "aaaa");
-    assert_eq!(a, agent_token(&key, "aaaa"), "a restarted server recomputes it");
+    assert_eq!(
+        a,
+        agent_token(&key, "aaaa"),
+        "a restarted server recomputes it"
+    );
     assert_ne!(a, agent_token(&key, "aaab"));
     assert_ne!(a, agent_token(&[8u8; 32], "aaaa"));
     assert_eq!(a.len(), 64);
     assert_eq!(token_sha256(&a).len(), 64);
     assert_ne!(token_sha256(&a), a);
     let mut config = KubeConfig::new("ns", "img", vec![1; 8]);
-    assert_eq!(config.check().unwrap_err().code(), ErrorCode::InvalidArgument);
+    assert_eq!(
+        config.check().unwrap_err().code(),
+        ErrorCode::InvalidArgument
+    );
     config.key = vec![1; 32];
     config.uid = 0;
-    assert_eq!(config.check().unwrap_err().code(), ErrorCode::InvalidArgument);
+    assert_eq!(
+        config.check().unwrap_err().code(),
+        ErrorCode::InvalidArgument
+    );
 }
 
 #[test]

@@ -75,6 +75,7 @@ fn prepare(config: &PodAgentConfig) -> Result<Record> {
         .unwrap_or_else(|| if uid == 0 { "root" } else { "user" }.to_string());
     let mut options = crate::CreateOptions::default();
     options.envs = config.envs.clone();
+    options.resources.max_open_files = config.max_open_files;
     let now = now_millis();
     let record = Record {
         id: config.sandbox.clone(),
