@@ -111,6 +111,26 @@ impl Drop for FakeCluster {
     }
 }
 
+/// Remove the scratch directories of earlier test programs that have ended (a shared fake is
+/// never dropped, so its directory outlives its program).
+fn remove_stale_scratch() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix("sandcove-fake-kube-") else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// The uid test Pods run as: 1000 when the tests run as root (the fake kubelet then runs
 /// each agent as that user, as `runAsUser` says), else the test's own uid (a rootless kubelet
 /// can run nothing else).
@@ -137,6 +157,7 @@ impl FakeCluster {
     /// Start a fake API server on 127.0.0.1 and its kubelet, on a runtime of their own (so
     /// they outlive the test that started them when shared, see [`FakeCluster::shared`]).
     pub fn start() -> FakeCluster {
+        remove_stale_scratch();
         let scratch = std::env::temp_dir().join(format!(
             "sandcove-fake-kube-{}-{}",
             std::process::id(),

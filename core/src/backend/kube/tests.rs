@@ -31,12 +31,11 @@ fn record() -> PodRecord {
             ("with space".into(), "x".into()),
         ]),
         envs: BTreeMap::from([("GREETING".into(), "hi".into())]),
-        resources: {
-            let mut r = Resources::default();
-            r.cpu = Some(1.5);
-            r.memory_mib = Some(512);
-            r.disk_mib = Some(2048);
-            r
+        resources: Resources {
+            cpu: Some(1.5),
+            memory_mib: Some(512),
+            disk_mib: Some(2048),
+            ..Default::default()
         },
         network: NetworkPolicy::None,
         user: UserInfo {

@@ -73,8 +73,10 @@ fn prepare(config: &PodAgentConfig) -> Result<Record> {
         .user
         .clone()
         .unwrap_or_else(|| if uid == 0 { "root" } else { "user" }.to_string());
-    let mut options = crate::CreateOptions::default();
-    options.envs = config.envs.clone();
+    let mut options = crate::CreateOptions {
+        envs: config.envs.clone(),
+        ..Default::default()
+    };
     options.resources.max_open_files = config.max_open_files;
     let now = now_millis();
     let record = Record {
