@@ -22,8 +22,8 @@ use crate::{Error, Result, SANDBOX_HOME};
 pub const LISTEN_ENV: &str = "SANDCOVE_AGENT_LISTEN";
 /// Env var: hex SHA-256 of the per-sandbox token.
 pub const TOKEN_SHA256_ENV: &str = "SANDCOVE_AGENT_TOKEN_SHA256";
-/// Env var: the user name reported for the agent's uid (default: `root` for uid 0, else
-/// `user`).
+/// Env var: the user name reported for the agent's uid (default `user`, the engine's default
+/// user name, whatever the uid).
 pub const USER_ENV: &str = "SANDCOVE_AGENT_USER";
 /// Env var: the sandbox home (default [`SANDBOX_HOME`]); created if missing.
 pub const HOME_ENV: &str = "SANDCOVE_AGENT_HOME";
@@ -61,7 +61,7 @@ pub struct PodAgentConfig {
     pub token_sha256: [u8; 32],
     /// Sandbox id.
     pub sandbox: String,
-    /// User name reported for the agent's uid; `None`: `root` for uid 0, else `user`.
+    /// User name reported for the agent's uid; `None`: `user`.
     pub user: Option<String>,
     /// The sandbox home (a sandbox path).
     pub home: String,
@@ -176,6 +176,78 @@ fn parse_sha256(hex: &str) -> Result<[u8; 32]> {
         *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
     }
     Ok(out)
+}
+
+/// A command starting an in-pod agent from the running program (any program linking this
+/// crate, a test binary included) with `config` in its environment and nothing else; its
+/// stdout is piped (the `listening on ADDR` line), its stderr inherited.
+pub fn pod_agent_command(config: &PodAgentConfig) -> Result<std::process::Command> {
+    super::local::ensure_role_hook();
+    let exe = std::env::current_exe().map_err(|e| Error::from_io(&e, "the running program"))?;
+    let hash: String = config
+        .token_sha256
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let envs =
+        serde_json::to_string(&config.envs).map_err(|e| Error::invalid(format!("envs: {e}")))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.env_clear()
+        .env("__SANDCOVE_ROLE", ROLE_POD_AGENT)
+        .env(LISTEN_ENV, config.listen.to_string())
+        .env(TOKEN_SHA256_ENV, hash)
+        .env(HOME_ENV, &config.home)
+        .env(SANDBOX_ENV, &config.sandbox)
+        .env(ENVS_ENV, envs)
+        .env(
+            HELLO_TIMEOUT_ENV,
+            config.hello_timeout.as_millis().to_string(),
+        )
+        .env(MAX_CONNECTIONS_ENV, config.max_connections.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit());
+    if let Some(user) = &config.user {
+        cmd.env(USER_ENV, user);
+    }
+    if let Some(root) = &config.root {
+        cmd.env(ROOT_ENV, root);
+    }
+    Ok(cmd)
+}
+
+/// Start an in-pod agent as a local process ([`pod_agent_command`]) and wait (blocking) for
+/// the address it listens on. A fake scheduler's "Pod start"; the caller owns the child.
+pub fn spawn_local_pod_agent(config: &PodAgentConfig) -> Result<(std::process::Child, SocketAddr)> {
+    use std::io::{BufRead as _, Read as _};
+    let mut child = pod_agent_command(config)?
+        .spawn()
+        .map_err(|e| Error::from_io(&e, "start the pod agent"))?;
+    let line = match child.stdout.take() {
+        Some(out) => {
+            let mut line = String::new();
+            // One short line; the bound keeps a confused child from filling memory.
+            let read = std::io::BufReader::new(out.take(256)).read_line(&mut line);
+            read.map(|_| line)
+        }
+        None => Ok(String::new()),
+    };
+    let addr = line.ok().and_then(|line| {
+        line.trim()
+            .strip_prefix("listening on ")
+            .and_then(|a| a.parse::<SocketAddr>().ok())
+    });
+    match addr {
+        Some(addr) => Ok((child, addr)),
+        None => {
+            let _ = child.kill();
+            let status = child.wait().ok();
+            Err(Error::Unavailable {
+                reason: format!("the pod agent did not start (exit: {status:?})"),
+                remedy: "see its stderr".into(),
+            })
+        }
+    }
 }
 
 /// Run the in-pod agent until it is killed: bind, print `listening on ADDR`, serve. Never

@@ -65,6 +65,12 @@ pub use self::preview::PreviewLimits;
 /// by a build speaking another version can be listed, inspected and destroyed, nothing else.
 pub use self::proto::PROTOCOL_VERSION;
 
+/// Keep the hook that turns a re-executed program into a monitor or an in-pod agent linked
+/// into the running program, whatever else it uses of this crate.
+pub(crate) fn ensure_role_hook() {
+    entry::ensure_linked();
+}
+
 /// Env var that opts in to running sandboxes without isolation where namespaces are missing.
 pub const ALLOW_UNISOLATED_ENV: &str = "SANDCOVE_ALLOW_UNISOLATED";
 

@@ -72,7 +72,7 @@ fn prepare(config: &PodAgentConfig) -> Result<Record> {
     let name = config
         .user
         .clone()
-        .unwrap_or_else(|| if uid == 0 { "root" } else { "user" }.to_string());
+        .unwrap_or_else(|| super::super::config::DEFAULT_USER_NAME.to_string());
     let mut options = crate::CreateOptions {
         envs: config.envs.clone(),
         ..Default::default()
@@ -133,8 +133,19 @@ async fn serve_tcp(agent: Arc<Agent>, config: PodAgentConfig) -> Result<()> {
     }
     let slots = Arc::new(tokio::sync::Semaphore::new(config.max_connections));
     let config = Arc::new(config);
+    // Deleting a Pod sends SIGTERM to its PID 1, which has no default action for it: end
+    // every sandbox process, then exit, instead of waiting out the grace period.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| Error::from_io(&e, "SIGTERM handler"))?;
     loop {
-        let (sock, _) = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = term.recv() => {
+                stop_all(&agent).await?;
+                return Ok(());
+            }
+        };
+        let (sock, _) = match accepted {
             Ok(accepted) => accepted,
             // Out of descriptors or memory: wait rather than spin.
             Err(_) => {

@@ -1,0 +1,691 @@
+//! The in-pod agent (the Kubernetes backend's sandbox entrypoint) started as a local process
+//! from this test binary, served over TCP on 127.0.0.1: the conformance cases about processes,
+//! files, watch, PTY and metrics through [`RemoteAgent`], and its front door (token, hello
+//! bounds, tunnel, users).
+//!
+//! Each "sandbox" of the small test backend below is one agent process with a scratch
+//! directory standing in for its `/` (the un-isolated mode's root prefix); there is no
+//! container here, so isolation itself is not what these tests check.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sandcove::backend::agent_client::{AgentIo, RemoteAgent, TcpDialer};
+use sandcove::backend::agent_server::{spawn_local_pod_agent, token_sha256_hex, PodAgentConfig};
+use sandcove::backend::{Backend, ByteStream, ProcessStream, WatchStream};
+use sandcove::conformance::{eventually, unique, PATIENCE};
+use sandcove::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One agent process.
+struct Pod {
+    child: std::process::Child,
+    addr: SocketAddr,
+    agent: RemoteAgent,
+    info: SandboxInfo,
+    root: PathBuf,
+}
+
+/// A minimal backend whose sandboxes are local pod agents: lifecycle is just start and kill;
+/// every sandbox-scoped call goes through [`RemoteAgent`].
+#[derive(Default)]
+struct PodAgents {
+    pods: Mutex<HashMap<String, Pod>>,
+}
+
+impl std::fmt::Debug for PodAgents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PodAgents")
+    }
+}
+
+impl Drop for PodAgents {
+    fn drop(&mut self) {
+        let pods: Vec<Pod> = self
+            .pods
+            .lock()
+            .unwrap()
+            .drain()
+            .map(|(_, pod)| pod)
+            .collect();
+        for pod in pods {
+            end_pod(pod);
+        }
+    }
+}
+
+/// SIGTERM (the agent ends its processes, as on a Pod deletion), SIGKILL if it lingers; the
+/// scratch root removed.
+fn end_pod(mut pod: Pod) {
+    let pid = pod.child.id() as i32;
+    // SAFETY: kill on the pid of a child we have not reaped yet.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match pod.child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            _ => {
+                let _ = pod.child.kill();
+                let _ = pod.child.wait();
+                break;
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&pod.root);
+}
+
+fn config(token: &str, root: Option<PathBuf>) -> PodAgentConfig {
+    let hash = token_sha256_hex(token);
+    let mut bytes = [0u8; 32];
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hash[2 * i..2 * i + 2], 16).unwrap();
+    }
+    let mut config = PodAgentConfig::new("127.0.0.1:0".parse().unwrap(), bytes);
+    config.root = root;
+    config
+}
+
+/// A scratch directory standing in for a container's `/`, with the `/tmp` a container has.
+fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(unique(&format!("pod-{tag}")));
+    std::fs::create_dir_all(dir.join("tmp")).unwrap();
+    dir
+}
+
+fn capabilities() -> Capabilities {
+    serde_json::from_value(serde_json::json!({
+        "backend": "pod-agent-test",
+        "isolated": false,
+        "multiple_users": false,
+        "persistent_sandboxes": false,
+        "host_network": true,
+        "process_limit": false,
+        "max_file_bytes": 4u64 << 30,
+        "output_limit": DEFAULT_OUTPUT_LIMIT,
+        "pause": false,
+        "previews": false,
+        "snapshots": false,
+        "volumes": false,
+        "watch": true,
+        "pty": true,
+        "metrics": true,
+    }))
+    .expect("capabilities")
+}
+
+fn unsupported(what: &str) -> Error {
+    Error::not_supported(what, "not part of the pod agent test backend")
+}
+
+impl PodAgents {
+    fn agent(&self, id: &str) -> Result<RemoteAgent> {
+        self.pods
+            .lock()
+            .unwrap()
+            .get(id)
+            .map(|p| p.agent.clone())
+            .ok_or_else(|| Error::not_found(format!("sandbox {id:?}")))
+    }
+}
+
+#[async_trait]
+impl Backend for PodAgents {
+    fn capabilities(&self) -> Capabilities {
+        capabilities()
+    }
+    async fn ready(&self) -> Result<Capabilities> {
+        Ok(capabilities())
+    }
+    async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
+        options.validate()?;
+        let id = random_id(20);
+        let token = random_id(32);
+        let root = scratch("root");
+        let mut config = config(&token, Some(root.clone()));
+        config.envs = options.envs.clone();
+        config.sandbox = id.clone();
+        config.user = options.user.clone();
+        let home = options.home.clone().unwrap_or_else(|| SANDBOX_HOME.into());
+        config.home = home.clone();
+        let user = options.user.clone().unwrap_or_else(|| "user".into());
+        let (child, addr) = tokio::task::spawn_blocking(move || spawn_local_pod_agent(&config))
+            .await
+            .unwrap()?;
+        let agent = RemoteAgent::new(&id, Arc::new(TcpDialer::new(addr)), token);
+        agent.ready().await?;
+        let now = now_millis();
+        let info: SandboxInfo = serde_json::from_value(serde_json::json!({
+            "id": id,
+            "name": options.name,
+            "state": "running",
+            "template": "base",
+            "labels": options.labels,
+            "envs": options.envs,
+            "resources": options.resources,
+            "network": options.network,
+            "user": {"name": user, "uid": 0, "gid": 0, "home": home},
+            "created_at": now,
+            "ends_at": now + 600_000,
+        }))
+        .map_err(|e| Error::backend(e.to_string()))?;
+        self.pods.lock().unwrap().insert(
+            id,
+            Pod {
+                child,
+                addr,
+                agent,
+                info: info.clone(),
+                root,
+            },
+        );
+        Ok(info)
+    }
+    async fn get(&self, id: &str) -> Result<SandboxInfo> {
+        self.pods
+            .lock()
+            .unwrap()
+            .get(id)
+            .map(|p| p.info.clone())
+            .ok_or_else(|| Error::not_found(format!("sandbox {id:?}")))
+    }
+    async fn list(&self, _options: ListOptions) -> Result<Vec<SandboxInfo>> {
+        Ok(self
+            .pods
+            .lock()
+            .unwrap()
+            .values()
+            .map(|p| p.info.clone())
+            .collect())
+    }
+    async fn set_timeout(&self, _id: &str, _timeout: Duration) -> Result<SandboxInfo> {
+        Err(unsupported("set_timeout"))
+    }
+    async fn set_labels(
+        &self,
+        _id: &str,
+        _labels: BTreeMap<String, String>,
+    ) -> Result<SandboxInfo> {
+        Err(unsupported("set_labels"))
+    }
+    async fn update_annotations(
+        &self,
+        _id: &str,
+        _update: AnnotationUpdate,
+    ) -> Result<BTreeMap<String, String>> {
+        Err(unsupported("annotations"))
+    }
+    async fn destroy(&self, id: &str) -> Result<()> {
+        let pod = self.pods.lock().unwrap().remove(id);
+        let pod = pod.ok_or_else(|| Error::not_found(format!("sandbox {id:?}")))?;
+        tokio::task::spawn_blocking(move || end_pod(pod))
+            .await
+            .unwrap();
+        Ok(())
+    }
+    async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
+        self.agent(id)?.spawn(spec).await
+    }
+    async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream> {
+        self.agent(id)?.attach(process).await
+    }
+    async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
+        self.agent(id)?.write_stdin(process, data).await
+    }
+    async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()> {
+        self.agent(id)?.close_stdin(process).await
+    }
+    async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
+        self.agent(id)?.signal(process, signal).await
+    }
+    async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
+        self.agent(id)?.list_processes().await
+    }
+    async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream> {
+        self.agent(id)?.read_file(path, options).await
+    }
+    async fn write_file(
+        &self,
+        id: &str,
+        path: &str,
+        data: ByteStream,
+        options: WriteOptions,
+    ) -> Result<FileStat> {
+        self.agent(id)?.write_file(path, data, options).await
+    }
+    async fn list_dir(
+        &self,
+        id: &str,
+        path: &str,
+        options: ListDirOptions,
+    ) -> Result<Vec<FileStat>> {
+        self.agent(id)?.list_dir(path, options).await
+    }
+    async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat> {
+        self.agent(id)?.stat(path, options).await
+    }
+    async fn mkdir(&self, id: &str, path: &str, options: MkdirOptions) -> Result<FileStat> {
+        self.agent(id)?.mkdir(path, options).await
+    }
+    async fn remove(&self, id: &str, path: &str, options: RemoveOptions) -> Result<()> {
+        self.agent(id)?.remove(path, options).await
+    }
+    async fn rename(
+        &self,
+        id: &str,
+        from: &str,
+        to: &str,
+        options: RenameOptions,
+    ) -> Result<FileStat> {
+        self.agent(id)?.rename(from, to, options).await
+    }
+    async fn copy(&self, id: &str, from: &str, to: &str, options: CopyOptions) -> Result<FileStat> {
+        self.agent(id)?.copy(from, to, options).await
+    }
+    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
+        self.agent(id)?.chmod(path, mode).await
+    }
+    async fn pause(&self, _id: &str) -> Result<SandboxInfo> {
+        Err(unsupported("pause"))
+    }
+    async fn resume(&self, _id: &str) -> Result<SandboxInfo> {
+        Err(unsupported("pause"))
+    }
+    async fn stop(&self, _id: &str) -> Result<SandboxInfo> {
+        Err(unsupported("stop"))
+    }
+    async fn start(&self, _id: &str) -> Result<SandboxInfo> {
+        Err(unsupported("stop"))
+    }
+    async fn metrics(&self, id: &str) -> Result<Metrics> {
+        self.agent(id)?.metrics().await
+    }
+    async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
+        self.agent(id)?.resize_pty(process, size).await
+    }
+    async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
+        self.agent(id)?.watch(path, options).await
+    }
+    async fn expose_port(&self, _id: &str, _options: PreviewOptions) -> Result<Preview> {
+        Err(unsupported("previews"))
+    }
+    async fn list_previews(&self, _id: &str) -> Result<Vec<Preview>> {
+        Err(unsupported("previews"))
+    }
+    async fn close_preview(&self, _id: &str, _port: u16) -> Result<()> {
+        Err(unsupported("previews"))
+    }
+    async fn create_preview_token(
+        &self,
+        _id: &str,
+        _port: u16,
+        _expires_at: Option<UnixMillis>,
+    ) -> Result<PreviewToken> {
+        Err(unsupported("previews"))
+    }
+    async fn revoke_preview_token(&self, _id: &str, _port: u16, _token: &str) -> Result<()> {
+        Err(unsupported("previews"))
+    }
+    async fn snapshot(&self, _id: &str, _name: Option<String>) -> Result<SnapshotInfo> {
+        Err(unsupported("snapshots"))
+    }
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+        Err(unsupported("snapshots"))
+    }
+    async fn delete_snapshot(&self, _snapshot_id: &str) -> Result<()> {
+        Err(unsupported("snapshots"))
+    }
+    async fn fork(&self, _id: &str, _options: CreateOptions) -> Result<SandboxInfo> {
+        Err(unsupported("snapshots"))
+    }
+    async fn create_volume(&self, _name: &str) -> Result<VolumeInfo> {
+        Err(unsupported("volumes"))
+    }
+    async fn get_volume(&self, _name: &str) -> Result<VolumeInfo> {
+        Err(unsupported("volumes"))
+    }
+    async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
+        Err(unsupported("volumes"))
+    }
+    async fn delete_volume(&self, _name: &str) -> Result<()> {
+        Err(unsupported("volumes"))
+    }
+    async fn tombstone(&self, _kind: ResourceKind, _id: &str) -> Result<Option<Tombstone>> {
+        Ok(None)
+    }
+    async fn observe(&self, _operation: &OperationId) -> Result<OperationStatus> {
+        Err(unsupported("operation records"))
+    }
+}
+
+async fn pods() -> Arc<dyn Backend> {
+    Arc::new(PodAgents::default())
+}
+
+sandcove::conformance_tests!(@cases pods();
+    argv_and_shell_commands,
+    exit_codes_and_stderr,
+    output_is_binary_safe,
+    large_output_streams_without_loss,
+    sandbox_and_process_envs,
+    bad_process_input_is_refused,
+    missing_binary_is_not_found,
+    working_directory,
+    default_user_and_home,
+    running_as_another_user,
+    stdin_write_and_close,
+    signals_and_kill_mid_stream,
+    process_timeout_kills_the_group,
+    list_and_attach_processes,
+    attach_marks_where_live_output_starts,
+    restart_policy_restarts_failures,
+    file_calls_as_a_user,
+    file_round_trip_and_metadata,
+    large_file_round_trip,
+    file_byte_bounds,
+    no_clobber_writes_renames_and_copies,
+    copy_files_and_trees,
+    exists_tells_missing_from_unknown,
+    directory_operations,
+    file_errors_are_typed,
+    failed_uploads_leave_nothing_behind,
+    file_api_cannot_escape,
+    destroy_ends_background_processes,
+    watch_reports_changes,
+    pty_processes,
+    metrics_report_usage,
+);
+
+// ---------------------------------------------------------------------------------------------
+// The front door
+// ---------------------------------------------------------------------------------------------
+
+/// One agent with a scratch root, ended on drop.
+struct OnePod {
+    pod: Option<Pod>,
+    token: String,
+}
+
+impl Drop for OnePod {
+    fn drop(&mut self) {
+        if let Some(pod) = self.pod.take() {
+            end_pod(pod);
+        }
+    }
+}
+
+impl OnePod {
+    async fn start(tag: &str, tweak: impl FnOnce(&mut PodAgentConfig) + Send + 'static) -> OnePod {
+        let token = random_id(32);
+        let root = scratch(tag);
+        let mut config = config(&token, Some(root.clone()));
+        tweak(&mut config);
+        let (child, addr) = tokio::task::spawn_blocking(move || spawn_local_pod_agent(&config))
+            .await
+            .unwrap()
+            .expect("start a pod agent");
+        let agent = RemoteAgent::new(tag, Arc::new(TcpDialer::new(addr)), token.clone());
+        let info: SandboxInfo = serde_json::from_value(serde_json::json!({
+            "id": tag, "state": "running", "template": "base", "labels": {}, "envs": {},
+            "resources": {}, "network": "none",
+            "user": {"name": "user", "uid": 0, "gid": 0, "home": SANDBOX_HOME},
+            "created_at": 0, "ends_at": 0,
+        }))
+        .unwrap();
+        OnePod {
+            pod: Some(Pod {
+                child,
+                addr,
+                agent,
+                info,
+                root,
+            }),
+            token,
+        }
+    }
+    fn pod(&self) -> &Pod {
+        self.pod.as_ref().unwrap()
+    }
+    fn agent(&self) -> &RemoteAgent {
+        &self.pod().agent
+    }
+    fn with_token(&self, token: &str) -> RemoteAgent {
+        RemoteAgent::new(
+            "other",
+            Arc::new(TcpDialer::new(self.pod().addr)),
+            token.to_string(),
+        )
+    }
+    fn root(&self) -> &std::path::Path {
+        &self.pod().root
+    }
+}
+
+/// A raw frame as the protocol lays it out.
+fn frame(header: &serde_json::Value) -> Vec<u8> {
+    let head = serde_json::to_vec(header).unwrap();
+    let mut out = Vec::new();
+    out.extend_from_slice(&(head.len() as u32).to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&head);
+    out
+}
+
+/// Read one reply frame's header from a raw connection (`None` at EOF or a reset).
+async fn read_header(sock: &mut tokio::net::TcpStream) -> Option<serde_json::Value> {
+    let mut prefix = [0u8; 8];
+    sock.read_exact(&mut prefix).await.ok()?;
+    let hlen = u32::from_le_bytes(prefix[..4].try_into().unwrap()) as usize;
+    let blen = u32::from_le_bytes(prefix[4..].try_into().unwrap()) as usize;
+    let mut head = vec![0u8; hlen];
+    sock.read_exact(&mut head).await.ok()?;
+    let mut body = vec![0u8; blen];
+    sock.read_exact(&mut body).await.ok()?;
+    serde_json::from_slice(&head).ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_token_is_refused_before_any_effect() {
+    let pod = OnePod::start("wrongtoken", |_| {}).await;
+    pod.agent()
+        .ready()
+        .await
+        .expect("the right token is accepted");
+    let marker = "/workspace/made-by-a-stranger";
+    let intruder = pod.with_token("not-the-token");
+    let err = intruder
+        .write_file(
+            marker,
+            Box::pin(futures::stream::once(async { Ok(b"x".to_vec()) })),
+            WriteOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unauthenticated { .. }), "{err:?}");
+    let spec = ProcessSpec::new(Command::sh(format!("echo x > {marker}")));
+    let err = intruder.spawn(spec).await.unwrap_err();
+    assert!(matches!(err, Error::Unauthenticated { .. }), "{err:?}");
+    // Nothing happened: no file, no process.
+    assert!(!pod.root().join("workspace/made-by-a-stranger").exists());
+    assert!(pod.agent().list_processes().await.unwrap().is_empty());
+    // The token is the token itself, not its hash (which a Pod spec shows).
+    let hash = token_sha256_hex(&pod.token);
+    let err = pod.with_token(&hash).ready().await.unwrap_err();
+    assert!(matches!(err, Error::Unauthenticated { .. }), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hello_without_a_token_is_refused() {
+    let pod = OnePod::start("notoken", |_| {}).await;
+    let mut sock = tokio::net::TcpStream::connect(pod.pod().addr)
+        .await
+        .unwrap();
+    let hello = serde_json::json!({"version": sandcove::backend::local::PROTOCOL_VERSION});
+    let mut bytes = frame(&hello);
+    bytes.extend(frame(&serde_json::json!({"op": "list_processes"})));
+    sock.write_all(&bytes).await.unwrap();
+    let reply = read_header(&mut sock).await.expect("a refusal frame");
+    assert_eq!(reply["kind"], "error", "{reply}");
+    assert_eq!(reply["error"]["code"], "unauthenticated", "{reply}");
+    // And the connection ends there: the request was never answered.
+    assert!(read_header(&mut sock).await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_hello_is_refused_unread() {
+    let pod = OnePod::start("bighello", |_| {}).await;
+    let mut sock = tokio::net::TcpStream::connect(pod.pod().addr)
+        .await
+        .unwrap();
+    // A header length far past the hello bound (but within the protocol's frame bound): the
+    // agent must refuse from the length alone.
+    let mut prefix = Vec::new();
+    prefix.extend_from_slice(&(1u32 << 20).to_le_bytes());
+    prefix.extend_from_slice(&0u32.to_le_bytes());
+    sock.write_all(&prefix).await.unwrap();
+    let reply = tokio::time::timeout(PATIENCE, read_header(&mut sock))
+        .await
+        .expect("answered without waiting for the announced megabyte")
+        .expect("a refusal frame");
+    assert_eq!(reply["kind"], "error", "{reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("hello"),
+        "{reply}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_hello_is_dropped() {
+    let pod = OnePod::start("slowhello", |c| {
+        c.hello_timeout = Duration::from_millis(300);
+        c.max_connections = 2;
+    })
+    .await;
+    // Two connections that send half a prefix and stall: they hold every slot, until the
+    // hello deadline drops them.
+    let mut slow = Vec::new();
+    for _ in 0..2 {
+        let mut sock = tokio::net::TcpStream::connect(pod.pod().addr)
+            .await
+            .unwrap();
+        sock.write_all(&[1, 0, 0]).await.unwrap();
+        slow.push(sock);
+    }
+    for sock in &mut slow {
+        // The agent closes it: EOF (or a reset), never a reply.
+        let mut buf = [0u8; 1];
+        let got = tokio::time::timeout(PATIENCE, sock.read(&mut buf))
+            .await
+            .expect("the slow connection is dropped");
+        assert!(matches!(got, Ok(0) | Err(_)), "{got:?}");
+    }
+    // Once they are gone, a real client is served.
+    eventually(
+        PATIENCE,
+        "a client is served after the slow ones",
+        || async { pod.agent().ready().await },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_bound_are_refused() {
+    let pod = OnePod::start("maxconn", |c| {
+        c.max_connections = 1;
+        c.hello_timeout = Duration::from_secs(120);
+    })
+    .await;
+    // One stalled connection holds the only slot.
+    let mut holder = tokio::net::TcpStream::connect(pod.pod().addr)
+        .await
+        .unwrap();
+    holder.write_all(&[1]).await.unwrap();
+    let err = eventually(PATIENCE, "a second connection is refused", || async {
+        match pod.agent().ready().await {
+            Err(e @ Error::RateLimited { .. }) => Ok(e),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(err.to_string().contains("at most 1"), "{err}");
+    drop(holder);
+    eventually(PATIENCE, "served once the slot is free", || async {
+        pod.agent().ready().await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_reaches_a_server_on_the_agents_loopback() {
+    let pod = OnePod::start("tunnel", |_| {}).await;
+    // A server listening on 127.0.0.1 only, as a sandboxed program would.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut buf = [0u8; 5];
+        sock.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"hello");
+        sock.write_all(b"world").await.unwrap();
+    });
+    let mut io: Box<dyn AgentIo> = pod.agent().tunnel(port).await.expect("tunnel");
+    io.write_all(b"hello").await.unwrap();
+    let mut buf = [0u8; 5];
+    io.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"world");
+    server.await.unwrap();
+    // Nothing listening: a typed refusal, not a pipe to nowhere.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead_port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let err = pod.agent().tunnel(dead_port).await.err().expect("refused");
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    // And a stranger gets no tunnel.
+    let err = pod
+        .with_token("nope")
+        .tunnel(port)
+        .await
+        .err()
+        .expect("refused");
+    assert!(matches!(err, Error::Unauthenticated { .. }), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_for_an_unknown_user_is_refused() {
+    let pod = OnePod::start("users", |_| {}).await;
+    let mut spec = ProcessSpec::new(Command::sh("id -u > /dev/null"));
+    spec.user = Some("someone-else".into());
+    let err = pod.agent().spawn(spec).await.unwrap_err();
+    assert!(matches!(err, Error::NotSupported { .. }), "{err:?}");
+    let mut options = StatOptions::default();
+    options.user = Some("someone-else".into());
+    let err = pod.agent().stat("/workspace", options).await.unwrap_err();
+    assert!(matches!(err, Error::NotSupported { .. }), "{err:?}");
+    assert!(pod.agent().list_processes().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_requests_are_not_served_by_the_pod_agent() {
+    let pod = OnePod::start("lifecycle", |_| {}).await;
+    let mut sock = tokio::net::TcpStream::connect(pod.pod().addr)
+        .await
+        .unwrap();
+    let hello = serde_json::json!({
+        "version": sandcove::backend::local::PROTOCOL_VERSION,
+        "token": pod.token,
+        "request": {"op": "destroy"},
+    });
+    sock.write_all(&frame(&hello)).await.unwrap();
+    let reply = read_header(&mut sock).await.expect("a refusal frame");
+    assert_eq!(reply["error"]["code"], "not_supported", "{reply}");
+    pod.agent().ready().await.expect("still serving");
+}
