@@ -64,6 +64,12 @@ fn js_sdk_gaps_raise_the_sdk_error_with_the_alternative() {
 }
 
 /// `downloadUrl`/`uploadUrl` fetched with plain `fetch`, and gzip transfers.
+/// `createSnapshot`, `listSnapshots`, a snapshot as template, `deleteSnapshot`, `fork`.
+#[test]
+fn js_sdk_snapshots_and_fork() {
+    check_js_program("e2b_snapshots");
+}
+
 #[test]
 fn js_sdk_file_urls_and_gzip() {
     check_js_program("e2b_urls");
@@ -117,6 +123,12 @@ fn python_sdk_async_and_streamed_watch() {
 #[test]
 fn python_sdk_gaps_raise_the_sdk_exception_with_the_alternative() {
     check_program(E2B_PINS, "e2b_gaps");
+}
+
+/// `create_snapshot`, `list_snapshots`, a snapshot as `template`, `delete_snapshot`, `fork`.
+#[test]
+fn python_sdk_snapshots_and_fork() {
+    check_program(E2B_PINS, "e2b_snapshots");
 }
 
 /// `download_url`/`upload_url` fetched with plain httpx, gzip transfers, `stream_input`.

@@ -756,10 +756,6 @@ async fn gaps_are_refused_with_the_alternative_before_any_effect() {
         refused(status, &r.json().await.unwrap(), &create.to_string());
     }
     let routes = [
-        ("POST", format!("/sandboxes/{id}/snapshots")),
-        ("GET", "/snapshots".to_string()),
-        ("DELETE", "/templates/snap-gaps".to_string()),
-        ("POST", format!("/sandboxes/{id}/fork")),
         ("PUT", format!("/sandboxes/{id}/network")),
         ("GET", format!("/sandboxes/{id}/logs")),
         ("GET", format!("/v2/sandboxes/{id}/logs")),
@@ -1322,4 +1318,143 @@ while True:
         .expect("closed after the client's end")
         .unwrap();
     assert!(rest.is_empty(), "{rest:?}");
+}
+
+/// Snapshots and fork answer as E2B's API does: `201 {"snapshotID", "names"}`, a paged
+/// `GET /snapshots` (`x-next-token`), `DELETE /templates/{id}` `204` then `404`, a fork
+/// `201 [{"sandbox": …}]` per fork whose sandboxes hold the source's files; a bad count is
+/// `400` and a missing source `404`, before any effect; other `/templates` calls stay refused.
+#[tokio::test]
+async fn snapshots_and_fork_answer_as_e2b_does() {
+    let env = env().await;
+    let (id, _) = env.create().await;
+    let bytes: sandcove::ByteStream = Box::pin(futures::stream::iter([Ok(b"kept".to_vec())]));
+    env.backend
+        .write_file(&id, "/home/user/state.txt", bytes, Default::default())
+        .await
+        .unwrap();
+    let call = |method: &str, path: String, body: Value| {
+        env.http
+            .request(method.parse().unwrap(), format!("{}{path}", env.url))
+            .header("X-API-KEY", KEY)
+            .json(&body)
+    };
+    let mut taken = Vec::new();
+    for name in ["first", "second"] {
+        let r = call(
+            "POST",
+            format!("/sandboxes/{id}/snapshots"),
+            json!({"name": name}),
+        )
+        .send()
+        .await
+        .unwrap();
+        assert_eq!(r.status().as_u16(), 201);
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["names"], json!([name]), "{body}");
+        taken.push(body["snapshotID"].as_str().unwrap().to_string());
+    }
+    let r = call(
+        "POST",
+        "/sandboxes/no-such-sandbox/snapshots".into(),
+        json!({}),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    // Paged newest first, one per page.
+    let r = call(
+        "GET",
+        format!("/snapshots?sandboxID={id}&limit=1"),
+        Value::Null,
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let next = r.headers()["x-next-token"].to_str().unwrap().to_string();
+    let page: Value = r.json().await.unwrap();
+    assert_eq!(page.as_array().unwrap().len(), 1, "{page}");
+    let r = call(
+        "GET",
+        format!("/snapshots?sandboxID={id}&limit=1&nextToken={next}"),
+        Value::Null,
+    )
+    .send()
+    .await
+    .unwrap();
+    assert!(r.headers().get("x-next-token").is_none());
+    let second: Value = r.json().await.unwrap();
+    let mut seen = vec![
+        page[0]["snapshotID"].as_str().unwrap().to_string(),
+        second[0]["snapshotID"].as_str().unwrap().to_string(),
+    ];
+    seen.sort();
+    let mut expected = taken.clone();
+    expected.sort();
+    assert_eq!(seen, expected);
+
+    // Fork: a bad count and a missing source change nothing.
+    let before = env.backend.list(Default::default()).await.unwrap().len();
+    let r = call("POST", format!("/sandboxes/{id}/fork"), json!({"count": 0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let r = call(
+        "POST",
+        "/sandboxes/no-such-sandbox/fork".into(),
+        json!({"count": 1}),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    assert_eq!(
+        env.backend.list(Default::default()).await.unwrap().len(),
+        before
+    );
+    let r = call(
+        "POST",
+        format!("/sandboxes/{id}/fork"),
+        json!({"count": 2, "timeout": 60}),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let forks: Value = r.json().await.unwrap();
+    let forks = forks.as_array().unwrap();
+    assert_eq!(forks.len(), 2, "{forks:?}");
+    for fork in forks {
+        let sandbox = &fork["sandbox"];
+        assert!(fork.get("error").is_none(), "{fork}");
+        assert!(sandbox["envdAccessToken"].is_string(), "{fork}");
+        let fork_id = sandbox["sandboxID"].as_str().unwrap();
+        assert_ne!(fork_id, id);
+        let read = sandcove::conformance::names_in(&*env.backend, fork_id, "/home/user").await;
+        assert!(read.contains(&"state.txt".to_string()), "{read:?}");
+        env.backend.destroy(fork_id).await.unwrap();
+    }
+
+    // Delete: 204, then 404; the template-build API stays refused.
+    for (status, snapshot) in [(204, &taken[0]), (404, &taken[0]), (204, &taken[1])] {
+        let r = call("DELETE", format!("/templates/{snapshot}"), Value::Null)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "DELETE {snapshot}");
+    }
+    for method in ["GET", "PATCH"] {
+        let r = call(method, "/templates/some-template".into(), Value::Null)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status().as_u16(),
+            501,
+            "{method} /templates/some-template"
+        );
+    }
 }

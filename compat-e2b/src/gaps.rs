@@ -79,16 +79,6 @@ pub const GAPS: &[Gap] = &[
         alternative: "language='python', or run the interpreter with commands.run",
     },
     Gap {
-        key: "wire_snapshots",
-        feature: "create_snapshot / list_snapshots / delete_snapshot over E2B's wire protocol (sandcove serve --e2b)",
-        alternative: "the Rust facade compat-e2b or sandcove's native API (sandcove::Sandbox::snapshot), which have snapshots",
-    },
-    Gap {
-        key: "wire_fork",
-        feature: "Sandbox.fork over E2B's wire protocol (sandcove serve --e2b)",
-        alternative: "the Rust facade compat-e2b or sandcove's native API, which have fork; or create another sandbox",
-    },
-    Gap {
         key: "sandbox_logs",
         feature: "sandbox logs (GET /sandboxes/{id}/logs)",
         alternative: "read your program's output with commands.run(..., on_stdout=...) or write it to a file and read it with files.read",

@@ -235,13 +235,7 @@ impl Sandbox {
     /// `Sandbox.delete_snapshot(snapshot_id, **opts) -> bool`: `false` when not found.
     pub fn delete_snapshot(snapshot_id: impl Into<String>) -> Call<bool> {
         let id = snapshot_id.into();
-        Call::new(async move {
-            match client()?.delete_snapshot(&id).await {
-                Ok(()) => Ok(true),
-                Err(e) if e.is_not_found() => Ok(false),
-                Err(e) => Err(e.into()),
-            }
-        })
+        Call::new(async move { delete_snapshot_on(&client()?, &id).await })
     }
 
     /// `Sandbox.fork(sandbox_id, timeout=None, count=None, **opts) -> list[Sandbox |
@@ -613,7 +607,24 @@ impl<S> CreateBuilder<S> {
             };
             match snapshot {
                 Some(s) => options.snapshot = Some(s.id),
-                None => return Err(refuse("custom_template")),
+                None => {
+                    // A snapshot this runtime deleted is not found (and says when), not a
+                    // custom template.
+                    let deleted = if caps.snapshots {
+                        client
+                            .backend()
+                            .tombstone(sandcove::ResourceKind::Snapshot, &template)
+                            .await
+                            .ok()
+                            .flatten()
+                    } else {
+                        None
+                    };
+                    return Err(match deleted {
+                        Some(t) => t.to_error().into(),
+                        None => refuse("custom_template"),
+                    });
+                }
             }
         }
         // Which vendor made it (and from what), kept outside the sandbox: `sandcove ls`
@@ -1234,12 +1245,20 @@ impl SnapshotPaginator {
 
     /// `next_items() -> list[SnapshotInfo]`.
     pub async fn next_items(&mut self) -> Result<Vec<SnapshotInfo>> {
+        self.next_items_on(&client()?).await
+    }
+
+    /// One page from `client`'s runtime (the wire listener's client, or the facade's).
+    pub(crate) async fn next_items_on(
+        &mut self,
+        client: &sandcove::Client,
+    ) -> Result<Vec<SnapshotInfo>> {
         if !self.has_next {
             return Err(SandboxException::sandbox("No more items to fetch"));
         }
         let limit = page_limit(self.limit)?;
         let offset = page_offset(self.next_token.as_deref())?;
-        let mut all: Vec<sandcove::SnapshotInfo> = client()?
+        let mut all: Vec<sandcove::SnapshotInfo> = client
             .snapshots()
             .await?
             .into_iter()
@@ -1248,10 +1267,11 @@ impl SnapshotPaginator {
                     .as_deref()
                     .is_none_or(|id| s.sandbox_id == id)
             })
+            // E2B filters by name or id.
             .filter(|s| {
                 self.name
                     .as_deref()
-                    .is_none_or(|n| s.name.as_deref() == Some(n))
+                    .is_none_or(|n| s.name.as_deref() == Some(n) || s.id == n)
             })
             .collect();
         all.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
@@ -1436,10 +1456,7 @@ impl IntoFuture for SnapshotBuilder {
     type Output = Result<SnapshotInfo>;
     type IntoFuture = BoxFuture<'static, SnapshotInfo>;
     fn into_future(self) -> Self::IntoFuture {
-        Box::pin(async move {
-            let s = self.ctx.core.snapshot(self.name).await?;
-            Ok(SnapshotInfo::from_core(&s))
-        })
+        Box::pin(async move { create_snapshot_of(&self.ctx.core, self.name).await })
     }
 }
 
@@ -1471,46 +1488,86 @@ impl IntoFuture for ForkBuilder {
     type IntoFuture = BoxFuture<'static, Vec<Result<Sandbox>>>;
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            let count = self.count.unwrap_or(1);
-            if !(1..=100).contains(&count) {
-                return Err(SandboxException::invalid_argument(format!(
-                    "count must be between 1 and 100, got {count}"
-                )));
-            }
             let client = client()?;
-            let parent = client.sandbox(&self.sandbox_id);
-            let source = parent.info().await?;
-            if !client.ready().await?.snapshots {
-                return Err(sandcove::Error::not_supported(
-                    "Sandbox.fork",
-                    "this runtime has no snapshots yet; create a new sandbox and copy files",
-                )
-                .into());
-            }
-            let mut options = CreateOptions::default();
-            options.timeout = Some(whole_seconds(self.timeout)?);
-            options.envs = source.envs.clone();
-            options.labels = source.labels.clone();
-            options.network = source.network.clone();
-            options.user = Some(source.user.name.clone());
-            options.home = Some(source.user.home.clone());
-            let mut out = Vec::new();
-            for _ in 0..count {
-                let made = parent
-                    .fork_described(options.clone())
-                    .await
-                    .map(|(_, info)| {
+            let forks = fork_on(&client, &self.sandbox_id, self.timeout, self.count).await?;
+            Ok(forks
+                .into_iter()
+                .map(|made| {
+                    made.map(|info| {
                         let config = ConnectionConfig {
                             domain: SANDBOX_DOMAIN.into(),
                             ..Default::default()
                         };
                         Sandbox::from_ctx(Inner::from_info(&client, &info), config)
                     })
-                    .map_err(SandboxException::from);
-                out.push(made);
-            }
-            Ok(out)
+                })
+                .collect())
         })
+    }
+}
+
+/// `fork(timeout, count)` on `client`'s runtime: each fork is a sandbox from a snapshot of
+/// the source's files, with the source's envs, labels, network and user, or the exception
+/// that fork met (one failed fork does not undo the others, as in E2B's answer).
+pub(crate) async fn fork_on(
+    client: &sandcove::Client,
+    sandbox_id: &str,
+    timeout: Option<f64>,
+    count: Option<i64>,
+) -> Result<Vec<Result<sandcove::SandboxInfo>>> {
+    let count = count.unwrap_or(1);
+    if !(1..=100).contains(&count) {
+        return Err(SandboxException::invalid_argument(format!(
+            "count must be between 1 and 100, got {count}"
+        )));
+    }
+    let timeout = whole_seconds(timeout)?;
+    let parent = client.sandbox(sandbox_id);
+    let source = parent.info().await?;
+    if !client.ready().await?.snapshots {
+        return Err(sandcove::Error::not_supported(
+            "Sandbox.fork",
+            "this runtime has no snapshots yet; create a new sandbox and copy files",
+        )
+        .into());
+    }
+    let mut options = CreateOptions::default();
+    options.timeout = Some(timeout);
+    options.envs = source.envs.clone();
+    options.labels = source.labels.clone();
+    options.network = source.network.clone();
+    options.user = Some(source.user.name.clone());
+    options.home = Some(source.user.home.clone());
+    let mut out = Vec::new();
+    for _ in 0..count {
+        let made = parent
+            .fork_described(options.clone())
+            .await
+            .map(|(_, info)| info)
+            .map_err(SandboxException::from);
+        out.push(made);
+    }
+    Ok(out)
+}
+
+/// `create_snapshot(name)` of `sandbox` (the facade's instance or the wire's).
+pub(crate) async fn create_snapshot_of(
+    sandbox: &sandcove::Sandbox,
+    name: Option<String>,
+) -> Result<SnapshotInfo> {
+    let s = sandbox.snapshot(name).await?;
+    Ok(SnapshotInfo::from_core(&s))
+}
+
+/// `delete_snapshot(snapshot_id)` on `client`'s runtime: `false` when there is none.
+pub(crate) async fn delete_snapshot_on(
+    client: &sandcove::Client,
+    snapshot_id: &str,
+) -> Result<bool> {
+    match client.delete_snapshot(snapshot_id).await {
+        Ok(()) => Ok(true),
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 

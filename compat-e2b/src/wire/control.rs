@@ -1,5 +1,6 @@
-//! E2B's control plane over REST: create, get, list, kill, timeout, connect/resume, pause and
-//! metrics, each decided by the same functions as the Rust facade's `Sandbox` methods.
+//! E2B's control plane over REST: create, get, list, kill, timeout, connect/resume, pause,
+//! metrics, snapshots and fork, each decided by the same functions as the Rust facade's
+//! `Sandbox` methods.
 //!
 //! Errors are `{"code": <status>, "message": …}` with the status E2B's SDK maps to its
 //! exception class: 400 → `SandboxException` (invalid arguments), 501 → `SandboxException`
@@ -36,6 +37,15 @@ pub(crate) fn routes() -> Router<Wire> {
         .route("/sandboxes/{id}/resume", post(connect))
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/metrics", get(metrics))
+        .route("/sandboxes/{id}/snapshots", post(create_snapshot))
+        .route("/snapshots", get(list_snapshots))
+        // `Sandbox.delete_snapshot(id)` deletes the template a snapshot is; every other
+        // template call is the template-build API, refused by the wire's fallback.
+        .route(
+            "/templates/{id}",
+            axum::routing::delete(delete_snapshot).fallback(super::not_found),
+        )
+        .route("/sandboxes/{id}/fork", post(fork))
 }
 
 /// An E2B API error answer.
@@ -378,6 +388,109 @@ async fn metrics(State(wire): State<Wire>, Path(id): Path<String>) -> Result<Res
     .into_response())
 }
 
+/// `SandboxSnapshotRequest`.
+#[derive(Debug, Default, Deserialize)]
+struct SnapshotBody {
+    name: Option<String>,
+    /// `mode="full"` (true, the default) or `"filesystem"` (false). Sandcove's snapshots keep
+    /// files, not memory, whichever is asked (MAPPING.md): both are served.
+    memory: Option<bool>,
+}
+
+/// `SnapshotInfo` as E2B's API writes it.
+fn snapshot_body(s: &sandbox::SnapshotInfo) -> Value {
+    json!({"snapshotID": s.snapshot_id, "names": s.names})
+}
+
+async fn create_snapshot(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: SnapshotBody = parse_json(&body)?;
+    let _ = req.memory;
+    let name = req.name.filter(|n| !n.is_empty());
+    let taken = sandbox::create_snapshot_of(&wire.client.sandbox(&id), name).await?;
+    Ok((StatusCode::CREATED, axum::Json(snapshot_body(&taken))).into_response())
+}
+
+/// The query of `GET /snapshots`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SnapshotQuery {
+    #[serde(rename = "sandboxID")]
+    sandbox_id: Option<String>,
+    name: Option<String>,
+    limit: Option<i64>,
+    next_token: Option<String>,
+}
+
+async fn list_snapshots(
+    State(wire): State<Wire>,
+    Query(q): Query<SnapshotQuery>,
+) -> Result<Response, ApiError> {
+    let mut paginator = Sandbox::list_snapshots()
+        .sandbox_id(q.sandbox_id.filter(|s| !s.is_empty()))
+        .name(q.name.filter(|n| !n.is_empty()))
+        .next_token(q.next_token.filter(|t| !t.is_empty()));
+    if let Some(limit) = q.limit {
+        paginator = paginator.limit(limit);
+    }
+    let page = paginator.next_items_on(&wire.client).await?;
+    let items = page.iter().map(snapshot_body).collect();
+    Ok(page_response(items, paginator.next_token))
+}
+
+/// A page of a list answer, the next page's token in `x-next-token` (none on the last).
+fn page_response(items: Vec<Value>, next_token: Option<String>) -> Response {
+    let mut response = axum::Json(Value::Array(items)).into_response();
+    if let Some(v) = next_token.and_then(|t| HeaderValue::from_str(&t).ok()) {
+        response.headers_mut().insert("x-next-token", v);
+    }
+    response
+}
+
+async fn delete_snapshot(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    if sandbox::delete_snapshot_on(&wire.client, &id).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Ok(api_error(
+            StatusCode::NOT_FOUND,
+            format!("Snapshot {id} not found"),
+        ))
+    }
+}
+
+/// `SandboxForkRequest`.
+#[derive(Debug, Default, Deserialize)]
+struct ForkBody {
+    timeout: Option<f64>,
+    count: Option<i64>,
+}
+
+/// `201 [{sandbox} | {error}]`: one entry per fork, each a `Sandbox` answer or the error that
+/// fork met, as E2B answers; a source that is missing fails the whole request (404).
+async fn fork(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: ForkBody = parse_json(&body)?;
+    let forks = sandbox::fork_on(&wire.client, &id, req.timeout, req.count).await?;
+    let entries = forks
+        .into_iter()
+        .map(|made| match made {
+            Ok(info) => json!({"sandbox": sandbox_body(&wire, &info, &headers)}),
+            Err(e) => json!({"error": {"code": status_for(&e).as_u16(), "message": e.to_string()}}),
+        })
+        .collect();
+    Ok((StatusCode::CREATED, axum::Json(Value::Array(entries))).into_response())
+}
+
 /// The query of `GET /v2/sandboxes`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -468,13 +581,7 @@ async fn list(State(wire): State<Wire>, Query(q): Query<ListQuery>) -> Result<Re
         .iter()
         .map(|info| info_body(info, false, &wire))
         .collect();
-    let mut response = axum::Json(Value::Array(items)).into_response();
-    if let Some(token) = paginator.next_token {
-        if let Ok(v) = HeaderValue::from_str(&token) {
-            response.headers_mut().insert("x-next-token", v);
-        }
-    }
-    Ok(response)
+    Ok(page_response(items, paginator.next_token))
 }
 
 #[cfg(test)]

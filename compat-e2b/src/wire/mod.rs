@@ -198,9 +198,9 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
         ))
 }
 
-async fn not_found(request: Request) -> Response {
+pub(crate) async fn not_found(request: Request) -> Response {
     let path = request.uri().path();
-    if let Some(gap) = unserved_gap(request.method(), path) {
+    if let Some(gap) = unserved_gap(path) {
         return control::exception_response(gap);
     }
     control::api_error(
@@ -216,14 +216,10 @@ async fn not_found(request: Request) -> Response {
 /// over the wire, so the SDK raises its own `SandboxException` naming the alternative (a bare
 /// 404 under a sandbox's path would read as "sandbox not found"). The texts are the facade's
 /// gaps: one table decides.
-fn unserved_gap(method: &axum::http::Method, path: &str) -> Option<SandboxException> {
+fn unserved_gap(path: &str) -> Option<SandboxException> {
     use crate::gaps::refuse;
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let refusal = match segments.as_slice() {
-        ["sandboxes", _, "snapshots"] | ["snapshots", ..] => refuse("wire_snapshots"),
-        // `Sandbox.delete_snapshot(id)` deletes the snapshot's template.
-        ["templates", _] if method == axum::http::Method::DELETE => refuse("wire_snapshots"),
-        ["sandboxes", _, "fork"] => refuse("wire_fork"),
         ["sandboxes", _, "logs"] | ["v2", "sandboxes", _, "logs"] => refuse("sandbox_logs"),
         ["sandboxes", _, "refreshes"] => refuse("refreshes"),
         ["sandboxes", _, "network"] => refuse("update_network"),
