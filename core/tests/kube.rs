@@ -299,7 +299,7 @@ async fn kube_a_restarted_server_keeps_leases_and_reaches_agents() {
     // leases from the Pods' annotations.
     let second = backend(&fake).await;
     assert_eq!(echo(&second, &long).await.expect("same token"), b"hi\n");
-    // The reaper records the tombstone once the Pod is confirmed gone.
+    // The reaper records the tombstone when the lease ends, then deletes the Pod.
     let tomb = eventually(PATIENCE, "the short lease ends", || {
         let second = &second;
         let short = &short;
@@ -312,7 +312,12 @@ async fn kube_a_restarted_server_keeps_leases_and_reaches_agents() {
         }
     })
     .await;
-    assert!(fake.pod(&pod_name(&short)).is_none());
+    eventually(PATIENCE, "the short-lease Pod is deleted", || {
+        let name = pod_name(&short);
+        let fake = &fake;
+        async move { holds(fake.pod(&name).is_none(), name) }
+    })
+    .await;
     assert!(fake.pod(&pod_name(&long)).is_some());
     assert_eq!(tomb.reason, "its lease ended");
 
