@@ -790,6 +790,46 @@ mod tests {
     }
 
     #[test]
+    fn a_hello_carries_its_token_only_when_it_has_one() {
+        let h = hello(r#"{"version":$V,"token":"t"}"#).unwrap();
+        assert_eq!(h.token.as_deref(), Some("t"));
+        let h = hello(r#"{"version":$V}"#).unwrap();
+        assert_eq!(h.token, None);
+        let text = serde_json::to_string(&Hello {
+            version: PROTOCOL_VERSION,
+            request: None,
+            while_paused: false,
+            token: None,
+        })
+        .unwrap();
+        assert!(!text.contains("token"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_hello_frame_is_bounded_by_its_length_prefix() {
+        let mut ok = Vec::new();
+        write_frame(&mut ok, &serde_json::json!({"version": 4}), &[])
+            .await
+            .unwrap();
+        let mut r = &ok[..];
+        assert!(read_hello_frame(&mut r, MAX_HELLO).await.unwrap().is_some());
+        // Refused from the prefix alone: the announced bytes are never awaited.
+        let mut prefix = Vec::new();
+        prefix.extend_from_slice(&(MAX_HELLO as u32 + 1).to_le_bytes());
+        prefix.extend_from_slice(&0u32.to_le_bytes());
+        let mut r = &prefix[..];
+        let err = read_hello_frame(&mut r, MAX_HELLO).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+        // A hello has no body.
+        let mut with_body = Vec::new();
+        write_frame(&mut with_body, &serde_json::json!({"version": 4}), b"x")
+            .await
+            .unwrap();
+        let mut r = &with_body[..];
+        assert!(read_hello_frame(&mut r, MAX_HELLO).await.is_err());
+    }
+
+    #[test]
     fn oversized_lengths_are_refused() {
         let mut prefix = [0u8; 8];
         prefix[..4].copy_from_slice(&(MAX_HEADER as u32 + 1).to_le_bytes());
