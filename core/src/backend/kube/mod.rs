@@ -1055,7 +1055,17 @@ impl Backend for KubeBackend {
 
     async fn destroy(&self, id: &str) -> Result<()> {
         self.check_id(id)?;
-        let name = self.live_pod(id).await.ok().and_then(|(_, r, _)| r.name);
+        // A sandbox that is already gone for `get` (its Pod deleted or being deleted by
+        // someone else, its lease over) is gone for destroy too.
+        let name = match self.live_pod(id).await {
+            Ok((_, record, _)) => record.name,
+            Err(e) => {
+                if e.is_not_found() {
+                    self.forget(id);
+                }
+                return Err(e);
+            }
+        };
         let existed = self.delete_pod(id, self.inner.config.grace).await?;
         self.forget(id);
         if !existed {
