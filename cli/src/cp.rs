@@ -163,7 +163,10 @@ pub fn cp(args: CpArgs, json: bool) -> Outcome {
     };
     progress.finish();
     for path in &tally.skipped {
-        eprintln!("sandcove cp: skipped {path} (not a regular file or directory)");
+        eprintln!(
+            "sandcove cp: skipped {} (not a regular file or directory)",
+            out::terminal_text(path)
+        );
     }
     let bytes = progress.done.load(Ordering::Relaxed);
     if json {

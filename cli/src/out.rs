@@ -2,7 +2,6 @@
 //! tables, JSON, durations and times.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -55,8 +54,8 @@ pub fn finish(command: &str, outcome: Outcome) -> ExitCode {
     match outcome {
         Ok(status) => ExitCode::from(status),
         Err(Failure { message, status }) => {
-            // One line, whatever the error text holds.
-            let line = message.replace('\n', " ");
+            // One line, whatever the error text holds (it may quote sandbox-made names).
+            let line = terminal_text(&message.replace('\n', " "));
             eprintln!("sandcove {command}: {line}");
             ExitCode::from(status)
         }
@@ -125,22 +124,50 @@ pub fn print_removed(json: bool, removed: &[String]) -> Result<(), Failure> {
     if json {
         print_json(&serde_json::json!({ "removed": removed }))
     } else {
-        removed.iter().for_each(|name| println!("{name}"));
+        removed
+            .iter()
+            .for_each(|name| println!("{}", terminal_text(name)));
         Ok(())
     }
 }
 
+/// Text made safe to print on a terminal: control characters (C0, DEL, C1: escape
+/// sequences, carriage returns, bells) and bidirectional overrides are shown as `\u{..}`
+/// escapes instead of acting on the terminal. Names, labels, commands and error texts may
+/// come from sandboxed code or another client; JSON output stays exact.
+pub fn terminal_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        let bidi = matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if c.is_control() || bidi {
+            out.push_str(&c.escape_unicode().to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Print rows under a header, columns padded to their widest cell (the last is not padded).
+/// Cells are shown through [`terminal_text`].
 pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    print!("{}", render_table(header, rows));
+}
+
+/// The text [`print_table`] prints.
+pub fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| row.iter().map(|cell| terminal_text(cell)).collect())
+        .collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
+    for row in &rows {
         for (i, cell) in row.iter().enumerate() {
             if let Some(w) = widths.get_mut(i) {
                 *w = (*w).max(cell.chars().count());
             }
         }
     }
-    let mut out = std::io::stdout().lock();
     let line = |cells: Vec<&str>| {
         let last = cells.len().saturating_sub(1);
         let mut text = String::new();
@@ -153,10 +180,14 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
         }
         text.trim_end().to_string()
     };
-    let _ = writeln!(out, "{}", line(header.to_vec()));
-    for row in rows {
-        let _ = writeln!(out, "{}", line(row.iter().map(String::as_str).collect()));
+    let mut out = String::new();
+    out.push_str(&line(header.to_vec()));
+    out.push('\n');
+    for row in &rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+        out.push('\n');
     }
+    out
 }
 
 /// Parse a duration: `90` (seconds), `30s`, `10m`, `2h`, `1d`, or combinations (`1h30m`).
@@ -249,6 +280,28 @@ pub fn is_tty(fd: i32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Names, labels and commands made by sandboxed code or another client cannot drive the
+    /// terminal a table is printed on: every control character and bidi override is shown
+    /// escaped, plain text (any script) as it is.
+    #[test]
+    fn tables_print_control_characters_inert() {
+        let hostile = "a\u{1b}]0;owned\u{7}\u{1b}[2J\rb\u{9b}31m\u{202e}cba\u{7f}\tx\ny";
+        let text = render_table(
+            &["NAME", "LABELS"],
+            &[vec![hostile.to_string(), "k=Grüße 名前".to_string()]],
+        );
+        for c in text.chars() {
+            assert!(
+                c == '\n' || !(c.is_control() || ('\u{202a}'..='\u{2069}').contains(&c)),
+                "{c:?} reaches the terminal in {text:?}"
+            );
+        }
+        assert_eq!(text.lines().count(), 2, "{text:?}");
+        assert!(text.contains("a\\u{1b}]0;owned\\u{7}"), "{text:?}");
+        assert!(text.contains("k=Grüße 名前"), "{text:?}");
+        assert_eq!(terminal_text("plain-name_1.txt"), "plain-name_1.txt");
+    }
 
     #[test]
     fn durations_parse_as_written() {

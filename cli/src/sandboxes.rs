@@ -132,7 +132,9 @@ pub fn info(id: &str, json: bool) -> Outcome {
 
 fn print_info(info: &SandboxInfo) {
     let now = sandcove::now_millis();
-    let field = |k: &str, v: String| println!("{:<11} {v}", format!("{k}:"));
+    let field = |k: &str, v: String| {
+        println!("{:<11} {}", format!("{k}:"), out::terminal_text(&v));
+    };
     field("id", info.id.clone());
     field("name", info.name.clone().unwrap_or_else(|| "-".into()));
     field("vendor", vendor(info).into());
@@ -233,7 +235,7 @@ pub fn kill(args: KillArgs, json: bool) -> Outcome {
         [(id, error)] => Err(Failure::failed(format!("{id}: {error}"))),
         many => {
             for (id, error) in many {
-                eprintln!("sandcove kill: {id}: {error}");
+                eprintln!("sandcove kill: {id}: {}", out::terminal_text(error));
             }
             Err(Failure::failed(format!(
                 "{} sandboxes could not be destroyed",

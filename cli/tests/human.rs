@@ -226,6 +226,7 @@ on_both!(
     doctor_reports,
     shell_through_a_pty,
     cp_shows_progress_only_on_a_terminal,
+    sandbox_made_text_reaches_the_terminal_inert,
 );
 
 async fn lifecycle(t: &Target) {
@@ -512,6 +513,64 @@ async fn cp_both_ways(t: &Target) {
         .await;
     assert_eq!(out.status.code(), Some(1), "{}", show(&out));
     one_line_error(&out, "cp");
+    let _ = std::fs::remove_dir_all(&host);
+}
+
+/// Whether `bytes` hold a control character that acts on a terminal (ESC, BEL, CR, C1 CSI)
+/// other than the newlines that end lines.
+fn drives_a_terminal(bytes: &[u8]) -> bool {
+    String::from_utf8_lossy(bytes)
+        .chars()
+        .any(|c| c != '\n' && c.is_control())
+}
+
+/// Attack (fails): names, labels and commands that another client or sandboxed code made,
+/// holding terminal escape sequences (retitle the window, clear the screen, recolour), are
+/// printed by `ls`, `info`, `ps`, `cp` (skipped entries) and one-line errors. Every one reaches
+/// the terminal escaped; `--json` keeps the exact text.
+async fn sandbox_made_text_reaches_the_terminal_inert(t: &Target) {
+    let evil = "\u{1b}]0;owned\u{7}\u{1b}[2J\r\u{9b}31m";
+    let label = format!("k={evil}");
+    let id = t.create(&["--label", &label]).await;
+    for args in [vec!["ls"], vec!["info", &id]] {
+        let out = t.run(&args).await;
+        assert!(out.status.success(), "{args:?}: {}", show(&out));
+        assert!(
+            !drives_a_terminal(&out.stdout) && !drives_a_terminal(&out.stderr),
+            "{args:?} printed control characters: {}",
+            show(&out)
+        );
+    }
+    let doc = t.json(&["info", &id]).await;
+    assert_eq!(doc["labels"]["k"], evil, "JSON keeps the exact label");
+    // A command line with escapes, then `ps`.
+    t.ok(&["exec", &id, "--", "true", evil]).await;
+    let out = t.run(&["ps", &id]).await;
+    assert!(out.status.success(), "{}", show(&out));
+    assert!(!drives_a_terminal(&out.stdout), "ps: {}", show(&out));
+    // Entry names made in the sandbox: a link that `cp` skips and reports.
+    t.ok(&["exec", &id, "--", "mkdir", "/workspace/d"]).await;
+    let link = format!("/workspace/d/x{evil}");
+    t.ok(&["exec", &id, "--", "ln", "-s", "/etc/passwd", &link])
+        .await;
+    let host = std::env::temp_dir().join(unique("cp-esc"));
+    let out = t
+        .run(&["cp", &format!("{id}:/workspace/d"), host.to_str().unwrap()])
+        .await;
+    assert!(out.status.success(), "{}", show(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(stderr.contains("skipped /workspace/d/x"), "{stderr}");
+    assert!(!drives_a_terminal(&out.stderr), "cp: {}", show(&out));
+    // An error quoting a sandbox path.
+    let out = t
+        .run(&[
+            "cp",
+            &format!("{id}:/workspace/missing{evil}"),
+            host.to_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert!(!drives_a_terminal(&out.stderr), "error: {}", show(&out));
     let _ = std::fs::remove_dir_all(&host);
 }
 

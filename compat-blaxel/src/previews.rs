@@ -201,6 +201,29 @@ impl SandboxPreviewTokens {
                 e => e.into(),
             });
         }
+        // Concurrent creates each saw room before any recorded its token: count again now
+        // that this one is recorded, and take it back if the preview went past the bound
+        // (its value was never handed out).
+        let live = self
+            .records()
+            .await?
+            .iter()
+            .filter(|r| r.expires_at > sandcove::now_millis())
+            .count();
+        if live > MAX_TOKENS_PER_PREVIEW {
+            let _ = revoke(&self.ctx, self.port, &record).await;
+            let _ =
+                state::update_annotations(&self.ctx.core, sandcove::AnnotationUpdate::remove(key))
+                    .await;
+            return Err(SandboxAPIError::UnexpectedStatus {
+                status_code: 400,
+                content: format!(
+                    r#"{{"error": "preview {} already has {MAX_TOKENS_PER_PREVIEW} live tokens: delete some first"}}"#,
+                    self.preview_name
+                ),
+                source: None,
+            });
+        }
         Ok(token_of(&record, now))
     }
 

@@ -74,8 +74,13 @@ pub(crate) fn wrap(backend: Arc<dyn Backend>, quiet: Option<Duration>) -> Arc<dy
 pub(crate) struct Standby {
     inner: Arc<dyn Backend>,
     quiet: Duration,
-    sandboxes: Mutex<HashMap<String, Arc<Idle>>>,
+    sandboxes: Sandboxes,
 }
+
+/// Activity records by sandbox id. A record lives while a call, a stream or a watch holds
+/// it: the watch that ends a quiet period drops a record nothing else holds, so ids of
+/// sandboxes that ended elsewhere (or never existed) do not pile up.
+type Sandboxes = Arc<Mutex<HashMap<String, Arc<Idle>>>>;
 
 /// One sandbox's activity.
 #[derive(Debug)]
@@ -102,6 +107,7 @@ impl Idle {
 struct Activity {
     _shared: OwnedRwLockReadGuard<()>,
     idle: Arc<Idle>,
+    sandboxes: Sandboxes,
     id: String,
     inner: Arc<dyn Backend>,
     quiet: Duration,
@@ -117,6 +123,7 @@ impl Drop for Activity {
             Ok(runtime) => {
                 runtime.spawn(watch(
                     self.inner.clone(),
+                    self.sandboxes.clone(),
                     self.idle.clone(),
                     self.id.clone(),
                     self.quiet,
@@ -141,7 +148,13 @@ impl Drop for Disarm {
 }
 
 /// Wait out the quiet period of sandbox `id`, then put it in standby (see the module docs).
-async fn watch(inner: Arc<dyn Backend>, idle: Arc<Idle>, id: String, quiet: Duration) {
+async fn watch(
+    inner: Arc<dyn Backend>,
+    sandboxes: Sandboxes,
+    idle: Arc<Idle>,
+    id: String,
+    quiet: Duration,
+) {
     let mut disarm = Disarm(Some(idle.clone()));
     loop {
         tokio::time::sleep_until((idle.last() + quiet).into()).await;
@@ -166,6 +179,12 @@ async fn watch(inner: Arc<dyn Backend>, idle: Arc<Idle>, id: String, quiet: Dura
         // Disarmed while the gate is still held, so any later call's end arms a new watch.
         idle.armed.store(false, Ordering::SeqCst);
         disarm.0 = None;
+        // Nothing else holds the record (the map and this watch only; a call takes its
+        // clone under the map's lock): drop it, a later call makes a fresh one.
+        let mut map = sandboxes.lock().unwrap_or_else(|e| e.into_inner());
+        if map.get(&id).is_some_and(|r| Arc::ptr_eq(r, &idle)) && Arc::strong_count(&idle) == 2 {
+            map.remove(&id);
+        }
         return;
     }
 }
@@ -194,6 +213,7 @@ impl Standby {
         Activity {
             _shared: shared,
             idle,
+            sandboxes: self.sandboxes.clone(),
             id: id.to_string(),
             inner: self.inner.clone(),
             quiet: self.quiet,
@@ -488,5 +508,45 @@ impl Backend for Standby {
 
     async fn observe(&self, operation: &OperationId) -> Result<OperationStatus> {
         self.inner.observe(operation).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandcove::conformance::{eventually, PATIENCE};
+
+    /// Attack (fails): calls naming sandboxes that do not exist (or ended elsewhere) must not
+    /// leave a record each behind for the life of the server.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn records_of_gone_sandboxes_are_dropped() {
+        let dir = std::env::temp_dir().join(sandcove::conformance::unique("standby-records"));
+        let engine = sandcove::LocalBackend::with_state_dir(&dir)
+            .expect("engine")
+            .with_warm_pool(0);
+        let standby = Standby {
+            inner: Arc::new(engine),
+            quiet: Duration::from_millis(50),
+            sandboxes: Default::default(),
+        };
+        for i in 0..300 {
+            let gone = format!("gone{i}");
+            assert!(standby.list_processes(&gone).await.is_err());
+        }
+        let standby = &standby;
+        eventually(PATIENCE, "no record of gone sandboxes", || async move {
+            let left = standby
+                .sandboxes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .len();
+            if left == 0 {
+                Ok(())
+            } else {
+                Err(format!("{left} records"))
+            }
+        })
+        .await;
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -153,6 +153,52 @@ async fn previews_serve_and_private_ones_need_the_token() {
     sb.delete().await.unwrap();
 }
 
+/// Attack (fails): many token creates at once on a preview near its bound of 100 live
+/// tokens; each reads the count before any records its token. However they interleave, the
+/// preview ends with at most 100 live tokens, and every token handed out is among them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_token_creates_keep_the_bound() {
+    if !common::capabilities().await.previews {
+        eprintln!("LOUD SKIP: the runtime has no previews; no tokens to bound");
+        return;
+    }
+    let sb = sandbox("ptoken-race").await;
+    let preview = sb
+        .previews
+        .create(json!({"metadata": {"name": "bounded"}, "spec": {"port": 3000, "public": false}}))
+        .await
+        .expect("create");
+    let expiry = || SystemTime::now() + Duration::from_secs(600);
+    for _ in 0..90 {
+        preview.tokens.create(expiry()).await.expect("token");
+    }
+    let racers = (0..30).map(|_| preview.tokens.create(expiry()));
+    let results = futures::future::join_all(racers).await;
+    let handed: Vec<String> = results
+        .into_iter()
+        .filter_map(|r| r.ok().map(|t| t.value))
+        .collect();
+    let listed = preview.tokens.list().await.expect("list");
+    let live: Vec<&str> = listed
+        .iter()
+        .filter(|t| !t.expired)
+        .map(|t| t.value.as_str())
+        .collect();
+    assert!(
+        live.len() <= blaxel::previews::MAX_TOKENS_PER_PREVIEW,
+        "{} live tokens on one preview ({} handed out by concurrent creates)",
+        live.len(),
+        handed.len()
+    );
+    for value in &handed {
+        assert!(
+            live.contains(&value.as_str()),
+            "a token handed out is not live"
+        );
+    }
+    sb.delete().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preview_gaps_are_refused_first() {
     let sb = sandbox("pgaps").await;

@@ -112,7 +112,9 @@ impl Stored {
 struct Entry {
     at: Instant,
     serial: u64,
-    fingerprint: Vec<u8>,
+    /// SHA-256 of the scope and request: a record costs the same whatever the request's
+    /// size, so `max_entries` bounds memory (bodies are up to the JSON body limit each).
+    fingerprint: [u8; 32],
     answer: Shared<BoxFuture<'static, Stored>>,
 }
 
@@ -201,10 +203,7 @@ impl Idempotency {
             return Ok((spawned(op).await, true));
         };
         // The same key on another route or with another body is another request.
-        let mut print = Vec::with_capacity(scope.len() + 1 + fingerprint.len());
-        print.extend_from_slice(scope.as_bytes());
-        print.push(b'\n');
-        print.extend_from_slice(fingerprint);
+        let print = digest(scope, fingerprint);
         let (answer, first) = {
             let mut guard = self.entries.lock().unwrap_or_else(|p| p.into_inner());
             let (next_serial, entries) = &mut *guard;
@@ -262,6 +261,17 @@ impl Idempotency {
     }
 }
 
+/// The digest a record keeps of a request: its scope (no newline in it), a newline, its body.
+fn digest(scope: &str, fingerprint: &[u8]) -> [u8; 32] {
+    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    context.update(scope.as_bytes());
+    context.update(b"\n");
+    context.update(fingerprint);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(context.finish().as_ref());
+    out
+}
+
 /// Run `op` on its own task (started now, whether or not anyone awaits the result).
 fn spawned<F>(op: F) -> impl Future<Output = Stored> + Send + 'static
 where
@@ -272,5 +282,64 @@ where
         task.await.unwrap_or_else(|e| {
             Stored::of::<()>(Err(Error::backend(format!("the operation failed: {e}"))))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keyed(key: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(IDEMPOTENCY_HEADER, HeaderValue::from_str(key).unwrap());
+        headers
+    }
+
+    /// A flood of distinct keys, each with a large request, keeps no more than the record
+    /// bound's worth of small records: the request bodies themselves are not retained.
+    #[tokio::test]
+    async fn records_do_not_keep_request_bodies() {
+        let records = Idempotency::new(Duration::from_secs(600), 64);
+        let body = vec![b'x'; 256 * 1024];
+        for i in 0..200 {
+            let response = records
+                .run(&keyed(&format!("k{i}")), "create", &body, async {
+                    Stored::unit(Ok(()))
+                })
+                .await;
+            assert_eq!(response.status(), StatusCode::NO_CONTENT);
+        }
+        let (count, kept) = {
+            let guard = records.entries.lock().unwrap();
+            let kept: usize = guard.1.values().map(|e| e.fingerprint.len()).sum();
+            (guard.1.len(), kept)
+        };
+        assert_eq!(count, 64, "the count bound holds");
+        assert!(
+            kept <= 64 * 64,
+            "records keep {kept} bytes of request fingerprints for 64 records"
+        );
+        // The digest still tells requests apart: the same key with another body is refused,
+        // with the same body it replays.
+        let again = records
+            .run_stored(&keyed("k199"), "create", &body, async {
+                Stored::unit(Ok(()))
+            })
+            .await;
+        assert!(matches!(again, Ok((_, false))));
+        let mut other = body.clone();
+        other[0] = b'y';
+        let refused = records
+            .run_stored(&keyed("k199"), "create", &other, async {
+                Stored::unit(Ok(()))
+            })
+            .await;
+        assert!(refused.is_err());
+        let rescoped = records
+            .run_stored(&keyed("k199"), "destroy a", &body, async {
+                Stored::unit(Ok(()))
+            })
+            .await;
+        assert!(rescoped.is_err());
     }
 }

@@ -761,7 +761,10 @@ impl Monitor {
                         .cloned();
                     match live {
                         Some(t) if options.token_ttl.is_none() => preview.token = Some(t),
-                        _ => existing.tokens.extend(tokens),
+                        _ => {
+                            existing.room_for_token()?;
+                            existing.tokens.extend(tokens);
+                        }
                     }
                     if preview.token.is_none() {
                         preview.token = existing.tokens.last().cloned();
@@ -770,6 +773,8 @@ impl Monitor {
                     existing.tokens.clear();
                 }
                 existing.preview = preview.clone();
+                // Open connections re-check against the new settings (public or not).
+                existing.changed.send_replace(());
                 return Ok(preview);
             }
         }
@@ -802,34 +807,74 @@ impl Monitor {
                     preview: preview.clone(),
                     tokens,
                     task,
+                    changed: tokio::sync::watch::channel(()).0,
                 },
             );
         Ok(preview)
     }
 
-    /// Serve one preview connection (see the `preview` module for what is checked).
+    /// The preview of `port` as it is now, its tokens, and a receiver of its changes.
+    fn preview_now(
+        &self,
+        port: u16,
+    ) -> Option<(Preview, Vec<PreviewToken>, tokio::sync::watch::Receiver<()>)> {
+        self.previews
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&port)
+            .map(|e| (e.preview.clone(), e.tokens.clone(), e.changed.subscribe()))
+    }
+
+    /// Resolves once a connection let through by `token` (`None`: a public preview's) is no
+    /// longer allowed: its token revoked, the preview made private or public, or closed.
+    async fn access_lost(
+        &self,
+        port: u16,
+        token: Option<PreviewToken>,
+        mut changes: tokio::sync::watch::Receiver<()>,
+    ) {
+        loop {
+            if changes.changed().await.is_err() {
+                return;
+            }
+            let allowed = self
+                .previews
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&port)
+                .is_some_and(|e| e.still_allows(token.as_ref()));
+            if !allowed {
+                return;
+            }
+        }
+    }
+
+    /// Serve one preview connection (see the `preview` module for what is checked). A
+    /// connection lasts only as long as what let it through: revoking its token or closing
+    /// the preview cuts it, even mid-stream or as an upgraded tunnel.
     async fn proxy(
         self: Arc<Self>,
         port: u16,
         mut conn: TcpStream,
         limits: preview::PreviewLimits,
     ) {
-        let Some((entry, tokens)) = self
-            .previews
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&port)
-            .map(|e| (e.preview.clone(), e.tokens.clone()))
-        else {
+        let Some((entry, _, changes)) = self.preview_now(port) else {
             return;
         };
         if entry.public {
-            let Some(mut upstream) = self.connect_upstream(port, &mut conn).await else {
-                return;
+            let tunnel = async {
+                let Some(mut upstream) = self.connect_upstream(port, &mut conn).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
             };
-            let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
+            tokio::select! {
+                _ = tunnel => {}
+                _ = self.access_lost(port, None, changes) => {}
+            }
             return;
         }
+        drop(changes);
         let mut incoming = preview::Incoming::new(&mut conn);
         let timeout = Duration::from_millis(limits.head_timeout_ms);
         let head = match tokio::time::timeout(timeout, incoming.head()).await {
@@ -851,6 +896,12 @@ impl Monitor {
                 return;
             }
         };
+        // The tokens as they are now that the head is here, not as they were when the
+        // connection opened: one revoked (or a preview closed) meanwhile lets nothing through.
+        let Some((entry, tokens, changes)) = self.preview_now(port) else {
+            preview::refuse(incoming.stream(), "404 Not Found", "this preview is closed").await;
+            return;
+        };
         let accepted = match preview::check(&head, &entry, &tokens) {
             Ok(a) => a,
             Err(preview::Refusal::Malformed(why)) => {
@@ -866,6 +917,21 @@ impl Monitor {
                 return;
             }
         };
+        let token = accepted.token.clone();
+        tokio::select! {
+            _ = self.forward(port, incoming, accepted) => {}
+            _ = self.access_lost(port, Some(token), changes) => {}
+        }
+    }
+
+    /// Forward a private preview's accepted request and its answer (or the tunnel it
+    /// upgrades to).
+    async fn forward(
+        &self,
+        port: u16,
+        mut incoming: preview::Incoming<'_>,
+        accepted: preview::Accepted,
+    ) {
         let Some(mut upstream) = self.connect_upstream(port, incoming.stream()).await else {
             return;
         };
@@ -899,7 +965,7 @@ impl Monitor {
         // The request is complete: only the answer flows now. A client that sends more is
         // starting a second request on this connection, which is never forwarded.
         let pipelined = !incoming.take_buffered().is_empty();
-        drop(incoming);
+        let conn = incoming.into_stream();
         use tokio::io::AsyncReadExt;
         let (mut client_read, mut client_write) = conn.split();
         let answer = tokio::io::copy(&mut upstream, &mut client_write);
@@ -955,6 +1021,7 @@ impl Monitor {
                 "the preview of port {port} is public: it takes no tokens"
             )));
         }
+        entry.room_for_token()?;
         let mut token = preview::new_token(None);
         token.expires_at = expires_at;
         entry.tokens.push(token.clone());
@@ -976,6 +1043,8 @@ impl Monitor {
                 "that token of the preview of port {port}"
             )));
         }
+        // Connections it let through end now.
+        entry.changed.send_replace(());
         // The token a later `expose` of this port reports must still be a live one.
         if entry
             .preview

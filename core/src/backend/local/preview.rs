@@ -27,6 +27,10 @@ use crate::{now_millis, Error, Preview, PreviewOptions, PreviewToken, Result};
 /// Largest request head read while checking a token.
 const MAX_HEAD: usize = 64 * 1024;
 
+/// Most live tokens one preview holds at once (expired ones are dropped when another is
+/// made), so a caller minting tokens in a loop cannot grow the monitor without bound.
+pub const MAX_TOKENS: usize = 1000;
+
 /// One exposed port.
 pub struct Exposed {
     /// What callers see.
@@ -35,6 +39,38 @@ pub struct Exposed {
     pub tokens: Vec<PreviewToken>,
     /// The accept loop; aborted when the preview closes.
     pub task: tokio::task::JoinHandle<()>,
+    /// Signalled when a token is revoked or the preview's settings change, and dropped when
+    /// it closes: connections already let through re-check that they are still allowed.
+    pub changed: tokio::sync::watch::Sender<()>,
+}
+
+impl Exposed {
+    /// Drop expired tokens and make room for one more, or say why there is none.
+    pub fn room_for_token(&mut self) -> Result<()> {
+        let now = now_millis();
+        self.tokens.retain(|t| t.expires_at.is_none_or(|e| now < e));
+        if self.tokens.len() >= MAX_TOKENS {
+            return Err(Error::invalid(format!(
+                "the preview of port {} already has {MAX_TOKENS} live tokens: revoke some first",
+                self.preview.port
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether a connection let through by `token` (`None`: a public preview's) may go on.
+    pub fn still_allows(&self, token: Option<&PreviewToken>) -> bool {
+        match token {
+            None => self.preview.public,
+            Some(token) => {
+                !self.preview.public
+                    && self
+                        .tokens
+                        .iter()
+                        .any(|t| constant_eq(t.value.as_bytes(), token.value.as_bytes()))
+            }
+        }
+    }
 }
 
 /// The previews of one sandbox, by sandbox port.
@@ -136,6 +172,8 @@ pub struct Accepted {
     pub head: Vec<u8>,
     /// Body framing.
     pub framing: Framing,
+    /// The token that let the request through.
+    pub token: PreviewToken,
 }
 
 /// Check a complete request head (through its blank line): well-formed, carrying a live
@@ -202,6 +240,7 @@ pub fn check(
     }
     let mut forwarded = Vec::with_capacity(head.len() + 20);
     forwarded.extend_from_slice(format!("{method} {upstream_target} {version}\r\n").as_bytes());
+    let mut kept_lines: Vec<&[u8]> = Vec::new();
     let mut length: Option<u64> = None;
     let mut chunked = false;
     let mut upgrade = false;
@@ -253,8 +292,7 @@ pub fn check(
         }
         let hop = ["connection", "keep-alive", "proxy-connection"];
         if !is_token && !hop.iter().any(|h| name.eq_ignore_ascii_case(h)) {
-            forwarded.extend_from_slice(line);
-            forwarded.extend_from_slice(b"\r\n");
+            kept_lines.push(line);
         }
     }
     if chunked && length.is_some() {
@@ -264,13 +302,21 @@ pub fn check(
         ));
     }
     let now = now_millis();
-    let live = offered.iter().any(|o| {
+    let live = offered.iter().find_map(|o| {
         tokens
             .iter()
-            .any(|t| constant_eq(o, t.value.as_bytes()) && t.expires_at.is_none_or(|e| now < e))
+            .find(|t| constant_eq(o, t.value.as_bytes()) && t.expires_at.is_none_or(|e| now < e))
     });
-    if !live {
+    let Some(token) = live.cloned() else {
         return Err(Refusal::Unauthorized);
+    };
+    // Nor in any other header: a browser repeats the URL it came from (with its token
+    // parameter) in `Referer`, and a client may carry it in a cookie.
+    for line in kept_lines {
+        if !contains(line, token.value.as_bytes()) {
+            forwarded.extend_from_slice(line);
+            forwarded.extend_from_slice(b"\r\n");
+        }
     }
     let framing = if upgrade && connection_upgrade && !chunked && length.unwrap_or(0) == 0 {
         forwarded.extend_from_slice(b"Connection: upgrade\r\n");
@@ -287,7 +333,13 @@ pub fn check(
     Ok(Accepted {
         head: forwarded,
         framing,
+        token,
     })
+}
+
+/// Whether `needle` (non-empty) occurs in `haystack`.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 fn is_token_byte(b: u8) -> bool {
@@ -445,6 +497,11 @@ impl<'a> Incoming<'a> {
     pub fn stream(&mut self) -> &mut TcpStream {
         self.stream
     }
+
+    /// The client stream, dropping what was read ahead.
+    pub fn into_stream(self) -> &'a mut TcpStream {
+        self.stream
+    }
 }
 
 /// Read a response head from the sandbox (through its blank line, at most [`MAX_HEAD`]
@@ -534,6 +591,15 @@ mod tests {
             assert!(sent.starts_with("GET /a?b=1&c=2 HTTP/1.1\r\n"), "{sent}");
             assert!(sent.contains("\r\nHost: x\r\n"), "{sent}");
         }
+        // Nor does it travel in another header: a browser's Referer (the URL it came from,
+        // token included) or a cookie.
+        let referred = format!(
+            "GET /b HTTP/1.1\r\nHost: x\r\nX-Blaxel-Preview-Token: {t}\r\nReferer: http://x/a?bl_preview_token={t}\r\nCookie: s={t}\r\nAccept: */*\r\n\r\n"
+        );
+        let sent =
+            String::from_utf8(check(referred.as_bytes(), &p, &tokens).unwrap().head).unwrap();
+        assert!(!sent.contains(t.as_str()), "{sent}");
+        assert!(sent.contains("\r\nAccept: */*\r\n"), "{sent}");
         let only = format!("GET /p?bl_preview_token={t} HTTP/1.0\r\n\r\n");
         let sent = check(only.as_bytes(), &p, &tokens)
             .expect("a live token")

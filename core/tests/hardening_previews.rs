@@ -1,0 +1,342 @@
+//! Preview URLs under attack by a client that once held access: a token revoked while its
+//! request head is on the way, a connection (a streamed answer, an upgraded tunnel, a public
+//! preview's tunnel) kept open after its token is revoked or its preview closed, and a
+//! caller minting tokens without end. Each must fail.
+//!
+//! Runs as root and rootless. Every connection is to a preview listener on 127.0.0.1.
+
+#[path = "hardening_common.rs"]
+mod common;
+
+use sandcove::{Command, ErrorCode, PreviewOptions, ProcessSpec};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use common::{eventually, Env, PATIENCE};
+
+/// Port the sandboxed server listens on.
+const PORT: u16 = 8000;
+
+/// A server that answers a request asking for an upgrade with `101` and then echoes, and
+/// any other with a `200` head followed by a line every 100 ms, forever.
+const STREAMER: &str = r#"
+import socket, threading, time
+def serve(c):
+    head = b""
+    while b"\r\n\r\n" not in head:
+        more = c.recv(4096)
+        if not more:
+            return
+        head += more
+    try:
+        if b"upgrade: x" in head.lower():
+            c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n")
+            while True:
+                data = c.recv(4096)
+                if not data:
+                    return
+                c.sendall(data)
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n")
+        while True:
+            c.sendall(b"tick\n")
+            time.sleep(0.1)
+    except OSError:
+        pass
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8000))
+s.listen(16)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// A sandbox running [`STREAMER`], or `None` (said loudly) where python3 is missing.
+async fn streaming_sandbox(env: &Env, marker: &str) -> Option<String> {
+    let id = env.sandbox(marker).await;
+    let check = sandcove::conformance::run(
+        &*env.backend,
+        &id,
+        ProcessSpec::new(Command::argv([
+            "bash",
+            "-c",
+            "command -v python3 >/dev/null && echo yes",
+        ])),
+    )
+    .await;
+    if check.stdout != b"yes\n" {
+        eprintln!("SKIP: python3 is not installed on this host; the preview probe needs it");
+        return None;
+    }
+    let server = env
+        .backend
+        .spawn(
+            &id,
+            ProcessSpec::new(Command::argv(["python3", "-c", STREAMER])),
+        )
+        .await
+        .expect("start the streaming server");
+    drop(server);
+    Some(id)
+}
+
+/// Connect to `host`, send `head`, and read until a complete response head arrives (or the
+/// connection ends). Returns the stream and what was read.
+async fn request(host: &str, head: &str) -> (TcpStream, String) {
+    let mut stream = TcpStream::connect(host).await.expect("connect the preview");
+    stream
+        .write_all(head.as_bytes())
+        .await
+        .expect("send the head");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match tokio::time::timeout(PATIENCE, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => panic!("no answer within {PATIENCE:?}"),
+        }
+    }
+    (stream, String::from_utf8_lossy(&got).into_owned())
+}
+
+/// Read (and drop) whatever arrives until the peer closes; panics if it never does.
+async fn until_closed(stream: &mut TcpStream, what: &str) {
+    let mut buf = [0u8; 4096];
+    let ended = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "{what}: the connection was still open after {PATIENCE:?}"
+    );
+}
+
+/// Wait until the sandboxed server answers through the preview.
+async fn wait_for_server(host: &str, auth: &str) {
+    eventually(PATIENCE, "the streaming server answers", || async {
+        let head = format!("GET /ready HTTP/1.1\r\nHost: x{auth}\r\n\r\n");
+        let (_, got) = request(host, &head).await;
+        if got.starts_with("HTTP/1.1 200") {
+            Ok(())
+        } else {
+            Err(got)
+        }
+    })
+    .await;
+}
+
+/// Attack (fails): open a connection while the token is good, let it be revoked (or the
+/// preview closed), then send the request head with it. The token is checked as it is when
+/// the head has arrived, so the request is refused and the sandbox never contacted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_revoked_while_the_head_is_in_flight_opens_nothing() {
+    let env = Env::new("pv-race");
+    // No server in the sandbox: a request that got through would be answered 502.
+    let id = env.sandbox("pv-race").await;
+    let preview = env
+        .backend
+        .expose_port(&id, PreviewOptions::new(PORT))
+        .await
+        .expect("expose");
+    let token = preview
+        .token
+        .clone()
+        .expect("a private preview's token")
+        .value;
+    let header = &preview.token_header;
+
+    let mut early = TcpStream::connect(&preview.host).await.expect("connect");
+    early
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("start the head");
+    // A round trip through the same monitor: the connection above is accepted by now.
+    env.backend.list_previews(&id).await.expect("list");
+    env.backend
+        .revoke_preview_token(&id, PORT, &token)
+        .await
+        .expect("revoke");
+    early
+        .write_all(format!("{header}: {token}\r\n\r\n").as_bytes())
+        .await
+        .expect("finish the head");
+    let mut answer = String::new();
+    tokio::time::timeout(PATIENCE, early.read_to_string(&mut answer))
+        .await
+        .expect("an answer")
+        .ok();
+    assert!(
+        answer.starts_with("HTTP/1.1 401"),
+        "a token revoked before the head arrived was accepted: {answer:?}"
+    );
+
+    // The same with the preview closed (then opened again, with a new token) meanwhile.
+    let second = env
+        .backend
+        .create_preview_token(&id, PORT, None)
+        .await
+        .expect("a second token")
+        .value;
+    let mut early = TcpStream::connect(&preview.host).await.expect("connect");
+    early
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("start the head");
+    env.backend.list_previews(&id).await.expect("list");
+    env.backend.close_preview(&id, PORT).await.expect("close");
+    early
+        .write_all(format!("{header}: {second}\r\n\r\n").as_bytes())
+        .await
+        .expect("finish the head");
+    let mut answer = String::new();
+    tokio::time::timeout(PATIENCE, early.read_to_string(&mut answer))
+        .await
+        .expect("an answer")
+        .ok();
+    assert!(
+        answer.starts_with("HTTP/1.1 404"),
+        "a request on a closed preview was forwarded: {answer:?}"
+    );
+    env.backend.destroy(&id).await.expect("destroy");
+}
+
+/// Attack (fails): keep what a token let through — a streamed answer and an upgraded
+/// tunnel — after the token is revoked; keep a public preview's tunnel after the preview is
+/// closed. Each connection is cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_or_closing_cuts_the_connections_already_let_through() {
+    let env = Env::new("pv-cut");
+    let Some(id) = streaming_sandbox(&env, "pv-cut").await else {
+        return;
+    };
+    let preview = env
+        .backend
+        .expose_port(&id, PreviewOptions::new(PORT))
+        .await
+        .expect("expose");
+    let keep = preview.token.clone().expect("a token").value;
+    let header = preview.token_header.clone();
+    wait_for_server(&preview.host, &format!("\r\n{header}: {keep}")).await;
+
+    // A streamed answer.
+    let doomed = env
+        .backend
+        .create_preview_token(&id, PORT, None)
+        .await
+        .expect("token")
+        .value;
+    let (mut stream, got) = request(
+        &preview.host,
+        &format!("GET /stream HTTP/1.1\r\nHost: x\r\n{header}: {doomed}\r\n\r\n"),
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+    // An upgraded tunnel, by another token.
+    let doomed_too = env
+        .backend
+        .create_preview_token(&id, PORT, None)
+        .await
+        .expect("token")
+        .value;
+    let (mut tunnel, got) = request(
+        &preview.host,
+        &format!(
+            "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: x\r\nConnection: Upgrade\r\n{header}: {doomed_too}\r\n\r\n"
+        ),
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 101"), "{got:?}");
+    tunnel.write_all(b"ping").await.expect("tunnel write");
+    let mut echo = [0u8; 4];
+    tokio::time::timeout(PATIENCE, tunnel.read_exact(&mut echo))
+        .await
+        .expect("echo in time")
+        .expect("echo");
+    assert_eq!(&echo, b"ping");
+    // A streamed answer by a token that stays: revoking others leaves it alone.
+    let (mut kept, got) = request(
+        &preview.host,
+        &format!("GET /stream HTTP/1.1\r\nHost: x\r\n{header}: {keep}\r\n\r\n"),
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+
+    env.backend
+        .revoke_preview_token(&id, PORT, &doomed)
+        .await
+        .expect("revoke");
+    until_closed(&mut stream, "a stream whose token was revoked").await;
+    env.backend
+        .revoke_preview_token(&id, PORT, &doomed_too)
+        .await
+        .expect("revoke");
+    until_closed(&mut tunnel, "a tunnel whose token was revoked").await;
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(PATIENCE, kept.read(&mut buf))
+        .await
+        .expect("the kept stream still flows")
+        .expect("read");
+    assert!(n > 0, "the stream of a live token was cut");
+    env.backend.close_preview(&id, PORT).await.expect("close");
+    until_closed(&mut kept, "a stream whose preview was closed").await;
+
+    // A public preview's tunnel ends when the preview closes.
+    let preview = env
+        .backend
+        .expose_port(&id, PreviewOptions::new(PORT).public(true))
+        .await
+        .expect("expose publicly");
+    wait_for_server(&preview.host, "").await;
+    let (mut open, got) = request(&preview.host, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+    env.backend.close_preview(&id, PORT).await.expect("close");
+    until_closed(&mut open, "a public preview's tunnel after it closed").await;
+    env.backend.destroy(&id).await.expect("destroy");
+}
+
+/// Attack (fails): mint preview tokens in a loop. The engine keeps at most
+/// `MAX_TOKENS` (1000) live tokens per preview and says so; revoking one makes room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preview_tokens_per_preview_are_bounded() {
+    let env = Env::new("pv-cap");
+    let id = env.sandbox("pv-cap").await;
+    env.backend
+        .expose_port(&id, PreviewOptions::new(PORT))
+        .await
+        .expect("expose");
+    let mut made = Vec::new();
+    let refused = loop {
+        let in_a_minute = Some(sandcove::now_millis() + 60_000);
+        match env
+            .backend
+            .create_preview_token(&id, PORT, in_a_minute)
+            .await
+        {
+            Ok(token) => made.push(token.value),
+            Err(e) => break e,
+        }
+        assert!(
+            made.len() <= 1000,
+            "{} tokens minted for one preview and no refusal",
+            made.len()
+        );
+    };
+    assert_eq!(refused.code(), ErrorCode::InvalidArgument, "{refused}");
+    assert_eq!(made.len(), 999, "the exposed token and 999 more are live");
+    env.backend
+        .revoke_preview_token(&id, PORT, &made[0])
+        .await
+        .expect("revoke one");
+    env.backend
+        .create_preview_token(&id, PORT, None)
+        .await
+        .expect("room after a revocation");
+    env.backend.destroy(&id).await.expect("destroy");
+}
