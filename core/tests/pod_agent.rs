@@ -170,8 +170,8 @@ impl Backend for PodAgents {
             "envs": options.envs,
             "resources": options.resources,
             "network": options.network,
-            // The agent's processes run as this program's own user (no user namespace).
-            "user": {"name": user, "uid": own_uid(), "gid": own_gid(), "home": home},
+            // The agent runs as this test's uid: so do its processes and files.
+            "user": {"name": user, "uid": my_uid(), "gid": my_gid(), "home": home},
             "created_at": now,
             "ends_at": now + 600_000,
         }))
@@ -365,6 +365,14 @@ impl Backend for PodAgents {
     }
 }
 
+fn my_uid() -> u32 {
+    std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap())
+}
+
+fn my_gid() -> u32 {
+    std::os::unix::fs::MetadataExt::gid(&std::fs::metadata("/proc/self").unwrap())
+}
+
 async fn pods() -> Arc<dyn Backend> {
     Arc::new(PodAgents::default())
 }
@@ -435,7 +443,7 @@ impl OnePod {
         let info: SandboxInfo = serde_json::from_value(serde_json::json!({
             "id": tag, "state": "running", "template": "base", "labels": {}, "envs": {},
             "resources": {}, "network": "none",
-            "user": {"name": "user", "uid": own_uid(), "gid": own_gid(), "home": SANDBOX_HOME},
+            "user": {"name": "user", "uid": 0, "gid": 0, "home": SANDBOX_HOME},
             "created_at": 0, "ends_at": 0,
         }))
         .unwrap();
@@ -689,13 +697,4 @@ async fn lifecycle_requests_are_not_served_by_the_pod_agent() {
     let reply = read_header(&mut sock).await.expect("a refusal frame");
     assert_eq!(reply["error"]["code"], "not_supported", "{reply}");
     pod.agent().ready().await.expect("still serving");
-}
-
-/// This program's uid and gid: the pod agent's processes run as them.
-fn own_uid() -> u32 {
-    std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").expect("/proc/self"))
-}
-
-fn own_gid() -> u32 {
-    std::os::unix::fs::MetadataExt::gid(&std::fs::metadata("/proc/self").expect("/proc/self"))
 }
