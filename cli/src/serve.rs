@@ -80,6 +80,84 @@ pub struct ServeArgs {
     /// once in <state dir>/blaxel-ca (see `sandcove ca`).
     #[arg(long, value_name = "ADDR")]
     pub blaxel: Option<SocketAddr>,
+    /// Where sandboxes run: `local` (the embedded engine on this machine) or `kubernetes`
+    /// (one Pod per sandbox in --namespace; the cluster from KUBECONFIG, ~/.kube/config or
+    /// the in-cluster service account). See docs/kubernetes.md.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Local)]
+    pub backend: BackendChoice,
+    /// Kubernetes: the namespace sandbox Pods, volume claims and network policies live in.
+    #[arg(long, default_value = "sandcove", env = "SANDCOVE_KUBE_NAMESPACE")]
+    pub namespace: String,
+    /// Kubernetes: the sandbox image, whose entrypoint is `sandcove agent --listen`
+    /// (deploy/Containerfile).
+    #[arg(long, value_name = "IMAGE", env = "SANDCOVE_KUBE_IMAGE")]
+    pub kube_image: Option<String>,
+    /// Kubernetes: the runtimeClassName of sandbox Pods (e.g. gvisor or kata) for isolation
+    /// stronger than the default container runtime's.
+    #[arg(long, value_name = "NAME", env = "SANDCOVE_KUBE_RUNTIME_CLASS")]
+    pub runtime_class: Option<String>,
+    /// Kubernetes: the agent's TCP port in every sandbox Pod.
+    #[arg(long, default_value_t = sandcove::backend::kube::DEFAULT_AGENT_PORT)]
+    pub kube_agent_port: u16,
+    /// Kubernetes: a file holding the backend key (at least 32 bytes; mode 0600 or stricter)
+    /// from which every sandbox's agent token is derived. Alternative to SANDCOVE_KUBE_KEY.
+    /// Keep it stable: a server restarted with another key cannot reach existing sandboxes.
+    #[arg(long, value_name = "PATH")]
+    pub kube_key_file: Option<PathBuf>,
+    /// Kubernetes: the API server URL instead of the usual configuration (e.g.
+    /// http://127.0.0.1:8001 of `kubectl proxy`).
+    #[arg(long, value_name = "URL")]
+    pub kube_api_url: Option<String>,
+    /// Kubernetes: the longest a sandbox may live, in seconds (its Pod's
+    /// activeDeadlineSeconds; no lease may end later).
+    #[arg(long, default_value_t = 24 * 3600)]
+    pub kube_max_lifetime_secs: u64,
+}
+
+/// Where `sandcove serve` runs sandboxes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    /// The embedded engine on this machine.
+    Local,
+    /// Pods of a Kubernetes cluster.
+    Kubernetes,
+}
+
+/// The environment variable holding the Kubernetes backend key.
+pub const KUBE_KEY_ENV: &str = "SANDCOVE_KUBE_KEY";
+
+/// The Kubernetes backend key from `--kube-key-file` or the environment, which is then
+/// scrubbed; at least 32 bytes.
+fn kube_key(file: Option<PathBuf>) -> Result<Vec<u8>, String> {
+    let from_env = std::env::var(KUBE_KEY_ENV).ok();
+    std::env::remove_var(KUBE_KEY_ENV);
+    let key = match (file, from_env) {
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "both {KUBE_KEY_ENV} and --kube-key-file are set: choose one"
+            ))
+        }
+        (Some(path), None) => {
+            let bytes = server::read_secret_file(&path, true).map_err(|e| e.to_string())?;
+            let text = String::from_utf8_lossy(&bytes);
+            text.lines()
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .as_bytes()
+                .to_vec()
+        }
+        (None, Some(key)) => key.trim().as_bytes().to_vec(),
+        (None, None) => Vec::new(),
+    };
+    if key.len() < sandcove::backend::kube::MIN_KEY_BYTES {
+        return Err(format!(
+            "the Kubernetes backend needs a key of at least {} bytes in {KUBE_KEY_ENV} or \
+             --kube-key-file PATH (e.g. `head -c 32 /dev/urandom | base64`)",
+            sandcove::backend::kube::MIN_KEY_BYTES
+        ));
+    }
+    Ok(key)
 }
 
 /// The API key from `--api-key-file` or the environment, which is then scrubbed.
@@ -135,6 +213,14 @@ pub fn run(args: ServeArgs) -> ExitCode {
         e2b,
         daytona,
         blaxel,
+        backend: backend_choice,
+        namespace,
+        kube_image,
+        runtime_class,
+        kube_agent_port,
+        kube_key_file,
+        kube_api_url,
+        kube_max_lifetime_secs,
     } = args;
     if blaxel.is_some() && (tls_cert.is_some() || tls_key.is_some()) {
         eprintln!(
@@ -173,23 +259,62 @@ pub fn run(args: ServeArgs) -> ExitCode {
         }
     }
     let state_dir = state_dir.unwrap_or_else(sandcove::backend::local::default_state_dir);
-    let engine = LocalBackend::with_state_dir(&state_dir)
-        .and_then(|engine| engine.with_max_file_bytes(max_file_bytes))
-        .map(|engine| {
-            let size = warm_pool.unwrap_or_else(|| {
-                sandcove::backend::local::warm_pool_size_from_env_or(
-                    sandcove::backend::local::SERVER_WARM_POOL,
-                )
-            });
-            engine.with_warm_pool(size)
-        });
-    let backend: Arc<dyn Backend> = match engine {
-        Ok(engine) => Arc::new(engine),
+    // The Kubernetes backend's settings, checked before anything starts.
+    let kube = match backend_choice {
+        BackendChoice::Local => None,
+        BackendChoice::Kubernetes => {
+            let key = match kube_key(kube_key_file) {
+                Ok(key) => key,
+                Err(message) => {
+                    eprintln!("sandcove serve: {message}");
+                    return ExitCode::from(2);
+                }
+            };
+            let Some(image) = kube_image else {
+                eprintln!(
+                    "sandcove serve: --backend kubernetes needs --kube-image (the sandbox \
+                     image, see deploy/Containerfile)"
+                );
+                return ExitCode::from(2);
+            };
+            let mut config = sandcove::KubeConfig::new(namespace, image, key);
+            config.runtime_class = runtime_class;
+            config.agent_port = kube_agent_port;
+            config.max_lifetime = Duration::from_secs(kube_max_lifetime_secs.max(1));
+            config.max_file_bytes = max_file_bytes;
+            Some((config, kube_api_url))
+        }
+    };
+    // The embedded engine starts before the async runtime, as it always has.
+    let chosen = match kube {
+        None => Ok(build_engine(&state_dir, max_file_bytes, warm_pool)),
+        Some(kube) => Err(kube),
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sandcove serve: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let built: sandcove::Result<Arc<dyn Backend>> = match chosen {
+        Ok(engine) => engine.map(|e| Arc::new(e) as Arc<dyn Backend>),
+        Err((config, url)) => runtime.block_on(async move {
+            let backend = match url {
+                Some(url) => sandcove::KubeBackend::with_url(&url, config).await?,
+                None => sandcove::KubeBackend::connect(config).await?,
+            };
+            Ok(Arc::new(backend) as Arc<dyn Backend>)
+        }),
+    };
+    let backend: Arc<dyn Backend> = match built {
+        Ok(backend) => backend,
         Err(e) => {
             eprintln!("sandcove serve: {e}");
             return ExitCode::FAILURE;
         }
     };
+
     // The Blaxel proxy's CA: created or loaded (file IO, key generation) before the
     // event loop starts.
     let blaxel_ca = match blaxel {
@@ -226,13 +351,6 @@ pub fn run(args: ServeArgs) -> ExitCode {
     let mut wire = e2b::wire::WireConfig::new(api_key);
     wire.max_body_bytes = max_body_bytes;
     wire.max_upload_bytes = max_upload_bytes;
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("sandcove serve: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     let result = runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::bind(listen).await?;
                 let native = listener.local_addr()?;
@@ -360,6 +478,24 @@ pub fn run(args: ServeArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The embedded engine of `sandcove serve`, with its file bound and warm pool.
+fn build_engine(
+    state_dir: &std::path::Path,
+    max_file_bytes: u64,
+    warm_pool: Option<usize>,
+) -> sandcove::Result<LocalBackend> {
+    LocalBackend::with_state_dir(state_dir)
+        .and_then(|engine| engine.with_max_file_bytes(max_file_bytes))
+        .map(|engine| {
+            let size = warm_pool.unwrap_or_else(|| {
+                sandcove::backend::local::warm_pool_size_from_env_or(
+                    sandcove::backend::local::SERVER_WARM_POOL,
+                )
+            });
+            engine.with_warm_pool(size)
+        })
 }
 
 /// The in-memory cap of one Daytona (or Blaxel) upload: the server's upload limit, but never

@@ -222,3 +222,56 @@ fn serve_takes_its_key_from_a_private_file() {
     ok.expect("the key from the file is accepted");
     assert!(wrong.is_err());
 }
+
+#[test]
+fn serve_kubernetes_needs_a_backend_key_an_image_and_its_api_server() {
+    if !runnable() {
+        return;
+    }
+    let serve = |envs: &[(&str, &str)], args: &[&str]| {
+        let mut command = Command::new(bin());
+        command
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--backend",
+                "kubernetes",
+            ])
+            .args(args)
+            .env("SANDCOVE_API_KEY", unique("key"))
+            .env_remove("SANDCOVE_KUBE_KEY")
+            .env_remove("SANDCOVE_KUBE_IMAGE");
+        for (k, v) in envs {
+            command.env(k, v);
+        }
+        let out = command.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = serve(&[], &["--kube-image", "sandcove:dev"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("SANDCOVE_KUBE_KEY"), "{err}");
+    let (code, err) = serve(&[("SANDCOVE_KUBE_KEY", "short")], &["--kube-image", "x"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("at least 32 bytes"), "{err}");
+    let key = "k".repeat(40);
+    let (code, err) = serve(&[("SANDCOVE_KUBE_KEY", &key)], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--kube-image"), "{err}");
+    // Everything given, but no API server there: a clear failure, not a server without a
+    // backend. (Port 1 on loopback: nothing listens there.)
+    let (code, err) = serve(
+        &[("SANDCOVE_KUBE_KEY", &key)],
+        &[
+            "--kube-image",
+            "sandcove:dev",
+            "--kube-api-url",
+            "http://127.0.0.1:1",
+        ],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("Kubernetes API server"), "{err}");
+}

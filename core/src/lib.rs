@@ -49,6 +49,8 @@ pub mod server;
 
 #[cfg(feature = "http")]
 pub use backend::http::{HttpBackend, HttpOptions};
+#[cfg(feature = "kubernetes")]
+pub use backend::kube::{KubeBackend, KubeConfig};
 #[cfg(feature = "local")]
 pub use backend::local::LocalBackend;
 pub use backend::{Backend, ByteStream, ProcessStream, WatchStream};

@@ -39,6 +39,10 @@ pub const HELLO_TIMEOUT_ENV: &str = "SANDCOVE_AGENT_HELLO_TIMEOUT_MS";
 /// Env var: the most connections served at once.
 pub const MAX_CONNECTIONS_ENV: &str = "SANDCOVE_AGENT_MAX_CONNECTIONS";
 
+/// Env var: `RLIMIT_NOFILE` of every process (the sandbox's `max_open_files`; default as on
+/// the embedded engine).
+pub const MAX_OPEN_FILES_ENV: &str = "SANDCOVE_AGENT_MAX_OPEN_FILES";
+
 /// The role value that makes a re-executed program a pod agent (in `__SANDCOVE_ROLE`).
 pub const ROLE_POD_AGENT: &str = "pod-agent";
 
@@ -69,6 +73,8 @@ pub struct PodAgentConfig {
     pub hello_timeout: Duration,
     /// Most connections served at once.
     pub max_connections: usize,
+    /// `RLIMIT_NOFILE` of every process; `None`: the engine's default.
+    pub max_open_files: Option<u64>,
 }
 
 impl PodAgentConfig {
@@ -85,6 +91,7 @@ impl PodAgentConfig {
             envs: BTreeMap::new(),
             hello_timeout: DEFAULT_HELLO_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_open_files: None,
         }
     }
 
@@ -141,6 +148,12 @@ impl PodAgentConfig {
                 .parse()
                 .map_err(|e| Error::invalid(format!("{MAX_CONNECTIONS_ENV}: {e}")))?;
             config.max_connections = n.max(1);
+        }
+        if let Some(n) = var(MAX_OPEN_FILES_ENV) {
+            let n: u64 = n
+                .parse()
+                .map_err(|e| Error::invalid(format!("{MAX_OPEN_FILES_ENV}: {e}")))?;
+            config.max_open_files = Some(n.max(1));
         }
         Ok(config)
     }

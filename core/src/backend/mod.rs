@@ -26,6 +26,8 @@ pub mod agent_client;
 pub mod agent_server;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "kubernetes")]
+pub mod kube;
 #[cfg(feature = "local")]
 pub mod local;
 

@@ -73,10 +73,11 @@ fn prepare(config: &PodAgentConfig) -> Result<Record> {
         .user
         .clone()
         .unwrap_or_else(|| super::super::config::DEFAULT_USER_NAME.to_string());
-    let options = crate::CreateOptions {
+    let mut options = crate::CreateOptions {
         envs: config.envs.clone(),
         ..Default::default()
     };
+    options.resources.max_open_files = config.max_open_files;
     let now = now_millis();
     let record = Record {
         id: config.sandbox.clone(),
