@@ -5,17 +5,26 @@ use sandcove_tests::{capabilities, check_everywhere, has};
 
 #[test]
 fn blaxel_quickstart() {
-    check_everywhere("blaxel_quickstart", env!("CARGO_BIN_EXE_fx_blaxel_quickstart"));
+    check_everywhere(
+        "blaxel_quickstart",
+        env!("CARGO_BIN_EXE_fx_blaxel_quickstart"),
+    );
 }
 
 #[test]
 fn blaxel_batch_logs() {
-    check_everywhere("blaxel_batch_logs", env!("CARGO_BIN_EXE_fx_blaxel_batch_logs"));
+    check_everywhere(
+        "blaxel_batch_logs",
+        env!("CARGO_BIN_EXE_fx_blaxel_batch_logs"),
+    );
 }
 
 #[test]
 fn blaxel_streaming() {
-    check_everywhere("blaxel_streaming", env!("CARGO_BIN_EXE_fx_blaxel_streaming"));
+    check_everywhere(
+        "blaxel_streaming",
+        env!("CARGO_BIN_EXE_fx_blaxel_streaming"),
+    );
 }
 
 #[test]
@@ -34,7 +43,10 @@ fn blaxel_process() {
 #[test]
 fn blaxel_filesystem() {
     if has(capabilities().watch, "blaxel_filesystem", "watch") {
-        check_everywhere("blaxel_filesystem", env!("CARGO_BIN_EXE_fx_blaxel_filesystem"));
+        check_everywhere(
+            "blaxel_filesystem",
+            env!("CARGO_BIN_EXE_fx_blaxel_filesystem"),
+        );
     }
 }
 

@@ -42,7 +42,10 @@ fn daytona_git() {
 
 #[test]
 fn daytona_sessions() {
-    check_everywhere("daytona_sessions", env!("CARGO_BIN_EXE_fx_daytona_sessions"));
+    check_everywhere(
+        "daytona_sessions",
+        env!("CARGO_BIN_EXE_fx_daytona_sessions"),
+    );
 }
 
 #[test]

@@ -53,7 +53,10 @@ fn e2b_lifecycle() {
 
 #[test]
 fn e2b_metadata_list() {
-    check_everywhere("e2b_metadata_list", env!("CARGO_BIN_EXE_fx_e2b_metadata_list"));
+    check_everywhere(
+        "e2b_metadata_list",
+        env!("CARGO_BIN_EXE_fx_e2b_metadata_list"),
+    );
 }
 
 #[test]
