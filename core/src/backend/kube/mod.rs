@@ -725,21 +725,27 @@ impl KubeBackend {
         }
     }
 
+    /// The sandbox Pods `options`' selectors match (labels that do not fit a selector are
+    /// left for the caller to filter).
+    async fn pods_matching(&self, options: &ListOptions) -> Result<Vec<Pod>> {
+        let pods = self
+            .inner
+            .pods
+            .list(&spec::list_params(options))
+            .await
+            .map_err(|e| map_error("listing sandbox Pods", e))?;
+        Ok(pods.items)
+    }
+
     /// Whether another live sandbox holds `name`.
     async fn name_taken(&self, name: &str, except: Option<&str>) -> Result<Option<PodRecord>> {
         let options = ListOptions {
             name: Some(name.to_string()),
             ..Default::default()
         };
-        let pods = self
-            .inner
-            .pods
-            .list(&spec::list_params(&options))
-            .await
-            .map_err(|e| map_error("listing sandbox Pods", e))?;
+        let pods = self.pods_matching(&options).await?;
         let now = crate::now_millis();
         let mut holders: Vec<PodRecord> = pods
-            .items
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .filter_map(spec::record_of)
@@ -970,15 +976,9 @@ impl Backend for KubeBackend {
     }
 
     async fn list(&self, options: ListOptions) -> Result<Vec<SandboxInfo>> {
-        let pods = self
-            .inner
-            .pods
-            .list(&spec::list_params(&options))
-            .await
-            .map_err(|e| map_error("listing sandbox Pods", e))?;
+        let pods = self.pods_matching(&options).await?;
         let now = crate::now_millis();
         let mut out: Vec<SandboxInfo> = pods
-            .items
             .iter()
             .filter_map(spec::info_of)
             .filter(|info| info.state != SandboxState::Destroyed && info.ends_at > now)
