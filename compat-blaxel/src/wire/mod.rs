@@ -210,6 +210,30 @@ async fn collapse_slashes(mut request: Request, next: Next) -> Response {
 
 async fn not_found(request: Request) -> Response {
     let path = request.uri().path().to_string();
+    let method = request.method().clone();
+    // Read what the client sent (bounded) before refusing: answering over an unread body
+    // makes the server close the connection, and a client that already reuses it for its
+    // next request sees "disconnected without a response" instead of its next answer.
+    let drained = axum::body::to_bytes(request.into_body(), REFUSED_BODY_DRAIN)
+        .await
+        .is_ok();
+    let mut response = refusal_of(&method, &path);
+    if !drained {
+        // Too large (or broken) to read: tell the client not to reuse the connection.
+        response.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    response
+}
+
+/// Most of a refused request's body read so its connection can be reused.
+const REFUSED_BODY_DRAIN: usize = 64 * 1024;
+
+/// The answer to a path this listener does not serve.
+fn refusal_of(method: &axum::http::Method, path: &str) -> Response {
+    let path = path.to_string();
     if let Some(feature) = gap_of_path(&path) {
         return ApiError::control(crate::gaps::refuse(feature)).into_response();
     }
@@ -221,14 +245,14 @@ async fn not_found(request: Request) -> Response {
                 "{} {path} is not served over Blaxel's wire protocol by Sandcove (see \
                  MAPPING.md); instead use the sandbox calls (create, get, list, update, delete, \
                  previews), processes and files",
-                request.method()
+                method
             ),
         );
     }
     sandbox_error(
         StatusCode::NOT_FOUND,
         "NOT_FOUND",
-        &format!("{} {path} does not exist here", request.method()),
+        &format!("{} {path} does not exist here", method),
     )
 }
 
