@@ -58,16 +58,67 @@ impl Exposed {
         Ok(())
     }
 
-    /// Whether a connection let through by `token` (`None`: a public preview's) may go on.
+    /// Whether a connection let through by `token` (`None`: a public preview's) may go on:
+    /// its token still held and not expired.
     pub fn still_allows(&self, token: Option<&PreviewToken>) -> bool {
+        let now = now_millis();
         match token {
             None => self.preview.public,
             Some(token) => {
                 !self.preview.public
-                    && self
-                        .tokens
-                        .iter()
-                        .any(|t| constant_eq(t.value.as_bytes(), token.value.as_bytes()))
+                    && self.tokens.iter().any(|t| {
+                        constant_eq(t.value.as_bytes(), token.value.as_bytes())
+                            && t.expires_at.is_none_or(|e| now < e)
+                    })
+            }
+        }
+    }
+}
+
+/// The timer of `port`'s preview: signals its connections (through [`Exposed::changed`]) at
+/// each of its tokens' expiries, so a connection a token let through is cut when that token
+/// expires, as when it is revoked. One per preview, however many tokens and connections it
+/// has; `changes` (a receiver of the preview's signal) tells it to look at the tokens again,
+/// and ends it when the preview closes.
+pub async fn expire_tokens(
+    previews: Previews,
+    port: u16,
+    mut changes: tokio::sync::watch::Receiver<()>,
+) {
+    loop {
+        let next = {
+            let map = previews.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(exposed) = map.get(&port) else {
+                return;
+            };
+            let now = now_millis();
+            exposed
+                .tokens
+                .iter()
+                .filter_map(|t| t.expires_at)
+                .filter(|&at| at > now)
+                .min()
+        };
+        let expiry = async {
+            match next {
+                Some(at) => {
+                    let wait = at.saturating_sub(now_millis());
+                    tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            () = expiry => {
+                let map = previews.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(exposed) = map.get(&port) {
+                    exposed.changed.send_replace(());
+                }
             }
         }
     }
