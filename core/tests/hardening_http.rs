@@ -763,10 +763,9 @@ fn preview_env(tag: &str, limits: sandcove::backend::local::PreviewLimits) -> En
 /// token still complete, and the half-open connections get `408` and are closed.
 #[tokio::test]
 async fn private_previews_survive_half_sent_heads() {
-    let limits = sandcove::backend::local::PreviewLimits {
-        head_timeout_ms: 1000,
-        max_connections: 8,
-    };
+    let limits = sandcove::backend::local::PreviewLimits::default()
+        .head_timeout_ms(1000)
+        .max_connections(8);
     let env = preview_env("ploris", limits);
     let id = env.sandbox("ploris").await;
     keep_alive_server(env.backend.as_ref(), &id, 8000).await;

@@ -175,14 +175,30 @@ pub fn describe(
 }
 
 /// Limits on each preview listener. Stored in the sandbox's record at create, so the
-/// monitor applies the values the creating program chose.
+/// monitor applies the values the creating program chose. Built from
+/// [`PreviewLimits::default`] and its setters (more limits may come).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PreviewLimits {
     /// How long a client may take to send a private preview's request head, in ms; a
     /// slower one gets `408` and is closed.
     pub head_timeout_ms: u64,
     /// Connections served at once per preview; further ones wait in the kernel's backlog.
     pub max_connections: usize,
+}
+
+impl PreviewLimits {
+    /// These limits with `ms` milliseconds for a private preview's request head.
+    pub fn head_timeout_ms(mut self, ms: u64) -> Self {
+        self.head_timeout_ms = ms;
+        self
+    }
+
+    /// These limits with at most `n` connections served at once per preview.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n;
+        self
+    }
 }
 
 impl Default for PreviewLimits {
