@@ -949,11 +949,7 @@ async fn unclaimed_warm_pool_members_are_unknown() {
     let env = Env::new("hpool");
     let warm = env.local.clone().with_warm_pool(1);
     // The first create is cold and starts the pool.
-    let first = warm
-        .create(env.options("hpool"))
-        .await
-        .expect("create")
-        .id;
+    let first = warm.create(env.options("hpool")).await.expect("create").id;
     common::eventually(common::PATIENCE, "a warm member is ready", || async {
         common::equals(warm.warm_ready(), 1)
     })
@@ -986,16 +982,16 @@ async fn unclaimed_warm_pool_members_are_unknown() {
         }
     }
     // Untouched: the next create claims it, and then it is an ordinary sandbox.
-    let claimed = warm
-        .create(env.options("hpool"))
-        .await
-        .expect("create")
-        .id;
+    let claimed = warm.create(env.options("hpool")).await.expect("create").id;
     assert_eq!(claimed, member, "the next create claimed the member");
     assert_eq!(warm.warm_claims(), 1);
-    client.get(&claimed).await.expect("the claimed sandbox over HTTP");
-    let out = sandcove::conformance::run(&client, &claimed, ProcessSpec::new(Command::sh("echo ok")))
-        .await;
+    client
+        .get(&claimed)
+        .await
+        .expect("the claimed sandbox over HTTP");
+    let out =
+        sandcove::conformance::run(&client, &claimed, ProcessSpec::new(Command::sh("echo ok")))
+            .await;
     assert_eq!(out.stdout, b"ok\n");
     for id in [first, claimed] {
         warm.destroy(&id).await.expect("destroy");
