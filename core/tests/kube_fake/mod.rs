@@ -1035,12 +1035,16 @@ where
         }
     };
     let (mut from_pod, mut to_pod) = tcp.into_split();
+    // Ends when the client goes away. A write the Pod refuses (it answered and closed, e.g.
+    // an upload over its bound) does not end it: the answer still flows out, and what the
+    // client still sends is read and dropped.
     let inbound = async {
+        let mut open = true;
         while let Some(Ok(message)) = frames.next().await {
             match message {
                 Message::Binary(data) if data.len() > 1 && data[0] == 0 => {
-                    if to_pod.write_all(&data[1..]).await.is_err() {
-                        return;
+                    if open && to_pod.write_all(&data[1..]).await.is_err() {
+                        open = false;
                     }
                 }
                 Message::Close(_) => return,

@@ -43,6 +43,7 @@ fn client_for(backend: &KubeBackend, id: &str, pod: &Pod) -> Result<RemoteAgent>
         AgentReach::PodIp => Arc::new(TcpDialer::new(agent_addr(backend, id, pod)?)),
         AgentReach::PortForward => Arc::new(super::forward::PortForwardDialer::new(
             backend.inner.pods.clone(),
+            config.namespace.clone(),
             super::spec::pod_name(id),
             config.agent_port,
         )),
