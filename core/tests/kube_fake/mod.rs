@@ -1042,10 +1042,8 @@ where
         let mut open = true;
         while let Some(Ok(message)) = frames.next().await {
             match message {
-                Message::Binary(data) if data.len() > 1 && data[0] == 0 => {
-                    if open && to_pod.write_all(&data[1..]).await.is_err() {
-                        open = false;
-                    }
+                Message::Binary(data) if open && data.len() > 1 && data[0] == 0 => {
+                    open = to_pod.write_all(&data[1..]).await.is_ok();
                 }
                 Message::Close(_) => return,
                 _ => {}
