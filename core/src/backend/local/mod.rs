@@ -24,7 +24,7 @@ mod monitor;
 mod names;
 mod net;
 mod pool;
-mod preview;
+pub(crate) mod preview;
 pub(crate) mod proto;
 mod refs;
 mod seccomp;
