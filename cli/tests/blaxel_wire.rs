@@ -567,7 +567,11 @@ async fn the_python_sdks_long_poll_wait_answers_when_the_process_ends_or_the_hol
 /// A file's text through the sandbox API.
 async fn read_text(env: &Env, sandbox: &str, path: &str) -> String {
     let (status, answer) = env
-        .call("GET", &format!("/blaxel-sbx/{sandbox}/filesystem/{path}"), None)
+        .call(
+            "GET",
+            &format!("/blaxel-sbx/{sandbox}/filesystem/{path}"),
+            None,
+        )
         .await;
     assert_eq!(status, 200, "{sandbox}:{path}: {answer}");
     answer["content"].as_str().unwrap().to_string()
@@ -592,8 +596,18 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
     assert_eq!(status, 200);
     for (method, path, body, want) in [
         ("POST", "/v0/sandboxes/nope/snapshots", json!({}), 404),
-        ("POST", "/v0/sandboxes/snap/snapshots", json!({"name": "a/b"}), 400),
-        ("POST", "/v0/sandboxes/snap/snapshots", json!({"bogus": 1}), 400),
+        (
+            "POST",
+            "/v0/sandboxes/snap/snapshots",
+            json!({"name": "a/b"}),
+            400,
+        ),
+        (
+            "POST",
+            "/v0/sandboxes/snap/snapshots",
+            json!({"bogus": 1}),
+            400,
+        ),
         (
             "POST",
             "/v0/sandboxes/snap/snapshots",
@@ -601,7 +615,12 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
             400,
         ),
         ("POST", "/v0/snapshots", json!({"name": "x"}), 400),
-        ("POST", "/v0/snapshots", json!({"source": {"name": "nope"}}), 404),
+        (
+            "POST",
+            "/v0/snapshots",
+            json!({"source": {"name": "nope"}}),
+            404,
+        ),
         (
             "POST",
             "/v0/snapshots",
@@ -611,11 +630,36 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
         ("GET", "/v0/sandboxes/nope/snapshots", json!(null), 404),
         ("GET", "/v0/snapshots/snap-none", json!(null), 404),
         ("DELETE", "/v0/snapshots/snap-none", json!(null), 404),
-        ("DELETE", "/v0/sandboxes/snap/snapshots/none", json!(null), 404),
-        ("POST", "/v0/sandboxes/snap/snapshots/none/restore", json!(null), 404),
-        ("POST", "/v0/sandboxes/nope/snapshots/none/restore", json!(null), 404),
-        ("POST", "/v0/snapshots/snap-none/fork", json!({"targetName": "f0"}), 404),
-        ("POST", "/v0/sandboxes/nope/fork", json!({"targetName": "f0"}), 404),
+        (
+            "DELETE",
+            "/v0/sandboxes/snap/snapshots/none",
+            json!(null),
+            404,
+        ),
+        (
+            "POST",
+            "/v0/sandboxes/snap/snapshots/none/restore",
+            json!(null),
+            404,
+        ),
+        (
+            "POST",
+            "/v0/sandboxes/nope/snapshots/none/restore",
+            json!(null),
+            404,
+        ),
+        (
+            "POST",
+            "/v0/snapshots/snap-none/fork",
+            json!({"targetName": "f0"}),
+            404,
+        ),
+        (
+            "POST",
+            "/v0/sandboxes/nope/fork",
+            json!({"targetName": "f0"}),
+            404,
+        ),
         (
             "POST",
             "/v0/sandboxes/snap/fork",
@@ -623,7 +667,12 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
             404,
         ),
         ("POST", "/v0/sandboxes/snap/fork", json!({}), 400),
-        ("POST", "/v0/sandboxes/snap/fork", json!({"targetName": "Bad Name"}), 400),
+        (
+            "POST",
+            "/v0/sandboxes/snap/fork",
+            json!({"targetName": "Bad Name"}),
+            400,
+        ),
         (
             "POST",
             "/v0/sandboxes/snap/fork",
@@ -636,7 +685,12 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
             json!({"targetName": "f0", "targetType": "application"}),
             501,
         ),
-        ("POST", "/v0/sandboxes/snap/fork", json!({"targetName": "snap"}), 409),
+        (
+            "POST",
+            "/v0/sandboxes/snap/fork",
+            json!({"targetName": "snap"}),
+            409,
+        ),
         ("GET", "/v0/snapshots?limit=0", json!(null), 400),
         ("GET", "/v0/snapshots?limit=201", json!(null), 400),
         ("GET", "/v0/snapshots?cursor=x", json!(null), 400),
@@ -648,7 +702,11 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
         assert_eq!(status, want, "{method} {path}: {answer}");
         assert_sandbox_error(&answer, want);
         if want == 404 {
-            assert_eq!(answer["code"], json!(404), "Python reads int(code): {answer}");
+            assert_eq!(
+                answer["code"],
+                json!(404),
+                "Python reads int(code): {answer}"
+            );
             assert!(answer["error"].is_string(), "{answer}");
         }
     }
@@ -672,7 +730,10 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
     assert_eq!(first["status"], "ready");
     assert_eq!(first["workspace"], "sandcove");
     assert_eq!(first["sandboxName"], "snap");
-    assert!(first["createdAt"].as_str().unwrap().ends_with('Z'), "{first}");
+    assert!(
+        first["createdAt"].as_str().unwrap().ends_with('Z'),
+        "{first}"
+    );
     assert_eq!(
         first["source"],
         json!({"name": "snap", "kind": "sandbox", "deleted": false})
@@ -688,9 +749,7 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
         )
         .await;
     assert_eq!(status, 409, "{taken}");
-    let (status, unnamed) = env
-        .call("POST", "/v0/sandboxes/snap/snapshots", None)
-        .await;
+    let (status, unnamed) = env.call("POST", "/v0/sandboxes/snap/snapshots", None).await;
     assert_eq!(status, 200, "{unnamed}");
     assert_eq!(unnamed["name"], unnamed["id"]);
     let (status, third) = env
@@ -704,8 +763,17 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
     assert_eq!(third["source"]["name"], "snap");
     let (status, listed) = env.call("GET", "/v0/sandboxes/snap/snapshots", None).await;
     assert_eq!(status, 200, "{listed}");
-    let ids: Vec<&Value> = listed.as_array().unwrap().iter().map(|s| &s["id"]).collect();
-    assert_eq!(ids, [&first["id"], &unnamed["id"], &third["id"]], "oldest first");
+    let ids: Vec<&Value> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["id"])
+        .collect();
+    assert_eq!(
+        ids,
+        [&first["id"], &unnamed["id"], &third["id"]],
+        "oldest first"
+    );
 
     // Workspace listing, paged.
     let (status, page) = env.call("GET", "/v0/snapshots?limit=2", None).await;
@@ -715,7 +783,11 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
     assert_eq!(page["meta"]["total"], 3);
     let cursor = page["meta"]["nextCursor"].as_str().unwrap().to_string();
     let (status, rest) = env
-        .call("GET", &format!("/v0/snapshots?limit=2&cursor={cursor}"), None)
+        .call(
+            "GET",
+            &format!("/v0/snapshots?limit=2&cursor={cursor}"),
+            None,
+        )
         .await;
     assert_eq!(status, 200, "{rest}");
     assert_eq!(rest["data"].as_array().unwrap().len(), 1);
@@ -744,7 +816,11 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
     assert_eq!(sb["metadata"]["labels"]["k"], "v");
     assert_eq!(sb["spec"]["runtime"]["ttl"], "1h");
     let (_, listed) = env.call("GET", "/v0/sandboxes/snap/snapshots", None).await;
-    assert_eq!(listed.as_array().unwrap().len(), 3, "snapshots kept: {listed}");
+    assert_eq!(
+        listed.as_array().unwrap().len(),
+        3,
+        "snapshots kept: {listed}"
+    );
 
     // Forks: from a snapshot (its id in the answer), live (none).
     env.call(
@@ -813,12 +889,17 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 204);
     assert!(resp.bytes().await.unwrap().is_empty());
-    let (status, _) = env.call("DELETE", &format!("/v0/snapshots/{id}"), None).await;
+    let (status, _) = env
+        .call("DELETE", &format!("/v0/snapshots/{id}"), None)
+        .await;
     assert_eq!(status, 404);
     let (status, _) = env
         .call(
             "DELETE",
-            &format!("/v0/sandboxes/snap-f/snapshots/{}", third["id"].as_str().unwrap()),
+            &format!(
+                "/v0/sandboxes/snap-f/snapshots/{}",
+                third["id"].as_str().unwrap()
+            ),
             None,
         )
         .await;

@@ -682,7 +682,11 @@ pub(crate) fn snapshot_request(config: &Value) -> Result<(String, Option<String>
     };
     let source = match obj.get("source") {
         Some(Value::Object(source)) => source,
-        _ => return Err(SandboxAPIError::value_error("Snapshot source requires a name")),
+        _ => {
+            return Err(SandboxAPIError::value_error(
+                "Snapshot source requires a name",
+            ))
+        }
     };
     if let Some(k) = source
         .iter()
@@ -705,7 +709,9 @@ pub(crate) fn snapshot_request(config: &Value) -> Result<(String, Option<String>
     }
     match source.get("name") {
         Some(Value::String(n)) if !n.is_empty() => Ok((n.clone(), name)),
-        _ => Err(SandboxAPIError::value_error("Snapshot source requires a name")),
+        _ => Err(SandboxAPIError::value_error(
+            "Snapshot source requires a name",
+        )),
     }
 }
 
@@ -883,7 +889,10 @@ mod tests {
             parse_tag(Some(&core_name("box-1", Some("before")))),
             Some(("box-1", Some("before")))
         );
-        assert_eq!(parse_tag(Some(&core_name("box-1", None))), Some(("box-1", None)));
+        assert_eq!(
+            parse_tag(Some(&core_name("box-1", None))),
+            Some(("box-1", None))
+        );
         assert_eq!(parse_tag(Some("fork of abc")), None, "not the facade's");
         assert_eq!(parse_tag(None), None);
     }

@@ -77,7 +77,8 @@ async fn snapshots_read_as_python(sandbox: &SandboxInstance) -> blaxel::Result<(
     sandbox.snapshots.get("before").await?;
     sandbox.snapshots.restore("before").await?;
     sandbox.restore(&snap.id).await?;
-    let made = blaxel::Snapshot::create(json!({"source": {"name": "my-sandbox"}, "name": "s"})).await?;
+    let made =
+        blaxel::Snapshot::create(json!({"source": {"name": "my-sandbox"}, "name": "s"})).await?;
     made.fork("copy")
         .envs([blaxel::Env {
             name: "A".into(),
