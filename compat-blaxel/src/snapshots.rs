@@ -873,11 +873,6 @@ impl CreateSnapshotBuilder {
 }
 crate::sandbox::into_future!(CreateSnapshotBuilder => Snapshot);
 
-/// Parse the `envs` of a fork request (`[{name, value}]`).
-pub(crate) fn envs_of(value: Value) -> Result<Vec<Env>> {
-    models::from_value(value, "envs")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

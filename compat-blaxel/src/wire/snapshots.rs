@@ -231,7 +231,8 @@ fn fork_request(body: &Value) -> Result<ForkRequest, SandboxAPIError> {
     let target_name = string("targetName")?.ok_or_else(|| bad_request("targetName is required"))?;
     let envs = match obj.get("envs") {
         None | Some(Value::Null) => Vec::new(),
-        Some(v) => snapshots::envs_of(v.clone()).map_err(|e| bad_request(e.to_string()))?,
+        Some(v) => crate::models::from_value::<Vec<crate::models::Env>>(v.clone(), "envs")
+            .map_err(|e| bad_request(e.to_string()))?,
     };
     let lifecycle = match obj.get("lifecycle") {
         None | Some(Value::Null) => None,
