@@ -367,15 +367,27 @@ async fn kube_another_agent_at_a_gone_pods_address_is_not_found() {
     }
     let mut other = PodAgentConfig::new(std::net::SocketAddr::new(ip, fake.agent_port), bytes);
     other.root = Some(root.clone());
-    let mut child = eventually(PATIENCE, "another agent listens at the old address", || {
-        let other = other.clone();
-        async move {
-            tokio::task::spawn_blocking(move || spawn_local_pod_agent(&other).map(|(c, _)| c))
-                .await
-                .unwrap()
+    /// The other agent, ended (and its root removed) however the test ends.
+    struct Other(std::process::Child, std::path::PathBuf);
+    impl Drop for Other {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+            let _ = std::fs::remove_dir_all(&self.1);
         }
-    })
-    .await;
+    }
+    let _other = Other(
+        eventually(PATIENCE, "another agent listens at the old address", || {
+            let other = other.clone();
+            async move {
+                tokio::task::spawn_blocking(move || spawn_local_pod_agent(&other).map(|(c, _)| c))
+                    .await
+                    .unwrap()
+            }
+        })
+        .await,
+        root,
+    );
     // The sandbox is gone, not "unauthenticated" (which told the caller its credentials were
     // wrong, and kept the stale address for every later call).
     let e = echo(&backend, &id).await.expect_err("not this sandbox");
@@ -384,7 +396,4 @@ async fn kube_another_agent_at_a_gone_pods_address_is_not_found() {
         .await
         .expect_err("still not this sandbox");
     assert!(e.is_not_found(), "{e:?}");
-    let _ = child.kill();
-    let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&root);
 }
