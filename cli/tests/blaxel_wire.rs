@@ -559,3 +559,39 @@ async fn the_python_sdks_long_poll_wait_answers_when_the_process_ends_or_the_hol
     assert_eq!(status, 404, "a JSON 404: the process does not exist");
     assert!(missing["error"].is_string());
 }
+
+/// Finding: a refused request answered before its body was read closed the connection the
+/// Python SDK was already reusing, so its next call failed with "Server disconnected".
+/// Each refusal (no key, an unserved path, a gap, a path outside the API) is sent head first,
+/// its body after; every answer, and a next request's, arrives on the one connection. A
+/// refused body too large to read is answered with `Connection: close`, then closed.
+#[tokio::test]
+async fn refused_requests_keep_a_reused_connection() {
+    let env = env().await;
+    let auth = format!("X-Blaxel-Authorization: Bearer {KEY}\r\n");
+    common::refusals_keep_the_connection(
+        &env.url,
+        &[
+            ("POST", "/v0/sandboxes", "", 401),
+            (
+                "POST",
+                "/v0/sandboxes",
+                "X-Blaxel-Authorization: Bearer wrong\r\n",
+                401,
+            ),
+            ("POST", "/v0/sandboxes/s/schedules", auth.as_str(), 501),
+            ("POST", "/v0/unserved", auth.as_str(), 501),
+            ("POST", "/elsewhere", auth.as_str(), 404),
+        ],
+        ("GET", "/v0/sandboxes", auth.as_str(), 200),
+    )
+    .await;
+    common::an_oversized_refused_body_closes_cleanly(
+        &env.url,
+        "POST",
+        "/v0/drives",
+        auth.as_str(),
+        501,
+    )
+    .await;
+}

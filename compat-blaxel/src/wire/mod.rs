@@ -209,27 +209,10 @@ async fn collapse_slashes(mut request: Request, next: Next) -> Response {
 }
 
 async fn not_found(request: Request) -> Response {
-    let path = request.uri().path().to_string();
-    let method = request.method().clone();
-    // Read what the client sent (bounded) before refusing: answering over an unread body
-    // makes the server close the connection, and a client that already reuses it for its
-    // next request sees "disconnected without a response" instead of its next answer.
-    let drained = axum::body::to_bytes(request.into_body(), REFUSED_BODY_DRAIN)
-        .await
-        .is_ok();
-    let mut response = refusal_of(&method, &path);
-    if !drained {
-        // Too large (or broken) to read: tell the client not to reuse the connection.
-        response.headers_mut().insert(
-            axum::http::header::CONNECTION,
-            axum::http::HeaderValue::from_static("close"),
-        );
-    }
-    response
+    // Its body is left unread: the server's connection loop reads it (bounded) before the
+    // answer leaves, so a client reusing the connection is not cut off.
+    refusal_of(request.method(), request.uri().path())
 }
-
-/// Most of a refused request's body read so its connection can be reused.
-const REFUSED_BODY_DRAIN: usize = 64 * 1024;
 
 /// The answer to a path this listener does not serve.
 fn refusal_of(method: &axum::http::Method, path: &str) -> Response {

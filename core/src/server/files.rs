@@ -80,7 +80,9 @@ pub(super) fn routes() -> Vec<Route> {
             "/v1/sandboxes/{id}/files/mkdir",
             "mkdir",
             "Create a directory (honours Idempotency-Key)",
-            mkdir,
+            recorded("mkdir", |b, id, r: Mkdir| async move {
+                b.mkdir(&id, &r.path, r.options).await
+            }),
         )
         .input(In::Json("Mkdir"))
         .output(Out::Json("FileStat")),
@@ -89,7 +91,9 @@ pub(super) fn routes() -> Vec<Route> {
             "/v1/sandboxes/{id}/files/rename",
             "rename",
             "Rename (move) a path (honours Idempotency-Key)",
-            rename,
+            recorded("rename", |b, id, r: Rename| async move {
+                b.rename(&id, &r.from, &r.to, r.options).await
+            }),
         )
         .input(In::Json("Rename"))
         .output(Out::Json("FileStat")),
@@ -98,7 +102,9 @@ pub(super) fn routes() -> Vec<Route> {
             "/v1/sandboxes/{id}/files/copy",
             "copy",
             "Copy a file or (recursive) a directory tree inside the sandbox (honours Idempotency-Key)",
-            copy,
+            recorded("copy", |b, id, r: Copy| async move {
+                b.copy(&id, &r.from, &r.to, r.options).await
+            }),
         )
         .input(In::Json("Copy"))
         .output(Out::Json("FileStat")),
@@ -107,7 +113,9 @@ pub(super) fn routes() -> Vec<Route> {
             "/v1/sandboxes/{id}/files/chmod",
             "chmod",
             "Change permission bits (honours Idempotency-Key)",
-            chmod,
+            recorded("chmod", |b, id, r: Chmod| async move {
+                b.chmod(&id, &r.path, r.mode).await
+            }),
         )
         .input(In::Json("Chmod"))
         .output(Out::Json("FileStat")),
@@ -573,99 +581,38 @@ async fn stat(
     Ok(json(&state.backend.stat(&id, &q.path, options).await?))
 }
 
-/// A metadata-changing call (mkdir, rename, copy, chmod) with its JSON body `T`, recorded
-/// under its operation id like every call with a remote effect: a repeat answers the first
-/// outcome. `call` runs the backend call on the request.
-async fn recorded<T, F, Fut>(
-    state: AppState,
-    id: String,
-    headers: HeaderMap,
-    body: Body,
-    route: &str,
+/// The answer of a [`recorded`] handler.
+type RecordedAnswer = futures::future::BoxFuture<'static, Result<Response, ApiError>>;
+
+/// The handler of a metadata-changing call (mkdir, rename, copy, chmod) named `route`, with
+/// its JSON body `T`, recorded under its operation id like every call with a remote effect:
+/// a repeat answers the first outcome. `call` runs the backend call on the request.
+fn recorded<T, F, Fut>(
+    route: &'static str,
     call: F,
-) -> Result<Response, ApiError>
+) -> impl FnOnce(State<AppState>, Path<String>, HeaderMap, Body) -> RecordedAnswer
+       + Clone
+       + Send
+       + Sync
+       + 'static
 where
     T: serde::de::DeserializeOwned + Send + 'static,
-    F: FnOnce(Arc<dyn crate::Backend>, String, T) -> Fut + Send + 'static,
+    F: FnOnce(Arc<dyn crate::Backend>, String, T) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = crate::Result<crate::FileStat>> + Send + 'static,
 {
-    let (req, raw) = read_json::<T>(&state, &headers, body).await?;
-    let backend = state.backend.clone();
-    let scope = format!("{route} {id}");
-    Ok(state
-        .idempotency
-        .run(&headers, &scope, &raw, async move {
-            Stored::of(call(backend, id, req).await)
+    move |State(state), Path(id), headers, body| {
+        Box::pin(async move {
+            let (req, raw) = read_json::<T>(&state, &headers, body).await?;
+            let backend = state.backend.clone();
+            let scope = format!("{route} {id}");
+            Ok(state
+                .idempotency
+                .run(&headers, &scope, &raw, async move {
+                    Stored::of(call(backend, id, req).await)
+                })
+                .await)
         })
-        .await)
-}
-
-async fn mkdir(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    recorded(
-        state,
-        id,
-        headers,
-        body,
-        "mkdir",
-        |b, id, r: Mkdir| async move { b.mkdir(&id, &r.path, r.options).await },
-    )
-    .await
-}
-
-async fn rename(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    recorded(
-        state,
-        id,
-        headers,
-        body,
-        "rename",
-        |b, id, r: Rename| async move { b.rename(&id, &r.from, &r.to, r.options).await },
-    )
-    .await
-}
-
-async fn copy(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    recorded(
-        state,
-        id,
-        headers,
-        body,
-        "copy",
-        |b, id, r: Copy| async move { b.copy(&id, &r.from, &r.to, r.options).await },
-    )
-    .await
-}
-
-async fn chmod(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    recorded(
-        state,
-        id,
-        headers,
-        body,
-        "chmod",
-        |b, id, r: Chmod| async move { b.chmod(&id, &r.path, r.mode).await },
-    )
-    .await
+    }
 }
 
 #[derive(Deserialize)]

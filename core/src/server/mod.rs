@@ -38,6 +38,10 @@
 //!   in the cap and is closed at shutdown. [`serve_router_intercepting`] also terminates
 //!   `CONNECT` tunnels to a fixed list of hosts with a name-constrained local CA (see
 //!   [`intercept`]), serving what comes through them with the same router and limits.
+//!   An answer given without reading the request's body (a `401`, a `404`, a `413`, …)
+//!   waits for that body (at most 64 KiB within the head timeout, else it says
+//!   `Connection: close`), so a client reusing the connection gets its next answer instead
+//!   of a closed connection; this holds for every router served here, vendor listeners too.
 //! - **Shutdown**: when the shutdown future given to [`serve`] completes (the binary uses
 //!   Ctrl-C or SIGTERM), the server stops accepting connections, ends every open stream with
 //!   an error frame (so no client mistakes it for a complete stream), lets in-flight control
@@ -47,6 +51,7 @@
 //!   program that creates them; each ends at its lease or when destroyed, and a restarted
 //!   server (or any program of the same user) finds them again.
 
+mod drain;
 mod files;
 mod idempotency;
 pub mod intercept;
@@ -449,6 +454,8 @@ async fn serve_connections(
 ) -> std::io::Result<()> {
     let grace = limits.shutdown_grace;
     let head_timeout = limits.head_timeout;
+    // Answers wait for a body left unread (bounded), so refusals keep the connection.
+    let app = drain::refused_bodies_drained(app, head_timeout);
     let tls = limits.tls.clone().map(tokio_rustls::TlsAcceptor::from);
     let mut acceptor = crate::listen::Acceptor::new(limits.max_connections);
     let mut http = hyper::server::conn::http1::Builder::new();

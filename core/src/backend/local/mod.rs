@@ -339,7 +339,8 @@ impl LocalBackend {
     }
 
     fn dir(&self, id: &str) -> Result<SandboxDir> {
-        if !config::valid_id(id) {
+        // An unclaimed warm-pool member is not anyone's sandbox: unknown, like a bad id.
+        if !config::valid_id(id) || self.pool.hides(id) {
             return Err(Error::not_found(format!("sandbox {id:?}")));
         }
         Ok(SandboxDir::new(&self.state_dir, id))
@@ -914,7 +915,12 @@ impl Backend for LocalBackend {
         check_create(&options, self.cgroups.is_some())?;
         if !self.unisolated && pool::serves(&options, self.mapping) {
             if let Some(id) = self.pool.take(self) {
-                if let Some(info) = self.claim(&id, &options).await? {
+                let claimed = pool::as_pool_work(self.claim(&id, &options)).await;
+                if claimed.is_ok() {
+                    // Handed out, or destroyed; an error put it back, still hidden.
+                    self.pool.release(&id);
+                }
+                if let Some(info) = claimed? {
                     return Ok(info);
                 }
             }

@@ -805,6 +805,7 @@ impl Monitor {
                 });
             }
         });
+        let (changed, changes) = tokio::sync::watch::channel(());
         self.previews
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -814,9 +815,11 @@ impl Monitor {
                     preview: preview.clone(),
                     tokens,
                     task,
-                    changed: tokio::sync::watch::channel(()).0,
+                    changed,
                 },
             );
+        // Cuts what each token let through when it expires.
+        tokio::spawn(preview::expire_tokens(self.previews.clone(), port, changes));
         Ok(preview)
     }
 
@@ -1032,6 +1035,8 @@ impl Monitor {
         let mut token = preview::new_token(None);
         token.expires_at = expires_at;
         entry.tokens.push(token.clone());
+        // The preview's expiry timer looks at the new token's expiry.
+        entry.changed.send_replace(());
         Ok(token)
     }
 

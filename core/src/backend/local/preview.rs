@@ -58,16 +58,67 @@ impl Exposed {
         Ok(())
     }
 
-    /// Whether a connection let through by `token` (`None`: a public preview's) may go on.
+    /// Whether a connection let through by `token` (`None`: a public preview's) may go on:
+    /// its token still held and not expired.
     pub fn still_allows(&self, token: Option<&PreviewToken>) -> bool {
+        let now = now_millis();
         match token {
             None => self.preview.public,
             Some(token) => {
                 !self.preview.public
-                    && self
-                        .tokens
-                        .iter()
-                        .any(|t| constant_eq(t.value.as_bytes(), token.value.as_bytes()))
+                    && self.tokens.iter().any(|t| {
+                        constant_eq(t.value.as_bytes(), token.value.as_bytes())
+                            && t.expires_at.is_none_or(|e| now < e)
+                    })
+            }
+        }
+    }
+}
+
+/// The timer of `port`'s preview: signals its connections (through [`Exposed::changed`]) at
+/// each of its tokens' expiries, so a connection a token let through is cut when that token
+/// expires, as when it is revoked. One per preview, however many tokens and connections it
+/// has; `changes` (a receiver of the preview's signal) tells it to look at the tokens again,
+/// and ends it when the preview closes.
+pub async fn expire_tokens(
+    previews: Previews,
+    port: u16,
+    mut changes: tokio::sync::watch::Receiver<()>,
+) {
+    loop {
+        let next = {
+            let map = previews.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(exposed) = map.get(&port) else {
+                return;
+            };
+            let now = now_millis();
+            exposed
+                .tokens
+                .iter()
+                .filter_map(|t| t.expires_at)
+                .filter(|&at| at > now)
+                .min()
+        };
+        let expiry = async {
+            match next {
+                Some(at) => {
+                    let wait = at.saturating_sub(now_millis());
+                    tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            () = expiry => {
+                let map = previews.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(exposed) = map.get(&port) {
+                    exposed.changed.send_replace(());
+                }
             }
         }
     }
@@ -124,14 +175,30 @@ pub fn describe(
 }
 
 /// Limits on each preview listener. Stored in the sandbox's record at create, so the
-/// monitor applies the values the creating program chose.
+/// monitor applies the values the creating program chose. Built from
+/// [`PreviewLimits::default`] and its setters (more limits may come).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PreviewLimits {
     /// How long a client may take to send a private preview's request head, in ms; a
     /// slower one gets `408` and is closed.
     pub head_timeout_ms: u64,
     /// Connections served at once per preview; further ones wait in the kernel's backlog.
     pub max_connections: usize,
+}
+
+impl PreviewLimits {
+    /// These limits with `ms` milliseconds for a private preview's request head.
+    pub fn head_timeout_ms(mut self, ms: u64) -> Self {
+        self.head_timeout_ms = ms;
+        self
+    }
+
+    /// These limits with at most `n` connections served at once per preview.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n;
+        self
+    }
 }
 
 impl Default for PreviewLimits {
