@@ -471,3 +471,71 @@ async fn kube_port_forward_reaches_the_agent_through_the_api_server() {
     // A deleted Pod's port-forward is refused by the API server: NotFound.
     assert!(echo(&backend, &id).await.unwrap_err().is_not_found());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_another_agent_at_a_gone_pods_address_is_not_found() {
+    use sandcove::backend::agent_server::{
+        spawn_local_pod_agent, token_sha256_hex, PodAgentConfig,
+    };
+    let fake = FakeCluster::start();
+    let backend = backend(&fake).await;
+    let id = backend
+        .create(test_options(&unique("reused")))
+        .await
+        .expect("create")
+        .id;
+    // The backend now holds this sandbox's agent address.
+    assert_eq!(echo(&backend, &id).await.expect("runs"), b"hi\n");
+    let name = pod_name(&id);
+    let ip: std::net::IpAddr = fake.pod(&name).expect("the Pod")["status"]["podIP"]
+        .as_str()
+        .expect("a Pod IP")
+        .parse()
+        .unwrap();
+    // The Pod goes behind the backend's back, and its address goes to another sandbox's
+    // agent (a Pod IP handed out again), which holds another token.
+    assert!(fake.delete_pod(&name).await);
+    eventually(PATIENCE, "the Pod is gone", || {
+        let (fake, name) = (&fake, &name);
+        async move { holds(fake.pod(name).is_none(), name) }
+    })
+    .await;
+    let root = std::env::temp_dir().join(unique("kube-reused-root"));
+    std::fs::create_dir_all(root.join("tmp")).unwrap();
+    let hash = token_sha256_hex("another sandbox's token");
+    let mut bytes = [0u8; 32];
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hash[2 * i..2 * i + 2], 16).unwrap();
+    }
+    let mut other = PodAgentConfig::new(std::net::SocketAddr::new(ip, fake.agent_port), bytes);
+    other.root = Some(root.clone());
+    /// The other agent, ended (and its root removed) however the test ends.
+    struct Other(std::process::Child, std::path::PathBuf);
+    impl Drop for Other {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+            let _ = std::fs::remove_dir_all(&self.1);
+        }
+    }
+    let _other = Other(
+        eventually(PATIENCE, "another agent listens at the old address", || {
+            let other = other.clone();
+            async move {
+                tokio::task::spawn_blocking(move || spawn_local_pod_agent(&other).map(|(c, _)| c))
+                    .await
+                    .unwrap()
+            }
+        })
+        .await,
+        root,
+    );
+    // The sandbox is gone, not "unauthenticated" (which told the caller its credentials were
+    // wrong, and kept the stale address for every later call).
+    let e = echo(&backend, &id).await.expect_err("not this sandbox");
+    assert!(e.is_not_found(), "{e:?}");
+    let e = echo(&backend, &id)
+        .await
+        .expect_err("still not this sandbox");
+    assert!(e.is_not_found(), "{e:?}");
+}

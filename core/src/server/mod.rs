@@ -111,6 +111,10 @@ pub struct ServerConfig {
     /// How long a client may take for its TLS handshake and for each request head
     /// (including the wait for the next request on a kept-alive connection).
     pub head_timeout: Duration,
+    /// How long an upload's body may go without a byte arriving; then the upload fails as
+    /// broken off (nothing is written, its operation id is free again) and its connection
+    /// is released.
+    pub upload_idle_timeout: Duration,
     /// Serve HTTPS with this configuration (see [`load_tls`]); `None` serves plain HTTP,
     /// which is only fit for loopback.
     pub tls: Option<Arc<rustls::ServerConfig>>,
@@ -122,7 +126,8 @@ pub struct ServerConfig {
 impl ServerConfig {
     /// Defaults: 1 MiB JSON bodies, 4 GiB uploads, operation outcomes (idempotency keys) kept
     /// 10 minutes and at most 10 000 of them, 10 s
-    /// of grace at shutdown, 512 connections, 10 s per request head, plain HTTP.
+    /// of grace at shutdown, 512 connections, 10 s per request head, 300 s without a byte
+    /// of an upload's body, plain HTTP.
     pub fn new(api_key: impl Into<String>) -> Self {
         ServerConfig {
             api_key: api_key.into(),
@@ -133,6 +138,7 @@ impl ServerConfig {
             shutdown_grace: Duration::from_secs(10),
             max_connections: 512,
             head_timeout: Duration::from_secs(10),
+            upload_idle_timeout: Duration::from_secs(300),
             tls: None,
             metrics: ServerMetrics::default(),
         }
@@ -150,6 +156,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("max_connections", &self.max_connections)
             .field("head_timeout", &self.head_timeout)
+            .field("upload_idle_timeout", &self.upload_idle_timeout)
             .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }

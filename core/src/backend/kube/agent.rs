@@ -150,6 +150,16 @@ where
 {
     let agent = agent(backend, id).await?;
     match call(agent).await {
+        // A refused token means the cached address reached another sandbox's agent (the
+        // Pod is gone and its IP went to another Pod), or this server's key is not the one
+        // the sandbox was made with: the address is looked up again next time either way.
+        Err(e @ Error::Unauthenticated { .. }) => {
+            forget(backend, id);
+            match backend.live_pod(id).await {
+                Err(gone) if gone.is_not_found() => Err(gone),
+                _ => Err(e),
+            }
+        }
         Err(e @ (Error::Backend { .. } | Error::Timeout { .. } | Error::Io { .. })) => {
             match backend.live_pod(id).await {
                 Err(gone) if gone.is_not_found() => {
