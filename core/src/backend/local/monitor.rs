@@ -29,13 +29,6 @@ use crate::{
     DEFAULT_TIMEOUT,
 };
 
-/// Env var naming the descriptor the monitor reports readiness on.
-pub(super) const READY_FD_ENV: &str = "__SANDCOVE_READY_FD";
-/// Env var naming the descriptor of the held lock file.
-pub(super) const LOCK_FD_ENV: &str = "__SANDCOVE_LOCK_FD";
-/// Env var naming the sandbox's state directory.
-pub(super) const DIR_ENV: &str = "__SANDCOVE_DIR";
-
 /// How long a sandbox paused at the end of its lease, or stopped, is kept before it is
 /// destroyed.
 pub const PAUSED_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -70,18 +63,12 @@ struct Monitor {
     _helper: Option<net::Helper>,
 }
 
-/// Entry point of the re-executed binary in the monitor role. Never returns.
-pub fn main() -> ! {
-    let env_fd = |name: &str| -> Option<RawFd> { std::env::var(name).ok()?.parse().ok() };
-    let (Some(ready_fd), Some(lock_fd), Some(dir)) = (
-        env_fd(READY_FD_ENV),
-        env_fd(LOCK_FD_ENV),
-        std::env::var_os(DIR_ENV),
-    ) else {
-        sys::exit_now(2);
-    };
+/// The monitor from its descriptors on: `ready_fd` (the readiness report) and `lock_fd` (the
+/// sandbox's lock) are open under these numbers and now owned here. Never returns.
+pub(super) fn run_detached(ready_fd: RawFd, lock_fd: RawFd, dir: PathBuf) -> ! {
     // Whatever else the program that created the sandbox had open without close-on-exec
-    // reached us through exec: close it before anything can pass it on.
+    // reached us (through the spawner's fork): close it before anything can pass
+    // it on.
     if sys::close_fds_except(&[ready_fd, lock_fd]).is_err() {
         sys::exit_now(2);
     }
@@ -103,9 +90,7 @@ pub fn main() -> ! {
         Err(_) => sys::exit_now(1),
     }
     sys::set_process_name("sandcove-mon");
-    let dir = SandboxDir {
-        dir: PathBuf::from(dir),
-    };
+    let dir = SandboxDir { dir };
     let mut ready = std::fs::File::from(ready);
     let report = |ready: &mut std::fs::File, e: &Error| {
         let line = serde_json::to_string(&e.to_body()).unwrap_or_default();
