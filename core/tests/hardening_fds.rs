@@ -133,8 +133,8 @@ async fn descriptors_and_secrets_of_the_launcher_never_reach_a_sandbox() {
     let other: Vec<_> = held
         .iter()
         .filter(|(fd, t)| {
-            !t.to_string_lossy().starts_with("socket:")
-                && !(matches!(fd.as_str(), "0" | "1" | "2") && t == Path::new("/dev/null"))
+            let stdio = matches!(fd.as_str(), "0" | "1" | "2") && t == Path::new("/dev/null");
+            !(stdio || t.to_string_lossy().starts_with("socket:"))
         })
         .collect();
     assert!(other.is_empty(), "the spawner holds more: {other:?}");

@@ -182,7 +182,7 @@ fn rlimits() -> Vec<(u32, u64, u64)> {
     .into_iter()
     .filter_map(|resource| {
         let (soft, hard) = sys::getrlimit(resource).ok()?;
-        Some((resource as u32, soft, hard))
+        Some((resource, soft, hard))
     })
     .collect()
 }
@@ -283,7 +283,7 @@ fn become_monitor(launch: Launch, ready: OwnedFd, lock: OwnedFd, log: OwnedFd) -
     // The program's limits as they are now, not as they were when the spawner started; a
     // limit that cannot be applied fails the create rather than run the sandbox without it.
     for &(resource, soft, hard) in &launch.rlimits {
-        if let Err(e) = sys::setrlimit_pair(resource as libc::__rlimit_resource_t, soft, hard) {
+        if let Err(e) = sys::setrlimit_pair(resource, soft, hard) {
             let report = Error::backend(format!(
                 "cannot give the sandbox monitor the program's resource limit {resource}: {e}"
             ));
