@@ -489,12 +489,9 @@ where
 /// Largest body copied into one buffer with its header (one write).
 const INLINE_BODY: usize = 64 * 1024;
 
-/// Read one frame; `Ok(None)` on a clean end of stream before a frame starts.
-pub async fn read_frame<R, H>(r: &mut R) -> Result<Option<(H, Vec<u8>)>>
-where
-    R: AsyncRead + Unpin,
-    H: for<'de> Deserialize<'de>,
-{
+/// Read a frame's 8-byte length prefix and check both lengths against the protocol's
+/// bounds; `Ok(None)` on a clean end of stream before the prefix starts.
+async fn read_prefix<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<(usize, usize)>> {
     let mut prefix = [0u8; 8];
     let mut got = 0;
     while got < 8 {
@@ -507,7 +504,18 @@ where
         }
         got += n;
     }
-    let (hlen, blen) = check_lengths(&prefix)?;
+    check_lengths(&prefix).map(Some)
+}
+
+/// Read one frame; `Ok(None)` on a clean end of stream before a frame starts.
+pub async fn read_frame<R, H>(r: &mut R) -> Result<Option<(H, Vec<u8>)>>
+where
+    R: AsyncRead + Unpin,
+    H: for<'de> Deserialize<'de>,
+{
+    let Some((hlen, blen)) = read_prefix(r).await? else {
+        return Ok(None);
+    };
     let mut head = vec![0u8; hlen];
     r.read_exact(&mut head).await.map_err(io_err)?;
     let mut body = vec![0u8; blen];
@@ -522,19 +530,9 @@ pub async fn read_hello_frame<R>(r: &mut R, max_header: usize) -> Result<Option<
 where
     R: AsyncRead + Unpin,
 {
-    let mut prefix = [0u8; 8];
-    let mut got = 0;
-    while got < 8 {
-        let n = r.read(&mut prefix[got..]).await.map_err(io_err)?;
-        if n == 0 {
-            if got == 0 {
-                return Ok(None);
-            }
-            return Err(io_err(std::io::ErrorKind::UnexpectedEof.into()));
-        }
-        got += n;
-    }
-    let (hlen, blen) = check_lengths(&prefix)?;
+    let Some((hlen, blen)) = read_prefix(r).await? else {
+        return Ok(None);
+    };
     if hlen > max_header || blen != 0 {
         return Err(Error::invalid(format!(
             "protocol error: a hello of {hlen}+{blen} bytes (at most {max_header}+0)"
