@@ -44,7 +44,7 @@ use tokio::net::UnixStream;
 
 use self::config::{Record, SandboxDir, UidMapping};
 use self::proto::{AgentRequest, Hello, MonitorReply, MonitorRequest};
-use super::agent_client::{AgentDialer, AgentIo, RemoteAgent};
+use super::agent_client::{AgentDialer, AgentIo, ConnPool, RemoteAgent};
 use super::{Backend, ByteStream, ProcessStream, WatchStream};
 use crate::{
     now_millis, AnnotationUpdate, Capabilities, CreateOptions, Error, FileStat, ListDirOptions,
@@ -101,6 +101,9 @@ pub struct LocalBackend {
     pool: std::sync::Arc<pool::Pool>,
     /// This state directory's identity, the scope of its references (see `refs`).
     runtime_id: String,
+    /// Idle agent connections for the next call to each sandbox (shared by clones): a
+    /// call that finds one skips the dial and the monitor's handoff.
+    conns: std::sync::Arc<ConnPool>,
 }
 
 impl LocalBackend {
@@ -157,6 +160,7 @@ impl LocalBackend {
                 pool::size_from_env()
             })),
             runtime_id,
+            conns: std::sync::Arc::new(ConnPool::new()),
         };
         backend.collect_stale();
         Ok(backend)
@@ -548,7 +552,11 @@ impl LocalBackend {
             dir,
             id: id.to_string(),
         };
-        Ok(RemoteAgent::without_token(id, std::sync::Arc::new(dialer)))
+        Ok(RemoteAgent::without_token(
+            id,
+            std::sync::Arc::new(dialer),
+            self.conns.clone(),
+        ))
     }
 
     /// An agent call's result, with a broken connection to a sandbox that went away under it
@@ -1008,6 +1016,9 @@ impl Backend for LocalBackend {
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn destroy(&self, id: &str) -> Result<()> {
+        // The agent retires pooled connections itself (or dies with them); this only frees
+        // the descriptors early.
+        self.conns.forget(id);
         // Any version's monitor destroys on the same request, so nothing another build made
         // leaks.
         let peer = peer_protocol(&self.dir(id)?).await;
@@ -1150,6 +1161,7 @@ impl Backend for LocalBackend {
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn pause(&self, id: &str) -> Result<SandboxInfo> {
+        self.conns.forget(id);
         self.monitor_info(id, MonitorRequest::Pause).await
     }
 
@@ -1160,6 +1172,7 @@ impl Backend for LocalBackend {
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn stop(&self, id: &str) -> Result<SandboxInfo> {
+        self.conns.forget(id);
         self.monitor_info(id, MonitorRequest::Stop).await
     }
 

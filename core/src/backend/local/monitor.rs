@@ -1313,13 +1313,22 @@ async fn serve_client(
                     SandboxState::Paused | SandboxState::Stopped
                 );
             if paused_ok {
-                return hand_to_agent(&monitor, stream).await;
+                return hand_to_agent(&monitor, stream, true).await;
             }
             if let Err(e) = monitor.ready_for_work().await {
                 let _ = proto::write_frame(&mut stream, &MonitorReply::error(&e), &[]).await;
                 return;
             }
-            return hand_to_agent(&monitor, stream).await;
+            // The state check and the handoff under the transition lock: no pause or stop
+            // can slip between them, so the agent counts this connection as admitted while
+            // running, and retires it (it may carry further requests) at the next change.
+            let _transition = monitor.transition.lock().await;
+            if monitor.state() != SandboxState::Running {
+                let e = monitor.invalid_state(monitor.state(), "serve requests now");
+                let _ = proto::write_frame(&mut stream, &MonitorReply::error(&e), &[]).await;
+                return;
+            }
+            return hand_to_agent(&monitor, stream, false).await;
         }
         Some(MonitorRequest::Info) => Ok(MonitorReply::Info {
             info: Box::new(monitor.info()),
@@ -1417,11 +1426,12 @@ async fn serve_client(
     let _ = proto::write_frame(&mut stream, &reply, &[]).await;
 }
 
-async fn hand_to_agent(monitor: &Monitor, stream: UnixStream) {
+/// Pass the client's connection to the agent; `once`: for one request only.
+async fn hand_to_agent(monitor: &Monitor, stream: UnixStream, once: bool) {
     let Ok(std_stream) = stream.into_std() else {
         return;
     };
-    let msg = serde_json::to_vec(&Control::Handoff).unwrap_or_default();
+    let msg = serde_json::to_vec(&Control::Handoff { once }).unwrap_or_default();
     let fd = std_stream.as_raw_fd();
     let sent = loop {
         let Ok(mut guard) = monitor.ctrl.writable().await else {

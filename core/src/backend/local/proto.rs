@@ -29,11 +29,22 @@ use crate::{
 ///   reachability check) and `tunnel` (the connection becomes a byte pipe to a port on the
 ///   sandbox's loopback). Also counted here, added after v3 without a bump of their own: the
 ///   monitor's `revoke_token` and `claim` and the agent's `apply_claim` (the warm pool).
+/// - v5: a connection to the agent carries requests in sequence. Once a request has ended
+///   cleanly — its last frame read: the one reply of a single-reply request when it is not an
+///   `error`, the `exit` of a process stream, the `end` of a file stream, the reply to an
+///   upload — the client may send the next request frame on the same connection, with no
+///   second hello (the hello and its token are checked once per connection). `watch` and
+///   `tunnel` never end that way, and any `error` reply ends the connection. The agent retires
+///   a connection that sat idle for [`AGENT_IDLE`], and every connection it holds when the
+///   sandbox is paused, resumed or stopped: an idle one gets a `retired` frame and is closed,
+///   and a request read on a retired connection is answered by `retired` alone. A `retired`
+///   reply means the request was never served: the client may send it again on a fresh
+///   connection, through the monitor, which applies the sandbox's state again.
 ///
 /// Whatever the version, the frame layout and two requests are frozen so a sandbox made by
 /// another build can still be described and destroyed: a hello frame carrying `info` or
 /// `destroy` (`FROZEN_OPS`), answered by an `info`, `done` or `error` frame.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Monitor requests whose encoding never changes, served to a client of any version.
 pub const FROZEN_OPS: [&str; 2] = ["info", "destroy"];
@@ -47,6 +58,10 @@ pub const MAX_HEADER: usize = 4 << 20;
 pub const MAX_BODY: usize = 1 << 20;
 /// Size of the chunks file and output bytes are cut into.
 pub const CHUNK: usize = 256 * 1024;
+
+/// How long the agent keeps a connection waiting for its next request (v5) before it
+/// retires it. Clients drop idle connections sooner, so this rarely races a request.
+pub const AGENT_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// First frame of every client connection; small, so the monitor can read it and route.
 #[derive(Debug, Serialize, Deserialize)]
@@ -399,6 +414,9 @@ pub enum AgentReply {
     Data,
     /// End of a data stream.
     End,
+    /// The connection is retired (v5): the request just sent on it, if any, was not served
+    /// and may be sent again on a fresh connection.
+    Retired,
 }
 
 impl MonitorReply {
@@ -655,7 +673,12 @@ pub enum Control {
     },
     /// Monitor → agent: serve the client connection attached to this message; its next
     /// frame is the request.
-    Handoff,
+    Handoff {
+        /// Serve that one request only, then close (a connection handed over while the
+        /// sandbox is paused or stopped, for a snapshot): it is never reused.
+        #[serde(default)]
+        once: bool,
+    },
     /// Monitor → agent: connect to this TCP port on the sandbox's loopback and send back the
     /// connected socket (a preview connection).
     Connect {

@@ -180,7 +180,7 @@ async fn serve_tcp(agent: Arc<Agent>, config: PodAgentConfig) -> Result<()> {
     }
 }
 
-/// Authenticate one connection, then serve its request like a handed-off one.
+/// Authenticate one connection, then serve its requests like a handed-off one.
 async fn serve_tcp_connection(agent: &Arc<Agent>, config: &PodAgentConfig, mut sock: TcpStream) {
     let hello = tokio::time::timeout(
         config.hello_timeout,
@@ -211,28 +211,10 @@ async fn serve_tcp_connection(agent: &Arc<Agent>, config: &PodAgentConfig, mut s
         );
         return refuse(&mut sock, &e).await;
     }
-    let request = tokio::time::timeout(
-        config.hello_timeout,
-        proto::read_frame::<_, serde_json::Value>(&mut sock),
-    )
-    .await;
-    let request = match request {
-        Err(_elapsed) => return,
-        Ok(Ok(None)) => return,
-        Ok(Ok(Some((head, _)))) => proto::parse_agent_request(head),
-        Ok(Err(e)) => Err(e),
-    };
-    let request = match request {
-        Ok(request) => request,
-        Err(e) => {
-            let _ = proto::write_frame(&mut sock, &AgentReply::error(&e), &[]).await;
-            return;
-        }
-    };
-    if let Err(e) = handle(agent, &mut sock, request).await {
-        let _ = proto::write_frame(&mut sock, &AgentReply::error(&e), &[]).await;
-    }
-    let _ = sock.shutdown().await;
+    // The first request comes within the hello's deadline; later ones reuse the connection
+    // (protocol v5) until it idles out.
+    let epoch = agent.epoch.subscribe();
+    serve_requests(agent, &mut sock, epoch, Some(config.hello_timeout), true).await;
 }
 
 /// Whether `token` hashes to `expected`, compared in constant time.
