@@ -178,7 +178,7 @@ impl ConnPool {
     }
 
     /// Keep `io`, whose last request ended cleanly, for the next call to `sandbox`.
-    fn put(&self, sandbox: &str, io: Box<dyn AgentIo>) {
+    pub(crate) fn put(&self, sandbox: &str, io: Box<dyn AgentIo>) {
         let Some(runtime) = runtime_id() else {
             return;
         };

@@ -40,6 +40,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
 use self::config::{Record, SandboxDir, UidMapping};
@@ -257,26 +258,51 @@ impl LocalBackend {
             }
         }
         let users = self.users_for(options);
+        // One round trip: the monitor takes its half, answers, and hands the connection to
+        // the agent, which reads its half (sent in the same write) and answers on it.
         let applied = async {
-            self.agent(id)?
-                .done_call(AgentRequest::ApplyClaim {
+            let mut stream = self.connect(id).await?;
+            let hello = Hello {
+                version: PROTOCOL_VERSION,
+                request: Some(MonitorRequest::Claim {
                     options: Box::new(options.clone()),
                     users: users.clone(),
-                })
-                .await?;
-            match self
-                .monitor_call(
-                    id,
-                    MonitorRequest::Claim {
-                        options: Box::new(options.clone()),
-                        users,
-                    },
-                )
-                .await?
-            {
-                MonitorReply::Info { info } => Ok(*info),
-                other => Err(unexpected(&other)),
+                    handoff: true,
+                }),
+                while_paused: false,
+                token: None,
+            };
+            let apply = AgentRequest::ApplyClaim {
+                options: Box::new(options.clone()),
+                users,
+            };
+            let mut buf = Vec::new();
+            proto::write_frame(&mut buf, &hello, &[]).await?;
+            proto::write_frame(&mut buf, &apply, &[]).await?;
+            stream
+                .write_all(&buf)
+                .await
+                .map_err(|e| Error::from_io(&e, "claim"))?;
+            let info = match proto::read_frame::<_, MonitorReply>(&mut stream).await? {
+                Some((MonitorReply::Info { info }, _)) => *info,
+                Some((MonitorReply::Error { error }, _)) => {
+                    return Err(proto::remote_error(&error))
+                }
+                Some((other, _)) => return Err(unexpected(&other)),
+                None => return Err(Error::backend("the claim ended without a reply")),
+            };
+            match proto::read_frame::<_, proto::AgentReply>(&mut stream).await? {
+                Some((proto::AgentReply::Done, _)) => {}
+                Some((proto::AgentReply::Error { error }, _)) => {
+                    return Err(proto::remote_error(&error))
+                }
+                Some((other, _)) => return Err(unexpected(&other)),
+                None => return Err(Error::backend("the agent ended the claim without a reply")),
             }
+            // The connection is the agent's now, its request ended cleanly: the claimer's
+            // first call goes on it.
+            self.conns.put(id, Box::new(stream));
+            Ok(info)
         }
         .await;
         match applied {

@@ -39,7 +39,9 @@ use crate::{
 ///   sandbox is paused, resumed or stopped: an idle one gets a `retired` frame and is closed,
 ///   and a request read on a retired connection is answered by `retired` alone. A `retired`
 ///   reply means the request was never served: the client may send it again on a fresh
-///   connection, through the monitor, which applies the sandbox's state again.
+///   connection, through the monitor, which applies the sandbox's state again. The
+///   monitor's `claim` may hand its connection to the agent after its reply (`handoff`), so
+///   a warm-pool claim is one round trip.
 ///
 /// Whatever the version, the frame layout and two requests are frozen so a sandbox made by
 /// another build can still be described and destroyed: a hello frame carrying `info` or
@@ -147,12 +149,18 @@ pub enum MonitorRequest {
     /// Hand a warm-pool sandbox to its claimer: its options (name, envs, labels, user,
     /// lease, annotations) and users replace the pool's, its lease and creation time start
     /// now, and it becomes visible to `list`. Refused unless the sandbox is an unclaimed pool
-    /// member whose agent took the claim ([`AgentRequest::ApplyClaim`]) already.
+    /// member. Its agent takes the claim ([`AgentRequest::ApplyClaim`]) on the same
+    /// connection right after (`handoff`), or took it before.
     Claim {
         /// The claimer's create options.
         options: Box<crate::CreateOptions>,
         /// The sandbox's users under those options.
         users: Vec<crate::UserInfo>,
+        /// After the reply, hand the connection to the agent, whose first request (sent
+        /// right after this hello) is the [`AgentRequest::ApplyClaim`] (v5): the whole claim
+        /// in one round trip, and the connection stays the claimer's for its next call.
+        #[serde(default)]
+        handoff: bool,
     },
 }
 
