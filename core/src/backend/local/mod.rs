@@ -126,8 +126,13 @@ impl LocalBackend {
     }
 
     /// An engine keeping state under `dir` (created if missing, mode 0700).
+    ///
+    /// It raises this process's soft descriptor limit (`RLIMIT_NOFILE`) to the hard limit,
+    /// once: each live sandbox holds a few descriptors in the program that made it, and the
+    /// usual soft limit of 1024 ends near 400 sandboxes. Sandboxed processes get their own limit.
     pub fn with_state_dir(dir: impl Into<PathBuf>) -> Result<Self> {
         entry::ensure_linked();
+        sys::raise_nofile_soft_limit();
         let state_dir = dir.into();
         let sandboxes = state_dir.join("sandboxes");
         std::fs::DirBuilder::new()

@@ -424,6 +424,31 @@ pub fn setrlimit(resource: libc::__rlimit_resource_t, limit: u64) -> io::Result<
     cvt(unsafe { libc::setrlimit(resource, &rl) }).map(drop)
 }
 
+/// Raise this process's soft `RLIMIT_NOFILE` to its hard limit, once per process.
+///
+/// An engine holding hundreds of sandboxes keeps pipes, sockets and lock files for each, and
+/// the usual soft limit (1024) is reached near 400 sandboxes while the hard limit allows far
+/// more. Sandboxed processes never inherit the raised value: the agent sets their own limit.
+/// Best effort: a limit that cannot be read or raised stays as it was.
+pub fn raise_nofile_soft_limit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut rl = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: rl is a valid, writable rlimit value.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0
+            || rl.rlim_cur >= rl.rlim_max
+        {
+            return;
+        }
+        rl.rlim_cur = rl.rlim_max;
+        // SAFETY: rl is a valid rlimit value with rlim_cur <= rlim_max.
+        let _ = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) };
+    });
+}
+
 /// Everything a freshly forked child does before `exec` to become an unprivileged sandbox
 /// process. Only async-signal-safe syscalls: it runs between fork and exec.
 pub fn harden_child(uid: u32, gid: u32, nproc: u64, nofile: u64) -> io::Result<()> {
