@@ -735,11 +735,9 @@ async fn pooled_connections_never_reach_a_paused_stopped_or_destroyed_sandbox() 
     }
 
     b.pause(&id).await.expect("pause");
-    let err = a
-        .spawn(&id, echo())
-        .await
-        .err()
-        .expect("refused while paused");
+    let Err(err) = a.spawn(&id, echo()).await else {
+        panic!("refused while paused");
+    };
     assert!(
         matches!(err, sandcove::Error::InvalidState { ref state, .. } if state == "paused"),
         "{err:?}"
@@ -750,11 +748,9 @@ async fn pooled_connections_never_reach_a_paused_stopped_or_destroyed_sandbox() 
     }
 
     b.stop(&id).await.expect("stop");
-    let err = a
-        .spawn(&id, echo())
-        .await
-        .err()
-        .expect("refused while stopped");
+    let Err(err) = a.spawn(&id, echo()).await else {
+        panic!("refused while stopped");
+    };
     assert!(
         matches!(err, sandcove::Error::InvalidState { ref state, .. } if state == "stopped"),
         "{err:?}"
@@ -773,7 +769,9 @@ async fn pooled_connections_never_reach_a_paused_stopped_or_destroyed_sandbox() 
     }
 
     b.destroy(&id).await.expect("destroy");
-    let err = a.spawn(&id, echo()).await.err().expect("gone");
+    let Err(err) = a.spawn(&id, echo()).await else {
+        panic!("gone");
+    };
     assert!(err.is_not_found(), "{err:?}");
     let err = a.list_processes(&id).await.expect_err("gone");
     assert!(err.is_not_found(), "{err:?}");

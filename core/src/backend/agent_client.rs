@@ -106,11 +106,14 @@ pub struct ConnPool {
 
 #[derive(Default)]
 struct PoolState {
-    by_key: HashMap<PoolKey, Vec<(Box<dyn AgentIo>, Instant)>>,
+    by_key: HashMap<PoolKey, Vec<Idle>>,
     count: usize,
 }
 
 type PoolKey = (String, tokio::runtime::Id);
+
+/// An idle connection and when it became idle.
+type Idle = (Box<dyn AgentIo>, Instant);
 
 impl std::fmt::Debug for ConnPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
