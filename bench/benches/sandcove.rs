@@ -402,19 +402,29 @@ async fn write_read(backend: &dyn Backend, id: &str, bytes: usize) -> Result<Dur
 }
 
 /// Resident (RSS) and proportional (PSS, shared pages split between their users) memory in
-/// kB of the monitors and agents of sandboxes `ids` (both carry the sandbox's state
-/// directory in their environment), from `smaps_rollup`, and how many processes that is.
+/// kB of the monitors and agents of sandboxes `ids` (a monitor holds its sandbox's
+/// `sandboxes/<id>/lock` open, its agent the sandbox's log; an agent's descriptors are
+/// readable only by root), from `smaps_rollup`, and how many processes that is.
 fn memory_kb_of(ids: &[String]) -> (u64, u64, usize) {
-    let needles: Vec<String> = ids.iter().map(|id| format!("/sandboxes/{id}\0")).collect();
+    let needles: Vec<String> = ids.iter().map(|id| format!("/sandboxes/{id}/")).collect();
     let (mut rss, mut pss) = (0, 0);
     let mut count = 0;
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let p = e.path();
-        let Ok(env) = std::fs::read(p.join("environ")) else {
+        let comm = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
+        if !matches!(comm.trim_end(), "sandcove-mon" | "sandcove-agent") {
             continue;
-        };
-        let env = String::from_utf8_lossy(&env);
-        if !needles.iter().any(|n| env.contains(n.as_str())) {
+        }
+        let holds_one = std::fs::read_dir(p.join("fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .any(|file| {
+                let file = file.to_string_lossy();
+                needles.iter().any(|n| file.contains(n.as_str()))
+            });
+        if !holds_one {
             continue;
         }
         let rollup = std::fs::read_to_string(p.join("smaps_rollup")).unwrap_or_default();

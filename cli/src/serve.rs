@@ -112,6 +112,29 @@ pub struct ServeArgs {
     /// activeDeadlineSeconds; no lease may end later).
     #[arg(long, default_value_t = 24 * 3600)]
     pub kube_max_lifetime_secs: u64,
+    /// Kubernetes: how this server reaches each sandbox's agent: `pod-ip` (it runs inside
+    /// the cluster, the deploy/ setup) or `port-forward` (through the API server's Pod
+    /// port-forward, for a server outside the cluster; needs `pods/portforward`).
+    #[arg(long, value_enum, default_value_t = KubeReach::PodIp)]
+    pub kube_reach: KubeReach,
+    /// Kubernetes: the address preview listeners bind. 127.0.0.1 by default (previews
+    /// reachable on this machine only); 0.0.0.0 in a cluster where a Service of your own
+    /// publishes them.
+    #[arg(long, value_name = "IP", default_value = "127.0.0.1")]
+    pub kube_preview_bind: std::net::IpAddr,
+    /// Kubernetes: the host name preview URLs carry (with each preview's port), when
+    /// clients reach this server by a name rather than the bound address.
+    #[arg(long, value_name = "HOST")]
+    pub kube_preview_host: Option<String>,
+}
+
+/// How `sandcove serve --backend kubernetes` reaches sandbox agents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KubeReach {
+    /// At each Pod's IP: the server runs inside the cluster.
+    PodIp,
+    /// Through the API server's Pod port-forward: the server runs outside the cluster.
+    PortForward,
 }
 
 /// Where `sandcove serve` runs sandboxes.
@@ -221,6 +244,9 @@ pub fn run(args: ServeArgs) -> ExitCode {
         kube_key_file,
         kube_api_url,
         kube_max_lifetime_secs,
+        kube_reach,
+        kube_preview_bind,
+        kube_preview_host,
     } = args;
     if blaxel.is_some() && (tls_cert.is_some() || tls_key.is_some()) {
         eprintln!(
@@ -282,6 +308,12 @@ pub fn run(args: ServeArgs) -> ExitCode {
             config.agent_port = kube_agent_port;
             config.max_lifetime = Duration::from_secs(kube_max_lifetime_secs.max(1));
             config.max_file_bytes = max_file_bytes;
+            config.reach = match kube_reach {
+                KubeReach::PodIp => sandcove::backend::kube::AgentReach::PodIp,
+                KubeReach::PortForward => sandcove::backend::kube::AgentReach::PortForward,
+            };
+            config.preview_bind = kube_preview_bind;
+            config.preview_host = kube_preview_host;
             Some((config, kube_api_url))
         }
     };

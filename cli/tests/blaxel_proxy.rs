@@ -185,6 +185,18 @@ fn python_sdk_data_plane_after_the_proxy() {
     assert_expected("blaxel_data_plane", &out);
 }
 
+/// Snapshots and fork as the Python SDK calls them through the proxy: `sandbox.snapshots`
+/// (create, list, get by name, restore by name, delete by name), the deprecated `snapshot` and
+/// `list_snapshots`, fork live and from a snapshot (with envs), the workspace `Snapshot` class
+/// (create, get, paged list, fork once the source is deleted, delete in both forms) and the
+/// SDK's errors for unknown snapshots, taken names and foreign snapshots.
+#[test]
+fn python_sdk_snapshots_restore_and_fork() {
+    let server = start();
+    let out = run_python(PINS, "blaxel_snapshots", &server, &[]);
+    assert_expected("blaxel_snapshots", &out);
+}
+
 /// A missing sandbox and a foreign host through the proxy: the SDK's own 404, and httpx's
 /// `ProxyError` for the refused CONNECT (403).
 #[test]

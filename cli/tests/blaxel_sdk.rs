@@ -172,6 +172,16 @@ fn typescript_sdk_sandboxes_processes_files_previews_and_errors() {
     check_node(DIR, "blaxel_basics", &server, Duration::from_secs(300));
 }
 
+/// Snapshots and fork as the TypeScript SDK calls them: `sandbox.snapshots` (create through
+/// the workspace route, list, get, restore), the deprecated `snapshot`/`listSnapshots`, fork
+/// live and from a snapshot (with envs), `Snapshot.get`, the paged `Snapshot.list`, a fork of a
+/// snapshot whose source is deleted, deletes, and the 404/409/501 refusals.
+#[test]
+fn typescript_sdk_snapshots_restore_and_fork() {
+    let server = Server::start("blaxel", ANNOUNCE, "snapshots-key");
+    check_node(DIR, "blaxel_snapshots", &server, Duration::from_secs(300));
+}
+
 /// A wrong key is the SDK's 401, and nothing is created.
 #[test]
 fn typescript_sdk_with_a_wrong_key_is_refused() {

@@ -365,9 +365,13 @@ async fn gaps_name_their_alternative_before_any_effect() {
         (
             "POST",
             "/v0/sandboxes/gaps/fork",
-            json!({"targetName": "x"}),
+            json!({"targetName": "x", "targetType": "application"}),
         ),
-        ("POST", "/v0/sandboxes/gaps/snapshots", json!({})),
+        (
+            "POST",
+            "/v0/sandboxes/gaps/fork",
+            json!({"targetName": "x", "port": 8000}),
+        ),
         ("GET", "/v0/sandboxes/gaps/schedules", json!(null)),
         (
             "POST",
@@ -558,4 +562,383 @@ async fn the_python_sdks_long_poll_wait_answers_when_the_process_ends_or_the_hol
         .await;
     assert_eq!(status, 404, "a JSON 404: the process does not exist");
     assert!(missing["error"].is_string());
+}
+
+/// Finding: a refused request answered before its body was read closed the connection the
+/// Python SDK was already reusing, so its next call failed with "Server disconnected".
+/// Each refusal (no key, an unserved path, a gap, a path outside the API) is sent head first,
+/// its body after; every answer, and a next request's, arrives on the one connection. A
+/// refused body too large to read is answered with `Connection: close`, then closed.
+#[tokio::test]
+async fn refused_requests_keep_a_reused_connection() {
+    let env = env().await;
+    let auth = format!("X-Blaxel-Authorization: Bearer {KEY}\r\n");
+    common::refusals_keep_the_connection(
+        &env.url,
+        &[
+            ("POST", "/v0/sandboxes", "", 401),
+            (
+                "POST",
+                "/v0/sandboxes",
+                "X-Blaxel-Authorization: Bearer wrong\r\n",
+                401,
+            ),
+            ("POST", "/v0/sandboxes/s/schedules", auth.as_str(), 501),
+            ("POST", "/v0/unserved", auth.as_str(), 501),
+            ("POST", "/elsewhere", auth.as_str(), 404),
+        ],
+        ("GET", "/v0/sandboxes", auth.as_str(), 200),
+    )
+    .await;
+    common::an_oversized_refused_body_closes_cleanly(
+        &env.url,
+        "POST",
+        "/v0/drives",
+        auth.as_str(),
+        501,
+    )
+    .await;
+}
+
+/// A file's text through the sandbox API.
+async fn read_text(env: &Env, sandbox: &str, path: &str) -> String {
+    let (status, answer) = env
+        .call(
+            "GET",
+            &format!("/blaxel-sbx/{sandbox}/filesystem/{path}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{sandbox}:{path}: {answer}");
+    answer["content"].as_str().unwrap().to_string()
+}
+
+/// Snapshots and fork as the SDKs' generated clients read them: every refusal (unknown
+/// sandbox or snapshot `404` with a numeric `code`, bad bodies `400`, a taken name `409`, an
+/// application fork `501`) before any effect; then the shapes, per-sandbox and workspace
+/// listings with paging, restore by name, forks live, from a snapshot and from a snapshot
+/// whose source is gone, and deletes (`204`).
+#[tokio::test]
+async fn snapshots_and_fork_answer_as_blaxel_does() {
+    let env = env().await;
+    env.create("snap").await;
+    let (status, _) = env
+        .call(
+            "PUT",
+            "/blaxel-sbx/snap/filesystem/blaxel/m.txt",
+            Some(json!({"content": "one"})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    for (method, path, body, want) in [
+        ("POST", "/v0/sandboxes/nope/snapshots", json!({}), 404),
+        (
+            "POST",
+            "/v0/sandboxes/snap/snapshots",
+            json!({"name": "a/b"}),
+            400,
+        ),
+        (
+            "POST",
+            "/v0/sandboxes/snap/snapshots",
+            json!({"bogus": 1}),
+            400,
+        ),
+        (
+            "POST",
+            "/v0/sandboxes/snap/snapshots",
+            json!({"source": {"name": "other"}}),
+            400,
+        ),
+        ("POST", "/v0/snapshots", json!({"name": "x"}), 400),
+        (
+            "POST",
+            "/v0/snapshots",
+            json!({"source": {"name": "nope"}}),
+            404,
+        ),
+        (
+            "POST",
+            "/v0/snapshots",
+            json!({"source": {"name": "snap", "kind": "agent"}}),
+            400,
+        ),
+        ("GET", "/v0/sandboxes/nope/snapshots", json!(null), 404),
+        ("GET", "/v0/snapshots/snap-none", json!(null), 404),
+        ("DELETE", "/v0/snapshots/snap-none", json!(null), 404),
+        (
+            "DELETE",
+            "/v0/sandboxes/snap/snapshots/none",
+            json!(null),
+            404,
+        ),
+        (
+            "POST",
+            "/v0/sandboxes/snap/snapshots/none/restore",
+            json!(null),
+            404,
+        ),
+        (
+            "POST",
+            "/v0/sandboxes/nope/snapshots/none/restore",
+            json!(null),
+            404,
+        ),
+        (
+            "POST",
+            "/v0/snapshots/snap-none/fork",
+            json!({"targetName": "f0"}),
+            404,
+        ),
+        (
+            "POST",
+            "/v0/sandboxes/nope/fork",
+            json!({"targetName": "f0"}),
+            404,
+        ),
+        (
+            "POST",
+            "/v0/sandboxes/snap/fork",
+            json!({"targetName": "f0", "snapshotId": "snap-none"}),
+            404,
+        ),
+        ("POST", "/v0/sandboxes/snap/fork", json!({}), 400),
+        (
+            "POST",
+            "/v0/sandboxes/snap/fork",
+            json!({"targetName": "Bad Name"}),
+            400,
+        ),
+        (
+            "POST",
+            "/v0/sandboxes/snap/fork",
+            json!({"targetName": "f0", "bogus": 1}),
+            400,
+        ),
+        (
+            "POST",
+            "/v0/sandboxes/snap/fork",
+            json!({"targetName": "f0", "targetType": "application"}),
+            501,
+        ),
+        (
+            "POST",
+            "/v0/sandboxes/snap/fork",
+            json!({"targetName": "snap"}),
+            409,
+        ),
+        ("GET", "/v0/snapshots?limit=0", json!(null), 400),
+        ("GET", "/v0/snapshots?limit=201", json!(null), 400),
+        ("GET", "/v0/snapshots?cursor=x", json!(null), 400),
+        ("GET", "/v0/snapshots?sort=name:asc", json!(null), 400),
+        ("GET", "/v0/snapshots?q=first", json!(null), 400),
+    ] {
+        let body = (!body.is_null()).then_some(body);
+        let (status, answer) = env.call(method, path, body).await;
+        assert_eq!(status, want, "{method} {path}: {answer}");
+        assert_sandbox_error(&answer, want);
+        if want == 404 {
+            assert_eq!(
+                answer["code"],
+                json!(404),
+                "Python reads int(code): {answer}"
+            );
+            assert!(answer["error"].is_string(), "{answer}");
+        }
+    }
+    assert_eq!(env.sandbox_count().await, 1, "no fork made");
+    assert!(
+        env.backend.list_snapshots().await.unwrap().is_empty(),
+        "no snapshot left behind"
+    );
+
+    // Per sandbox: named, unnamed (named by its id), a taken name refused.
+    let (status, first) = env
+        .call(
+            "POST",
+            "/v0/sandboxes/snap/snapshots",
+            Some(json!({"name": "first"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{first}");
+    let id = first["id"].as_str().unwrap().to_string();
+    assert_eq!(first["name"], "first");
+    assert_eq!(first["status"], "ready");
+    assert_eq!(first["workspace"], "sandcove");
+    assert_eq!(first["sandboxName"], "snap");
+    assert!(
+        first["createdAt"].as_str().unwrap().ends_with('Z'),
+        "{first}"
+    );
+    assert_eq!(
+        first["source"],
+        json!({"name": "snap", "kind": "sandbox", "deleted": false})
+    );
+    assert_eq!(first["spec"]["image"], "blaxel/base-image:latest");
+    assert_eq!(first["spec"]["memory"], 4096);
+    assert_eq!(first["spec"]["region"], "us-pdx-1");
+    let (status, taken) = env
+        .call(
+            "POST",
+            "/v0/sandboxes/snap/snapshots",
+            Some(json!({"name": "first"})),
+        )
+        .await;
+    assert_eq!(status, 409, "{taken}");
+    let (status, unnamed) = env.call("POST", "/v0/sandboxes/snap/snapshots", None).await;
+    assert_eq!(status, 200, "{unnamed}");
+    assert_eq!(unnamed["name"], unnamed["id"]);
+    let (status, third) = env
+        .call(
+            "POST",
+            "/v0/snapshots",
+            Some(json!({"name": "third", "source": {"name": "snap", "kind": "sandbox"}})),
+        )
+        .await;
+    assert_eq!(status, 200, "{third}");
+    assert_eq!(third["source"]["name"], "snap");
+    let (status, listed) = env.call("GET", "/v0/sandboxes/snap/snapshots", None).await;
+    assert_eq!(status, 200, "{listed}");
+    let ids: Vec<&Value> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["id"])
+        .collect();
+    assert_eq!(
+        ids,
+        [&first["id"], &unnamed["id"], &third["id"]],
+        "oldest first"
+    );
+
+    // Workspace listing, paged.
+    let (status, page) = env.call("GET", "/v0/snapshots?limit=2", None).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["data"].as_array().unwrap().len(), 2);
+    assert_eq!(page["meta"]["hasMore"], true);
+    assert_eq!(page["meta"]["total"], 3);
+    let cursor = page["meta"]["nextCursor"].as_str().unwrap().to_string();
+    let (status, rest) = env
+        .call(
+            "GET",
+            &format!("/v0/snapshots?limit=2&cursor={cursor}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{rest}");
+    assert_eq!(rest["data"].as_array().unwrap().len(), 1);
+    assert_eq!(rest["data"][0]["id"], third["id"]);
+    assert_eq!(rest["meta"]["hasMore"], false);
+    assert!(rest["meta"].get("nextCursor").is_none(), "{rest}");
+    let (status, got) = env.call("GET", &format!("/v0/snapshots/{id}"), None).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["name"], "first");
+
+    // Restore by name: the files written since are gone; the sandbox keeps its record.
+    env.call(
+        "PUT",
+        "/blaxel-sbx/snap/filesystem/blaxel/m.txt",
+        Some(json!({"content": "two"})),
+    )
+    .await;
+    let (status, restored) = env
+        .call("POST", "/v0/sandboxes/snap/snapshots/first/restore", None)
+        .await;
+    assert_eq!(status, 200, "{restored}");
+    assert_eq!(restored, json!({"name": "snap", "snapshotId": id}));
+    assert_eq!(read_text(&env, "snap", "blaxel/m.txt").await, "one");
+    let (status, sb) = env.call("GET", "/v0/sandboxes/snap", None).await;
+    assert_eq!(status, 200, "{sb}");
+    assert_eq!(sb["metadata"]["labels"]["k"], "v");
+    assert_eq!(sb["spec"]["runtime"]["ttl"], "1h");
+    let (_, listed) = env.call("GET", "/v0/sandboxes/snap/snapshots", None).await;
+    assert_eq!(
+        listed.as_array().unwrap().len(),
+        3,
+        "snapshots kept: {listed}"
+    );
+
+    // Forks: from a snapshot (its id in the answer), live (none).
+    env.call(
+        "PUT",
+        "/blaxel-sbx/snap/filesystem/blaxel/m.txt",
+        Some(json!({"content": "live"})),
+    )
+    .await;
+    let (status, fork) = env
+        .call(
+            "POST",
+            "/v0/sandboxes/snap/fork",
+            Some(json!({"targetName": "snap-f", "targetType": "sandbox", "snapshotId": id})),
+        )
+        .await;
+    assert_eq!(status, 200, "{fork}");
+    assert_eq!(
+        fork,
+        json!({"name": "snap-f", "type": "sandbox", "snapshotId": id})
+    );
+    assert_eq!(read_text(&env, "snap-f", "blaxel/m.txt").await, "one");
+    let (status, live) = env
+        .call(
+            "POST",
+            "/v0/sandboxes/snap/fork",
+            Some(json!({"targetName": "snap-g", "envs": [{"name": "X", "value": "1"}]})),
+        )
+        .await;
+    assert_eq!(status, 200, "{live}");
+    assert_eq!(live, json!({"name": "snap-g", "type": "sandbox"}));
+    assert_eq!(read_text(&env, "snap-g", "blaxel/m.txt").await, "live");
+    let (_, g) = env.call("GET", "/v0/sandboxes/snap-g", None).await;
+    assert!(
+        g["spec"]["runtime"]["envs"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "X", "value": "1"})),
+        "{g}"
+    );
+
+    // The source deleted: its snapshots stay, marked so, and still fork.
+    let (status, _) = env.call("DELETE", "/v0/sandboxes/snap", None).await;
+    assert_eq!(status, 200);
+    let (_, gone) = env.call("GET", &format!("/v0/snapshots/{id}"), None).await;
+    assert_eq!(gone["source"]["deleted"], true, "{gone}");
+    assert!(gone.get("spec").is_none(), "{gone}");
+    let (status, again) = env
+        .call(
+            "POST",
+            &format!("/v0/snapshots/{id}/fork"),
+            Some(json!({"targetName": "snap-h"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(read_text(&env, "snap-h", "blaxel/m.txt").await, "one");
+    let (status, _) = env
+        .call("DELETE", "/v0/sandboxes/snap/snapshots/first", None)
+        .await;
+    assert_eq!(status, 404, "the sandbox is gone");
+
+    // Deletes: 204 with no body, then 404.
+    let resp = env
+        .request("DELETE", &format!("/v0/snapshots/{id}"), Some(KEY))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 204);
+    assert!(resp.bytes().await.unwrap().is_empty());
+    let (status, _) = env
+        .call("DELETE", &format!("/v0/snapshots/{id}"), None)
+        .await;
+    assert_eq!(status, 404);
+    let (status, _) = env
+        .call(
+            "DELETE",
+            &format!(
+                "/v0/sandboxes/snap-f/snapshots/{}",
+                third["id"].as_str().unwrap()
+            ),
+            None,
+        )
+        .await;
+    assert_eq!(status, 404, "a snapshot of another sandbox");
+    assert_eq!(env.backend.list_snapshots().await.unwrap().len(), 2);
 }

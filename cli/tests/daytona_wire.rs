@@ -486,3 +486,32 @@ async fn the_event_socket_connects_with_the_servers_key_only() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 400);
 }
+
+/// Finding (as on the Blaxel listener): a refused request answered before its body was read
+/// closed a connection its client was reusing. Each refusal (no key, a wrong key, a gap, an
+/// unserved path, a path outside the API) is sent head first, its body after; every answer,
+/// and a next request's, arrives on the one connection.
+#[tokio::test]
+async fn refused_requests_keep_a_reused_connection() {
+    let env = env().await;
+    let auth = format!("Authorization: Bearer {KEY}\r\n");
+    common::refusals_keep_the_connection(
+        &env.url,
+        &[
+            ("POST", "/api/sandbox", "", 401),
+            (
+                "POST",
+                "/api/sandbox",
+                "Authorization: Bearer wrong\r\n",
+                401,
+            ),
+            ("POST", "/api/object-storage/push", auth.as_str(), 400),
+            ("POST", "/api/unserved", auth.as_str(), 501),
+            ("POST", "/elsewhere", auth.as_str(), 404),
+        ],
+        ("GET", "/api/sandbox", auth.as_str(), 200),
+    )
+    .await;
+    common::an_oversized_refused_body_closes_cleanly(&env.url, "POST", "/api/sandbox", "", 401)
+        .await;
+}

@@ -1458,3 +1458,31 @@ async fn snapshots_and_fork_answer_as_e2b_does() {
         );
     }
 }
+
+/// Finding (as on the Blaxel listener): a refused request answered before its body was read
+/// closed a connection its client was reusing. Each refusal (no key, a wrong key, a gap, a
+/// path outside the API, an envd call with a bad token) is sent head first, its body after;
+/// every answer, and a next request's, arrives on the one connection.
+#[tokio::test]
+async fn refused_requests_keep_a_reused_connection() {
+    let env = env().await;
+    let auth = format!("X-API-KEY: {KEY}\r\n");
+    common::refusals_keep_the_connection(
+        &env.url,
+        &[
+            ("POST", "/sandboxes", "", 401),
+            ("POST", "/sandboxes", "X-API-KEY: wrong\r\n", 401),
+            ("POST", "/volumes", auth.as_str(), 501),
+            ("POST", "/elsewhere", auth.as_str(), 404),
+            (
+                "POST",
+                "/process.Process/Start",
+                "E2b-Sandbox-Id: nobody\r\nX-Access-Token: wrong\r\nConnect-Protocol-Version: 1\r\n",
+                401,
+            ),
+        ],
+        ("GET", "/sandboxes", auth.as_str(), 200),
+    )
+    .await;
+    common::an_oversized_refused_body_closes_cleanly(&env.url, "POST", "/sandboxes", "", 401).await;
+}

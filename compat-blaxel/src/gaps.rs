@@ -123,17 +123,7 @@ pub const GAPS: &[Gap] = &[
     Gap {
         key: "archive",
         feature: "archive",
-        alternative: "snapshot the sandbox from a Rust program (compat-blaxel) or keep it running until its ttl",
-    },
-    Gap {
-        key: "fork over the wire",
-        feature: "fork over the wire",
-        alternative: "fork from a Rust program (compat-blaxel `instance.fork`), or create a sandbox and copy files",
-    },
-    Gap {
-        key: "snapshots over the wire",
-        feature: "snapshots over the wire",
-        alternative: "take snapshots from a Rust program (compat-blaxel `instance.snapshot`)",
+        alternative: "snapshot the sandbox (sandbox.snapshots.create) and fork or restore it later, or keep it running until its ttl",
     },
     Gap {
         key: "process stdin",

@@ -8,6 +8,7 @@
 //! | module | Blaxel | what |
 //! |---|---|---|
 //! | [`sandbox`] | `SandboxInstance` | create, get, list, delete, update, snapshots, fork |
+//! | [`snapshots`] | `Snapshot`, `sandbox.snapshots` | workspace snapshots, restore, fork |
 //! | [`process`] | `sandbox.process` | exec, get, list, logs, wait, stop, kill, stream_logs |
 //! | [`fs`] | `sandbox.fs` | read, write, ls, find, grep, cp, rm, watch, … |
 //! | [`previews`] | `sandbox.previews` | preview URLs and tokens |
@@ -52,6 +53,7 @@ pub mod models;
 pub mod previews;
 pub mod process;
 pub mod sandbox;
+pub mod snapshots;
 pub mod standby;
 mod state;
 pub mod translate;
@@ -66,6 +68,7 @@ pub use models::*;
 pub use previews::{SandboxPreview, SandboxPreviewToken, SandboxPreviews};
 pub use process::{AsyncStreamHandle, ProcessResponseWithLog, SandboxProcess};
 pub use sandbox::{AsyncPaginatedList, SandboxHandle, SandboxInstance};
+pub use snapshots::{SandboxSnapshots, Snapshot};
 
 /// A string keyword Python also accepts as `None` (MIRRORING.md rule 3), shared by the facades.
 pub use sandcove_compat_support::OptionalString;

@@ -285,21 +285,61 @@ pub struct SandboxUpdateMetadata {
     pub display_name: Option<String>,
 }
 
-/// A filesystem snapshot of a sandbox (`SandboxSnapshot`).
+/// A filesystem snapshot of a sandbox (`SandboxSnapshot`): a workspace object that outlives
+/// the sandbox it was taken from. It keeps the files, not the processes or memory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SandboxSnapshot {
-    /// Snapshot id.
+    /// Snapshot id, unique in the workspace (workspace-level calls take it).
     pub id: String,
-    /// Optional name.
-    pub name: Option<String>,
-    /// The sandbox it was taken from.
+    /// Name, unique among the snapshots of its source sandbox; the id when none was given.
+    pub name: String,
+    /// The sandbox it was taken from (kept for compatibility: read `source.name`).
     pub sandbox_name: String,
     /// `ready` once taken.
     pub status: String,
     /// When it was taken (RFC 3339).
     pub created_at: String,
-    /// Workspace (`BL_WORKSPACE`, if set).
+    /// Workspace (`BL_WORKSPACE`, if set; the server's workspace over the wire).
     pub workspace: Option<String>,
+    /// Who took it (not recorded here).
+    pub created_by: Option<String>,
+    /// The object it was taken from, and whether that still exists.
+    pub source: Option<SandboxSnapshotSource>,
+    /// The configuration a fork of it runs with (known while its source exists).
+    pub spec: Option<SandboxSnapshotSpec>,
+}
+
+/// What a snapshot was taken from (`SandboxSnapshotSource`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxSnapshotSource {
+    /// Name of the source sandbox.
+    pub name: String,
+    /// Whether the source has since been deleted.
+    pub deleted: Option<bool>,
+    /// `sandbox`, the only kind.
+    pub kind: Option<String>,
+}
+
+/// The configuration a snapshot carries (`SandboxSnapshotSpec`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxSnapshotSpec {
+    /// Image of the source.
+    pub image: Option<String>,
+    /// Memory (MB) of the source.
+    pub memory: Option<i64>,
+    /// Ports of the source.
+    pub ports: Option<Vec<Port>>,
+    /// Region of the source.
+    pub region: Option<String>,
+}
+
+/// The result of `restore` (`SandboxRestoreResponse`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxRestoreResponse {
+    /// Name of the restored sandbox.
+    pub name: String,
+    /// The snapshot it was restored from.
+    pub snapshot_id: String,
 }
 
 /// The result of `fork` (`SandboxForkResponse`).

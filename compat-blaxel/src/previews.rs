@@ -105,6 +105,17 @@ fn unexpected(e: sandcove::Error) -> SandboxAPIError {
     SandboxAPIError::from(e).into_unexpected_status()
 }
 
+/// The refusal of a token past [`MAX_TOKENS_PER_PREVIEW`] on preview `preview`.
+fn too_many_tokens(preview: &str) -> SandboxAPIError {
+    SandboxAPIError::UnexpectedStatus {
+        status_code: 400,
+        content: format!(
+            r#"{{"error": "preview {preview} already has {MAX_TOKENS_PER_PREVIEW} live tokens: delete some first"}}"#
+        ),
+        source: None,
+    }
+}
+
 fn missing(name: &str) -> SandboxAPIError {
     SandboxAPIError::UnexpectedStatus {
         status_code: 404,
@@ -162,14 +173,7 @@ impl SandboxPreviewTokens {
             .map(|r| state::token_key(&self.preview_name, &r.name))
             .collect();
         if records.len() - expired.len() >= MAX_TOKENS_PER_PREVIEW {
-            return Err(SandboxAPIError::UnexpectedStatus {
-                status_code: 400,
-                content: format!(
-                    r#"{{"error": "preview {} already has {MAX_TOKENS_PER_PREVIEW} live tokens: delete some first"}}"#,
-                    self.preview_name
-                ),
-                source: None,
-            });
+            return Err(too_many_tokens(&self.preview_name));
         }
         let token = self
             .ctx
@@ -215,14 +219,7 @@ impl SandboxPreviewTokens {
             let _ =
                 state::update_annotations(&self.ctx.core, sandcove::AnnotationUpdate::remove(key))
                     .await;
-            return Err(SandboxAPIError::UnexpectedStatus {
-                status_code: 400,
-                content: format!(
-                    r#"{{"error": "preview {} already has {MAX_TOKENS_PER_PREVIEW} live tokens: delete some first"}}"#,
-                    self.preview_name
-                ),
-                source: None,
-            });
+            return Err(too_many_tokens(&self.preview_name));
         }
         Ok(token_of(&record, now))
     }

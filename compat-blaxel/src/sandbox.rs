@@ -21,7 +21,7 @@ use crate::models::{
 };
 use crate::state::{self, SandboxRecord, NAME_LABEL, SANDBOX_KEY};
 use crate::translate::{self, DEFAULT_IMAGE, DEFAULT_MEMORY, HOME};
-use crate::{fs, gaps, previews, process};
+use crate::{fs, gaps, previews, process, snapshots};
 
 /// The lease of a sandbox created with no `ttl`, `expires` or lifecycle policy. Blaxel keeps
 /// such sandboxes (in standby) until deleted; here every sandbox has a lease.
@@ -137,6 +137,8 @@ pub struct SandboxHandle {
     pub codegen: gaps::SandboxCodegen,
     /// Schedules (not supported).
     pub schedules: gaps::SandboxSchedules,
+    /// Snapshots taken from this sandbox.
+    pub snapshots: snapshots::SandboxSnapshots,
     pub(crate) ctx: Ctx,
 }
 
@@ -302,8 +304,7 @@ impl SnapshotBuilder {
     }
 
     async fn run(self) -> Result<SandboxSnapshot> {
-        let info = self.ctx.core.snapshot(self.name).await.map_err(cp)?;
-        Ok(snapshot_model(&info, &self.ctx.name))
+        snapshots::create_on(&self.ctx.core.client(), &self.ctx.name, self.name).await
     }
 }
 into_future!(SnapshotBuilder => SandboxSnapshot);
@@ -320,6 +321,8 @@ pub struct ForkBuilder {
     custom_domain: Option<String>,
     prefix: Option<String>,
     snapshot_id: Option<String>,
+    envs: Vec<Env>,
+    lifecycle: Result<Option<SandboxLifecycle>>,
 }
 
 impl ForkBuilder {
@@ -354,69 +357,35 @@ impl ForkBuilder {
         self
     }
 
+    /// `envs=`: variables the fork runs with on top of the source's.
+    pub fn envs(mut self, envs: impl IntoIterator<Item = Env>) -> Self {
+        self.envs = envs.into_iter().collect();
+        self
+    }
+    /// `lifecycle=`: the fork's lifecycle, replacing the source's (with its ttl and expires).
+    pub fn lifecycle(mut self, lifecycle: impl IntoLifecycle) -> Self {
+        self.lifecycle = lifecycle.into_lifecycle();
+        self
+    }
+
     async fn run(self) -> Result<SandboxForkResponse> {
-        if self.target_type != "sandbox" {
-            return Err(gaps::refuse("fork target_type=\"application\""));
-        }
-        if self.port.is_some() || self.traffic.is_some() {
-            return Err(gaps::refuse("fork port/traffic"));
-        }
-        if self.custom_domain.is_some() || self.prefix.is_some() {
-            return Err(gaps::refuse("fork custom_domain/prefix"));
-        }
-        if !translate::valid_name(&self.target_name) {
-            return Err(invalid_name(&self.target_name));
-        }
-        let client = state::client()?;
-        let source = read_record(&self.ctx.core).await?;
-        let src_info = self.ctx.core.info().await.map_err(cp)?;
-        let mut sandbox = source.sandbox.clone();
-        sandbox.metadata.name = self.target_name.clone();
-        let (mut options, idle) = core_options(&sandbox, &src_info.envs, sandcove::now_millis())?;
-        let caps = client.ready().await?;
-        options.network = caps.vendor_internet_default();
-        standby_at_lease_end(&sandbox, &caps, &mut options);
-        let core = match &self.snapshot_id {
-            Some(snap) => {
-                let mut options = options;
-                options.snapshot = Some(snap.clone());
-                client.create(options).await
-            }
-            None => self.ctx.core.fork(options).await,
-        }
-        .map_err(|e| match e {
-            // The runtime keeps names unique (atomically, wherever it runs).
-            sandcove::Error::AlreadyExists { .. } => already_exists(&self.target_name),
-            e => cp(e),
-        })?;
-        let info = core.info().await.map_err(cp)?;
-        sandbox.metadata.created_at = Some(translate::format_rfc3339(info.created_at));
-        sandbox.metadata.updated_at = sandbox.metadata.created_at.clone();
-        // The fork got a copy of the source's annotations: its own record replaces the
-        // source's, and the source's process, preview and preview-token records do not
-        // describe the fork (its previews are its own; the source's token values stay out).
-        let record = SandboxRecord {
-            sandbox,
-            idle_secs: idle,
-        };
-        let mut update =
-            sandcove::AnnotationUpdate::set(SANDBOX_KEY, state::encode(SANDBOX_KEY, &record)?);
-        update.remove = info
-            .annotations
-            .keys()
-            .filter(|k| {
-                k.starts_with(state::PROC_KEY_PREFIX)
-                    || k.starts_with(state::PREVIEW_KEY_PREFIX)
-                    || k.starts_with(state::TOKEN_KEY_PREFIX)
-            })
-            .cloned()
-            .collect();
-        state::update_annotations(&core, update).await.map_err(cp)?;
-        Ok(SandboxForkResponse {
-            name: self.target_name,
+        let req = snapshots::ForkRequest {
+            target_name: self.target_name,
+            target_type: self.target_type,
+            port: self.port,
+            traffic: self.traffic,
+            custom_domain: self.custom_domain,
+            prefix: self.prefix,
             snapshot_id: self.snapshot_id,
-            type_: "sandbox".into(),
-        })
+            envs: self.envs,
+            lifecycle: self.lifecycle?,
+        };
+        snapshots::fork_on(
+            &self.ctx.core.client(),
+            snapshots::ForkFrom::Sandbox(&self.ctx.name),
+            req,
+        )
+        .await
     }
 }
 into_future!(ForkBuilder => SandboxForkResponse);
@@ -694,22 +663,20 @@ impl SandboxHandle {
 
     /// `instance.list_snapshots()`: the snapshots of this sandbox.
     pub async fn list_snapshots(&self) -> Result<Vec<SandboxSnapshot>> {
-        let all = self.ctx.core.client().snapshots().await.map_err(cp)?;
-        Ok(all
-            .iter()
-            .filter(|s| s.sandbox_id == self.ctx.core.id())
-            .map(|s| snapshot_model(s, &self.ctx.name))
-            .collect())
+        snapshots::list_of_sandbox_on(&self.ctx.core.client(), &self.ctx.name).await
     }
 
     /// `instance.delete_snapshot(snapshot_id)`.
     pub async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()> {
-        self.ctx
-            .core
-            .client()
-            .delete_snapshot(snapshot_id)
-            .await
-            .map_err(cp)
+        snapshots::delete_of_sandbox_on(&self.ctx.core.client(), &self.ctx.name, snapshot_id).await
+    }
+
+    /// `instance.restore(snapshot_id)`: this sandbox's files become those of its snapshot; it
+    /// keeps its name and record, its processes and previews end (see
+    /// [`SandboxSnapshots::restore`](crate::snapshots::SandboxSnapshots::restore)). This
+    /// handle then addresses the replaced instance: get the sandbox again by name.
+    pub async fn restore(&self, snapshot_id: &str) -> Result<models::SandboxRestoreResponse> {
+        snapshots::restore_on(&self.ctx.core.client(), &self.ctx.name, snapshot_id).await
     }
 
     /// `instance.fork(target_name, target_type="sandbox", port=None, traffic=None,
@@ -725,6 +692,8 @@ impl SandboxHandle {
             custom_domain: None,
             prefix: None,
             snapshot_id: None,
+            envs: Vec::new(),
+            lifecycle: Ok(None),
         }
     }
 
@@ -784,11 +753,11 @@ pub(crate) async fn touch(core: &sandcove::Sandbox) {
     }
 }
 
-fn cp(e: sandcove::Error) -> SandboxAPIError {
+pub(crate) fn cp(e: sandcove::Error) -> SandboxAPIError {
     SandboxAPIError::from(e).into_control_plane()
 }
 
-fn not_found(name: &str) -> SandboxAPIError {
+pub(crate) fn not_found(name: &str) -> SandboxAPIError {
     SandboxAPIError::api(
         404,
         "Sandbox not found",
@@ -796,7 +765,7 @@ fn not_found(name: &str) -> SandboxAPIError {
     )
 }
 
-fn already_exists(name: &str) -> SandboxAPIError {
+pub(crate) fn already_exists(name: &str) -> SandboxAPIError {
     SandboxAPIError::api(
         409,
         "SANDBOX_ALREADY_EXISTS",
@@ -804,7 +773,7 @@ fn already_exists(name: &str) -> SandboxAPIError {
     )
 }
 
-fn invalid_name(name: &str) -> SandboxAPIError {
+pub(crate) fn invalid_name(name: &str) -> SandboxAPIError {
     SandboxAPIError::api(
         400,
         "INVALID_NAME",
@@ -823,17 +792,6 @@ fn bad_duration(text: &str) -> SandboxAPIError {
     )
 }
 
-fn snapshot_model(info: &sandcove::SnapshotInfo, sandbox_name: &str) -> SandboxSnapshot {
-    SandboxSnapshot {
-        id: info.id.clone(),
-        name: info.name.clone(),
-        sandbox_name: sandbox_name.to_string(),
-        status: "ready".into(),
-        created_at: translate::format_rfc3339(info.created_at),
-        workspace: std::env::var("BL_WORKSPACE").ok(),
-    }
-}
-
 async fn read_record(core: &sandcove::Sandbox) -> Result<SandboxRecord> {
     if let Some(r) = state::read_annotation::<SandboxRecord>(core, SANDBOX_KEY).await? {
         return Ok(r);
@@ -844,7 +802,7 @@ async fn read_record(core: &sandcove::Sandbox) -> Result<SandboxRecord> {
     Ok(record_from_info(&info))
 }
 
-fn record_from_info(info: &sandcove::SandboxInfo) -> SandboxRecord {
+pub(crate) fn record_from_info(info: &sandcove::SandboxInfo) -> SandboxRecord {
     let mut labels = info.labels.clone();
     let name = labels.remove(NAME_LABEL).unwrap_or_default();
     SandboxRecord {
@@ -932,6 +890,7 @@ fn build_instance(
             drives: gaps::SandboxDrive::default(),
             codegen: gaps::SandboxCodegen::default(),
             schedules: gaps::SandboxSchedules::default(),
+            snapshots: snapshots::SandboxSnapshots::new(ctx.core.client(), ctx.name.clone()),
             ctx,
         },
     }
@@ -1037,7 +996,7 @@ pub(crate) fn has_deletion_policy(sandbox: &Sandbox) -> bool {
 /// lease. A sandbox with a policy is deleted at its end, as on Blaxel. Every sandbox wakes
 /// on its next call where the runtime can pause, so the idle standby of
 /// [`crate::standby`] applies to all of them.
-fn standby_at_lease_end(
+pub(crate) fn standby_at_lease_end(
     sandbox: &Sandbox,
     caps: &sandcove::Capabilities,
     options: &mut sandcove::CreateOptions,
@@ -1051,7 +1010,7 @@ fn standby_at_lease_end(
 }
 
 /// The core options for a Blaxel sandbox record; `envs` are the sandbox-wide variables.
-fn core_options(
+pub(crate) fn core_options(
     sandbox: &Sandbox,
     envs: &BTreeMap<String, String>,
     now: u64,
@@ -1193,7 +1152,7 @@ pub(crate) fn sandbox_from_config(config: SandboxCreateConfiguration) -> Result<
 
 /// How often `create_if_not_exists` retries when its name is taken by a sandbox it cannot
 /// list yet (about a second in all).
-const NAME_RACE_ATTEMPTS: u32 = 50;
+pub(crate) const NAME_RACE_ATTEMPTS: u32 = 50;
 
 /// Create a Blaxel sandbox from `config` on `client` (or, with `create_if_not_exist`, return
 /// the live one of that name).

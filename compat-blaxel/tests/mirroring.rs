@@ -66,6 +66,37 @@ async fn rule_3_optional_strings(
     Ok(())
 }
 
+/// Snapshots as Python writes them: `sandbox.snapshots.create(name=None)`, the workspace
+/// `Snapshot` class with `Snapshot.delete(id)` and `snapshot.delete()` sharing a name (rule 5),
+/// model attributes read through the wrapper, and fork keywords as setters.
+#[allow(dead_code)]
+async fn snapshots_read_as_python(sandbox: &SandboxInstance) -> blaxel::Result<()> {
+    let snap = sandbox.snapshots.create().name("before").await?;
+    sandbox.snapshots.create().name(None).await?;
+    println!("{} {} {}", snap.name, snap.id, snap.status);
+    sandbox.snapshots.get("before").await?;
+    sandbox.snapshots.restore("before").await?;
+    sandbox.restore(&snap.id).await?;
+    let made =
+        blaxel::Snapshot::create(json!({"source": {"name": "my-sandbox"}, "name": "s"})).await?;
+    made.fork("copy")
+        .envs([blaxel::Env {
+            name: "A".into(),
+            value: "1".into(),
+            secret: None,
+        }])
+        .await?;
+    made.delete().await?;
+    blaxel::Snapshot::delete("snap-1").await?;
+    let page = blaxel::Snapshot::list().limit(10).cursor(None).await?;
+    println!("{} {:?}", page.has_more, page.next_cursor);
+    sandbox
+        .fork("copy")
+        .lifecycle(json!({"expiration_policies": [{"type": "ttl-max-age", "value": "1h", "action": "delete"}]}))
+        .await?;
+    Ok(())
+}
+
 #[test]
 fn the_vendor_shapes_compile() {
     // Naming the functions is enough: this file compiles only if every shape does.

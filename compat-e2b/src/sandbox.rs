@@ -1150,7 +1150,7 @@ impl SandboxPaginator {
         }
         let page: Vec<sandcove::SandboxInfo> =
             all.iter().skip(offset).take(limit).cloned().collect();
-        self.next_token = (offset + limit < all.len()).then(|| (offset + limit).to_string());
+        self.next_token = next_page_token(offset, limit, all.len());
         self.has_next = self.next_token.is_some();
         Ok(page)
     }
@@ -1166,13 +1166,27 @@ fn page_limit(limit: Option<i64>) -> Result<usize> {
     }
 }
 
+/// The offset a `next_token` stands for: the decimal position this facade hands out, at
+/// most 18 digits (a forged longer or signed one is refused; the end of the next page is
+/// computed without overflow).
 fn page_offset(token: Option<&str>) -> Result<usize> {
+    let invalid = |t: &str| {
+        let shown: String = t.chars().take(32).collect();
+        SandboxException::invalid_argument(format!("invalid next_token '{shown}'"))
+    };
     match token {
         None => Ok(0),
-        Some(t) => t
-            .parse()
-            .map_err(|_| SandboxException::invalid_argument(format!("invalid next_token '{t}'"))),
+        Some(t) if t.is_empty() || t.len() > 18 || !t.bytes().all(|b| b.is_ascii_digit()) => {
+            Err(invalid(t))
+        }
+        Some(t) => t.parse().map_err(|_| invalid(t)),
     }
+}
+
+/// The `next_token` after a page of `limit` from `offset` out of `total`, if any is left.
+fn next_page_token(offset: usize, limit: usize, total: usize) -> Option<String> {
+    let end = offset.saturating_add(limit);
+    (end < total).then(|| end.to_string())
 }
 
 /// `SnapshotInfo`.
@@ -1281,7 +1295,7 @@ impl SnapshotPaginator {
             .take(limit)
             .map(SnapshotInfo::from_core)
             .collect();
-        self.next_token = (offset + limit < all.len()).then(|| (offset + limit).to_string());
+        self.next_token = next_page_token(offset, limit, all.len());
         self.has_next = self.next_token.is_some();
         Ok(page)
     }

@@ -763,3 +763,35 @@ async fn connect_to_a_killed_sandbox_says_when_it_was_destroyed() {
         .unwrap_err();
     assert!(reopened.is_destroyed(), "{reopened:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_page_tokens_are_refused_or_end_the_list() {
+    // Past usize::MAX less a page: adding the page size overflowed (a panic in a debug
+    // build, a wrapped token otherwise).
+    for forged in [
+        "18446744073709551615",
+        "18446744073709551600",
+        "+1",
+        "1e3",
+        &"9".repeat(4096),
+    ] {
+        let err = Sandbox::list()
+            .next_token(forged.to_string())
+            .next_items()
+            .await
+            .expect_err(forged);
+        assert!(err.is_invalid_argument(), "{forged}: {err}");
+        assert!(err.to_string().len() < 200, "the token is not echoed whole");
+        let err = Sandbox::list_snapshots()
+            .next_token(forged.to_string())
+            .next_items()
+            .await
+            .expect_err(forged);
+        assert!(err.is_invalid_argument(), "{forged}: {err}");
+    }
+    // The largest offset it accepts is past every list: an empty last page.
+    let mut paginator = Sandbox::list().next_token("999999999999999999");
+    assert!(paginator.next_items().await.expect("page").is_empty());
+    assert!(!paginator.has_next);
+    assert_eq!(paginator.next_token, None);
+}

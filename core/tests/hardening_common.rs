@@ -220,18 +220,27 @@ pub fn monitors_of(dir: &Path) -> Vec<u32> {
     only_monitors(engine_processes_of(dir))
 }
 
-/// Pids of every engine process (monitors, and agents, which inherit the monitor's command
-/// line and environment) whose sandbox lives under state directory `dir`.
+/// Pids of every engine process (monitors, and the agents they clone) whose sandbox lives
+/// under state directory `dir`.
 pub fn engine_processes_of(dir: &Path) -> Vec<u32> {
-    let needle = format!("__SANDCOVE_DIR={}/sandboxes/", dir.display());
-    engine_processes_matching(|environ| environ.contains(&needle))
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let under = dir.join("sandboxes");
+    engine_processes_holding(|file| file.starts_with(&under))
 }
 
 /// Pid of the monitor of sandbox `id` (under any state directory).
 pub fn monitor_of(id: &str) -> Option<u32> {
-    let needle = format!("/sandboxes/{id}\0");
-    only_monitors(engine_processes_matching(|environ| {
-        environ.contains(&needle)
+    only_monitors(engine_processes_holding(|file| {
+        file.file_name().is_some_and(|n| n == "lock")
+            && file
+                .parent()
+                .and_then(Path::file_name)
+                .is_some_and(|n| n == id)
+            && file
+                .parent()
+                .and_then(Path::parent)
+                .and_then(Path::file_name)
+                .is_some_and(|n| n == "sandboxes")
     }))
     .into_iter()
     .next()
@@ -243,33 +252,26 @@ fn only_monitors(pids: Vec<u32>) -> Vec<u32> {
         .collect()
 }
 
-fn engine_processes_matching(pred: impl Fn(&str) -> bool) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
+/// Live monitors and agents holding an open file for which `pred` holds. Every monitor
+/// holds its sandbox's `<state dir>/sandboxes/<id>/lock` for its life (and the agent it
+/// cloned, its log as stderr), which identifies them exactly; their environment does not
+/// (they are forks of one launcher per program). An agent's descriptors are readable only
+/// by root (it is non-dumpable), so rootless this finds monitors only.
+fn engine_processes_holding(pred: impl Fn(&Path) -> bool) -> Vec<u32> {
     let mut out = Vec::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        if !cmdline.starts_with(b"sandcove-monitor") {
+    for p in all_processes() {
+        if p.state == 'Z' || (p.comm != "sandcove-mon" && p.comm != "sandcove-agent") {
             continue;
         }
-        if !alive(pid) {
-            continue;
-        }
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{}/fd", p.pid)) else {
             continue;
         };
-        if pred(&String::from_utf8_lossy(&environ)) {
-            out.push(pid);
+        if fds
+            .flatten()
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .any(|file| pred(&file))
+        {
+            out.push(p.pid);
         }
     }
     out

@@ -88,9 +88,26 @@ async fn sandboxes_outlive_a_killed_creator_and_end_at_their_lease() {
         .expect("the creator reports within a minute")
         .unwrap()
         .expect("the creator reported its sandboxes");
+    // The creator's monitor spawner (its child) ends with it; the sandboxes do not.
+    let spawner = common::all_processes()
+        .into_iter()
+        .find(|p| p.ppid == child.id() && p.comm == "sandcove-spawn" && p.state != 'Z')
+        .expect("the creator runs a monitor spawner")
+        .pid;
     child.kill().expect("SIGKILL the creator");
     let status = child.wait().unwrap();
     assert!(!status.success(), "the creator was killed, not finished");
+    eventually(
+        PATIENCE,
+        "the creator's monitor spawner ends with it",
+        || async {
+            holds(
+                !common::alive(spawner),
+                format!("spawner {spawner} still runs"),
+            )
+        },
+    )
+    .await;
     assert_eq!(ids.len(), 2);
 
     // A new program (a fresh engine over the same state directory) finds and uses them.

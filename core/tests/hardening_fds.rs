@@ -118,6 +118,27 @@ async fn descriptors_and_secrets_of_the_launcher_never_reach_a_sandbox() {
         fd_targets(monitor).is_some(),
         "the monitor's fds are readable by its owner"
     );
+    // The monitor spawner (one per program, a child of this one, which forks every monitor)
+    // holds its socket and stdio on /dev/null, nothing else.
+    let spawner = common::all_processes()
+        .into_iter()
+        .find(|p| p.ppid == std::process::id() && p.comm == "sandcove-spawn" && p.state != 'Z')
+        .expect("the engine runs its monitor spawner")
+        .pid;
+    let held = fd_targets(spawner).expect("the spawner's fds are readable by its owner");
+    let sockets = held
+        .iter()
+        .filter(|(_, t)| t.to_string_lossy().starts_with("socket:"))
+        .count();
+    let other: Vec<_> = held
+        .iter()
+        .filter(|(fd, t)| {
+            !t.to_string_lossy().starts_with("socket:")
+                && !(matches!(fd.as_str(), "0" | "1" | "2") && t == Path::new("/dev/null"))
+        })
+        .collect();
+    assert!(other.is_empty(), "the spawner holds more: {other:?}");
+    assert_eq!(sockets, 1, "the spawner holds one socket: {held:?}");
     // The agent is non-dumpable: only root may look.
     if let Some(targets) = fd_targets(agent) {
         assert_eq!(
@@ -128,7 +149,7 @@ async fn descriptors_and_secrets_of_the_launcher_never_reach_a_sandbox() {
     } else {
         eprintln!("note: the agent's descriptors are not readable as this user (non-dumpable)");
     }
-    for pid in [monitor, agent] {
+    for pid in [monitor, agent, spawner] {
         if let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) {
             assert!(
                 !String::from_utf8_lossy(&environ).contains(&secret),

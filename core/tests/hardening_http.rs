@@ -763,10 +763,9 @@ fn preview_env(tag: &str, limits: sandcove::backend::local::PreviewLimits) -> En
 /// token still complete, and the half-open connections get `408` and are closed.
 #[tokio::test]
 async fn private_previews_survive_half_sent_heads() {
-    let limits = sandcove::backend::local::PreviewLimits {
-        head_timeout_ms: 1000,
-        max_connections: 8,
-    };
+    let limits = sandcove::backend::local::PreviewLimits::default()
+        .head_timeout_ms(1000)
+        .max_connections(8);
     let env = preview_env("ploris", limits);
     let id = env.sandbox("ploris").await;
     keep_alive_server(env.backend.as_ref(), &id, 8000).await;
@@ -883,4 +882,119 @@ async fn a_second_request_on_a_preview_connection_is_not_forwarded() {
         "only the requests with a token reached the sandbox"
     );
     env.backend.destroy(&id).await.unwrap();
+}
+
+/// Every call below on sandbox `id`, each with its error (`None`: it succeeded).
+async fn calls_on(backend: &dyn Backend, id: &str) -> Vec<(&'static str, Option<sandcove::Error>)> {
+    vec![
+        ("get", backend.get(id).await.err()),
+        (
+            "set_timeout",
+            backend.set_timeout(id, Duration::from_secs(60)).await.err(),
+        ),
+        (
+            "spawn",
+            backend
+                .spawn(id, ProcessSpec::new(Command::sh("true")))
+                .await
+                .err(),
+        ),
+        ("list_processes", backend.list_processes(id).await.err()),
+        (
+            "write_file",
+            backend
+                .write_file(id, "/tmp/planted", bytes(b"x"), WriteOptions::default())
+                .await
+                .err(),
+        ),
+        (
+            "read_file",
+            backend
+                .read_file(id, "/etc/hostname", Default::default())
+                .await
+                .err(),
+        ),
+        (
+            "list_dir",
+            backend
+                .list_dir(id, "/", ListDirOptions::default())
+                .await
+                .err(),
+        ),
+        ("metrics", backend.metrics(id).await.err()),
+        (
+            "expose_port",
+            backend
+                .expose_port(id, sandcove::PreviewOptions::new(8000))
+                .await
+                .err(),
+        ),
+        ("list_previews", backend.list_previews(id).await.err()),
+        ("pause", backend.pause(id).await.err()),
+        ("snapshot", backend.snapshot(id, None).await.err()),
+        (
+            "fork",
+            backend.fork(id, CreateOptions::default()).await.err(),
+        ),
+        ("destroy", backend.destroy(id).await.err()),
+    ]
+}
+
+/// Attack (fails): name an unclaimed warm-pool member. Its id is random and never shown, but
+/// one learnt another way (here: read off the state directory) must open nothing: every call
+/// is `NotFound` with the very answer an unknown id gets, through the engine and over HTTP,
+/// and the member is left untouched for the next create, which claims it.
+#[tokio::test]
+async fn unclaimed_warm_pool_members_are_unknown() {
+    let env = Env::new("hpool");
+    let warm = env.local.clone().with_warm_pool(1);
+    // The first create is cold and starts the pool.
+    let first = warm.create(env.options("hpool")).await.expect("create").id;
+    common::eventually(common::PATIENCE, "a warm member is ready", || async {
+        common::equals(warm.warm_ready(), 1)
+    })
+    .await;
+    let member = env
+        .state_entries()
+        .into_iter()
+        .find(|e| *e != first)
+        .expect("the member's state directory");
+    let unknown = "unknownsandbox000000";
+    let server = LocalServer::start(Arc::new(warm.clone()), ServerConfig::new(KEY))
+        .await
+        .expect("start");
+    let client = HttpBackend::new(&server.url(), KEY).unwrap();
+    for (way, backend) in [
+        ("engine", &warm as &dyn Backend),
+        ("http", &client as &dyn Backend),
+    ] {
+        let answers = calls_on(backend, &member).await;
+        let unknowns = calls_on(backend, unknown).await;
+        for ((call, answer), (_, as_unknown)) in answers.into_iter().zip(unknowns) {
+            let e = answer.unwrap_or_else(|| panic!("{way} {call} on an unclaimed member worked"));
+            assert_eq!(e.code(), ErrorCode::NotFound, "{way} {call}: {e}");
+            let as_unknown = as_unknown.expect("an unknown id is refused");
+            assert_eq!(
+                e.to_string().replace(&member, "ID"),
+                as_unknown.to_string().replace(unknown, "ID"),
+                "{way} {call}: a member is answered as an unknown id"
+            );
+        }
+    }
+    // Untouched: the next create claims it, and then it is an ordinary sandbox.
+    let claimed = warm.create(env.options("hpool")).await.expect("create").id;
+    assert_eq!(claimed, member, "the next create claimed the member");
+    assert_eq!(warm.warm_claims(), 1);
+    client
+        .get(&claimed)
+        .await
+        .expect("the claimed sandbox over HTTP");
+    let out =
+        sandcove::conformance::run(&client, &claimed, ProcessSpec::new(Command::sh("echo ok")))
+            .await;
+    assert_eq!(out.stdout, b"ok\n");
+    for id in [first, claimed] {
+        warm.destroy(&id).await.expect("destroy");
+    }
+    drop(server);
 }

@@ -1,7 +1,7 @@
 //! Preview URLs under attack by a client that once held access: a token revoked while its
 //! request head is on the way, a connection (a streamed answer, an upgraded tunnel, a public
-//! preview's tunnel) kept open after its token is revoked or its preview closed, and a
-//! caller minting tokens without end. Each must fail.
+//! preview's tunnel) kept open after its token is revoked or expires or its preview
+//! closed, and a caller minting tokens without end. Each must fail.
 //!
 //! Runs as root and rootless. Every connection is to a preview listener on 127.0.0.1.
 
@@ -298,6 +298,68 @@ async fn revoking_or_closing_cuts_the_connections_already_let_through() {
     assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
     env.backend.close_preview(&id, PORT).await.expect("close");
     until_closed(&mut open, "a public preview's tunnel after it closed").await;
+    env.backend.destroy(&id).await.expect("destroy");
+}
+
+/// Attack (fails): keep what a short-lived token let through (a streamed answer, an
+/// upgraded tunnel) open past the token's expiry. Both are cut once it expires, as at a
+/// revocation (the preview's timer signals its connections at each token's expiry; nothing
+/// polls); a stream let through by a token without expiry flows on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiring_token_cuts_the_connections_it_let_through() {
+    let env = Env::new("pv-exp");
+    let Some(id) = streaming_sandbox(&env, "pv-exp").await else {
+        return;
+    };
+    let preview = env
+        .backend
+        .expose_port(&id, PreviewOptions::new(PORT))
+        .await
+        .expect("expose");
+    let keep = preview.token.clone().expect("a token").value;
+    let header = preview.token_header.clone();
+    wait_for_server(&preview.host, &format!("\r\n{header}: {keep}")).await;
+
+    let expires_at = sandcove::now_millis() + 4_000;
+    let short = env
+        .backend
+        .create_preview_token(&id, PORT, Some(expires_at))
+        .await
+        .expect("a short-lived token")
+        .value;
+    let (mut stream, got) = request(
+        &preview.host,
+        &format!("GET /stream HTTP/1.1\r\nHost: x\r\n{header}: {short}\r\n\r\n"),
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+    let (mut tunnel, got) = request(
+        &preview.host,
+        &format!(
+            "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: x\r\nConnection: Upgrade\r\n{header}: {short}\r\n\r\n"
+        ),
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 101"), "{got:?}");
+    let (mut kept, got) = request(
+        &preview.host,
+        &format!("GET /stream HTTP/1.1\r\nHost: x\r\n{header}: {keep}\r\n\r\n"),
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+
+    until_closed(&mut stream, "a stream whose token expired").await;
+    assert!(
+        sandcove::now_millis() >= expires_at,
+        "the stream was cut before its token expired"
+    );
+    until_closed(&mut tunnel, "a tunnel whose token expired").await;
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(PATIENCE, kept.read(&mut buf))
+        .await
+        .expect("the kept stream still flows")
+        .expect("read");
+    assert!(n > 0, "the stream of a token without expiry was cut");
     env.backend.destroy(&id).await.expect("destroy");
 }
 

@@ -575,6 +575,68 @@ async fn a_repeat_of_a_running_write_is_refused_while_it_runs() {
     backend.destroy(&id).await.expect("destroy");
 }
 
+/// An upload that stalls mid-body (a client that sends part of it and then nothing, without
+/// closing) fails once no byte has come for the server's upload idle bound: its connection
+/// is answered and released, nothing is written, and its operation id is free again, so the
+/// same write under that id then runs. Before, it held the connection and the id for ever
+/// (a repeat was a conflict, "still running").
+#[tokio::test]
+async fn a_stalled_upload_releases_its_connection_and_operation_id() {
+    use tokio::io::AsyncWriteExt;
+    let mut config = ServerConfig::new("replaced");
+    config.upload_idle_timeout = Duration::from_millis(500);
+    let (url, key) = server_with(config).await;
+    let (backend, id) = sandbox_on(&url, &key, "op-stall").await;
+    let op = OperationId::new();
+    let host = url.trim_start_matches("http://").trim_end_matches('/');
+    let mut stalled = TcpStream::connect(host).await.expect("connect");
+    let head = format!(
+        "PUT /v1/sandboxes/{id}/files?path=%2Fworkspace%2Fstalled HTTP/1.1\r\nHost: {host}\r\n\
+         Authorization: Bearer {key}\r\nIdempotency-Key: {}\r\n\
+         Content-Type: application/octet-stream\r\nContent-Length: 100\r\n\r\nthe first ten",
+        op.as_str()
+    );
+    stalled.write_all(head.as_bytes()).await.expect("send");
+    // The server answers the stalled request (an error) without the rest of its body.
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    let got = tokio::time::timeout(PATIENCE, async {
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            match stalled.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(got.is_ok(), "the stalled upload was never answered");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 5"), "{answer}");
+    // Nothing was written, and the id runs the write now.
+    let err = backend
+        .stat(&id, "/workspace/stalled", StatOptions::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err:?}");
+    let stat = op
+        .clone()
+        .scope(backend.write_file(
+            &id,
+            "/workspace/stalled",
+            upload(b"all of it", 4),
+            WriteOptions::default(),
+        ))
+        .await
+        .expect("the write under the freed id");
+    assert_eq!(stat.size, 9);
+    assert_eq!(
+        contents(&backend, &id, "/workspace/stalled").await,
+        b"all of it"
+    );
+    drop(stalled);
+    backend.destroy(&id).await.expect("destroy");
+}
+
 /// `rx` as a stream.
 fn tokio_stream_of<T: Send + 'static>(
     rx: tokio::sync::mpsc::Receiver<T>,

@@ -1,7 +1,8 @@
 //! The Kubernetes backend against a fake API server (`kube_fake`): the requests it sends on
 //! the wire, the watch edge cases (a Pod that never becomes Ready, a Pod deleted behind the
-//! backend's back), API errors mapped to the core codes, and leases and tokens surviving a
-//! restarted server. No real cluster is involved.
+//! backend's back), API errors mapped to the core codes, leases and tokens surviving a
+//! restarted server, previews served by the backend's process, and agents reached through
+//! the API server's port-forward. No real cluster is involved.
 
 mod kube_fake;
 
@@ -9,10 +10,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kube_fake::FakeCluster;
-use sandcove::conformance::{eventually, holds, test_options, unique, PATIENCE};
+use sandcove::backend::kube::AgentReach;
+use sandcove::conformance::{eventually, holds, http_get, test_options, unique, PATIENCE};
 use sandcove::{
     AnnotationUpdate, Backend, Command, ErrorCode, KubeBackend, KubeConfig, ListOptions,
-    ProcessSpec,
+    PreviewOptions, ProcessSpec,
 };
 
 const KEY: [u8; 32] = [7; 32];
@@ -328,4 +330,212 @@ async fn kube_a_restarted_server_keeps_leases_and_reaches_agents() {
     let e = echo(&stranger, &long).await.expect_err("wrong token");
     assert_eq!(e.code(), ErrorCode::Unauthenticated, "{e:?}");
     second.destroy(&long).await.expect("destroy");
+}
+
+/// Start `python3 -m http.server` on `port` in sandbox `id`, serving `text` as its index,
+/// and wait until it accepts connections (asked from inside the sandbox).
+async fn serve_in_sandbox(backend: &dyn Backend, id: &str, port: u16, text: &str) {
+    // Relative to the process's cwd (its home): the fake's Pods map their cwd, not paths in
+    // a script.
+    let dir = format!("www{port}");
+    let script = format!(
+        "mkdir -p {dir} && printf %s '{text}' > {dir}/index.html && cd {dir} && \
+         exec python3 -m http.server {port} --bind 127.0.0.1"
+    );
+    drop(
+        backend
+            .spawn(id, ProcessSpec::new(Command::sh(script)))
+            .await
+            .expect("start a server"),
+    );
+    let probe =
+        format!("python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}))'");
+    eventually(PATIENCE, "the server in the sandbox listens", || {
+        let probe = probe.clone();
+        async move {
+            let stream = backend
+                .spawn(id, ProcessSpec::new(Command::sh(probe)))
+                .await
+                .map_err(|e| e.to_string())?;
+            let out = sandcove::client::collect(stream, 1 << 16)
+                .await
+                .map_err(|e| e.to_string())?;
+            holds(out.exit_status().success(), "not yet".to_string())
+        }
+    })
+    .await;
+}
+
+/// A loopback port free on this machine a moment ago (the fake's Pods share its network).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A preview served by the backend's own process reaches a real HTTP server started inside
+/// the Pod (through an agent tunnel), refuses a request without its token, and closes with
+/// the sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_previews_reach_the_pod_and_end_with_it() {
+    let fake = FakeCluster::start();
+    let backend = backend(&fake).await;
+    assert!(backend.capabilities().previews);
+    let id = backend
+        .create(test_options(&unique("preview")))
+        .await
+        .expect("create")
+        .id;
+    let port = free_port();
+    serve_in_sandbox(&backend, &id, port, "served from the pod").await;
+    let mut options = PreviewOptions::default();
+    options.port = port;
+    let preview = backend.expose_port(&id, options).await.expect("expose");
+    assert!(
+        preview.url.starts_with("http://127.0.0.1:"),
+        "{}",
+        preview.url
+    );
+    let token = preview.token.clone().expect("private").value;
+    let (status, _) = http_get(&preview.host, "/", &[]).await.expect("answered");
+    assert_eq!(
+        status, 401,
+        "no token: refused before the sandbox is reached"
+    );
+    let (status, body) = http_get(
+        &preview.host,
+        "/",
+        &[(preview.token_header.as_str(), token.as_str())],
+    )
+    .await
+    .expect("answered");
+    assert_eq!((status, body.as_str()), (200, "served from the pod"));
+    assert_eq!(backend.list_previews(&id).await.unwrap().len(), 1);
+    backend.destroy(&id).await.expect("destroy");
+    assert!(
+        tokio::net::TcpStream::connect(&preview.host).await.is_err(),
+        "the preview's listener closed with its sandbox"
+    );
+}
+
+/// From outside the cluster: every agent connection is a port-forward through the API
+/// server (the fake records each), and processes, files and previews work through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_port_forward_reaches_the_agent_through_the_api_server() {
+    let fake = FakeCluster::start();
+    let mut forwarded = config(&fake);
+    forwarded.reach = AgentReach::PortForward;
+    let backend = KubeBackend::with_url(&fake.url, forwarded.clone())
+        .await
+        .expect("backend");
+    let id = backend
+        .create(test_options(&unique("forward")))
+        .await
+        .expect("create")
+        .id;
+    assert_eq!(echo(&backend, &id).await.expect("exec"), b"hi\n");
+    let name = pod_name(&id);
+    let forwards: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && r.path.ends_with(&format!("/pods/{name}/portforward")))
+        .collect();
+    assert!(
+        forwards.len() >= 2,
+        "the first contact and the exec each went through a port-forward: {forwards:?}"
+    );
+    for r in &forwards {
+        assert_eq!(
+            r.query.get("ports"),
+            Some(&fake.agent_port.to_string()),
+            "{r:?}"
+        );
+    }
+    // A preview's tunnel goes the same way.
+    let port = free_port();
+    serve_in_sandbox(&backend, &id, port, "forwarded").await;
+    let mut options = PreviewOptions::default();
+    options.port = port;
+    options.public = true;
+    let preview = backend.expose_port(&id, options).await.expect("expose");
+    let (status, body) = http_get(&preview.host, "/", &[]).await.expect("answered");
+    assert_eq!((status, body.as_str()), (200, "forwarded"));
+    // The token still decides: another key is refused by the agent, port-forward or not.
+    let mut other = forwarded;
+    other.key = vec![8; 32];
+    let stranger = KubeBackend::with_url(&fake.url, other).await.unwrap();
+    let e = echo(&stranger, &id).await.expect_err("wrong token");
+    assert_eq!(e.code(), ErrorCode::Unauthenticated, "{e:?}");
+    backend.destroy(&id).await.expect("destroy");
+    // A deleted Pod's port-forward is refused by the API server: NotFound.
+    assert!(echo(&backend, &id).await.unwrap_err().is_not_found());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_another_agent_at_a_gone_pods_address_is_not_found() {
+    use sandcove::backend::agent_server::{
+        spawn_local_pod_agent, token_sha256_hex, PodAgentConfig,
+    };
+    let fake = FakeCluster::start();
+    let backend = backend(&fake).await;
+    let id = backend
+        .create(test_options(&unique("reused")))
+        .await
+        .expect("create")
+        .id;
+    // The backend now holds this sandbox's agent address.
+    assert_eq!(echo(&backend, &id).await.expect("runs"), b"hi\n");
+    let name = pod_name(&id);
+    let ip: std::net::IpAddr = fake.pod(&name).expect("the Pod")["status"]["podIP"]
+        .as_str()
+        .expect("a Pod IP")
+        .parse()
+        .unwrap();
+    // The Pod goes behind the backend's back, and its address goes to another sandbox's
+    // agent (a Pod IP handed out again), which holds another token.
+    assert!(fake.delete_pod(&name).await);
+    eventually(PATIENCE, "the Pod is gone", || {
+        let (fake, name) = (&fake, &name);
+        async move { holds(fake.pod(name).is_none(), name) }
+    })
+    .await;
+    let root = std::env::temp_dir().join(unique("kube-reused-root"));
+    std::fs::create_dir_all(root.join("tmp")).unwrap();
+    let hash = token_sha256_hex("another sandbox's token");
+    let mut bytes = [0u8; 32];
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hash[2 * i..2 * i + 2], 16).unwrap();
+    }
+    let mut other = PodAgentConfig::new(std::net::SocketAddr::new(ip, fake.agent_port), bytes);
+    other.root = Some(root.clone());
+    /// The other agent, ended (and its root removed) however the test ends.
+    struct Other(std::process::Child, std::path::PathBuf);
+    impl Drop for Other {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+            let _ = std::fs::remove_dir_all(&self.1);
+        }
+    }
+    let _other = Other(
+        eventually(PATIENCE, "another agent listens at the old address", || {
+            let other = other.clone();
+            async move {
+                tokio::task::spawn_blocking(move || spawn_local_pod_agent(&other).map(|(c, _)| c))
+                    .await
+                    .unwrap()
+            }
+        })
+        .await,
+        root,
+    );
+    // The sandbox is gone, not "unauthenticated" (which told the caller its credentials were
+    // wrong, and kept the stale address for every later call).
+    let e = echo(&backend, &id).await.expect_err("not this sandbox");
+    assert!(e.is_not_found(), "{e:?}");
+    let e = echo(&backend, &id)
+        .await
+        .expect_err("still not this sandbox");
+    assert!(e.is_not_found(), "{e:?}");
 }

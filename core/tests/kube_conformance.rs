@@ -5,15 +5,24 @@
 //! backend is configured as not isolated (`isolated: false`) and without volumes (the fake
 //! mounts none); the cases that need isolation or volumes skip or assert the refusal, as
 //! their capability gates say. No real cluster is part of this suite.
+//!
+//! The suite runs twice: with the agent reached at the Pod IP (a server inside the
+//! cluster), and through the API server's Pod port-forward (`port_forward::`, a server
+//! outside it), which the fake serves as a WebSocket connected to the Pod's agent port.
 
 mod kube_fake;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use sandcove::backend::kube::AgentReach;
 use sandcove::{Backend, KubeBackend, KubeConfig};
 
 async fn kube() -> Arc<dyn Backend> {
+    kube_reached(AgentReach::PodIp).await
+}
+
+async fn kube_reached(reach: AgentReach) -> Arc<dyn Backend> {
     let fake = kube_fake::FakeCluster::shared();
     let mut config = KubeConfig::new("sandcove-test", "sandcove:test", vec![7; 32]);
     config.agent_port = fake.agent_port;
@@ -22,6 +31,7 @@ async fn kube() -> Arc<dyn Backend> {
     config.volumes = false;
     config.grace = Duration::from_secs(1);
     config.ready_timeout = Duration::from_secs(60);
+    config.reach = reach;
     Arc::new(
         KubeBackend::with_url(&fake.url, config)
             .await
@@ -30,3 +40,9 @@ async fn kube() -> Arc<dyn Backend> {
 }
 
 sandcove::conformance_tests!(kube());
+
+mod port_forward {
+    use super::*;
+
+    sandcove::conformance_tests!(kube_reached(AgentReach::PortForward));
+}

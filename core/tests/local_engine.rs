@@ -348,23 +348,29 @@ async fn a_dead_monitor_takes_its_sandbox_with_it() {
     assert_eq!(err.code(), ErrorCode::NotFound);
 }
 
-/// The pid of the monitor serving sandbox `id` (its environment names the state directory).
+/// The pid of the monitor serving sandbox `id`: the process named `sandcove-mon` that holds
+/// the sandbox's `<state dir>/sandboxes/<id>/lock` open (every monitor does, for its life).
 fn find_monitor(id: &str) -> Option<u32> {
+    let lock_suffix = format!("/sandboxes/{id}/lock");
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let Ok(pid) = name.parse::<u32>() else {
             continue;
         };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+        let Ok(comm) = std::fs::read_to_string(entry.path().join("comm")) else {
             continue;
         };
-        if !cmdline.starts_with(b"sandcove-monitor") {
+        if comm.trim_end() != "sandcove-mon" {
             continue;
         }
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
             continue;
         };
-        if String::from_utf8_lossy(&environ).contains(&format!("/{id}\0")) {
+        if fds
+            .flatten()
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .any(|file| file.to_string_lossy().ends_with(&lock_suffix))
+        {
             return Some(pid);
         }
     }

@@ -614,11 +614,11 @@ async fn connections_beyond_the_bound_are_refused() {
         c.hello_timeout = Duration::from_secs(120);
     })
     .await;
-    // One stalled connection holds the only slot.
-    let mut holder = tokio::net::TcpStream::connect(pod.pod().addr)
-        .await
-        .unwrap();
-    holder.write_all(&[1]).await.unwrap();
+    // One served connection (a tunnel, open until dropped) holds the only slot.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let holder = pod.agent().tunnel(port).await.expect("tunnel");
+    let (accepted, _) = listener.accept().await.unwrap();
     let err = eventually(PATIENCE, "a second connection is refused", || async {
         match pod.agent().ready().await {
             Err(e @ Error::RateLimited { .. }) => Ok(e),
@@ -627,11 +627,74 @@ async fn connections_beyond_the_bound_are_refused() {
     })
     .await;
     assert!(err.to_string().contains("at most 1"), "{err}");
+    // The tunnel ends once both of its ends have closed.
     drop(holder);
+    drop(accepted);
     eventually(PATIENCE, "served once the slot is free", || async {
         pod.agent().ready().await
     })
     .await;
+}
+
+/// Open a connection to `addr` from the loopback address `from` and send one byte of a
+/// frame prefix, never the rest: a stranger stalling its hello.
+async fn stalled_connection(
+    from: std::net::Ipv4Addr,
+    addr: SocketAddr,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(from.into(), 0))?;
+    let mut sock = socket.connect(addr).await?;
+    sock.write_all(&[1]).await?;
+    Ok(sock)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strangers_stalling_hellos_do_not_keep_the_token_holder_out() {
+    let pod = OnePod::start("stallers", |c| {
+        c.max_connections = 16;
+        // Long enough that no stalled hello times out during the test.
+        c.hello_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let addr = pod.pod().addr;
+    // Strangers never finish a hello: one on 127.0.0.2 opens 100 connections, twenty more
+    // on other loopback addresses open 10 each (all together many times the connection
+    // bound). The token holder comes from 127.0.0.1. The strangers push each other out of
+    // the waiting pool; none of them holds a served connection's slot.
+    let mut strangers = Vec::new();
+    let mut peers = vec![(2u8, 100)];
+    peers.extend((3..23u8).map(|host| (host, 10)));
+    for (host, count) in peers {
+        for _ in 0..count {
+            if let Ok(sock) =
+                stalled_connection(std::net::Ipv4Addr::new(127, 0, 0, host), addr).await
+            {
+                strangers.push(sock);
+            }
+        }
+    }
+    assert!(strangers.len() >= 16, "only {} connected", strangers.len());
+    // The token holder is served at once (before the fix the strangers held every slot
+    // until their hello deadline, and it was refused as rate limited).
+    // (A client that keeps no idle connection: a kept one would hold a slot, protocol v5.)
+    let unpooled = pod.agent().clone().with_pool(None);
+    for _ in 0..3 {
+        let ready = tokio::time::timeout(PATIENCE, unpooled.ready())
+            .await
+            .expect("answered");
+        assert!(ready.is_ok(), "{ready:?}");
+    }
+    // And it can still hold many connections at once: the strangers took none of them.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut tunnels = Vec::new();
+    for _ in 0..16 {
+        tunnels.push(pod.agent().tunnel(port).await.expect("a tunnel"));
+    }
+    let err = pod.agent().ready().await.unwrap_err();
+    assert!(matches!(err, Error::RateLimited { .. }), "{err:?}");
+    drop(strangers);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -667,6 +730,20 @@ async fn a_tunnel_reaches_a_server_on_the_agents_loopback() {
         .err()
         .expect("refused");
     assert!(matches!(err, Error::Unauthenticated { .. }), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_open_files_bound_reaches_every_process() {
+    // An agent started with a bound on open files passes it to its processes (the command
+    // that starts a pod agent dropped it, so they ran with the default).
+    let pod = OnePod::start("nofile", |c| c.max_open_files = Some(123)).await;
+    let stream = pod
+        .agent()
+        .spawn(ProcessSpec::new(Command::sh("ulimit -n")))
+        .await
+        .expect("spawn");
+    let out = sandcove::client::collect(stream, 4096).await.expect("run");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "123\n");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

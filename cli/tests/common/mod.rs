@@ -159,3 +159,258 @@ impl Drop for WireEnv {
         let _ = std::thread::spawn(move || drop(state)).join();
     }
 }
+
+/// One answer read off a [`RawConnection`].
+#[derive(Debug)]
+pub struct RawAnswer {
+    /// The status code.
+    pub status: u16,
+    /// The head as sent (status line and header lines).
+    pub head: String,
+    /// The body, de-chunked.
+    pub body: Vec<u8>,
+}
+
+impl RawAnswer {
+    /// Whether the answer tells the client to close the connection.
+    pub fn closes(&self) -> bool {
+        self.head
+            .lines()
+            .any(|l| l.to_ascii_lowercase().replace(' ', "") == "connection:close")
+    }
+}
+
+/// One HTTP/1.1 connection driven byte by byte, so a test decides when each part of a
+/// request leaves (a body after its head, a next request on the same connection).
+pub struct RawConnection {
+    reader: tokio::net::tcp::OwnedReadHalf,
+    writer: Option<tokio::net::tcp::OwnedWriteHalf>,
+    buffered: Vec<u8>,
+}
+
+/// How long a raw answer may take.
+const RAW_PATIENCE: Duration = Duration::from_secs(30);
+
+impl RawConnection {
+    /// Connect to the listener at `url` (`http://127.0.0.1:PORT`).
+    pub async fn connect(url: &str) -> RawConnection {
+        let addr = url.trim_start_matches("http://").trim_end_matches('/');
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("connect the listener");
+        stream.set_nodelay(true).expect("no delay");
+        let (reader, writer) = stream.into_split();
+        RawConnection {
+            reader,
+            writer: Some(writer),
+            buffered: Vec::new(),
+        }
+    }
+
+    /// Send `bytes` now.
+    pub async fn send(&mut self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        let writer = self.writer.as_mut().expect("the sending half");
+        let sent = async {
+            writer.write_all(bytes).await?;
+            writer.flush().await
+        };
+        if let Err(e) = sent.await {
+            panic!("the server closed the connection under this request: {e}");
+        }
+    }
+
+    /// The sending half, for a task that sends while this one reads.
+    pub fn take_writer(&mut self) -> tokio::net::tcp::OwnedWriteHalf {
+        self.writer.take().expect("the sending half")
+    }
+
+    /// Read more into the buffer; `false` once the peer has closed (or reset) the connection.
+    async fn fill(&mut self) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut chunk = [0u8; 16 * 1024];
+        match tokio::time::timeout(RAW_PATIENCE, self.reader.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => false,
+            Ok(Ok(n)) => {
+                self.buffered.extend_from_slice(&chunk[..n]);
+                true
+            }
+            Err(_) => panic!("nothing arrived and the connection stayed open for {RAW_PATIENCE:?}"),
+        }
+    }
+
+    /// Take `n` bytes, reading as needed; `None` if the connection ends first.
+    async fn take(&mut self, n: usize) -> Option<Vec<u8>> {
+        while self.buffered.len() < n {
+            if !self.fill().await {
+                return None;
+            }
+        }
+        Some(self.buffered.drain(..n).collect())
+    }
+
+    /// Take one CRLF-terminated line (without its CRLF); `None` if the connection ends first.
+    async fn line(&mut self) -> Option<String> {
+        loop {
+            if let Some(at) = self.buffered.windows(2).position(|w| w == b"\r\n") {
+                let line: Vec<u8> = self.buffered.drain(..at + 2).collect();
+                return Some(String::from_utf8_lossy(&line[..at]).into_owned());
+            }
+            if !self.fill().await {
+                return None;
+            }
+        }
+    }
+
+    /// The next complete answer (interim `1xx` answers skipped), or `None` when the
+    /// connection ends before one has arrived whole.
+    pub async fn answer(&mut self) -> Option<RawAnswer> {
+        loop {
+            let status_line = self.line().await?;
+            let status: u16 = status_line.split(' ').nth(1)?.parse().ok()?;
+            let mut head = status_line.clone();
+            let (mut length, mut chunked) = (None, false);
+            loop {
+                let line = self.line().await?;
+                if line.is_empty() {
+                    break;
+                }
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
+                    length = v.trim().parse::<usize>().ok();
+                }
+                if lower.starts_with("transfer-encoding:") && lower.contains("chunked") {
+                    chunked = true;
+                }
+                head.push_str("\r\n");
+                head.push_str(&line);
+            }
+            if status < 200 {
+                continue;
+            }
+            let mut body = Vec::new();
+            if chunked {
+                loop {
+                    let size = self.line().await?;
+                    let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+                    if size == 0 {
+                        while !self.line().await?.is_empty() {}
+                        break;
+                    }
+                    body.extend(self.take(size).await?);
+                    self.take(2).await?;
+                }
+            } else if let Some(n) = length {
+                body = self.take(n).await?;
+            }
+            return Some(RawAnswer { status, head, body });
+        }
+    }
+
+    /// Read until the peer closes the connection (panics if it stays open and silent past
+    /// the patience).
+    pub async fn until_closed(&mut self) {
+        while self.fill().await {}
+    }
+}
+
+/// Send a request the listener answers without needing its body, the way that used to cost
+/// the connection: the head first, then its body (`body_len` bytes, more than a server
+/// reads in one go) as a separate write.
+pub async fn send_refused(
+    conn: &mut RawConnection,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body_len: usize,
+) {
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}Content-Type: application/json\r\nContent-Length: {body_len}\r\n\r\n"
+    );
+    conn.send(head.as_bytes()).await;
+    conn.send(&vec![b' '; body_len]).await;
+}
+
+/// Send each of `refused` (method, path, extra header lines, expected status) on one
+/// connection as [`send_refused`] does, each after the previous answer, then `last` (method,
+/// path, header lines, expected status; no body): every answer must arrive on that one
+/// connection, and no refusal may say `Connection: close`.
+pub async fn refusals_keep_the_connection(
+    url: &str,
+    refused: &[(&str, &str, &str, u16)],
+    last: (&str, &str, &str, u16),
+) {
+    let mut conn = RawConnection::connect(url).await;
+    for (method, path, headers, expected) in refused {
+        send_refused(&mut conn, method, path, headers, 32 * 1024).await;
+        let answer = conn
+            .answer()
+            .await
+            .unwrap_or_else(|| panic!("{method} {path}: the connection closed without an answer"));
+        assert_eq!(
+            answer.status,
+            *expected,
+            "{method} {path}: {}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        assert!(
+            !answer.closes(),
+            "{method} {path}: a small refused body still closes the connection: {}",
+            answer.head
+        );
+    }
+    let (method, path, headers, expected) = last;
+    conn.send(format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}\r\n").as_bytes())
+        .await;
+    let answer = conn.answer().await.unwrap_or_else(|| {
+        panic!("{method} {path} after the refusals: the connection was closed under it")
+    });
+    assert_eq!(
+        answer.status,
+        expected,
+        "{method} {path}: {}",
+        String::from_utf8_lossy(&answer.body)
+    );
+}
+
+/// A refused request whose body is larger than a server reads for a refusal: the answer
+/// arrives, says `Connection: close`, and the connection then ends (it is not left hanging).
+pub async fn an_oversized_refused_body_closes_cleanly(
+    url: &str,
+    method: &str,
+    path: &str,
+    headers: &str,
+    expected: u16,
+) {
+    let mut conn = RawConnection::connect(url).await;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        1024 * 1024
+    );
+    let mut writer = conn.take_writer();
+    // The head, then more body than is read for a refusal (less than announced), sent while
+    // the answer is read: the server stops reading, so this write may never finish.
+    let sender = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let _ = writer.write_all(head.as_bytes()).await;
+        let _ = writer.write_all(&vec![b' '; 256 * 1024]).await;
+        writer
+    });
+    let answer = conn
+        .answer()
+        .await
+        .expect("an answer to the oversized refused request");
+    assert_eq!(
+        answer.status,
+        expected,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    assert!(
+        answer.closes(),
+        "the answer says Connection: close: {}",
+        answer.head
+    );
+    conn.until_closed().await;
+    sender.abort();
+}

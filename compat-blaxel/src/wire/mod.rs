@@ -7,6 +7,7 @@
 //! | module | what |
 //! |---|---|
 //! | [`api`] | the control plane under `/v0` (`/v0/sandboxes…`, previews): REST + JSON |
+//! | [`snapshots`] | snapshots (per sandbox and workspace-wide), restore and fork under `/v0` |
 //! | [`sandbox_api`] | every sandbox's API under `/blaxel-sbx/{name}` (processes, files) |
 //! | [`uploads`] | the sandbox API's multipart uploads (files over 5 MiB) |
 //!
@@ -28,6 +29,7 @@
 
 pub mod api;
 pub mod sandbox_api;
+pub mod snapshots;
 pub mod uploads;
 
 use std::sync::Arc;
@@ -157,7 +159,7 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
         uploads: Default::default(),
     };
     let inner = Router::new()
-        .nest("/v0", api::routes())
+        .nest("/v0", api::routes().merge(snapshots::routes()))
         .nest(
             &format!("{DATA_PLANE_PREFIX}/{{name}}"),
             sandbox_api::routes(),
@@ -209,27 +211,10 @@ async fn collapse_slashes(mut request: Request, next: Next) -> Response {
 }
 
 async fn not_found(request: Request) -> Response {
-    let path = request.uri().path().to_string();
-    let method = request.method().clone();
-    // Read what the client sent (bounded) before refusing: answering over an unread body
-    // makes the server close the connection, and a client that already reuses it for its
-    // next request sees "disconnected without a response" instead of its next answer.
-    let drained = axum::body::to_bytes(request.into_body(), REFUSED_BODY_DRAIN)
-        .await
-        .is_ok();
-    let mut response = refusal_of(&method, &path);
-    if !drained {
-        // Too large (or broken) to read: tell the client not to reuse the connection.
-        response.headers_mut().insert(
-            axum::http::header::CONNECTION,
-            axum::http::HeaderValue::from_static("close"),
-        );
-    }
-    response
+    // Its body is left unread: the server's connection loop reads it (bounded) before the
+    // answer leaves, so a client reusing the connection is not cut off.
+    refusal_of(request.method(), request.uri().path())
 }
-
-/// Most of a refused request's body read so its connection can be reused.
-const REFUSED_BODY_DRAIN: usize = 64 * 1024;
 
 /// The answer to a path this listener does not serve.
 fn refusal_of(method: &axum::http::Method, path: &str) -> Response {
@@ -244,7 +229,7 @@ fn refusal_of(method: &axum::http::Method, path: &str) -> Response {
             &format!(
                 "{} {path} is not served over Blaxel's wire protocol by Sandcove (see \
                  MAPPING.md); instead use the sandbox calls (create, get, list, update, delete, \
-                 previews), processes and files",
+                 previews, snapshots, fork), processes and files",
                 method
             ),
         );
@@ -264,8 +249,6 @@ fn gap_of_path(path: &str) -> Option<&'static str> {
         ["v0", "sandboxes", _, "schedules", ..]
         | ["v0", "sandboxes", _, "schedule-executions", ..] => "schedules",
         ["v0", "drives", ..] => "drives",
-        ["v0", "sandboxes", _, "fork"] => "fork over the wire",
-        ["v0", "sandboxes", _, "snapshots", ..] => "snapshots over the wire",
         ["v0", "sandboxes", _, "archive" | "unarchive"] => "archive",
         ["v0", "sandboxes", "by-external-id", ..] => "external ids",
         ["blaxel-sbx", _, "codegen", ..] => "codegen",
@@ -563,7 +546,8 @@ mod tests {
     fn paths_not_served_name_their_gap() {
         for (path, gap) in [
             ("/v0/sandboxes/a/schedules", Some("schedules")),
-            ("/v0/sandboxes/a/fork", Some("fork over the wire")),
+            ("/v0/sandboxes/a/fork", None),
+            ("/v0/sandboxes/a/archive", Some("archive")),
             ("/blaxel-sbx/a/codegen/fastapply/x", Some("codegen")),
             ("/v0/sandboxes/a", None),
         ] {

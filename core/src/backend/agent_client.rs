@@ -771,6 +771,10 @@ impl RemoteAgent {
                     // The caller's data failed: end the upload without its end marker, so the
                     // agent discards what it received. Its answer comes once that cleanup is
                     // done (the temporary file removed); only then report the caller's error.
+                    // An error frame says so on transports that cannot half-close (a Pod
+                    // port-forward); the shutdown says it on the others.
+                    let abort = AgentReply::Error { error: e.to_body() };
+                    let _ = proto::write_frame(&mut stream, &abort, &[]).await;
                     let _ = stream.shutdown().await;
                     let _ = tokio::time::timeout(
                         UPLOAD_CLEANUP_WAIT,

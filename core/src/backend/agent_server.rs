@@ -214,6 +214,9 @@ pub fn pod_agent_command(config: &PodAgentConfig) -> Result<std::process::Comman
     if let Some(root) = &config.root {
         cmd.env(ROOT_ENV, root);
     }
+    if let Some(n) = config.max_open_files {
+        cmd.env(MAX_OPEN_FILES_ENV, n.to_string());
+    }
     Ok(cmd)
 }
 

@@ -2,8 +2,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, BodyDataStream, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, Method};
 use axum::response::Response;
@@ -79,7 +80,9 @@ pub(super) fn routes() -> Vec<Route> {
             "/v1/sandboxes/{id}/files/mkdir",
             "mkdir",
             "Create a directory (honours Idempotency-Key)",
-            mkdir,
+            recorded("mkdir", |b, id, r: Mkdir| async move {
+                b.mkdir(&id, &r.path, r.options).await
+            }),
         )
         .input(In::Json("Mkdir"))
         .output(Out::Json("FileStat")),
@@ -88,7 +91,9 @@ pub(super) fn routes() -> Vec<Route> {
             "/v1/sandboxes/{id}/files/rename",
             "rename",
             "Rename (move) a path (honours Idempotency-Key)",
-            rename,
+            recorded("rename", |b, id, r: Rename| async move {
+                b.rename(&id, &r.from, &r.to, r.options).await
+            }),
         )
         .input(In::Json("Rename"))
         .output(Out::Json("FileStat")),
@@ -97,7 +102,9 @@ pub(super) fn routes() -> Vec<Route> {
             "/v1/sandboxes/{id}/files/copy",
             "copy",
             "Copy a file or (recursive) a directory tree inside the sandbox (honours Idempotency-Key)",
-            copy,
+            recorded("copy", |b, id, r: Copy| async move {
+                b.copy(&id, &r.from, &r.to, r.options).await
+            }),
         )
         .input(In::Json("Copy"))
         .output(Out::Json("FileStat")),
@@ -106,7 +113,9 @@ pub(super) fn routes() -> Vec<Route> {
             "/v1/sandboxes/{id}/files/chmod",
             "chmod",
             "Change permission bits (honours Idempotency-Key)",
-            chmod,
+            recorded("chmod", |b, id, r: Chmod| async move {
+                b.chmod(&id, &r.path, r.mode).await
+            }),
         )
         .input(In::Json("Chmod"))
         .output(Out::Json("FileStat")),
@@ -230,6 +239,7 @@ async fn write_file(
         options,
         limit,
         framed,
+        idle: state.config.upload_idle_timeout,
         body,
     };
     match state
@@ -266,17 +276,20 @@ struct Upload {
     options: WriteOptions,
     limit: u64,
     framed: bool,
+    /// Longest wait for the body's next bytes.
+    idle: Duration,
     body: Body,
 }
 
 impl Upload {
-    /// The body as file bytes: an error item when it breaks off, is abandoned or goes past
-    /// the limit (which sets `over`).
-    fn data(body: Body, framed: bool, limit: u64, over: Arc<Over>) -> ByteStream {
+    /// The body as file bytes: an error item when it breaks off, stalls for `idle`, is
+    /// abandoned or goes past the limit (which sets `over`).
+    fn data(body: Body, framed: bool, limit: u64, idle: Duration, over: Arc<Over>) -> ByteStream {
+        let data = body.into_data_stream();
         if framed {
-            framed_upload(body, limit, over)
+            framed_upload(data, limit, idle, over)
         } else {
-            upload_stream(body, limit, over)
+            upload_stream(data, limit, idle, over)
         }
     }
 
@@ -289,10 +302,11 @@ impl Upload {
             options,
             limit,
             framed,
+            idle,
             body,
         } = self;
         let over = Arc::new(Over::default());
-        let mut data = Self::data(body, framed, limit, over.clone());
+        let mut data = Self::data(body, framed, limit, idle, over.clone());
         if let Some(content) = content {
             data = hashed(data, content);
         }
@@ -331,7 +345,7 @@ impl Upload {
         let body = std::mem::replace(&mut self.body, Body::empty());
         let content = ContentDigest::default();
         let mut data = hashed(
-            Self::data(body, self.framed, self.limit, over.clone()),
+            Self::data(body, self.framed, self.limit, self.idle, over.clone()),
             content.clone(),
         );
         while let Some(item) = data.next().await {
@@ -373,13 +387,12 @@ struct Over {
 
 /// The raw request body as a [`ByteStream`]: an error item (never a silent end) when the
 /// client breaks off or sends more than `limit` bytes, so the backend keeps no partial file.
-fn upload_stream(body: Body, limit: u64, over: Arc<Over>) -> ByteStream {
-    let data = body.into_data_stream();
+fn upload_stream(data: BodyDataStream, limit: u64, idle: Duration, over: Arc<Over>) -> ByteStream {
     Box::pin(futures::stream::unfold(Some((data, 0u64)), move |st| {
         let over = over.clone();
         async move {
             let (mut data, total) = st?;
-            match data.next().await {
+            match next_within(&mut data, idle).await {
                 None => None,
                 Some(Ok(chunk)) => {
                     let total = total + chunk.len() as u64;
@@ -400,6 +413,15 @@ fn upload_stream(body: Body, limit: u64, over: Arc<Over>) -> ByteStream {
     }))
 }
 
+/// The body's next piece, or an error once nothing has arrived for `idle`: a client that
+/// stalls mid-upload would otherwise hold its connection, and its operation id, for ever.
+async fn next_within(data: &mut BodyDataStream, idle: Duration) -> Option<Result<Bytes, String>> {
+    match tokio::time::timeout(idle, data.next()).await {
+        Ok(next) => next.map(|item| item.map_err(|e| e.to_string())),
+        Err(_) => Some(Err(format!("no bytes arrived for {} ms", idle.as_millis()))),
+    }
+}
+
 fn broke_off(e: impl std::fmt::Display) -> Error {
     Error::Backend {
         message: format!("the upload broke off: {e}"),
@@ -411,14 +433,14 @@ fn broke_off(e: impl std::fmt::Display) -> Error {
 /// payloads, ending at `x`. An `!` frame (the client abandons the write, saying why), a body
 /// that ends or breaks off before `x`, a malformed frame or more than `limit` bytes yield an
 /// error item instead, so the backend keeps no partial file.
-fn framed_upload(body: Body, limit: u64, over: Arc<Over>) -> ByteStream {
+fn framed_upload(data: BodyDataStream, limit: u64, idle: Duration, over: Arc<Over>) -> ByteStream {
     struct St {
-        data: axum::body::BodyDataStream,
+        data: BodyDataStream,
         decoder: frame::Decoder,
         total: u64,
     }
     let st = St {
-        data: body.into_data_stream(),
+        data,
         decoder: frame::Decoder::with_max_payload(frame::UPLOAD_MAX_PAYLOAD),
         total: 0,
     };
@@ -452,7 +474,7 @@ fn framed_upload(body: Body, limit: u64, over: Arc<Over>) -> ByteStream {
                             return fail(Error::invalid("upload: bytes after the end frame"));
                         }
                         loop {
-                            match st.data.next().await {
+                            match next_within(&mut st.data, idle).await {
                                 None => return None,
                                 Some(Ok(chunk)) if chunk.is_empty() => {}
                                 Some(Ok(_)) => {
@@ -476,7 +498,7 @@ fn framed_upload(body: Body, limit: u64, over: Arc<Over>) -> ByteStream {
                             kind as char
                         )))
                     }
-                    None => match st.data.next().await {
+                    None => match next_within(&mut st.data, idle).await {
                         Some(Ok(chunk)) => st.decoder.push(&chunk),
                         Some(Err(e)) => return fail(broke_off(e)),
                         None => return fail(broke_off("the body ended before its end frame")),
@@ -559,99 +581,38 @@ async fn stat(
     Ok(json(&state.backend.stat(&id, &q.path, options).await?))
 }
 
-/// A metadata-changing call (mkdir, rename, copy, chmod) with its JSON body `T`, recorded
-/// under its operation id like every call with a remote effect: a repeat answers the first
-/// outcome. `call` runs the backend call on the request.
-async fn recorded<T, F, Fut>(
-    state: AppState,
-    id: String,
-    headers: HeaderMap,
-    body: Body,
-    route: &str,
+/// The answer of a [`recorded`] handler.
+type RecordedAnswer = futures::future::BoxFuture<'static, Result<Response, ApiError>>;
+
+/// The handler of a metadata-changing call (mkdir, rename, copy, chmod) named `route`, with
+/// its JSON body `T`, recorded under its operation id like every call with a remote effect:
+/// a repeat answers the first outcome. `call` runs the backend call on the request.
+fn recorded<T, F, Fut>(
+    route: &'static str,
     call: F,
-) -> Result<Response, ApiError>
+) -> impl FnOnce(State<AppState>, Path<String>, HeaderMap, Body) -> RecordedAnswer
+       + Clone
+       + Send
+       + Sync
+       + 'static
 where
     T: serde::de::DeserializeOwned + Send + 'static,
-    F: FnOnce(Arc<dyn crate::Backend>, String, T) -> Fut + Send + 'static,
+    F: FnOnce(Arc<dyn crate::Backend>, String, T) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = crate::Result<crate::FileStat>> + Send + 'static,
 {
-    let (req, raw) = read_json::<T>(&state, &headers, body).await?;
-    let backend = state.backend.clone();
-    let scope = format!("{route} {id}");
-    Ok(state
-        .idempotency
-        .run(&headers, &scope, &raw, async move {
-            Stored::of(call(backend, id, req).await)
+    move |State(state), Path(id), headers, body| {
+        Box::pin(async move {
+            let (req, raw) = read_json::<T>(&state, &headers, body).await?;
+            let backend = state.backend.clone();
+            let scope = format!("{route} {id}");
+            Ok(state
+                .idempotency
+                .run(&headers, &scope, &raw, async move {
+                    Stored::of(call(backend, id, req).await)
+                })
+                .await)
         })
-        .await)
-}
-
-async fn mkdir(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    recorded(
-        state,
-        id,
-        headers,
-        body,
-        "mkdir",
-        |b, id, r: Mkdir| async move { b.mkdir(&id, &r.path, r.options).await },
-    )
-    .await
-}
-
-async fn rename(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    recorded(
-        state,
-        id,
-        headers,
-        body,
-        "rename",
-        |b, id, r: Rename| async move { b.rename(&id, &r.from, &r.to, r.options).await },
-    )
-    .await
-}
-
-async fn copy(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    recorded(
-        state,
-        id,
-        headers,
-        body,
-        "copy",
-        |b, id, r: Copy| async move { b.copy(&id, &r.from, &r.to, r.options).await },
-    )
-    .await
-}
-
-async fn chmod(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    recorded(
-        state,
-        id,
-        headers,
-        body,
-        "chmod",
-        |b, id, r: Chmod| async move { b.chmod(&id, &r.path, r.mode).await },
-    )
-    .await
+    }
 }
 
 #[derive(Deserialize)]

@@ -7,7 +7,10 @@
 //! refused as rate limited instead of forgetting one that may still act. A record keeps the
 //! answer and digests of the request (never its body), so the same key sent with another
 //! request is refused as [`Error::Conflict`]. An upload is identified by the digest of its
-//! content, hashed while it streams ([`Idempotency::claim_upload`]).
+//! content, hashed while it streams ([`Idempotency::claim_upload`]). Records are scoped by
+//! the client's credential (a digest of the API key it authenticated with, never the key
+//! itself): a client holding another key neither replays nor observes them, nor collides
+//! with them by choosing the same operation id.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -143,12 +146,13 @@ impl Idempotency {
         }
     }
 
-    /// What is recorded about operation `key` (see [`crate::operation`]).
-    pub(super) fn status(&self, key: &str) -> OperationStatus {
+    /// What is recorded about operation `key` (see [`crate::operation`]) of the client
+    /// whose request carries `headers`.
+    pub(super) fn status(&self, headers: &HeaderMap, key: &str) -> OperationStatus {
         let mut guard = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let ttl = self.ttl;
         guard.1.retain(|_, e| e.at.elapsed() < ttl);
-        match guard.1.get(key) {
+        match guard.1.get(&scoped(headers, key)) {
             None => OperationStatus::Unknown {
                 reason: format!(
                     "this server has no record of operation {key:?}: it never arrived, or its \
@@ -199,6 +203,7 @@ impl Idempotency {
         let Some(key) = key_of(headers)? else {
             return Ok((spawned(op).await, true));
         };
+        let key = scoped(headers, &key);
         let print = request_print(scope, fingerprint);
         let (answer, first) = {
             let mut guard = self.entries.lock().unwrap_or_else(|p| p.into_inner());
@@ -235,9 +240,10 @@ impl Idempotency {
         scope: &str,
         content: ContentDigest,
     ) -> Result<UploadClaim, ApiError> {
-        let Some(key) = key_of(headers)? else {
+        let Some(op) = key_of(headers)? else {
             return Ok(UploadClaim::Unkeyed);
         };
+        let key = scoped(headers, &op);
         let print = request_print(scope, b"");
         let mut guard = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let (next_serial, entries) = &mut *guard;
@@ -251,7 +257,7 @@ impl Idempotency {
                 None => {
                     return Err(ApiError::from(Error::Conflict {
                         what: format!(
-                            "operation {key:?} (the {IDEMPOTENCY_HEADER}) is a write that is \
+                            "operation {op:?} (the {IDEMPOTENCY_HEADER}) is a write that is \
                              still running: observe it, or send it again once it has finished"
                         ),
                     }))
@@ -386,6 +392,29 @@ fn key_of(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     }
 }
 
+/// The record key of operation `op` of the client whose request carries `headers`: a
+/// digest of the API key it authenticated with (the `Authorization` bearer value, checked
+/// before any route runs), then the operation id. The key itself is never stored.
+fn scoped(headers: &HeaderMap, op: &str) -> String {
+    let credential = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .unwrap_or("");
+    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    context.update(b"sandcove principal\n");
+    context.update(credential.as_bytes());
+    let digest = context.finish();
+    let mut scoped = String::with_capacity(64 + 1 + op.len());
+    for b in digest.as_ref() {
+        scoped.push_str(&format!("{b:02x}"));
+    }
+    scoped.push(' ');
+    scoped.push_str(op);
+    scoped
+}
+
 /// What identifies a request under its key: a digest of its route (`scope`) and body, so a
 /// record keeps 32 bytes whatever the body's size. The same key on another route or with
 /// another body is another request.
@@ -503,5 +532,64 @@ mod tests {
             })
             .await;
         assert!(rescoped.is_err());
+    }
+
+    fn keyed_by(credential: &str, key: &str) -> HeaderMap {
+        let mut headers = keyed(key);
+        headers.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {credential}")).unwrap(),
+        );
+        headers
+    }
+
+    /// Attack (fails): a client holding another API key reuses an operation id it saw (or
+    /// guessed). It must not get the first client's answer, observe its outcome, or be
+    /// refused because of it: each key has its own records, which hold no key.
+    #[tokio::test]
+    async fn records_are_scoped_by_api_key() {
+        let records = Idempotency::new(Duration::from_secs(600), 64);
+        let alice = keyed_by("key-of-alice", "op-1");
+        let mallory = keyed_by("key-of-mallory", "op-1");
+        let (stored, first) = records
+            .run_stored(&alice, "create", b"{}", async {
+                Stored::of(Ok(serde_json::json!({"id": "alices-sandbox"})))
+            })
+            .await
+            .unwrap_or_else(|_| panic!("alice's create"));
+        assert!(first && stored.is_success());
+        assert!(matches!(
+            records.status(&alice, "op-1"),
+            OperationStatus::Done { .. }
+        ));
+        assert!(
+            matches!(
+                records.status(&mallory, "op-1"),
+                OperationStatus::Unknown { .. }
+            ),
+            "another key observes alice's operation"
+        );
+        let (stored, first) = records
+            .run_stored(&mallory, "create", b"{}", async {
+                Stored::of(Ok(serde_json::json!({"id": "mallorys-sandbox"})))
+            })
+            .await
+            .unwrap_or_else(|_| panic!("mallory's create"));
+        assert!(first, "another key replayed alice's answer");
+        assert_eq!(stored.value()["id"], "mallorys-sandbox");
+        let other_body = records
+            .run_stored(&keyed_by("key-of-eve", "op-1"), "destroy x", b"", async {
+                Stored::unit(Ok(()))
+            })
+            .await;
+        assert!(
+            matches!(other_body, Ok((_, true))),
+            "another key's request was refused as a conflict with alice's"
+        );
+        let guard = records.entries.lock().unwrap();
+        assert!(
+            guard.1.keys().all(|k| !k.contains("key-of-")),
+            "a record holds an API key"
+        );
     }
 }

@@ -38,6 +38,10 @@
 //!   in the cap and is closed at shutdown. [`serve_router_intercepting`] also terminates
 //!   `CONNECT` tunnels to a fixed list of hosts with a name-constrained local CA (see
 //!   [`intercept`]), serving what comes through them with the same router and limits.
+//!   An answer given without reading the request's body (a `401`, a `404`, a `413`, …)
+//!   waits for that body (at most 64 KiB within the head timeout, else it says
+//!   `Connection: close`), so a client reusing the connection gets its next answer instead
+//!   of a closed connection; this holds for every router served here, vendor listeners too.
 //! - **Shutdown**: when the shutdown future given to [`serve`] completes (the binary uses
 //!   Ctrl-C or SIGTERM), the server stops accepting connections, ends every open stream with
 //!   an error frame (so no client mistakes it for a complete stream), lets in-flight control
@@ -47,6 +51,7 @@
 //!   program that creates them; each ends at its lease or when destroyed, and a restarted
 //!   server (or any program of the same user) finds them again.
 
+mod drain;
 mod files;
 mod idempotency;
 pub mod intercept;
@@ -106,6 +111,10 @@ pub struct ServerConfig {
     /// How long a client may take for its TLS handshake and for each request head
     /// (including the wait for the next request on a kept-alive connection).
     pub head_timeout: Duration,
+    /// How long an upload's body may go without a byte arriving; then the upload fails as
+    /// broken off (nothing is written, its operation id is free again) and its connection
+    /// is released.
+    pub upload_idle_timeout: Duration,
     /// Serve HTTPS with this configuration (see [`load_tls`]); `None` serves plain HTTP,
     /// which is only fit for loopback.
     pub tls: Option<Arc<rustls::ServerConfig>>,
@@ -117,7 +126,8 @@ pub struct ServerConfig {
 impl ServerConfig {
     /// Defaults: 1 MiB JSON bodies, 4 GiB uploads, operation outcomes (idempotency keys) kept
     /// 10 minutes and at most 10 000 of them, 10 s
-    /// of grace at shutdown, 512 connections, 10 s per request head, plain HTTP.
+    /// of grace at shutdown, 512 connections, 10 s per request head, 300 s without a byte
+    /// of an upload's body, plain HTTP.
     pub fn new(api_key: impl Into<String>) -> Self {
         ServerConfig {
             api_key: api_key.into(),
@@ -128,6 +138,7 @@ impl ServerConfig {
             shutdown_grace: Duration::from_secs(10),
             max_connections: 512,
             head_timeout: Duration::from_secs(10),
+            upload_idle_timeout: Duration::from_secs(300),
             tls: None,
             metrics: ServerMetrics::default(),
         }
@@ -145,6 +156,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("max_connections", &self.max_connections)
             .field("head_timeout", &self.head_timeout)
+            .field("upload_idle_timeout", &self.upload_idle_timeout)
             .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }
@@ -442,6 +454,8 @@ async fn serve_connections(
 ) -> std::io::Result<()> {
     let grace = limits.shutdown_grace;
     let head_timeout = limits.head_timeout;
+    // Answers wait for a body left unread (bounded), so refusals keep the connection.
+    let app = drain::refused_bodies_drained(app, head_timeout);
     let tls = limits.tls.clone().map(tokio_rustls::TlsAcceptor::from);
     let mut acceptor = crate::listen::Acceptor::new(limits.max_connections);
     let mut http = hyper::server::conn::http1::Builder::new();

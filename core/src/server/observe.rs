@@ -167,14 +167,14 @@ impl Tally {
             &mut out,
             "sandcove_sandboxes_created_total",
             "counter",
-            "Sandboxes created (create and fork) through this server.",
+            "Sandboxes created (create and fork) through this server's native API; vendor listeners' creates are among their requests (op e2b, daytona, blaxel), and every live sandbox is in sandcove_sandboxes.",
         );
         let _ = writeln!(out, "sandcove_sandboxes_created_total {}", c.creates);
         family(
             &mut out,
             "sandcove_sandboxes_destroyed_total",
             "counter",
-            "Sandboxes destroyed through this server.",
+            "Sandboxes destroyed through this server's native API (vendor listeners' are among their requests).",
         );
         let _ = writeln!(out, "sandcove_sandboxes_destroyed_total {}", c.destroys);
         family(

@@ -1,7 +1,7 @@
 //! What became of an operation (see [`crate::operation`]), from the idempotency record.
 
 use axum::extract::{Path, State};
-use axum::http::Method;
+use axum::http::{HeaderMap, Method};
 use axum::response::Response;
 
 use super::{json, ApiError, AppState, Out, Route};
@@ -20,7 +20,8 @@ pub(super) fn routes() -> Vec<Route> {
 async fn observe(
     State(state): State<AppState>,
     Path(op): Path<String>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let op = crate::OperationId::parse(&op)?;
-    Ok(json(&state.idempotency.status(op.as_str())))
+    Ok(json(&state.idempotency.status(&headers, op.as_str())))
 }

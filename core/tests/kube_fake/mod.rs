@@ -12,6 +12,11 @@
 //! started (the process tree under its pid, frozen then killed, as a container's teardown
 //! would), then removes the object.
 //!
+//! A Pod's `portforward` subresource is served too, as the API server and kubelet serve it:
+//! a WebSocket of subprotocol `v4.channel.k8s.io` whose first port has channel 0 for data
+//! and channel 1 for errors, each channel's first frame the port number (little-endian),
+//! every frame prefixed by its channel byte; the fake connects it to the Pod IP's port.
+//!
 //! Every request is recorded (method, path, query, body) so tests can assert the exact
 //! requests sent; the next request matching a method and path fragment can be made to fail
 //! with a given status.
@@ -26,7 +31,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use tokio::io::AsyncBufReadExt;
@@ -189,11 +195,16 @@ impl FakeCluster {
                 .build()
                 .expect("the fake's runtime");
             runtime.block_on(async move {
-                let app =
-                    axum::Router::new().fallback(move |method: Method, uri: Uri, body: Bytes| {
-                        let state = served.clone();
-                        async move { handle(state, method, uri, body).await }
-                    });
+                let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+                    let state = served.clone();
+                    async move {
+                        let (parts, body) = request.into_parts();
+                        match axum::body::to_bytes(body, 64 << 20).await {
+                            Ok(body) => handle(state, parts, body).await,
+                            Err(e) => status(400, "BadRequest", &format!("body: {e}")),
+                        }
+                    }
+                });
                 let listener = tokio::net::TcpListener::from_std(listener).unwrap();
                 let _ = axum::serve(listener, app).await;
             });
@@ -298,7 +309,7 @@ fn created(value: &Value) -> Response {
         .into_response()
 }
 
-fn parse_query(uri: &Uri) -> BTreeMap<String, String> {
+fn parse_query(uri: &axum::http::Uri) -> BTreeMap<String, String> {
     uri.query()
         .unwrap_or("")
         .split('&')
@@ -383,7 +394,8 @@ fn bump(store: &mut Store, object: &mut Value) {
     object["metadata"]["resourceVersion"] = json!(store.version.to_string());
 }
 
-async fn handle(state: Arc<State>, method: Method, uri: Uri, body: Bytes) -> Response {
+async fn handle(state: Arc<State>, parts: Parts, body: Bytes) -> Response {
+    let (method, uri) = (parts.method.clone(), parts.uri.clone());
     let path = uri.path().to_string();
     let query = parse_query(&uri);
     let body_json: Option<Value> = if body.is_empty() {
@@ -414,9 +426,12 @@ async fn handle(state: Arc<State>, method: Method, uri: Uri, body: Bytes) -> Res
             );
         }
     }
-    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    if let ["api", "v1", "namespaces", _, "pods", name, "portforward"] = segments.as_slice() {
+        return portforward(&state, name, &query, parts);
+    }
     // /api/v1/namespaces/NS/KIND[/NAME] or /apis/networking.k8s.io/v1/namespaces/NS/KIND[/NAME]
-    let (kind, name) = match parts.as_slice() {
+    let (kind, name) = match segments.as_slice() {
         ["api", "v1", "namespaces", _, kind] => (*kind, None),
         ["api", "v1", "namespaces", _, kind, name] => (*kind, Some(name.to_string())),
         ["apis", "networking.k8s.io", "v1", "namespaces", _, kind] => (*kind, None),
@@ -913,4 +928,148 @@ fn tokio_stream_from(
     mut rx: tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>,
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// The subprotocol of a port-forward WebSocket.
+const PORT_FORWARD_PROTOCOL: &str = "v4.channel.k8s.io";
+
+/// A Pod's `portforward` subresource: upgrade to a WebSocket and connect it to the port at
+/// the Pod's IP. One port per request (what the backend asks for).
+fn portforward(
+    state: &Arc<State>,
+    name: &str,
+    query: &BTreeMap<String, String>,
+    parts: Parts,
+) -> Response {
+    let ports: Vec<&str> = query
+        .get("ports")
+        .map(|p| p.split(',').collect())
+        .unwrap_or_default();
+    let [port] = ports.as_slice() else {
+        return status(400, "BadRequest", "the fake forwards exactly one port");
+    };
+    let Ok(port) = port.parse::<u16>() else {
+        return status(400, "BadRequest", &format!("bad port {port:?}"));
+    };
+    let ip = {
+        let store = state.store.lock().unwrap();
+        let Some(pod) = store.pods.get(name) else {
+            return status(404, "NotFound", &format!("pods \"{name}\" not found"));
+        };
+        match pod["status"]["podIP"].as_str().map(str::parse::<Ipv4Addr>) {
+            Some(Ok(ip)) => ip,
+            _ => return status(400, "BadRequest", "the pod is not running"),
+        }
+    };
+    let header = |n: &str| {
+        parts
+            .headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let Some(key) = header("sec-websocket-key") else {
+        return status(400, "BadRequest", "not a WebSocket upgrade");
+    };
+    let offered = header("sec-websocket-protocol").unwrap_or_default();
+    if !offered
+        .split(',')
+        .any(|p| p.trim() == PORT_FORWARD_PROTOCOL)
+    {
+        return status(400, "BadRequest", "the v4 channel subprotocol is required");
+    }
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let upgrade = hyper::upgrade::on(axum::http::Request::from_parts(parts, ()));
+    let target = SocketAddr::from((ip, port));
+    tokio::spawn(async move {
+        let Ok(upgraded) = upgrade.await else {
+            return;
+        };
+        let socket = tokio_tungstenite::WebSocketStream::from_raw_socket(
+            hyper_util::rt::TokioIo::new(upgraded),
+            tokio_tungstenite::tungstenite::protocol::Role::Server,
+            None,
+        )
+        .await;
+        forward_port(socket, target).await;
+    });
+    axum::http::Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header("upgrade", "websocket")
+        .header("connection", "Upgrade")
+        .header("sec-websocket-accept", accept)
+        .header("sec-websocket-protocol", PORT_FORWARD_PROTOCOL)
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// Carry one forwarded port: announce it on both channels, connect to `target`, then copy
+/// data frames (channel 0) both ways until either side ends. A failed connection is
+/// reported on the error channel (1), as the kubelet reports it.
+async fn forward_port<S>(socket: tokio_tungstenite::WebSocketStream<S>, target: SocketAddr)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures::{SinkExt, StreamExt};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let (mut sink, mut frames) = socket.split();
+    let [lo, hi] = target.port().to_le_bytes();
+    for channel in [0u8, 1] {
+        if sink
+            .send(Message::binary(vec![channel, lo, hi]))
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+    let tcp = match tokio::net::TcpStream::connect(target).await {
+        Ok(tcp) => tcp,
+        Err(e) => {
+            let mut message = vec![1u8];
+            message.extend(format!("error forwarding port {}: {e}", target.port()).bytes());
+            let _ = sink.send(Message::binary(message)).await;
+            let _ = sink.send(Message::Close(None)).await;
+            return;
+        }
+    };
+    let (mut from_pod, mut to_pod) = tcp.into_split();
+    // Ends when the client goes away. A write the Pod refuses (it answered and closed, e.g.
+    // an upload over its bound) does not end it: the answer still flows out, and what the
+    // client still sends is read and dropped.
+    let inbound = async {
+        let mut open = true;
+        while let Some(Ok(message)) = frames.next().await {
+            match message {
+                Message::Binary(data) if open && data.len() > 1 && data[0] == 0 => {
+                    open = to_pod.write_all(&data[1..]).await.is_ok();
+                }
+                Message::Close(_) => return,
+                _ => {}
+            }
+        }
+    };
+    let outbound = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from_pod.read(&mut buf[1..]).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            buf[0] = 0;
+            if sink
+                .send(Message::binary(buf[..=n].to_vec()))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        let _ = sink.send(Message::Close(None)).await;
+    };
+    tokio::select! {
+        _ = inbound => {}
+        _ = outbound => {}
+    }
 }

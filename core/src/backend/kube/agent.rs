@@ -1,17 +1,19 @@
 //! Sandbox-scoped calls of [`KubeBackend`]: each goes to the sandbox's in-pod agent through
-//! the one agent client ([`RemoteAgent`]), at the Pod IP and the agent port, with the
-//! sandbox's derived token. A call that cannot reach the agent asks the API server whether
-//! the Pod still exists, so a sandbox deleted behind our back is [`Error::NotFound`], not a
-//! connection error.
+//! the one agent client ([`RemoteAgent`]), at the Pod IP and the agent port (or through the
+//! API server's port-forward, [`AgentReach::PortForward`]), with the sandbox's derived
+//! token. A call that cannot reach the agent asks the API server whether the Pod still
+//! exists, so a sandbox deleted behind our back is [`Error::NotFound`], not a connection
+//! error.
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::{agent_token, sandbox_what, AgentReach, KubeBackend};
-use crate::backend::agent_client::{RemoteAgent, TcpDialer};
+use super::{agent_token, sandbox_what, AgentReach, Inner, KubeBackend};
+use crate::backend::agent_client::{AgentDialer, AgentIo, RemoteAgent, TcpDialer};
+use crate::backend::local::preview::{Upstream, UpstreamError};
 use crate::{
     ByteStream, CopyOptions, Error, FileStat, ListDirOptions, Metrics, MkdirOptions, ProcessInfo,
     ProcessSelector, ProcessSpec, ProcessStream, PtySize, ReadOptions, RemoveOptions,
@@ -20,16 +22,6 @@ use crate::{
 
 /// The agent address of a ready Pod.
 fn agent_addr(backend: &KubeBackend, id: &str, pod: &Pod) -> Result<SocketAddr> {
-    if backend.inner.config.reach == AgentReach::PortForward {
-        return Err(Error::Unavailable {
-            reason: "reaching sandbox agents through the API server's port-forward is not \
-                     built yet"
-                .into(),
-            remedy: "run `sandcove serve --backend kubernetes` inside the cluster (deploy/), \
-                     where it reaches each sandbox at its Pod IP"
-                .into(),
-        });
-    }
     let ip: IpAddr = pod
         .status
         .as_ref()
@@ -44,12 +36,19 @@ fn agent_addr(backend: &KubeBackend, id: &str, pod: &Pod) -> Result<SocketAddr> 
     Ok(SocketAddr::new(ip, backend.inner.config.agent_port))
 }
 
-fn client_for(backend: &KubeBackend, id: &str, addr: SocketAddr) -> RemoteAgent {
-    RemoteAgent::new(
-        id,
-        Arc::new(TcpDialer::new(addr)),
-        agent_token(&backend.inner.config.key, id),
-    )
+/// The agent client of sandbox `id`, whose ready Pod is `pod`, reached as configured.
+fn client_for(backend: &KubeBackend, id: &str, pod: &Pod) -> Result<RemoteAgent> {
+    let config = &backend.inner.config;
+    let dialer: Arc<dyn AgentDialer> = match config.reach {
+        AgentReach::PodIp => Arc::new(TcpDialer::new(agent_addr(backend, id, pod)?)),
+        AgentReach::PortForward => Arc::new(super::forward::PortForwardDialer::new(
+            backend.inner.pods.clone(),
+            config.namespace.clone(),
+            super::spec::pod_name(id),
+            config.agent_port,
+        )),
+    };
+    Ok(RemoteAgent::new(id, dialer, agent_token(&config.key, id)))
 }
 
 /// The agent client of sandbox `id`, from the cache or from its Pod.
@@ -72,7 +71,7 @@ async fn agent(backend: &KubeBackend, id: &str) -> Result<RemoteAgent> {
             message: "its Pod is not ready".into(),
         });
     }
-    let agent = client_for(backend, id, agent_addr(backend, id, &pod)?);
+    let agent = client_for(backend, id, &pod)?;
     backend
         .inner
         .agents
@@ -94,7 +93,7 @@ pub(super) fn forget(backend: &KubeBackend, id: &str) {
 
 /// Check a freshly ready Pod's agent: reachable, same protocol, token accepted.
 pub(super) async fn first_contact(backend: &KubeBackend, id: &str, pod: &Pod) -> Result<()> {
-    let agent = client_for(backend, id, agent_addr(backend, id, pod)?);
+    let agent = client_for(backend, id, pod)?;
     agent.ready().await?;
     backend
         .inner
@@ -110,7 +109,7 @@ pub(super) async fn first_contact(backend: &KubeBackend, id: &str, pod: &Pod) ->
 /// no single "end everything" request, so a process that left its group on its own
 /// (`setsid`) is not reached; see docs/kubernetes.md.
 pub(super) async fn end_every_process(backend: &KubeBackend, id: &str, pod: &Pod) -> Result<()> {
-    let agent = client_for(backend, id, agent_addr(backend, id, pod)?);
+    let agent = client_for(backend, id, pod)?;
     for _ in 0..100 {
         let running: Vec<u32> = agent
             .list_processes()
@@ -151,6 +150,16 @@ where
 {
     let agent = agent(backend, id).await?;
     match call(agent).await {
+        // A refused token means the cached address reached another sandbox's agent (the
+        // Pod is gone and its IP went to another Pod), or this server's key is not the one
+        // the sandbox was made with: the address is looked up again next time either way.
+        Err(e @ Error::Unauthenticated { .. }) => {
+            forget(backend, id);
+            match backend.live_pod(id).await {
+                Err(gone) if gone.is_not_found() => Err(gone),
+                _ => Err(e),
+            }
+        }
         Err(e @ (Error::Backend { .. } | Error::Timeout { .. } | Error::Io { .. })) => {
             match backend.live_pod(id).await {
                 Err(gone) if gone.is_not_found() => {
@@ -307,4 +316,45 @@ pub(super) async fn watch(
     options: WatchOptions,
 ) -> Result<WatchStream> {
     with_agent(b, id, |a| async move { a.watch(path, options).await }).await
+}
+
+/// A byte stream to `port` on the sandbox's loopback, through its agent.
+pub(super) async fn tunnel(b: &KubeBackend, id: &str, port: u16) -> Result<Box<dyn AgentIo>> {
+    with_agent(b, id, |a| async move { a.tunnel(port).await }).await
+}
+
+/// How the previews this process serves reach a sandbox's port: an agent tunnel per
+/// connection. Holds the backend weakly, so previews never keep a dropped backend alive.
+pub(super) struct PreviewUpstream {
+    backend: Weak<Inner>,
+    id: String,
+}
+
+impl PreviewUpstream {
+    pub(super) fn new(backend: Weak<Inner>, id: &str) -> Self {
+        PreviewUpstream {
+            backend,
+            id: id.to_string(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Upstream for PreviewUpstream {
+    async fn connect(&self, port: u16) -> std::result::Result<Box<dyn AgentIo>, UpstreamError> {
+        let Some(inner) = self.backend.upgrade() else {
+            return Err(UpstreamError::Unavailable(
+                "the server is shutting down".into(),
+            ));
+        };
+        let backend = KubeBackend { inner };
+        match tunnel(&backend, &self.id, port).await {
+            Ok(stream) => Ok(stream),
+            // Stopped, not ready, or gone: the sandbox cannot serve now.
+            Err(e @ (Error::InvalidState { .. } | Error::NotFound { .. })) => {
+                Err(UpstreamError::Unavailable(e.to_string()))
+            }
+            Err(e) => Err(UpstreamError::BadGateway(e.to_string())),
+        }
+    }
 }

@@ -19,14 +19,23 @@
 //!   cluster). Each sandbox has its own token, HMAC-SHA256(backend key, sandbox id): a
 //!   restarted server recomputes it, and only its SHA-256 is in the Pod spec, so reading the
 //!   Pod does not give it away.
+//!   From outside the cluster, [`AgentReach::PortForward`] carries the same connections
+//!   through the API server's `portforward` subresource instead; the token authenticates
+//!   to the agent either way.
+//! - **Previews** are served by this process, as the engine's monitor serves them (the same
+//!   proxy: token checks, limits, revocation): a listener per exposed port on
+//!   [`KubeConfig::preview_bind`], each connection an agent tunnel to the port inside the
+//!   Pod. Their tokens live in this process's memory; they end with the sandbox.
 //! - **Stop** keeps the Pod (files included), kills every process its agent started and
 //!   pauses the lease; **start** gives the lease back. What Kubernetes has no equivalent for
 //!   (pause, snapshots, fork) is [`Error::NotSupported`] with the alternative, declared in
-//!   [`Capabilities`]; previews are not served yet (also `NotSupported`).
+//!   [`Capabilities`].
 
+mod forward;
 pub mod spec;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -38,6 +47,7 @@ use kube::api::{Api, PostParams, WatchEvent, WatchParams};
 use kube::Client;
 
 use crate::backend::local::config::valid_id;
+use crate::backend::local::preview::PreviewSet;
 use crate::{
     AnnotationUpdate, Backend, ByteStream, Capabilities, CopyOptions, CreateOptions, Error,
     FileStat, ListDirOptions, ListOptions, Metrics, MkdirOptions, NetworkPolicy, OperationId,
@@ -65,8 +75,9 @@ pub enum AgentReach {
     /// deployment, `deploy/`).
     #[default]
     PodIp,
-    /// Through the API server's port-forward, for a server outside the cluster. Not built
-    /// yet: sandbox calls are [`Error::Unavailable`] naming the remedy.
+    /// Through the API server's port-forward (the Pod's `portforward` subresource, one
+    /// WebSocket per agent connection), for a server outside the cluster: its credentials
+    /// need `pods/portforward` (create) besides Pods.
     PortForward,
 }
 
@@ -105,6 +116,15 @@ pub struct KubeConfig {
     pub storage_class: Option<String>,
     /// Largest single file read or write, in bytes.
     pub max_file_bytes: u64,
+    /// The address preview listeners bind: `127.0.0.1` by default (reachable only on this
+    /// machine, as the engine's); an in-cluster server that publishes previews through its
+    /// own Service binds `0.0.0.0` (private previews still need their token).
+    pub preview_bind: IpAddr,
+    /// The host name preview URLs carry (with each listener's port), when clients reach the
+    /// server by another name than [`KubeConfig::preview_bind`]; `None`: the bound address.
+    pub preview_host: Option<String>,
+    /// Head timeout and connection cap of each preview listener.
+    pub preview_limits: crate::backend::local::PreviewLimits,
 }
 
 impl std::fmt::Debug for KubeConfig {
@@ -140,6 +160,9 @@ impl KubeConfig {
             volume_size_mib: 1024,
             storage_class: None,
             max_file_bytes: crate::backend::local::MAX_FILE_BYTES,
+            preview_bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            preview_host: None,
+            preview_limits: crate::backend::local::PreviewLimits::default(),
         }
     }
 
@@ -269,6 +292,8 @@ struct Inner {
     wake: Arc<tokio::sync::Notify>,
     /// Agent clients of the sandboxes seen ready, by id.
     agents: Mutex<HashMap<String, crate::backend::agent_client::RemoteAgent>>,
+    /// The previews this process serves, by sandbox id.
+    previews: Mutex<HashMap<String, Arc<PreviewSet>>>,
     /// Serializes named creates of this process (the check and the Pod's creation).
     names: tokio::sync::Mutex<()>,
     /// Whether the namespace's egress policies are known to exist.
@@ -321,6 +346,7 @@ impl KubeBackend {
             leases: Mutex::new(HashMap::new()),
             wake: Arc::new(tokio::sync::Notify::new()),
             agents: Mutex::new(HashMap::new()),
+            previews: Mutex::new(HashMap::new()),
             names: tokio::sync::Mutex::new(()),
             policies_ready: tokio::sync::OnceCell::new(),
             tombstones: Mutex::new(VecDeque::new()),
@@ -356,8 +382,9 @@ impl KubeBackend {
         }
     }
 
-    /// The live Pod of sandbox `id` (a lease that ended or a Pod being deleted is gone).
-    async fn live_pod(&self, id: &str) -> Result<(Pod, PodRecord, BTreeMap<String, String>)> {
+    /// The Pod of sandbox `id` and its record, whatever its lease or deletion say: a Pod
+    /// that is missing or not a sandbox's is [`Error::NotFound`].
+    async fn fetch_pod(&self, id: &str) -> Result<(Pod, PodRecord, BTreeMap<String, String>)> {
         let name = self.check_id(id)?;
         let pod = self
             .inner
@@ -368,6 +395,12 @@ impl KubeBackend {
             .ok_or_else(|| Error::not_found(sandbox_what(id)))?;
         let (record, annotations) =
             spec::record_of(&pod).ok_or_else(|| Error::not_found(sandbox_what(id)))?;
+        Ok((pod, record, annotations))
+    }
+
+    /// The live Pod of sandbox `id` (a lease that ended or a Pod being deleted is gone).
+    async fn live_pod(&self, id: &str) -> Result<(Pod, PodRecord, BTreeMap<String, String>)> {
+        let (pod, record, annotations) = self.fetch_pod(id).await?;
         if pod.metadata.deletion_timestamp.is_some() {
             return Err(Error::not_found(sandbox_what(id)));
         }
@@ -650,6 +683,8 @@ impl KubeBackend {
         });
     }
 
+    /// Drop what this process holds for a sandbox that is gone: its lease, its agent
+    /// client, its previews (their listeners close and their connections end).
     fn forget(&self, id: &str) {
         self.inner
             .leases
@@ -657,6 +692,31 @@ impl KubeBackend {
             .unwrap_or_else(|e| e.into_inner())
             .remove(id);
         agent::forget(self, id);
+        let previews = self
+            .inner
+            .previews
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+        if let Some(previews) = previews {
+            previews.close_all();
+        }
+    }
+
+    /// The previews of sandbox `id` this process serves, if any.
+    fn previews_of(&self, id: &str) -> Option<Arc<PreviewSet>> {
+        self.inner
+            .previews
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    /// The previews of `id` when there are none: a [`Error::NotFound`] naming the port.
+    fn previews_or_not_found(&self, id: &str, port: u16) -> Result<Arc<PreviewSet>> {
+        self.previews_of(id)
+            .ok_or_else(|| Error::not_found(format!("preview of port {port}")))
     }
 
     /// Enforce the lease the Pod's record now says.
@@ -822,17 +882,7 @@ impl KubeBackend {
 
     /// The record of sandbox `id`'s Pod, whatever its lease says.
     async fn live_pod_any_lease(&self, id: &str) -> Result<PodRecord> {
-        let name = self.check_id(id)?;
-        let pod = self
-            .inner
-            .pods
-            .get_opt(&name)
-            .await
-            .map_err(|e| map_error(&sandbox_what(id), e))?
-            .ok_or_else(|| Error::not_found(sandbox_what(id)))?;
-        spec::record_of(&pod)
-            .map(|(record, _)| record)
-            .ok_or_else(|| Error::not_found(sandbox_what(id)))
+        self.fetch_pod(id).await.map(|(_, record, _)| record)
     }
 }
 
@@ -851,7 +901,7 @@ impl Backend for KubeBackend {
             max_file_bytes: config.max_file_bytes,
             output_limit: crate::DEFAULT_OUTPUT_LIMIT as u64,
             pause: false,
-            previews: false,
+            previews: true,
             snapshots: false,
             volumes: config.volumes,
             watch: true,
@@ -1218,34 +1268,69 @@ impl Backend for KubeBackend {
         agent::watch(self, id, path, options).await
     }
 
-    async fn expose_port(&self, id: &str, _options: PreviewOptions) -> Result<Preview> {
+    async fn expose_port(&self, id: &str, options: PreviewOptions) -> Result<Preview> {
+        crate::validate::validate_token_ttl(options.token_ttl)?;
         self.live_pod(id).await?;
-        Err(previews_refused())
+        let previews = self
+            .inner
+            .previews
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(id.to_string())
+            .or_insert_with(|| {
+                let config = &self.inner.config;
+                Arc::new(PreviewSet::new(
+                    config.preview_bind,
+                    config.preview_host.clone(),
+                ))
+            })
+            .clone();
+        // The proxy's tasks hold the backend weakly: a dropped backend ends its previews.
+        let upstream = Arc::new(agent::PreviewUpstream::new(Arc::downgrade(&self.inner), id));
+        let preview = previews
+            .expose(options, self.inner.config.preview_limits, upstream)
+            .await?;
+        // Destroyed while the listener was being set up: nothing stays open.
+        if self.previews_of(id).is_none() {
+            previews.close_all();
+            return Err(Error::not_found(sandbox_what(id)));
+        }
+        Ok(preview)
     }
 
     async fn list_previews(&self, id: &str) -> Result<Vec<Preview>> {
         self.live_pod(id).await?;
-        Ok(Vec::new())
+        Ok(self.previews_of(id).map(|p| p.list()).unwrap_or_default())
     }
 
-    async fn close_preview(&self, id: &str, _port: u16) -> Result<()> {
+    async fn close_preview(&self, id: &str, port: u16) -> Result<()> {
         self.live_pod(id).await?;
-        Err(previews_refused())
+        self.previews_or_not_found(id, port)?.close(port)?;
+        self.bury(
+            ResourceKind::Preview,
+            &format!("{id}:{port}"),
+            None,
+            "closed",
+        );
+        Ok(())
     }
 
     async fn create_preview_token(
         &self,
         id: &str,
-        _port: u16,
-        _expires_at: Option<u64>,
+        port: u16,
+        expires_at: Option<u64>,
     ) -> Result<PreviewToken> {
+        crate::validate::validate_token_expiry(expires_at, crate::now_millis())?;
         self.live_pod(id).await?;
-        Err(previews_refused())
+        self.previews_or_not_found(id, port)?
+            .create_token(port, expires_at)
     }
 
-    async fn revoke_preview_token(&self, id: &str, _port: u16, _token: &str) -> Result<()> {
+    async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()> {
         self.live_pod(id).await?;
-        Err(previews_refused())
+        self.previews_or_not_found(id, port)?
+            .revoke_token(port, token)
     }
 
     async fn snapshot(&self, id: &str, _name: Option<String>) -> Result<SnapshotInfo> {
@@ -1433,14 +1518,6 @@ fn snapshots_refused() -> Error {
         crate::Feature::Snapshots.name(),
         "Kubernetes has no Pod filesystem snapshots: keep the files in a volume and mount it \
          in a new sandbox, or copy them in with the file API",
-    )
-}
-
-fn previews_refused() -> Error {
-    Error::not_supported(
-        crate::Feature::Previews.name(),
-        "preview URLs are not served by the Kubernetes backend yet: reach the port from a \
-         process inside the sandbox, or expose the Pod with a Service of your own",
     )
 }
 

@@ -1,12 +1,12 @@
 //! The constructor hook that turns a re-executed copy of any program linking `sandcove` into
-//! a sandbox monitor (or an in-pod agent), before that program's `main` runs.
+//! the spawner of sandbox monitors (or an in-pod agent), before that program's `main` runs.
 
-use super::{monitor, sys};
+use super::{spawner, sys};
 
 /// Env var carrying the role of a re-executed process.
 pub(super) const ROLE_ENV: &str = "__SANDCOVE_ROLE";
-/// The monitor role.
-pub(super) const ROLE_MONITOR: &str = "monitor";
+/// The monitor spawner's role (see `spawner`).
+pub(super) const ROLE_SPAWNER: &str = "spawner";
 
 /// Runs before `main` (glibc calls `.init_array` entries with argc, argv and envp).
 #[used]
@@ -26,8 +26,8 @@ extern "C" fn entry(
     // SAFETY: we are before `main`, single-threaded: nothing else reads the environment.
     unsafe { std::env::remove_var(ROLE_ENV) };
     sys::ignore_sigpipe();
-    if role == ROLE_MONITOR {
-        monitor::main();
+    if role == ROLE_SPAWNER {
+        spawner::main();
     }
     if role == crate::backend::agent_server::ROLE_POD_AGENT {
         match crate::backend::agent_server::PodAgentConfig::from_env() {

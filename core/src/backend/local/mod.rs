@@ -24,17 +24,16 @@ mod monitor;
 mod names;
 mod net;
 mod pool;
-mod preview;
+pub(crate) mod preview;
 pub(crate) mod proto;
 mod refs;
 mod seccomp;
+mod spawner;
 mod sys;
 mod volumes;
 
 use std::os::fd::AsFd;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -133,7 +132,9 @@ impl LocalBackend {
     pub fn with_state_dir(dir: impl Into<PathBuf>) -> Result<Self> {
         entry::ensure_linked();
         sys::raise_nofile_soft_limit();
-        let state_dir = dir.into();
+        // Absolute, so the engine's processes (started from elsewhere) find it too.
+        let state_dir = std::path::absolute(dir.into())
+            .map_err(|e| Error::from_io(&e, "state directory path"))?;
         let sandboxes = state_dir.join("sandboxes");
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -369,7 +370,8 @@ impl LocalBackend {
     }
 
     fn dir(&self, id: &str) -> Result<SandboxDir> {
-        if !config::valid_id(id) {
+        // An unclaimed warm-pool member is not anyone's sandbox: unknown, like a bad id.
+        if !config::valid_id(id) || self.pool.hides(id) {
             return Err(Error::not_found(format!("sandbox {id:?}")));
         }
         Ok(SandboxDir::new(&self.state_dir, id))
@@ -948,7 +950,12 @@ impl Backend for LocalBackend {
         check_create(&options, self.cgroups.is_some())?;
         if !self.unisolated && pool::serves(&options, self.mapping) {
             if let Some(id) = self.pool.take(self) {
-                if let Some(info) = self.claim(&id, &options).await? {
+                let claimed = pool::as_pool_work(self.claim(&id, &options)).await;
+                if claimed.is_ok() {
+                    // Handed out, or destroyed; an error put it back, still hidden.
+                    self.pool.release(&id);
+                }
+                if let Some(info) = claimed? {
                     return Ok(info);
                 }
             }
@@ -1510,42 +1517,14 @@ fn start_monitor(state_dir: &Path, record: &Record) -> Result<()> {
         .open(final_dir.log())
         .map_err(|e| cleanup(e.into()))?;
     let (ready_read, ready_write) = sys::pipe().map_err(|e| cleanup(e.into()))?;
-    let (ready_fd, lock_fd) = (ready_write.as_raw_fd(), lock.as_raw_fd());
-    let mut cmd = std::process::Command::new("/proc/self/exe");
     // A clean environment: the launcher's secrets (an API key above all) must not sit in the
     // monitor's or the agent's environment; only the settings the engine reads pass.
-    cmd.env_clear();
-    for (name, value) in std::env::vars_os() {
-        if name.to_str().is_some_and(|n| MONITOR_ENV.contains(&n)) {
-            cmd.env(name, value);
-        }
-    }
-    cmd.arg0("sandcove-monitor")
-        .env(entry::ROLE_ENV, entry::ROLE_MONITOR)
-        .env(monitor::DIR_ENV, &final_dir.dir)
-        .env(monitor::READY_FD_ENV, ready_fd.to_string())
-        .env(monitor::LOCK_FD_ENV, lock_fd.to_string())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(log);
-    // SAFETY: only async-signal-safe syscalls between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            sys::setsid()?;
-            // Nothing the launcher leaked reaches the monitor: only these two pass.
-            sys::cloexec_from(3)?;
-            sys::clear_cloexec(ready_fd)?;
-            sys::clear_cloexec(lock_fd)
-        });
-    }
-    let mut child = cmd.spawn().map_err(|e| {
-        cleanup(Error::backend(format!(
-            "cannot start the sandbox monitor: {e}"
-        )))
-    })?;
+    let env = std::env::vars_os()
+        .filter(|(name, _)| name.to_str().is_some_and(|n| MONITOR_ENV.contains(&n)))
+        .collect();
+    spawner::start_monitor(&final_dir.dir, env, &ready_write, &lock, &log).map_err(cleanup)?;
+    // The monitor holds the only write end now: its report, or its death, ends the read.
     drop(ready_write);
-    // The monitor forks once and its first process exits at once.
-    let _ = child.wait();
     let result = monitor::read_ready(std::fs::File::from(ready_read));
     drop(lock);
     result.map_err(cleanup)

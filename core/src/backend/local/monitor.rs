@@ -20,20 +20,14 @@ use tokio::net::{TcpStream, UnixListener, UnixStream};
 use tokio::sync::oneshot;
 
 use super::config::{Record, SandboxDir};
-use super::preview::{self, Exposed, Previews};
+use super::preview::{self, PreviewSet};
 use super::proto::{self, Control, MonitorReply, MonitorRequest};
 use super::{agent, net, sys, volumes};
+use crate::backend::agent_client::AgentIo;
 use crate::{
-    now_millis, Error, Preview, PreviewOptions, PreviewToken, Result, SandboxInfo, SandboxState,
-    TimeoutAction, DEFAULT_TIMEOUT,
+    now_millis, Error, Preview, PreviewOptions, Result, SandboxInfo, SandboxState, TimeoutAction,
+    DEFAULT_TIMEOUT,
 };
-
-/// Env var naming the descriptor the monitor reports readiness on.
-pub(super) const READY_FD_ENV: &str = "__SANDCOVE_READY_FD";
-/// Env var naming the descriptor of the held lock file.
-pub(super) const LOCK_FD_ENV: &str = "__SANDCOVE_LOCK_FD";
-/// Env var naming the sandbox's state directory.
-pub(super) const DIR_ENV: &str = "__SANDCOVE_DIR";
 
 /// How long a sandbox paused at the end of its lease, or stopped, is kept before it is
 /// destroyed.
@@ -61,7 +55,7 @@ struct Monitor {
     pending: Pending,
     next_req: AtomicU64,
     deadline_changed: tokio::sync::Notify,
-    previews: Previews,
+    previews: PreviewSet,
     /// Serializes pause/resume so concurrent callers see consistent states.
     transition: tokio::sync::Mutex<()>,
     /// The networking helper of an Internet sandbox, kept for the monitor's life (it also
@@ -69,18 +63,12 @@ struct Monitor {
     _helper: Option<net::Helper>,
 }
 
-/// Entry point of the re-executed binary in the monitor role. Never returns.
-pub fn main() -> ! {
-    let env_fd = |name: &str| -> Option<RawFd> { std::env::var(name).ok()?.parse().ok() };
-    let (Some(ready_fd), Some(lock_fd), Some(dir)) = (
-        env_fd(READY_FD_ENV),
-        env_fd(LOCK_FD_ENV),
-        std::env::var_os(DIR_ENV),
-    ) else {
-        sys::exit_now(2);
-    };
+/// The monitor from its descriptors on: `ready_fd` (the readiness report) and `lock_fd` (the
+/// sandbox's lock) are open under these numbers and now owned here. Never returns.
+pub(super) fn run_detached(ready_fd: RawFd, lock_fd: RawFd, dir: PathBuf) -> ! {
     // Whatever else the program that created the sandbox had open without close-on-exec
-    // reached us through exec: close it before anything can pass it on.
+    // reached us (through the spawner's fork): close it before anything can pass
+    // it on.
     if sys::close_fds_except(&[ready_fd, lock_fd]).is_err() {
         sys::exit_now(2);
     }
@@ -102,9 +90,7 @@ pub fn main() -> ! {
         Err(_) => sys::exit_now(1),
     }
     sys::set_process_name("sandcove-mon");
-    let dir = SandboxDir {
-        dir: PathBuf::from(dir),
-    };
+    let dir = SandboxDir { dir };
     let mut ready = std::fs::File::from(ready);
     let report = |ready: &mut std::fs::File, e: &Error| {
         let line = serde_json::to_string(&e.to_body()).unwrap_or_default();
@@ -384,7 +370,7 @@ impl Monitor {
             pending: Mutex::new(HashMap::new()),
             next_req: AtomicU64::new(1),
             deadline_changed: tokio::sync::Notify::new(),
-            previews: Arc::new(Mutex::new(Default::default())),
+            previews: PreviewSet::default(),
             transition: tokio::sync::Mutex::new(()),
             _helper: helper,
         })
@@ -739,340 +725,51 @@ impl Monitor {
     }
 
     async fn expose(self: &Arc<Self>, options: PreviewOptions) -> Result<Preview> {
-        if options.port == 0 {
-            return Err(Error::invalid("port must be between 1 and 65535"));
-        }
-        for name in [&options.token_header, &options.token_query] {
-            if name.is_empty()
-                || !name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-            {
-                return Err(Error::invalid(format!("bad token parameter name {name:?}")));
-            }
-        }
-        {
-            let mut previews = self.previews.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(existing) = previews.get_mut(&options.port) {
-                // Same port again: keep its URL, take the new settings.
-                let (mut preview, tokens) = preview::describe(
-                    &options,
-                    existing.preview.url.clone(),
-                    existing.preview.host.clone(),
-                );
-                if !options.public {
-                    let live = existing
-                        .tokens
-                        .iter()
-                        .find(|t| t.expires_at.is_none_or(|e| e > now_millis()))
-                        .cloned();
-                    match live {
-                        Some(t) if options.token_ttl.is_none() => preview.token = Some(t),
-                        _ => {
-                            existing.room_for_token()?;
-                            existing.tokens.extend(tokens);
-                        }
-                    }
-                    if preview.token.is_none() {
-                        preview.token = existing.tokens.last().cloned();
-                    }
-                } else {
-                    existing.tokens.clear();
-                }
-                existing.preview = preview.clone();
-                // Open connections re-check against the new settings (public or not).
-                existing.changed.send_replace(());
-                return Ok(preview);
-            }
-        }
-        let (listener, url, host) = preview::bind().await?;
-        let (preview, tokens) = preview::describe(&options, url, host);
-        let port = options.port;
-        let monitor = self.clone();
         let limits = self
             .record
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .preview_limits;
-        let task = tokio::spawn(async move {
-            let mut acceptor = crate::listen::Acceptor::new(limits.max_connections);
-            loop {
-                let ((conn, _), permit) = acceptor.next(|| listener.accept()).await;
-                let monitor = monitor.clone();
-                tokio::spawn(async move {
-                    monitor.proxy(port, conn, limits).await;
-                    drop(permit);
-                });
-            }
-        });
-        self.previews
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(
-                port,
-                Exposed {
-                    preview: preview.clone(),
-                    tokens,
-                    task,
-                    changed: tokio::sync::watch::channel(()).0,
-                },
-            );
-        Ok(preview)
+        let upstream = Arc::new(MonitorUpstream(self.clone()));
+        self.previews.expose(options, limits, upstream).await
     }
 
-    /// The preview of `port` as it is now, its tokens, and a receiver of its changes.
-    fn preview_now(
+    /// A socket connected to `port` inside the sandbox, asked of the agent.
+    async fn connect_upstream(
         &self,
         port: u16,
-    ) -> Option<(Preview, Vec<PreviewToken>, tokio::sync::watch::Receiver<()>)> {
-        self.previews
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&port)
-            .map(|e| (e.preview.clone(), e.tokens.clone(), e.changed.subscribe()))
-    }
-
-    /// Resolves once a connection let through by `token` (`None`: a public preview's) is no
-    /// longer allowed: its token revoked, the preview made private or public, or closed.
-    async fn access_lost(
-        &self,
-        port: u16,
-        token: Option<PreviewToken>,
-        mut changes: tokio::sync::watch::Receiver<()>,
-    ) {
-        loop {
-            if changes.changed().await.is_err() {
-                return;
-            }
-            let allowed = self
-                .previews
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&port)
-                .is_some_and(|e| e.still_allows(token.as_ref()));
-            if !allowed {
-                return;
-            }
-        }
-    }
-
-    /// Serve one preview connection (see the `preview` module for what is checked). A
-    /// connection lasts only as long as what let it through: revoking its token or closing
-    /// the preview cuts it, even mid-stream or as an upgraded tunnel.
-    async fn proxy(
-        self: Arc<Self>,
-        port: u16,
-        mut conn: TcpStream,
-        limits: preview::PreviewLimits,
-    ) {
-        let Some((entry, _, changes)) = self.preview_now(port) else {
-            return;
-        };
-        if entry.public {
-            let tunnel = async {
-                let Some(mut upstream) = self.connect_upstream(port, &mut conn).await else {
-                    return;
-                };
-                let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
-            };
-            tokio::select! {
-                _ = tunnel => {}
-                _ = self.access_lost(port, None, changes) => {}
-            }
-            return;
-        }
-        drop(changes);
-        let mut incoming = preview::Incoming::new(&mut conn);
-        let timeout = Duration::from_millis(limits.head_timeout_ms);
-        let head = match tokio::time::timeout(timeout, incoming.head()).await {
-            Ok(Ok(Some(head))) => head,
-            Ok(Ok(None)) => {
-                let message = "request head too large";
-                preview::refuse(
-                    incoming.stream(),
-                    "431 Request Header Fields Too Large",
-                    message,
-                )
-                .await;
-                return;
-            }
-            Ok(Err(_)) => return,
-            Err(_) => {
-                let message = "the request head did not arrive in time";
-                preview::refuse(incoming.stream(), "408 Request Timeout", message).await;
-                return;
-            }
-        };
-        // The tokens as they are now that the head is here, not as they were when the
-        // connection opened: one revoked (or a preview closed) meanwhile lets nothing through.
-        let Some((entry, tokens, changes)) = self.preview_now(port) else {
-            preview::refuse(incoming.stream(), "404 Not Found", "this preview is closed").await;
-            return;
-        };
-        let accepted = match preview::check(&head, &entry, &tokens) {
-            Ok(a) => a,
-            Err(preview::Refusal::Malformed(why)) => {
-                preview::refuse(incoming.stream(), "400 Bad Request", why).await;
-                return;
-            }
-            Err(preview::Refusal::Unauthorized) => {
-                let message = format!(
-                    "this preview is private: send its token in the {} header or the {} query parameter",
-                    entry.token_header, entry.token_query
-                );
-                preview::refuse(incoming.stream(), "401 Unauthorized", &message).await;
-                return;
-            }
-        };
-        let token = accepted.token.clone();
-        tokio::select! {
-            _ = self.forward(port, incoming, accepted) => {}
-            _ = self.access_lost(port, Some(token), changes) => {}
-        }
-    }
-
-    /// Forward a private preview's accepted request and its answer (or the tunnel it
-    /// upgrades to).
-    async fn forward(
-        &self,
-        port: u16,
-        mut incoming: preview::Incoming<'_>,
-        accepted: preview::Accepted,
-    ) {
-        let Some(mut upstream) = self.connect_upstream(port, incoming.stream()).await else {
-            return;
-        };
-        use tokio::io::AsyncWriteExt;
-        if upstream.write_all(&accepted.head).await.is_err() {
-            return;
-        }
-        if accepted.framing == preview::Framing::Upgrade {
-            // Raw bytes only once the sandbox agrees to switch protocols.
-            let Ok((answer, status)) = preview::read_response_head(&mut upstream).await else {
-                return;
-            };
-            if incoming.stream().write_all(&answer).await.is_err() {
-                return;
-            }
-            if status == 101 {
-                let early = incoming.take_buffered();
-                if !early.is_empty() && upstream.write_all(&early).await.is_err() {
-                    return;
-                }
-                let _ = tokio::io::copy_bidirectional(incoming.stream(), &mut upstream).await;
-                return;
-            }
-        } else if incoming
-            .copy_body(accepted.framing, &mut upstream)
-            .await
-            .is_err()
-        {
-            return;
-        }
-        // The request is complete: only the answer flows now. A client that sends more is
-        // starting a second request on this connection, which is never forwarded.
-        let pipelined = !incoming.take_buffered().is_empty();
-        let conn = incoming.into_stream();
-        use tokio::io::AsyncReadExt;
-        let (mut client_read, mut client_write) = conn.split();
-        let answer = tokio::io::copy(&mut upstream, &mut client_write);
-        tokio::pin!(answer);
-        if pipelined {
-            // Answer the first request only, then close.
-            let _ = answer.await;
-            return;
-        }
-        let mut probe = [0u8; 1];
-        tokio::select! {
-            _ = &mut answer => {}
-            read = client_read.read(&mut probe) => {
-                // The client closed its sending side: let the answer finish. Anything else
-                // (more bytes, an error) ends the connection.
-                if matches!(read, Ok(0)) {
-                    let _ = answer.await;
-                }
-            }
-        }
-    }
-
-    /// A socket connected to `port` inside the sandbox, or `None` after answering the client
-    /// with why not.
-    async fn connect_upstream(&self, port: u16, conn: &mut TcpStream) -> Option<TcpStream> {
+    ) -> std::result::Result<Box<dyn AgentIo>, preview::UpstreamError> {
+        use preview::UpstreamError;
         if let Err(e) = self.ready_for_work().await {
-            preview::refuse(conn, "503 Service Unavailable", &e.to_string()).await;
-            return None;
+            return Err(UpstreamError::Unavailable(e.to_string()));
         }
         let inner = match self
             .agent_request(|req| Control::Connect { req, port })
             .await
         {
             Ok(mut fds) if !fds.is_empty() => fds.remove(0),
-            Ok(_) => return None,
-            Err(e) => {
-                preview::refuse(conn, "502 Bad Gateway", &e.to_string()).await;
-                return None;
-            }
+            Ok(_) => return Err(UpstreamError::Closed),
+            Err(e) => return Err(UpstreamError::BadGateway(e.to_string())),
         };
         let std_stream = std::net::TcpStream::from(inner);
-        std_stream.set_nonblocking(true).ok()?;
-        TcpStream::from_std(std_stream).ok()
+        std_stream
+            .set_nonblocking(true)
+            .map_err(|_| UpstreamError::Closed)?;
+        let stream = TcpStream::from_std(std_stream).map_err(|_| UpstreamError::Closed)?;
+        Ok(Box::new(stream))
     }
+}
 
-    fn create_token(&self, port: u16, expires_at: Option<u64>) -> Result<PreviewToken> {
-        let mut previews = self.previews.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = previews
-            .get_mut(&port)
-            .ok_or_else(|| Error::not_found(format!("preview of port {port}")))?;
-        if entry.preview.public {
-            return Err(Error::invalid(format!(
-                "the preview of port {port} is public: it takes no tokens"
-            )));
-        }
-        entry.room_for_token()?;
-        let mut token = preview::new_token(None);
-        token.expires_at = expires_at;
-        entry.tokens.push(token.clone());
-        Ok(token)
-    }
+/// How the monitor's previews reach the sandbox: through its agent.
+struct MonitorUpstream(Arc<Monitor>);
 
-    fn revoke_token(&self, port: u16, token: &str) -> Result<()> {
-        let mut previews = self.previews.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = previews
-            .get_mut(&port)
-            .ok_or_else(|| Error::not_found(format!("preview of port {port}")))?;
-        let before = entry.tokens.len();
-        // Compared in constant time, as the preview proxy compares them.
-        entry
-            .tokens
-            .retain(|t| !preview::constant_eq(t.value.as_bytes(), token.as_bytes()));
-        if entry.tokens.len() == before {
-            return Err(Error::not_found(format!(
-                "that token of the preview of port {port}"
-            )));
-        }
-        // Connections it let through end now.
-        entry.changed.send_replace(());
-        // The token a later `expose` of this port reports must still be a live one.
-        if entry
-            .preview
-            .token
-            .as_ref()
-            .is_some_and(|t| preview::constant_eq(t.value.as_bytes(), token.as_bytes()))
-        {
-            entry.preview.token = entry.tokens.last().cloned();
-        }
-        Ok(())
-    }
-
-    fn close_preview(&self, port: u16) -> Result<()> {
-        let entry = self
-            .previews
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&port)
-            .ok_or_else(|| Error::not_found(format!("preview of port {port}")))?;
-        entry.task.abort();
-        Ok(())
+#[async_trait::async_trait]
+impl preview::Upstream for MonitorUpstream {
+    async fn connect(
+        &self,
+        port: u16,
+    ) -> std::result::Result<Box<dyn AgentIo>, preview::UpstreamError> {
+        self.0.connect_upstream(port).await
     }
 }
 
@@ -1381,21 +1078,17 @@ async fn serve_client(
             .await
             .map(|preview| MonitorReply::Preview { preview }),
         Some(MonitorRequest::ListPreviews) => Ok(MonitorReply::Previews {
-            previews: monitor
-                .previews
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .values()
-                .map(|e| e.preview.clone())
-                .collect(),
+            previews: monitor.previews.list(),
         }),
         Some(MonitorRequest::ClosePreview { port }) => {
-            monitor.close_preview(port).map(|_| MonitorReply::Done)
+            monitor.previews.close(port).map(|_| MonitorReply::Done)
         }
         Some(MonitorRequest::CreateToken { port, expires_at }) => monitor
+            .previews
             .create_token(port, expires_at)
             .map(|token| MonitorReply::Token { token }),
         Some(MonitorRequest::RevokeToken { port, token }) => monitor
+            .previews
             .revoke_token(port, &token)
             .map(|_| MonitorReply::Done),
         Some(MonitorRequest::Claim {

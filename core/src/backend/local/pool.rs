@@ -16,8 +16,14 @@
 //! and the sandbox appears in `list`). Only shapes a member was made with are served: a
 //! sandbox with resources, a network policy, volumes, a snapshot, a home, a hostname or a
 //! template other than the host base is always created cold.
+//!
+//! Until a claim has handed it out, a member does not exist for the engine's callers: every
+//! call naming its id is `NotFound`, exactly as for an unknown id (the id is random and never
+//! shown, but one learnt some other way opens nothing). Only the pool's own work (making,
+//! claiming, retiring members) reaches it.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -96,6 +102,8 @@ struct Member {
 #[derive(Debug, Default)]
 struct State {
     ready: VecDeque<Member>,
+    /// Every member made and not yet handed out or destroyed (ready, or in a claim).
+    members: HashSet<String>,
     task: Option<tokio::task::JoinHandle<()>>,
     closed: bool,
     claims: u64,
@@ -178,6 +186,27 @@ impl Pool {
     pub(super) fn claimed(&self) {
         self.shared.lock().claims += 1;
     }
+
+    /// Whether `id` is a member not handed out yet, named outside the pool's own work: such
+    /// an id is answered as unknown.
+    pub(super) fn hides(&self, id: &str) -> bool {
+        POOL_WORK.try_with(|_| ()).is_err() && self.shared.lock().members.contains(id)
+    }
+
+    /// Member `id` is no longer hidden: handed out by a claim, or destroyed.
+    pub(super) fn release(&self, id: &str) {
+        self.shared.lock().members.remove(id);
+    }
+}
+
+tokio::task_local! {
+    /// Set while the pool itself works on a member (a claim), which may name it.
+    static POOL_WORK: ();
+}
+
+/// Run `work` as the pool's own work on a member (see [`Pool::hides`]).
+pub(super) async fn as_pool_work<F: Future>(work: F) -> F::Output {
+    POOL_WORK.scope((), work).await
 }
 
 impl Drop for Pool {
@@ -205,6 +234,7 @@ async fn fill(shared: Arc<Shared>, engine: LocalBackend, size: usize) {
         };
         for member in expiring {
             let _ = engine.destroy_member(&member.id).await;
+            shared.lock().members.remove(&member.id);
         }
         if closed {
             return;
@@ -217,6 +247,7 @@ async fn fill(shared: Arc<Shared>, engine: LocalBackend, size: usize) {
                     let kept = {
                         let mut state = shared.lock();
                         if !state.closed {
+                            state.members.insert(id.clone());
                             state.ready.push_back(Member {
                                 id: id.clone(),
                                 ends_at,

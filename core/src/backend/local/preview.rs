@@ -1,27 +1,38 @@
-//! Preview URLs: a host listener on `127.0.0.1` per exposed port, held by the monitor.
+//! Preview URLs: a listener per exposed port (on `127.0.0.1` unless configured otherwise),
+//! held by whatever serves the sandbox: the engine's monitor, or the Kubernetes backend's
+//! serving process.
 //!
-//! Each accepted connection asks the agent for a socket connected to the port on the
-//! sandbox's own loopback (the agent lives in the sandbox's network namespace, so no host port
-//! is shared and no privilege is needed) and then copies bytes both ways. A private preview
-//! first reads the HTTP request head (within [`PreviewLimits::head_timeout_ms`], else `408`)
-//! and requires a live token in the configured header or query parameter; a malformed head
-//! gets `400`, a missing or dead token `401`, and the sandbox is never contacted.
+//! Each accepted connection asks an [`Upstream`] for a byte stream connected to the port
+//! inside the sandbox (the monitor asks its agent, which lives in the sandbox's network
+//! namespace, for a connected socket; the Kubernetes backend opens an agent tunnel) and then
+//! copies bytes both ways. A private preview first reads the HTTP request head (within
+//! [`PreviewLimits::head_timeout_ms`], else `408`) and requires a live token in the
+//! configured header or query parameter; a malformed head gets `400`, a missing or dead
+//! token `401`, and the sandbox is never contacted.
 //!
 //! A private preview carries **one request per connection**: the forwarded head says
 //! `Connection: close`, exactly the request's body is forwarded (by `Content-Length` or
 //! chunked framing), and a client that sends anything more on that connection is cut off, so
 //! every request is checked for a token. A WebSocket upgrade becomes a raw tunnel only once
 //! the sandbox answers `101`. Each listener serves at most [`PreviewLimits::max_connections`]
-//! connections at once; the rest wait in the kernel's backlog.
+//! connections at once; the rest wait in the kernel's backlog. Revoking a token, changing a
+//! preview's settings or closing it cuts the connections it no longer allows.
+//!
+//! [`PreviewSet`] is that whole behaviour for one sandbox; its holder supplies only the
+//! [`Upstream`]. Tokens live in the holder's memory.
 
 use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::backend::agent_client::AgentIo;
 use crate::{now_millis, Error, Preview, PreviewOptions, PreviewToken, Result};
 
 /// Largest request head read while checking a token.
@@ -58,16 +69,67 @@ impl Exposed {
         Ok(())
     }
 
-    /// Whether a connection let through by `token` (`None`: a public preview's) may go on.
+    /// Whether a connection let through by `token` (`None`: a public preview's) may go on:
+    /// its token still held and not expired.
     pub fn still_allows(&self, token: Option<&PreviewToken>) -> bool {
+        let now = now_millis();
         match token {
             None => self.preview.public,
             Some(token) => {
                 !self.preview.public
-                    && self
-                        .tokens
-                        .iter()
-                        .any(|t| constant_eq(t.value.as_bytes(), token.value.as_bytes()))
+                    && self.tokens.iter().any(|t| {
+                        constant_eq(t.value.as_bytes(), token.value.as_bytes())
+                            && t.expires_at.is_none_or(|e| now < e)
+                    })
+            }
+        }
+    }
+}
+
+/// The timer of `port`'s preview: signals its connections (through [`Exposed::changed`]) at
+/// each of its tokens' expiries, so a connection a token let through is cut when that token
+/// expires, as when it is revoked. One per preview, however many tokens and connections it
+/// has; `changes` (a receiver of the preview's signal) tells it to look at the tokens again,
+/// and ends it when the preview closes.
+pub async fn expire_tokens(
+    previews: Previews,
+    port: u16,
+    mut changes: tokio::sync::watch::Receiver<()>,
+) {
+    loop {
+        let next = {
+            let map = previews.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(exposed) = map.get(&port) else {
+                return;
+            };
+            let now = now_millis();
+            exposed
+                .tokens
+                .iter()
+                .filter_map(|t| t.expires_at)
+                .filter(|&at| at > now)
+                .min()
+        };
+        let expiry = async {
+            match next {
+                Some(at) => {
+                    let wait = at.saturating_sub(now_millis());
+                    tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            () = expiry => {
+                let map = previews.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(exposed) = map.get(&port) {
+                    exposed.changed.send_replace(());
+                }
             }
         }
     }
@@ -86,15 +148,20 @@ pub fn new_token(ttl_ms: Option<u64>) -> PreviewToken {
     }
 }
 
-/// Bind a listener for a new preview. Returns it with its URL and host.
-pub async fn bind() -> Result<(TcpListener, String, String)> {
-    let listener = TcpListener::bind(("127.0.0.1", 0))
+/// Bind a listener for a new preview on `ip` (a port the kernel picks). Returns it with its
+/// URL and host: `url_host` with that port when given (the name clients reach it by), else
+/// the bound address.
+pub async fn bind(ip: IpAddr, url_host: Option<&str>) -> Result<(TcpListener, String, String)> {
+    let listener = TcpListener::bind((ip, 0))
         .await
         .map_err(|e| Error::from_io(&e, "bind a preview port"))?;
     let addr = listener
         .local_addr()
         .map_err(|e| Error::from_io(&e, "preview port"))?;
-    let host = format!("127.0.0.1:{}", addr.port());
+    let host = match url_host {
+        Some(name) => format!("{name}:{}", addr.port()),
+        None => SocketAddr::new(ip, addr.port()).to_string(),
+    };
     Ok((listener, format!("http://{host}"), host))
 }
 
@@ -124,14 +191,30 @@ pub fn describe(
 }
 
 /// Limits on each preview listener. Stored in the sandbox's record at create, so the
-/// monitor applies the values the creating program chose.
+/// monitor applies the values the creating program chose. Built from
+/// [`PreviewLimits::default`] and its setters (more limits may come).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PreviewLimits {
     /// How long a client may take to send a private preview's request head, in ms; a
     /// slower one gets `408` and is closed.
     pub head_timeout_ms: u64,
     /// Connections served at once per preview; further ones wait in the kernel's backlog.
     pub max_connections: usize,
+}
+
+impl PreviewLimits {
+    /// These limits with `ms` milliseconds for a private preview's request head.
+    pub fn head_timeout_ms(mut self, ms: u64) -> Self {
+        self.head_timeout_ms = ms;
+        self
+    }
+
+    /// These limits with at most `n` connections served at once per preview.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n;
+        self
+    }
 }
 
 impl Default for PreviewLimits {
@@ -379,14 +462,14 @@ pub fn constant_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Bytes read from a client beyond what was consumed so far, and the stream they came from.
-pub struct Incoming<'a> {
-    stream: &'a mut TcpStream,
+pub struct Incoming<'a, S: ?Sized = TcpStream> {
+    stream: &'a mut S,
     buf: Vec<u8>,
 }
 
-impl<'a> Incoming<'a> {
+impl<'a, S: AsyncRead + AsyncWrite + Unpin + ?Sized> Incoming<'a, S> {
     /// Start reading `stream`.
-    pub fn new(stream: &'a mut TcpStream) -> Self {
+    pub fn new(stream: &'a mut S) -> Self {
         Incoming {
             stream,
             buf: Vec::new(),
@@ -419,7 +502,11 @@ impl<'a> Incoming<'a> {
     }
 
     /// Copy exactly `n` bytes to `out`.
-    async fn copy_exact(&mut self, mut n: u64, out: &mut TcpStream) -> std::io::Result<()> {
+    async fn copy_exact<W: AsyncWrite + Unpin + ?Sized>(
+        &mut self,
+        mut n: u64,
+        out: &mut W,
+    ) -> std::io::Result<()> {
         while n > 0 {
             if self.buf.is_empty() {
                 self.fill().await?;
@@ -433,7 +520,11 @@ impl<'a> Incoming<'a> {
     }
 
     /// Copy one line (through its LF, at most `max` bytes) to `out` and return it.
-    async fn copy_line(&mut self, max: usize, out: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    async fn copy_line<W: AsyncWrite + Unpin + ?Sized>(
+        &mut self,
+        max: usize,
+        out: &mut W,
+    ) -> std::io::Result<Vec<u8>> {
         loop {
             if let Some(end) = self.buf.iter().position(|&b| b == b'\n') {
                 let rest = self.buf.split_off(end + 1);
@@ -452,10 +543,10 @@ impl<'a> Incoming<'a> {
     }
 
     /// Copy the body of the request just accepted to `out`, and no byte more.
-    pub async fn copy_body(
+    pub async fn copy_body<W: AsyncWrite + Unpin + ?Sized>(
         &mut self,
         framing: Framing,
-        out: &mut TcpStream,
+        out: &mut W,
     ) -> std::io::Result<()> {
         match framing {
             Framing::Length(n) => self.copy_exact(n, out).await,
@@ -494,19 +585,21 @@ impl<'a> Incoming<'a> {
     }
 
     /// The client stream.
-    pub fn stream(&mut self) -> &mut TcpStream {
+    pub fn stream(&mut self) -> &mut S {
         self.stream
     }
 
     /// The client stream, dropping what was read ahead.
-    pub fn into_stream(self) -> &'a mut TcpStream {
+    pub fn into_stream(self) -> &'a mut S {
         self.stream
     }
 }
 
 /// Read a response head from the sandbox (through its blank line, at most [`MAX_HEAD`]
 /// bytes) and return it with its status code.
-pub async fn read_response_head(upstream: &mut TcpStream) -> std::io::Result<(Vec<u8>, u16)> {
+pub async fn read_response_head<S: AsyncRead + AsyncWrite + Unpin + ?Sized>(
+    upstream: &mut S,
+) -> std::io::Result<(Vec<u8>, u16)> {
     let mut incoming = Incoming::new(upstream);
     let head = incoming.head().await?.ok_or_else(|| {
         std::io::Error::new(std::io::ErrorKind::InvalidData, "response head too large")
@@ -531,6 +624,417 @@ pub async fn refuse(stream: &mut TcpStream, status: &str, message: &str) {
     );
     let _ = stream.write_all(response.as_bytes()).await;
     let _ = stream.shutdown().await;
+}
+
+/// Why a preview connection cannot reach the sandbox's port; the client is told and the
+/// connection closed.
+#[derive(Debug)]
+pub enum UpstreamError {
+    /// The sandbox cannot serve now (stopped, paused, gone): `503` with why.
+    Unavailable(String),
+    /// The port could not be reached: `502` with why.
+    BadGateway(String),
+    /// Close without an answer.
+    Closed,
+}
+
+/// Opens the byte stream behind one preview connection: the engine's monitor asks its agent
+/// for a socket connected inside the sandbox, the Kubernetes backend opens an agent tunnel.
+/// Everything else (tokens, limits, revocation) is [`PreviewSet`]'s, shared by both.
+#[async_trait]
+pub trait Upstream: Send + Sync {
+    /// A stream connected to `port` inside the sandbox.
+    async fn connect(&self, port: u16) -> std::result::Result<Box<dyn AgentIo>, UpstreamError>;
+}
+
+/// The previews of one sandbox: a listener per exposed port, its tokens, and the
+/// connections each let through. Dropping the set closes every preview.
+pub struct PreviewSet {
+    previews: Previews,
+    bind: IpAddr,
+    url_host: Option<String>,
+}
+
+impl Default for PreviewSet {
+    /// Listeners on `127.0.0.1`, URLs naming that address.
+    fn default() -> Self {
+        PreviewSet::new(IpAddr::V4(Ipv4Addr::LOCALHOST), None)
+    }
+}
+
+impl Drop for PreviewSet {
+    fn drop(&mut self) {
+        self.close_all();
+    }
+}
+
+impl PreviewSet {
+    /// Previews listening on `bind`, their URLs naming `url_host` (else the bound address).
+    pub fn new(bind: IpAddr, url_host: Option<String>) -> Self {
+        PreviewSet {
+            previews: Arc::new(Mutex::new(BTreeMap::new())),
+            bind,
+            url_host,
+        }
+    }
+
+    /// Serve `options.port` of the sandbox, reached through `upstream`, with `limits`. The
+    /// same port again keeps its URL and takes the new settings (connections open under
+    /// the old ones re-check them).
+    pub async fn expose(
+        &self,
+        options: PreviewOptions,
+        limits: PreviewLimits,
+        upstream: Arc<dyn Upstream>,
+    ) -> Result<Preview> {
+        if options.port == 0 {
+            return Err(Error::invalid("port must be between 1 and 65535"));
+        }
+        for name in [&options.token_header, &options.token_query] {
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(Error::invalid(format!("bad token parameter name {name:?}")));
+            }
+        }
+        if let Some(existing) = self.lock().get_mut(&options.port) {
+            return update(existing, &options);
+        }
+        let (listener, url, host) = bind(self.bind, self.url_host.as_deref()).await?;
+        let mut previews = self.lock();
+        if let Some(existing) = previews.get_mut(&options.port) {
+            // Exposed by a concurrent call meanwhile: ours is a settings change.
+            return update(existing, &options);
+        }
+        let (preview, tokens) = describe(&options, url, host);
+        let port = options.port;
+        let served = self.previews.clone();
+        let task = tokio::spawn(async move {
+            let mut acceptor = crate::listen::Acceptor::new(limits.max_connections);
+            loop {
+                let ((conn, _), permit) = acceptor.next(|| listener.accept()).await;
+                let served = served.clone();
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    proxy(&served, upstream.as_ref(), port, conn, limits).await;
+                    drop(permit);
+                });
+            }
+        });
+        let (changed, changes) = tokio::sync::watch::channel(());
+        previews.insert(
+            port,
+            Exposed {
+                preview: preview.clone(),
+                tokens,
+                task,
+                changed,
+            },
+        );
+        // Cuts what each token let through when it expires.
+        tokio::spawn(expire_tokens(self.previews.clone(), port, changes));
+        Ok(preview)
+    }
+
+    /// Every preview, by port.
+    pub fn list(&self) -> Vec<Preview> {
+        self.lock().values().map(|e| e.preview.clone()).collect()
+    }
+
+    /// Close the preview of `port`: its listener stops and its connections end.
+    pub fn close(&self, port: u16) -> Result<()> {
+        let entry = self
+            .lock()
+            .remove(&port)
+            .ok_or_else(|| Error::not_found(format!("preview of port {port}")))?;
+        entry.task.abort();
+        Ok(())
+    }
+
+    /// Close every preview (the sandbox is gone).
+    pub fn close_all(&self) {
+        let all = std::mem::take(&mut *self.lock());
+        for entry in all.into_values() {
+            entry.task.abort();
+        }
+    }
+
+    /// Another token for the private preview of `port`, expiring at `expires_at`.
+    pub fn create_token(&self, port: u16, expires_at: Option<u64>) -> Result<PreviewToken> {
+        let mut previews = self.lock();
+        let entry = previews
+            .get_mut(&port)
+            .ok_or_else(|| Error::not_found(format!("preview of port {port}")))?;
+        if entry.preview.public {
+            return Err(Error::invalid(format!(
+                "the preview of port {port} is public: it takes no tokens"
+            )));
+        }
+        entry.room_for_token()?;
+        let mut token = new_token(None);
+        token.expires_at = expires_at;
+        entry.tokens.push(token.clone());
+        // The preview's expiry timer looks at the new token's expiry.
+        entry.changed.send_replace(());
+        Ok(token)
+    }
+
+    /// Revoke `token` of the preview of `port`; the connections it let through end now.
+    pub fn revoke_token(&self, port: u16, token: &str) -> Result<()> {
+        let mut previews = self.lock();
+        let entry = previews
+            .get_mut(&port)
+            .ok_or_else(|| Error::not_found(format!("preview of port {port}")))?;
+        let before = entry.tokens.len();
+        // Compared in constant time, as the proxy compares them.
+        entry
+            .tokens
+            .retain(|t| !constant_eq(t.value.as_bytes(), token.as_bytes()));
+        if entry.tokens.len() == before {
+            return Err(Error::not_found(format!(
+                "that token of the preview of port {port}"
+            )));
+        }
+        entry.changed.send_replace(());
+        // The token a later `expose` of this port reports must still be a live one.
+        if entry
+            .preview
+            .token
+            .as_ref()
+            .is_some_and(|t| constant_eq(t.value.as_bytes(), token.as_bytes()))
+        {
+            entry.preview.token = entry.tokens.last().cloned();
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u16, Exposed>> {
+        self.previews.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Apply new settings to an exposed port, keeping its URL.
+fn update(existing: &mut Exposed, options: &PreviewOptions) -> Result<Preview> {
+    let (mut preview, tokens) = describe(
+        options,
+        existing.preview.url.clone(),
+        existing.preview.host.clone(),
+    );
+    if !options.public {
+        let live = existing
+            .tokens
+            .iter()
+            .find(|t| t.expires_at.is_none_or(|e| e > now_millis()))
+            .cloned();
+        match live {
+            Some(t) if options.token_ttl.is_none() => preview.token = Some(t),
+            _ => {
+                existing.room_for_token()?;
+                existing.tokens.extend(tokens);
+            }
+        }
+        if preview.token.is_none() {
+            preview.token = existing.tokens.last().cloned();
+        }
+    } else {
+        existing.tokens.clear();
+    }
+    existing.preview = preview.clone();
+    // Open connections re-check against the new settings (public or not).
+    existing.changed.send_replace(());
+    Ok(preview)
+}
+
+/// The preview of `port` as it is now, its tokens, and a receiver of its changes.
+fn preview_now(
+    previews: &Previews,
+    port: u16,
+) -> Option<(Preview, Vec<PreviewToken>, tokio::sync::watch::Receiver<()>)> {
+    previews
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&port)
+        .map(|e| (e.preview.clone(), e.tokens.clone(), e.changed.subscribe()))
+}
+
+/// Resolves once a connection let through by `token` (`None`: a public preview's) is no
+/// longer allowed: its token revoked, the preview made private or public, or closed.
+async fn access_lost(
+    previews: &Previews,
+    port: u16,
+    token: Option<PreviewToken>,
+    mut changes: tokio::sync::watch::Receiver<()>,
+) {
+    loop {
+        if changes.changed().await.is_err() {
+            return;
+        }
+        let allowed = previews
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&port)
+            .is_some_and(|e| e.still_allows(token.as_ref()));
+        if !allowed {
+            return;
+        }
+    }
+}
+
+/// Serve one preview connection (see the module docs for what is checked). A connection
+/// lasts only as long as what let it through: revoking its token or closing the preview
+/// cuts it, even mid-stream or as an upgraded tunnel.
+async fn proxy(
+    previews: &Previews,
+    upstream: &dyn Upstream,
+    port: u16,
+    mut conn: TcpStream,
+    limits: PreviewLimits,
+) {
+    let Some((entry, _, changes)) = preview_now(previews, port) else {
+        return;
+    };
+    if entry.public {
+        let tunnel = async {
+            let Some(mut up) = connect_upstream(upstream, port, &mut conn).await else {
+                return;
+            };
+            let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
+        };
+        tokio::select! {
+            _ = tunnel => {}
+            _ = access_lost(previews, port, None, changes) => {}
+        }
+        return;
+    }
+    drop(changes);
+    let mut incoming = Incoming::new(&mut conn);
+    let timeout = Duration::from_millis(limits.head_timeout_ms);
+    let head = match tokio::time::timeout(timeout, incoming.head()).await {
+        Ok(Ok(Some(head))) => head,
+        Ok(Ok(None)) => {
+            let message = "request head too large";
+            refuse(
+                incoming.stream(),
+                "431 Request Header Fields Too Large",
+                message,
+            )
+            .await;
+            return;
+        }
+        Ok(Err(_)) => return,
+        Err(_) => {
+            let message = "the request head did not arrive in time";
+            refuse(incoming.stream(), "408 Request Timeout", message).await;
+            return;
+        }
+    };
+    // The tokens as they are now that the head is here, not as they were when the
+    // connection opened: one revoked (or a preview closed) meanwhile lets nothing through.
+    let Some((entry, tokens, changes)) = preview_now(previews, port) else {
+        refuse(incoming.stream(), "404 Not Found", "this preview is closed").await;
+        return;
+    };
+    let accepted = match check(&head, &entry, &tokens) {
+        Ok(a) => a,
+        Err(Refusal::Malformed(why)) => {
+            refuse(incoming.stream(), "400 Bad Request", why).await;
+            return;
+        }
+        Err(Refusal::Unauthorized) => {
+            let message = format!(
+                "this preview is private: send its token in the {} header or the {} query parameter",
+                entry.token_header, entry.token_query
+            );
+            refuse(incoming.stream(), "401 Unauthorized", &message).await;
+            return;
+        }
+    };
+    let token = accepted.token.clone();
+    tokio::select! {
+        _ = forward(upstream, port, incoming, accepted) => {}
+        _ = access_lost(previews, port, Some(token), changes) => {}
+    }
+}
+
+/// Forward a private preview's accepted request and its answer (or the tunnel it upgrades
+/// to).
+async fn forward(
+    upstream: &dyn Upstream,
+    port: u16,
+    mut incoming: Incoming<'_>,
+    accepted: Accepted,
+) {
+    let Some(mut up) = connect_upstream(upstream, port, incoming.stream()).await else {
+        return;
+    };
+    if up.write_all(&accepted.head).await.is_err() {
+        return;
+    }
+    if accepted.framing == Framing::Upgrade {
+        // Raw bytes only once the sandbox agrees to switch protocols.
+        let Ok((answer, status)) = read_response_head(&mut up).await else {
+            return;
+        };
+        if incoming.stream().write_all(&answer).await.is_err() {
+            return;
+        }
+        if status == 101 {
+            let early = incoming.take_buffered();
+            if !early.is_empty() && up.write_all(&early).await.is_err() {
+                return;
+            }
+            let _ = tokio::io::copy_bidirectional(incoming.stream(), &mut up).await;
+            return;
+        }
+    } else if incoming.copy_body(accepted.framing, &mut up).await.is_err() {
+        return;
+    }
+    // The request is complete: only the answer flows now. A client that sends more is
+    // starting a second request on this connection, which is never forwarded.
+    let pipelined = !incoming.take_buffered().is_empty();
+    let conn = incoming.into_stream();
+    let (mut client_read, mut client_write) = conn.split();
+    let answer = tokio::io::copy(&mut up, &mut client_write);
+    tokio::pin!(answer);
+    if pipelined {
+        // Answer the first request only, then close.
+        let _ = answer.await;
+        return;
+    }
+    let mut probe = [0u8; 1];
+    tokio::select! {
+        _ = &mut answer => {}
+        read = client_read.read(&mut probe) => {
+            // The client closed its sending side: let the answer finish. Anything else
+            // (more bytes, an error) ends the connection.
+            if matches!(read, Ok(0)) {
+                let _ = answer.await;
+            }
+        }
+    }
+}
+
+/// A stream connected to `port` inside the sandbox, or `None` after answering the client
+/// with why not.
+async fn connect_upstream(
+    upstream: &dyn Upstream,
+    port: u16,
+    conn: &mut TcpStream,
+) -> Option<Box<dyn AgentIo>> {
+    match upstream.connect(port).await {
+        Ok(up) => Some(up),
+        Err(UpstreamError::Unavailable(why)) => {
+            refuse(conn, "503 Service Unavailable", &why).await;
+            None
+        }
+        Err(UpstreamError::BadGateway(why)) => {
+            refuse(conn, "502 Bad Gateway", &why).await;
+            None
+        }
+        Err(UpstreamError::Closed) => None,
+    }
 }
 
 #[cfg(test)]

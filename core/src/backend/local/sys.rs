@@ -244,6 +244,12 @@ pub fn set_process_name(name: &str) {
     unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr() as libc::c_ulong, 0, 0, 0) };
 }
 
+/// Make descriptor `to` a copy of `fd` (`dup2(2)`; the copy is not close-on-exec).
+pub fn dup2(fd: impl AsFd, to: RawFd) -> io::Result<()> {
+    // SAFETY: a plain syscall on integers; `fd` is open for the call.
+    cvt(unsafe { libc::dup2(fd.as_fd().as_raw_fd(), to) }).map(drop)
+}
+
 /// `kill(2)`.
 pub fn kill(pid: libc::pid_t, signal: i32) -> io::Result<()> {
     // SAFETY: kill has no memory-safety preconditions.
@@ -422,6 +428,33 @@ pub fn setrlimit(resource: libc::__rlimit_resource_t, limit: u64) -> io::Result<
     };
     // SAFETY: rl is a valid rlimit value.
     cvt(unsafe { libc::setrlimit(resource, &rl) }).map(drop)
+}
+
+/// `getrlimit(2)`: (soft, hard).
+pub fn getrlimit(resource: libc::__rlimit_resource_t) -> io::Result<(u64, u64)> {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: rl is a valid, writable rlimit value.
+    cvt(unsafe { libc::getrlimit(resource, &mut rl) })?;
+    Ok((rl.rlim_cur, rl.rlim_max))
+}
+
+/// `setrlimit(2)` with distinct soft and hard values.
+pub fn setrlimit_pair(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> io::Result<()> {
+    let rl = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: rl is a valid rlimit value.
+    cvt(unsafe { libc::setrlimit(resource, &rl) }).map(drop)
+}
+
+/// Change the working directory to `/`.
+pub fn chdir_root() -> io::Result<()> {
+    // SAFETY: a NUL-terminated static path.
+    cvt(unsafe { libc::chdir(c"/".as_ptr()) }).map(drop)
 }
 
 /// Raise this process's soft `RLIMIT_NOFILE` to its hard limit, once per process.

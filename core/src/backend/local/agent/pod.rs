@@ -6,9 +6,16 @@
 //! is the front door: anyone who can reach the port can connect, so a connection's first
 //! frame must be a small hello carrying the token, read within a deadline, and checked before
 //! anything else is read; and only so many connections are served at once.
+//!
+//! Connections that have not shown the token yet never hold one of the served connections'
+//! slots: they wait in a small pool of their own, where a newcomer pushes out the oldest
+//! waiting connection of its own peer address (past that peer's share) or of all. So
+//! strangers stalling their hellos cannot keep the token holder (the server) out, however
+//! many connections they open: its hello arrives with its connection.
 
 use super::*;
 use crate::backend::agent_server::PodAgentConfig;
+use std::net::IpAddr;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::super::config::UidMapping;
@@ -18,6 +25,82 @@ use super::super::config::UidMapping;
 const REFUSAL_WAIT: Duration = Duration::from_secs(1);
 /// Most bytes drained from a refused client.
 const REFUSAL_DRAIN: usize = 64 * 1024;
+/// Most connections waiting to show their token, from every peer together; one more pushes
+/// the oldest waiting one out (a token holder's hello arrives with its connection, so it is
+/// never the oldest for long).
+const MAX_WAITING: usize = 128;
+/// Most connections one peer address may have waiting to show their token; one more from it
+/// pushes that peer's own oldest waiting one out, so a single stranger cannot fill the pool.
+const MAX_WAITING_PER_PEER: usize = 32;
+
+/// The connections waiting to show their token (see [`MAX_WAITING`]).
+#[derive(Default)]
+struct Waiting {
+    next: u64,
+    /// By arrival: the peer, and the sender whose drop ends that connection's wait.
+    by_age: BTreeMap<u64, (IpAddr, oneshot::Sender<()>)>,
+    per_peer: HashMap<IpAddr, usize>,
+}
+
+impl Waiting {
+    fn forget(&mut self, seq: u64) {
+        if let Some((peer, _)) = self.by_age.remove(&seq) {
+            if let Some(n) = self.per_peer.get_mut(&peer) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_peer.remove(&peer);
+                }
+            }
+        }
+    }
+}
+
+/// A connection's place among the waiting ones, given up when dropped.
+struct WaitTicket {
+    waiting: Arc<Mutex<Waiting>>,
+    seq: u64,
+}
+
+impl Drop for WaitTicket {
+    fn drop(&mut self) {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .forget(self.seq);
+    }
+}
+
+/// Let a connection from `peer` wait for its hello, first pushing out the peer's own oldest
+/// waiting connection when it has its share waiting, else the oldest of all when the pool is
+/// full. The receiver resolves when this connection is pushed out in turn.
+fn admit(waiting: &Arc<Mutex<Waiting>>, peer: IpAddr) -> (WaitTicket, oneshot::Receiver<()>) {
+    let mut w = waiting.lock().unwrap_or_else(|e| e.into_inner());
+    let oldest = if w.per_peer.get(&peer).copied().unwrap_or(0) >= MAX_WAITING_PER_PEER {
+        w.by_age
+            .iter()
+            .find(|(_, (p, _))| *p == peer)
+            .map(|(seq, _)| *seq)
+    } else if w.by_age.len() >= MAX_WAITING {
+        w.by_age.keys().next().copied()
+    } else {
+        None
+    };
+    if let Some(seq) = oldest {
+        // Dropping its sender ends that connection's wait.
+        w.forget(seq);
+    }
+    let seq = w.next;
+    w.next += 1;
+    let (tx, rx) = oneshot::channel();
+    w.by_age.insert(seq, (peer, tx));
+    *w.per_peer.entry(peer).or_insert(0) += 1;
+    drop(w);
+    let ticket = WaitTicket {
+        waiting: waiting.clone(),
+        seq,
+    };
+    (ticket, rx)
+}
 
 /// Entry point of the pod agent. Never returns.
 pub(crate) fn run(config: PodAgentConfig) -> ! {
@@ -61,7 +144,7 @@ fn prepare(config: &PodAgentConfig) -> Result<Record> {
     // No process it starts can gain privileges through exec (setuid programs, file caps).
     sys::set_no_new_privs().map_err(|e| fail("set no_new_privs", e))?;
     // Sandbox processes share our uid: keep them from tracing us or reading our memory.
-    let _ = sys::set_non_dumpable();
+    sys::set_non_dumpable().map_err(|e| fail("become non-dumpable", e))?;
     if std::process::id() != 1 {
         // Orphans of sandbox processes come to us (as they do to PID 1 in a container).
         sys::set_child_subreaper().map_err(|e| fail("become a subreaper", e))?;
@@ -132,6 +215,7 @@ async fn serve_tcp(agent: Arc<Agent>, config: PodAgentConfig) -> Result<()> {
             .map_err(|e| Error::from_io(&e, "stdout"))?;
     }
     let slots = Arc::new(tokio::sync::Semaphore::new(config.max_connections));
+    let waiting = Arc::new(Mutex::new(Waiting::default()));
     let config = Arc::new(config);
     // Deleting a Pod sends SIGTERM to its PID 1, which has no default action for it: end
     // every sandbox process, then exit, instead of waiting out the grace period.
@@ -145,7 +229,7 @@ async fn serve_tcp(agent: Arc<Agent>, config: PodAgentConfig) -> Result<()> {
                 return Ok(());
             }
         };
-        let (sock, _) = match accepted {
+        let (sock, peer) = match accepted {
             Ok(accepted) => accepted,
             // Out of descriptors or memory: wait rather than spin.
             Err(_) => {
@@ -153,40 +237,36 @@ async fn serve_tcp(agent: Arc<Agent>, config: PodAgentConfig) -> Result<()> {
                 continue;
             }
         };
+        let (ticket, pushed_out) = admit(&waiting, peer.ip().to_canonical());
         let _ = sock.set_nodelay(true);
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            // Over the bound: a refusal if the socket takes it at once, then closed.
-            let err = Error::RateLimited {
-                message: format!(
-                    "the sandbox agent serves at most {} connections at once",
-                    config.max_connections
-                ),
-                retry_after_ms: Some(1000),
-            };
-            let mut frame = Vec::new();
-            if proto::write_frame(&mut frame, &AgentReply::error(&err), &[])
-                .await
-                .is_ok()
-            {
-                let _ = sock.try_write(&frame);
-            }
-            continue;
-        };
-        let (agent, config) = (agent.clone(), config.clone());
+        let (agent, config, slots) = (agent.clone(), config.clone(), slots.clone());
         tokio::spawn(async move {
-            serve_tcp_connection(&agent, &config, sock).await;
-            drop(slot);
+            serve_tcp_connection(&agent, &config, &slots, sock, ticket, pushed_out).await;
         });
+        // Let the new connection read a hello that is already there before accepting more
+        // (one thread serves everything): a burst of token holders waits as little as it can.
+        tokio::task::yield_now().await;
     }
 }
 
-/// Authenticate one connection, then serve its requests like a handed-off one.
-async fn serve_tcp_connection(agent: &Arc<Agent>, config: &PodAgentConfig, mut sock: TcpStream) {
-    let hello = tokio::time::timeout(
-        config.hello_timeout,
-        proto::read_hello_frame(&mut sock, proto::MAX_HELLO),
-    )
-    .await;
+/// Authenticate one connection (while it holds `ticket` among the waiting ones), then take
+/// one of the served connections' `slots` and serve its requests like a handed-off one.
+async fn serve_tcp_connection(
+    agent: &Arc<Agent>,
+    config: &PodAgentConfig,
+    slots: &Arc<tokio::sync::Semaphore>,
+    mut sock: TcpStream,
+    ticket: WaitTicket,
+    pushed_out: oneshot::Receiver<()>,
+) {
+    let hello = tokio::select! {
+        hello = tokio::time::timeout(
+            config.hello_timeout,
+            proto::read_hello_frame(&mut sock, proto::MAX_HELLO),
+        ) => hello,
+        // Newer connections pushed this one out of the waiting pool: dropped.
+        _ = pushed_out => return,
+    };
     let head = match hello {
         // Too slow (a slow-loris connection): dropped.
         Err(_elapsed) => return,
@@ -200,6 +280,18 @@ async fn serve_tcp_connection(agent: &Arc<Agent>, config: &PodAgentConfig, mut s
     if let Err(e) = check_token(token, &config.token_sha256) {
         return refuse(&mut sock, &e).await;
     }
+    // A token holder: no longer waiting, and served only within the connection bound.
+    drop(ticket);
+    let Ok(_slot) = slots.clone().try_acquire_owned() else {
+        let err = Error::RateLimited {
+            message: format!(
+                "the sandbox agent serves at most {} connections at once",
+                config.max_connections
+            ),
+            retry_after_ms: Some(1000),
+        };
+        return refuse(&mut sock, &err).await;
+    };
     let hello = match proto::parse_hello(&head) {
         Ok(hello) => hello,
         Err(e) => return refuse(&mut sock, &e).await,
