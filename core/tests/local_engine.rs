@@ -721,3 +721,64 @@ async fn a_reference_from_another_state_directory_is_forbidden() {
     sandbox.destroy().await.expect("destroy");
     let _ = std::fs::remove_dir_all(&other_dir);
 }
+
+/// Connections one client keeps for reuse never carry a request past a pause, a stop or a
+/// destroy made by another client (another program, with a pool of its own): each such call
+/// fails as it would on a fresh connection, and works again once the sandbox runs.
+#[tokio::test]
+async fn pooled_connections_never_reach_a_paused_stopped_or_destroyed_sandbox() {
+    let (a, b) = (local(), local());
+    let id = a
+        .create(test_options(&unique("pooled")))
+        .await
+        .expect("create")
+        .id;
+    let echo = || ProcessSpec::new(Command::argv(["echo", "hi"]));
+    let ran = |out: sandcove::Output| out.stdout == b"hi\n";
+    // Fill a's pool: several calls, each ending cleanly.
+    for _ in 0..3 {
+        assert!(ran(sh(&*a, &id, "echo hi").await));
+    }
+
+    b.pause(&id).await.expect("pause");
+    let Err(err) = a.spawn(&id, echo()).await else {
+        panic!("refused while paused");
+    };
+    assert!(
+        matches!(err, sandcove::Error::InvalidState { ref state, .. } if state == "paused"),
+        "{err:?}"
+    );
+    b.resume(&id).await.expect("resume");
+    for _ in 0..3 {
+        assert!(ran(sh(&*a, &id, "echo hi").await));
+    }
+
+    b.stop(&id).await.expect("stop");
+    let Err(err) = a.spawn(&id, echo()).await else {
+        panic!("refused while stopped");
+    };
+    assert!(
+        matches!(err, sandcove::Error::InvalidState { ref state, .. } if state == "stopped"),
+        "{err:?}"
+    );
+    let err = a
+        .list_processes(&id)
+        .await
+        .expect_err("no agent call while stopped");
+    assert!(
+        matches!(err, sandcove::Error::InvalidState { .. }),
+        "{err:?}"
+    );
+    b.start(&id).await.expect("start");
+    for _ in 0..3 {
+        assert!(ran(sh(&*a, &id, "echo hi").await));
+    }
+
+    b.destroy(&id).await.expect("destroy");
+    let Err(err) = a.spawn(&id, echo()).await else {
+        panic!("gone");
+    };
+    assert!(err.is_not_found(), "{err:?}");
+    let err = a.list_processes(&id).await.expect_err("gone");
+    assert!(err.is_not_found(), "{err:?}");
+}

@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sandcove::backend::agent_client::{AgentIo, RemoteAgent, TcpDialer};
+use futures::StreamExt;
+use sandcove::backend::agent_client::{AgentDialer, AgentIo, RemoteAgent, TcpDialer};
 use sandcove::backend::agent_server::{spawn_local_pod_agent, token_sha256_hex, PodAgentConfig};
 use sandcove::backend::{Backend, ByteStream, ProcessStream, WatchStream};
 use sandcove::conformance::{eventually, unique, PATIENCE};
@@ -676,8 +677,10 @@ async fn strangers_stalling_hellos_do_not_keep_the_token_holder_out() {
     assert!(strangers.len() >= 16, "only {} connected", strangers.len());
     // The token holder is served at once (before the fix the strangers held every slot
     // until their hello deadline, and it was refused as rate limited).
+    // (A client that keeps no idle connection: a kept one would hold a slot, protocol v5.)
+    let unpooled = pod.agent().clone().with_pool(None);
     for _ in 0..3 {
-        let ready = tokio::time::timeout(PATIENCE, pod.agent().ready())
+        let ready = tokio::time::timeout(PATIENCE, unpooled.ready())
             .await
             .expect("answered");
         assert!(ready.is_ok(), "{ready:?}");
@@ -772,4 +775,107 @@ async fn lifecycle_requests_are_not_served_by_the_pod_agent() {
     let reply = read_header(&mut sock).await.expect("a refusal frame");
     assert_eq!(reply["error"]["code"], "not_supported", "{reply}");
     pod.agent().ready().await.expect("still serving");
+}
+
+/// A [`TcpDialer`] that counts its dials.
+#[derive(Debug)]
+struct CountingDialer {
+    inner: TcpDialer,
+    dials: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait]
+impl AgentDialer for CountingDialer {
+    async fn dial(&self) -> Result<Box<dyn AgentIo>> {
+        self.dials.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.dial().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_are_reused_and_a_cancelled_stream_does_not_poison_the_pool() {
+    let pod = OnePod::start("reuse", |_| {}).await;
+    let dialer = Arc::new(CountingDialer {
+        inner: TcpDialer::new(pod.pod().addr),
+        dials: Default::default(),
+    });
+    let dials = || dialer.dials.load(std::sync::atomic::Ordering::SeqCst);
+    let agent = RemoteAgent::new("reuse", dialer.clone(), pod.token.clone());
+    let echo = |text: &str| ProcessSpec::new(Command::argv(["echo", text]));
+    // Single replies, a process stream to its exit, a file upload and a file stream to its
+    // end: all on the one connection.
+    agent.ready().await.expect("ping");
+    let out = client::collect(agent.spawn(echo("one")).await.unwrap(), usize::MAX)
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, b"one\n");
+    let data: ByteStream = Box::pin(futures::stream::once(async { Ok(b"abc".to_vec()) }));
+    agent
+        .write_file("/workspace/f", data, WriteOptions::default())
+        .await
+        .expect("write");
+    let read: Vec<u8> = read_all(
+        agent
+            .read_file("/workspace/f", ReadOptions::default())
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(read, b"abc");
+    agent.list_processes().await.expect("list");
+    // The upload dials (its data cannot be sent twice); everything else reused.
+    assert_eq!(dials(), 2, "one dial for the calls, one for the upload");
+
+    // A stream dropped half-read: its connection is not reused, and the next call sees
+    // only its own replies. (A client of its own, so that connection is the only one kept.)
+    let agent = RemoteAgent::new("reuse", dialer.clone(), pod.token.clone());
+    agent.ready().await.expect("ping");
+    assert_eq!(dials(), 3);
+    let spec = ProcessSpec::new(Command::sh("echo first; sleep 600"));
+    let mut stream = agent.spawn(spec).await.expect("spawn");
+    let sleeper = stream.pid;
+    let first = stream
+        .events
+        .next()
+        .await
+        .expect("an event")
+        .expect("output");
+    assert!(
+        matches!(first, ProcessEvent::Stdout(ref b) if b == b"first\n"),
+        "{first:?}"
+    );
+    drop(stream);
+    let before = dials();
+    let out = client::collect(agent.spawn(echo("two")).await.unwrap(), usize::MAX)
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, b"two\n");
+    assert_eq!(out.status.and_then(|s| s.code), Some(0));
+    assert_eq!(
+        dials(),
+        before + 1,
+        "the cancelled stream's connection was dropped"
+    );
+
+    // An error reply ends its connection too; the next call dials and is served.
+    let err = agent
+        .stat("/workspace/missing", StatOptions::default())
+        .await
+        .expect_err("missing");
+    assert!(err.is_not_found(), "{err:?}");
+    let before = dials();
+    agent.ready().await.expect("ping after an error");
+    assert_eq!(dials(), before + 1);
+    agent
+        .signal(ProcessSelector::Pid(sleeper), Signal::Kill)
+        .await
+        .expect("end the sleeper");
+}
+
+async fn read_all(mut stream: ByteStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        out.extend(chunk.expect("chunk"));
+    }
+    out
 }

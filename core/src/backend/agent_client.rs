@@ -2,18 +2,28 @@
 //! agent: the embedded engine (over its monitor's unix socket) and the Kubernetes backend (to
 //! the in-pod agent over TCP).
 //!
-//! A [`RemoteAgent`] opens one connection per call through an [`AgentDialer`], sends the
-//! hello (with the per-sandbox token where the transport needs one) and the request in one
-//! write, and decodes the replies: single answers, process event streams, file streams,
-//! uploads and watch events. This is the only place those replies are decoded.
+//! A [`RemoteAgent`] opens connections through an [`AgentDialer`], sends the hello (with the
+//! per-sandbox token where the transport needs one) and the request in one write, and
+//! decodes the replies: single answers, process event streams, file streams, uploads and
+//! watch events. This is the only place those replies are decoded.
+//!
+//! A connection whose request ended cleanly goes back to a small [`ConnPool`] and carries the
+//! next call (protocol v5): no dial, no hello and, on the embedded engine, no hop through the
+//! monitor. Only a request that ended cleanly returns its connection (an error reply, a
+//! dropped stream or a failed upload drops it). A pooled connection the agent retired (the
+//! sandbox was paused, resumed or stopped, or the connection idled out) or lost (the agent
+//! restarted, the sandbox was destroyed) is replaced by one fresh dial, but only for a request
+//! that cannot have been served: the agent said so (`Retired`), the request could not be
+//! written, or it has no effect anyway.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use futures::StreamExt;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use futures::{FutureExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::local::proto::{self, AgentReply, AgentRequest, Hello, PROTOCOL_VERSION};
 use super::{ByteStream, ProcessStream, WatchStream};
@@ -77,13 +87,173 @@ impl AgentDialer for TcpDialer {
     }
 }
 
-/// A client of one sandbox's agent. Cheap to clone; every call opens its own connection.
+/// Idle connections kept per sandbox for its next call.
+pub const POOL_PER_SANDBOX: usize = 4;
+/// Idle connections kept in all, whatever the number of sandboxes (each is a descriptor).
+pub const POOL_TOTAL: usize = 64;
+/// How long an idle connection is kept: well under the agent's own idle limit
+/// (`AGENT_IDLE`), so a kept connection is rarely one the agent is retiring.
+pub const POOL_IDLE: Duration = Duration::from_secs(10);
+
+/// Idle agent connections, kept for reuse by the [`RemoteAgent`]s that share it (protocol
+/// v5). Bounded per sandbox ([`POOL_PER_SANDBOX`]) and in all ([`POOL_TOTAL`]); a connection
+/// idle longer than [`POOL_IDLE`] is dropped rather than reused. Connections are kept per
+/// async runtime, since one is registered with the runtime that opened it.
+#[derive(Default)]
+pub struct ConnPool {
+    idle: Mutex<PoolState>,
+}
+
+#[derive(Default)]
+struct PoolState {
+    by_key: HashMap<PoolKey, Vec<Idle>>,
+    count: usize,
+}
+
+type PoolKey = (String, tokio::runtime::Id);
+
+/// An idle connection and when it became idle.
+type Idle = (Box<dyn AgentIo>, Instant);
+
+impl std::fmt::Debug for ConnPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnPool")
+            .field("idle", &self.idle_count())
+            .finish()
+    }
+}
+
+impl ConnPool {
+    /// An empty pool.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Idle connections held right now.
+    pub fn idle_count(&self) -> usize {
+        self.state().count
+    }
+
+    /// Drop every idle connection to `sandbox` (it is being stopped, paused or destroyed).
+    pub fn forget(&self, sandbox: &str) {
+        let mut guard = self.state();
+        let state = &mut *guard;
+        let mut dropped = 0;
+        state.by_key.retain(|(id, _), conns| {
+            if id == sandbox {
+                dropped += conns.len();
+                false
+            } else {
+                true
+            }
+        });
+        state.count -= dropped;
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The most recently used idle connection to `sandbox` that still looks open.
+    fn take(&self, sandbox: &str) -> Option<Box<dyn AgentIo>> {
+        let key = (sandbox.to_string(), runtime_id()?);
+        let mut guard = self.state();
+        // Through the guard once, so the map and the count borrow apart.
+        let state = &mut *guard;
+        loop {
+            let conns = state.by_key.get_mut(&key)?;
+            let Some((mut io, since)) = conns.pop() else {
+                state.by_key.remove(&key);
+                return None;
+            };
+            state.count -= 1;
+            if since.elapsed() > POOL_IDLE {
+                // The rest are older still.
+                let older = conns.len();
+                state.by_key.remove(&key);
+                state.count -= older;
+                return None;
+            }
+            if looks_open(&mut io) {
+                return Some(io);
+            }
+        }
+    }
+
+    /// Keep `io`, whose last request ended cleanly, for the next call to `sandbox`.
+    pub(crate) fn put(&self, sandbox: &str, io: Box<dyn AgentIo>) {
+        let Some(runtime) = runtime_id() else {
+            return;
+        };
+        let mut guard = self.state();
+        let state = &mut *guard;
+        if state.count >= POOL_TOTAL {
+            // Make room from what has idled out, else keep nothing more.
+            let mut dropped = 0;
+            state.by_key.retain(|_, conns| {
+                let before = conns.len();
+                conns.retain(|(_, since)| since.elapsed() <= POOL_IDLE);
+                dropped += before - conns.len();
+                !conns.is_empty()
+            });
+            state.count -= dropped;
+            if state.count >= POOL_TOTAL {
+                return;
+            }
+        }
+        let conns = state
+            .by_key
+            .entry((sandbox.to_string(), runtime))
+            .or_default();
+        let full = conns.len() >= POOL_PER_SANDBOX;
+        if full {
+            conns.remove(0);
+        }
+        conns.push((io, Instant::now()));
+        if !full {
+            state.count += 1;
+        }
+    }
+}
+
+fn runtime_id() -> Option<tokio::runtime::Id> {
+    tokio::runtime::Handle::try_current().ok().map(|h| h.id())
+}
+
+/// Whether an idle connection is still open: the agent sends nothing on an idle connection
+/// but a `Retired` frame before closing it, so anything readable (bytes, end of stream, an
+/// error) means it is not.
+fn looks_open(io: &mut Box<dyn AgentIo>) -> bool {
+    let mut byte = [0u8; 1];
+    io.read(&mut byte).now_or_never().is_none()
+}
+
+/// Requests that change nothing in the sandbox: sent again on a fresh connection when a
+/// reused one broke before any reply, since serving one twice does no harm.
+fn effect_free(request: &AgentRequest) -> bool {
+    matches!(
+        request,
+        AgentRequest::Ping
+            | AgentRequest::ListProcesses
+            | AgentRequest::ReadFile { .. }
+            | AgentRequest::ListDir { .. }
+            | AgentRequest::Stat { .. }
+            | AgentRequest::Metrics
+            | AgentRequest::Attach { .. }
+    )
+}
+
+/// A client of one sandbox's agent. Cheap to clone; clones share its pool of idle
+/// connections.
 #[derive(Clone)]
 pub struct RemoteAgent {
     sandbox: String,
     dialer: Arc<dyn AgentDialer>,
     token: Option<String>,
     while_paused: bool,
+    /// Where connections whose request ended cleanly wait for the next call (`None`: every
+    /// call dials).
+    pool: Option<Arc<ConnPool>>,
 }
 
 impl std::fmt::Debug for RemoteAgent {
@@ -98,30 +268,46 @@ impl std::fmt::Debug for RemoteAgent {
 
 impl RemoteAgent {
     /// A client of the agent of sandbox `sandbox` (named in errors), reached through
-    /// `dialer`, presenting `token` in every hello.
+    /// `dialer`, presenting `token` in every hello, with a pool of its own (shared by its
+    /// clones) for connections to reuse.
     pub fn new(sandbox: &str, dialer: Arc<dyn AgentDialer>, token: String) -> Self {
         RemoteAgent {
             sandbox: sandbox.to_string(),
             dialer,
             token: Some(token),
             while_paused: false,
+            pool: Some(Arc::new(ConnPool::new())),
         }
     }
 
-    /// A client for a transport that needs no token (the monitor's unix socket).
-    pub(crate) fn without_token(sandbox: &str, dialer: Arc<dyn AgentDialer>) -> Self {
+    /// A client for a transport that needs no token (the monitor's unix socket), keeping
+    /// idle connections in `pool`.
+    pub(crate) fn without_token(
+        sandbox: &str,
+        dialer: Arc<dyn AgentDialer>,
+        pool: Arc<ConnPool>,
+    ) -> Self {
         RemoteAgent {
             sandbox: sandbox.to_string(),
             dialer,
             token: None,
             while_paused: false,
+            pool: Some(pool),
         }
     }
 
+    /// The same client keeping its idle connections in `pool` (`None`: none kept, every
+    /// call dials).
+    pub fn with_pool(mut self, pool: Option<Arc<ConnPool>>) -> Self {
+        self.pool = pool;
+        self
+    }
+
     /// Ask for requests to be served while the sandbox is paused (the embedded engine's
-    /// snapshot export).
+    /// snapshot export). Such a connection serves one request: none is pooled.
     pub(crate) fn while_paused(mut self) -> Self {
         self.while_paused = true;
+        self.pool = None;
         self
     }
 
@@ -153,7 +339,10 @@ impl RemoteAgent {
             .upload(AgentRequest::WriteStdin { process }, body)
             .await?;
         match self.read_reply(&mut stream).await? {
-            AgentReply::Done => Ok(()),
+            AgentReply::Done => {
+                self.keep(stream);
+                Ok(())
+            }
             other => Err(unexpected(&other)),
         }
     }
@@ -184,8 +373,8 @@ impl RemoteAgent {
             path: path.to_string(),
             options,
         };
-        let stream = self.open(&request).await?;
-        self.data_stream(stream).await
+        let (stream, first) = self.start(&request).await?;
+        self.data_stream(stream, first)
     }
 
     /// Write a file from a stream of chunks.
@@ -201,7 +390,10 @@ impl RemoteAgent {
         };
         let mut stream = self.upload(request, data).await?;
         match self.read_reply(&mut stream).await? {
-            AgentReply::Stat { stat } => Ok(stat),
+            AgentReply::Stat { stat } => {
+                self.keep(stream);
+                Ok(stat)
+            }
             other => Err(unexpected(&other)),
         }
     }
@@ -331,15 +523,18 @@ impl RemoteAgent {
 
     /// Stream the sandbox's writable filesystem as a tar archive.
     pub(crate) async fn export_fs(&self) -> Result<ByteStream> {
-        let stream = self.open(&AgentRequest::ExportFs).await?;
-        self.data_stream(stream).await
+        let (stream, first) = self.start(&AgentRequest::ExportFs).await?;
+        self.data_stream(stream, first)
     }
 
     /// Unpack a tar archive into the sandbox root.
     pub(crate) async fn import_fs(&self, data: ByteStream) -> Result<()> {
         let mut stream = self.upload(AgentRequest::ImportFs, data).await?;
         match self.read_reply(&mut stream).await? {
-            AgentReply::Done => Ok(()),
+            AgentReply::Done => {
+                self.keep(stream);
+                Ok(())
+            }
             other => Err(unexpected(&other)),
         }
     }
@@ -359,13 +554,68 @@ impl RemoteAgent {
         }
     }
 
-    /// A request with a single reply.
+    /// A request with a single reply; its connection is kept for the next call unless the
+    /// reply is an error.
     async fn call(&self, request: AgentRequest) -> Result<AgentReply> {
-        let mut stream = self.open(&request).await?;
-        self.read_reply(&mut stream).await
+        let (stream, (reply, _)) = self.start(&request).await?;
+        match reply {
+            AgentReply::Error { error } => Err(proto::remote_error(&error)),
+            reply => {
+                self.keep(stream);
+                Ok(reply)
+            }
+        }
     }
 
-    /// Open a connection served by the agent, with the hello and `request` sent.
+    /// Send `request` and read its first reply frame: on an idle pooled connection when
+    /// there is one, else (or when that one turns out retired or broken before it can have
+    /// served the request) on a fresh one.
+    async fn start(
+        &self,
+        request: &AgentRequest,
+    ) -> Result<(Box<dyn AgentIo>, (AgentReply, Vec<u8>))> {
+        if let Some(mut stream) = self.pool.as_ref().and_then(|p| p.take(&self.sandbox)) {
+            let mut buf = Vec::new();
+            proto::write_frame(&mut buf, request, &[]).await?;
+            // A write that fails delivered nothing: the agent never read the request.
+            if stream.write_all(&buf).await.is_ok() {
+                match proto::read_frame::<_, AgentReply>(&mut stream).await {
+                    // Retired: not served, by the agent's word.
+                    Ok(Some((AgentReply::Retired, _))) => {}
+                    Ok(Some(first)) => return Ok((stream, first)),
+                    // Gone before any reply: it may have been served, so only a request
+                    // without effect goes again.
+                    Ok(None) | Err(_) if effect_free(request) => {}
+                    Ok(None) => return Err(self.no_reply()),
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        let mut stream = self.open(request).await?;
+        match proto::read_frame::<_, AgentReply>(&mut stream).await? {
+            Some(first) => Ok((stream, first)),
+            None => Err(self.no_reply()),
+        }
+    }
+
+    fn no_reply(&self) -> Error {
+        Error::Backend {
+            message: format!(
+                "sandbox {:?} closed the connection without a reply",
+                self.sandbox
+            ),
+            retryable: false,
+        }
+    }
+
+    /// Keep a connection whose request ended cleanly for the next call.
+    fn keep(&self, stream: Box<dyn AgentIo>) {
+        if let Some(pool) = &self.pool {
+            pool.put(&self.sandbox, stream);
+        }
+    }
+
+    /// Open a fresh connection served by the agent, with the hello and `request` sent.
     async fn open(&self, request: &AgentRequest) -> Result<Box<dyn AgentIo>> {
         let mut stream = self.dialer.dial().await?;
         let hello = Hello {
@@ -390,45 +640,48 @@ impl RemoteAgent {
         match proto::read_frame::<_, AgentReply>(stream).await? {
             Some((AgentReply::Error { error }, _)) => Err(proto::remote_error(&error)),
             Some((reply, _)) => Ok(reply),
-            None => Err(Error::Backend {
-                message: format!(
-                    "sandbox {:?} closed the connection without a reply",
-                    self.sandbox
-                ),
-                retryable: false,
-            }),
+            None => Err(self.no_reply()),
         }
     }
 
-    /// `Data` frames up to `End`; the first frame decides (a missing file, a directory)
-    /// before the stream is returned.
-    async fn data_stream(&self, mut stream: Box<dyn AgentIo>) -> Result<ByteStream> {
-        let first = match proto::read_frame::<_, AgentReply>(&mut stream).await? {
-            Some((AgentReply::Data, body)) => body,
-            Some((AgentReply::End, _)) => return Ok(Box::pin(futures::stream::empty())),
-            Some((AgentReply::Error { error }, _)) => return Err(proto::remote_error(&error)),
-            Some((other, _)) => return Err(unexpected(&other)),
-            None => {
-                return Err(Error::backend(format!(
-                    "sandbox {:?} closed the connection without a reply",
-                    self.sandbox
-                )))
+    /// `Data` frames up to `End`; the first frame (`first`, read already) decides (a missing
+    /// file, a directory) before the stream is returned. The connection is kept once `End`
+    /// is read.
+    fn data_stream(
+        &self,
+        stream: Box<dyn AgentIo>,
+        first: (AgentReply, Vec<u8>),
+    ) -> Result<ByteStream> {
+        let first = match first {
+            (AgentReply::Data, body) => body,
+            (AgentReply::End, _) => {
+                self.keep(stream);
+                return Ok(Box::pin(futures::stream::empty()));
             }
+            (AgentReply::Error { error }, _) => return Err(proto::remote_error(&error)),
+            (other, _) => return Err(unexpected(&other)),
         };
-        let rest = futures::stream::unfold(Some(stream), |state| async move {
-            let mut stream = state?;
-            match proto::read_frame::<_, AgentReply>(&mut stream).await {
-                Ok(Some((AgentReply::Data, body))) => Some((Ok(body), Some(stream))),
-                Ok(Some((AgentReply::End, _))) => None,
-                Ok(Some((AgentReply::Error { error }, _))) => {
-                    Some((Err(proto::remote_error(&error)), None))
+        let owner = self.clone();
+        let rest = futures::stream::unfold(Some(stream), move |state| {
+            let owner = owner.clone();
+            async move {
+                let mut stream = state?;
+                match proto::read_frame::<_, AgentReply>(&mut stream).await {
+                    Ok(Some((AgentReply::Data, body))) => Some((Ok(body), Some(stream))),
+                    Ok(Some((AgentReply::End, _))) => {
+                        owner.keep(stream);
+                        None
+                    }
+                    Ok(Some((AgentReply::Error { error }, _))) => {
+                        Some((Err(proto::remote_error(&error)), None))
+                    }
+                    Ok(Some((other, _))) => Some((Err(unexpected(&other)), None)),
+                    Ok(None) => Some((
+                        Err(Error::backend("file stream ended before its end marker")),
+                        None,
+                    )),
+                    Err(e) => Some((Err(e), None)),
                 }
-                Ok(Some((other, _))) => Some((Err(unexpected(&other)), None)),
-                Ok(None) => Some((
-                    Err(Error::backend("file stream ended before its end marker")),
-                    None,
-                )),
-                Err(e) => Some((Err(e), None)),
             }
         });
         Ok(Box::pin(
@@ -437,14 +690,19 @@ impl RemoteAgent {
     }
 
     async fn process_stream(&self, request: AgentRequest) -> Result<ProcessStream> {
-        let mut stream = self.open(&request).await?;
-        let pid = match self.read_reply(&mut stream).await? {
-            AgentReply::Started { pid } => pid,
-            other => return Err(unexpected(&other)),
+        let (stream, first) = self.start(&request).await?;
+        let pid = match first {
+            (AgentReply::Started { pid }, _) => pid,
+            (AgentReply::Error { error }, _) => return Err(proto::remote_error(&error)),
+            (other, _) => return Err(unexpected(&other)),
         };
         let id = self.sandbox.clone();
+        let owner = self.clone();
+        // The connection is kept once the exit status is read (a stream dropped before that
+        // drops its connection too).
         let events = futures::stream::unfold(Some(stream), move |state| {
             let id = id.clone();
+            let owner = owner.clone();
             async move {
                 let mut stream = state?;
                 let item = match proto::read_frame::<_, AgentReply>(&mut stream).await {
@@ -467,6 +725,7 @@ impl RemoteAgent {
                         previous,
                     }),
                     Ok(Some((AgentReply::Exit { status }, _))) => {
+                        owner.keep(stream);
                         return Some((Ok(ProcessEvent::Exit(status)), None));
                     }
                     Ok(Some((AgentReply::Error { error }, _))) => {
@@ -497,7 +756,8 @@ impl RemoteAgent {
     }
 
     /// Send `request`, then `data` as `Data` frames and the `End` marker; the reply is the
-    /// caller's to read.
+    /// caller's to read. Always on a fresh connection: data half sent on a connection that
+    /// turns out retired could not be sent again.
     async fn upload(
         &self,
         request: AgentRequest,
@@ -554,4 +814,193 @@ async fn refusal_or(stream: &mut Box<dyn AgentIo>, send_error: Error) -> Error {
 
 fn unexpected(reply: &impl std::fmt::Debug) -> Error {
     Error::backend(format!("protocol error: unexpected reply {reply:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// What the fake agent does with one request.
+    #[derive(Debug, Clone, Copy)]
+    enum Act {
+        /// Answer `Done` and wait for the next request.
+        Done,
+        /// Answer an error, and keep the connection open (a client must not reuse it).
+        Fail,
+        /// Answer `Retired` and close: the request was not served.
+        Retire,
+        /// Close without a reply.
+        Close,
+    }
+
+    /// An agent double on in-memory pipes: the `n`-th request of the `c`-th connection
+    /// gets `plan(c, n)`. Counts dials and requests served.
+    #[derive(Debug)]
+    struct Fake {
+        dials: AtomicUsize,
+        served: Arc<AtomicUsize>,
+        plan: fn(usize, usize) -> Act,
+    }
+
+    impl Fake {
+        fn new(plan: fn(usize, usize) -> Act) -> Arc<Self> {
+            Arc::new(Fake {
+                dials: AtomicUsize::new(0),
+                served: Arc::new(AtomicUsize::new(0)),
+                plan,
+            })
+        }
+        fn dials(&self) -> usize {
+            self.dials.load(Ordering::SeqCst)
+        }
+    }
+
+    #[async_trait]
+    impl AgentDialer for Fake {
+        async fn dial(&self) -> Result<Box<dyn AgentIo>> {
+            let c = self.dials.fetch_add(1, Ordering::SeqCst);
+            let (client, mut server) = tokio::io::duplex(1 << 16);
+            let (plan, served) = (self.plan, self.served.clone());
+            tokio::spawn(async move {
+                let hello = proto::read_frame::<_, serde_json::Value>(&mut server).await;
+                if !matches!(hello, Ok(Some(_))) {
+                    return;
+                }
+                let mut n = 0;
+                while let Ok(Some(_request)) =
+                    proto::read_frame::<_, serde_json::Value>(&mut server).await
+                {
+                    let reply = match plan(c, n) {
+                        Act::Done => {
+                            served.fetch_add(1, Ordering::SeqCst);
+                            AgentReply::Done
+                        }
+                        Act::Fail => AgentReply::error(&Error::invalid("refused")),
+                        Act::Retire => {
+                            let _ =
+                                proto::write_frame(&mut server, &AgentReply::Retired, &[]).await;
+                            return;
+                        }
+                        Act::Close => return,
+                    };
+                    if proto::write_frame(&mut server, &reply, &[]).await.is_err() {
+                        return;
+                    }
+                    n += 1;
+                }
+            });
+            Ok(Box::new(client))
+        }
+    }
+
+    fn client(fake: &Arc<Fake>) -> RemoteAgent {
+        RemoteAgent::new("sb", fake.clone(), "token".into())
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_reused_after_a_clean_reply() {
+        let fake = Fake::new(|_, _| Act::Done);
+        let agent = client(&fake);
+        for _ in 0..3 {
+            agent.ready().await.expect("ping");
+        }
+        // Clones share the pool.
+        agent.clone().ready().await.expect("ping from a clone");
+        assert_eq!(fake.dials(), 1);
+        // Without a pool every call dials.
+        let unpooled = client(&fake).with_pool(None);
+        unpooled.ready().await.unwrap();
+        unpooled.ready().await.unwrap();
+        assert_eq!(fake.dials(), 3);
+    }
+
+    #[tokio::test]
+    async fn an_error_reply_drops_the_connection() {
+        let fake = Fake::new(|c, n| {
+            if (c, n) == (0, 1) {
+                Act::Fail
+            } else {
+                Act::Done
+            }
+        });
+        let agent = client(&fake);
+        agent.ready().await.unwrap();
+        let err = agent.ready().await.expect_err("the fake refuses");
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+        agent.ready().await.unwrap();
+        assert_eq!(fake.dials(), 2, "a fresh connection after the error");
+    }
+
+    #[tokio::test]
+    async fn a_retired_connection_is_replaced_once() {
+        let fake = Fake::new(|c, n| {
+            if (c, n) == (0, 1) {
+                Act::Retire
+            } else {
+                Act::Done
+            }
+        });
+        let agent = client(&fake);
+        agent.ready().await.unwrap();
+        // Sent on the pooled connection, refused unserved, sent again on a fresh one.
+        agent.close_stdin(ProcessSelector::Pid(7)).await.unwrap();
+        assert_eq!(fake.dials(), 2);
+        assert_eq!(fake.served.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_broken_reused_connection_is_retried_only_for_a_request_without_effect() {
+        let fake = Fake::new(|c, n| {
+            if (c, n) == (0, 1) {
+                Act::Close
+            } else {
+                Act::Done
+            }
+        });
+        let agent = client(&fake);
+        agent.ready().await.unwrap();
+        // A ping may go again.
+        agent.ready().await.expect("retried on a fresh connection");
+        assert_eq!(fake.dials(), 2);
+
+        let fake = Fake::new(|c, n| {
+            if (c, n) == (0, 1) {
+                Act::Close
+            } else {
+                Act::Done
+            }
+        });
+        let agent = client(&fake);
+        agent.ready().await.unwrap();
+        // Closing stdin might have been served before the connection broke: not sent again.
+        let err = agent
+            .close_stdin(ProcessSelector::Pid(7))
+            .await
+            .expect_err("not retried");
+        assert!(err.to_string().contains("without a reply"), "{err}");
+        assert_eq!(fake.dials(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_pool_is_bounded_and_forgets_a_sandbox() {
+        let pool = ConnPool::new();
+        for _ in 0..POOL_PER_SANDBOX + 2 {
+            let (a, _b) = tokio::io::duplex(64);
+            pool.put("one", Box::new(a));
+        }
+        assert_eq!(pool.idle_count(), POOL_PER_SANDBOX);
+        let (a, b) = tokio::io::duplex(64);
+        pool.put("two", Box::new(a));
+        assert_eq!(pool.idle_count(), POOL_PER_SANDBOX + 1);
+        pool.forget("one");
+        assert_eq!(pool.idle_count(), 1);
+        let (c, d) = tokio::io::duplex(64);
+        pool.put("two", Box::new(c));
+        assert!(pool.take("two").is_some(), "an open one is handed out");
+        // A connection whose other end closed is never handed out.
+        drop((b, d));
+        assert!(pool.take("two").is_none(), "its peer is gone");
+        assert_eq!(pool.idle_count(), 0);
+    }
 }

@@ -71,7 +71,8 @@ pub struct PodAgentConfig {
     pub envs: BTreeMap<String, String>,
     /// Time a connection has to send its hello.
     pub hello_timeout: Duration,
-    /// Most connections served at once.
+    /// Most connections served at once (an idle connection a client keeps for its next
+    /// request counts until the agent retires it, after `proto::AGENT_IDLE`).
     pub max_connections: usize,
     /// `RLIMIT_NOFILE` of every process; `None`: the engine's default.
     pub max_open_files: Option<u64>,

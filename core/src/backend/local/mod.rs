@@ -39,11 +39,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
 use self::config::{Record, SandboxDir, UidMapping};
 use self::proto::{AgentRequest, Hello, MonitorReply, MonitorRequest};
-use super::agent_client::{AgentDialer, AgentIo, RemoteAgent};
+use super::agent_client::{AgentDialer, AgentIo, ConnPool, RemoteAgent};
 use super::{Backend, ByteStream, ProcessStream, WatchStream};
 use crate::{
     now_millis, AnnotationUpdate, Capabilities, CreateOptions, Error, FileStat, ListDirOptions,
@@ -100,6 +101,9 @@ pub struct LocalBackend {
     pool: std::sync::Arc<pool::Pool>,
     /// This state directory's identity, the scope of its references (see `refs`).
     runtime_id: String,
+    /// Idle agent connections for the next call to each sandbox (shared by clones): a
+    /// call that finds one skips the dial and the monitor's handoff.
+    conns: std::sync::Arc<ConnPool>,
 }
 
 impl LocalBackend {
@@ -163,6 +167,7 @@ impl LocalBackend {
                 pool::size_from_env()
             })),
             runtime_id,
+            conns: std::sync::Arc::new(ConnPool::new()),
         };
         backend.collect_stale();
         Ok(backend)
@@ -259,26 +264,51 @@ impl LocalBackend {
             }
         }
         let users = self.users_for(options);
+        // One round trip: the monitor takes its half, answers, and hands the connection to
+        // the agent, which reads its half (sent in the same write) and answers on it.
         let applied = async {
-            self.agent(id)?
-                .done_call(AgentRequest::ApplyClaim {
+            let mut stream = self.connect(id).await?;
+            let hello = Hello {
+                version: PROTOCOL_VERSION,
+                request: Some(MonitorRequest::Claim {
                     options: Box::new(options.clone()),
                     users: users.clone(),
-                })
-                .await?;
-            match self
-                .monitor_call(
-                    id,
-                    MonitorRequest::Claim {
-                        options: Box::new(options.clone()),
-                        users,
-                    },
-                )
-                .await?
-            {
-                MonitorReply::Info { info } => Ok(*info),
-                other => Err(unexpected(&other)),
+                    handoff: true,
+                }),
+                while_paused: false,
+                token: None,
+            };
+            let apply = AgentRequest::ApplyClaim {
+                options: Box::new(options.clone()),
+                users,
+            };
+            let mut buf = Vec::new();
+            proto::write_frame(&mut buf, &hello, &[]).await?;
+            proto::write_frame(&mut buf, &apply, &[]).await?;
+            stream
+                .write_all(&buf)
+                .await
+                .map_err(|e| Error::from_io(&e, "claim"))?;
+            let info = match proto::read_frame::<_, MonitorReply>(&mut stream).await? {
+                Some((MonitorReply::Info { info }, _)) => *info,
+                Some((MonitorReply::Error { error }, _)) => {
+                    return Err(proto::remote_error(&error))
+                }
+                Some((other, _)) => return Err(unexpected(&other)),
+                None => return Err(Error::backend("the claim ended without a reply")),
+            };
+            match proto::read_frame::<_, proto::AgentReply>(&mut stream).await? {
+                Some((proto::AgentReply::Done, _)) => {}
+                Some((proto::AgentReply::Error { error }, _)) => {
+                    return Err(proto::remote_error(&error))
+                }
+                Some((other, _)) => return Err(unexpected(&other)),
+                None => return Err(Error::backend("the agent ended the claim without a reply")),
             }
+            // The connection is the agent's now, its request ended cleanly: the claimer's
+            // first call goes on it.
+            self.conns.put(id, Box::new(stream));
+            Ok(info)
         }
         .await;
         match applied {
@@ -555,7 +585,11 @@ impl LocalBackend {
             dir,
             id: id.to_string(),
         };
-        Ok(RemoteAgent::without_token(id, std::sync::Arc::new(dialer)))
+        Ok(RemoteAgent::without_token(
+            id,
+            std::sync::Arc::new(dialer),
+            self.conns.clone(),
+        ))
     }
 
     /// An agent call's result, with a broken connection to a sandbox that went away under it
@@ -1020,6 +1054,9 @@ impl Backend for LocalBackend {
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn destroy(&self, id: &str) -> Result<()> {
+        // The agent retires pooled connections itself (or dies with them); this only frees
+        // the descriptors early.
+        self.conns.forget(id);
         // Any version's monitor destroys on the same request, so nothing another build made
         // leaks.
         let peer = peer_protocol(&self.dir(id)?).await;
@@ -1162,6 +1199,7 @@ impl Backend for LocalBackend {
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn pause(&self, id: &str) -> Result<SandboxInfo> {
+        self.conns.forget(id);
         self.monitor_info(id, MonitorRequest::Pause).await
     }
 
@@ -1172,6 +1210,7 @@ impl Backend for LocalBackend {
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn stop(&self, id: &str) -> Result<SandboxInfo> {
+        self.conns.forget(id);
         self.monitor_info(id, MonitorRequest::Stop).await
     }
 

@@ -1010,13 +1010,9 @@ async fn serve_client(
                     SandboxState::Paused | SandboxState::Stopped
                 );
             if paused_ok {
-                return hand_to_agent(&monitor, stream).await;
+                return hand_to_agent(&monitor, stream, true).await;
             }
-            if let Err(e) = monitor.ready_for_work().await {
-                let _ = proto::write_frame(&mut stream, &MonitorReply::error(&e), &[]).await;
-                return;
-            }
-            return hand_to_agent(&monitor, stream).await;
+            return admit_to_agent(&monitor, stream).await;
         }
         Some(MonitorRequest::Info) => Ok(MonitorReply::Info {
             info: Box::new(monitor.info()),
@@ -1095,12 +1091,26 @@ async fn serve_client(
             .previews
             .revoke_token(port, &token)
             .map(|_| MonitorReply::Done),
-        Some(MonitorRequest::Claim { options, users }) => {
-            monitor
-                .claim(*options, users)
-                .map(|info| MonitorReply::Info {
-                    info: Box::new(info),
-                })
+        Some(MonitorRequest::Claim {
+            options,
+            users,
+            handoff,
+        }) => {
+            let claimed = monitor.claim(*options, users);
+            if let (true, Ok(info)) = (handoff, &claimed) {
+                // The agent's half of the claim is the next frame on this connection: answer,
+                // then hand the connection over (admitted as any other).
+                let reply = MonitorReply::Info {
+                    info: Box::new(info.clone()),
+                };
+                if proto::write_frame(&mut stream, &reply, &[]).await.is_ok() {
+                    admit_to_agent(&monitor, stream).await;
+                }
+                return;
+            }
+            claimed.map(|info| MonitorReply::Info {
+                info: Box::new(info),
+            })
         }
     };
     let reply = match result {
@@ -1110,11 +1120,31 @@ async fn serve_client(
     let _ = proto::write_frame(&mut stream, &reply, &[]).await;
 }
 
-async fn hand_to_agent(monitor: &Monitor, stream: UnixStream) {
+/// Hand a connection to the agent if the sandbox can serve requests (resumed first when it
+/// is paused with `auto_resume`), else answer with the refusal.
+async fn admit_to_agent(monitor: &Monitor, mut stream: UnixStream) {
+    if let Err(e) = monitor.ready_for_work().await {
+        let _ = proto::write_frame(&mut stream, &MonitorReply::error(&e), &[]).await;
+        return;
+    }
+    // The state check and the handoff under the transition lock: no pause or stop can slip
+    // between them, so the agent counts this connection as admitted while running, and
+    // retires it (it may carry further requests) at the next change.
+    let _transition = monitor.transition.lock().await;
+    if monitor.state() != SandboxState::Running {
+        let e = monitor.invalid_state(monitor.state(), "serve requests now");
+        let _ = proto::write_frame(&mut stream, &MonitorReply::error(&e), &[]).await;
+        return;
+    }
+    hand_to_agent(monitor, stream, false).await
+}
+
+/// Pass the client's connection to the agent; `once`: for one request only.
+async fn hand_to_agent(monitor: &Monitor, stream: UnixStream, once: bool) {
     let Ok(std_stream) = stream.into_std() else {
         return;
     };
-    let msg = serde_json::to_vec(&Control::Handoff).unwrap_or_default();
+    let msg = serde_json::to_vec(&Control::Handoff { once }).unwrap_or_default();
     let fd = std_stream.as_raw_fd();
     let sent = loop {
         let Ok(mut guard) = monitor.ctrl.writable().await else {

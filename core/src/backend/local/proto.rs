@@ -29,11 +29,24 @@ use crate::{
 ///   reachability check) and `tunnel` (the connection becomes a byte pipe to a port on the
 ///   sandbox's loopback). Also counted here, added after v3 without a bump of their own: the
 ///   monitor's `revoke_token` and `claim` and the agent's `apply_claim` (the warm pool).
+/// - v5: a connection to the agent carries requests in sequence. Once a request has ended
+///   cleanly — its last frame read: the one reply of a single-reply request when it is not an
+///   `error`, the `exit` of a process stream, the `end` of a file stream, the reply to an
+///   upload — the client may send the next request frame on the same connection, with no
+///   second hello (the hello and its token are checked once per connection). `watch` and
+///   `tunnel` never end that way, and any `error` reply ends the connection. The agent retires
+///   a connection that sat idle for [`AGENT_IDLE`], and every connection it holds when the
+///   sandbox is paused, resumed or stopped: an idle one gets a `retired` frame and is closed,
+///   and a request read on a retired connection is answered by `retired` alone. A `retired`
+///   reply means the request was never served: the client may send it again on a fresh
+///   connection, through the monitor, which applies the sandbox's state again. The
+///   monitor's `claim` may hand its connection to the agent after its reply (`handoff`), so
+///   a warm-pool claim is one round trip.
 ///
 /// Whatever the version, the frame layout and two requests are frozen so a sandbox made by
 /// another build can still be described and destroyed: a hello frame carrying `info` or
 /// `destroy` (`FROZEN_OPS`), answered by an `info`, `done` or `error` frame.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Monitor requests whose encoding never changes, served to a client of any version.
 pub const FROZEN_OPS: [&str; 2] = ["info", "destroy"];
@@ -47,6 +60,10 @@ pub const MAX_HEADER: usize = 4 << 20;
 pub const MAX_BODY: usize = 1 << 20;
 /// Size of the chunks file and output bytes are cut into.
 pub const CHUNK: usize = 256 * 1024;
+
+/// How long the agent keeps a connection waiting for its next request (v5) before it
+/// retires it. Clients drop idle connections sooner, so this rarely races a request.
+pub const AGENT_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// First frame of every client connection; small, so the monitor can read it and route.
 #[derive(Debug, Serialize, Deserialize)]
@@ -132,12 +149,18 @@ pub enum MonitorRequest {
     /// Hand a warm-pool sandbox to its claimer: its options (name, envs, labels, user,
     /// lease, annotations) and users replace the pool's, its lease and creation time start
     /// now, and it becomes visible to `list`. Refused unless the sandbox is an unclaimed pool
-    /// member whose agent took the claim ([`AgentRequest::ApplyClaim`]) already.
+    /// member. Its agent takes the claim ([`AgentRequest::ApplyClaim`]) on the same
+    /// connection right after (`handoff`), or took it before.
     Claim {
         /// The claimer's create options.
         options: Box<crate::CreateOptions>,
         /// The sandbox's users under those options.
         users: Vec<crate::UserInfo>,
+        /// After the reply, hand the connection to the agent, whose first request (sent
+        /// right after this hello) is the [`AgentRequest::ApplyClaim`] (v5): the whole claim
+        /// in one round trip, and the connection stays the claimer's for its next call.
+        #[serde(default)]
+        handoff: bool,
     },
 }
 
@@ -399,6 +422,9 @@ pub enum AgentReply {
     Data,
     /// End of a data stream.
     End,
+    /// The connection is retired (v5): the request just sent on it, if any, was not served
+    /// and may be sent again on a fresh connection.
+    Retired,
 }
 
 impl MonitorReply {
@@ -489,12 +515,9 @@ where
 /// Largest body copied into one buffer with its header (one write).
 const INLINE_BODY: usize = 64 * 1024;
 
-/// Read one frame; `Ok(None)` on a clean end of stream before a frame starts.
-pub async fn read_frame<R, H>(r: &mut R) -> Result<Option<(H, Vec<u8>)>>
-where
-    R: AsyncRead + Unpin,
-    H: for<'de> Deserialize<'de>,
-{
+/// Read a frame's 8-byte length prefix and check both lengths against the protocol's
+/// bounds; `Ok(None)` on a clean end of stream before the prefix starts.
+async fn read_prefix<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<(usize, usize)>> {
     let mut prefix = [0u8; 8];
     let mut got = 0;
     while got < 8 {
@@ -507,7 +530,18 @@ where
         }
         got += n;
     }
-    let (hlen, blen) = check_lengths(&prefix)?;
+    check_lengths(&prefix).map(Some)
+}
+
+/// Read one frame; `Ok(None)` on a clean end of stream before a frame starts.
+pub async fn read_frame<R, H>(r: &mut R) -> Result<Option<(H, Vec<u8>)>>
+where
+    R: AsyncRead + Unpin,
+    H: for<'de> Deserialize<'de>,
+{
+    let Some((hlen, blen)) = read_prefix(r).await? else {
+        return Ok(None);
+    };
     let mut head = vec![0u8; hlen];
     r.read_exact(&mut head).await.map_err(io_err)?;
     let mut body = vec![0u8; blen];
@@ -522,19 +556,9 @@ pub async fn read_hello_frame<R>(r: &mut R, max_header: usize) -> Result<Option<
 where
     R: AsyncRead + Unpin,
 {
-    let mut prefix = [0u8; 8];
-    let mut got = 0;
-    while got < 8 {
-        let n = r.read(&mut prefix[got..]).await.map_err(io_err)?;
-        if n == 0 {
-            if got == 0 {
-                return Ok(None);
-            }
-            return Err(io_err(std::io::ErrorKind::UnexpectedEof.into()));
-        }
-        got += n;
-    }
-    let (hlen, blen) = check_lengths(&prefix)?;
+    let Some((hlen, blen)) = read_prefix(r).await? else {
+        return Ok(None);
+    };
     if hlen > max_header || blen != 0 {
         return Err(Error::invalid(format!(
             "protocol error: a hello of {hlen}+{blen} bytes (at most {max_header}+0)"
@@ -657,7 +681,12 @@ pub enum Control {
     },
     /// Monitor → agent: serve the client connection attached to this message; its next
     /// frame is the request.
-    Handoff,
+    Handoff {
+        /// Serve that one request only, then close (a connection handed over while the
+        /// sandbox is paused or stopped, for a snapshot): it is never reused.
+        #[serde(default)]
+        once: bool,
+    },
     /// Monitor → agent: connect to this TCP port on the sandbox's loopback and send back the
     /// connected socket (a preview connection).
     Connect {

@@ -122,6 +122,13 @@ struct Agent {
     procs: Mutex<ProcTable>,
     /// The in-pod agent (no namespaces of its own; the container runtime isolates).
     pod: bool,
+    /// Bumped whenever the sandbox is paused, resumed or stopped: every connection that
+    /// started under an older value is retired before it serves another request, so no
+    /// request reaches a paused or stopped sandbox on a connection the monitor admitted
+    /// earlier.
+    epoch: tokio::sync::watch::Sender<u64>,
+    /// Set while the sandbox is paused: no reused connection is served meanwhile.
+    frozen: std::sync::atomic::AtomicBool,
 }
 
 impl Agent {
@@ -130,7 +137,14 @@ impl Agent {
             record: Mutex::new(Arc::new(record)),
             procs: Mutex::new(ProcTable::default()),
             pod: false,
+            epoch: tokio::sync::watch::channel(0).0,
+            frozen: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Retire every connection served so far (the sandbox is changing state).
+    fn retire_connections(&self) {
+        self.epoch.send_modify(|epoch| *epoch += 1);
     }
 
     /// The record as it stands (envs and users change when a pool member is claimed).
@@ -281,9 +295,9 @@ async fn serve(agent: Arc<Agent>, ctrl: OwnedFd) {
             return;
         }
         match serde_json::from_slice(&buf[..n]) {
-            Ok(Control::Handoff) => {
+            Ok(Control::Handoff { once }) => {
                 if let Some(fd) = fds.pop() {
-                    serve_connection(agent.clone(), fd);
+                    serve_connection(agent.clone(), fd, once);
                 }
             }
             Ok(Control::Connect { req, port }) => {
@@ -305,14 +319,24 @@ async fn serve(agent: Arc<Agent>, ctrl: OwnedFd) {
                 });
             }
             Ok(Control::Freeze { req }) => {
+                // Before anything stops: from here no reused connection is served.
+                agent
+                    .frozen
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                agent.retire_connections();
                 let error = freeze().await.err().map(|e| e.to_body());
                 send_control(&ctrl, &Control::Reply { req, error }, None).await;
             }
             Ok(Control::Thaw { req }) => {
+                agent
+                    .frozen
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
+                agent.retire_connections();
                 thaw();
                 send_control(&ctrl, &Control::Reply { req, error: None }, None).await;
             }
             Ok(Control::Stop { req }) => {
+                agent.retire_connections();
                 let error = stop_all(&agent).await.err().map(|e| e.to_body());
                 send_control(&ctrl, &Control::Reply { req, error }, None).await;
             }
@@ -321,7 +345,7 @@ async fn serve(agent: Arc<Agent>, ctrl: OwnedFd) {
     }
 }
 
-fn serve_connection(agent: Arc<Agent>, fd: OwnedFd) {
+fn serve_connection(agent: Arc<Agent>, fd: OwnedFd, once: bool) {
     let std_stream = std::os::unix::net::UnixStream::from(fd);
     if std_stream.set_nonblocking(true).is_err() {
         return;
@@ -329,28 +353,88 @@ fn serve_connection(agent: Arc<Agent>, fd: OwnedFd) {
     let Ok(stream) = UnixStream::from_std(std_stream) else {
         return;
     };
+    // Taken here, in order with the control messages: a pause or stop the monitor sent
+    // before this handoff is already counted, any later one retires the connection.
+    let epoch = agent.epoch.subscribe();
     tokio::spawn(async move {
         let mut stream = stream;
+        serve_requests(&agent, &mut stream, epoch, None, !once).await;
+    });
+}
+
+/// Serve the requests a connection carries, in sequence (protocol v5), then close it.
+///
+/// The first request is read within `first_wait` (no bound: the monitor admitted the
+/// connection). After a request that ended cleanly the connection waits for the next one,
+/// unless `reusable` is false or the request was a `watch` or `tunnel`; an error reply ends
+/// it. A connection idle for [`proto::AGENT_IDLE`], or whose sandbox was paused, resumed or
+/// stopped since it started (`epoch` changed), is retired: told so and closed, and a request
+/// read on it is answered `Retired` without being served. Nothing of one request outlives
+/// it on the connection: each is read, dispatched and answered on its own.
+async fn serve_requests<S: Conn>(
+    agent: &Arc<Agent>,
+    stream: &mut S,
+    mut epoch: tokio::sync::watch::Receiver<u64>,
+    first_wait: Option<Duration>,
+    reusable: bool,
+) {
+    let mut first = true;
+    loop {
+        let frame = if first {
+            let read = proto::read_frame::<_, serde_json::Value>(stream);
+            match first_wait {
+                Some(wait) => match tokio::time::timeout(wait, read).await {
+                    Ok(frame) => frame,
+                    Err(_elapsed) => return,
+                },
+                None => read.await,
+            }
+        } else {
+            tokio::select! {
+                frame = proto::read_frame::<_, serde_json::Value>(stream) => frame,
+                _ = tokio::time::sleep(proto::AGENT_IDLE) => break retire(stream).await,
+                _ = epoch.changed() => break retire(stream).await,
+            }
+        };
         // Only the agent's own requests are served; a monitor request is refused as misrouted.
-        let request = match proto::read_frame::<_, serde_json::Value>(&mut stream)
-            .await
-            .and_then(|frame| {
-                frame
-                    .map(|(head, _)| proto::parse_agent_request(head))
-                    .transpose()
-            }) {
+        let request = match frame.and_then(|frame| {
+            frame
+                .map(|(head, _)| proto::parse_agent_request(head))
+                .transpose()
+        }) {
             Ok(Some(request)) => request,
             Ok(None) => return,
             Err(e) => {
-                let _ = proto::write_frame(&mut stream, &AgentReply::error(&e), &[]).await;
-                return;
+                let _ = proto::write_frame(stream, &AgentReply::error(&e), &[]).await;
+                break;
             }
         };
-        if let Err(e) = handle(&agent, &mut stream, request).await {
-            let _ = proto::write_frame(&mut stream, &AgentReply::error(&e), &[]).await;
+        let stale = epoch.has_changed().unwrap_or(true)
+            || agent.frozen.load(std::sync::atomic::Ordering::SeqCst);
+        if !first && stale {
+            break retire(stream).await;
         }
-        let _ = stream.shutdown().await;
-    });
+        first = false;
+        let again = reusable
+            && !matches!(
+                request,
+                AgentRequest::Watch { .. } | AgentRequest::Tunnel { .. }
+            );
+        match handle(agent, stream, request).await {
+            Ok(()) if again => continue,
+            Ok(()) => break,
+            Err(e) => {
+                let _ = proto::write_frame(stream, &AgentReply::error(&e), &[]).await;
+                break;
+            }
+        }
+    }
+    let _ = stream.shutdown().await;
+}
+
+/// Tell the client this connection serves nothing more (anything it sent was not served).
+async fn retire(stream: &mut impl Conn) {
+    let _ = proto::write_frame(stream, &AgentReply::Retired, &[]).await;
 }
 
 /// Send a control message (with an optional descriptor) to the monitor.

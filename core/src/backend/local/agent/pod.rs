@@ -250,7 +250,7 @@ async fn serve_tcp(agent: Arc<Agent>, config: PodAgentConfig) -> Result<()> {
 }
 
 /// Authenticate one connection (while it holds `ticket` among the waiting ones), then take
-/// one of the served connections' `slots` and serve its request like a handed-off one.
+/// one of the served connections' `slots` and serve its requests like a handed-off one.
 async fn serve_tcp_connection(
     agent: &Arc<Agent>,
     config: &PodAgentConfig,
@@ -303,28 +303,10 @@ async fn serve_tcp_connection(
         );
         return refuse(&mut sock, &e).await;
     }
-    let request = tokio::time::timeout(
-        config.hello_timeout,
-        proto::read_frame::<_, serde_json::Value>(&mut sock),
-    )
-    .await;
-    let request = match request {
-        Err(_elapsed) => return,
-        Ok(Ok(None)) => return,
-        Ok(Ok(Some((head, _)))) => proto::parse_agent_request(head),
-        Ok(Err(e)) => Err(e),
-    };
-    let request = match request {
-        Ok(request) => request,
-        Err(e) => {
-            let _ = proto::write_frame(&mut sock, &AgentReply::error(&e), &[]).await;
-            return;
-        }
-    };
-    if let Err(e) = handle(agent, &mut sock, request).await {
-        let _ = proto::write_frame(&mut sock, &AgentReply::error(&e), &[]).await;
-    }
-    let _ = sock.shutdown().await;
+    // The first request comes within the hello's deadline; later ones reuse the connection
+    // (protocol v5) until it idles out.
+    let epoch = agent.epoch.subscribe();
+    serve_requests(agent, &mut sock, epoch, Some(config.hello_timeout), true).await;
 }
 
 /// Whether `token` hashes to `expected`, compared in constant time.
