@@ -403,28 +403,50 @@ async fn write_read(backend: &dyn Backend, id: &str, bytes: usize) -> Result<Dur
 
 /// Resident (RSS) and proportional (PSS, shared pages split between their users) memory in
 /// kB of the monitors and agents of sandboxes `ids` (a monitor holds its sandbox's
-/// `sandboxes/<id>/lock` open, its agent the sandbox's log; an agent's descriptors are
-/// readable only by root), from `smaps_rollup`, and how many processes that is.
+/// `sandboxes/<id>/lock` open; its agent is its child named `sandcove-agent`, whose memory
+/// only root may read), from `smaps_rollup`, and how many processes that is.
 fn memory_kb_of(ids: &[String]) -> (u64, u64, usize) {
-    let needles: Vec<String> = ids.iter().map(|id| format!("/sandboxes/{id}/")).collect();
+    let needles: Vec<String> = ids
+        .iter()
+        .map(|id| format!("/sandboxes/{id}/lock"))
+        .collect();
+    let stat_of = |p: &std::path::Path| -> Option<(String, u32)> {
+        let stat = std::fs::read_to_string(p.join("stat")).ok()?;
+        let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+        let ppid = stat[close + 1..].split_whitespace().nth(1)?.parse().ok()?;
+        Some((stat[open + 1..close].to_string(), ppid))
+    };
+    let procs: Vec<(std::path::PathBuf, u32, String, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse().ok()?;
+            let (comm, ppid) = stat_of(&e.path())?;
+            Some((e.path(), pid, comm, ppid))
+        })
+        .collect();
+    let monitors: Vec<u32> = procs
+        .iter()
+        .filter(|(path, _, comm, _)| {
+            comm == "sandcove-mon"
+                && std::fs::read_dir(path.join("fd"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+                    .any(|file| {
+                        let file = file.to_string_lossy();
+                        needles.iter().any(|n| file.ends_with(n.as_str()))
+                    })
+        })
+        .map(|(_, pid, _, _)| *pid)
+        .collect();
     let (mut rss, mut pss) = (0, 0);
     let mut count = 0;
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let p = e.path();
-        let comm = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
-        if !matches!(comm.trim_end(), "sandcove-mon" | "sandcove-agent") {
-            continue;
-        }
-        let holds_one = std::fs::read_dir(p.join("fd"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
-            .any(|file| {
-                let file = file.to_string_lossy();
-                needles.iter().any(|n| file.contains(n.as_str()))
-            });
-        if !holds_one {
+    for (p, pid, comm, ppid) in &procs {
+        let ours = monitors.contains(pid) || (comm == "sandcove-agent" && monitors.contains(ppid));
+        if !ours {
             continue;
         }
         let rollup = std::fs::read_to_string(p.join("smaps_rollup")).unwrap_or_default();

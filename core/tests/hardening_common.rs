@@ -252,15 +252,15 @@ fn only_monitors(pids: Vec<u32>) -> Vec<u32> {
         .collect()
 }
 
-/// Live monitors and agents holding an open file for which `pred` holds. Every monitor
-/// holds its sandbox's `<state dir>/sandboxes/<id>/lock` for its life (and the agent it
-/// cloned, its log as stderr), which identifies them exactly; their environment does not
-/// (they are forks of one launcher per program). An agent's descriptors are readable only
-/// by root (it is non-dumpable), so rootless this finds monitors only.
+/// Live monitors holding an open file for which `pred` holds, and the agents they cloned.
+/// Every monitor holds its sandbox's `<state dir>/sandboxes/<id>/lock` for its life, which
+/// identifies it exactly (its environment does not: monitors are forks of one spawner per
+/// program); an agent is the monitor's child named `sandcove-agent` (it dies with it).
 fn engine_processes_holding(pred: impl Fn(&Path) -> bool) -> Vec<u32> {
-    let mut out = Vec::new();
-    for p in all_processes() {
-        if p.state == 'Z' || (p.comm != "sandcove-mon" && p.comm != "sandcove-agent") {
+    let processes = all_processes();
+    let mut out: Vec<u32> = Vec::new();
+    for p in &processes {
+        if p.state == 'Z' || p.comm != "sandcove-mon" {
             continue;
         }
         let Ok(fds) = std::fs::read_dir(format!("/proc/{}/fd", p.pid)) else {
@@ -274,6 +274,12 @@ fn engine_processes_holding(pred: impl Fn(&Path) -> bool) -> Vec<u32> {
             out.push(p.pid);
         }
     }
+    let agents: Vec<u32> = processes
+        .iter()
+        .filter(|p| p.state != 'Z' && p.comm == "sandcove-agent" && out.contains(&p.ppid))
+        .map(|p| p.pid)
+        .collect();
+    out.extend(agents);
     out
 }
 
