@@ -6,9 +6,10 @@
 //!        └──── same connection ────► agent (PID 1 in user/mount/pid/uts/ipc/net namespaces)
 //! ```
 //!
-//! [`LocalBackend::create`] writes the sandbox's record into a fresh state directory and starts
-//! the monitor by re-executing the running binary; a constructor hook (in `entry.rs`) catches that
-//! before `main`, so any program linking `sandcove` works with no setup. The monitor clones the
+//! [`LocalBackend::create`] writes the sandbox's record into a fresh state directory and asks
+//! the program's monitor spawner (`spawner.rs`: the running binary re-executed once, caught
+//! before `main` by a constructor hook in `entry.rs`, so any program linking `sandcove` works
+//! with no setup) to fork the sandbox's monitor. The monitor clones the
 //! agent into new namespaces, writes its uid/gid maps, and serves clients of the same user on a
 //! socket in the state directory: lifecycle requests itself, everything else by handing the
 //! client's connection to the agent. Sandboxes outlive the program that created them; each
@@ -65,8 +66,8 @@ pub use self::preview::PreviewLimits;
 /// by a build speaking another version can be listed, inspected and destroyed, nothing else.
 pub use self::proto::PROTOCOL_VERSION;
 
-/// Keep the hook that turns a re-executed program into a monitor or an in-pod agent linked
-/// into the running program, whatever else it uses of this crate.
+/// Keep the hook that turns a re-executed program into the monitor spawner or an in-pod
+/// agent linked into the running program, whatever else it uses of this crate.
 pub(crate) fn ensure_role_hook() {
     entry::ensure_linked();
 }
@@ -1448,7 +1449,8 @@ fn embedded_observe(operation: &crate::OperationId) -> crate::OperationStatus {
 
 /// Create the state directory and start the monitor; returns once the sandbox is ready.
 /// The environment variables a monitor (and so its agent) keeps from the program that
-/// starts it; everything else, secrets included, is dropped at the re-exec.
+/// starts it; everything else, secrets included, is dropped (the spawner starts with an
+/// empty environment and sets this one in each monitor).
 const MONITOR_ENV: &[&str] = &["PATH", "LANG", "LC_ALL", "TZ", "RUST_BACKTRACE", "RUST_LOG"];
 
 fn start_monitor(state_dir: &Path, record: &Record) -> Result<()> {
