@@ -35,7 +35,7 @@ use crate::{
 ///   upload — the client may send the next request frame on the same connection, with no
 ///   second hello (the hello and its token are checked once per connection). `watch` and
 ///   `tunnel` never end that way, and any `error` reply ends the connection. The agent retires
-///   a connection that sat idle for [`AGENT_IDLE`], and every connection it holds when the
+///   a connection that sat idle for `AGENT_IDLE` (30 s), and every connection it holds when the
 ///   sandbox is paused, resumed or stopped: an idle one gets a `retired` frame and is closed,
 ///   and a request read on a retired connection is answered by `retired` alone. A `retired`
 ///   reply means the request was never served: the client may send it again on a fresh
