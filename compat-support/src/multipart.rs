@@ -40,18 +40,46 @@ fn position(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     memchr::memmem::find(haystack, needle)
 }
 
-/// A `Content-Disposition` parameter value (quoted or bare).
+/// A `Content-Disposition` parameter value (a bare token, or a quoted string), by
+/// case-insensitive name. Parameters are split at the `;` outside quotes, so
+/// `filename="a;b"` is `a;b`. In a quoted string `\"` and `\\` stand for `"` and `\` (RFC 2183,
+/// as httpx writes them); any other backslash is kept, as HTML5's encoding (fetch's
+/// `FormData`) never escapes one.
 fn param(header: &str, key: &str) -> Option<String> {
-    header.split(';').skip(1).find_map(|p| {
-        let (k, v) = p.trim().split_once('=')?;
-        (k.trim() == key).then(|| {
-            let v = v.trim();
-            v.strip_prefix('"')
-                .and_then(|v| v.strip_suffix('"'))
-                .unwrap_or(v)
-                .replace("\\\"", "\"")
-        })
-    })
+    let mut chars = header.chars().peekable();
+    // The disposition type (`form-data`) is a token: it ends at the first `;`.
+    chars.by_ref().find(|c| *c == ';')?;
+    loop {
+        while chars.next_if(|c| c.is_whitespace() || *c == ';').is_some() {}
+        chars.peek()?;
+        let mut name = String::new();
+        while let Some(c) = chars.next_if(|c| *c != '=' && *c != ';') {
+            name.push(c);
+        }
+        let mut value = String::new();
+        if chars.next_if_eq(&'=').is_some() {
+            while chars.next_if(|c| *c == ' ' || *c == '\t').is_some() {}
+            if chars.next_if_eq(&'"').is_some() {
+                while let Some(c) = chars.next() {
+                    match c {
+                        '"' => break,
+                        '\\' => value.push(chars.next_if(|c| matches!(c, '"' | '\\')).unwrap_or(c)),
+                        c => value.push(c),
+                    }
+                }
+                // Anything after the closing quote, up to the next parameter, is not the value.
+                while chars.next_if(|c| *c != ';').is_some() {}
+            } else {
+                while let Some(c) = chars.next_if(|c| *c != ';') {
+                    value.push(c);
+                }
+                value.truncate(value.trim_end().len());
+            }
+        }
+        if name.trim().eq_ignore_ascii_case(key) {
+            return Some(value);
+        }
+    }
 }
 
 /// Most parts accepted in one body: each part becomes a file write, so a body of many tiny
@@ -182,6 +210,31 @@ mod tests {
         assert_eq!(parts.len(), 1);
         assert_eq!(parts[0].filename.as_deref(), Some("/x/%22q%22.txt"));
         assert_eq!(parts[0].data, b"data");
+    }
+
+    #[test]
+    fn disposition_parameters_split_outside_quotes() {
+        let header = " form-data; name=\"files\"; filename=\"a;b name=c.txt\" ; x=1";
+        assert_eq!(param(header, "name").as_deref(), Some("files"));
+        assert_eq!(param(header, "filename").as_deref(), Some("a;b name=c.txt"));
+        assert_eq!(param(header, "x").as_deref(), Some("1"));
+        assert_eq!(param(header, "missing"), None);
+        // httpx escapes `"` and `\`; fetch's FormData writes `"` as %22 and leaves `\` alone.
+        let escaped = r#"form-data; NAME="f"; filename="q\"x\\y\z.txt""#;
+        assert_eq!(param(escaped, "name").as_deref(), Some("f"));
+        assert_eq!(
+            param(escaped, "filename").as_deref(),
+            Some(r#"q"x\y\z.txt"#)
+        );
+        assert_eq!(
+            param("form-data; name=bare ;", "name").as_deref(),
+            Some("bare")
+        );
+        assert_eq!(param("form-data", "name"), None);
+        assert_eq!(
+            param("form-data; name=\"unterminated", "name").as_deref(),
+            Some("unterminated")
+        );
     }
 
     #[test]

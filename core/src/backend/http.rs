@@ -464,7 +464,14 @@ impl HttpBackend {
         Ok(caps)
     }
 
-    fn url_for(&self, segments: &[&str]) -> Url {
+    /// The URL of the API path `segments`. A segment the URL would not keep as one path
+    /// segment (`""`, `.`, `..`: a URL drops or folds those, sending the call to another route
+    /// or another sandbox) names nothing, so it is `NotFound` before any request.
+    fn url_for(&self, segments: &[&str]) -> Result<Url> {
+        if let Some(bad) = segments.iter().find(|s| matches!(**s, "" | "." | "..")) {
+            let what = segments.first().copied().unwrap_or("path");
+            return Err(Error::not_found(format!("{what} entry {bad:?}")));
+        }
         let mut url = self.base.clone();
         {
             let mut path = url
@@ -474,10 +481,10 @@ impl HttpBackend {
             path.extend(API_PREFIX.trim_start_matches('/').split('/'));
             path.extend(segments);
         }
-        url
+        Ok(url)
     }
 
-    fn sandbox_url(&self, id: &str, rest: &[&str]) -> Url {
+    fn sandbox_url(&self, id: &str, rest: &[&str]) -> Result<Url> {
         let mut segments = vec!["sandboxes", id];
         segments.extend_from_slice(rest);
         self.url_for(&segments)
@@ -802,7 +809,7 @@ fn outcome_lost(err: Error, key: Option<&str>) -> Error {
 }
 
 async fn fetch_capabilities(backend: &HttpBackend, http: &reqwest::Client) -> Result<Capabilities> {
-    let url = backend.url_for(&["capabilities"]);
+    let url = backend.url_for(&["capabilities"])?;
     let response = http
         .get(url.clone())
         .bearer_auth(&*backend.api_key)
@@ -1121,19 +1128,19 @@ impl Backend for HttpBackend {
 
     async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
         options.validate()?;
-        self.create_call(self.url_for(&["sandboxes"]), &options)
+        self.create_call(self.url_for(&["sandboxes"])?, &options)
             .await
     }
 
     async fn get(&self, id: &str) -> Result<SandboxInfo> {
-        let url = self.sandbox_url(id, &[]);
+        let url = self.sandbox_url(id, &[])?;
         self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
             .await
     }
 
     async fn list(&self, options: ListOptions) -> Result<Vec<SandboxInfo>> {
         let filter = String::from_utf8(to_json(&options)?).expect("JSON is UTF-8");
-        let url = self.url_for(&["sandboxes"]);
+        let url = self.url_for(&["sandboxes"])?;
         self.call(
             Method::GET,
             url,
@@ -1146,7 +1153,7 @@ impl Backend for HttpBackend {
 
     async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo> {
         crate::validate::validate_sandbox_timeout(timeout)?;
-        let url = self.sandbox_url(id, &["timeout"]);
+        let url = self.sandbox_url(id, &["timeout"])?;
         let body = body::SetTimeout {
             timeout: timeout.as_secs_f64(),
         };
@@ -1160,7 +1167,7 @@ impl Backend for HttpBackend {
         labels: std::collections::BTreeMap<String, String>,
     ) -> Result<SandboxInfo> {
         crate::validate::validate_labels(&labels)?;
-        let url = self.sandbox_url(id, &["labels"]);
+        let url = self.sandbox_url(id, &["labels"])?;
         let body = body::SetLabels { labels };
         self.call(Method::PUT, url, &[], Some(&body), Retry::Idempotent)
             .await
@@ -1172,19 +1179,19 @@ impl Backend for HttpBackend {
         update: crate::AnnotationUpdate,
     ) -> Result<std::collections::BTreeMap<String, String>> {
         update.validate()?;
-        let url = self.sandbox_url(id, &["annotations"]);
+        let url = self.sandbox_url(id, &["annotations"])?;
         // Not replayed after it may have run: a repeated compare-and-set would fail.
         self.call(Method::POST, url, &[], Some(&update), Retry::Unsafe)
             .await
     }
 
     async fn destroy(&self, id: &str) -> Result<()> {
-        self.delete_call(self.sandbox_url(id, &[]), &[]).await
+        self.delete_call(self.sandbox_url(id, &[])?, &[]).await
     }
 
     async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
         spec.validate()?;
-        let url = self.sandbox_url(id, &["processes"]);
+        let url = self.sandbox_url(id, &["processes"])?;
         // The operation id lets a server answer a replayed start by attaching to the process
         // the first one started; the call is still not retried blindly here.
         let key = crate::OperationId::current_or_new();
@@ -1203,7 +1210,7 @@ impl Backend for HttpBackend {
     }
 
     async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream> {
-        let url = self.sandbox_url(id, &["processes", "attach"]);
+        let url = self.sandbox_url(id, &["processes", "attach"])?;
         let response = self
             .send(Req {
                 method: Method::GET,
@@ -1219,7 +1226,7 @@ impl Backend for HttpBackend {
     }
 
     async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
-        let url = self.sandbox_url(id, &["processes", "stdin"]);
+        let url = self.sandbox_url(id, &["processes", "stdin"])?;
         self.call_unit(
             Method::POST,
             url,
@@ -1231,7 +1238,7 @@ impl Backend for HttpBackend {
     }
 
     async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()> {
-        let url = self.sandbox_url(id, &["processes", "stdin", "close"]);
+        let url = self.sandbox_url(id, &["processes", "stdin", "close"])?;
         self.call_unit(
             Method::POST,
             url,
@@ -1243,7 +1250,7 @@ impl Backend for HttpBackend {
     }
 
     async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
-        let url = self.sandbox_url(id, &["processes", "signal"]);
+        let url = self.sandbox_url(id, &["processes", "signal"])?;
         let body = to_json(&body::SignalBody { signal })?;
         self.call_unit(
             Method::POST,
@@ -1256,13 +1263,13 @@ impl Backend for HttpBackend {
     }
 
     async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
-        let url = self.sandbox_url(id, &["processes"]);
+        let url = self.sandbox_url(id, &["processes"])?;
         self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
             .await
     }
 
     async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream> {
-        let url = self.sandbox_url(id, &["files"]);
+        let url = self.sandbox_url(id, &["files"])?;
         let mut query = with_user(vec![("path", path.to_string())], options.user);
         if let Some(limit) = options.max_bytes {
             query.push(("max_bytes", limit.to_string()));
@@ -1288,7 +1295,7 @@ impl Backend for HttpBackend {
         data: ByteStream,
         options: WriteOptions,
     ) -> Result<FileStat> {
-        let url = self.sandbox_url(id, &["files"]);
+        let url = self.sandbox_url(id, &["files"])?;
         let options = String::from_utf8(to_json(&options)?).expect("JSON is UTF-8");
         // The operation id lets the server answer a repeat of this write (same path, options
         // and content) with the first outcome instead of writing again.
@@ -1340,7 +1347,7 @@ impl Backend for HttpBackend {
         path: &str,
         options: ListDirOptions,
     ) -> Result<Vec<FileStat>> {
-        let url = self.sandbox_url(id, &["files", "list"]);
+        let url = self.sandbox_url(id, &["files", "list"])?;
         let query = with_user(
             vec![
                 ("path", path.to_string()),
@@ -1353,7 +1360,7 @@ impl Backend for HttpBackend {
     }
 
     async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat> {
-        let url = self.sandbox_url(id, &["files", "stat"]);
+        let url = self.sandbox_url(id, &["files", "stat"])?;
         self.call(
             Method::GET,
             url,
@@ -1365,7 +1372,7 @@ impl Backend for HttpBackend {
     }
 
     async fn mkdir(&self, id: &str, path: &str, options: MkdirOptions) -> Result<FileStat> {
-        let url = self.sandbox_url(id, &["files", "mkdir"]);
+        let url = self.sandbox_url(id, &["files", "mkdir"])?;
         let body = body::Mkdir {
             path: path.to_string(),
             options,
@@ -1375,7 +1382,7 @@ impl Backend for HttpBackend {
     }
 
     async fn remove(&self, id: &str, path: &str, options: RemoveOptions) -> Result<()> {
-        let url = self.sandbox_url(id, &["files"]);
+        let url = self.sandbox_url(id, &["files"])?;
         let query = with_user(
             vec![
                 ("path", path.to_string()),
@@ -1393,7 +1400,7 @@ impl Backend for HttpBackend {
         to: &str,
         options: RenameOptions,
     ) -> Result<FileStat> {
-        let url = self.sandbox_url(id, &["files", "rename"]);
+        let url = self.sandbox_url(id, &["files", "rename"])?;
         let body = body::Rename {
             from: from.to_string(),
             to: to.to_string(),
@@ -1404,7 +1411,7 @@ impl Backend for HttpBackend {
     }
 
     async fn copy(&self, id: &str, from: &str, to: &str, options: CopyOptions) -> Result<FileStat> {
-        let url = self.sandbox_url(id, &["files", "copy"]);
+        let url = self.sandbox_url(id, &["files", "copy"])?;
         let body = body::Copy {
             from: from.to_string(),
             to: to.to_string(),
@@ -1415,7 +1422,7 @@ impl Backend for HttpBackend {
     }
 
     async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
-        let url = self.sandbox_url(id, &["files", "chmod"]);
+        let url = self.sandbox_url(id, &["files", "chmod"])?;
         let body = body::Chmod {
             path: path.to_string(),
             mode,
@@ -1425,38 +1432,38 @@ impl Backend for HttpBackend {
     }
 
     async fn pause(&self, id: &str) -> Result<SandboxInfo> {
-        let url = self.sandbox_url(id, &["pause"]);
+        let url = self.sandbox_url(id, &["pause"])?;
         self.call(Method::POST, url, &[], None::<&()>, Retry::Unsafe)
             .await
     }
 
     async fn resume(&self, id: &str) -> Result<SandboxInfo> {
-        let url = self.sandbox_url(id, &["resume"]);
+        let url = self.sandbox_url(id, &["resume"])?;
         self.call(Method::POST, url, &[], None::<&()>, Retry::Unsafe)
             .await
     }
 
     async fn stop(&self, id: &str) -> Result<SandboxInfo> {
-        let url = self.sandbox_url(id, &["stop"]);
+        let url = self.sandbox_url(id, &["stop"])?;
         // Stopping a stopped sandbox changes nothing: safe to replay.
         self.call(Method::POST, url, &[], None::<&()>, Retry::Idempotent)
             .await
     }
 
     async fn start(&self, id: &str) -> Result<SandboxInfo> {
-        let url = self.sandbox_url(id, &["start"]);
+        let url = self.sandbox_url(id, &["start"])?;
         self.call(Method::POST, url, &[], None::<&()>, Retry::Idempotent)
             .await
     }
 
     async fn metrics(&self, id: &str) -> Result<Metrics> {
-        let url = self.sandbox_url(id, &["metrics"]);
+        let url = self.sandbox_url(id, &["metrics"])?;
         self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
             .await
     }
 
     async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
-        let url = self.sandbox_url(id, &["processes", "resize"]);
+        let url = self.sandbox_url(id, &["processes", "resize"])?;
         self.call_unit(
             Method::POST,
             url,
@@ -1468,7 +1475,7 @@ impl Backend for HttpBackend {
     }
 
     async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
-        let url = self.sandbox_url(id, &["files", "watch"]);
+        let url = self.sandbox_url(id, &["files", "watch"])?;
         let query = with_user(
             vec![
                 ("path", path.to_string()),
@@ -1491,20 +1498,20 @@ impl Backend for HttpBackend {
     }
 
     async fn expose_port(&self, id: &str, options: PreviewOptions) -> Result<Preview> {
-        let url = self.sandbox_url(id, &["previews"]);
+        let url = self.sandbox_url(id, &["previews"])?;
         self.call(Method::POST, url, &[], Some(&options), Retry::Unsafe)
             .await
     }
 
     async fn list_previews(&self, id: &str) -> Result<Vec<Preview>> {
-        let url = self.sandbox_url(id, &["previews"]);
+        let url = self.sandbox_url(id, &["previews"])?;
         self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
             .await
     }
 
     async fn close_preview(&self, id: &str, port: u16) -> Result<()> {
         let port = port.to_string();
-        let url = self.sandbox_url(id, &["previews", &port]);
+        let url = self.sandbox_url(id, &["previews", &port])?;
         self.call_unit(Method::DELETE, url, &[], Payload::None, Retry::Idempotent)
             .await
     }
@@ -1516,13 +1523,13 @@ impl Backend for HttpBackend {
         expires_at: Option<u64>,
     ) -> Result<PreviewToken> {
         let port = port.to_string();
-        let url = self.sandbox_url(id, &["previews", &port, "tokens"]);
+        let url = self.sandbox_url(id, &["previews", &port, "tokens"])?;
         self.create_call(url, &body::NewToken { expires_at }).await
     }
 
     async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()> {
         let port = port.to_string();
-        let url = self.sandbox_url(id, &["previews", &port, "tokens", "revoke"]);
+        let url = self.sandbox_url(id, &["previews", &port, "tokens", "revoke"])?;
         let body = body::RevokeToken {
             token: token.to_string(),
         };
@@ -1539,29 +1546,29 @@ impl Backend for HttpBackend {
     }
 
     async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
-        let url = self.sandbox_url(id, &["snapshots"]);
+        let url = self.sandbox_url(id, &["snapshots"])?;
         self.create_call(url, &body::NewSnapshot { name }).await
     }
 
     async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
-        let url = self.url_for(&["snapshots"]);
+        let url = self.url_for(&["snapshots"])?;
         self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
             .await
     }
 
     async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()> {
-        self.delete_call(self.url_for(&["snapshots", snapshot_id]), &[])
+        self.delete_call(self.url_for(&["snapshots", snapshot_id])?, &[])
             .await
     }
 
     async fn fork(&self, id: &str, options: CreateOptions) -> Result<SandboxInfo> {
         options.validate()?;
-        let url = self.sandbox_url(id, &["fork"]);
+        let url = self.sandbox_url(id, &["fork"])?;
         self.create_call(url, &options).await
     }
 
     async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {
-        let url = self.url_for(&["volumes"]);
+        let url = self.url_for(&["volumes"])?;
         self.create_call(
             url,
             &body::NewVolume {
@@ -1572,24 +1579,24 @@ impl Backend for HttpBackend {
     }
 
     async fn get_volume(&self, name: &str) -> Result<VolumeInfo> {
-        let url = self.url_for(&["volumes", name]);
+        let url = self.url_for(&["volumes", name])?;
         self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
             .await
     }
 
     async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
-        let url = self.url_for(&["volumes"]);
+        let url = self.url_for(&["volumes"])?;
         self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
             .await
     }
 
     async fn delete_volume(&self, name: &str) -> Result<()> {
-        self.delete_call(self.url_for(&["volumes", name]), &[])
+        self.delete_call(self.url_for(&["volumes", name])?, &[])
             .await
     }
 
     async fn observe(&self, operation: &crate::OperationId) -> Result<crate::OperationStatus> {
-        let url = self.url_for(&["operations", operation.as_str()]);
+        let url = self.url_for(&["operations", operation.as_str()])?;
         self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
             .await
     }
@@ -1599,7 +1606,7 @@ impl Backend for HttpBackend {
         kind: crate::ResourceKind,
         id: &str,
     ) -> Result<Option<crate::Tombstone>> {
-        let url = self.url_for(&["tombstones", kind.as_str(), id]);
+        let url = self.url_for(&["tombstones", kind.as_str(), id])?;
         self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
             .await
     }
@@ -1794,13 +1801,16 @@ mod tests {
     fn urls_keep_ids_and_paths_in_one_segment() {
         let b = HttpBackend::new("http://127.0.0.1:1/base/", "k").unwrap();
         assert_eq!(
-            b.sandbox_url("../etc", &["files"]).path(),
+            b.sandbox_url("../etc", &["files"]).unwrap().path(),
             "/base/v1/sandboxes/..%2Fetc/files"
         );
-        for dots in [".", ".."] {
-            let url = b.sandbox_url(dots, &["files"]);
-            assert!(url.path().ends_with("/files"), "{url}");
-            assert!(url.path().starts_with("/base/v1/sandboxes/"), "{url}");
+        // A URL drops `.` and folds `..`: `sandbox_url("..", ["files"])` would otherwise be
+        // `/v1/sandboxes/files`, a call on the sandbox named `files`.
+        for dots in ["", ".", ".."] {
+            let err = b.sandbox_url(dots, &["files"]).unwrap_err();
+            assert!(err.is_not_found(), "{dots:?}: {err}");
+            let err = b.url_for(&["volumes", dots]).unwrap_err();
+            assert!(err.is_not_found(), "{dots:?}: {err}");
         }
         assert!(HttpBackend::new("ftp://x", "k").is_err());
         assert!(HttpBackend::new("https://x", "k").is_ok());
