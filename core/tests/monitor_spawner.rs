@@ -79,8 +79,117 @@ fn destroy(backend: &LocalBackend, id: &str) {
     runtime.block_on(backend.destroy(id)).expect("destroy");
 }
 
+/// The tests of this binary share the program's one spawner: one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The namespace link `kind` of process `pid` (`"self"` for this thread's own).
+fn namespace(pid: &str, kind: &str) -> std::path::PathBuf {
+    let base = if pid == "self" {
+        "/proc/thread-self".to_string()
+    } else {
+        format!("/proc/{pid}")
+    };
+    std::fs::read_link(format!("{base}/ns/{kind}")).expect("a namespace link")
+}
+
+#[test]
+fn a_program_that_entered_another_namespace_gets_monitors_made_in_it() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("sandcove-spawner-ns-{}", std::process::id()));
+    let backend = LocalBackend::with_state_dir(&dir)
+        .expect("an engine")
+        .with_warm_pool(0);
+    // A spawner started as the program is now.
+    let first = create_in_a_fresh_runtime(&backend);
+    let first_monitor = monitor_of(&first).expect("the first monitor");
+    let host_net = namespace("self", "net");
+    assert_eq!(namespace(&first_monitor.to_string(), "net"), host_net);
+
+    // A thread of its own: it leaves the test's network namespace, and its runtime's
+    // blocking threads (made from it) are in the new one too.
+    let moved = std::thread::spawn({
+        let backend = backend.clone();
+        move || {
+            // SAFETY: unshare on this thread only; it takes plain flags.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let netns = namespace("self", "net");
+            Ok((create_in_a_fresh_runtime(&backend), netns))
+        }
+    })
+    .join()
+    .unwrap();
+    match moved {
+        Ok((second, netns)) => {
+            assert_ne!(netns, host_net);
+            let monitor = monitor_of(&second).expect("the second monitor");
+            assert_eq!(
+                namespace(&monitor.to_string(), "net"),
+                netns,
+                "a monitor made after the program left its network namespace runs in the old one"
+            );
+            destroy(&backend, &second);
+        }
+        Err(e) => eprintln!(
+            "SKIPPED: a_program_that_entered_another_namespace_gets_monitors_made_in_it needs \
+             CAP_SYS_ADMIN to unshare a network namespace from a threaded test ({e}); \
+             rootless programs cannot either, so the case is root's"
+        ),
+    }
+    destroy(&backend, &first);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The niceness of process `pid` (field 19 of its stat).
+fn nice_of(pid: u32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(16)?.parse().ok()
+}
+
+#[test]
+fn a_program_that_lowered_its_priority_gets_monitors_made_at_it() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("sandcove-spawner-nice-{}", std::process::id()));
+    let backend = LocalBackend::with_state_dir(&dir)
+        .expect("an engine")
+        .with_warm_pool(0);
+    let first = create_in_a_fresh_runtime(&backend);
+    let first_monitor = monitor_of(&first).expect("the first monitor");
+    let ours = nice_of(std::process::id()).expect("our niceness");
+    assert_eq!(nice_of(first_monitor), Some(ours));
+
+    // A thread of its own gives up priority (any user may; only privilege takes it back),
+    // and so do its runtime's blocking threads, made from it.
+    let lowered = (ours + 5).min(19);
+    let second = std::thread::spawn({
+        let backend = backend.clone();
+        move || {
+            // SAFETY: setpriority on this thread (Linux: PRIO_PROCESS 0 is the caller).
+            assert_eq!(
+                unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, lowered) },
+                0
+            );
+            create_in_a_fresh_runtime(&backend)
+        }
+    })
+    .join()
+    .unwrap();
+    let monitor = monitor_of(&second).expect("the second monitor");
+    assert_eq!(
+        nice_of(monitor),
+        Some(lowered),
+        "a monitor made after the program lowered its priority runs at the old one"
+    );
+    destroy(&backend, &second);
+    destroy(&backend, &first);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_program_that_took_no_new_privs_gets_monitors_made_with_it() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = std::env::temp_dir().join(format!("sandcove-spawner-{}", std::process::id()));
     let backend = LocalBackend::with_state_dir(&dir)
         .expect("an engine")
