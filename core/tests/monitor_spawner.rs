@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use sandcove::conformance::{eventually, PATIENCE};
 use sandcove::{Backend, CreateOptions, LocalBackend};
 
 /// `NoNewPrivs` of process `pid`, from its status.
@@ -36,6 +37,20 @@ fn children_named(parent: u32, comm: &str) -> Vec<u32> {
         }
     }
     found
+}
+
+/// This program's one live monitor spawner, once any it retired has ended.
+fn the_one_spawner() -> u32 {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(eventually(PATIENCE, "one monitor spawner", || async {
+        match children_named(std::process::id(), "sandcove-spawn")[..] {
+            [one] => Ok(one),
+            ref other => Err(other.to_vec()),
+        }
+    }))
 }
 
 /// The pid of the monitor of sandbox `id`: it holds `<state>/sandboxes/<id>/lock` open.
@@ -188,18 +203,58 @@ fn a_program_that_lowered_its_priority_gets_monitors_made_at_it() {
 }
 
 #[test]
+fn a_forked_copy_of_the_program_does_not_hold_up_a_new_spawner() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("sandcove-spawner-fork-{}", std::process::id()));
+    let backend = LocalBackend::with_state_dir(&dir)
+        .expect("an engine")
+        .with_warm_pool(0);
+    let first = create_in_a_fresh_runtime(&backend);
+    // A copy made by fork without exec holds the spawner's socket as well.
+    // SAFETY: the child only calls `pause` (async-signal-safe) until it is killed below.
+    let copy = unsafe { libc::fork() };
+    if copy == 0 {
+        loop {
+            // SAFETY: as above.
+            unsafe { libc::pause() };
+        }
+    }
+    assert!(copy > 0, "fork: {}", std::io::Error::last_os_error());
+    // The program's state changes (a thread gives up priority): the next create retires
+    // the spawner, which lives on while the copy holds its socket.
+    let (done, created) = std::sync::mpsc::channel();
+    std::thread::spawn({
+        let backend = backend.clone();
+        move || {
+            let lowered = nice_of(std::process::id()).unwrap_or(0) + 1;
+            // SAFETY: setpriority on this thread (Linux: PRIO_PROCESS 0 is the caller).
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, lowered.min(19)) };
+            let _ = done.send(create_in_a_fresh_runtime(&backend));
+        }
+    });
+    // Bounded only so that a create stuck behind the copy fails instead of hanging.
+    let second = created.recv_timeout(Duration::from_secs(60));
+    // SAFETY: the copy forked above, by its exact pid.
+    unsafe {
+        libc::kill(copy, libc::SIGKILL);
+        libc::waitpid(copy, std::ptr::null_mut(), 0);
+    }
+    let second = second.expect("a create waited for a spawner a forked copy keeps alive");
+    destroy(&backend, &second);
+    destroy(&backend, &first);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_program_that_took_no_new_privs_gets_monitors_made_with_it() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = std::env::temp_dir().join(format!("sandcove-spawner-{}", std::process::id()));
     let backend = LocalBackend::with_state_dir(&dir)
         .expect("an engine")
         .with_warm_pool(0);
-    let me = std::process::id();
 
     let first = create_in_a_fresh_runtime(&backend);
-    let spawners = children_named(me, "sandcove-spawn");
-    assert_eq!(spawners.len(), 1, "one monitor spawner: {spawners:?}");
-    let old_spawner = spawners[0];
+    let old_spawner = the_one_spawner();
     assert_eq!(no_new_privs(old_spawner), Some(false));
     let monitor = monitor_of(&first).expect("the first monitor");
     assert_eq!(no_new_privs(monitor), Some(false));
@@ -218,14 +273,10 @@ fn a_program_that_took_no_new_privs_gets_monitors_made_with_it() {
         Some(true),
         "a monitor made after the program set no_new_privs runs without it"
     );
-    let spawners = children_named(me, "sandcove-spawn");
-    assert_eq!(
-        spawners.len(),
-        1,
-        "the old spawner was retired: {spawners:?}"
-    );
+    // The old spawner was retired (it ends, and is reaped, on its own).
     assert_ne!(
-        spawners[0], old_spawner,
+        the_one_spawner(),
+        old_spawner,
         "a new spawner serves the new state"
     );
 

@@ -123,14 +123,20 @@ pub(super) fn start_monitor(
     unreachable!("the loop returns on its second attempt")
 }
 
-/// End a spawner this program no longer uses: closing its socket ends it; wait for it so
-/// no zombie is left.
+/// End a spawner this program no longer uses: closing its socket ends it (once it has
+/// served what was sent before); it is reaped off this thread so no zombie is left. Not
+/// waited for here: a copy of the program made by `fork` without `exec` holds the socket
+/// too, and the spawner then lives until that copy exits; a create must not wait on it.
 fn retire(handle: Handle) {
     let Handle {
         socket, mut child, ..
     } = handle;
     drop(socket);
-    let _ = child.wait();
+    let _ = std::thread::Builder::new()
+        .name("sandcove-reap".into())
+        .spawn(move || {
+            let _ = child.wait();
+        });
 }
 
 /// What a spawner's monitors inherit from the moment it started and must still match the
