@@ -896,6 +896,30 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
             .contains(&json!({"name": "X", "value": "1"})),
         "{g}"
     );
+    // Another sandbox's snapshot is not this one's to fork from or restore to (its files
+    // would run under this sandbox's record and envs): 404, nothing made or destroyed.
+    let before = env.sandbox_count().await;
+    for (path, body) in [
+        (
+            "/v0/sandboxes/snap-g/fork",
+            json!({"targetName": "snap-x", "snapshotId": id}),
+        ),
+        (
+            &*format!("/v0/sandboxes/snap-g/snapshots/{id}/restore"),
+            json!(null),
+        ),
+    ] {
+        let body = (!body.is_null()).then_some(body);
+        let (status, answer) = env.call("POST", path, body).await;
+        assert_eq!(status, 404, "POST {path}: {answer}");
+        assert_sandbox_error(&answer, 404);
+    }
+    assert_eq!(
+        env.sandbox_count().await,
+        before,
+        "nothing made or destroyed"
+    );
+    assert_eq!(read_text(&env, "snap-g", "blaxel/m.txt").await, "live");
 
     // The source deleted: its snapshots stay, marked so, and still fork.
     let (status, _) = env.call("DELETE", "/v0/sandboxes/snap", None).await;

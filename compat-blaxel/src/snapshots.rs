@@ -388,8 +388,16 @@ pub(crate) async fn fork_on(
     let (live, snapshot, source) = match from {
         ForkFrom::Sandbox(name) => {
             let info = catalog.live_by_name(name).ok_or_else(|| not_found(name))?;
+            // Only a snapshot of this sandbox: another's files under this sandbox's record
+            // and envs would hand its envs to the other sandbox's code.
             let snapshot = match &req.snapshot_id {
-                Some(id) => Some(catalog.find(id).ok_or_else(|| snapshot_not_found(id))?),
+                Some(id) => Some(
+                    catalog
+                        .of_sandbox(name)
+                        .into_iter()
+                        .find(|s| s.id == *id)
+                        .ok_or_else(|| snapshot_not_found(&format!("{id} of sandbox {name}")))?,
+                ),
                 None => None,
             };
             (snapshot.is_none().then_some(info), snapshot, Some(info))

@@ -3,8 +3,8 @@
 //! A program of its own (this test binary holds one test), because it plants leaked
 //! descriptors and a secret in its own process, as a careless launcher would: a directory
 //! open without close-on-exec (as when started as `prog 9</`), the write end of a pipe, and
-//! `SANDCOVE_API_KEY` in the environment. None of it may show in a sandbox process, the
-//! sandbox's agent or its monitor. Then it lowers its own hard `RLIMIT_NOFILE`.
+//! `SANDCOVE_API_KEY` in the environment, and it ignores a few signals. None of it may show
+//! in a sandbox process, the sandbox's agent or its monitor. Then it lowers its own hard `RLIMIT_NOFILE`.
 //!
 //! Runs as root and rootless (CI runs this binary again as an unprivileged user).
 
@@ -26,6 +26,15 @@ fn plant(fd: i32, at: i32) -> i32 {
     let got = unsafe { libc::fcntl(fd, libc::F_DUPFD, at) };
     assert!(got >= at, "F_DUPFD: {}", std::io::Error::last_os_error());
     got
+}
+
+/// Signals this test ignores before the engine starts, as a launcher might.
+const LAUNCHER_IGNORES: [i32; 4] = [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGUSR1];
+
+/// The `SigIgn` mask of a `/proc/<pid>/status` text.
+fn ignored_signals(status: &str) -> Option<u64> {
+    let line = status.lines().find_map(|l| l.strip_prefix("SigIgn:"))?;
+    u64::from_str_radix(line.trim(), 16).ok()
 }
 
 /// What each descriptor of process `pid` points at, where this user may look.
@@ -64,6 +73,15 @@ async fn descriptors_and_secrets_of_the_launcher_never_reach_a_sandbox() {
     // SAFETY: this binary runs this one test; nothing reads the environment concurrently
     // before the engine starts below.
     unsafe { std::env::set_var("SANDCOVE_API_KEY", &secret) };
+    // Signals a launcher ignores (`nohup`'s SIGHUP; a shell's SIGINT and SIGQUIT for a
+    // background job): ignored dispositions survive fork and exec.
+    for signal in LAUNCHER_IGNORES {
+        // SAFETY: setting a disposition of this test process; no handler involved.
+        assert_ne!(
+            unsafe { libc::signal(signal, libc::SIG_IGN) },
+            libc::SIG_ERR
+        );
+    }
 
     let env = Env::new("fds");
     let id = env.sandbox("fds").await;
@@ -98,6 +116,20 @@ async fn descriptors_and_secrets_of_the_launcher_never_reach_a_sandbox() {
     assert!(!stdout.contains("LEAK"), "leaked descriptor: {stdout}");
     assert!(!stdout.contains("WROTE"), "wrote on the host: {stdout}");
     assert!(!stdout.contains(&secret), "API key visible in the sandbox");
+    let planted: u64 = LAUNCHER_IGNORES.iter().map(|&s| 1u64 << (s - 1)).sum();
+    let status = run(
+        &*env.backend,
+        &id,
+        ProcessSpec::new(Command::argv(["cat", "/proc/self/status"])),
+    )
+    .await
+    .stdout_lossy();
+    assert_eq!(
+        ignored_signals(&status).map(|mask| mask & planted),
+        Some(0),
+        "a sandbox process ignores the signals its launcher ignored: {:?}",
+        ignored_signals(&status)
+    );
 
     // The engine's own processes on the host hold neither, nor the secret.
     let (monitor, agent) = common::monitor_and_agent(&id).await;
@@ -150,6 +182,12 @@ async fn descriptors_and_secrets_of_the_launcher_never_reach_a_sandbox() {
         eprintln!("note: the agent's descriptors are not readable as this user (non-dumpable)");
     }
     for pid in [monitor, agent, spawner] {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        assert_eq!(
+            ignored_signals(&status).map(|mask| mask & planted),
+            Some(0),
+            "process {pid} ignores the signals its launcher ignored"
+        );
         if let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) {
             assert!(
                 !String::from_utf8_lossy(&environ).contains(&secret),

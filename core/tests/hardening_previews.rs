@@ -402,3 +402,40 @@ async fn preview_tokens_per_preview_are_bounded() {
         .expect("room after a revocation");
     env.backend.destroy(&id).await.expect("destroy");
 }
+
+/// Attack (fails): expose every port of a sandbox. Each preview is a listener held by the
+/// sandbox's monitor (by the serving process, for every Kubernetes sandbox): at most 64
+/// ports are exposed at once, the next is refused by name with nothing bound, a port
+/// already exposed still takes new settings, and closing one makes room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exposed_ports_per_sandbox_are_bounded() {
+    const BOUND: u16 = 64;
+    let env = Env::new("pv-ports");
+    let id = env.sandbox("pv-ports").await;
+    for port in 1..=BOUND {
+        env.backend
+            .expose_port(&id, PreviewOptions::new(port).public(true))
+            .await
+            .unwrap_or_else(|e| panic!("expose port {port}: {e}"));
+    }
+    let refused = env
+        .backend
+        .expose_port(&id, PreviewOptions::new(BOUND + 1).public(true))
+        .await
+        .expect_err("a port past the bound is refused");
+    assert_eq!(refused.code(), ErrorCode::InvalidArgument, "{refused}");
+    assert!(refused.to_string().contains("64"), "{refused}");
+    let previews = env.backend.list_previews(&id).await.expect("list");
+    assert_eq!(previews.len(), usize::from(BOUND), "nothing more was bound");
+    // A settings change of an exposed port is not a new preview.
+    env.backend
+        .expose_port(&id, PreviewOptions::new(1))
+        .await
+        .expect("an exposed port takes new settings");
+    env.backend.close_preview(&id, 1).await.expect("close one");
+    env.backend
+        .expose_port(&id, PreviewOptions::new(BOUND + 1).public(true))
+        .await
+        .expect("room after a close");
+    env.backend.destroy(&id).await.expect("destroy");
+}

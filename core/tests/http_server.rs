@@ -424,6 +424,33 @@ async fn a_missing_or_wrong_key_is_401_everywhere_and_nothing_happens() {
     assert_eq!(err.code(), ErrorCode::Unauthenticated);
 }
 
+/// A refused request whose declared body is larger than the server would ever read to keep
+/// the connection is answered at once, and the connection closed: its body is neither
+/// solicited (no `100 Continue` to a client without the key) nor waited for.
+#[tokio::test]
+async fn a_refused_request_with_a_large_body_is_answered_without_soliciting_it() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let refuser = Arc::new(Refuser::default());
+    let server = start(refuser.clone(), ServerConfig::new(KEY)).await;
+    let mut conn = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+    conn.write_all(
+        b"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 1048576\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    // Bounded only so a server that keeps the connection open fails instead of hanging.
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(60), conn.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 401"),
+        "the refusal comes first, nothing solicits the body: {answer:?}"
+    );
+    assert!(read.is_ok(), "the connection is closed after the answer");
+    assert_eq!(refuser.calls.load(Ordering::SeqCst), 0, "nothing happened");
+}
+
 /// The client maps every trait method onto its route and the answer back onto the error.
 #[tokio::test]
 async fn every_client_method_round_trips_the_backends_answer() {

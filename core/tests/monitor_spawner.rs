@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use sandcove::conformance::{eventually, PATIENCE};
 use sandcove::{Backend, CreateOptions, LocalBackend};
 
 /// `NoNewPrivs` of process `pid`, from its status.
@@ -36,6 +37,20 @@ fn children_named(parent: u32, comm: &str) -> Vec<u32> {
         }
     }
     found
+}
+
+/// This program's one live monitor spawner, once any it retired has ended.
+fn the_one_spawner() -> u32 {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(eventually(PATIENCE, "one monitor spawner", || async {
+        match children_named(std::process::id(), "sandcove-spawn")[..] {
+            [one] => Ok(one),
+            ref other => Err(other.to_vec()),
+        }
+    }))
 }
 
 /// The pid of the monitor of sandbox `id`: it holds `<state>/sandboxes/<id>/lock` open.
@@ -79,18 +94,167 @@ fn destroy(backend: &LocalBackend, id: &str) {
     runtime.block_on(backend.destroy(id)).expect("destroy");
 }
 
+/// The tests of this binary share the program's one spawner: one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The namespace link `kind` of process `pid` (`"self"` for this thread's own).
+fn namespace(pid: &str, kind: &str) -> std::path::PathBuf {
+    let base = if pid == "self" {
+        "/proc/thread-self".to_string()
+    } else {
+        format!("/proc/{pid}")
+    };
+    std::fs::read_link(format!("{base}/ns/{kind}")).expect("a namespace link")
+}
+
+#[test]
+fn a_program_that_entered_another_namespace_gets_monitors_made_in_it() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("sandcove-spawner-ns-{}", std::process::id()));
+    let backend = LocalBackend::with_state_dir(&dir)
+        .expect("an engine")
+        .with_warm_pool(0);
+    // A spawner started as the program is now.
+    let first = create_in_a_fresh_runtime(&backend);
+    let first_monitor = monitor_of(&first).expect("the first monitor");
+    let host_net = namespace("self", "net");
+    assert_eq!(namespace(&first_monitor.to_string(), "net"), host_net);
+
+    // A thread of its own: it leaves the test's network namespace, and its runtime's
+    // blocking threads (made from it) are in the new one too.
+    let moved = std::thread::spawn({
+        let backend = backend.clone();
+        move || {
+            // SAFETY: unshare on this thread only; it takes plain flags.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let netns = namespace("self", "net");
+            Ok((create_in_a_fresh_runtime(&backend), netns))
+        }
+    })
+    .join()
+    .unwrap();
+    match moved {
+        Ok((second, netns)) => {
+            assert_ne!(netns, host_net);
+            let monitor = monitor_of(&second).expect("the second monitor");
+            assert_eq!(
+                namespace(&monitor.to_string(), "net"),
+                netns,
+                "a monitor made after the program left its network namespace runs in the old one"
+            );
+            destroy(&backend, &second);
+        }
+        Err(e) => eprintln!(
+            "SKIPPED: a_program_that_entered_another_namespace_gets_monitors_made_in_it needs \
+             CAP_SYS_ADMIN to unshare a network namespace from a threaded test ({e}); \
+             rootless programs cannot either, so the case is root's"
+        ),
+    }
+    destroy(&backend, &first);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The niceness of process `pid` (field 19 of its stat).
+fn nice_of(pid: u32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(16)?.parse().ok()
+}
+
+#[test]
+fn a_program_that_lowered_its_priority_gets_monitors_made_at_it() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("sandcove-spawner-nice-{}", std::process::id()));
+    let backend = LocalBackend::with_state_dir(&dir)
+        .expect("an engine")
+        .with_warm_pool(0);
+    let first = create_in_a_fresh_runtime(&backend);
+    let first_monitor = monitor_of(&first).expect("the first monitor");
+    let ours = nice_of(std::process::id()).expect("our niceness");
+    assert_eq!(nice_of(first_monitor), Some(ours));
+
+    // A thread of its own gives up priority (any user may; only privilege takes it back),
+    // and so do its runtime's blocking threads, made from it.
+    let lowered = (ours + 5).min(19);
+    let second = std::thread::spawn({
+        let backend = backend.clone();
+        move || {
+            // SAFETY: setpriority on this thread (Linux: PRIO_PROCESS 0 is the caller).
+            assert_eq!(
+                unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, lowered) },
+                0
+            );
+            create_in_a_fresh_runtime(&backend)
+        }
+    })
+    .join()
+    .unwrap();
+    let monitor = monitor_of(&second).expect("the second monitor");
+    assert_eq!(
+        nice_of(monitor),
+        Some(lowered),
+        "a monitor made after the program lowered its priority runs at the old one"
+    );
+    destroy(&backend, &second);
+    destroy(&backend, &first);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_forked_copy_of_the_program_does_not_hold_up_a_new_spawner() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("sandcove-spawner-fork-{}", std::process::id()));
+    let backend = LocalBackend::with_state_dir(&dir)
+        .expect("an engine")
+        .with_warm_pool(0);
+    let first = create_in_a_fresh_runtime(&backend);
+    // A copy made by fork without exec holds the spawner's socket as well.
+    // SAFETY: the child only calls `pause` (async-signal-safe) until it is killed below.
+    let copy = unsafe { libc::fork() };
+    if copy == 0 {
+        loop {
+            // SAFETY: as above.
+            unsafe { libc::pause() };
+        }
+    }
+    assert!(copy > 0, "fork: {}", std::io::Error::last_os_error());
+    // The program's state changes (a thread gives up priority): the next create retires
+    // the spawner, which lives on while the copy holds its socket.
+    let (done, created) = std::sync::mpsc::channel();
+    std::thread::spawn({
+        let backend = backend.clone();
+        move || {
+            let lowered = nice_of(std::process::id()).unwrap_or(0) + 1;
+            // SAFETY: setpriority on this thread (Linux: PRIO_PROCESS 0 is the caller).
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, lowered.min(19)) };
+            let _ = done.send(create_in_a_fresh_runtime(&backend));
+        }
+    });
+    // Bounded only so that a create stuck behind the copy fails instead of hanging.
+    let second = created.recv_timeout(Duration::from_secs(60));
+    // SAFETY: the copy forked above, by its exact pid.
+    unsafe {
+        libc::kill(copy, libc::SIGKILL);
+        libc::waitpid(copy, std::ptr::null_mut(), 0);
+    }
+    let second = second.expect("a create waited for a spawner a forked copy keeps alive");
+    destroy(&backend, &second);
+    destroy(&backend, &first);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_program_that_took_no_new_privs_gets_monitors_made_with_it() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = std::env::temp_dir().join(format!("sandcove-spawner-{}", std::process::id()));
     let backend = LocalBackend::with_state_dir(&dir)
         .expect("an engine")
         .with_warm_pool(0);
-    let me = std::process::id();
 
     let first = create_in_a_fresh_runtime(&backend);
-    let spawners = children_named(me, "sandcove-spawn");
-    assert_eq!(spawners.len(), 1, "one monitor spawner: {spawners:?}");
-    let old_spawner = spawners[0];
+    let old_spawner = the_one_spawner();
     assert_eq!(no_new_privs(old_spawner), Some(false));
     let monitor = monitor_of(&first).expect("the first monitor");
     assert_eq!(no_new_privs(monitor), Some(false));
@@ -109,14 +273,10 @@ fn a_program_that_took_no_new_privs_gets_monitors_made_with_it() {
         Some(true),
         "a monitor made after the program set no_new_privs runs without it"
     );
-    let spawners = children_named(me, "sandcove-spawn");
-    assert_eq!(
-        spawners.len(),
-        1,
-        "the old spawner was retired: {spawners:?}"
-    );
+    // The old spawner was retired (it ends, and is reaped, on its own).
     assert_ne!(
-        spawners[0], old_spawner,
+        the_one_spawner(),
+        old_spawner,
         "a new spawner serves the new state"
     );
 

@@ -6,7 +6,8 @@
 //! fail with "Server disconnected". So every router served by the connection loop reads, after
 //! the answer is made and before it is sent, what is left of a body nothing else holds: at
 //! most [`MAX_DRAIN`] bytes within the connection's head timeout, else the answer says
-//! `Connection: close` and the connection ends after it, as it did before.
+//! `Connection: close` and the connection ends after it, as it did before. A body whose
+//! declared length is past that bound is not read at all (nor solicited with `100 Continue`).
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -41,7 +42,11 @@ pub(super) fn refused_bodies_drained(app: axum::Router, deadline: Duration) -> a
             let Some(rest) = slot.into_inner().unwrap_or_else(|e| e.into_inner()) else {
                 return response;
             };
-            if !hyper::body::Body::is_end_stream(&rest) && !drain(rest, deadline).await {
+            // A body declared larger than the bound is not read at all: reading it would
+            // solicit it (`100 Continue`) from a client that may hold no key, and wait on it.
+            let unread = !hyper::body::Body::is_end_stream(&rest);
+            let too_large = hyper::body::Body::size_hint(&rest).lower() > MAX_DRAIN as u64;
+            if unread && (too_large || !drain(rest, deadline).await) {
                 response
                     .headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));

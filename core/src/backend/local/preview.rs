@@ -42,6 +42,12 @@ const MAX_HEAD: usize = 64 * 1024;
 /// made), so a caller minting tokens in a loop cannot grow the monitor without bound.
 pub const MAX_TOKENS: usize = 1000;
 
+/// Most ports one sandbox exposes at once. Each is a listener (a descriptor and a loopback
+/// port) held by the monitor, or by the serving process for every Kubernetes sandbox, so a
+/// caller exposing ports in a loop could otherwise exhaust the descriptors the holder serves
+/// everyone with, and the host's loopback ports.
+pub const MAX_PREVIEWS: usize = 64;
+
 /// One exposed port.
 pub struct Exposed {
     /// What callers see.
@@ -680,7 +686,8 @@ impl PreviewSet {
 
     /// Serve `options.port` of the sandbox, reached through `upstream`, with `limits`. The
     /// same port again keeps its URL and takes the new settings (connections open under
-    /// the old ones re-check them).
+    /// the old ones re-check them). A new port while [`MAX_PREVIEWS`] are exposed is
+    /// [`Error::InvalidArgument`].
     pub async fn expose(
         &self,
         options: PreviewOptions,
@@ -699,14 +706,29 @@ impl PreviewSet {
                 return Err(Error::invalid(format!("bad token parameter name {name:?}")));
             }
         }
-        if let Some(existing) = self.lock().get_mut(&options.port) {
-            return update(existing, &options);
+        let full = || {
+            Error::invalid(format!(
+                "the sandbox already exposes {MAX_PREVIEWS} ports: close a preview first"
+            ))
+        };
+        {
+            let mut previews = self.lock();
+            if let Some(existing) = previews.get_mut(&options.port) {
+                return update(existing, &options);
+            }
+            if previews.len() >= MAX_PREVIEWS {
+                return Err(full());
+            }
         }
         let (listener, url, host) = bind(self.bind, self.url_host.as_deref()).await?;
         let mut previews = self.lock();
         if let Some(existing) = previews.get_mut(&options.port) {
             // Exposed by a concurrent call meanwhile: ours is a settings change.
             return update(existing, &options);
+        }
+        if previews.len() >= MAX_PREVIEWS {
+            // Filled by concurrent calls meanwhile.
+            return Err(full());
         }
         let (preview, tokens) = describe(&options, url, host);
         let port = options.port;

@@ -13,8 +13,11 @@
 //! still gets from that moment: the request carries the environment the engine passes and
 //! every resource limit, and the working directory is `/` (the state directory is absolute).
 //! What cannot travel in a message — credentials, capabilities, `no_new_privs`, seccomp,
-//! cgroups — is compared with the spawner's at each create, and a program whose state changed
-//! (it dropped privileges, say) gets a new spawner started as it is now.
+//! namespaces, root directory, LSM label, cgroups, CPU affinity, niceness, umask — is
+//! compared with the spawner's at each create, and a program whose state changed (it dropped
+//! privileges, say) gets a new spawner started as it is now. Signal dispositions the program
+//! left ignored are reset to their defaults when the spawner starts (SIGPIPE excepted, which
+//! the engine's processes ignore).
 //!
 //! A request is one `SOCK_SEQPACKET` message: the sandbox's state directory and the
 //! environment the monitor gets, with three descriptors attached (the readiness pipe, the
@@ -120,20 +123,32 @@ pub(super) fn start_monitor(
     unreachable!("the loop returns on its second attempt")
 }
 
-/// End a spawner this program no longer uses: closing its socket ends it; wait for it so
-/// no zombie is left.
+/// End a spawner this program no longer uses: closing its socket ends it (once it has
+/// served what was sent before); it is reaped off this thread so no zombie is left. Not
+/// waited for here: a copy of the program made by `fork` without `exec` holds the socket
+/// too, and the spawner then lives until that copy exits; a create must not wait on it.
 fn retire(handle: Handle) {
     let Handle {
         socket, mut child, ..
     } = handle;
     drop(socket);
-    let _ = child.wait();
+    let _ = std::thread::Builder::new()
+        .name("sandcove-reap".into())
+        .spawn(move || {
+            let _ = child.wait();
+        });
 }
 
 /// What a spawner's monitors inherit from the moment it started and must still match the
 /// program: its credentials, capabilities, `no_new_privs`, seccomp state (from
-/// `/proc/thread-self/status`, the creating thread's, as a fork of it would inherit) and its
-/// cgroups. A Landlock domain sets `no_new_privs` (unless privileged), so it shows too.
+/// `/proc/thread-self/status`, the creating thread's, as a fork of it would inherit), its
+/// namespaces (a thread that entered others, with `unshare` or `setns`, forks into those),
+/// its root directory (`chroot`), its LSM label, its cgroups, and what bounds its share of
+/// the host: CPU and memory-node affinity, niceness and scheduling policy (an unprivileged
+/// program cannot take back a priority it gave up; its sandboxes must not have it either),
+/// and its umask. A Landlock domain sets `no_new_privs` (unless privileged), so it shows
+/// too. A state that cannot be read matches nothing, so the next create starts a spawner as
+/// the program is then.
 fn security_state() -> String {
     const FIELDS: &[&str] = &[
         "Uid:",
@@ -147,15 +162,63 @@ fn security_state() -> String {
         "NoNewPrivs:",
         "Seccomp:",
         "Seccomp_filters:",
+        "Umask:",
+        "Cpus_allowed:",
+        "Mems_allowed:",
     ];
-    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+    const NAMESPACES: &[&str] = &[
+        "cgroup",
+        "ipc",
+        "mnt",
+        "net",
+        "pid_for_children",
+        "time_for_children",
+        "user",
+        "uts",
+    ];
+    static UNREADABLE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let unreadable = || {
+        let n = UNREADABLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("unreadable {n}")
+    };
+    let (Ok(status), Ok(stat), Ok(cgroups), Ok(root)) = (
+        std::fs::read_to_string("/proc/thread-self/status"),
+        std::fs::read_to_string("/proc/thread-self/stat"),
+        std::fs::read_to_string("/proc/self/cgroup"),
+        std::fs::metadata("/"),
+    ) else {
+        return unreadable();
+    };
+    // Fields 19 (nice) and 41 (scheduling policy), counted after the command name.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let (Some(nice), Some(policy)) = (fields.get(16), fields.get(38)) else {
+        return unreadable();
+    };
     let mut state: String = status
         .lines()
         .filter(|l| FIELDS.iter().any(|f| l.starts_with(f)))
         .collect::<Vec<_>>()
         .join("\n");
-    state.push('\n');
-    state.push_str(&std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default());
+    if !state.contains("Seccomp:") {
+        return unreadable();
+    }
+    state.push_str(&format!("\nnice {nice} policy {policy}"));
+    for ns in NAMESPACES {
+        // A kernel without that namespace type has no link: the same each time.
+        let link = std::fs::read_link(format!("/proc/thread-self/ns/{ns}")).unwrap_or_default();
+        state.push_str(&format!("\n{ns} {}", link.display()));
+    }
+    {
+        use std::os::unix::fs::MetadataExt;
+        state.push_str(&format!("\nroot {}:{}", root.dev(), root.ino()));
+    }
+    // No LSM with a label: the read fails the same way each time.
+    let label = std::fs::read("/proc/thread-self/attr/current").unwrap_or_default();
+    state.push_str(&format!("\nlabel {}\n", String::from_utf8_lossy(&label)));
+    state.push_str(&cgroups);
     state
 }
 
@@ -237,6 +300,8 @@ pub fn main() -> ! {
     // SAFETY: the program passed this descriptor to us, open, under this number.
     let socket = unsafe { OwnedFd::from_raw_fd(fd) };
     let _ = sys::set_cloexec(&socket);
+    // Signals the program ignored (and exec kept ignored) are not the sandboxes' business.
+    sys::default_signal_dispositions();
     sys::set_process_name("sandcove-spawn");
     let mut buf = vec![0u8; MAX_REQUEST];
     loop {

@@ -156,6 +156,33 @@ pub fn ignore_sigpipe() {
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
 }
 
+/// Give every signal its default action again, SIGPIPE excepted (kept ignored, see
+/// [`ignore_sigpipe`]), and block none: an ignored disposition and the signal mask survive
+/// `fork` and `exec`, so whatever the launching program ignored (`nohup`'s SIGHUP, the
+/// SIGINT and SIGQUIT a shell ignores for background jobs) would otherwise reach every
+/// monitor, agent and sandbox process. Handlers need no reset: `exec` already did that.
+pub fn default_signal_dispositions() {
+    // SAFETY: an empty set, then unblocking all; querying and setting dispositions with
+    // valid (or null) sigaction pointers. Numbers the kernel or libc refuse (SIGKILL,
+    // SIGSTOP, libc's reserved real-time signals) just fail.
+    unsafe {
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        for signal in 1..=libc::SIGRTMAX() {
+            if signal == libc::SIGPIPE || signal == libc::SIGKILL || signal == libc::SIGSTOP {
+                continue;
+            }
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(signal, std::ptr::null(), &mut old) == 0
+                && old.sa_sigaction == libc::SIG_IGN
+            {
+                libc::signal(signal, libc::SIG_DFL);
+            }
+        }
+    }
+}
+
 /// `unshare(2)`.
 pub fn unshare(flags: libc::c_int) -> io::Result<()> {
     // SAFETY: unshare takes plain flags.
