@@ -82,13 +82,6 @@ pub(super) fn run_detached(ready_fd: RawFd, lock_fd: RawFd, dir: PathBuf) -> ! {
     // Nothing we start may inherit them.
     let _ = sys::set_cloexec(ready.as_fd());
     let _ = sys::set_cloexec(lock.as_fd());
-    // Detach: the client waits for this intermediate process, the monitor lives on as an
-    // orphan so the sandbox outlives the program that created it.
-    match sys::fork() {
-        Ok(0) => {}
-        Ok(_) => sys::exit_now(0),
-        Err(_) => sys::exit_now(1),
-    }
     sys::set_process_name("sandcove-mon");
     let dir = SandboxDir { dir };
     let mut ready = std::fs::File::from(ready);

@@ -238,6 +238,11 @@ pub fn main() -> ! {
     let socket = unsafe { OwnedFd::from_raw_fd(fd) };
     let _ = sys::set_cloexec(&socket);
     sys::set_process_name("sandcove-spawn");
+    // Monitors are this process's children: the kernel reaps each as it exits, so none is
+    // left a zombie and the spawner never waits for one.
+    if sys::set_child_autoreap(true).is_err() {
+        sys::exit_now(2);
+    }
     let mut buf = vec![0u8; MAX_REQUEST];
     loop {
         let (n, fds) = match sys::recv_with_fds(socket.as_raw_fd(), &mut buf) {
@@ -258,25 +263,29 @@ pub fn main() -> ! {
         let Ok([ready, lock, log]) = <[OwnedFd; 3]>::try_from(fds) else {
             continue;
         };
-        match sys::fork() {
-            Ok(0) => {
-                drop(socket);
-                become_monitor(launch, ready, lock, log)
-            }
-            // The child forks the monitor and exits at once; the descriptors are its now.
-            Ok(pid) => {
-                drop((ready, lock, log));
-                let _ = sys::waitpid_blocking(pid);
-            }
-            Err(_) => {}
+        // The child is the monitor itself: no intermediate process to detach it (the
+        // kernel reaps it, above), and the spawner is back at `recv` at once.
+        if let Ok(0) = sys::fork() {
+            drop(socket);
+            become_monitor(launch, ready, lock, log)
         }
+        // The descriptors are the monitor's now (or, had the fork failed, dropping them
+        // tells the program that no monitor started).
+        drop((ready, lock, log));
     }
 }
 
 /// In the spawner's child: take on the monitor's session, environment and stderr, then run
-/// the monitor (which closes every descriptor but `ready` and `lock`, and detaches).
+/// the monitor (which closes every descriptor but `ready` and `lock`). It is already
+/// detached: its own session, and when the spawner ends it is an orphan that lives on.
 fn become_monitor(launch: Launch, ready: OwnedFd, lock: OwnedFd, log: OwnedFd) -> ! {
-    if sys::setsid().is_err() || sys::dup2(&log, 2).is_err() || sys::chdir_root().is_err() {
+    // The monitor waits for its agent: its children are not reaped behind its back (and the
+    // agent, cloned from it, must not inherit the spawner's disposition either).
+    if sys::set_child_autoreap(false).is_err()
+        || sys::setsid().is_err()
+        || sys::dup2(&log, 2).is_err()
+        || sys::chdir_root().is_err()
+    {
         sys::exit_now(1);
     }
     drop(log);
