@@ -7,7 +7,7 @@
 //! directory whose lock is free belongs to a dead monitor and is collected by the next client.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -85,9 +85,10 @@ pub(super) fn run_detached(ready_fd: RawFd, lock_fd: RawFd, dir: PathBuf) -> ! {
     sys::set_process_name("sandcove-mon");
     let dir = SandboxDir { dir };
     let mut ready = std::fs::File::from(ready);
+    // One write, so the report is one message on the readiness socket.
     let report = |ready: &mut std::fs::File, e: &Error| {
         let line = serde_json::to_string(&e.to_body()).unwrap_or_default();
-        let _ = writeln!(ready, "{line}");
+        let _ = ready.write_all(format!("{line}\n").as_bytes());
     };
     let started = match start(&dir) {
         Ok(s) => s,
@@ -129,7 +130,22 @@ pub(super) fn run_detached(ready_fd: RawFd, lock_fd: RawFd, dir: PathBuf) -> ! {
             }
         };
         monitor.write_info();
-        let _ = writeln!(ready, "ok");
+        // The creating program gets its first connection to the agent with the report, so
+        // its first call does not dial this socket and wait for a hand-over (a warm-pool
+        // member's claimer dials anyway: none is made for it).
+        let pooled = monitor
+            .record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pooled;
+        let first = if pooled {
+            None
+        } else {
+            first_connection(&monitor).await
+        };
+        let fds: Vec<RawFd> = first.iter().map(|c| c.as_raw_fd()).collect();
+        let _ = sys::send_with_fds(ready.as_raw_fd(), b"ok\n", &fds);
+        drop(first);
         drop(ready);
         run(monitor, listener).await
     });
@@ -1132,22 +1148,37 @@ async fn admit_to_agent(monitor: &Monitor, mut stream: UnixStream) {
     hand_to_agent(monitor, stream, false).await
 }
 
+/// A new connection the agent serves as one handed over from a client; the other end is
+/// returned, for the creating program. `None` if the agent cannot take it (the program then
+/// dials as for any call).
+async fn first_connection(monitor: &Monitor) -> Option<std::os::unix::net::UnixStream> {
+    let (ours, agents) = std::os::unix::net::UnixStream::pair().ok()?;
+    send_handoff(monitor, agents.as_raw_fd(), false)
+        .await
+        .ok()
+        .map(|_| ours)
+}
+
+/// Send `fd` to the agent as a client connection to serve; `once`: for one request only.
+async fn send_handoff(monitor: &Monitor, fd: RawFd, once: bool) -> std::io::Result<usize> {
+    let msg = serde_json::to_vec(&Control::Handoff { once }).unwrap_or_default();
+    loop {
+        let Ok(mut guard) = monitor.ctrl.writable().await else {
+            return Err(std::io::Error::other("control socket closed"));
+        };
+        match guard.try_io(|c| sys::send_with_fds(c.as_raw_fd(), &msg, &[fd])) {
+            Ok(r) => return r,
+            Err(_would_block) => continue,
+        }
+    }
+}
+
 /// Pass the client's connection to the agent; `once`: for one request only.
 async fn hand_to_agent(monitor: &Monitor, stream: UnixStream, once: bool) {
     let Ok(std_stream) = stream.into_std() else {
         return;
     };
-    let msg = serde_json::to_vec(&Control::Handoff { once }).unwrap_or_default();
-    let fd = std_stream.as_raw_fd();
-    let sent = loop {
-        let Ok(mut guard) = monitor.ctrl.writable().await else {
-            break Err(std::io::Error::other("control socket closed"));
-        };
-        match guard.try_io(|c| sys::send_with_fds(c.as_raw_fd(), &msg, &[fd])) {
-            Ok(r) => break r,
-            Err(_would_block) => continue,
-        }
-    };
+    let sent = send_handoff(monitor, std_stream.as_raw_fd(), once).await;
     if sent.is_err() {
         let mut s = std_stream;
         let _ = s.set_nonblocking(false);
@@ -1159,17 +1190,30 @@ async fn hand_to_agent(monitor: &Monitor, stream: UnixStream, once: bool) {
     }
 }
 
-/// Read the monitor's one-line readiness report from `ready` (`ok`, or an error body).
-pub(super) fn read_ready(mut ready: std::fs::File) -> Result<()> {
+/// Largest readiness report: `ok`, or one error body.
+const MAX_READY_REPORT: usize = 64 * 1024;
+
+/// Read the monitor's one-line readiness report from the readiness socket `ready` (`ok`,
+/// or an error body). With `ok` may come a connection to the agent, returned.
+pub(super) fn read_ready(ready: OwnedFd) -> Result<Option<OwnedFd>> {
     let mut text = String::new();
-    let mut buf = [0u8; 4096];
+    let mut first = None;
+    let mut buf = vec![0u8; MAX_READY_REPORT];
     loop {
-        match ready.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
+        match sys::recv_with_fds(ready.as_raw_fd(), &mut buf) {
+            Ok((0, fds)) if fds.is_empty() => break,
+            Ok((n, fds)) => {
+                if first.is_none() {
+                    first = fds.into_iter().next();
+                }
                 text.push_str(&String::from_utf8_lossy(&buf[..n]));
                 if text.ends_with('\n') {
                     break;
+                }
+                if text.len() > MAX_READY_REPORT {
+                    return Err(Error::backend(
+                        "the sandbox monitor's readiness report is too long",
+                    ));
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -1178,7 +1222,7 @@ pub(super) fn read_ready(mut ready: std::fs::File) -> Result<()> {
     }
     let line = text.trim();
     if line == "ok" {
-        return Ok(());
+        return Ok(first);
     }
     if line.is_empty() {
         return Err(Error::backend(
