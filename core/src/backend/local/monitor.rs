@@ -203,38 +203,57 @@ fn start(dir: &SandboxDir) -> Result<Started> {
             ))
         }
     };
-    let pid = sys::clone_into_namespaces(flags).map_err(|e| Error::Unavailable {
-        reason: format!("cannot create namespaces for the sandbox: {e}"),
-        remedy: "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, \
+    // On cgroup v1 the agent moves itself into its cgroup, first thing (see
+    // `cgroup::prepare_v1`: a move made by the monitor would wait for a grace period).
+    let joins = match &record.cgroup {
+        Some(plan) if matches!(plan.hierarchy, super::cgroup::Hierarchy::V1 { .. }) => {
+            super::cgroup::prepare_v1(&plan.hierarchy, &record.id, plan.limits)
+                .map_err(cgroup_unavailable)?
+        }
+        _ => Vec::new(),
+    };
+    let cgroup = record.cgroup.clone().map(|plan| (plan, record.id.clone()));
+    let remove_cgroup = || {
+        if let Some((plan, id)) = &cgroup {
+            super::cgroup::remove(&plan.hierarchy, id);
+        }
+    };
+    let pid = sys::clone_into_namespaces(flags).map_err(|e| {
+        remove_cgroup();
+        Error::Unavailable {
+            reason: format!("cannot create namespaces for the sandbox: {e}"),
+            remedy:
+                "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, \
                  user.max_user_namespaces > 0, kernel.apparmor_restrict_unprivileged_userns=0), \
                  or set SANDCOVE_ALLOW_UNISOLATED=1 to run without isolation"
-            .into(),
+                    .into(),
+        }
     })?;
     if pid == 0 {
-        // The agent keeps its two ends and stdio (the monitor's log, until setup is done);
-        // the monitor's lock, ready pipe and every other descriptor are closed so no
-        // sandbox process can ever reach them.
-        if sys::close_fds_except(&[agent_ctrl.as_raw_fd(), sync_read.as_raw_fd()]).is_err() {
+        // The agent keeps its two ends, its cgroup files and stdio (the monitor's log, until
+        // setup is done); the monitor's lock, readiness socket and every other descriptor
+        // are closed so no sandbox process can ever reach them.
+        let mut keep = vec![agent_ctrl.as_raw_fd(), sync_read.as_raw_fd()];
+        keep.extend(joins.iter().map(|fd| fd.as_raw_fd()));
+        if sys::close_fds_except(&keep).is_err() {
             sys::exit_now(1);
         }
         // Already closed: forget them rather than close numbers that may be reused.
         std::mem::forget(ctrl);
         std::mem::forget(sync_write);
-        agent::run(record, agent_ctrl, sync_read, plan);
+        agent::run(record, agent_ctrl, sync_read, joins, plan);
     }
+    drop(joins);
     if spare_agent {
         let _ = sys::set_oom_score_adj(0);
     }
     drop(agent_ctrl);
     drop(sync_read);
-    let cgroup = record.cgroup.clone().map(|plan| (plan, record.id.clone()));
     // Cleanup finishes before the error returns: the agent reaped, its cgroup removed.
     let fail = |e: Error| {
         let _ = sys::kill(pid, libc::SIGKILL);
         let _ = sys::waitpid_blocking(pid);
-        if let Some((plan, id)) = &cgroup {
-            super::cgroup::remove(&plan.hierarchy, id);
-        }
+        remove_cgroup();
         e
     };
     if !record.unisolated {
@@ -265,13 +284,15 @@ fn start(dir: &SandboxDir) -> Result<Started> {
     let mut sync_write = std::fs::File::from(sync_write);
     sync_write.write_all(b"1").map_err(|e| fail(e.into()))?;
     drop(sync_write);
-    // Into its cgroup while the agent builds its root (a v1 move waits for an RCU grace
-    // period; the agent's mounts need not wait for it), and before it is ready: the agent
-    // starts no process during setup, and none before the monitor has its verdict, so all
-    // that sandbox code ever runs is held to the limits.
+    // On v2, into its cgroup while the agent builds its root, and before it is ready: the
+    // agent starts no process during setup, and none before the monitor has its verdict, so
+    // all that sandbox code ever runs is held to the limits. (On v1 the agent has joined
+    // its cgroup already, or reports that it could not as its setup's failure.)
     let entered = match &record.cgroup {
-        Some(plan) => super::cgroup::enter(&plan.hierarchy, &record.id, plan.limits, pid),
-        None => Ok(()),
+        Some(plan) if matches!(plan.hierarchy, super::cgroup::Hierarchy::V2(_)) => {
+            super::cgroup::enter(&plan.hierarchy, &record.id, plan.limits, pid)
+        }
+        _ => Ok(()),
     };
     // Wait for the agent's verdict on its setup. A failed setup is reported as such even
     // when the agent's exit made the cgroup move fail too.
@@ -279,10 +300,7 @@ fn start(dir: &SandboxDir) -> Result<Started> {
     let (n, _) = sys::recv_with_fds(ctrl.as_raw_fd(), &mut buf).map_err(|e| fail(e.into()))?;
     let verdict = serde_json::from_slice::<Control>(&buf[..n]);
     if let (Err(e), false) = (entered, matches!(verdict, Ok(Control::SetupFailed { .. }))) {
-        return Err(fail(Error::Unavailable {
-            reason: format!("cannot put the sandbox in its cgroup: {e}"),
-            remedy: "check that the cgroup hierarchy Sandcove uses is writable".into(),
-        }));
+        return Err(fail(cgroup_unavailable(e)));
     }
     match verdict {
         Ok(Control::Ready) => Ok((record, pid, ctrl, helper)),
@@ -290,6 +308,14 @@ fn start(dir: &SandboxDir) -> Result<Started> {
         _ => Err(fail(Error::backend(
             "the sandbox agent exited during setup (see the monitor log)",
         ))),
+    }
+}
+
+/// A sandbox that cannot be put in its cgroup is not started.
+pub(super) fn cgroup_unavailable(e: std::io::Error) -> Error {
+    Error::Unavailable {
+        reason: format!("cannot put the sandbox in its cgroup: {e}"),
+        remedy: "check that the cgroup hierarchy Sandcove uses is writable".into(),
     }
 }
 
