@@ -17,9 +17,9 @@
 //! (it dropped privileges, say) gets a new spawner started as it is now.
 //!
 //! A request is one `SOCK_SEQPACKET` message: the sandbox's state directory and the
-//! environment the monitor gets, with three descriptors attached (the readiness pipe, the
+//! environment the monitor gets, with three descriptors attached (the readiness socket, the
 //! held lock file, the sandbox's log for stderr). The spawner answers nothing: the monitor
-//! reports on the readiness pipe, and a spawner that fails (or dies) drops the pipe, which
+//! reports on the readiness socket, and a spawner that fails (or dies) drops it, which
 //! the creating program reads as a monitor that did not start.
 
 use std::ffi::OsString;
@@ -64,7 +64,7 @@ static SPAWNER: Mutex<Option<Handle>> = Mutex::new(None);
 
 /// Start the monitor of the sandbox whose state directory is `dir`: it reports on `ready`,
 /// holds `lock` for its life and writes its stderr to `log`. Blocking (a few syscalls); the
-/// caller drops its own copy of `ready`'s write end afterwards and reads the report.
+/// caller drops its own copy of `ready` (the monitor's end) afterwards and reads the report.
 pub(super) fn start_monitor(
     dir: &Path,
     env: Vec<(OsString, OsString)>,
