@@ -1,7 +1,7 @@
 //! Time the embedded engine's cold create, file throughput and exec, for profiling one
 //! change against another (run two builds alternately; compare their ratios).
 //!
-//! `cargo run --release -p sandcove --example engine_profile -- [create|files|exec|hold] [rounds]`
+//! `cargo run --release -p sandcove --example engine_profile -- [create|cold|files|exec|hold] [rounds]`
 
 use std::time::{Duration, Instant};
 
@@ -10,6 +10,35 @@ use sandcove::{
     Backend, ByteStream, Command, CreateOptions, LocalBackend, ProcessEvent, ProcessSpec,
     WriteOptions,
 };
+
+/// The benchmark's bwrap one-shot: user, mount, pid, ipc, uts and net namespaces,
+/// read-only system directories, private /tmp, /proc and /dev, running `true`.
+const BWRAP_ARGS: &[&str] = &[
+    "--unshare-all",
+    "--die-with-parent",
+    "--ro-bind",
+    "/usr",
+    "/usr",
+    "--symlink",
+    "usr/bin",
+    "/bin",
+    "--symlink",
+    "usr/lib",
+    "/lib",
+    "--symlink",
+    "usr/lib64",
+    "/lib64",
+    "--ro-bind",
+    "/etc",
+    "/etc",
+    "--tmpfs",
+    "/tmp",
+    "--proc",
+    "/proc",
+    "--dev",
+    "/dev",
+    "true",
+];
 
 fn p50(v: &mut [Duration]) -> Duration {
     v.sort();
@@ -79,6 +108,40 @@ async fn main() -> sandcove::Result<()> {
                 samples.push(t.elapsed());
             }
             backend.destroy(&id).await?;
+        }
+        "cold" => {
+            // The cold-create row against its peer, alternating round by round:
+            // create → first byte of `echo hi` (then destroy, untimed), and a bwrap one-shot
+            // with a comparable isolation set (the benchmark's `peer` row).
+            let mut peer = Vec::new();
+            for _ in 0..rounds {
+                let t = Instant::now();
+                let status = std::process::Command::new("bwrap")
+                    .args(BWRAP_ARGS)
+                    .status()
+                    .expect("bwrap runs");
+                peer.push(t.elapsed());
+                assert!(status.success(), "bwrap ran");
+                let t = Instant::now();
+                let id = backend.create(CreateOptions::default()).await?.id;
+                let mut stream = backend
+                    .spawn(&id, ProcessSpec::new(Command::argv(["echo", "hi"])))
+                    .await?;
+                while let Some(ev) = stream.events.next().await {
+                    if let ProcessEvent::Stdout(_) = ev? {
+                        break;
+                    }
+                }
+                samples.push(t.elapsed());
+                drop(stream);
+                backend.destroy(&id).await?;
+            }
+            let (ours, theirs) = (p50(&mut samples), p50(&mut peer));
+            println!(
+                "cold: create → first byte p50 {ours:?}, bwrap one-shot p50 {theirs:?}, ratio {:.3} over {rounds}",
+                ours.as_secs_f64() / theirs.as_secs_f64()
+            );
+            return Ok(());
         }
         "hold" => {
             // One idle sandbox for `rounds` seconds, to read its processes' smaps.

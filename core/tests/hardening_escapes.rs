@@ -279,6 +279,26 @@ async fn memory_and_cpu_limits_are_enforced_or_refused() {
     assert_eq!(read_number(&memory_cap), 64 << 20);
     let quota = cgroup_file(&id, "cpu", "cpu.cfs_quota_us", "cpu.max").expect("cpu cgroup");
     assert_eq!(read_number(&quota), 50_000);
+    // The agent, which starts every sandbox process, is in the sandbox's cgroup in every
+    // hierarchy (on v1 it moves itself in as its first act): nothing runs outside it.
+    let (_, agent) = common::monitor_and_agent(&id).await;
+    let groups = std::fs::read_to_string(format!("/proc/{agent}/cgroup")).unwrap();
+    let ours = format!("/sandcove/{id}");
+    let in_ours = |controller: &str| {
+        groups.lines().any(|line| {
+            let mut parts = line.splitn(3, ':');
+            let (_, controllers, path) = (parts.next(), parts.next(), parts.next());
+            let named =
+                controllers.is_some_and(|c| c.split(',').any(|n| n == controller) || c.is_empty());
+            named && path.is_some_and(|p| p.ends_with(&ours))
+        })
+    };
+    for controller in ["memory", "cpu", "pids"] {
+        assert!(
+            in_ours(controller),
+            "the agent is not in the sandbox's {controller} cgroup: {groups}"
+        );
+    }
 
     // A process that wants 300 MiB loses, and only it: the sandbox answers after.
     let hog = bash(

@@ -311,6 +311,51 @@ async fn destroy_removes_state() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A cold create hands its program a connection to the agent with the readiness report:
+/// the first call needs no dial of the monitor's socket (here moved out of the way, so a
+/// dial would fail), and the sandbox serves later calls as ever.
+#[tokio::test]
+async fn the_first_call_after_a_cold_create_needs_no_dial() {
+    let dir = std::env::temp_dir().join(unique("firstconn"));
+    let backend = LocalBackend::with_state_dir(&dir)
+        .expect("engine")
+        .with_warm_pool(0);
+    let id = backend
+        .create(test_options("first"))
+        .await
+        .expect("create")
+        .id;
+    let sock = dir.join("sandboxes").join(&id).join("sock");
+    let away = sock.with_file_name("sock.away");
+    std::fs::rename(&sock, &away).unwrap();
+    let first = backend
+        .spawn(&id, ProcessSpec::new(Command::sh("echo first")))
+        .await;
+    // Back before any assertion, so a failure still destroys the sandbox below.
+    std::fs::rename(&away, &sock).unwrap();
+    let outcome = match first {
+        Ok(mut stream) => {
+            use futures::StreamExt;
+            let mut out = Vec::new();
+            while let Some(Ok(event)) = stream.events.next().await {
+                if let sandcove::ProcessEvent::Stdout(bytes) = event {
+                    out.extend_from_slice(&bytes);
+                }
+            }
+            Ok(out)
+        }
+        Err(e) => Err(e),
+    };
+    let later = sh(&backend, &id, "echo later").await;
+    backend.destroy(&id).await.expect("destroy");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        outcome.expect("the first call went on the connection from create"),
+        b"first\n"
+    );
+    assert_eq!(later.stdout_lossy(), "later\n");
+}
+
 /// Killing the monitor ends every process of the sandbox, and the next call collects it.
 #[tokio::test]
 async fn a_dead_monitor_takes_its_sandbox_with_it() {

@@ -14,9 +14,12 @@
 //!
 //! Rootless without a delegated v2 subtree there is no cgroup to write: memory and CPU
 //! limits are then refused with `NotSupported` naming the remedy, never silently ignored.
-//! The monitor puts the agent into the sandbox's cgroup before the agent does anything, so
-//! everything in the sandbox is inside it; the cgroup is removed when the sandbox ends.
+//! The agent is in the sandbox's cgroup before it starts anything, so everything in the
+//! sandbox is inside it: on v1 the agent moves itself in as its first act (through files the
+//! monitor opened, see [`prepare_v1`]), on v2 the monitor moves it while it builds its root
+//! and takes its verdict only after. The cgroup is removed when the sandbox ends.
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -149,18 +152,77 @@ fn dirs(h: &Hierarchy, id: &str) -> Vec<PathBuf> {
 }
 
 /// Make sandbox `id`'s cgroup, write its limits, and move `pid` (the agent, before it starts
-/// anything) into it. On error, what was made is removed.
+/// anything) into it: on cgroup v2, where a move costs no grace period. On error, what was
+/// made is removed.
 pub fn enter(h: &Hierarchy, id: &str, limits: Limits, pid: i32) -> std::io::Result<()> {
+    let made = make(h, id, limits)?;
+    let result = made
+        .iter()
+        .try_for_each(|dir| write(dir, "cgroup.procs", pid.to_string()));
+    if result.is_err() {
+        remove(h, id);
+    }
+    result
+}
+
+/// On cgroup v1: make sandbox `id`'s cgroup, write its limits, and open the `tasks` file of
+/// each of its directories, for the agent to move itself in with [`join`] before it does
+/// anything else. On error, what was made is removed.
+///
+/// Why the agent moves itself: a v1 move of a *process* (`cgroup.procs`, or another task's
+/// id) takes the kernel's global thread-group lock for writing, which waits for an RCU grace
+/// period (10–45 ms measured here: most of a cold create as root). A single-threaded process
+/// writing `0` (itself) to `tasks` moves exactly as far, all three hierarchies, and skips that
+/// lock. The files are opened here, by the monitor: the kernel checks a move against the
+/// credentials the file was opened with, and those are the host's.
+pub fn prepare_v1(h: &Hierarchy, id: &str, limits: Limits) -> std::io::Result<Vec<OwnedFd>> {
+    let made = make(h, id, limits)?;
+    let opened: std::io::Result<Vec<OwnedFd>> = made
+        .iter()
+        .map(|dir| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(dir.join("tasks"))
+                .map(OwnedFd::from)
+                .map_err(|e| named(e, &dir.join("tasks")))
+        })
+        .collect();
+    if opened.is_err() {
+        remove(h, id);
+    }
+    opened
+}
+
+/// Move the calling process into the cgroups whose `tasks` files `tasks` holds open (from
+/// [`prepare_v1`]). The caller must be single-threaded: only the calling thread moves.
+pub fn join(tasks: &[OwnedFd]) -> std::io::Result<()> {
+    for fd in tasks {
+        // One write of the whole value: cgroup files take a value per write.
+        let n = rustix::io::write(fd, b"0")?;
+        if n != 1 {
+            return Err(std::io::Error::other("short write to a cgroup tasks file"));
+        }
+    }
+    Ok(())
+}
+
+/// `e`, naming the cgroup file it came from.
+fn named(e: std::io::Error, path: &Path) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+}
+
+fn write(dir: &Path, file: &str, value: String) -> std::io::Result<()> {
+    std::fs::write(dir.join(file), value).map_err(|e| named(e, &dir.join(file)))
+}
+
+/// Make sandbox `id`'s cgroup directories and write its limits; on error, what was made is
+/// removed. Returns the directories.
+fn make(h: &Hierarchy, id: &str, limits: Limits) -> std::io::Result<Vec<PathBuf>> {
     let made = dirs(h, id);
     let result = (|| {
         for dir in &made {
             std::fs::create_dir(dir)?;
         }
-        let write = |dir: &Path, file: &str, value: String| {
-            std::fs::write(dir.join(file), value).map_err(|e| {
-                std::io::Error::new(e.kind(), format!("{}: {e}", dir.join(file).display()))
-            })
-        };
         let bytes = limits.memory_mib << 20;
         let quota = limits
             .cpu
@@ -176,7 +238,6 @@ pub fn enter(h: &Hierarchy, id: &str, limits: Limits, pid: i32) -> std::io::Resu
                     write(dir, "cpu.max", format!("{q} {CPU_PERIOD_US}"))?;
                 }
                 write(dir, "pids.max", limits.pids.to_string())?;
-                write(dir, "cgroup.procs", pid.to_string())?;
             }
             Hierarchy::V1 { .. } => {
                 let (memory, cpu, pids) = (&made[0], &made[1], &made[2]);
@@ -192,17 +253,17 @@ pub fn enter(h: &Hierarchy, id: &str, limits: Limits, pid: i32) -> std::io::Resu
                     write(cpu, "cpu.cfs_quota_us", q.to_string())?;
                 }
                 write(pids, "pids.max", limits.pids.to_string())?;
-                for dir in &made {
-                    write(dir, "cgroup.procs", pid.to_string())?;
-                }
             }
         }
         Ok(())
     })();
-    if result.is_err() {
-        remove(h, id);
+    match result {
+        Ok(()) => Ok(made),
+        Err(e) => {
+            remove(h, id);
+            Err(e)
+        }
     }
-    result
 }
 
 /// Remove sandbox `id`'s cgroup once its processes are gone (bounded wait: the kernel ends
@@ -252,6 +313,21 @@ pub fn collect_stale(h: &Hierarchy, live: &dyn Fn(&str) -> bool) {
 mod tests {
     use super::*;
     use crate::{ErrorCode, Resources};
+
+    /// A move the kernel refuses is an error (the agent then fails its setup, and with it
+    /// the create), never skipped.
+    #[test]
+    fn a_refused_move_is_an_error() {
+        assert!(join(&[]).is_ok());
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .map(OwnedFd::from)
+            .unwrap();
+        assert!(join(&[full]).is_err(), "a write that fails");
+        let read_only = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        assert!(join(&[read_only]).is_err(), "a file not open for writing");
+    }
 
     #[test]
     fn limits_are_checked_before_any_effect() {

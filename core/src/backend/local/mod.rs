@@ -33,7 +33,7 @@ mod spawner;
 mod sys;
 mod volumes;
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -896,9 +896,13 @@ impl LocalBackend {
         };
         let state_dir = self.state_dir.clone();
         let info = info_of(&record, SandboxState::Running);
-        tokio::task::spawn_blocking(move || start_monitor(&state_dir, &record))
+        let first = tokio::task::spawn_blocking(move || start_monitor(&state_dir, &record))
             .await
             .map_err(|e| Error::backend(format!("create task failed: {e}")))??;
+        // The creator's first call goes on the connection that came with the report.
+        if let Some(conn) = first.and_then(|fd| agent_stream(fd).ok()) {
+            self.conns.put(&id, Box::new(conn));
+        }
         if let Some(tar) = snapshot {
             if let Err(e) = self.restore(&id, &tar).await {
                 let _ = self.destroy(&id).await;
@@ -1447,13 +1451,21 @@ fn embedded_observe(operation: &crate::OperationId) -> crate::OperationStatus {
     }
 }
 
-/// Create the state directory and start the monitor; returns once the sandbox is ready.
+/// A connection to an agent, received as a descriptor, registered with this runtime.
+fn agent_stream(fd: OwnedFd) -> std::io::Result<tokio::net::UnixStream> {
+    let stream = std::os::unix::net::UnixStream::from(fd);
+    stream.set_nonblocking(true)?;
+    tokio::net::UnixStream::from_std(stream)
+}
+
+/// Create the state directory and start the monitor; returns once the sandbox is ready,
+/// with a connection to its agent when the monitor made one.
 /// The environment variables a monitor (and so its agent) keeps from the program that
 /// starts it; everything else, secrets included, is dropped (the spawner starts with an
 /// empty environment and sets this one in each monitor).
 const MONITOR_ENV: &[&str] = &["PATH", "LANG", "LC_ALL", "TZ", "RUST_BACKTRACE", "RUST_LOG"];
 
-fn start_monitor(state_dir: &Path, record: &Record) -> Result<()> {
+fn start_monitor(state_dir: &Path, record: &Record) -> Result<Option<OwnedFd>> {
     let sandboxes = state_dir.join("sandboxes");
     let staging = sandboxes.join(format!(".{}", record.id));
     let final_dir = SandboxDir::new(state_dir, &record.id);
@@ -1518,7 +1530,8 @@ fn start_monitor(state_dir: &Path, record: &Record) -> Result<()> {
         .mode(0o600)
         .open(final_dir.log())
         .map_err(|e| cleanup(e.into()))?;
-    let (ready_read, ready_write) = sys::pipe().map_err(|e| cleanup(e.into()))?;
+    // A socket rather than a pipe: the report `ok` brings a first connection to the agent.
+    let (ready_read, ready_write) = sys::seqpacket_pair().map_err(|e| cleanup(e.into()))?;
     // A clean environment: the launcher's secrets (an API key above all) must not sit in the
     // monitor's or the agent's environment; only the settings the engine reads pass.
     let env = std::env::vars_os()
@@ -1527,7 +1540,7 @@ fn start_monitor(state_dir: &Path, record: &Record) -> Result<()> {
     spawner::start_monitor(&final_dir.dir, env, &ready_write, &lock, &log).map_err(cleanup)?;
     // The monitor holds the only write end now: its report, or its death, ends the read.
     drop(ready_write);
-    let result = monitor::read_ready(std::fs::File::from(ready_read));
+    let result = monitor::read_ready(ready_read);
     drop(lock);
     result.map_err(cleanup)
 }

@@ -7,7 +7,7 @@
 //! directory whose lock is free belongs to a dead monitor and is collected by the next client.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -82,19 +82,13 @@ pub(super) fn run_detached(ready_fd: RawFd, lock_fd: RawFd, dir: PathBuf) -> ! {
     // Nothing we start may inherit them.
     let _ = sys::set_cloexec(ready.as_fd());
     let _ = sys::set_cloexec(lock.as_fd());
-    // Detach: the client waits for this intermediate process, the monitor lives on as an
-    // orphan so the sandbox outlives the program that created it.
-    match sys::fork() {
-        Ok(0) => {}
-        Ok(_) => sys::exit_now(0),
-        Err(_) => sys::exit_now(1),
-    }
     sys::set_process_name("sandcove-mon");
     let dir = SandboxDir { dir };
     let mut ready = std::fs::File::from(ready);
+    // One write, so the report is one message on the readiness socket.
     let report = |ready: &mut std::fs::File, e: &Error| {
         let line = serde_json::to_string(&e.to_body()).unwrap_or_default();
-        let _ = writeln!(ready, "{line}");
+        let _ = ready.write_all(format!("{line}\n").as_bytes());
     };
     let started = match start(&dir) {
         Ok(s) => s,
@@ -136,7 +130,22 @@ pub(super) fn run_detached(ready_fd: RawFd, lock_fd: RawFd, dir: PathBuf) -> ! {
             }
         };
         monitor.write_info();
-        let _ = writeln!(ready, "ok");
+        // The creating program gets its first connection to the agent with the report, so
+        // its first call does not dial this socket and wait for a hand-over (a warm-pool
+        // member's claimer dials anyway: none is made for it).
+        let pooled = monitor
+            .record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pooled;
+        let first = if pooled {
+            None
+        } else {
+            first_connection(&monitor).await
+        };
+        let fds: Vec<RawFd> = first.iter().map(|c| c.as_raw_fd()).collect();
+        let _ = sys::send_with_fds(ready.as_raw_fd(), b"ok\n", &fds);
+        drop(first);
         drop(ready);
         run(monitor, listener).await
     });
@@ -194,38 +203,57 @@ fn start(dir: &SandboxDir) -> Result<Started> {
             ))
         }
     };
-    let pid = sys::clone_into_namespaces(flags).map_err(|e| Error::Unavailable {
-        reason: format!("cannot create namespaces for the sandbox: {e}"),
-        remedy: "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, \
+    // On cgroup v1 the agent moves itself into its cgroup, first thing (see
+    // `cgroup::prepare_v1`: a move made by the monitor would wait for a grace period).
+    let joins = match &record.cgroup {
+        Some(plan) if matches!(plan.hierarchy, super::cgroup::Hierarchy::V1 { .. }) => {
+            super::cgroup::prepare_v1(&plan.hierarchy, &record.id, plan.limits)
+                .map_err(cgroup_unavailable)?
+        }
+        _ => Vec::new(),
+    };
+    let cgroup = record.cgroup.clone().map(|plan| (plan, record.id.clone()));
+    let remove_cgroup = || {
+        if let Some((plan, id)) = &cgroup {
+            super::cgroup::remove(&plan.hierarchy, id);
+        }
+    };
+    let pid = sys::clone_into_namespaces(flags).map_err(|e| {
+        remove_cgroup();
+        Error::Unavailable {
+            reason: format!("cannot create namespaces for the sandbox: {e}"),
+            remedy:
+                "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, \
                  user.max_user_namespaces > 0, kernel.apparmor_restrict_unprivileged_userns=0), \
                  or set SANDCOVE_ALLOW_UNISOLATED=1 to run without isolation"
-            .into(),
+                    .into(),
+        }
     })?;
     if pid == 0 {
-        // The agent keeps its two ends and stdio (the monitor's log, until setup is done);
-        // the monitor's lock, ready pipe and every other descriptor are closed so no
-        // sandbox process can ever reach them.
-        if sys::close_fds_except(&[agent_ctrl.as_raw_fd(), sync_read.as_raw_fd()]).is_err() {
+        // The agent keeps its two ends, its cgroup files and stdio (the monitor's log, until
+        // setup is done); the monitor's lock, readiness socket and every other descriptor
+        // are closed so no sandbox process can ever reach them.
+        let mut keep = vec![agent_ctrl.as_raw_fd(), sync_read.as_raw_fd()];
+        keep.extend(joins.iter().map(|fd| fd.as_raw_fd()));
+        if sys::close_fds_except(&keep).is_err() {
             sys::exit_now(1);
         }
         // Already closed: forget them rather than close numbers that may be reused.
         std::mem::forget(ctrl);
         std::mem::forget(sync_write);
-        agent::run(record, agent_ctrl, sync_read, plan);
+        agent::run(record, agent_ctrl, sync_read, joins, plan);
     }
+    drop(joins);
     if spare_agent {
         let _ = sys::set_oom_score_adj(0);
     }
     drop(agent_ctrl);
     drop(sync_read);
-    let cgroup = record.cgroup.clone().map(|plan| (plan, record.id.clone()));
     // Cleanup finishes before the error returns: the agent reaped, its cgroup removed.
     let fail = |e: Error| {
         let _ = sys::kill(pid, libc::SIGKILL);
         let _ = sys::waitpid_blocking(pid);
-        if let Some((plan, id)) = &cgroup {
-            super::cgroup::remove(&plan.hierarchy, id);
-        }
+        remove_cgroup();
         e
     };
     if !record.unisolated {
@@ -256,13 +284,15 @@ fn start(dir: &SandboxDir) -> Result<Started> {
     let mut sync_write = std::fs::File::from(sync_write);
     sync_write.write_all(b"1").map_err(|e| fail(e.into()))?;
     drop(sync_write);
-    // Into its cgroup while the agent builds its root (a v1 move waits for an RCU grace
-    // period; the agent's mounts need not wait for it), and before it is ready: the agent
-    // starts no process during setup, and none before the monitor has its verdict, so all
-    // that sandbox code ever runs is held to the limits.
+    // On v2, into its cgroup while the agent builds its root, and before it is ready: the
+    // agent starts no process during setup, and none before the monitor has its verdict, so
+    // all that sandbox code ever runs is held to the limits. (On v1 the agent has joined
+    // its cgroup already, or reports that it could not as its setup's failure.)
     let entered = match &record.cgroup {
-        Some(plan) => super::cgroup::enter(&plan.hierarchy, &record.id, plan.limits, pid),
-        None => Ok(()),
+        Some(plan) if matches!(plan.hierarchy, super::cgroup::Hierarchy::V2(_)) => {
+            super::cgroup::enter(&plan.hierarchy, &record.id, plan.limits, pid)
+        }
+        _ => Ok(()),
     };
     // Wait for the agent's verdict on its setup. A failed setup is reported as such even
     // when the agent's exit made the cgroup move fail too.
@@ -270,10 +300,7 @@ fn start(dir: &SandboxDir) -> Result<Started> {
     let (n, _) = sys::recv_with_fds(ctrl.as_raw_fd(), &mut buf).map_err(|e| fail(e.into()))?;
     let verdict = serde_json::from_slice::<Control>(&buf[..n]);
     if let (Err(e), false) = (entered, matches!(verdict, Ok(Control::SetupFailed { .. }))) {
-        return Err(fail(Error::Unavailable {
-            reason: format!("cannot put the sandbox in its cgroup: {e}"),
-            remedy: "check that the cgroup hierarchy Sandcove uses is writable".into(),
-        }));
+        return Err(fail(cgroup_unavailable(e)));
     }
     match verdict {
         Ok(Control::Ready) => Ok((record, pid, ctrl, helper)),
@@ -281,6 +308,14 @@ fn start(dir: &SandboxDir) -> Result<Started> {
         _ => Err(fail(Error::backend(
             "the sandbox agent exited during setup (see the monitor log)",
         ))),
+    }
+}
+
+/// A sandbox that cannot be put in its cgroup is not started.
+pub(super) fn cgroup_unavailable(e: std::io::Error) -> Error {
+    Error::Unavailable {
+        reason: format!("cannot put the sandbox in its cgroup: {e}"),
+        remedy: "check that the cgroup hierarchy Sandcove uses is writable".into(),
     }
 }
 
@@ -1139,22 +1174,37 @@ async fn admit_to_agent(monitor: &Monitor, mut stream: UnixStream) {
     hand_to_agent(monitor, stream, false).await
 }
 
+/// A new connection the agent serves as one handed over from a client; the other end is
+/// returned, for the creating program. `None` if the agent cannot take it (the program then
+/// dials as for any call).
+async fn first_connection(monitor: &Monitor) -> Option<std::os::unix::net::UnixStream> {
+    let (ours, agents) = std::os::unix::net::UnixStream::pair().ok()?;
+    send_handoff(monitor, agents.as_raw_fd(), false)
+        .await
+        .ok()
+        .map(|_| ours)
+}
+
+/// Send `fd` to the agent as a client connection to serve; `once`: for one request only.
+async fn send_handoff(monitor: &Monitor, fd: RawFd, once: bool) -> std::io::Result<usize> {
+    let msg = serde_json::to_vec(&Control::Handoff { once }).unwrap_or_default();
+    loop {
+        let Ok(mut guard) = monitor.ctrl.writable().await else {
+            return Err(std::io::Error::other("control socket closed"));
+        };
+        match guard.try_io(|c| sys::send_with_fds(c.as_raw_fd(), &msg, &[fd])) {
+            Ok(r) => return r,
+            Err(_would_block) => continue,
+        }
+    }
+}
+
 /// Pass the client's connection to the agent; `once`: for one request only.
 async fn hand_to_agent(monitor: &Monitor, stream: UnixStream, once: bool) {
     let Ok(std_stream) = stream.into_std() else {
         return;
     };
-    let msg = serde_json::to_vec(&Control::Handoff { once }).unwrap_or_default();
-    let fd = std_stream.as_raw_fd();
-    let sent = loop {
-        let Ok(mut guard) = monitor.ctrl.writable().await else {
-            break Err(std::io::Error::other("control socket closed"));
-        };
-        match guard.try_io(|c| sys::send_with_fds(c.as_raw_fd(), &msg, &[fd])) {
-            Ok(r) => break r,
-            Err(_would_block) => continue,
-        }
-    };
+    let sent = send_handoff(monitor, std_stream.as_raw_fd(), once).await;
     if sent.is_err() {
         let mut s = std_stream;
         let _ = s.set_nonblocking(false);
@@ -1166,17 +1216,30 @@ async fn hand_to_agent(monitor: &Monitor, stream: UnixStream, once: bool) {
     }
 }
 
-/// Read the monitor's one-line readiness report from `ready` (`ok`, or an error body).
-pub(super) fn read_ready(mut ready: std::fs::File) -> Result<()> {
+/// Largest readiness report: `ok`, or one error body.
+const MAX_READY_REPORT: usize = 64 * 1024;
+
+/// Read the monitor's one-line readiness report from the readiness socket `ready` (`ok`,
+/// or an error body). With `ok` may come a connection to the agent, returned.
+pub(super) fn read_ready(ready: OwnedFd) -> Result<Option<OwnedFd>> {
     let mut text = String::new();
-    let mut buf = [0u8; 4096];
+    let mut first = None;
+    let mut buf = vec![0u8; MAX_READY_REPORT];
     loop {
-        match ready.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
+        match sys::recv_with_fds(ready.as_raw_fd(), &mut buf) {
+            Ok((0, fds)) if fds.is_empty() => break,
+            Ok((n, fds)) => {
+                if first.is_none() {
+                    first = fds.into_iter().next();
+                }
                 text.push_str(&String::from_utf8_lossy(&buf[..n]));
                 if text.ends_with('\n') {
                     break;
+                }
+                if text.len() > MAX_READY_REPORT {
+                    return Err(Error::backend(
+                        "the sandbox monitor's readiness report is too long",
+                    ));
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -1185,7 +1248,7 @@ pub(super) fn read_ready(mut ready: std::fs::File) -> Result<()> {
     }
     let line = text.trim();
     if line == "ok" {
-        return Ok(());
+        return Ok(first);
     }
     if line.is_empty() {
         return Err(Error::backend(

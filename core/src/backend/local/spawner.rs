@@ -20,9 +20,9 @@
 //! the engine's processes ignore).
 //!
 //! A request is one `SOCK_SEQPACKET` message: the sandbox's state directory and the
-//! environment the monitor gets, with three descriptors attached (the readiness pipe, the
+//! environment the monitor gets, with three descriptors attached (the readiness socket, the
 //! held lock file, the sandbox's log for stderr). The spawner answers nothing: the monitor
-//! reports on the readiness pipe, and a spawner that fails (or dies) drops the pipe, which
+//! reports on the readiness socket, and a spawner that fails (or dies) drops it, which
 //! the creating program reads as a monitor that did not start.
 
 use std::ffi::OsString;
@@ -67,7 +67,7 @@ static SPAWNER: Mutex<Option<Handle>> = Mutex::new(None);
 
 /// Start the monitor of the sandbox whose state directory is `dir`: it reports on `ready`,
 /// holds `lock` for its life and writes its stderr to `log`. Blocking (a few syscalls); the
-/// caller drops its own copy of `ready`'s write end afterwards and reads the report.
+/// caller drops its own copy of `ready` (the monitor's end) afterwards and reads the report.
 pub(super) fn start_monitor(
     dir: &Path,
     env: Vec<(OsString, OsString)>,
@@ -303,6 +303,11 @@ pub fn main() -> ! {
     // Signals the program ignored (and exec kept ignored) are not the sandboxes' business.
     sys::default_signal_dispositions();
     sys::set_process_name("sandcove-spawn");
+    // Monitors are this process's children: the kernel reaps each as it exits, so none is
+    // left a zombie and the spawner never waits for one.
+    if sys::set_child_autoreap(true).is_err() {
+        sys::exit_now(2);
+    }
     let mut buf = vec![0u8; MAX_REQUEST];
     loop {
         let (n, fds) = match sys::recv_with_fds(socket.as_raw_fd(), &mut buf) {
@@ -323,25 +328,29 @@ pub fn main() -> ! {
         let Ok([ready, lock, log]) = <[OwnedFd; 3]>::try_from(fds) else {
             continue;
         };
-        match sys::fork() {
-            Ok(0) => {
-                drop(socket);
-                become_monitor(launch, ready, lock, log)
-            }
-            // The child forks the monitor and exits at once; the descriptors are its now.
-            Ok(pid) => {
-                drop((ready, lock, log));
-                let _ = sys::waitpid_blocking(pid);
-            }
-            Err(_) => {}
+        // The child is the monitor itself: no intermediate process to detach it (the
+        // kernel reaps it, above), and the spawner is back at `recv` at once.
+        if let Ok(0) = sys::fork() {
+            drop(socket);
+            become_monitor(launch, ready, lock, log)
         }
+        // The descriptors are the monitor's now (or, had the fork failed, dropping them
+        // tells the program that no monitor started).
+        drop((ready, lock, log));
     }
 }
 
 /// In the spawner's child: take on the monitor's session, environment and stderr, then run
-/// the monitor (which closes every descriptor but `ready` and `lock`, and detaches).
+/// the monitor (which closes every descriptor but `ready` and `lock`). It is already
+/// detached: its own session, and when the spawner ends it is an orphan that lives on.
 fn become_monitor(launch: Launch, ready: OwnedFd, lock: OwnedFd, log: OwnedFd) -> ! {
-    if sys::setsid().is_err() || sys::dup2(&log, 2).is_err() || sys::chdir_root().is_err() {
+    // The monitor waits for its agent: its children are not reaped behind its back (and the
+    // agent, cloned from it, must not inherit the spawner's disposition either).
+    if sys::set_child_autoreap(false).is_err()
+        || sys::setsid().is_err()
+        || sys::dup2(&log, 2).is_err()
+        || sys::chdir_root().is_err()
+    {
         sys::exit_now(1);
     }
     drop(log);

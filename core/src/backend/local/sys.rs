@@ -183,6 +183,20 @@ pub fn default_signal_dispositions() {
     }
 }
 
+/// `true`: children of this process are reaped by the kernel as they exit (`SIGCHLD`
+/// ignored), so nothing waits for them; `false`: the default disposition back. Inherited by
+/// `fork` and kept across `execve`, so a process that starts others with `true` resets it
+/// in each child that waits for children of its own.
+pub fn set_child_autoreap(on: bool) -> io::Result<()> {
+    let handler = if on { libc::SIG_IGN } else { libc::SIG_DFL };
+    // SAFETY: sigaction is plain data; zeroed (empty mask, no flags) is a valid value.
+    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+    action.sa_sigaction = handler;
+    // SAFETY: installing SIG_IGN or SIG_DFL has no memory-safety preconditions; `action` is
+    // a valid sigaction and the old one is not asked for.
+    cvt(unsafe { libc::sigaction(libc::SIGCHLD, &action, std::ptr::null_mut()) }).map(drop)
+}
+
 /// `unshare(2)`.
 pub fn unshare(flags: libc::c_int) -> io::Result<()> {
     // SAFETY: unshare takes plain flags.
@@ -208,10 +222,10 @@ pub fn async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     Ok(unsafe { tokio::io::unix::AsyncFd::register(fd) }?)
 }
 
-/// Fork. The caller must be single-threaded (it is: the monitor forks before any thread).
+/// Fork. The caller must be single-threaded (it is: the spawner, which has no threads).
 pub fn fork() -> io::Result<libc::pid_t> {
-    // SAFETY: called only from the single-threaded monitor entry, so the child inherits no
-    // locks held by other threads.
+    // SAFETY: called only from the single-threaded spawner, so the child inherits no locks
+    // held by other threads.
     cvt(unsafe { libc::fork() })
 }
 

@@ -63,7 +63,17 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 /// Entry point in the freshly cloned child. Never returns.
 ///
 /// `net` is the plan of an Internet sandbox: rules installed before any sandbox process runs.
-pub fn run(record: Record, ctrl: OwnedFd, sync_read: OwnedFd, net: Option<Plan>) -> ! {
+pub fn run(
+    record: Record,
+    ctrl: OwnedFd,
+    sync_read: OwnedFd,
+    cgroup_tasks: Vec<OwnedFd>,
+    net: Option<Plan>,
+) -> ! {
+    // Into the sandbox's v1 cgroup before anything else, so all the agent does is charged
+    // (single-threaded here, as `cgroup::join` needs). A failed move fails the setup below.
+    let joined = super::cgroup::join(&cgroup_tasks);
+    drop(cgroup_tasks);
     sys::set_process_name("sandcove-agent");
     let _ = sys::set_parent_death_signal(libc::SIGKILL);
     // Wait until the monitor has written our uid/gid maps.
@@ -73,7 +83,9 @@ pub fn run(record: Record, ctrl: OwnedFd, sync_read: OwnedFd, net: Option<Plan>)
         sys::exit_now(1);
     }
     drop(sync);
-    let setup = if record.unisolated {
+    let setup = if let Err(e) = joined {
+        Err(super::monitor::cgroup_unavailable(e))
+    } else if record.unisolated {
         // Orphans of sandbox processes come to us, so destroy can find and end them.
         sys::set_child_subreaper().map_err(|e| Error::from_io(&e, "become a subreaper"))
     } else {
