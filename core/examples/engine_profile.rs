@@ -1,14 +1,18 @@
 //! Time the embedded engine's cold create, file throughput and exec, for profiling one
 //! change against another (run two builds alternately; compare their ratios).
 //!
-//! `cargo run --release -p sandcove --example engine_profile -- [create|cold|files|exec|hold] [rounds]`
+//! `cargo run --release -p sandcove --example engine_profile -- [create|cold|files|http-files|exec|hold] [rounds]`
+//!
+//! `http-files` is `files` through `HttpBackend` and a loopback server over the same engine.
 
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use std::sync::Arc;
+
 use sandcove::{
-    Backend, ByteStream, Command, CreateOptions, LocalBackend, ProcessEvent, ProcessSpec,
-    WriteOptions,
+    Backend, ByteStream, Command, CreateOptions, HttpBackend, LocalBackend, ProcessEvent,
+    ProcessSpec, WriteOptions,
 };
 
 /// The benchmark's bwrap one-shot: user, mount, pid, ipc, uts and net namespaces,
@@ -45,13 +49,62 @@ fn p50(v: &mut [Duration]) -> Duration {
     v[v.len() / 2]
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> sandcove::Result<()> {
+/// 100 MiB written in 1 MiB chunks and read back, `rounds` times in one sandbox.
+async fn files(backend: &dyn Backend, rounds: usize) -> sandcove::Result<()> {
+    let id = backend.create(CreateOptions::default()).await?.id;
+    let bytes = 100usize << 20;
+    let data = vec![0x5au8; bytes];
+    let mut samples = Vec::new();
+    for _ in 0..rounds {
+        let chunks: Vec<sandcove::Result<Vec<u8>>> =
+            data.chunks(1 << 20).map(|c| Ok(c.to_vec())).collect();
+        let stream: ByteStream = Box::pin(futures::stream::iter(chunks));
+        let t = Instant::now();
+        backend
+            .write_file(&id, "/tmp/bench.bin", stream, WriteOptions::default())
+            .await?;
+        let mut read = backend
+            .read_file(&id, "/tmp/bench.bin", Default::default())
+            .await?;
+        let mut n = 0;
+        while let Some(chunk) = read.next().await {
+            n += chunk?.len();
+        }
+        samples.push(t.elapsed());
+        assert_eq!(n, bytes);
+    }
+    backend.destroy(&id).await?;
+    let d = p50(&mut samples);
+    println!(
+        "files: 100 MiB write + read p50 {d:?} = {:.0} MB/s",
+        200.0 * 1.048576 / d.as_secs_f64()
+    );
+    Ok(())
+}
+
+fn main() -> sandcove::Result<()> {
     let what = std::env::args().nth(1).unwrap_or_else(|| "create".into());
     let rounds: usize = std::env::args()
         .nth(2)
         .and_then(|a| a.parse().ok())
         .unwrap_or(20);
+    // The HTTP row runs client and server side by side, as a program serving others would.
+    let runtime = if what == "http-files" {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    };
+    runtime
+        .map_err(|e| sandcove::Error::from_io(&e, "runtime"))?
+        .block_on(run(what, rounds))
+}
+
+async fn run(what: String, rounds: usize) -> sandcove::Result<()> {
     let backend = LocalBackend::new()?.with_warm_pool(0);
     let mut samples = Vec::new();
     match what.as_str() {
@@ -63,35 +116,33 @@ async fn main() -> sandcove::Result<()> {
                 backend.destroy(&id).await?;
             }
         }
-        "files" => {
-            let id = backend.create(CreateOptions::default()).await?.id;
-            let bytes = 100usize << 20;
-            let data = vec![0x5au8; bytes];
-            for _ in 0..rounds {
-                let chunks: Vec<sandcove::Result<Vec<u8>>> =
-                    data.chunks(1 << 20).map(|c| Ok(c.to_vec())).collect();
-                let stream: ByteStream = Box::pin(futures::stream::iter(chunks));
-                let t = Instant::now();
-                backend
-                    .write_file(&id, "/tmp/bench.bin", stream, WriteOptions::default())
-                    .await?;
-                let mut read = backend
-                    .read_file(&id, "/tmp/bench.bin", Default::default())
-                    .await?;
-                let mut n = 0;
-                while let Some(chunk) = read.next().await {
-                    n += chunk?.len();
-                }
-                samples.push(t.elapsed());
-                assert_eq!(n, bytes);
-            }
-            backend.destroy(&id).await?;
-            let d = p50(&mut samples);
-            println!(
-                "files: 100 MiB write + read p50 {d:?} = {:.0} MB/s",
-                200.0 * 1.048576 / d.as_secs_f64()
+        "files" => return files(&backend, rounds).await,
+        "http-files" => {
+            let key = "profile-key".to_string();
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .map_err(|e| sandcove::Error::from_io(&e, "bind"))?;
+            let url = format!(
+                "http://{}",
+                listener
+                    .local_addr()
+                    .map_err(|e| sandcove::Error::from_io(&e, "bind"))?
             );
-            return Ok(());
+            let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+            let engine: Arc<dyn Backend> = Arc::new(backend);
+            let server = tokio::spawn(sandcove::server::serve(
+                listener,
+                engine,
+                sandcove::server::ServerConfig::new(key.clone()),
+                async move {
+                    let _ = stop_rx.await;
+                },
+            ));
+            let http = HttpBackend::connect(&url, &key).await?;
+            let result = files(&http, rounds).await;
+            let _ = stop_tx.send(());
+            let _ = server.await;
+            return result;
         }
         "exec" => {
             let id = backend.create(CreateOptions::default()).await?.id;

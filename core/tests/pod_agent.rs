@@ -879,3 +879,135 @@ async fn read_all(mut stream: ByteStream) -> Vec<u8> {
     }
     out
 }
+
+/// A frame with a body, or only its head when `body` is shorter than `announced`.
+fn data_frame(announced: usize, body: &[u8]) -> Vec<u8> {
+    let head = serde_json::to_vec(&serde_json::json!({"kind": "data"})).unwrap();
+    let mut out = Vec::new();
+    out.extend_from_slice(&(head.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(announced as u32).to_le_bytes());
+    out.extend_from_slice(&head);
+    out.extend_from_slice(body);
+    out
+}
+
+/// A raw connection past the hello, with `request` sent.
+async fn raw_request(pod: &OnePod, request: serde_json::Value) -> tokio::net::TcpStream {
+    let mut sock = tokio::net::TcpStream::connect(pod.pod().addr)
+        .await
+        .unwrap();
+    let hello = serde_json::json!({
+        "version": sandcove::backend::local::PROTOCOL_VERSION,
+        "token": pod.token,
+    });
+    let mut bytes = frame(&hello);
+    bytes.extend(frame(&request));
+    sock.write_all(&bytes).await.unwrap();
+    sock
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_cut_inside_a_frame_leaves_nothing_and_ends_its_connection() {
+    let pod = OnePod::start("cutupload", |_| {}).await;
+    let write = serde_json::json!({
+        "op": "write_file", "path": "/workspace/cut.bin", "options": {},
+    });
+    // One whole frame, then one announced at a megabyte of which a third arrives before the
+    // client stops sending: the agent is inside that frame's body when the bytes end.
+    let mut sock = raw_request(&pod, write.clone()).await;
+    let mut bytes = data_frame(4096, &[7u8; 4096]);
+    bytes.extend(data_frame(1 << 20, &vec![9u8; 350_000]));
+    sock.write_all(&bytes).await.unwrap();
+    sock.shutdown().await.unwrap();
+    let reply = tokio::time::timeout(PATIENCE, read_header(&mut sock))
+        .await
+        .expect("the agent answers a cut-off upload");
+    if let Some(reply) = &reply {
+        assert_eq!(
+            reply["kind"], "error",
+            "only a refusal, never a stat: {reply}"
+        );
+    }
+    assert!(
+        tokio::time::timeout(PATIENCE, read_header(&mut sock))
+            .await
+            .expect("the connection ends")
+            .is_none(),
+        "nothing follows on that connection"
+    );
+    // The temporary file was removed before the answer: nothing is left, target or debris.
+    let left: Vec<_> = std::fs::read_dir(pod.root().join("workspace"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+
+    // The same cut with an existing target keeps its old content, and the agent serves on.
+    pod.agent()
+        .write_file(
+            "/workspace/cut.bin",
+            Box::pin(futures::stream::once(async { Ok(b"old".to_vec()) })),
+            WriteOptions::default(),
+        )
+        .await
+        .expect("write");
+    let mut sock = raw_request(&pod, write).await;
+    sock.write_all(&data_frame(1 << 20, &vec![9u8; 200_000]))
+        .await
+        .unwrap();
+    sock.shutdown().await.unwrap();
+    while tokio::time::timeout(PATIENCE, read_header(&mut sock))
+        .await
+        .expect("the connection ends")
+        .is_some()
+    {}
+    let left: Vec<_> = std::fs::read_dir(pod.root().join("workspace"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["cut.bin"], "no temporary file is left");
+    let data = read_all(
+        pod.agent()
+            .read_file("/workspace/cut.bin", ReadOptions::default())
+            .await
+            .expect("read"),
+    )
+    .await;
+    assert_eq!(data, b"old", "a cut-off overwrite keeps the old content");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_dropped_midway_leaves_the_agent_serving() {
+    let pod = OnePod::start("dropread", |_| {}).await;
+    let content: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 251) as u8).collect();
+    let chunks: Vec<Result<Vec<u8>>> = content.chunks(1 << 20).map(|c| Ok(c.to_vec())).collect();
+    pod.agent()
+        .write_file(
+            "/workspace/big.bin",
+            Box::pin(futures::stream::iter(chunks)),
+            WriteOptions::default(),
+        )
+        .await
+        .expect("write");
+    // A reader that takes one frame head and goes away while the agent is still sending.
+    for _ in 0..3 {
+        let mut sock = raw_request(
+            &pod,
+            serde_json::json!({"op": "read_file", "path": "/workspace/big.bin"}),
+        )
+        .await;
+        let mut prefix = [0u8; 8];
+        sock.read_exact(&mut prefix).await.unwrap();
+        drop(sock);
+    }
+    // Every later call is served, with the whole file.
+    let again = read_all(
+        pod.agent()
+            .read_file("/workspace/big.bin", ReadOptions::default())
+            .await
+            .expect("read"),
+    )
+    .await;
+    assert!(again == content, "the file reads back whole");
+    pod.agent().ready().await.expect("still serving");
+}

@@ -118,11 +118,19 @@ pub mod frame {
         out
     }
 
-    /// Splits a byte stream back into frames, whatever the chunk boundaries.
+    /// Splits a byte stream back into frames, whatever the chunk boundaries. Each byte is
+    /// copied once, straight into the payload of the frame it belongs to (file chunks of a
+    /// megabyte are never gathered in one buffer and then copied out again).
     #[derive(Debug)]
     pub struct Decoder {
-        buf: Vec<u8>,
-        start: usize,
+        head: [u8; 5],
+        head_len: usize,
+        /// The frame being received: its kind, what arrived of its payload, and its length.
+        partial: Option<(u8, Vec<u8>, usize)>,
+        ready: std::collections::VecDeque<(u8, Vec<u8>)>,
+        ready_bytes: usize,
+        /// An oversized length was read: reported after the frames before it, then for ever.
+        error: Option<String>,
         max: usize,
     }
 
@@ -136,48 +144,79 @@ pub mod frame {
         /// A decoder that refuses payloads over `max` bytes (never more than [`MAX_PAYLOAD`]).
         pub fn with_max_payload(max: usize) -> Self {
             Decoder {
-                buf: Vec::new(),
-                start: 0,
+                head: [0; 5],
+                head_len: 0,
+                partial: None,
+                ready: Default::default(),
+                ready_bytes: 0,
+                error: None,
                 max: max.min(MAX_PAYLOAD),
             }
         }
 
         /// Append received bytes.
-        pub fn push(&mut self, bytes: &[u8]) {
-            if self.start > 0 && self.start == self.buf.len() {
-                self.buf.clear();
-                self.start = 0;
-            } else if self.start > 1024 * 1024 {
-                self.buf.drain(..self.start);
-                self.start = 0;
+        pub fn push(&mut self, mut bytes: &[u8]) {
+            while !bytes.is_empty() && self.error.is_none() {
+                if let Some((_, payload, len)) = &mut self.partial {
+                    let take = (*len - payload.len()).min(bytes.len());
+                    payload.extend_from_slice(&bytes[..take]);
+                    bytes = &bytes[take..];
+                    if payload.len() == *len {
+                        if let Some((kind, payload, _)) = self.partial.take() {
+                            self.complete(kind, payload);
+                        }
+                    }
+                    continue;
+                }
+                let take = (5 - self.head_len).min(bytes.len());
+                self.head[self.head_len..self.head_len + take].copy_from_slice(&bytes[..take]);
+                self.head_len += take;
+                bytes = &bytes[take..];
+                if self.head_len < 5 {
+                    continue;
+                }
+                self.head_len = 0;
+                let [kind, a, b, c, d] = self.head;
+                let len = u32::from_be_bytes([a, b, c, d]) as usize;
+                if len > self.max {
+                    self.error = Some(format!(
+                        "frame of {len} bytes exceeds the {} limit",
+                        self.max
+                    ));
+                } else if len == 0 {
+                    self.complete(kind, Vec::new());
+                } else {
+                    // At most `max` bytes, announced by the peer: the room a payload needs
+                    // once, rather than growth by doubling.
+                    self.partial = Some((kind, Vec::with_capacity(len), len));
+                }
             }
-            self.buf.extend_from_slice(bytes);
+        }
+
+        fn complete(&mut self, kind: u8, payload: Vec<u8>) {
+            self.ready_bytes += 5 + payload.len();
+            self.ready.push_back((kind, payload));
         }
 
         /// The next complete frame, if one has arrived; `Err` on an oversized length.
         pub fn next_frame(&mut self) -> Result<Option<(u8, Vec<u8>)>, String> {
-            let rest = &self.buf[self.start..];
-            if rest.len() < 5 {
-                return Ok(None);
+            if let Some((kind, payload)) = self.ready.pop_front() {
+                self.ready_bytes -= 5 + payload.len();
+                return Ok(Some((kind, payload)));
             }
-            let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
-            if len > self.max {
-                return Err(format!(
-                    "frame of {len} bytes exceeds the {} limit",
-                    self.max
-                ));
+            match &self.error {
+                Some(e) => Err(e.clone()),
+                None => Ok(None),
             }
-            if rest.len() < 5 + len {
-                return Ok(None);
-            }
-            let frame = (rest[0], rest[5..5 + len].to_vec());
-            self.start += 5 + len;
-            Ok(Some(frame))
         }
 
         /// Bytes received that do not yet form a whole frame.
         pub fn pending(&self) -> usize {
-            self.buf.len() - self.start
+            let partial = self
+                .partial
+                .as_ref()
+                .map_or(0, |(_, payload, _)| 5 + payload.len());
+            self.ready_bytes + self.head_len + partial
         }
     }
 }

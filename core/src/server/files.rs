@@ -14,8 +14,8 @@ use serde::Deserialize;
 
 use super::idempotency::{hashed, ContentDigest, Stored, UploadClaim};
 use super::{
-    content_length, error_frame, frames_response, json, json_frame, read_json, ApiError, AppState,
-    In, Out, Route,
+    content_length, error_frame, frames_response, json, json_frame, pieces_response, read_json,
+    ApiError, AppState, In, Out, Route,
 };
 use crate::backend::http::body::{Chmod, Copy, Mkdir, Rename};
 use crate::backend::http::{frame, FRAMES_CONTENT_TYPE, UPLOAD_CLEANUP_WAIT};
@@ -131,7 +131,9 @@ pub(super) fn routes() -> Vec<Route> {
     ]
 }
 
-fn download_frames(data: ByteStream) -> BoxStream<'static, Vec<u8>> {
+/// A download as frames, each item one or more whole frames in pieces: the file's chunks
+/// cross without being copied behind their heads.
+fn download_frames(data: ByteStream) -> BoxStream<'static, Vec<Vec<u8>>> {
     enum St {
         Data(ByteStream),
         Done,
@@ -140,17 +142,19 @@ fn download_frames(data: ByteStream) -> BoxStream<'static, Vec<u8>> {
         let St::Data(mut data) = st else {
             return None;
         };
-        match data.next().await {
-            None => Some((frame::encode(frame::END, b""), St::Done)),
-            Some(Ok(bytes)) => {
-                let mut out = Vec::with_capacity(bytes.len() + 5);
-                for chunk in bytes.chunks(CHUNK) {
-                    out.extend(frame::encode(frame::DATA, chunk));
-                }
-                Some((out, St::Data(data)))
+        let pieces = match data.next().await {
+            None => return Some((vec![frame::encode(frame::END, b"")], St::Done)),
+            // The common chunk crosses without a copy: its head, then the bytes.
+            Some(Ok(bytes)) if bytes.len() <= CHUNK => {
+                vec![frame::head(frame::DATA, bytes.len()).to_vec(), bytes]
             }
-            Some(Err(e)) => Some((error_frame(&e), St::Done)),
-        }
+            Some(Ok(bytes)) => bytes
+                .chunks(CHUNK)
+                .map(|chunk| frame::encode(frame::DATA, chunk))
+                .collect(),
+            Some(Err(e)) => return Some((vec![error_frame(&e)], St::Done)),
+        };
+        Some((pieces, St::Data(data)))
     })
     .boxed()
 }
@@ -183,7 +187,7 @@ async fn read_file(
         max_bytes: q.max_bytes,
     };
     let data = state.backend.read_file(&id, &q.path, options).await?;
-    Ok(frames_response(&state, download_frames(data), &[]))
+    Ok(pieces_response(&state, download_frames(data), &[]))
 }
 
 #[derive(Deserialize)]

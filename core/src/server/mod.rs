@@ -902,6 +902,16 @@ fn frames_response(
     frames: BoxStream<'static, Vec<u8>>,
     headers: &[(&'static str, String)],
 ) -> Response {
+    pieces_response(state, frames.map(|frame| vec![frame]).boxed(), headers)
+}
+
+/// [`frames_response`] for items that are whole frames in pieces (a head, then a payload
+/// that crosses without being copied behind it); the shutdown cuts only between items.
+fn pieces_response(
+    state: &AppState,
+    frames: BoxStream<'static, Vec<Vec<u8>>>,
+    headers: &[(&'static str, String)],
+) -> Response {
     let body = Body::from_stream(until_shutdown(frames, state.shutdown.subscribe()));
     let mut response = (
         StatusCode::OK,
@@ -921,11 +931,16 @@ fn frames_response(
 }
 
 fn until_shutdown(
-    frames: BoxStream<'static, Vec<u8>>,
+    frames: BoxStream<'static, Vec<Vec<u8>>>,
     shutdown: watch::Receiver<bool>,
 ) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
-    futures::stream::unfold(Some((frames, shutdown)), |state| async move {
-        let (mut frames, mut shutdown) = state?;
+    let pieces = std::collections::VecDeque::<Vec<u8>>::new();
+    futures::stream::unfold(Some((frames, shutdown, pieces)), |state| async move {
+        let (mut frames, mut shutdown, mut pieces) = state?;
+        // The rest of an item goes out whole: an error frame never lands inside a frame.
+        if let Some(piece) = pieces.pop_front() {
+            return Some((Ok(Bytes::from(piece)), Some((frames, shutdown, pieces))));
+        }
         let stopping = async {
             if shutdown.wait_for(|v| *v).await.is_err() {
                 futures::future::pending::<()>().await;
@@ -941,8 +956,9 @@ fn until_shutdown(
                 Some((Ok(Bytes::from(error_frame(&error))), None))
             }
             next = frames.next() => {
-                let frame = next?;
-                Some((Ok(Bytes::from(frame)), Some((frames, shutdown))))
+                pieces.extend(next?);
+                let first = pieces.pop_front().unwrap_or_default();
+                Some((Ok(Bytes::from(first)), Some((frames, shutdown, pieces))))
             }
         }
     })

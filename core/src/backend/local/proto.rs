@@ -2,7 +2,8 @@
 //!
 //! Every connection carries frames: `u32 header length | u32 body length | JSON header | raw
 //! body`, lengths little-endian. Bodies carry output and file bytes verbatim, so nothing is
-//! re-encoded. The first frame of a connection is a [`Hello`] naming the protocol version and
+//! re-encoded, and a body's length is known before its first byte: the agent splices file
+//! bodies between the socket and the file without reading them into its memory. The first frame of a connection is a [`Hello`] naming the protocol version and
 //! the request; a peer speaking another version gets a clear error, never garbage.
 
 use std::io::Write;
@@ -458,6 +459,28 @@ fn encode<H: Serialize>(header: &H, body: &[u8]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// A frame's prefix and header, for a body of `body_len` bytes the caller sends after it
+/// (from a pipe or a file, without holding it in memory).
+pub fn frame_head<H: Serialize>(header: &H, body_len: usize) -> Result<Vec<u8>> {
+    if body_len > MAX_BODY {
+        return Err(Error::backend("frame too large"));
+    }
+    let mut head = encode(header, &[])?;
+    head[4..8].copy_from_slice(&(body_len as u32).to_le_bytes());
+    Ok(head)
+}
+
+/// The header and body lengths of a frame's 8-byte prefix, checked against the protocol's
+/// bounds (for a reader that takes the body itself, such as one that splices it).
+pub fn parse_prefix(prefix: &[u8; 8]) -> Result<(usize, usize)> {
+    check_lengths(prefix)
+}
+
+/// Decode a frame header read by [`parse_prefix`]'s caller.
+pub fn parse_header<H: for<'de> Deserialize<'de>>(head: &[u8]) -> Result<H> {
+    decode_header(head)
+}
+
 fn check_lengths(prefix: &[u8; 8]) -> Result<(usize, usize)> {
     let hlen = u32::from_le_bytes(prefix[..4].try_into().unwrap_or_default()) as usize;
     let blen = u32::from_le_bytes(prefix[4..].try_into().unwrap_or_default()) as usize;
@@ -500,11 +523,7 @@ where
     // A large body is written from where it lies rather than copied behind its header: two
     // writes cost less than a copy of up to MAX_BODY bytes (file data).
     if body.len() > INLINE_BODY {
-        if body.len() > MAX_BODY {
-            return Err(Error::backend("frame too large"));
-        }
-        let mut head = encode(header, &[])?;
-        head[4..8].copy_from_slice(&(body.len() as u32).to_le_bytes());
+        let head = frame_head(header, body.len())?;
         w.write_all(&head).await.map_err(io_err)?;
         return w.write_all(body).await.map_err(io_err);
     }
@@ -544,8 +563,15 @@ where
     };
     let mut head = vec![0u8; hlen];
     r.read_exact(&mut head).await.map_err(io_err)?;
-    let mut body = vec![0u8; blen];
-    r.read_exact(&mut body).await.map_err(io_err)?;
+    // Read into spare capacity: a body buffer is never zeroed first (up to MAX_BODY per
+    // frame of file data).
+    let mut body = Vec::with_capacity(blen);
+    while body.len() < blen {
+        let mut limited = (&mut *r).take((blen - body.len()) as u64);
+        if limited.read_buf(&mut body).await.map_err(io_err)? == 0 {
+            return Err(io_err(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+    }
     Ok(Some((decode_header(&head)?, body)))
 }
 

@@ -1386,3 +1386,62 @@ pub fn set_thread_fs_identity(uid: u32, gid: u32) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// A close-on-exec pipe for moving bytes with `splice`, grown towards `want` bytes of
+/// capacity where the kernel allows (a user over its pipe-buffer allowance keeps the
+/// default); returns both ends and the capacity it got.
+pub fn splice_pipe(want: usize) -> io::Result<(OwnedFd, OwnedFd, usize)> {
+    let (r, w) = pipe()?;
+    let cap = match rustix::pipe::fcntl_setpipe_size(&w, want) {
+        Ok(cap) => cap,
+        Err(_) => rustix::pipe::fcntl_getpipe_size(&w)?,
+    };
+    Ok((r, w, cap))
+}
+
+/// Move up to `len` bytes from `from` to `to` at their current positions, one of them a
+/// pipe (`splice`). `nonblock` makes the pipe side non-blocking (the other side blocks or
+/// not by its own flags).
+pub fn splice(from: impl AsFd, to: impl AsFd, len: usize, nonblock: bool) -> io::Result<usize> {
+    use rustix::pipe::SpliceFlags;
+    let mut flags = SpliceFlags::MOVE;
+    if nonblock {
+        flags |= SpliceFlags::NONBLOCK;
+    }
+    Ok(rustix::pipe::splice(from, None, to, None, len, flags)?)
+}
+
+/// Wait until `fd` is readable (or writable), or has hung up or failed.
+pub fn wait_ready(fd: impl AsFd, writable: bool) -> io::Result<()> {
+    use rustix::event::{PollFd, PollFlags};
+    let want = if writable {
+        PollFlags::OUT
+    } else {
+        PollFlags::IN
+    };
+    let mut fds = [PollFd::new(&fd, want)];
+    loop {
+        match rustix::event::poll(&mut fds, None) {
+            Ok(_) => return Ok(()),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// A close-on-exec duplicate of a descriptor (the same open file: flags and position are
+/// shared).
+pub fn dup_cloexec(fd: impl AsFd) -> io::Result<OwnedFd> {
+    Ok(rustix::io::fcntl_dupfd_cloexec(fd, 3)?)
+}
+
+/// Whether a file was opened for appending (`splice` refuses to write to such a file).
+pub fn is_append(fd: impl AsFd) -> io::Result<bool> {
+    Ok(rustix::fs::fcntl_getfl(fd)?.contains(rustix::fs::OFlags::APPEND))
+}
+
+/// Shut a socket down both ways: a peer mid-frame sees the end of the stream, never bytes
+/// that would desynchronise it.
+pub fn shutdown_both(sock: impl AsFd) -> io::Result<()> {
+    Ok(rustix::net::shutdown(sock, rustix::net::Shutdown::Both)?)
+}

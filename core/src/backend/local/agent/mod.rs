@@ -124,8 +124,8 @@ pub fn run(
 
 /// A client connection the agent serves: a unix stream handed over by the monitor, or a
 /// TCP connection to the in-pod agent.
-pub(super) trait Conn: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Conn for T {}
+pub(super) trait Conn: AsyncRead + AsyncWrite + AsFd + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + AsFd + Unpin + Send> Conn for T {}
 
 /// Shared state of the agent.
 struct Agent {
