@@ -8,6 +8,20 @@ use std::time::Duration;
 
 use sandcove::{Backend, CreateOptions, LocalBackend};
 
+#[path = "hardening_common.rs"]
+mod common;
+
+/// An engine's state directory: dropped (after the engine, declared before it), it ends the
+/// monitors of sandboxes a failed test left and removes the directory, however the test ends.
+struct StateDir(std::path::PathBuf);
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        common::terminate_monitors(&self.0);
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// `NoNewPrivs` of process `pid`, from its status.
 fn no_new_privs(pid: u32) -> Option<bool> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -81,8 +95,9 @@ fn destroy(backend: &LocalBackend, id: &str) {
 
 #[test]
 fn a_program_that_took_no_new_privs_gets_monitors_made_with_it() {
-    let dir = std::env::temp_dir().join(format!("sandcove-spawner-{}", std::process::id()));
-    let backend = LocalBackend::with_state_dir(&dir)
+    let dir =
+        StateDir(std::env::temp_dir().join(format!("sandcove-spawner-{}", std::process::id())));
+    let backend = LocalBackend::with_state_dir(&dir.0)
         .expect("an engine")
         .with_warm_pool(0);
     let me = std::process::id();
@@ -122,5 +137,4 @@ fn a_program_that_took_no_new_privs_gets_monitors_made_with_it() {
 
     destroy(&backend, &first);
     destroy(&backend, &second);
-    let _ = std::fs::remove_dir_all(&dir);
 }
