@@ -3,21 +3,23 @@
 //! and the rest of the `Backend` trait reachable from a handle. Run on the embedded engine and
 //! over HTTP (a loopback server wrapping it).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use sandcove::conformance::{test_options, unique};
 use sandcove::{
-    AnnotationUpdate, Backend, ByteStream, Capabilities, Client, Command, CreateOptions, Error,
-    ErrorCode, Feature, FileStat, ListDirOptions, ListOptions, LocalBackend, Metrics, MkdirOptions,
-    NetworkPolicy, Preview, PreviewOptions, PreviewToken, ProcessEvent, ProcessInfo,
-    ProcessSelector, ProcessSpec, ProcessStream, PtySize, ReadOptions, RemoveOptions, Resources,
-    Result, SandboxInfo, SandboxState, Signal, SnapshotInfo, StatOptions, TimeoutAction,
-    VolumeInfo, VolumeMount, WatchOptions, WatchStream, WriteOptions,
+    Backend, ByteStream, Capabilities, Client, Command, Error, ErrorCode, Feature, ListDirOptions,
+    ListOptions, LocalBackend, MkdirOptions, NetworkPolicy, PreviewOptions, ProcessEvent,
+    ProcessSelector, PtySize, ReadOptions, RemoveOptions, Resources, Result, SandboxState, Signal,
+    StatOptions, TimeoutAction, VolumeMount, WatchOptions, WriteOptions,
 };
 use tokio::io::AsyncWriteExt;
+
+#[path = "passthrough_common.rs"]
+mod passthrough;
+
+use passthrough::{Adapt, Passthrough};
 
 async fn clients() -> Vec<(&'static str, Client)> {
     let engine = Arc::new(LocalBackend::new().expect("local engine"));
@@ -177,12 +179,11 @@ async fn the_rest_of_the_backend_is_reachable_from_a_handle() {
 /// test sees it.
 #[derive(Debug)]
 struct Without {
-    inner: Arc<dyn Backend>,
     off: Vec<Feature>,
 }
 
-impl Without {
-    fn mask(&self, mut caps: Capabilities) -> Capabilities {
+impl Adapt for Without {
+    fn capabilities(&self, mut caps: Capabilities) -> Capabilities {
         for feature in &self.off {
             match feature {
                 Feature::Pause => caps.pause = false,
@@ -200,183 +201,6 @@ impl Without {
             }
         }
         caps
-    }
-}
-
-#[async_trait::async_trait]
-impl Backend for Without {
-    fn capabilities(&self) -> Capabilities {
-        self.mask(self.inner.capabilities())
-    }
-    async fn ready(&self) -> Result<Capabilities> {
-        Ok(self.mask(self.inner.ready().await?))
-    }
-    async fn create(&self, o: CreateOptions) -> Result<SandboxInfo> {
-        self.inner.create(o).await
-    }
-    async fn get(&self, id: &str) -> Result<SandboxInfo> {
-        self.inner.get(id).await
-    }
-    async fn list(&self, o: ListOptions) -> Result<Vec<SandboxInfo>> {
-        self.inner.list(o).await
-    }
-    async fn set_timeout(&self, id: &str, t: Duration) -> Result<SandboxInfo> {
-        self.inner.set_timeout(id, t).await
-    }
-    async fn set_labels(&self, id: &str, l: BTreeMap<String, String>) -> Result<SandboxInfo> {
-        self.inner.set_labels(id, l).await
-    }
-    async fn update_annotations(
-        &self,
-        id: &str,
-        u: AnnotationUpdate,
-    ) -> Result<BTreeMap<String, String>> {
-        self.inner.update_annotations(id, u).await
-    }
-    async fn destroy(&self, id: &str) -> Result<()> {
-        self.inner.destroy(id).await
-    }
-    async fn spawn(&self, id: &str, s: ProcessSpec) -> Result<ProcessStream> {
-        self.inner.spawn(id, s).await
-    }
-    async fn attach(&self, id: &str, p: ProcessSelector) -> Result<ProcessStream> {
-        self.inner.attach(id, p).await
-    }
-    async fn write_stdin(&self, id: &str, p: ProcessSelector, d: Vec<u8>) -> Result<()> {
-        self.inner.write_stdin(id, p, d).await
-    }
-    async fn close_stdin(&self, id: &str, p: ProcessSelector) -> Result<()> {
-        self.inner.close_stdin(id, p).await
-    }
-    async fn signal(&self, id: &str, p: ProcessSelector, s: Signal) -> Result<()> {
-        self.inner.signal(id, p, s).await
-    }
-    async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
-        self.inner.list_processes(id).await
-    }
-    async fn read_file(&self, id: &str, p: &str, o: ReadOptions) -> Result<ByteStream> {
-        self.inner.read_file(id, p, o).await
-    }
-    async fn write_file(
-        &self,
-        id: &str,
-        p: &str,
-        d: ByteStream,
-        o: WriteOptions,
-    ) -> Result<FileStat> {
-        self.inner.write_file(id, p, d, o).await
-    }
-    async fn list_dir(&self, id: &str, p: &str, o: ListDirOptions) -> Result<Vec<FileStat>> {
-        self.inner.list_dir(id, p, o).await
-    }
-    async fn stat(&self, id: &str, p: &str, o: StatOptions) -> Result<FileStat> {
-        self.inner.stat(id, p, o).await
-    }
-    async fn mkdir(&self, id: &str, p: &str, o: MkdirOptions) -> Result<FileStat> {
-        self.inner.mkdir(id, p, o).await
-    }
-    async fn remove(&self, id: &str, p: &str, o: RemoveOptions) -> Result<()> {
-        self.inner.remove(id, p, o).await
-    }
-    async fn rename(
-        &self,
-        id: &str,
-        from: &str,
-        to: &str,
-        o: sandcove::RenameOptions,
-    ) -> Result<FileStat> {
-        self.inner.rename(id, from, to, o).await
-    }
-    async fn copy(
-        &self,
-        id: &str,
-        from: &str,
-        to: &str,
-        o: sandcove::CopyOptions,
-    ) -> Result<FileStat> {
-        self.inner.copy(id, from, to, o).await
-    }
-    async fn chmod(&self, id: &str, p: &str, mode: u32) -> Result<FileStat> {
-        self.inner.chmod(id, p, mode).await
-    }
-    async fn pause(&self, id: &str) -> Result<SandboxInfo> {
-        self.inner.pause(id).await
-    }
-    async fn resume(&self, id: &str) -> Result<SandboxInfo> {
-        self.inner.resume(id).await
-    }
-    async fn stop(&self, id: &str) -> Result<SandboxInfo> {
-        self.inner.stop(id).await
-    }
-    async fn start(&self, id: &str) -> Result<SandboxInfo> {
-        self.inner.start(id).await
-    }
-    async fn metrics(&self, id: &str) -> Result<Metrics> {
-        self.inner.metrics(id).await
-    }
-    async fn resize_pty(&self, id: &str, p: ProcessSelector, s: PtySize) -> Result<()> {
-        self.inner.resize_pty(id, p, s).await
-    }
-    async fn watch(&self, id: &str, p: &str, o: WatchOptions) -> Result<WatchStream> {
-        self.inner.watch(id, p, o).await
-    }
-    async fn expose_port(&self, id: &str, o: PreviewOptions) -> Result<Preview> {
-        self.inner.expose_port(id, o).await
-    }
-    async fn list_previews(&self, id: &str) -> Result<Vec<Preview>> {
-        self.inner.list_previews(id).await
-    }
-    async fn close_preview(&self, id: &str, port: u16) -> Result<()> {
-        self.inner.close_preview(id, port).await
-    }
-    async fn create_preview_token(
-        &self,
-        id: &str,
-        port: u16,
-        expires_at: Option<u64>,
-    ) -> Result<PreviewToken> {
-        self.inner.create_preview_token(id, port, expires_at).await
-    }
-    async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()> {
-        self.inner.revoke_preview_token(id, port, token).await
-    }
-    async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
-        self.inner.snapshot(id, name).await
-    }
-    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
-        self.inner.list_snapshots().await
-    }
-    async fn delete_snapshot(&self, id: &str) -> Result<()> {
-        self.inner.delete_snapshot(id).await
-    }
-    async fn fork(&self, id: &str, o: CreateOptions) -> Result<SandboxInfo> {
-        self.inner.fork(id, o).await
-    }
-    async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {
-        self.inner.create_volume(name).await
-    }
-    async fn get_volume(&self, name: &str) -> Result<VolumeInfo> {
-        self.inner.get_volume(name).await
-    }
-    async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
-        self.inner.list_volumes().await
-    }
-    async fn delete_volume(&self, name: &str) -> Result<()> {
-        self.inner.delete_volume(name).await
-    }
-    async fn observe(
-        &self,
-        operation: &sandcove::OperationId,
-    ) -> Result<sandcove::OperationStatus> {
-        self.inner.observe(operation).await
-    }
-
-    async fn tombstone(
-        &self,
-        kind: sandcove::ResourceKind,
-        id: &str,
-    ) -> Result<Option<sandcove::Tombstone>> {
-        self.inner.tombstone(kind, id).await
     }
 }
 
@@ -425,9 +249,11 @@ fn assert_refused<T: std::fmt::Debug>(result: Result<T>, feature: Feature, how: 
 #[tokio::test]
 async fn a_missing_capability_is_refused_before_dispatch() {
     let engine: Arc<dyn Backend> = Arc::new(LocalBackend::new().expect("local engine"));
-    let masked: Arc<dyn Backend> = Arc::new(Without {
+    let masked: Arc<dyn Backend> = Arc::new(Passthrough {
         inner: engine.clone(),
-        off: MASKABLE.to_vec(),
+        adapt: Without {
+            off: MASKABLE.to_vec(),
+        },
     });
     for (how, client) in embedded_and_http(masked).await {
         let caps = client.ready().await.expect("ready");

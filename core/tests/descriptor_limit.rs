@@ -14,6 +14,15 @@ fn nofile() -> (u64, u64) {
     (rl.rlim_cur, rl.rlim_max)
 }
 
+/// An engine's state directory, removed however the test ends.
+struct StateDir(std::path::PathBuf);
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[test]
 fn an_engine_raises_the_soft_descriptor_limit_to_the_hard_one() {
     let (_, hard) = nofile();
@@ -26,8 +35,8 @@ fn an_engine_raises_the_soft_descriptor_limit_to_the_hard_one() {
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lowered) }, 0);
     assert_eq!(nofile(), (64, hard));
 
-    let dir = std::env::temp_dir().join(format!("sandcove-nofile-{}", std::process::id()));
-    let _engine = sandcove::LocalBackend::with_state_dir(&dir).expect("an engine");
+    let dir =
+        StateDir(std::env::temp_dir().join(format!("sandcove-nofile-{}", std::process::id())));
+    let _engine = sandcove::LocalBackend::with_state_dir(&dir.0).expect("an engine");
     assert_eq!(nofile(), (hard, hard), "the soft limit was not raised");
-    let _ = std::fs::remove_dir_all(&dir);
 }

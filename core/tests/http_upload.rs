@@ -2,7 +2,6 @@
 //! discarded what it received, even when that backend is slow to clean up; the server still
 //! cleans up after clients that just go away, and plain raw uploads keep working.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,11 +11,14 @@ use sandcove::backend::http::{frame, FRAMES_CONTENT_TYPE};
 use sandcove::conformance::{equals, eventually, test_options, unique, PATIENCE};
 use sandcove::server::{LocalServer, ServerConfig};
 use sandcove::{
-    Backend, ByteStream, Capabilities, CreateOptions, Error, ErrorCode, FileStat, HttpBackend,
-    ListDirOptions, ListOptions, LocalBackend, Metrics, MkdirOptions, Preview, PreviewOptions,
-    PreviewToken, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, PtySize, RemoveOptions,
-    Result, SandboxInfo, Signal, SnapshotInfo, VolumeInfo, WatchOptions, WatchStream, WriteOptions,
+    Backend, ByteStream, Capabilities, Error, ErrorCode, FileStat, HttpBackend, LocalBackend,
+    Result, WriteOptions,
 };
+
+#[path = "passthrough_common.rs"]
+mod passthrough;
+
+use passthrough::{Adapt, Passthrough};
 
 /// How long [`SlowCleanup`] holds back a failed upload's error before its engine sees it.
 const CLEANUP_DELAY: Duration = Duration::from_millis(300);
@@ -28,24 +30,19 @@ const CLEANUP_DELAY: Duration = Duration::from_millis(300);
 /// temporary file visible to the next call, every time.
 #[derive(Debug)]
 struct SlowCleanup {
-    inner: Arc<LocalBackend>,
     /// The largest file it reports (`Capabilities::max_file_bytes`), when not the engine's.
     max_file_bytes: Option<u64>,
 }
 
 #[async_trait]
-impl Backend for SlowCleanup {
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = self.inner.capabilities();
+impl Adapt for SlowCleanup {
+    fn capabilities(&self, mut caps: Capabilities) -> Capabilities {
         caps.max_file_bytes = self.max_file_bytes.unwrap_or(caps.max_file_bytes);
         caps
     }
-    async fn ready(&self) -> Result<Capabilities> {
-        self.inner.ready().await?;
-        Ok(self.capabilities())
-    }
     async fn write_file(
         &self,
+        inner: &Arc<dyn Backend>,
         id: &str,
         path: &str,
         data: ByteStream,
@@ -57,174 +54,11 @@ impl Backend for SlowCleanup {
             }
             item
         }));
-        let inner = self.inner.clone();
+        let inner = inner.clone();
         let (id, path) = (id.to_string(), path.to_string());
         tokio::spawn(async move { inner.write_file(&id, &path, delayed, options).await })
             .await
             .map_err(|e| Error::backend(format!("write task: {e}")))?
-    }
-    async fn create(&self, o: CreateOptions) -> Result<SandboxInfo> {
-        self.inner.create(o).await
-    }
-    async fn get(&self, id: &str) -> Result<SandboxInfo> {
-        self.inner.get(id).await
-    }
-    async fn list(&self, o: ListOptions) -> Result<Vec<SandboxInfo>> {
-        self.inner.list(o).await
-    }
-    async fn set_timeout(&self, id: &str, t: Duration) -> Result<SandboxInfo> {
-        self.inner.set_timeout(id, t).await
-    }
-    async fn set_labels(&self, id: &str, l: BTreeMap<String, String>) -> Result<SandboxInfo> {
-        self.inner.set_labels(id, l).await
-    }
-    async fn destroy(&self, id: &str) -> Result<()> {
-        self.inner.destroy(id).await
-    }
-    async fn spawn(&self, id: &str, s: ProcessSpec) -> Result<ProcessStream> {
-        self.inner.spawn(id, s).await
-    }
-    async fn attach(&self, id: &str, p: ProcessSelector) -> Result<ProcessStream> {
-        self.inner.attach(id, p).await
-    }
-    async fn write_stdin(&self, id: &str, p: ProcessSelector, d: Vec<u8>) -> Result<()> {
-        self.inner.write_stdin(id, p, d).await
-    }
-    async fn close_stdin(&self, id: &str, p: ProcessSelector) -> Result<()> {
-        self.inner.close_stdin(id, p).await
-    }
-    async fn signal(&self, id: &str, p: ProcessSelector, s: Signal) -> Result<()> {
-        self.inner.signal(id, p, s).await
-    }
-    async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
-        self.inner.list_processes(id).await
-    }
-    async fn read_file(
-        &self,
-        id: &str,
-        path: &str,
-        o: sandcove::ReadOptions,
-    ) -> Result<ByteStream> {
-        self.inner.read_file(id, path, o).await
-    }
-    async fn list_dir(&self, id: &str, path: &str, o: ListDirOptions) -> Result<Vec<FileStat>> {
-        self.inner.list_dir(id, path, o).await
-    }
-    async fn stat(&self, id: &str, path: &str, o: sandcove::StatOptions) -> Result<FileStat> {
-        self.inner.stat(id, path, o).await
-    }
-    async fn mkdir(&self, id: &str, path: &str, o: MkdirOptions) -> Result<FileStat> {
-        self.inner.mkdir(id, path, o).await
-    }
-    async fn remove(&self, id: &str, path: &str, o: RemoveOptions) -> Result<()> {
-        self.inner.remove(id, path, o).await
-    }
-    async fn rename(
-        &self,
-        id: &str,
-        from: &str,
-        to: &str,
-        o: sandcove::RenameOptions,
-    ) -> Result<FileStat> {
-        self.inner.rename(id, from, to, o).await
-    }
-    async fn copy(
-        &self,
-        id: &str,
-        from: &str,
-        to: &str,
-        o: sandcove::CopyOptions,
-    ) -> Result<FileStat> {
-        self.inner.copy(id, from, to, o).await
-    }
-    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
-        self.inner.chmod(id, path, mode).await
-    }
-    async fn pause(&self, id: &str) -> Result<SandboxInfo> {
-        self.inner.pause(id).await
-    }
-    async fn resume(&self, id: &str) -> Result<SandboxInfo> {
-        self.inner.resume(id).await
-    }
-    async fn stop(&self, id: &str) -> Result<SandboxInfo> {
-        self.inner.stop(id).await
-    }
-    async fn start(&self, id: &str) -> Result<SandboxInfo> {
-        self.inner.start(id).await
-    }
-    async fn update_annotations(
-        &self,
-        id: &str,
-        u: sandcove::AnnotationUpdate,
-    ) -> Result<BTreeMap<String, String>> {
-        self.inner.update_annotations(id, u).await
-    }
-    async fn metrics(&self, id: &str) -> Result<Metrics> {
-        self.inner.metrics(id).await
-    }
-    async fn resize_pty(&self, id: &str, p: ProcessSelector, s: PtySize) -> Result<()> {
-        self.inner.resize_pty(id, p, s).await
-    }
-    async fn watch(&self, id: &str, path: &str, o: WatchOptions) -> Result<WatchStream> {
-        self.inner.watch(id, path, o).await
-    }
-    async fn expose_port(&self, id: &str, o: PreviewOptions) -> Result<Preview> {
-        self.inner.expose_port(id, o).await
-    }
-    async fn list_previews(&self, id: &str) -> Result<Vec<Preview>> {
-        self.inner.list_previews(id).await
-    }
-    async fn close_preview(&self, id: &str, port: u16) -> Result<()> {
-        self.inner.close_preview(id, port).await
-    }
-    async fn create_preview_token(
-        &self,
-        id: &str,
-        port: u16,
-        ttl: Option<u64>,
-    ) -> Result<PreviewToken> {
-        self.inner.create_preview_token(id, port, ttl).await
-    }
-    async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()> {
-        self.inner.revoke_preview_token(id, port, token).await
-    }
-    async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
-        self.inner.snapshot(id, name).await
-    }
-    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
-        self.inner.list_snapshots().await
-    }
-    async fn delete_snapshot(&self, id: &str) -> Result<()> {
-        self.inner.delete_snapshot(id).await
-    }
-    async fn fork(&self, id: &str, o: CreateOptions) -> Result<SandboxInfo> {
-        self.inner.fork(id, o).await
-    }
-    async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {
-        self.inner.create_volume(name).await
-    }
-    async fn get_volume(&self, name: &str) -> Result<VolumeInfo> {
-        self.inner.get_volume(name).await
-    }
-    async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
-        self.inner.list_volumes().await
-    }
-    async fn delete_volume(&self, name: &str) -> Result<()> {
-        self.inner.delete_volume(name).await
-    }
-    async fn observe(
-        &self,
-        operation: &sandcove::OperationId,
-    ) -> Result<sandcove::OperationStatus> {
-        self.inner.observe(operation).await
-    }
-
-    async fn tombstone(
-        &self,
-        kind: sandcove::ResourceKind,
-        id: &str,
-    ) -> Result<Option<sandcove::Tombstone>> {
-        self.inner.tombstone(kind, id).await
     }
 }
 
@@ -243,9 +77,9 @@ async fn served_capped(
 ) -> (HttpBackend, String, String, Arc<LocalBackend>) {
     let key = unique("key");
     let engine = Arc::new(LocalBackend::new().expect("local engine"));
-    let backend = SlowCleanup {
-        inner: engine.clone(),
-        max_file_bytes,
+    let backend = Passthrough {
+        inner: engine.clone() as Arc<dyn Backend>,
+        adapt: SlowCleanup { max_file_bytes },
     };
     let mut server_config = ServerConfig::new(key.clone());
     config(&mut server_config);

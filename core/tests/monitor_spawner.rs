@@ -9,6 +9,20 @@ use std::time::Duration;
 use sandcove::conformance::{eventually, PATIENCE};
 use sandcove::{Backend, CreateOptions, LocalBackend};
 
+#[path = "hardening_common.rs"]
+mod common;
+
+/// An engine's state directory: dropped (after the engine, declared before it), it ends the
+/// monitors of sandboxes a failed test left and removes the directory, however the test ends.
+struct StateDir(std::path::PathBuf);
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        common::terminate_monitors(&self.0);
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// `NoNewPrivs` of process `pid`, from its status.
 fn no_new_privs(pid: u32) -> Option<bool> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -110,8 +124,9 @@ fn namespace(pid: &str, kind: &str) -> std::path::PathBuf {
 #[test]
 fn a_program_that_entered_another_namespace_gets_monitors_made_in_it() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = std::env::temp_dir().join(format!("sandcove-spawner-ns-{}", std::process::id()));
-    let backend = LocalBackend::with_state_dir(&dir)
+    let dir =
+        StateDir(std::env::temp_dir().join(format!("sandcove-spawner-ns-{}", std::process::id())));
+    let backend = LocalBackend::with_state_dir(&dir.0)
         .expect("an engine")
         .with_warm_pool(0);
     // A spawner started as the program is now.
@@ -153,7 +168,6 @@ fn a_program_that_entered_another_namespace_gets_monitors_made_in_it() {
         ),
     }
     destroy(&backend, &first);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The niceness of process `pid` (field 19 of its stat).
@@ -166,8 +180,10 @@ fn nice_of(pid: u32) -> Option<i32> {
 #[test]
 fn a_program_that_lowered_its_priority_gets_monitors_made_at_it() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = std::env::temp_dir().join(format!("sandcove-spawner-nice-{}", std::process::id()));
-    let backend = LocalBackend::with_state_dir(&dir)
+    let dir = StateDir(
+        std::env::temp_dir().join(format!("sandcove-spawner-nice-{}", std::process::id())),
+    );
+    let backend = LocalBackend::with_state_dir(&dir.0)
         .expect("an engine")
         .with_warm_pool(0);
     let first = create_in_a_fresh_runtime(&backend);
@@ -199,14 +215,15 @@ fn a_program_that_lowered_its_priority_gets_monitors_made_at_it() {
     );
     destroy(&backend, &second);
     destroy(&backend, &first);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_forked_copy_of_the_program_does_not_hold_up_a_new_spawner() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = std::env::temp_dir().join(format!("sandcove-spawner-fork-{}", std::process::id()));
-    let backend = LocalBackend::with_state_dir(&dir)
+    let dir = StateDir(
+        std::env::temp_dir().join(format!("sandcove-spawner-fork-{}", std::process::id())),
+    );
+    let backend = LocalBackend::with_state_dir(&dir.0)
         .expect("an engine")
         .with_warm_pool(0);
     let first = create_in_a_fresh_runtime(&backend);
@@ -242,14 +259,14 @@ fn a_forked_copy_of_the_program_does_not_hold_up_a_new_spawner() {
     let second = second.expect("a create waited for a spawner a forked copy keeps alive");
     destroy(&backend, &second);
     destroy(&backend, &first);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_program_that_took_no_new_privs_gets_monitors_made_with_it() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = std::env::temp_dir().join(format!("sandcove-spawner-{}", std::process::id()));
-    let backend = LocalBackend::with_state_dir(&dir)
+    let dir =
+        StateDir(std::env::temp_dir().join(format!("sandcove-spawner-{}", std::process::id())));
+    let backend = LocalBackend::with_state_dir(&dir.0)
         .expect("an engine")
         .with_warm_pool(0);
 
@@ -282,5 +299,4 @@ fn a_program_that_took_no_new_privs_gets_monitors_made_with_it() {
 
     destroy(&backend, &first);
     destroy(&backend, &second);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -85,19 +85,29 @@ pub fn fingerprint(bytes: &[u8]) -> String {
     format!("{h:016x}")
 }
 
-/// Build `dir` once: `fill` populates a private directory, which is then renamed into place
-/// (a racing test that loses the rename discards its copy and uses the winner's).
+/// Build `dir` once: `fill` populates a private directory, which is then renamed into place.
+/// One build at a time per directory: tests that need it meanwhile (this program's, run in
+/// parallel, or another program's) wait for that build instead of downloading and building
+/// the same packages again.
 pub fn provision(dir: &Path, fill: impl FnOnce(&Path)) {
     if dir.join(".complete").exists() {
         return;
     }
     let root = dir.parent().expect("a parent directory");
     std::fs::create_dir_all(root).expect("the SDK directory");
+    let name = dir.file_name().unwrap().to_string_lossy();
+    let lock = std::fs::File::create(root.join(format!(".lock-{name}")))
+        .expect("the provisioning lock file");
+    // Held until this function returns (the descriptor closes), the install renamed in place.
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
+        .expect("the provisioning lock");
+    if dir.join(".complete").exists() {
+        return;
+    }
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    let name = dir.file_name().unwrap().to_string_lossy();
     let tmp = root.join(format!(".tmp-{name}-{}-{nanos}", std::process::id()));
     std::fs::create_dir_all(&tmp).expect("a private build directory");
     fill(&tmp);

@@ -81,7 +81,7 @@ struct State {
     /// When set, Pods are never scheduled (they stay Pending).
     unschedulable: Mutex<bool>,
     agent_port: u16,
-    scratch: PathBuf,
+    scratch: Scratch,
 }
 
 /// A running fake API server and kubelet. Dropping it kills every agent it started.
@@ -91,14 +91,35 @@ pub struct FakeCluster {
     pub url: String,
     /// The agent port every Pod listens on.
     pub agent_port: u16,
-    _scratch: TempDir,
 }
 
-struct TempDir(PathBuf);
+/// Where the fake's Pods get their filesystems: `<temp>/<prefix>-<pod>`, one directory per
+/// Pod, made when it is scheduled and removed when it is deleted (so no directory of the
+/// fake's outlives a run whose sandboxes were all destroyed, even a shared fake's, which is
+/// never dropped). A dropped fake removes what its Pods left.
+#[derive(Debug)]
+struct Scratch {
+    /// `sandcove-fake-kube-<pid>-<random>`.
+    prefix: String,
+}
 
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+impl Scratch {
+    /// The filesystem of Pod `name`.
+    fn pod_root(&self, name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("{}-{name}", self.prefix))
+    }
+
+    /// Remove every Pod directory left.
+    fn remove_all(&self) {
+        let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+            return;
+        };
+        let prefix = format!("{}-", self.prefix);
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
     }
 }
 
@@ -114,11 +135,12 @@ impl Drop for FakeCluster {
                 kill_tree(child);
             }
         }
+        self.state.scratch.remove_all();
     }
 }
 
-/// Remove the scratch directories of earlier test programs that have ended (a shared fake is
-/// never dropped, so its directory outlives its program).
+/// Remove the Pod directories of earlier test programs that have ended (a Pod of a failed
+/// test may never have been deleted).
 fn remove_stale_scratch() {
     let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
         return;
@@ -164,12 +186,13 @@ impl FakeCluster {
     /// they outlive the test that started them when shared, see [`FakeCluster::shared`]).
     pub fn start() -> FakeCluster {
         remove_stale_scratch();
-        let scratch = std::env::temp_dir().join(format!(
-            "sandcove-fake-kube-{}-{}",
-            std::process::id(),
-            sandcove::random_id(8)
-        ));
-        std::fs::create_dir_all(&scratch).expect("scratch dir");
+        let scratch = Scratch {
+            prefix: format!(
+                "sandcove-fake-kube-{}-{}",
+                std::process::id(),
+                sandcove::random_id(8)
+            ),
+        };
         let agent_port = {
             let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe port");
             probe.local_addr().unwrap().port()
@@ -182,7 +205,7 @@ impl FakeCluster {
             faults: Mutex::new(Vec::new()),
             unschedulable: Mutex::new(false),
             agent_port,
-            scratch: scratch.clone(),
+            scratch,
         });
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the fake API");
         listener.set_nonblocking(true).unwrap();
@@ -213,7 +236,6 @@ impl FakeCluster {
             state,
             url: format!("http://{addr}"),
             agent_port,
-            _scratch: TempDir(scratch),
         }
     }
 
@@ -581,7 +603,7 @@ fn create_pod(state: &Arc<State>, mut pod: Value) -> Response {
 /// The fake kubelet: start the Pod's agent and report it Ready once it listens.
 fn schedule(state: Arc<State>, name: String, pod: Value) {
     let ip = next_pod_ip();
-    let root = state.scratch.join(&name);
+    let root = state.scratch.pod_root(&name);
     let container = &pod["spec"]["containers"][0];
     let context = |key: &str| {
         container["securityContext"][key]
@@ -783,7 +805,7 @@ fn delete_pod(state: &Arc<State>, name: &str, grace: u64) -> Option<Value> {
             bump(&mut store, &mut pod);
             emit(&state, &mut store, "DELETED", pod);
         }
-        let _ = std::fs::remove_dir_all(state.scratch.join(&name));
+        let _ = std::fs::remove_dir_all(state.scratch.pod_root(&name));
     });
     Some(pod)
 }
