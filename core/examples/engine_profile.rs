@@ -1,9 +1,13 @@
 //! Time the embedded engine's cold create, file throughput and exec, for profiling one
 //! change against another (run two builds alternately; compare their ratios).
 //!
-//! `cargo run --release -p sandcove --example engine_profile -- [create|cold|files|http-files|exec|hold] [rounds]`
+//! `cargo run --release -p sandcove --example engine_profile -- [create|cold|files|http-files|exec|warm|hold] [rounds]`
 //!
 //! `http-files` is `files` through `HttpBackend` and a loopback server over the same engine.
+//!
+//! `exec` and `warm` (create from a warm pool of 2 → first byte of `echo hi`, the bench's
+//! warm row; destroy untimed) take a floor sample (`std::process::Command` running `true`)
+//! before each round and print both p50s and their ratio, as the bench does.
 
 use std::time::{Duration, Instant};
 
@@ -44,6 +48,14 @@ const BWRAP_ARGS: &[&str] = &[
     "true",
 ];
 
+fn floor() -> Duration {
+    let t = Instant::now();
+    let status = std::process::Command::new("true").status();
+    let d = t.elapsed();
+    assert!(status.map(|s| s.success()).unwrap_or(false));
+    d
+}
+
 fn p50(v: &mut [Duration]) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -55,6 +67,7 @@ async fn files(backend: &dyn Backend, rounds: usize) -> sandcove::Result<()> {
     let bytes = 100usize << 20;
     let data = vec![0x5au8; bytes];
     let mut samples = Vec::new();
+    let mut floors = Vec::new();
     for _ in 0..rounds {
         let chunks: Vec<sandcove::Result<Vec<u8>>> =
             data.chunks(1 << 20).map(|c| Ok(c.to_vec())).collect();
@@ -147,6 +160,7 @@ async fn run(what: String, rounds: usize) -> sandcove::Result<()> {
         "exec" => {
             let id = backend.create(CreateOptions::default()).await?.id;
             for _ in 0..rounds {
+                floors.push(floor());
                 let t = Instant::now();
                 let mut stream = backend
                     .spawn(&id, ProcessSpec::new(Command::argv(["echo", "hi"])))
@@ -194,6 +208,32 @@ async fn run(what: String, rounds: usize) -> sandcove::Result<()> {
             );
             return Ok(());
         }
+        "warm" => {
+            let backend = LocalBackend::new()?.with_warm_pool(2);
+            // The pool starts filling at the first create.
+            let first = backend.create(CreateOptions::default()).await?.id;
+            backend.destroy(&first).await?;
+            for _ in 0..rounds {
+                // Each claim starts a refill: wait for it, as the bench's alternating rows do.
+                while backend.warm_ready() < 2 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                floors.push(floor());
+                let t = Instant::now();
+                let id = backend.create(CreateOptions::default()).await?.id;
+                let mut stream = backend
+                    .spawn(&id, ProcessSpec::new(Command::argv(["echo", "hi"])))
+                    .await?;
+                while let Some(ev) = stream.events.next().await {
+                    if let ProcessEvent::Stdout(_) = ev? {
+                        break;
+                    }
+                }
+                samples.push(t.elapsed());
+                drop(stream);
+                backend.destroy(&id).await?;
+            }
+        }
         "hold" => {
             // One idle sandbox for `rounds` seconds, to read its processes' smaps.
             let id = backend.create(CreateOptions::default()).await?.id;
@@ -203,6 +243,13 @@ async fn run(what: String, rounds: usize) -> sandcove::Result<()> {
         }
         other => panic!("unknown measurement {other:?}"),
     }
-    println!("{what}: p50 {:?} over {rounds}", p50(&mut samples));
+    let p = p50(&mut samples);
+    if floors.is_empty() {
+        println!("{what}: p50 {p:?} over {rounds}");
+    } else {
+        let f = p50(&mut floors);
+        let ratio = p.as_secs_f64() / f.as_secs_f64();
+        println!("{what}: p50 {p:?}, floor p50 {f:?}, ratio {ratio:.2} over {rounds}");
+    }
     Ok(())
 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use sandcove::conformance::{
-    equals, eventually, host_process_count, sh, test_options, unique, PATIENCE,
+    equals, eventually, host_process_count, run, sh, test_options, unique, PATIENCE,
 };
 use sandcove::{Backend, Command, ErrorCode, LocalBackend, ProcessSelector, ProcessSpec};
 
@@ -826,4 +826,111 @@ async fn pooled_connections_never_reach_a_paused_stopped_or_destroyed_sandbox() 
     assert!(err.is_not_found(), "{err:?}");
     let err = a.list_processes(&id).await.expect_err("gone");
     assert!(err.is_not_found(), "{err:?}");
+}
+
+/// A sandbox process starts with no signal blocked or ignored: what the agent that starts it
+/// blocks or ignores (the Rust runtime ignores SIGPIPE) stays with the agent. (Caught signals
+/// are the program's own: grep catches SIGSEGV.) A pipe's reader going away kills a writer,
+/// as a shell user expects.
+#[tokio::test]
+async fn sandbox_processes_start_with_default_signal_state() {
+    let backend = local();
+    let id = backend
+        .create(test_options(&unique("signals")))
+        .await
+        .expect("create")
+        .id;
+    let out = run(
+        &*backend,
+        &id,
+        ProcessSpec::new(Command::argv([
+            "grep",
+            "-E",
+            "^Sig(Blk|Ign)",
+            "/proc/self/status",
+        ])),
+    )
+    .await;
+    assert_eq!(out.exit_code(), 0, "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for line in lines {
+        let (name, mask) = line.split_once(':').unwrap();
+        assert!(
+            mask.trim().chars().all(|c| c == '0'),
+            "{name} is not empty in a sandbox process: {text}"
+        );
+    }
+    // `yes` dies of SIGPIPE (141) when `head` stops reading.
+    let piped = sh(
+        &*backend,
+        &id,
+        "{ yes; echo $? > /tmp/status; } | head -n1 >/dev/null; cat /tmp/status",
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8_lossy(&piped.stdout).trim(),
+        "141",
+        "{piped:?}"
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
+/// Programs are found as `execvp` finds them: along the process's own `PATH` (an override
+/// included), skipping entries where the name is missing or not executable; a name with a
+/// slash as is (relative to the working directory); a file without `#!` run by `/bin/sh`.
+/// A program found nowhere is not-found; one that cannot be run is an error, not a start.
+#[tokio::test]
+async fn programs_are_found_as_execvp_finds_them() {
+    let backend = local();
+    let id = backend
+        .create(test_options(&unique("execvp")))
+        .await
+        .expect("create")
+        .id;
+    let setup = sh(
+        &*backend,
+        &id,
+        "set -e; mkdir -p /tmp/a /tmp/b /tmp/c; \
+         printf 'not a program' > /tmp/a/tool; chmod 644 /tmp/a/tool; \
+         printf '#!/bin/sh\\necho b \"$@\"\\n' > /tmp/b/tool; chmod 755 /tmp/b/tool; \
+         printf 'echo script \"$0\" \"$1\"\\n' > /tmp/c/plain; chmod 755 /tmp/c/plain",
+    )
+    .await;
+    assert_eq!(setup.exit_code(), 0, "{setup:?}");
+    let path = |p: &str| ProcessSpec::new(Command::argv(["tool", "x"])).env("PATH", p);
+    // /tmp/a/tool is not executable: skipped for /tmp/b/tool.
+    let out = run(&*backend, &id, path("/tmp/missing:/tmp/a:/tmp/b")).await;
+    assert_eq!(out.stdout, b"b x\n", "{out:?}");
+    // A file without `#!` runs with /bin/sh, `$0` being its path.
+    let out = run(
+        &*backend,
+        &id,
+        ProcessSpec::new(Command::argv(["plain", "y"])).env("PATH", "/tmp/c"),
+    )
+    .await;
+    assert_eq!(out.stdout, b"script /tmp/c/plain y\n", "{out:?}");
+    // A name with a slash is relative to the working directory, PATH unused.
+    let out = run(
+        &*backend,
+        &id,
+        ProcessSpec::new(Command::argv(["./tool", "z"]))
+            .cwd("/tmp/b")
+            .env("PATH", "/nowhere"),
+    )
+    .await;
+    assert_eq!(out.stdout, b"b z\n", "{out:?}");
+    // Found nowhere: not found, naming the program.
+    let Err(err) = backend.spawn(&id, path("/tmp/missing")).await else {
+        panic!("a missing program started");
+    };
+    assert!(err.is_not_found(), "{err}");
+    assert!(err.to_string().contains("tool"), "{err}");
+    // Found only where it cannot run: an error, and nothing started.
+    let Err(err) = backend.spawn(&id, path("/tmp/a")).await else {
+        panic!("a non-executable file started");
+    };
+    assert!(!err.is_not_found(), "{err}");
+    backend.destroy(&id).await.expect("destroy");
 }

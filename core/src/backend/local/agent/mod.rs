@@ -899,7 +899,11 @@ async fn as_user<T: Send + 'static>(
         .map_err(|_| Error::backend("a file call as a user ended without a result"))?
 }
 
-async fn write_output(stream: &mut impl Conn, kind: StreamKind, bytes: &[u8]) -> Result<()> {
+async fn write_output(
+    stream: &mut (impl AsyncWrite + Unpin + Send),
+    kind: StreamKind,
+    bytes: &[u8],
+) -> Result<()> {
     let header = match kind {
         StreamKind::Stdout => AgentReply::Stdout,
         StreamKind::Stderr => AgentReply::Stderr,
@@ -911,7 +915,7 @@ async fn write_output(stream: &mut impl Conn, kind: StreamKind, bytes: &[u8]) ->
 }
 
 /// Write one history entry (output or a restart).
-async fn write_event(stream: &mut impl Conn, ev: &Event) -> Result<()> {
+async fn write_event(stream: &mut (impl AsyncWrite + Unpin + Send), ev: &Event) -> Result<()> {
     match ev {
         Event::Output(kind, bytes) => write_output(stream, *kind, bytes).await,
         Event::Restarted {
@@ -932,14 +936,34 @@ async fn write_event(stream: &mut impl Conn, ev: &Event) -> Result<()> {
     }
 }
 
+/// Send a process's events until its exit. Events already queued when one arrives (a short
+/// command's last output and its exit, often) go out in one write: one wake-up of the client
+/// rather than one per frame.
 async fn forward_events(stream: &mut impl Conn, mut rx: mpsc::Receiver<Event>) -> Result<()> {
+    /// Bytes gathered before a write, at most (plus one event's frames).
+    const BATCH: usize = 256 * 1024;
+    let mut batch = Vec::new();
     while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Output(kind, bytes) => write_output(stream, kind, &bytes).await?,
-            ev @ Event::Restarted { .. } => write_event(stream, &ev).await?,
-            Event::Exit(status) => {
-                return proto::write_frame(stream, &AgentReply::Exit { status }, &[]).await;
+        let mut next = Some(ev);
+        let mut ended = false;
+        while let Some(ev) = next.take() {
+            write_event(&mut batch, &ev).await?;
+            ended = matches!(ev, Event::Exit(_));
+            if !ended && batch.len() < BATCH {
+                next = rx.try_recv().ok();
             }
+        }
+        stream
+            .write_all(&batch)
+            .await
+            .map_err(|e| Error::from_io(&e, "process events"))?;
+        batch.clear();
+        // A long-lived stream keeps no large buffer between bursts.
+        if batch.capacity() > 64 * 1024 {
+            batch = Vec::new();
+        }
+        if ended {
+            return Ok(());
         }
     }
     Err(Error::backend(

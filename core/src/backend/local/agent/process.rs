@@ -236,32 +236,41 @@ pub(super) fn launch(agent: &Arc<Agent>, spec: &ProcessSpec) -> Result<Incarnati
         envs.entry("TERM".into())
             .or_insert_with(|| "xterm-256color".into());
     }
-    let mut cmd = std::process::Command::new(&argv[0]);
-    cmd.args(&argv[1..])
-        .env_clear()
-        .envs(&envs)
-        .current_dir(format!("/proc/self/fd/{}", cwd_fd.as_raw_fd()));
+    // The child's stdio: our ends stay here, theirs are closed once it has started.
     let mut pty_master = None;
-    if let Some(size) = spec.pty {
+    let (child_stdio, ours): ([OwnedFd; 3], [Option<OwnedFd>; 3]) = if let Some(size) = spec.pty {
         let (master, slave) = sys::openpty(size.cols, size.rows)
             .map_err(|e| Error::from_io(&e, "open a pseudo-terminal"))?;
         let clone = |fd: &OwnedFd| {
             fd.try_clone()
                 .map_err(|e| Error::from_io(&e, "pseudo-terminal"))
         };
-        cmd.stdin(std::process::Stdio::from(clone(&slave)?))
-            .stdout(std::process::Stdio::from(clone(&slave)?))
-            .stderr(std::process::Stdio::from(slave));
         pty_master = Some(master);
+        ([clone(&slave)?, clone(&slave)?, slave], [None, None, None])
     } else {
-        cmd.stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .stdin(if spec.stdin {
-                std::process::Stdio::piped()
-            } else {
-                std::process::Stdio::null()
-            });
-    }
+        let pipe = || sys::pipe().map_err(|e| Error::from_io(&e, "output pipe"));
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let (stdin_child, stdin_ours) = if spec.stdin {
+            let (r, w) = sys::pipe().map_err(|e| Error::from_io(&e, "stdin pipe"))?;
+            (r, Some(w))
+        } else {
+            let null = std::fs::File::open("/dev/null")
+                .map_err(|e| Error::from_io(&e, "open /dev/null"))?;
+            (OwnedFd::from(null), None)
+        };
+        (
+            [stdin_child, out_w, err_w],
+            [stdin_ours, Some(out_r), Some(err_r)],
+        )
+    };
+    let mut plan = sys::SpawnPlan::new(
+        &argv,
+        &envs,
+        child_stdio.each_ref().map(|fd| fd.as_raw_fd()),
+        cwd_fd.as_raw_fd(),
+    )
+    .map_err(|e| Error::from_io(&e, &format!("start {:?}", argv[0])))?;
     let with_tty = pty_master.is_some();
     let (uid, gid) = (user.uid, user.gid);
     // A default above the host's hard limit (which no process in a user namespace can
@@ -292,43 +301,44 @@ pub(super) fn launch(agent: &Arc<Agent>, spec: &ProcessSpec) -> Result<Incarnati
     let isolated = !record.unisolated;
     let pod = agent.pod;
     let filters = super::seccomp::filters()?;
-    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
-    // syscalls (no allocation, no locks; the filters were compiled before the fork).
-    unsafe {
-        cmd.pre_exec(move || {
-            // Only stdio reaches the program: every other descriptor closes at exec.
-            sys::cloexec_from(3)?;
-            if isolated {
-                // Undo the agent's OOM protection (see the monitor): sandbox processes are
-                // what a sandbox at its memory limit gives up.
-                let _ = sys::set_oom_score_adj(0);
-                sys::harden_child(uid, gid, nproc, nofile)?;
+    // The child shares the agent's memory until exec (see `sys::spawn`): this hook only
+    // makes raw, async-signal-safe syscalls (no allocation, no locks; the filters were
+    // compiled before the clone). Every hardening step of a sandbox process is here, in order.
+    let hook = || -> std::io::Result<()> {
+        // Only stdio reaches the program: every other descriptor closes at exec.
+        sys::cloexec_from(3)?;
+        if isolated {
+            // Undo the agent's OOM protection (see the monitor): sandbox processes are
+            // what a sandbox at its memory limit gives up.
+            let _ = sys::set_oom_score_adj(0);
+            sys::harden_child(uid, gid, nproc, nofile)?;
+            super::seccomp::apply(filters)?;
+        } else {
+            sys::setsid()?;
+            // The one limit that stays per process without a user namespace.
+            sys::setrlimit(libc::RLIMIT_NOFILE, nofile)?;
+            if pod {
+                // In a pod the container runtime isolates; what needs no privilege
+                // still applies: no gaining privileges at exec, and the deny-list.
+                sys::set_no_new_privs()?;
                 super::seccomp::apply(filters)?;
-            } else {
-                sys::setsid()?;
-                // The one limit that stays per process without a user namespace.
-                sys::setrlimit(libc::RLIMIT_NOFILE, nofile)?;
-                if pod {
-                    // In a pod the container runtime isolates; what needs no privilege
-                    // still applies: no gaining privileges at exec, and the deny-list.
-                    sys::set_no_new_privs()?;
-                    super::seccomp::apply(filters)?;
-                }
             }
-            if with_tty {
-                sys::set_controlling_tty()?;
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().map_err(|e| {
+        }
+        if with_tty {
+            sys::set_controlling_tty()?;
+        }
+        Ok(())
+    };
+    let pid = sys::spawn(&mut plan, hook).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             Error::not_found(format!("program {:?}", argv[0]))
         } else {
             Error::from_io(&e, &format!("start {:?}", argv[0]))
         }
     })?;
-    let pid = child.id();
+    drop(plan);
+    drop(child_stdio);
+    let [stdin_ours, stdout_ours, stderr_ours] = ours;
     let (stdout, stderr, stdin) = if let Some(master) = pty_master {
         sys::set_nonblocking(master.as_fd(), true)
             .map_err(|e| Error::from_io(&e, "pseudo-terminal"))?;
@@ -340,19 +350,18 @@ pub(super) fn launch(agent: &Arc<Agent>, spec: &ProcessSpec) -> Result<Incarnati
             Some(Stdin::Pty(master)),
         )
     } else {
-        let stdout = child.stdout.take().map(pipe_receiver).transpose()?;
-        let stderr = child.stderr.take().map(pipe_receiver).transpose()?;
-        let stdin = match child.stdin.take() {
+        let stdout = stdout_ours.map(pipe_receiver).transpose()?;
+        let stderr = stderr_ours.map(pipe_receiver).transpose()?;
+        let stdin = match stdin_ours {
             Some(s) => Some(Stdin::Pipe(
-                tokio::net::unix::pipe::Sender::from_owned_fd(OwnedFd::from(s))
+                tokio::net::unix::pipe::Sender::from_owned_fd(s)
                     .map_err(|e| Error::from_io(&e, "stdin pipe"))?,
             )),
             None => None,
         };
         (stdout, stderr, stdin)
     };
-    // `child` is dropped without waiting: the reaper owns waiting for every pid.
-    drop(child);
+    // The reaper owns waiting for every pid.
     let (exit_tx, exit_rx) = oneshot::channel();
     agent
         .procs
