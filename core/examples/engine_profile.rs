@@ -67,7 +67,6 @@ async fn files(backend: &dyn Backend, rounds: usize) -> sandcove::Result<()> {
     let bytes = 100usize << 20;
     let data = vec![0x5au8; bytes];
     let mut samples = Vec::new();
-    let mut floors = Vec::new();
     for _ in 0..rounds {
         let chunks: Vec<sandcove::Result<Vec<u8>>> =
             data.chunks(1 << 20).map(|c| Ok(c.to_vec())).collect();
@@ -120,6 +119,7 @@ fn main() -> sandcove::Result<()> {
 async fn run(what: String, rounds: usize) -> sandcove::Result<()> {
     let backend = LocalBackend::new()?.with_warm_pool(0);
     let mut samples = Vec::new();
+    let mut floors = Vec::new();
     match what.as_str() {
         "create" => {
             for _ in 0..rounds {
