@@ -159,27 +159,72 @@ pub fn ignore_sigpipe() {
 /// Give every signal its default action again, SIGPIPE excepted (kept ignored, see
 /// [`ignore_sigpipe`]), and block none: an ignored disposition and the signal mask survive
 /// `fork` and `exec`, so whatever the launching program ignored (`nohup`'s SIGHUP, the
-/// SIGINT and SIGQUIT a shell ignores for background jobs) would otherwise reach every
-/// monitor, agent and sandbox process. Handlers need no reset: `exec` already did that.
+/// SIGINT and SIGQUIT a shell ignores for background jobs, even the real-time signals the C
+/// library reserves) would otherwise reach every monitor, agent and sandbox process.
+/// Handlers need no reset: `exec` already did that.
 pub fn default_signal_dispositions() {
-    // SAFETY: an empty set, then unblocking all; querying and setting dispositions with
-    // valid (or null) sigaction pointers. Numbers the kernel or libc refuse (SIGKILL,
-    // SIGSTOP, libc's reserved real-time signals) just fail.
+    // SAFETY: an empty set, then unblocking all, through valid pointers.
     unsafe {
         let mut none: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
         libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-        for signal in 1..=libc::SIGRTMAX() {
-            if signal == libc::SIGPIPE || signal == libc::SIGKILL || signal == libc::SIGSTOP {
-                continue;
-            }
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(signal, std::ptr::null(), &mut old) == 0
-                && old.sa_sigaction == libc::SIG_IGN
-            {
-                libc::signal(signal, libc::SIG_DFL);
-            }
+    }
+    for signal in 1..=KERNEL_LAST_SIGNAL {
+        if signal == libc::SIGPIPE || signal == libc::SIGKILL || signal == libc::SIGSTOP {
+            continue;
         }
+        if kernel_signal_handler(signal) == Some(libc::SIG_IGN) {
+            let _ = kernel_default_signal(signal);
+        }
+    }
+}
+
+/// The last signal number of the kernel's `rt_sigaction` (`_NSIG` on Linux).
+const KERNEL_LAST_SIGNAL: libc::c_int = 64;
+
+/// The kernel's `struct sigaction` on the architectures we build for (x86_64, aarch64): the
+/// handler first, then flags, restorer and a 64-bit mask; 32 bytes in all.
+type KernelSigaction = [u64; 4];
+
+/// The handler of `signal` as the kernel holds it, by a raw `rt_sigaction`: the C library's
+/// wrapper refuses the real-time signals it reserves for itself (32 and 33), whose
+/// dispositions are inherited all the same. `None` for a number the kernel refuses.
+/// Async-signal-safe: one syscall on stack memory.
+pub fn kernel_signal_handler(signal: libc::c_int) -> Option<usize> {
+    let mut old: KernelSigaction = [0; 4];
+    // SAFETY: no new action; the old one is written to `old`, of the kernel's size, whose
+    // mask size (8 bytes) is passed.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            signal,
+            std::ptr::null::<KernelSigaction>(),
+            &mut old as *mut KernelSigaction,
+            8,
+        )
+    };
+    (rc == 0).then_some(old[0] as usize)
+}
+
+/// Give `signal` its default disposition, by a raw `rt_sigaction` (see
+/// [`kernel_signal_handler`]). Async-signal-safe.
+pub fn kernel_default_signal(signal: libc::c_int) -> io::Result<()> {
+    // All zeroes: SIG_DFL, no flags, no restorer, an empty mask.
+    let default: KernelSigaction = [0; 4];
+    // SAFETY: `default` is a valid kernel sigaction; the old one is not asked for.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            signal,
+            &default as *const KernelSigaction,
+            std::ptr::null_mut::<KernelSigaction>(),
+            8,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -1666,34 +1711,13 @@ fn child_steps<F: FnMut() -> io::Result<()>>(
     unsafe {
         // Handlers go back to the default: one running here would run on the parent's
         // memory (an ignored signal stays ignored across exec, as with fork). SIGPIPE, which
-        // the Rust runtime ignores, goes back to the default as `std::process` does. The
-        // kernel's sigaction begins with the handler on the architectures we build for; 32
-        // bytes hold the whole structure there.
-        for sig in 1..=64 {
-            let mut old = [0u64; 4];
-            if libc::syscall(
-                libc::SYS_rt_sigaction,
-                sig,
-                std::ptr::null::<u64>(),
-                old.as_mut_ptr(),
-                8,
-            ) != 0
-            {
+        // the Rust runtime ignores, goes back to the default as `std::process` does.
+        for sig in 1..=KERNEL_LAST_SIGNAL {
+            let Some(handler) = kernel_signal_handler(sig) else {
                 continue; // SIGKILL/SIGSTOP, or past this kernel's last signal
-            }
-            let handler = old[0] as usize;
+            };
             if handler != libc::SIG_DFL && (handler != libc::SIG_IGN || sig == libc::SIGPIPE) {
-                let dfl = [0u64; 4];
-                if libc::syscall(
-                    libc::SYS_rt_sigaction,
-                    sig,
-                    dfl.as_ptr(),
-                    std::ptr::null_mut::<u64>(),
-                    8,
-                ) != 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
+                kernel_default_signal(sig)?;
             }
         }
         let plan = &mut *shared.plan;
