@@ -1460,17 +1460,29 @@ pub fn splice(from: impl AsFd, to: impl AsFd, len: usize, nonblock: bool) -> io:
     Ok(rustix::pipe::splice(from, None, to, None, len, flags)?)
 }
 
-/// Wait until `fd` is readable (or writable), or has hung up or failed.
-pub fn wait_ready(fd: impl AsFd, writable: bool) -> io::Result<()> {
-    use rustix::event::{PollFd, PollFlags};
+/// Wait until `fd` is readable (or writable), or has hung up or failed; a `TimedOut` error
+/// once `limit` has passed without that.
+pub fn wait_ready(fd: impl AsFd, writable: bool, limit: std::time::Duration) -> io::Result<()> {
+    use rustix::event::{PollFd, PollFlags, Timespec};
     let want = if writable {
         PollFlags::OUT
     } else {
         PollFlags::IN
     };
     let mut fds = [PollFd::new(&fd, want)];
+    let deadline = std::time::Instant::now() + limit;
     loop {
-        match rustix::event::poll(&mut fds, None) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let timeout = Timespec::try_from(left).map_err(|_| io::ErrorKind::InvalidInput)?;
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(0) if left.is_zero() => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no progress for {} ms", limit.as_millis()),
+                ))
+            }
+            // Woken early (a timer rounding): wait out what is left.
+            Ok(0) => {}
             Ok(_) => return Ok(()),
             Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(e.into()),

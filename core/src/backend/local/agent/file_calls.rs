@@ -132,19 +132,34 @@ pub(super) async fn write_file(
     proto::write_frame(stream, &AgentReply::Stat { stat }, &[]).await
 }
 
+/// Longest wait of a file call's thread for its connection to move a byte either way. The
+/// peer may be a remote client (the in-pod agent serves a token holder over TCP): one that
+/// stops sending an upload or stops reading a download would otherwise hold one of the
+/// agent's blocking threads, and the upload's temporary file, for ever.
+const STALL_LIMIT: Duration = Duration::from_secs(60);
+
 /// A connection's socket driven from a blocking thread. It stays non-blocking (the flag is
-/// shared with the event loop's copy), so a call that would block waits with `poll`.
-struct SyncSock(OwnedFd);
+/// shared with the event loop's copy), so a call that would block waits with `poll`, at
+/// most its stall limit each time.
+struct SyncSock(OwnedFd, Duration);
 
 impl SyncSock {
     fn of(stream: &impl Conn) -> Result<SyncSock> {
         sys::dup_cloexec(stream.as_fd())
-            .map(SyncSock)
+            .map(|fd| SyncSock(fd, STALL_LIMIT))
             .map_err(|e| sock_err(&e))
     }
 
+    /// Wait for the socket; past the stall limit the connection is cut (both ways: the
+    /// caller's error reply then fails at once instead of waiting on the same peer) and the
+    /// call fails.
     fn wait(&self, writable: bool) -> Result<()> {
-        sys::wait_ready(&self.0, writable).map_err(|e| sock_err(&e))
+        sys::wait_ready(&self.0, writable, self.1).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::TimedOut {
+                self.cut();
+            }
+            sock_err(&e)
+        })
     }
 
     /// Read some bytes (at least one); the end of the stream is an error here.
@@ -467,6 +482,108 @@ fn receive_file(
                     "protocol error: unexpected {other:?} in an upload"
                 )))
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream as StdUnixStream;
+
+    const SHORT: Duration = Duration::from_millis(200);
+    const PATIENCE: Duration = Duration::from_secs(30);
+
+    /// A file call's socket with a short stall limit, and its peer (blocking).
+    fn pair() -> (SyncSock, StdUnixStream) {
+        let (ours, peer) = StdUnixStream::pair().expect("socketpair");
+        ours.set_nonblocking(true).expect("non-blocking");
+        peer.set_read_timeout(Some(PATIENCE)).expect("read timeout");
+        (SyncSock(OwnedFd::from(ours), SHORT), peer)
+    }
+
+    fn scratch(name: &str) -> (PathBuf, std::fs::File) {
+        let path = std::env::temp_dir().join(format!("{name}-{}", crate::random_id(12)));
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .expect("scratch file");
+        (path, file)
+    }
+
+    /// `call`'s result, run on a thread of its own; a panic if it has not ended in time
+    /// (a call that never ends is the failure these tests look for).
+    fn ends<T: Send + 'static>(call: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(call());
+        });
+        rx.recv_timeout(PATIENCE)
+            .expect("the file call still waits on a stalled peer")
+    }
+
+    /// What the peer reads until the end of the stream; panics if the stream does not end.
+    fn read_to_end(peer: &mut StdUnixStream) -> usize {
+        let mut total = 0;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match peer.read(&mut buf) {
+                Ok(0) => return total,
+                Ok(n) => total += n,
+                Err(e) => panic!("the connection was not cut: {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_upload_whose_client_stops_sending_fails_and_its_connection_is_cut() {
+        for splice in [true, false] {
+            let (sock, mut peer) = pair();
+            let (path, file) = scratch("stalled-upload");
+            // A data frame announcing 1000 bytes, of which 10 come; then nothing, the peer
+            // still connected.
+            let mut sent = proto::frame_head(&AgentReply::Data, 1000).expect("head");
+            sent.extend_from_slice(&[7u8; 10]);
+            peer.write_all(&sent).expect("send");
+            let result = ends(move || {
+                let mut mover = if splice {
+                    Mover::new(true)
+                } else {
+                    Mover::copy()
+                };
+                receive_file(&mut mover, &sock, &file, u64::MAX, "stalled")
+            });
+            let err = result.expect_err("a stalled upload fails");
+            assert!(err.to_string().contains("no progress"), "{err}");
+            assert_eq!(read_to_end(&mut peer), 0, "splice {splice}: cut, nothing sent");
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    #[test]
+    fn a_download_whose_client_stops_reading_fails_and_its_connection_is_cut() {
+        for splice in [true, false] {
+            let (sock, mut peer) = pair();
+            let (path, mut file) = scratch("stalled-download");
+            // Far more than the socket buffers hold.
+            let size = 16 * 1024 * 1024;
+            file.write_all(&vec![1u8; size]).expect("fill");
+            let file = std::fs::File::open(&path).expect("reopen");
+            let result = ends(move || {
+                let mut mover = if splice {
+                    Mover::new(true)
+                } else {
+                    Mover::copy()
+                };
+                send_file(&mut mover, &file, &sock, size as u64, "stalled")
+            });
+            let err = result.expect_err("a stalled download fails");
+            assert!(err.to_string().contains("no progress"), "{err}");
+            let read = read_to_end(&mut peer);
+            assert!(read < size, "splice {splice}: cut short ({read} bytes)");
+            let _ = std::fs::remove_file(path);
         }
     }
 }
