@@ -593,6 +593,8 @@ async fn main() -> Result<(), BoxError> {
         sandcove::server::ConnectionLimits {
             max_connections: 64,
             head_timeout: Duration::from_secs(10),
+            body_idle_timeout: Duration::from_secs(60),
+            write_stall_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(1),
             tls: None,
         },
@@ -865,6 +867,8 @@ async fn main() -> Result<(), BoxError> {
         sandcove::server::ConnectionLimits {
             max_connections: 64,
             head_timeout: Duration::from_secs(10),
+            body_idle_timeout: Duration::from_secs(60),
+            write_stall_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(1),
             tls: None,
         },

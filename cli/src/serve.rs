@@ -57,6 +57,14 @@ pub struct ServeArgs {
     /// Milliseconds a client gets for its TLS handshake and each request head.
     #[arg(long, default_value_t = 10_000)]
     pub head_timeout_ms: u64,
+    /// Milliseconds a request body being read (an upload, stdin) may bring no byte; then
+    /// the request fails and its connection is closed.
+    #[arg(long, default_value_t = 60_000)]
+    pub body_idle_timeout_ms: u64,
+    /// Milliseconds a write to a client that stopped reading (a download, a followed log)
+    /// may make no progress; then the connection is cut.
+    #[arg(long, default_value_t = 60_000)]
+    pub write_stall_timeout_ms: u64,
     /// Also serve E2B's wire protocol (control plane and envd) on this address, for
     /// E2B's official Python and TypeScript SDKs (see `sandcove env e2b`). Same engine,
     /// same API key (sent by the SDKs as X-API-KEY), same TLS settings.
@@ -233,6 +241,8 @@ pub fn run(args: ServeArgs) -> ExitCode {
         warm_pool,
         max_connections,
         head_timeout_ms,
+        body_idle_timeout_ms,
+        write_stall_timeout_ms,
         e2b,
         daytona,
         blaxel,
@@ -374,6 +384,8 @@ pub fn run(args: ServeArgs) -> ExitCode {
     config.max_upload_bytes = max_upload_bytes;
     config.max_connections = max_connections;
     config.head_timeout = Duration::from_millis(head_timeout_ms);
+    config.body_idle_timeout = Duration::from_millis(body_idle_timeout_ms);
+    config.write_stall_timeout = Duration::from_millis(write_stall_timeout_ms);
     config.tls = tls;
     // One set of counters for the native API and every vendor listener: one scrape.
     let metrics = config.metrics.clone();

@@ -998,3 +998,142 @@ async fn unclaimed_warm_pool_members_are_unknown() {
     }
     drop(server);
 }
+
+/// Finding: once its head was in, an authenticated client could hold a connection (a slot of
+/// the cap, and an upload's temporary file) for ever by sending part of a body and then
+/// nothing. A body that brings no byte for the server's body idle bound now ends the request
+/// with an error and closes the connection, and the upload leaves no file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stops_coming_closes_its_connection_and_leaves_no_file() {
+    let env = Env::new("bodystall");
+    let mut config = ServerConfig::new(KEY);
+    config.body_idle_timeout = Duration::from_millis(500);
+    let server = LocalServer::start(env.backend.clone(), config)
+        .await
+        .expect("start");
+    let id = env.sandbox(&unique("bodystall")).await;
+    env.backend
+        .mkdir(&id, "/workspace/up", Default::default())
+        .await
+        .expect("mkdir");
+    let head = format!(
+        "PUT /v1/sandboxes/{id}/files?path=%2Fworkspace%2Fup%2Ffile HTTP/1.1\r\nHost: x\r\n\
+         Authorization: Bearer {KEY}\r\nContent-Type: application/octet-stream\r\n\
+         Content-Length: 1000000\r\n\r\nten bytes."
+    );
+    // And a JSON body that stops coming, as on every other route and listener.
+    let json = format!(
+        "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\
+         Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"labels\":"
+    );
+    let mut socks = Vec::new();
+    for request in [head, json] {
+        let mut stalled = std::net::TcpStream::connect(server.addr()).expect("connect");
+        std::io::Write::write_all(&mut stalled, request.as_bytes()).expect("send");
+        stalled.set_nonblocking(true).unwrap();
+        socks.push(Some(stalled));
+    }
+    common::eventually(
+        common::PATIENCE,
+        "the stalled bodies' connections are closed",
+        || {
+            let closed = common::holds(slow::all_closed(&mut socks), "still open");
+            async move { closed }
+        },
+    )
+    .await;
+    let left = env
+        .backend
+        .list_dir(&id, "/workspace/up", ListDirOptions::default())
+        .await
+        .expect("list");
+    assert!(left.is_empty(), "nothing of the upload is left: {left:?}");
+    let sandboxes = env.backend.list(Default::default()).await.expect("list");
+    assert_eq!(sandboxes.len(), 1, "no sandbox was created");
+    server.stop().await.unwrap();
+}
+
+/// Finding: a client that asked for a large download and never read it held its connection
+/// (and its slot of the cap) for ever. With a write-stall bound the connection is cut, and,
+/// with a cap of one connection, the next client is then served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_cut_and_others_are_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = Env::new("writestall");
+    let mut config = ServerConfig::new(KEY);
+    config.write_stall_timeout = Duration::from_millis(500);
+    config.max_connections = 1;
+    let server = LocalServer::start(env.backend.clone(), config)
+        .await
+        .expect("start");
+    let id = env.sandbox(&unique("writestall")).await;
+    // Far more than the socket buffers and the server's pipeline hold.
+    let size = 32 * 1024 * 1024;
+    let chunks: ByteStream = Box::pin(futures::stream::iter(
+        (0..32).map(|_| Ok(vec![b'x'; 1024 * 1024])),
+    ));
+    env.backend
+        .write_file(&id, "/workspace/big", chunks, WriteOptions::default())
+        .await
+        .expect("write the big file");
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = socket.connect(server.addr()).await.expect("connect");
+    let request = format!(
+        "GET /v1/sandboxes/{id}/files?path=%2Fworkspace%2Fbig HTTP/1.1\r\nHost: x\r\n\
+         Authorization: Bearer {KEY}\r\n\r\n"
+    );
+    stalled.write_all(request.as_bytes()).await.expect("send");
+    // The cap is one connection: this one is served only once the stalled one is cut.
+    let other = reqwest::Client::new()
+        .get(format!("{}/v1/sandboxes", server.url()))
+        .bearer_auth(KEY)
+        .send();
+    let answer = tokio::time::timeout(common::PATIENCE, other)
+        .await
+        .expect("another client is served while one stalls")
+        .expect("send");
+    assert!(answer.status().is_success(), "{}", answer.status());
+    // The stalled client got part of the file, then the end of the connection.
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 64 * 1024];
+    let read = tokio::time::timeout(common::PATIENCE, async {
+        loop {
+            match stalled.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the stalled connection was not cut");
+    assert!(
+        got < size,
+        "the download was cut short ({got} of {size} bytes)"
+    );
+    server.stop().await.unwrap();
+}
+
+/// The write-stall bound counts only writes that wait: a stream that is silent because the
+/// server has nothing to send (a command without output) is not cut, however short the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_stream_is_not_cut_by_the_write_stall_bound() {
+    let env = Env::new("silent");
+    let mut config = ServerConfig::new(KEY);
+    config.write_stall_timeout = Duration::from_millis(100);
+    config.body_idle_timeout = Duration::from_millis(100);
+    let server = LocalServer::start(env.backend.clone(), config)
+        .await
+        .expect("start");
+    let id = env.sandbox(&unique("silent")).await;
+    let client = HttpBackend::new(&server.url(), KEY).unwrap();
+    let out = sandcove::conformance::run(
+        &client,
+        &id,
+        ProcessSpec::new(Command::argv(["sh", "-c", "sleep 2; echo done"])),
+    )
+    .await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "done\n");
+    assert!(out.status.is_some_and(|s| s.success()), "{:?}", out.status);
+    server.stop().await.unwrap();
+}

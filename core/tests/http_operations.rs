@@ -576,7 +576,7 @@ async fn a_repeat_of_a_running_write_is_refused_while_it_runs() {
 }
 
 /// An upload that stalls mid-body (a client that sends part of it and then nothing, without
-/// closing) fails once no byte has come for the server's upload idle bound: its connection
+/// closing) fails once no byte has come for the server's body idle bound: its connection
 /// is answered and released, nothing is written, and its operation id is free again, so the
 /// same write under that id then runs. Before, it held the connection and the id for ever
 /// (a repeat was a conflict, "still running").
@@ -584,7 +584,7 @@ async fn a_repeat_of_a_running_write_is_refused_while_it_runs() {
 async fn a_stalled_upload_releases_its_connection_and_operation_id() {
     use tokio::io::AsyncWriteExt;
     let mut config = ServerConfig::new("replaced");
-    config.upload_idle_timeout = Duration::from_millis(500);
+    config.body_idle_timeout = Duration::from_millis(500);
     let (url, key) = server_with(config).await;
     let (backend, id) = sandbox_on(&url, &key, "op-stall").await;
     let op = OperationId::new();

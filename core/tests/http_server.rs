@@ -859,6 +859,8 @@ fn upgrade_limits(
     sandcove::server::ConnectionLimits {
         max_connections,
         head_timeout: Duration::from_secs(30),
+        body_idle_timeout: Duration::from_secs(60),
+        write_stall_timeout: Duration::from_secs(60),
         shutdown_grace,
         tls: None,
     }

@@ -107,6 +107,8 @@ fn serve_on(
     let limits = ConnectionLimits {
         max_connections: 64,
         head_timeout: Duration::from_secs(10),
+        body_idle_timeout: Duration::from_secs(60),
+        write_stall_timeout: Duration::from_secs(60),
         shutdown_grace: Duration::from_secs(1),
         tls: None,
     };

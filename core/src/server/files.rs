@@ -2,7 +2,6 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::{Body, BodyDataStream, Bytes};
 use axum::extract::{Path, Query, State};
@@ -243,7 +242,6 @@ async fn write_file(
         options,
         limit,
         framed,
-        idle: state.config.upload_idle_timeout,
         body,
     };
     match state
@@ -280,20 +278,19 @@ struct Upload {
     options: WriteOptions,
     limit: u64,
     framed: bool,
-    /// Longest wait for the body's next bytes.
-    idle: Duration,
     body: Body,
 }
 
 impl Upload {
-    /// The body as file bytes: an error item when it breaks off, stalls for `idle`, is
-    /// abandoned or goes past the limit (which sets `over`).
-    fn data(body: Body, framed: bool, limit: u64, idle: Duration, over: Arc<Over>) -> ByteStream {
+    /// The body as file bytes: an error item when it breaks off (a body that stalls breaks
+    /// off at the connection's body idle bound), is abandoned or goes past the limit (which
+    /// sets `over`).
+    fn data(body: Body, framed: bool, limit: u64, over: Arc<Over>) -> ByteStream {
         let data = body.into_data_stream();
         if framed {
-            framed_upload(data, limit, idle, over)
+            framed_upload(data, limit, over)
         } else {
-            upload_stream(data, limit, idle, over)
+            upload_stream(data, limit, over)
         }
     }
 
@@ -306,11 +303,10 @@ impl Upload {
             options,
             limit,
             framed,
-            idle,
             body,
         } = self;
         let over = Arc::new(Over::default());
-        let mut data = Self::data(body, framed, limit, idle, over.clone());
+        let mut data = Self::data(body, framed, limit, over.clone());
         if let Some(content) = content {
             data = hashed(data, content);
         }
@@ -349,7 +345,7 @@ impl Upload {
         let body = std::mem::replace(&mut self.body, Body::empty());
         let content = ContentDigest::default();
         let mut data = hashed(
-            Self::data(body, self.framed, self.limit, self.idle, over.clone()),
+            Self::data(body, self.framed, self.limit, over.clone()),
             content.clone(),
         );
         while let Some(item) = data.next().await {
@@ -391,12 +387,12 @@ struct Over {
 
 /// The raw request body as a [`ByteStream`]: an error item (never a silent end) when the
 /// client breaks off or sends more than `limit` bytes, so the backend keeps no partial file.
-fn upload_stream(data: BodyDataStream, limit: u64, idle: Duration, over: Arc<Over>) -> ByteStream {
+fn upload_stream(data: BodyDataStream, limit: u64, over: Arc<Over>) -> ByteStream {
     Box::pin(futures::stream::unfold(Some((data, 0u64)), move |st| {
         let over = over.clone();
         async move {
             let (mut data, total) = st?;
-            match next_within(&mut data, idle).await {
+            match next_piece(&mut data).await {
                 None => None,
                 Some(Ok(chunk)) => {
                     let total = total + chunk.len() as u64;
@@ -417,13 +413,13 @@ fn upload_stream(data: BodyDataStream, limit: u64, idle: Duration, over: Arc<Ove
     }))
 }
 
-/// The body's next piece, or an error once nothing has arrived for `idle`: a client that
-/// stalls mid-upload would otherwise hold its connection, and its operation id, for ever.
-async fn next_within(data: &mut BodyDataStream, idle: Duration) -> Option<Result<Bytes, String>> {
-    match tokio::time::timeout(idle, data.next()).await {
-        Ok(next) => next.map(|item| item.map_err(|e| e.to_string())),
-        Err(_) => Some(Err(format!("no bytes arrived for {} ms", idle.as_millis()))),
-    }
+/// The body's next piece. A client that stalls mid-upload gets an error item here from the
+/// connection loop's body idle bound (see `super::stall`), which frees the connection and
+/// the operation id.
+async fn next_piece(data: &mut BodyDataStream) -> Option<Result<Bytes, String>> {
+    data.next()
+        .await
+        .map(|item| item.map_err(|e| e.to_string()))
 }
 
 fn broke_off(e: impl std::fmt::Display) -> Error {
@@ -437,7 +433,7 @@ fn broke_off(e: impl std::fmt::Display) -> Error {
 /// payloads, ending at `x`. An `!` frame (the client abandons the write, saying why), a body
 /// that ends or breaks off before `x`, a malformed frame or more than `limit` bytes yield an
 /// error item instead, so the backend keeps no partial file.
-fn framed_upload(data: BodyDataStream, limit: u64, idle: Duration, over: Arc<Over>) -> ByteStream {
+fn framed_upload(data: BodyDataStream, limit: u64, over: Arc<Over>) -> ByteStream {
     struct St {
         data: BodyDataStream,
         decoder: frame::Decoder,
@@ -478,7 +474,7 @@ fn framed_upload(data: BodyDataStream, limit: u64, idle: Duration, over: Arc<Ove
                             return fail(Error::invalid("upload: bytes after the end frame"));
                         }
                         loop {
-                            match next_within(&mut st.data, idle).await {
+                            match next_piece(&mut st.data).await {
                                 None => return None,
                                 Some(Ok(chunk)) if chunk.is_empty() => {}
                                 Some(Ok(_)) => {
@@ -502,7 +498,7 @@ fn framed_upload(data: BodyDataStream, limit: u64, idle: Duration, over: Arc<Ove
                             kind as char
                         )))
                     }
-                    None => match next_within(&mut st.data, idle).await {
+                    None => match next_piece(&mut st.data).await {
                         Some(Ok(chunk)) => st.decoder.push(&chunk),
                         Some(Err(e)) => return fail(broke_off(e)),
                         None => return fail(broke_off("the body ended before its end frame")),

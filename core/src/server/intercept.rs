@@ -679,6 +679,8 @@ pub(super) struct Tunnel {
     pub(super) ca: Arc<SandcoveCa>,
     pub(super) http: hyper::server::conn::http1::Builder,
     pub(super) head_timeout: Duration,
+    /// Longest wait for the next byte of a request body inside the tunnel.
+    pub(super) body_idle: Duration,
 }
 
 /// `403` with a one-line reason.
@@ -748,7 +750,12 @@ pub(super) async fn connect(
             return;
         };
         let mut stop: watch::Receiver<bool> = connection.stop_signal();
-        let service = super::dispatch(app, connection, super::Proxying::InsideTunnel);
+        let service = super::dispatch(
+            app,
+            connection,
+            super::Proxying::InsideTunnel,
+            tunnel.body_idle,
+        );
         let served = tunnel
             .http
             .serve_connection(hyper_util::rt::TokioIo::new(stream), service)

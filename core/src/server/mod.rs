@@ -62,6 +62,7 @@ mod operations;
 mod processes;
 mod resources;
 mod sandboxes;
+mod stall;
 pub mod upgrade;
 
 use std::convert::Infallible;
@@ -111,10 +112,14 @@ pub struct ServerConfig {
     /// How long a client may take for its TLS handshake and for each request head
     /// (including the wait for the next request on a kept-alive connection).
     pub head_timeout: Duration,
-    /// How long an upload's body may go without a byte arriving; then the upload fails as
-    /// broken off (nothing is written, its operation id is free again) and its connection
-    /// is released.
-    pub upload_idle_timeout: Duration,
+    /// How long a request body may bring no byte while it is being read (an upload, a JSON
+    /// body, stdin); then it ends in an error, its handler fails as on a broken-off body (an
+    /// upload writes nothing and frees its operation id), and the connection is closed.
+    pub body_idle_timeout: Duration,
+    /// How long a write of an answer to a client may make no progress (a client that stops
+    /// reading a download or a followed log); then the connection is cut. A stream that is
+    /// silent because there is nothing to send is not affected.
+    pub write_stall_timeout: Duration,
     /// Serve HTTPS with this configuration (see [`load_tls`]); `None` serves plain HTTP,
     /// which is only fit for loopback.
     pub tls: Option<Arc<rustls::ServerConfig>>,
@@ -126,8 +131,8 @@ pub struct ServerConfig {
 impl ServerConfig {
     /// Defaults: 1 MiB JSON bodies, 4 GiB uploads, operation outcomes (idempotency keys) kept
     /// 10 minutes and at most 10 000 of them, 10 s
-    /// of grace at shutdown, 512 connections, 10 s per request head, 300 s without a byte
-    /// of an upload's body, plain HTTP.
+    /// of grace at shutdown, 512 connections, 10 s per request head, 60 s without a byte
+    /// of a body being read, 60 s without progress of a write, plain HTTP.
     pub fn new(api_key: impl Into<String>) -> Self {
         ServerConfig {
             api_key: api_key.into(),
@@ -138,7 +143,8 @@ impl ServerConfig {
             shutdown_grace: Duration::from_secs(10),
             max_connections: 512,
             head_timeout: Duration::from_secs(10),
-            upload_idle_timeout: Duration::from_secs(300),
+            body_idle_timeout: Duration::from_secs(60),
+            write_stall_timeout: Duration::from_secs(60),
             tls: None,
             metrics: ServerMetrics::default(),
         }
@@ -156,7 +162,8 @@ impl std::fmt::Debug for ServerConfig {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("max_connections", &self.max_connections)
             .field("head_timeout", &self.head_timeout)
-            .field("upload_idle_timeout", &self.upload_idle_timeout)
+            .field("body_idle_timeout", &self.body_idle_timeout)
+            .field("write_stall_timeout", &self.write_stall_timeout)
             .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }
@@ -339,6 +346,10 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
     /// Time for the TLS handshake and for each request head (idle keep-alive included).
     pub head_timeout: Duration,
+    /// Longest wait for the next byte of a request body being read.
+    pub body_idle_timeout: Duration,
+    /// Longest time a write to the client may make no progress.
+    pub write_stall_timeout: Duration,
     /// How long in-flight calls may run on after shutdown begins.
     pub shutdown_grace: Duration,
     /// Serve HTTPS with this configuration; `None` is plain HTTP.
@@ -350,6 +361,8 @@ impl From<&ServerConfig> for ConnectionLimits {
         ConnectionLimits {
             max_connections: config.max_connections,
             head_timeout: config.head_timeout,
+            body_idle_timeout: config.body_idle_timeout,
+            write_stall_timeout: config.write_stall_timeout,
             shutdown_grace: config.shutdown_grace,
             tls: config.tls.clone(),
         }
@@ -361,6 +374,8 @@ impl std::fmt::Debug for ConnectionLimits {
         f.debug_struct("ConnectionLimits")
             .field("max_connections", &self.max_connections)
             .field("head_timeout", &self.head_timeout)
+            .field("body_idle_timeout", &self.body_idle_timeout)
+            .field("write_stall_timeout", &self.write_stall_timeout)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("tls", &self.tls.is_some())
             .finish()
@@ -368,8 +383,8 @@ impl std::fmt::Debug for ConnectionLimits {
 }
 
 /// Serve any `app` on `listener` with the same connection handling as [`serve`]: capped
-/// accepts that pause on descriptor exhaustion, a deadline on every request head, optional
-/// TLS, and a graceful stop when `shutdown` completes. Authentication and body limits are
+/// accepts that pause on descriptor exhaustion, a deadline on every request head, bounds on
+/// stalled request bodies and stalled writes, optional TLS, and a graceful stop when `shutdown` completes. Authentication and body limits are
 /// the router's own business.
 pub async fn serve_router(
     listener: tokio::net::TcpListener,
@@ -413,6 +428,7 @@ fn dispatch(
     app: Router,
     connection: upgrade::Connection,
     proxying: Proxying,
+    body_idle: Duration,
 ) -> impl hyper::service::Service<
     axum::http::Request<hyper::body::Incoming>,
     Response = Response,
@@ -438,6 +454,7 @@ fn dispatch(
                         }
                     }
                 }
+                let request = request.map(|body| stall::IdleBody::new(body, body_idle));
                 tower::ServiceExt::oneshot(app, request).await
             }
         },
@@ -454,6 +471,7 @@ async fn serve_connections(
 ) -> std::io::Result<()> {
     let grace = limits.shutdown_grace;
     let head_timeout = limits.head_timeout;
+    let (body_idle, write_stall) = (limits.body_idle_timeout, limits.write_stall_timeout);
     // Answers wait for a body left unread (bounded), so refusals keep the connection.
     let app = drain::refused_bodies_drained(app, head_timeout);
     let tls = limits.tls.clone().map(tokio_rustls::TlsAcceptor::from);
@@ -467,6 +485,7 @@ async fn serve_connections(
             ca,
             http: http.clone(),
             head_timeout,
+            body_idle,
         })),
     };
     // Every connection, and every connection taken over by an upgrade, holds a receiver:
@@ -481,8 +500,11 @@ async fn serve_connections(
         // No Nagle: small frames (a command's output, its exit) must leave at once, not wait
         // for the peer's delayed ACK (~40 ms per round trip otherwise).
         let _ = tcp.set_nodelay(true);
-        let connection = upgrade::Connection::new(permit, stopped.clone());
-        let service = dispatch(app.clone(), connection, proxying.clone());
+        // Beneath TLS, so what counts is bytes the client takes off the socket.
+        let upgraded = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let tcp = stall::StallIo::new(tcp, write_stall, upgraded.clone());
+        let connection = upgrade::Connection::new(permit, stopped.clone(), upgraded);
+        let service = dispatch(app.clone(), connection, proxying.clone(), body_idle);
         let (http, tls, mut stop) = (http.clone(), tls.clone(), stopped.clone());
         tokio::spawn(async move {
             let io: Box<dyn ConnectionIo> = match tls {

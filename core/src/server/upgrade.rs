@@ -14,7 +14,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -127,13 +127,21 @@ struct Slot {
     // Held, never read: the slot in the cap frees once every holder is gone.
     _permit: OwnedSemaphorePermit,
     stop: watch::Receiver<bool>,
+    /// Set once the connection is taken over: the connection loop's write-stall bound then
+    /// stops applying, the idle limit here replaces it.
+    upgraded: Arc<AtomicBool>,
 }
 
 impl Connection {
-    pub(super) fn new(permit: OwnedSemaphorePermit, stop: watch::Receiver<bool>) -> Self {
+    pub(super) fn new(
+        permit: OwnedSemaphorePermit,
+        stop: watch::Receiver<bool>,
+        upgraded: Arc<AtomicBool>,
+    ) -> Self {
         Connection(Arc::new(Slot {
             _permit: permit,
             stop,
+            upgraded,
         }))
     }
 }
@@ -236,8 +244,10 @@ impl Upgrade {
             let mut stop = connection.0.stop.clone();
             let activity = Arc::new(Activity::new());
             let watched = activity.clone();
+            let upgraded = connection.0.upgraded.clone();
             let work = async move {
                 if let Ok(io) = pending.await {
+                    upgraded.store(true, Ordering::Relaxed);
                     activity.touch();
                     task(Upgraded {
                         io: TokioIo::new(io),

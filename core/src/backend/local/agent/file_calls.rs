@@ -557,7 +557,11 @@ mod tests {
             });
             let err = result.expect_err("a stalled upload fails");
             assert!(err.to_string().contains("no progress"), "{err}");
-            assert_eq!(read_to_end(&mut peer), 0, "splice {splice}: cut, nothing sent");
+            assert_eq!(
+                read_to_end(&mut peer),
+                0,
+                "splice {splice}: cut, nothing sent"
+            );
             let _ = std::fs::remove_file(path);
         }
     }
