@@ -33,9 +33,15 @@
 //!   (further ones wait in the kernel's backlog, costing the server nothing); a client gets
 //!   [`ServerConfig::head_timeout`] to finish its TLS handshake and each request head,
 //!   idle keep-alive connections included, and is then disconnected; running out of
-//!   descriptors pauses accepting instead of spinning. A route may switch a connection to
+//!   descriptors pauses accepting instead of spinning. Once a head is in, a request body
+//!   that brings no byte for [`ServerConfig::body_idle_timeout`] while it is read ends in an
+//!   error (its handler fails as on a broken-off body: an upload writes nothing) and the
+//!   connection closes after the answer; a write the client takes no byte of for
+//!   [`ServerConfig::write_stall_timeout`] cuts the connection. Only a pending write counts:
+//!   a stream silent because there is nothing to send is never cut. So no client holds a
+//!   slot of the cap, or a handler's state, by trickling or by not reading. A route may switch a connection to
 //!   another protocol (a WebSocket) only through [`upgrade`]: the connection keeps its slot
-//!   in the cap and is closed at shutdown. [`serve_router_intercepting`] also terminates
+//!   in the cap and is closed at shutdown; its own idle limit replaces the write-stall bound. [`serve_router_intercepting`] also terminates
 //!   `CONNECT` tunnels to a fixed list of hosts with a name-constrained local CA (see
 //!   [`intercept`]), serving what comes through them with the same router and limits.
 //!   An answer given without reading the request's body (a `401`, a `404`, a `413`, …)
