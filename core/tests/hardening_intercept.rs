@@ -42,18 +42,29 @@ impl Drop for Dir {
     }
 }
 
-/// A router that says which host and path it was asked for.
+/// A router that says which host and path it was asked for; `POST /read` reads its body
+/// whole, `GET /huge` answers 64 MiB.
 fn echo_router() -> Router {
-    Router::new().fallback(|request: Request| async move {
-        let host = request
-            .headers()
-            .get(header::HOST)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("-")
-            .to_string();
-        let query = request.uri().query().unwrap_or("").to_string();
-        format!("{host} {} {query}", request.uri().path())
-    })
+    let huge = || async {
+        let chunks = (0..64).map(|_| Ok::<_, std::io::Error>(vec![0u8; 1024 * 1024]));
+        axum::body::Body::from_stream(futures::stream::iter(chunks))
+    };
+    Router::new()
+        .route(
+            "/read",
+            axum::routing::post(|body: axum::body::Bytes| async move { body.len().to_string() }),
+        )
+        .route("/huge", axum::routing::get(huge))
+        .fallback(|request: Request| async move {
+            let host = request
+                .headers()
+                .get(header::HOST)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("-")
+                .to_string();
+            let query = request.uri().query().unwrap_or("").to_string();
+            format!("{host} {} {query}", request.uri().path())
+        })
 }
 
 fn limits(max_connections: usize, head_timeout: Duration) -> ConnectionLimits {
@@ -510,4 +521,51 @@ async fn the_listener_bounds_hold_inside_a_tunnel() {
     );
     let head = read_head(&mut second).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head:?}");
+}
+
+/// The body idle and write-stall bounds hold inside a tunnel: a body that stops coming closes
+/// the tunnel, and so does a client that stops reading an answer, freeing its slot of the
+/// cap for the next connection.
+#[tokio::test]
+async fn stalled_bodies_and_readers_are_cut_inside_a_tunnel() {
+    let dir = Dir::new("stall");
+    let ca = SandcoveCa::open(dir.ca(), HOSTS).expect("create the CA");
+    // The head deadline is far away: only the stall bounds can end these tunnels.
+    let mut limits = limits(1, PATIENCE * 4);
+    limits.body_idle_timeout = Duration::from_millis(300);
+    limits.write_stall_timeout = Duration::from_millis(300);
+    let (addr, _stop) = start(ca.clone(), limits).await;
+
+    let (head, tcp) = raw_connect(addr, "api.sandcove.test:443").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut tls = tls_over(tcp, &ca, "api.sandcove.test").await.unwrap();
+    tls.write_all(
+        b"POST /read HTTP/1.1\r\nHost: api.sandcove.test\r\nContent-Length: 1000\r\n\r\nten bytes.",
+    )
+    .await
+    .unwrap();
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(PATIENCE, tls.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "a stalled body inside a tunnel closes it");
+    assert!(
+        !rest.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&rest)
+    );
+
+    let (head, tcp) = raw_connect(addr, "api.sandcove.test:443").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut tls = tls_over(tcp, &ca, "api.sandcove.test").await.unwrap();
+    tls.write_all(b"GET /huge HTTP/1.1\r\nHost: api.sandcove.test\r\n\r\n")
+        .await
+        .unwrap();
+    // Never read: once the tunnel is cut, the only slot serves the next connection.
+    let mut second = TcpStream::connect(addr).await.unwrap();
+    second
+        .write_all(b"GET /second HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let head = read_head(&mut second).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head:?}");
+    drop(tls);
 }
