@@ -33,7 +33,8 @@ pub(super) struct IdleBody<B> {
     /// `None` once the body timed out: the client's body is let go.
     inner: Option<B>,
     idle: Duration,
-    timer: Pin<Box<Sleep>>,
+    /// Made at the first wait (most bodies never wait: none, or all in the first read).
+    timer: Option<Pin<Box<Sleep>>>,
     /// Whether `timer` is running (the reader is waiting for the client).
     waiting: bool,
 }
@@ -43,7 +44,7 @@ impl<B> IdleBody<B> {
         IdleBody {
             inner: Some(inner),
             idle,
-            timer: Box::pin(tokio::time::sleep(idle)),
+            timer: None,
             waiting: false,
         }
     }
@@ -69,11 +70,8 @@ where
             this.waiting = false;
             return Poll::Ready(next.map(|frame| frame.map_err(Into::into)));
         }
-        if !this.waiting {
-            this.timer.as_mut().reset(Instant::now() + this.idle);
-            this.waiting = true;
-        }
-        match this.timer.as_mut().poll(cx) {
+        let timer = started(&mut this.timer, &mut this.waiting, this.idle);
+        match timer.as_mut().poll(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(()) => {
                 // Dropping the body tells the connection nobody reads the rest: it closes
@@ -112,7 +110,8 @@ where
 pub(super) struct StallIo<T> {
     io: T,
     limit: Duration,
-    timer: Pin<Box<Sleep>>,
+    /// Made at the first write that waits.
+    timer: Option<Pin<Box<Sleep>>>,
     /// Whether `timer` is running (a write is pending).
     waiting: bool,
     exempt: Arc<AtomicBool>,
@@ -123,7 +122,7 @@ impl<T> StallIo<T> {
         StallIo {
             io,
             limit,
-            timer: Box::pin(tokio::time::sleep(limit)),
+            timer: None,
             waiting: false,
             exempt,
         }
@@ -145,11 +144,8 @@ impl<T> StallIo<T> {
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending if self.exempt.load(Ordering::Relaxed) => Poll::Pending,
             Poll::Pending => {
-                if !self.waiting {
-                    self.timer.as_mut().reset(Instant::now() + self.limit);
-                    self.waiting = true;
-                }
-                match self.timer.as_mut().poll(cx) {
+                let timer = started(&mut self.timer, &mut self.waiting, self.limit);
+                match timer.as_mut().poll(cx) {
                     Poll::Pending => Poll::Pending,
                     Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::TimedOut,
@@ -162,6 +158,24 @@ impl<T> StallIo<T> {
             }
         }
     }
+}
+
+/// `timer`, set to end `limit` from now unless it is already running (`waiting`).
+fn started<'a>(
+    timer: &'a mut Option<Pin<Box<Sleep>>>,
+    waiting: &mut bool,
+    limit: Duration,
+) -> &'a mut Pin<Box<Sleep>> {
+    if !*waiting {
+        let deadline = Instant::now() + limit;
+        match timer.as_mut() {
+            Some(running) => running.as_mut().reset(deadline),
+            None => *timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+        }
+        *waiting = true;
+    }
+    // Always set by now; the fallback only keeps this total.
+    timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)))
 }
 
 /// Whether a completed write call moved bytes.
