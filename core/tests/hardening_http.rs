@@ -1115,7 +1115,8 @@ async fn a_client_that_stops_reading_is_cut_and_others_are_served() {
 }
 
 /// The write-stall bound counts only writes that wait: a stream that is silent because the
-/// server has nothing to send (a command without output) is not cut, however short the bound.
+/// server has nothing to send (a command without output, a followed log that goes quiet) is
+/// not cut, however short the bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_stream_is_not_cut_by_the_write_stall_bound() {
     let env = Env::new("silent");
@@ -1135,5 +1136,27 @@ async fn a_silent_stream_is_not_cut_by_the_write_stall_bound() {
     .await;
     assert_eq!(String::from_utf8_lossy(&out.stdout), "done\n");
     assert!(out.status.is_some_and(|s| s.success()), "{:?}", out.status);
+    // A followed log: what the process said so far, then 2 s of silence, then the rest.
+    let started = env
+        .backend
+        .spawn(
+            &id,
+            ProcessSpec::new(Command::argv([
+                "sh",
+                "-c",
+                "echo early; sleep 2; echo late",
+            ])),
+        )
+        .await
+        .expect("spawn");
+    let followed = client
+        .attach(&id, ProcessSelector::Pid(started.pid))
+        .await
+        .expect("attach");
+    let out = sandcove::client::collect(followed, usize::MAX)
+        .await
+        .expect("the followed log ends with the process");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "early\nlate\n");
+    drop(started);
     server.stop().await.unwrap();
 }
