@@ -67,6 +67,7 @@ async fn files(backend: &dyn Backend, rounds: usize) -> sandcove::Result<()> {
     let bytes = 100usize << 20;
     let data = vec![0x5au8; bytes];
     let mut samples = Vec::new();
+    let (mut writes, mut reads) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         let chunks: Vec<sandcove::Result<Vec<u8>>> =
             data.chunks(1 << 20).map(|c| Ok(c.to_vec())).collect();
@@ -75,6 +76,8 @@ async fn files(backend: &dyn Backend, rounds: usize) -> sandcove::Result<()> {
         backend
             .write_file(&id, "/tmp/bench.bin", stream, WriteOptions::default())
             .await?;
+        writes.push(t.elapsed());
+        let r = Instant::now();
         let mut read = backend
             .read_file(&id, "/tmp/bench.bin", Default::default())
             .await?;
@@ -82,6 +85,7 @@ async fn files(backend: &dyn Backend, rounds: usize) -> sandcove::Result<()> {
         while let Some(chunk) = read.next().await {
             n += chunk?.len();
         }
+        reads.push(r.elapsed());
         samples.push(t.elapsed());
         assert_eq!(n, bytes);
     }
@@ -91,6 +95,8 @@ async fn files(backend: &dyn Backend, rounds: usize) -> sandcove::Result<()> {
         "files: 100 MiB write + read p50 {d:?} = {:.0} MB/s",
         200.0 * 1.048576 / d.as_secs_f64()
     );
+    let (w, r) = (p50(&mut writes), p50(&mut reads));
+    println!("files: write p50 {w:?}, read p50 {r:?}");
     Ok(())
 }
 

@@ -1682,26 +1682,34 @@ impl Abandon {
 fn upload_frames(
     data: ByteStream,
     abandon: Arc<Abandon>,
-) -> impl Stream<Item = std::result::Result<Vec<u8>, std::convert::Infallible>> + Send + 'static {
+) -> impl Stream<Item = std::result::Result<bytes::Bytes, std::convert::Infallible>> + Send + 'static
+{
     futures::stream::unfold(Some(data), move |data| {
         let abandon = abandon.clone();
         async move {
             let mut data = data?;
-            let pieces: Vec<Vec<u8>> = match data.next().await {
-                None => return Some((vec![frame::encode(frame::END, b"")], None)),
+            let pieces: Vec<bytes::Bytes> = match data.next().await {
+                None => return Some((vec![frame::encode(frame::END, b"").into()], None)),
                 Some(Err(e)) => {
                     let body = serde_json::to_vec(&e.to_body()).expect("an ErrorBody serialises");
                     abandon.set(e);
-                    return Some((vec![frame::encode(frame::ERROR, &body)], None));
+                    return Some((vec![frame::encode(frame::ERROR, &body).into()], None));
                 }
-                // The common chunk crosses without a copy: its head, then the bytes.
-                Some(Ok(bytes)) if bytes.len() <= frame::UPLOAD_MAX_PAYLOAD => {
-                    vec![frame::head(frame::DATA, bytes.len()).to_vec(), bytes]
+                // A chunk crosses without a copy: each frame's head, then its share of the
+                // bytes (a chunk larger than a frame, such as a whole file, is sliced).
+                Some(Ok(bytes)) => {
+                    let bytes = bytes::Bytes::from(bytes);
+                    let mut pieces = Vec::new();
+                    let mut at = 0;
+                    while at < bytes.len() {
+                        let end = bytes.len().min(at + frame::UPLOAD_MAX_PAYLOAD);
+                        let head = frame::head(frame::DATA, end - at);
+                        pieces.push(bytes::Bytes::copy_from_slice(&head));
+                        pieces.push(bytes.slice(at..end));
+                        at = end;
+                    }
+                    pieces
                 }
-                Some(Ok(bytes)) => bytes
-                    .chunks(frame::UPLOAD_MAX_PAYLOAD)
-                    .map(|piece| frame::encode(frame::DATA, piece))
-                    .collect(),
             };
             Some((pieces, Some(data)))
         }
@@ -1712,6 +1720,37 @@ fn upload_frames(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A chunk larger than an upload frame (a whole file handed over at once) is sent as
+    /// frames within the server's bound, slices of the caller's buffer, in order.
+    #[tokio::test]
+    async fn a_large_chunk_is_sent_as_bounded_frames_in_order() {
+        let big: Vec<u8> = (0..(5 * frame::UPLOAD_MAX_PAYLOAD / 2))
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let chunks = vec![big.clone(), b"tail".to_vec(), Vec::new()];
+        let data: ByteStream = Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)));
+        let pieces: Vec<bytes::Bytes> = upload_frames(data, Arc::new(Abandon::default()))
+            .map(|p| p.unwrap())
+            .collect()
+            .await;
+        let mut decoder = frame::Decoder::with_max_payload(frame::UPLOAD_MAX_PAYLOAD);
+        for piece in &pieces {
+            decoder.push(piece);
+        }
+        let mut sent = Vec::new();
+        let mut kinds = Vec::new();
+        while let Some((kind, payload)) = decoder.next_frame().unwrap() {
+            assert!(payload.len() <= frame::UPLOAD_MAX_PAYLOAD);
+            kinds.push(kind);
+            sent.extend_from_slice(&payload);
+        }
+        assert_eq!(kinds.last(), Some(&frame::END));
+        assert_eq!(kinds.iter().filter(|k| **k == frame::DATA).count(), 4);
+        let mut expected = big;
+        expected.extend_from_slice(b"tail");
+        assert_eq!(sent, expected);
+    }
 
     #[test]
     fn every_code_maps_back_from_its_status_and_body() {

@@ -640,7 +640,11 @@ impl LocalBackend {
 /// Connect to a sandbox's monitor, or report the sandbox missing.
 async fn connect_monitor(dir: &SandboxDir, id: &str) -> Result<UnixStream> {
     match UnixStream::connect(dir.socket()).await {
-        Ok(s) => Ok(s),
+        Ok(s) => {
+            // This connection is handed to the agent and carries file bodies both ways.
+            sys::grow_socket_buffers(&s);
+            Ok(s)
+        }
         Err(e) => {
             if lock_is_free(&dir.lock()) {
                 let _ = std::fs::remove_dir_all(&dir.dir);
@@ -1455,6 +1459,7 @@ fn embedded_observe(operation: &crate::OperationId) -> crate::OperationStatus {
 fn agent_stream(fd: OwnedFd) -> std::io::Result<tokio::net::UnixStream> {
     let stream = std::os::unix::net::UnixStream::from(fd);
     stream.set_nonblocking(true)?;
+    sys::grow_socket_buffers(&stream);
     tokio::net::UnixStream::from_std(stream)
 }
 

@@ -129,6 +129,22 @@ pub fn peer_uid(sock: impl AsFd) -> io::Result<u32> {
     Ok(rustix::net::sockopt::socket_peercred(sock)?.uid.as_raw())
 }
 
+/// The socket buffer size asked for on a connection between the engine and an agent: a
+/// whole file frame (`proto::MAX_BODY` and its header) fits, so a 1 MiB frame moves in one
+/// write and wakes its reader about once, where the default (about 208 KiB) takes several
+/// rounds of each side. It bounds the bytes queued, it is not memory set aside.
+pub const AGENT_SOCKET_BUFFER: usize = 1 << 20;
+
+/// Ask for [`AGENT_SOCKET_BUFFER`]-sized send and receive buffers on a unix stream socket to
+/// or from an agent (on such a socket the sender's buffer bounds the bytes in flight). Best
+/// effort, on purpose: without `CAP_NET_ADMIN` (rootless) the kernel caps the size at
+/// `net.core.wmem_max` / `rmem_max`, and a refused or capped size only leaves the socket
+/// slower. This is a speed knob; nothing relies on it as a bound.
+pub fn grow_socket_buffers(sock: impl AsFd) {
+    let _ = rustix::net::sockopt::set_socket_send_buffer_size(&sock, AGENT_SOCKET_BUFFER);
+    let _ = rustix::net::sockopt::set_socket_recv_buffer_size(&sock, AGENT_SOCKET_BUFFER);
+}
+
 /// Effective uid of this process.
 pub fn geteuid() -> u32 {
     rustix::process::geteuid().as_raw()

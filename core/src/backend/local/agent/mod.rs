@@ -362,6 +362,8 @@ fn serve_connection(agent: Arc<Agent>, fd: OwnedFd, once: bool) {
     if std_stream.set_nonblocking(true).is_err() {
         return;
     }
+    // The client's end asks the same: file bodies flow both ways.
+    sys::grow_socket_buffers(&std_stream);
     let Ok(stream) = UnixStream::from_std(std_stream) else {
         return;
     };
