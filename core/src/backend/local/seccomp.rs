@@ -72,11 +72,16 @@ enum Rule {
     Prlimit,
 }
 
-// Classic BPF opcodes (linux/bpf_common.h).
-const BPF_LD_W_ABS: u16 = 0x00 | 0x00 | 0x20;
-const BPF_JMP_JEQ_K: u16 = 0x05 | 0x10;
-const BPF_JMP_JGE_K: u16 = 0x05 | 0x30;
-const BPF_JMP_JSET_K: u16 = 0x05 | 0x40;
+// Classic BPF opcodes (linux/bpf_common.h): class | size or operation | source.
+/// `BPF_LD | BPF_W | BPF_ABS` (0x00 | 0x00 | 0x20): load a word of `seccomp_data`.
+const BPF_LD_W_ABS: u16 = 0x20;
+/// `BPF_JMP | BPF_JEQ | BPF_K` (0x05 | 0x10 | 0x00).
+const BPF_JMP_JEQ_K: u16 = 0x15;
+/// `BPF_JMP | BPF_JGE | BPF_K` (0x05 | 0x30 | 0x00), unsigned.
+const BPF_JMP_JGE_K: u16 = 0x35;
+/// `BPF_JMP | BPF_JSET | BPF_K` (0x05 | 0x40 | 0x00): jump if `A & k != 0`.
+const BPF_JMP_JSET_K: u16 = 0x45;
+/// `BPF_RET | BPF_K` (0x06 | 0x00).
 const BPF_RET_K: u16 = 0x06;
 
 /// The bit that marks a syscall of x86_64's x32 ABI: the same architecture value, other
