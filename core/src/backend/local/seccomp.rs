@@ -260,7 +260,11 @@ fn build(arch: &str) -> Result<Vec<Insn>, String> {
         Target::Rule(Rule::NoSys),
         Target::Next,
     );
-    asm.search(&rules());
+    let rules = rules();
+    if rules.windows(2).any(|w| w[0].0 >= w[1].0) {
+        return Err("a syscall number has two rules".into());
+    }
+    asm.search(&rules);
 
     // The blocks the search jumps to (jumps go forward only: the argument checks first,
     // then the returns they lead to).
