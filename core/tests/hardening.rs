@@ -592,6 +592,63 @@ async fn sandbox_processes_hold_no_privileges_and_no_host_environment() {
     );
 }
 
+/// Every sandbox process runs under the engine's seccomp filter, inherited from the agent
+/// (which installs it on itself once): one filter more than this test program runs under,
+/// the agent the same, and the calls the filter refuses stay refused while threads work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_processes_run_under_the_agents_seccomp_filter() {
+    let filters = |status: &str| -> Option<u32> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Seccomp_filters:"))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let own = filters(&std::fs::read_to_string("/proc/self/status").unwrap())
+        .expect("this kernel reports Seccomp_filters");
+    let env = Env::new("seccomp");
+    let id = env.sandbox(&unique("seccomp")).await;
+    for pid in ["self", "1"] {
+        let out = bash(&*env.backend, &id, &format!("cat /proc/{pid}/status")).await;
+        let status = out.stdout_lossy();
+        assert!(status.contains("Seccomp:\t2"), "{pid}: {status}");
+        assert_eq!(filters(&status), Some(own + 1), "{pid}: {status}");
+    }
+    if !has_python(&*env.backend, &id).await {
+        return;
+    }
+    let probe = format!(
+        "import ctypes, threading\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         def errno(nr, *args):\n\
+         \x20   ctypes.set_errno(0)\n\
+         \x20   r = libc.syscall(nr, *[ctypes.c_long(a) for a in args])\n\
+         \x20   return 0 if r != -1 else ctypes.get_errno()\n\
+         limit = (ctypes.c_ulong * 2)(64, 64)\n\
+         print(errno({unshare}, {newuser}), errno({unshare}, {newns}), errno({keyctl}, 0, 0),\n\
+         \x20     errno({uring}, 1, 0), errno({bpf}, 0, 0, 0), errno({mount}, 0, 0, 0, 0, 0),\n\
+         \x20     errno({prlimit}, 1, 7, ctypes.addressof(limit), 0),\n\
+         \x20     errno({clone3}, 0, 0), errno({prlimit}, 0, 7, 0, ctypes.addressof(limit)))\n\
+         t = threading.Thread(target=print, args=('thread ok',)); t.start(); t.join()\n",
+        unshare = libc::SYS_unshare,
+        newuser = libc::CLONE_NEWUSER,
+        newns = libc::CLONE_NEWNS,
+        keyctl = libc::SYS_keyctl,
+        uring = libc::SYS_io_uring_setup,
+        bpf = libc::SYS_bpf,
+        mount = libc::SYS_mount,
+        prlimit = libc::SYS_prlimit64,
+        clone3 = libc::SYS_clone3,
+    );
+    let out = python(&*env.backend, &id, &probe).await;
+    let (eperm, enosys) = (libc::EPERM, libc::ENOSYS);
+    assert_eq!(
+        out,
+        format!("{eperm} {eperm} {eperm} {eperm} {eperm} {eperm} {eperm} {enosys} 0\nthread ok\n"),
+        "errno of unshare(user), unshare(mount), keyctl, io_uring_setup, bpf, mount, \
+         prlimit64(PID 1, set), clone3, prlimit64(self, get)"
+    );
+}
+
 /// The bounding set of sandbox processes is empty too, so that nothing they execute can
 /// regain a capability (the engine's own comment: "the bounding set (so exec cannot regain
 /// them)").

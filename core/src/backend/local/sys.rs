@@ -1116,6 +1116,33 @@ pub fn set_no_new_privs() -> io::Result<()> {
     cvt(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }).map(drop)
 }
 
+/// `seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC)`: install a classic BPF
+/// program on every thread of the calling process (so no thread is left unfiltered); what
+/// they start later inherits it. Needs `no_new_privs` or `CAP_SYS_ADMIN`.
+pub fn seccomp_filter_all_threads(program: &[libc::sock_filter]) -> io::Result<()> {
+    let len =
+        u16::try_from(program.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let prog = libc::sock_fprog {
+        len,
+        filter: program.as_ptr().cast_mut(),
+    };
+    // SAFETY: `prog` points at `program`, alive for the call; the kernel copies it.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_TSYNC,
+            &prog as *const libc::sock_fprog,
+        )
+    };
+    match ret {
+        0 => Ok(()),
+        -1 => Err(io::Error::last_os_error()),
+        // With TSYNC, a positive value is the id of a thread that could not be synchronized.
+        _ => Err(io::Error::from_raw_os_error(libc::ESRCH)),
+    }
+}
+
 /// `landlock_restrict_self(2)`: enforce the ruleset `ruleset` on the calling thread and what
 /// it starts. Async-signal-safe.
 pub fn landlock_restrict_self(ruleset: RawFd) -> io::Result<()> {

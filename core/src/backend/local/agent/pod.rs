@@ -149,8 +149,6 @@ fn prepare(config: &PodAgentConfig) -> Result<Record> {
         // Orphans of sandbox processes come to us (as they do to PID 1 in a container).
         sys::set_child_subreaper().map_err(|e| fail("become a subreaper", e))?;
     }
-    // The deny-list every process gets: a filter that cannot be built stops the agent.
-    super::seccomp::filters()?;
     let (uid, gid) = (sys::geteuid(), sys::getegid());
     let name = config
         .user
@@ -196,6 +194,9 @@ fn prepare(config: &PodAgentConfig) -> Result<Record> {
     // otherwise, by the agent, before any sandbox code runs).
     let home = host_path(&record, Path::new(&config.home));
     std::fs::create_dir_all(&home).map_err(|e| Error::from_io(&e, &config.home))?;
+    // The deny-list every process gets, installed on the agent once its setup is done and
+    // inherited by all it starts: a filter that cannot be built or installed stops the agent.
+    super::seccomp::install()?;
     Ok(record)
 }
 

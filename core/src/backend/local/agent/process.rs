@@ -300,10 +300,14 @@ pub(super) fn launch(agent: &Arc<Agent>, spec: &ProcessSpec) -> Result<Incarnati
     )?;
     let isolated = !record.unisolated;
     let pod = agent.pod;
-    let filters = super::seccomp::filters()?;
+    if isolated || pod {
+        // The seccomp filter is the agent's own, inherited through the clone (see
+        // `seccomp::install`): an agent without it starts nothing.
+        super::seccomp::installed()?;
+    }
     // The child shares the agent's memory until exec (see `sys::spawn`): this hook only
-    // makes raw, async-signal-safe syscalls (no allocation, no locks; the filters were
-    // compiled before the clone). Every hardening step of a sandbox process is here, in order.
+    // makes raw, async-signal-safe syscalls (no allocation, no locks). Every hardening step
+    // of a sandbox process is here, in order.
     let hook = || -> std::io::Result<()> {
         // Only stdio reaches the program: every other descriptor closes at exec.
         sys::cloexec_from(3)?;
@@ -312,16 +316,14 @@ pub(super) fn launch(agent: &Arc<Agent>, spec: &ProcessSpec) -> Result<Incarnati
             // what a sandbox at its memory limit gives up.
             let _ = sys::set_oom_score_adj(0);
             sys::harden_child(uid, gid, nproc, nofile)?;
-            super::seccomp::apply(filters)?;
         } else {
             sys::setsid()?;
             // The one limit that stays per process without a user namespace.
             sys::setrlimit(libc::RLIMIT_NOFILE, nofile)?;
             if pod {
                 // In a pod the container runtime isolates; what needs no privilege
-                // still applies: no gaining privileges at exec, and the deny-list.
+                // still applies: no gaining privileges at exec (the deny-list is inherited).
                 sys::set_no_new_privs()?;
-                super::seccomp::apply(filters)?;
             }
         }
         if with_tty {

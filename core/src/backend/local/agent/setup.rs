@@ -244,9 +244,11 @@ pub(super) fn setup_sandbox(record: &Record, net: Option<&Plan>) -> Result<()> {
         }
         _ => {}
     }
-    // Fail closed: no sandbox starts without its seccomp filter or its Landlock layer.
-    super::seccomp::filters()?;
+    // Fail closed: no sandbox starts without its Landlock layer or its seccomp filter. The
+    // filter goes last, on the agent itself: nothing the agent does from here on needs a
+    // call it refuses, and every process it starts inherits it.
     super::landlock::confine_to_root(record.landlock_optional)?;
+    super::seccomp::install()?;
     Ok(())
 }
 
