@@ -613,7 +613,8 @@ async fn the_engine_answers_unknown_about_operations() {
 }
 
 /// A create the warm pool serves matches a cold one in everything a caller can observe (the
-/// conformance case), and it really was served by the pool.
+/// conformance case, with another default user and with the member's own), and it really
+/// was served by the pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claimed_warm_sandbox_matches_a_cold_one() {
     let warm = LocalBackend::new().expect("engine").with_warm_pool(1);
@@ -634,6 +635,18 @@ async fn a_claimed_warm_sandbox_matches_a_cold_one() {
         warm.warm_claims(),
         claims + 1,
         "the first sandbox was claimed"
+    );
+    // Again with the member's own users, which the claim keeps (no file rewritten).
+    eventually(PATIENCE, "the pool holds a member again", || async {
+        equals(warm.warm_ready(), 1)
+    })
+    .await;
+    sandcove::conformance::claimed_sandbox_with_the_default_user_matches_a_cold_one(&warm, &cold)
+        .await;
+    assert_eq!(
+        warm.warm_claims(),
+        claims + 2,
+        "the second sandbox was claimed"
     );
     assert_eq!(cold.warm_claims(), 0);
 }
