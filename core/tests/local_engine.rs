@@ -613,7 +613,8 @@ async fn the_engine_answers_unknown_about_operations() {
 }
 
 /// A create the warm pool serves matches a cold one in everything a caller can observe (the
-/// conformance case), and it really was served by the pool.
+/// conformance case, with another default user and with the member's own), and it really
+/// was served by the pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claimed_warm_sandbox_matches_a_cold_one() {
     let warm = LocalBackend::new().expect("engine").with_warm_pool(1);
@@ -634,6 +635,18 @@ async fn a_claimed_warm_sandbox_matches_a_cold_one() {
         warm.warm_claims(),
         claims + 1,
         "the first sandbox was claimed"
+    );
+    // Again with the member's own users, which the claim keeps (no file rewritten).
+    eventually(PATIENCE, "the pool holds a member again", || async {
+        equals(warm.warm_ready(), 1)
+    })
+    .await;
+    sandcove::conformance::claimed_sandbox_with_the_default_user_matches_a_cold_one(&warm, &cold)
+        .await;
+    assert_eq!(
+        warm.warm_claims(),
+        claims + 2,
+        "the second sandbox was claimed"
     );
     assert_eq!(cold.warm_claims(), 0);
 }
@@ -678,6 +691,62 @@ async fn warm_pool_members_are_never_listed_and_end_with_their_engine() {
     .await;
     // Members were never anyone's sandbox: their ends leave no tombstone.
     assert_eq!(tombstones(), buried, "tombstones of pool members");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The pool refills after claims: one that leaves a member ready (its replacement waits a
+/// quiet period) and a run that empties it (refilled at once). A create the empty pool
+/// cannot serve goes cold and still succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_warm_pool_refills_after_claims() {
+    let dir = std::env::temp_dir().join(unique("pool-refill"));
+    let warm = LocalBackend::with_state_dir(&dir)
+        .expect("engine")
+        .with_warm_pool(2);
+    let first = warm
+        .create(test_options(&unique("pool-refill")))
+        .await
+        .expect("create");
+    warm.destroy(&first.id).await.expect("destroy");
+    let full = || async { equals(warm.warm_ready(), 2) };
+    eventually(PATIENCE, "two members ready", full).await;
+
+    // One claim: a member is left, the replacement comes after the quiet period.
+    let claims = warm.warm_claims();
+    let one = warm
+        .create(test_options(&unique("pool-refill")))
+        .await
+        .expect("create");
+    assert_eq!(warm.warm_claims(), claims + 1, "served by the pool");
+    eventually(PATIENCE, "the pool is back to two", full).await;
+    warm.destroy(&one.id).await.expect("destroy");
+
+    // Three creates back to back: the first two empty the pool, the third may go cold.
+    let mut made = Vec::new();
+    for _ in 0..3 {
+        let info = warm
+            .create(test_options(&unique("pool-refill")))
+            .await
+            .expect("create");
+        made.push(info.id);
+    }
+    // (At least one of them claimed: a member may have been retired meanwhile on a slow
+    // machine.)
+    assert!(warm.warm_claims() >= claims + 2, "served by the pool");
+    eventually(PATIENCE, "the emptied pool is back to two", full).await;
+    for id in made {
+        warm.destroy(&id).await.expect("destroy");
+    }
+    drop(warm);
+    let entries = || {
+        std::fs::read_dir(dir.join("sandboxes"))
+            .map(|d| d.flatten().count())
+            .unwrap_or(0)
+    };
+    eventually(PATIENCE, "the members end with their engine", || async {
+        equals(entries(), 0)
+    })
+    .await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -6,7 +6,9 @@
 //! `list` never shows it) and nothing but a claim is ever sent to it. The pool's task, on
 //! the runtime of the first `create`, keeps [`LocalBackend::with_warm_pool`] members ready,
 //! retires each one before its lease ends (destroys it, makes a fresh one), and destroys them
-//! all when the last clone of the engine is dropped. Nothing renews a member's lease, so
+//! all when the last clone of the engine is dropped. A claimed member's replacement is made
+//! a short quiet period after the claim ([`REFILL_QUIET`]), so that it does not compete with
+//! the claimer's first command, or at once if the claim emptied the pool. Nothing renews a member's lease, so
 //! members of a program that exits or crashes end within [`MEMBER_LEASE`] on their own.
 //!
 //! A claim happens in three steps, each of which falls back to a cold create on failure:
@@ -47,6 +49,11 @@ pub const MAX_WARM_POOL: usize = 64;
 pub const MEMBER_LEASE: Duration = Duration::from_secs(30);
 /// A member this close to its lease end is retired, not handed out.
 const RETIRE_MARGIN: Duration = Duration::from_secs(10);
+/// How long after a claim the pool waits before making the replacement (unless the claim
+/// emptied it): long enough for the claimer's first command, short enough that the pool is
+/// rarely short when the next create comes.
+const REFILL_QUIET: Duration = Duration::from_millis(20);
+
 /// Longest wait between failed attempts to fill the pool.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -107,6 +114,9 @@ struct State {
     task: Option<tokio::task::JoinHandle<()>>,
     closed: bool,
     claims: u64,
+    /// When the first claim not yet replaced took its member, ms since the epoch (see
+    /// [`refill_wait`]).
+    short_since: Option<u64>,
 }
 
 /// What the engine's clones and the pool's task share.
@@ -167,7 +177,11 @@ impl Pool {
             }
             let fresh_until = now_millis() + RETIRE_MARGIN.as_millis() as u64 / 2;
             let at = state.ready.iter().position(|m| m.ends_at > fresh_until);
-            at.and_then(|i| state.ready.remove(i))
+            let member = at.and_then(|i| state.ready.remove(i));
+            if member.is_some() {
+                state.short_since.get_or_insert_with(now_millis);
+            }
+            member
         };
         self.shared.wake.notify_one();
         member.map(|m| m.id)
@@ -239,7 +253,22 @@ async fn fill(shared: Arc<Shared>, engine: LocalBackend, size: usize) {
         if closed {
             return;
         }
-        let missing = size.saturating_sub(shared.lock().ready.len());
+        let (missing, defer) = {
+            let mut state = shared.lock();
+            let missing = size.saturating_sub(state.ready.len());
+            let defer = refill_wait(state.short_since, now_millis(), state.ready.len(), missing);
+            if defer.is_none() {
+                state.short_since = None;
+            }
+            (missing, defer)
+        };
+        if let Some(wait) = defer {
+            tokio::select! {
+                _ = shared.wake.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+            continue;
+        }
         let mut failed = false;
         for _ in 0..missing {
             match engine.create_member(MEMBER_LEASE).await {
@@ -293,9 +322,45 @@ async fn fill(shared: Arc<Shared>, engine: LocalBackend, size: usize) {
     }
 }
 
+/// How long the task waits before making `missing` members, the first claim not yet
+/// replaced having been at `short_since` (ms since the epoch; `now` likewise), `ready`
+/// members left. `None`: make them now.
+///
+/// A claimed sandbox's first calls go first: a replacement is a cold create (namespaces,
+/// mounts, a monitor fork) and on a small host it competes with them for the CPU. The wait
+/// runs from the first unreplaced claim, so later claims never push it back, and a claim
+/// that empties the pool ends it: the next create would otherwise go cold.
+fn refill_wait(
+    short_since: Option<u64>,
+    now: u64,
+    ready: usize,
+    missing: usize,
+) -> Option<Duration> {
+    let due = short_since? + REFILL_QUIET.as_millis() as u64;
+    (missing > 0 && ready > 0 && due > now).then(|| Duration::from_millis(due - now))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refill_waits_out_the_quiet_period_unless_the_pool_is_empty() {
+        let quiet = REFILL_QUIET.as_millis() as u64;
+        // Filling (no claim yet): at once.
+        assert_eq!(refill_wait(None, 1_000, 0, 2), None);
+        // One claimed of two: after the quiet period from the claim.
+        assert_eq!(
+            refill_wait(Some(1_000), 1_005, 1, 1),
+            Some(Duration::from_millis(quiet - 5))
+        );
+        // The quiet period over: now.
+        assert_eq!(refill_wait(Some(1_000), 1_000 + quiet, 1, 1), None);
+        // Emptied: at once, whatever the time.
+        assert_eq!(refill_wait(Some(1_000), 1_000, 0, 2), None);
+        // Nothing missing: nothing to wait for.
+        assert_eq!(refill_wait(Some(1_000), 1_000, 2, 0), None);
+    }
 
     #[test]
     fn only_the_default_shape_is_served() {
