@@ -8,8 +8,9 @@
 //! retires each one before its lease ends (destroys it, makes a fresh one), and destroys them
 //! all when the last clone of the engine is dropped. A claimed member's replacement is made
 //! a short quiet period after the claim ([`REFILL_QUIET`]), so that it does not compete with
-//! the claimer's first command, or at once if the claim emptied the pool. Nothing renews a member's lease, so
-//! members of a program that exits or crashes end within [`MEMBER_LEASE`] on their own.
+//! the claimer's first command, or at once if the claim emptied the pool. Nothing renews a
+//! member's lease, so members of a program that exits or crashes end within
+//! [`MEMBER_LEASE`] on their own.
 //!
 //! A claim happens in three steps, each of which falls back to a cold create on failure:
 //! the claimer's name is taken for the member, the agent takes the claim (the claimer's envs
