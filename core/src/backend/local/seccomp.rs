@@ -640,7 +640,14 @@ mod tests {
         // SAFETY: integer and null arguments; refused before the kernel reads any.
         let twins = unsafe {
             [
-                errno(libc::syscall(libc::SYS_quotactl_fd, -1, 0x8000_0400u32, 0, 0)),
+                errno(libc::syscall(
+                    libc::SYS_quotactl_fd,
+                    -1,
+                    // QCMD(Q_GETFMT, USRQUOTA): a command that needs no privilege.
+                    0x8000_0400u32,
+                    0,
+                    0,
+                )),
                 errno(libc::syscall(libc::SYS_mount_setattr, -1, 0, 0, 0, 0)),
                 errno(libc::syscall(SYS_OPEN_TREE_ATTR, -1, 0, 0, 0, 0)),
             ]
