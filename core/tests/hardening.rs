@@ -627,7 +627,8 @@ async fn sandbox_processes_run_under_the_agents_seccomp_filter() {
          print(errno({unshare}, {newuser}), errno({unshare}, {newns}), errno({keyctl}, 0, 0),\n\
          \x20     errno({uring}, 1, 0), errno({bpf}, 0, 0, 0), errno({mount}, 0, 0, 0, 0, 0),\n\
          \x20     errno({prlimit}, 1, 7, ctypes.addressof(limit), 0),\n\
-         \x20     errno({clone3}, 0, 0), errno({prlimit}, 0, 7, 0, ctypes.addressof(limit)))\n\
+         \x20     errno({clone3}, 0, 0), errno({prlimit}, 0, 7, 0, ctypes.addressof(limit)),\n\
+         \x20     errno({quotactl_fd}, -1, 0x80000400, 0, 0), errno({mount_setattr}, -1, 0, 0, 0, 0))\n\
          t = threading.Thread(target=print, args=('thread ok',)); t.start(); t.join()\n",
         unshare = libc::SYS_unshare,
         newuser = libc::CLONE_NEWUSER,
@@ -638,14 +639,19 @@ async fn sandbox_processes_run_under_the_agents_seccomp_filter() {
         mount = libc::SYS_mount,
         prlimit = libc::SYS_prlimit64,
         clone3 = libc::SYS_clone3,
+        quotactl_fd = libc::SYS_quotactl_fd,
+        mount_setattr = libc::SYS_mount_setattr,
     );
     let out = python(&*env.backend, &id, &probe).await;
     let (eperm, enosys) = (libc::EPERM, libc::ENOSYS);
     assert_eq!(
         out,
-        format!("{eperm} {eperm} {eperm} {eperm} {eperm} {eperm} {eperm} {enosys} 0\nthread ok\n"),
+        format!(
+            "{eperm} {eperm} {eperm} {eperm} {eperm} {eperm} {eperm} {enosys} 0 {eperm} {eperm}\n\
+             thread ok\n"
+        ),
         "errno of unshare(user), unshare(mount), keyctl, io_uring_setup, bpf, mount, \
-         prlimit64(PID 1, set), clone3, prlimit64(self, get)"
+         prlimit64(PID 1, set), clone3, prlimit64(self, get), quotactl_fd, mount_setattr"
     );
 }
 

@@ -19,6 +19,10 @@ use super::sys;
 /// One classic BPF instruction, as the kernel reads it.
 pub type Insn = libc::sock_filter;
 
+/// `open_tree_attr` (Linux 6.15), which the `libc` crate does not name yet: `open_tree` with
+/// mount attributes. Numbers from 424 on are the same on x86_64 and aarch64.
+const SYS_OPEN_TREE_ATTR: i64 = 467;
+
 /// Syscalls refused with `EPERM`, whatever their arguments.
 const DENIED: &[i64] = &[
     libc::SYS_unshare,
@@ -42,6 +46,8 @@ const DENIED: &[i64] = &[
     libc::SYS_request_key,
     libc::SYS_acct,
     libc::SYS_quotactl,
+    // The same quota code as `quotactl`, through a descriptor.
+    libc::SYS_quotactl_fd,
     libc::SYS_open_by_handle_at,
     libc::SYS_fsopen,
     libc::SYS_fsconfig,
@@ -49,6 +55,8 @@ const DENIED: &[i64] = &[
     libc::SYS_fspick,
     libc::SYS_move_mount,
     libc::SYS_open_tree,
+    libc::SYS_mount_setattr,
+    SYS_OPEN_TREE_ATTR,
     libc::SYS_syslog,
     libc::SYS_io_uring_setup,
     libc::SYS_io_uring_enter,
@@ -626,6 +634,29 @@ mod tests {
             ]
         };
         assert_eq!(refused, [Some(libc::EPERM); 5]);
+        // The fd-based twins of refused calls (the same quota code as `quotactl`, the mount
+        // API's attribute calls), refused like them. Without the filter each answers its
+        // own error here (a bad descriptor, a short attribute size), never EPERM.
+        // SAFETY: integer and null arguments; refused before the kernel reads any.
+        let twins = unsafe {
+            [
+                errno(libc::syscall(
+                    libc::SYS_quotactl_fd,
+                    -1,
+                    // QCMD(Q_GETFMT, USRQUOTA): a command that needs no privilege.
+                    0x8000_0400u32,
+                    0,
+                    0,
+                )),
+                errno(libc::syscall(libc::SYS_mount_setattr, -1, 0, 0, 0, 0)),
+                errno(libc::syscall(SYS_OPEN_TREE_ATTR, -1, 0, 0, 0, 0)),
+            ]
+        };
+        assert_eq!(
+            twins,
+            [Some(libc::EPERM); 3],
+            "quotactl_fd, mount_setattr, open_tree_attr"
+        );
         // SAFETY: clone3 with a null argument; refused before the kernel reads it.
         let clone3 = unsafe { errno(libc::syscall(libc::SYS_clone3, 0, 0)) };
         assert_eq!(clone3, Some(libc::ENOSYS));
