@@ -28,7 +28,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::config::UidMapping;
 use super::LocalBackend;
@@ -115,9 +115,9 @@ struct State {
     task: Option<tokio::task::JoinHandle<()>>,
     closed: bool,
     claims: u64,
-    /// When the first claim not yet replaced took its member, ms since the epoch (see
-    /// [`refill_wait`]).
-    short_since: Option<u64>,
+    /// When the first claim not yet replaced took its member (see [`refill_wait`]). A
+    /// monotonic clock: a wall clock set back would hold the refill off until it caught up.
+    short_since: Option<Instant>,
 }
 
 /// What the engine's clones and the pool's task share.
@@ -180,7 +180,7 @@ impl Pool {
             let at = state.ready.iter().position(|m| m.ends_at > fresh_until);
             let member = at.and_then(|i| state.ready.remove(i));
             if member.is_some() {
-                state.short_since.get_or_insert_with(now_millis);
+                state.short_since.get_or_insert_with(Instant::now);
             }
             member
         };
@@ -257,7 +257,12 @@ async fn fill(shared: Arc<Shared>, engine: LocalBackend, size: usize) {
         let (missing, defer) = {
             let mut state = shared.lock();
             let missing = size.saturating_sub(state.ready.len());
-            let defer = refill_wait(state.short_since, now_millis(), state.ready.len(), missing);
+            let defer = refill_wait(
+                state.short_since,
+                Instant::now(),
+                state.ready.len(),
+                missing,
+            );
             if defer.is_none() {
                 state.short_since = None;
             }
@@ -324,21 +329,20 @@ async fn fill(shared: Arc<Shared>, engine: LocalBackend, size: usize) {
 }
 
 /// How long the task waits before making `missing` members, the first claim not yet
-/// replaced having been at `short_since` (ms since the epoch; `now` likewise), `ready`
-/// members left. `None`: make them now.
+/// replaced having been at `short_since`, `ready` members left. `None`: make them now.
 ///
 /// A claimed sandbox's first calls go first: a replacement is a cold create (namespaces,
 /// mounts, a monitor fork) and on a small host it competes with them for the CPU. The wait
 /// runs from the first unreplaced claim, so later claims never push it back, and a claim
 /// that empties the pool ends it: the next create would otherwise go cold.
 fn refill_wait(
-    short_since: Option<u64>,
-    now: u64,
+    short_since: Option<Instant>,
+    now: Instant,
     ready: usize,
     missing: usize,
 ) -> Option<Duration> {
-    let due = short_since? + REFILL_QUIET.as_millis() as u64;
-    (missing > 0 && ready > 0 && due > now).then(|| Duration::from_millis(due - now))
+    let left = (short_since? + REFILL_QUIET).checked_duration_since(now)?;
+    (missing > 0 && ready > 0 && !left.is_zero()).then_some(left)
 }
 
 #[cfg(test)]
@@ -347,20 +351,22 @@ mod tests {
 
     #[test]
     fn a_refill_waits_out_the_quiet_period_unless_the_pool_is_empty() {
-        let quiet = REFILL_QUIET.as_millis() as u64;
+        let claim = Instant::now();
+        let ms = Duration::from_millis;
         // Filling (no claim yet): at once.
-        assert_eq!(refill_wait(None, 1_000, 0, 2), None);
+        assert_eq!(refill_wait(None, claim, 0, 2), None);
         // One claimed of two: after the quiet period from the claim.
         assert_eq!(
-            refill_wait(Some(1_000), 1_005, 1, 1),
-            Some(Duration::from_millis(quiet - 5))
+            refill_wait(Some(claim), claim + ms(5), 1, 1),
+            Some(REFILL_QUIET - ms(5))
         );
         // The quiet period over: now.
-        assert_eq!(refill_wait(Some(1_000), 1_000 + quiet, 1, 1), None);
+        assert_eq!(refill_wait(Some(claim), claim + REFILL_QUIET, 1, 1), None);
+        assert_eq!(refill_wait(Some(claim), claim + ms(1_000), 1, 1), None);
         // Emptied: at once, whatever the time.
-        assert_eq!(refill_wait(Some(1_000), 1_000, 0, 2), None);
+        assert_eq!(refill_wait(Some(claim), claim, 0, 2), None);
         // Nothing missing: nothing to wait for.
-        assert_eq!(refill_wait(Some(1_000), 1_000, 2, 0), None);
+        assert_eq!(refill_wait(Some(claim), claim, 2, 0), None);
     }
 
     #[test]
