@@ -1003,3 +1003,37 @@ async fn programs_are_found_as_execvp_finds_them() {
     assert!(!err.is_not_found(), "{err}");
     backend.destroy(&id).await.expect("destroy");
 }
+
+/// Sandbox processes find their `C.UTF-8` locale in an archive (one lookup), made by the
+/// engine where the host has only locale directories, and cannot change it.
+#[tokio::test]
+async fn the_default_locale_comes_from_a_read_only_archive() {
+    let host = std::path::Path::new("/usr/lib/locale");
+    if !host.join("locale-archive").exists() && !host.join("C.utf8/LC_CTYPE").exists() {
+        // No compiled C.UTF-8 on this host: nothing for the engine to archive.
+        return;
+    }
+    let backend = local();
+    let id = backend
+        .create(test_options(&unique("locale")))
+        .await
+        .expect("create")
+        .id;
+    let out = sh(
+        &*backend,
+        &id,
+        "echo $LANG; locale charmap; grep -c ' /usr/lib/locale/locale-archive$' /proc/self/maps; \
+         ls /usr/lib/locale; touch /usr/lib/locale/x 2>/dev/null; echo touch=$?",
+    )
+    .await;
+    let text = out.stdout_lossy();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[..2], ["C.UTF-8", "UTF-8"], "{text}");
+    assert_ne!(lines[2], "0", "the archive is mapped: {text}");
+    assert!(lines.contains(&"locale-archive"), "{text}");
+    if host.join("C.utf8").exists() {
+        assert!(lines.contains(&"C.utf8"), "the host's locales stay: {text}");
+    }
+    assert_eq!(lines.last(), Some(&"touch=1"), "{text}");
+    backend.destroy(&id).await.expect("destroy");
+}

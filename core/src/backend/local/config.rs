@@ -132,6 +132,10 @@ pub struct Record {
     /// to no one but its pool's claim.
     #[serde(default)]
     pub pooled: bool,
+    /// A directory of the engine's to bind read-only over the sandbox's `/usr/lib/locale`:
+    /// the host's locales with an archive of them (see `locale`).
+    #[serde(default)]
+    pub locale: Option<String>,
 }
 
 fn first_protocol_version() -> u32 {

@@ -21,6 +21,7 @@ pub(crate) mod config;
 mod entry;
 mod files;
 mod landlock;
+mod locale;
 mod monitor;
 mod names;
 mod net;
@@ -105,6 +106,9 @@ pub struct LocalBackend {
     /// Idle agent connections for the next call to each sandbox (shared by clones): a
     /// call that finds one skips the dial and the monitor's handoff.
     conns: std::sync::Arc<ConnPool>,
+    /// The directory each sandbox sees as `/usr/lib/locale`, where the host's needs an
+    /// archive (see `locale`).
+    locale: Option<PathBuf>,
 }
 
 impl LocalBackend {
@@ -151,6 +155,11 @@ impl LocalBackend {
             );
         }
         let runtime_id = refs::runtime_id(&state_dir)?;
+        let locale = if unisolated {
+            None
+        } else {
+            locale::prepare(&state_dir)
+        };
         let backend = LocalBackend {
             state_dir,
             mapping: UidMapping::for_host(sys::geteuid(), sys::getegid()),
@@ -169,6 +178,7 @@ impl LocalBackend {
             })),
             runtime_id,
             conns: std::sync::Arc::new(ConnPool::new()),
+            locale,
         };
         backend.collect_stale();
         Ok(backend)
@@ -897,6 +907,10 @@ impl LocalBackend {
             pasta,
             protocol: PROTOCOL_VERSION,
             pooled,
+            locale: self
+                .locale
+                .as_ref()
+                .map(|dir| dir.to_string_lossy().into_owned()),
         };
         let state_dir = self.state_dir.clone();
         let info = info_of(&record, SandboxState::Running);

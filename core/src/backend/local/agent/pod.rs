@@ -189,6 +189,7 @@ fn prepare(config: &PodAgentConfig) -> Result<Record> {
         preview_limits: Default::default(),
         protocol: proto::PROTOCOL_VERSION,
         pooled: false,
+        locale: None,
     };
     // The home exists before anything runs in it (an emptyDir in a Pod usually; made here
     // otherwise, by the agent, before any sandbox code runs).

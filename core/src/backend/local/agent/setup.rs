@@ -18,6 +18,13 @@ pub(super) fn unavailable(step: &str, err: std::io::Error) -> Error {
 /// Build the sandbox root: a tmpfs with the host's system directories read-only, a private
 /// `/workspace`, `/tmp`, `/proc` and `/dev`, then pivot into it.
 pub(super) fn setup_sandbox(record: &Record, net: Option<&Plan>) -> Result<()> {
+    // The engine's locale directory, opened while we still hold the engine's own host uid:
+    // the state directory it lies in may be closed to the sandbox's root (see `locale`).
+    // Without it, sandboxes read the host's locale files as they are.
+    let locale = record
+        .locale
+        .as_deref()
+        .and_then(|dir| sys::open_dir_path(Path::new(dir)).ok());
     // Become root of the new user namespace (a no-op in the single-uid mapping).
     become_ns_root().map_err(|e| unavailable("setuid in the user namespace", e))?;
     let private = libc::MS_REC | libc::MS_PRIVATE;
@@ -68,6 +75,9 @@ pub(super) fn setup_sandbox(record: &Record, net: Option<&Plan>) -> Result<()> {
         } else if meta.is_dir() {
             bind_readonly(&host, &r(d))?;
         }
+    }
+    if let Some(dir) = &locale {
+        bind_locale(dir, &r(super::super::locale::HOST_LOCALE_DIR))?;
     }
     for d in [
         "workspace",
@@ -260,6 +270,33 @@ pub(super) fn become_ns_root() -> std::io::Result<()> {
         sys::set_all_ids(0, 0)?;
     }
     Ok(())
+}
+
+/// Bind the engine's locale directory (`dir`) read-only over `target`, the sandbox's
+/// `/usr/lib/locale`, where that is a directory. Every sandbox of the engine shares the
+/// directory, so a bind that cannot be made read-only fails the setup.
+fn bind_locale(dir: &OwnedFd, target: &Path) -> Result<()> {
+    if !target.is_dir() {
+        return Ok(());
+    }
+    let source = sys::fd_path(dir.as_raw_fd());
+    sys::mount(Some(&source), target, None, libc::MS_BIND, None)
+        .map_err(|e| unavailable("bind the locale directory", e))?;
+    let keep = sys::locked_mount_flags(target).map_err(|e| unavailable("statvfs", e))?;
+    sys::mount(
+        None,
+        target,
+        None,
+        libc::MS_REMOUNT
+            | libc::MS_BIND
+            | libc::MS_RDONLY
+            | libc::MS_NOSUID
+            | libc::MS_NODEV
+            | libc::MS_NOEXEC
+            | keep,
+        None,
+    )
+    .map_err(|e| unavailable("remount the locale directory read-only", e))
 }
 
 pub(super) fn bind_readonly(host: &Path, target: &Path) -> Result<()> {
