@@ -102,8 +102,12 @@ fn prepare_from(host: &Path, cache: &Path, localedef: &Path) -> io::Result<Optio
         .recursive(true)
         .mode(0o700)
         .create(cache)?;
-    let nonce = crate::now_millis();
+    // Engines of one program, and other programs, may prepare at once: each in a directory
+    // of its own, and only the one it created is removed.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nonce = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = cache.join(format!(".tmp-{}-{nonce}", std::process::id()));
+    std::fs::DirBuilder::new().mode(0o755).create(&tmp)?;
     let built = build(host, &tmp, &entries, &locales, localedef);
     let placed = built.and_then(|()| match std::fs::rename(&tmp, &dest) {
         Ok(()) => Ok(()),
@@ -159,8 +163,8 @@ fn walk(
     Ok(())
 }
 
-/// Copy the host tree into `tmp` (directories 0755, files 0644) and add the archive of
-/// `locales` made by `localedef`.
+/// Copy the host tree into the new directory `tmp` (directories 0755, files 0644) and add
+/// the archive of `locales` made by `localedef`.
 fn build(
     host: &Path,
     tmp: &Path,
@@ -168,7 +172,6 @@ fn build(
     locales: &[&Path],
     localedef: &Path,
 ) -> io::Result<()> {
-    std::fs::DirBuilder::new().mode(0o755).create(tmp)?;
     // Created with a umask in force: the modes are set explicitly.
     std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(0o755))?;
     for entry in entries {
