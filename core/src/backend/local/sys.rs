@@ -1665,33 +1665,80 @@ struct SpawnShared<'a, F> {
 /// allocation, no locks, no C library calls that act on all threads such as `setuid`), and
 /// return an error to stop the spawn.
 pub fn spawn<F: FnMut() -> io::Result<()>>(plan: &mut SpawnPlan, pre_exec: F) -> io::Result<u32> {
-    const STACK: usize = 64 * 1024;
-    let page = page_size() as usize;
-    // SAFETY: a fresh private anonymous mapping; the lowest page becomes a guard below.
-    let stack = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            STACK + page,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
-            -1,
-            0,
-        )
+    let spare = SPARE_STACK.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let stack = match spare {
+        Some(stack) => stack,
+        None => ChildStack::new()?,
     };
-    if stack == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
+    let result = spawn_on(&stack, plan, pre_exec);
+    // The child has exec'd or exited: the stack is free for the next spawn.
+    let mut slot = SPARE_STACK.lock().unwrap_or_else(|e| e.into_inner());
+    if slot.is_none() {
+        *slot = Some(stack);
     }
-    struct Unmap(*mut libc::c_void, usize);
-    impl Drop for Unmap {
-        fn drop(&mut self) {
-            // SAFETY: the mapping made above, no longer used (the child has exec'd or exited).
-            unsafe { libc::munmap(self.0, self.1) };
-        }
-    }
-    let _unmap = Unmap(stack, STACK + page);
-    // SAFETY: the first page of our own mapping.
-    cvt(unsafe { libc::mprotect(stack, page, libc::PROT_NONE) })?;
+    result
+}
 
+/// The stack of a [`spawn`] child: a private mapping whose lowest page is a guard.
+struct ChildStack {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: a plain mapping, used by one spawn at a time (it is taken out of `SPARE_STACK`).
+unsafe impl Send for ChildStack {}
+
+/// One stack kept for the next spawn. A fresh one for each spawn cost a mapping, the split
+/// of it that its guard page makes, and a zeroed page for each page the child touched.
+/// Spawns at once each take a stack; one is kept.
+static SPARE_STACK: std::sync::Mutex<Option<ChildStack>> = std::sync::Mutex::new(None);
+
+impl ChildStack {
+    const SIZE: usize = 64 * 1024;
+
+    fn new() -> io::Result<Self> {
+        let page = page_size() as usize;
+        let len = Self::SIZE + page;
+        // SAFETY: a fresh private anonymous mapping; the lowest page becomes a guard below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let stack = ChildStack { base, len };
+        // SAFETY: the first page of our own mapping.
+        cvt(unsafe { libc::mprotect(base, page, libc::PROT_NONE) })?;
+        Ok(stack)
+    }
+
+    /// The top of the stack, 16-byte aligned (the mapping is page-aligned).
+    fn top(&self) -> *mut libc::c_void {
+        // SAFETY: one past the end of our own mapping.
+        unsafe { (self.base as *mut u8).add(self.len) as *mut libc::c_void }
+    }
+}
+
+impl Drop for ChildStack {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, no longer used (no child runs on it).
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
+
+/// [`spawn`] with the child running on `stack`.
+fn spawn_on<F: FnMut() -> io::Result<()>>(
+    stack: &ChildStack,
+    plan: &mut SpawnPlan,
+    pre_exec: F,
+) -> io::Result<u32> {
     // Block every signal across the clone: a handler of the parent must never run in the
     // child, which shares its memory. The child restores this mask just before `execve`.
     // SAFETY: sigset_t is plain data (all zeroes is a valid value), filled by sigfillset and
@@ -1712,15 +1759,14 @@ pub fn spawn<F: FnMut() -> io::Result<()>>(plan: &mut SpawnPlan, pre_exec: F) ->
         mask,
         error: std::sync::atomic::AtomicI32::new(0),
     };
-    // SAFETY: the child runs `spawn_child` on its own stack (the mapping above, top aligned
-    // to 16 bytes) with a pointer to `shared`, which outlives it: CLONE_VFORK suspends this
-    // thread until the child has called execve or exited. CLONE_VM without CLONE_FILES or
-    // CLONE_SIGHAND: the child has its own descriptor table and signal dispositions.
+    // SAFETY: the child runs `spawn_child` on `stack`, which no one else uses meanwhile,
+    // with a pointer to `shared`, which outlives it: CLONE_VFORK suspends this thread until
+    // the child has called execve or exited. CLONE_VM without CLONE_FILES or CLONE_SIGHAND:
+    // the child has its own descriptor table and signal dispositions.
     let pid = unsafe {
-        let top = (stack as *mut u8).add(STACK + page) as *mut libc::c_void;
         libc::clone(
             spawn_child::<F>,
-            top,
+            stack.top(),
             libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
             &mut shared as *mut SpawnShared<F> as *mut libc::c_void,
         )
