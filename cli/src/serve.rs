@@ -61,9 +61,9 @@ pub struct ServeArgs {
     /// the request fails and its connection is closed.
     #[arg(long, default_value_t = 60_000)]
     pub body_idle_timeout_ms: u64,
-    /// Milliseconds a sandbox port may take for the head of its answer to a request a
-    /// listener forwards to it (E2B's get_host); then the client gets 504. The answer's body
-    /// is then held to --body-idle-timeout-ms between bytes.
+    /// Milliseconds a sandbox port may take, after the last byte of a request a listener
+    /// forwards to it (E2B's get_host), for the head of its answer; then the client gets
+    /// 504. The answer's body is then held to --body-idle-timeout-ms between bytes.
     #[arg(long, default_value_t = 60_000)]
     pub upstream_answer_timeout_ms: u64,
     /// Milliseconds a write to a client that stopped reading (a download, a followed log)

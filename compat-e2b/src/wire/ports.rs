@@ -18,7 +18,8 @@
 //!
 //! Since such a request needs no credential, the sandbox's answer is bounded
 //! (`sandcove::server::upstream`): its head must arrive within the listener's
-//! `upstream_answer_timeout` (60 s unless configured), else the client gets `504` and the
+//! `upstream_answer_timeout` (60 s unless configured) of the last byte of the request the
+//! sandbox took, else the client gets `504` and the
 //! connection to the sandbox is dropped; once the head is in, a body that brings no byte for
 //! the listener's body idle bound ends, and the client's connection with it. At most
 //! [`WireConfig::max_host_requests_per_sandbox`](super::WireConfig) such requests (upgraded
@@ -197,12 +198,12 @@ pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, mut request: Reque
             parts.uri = uri;
         }
     }
-    let answer = tokio::time::timeout(
-        bounds.answer_timeout,
-        sender.send_request(axum::http::Request::from_parts(parts, body)),
-    )
-    .await;
-    let Ok(answer) = answer else {
+    let (body, overdue) = bounds.watch_request(body);
+    let answer = tokio::select! {
+        answer = sender.send_request(axum::http::Request::from_parts(parts, body)) => Some(answer),
+        () = overdue => None,
+    };
+    let Some(answer) = answer else {
         // Dropped, not left to the sandbox: nothing more comes from or goes to it.
         connection.abort();
         return upstream::gateway_timeout(

@@ -41,7 +41,8 @@
 //!   a stream silent because there is nothing to send is never cut. So no client holds a
 //!   slot of the cap, or a handler's state, by trickling or by not reading. Nor does a
 //!   sandbox's port a request is forwarded to (E2B's `get_host`): its answer's head must come
-//!   within [`ServerConfig::upstream_answer_timeout`] (else `504`), its body with no gap
+//!   within [`ServerConfig::upstream_answer_timeout`] of the last request byte it took (else
+//!   `504`), its body with no gap
 //!   longer than the body idle bound (see [`upstream`]). A route may switch a connection to
 //!   another protocol (a WebSocket) only through [`upgrade`]: the connection keeps its slot
 //!   in the cap and is closed at shutdown; its own idle limit replaces the write-stall bound. [`serve_router_intercepting`] also terminates
@@ -131,8 +132,8 @@ pub struct ServerConfig {
     /// silent because there is nothing to send is not affected.
     pub write_stall_timeout: Duration,
     /// How long a sandbox's port may take for the head of its answer to a request a
-    /// listener forwards to it (E2B's `get_host`); then the client gets `504` and the
-    /// sandbox's connection is dropped. Once the head is in, the answer's body is held to
+    /// listener forwards to it (E2B's `get_host`), counted from the last byte of the request
+    /// it took; then the client gets `504` and the sandbox's connection is dropped. Once the head is in, the answer's body is held to
     /// [`body_idle_timeout`](Self::body_idle_timeout) between bytes (see [`upstream`]).
     pub upstream_answer_timeout: Duration,
     /// Serve HTTPS with this configuration (see [`load_tls`]); `None` serves plain HTTP,

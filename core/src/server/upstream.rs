@@ -7,8 +7,11 @@
 //! [`UpstreamBounds`] in every request's extensions; a handler that forwards reads them with
 //! [`UpstreamBounds::of`] and:
 //!
-//! - waits at most [`UpstreamBounds::answer_timeout`] for the answer's head, then answers
-//!   [`gateway_timeout`] and drops its connection to the sandbox;
+//! - sends the request's body through [`UpstreamBounds::watch_request`] and waits for the
+//!   answer's head until the sandbox has gone [`UpstreamBounds::answer_timeout`] without
+//!   taking a byte of the request or answering (the clock restarts with each piece of the
+//!   request body the sandbox takes, so a long upload the sandbox keeps reading is not cut),
+//!   then answers [`gateway_timeout`] and drops its connection to the sandbox;
 //! - sends the answer's body through [`UpstreamBounds::answer_body`]: a body that brings no
 //!   byte for [`UpstreamBounds::body_idle`] while the client's connection waits for one ends
 //!   in an error, which closes the client's connection (a partial body cannot be completed)
@@ -18,9 +21,14 @@
 //! Upgraded connections (WebSockets) are not answers: they keep [`upgrade`](super::upgrade)'s
 //! idle limit.
 
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -72,6 +80,30 @@ impl UpstreamBounds {
             .unwrap_or_default()
     }
 
+    /// `body` (the request's, on its way to the sandbox) as the body to send, and a future
+    /// that resolves once [`answer_timeout`](Self::answer_timeout) has passed since the
+    /// later of now and the last piece of that body the sandbox took: race it against the
+    /// answer's head.
+    pub fn watch_request<B>(&self, body: B) -> (Body, impl Future<Output = ()> + Send + 'static)
+    where
+        B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
+        B::Error: Into<axum::BoxError>,
+    {
+        let moved = Arc::new(LastMoved::new());
+        let timeout = self.answer_timeout;
+        let watched = moved.clone();
+        let overdue = async move {
+            loop {
+                let deadline = watched.last() + timeout;
+                if Instant::now() >= deadline {
+                    return;
+                }
+                tokio::time::sleep_until(deadline).await;
+            }
+        };
+        (Body::new(Watched { body, moved }), overdue)
+    }
+
     /// `body` (a forwarded answer's) as an answer body that ends in an error once no byte has
     /// come for [`body_idle`](Self::body_idle) while it was awaited. `held` is dropped with
     /// the body: whatever the forwarded exchange keeps for its whole length (a slot of a
@@ -104,6 +136,65 @@ pub fn gateway_timeout(what: &str, waited: Duration) -> Response {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     response
+}
+
+/// When a request body last handed a piece on, in milliseconds after `base`.
+struct LastMoved {
+    base: Instant,
+    last_ms: AtomicU64,
+}
+
+impl LastMoved {
+    fn new() -> Self {
+        LastMoved {
+            base: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = self.base.elapsed().as_millis().min(u128::from(u64::MAX)) as u64;
+        self.last_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    fn last(&self) -> Instant {
+        self.base + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
+    }
+}
+
+/// A request body that notes each piece it hands on.
+struct Watched<B> {
+    body: B,
+    moved: Arc<LastMoved>,
+}
+
+impl<B> hyper::body::Body for Watched<B>
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
+    type Data = Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::BoxError>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(_))) = &polled {
+            this.moved.touch();
+        }
+        polled.map(|frame| frame.map(|f| f.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// A body and what stays held until it is dropped.
@@ -179,6 +270,28 @@ mod tests {
         );
         drop(stream);
         assert!(released.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_head_deadline_restarts_with_each_piece_of_the_request_the_sandbox_takes() {
+        let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+        let bounds = UpstreamBounds::new(Duration::from_secs(10), Duration::from_secs(60));
+        let (body, overdue) = bounds.watch_request(Body::from_stream(rx));
+        let mut overdue = Box::pin(overdue);
+        let mut stream = body.into_data_stream();
+        use futures::StreamExt;
+        let started = Instant::now();
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_secs(8)).await;
+            tx.try_send(Ok(Bytes::from_static(b"piece"))).unwrap();
+            assert_eq!(stream.next().await.unwrap().unwrap(), "piece");
+        }
+        assert!(
+            futures::poll!(overdue.as_mut()).is_pending(),
+            "40 s of upload the sandbox kept taking is not overdue"
+        );
+        overdue.await;
+        assert_eq!(started.elapsed(), Duration::from_secs(50));
     }
 
     #[test]
