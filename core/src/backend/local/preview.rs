@@ -13,8 +13,11 @@
 //! A private preview carries **one request per connection**: the forwarded head says
 //! `Connection: close`, exactly the request's body is forwarded (by `Content-Length` or
 //! chunked framing), and a client that sends anything more on that connection is cut off, so
-//! every request is checked for a token. A WebSocket upgrade becomes a raw tunnel only once
-//! the sandbox answers `101`. Each listener serves at most [`PreviewLimits::max_connections`]
+//! every request is checked for a token. The sandbox's answer is bounded: its head must come
+//! within [`PreviewLimits::answer_timeout_ms`] of the request's end (else `504`), and no step
+//! of its body may take longer than [`PreviewLimits::answer_idle_ms`] (else both connections
+//! close), so a port that keeps requests unanswered holds no connection for ever. A WebSocket
+//! upgrade becomes a raw tunnel only once the sandbox answers `101`. Each listener serves at most [`PreviewLimits::max_connections`]
 //! connections at once; the rest wait in the kernel's backlog. Revoking a token, changing a
 //! preview's settings or closing it cuts the connections it no longer allows.
 //!
