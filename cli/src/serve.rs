@@ -61,6 +61,11 @@ pub struct ServeArgs {
     /// the request fails and its connection is closed.
     #[arg(long, default_value_t = 60_000)]
     pub body_idle_timeout_ms: u64,
+    /// Milliseconds a sandbox port may take, after the last byte of a request a listener
+    /// forwards to it (E2B's get_host), for the head of its answer; then the client gets
+    /// 504. The answer's body is then held to --body-idle-timeout-ms between bytes.
+    #[arg(long, default_value_t = 60_000)]
+    pub upstream_answer_timeout_ms: u64,
     /// Milliseconds a write to a client that stopped reading (a download, a followed log)
     /// may make no progress; then the connection is cut.
     #[arg(long, default_value_t = 60_000)]
@@ -242,6 +247,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
         max_connections,
         head_timeout_ms,
         body_idle_timeout_ms,
+        upstream_answer_timeout_ms,
         write_stall_timeout_ms,
         e2b,
         daytona,
@@ -385,6 +391,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
     config.max_connections = max_connections;
     config.head_timeout = Duration::from_millis(head_timeout_ms);
     config.body_idle_timeout = Duration::from_millis(body_idle_timeout_ms);
+    config.upstream_answer_timeout = Duration::from_millis(upstream_answer_timeout_ms);
     config.write_stall_timeout = Duration::from_millis(write_stall_timeout_ms);
     config.tls = tls;
     // One set of counters for the native API and every vendor listener: one scrape.

@@ -37,10 +37,17 @@ async fn env() -> Env {
 }
 
 async fn env_with(config: e2b::wire::WireConfig) -> Env {
+    env_limited(config, common::test_limits()).await
+}
+
+async fn env_limited(
+    config: e2b::wire::WireConfig,
+    limits: sandcove::server::ConnectionLimits,
+) -> Env {
     let state = PrivateState::new();
     let backend = Arc::new(LocalBackend::with_state_dir(&state.dir).expect("engine"));
     let app = e2b::wire::router(backend.clone(), config);
-    let (url, stop) = common::serve_in_process(app).await;
+    let (url, stop) = common::serve_in_process_with(app, limits).await;
     Env {
         url,
         http: reqwest::Client::new(),
@@ -1318,6 +1325,228 @@ while True:
         .expect("closed after the client's end")
         .unwrap();
     assert!(rest.is_empty(), "{rest:?}");
+}
+
+/// A server on port 8141 whose answers a path chooses: `/silent` reads the request and never
+/// answers, `/stalled` sends a head announcing 1000 bytes and 4 of them, then nothing,
+/// `/slow` answers after 0.5 s and sends 10 000 bytes in ten pieces 0.3 s apart, anything
+/// else is `ok`.
+const SLOW_SERVER: &str = r#"
+import socket, threading, time
+def serve(c):
+    head = b""
+    while b"\r\n\r\n" not in head:
+        more = c.recv(4096)
+        if not more:
+            return
+        head += more
+    path = head.split(b" ")[1]
+    try:
+        if path.startswith(b"/silent"):
+            while c.recv(4096):
+                pass
+        elif path.startswith(b"/stalled"):
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\npart")
+            while c.recv(4096):
+                pass
+        elif path.startswith(b"/slow"):
+            time.sleep(0.5)
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 10000\r\nConnection: close\r\n\r\n")
+            for i in range(10):
+                time.sleep(0.3)
+                c.sendall((b"%d" % i) * 1000)
+        else:
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+    except OSError:
+        pass
+    c.close()
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8141))
+s.listen(64)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// A sandbox created over the wire running [`SLOW_SERVER`], answering through `get_host`;
+/// its id and the `Host` that reaches its port.
+async fn slow_server(env: &Env) -> (String, String) {
+    let (id, _) = env.create().await;
+    let spec = sandcove::ProcessSpec::new(sandcove::Command::sh(format!(
+        "cat > /tmp/slow.py <<'PY'\n{SLOW_SERVER}\nPY\nexec python3 /tmp/slow.py"
+    )));
+    drop(
+        env.backend
+            .spawn(&id, spec)
+            .await
+            .expect("start the server"),
+    );
+    let listener_port = env.url.rsplit(':').next().unwrap().to_string();
+    let host = format!("8141-{id}.localhost:{listener_port}");
+    eventually(
+        Duration::from_secs(30),
+        "the sandbox's server answers",
+        || {
+            let get = env.host_get(&host, "/ready");
+            async move {
+                let r = get.send().await.map_err(|e| e.to_string())?;
+                match r.status().as_u16() {
+                    200 => Ok(()),
+                    s => Err(format!("status {s}")),
+                }
+            }
+        },
+    )
+    .await;
+    (id, host)
+}
+
+impl Env {
+    /// `GET path` through `get_host`'s `host`, given up after 30 s.
+    fn host_get(&self, host: &str, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .get(format!("{}{path}", self.url))
+            .header("Host", host)
+            .timeout(Duration::from_secs(30))
+    }
+}
+
+/// Limits with `answer` for the head of a forwarded answer and between its body's bytes.
+fn forwarding_limits(
+    answer: Duration,
+    max_connections: usize,
+) -> sandcove::server::ConnectionLimits {
+    let mut limits = common::test_limits();
+    limits.upstream_answer_timeout = answer;
+    limits.body_idle_timeout = answer;
+    limits.max_connections = max_connections;
+    limits
+}
+
+/// Finding: a request through `get_host` (which needs no credential) waited for the
+/// sandbox's answer without a bound, so a port that never answered held the listener's
+/// connections for ever. Now each gets `504` after the listener's answer bound; with a cap
+/// of 4 connections, 4 such requests at once are all answered and the listener serves the
+/// next request.
+#[tokio::test]
+async fn get_host_answers_504_when_the_sandbox_port_stays_silent() {
+    let env = env_limited(
+        e2b::wire::WireConfig::new(KEY),
+        forwarding_limits(Duration::from_secs(2), 4),
+    )
+    .await;
+    let (_, host) = slow_server(&env).await;
+    let silent: Vec<_> = (0..4)
+        .map(|_| {
+            let get = env.host_get(&host, "/silent");
+            tokio::spawn(async move {
+                let r = get.send().await.map_err(|e| e.to_string())?;
+                Ok::<_, String>((r.status().as_u16(), r.text().await.unwrap_or_default()))
+            })
+        })
+        .collect();
+    for request in silent {
+        let (status, text) = request.await.unwrap().expect("answered, not left waiting");
+        assert_eq!(status, 504, "{text}");
+        assert!(text.contains("did not answer within 2000 ms"), "{text}");
+    }
+    let r = env.host_get(&host, "/after").send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(r.text().await.unwrap(), "ok");
+}
+
+/// Finding: once a head was in, a forwarded answer whose body stopped coming held the
+/// client's connection for ever. Now it is cut after the body idle bound; an answer that is
+/// slow (its head after 0.5 s, its body over 3 s, more than the bound) but keeps coming is
+/// delivered whole.
+#[tokio::test]
+async fn get_host_cuts_a_stalled_answer_and_delivers_a_slow_one() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = env_limited(
+        e2b::wire::WireConfig::new(KEY),
+        forwarding_limits(Duration::from_secs(2), 16),
+    )
+    .await;
+    let (_, host) = slow_server(&env).await;
+    let addr = env.url.trim_start_matches("http://").to_string();
+    let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    conn.write_all(format!("GET /stalled HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    let text = String::from_utf8_lossy(&got).into_owned();
+    assert!(ended.is_ok(), "the client's connection is closed: {text:?}");
+    assert!(text.starts_with("HTTP/1.1 200"), "{text:?}");
+    assert!(text.ends_with("\r\n\r\npart"), "only what came: {text:?}");
+
+    let r = env.host_get(&host, "/slow").send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let body = r.bytes().await.expect("the whole body");
+    let expected: Vec<u8> = (0..10u8).flat_map(|i| vec![b'0' + i; 1000]).collect();
+    assert_eq!(body.len(), expected.len());
+    assert!(body[..] == expected[..], "the body arrived unchanged");
+}
+
+/// Finding: every connection of the listener's cap could be spent on one sandbox through
+/// `get_host` by anyone knowing its id. Requests to one sandbox's ports running at once are
+/// capped (`max_host_requests_per_sandbox`): one more gets `503` with `Retry-After`, and the
+/// slot is back once the request running ends.
+#[tokio::test]
+async fn get_host_requests_per_sandbox_are_capped() {
+    let mut config = e2b::wire::WireConfig::new(KEY);
+    config.max_host_requests_per_sandbox = 1;
+    let env = env_with(config).await;
+    let (_, host) = slow_server(&env).await;
+    let holding = tokio::spawn(env.host_get(&host, "/silent").send());
+    let retry_after = eventually(
+        Duration::from_secs(30),
+        "a second request is refused while the first runs",
+        || {
+            let get = env
+                .host_get(&host, "/second")
+                .timeout(Duration::from_secs(5));
+            async move {
+                let r = get.send().await.map_err(|e| e.to_string())?;
+                if r.status().as_u16() != 503 {
+                    return Err(format!("status {}", r.status()));
+                }
+                Ok(r.headers()
+                    .get("retry-after")
+                    .map(|v| v.to_str().unwrap().to_string()))
+            }
+        },
+    )
+    .await;
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    holding.abort();
+    eventually(
+        Duration::from_secs(30),
+        "the slot is back once the first request ends",
+        || {
+            let get = env
+                .host_get(&host, "/third")
+                .timeout(Duration::from_secs(5));
+            async move {
+                let r = get.send().await.map_err(|e| e.to_string())?;
+                match r.status().as_u16() {
+                    200 => Ok(()),
+                    s => Err(format!("status {s}")),
+                }
+            }
+        },
+    )
+    .await;
 }
 
 /// Snapshots and fork answer as E2B's API does: `201 {"snapshotID", "names"}`, a paged

@@ -73,6 +73,7 @@ fn limits(max_connections: usize, head_timeout: Duration) -> ConnectionLimits {
         head_timeout,
         body_idle_timeout: Duration::from_secs(60),
         write_stall_timeout: Duration::from_secs(60),
+        upstream_answer_timeout: Duration::from_secs(60),
         shutdown_grace: Duration::from_secs(1),
         tls: None,
     }

@@ -439,3 +439,166 @@ async fn exposed_ports_per_sandbox_are_bounded() {
         .expect("room after a close");
     env.backend.destroy(&id).await.expect("destroy");
 }
+
+/// A server on port 8001 whose answers a path chooses: `/silent` reads the request and never
+/// answers (it notes in `/tmp/silent-closed` when the connection to it ends), `/stalled`
+/// sends a head announcing 1000 bytes and 4 of them, then nothing; `/slow` answers after
+/// 0.5 s and sends 10 000 bytes in ten pieces 0.3 s apart; anything else is `ok`.
+const SLOW_SERVER: &str = r#"
+import socket, threading, time
+def serve(c):
+    head = b""
+    while b"\r\n\r\n" not in head:
+        more = c.recv(4096)
+        if not more:
+            return
+        head += more
+    path = head.split(b" ")[1]
+    try:
+        if path.startswith(b"/silent"):
+            while c.recv(4096):
+                pass
+            with open("/tmp/silent-closed", "a") as f:
+                f.write("closed\n")
+        elif path.startswith(b"/stalled"):
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\npart")
+            while c.recv(4096):
+                pass
+        elif path.startswith(b"/slow"):
+            time.sleep(0.5)
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 10000\r\nConnection: close\r\n\r\n")
+            for i in range(10):
+                time.sleep(0.3)
+                c.sendall((b"%d" % i) * 1000)
+        else:
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+    except OSError:
+        pass
+    c.close()
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8001))
+s.listen(16)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// Read until the peer closes (within [`PATIENCE`], else panic); what arrived.
+async fn read_until_closed(stream: &mut TcpStream, what: &str) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let ended = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "{what}: the connection was still open after {PATIENCE:?}"
+    );
+    got
+}
+
+/// Finding: a private preview waited for the sandbox's answer without a bound, so a port
+/// that accepted requests and never answered (or stopped halfway) held preview connections,
+/// and the connections of whoever forwards to the preview (E2B's `get_host`), for ever. Now
+/// the answer's head must come within `answer_timeout_ms` (else `504`, and the sandbox's
+/// connection is closed) and no step of its body may take longer than `answer_idle_ms`
+/// (else both connections close); a slow answer that keeps coming is delivered whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_private_previews_answer_is_bounded_and_a_slow_one_delivered() {
+    let mut env = Env::new("pv-answer");
+    env.local = env.local.clone().with_preview_limits(
+        sandcove::backend::local::PreviewLimits::default()
+            .answer_timeout_ms(2000)
+            .answer_idle_ms(2000),
+    );
+    env.backend = std::sync::Arc::new(env.local.clone());
+    let id = env.sandbox("pv-answer").await;
+    if !common::has_python(&*env.backend, &id).await {
+        eprintln!("SKIP: python3 is not installed on this host; the preview probe needs it");
+        return;
+    }
+    drop(
+        env.backend
+            .spawn(
+                &id,
+                ProcessSpec::new(Command::argv(["python3", "-c", SLOW_SERVER])),
+            )
+            .await
+            .expect("start the server"),
+    );
+    let preview = env
+        .backend
+        .expose_port(&id, PreviewOptions::new(8001))
+        .await
+        .expect("expose");
+    let token = preview.token.clone().expect("a token").value;
+    let auth = format!("\r\n{}: {token}", preview.token_header);
+    eventually(PATIENCE, "the server answers", || async {
+        let head = format!("GET /ready HTTP/1.1\r\nHost: x{auth}\r\n\r\n");
+        let (_, got) = request(&preview.host, &head).await;
+        if got.starts_with("HTTP/1.1 200") {
+            Ok(())
+        } else {
+            Err(got)
+        }
+    })
+    .await;
+
+    let (mut silent, got) = request(
+        &preview.host,
+        &format!("GET /silent HTTP/1.1\r\nHost: x{auth}\r\n\r\n"),
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 504 Gateway Timeout"), "{got:?}");
+    let rest = read_until_closed(&mut silent, "after the 504").await;
+    let text = format!("{got}{}", String::from_utf8_lossy(&rest));
+    assert!(text.contains("did not answer within 2000 ms"), "{text}");
+    eventually(
+        PATIENCE,
+        "the sandbox's side of the silent request is closed",
+        || async {
+            let out = common::bash(&*env.backend, &id, "cat /tmp/silent-closed 2>/dev/null").await;
+            if out.stdout == b"closed\n" {
+                Ok(())
+            } else {
+                Err(String::from_utf8_lossy(&out.stdout).into_owned())
+            }
+        },
+    )
+    .await;
+
+    let (mut stalled, got) = request(
+        &preview.host,
+        &format!("GET /stalled HTTP/1.1\r\nHost: x{auth}\r\n\r\n"),
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+    let rest = read_until_closed(&mut stalled, "a stalled answer").await;
+    let body = format!("{got}{}", String::from_utf8_lossy(&rest));
+    assert!(body.ends_with("\r\n\r\npart"), "{body:?}");
+
+    let (mut slow, got) = request(
+        &preview.host,
+        &format!("GET /slow HTTP/1.1\r\nHost: x{auth}\r\n\r\n"),
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+    let mut all = got.into_bytes();
+    all.extend(read_until_closed(&mut slow, "a slow answer").await);
+    let split = all
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head")
+        + 4;
+    let expected: Vec<u8> = (0..10u8).flat_map(|i| vec![b'0' + i; 1000]).collect();
+    assert_eq!(all[split..].len(), expected.len(), "the whole body arrived");
+    assert!(all[split..] == expected[..], "the body arrived unchanged");
+    env.backend.destroy(&id).await.unwrap();
+}

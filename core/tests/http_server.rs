@@ -861,6 +861,7 @@ fn upgrade_limits(
         head_timeout: Duration::from_secs(30),
         body_idle_timeout: Duration::from_secs(60),
         write_stall_timeout: Duration::from_secs(60),
+        upstream_answer_timeout: Duration::from_secs(60),
         shutdown_grace,
         tls: None,
     }

@@ -84,8 +84,29 @@ impl ServeChild {
 /// Serve `app` on a free loopback port in this process, with the server's connection limits;
 /// its URL, and the sender whose drop stops it.
 pub async fn serve_in_process(app: axum::Router) -> (String, tokio::sync::oneshot::Sender<()>) {
+    serve_in_process_with(app, test_limits()).await
+}
+
+/// [`serve_in_process`] with other connection limits.
+pub async fn serve_in_process_with(
+    app: axum::Router,
+    limits: ConnectionLimits,
+) -> (String, tokio::sync::oneshot::Sender<()>) {
     let (listener, url) = loopback_listener().await;
-    (url, serve_on(listener, app))
+    (url, serve_on(listener, app, limits))
+}
+
+/// The connection limits test listeners get unless a test sets others.
+pub fn test_limits() -> ConnectionLimits {
+    ConnectionLimits {
+        max_connections: 64,
+        head_timeout: Duration::from_secs(10),
+        body_idle_timeout: Duration::from_secs(60),
+        write_stall_timeout: Duration::from_secs(60),
+        upstream_answer_timeout: Duration::from_secs(60),
+        shutdown_grace: Duration::from_secs(1),
+        tls: None,
+    }
 }
 
 /// A listener on a free loopback port, and its URL.
@@ -102,16 +123,9 @@ async fn loopback_listener() -> (tokio::net::TcpListener, String) {
 fn serve_on(
     listener: tokio::net::TcpListener,
     app: axum::Router,
+    limits: ConnectionLimits,
 ) -> tokio::sync::oneshot::Sender<()> {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let limits = ConnectionLimits {
-        max_connections: 64,
-        head_timeout: Duration::from_secs(10),
-        body_idle_timeout: Duration::from_secs(60),
-        write_stall_timeout: Duration::from_secs(60),
-        shutdown_grace: Duration::from_secs(1),
-        tls: None,
-    };
     tokio::spawn(serve_router(listener, app, limits, async move {
         let _ = stopped.await;
     }));
@@ -142,7 +156,11 @@ impl WireEnv {
             sandcove::LocalBackend::with_state_dir(&state.dir).expect("engine"),
         );
         let (listener, url) = loopback_listener().await;
-        let stop = serve_on(listener, router(backend.clone(), url.clone()));
+        let stop = serve_on(
+            listener,
+            router(backend.clone(), url.clone()),
+            test_limits(),
+        );
         WireEnv {
             url,
             http: reqwest::Client::new(),

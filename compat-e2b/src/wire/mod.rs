@@ -73,16 +73,21 @@ pub struct WireConfig {
     /// Largest multipart upload, in bytes: a multipart body is parsed in memory, so it has
     /// its own, smaller cap (octet-stream uploads stream and obey `max_upload_bytes`).
     pub max_multipart_bytes: usize,
+    /// Most requests through `get_host` (which need no credential) running at once for one
+    /// sandbox, upgraded connections included; more are answered `503` with `Retry-After`.
+    pub max_host_requests_per_sandbox: usize,
 }
 
 impl WireConfig {
-    /// Defaults: 1 MiB bodies, 4 GiB streamed uploads, 64 MiB multipart uploads.
+    /// Defaults: 1 MiB bodies, 4 GiB streamed uploads, 64 MiB multipart uploads, 64
+    /// `get_host` requests at once per sandbox.
     pub fn new(api_key: impl Into<String>) -> Self {
         WireConfig {
             api_key: api_key.into(),
             max_body_bytes: 1024 * 1024,
             max_upload_bytes: 4 * 1024 * 1024 * 1024,
             max_multipart_bytes: 64 * 1024 * 1024,
+            max_host_requests_per_sandbox: 64,
         }
     }
 }
@@ -94,6 +99,10 @@ impl std::fmt::Debug for WireConfig {
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_upload_bytes", &self.max_upload_bytes)
             .field("max_multipart_bytes", &self.max_multipart_bytes)
+            .field(
+                "max_host_requests_per_sandbox",
+                &self.max_host_requests_per_sandbox,
+            )
             .finish_non_exhaustive()
     }
 }
@@ -108,6 +117,8 @@ pub(crate) struct Wire {
     pub watchers: Arc<watchers::Watchers>,
     /// One `/execute` at a time per code context (see `interpreter`).
     pub(crate) cells: Arc<interpreter::CellLocks>,
+    /// `get_host` requests running, per sandbox (see `ports`).
+    pub(crate) host_requests: Arc<ports::InFlight>,
 }
 
 impl Wire {
@@ -183,6 +194,7 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
         tokens,
         watchers: Arc::default(),
         cells: Arc::default(),
+        host_requests: Arc::default(),
     };
     let interpreter = interpreter::routes()
         .with_state(wire.clone())

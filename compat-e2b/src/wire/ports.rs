@@ -15,6 +15,19 @@
 //! the sandbox answers `101`, the listener splices the two connections, bytes copied both
 //! ways until either side ends, nothing moves for `UPGRADED_IDLE`, or the listener stops.
 //! The spliced connection keeps its slot in the listener's connection cap.
+//!
+//! Since such a request needs no credential, the sandbox's answer is bounded
+//! (`sandcove::server::upstream`): its head must arrive within the listener's
+//! `upstream_answer_timeout` (60 s unless configured) of the last byte of the request the
+//! sandbox took, else the client gets `504` and the
+//! connection to the sandbox is dropped; once the head is in, a body that brings no byte for
+//! the listener's body idle bound ends, and the client's connection with it. At most
+//! [`WireConfig::max_host_requests_per_sandbox`](super::WireConfig) such requests (upgraded
+//! connections included) run at once per sandbox; more get `503` with `Retry-After`, so whoever
+//! knows one sandbox's id cannot take the listener's whole connection cap through it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -65,10 +78,68 @@ fn bad_gateway(message: String) -> Response {
     (StatusCode::BAD_GATEWAY, message).into_response()
 }
 
+/// The `get_host` requests running now, per sandbox id (ids with none are removed).
+#[derive(Debug, Default)]
+pub(crate) struct InFlight(Mutex<HashMap<String, usize>>);
+
+/// One running `get_host` request's place in [`InFlight`], given back when dropped.
+pub(crate) struct Slot {
+    in_flight: Arc<InFlight>,
+    id: String,
+}
+
+impl InFlight {
+    /// A place for one more request to sandbox `id`, unless `max` already run.
+    fn take(self: &Arc<Self>, id: &str, max: usize) -> Option<Slot> {
+        let mut running = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let count = running.entry(id.to_string()).or_insert(0);
+        if *count >= max {
+            if *count == 0 {
+                running.remove(id);
+            }
+            return None;
+        }
+        *count += 1;
+        Some(Slot {
+            in_flight: self.clone(),
+            id: id.to_string(),
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut running = self.in_flight.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = running.get_mut(&self.id) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                running.remove(&self.id);
+            }
+        }
+    }
+}
+
+fn too_many(id: &str, max: usize) -> Response {
+    let mut response = (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("sandbox {id} already has {max} requests to its ports running; retry later"),
+    )
+        .into_response();
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
 /// Forward `request` to `port` in sandbox `id` through the engine's preview of that port
 /// (made private on first use, reused after).
 pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, mut request: Request) -> Response {
-    use sandcove::server::upgrade;
+    use sandcove::server::{upgrade, upstream};
+    let max = wire.config.max_host_requests_per_sandbox;
+    let Some(slot) = wire.host_requests.take(id, max) else {
+        return too_many(id, max);
+    };
+    let bounds = upstream::UpstreamBounds::of(&request);
     // Taken before anything reaches the sandbox: a listener that cannot bound the upgraded
     // connection refuses it.
     let upgrade = if upgrade::is_upgrade(&request) {
@@ -108,7 +179,7 @@ pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, mut request: Reque
             Ok(pair) => pair,
             Err(e) => return bad_gateway(format!("port {port} of sandbox {id}: {e}")),
         };
-    tokio::spawn(connection.with_upgrades());
+    let connection = tokio::spawn(connection.with_upgrades());
     let (mut parts, body) = request.into_parts();
     if let Ok(host) = HeaderValue::from_str(&preview.host) {
         parts.headers.insert(header::HOST, host);
@@ -127,24 +198,36 @@ pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, mut request: Reque
             parts.uri = uri;
         }
     }
-    match sender
-        .send_request(axum::http::Request::from_parts(parts, body))
-        .await
-    {
+    let (body, overdue) = bounds.watch_request(body);
+    let answer = tokio::select! {
+        answer = sender.send_request(axum::http::Request::from_parts(parts, body)) => Some(answer),
+        () = overdue => None,
+    };
+    let Some(answer) = answer else {
+        // Dropped, not left to the sandbox: nothing more comes from or goes to it.
+        connection.abort();
+        return upstream::gateway_timeout(
+            &format!("port {port} of sandbox {id}"),
+            bounds.answer_timeout,
+        );
+    };
+    match answer {
         Ok(mut response) => {
             if let Some(upgrade) = upgrade {
                 if response.status() == StatusCode::SWITCHING_PROTOCOLS {
                     let upstream = hyper::upgrade::on(&mut response);
                     upgrade.run(move |mut client| async move {
+                        let _slot = slot;
                         let Ok(upstream) = upstream.await else {
                             return;
                         };
                         let mut upstream = hyper_util::rt::TokioIo::new(upstream);
                         let _ = upgrade::splice(&mut client, &mut upstream, UPGRADED_IDLE).await;
                     });
+                    return response.map(Body::new);
                 }
             }
-            response.map(Body::new)
+            response.map(|body| bounds.answer_body(body, slot))
         }
         Err(e) => bad_gateway(format!("port {port} of sandbox {id}: {e}")),
     }

@@ -681,6 +681,8 @@ pub(super) struct Tunnel {
     pub(super) head_timeout: Duration,
     /// Longest wait for the next byte of a request body inside the tunnel.
     pub(super) body_idle: Duration,
+    /// Bounds on answers to requests forwarded to a sandbox port inside the tunnel.
+    pub(super) upstream: super::upstream::UpstreamBounds,
 }
 
 /// `403` with a one-line reason.
@@ -755,6 +757,7 @@ pub(super) async fn connect(
             connection,
             super::Proxying::InsideTunnel,
             tunnel.body_idle,
+            tunnel.upstream,
         );
         let served = tunnel
             .http

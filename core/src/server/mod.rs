@@ -39,7 +39,11 @@
 //!   connection closes after the answer; a write the client takes no byte of for
 //!   [`ServerConfig::write_stall_timeout`] cuts the connection. Only a pending write counts:
 //!   a stream silent because there is nothing to send is never cut. So no client holds a
-//!   slot of the cap, or a handler's state, by trickling or by not reading. A route may switch a connection to
+//!   slot of the cap, or a handler's state, by trickling or by not reading. Nor does a
+//!   sandbox's port a request is forwarded to (E2B's `get_host`): its answer's head must come
+//!   within [`ServerConfig::upstream_answer_timeout`] of the last request byte it took (else
+//!   `504`), its body with no gap
+//!   longer than the body idle bound (see [`upstream`]). A route may switch a connection to
 //!   another protocol (a WebSocket) only through [`upgrade`]: the connection keeps its slot
 //!   in the cap and is closed at shutdown; its own idle limit replaces the write-stall bound. [`serve_router_intercepting`] also terminates
 //!   `CONNECT` tunnels to a fixed list of hosts with a name-constrained local CA (see
@@ -70,6 +74,7 @@ mod resources;
 mod sandboxes;
 mod stall;
 pub mod upgrade;
+pub mod upstream;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -126,6 +131,11 @@ pub struct ServerConfig {
     /// reading a download or a followed log); then the connection is cut. A stream that is
     /// silent because there is nothing to send is not affected.
     pub write_stall_timeout: Duration,
+    /// How long a sandbox's port may take for the head of its answer to a request a
+    /// listener forwards to it (E2B's `get_host`), counted from the last byte of the request
+    /// it took; then the client gets `504` and the sandbox's connection is dropped. Once the head is in, the answer's body is held to
+    /// [`body_idle_timeout`](Self::body_idle_timeout) between bytes (see [`upstream`]).
+    pub upstream_answer_timeout: Duration,
     /// Serve HTTPS with this configuration (see [`load_tls`]); `None` serves plain HTTP,
     /// which is only fit for loopback.
     pub tls: Option<Arc<rustls::ServerConfig>>,
@@ -138,7 +148,8 @@ impl ServerConfig {
     /// Defaults: 1 MiB JSON bodies, 4 GiB uploads, operation outcomes (idempotency keys) kept
     /// 10 minutes and at most 10 000 of them, 10 s
     /// of grace at shutdown, 512 connections, 10 s per request head, 60 s without a byte
-    /// of a body being read, 60 s without progress of a write, plain HTTP.
+    /// of a body being read, 60 s without progress of a write, 60 s for the head of a
+    /// forwarded request's answer, plain HTTP.
     pub fn new(api_key: impl Into<String>) -> Self {
         ServerConfig {
             api_key: api_key.into(),
@@ -151,6 +162,7 @@ impl ServerConfig {
             head_timeout: Duration::from_secs(10),
             body_idle_timeout: Duration::from_secs(60),
             write_stall_timeout: Duration::from_secs(60),
+            upstream_answer_timeout: upstream::DEFAULT_ANSWER_TIMEOUT,
             tls: None,
             metrics: ServerMetrics::default(),
         }
@@ -170,6 +182,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("head_timeout", &self.head_timeout)
             .field("body_idle_timeout", &self.body_idle_timeout)
             .field("write_stall_timeout", &self.write_stall_timeout)
+            .field("upstream_answer_timeout", &self.upstream_answer_timeout)
             .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }
@@ -356,6 +369,9 @@ pub struct ConnectionLimits {
     pub body_idle_timeout: Duration,
     /// Longest time a write to the client may make no progress.
     pub write_stall_timeout: Duration,
+    /// Longest wait for the head of a sandbox's answer to a request forwarded to one of its
+    /// ports (see [`upstream`]).
+    pub upstream_answer_timeout: Duration,
     /// How long in-flight calls may run on after shutdown begins.
     pub shutdown_grace: Duration,
     /// Serve HTTPS with this configuration; `None` is plain HTTP.
@@ -369,6 +385,7 @@ impl From<&ServerConfig> for ConnectionLimits {
             head_timeout: config.head_timeout,
             body_idle_timeout: config.body_idle_timeout,
             write_stall_timeout: config.write_stall_timeout,
+            upstream_answer_timeout: config.upstream_answer_timeout,
             shutdown_grace: config.shutdown_grace,
             tls: config.tls.clone(),
         }
@@ -382,6 +399,7 @@ impl std::fmt::Debug for ConnectionLimits {
             .field("head_timeout", &self.head_timeout)
             .field("body_idle_timeout", &self.body_idle_timeout)
             .field("write_stall_timeout", &self.write_stall_timeout)
+            .field("upstream_answer_timeout", &self.upstream_answer_timeout)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("tls", &self.tls.is_some())
             .finish()
@@ -435,6 +453,7 @@ fn dispatch(
     connection: upgrade::Connection,
     proxying: Proxying,
     body_idle: Duration,
+    upstream: upstream::UpstreamBounds,
 ) -> impl hyper::service::Service<
     axum::http::Request<hyper::body::Incoming>,
     Response = Response,
@@ -445,6 +464,7 @@ fn dispatch(
     hyper::service::service_fn(
         move |mut request: axum::http::Request<hyper::body::Incoming>| {
             request.extensions_mut().insert(connection.clone());
+            request.extensions_mut().insert(upstream);
             let (app, proxying) = (app.clone(), proxying.clone());
             async move {
                 if request.method() == Method::CONNECT {
@@ -478,6 +498,7 @@ async fn serve_connections(
     let grace = limits.shutdown_grace;
     let head_timeout = limits.head_timeout;
     let (body_idle, write_stall) = (limits.body_idle_timeout, limits.write_stall_timeout);
+    let upstream = upstream::UpstreamBounds::new(limits.upstream_answer_timeout, body_idle);
     // Answers wait for a body left unread (bounded), so refusals keep the connection.
     let app = drain::refused_bodies_drained(app, head_timeout);
     let tls = limits.tls.clone().map(tokio_rustls::TlsAcceptor::from);
@@ -492,6 +513,7 @@ async fn serve_connections(
             http: http.clone(),
             head_timeout,
             body_idle,
+            upstream,
         })),
     };
     // Every connection, and every connection taken over by an upgrade, holds a receiver:
@@ -510,7 +532,13 @@ async fn serve_connections(
         let upgraded = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let tcp = stall::StallIo::new(tcp, write_stall, upgraded.clone());
         let connection = upgrade::Connection::new(permit, stopped.clone(), upgraded);
-        let service = dispatch(app.clone(), connection, proxying.clone(), body_idle);
+        let service = dispatch(
+            app.clone(),
+            connection,
+            proxying.clone(),
+            body_idle,
+            upstream,
+        );
         let (http, tls, mut stop) = (http.clone(), tls.clone(), stopped.clone());
         tokio::spawn(async move {
             let io: Box<dyn ConnectionIo> = match tls {

@@ -13,8 +13,11 @@
 //! A private preview carries **one request per connection**: the forwarded head says
 //! `Connection: close`, exactly the request's body is forwarded (by `Content-Length` or
 //! chunked framing), and a client that sends anything more on that connection is cut off, so
-//! every request is checked for a token. A WebSocket upgrade becomes a raw tunnel only once
-//! the sandbox answers `101`. Each listener serves at most [`PreviewLimits::max_connections`]
+//! every request is checked for a token. The sandbox's answer is bounded: its head must come
+//! within [`PreviewLimits::answer_timeout_ms`] of the request's end (else `504`), and no step
+//! of its body may take longer than [`PreviewLimits::answer_idle_ms`] (else both connections
+//! close), so a port that keeps requests unanswered holds no connection for ever. A WebSocket
+//! upgrade becomes a raw tunnel only once the sandbox answers `101`. Each listener serves at most [`PreviewLimits::max_connections`]
 //! connections at once; the rest wait in the kernel's backlog. Revoking a token, changing a
 //! preview's settings or closing it cuts the connections it no longer allows.
 //!
@@ -207,6 +210,19 @@ pub struct PreviewLimits {
     pub head_timeout_ms: u64,
     /// Connections served at once per preview; further ones wait in the kernel's backlog.
     pub max_connections: usize,
+    /// How long the sandbox may take for the head of its answer to a private preview's
+    /// request, in ms; then the client gets `504` and both connections close.
+    #[serde(default = "default_answer_ms")]
+    pub answer_timeout_ms: u64,
+    /// How long the answer to a private preview's request may bring no byte (or the client
+    /// take none of it) once its head is in, in ms; then both connections close.
+    #[serde(default = "default_answer_ms")]
+    pub answer_idle_ms: u64,
+}
+
+/// What records made before the answer bounds existed get.
+fn default_answer_ms() -> u64 {
+    60_000
 }
 
 impl PreviewLimits {
@@ -221,14 +237,31 @@ impl PreviewLimits {
         self.max_connections = n;
         self
     }
+
+    /// These limits with `ms` milliseconds for the head of the sandbox's answer to a
+    /// private preview's request.
+    pub fn answer_timeout_ms(mut self, ms: u64) -> Self {
+        self.answer_timeout_ms = ms;
+        self
+    }
+
+    /// These limits with `ms` milliseconds without a byte of a private preview's answer
+    /// moving, once its head is in.
+    pub fn answer_idle_ms(mut self, ms: u64) -> Self {
+        self.answer_idle_ms = ms;
+        self
+    }
 }
 
 impl Default for PreviewLimits {
-    /// 10 s per request head, 256 connections per preview.
+    /// 10 s per request head, 256 connections per preview, 60 s for the head of the
+    /// sandbox's answer and 60 s without a byte of it moving.
     fn default() -> Self {
         PreviewLimits {
             head_timeout_ms: 10_000,
             max_connections: 256,
+            answer_timeout_ms: default_answer_ms(),
+            answer_idle_ms: default_answer_ms(),
         }
     }
 }
@@ -622,7 +655,7 @@ pub async fn read_response_head<S: AsyncRead + AsyncWrite + Unpin + ?Sized>(
 }
 
 /// Answer a refused request and close.
-pub async fn refuse(stream: &mut TcpStream, status: &str, message: &str) {
+pub async fn refuse<S: AsyncWrite + Unpin + ?Sized>(stream: &mut S, status: &str, message: &str) {
     let body = format!("{message}\n");
     let response = format!(
         "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -975,18 +1008,22 @@ async fn proxy(
     };
     let token = accepted.token.clone();
     tokio::select! {
-        _ = forward(upstream, port, incoming, accepted) => {}
+        _ = forward(upstream, port, incoming, accepted, limits) => {}
         _ = access_lost(previews, port, Some(token), changes) => {}
     }
 }
 
 /// Forward a private preview's accepted request and its answer (or the tunnel it upgrades
-/// to).
+/// to). The answer is held to `limits`: its head must come within
+/// [`PreviewLimits::answer_timeout_ms`] (else `504`), then no step of copying it (a read from
+/// the sandbox and the write to the client it leads to) may take longer than
+/// [`PreviewLimits::answer_idle_ms`]; either ends both connections.
 async fn forward(
     upstream: &dyn Upstream,
     port: u16,
     mut incoming: Incoming<'_>,
     accepted: Accepted,
+    limits: PreviewLimits,
 ) {
     let Some(mut up) = connect_upstream(upstream, port, incoming.stream()).await else {
         return;
@@ -996,7 +1033,8 @@ async fn forward(
     }
     if accepted.framing == Framing::Upgrade {
         // Raw bytes only once the sandbox agrees to switch protocols.
-        let Ok((answer, status)) = read_response_head(&mut up).await else {
+        let Some((answer, status)) = answer_head(&mut up, incoming.stream(), port, limits).await
+        else {
             return;
         };
         if incoming.stream().write_all(&answer).await.is_err() {
@@ -1016,9 +1054,16 @@ async fn forward(
     // The request is complete: only the answer flows now. A client that sends more is
     // starting a second request on this connection, which is never forwarded.
     let pipelined = !incoming.take_buffered().is_empty();
+    let upgraded_refusal = accepted.framing == Framing::Upgrade;
     let conn = incoming.into_stream();
     let (mut client_read, mut client_write) = conn.split();
-    let answer = tokio::io::copy(&mut up, &mut client_write);
+    let answer = async {
+        if !upgraded_refusal {
+            let (head, _) = answer_head(&mut up, &mut client_write, port, limits).await?;
+            client_write.write_all(&head).await.ok()?;
+        }
+        copy_progressing(&mut up, &mut client_write, limits.answer_idle_ms).await
+    };
     tokio::pin!(answer);
     if pipelined {
         // Answer the first request only, then close.
@@ -1034,6 +1079,57 @@ async fn forward(
             if matches!(read, Ok(0)) {
                 let _ = answer.await;
             }
+        }
+    }
+}
+
+/// The head of the sandbox's answer (with what came after it in the same reads) and its
+/// status, or `None` after telling `client` why not: `504` when it did not come within
+/// [`PreviewLimits::answer_timeout_ms`], nothing when the sandbox closed or sent garbage.
+async fn answer_head<S, C>(
+    up: &mut S,
+    client: &mut C,
+    port: u16,
+    limits: PreviewLimits,
+) -> Option<(Vec<u8>, u16)>
+where
+    S: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    C: AsyncWrite + Unpin + ?Sized,
+{
+    let timeout = Duration::from_millis(limits.answer_timeout_ms);
+    match tokio::time::timeout(timeout, read_response_head(up)).await {
+        Ok(Ok(head)) => Some(head),
+        Ok(Err(_)) => None,
+        Err(_) => {
+            let message = format!(
+                "port {port} of the sandbox did not answer within {} ms",
+                limits.answer_timeout_ms
+            );
+            refuse(client, "504 Gateway Timeout", &message).await;
+            None
+        }
+    }
+}
+
+/// Copy `from` to `to` until `from` ends; `None` once a read and the write it leads to took
+/// longer than `idle_ms` together, or on an error.
+async fn copy_progressing<R, W>(from: &mut R, to: &mut W, idle_ms: u64) -> Option<()>
+where
+    R: AsyncRead + Unpin + ?Sized,
+    W: AsyncWrite + Unpin + ?Sized,
+{
+    let idle = Duration::from_millis(idle_ms);
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let step = async {
+            let n = from.read(&mut buf).await?;
+            to.write_all(&buf[..n]).await?;
+            std::io::Result::Ok(n)
+        };
+        match tokio::time::timeout(idle, step).await {
+            Ok(Ok(0)) => return to.flush().await.ok(),
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) | Err(_) => return None,
         }
     }
 }
