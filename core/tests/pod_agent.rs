@@ -747,6 +747,25 @@ async fn the_open_files_bound_reaches_every_process() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_inherit_no_new_privs_and_the_filter() {
+    // The pod agent sets `no_new_privs` once (installing its seccomp filter); every process
+    // it starts inherits both, so none can gain privileges through exec.
+    let pod = OnePod::start("nnp", |_| {}).await;
+    let stream = pod
+        .agent()
+        .spawn(ProcessSpec::new(Command::sh(
+            "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status",
+        )))
+        .await
+        .expect("spawn");
+    let out = sandcove::client::collect(stream, 4096).await.expect("run");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "NoNewPrivs:\t1\nSeccomp:\t2\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_for_an_unknown_user_is_refused() {
     let pod = OnePod::start("users", |_| {}).await;
     let mut spec = ProcessSpec::new(Command::sh("id -u > /dev/null"));

@@ -584,11 +584,93 @@ pub fn raise_nofile_soft_limit() {
     });
 }
 
+/// The capability sets of the calling thread, as `capget`/`capset` take them (version 3: two
+/// 32-bit words per set, low word first).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+const CAP_HEADER_V3: CapHeader = CapHeader {
+    version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+    pid: 0,
+};
+
+/// Empty the calling thread's capability bounding set, keeping every capability it holds
+/// reachable through `execve` for its own helpers as uid 0. Run once by the agent,
+/// single-threaded, before any thread or process exists that would keep the old sets
+/// (bounding and inheritable sets are per thread and copied at `clone`).
+///
+/// Why this is enough, and why it weakens nothing:
+///
+/// - For a uid-0 `execve` the kernel gives P' = (P(I) & F(I)) | (F(P) & bounding) | ambient,
+///   with F(I) = F(P) = all. With an empty bounding set that is exactly the caller's
+///   inheritable set. So the inheritable set is raised to the permitted set first (the
+///   kernel refuses an inheritable capability outside the bounding set, so the order
+///   matters), and the agent's helpers (`tar` for snapshots, run as the sandbox's root from
+///   the read-only host `/usr`) keep the capabilities they had. `no_new_privs` (set by the
+///   seccomp install) caps P' at the caller's permitted set, which is unchanged.
+/// - A sandbox process (`harden_child`) sets its inheritable, permitted and effective sets to
+///   zero and clears the ambient set. With I = 0, A = 0 and the bounding set inherited empty,
+///   every `execve` it or its descendants make yields P' = 0: as uid 0, as a setuid-root
+///   program, or as a program with file capabilities (the host directories are also
+///   mounted `nosuid`, and `no_new_privs` forbids any gain). Nothing can refill the
+///   inheritable set either: `capset` may only add an inheritable capability that is in the
+///   bounding set (empty) and in the permitted set (empty), and the bounding set can only
+///   shrink.
+/// - Before, each sandbox process emptied its own bounding set (41 `PR_CAPBSET_DROP` calls, a
+///   credential copy each); the result at its `execve` is the same, now reached once.
+/// - Processes the agent starts without `harden_child` are its helpers only (`tar`, whose
+///   argument list the agent builds and which reads no program from the sandbox); they
+///   held every capability before through the full bounding set and hold the same now.
+///
+/// Async-signal-safe.
+pub fn empty_bounding_set_keep_inheritable() -> io::Result<()> {
+    let header = CAP_HEADER_V3;
+    let mut data = [CapData::default(); 2];
+    // SAFETY: `header` and `data` are valid for the call; v3 reads two `CapData` entries.
+    cvt(unsafe { libc::syscall(libc::SYS_capget, &header, data.as_mut_ptr()) } as libc::c_int)?;
+    for set in &mut data {
+        set.inheritable = set.permitted;
+    }
+    // SAFETY: as above; the kernel reads two entries.
+    cvt(unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) } as libc::c_int)?;
+    for cap in 0..=63 {
+        // SAFETY: a plain prctl on integers.
+        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) } == -1 {
+            match io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINVAL) => break, // past the last capability this kernel knows
+                _ => return Err(io::Error::last_os_error()),
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Everything a freshly forked child does before `exec` to become an unprivileged sandbox
 /// process. Only async-signal-safe syscalls: it runs between fork and exec.
+///
+/// It relies on what the agent set up once for every process it starts: an empty bounding set
+/// (see [`empty_bounding_set_keep_inheritable`]; checked here, fail closed) and
+/// `no_new_privs` with the seccomp filter (`seccomp::install`; checked before the spawn).
 pub fn harden_child(uid: u32, gid: u32, nproc: u64, nofile: u64) -> io::Result<()> {
     // SAFETY: each call is a plain syscall on integers or on stack values valid for the call.
     unsafe {
+        // The agent empties the bounding set all at once or fails its setup, so one
+        // capability still in it means this line of threads never went through that.
+        const CAP_CHOWN: libc::c_ulong = 0;
+        if cvt(libc::prctl(libc::PR_CAPBSET_READ, CAP_CHOWN, 0, 0, 0))? != 0 {
+            return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
         cvt(libc::setsid())?;
         let nproc_rl = libc::rlimit {
             rlim_cur: nproc,
@@ -600,16 +682,6 @@ pub fn harden_child(uid: u32, gid: u32, nproc: u64, nofile: u64) -> io::Result<(
             rlim_max: nofile,
         };
         cvt(libc::setrlimit(libc::RLIMIT_NOFILE, &nofile_rl))?;
-        // Empty the bounding set first, while we still hold CAP_SETPCAP (changing to a
-        // non-root uid below clears it), so exec can never regain a capability.
-        for cap in 0..=63 {
-            if libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) == -1 {
-                match *libc::__errno_location() {
-                    libc::EINVAL => break, // past the last capability this kernel knows
-                    _ => return Err(io::Error::last_os_error()),
-                }
-            }
-        }
         // setgroups is denied in a single-uid namespace; there are no groups to drop then.
         // Raw syscalls, not the C library's wrappers: in a child that shares its parent's
         // memory (see `spawn`), those would try to change every thread of the parent too.
@@ -621,7 +693,9 @@ pub fn harden_child(uid: u32, gid: u32, nproc: u64, nofile: u64) -> io::Result<(
         }
         cvt(libc::syscall(libc::SYS_setresgid, gid, gid, gid) as libc::c_int)?;
         cvt(libc::syscall(libc::SYS_setresuid, uid, uid, uid) as libc::c_int)?;
-        // Then the ambient, effective, permitted and inheritable sets.
+        // Then the ambient, effective, permitted and inheritable sets. The inheritable set
+        // is the agent's full one until here: clearing it is what keeps a uid-0 exec from
+        // regaining it, so a failure stops the start.
         libc::prctl(
             libc::PR_CAP_AMBIENT,
             libc::PR_CAP_AMBIENT_CLEAR_ALL,
@@ -629,35 +703,9 @@ pub fn harden_child(uid: u32, gid: u32, nproc: u64, nofile: u64) -> io::Result<(
             0,
             0,
         );
-        #[repr(C)]
-        struct CapHeader {
-            version: u32,
-            pid: i32,
-        }
-        #[repr(C)]
-        struct CapData {
-            effective: u32,
-            permitted: u32,
-            inheritable: u32,
-        }
-        let header = CapHeader {
-            version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
-            pid: 0,
-        };
-        let data = [
-            CapData {
-                effective: 0,
-                permitted: 0,
-                inheritable: 0,
-            },
-            CapData {
-                effective: 0,
-                permitted: 0,
-                inheritable: 0,
-            },
-        ];
+        let header = CAP_HEADER_V3;
+        let data = [CapData::default(); 2];
         cvt(libc::syscall(libc::SYS_capset, &header, data.as_ptr()) as libc::c_int)?;
-        cvt(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
     }
     Ok(())
 }

@@ -141,8 +141,6 @@ fn prepare(config: &PodAgentConfig) -> Result<Record> {
     };
     // Nothing this process inherited reaches the programs it starts.
     sys::cloexec_from(3).map_err(|e| fail("mark inherited descriptors close-on-exec", e))?;
-    // No process it starts can gain privileges through exec (setuid programs, file caps).
-    sys::set_no_new_privs().map_err(|e| fail("set no_new_privs", e))?;
     // Sandbox processes share our uid: keep them from tracing us or reading our memory.
     sys::set_non_dumpable().map_err(|e| fail("become non-dumpable", e))?;
     if std::process::id() != 1 {
@@ -197,6 +195,8 @@ fn prepare(config: &PodAgentConfig) -> Result<Record> {
     std::fs::create_dir_all(&home).map_err(|e| Error::from_io(&e, &config.home))?;
     // The deny-list every process gets, installed on the agent once its setup is done and
     // inherited by all it starts: a filter that cannot be built or installed stops the agent.
+    // It sets `no_new_privs` first (the one place for the pod agent), so no process it starts
+    // can gain privileges through exec (setuid programs, file capabilities).
     super::seccomp::install()?;
     Ok(record)
 }

@@ -301,8 +301,9 @@ pub(super) fn launch(agent: &Arc<Agent>, spec: &ProcessSpec) -> Result<Incarnati
     let isolated = !record.unisolated;
     let pod = agent.pod;
     if isolated || pod {
-        // The seccomp filter is the agent's own, inherited through the clone (see
-        // `seccomp::install`): an agent without it starts nothing.
+        // The seccomp filter and `no_new_privs` are the agent's own, inherited through the
+        // clone (see `seccomp::install`): an agent without them starts nothing. In a pod the
+        // container runtime isolates; these need no privilege and still apply.
         super::seccomp::installed()?;
     }
     // The child shares the agent's memory until exec (see `sys::spawn`): this hook only
@@ -320,11 +321,6 @@ pub(super) fn launch(agent: &Arc<Agent>, spec: &ProcessSpec) -> Result<Incarnati
             sys::setsid()?;
             // The one limit that stays per process without a user namespace.
             sys::setrlimit(libc::RLIMIT_NOFILE, nofile)?;
-            if pod {
-                // In a pod the container runtime isolates; what needs no privilege
-                // still applies: no gaining privileges at exec (the deny-list is inherited).
-                sys::set_no_new_privs()?;
-            }
         }
         if with_tty {
             sys::set_controlling_tty()?;

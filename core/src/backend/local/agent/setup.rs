@@ -254,9 +254,16 @@ pub(super) fn setup_sandbox(record: &Record, net: Option<&Plan>) -> Result<()> {
         }
         _ => {}
     }
+    // The bounding set is emptied once here, for every process the agent will start; its
+    // helpers keep their capabilities through the inheritable set (the reasoning is at
+    // `sys::empty_bounding_set_keep_inheritable`). Still single-threaded, so no thread keeps
+    // the old sets. A failure stops the create.
+    sys::empty_bounding_set_keep_inheritable()
+        .map_err(|e| unavailable("empty the capability bounding set", e))?;
     // Fail closed: no sandbox starts without its Landlock layer or its seccomp filter. The
     // filter goes last, on the agent itself: nothing the agent does from here on needs a
-    // call it refuses, and every process it starts inherits it.
+    // call it refuses, and every process it starts inherits it (with `no_new_privs`, which
+    // `install` sets: the one place it is set for an isolated sandbox).
     super::landlock::confine_to_root(record.landlock_optional)?;
     super::seccomp::install()?;
     Ok(())
