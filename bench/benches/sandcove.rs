@@ -750,11 +750,13 @@ async fn main() -> Result<(), BoxError> {
             embedded.push(write_read(&*local, &exec_sandbox, bytes).await?);
             over_http.push(write_read(&*http, &exec_sandbox, bytes).await?);
         }
+        // Decimal megabytes (10^6 bytes), as the GB/s targets count: the column
+        // was labelled MB/s but counted MiB (2^20 bytes), 4.9 % short.
         let mbps = |v: &[Duration]| {
             let mut v = v.to_vec();
             v.sort();
             let med = v[v.len() / 2];
-            2.0 * bytes as f64 / (1 << 20) as f64 / med.as_secs_f64()
+            2.0 * bytes as f64 / 1e6 / med.as_secs_f64()
         };
         throughput.push((label, mbps(&embedded), mbps(&over_http)));
     }
@@ -836,7 +838,7 @@ async fn main() -> Result<(), BoxError> {
         );
     }
     println!();
-    println!("| files | embedded MB/s | HTTP MB/s |");
+    println!("| files (write + read, 10^6 bytes/s) | embedded MB/s | HTTP MB/s |");
     println!("|---|---:|---:|");
     for (label, e, h) in &throughput {
         println!("| write + read {label} | {e:.0} | {h:.0} |");
