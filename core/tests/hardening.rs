@@ -1930,7 +1930,8 @@ async fn unknown_and_malformed_ids_are_not_found_everywhere() {
             "snapshots",
             "volumes",
             "runtime-id",
-            "tombstones"
+            "tombstones",
+            "locale"
         ]
         .contains(&n.as_str())),
         "unexpected state entries: {parent_before:?}"
