@@ -46,31 +46,32 @@ impl std::fmt::Debug for Upgraded {
     }
 }
 
-/// When an upgraded connection last moved a byte, in milliseconds after `base`.
-struct Activity {
+/// When an upgraded connection (or a forwarded request's body, see `upstream`) last moved a
+/// byte, in milliseconds after `base`.
+pub(super) struct Activity {
     base: Instant,
     last_ms: AtomicU64,
 }
 
 impl Activity {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Activity {
             base: Instant::now(),
             last_ms: AtomicU64::new(0),
         }
     }
 
-    fn touch(&self) {
+    pub(super) fn touch(&self) {
         let ms = self.base.elapsed().as_millis().min(u128::from(u64::MAX)) as u64;
         self.last_ms.fetch_max(ms, Ordering::Relaxed);
     }
 
-    fn last(&self) -> Instant {
+    pub(super) fn last(&self) -> Instant {
         self.base + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
     }
 
     /// Resolves once nothing has moved for `idle`.
-    async fn idle_for(&self, idle: Duration) {
+    pub(super) async fn idle_for(&self, idle: Duration) {
         loop {
             let deadline = self.last() + idle;
             if Instant::now() >= deadline {

@@ -23,12 +23,9 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-
-use tokio::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -36,6 +33,7 @@ use axum::response::{IntoResponse, Response};
 use hyper::body::{Frame, SizeHint};
 
 use super::stall::IdleBody;
+use super::upgrade::Activity;
 
 /// How long a sandbox may take for the head of its answer to a forwarded request, unless the
 /// listener sets another.
@@ -89,18 +87,10 @@ impl UpstreamBounds {
         B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
         B::Error: Into<axum::BoxError>,
     {
-        let moved = Arc::new(LastMoved::new());
+        let moved = Arc::new(Activity::new());
         let timeout = self.answer_timeout;
         let watched = moved.clone();
-        let overdue = async move {
-            loop {
-                let deadline = watched.last() + timeout;
-                if Instant::now() >= deadline {
-                    return;
-                }
-                tokio::time::sleep_until(deadline).await;
-            }
-        };
+        let overdue = async move { watched.idle_for(timeout).await };
         (Body::new(Watched { body, moved }), overdue)
     }
 
@@ -138,34 +128,10 @@ pub fn gateway_timeout(what: &str, waited: Duration) -> Response {
     response
 }
 
-/// When a request body last handed a piece on, in milliseconds after `base`.
-struct LastMoved {
-    base: Instant,
-    last_ms: AtomicU64,
-}
-
-impl LastMoved {
-    fn new() -> Self {
-        LastMoved {
-            base: Instant::now(),
-            last_ms: AtomicU64::new(0),
-        }
-    }
-
-    fn touch(&self) {
-        let ms = self.base.elapsed().as_millis().min(u128::from(u64::MAX)) as u64;
-        self.last_ms.fetch_max(ms, Ordering::Relaxed);
-    }
-
-    fn last(&self) -> Instant {
-        self.base + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
-    }
-}
-
 /// A request body that notes each piece it hands on.
 struct Watched<B> {
     body: B,
-    moved: Arc<LastMoved>,
+    moved: Arc<Activity>,
 }
 
 impl<B> hyper::body::Body for Watched<B>
@@ -232,6 +198,7 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
+    use tokio::time::Instant;
 
     #[test]
     fn requests_from_elsewhere_get_the_defaults() {
