@@ -16,7 +16,9 @@
 //! every request is checked for a token. The sandbox's answer is bounded: its head must come
 //! within [`PreviewLimits::answer_timeout_ms`] of the request's end (else `504`), and no step
 //! of its body may take longer than [`PreviewLimits::answer_idle_ms`] (else both connections
-//! close), so a port that keeps requests unanswered holds no connection for ever. A WebSocket
+//! close), so a port that keeps requests unanswered holds no connection for ever. The request
+//! itself ends once none of it has moved into the sandbox for the head bound (`504` when the
+//! port takes none, `408` when the client sends none). A WebSocket
 //! upgrade becomes a raw tunnel only once the sandbox answers `101`. Each listener serves at most [`PreviewLimits::max_connections`]
 //! connections at once; the rest wait in the kernel's backlog. Revoking a token, changing a
 //! preview's settings or closing it cuts the connections it no longer allows.
@@ -211,7 +213,9 @@ pub struct PreviewLimits {
     /// Connections served at once per preview; further ones wait in the kernel's backlog.
     pub max_connections: usize,
     /// How long the sandbox may take for the head of its answer to a private preview's
-    /// request, in ms; then the client gets `504` and both connections close.
+    /// request, in ms; then the client gets `504` and both connections close. Also the
+    /// longest the request's own bytes may stop moving into the sandbox (then `504`, or
+    /// `408` when it is the client that sends nothing).
     #[serde(default = "default_answer_ms")]
     pub answer_timeout_ms: u64,
     /// How long the answer to a private preview's request may bring no byte (or the client
