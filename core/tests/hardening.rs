@@ -792,6 +792,86 @@ async fn forks_keep_unreadable_files_with_their_owners_and_modes() {
     );
 }
 
+/// A loader for the agent's `tar`, with no C library: it copies `/proc/self/status` (its
+/// capability sets) to `/tmp/proof` and exits 1. And a program that swaps the directory
+/// `FROM` for `FROM.new` with two renames (no dynamic loading between them).
+const LOADER_SWAP_C: &str = r#"
+static long sys(long n, long a, long b, long c) {
+    long r;
+    __asm__ volatile("syscall" : "=a"(r) : "a"(n), "D"(a), "S"(b), "d"(c) : "rcx", "r11", "memory");
+    return r;
+}
+#ifdef FROM
+void _start(void) {
+    long r = sys(82, (long)FROM, (long)(FROM ".orig"), 0);
+    if (r == 0)
+        r = sys(82, (long)(FROM ".new"), (long)FROM, 0);
+    sys(60, r == 0 ? 0 : 1, 0, 0);
+}
+#else
+void _start(void) {
+    char buf[4096];
+    long i = sys(2, (long)"/proc/self/status", 0, 0);
+    long o = sys(2, (long)"/tmp/proof", 01 | 0100 | 01000, 0644);
+    long n = sys(0, i, (long)buf, sizeof buf);
+    sys(1, o, (long)buf, n);
+    sys(60, 1, 0, 0);
+}
+#endif
+"#;
+
+/// Red-team pass 6, finding 2: the agent's `tar` (snapshots and forks), which holds every
+/// capability of the sandbox's namespaces, was loaded through the sandbox's root directory:
+/// on a merged-`/usr` host `/lib64` (where its ELF interpreter is) and `/lib` were symlinks
+/// in the sandbox's writable root, which the sandbox's root could swap for a directory of its
+/// own, so its code ran with those capabilities at the next snapshot (`CAP_NET_ADMIN` over the
+/// routing rules that keep an Internet sandbox off private ranges, among others). Now every
+/// system directory is a read-only bind, a mount point no sandbox process can rename.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_snapshot_helper_loads_nothing_the_sandbox_wrote() {
+    let env = Env::new("capldso");
+    let id = env.sandbox(&unique("capldso")).await;
+    let b = &*env.backend;
+    let mut spec = ProcessSpec::new(Command::argv([
+        "bash",
+        "-c",
+        r#"[ "$(uname -m)" = x86_64 ] && command -v cc >/dev/null && command -v readelf >/dev/null \
+             || { echo skip; exit 0; }
+           set -e
+           interp=$(readelf -l "$(command -v tar)" | sed -n 's/.*interpreter: \(.*\)]$/\1/p')
+           top=/$(echo "$interp" | cut -d/ -f2)
+           cd /tmp
+           printf '%s' "$SOURCE" > evil.c
+           flags="-nostdlib -static-pie -fPIE -fno-stack-protector -O1"
+           cc $flags -o loader evil.c
+           cc $flags -DFROM="\"$top\"" -o swap evil.c
+           mkdir -p "$top.new/$(dirname "${interp#$top/}")"
+           cp loader "$top.new/${interp#$top/}"
+           if ./swap; then echo swapped; else echo refused; fi"#,
+    ]))
+    .env("SOURCE", LOADER_SWAP_C);
+    if b.capabilities().multiple_users {
+        spec = spec.user("root");
+    }
+    let planted = run(b, &id, spec).await;
+    assert_eq!(planted.exit_code(), 0, "{planted:?}");
+    let said = planted.stdout_lossy().trim().to_string();
+    if said == "skip" {
+        eprintln!("SKIP: needs x86_64, cc and readelf in the sandbox");
+        return;
+    }
+    // Whatever the snapshot's outcome, its helper must not have run the sandbox's code.
+    let _ = b.snapshot(&id, None).await;
+    match read_all(b, &id, "/tmp/proof").await {
+        Err(_) => {}
+        Ok(proof) => panic!(
+            "the snapshot's tar ran a loader the sandbox planted ({said}):\n{}",
+            String::from_utf8_lossy(&proof)
+        ),
+    }
+    assert_eq!(said, "refused", "{planted:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Host processes and network
 // ---------------------------------------------------------------------------------------------
@@ -1931,6 +2011,7 @@ async fn unknown_and_malformed_ids_are_not_found_everywhere() {
             "volumes",
             "runtime-id",
             "tombstones",
+            // The engine's locale directory (see `locale`), made at start where the host needs it.
             "locale"
         ]
         .contains(&n.as_str())),

@@ -441,7 +441,8 @@ async fn exposed_ports_per_sandbox_are_bounded() {
 }
 
 /// A server on port 8001 whose answers a path chooses: `/silent` reads the request and never
-/// answers (it notes in `/tmp/silent-closed` when the connection to it ends), `/stalled`
+/// answers (it notes in `/tmp/silent-closed` when the connection to it ends), `/deaf` reads
+/// the head only and never another byte, `/stalled`
 /// sends a head announcing 1000 bytes and 4 of them, then nothing; `/slow` answers after
 /// 0.5 s and sends 10 000 bytes in ten pieces 0.3 s apart; anything else is `ok`.
 const SLOW_SERVER: &str = r#"
@@ -464,6 +465,8 @@ def serve(c):
             c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\npart")
             while c.recv(4096):
                 pass
+        elif path.startswith(b"/deaf"):
+            time.sleep(3600)
         elif path.startswith(b"/slow"):
             time.sleep(0.5)
             c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 10000\r\nConnection: close\r\n\r\n")
@@ -600,5 +603,107 @@ async fn a_private_previews_answer_is_bounded_and_a_slow_one_delivered() {
     let expected: Vec<u8> = (0..10u8).flat_map(|i| vec![b'0' + i; 1000]).collect();
     assert_eq!(all[split..].len(), expected.len(), "the whole body arrived");
     assert!(all[split..] == expected[..], "the body arrived unchanged");
+    env.backend.destroy(&id).await.unwrap();
+}
+
+/// Red-team pass 6, finding 1: a private preview copied a request's body to the sandbox
+/// without a bound, so a port that took the head and never read the body, or a client that
+/// announced a body and stopped sending it, held the preview connection (one of the
+/// preview's `max_connections`, and through `get_host` one more each time its own bound gave
+/// up) for ever. Now a request whose bytes stop moving for `answer_timeout_ms` ends: `504`
+/// when the sandbox took none, `408` when the client sent none, and the connection closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_private_previews_request_body_that_stops_moving_ends_the_connection() {
+    let mut env = Env::new("pv-request");
+    env.local = env.local.clone().with_preview_limits(
+        sandcove::backend::local::PreviewLimits::default()
+            .answer_timeout_ms(2000)
+            .answer_idle_ms(2000),
+    );
+    env.backend = std::sync::Arc::new(env.local.clone());
+    let id = env.sandbox("pv-request").await;
+    if !common::has_python(&*env.backend, &id).await {
+        eprintln!("SKIP: python3 is not installed on this host; the preview probe needs it");
+        return;
+    }
+    drop(
+        env.backend
+            .spawn(
+                &id,
+                ProcessSpec::new(Command::argv(["python3", "-c", SLOW_SERVER])),
+            )
+            .await
+            .expect("start the server"),
+    );
+    let preview = env
+        .backend
+        .expose_port(&id, PreviewOptions::new(8001))
+        .await
+        .expect("expose");
+    let token = preview.token.clone().expect("a token").value;
+    let auth = format!("\r\n{}: {token}", preview.token_header);
+    eventually(PATIENCE, "the server answers", || async {
+        let head = format!("GET /ready HTTP/1.1\r\nHost: x{auth}\r\n\r\n");
+        let (_, got) = request(&preview.host, &head).await;
+        if got.starts_with("HTTP/1.1 200") {
+            Ok(())
+        } else {
+            Err(got)
+        }
+    })
+    .await;
+
+    // The sandbox never reads the 64 MiB the client keeps sending.
+    let deaf = TcpStream::connect(&preview.host).await.expect("connect");
+    let (mut read, mut write) = deaf.into_split();
+    let head = format!(
+        "POST /deaf HTTP/1.1\r\nHost: x{auth}\r\nContent-Length: {}\r\n\r\n",
+        64 << 20
+    );
+    let sender = tokio::spawn(async move {
+        if write.write_all(head.as_bytes()).await.is_err() {
+            return;
+        }
+        let chunk = vec![b'x'; 64 << 10];
+        for _ in 0..1024 {
+            if write.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let ended = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match read.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "a body the sandbox never reads: the connection was still open after {PATIENCE:?}"
+    );
+    // The answer may be lost to the reset that closing on unread bytes sends; when it
+    // arrives it says why.
+    if !got.is_empty() {
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 504 Gateway Timeout"), "{text:?}");
+        assert!(text.contains("did not take the request"), "{text:?}");
+    }
+    sender.abort();
+
+    // The client announces 100 bytes and sends 10.
+    let (mut short, got) = request(
+        &preview.host,
+        &format!("POST /silent HTTP/1.1\r\nHost: x{auth}\r\nContent-Length: 100\r\n\r\n0123456789"),
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 408 Request Timeout"), "{got:?}");
+    let rest = read_until_closed(&mut short, "after the 408").await;
+    let text = format!("{got}{}", String::from_utf8_lossy(&rest));
+    assert!(text.contains("request body"), "{text}");
     env.backend.destroy(&id).await.unwrap();
 }

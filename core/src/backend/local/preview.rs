@@ -16,7 +16,9 @@
 //! every request is checked for a token. The sandbox's answer is bounded: its head must come
 //! within [`PreviewLimits::answer_timeout_ms`] of the request's end (else `504`), and no step
 //! of its body may take longer than [`PreviewLimits::answer_idle_ms`] (else both connections
-//! close), so a port that keeps requests unanswered holds no connection for ever. A WebSocket
+//! close), so a port that keeps requests unanswered holds no connection for ever. The request
+//! itself ends once none of it has moved into the sandbox for the head bound (`504` when the
+//! port takes none, `408` when the client sends none). A WebSocket
 //! upgrade becomes a raw tunnel only once the sandbox answers `101`. Each listener serves at most [`PreviewLimits::max_connections`]
 //! connections at once; the rest wait in the kernel's backlog. Revoking a token, changing a
 //! preview's settings or closing it cuts the connections it no longer allows.
@@ -211,7 +213,9 @@ pub struct PreviewLimits {
     /// Connections served at once per preview; further ones wait in the kernel's backlog.
     pub max_connections: usize,
     /// How long the sandbox may take for the head of its answer to a private preview's
-    /// request, in ms; then the client gets `504` and both connections close.
+    /// request, in ms; then the client gets `504` and both connections close. Also the
+    /// longest the request's own bytes may stop moving into the sandbox (then `504`, or
+    /// `408` when it is the client that sends nothing).
     #[serde(default = "default_answer_ms")]
     pub answer_timeout_ms: u64,
     /// How long the answer to a private preview's request may bring no byte (or the client
@@ -1028,8 +1032,48 @@ async fn forward(
     let Some(mut up) = connect_upstream(upstream, port, incoming.stream()).await else {
         return;
     };
-    if up.write_all(&accepted.head).await.is_err() {
-        return;
+    // The request itself is held to the head bound too: bytes of it (from the client, into
+    // the sandbox) that stop moving for that long end the connection, whichever side stalls.
+    let timeout = Duration::from_millis(limits.answer_timeout_ms);
+    let moved = Progress::new();
+    let sent = {
+        let mut to_sandbox = Noted {
+            inner: &mut up,
+            progress: &moved,
+        };
+        let send = async {
+            to_sandbox.write_all(&accepted.head).await?;
+            incoming.copy_body(accepted.framing, &mut to_sandbox).await
+        };
+        tokio::select! {
+            sent = send => Some(sent.is_ok()),
+            () = moved.stalled(timeout) => None,
+        }
+    };
+    match sent {
+        Some(true) => {}
+        Some(false) => return,
+        None => {
+            let (status, message) = if moved.writing() {
+                (
+                    "504 Gateway Timeout",
+                    format!(
+                        "port {port} of the sandbox did not take the request within {} ms",
+                        limits.answer_timeout_ms
+                    ),
+                )
+            } else {
+                (
+                    "408 Request Timeout",
+                    format!(
+                        "the request body brought no byte for {} ms",
+                        limits.answer_timeout_ms
+                    ),
+                )
+            };
+            refuse(incoming.stream(), status, &message).await;
+            return;
+        }
     }
     if accepted.framing == Framing::Upgrade {
         // Raw bytes only once the sandbox agrees to switch protocols.
@@ -1048,8 +1092,6 @@ async fn forward(
             let _ = tokio::io::copy_bidirectional(incoming.stream(), &mut up).await;
             return;
         }
-    } else if incoming.copy_body(accepted.framing, &mut up).await.is_err() {
-        return;
     }
     // The request is complete: only the answer flows now. A client that sends more is
     // starting a second request on this connection, which is never forwarded.
@@ -1080,6 +1122,84 @@ async fn forward(
                 let _ = answer.await;
             }
         }
+    }
+}
+
+/// When bytes of a request last moved into the sandbox, and whether a write to it is
+/// waiting now (the sandbox not reading) rather than a read from the client.
+struct Progress {
+    base: tokio::time::Instant,
+    last_ms: std::sync::atomic::AtomicU64,
+    writing: std::sync::atomic::AtomicBool,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Progress {
+            base: tokio::time::Instant::now(),
+            last_ms: std::sync::atomic::AtomicU64::new(0),
+            writing: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn last(&self) -> tokio::time::Instant {
+        let ms = self.last_ms.load(std::sync::atomic::Ordering::Relaxed);
+        self.base + Duration::from_millis(ms)
+    }
+
+    fn writing(&self) -> bool {
+        self.writing.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Resolves once nothing has moved for `timeout`.
+    async fn stalled(&self, timeout: Duration) {
+        loop {
+            let deadline = self.last() + timeout;
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep_until(deadline).await;
+        }
+    }
+}
+
+/// A writer that notes its progress in a [`Progress`].
+struct Noted<'a, W: ?Sized> {
+    inner: &'a mut W,
+    progress: &'a Progress,
+}
+
+impl<W: AsyncWrite + Unpin + ?Sized> AsyncWrite for Noted<'_, W> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut *this.inner).poll_write(cx, buf);
+        let waiting = polled.is_pending();
+        this.progress.writing.store(waiting, Relaxed);
+        if !waiting {
+            let ms = this.progress.base.elapsed().as_millis();
+            let ms = u64::try_from(ms).unwrap_or(u64::MAX);
+            this.progress.last_ms.fetch_max(ms, Relaxed);
+        }
+        polled
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.get_mut().inner).poll_shutdown(cx)
     }
 }
 

@@ -61,17 +61,34 @@ pub(super) fn setup_sandbox(record: &Record, net: Option<&Plan>) -> Result<()> {
         move |e: std::io::Error| unavailable(&step, e)
     };
 
-    // Host system directories, read-only (symlinks, as on merged-/usr hosts, recreated).
-    for d in [
+    // Host system directories, read-only. One that is a symlink on the host (`/lib64 ->
+    // usr/lib64` on merged-/usr hosts) is not recreated as one: a symlink in the sandbox's
+    // root is the sandbox root's to replace, and the agent's `tar`, which keeps the agent's
+    // capabilities, finds its loader and libraries through `/lib64` and `/lib`. The
+    // directory it leads to is bound instead, a mount point no sandbox process can rename;
+    // one leading outside the directories bound here is left out, as it led nowhere.
+    const SYSTEM_DIRS: [&str; 9] = [
         "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt",
-    ] {
+    ];
+    let bound_whole = |d: &str| {
+        let host = Path::new("/").join(d);
+        std::fs::symlink_metadata(&host).is_ok_and(|m| m.is_dir())
+    };
+    for d in SYSTEM_DIRS {
         let host = Path::new("/").join(d);
         let Ok(meta) = std::fs::symlink_metadata(&host) else {
             continue;
         };
         if meta.file_type().is_symlink() {
-            let target = std::fs::read_link(&host).map_err(fs_err("read a host symlink"))?;
-            std::os::unix::fs::symlink(target, r(d)).map_err(fs_err("link a system dir"))?;
+            let Ok(target) = std::fs::canonicalize(&host) else {
+                continue;
+            };
+            let inside = SYSTEM_DIRS
+                .iter()
+                .any(|s| bound_whole(s) && target.starts_with(Path::new("/").join(s)));
+            if inside && target.is_dir() {
+                bind_readonly(&target, &r(d))?;
+            }
         } else if meta.is_dir() {
             bind_readonly(&host, &r(d))?;
         }
