@@ -507,25 +507,22 @@ async fn read_until_closed(stream: &mut TcpStream, what: &str) -> Vec<u8> {
     got
 }
 
-/// Finding: a private preview waited for the sandbox's answer without a bound, so a port
-/// that accepted requests and never answered (or stopped halfway) held preview connections,
-/// and the connections of whoever forwards to the preview (E2B's `get_host`), for ever. Now
-/// the answer's head must come within `answer_timeout_ms` (else `504`, and the sandbox's
-/// connection is closed) and no step of its body may take longer than `answer_idle_ms`
-/// (else both connections close); a slow answer that keeps coming is delivered whole.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_private_previews_answer_is_bounded_and_a_slow_one_delivered() {
-    let mut env = Env::new("pv-answer");
+/// A sandbox (named after `name`) running [`SLOW_SERVER`] behind a private preview of its
+/// port 8001 whose answer bounds are 2 s, once the server answers: the environment, the
+/// sandbox, the preview and the header line that carries its token. `None`, said so, where
+/// the host has no python3.
+async fn slow_server_preview(name: &str) -> Option<(Env, String, sandcove::Preview, String)> {
+    let mut env = Env::new(name);
     env.local = env.local.clone().with_preview_limits(
         sandcove::backend::local::PreviewLimits::default()
             .answer_timeout_ms(2000)
             .answer_idle_ms(2000),
     );
     env.backend = std::sync::Arc::new(env.local.clone());
-    let id = env.sandbox("pv-answer").await;
+    let id = env.sandbox(name).await;
     if !common::has_python(&*env.backend, &id).await {
         eprintln!("SKIP: python3 is not installed on this host; the preview probe needs it");
-        return;
+        return None;
     }
     drop(
         env.backend
@@ -553,6 +550,20 @@ async fn a_private_previews_answer_is_bounded_and_a_slow_one_delivered() {
         }
     })
     .await;
+    Some((env, id, preview, auth))
+}
+
+/// Finding: a private preview waited for the sandbox's answer without a bound, so a port
+/// that accepted requests and never answered (or stopped halfway) held preview connections,
+/// and the connections of whoever forwards to the preview (E2B's `get_host`), for ever. Now
+/// the answer's head must come within `answer_timeout_ms` (else `504`, and the sandbox's
+/// connection is closed) and no step of its body may take longer than `answer_idle_ms`
+/// (else both connections close); a slow answer that keeps coming is delivered whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_private_previews_answer_is_bounded_and_a_slow_one_delivered() {
+    let Some((env, id, preview, auth)) = slow_server_preview("pv-answer").await else {
+        return;
+    };
 
     let (mut silent, got) = request(
         &preview.host,
@@ -614,44 +625,9 @@ async fn a_private_previews_answer_is_bounded_and_a_slow_one_delivered() {
 /// when the sandbox took none, `408` when the client sent none, and the connection closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_private_previews_request_body_that_stops_moving_ends_the_connection() {
-    let mut env = Env::new("pv-request");
-    env.local = env.local.clone().with_preview_limits(
-        sandcove::backend::local::PreviewLimits::default()
-            .answer_timeout_ms(2000)
-            .answer_idle_ms(2000),
-    );
-    env.backend = std::sync::Arc::new(env.local.clone());
-    let id = env.sandbox("pv-request").await;
-    if !common::has_python(&*env.backend, &id).await {
-        eprintln!("SKIP: python3 is not installed on this host; the preview probe needs it");
+    let Some((env, id, preview, auth)) = slow_server_preview("pv-request").await else {
         return;
-    }
-    drop(
-        env.backend
-            .spawn(
-                &id,
-                ProcessSpec::new(Command::argv(["python3", "-c", SLOW_SERVER])),
-            )
-            .await
-            .expect("start the server"),
-    );
-    let preview = env
-        .backend
-        .expose_port(&id, PreviewOptions::new(8001))
-        .await
-        .expect("expose");
-    let token = preview.token.clone().expect("a token").value;
-    let auth = format!("\r\n{}: {token}", preview.token_header);
-    eventually(PATIENCE, "the server answers", || async {
-        let head = format!("GET /ready HTTP/1.1\r\nHost: x{auth}\r\n\r\n");
-        let (_, got) = request(&preview.host, &head).await;
-        if got.starts_with("HTTP/1.1 200") {
-            Ok(())
-        } else {
-            Err(got)
-        }
-    })
-    .await;
+    };
 
     // The sandbox never reads the 64 MiB the client keeps sending.
     let deaf = TcpStream::connect(&preview.host).await.expect("connect");
