@@ -107,8 +107,9 @@ pub struct LocalBackend {
     /// call that finds one skips the dial and the monitor's handoff.
     conns: std::sync::Arc<ConnPool>,
     /// The directory each sandbox sees as `/usr/lib/locale`, where the host's needs an
-    /// archive (see `locale`).
-    locale: Option<PathBuf>,
+    /// archive (see `locale`): made at the first create, off the caller's event loop, not
+    /// by engines that only list or destroy (shared by clones).
+    locale: std::sync::Arc<std::sync::OnceLock<Option<PathBuf>>>,
 }
 
 impl LocalBackend {
@@ -155,11 +156,6 @@ impl LocalBackend {
             );
         }
         let runtime_id = refs::runtime_id(&state_dir)?;
-        let locale = if unisolated {
-            None
-        } else {
-            locale::prepare(&state_dir)
-        };
         let backend = LocalBackend {
             state_dir,
             mapping: UidMapping::for_host(sys::geteuid(), sys::getegid()),
@@ -178,7 +174,7 @@ impl LocalBackend {
             })),
             runtime_id,
             conns: std::sync::Arc::new(ConnPool::new()),
-            locale,
+            locale: Default::default(),
         };
         backend.collect_stale();
         Ok(backend)
@@ -907,16 +903,22 @@ impl LocalBackend {
             pasta,
             protocol: PROTOCOL_VERSION,
             pooled,
-            locale: self
-                .locale
-                .as_ref()
-                .map(|dir| dir.to_string_lossy().into_owned()),
+            locale: None,
         };
-        let state_dir = self.state_dir.clone();
+        let (state_dir, locale_dir) = (self.state_dir.clone(), self.locale.clone());
         let info = info_of(&record, SandboxState::Running);
-        let first = tokio::task::spawn_blocking(move || start_monitor(&state_dir, &record))
-            .await
-            .map_err(|e| Error::backend(format!("create task failed: {e}")))??;
+        let first = tokio::task::spawn_blocking(move || {
+            let mut record = record;
+            if !record.unisolated {
+                record.locale = locale_dir
+                    .get_or_init(|| locale::prepare(&state_dir))
+                    .as_ref()
+                    .map(|dir| dir.to_string_lossy().into_owned());
+            }
+            start_monitor(&state_dir, &record)
+        })
+        .await
+        .map_err(|e| Error::backend(format!("create task failed: {e}")))??;
         // The creator's first call goes on the connection that came with the report.
         if let Some(conn) = first.and_then(|fd| agent_stream(fd).ok()) {
             self.conns.put(&id, Box::new(conn));
