@@ -28,6 +28,7 @@ mod net;
 mod pool;
 pub(crate) mod preview;
 pub(crate) mod proto;
+mod quiet;
 mod refs;
 mod seccomp;
 mod spawner;
@@ -46,6 +47,7 @@ use tokio::net::UnixStream;
 
 use self::config::{Record, SandboxDir, UidMapping};
 use self::proto::{AgentRequest, Hello, MonitorReply, MonitorRequest};
+use self::quiet::QuietStream;
 use super::agent_client::{AgentDialer, AgentIo, ConnPool, RemoteAgent};
 use super::{Backend, ByteStream, ProcessStream, WatchStream};
 use crate::{
@@ -619,7 +621,12 @@ struct MonitorDialer {
 #[async_trait]
 impl AgentDialer for MonitorDialer {
     async fn dial(&self) -> Result<Box<dyn AgentIo>> {
-        Ok(Box::new(connect_monitor(&self.dir, &self.id).await?))
+        let stream = connect_monitor(&self.dir, &self.id).await?;
+        let quiet = stream
+            .into_std()
+            .and_then(QuietStream::new)
+            .map_err(|e| Error::from_io(&e, "agent connection"))?;
+        Ok(Box::new(quiet))
     }
 }
 
@@ -1472,11 +1479,10 @@ fn embedded_observe(operation: &crate::OperationId) -> crate::OperationStatus {
 }
 
 /// A connection to an agent, received as a descriptor, registered with this runtime.
-fn agent_stream(fd: OwnedFd) -> std::io::Result<tokio::net::UnixStream> {
+fn agent_stream(fd: OwnedFd) -> std::io::Result<QuietStream> {
     let stream = std::os::unix::net::UnixStream::from(fd);
-    stream.set_nonblocking(true)?;
     sys::grow_socket_buffers(&stream);
-    tokio::net::UnixStream::from_std(stream)
+    QuietStream::new(stream)
 }
 
 /// Create the state directory and start the monitor; returns once the sandbox is ready,

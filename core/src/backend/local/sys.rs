@@ -776,6 +776,17 @@ pub fn write_fd(fd: impl AsFd, buf: &[u8]) -> io::Result<usize> {
     Ok(rustix::io::write(fd, buf)?)
 }
 
+/// Send on a socket without raising `SIGPIPE` (a gone peer is `BrokenPipe`) and without
+/// blocking (a full socket is `WouldBlock`).
+pub fn send_nosignal(sock: impl AsFd, buf: &[u8]) -> io::Result<usize> {
+    use rustix::net::SendFlags;
+    Ok(rustix::net::send(
+        sock,
+        buf,
+        SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+    )?)
+}
+
 /// A non-blocking, close-on-exec inotify instance.
 pub fn inotify_init() -> io::Result<OwnedFd> {
     use rustix::fs::inotify::CreateFlags;

@@ -20,7 +20,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
 mod file_calls;
@@ -42,6 +41,7 @@ use super::config::Record;
 use super::files;
 use super::net::Plan;
 use super::proto::{self, AgentReply, AgentRequest, Control, CHUNK};
+use super::quiet::QuietStream;
 use super::sys;
 use super::{landlock, net, seccomp, volumes};
 use crate::{
@@ -373,12 +373,9 @@ async fn serve(agent: Arc<Agent>, ctrl: OwnedFd) {
 
 fn serve_connection(agent: Arc<Agent>, fd: OwnedFd, once: bool) {
     let std_stream = std::os::unix::net::UnixStream::from(fd);
-    if std_stream.set_nonblocking(true).is_err() {
-        return;
-    }
     // The client's end asks the same: file bodies flow both ways.
     sys::grow_socket_buffers(&std_stream);
-    let Ok(stream) = UnixStream::from_std(std_stream) else {
+    let Ok(stream) = QuietStream::new(std_stream) else {
         return;
     };
     // Taken here, in order with the control messages: a pause or stop the monitor sent
