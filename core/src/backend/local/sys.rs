@@ -37,6 +37,16 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?)
 }
 
+/// A close-on-exec pipe for a child's output: `(ours, theirs)`, the read end non-blocking
+/// (for the event loop), the write end blocking (as programs expect their stdout).
+pub fn output_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    use rustix::pipe::PipeFlags;
+    let (ours, theirs) = rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
+    // Each end is its own open file description: this clears the write end's flag only.
+    rustix::fs::fcntl_setfl(&theirs, rustix::fs::OFlags::empty())?;
+    Ok((ours, theirs))
+}
+
 /// Send one message with optional file descriptors attached (`SCM_RIGHTS`).
 pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usize> {
     let mut iov = libc::iovec {

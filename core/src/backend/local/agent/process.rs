@@ -236,38 +236,44 @@ pub(super) fn launch(agent: &Arc<Agent>, spec: &ProcessSpec) -> Result<Incarnati
         envs.entry("TERM".into())
             .or_insert_with(|| "xterm-256color".into());
     }
-    // The child's stdio: our ends stay here, theirs are closed once it has started.
+    // The child's stdio: our ends stay here, theirs are closed once it has started. A
+    // process without stdin reads the agent's `/dev/null`, which stays open.
     let mut pty_master = None;
-    let (child_stdio, ours): ([OwnedFd; 3], [Option<OwnedFd>; 3]) = if let Some(size) = spec.pty {
-        let (master, slave) = sys::openpty(size.cols, size.rows)
-            .map_err(|e| Error::from_io(&e, "open a pseudo-terminal"))?;
-        let clone = |fd: &OwnedFd| {
-            fd.try_clone()
-                .map_err(|e| Error::from_io(&e, "pseudo-terminal"))
-        };
-        pty_master = Some(master);
-        ([clone(&slave)?, clone(&slave)?, slave], [None, None, None])
-    } else {
-        let pipe = || sys::pipe().map_err(|e| Error::from_io(&e, "output pipe"));
-        let (out_r, out_w) = pipe()?;
-        let (err_r, err_w) = pipe()?;
-        let (stdin_child, stdin_ours) = if spec.stdin {
-            let (r, w) = sys::pipe().map_err(|e| Error::from_io(&e, "stdin pipe"))?;
-            (r, Some(w))
+    let (child_stdio, ours): ([Option<OwnedFd>; 3], [Option<OwnedFd>; 3]) =
+        if let Some(size) = spec.pty {
+            let (master, slave) = sys::openpty(size.cols, size.rows)
+                .map_err(|e| Error::from_io(&e, "open a pseudo-terminal"))?;
+            let clone = |fd: &OwnedFd| {
+                fd.try_clone()
+                    .map_err(|e| Error::from_io(&e, "pseudo-terminal"))
+            };
+            pty_master = Some(master);
+            (
+                [Some(clone(&slave)?), Some(clone(&slave)?), Some(slave)],
+                [None, None, None],
+            )
         } else {
-            let null = std::fs::File::open("/dev/null")
-                .map_err(|e| Error::from_io(&e, "open /dev/null"))?;
-            (OwnedFd::from(null), None)
+            let pipe = || sys::output_pipe().map_err(|e| Error::from_io(&e, "output pipe"));
+            let (out_r, out_w) = pipe()?;
+            let (err_r, err_w) = pipe()?;
+            let (stdin_child, stdin_ours) = if spec.stdin {
+                let (r, w) = sys::pipe().map_err(|e| Error::from_io(&e, "stdin pipe"))?;
+                (Some(r), Some(w))
+            } else {
+                (None, None)
+            };
+            (
+                [stdin_child, Some(out_w), Some(err_w)],
+                [stdin_ours, Some(out_r), Some(err_r)],
+            )
         };
-        (
-            [stdin_child, out_w, err_w],
-            [stdin_ours, Some(out_r), Some(err_r)],
-        )
-    };
+    let null = dev_null()?.as_raw_fd();
     let mut plan = sys::SpawnPlan::new(
         &argv,
         &envs,
-        child_stdio.each_ref().map(|fd| fd.as_raw_fd()),
+        child_stdio
+            .each_ref()
+            .map(|fd| fd.as_ref().map_or(null, |fd| fd.as_raw_fd())),
         cwd_fd.as_raw_fd(),
     )
     .map_err(|e| Error::from_io(&e, &format!("start {:?}", argv[0])))?;
@@ -276,7 +282,7 @@ pub(super) fn launch(agent: &Arc<Agent>, spec: &ProcessSpec) -> Result<Incarnati
     // A default above the host's hard limit (which no process in a user namespace can
     // raise) is clamped to it; an explicit request above it is refused with the reason.
     let limit = |resource, wanted: u64, explicit: bool, what: &str| -> Result<u64> {
-        let hard = sys::hard_rlimit(resource).unwrap_or(u64::MAX);
+        let hard = hard_rlimit(resource);
         match (wanted > hard, explicit) {
             (false, _) => Ok(wanted),
             (true, false) => Ok(hard),
@@ -387,8 +393,11 @@ pub(super) async fn supervise(
     first: Streams,
 ) {
     let mut streams = first;
+    // The last incarnation's ended streams: closed after its exit has gone out.
+    let mut spent;
     let mut status = loop {
-        let status = pump(&proc_, streams).await;
+        let (status, ended) = pump(&proc_, streams).await;
+        spent = ended;
         let Some(policy) = spec.restart else {
             break status;
         };
@@ -446,6 +455,10 @@ pub(super) async fn supervise(
     }
     proc_.stdin.lock().await.take();
     publish(&proc_, Event::Exit(status)).await;
+    // The subscribers' writers run first, so the exit reaches the client before the agent
+    // spends time closing pipes.
+    tokio::task::yield_now().await;
+    drop(spent);
     proc_
         .state
         .lock()
@@ -461,21 +474,48 @@ pub(super) async fn supervise(
     }
 }
 
-pub(super) fn pipe_receiver(fd: impl Into<OwnedFd>) -> Result<Source> {
-    tokio::net::unix::pipe::Receiver::from_owned_fd(fd.into())
+/// The read end of an output pipe from [`sys::output_pipe`] (already non-blocking).
+pub(super) fn pipe_receiver(fd: OwnedFd) -> Result<Source> {
+    tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(fd)
         .map(Source::Pipe)
         .map_err(|e| Error::from_io(&e, "output pipe"))
 }
 
+/// The agent's `/dev/null`, opened once: the stdin of processes started without one.
+fn dev_null() -> Result<&'static OwnedFd> {
+    static NULL: std::sync::OnceLock<OwnedFd> = std::sync::OnceLock::new();
+    if let Some(fd) = NULL.get() {
+        return Ok(fd);
+    }
+    let file =
+        std::fs::File::open("/dev/null").map_err(|e| Error::from_io(&e, "open /dev/null"))?;
+    Ok(NULL.get_or_init(|| OwnedFd::from(file)))
+}
+
+/// The agent's hard limit on `resource` (unlimited if unreadable), read once: nothing in
+/// the agent changes its own limits, and every process start consults them.
+fn hard_rlimit(resource: libc::__rlimit_resource_t) -> u64 {
+    static NPROC: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static NOFILE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let read = || sys::hard_rlimit(resource).unwrap_or(u64::MAX);
+    match resource {
+        libc::RLIMIT_NPROC => *NPROC.get_or_init(read),
+        libc::RLIMIT_NOFILE => *NOFILE.get_or_init(read),
+        _ => read(),
+    }
+}
+
 /// Move one incarnation's output into the history and to the subscribers (with
-/// backpressure: a slow subscriber slows the process, never loses bytes); return its exit.
-pub(super) async fn pump(proc_: &Proc, streams: Streams) -> ExitStatus {
+/// backpressure: a slow subscriber slows the process, never loses bytes); return its exit
+/// and the streams it read to their end, for the caller to close.
+pub(super) async fn pump(proc_: &Proc, streams: Streams) -> (ExitStatus, Vec<Source>) {
     let mut out = streams.stdout;
     let mut err = streams.stderr;
     let mut exit_rx = Some(streams.exit_rx);
     let mut exit: Option<ExitStatus> = None;
-    let mut buf_out = vec![0u8; 64 * 1024];
-    let mut buf_err = vec![0u8; 64 * 1024];
+    let (mut buf_out, mut buf_err) = (Vec::new(), Vec::new());
+    // Ended streams are closed once the exit is out (see `supervise`), not on its way.
+    let mut ended = Vec::new();
     // Set once, when the process exits: a descendant that keeps writing to inherited pipes
     // cannot hold the exit back by restarting a per-read wait.
     let mut drain_until: Option<tokio::time::Instant> = None;
@@ -503,10 +543,10 @@ pub(super) async fn pump(proc_: &Proc, streams: Streams) -> ExitStatus {
         };
         match result {
             Step::Exited(status) => exit = Some(status),
-            Step::Read(kind, 0) => match kind {
-                StreamKind::Stdout => out = None,
-                StreamKind::Stderr => err = None,
-            },
+            Step::Read(kind, 0) => ended.extend(match kind {
+                StreamKind::Stdout => out.take(),
+                StreamKind::Stderr => err.take(),
+            }),
             Step::Read(kind, n) => {
                 let bytes = match kind {
                     StreamKind::Stdout => &buf_out[..n],
@@ -516,11 +556,12 @@ pub(super) async fn pump(proc_: &Proc, streams: Streams) -> ExitStatus {
             }
         }
     }
-    exit.unwrap_or(ExitStatus {
+    let status = exit.unwrap_or(ExitStatus {
         code: None,
         signal: None,
         timed_out: false,
-    })
+    });
+    (status, ended)
 }
 
 pub(super) enum Step {
@@ -528,13 +569,28 @@ pub(super) enum Step {
     Exited(ExitStatus),
 }
 
-/// Read from a source; a read error counts as end of stream. Never ready once it is gone.
-pub(super) async fn read_some(source: &mut Option<Source>, buf: &mut [u8]) -> usize {
+/// Read from a source into `buf`, which starts small and grows to [`READ_MAX`] while reads
+/// fill it (most commands print little; a busy one gets large reads); a read error counts
+/// as end of stream. Never ready once the source is gone.
+pub(super) async fn read_some(source: &mut Option<Source>, buf: &mut Vec<u8>) -> usize {
     match source {
-        Some(s) => s.read(buf).await,
+        Some(s) => {
+            if buf.is_empty() {
+                buf.resize(READ_FIRST, 0);
+            }
+            let n = s.read(buf).await;
+            if n == buf.len() && n < READ_MAX {
+                buf.resize(n * 4, 0);
+            }
+            n
+        }
         None => std::future::pending().await,
     }
 }
+
+/// The first read buffer of an output stream, and the size it grows to.
+const READ_FIRST: usize = 4 * 1024;
+const READ_MAX: usize = 64 * 1024;
 
 pub(super) async fn wait_exit(rx: &mut Option<oneshot::Receiver<ExitStatus>>) -> ExitStatus {
     match rx {
