@@ -336,6 +336,19 @@ fn floor() -> Duration {
     d
 }
 
+/// The exec row's program without a sandbox: `echo hi` with its output piped and read to
+/// the end, then waited for. Not a target's denominator (the floor is): it tells how much of
+/// the exec row is the program itself.
+fn floor_echo() -> Duration {
+    let start = Instant::now();
+    let out = std::process::Command::new("echo").arg("hi").output();
+    let d = start.elapsed();
+    assert!(out
+        .map(|o| o.status.success() && o.stdout == b"hi\n")
+        .unwrap_or(false));
+    d
+}
+
 fn bwrap_available() -> bool {
     std::process::Command::new("bwrap")
         .args(["--version"])
@@ -667,9 +680,14 @@ async fn main() -> Result<(), BoxError> {
             "create-cold",
             "create → first byte of `echo hi` → destroy (embedded, no pool: namespaces and root built while the caller waits)",
         ),
+        Row::new(
+            "floor-echo",
+            "std::process::Command running `echo hi`, output piped and read (the exec row's program, no sandbox)",
+        ),
     ];
     // Warm up every path once.
     floor();
+    floor_echo();
     echo(&*local, &exec_sandbox).await?;
     echo(&*http, &exec_sandbox).await?;
     echo_e2b_wire(&wire).await?;
@@ -716,6 +734,7 @@ async fn main() -> Result<(), BoxError> {
             rows[3].samples.push(echo(&*local, &exec_sandbox).await?);
             rows[0].samples.push(floor());
         }
+        rows[9].samples.push(floor_echo());
         rows[4].samples.push(echo(&*http, &exec_sandbox).await?);
         let start = Instant::now();
         facade.commands.run("echo hi").await?;
@@ -828,6 +847,7 @@ async fn main() -> Result<(), BoxError> {
     println!("| create (warm) / floor | {:.2}× | ≤ 3× |", ratio(2, 0));
     println!("| create-cold / floor | {:.2}× | – |", ratio(8, 0));
     println!("| exec / floor | {:.2}× | ≤ 1.5× |", ratio(3, 0));
+    println!("| exec / floor-echo | {:.2}× | – |", ratio(3, 9));
     println!("| facade / its core call | {:.3}× | ≤ 1.05× |", ratio(5, 6));
     println!("| exec-http / exec | {:.2}× | ≤ 2× |", ratio(4, 3));
     println!("| e2b-wire / exec-http | {:.2}× | ≤ 1.5× |", ratio(7, 4));

@@ -8,6 +8,8 @@
 //! `exec` and `warm` (create from a warm pool of 2 → first byte of `echo hi`, the bench's
 //! warm row; destroy untimed) take a floor sample (`std::process::Command` running `true`)
 //! before each round and print both p50s and their ratio, as the bench does.
+//! `ENGINE_PROFILE_ARGV="true"` makes `exec` run another command (split at spaces), to
+//! tell the program's share from the round trip's.
 
 use std::time::{Duration, Instant};
 
@@ -165,11 +167,16 @@ async fn run(what: String, rounds: usize) -> sandcove::Result<()> {
         }
         "exec" => {
             let id = backend.create(CreateOptions::default()).await?.id;
+            let argv: Vec<String> = std::env::var("ENGINE_PROFILE_ARGV")
+                .unwrap_or_else(|_| "echo hi".into())
+                .split_whitespace()
+                .map(String::from)
+                .collect();
             for _ in 0..rounds {
                 floors.push(floor());
                 let t = Instant::now();
                 let mut stream = backend
-                    .spawn(&id, ProcessSpec::new(Command::argv(["echo", "hi"])))
+                    .spawn(&id, ProcessSpec::new(Command::argv(argv.clone())))
                     .await?;
                 while let Some(ev) = stream.events.next().await {
                     if let ProcessEvent::Exit(_) = ev? {
