@@ -53,7 +53,7 @@ impl AsyncRead for QuietStream {
         loop {
             let mut guard = ready!(self.read.poll_read_ready(cx))?;
             let unfilled = buf.initialize_unfilled();
-            match guard.try_io(|s| (&*s.get_ref()).read(unfilled)) {
+            match guard.try_io(|s| s.get_ref().read(unfilled)) {
                 Ok(Ok(n)) => {
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
