@@ -5,8 +5,10 @@
 
 mod common;
 
+use sandcove::conformance::{eventually, holds};
 use sandcove::Backend;
 use serde_json::{json, Value};
+use std::time::Duration;
 
 use common::WireEnv as Env;
 
@@ -965,4 +967,73 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
         .await;
     assert_eq!(status, 404, "a snapshot of another sandbox");
     assert_eq!(env.backend.list_snapshots().await.unwrap().len(), 2);
+}
+
+/// `GET /v0/sandboxes` pages by the last sandbox seen, in either order: a sandbox deleted
+/// behind the cursor does not shift the next page, and a bad cursor is a 400.
+#[tokio::test]
+async fn sandbox_listing_pages_by_cursor_in_both_orders() {
+    let env = env().await;
+    for name in ["page-1", "page-2", "page-3"] {
+        let (status, sb) = env
+            .call(
+                "POST",
+                "/v0/sandboxes",
+                Some(json!({"metadata": {"name": name}})),
+            )
+            .await;
+        assert_eq!(status, 200, "{sb}");
+        // Creation times are milliseconds: the next sandbox starts in a later one, so the
+        // order asserted below is the creation order and not a tie broken by id.
+        let created_by = sandcove::now_millis();
+        eventually(
+            Duration::from_secs(5),
+            "the clock passes a millisecond",
+            || async { holds(sandcove::now_millis() > created_by, created_by) },
+        )
+        .await;
+    }
+    let walk = |sort: &'static str, delete_first: bool| {
+        let env = &env;
+        async move {
+            let mut names = Vec::new();
+            let mut cursor: Option<String> = None;
+            loop {
+                let path = match &cursor {
+                    None => format!("/v0/sandboxes?limit=1&sort={sort}"),
+                    Some(c) => format!("/v0/sandboxes?limit=1&sort={sort}&cursor={c}"),
+                };
+                let (status, page) = env.call("GET", &path, None).await;
+                assert_eq!(status, 200, "{page}");
+                let data = page["data"].as_array().unwrap();
+                assert_eq!(data.len(), 1, "{page}");
+                let name = data[0]["metadata"]["name"].as_str().unwrap().to_string();
+                if delete_first && names.is_empty() {
+                    let (status, gone) = env
+                        .call("DELETE", &format!("/v0/sandboxes/{name}"), None)
+                        .await;
+                    assert_eq!(status, 200, "{gone}");
+                }
+                names.push(name);
+                if page["meta"]["hasMore"] == false {
+                    assert!(page["meta"].get("nextCursor").is_none(), "{page}");
+                    return names;
+                }
+                cursor = Some(page["meta"]["nextCursor"].as_str().unwrap().to_string());
+            }
+        }
+    };
+    assert_eq!(
+        walk("createdAt:desc", false).await,
+        ["page-3", "page-2", "page-1"]
+    );
+    assert_eq!(
+        walk("createdAt:asc", true).await,
+        ["page-1", "page-2", "page-3"],
+        "deleting the page's sandbox does not skip the next one"
+    );
+    let (status, bad) = env
+        .call("GET", "/v0/sandboxes?cursor=not-a-cursor", None)
+        .await;
+    assert_eq!(status, 400, "{bad}");
 }

@@ -244,18 +244,25 @@ impl ListBuilder {
     }
 
     async fn run(self) -> Result<AsyncPaginatedList<SandboxInstance>> {
-        list_page(&state::client()?, self.limit, self.cursor.as_deref()).await
+        list_page(&state::client()?, self.limit, self.cursor.as_deref(), false).await
     }
 }
 into_future!(ListBuilder => AsyncPaginatedList<SandboxInstance>);
 
-/// One page of Blaxel sandboxes on `client`, oldest first: `limit` (50 when not positive)
-/// from `cursor` (the `next_cursor` of a previous page).
+/// One page of Blaxel sandboxes on `client`, oldest first (newest first when `newest_first`):
+/// `limit` (50 when not positive) after `cursor` (the `next_cursor` of a previous page).
+///
+/// The cursor names the last sandbox of the previous page (its creation time and id), not
+/// an offset, so sandboxes created or deleted while a caller pages never make a page repeat
+/// an item or skip one that existed throughout; a cursor this listing did not hand out is a
+/// 400.
 pub(crate) async fn list_page(
     client: &sandcove::Client,
     limit: i64,
     cursor: Option<&str>,
+    newest_first: bool,
 ) -> Result<AsyncPaginatedList<SandboxInstance>> {
+    let after = cursor.map(parse_list_cursor).transpose()?;
     let mut all: Vec<sandcove::SandboxInfo> = client
         .list(sandcove::ListOptions::default())
         .await
@@ -264,29 +271,73 @@ pub(crate) async fn list_page(
         .filter(|i| i.labels.contains_key(NAME_LABEL))
         .collect();
     all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
-    let start: usize = match cursor {
+    if newest_first {
+        all.reverse();
+    }
+    let total = all.len();
+    let keys: Vec<ListKey> = all.iter().map(|i| (i.created_at, i.id.clone())).collect();
+    let start = match &after {
         None => 0,
-        Some(c) => c.parse().map_err(|_| {
-            SandboxAPIError::api(400, "INVALID_CURSOR", format!("invalid cursor {c:?}"))
-        })?,
+        Some(after) if newest_first => keys.partition_point(|k| k >= after),
+        Some(after) => keys.partition_point(|k| k <= after),
     };
     let limit = if limit <= 0 { 50 } else { limit as usize };
-    let total = all.len();
+    let (data, end) = fill_page(all, start, limit, |info| instance_from_info(client, info)).await?;
+    let has_more = end < total;
+    Ok(AsyncPaginatedList {
+        data,
+        has_more,
+        next_cursor: has_more.then(|| list_cursor(&keys[end - 1])),
+        total: total as i64,
+    })
+}
+
+/// A sandbox's place in the listing order: creation time, then id.
+type ListKey = (sandcove::UnixMillis, String);
+
+fn list_cursor((created_at, id): &ListKey) -> String {
+    format!("{created_at}.{id}")
+}
+
+fn parse_list_cursor(cursor: &str) -> Result<ListKey> {
+    cursor
+        .split_once('.')
+        .and_then(|(at, id)| Some((at.parse().ok()?, id)))
+        .filter(|(_, id)| !id.is_empty())
+        .map(|(at, id)| (at, id.to_string()))
+        .ok_or_else(|| {
+            SandboxAPIError::api(400, "INVALID_CURSOR", format!("invalid cursor {cursor:?}"))
+        })
+}
+
+/// Reads up to `limit` items of `entries` from index `start`, returning them and the index
+/// after the last entry consumed. An entry whose read is not found (deleted between the
+/// listing and the read) is skipped and the page filled from the entries after it, so a
+/// page is short only at the end of the list.
+async fn fill_page<E, T, F, Fut>(
+    entries: Vec<E>,
+    start: usize,
+    limit: usize,
+    mut read: F,
+) -> Result<(Vec<T>, usize)>
+where
+    F: FnMut(E) -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
     let mut data = Vec::new();
-    for info in all.into_iter().skip(start).take(limit) {
-        match instance_from_info(client, info).await {
-            Ok(i) => data.push(i),
-            Err(e) if e.is_not_found() => {} // deleted meanwhile
+    let mut end = start.min(entries.len());
+    for entry in entries.into_iter().skip(start) {
+        if data.len() == limit {
+            break;
+        }
+        end += 1;
+        match read(entry).await {
+            Ok(item) => data.push(item),
+            Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e),
         }
     }
-    let end = start + limit;
-    Ok(AsyncPaginatedList {
-        data,
-        has_more: end < total,
-        next_cursor: (end < total).then(|| end.to_string()),
-        total: total as i64,
-    })
+    Ok((data, end))
 }
 
 /// Builder of `sandbox.snapshot(name=None)`.
@@ -1319,5 +1370,59 @@ mod tests {
         );
         let bad = record(json!({"name": "a", "ttl": "soon"}));
         assert!(lease_end(&bad, now, now).is_err());
+    }
+
+    /// A sandbox deleted between the listing and its read does not shorten the page: the
+    /// entries after it fill it, and the cursor moves past every entry consumed.
+    #[tokio::test]
+    async fn a_page_skips_entries_deleted_meanwhile_and_stays_full() {
+        let deleted = |n: &u32| *n == 1 || *n == 2;
+        let read = |n: u32| async move {
+            if deleted(&n) {
+                Err(not_found(&n.to_string()))
+            } else {
+                Ok(n)
+            }
+        };
+        let entries: Vec<u32> = (0..6).collect();
+        assert_eq!(
+            fill_page(entries.clone(), 0, 1, read).await.unwrap(),
+            (vec![0], 1)
+        );
+        assert_eq!(
+            fill_page(entries.clone(), 1, 1, read).await.unwrap(),
+            (vec![3], 4)
+        );
+        assert_eq!(
+            fill_page(entries.clone(), 0, 3, read).await.unwrap(),
+            (vec![0, 3, 4], 5)
+        );
+        assert_eq!(
+            fill_page(entries.clone(), 4, 5, read).await.unwrap(),
+            (vec![4, 5], 6)
+        );
+        assert_eq!(
+            fill_page(entries.clone(), 9, 5, read).await.unwrap(),
+            (vec![], 6)
+        );
+        let failing = |n: u32| async move {
+            if n == 3 {
+                Err(SandboxAPIError::api(500, "BOOM", "read failed"))
+            } else {
+                Ok(n)
+            }
+        };
+        assert!(fill_page(entries, 0, 5, failing).await.is_err());
+    }
+
+    /// A cursor names a sandbox (creation time, id) and round-trips; anything else is a 400.
+    #[test]
+    fn list_cursors_round_trip_and_reject_what_they_did_not_hand_out() {
+        let key: ListKey = (1_700_000_000_123, "ab12.cd".to_string());
+        assert_eq!(parse_list_cursor(&list_cursor(&key)).unwrap(), key);
+        for bad in ["", "1", "not-a-cursor", ".id", "12.", "-1.id", "x.id"] {
+            let err = parse_list_cursor(bad).unwrap_err();
+            assert_eq!(err.status_code(), Some(400), "{bad:?}");
+        }
     }
 }

@@ -4,7 +4,9 @@ mod common;
 
 use blaxel::{SandboxAPIError, SandboxInstance, SandboxUpdateMetadata};
 use common::{sandbox, unique};
+use sandcove::conformance::{eventually, holds};
 use serde_json::json;
+use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_get_list_delete_round_trip() {
@@ -310,6 +312,17 @@ async fn gap_sub_apis_refuse() {
     sb.delete().await.expect("delete");
 }
 
+/// Returns once the clock has passed the millisecond it was called in.
+async fn next_millisecond() {
+    let now = sandcove::now_millis();
+    eventually(
+        Duration::from_secs(5),
+        "the clock passes a millisecond",
+        || async { holds(sandcove::now_millis() > now, now) },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_none_safe_and_paged_listing() {
     let a = SandboxInstance::create(None)
@@ -325,42 +338,63 @@ async fn create_none_safe_and_paged_listing() {
         a.expires_in.unwrap() > 23 * 3600,
         "the default lease is 24 h"
     );
+    // Creation times are milliseconds: each sandbox starts in a later one than the last, so
+    // the order asserted below is the creation order and not a tie broken by id.
+    next_millisecond().await;
     let b = sandbox("paged").await;
+    next_millisecond().await;
+    let c = sandbox("paged").await;
     let first = SandboxInstance::list().limit(1).await.expect("page 1");
     assert_eq!(first.len(), 1);
-    assert!(first.total >= 2);
+    assert!(first.total >= 3);
     assert!(first.has_more);
+    // Page one at a time. Once `a` has been seen it is deleted and a sandbox created: the
+    // cursor names the last sandbox seen, so neither shifts the pages after it (other tests
+    // create and delete sandboxes meanwhile too).
     let mut seen = vec![first[0].metadata.name.clone()];
     let mut cursor = first.next_cursor.clone();
-    while let Some(c) = cursor {
+    let mut late = None;
+    while let Some(next) = cursor {
+        if late.is_none() && seen.contains(&a.metadata.name) {
+            a.delete().await.expect("delete a while paging");
+            late = Some(sandbox("paged-late").await);
+        }
         let page = SandboxInstance::list()
             .limit(1)
-            .cursor(c)
+            .cursor(next)
             .await
             .expect("next page");
+        assert!(
+            page.len() == 1 || !page.has_more,
+            "a short page that is not the last"
+        );
         seen.extend(page.iter().map(|s| s.metadata.name.clone()));
         cursor = page.next_cursor.clone();
     }
-    // Pages never repeat an item (other tests may delete sandboxes meanwhile, so a page
-    // boundary can skip one; new sandboxes are appended at the end).
     let mut unique = seen.clone();
     unique.sort();
     unique.dedup();
-    assert_eq!(unique.len(), seen.len(), "{seen:?}");
-    let all = SandboxInstance::list().limit(1000).await.expect("list");
-    for name in [&a.metadata.name, &b.metadata.name] {
-        assert!(
-            all.iter().any(|s| &s.metadata.name == name),
-            "{name} listed"
-        );
-    }
+    assert_eq!(
+        unique.len(),
+        seen.len(),
+        "a page repeated an item: {seen:?}"
+    );
+    let position = |name: &str| seen.iter().position(|s| s == name);
+    let (pa, pb, pc) = (
+        position(&a.metadata.name).expect("a listed"),
+        position(&b.metadata.name).expect("b listed after a was deleted"),
+        position(&c.metadata.name).expect("c listed after a was deleted"),
+    );
+    assert!(pa < pb && pb < pc, "oldest first: {seen:?}");
+    let late = late.expect("paging went past a");
     let err = SandboxInstance::list()
         .cursor("not-a-cursor".to_string())
         .await
         .expect_err("bad cursor");
     assert_eq!(err.status_code(), Some(400));
-    a.delete().await.expect("delete");
-    b.delete().await.expect("delete");
+    for sandbox in [b, c, late] {
+        sandbox.delete().await.expect("delete");
+    }
 }
 
 /// `memory` is the sandbox's limit where the runtime can enforce one (a cgroup it writes),
@@ -470,8 +504,7 @@ async fn sandbox_code_cannot_rewrite_facade_records() {
 /// files. A sandbox with a policy (`ttl`) is deleted at its end, as on Blaxel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_deletion_policy_the_lease_end_is_standby_not_deletion() {
-    use sandcove::conformance::{eventually, PATIENCE};
-    use std::time::Duration;
+    use sandcove::conformance::PATIENCE;
     let client = sandcove::Client::from_env().expect("runtime");
     let caps = client.ready().await.expect("capabilities");
     let with_ttl = sandbox("standby-ttl").await;

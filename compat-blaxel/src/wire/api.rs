@@ -278,36 +278,13 @@ async fn list(
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(bad_request(format!("limit must be between 1 and {MAX_PAGE}")).into());
     }
-    let page = if descending {
-        // Newest first: the whole (bounded) list reversed, then paged by offset.
-        let all = list_page(&wire.client, i64::MAX, None).await?;
-        let start: usize = match &query.cursor {
-            None => 0,
-            Some(c) => c
-                .parse()
-                .map_err(|_| bad_request(format!("invalid cursor {c:?}")))?,
-        };
-        let total = all.data.len();
-        let data: Vec<Value> = all
-            .data
-            .iter()
-            .rev()
-            .skip(start)
-            .take(limit as usize)
-            .map(|i| sandbox_json(&wire, &i.sandbox))
-            .collect();
-        let end = start + limit as usize;
-        (data, (end < total).then(|| end.to_string()))
-    } else {
-        let page = list_page(&wire.client, limit, query.cursor.as_deref()).await?;
-        let data = page
-            .data
-            .iter()
-            .map(|i| sandbox_json(&wire, &i.sandbox))
-            .collect();
-        (data, page.next_cursor.clone())
-    };
-    let (data, next) = page;
+    let page = list_page(&wire.client, limit, query.cursor.as_deref(), descending).await?;
+    let data: Vec<Value> = page
+        .data
+        .iter()
+        .map(|i| sandbox_json(&wire, &i.sandbox))
+        .collect();
+    let next = page.next_cursor;
     let mut meta = json!({ "hasMore": next.is_some() });
     if let Some(next) = next {
         meta["nextCursor"] = json!(next);
