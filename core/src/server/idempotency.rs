@@ -316,7 +316,7 @@ impl Idempotency {
 /// BLAKE3 of an upload's bytes, set once all of them have arrived (never for a body that
 /// broke off, was abandoned or went over its bound). BLAKE3 rather than the SHA-256 of the
 /// request prints: every byte of every keyed upload passes through it, and it costs
-/// about a third of SHA-256's CPU per byte (a 100 MiB upload: 16–29 ms against 64–105 ms
+/// between a third and a quarter of SHA-256's CPU per byte (100 MiB: 16 ms against 58–61 ms
 /// on the 2-CPU machine of `BENCHMARKS.md`), CPU the upload's own copies compete for.
 pub(super) type ContentDigest = Arc<OnceLock<[u8; 32]>>;
 
