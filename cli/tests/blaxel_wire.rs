@@ -5,10 +5,9 @@
 
 mod common;
 
-use sandcove::conformance::{eventually, holds};
+use sandcove::conformance::next_millisecond;
 use sandcove::Backend;
 use serde_json::{json, Value};
-use std::time::Duration;
 
 use common::WireEnv as Env;
 
@@ -983,15 +982,9 @@ async fn sandbox_listing_pages_by_cursor_in_both_orders() {
             )
             .await;
         assert_eq!(status, 200, "{sb}");
-        // Creation times are milliseconds: the next sandbox starts in a later one, so the
-        // order asserted below is the creation order and not a tie broken by id.
-        let created_by = sandcove::now_millis();
-        eventually(
-            Duration::from_secs(5),
-            "the clock passes a millisecond",
-            || async { holds(sandcove::now_millis() > created_by, created_by) },
-        )
-        .await;
+        // The next sandbox is created in a later millisecond: the order asserted below is
+        // the creation order, not a tie broken by id.
+        next_millisecond().await;
     }
     let walk = |sort: &'static str, delete_first: bool| {
         let env = &env;

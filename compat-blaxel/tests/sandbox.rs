@@ -4,7 +4,7 @@ mod common;
 
 use blaxel::{SandboxAPIError, SandboxInstance, SandboxUpdateMetadata};
 use common::{sandbox, unique};
-use sandcove::conformance::{eventually, holds};
+use sandcove::conformance::{eventually, next_millisecond};
 use serde_json::json;
 use std::time::Duration;
 
@@ -312,17 +312,6 @@ async fn gap_sub_apis_refuse() {
     sb.delete().await.expect("delete");
 }
 
-/// Returns once the clock has passed the millisecond it was called in.
-async fn next_millisecond() {
-    let now = sandcove::now_millis();
-    eventually(
-        Duration::from_secs(5),
-        "the clock passes a millisecond",
-        || async { holds(sandcove::now_millis() > now, now) },
-    )
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_none_safe_and_paged_listing() {
     let a = SandboxInstance::create(None)
@@ -338,8 +327,8 @@ async fn create_none_safe_and_paged_listing() {
         a.expires_in.unwrap() > 23 * 3600,
         "the default lease is 24 h"
     );
-    // Creation times are milliseconds: each sandbox starts in a later one than the last, so
-    // the order asserted below is the creation order and not a tie broken by id.
+    // Each sandbox is created in a later millisecond than the last: the order asserted below
+    // is the creation order, not a tie broken by id.
     next_millisecond().await;
     let b = sandbox("paged").await;
     next_millisecond().await;

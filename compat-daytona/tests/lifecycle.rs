@@ -162,15 +162,9 @@ async fn labels_list_get_by_name() {
         })
         .await
         .unwrap();
-    // Creation times are milliseconds: `b` starts in a later one than `a`, so the order
-    // asserted below is the creation order and not a tie broken by id.
-    let before = sandcove::now_millis();
-    sandcove::conformance::eventually(
-        sandcove::conformance::PATIENCE,
-        "the clock passes a millisecond",
-        || async { sandcove::conformance::holds(sandcove::now_millis() > before, before) },
-    )
-    .await;
+    // `b` is created in a later millisecond than `a`: the order asserted below is the
+    // creation order, not a tie broken by id.
+    sandcove::conformance::next_millisecond().await;
     let b = d
         .create(CreateSandboxFromSnapshotParams {
             name: Some(format!("{tag}-b")),

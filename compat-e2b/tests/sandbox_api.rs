@@ -8,7 +8,7 @@ use e2b::{
     DateTime, Sandbox, SandboxLifecycle, SandboxNetworkOpts, SandboxQuery, SandboxState,
     ALL_TRAFFIC,
 };
-use sandcove::conformance::{equals, eventually, holds, PATIENCE};
+use sandcove::conformance::{equals, eventually, next_millisecond, PATIENCE};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_gives_e2b_user_home_envs_and_info() {
@@ -161,13 +161,9 @@ async fn list_filters_by_metadata_and_pages() {
     let tag = unique("list");
     let mut made = Vec::new();
     for i in 0..3 {
-        // Creation times are milliseconds: each sandbox starts in a later one than the last,
-        // so the order asserted below is the creation order and not a tie broken by id.
-        let before = sandcove::now_millis();
-        eventually(PATIENCE, "the clock passes a millisecond", || async {
-            holds(sandcove::now_millis() > before, before)
-        })
-        .await;
+        // Each sandbox is created in a later millisecond than the last: the order asserted
+        // below is the creation order, not a tie broken by id.
+        next_millisecond().await;
         let i = i.to_string();
         made.push(
             Sandbox::create()

@@ -370,6 +370,19 @@ pub fn equals<T: PartialEq + std::fmt::Debug>(seen: T, wanted: T) -> Result<T, S
     }
 }
 
+/// Returns once the clock has passed the millisecond it was called in. Creation times are
+/// milliseconds and listings order ties by id, so a test that asserts a creation order waits
+/// on this between creates (a warm create can take less than a millisecond).
+pub async fn next_millisecond() {
+    let now = crate::now_millis();
+    eventually(
+        Duration::from_secs(5),
+        "the clock passes a millisecond",
+        || async { holds(crate::now_millis() > now, now) },
+    )
+    .await;
+}
+
 /// `Ok(())` when `ok`, else an `Err` carrying `seen` (what was observed instead).
 pub fn holds<S: std::fmt::Debug>(ok: bool, seen: S) -> Result<(), S> {
     if ok {
