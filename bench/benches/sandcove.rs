@@ -588,6 +588,17 @@ async fn scale_rows(local: Arc<dyn Backend>) {
     }
 }
 
+/// Waits (untimed, polling every `poll`, 200 polls at most) until the engine's warm pool of
+/// two is full, so no timed row runs beside a pool member being made.
+async fn wait_for_warm_pool(engine: &LocalBackend, poll: Duration) {
+    for _ in 0..200 {
+        if engine.warm_ready() == 2 {
+            break;
+        }
+        tokio::time::sleep(poll).await;
+    }
+}
+
 /// The files rows: 1 MiB and 100 MiB written then read back, embedded and over HTTP
 /// alternately, in one sandbox; each row is the median transfer as write + read bytes per
 /// second.
@@ -662,12 +673,7 @@ async fn main() -> Result<(), BoxError> {
         // `--files`: only the files rows, in a sandbox used for nothing else.
         let sandbox = local.create(short_options()).await?.id;
         // That create starts the warm pool filling: let it fill before timing anything.
-        for _ in 0..200 {
-            if warm_engine.warm_ready() == 2 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_for_warm_pool(&warm_engine, Duration::from_millis(50)).await;
         write_read(&*local, &sandbox, 1 << 20).await?;
         write_read(&*http, &sandbox, 1 << 20).await?;
         let throughput = files_rows(&*local, &*http, &sandbox, quick).await?;
@@ -776,12 +782,7 @@ async fn main() -> Result<(), BoxError> {
     // The pool starts filling at the first create; let it fill before sampling.
     create_cycle(&*local).await?;
     create_cycle(&*cold).await?;
-    for _ in 0..200 {
-        if warm_engine.warm_ready() == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_warm_pool(&warm_engine, Duration::from_millis(50)).await;
     let claims_before = warm_engine.warm_claims();
     for round in 0..rounds {
         // The rows that make and end namespaces come first: the bwrap one-shot, then a
@@ -799,12 +800,7 @@ async fn main() -> Result<(), BoxError> {
             // The claimed member's replacement is made in the background shortly after the
             // claim; wait (untimed) until it is ready, so no later row, the next cold
             // create included, is timed against that create running beside it.
-            for _ in 0..200 {
-                if warm_engine.warm_ready() == 2 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            wait_for_warm_pool(&warm_engine, Duration::from_millis(5)).await;
         } else {
             rows[8].samples.push(create_cycle(&*cold).await?);
         }
