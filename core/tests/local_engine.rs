@@ -1037,3 +1037,63 @@ async fn the_default_locale_comes_from_a_read_only_archive() {
     assert_eq!(lines.last(), Some(&"touch=1"), "{text}");
     backend.destroy(&id).await.expect("destroy");
 }
+
+/// The sandbox's root tmpfs keeps large files in large folios (`huge=within_size`, where the
+/// host kernel has transparent huge pages) and small files in small pages: a file's bytes and
+/// disk use are what they would be without the option.
+#[tokio::test]
+async fn the_root_keeps_large_files_in_large_folios_and_small_ones_small() {
+    use futures::StreamExt;
+    let backend = local();
+    let id = backend
+        .create(test_options(&unique("folios")))
+        .await
+        .expect("create")
+        .id;
+    let out = sh(
+        &*backend,
+        &id,
+        "awk '$5 == \"/\" {print $NF}' /proc/self/mountinfo",
+    )
+    .await;
+    let options = out.stdout_lossy();
+    let host_has_thp =
+        std::path::Path::new("/sys/kernel/mm/transparent_hugepage/shmem_enabled").exists();
+    assert_eq!(
+        options.contains("huge=within_size"),
+        host_has_thp,
+        "root options {options}"
+    );
+    // A large file of an odd length round-trips byte for byte through the file API.
+    let len = (5 << 20) + 123;
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let chunks: Vec<sandcove::Result<Vec<u8>>> =
+        data.chunks(1 << 20).map(|c| Ok(c.to_vec())).collect();
+    backend
+        .write_file(
+            &id,
+            "/workspace/large.bin",
+            Box::pin(futures::stream::iter(chunks)),
+            Default::default(),
+        )
+        .await
+        .expect("write");
+    let mut read = backend
+        .read_file(&id, "/workspace/large.bin", Default::default())
+        .await
+        .expect("read");
+    let mut back = Vec::new();
+    while let Some(chunk) = read.next().await {
+        back.extend_from_slice(&chunk.expect("chunk"));
+    }
+    assert!(back == data, "the large file came back changed");
+    // A small file takes one 4 KiB page of the tmpfs, not a large folio.
+    let out = sh(
+        &*backend,
+        &id,
+        "echo small > /workspace/small && stat -c %b:%B /workspace/small",
+    )
+    .await;
+    assert_eq!(out.stdout_lossy().trim(), "8:512", "blocks of a small file");
+    backend.destroy(&id).await.expect("destroy");
+}
