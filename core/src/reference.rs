@@ -38,9 +38,10 @@
 //! When a sandbox ends (destroyed, its lease or retention over, its monitor gone), a snapshot
 //! or volume is deleted, or a preview closed, the engine records a [`Tombstone`] in its state
 //! directory: kind, id, when, and why. Tombstones are kept for [`TOMBSTONE_TTL`] and at most
-//! [`MAX_TOMBSTONES`] of them (the oldest go first); past either bound a reference answers
-//! plain [`Error::NotFound`]. Processes get no tombstone of their own: a process of an ended
-//! sandbox answers that sandbox's tombstone.
+//! [`MAX_TOMBSTONES`] of them (the oldest go first; the embedded engine drops the surplus at
+//! most once a minute, so a burst of ends can pass the count until then); past either bound a
+//! reference answers plain [`Error::NotFound`]. Processes get no tombstone of their own: a
+//! process of an ended sandbox answers that sandbox's tombstone.
 
 use std::fmt;
 use std::str::FromStr;

@@ -7,8 +7,9 @@
 //!   error, never silently replaced: replacing it would orphan every saved reference.
 //! - `tombstones/<kind>.<id>`: one small JSON [`Tombstone`] per ended resource, written by the
 //!   monitor when its sandbox ends and by the engine when a snapshot or volume is deleted or a
-//!   preview closed. Each write drops the expired ones ([`TOMBSTONE_TTL`]) and the oldest
-//!   beyond [`MAX_TOMBSTONES`]; a read ignores an expired one.
+//!   preview closed. A write drops the expired ones ([`TOMBSTONE_TTL`]) and the oldest
+//!   beyond [`MAX_TOMBSTONES`], at most once a minute (`tombstones/.pruned` says when it last
+//!   did); a read ignores an expired one.
 //!
 //! The state directory belongs to the engine's user, not to any sandbox, so plain paths are
 //! safe here. These functions block: call them off the event loop.
@@ -150,8 +151,46 @@ pub(super) fn record(state_dir: &Path, tombstone: &Tombstone) -> Result<()> {
     })();
     let _ = std::fs::remove_file(&tmp);
     written.map_err(|e| Error::from_io(&e, "tombstone"))?;
-    prune(&dir, MAX_TOMBSTONES);
+    if prune_due(&dir) {
+        prune(&dir, MAX_TOMBSTONES);
+    }
     Ok(())
+}
+
+/// How often the tombstones are pruned at most. A prune reads the metadata of every
+/// tombstone (thousands of `statx` calls once a runtime has ended thousands of resources,
+/// 10–15 ms of CPU on the benchmark machine), which every sandbox's end paid when each write
+/// pruned. Between prunes a burst of ends can pass [`MAX_TOMBSTONES`] by what ended meanwhile.
+const PRUNE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The file whose modification time says when the tombstones were last pruned.
+const PRUNE_MARKER: &str = ".pruned";
+
+/// Whether a prune is due (the last one is over [`PRUNE_INTERVAL`] old, or its time is
+/// unknown or in the future); if so, the marker is stamped now, before the prune, so writers
+/// ending meanwhile do not prune too. Two writers racing here may both prune: harmless.
+fn prune_due(dir: &Path) -> bool {
+    let marker = dir.join(PRUNE_MARKER);
+    let now = std::time::SystemTime::now();
+    let last = std::fs::symlink_metadata(&marker).and_then(|m| m.modified());
+    if let Ok(last) = last {
+        if now
+            .duration_since(last)
+            .is_ok_and(|age| age < PRUNE_INTERVAL)
+        {
+            return false;
+        }
+    }
+    // Unstamped (a read-only directory, a full disk), every write prunes: the safe side.
+    let _ = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(&marker)
+        .and_then(|file| file.set_modified(now));
+    true
 }
 
 /// Remove the expired tombstones, then the oldest until at most `keep` remain.
@@ -167,6 +206,9 @@ fn prune(dir: &Path, keep: usize) {
             continue;
         };
         let age = now.duration_since(modified).unwrap_or_default();
+        if name == PRUNE_MARKER {
+            continue;
+        }
         if name.to_string_lossy().starts_with('.') {
             // A writer's temporary file, abandoned if it is this old.
             if age > std::time::Duration::from_secs(60) {
@@ -347,6 +389,48 @@ mod tests {
             .collect();
         assert_eq!(left, [2, 3, 4]);
         assert_eq!(lookup(&dir, ResourceKind::Sandbox, "abc").unwrap(), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn writes_prune_at_most_once_per_interval() {
+        let dir = scratch("prune-interval");
+        let tombs = tombstones_dir(&dir);
+        let expire = |name: &str| {
+            let file = std::fs::File::options()
+                .write(true)
+                .open(tombs.join(name))
+                .unwrap();
+            let when =
+                std::time::SystemTime::now() - TOMBSTONE_TTL - std::time::Duration::from_secs(60);
+            file.set_modified(when).unwrap();
+        };
+        // The first write prunes and stamps the marker.
+        record(&dir, &Tombstone::now(ResourceKind::Volume, "a", "deleted")).unwrap();
+        assert!(tombs.join(PRUNE_MARKER).exists());
+        // Within the interval a write leaves an expired file in place (a read ignores it).
+        expire("volume.a");
+        record(&dir, &Tombstone::now(ResourceKind::Volume, "b", "deleted")).unwrap();
+        assert!(
+            tombs.join("volume.a").exists(),
+            "pruned within the interval"
+        );
+        // Once the last prune is older than the interval, the next write prunes, and the
+        // marker itself is never taken for an abandoned temporary file.
+        let marker = std::fs::File::options()
+            .write(true)
+            .open(tombs.join(PRUNE_MARKER))
+            .unwrap();
+        marker
+            .set_modified(std::time::SystemTime::now() - PRUNE_INTERVAL * 2)
+            .unwrap();
+        record(&dir, &Tombstone::now(ResourceKind::Volume, "c", "deleted")).unwrap();
+        assert!(
+            !tombs.join("volume.a").exists(),
+            "not pruned after the interval"
+        );
+        assert!(tombs.join("volume.b").exists() && tombs.join("volume.c").exists());
+        assert!(tombs.join(PRUNE_MARKER).exists());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
