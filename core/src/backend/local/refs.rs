@@ -202,13 +202,13 @@ fn prune(dir: &Path, keep: usize) {
     let mut live = Vec::new();
     for entry in entries.flatten() {
         let name = entry.file_name();
+        if name == PRUNE_MARKER {
+            continue;
+        }
         let Ok(modified) = entry.metadata().and_then(|m| m.modified()) else {
             continue;
         };
         let age = now.duration_since(modified).unwrap_or_default();
-        if name == PRUNE_MARKER {
-            continue;
-        }
         if name.to_string_lossy().starts_with('.') {
             // A writer's temporary file, abandoned if it is this old.
             if age > std::time::Duration::from_secs(60) {
