@@ -242,7 +242,8 @@ async fn write(backend: &dyn Backend, id: &str, path: &str, data: &[u8]) {
         .unwrap_or_else(|e| panic!("write {path}: {e}"));
 }
 
-async fn read(backend: &dyn Backend, id: &str, path: &str) -> crate::Result<Vec<u8>> {
+/// Read a whole file of sandbox `id` through the file API, its chunks joined.
+pub async fn read(backend: &dyn Backend, id: &str, path: &str) -> crate::Result<Vec<u8>> {
     let mut stream = backend.read_file(id, path, Default::default()).await?;
     let mut out = Vec::new();
     while let Some(chunk) = stream.next().await {
