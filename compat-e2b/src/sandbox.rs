@@ -631,7 +631,7 @@ impl<S> CreateBuilder<S> {
         // shows the vendor column from it.
         options
             .annotations
-            .insert("e2b/template".into(), template.clone());
+            .insert(TEMPLATE_ANNOTATION.into(), template.clone());
         // Lifetime: `timeout or 300`.
         let secs = match self.timeout {
             Some(0.0) => None,
@@ -1590,3 +1590,8 @@ pub(crate) async fn delete_snapshot_on(
 pub async fn runtime_capabilities() -> Result<sandcove::Capabilities> {
     Ok(client()?.ready().await?)
 }
+
+/// The annotation naming the template an E2B sandbox was made from; it also marks the
+/// sandboxes made through E2B's API (the wire listener's port forwarding and signed URLs
+/// serve only those).
+pub(crate) const TEMPLATE_ANNOTATION: &str = "e2b/template";

@@ -13,8 +13,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::Router;
+use sandcove::server::auth::{Routes, SERVER_KEY};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -24,28 +23,50 @@ use crate::sandbox::{self, Sandbox, SandboxInfo, SandboxLifecycle, SandboxNetwor
 use crate::translate::DateTime;
 
 /// The control plane's routes.
-pub(crate) fn routes() -> Router<Wire> {
-    Router::new()
-        .route("/v2/sandboxes", post(create).get(list))
-        .route("/sandboxes", post(create).get(list))
+pub(crate) fn routes() -> Routes<Wire> {
+    use axum::http::Method;
+    // The control plane is the operator's: the server key only, never a sandbox's token.
+    Routes::new(super::refuse)
+        .route(Method::POST, "/v2/sandboxes", SERVER_KEY, create)
+        .route(Method::GET, "/v2/sandboxes", SERVER_KEY, list)
+        .route(Method::POST, "/sandboxes", SERVER_KEY, create)
+        .route(Method::GET, "/sandboxes", SERVER_KEY, list)
         // Before `/sandboxes/{id}`, which would take "metrics" for a sandbox id.
-        .route("/sandboxes/metrics", get(list_metrics))
-        .route("/sandboxes/{id}", get(get_info).delete(kill))
-        .route("/sandboxes/{id}/timeout", post(set_timeout))
-        .route("/v2/sandboxes/{id}/connect", post(connect))
-        .route("/sandboxes/{id}/connect", post(connect))
-        .route("/sandboxes/{id}/resume", post(connect))
-        .route("/sandboxes/{id}/pause", post(pause))
-        .route("/sandboxes/{id}/metrics", get(metrics))
-        .route("/sandboxes/{id}/snapshots", post(create_snapshot))
-        .route("/snapshots", get(list_snapshots))
+        .route(Method::GET, "/sandboxes/metrics", SERVER_KEY, list_metrics)
+        .route(Method::GET, "/sandboxes/{id}", SERVER_KEY, get_info)
+        .route(Method::DELETE, "/sandboxes/{id}", SERVER_KEY, kill)
+        .route(
+            Method::POST,
+            "/sandboxes/{id}/timeout",
+            SERVER_KEY,
+            set_timeout,
+        )
+        .route(
+            Method::POST,
+            "/v2/sandboxes/{id}/connect",
+            SERVER_KEY,
+            connect,
+        )
+        .route(Method::POST, "/sandboxes/{id}/connect", SERVER_KEY, connect)
+        .route(Method::POST, "/sandboxes/{id}/resume", SERVER_KEY, connect)
+        .route(Method::POST, "/sandboxes/{id}/pause", SERVER_KEY, pause)
+        .route(Method::GET, "/sandboxes/{id}/metrics", SERVER_KEY, metrics)
+        .route(
+            Method::POST,
+            "/sandboxes/{id}/snapshots",
+            SERVER_KEY,
+            create_snapshot,
+        )
+        .route(Method::GET, "/snapshots", SERVER_KEY, list_snapshots)
         // `Sandbox.delete_snapshot(id)` deletes the template a snapshot is; every other
         // template call is the template-build API, refused by the wire's fallback.
-        .route(
+        .method_route(
+            Method::DELETE,
             "/templates/{id}",
+            SERVER_KEY,
             axum::routing::delete(delete_snapshot).fallback(super::not_found),
         )
-        .route("/sandboxes/{id}/fork", post(fork))
+        .route(Method::POST, "/sandboxes/{id}/fork", SERVER_KEY, fork)
 }
 
 /// An E2B API error answer.
@@ -169,12 +190,16 @@ fn sandbox_body(wire: &Wire, info: &sandcove::SandboxInfo, headers: &HeaderMap) 
     } else {
         info.template.clone()
     };
+    let token = wire.envd_token(&info.id);
+    if super::is_e2b_sandbox(info) {
+        wire.known.insert(&info.id, token.clone());
+    }
     json!({
         "templateID": template,
         "sandboxID": info.id,
         "clientID": "sandcove",
         "envdVersion": WIRE_ENVD_VERSION,
-        "envdAccessToken": wire.envd_token(&info.id),
+        "envdAccessToken": token,
         "trafficAccessToken": wire.traffic_token(&info.id),
         "domain": super::ports::domain_for(headers.get(header::HOST).and_then(|h| h.to_str().ok())),
         "alias": template,
@@ -301,6 +326,7 @@ async fn get_info(
 
 async fn kill(State(wire): State<Wire>, Path(id): Path<String>) -> Result<Response, ApiError> {
     if sandbox::kill(&wire.client, &id).await? {
+        wire.known.forget(&id);
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         Err(ApiError(SandboxException::SandboxNotFound {

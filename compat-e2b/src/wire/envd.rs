@@ -21,10 +21,10 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Extension, Router};
+use axum::Extension;
 use base64::Engine as _;
 use futures::StreamExt;
+use sandcove::server::auth::{Principal, Routes};
 use sandcove_compat_support::multipart;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -45,32 +45,96 @@ const MAX_KEEPALIVE: Duration = Duration::from_secs(600);
 const DEADLINE_GRACE: Duration = Duration::from_secs(5);
 
 /// envd's routes.
-pub(crate) fn routes() -> Router<Wire> {
-    Router::new()
-        .route("/process.Process/Start", post(start))
-        .route("/process.Process/Connect", post(attach))
-        .route("/process.Process/List", post(list))
-        .route("/process.Process/SendInput", post(send_input))
-        .route("/process.Process/SendSignal", post(send_signal))
-        .route("/process.Process/CloseStdin", post(close_stdin))
-        .route("/process.Process/Update", post(update))
-        .route("/process.Process/StreamInput", post(stream_input))
-        .route("/process.Process/{method}", post(unimplemented))
-        .route("/filesystem.Filesystem/Stat", post(stat))
-        .route("/filesystem.Filesystem/ListDir", post(list_dir))
-        .route("/filesystem.Filesystem/MakeDir", post(make_dir))
-        .route("/filesystem.Filesystem/Move", post(move_entry))
-        .route("/filesystem.Filesystem/Remove", post(remove))
-        .route("/filesystem.Filesystem/WatchDir", post(watch_dir))
-        .route("/filesystem.Filesystem/CreateWatcher", post(create_watcher))
-        .route(
-            "/filesystem.Filesystem/GetWatcherEvents",
-            post(get_watcher_events),
-        )
-        .route("/filesystem.Filesystem/RemoveWatcher", post(remove_watcher))
-        .route("/filesystem.Filesystem/{method}", post(unimplemented))
-        .route("/files", get(download).post(upload))
-        .route("/health", get(health))
+pub(crate) fn routes() -> Routes<Wire> {
+    use axum::http::Method;
+    // envd is one sandbox's data plane: its token (bound to the `E2b-Sandbox-Id` it came
+    // with) or the server key; `/files` also takes a URL signed for one path and operation.
+    const DATA: &[Principal] = &[Principal::ServerKey, Principal::SandboxToken];
+    const FILES: &[Principal] = &[
+        Principal::ServerKey,
+        Principal::SandboxToken,
+        Principal::SignedUrl,
+    ];
+    let post = |r: Routes<Wire>, path, handler| r.method_route(Method::POST, path, DATA, handler);
+    let mut r = Routes::new(super::refuse);
+    r = post(r, "/process.Process/Start", axum::routing::post(start));
+    r = post(r, "/process.Process/Connect", axum::routing::post(attach));
+    r = post(r, "/process.Process/List", axum::routing::post(list));
+    r = post(
+        r,
+        "/process.Process/SendInput",
+        axum::routing::post(send_input),
+    );
+    r = post(
+        r,
+        "/process.Process/SendSignal",
+        axum::routing::post(send_signal),
+    );
+    r = post(
+        r,
+        "/process.Process/CloseStdin",
+        axum::routing::post(close_stdin),
+    );
+    r = post(r, "/process.Process/Update", axum::routing::post(update));
+    r = post(
+        r,
+        "/process.Process/StreamInput",
+        axum::routing::post(stream_input),
+    );
+    r = post(
+        r,
+        "/process.Process/{method}",
+        axum::routing::post(unimplemented),
+    );
+    r = post(r, "/filesystem.Filesystem/Stat", axum::routing::post(stat));
+    r = post(
+        r,
+        "/filesystem.Filesystem/ListDir",
+        axum::routing::post(list_dir),
+    );
+    r = post(
+        r,
+        "/filesystem.Filesystem/MakeDir",
+        axum::routing::post(make_dir),
+    );
+    r = post(
+        r,
+        "/filesystem.Filesystem/Move",
+        axum::routing::post(move_entry),
+    );
+    r = post(
+        r,
+        "/filesystem.Filesystem/Remove",
+        axum::routing::post(remove),
+    );
+    r = post(
+        r,
+        "/filesystem.Filesystem/WatchDir",
+        axum::routing::post(watch_dir),
+    );
+    r = post(
+        r,
+        "/filesystem.Filesystem/CreateWatcher",
+        axum::routing::post(create_watcher),
+    );
+    r = post(
+        r,
+        "/filesystem.Filesystem/GetWatcherEvents",
+        axum::routing::post(get_watcher_events),
+    );
+    r = post(
+        r,
+        "/filesystem.Filesystem/RemoveWatcher",
+        axum::routing::post(remove_watcher),
+    );
+    r = post(
+        r,
+        "/filesystem.Filesystem/{method}",
+        axum::routing::post(unimplemented),
+    );
+    r.route(Method::GET, "/files", FILES, download)
+        .route(Method::POST, "/files", FILES, upload)
+        .route(Method::GET, "/health", DATA, health)
 }
 
 async fn unimplemented(request: Request) -> Response {

@@ -27,8 +27,8 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
-use axum::{Extension, Router};
+use axum::Extension;
+use sandcove::server::auth::{Principal, Refusal, RouteAuth, Routes};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -38,17 +38,46 @@ use crate::code_interpreter::{self as ci, ExecItem, RunItems};
 use crate::errors::SandboxException;
 
 /// The code interpreter's routes (reached only with `E2b-Sandbox-Port: 49999`).
-pub(crate) fn routes() -> Router<Wire> {
-    Router::new()
-        .route("/execute", post(execute))
-        .route("/contexts", post(create_context).get(list_contexts))
-        .route("/contexts/{id}", delete(remove_context))
-        .route("/contexts/{id}/restart", post(restart_context))
-        .route("/health", get(health))
-        .fallback(not_found)
+pub(crate) fn routes() -> Routes<Wire> {
+    use axum::http::Method;
+    // The SDKs send the envd token with `/execute` and the traffic token with every call;
+    // either is bound to the `E2b-Sandbox-Id` it came with.
+    const INTERPRETER: &[Principal] = &[
+        Principal::ServerKey,
+        Principal::SandboxToken,
+        Principal::TrafficToken,
+    ];
+    Routes::new(refuse)
+        .route(Method::POST, "/execute", INTERPRETER, execute)
+        .route(Method::POST, "/contexts", INTERPRETER, create_context)
+        .route(Method::GET, "/contexts", INTERPRETER, list_contexts)
+        .route(
+            Method::DELETE,
+            "/contexts/{context}",
+            INTERPRETER,
+            remove_context,
+        )
+        .route(
+            Method::POST,
+            "/contexts/{context}/restart",
+            INTERPRETER,
+            restart_context,
+        )
+        .route(Method::GET, "/health", INTERPRETER, health)
 }
 
-async fn not_found(request: Request) -> Response {
+/// A refusal on the code interpreter's port.
+fn refuse(_: &RouteAuth, refusal: Refusal) -> Response {
+    match refusal {
+        Refusal::Unauthenticated => text_error(StatusCode::UNAUTHORIZED, "unauthenticated"),
+        Refusal::Forbidden => text_error(
+            StatusCode::FORBIDDEN,
+            "this credential does not open this sandbox's code interpreter",
+        ),
+    }
+}
+
+pub(crate) async fn not_found(request: Request) -> Response {
     text_error(
         StatusCode::NOT_FOUND,
         format!(

@@ -46,6 +46,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
+use sandcove::server::auth::{keys_match, Credential, Principal, Refusal, RouteAuth, Routes};
 use sandcove::Backend;
 use tower::ServiceExt;
 
@@ -119,12 +120,21 @@ pub(crate) struct Wire {
     pub(crate) cells: Arc<interpreter::CellLocks>,
     /// `get_host` requests running, per sandbox (see `ports`).
     pub(crate) host_requests: Arc<ports::InFlight>,
+    /// The previews port forwarding made, per sandbox (see `ports`).
+    pub(crate) forwarded: Arc<ports::Forwarded>,
+    /// The E2B sandboxes known, for signed URLs.
+    pub(crate) known: Arc<KnownSandboxes>,
 }
 
 impl Wire {
     /// The `envdAccessToken` of sandbox `id`.
     pub fn envd_token(&self, id: &str) -> String {
         envd_token(&self.tokens, id)
+    }
+
+    /// Whether `token` is sandbox `id`'s `trafficAccessToken`.
+    pub(crate) fn traffic_token_matches(&self, id: &str, token: &str) -> bool {
+        token_matches(&self.tokens, &format!("traffic\0{id}"), token)
     }
 
     /// The `trafficAccessToken` of sandbox `id`.
@@ -180,6 +190,47 @@ fn decode_hex(hex: &str) -> Option<Vec<u8>> {
 #[derive(Debug, Clone)]
 pub(crate) struct SandboxId(pub String);
 
+/// What a signed `/files` URL authorises: one path, one operation, as one user. The upload
+/// and download handlers hold the request to it.
+#[derive(Debug, Clone)]
+#[allow(dead_code)] // read by the upload handler
+pub(crate) struct SignedFileUrl {
+    /// The path the URL was signed for, as the SDK sent it.
+    pub path: String,
+    /// `read` or `write`.
+    pub operation: &'static str,
+    /// The user it was signed for (empty: the default user).
+    pub user: String,
+}
+
+/// The declared routes of the listener, its table with them.
+fn routes() -> Routes<Wire> {
+    control::routes()
+        .merge(envd::routes())
+        .declare(None, PORT_FORWARD_ROUTE, ports::ACCEPTS)
+}
+
+/// How port forwarding appears in the authorization table.
+pub const PORT_FORWARD_ROUTE: &str = "Host: {port}-{id}.<domain> (any path)";
+
+/// The E2B listener's authorization table: every route it serves, the code interpreter's
+/// (under `E2b-Sandbox-Port: 49999`) and port forwarding included, with the credentials each
+/// accepts.
+pub fn route_table() -> Vec<RouteAuth> {
+    let mut table = routes().into_parts().1;
+    table.extend(
+        interpreter::routes()
+            .into_parts()
+            .1
+            .into_iter()
+            .map(|mut r| {
+                r.path = format!("{} (E2b-Sandbox-Port: {CODE_INTERPRETER_PORT})", r.path);
+                r
+            }),
+    );
+    table
+}
+
 /// E2B's wire API over `backend`, ready to serve (the caller provides the listener, the
 /// connection cap and head timeouts: `sandcove::server::serve_router`).
 pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
@@ -192,15 +243,21 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
         client: sandcove::Client::new(backend),
         config: Arc::new(config),
         tokens,
+        known: Arc::default(),
         watchers: Arc::default(),
         cells: Arc::default(),
         host_requests: Arc::default(),
+        forwarded: Arc::default(),
     };
     let interpreter = interpreter::routes()
+        .into_parts()
+        .0
+        .fallback(interpreter::not_found)
         .with_state(wire.clone())
         .layer(axum::extract::DefaultBodyLimit::max(body_limit));
-    control::routes()
-        .merge(envd::routes())
+    routes()
+        .into_parts()
+        .0
         .fallback(not_found)
         .with_state(wire.clone())
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
@@ -210,8 +267,54 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
         ))
 }
 
+/// A refusal on this listener, in the shape of the plane the route belongs to: envd's
+/// Connect error, or the control plane's `{"code","message"}`.
+fn refuse(route: &RouteAuth, refusal: Refusal) -> Response {
+    let envd = is_envd_path(&route.path);
+    match (refusal, envd) {
+        (Refusal::Unauthenticated, true) => connect::ConnectError::new(
+            connect::Code::Unauthenticated,
+            "invalid or missing X-Access-Token for this sandbox",
+        )
+        .into_response(),
+        (Refusal::Forbidden, true) => connect::ConnectError::new(
+            connect::Code::PermissionDenied,
+            "this credential does not open this call",
+        )
+        .into_response(),
+        (Refusal::Unauthenticated, false) => unauthorized_key(),
+        (Refusal::Forbidden, false) => control::api_error(
+            StatusCode::FORBIDDEN,
+            "the control plane needs the server's API key (X-API-KEY); a sandbox's token \
+             opens only that sandbox"
+                .to_string(),
+        ),
+    }
+}
+
+fn unauthorized_key() -> Response {
+    let mut response = control::api_error(
+        StatusCode::UNAUTHORIZED,
+        "Invalid API key: X-API-KEY must be the server's SANDCOVE_API_KEY".to_string(),
+    );
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("X-API-KEY"),
+    );
+    response
+}
+
 pub(crate) async fn not_found(request: Request) -> Response {
     let path = request.uri().path();
+    // Unknown paths answer only the server's key (nothing about what exists leaks to others).
+    if request
+        .extensions()
+        .get::<Credential>()
+        .map(|c| c.principal)
+        != Some(Principal::ServerKey)
+    {
+        return unauthorized_key();
+    }
     if let Some(gap) = unserved_gap(path) {
         return control::exception_response(gap);
     }
@@ -258,66 +361,89 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// Constant-time equality of two byte strings (length is not secret).
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
+/// An invalid credential: refused at once, never read as a narrower one.
+fn invalid(envd: bool, what: &str) -> Response {
+    if envd {
+        connect::ConnectError::new(connect::Code::Unauthenticated, what.to_string()).into_response()
+    } else {
+        control::api_error(StatusCode::UNAUTHORIZED, what.to_string())
     }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The listener's credential check: finds the one credential a request proves and records
+/// it ([`Credential`]) for the routes' own checks; a credential that is presented and wrong
+/// is refused here. Port forwarding (by `Host`) and the code interpreter's port (by
+/// `E2b-Sandbox-Port`) are dispatched here too.
 async fn authenticate(
     State((wire, interpreter)): State<(Wire, Router)>,
     mut request: Request,
     next: Next,
 ) -> Response {
     let headers = request.headers();
-    let mut sandbox = header_str(headers, "e2b-sandbox-id").map(str::to_string);
+    let sandbox = header_str(headers, "e2b-sandbox-id").map(str::to_string);
     // `get_host(port)`: `Host: {port}-{id}.{domain}` goes to that port in the sandbox.
     if sandbox.is_none() {
         if let Some((port, id)) = header_str(headers, "host").and_then(ports::host_target) {
             return ports::forward(&wire, port, &id, request).await;
         }
     }
+    let envd = is_envd_path(request.uri().path());
+    let mut credential = Credential::anonymous();
+    if let Some(key) = header_str(headers, "x-api-key") {
+        if !keys_match(key.as_bytes(), wire.config.api_key.as_bytes()) {
+            return unauthorized_key();
+        }
+        credential = Credential::server_key();
+    }
+    if let Some(id) = &sandbox {
+        if let Some(token) = header_str(headers, "x-access-token") {
+            if !token_matches(&wire.tokens, id, token) {
+                return invalid(envd, "invalid X-Access-Token for this sandbox");
+            }
+            if credential.principal != Principal::ServerKey {
+                credential = Credential::for_sandbox(Principal::SandboxToken, id.clone());
+            }
+        }
+        if let Some(traffic) = header_str(headers, "e2b-traffic-access-token") {
+            if !token_matches(&wire.tokens, &format!("traffic\0{id}"), traffic) {
+                return invalid(envd, "invalid E2B-Traffic-Access-Token for this sandbox");
+            }
+            if credential.principal == Principal::Anonymous {
+                credential = Credential::for_sandbox(Principal::TrafficToken, id.clone());
+            }
+        }
+    }
+    let mut bound = sandbox.clone();
     if sandbox.is_none() && request.uri().path() == "/files" {
         // A URL from `download_url`/`upload_url`: no headers, a signature in the query.
         let (method, uri) = (request.method().clone(), request.uri().clone());
         match signed_file_url(&wire, &method, &uri).await {
-            Ok(Some(id)) => {
-                request.extensions_mut().insert(SandboxId(id));
-                return next.run(request).await;
+            Ok(Some((id, signed))) => {
+                if credential.principal == Principal::Anonymous {
+                    credential = Credential::for_sandbox(Principal::SignedUrl, id.clone());
+                }
+                request.extensions_mut().insert(signed);
+                bound = Some(id);
             }
             Ok(None) => {}
             Err(e) => return e.into_response(),
         }
     }
-    let headers = request.headers();
-    if sandbox.is_some() || is_envd_path(request.uri().path()) {
-        let Some(id) = sandbox.take() else {
-            return connect::ConnectError::new(
-                connect::Code::Unauthenticated,
-                "missing E2b-Sandbox-Id header",
-            )
-            .into_response();
-        };
-        let port = header_str(headers, "e2b-sandbox-port");
-        let token = header_str(headers, "x-access-token").unwrap_or("");
-        let mut valid = token_matches(&wire.tokens, &id, token);
-        if port == Some(CODE_INTERPRETER_PORT) && !valid {
-            let traffic = header_str(headers, "e2b-traffic-access-token").unwrap_or("");
-            valid = token_matches(&wire.tokens, &format!("traffic\0{id}"), traffic);
-        }
-        if !valid {
-            return connect::ConnectError::new(
-                connect::Code::Unauthenticated,
-                "invalid or missing X-Access-Token for this sandbox",
-            )
-            .into_response();
-        }
-        match port {
+    if envd && bound.is_none() && credential.principal != Principal::Anonymous {
+        return connect::ConnectError::new(
+            connect::Code::Unauthenticated,
+            "missing E2b-Sandbox-Id header",
+        )
+        .into_response();
+    }
+    request.extensions_mut().insert(credential);
+    if let Some(id) = bound {
+        request.extensions_mut().insert(SandboxId(id));
+    }
+    if sandbox.is_some() {
+        match header_str(request.headers(), "e2b-sandbox-port") {
             None | Some(ENVD_PORT) => {}
             Some(CODE_INTERPRETER_PORT) => {
-                request.extensions_mut().insert(SandboxId(id));
                 return match interpreter.oneshot(request).await {
                     Ok(response) => response,
                     Err(never) => match never {},
@@ -334,20 +460,6 @@ async fn authenticate(
                 .into_response();
             }
         }
-        request.extensions_mut().insert(SandboxId(id));
-        return next.run(request).await;
-    }
-    let key = header_str(headers, "x-api-key").unwrap_or("");
-    if key.is_empty() || !constant_time_eq(key.as_bytes(), wire.config.api_key.as_bytes()) {
-        let mut response = control::api_error(
-            StatusCode::UNAUTHORIZED,
-            "Invalid API key: X-API-KEY must be the server's SANDCOVE_API_KEY".to_string(),
-        );
-        response.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            HeaderValue::from_static("X-API-KEY"),
-        );
-        return response;
     }
     next.run(request).await
 }
@@ -387,11 +499,16 @@ fn file_signature(
 /// whose envd token gives the URL's signature for this path, operation (`GET` reads, `POST`
 /// writes) and user, not expired. `None` when the URL carries no signature (the request is
 /// then judged by its headers); an error when it carries one that matches no sandbox.
+///
+/// The SDKs' URL does not name its sandbox, so the signature is tried against the envd
+/// token of each E2B sandbox this listener knows ([`KnownSandboxes`]): one SHA-256 of a
+/// short string each, from memory, with no call to the engine (which the listener makes at
+/// most once per [`KnownSandboxes::REFRESH`] however many bad signatures arrive).
 async fn signed_file_url(
     wire: &Wire,
     method: &axum::http::Method,
     uri: &axum::http::Uri,
-) -> Result<Option<String>, connect::ConnectError> {
+) -> Result<Option<(String, SignedFileUrl)>, connect::ConnectError> {
     let Ok(axum::extract::Query(q)) = axum::extract::Query::<SignedQuery>::try_from_uri(uri) else {
         return Ok(None);
     };
@@ -421,20 +538,107 @@ async fn signed_file_url(
     }
     let path = q.path.unwrap_or_default();
     let user = q.username.unwrap_or_default();
-    let sandboxes = wire.client.list(Default::default()).await?;
-    for info in sandboxes {
+    let matches = |token: &str| {
         let expected = file_signature(
             &path,
             operation,
             &user,
-            &wire.envd_token(&info.id),
+            token,
             q.signature_expiration.as_deref(),
         );
-        if constant_time_eq(expected.as_bytes(), signature.as_bytes()) {
-            return Ok(Some(info.id));
+        keys_match(signature.as_bytes(), expected.as_bytes())
+    };
+    let mut found = wire.known.find(&matches);
+    if found.is_none() && wire.known.refresh_due() {
+        wire.known.refresh(wire).await;
+        found = wire.known.find(&matches);
+    }
+    let Some(id) = found else {
+        return Err(refused());
+    };
+    // The sandbox may have ended since it was indexed.
+    if wire.client.backend().get(&id).await.is_err() {
+        wire.known.forget(&id);
+        return Err(refused());
+    }
+    Ok(Some((
+        id,
+        SignedFileUrl {
+            path,
+            operation,
+            user,
+        },
+    )))
+}
+
+/// The E2B sandboxes this listener knows, with their envd tokens, so a signed URL is checked
+/// from memory. Filled as the control plane hands out sandboxes (create, connect, get, list)
+/// and, when a signature matches none of them, from the engine, at most once per
+/// [`REFRESH`](Self::REFRESH).
+#[derive(Default)]
+pub(crate) struct KnownSandboxes {
+    tokens: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    refreshed: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl KnownSandboxes {
+    /// The least time between two reads of the engine's sandbox list.
+    pub const REFRESH: std::time::Duration = std::time::Duration::from_secs(5);
+
+    /// Remember sandbox `id`'s envd token.
+    pub(crate) fn insert(&self, id: &str, token: String) {
+        let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        tokens.insert(id.to_string(), token);
+    }
+
+    /// Forget sandbox `id`.
+    pub(crate) fn forget(&self, id: &str) {
+        let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        tokens.remove(id);
+    }
+
+    fn find(&self, matches: &dyn Fn(&str) -> bool) -> Option<String> {
+        let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        tokens
+            .iter()
+            .find(|(_, token)| matches(token))
+            .map(|(id, _)| id.clone())
+    }
+
+    /// Whether the engine may be asked again (and, if so, the time of asking is taken).
+    fn refresh_due(&self) -> bool {
+        let mut at = self.refreshed.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        if at.is_some_and(|t| now.duration_since(t) < Self::REFRESH) {
+            return false;
+        }
+        *at = Some(now);
+        true
+    }
+
+    async fn refresh(&self, wire: &Wire) {
+        let Ok(all) = wire.client.list(Default::default()).await else {
+            return;
+        };
+        let e2b: Vec<String> = all
+            .into_iter()
+            .filter(|info| is_e2b_sandbox(info))
+            .map(|info| info.id)
+            .collect();
+        let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        tokens.clear();
+        for id in e2b {
+            let token = wire.envd_token(&id);
+            tokens.insert(id, token);
         }
     }
-    Err(refused())
+}
+
+/// Whether a sandbox was made through E2B's API (this listener or the Rust facade): only
+/// such sandboxes have E2B's public ports and signed file URLs.
+pub(crate) fn is_e2b_sandbox(info: &sandcove::SandboxInfo) -> bool {
+    info.annotations
+        .contains_key(crate::sandbox::TEMPLATE_ANNOTATION)
 }
 
 /// Read a request body whole, at most `limit` bytes; beyond that the request is refused

@@ -7,9 +7,19 @@
 //! browsers resolve every `*.localhost`; so do systems whose resolver follows RFC 6761), or
 //! with the `Host` header set by the client, the request reaches the listener, which
 //! forwards it to that port inside the sandbox through the engine's preview (a private one,
-//! its token added here, so the host-side preview port opens to nobody else). As on E2B,
-//! such a request needs no credential: anyone who can reach the listener and knows the
-//! sandbox id can reach a port the sandbox serves.
+//! its token added here, so the host-side preview port opens to nobody else).
+//!
+//! **Who may**: as on E2B, a sandbox's ports are public, so such a request needs no
+//! credential — but only for sandboxes made through E2B's API (this listener or the Rust
+//! facade: the `e2b/template` annotation); a sandbox made through the native API, Daytona's
+//! or Blaxel's is never reachable this way, whatever its previews. E2B's traffic token
+//! (`e2b-traffic-access-token`) is accepted too. A sandbox that is not reachable answers
+//! exactly as one that does not exist.
+//!
+//! **What it holds**: the previews this forwarding makes are its own, at most
+//! [`MAX_FORWARDED_PORTS`] per sandbox; past that the least recently used one no request is
+//! using is closed first (or, with every one in use, the request gets `503`). So callers
+//! without a credential cannot fill the sandbox's preview quota: its owner keeps the rest.
 //!
 //! A request asking to switch protocols (a WebSocket, say) is forwarded the same way; when
 //! the sandbox answers `101`, the listener splices the two connections, bytes copied both
@@ -34,7 +44,105 @@ use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use sandcove::server::auth::{Credential, Principal};
+
 use super::Wire;
+
+/// What port forwarding accepts: no credential (for E2B's public ports) or the sandbox's
+/// traffic token.
+pub(crate) const ACCEPTS: &[Principal] = &[Principal::TrafficToken, Principal::Anonymous];
+
+/// The most previews port forwarding keeps open for one sandbox.
+pub const MAX_FORWARDED_PORTS: usize = 16;
+
+/// The previews port forwarding made, per sandbox: port → (requests using it, last use).
+#[derive(Debug, Default)]
+pub(crate) struct Forwarded(Mutex<HashMap<String, HashMap<u16, (usize, std::time::Instant)>>>);
+
+/// One request's use of a forwarded port, given back when dropped.
+pub(crate) struct PortUse {
+    forwarded: Arc<Forwarded>,
+    id: String,
+    port: u16,
+}
+
+impl Drop for PortUse {
+    fn drop(&mut self) {
+        let mut all = self.forwarded.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = all
+            .get_mut(&self.id)
+            .and_then(|ports| ports.get_mut(&self.port))
+        {
+            entry.0 = entry.0.saturating_sub(1);
+            entry.1 = std::time::Instant::now();
+        }
+    }
+}
+
+/// What [`Forwarded::claim`] decided.
+enum Claim {
+    /// Use the port; `evict` is a port whose preview must be closed first.
+    Use(PortUse, Option<u16>),
+    /// Every forwarded port of the sandbox is in use.
+    Full,
+}
+
+impl Forwarded {
+    /// Count a request to `port` of sandbox `id` (a new port evicts the least recently used
+    /// idle one when the sandbox has [`MAX_FORWARDED_PORTS`] already).
+    fn claim(self: &Arc<Self>, id: &str, port: u16) -> Claim {
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let ports = all.entry(id.to_string()).or_default();
+        let mut evict = None;
+        if !ports.contains_key(&port) && ports.len() >= MAX_FORWARDED_PORTS {
+            let idle = ports
+                .iter()
+                .filter(|(_, (using, _))| *using == 0)
+                .min_by_key(|(_, (_, last))| *last)
+                .map(|(p, _)| *p);
+            let Some(idle) = idle else {
+                return Claim::Full;
+            };
+            ports.remove(&idle);
+            evict = Some(idle);
+        }
+        let entry = ports.entry(port).or_insert((0, std::time::Instant::now()));
+        entry.0 += 1;
+        Claim::Use(
+            PortUse {
+                forwarded: self.clone(),
+                id: id.to_string(),
+                port,
+            },
+            evict,
+        )
+    }
+
+    /// Whether port forwarding made the preview of `port` of sandbox `id`.
+    fn holds(&self, id: &str, port: u16) -> bool {
+        let all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        all.get(id).is_some_and(|ports| ports.contains_key(&port))
+    }
+
+    /// Forget a port whose preview could not be made (so it takes no place).
+    fn release_unmade(&self, id: &str, port: u16) {
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(ports) = all.get_mut(id) {
+            if ports.get(&port).is_some_and(|(using, _)| *using <= 1) {
+                ports.remove(&port);
+            }
+            if ports.is_empty() {
+                all.remove(id);
+            }
+        }
+    }
+}
+
+/// The answer for a sandbox port that is not reachable this way: the same as for a sandbox
+/// that does not exist, so nothing about other sandboxes leaks.
+fn unreachable(id: &str) -> Response {
+    bad_gateway(format!("The sandbox {id} was not found"))
+}
 
 /// The `(port, sandbox id)` a `Host` of the form `{port}-{id}.{anything}` names.
 pub(crate) fn host_target(host: &str) -> Option<(u16, String)> {
@@ -150,24 +258,73 @@ pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, mut request: Reque
     } else {
         None
     };
+    // Who is asking: the traffic token, or nobody; a wrong token is refused outright.
+    let credential = match request
+        .headers()
+        .get("e2b-traffic-access-token")
+        .map(|v| v.to_str().unwrap_or(""))
+    {
+        Some(token) if wire.traffic_token_matches(id, token) => {
+            Credential::for_sandbox(Principal::TrafficToken, id)
+        }
+        Some(_) => {
+            return (
+                StatusCode::UNAUTHORIZED,
+                "invalid e2b-traffic-access-token for this sandbox",
+            )
+                .into_response()
+        }
+        None => Credential::anonymous(),
+    };
+    let declared = sandcove::server::auth::RouteAuth {
+        method: None,
+        path: super::PORT_FORWARD_ROUTE.into(),
+        accepts: ACCEPTS,
+    };
+    if declared.decide(&credential, Some(id)).is_err() {
+        return unreachable(id);
+    }
     let sandbox = wire.client.sandbox(id);
+    match sandbox.info().await {
+        Ok(info) if super::is_e2b_sandbox(&info) => {}
+        Ok(_) => return unreachable(id),
+        Err(e) if e.is_not_found() => return unreachable(id),
+        Err(e) => return bad_gateway(e.to_string()),
+    }
     let previews = match sandbox.previews().await {
         Ok(p) => p,
-        Err(e) if e.is_not_found() => {
-            return bad_gateway(format!("The sandbox {id} was not found"));
-        }
+        Err(e) if e.is_not_found() => return unreachable(id),
         Err(e) => return bad_gateway(e.to_string()),
     };
-    let preview = match previews.into_iter().find(|p| p.port == port) {
-        Some(p) => p,
-        None => {
-            match sandbox
-                .expose_port(sandcove::PreviewOptions::new(port))
-                .await
-            {
-                Ok(p) => p,
-                Err(e) => return bad_gateway(e.to_string()),
+    // A preview that exists is used as it is; one made here is this forwarding's own, and
+    // counts against its cap (not the owner's quota).
+    let existing = previews.iter().find(|p| p.port == port).cloned();
+    let ours = wire.forwarded.holds(id, port);
+    let (port_use, preview) = match existing {
+        Some(p) if !ours => (None, p),
+        existing => {
+            let (port_use, evict) = match wire.forwarded.claim(id, port) {
+                Claim::Use(port_use, evict) => (port_use, evict),
+                Claim::Full => return too_many(id, MAX_FORWARDED_PORTS),
+            };
+            if let Some(old) = evict {
+                let _ = sandbox.close_preview(old).await;
             }
+            let preview = match existing {
+                Some(p) => p,
+                None => match sandbox
+                    .expose_port(sandcove::PreviewOptions::new(port))
+                    .await
+                {
+                    Ok(p) => p,
+                    Err(e) => {
+                        drop(port_use);
+                        wire.forwarded.release_unmade(id, port);
+                        return bad_gateway(e.to_string());
+                    }
+                },
+            };
+            (Some(port_use), preview)
         }
     };
     let tcp = match tokio::net::TcpStream::connect(&preview.host).await {
@@ -217,7 +374,7 @@ pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, mut request: Reque
                 if response.status() == StatusCode::SWITCHING_PROTOCOLS {
                     let upstream = hyper::upgrade::on(&mut response);
                     upgrade.run(move |mut client| async move {
-                        let _slot = slot;
+                        let _slot = (slot, port_use);
                         let Ok(upstream) = upstream.await else {
                             return;
                         };
@@ -227,7 +384,7 @@ pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, mut request: Reque
                     return response.map(Body::new);
                 }
             }
-            response.map(|body| bounds.answer_body(body, slot))
+            response.map(|body| bounds.answer_body(body, (slot, port_use)))
         }
         Err(e) => bad_gateway(format!("port {port} of sandbox {id}: {e}")),
     }

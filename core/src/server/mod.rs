@@ -61,6 +61,7 @@
 //!   program that creates them; each ends at its lease or when destroyed, and a restarted
 //!   server (or any program of the same user) finds them again.
 
+pub mod auth;
 mod drain;
 mod files;
 mod idempotency;
@@ -311,12 +312,13 @@ fn state(backend: Arc<dyn Backend>, config: ServerConfig) -> AppState {
 
 fn build(state: AppState) -> Router {
     let key: Arc<str> = state.config.api_key.as_str().into();
-    let mut router = Router::new();
+    let mut declared = auth::Routes::new(refuse);
     let mut table = Vec::new();
     for route in routes() {
         table.push((route.method.clone(), route.path, route.op));
-        router = router.route(route.path, route.handler);
+        declared = declared.method_route(route.method, route.path, auth::SERVER_KEY, route.handler);
     }
+    let (router, _) = declared.into_parts();
     // Spans and metrics: one layer around everything (see `observe`).
     let observer = Arc::new(observe::Observer::new(table, &state.config.metrics));
     let metrics = Router::new()
@@ -329,6 +331,32 @@ fn build(state: AppState) -> Router {
         .layer(middleware::map_response(json_errors))
         .layer(middleware::from_fn_with_state(key, authenticate))
         .layer(middleware::from_fn_with_state(observer, observe::observe))
+}
+
+/// The native API's authorization table: every route and the credentials it accepts (the
+/// server key, for every one of them; `GET /metrics` too).
+pub fn route_table() -> Vec<auth::RouteAuth> {
+    let mut declared = auth::Routes::<AppState>::new(refuse);
+    for route in routes() {
+        declared = declared.method_route(route.method, route.path, auth::SERVER_KEY, route.handler);
+    }
+    declared
+        .declare(Some(Method::GET), observe::METRICS_PATH, auth::SERVER_KEY)
+        .into_parts()
+        .1
+}
+
+/// A route's refusal as the native API answers it.
+fn refuse(_: &auth::RouteAuth, refusal: auth::Refusal) -> Response {
+    let error = match refusal {
+        auth::Refusal::Unauthenticated => Error::Unauthenticated {
+            message: "missing API key (Authorization: Bearer <key>)".into(),
+        },
+        auth::Refusal::Forbidden => Error::Forbidden {
+            what: "this route needs the server's API key".into(),
+        },
+    };
+    ApiError::from(error).into_response()
 }
 
 /// Serve `backend` on `listener` until `shutdown` completes (see the module docs for what
@@ -793,17 +821,6 @@ fn too_large(limit: u64) -> ApiError {
 
 /// Constant-time equality of the presented key and the configured one: the time taken
 /// depends only on the configured key's length, never on where the bytes differ.
-fn keys_match(presented: &[u8], expected: &[u8]) -> bool {
-    if expected.is_empty() {
-        return false;
-    }
-    let mut diff = (presented.len() != expected.len()) as u8;
-    for (i, e) in expected.iter().enumerate() {
-        let p = presented.get(i).copied().unwrap_or(0);
-        diff |= p ^ e;
-    }
-    std::hint::black_box(diff) == 0
-}
 
 async fn authenticate(State(key): State<Arc<str>>, request: Request, next: Next) -> Response {
     let presented = request
@@ -813,7 +830,13 @@ async fn authenticate(State(key): State<Arc<str>>, request: Request, next: Next)
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     match presented {
-        Some(p) if keys_match(p.as_bytes(), key.as_bytes()) => next.run(request).await,
+        Some(p) if auth::keys_match(p.as_bytes(), key.as_bytes()) => {
+            let mut request = request;
+            request
+                .extensions_mut()
+                .insert(auth::Credential::server_key());
+            next.run(request).await
+        }
         Some(_) => ApiError::from(Error::Unauthenticated {
             message: "wrong API key".into(),
         })
@@ -1029,14 +1052,5 @@ mod tests {
         fn check<T: Send + Sync>() {}
         check::<ServerConfig>();
         check::<LocalServer>();
-    }
-
-    #[test]
-    fn keys_compare_exactly() {
-        assert!(keys_match(b"secret", b"secret"));
-        assert!(!keys_match(b"secreT", b"secret"));
-        assert!(!keys_match(b"secret!", b"secret"));
-        assert!(!keys_match(b"secre", b"secret"));
-        assert!(!keys_match(b"", b""), "an empty key never matches");
     }
 }
