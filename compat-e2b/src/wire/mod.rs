@@ -14,17 +14,20 @@
 //! control-plane call. A sandbox request whose `E2b-Sandbox-Port` is 49999 goes to the code
 //! interpreter's own routes (its `/health` is not envd's).
 //!
-//! **Authentication** happens before any handler runs. Control-plane calls must carry the
-//! server's API key as `X-API-KEY` (compared in constant time); a missing or wrong key is
-//! `401 {"code":401,"message":…}`, which the SDK raises as `AuthenticationException`. envd
-//! calls must carry, as `X-Access-Token`, the `envdAccessToken` the control plane returned
-//! for that sandbox: an HMAC-SHA256 of the sandbox id under the server's API key, so it is
+//! **Authorization** follows `sandcove::server::auth`: every route is declared with the
+//! credentials it accepts ([`route_table`]), and the listener's check records the one a
+//! request proves. The control plane takes only the server's API key (`X-API-KEY`, compared
+//! in constant time; a missing or wrong key is `401 {"code":401,"message":…}`, which the SDK
+//! raises as `AuthenticationException`; a sandbox's token there is `403`). envd calls take,
+//! as `X-Access-Token`, the `envdAccessToken` the control plane returned for the sandbox named
+//! by `E2b-Sandbox-Id`: an HMAC-SHA256 of the sandbox id under the server's API key, so it is
 //! kept nowhere (nothing in the sandbox can read or rewrite it), survives a server restart,
-//! and one sandbox's token opens no other sandbox. A wrong or missing token is
-//! `401 {"code":"unauthenticated",…}`. The code interpreter takes the same `X-Access-Token`,
-//! or the sandbox's `trafficAccessToken` (another HMAC, under a different label) as
-//! `E2B-Traffic-Access-Token`: the SDKs send the envd token only with `/execute` and the
-//! traffic token with every code-interpreter call.
+//! and opens that sandbox's data plane only — never the control plane, never another
+//! sandbox. A wrong token is `401 {"code":"unauthenticated",…}` at once. The code interpreter
+//! takes the same token, or the sandbox's `trafficAccessToken` (another HMAC, under a
+//! different label) as `E2B-Traffic-Access-Token`. A signed `/files` URL opens one path for
+//! one operation, until its expiry. Port forwarding (`get_host`) is for sandboxes made
+//! through E2B's API only (see `ports`).
 //!
 //! **Translation** is the Rust facade's: creating a sandbox goes through the same
 //! `Sandbox.create` option checks, commands get the same paths, envs and users, errors the
@@ -36,6 +39,7 @@ pub mod envd;
 mod gzip;
 mod interpreter;
 mod ports;
+pub use ports::MAX_FORWARDED_PORTS;
 mod watchers;
 
 use std::sync::Arc;
@@ -622,7 +626,7 @@ impl KnownSandboxes {
         };
         let e2b: Vec<String> = all
             .into_iter()
-            .filter(|info| is_e2b_sandbox(info))
+            .filter(is_e2b_sandbox)
             .map(|info| info.id)
             .collect();
         let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());

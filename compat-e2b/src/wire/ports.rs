@@ -55,9 +55,12 @@ pub(crate) const ACCEPTS: &[Principal] = &[Principal::TrafficToken, Principal::A
 /// The most previews port forwarding keeps open for one sandbox.
 pub const MAX_FORWARDED_PORTS: usize = 16;
 
-/// The previews port forwarding made, per sandbox: port → (requests using it, last use).
+/// One sandbox's forwarded ports: port → (requests using it, last use).
+type PortsInUse = HashMap<u16, (usize, std::time::Instant)>;
+
+/// The previews port forwarding made, per sandbox.
 #[derive(Debug, Default)]
-pub(crate) struct Forwarded(Mutex<HashMap<String, HashMap<u16, (usize, std::time::Instant)>>>);
+pub(crate) struct Forwarded(Mutex<HashMap<String, PortsInUse>>);
 
 /// One request's use of a forwarded port, given back when dropped.
 pub(crate) struct PortUse {

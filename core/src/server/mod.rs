@@ -819,9 +819,8 @@ fn too_large(limit: u64) -> ApiError {
     }
 }
 
-/// Constant-time equality of the presented key and the configured one: the time taken
-/// depends only on the configured key's length, never on where the bytes differ.
-
+/// The native API's credential check: the server key (compared in constant time) or a
+/// refusal; what it proves is recorded for the routes' own checks.
 async fn authenticate(State(key): State<Arc<str>>, request: Request, next: Next) -> Response {
     let presented = request
         .headers()
