@@ -712,6 +712,22 @@ mod tests {
     }
 
     #[test]
+    fn the_engine_is_asked_for_sandboxes_at_most_once_per_refresh_interval() {
+        let known = KnownSandboxes::default();
+        assert!(known.refresh_due(), "the first miss asks");
+        for _ in 0..1000 {
+            assert!(
+                !known.refresh_due(),
+                "a flood of bad signatures asks no more"
+            );
+        }
+        known.insert("a", "tok".into());
+        assert_eq!(known.find(&|t| t == "tok").as_deref(), Some("a"));
+        known.forget("a");
+        assert_eq!(known.find(&|t| t == "tok"), None);
+    }
+
+    #[test]
     fn envd_tokens_are_per_sandbox_and_per_key() {
         let w = key("k1");
         let t = envd_token(&w, "sbx-a");

@@ -303,6 +303,25 @@ async fn check(
     }
 }
 
+/// The previews' table: each exposed port is a listener of its own (the engine's monitor or
+/// the Kubernetes backend's serving process holds it), so a preview token is bound to one
+/// port of one sandbox by where it is presented; a private preview checks it on every
+/// request before the sandbox is contacted, a public one asks for nothing.
+pub fn preview_table() -> Vec<RouteAuth> {
+    vec![
+        RouteAuth {
+            method: None,
+            path: "a private preview's listener (any path)".into(),
+            accepts: &[Principal::PreviewToken],
+        },
+        RouteAuth {
+            method: None,
+            path: "a public preview's listener (any path)".into(),
+            accepts: &[Principal::Anonymous],
+        },
+    ]
+}
+
 /// Constant-time equality of a presented secret with the expected one (only the expected
 /// length is not secret). An empty expected secret matches nothing.
 pub fn keys_match(presented: &[u8], expected: &[u8]) -> bool {
