@@ -5,6 +5,7 @@
 //! alone). Every latency row is sampled once per round, rounds interleave all rows, so a
 //! noisy neighbour slows every row alike and the ratios to the floor stay meaningful.
 //! Nothing here asserts a timing.
+#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -88,7 +88,7 @@ impl Progress {
         Arc::new(Progress {
             done: AtomicU64::new(0),
             total,
-            shown: total >= PROGRESS_FROM && out::is_tty(2),
+            shown: total >= PROGRESS_FROM && out::stderr_is_tty(),
         })
     }
 

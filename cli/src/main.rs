@@ -7,6 +7,7 @@
 //! Modules: `serve` (the server), `env` (`env`, `ca`), `sandboxes` (lifecycle), `procs`
 //! (processes), `cp` (files), `store` (snapshots, volumes), `doctor`, `out` (what the human
 //! commands share: errors, tables, JSON), `record` (the running server's listeners).
+#![forbid(unsafe_code)]
 
 mod cp;
 mod doctor;

@@ -271,10 +271,14 @@ pub fn labels_text(labels: &BTreeMap<String, String>) -> String {
         .join(",")
 }
 
-/// Whether `fd` is a terminal.
-pub fn is_tty(fd: i32) -> bool {
-    // SAFETY: isatty only inspects the descriptor number; any value is safe to pass.
-    unsafe { libc::isatty(fd) == 1 }
+/// Whether standard input is a terminal.
+pub fn stdin_is_tty() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stdin())
+}
+
+/// Whether standard error is a terminal.
+pub fn stderr_is_tty() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stderr())
 }
 
 #[cfg(test)]

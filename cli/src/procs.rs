@@ -149,7 +149,7 @@ impl Drop for RawMode {
 /// Forward this side's stdin to the process, its output to this side, and (with a pty)
 /// window size changes; the process's exit status as the command's.
 async fn interact(mut handle: ProcessHandle, pty: bool) -> Outcome {
-    let raw = if pty && out::is_tty(0) {
+    let raw = if pty && out::stdin_is_tty() {
         RawMode::enter()
     } else {
         None

@@ -44,6 +44,7 @@
 //! SandboxInstance::delete("my-sandbox").await?;
 //! # Ok(()) }
 //! ```
+#![forbid(unsafe_code)]
 
 pub mod code_interpreter;
 pub mod errors;

@@ -33,6 +33,7 @@
 //! sandbox.delete().await?;
 //! # Ok(()) }
 //! ```
+#![forbid(unsafe_code)]
 
 pub mod client;
 pub mod errors;

@@ -35,6 +35,7 @@
 //! sandbox.kill().await?;
 //! # Ok(()) }
 //! ```
+#![forbid(unsafe_code)]
 
 pub mod call;
 pub mod code_interpreter;

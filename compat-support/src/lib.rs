@@ -8,6 +8,7 @@
 //! - [`shell`]: POSIX shell quoting, on `shell-escape`;
 //! - [`multipart`]: the one strict `multipart/form-data` parser (and answer framing) of the
 //!   wire listeners.
+#![forbid(unsafe_code)]
 
 pub mod dates;
 pub mod gap;

@@ -47,6 +47,7 @@
 //! sandbox.destroy().await?;
 //! # Ok(()) }
 //! ```
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::pin::Pin;

@@ -1,5 +1,6 @@
 //! Harness for the end-to-end tests: run a fixture program, compare its output with the
 //! expected text in `fixtures/expected/`.
+#![forbid(unsafe_code)]
 
 pub mod facade;
 

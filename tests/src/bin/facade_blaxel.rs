@@ -1,4 +1,5 @@
 //! The facade conformance cases through compat-blaxel (see `sandcove_tests::facade`).
+#![forbid(unsafe_code)]
 
 use async_trait::async_trait;
 use blaxel::{SandboxAPIError, SandboxInstance};

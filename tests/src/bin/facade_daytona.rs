@@ -1,4 +1,5 @@
 //! The facade conformance cases through compat-daytona (see `sandcove_tests::facade`).
+#![forbid(unsafe_code)]
 
 use async_trait::async_trait;
 use daytona::{CreateSandboxFromSnapshotParams, Daytona, DaytonaConfig, DaytonaError, Sandbox};

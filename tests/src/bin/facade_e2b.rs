@@ -1,4 +1,5 @@
 //! The facade conformance cases through compat-e2b (see `sandcove_tests::facade`).
+#![forbid(unsafe_code)]
 
 use async_trait::async_trait;
 use e2b::{read_format, Sandbox, SandboxException};
