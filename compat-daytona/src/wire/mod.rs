@@ -150,7 +150,7 @@ fn routes() -> Routes<Wire> {
 
 /// How the SDKs' event socket appears in the authorization table: it is served before
 /// routing (see `authenticate`), and the credential it accepts arrives in the Socket.IO
-/// `CONNECT` packet, where the socket checks it against [`event_socket_route`].
+/// `CONNECT` packet, where the socket checks it against its declaration (`event_socket_route`).
 pub const EVENT_SOCKET_ROUTE: &str =
     "/api/socket.io/ (WebSocket; the key in Socket.IO's CONNECT packet)";
 

@@ -819,9 +819,6 @@ fn too_large(limit: u64) -> ApiError {
     }
 }
 
-/// Constant-time equality of the presented key and the configured one: the time taken
-/// depends only on the configured key's length, never on where the bytes differ.
-
 async fn authenticate(State(key): State<Arc<str>>, request: Request, next: Next) -> Response {
     let presented = request
         .headers()
