@@ -7,10 +7,9 @@
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use axum::response::Response;
-use axum::routing::{get, post};
-use axum::Router;
+use sandcove::server::auth::{Routes, SERVER_KEY};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -24,28 +23,54 @@ use crate::translate;
 const MAX_PAGE: i64 = 200;
 
 /// The control plane's routes (nested under `/v0`).
-pub(crate) fn routes() -> Router<Wire> {
-    Router::new()
-        .route("/sandboxes", post(create).get(list))
+pub(crate) fn routes() -> Routes<Wire> {
+    Routes::new(super::refuse)
+        .route(Method::POST, "/sandboxes", SERVER_KEY, create)
+        .route(Method::GET, "/sandboxes", SERVER_KEY, list)
+        .route(Method::GET, "/sandboxes/{name}", SERVER_KEY, get_sandbox)
+        .route(Method::PUT, "/sandboxes/{name}", SERVER_KEY, update)
+        .route(Method::DELETE, "/sandboxes/{name}", SERVER_KEY, delete)
         .route(
-            "/sandboxes/{name}",
-            get(get_sandbox).put(update).delete(delete),
-        )
-        .route(
+            Method::GET,
             "/sandboxes/{name}/previews",
-            get(list_previews).post(create_preview),
+            SERVER_KEY,
+            list_previews,
         )
         .route(
+            Method::POST,
+            "/sandboxes/{name}/previews",
+            SERVER_KEY,
+            create_preview,
+        )
+        .route(
+            Method::GET,
             "/sandboxes/{name}/previews/{preview}",
-            get(get_preview).delete(delete_preview),
+            SERVER_KEY,
+            get_preview,
         )
         .route(
+            Method::DELETE,
+            "/sandboxes/{name}/previews/{preview}",
+            SERVER_KEY,
+            delete_preview,
+        )
+        .route(
+            Method::GET,
             "/sandboxes/{name}/previews/{preview}/tokens",
-            get(list_tokens).post(create_token),
+            SERVER_KEY,
+            list_tokens,
         )
         .route(
+            Method::POST,
+            "/sandboxes/{name}/previews/{preview}/tokens",
+            SERVER_KEY,
+            create_token,
+        )
+        .route(
+            Method::DELETE,
             "/sandboxes/{name}/previews/{preview}/tokens/{token}",
-            axum::routing::delete(delete_token),
+            SERVER_KEY,
+            delete_token,
         )
 }
 

@@ -16,12 +16,18 @@
 //! `metadata.url` = `{base_url}/blaxel-sbx/{name}`, absolute on the plain listener: both SDKs
 //! send their sandbox-API (data-plane) calls there.
 //!
-//! **Authentication** happens before any handler runs: every call must carry the server's API
-//! key as `X-Blaxel-Authorization: Bearer KEY` (the header both SDKs build from `BL_API_KEY`)
-//! or `Authorization: Bearer KEY`, compared in constant time. A missing or wrong key is `401`
-//! with Blaxel's `SandboxError` body, before any effect. One server is one workspace, named in
-//! [`WireConfig::workspace`]: a request whose `X-Blaxel-Workspace` names another is `403`
-//! `UNAUTHORIZED_WORKSPACE`, before any effect (a request without the header is accepted).
+//! **Authorization** follows `sandcove::server::auth`: every route is declared with the
+//! credentials it accepts ([`route_table`]; today the server's API key for every one), and the
+//! router is built from those declarations. The listener's check reads the key sent as
+//! `X-Blaxel-Authorization: Bearer KEY` (the header both SDKs build from `BL_API_KEY`) or
+//! `Authorization: Bearer KEY`, compared in constant time: a wrong key is `401` with Blaxel's
+//! `SandboxError` body at once; a request without one is refused by its route with the same
+//! `401`, and a path no route serves answers only the key's holder — all before any effect.
+//! One server is one workspace, named in [`WireConfig::workspace`]: a request whose
+//! `X-Blaxel-Workspace` names another is `403` `UNAUTHORIZED_WORKSPACE`, before any effect (a
+//! request without the header is accepted). The intercepting proxy's `CONNECT` reads no
+//! credential and opens a tunnel only; each request inside it goes through this router and
+//! its checks ([`PROXY_ROUTE`]).
 //!
 //! **Translation** is the Rust facade's: each handler calls the same `SandboxInstance` /
 //! `process` / `fs` functions a Rust program calls, and errors leave through one mapping
@@ -35,10 +41,11 @@ pub mod uploads;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
+use sandcove::server::auth::{keys_match, Credential, Principal, Refusal, RouteAuth, Routes};
 use sandcove::{Backend, Client};
 use serde_json::{json, Value};
 
@@ -158,12 +165,9 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
         deleted: Default::default(),
         uploads: Default::default(),
     };
-    let inner = Router::new()
-        .nest("/v0", api::routes().merge(snapshots::routes()))
-        .nest(
-            &format!("{DATA_PLANE_PREFIX}/{{name}}"),
-            sandbox_api::routes(),
-        )
+    let inner = routes()
+        .into_parts()
+        .0
         .fallback(not_found)
         .with_state(wire.clone())
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
@@ -174,6 +178,59 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
     Router::new()
         .fallback_service(inner)
         .layer(middleware::from_fn(collapse_slashes))
+}
+
+/// The declared routes of the listener, its table with them.
+fn routes() -> Routes<Wire> {
+    Routes::new(refuse)
+        .nest("/v0", api::routes().merge(snapshots::routes()))
+        .nest(
+            &format!("{DATA_PLANE_PREFIX}/{{name}}"),
+            sandbox_api::routes(),
+        )
+        .declare(Some(Method::CONNECT), PROXY_ROUTE, PROXY_ACCEPTS)
+}
+
+/// How the intercepting proxy's `CONNECT` (served before routing, by
+/// `sandcove::server::serve_router_intercepting`) appears in the authorization table.
+pub const PROXY_ROUTE: &str = "<a Blaxel API host>:443 (a TLS tunnel only: each request \
+                               inside it is one of the routes above, with its check)";
+
+/// What a `CONNECT` accepts: no credential (the proxy reads none; a tunnel opens only to the
+/// hosts the SDKs hard-code, and what goes through it is checked as on the plain listener).
+const PROXY_ACCEPTS: &[Principal] = &[Principal::Anonymous];
+
+/// The Blaxel listener's authorization table: every route it serves, the intercepting
+/// proxy's `CONNECT` included, with the credentials each accepts.
+pub fn route_table() -> Vec<RouteAuth> {
+    routes().into_parts().1
+}
+
+/// A route's refusal, in Blaxel's `SandboxError` shape.
+fn refuse(_: &RouteAuth, refusal: Refusal) -> Response {
+    match refusal {
+        Refusal::Unauthenticated => unauthorized(),
+        Refusal::Forbidden => sandbox_error(
+            StatusCode::FORBIDDEN,
+            "FORBIDDEN",
+            "Forbidden: this call needs the server's API key (BL_API_KEY, sent as \
+             X-Blaxel-Authorization: Bearer)",
+        ),
+    }
+}
+
+/// `401` for a missing or wrong key.
+fn unauthorized() -> Response {
+    let mut response = sandbox_error(
+        StatusCode::UNAUTHORIZED,
+        "UNAUTHORIZED",
+        "Unauthorized: the API key (BL_API_KEY, sent as X-Blaxel-Authorization: Bearer) \
+         must be the server's SANDCOVE_API_KEY",
+    );
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
 }
 
 /// `a//b///c` → `a/b/c` (the query string is kept).
@@ -211,6 +268,15 @@ async fn collapse_slashes(mut request: Request, next: Next) -> Response {
 }
 
 async fn not_found(request: Request) -> Response {
+    // Unknown paths answer only the server's key (nothing about what exists leaks to others).
+    if request
+        .extensions()
+        .get::<Credential>()
+        .map(|c| c.principal)
+        != Some(Principal::ServerKey)
+    {
+        return unauthorized();
+    }
     // Its body is left unread: the server's connection loop reads it (bounded) before the
     // answer leaves, so a client reusing the connection is not cut off.
     refusal_of(request.method(), request.uri().path())
@@ -260,14 +326,6 @@ fn gap_of_path(path: &str) -> Option<&'static str> {
     Some(gap)
 }
 
-/// Constant-time equality of two byte strings (length is not secret).
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// The bearer token of a request: `X-Blaxel-Authorization` first (what the SDKs send), else
 /// `Authorization`.
 fn bearer(headers: &HeaderMap) -> Option<&str> {
@@ -280,19 +338,20 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-async fn authenticate(State(wire): State<Wire>, request: Request, next: Next) -> Response {
-    let key = bearer(request.headers()).unwrap_or("");
-    if key.is_empty() || !constant_time_eq(key.as_bytes(), wire.config.api_key.as_bytes()) {
-        let mut response = sandbox_error(
-            StatusCode::UNAUTHORIZED,
-            "UNAUTHORIZED",
-            "Unauthorized: the API key (BL_API_KEY, sent as X-Blaxel-Authorization: Bearer) \
-             must be the server's SANDCOVE_API_KEY",
-        );
-        response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return response;
+/// The listener's credential check: a key that is presented is verified (a wrong one is
+/// refused here, `401`) and recorded as the request's [`Credential`], and the workspace it
+/// names checked; each route's own check then decides.
+async fn authenticate(State(wire): State<Wire>, mut request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    if !(headers.contains_key("x-blaxel-authorization")
+        || headers.contains_key(header::AUTHORIZATION))
+    {
+        request.extensions_mut().insert(Credential::anonymous());
+        return next.run(request).await;
+    }
+    let key = bearer(headers).unwrap_or("");
+    if !keys_match(key.as_bytes(), wire.config.api_key.as_bytes()) {
+        return unauthorized();
     }
     if let Err(sent) = check_workspace(request.headers(), &wire.config.workspace) {
         return sandbox_error(
@@ -305,6 +364,7 @@ async fn authenticate(State(wire): State<Wire>, request: Request, next: Next) ->
             ),
         );
     }
+    request.extensions_mut().insert(Credential::server_key());
     next.run(request).await
 }
 

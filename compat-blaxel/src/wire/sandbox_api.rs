@@ -11,11 +11,10 @@ use std::collections::BTreeMap;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, Multipart, Path, Query, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::Router;
 use futures::StreamExt;
+use sandcove::server::auth::{Routes, SERVER_KEY};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -145,46 +144,79 @@ const OVERFLOW_NOTE: &str = "[sandcove: live output dropped here: the process wr
                              in the process's logs]";
 
 /// The data plane's routes (nested under `/blaxel-sbx/{name}`).
-pub(crate) fn routes() -> Router<Wire> {
-    Router::new()
-        .route("/process", post(exec).get(list_processes))
-        .route("/process/{id}", get(get_process).delete(stop_process))
-        .route("/process/{id}/kill", axum::routing::delete(kill_process))
-        .route("/process/{id}/logs", get(process_logs))
-        .route("/process/{id}/wait", get(wait_process))
-        .route("/process/{id}/logs/stream", get(stream_logs))
-        .route("/process/{id}/stdin", post(stdin_gap).delete(stdin_gap))
-        .route("/filesystem", get(fs_root).put(fs_put_root))
-        .route("/filesystem/", get(fs_root).put(fs_put_root))
-        .route("/filesystem/tree", axum::routing::put(tree_root))
-        .route("/filesystem/tree/", axum::routing::put(tree_root))
-        .route("/filesystem/tree/{*path}", axum::routing::put(tree))
+pub(crate) fn routes() -> Routes<Wire> {
+    use super::uploads;
+    Routes::new(super::refuse)
+        .route(Method::POST, "/process", SERVER_KEY, exec)
+        .route(Method::GET, "/process", SERVER_KEY, list_processes)
+        .route(Method::GET, "/process/{id}", SERVER_KEY, get_process)
+        .route(Method::DELETE, "/process/{id}", SERVER_KEY, stop_process)
         .route(
-            "/filesystem/{*path}",
-            get(fs_get).put(fs_put).delete(fs_delete),
+            Method::DELETE,
+            "/process/{id}/kill",
+            SERVER_KEY,
+            kill_process,
         )
-        .route("/watch/filesystem", get(watch_root))
-        .route("/watch/filesystem/{*path}", get(watch))
-        .route("/filesystem-copy", post(copy))
-        .route("/filesystem-find/{*path}", get(find))
-        .route("/filesystem-content-search/{*path}", get(grep))
-        .route("/filesystem-search/{*path}", get(fuzzy_gap))
-        .route("/filesystem-search", get(fuzzy_gap))
+        .route(Method::GET, "/process/{id}/logs", SERVER_KEY, process_logs)
+        .route(Method::GET, "/process/{id}/wait", SERVER_KEY, wait_process)
         .route(
+            Method::GET,
+            "/process/{id}/logs/stream",
+            SERVER_KEY,
+            stream_logs,
+        )
+        .route(Method::POST, "/process/{id}/stdin", SERVER_KEY, stdin_gap)
+        .route(Method::DELETE, "/process/{id}/stdin", SERVER_KEY, stdin_gap)
+        .route(Method::GET, "/filesystem", SERVER_KEY, fs_root)
+        .route(Method::PUT, "/filesystem", SERVER_KEY, fs_put_root)
+        .route(Method::GET, "/filesystem/", SERVER_KEY, fs_root)
+        .route(Method::PUT, "/filesystem/", SERVER_KEY, fs_put_root)
+        .route(Method::PUT, "/filesystem/tree", SERVER_KEY, tree_root)
+        .route(Method::PUT, "/filesystem/tree/", SERVER_KEY, tree_root)
+        .route(Method::PUT, "/filesystem/tree/{*path}", SERVER_KEY, tree)
+        .route(Method::GET, "/filesystem/{*path}", SERVER_KEY, fs_get)
+        .route(Method::PUT, "/filesystem/{*path}", SERVER_KEY, fs_put)
+        .route(Method::DELETE, "/filesystem/{*path}", SERVER_KEY, fs_delete)
+        .route(Method::GET, "/watch/filesystem", SERVER_KEY, watch_root)
+        .route(Method::GET, "/watch/filesystem/{*path}", SERVER_KEY, watch)
+        .route(Method::POST, "/filesystem-copy", SERVER_KEY, copy)
+        .route(Method::GET, "/filesystem-find/{*path}", SERVER_KEY, find)
+        .route(
+            Method::GET,
+            "/filesystem-content-search/{*path}",
+            SERVER_KEY,
+            grep,
+        )
+        .route(
+            Method::GET,
+            "/filesystem-search/{*path}",
+            SERVER_KEY,
+            fuzzy_gap,
+        )
+        .route(Method::GET, "/filesystem-search", SERVER_KEY, fuzzy_gap)
+        .route(
+            Method::POST,
             "/filesystem-multipart/initiate/{*path}",
-            post(super::uploads::initiate),
+            SERVER_KEY,
+            uploads::initiate,
         )
         .route(
+            Method::PUT,
             "/filesystem-multipart/{upload}/part",
-            axum::routing::put(super::uploads::part),
+            SERVER_KEY,
+            uploads::part,
         )
         .route(
+            Method::POST,
             "/filesystem-multipart/{upload}/complete",
-            post(super::uploads::complete),
+            SERVER_KEY,
+            uploads::complete,
         )
         .route(
+            Method::DELETE,
             "/filesystem-multipart/{upload}/abort",
-            axum::routing::delete(super::uploads::abort),
+            SERVER_KEY,
+            uploads::abort,
         )
 }
 

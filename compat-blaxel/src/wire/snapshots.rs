@@ -20,10 +20,9 @@
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
-use axum::Router;
+use sandcove::server::auth::{Routes, SERVER_KEY};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -33,24 +32,53 @@ use crate::models::{SandboxForkResponse, SandboxLifecycle, SandboxSnapshot};
 use crate::snapshots::{self, ForkFrom, ForkRequest};
 
 /// The snapshot and fork routes (nested under `/v0`).
-pub(crate) fn routes() -> Router<Wire> {
-    Router::new()
+pub(crate) fn routes() -> Routes<Wire> {
+    Routes::new(super::refuse)
         .route(
+            Method::POST,
             "/sandboxes/{name}/snapshots",
-            post(create_of_sandbox).get(list_of_sandbox),
+            SERVER_KEY,
+            create_of_sandbox,
         )
         .route(
+            Method::GET,
+            "/sandboxes/{name}/snapshots",
+            SERVER_KEY,
+            list_of_sandbox,
+        )
+        .route(
+            Method::DELETE,
             "/sandboxes/{name}/snapshots/{snapshot}",
-            delete(delete_of_sandbox),
+            SERVER_KEY,
+            delete_of_sandbox,
         )
         .route(
+            Method::POST,
             "/sandboxes/{name}/snapshots/{snapshot}/restore",
-            post(restore),
+            SERVER_KEY,
+            restore,
         )
-        .route("/sandboxes/{name}/fork", post(fork_sandbox))
-        .route("/snapshots", post(create).get(list))
-        .route("/snapshots/{id}", get(get_snapshot).delete(delete_snapshot))
-        .route("/snapshots/{id}/fork", post(fork_snapshot))
+        .route(
+            Method::POST,
+            "/sandboxes/{name}/fork",
+            SERVER_KEY,
+            fork_sandbox,
+        )
+        .route(Method::POST, "/snapshots", SERVER_KEY, create)
+        .route(Method::GET, "/snapshots", SERVER_KEY, list)
+        .route(Method::GET, "/snapshots/{id}", SERVER_KEY, get_snapshot)
+        .route(
+            Method::DELETE,
+            "/snapshots/{id}",
+            SERVER_KEY,
+            delete_snapshot,
+        )
+        .route(
+            Method::POST,
+            "/snapshots/{id}/fork",
+            SERVER_KEY,
+            fork_snapshot,
+        )
 }
 
 /// The `SandboxSnapshot` answer (camelCase, `workspace` the server's).

@@ -11,8 +11,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
-use axum::routing::{get, post, put};
-use axum::{Json, Router};
+use axum::http::Method;
+use axum::Json;
+use sandcove::server::auth::{Routes, SERVER_KEY};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -31,36 +32,91 @@ const DAEMON_VERSION: &str = "0.0.0-sandcove";
 /// Largest page `GET /api/sandbox` returns.
 const MAX_PAGE: usize = 200;
 
-/// The control plane's routes (nested under `/api`).
-pub(crate) fn routes() -> Router<Wire> {
-    Router::new()
-        .route("/sandbox", post(create).get(list))
-        .route("/sandbox/{id}", get(get_sandbox).delete(delete))
-        .route("/sandbox/{id}/start", post(start))
-        .route("/sandbox/{id}/stop", post(stop))
-        .route("/sandbox/{id}/archive", post(archive))
-        .route("/sandbox/{id}/labels", put(replace_labels))
-        .route("/sandbox/{id}/autostop/{interval}", post(set_autostop))
+/// The control plane's routes (nested under `/api`): the operator's, the server key only.
+pub(crate) fn routes() -> Routes<Wire> {
+    Routes::new(super::refuse)
+        .route(Method::POST, "/sandbox", SERVER_KEY, create)
+        .route(Method::GET, "/sandbox", SERVER_KEY, list)
+        .route(Method::GET, "/sandbox/{id}", SERVER_KEY, get_sandbox)
+        .route(Method::DELETE, "/sandbox/{id}", SERVER_KEY, delete)
+        .route(Method::POST, "/sandbox/{id}/start", SERVER_KEY, start)
+        .route(Method::POST, "/sandbox/{id}/stop", SERVER_KEY, stop)
+        .route(Method::POST, "/sandbox/{id}/archive", SERVER_KEY, archive)
         .route(
+            Method::PUT,
+            "/sandbox/{id}/labels",
+            SERVER_KEY,
+            replace_labels,
+        )
+        .route(
+            Method::POST,
+            "/sandbox/{id}/autostop/{interval}",
+            SERVER_KEY,
+            set_autostop,
+        )
+        .route(
+            Method::POST,
             "/sandbox/{id}/autoarchive/{interval}",
-            post(set_autoarchive),
+            SERVER_KEY,
+            set_autoarchive,
         )
-        .route("/sandbox/{id}/autodelete/{interval}", post(set_autodelete))
-        .route("/sandbox/{id}/toolbox-proxy-url", get(toolbox_proxy_url))
-        .route("/sandbox/{id}/ports/{port}/preview-url", get(preview_url))
-        .route("/sandbox/{id}/snapshot", post(snapshot_sandbox))
-        .route("/sandbox/{id}/pause", post(pause))
-        .route("/sandbox/{id}/last-activity", post(last_activity))
-        .route("/sandbox/{id}/fork", post(fork))
         .route(
-            "/sandbox/{id}/ports/{port}/signed-preview-url",
-            get(signed_preview_url),
+            Method::POST,
+            "/sandbox/{id}/autodelete/{interval}",
+            SERVER_KEY,
+            set_autodelete,
         )
-        .route("/snapshots", get(list_snapshots).post(create_snapshot))
-        .route("/snapshots/{id}", get(get_snapshot).delete(delete_snapshot))
-        .route("/volumes", post(create_volume).get(list_volumes))
-        .route("/volumes/{id}", get(get_volume).delete(delete_volume))
-        .route("/volumes/by-name/{name}", get(get_volume))
+        .route(
+            Method::GET,
+            "/sandbox/{id}/toolbox-proxy-url",
+            SERVER_KEY,
+            toolbox_proxy_url,
+        )
+        .route(
+            Method::GET,
+            "/sandbox/{id}/ports/{port}/preview-url",
+            SERVER_KEY,
+            preview_url,
+        )
+        .route(
+            Method::POST,
+            "/sandbox/{id}/snapshot",
+            SERVER_KEY,
+            snapshot_sandbox,
+        )
+        .route(Method::POST, "/sandbox/{id}/pause", SERVER_KEY, pause)
+        .route(
+            Method::POST,
+            "/sandbox/{id}/last-activity",
+            SERVER_KEY,
+            last_activity,
+        )
+        .route(Method::POST, "/sandbox/{id}/fork", SERVER_KEY, fork)
+        .route(
+            Method::GET,
+            "/sandbox/{id}/ports/{port}/signed-preview-url",
+            SERVER_KEY,
+            signed_preview_url,
+        )
+        .route(Method::GET, "/snapshots", SERVER_KEY, list_snapshots)
+        .route(Method::POST, "/snapshots", SERVER_KEY, create_snapshot)
+        .route(Method::GET, "/snapshots/{id}", SERVER_KEY, get_snapshot)
+        .route(
+            Method::DELETE,
+            "/snapshots/{id}",
+            SERVER_KEY,
+            delete_snapshot,
+        )
+        .route(Method::POST, "/volumes", SERVER_KEY, create_volume)
+        .route(Method::GET, "/volumes", SERVER_KEY, list_volumes)
+        .route(Method::GET, "/volumes/{id}", SERVER_KEY, get_volume)
+        .route(Method::DELETE, "/volumes/{id}", SERVER_KEY, delete_volume)
+        .route(
+            Method::GET,
+            "/volumes/by-name/{name}",
+            SERVER_KEY,
+            get_volume,
+        )
 }
 
 /// A whole number of a facade float (`cpu`, GiB, minutes) as a JSON integer, never below

@@ -22,6 +22,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use sandcove::server::auth::{keys_match, Credential};
+
 use super::ws::{self, pong, read_message, send_text, Message};
 use super::Wire;
 
@@ -74,13 +76,24 @@ pub(crate) async fn socket(State(wire): State<Wire>, mut request: Request) -> Re
     response
 }
 
-/// Whether a Socket.IO `CONNECT` payload (after `40`) carries `key` as its `token`.
+/// Whether a Socket.IO `CONNECT` payload (after `40`) proves a credential the socket's
+/// declaration accepts: its `token`, when there is one, must be `key` (the server's key); the
+/// decision is the declared route's ([`super::event_socket_route`]).
 fn connect_authorized(payload: &str, key: &str) -> bool {
     let token = serde_json::from_str::<serde_json::Value>(payload)
         .ok()
         .and_then(|v| v.get("token").and_then(|t| t.as_str()).map(str::to_string))
         .unwrap_or_default();
-    !token.is_empty() && super::constant_time_eq(token.as_bytes(), key.as_bytes())
+    let credential = if token.is_empty() {
+        Credential::anonymous()
+    } else if keys_match(token.as_bytes(), key.as_bytes()) {
+        Credential::server_key()
+    } else {
+        return false;
+    };
+    super::event_socket_route()
+        .decide(&credential, None)
+        .is_ok()
 }
 
 /// Engine.IO's open, the Socket.IO handshake, then pings until either side leaves.

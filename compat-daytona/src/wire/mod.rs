@@ -16,10 +16,15 @@
 //! call here returns only once the engine has finished (a create answers `started`), so the
 //! SDK's first poll of `GET /api/sandbox/{id}` in any wait already sees the final state.
 //!
-//! **Authentication** happens before any handler runs: every call must carry the server's
-//! API key as `Authorization: Bearer KEY` (compared in constant time), the header the SDKs
-//! build from `DAYTONA_API_KEY`. A missing or wrong key is `401 {"statusCode":401,…}`,
-//! which the SDK raises as `DaytonaAuthenticationError`.
+//! **Authorization** follows `sandcove::server::auth`: every route is declared with the
+//! credentials it accepts ([`route_table`]; today the server's API key for every one), and the
+//! router is built from those declarations. The listener's check reads the key the SDKs send
+//! as `Authorization: Bearer KEY` (built from `DAYTONA_API_KEY`, compared in constant time):
+//! a wrong key is `401 {"statusCode":401,…}` at once, which the SDK raises as
+//! `DaytonaAuthenticationError`; a request without one reaches only routes that accept no
+//! credential (none do) and is refused by the route with the same `401`. A path no route
+//! serves answers only the key's holder. The event socket takes the key in its Socket.IO
+//! handshake instead, checked there against its own declaration.
 //!
 //! **Translation** is the Rust facade's: each handler calls the same `Daytona` / `Sandbox`
 //! / `process` / `fs` functions a Rust program calls, and errors leave through one mapping
@@ -35,10 +40,13 @@ mod ws;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
+use sandcove::server::auth::{
+    keys_match, Credential, Principal, Refusal, RouteAuth, Routes, SERVER_KEY,
+};
 use sandcove::{Backend, Client};
 use serde_json::json;
 
@@ -122,13 +130,75 @@ pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
         config: Arc::new(config),
         ptys: Arc::default(),
     };
-    Router::new()
-        .nest("/api", api::routes())
-        .nest("/toolbox/{id}", toolbox::routes().merge(pty::routes()))
+    routes()
+        .into_parts()
+        .0
         .fallback(not_found)
         .with_state(wire.clone())
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(wire, authenticate))
+}
+
+/// The declared routes of the listener, its table with them.
+fn routes() -> Routes<Wire> {
+    let socket = event_socket_route();
+    Routes::new(refuse)
+        .nest("/api", api::routes())
+        .declare(socket.method, &socket.path, socket.accepts)
+        .nest("/toolbox/{id}", toolbox::routes().merge(pty::routes()))
+}
+
+/// How the SDKs' event socket appears in the authorization table: it is served before
+/// routing (see `authenticate`), and the credential it accepts arrives in the Socket.IO
+/// `CONNECT` packet, where the socket checks it against its declaration (`event_socket_route`).
+pub const EVENT_SOCKET_ROUTE: &str =
+    "/api/socket.io/ (WebSocket; the key in Socket.IO's CONNECT packet)";
+
+/// What the event socket's handshake accepts: the server's key.
+const EVENT_SOCKET_ACCEPTS: &[Principal] = SERVER_KEY;
+
+/// The event socket's declaration, as its handshake applies it.
+fn event_socket_route() -> RouteAuth {
+    RouteAuth {
+        method: Some(Method::GET),
+        path: EVENT_SOCKET_ROUTE.into(),
+        accepts: EVENT_SOCKET_ACCEPTS,
+    }
+}
+
+/// The Daytona listener's authorization table: every route it serves, the event socket
+/// included, with the credentials each accepts.
+pub fn route_table() -> Vec<RouteAuth> {
+    routes().into_parts().1
+}
+
+/// A route's refusal, in Daytona's error shape.
+fn refuse(_: &RouteAuth, refusal: Refusal) -> Response {
+    match refusal {
+        Refusal::Unauthenticated => unauthorized(),
+        Refusal::Forbidden => error_response(
+            StatusCode::FORBIDDEN,
+            "Forbidden: this call needs the server's API key (DAYTONA_API_KEY, sent as \
+             Authorization: Bearer)"
+                .into(),
+            None,
+        ),
+    }
+}
+
+/// `401` for a missing or wrong key.
+fn unauthorized() -> Response {
+    let mut response = error_response(
+        StatusCode::UNAUTHORIZED,
+        "Unauthorized: the API key (DAYTONA_API_KEY, sent as Authorization: Bearer) \
+         must be the server's SANDCOVE_API_KEY"
+            .into(),
+        None,
+    );
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
 }
 
 /// The facade's gap (see `gaps`) a Daytona path belongs to, for paths this listener does not
@@ -157,6 +227,15 @@ fn gap_of_path(path: &str) -> Option<&'static str> {
 }
 
 async fn not_found(request: Request) -> Response {
+    // Unknown paths answer only the server's key (nothing about what exists leaks to others).
+    if request
+        .extensions()
+        .get::<Credential>()
+        .map(|c| c.principal)
+        != Some(Principal::ServerKey)
+    {
+        return unauthorized();
+    }
     let path = request.uri().path();
     if let Some(feature) = gap_of_path(path) {
         return ApiError(crate::gaps::gap(feature)).into_response();
@@ -183,14 +262,6 @@ async fn not_found(request: Request) -> Response {
     )
 }
 
-/// Constant-time equality of two byte strings (length is not secret).
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// The bearer token of a request, if it has one.
 fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
@@ -198,26 +269,24 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-async fn authenticate(State(wire): State<Wire>, request: Request, next: Next) -> Response {
-    // The SDK's event socket. Served before the key check because the SDK sends its key
-    // there in the Socket.IO handshake, not in a header; the socket checks it itself.
+/// The listener's credential check: a key that is presented is verified (a wrong one is
+/// refused here, `401`) and recorded as the request's [`Credential`]; each route's own check
+/// then decides. The event socket is served from here, before routing.
+async fn authenticate(State(wire): State<Wire>, mut request: Request, next: Next) -> Response {
+    let mut credential = Credential::anonymous();
+    if request.headers().contains_key(header::AUTHORIZATION) {
+        let key = bearer(request.headers()).unwrap_or("");
+        if !keys_match(key.as_bytes(), wire.config.api_key.as_bytes()) {
+            return unauthorized();
+        }
+        credential = Credential::server_key();
+    }
+    // The SDK's event socket: the SDK sends its key in the Socket.IO handshake, not in a
+    // header, so the socket checks it there (against `event_socket_route`).
     if request.uri().path().starts_with("/api/socket.io") {
         return events::socket(State(wire), request).await;
     }
-    let key = bearer(request.headers()).unwrap_or("");
-    if key.is_empty() || !constant_time_eq(key.as_bytes(), wire.config.api_key.as_bytes()) {
-        let mut response = error_response(
-            StatusCode::UNAUTHORIZED,
-            "Unauthorized: the API key (DAYTONA_API_KEY, sent as Authorization: Bearer) \
-             must be the server's SANDCOVE_API_KEY"
-                .into(),
-            None,
-        );
-        response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return response;
-    }
+    request.extensions_mut().insert(credential);
     next.run(request).await
 }
 

@@ -21,10 +21,11 @@ use std::sync::Mutex;
 
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, Request, State};
+use axum::http::Method;
 use axum::response::Response;
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use base64::Engine as _;
+use sandcove::server::auth::{Routes, SERVER_KEY};
 use sandcove::server::upgrade::Upgraded;
 use sandcove::{ProcessEvent, ProcessSelector, ProcessSpec, PtySize};
 use serde::Deserialize;
@@ -68,13 +69,30 @@ impl Sizes {
 }
 
 /// The PTY routes (nested under `/toolbox/{id}`).
-pub(crate) fn routes() -> Router<Wire> {
-    Router::new()
-        .route("/process/pty", get(list).post(create_unconnected))
-        .route("/process/pty/create-connect", get(create_connect))
-        .route("/process/pty/{session}", get(info).delete(kill))
-        .route("/process/pty/{session}/connect", get(connect))
-        .route("/process/pty/{session}/resize", post(resize))
+pub(crate) fn routes() -> Routes<Wire> {
+    Routes::new(super::refuse)
+        .route(Method::GET, "/process/pty", SERVER_KEY, list)
+        .route(Method::POST, "/process/pty", SERVER_KEY, create_unconnected)
+        .route(
+            Method::GET,
+            "/process/pty/create-connect",
+            SERVER_KEY,
+            create_connect,
+        )
+        .route(Method::GET, "/process/pty/{session}", SERVER_KEY, info)
+        .route(Method::DELETE, "/process/pty/{session}", SERVER_KEY, kill)
+        .route(
+            Method::GET,
+            "/process/pty/{session}/connect",
+            SERVER_KEY,
+            connect,
+        )
+        .route(
+            Method::POST,
+            "/process/pty/{session}/resize",
+            SERVER_KEY,
+            resize,
+        )
 }
 
 /// `POST /process/pty` (a session created without a connection, then connected to): not

@@ -19,10 +19,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -31,59 +30,95 @@ use super::{bad_request, parse_json, ApiError, Wire};
 use crate::fs::{FileInfo, FileSource, FileUpload};
 use crate::process::{CodeRunParams, ExecuteResponse, SessionExecuteRequest};
 use crate::sandbox::Sandbox;
+use sandcove::server::auth::{Routes, SERVER_KEY};
 use sandcove_compat_support::multipart;
 
-/// The toolbox's routes (nested under `/toolbox/{id}`).
-pub(crate) fn routes() -> Router<Wire> {
-    Router::new()
-        .route("/process/execute", post(execute))
-        .route("/process/code-run", post(code_run))
-        .route("/process/session", post(create_session).get(list_sessions))
+/// The toolbox's routes (nested under `/toolbox/{id}`): the server key only (Daytona's
+/// per-sandbox tokens are not served here).
+pub(crate) fn routes() -> Routes<Wire> {
+    Routes::new(super::refuse)
+        .route(Method::POST, "/process/execute", SERVER_KEY, execute)
+        .route(Method::POST, "/process/code-run", SERVER_KEY, code_run)
+        .route(Method::POST, "/process/session", SERVER_KEY, create_session)
+        .route(Method::GET, "/process/session", SERVER_KEY, list_sessions)
         .route(
+            Method::GET,
             "/process/session/{session}",
-            get(get_session).delete(delete_session),
+            SERVER_KEY,
+            get_session,
         )
-        .route("/process/session/{session}/exec", post(session_exec))
         .route(
+            Method::DELETE,
+            "/process/session/{session}",
+            SERVER_KEY,
+            delete_session,
+        )
+        .route(
+            Method::POST,
+            "/process/session/{session}/exec",
+            SERVER_KEY,
+            session_exec,
+        )
+        .route(
+            Method::GET,
             "/process/session/{session}/command/{command}",
-            get(get_command),
+            SERVER_KEY,
+            get_command,
         )
         .route(
+            Method::GET,
             "/process/session/{session}/command/{command}/logs",
-            get(command_logs),
+            SERVER_KEY,
+            command_logs,
         )
         .route(
+            Method::POST,
             "/process/session/{session}/command/{command}/input",
-            post(command_input),
+            SERVER_KEY,
+            command_input,
         )
-        .route("/files", get(list_files).delete(delete_file))
-        .route("/files/info", get(file_info))
-        .route("/files/folder", post(create_folder))
-        .route("/files/move", post(move_file))
-        .route("/files/permissions", post(set_permissions))
-        .route("/files/find", get(find_in_files))
-        .route("/files/search", get(search_files))
-        .route("/files/replace", post(replace_in_files))
-        .route("/files/bulk-upload", post(bulk_upload))
-        .route("/files/bulk-download", post(bulk_download))
-        .route("/files/download", get(download))
-        .route("/git/status", get(git_status))
-        .route("/git/add", post(git_add))
-        .route("/git/commit", post(git_commit))
+        .route(Method::GET, "/files", SERVER_KEY, list_files)
+        .route(Method::DELETE, "/files", SERVER_KEY, delete_file)
+        .route(Method::GET, "/files/info", SERVER_KEY, file_info)
+        .route(Method::POST, "/files/folder", SERVER_KEY, create_folder)
+        .route(Method::POST, "/files/move", SERVER_KEY, move_file)
         .route(
-            "/git/branches",
-            get(git_branches)
-                .post(git_create_branch)
-                .delete(git_delete_branch),
+            Method::POST,
+            "/files/permissions",
+            SERVER_KEY,
+            set_permissions,
         )
-        .route("/git/checkout", post(git_checkout))
-        .route("/git/init", post(git_init))
-        .route("/git/remotes", get(git_remotes).post(git_remote_add))
-        .route("/git/clone", post(git_clone))
-        .route("/git/pull", post(git_pull))
-        .route("/git/push", post(git_push))
-        .route("/user-home-dir", get(user_home_dir))
-        .route("/work-dir", get(work_dir))
+        .route(Method::GET, "/files/find", SERVER_KEY, find_in_files)
+        .route(Method::GET, "/files/search", SERVER_KEY, search_files)
+        .route(Method::POST, "/files/replace", SERVER_KEY, replace_in_files)
+        .route(Method::POST, "/files/bulk-upload", SERVER_KEY, bulk_upload)
+        .route(
+            Method::POST,
+            "/files/bulk-download",
+            SERVER_KEY,
+            bulk_download,
+        )
+        .route(Method::GET, "/files/download", SERVER_KEY, download)
+        .route(Method::GET, "/git/status", SERVER_KEY, git_status)
+        .route(Method::POST, "/git/add", SERVER_KEY, git_add)
+        .route(Method::POST, "/git/commit", SERVER_KEY, git_commit)
+        .route(Method::GET, "/git/branches", SERVER_KEY, git_branches)
+        .route(Method::POST, "/git/branches", SERVER_KEY, git_create_branch)
+        .route(
+            Method::DELETE,
+            "/git/branches",
+            SERVER_KEY,
+            git_delete_branch,
+        )
+        .route(Method::POST, "/git/checkout", SERVER_KEY, git_checkout)
+        .route(Method::POST, "/git/init", SERVER_KEY, git_init)
+        .route(Method::GET, "/git/remotes", SERVER_KEY, git_remotes)
+        .route(Method::POST, "/git/remotes", SERVER_KEY, git_remote_add)
+        .route(Method::POST, "/git/clone", SERVER_KEY, git_clone)
+        .route(Method::POST, "/git/pull", SERVER_KEY, git_pull)
+        .route(Method::POST, "/git/push", SERVER_KEY, git_push)
+        .route(Method::GET, "/user-home-dir", SERVER_KEY, user_home_dir)
+        .route(Method::GET, "/work-dir", SERVER_KEY, work_dir)
 }
 
 /// The sandbox a toolbox call is for.
