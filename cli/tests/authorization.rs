@@ -794,6 +794,10 @@ fn tables() -> Vec<(&'static str, Vec<RouteAuth>)> {
             "The Blaxel listener (`--blaxel`)",
             blaxel::wire::route_table(),
         ),
+        (
+            "Previews (one listener per exposed port)",
+            sandcove::server::auth::preview_table(),
+        ),
     ]
 }
 
