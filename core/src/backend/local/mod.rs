@@ -461,8 +461,12 @@ impl LocalBackend {
         ))
     }
 
-    /// Stream the sandbox's filesystem into a new snapshot.
-    async fn capture(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
+    /// Stream the sandbox's filesystem into a new snapshot, at most [`snapshot_limit`] bytes
+    /// for a sandbox of `disk_mib` MiB: a larger archive is refused with
+    /// [`Error::FileTooLarge`] and nothing of it is kept. The agent's `tar` stores sparse
+    /// files sparse, but the bound is counted here, on the host side, whatever the sandbox
+    /// streams.
+    async fn capture(&self, id: &str, name: Option<String>, disk_mib: u64) -> Result<SnapshotInfo> {
         use tokio::io::AsyncWriteExt as _;
         let snapshot_id = format!("snap-{}", config::new_id());
         let (meta, tar) = self.snapshot_paths(&snapshot_id)?;
@@ -476,11 +480,23 @@ impl LocalBackend {
             .await
             .map_err(|e| Error::from_io(&e, "snapshot file"))?;
         let mut size = 0u64;
+        let limit = snapshot_limit(disk_mib);
         let result: Result<()> = async {
             let mut archive = self.agent(id)?.while_paused().export_fs().await?;
             while let Some(chunk) = archive.next().await {
                 let chunk = chunk?;
                 size += chunk.len() as u64;
+                if size > limit {
+                    // Dropping the stream ends the agent's `tar`.
+                    return Err(Error::FileTooLarge {
+                        what: format!("the snapshot of sandbox {id}"),
+                        limit,
+                        remedy: format!(
+                            "its files take more than its disk size ({disk_mib} MiB) allows; \
+                             remove files, or keep large data in a volume"
+                        ),
+                    });
+                }
                 file.write_all(&chunk)
                     .await
                     .map_err(|e| Error::from_io(&e, "snapshot file"))?;
@@ -767,6 +783,15 @@ fn check_create(options: &CreateOptions, cgroups: bool) -> Result<()> {
         ));
     }
     cgroup::check(&options.resources, cgroups)
+}
+
+/// The largest snapshot archive of a sandbox whose disk is `disk_mib` MiB: the data its disk
+/// holds (sparse files are archived without their holes) and an allowance for `tar`'s
+/// headers, an eighth of the disk and at least 1 MiB (each entry takes 512 bytes or more
+/// whatever its size, so very many empty files can reach it first).
+pub(crate) fn snapshot_limit(disk_mib: u64) -> u64 {
+    let disk = disk_mib.saturating_mul(1 << 20);
+    disk.saturating_add((disk / 8).max(1 << 20))
 }
 
 /// A snapshot's result once its source was resumed: a capture error wins; a snapshot taken
@@ -1350,7 +1375,8 @@ impl Backend for LocalBackend {
         if was_running {
             self.pause(id).await?;
         }
-        let result = self.capture(id, name).await;
+        let disk_mib = info.resources.disk_mib.unwrap_or(config::DEFAULT_DISK_MIB);
+        let result = self.capture(id, name, disk_mib).await;
         if was_running {
             return snapshot_outcome(result, self.resume(id).await.map(|_| ()));
         }
