@@ -156,3 +156,181 @@ async fn a_snapshot_over_the_disk_bound_is_refused_and_leaves_nothing() {
     env.backend.delete_snapshot(&snap.id).await.unwrap();
     env.backend.destroy(&id).await.unwrap();
 }
+
+/// Pids of live processes holding `file` open (a volume's holder and its `fuse2fs` hold the
+/// volume's image).
+fn holding(file: &std::path::Path) -> Vec<u32> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for p in procs.flatten() {
+        let Ok(pid) = p.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(true);
+        if zombie {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        if fds
+            .flatten()
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .any(|f| f == file)
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// An engine whose new volumes have a quota of `mib` MiB.
+fn env_with_volume_quota(tag: &str, mib: u64) -> Env {
+    let mut env = Env::new(tag);
+    env.local = env.local.clone().with_volume_size_mib(mib).expect("quota");
+    env.backend = std::sync::Arc::new(env.local.clone());
+    env
+}
+
+/// A volume of 16 MiB mounted in a sandbox of 16 MiB: writing 64 MiB into it fails with
+/// `ENOSPC` inside, the host disk it takes stays within its quota, and what fits is kept:
+/// shared with a second sandbox and read back by a third after both ended (its holder and
+/// `fuse2fs` gone in between). Deleting it leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_is_bounded_by_its_quota() {
+    const QUOTA_MIB: u64 = 16;
+    let env = env_with_volume_quota("volquota", QUOTA_MIB);
+    let name = "q";
+    let info = env
+        .backend
+        .create_volume(name)
+        .await
+        .expect("create volume");
+    assert_eq!(info.size_limit, Some(QUOTA_MIB << 20));
+    let image = std::fs::canonicalize(env.dir.join("volumes").join(name).join("image")).unwrap();
+    let mount = |path: &str| sandcove::VolumeMount::new(name, path);
+    let mut a = env.options(&unique("volquota-a"));
+    a.resources.disk_mib = Some(16);
+    a.volumes = vec![mount("/data")];
+    let a = env.create(a).await;
+    let out = bash(
+        &*env.backend,
+        &a,
+        "echo kept > /data/kept && mkdir /data/sub && echo deep > /data/sub/f; \
+         dd if=/dev/zero of=/data/big bs=1M count=64 2>&1 | grep -o 'No space left on device'; \
+         echo rc=${PIPESTATUS[0]}; df -k /data | tail -1 | awk '{print \"size_kib=\" $2}'",
+    )
+    .await;
+    let text = out.stdout_lossy();
+    assert!(text.contains("No space left on device"), "{out:?}");
+    assert!(text.contains("rc=1"), "{out:?}");
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("size_kib="))
+        .expect("df")
+        .parse()
+        .unwrap();
+    assert!(kib <= QUOTA_MIB * 1024, "the volume shows {kib} KiB");
+    assert!(
+        allocated(&image) <= QUOTA_MIB << 20,
+        "the image takes {} bytes of host disk",
+        allocated(&image)
+    );
+    // Shared with a second sandbox (a subpath of it too), while the first runs.
+    let mut b = env.options(&unique("volquota-b"));
+    b.volumes = vec![mount("/v"), {
+        let mut m = mount("/sub");
+        m.subpath = Some("sub".into());
+        m
+    }];
+    let b = env.create(b).await;
+    let out = bash(
+        &*env.backend,
+        &b,
+        "cat /v/kept /sub/f; rm /v/big && echo freed",
+    )
+    .await;
+    assert_eq!(out.stdout_lossy(), "kept\ndeep\nfreed\n", "{out:?}");
+    env.backend.destroy(&a).await.unwrap();
+    env.backend.destroy(&b).await.unwrap();
+    common::eventually(common::PATIENCE, "the holder and fuse2fs end", || async {
+        let left = holding(&image);
+        common::holds(
+            left.is_empty(),
+            format!("processes {left:?} hold the image"),
+        )
+    })
+    .await;
+    // The data outlives them; a new holder serves it.
+    let mut c = env.options(&unique("volquota-c"));
+    c.volumes = vec![mount("/data")];
+    let c = env.create(c).await;
+    let out = bash(&*env.backend, &c, "cat /data/kept /data/sub/f; ls /data").await;
+    assert_eq!(out.stdout_lossy(), "kept\ndeep\nkept\nsub\n", "{out:?}");
+    env.backend.destroy(&c).await.unwrap();
+    common::eventually(common::PATIENCE, "the holder ends again", || async {
+        let left = holding(&image);
+        common::holds(
+            left.is_empty(),
+            format!("processes {left:?} hold the image"),
+        )
+    })
+    .await;
+    env.backend.delete_volume(name).await.expect("delete");
+    assert!(!env.dir.join("volumes").join(name).exists());
+    env.assert_nothing_left("after the volume test").await;
+}
+
+/// The quota's bounds: a size outside 8 MiB to 1 TiB is refused.
+#[test]
+fn a_volume_quota_out_of_bounds_is_refused() {
+    let env = Env::new("volbounds");
+    for mib in [0, 7, (1 << 20) + 1] {
+        let err = env.local.clone().with_volume_size_mib(mib).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{mib}: {err}");
+    }
+    assert!(env.local.clone().with_volume_size_mib(8).is_ok());
+}
+
+/// A volume made before quotas (a plain `data/` directory, no image) still mounts and keeps
+/// its files; it says it has no quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_made_before_quotas_still_mounts_unbounded() {
+    let env = Env::new("vollegacy");
+    let dir = env.dir.join("volumes").join("old");
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    std::fs::write(dir.join("data").join("f"), b"from before\n").unwrap();
+    std::fs::write(
+        dir.join("meta.json"),
+        br#"{"name":"old","created_at":1700000000000}"#,
+    )
+    .unwrap();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        // As the engine made them: writable by the default sandbox user.
+        let id = 0x7000_0000 + 1000;
+        std::os::unix::fs::chown(dir.join("data"), Some(id), Some(id)).unwrap();
+    }
+    let info = env.backend.get_volume("old").await.expect("get");
+    assert_eq!(info.size_limit, None);
+    let mut opts = env.options(&unique("vollegacy"));
+    opts.volumes = vec![sandcove::VolumeMount::new("old", "/data")];
+    let id = env.create(opts).await;
+    let out = bash(
+        &*env.backend,
+        &id,
+        "cat /data/f && echo more > /data/g && echo ok",
+    )
+    .await;
+    assert_eq!(out.stdout_lossy(), "from before\nok\n", "{out:?}");
+    env.backend.destroy(&id).await.unwrap();
+    env.backend.delete_volume("old").await.expect("delete");
+}

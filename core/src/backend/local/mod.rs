@@ -33,6 +33,7 @@ mod refs;
 mod seccomp;
 mod spawner;
 mod sys;
+mod volume_holder;
 mod volumes;
 
 use std::os::fd::{AsFd, OwnedFd};
@@ -68,6 +69,7 @@ pub use self::preview::PreviewLimits;
 /// The version of the client ↔ monitor ↔ agent protocol this build speaks; a sandbox created
 /// by a build speaking another version can be listed, inspected and destroyed, nothing else.
 pub use self::proto::PROTOCOL_VERSION;
+pub use self::volumes::{DEFAULT_VOLUME_SIZE_MIB, MAX_VOLUME_SIZE_MIB, MIN_VOLUME_SIZE_MIB};
 
 /// Keep the hook that turns a re-executed program into the monitor spawner or an in-pod
 /// agent linked into the running program, whatever else it uses of this crate.
@@ -98,6 +100,8 @@ pub struct LocalBackend {
     preview_limits: PreviewLimits,
     /// The largest file one write takes ([`LocalBackend::with_max_file_bytes`]).
     max_file_bytes: u64,
+    /// The size quota of new volumes ([`LocalBackend::with_volume_size_mib`]).
+    volume_size_mib: u64,
     /// When the host was probed (namespaces, cgroups, the networking helper): the
     /// capabilities' `observed_at`.
     probed_at: crate::UnixMillis,
@@ -168,6 +172,7 @@ impl LocalBackend {
             pasta: net::probe(net::find_pasta().as_deref()),
             preview_limits: PreviewLimits::default(),
             max_file_bytes: MAX_FILE_BYTES,
+            volume_size_mib: volumes::DEFAULT_VOLUME_SIZE_MIB,
             probed_at: crate::now_millis(),
             pool: std::sync::Arc::new(pool::Pool::new(if unisolated {
                 0
@@ -353,6 +358,21 @@ impl LocalBackend {
             )));
         }
         self.max_file_bytes = bytes;
+        Ok(self)
+    }
+
+    /// The same engine, making new volumes with a size quota of `mib` MiB (default
+    /// [`DEFAULT_VOLUME_SIZE_MIB`], 1 GiB): a sandbox's write past it fails with `ENOSPC`,
+    /// and the volume never takes more host disk. Outside [`MIN_VOLUME_SIZE_MIB`] to
+    /// [`MAX_VOLUME_SIZE_MIB`] it is [`Error::InvalidArgument`]. Existing volumes keep
+    /// theirs.
+    pub fn with_volume_size_mib(mut self, mib: u64) -> Result<Self> {
+        if !(MIN_VOLUME_SIZE_MIB..=MAX_VOLUME_SIZE_MIB).contains(&mib) {
+            return Err(Error::invalid(format!(
+                "volume size {mib} MiB: must be {MIN_VOLUME_SIZE_MIB} to {MAX_VOLUME_SIZE_MIB}"
+            )));
+        }
+        self.volume_size_mib = mib;
         Ok(self)
     }
 
@@ -1449,7 +1469,11 @@ impl Backend for LocalBackend {
     #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
     async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {
         self.volumes_supported()?;
-        volumes::create(self, name)
+        // Making the filesystem runs tools: off the event loop.
+        let (engine, name, mib) = (self.clone(), name.to_string(), self.volume_size_mib);
+        tokio::task::spawn_blocking(move || volumes::create(&engine, &name, mib))
+            .await
+            .map_err(|e| Error::backend(format!("create volume: {e}")))?
     }
 
     #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
