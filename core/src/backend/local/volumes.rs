@@ -425,18 +425,32 @@ pub async fn delete(backend: &LocalBackend, name: &str) -> Result<()> {
             });
         }
     }
-    // A holder still serving the volume (a sandbox being made with it) keeps it.
-    let lock = open_lock(&dir)?;
-    sys::lock_exclusive(&lock).map_err(|e| Error::from_io(&e, "volume lock"))?;
-    if std::os::unix::net::UnixStream::connect(dir.join(SOCKET)).is_ok() {
-        return Err(Error::InvalidState {
-            id: name.to_string(),
-            state: "in use".into(),
-            message: format!("a sandbox is mounting volume {name:?}; destroy it first"),
-        });
+    // A holder still serving the volume keeps it: one whose last sandbox was just destroyed
+    // stops as soon as that sandbox's monitor has exited (waited for, bounded); one serving
+    // a sandbox being made with the volume does not.
+    let deadline = std::time::Instant::now() + HOLDER_STOP_WAIT;
+    loop {
+        let lock = open_lock(&dir)?;
+        let locked =
+            sys::try_lock_exclusive(&lock).map_err(|e| Error::from_io(&e, "volume lock"))?;
+        if locked && std::os::unix::net::UnixStream::connect(dir.join(SOCKET)).is_err() {
+            return std::fs::remove_dir_all(&dir)
+                .map_err(|e| Error::from_io(&e, &format!("volume {name:?}")));
+        }
+        drop(lock);
+        if std::time::Instant::now() > deadline {
+            return Err(Error::InvalidState {
+                id: name.to_string(),
+                state: "in use".into(),
+                message: format!("a sandbox is mounting volume {name:?}; destroy it first"),
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    std::fs::remove_dir_all(&dir).map_err(|e| Error::from_io(&e, &format!("volume {name:?}")))
 }
+
+/// How long deleting a volume waits for its holder to stop.
+const HOLDER_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Open (making it) the lock serialising a volume's holder start, stop and deletion.
 pub(super) fn open_lock(dir: &Path) -> Result<std::fs::File> {
