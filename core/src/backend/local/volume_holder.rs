@@ -242,10 +242,14 @@ impl Holder {
             ));
         }
         let mount_point = dir.join(MOUNT_POINT);
+        // The kernel checks permissions (`default_permissions`), as for any filesystem, with
+        // the caller's capabilities in its user namespace; `fuse2fs`'s own check, which knows
+        // only host uids and would refuse a sandbox's root what the kernel allows it, is off
+        // (`fakeroot`). As root, every sandbox uid may use the mount (`allow_other`).
         let options = if root {
-            "allow_other,default_permissions"
+            "allow_other,default_permissions,fakeroot"
         } else {
-            "default_permissions"
+            "default_permissions,fakeroot"
         };
         let image_fd = image.as_raw_fd();
         let mut cmd = std::process::Command::new(tool("fuse2fs")?);
