@@ -47,6 +47,10 @@ pub struct ServeArgs {
     /// refused with FileTooLarge.
     #[arg(long, default_value_t = sandcove::backend::local::MAX_FILE_BYTES)]
     pub max_file_bytes: u64,
+    /// The size quota of each new volume, in MiB (8 to 1048576): a sandbox's write past it
+    /// fails with ENOSPC (on Kubernetes, each volume's storage request).
+    #[arg(long, value_name = "MIB", default_value_t = sandcove::backend::local::DEFAULT_VOLUME_SIZE_MIB)]
+    pub volume_size_mib: u64,
     /// Sandboxes of the default shape the engine keeps created ahead, claimed by the next
     /// creates (0 turns the pool off, at most 64). Default: SANDCOVE_WARM_POOL, else 2.
     #[arg(long, value_name = "N")]
@@ -243,6 +247,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
         max_body_bytes,
         max_upload_bytes,
         max_file_bytes,
+        volume_size_mib,
         warm_pool,
         max_connections,
         head_timeout_ms,
@@ -324,6 +329,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
             config.agent_port = kube_agent_port;
             config.max_lifetime = Duration::from_secs(kube_max_lifetime_secs.max(1));
             config.max_file_bytes = max_file_bytes;
+            config.volume_size_mib = volume_size_mib;
             config.reach = match kube_reach {
                 KubeReach::PodIp => sandcove::backend::kube::AgentReach::PodIp,
                 KubeReach::PortForward => sandcove::backend::kube::AgentReach::PortForward,
@@ -335,7 +341,12 @@ pub fn run(args: ServeArgs) -> ExitCode {
     };
     // The embedded engine starts before the async runtime, as it always has.
     let chosen = match kube {
-        None => Ok(build_engine(&state_dir, max_file_bytes, warm_pool)),
+        None => Ok(build_engine(
+            &state_dir,
+            max_file_bytes,
+            volume_size_mib,
+            warm_pool,
+        )),
         Some(kube) => Err(kube),
     };
     let runtime = match tokio::runtime::Runtime::new() {
@@ -531,14 +542,16 @@ pub fn run(args: ServeArgs) -> ExitCode {
     }
 }
 
-/// The embedded engine of `sandcove serve`, with its file bound and warm pool.
+/// The embedded engine of `sandcove serve`, with its file bound, volume quota and warm pool.
 fn build_engine(
     state_dir: &std::path::Path,
     max_file_bytes: u64,
+    volume_size_mib: u64,
     warm_pool: Option<usize>,
 ) -> sandcove::Result<LocalBackend> {
     LocalBackend::with_state_dir(state_dir)
         .and_then(|engine| engine.with_max_file_bytes(max_file_bytes))
+        .and_then(|engine| engine.with_volume_size_mib(volume_size_mib))
         .map(|engine| {
             let size = warm_pool.unwrap_or_else(|| {
                 sandcove::backend::local::warm_pool_size_from_env_or(

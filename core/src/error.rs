@@ -88,7 +88,8 @@ pub enum Error {
     },
     /// A file is larger than the bound of the call: an in-memory read or write
     /// ([`DEFAULT_MEMORY_FILE_BYTES`](crate::DEFAULT_MEMORY_FILE_BYTES) unless raised), or the
-    /// backend's largest file. Nothing was kept; `remedy` says what to call instead.
+    /// backend's largest file, or a snapshot archive over its sandbox's disk bound. Nothing
+    /// was kept; `remedy` says what to call instead.
     #[error("{what} is larger than {limit} bytes ({remedy})")]
     FileTooLarge {
         /// The file.

@@ -165,8 +165,13 @@ pub struct VolumeInfo {
     pub name: String,
     /// Creation time.
     pub created_at: UnixMillis,
-    /// Bytes used.
+    /// Bytes used: of host disk, for a volume with a quota; of its files, for one without.
     pub size: u64,
+    /// The volume's quota in bytes: writes past it fail with `ENOSPC` inside the sandbox.
+    /// `None` where the runtime enforces none (a volume of the embedded engine made before
+    /// quotas existed).
+    #[serde(default)]
+    pub size_limit: Option<u64>,
 }
 
 /// A filesystem snapshot of a sandbox.

@@ -1484,6 +1484,16 @@ fn check_volume_name(name: &str) -> Result<()> {
 }
 
 fn volume_info(name: &str, claim: &PersistentVolumeClaim) -> VolumeInfo {
+    // The claim's storage request bounds it.
+    let size_limit = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .and_then(|q| q.0.strip_suffix("Mi"))
+        .and_then(|mib| mib.parse::<u64>().ok())
+        .map(|mib| mib << 20);
     VolumeInfo {
         name: name.to_string(),
         created_at: claim
@@ -1494,6 +1504,7 @@ fn volume_info(name: &str, claim: &PersistentVolumeClaim) -> VolumeInfo {
             .unwrap_or(0),
         // A claim says what it may hold, not what it holds.
         size: 0,
+        size_limit,
     }
 }
 

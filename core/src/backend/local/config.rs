@@ -156,6 +156,10 @@ pub struct HostMount {
     pub path: String,
     /// Mount read-only.
     pub read_only: bool,
+    /// A size-bounded volume (see `volumes`): `host_path` is the volume's directory, and the
+    /// monitor obtains the mount from the volume's holder instead of binding a directory.
+    #[serde(default)]
+    pub bounded: bool,
 }
 
 impl Record {

@@ -7,6 +7,8 @@ use super::{spawner, sys};
 pub(super) const ROLE_ENV: &str = "__SANDCOVE_ROLE";
 /// The monitor spawner's role (see `spawner`).
 pub(super) const ROLE_SPAWNER: &str = "spawner";
+/// A bounded volume's holder (see `volume_holder`).
+pub(super) const ROLE_VOLUME: &str = "volume";
 
 /// Runs before `main` (glibc calls `.init_array` entries with argc, argv and envp).
 #[used]
@@ -28,6 +30,9 @@ extern "C" fn entry(
     sys::ignore_sigpipe();
     if role == ROLE_SPAWNER {
         spawner::main();
+    }
+    if role == ROLE_VOLUME {
+        super::volume_holder::main();
     }
     if role == crate::backend::agent_server::ROLE_POD_AGENT {
         match crate::backend::agent_server::PodAgentConfig::from_env() {

@@ -33,6 +33,7 @@ mod refs;
 mod seccomp;
 mod spawner;
 mod sys;
+mod volume_holder;
 mod volumes;
 
 use std::os::fd::{AsFd, OwnedFd};
@@ -68,6 +69,7 @@ pub use self::preview::PreviewLimits;
 /// The version of the client ↔ monitor ↔ agent protocol this build speaks; a sandbox created
 /// by a build speaking another version can be listed, inspected and destroyed, nothing else.
 pub use self::proto::PROTOCOL_VERSION;
+pub use self::volumes::{DEFAULT_VOLUME_SIZE_MIB, MAX_VOLUME_SIZE_MIB, MIN_VOLUME_SIZE_MIB};
 
 /// Keep the hook that turns a re-executed program into the monitor spawner or an in-pod
 /// agent linked into the running program, whatever else it uses of this crate.
@@ -98,6 +100,8 @@ pub struct LocalBackend {
     preview_limits: PreviewLimits,
     /// The largest file one write takes ([`LocalBackend::with_max_file_bytes`]).
     max_file_bytes: u64,
+    /// The size quota of new volumes ([`LocalBackend::with_volume_size_mib`]).
+    volume_size_mib: u64,
     /// When the host was probed (namespaces, cgroups, the networking helper): the
     /// capabilities' `observed_at`.
     probed_at: crate::UnixMillis,
@@ -168,6 +172,7 @@ impl LocalBackend {
             pasta: net::probe(net::find_pasta().as_deref()),
             preview_limits: PreviewLimits::default(),
             max_file_bytes: MAX_FILE_BYTES,
+            volume_size_mib: volumes::DEFAULT_VOLUME_SIZE_MIB,
             probed_at: crate::now_millis(),
             pool: std::sync::Arc::new(pool::Pool::new(if unisolated {
                 0
@@ -356,6 +361,21 @@ impl LocalBackend {
         Ok(self)
     }
 
+    /// The same engine, making new volumes with a size quota of `mib` MiB (default
+    /// [`DEFAULT_VOLUME_SIZE_MIB`], 1 GiB): a sandbox's write past it fails with `ENOSPC`,
+    /// and the volume never takes more host disk. Outside [`MIN_VOLUME_SIZE_MIB`] to
+    /// [`MAX_VOLUME_SIZE_MIB`] it is [`Error::InvalidArgument`]. Existing volumes keep
+    /// theirs.
+    pub fn with_volume_size_mib(mut self, mib: u64) -> Result<Self> {
+        if !(MIN_VOLUME_SIZE_MIB..=MAX_VOLUME_SIZE_MIB).contains(&mib) {
+            return Err(Error::invalid(format!(
+                "volume size {mib} MiB: must be {MIN_VOLUME_SIZE_MIB} to {MAX_VOLUME_SIZE_MIB}"
+            )));
+        }
+        self.volume_size_mib = mib;
+        Ok(self)
+    }
+
     /// Volumes need a mount namespace to appear in a sandbox, so without isolation every
     /// volume call is refused before any effect, as `capabilities().volumes` says.
     fn volumes_supported(&self) -> Result<()> {
@@ -461,8 +481,12 @@ impl LocalBackend {
         ))
     }
 
-    /// Stream the sandbox's filesystem into a new snapshot.
-    async fn capture(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
+    /// Stream the sandbox's filesystem into a new snapshot, at most [`snapshot_limit`] bytes
+    /// for a sandbox of `disk_mib` MiB: a larger archive is refused with
+    /// [`Error::FileTooLarge`] and nothing of it is kept. The agent's `tar` stores sparse
+    /// files sparse, but the bound is counted here, on the host side, whatever the sandbox
+    /// streams.
+    async fn capture(&self, id: &str, name: Option<String>, disk_mib: u64) -> Result<SnapshotInfo> {
         use tokio::io::AsyncWriteExt as _;
         let snapshot_id = format!("snap-{}", config::new_id());
         let (meta, tar) = self.snapshot_paths(&snapshot_id)?;
@@ -476,11 +500,23 @@ impl LocalBackend {
             .await
             .map_err(|e| Error::from_io(&e, "snapshot file"))?;
         let mut size = 0u64;
+        let limit = snapshot_limit(disk_mib);
         let result: Result<()> = async {
             let mut archive = self.agent(id)?.while_paused().export_fs().await?;
             while let Some(chunk) = archive.next().await {
                 let chunk = chunk?;
                 size += chunk.len() as u64;
+                if size > limit {
+                    // Dropping the stream ends the agent's `tar`.
+                    return Err(Error::FileTooLarge {
+                        what: format!("the snapshot of sandbox {id}"),
+                        limit,
+                        remedy: format!(
+                            "its files take more than its disk size ({disk_mib} MiB) allows; \
+                             remove files, or keep large data in a volume"
+                        ),
+                    });
+                }
                 file.write_all(&chunk)
                     .await
                     .map_err(|e| Error::from_io(&e, "snapshot file"))?;
@@ -767,6 +803,15 @@ fn check_create(options: &CreateOptions, cgroups: bool) -> Result<()> {
         ));
     }
     cgroup::check(&options.resources, cgroups)
+}
+
+/// The largest snapshot archive of a sandbox whose disk is `disk_mib` MiB: the data its disk
+/// holds (sparse files are archived without their holes) and an allowance for `tar`'s
+/// headers, an eighth of the disk and at least 1 MiB (each entry takes 512 bytes or more
+/// whatever its size, so very many empty files can reach it first).
+pub(crate) fn snapshot_limit(disk_mib: u64) -> u64 {
+    let disk = disk_mib.saturating_mul(1 << 20);
+    disk.saturating_add((disk / 8).max(1 << 20))
 }
 
 /// A snapshot's result once its source was resumed: a capture error wins; a snapshot taken
@@ -1350,7 +1395,8 @@ impl Backend for LocalBackend {
         if was_running {
             self.pause(id).await?;
         }
-        let result = self.capture(id, name).await;
+        let disk_mib = info.resources.disk_mib.unwrap_or(config::DEFAULT_DISK_MIB);
+        let result = self.capture(id, name, disk_mib).await;
         if was_running {
             return snapshot_outcome(result, self.resume(id).await.map(|_| ()));
         }
@@ -1423,7 +1469,11 @@ impl Backend for LocalBackend {
     #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
     async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {
         self.volumes_supported()?;
-        volumes::create(self, name)
+        // Making the filesystem runs tools: off the event loop.
+        let (engine, name, mib) = (self.clone(), name.to_string(), self.volume_size_mib);
+        tokio::task::spawn_blocking(move || volumes::create(&engine, &name, mib))
+            .await
+            .map_err(|e| Error::backend(format!("create volume: {e}")))?
     }
 
     #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]

@@ -168,7 +168,29 @@ fn start(dir: &SandboxDir) -> Result<Started> {
     let record: Record = serde_json::from_slice(&text)
         .map_err(|e| Error::backend(format!("bad sandbox record: {e}")))?;
     let mut record = record;
-    if record.mapping == super::config::UidMapping::Range && !record.mounts.is_empty() {
+    // Each bounded volume: a detached mount from its holder, for the agent to attach. The
+    // connection keeps the holder serving; it is closed by the kernel when this monitor
+    // exits, at the sandbox's end, which is what the holder waits for.
+    let mut trees = Vec::new();
+    for m in record.mounts.iter().filter(|m| m.bounded) {
+        let owner = match record.mapping {
+            super::config::UidMapping::Range => {
+                let id = super::config::HOST_ID_BASE + super::config::DEFAULT_USER_UID;
+                Some((id, id))
+            }
+            super::config::UidMapping::Single { .. } => None,
+        };
+        let (connection, tree) = super::volume_holder::attach(
+            std::path::Path::new(&m.host_path),
+            m.subpath.as_deref(),
+            owner,
+        )?;
+        std::mem::forget(connection);
+        trees.push(tree);
+    }
+    if record.mapping == super::config::UidMapping::Range
+        && record.mounts.iter().any(|m| !m.bounded)
+    {
         stage_volumes(&mut record)?;
     }
     let (ctrl, agent_ctrl) = sys::seqpacket_pair()?;
@@ -235,15 +257,17 @@ fn start(dir: &SandboxDir) -> Result<Started> {
         // are closed so no sandbox process can ever reach them.
         let mut keep = vec![agent_ctrl.as_raw_fd(), sync_read.as_raw_fd()];
         keep.extend(joins.iter().map(|fd| fd.as_raw_fd()));
+        keep.extend(trees.iter().map(|fd| fd.as_raw_fd()));
         if sys::close_fds_except(&keep).is_err() {
             sys::exit_now(1);
         }
         // Already closed: forget them rather than close numbers that may be reused.
         std::mem::forget(ctrl);
         std::mem::forget(sync_write);
-        agent::run(record, agent_ctrl, sync_read, joins, plan);
+        agent::run(record, agent_ctrl, sync_read, joins, trees, plan);
     }
     drop(joins);
+    drop(trees);
     if spare_agent {
         let _ = sys::set_oom_score_adj(0);
     }
@@ -349,7 +373,11 @@ fn stage_volumes(record: &mut Record) -> Result<()> {
         Some("mode=0755,size=64k"),
     )
     .map_err(fail)?;
+    // Bounded volumes come from their holders as detached mounts instead.
     for (i, m) in record.mounts.iter_mut().enumerate() {
+        if m.bounded {
+            continue;
+        }
         let target = staging.join(format!("v{i}"));
         std::fs::create_dir(&target).map_err(fail)?;
         // Resolved in this (new) mount namespace, so the descriptor can be bound here.

@@ -1132,6 +1132,42 @@ pub fn open_dir_path(path: &Path) -> io::Result<OwnedFd> {
     )?)
 }
 
+/// A detached copy of the mount tree rooted at the directory `dir` refers to
+/// (`open_tree(OPEN_TREE_CLONE)`; a directory below a mount's root gives a bind of that
+/// directory). The descriptor can cross to a process in other namespaces, which attaches it
+/// with [`attach_mount`]; the copy is gone when the descriptor is closed unattached.
+pub fn clone_mount(dir: impl AsFd) -> io::Result<OwnedFd> {
+    use rustix::mount::OpenTreeFlags;
+    Ok(rustix::mount::open_tree(
+        dir,
+        "",
+        OpenTreeFlags::OPEN_TREE_CLONE
+            | OpenTreeFlags::OPEN_TREE_CLOEXEC
+            | OpenTreeFlags::AT_EMPTY_PATH,
+    )?)
+}
+
+/// Attach the detached mount `tree` (from [`clone_mount`]) on the directory `target` refers
+/// to (`move_mount`, both by descriptor: no path is resolved).
+pub fn attach_mount(tree: impl AsFd, target: impl AsFd) -> io::Result<()> {
+    use rustix::mount::MoveMountFlags;
+    Ok(rustix::mount::move_mount(
+        tree,
+        "",
+        target,
+        "",
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
+    )?)
+}
+
+/// Detach the mount at `path` from this mount namespace (`umount2(MNT_DETACH)`).
+pub fn unmount_detach(path: &Path) -> io::Result<()> {
+    Ok(rustix::mount::unmount(
+        path,
+        rustix::mount::UnmountFlags::DETACH,
+    )?)
+}
+
 /// Change the owner of the object `fd` refers to (also an `O_PATH` descriptor), never a path.
 pub fn chown_fd(fd: impl AsFd, uid: u32, gid: u32) -> io::Result<()> {
     fchown(fd, uid, gid)

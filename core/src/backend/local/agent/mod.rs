@@ -68,6 +68,7 @@ pub fn run(
     ctrl: OwnedFd,
     sync_read: OwnedFd,
     cgroup_tasks: Vec<OwnedFd>,
+    volume_trees: Vec<OwnedFd>,
     net: Option<Plan>,
 ) -> ! {
     // Into the sandbox's v1 cgroup before anything else, so all the agent does is charged
@@ -89,7 +90,7 @@ pub fn run(
         // Orphans of sandbox processes come to us, so destroy can find and end them.
         sys::set_child_subreaper().map_err(|e| Error::from_io(&e, "become a subreaper"))
     } else {
-        setup_sandbox(&record, net.as_ref())
+        setup_sandbox(&record, volume_trees, net.as_ref())
     };
     let reply = match &setup {
         Ok(()) => Control::Ready,

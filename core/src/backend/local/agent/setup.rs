@@ -16,8 +16,13 @@ pub(super) fn unavailable(step: &str, err: std::io::Error) -> Error {
 }
 
 /// Build the sandbox root: a tmpfs with the host's system directories read-only, a private
-/// `/workspace`, `/tmp`, `/proc` and `/dev`, then pivot into it.
-pub(super) fn setup_sandbox(record: &Record, net: Option<&Plan>) -> Result<()> {
+/// `/workspace`, `/tmp`, `/proc` and `/dev`, then pivot into it. `volume_trees` are the
+/// detached mounts of the bounded volumes, in the order of their mounts.
+pub(super) fn setup_sandbox(
+    record: &Record,
+    volume_trees: Vec<OwnedFd>,
+    net: Option<&Plan>,
+) -> Result<()> {
     // The engine's locale directory, opened while we still hold the engine's own host uid:
     // the state directory it lies in may be closed to the sandbox's root (see `locale`).
     // Without it, sandboxes read the host's locale files as they are.
@@ -37,7 +42,18 @@ pub(super) fn setup_sandbox(record: &Record, net: Option<&Plan>) -> Result<()> {
     // tmpfs is mounted there, but a descriptor opened first still reaches it (and belongs to
     // this mount namespace, so it can be bound).
     let mut volume_sources = Vec::new();
+    let mut trees = volume_trees.into_iter();
     for m in &record.mounts {
+        if m.bounded {
+            let tree = trees.next().ok_or_else(|| {
+                unavailable(
+                    "attach a volume",
+                    std::io::Error::other("its holder sent no mount"),
+                )
+            })?;
+            volume_sources.push(tree);
+            continue;
+        }
         let dir =
             super::volumes::open_source(Path::new(&m.host_path), m.subpath.as_deref(), false, None)
                 .map_err(|e| match &m.subpath {
@@ -158,14 +174,18 @@ pub(super) fn setup_sandbox(record: &Record, net: Option<&Plan>) -> Result<()> {
         };
         let target =
             super::volumes::dirs_beneath(root_fd.as_fd(), rel, true, None, false).map_err(shown)?;
-        sys::mount(
-            Some(&sys::fd_path(dir.as_raw_fd())),
-            &sys::fd_path(target.as_raw_fd()),
-            None,
-            libc::MS_BIND | libc::MS_REC,
-            None,
-        )
-        .map_err(|e| unavailable("bind a volume", e))?;
+        if m.bounded {
+            sys::attach_mount(dir, &target).map_err(|e| unavailable("attach a volume", e))?;
+        } else {
+            sys::mount(
+                Some(&sys::fd_path(dir.as_raw_fd())),
+                &sys::fd_path(target.as_raw_fd()),
+                None,
+                libc::MS_BIND | libc::MS_REC,
+                None,
+            )
+            .map_err(|e| unavailable("bind a volume", e))?;
+        }
         // Reopened: the descriptor above is the directory under the new mount. Never setuid
         // or device files from a volume (a sandbox writes them, and the volume outlives it);
         // flags the host's mount locks are kept, as the kernel requires.

@@ -101,7 +101,10 @@ pub(super) fn drain(
     })
 }
 
-/// Stream a tar of the sandbox's own filesystem (the tmpfs root) to the client.
+/// Stream a tar of the sandbox's own filesystem (the tmpfs root) to the client. Sparse files
+/// go in sparse (`--sparse`: their holes found with `SEEK_HOLE`, stored as a map), so a file
+/// with a large apparent size costs the host only the data it holds; `tar -x` restores the
+/// holes.
 pub(super) async fn export_fs(agent: &Agent, stream: &mut impl Conn) -> Result<()> {
     let mut argv: Vec<String> = [
         "tar",
@@ -109,6 +112,7 @@ pub(super) async fn export_fs(agent: &Agent, stream: &mut impl Conn) -> Result<(
         "/",
         "--one-file-system",
         "--numeric-owner",
+        "--sparse",
         "-cf",
         "-",
     ]
