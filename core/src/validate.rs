@@ -121,12 +121,24 @@ impl ProcessSpec {
     }
 }
 
-/// Env names must be non-empty, without `=` or NUL; values without NUL.
+/// Whether `name` is a portable environment variable name (`[A-Za-z_][A-Za-z0-9_]*`).
+pub fn is_portable_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Env names must be portable names (a letter or `_`, then letters, digits and `_`): a
+/// shell, which every vendor's commands run under, drops any other name from the environment
+/// it passes on, so such a variable would silently never arrive. Values without NUL.
 pub fn validate_envs(envs: &BTreeMap<String, String>) -> Result<()> {
     for (k, v) in envs {
-        if k.is_empty() || k.contains('=') || k.contains('\0') {
+        if !is_portable_env_name(k) {
             return Err(Error::invalid(format!(
-                "invalid environment variable name {k:?}: names must be non-empty, without '=' or NUL"
+                "invalid environment variable name {k:?}: a name is a letter or '_', then \
+                 letters, digits and '_' (no process would receive this one)"
             )));
         }
         if v.contains('\0') {
@@ -226,9 +238,19 @@ mod tests {
             f(&mut o);
             o.validate()
         };
-        assert!(refused(with(|o| {
-            o.envs.insert("A=B".into(), "x".into());
-        })));
+        for name in ["A=B", "A-B", "1X", "=", "", "A\0", "a.b", "é"] {
+            let mut o = CreateOptions::default();
+            o.envs.insert(name.into(), "x".into());
+            assert!(refused(o.validate()), "{name:?}");
+            let mut s = ProcessSpec::new(Command::sh("true"));
+            s.envs.insert(name.into(), "x".into());
+            assert!(refused(s.validate()), "{name:?}");
+        }
+        for name in ["A", "_", "a_1", "PATH", "_X9"] {
+            let mut o = CreateOptions::default();
+            o.envs.insert(name.into(), "x".into());
+            assert!(o.validate().is_ok(), "{name:?}");
+        }
         assert!(refused(with(|o| {
             o.labels.insert(String::new(), "x".into());
         })));
