@@ -32,6 +32,7 @@ mod quiet;
 mod refs;
 mod seccomp;
 mod spawner;
+mod statedir;
 mod sys;
 mod volumes;
 
@@ -134,6 +135,12 @@ impl LocalBackend {
 
     /// An engine keeping state under `dir` (created if missing, mode 0700).
     ///
+    /// `dir` and the subdirectories the engine uses must belong to this user and be writable
+    /// by no one else, and every directory above it must belong to this user or root and be
+    /// writable by no one else unless sticky; otherwise this is [`Error::Unavailable`] naming
+    /// the path, and nothing is written there (another user could otherwise redirect the
+    /// engine's writes).
+    ///
     /// It raises this process's soft descriptor limit (`RLIMIT_NOFILE`) to the hard limit,
     /// once: each live sandbox holds a few descriptors in the program that made it, and the
     /// usual soft limit of 1024 ends near 400 sandboxes. Sandboxed processes get their own limit.
@@ -143,12 +150,8 @@ impl LocalBackend {
         // Absolute, so the engine's processes (started from elsewhere) find it too.
         let state_dir = std::path::absolute(dir.into())
             .map_err(|e| Error::from_io(&e, "state directory path"))?;
-        let sandboxes = state_dir.join("sandboxes");
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&sandboxes)
-            .map_err(|e| Error::from_io(&e, &format!("state directory {}", sandboxes.display())))?;
+        // Before anything is written there: ours, private, no symlink on the way.
+        statedir::prepare(&state_dir)?;
         let unisolated =
             std::env::var(ALLOW_UNISOLATED_ENV).is_ok_and(|v| v == "1") && !namespaces_available();
         if unisolated {
