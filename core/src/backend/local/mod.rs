@@ -16,6 +16,7 @@
 //! ends at its lease, on destroy, or with its monitor.
 
 pub(crate) mod agent;
+mod bounds;
 mod cgroup;
 pub(crate) mod config;
 mod entry;
@@ -60,6 +61,10 @@ use crate::{
 };
 use crate::{CopyOptions, ReadOptions, RenameOptions, StatOptions};
 
+pub use self::bounds::{
+    SandboxBounds, DEFAULT_INODES_PER_MIB, DEFAULT_MAX_PROCESSES, DEFAULT_MEMORY_MIB, HOST_SHARE,
+    MIN_INODES,
+};
 pub use self::config::default_state_dir;
 pub use self::pool::{
     size_from_env_or as warm_pool_size_from_env_or, DEFAULT_WARM_POOL, MAX_WARM_POOL, MEMBER_LEASE,
@@ -99,6 +104,8 @@ pub struct LocalBackend {
     preview_limits: PreviewLimits,
     /// The largest file one write takes ([`LocalBackend::with_max_file_bytes`]).
     max_file_bytes: u64,
+    /// What every sandbox is bounded to ([`LocalBackend::with_sandbox_bounds`]).
+    bounds: SandboxBounds,
     /// When the host was probed (namespaces, cgroups, the networking helper): the
     /// capabilities' `observed_at`.
     probed_at: crate::UnixMillis,
@@ -171,6 +178,7 @@ impl LocalBackend {
             pasta: net::probe(net::find_pasta().as_deref()),
             preview_limits: PreviewLimits::default(),
             max_file_bytes: MAX_FILE_BYTES,
+            bounds: SandboxBounds::for_host(),
             probed_at: crate::now_millis(),
             pool: std::sync::Arc::new(pool::Pool::new(if unisolated {
                 0
@@ -357,6 +365,21 @@ impl LocalBackend {
         }
         self.max_file_bytes = bytes;
         Ok(self)
+    }
+
+    /// The same engine, bounding sandboxes it creates from now on as `bounds` says (tmpfs
+    /// inodes, inotify and fanotify shares, default memory and processes) instead of
+    /// [`SandboxBounds::for_host`]. Bounds that would lift a protection or that the kernel
+    /// cannot take are [`Error::InvalidArgument`].
+    pub fn with_sandbox_bounds(mut self, bounds: SandboxBounds) -> Result<Self> {
+        bounds.validate()?;
+        self.bounds = bounds;
+        Ok(self)
+    }
+
+    /// What this engine bounds every sandbox it creates to.
+    pub fn sandbox_bounds(&self) -> SandboxBounds {
+        self.bounds
     }
 
     /// Volumes need a mount namespace to appear in a sandbox, so without isolation every
@@ -872,12 +895,12 @@ impl LocalBackend {
                 memory_mib: options
                     .resources
                     .memory_mib
-                    .unwrap_or(cgroup::DEFAULT_MEMORY_MIB),
+                    .unwrap_or(self.bounds.default_memory_mib),
                 cpu: options.resources.cpu,
                 pids: options
                     .resources
                     .max_processes
-                    .unwrap_or(config::DEFAULT_MAX_PROCESSES),
+                    .unwrap_or(self.bounds.default_max_processes),
             },
         });
         let mut users = mapping.users(
@@ -914,6 +937,7 @@ impl LocalBackend {
             protocol: PROTOCOL_VERSION,
             pooled,
             locale: None,
+            bounds: self.bounds,
         };
         let (state_dir, locale_dir) = (self.state_dir.clone(), self.locale.clone());
         let info = info_of(&record, SandboxState::Running);
