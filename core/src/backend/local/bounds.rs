@@ -32,7 +32,7 @@
 //!   `fs.inotify.max_user_instances`), or with smaller shares ([`SandboxBounds`]).
 //! - namespaces: none of a sandbox's processes may make one (no capabilities, and the seccomp
 //!   filter refuses new user namespaces); the limit is 0 new user namespaces and
-//!   [`NAMESPACES`] of each other kind (the networking helper makes three for itself inside
+//!   [`NAMESPACES`] of each other kind (the networking helper makes a few of its own inside
 //!   the sandbox's user namespace).
 
 use serde::{Deserialize, Serialize};
