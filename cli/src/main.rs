@@ -8,6 +8,7 @@
 //! (processes), `cp` (files), `store` (snapshots, volumes), `doctor`, `out` (what the human
 //! commands share: errors, tables, JSON), `record` (the running server's listeners).
 
+mod bounds;
 mod cp;
 mod doctor;
 mod env;
