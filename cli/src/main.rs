@@ -9,6 +9,7 @@
 //! commands share: errors, tables, JSON), `record` (the running server's listeners).
 #![forbid(unsafe_code)]
 
+mod bounds;
 mod cp;
 mod doctor;
 mod env;

@@ -55,6 +55,8 @@ pub struct ServeArgs {
     /// creates (0 turns the pool off, at most 64). Default: SANDCOVE_WARM_POOL, else 2.
     #[arg(long, value_name = "N")]
     pub warm_pool: Option<usize>,
+    #[command(flatten)]
+    pub sandbox_bounds: crate::bounds::SandboxBoundArgs,
     /// Connections served at once; more wait until one closes.
     #[arg(long, default_value_t = 512)]
     pub max_connections: usize,
@@ -249,6 +251,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
         max_file_bytes,
         volume_size_mib,
         warm_pool,
+        sandbox_bounds,
         max_connections,
         head_timeout_ms,
         body_idle_timeout_ms,
@@ -346,6 +349,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
             max_file_bytes,
             volume_size_mib,
             warm_pool,
+            &sandbox_bounds,
         )),
         Some(kube) => Err(kube),
     };
@@ -542,16 +546,22 @@ pub fn run(args: ServeArgs) -> ExitCode {
     }
 }
 
-/// The embedded engine of `sandcove serve`, with its file bound, volume quota and warm pool.
+/// The embedded engine of `sandcove serve`, with its file bound, volume quota, sandbox
+/// bounds and warm pool.
 fn build_engine(
     state_dir: &std::path::Path,
     max_file_bytes: u64,
     volume_size_mib: u64,
     warm_pool: Option<usize>,
+    bounds: &crate::bounds::SandboxBoundArgs,
 ) -> sandcove::Result<LocalBackend> {
     LocalBackend::with_state_dir(state_dir)
         .and_then(|engine| engine.with_max_file_bytes(max_file_bytes))
         .and_then(|engine| engine.with_volume_size_mib(volume_size_mib))
+        .and_then(|engine| {
+            let bounds = bounds.apply(engine.sandbox_bounds());
+            engine.with_sandbox_bounds(bounds)
+        })
         .map(|engine| {
             let size = warm_pool.unwrap_or_else(|| {
                 sandcove::backend::local::warm_pool_size_from_env_or(

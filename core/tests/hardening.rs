@@ -2011,6 +2011,8 @@ async fn unknown_and_malformed_ids_are_not_found_everywhere() {
             "volumes",
             "runtime-id",
             "tombstones",
+            // Sandbox names, made (private) at start with the other subdirectories.
+            "names",
             // The engine's locale directory (see `locale`), made at start where the host needs it.
             "locale"
         ]

@@ -29,11 +29,13 @@ use crate::{Error, Result};
 
 /// Names a delegated cgroup v2 directory to make sandbox cgroups in.
 pub const CGROUP_ENV: &str = "SANDCOVE_CGROUP";
-/// Memory limit of a sandbox that names none, when limits can be enforced (MiB).
-pub const DEFAULT_MEMORY_MIB: u64 = 4096;
 /// Smallest memory limit accepted (MiB): below it the sandbox's own agent cannot start.
 pub const MIN_MEMORY_MIB: u64 = 16;
 const CPU_PERIOD_US: u64 = 100_000;
+/// cgroup v1 `cpu.shares` of one core's worth (the kernel's default for a new group).
+const V1_SHARES_PER_CORE: f64 = 1024.0;
+/// cgroup v2 `cpu.weight` of one core's worth (the kernel's default for a new group).
+const V2_WEIGHT_PER_CORE: f64 = 100.0;
 
 /// Where sandbox cgroups are made on this host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +54,11 @@ pub enum Hierarchy {
 }
 
 /// The limits written for one sandbox.
+///
+/// Every sandbox also gets a CPU weight (`cpu.weight` on v2, `cpu.shares` on v1) in
+/// proportion to the cores it asked for, one core's worth when it named none: under
+/// contention each sandbox gets its share whether or not it has a quota, and all sandboxes
+/// together weigh as one group beside the host's own (the engine's `sandcove` parent).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Limits {
     /// Memory, MiB (swap is not granted on top).
@@ -237,6 +244,7 @@ fn make(h: &Hierarchy, id: &str, limits: Limits) -> std::io::Result<Vec<PathBuf>
                 if let Some(q) = quota {
                     write(dir, "cpu.max", format!("{q} {CPU_PERIOD_US}"))?;
                 }
+                write(dir, "cpu.weight", v2_weight(limits.cpu).to_string())?;
                 write(dir, "pids.max", limits.pids.to_string())?;
             }
             Hierarchy::V1 { .. } => {
@@ -252,6 +260,7 @@ fn make(h: &Hierarchy, id: &str, limits: Limits) -> std::io::Result<Vec<PathBuf>
                     write(cpu, "cpu.cfs_period_us", CPU_PERIOD_US.to_string())?;
                     write(cpu, "cpu.cfs_quota_us", q.to_string())?;
                 }
+                write(cpu, "cpu.shares", v1_shares(limits.cpu).to_string())?;
                 write(pids, "pids.max", limits.pids.to_string())?;
             }
         }
@@ -264,6 +273,22 @@ fn make(h: &Hierarchy, id: &str, limits: Limits) -> std::io::Result<Vec<PathBuf>
             Err(e)
         }
     }
+}
+
+/// `cpu.shares` (v1) for a sandbox of `cpu` cores (one when it names none), within the
+/// kernel's range.
+fn v1_shares(cpu: Option<f64>) -> u64 {
+    (cpu.unwrap_or(1.0) * V1_SHARES_PER_CORE)
+        .round()
+        .clamp(2.0, 262_144.0) as u64
+}
+
+/// `cpu.weight` (v2) for a sandbox of `cpu` cores (one when it names none), within the
+/// kernel's range.
+fn v2_weight(cpu: Option<f64>) -> u64 {
+    (cpu.unwrap_or(1.0) * V2_WEIGHT_PER_CORE)
+        .round()
+        .clamp(1.0, 10_000.0) as u64
 }
 
 /// Remove sandbox `id`'s cgroup once its processes are gone (bounded wait: the kernel ends
@@ -327,6 +352,20 @@ mod tests {
         assert!(join(&[full]).is_err(), "a write that fails");
         let read_only = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
         assert!(join(&[read_only]).is_err(), "a file not open for writing");
+    }
+
+    /// Every sandbox gets a weight: one core's worth by default, in proportion to its cores,
+    /// within what the kernel takes.
+    #[test]
+    fn cpu_weights_follow_the_cores_asked_for() {
+        assert_eq!((v1_shares(None), v2_weight(None)), (1024, 100));
+        assert_eq!((v1_shares(Some(0.5)), v2_weight(Some(0.5))), (512, 50));
+        assert_eq!((v1_shares(Some(4.0)), v2_weight(Some(4.0))), (4096, 400));
+        assert_eq!((v1_shares(Some(0.001)), v2_weight(Some(0.001))), (2, 1));
+        assert_eq!(
+            (v1_shares(Some(1024.0)), v2_weight(Some(1024.0))),
+            (262_144, 10_000)
+        );
     }
 
     #[test]

@@ -17,8 +17,6 @@ pub const HOST_ID_COUNT: u32 = 65_536;
 pub const DEFAULT_USER_UID: u32 = 1000;
 /// Name of the default user when the create options name none.
 pub const DEFAULT_USER_NAME: &str = "user";
-/// Default `RLIMIT_NPROC` per sandbox.
-pub const DEFAULT_MAX_PROCESSES: u64 = 2048;
 /// Default `RLIMIT_NOFILE` per process.
 pub const DEFAULT_MAX_OPEN_FILES: u64 = 4096;
 /// Default size of a sandbox's writable filesystem (tmpfs), in MiB.
@@ -136,6 +134,10 @@ pub struct Record {
     /// the host's locales with an archive of them (see `locale`).
     #[serde(default)]
     pub locale: Option<String>,
+    /// What the engine bounds this sandbox to beyond its options (tmpfs inodes, the
+    /// per-user-namespace limits its agent writes, default processes).
+    #[serde(default)]
+    pub bounds: super::bounds::SandboxBounds,
 }
 
 fn first_protocol_version() -> u32 {
@@ -206,7 +208,7 @@ impl Record {
         self.options
             .resources
             .max_processes
-            .unwrap_or(DEFAULT_MAX_PROCESSES)
+            .unwrap_or(self.bounds.default_max_processes)
     }
 
     /// `RLIMIT_NOFILE` for sandbox processes.

@@ -16,6 +16,7 @@
 //! ends at its lease, on destroy, or with its monitor.
 
 pub(crate) mod agent;
+mod bounds;
 mod cgroup;
 pub(crate) mod config;
 mod entry;
@@ -32,6 +33,7 @@ mod quiet;
 mod refs;
 mod seccomp;
 mod spawner;
+mod statedir;
 mod sys;
 mod volume_holder;
 mod volumes;
@@ -60,6 +62,10 @@ use crate::{
 };
 use crate::{CopyOptions, ReadOptions, RenameOptions, StatOptions};
 
+pub use self::bounds::{
+    SandboxBounds, DEFAULT_INODES_PER_MIB, DEFAULT_MAX_PROCESSES, DEFAULT_MEMORY_MIB, HOST_SHARE,
+    MIN_INODES,
+};
 pub use self::config::default_state_dir;
 pub use self::pool::{
     size_from_env_or as warm_pool_size_from_env_or, DEFAULT_WARM_POOL, MAX_WARM_POOL, MEMBER_LEASE,
@@ -102,6 +108,8 @@ pub struct LocalBackend {
     max_file_bytes: u64,
     /// The size quota of new volumes ([`LocalBackend::with_volume_size_mib`]).
     volume_size_mib: u64,
+    /// What every sandbox is bounded to ([`LocalBackend::with_sandbox_bounds`]).
+    bounds: SandboxBounds,
     /// When the host was probed (namespaces, cgroups, the networking helper): the
     /// capabilities' `observed_at`.
     probed_at: crate::UnixMillis,
@@ -138,6 +146,12 @@ impl LocalBackend {
 
     /// An engine keeping state under `dir` (created if missing, mode 0700).
     ///
+    /// `dir` and the subdirectories the engine uses must belong to this user and be writable
+    /// by no one else, and every directory above it must belong to this user or root and be
+    /// writable by no one else unless sticky; otherwise this is [`Error::Unavailable`] naming
+    /// the path, and nothing is written there (another user could otherwise redirect the
+    /// engine's writes).
+    ///
     /// It raises this process's soft descriptor limit (`RLIMIT_NOFILE`) to the hard limit,
     /// once: each live sandbox holds a few descriptors in the program that made it, and the
     /// usual soft limit of 1024 ends near 400 sandboxes. Sandboxed processes get their own limit.
@@ -147,12 +161,8 @@ impl LocalBackend {
         // Absolute, so the engine's processes (started from elsewhere) find it too.
         let state_dir = std::path::absolute(dir.into())
             .map_err(|e| Error::from_io(&e, "state directory path"))?;
-        let sandboxes = state_dir.join("sandboxes");
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&sandboxes)
-            .map_err(|e| Error::from_io(&e, &format!("state directory {}", sandboxes.display())))?;
+        // Before anything is written there: ours, private, no symlink on the way.
+        statedir::prepare(&state_dir)?;
         let unisolated =
             std::env::var(ALLOW_UNISOLATED_ENV).is_ok_and(|v| v == "1") && !namespaces_available();
         if unisolated {
@@ -173,6 +183,7 @@ impl LocalBackend {
             preview_limits: PreviewLimits::default(),
             max_file_bytes: MAX_FILE_BYTES,
             volume_size_mib: volumes::DEFAULT_VOLUME_SIZE_MIB,
+            bounds: SandboxBounds::for_host(),
             probed_at: crate::now_millis(),
             pool: std::sync::Arc::new(pool::Pool::new(if unisolated {
                 0
@@ -374,6 +385,21 @@ impl LocalBackend {
         }
         self.volume_size_mib = mib;
         Ok(self)
+    }
+
+    /// The same engine, bounding sandboxes it creates from now on as `bounds` says (tmpfs
+    /// inodes, inotify and fanotify shares, default memory and processes) instead of
+    /// [`SandboxBounds::for_host`]. Bounds that would lift a protection or that the kernel
+    /// cannot take are [`Error::InvalidArgument`].
+    pub fn with_sandbox_bounds(mut self, bounds: SandboxBounds) -> Result<Self> {
+        bounds.validate()?;
+        self.bounds = bounds;
+        Ok(self)
+    }
+
+    /// What this engine bounds every sandbox it creates to.
+    pub fn sandbox_bounds(&self) -> SandboxBounds {
+        self.bounds
     }
 
     /// Volumes need a mount namespace to appear in a sandbox, so without isolation every
@@ -914,12 +940,12 @@ impl LocalBackend {
                 memory_mib: options
                     .resources
                     .memory_mib
-                    .unwrap_or(cgroup::DEFAULT_MEMORY_MIB),
+                    .unwrap_or(self.bounds.default_memory_mib),
                 cpu: options.resources.cpu,
                 pids: options
                     .resources
                     .max_processes
-                    .unwrap_or(config::DEFAULT_MAX_PROCESSES),
+                    .unwrap_or(self.bounds.default_max_processes),
             },
         });
         let mut users = mapping.users(
@@ -956,6 +982,7 @@ impl LocalBackend {
             protocol: PROTOCOL_VERSION,
             pooled,
             locale: None,
+            bounds: self.bounds,
         };
         let (state_dir, locale_dir) = (self.state_dir.clone(), self.locale.clone());
         let info = info_of(&record, SandboxState::Running);

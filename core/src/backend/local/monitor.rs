@@ -370,7 +370,11 @@ fn stage_volumes(record: &mut Record) -> Result<()> {
         staging,
         Some("tmpfs"),
         libc::MS_NOSUID | libc::MS_NODEV,
-        Some("mode=0755,size=64k"),
+        // One directory per volume (only the monitor makes entries here).
+        Some(&format!(
+            "mode=0755,size=64k,nr_inodes={}",
+            record.mounts.len() + 16
+        )),
     )
     .map_err(fail)?;
     // Bounded volumes come from their holders as detached mounts instead.

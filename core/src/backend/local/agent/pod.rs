@@ -188,6 +188,7 @@ fn prepare(config: &PodAgentConfig) -> Result<Record> {
         protocol: proto::PROTOCOL_VERSION,
         pooled: false,
         locale: None,
+        bounds: Default::default(),
     };
     // The home exists before anything runs in it (an emptyDir in a Pod usually; made here
     // otherwise, by the agent, before any sandbox code runs).

@@ -32,6 +32,10 @@ pub(super) fn setup_sandbox(
         .and_then(|dir| sys::open_dir_path(Path::new(dir)).ok());
     // Become root of the new user namespace (a no-op in the single-uid mapping).
     become_ns_root().map_err(|e| unavailable("setuid in the user namespace", e))?;
+    // Before anything else runs here: this namespace's share of the engine user's inotify,
+    // fanotify and namespace budget (see `bounds`). A new namespace has no limit of its own.
+    super::super::bounds::apply_user_limits(&record.bounds.user_limits())
+        .map_err(|e| unavailable("bound the sandbox's inotify, fanotify and namespaces", e))?;
     let private = libc::MS_REC | libc::MS_PRIVATE;
     sys::mount(None, Path::new("/"), None, private, None)
         .map_err(|e| unavailable("make mounts private", e))?;
@@ -62,8 +66,12 @@ pub(super) fn setup_sandbox(
                 })?;
         volume_sources.push(dir);
     }
-    mount_root_tmpfs(&root, record.disk_mib())
-        .map_err(|e| unavailable("mount the sandbox root", e))?;
+    mount_root_tmpfs(
+        &root,
+        record.disk_mib(),
+        record.bounds.inodes_for(record.disk_mib()),
+    )
+    .map_err(|e| unavailable("mount the sandbox root", e))?;
     let r = |p: &str| root.join(p.trim_start_matches('/'));
     let fs_err = |step: &str| {
         let step = step.to_string();
@@ -219,7 +227,10 @@ pub(super) fn setup_sandbox(
         &r("dev"),
         Some("tmpfs"),
         libc::MS_NOSUID | libc::MS_NOEXEC,
-        Some("mode=0755,size=64k"),
+        Some(&format!(
+            "mode=0755,size=64k,nr_inodes={}",
+            super::super::bounds::DEV_INODES
+        )),
     )
     .map_err(|e| unavailable("mount /dev", e))?;
     for dev in ["null", "zero", "full", "random", "urandom", "tty"] {
@@ -231,6 +242,7 @@ pub(super) fn setup_sandbox(
                 .map_err(|e| unavailable("bind /dev nodes", e))?;
         }
     }
+    let shm = super::super::bounds::SHM_MIB;
     for d in ["pts", "shm"] {
         std::fs::create_dir_all(r("dev").join(d)).map_err(fs_err("create /dev dirs"))?;
     }
@@ -250,7 +262,10 @@ pub(super) fn setup_sandbox(
         &r("dev/shm"),
         Some("tmpfs"),
         libc::MS_NOSUID | libc::MS_NODEV,
-        Some("mode=1777,size=64m"),
+        Some(&format!(
+            "mode=1777,size={shm}m,nr_inodes={}",
+            record.bounds.inodes_for(shm),
+        )),
     )
     .map_err(|e| unavailable("mount /dev/shm", e))?;
     for (link, target) in [
@@ -351,7 +366,8 @@ pub(super) fn bind_readonly(host: &Path, target: &Path) -> Result<()> {
     .map_err(|e| unavailable("remount a system directory read-only", e))
 }
 
-/// Mount the sandbox's root tmpfs at `root`, `disk_mib` MiB large.
+/// Mount the sandbox's root tmpfs at `root`, `disk_mib` MiB large with `inodes` inodes (see
+/// `bounds`: without `nr_inodes` empty files would cost the host unbounded kernel memory).
 ///
 /// `huge=within_size` lets the tmpfs keep a file in large folios (up to 2 MiB) where the file
 /// covers them: writing 100 MiB allocates, charges and later frees about a hundred folios
@@ -360,9 +376,9 @@ pub(super) fn bind_readonly(host: &Path, target: &Path) -> Result<()> {
 /// or disk quota for it. Where the kernel has no transparent huge pages the option is
 /// refused with `EINVAL`, and the root is mounted without it: the option changes speed, never
 /// isolation or limits.
-fn mount_root_tmpfs(root: &Path, disk_mib: u64) -> std::io::Result<()> {
+fn mount_root_tmpfs(root: &Path, disk_mib: u64, inodes: u64) -> std::io::Result<()> {
     let flags = libc::MS_NOSUID | libc::MS_NODEV;
-    let plain = format!("size={disk_mib}m,mode=0755");
+    let plain = format!("size={disk_mib}m,nr_inodes={inodes},mode=0755");
     let tmpfs = Some(Path::new("tmpfs"));
     match sys::mount(
         tmpfs,

@@ -16,23 +16,49 @@ pub(super) const WATCH_MASK: u32 = libc::IN_CREATE
 /// Directories under watch: watch descriptor → root-relative path.
 pub(super) type Watched = HashMap<i32, PathBuf>;
 
+/// The caller's error when the sandbox's inotify share (see `bounds`) is used up: a typed
+/// `RateLimited`, which is what E2B answers such a `resource_exhausted` with, naming the limit
+/// and what frees it; `None` for any other failure.
+pub(super) fn exhausted(e: &std::io::Error, record: &Record) -> Option<Error> {
+    let (what, limit) = match e.raw_os_error() {
+        // `inotify_init1`: the per-user instance count (or the agent's descriptors).
+        Some(libc::EMFILE | libc::ENFILE) => ("instances", record.bounds.inotify_instances),
+        // `inotify_add_watch`: the per-user watch count.
+        Some(libc::ENOSPC) => ("watches", record.bounds.inotify_watches),
+        _ => return None,
+    };
+    Some(Error::RateLimited {
+        message: format!(
+            "the sandbox's inotify {what} are used up ({limit} for each of its users, its \
+             processes' and its watches' together): end a watch, or a process watching files"
+        ),
+        retry_after_ms: None,
+    })
+}
+
 /// Add a watch on a held directory (through our own `/proc/self/fd`, so the watch lands on
 /// that directory, never on what a path names now) and, when `recursive`, on every directory
 /// below it (opened by descriptor, no links, not into /proc). Returns the entries found below
-/// (for reporting what was created before the watch existed).
+/// (for reporting what was created before the watch existed). Running out of watches is an
+/// error (a watch silently blind to part of its tree would report nothing there); any other
+/// directory that cannot be watched (gone, unreadable) is left out.
 pub(super) fn watch_tree(
     inotify: std::os::fd::RawFd,
     top: OwnedFd,
     rel: PathBuf,
     recursive: bool,
     dirs: &mut Watched,
-) -> Vec<(PathBuf, bool)> {
+) -> std::io::Result<Vec<(PathBuf, bool)>> {
     let mut found = Vec::new();
     let mut queue = VecDeque::from([(top, rel)]);
     while let Some((dir, rel)) = queue.pop_front() {
         let by_fd = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
-        if let Ok(wd) = sys::inotify_add_watch(inotify, &by_fd, WATCH_MASK) {
-            dirs.insert(wd, rel.clone());
+        match sys::inotify_add_watch(inotify, &by_fd, WATCH_MASK) {
+            Ok(wd) => {
+                dirs.insert(wd, rel.clone());
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => return Err(e),
+            Err(_) => {}
         }
         if !recursive {
             continue;
@@ -53,7 +79,7 @@ pub(super) fn watch_tree(
             found.push((child, written));
         }
     }
-    found
+    Ok(found)
 }
 
 /// Watch a directory with inotify, streaming events until the client goes away.
@@ -63,7 +89,9 @@ pub(super) async fn watch(
     path: &str,
     options: WatchOptions,
 ) -> Result<()> {
-    let fd = sys::inotify_init().map_err(|e| Error::from_io(&e, "inotify"))?;
+    let fd = sys::inotify_init().map_err(|e| {
+        exhausted(&e, &agent.record()).unwrap_or_else(|| Error::from_io(&e, "inotify"))
+    })?;
     let (rec, p, raw) = (agent.record(), path.to_string(), fd.as_raw_fd());
     let recursive = options.recursive;
     // Resolving and scanning touch the filesystem: off the event loop, as the caller's user
@@ -75,9 +103,11 @@ pub(super) async fn watch(
         // The top directory must be watched: a failure (no permission, no watches left) is
         // the caller's error, not a watch that never reports anything.
         let by_fd = PathBuf::from(format!("/proc/self/fd/{}", top.as_raw_fd()));
-        sys::inotify_add_watch(raw, &by_fd, WATCH_MASK).map_err(|e| Error::from_io(&e, &p))?;
+        let refused =
+            |e: std::io::Error| exhausted(&e, &rec).unwrap_or_else(|| Error::from_io(&e, &p));
+        sys::inotify_add_watch(raw, &by_fd, WATCH_MASK).map_err(refused)?;
         let mut dirs = Watched::new();
-        watch_tree(raw, top, rel.clone(), recursive, &mut dirs);
+        watch_tree(raw, top, rel.clone(), recursive, &mut dirs).map_err(refused)?;
         Ok((rel, dirs))
     })
     .await?;
@@ -182,12 +212,21 @@ pub(super) async fn watch(
                             )?;
                             let mut added = Watched::new();
                             let found = match files::open_subdir(&parent.0, &name) {
-                                Some(sub) => watch_tree(raw, sub, new_rel, true, &mut added),
+                                Some(sub) => watch_tree(raw, sub, new_rel, true, &mut added)
+                                    .map_err(|e| exhausted(&e, &rec)
+                                        .unwrap_or_else(|| Error::from_io(&e, "inotify")))?,
                                 None => Vec::new(),
                             };
                             Ok((added, found))
                         })
                         .await;
+                        // Out of watches: the stream ends with the typed error, never blind
+                        // to the new directory without saying so.
+                        if let Err(error @ Error::RateLimited { .. }) = &scanned {
+                            let reply = AgentReply::error(error);
+                            let _ = proto::write_frame(&mut wr, &reply, &[]).await;
+                            return Ok(());
+                        }
                         if let Ok((added, found)) = scanned {
                             dirs.extend(added);
                             for (path, written) in found {
