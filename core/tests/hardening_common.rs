@@ -54,6 +54,13 @@ impl Env {
         }
     }
 
+    /// The same engine, bounding its sandboxes by `bounds` instead of the host's defaults.
+    pub fn with_bounds(mut self, bounds: sandcove::backend::local::SandboxBounds) -> Env {
+        self.local = self.local.clone().with_sandbox_bounds(bounds).expect("bounds");
+        self.backend = Arc::new(self.local.clone());
+        self
+    }
+
     /// Create options for a test sandbox: labelled, with a short lease.
     pub fn options(&self, marker: &str) -> CreateOptions {
         CreateOptions::default()

@@ -104,7 +104,11 @@ async fn sparse_files_are_snapshotted_and_forked_sparse() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_over_the_disk_bound_is_refused_and_leaves_nothing() {
     const DISK_MIB: u64 = 16;
+    // Inodes enough for the empty files (the default bound, 64 per MiB, would stop them).
     let env = Env::new("snapbound");
+    let mut bounds = env.local.sandbox_bounds();
+    bounds.inodes_per_mib = 1024;
+    let env = env.with_bounds(bounds);
     let mut opts = env.options(&unique("snapbound"));
     opts.resources.disk_mib = Some(DISK_MIB);
     let id = env.create(opts).await;
