@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Args;
 use sandcove::client::API_KEY_ENV;
 use sandcove::server::intercept::SandcoveCa;
-use sandcove::server::{self, ConnectionLimits, ServerConfig};
+use sandcove::server::{self, ConnectionLimits, PolicyBackend, ServerConfig, ServerPolicy};
 use sandcove::{Backend, LocalBackend};
 
 use crate::record;
@@ -54,6 +54,15 @@ pub struct ServeArgs {
     /// Connections served at once; more wait until one closes.
     #[arg(long, default_value_t = 512)]
     pub max_connections: usize,
+    /// Let clients create sandboxes sharing the host's network (`"network": "host"`):
+    /// everything the host can reach, its loopback services and cloud metadata included.
+    /// Off by default: such a create is refused (403) on every listener.
+    #[arg(long)]
+    pub allow_host_network: bool,
+    /// Most live sandboxes at once, on every listener together (this server has one API
+    /// key, so this is also the bound per key); a create or fork past it is refused (403).
+    #[arg(long, value_name = "N", default_value_t = sandcove::server::policy::DEFAULT_MAX_SANDBOXES)]
+    pub max_sandboxes: usize,
     /// Milliseconds a client gets for its TLS handshake and each request head.
     #[arg(long, default_value_t = 10_000)]
     pub head_timeout_ms: u64,
@@ -245,6 +254,8 @@ pub fn run(args: ServeArgs) -> ExitCode {
         max_file_bytes,
         warm_pool,
         max_connections,
+        allow_host_network,
+        max_sandboxes,
         head_timeout_ms,
         body_idle_timeout_ms,
         upstream_answer_timeout_ms,
@@ -362,6 +373,16 @@ pub fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if max_sandboxes == 0 {
+        eprintln!("sandcove serve: --max-sandboxes must be at least 1");
+        return ExitCode::from(2);
+    }
+    // The server's policy, under every listener: the native API and each vendor wire get
+    // this one backend, so what a client may ask is decided in one place.
+    let mut policy = ServerPolicy::default();
+    policy.allow_host_network = allow_host_network;
+    policy.max_sandboxes = max_sandboxes;
+    let backend: Arc<dyn Backend> = Arc::new(PolicyBackend::new(backend, policy));
 
     // The Blaxel proxy's CA: created or loaded (file IO, key generation) before the
     // event loop starts.

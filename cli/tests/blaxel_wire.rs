@@ -1030,3 +1030,36 @@ async fn sandbox_listing_pages_by_cursor_in_both_orders() {
         .await;
     assert_eq!(status, 400, "{bad}");
 }
+
+/// The server's policy (`sandcove serve --max-sandboxes`, `--allow-host-network`) is applied
+/// to the backend under this listener too: a create past the cap is Blaxel's 403
+/// `SandboxError` and makes nothing. (Blaxel's wire cannot ask for the host's network:
+/// `spec.network` is refused as a gap.)
+#[tokio::test]
+async fn the_servers_policy_refuses_with_blaxels_403() {
+    let env = Env::start(|backend, url| {
+        let mut policy = sandcove::server::ServerPolicy::default();
+        policy.max_sandboxes = 1;
+        let governed = std::sync::Arc::new(sandcove::server::PolicyBackend::new(backend, policy));
+        blaxel::wire::router(governed, blaxel::wire::WireConfig::new(KEY, url))
+    })
+    .await;
+    env.create("first").await;
+    let (status, body) = env
+        .call(
+            "POST",
+            "/v0/sandboxes",
+            Some(json!({"metadata": {"name": "second"}})),
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
+    assert_sandbox_error(&body, 403);
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("limit of 1 live sandboxes"),
+        "{body}"
+    );
+    assert_eq!(env.sandbox_count().await, 1);
+}

@@ -515,3 +515,30 @@ async fn refused_requests_keep_a_reused_connection() {
     common::an_oversized_refused_body_closes_cleanly(&env.url, "POST", "/api/sandbox", "", 401)
         .await;
 }
+
+/// The server's policy (`sandcove serve --max-sandboxes`, `--allow-host-network`) is applied
+/// to the backend under this listener too: a create past the cap is Daytona's 403
+/// (`DaytonaForbiddenError` in the SDKs) and makes nothing. (Daytona's wire cannot ask for the
+/// host's network: no create field maps to it.)
+#[tokio::test]
+async fn the_servers_policy_refuses_with_daytonas_403() {
+    let env = Env::start(|backend, url| {
+        let mut policy = sandcove::server::ServerPolicy::default();
+        policy.max_sandboxes = 1;
+        let governed = std::sync::Arc::new(sandcove::server::PolicyBackend::new(backend, policy));
+        daytona::wire::router(governed, daytona::wire::WireConfig::new(KEY, url))
+    })
+    .await;
+    env.create().await;
+    let (status, body) = env.call("POST", "/api/sandbox", Some(json!({}))).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["statusCode"], json!(403), "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("limit of 1 live sandboxes"),
+        "{body}"
+    );
+    assert_eq!(env.sandbox_count().await, 1);
+}

@@ -1715,3 +1715,58 @@ async fn refused_requests_keep_a_reused_connection() {
     .await;
     common::an_oversized_refused_body_closes_cleanly(&env.url, "POST", "/sandboxes", "", 401).await;
 }
+
+/// The server's policy (`sandcove serve --max-sandboxes`, `--allow-host-network`) is applied
+/// to the backend under this listener too: a create past the cap is E2B's 403 (the SDKs'
+/// `SandboxException` with the message), so is each fork past it, and nothing is made. (E2B's
+/// wire cannot ask for the host's network: no create body field maps to it.)
+#[tokio::test]
+async fn the_servers_policy_refuses_with_e2bs_403() {
+    let state = PrivateState::new();
+    let backend = Arc::new(LocalBackend::with_state_dir(&state.dir).expect("engine"));
+    let mut policy = sandcove::server::ServerPolicy::default();
+    policy.max_sandboxes = 1;
+    let governed = Arc::new(sandcove::server::PolicyBackend::new(
+        backend.clone(),
+        policy,
+    ));
+    let app = e2b::wire::router(governed, e2b::wire::WireConfig::new(KEY));
+    let (url, stop) = common::serve_in_process(app).await;
+    let env = Env {
+        url,
+        http: reqwest::Client::new(),
+        backend,
+        stop: Some(stop),
+        state: Some(state),
+    };
+    let (id, _) = env.create().await;
+    let r = env
+        .http
+        .post(format!("{}/v2/sandboxes", env.url))
+        .header("X-API-KEY", KEY)
+        .json(&json!({"templateID": "base"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["code"], json!(403), "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("limit of 1 live sandboxes"),
+        "{body}"
+    );
+    let r = env
+        .http
+        .post(format!("{}/sandboxes/{id}/fork", env.url))
+        .header("X-API-KEY", KEY)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    let forks: Value = r.json().await.unwrap();
+    assert_eq!(forks[0]["error"]["code"], json!(403), "{forks}");
+    assert_eq!(env.backend.list(Default::default()).await.unwrap().len(), 1);
+}
