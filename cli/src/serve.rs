@@ -63,7 +63,8 @@ pub struct ServeArgs {
     /// key, so this is also the bound per key); a create or fork past it is refused (403).
     #[arg(long, value_name = "N", default_value_t = sandcove::server::policy::DEFAULT_MAX_SANDBOXES)]
     pub max_sandboxes: usize,
-    /// Milliseconds a client gets for its TLS handshake and each request head.
+    /// Milliseconds a client gets for its TLS handshake and each request head, and a
+    /// WebSocket that authenticates after opening (Daytona's event socket) for that.
     #[arg(long, default_value_t = 10_000)]
     pub head_timeout_ms: u64,
     /// Milliseconds a request body being read (an upload, stdin) may bring no byte; then
@@ -469,6 +470,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
                     let mut config = daytona::wire::WireConfig::new(daytona_key, origin);
                     config.max_body_bytes = max_body_bytes;
                     config.max_upload_bytes = daytona_upload_cap(max_upload_bytes);
+                    config.pre_auth_timeout = Duration::from_millis(head_timeout_ms);
                     let app = server::observe_listener(daytona::wire::router(backend.clone(), config), "daytona", &metrics);
                     tasks.push(tokio::spawn(server::serve_router(
                         l,
