@@ -439,8 +439,10 @@ async fn multipart_uploads_are_bounded_and_assembled_in_order() {
         .body(body)
     };
     // Parts arrive out of order; the file is assembled by part number.
-    assert_eq!(Env::send(put(2, vec![b'b'; 300 * 1024])).await.0, 200);
-    assert_eq!(Env::send(put(1, vec![b'a'; 300 * 1024])).await.0, 200);
+    for (n, byte) in [(2, b'b'), (1, b'a')] {
+        let (status, answer) = Env::send(put(n, vec![byte; 300 * 1024])).await;
+        assert_eq!(status, 200, "part {n}: {answer}");
+    }
     // Over the listener's upload limit (1 MiB in flight): refused, nothing kept.
     let (status, over) = Env::send(put(3, vec![b'c'; 600 * 1024])).await;
     assert_eq!(status, 413, "{over}");

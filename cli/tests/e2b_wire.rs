@@ -1015,11 +1015,22 @@ async fn gzip_uploads_are_decoded_within_the_upload_bound() {
     // 8 MiB of zeros packs into a few KiB: over the 1 MiB bound once decoded, both ways.
     let bomb = gzip(&vec![0u8; 8 * 1024 * 1024]);
     assert!(bomb.len() < 64 * 1024);
-    for (path, content_type) in [
-        ("/home/user/bomb1", "application/octet-stream"),
-        ("/home/user/bomb2", "multipart/form-data; boundary=B"),
+    let mut form_bomb =
+        b"--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"bomb2\"\r\n\r\n"
+            .to_vec();
+    form_bomb.extend_from_slice(&vec![0u8; 8 * 1024 * 1024]);
+    form_bomb.extend_from_slice(b"\r\n--B--\r\n");
+    let form_bomb = gzip(&form_bomb);
+    assert!(form_bomb.len() < 64 * 1024);
+    for (path, content_type, bomb) in [
+        ("/home/user/bomb1", "application/octet-stream", bomb),
+        (
+            "/home/user/bomb2",
+            "multipart/form-data; boundary=B",
+            form_bomb,
+        ),
     ] {
-        let r = upload(path, content_type, bomb.clone()).await.unwrap();
+        let r = upload(path, content_type, bomb).await.unwrap();
         let status = r.status().as_u16();
         let body = r.text().await.unwrap();
         assert_eq!(status, 400, "{path}: {body}");

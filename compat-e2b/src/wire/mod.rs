@@ -70,23 +70,27 @@ pub struct WireConfig {
     pub max_body_bytes: usize,
     /// Largest file upload, in bytes.
     pub max_upload_bytes: u64,
-    /// Largest multipart upload, in bytes: a multipart body is parsed in memory, so it has
-    /// its own, smaller cap (octet-stream uploads stream and obey `max_upload_bytes`).
+    /// Largest multipart upload body, in bytes (decoded, when gzip-encoded). Multipart
+    /// uploads stream part by part like octet-stream ones (which obey `max_upload_bytes`).
     pub max_multipart_bytes: usize,
+    /// The memory uploads may hold, shared with the server's other listeners when they are
+    /// given clones of one budget (see `sandcove_compat_support::multipart`).
+    pub upload_memory: sandcove_compat_support::multipart::UploadBudget,
     /// Most requests through `get_host` (which need no credential) running at once for one
     /// sandbox, upgraded connections included; more are answered `503` with `Retry-After`.
     pub max_host_requests_per_sandbox: usize,
 }
 
 impl WireConfig {
-    /// Defaults: 1 MiB bodies, 4 GiB streamed uploads, 64 MiB multipart uploads, 64
-    /// `get_host` requests at once per sandbox.
+    /// Defaults: 1 MiB bodies, 4 GiB streamed uploads, 64 MiB multipart uploads, a budget
+    /// of its own for upload memory, 64 `get_host` requests at once per sandbox.
     pub fn new(api_key: impl Into<String>) -> Self {
         WireConfig {
             api_key: api_key.into(),
             max_body_bytes: 1024 * 1024,
             max_upload_bytes: 4 * 1024 * 1024 * 1024,
             max_multipart_bytes: 64 * 1024 * 1024,
+            upload_memory: Default::default(),
             max_host_requests_per_sandbox: 64,
         }
     }
@@ -99,6 +103,7 @@ impl std::fmt::Debug for WireConfig {
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_upload_bytes", &self.max_upload_bytes)
             .field("max_multipart_bytes", &self.max_multipart_bytes)
+            .field("upload_memory", &self.upload_memory)
             .field(
                 "max_host_requests_per_sandbox",
                 &self.max_host_requests_per_sandbox,
@@ -283,8 +288,10 @@ async fn authenticate(
         // A URL from `download_url`/`upload_url`: no headers, a signature in the query.
         let (method, uri) = (request.method().clone(), request.uri().clone());
         match signed_file_url(&wire, &method, &uri).await {
-            Ok(Some(id)) => {
+            Ok(Some((id, signed))) => {
                 request.extensions_mut().insert(SandboxId(id));
+                // What the signature covers: the handlers act on exactly that.
+                request.extensions_mut().insert(signed);
                 return next.run(request).await;
             }
             Ok(None) => {}
@@ -383,15 +390,30 @@ fn file_signature(
     )
 }
 
+/// What a signed `/files` URL authorises, inserted into the request's extensions when its
+/// signature let the request in: one operation on one path as one user. The `/files`
+/// handlers then read or write exactly that path as that user, and an upload carries exactly
+/// one file.
+#[derive(Debug, Clone)]
+pub(crate) struct SignedFileUrl {
+    /// The signed path.
+    pub path: String,
+    /// `read` or `write`.
+    pub operation: &'static str,
+    /// The signed user (empty: the sandbox's default).
+    pub user: String,
+}
+
 /// The sandbox a signed `/files` URL (`download_url`, `upload_url`) was made for: the one
 /// whose envd token gives the URL's signature for this path, operation (`GET` reads, `POST`
-/// writes) and user, not expired. `None` when the URL carries no signature (the request is
-/// then judged by its headers); an error when it carries one that matches no sandbox.
+/// writes) and user, not expired, with what it authorises. `None` when the URL carries no
+/// signature (the request is then judged by its headers); an error when it carries one that
+/// matches no sandbox.
 async fn signed_file_url(
     wire: &Wire,
     method: &axum::http::Method,
     uri: &axum::http::Uri,
-) -> Result<Option<String>, connect::ConnectError> {
+) -> Result<Option<(String, SignedFileUrl)>, connect::ConnectError> {
     let Ok(axum::extract::Query(q)) = axum::extract::Query::<SignedQuery>::try_from_uri(uri) else {
         return Ok(None);
     };
@@ -431,7 +453,12 @@ async fn signed_file_url(
             q.signature_expiration.as_deref(),
         );
         if constant_time_eq(expected.as_bytes(), signature.as_bytes()) {
-            return Ok(Some(info.id));
+            let signed = SignedFileUrl {
+                path,
+                operation,
+                user,
+            };
+            return Ok(Some((info.id, signed)));
         }
     }
     Err(refused())
