@@ -6,6 +6,7 @@ mod common;
 
 use std::time::Duration;
 
+use sandcove::conformance::eventually;
 use sandcove::Backend;
 use serde_json::{json, Value};
 
@@ -650,4 +651,93 @@ async fn a_pre_auth_client_that_pings_and_never_reads_is_cut_at_the_deadline() {
     assert_eq!(ws_read(&mut connected).await, (1, b"3".to_vec()));
     drop(stop);
     let _ = std::thread::spawn(move || drop(state)).join();
+}
+
+/// A bulk upload streams each file into the sandbox as it arrives (nothing is held whole)
+/// and moves them into place only once the whole body is in: broken off during its second
+/// file, it leaves neither file (nor a staged part) and gives its upload memory back; a file
+/// sent before its path is refused the same way.
+#[tokio::test]
+async fn a_broken_off_bulk_upload_writes_nothing() {
+    let budget = sandcove_compat_support::multipart::UploadBudget::default();
+    let shared = budget.clone();
+    let env = Env::start(move |backend, url| {
+        let mut config = daytona::wire::WireConfig::new(KEY, url);
+        config.upload_memory = shared;
+        daytona::wire::router(backend, config)
+    })
+    .await;
+    let sb = env.create().await;
+    let id = sb["id"].as_str().unwrap().to_string();
+    let listing = || {
+        let (backend, id) = (env.backend.clone(), id.clone());
+        async move {
+            backend
+                .list_dir(&id, "/tmp/bulk", Default::default())
+                .await
+                .map(|entries| entries.into_iter().map(|e| e.name).collect::<Vec<_>>())
+                .unwrap_or_default()
+        }
+    };
+    let mut body = common::form_part("files[0].path", None, b"/tmp/bulk/a.txt");
+    body.extend(common::form_part("files[1].path", None, b"/tmp/bulk/b.txt"));
+    body.extend(common::form_part(
+        "files[0].file",
+        Some("a.txt"),
+        &[b'a'; 100 * 1024],
+    ));
+    body.extend(b"--B\r\nContent-Disposition: form-data; name=\"files[1].file\"; filename=\"b.txt\"\r\n\r\n");
+    body.extend([b'b'; 50 * 1024]);
+    let conn = common::partial_upload(
+        &env.url,
+        &format!("POST /toolbox/{id}/files/bulk-upload"),
+        &format!("Authorization: Bearer {KEY}\r\n"),
+        body.len() + 1024 * 1024,
+        &body,
+    )
+    .await;
+    // The first file is staged beside its destination while the second streams.
+    eventually(
+        Duration::from_secs(30),
+        "the first file is staged",
+        || async {
+            let names = listing().await;
+            names
+                .iter()
+                .any(|n| n.starts_with("a.txt.sandcove-upload-"))
+                .then_some(())
+                .ok_or(names)
+        },
+    )
+    .await;
+    drop(conn);
+    eventually(Duration::from_secs(30), "the upload ends", || async {
+        (budget.in_use() == 0).then_some(()).ok_or(budget.in_use())
+    })
+    .await;
+    eventually(Duration::from_secs(30), "nothing is left", || async {
+        let names = listing().await;
+        names.is_empty().then_some(()).ok_or(names)
+    })
+    .await;
+    // A file before its path: refused, nothing written.
+    let mut body = common::form_part("files[0].file", Some("c.txt"), b"early");
+    body.extend(common::form_part("files[0].path", None, b"/tmp/bulk/c.txt"));
+    body.extend(b"--B--\r\n");
+    let r = env
+        .http
+        .post(format!("{}/toolbox/{id}/files/bulk-upload", env.url))
+        .bearer_auth(KEY)
+        .header("content-type", "multipart/form-data; boundary=B")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(r
+        .text()
+        .await
+        .unwrap()
+        .contains("must follow its files[0].path"));
+    assert!(listing().await.is_empty());
 }
