@@ -75,8 +75,7 @@ async fn trickling_uploads_hold_no_more_than_the_budget() {
     for i in 0..8 {
         let path = format!("/home/user/trickle-{i}");
         let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
-        let head =
-            format!("--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"t\"\r\n\r\n");
+        let head = "--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"t\"\r\n\r\n";
         // A 64 MiB file is announced; 8 MiB of it is sent, then nothing more.
         let length = head.len() + 64 * 1024 * 1024;
         let request = format!(
