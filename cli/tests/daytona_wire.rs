@@ -704,7 +704,7 @@ async fn a_broken_off_bulk_upload_writes_nothing() {
             let names = listing().await;
             names
                 .iter()
-                .any(|n| n.starts_with("a.txt.sandcove-upload-"))
+                .any(|n| n.starts_with(".sandcove-upload-"))
                 .then_some(())
                 .ok_or(names)
         },

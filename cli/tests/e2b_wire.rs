@@ -1969,7 +1969,7 @@ async fn a_broken_off_upload_writes_nothing() {
             let names = listing().await;
             names
                 .iter()
-                .any(|n| n.starts_with("a.txt.sandcove-upload-"))
+                .any(|n| n.starts_with(".sandcove-upload-"))
                 .then_some(())
                 .ok_or(names)
         },
@@ -1991,6 +1991,19 @@ async fn a_broken_off_upload_writes_nothing() {
     body.extend(b"--B--\r\n");
     let r = env
         .envd("/files?path=/tmp/up/one.txt", &id, &token)
+        .header("Content-Type", "multipart/form-data; boundary=B")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(listing().await.is_empty());
+    // One path twice: refused, nothing lands.
+    let mut body = common::form_part("file", Some("/tmp/up/twice.txt"), b"one");
+    body.extend(common::form_part("file", Some("/tmp/up/twice.txt"), b"two"));
+    body.extend(b"--B--\r\n");
+    let r = env
+        .envd("/files", &id, &token)
         .header("Content-Type", "multipart/form-data; boundary=B")
         .body(body)
         .send()

@@ -515,15 +515,25 @@ impl Staged {
         }
     }
 
-    /// Write `data` for `destination` (an absolute sandbox path) under a temporary name
-    /// beside it, with `options` (whose user also moves it into place).
+    /// Write `data` for `destination` (an absolute sandbox path) under a temporary name in
+    /// its directory (`.sandcove-upload-…`), with `options` (whose user also moves it into
+    /// place). A destination staged already in this upload is refused.
     pub async fn write(
         &mut self,
         destination: &str,
         data: sandcove::ByteStream,
         options: sandcove::WriteOptions,
     ) -> sandcove::Result<()> {
-        let temporary = format!("{destination}.sandcove-upload-{}", sandcove::random_id(12));
+        if self.files.iter().any(|(_, d, _)| d == destination) {
+            return Err(sandcove::Error::invalid(format!(
+                "{destination} is uploaded twice in one request"
+            )));
+        }
+        let name = format!(".sandcove-upload-{}", sandcove::random_id(16));
+        let temporary = match destination.rsplit_once('/') {
+            Some((dir, _)) => format!("{dir}/{name}"),
+            None => name,
+        };
         let user = options.user.clone();
         self.sandbox.write_stream(&temporary, data, options).await?;
         self.files.push((temporary, destination.to_string(), user));
