@@ -9,8 +9,9 @@ use std::time::Duration;
 use clap::Args;
 use sandcove::client::API_KEY_ENV;
 use sandcove::server::intercept::SandcoveCa;
-use sandcove::server::{self, ConnectionLimits, ServerConfig};
+use sandcove::server::{self, ConnectionLimits, PolicyBackend, ServerConfig, ServerPolicy};
 use sandcove::{Backend, LocalBackend};
+use sandcove_compat_support::multipart::UploadBudget;
 
 use crate::record;
 
@@ -43,6 +44,11 @@ pub struct ServeArgs {
     /// Largest file upload, in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024 * 1024)]
     pub max_upload_bytes: u64,
+    /// Memory all multipart uploads of the vendor listeners may hold at once, in bytes.
+    /// Uploads stream into the sandbox; each holds a working set of 2 MiB of this while it
+    /// runs, and one that finds it taken for 10 s is refused (429) instead.
+    #[arg(long, value_name = "BYTES", default_value_t = sandcove_compat_support::multipart::DEFAULT_UPLOAD_MEMORY)]
+    pub upload_memory_bytes: usize,
     /// The engine's largest file in one write, in bytes (1 to 4 GiB); a larger write is
     /// refused with FileTooLarge.
     #[arg(long, default_value_t = sandcove::backend::local::MAX_FILE_BYTES)]
@@ -60,7 +66,17 @@ pub struct ServeArgs {
     /// Connections served at once; more wait until one closes.
     #[arg(long, default_value_t = 512)]
     pub max_connections: usize,
-    /// Milliseconds a client gets for its TLS handshake and each request head.
+    /// Let clients create sandboxes sharing the host's network (`"network": "host"`):
+    /// everything the host can reach, its loopback services and cloud metadata included.
+    /// Off by default: such a create is refused (403) on every listener.
+    #[arg(long)]
+    pub allow_host_network: bool,
+    /// Most live sandboxes at once, on every listener together (this server has one API
+    /// key, so this is also the bound per key); a create or fork past it is refused (403).
+    #[arg(long, value_name = "N", default_value_t = sandcove::server::policy::DEFAULT_MAX_SANDBOXES)]
+    pub max_sandboxes: usize,
+    /// Milliseconds a client gets for its TLS handshake and each request head, and a
+    /// WebSocket that authenticates after opening (Daytona's event socket) for that.
     #[arg(long, default_value_t = 10_000)]
     pub head_timeout_ms: u64,
     /// Milliseconds a request body being read (an upload, stdin) may bring no byte; then
@@ -248,11 +264,14 @@ pub fn run(args: ServeArgs) -> ExitCode {
         state_dir,
         max_body_bytes,
         max_upload_bytes,
+        upload_memory_bytes,
         max_file_bytes,
         volume_size_mib,
         warm_pool,
         sandbox_bounds,
         max_connections,
+        allow_host_network,
+        max_sandboxes,
         head_timeout_ms,
         body_idle_timeout_ms,
         upstream_answer_timeout_ms,
@@ -377,6 +396,16 @@ pub fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if max_sandboxes == 0 {
+        eprintln!("sandcove serve: --max-sandboxes must be at least 1");
+        return ExitCode::from(2);
+    }
+    // The server's policy, under every listener: the native API and each vendor wire get
+    // this one backend, so what a client may ask is decided in one place.
+    let mut policy = ServerPolicy::default();
+    policy.allow_host_network = allow_host_network;
+    policy.max_sandboxes = max_sandboxes;
+    let backend: Arc<dyn Backend> = Arc::new(PolicyBackend::new(backend, policy));
 
     // The Blaxel proxy's CA: created or loaded (file IO, key generation) before the
     // event loop starts.
@@ -414,9 +443,14 @@ pub fn run(args: ServeArgs) -> ExitCode {
     let limits = ConnectionLimits::from(&config);
     let daytona_key = api_key.clone();
     let blaxel_key = api_key.clone();
+    // One budget of upload memory for every vendor listener.
+    let upload_memory = UploadBudget::new(upload_memory_bytes);
     let mut wire = e2b::wire::WireConfig::new(api_key);
     wire.max_body_bytes = max_body_bytes;
     wire.max_upload_bytes = max_upload_bytes;
+    // Multipart uploads stream as octet-stream ones do: one bound for both.
+    wire.max_multipart_bytes = usize::try_from(max_upload_bytes).unwrap_or(usize::MAX);
+    wire.upload_memory = upload_memory.clone();
     let result = runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::bind(listen).await?;
                 let native = listener.local_addr()?;
@@ -463,6 +497,8 @@ pub fn run(args: ServeArgs) -> ExitCode {
                     let mut config = daytona::wire::WireConfig::new(daytona_key, origin);
                     config.max_body_bytes = max_body_bytes;
                     config.max_upload_bytes = daytona_upload_cap(max_upload_bytes);
+                    config.pre_auth_timeout = Duration::from_millis(head_timeout_ms);
+                    config.upload_memory = upload_memory.clone();
                     let app = server::observe_listener(daytona::wire::router(backend.clone(), config), "daytona", &metrics);
                     tasks.push(tokio::spawn(server::serve_router(
                         l,
@@ -481,6 +517,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
                     config.workspace = BLAXEL_WORKSPACE.to_string();
                     config.max_body_bytes = max_body_bytes;
                     config.max_upload_bytes = daytona_upload_cap(max_upload_bytes);
+                    config.upload_memory = upload_memory.clone();
                     let app = server::observe_listener(blaxel::wire::router(backend.clone(), config), "blaxel", &metrics);
                     tasks.push(tokio::spawn(server::serve_router_intercepting(
                         l,
@@ -572,9 +609,9 @@ fn build_engine(
         })
 }
 
-/// The in-memory cap of one Daytona (or Blaxel) upload: the server's upload limit, but never
-/// more than 64 MiB (the E2B listener's multipart cap too), since an upload body is parsed
-/// whole.
+/// The upload and download cap of the Daytona (and Blaxel) listener: the server's upload
+/// limit, but never more than 64 MiB, since their downloads are framed in memory (uploads
+/// stream).
 fn daytona_upload_cap(max_upload_bytes: u64) -> usize {
     usize::try_from(max_upload_bytes.min(64 * 1024 * 1024)).unwrap_or(usize::MAX)
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use sandcove::conformance::next_millisecond;
+use sandcove::conformance::{eventually, next_millisecond};
 use sandcove::Backend;
 use serde_json::{json, Value};
 
@@ -439,8 +439,10 @@ async fn multipart_uploads_are_bounded_and_assembled_in_order() {
         .body(body)
     };
     // Parts arrive out of order; the file is assembled by part number.
-    assert_eq!(Env::send(put(2, vec![b'b'; 300 * 1024])).await.0, 200);
-    assert_eq!(Env::send(put(1, vec![b'a'; 300 * 1024])).await.0, 200);
+    for (n, byte) in [(2, b'b'), (1, b'a')] {
+        let (status, answer) = Env::send(put(n, vec![byte; 300 * 1024])).await;
+        assert_eq!(status, 200, "part {n}: {answer}");
+    }
     // Over the listener's upload limit (1 MiB in flight): refused, nothing kept.
     let (status, over) = Env::send(put(3, vec![b'c'; 600 * 1024])).await;
     assert_eq!(status, 413, "{over}");
@@ -463,6 +465,17 @@ async fn multipart_uploads_are_bounded_and_assembled_in_order() {
     assert_eq!(bytes.len(), 600 * 1024);
     assert!(bytes[..300 * 1024].iter().all(|b| *b == b'a'));
     assert!(bytes[300 * 1024..].iter().all(|b| *b == b'b'));
+    // The parts waited in files in the sandbox, removed now.
+    let core_id = env.backend.list(Default::default()).await.unwrap()[0]
+        .id
+        .clone();
+    let parts = format!("{}/{id}", blaxel::wire::uploads::PARTS_DIR);
+    let gone = env
+        .backend
+        .stat(&core_id, &parts, Default::default())
+        .await
+        .unwrap_err();
+    assert!(gone.is_not_found(), "{gone}");
     // A completed (or unknown) upload takes no more parts.
     let (status, _) = Env::send(put(1, vec![b'x'; 10])).await;
     assert_eq!(status, 404);
@@ -1029,4 +1042,162 @@ async fn sandbox_listing_pages_by_cursor_in_both_orders() {
         .call("GET", "/v0/sandboxes?cursor=not-a-cursor", None)
         .await;
     assert_eq!(status, 400, "{bad}");
+}
+
+/// The server's policy (`sandcove serve --max-sandboxes`, `--allow-host-network`) is applied
+/// to the backend under this listener too: a create past the cap is Blaxel's 403
+/// `SandboxError` and makes nothing. (Blaxel's wire cannot ask for the host's network:
+/// `spec.network` is refused as a gap.)
+#[tokio::test]
+async fn the_servers_policy_refuses_with_blaxels_403() {
+    let env = Env::start(|backend, url| {
+        let mut policy = sandcove::server::ServerPolicy::default();
+        policy.max_sandboxes = 1;
+        let governed = std::sync::Arc::new(sandcove::server::PolicyBackend::new(backend, policy));
+        blaxel::wire::router(governed, blaxel::wire::WireConfig::new(KEY, url))
+    })
+    .await;
+    env.create("first").await;
+    let (status, body) = env
+        .call(
+            "POST",
+            "/v0/sandboxes",
+            Some(json!({"metadata": {"name": "second"}})),
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
+    assert_sandbox_error(&body, 403);
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("limit of 1 live sandboxes"),
+        "{body}"
+    );
+    assert_eq!(env.sandbox_count().await, 1);
+}
+
+/// Uploads stream into the sandbox (nothing is held whole): a file upload broken off leaves
+/// no file and gives its upload memory back; a multipart upload's parts wait in part files in
+/// the sandbox, removed once it completes or is aborted, and a part broken off is not kept.
+#[tokio::test]
+async fn broken_off_uploads_write_nothing_and_parts_are_cleaned_up() {
+    let budget = sandcove_compat_support::multipart::UploadBudget::default();
+    let shared = budget.clone();
+    let env = Env::start(move |backend, url| {
+        let mut config = blaxel::wire::WireConfig::new(KEY, url);
+        config.max_upload_bytes = 1024 * 1024;
+        config.upload_memory = shared;
+        blaxel::wire::router(backend, config)
+    })
+    .await;
+    let sb = env.create("streams").await;
+    let id = sb["metadata"]["name"].as_str().unwrap().to_string();
+    let core_id = env.backend.list(Default::default()).await.unwrap()[0]
+        .id
+        .clone();
+    let auth = format!("X-Blaxel-Authorization: Bearer {KEY}\r\nX-Blaxel-Workspace: sandcove\r\n");
+    let mut body =
+        b"--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"blob\"\r\n\r\n".to_vec();
+    body.extend([b'x'; 100 * 1024]);
+    let conn = common::partial_upload(
+        &env.url,
+        &format!("PUT /blaxel-sbx/{id}/filesystem//tmp/cut.bin"),
+        &auth,
+        body.len() + 512 * 1024,
+        &body,
+    )
+    .await;
+    eventually(
+        std::time::Duration::from_secs(30),
+        "the upload runs",
+        || async { (budget.in_use() > 0).then_some(()).ok_or(0) },
+    )
+    .await;
+    drop(conn);
+    eventually(
+        std::time::Duration::from_secs(30),
+        "the upload ends",
+        || async { (budget.in_use() == 0).then_some(()).ok_or(budget.in_use()) },
+    )
+    .await;
+    let err = env
+        .backend
+        .stat(&core_id, "/tmp/cut.bin", Default::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+
+    // A multipart upload: a part broken off is not kept, complete takes the parts sent
+    // whole, and the part files go.
+    let (status, init) = env
+        .call(
+            "POST",
+            &format!("/blaxel-sbx/{id}/filesystem-multipart/initiate//tmp/joined.bin"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(status, 200, "{init}");
+    let upload = init["uploadId"].as_str().unwrap().to_string();
+    let parts_dir = format!("{}/{upload}", blaxel::wire::uploads::PARTS_DIR);
+    let conn = common::partial_upload(
+        &env.url,
+        &format!("PUT /blaxel-sbx/{id}/filesystem-multipart/{upload}/part?partNumber=2"),
+        &auth,
+        body.len() + 512 * 1024,
+        &body,
+    )
+    .await;
+    eventually(
+        std::time::Duration::from_secs(30),
+        "the part runs",
+        || async { (budget.in_use() > 0).then_some(()).ok_or(0) },
+    )
+    .await;
+    drop(conn);
+    eventually(
+        std::time::Duration::from_secs(30),
+        "the part ends",
+        || async { (budget.in_use() == 0).then_some(()).ok_or(budget.in_use()) },
+    )
+    .await;
+    let (ct, part) = form(b"first part ");
+    let (status, answer) = Env::send(
+        env.request(
+            "PUT",
+            &format!("/blaxel-sbx/{id}/filesystem-multipart/{upload}/part?partNumber=1"),
+            Some(KEY),
+        )
+        .header("Content-Type", ct)
+        .body(part),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let parts = env
+        .backend
+        .list_dir(&core_id, &parts_dir, Default::default())
+        .await
+        .unwrap();
+    let names: Vec<_> = parts.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["1"], "only the part sent whole is kept");
+    let (status, answer) = env
+        .call(
+            "POST",
+            &format!("/blaxel-sbx/{id}/filesystem-multipart/{upload}/complete"),
+            Some(json!({"parts": [{"partNumber": 1}, {"partNumber": 2}]})),
+        )
+        .await;
+    assert_eq!(status, 400, "part 2 never arrived whole: {answer}");
+    let err = env
+        .backend
+        .stat(&core_id, "/tmp/joined.bin", Default::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    let gone = env
+        .backend
+        .stat(&core_id, &parts_dir, Default::default())
+        .await
+        .unwrap_err();
+    assert!(gone.is_not_found(), "the part files are removed: {gone}");
 }

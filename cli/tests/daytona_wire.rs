@@ -6,6 +6,7 @@ mod common;
 
 use std::time::Duration;
 
+use sandcove::conformance::eventually;
 use sandcove::Backend;
 use serde_json::{json, Value};
 
@@ -406,9 +407,14 @@ async fn ws_read(conn: &mut tokio::net::TcpStream) -> (u8, Vec<u8>) {
 
 /// Open the event socket the way the SDKs do; the `101` head is checked.
 async fn open_event_socket(url: &str) -> tokio::net::TcpStream {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let addr = url.trim_start_matches("http://");
-    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    event_socket_on(conn, addr).await
+}
+
+/// [`open_event_socket`] on a connection made already.
+async fn event_socket_on(mut conn: tokio::net::TcpStream, addr: &str) -> tokio::net::TcpStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let request = format!(
         "GET /api/socket.io/?source=sdk-python&EIO=4&transport=websocket HTTP/1.1\r\n\
          Host: {addr}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
@@ -514,4 +520,224 @@ async fn refused_requests_keep_a_reused_connection() {
     .await;
     common::an_oversized_refused_body_closes_cleanly(&env.url, "POST", "/api/sandbox", "", 401)
         .await;
+}
+
+/// The server's policy (`sandcove serve --max-sandboxes`, `--allow-host-network`) is applied
+/// to the backend under this listener too: a create past the cap is Daytona's 403
+/// (`DaytonaForbiddenError` in the SDKs) and makes nothing. (Daytona's wire cannot ask for the
+/// host's network: no create field maps to it.)
+#[tokio::test]
+async fn the_servers_policy_refuses_with_daytonas_403() {
+    let env = Env::start(|backend, url| {
+        let mut policy = sandcove::server::ServerPolicy::default();
+        policy.max_sandboxes = 1;
+        let governed = std::sync::Arc::new(sandcove::server::PolicyBackend::new(backend, policy));
+        daytona::wire::router(governed, daytona::wire::WireConfig::new(KEY, url))
+    })
+    .await;
+    env.create().await;
+    let (status, body) = env.call("POST", "/api/sandbox", Some(json!({}))).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["statusCode"], json!(403), "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("limit of 1 live sandboxes"),
+        "{body}"
+    );
+    assert_eq!(env.sandbox_count().await, 1);
+}
+
+/// Finding: a pre-auth client of the event socket that sends pings and never reads the
+/// answers held its connection slot ~600 s, not the documented 10 s (the handshake's timer
+/// ended, then the closing frame waited on the full send buffer until the idle limit). The
+/// pre-auth deadline is now the upgrade's own: such a client is cut at it (1 s here) and its
+/// slot of the listener's cap (2 here) is free again, while an authenticated socket goes on.
+#[tokio::test]
+async fn a_pre_auth_client_that_pings_and_never_reads_is_cut_at_the_deadline() {
+    use tokio::io::AsyncWriteExt;
+    let state = sandcove_tests::PrivateState::new();
+    let backend =
+        std::sync::Arc::new(sandcove::LocalBackend::with_state_dir(&state.dir).expect("engine"));
+    let mut limits = common::test_limits();
+    limits.max_connections = 2;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let url = format!("http://{addr}");
+    let mut config = daytona::wire::WireConfig::new(KEY, url.clone());
+    config.pre_auth_timeout = Duration::from_secs(1);
+    let app = daytona::wire::router(backend, config);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(sandcove::server::serve_router(
+        listener,
+        app,
+        limits,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+
+    // An authenticated socket: the deadline is not for it.
+    let mut connected = open_event_socket(&url).await;
+    ws_send(&mut connected, &format!("40{}", json!({"token": KEY}))).await;
+    assert!(String::from_utf8(ws_read(&mut connected).await.1)
+        .unwrap()
+        .starts_with("40{"));
+
+    // The attacker: a small receive buffer, pings until the server can no longer send the
+    // pongs (its writes wait on this client, which reads nothing).
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let conn = socket.connect(addr.parse().unwrap()).await.unwrap();
+    let mut attacker = event_socket_on(conn, &addr).await;
+    let mask = [1u8, 2, 3, 4];
+    let mut ping = vec![0x89u8, 0x80 | 125];
+    ping.extend_from_slice(&mask);
+    ping.extend((0..125).map(|i| b'p' ^ mask[i % 4]));
+    let blocked = async {
+        loop {
+            match tokio::time::timeout(Duration::from_millis(200), attacker.write_all(&ping)).await
+            {
+                Ok(Ok(())) => continue,
+                // The server stopped taking pings (it waits on its pongs) or is gone.
+                Ok(Err(_)) | Err(_) => return,
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), blocked)
+        .await
+        .expect("the server's pongs back up");
+
+    // Both slots are taken; a plain request gets an answer once the attacker is cut.
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    sandcove::conformance::eventually(
+        Duration::from_secs(20),
+        "the attacker's slot is freed",
+        || async {
+            http.get(format!("{url}/api/sandbox"))
+                .bearer_auth(KEY)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await;
+    // The attacker's connection is gone (its next write, or the one after, fails).
+    let attacker = std::sync::Arc::new(tokio::sync::Mutex::new(attacker));
+    sandcove::conformance::eventually(
+        Duration::from_secs(20),
+        "the attacker is disconnected",
+        || {
+            let (attacker, ping) = (attacker.clone(), ping.clone());
+            async move {
+                let mut attacker = attacker.lock().await;
+                match tokio::time::timeout(Duration::from_millis(200), attacker.write_all(&ping))
+                    .await
+                {
+                    Ok(Err(_)) => Ok(()),
+                    other => Err(format!("still open: {other:?}")),
+                }
+            }
+        },
+    )
+    .await;
+    // The authenticated socket, older than the deadline, still answers.
+    ws_send(&mut connected, "2").await;
+    assert_eq!(ws_read(&mut connected).await, (1, b"3".to_vec()));
+    drop(stop);
+    let _ = std::thread::spawn(move || drop(state)).join();
+}
+
+/// A bulk upload streams each file into the sandbox as it arrives (nothing is held whole)
+/// and moves them into place only once the whole body is in: broken off during its second
+/// file, it leaves neither file (nor a staged part) and gives its upload memory back; a file
+/// sent before its path is refused the same way.
+#[tokio::test]
+async fn a_broken_off_bulk_upload_writes_nothing() {
+    let budget = sandcove_compat_support::multipart::UploadBudget::default();
+    let shared = budget.clone();
+    let env = Env::start(move |backend, url| {
+        let mut config = daytona::wire::WireConfig::new(KEY, url);
+        config.upload_memory = shared;
+        daytona::wire::router(backend, config)
+    })
+    .await;
+    let sb = env.create().await;
+    let id = sb["id"].as_str().unwrap().to_string();
+    let listing = || {
+        let (backend, id) = (env.backend.clone(), id.clone());
+        async move {
+            backend
+                .list_dir(&id, "/tmp/bulk", Default::default())
+                .await
+                .map(|entries| entries.into_iter().map(|e| e.name).collect::<Vec<_>>())
+                .unwrap_or_default()
+        }
+    };
+    let mut body = common::form_part("files[0].path", None, b"/tmp/bulk/a.txt");
+    body.extend(common::form_part("files[1].path", None, b"/tmp/bulk/b.txt"));
+    body.extend(common::form_part(
+        "files[0].file",
+        Some("a.txt"),
+        &[b'a'; 100 * 1024],
+    ));
+    body.extend(b"--B\r\nContent-Disposition: form-data; name=\"files[1].file\"; filename=\"b.txt\"\r\n\r\n");
+    body.extend([b'b'; 50 * 1024]);
+    let conn = common::partial_upload(
+        &env.url,
+        &format!("POST /toolbox/{id}/files/bulk-upload"),
+        &format!("Authorization: Bearer {KEY}\r\n"),
+        body.len() + 1024 * 1024,
+        &body,
+    )
+    .await;
+    // The first file is staged beside its destination while the second streams.
+    eventually(
+        Duration::from_secs(30),
+        "the first file is staged",
+        || async {
+            let names = listing().await;
+            names
+                .iter()
+                .any(|n| n.starts_with(".sandcove-upload-"))
+                .then_some(())
+                .ok_or(names)
+        },
+    )
+    .await;
+    drop(conn);
+    eventually(Duration::from_secs(30), "the upload ends", || async {
+        (budget.in_use() == 0).then_some(()).ok_or(budget.in_use())
+    })
+    .await;
+    eventually(Duration::from_secs(30), "nothing is left", || async {
+        let names = listing().await;
+        names.is_empty().then_some(()).ok_or(names)
+    })
+    .await;
+    // A file before its path: refused, nothing written.
+    let mut body = common::form_part("files[0].file", Some("c.txt"), b"early");
+    body.extend(common::form_part("files[0].path", None, b"/tmp/bulk/c.txt"));
+    body.extend(b"--B--\r\n");
+    let r = env
+        .http
+        .post(format!("{}/toolbox/{id}/files/bulk-upload", env.url))
+        .bearer_auth(KEY)
+        .header("content-type", "multipart/form-data; boundary=B")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(r
+        .text()
+        .await
+        .unwrap()
+        .contains("must follow its files[0].path"));
+    assert!(listing().await.is_empty());
 }

@@ -1015,11 +1015,22 @@ async fn gzip_uploads_are_decoded_within_the_upload_bound() {
     // 8 MiB of zeros packs into a few KiB: over the 1 MiB bound once decoded, both ways.
     let bomb = gzip(&vec![0u8; 8 * 1024 * 1024]);
     assert!(bomb.len() < 64 * 1024);
-    for (path, content_type) in [
-        ("/home/user/bomb1", "application/octet-stream"),
-        ("/home/user/bomb2", "multipart/form-data; boundary=B"),
+    let mut form_bomb =
+        b"--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"bomb2\"\r\n\r\n"
+            .to_vec();
+    form_bomb.extend_from_slice(&vec![0u8; 8 * 1024 * 1024]);
+    form_bomb.extend_from_slice(b"\r\n--B--\r\n");
+    let form_bomb = gzip(&form_bomb);
+    assert!(form_bomb.len() < 64 * 1024);
+    for (path, content_type, bomb) in [
+        ("/home/user/bomb1", "application/octet-stream", bomb),
+        (
+            "/home/user/bomb2",
+            "multipart/form-data; boundary=B",
+            form_bomb,
+        ),
     ] {
-        let r = upload(path, content_type, bomb.clone()).await.unwrap();
+        let r = upload(path, content_type, bomb).await.unwrap();
         let status = r.status().as_u16();
         let body = r.text().await.unwrap();
         assert_eq!(status, 400, "{path}: {body}");
@@ -1714,4 +1725,308 @@ async fn refused_requests_keep_a_reused_connection() {
     )
     .await;
     common::an_oversized_refused_body_closes_cleanly(&env.url, "POST", "/sandboxes", "", 401).await;
+}
+
+/// The server's policy (`sandcove serve --max-sandboxes`, `--allow-host-network`) is applied
+/// to the backend under this listener too: a create past the cap is E2B's 403 (the SDKs'
+/// `SandboxException` with the message), so is each fork past it, and nothing is made. (E2B's
+/// wire cannot ask for the host's network: no create body field maps to it.)
+#[tokio::test]
+async fn the_servers_policy_refuses_with_e2bs_403() {
+    let state = PrivateState::new();
+    let backend = Arc::new(LocalBackend::with_state_dir(&state.dir).expect("engine"));
+    let mut policy = sandcove::server::ServerPolicy::default();
+    policy.max_sandboxes = 1;
+    let governed = Arc::new(sandcove::server::PolicyBackend::new(
+        backend.clone(),
+        policy,
+    ));
+    let app = e2b::wire::router(governed, e2b::wire::WireConfig::new(KEY));
+    let (url, stop) = common::serve_in_process(app).await;
+    let env = Env {
+        url,
+        http: reqwest::Client::new(),
+        backend,
+        stop: Some(stop),
+        state: Some(state),
+    };
+    let (id, _) = env.create().await;
+    let r = env
+        .http
+        .post(format!("{}/v2/sandboxes", env.url))
+        .header("X-API-KEY", KEY)
+        .json(&json!({"templateID": "base"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["code"], json!(403), "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("limit of 1 live sandboxes"),
+        "{body}"
+    );
+    let r = env
+        .http
+        .post(format!("{}/sandboxes/{id}/fork", env.url))
+        .header("X-API-KEY", KEY)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    let forks: Value = r.json().await.unwrap();
+    assert_eq!(forks[0]["error"]["code"], json!(403), "{forks}");
+    assert_eq!(env.backend.list(Default::default()).await.unwrap().len(), 1);
+}
+
+/// E2B's v1 file-URL signature for `user` (the SDKs sign `path:operation:user:token`).
+fn user_signature(path: &str, operation: &str, user: &str, token: &str) -> String {
+    let raw = format!("{path}:{operation}:{user}:{token}");
+    let digest = ring::digest::digest(&ring::digest::SHA256, raw.as_bytes());
+    format!(
+        "v1_{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest.as_ref())
+    )
+}
+
+/// Finding: a signed E2B upload URL for one path wrote any path: a multipart body with two
+/// file parts wrote /home/user/.bashrc and /tmp/evil.sh. A signed upload now carries exactly
+/// one file, written to the signed path as the signed user: a second file part, or a part
+/// whose filename names another path, is E2B's 403 before anything is written.
+#[tokio::test]
+async fn a_signed_upload_url_writes_its_one_path_only() {
+    let env = env().await;
+    let (id, token) = env.create().await;
+    let signed = "/home/user/up.txt";
+    let url = |user: &str| {
+        let mut u = format!(
+            "{}/files?path={}&signature={}",
+            env.url,
+            signed.replace('/', "%2F"),
+            user_signature(signed, "write", user, &token)
+                .replace('+', "%2B")
+                .replace('/', "%2F")
+        );
+        if !user.is_empty() {
+            u.push_str(&format!("&username={user}"));
+        }
+        u
+    };
+    let part = |name: &str, filename: Option<&str>, data: &str| {
+        match filename {
+        Some(f) => format!(
+            "--B\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"{f}\"\r\n\r\n{data}\r\n"
+        ),
+        None => format!("--B\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{data}\r\n"),
+    }
+    };
+    let post = |u: String, body: String| {
+        env.http
+            .post(u)
+            .header("Content-Type", "multipart/form-data; boundary=B")
+            .body(format!("{body}--B--\r\n"))
+            .send()
+    };
+    let absent = |path: &'static str| {
+        let backend = env.backend.clone();
+        let id = id.clone();
+        async move {
+            let err = backend
+                .stat(&id, path, Default::default())
+                .await
+                .unwrap_err();
+            assert!(err.is_not_found(), "{path} was written: {err}");
+        }
+    };
+    // The finding's body: two file parts naming two other paths.
+    let two = part("file", Some("/home/user/.bashrc"), "echo pwned")
+        + &part("file", Some("/tmp/evil.sh"), "echo pwned");
+    let r = post(url(""), two).await.unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["code"], json!(403), "{body}");
+    // Two file parts with harmless names: refused all the same, the first not kept.
+    let r = post(
+        url(""),
+        part("file", Some("a.txt"), "first") + &part("file", Some("b.txt"), "second"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    // One file part naming another path.
+    let r = post(url(""), part("file", Some("/tmp/evil.sh"), "echo pwned"))
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    absent("/tmp/evil.sh").await;
+    absent(signed).await;
+    let bashrc = env
+        .backend
+        .stat(&id, "/home/user/.bashrc", Default::default())
+        .await;
+    assert!(
+        bashrc.is_err() || bashrc.unwrap().size != 10,
+        "/home/user/.bashrc was not replaced"
+    );
+    // What the URL is for: one file (other fields read past), at the signed path.
+    let r = post(
+        url(""),
+        part("note", None, "ignored") + &part("file", Some("up.txt"), "signed upload"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    let stat = env
+        .backend
+        .stat(&id, signed, Default::default())
+        .await
+        .unwrap();
+    assert_eq!(stat.size, "signed upload".len() as u64);
+}
+
+/// A signed upload URL writes as the user it was signed for: one signed for a user the
+/// sandbox does not have writes nothing; the same URL signed without a user writes.
+#[tokio::test]
+async fn a_signed_upload_url_writes_as_its_signed_user() {
+    let env = env().await;
+    let (id, token) = env.create().await;
+    let signed = "/tmp/signed-user.txt";
+    let post = |user: &str| {
+        let mut u = format!(
+            "{}/files?path={}&signature={}",
+            env.url,
+            signed.replace('/', "%2F"),
+            user_signature(signed, "write", user, &token)
+                .replace('+', "%2B")
+                .replace('/', "%2F")
+        );
+        if !user.is_empty() {
+            u.push_str(&format!("&username={user}"));
+        }
+        env.http
+            .post(u)
+            .header("Content-Type", "multipart/form-data; boundary=B")
+            .body("--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"up.txt\"\r\n\r\nhi\r\n--B--\r\n")
+            .send()
+    };
+    let r = post("no-such-user").await.unwrap();
+    assert_ne!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    assert!(env
+        .backend
+        .stat(&id, signed, Default::default())
+        .await
+        .is_err());
+    let r = post("").await.unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    assert!(env
+        .backend
+        .stat(&id, signed, Default::default())
+        .await
+        .is_ok());
+}
+
+/// An upload without `path` (each part's filename its path) streams each file into the
+/// sandbox as it arrives and moves them into place once the body is complete: broken off
+/// during the second file, it leaves neither; with a path, a second file part fails the
+/// upload before the first lands.
+#[tokio::test]
+async fn a_broken_off_upload_writes_nothing() {
+    let budget = sandcove_compat_support::multipart::UploadBudget::default();
+    let mut config = e2b::wire::WireConfig::new(KEY);
+    config.upload_memory = budget.clone();
+    let env = env_with(config).await;
+    let (id, token) = env.create().await;
+    let listing = || {
+        let (backend, id) = (env.backend.clone(), id.clone());
+        async move {
+            backend
+                .list_dir(&id, "/tmp/up", Default::default())
+                .await
+                .map(|entries| entries.into_iter().map(|e| e.name).collect::<Vec<_>>())
+                .unwrap_or_default()
+        }
+    };
+    let mut body = common::form_part("file", Some("/tmp/up/a.txt"), &[b'a'; 100 * 1024]);
+    body.extend(
+        b"--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/tmp/up/b.txt\"\r\n\r\n",
+    );
+    body.extend([b'b'; 50 * 1024]);
+    let conn = common::partial_upload(
+        &env.url,
+        "POST /files",
+        &format!("E2b-Sandbox-Id: {id}\r\nX-Access-Token: {token}\r\n"),
+        body.len() + 1024 * 1024,
+        &body,
+    )
+    .await;
+    eventually(
+        Duration::from_secs(30),
+        "the first file is staged",
+        || async {
+            let names = listing().await;
+            names
+                .iter()
+                .any(|n| n.starts_with(".sandcove-upload-"))
+                .then_some(())
+                .ok_or(names)
+        },
+    )
+    .await;
+    drop(conn);
+    eventually(Duration::from_secs(30), "the upload ends", || async {
+        (budget.in_use() == 0).then_some(()).ok_or(budget.in_use())
+    })
+    .await;
+    eventually(Duration::from_secs(30), "nothing is left", || async {
+        let names = listing().await;
+        names.is_empty().then_some(()).ok_or(names)
+    })
+    .await;
+    // With a path, one file: a second part fails it before anything lands.
+    let mut body = common::form_part("file", Some("x"), b"first");
+    body.extend(common::form_part("file", Some("y"), b"second"));
+    body.extend(b"--B--\r\n");
+    let r = env
+        .envd("/files?path=/tmp/up/one.txt", &id, &token)
+        .header("Content-Type", "multipart/form-data; boundary=B")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(listing().await.is_empty());
+    // One path twice: refused, nothing lands.
+    let mut body = common::form_part("file", Some("/tmp/up/twice.txt"), b"one");
+    body.extend(common::form_part("file", Some("/tmp/up/twice.txt"), b"two"));
+    body.extend(b"--B--\r\n");
+    let r = env
+        .envd("/files", &id, &token)
+        .header("Content-Type", "multipart/form-data; boundary=B")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(listing().await.is_empty());
+    // Complete, both land.
+    let mut body = common::form_part("file", Some("/tmp/up/a.txt"), b"one");
+    body.extend(common::form_part("file", Some("/tmp/up/b.txt"), b"two"));
+    body.extend(b"--B--\r\n");
+    let r = env
+        .envd("/files", &id, &token)
+        .header("Content-Type", "multipart/form-data; boundary=B")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let written: Value = r.json().await.unwrap();
+    assert_eq!(written[0]["path"], "/tmp/up/a.txt", "{written}");
+    assert_eq!(written[1]["path"], "/tmp/up/b.txt", "{written}");
+    let mut names = listing().await;
+    names.sort();
+    assert_eq!(names, ["a.txt", "b.txt"]);
 }

@@ -787,11 +787,9 @@ impl SandboxFileSystem {
                 SandboxAPIError::exception(format!("Failed to write binary: {}: {e}", p.display()))
             })?,
         };
-        let stat = self.write_bytes(path, bytes).await?;
-        Ok(SuccessResponse {
-            message: "Binary file uploaded successfully".into(),
-            path: Some(stat.path),
-        })
+        let stream: sandcove::ByteStream =
+            Box::pin(futures::stream::once(async move { Ok(bytes) }));
+        self.write_binary_stream(path, stream, None).await
     }
 
     async fn write_bytes(&self, path: &str, bytes: Vec<u8>) -> Result<sandcove::FileStat> {
@@ -802,6 +800,32 @@ impl SandboxFileSystem {
             .mode(0o644)
             .append(false);
         Ok(self.ctx.core.write_stream(path, stream, options).await?)
+    }
+
+    /// `write_binary` from a stream (the wire's streamed uploads), of at most `max_bytes`
+    /// when given: parents created, mode 0644, what was there replaced only once the stream
+    /// has ended without an error.
+    pub(crate) async fn write_binary_stream(
+        &self,
+        path: &str,
+        data: sandcove::ByteStream,
+        max_bytes: Option<u64>,
+    ) -> Result<SuccessResponse> {
+        let mut options = sandcove::WriteOptions::default()
+            .create_parents(true)
+            .mode(0o644)
+            .append(false);
+        options.max_bytes = max_bytes;
+        let stat = self.ctx.core.write_stream(path, data, options).await?;
+        Ok(SuccessResponse {
+            message: "Binary file uploaded successfully".into(),
+            path: Some(stat.path),
+        })
+    }
+
+    /// The core sandbox (the wire's multipart uploads keep their parts in it).
+    pub(crate) fn core(&self) -> &sandcove::Sandbox {
+        &self.ctx.core
     }
 
     /// `fs.write_tree(files, destination_path=None)`: writes each file under the destination

@@ -230,7 +230,11 @@ impl From<sandcove::Error> for DaytonaError {
                 }
                 E::InvalidState { .. } => (DaytonaError::BadRequest, Some(400), "INVALID_STATE"),
                 E::Timeout { .. } => (DaytonaError::Timeout, Some(408), "TIMEOUT"),
-                E::PermissionDenied { .. } => (DaytonaError::Forbidden, Some(403), "FORBIDDEN"),
+                // The sandbox refused (file permissions), or the server's policy did (an
+                // operator-only option, the sandbox cap): Daytona's 403 either way.
+                E::PermissionDenied { .. } | E::Forbidden { .. } => {
+                    (DaytonaError::Forbidden, Some(403), "FORBIDDEN")
+                }
                 E::Unauthenticated { .. } => {
                     (DaytonaError::Authentication, Some(401), "UNAUTHORIZED")
                 }
@@ -304,6 +308,13 @@ mod tests {
             (
                 E::PermissionDenied {
                     what: "/usr".into(),
+                },
+                "Forbidden",
+                Some(403),
+            ),
+            (
+                E::Forbidden {
+                    what: "the host's network".into(),
                 },
                 "Forbidden",
                 Some(403),

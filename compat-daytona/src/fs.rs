@@ -474,6 +474,17 @@ impl FileSystem {
         Ok(())
     }
 
+    /// Where an upload to `destination` lands (the work directory resolves a relative one),
+    /// and a staging of uploads into this sandbox (the wire's streamed bulk upload).
+    pub(crate) fn upload_target(&self, destination: &str) -> String {
+        self.ctx.resolve(destination)
+    }
+
+    /// A staging of streamed uploads into this sandbox (see `upload_target`).
+    pub(crate) fn staging(&self) -> sandcove_compat_support::multipart::Staged {
+        sandcove_compat_support::multipart::Staged::new(self.ctx.core.clone())
+    }
+
     /// A download held in memory: up to the core's largest in-memory bound.
     async fn download(&self, remote_path: &str) -> Result<Vec<u8>> {
         let limit = usize::try_from(sandcove::MAX_MEMORY_FILE_BYTES).unwrap_or(usize::MAX);

@@ -333,22 +333,32 @@ pub(crate) async fn write_stream(
     data: ByteStream,
     user: Option<&str>,
 ) -> Result<WriteInfo> {
+    let s = ctx
+        .core
+        .write_stream(&ctx.path(path), data, write_options(ctx, user))
+        .await?;
+    Ok(write_info(ctx, &s))
+}
+
+/// The core options of a write as E2B's `user`, creating parent directories.
+pub(crate) fn write_options(ctx: &Ctx, user: Option<&str>) -> sandcove::WriteOptions {
     let common = Common {
         user: user.map(str::to_string),
         request_timeout: None,
     };
     let mut options = sandcove::WriteOptions::default().create_parents(true);
     options.user = common.file_user(ctx);
-    let s = ctx
-        .core
-        .write_stream(&ctx.path(path), data, options)
-        .await?;
-    Ok(WriteInfo {
+    options
+}
+
+/// `WriteInfo` of a written file.
+pub(crate) fn write_info(ctx: &Ctx, s: &sandcove::FileStat) -> WriteInfo {
+    WriteInfo {
         name: s.name.clone(),
         r#type: FileType::from_kind(s.kind),
         path: ctx.e2b_path(&s.path),
         metadata: None,
-    })
+    }
 }
 
 /// `FileStreamReader`: the chunks of a file read with `format="stream"`.

@@ -141,7 +141,9 @@ pub enum Error {
         reason: String,
     },
     /// The runtime refuses access: the subject belongs to another runtime (a reference it did
-    /// not issue). Retrying here cannot help.
+    /// not issue), or the server's policy refuses the request (an option its operator keeps to
+    /// themselves, such as the host's network, or its cap on live sandboxes reached). Retrying
+    /// the same request here cannot help.
     #[error("forbidden: {what}")]
     Forbidden {
         /// What was refused, and why.

@@ -56,7 +56,11 @@ impl Env {
 
     /// The same engine, bounding its sandboxes by `bounds` instead of the host's defaults.
     pub fn with_bounds(mut self, bounds: sandcove::backend::local::SandboxBounds) -> Env {
-        self.local = self.local.clone().with_sandbox_bounds(bounds).expect("bounds");
+        self.local = self
+            .local
+            .clone()
+            .with_sandbox_bounds(bounds)
+            .expect("bounds");
         self.backend = Arc::new(self.local.clone());
         self
     }

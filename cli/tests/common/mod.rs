@@ -434,3 +434,40 @@ pub async fn an_oversized_refused_body_closes_cleanly(
     conn.until_closed().await;
     sender.abort();
 }
+
+/// Start a `multipart/form-data` upload (boundary `B`) on a raw connection to `url`: the
+/// request line (`request`: method and target) and `headers` (each ending in CRLF), a `Content-Length` announcing
+/// `announced` body bytes, then `sent` of the body. Dropping the connection breaks the upload
+/// off.
+pub async fn partial_upload(
+    url: &str,
+    request: &str,
+    headers: &str,
+    announced: usize,
+    sent: &[u8],
+) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let addr = url.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "{request} HTTP/1.1\r\nHost: {addr}\r\n{headers}\
+         Content-Type: multipart/form-data; boundary=B\r\nContent-Length: {announced}\r\n\r\n"
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(sent).await.unwrap();
+    conn
+}
+
+/// One `multipart/form-data` part (boundary `B`), with a filename when given.
+pub fn form_part(name: &str, filename: Option<&str>, data: &[u8]) -> Vec<u8> {
+    let mut out = match filename {
+        Some(f) => format!(
+            "--B\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"{f}\"\r\n\r\n"
+        ),
+        None => format!("--B\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n"),
+    }
+    .into_bytes();
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+    out
+}

@@ -67,16 +67,20 @@ pub struct WireConfig {
     pub workspace: String,
     /// Largest JSON request body, in bytes.
     pub max_body_bytes: usize,
-    /// Largest file upload (one request), in bytes.
+    /// Largest file upload (one request, or one multipart upload's parts together), in
+    /// bytes: uploads stream into the sandbox; downloads held in memory obey it too.
     pub max_upload_bytes: usize,
+    /// The memory uploads may hold, shared with the server's other listeners when they are
+    /// given clones of one budget (see `sandcove_compat_support::multipart`).
+    pub upload_memory: sandcove_compat_support::multipart::UploadBudget,
     /// The quiet period after which a sandbox goes to standby ([`crate::standby`]); `None`
     /// keeps sandboxes running until their lease ends.
     pub standby_after: Option<std::time::Duration>,
 }
 
 impl WireConfig {
-    /// Defaults: workspace `sandcove`, 1 MiB JSON bodies, 64 MiB uploads, standby after
-    /// Blaxel's quiet period ([`crate::standby::DEFAULT_STANDBY_AFTER`]).
+    /// Defaults: workspace `sandcove`, 1 MiB JSON bodies, 64 MiB uploads, a budget of its
+    /// own for upload memory, standby after Blaxel's quiet period ([`crate::standby::DEFAULT_STANDBY_AFTER`]).
     pub fn new(api_key: impl Into<String>, base_url: impl Into<String>) -> Self {
         WireConfig {
             api_key: api_key.into(),
@@ -84,6 +88,7 @@ impl WireConfig {
             workspace: "sandcove".into(),
             max_body_bytes: 1024 * 1024,
             max_upload_bytes: 64 * 1024 * 1024,
+            upload_memory: Default::default(),
             standby_after: Some(crate::standby::DEFAULT_STANDBY_AFTER),
         }
     }
@@ -97,6 +102,7 @@ impl std::fmt::Debug for WireConfig {
             .field("workspace", &self.workspace)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_upload_bytes", &self.max_upload_bytes)
+            .field("upload_memory", &self.upload_memory)
             .finish_non_exhaustive()
     }
 }

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{FromRequest, Multipart, Path, Query, Request, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
@@ -768,39 +768,15 @@ async fn write_path(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|c| c.starts_with("multipart/form-data"));
     if multipart {
-        let mut form = Multipart::from_request(request, wire)
-            .await
-            .map_err(|e| data(SandboxAPIError::response(400, e.body_text())))?;
-        let mut file = None;
-        while let Some(field) = form
-            .next_field()
-            .await
-            .map_err(|e| data(SandboxAPIError::response(400, e.body_text())))?
-        {
-            match field.name() {
-                Some("file") => {
-                    let bytes = field
-                        .bytes()
-                        .await
-                        .map_err(|e| data(SandboxAPIError::response(400, e.body_text())))?;
-                    file = Some(bytes);
-                }
-                // The SDK repeats the path (the URL's) and sends 0644 (the facade's mode).
-                Some("path") | Some("permissions") => {}
-                other => {
-                    return Err(data(SandboxAPIError::response(
-                        400,
-                        format!("unexpected form field {other:?}"),
-                    )))
-                }
-            }
-        }
-        let file =
-            file.ok_or_else(|| data(SandboxAPIError::response(400, "the form has no file part")))?;
+        // The `file` field streams into the sandbox (the SDK also repeats the path, the
+        // URL's, and sends 0644, the facade's mode: read past); the file is replaced only
+        // once the whole form is in and carried no second file.
         let instance = sandbox(wire, name).await?;
+        let limit = wire.config.max_upload_bytes as u64;
+        let file = super::uploads::sole_file(wire, request, limit).await?;
         let done = instance
             .fs
-            .write_binary(&path, file.to_vec())
+            .write_binary_stream(&path, file, Some(limit))
             .await
             .map_err(data)?;
         return Ok(ok_json(&done));

@@ -10,7 +10,10 @@
 //! The WebSocket is opened before the key is known (the SDKs send it in the Socket.IO
 //! `CONNECT` packet, not a header); the connection is bounded like any upgraded one
 //! (`sandcove::server::upgrade`: it counts toward the listener's cap and ends at shutdown),
-//! gets [`HANDSHAKE_TIMEOUT`] to connect with the right key (compared in constant time), and
+//! and has [`WireConfig::pre_auth_timeout`](super::WireConfig::pre_auth_timeout) (default
+//! [`HANDSHAKE_TIMEOUT`]) from its request to connect with the right key (compared in
+//! constant time): a hard deadline of the upgrade itself, so a client that sends pings and
+//! never reads the answers, or never sends `CONNECT`, is cut at it all the same. After that it
 //! is closed when the client stops answering pings. Frames are capped at [`MAX_FRAME`].
 
 use std::io;
@@ -20,7 +23,7 @@ use std::time::Duration;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use tokio::io::{AsyncRead, AsyncWrite};
+use sandcove::server::upgrade::Upgraded;
 
 use sandcove::server::auth::{keys_match, Credential};
 
@@ -29,7 +32,7 @@ use super::Wire;
 
 /// Largest frame (or message across fragments) a client may send.
 pub const MAX_FRAME: usize = ws::MAX_MESSAGE;
-/// Time from the WebSocket opening to an accepted Socket.IO `CONNECT`.
+/// Default time from the WebSocket request to an accepted Socket.IO `CONNECT`.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Engine.IO's ping interval, announced to the client.
 const PING_INTERVAL: Duration = Duration::from_secs(25);
@@ -70,9 +73,11 @@ pub(crate) async fn socket(State(wire): State<Wire>, mut request: Request) -> Re
         Err(message) => return refuse(StatusCode::BAD_REQUEST, &message),
     };
     let api_key = wire.config.api_key.clone();
-    upgrade.run(move |mut io| async move {
-        let _ = session(&mut io, &api_key).await;
-    });
+    upgrade
+        .pre_auth_deadline(wire.config.pre_auth_timeout)
+        .run(move |io| async move {
+            let _ = session(io, &api_key).await;
+        });
     response
 }
 
@@ -96,8 +101,10 @@ fn connect_authorized(payload: &str, key: &str) -> bool {
         .is_ok()
 }
 
-/// Engine.IO's open, the Socket.IO handshake, then pings until either side leaves.
-async fn session<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S, key: &str) -> io::Result<()> {
+/// Engine.IO's open, the Socket.IO handshake, then pings until either side leaves. Until
+/// the handshake is accepted the upgrade's pre-auth deadline bounds all of it.
+async fn session(mut upgraded: Upgraded, key: &str) -> io::Result<()> {
+    let io = &mut upgraded;
     let sid = format!("sandcove-{}", SESSIONS.fetch_add(1, Ordering::Relaxed));
     let open = serde_json::json!({
         "sid": sid,
@@ -107,7 +114,7 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S, key: &str) -> io
         "maxPayload": MAX_FRAME,
     });
     send_text(io, &format!("0{open}")).await?;
-    let connected = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+    let connected: io::Result<bool> = async {
         loop {
             match read_message(io).await? {
                 Message::Close => return Ok(false),
@@ -137,15 +144,15 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S, key: &str) -> io
                 }
             }
         }
-    })
+    }
     .await;
     match connected {
-        Ok(Ok(true)) => {}
-        Ok(Ok(false)) | Err(_) => {
+        Ok(true) => io.authenticated(),
+        Ok(false) => {
             let _ = ws::close(io, 1000, "").await;
             return Ok(());
         }
-        Ok(Err(e)) => return Err(e),
+        Err(e) => return Err(e),
     }
     // Reads go on in one future that lives as long as the session (a read cut short by a
     // timer would lose a partly read frame); the pings and answers are written here.

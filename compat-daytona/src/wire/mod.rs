@@ -62,19 +62,29 @@ pub struct WireConfig {
     pub base_url: String,
     /// Largest JSON request body, in bytes.
     pub max_body_bytes: usize,
-    /// Largest file upload (one multipart request), in bytes: a multipart body is parsed
-    /// in memory, so it has its own cap.
+    /// Largest file upload (one multipart request, streamed into the sandbox), and
+    /// largest download (held in memory to be framed), in bytes.
     pub max_upload_bytes: usize,
+    /// The memory uploads may hold, shared with the server's other listeners when they are
+    /// given clones of one budget (see `sandcove_compat_support::multipart`).
+    pub upload_memory: sandcove_compat_support::multipart::UploadBudget,
+    /// How long the SDKs' event socket (`/api/socket.io/`, opened before the key is known)
+    /// may take from its request to an authenticated Socket.IO `CONNECT`; then it is
+    /// closed, whatever the client sends.
+    pub pre_auth_timeout: std::time::Duration,
 }
 
 impl WireConfig {
-    /// Defaults: 1 MiB JSON bodies, 64 MiB uploads.
+    /// Defaults: 1 MiB JSON bodies, 64 MiB uploads, a budget of its own for upload memory,
+    /// 10 s to authenticate the event socket.
     pub fn new(api_key: impl Into<String>, base_url: impl Into<String>) -> Self {
         WireConfig {
             api_key: api_key.into(),
             base_url: base_url.into().trim_end_matches('/').to_string(),
             max_body_bytes: 1024 * 1024,
             max_upload_bytes: 64 * 1024 * 1024,
+            upload_memory: Default::default(),
+            pre_auth_timeout: events::HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -86,6 +96,8 @@ impl std::fmt::Debug for WireConfig {
             .field("base_url", &self.base_url)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_upload_bytes", &self.max_upload_bytes)
+            .field("upload_memory", &self.upload_memory)
+            .field("pre_auth_timeout", &self.pre_auth_timeout)
             .finish_non_exhaustive()
     }
 }

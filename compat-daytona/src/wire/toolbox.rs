@@ -8,16 +8,17 @@
 //! the order written; `timeout` (seconds) kills the process group and answers 408.
 //! `/process/code-run` keeps no state between calls.
 //!
-//! Files arrive and leave as multipart bodies held in memory, each bounded by the
-//! listener's upload limit; an upload only ever carries **content** (the facade's "local
-//! path" upload form is never built from a request: that path would be on the server).
+//! Files arrive as multipart bodies streamed into the sandbox part by part (never held
+//! whole), and leave as multipart answers held in memory, each bounded by the listener's
+//! upload limit; an upload only ever carries **content** (the facade's "local path" upload
+//! form is never built from a request: that path would be on the server).
 //! Sessions are the facade's: one shell per session, commands with ids, logs per stream.
 //! Git is the facade's too: the `git` binary in the sandbox, credentials passed to that one
 //! process through a credential helper, never on a command line.
 
 use std::collections::{BTreeMap, HashMap};
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -27,11 +28,13 @@ use serde_json::{json, Value};
 
 use super::api::query_pairs;
 use super::{bad_request, parse_json, ApiError, Wire};
-use crate::fs::{FileInfo, FileSource, FileUpload};
+use crate::errors::Context as _;
+use crate::fs::FileInfo;
 use crate::process::{CodeRunParams, ExecuteResponse, SessionExecuteRequest};
 use crate::sandbox::Sandbox;
+use futures::StreamExt;
 use sandcove::server::auth::{Routes, SERVER_KEY};
-use sandcove_compat_support::multipart;
+use sandcove_compat_support::multipart::{self, Upload, UploadError, UploadErrorKind};
 
 /// The toolbox's routes (nested under `/toolbox/{id}`): the server key only (Daytona's
 /// per-sandbox tokens are not served here).
@@ -412,75 +415,114 @@ async fn replace_in_files(
     )))
 }
 
+/// The core error an upload's failure stands for, inside a write (which it ends, keeping
+/// nothing).
+fn upload_core_error(e: UploadError) -> sandcove::Error {
+    match e.kind {
+        UploadErrorKind::Busy => sandcove::Error::RateLimited {
+            message: e.message,
+            retry_after_ms: Some(1000),
+        },
+        UploadErrorKind::Forbidden => sandcove::Error::Forbidden { what: e.message },
+        _ => sandcove::Error::invalid(e.message),
+    }
+}
+
+/// The Daytona error an upload's failure stands for: the server busy (429), a refusal
+/// (403), else a bad request.
+fn upload_error(e: UploadError) -> ApiError {
+    match e.kind {
+        UploadErrorKind::Busy | UploadErrorKind::Forbidden => ApiError(upload_core_error(e).into()),
+        _ => bad_request(e.message),
+    }
+}
+
 /// `POST /files/bulk-upload`: parts `files[i].path` (the destination) and `files[i].file`
-/// (the content), paired by index, written in index order.
+/// (the content), paired by index, each path before its file (as the SDKs send them). Each
+/// file streams into the sandbox under a temporary name beside its destination, and all are
+/// moved into place, in the order they came, once the whole body is in: a bad, oversized or
+/// broken-off upload writes nothing (see `sandcove_compat_support::multipart`).
 async fn bulk_upload(
     State(wire): State<Wire>,
     Path(id): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    if body.len() > wire.config.max_upload_bytes {
-        return Err(bad_request(format!(
-            "the upload is larger than {} bytes",
-            wire.config.max_upload_bytes
-        )));
-    }
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let boundary = multipart::boundary(content_type)
-        .ok_or_else(|| bad_request("uploads must be multipart/form-data with a boundary"))?;
-    let parts =
-        multipart::parse(&body, &boundary).map_err(|e| bad_request(format!("multipart: {e}")))?;
-    let mut paths: BTreeMap<usize, String> = BTreeMap::new();
-    let mut contents: BTreeMap<usize, Vec<u8>> = BTreeMap::new();
-    for part in parts {
-        let field = part
-            .name
-            .strip_prefix("files[")
-            .and_then(|rest| rest.split_once("]."));
-        let Some((index, which)) = field else {
-            return Err(bad_request(format!(
-                "unexpected upload part {:?}",
-                part.name
-            )));
-        };
-        let index: usize = index
-            .parse()
-            .map_err(|_| bad_request(format!("bad upload part index in {:?}", part.name)))?;
-        match which {
-            "path" => {
-                let path = String::from_utf8(part.data.to_vec())
-                    .map_err(|_| bad_request("an upload path is not UTF-8"))?;
-                paths.insert(index, path);
-            }
-            "file" => {
-                contents.insert(index, part.data.to_vec());
-            }
-            other => return Err(bad_request(format!("unexpected upload field {other:?}"))),
-        }
-    }
-    if paths.len() != contents.len() || paths.keys().ne(contents.keys()) {
-        return Err(bad_request(
-            "every files[i].file needs its files[i].path (and the other way round)",
-        ));
-    }
-    let uploaded: Vec<String> = paths.values().cloned().collect();
-    let files: Vec<FileUpload> = paths
-        .into_values()
-        .zip(contents.into_values())
-        .map(|(destination, data)| FileUpload {
-            // Content only: never a path on the server.
-            source: FileSource::Bytes(data),
-            destination,
-        })
-        .collect();
+    let mut upload = Upload::start(
+        multipart::body_stream(body.into_data_stream()),
+        content_type,
+        wire.config.max_upload_bytes as u64,
+        &wire.config.upload_memory,
+    )
+    .await
+    .map_err(upload_error)?;
     let sb = sandbox(&wire, &id).await?;
-    sb.fs.upload_files(files).timeout(0).await?;
+    let mut staged = sb.fs.staging();
+    let mut files: BTreeMap<usize, String> = BTreeMap::new();
+    let mut paths: BTreeMap<usize, String> = BTreeMap::new();
+    let read = async {
+        while let Some(part) = upload.next_part().await.map_err(upload_error)? {
+            let field = part
+                .name
+                .strip_prefix("files[")
+                .and_then(|rest| rest.split_once("]."));
+            let Some((index, which)) = field else {
+                return Err(bad_request(format!(
+                    "unexpected upload part {:?}",
+                    part.name
+                )));
+            };
+            let index: usize = index
+                .parse()
+                .map_err(|_| bad_request(format!("bad upload part index in {:?}", part.name)))?;
+            match which {
+                "path" => {
+                    let path = upload.text(part).await.map_err(upload_error)?;
+                    if paths.insert(index, path).is_some() {
+                        return Err(bad_request(format!("files[{index}].path is repeated")));
+                    }
+                }
+                "file" => {
+                    let Some(destination) = paths.get(&index) else {
+                        return Err(bad_request(format!(
+                            "files[{index}].file must follow its files[{index}].path"
+                        )));
+                    };
+                    if files.contains_key(&index) {
+                        return Err(bad_request(format!("files[{index}].file is repeated")));
+                    }
+                    let target = sb.fs.upload_target(destination);
+                    let data: sandcove::ByteStream = Box::pin(
+                        Upload::data(part)
+                            .map(|chunk| chunk.map(|b| b.to_vec()).map_err(upload_core_error)),
+                    );
+                    staged
+                        .write(&target, data, sandcove::WriteOptions::default())
+                        .await
+                        .ctx("Failed to upload files: ")?;
+                    files.insert(index, target);
+                }
+                other => return Err(bad_request(format!("unexpected upload field {other:?}"))),
+            }
+        }
+        if paths.len() != files.len() {
+            return Err(bad_request(
+                "every files[i].file needs its files[i].path (and the other way round)",
+            ));
+        }
+        Ok(())
+    };
+    if let Err(e) = read.await {
+        staged.abort().await;
+        return Err(e);
+    }
+    staged.commit().await.ctx("Failed to upload files: ")?;
     Ok(Json(json!({
-        "files": uploaded.iter().map(|p| json!({"path": p})).collect::<Vec<_>>(),
+        "files": paths.values().map(|p| json!({"path": p})).collect::<Vec<_>>(),
         "errors": [],
     })))
 }

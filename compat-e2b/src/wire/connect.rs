@@ -125,6 +125,9 @@ impl From<SandboxException> for ConnectError {
             // `SandboxException`, with the alternative in the message.
             SandboxException::NotSupported { .. } => Code::Unimplemented,
             SandboxException::Template { .. } => Code::FailedPrecondition,
+            _ if matches!(e.core_error(), Some(sandcove::Error::Forbidden { .. })) => {
+                Code::PermissionDenied
+            }
             _ => Code::Internal,
         };
         ConnectError::new(code, e.to_string())

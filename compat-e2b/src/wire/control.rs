@@ -99,6 +99,11 @@ pub(crate) fn status_for(e: &SandboxException) -> StatusCode {
         SandboxException::NotSupported { .. } => StatusCode::NOT_IMPLEMENTED,
         SandboxException::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         SandboxException::NotEnoughSpace { .. } => StatusCode::INSUFFICIENT_STORAGE,
+        // The server's policy refused (an operator-only option, the sandbox cap): E2B's
+        // 403, which the SDKs raise as their `SandboxException` with the message.
+        _ if matches!(e.core_error(), Some(sandcove::Error::Forbidden { .. })) => {
+            StatusCode::FORBIDDEN
+        }
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -622,6 +627,20 @@ mod tests {
         assert_eq!(m.get("k").map(String::as_str), Some("v"));
         assert!(parse_metadata("a=%zz").is_err());
         assert!(parse_metadata("a=%2").is_err());
+    }
+
+    #[test]
+    fn a_policy_refusal_is_e2bs_403() {
+        let refused = SandboxException::from(sandcove::Error::Forbidden {
+            what: "the host's network".into(),
+        });
+        assert_eq!(status_for(&refused), StatusCode::FORBIDDEN);
+        let connect = super::super::connect::ConnectError::from(refused);
+        assert_eq!(connect.code.http_status(), StatusCode::FORBIDDEN);
+        assert_eq!(
+            status_for(&SandboxException::sandbox("other")),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
     }
 
     #[test]

@@ -25,12 +25,12 @@ use axum::Extension;
 use base64::Engine as _;
 use futures::StreamExt;
 use sandcove::server::auth::{Principal, Routes};
-use sandcove_compat_support::multipart;
+use sandcove_compat_support::multipart::{self, Staged, Upload, UploadError, UploadErrorKind};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::connect::{self, Code, ConnectError};
-use super::{read_body, SandboxId, Wire};
+use super::{read_body, SandboxId, SignedFileUrl, Wire};
 use crate::commands::{process_spec, Commands};
 use crate::errors::SandboxException;
 use crate::files::{self, EntryInfo, FileType, Filesystem};
@@ -1050,12 +1050,18 @@ struct FilesQuery {
 async fn download(
     State(wire): State<Wire>,
     Extension(SandboxId(id)): Extension<SandboxId>,
+    signed: Option<Extension<SignedFileUrl>>,
     Query(q): Query<FilesQuery>,
 ) -> Response {
     let inner = async {
-        let path = q.path.unwrap_or_default();
+        // A signed URL reads exactly its path as its user.
+        let (path, user) = match &signed {
+            Some(Extension(s)) if s.operation == "read" => (s.path.clone(), signed_user(s)),
+            Some(_) => return Err(signed_refusal("this signed URL is not for reading")),
+            None => (q.path.unwrap_or_default(), q.username),
+        };
         let ctx = context(&wire, &id).await?;
-        let stream = files::open_read(&ctx, &path, q.username.as_deref()).await?;
+        let stream = files::open_read(&ctx, &path, user.as_deref()).await?;
         Ok::<_, ConnectError>(stream)
     };
     match inner.await {
@@ -1076,14 +1082,27 @@ async fn download(
     }
 }
 
+/// The user a signed URL acts as: the one it names, else (signed without one) the
+/// default, as a request without `username` would.
+fn signed_user(signed: &SignedFileUrl) -> Option<String> {
+    Some(signed.user.clone()).filter(|u| !u.is_empty())
+}
+
+/// A request a signed URL does not cover: E2B's 403, before any effect.
+fn signed_refusal(why: impl Into<String>) -> ConnectError {
+    ConnectError::new(Code::PermissionDenied, why)
+}
+
 async fn upload(
     State(wire): State<Wire>,
     Extension(SandboxId(id)): Extension<SandboxId>,
+    signed: Option<Extension<SignedFileUrl>>,
     Query(q): Query<FilesQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    match upload_inner(&wire, &id, q, &headers, body).await {
+    let signed = signed.map(|Extension(s)| s);
+    match upload_inner(&wire, &id, q, signed, &headers, body).await {
         Ok(written) => {
             let list: Vec<Value> = written
                 .iter()
@@ -1101,10 +1120,35 @@ async fn upload(
     }
 }
 
+/// The core error an upload's failure stands for (the write it ends keeps nothing).
+fn upload_error(e: UploadError) -> sandcove::Error {
+    match e.kind {
+        UploadErrorKind::Busy => sandcove::Error::RateLimited {
+            message: e.message,
+            retry_after_ms: Some(1000),
+        },
+        UploadErrorKind::Forbidden => sandcove::Error::Forbidden { what: e.message },
+        _ => sandcove::Error::invalid(e.message),
+    }
+}
+
+/// A part's data as the backend's write takes it.
+fn write_data(data: multipart::PartData) -> sandcove::ByteStream {
+    Box::pin(data.map(|chunk| chunk.map(|b| b.to_vec()).map_err(upload_error)))
+}
+
+/// `POST /files`: an `application/octet-stream` body is the file at `path`; a
+/// `multipart/form-data` body carries `file` parts, streamed one by one into the sandbox
+/// (never held whole: see `sandcove_compat_support::multipart`). With `path` (or a signed
+/// URL, whose path it is) the body carries exactly one file, written there: a second `file`
+/// part fails the upload before the first lands (envd would write the first and refuse the
+/// second). Without, each part is written to its filename. A signed URL also fixes the user
+/// and refuses a part whose filename names another path.
 async fn upload_inner(
     wire: &Wire,
     id: &str,
     q: FilesQuery,
+    signed: Option<SignedFileUrl>,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Vec<files::WriteInfo>, ConnectError> {
@@ -1127,15 +1171,26 @@ async fn upload_inner(
     {
         return Err(crate::gaps::refuse("file_metadata").into());
     }
+    // What the request may write: a signed URL's path and user, else the query's.
+    let (path, user) = match &signed {
+        Some(s) if s.operation != "write" => {
+            return Err(signed_refusal("this signed URL is not for writing"))
+        }
+        Some(s) if s.path.is_empty() => {
+            return Err(signed_refusal("this signed URL names no path to write"))
+        }
+        Some(s) => (Some(s.path.clone()), signed_user(s)),
+        None => (q.path.filter(|p| !p.is_empty()), q.username),
+    };
+    let user = user.as_deref();
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
     let ctx = context(wire, id).await?;
-    let user = q.username.as_deref();
     if content_type.starts_with("application/octet-stream") {
-        let Some(path) = q.path.filter(|p| !p.is_empty()) else {
+        let Some(path) = path else {
             return Err(ConnectError::new(Code::InvalidArgument, "path is required"));
         };
         let limit = wire.config.max_upload_bytes;
@@ -1148,84 +1203,118 @@ async fn upload_inner(
                     "the upload is larger than {limit} bytes"
                 )));
             }
-            Ok(chunk.to_vec())
+            Ok(chunk)
         });
         let stream: sandcove::ByteStream = if gzipped {
-            Box::pin(gunzip_stream(raw, limit))
+            Box::pin(
+                super::gzip::gunzip_stream(raw, limit, sandcove::Error::invalid)
+                    .map(|chunk| chunk.map(|b| b.to_vec())),
+            )
         } else {
-            Box::pin(raw)
+            Box::pin(raw.map(|chunk| chunk.map(|b| b.to_vec())))
         };
         let written = files::write_stream(&ctx, &path, stream, user).await?;
         return Ok(vec![written]);
     }
-    let Some(boundary) = multipart::boundary(&content_type) else {
+    if multipart::boundary(&content_type).is_none() {
         return Err(ConnectError::new(
             Code::InvalidArgument,
             "uploads must be multipart/form-data or application/octet-stream",
         ));
+    }
+    let limit = wire.config.max_multipart_bytes as u64;
+    let raw = multipart::body_stream(body.into_data_stream());
+    let input: multipart::PartData = if gzipped {
+        Box::pin(super::gzip::gunzip_stream(raw, limit, |why| {
+            UploadError::new(UploadErrorKind::Malformed, why)
+        }))
+    } else {
+        Box::pin(raw)
     };
-    let mut bytes = read_body(body, wire.config.max_multipart_bytes).await?;
-    if gzipped {
-        let limit = wire.config.max_multipart_bytes as u64;
-        // Decoding up to the multipart cap is CPU work: off the event loop.
-        bytes = tokio::task::spawn_blocking(move || super::gzip::gunzip_all(&bytes, limit))
-            .await
-            .map_err(|e| ConnectError::new(Code::Internal, format!("decoding the upload: {e}")))?
-            .map_err(|why| ConnectError::new(Code::InvalidArgument, why))?;
-    }
-    let parts: Vec<_> = multipart::parse(&bytes, &boundary)
-        .map_err(|why| ConnectError::new(Code::InvalidArgument, format!("multipart: {why}")))?
-        .into_iter()
-        .filter(|part| part.name == "file")
-        .collect();
-    if parts.is_empty() {
-        return Err(ConnectError::new(
-            Code::InvalidArgument,
-            "no file in the upload",
-        ));
-    }
-    let single = parts.len() == 1;
-    let mut out = Vec::with_capacity(parts.len());
-    for part in parts {
-        let path = match (&q.path, part.filename) {
-            (Some(p), _) if single && !p.is_empty() => p.clone(),
-            (_, Some(f)) if !f.is_empty() => f,
-            _ => {
+    let mut upload = Upload::start(input, &content_type, limit, &wire.config.upload_memory)
+        .await
+        .map_err(upload_error)?;
+    let Some(path) = path else {
+        // No path: each `file` part goes to its filename, staged as it streams and moved
+        // into place once the whole body is in.
+        let mut staged = Staged::new(ctx.core.clone());
+        let read = async {
+            while let Some(part) = upload.next_part().await.map_err(upload_error)? {
+                if part.name != "file" {
+                    upload.skip(part).await.map_err(upload_error)?;
+                    continue;
+                }
+                let Some(path) = part.filename.clone().filter(|f| !f.is_empty()) else {
+                    return Err(ConnectError::new(
+                        Code::InvalidArgument,
+                        "each uploaded part needs a filename (its path)",
+                    ));
+                };
+                let data = write_data(Upload::data(part));
+                let options = files::write_options(&ctx, user);
+                staged.write(&ctx.path(&path), data, options).await?;
+            }
+            Ok(())
+        };
+        if let Err(e) = read.await {
+            staged.abort().await;
+            return Err(e);
+        }
+        let written = staged.commit().await?;
+        if written.is_empty() {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                "no file in the upload",
+            ));
+        }
+        return Ok(written.iter().map(|s| files::write_info(&ctx, s)).collect());
+    };
+    // One file, to `path`: the first `file` part, standing only if no other follows.
+    let first = loop {
+        match upload.next_part().await.map_err(upload_error)? {
+            None => {
                 return Err(ConnectError::new(
                     Code::InvalidArgument,
-                    "each uploaded part needs a filename (its path)",
+                    "no file in the upload",
                 ))
             }
-        };
-        let data = part.data.to_vec();
-        let stream = Box::pin(futures::stream::once(async move { Ok(data) }));
-        out.push(files::write_stream(&ctx, &path, stream, user).await?);
-    }
-    Ok(out)
-}
-
-/// `raw` (gzip bytes) decoded as it arrives, at most `limit` decoded bytes; a stream cut
-/// short or malformed ends with an error, so nothing partial is kept.
-fn gunzip_stream(
-    raw: impl futures::Stream<Item = sandcove::Result<Vec<u8>>> + Send + 'static,
-    limit: u64,
-) -> impl futures::Stream<Item = sandcove::Result<Vec<u8>>> + Send + 'static {
-    let state = (Box::pin(raw), Some(super::gzip::Gunzip::new(limit)));
-    futures::stream::unfold(state, |(mut raw, decoder)| async move {
-        let mut decoder = decoder?;
-        let decoded = match raw.next().await {
-            Some(Ok(chunk)) => decoder.push(&chunk),
-            Some(Err(e)) => return Some((Err(e), (raw, None))),
-            None => {
-                let last = decoder.finish().map_err(sandcove::Error::invalid);
-                return Some((last, (raw, None)));
-            }
-        };
-        match decoded {
-            Ok(bytes) => Some((Ok(bytes), (raw, Some(decoder)))),
-            Err(why) => Some((Err(sandcove::Error::invalid(why)), (raw, None))),
+            Some(part) if part.name == "file" => break part,
+            Some(part) => upload.skip(part).await.map_err(upload_error)?,
         }
-    })
+    };
+    let signed_path = signed.map(|s| s.path);
+    if let Some(signed_path) = &signed_path {
+        if let Some(other) = first
+            .filename
+            .as_deref()
+            .filter(|f| f.contains('/') && *f != signed_path.as_str())
+        {
+            return Err(signed_refusal(format!(
+                "this signed URL writes {signed_path} only; the upload names {other}"
+            )));
+        }
+    }
+    let data = upload.sole_file(
+        first,
+        |part| part.name == "file",
+        move |part| match &signed_path {
+            Some(signed) => UploadError::new(
+                UploadErrorKind::Forbidden,
+                format!(
+                    "this signed URL writes one file, {signed}; the upload carries another \
+                     ({:?})",
+                    part.filename.as_deref().unwrap_or("")
+                ),
+            ),
+            None => UploadError::new(
+                UploadErrorKind::Malformed,
+                "with a path, an upload carries exactly one file (a second `file` part was \
+                 sent): upload several files without `path`, each part's filename its path",
+            ),
+        },
+    );
+    let written = files::write_stream(&ctx, &path, write_data(data), user).await?;
+    Ok(vec![written])
 }
 
 async fn health(

@@ -8,8 +8,9 @@ use std::io::Write;
 use flate2::write::MultiGzDecoder;
 
 /// Input fed to the decoder at a time: DEFLATE inflates at most about 1032:1, so the output
-/// held between two limit checks stays near 1 MiB.
-const PIECE: usize = 1024;
+/// held between two limit checks (and handed on at once by [`gunzip_stream`]) stays near
+/// 256 KiB.
+const PIECE: usize = 256;
 
 /// A gzip decoder that fails once more than `limit` bytes have come out.
 pub(crate) struct Gunzip {
@@ -42,7 +43,8 @@ impl Gunzip {
         Ok(out)
     }
 
-    /// Decode `input`; the bytes it completes.
+    /// Decode `input`; the bytes it completes (all of them: callers holding a large input
+    /// feed it in pieces, as [`gunzip_stream`] does).
     pub(crate) fn push(&mut self, input: &[u8]) -> Result<Vec<u8>, String> {
         self.saw_input |= !input.is_empty();
         let mut out = Vec::new();
@@ -70,8 +72,58 @@ impl Gunzip {
     }
 }
 
+/// `raw` (gzip bytes) decoded as it arrives, at most `limit` decoded bytes, each item the
+/// output of one piece of input (about 256 KiB at most, however far a chunk inflates); a
+/// stream cut short or malformed ends with an error made by `error`, so nothing partial is
+/// kept.
+pub(crate) fn gunzip_stream<E>(
+    raw: impl futures::Stream<Item = Result<axum::body::Bytes, E>> + Send + 'static,
+    limit: u64,
+    error: fn(String) -> E,
+) -> impl futures::Stream<Item = Result<axum::body::Bytes, E>> + Send + 'static
+where
+    E: Send + 'static,
+{
+    use futures::StreamExt;
+    struct State<S> {
+        raw: std::pin::Pin<Box<S>>,
+        decoder: Gunzip,
+        pending: axum::body::Bytes,
+    }
+    let start = State {
+        raw: Box::pin(raw),
+        decoder: Gunzip::new(limit),
+        pending: axum::body::Bytes::new(),
+    };
+    futures::stream::unfold(Some(start), move |state| async move {
+        let mut state = state?;
+        loop {
+            if !state.pending.is_empty() {
+                let piece = state.pending.split_to(state.pending.len().min(PIECE));
+                match state.decoder.push(&piece) {
+                    Ok(out) if out.is_empty() => continue,
+                    Ok(out) => return Some((Ok(axum::body::Bytes::from(out)), Some(state))),
+                    Err(why) => return Some((Err(error(why)), None)),
+                }
+            }
+            match state.raw.next().await {
+                Some(Ok(chunk)) => state.pending = chunk,
+                Some(Err(e)) => return Some((Err(e), None)),
+                None => {
+                    return match state.decoder.finish() {
+                        Ok(last) if last.is_empty() => None,
+                        Ok(last) => Some((Ok(axum::body::Bytes::from(last)), None)),
+                        Err(why) => Some((Err(error(why)), None)),
+                    }
+                }
+            }
+        }
+    })
+}
+
 /// Decode a whole gzip body (at most `limit` decoded bytes).
-pub(crate) fn gunzip_all(body: &[u8], limit: u64) -> Result<Vec<u8>, String> {
+#[cfg(test)]
+fn gunzip_all(body: &[u8], limit: u64) -> Result<Vec<u8>, String> {
     let mut decoder = Gunzip::new(limit);
     let mut out = decoder.push(body)?;
     out.extend_from_slice(&decoder.finish()?);
@@ -106,6 +158,29 @@ mod tests {
         assert!(gunzip_all(&packed[..packed.len() - 4], 1 << 20).is_err());
         assert!(gunzip_all(b"plain text, not gzip", 1 << 20).is_err());
         assert!(gunzip_all(b"", 1 << 20).is_err());
+    }
+
+    /// However far one chunk of input inflates, the stream hands the output on in pieces
+    /// of about 256 KiB at most, and stops at the limit.
+    #[tokio::test]
+    async fn the_stream_holds_little_at_a_time() {
+        use futures::StreamExt;
+        let packed = gzip(&vec![0u8; 16 << 20]);
+        let raw = futures::stream::iter([Ok::<_, String>(axum::body::Bytes::from(packed))]);
+        let mut decoded = Box::pin(gunzip_stream(raw, 16 << 20, |why| why));
+        let (mut total, mut largest) = (0, 0);
+        while let Some(piece) = decoded.next().await {
+            let piece = piece.unwrap();
+            total += piece.len();
+            largest = largest.max(piece.len());
+        }
+        assert_eq!(total, 16 << 20);
+        assert!(largest <= 300 * 1024, "{largest}");
+        let packed = gzip(&vec![0u8; 4 << 20]);
+        let raw = futures::stream::iter([Ok::<_, String>(axum::body::Bytes::from(packed))]);
+        let ends: Vec<_> = gunzip_stream(raw, 1 << 20, |why| why).collect().await;
+        let err = ends.last().unwrap().as_ref().unwrap_err();
+        assert!(err.contains("larger than 1048576 bytes"), "{err}");
     }
 
     #[test]

@@ -75,23 +75,27 @@ pub struct WireConfig {
     pub max_body_bytes: usize,
     /// Largest file upload, in bytes.
     pub max_upload_bytes: u64,
-    /// Largest multipart upload, in bytes: a multipart body is parsed in memory, so it has
-    /// its own, smaller cap (octet-stream uploads stream and obey `max_upload_bytes`).
+    /// Largest multipart upload body, in bytes (decoded, when gzip-encoded). Multipart
+    /// uploads stream part by part like octet-stream ones (which obey `max_upload_bytes`).
     pub max_multipart_bytes: usize,
+    /// The memory uploads may hold, shared with the server's other listeners when they are
+    /// given clones of one budget (see `sandcove_compat_support::multipart`).
+    pub upload_memory: sandcove_compat_support::multipart::UploadBudget,
     /// Most requests through `get_host` (which need no credential) running at once for one
     /// sandbox, upgraded connections included; more are answered `503` with `Retry-After`.
     pub max_host_requests_per_sandbox: usize,
 }
 
 impl WireConfig {
-    /// Defaults: 1 MiB bodies, 4 GiB streamed uploads, 64 MiB multipart uploads, 64
-    /// `get_host` requests at once per sandbox.
+    /// Defaults: 1 MiB bodies, 4 GiB streamed uploads, 64 MiB multipart uploads, a budget
+    /// of its own for upload memory, 64 `get_host` requests at once per sandbox.
     pub fn new(api_key: impl Into<String>) -> Self {
         WireConfig {
             api_key: api_key.into(),
             max_body_bytes: 1024 * 1024,
             max_upload_bytes: 4 * 1024 * 1024 * 1024,
             max_multipart_bytes: 64 * 1024 * 1024,
+            upload_memory: Default::default(),
             max_host_requests_per_sandbox: 64,
         }
     }
@@ -104,6 +108,7 @@ impl std::fmt::Debug for WireConfig {
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_upload_bytes", &self.max_upload_bytes)
             .field("max_multipart_bytes", &self.max_multipart_bytes)
+            .field("upload_memory", &self.upload_memory)
             .field(
                 "max_host_requests_per_sandbox",
                 &self.max_host_requests_per_sandbox,
@@ -193,19 +198,6 @@ fn decode_hex(hex: &str) -> Option<Vec<u8>> {
 /// The sandbox an authenticated envd request is for.
 #[derive(Debug, Clone)]
 pub(crate) struct SandboxId(pub String);
-
-/// What a signed `/files` URL authorises: one path, one operation, as one user. The upload
-/// and download handlers hold the request to it.
-#[derive(Debug, Clone)]
-#[allow(dead_code)] // read by the upload handler
-pub(crate) struct SignedFileUrl {
-    /// The path the URL was signed for, as the SDK sent it.
-    pub path: String,
-    /// `read` or `write`.
-    pub operation: &'static str,
-    /// The user it was signed for (empty: the default user).
-    pub user: String,
-}
 
 /// The declared routes of the listener, its table with them.
 fn routes() -> Routes<Wire> {
@@ -497,6 +489,20 @@ fn file_signature(
         "v1_{}",
         base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest.as_ref())
     )
+}
+
+/// What a signed `/files` URL authorises, inserted into the request's extensions when its
+/// signature let the request in: one operation on one path as one user. The `/files`
+/// handlers then read or write exactly that path as that user, and an upload carries exactly
+/// one file.
+#[derive(Debug, Clone)]
+pub(crate) struct SignedFileUrl {
+    /// The signed path.
+    pub path: String,
+    /// `read` or `write`.
+    pub operation: &'static str,
+    /// The signed user (empty: the sandbox's default).
+    pub user: String,
 }
 
 /// The sandbox a signed `/files` URL (`download_url`, `upload_url`) was made for: the one

@@ -70,6 +70,8 @@ mod observe;
 pub use observe::{observe_listener, ServerMetrics};
 mod openapi;
 mod operations;
+pub mod policy;
+pub use policy::{PolicyBackend, ServerPolicy};
 mod processes;
 mod resources;
 mod sandboxes;

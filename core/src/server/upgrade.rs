@@ -9,7 +9,10 @@
 //! could ask for, and the grace period is for in-flight calls. It is also closed once no byte
 //! has moved either way for its idle limit ([`DEFAULT_IDLE_LIMIT`] unless
 //! [`Upgrade::idle_limit`] sets another, never above [`MAX_IDLE_LIMIT`]), so a peer that goes
-//! silent cannot hold a slot of the cap for ever.
+//! silent cannot hold a slot of the cap for ever. A protocol that authenticates after the
+//! switch (a key sent in the first message) sets [`Upgrade::pre_auth_deadline`]: unless the
+//! task calls [`Upgraded::authenticated`] by then, the connection is closed at that deadline
+//! whatever the peer sends or leaves unread, its handshake and its refusal included.
 
 use std::future::Future;
 use std::io;
@@ -38,6 +41,14 @@ pub const MAX_IDLE_LIMIT: Duration = Duration::from_secs(3600);
 pub struct Upgraded {
     io: TokioIo<hyper::upgrade::Upgraded>,
     activity: Arc<Activity>,
+    authenticated: Arc<AtomicBool>,
+}
+
+impl Upgraded {
+    /// The peer has authenticated: the [`Upgrade::pre_auth_deadline`] no longer applies.
+    pub fn authenticated(&self) {
+        self.authenticated.store(true, Ordering::Release);
+    }
 }
 
 impl std::fmt::Debug for Upgraded {
@@ -166,6 +177,7 @@ pub struct Upgrade {
     pending: hyper::upgrade::OnUpgrade,
     connection: Connection,
     idle: Duration,
+    pre_auth: Option<Duration>,
 }
 
 impl std::fmt::Debug for Upgrade {
@@ -215,6 +227,7 @@ pub fn prepare(request: &mut Request) -> crate::Result<Upgrade> {
         pending,
         connection,
         idle: DEFAULT_IDLE_LIMIT,
+        pre_auth: None,
     })
 }
 
@@ -226,11 +239,22 @@ impl Upgrade {
         self
     }
 
+    /// Close the connection `limit` after the switch unless the task has called
+    /// [`Upgraded::authenticated`] by then: the hard bound of a protocol whose peer
+    /// authenticates after the switch, so an unauthenticated peer holds a slot of the
+    /// listener's cap no longer than that, whatever it sends (pings count as activity for the
+    /// idle limit) and whether or not it reads what the server writes.
+    pub fn pre_auth_deadline(mut self, limit: Duration) -> Self {
+        self.pre_auth = Some(limit);
+        self
+    }
+
     /// Once the `101` answer has gone out, run `task` on the raw connection, on its own
     /// tokio task. The connection counts toward the listener's cap until `task` ends, and
-    /// `task` is dropped (closing the connection) when the server stops or when nothing has
-    /// moved on the connection for its idle limit. If the answer is not a `101`, or the
-    /// client goes away first, `task` never runs.
+    /// `task` is dropped (closing the connection) when the server stops, when nothing has
+    /// moved on the connection for its idle limit, or at its pre-auth deadline if it set one
+    /// and has not authenticated. If the answer is not a `101`, or the client goes away
+    /// first, `task` never runs.
     pub fn run<F, Fut>(self, task: F)
     where
         F: FnOnce(Upgraded) -> Fut + Send + 'static,
@@ -240,12 +264,18 @@ impl Upgrade {
             pending,
             connection,
             idle,
+            pre_auth,
         } = self;
         tokio::spawn(async move {
             let mut stop = connection.0.stop.clone();
             let activity = Arc::new(Activity::new());
             let watched = activity.clone();
             let upgraded = connection.0.upgraded.clone();
+            let authenticated = Arc::new(AtomicBool::new(false));
+            let checked = authenticated.clone();
+            // The deadline counts from the request, so a peer slow to finish the switch gains
+            // nothing.
+            let deadline = pre_auth.map(|limit| Instant::now() + limit);
             let work = async move {
                 if let Ok(io) = pending.await {
                     upgraded.store(true, Ordering::Relaxed);
@@ -253,8 +283,20 @@ impl Upgrade {
                     task(Upgraded {
                         io: TokioIo::new(io),
                         activity,
+                        authenticated,
                     })
                     .await;
+                }
+            };
+            let unauthenticated = async move {
+                match deadline {
+                    Some(at) => {
+                        tokio::time::sleep_until(at).await;
+                        if checked.load(Ordering::Acquire) {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    None => std::future::pending::<()>().await,
                 }
             };
             tokio::select! {
@@ -262,6 +304,7 @@ impl Upgrade {
                 // A closed channel means the server is gone too.
                 _ = stop.wait_for(|stopped| *stopped) => {}
                 () = watched.idle_for(idle) => {}
+                () = unauthenticated => {}
             }
             drop(connection);
         });
