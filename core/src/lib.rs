@@ -35,6 +35,7 @@ pub mod client;
 pub mod error;
 pub mod operation;
 pub mod reference;
+pub mod secret;
 pub mod types;
 pub mod validate;
 

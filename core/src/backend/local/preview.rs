@@ -89,7 +89,7 @@ impl Exposed {
             Some(token) => {
                 !self.preview.public
                     && self.tokens.iter().any(|t| {
-                        constant_eq(t.value.as_bytes(), token.value.as_bytes())
+                        crate::secret::secrets_match(t.value.as_bytes(), token.value.as_bytes())
                             && t.expires_at.is_none_or(|e| now < e)
                     })
             }
@@ -429,9 +429,10 @@ pub fn check(
     }
     let now = now_millis();
     let live = offered.iter().find_map(|o| {
-        tokens
-            .iter()
-            .find(|t| constant_eq(o, t.value.as_bytes()) && t.expires_at.is_none_or(|e| now < e))
+        tokens.iter().find(|t| {
+            crate::secret::secrets_match(o, t.value.as_bytes())
+                && t.expires_at.is_none_or(|e| now < e)
+        })
     });
     let Some(token) = live.cloned() else {
         return Err(Refusal::Unauthorized);
@@ -494,14 +495,6 @@ fn percent_decode(s: &str) -> Option<Vec<u8>> {
                 && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
     });
     well_formed.then(|| percent_encoding::percent_decode_str(&s.replace('+', " ")).collect())
-}
-
-/// Compare secrets without an early exit on the first differing byte.
-pub fn constant_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Bytes read from a client beyond what was consumed so far, and the stream they came from.
@@ -850,7 +843,7 @@ impl PreviewSet {
         // Compared in constant time, as the proxy compares them.
         entry
             .tokens
-            .retain(|t| !constant_eq(t.value.as_bytes(), token.as_bytes()));
+            .retain(|t| !crate::secret::secrets_match(t.value.as_bytes(), token.as_bytes()));
         if entry.tokens.len() == before {
             return Err(Error::not_found(format!(
                 "that token of the preview of port {port}"
@@ -862,7 +855,7 @@ impl PreviewSet {
             .preview
             .token
             .as_ref()
-            .is_some_and(|t| constant_eq(t.value.as_bytes(), token.as_bytes()))
+            .is_some_and(|t| crate::secret::secrets_match(t.value.as_bytes(), token.as_bytes()))
         {
             entry.preview.token = entry.tokens.last().cloned();
         }

@@ -320,12 +320,7 @@ fn check_token(token: Option<&str>, expected: &[u8; 32]) -> Result<()> {
         });
     };
     let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
-    let diff = digest
-        .as_ref()
-        .iter()
-        .zip(expected.iter())
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-    if std::hint::black_box(diff) == 0 && digest.as_ref().len() == expected.len() {
+    if crate::secret::secrets_match(digest.as_ref(), expected) {
         Ok(())
     } else {
         Err(Error::Unauthenticated {
