@@ -21,7 +21,7 @@
 //!   even if its client disconnects, and every request with the same key within
 //!   [`ServerConfig::idempotency_ttl`] gets that same answer (a process start attaches to the
 //!   process the first one started); the same key with another request is `409 conflict`.
-//!   A file upload is recorded with the SHA-256 of its content, computed as it streams (the
+//!   A file upload is recorded with the BLAKE3 digest of its content, computed as it streams (the
 //!   body is never buffered): a repeat with the same path, options and content answers the
 //!   first outcome without writing, other content is a conflict and the file is not touched,
 //!   and a repeat while the first upload still runs is a conflict at once (observe it, or
