@@ -1,10 +1,8 @@
 //! `sandbox.fs` (Python `SandboxFileSystem`). The sandbox's home is `/blaxel`, so Blaxel paths
 //! are used as they are; relative paths resolve against `/blaxel`.
 
-use std::future::IntoFuture;
 use std::sync::{Arc, Mutex};
 
-use futures::future::BoxFuture;
 use futures::StreamExt;
 use serde_json::Value;
 
@@ -824,6 +822,7 @@ impl SandboxFileSystem {
     }
 
     /// The core sandbox (the wire's multipart uploads keep their parts in it).
+    #[cfg(feature = "wire")]
     pub(crate) fn core(&self) -> &sandcove::Sandbox {
         &self.ctx.core
     }

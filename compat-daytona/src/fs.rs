@@ -476,11 +476,13 @@ impl FileSystem {
 
     /// Where an upload to `destination` lands (the work directory resolves a relative one),
     /// and a staging of uploads into this sandbox (the wire's streamed bulk upload).
+    #[cfg(feature = "wire")]
     pub(crate) fn upload_target(&self, destination: &str) -> String {
         self.ctx.resolve(destination)
     }
 
     /// A staging of streamed uploads into this sandbox (see `upload_target`).
+    #[cfg(feature = "wire")]
     pub(crate) fn staging(&self) -> sandcove_compat_support::multipart::Staged {
         sandcove_compat_support::multipart::Staged::new(self.ctx.core.clone())
     }
