@@ -8,12 +8,10 @@
 //! Jupyter's `text/plain` shows it).
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::IntoFuture;
 use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use sandcove_interpreter::{mime, ContextOptions, Event, Interpreter, RunOptions, Utf8Decoder};
 use serde_json::Value;
 

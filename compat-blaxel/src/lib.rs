@@ -74,30 +74,9 @@ pub use snapshots::{SandboxSnapshots, Snapshot};
 /// A string keyword Python also accepts as `None` (MIRRORING.md rule 3), shared by the facades.
 pub use sandcove_compat_support::OptionalString;
 
-/// A number of seconds as Python takes it (`int` or `float`), or `None`:
-/// `.timeout(30)`, `.timeout(2.5)` and `.timeout(None)` all read like the Python call.
-pub trait Seconds {
-    /// The value in seconds; `None` when absent.
-    fn into_seconds(self) -> Option<f64>;
-}
-
-macro_rules! seconds_from {
-    ($($t:ty),*) => {$(
-        impl Seconds for $t {
-            fn into_seconds(self) -> Option<f64> {
-                Some(self as f64)
-            }
-        }
-    )*};
-}
-seconds_from!(i32, i64, u32, u64, f32, f64);
-
-// Only `Option<f64>`: a second `Option` form would make a bare `None` ambiguous.
-impl Seconds for Option<f64> {
-    fn into_seconds(self) -> Option<f64> {
-        self
-    }
-}
+/// A number of seconds as Python takes it (`int` or `float`), or `None`, shared by the
+/// facades.
+pub use sandcove_compat_support::Seconds;
 
 #[cfg(test)]
 mod tests {

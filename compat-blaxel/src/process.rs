@@ -11,12 +11,10 @@
 //! JSON record per pid inside the sandbox, so any client program finds the process by name
 //! with the same status.
 
-use std::future::IntoFuture;
 use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
 use futures::StreamExt;
 use serde_json::Value;
 use tokio::task::JoinHandle;

@@ -7,11 +7,9 @@
 //! labels) lives in a small record inside the sandbox, so every client program sees it.
 
 use std::collections::BTreeMap;
-use std::future::IntoFuture;
 use std::ops::Deref;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use serde_json::Value;
 
 use crate::errors::{Result, SandboxAPIError};
@@ -179,13 +177,7 @@ impl<T> IntoIterator for AsyncPaginatedList<T> {
 
 macro_rules! into_future {
     ($builder:ty => $out:ty) => {
-        impl IntoFuture for $builder {
-            type Output = $crate::errors::Result<$out>;
-            type IntoFuture = BoxFuture<'static, $crate::errors::Result<$out>>;
-            fn into_future(self) -> Self::IntoFuture {
-                Box::pin(self.run())
-            }
-        }
+        sandcove_compat_support::awaitable!($builder => $crate::errors::Result<$out>);
     };
 }
 pub(crate) use into_future;

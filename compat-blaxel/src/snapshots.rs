@@ -10,11 +10,9 @@
 //! the same functions here, so one place decides what each call means.
 
 use std::collections::BTreeMap;
-use std::future::IntoFuture;
 use std::ops::Deref;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use serde_json::Value;
 
 use crate::errors::{Result, SandboxAPIError};

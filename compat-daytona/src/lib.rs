@@ -74,45 +74,17 @@ pub use volume::{Volume, VolumeService};
 /// A string keyword Python also accepts as `None` (MIRRORING.md rule 3), shared by the facades.
 pub use sandcove_compat_support::OptionalString;
 
-/// A number of seconds as Python takes it (`int` or `float`), or `None`:
-/// `.timeout(30)`, `.timeout(2.5)` and `.timeout(None)` all read like the Python call.
-pub trait Seconds {
-    /// The value in seconds; `None` when absent.
-    fn into_seconds(self) -> Option<f64>;
-}
-
-macro_rules! seconds_from {
-    ($($t:ty),*) => {$(
-        impl Seconds for $t {
-            fn into_seconds(self) -> Option<f64> {
-                Some(self as f64)
-            }
-        }
-    )*};
-}
-seconds_from!(i32, i64, u32, u64, f32, f64);
-
-// Only `Option<f64>`: a second `Option` form would make a bare `None` ambiguous.
-impl Seconds for Option<f64> {
-    fn into_seconds(self) -> Option<f64> {
-        self
-    }
-}
+/// A number of seconds as Python takes it (`int` or `float`), or `None`, shared by the
+/// facades.
+pub use sandcove_compat_support::Seconds;
 
 /// Result type of this crate.
 pub type Result<T, E = DaytonaError> = std::result::Result<T, E>;
 
-/// Make a builder awaitable: `impl IntoFuture` calling its `async fn run(self)`.
+/// Make a builder awaitable (the facades' shared `awaitable!`, with this crate's `Result`).
 macro_rules! awaitable {
     ($builder:ty => $out:ty) => {
-        impl std::future::IntoFuture for $builder {
-            type Output = $crate::Result<$out>;
-            type IntoFuture =
-                std::pin::Pin<Box<dyn std::future::Future<Output = Self::Output> + Send>>;
-            fn into_future(self) -> Self::IntoFuture {
-                Box::pin(self.run())
-            }
-        }
+        sandcove_compat_support::awaitable!($builder => $crate::Result<$out>);
     };
 }
 pub(crate) use awaitable;

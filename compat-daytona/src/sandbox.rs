@@ -766,14 +766,7 @@ macro_rules! timeout_setter {
 /// as the Python object's are updated in place).
 macro_rules! awaitable_mut {
     ($builder:ident => $out:ty) => {
-        impl<'a> std::future::IntoFuture for $builder<'a> {
-            type Output = Result<$out>;
-            type IntoFuture =
-                std::pin::Pin<Box<dyn std::future::Future<Output = Self::Output> + Send + 'a>>;
-            fn into_future(self) -> Self::IntoFuture {
-                Box::pin(self.run())
-            }
-        }
+        sandcove_compat_support::awaitable!($builder<'a> => Result<$out>);
     };
 }
 

@@ -9,29 +9,9 @@ use crate::errors::{Result, SandboxException};
 /// A boxed future of a facade result.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
 
-/// A number of seconds, as Python accepts it (`int` or `float`; `None` where allowed).
-pub trait IntoSeconds {
-    /// The value in seconds; `None` when absent.
-    fn into_seconds(self) -> Option<f64>;
-}
-
-macro_rules! seconds_from {
-    ($($t:ty),*) => {$(
-        impl IntoSeconds for $t {
-            fn into_seconds(self) -> Option<f64> {
-                Some(self as f64)
-            }
-        }
-    )*};
-}
-seconds_from!(i32, i64, u32, u64, f32, f64);
-
-// Only `Option<f64>`: a second `Option` form would make Python's bare `None` ambiguous.
-impl IntoSeconds for Option<f64> {
-    fn into_seconds(self) -> Option<f64> {
-        self
-    }
-}
+/// A number of seconds, as Python accepts it (`int` or `float`; `None` where allowed): the
+/// facades' shared `Seconds`.
+pub use sandcove_compat_support::Seconds as IntoSeconds;
 
 /// A string keyword Python also accepts as `None` (MIRRORING.md rule 3), shared by the facades.
 pub use sandcove_compat_support::OptionalString;
