@@ -443,6 +443,89 @@ async fn a_watcher_answers_only_its_own_sandbox() {
     assert_eq!(r.status().as_u16(), 200);
 }
 
+/// One sandbox's token cannot fill the server's watchers: a watcher that overflows ends and
+/// frees its inotify instance, but its events wait for a poll, so before a per-sandbox bound
+/// one token made watcher after watcher until the server refused every other sandbox's.
+#[tokio::test]
+async fn one_sandbox_cannot_take_the_servers_watchers() {
+    let env = env().await;
+    let (a, a_token) = env.create().await;
+    let (b, b_token) = env.create().await;
+    let watch = |dir: String| {
+        let (env, a, a_token) = (&env, a.clone(), a_token.clone());
+        async move {
+            let r = env
+                .envd("/filesystem.Filesystem/CreateWatcher", &a, &a_token)
+                .json(&json!({"path": dir, "recursive": false}))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    // Each watcher gets more events than it keeps (never polled): it ends, its events stay.
+    for i in 0..e2b::wire::MAX_WATCHERS_PER_SANDBOX {
+        let dir = format!("/tmp/w{i}");
+        let script = format!("mkdir -p {dir}");
+        let (status, _, _) = env
+            .stream(
+                "/process.Process/Start",
+                &a,
+                &a_token,
+                &start_message(&script, None),
+                &[],
+            )
+            .await;
+        assert_eq!(status, 200);
+        // The previous watchers' inotify instances are freed as their tasks end.
+        eventually(Duration::from_secs(30), "a watcher", || {
+            let watch = watch(dir.clone());
+            async move {
+                match watch.await {
+                    (200, _) => Ok(()),
+                    (status, body) => Err(format!("{status}: {body}")),
+                }
+            }
+        })
+        .await;
+        // A create and a remove per file: 12,000 events.
+        let flood = format!("cd {dir} && for i in $(seq 6000); do : > f$i; done && rm f*");
+        let (status, _, _) = env
+            .stream(
+                "/process.Process/Start",
+                &a,
+                &a_token,
+                &start_message(&flood, None),
+                &[],
+            )
+            .await;
+        assert_eq!(status, 200);
+    }
+    let refused = eventually(Duration::from_secs(30), "the per-sandbox refusal", || {
+        let watch = watch("/tmp".to_string());
+        async move {
+            match watch.await {
+                (429, body) if body.contains("on this sandbox") => Ok(body),
+                (200, _) => panic!(
+                    "a watcher past the sandbox's {} was admitted",
+                    e2b::wire::MAX_WATCHERS_PER_SANDBOX
+                ),
+                // Its inotify instances, until the ended watchers' tasks have let them go.
+                (status, body) => Err(format!("{status}: {body}")),
+            }
+        }
+    })
+    .await;
+    assert!(refused.contains("resource_exhausted"), "{refused}");
+    let r = env
+        .envd("/filesystem.Filesystem/CreateWatcher", &b, &b_token)
+        .json(&json!({"path": "/tmp", "recursive": false}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "another sandbox still watches");
+}
+
 /// A code-interpreter call (`E2b-Sandbox-Port: 49999`) with the given credential headers.
 fn interpreter(
     env: &Env,

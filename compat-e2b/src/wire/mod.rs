@@ -41,6 +41,7 @@ mod interpreter;
 mod ports;
 pub use ports::MAX_FORWARDED_PORTS;
 mod watchers;
+pub use watchers::{KEEP_ENDED as KEEP_ENDED_WATCHERS, MAX_WATCHERS_PER_SANDBOX};
 
 use std::sync::Arc;
 
