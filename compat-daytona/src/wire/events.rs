@@ -16,18 +16,17 @@
 //! never reads the answers, or never sends `CONNECT`, is cut at it all the same. After that it
 //! is closed when the client stops answering pings. Frames are capped at [`MAX_FRAME`].
 
-use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use sandcove::server::upgrade::Upgraded;
-
+use futures::{SinkExt as _, StreamExt as _};
 use sandcove::server::auth::{keys_match, Credential};
+use tokio_tungstenite::tungstenite::Message;
 
-use super::ws::{self, pong, read_message, send_text, Message};
+use super::ws;
 use super::Wire;
 
 /// Largest frame (or message across fragments) a client may send.
@@ -75,8 +74,8 @@ pub(crate) async fn socket(State(wire): State<Wire>, mut request: Request) -> Re
     let api_key = wire.config.api_key.clone();
     upgrade
         .pre_auth_deadline(wire.config.pre_auth_timeout)
-        .run(move |io| async move {
-            let _ = session(io, &api_key).await;
+        .run(move |socket| async move {
+            let _ = session(socket, &api_key).await;
         });
     response
 }
@@ -102,9 +101,9 @@ fn connect_authorized(payload: &str, key: &str) -> bool {
 }
 
 /// Engine.IO's open, the Socket.IO handshake, then pings until either side leaves. Until
-/// the handshake is accepted the upgrade's pre-auth deadline bounds all of it.
-async fn session(mut upgraded: Upgraded, key: &str) -> io::Result<()> {
-    let io = &mut upgraded;
+/// the handshake is accepted the upgrade's pre-auth deadline bounds all of it. WebSocket
+/// pings are answered by tungstenite as it reads.
+async fn session(mut socket: ws::Socket, key: &str) -> Result<(), ws::Error> {
     let sid = format!("sandcove-{}", SESSIONS.fetch_add(1, Ordering::Relaxed));
     let open = serde_json::json!({
         "sid": sid,
@@ -113,91 +112,74 @@ async fn session(mut upgraded: Upgraded, key: &str) -> io::Result<()> {
         "pingTimeout": PING_TIMEOUT.as_millis() as u64,
         "maxPayload": MAX_FRAME,
     });
-    send_text(io, &format!("0{open}")).await?;
-    let connected: io::Result<bool> = async {
-        loop {
-            match read_message(io).await? {
-                Message::Close => return Ok(false),
-                Message::Ping(data) => pong(io, &data).await?,
-                Message::Binary(_) | Message::Pong => {}
-                Message::Text(text) => {
-                    if text == "2" {
-                        send_text(io, "3").await?;
-                    } else if let Some(packet) = text.strip_prefix("40") {
-                        // The main namespace only (`40/other,…` is another one).
-                        if packet.starts_with('/') {
-                            send_text(io, "44/,{\"message\":\"Invalid namespace\"}").await?;
-                            return Ok(false);
-                        }
-                        if !connect_authorized(packet, key) {
-                            send_text(
-                                io,
-                                "44{\"message\":\"Unauthorized: the token must be the server's API key\"}",
-                            )
-                            .await?;
-                            return Ok(false);
-                        }
-                        let ok = serde_json::json!({"sid": format!("{sid}-io")});
-                        send_text(io, &format!("40{ok}")).await?;
-                        return Ok(true);
-                    }
-                }
+    socket.send(Message::text(format!("0{open}"))).await?;
+    loop {
+        let text = match socket.next().await {
+            None => return Ok(()),
+            Some(Err(e)) => return Err(e),
+            Some(Ok(Message::Close(_))) => {
+                ws::answer_close(&mut socket).await;
+                return Ok(());
             }
-        }
-    }
-    .await;
-    match connected {
-        Ok(true) => io.authenticated(),
-        Ok(false) => {
-            let _ = ws::close(io, 1000, "").await;
+            Some(Ok(Message::Text(text))) => text,
+            Some(Ok(_)) => continue,
+        };
+        if text == "2" {
+            socket.send(Message::text("3")).await?;
+        } else if let Some(packet) = text.strip_prefix("40") {
+            // The main namespace only (`40/other,…` is another one).
+            let refusal = if packet.starts_with('/') {
+                "44/,{\"message\":\"Invalid namespace\"}"
+            } else if !connect_authorized(packet, key) {
+                "44{\"message\":\"Unauthorized: the token must be the server's API key\"}"
+            } else {
+                let ok = serde_json::json!({"sid": format!("{sid}-io")});
+                socket.send(Message::text(format!("40{ok}"))).await?;
+                break;
+            };
+            socket.send(Message::text(refusal)).await?;
+            ws::close(&mut socket, 1000, "").await;
             return Ok(());
         }
-        Err(e) => return Err(e),
     }
-    // Reads go on in one future that lives as long as the session (a read cut short by a
-    // timer would lose a partly read frame); the pings and answers are written here.
-    let (mut reader, mut writer) = tokio::io::split(io);
-    let (messages, mut received) = tokio::sync::mpsc::channel::<Message>(4);
-    let reading = async move {
-        loop {
-            let message = read_message(&mut reader).await?;
-            if messages.send(message).await.is_err() {
-                return Ok::<(), io::Error>(());
-            }
-        }
-    };
-    let answering = async {
-        // A client silent for a whole interval plus the timeout after a ping is gone.
-        let mut pinged = false;
-        loop {
-            let wait = if pinged { PING_TIMEOUT } else { PING_INTERVAL };
-            match tokio::time::timeout(wait, received.recv()).await {
-                Err(_) if pinged => return Ok(()),
-                Err(_) => {
-                    pinged = true;
-                    send_text(&mut writer, "2").await?;
+    socket.get_ref().authenticated();
+    // A client silent for a whole interval plus the timeout after a ping is gone. Reading
+    // is cut short by the timer without loss: tungstenite keeps a partly read frame.
+    let mut pinged = false;
+    let ended = loop {
+        let wait = if pinged { PING_TIMEOUT } else { PING_INTERVAL };
+        match tokio::time::timeout(wait, socket.next()).await {
+            Err(_) if pinged => break Ok(()),
+            Err(_) => {
+                pinged = true;
+                if let Err(e) = socket.send(Message::text("2")).await {
+                    break Err(e);
                 }
-                Ok(None) | Ok(Some(Message::Close)) => return Ok(()),
-                Ok(Some(Message::Ping(data))) => pong(&mut writer, &data).await?,
-                Ok(Some(Message::Binary(_) | Message::Pong)) => {}
-                Ok(Some(Message::Text(text))) => {
-                    pinged = false;
-                    match text.as_str() {
-                        // Engine.IO close, Socket.IO disconnect.
-                        "1" | "41" => return Ok(()),
-                        "2" => send_text(&mut writer, "3").await?,
-                        // Pongs, no-ops and client events: nothing to answer.
-                        _ => {}
+            }
+            Ok(None) => break Ok(()),
+            Ok(Some(Err(e))) => break Err(e),
+            Ok(Some(Ok(Message::Close(_)))) => {
+                ws::answer_close(&mut socket).await;
+                return Ok(());
+            }
+            Ok(Some(Ok(Message::Text(text)))) => {
+                pinged = false;
+                match text.as_str() {
+                    // Engine.IO close, Socket.IO disconnect.
+                    "1" | "41" => break Ok(()),
+                    "2" => {
+                        if let Err(e) = socket.send(Message::text("3")).await {
+                            break Err(e);
+                        }
                     }
+                    // Pongs, no-ops and client events: nothing to answer.
+                    _ => {}
                 }
             }
+            Ok(Some(Ok(_))) => {}
         }
     };
-    let ended: io::Result<()> = tokio::select! {
-        read = reading => read,
-        answered = answering => answered,
-    };
-    let _ = ws::close(&mut writer, 1000, "").await;
+    ws::close(&mut socket, 1000, "").await;
     ended
 }
 

@@ -7,7 +7,7 @@
 //! | [`api`] | the control plane under `/api` (`/api/sandbox…`): REST + JSON |
 //! | [`toolbox`] | the in-sandbox API under `/toolbox/{id}/…` (process, files, git) |
 //! | [`pty`] | PTY sessions under `/toolbox/{id}/process/pty…` (WebSocket + REST) |
-//! | `ws` | the WebSocket server side the sockets share (handshake, bounded frames) |
+//! | `ws` | the WebSocket server side the sockets share (`tokio-tungstenite`, its bounds) |
 //!
 //! One listener serves both planes: every sandbox answer carries `toolboxProxyUrl` =
 //! `{base_url}/toolbox`, absolute on this same listener, and the SDK sends every toolbox

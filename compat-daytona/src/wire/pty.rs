@@ -25,11 +25,12 @@ use axum::http::Method;
 use axum::response::Response;
 use axum::Json;
 use base64::Engine as _;
+use futures::{SinkExt as _, StreamExt as _};
 use sandcove::server::auth::{Routes, SERVER_KEY};
-use sandcove::server::upgrade::Upgraded;
 use sandcove::{ProcessEvent, ProcessSelector, ProcessSpec, PtySize};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message;
 
 use super::{bad_request, parse_json, ws, ApiError, Wire};
 use crate::errors::ErrorDetails;
@@ -345,9 +346,7 @@ async fn create_connect(
     let handle = sb.spawn(spec).await?;
     wire.ptys.set(sb.id(), &session, pty_size);
     let exit_control = chosen(&protocols).is_some();
-    upgrade.run(move |io| async move {
-        drive(io, sb, session, handle, false, exit_control).await;
-    });
+    upgrade.run(move |socket| drive(socket, sb, session, handle, false, exit_control));
     Ok(response)
 }
 
@@ -373,29 +372,23 @@ async fn connect(
     let protocols = ws::offered_protocols(&request);
     let (upgrade, response) = ws::accept(&mut request, chosen(&protocols)).map_err(bad_request)?;
     let exit_control = chosen(&protocols).is_some();
-    upgrade.run(move |io| async move {
-        drive(io, sb, session, handle, true, exit_control).await;
-    });
+    upgrade.run(move |socket| drive(socket, sb, session, handle, true, exit_control));
     Ok(response)
 }
 
 /// Carry one connection: output to the client, its messages to the terminal, until the
 /// shell ends or the client leaves (the shell goes on running then).
 async fn drive(
-    io: Upgraded,
+    mut socket: ws::Socket,
     sb: sandcove::Sandbox,
     session: String,
     mut handle: sandcove::ProcessHandle,
     attached: bool,
     exit_control: bool,
 ) {
-    let (read, mut write) = tokio::io::split(io);
-    let mut incoming = ws::reader(read);
     let selector = ProcessSelector::Tag(format!("{TAG}{session}"));
-    if ws::send_text(&mut write, r#"{"type":"control","status":"connected"}"#)
-        .await
-        .is_err()
-    {
+    let connected = Message::text(r#"{"type":"control","status":"connected"}"#);
+    if socket.send(connected).await.is_err() {
         return;
     }
     // On attach, history (before `Live`) is not replayed.
@@ -405,7 +398,7 @@ async fn drive(
             event = handle.next_event() => match event {
                 Some(Ok(ProcessEvent::Live)) => live = true,
                 Some(Ok(ProcessEvent::Stdout(bytes) | ProcessEvent::Stderr(bytes))) if live => {
-                    if ws::write_frame(&mut write, ws::BINARY, &bytes).await.is_err() {
+                    if ws::send_binary(&mut socket, b"", &bytes).await.is_err() {
                         return;
                     }
                 }
@@ -419,45 +412,37 @@ async fn drive(
                         if let Some(signal) = status.signal {
                             control["exitReason"] = json!(format!("killed by signal {signal}"));
                         }
-                        let _ = ws::send_text(&mut write, &control.to_string()).await;
+                        let _ = socket.send(Message::text(control.to_string())).await;
                     }
-                    let _ = ws::close(&mut write, 1000, "").await;
+                    ws::close(&mut socket, 1000, "").await;
                     return;
                 }
                 Some(Ok(_)) => {}
                 Some(Err(e)) => {
-                    let _ = ws::close(&mut write, 1011, &e.to_string()).await;
+                    ws::close(&mut socket, 1011, &e.to_string()).await;
                     return;
                 }
                 None => {
-                    let _ = ws::close(&mut write, 1011, "the terminal's stream ended").await;
+                    ws::close(&mut socket, 1011, "the terminal's stream ended").await;
                     return;
                 }
             },
-            message = incoming.recv() => match message {
-                Some(Ok(ws::Message::Binary(data))) => {
-                    if let Err(e) = sb.write_stdin(selector.clone(), data).await {
-                        let _ = ws::close(&mut write, 1011, &e.to_string()).await;
+            // Pings are answered by tungstenite as it reads.
+            message = socket.next() => {
+                let input = match message {
+                    Some(Ok(Message::Binary(data))) => Vec::from(data),
+                    Some(Ok(Message::Text(text))) => text.as_bytes().to_vec(),
+                    Some(Ok(Message::Close(_))) => {
+                        ws::answer_close(&mut socket).await;
                         return;
                     }
-                }
-                Some(Ok(ws::Message::Text(text))) => {
-                    if let Err(e) = sb.write_stdin(selector.clone(), text.into_bytes()).await {
-                        let _ = ws::close(&mut write, 1011, &e.to_string()).await;
-                        return;
-                    }
-                }
-                Some(Ok(ws::Message::Ping(data))) => {
-                    if ws::pong(&mut write, &data).await.is_err() {
-                        return;
-                    }
-                }
-                Some(Ok(ws::Message::Pong)) => {}
-                Some(Ok(ws::Message::Close)) => {
-                    let _ = ws::close(&mut write, 1000, "").await;
+                    Some(Ok(_)) => continue,
+                    Some(Err(_)) | None => return,
+                };
+                if let Err(e) = sb.write_stdin(selector.clone(), input).await {
+                    ws::close(&mut socket, 1011, &e.to_string()).await;
                     return;
                 }
-                Some(Err(_)) | None => return,
             },
         }
     }

@@ -763,7 +763,7 @@ async fn command_logs(
         // A missing session or command is the SDK's error before the protocol switches.
         sb.process.get_session_command(&session, &command).await?;
         let (upgrade, response) = super::ws::accept(&mut request, None).map_err(bad_request)?;
-        upgrade.run(move |io| follow_logs(io, sb, session, command));
+        upgrade.run(move |socket| follow_logs(socket, sb, session, command));
         return Ok(response);
     }
     let logs = sb
@@ -789,18 +789,14 @@ pub const FOLLOW_QUEUE_BYTES: usize = 8 * 1024 * 1024;
 /// Send a session command's output as it comes, each chunk a binary message led by its
 /// stream's mark, then close with 1000 once the command has ended (1011 with the reason if
 /// following failed). Chunks wait in a queue between the facade's callbacks and the socket,
-/// of at most [`FOLLOW_QUEUE_BYTES`].
-async fn follow_logs(
-    io: sandcove::server::upgrade::Upgraded,
-    sb: Sandbox,
-    session: String,
-    command: String,
-) {
+/// of at most [`FOLLOW_QUEUE_BYTES`]; a chunk longer than a WebSocket message goes out in
+/// several, each led by the mark.
+async fn follow_logs(mut socket: super::ws::Socket, sb: Sandbox, session: String, command: String) {
     use super::ws;
-    let (read, mut write) = tokio::io::split(io);
-    let mut incoming = ws::reader(read);
+    use futures::StreamExt as _;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
+    use tokio_tungstenite::tungstenite::Message;
     let (chunks, mut queued) = tokio::sync::mpsc::unbounded_channel::<(bool, String)>();
     // Bytes queued and not yet written; a chunk that would pass the bound is dropped and the
     // socket ends saying so.
@@ -834,50 +830,46 @@ async fn follow_logs(
         )
     };
     tokio::pin!(logs);
-    let frame = |is_err: bool, text: String| {
-        let mut data = if is_err { STDERR_MARK } else { STDOUT_MARK }.to_vec();
-        data.extend_from_slice(text.as_bytes());
-        data
-    };
+    let mark = |is_err: bool| if is_err { STDERR_MARK } else { STDOUT_MARK };
     loop {
         tokio::select! {
             biased;
             chunk = queued.recv() => {
                 let Some((is_err, text)) = chunk else { return };
                 let len = text.len();
-                if ws::write_frame(&mut write, ws::BINARY, &frame(is_err, text)).await.is_err() {
+                if ws::send_binary(&mut socket, mark(is_err), text.as_bytes()).await.is_err() {
                     return;
                 }
                 held.fetch_sub(len, Ordering::Relaxed);
                 if overflow.load(Ordering::Relaxed) && held.load(Ordering::Relaxed) == 0 {
-                    let _ = ws::close(&mut write, 1011, &too_slow()).await;
+                    ws::close(&mut socket, 1011, &too_slow()).await;
                     return;
                 }
             }
             ended = &mut logs => {
                 // Every callback has run by now: send what is queued, then close.
                 while let Ok((is_err, text)) = queued.try_recv() {
-                    if ws::write_frame(&mut write, ws::BINARY, &frame(is_err, text)).await.is_err() {
+                    if ws::send_binary(&mut socket, mark(is_err), text.as_bytes()).await.is_err() {
                         return;
                     }
                 }
-                let _ = match ended {
+                match ended {
                     Ok(()) if overflow.load(Ordering::Relaxed) => {
-                        ws::close(&mut write, 1011, &too_slow()).await
+                        ws::close(&mut socket, 1011, &too_slow()).await
                     }
-                    Ok(()) => ws::close(&mut write, 1000, "").await,
-                    Err(e) => ws::close(&mut write, 1011, &e.message()).await,
+                    Ok(()) => ws::close(&mut socket, 1000, "").await,
+                    Err(e) => ws::close(&mut socket, 1011, &e.message()).await,
                 };
                 return;
             }
-            message = incoming.recv() => match message {
-                Some(Ok(ws::Message::Ping(data))) => {
-                    if ws::pong(&mut write, &data).await.is_err() {
-                        return;
-                    }
+            // Pings are answered by tungstenite as it reads; what the client sends is ignored.
+            message = socket.next() => match message {
+                Some(Ok(Message::Close(_))) => {
+                    ws::answer_close(&mut socket).await;
+                    return;
                 }
-                Some(Ok(ws::Message::Close)) | Some(Err(_)) | None => return,
                 Some(Ok(_)) => {}
+                Some(Err(_)) | None => return,
             },
         }
     }

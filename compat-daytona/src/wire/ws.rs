@@ -1,31 +1,66 @@
-//! The WebSocket (RFC 6455) server side the Daytona listener's sockets share: the opening
-//! handshake on top of `sandcove::server::upgrade` (which bounds the taken-over connection:
-//! the listener's cap, shutdown, an idle limit) and bounded frame reading and writing.
+//! The WebSocket server side the Daytona listener's sockets share, on `tokio-tungstenite`:
+//! the opening handshake checked by tungstenite and taken over through
+//! `sandcove::server::upgrade` (which bounds the taken-over connection: the listener's cap,
+//! shutdown, an idle limit, a pre-auth deadline), then every frame read and written by
+//! tungstenite within [`config`]'s bounds.
 //!
-//! Client frames must be masked; no extension is agreed, so reserved bits are refused; a
-//! frame, or a message across fragments, is capped at [`MAX_MESSAGE`].
+//! tungstenite refuses unmasked client frames, reserved bits (no extension is agreed) and a
+//! frame, or a message across fragments, past [`MAX_MESSAGE`]; it answers pings and a
+//! client's close itself. What the server sends goes out in messages of at most
+//! [`MAX_MESSAGE`] ([`send_binary`]), so its write buffer holds one message and a control
+//! frame at most: a client that pings and never reads cannot grow it.
 
-use std::io;
+use std::future::Future;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::{header, HeaderValue};
+use axum::response::Response;
 use base64::Engine as _;
-use sandcove::server::upgrade::Upgrade;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use futures::SinkExt as _;
+use sandcove::server::upgrade::{Upgrade, Upgraded};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_tungstenite::tungstenite::handshake::server::create_response_with_body;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
+pub(crate) use tokio_tungstenite::tungstenite::Error;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
 
-/// Largest frame (or message across fragments) a client may send.
+/// Largest frame (or message across fragments) a client may send, and largest message the
+/// server sends.
 pub const MAX_MESSAGE: usize = 64 * 1024;
-/// RFC 6455's key suffix for `Sec-WebSocket-Accept`.
-const WEBSOCKET_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+/// The most the server's write buffer holds: one message of at most [`MAX_MESSAGE`] and its
+/// header, plus a pong or a close (tungstenite's automatic answers, at most 127 bytes).
+const MAX_WRITE_BUFFER: usize = MAX_MESSAGE + 1024;
+/// Bytes read from the connection at once (the buffer grows to a whole frame when one needs
+/// it, never past [`MAX_MESSAGE`]).
+const READ_BUFFER: usize = 16 * 1024;
+/// Longest close reason sent (a control frame's payload is at most 125 bytes, 2 of them the
+/// code).
+const MAX_CLOSE_REASON: usize = 120;
 
-/// Opcodes used here.
-pub(crate) const TEXT: u8 = 0x1;
-pub(crate) const BINARY: u8 = 0x2;
-pub(crate) const CLOSE: u8 = 0x8;
-const PING: u8 = 0x9;
-const PONG: u8 = 0xA;
+/// A WebSocket on an upgraded connection of the listener.
+pub(crate) type Socket = WebSocketStream<Upgraded>;
+
+/// tungstenite's bounds for every socket here.
+fn config() -> WebSocketConfig {
+    WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER)
+        // Each send flushes: nothing waits in the buffer for more to come.
+        .write_buffer_size(0)
+        .max_write_buffer_size(MAX_WRITE_BUFFER)
+        .max_message_size(Some(MAX_MESSAGE))
+        .max_frame_size(Some(MAX_MESSAGE))
+}
+
+/// The server side of a WebSocket on `io`, the handshake done.
+async fn server<S>(io: S) -> WebSocketStream<S>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    WebSocketStream::from_raw_socket(io, Role::Server, Some(config())).await
+}
 
 /// Whether `request` is a WebSocket opening handshake this module can accept.
 pub(crate) fn is_websocket(request: &Request) -> bool {
@@ -50,275 +85,309 @@ pub(crate) fn offered_protocols(request: &Request) -> Vec<String> {
         .collect()
 }
 
+/// A checked handshake's pending upgrade, from [`accept`].
+#[must_use = "an upgrade does nothing until `run`"]
+pub(crate) struct Accepted(Upgrade);
+
+impl Accepted {
+    /// See [`Upgrade::pre_auth_deadline`]: the socket's task calls
+    /// `socket.get_ref().authenticated()` once its peer has proved the key.
+    pub(crate) fn pre_auth_deadline(self, limit: Duration) -> Self {
+        Accepted(self.0.pre_auth_deadline(limit))
+    }
+
+    /// Once the `101` has gone out, run `task` on the socket (see [`Upgrade::run`]: the
+    /// connection keeps its slot in the listener's cap and ends with `task`, at shutdown, at
+    /// its idle limit or its pre-auth deadline).
+    pub(crate) fn run<F, Fut>(self, task: F)
+    where
+        F: FnOnce(Socket) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.0
+            .run(move |io| async move { task(server(io).await).await });
+    }
+}
+
 /// Check the opening handshake of `request` and take its upgrade. On success: the pending
 /// upgrade and the `101` answer to return (naming `protocol` when given: it must be one the
 /// client offered). On failure: the error message (the caller answers it in its own shape).
 pub(crate) fn accept(
     request: &mut Request,
     protocol: Option<&str>,
-) -> Result<(Upgrade, Response), String> {
-    let headers = request.headers();
-    let version = headers
-        .get(header::SEC_WEBSOCKET_VERSION)
-        .and_then(|v| v.to_str().ok());
-    let key = headers
+) -> Result<(Accepted, Response), String> {
+    // tungstenite checks the method, version and headers and derives the accept key; the
+    // key must also be 16 bytes in base64 (RFC 6455 §4.2.1), which it leaves to the server.
+    let key_ok = request
+        .headers()
         .get(header::SEC_WEBSOCKET_KEY)
         .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|k| {
+        .is_some_and(|k| {
             base64::engine::general_purpose::STANDARD
-                .decode(k)
+                .decode(k.trim())
                 .is_ok_and(|raw| raw.len() == 16)
-        })
-        .map(str::to_string);
-    let (true, Some("13"), Some(key)) = (is_websocket(request), version, key) else {
-        return Err("Bad handshake method: a WebSocket upgrade (version 13) is needed".into());
-    };
+        });
+    let mut response = create_response_with_body(request, Body::empty)
+        .ok()
+        .filter(|_| key_ok)
+        .ok_or("Bad handshake method: a WebSocket upgrade (version 13) is needed")?;
     let upgrade = sandcove::server::upgrade::prepare(request).map_err(|e| e.to_string())?;
-    let digest = ring::digest::digest(
-        &ring::digest::SHA1_FOR_LEGACY_USE_ONLY,
-        format!("{key}{WEBSOCKET_GUID}").as_bytes(),
-    );
-    let accept = base64::engine::general_purpose::STANDARD.encode(digest.as_ref());
-    let mut response = Response::builder()
-        .status(StatusCode::SWITCHING_PROTOCOLS)
-        .header(header::UPGRADE, "websocket")
-        .header(header::CONNECTION, "Upgrade")
-        .header(header::SEC_WEBSOCKET_ACCEPT, accept);
     if let Some(protocol) = protocol {
         let value = HeaderValue::from_str(protocol).map_err(|e| e.to_string())?;
-        response = response.header(header::SEC_WEBSOCKET_PROTOCOL, value);
+        response
+            .headers_mut()
+            .insert(header::SEC_WEBSOCKET_PROTOCOL, value);
     }
-    let response = response
-        .body(Body::empty())
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
-    Ok((upgrade, response))
+    Ok((Accepted(upgrade), response))
 }
 
-/// One WebSocket message from the client.
-pub(crate) enum Message {
-    Text(String),
-    Binary(Vec<u8>),
-    /// A WebSocket ping: answered with a pong carrying the same bytes.
-    Ping(Vec<u8>),
-    /// Pongs: nothing to do.
-    Pong,
-    Close,
-}
-
-async fn read_frame_head<R: AsyncRead + Unpin>(io: &mut R) -> io::Result<(bool, u8, usize)> {
-    let mut head = [0u8; 2];
-    io.read_exact(&mut head).await?;
-    let (fin, opcode) = (head[0] & 0x80 != 0, head[0] & 0x0f);
-    if head[0] & 0x70 != 0 || head[1] & 0x80 == 0 {
-        // Reserved bits (no extension was agreed), or an unmasked client frame.
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "bad frame"));
-    }
-    let len = match head[1] & 0x7f {
-        126 => {
-            let mut b = [0u8; 2];
-            io.read_exact(&mut b).await?;
-            u64::from(u16::from_be_bytes(b))
-        }
-        127 => {
-            let mut b = [0u8; 8];
-            io.read_exact(&mut b).await?;
-            u64::from_be_bytes(b)
-        }
-        n => u64::from(n),
-    };
-    if len > MAX_MESSAGE as u64 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "frame too large",
-        ));
-    }
-    Ok((fin, opcode, len as usize))
-}
-
-/// The next message. Not cancel-safe: a partly read frame is lost, so one task reads for
-/// the whole life of a connection.
-pub(crate) async fn read_message<R: AsyncRead + Unpin>(io: &mut R) -> io::Result<Message> {
-    let mut message: Vec<u8> = Vec::new();
-    let mut kind = None;
+/// Send `data` as binary messages of at most [`MAX_MESSAGE`] bytes, each led by `lead` (a
+/// stream's mark, or nothing). A cut never splits a UTF-8 character, so a client decoding
+/// each message as text sees whole characters.
+pub(crate) async fn send_binary<S>(
+    socket: &mut WebSocketStream<S>,
+    lead: &[u8],
+    mut data: &[u8],
+) -> Result<(), Error>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let room = MAX_MESSAGE - lead.len();
     loop {
-        let (fin, opcode, len) = read_frame_head(io).await?;
-        let mut mask = [0u8; 4];
-        io.read_exact(&mut mask).await?;
-        let mut payload = vec![0u8; len];
-        io.read_exact(&mut payload).await?;
-        for (i, b) in payload.iter_mut().enumerate() {
-            *b ^= mask[i % 4];
+        let mut end = data.len().min(room);
+        // Back off over continuation bytes (at most 3) to a character's start.
+        while end < data.len() && end > room - 4 && data[end] & 0xC0 == 0x80 {
+            end -= 1;
         }
-        match opcode {
-            CLOSE => return Ok(Message::Close),
-            PING => return Ok(Message::Ping(payload)),
-            PONG => return Ok(Message::Pong),
-            0x0..=0x2 => {
-                if opcode != 0 {
-                    kind = Some(opcode);
-                }
-                if message.len() + payload.len() > MAX_MESSAGE {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "message too large",
-                    ));
-                }
-                message.extend_from_slice(&payload);
-                if fin {
-                    return match kind {
-                        Some(TEXT) => String::from_utf8(message).map(Message::Text).map_err(|_| {
-                            io::Error::new(io::ErrorKind::InvalidData, "text is not UTF-8")
-                        }),
-                        Some(BINARY) => Ok(Message::Binary(message)),
-                        _ => Err(io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            "continuation without a first frame",
-                        )),
-                    };
-                }
-            }
-            _ => return Err(io::Error::new(io::ErrorKind::InvalidData, "bad opcode")),
+        let mut message = Vec::with_capacity(lead.len() + end);
+        message.extend_from_slice(lead);
+        message.extend_from_slice(&data[..end]);
+        socket.send(Message::binary(message)).await?;
+        data = &data[end..];
+        if data.is_empty() {
+            return Ok(());
         }
     }
 }
 
-/// Write one unfragmented, unmasked (server) frame.
-pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
-    io: &mut W,
-    opcode: u8,
-    data: &[u8],
-) -> io::Result<()> {
-    let mut frame = Vec::with_capacity(data.len() + 10);
-    frame.push(0x80 | opcode);
-    match data.len() {
-        n if n < 126 => frame.push(n as u8),
-        n if n <= usize::from(u16::MAX) => {
-            frame.push(126);
-            frame.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        n => {
-            frame.push(127);
-            frame.extend_from_slice(&(n as u64).to_be_bytes());
-        }
-    }
-    frame.extend_from_slice(data);
-    io.write_all(&frame).await?;
-    io.flush().await
-}
-
-/// A text frame.
-pub(crate) async fn send_text<W: AsyncWrite + Unpin>(io: &mut W, text: &str) -> io::Result<()> {
-    write_frame(io, TEXT, text.as_bytes()).await
-}
-
-/// A pong answering a ping's `data`.
-pub(crate) async fn pong<W: AsyncWrite + Unpin>(io: &mut W, data: &[u8]) -> io::Result<()> {
-    write_frame(io, PONG, data).await
-}
-
-/// A close frame with `code` (1000: normal; 1011: the server failed) and a reason, cut to
-/// fit a control frame.
-pub(crate) async fn close<W: AsyncWrite + Unpin>(
-    io: &mut W,
-    code: u16,
-    reason: &str,
-) -> io::Result<()> {
-    let mut payload = code.to_be_bytes().to_vec();
-    let mut end = reason.len().min(120);
+/// Close with `code` (1000: normal; 1011: the server failed) and `reason`, cut to fit a
+/// control frame. Nothing is awaited from the client: the caller drops the socket next.
+pub(crate) async fn close<S>(socket: &mut WebSocketStream<S>, code: u16, reason: &str)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut end = reason.len().min(MAX_CLOSE_REASON);
     while !reason.is_char_boundary(end) {
         end -= 1;
     }
-    payload.extend_from_slice(&reason.as_bytes()[..end]);
-    write_frame(io, CLOSE, &payload).await
+    let frame = CloseFrame {
+        code: code.into(),
+        reason: reason[..end].to_string().into(),
+    };
+    let _ = socket.close(Some(frame)).await;
 }
 
-/// The messages of a connection, read by a task of their own (the one task reading a
-/// connection, see [`read_message`]). Dropping it stops that task, so the read half (and with
-/// it the connection) never outlives the handler that holds it.
-pub(crate) struct Incoming {
-    received: tokio::sync::mpsc::Receiver<io::Result<Message>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Incoming {
-    /// The next message; `None` once the reading task has stopped (after an error or a close).
-    pub(crate) async fn recv(&mut self) -> Option<io::Result<Message>> {
-        self.received.recv().await
-    }
-}
-
-impl Drop for Incoming {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// Read messages from `reader` until the client closes or errs; the channel's capacity bounds
-/// what is held.
-pub(crate) fn reader<R>(mut reader: R) -> Incoming
+/// After the client's close: send tungstenite's answer to it (queued when the close was
+/// read), then the caller drops the socket.
+pub(crate) async fn answer_close<S>(socket: &mut WebSocketStream<S>)
 where
-    R: AsyncRead + Unpin + Send + 'static,
+    S: AsyncRead + AsyncWrite + Unpin,
 {
-    let (sender, received) = tokio::sync::mpsc::channel(4);
-    let task = tokio::spawn(async move {
-        loop {
-            let message = read_message(&mut reader).await;
-            let end = matches!(message, Err(_) | Ok(Message::Close));
-            if sender.send(message).await.is_err() || end {
-                return;
-            }
-        }
-    });
-    Incoming { received, task }
+    let _ = socket.close(None).await;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::StreamExt as _;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+    use tokio_tungstenite::tungstenite::error::{CapacityError, ProtocolError};
 
     /// A masked client frame.
     fn client_frame(opcode: u8, fin: bool, data: &[u8]) -> Vec<u8> {
         let mask = [1u8, 2, 3, 4];
         let mut f = vec![if fin { 0x80 } else { 0 } | opcode];
-        assert!(data.len() < 126);
-        f.push(0x80 | data.len() as u8);
+        match data.len() {
+            n if n < 126 => f.push(0x80 | n as u8),
+            n if n <= usize::from(u16::MAX) => {
+                f.push(0x80 | 126);
+                f.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                f.push(0x80 | 127);
+                f.extend_from_slice(&(n as u64).to_be_bytes());
+            }
+        }
         f.extend_from_slice(&mask);
         f.extend(data.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
         f
     }
 
+    /// A server socket and the client's raw end of its connection.
+    async fn pair(capacity: usize) -> (WebSocketStream<DuplexStream>, DuplexStream) {
+        let (client, io) = tokio::io::duplex(capacity);
+        (server(io).await, client)
+    }
+
+    /// The server's next message, from what the client wrote.
+    async fn next(
+        socket: &mut WebSocketStream<DuplexStream>,
+    ) -> Option<Result<Message, tokio_tungstenite::tungstenite::Error>> {
+        tokio::time::timeout(Duration::from_secs(30), socket.next())
+            .await
+            .expect("the server reads a message or fails")
+    }
+
     #[tokio::test]
     async fn messages_are_unmasked_and_reassembled() {
-        let mut bytes = client_frame(BINARY, false, b"ab");
-        bytes.extend(client_frame(0, true, b"cd"));
-        bytes.extend(client_frame(TEXT, true, b"hi"));
-        let mut io = &bytes[..];
-        assert!(matches!(read_message(&mut io).await.unwrap(), Message::Binary(b) if b == b"abcd"));
-        assert!(matches!(read_message(&mut io).await.unwrap(), Message::Text(t) if t == "hi"));
+        let (mut socket, mut client) = pair(1 << 20).await;
+        let mut bytes = client_frame(0x2, false, b"ab");
+        bytes.extend(client_frame(0x0, true, b"cd"));
+        bytes.extend(client_frame(0x1, true, b"hi"));
+        client.write_all(&bytes).await.unwrap();
+        assert!(
+            matches!(next(&mut socket).await, Some(Ok(Message::Binary(b))) if b == b"abcd"[..])
+        );
+        assert!(matches!(next(&mut socket).await, Some(Ok(Message::Text(t))) if t == "hi"));
     }
 
     #[tokio::test]
-    async fn unmasked_and_oversized_frames_are_refused() {
-        let unmasked = [0x82u8, 0x01, b'x'];
-        assert!(read_message(&mut &unmasked[..]).await.is_err());
-        let mut huge = vec![0x82u8, 0x80 | 127];
-        huge.extend_from_slice(&(MAX_MESSAGE as u64 + 1).to_be_bytes());
-        huge.extend_from_slice(&[0, 0, 0, 0]);
-        assert!(read_message(&mut &huge[..]).await.is_err());
+    async fn unmasked_frames_are_refused() {
+        let (mut socket, mut client) = pair(1 << 20).await;
+        client.write_all(&[0x82u8, 0x01, b'x']).await.unwrap();
+        assert!(matches!(
+            next(&mut socket).await,
+            Some(Err(Error::Protocol(ProtocolError::UnmaskedFrameFromClient)))
+        ));
     }
 
-    /// A handler that stops (an ended PTY, a finished log) takes its connection with it: the
-    /// reading task does not keep the connection open behind the listener's back.
+    /// A frame of [`MAX_MESSAGE`] bytes is read; one byte more is refused from its header,
+    /// before its payload is read or held.
     #[tokio::test]
-    async fn dropping_the_incoming_side_closes_the_connection() {
-        let (mut client, server) = tokio::io::duplex(64);
-        let incoming = reader(server);
-        drop(incoming);
-        let mut byte = [0u8; 1];
-        let read = tokio::time::timeout(std::time::Duration::from_secs(30), client.read(&mut byte))
+    async fn a_frame_past_the_bound_is_refused() {
+        let (mut socket, mut client) = pair(1 << 20).await;
+        let at_limit = vec![b'a'; MAX_MESSAGE];
+        client
+            .write_all(&client_frame(0x2, true, &at_limit))
             .await
-            .expect("the connection is closed, not left open");
-        assert_eq!(read.unwrap(), 0);
+            .unwrap();
+        assert!(
+            matches!(next(&mut socket).await, Some(Ok(Message::Binary(b))) if b.len() == MAX_MESSAGE)
+        );
+        let over = vec![b'a'; MAX_MESSAGE + 1];
+        client
+            .write_all(&client_frame(0x2, true, &over))
+            .await
+            .unwrap();
+        assert!(matches!(
+            next(&mut socket).await,
+            Some(Err(Error::Capacity(CapacityError::MessageTooLong { .. })))
+        ));
+    }
+
+    /// Fragments of [`MAX_MESSAGE`] bytes in all make a message; one byte more is refused.
+    #[tokio::test]
+    async fn a_message_past_the_bound_across_fragments_is_refused() {
+        let (mut socket, mut client) = pair(1 << 20).await;
+        let half = vec![b'a'; MAX_MESSAGE / 2];
+        let mut bytes = client_frame(0x2, false, &half);
+        bytes.extend(client_frame(0x0, true, &half));
+        client.write_all(&bytes).await.unwrap();
+        assert!(
+            matches!(next(&mut socket).await, Some(Ok(Message::Binary(b))) if b.len() == MAX_MESSAGE)
+        );
+        let mut bytes = client_frame(0x2, false, &half);
+        bytes.extend(client_frame(0x0, false, &half));
+        bytes.extend(client_frame(0x0, true, b"x"));
+        client.write_all(&bytes).await.unwrap();
+        assert!(matches!(
+            next(&mut socket).await,
+            Some(Err(Error::Capacity(CapacityError::MessageTooLong { .. })))
+        ));
+    }
+
+    /// What the server sends comes in messages of at most [`MAX_MESSAGE`] bytes, each led by
+    /// its mark, cut between characters; together they carry every byte in order.
+    #[tokio::test]
+    async fn what_the_server_sends_is_cut_into_bounded_messages() {
+        let (mut socket, mut client) = pair(4 << 20).await;
+        // 'é' is two bytes: with a 3-byte lead the first cut falls inside one.
+        let text = "é".repeat(MAX_MESSAGE);
+        send_binary(&mut socket, b"\x01\x01\x01", text.as_bytes())
+            .await
+            .unwrap();
+        drop(socket);
+        let mut raw = Vec::new();
+        client.read_to_end(&mut raw).await.unwrap();
+        let mut joined = Vec::new();
+        let mut messages = 0;
+        let mut rest = &raw[..];
+        while !rest.is_empty() {
+            assert_eq!(rest[0], 0x82, "an unfragmented binary frame");
+            let (len, head) = match rest[1] {
+                126 => (usize::from(u16::from_be_bytes([rest[2], rest[3]])), 4),
+                127 => (
+                    u64::from_be_bytes(rest[2..10].try_into().unwrap()) as usize,
+                    10,
+                ),
+                n => (usize::from(n), 2),
+            };
+            assert!(len <= MAX_MESSAGE, "{len}");
+            let payload = &rest[head..head + len];
+            assert_eq!(&payload[..3], b"\x01\x01\x01");
+            assert!(
+                std::str::from_utf8(&payload[3..]).is_ok(),
+                "whole characters"
+            );
+            joined.extend_from_slice(&payload[3..]);
+            messages += 1;
+            rest = &rest[head + len..];
+        }
+        assert_eq!(joined, text.as_bytes());
+        assert_eq!(messages, 3);
+    }
+
+    /// A client that pings and never reads: the pongs that cannot go out do not pile up in
+    /// the server's write buffer past its bound. Once it is full the server's next message
+    /// fails at once (the socket then ends) instead of queueing behind them.
+    #[tokio::test]
+    async fn pongs_a_client_never_reads_stay_within_the_write_buffer() {
+        let (mut socket, mut client) = pair(1024).await;
+        let pings = 4 * MAX_WRITE_BUFFER / 125;
+        let writer = tokio::spawn(async move {
+            let ping = client_frame(0x9, true, &[b'p'; 125]);
+            for _ in 0..pings {
+                client.write_all(&ping).await.unwrap();
+            }
+            client
+        });
+        for _ in 0..pings {
+            assert!(matches!(
+                next(&mut socket).await,
+                Some(Ok(Message::Ping(_)))
+            ));
+        }
+        let _client = writer.await.unwrap();
+        let sent = tokio::time::timeout(
+            Duration::from_secs(30),
+            socket.send(Message::binary(vec![0u8; MAX_MESSAGE])),
+        )
+        .await
+        .expect("the send fails rather than waiting behind unread pongs");
+        assert!(matches!(sent, Err(Error::WriteBufferFull(_))), "{sent:?}");
+    }
+
+    #[tokio::test]
+    async fn a_close_reason_is_cut_to_fit_a_control_frame() {
+        let (mut socket, mut client) = pair(4096).await;
+        close(&mut socket, 1011, &"é".repeat(200)).await;
+        drop(socket);
+        let mut raw = Vec::new();
+        client.read_to_end(&mut raw).await.unwrap();
+        assert_eq!(raw[0], 0x88);
+        let len = usize::from(raw[1]);
+        assert!(len <= 125, "{len}");
+        assert_eq!(&raw[2..4], &1011u16.to_be_bytes());
+        assert!(std::str::from_utf8(&raw[4..2 + len]).is_ok());
     }
 }
