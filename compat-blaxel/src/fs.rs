@@ -522,11 +522,14 @@ impl DownloadBuilder {
         let local_err = |e: std::io::Error| {
             SandboxAPIError::exception(format!("write {}: {e}", self.destination_path))
         };
-        std::fs::write(&self.destination_path, bytes).map_err(local_err)?;
-        std::fs::set_permissions(
+        tokio::fs::write(&self.destination_path, bytes)
+            .await
+            .map_err(local_err)?;
+        tokio::fs::set_permissions(
             &self.destination_path,
             std::fs::Permissions::from_mode(self.mode),
         )
+        .await
         .map_err(local_err)?;
         Ok(())
     }
@@ -781,7 +784,7 @@ impl SandboxFileSystem {
     ) -> Result<SuccessResponse> {
         let bytes = match content.into() {
             BinaryContent::Bytes(b) => b,
-            BinaryContent::LocalPath(p) => std::fs::read(&p).map_err(|e| {
+            BinaryContent::LocalPath(p) => tokio::fs::read(&p).await.map_err(|e| {
                 SandboxAPIError::exception(format!("Failed to write binary: {}: {e}", p.display()))
             })?,
         };

@@ -462,7 +462,7 @@ impl FileSystem {
         for f in files {
             let data = match f.source {
                 FileSource::Bytes(b) => b,
-                FileSource::LocalPath(p) => std::fs::read(&p).map_err(|e| {
+                FileSource::LocalPath(p) => tokio::fs::read(&p).await.map_err(|e| {
                     DaytonaError::validation(format!("cannot read local file {p}: {e}"))
                 })?,
             };
@@ -642,7 +642,7 @@ pub struct DownloadToBuilder {
 impl DownloadToBuilder {
     async fn run(self) -> Result<()> {
         let data = self.inner.run().await?;
-        std::fs::write(&self.local_path, data).map_err(|e| {
+        tokio::fs::write(&self.local_path, data).await.map_err(|e| {
             DaytonaError::new(format!(
                 "Failed to download file: cannot write {}: {e}",
                 self.local_path
@@ -680,7 +680,8 @@ impl DownloadFilesBuilder {
         for req in self.files {
             let got = self.fs.download(&req.source).await;
             let got = match (got, &req.destination) {
-                (Ok(data), Some(dst)) => std::fs::write(dst, data)
+                (Ok(data), Some(dst)) => tokio::fs::write(dst, data)
+                    .await
                     .map(|_| DownloadResult::Path(dst.clone()))
                     .map_err(|e| DaytonaError::new(format!("cannot write {dst}: {e}"))),
                 (Ok(data), None) => Ok(DownloadResult::Bytes(data)),
