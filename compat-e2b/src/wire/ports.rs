@@ -55,6 +55,14 @@ pub(crate) const ACCEPTS: &[Principal] = &[Principal::TrafficToken, Principal::A
 /// The most previews port forwarding keeps open for one sandbox.
 pub const MAX_FORWARDED_PORTS: usize = 16;
 
+/// Sandboxes whose forwarding records are kept before those idle for [`FORGET_IDLE`] are
+/// dropped (a sandbox destroyed without a later request to it would otherwise stay).
+const MAX_TRACKED_SANDBOXES: usize = 4096;
+
+/// How long a sandbox none of whose forwarded ports was used is remembered once
+/// [`MAX_TRACKED_SANDBOXES`] are.
+const FORGET_IDLE: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// One sandbox's forwarded ports: port → (requests using it, last use).
 type PortsInUse = HashMap<u16, (usize, std::time::Instant)>;
 
@@ -95,6 +103,14 @@ impl Forwarded {
     /// idle one when the sandbox has [`MAX_FORWARDED_PORTS`] already).
     fn claim(self: &Arc<Self>, id: &str, port: u16) -> Claim {
         let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if all.len() >= MAX_TRACKED_SANDBOXES && !all.contains_key(id) {
+            let now = std::time::Instant::now();
+            all.retain(|_, ports| {
+                ports
+                    .values()
+                    .any(|(using, last)| *using > 0 || now.duration_since(*last) < FORGET_IDLE)
+            });
+        }
         let ports = all.entry(id.to_string()).or_default();
         let mut evict = None;
         if !ports.contains_key(&port) && ports.len() >= MAX_FORWARDED_PORTS {
@@ -119,6 +135,12 @@ impl Forwarded {
             },
             evict,
         )
+    }
+
+    /// Forget sandbox `id` (it is gone).
+    fn forget(&self, id: &str) {
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        all.remove(id);
     }
 
     /// Whether port forwarding made the preview of `port` of sandbox `id`.
@@ -291,7 +313,10 @@ pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, mut request: Reque
     match sandbox.info().await {
         Ok(info) if super::is_e2b_sandbox(&info) => {}
         Ok(_) => return unreachable(id),
-        Err(e) if e.is_not_found() => return unreachable(id),
+        Err(e) if e.is_not_found() => {
+            wire.forwarded.forget(id);
+            return unreachable(id);
+        }
         Err(e) => return bad_gateway(e.to_string()),
     }
     let previews = match sandbox.previews().await {
@@ -396,6 +421,57 @@ pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, mut request: Reque
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn forwarding_records_stay_bounded() {
+        let forwarded = Arc::new(Forwarded::default());
+        let long_ago = std::time::Instant::now()
+            .checked_sub(FORGET_IDLE * 2)
+            .expect("an instant in the past");
+        {
+            let mut all = forwarded.0.lock().unwrap();
+            for i in 0..MAX_TRACKED_SANDBOXES {
+                let mut ports = PortsInUse::new();
+                ports.insert(8000, (0, long_ago));
+                all.insert(format!("gone-{i}"), ports);
+            }
+            let mut busy = PortsInUse::new();
+            busy.insert(8000, (1, long_ago));
+            all.insert("busy".into(), busy);
+        }
+        let Claim::Use(used, None) = forwarded.claim("new", 3000) else {
+            panic!("a claim");
+        };
+        {
+            let all = forwarded.0.lock().unwrap();
+            assert_eq!(all.len(), 2, "only the busy sandbox and the new one remain");
+            assert!(all.contains_key("busy") && all.contains_key("new"));
+        }
+        drop(used);
+        forwarded.forget("new");
+        assert!(!forwarded.holds("new", 3000));
+    }
+
+    #[test]
+    fn a_sandbox_keeps_at_most_its_forwarded_ports() {
+        let forwarded = Arc::new(Forwarded::default());
+        let mut held = Vec::new();
+        for p in 0..MAX_FORWARDED_PORTS as u16 {
+            let Claim::Use(used, None) = forwarded.claim("a", 1000 + p) else {
+                panic!("room for port {p}");
+            };
+            held.push(used);
+        }
+        assert!(
+            matches!(forwarded.claim("a", 5000), Claim::Full),
+            "all in use"
+        );
+        drop(held.remove(3));
+        match forwarded.claim("a", 5000) {
+            Claim::Use(_, Some(evicted)) => assert_eq!(evicted, 1003, "the idle one goes"),
+            _ => panic!("an idle port is evicted"),
+        }
+    }
 
     #[test]
     fn hosts_name_a_port_and_a_sandbox() {
