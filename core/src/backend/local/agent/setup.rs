@@ -183,7 +183,14 @@ pub(super) fn setup_sandbox(
         let target =
             super::volumes::dirs_beneath(root_fd.as_fd(), rel, true, None, false).map_err(shown)?;
         if m.bounded {
-            sys::attach_mount(dir, &target).map_err(|e| unavailable("attach a volume", e))?;
+            // A subpath a sandbox renames while its tree is attached can vanish under the
+            // detached tree (ENOENT): the caller's subpath is gone, not the runtime.
+            sys::attach_mount(dir, &target).map_err(|e| match &m.subpath {
+                Some(sub) if e.raw_os_error() == Some(libc::ENOENT) => {
+                    super::volumes::subpath_error(&m.path, sub, e)
+                }
+                _ => unavailable("attach a volume", e),
+            })?;
         } else {
             sys::mount(
                 Some(&sys::fd_path(dir.as_raw_fd())),
