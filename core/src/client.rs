@@ -13,11 +13,11 @@ use futures::{FutureExt, Stream, StreamExt};
 use crate::CopyOptions;
 use crate::{
     capability::{CheckStatus, LeaseBounds},
-    Backend, ByteStream, Capabilities, Command, CreateOptions, Error, Feature, FileStat,
-    ListDirOptions, ListOptions, Metrics, MkdirOptions, Output, Preview, PreviewOptions,
-    PreviewToken, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, PtySize,
-    ReadOptions, RemoveOptions, RenameOptions, Result, SandboxInfo, Signal, SnapshotInfo,
-    StatOptions, VolumeInfo, WatchOptions, WatchStream, WriteOptions, DEFAULT_MEMORY_FILE_BYTES,
+    Backend, ByteStream, Capabilities, CreateOptions, Error, Feature, FileStat, ListDirOptions,
+    ListOptions, Metrics, MkdirOptions, Output, Preview, PreviewOptions, PreviewToken,
+    ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, PtySize, ReadOptions,
+    RemoveOptions, RenameOptions, Result, SandboxInfo, Signal, SnapshotInfo, StatOptions,
+    VolumeInfo, WatchOptions, WatchStream, WriteOptions, DEFAULT_MEMORY_FILE_BYTES,
     DEFAULT_OUTPUT_LIMIT, MAX_MEMORY_FILE_BYTES,
 };
 
@@ -679,28 +679,22 @@ impl Sandbox {
     /// Remove a file, a symlink or an empty directory.
     pub async fn remove(&self, path: &str) -> Result<()> {
         self.backend
-            .remove(
-                &self.id,
-                path,
-                RemoveOptions {
-                    recursive: false,
-                    ..Default::default()
-                },
-            )
+            .remove(&self.id, path, {
+                let mut options = RemoveOptions::default();
+                options.recursive = false;
+                options
+            })
             .await
     }
 
     /// Remove a path and, for a directory, everything under it.
     pub async fn remove_all(&self, path: &str) -> Result<()> {
         self.backend
-            .remove(
-                &self.id,
-                path,
-                RemoveOptions {
-                    recursive: true,
-                    ..Default::default()
-                },
-            )
+            .remove(&self.id, path, {
+                let mut options = RemoveOptions::default();
+                options.recursive = true;
+                options
+            })
             .await
     }
 
@@ -999,26 +993,6 @@ impl IntoFuture for Spawn {
 
     fn into_future(self) -> Self::IntoFuture {
         async move { self.0.sandbox.start_process(self.0.spec).await }.boxed()
-    }
-}
-
-impl From<&str> for ProcessSpec {
-    /// A shell command line (`sh -c`).
-    fn from(script: &str) -> Self {
-        ProcessSpec::new(Command::sh(script))
-    }
-}
-
-impl From<String> for ProcessSpec {
-    /// A shell command line (`sh -c`).
-    fn from(script: String) -> Self {
-        ProcessSpec::new(Command::sh(script))
-    }
-}
-
-impl From<Command> for ProcessSpec {
-    fn from(command: Command) -> Self {
-        ProcessSpec::new(command)
     }
 }
 

@@ -124,19 +124,16 @@ macro_rules! conformance_tests {
 /// enough for a slow case on a loaded machine), and a label so tests running in parallel can
 /// tell their sandboxes apart.
 pub fn test_options(label: &str) -> CreateOptions {
-    CreateOptions {
-        timeout: Some(Duration::from_secs(600)),
-        labels: BTreeMap::from([("conformance".to_string(), label.to_string())]),
-        ..Default::default()
-    }
+    let mut options = CreateOptions::default();
+    options.timeout = Some(Duration::from_secs(600));
+    options.labels = BTreeMap::from([("conformance".to_string(), label.to_string())]);
+    options
 }
 
 /// The names directly inside `dir` of a sandbox, in the backend's order.
 pub async fn names_in(backend: &dyn Backend, id: &str, dir: &str) -> Vec<String> {
-    let options = ListDirOptions {
-        depth: 1,
-        ..Default::default()
-    };
+    let mut options = ListDirOptions::default();
+    options.depth = 1;
     backend
         .list_dir(id, dir, options)
         .await
@@ -412,11 +409,10 @@ pub async fn create_get_list_destroy(backend: &dyn Backend) {
     let got = backend.get(&info.id).await.expect("get");
     assert_eq!(got.id, info.id);
     assert_eq!(got.envs.get("GREETING").map(String::as_str), Some("hi"));
-    let filter = ListOptions {
-        labels: BTreeMap::from([("conformance".to_string(), label.clone())]),
-        states: vec![],
-        name: None,
-    };
+    let mut filter = ListOptions::default();
+    filter.labels = BTreeMap::from([("conformance".to_string(), label.clone())]);
+    filter.states = vec![];
+    filter.name = None;
     let listed = backend.list(filter.clone()).await.expect("list");
     assert_eq!(listed.iter().map(|i| &i.id).collect::<Vec<_>>(), [&info.id]);
     // Labels can be replaced, and list filters see the new ones.
@@ -438,11 +434,10 @@ pub async fn create_get_list_destroy(backend: &dyn Backend) {
         ErrorCode::InvalidArgument,
         "an empty label key",
     );
-    let other = ListOptions {
-        labels: BTreeMap::from([("conformance".to_string(), "no-such-label".to_string())]),
-        states: vec![],
-        name: None,
-    };
+    let mut other = ListOptions::default();
+    other.labels = BTreeMap::from([("conformance".to_string(), "no-such-label".to_string())]);
+    other.states = vec![];
+    other.name = None;
     assert!(backend
         .list(other)
         .await
@@ -465,18 +460,15 @@ pub async fn create_get_list_destroy(backend: &dyn Backend) {
 
 /// Options for a sandbox named `name`, labelled `label`.
 fn named(label: &str, name: &str) -> CreateOptions {
-    CreateOptions {
-        name: Some(name.to_string()),
-        ..test_options(label)
-    }
+    let mut options = test_options(label);
+    options.name = Some(name.to_string());
+    options
 }
 
 /// Ids of the live sandboxes carrying the conformance label `label`.
 async fn ids_labelled(backend: &dyn Backend, label: &str) -> Vec<String> {
-    let filter = ListOptions {
-        labels: BTreeMap::from([("conformance".to_string(), label.to_string())]),
-        ..Default::default()
-    };
+    let mut filter = ListOptions::default();
+    filter.labels = BTreeMap::from([("conformance".to_string(), label.to_string())]);
     let listed = backend.list(filter).await.expect("list");
     listed.into_iter().map(|i| i.id).collect()
 }
@@ -526,9 +518,10 @@ pub async fn unique_names(backend: &dyn Backend) {
         "the refused create made no sandbox"
     );
     // Get by name: the list filter answers that one sandbox, whatever other filters say.
-    let by_name = |n: &str| ListOptions {
-        name: Some(n.to_string()),
-        ..Default::default()
+    let by_name = |n: &str| {
+        let mut options = ListOptions::default();
+        options.name = Some(n.to_string());
+        options
     };
     let found = backend.list(by_name(&name)).await.expect("list by name");
     assert_eq!(found.iter().map(|i| &i.id).collect::<Vec<_>>(), [&first.id]);
@@ -1253,7 +1246,11 @@ pub async fn attach_marks_where_live_output_starts(backend: &dyn Backend) {
 /// current pid reach the incarnation running now.
 pub async fn restart_policy_restarts_failures(backend: &dyn Backend) {
     let id = create(backend, &unique("restart")).await;
-    let policy = |max| RestartPolicy { max_restarts: max };
+    let policy = |max| {
+        let mut policy = RestartPolicy::default();
+        policy.max_restarts = max;
+        policy
+    };
     // Fails every time: 1 run + 2 restarts.
     let script = "n=$(cat $HOME/count 2>/dev/null || echo 0); n=$((n+1)); \
                   echo $n > $HOME/count; echo run $n; exit 3";
@@ -1399,10 +1396,8 @@ pub async fn file_calls_as_a_user(backend: &dyn Backend) {
     let info = backend.get(&id).await.expect("get");
     let me = info.user.name.clone();
     let read_as = |path: &'static str, user: &str| {
-        let options = ReadOptions {
-            user: Some(user.to_string()),
-            ..Default::default()
-        };
+        let mut options = ReadOptions::default();
+        options.user = Some(user.to_string());
         let id = id.clone();
         async move {
             let stream = backend.read_file(&id, path, options).await?;
@@ -1414,11 +1409,9 @@ pub async fn file_calls_as_a_user(backend: &dyn Backend) {
         }
     };
     let write_as = |path: &'static str, data: &'static [u8], user: &str, mode: Option<u32>| {
-        let options = WriteOptions {
-            user: Some(user.to_string()),
-            mode,
-            ..Default::default()
-        };
+        let mut options = WriteOptions::default();
+        options.user = Some(user.to_string());
+        options.mode = mode;
         let id = id.clone();
         async move {
             let body: ByteStream = Box::pin(futures::stream::iter([Ok(data.to_vec())]));
@@ -1426,17 +1419,15 @@ pub async fn file_calls_as_a_user(backend: &dyn Backend) {
         }
     };
     let list_as = |path: &'static str, user: &str| {
-        let options = ListDirOptions {
-            depth: 1,
-            user: Some(user.to_string()),
-        };
+        let mut options = ListDirOptions::default();
+        options.depth = 1;
+        options.user = Some(user.to_string());
         let id = id.clone();
         async move { backend.list_dir(&id, path, options).await }
     };
     let stat_as = |path: &'static str, user: &str| {
-        let options = StatOptions {
-            user: Some(user.to_string()),
-        };
+        let mut options = StatOptions::default();
+        options.user = Some(user.to_string());
         let id = id.clone();
         async move { backend.stat(&id, path, options).await }
     };
@@ -1524,11 +1515,10 @@ pub async fn file_calls_as_a_user(backend: &dyn Backend) {
         b"s3cret"
     );
     // A directory only root may enter.
-    let dir = MkdirOptions {
-        parents: true,
-        mode: Some(0o700),
-        user: Some("root".into()),
-    };
+    let mut dir = MkdirOptions::default();
+    dir.parents = true;
+    dir.mode = Some(0o700);
+    dir.user = Some("root".into());
     backend
         .mkdir(&id, "/workspace/private", dir)
         .await
@@ -1574,10 +1564,8 @@ pub async fn file_calls_as_a_user(backend: &dyn Backend) {
     // Directories too: made as the user (the kernel checks the user's permissions), so none
     // appears where the user may not write, and the ones made are the user's.
     let mkdir_as = |path: &'static str, user: &str| {
-        let options = MkdirOptions {
-            user: Some(user.to_string()),
-            ..Default::default()
-        };
+        let mut options = MkdirOptions::default();
+        options.user = Some(user.to_string());
         let id = id.clone();
         async move { backend.mkdir(&id, path, options).await }
     };
@@ -1613,10 +1601,9 @@ pub async fn file_calls_as_a_user(backend: &dyn Backend) {
     assert_eq!(parent.uid, info.user.uid, "made parents are the user's");
     // Removing as the user: refused where the user may not write, allowed in its own places.
     let remove_as = |path: &'static str, user: &str| {
-        let options = RemoveOptions {
-            recursive: true,
-            user: Some(user.to_string()),
-        };
+        let mut options = RemoveOptions::default();
+        options.recursive = true;
+        options.user = Some(user.to_string());
         let id = id.clone();
         async move { backend.remove(&id, path, options).await }
     };
@@ -1642,10 +1629,9 @@ pub async fn file_calls_as_a_user(backend: &dyn Backend) {
     // Watching as the user: a directory the user may not read is refused, not watched blind.
     if backend.capabilities().watch {
         let watch_as = |path: &'static str, user: &str| {
-            let options = WatchOptions {
-                recursive: false,
-                user: Some(user.to_string()),
-            };
+            let mut options = WatchOptions::default();
+            options.recursive = false;
+            options.user = Some(user.to_string());
             let id = id.clone();
             async move { backend.watch(&id, path, options).await.map(drop) }
         };
@@ -1716,15 +1702,11 @@ pub async fn file_round_trip_and_metadata(backend: &dyn Backend) {
     );
     // Append, empty files, and chmod.
     backend
-        .write_file(
-            &id,
-            "data/blob.bin",
-            bytes_stream(b"tail".to_vec()),
-            WriteOptions {
-                append: true,
-                ..Default::default()
-            },
-        )
+        .write_file(&id, "data/blob.bin", bytes_stream(b"tail".to_vec()), {
+            let mut options = WriteOptions::default();
+            options.append = true;
+            options
+        })
         .await
         .expect("append");
     assert_eq!(
@@ -2195,27 +2177,23 @@ pub async fn directory_operations(backend: &dyn Backend) {
         entries.into_iter().map(|e| e.path).collect()
     };
     let one = backend
-        .list_dir(
-            &id,
-            "a",
-            ListDirOptions {
-                depth: 1,
-                user: None,
-            },
-        )
+        .list_dir(&id, "a", {
+            let mut options = ListDirOptions::default();
+            options.depth = 1;
+            options.user = None;
+            options
+        })
         .await
         .expect("list");
     assert_eq!(names(one), ["/workspace/a/b", "/workspace/a/top.txt"]);
     let all = names(
         backend
-            .list_dir(
-                &id,
-                "a",
-                ListDirOptions {
-                    depth: 3,
-                    user: None,
-                },
-            )
+            .list_dir(&id, "a", {
+                let mut options = ListDirOptions::default();
+                options.depth = 3;
+                options.user = None;
+                options
+            })
             .await
             .expect("list"),
     );
@@ -2228,14 +2206,11 @@ pub async fn directory_operations(backend: &dyn Backend) {
     }
     expect_code(
         backend
-            .mkdir(
-                &id,
-                "a/b",
-                MkdirOptions {
-                    parents: false,
-                    ..Default::default()
-                },
-            )
+            .mkdir(&id, "a/b", {
+                let mut options = MkdirOptions::default();
+                options.parents = false;
+                options
+            })
             .await,
         ErrorCode::AlreadyExists,
         "mkdir of an existing dir without parents",
@@ -2251,27 +2226,21 @@ pub async fn directory_operations(backend: &dyn Backend) {
     assert_eq!(read(backend, &id, "a/moved.txt").await.expect("read"), b"1");
     expect_code(
         backend
-            .remove(
-                &id,
-                "a",
-                RemoveOptions {
-                    recursive: false,
-                    ..Default::default()
-                },
-            )
+            .remove(&id, "a", {
+                let mut options = RemoveOptions::default();
+                options.recursive = false;
+                options
+            })
             .await,
         ErrorCode::InvalidArgument,
         "non-recursive remove of a non-empty dir",
     );
     backend
-        .remove(
-            &id,
-            "a",
-            RemoveOptions {
-                recursive: true,
-                ..Default::default()
-            },
-        )
+        .remove(&id, "a", {
+            let mut options = RemoveOptions::default();
+            options.recursive = true;
+            options
+        })
         .await
         .expect("remove -r");
     expect_code(
@@ -2838,12 +2807,10 @@ pub async fn previews_serve_and_guard_private_ports(backend: &dyn Backend) {
     // host, and two cannot both serve the same one.
     let isolated = backend.capabilities().isolated;
     let port = if isolated { 8000 } else { free_host_port() };
-    let options = PreviewOptions {
-        port,
-        token_header: "X-Test-Token".into(),
-        token_query: "test_token".into(),
-        ..Default::default()
-    };
+    let mut options = PreviewOptions::default();
+    options.port = port;
+    options.token_header = "X-Test-Token".into();
+    options.token_query = "test_token".into();
     if !backend.capabilities().previews {
         expect_code(
             backend.expose_port(&id, options).await,
@@ -2948,14 +2915,12 @@ pub async fn previews_serve_and_guard_private_ports(backend: &dyn Backend) {
     };
     start_http_server(backend, &other, other_port, "the other one").await;
     let public = backend
-        .expose_port(
-            &other,
-            PreviewOptions {
-                port: other_port,
-                public: true,
-                ..Default::default()
-            },
-        )
+        .expose_port(&other, {
+            let mut options = PreviewOptions::default();
+            options.port = other_port;
+            options.public = true;
+            options
+        })
         .await
         .expect("expose public");
     assert!(public.token.is_none());
@@ -3122,11 +3087,10 @@ pub async fn volumes_outlive_sandboxes(backend: &dyn Backend) {
         ErrorCode::AlreadyExists,
         "twice",
     );
-    let mount = |path: &str, subpath: Option<&str>| VolumeMount {
-        volume: name.clone(),
-        path: path.into(),
-        subpath: subpath.map(String::from),
-        read_only: false,
+    let mount = |path: &str, subpath: Option<&str>| {
+        let mut mount = VolumeMount::new(name.clone(), path);
+        mount.subpath = subpath.map(String::from);
+        mount
     };
     let mut a = test_options(&unique("vola"));
     a.volumes = vec![mount("/data", None)];
@@ -3193,10 +3157,8 @@ pub async fn watch_reports_changes(backend: &dyn Backend) {
         .mkdir(&id, "w/sub", MkdirOptions::default())
         .await
         .expect("mkdir");
-    let options = WatchOptions {
-        recursive: true,
-        ..Default::default()
-    };
+    let mut options = WatchOptions::default();
+    options.recursive = true;
     if !backend.capabilities().watch {
         expect_code(
             backend.watch(&id, "w", options).await.map(drop),
@@ -3433,9 +3395,10 @@ pub async fn annotations_set_get_remove(backend: &dyn Backend) {
     assert_eq!(now, want);
     assert_eq!(backend.get(&id).await.expect("get").annotations, want);
     let listed = backend
-        .list(ListOptions {
-            labels: BTreeMap::from([("conformance".to_string(), label)]),
-            ..Default::default()
+        .list({
+            let mut options = ListOptions::default();
+            options.labels = BTreeMap::from([("conformance".to_string(), label)]);
+            options
         })
         .await
         .expect("list");
@@ -3668,10 +3631,8 @@ pub async fn annotation_bounds_are_refused_with_nothing_changed(backend: &dyn Ba
     options.annotations = map(&[("keep", "me")]);
     let id = backend.create(options).await.expect("create").id;
     for (what, annotations) in &bad_maps {
-        let update = AnnotationUpdate {
-            set: annotations.clone(),
-            ..Default::default()
-        };
+        let mut update = AnnotationUpdate::default();
+        update.set = annotations.clone();
         expect_code(
             backend.update_annotations(&id, update).await,
             ErrorCode::InvalidArgument,
@@ -3690,13 +3651,11 @@ pub async fn annotation_bounds_are_refused_with_nothing_changed(backend: &dyn Ba
         .map(|i| (format!("k{i}"), String::new()))
         .collect();
     backend
-        .update_annotations(
-            &id,
-            AnnotationUpdate {
-                set: half,
-                ..Default::default()
-            },
-        )
+        .update_annotations(&id, {
+            let mut options = AnnotationUpdate::default();
+            options.set = half;
+            options
+        })
         .await
         .expect("half the allowed keys");
     let other_half: BTreeMap<String, String> = (0..crate::MAX_ANNOTATIONS / 2 + 1)
@@ -3704,13 +3663,11 @@ pub async fn annotation_bounds_are_refused_with_nothing_changed(backend: &dyn Ba
         .collect();
     expect_code(
         backend
-            .update_annotations(
-                &id,
-                AnnotationUpdate {
-                    set: other_half,
-                    ..Default::default()
-                },
-            )
+            .update_annotations(&id, {
+                let mut options = AnnotationUpdate::default();
+                options.set = other_half;
+                options
+            })
             .await,
         ErrorCode::InvalidArgument,
         "an update overflowing the count",
@@ -4178,12 +4135,10 @@ pub async fn preview_tokens_are_bounded_and_never_reach_the_sandbox(backend: &dy
     } else {
         free_host_port()
     };
-    let options = PreviewOptions {
-        port,
-        token_header: "X-Echo-Token".into(),
-        token_query: "echo_token".into(),
-        ..Default::default()
-    };
+    let mut options = PreviewOptions::default();
+    options.port = port;
+    options.token_header = "X-Echo-Token".into();
+    options.token_query = "echo_token".into();
     if !backend.capabilities().previews {
         expect_code(
             backend.expose_port(&id, options).await,
@@ -4504,10 +4459,8 @@ pub async fn references_reopen_or_say_what_became_of_them(client: crate::Client)
 
     // A preview, closed: its tombstone.
     if caps.previews {
-        let options = PreviewOptions {
-            port: 8080,
-            ..Default::default()
-        };
+        let mut options = PreviewOptions::default();
+        options.port = 8080;
         sandbox.expose_port(options).await.expect("expose");
         let vr = sandbox.preview_reference(8080).unwrap();
         match client.reopen(&vr).await.expect("reopen") {

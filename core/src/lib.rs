@@ -30,17 +30,13 @@
 //! ```
 
 pub mod backend;
-pub mod capability;
 pub mod client;
-pub mod error;
-pub mod operation;
-pub mod reference;
-pub mod secret;
-pub mod types;
-pub mod validate;
+mod reopen;
 
-#[cfg(any(feature = "local", feature = "server"))]
-mod listen;
+// The shared model, under the paths it always had here.
+pub use sandcove_core::{
+    capability, error, listen, operation, reference, secret, types, validate, wire,
+};
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -54,13 +50,13 @@ pub use backend::http::{HttpBackend, HttpOptions};
 pub use backend::kube::{KubeBackend, KubeConfig};
 #[cfg(feature = "local")]
 pub use backend::local::LocalBackend;
-pub use backend::{Backend, ByteStream, ProcessStream, WatchStream};
-pub use capability::{
+pub use client::{CheckedRun, Client, ProcessHandle, Renewal, RunError, Sandbox, MAX_READ_BYTES};
+pub use sandcove_core::capability::{
     Capabilities, CheckStatus, Feature, Guarantees, LeaseBounds, HOST_BASE_TEMPLATES,
 };
-pub use client::{CheckedRun, Client, ProcessHandle, Renewal, RunError, Sandbox, MAX_READ_BYTES};
-pub use error::{Error, ErrorBody, ErrorCode, Result};
-pub use operation::{OperationId, OperationStatus};
-pub use reference::{Reference, Reopened, ResourceKind, Tombstone};
-pub use types::*;
-pub use validate::{MAX_PROCESS_TIMEOUT, MAX_SANDBOX_TIMEOUT};
+pub use sandcove_core::error::{Error, ErrorBody, ErrorCode, Result};
+pub use sandcove_core::operation::{OperationId, OperationStatus};
+pub use sandcove_core::reference::{Reference, Reopened, ResourceKind, Tombstone};
+pub use sandcove_core::types::*;
+pub use sandcove_core::validate::{MAX_PROCESS_TIMEOUT, MAX_SANDBOX_TIMEOUT};
+pub use sandcove_core::{Backend, ByteStream, ProcessStream, WatchStream};

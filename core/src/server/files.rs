@@ -181,10 +181,9 @@ async fn read_file(
     Path(id): Path<String>,
     Query(q): Query<ReadQuery>,
 ) -> Result<Response, ApiError> {
-    let options = ReadOptions {
-        user: q.user,
-        max_bytes: q.max_bytes,
-    };
+    let mut options = ReadOptions::default();
+    options.user = q.user;
+    options.max_bytes = q.max_bytes;
     let data = state.backend.read_file(&id, &q.path, options).await?;
     Ok(pieces_response(&state, download_frames(data), &[]))
 }
@@ -524,10 +523,9 @@ async fn remove(
     headers: HeaderMap,
 ) -> Response {
     let backend = state.backend.clone();
-    let options = RemoveOptions {
-        recursive: q.recursive,
-        user: q.user,
-    };
+    let mut options = RemoveOptions::default();
+    options.recursive = q.recursive;
+    options.user = q.user;
     let scope = format!("remove {id}");
     let print = format!("{}\n{}\n{:?}", q.path, options.recursive, options.user);
     state
@@ -565,10 +563,9 @@ async fn list_dir(
     Path(id): Path<String>,
     Query(q): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
-    let options = ListDirOptions {
-        depth: q.depth.unwrap_or(ListDirOptions::default().depth),
-        user: q.user,
-    };
+    let mut options = ListDirOptions::default();
+    options.depth = q.depth.unwrap_or(ListDirOptions::default().depth);
+    options.user = q.user;
     Ok(json(&state.backend.list_dir(&id, &q.path, options).await?))
 }
 
@@ -577,7 +574,8 @@ async fn stat(
     Path(id): Path<String>,
     Query(q): Query<UserPathQuery>,
 ) -> Result<Response, ApiError> {
-    let options = StatOptions { user: q.user };
+    let mut options = StatOptions::default();
+    options.user = q.user;
     Ok(json(&state.backend.stat(&id, &q.path, options).await?))
 }
 
@@ -628,10 +626,9 @@ async fn watch(
     Path(id): Path<String>,
     Query(q): Query<WatchQuery>,
 ) -> Result<Response, ApiError> {
-    let options = WatchOptions {
-        recursive: q.recursive,
-        user: q.user,
-    };
+    let mut options = WatchOptions::default();
+    options.recursive = q.recursive;
+    options.user = q.user;
     let events = state.backend.watch(&id, &q.path, options).await?;
     Ok(frames_response(&state, watch_frames(events), &[]))
 }

@@ -674,13 +674,9 @@ impl KubeBackend {
         if tombstones.len() >= MAX_TOMBSTONES {
             tombstones.pop_front();
         }
-        tombstones.push_back(Tombstone {
-            kind,
-            id: id.to_string(),
-            ended_at: crate::now_millis(),
-            reason: reason.to_string(),
-            name,
-        });
+        let mut tombstone = Tombstone::now(kind, id, reason);
+        tombstone.name = name;
+        tombstones.push_back(tombstone);
     }
 
     /// Drop what this process holds for a sandbox that is gone: its lease, its agent
@@ -799,10 +795,8 @@ impl KubeBackend {
 
     /// Whether another live sandbox holds `name`.
     async fn name_taken(&self, name: &str, except: Option<&str>) -> Result<Option<PodRecord>> {
-        let options = ListOptions {
-            name: Some(name.to_string()),
-            ..Default::default()
-        };
+        let mut options = ListOptions::default();
+        options.name = Some(name.to_string());
         let pods = self.pods_matching(&options).await?;
         let now = crate::now_millis();
         let mut holders: Vec<PodRecord> = pods
@@ -890,33 +884,32 @@ impl KubeBackend {
 impl Backend for KubeBackend {
     fn capabilities(&self) -> Capabilities {
         let config = &self.inner.config;
-        Capabilities {
-            backend: "kubernetes".into(),
-            isolated: config.isolated,
-            multiple_users: false,
-            persistent_sandboxes: true,
-            host_network: false,
-            internet: true,
-            process_limit: false,
-            max_file_bytes: config.max_file_bytes,
-            output_limit: crate::DEFAULT_OUTPUT_LIMIT as u64,
-            pause: false,
-            previews: true,
-            snapshots: false,
-            volumes: config.volumes,
-            watch: true,
-            pty: true,
-            metrics: true,
-            memory_limit: true,
-            cpu_limit: true,
-            templates: crate::capability::HOST_BASE_TEMPLATES
-                .iter()
-                .map(|t| t.to_string())
-                .collect(),
-            lease: Some(self.lease_bounds()),
-            observed_at: Some(self.inner.probed_at),
-            runtime_id: Some(self.inner.runtime_id.clone()),
-        }
+        let mut caps = Capabilities::none("kubernetes");
+        caps.isolated = config.isolated;
+        caps.multiple_users = false;
+        caps.persistent_sandboxes = true;
+        caps.host_network = false;
+        caps.internet = true;
+        caps.process_limit = false;
+        caps.max_file_bytes = config.max_file_bytes;
+        caps.output_limit = crate::DEFAULT_OUTPUT_LIMIT as u64;
+        caps.pause = false;
+        caps.previews = true;
+        caps.snapshots = false;
+        caps.volumes = config.volumes;
+        caps.watch = true;
+        caps.pty = true;
+        caps.metrics = true;
+        caps.memory_limit = true;
+        caps.cpu_limit = true;
+        caps.templates = crate::capability::HOST_BASE_TEMPLATES
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
+        caps.lease = Some(self.lease_bounds());
+        caps.observed_at = Some(self.inner.probed_at);
+        caps.runtime_id = Some(self.inner.runtime_id.clone());
+        caps
     }
 
     async fn ready(&self) -> Result<Capabilities> {

@@ -31,11 +31,12 @@ fn record() -> PodRecord {
             ("with space".into(), "x".into()),
         ]),
         envs: BTreeMap::from([("GREETING".into(), "hi".into())]),
-        resources: Resources {
-            cpu: Some(1.5),
-            memory_mib: Some(512),
-            disk_mib: Some(2048),
-            ..Default::default()
+        resources: {
+            let mut options = Resources::default();
+            options.cpu = Some(1.5);
+            options.memory_mib = Some(512);
+            options.disk_mib = Some(2048);
+            options
         },
         network: NetworkPolicy::None,
         user: UserInfo {

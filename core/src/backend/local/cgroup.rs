@@ -370,10 +370,11 @@ mod tests {
 
     #[test]
     fn limits_are_checked_before_any_effect() {
-        let with = |cpu: Option<f64>, memory_mib: Option<u64>| Resources {
-            cpu,
-            memory_mib,
-            ..Default::default()
+        let with = |cpu: Option<f64>, memory_mib: Option<u64>| {
+            let mut options = Resources::default();
+            options.cpu = cpu;
+            options.memory_mib = memory_mib;
+            options
         };
         let code = |r: Resources, available| check(&r, available).err().map(|e| e.code());
         assert_eq!(code(with(None, None), false), None);

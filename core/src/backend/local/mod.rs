@@ -1015,33 +1015,32 @@ impl LocalBackend {
 #[async_trait]
 impl Backend for LocalBackend {
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            backend: "local".into(),
-            isolated: !self.unisolated,
-            multiple_users: self.mapping == UidMapping::Range && !self.unisolated,
-            persistent_sandboxes: true,
-            host_network: true,
-            internet: !self.unisolated && self.pasta.is_ok(),
-            process_limit: !self.unisolated,
-            max_file_bytes: self.max_file_bytes,
-            output_limit: DEFAULT_OUTPUT_LIMIT as u64,
-            pause: !self.unisolated,
-            previews: true,
-            snapshots: !self.unisolated,
-            volumes: !self.unisolated,
-            watch: true,
-            pty: true,
-            metrics: true,
-            memory_limit: self.cgroups.is_some(),
-            cpu_limit: self.cgroups.is_some(),
-            templates: crate::capability::HOST_BASE_TEMPLATES
-                .iter()
-                .map(|t| t.to_string())
-                .collect(),
-            lease: Some(crate::capability::LeaseBounds::engine()),
-            observed_at: Some(self.probed_at),
-            runtime_id: Some(self.runtime_id.clone()),
-        }
+        let mut caps = Capabilities::none("local");
+        caps.isolated = !self.unisolated;
+        caps.multiple_users = self.mapping == UidMapping::Range && !self.unisolated;
+        caps.persistent_sandboxes = true;
+        caps.host_network = true;
+        caps.internet = !self.unisolated && self.pasta.is_ok();
+        caps.process_limit = !self.unisolated;
+        caps.max_file_bytes = self.max_file_bytes;
+        caps.output_limit = DEFAULT_OUTPUT_LIMIT as u64;
+        caps.pause = !self.unisolated;
+        caps.previews = true;
+        caps.snapshots = !self.unisolated;
+        caps.volumes = !self.unisolated;
+        caps.watch = true;
+        caps.pty = true;
+        caps.metrics = true;
+        caps.memory_limit = self.cgroups.is_some();
+        caps.cpu_limit = self.cgroups.is_some();
+        caps.templates = crate::capability::HOST_BASE_TEMPLATES
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
+        caps.lease = Some(crate::capability::LeaseBounds::engine());
+        caps.observed_at = Some(self.probed_at);
+        caps.runtime_id = Some(self.runtime_id.clone());
+        caps
     }
 
     #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]

@@ -1282,12 +1282,10 @@ mod tests {
     }
 
     fn preview() -> (Preview, Vec<PreviewToken>) {
-        let options = PreviewOptions {
-            port: 3000,
-            token_header: "X-Blaxel-Preview-Token".into(),
-            token_query: "bl_preview_token".into(),
-            ..Default::default()
-        };
+        let mut options = PreviewOptions::default();
+        options.port = 3000;
+        options.token_header = "X-Blaxel-Preview-Token".into();
+        options.token_query = "bl_preview_token".into();
         describe(&options, "http://x".into(), "x".into())
     }
 
@@ -1353,11 +1351,9 @@ mod tests {
 
     #[test]
     fn public_previews_have_no_token() {
-        let options = PreviewOptions {
-            port: 1,
-            public: true,
-            ..Default::default()
-        };
+        let mut options = PreviewOptions::default();
+        options.port = 1;
+        options.public = true;
         let (p, tokens) = describe(&options, String::new(), String::new());
         assert!(p.token.is_none() && tokens.is_empty());
     }

@@ -152,10 +152,8 @@ fn prepare(config: &PodAgentConfig) -> Result<Record> {
         .user
         .clone()
         .unwrap_or_else(|| super::super::config::DEFAULT_USER_NAME.to_string());
-    let mut options = crate::CreateOptions {
-        envs: config.envs.clone(),
-        ..Default::default()
-    };
+    let mut options = crate::CreateOptions::default();
+    options.envs = config.envs.clone();
     options.resources.max_open_files = config.max_open_files;
     let now = now_millis();
     let record = Record {

@@ -1,7 +1,7 @@
 //! What a backend can do, checked before dispatch.
 //!
 //! [`Capabilities`] is learned once per backend ([`Backend::ready`](crate::Backend::ready));
-//! the [`Client`](crate::Client) and its [`Sandbox`](crate::Sandbox) handles check every call
+//! the `Client` and its `Sandbox` handles check every call
 //! against it with [`Capabilities::require`], [`Capabilities::check_create`] and
 //! [`Capabilities::check_spawn`] before anything reaches the backend, so a missing feature is
 //! the same [`Error::NotSupported`] on every backend and over
@@ -73,7 +73,7 @@ pub struct Capabilities {
     /// [`CheckStatus::Unknown`].
     #[serde(default)]
     pub templates: Vec<String>,
-    /// The leases [`set_timeout`](crate::Sandbox::set_timeout) and
+    /// The leases `set_timeout` and
     /// [`CreateOptions::timeout`] accept; `None` when the runtime did not say.
     #[serde(default)]
     pub lease: Option<LeaseBounds>,
@@ -88,6 +88,38 @@ pub struct Capabilities {
     /// its backend's. `None` when the runtime did not say (an older server, or not reached).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_id: Option<String>,
+}
+
+impl Capabilities {
+    /// What a runtime named `backend` reports when it has nothing optional: no isolation, no
+    /// feature, no bound. A backend in another crate starts here and turns on what it has
+    /// (the struct is non-exhaustive, so it cannot be written out field by field there).
+    pub fn none(backend: impl Into<String>) -> Self {
+        Capabilities {
+            backend: backend.into(),
+            isolated: false,
+            multiple_users: false,
+            persistent_sandboxes: false,
+            host_network: false,
+            internet: false,
+            process_limit: false,
+            max_file_bytes: 0,
+            output_limit: 0,
+            pause: false,
+            previews: false,
+            snapshots: false,
+            volumes: false,
+            watch: false,
+            pty: false,
+            metrics: false,
+            memory_limit: false,
+            cpu_limit: false,
+            templates: Vec::new(),
+            lease: None,
+            observed_at: None,
+            runtime_id: None,
+        }
+    }
 }
 
 /// Template names that denote the host base: the host's system directories, read-only, with
@@ -281,7 +313,7 @@ impl Capabilities {
     }
 
     /// The read-only evaluation of a create (or fork) with `options` against these
-    /// capabilities: the one place [`Client::check_create`](crate::Client::check_create) and
+    /// capabilities: the one place `Client::check_create` and
     /// every create consult. Nothing is allocated. Bad input is not judged here
     /// ([`CreateOptions::validate`] does that).
     pub fn evaluate_create(&self, options: &CreateOptions) -> CheckStatus {
@@ -432,8 +464,8 @@ pub const SNAPSHOT_PRESERVES: &str = "the sandbox's files (its writable layers: 
      and every other writable path), not its processes, memory or open connections; a fork \
      starts fresh processes on a copy of the files";
 
-/// The answer of a read-only check ([`Client::check_create`](crate::Client::check_create),
-/// [`Client::check_snapshot`](crate::Client::check_snapshot)): nothing was allocated to
+/// The answer of a read-only check (`Client::check_create`,
+/// `Client::check_snapshot`): nothing was allocated to
 /// reach it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

@@ -16,13 +16,13 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// First pause after a resource error.
-pub(crate) const MIN_PAUSE: Duration = Duration::from_millis(10);
+pub const MIN_PAUSE: Duration = Duration::from_millis(10);
 /// Longest pause after repeated resource errors.
-pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(1);
+pub const MAX_PAUSE: Duration = Duration::from_secs(1);
 
 /// Whether an accept error concerns only the one connection being accepted (the peer gave
 /// up, a protocol error): the next accept can follow at once.
-pub(crate) fn is_connection_error(e: &io::Error) -> bool {
+pub fn is_connection_error(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(
@@ -38,14 +38,14 @@ pub(crate) fn is_connection_error(e: &io::Error) -> bool {
 }
 
 /// Accepts under a connection cap, pausing on resource errors.
-pub(crate) struct Acceptor {
+pub struct Acceptor {
     permits: Arc<Semaphore>,
     pause: Duration,
 }
 
 impl Acceptor {
     /// At most `max_connections` accepted connections alive at once (at least one).
-    pub(crate) fn new(max_connections: usize) -> Self {
+    pub fn new(max_connections: usize) -> Self {
         Acceptor {
             permits: Arc::new(Semaphore::new(max_connections.max(1))),
             pause: MIN_PAUSE,
@@ -54,7 +54,7 @@ impl Acceptor {
 
     /// The next connection from `accept`, with the permit that must live as long as it.
     /// Never returns an error: per-connection errors are skipped, resource errors wait.
-    pub(crate) async fn next<T, F, Fut>(&mut self, mut accept: F) -> (T, OwnedSemaphorePermit)
+    pub async fn next<T, F, Fut>(&mut self, mut accept: F) -> (T, OwnedSemaphorePermit)
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = io::Result<T>>,

@@ -1173,7 +1173,7 @@ pub struct ReadOptions {
     pub user: Option<String>,
     /// Refuse a file larger than this many bytes with
     /// [`Error::FileTooLarge`](crate::Error::FileTooLarge) before any byte is sent. `None`
-    /// streams any size; [`Sandbox::read`](crate::Sandbox::read) sets it to the in-memory
+    /// streams any size; `Sandbox::read` sets it to the in-memory
     /// bound ([`DEFAULT_MEMORY_FILE_BYTES`] unless configured).
     pub max_bytes: Option<u64>,
 }
@@ -1284,16 +1284,16 @@ impl Default for CopyOptions {
     }
 }
 
-/// Default bound of the in-memory file calls ([`Sandbox::read`](crate::Sandbox::read),
-/// [`Sandbox::write`](crate::Sandbox::write)): 1 MiB. Raise it per call
+/// Default bound of the in-memory file calls (`Sandbox::read`,
+/// `Sandbox::write`): 1 MiB. Raise it per call
 /// ([`ReadOptions::max_bytes`], [`WriteOptions::max_bytes`]) or per client
-/// ([`Client::with_memory_file_bytes`](crate::Client::with_memory_file_bytes)), up to
+/// (`Client::with_memory_file_bytes`), up to
 /// [`MAX_MEMORY_FILE_BYTES`]; stream anything larger.
 pub const DEFAULT_MEMORY_FILE_BYTES: u64 = 1 << 20;
 
 /// Largest bound the in-memory file calls accept: 256 MiB. Larger files go through
-/// [`Sandbox::read_stream`](crate::Sandbox::read_stream) and
-/// [`Sandbox::write_stream`](crate::Sandbox::write_stream).
+/// `Sandbox::read_stream` and
+/// `Sandbox::write_stream`.
 pub const MAX_MEMORY_FILE_BYTES: u64 = 256 << 20;
 
 /// Options for creating a directory.
@@ -1356,6 +1356,26 @@ pub(crate) mod opt_duration_secs {
                 "duration must be between 0 and 1e12 seconds, got {x}"
             ))),
         }
+    }
+}
+
+impl From<&str> for ProcessSpec {
+    /// A shell command line (`sh -c`).
+    fn from(script: &str) -> Self {
+        ProcessSpec::new(Command::sh(script))
+    }
+}
+
+impl From<String> for ProcessSpec {
+    /// A shell command line (`sh -c`).
+    fn from(script: String) -> Self {
+        ProcessSpec::new(Command::sh(script))
+    }
+}
+
+impl From<Command> for ProcessSpec {
+    fn from(command: Command) -> Self {
+        ProcessSpec::new(command)
     }
 }
 

@@ -117,7 +117,7 @@ pub enum Error {
     },
     /// The request of an operation with a remote effect was sent, but its answer was lost
     /// (the connection broke, or no answer came in time): it may or may not have taken effect.
-    /// Ask [`Client::observe`](crate::Client::observe) about `operation`, or run the call again
+    /// Ask `Client::observe` about `operation`, or run the call again
     /// under the same id ([`OperationId::scope`](crate::OperationId::scope)), which never acts
     /// twice where the runtime records operations. A blind retry under a new id might.
     #[error("outcome unknown of operation {operation}: {message}")]
@@ -263,7 +263,7 @@ impl Error {
     }
 
     /// The operation id of an [`Error::OutcomeUnknown`]: what to pass to
-    /// [`Client::observe`](crate::Client::observe) or to run again under.
+    /// `Client::observe` or to run again under.
     pub fn unknown_outcome(&self) -> Option<crate::OperationId> {
         match self {
             Error::OutcomeUnknown { operation, .. } => crate::OperationId::parse(operation).ok(),

@@ -7,11 +7,11 @@
 //! know the id up front (to save it before sending) mints one itself and runs the call inside
 //! [`OperationId::scope`]. When the answer is lost after the request was sent, the call fails
 //! with [`Error::OutcomeUnknown`] naming the id;
-//! [`Client::observe`](crate::Client::observe) then reports an [`OperationStatus`], and
+//! `Client::observe` then reports an [`OperationStatus`], and
 //! running the same call again in a scope of the same id returns the recorded outcome.
 //!
 //! Who records what:
-//! - **A `sandcove serve`** (the [`HttpBackend`](crate::HttpBackend)) records every operation
+//! - **A `sandcove serve`** (the `HttpBackend`) records every operation
 //!   that carries an id, for a bounded time and count (its `ServerConfig`), and answers a
 //!   repeated id with the recorded outcome. A repeated process start answers by attaching to
 //!   the process the first one started. A repeated file write answers the first write's
@@ -20,7 +20,7 @@
 //!   still runs, a repeat is refused at once ([`Error::Conflict`]: observe it instead).
 //! - **The embedded engine** runs each call in the caller's own program, where an answer
 //!   cannot be lost without the program itself going away; it records nothing and
-//!   [`Client::observe`](crate::Client::observe) answers [`OperationStatus::Unknown`] saying
+//!   `Client::observe` answers [`OperationStatus::Unknown`] saying
 //!   so (list sandboxes by a label set at create to find one whose create was interrupted).
 //!
 //! Use one id for one call: two different calls under one id (another route, other
@@ -85,8 +85,7 @@ impl OperationId {
     }
 
     /// The id of the enclosing scope, or a fresh one.
-    #[cfg(feature = "http")]
-    pub(crate) fn current_or_new() -> OperationId {
+    pub fn current_or_new() -> OperationId {
         Self::current().unwrap_or_else(OperationId::new)
     }
 }
@@ -110,13 +109,13 @@ impl From<OperationId> for String {
     }
 }
 
-/// What [`Client::observe`](crate::Client::observe) learned about an operation.
+/// What `Client::observe` learned about an operation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum OperationStatus {
     /// It finished and took effect; `result` is its answer as JSON (a
-    /// [`SandboxInfo`](crate::SandboxInfo) for a create or fork, a
+    /// `SandboxInfo` for a create or fork, a
     /// [`SnapshotInfo`](crate::SnapshotInfo), a [`VolumeInfo`](crate::VolumeInfo), `{"pid": n}`
     /// for a process start, a [`FileStat`](crate::FileStat) for a file write, mkdir, rename,
     /// copy or chmod, `null` for a destroy, delete or file remove).

@@ -1,0 +1,263 @@
+//! The [`Backend`] trait: the one interface every runtime implements.
+//!
+//! It is deliberately small and options-first: each call takes the sandbox id and an options
+//! value, and nothing has a default body, so a wrapper cannot silently lose an override.
+//! Conveniences (collecting output, reading a file whole) live on `sandcove::Client` and
+//! `sandcove::Sandbox`, above every backend.
+
+use std::fmt;
+use std::pin::Pin;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::Stream;
+
+use crate::{
+    AnnotationUpdate, Capabilities, CopyOptions, CreateOptions, FileStat, FsEvent, ListDirOptions,
+    ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus, Preview, PreviewOptions,
+    PreviewToken, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, PtySize, ReadOptions,
+    RemoveOptions, RenameOptions, ResourceKind, Result, SandboxInfo, Signal, SnapshotInfo,
+    StatOptions, Tombstone, VolumeInfo, WatchOptions, WriteOptions,
+};
+
+/// A stream of byte chunks (file contents). Errors end the stream; a stream that ends without
+/// an error delivered everything.
+pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Vec<u8>>> + Send>>;
+
+/// The events of one process, ending with [`ProcessEvent::Exit`]. A stream that ends without
+/// an `Exit` event yields an error as its last item instead: output is never silently short.
+pub struct ProcessStream {
+    /// Pid of the process inside the sandbox.
+    pub pid: u32,
+    /// The events, starting after [`ProcessEvent::Start`].
+    pub events: Pin<Box<dyn Stream<Item = Result<ProcessEvent>> + Send>>,
+}
+
+impl fmt::Debug for ProcessStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProcessStream")
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Filesystem changes under a watched directory. Dropping the stream stops the watch.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<FsEvent>> + Send>>;
+
+/// A sandbox runtime: the embedded local engine, or a remote server over HTTP.
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// What this backend can do, as last learned: never does I/O. An HTTP backend knows its
+    /// server's capabilities after [`ready`](Backend::ready) (which its `connect` and every
+    /// `Client` entry point run); before that it reports nothing optional.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Learn what this backend can do, once (an HTTP backend asks its server on the first
+    /// call and keeps the answer), and return it.
+    async fn ready(&self) -> Result<Capabilities>;
+
+    /// Create a sandbox and wait until it accepts commands.
+    async fn create(&self, options: CreateOptions) -> Result<SandboxInfo>;
+
+    /// Describe one sandbox. A missing or expired sandbox is [`Error::NotFound`](crate::Error).
+    async fn get(&self, id: &str) -> Result<SandboxInfo>;
+
+    /// All live sandboxes that pass the filter, from every program of this user.
+    async fn list(&self, options: ListOptions) -> Result<Vec<SandboxInfo>>;
+
+    /// Move the end of the sandbox's lease to `timeout` from now.
+    async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo>;
+
+    /// Replace the sandbox's labels (works while it is paused).
+    async fn set_labels(
+        &self,
+        id: &str,
+        labels: std::collections::BTreeMap<String, String>,
+    ) -> Result<SandboxInfo>;
+
+    /// Change the sandbox's annotations ([`SandboxInfo::annotations`]) atomically, as
+    /// `update` says (compare-and-set included); returns the map now in force. Works in
+    /// every state but destroyed. Out-of-bounds keys or values are
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument), a failed expectation
+    /// [`Error::Conflict`](crate::Error::Conflict); either way nothing changes.
+    async fn update_annotations(
+        &self,
+        id: &str,
+        update: AnnotationUpdate,
+    ) -> Result<std::collections::BTreeMap<String, String>>;
+
+    /// Destroy the sandbox: every process in it ends and its state is removed.
+    async fn destroy(&self, id: &str) -> Result<()>;
+
+    /// Start a process and stream its events.
+    async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream>;
+
+    /// Attach to a running (or recently finished) process: its retained output, then live
+    /// events until it exits.
+    async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream>;
+
+    /// Write bytes to a process's stdin (it must have been started with `stdin: true`).
+    async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()>;
+
+    /// Close a process's stdin so it reads end-of-file.
+    async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()>;
+
+    /// Send a signal to a process's whole process group.
+    async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()>;
+
+    /// Processes started through the API that are running or finished recently.
+    async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>>;
+
+    /// Read a file as a stream of chunks.
+    async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream>;
+
+    /// Write a file from a stream of chunks; returns the written file's metadata.
+    async fn write_file(
+        &self,
+        id: &str,
+        path: &str,
+        data: ByteStream,
+        options: WriteOptions,
+    ) -> Result<FileStat>;
+
+    /// List a directory's entries (and deeper levels, per `options.depth`).
+    async fn list_dir(
+        &self,
+        id: &str,
+        path: &str,
+        options: ListDirOptions,
+    ) -> Result<Vec<FileStat>>;
+
+    /// Metadata of one path, symlinks not followed.
+    async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat>;
+
+    /// Create a directory.
+    async fn mkdir(&self, id: &str, path: &str, options: MkdirOptions) -> Result<FileStat>;
+
+    /// Remove a file, symlink or directory.
+    async fn remove(&self, id: &str, path: &str, options: RemoveOptions) -> Result<()>;
+
+    /// Rename (move) a path. By default a file (or empty directory) at the destination is
+    /// replaced; with `options.overwrite == false` anything there is
+    /// [`Error::AlreadyExists`](crate::Error::AlreadyExists), decided atomically by the rename.
+    async fn rename(
+        &self,
+        id: &str,
+        from: &str,
+        to: &str,
+        options: RenameOptions,
+    ) -> Result<FileStat>;
+
+    /// Copy a file, or with `options.recursive` a directory tree, inside the sandbox
+    /// (see [`CopyOptions`]); returns the copy's metadata.
+    async fn copy(&self, id: &str, from: &str, to: &str, options: CopyOptions) -> Result<FileStat>;
+
+    /// Change permission bits.
+    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat>;
+
+    // ----- lifecycle beyond create/destroy -----
+
+    /// Freeze every process of the sandbox; memory and processes are kept.
+    async fn pause(&self, id: &str) -> Result<SandboxInfo>;
+
+    /// Continue a paused sandbox where it stopped.
+    async fn resume(&self, id: &str) -> Result<SandboxInfo>;
+
+    /// Stop the sandbox: every process in it ends (killed), its files stay, its lease is
+    /// paused (the time left is kept). The state becomes
+    /// `SandboxState::Stopped`; processes and file calls are
+    /// refused with [`Error::InvalidState`](crate::Error::InvalidState) until
+    /// [`Backend::start`]; info, annotations, labels, the lease and destroy keep working.
+    /// Stopping a paused sandbox ends its frozen processes too; stopping a stopped one
+    /// changes nothing.
+    async fn stop(&self, id: &str) -> Result<SandboxInfo>;
+
+    /// Start a stopped sandbox: it runs again with the files it had and no processes, and
+    /// its lease counts down again from the time it had left. Starting a running sandbox
+    /// changes nothing; a paused one must be resumed instead.
+    async fn start(&self, id: &str) -> Result<SandboxInfo>;
+
+    /// Current resource usage.
+    async fn metrics(&self, id: &str) -> Result<Metrics>;
+
+    // ----- terminals -----
+
+    /// Resize the pseudo-terminal of a process started with [`ProcessSpec::pty`].
+    async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()>;
+
+    // ----- watching -----
+
+    /// Watch a directory for changes.
+    async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream>;
+
+    // ----- ports -----
+
+    /// Make a port inside the sandbox reachable from the host (replacing an earlier preview of
+    /// the same port).
+    async fn expose_port(&self, id: &str, options: PreviewOptions) -> Result<Preview>;
+
+    /// The sandbox's previews.
+    async fn list_previews(&self, id: &str) -> Result<Vec<Preview>>;
+
+    /// Close a preview; later requests to its URL are refused.
+    async fn close_preview(&self, id: &str, port: u16) -> Result<()>;
+
+    /// Issue an additional token for a private preview, valid until `expires_at` (ms since
+    /// the epoch) or for the sandbox's life.
+    async fn create_preview_token(
+        &self,
+        id: &str,
+        port: u16,
+        expires_at: Option<u64>,
+    ) -> Result<PreviewToken>;
+
+    /// Revoke one token of a private preview (named by its value): later requests carrying it
+    /// are refused. A token that is unknown (never issued, or already revoked) is
+    /// [`Error::NotFound`](crate::Error::NotFound).
+    async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()>;
+
+    // ----- snapshots and fork -----
+
+    /// Snapshot the sandbox's writable filesystem (paused while it is captured).
+    async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo>;
+
+    /// All snapshots.
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>>;
+
+    /// Delete a snapshot.
+    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()>;
+
+    /// A new sandbox with a copy of this one's files (not its processes).
+    async fn fork(&self, id: &str, options: CreateOptions) -> Result<SandboxInfo>;
+
+    // ----- volumes -----
+
+    /// Create a named volume.
+    async fn create_volume(&self, name: &str) -> Result<VolumeInfo>;
+
+    /// Describe a volume.
+    async fn get_volume(&self, name: &str) -> Result<VolumeInfo>;
+
+    /// All volumes.
+    async fn list_volumes(&self) -> Result<Vec<VolumeInfo>>;
+
+    /// Delete a volume.
+    async fn delete_volume(&self, name: &str) -> Result<()>;
+
+    // ----- references -----
+
+    /// The tombstone of a resource of `kind` that ended recently (see
+    /// [`crate::reference`]), or `None` when this runtime keeps no record of it (never
+    /// existed, or its tombstone expired). `id` is [`Reference::tombstone_id`]
+    /// (`<sandbox>:<port>` for a preview); for a sandbox it may also be the sandbox's unique
+    /// name (an id is matched first). Reads only.
+    ///
+    /// [`Reference::tombstone_id`]: crate::Reference::tombstone_id
+    async fn tombstone(&self, kind: ResourceKind, id: &str) -> Result<Option<Tombstone>>;
+
+    // ----- operations -----
+
+    /// What happened to the operation `operation` (see [`crate::operation`]): done with its
+    /// answer, failed with its error, in progress, or unknown. Never acts on it.
+    async fn observe(&self, operation: &OperationId) -> Result<OperationStatus>;
+}
