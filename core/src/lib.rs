@@ -41,8 +41,9 @@ pub use sandcove_core::{
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
+/// `sandcove serve` (crate `sandcove-server`).
 #[cfg(feature = "server")]
-pub mod server;
+pub use sandcove_server as server;
 
 #[cfg(feature = "http")]
 pub use backend::http::{HttpBackend, HttpOptions};

@@ -6,8 +6,9 @@ pub use sandcove_core::backend::*;
 pub mod agent_client;
 #[cfg(feature = "local")]
 pub mod agent_server;
+/// The HTTP client backend (crate `sandcove-http`).
 #[cfg(feature = "http")]
-pub mod http;
+pub use sandcove_http as http;
 #[cfg(feature = "kubernetes")]
 pub mod kube;
 #[cfg(feature = "local")]

@@ -323,8 +323,8 @@ pub fn preview_table() -> Vec<RouteAuth> {
 }
 
 /// Constant-time equality of a presented secret with the expected one (see
-/// [`crate::secret::secrets_match`]).
-pub use crate::secret::secrets_match as keys_match;
+/// [`sandcove_core::secret::secrets_match`]).
+pub use sandcove_core::secret::secrets_match as keys_match;
 
 /// A listener's table as Markdown: one row per route, the principals it accepts.
 pub fn markdown(table: &[RouteAuth]) -> String {

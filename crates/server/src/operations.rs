@@ -1,4 +1,4 @@
-//! What became of an operation (see [`crate::operation`]), from the idempotency record.
+//! What became of an operation (see [`sandcove_core::operation`]), from the idempotency record.
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method};
@@ -22,6 +22,6 @@ async fn observe(
     Path(op): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let op = crate::OperationId::parse(&op)?;
+    let op = sandcove_core::OperationId::parse(&op)?;
     Ok(json(&state.idempotency.status(&headers, op.as_str())))
 }

@@ -7,8 +7,8 @@ use axum::response::{IntoResponse, Response};
 
 use super::idempotency::Stored;
 use super::{done, json, read_json, ApiError, AppState, In, Out, Route};
-use crate::backend::http::body::{NewSnapshot, NewToken, NewVolume, RevokeToken};
-use crate::PreviewOptions;
+use sandcove_core::wire::body::{NewSnapshot, NewToken, NewVolume, RevokeToken};
+use sandcove_core::PreviewOptions;
 
 pub(super) fn routes() -> Vec<Route> {
     vec![
@@ -266,6 +266,6 @@ async fn tombstone(
     State(state): State<AppState>,
     Path((kind, id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let kind: crate::ResourceKind = kind.parse()?;
+    let kind: sandcove_core::ResourceKind = kind.parse()?;
     Ok(json(&state.backend.tombstone(kind, &id).await?))
 }

@@ -28,7 +28,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{watch, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
-use crate::Error;
+use sandcove_core::Error;
 
 /// How long an upgraded connection may carry no bytes either way before it is closed, unless
 /// [`Upgrade::idle_limit`] says otherwise.
@@ -203,7 +203,7 @@ pub fn is_upgrade(request: &Request) -> bool {
 /// for one, or when it did not come through [`serve`](super::serve) or
 /// [`serve_router`](super::serve_router) (whose connection loop bounds upgraded connections;
 /// no other path may take one over).
-pub fn prepare(request: &mut Request) -> crate::Result<Upgrade> {
+pub fn prepare(request: &mut Request) -> sandcove_core::Result<Upgrade> {
     if !is_upgrade(request) {
         return Err(Error::invalid(
             "the request does not ask for a protocol upgrade",

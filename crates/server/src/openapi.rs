@@ -6,7 +6,7 @@ use axum::response::Response;
 use serde_json::{json, Map, Value};
 
 use super::{routes, In, Out};
-use crate::backend::http::{FRAMES_CONTENT_TYPE, IDEMPOTENCY_HEADER, PID_HEADER};
+use sandcove_core::wire::{FRAMES_CONTENT_TYPE, IDEMPOTENCY_HEADER, PID_HEADER};
 
 pub(super) async fn serve_document() -> Response {
     super::json(document())
@@ -131,7 +131,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::ErrorCode;
+    use sandcove_core::ErrorCode;
 
     /// The document lists exactly the routes the router is built from.
     #[test]

@@ -1,7 +1,8 @@
-//! `sandcove serve`: any [`Backend`] over HTTP (feature `server`).
+//! `sandcove serve`: any [`Backend`] over HTTP (crate `sandcove-server`, re-exported as
+//! `sandcove::server` with the umbrella's feature `server`).
 //!
 //! The wire format (JSON control calls, binary frame streams, error bodies) is described in
-//! [`crate::backend::http`]; [`HttpBackend`](crate::HttpBackend) is the client. The routes are
+//! `sandcove_core::wire`; `HttpBackend` is the client. The routes are
 //! listed once, in the route modules, and both the router and the OpenAPI document served at
 //! `GET /openapi.json` are built from that one list.
 //!
@@ -11,13 +12,13 @@
 //! - **Limits**: JSON and stdin bodies are capped at [`ServerConfig::max_body_bytes`],
 //!   uploads at [`ServerConfig::max_upload_bytes`] (and the backend's `max_file_bytes`);
 //!   a bigger body is `413` before the backend sees it.
-//! - **Errors**: always a JSON [`ErrorBody`](crate::ErrorBody) whose code maps one-to-one
+//! - **Errors**: always a JSON [`ErrorBody`](sandcove_core::ErrorBody) whose code maps one-to-one
 //!   onto [`Error`], with the status [`status_for`] gives it. Whatever the wrapped backend
 //!   answers (including `NotSupported`) is forwarded unchanged.
 //! - **Operations** with a remote effect (create, fork, snapshot, volume, preview token,
 //!   destroy, snapshot and volume deletes, process start, file write, mkdir, remove, rename,
 //!   copy, chmod) honour an `Idempotency-Key` header, the client's
-//!   [`OperationId`](crate::OperationId): the first request with a key runs to completion
+//!   [`OperationId`](sandcove_core::OperationId): the first request with a key runs to completion
 //!   even if its client disconnects, and every request with the same key within
 //!   [`ServerConfig::idempotency_ttl`] gets that same answer (a process start attaches to the
 //!   process the first one started); the same key with another request is `409 conflict`.
@@ -26,7 +27,7 @@
 //!   first outcome without writing, other content is a conflict and the file is not touched,
 //!   and a repeat while the first upload still runs is a conflict at once (observe it, or
 //!   send it again once it has finished). `GET /v1/operations/{op}` reports what became of
-//!   one ([`OperationStatus`](crate::OperationStatus)). At most
+//!   one ([`OperationStatus`](sandcove_core::OperationStatus)). At most
 //!   [`ServerConfig::max_operations`] outcomes are kept, each without its request's body.
 //! - **Connections**: HTTP/1.1, over TLS when [`ServerConfig::tls`] is set (see
 //!   [`load_tls`]). At most [`ServerConfig::max_connections`] connections are served at once
@@ -60,6 +61,8 @@
 //!   engine are independent processes that outlive the server, exactly as they outlive any
 //!   program that creates them; each ends at its lease or when destroyed, and a restarted
 //!   server (or any program of the same user) finds them again.
+
+#![forbid(unsafe_code)]
 
 pub mod auth;
 mod drain;
@@ -98,8 +101,8 @@ use futures::{Stream, StreamExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-use crate::backend::http::{frame, status_for, FRAMES_CONTENT_TYPE, OPENAPI_PATH};
-use crate::{Backend, Error};
+use sandcove_core::wire::{frame, status_for, FRAMES_CONTENT_TYPE, OPENAPI_PATH};
+use sandcove_core::{Backend, Error};
 
 use self::idempotency::Idempotency;
 
@@ -532,7 +535,7 @@ async fn serve_connections(
     // Answers wait for a body left unread (bounded), so refusals keep the connection.
     let app = drain::refused_bodies_drained(app, head_timeout);
     let tls = limits.tls.clone().map(tokio_rustls::TlsAcceptor::from);
-    let mut acceptor = crate::listen::Acceptor::new(limits.max_connections);
+    let mut acceptor = sandcove_core::listen::Acceptor::new(limits.max_connections);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(head_timeout);
@@ -619,7 +622,7 @@ const MAX_PEM_BYTES: u64 = 1024 * 1024;
 pub fn load_tls(
     cert: &std::path::Path,
     key: &std::path::Path,
-) -> crate::Result<Arc<rustls::ServerConfig>> {
+) -> sandcove_core::Result<Arc<rustls::ServerConfig>> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
     let certs_pem = read_secret_file(cert, false)?;
@@ -648,7 +651,7 @@ pub fn load_tls(
 
 /// Read a small file whole (at most 1 MiB); with `private`, refuse a regular
 /// file that group or others may read.
-pub fn read_secret_file(path: &std::path::Path, private: bool) -> crate::Result<Vec<u8>> {
+pub fn read_secret_file(path: &std::path::Path, private: bool) -> sandcove_core::Result<Vec<u8>> {
     use std::io::Read;
     use std::os::unix::fs::MetadataExt;
     let file = std::fs::File::open(path)

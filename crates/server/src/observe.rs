@@ -22,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use hyper::body::{Frame, SizeHint};
 use tracing::Instrument;
 
-use crate::{Backend, ErrorCode, ListOptions};
+use sandcove_core::{Backend, ErrorCode, ListOptions};
 
 /// The path of the metrics document.
 pub const METRICS_PATH: &str = "/metrics";

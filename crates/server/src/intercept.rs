@@ -50,7 +50,7 @@ use time::OffsetDateTime;
 use tokio::sync::watch;
 
 use super::upgrade;
-use crate::Error;
+use sandcove_core::Error;
 
 /// The CA certificate's common name.
 pub const CA_NAME: &str = "Sandcove local interception CA";
@@ -117,7 +117,7 @@ impl SandcoveCa {
     /// names it may sign for; an existing CA that cannot sign for one of them is an error
     /// naming the directory to remove. Does file IO and key generation: call it at startup
     /// or from `spawn_blocking`.
-    pub fn open(dir: impl Into<PathBuf>, hosts: &[&str]) -> crate::Result<Arc<SandcoveCa>> {
+    pub fn open(dir: impl Into<PathBuf>, hosts: &[&str]) -> sandcove_core::Result<Arc<SandcoveCa>> {
         let dir = dir.into();
         let hosts = normalize_hosts(hosts)?;
         std::fs::DirBuilder::new()
@@ -194,7 +194,7 @@ impl SandcoveCa {
     pub async fn server_config(
         self: &Arc<Self>,
         host: &str,
-    ) -> crate::Result<Arc<rustls::ServerConfig>> {
+    ) -> sandcove_core::Result<Arc<rustls::ServerConfig>> {
         if !self.allows(host) {
             return Err(Error::PermissionDenied {
                 what: format!(
@@ -236,7 +236,7 @@ impl SandcoveCa {
 
     /// Mint a leaf for `host` (renewing the CA first when it would end before the leaf) and
     /// check it the way a client will, against the CA on disk (blocking).
-    fn mint(&self, host: &str) -> crate::Result<Arc<Leaf>> {
+    fn mint(&self, host: &str) -> sandcove_core::Result<Arc<Leaf>> {
         let mut material = self.material_now();
         if material.not_after < SystemTime::now() + LEAF_LIFETIME {
             // The CA would end before this leaf: renew it (the same check at start-up).
@@ -261,7 +261,7 @@ impl SandcoveCa {
     }
 
     /// Write `bundle.pem` (system roots, then the CA), replacing it atomically.
-    fn write_bundle(&self) -> crate::Result<()> {
+    fn write_bundle(&self) -> sandcove_core::Result<()> {
         let mut text = Vec::new();
         if let Some(system) = &self.system_roots {
             let roots = read_bounded(system, MAX_SYSTEM_BUNDLE)?;
@@ -303,7 +303,7 @@ pub fn bundle_path(dir: &Path) -> PathBuf {
     dir.join("bundle.pem")
 }
 
-fn normalize_hosts(hosts: &[&str]) -> crate::Result<Vec<String>> {
+fn normalize_hosts(hosts: &[&str]) -> sandcove_core::Result<Vec<String>> {
     if hosts.is_empty() {
         return Err(Error::invalid(
             "an intercepting CA needs at least one host name",
@@ -378,7 +378,7 @@ fn ca_params(
 fn sign_leaf(
     material: &Material,
     host: &str,
-) -> crate::Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+) -> sandcove_core::Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
     let now = SystemTime::now();
     let not_after = now + LEAF_LIFETIME;
     let mut params = rcgen::CertificateParams::new(vec![host.to_string()])
@@ -430,7 +430,7 @@ fn verify_leaf(
 fn leaf_config(
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
-) -> crate::Result<Arc<rustls::ServerConfig>> {
+) -> sandcove_core::Result<Arc<rustls::ServerConfig>> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -442,7 +442,7 @@ fn leaf_config(
     Ok(Arc::new(config))
 }
 
-fn random_serial() -> crate::Result<[u8; 16]> {
+fn random_serial() -> sandcove_core::Result<[u8; 16]> {
     let mut serial = [0u8; 16];
     getrandom::fill(&mut serial).map_err(|e| Error::backend(format!("randomness: {e}")))?;
     // Positive and non-zero as DER INTEGERs must be.
@@ -452,7 +452,7 @@ fn random_serial() -> crate::Result<[u8; 16]> {
 
 /// The CA in `dir/ca`, if there is one. A key readable by others, or files that do not
 /// belong together, are errors (never silently replaced).
-fn load(dir: &Path, hosts: &[String]) -> crate::Result<Option<Material>> {
+fn load(dir: &Path, hosts: &[String]) -> sandcove_core::Result<Option<Material>> {
     let key_path = dir.join("ca").join("key.pem");
     let cert_path = dir.join("ca").join("cert.pem");
     let key_pem = match super::read_secret_file(&key_path, true) {
@@ -491,7 +491,7 @@ fn load(dir: &Path, hosts: &[String]) -> crate::Result<Option<Material>> {
 
 /// A new CA in a fresh directory, published as `dir/ca` in one rename. When another process
 /// published one first, that one is loaded instead.
-fn create(dir: &Path, hosts: &[String]) -> crate::Result<Material> {
+fn create(dir: &Path, hosts: &[String]) -> sandcove_core::Result<Material> {
     let staged = stage(dir, hosts, SystemTime::now() + CA_LIFETIME)?;
     match std::fs::rename(&staged.0, dir.join("ca")) {
         Ok(()) => Ok(staged.1),
@@ -510,9 +510,9 @@ fn create(dir: &Path, hosts: &[String]) -> crate::Result<Material> {
 }
 
 /// Replace `dir/ca` with a new CA.
-fn renew(dir: &Path, hosts: &[String]) -> crate::Result<Material> {
+fn renew(dir: &Path, hosts: &[String]) -> sandcove_core::Result<Material> {
     let (staged, material) = stage(dir, hosts, SystemTime::now() + CA_LIFETIME)?;
-    let retired = dir.join(format!(".retired-{}", crate::random_id(12)));
+    let retired = dir.join(format!(".retired-{}", sandcove_core::random_id(12)));
     let current = dir.join("ca");
     let moved = std::fs::rename(&current, &retired);
     if let Err(e) = moved.and_then(|()| std::fs::rename(&staged, &current)) {
@@ -532,8 +532,8 @@ fn stage(
     dir: &Path,
     hosts: &[String],
     not_after: SystemTime,
-) -> crate::Result<(PathBuf, Material)> {
-    let staged = dir.join(format!(".new-{}", crate::random_id(12)));
+) -> sandcove_core::Result<(PathBuf, Material)> {
+    let staged = dir.join(format!(".new-{}", sandcove_core::random_id(12)));
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&staged)
@@ -634,7 +634,7 @@ fn cert_not_after(der: &[u8]) -> Option<SystemTime> {
 }
 
 /// Create `path` exclusively with `mode` (never following a link) and write `bytes` durably.
-fn write_new(path: &Path, bytes: &[u8], mode: u32) -> crate::Result<()> {
+fn write_new(path: &Path, bytes: &[u8], mode: u32) -> sandcove_core::Result<()> {
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -648,8 +648,8 @@ fn write_new(path: &Path, bytes: &[u8], mode: u32) -> crate::Result<()> {
 }
 
 /// Replace `target` (in `dir`) atomically with a new file holding `bytes`.
-fn replace_file(dir: &Path, target: &Path, bytes: &[u8], mode: u32) -> crate::Result<()> {
-    let temp = dir.join(format!(".write-{}", crate::random_id(12)));
+fn replace_file(dir: &Path, target: &Path, bytes: &[u8], mode: u32) -> sandcove_core::Result<()> {
+    let temp = dir.join(format!(".write-{}", sandcove_core::random_id(12)));
     write_new(&temp, bytes, mode)?;
     std::fs::rename(&temp, target).map_err(|e| {
         let _ = std::fs::remove_file(&temp);
@@ -657,7 +657,7 @@ fn replace_file(dir: &Path, target: &Path, bytes: &[u8], mode: u32) -> crate::Re
     })
 }
 
-fn read_bounded(path: &Path, limit: u64) -> crate::Result<Vec<u8>> {
+fn read_bounded(path: &Path, limit: u64) -> sandcove_core::Result<Vec<u8>> {
     use std::io::Read;
     let file = std::fs::File::open(path)
         .map_err(|e| Error::from_io(&e, &format!("open {}", path.display())))?;
@@ -796,8 +796,8 @@ mod tests {
             ("ends in 3 days", now + Duration::from_secs(3 * 24 * 3600)),
             ("ended an hour ago", now - Duration::from_secs(1800)),
         ] {
-            let dir =
-                std::env::temp_dir().join(format!("intercept-renew-{}", crate::random_id(12)));
+            let dir = std::env::temp_dir()
+                .join(format!("intercept-renew-{}", sandcove_core::random_id(12)));
             let old = plant(&dir, not_after);
             let ca = SandcoveCa::open(&dir, HOSTS).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_ne!(ca.cert_der(), old, "{what}: replaced");
@@ -823,7 +823,8 @@ mod tests {
 
     #[test]
     fn the_ca_validity_is_read_back_to_the_second() {
-        let dir = std::env::temp_dir().join(format!("intercept-date-{}", crate::random_id(12)));
+        let dir =
+            std::env::temp_dir().join(format!("intercept-date-{}", sandcove_core::random_id(12)));
         let end = SystemTime::UNIX_EPOCH + Duration::from_secs(2_000_000_000);
         let der = plant(&dir, end);
         assert_eq!(cert_not_after(&der), Some(end));
@@ -848,7 +849,8 @@ mod tests {
 
     #[test]
     fn a_ca_with_time_left_is_kept() {
-        let dir = std::env::temp_dir().join(format!("intercept-keep-{}", crate::random_id(12)));
+        let dir =
+            std::env::temp_dir().join(format!("intercept-keep-{}", sandcove_core::random_id(12)));
         let old = plant(
             &dir,
             SystemTime::now() + Duration::from_secs(30 * 24 * 3600),

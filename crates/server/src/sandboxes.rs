@@ -10,8 +10,8 @@ use serde::Deserialize;
 
 use super::idempotency::Stored;
 use super::{json, read_json, ApiError, AppState, In, Out, Route};
-use crate::backend::http::body::{SetLabels, SetTimeout};
-use crate::{AnnotationUpdate, CreateOptions, Error, ListOptions};
+use sandcove_core::wire::body::{SetLabels, SetTimeout};
+use sandcove_core::{AnnotationUpdate, CreateOptions, Error, ListOptions};
 
 pub(super) fn routes() -> Vec<Route> {
     vec![

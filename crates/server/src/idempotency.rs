@@ -1,4 +1,4 @@
-//! Idempotency keys, which are the clients' operation ids (see [`crate::operation`]): the
+//! Idempotency keys, which are the clients' operation ids (see [`sandcove_core::operation`]): the
 //! first request with a key runs to completion on its own task, and every request with that
 //! key gets the same answer while it is remembered. Records are bounded in time
 //! ([`ServerConfig::idempotency_ttl`](super::ServerConfig)) and in count
@@ -24,8 +24,8 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::StreamExt;
 
 use super::ApiError;
-use crate::backend::http::IDEMPOTENCY_HEADER;
-use crate::{ByteStream, Error, ErrorBody, OperationStatus};
+use sandcove_core::wire::IDEMPOTENCY_HEADER;
+use sandcove_core::{ByteStream, Error, ErrorBody, OperationStatus};
 
 /// Longest accepted key.
 const MAX_KEY_LEN: usize = 256;
@@ -39,7 +39,7 @@ pub(super) struct Stored {
 
 impl Stored {
     /// A JSON success or the error answer of `result`.
-    pub(super) fn of<T: serde::Serialize>(result: crate::Result<T>) -> Stored {
+    pub(super) fn of<T: serde::Serialize>(result: sandcove_core::Result<T>) -> Stored {
         let response = match result {
             Ok(value) => match serde_json::to_vec(&value) {
                 Ok(body) => Ok(body),
@@ -53,7 +53,7 @@ impl Stored {
                 body: body.into(),
             },
             Err(e) => {
-                let status = StatusCode::from_u16(crate::backend::http::status_for(e.code()))
+                let status = StatusCode::from_u16(sandcove_core::wire::status_for(e.code()))
                     .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
                 Stored {
                     status,
@@ -64,7 +64,7 @@ impl Stored {
     }
 
     /// A call that answers nothing: `204 No Content`, or its error.
-    pub(super) fn unit(result: crate::Result<()>) -> Stored {
+    pub(super) fn unit(result: sandcove_core::Result<()>) -> Stored {
         match result {
             Ok(()) => Stored {
                 status: StatusCode::NO_CONTENT,
@@ -146,7 +146,7 @@ impl Idempotency {
         }
     }
 
-    /// What is recorded about operation `key` (see [`crate::operation`]) of the client
+    /// What is recorded about operation `key` (see [`sandcove_core::operation`]) of the client
     /// whose request carries `headers`.
     pub(super) fn status(&self, headers: &HeaderMap, key: &str) -> OperationStatus {
         let mut guard = self.entries.lock().unwrap_or_else(|p| p.into_inner());
@@ -395,7 +395,7 @@ struct Hashing {
 
 impl Hashing {
     /// The next item and the state after it; `None` at the end.
-    async fn advance(mut self) -> Option<(crate::Result<Vec<u8>>, Option<Hashing>)> {
+    async fn advance(mut self) -> Option<(sandcove_core::Result<Vec<u8>>, Option<Hashing>)> {
         if let Some(chunk) = self.held.take() {
             return Some((Ok(chunk), Some(self)));
         }
@@ -435,7 +435,7 @@ impl Hashing {
     /// Hash `chunk` into the digest: in place and given back when small, else started on
     /// the blocking pool (`job`), with `None` returned. No job may be running: one that is
     /// (the digest is not here) fails the upload rather than lose the chunk.
-    fn hash(&mut self, chunk: Vec<u8>) -> crate::Result<Option<Vec<u8>>> {
+    fn hash(&mut self, chunk: Vec<u8>) -> sandcove_core::Result<Option<Vec<u8>>> {
         let Some(mut context) = self.context.take() else {
             return Err(Error::backend("hashing the upload out of order"));
         };

@@ -16,13 +16,13 @@ use super::{
     content_length, error_frame, frames_response, json, json_frame, pieces_response, read_json,
     ApiError, AppState, In, Out, Route,
 };
-use crate::backend::http::body::{Chmod, Copy, Mkdir, Rename};
-use crate::backend::http::{frame, FRAMES_CONTENT_TYPE, UPLOAD_CLEANUP_WAIT};
-use crate::{
+use sandcove_core::wire::body::{Chmod, Copy, Mkdir, Rename};
+use sandcove_core::wire::{frame, FRAMES_CONTENT_TYPE, UPLOAD_CLEANUP_WAIT};
+use sandcove_core::{
     ByteStream, Error, ErrorBody, ListDirOptions, RemoveOptions, WatchOptions, WatchStream,
     WriteOptions,
 };
-use crate::{ReadOptions, StatOptions};
+use sandcove_core::{ReadOptions, StatOptions};
 
 /// Largest file chunk put in one frame.
 const CHUNK: usize = 1024 * 1024;
@@ -271,7 +271,7 @@ async fn write_file(
 
 /// One upload request, as received.
 struct Upload {
-    backend: Arc<dyn crate::Backend>,
+    backend: Arc<dyn sandcove_core::Backend>,
     id: String,
     path: String,
     options: WriteOptions,
@@ -294,7 +294,10 @@ impl Upload {
     }
 
     /// Write the body to the file, hashing it into `content` on the way when given.
-    async fn write(self, content: Option<ContentDigest>) -> crate::Result<crate::FileStat> {
+    async fn write(
+        self,
+        content: Option<ContentDigest>,
+    ) -> sandcove_core::Result<sandcove_core::FileStat> {
         let Upload {
             backend,
             id,
@@ -339,7 +342,7 @@ impl Upload {
 
     /// The digest of the body's content, read through and discarded (a repeat of a recorded
     /// upload: nothing is written, and nothing is kept but the running digest).
-    async fn digest(&mut self) -> crate::Result<[u8; 32]> {
+    async fn digest(&mut self) -> sandcove_core::Result<[u8; 32]> {
         let over = Arc::new(Over::default());
         let body = std::mem::replace(&mut self.body, Body::empty());
         let content = ContentDigest::default();
@@ -428,7 +431,7 @@ fn broke_off(e: impl std::fmt::Display) -> Error {
     }
 }
 
-/// A framed request body (see [`crate::backend::http`]) as a [`ByteStream`]: the `d`
+/// A framed request body (see `sandcove_core::wire`) as a [`ByteStream`]: the `d`
 /// payloads, ending at `x`. An `!` frame (the client abandons the write, saying why), a body
 /// that ends or breaks off before `x`, a malformed frame or more than `limit` bytes yield an
 /// error item instead, so the backend keeps no partial file.
@@ -595,8 +598,10 @@ fn recorded<T, F, Fut>(
        + 'static
 where
     T: serde::de::DeserializeOwned + Send + 'static,
-    F: FnOnce(Arc<dyn crate::Backend>, String, T) -> Fut + Clone + Send + Sync + 'static,
-    Fut: std::future::Future<Output = crate::Result<crate::FileStat>> + Send + 'static,
+    F: FnOnce(Arc<dyn sandcove_core::Backend>, String, T) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = sandcove_core::Result<sandcove_core::FileStat>>
+        + Send
+        + 'static,
 {
     move |State(state), Path(id), headers, body| {
         Box::pin(async move {

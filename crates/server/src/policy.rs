@@ -22,8 +22,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use crate::backend::{ByteStream, ProcessStream, WatchStream};
-use crate::{
+use sandcove_core::backend::{ByteStream, ProcessStream, WatchStream};
+use sandcove_core::{
     AnnotationUpdate, Backend, Capabilities, CopyOptions, CreateOptions, Error, FileStat,
     ListDirOptions, ListOptions, Metrics, MkdirOptions, NetworkPolicy, OperationId,
     OperationStatus, Preview, PreviewOptions, PreviewToken, ProcessInfo, ProcessSelector,

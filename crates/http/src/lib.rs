@@ -10,12 +10,14 @@
 //! remembers so a retried create never makes a second sandbox). Every call with a remote
 //! effect (creates, forks, snapshots, volumes, preview tokens, destroys and deletes, process
 //! starts, file writes and uploads, mkdir, remove, rename, copy, chmod) carries its
-//! [`OperationId`](crate::OperationId) in that header; when such a request
+//! [`OperationId`](sandcove_core::OperationId) in that header; when such a request
 //! was sent and its answer lost (a broken connection, a timeout waiting for the answer) the
 //! call fails with [`Error::OutcomeUnknown`] naming it, and `GET /v1/operations/{op}` (what
 //! [`Backend::observe`] asks) says what became of it. Control calls have a total
 //! timeout; streaming calls time out only while waiting for the response head, never while
 //! the stream runs.
+
+#![forbid(unsafe_code)]
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -26,14 +28,14 @@ use reqwest::{Method, StatusCode, Url};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{Backend, ByteStream, ProcessStream, WatchStream};
-use crate::{
+use sandcove_core::{Backend, ByteStream, ProcessStream, WatchStream};
+use sandcove_core::{
     Capabilities, CreateOptions, Error, ErrorBody, FileStat, FsEvent, ListDirOptions, ListOptions,
     Metrics, MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessEvent, ProcessInfo,
     ProcessSelector, ProcessSpec, PtySize, RemoveOptions, Result, SandboxInfo, Signal,
     SnapshotInfo, VolumeInfo, WatchOptions, WriteOptions,
 };
-use crate::{CopyOptions, ReadOptions, RenameOptions, StatOptions};
+use sandcove_core::{CopyOptions, ReadOptions, RenameOptions, StatOptions};
 
 /// The wire contract, shared with the server.
 pub use sandcove_core::wire::*;
@@ -448,7 +450,7 @@ impl HttpBackend {
         query: &[(&str, String)],
         payload: Payload,
     ) -> Result<T> {
-        let key = crate::OperationId::current_or_new();
+        let key = sandcove_core::OperationId::current_or_new();
         let response = self
             .send(Req {
                 method,
@@ -468,7 +470,7 @@ impl HttpBackend {
     /// A destroy or delete: a `DELETE` carrying its operation id, so a replay after a lost
     /// answer gets the first one's outcome instead of "not found".
     async fn delete_call(&self, url: Url, query: &[(&str, String)]) -> Result<()> {
-        let key = crate::OperationId::current_or_new();
+        let key = sandcove_core::OperationId::current_or_new();
         let target = url.clone();
         let response = self
             .send(Req {
@@ -607,7 +609,7 @@ async fn fetch_capabilities(backend: &HttpBackend, http: &reqwest::Client) -> Re
     caps.backend = format!("http+{}", caps.backend);
     // Observed now, by this client: the server's own probe time says nothing about whether
     // it is still reachable.
-    caps.observed_at = Some(crate::now_millis());
+    caps.observed_at = Some(sandcove_core::now_millis());
     Ok(caps)
 }
 
@@ -770,7 +772,7 @@ impl Backend for HttpBackend {
     /// [`HttpBackend::connect`]; otherwise fetched here on first use, blocking the calling
     /// thread for one request. While the server cannot be reached, nothing optional is
     /// reported, with `observed_at: None` (no evidence, not "no feature": see
-    /// [`Client::check_create`](crate::Client::check_create)), and the next call asks again.
+    /// `Client::check_create`), and the next call asks again.
     fn capabilities(&self) -> Capabilities {
         self.caps
             .get()
@@ -811,7 +813,7 @@ impl Backend for HttpBackend {
     }
 
     async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo> {
-        crate::validate::validate_sandbox_timeout(timeout)?;
+        sandcove_core::validate::validate_sandbox_timeout(timeout)?;
         let url = self.sandbox_url(id, &["timeout"])?;
         let body = body::SetTimeout {
             timeout: timeout.as_secs_f64(),
@@ -825,7 +827,7 @@ impl Backend for HttpBackend {
         id: &str,
         labels: std::collections::BTreeMap<String, String>,
     ) -> Result<SandboxInfo> {
-        crate::validate::validate_labels(&labels)?;
+        sandcove_core::validate::validate_labels(&labels)?;
         let url = self.sandbox_url(id, &["labels"])?;
         let body = body::SetLabels { labels };
         self.call(Method::PUT, url, &[], Some(&body), Retry::Idempotent)
@@ -835,7 +837,7 @@ impl Backend for HttpBackend {
     async fn update_annotations(
         &self,
         id: &str,
-        update: crate::AnnotationUpdate,
+        update: sandcove_core::AnnotationUpdate,
     ) -> Result<std::collections::BTreeMap<String, String>> {
         update.validate()?;
         let url = self.sandbox_url(id, &["annotations"])?;
@@ -853,7 +855,7 @@ impl Backend for HttpBackend {
         let url = self.sandbox_url(id, &["processes"])?;
         // The operation id lets a server answer a replayed start by attaching to the process
         // the first one started; the call is still not retried blindly here.
-        let key = crate::OperationId::current_or_new();
+        let key = sandcove_core::OperationId::current_or_new();
         let response = self
             .send(Req {
                 method: Method::POST,
@@ -958,7 +960,7 @@ impl Backend for HttpBackend {
         let options = String::from_utf8(to_json(&options)?).expect("JSON is UTF-8");
         // The operation id lets the server answer a repeat of this write (same path, options
         // and content) with the first outcome instead of writing again.
-        let key = crate::OperationId::current_or_new();
+        let key = sandcove_core::OperationId::current_or_new();
         // A streamed body cannot be replayed, so uploads are never retried. When the source
         // fails, the body ends with an abandon frame rather than being cut, so the server's
         // answer tells us its backend has discarded the partial file.
@@ -1254,7 +1256,10 @@ impl Backend for HttpBackend {
             .await
     }
 
-    async fn observe(&self, operation: &crate::OperationId) -> Result<crate::OperationStatus> {
+    async fn observe(
+        &self,
+        operation: &sandcove_core::OperationId,
+    ) -> Result<sandcove_core::OperationStatus> {
         let url = self.url_for(&["operations", operation.as_str()])?;
         self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
             .await
@@ -1262,9 +1267,9 @@ impl Backend for HttpBackend {
 
     async fn tombstone(
         &self,
-        kind: crate::ResourceKind,
+        kind: sandcove_core::ResourceKind,
         id: &str,
-    ) -> Result<Option<crate::Tombstone>> {
+    ) -> Result<Option<sandcove_core::Tombstone>> {
         let url = self.url_for(&["tombstones", kind.as_str(), id])?;
         self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
             .await
@@ -1340,7 +1345,7 @@ fn upload_frames(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ErrorCode;
+    use sandcove_core::ErrorCode;
 
     /// A chunk larger than an upload frame (a whole file handed over at once) is sent as
     /// frames within the server's bound, slices of the caller's buffer, in order.

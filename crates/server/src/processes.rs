@@ -13,9 +13,9 @@ use super::{
     done, error_frame, frames_response, json, json_frame, read_body, read_json, ApiError, AppState,
     In, Out, Route,
 };
-use crate::backend::http::body::SignalBody;
-use crate::backend::http::{frame, PID_HEADER};
-use crate::{Error, ProcessEvent, ProcessSelector, ProcessSpec, ProcessStream, PtySize};
+use sandcove_core::wire::body::SignalBody;
+use sandcove_core::wire::{frame, PID_HEADER};
+use sandcove_core::{Error, ProcessEvent, ProcessSelector, ProcessSpec, ProcessStream, PtySize};
 
 const SELECTOR: &[&str] = &["pid", "tag"];
 
