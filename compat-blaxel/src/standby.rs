@@ -28,11 +28,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::Stream;
 use sandcove::{
-    Backend, ByteStream, Capabilities, CopyOptions, CreateOptions, FileStat, ListDirOptions,
-    ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus, Preview, PreviewOptions,
-    PreviewToken, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, PtySize, ReadOptions,
-    RemoveOptions, RenameOptions, Result, SandboxInfo, SandboxState, Signal, SnapshotInfo,
-    StatOptions, VolumeInfo, WatchOptions, WatchStream, WriteOptions,
+    Backend, ByteStream, CopyOptions, CreateOptions, FileStat, Layer, ListDirOptions, MkdirOptions,
+    Preview, PreviewOptions, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, PtySize,
+    ReadOptions, RemoveOptions, RenameOptions, Result, SandboxInfo, SandboxState, Signal,
+    SnapshotInfo, StatOptions, WatchOptions, WatchStream, WriteOptions,
 };
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
@@ -245,13 +244,9 @@ fn held_process(stream: ProcessStream, activity: Activity) -> ProcessStream {
 }
 
 #[async_trait]
-impl Backend for Standby {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn ready(&self) -> Result<Capabilities> {
-        self.inner.ready().await
+impl Layer for Standby {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
     }
 
     async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
@@ -259,34 +254,6 @@ impl Backend for Standby {
         // The quiet period starts at its creation.
         drop(self.active(&info.id).await);
         Ok(info)
-    }
-
-    async fn get(&self, id: &str) -> Result<SandboxInfo> {
-        self.inner.get(id).await
-    }
-
-    async fn list(&self, options: ListOptions) -> Result<Vec<SandboxInfo>> {
-        self.inner.list(options).await
-    }
-
-    async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo> {
-        self.inner.set_timeout(id, timeout).await
-    }
-
-    async fn set_labels(
-        &self,
-        id: &str,
-        labels: std::collections::BTreeMap<String, String>,
-    ) -> Result<SandboxInfo> {
-        self.inner.set_labels(id, labels).await
-    }
-
-    async fn update_annotations(
-        &self,
-        id: &str,
-        update: sandcove::AnnotationUpdate,
-    ) -> Result<std::collections::BTreeMap<String, String>> {
-        self.inner.update_annotations(id, update).await
     }
 
     async fn destroy(&self, id: &str) -> Result<()> {
@@ -399,26 +366,14 @@ impl Backend for Standby {
         self.inner.chmod(id, path, mode).await
     }
 
-    async fn pause(&self, id: &str) -> Result<SandboxInfo> {
-        self.inner.pause(id).await
-    }
-
     async fn resume(&self, id: &str) -> Result<SandboxInfo> {
         let _activity = self.active(id).await;
         self.inner.resume(id).await
     }
 
-    async fn stop(&self, id: &str) -> Result<SandboxInfo> {
-        self.inner.stop(id).await
-    }
-
     async fn start(&self, id: &str) -> Result<SandboxInfo> {
         let _activity = self.active(id).await;
         self.inner.start(id).await
-    }
-
-    async fn metrics(&self, id: &str) -> Result<Metrics> {
-        self.inner.metrics(id).await
     }
 
     async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
@@ -440,26 +395,9 @@ impl Backend for Standby {
         self.inner.expose_port(id, options).await
     }
 
-    async fn list_previews(&self, id: &str) -> Result<Vec<Preview>> {
-        self.inner.list_previews(id).await
-    }
-
     async fn close_preview(&self, id: &str, port: u16) -> Result<()> {
         let _activity = self.active(id).await;
         self.inner.close_preview(id, port).await
-    }
-
-    async fn create_preview_token(
-        &self,
-        id: &str,
-        port: u16,
-        expires_at: Option<u64>,
-    ) -> Result<PreviewToken> {
-        self.inner.create_preview_token(id, port, expires_at).await
-    }
-
-    async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()> {
-        self.inner.revoke_preview_token(id, port, token).await
     }
 
     async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
@@ -467,47 +405,11 @@ impl Backend for Standby {
         self.inner.snapshot(id, name).await
     }
 
-    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
-        self.inner.list_snapshots().await
-    }
-
-    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()> {
-        self.inner.delete_snapshot(snapshot_id).await
-    }
-
     async fn fork(&self, id: &str, options: CreateOptions) -> Result<SandboxInfo> {
         let _activity = self.active(id).await;
         let info = self.inner.fork(id, options).await?;
         drop(self.active(&info.id).await);
         Ok(info)
-    }
-
-    async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {
-        self.inner.create_volume(name).await
-    }
-
-    async fn get_volume(&self, name: &str) -> Result<VolumeInfo> {
-        self.inner.get_volume(name).await
-    }
-
-    async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
-        self.inner.list_volumes().await
-    }
-
-    async fn delete_volume(&self, name: &str) -> Result<()> {
-        self.inner.delete_volume(name).await
-    }
-
-    async fn tombstone(
-        &self,
-        kind: sandcove::ResourceKind,
-        id: &str,
-    ) -> Result<Option<sandcove::Tombstone>> {
-        self.inner.tombstone(kind, id).await
-    }
-
-    async fn observe(&self, operation: &OperationId) -> Result<OperationStatus> {
-        self.inner.observe(operation).await
     }
 }
 
@@ -531,7 +433,7 @@ mod tests {
         };
         for i in 0..300 {
             let gone = format!("gone{i}");
-            assert!(standby.list_processes(&gone).await.is_err());
+            assert!(Backend::list_processes(&standby, &gone).await.is_err());
         }
         let standby = &standby;
         eventually(PATIENCE, "no record of gone sandboxes", || async move {

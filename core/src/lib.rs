@@ -35,7 +35,7 @@ mod reopen;
 
 // The shared model, under the paths it always had here.
 pub use sandcove_core::{
-    capability, error, listen, operation, reference, secret, types, validate, wire,
+    capability, error, layer, listen, operation, reference, secret, types, validate, wire,
 };
 
 #[cfg(feature = "conformance")]
@@ -60,4 +60,5 @@ pub use sandcove_core::operation::{OperationId, OperationStatus};
 pub use sandcove_core::reference::{Reference, Reopened, ResourceKind, Tombstone};
 pub use sandcove_core::types::*;
 pub use sandcove_core::validate::{MAX_PROCESS_TIMEOUT, MAX_SANDBOX_TIMEOUT};
+pub use sandcove_core::Layer;
 pub use sandcove_core::{Backend, ByteStream, ProcessStream, WatchStream};

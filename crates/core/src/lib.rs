@@ -19,6 +19,7 @@
 //! | [`error`] | [`Error`], the one error type, and its wire form |
 //! | [`capability`] | [`Capabilities`] of a backend |
 //! | [`backend`] | the [`Backend`] trait |
+//! | [`layer`] | [`Layer`]: a backend wrapping another, changing only some calls |
 //! | [`operation`] | [`OperationId`]s of calls with a remote effect |
 //! | [`reference`](mod@reference) | saved [`Reference`]s that a later program reopens, and tombstones |
 //! | [`wire`] | the native HTTP API's routes, frames and request bodies |
@@ -29,6 +30,7 @@
 pub mod backend;
 pub mod capability;
 pub mod error;
+pub mod layer;
 pub mod listen;
 pub mod operation;
 pub mod reference;
@@ -42,6 +44,7 @@ pub use capability::{
     Capabilities, CheckStatus, Feature, Guarantees, LeaseBounds, HOST_BASE_TEMPLATES,
 };
 pub use error::{Error, ErrorBody, ErrorCode, Result};
+pub use layer::Layer;
 pub use operation::{OperationId, OperationStatus};
 pub use reference::{Reference, Reopened, ResourceKind, Tombstone};
 pub use types::*;

@@ -61,7 +61,7 @@ pub fn random_id(len: usize) -> String {
 ///
 /// ```
 /// use std::time::Duration;
-/// use sandcove::{CreateOptions, VolumeMount};
+/// use sandcove_core::{CreateOptions, VolumeMount};
 ///
 /// let options = CreateOptions::default()
 ///     .name("build-7")
@@ -79,7 +79,7 @@ pub fn random_id(len: usize) -> String {
 /// A struct literal does not compile outside this crate, not even with `..Default::default()`:
 ///
 /// ```compile_fail,E0639
-/// let options = sandcove::CreateOptions {
+/// let options = sandcove_core::CreateOptions {
 ///     name: Some("build-7".into()),
 ///     ..Default::default()
 /// };
@@ -713,8 +713,8 @@ impl Command {
 /// (`"make".into()`). `#[non_exhaustive]`, like every option struct (see [`CreateOptions`]):
 ///
 /// ```compile_fail,E0639
-/// let spec = sandcove::ProcessSpec {
-///     command: sandcove::Command::sh("true"),
+/// let spec = sandcove_core::ProcessSpec {
+///     command: sandcove_core::Command::sh("true"),
 ///     cwd: None,
 ///     envs: Default::default(),
 ///     user: None,

@@ -39,12 +39,20 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("sandcove-interpreter", &["sandcove"]),
     (
         "compat-e2b",
-        &["sandcove", "sandcove-compat-support", "sandcove-interpreter"],
+        &[
+            "sandcove",
+            "sandcove-compat-support",
+            "sandcove-interpreter",
+        ],
     ),
     ("compat-daytona", &["sandcove", "sandcove-compat-support"]),
     (
         "compat-blaxel",
-        &["sandcove", "sandcove-compat-support", "sandcove-interpreter"],
+        &[
+            "sandcove",
+            "sandcove-compat-support",
+            "sandcove-interpreter",
+        ],
     ),
 ];
 
@@ -65,7 +73,13 @@ struct Workspace {
 
 fn workspace() -> Workspace {
     let out = Command::new(env!("CARGO"))
-        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("run cargo metadata");

@@ -15,21 +15,13 @@
 //!   decides on the exact count. A sandbox made by another program on the same engine counts
 //!   once it is listed.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use sandcove_core::backend::{ByteStream, ProcessStream, WatchStream};
 use sandcove_core::{
-    AnnotationUpdate, Backend, Capabilities, CopyOptions, CreateOptions, Error, FileStat,
-    ListDirOptions, ListOptions, Metrics, MkdirOptions, NetworkPolicy, OperationId,
-    OperationStatus, Preview, PreviewOptions, PreviewToken, ProcessInfo, ProcessSelector,
-    ProcessSpec, PtySize, ReadOptions, RemoveOptions, RenameOptions, ResourceKind, Result,
-    SandboxInfo, Signal, SnapshotInfo, StatOptions, Tombstone, VolumeInfo, WatchOptions,
-    WriteOptions,
+    Backend, CreateOptions, Error, Layer, ListOptions, NetworkPolicy, Result, SandboxInfo,
 };
 
 /// Live sandboxes a server allows unless told otherwise (`sandcove serve --max-sandboxes`).
@@ -176,13 +168,9 @@ impl PolicyBackend {
 }
 
 #[async_trait]
-impl Backend for PolicyBackend {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn ready(&self) -> Result<Capabilities> {
-        self.inner.ready().await
+impl Layer for PolicyBackend {
+    fn inner(&self) -> &dyn Backend {
+        &*self.inner
     }
 
     async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
@@ -190,203 +178,9 @@ impl Backend for PolicyBackend {
         self.inner.create(options).await
     }
 
-    async fn get(&self, id: &str) -> Result<SandboxInfo> {
-        self.inner.get(id).await
-    }
-
-    async fn list(&self, options: ListOptions) -> Result<Vec<SandboxInfo>> {
-        self.inner.list(options).await
-    }
-
-    async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo> {
-        self.inner.set_timeout(id, timeout).await
-    }
-
-    async fn set_labels(&self, id: &str, labels: BTreeMap<String, String>) -> Result<SandboxInfo> {
-        self.inner.set_labels(id, labels).await
-    }
-
-    async fn update_annotations(
-        &self,
-        id: &str,
-        update: AnnotationUpdate,
-    ) -> Result<BTreeMap<String, String>> {
-        self.inner.update_annotations(id, update).await
-    }
-
-    async fn destroy(&self, id: &str) -> Result<()> {
-        self.inner.destroy(id).await
-    }
-
-    async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
-        self.inner.spawn(id, spec).await
-    }
-
-    async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream> {
-        self.inner.attach(id, process).await
-    }
-
-    async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
-        self.inner.write_stdin(id, process, data).await
-    }
-
-    async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()> {
-        self.inner.close_stdin(id, process).await
-    }
-
-    async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
-        self.inner.signal(id, process, signal).await
-    }
-
-    async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
-        self.inner.list_processes(id).await
-    }
-
-    async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream> {
-        self.inner.read_file(id, path, options).await
-    }
-
-    async fn write_file(
-        &self,
-        id: &str,
-        path: &str,
-        data: ByteStream,
-        options: WriteOptions,
-    ) -> Result<FileStat> {
-        self.inner.write_file(id, path, data, options).await
-    }
-
-    async fn list_dir(
-        &self,
-        id: &str,
-        path: &str,
-        options: ListDirOptions,
-    ) -> Result<Vec<FileStat>> {
-        self.inner.list_dir(id, path, options).await
-    }
-
-    async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat> {
-        self.inner.stat(id, path, options).await
-    }
-
-    async fn mkdir(&self, id: &str, path: &str, options: MkdirOptions) -> Result<FileStat> {
-        self.inner.mkdir(id, path, options).await
-    }
-
-    async fn remove(&self, id: &str, path: &str, options: RemoveOptions) -> Result<()> {
-        self.inner.remove(id, path, options).await
-    }
-
-    async fn rename(
-        &self,
-        id: &str,
-        from: &str,
-        to: &str,
-        options: RenameOptions,
-    ) -> Result<FileStat> {
-        self.inner.rename(id, from, to, options).await
-    }
-
-    async fn copy(&self, id: &str, from: &str, to: &str, options: CopyOptions) -> Result<FileStat> {
-        self.inner.copy(id, from, to, options).await
-    }
-
-    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
-        self.inner.chmod(id, path, mode).await
-    }
-
-    async fn pause(&self, id: &str) -> Result<SandboxInfo> {
-        self.inner.pause(id).await
-    }
-
-    async fn resume(&self, id: &str) -> Result<SandboxInfo> {
-        self.inner.resume(id).await
-    }
-
-    async fn stop(&self, id: &str) -> Result<SandboxInfo> {
-        self.inner.stop(id).await
-    }
-
-    async fn start(&self, id: &str) -> Result<SandboxInfo> {
-        self.inner.start(id).await
-    }
-
-    async fn metrics(&self, id: &str) -> Result<Metrics> {
-        self.inner.metrics(id).await
-    }
-
-    async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
-        self.inner.resize_pty(id, process, size).await
-    }
-
-    async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
-        self.inner.watch(id, path, options).await
-    }
-
-    async fn expose_port(&self, id: &str, options: PreviewOptions) -> Result<Preview> {
-        self.inner.expose_port(id, options).await
-    }
-
-    async fn list_previews(&self, id: &str) -> Result<Vec<Preview>> {
-        self.inner.list_previews(id).await
-    }
-
-    async fn close_preview(&self, id: &str, port: u16) -> Result<()> {
-        self.inner.close_preview(id, port).await
-    }
-
-    async fn create_preview_token(
-        &self,
-        id: &str,
-        port: u16,
-        expires_at: Option<u64>,
-    ) -> Result<PreviewToken> {
-        self.inner.create_preview_token(id, port, expires_at).await
-    }
-
-    async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()> {
-        self.inner.revoke_preview_token(id, port, token).await
-    }
-
-    async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
-        self.inner.snapshot(id, name).await
-    }
-
-    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
-        self.inner.list_snapshots().await
-    }
-
-    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()> {
-        self.inner.delete_snapshot(snapshot_id).await
-    }
-
     async fn fork(&self, id: &str, options: CreateOptions) -> Result<SandboxInfo> {
         let _admitted = self.admit(&options).await?;
         self.inner.fork(id, options).await
-    }
-
-    async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {
-        self.inner.create_volume(name).await
-    }
-
-    async fn get_volume(&self, name: &str) -> Result<VolumeInfo> {
-        self.inner.get_volume(name).await
-    }
-
-    async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
-        self.inner.list_volumes().await
-    }
-
-    async fn delete_volume(&self, name: &str) -> Result<()> {
-        self.inner.delete_volume(name).await
-    }
-
-    async fn tombstone(&self, kind: ResourceKind, id: &str) -> Result<Option<Tombstone>> {
-        self.inner.tombstone(kind, id).await
-    }
-
-    async fn observe(&self, operation: &OperationId) -> Result<OperationStatus> {
-        self.inner.observe(operation).await
     }
 }
 

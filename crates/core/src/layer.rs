@@ -1,0 +1,521 @@
+//! [`Layer`]: a backend that wraps another and changes only some calls. The one pass-through
+//! every wrapper is written with (the server's policy, a facade's standby, tests' masks), so a
+//! call added to [`Backend`] reaches every wrapper's inner backend without touching any of them.
+//!
+//! A type implements [`Layer`] (its [`inner`](Layer::inner) backend and the calls it changes)
+//! and is then a [`Backend`] through the blanket implementation below. A call it does not
+//! override goes to the inner backend unchanged, arguments and answer alike. Call a layer
+//! through [`Backend`] (as `dyn Backend`, or `Backend::create(&layer, …)`): with both traits
+//! in scope, a method call on the concrete type names two methods.
+//!
+//! ```
+//! use sandcove_core::{Backend, Capabilities, Layer};
+//!
+//! /// Reports no previews, whatever the inner backend offers.
+//! #[derive(Debug)]
+//! struct NoPreviews(std::sync::Arc<dyn Backend>);
+//!
+//! #[async_trait::async_trait]
+//! impl Layer for NoPreviews {
+//!     fn inner(&self) -> &dyn Backend {
+//!         &*self.0
+//!     }
+//!     fn capabilities(&self) -> Capabilities {
+//!         let mut caps = self.0.capabilities();
+//!         caps.previews = false;
+//!         caps
+//!     }
+//! }
+//! ```
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{
+    AnnotationUpdate, Backend, ByteStream, Capabilities, CopyOptions, CreateOptions, FileStat,
+    ListDirOptions, ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus, Preview,
+    PreviewOptions, PreviewToken, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream,
+    PtySize, ReadOptions, RemoveOptions, RenameOptions, ResourceKind, Result, SandboxInfo, Signal,
+    SnapshotInfo, StatOptions, Tombstone, VolumeInfo, WatchOptions, WatchStream, WriteOptions,
+};
+
+/// A backend wrapping [`Layer::inner`]: every [`Backend`] call, passed on unchanged unless the
+/// implementation overrides it. Implementing it makes the type a [`Backend`].
+#[async_trait]
+pub trait Layer: Send + Sync + std::fmt::Debug {
+    /// The wrapped backend, which every call not overridden goes to.
+    fn inner(&self) -> &dyn Backend;
+
+    /// [`Backend::capabilities`], passed to [`Layer::inner`] unless overridden.
+    fn capabilities(&self) -> Capabilities {
+        self.inner().capabilities()
+    }
+
+    /// [`Backend::ready`], passed to [`Layer::inner`] unless overridden.
+    async fn ready(&self) -> Result<Capabilities> {
+        self.inner().ready().await
+    }
+
+    /// [`Backend::create`], passed to [`Layer::inner`] unless overridden.
+    async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
+        self.inner().create(options).await
+    }
+
+    /// [`Backend::get`], passed to [`Layer::inner`] unless overridden.
+    async fn get(&self, id: &str) -> Result<SandboxInfo> {
+        self.inner().get(id).await
+    }
+
+    /// [`Backend::list`], passed to [`Layer::inner`] unless overridden.
+    async fn list(&self, options: ListOptions) -> Result<Vec<SandboxInfo>> {
+        self.inner().list(options).await
+    }
+
+    /// [`Backend::set_timeout`], passed to [`Layer::inner`] unless overridden.
+    async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo> {
+        self.inner().set_timeout(id, timeout).await
+    }
+
+    /// [`Backend::set_labels`], passed to [`Layer::inner`] unless overridden.
+    async fn set_labels(&self, id: &str, labels: BTreeMap<String, String>) -> Result<SandboxInfo> {
+        self.inner().set_labels(id, labels).await
+    }
+
+    /// [`Backend::update_annotations`], passed to [`Layer::inner`] unless overridden.
+    async fn update_annotations(
+        &self,
+        id: &str,
+        update: AnnotationUpdate,
+    ) -> Result<BTreeMap<String, String>> {
+        self.inner().update_annotations(id, update).await
+    }
+
+    /// [`Backend::destroy`], passed to [`Layer::inner`] unless overridden.
+    async fn destroy(&self, id: &str) -> Result<()> {
+        self.inner().destroy(id).await
+    }
+
+    /// [`Backend::spawn`], passed to [`Layer::inner`] unless overridden.
+    async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
+        self.inner().spawn(id, spec).await
+    }
+
+    /// [`Backend::attach`], passed to [`Layer::inner`] unless overridden.
+    async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream> {
+        self.inner().attach(id, process).await
+    }
+
+    /// [`Backend::write_stdin`], passed to [`Layer::inner`] unless overridden.
+    async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
+        self.inner().write_stdin(id, process, data).await
+    }
+
+    /// [`Backend::close_stdin`], passed to [`Layer::inner`] unless overridden.
+    async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()> {
+        self.inner().close_stdin(id, process).await
+    }
+
+    /// [`Backend::signal`], passed to [`Layer::inner`] unless overridden.
+    async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
+        self.inner().signal(id, process, signal).await
+    }
+
+    /// [`Backend::list_processes`], passed to [`Layer::inner`] unless overridden.
+    async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
+        self.inner().list_processes(id).await
+    }
+
+    /// [`Backend::read_file`], passed to [`Layer::inner`] unless overridden.
+    async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream> {
+        self.inner().read_file(id, path, options).await
+    }
+
+    /// [`Backend::write_file`], passed to [`Layer::inner`] unless overridden.
+    async fn write_file(
+        &self,
+        id: &str,
+        path: &str,
+        data: ByteStream,
+        options: WriteOptions,
+    ) -> Result<FileStat> {
+        self.inner().write_file(id, path, data, options).await
+    }
+
+    /// [`Backend::list_dir`], passed to [`Layer::inner`] unless overridden.
+    async fn list_dir(
+        &self,
+        id: &str,
+        path: &str,
+        options: ListDirOptions,
+    ) -> Result<Vec<FileStat>> {
+        self.inner().list_dir(id, path, options).await
+    }
+
+    /// [`Backend::stat`], passed to [`Layer::inner`] unless overridden.
+    async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat> {
+        self.inner().stat(id, path, options).await
+    }
+
+    /// [`Backend::mkdir`], passed to [`Layer::inner`] unless overridden.
+    async fn mkdir(&self, id: &str, path: &str, options: MkdirOptions) -> Result<FileStat> {
+        self.inner().mkdir(id, path, options).await
+    }
+
+    /// [`Backend::remove`], passed to [`Layer::inner`] unless overridden.
+    async fn remove(&self, id: &str, path: &str, options: RemoveOptions) -> Result<()> {
+        self.inner().remove(id, path, options).await
+    }
+
+    /// [`Backend::rename`], passed to [`Layer::inner`] unless overridden.
+    async fn rename(
+        &self,
+        id: &str,
+        from: &str,
+        to: &str,
+        options: RenameOptions,
+    ) -> Result<FileStat> {
+        self.inner().rename(id, from, to, options).await
+    }
+
+    /// [`Backend::copy`], passed to [`Layer::inner`] unless overridden.
+    async fn copy(&self, id: &str, from: &str, to: &str, options: CopyOptions) -> Result<FileStat> {
+        self.inner().copy(id, from, to, options).await
+    }
+
+    /// [`Backend::chmod`], passed to [`Layer::inner`] unless overridden.
+    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
+        self.inner().chmod(id, path, mode).await
+    }
+
+    /// [`Backend::pause`], passed to [`Layer::inner`] unless overridden.
+    async fn pause(&self, id: &str) -> Result<SandboxInfo> {
+        self.inner().pause(id).await
+    }
+
+    /// [`Backend::resume`], passed to [`Layer::inner`] unless overridden.
+    async fn resume(&self, id: &str) -> Result<SandboxInfo> {
+        self.inner().resume(id).await
+    }
+
+    /// [`Backend::stop`], passed to [`Layer::inner`] unless overridden.
+    async fn stop(&self, id: &str) -> Result<SandboxInfo> {
+        self.inner().stop(id).await
+    }
+
+    /// [`Backend::start`], passed to [`Layer::inner`] unless overridden.
+    async fn start(&self, id: &str) -> Result<SandboxInfo> {
+        self.inner().start(id).await
+    }
+
+    /// [`Backend::metrics`], passed to [`Layer::inner`] unless overridden.
+    async fn metrics(&self, id: &str) -> Result<Metrics> {
+        self.inner().metrics(id).await
+    }
+
+    /// [`Backend::resize_pty`], passed to [`Layer::inner`] unless overridden.
+    async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
+        self.inner().resize_pty(id, process, size).await
+    }
+
+    /// [`Backend::watch`], passed to [`Layer::inner`] unless overridden.
+    async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
+        self.inner().watch(id, path, options).await
+    }
+
+    /// [`Backend::expose_port`], passed to [`Layer::inner`] unless overridden.
+    async fn expose_port(&self, id: &str, options: PreviewOptions) -> Result<Preview> {
+        self.inner().expose_port(id, options).await
+    }
+
+    /// [`Backend::list_previews`], passed to [`Layer::inner`] unless overridden.
+    async fn list_previews(&self, id: &str) -> Result<Vec<Preview>> {
+        self.inner().list_previews(id).await
+    }
+
+    /// [`Backend::close_preview`], passed to [`Layer::inner`] unless overridden.
+    async fn close_preview(&self, id: &str, port: u16) -> Result<()> {
+        self.inner().close_preview(id, port).await
+    }
+
+    /// [`Backend::create_preview_token`], passed to [`Layer::inner`] unless overridden.
+    async fn create_preview_token(
+        &self,
+        id: &str,
+        port: u16,
+        expires_at: Option<u64>,
+    ) -> Result<PreviewToken> {
+        self.inner()
+            .create_preview_token(id, port, expires_at)
+            .await
+    }
+
+    /// [`Backend::revoke_preview_token`], passed to [`Layer::inner`] unless overridden.
+    async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()> {
+        self.inner().revoke_preview_token(id, port, token).await
+    }
+
+    /// [`Backend::snapshot`], passed to [`Layer::inner`] unless overridden.
+    async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
+        self.inner().snapshot(id, name).await
+    }
+
+    /// [`Backend::list_snapshots`], passed to [`Layer::inner`] unless overridden.
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+        self.inner().list_snapshots().await
+    }
+
+    /// [`Backend::delete_snapshot`], passed to [`Layer::inner`] unless overridden.
+    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()> {
+        self.inner().delete_snapshot(snapshot_id).await
+    }
+
+    /// [`Backend::fork`], passed to [`Layer::inner`] unless overridden.
+    async fn fork(&self, id: &str, options: CreateOptions) -> Result<SandboxInfo> {
+        self.inner().fork(id, options).await
+    }
+
+    /// [`Backend::create_volume`], passed to [`Layer::inner`] unless overridden.
+    async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {
+        self.inner().create_volume(name).await
+    }
+
+    /// [`Backend::get_volume`], passed to [`Layer::inner`] unless overridden.
+    async fn get_volume(&self, name: &str) -> Result<VolumeInfo> {
+        self.inner().get_volume(name).await
+    }
+
+    /// [`Backend::list_volumes`], passed to [`Layer::inner`] unless overridden.
+    async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
+        self.inner().list_volumes().await
+    }
+
+    /// [`Backend::delete_volume`], passed to [`Layer::inner`] unless overridden.
+    async fn delete_volume(&self, name: &str) -> Result<()> {
+        self.inner().delete_volume(name).await
+    }
+
+    /// [`Backend::tombstone`], passed to [`Layer::inner`] unless overridden.
+    async fn tombstone(&self, kind: ResourceKind, id: &str) -> Result<Option<Tombstone>> {
+        self.inner().tombstone(kind, id).await
+    }
+
+    /// [`Backend::observe`], passed to [`Layer::inner`] unless overridden.
+    async fn observe(&self, operation: &OperationId) -> Result<OperationStatus> {
+        self.inner().observe(operation).await
+    }
+}
+
+#[async_trait]
+impl<L: Layer> Backend for L {
+    fn capabilities(&self) -> Capabilities {
+        Layer::capabilities(self)
+    }
+
+    async fn ready(&self) -> Result<Capabilities> {
+        Layer::ready(self).await
+    }
+
+    async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
+        Layer::create(self, options).await
+    }
+
+    async fn get(&self, id: &str) -> Result<SandboxInfo> {
+        Layer::get(self, id).await
+    }
+
+    async fn list(&self, options: ListOptions) -> Result<Vec<SandboxInfo>> {
+        Layer::list(self, options).await
+    }
+
+    async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo> {
+        Layer::set_timeout(self, id, timeout).await
+    }
+
+    async fn set_labels(&self, id: &str, labels: BTreeMap<String, String>) -> Result<SandboxInfo> {
+        Layer::set_labels(self, id, labels).await
+    }
+
+    async fn update_annotations(
+        &self,
+        id: &str,
+        update: AnnotationUpdate,
+    ) -> Result<BTreeMap<String, String>> {
+        Layer::update_annotations(self, id, update).await
+    }
+
+    async fn destroy(&self, id: &str) -> Result<()> {
+        Layer::destroy(self, id).await
+    }
+
+    async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
+        Layer::spawn(self, id, spec).await
+    }
+
+    async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream> {
+        Layer::attach(self, id, process).await
+    }
+
+    async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
+        Layer::write_stdin(self, id, process, data).await
+    }
+
+    async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()> {
+        Layer::close_stdin(self, id, process).await
+    }
+
+    async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
+        Layer::signal(self, id, process, signal).await
+    }
+
+    async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
+        Layer::list_processes(self, id).await
+    }
+
+    async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream> {
+        Layer::read_file(self, id, path, options).await
+    }
+
+    async fn write_file(
+        &self,
+        id: &str,
+        path: &str,
+        data: ByteStream,
+        options: WriteOptions,
+    ) -> Result<FileStat> {
+        Layer::write_file(self, id, path, data, options).await
+    }
+
+    async fn list_dir(
+        &self,
+        id: &str,
+        path: &str,
+        options: ListDirOptions,
+    ) -> Result<Vec<FileStat>> {
+        Layer::list_dir(self, id, path, options).await
+    }
+
+    async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat> {
+        Layer::stat(self, id, path, options).await
+    }
+
+    async fn mkdir(&self, id: &str, path: &str, options: MkdirOptions) -> Result<FileStat> {
+        Layer::mkdir(self, id, path, options).await
+    }
+
+    async fn remove(&self, id: &str, path: &str, options: RemoveOptions) -> Result<()> {
+        Layer::remove(self, id, path, options).await
+    }
+
+    async fn rename(
+        &self,
+        id: &str,
+        from: &str,
+        to: &str,
+        options: RenameOptions,
+    ) -> Result<FileStat> {
+        Layer::rename(self, id, from, to, options).await
+    }
+
+    async fn copy(&self, id: &str, from: &str, to: &str, options: CopyOptions) -> Result<FileStat> {
+        Layer::copy(self, id, from, to, options).await
+    }
+
+    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
+        Layer::chmod(self, id, path, mode).await
+    }
+
+    async fn pause(&self, id: &str) -> Result<SandboxInfo> {
+        Layer::pause(self, id).await
+    }
+
+    async fn resume(&self, id: &str) -> Result<SandboxInfo> {
+        Layer::resume(self, id).await
+    }
+
+    async fn stop(&self, id: &str) -> Result<SandboxInfo> {
+        Layer::stop(self, id).await
+    }
+
+    async fn start(&self, id: &str) -> Result<SandboxInfo> {
+        Layer::start(self, id).await
+    }
+
+    async fn metrics(&self, id: &str) -> Result<Metrics> {
+        Layer::metrics(self, id).await
+    }
+
+    async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
+        Layer::resize_pty(self, id, process, size).await
+    }
+
+    async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
+        Layer::watch(self, id, path, options).await
+    }
+
+    async fn expose_port(&self, id: &str, options: PreviewOptions) -> Result<Preview> {
+        Layer::expose_port(self, id, options).await
+    }
+
+    async fn list_previews(&self, id: &str) -> Result<Vec<Preview>> {
+        Layer::list_previews(self, id).await
+    }
+
+    async fn close_preview(&self, id: &str, port: u16) -> Result<()> {
+        Layer::close_preview(self, id, port).await
+    }
+
+    async fn create_preview_token(
+        &self,
+        id: &str,
+        port: u16,
+        expires_at: Option<u64>,
+    ) -> Result<PreviewToken> {
+        Layer::create_preview_token(self, id, port, expires_at).await
+    }
+
+    async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()> {
+        Layer::revoke_preview_token(self, id, port, token).await
+    }
+
+    async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
+        Layer::snapshot(self, id, name).await
+    }
+
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+        Layer::list_snapshots(self).await
+    }
+
+    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<()> {
+        Layer::delete_snapshot(self, snapshot_id).await
+    }
+
+    async fn fork(&self, id: &str, options: CreateOptions) -> Result<SandboxInfo> {
+        Layer::fork(self, id, options).await
+    }
+
+    async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {
+        Layer::create_volume(self, name).await
+    }
+
+    async fn get_volume(&self, name: &str) -> Result<VolumeInfo> {
+        Layer::get_volume(self, name).await
+    }
+
+    async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
+        Layer::list_volumes(self).await
+    }
+
+    async fn delete_volume(&self, name: &str) -> Result<()> {
+        Layer::delete_volume(self, name).await
+    }
+
+    async fn tombstone(&self, kind: ResourceKind, id: &str) -> Result<Option<Tombstone>> {
+        Layer::tombstone(self, kind, id).await
+    }
+
+    async fn observe(&self, operation: &OperationId) -> Result<OperationStatus> {
+        Layer::observe(self, operation).await
+    }
+}
