@@ -1,10 +1,8 @@
 //! `sandbox.commands` and `CommandHandle`, against the embedded runtime.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 
-use common::{assert_not_supported, caps, sandbox};
+use crate::common::{assert_not_supported, caps, sandbox};
 use sandcove::conformance::{equals, eventually, holds, PATIENCE};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

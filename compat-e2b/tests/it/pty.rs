@@ -1,10 +1,8 @@
 //! `sandbox.pty`, against the embedded runtime.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 
-use common::{assert_not_supported, caps, sandbox, skip};
+use crate::common::{assert_not_supported, caps, sandbox, skip};
 use e2b::PtySize;
 
 /// What a [`collector`] callback was given.

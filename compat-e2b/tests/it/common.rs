@@ -1,5 +1,4 @@
 //! Shared helpers for the facade tests: every test runs against the real embedded runtime.
-#![allow(dead_code)]
 
 use e2b::{Sandbox, SandboxException};
 

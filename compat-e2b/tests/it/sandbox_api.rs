@@ -1,9 +1,7 @@
 //! `Sandbox`: create, connect, kill, set_timeout, get_info, list, lifecycle gaps and
 //! capability-dependent calls, against the embedded runtime.
 
-mod common;
-
-use common::{assert_not_supported, caps, sandbox, skip, unique};
+use crate::common::{assert_not_supported, caps, sandbox, skip, unique};
 use e2b::{
     DateTime, Sandbox, SandboxLifecycle, SandboxNetworkOpts, SandboxQuery, SandboxState,
     ALL_TRAFFIC,

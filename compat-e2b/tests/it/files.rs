@@ -1,8 +1,6 @@
 //! `sandbox.files`, against the embedded runtime.
 
-mod common;
-
-use common::{assert_not_supported, caps, sandbox, skip, unique};
+use crate::common::{assert_not_supported, caps, sandbox, skip, unique};
 use std::sync::{Arc, Mutex};
 
 use e2b::{read_format, FileType, FilesystemEvent, FilesystemEventType, WriteEntry};
