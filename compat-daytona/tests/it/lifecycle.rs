@@ -1,7 +1,7 @@
 //! `Daytona` and `Sandbox` lifecycle: create params, fields, labels, list, get, stop/start,
 //! intervals, errors.
 
-mod common;
+use crate::common;
 
 use daytona::{
     CreateSandboxFromImageParams, CreateSandboxFromSnapshotParams, Daytona, DaytonaConfig,

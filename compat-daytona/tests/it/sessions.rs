@@ -1,6 +1,6 @@
 //! Sessions: one shell per session, state across commands, async commands with input.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 

@@ -1,5 +1,4 @@
 //! Shared helpers: a `Daytona` on the embedded engine and short-lived sandboxes.
-#![allow(dead_code)]
 
 use daytona::{CreateSandboxFromSnapshotParams, Daytona, DaytonaConfig, Sandbox};
 

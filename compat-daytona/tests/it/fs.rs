@@ -1,6 +1,6 @@
 //! `sandbox.fs` against the embedded engine.
 
-mod common;
+use crate::common;
 
 use daytona::fs::DownloadResult;
 use daytona::{FileDownloadRequest, FileUpload};

@@ -1,6 +1,6 @@
 //! `sandbox.process.exec` and `code_run` against the embedded engine.
 
-mod common;
+use crate::common;
 
 use daytona::{CodeRunParams, CreateSandboxFromSnapshotParams};
 

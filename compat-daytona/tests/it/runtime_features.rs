@@ -1,7 +1,7 @@
 //! Calls that depend on runtime capabilities (previews, volumes, snapshots, fork, pause): when
 //! the capability is there they must work; when it is not, the facade raises NotSupported.
 
-mod common;
+use crate::common;
 
 use daytona::{CreateSandboxFromSnapshotParams, Sandbox, VolumeMount};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -1,6 +1,6 @@
 //! `sandbox.git` through the sandbox's `git` binary, on local repositories only.
 
-mod common;
+use crate::common;
 
 use daytona::CreateSandboxFromSnapshotParams;
 
