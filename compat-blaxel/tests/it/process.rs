@@ -1,11 +1,9 @@
 //! `sandbox.process` against the real embedded engine.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 
+use crate::common::{sandbox, unique};
 use blaxel::{ProcessRequest, ProcessResponseStatus, SandboxInstance};
-use common::{sandbox, unique};
 use sandcove::conformance::{equals, eventually, PATIENCE};
 use serde_json::json;
 

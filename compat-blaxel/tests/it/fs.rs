@@ -1,11 +1,9 @@
 //! `sandbox.fs` against the real embedded engine.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 
+use crate::common::{self, sandbox};
 use blaxel::{SandboxAPIError, SandboxFilesystemFile, WatchEvent};
-use common::sandbox;
 use sandcove::conformance::{eventually, holds, PATIENCE};
 use serde_json::json;
 

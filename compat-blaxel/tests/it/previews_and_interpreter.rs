@@ -1,12 +1,10 @@
 //! `sandbox.previews` and `CodeInterpreter` against the real embedded engine.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use crate::common::{self, http_get, sandbox, unique};
 use blaxel::CodeInterpreter;
-use common::{http_get, sandbox, unique};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,9 +1,7 @@
 //! `SandboxInstance` against the real embedded engine.
 
-mod common;
-
+use crate::common::{self, sandbox, unique};
 use blaxel::{SandboxAPIError, SandboxInstance, SandboxUpdateMetadata};
-use common::{sandbox, unique};
 use sandcove::conformance::{eventually, next_millisecond};
 use serde_json::json;
 use std::time::Duration;
@@ -95,7 +93,12 @@ async fn create_if_not_exists_across_programs() {
     let name = unique("xproc");
     let spawn = || {
         std::process::Command::new(&exe)
-            .args(["--exact", "child_creates_if_not_exists", "--nocapture"])
+            // The child's full name in this test binary: its module, then the test.
+            .args([
+                "--exact",
+                "sandbox::child_creates_if_not_exists",
+                "--nocapture",
+            ])
             .env("BL_TEST_CHILD_NAME", &name)
             .output()
             .expect("run child")

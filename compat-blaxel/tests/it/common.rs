@@ -1,7 +1,5 @@
 //! Helpers shared by the facade's end-to-end tests (real embedded engine, no mocks).
 
-#![allow(dead_code)]
-
 use blaxel::SandboxInstance;
 use serde_json::json;
 
