@@ -3,15 +3,13 @@
 //! checking their output, `--json` shape and exit status; and the server's `/metrics` and
 //! request logs.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::{Output, Stdio};
 
-use common::{bin, ServeChild};
+use crate::common::{bin, ServeChild};
 use sandcove::conformance::{eventually, holds, unique, PATIENCE};
 use sandcove_tests::PrivateState;
 use serde_json::Value;

@@ -8,12 +8,9 @@
 //! compares its output with the `.expected` file beside it. A machine without `node` or
 //! `npm` fails these tests, saying so.
 
-mod common;
-mod sdk_harness;
-
 use std::time::Duration;
 
-use sdk_harness::{check_node, js_fixtures, node_project, run_node, Server};
+use crate::sdk_harness::{self, check_node, js_fixtures, node_project, run_node, Server};
 use serde_json::Value;
 
 const ANNOUNCE: &str = "Blaxel wire protocol";

@@ -9,14 +9,11 @@
 //! `fixtures/python/` or `fixtures/js/daytona/` and compares its output with the `.expected`
 //! file beside it. A machine without `python3`, `node` or `npm` fails these tests, saying so.
 
-mod common;
-mod sdk_harness;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::bin;
-use sdk_harness::{assert_expected, check_node, check_node_with, run_python, Server};
+use crate::common::bin;
+use crate::sdk_harness::{assert_expected, check_node, check_node_with, run_python, Server};
 use serde_json::Value;
 
 const PINS: &str = "pins-daytona-0.226.1.txt";

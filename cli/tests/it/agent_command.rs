@@ -1,13 +1,11 @@
 //! `sandcove agent`: the in-pod agent as the built binary runs it in a container (here a local
 //! process on 127.0.0.1, with a scratch root).
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use common::bin;
+use crate::common::bin;
 use sandcove::backend::agent_client::{RemoteAgent, TcpDialer};
 use sandcove::backend::agent_server::{token_sha256_hex, ROOT_ENV, TOKEN_SHA256_ENV};
 use sandcove::conformance::unique;

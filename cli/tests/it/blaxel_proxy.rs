@@ -11,13 +11,10 @@
 //! `fixtures/python/` and compares its output with the `.expected` file beside it. Nothing
 //! leaves loopback: the proxy answers for `api.blaxel.ai` itself and refuses other hosts.
 
-mod common;
-mod sdk_harness;
-
 use std::process::Command;
 
-use common::bin;
-use sdk_harness::{assert_expected, run_python, Server};
+use crate::common::bin;
+use crate::sdk_harness::{self, assert_expected, run_python, Server};
 use serde_json::Value;
 
 const PINS: &str = "pins-blaxel-0.4.24.txt";

@@ -3,13 +3,11 @@
 //! race for the last places. (Each vendor listener's view of the same policy is tested in its
 //! `*_wire.rs`.)
 
-mod common;
-
 use std::ffi::OsStr;
 use std::process::Command;
 use std::sync::Arc;
 
-use common::{bin, ServeChild};
+use crate::common::{bin, ServeChild};
 use sandcove::conformance::{test_options, unique};
 use sandcove::server::{LocalServer, PolicyBackend, ServerConfig, ServerPolicy};
 use sandcove::{Backend, Error, HttpBackend, LocalBackend, NetworkPolicy};

@@ -3,13 +3,23 @@
 //! `Host: api.blaxel.ai` requests), `//` paths, NDJSON exec streams, bad input and gaps. The
 //! router runs in this process over the embedded engine with a private state directory.
 
-mod common;
-
 use sandcove::conformance::{eventually, next_millisecond};
 use sandcove::Backend;
 use serde_json::{json, Value};
 
-use common::WireEnv as Env;
+use crate::common::{self, WireEnv};
+
+/// The served router with this module's calls: a type of its own, because the other
+/// listeners' modules in this test binary name their calls the same.
+struct Env(WireEnv);
+
+impl std::ops::Deref for Env {
+    type Target = WireEnv;
+
+    fn deref(&self) -> &WireEnv {
+        &self.0
+    }
+}
 
 const KEY: &str = "blaxel-wire-key";
 
@@ -41,6 +51,12 @@ async fn env() -> Env {
 }
 
 impl Env {
+    async fn start(
+        router: impl FnOnce(std::sync::Arc<sandcove::LocalBackend>, String) -> axum::Router,
+    ) -> Env {
+        Env(WireEnv::start(router).await)
+    }
+
     fn request(&self, method: &str, path: &str, key: Option<&str>) -> reqwest::RequestBuilder {
         let mut req = self
             .http

@@ -2,15 +2,25 @@
 //! shapes, refusals before any effect, bounded uploads and downloads. The router runs in
 //! this process over the embedded engine with a private state directory.
 
-mod common;
-
 use std::time::Duration;
 
 use sandcove::conformance::eventually;
 use sandcove::Backend;
 use serde_json::{json, Value};
 
-use common::WireEnv as Env;
+use crate::common::{self, WireEnv};
+
+/// The served router with this module's calls: a type of its own, because the other
+/// listeners' modules in this test binary name their calls the same.
+struct Env(WireEnv);
+
+impl std::ops::Deref for Env {
+    type Target = WireEnv;
+
+    fn deref(&self) -> &WireEnv {
+        &self.0
+    }
+}
 
 const KEY: &str = "daytona-wire-key";
 
@@ -28,6 +38,12 @@ async fn env() -> Env {
 }
 
 impl Env {
+    async fn start(
+        router: impl FnOnce(std::sync::Arc<sandcove::LocalBackend>, String) -> axum::Router,
+    ) -> Env {
+        Env(WireEnv::start(router).await)
+    }
+
     async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         let mut req = self
             .http

@@ -10,14 +10,11 @@
 //! `fixtures/js/` and compares its output with the `.expected` file beside it. A machine
 //! without `python3` or `node` and `npm` fails these tests, saying so.
 
-mod common;
-mod sdk_harness;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::bin;
-use sdk_harness::{assert_expected, check_node, run_python, Server};
+use crate::common::bin;
+use crate::sdk_harness::{assert_expected, check_node, run_python, Server};
 
 /// The plain SDK (`e2b`).
 const E2B_PINS: &str = "pins-e2b-2.63.0.txt";

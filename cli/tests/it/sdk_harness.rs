@@ -4,8 +4,6 @@
 //! with one vendor listener, its `sandcove env` lines, and running one program against it
 //! with its output compared to an `.expected` file.
 
-#![allow(dead_code)]
-
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -165,8 +163,6 @@ pub struct Server {
     child: Child,
     /// The vendor listener's origin.
     pub origin: String,
-    /// The native API's base URL.
-    pub native: String,
     /// The server's API key.
     pub key: String,
     /// The vendor (`daytona`, `e2b`).
@@ -212,13 +208,12 @@ impl Server {
         let (child, _) = ServeChild {
             child,
             stderr,
-            url: native.clone(),
+            url: native,
         }
         .drain_stderr();
         Server {
             child,
             origin: origin.expect("the server announces its vendor listener"),
-            native,
             key: key.to_string(),
             vendor: vendor.to_string(),
             state,

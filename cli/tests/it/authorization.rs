@@ -10,7 +10,7 @@
 //! and answer only the key), no table declares a route twice, and `SECURITY.md`'s tables are
 //! the ones generated from the code. (E2B's matrix is `e2b_authorization.rs`.)
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! messages, deadlines, keep-alives, and authentication before any effect. The router runs
 //! in this process over the embedded engine with a private state directory.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,13 +1,11 @@
 //! The `sandcove serve` binary: key required, serves the engine, stops cleanly on SIGTERM and
 //! leaves live sandboxes running.
 
-mod common;
-
 use std::ffi::OsStr;
 use std::process::Command;
 use std::sync::Arc;
 
-use common::{bin, ServeChild};
+use crate::common::{bin, ServeChild};
 use sandcove::conformance::{test_options, unique};
 use sandcove::{Backend, HttpBackend, LocalBackend, ProcessSpec};
 

@@ -6,13 +6,11 @@
 //! untouched; accepted ones at a throwaway sandbox. Then the findings this model closes, as
 //! they were found.
 
-mod common;
-
 use std::collections::HashSet;
 
+use crate::common::WireEnv;
 use axum::http::Method;
 use base64::Engine as _;
-use common::WireEnv;
 use sandcove::server::auth::{Principal, RouteAuth};
 use sandcove::Backend;
 use serde_json::{json, Value};

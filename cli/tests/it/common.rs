@@ -1,8 +1,6 @@
 //! Starting a server for a test, shared by the test binaries of this package: the built
 //! `sandcove serve` as a child process, or a router served in this process.
 
-#![allow(dead_code)] // Each test binary uses the part it needs.
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStderr, Command, Stdio};
 use std::time::Duration;
