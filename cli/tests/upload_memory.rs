@@ -2,6 +2,9 @@
 //! uploads through signed E2B URLs (no API key) that send part of a large file and then
 //! trickle. This binary has one test, so the process's resident memory is its alone.
 
+// The helpers of the main test binary; this one uses one of them.
+#[allow(dead_code)]
+#[path = "it/common.rs"]
 mod common;
 
 use std::sync::Arc;

@@ -3,6 +3,9 @@
 //! period is shortened for the test through its env var, set before the facade's client is
 //! made (this binary holds this one test, so nothing else reads the variable).
 
+// The helpers of the main test binary; this one uses two of them.
+#[allow(dead_code)]
+#[path = "it/common.rs"]
 mod common;
 
 use blaxel::SandboxInstance;

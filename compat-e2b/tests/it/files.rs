@@ -1,0 +1,477 @@
+//! `sandbox.files`, against the embedded runtime.
+
+use crate::common::{assert_not_supported, caps, sandbox, skip, unique};
+use std::sync::{Arc, Mutex};
+
+use e2b::{read_format, FileType, FilesystemEvent, FilesystemEventType, WriteEntry};
+use sandcove::conformance::{eventually, holds, PATIENCE};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_read_and_info() {
+    let sbx = sandbox("files").await;
+    let w = sbx
+        .files
+        .write("test_file.txt", "Hello, world!")
+        .await
+        .expect("write");
+    assert_eq!(w.path, "/home/user/test_file.txt");
+    assert_eq!(
+        (w.name.as_str(), w.r#type),
+        ("test_file.txt", Some(FileType::File))
+    );
+    assert_eq!(
+        format!("{w:?}"),
+        "WriteInfo(name='test_file.txt', type=<FileType.FILE: 'file'>, path='/home/user/test_file.txt', metadata=None)"
+    );
+    assert_eq!(
+        sbx.files
+            .read("/home/user/test_file.txt")
+            .await
+            .expect("read"),
+        "Hello, world!"
+    );
+    let bytes: Vec<u8> = sbx
+        .files
+        .read("test_file.txt")
+        .format(read_format::Bytes)
+        .await
+        .expect("read bytes");
+    assert_eq!(bytes, b"Hello, world!");
+    let mut stream = sbx
+        .files
+        .read("test_file.txt")
+        .format(read_format::Stream)
+        .await
+        .expect("read stream");
+    let mut streamed = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        streamed.extend(chunk.expect("chunk"));
+    }
+    assert_eq!(streamed, b"Hello, world!");
+    let info = sbx.files.get_info("test_file.txt").await.expect("get_info");
+    assert_eq!(
+        (info.size, info.mode, info.permissions.as_str()),
+        (13, 0o644, "-rw-r--r--")
+    );
+    assert_eq!((info.owner.as_str(), info.group.as_str()), ("user", "user"));
+    let shown = format!("{info:?}");
+    assert!(
+        shown.starts_with("EntryInfo(name='test_file.txt', type=<FileType.FILE: 'file'>, path='/home/user/test_file.txt', size=13, mode=0o644, permissions='-rw-r--r--', owner='user', group='user', modified_time=datetime.datetime("),
+        "{shown}"
+    );
+    assert!(shown.ends_with(", symlink_target=None)"), "{shown}");
+    assert!(sbx.files.make_dir("test_dir").await.expect("make_dir"));
+    assert!(
+        !sbx.files
+            .make_dir("test_dir")
+            .await
+            .expect("make_dir again"),
+        "exists"
+    );
+    let dir = sbx.files.get_info("test_dir").await.expect("info");
+    assert_eq!(
+        (dir.r#type, dir.mode, dir.permissions.as_str()),
+        (Some(FileType::Dir), 0o755, "drwxr-xr-x")
+    );
+    assert_eq!(dir.path, "/home/user/test_dir");
+    assert!(sbx
+        .files
+        .make_dir("test_file.txt")
+        .await
+        .unwrap_err()
+        .is_invalid_argument());
+    // Binary round trip, overwrite, and the sandbox's processes see the same bytes.
+    let data: Vec<u8> = (0..=255u8).collect();
+    sbx.files
+        .write("bin/data", data.clone())
+        .await
+        .expect("write bytes");
+    assert_eq!(
+        sbx.files
+            .read("bin/data")
+            .format(read_format::Bytes)
+            .await
+            .expect("read"),
+        data
+    );
+    sbx.files
+        .write("test_file.txt", "short")
+        .await
+        .expect("overwrite");
+    let r = sbx
+        .commands
+        .run("cat test_file.txt; wc -c < bin/data")
+        .await
+        .expect("run");
+    assert_eq!(r.stdout, "short256\n");
+    // A local file is streamed.
+    let local = std::env::temp_dir().join(unique("upload"));
+    std::fs::write(&local, vec![7u8; 3_000_000]).expect("local file");
+    let w = sbx
+        .files
+        .write(
+            "/home/user/uploaded.bin",
+            std::fs::File::open(&local).expect("open"),
+        )
+        .await
+        .expect("upload");
+    std::fs::remove_file(&local).ok();
+    assert_eq!(
+        sbx.files.get_info(w.path).await.expect("info").size,
+        3_000_000
+    );
+    sbx.kill().await.expect("kill");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_files_list_exists_remove_rename() {
+    let sbx = sandbox("dirs").await;
+    let infos = sbx
+        .files
+        .write_files(vec![
+            WriteEntry::new("/tmp/path/to/a", "file content"),
+            WriteEntry::new("another/path/to/b", b"file content"),
+        ])
+        .await
+        .expect("write_files");
+    let paths: Vec<_> = infos.iter().map(|i| i.path.as_str()).collect();
+    assert_eq!(paths, ["/tmp/path/to/a", "/home/user/another/path/to/b"]);
+    assert!(sbx
+        .files
+        .write_files(vec![])
+        .await
+        .expect("empty")
+        .is_empty());
+    for (p, data) in [
+        ("d/B.txt", "1"),
+        ("d/a.txt", "2"),
+        ("d/Zdir/x", "3"),
+        ("d/adir/y", "4"),
+    ] {
+        sbx.files.write(p, data).await.expect("write");
+    }
+    let names = |v: &[e2b::EntryInfo]| v.iter().map(|e| e.name.clone()).collect::<Vec<_>>();
+    let one = sbx.files.list("d").await.expect("list");
+    assert_eq!(
+        names(&one),
+        ["adir", "Zdir", "a.txt", "B.txt"],
+        "dirs first, case-insensitive"
+    );
+    let two = sbx.files.list("d").depth(2).await.expect("list depth 2");
+    assert_eq!(two.len(), 6);
+    assert!(two.iter().any(|e| e.path == "/home/user/d/Zdir/x"));
+    assert!(sbx
+        .files
+        .list("d")
+        .depth(0)
+        .await
+        .unwrap_err()
+        .is_invalid_argument());
+    assert!(sbx
+        .files
+        .list("nope")
+        .await
+        .unwrap_err()
+        .is_file_not_found());
+    assert!(sbx
+        .files
+        .list("d/a.txt")
+        .await
+        .unwrap_err()
+        .is_invalid_argument());
+    assert!(sbx.files.exists("d/a.txt").await.expect("exists"));
+    assert!(sbx.files.exists("d").await.expect("exists dir"));
+    assert!(!sbx.files.exists("d/none").await.expect("exists missing"));
+    let moved = sbx
+        .files
+        .rename("d/a.txt", "e/f/moved.txt")
+        .await
+        .expect("rename");
+    assert_eq!(moved.path, "/home/user/e/f/moved.txt");
+    assert_eq!(sbx.files.read("e/f/moved.txt").await.expect("read"), "2");
+    assert!(!sbx.files.exists("d/a.txt").await.expect("exists"));
+    sbx.files.remove("d").await.expect("remove recursive");
+    assert!(!sbx.files.exists("d").await.expect("exists"));
+    sbx.files
+        .remove("d")
+        .await
+        .expect("removing a missing path is not an error");
+    let err = sbx.files.read("missing.txt").await.unwrap_err();
+    assert!(err.is_file_not_found() && err.is_not_found(), "{err:?}");
+    assert!(sbx
+        .files
+        .read("/tmp")
+        .await
+        .unwrap_err()
+        .is_invalid_argument());
+    assert!(sbx
+        .files
+        .get_info("missing")
+        .await
+        .unwrap_err()
+        .is_file_not_found());
+    sbx.kill().await.expect("kill");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gaps_in_files_are_refused_before_any_effect() {
+    let sbx = sandbox("filegaps").await;
+    assert_not_supported(
+        sbx.files.write("m.txt", "x").metadata([("k", "v")]).await,
+        "write metadata",
+    );
+    assert!(
+        !sbx.files.exists("m.txt").await.expect("exists"),
+        "nothing written"
+    );
+    // A rename as another user is no gap any more: the engine acts as that user (where the
+    // runtime has one uid, another user is refused as for every file call).
+    sbx.files.write("/tmp/a", "x").await.expect("write");
+    let renamed = sbx.files.rename("/tmp/a", "/tmp/b").user("root").await;
+    if caps().await.multiple_users {
+        assert_eq!(renamed.expect("rename as root").path, "/tmp/b");
+    } else {
+        assert_not_supported(renamed, "rename as root with one uid");
+    }
+    // The default user by name is fine.
+    sbx.files
+        .write("u.txt", "x")
+        .user("user")
+        .await
+        .expect("write as user");
+    assert_eq!(
+        sbx.files.read("u.txt").user("user").await.expect("read"),
+        "x"
+    );
+    sbx.kill().await.expect("kill");
+}
+
+/// `user=` on read, list, exists, get_info and write acts as that user: its permissions,
+/// its ownership. Where the runtime has one uid, another user is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_calls_act_as_the_given_user() {
+    let sbx = sandbox("fileuser").await;
+    if !caps().await.multiple_users {
+        skip("file calls as root", "multiple_users");
+        assert_not_supported(sbx.files.read("m.txt").user("root").await, "read as root");
+        assert_not_supported(sbx.files.list("/").user("root").await, "list as root");
+        assert_not_supported(
+            sbx.files.remove("m.txt").user("root").await,
+            "remove as root",
+        );
+        sbx.kill().await.expect("kill");
+        return;
+    }
+    let setup = "echo s3cret > /tmp/secret && chmod 600 /tmp/secret && \
+                 mkdir -m 700 /tmp/vault && touch /tmp/vault/in";
+    let r = sbx.commands.run(setup).user("root").await.expect("setup");
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    assert!(
+        sbx.files.read("/tmp/secret").user("user").await.is_err(),
+        "a root-only file is unreadable as user"
+    );
+    assert_eq!(
+        sbx.files
+            .read("/tmp/secret")
+            .user("root")
+            .await
+            .expect("root reads"),
+        "s3cret\n"
+    );
+    assert!(
+        sbx.files.list("/tmp/vault").user("user").await.is_err(),
+        "a 0700 root directory is unlistable as user"
+    );
+    assert!(
+        sbx.files
+            .get_info("/tmp/vault/in")
+            .user("user")
+            .await
+            .is_err(),
+        "nothing beneath it can be looked up as user"
+    );
+    let listed = sbx
+        .files
+        .list("/tmp/vault")
+        .user("root")
+        .await
+        .expect("root lists");
+    assert_eq!(listed.len(), 1);
+    // Remove and watch follow the user too: a 0700 root directory is closed to `user`.
+    assert!(
+        sbx.files
+            .remove("/tmp/vault/in")
+            .user("user")
+            .await
+            .is_err(),
+        "nothing in a 0700 root directory can be removed as user"
+    );
+    assert!(
+        sbx.files
+            .make_dir("/tmp/vault/sub")
+            .user("user")
+            .await
+            .is_err(),
+        "nothing can be made in a 0700 root directory as user"
+    );
+    assert!(
+        sbx.files
+            .watch_dir("/tmp/vault", |_| {})
+            .user("user")
+            .await
+            .is_err(),
+        "a 0700 root directory cannot be watched as user"
+    );
+    assert!(
+        sbx.files
+            .rename("/tmp/vault/in", "/tmp/out")
+            .user("user")
+            .await
+            .is_err(),
+        "nothing in a 0700 root directory can be renamed as user"
+    );
+    let moved = sbx
+        .files
+        .rename("/tmp/vault/in", "/tmp/vault/in2")
+        .user("root")
+        .await
+        .expect("root renames");
+    assert_eq!(moved.path, "/tmp/vault/in2");
+    sbx.files
+        .rename("/tmp/vault/in2", "/tmp/vault/in")
+        .user("root")
+        .await
+        .expect("root renames back");
+    sbx.files
+        .remove("/tmp/vault/in")
+        .user("root")
+        .await
+        .expect("root removes");
+    assert!(
+        !sbx.files
+            .exists("/tmp/vault/in")
+            .user("root")
+            .await
+            .expect("exists"),
+        "removed as root"
+    );
+    let w = sbx
+        .files
+        .write("by-root.txt", "x")
+        .user("root")
+        .await
+        .expect("write as root");
+    assert_eq!(w.path, "/home/user/by-root.txt");
+    let info = sbx.files.get_info("by-root.txt").await.expect("info");
+    assert_eq!(info.owner, "root", "written as root: root's file");
+    sbx.files
+        .write("by-user.txt", "x")
+        .user("user")
+        .await
+        .expect("write as user");
+    let info = sbx.files.get_info("by-user.txt").await.expect("info");
+    assert_eq!(info.owner, "user");
+    assert!(
+        sbx.files.read("x").user("nosuchuser").await.is_err(),
+        "an unknown user is refused"
+    );
+    sbx.kill().await.expect("kill");
+}
+
+/// The events an [`event_log`] callback was given.
+type Events = Arc<Mutex<Vec<FilesystemEvent>>>;
+
+/// An `on_event` callback that keeps the events it is given.
+fn event_log() -> (Events, impl FnMut(FilesystemEvent) + Send + 'static) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    (seen, move |e: FilesystemEvent| sink.lock().unwrap().push(e))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_dir_follows_the_capability() {
+    let sbx = sandbox("watch").await;
+    if caps().await.watch {
+        // The async class's shape: `files.watch_dir(path, on_event)`.
+        let (events, on_event) = event_log();
+        let handle = sbx
+            .files
+            .watch_dir("/home/user", on_event)
+            .await
+            .expect("watch");
+        sbx.files
+            .write("/home/user/my-file", "hello")
+            .await
+            .expect("write");
+        eventually(PATIENCE, "a write event for my-file", || async {
+            let events = events.lock().unwrap();
+            let write = events
+                .iter()
+                .any(|e| e.r#type == FilesystemEventType::Write);
+            holds(write, format!("{events:?}"))
+        })
+        .await;
+        handle.stop().await.expect("stop");
+        let seen = events.lock().unwrap().clone();
+        assert!(seen.iter().all(|e| e.name == "my-file"), "{seen:?}");
+        // After `stop()` returns no callback runs, whatever happens in the directory.
+        sbx.files
+            .write("/home/user/after-stop", "x")
+            .await
+            .expect("write");
+        let (names, on_event) = event_log();
+        let rec = sbx
+            .files
+            .watch_dir("/home/user", on_event)
+            .recursive(true)
+            .await
+            .expect("watch");
+        sbx.files
+            .make_dir("/home/user/my-folder")
+            .await
+            .expect("mkdir");
+        // No pause needed: files made in a new directory before its watch is added are
+        // reported too.
+        sbx.files
+            .write("/home/user/my-folder/my-file", "x")
+            .await
+            .expect("write");
+        eventually(PATIENCE, "an event for my-folder/my-file", || async {
+            let names = names.lock().unwrap();
+            holds(
+                names.iter().any(|e| e.name == "my-folder/my-file"),
+                format!("{names:?}"),
+            )
+        })
+        .await;
+        rec.stop().await.expect("stop");
+        // Both later watches' events were seen by now: the first watch stayed stopped.
+        assert_eq!(*events.lock().unwrap(), seen);
+
+        // `timeout=` ends the watch and `on_exit` hears why, once.
+        let (exits_tx, mut exits) = tokio::sync::mpsc::unbounded_channel();
+        let _short = sbx
+            .files
+            .watch_dir("/home/user", |_| {})
+            .timeout(1)
+            .on_exit(move |e| {
+                let _ = exits_tx.send(e);
+            })
+            .await
+            .expect("watch");
+        let ended = exits.recv().await.expect("on_exit ran");
+        assert!(ended.expect("an error").is_timeout());
+        assert!(exits.recv().await.is_none(), "on_exit runs once");
+
+        assert!(sbx
+            .files
+            .watch_dir("/nope", |_| {})
+            .await
+            .unwrap_err()
+            .is_file_not_found());
+    } else {
+        skip("watch_dir", "watch");
+        assert_not_supported(sbx.files.watch_dir("/home/user", |_| {}).await, "watch_dir");
+    }
+    sbx.kill().await.expect("kill");
+}
