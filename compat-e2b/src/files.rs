@@ -513,8 +513,9 @@ impl Filesystem {
         })
     }
 
-    /// `files.list(path, depth=1, user=None, request_timeout=None) -> list[EntryInfo]`:
-    /// directories first, then by name (case-insensitive).
+    /// `files.list(path, depth=1, user=None, request_timeout=None) -> list[EntryInfo]`: in
+    /// the order of E2B's daemon, a depth-first walk reading each directory in byte order of
+    /// its names.
     pub fn list(&self, path: impl Into<String>) -> ListBuilder {
         ListBuilder {
             ctx: self.ctx.clone(),
@@ -888,13 +889,7 @@ impl IntoFuture for ListBuilder {
                     .filter(|s| s.kind != FileKind::Other)
                     .map(|s| EntryInfo::from_stat(&ctx, s))
                     .collect();
-                translate::sort_entries(&mut entries, |e| {
-                    (
-                        e.r#type == Some(FileType::Dir),
-                        e.name.clone(),
-                        e.path.clone(),
-                    )
-                });
+                translate::sort_entries(&mut entries, |e| &e.path);
                 Ok(entries)
             }),
             limit,

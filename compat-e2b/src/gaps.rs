@@ -94,11 +94,6 @@ pub const GAPS: &[Gap] = &[
         alternative: "get_metrics() of each sandbox",
     },
     Gap {
-        key: "list_started_after",
-        feature: "Sandbox.list(query=SandboxQuery(started_after=...)) over E2B's wire protocol",
-        alternative: "filter the listed sandboxes' started_at on the client",
-    },
-    Gap {
         key: "keep_memory_false",
         feature: "pause(keep_memory=False) (filesystem-only pause)",
         alternative: "pause() keeps memory and processes; or create_snapshot then kill",

@@ -261,16 +261,11 @@ pub fn process_envs(
     envs
 }
 
-/// Sort entries as E2B lists them: directories first, then case-insensitive by name (then by
-/// path, so the order is total).
-pub fn sort_entries<T>(items: &mut [T], key: impl Fn(&T) -> (bool, String, String)) {
-    items.sort_by(|a, b| {
-        let (adir, aname, apath) = key(a);
-        let (bdir, bname, bpath) = key(b);
-        bdir.cmp(&adir)
-            .then_with(|| aname.to_lowercase().cmp(&bname.to_lowercase()))
-            .then_with(|| apath.cmp(&bpath))
-    });
+/// Sort entries as E2B's daemon lists them: the order of a depth-first walk that reads each
+/// directory in byte order of its names (a directory, then what is beneath it, then its next
+/// sibling), by comparing paths component by component.
+pub fn sort_entries<T>(items: &mut [T], path: impl Fn(&T) -> &str) {
+    items.sort_by(|a, b| path(a).split('/').cmp(path(b).split('/')));
 }
 
 /// Seconds (Python float) as a timeout: `None` or `0` mean no limit.
@@ -437,16 +432,15 @@ mod tests {
     }
 
     #[test]
-    fn entries_sort_dirs_first_then_case_insensitive() {
+    fn entries_sort_as_a_walk_in_byte_order() {
         let mut items = vec![
-            (false, "b.txt"),
-            (true, "Zed"),
-            (false, "A.txt"),
-            (true, "alpha"),
+            "/d/b.txt", "/d/a-c", "/d/Zed", "/d/a/z", "/d/a", "/d/A.txt", "/d/a/b",
         ];
-        sort_entries(&mut items, |(d, n)| (*d, n.to_string(), n.to_string()));
-        let names: Vec<_> = items.iter().map(|(_, n)| *n).collect();
-        assert_eq!(names, ["alpha", "Zed", "A.txt", "b.txt"]);
+        sort_entries(&mut items, |p| p);
+        assert_eq!(
+            items,
+            ["/d/A.txt", "/d/Zed", "/d/a", "/d/a/b", "/d/a/z", "/d/a-c", "/d/b.txt"]
+        );
     }
 
     #[test]

@@ -593,8 +593,11 @@ async fn list(State(wire): State<Wire>, Query(q): Query<ListQuery>) -> Result<Re
         }
         query.state = Some(parsed);
     }
-    if q.started_after.is_some() {
-        return Err(ApiError(crate::gaps::refuse("list_started_after")));
+    if let Some(text) = q.started_after.as_deref().filter(|t| !t.is_empty()) {
+        // The SDK sends `datetime.isoformat()` of a tz-aware time.
+        let millis = sandcove_compat_support::dates::parse_iso8601(text)
+            .ok_or_else(|| bad_request(format!("invalid startedAfter '{text}'")))?;
+        query.started_after = Some(crate::translate::DateTime::from_unix_millis(millis));
     }
     query.template = q.template;
     let mut paginator = Sandbox::list().query(query);

@@ -154,12 +154,23 @@ async fn write_files_list_exists_remove_rename() {
     let one = sbx.files.list("d").await.expect("list");
     assert_eq!(
         names(&one),
-        ["adir", "Zdir", "a.txt", "B.txt"],
-        "dirs first, case-insensitive"
+        ["B.txt", "Zdir", "a.txt", "adir"],
+        "byte order of names, as E2B's daemon reads a directory"
     );
     let two = sbx.files.list("d").depth(2).await.expect("list depth 2");
-    assert_eq!(two.len(), 6);
-    assert!(two.iter().any(|e| e.path == "/home/user/d/Zdir/x"));
+    let paths: Vec<_> = two.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/home/user/d/B.txt",
+            "/home/user/d/Zdir",
+            "/home/user/d/Zdir/x",
+            "/home/user/d/a.txt",
+            "/home/user/d/adir",
+            "/home/user/d/adir/y",
+        ],
+        "a depth-first walk, each directory in byte order"
+    );
     assert!(sbx
         .files
         .list("d")
