@@ -403,8 +403,24 @@ async fn pause(
     }
 }
 
-async fn metrics(State(wire): State<Wire>, Path(id): Path<String>) -> Result<Response, ApiError> {
+/// The query of `GET /sandboxes/{id}/metrics`: the range, in Unix seconds, inclusive.
+#[derive(Debug, Default, Deserialize)]
+struct MetricsQuery {
+    start: Option<i64>,
+    end: Option<i64>,
+}
+
+async fn metrics(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+    Query(range): Query<MetricsQuery>,
+) -> Result<Response, ApiError> {
     let m = sandbox::metrics_on(&wire.client, &id).await?;
+    // One sample, taken now: listed only when the asked range holds it.
+    let second = (m.timestamp.unix_millis / 1000) as i64;
+    if range.start.is_some_and(|s| second < s) || range.end.is_some_and(|e| second > e) {
+        return Ok(axum::Json(json!([])).into_response());
+    }
     Ok(axum::Json(json!([{
         "timestamp": rfc3339(m.timestamp.unix_millis),
         "timestampUnix": m.timestamp.unix_millis / 1000,
