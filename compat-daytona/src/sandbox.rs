@@ -203,7 +203,8 @@ pub struct Sandbox {
     pub id: String,
     /// `name` (the id unless one was given).
     pub name: String,
-    /// `organization_id` (from the config; empty when unset).
+    /// `organization_id`: from the config; when unset, the runtime's identity (one stable id
+    /// per server).
     pub organization_id: String,
     /// `snapshot` the sandbox was created from.
     pub snapshot: Option<String>,
@@ -328,7 +329,12 @@ impl Sandbox {
     fn apply(&mut self, info: SandboxInfo, meta: Meta) {
         // The runtime's name only: it is unique and atomic there.
         self.name = info.name.clone().unwrap_or_else(|| info.id.clone());
-        self.organization_id = self.organization.clone().unwrap_or_default();
+        // Unset in the config: the runtime's identity, one stable id per server (a Daytona
+        // organization is never empty).
+        self.organization_id = self.organization.clone().unwrap_or_else(|| {
+            let caps = self.ctx.core.client().capabilities();
+            caps.runtime_id.unwrap_or_else(|| caps.backend.clone())
+        });
         self.snapshot = meta.snapshot.clone();
         self.user = info.user.name.clone();
         self.env = Some(info.envs.clone().into_iter().collect());
