@@ -143,7 +143,7 @@ fn python_sdk_readme_filesystem_verbatim() {
     let (status, config) = call(
         &server,
         "GET",
-        "/blaxel-sbx/my-sandbox/filesystem/app/config.json",
+        "/blaxel-sbx/my-sandbox/filesystem//app/config.json",
         None,
     );
     assert_eq!(status, 200);
@@ -151,13 +151,13 @@ fn python_sdk_readme_filesystem_verbatim() {
     let (status, image) = call(
         &server,
         "GET",
-        "/blaxel-sbx/my-sandbox/filesystem/app/image.png",
+        "/blaxel-sbx/my-sandbox/filesystem//app/image.png",
         None,
     );
     assert_eq!(status, 200);
     let expected = std::fs::read(sdk_harness::py_fixtures().join("image.png")).unwrap();
     assert_eq!(image, expected, "the binary file arrived unchanged");
-    let (status, listing) = get(&server, "/blaxel-sbx/my-sandbox/filesystem/app");
+    let (status, listing) = get(&server, "/blaxel-sbx/my-sandbox/filesystem//app");
     assert_eq!(status, 200);
     let dirs = listing["subdirectories"].to_string();
     assert!(dirs.contains("uploads"), "{listing}");
@@ -356,7 +356,7 @@ fn python_sdk_readme_process_verbatim() {
     ok(
         &server,
         "PUT",
-        "/blaxel-sbx/my-sandbox/filesystem/app/package.json",
+        "/blaxel-sbx/my-sandbox/filesystem//app/package.json",
         Some(serde_json::json!({ "content": APP_PACKAGE })),
     );
     let out = run_python(PINS, "blaxel_readme_process", &server, &[]);
@@ -374,7 +374,7 @@ fn python_sdk_readme_process_verbatim() {
     let (status, built) = call(
         &server,
         "GET",
-        "/blaxel-sbx/my-sandbox/filesystem/app/dist.txt",
+        "/blaxel-sbx/my-sandbox/filesystem//app/dist.txt",
         None,
     );
     assert_eq!(

@@ -45,8 +45,8 @@ fn prepare_app(server: &Server) {
         const port = Number(process.argv[process.argv.indexOf(\"--port\") + 1]);\n\
         http.createServer((q, r) => r.end(\"hello from the app\\n\")).listen(port, \"0.0.0.0\");\n";
     for (path, content) in [
-        ("app/package.json", package.to_string()),
-        ("app/server.mjs", server_js.to_string()),
+        ("/app/package.json", package.to_string()),
+        ("/app/server.mjs", server_js.to_string()),
     ] {
         ok(
             server,
@@ -273,7 +273,7 @@ fn typescript_sdk_readme_process_verbatim() {
         &server,
         &server.key,
         "GET",
-        "/blaxel-sbx/my-sandbox/filesystem/app/dist.txt",
+        "/blaxel-sbx/my-sandbox/filesystem//app/dist.txt",
     );
     assert_eq!(code, 200, "{built}");
     assert_eq!(built["content"], "built", "npm run build ran: {built}");
@@ -308,7 +308,7 @@ fn typescript_sdk_readme_filesystem_verbatim() {
         &server,
         &server.key,
         "GET",
-        "/blaxel-sbx/my-sandbox/filesystem/app/config.json",
+        "/blaxel-sbx/my-sandbox/filesystem//app/config.json",
     );
     assert_eq!(status, 200, "{config}");
     assert_eq!(config["content"], r#"{"key": "value"}"#, "{config}");
@@ -316,7 +316,7 @@ fn typescript_sdk_readme_filesystem_verbatim() {
         &server,
         &server.key,
         "GET",
-        "/blaxel-sbx/my-sandbox/filesystem/app",
+        "/blaxel-sbx/my-sandbox/filesystem//app",
     );
     assert_eq!(status, 200, "{listing}");
     let names: Vec<String> = listing["files"]

@@ -655,7 +655,7 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
     let (status, _) = env
         .call(
             "PUT",
-            "/blaxel-sbx/snap/filesystem/blaxel/m.txt",
+            "/blaxel-sbx/snap/filesystem//blaxel/m.txt",
             Some(json!({"content": "one"})),
         )
         .await;
@@ -867,7 +867,7 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
     // Restore by name: the files written since are gone; the sandbox keeps its record.
     env.call(
         "PUT",
-        "/blaxel-sbx/snap/filesystem/blaxel/m.txt",
+        "/blaxel-sbx/snap/filesystem//blaxel/m.txt",
         Some(json!({"content": "two"})),
     )
     .await;
@@ -876,7 +876,7 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
         .await;
     assert_eq!(status, 200, "{restored}");
     assert_eq!(restored, json!({"name": "snap", "snapshotId": id}));
-    assert_eq!(read_text(&env, "snap", "blaxel/m.txt").await, "one");
+    assert_eq!(read_text(&env, "snap", "/blaxel/m.txt").await, "one");
     let (status, sb) = env.call("GET", "/v0/sandboxes/snap", None).await;
     assert_eq!(status, 200, "{sb}");
     assert_eq!(sb["metadata"]["labels"]["k"], "v");
@@ -891,7 +891,7 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
     // Forks: from a snapshot (its id in the answer), live (none).
     env.call(
         "PUT",
-        "/blaxel-sbx/snap/filesystem/blaxel/m.txt",
+        "/blaxel-sbx/snap/filesystem//blaxel/m.txt",
         Some(json!({"content": "live"})),
     )
     .await;
@@ -907,7 +907,7 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
         fork,
         json!({"name": "snap-f", "type": "sandbox", "snapshotId": id})
     );
-    assert_eq!(read_text(&env, "snap-f", "blaxel/m.txt").await, "one");
+    assert_eq!(read_text(&env, "snap-f", "/blaxel/m.txt").await, "one");
     let (status, live) = env
         .call(
             "POST",
@@ -917,7 +917,7 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
         .await;
     assert_eq!(status, 200, "{live}");
     assert_eq!(live, json!({"name": "snap-g", "type": "sandbox"}));
-    assert_eq!(read_text(&env, "snap-g", "blaxel/m.txt").await, "live");
+    assert_eq!(read_text(&env, "snap-g", "/blaxel/m.txt").await, "live");
     let (_, g) = env.call("GET", "/v0/sandboxes/snap-g", None).await;
     assert!(
         g["spec"]["runtime"]["envs"]
@@ -949,7 +949,7 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
         before,
         "nothing made or destroyed"
     );
-    assert_eq!(read_text(&env, "snap-g", "blaxel/m.txt").await, "live");
+    assert_eq!(read_text(&env, "snap-g", "/blaxel/m.txt").await, "live");
 
     // The source deleted: its snapshots stay, marked so, and still fork.
     let (status, _) = env.call("DELETE", "/v0/sandboxes/snap", None).await;
@@ -965,7 +965,7 @@ async fn snapshots_and_fork_answer_as_blaxel_does() {
         )
         .await;
     assert_eq!(status, 200, "{again}");
-    assert_eq!(read_text(&env, "snap-h", "blaxel/m.txt").await, "one");
+    assert_eq!(read_text(&env, "snap-h", "/blaxel/m.txt").await, "one");
     let (status, _) = env
         .call("DELETE", "/v0/sandboxes/snap/snapshots/first", None)
         .await;

@@ -239,8 +239,48 @@ fn unauthorized() -> Response {
     response
 }
 
-/// `a//b///c` → `a/b/c` (the query string is kept).
+/// The data plane's routes whose last part is a sandbox path the SDKs put into the URL as
+/// the caller gave it: `…/filesystem//abs` names `/abs`, `…/filesystem/rel` a relative path.
+const PATH_ROUTES: &[&str] = &[
+    "/filesystem/tree/",
+    "/filesystem-multipart/initiate/",
+    "/filesystem-content-search/",
+    "/filesystem-search/",
+    "/filesystem-find/",
+    "/watch/filesystem/",
+    "/filesystem/",
+];
+
+/// `a//b///c` → `a/b/c`, except that the leading slash of a data-plane sandbox path (see
+/// [`PATH_ROUTES`]) is kept as `%2F`, so an absolute path stays told apart from a relative
+/// one.
 fn collapse(path: &str) -> String {
+    if let Some(rest) = path.strip_prefix(DATA_PLANE_PREFIX) {
+        // `/{name}` then the route.
+        let name_end = rest[1.min(rest.len())..]
+            .find('/')
+            .map_or(rest.len(), |i| i + 1);
+        let (name, route) = rest.split_at(name_end);
+        for prefix in PATH_ROUTES {
+            if let Some(wildcard) = route.strip_prefix(prefix) {
+                if wildcard.starts_with('/') {
+                    return format!(
+                        "{}{}{}%2F{}",
+                        DATA_PLANE_PREFIX,
+                        collapse_runs(name),
+                        prefix,
+                        collapse_runs(wildcard.trim_start_matches('/'))
+                    );
+                }
+                break;
+            }
+        }
+    }
+    collapse_runs(path)
+}
+
+/// `a//b///c` → `a/b/c`.
+fn collapse_runs(path: &str) -> String {
     let mut out = String::with_capacity(path.len());
     let mut last_slash = false;
     for c in path.chars() {
@@ -571,9 +611,18 @@ mod tests {
 
     #[test]
     fn repeated_slashes_collapse() {
+        // An absolute sandbox path keeps its leading slash, encoded; a relative one has none.
         assert_eq!(
-            collapse("/blaxel-sbx/a/filesystem//app/x.json"),
-            "/blaxel-sbx/a/filesystem/app/x.json"
+            collapse("/blaxel-sbx/a/filesystem//app//x.json"),
+            "/blaxel-sbx/a/filesystem/%2Fapp/x.json"
+        );
+        assert_eq!(
+            collapse("/blaxel-sbx/a/watch/filesystem///tmp"),
+            "/blaxel-sbx/a/watch/filesystem/%2Ftmp"
+        );
+        assert_eq!(
+            collapse("/blaxel-sbx/a/filesystem/rel//x"),
+            "/blaxel-sbx/a/filesystem/rel/x"
         );
         assert_eq!(collapse("//v0///sandboxes"), "/v0/sandboxes");
         assert_eq!(collapse("/v0/sandboxes"), "/v0/sandboxes");

@@ -254,7 +254,7 @@ async fn find(
     let instance = sandbox(&wire, &name).await?;
     let mut find = instance
         .fs
-        .find(&absolute(&path))
+        .find(&user_path(&path))
         .r#type(q.kind)
         .max_results(q.max_results)
         .exclude_hidden(q.exclude_hidden);
@@ -293,7 +293,7 @@ async fn grep(
     let mut grep = instance
         .fs
         .grep(&q.query)
-        .path(absolute(&path))
+        .path(user_path(&path))
         .case_sensitive(q.case_sensitive)
         .context_lines(q.context_lines)
         .max_results(q.max_results)
@@ -308,9 +308,21 @@ async fn fuzzy_gap() -> ApiError {
     data(crate::gaps::refuse("fuzzy file search"))
 }
 
-/// An absolute sandbox path of a wildcard segment (`app/x`, `/app/x` → `/app/x`).
-pub(crate) fn absolute(path: &str) -> String {
-    format!("/{}", path.trim_start_matches('/'))
+/// The sandbox path a caller named, resolved as Blaxel's sandbox API does (and as the Rust
+/// facade does): absolute as it is, `~` and `~/…` in the home, anything else relative to the
+/// working directory (the home, `/blaxel`). The SDKs put a path into the URL as given
+/// (`/filesystem/rel.txt`, `/filesystem//abs`); the listener keeps that leading slash through
+/// its slash collapsing (see `wire::collapse`). Empty is the root, as before.
+pub(crate) fn user_path(path: &str) -> String {
+    if path.is_empty() || path.starts_with('/') {
+        return format!("/{}", path.trim_start_matches('/'));
+    }
+    let expanded = crate::translate::expand_working_dir(path, crate::translate::HOME);
+    if expanded.starts_with('/') {
+        expanded
+    } else {
+        format!("{}/{expanded}", crate::translate::HOME)
+    }
 }
 
 /// The sandbox `name` as a facade instance; a missing one is the data plane's 404.
@@ -650,7 +662,7 @@ async fn fs_get(
     Path((name, path)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    read_path(&wire, &name, &absolute(&path), &headers).await
+    read_path(&wire, &name, &user_path(&path), &headers).await
 }
 
 async fn read_path(
@@ -753,7 +765,7 @@ async fn fs_put(
     Path((name, path)): Path<(String, String)>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    write_path(&wire, &name, absolute(&path), request).await
+    write_path(&wire, &name, user_path(&path), request).await
 }
 
 async fn write_path(
@@ -840,7 +852,7 @@ async fn fs_delete(
     let instance = sandbox(&wire, &name).await?;
     let done = instance
         .fs
-        .rm(&absolute(&path))
+        .rm(&user_path(&path))
         .recursive(q.recursive.unwrap_or(false))
         .await
         .map_err(data)?;
@@ -861,7 +873,7 @@ async fn tree(
     Path((name, path)): Path<(String, String)>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    write_tree(&wire, &name, absolute(&path), &body).await
+    write_tree(&wire, &name, user_path(&path), &body).await
 }
 
 async fn write_tree(
@@ -915,8 +927,8 @@ async fn copy(
     let request: Copy = serde_json::from_value(body)
         .map_err(|e| data(SandboxAPIError::response(400, format!("invalid body: {e}"))))?;
     let instance = sandbox(&wire, &name).await?;
-    let source = absolute(&request.source);
-    let destination = absolute(&request.destination);
+    let source = user_path(&request.source);
+    let destination = user_path(&request.destination);
     match crate::fs::copy_in_runtime(&instance.ctx, &source, &destination, !request.no_overwrite)
         .await
     {
@@ -951,7 +963,7 @@ async fn watch(
     Path((name, path)): Path<(String, String)>,
     Query(q): Query<WatchQuery>,
 ) -> Result<Response, ApiError> {
-    watch_path(&wire, &name, absolute(&path), q).await
+    watch_path(&wire, &name, user_path(&path), q).await
 }
 
 async fn watch_path(
@@ -1055,10 +1067,12 @@ mod tests {
     }
 
     #[test]
-    fn wildcard_paths_become_absolute() {
-        assert_eq!(absolute("app/x.json"), "/app/x.json");
-        assert_eq!(absolute("/app/x.json"), "/app/x.json");
-        assert_eq!(absolute(""), "/");
+    fn paths_resolve_as_blaxel_resolves_them() {
+        assert_eq!(user_path("app/x.json"), "/blaxel/app/x.json");
+        assert_eq!(user_path("/app/x.json"), "/app/x.json");
+        assert_eq!(user_path("~"), "/blaxel");
+        assert_eq!(user_path("~/x"), "/blaxel/x");
+        assert_eq!(user_path(""), "/");
     }
 
     #[test]

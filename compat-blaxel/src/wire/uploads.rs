@@ -22,7 +22,7 @@ use sandcove_compat_support::multipart::{self, Upload as Form, UploadError, Uplo
 use serde::Deserialize;
 use serde_json::json;
 
-use super::sandbox_api::{absolute, data, ok_json, parse, sandbox};
+use super::sandbox_api::{data, ok_json, parse, sandbox, user_path};
 use super::{ApiError, Wire};
 use crate::errors::SandboxAPIError;
 
@@ -178,7 +178,7 @@ pub(crate) async fn initiate(
     }
     // The sandbox must exist now, not only at the end.
     let instance = sandbox(&wire, &name).await?;
-    let path = absolute(&path);
+    let path = user_path(&path);
     let id = format!("upload-{}", crate::state::random_suffix(16));
     let mut uploads = wire.uploads.lock().unwrap_or_else(|e| e.into_inner());
     uploads.prune();
