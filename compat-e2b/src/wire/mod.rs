@@ -423,7 +423,8 @@ async fn authenticate(
                 bound = Some(id);
             }
             Ok(None) => {}
-            Err(e) => return e.into_response(),
+            // envd's REST shape: `{"code": 401, "message": …}`.
+            Err(e) => return control::api_error(StatusCode::UNAUTHORIZED, e.message),
         }
     }
     if envd && bound.is_none() && credential.principal != Principal::Anonymous {
@@ -526,27 +527,21 @@ async fn signed_file_url(
     let Some(signature) = q.signature else {
         return Ok(None);
     };
-    let refused = || {
-        connect::ConnectError::new(
-            connect::Code::Unauthenticated,
-            "invalid or expired file URL signature",
-        )
+    // Refused as envd refuses a signed URL: 401 with its JSON body and its words. The
+    // signature is checked first, then its expiration (part of what was signed).
+    let refused = |message: &str| {
+        connect::ConnectError::new(connect::Code::Unauthenticated, message.to_string())
     };
+    let invalid = || refused("invalid signature");
     let operation = match *method {
         axum::http::Method::GET => "read",
         axum::http::Method::POST => "write",
-        _ => return Err(refused()),
+        _ => return Err(invalid()),
     };
-    if let Some(expiration) = &q.signature_expiration {
-        let at: u64 = expiration.parse().map_err(|_| refused())?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(u64::MAX);
-        if now > at {
-            return Err(refused());
-        }
-    }
+    let expires_at = match &q.signature_expiration {
+        Some(expiration) => Some(expiration.parse::<u64>().map_err(|_| invalid())?),
+        None => None,
+    };
     let path = q.path.unwrap_or_default();
     let user = q.username.unwrap_or_default();
     let matches = |token: &str| {
@@ -565,12 +560,19 @@ async fn signed_file_url(
         found = wire.known.find(&matches);
     }
     let Some(id) = found else {
-        return Err(refused());
+        return Err(invalid());
     };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(u64::MAX);
+    if expires_at.is_some_and(|at| at < now) {
+        return Err(refused("signature is already expired"));
+    }
     // The sandbox may have ended since it was indexed.
     if wire.client.backend().get(&id).await.is_err() {
         wire.known.forget(&id);
-        return Err(refused());
+        return Err(invalid());
     }
     Ok(Some((
         id,
