@@ -1,0 +1,454 @@
+//! Making and ending sandboxes: the cold create that writes a record and starts a monitor, the
+//! warm-pool members and their claim by a create, the checks a sandbox without isolation needs,
+//! and the end records (tombstones) of resources.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::Path;
+use std::time::Duration;
+
+use sandcove_core::{
+    now_millis, Backend, CreateOptions, Error, Result, SandboxInfo, SandboxState, DEFAULT_TIMEOUT,
+};
+use tokio::io::AsyncWriteExt;
+
+use crate::config::{Record, SandboxDir, UidMapping};
+use crate::connect::unexpected;
+use crate::proto::{AgentRequest, Hello, MonitorReply, MonitorRequest};
+use crate::quiet::QuietStream;
+use crate::{
+    cgroup, config, locale, monitor, names, net, pool, proto, refs, spawner, sys, volumes,
+    LocalBackend, PROTOCOL_VERSION,
+};
+
+impl LocalBackend {
+    /// Create a sandbox the slow way: a fresh monitor, namespaces and root. `pooled` marks
+    /// a warm-pool member (hidden from `list` until claimed).
+    pub(crate) async fn create_cold(
+        &self,
+        options: CreateOptions,
+        pooled: bool,
+    ) -> Result<SandboxInfo> {
+        let id = config::new_id();
+        let default_name = options
+            .user
+            .clone()
+            .unwrap_or_else(|| config::DEFAULT_USER_NAME.into());
+        if self.unisolated {
+            check_unisolated(&options)?;
+        }
+        let pasta = match options.network {
+            sandcove_core::NetworkPolicy::Internet if self.unisolated => {
+                return Err(Error::not_supported(
+                    "internet access without isolation",
+                    "run on a host with user namespaces (the sandbox needs its own network \
+                     namespace), or use NetworkPolicy::Host knowingly",
+                ))
+            }
+            sandcove_core::NetworkPolicy::Internet => match &self.pasta {
+                Ok(path) => Some(path.to_string_lossy().into_owned()),
+                Err(reason) => return Err(net::unavailable(reason)),
+            },
+            _ => None,
+        };
+        let mounts = volumes::mounts_for(self, &options.volumes)?;
+        let snapshot = match &options.snapshot {
+            Some(snap) => Some(self.snapshot_paths(snap)?.1),
+            None => None,
+        };
+        if let Some(tar) = &snapshot {
+            if !tar.exists() {
+                return Err(Error::not_found(format!(
+                    "snapshot {:?}",
+                    options.snapshot.clone().unwrap_or_default()
+                )));
+            }
+        }
+        let now = now_millis();
+        let timeout = options.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        let mapping = if self.unisolated {
+            UidMapping::Single {
+                host_uid: sys::geteuid(),
+                host_gid: sys::getegid(),
+            }
+        } else {
+            self.mapping
+        };
+        let cgroup = self.cgroups.clone().map(|hierarchy| cgroup::Plan {
+            hierarchy,
+            limits: cgroup::Limits {
+                memory_mib: options
+                    .resources
+                    .memory_mib
+                    .unwrap_or(self.bounds.default_memory_mib),
+                cpu: options.resources.cpu,
+                pids: options
+                    .resources
+                    .max_processes
+                    .unwrap_or(self.bounds.default_max_processes),
+            },
+        });
+        let mut users = mapping.users(
+            &default_name,
+            options
+                .home
+                .as_deref()
+                .unwrap_or(sandcove_core::SANDBOX_HOME),
+        );
+        if self.unisolated {
+            // No user namespace: the sandbox user is the host user running the engine.
+            for user in &mut users {
+                (user.uid, user.gid) = (sys::geteuid(), sys::getegid());
+            }
+        }
+        let record = Record {
+            id: id.clone(),
+            users,
+            mapping,
+            options,
+            created_at: now,
+            ends_at: now + timeout.as_millis() as u64,
+            unisolated: self.unisolated,
+            landlock_optional: self.landlock_optional,
+            cgroup,
+            notes: Default::default(),
+            preview_limits: self.preview_limits,
+            mounts,
+            root_prefix: self.unisolated.then(|| {
+                SandboxDir::new(&self.state_dir, &id)
+                    .dir
+                    .join("root")
+                    .to_string_lossy()
+                    .into_owned()
+            }),
+            pasta,
+            protocol: PROTOCOL_VERSION,
+            pooled,
+            locale: None,
+            bounds: self.bounds,
+        };
+        let (state_dir, locale_dir) = (self.state_dir.clone(), self.locale.clone());
+        let info = info_of(&record, SandboxState::Running);
+        let first = tokio::task::spawn_blocking(move || {
+            let mut record = record;
+            if !record.unisolated {
+                record.locale = locale_dir
+                    .get_or_init(|| locale::prepare(&state_dir))
+                    .as_ref()
+                    .map(|dir| dir.to_string_lossy().into_owned());
+            }
+            start_monitor(&state_dir, &record)
+        })
+        .await
+        .map_err(|e| Error::backend(format!("create task failed: {e}")))??;
+        // The creator's first call goes on the connection that came with the report.
+        if let Some(conn) = first.and_then(|fd| agent_stream(fd).ok()) {
+            self.conns.put(&id, Box::new(conn));
+        }
+        if let Some(tar) = snapshot {
+            if let Err(e) = self.restore(&id, &tar).await {
+                let _ = self.destroy(&id).await;
+                return Err(e);
+            }
+        }
+        Ok(info)
+    }
+
+    /// This engine without a pool: what the pool's own task makes members with (holding
+    /// the pool itself would keep it alive forever).
+    pub(crate) fn without_pool(&self) -> Self {
+        let mut engine = self.clone();
+        engine.pool = std::sync::Arc::new(pool::Pool::new(0));
+        engine
+    }
+
+    /// Make a pool member: the default shape, lease `lease`, hidden from `list`. Returns its
+    /// id and lease end.
+    pub(crate) async fn create_member(&self, lease: Duration) -> Result<(String, u64)> {
+        let info = self
+            .create_cold(CreateOptions::default().timeout(lease), true)
+            .await?;
+        Ok((info.id, info.ends_at))
+    }
+
+    /// Destroy a pool member.
+    pub(crate) async fn destroy_member(&self, id: &str) -> Result<()> {
+        self.destroy(id).await
+    }
+
+    /// The sandbox's users under `options` (default user first).
+    fn users_for(&self, options: &CreateOptions) -> Vec<sandcove_core::UserInfo> {
+        let default_name = options
+            .user
+            .clone()
+            .unwrap_or_else(|| config::DEFAULT_USER_NAME.into());
+        self.mapping.users(
+            &default_name,
+            options
+                .home
+                .as_deref()
+                .unwrap_or(sandcove_core::SANDBOX_HOME),
+        )
+    }
+
+    /// Hand warm member `id` to a create with `options` (a shape the pool serves). `Ok(None)`:
+    /// the member could not be used (it is destroyed) and the create goes cold.
+    pub(crate) async fn claim(
+        &self,
+        id: &str,
+        options: &CreateOptions,
+    ) -> Result<Option<SandboxInfo>> {
+        // The name first: a name held elsewhere fails this create as a cold one would, and
+        // leaves the member untouched for the next claim.
+        if let Some(name) = options.name.clone() {
+            let (state_dir, member) = (self.state_dir.clone(), id.to_string());
+            let taken =
+                tokio::task::spawn_blocking(move || names::claim(&state_dir, &name, &member))
+                    .await
+                    .map_err(|e| Error::backend(format!("create task failed: {e}")))?;
+            if let Err(e) = taken {
+                self.pool.put_back(id.to_string());
+                return Err(e);
+            }
+        }
+        let users = self.users_for(options);
+        // One round trip: the monitor takes its half, answers, and hands the connection to
+        // the agent, which reads its half (sent in the same write) and answers on it.
+        let applied = async {
+            let mut stream = self.connect(id).await?;
+            let hello = Hello {
+                version: PROTOCOL_VERSION,
+                request: Some(MonitorRequest::Claim {
+                    options: Box::new(options.clone()),
+                    users: users.clone(),
+                    handoff: true,
+                }),
+                while_paused: false,
+                token: None,
+            };
+            let apply = AgentRequest::ApplyClaim {
+                options: Box::new(options.clone()),
+                users,
+            };
+            let mut buf = Vec::new();
+            proto::write_frame(&mut buf, &hello, &[]).await?;
+            proto::write_frame(&mut buf, &apply, &[]).await?;
+            stream
+                .write_all(&buf)
+                .await
+                .map_err(|e| Error::from_io(&e, "claim"))?;
+            let info = match proto::read_frame::<_, MonitorReply>(&mut stream).await? {
+                Some((MonitorReply::Info { info }, _)) => *info,
+                Some((MonitorReply::Error { error }, _)) => {
+                    return Err(proto::remote_error(&error))
+                }
+                Some((other, _)) => return Err(unexpected(&other)),
+                None => return Err(Error::backend("the claim ended without a reply")),
+            };
+            match proto::read_frame::<_, proto::AgentReply>(&mut stream).await? {
+                Some((proto::AgentReply::Done, _)) => {}
+                Some((proto::AgentReply::Error { error }, _)) => {
+                    return Err(proto::remote_error(&error))
+                }
+                Some((other, _)) => return Err(unexpected(&other)),
+                None => return Err(Error::backend("the agent ended the claim without a reply")),
+            }
+            // The connection is the agent's now, its request ended cleanly: the claimer's
+            // first call goes on it.
+            self.conns.put(id, Box::new(stream));
+            Ok(info)
+        }
+        .await;
+        match applied {
+            Ok(info) => {
+                self.pool.claimed();
+                Ok(Some(info))
+            }
+            Err(e) => {
+                tracing::debug!("warm sandbox {id} not claimed ({e}): creating cold");
+                let _ = self.destroy(id).await;
+                if let Some(name) = &options.name {
+                    let (state_dir, name, member) =
+                        (self.state_dir.clone(), name.clone(), id.to_string());
+                    let _ = tokio::task::spawn_blocking(move || {
+                        names::release(&state_dir, &name, &member)
+                    })
+                    .await;
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Record the end of sandbox `id` (blocking; best effort: without it a reference answers
+    /// not-found instead of destroyed).
+    pub(crate) fn bury_sandbox(&self, id: &str, reason: &str) {
+        if !config::valid_id(id) {
+            return;
+        }
+        let tombstone =
+            sandcove_core::Tombstone::now(sandcove_core::ResourceKind::Sandbox, id, reason);
+        if let Err(e) = refs::record(&self.state_dir, &tombstone) {
+            tracing::warn!("no tombstone for sandbox {id}: {e}");
+        }
+    }
+
+    /// Record the end of a resource, off the event loop (best effort, as `bury_sandbox`).
+    pub(crate) async fn bury(
+        &self,
+        kind: sandcove_core::ResourceKind,
+        id: String,
+        reason: &'static str,
+    ) {
+        let state_dir = self.state_dir.clone();
+        let tombstone = sandcove_core::Tombstone::now(kind, id, reason);
+        let done = tokio::task::spawn_blocking(move || refs::record(&state_dir, &tombstone)).await;
+        if let Ok(Err(e)) | Err(e) = done.map_err(|e| Error::backend(e.to_string())) {
+            tracing::warn!("no tombstone for a {kind}: {e}");
+        }
+    }
+}
+
+/// What a sandbox without isolation cannot honour, refused before any effect (see
+/// `capabilities()`): volumes, snapshots, pausing (a lease that pauses, auto-resume), a
+/// per-sandbox process limit (`RLIMIT_NPROC` counts every process of the host user) and a
+/// disk size (there is no sandbox filesystem to size).
+fn check_unisolated(options: &CreateOptions) -> Result<()> {
+    let refused = if !options.volumes.is_empty() || options.snapshot.is_some() {
+        "volumes and snapshots"
+    } else if options.on_timeout == sandcove_core::TimeoutAction::Pause || options.auto_resume {
+        "pausing (on_timeout: Pause, auto_resume)"
+    } else if options.resources.max_processes.is_some() {
+        "a per-sandbox process limit (max_processes)"
+    } else if options.resources.disk_mib.is_some() {
+        "a disk size (disk_mib)"
+    } else {
+        return Ok(());
+    };
+    Err(Error::not_supported(
+        format!("{refused} without isolation"),
+        "run on a host with user namespaces",
+    ))
+}
+
+/// What a monitor reports for its record and state.
+pub(crate) fn info_of(record: &Record, state: SandboxState) -> SandboxInfo {
+    SandboxInfo {
+        id: record.id.clone(),
+        name: record.options.name.clone(),
+        state,
+        template: record
+            .options
+            .template
+            .clone()
+            .unwrap_or_else(|| "base".into()),
+        labels: record.options.labels.clone(),
+        envs: record.options.envs.clone(),
+        resources: record.options.resources.clone(),
+        network: record.options.network.clone(),
+        user: record.default_user().clone(),
+        created_at: record.created_at,
+        ends_at: record.ends_at,
+        on_timeout: record.options.on_timeout,
+        auto_resume: record.options.auto_resume,
+        volumes: record.options.volumes.clone(),
+        snapshot: record.options.snapshot.clone(),
+        annotations: record.options.annotations.clone(),
+        note: None,
+        source_resume_error: None,
+    }
+}
+
+/// A connection to an agent, received as a descriptor, registered with this runtime.
+fn agent_stream(fd: OwnedFd) -> std::io::Result<QuietStream> {
+    let stream = std::os::unix::net::UnixStream::from(fd);
+    sys::grow_socket_buffers(&stream);
+    QuietStream::new(stream)
+}
+
+/// The environment variables a monitor (and so its agent) keeps from the program that
+/// starts it; everything else, secrets included, is dropped (the spawner starts with an
+/// empty environment and sets this one in each monitor).
+const MONITOR_ENV: &[&str] = &["PATH", "LANG", "LC_ALL", "TZ", "RUST_BACKTRACE", "RUST_LOG"];
+
+/// Create the state directory and start the monitor; returns once the sandbox is ready,
+/// with a connection to its agent when the monitor made one.
+fn start_monitor(state_dir: &Path, record: &Record) -> Result<Option<OwnedFd>> {
+    let sandboxes = state_dir.join("sandboxes");
+    let staging = sandboxes.join(format!(".{}", record.id));
+    let final_dir = SandboxDir::new(state_dir, &record.id);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&staging)
+        .map_err(|e| Error::from_io(&e, "sandbox state directory"))?;
+    let name = record.options.name.as_deref();
+    let cleanup = |e: Error| {
+        let _ = std::fs::remove_dir_all(&staging);
+        let _ = std::fs::remove_dir_all(&final_dir.dir);
+        if let Some(name) = name {
+            names::release(state_dir, name, &record.id);
+        }
+        e
+    };
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(staging.join("lock"))
+        .map_err(|e| cleanup(e.into()))?;
+    if !sys::try_lock_exclusive(lock.as_fd()).map_err(|e| cleanup(e.into()))? {
+        return Err(cleanup(Error::backend(
+            "sandbox lock is held by another process",
+        )));
+    }
+    // The name is taken while this program holds the sandbox's lock, which the monitor then
+    // inherits: the name stays taken exactly as long as the sandbox lives.
+    if let Some(name) = name {
+        if let Err(e) = names::claim(state_dir, name, &record.id) {
+            let _ = std::fs::remove_dir_all(&staging);
+            return Err(e);
+        }
+    }
+    let text = serde_json::to_vec_pretty(record)
+        .map_err(|e| cleanup(Error::backend(format!("encode record: {e}"))))?;
+    std::fs::write(staging.join("record.json"), text).map_err(|e| cleanup(e.into()))?;
+    if record.unisolated {
+        // The host directory standing in for the sandbox root.
+        let root = staging.join("root");
+        for dir in [record.default_user().home.as_str(), "/tmp"] {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(root.join(dir.trim_start_matches('/')))
+                .map_err(|e| cleanup(e.into()))?;
+        }
+    }
+    std::fs::rename(&staging, &final_dir.dir).map_err(|e| cleanup(e.into()))?;
+    let socket_len = final_dir.socket().as_os_str().len();
+    if socket_len >= 108 {
+        return Err(cleanup(Error::invalid(format!(
+            "state directory path is too long for a unix socket ({socket_len} bytes); \
+             set SANDCOVE_STATE_DIR to a shorter path"
+        ))));
+    }
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(final_dir.log())
+        .map_err(|e| cleanup(e.into()))?;
+    // A socket rather than a pipe: the report `ok` brings a first connection to the agent.
+    let (ready_read, ready_write) = sys::seqpacket_pair().map_err(|e| cleanup(e.into()))?;
+    // A clean environment: the launcher's secrets (an API key above all) must not sit in the
+    // monitor's or the agent's environment; only the settings the engine reads pass.
+    let env = std::env::vars_os()
+        .filter(|(name, _)| name.to_str().is_some_and(|n| MONITOR_ENV.contains(&n)))
+        .collect();
+    spawner::start_monitor(&final_dir.dir, env, &ready_write, &lock, &log).map_err(cleanup)?;
+    // The monitor holds the only write end now: its report, or its death, ends the read.
+    drop(ready_write);
+    let result = monitor::read_ready(ready_read);
+    drop(lock);
+    result.map_err(cleanup)
+}
