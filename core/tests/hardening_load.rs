@@ -4,7 +4,9 @@
 //! A binary of its own so nothing else competes with it. Runs as root and rootless (CI runs
 //! this binary again as an unprivileged user).
 
-#[path = "hardening_common.rs"]
+// The helpers of the main test binary; this one uses part of them.
+#[allow(dead_code, unused_imports)]
+#[path = "it/hardening_common.rs"]
 mod common;
 
 use std::time::{Duration, Instant};

@@ -9,7 +9,9 @@ use std::time::Duration;
 use sandcove::conformance::{eventually, PATIENCE};
 use sandcove::{Backend, CreateOptions, LocalBackend};
 
-#[path = "hardening_common.rs"]
+// The helpers of the main test binary; this one uses part of them.
+#[allow(dead_code, unused_imports)]
+#[path = "it/hardening_common.rs"]
 mod common;
 
 /// An engine's state directory: dropped (after the engine, declared before it), it ends the

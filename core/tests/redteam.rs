@@ -4,8 +4,16 @@
 //! are fixed; all are regression tests now.
 //!
 //! Runs as root and rootless. No packet leaves loopback or the sandbox's own namespace.
+//!
+//! A binary of its own: every sandbox's agent is this program run again, and the out-of-memory
+//! killer of `memory_limit_covers_socket_buffers` must pick the sandbox's process, whose
+//! socket buffers are not in its resident size, over the agent, whose mapped binary is. From
+//! the engine's main test binary (`it`, about 100 MB) it picks the agent, and the sandbox
+//! loses its agent.
 
-#[path = "hardening_common.rs"]
+// The helpers of the main test binary; this one uses part of them.
+#[allow(dead_code, unused_imports)]
+#[path = "it/hardening_common.rs"]
 mod common;
 
 use std::time::Duration;

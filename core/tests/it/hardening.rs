@@ -8,8 +8,7 @@
 //!
 //! Runs as root and rootless (CI runs this binary again as an unprivileged user).
 
-#[path = "hardening_common.rs"]
-mod common;
+use crate::hardening_common as common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -317,7 +316,7 @@ async fn host_only_paths_cannot_be_read_or_listed() {
         b_state.join("sock"),
         manifest.join("Cargo.toml"),
         manifest.join("src"),
-        manifest.join("tests/hardening.rs"),
+        manifest.join("tests/it/hardening.rs"),
     ];
     let mut tried = 0;
     for target in &targets {

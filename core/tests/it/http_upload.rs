@@ -15,8 +15,7 @@ use sandcove::{
     Result, WriteOptions,
 };
 
-#[path = "passthrough_common.rs"]
-mod passthrough;
+use crate::passthrough_common as passthrough;
 
 use passthrough::{Adapt, Passthrough};
 

@@ -2,9 +2,9 @@
 //! cleans up after itself, host-side process and mount inspection, canary files whose every
 //! byte and timestamp is checked afterwards, and a small deterministic path generator.
 //!
-//! Included by the hardening suites with `#[path = "hardening_common.rs"] mod common;` (its
-//! own tests live in `hardening.rs`; built on its own, this file has none).
-#![allow(dead_code, unused_imports)]
+//! The hardening modules of this test binary name it `common`; the suites that keep a binary
+//! of their own include it with `#[path = "it/hardening_common.rs"] mod common;`. Its own
+//! tests live in `hardening.rs`.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -332,8 +332,6 @@ pub fn rss_kib() -> u64 {
 pub struct HostSleeper {
     /// The child.
     pub child: std::process::Child,
-    /// Its `argv[0]`.
-    pub marker: String,
 }
 
 impl HostSleeper {
@@ -357,10 +355,7 @@ impl HostSleeper {
             );
             std::thread::sleep(Duration::from_millis(2));
         }
-        HostSleeper {
-            child,
-            marker: marker.to_string(),
-        }
+        HostSleeper { child }
     }
 
     /// Its host pid.

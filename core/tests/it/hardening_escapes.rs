@@ -7,8 +7,7 @@
 //!
 //! Runs as root and rootless (CI runs this binary again as an unprivileged user).
 
-#[path = "hardening_common.rs"]
-mod common;
+use crate::hardening_common as common;
 
 use std::path::PathBuf;
 

@@ -8,8 +8,7 @@
 //! the wire), malformed ids in URLs, and a server restarted under a working client. After each
 //! attack, nothing may have changed: no new sandbox, process, file, volume or snapshot.
 
-#[path = "hardening_common.rs"]
-mod common;
+use crate::hardening_common as common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -11,8 +11,7 @@
 //! a swapped link really lands on it; as root it belongs to an unmapped uid and the attempt
 //! fails with EPERM either way.
 
-#[path = "hardening_common.rs"]
-mod common;
+use crate::hardening_common as common;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;

@@ -5,8 +5,7 @@
 //!
 //! Runs as root and rootless. Every connection is to a preview listener on 127.0.0.1.
 
-#[path = "hardening_common.rs"]
-mod common;
+use crate::hardening_common as common;
 
 use sandcove::{Command, ErrorCode, PreviewOptions, ProcessSpec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -10,8 +10,7 @@
 //! Tests that need the helper (`pasta`, Debian package `passt`, and a usable /dev/net/tun;
 //! `.ci/run` installs both) skip loudly without it. Runs as root and rootless.
 
-#[path = "hardening_common.rs"]
-mod common;
+use crate::hardening_common as common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -36,7 +36,8 @@ async fn a_second_program_uses_and_destroys_a_sandbox() {
     let status = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "second_program_child",
+            // Test names in this binary start with their module's.
+            "local_engine::second_program_child",
             "--ignored",
             "--nocapture",
         ])
@@ -86,7 +87,12 @@ async fn sandboxes_outlive_their_creator() {
     let backend = local();
     let marker = unique("outlive");
     let status = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "creator_child", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "local_engine::creator_child",
+            "--ignored",
+            "--nocapture",
+        ])
         .env(CHILD_ENV, &marker)
         .status()
         .expect("run the creator");
@@ -759,7 +765,12 @@ const POOL_CHILD_ENV: &str = "SANDCOVE_TEST_POOL_CHILD_DIR";
 async fn warm_pool_members_end_at_their_lease_after_their_program_exits() {
     let dir = std::env::temp_dir().join(unique("pool-exit"));
     let status = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "pool_child", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "local_engine::pool_child",
+            "--ignored",
+            "--nocapture",
+        ])
         .env(POOL_CHILD_ENV, &dir)
         .status()
         .expect("run the pool child");

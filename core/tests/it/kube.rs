@@ -4,12 +4,12 @@
 //! restarted server, previews served by the backend's process, and agents reached through
 //! the API server's port-forward. No real cluster is involved.
 
-mod kube_fake;
+use crate::kube_fake;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use kube_fake::FakeCluster;
+use crate::kube_fake::FakeCluster;
 use sandcove::backend::kube::AgentReach;
 use sandcove::conformance::{eventually, holds, http_get, test_options, unique, PATIENCE};
 use sandcove::{

@@ -16,8 +16,7 @@ use sandcove::{
 };
 use tokio::io::AsyncWriteExt;
 
-#[path = "passthrough_common.rs"]
-mod passthrough;
+use crate::passthrough_common as passthrough;
 
 use passthrough::{Adapt, Passthrough};
 

@@ -21,8 +21,6 @@
 //! requests sent; the next request matching a method and path fragment can be made to fail
 //! with a given status.
 
-#![allow(dead_code)]
-
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -281,17 +279,6 @@ impl FakeCluster {
             .keys()
             .cloned()
             .collect()
-    }
-
-    /// The pid of the agent running Pod `name`, if scheduled and alive.
-    pub fn agent_pid(&self, name: &str) -> Option<u32> {
-        self.state
-            .store
-            .lock()
-            .unwrap()
-            .agents
-            .get(name)
-            .and_then(|c| c.id())
     }
 
     /// Delete Pod `name` behind the backend's back (as `kubectl delete pod` would).

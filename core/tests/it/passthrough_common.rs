@@ -2,9 +2,7 @@
 //! [`Adapt`] says (the capabilities it reports, the file writes): the wrapper shared by the
 //! test programs that put the engine behind a mask or a slow path.
 //!
-//! Included with `#[path = "passthrough_common.rs"] mod passthrough;` (built on its own, this
-//! file has no tests).
-#![allow(dead_code)]
+//! The test modules using it name it `passthrough`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -13,7 +13,7 @@
 //! through it (see the list there), not the rest, whose calls go to the API server alone or
 //! repeat a kind already carried.
 
-mod kube_fake;
+use crate::kube_fake;
 
 use std::sync::Arc;
 use std::time::Duration;

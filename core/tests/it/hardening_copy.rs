@@ -6,8 +6,7 @@
 //! nothing outside the copied tree was read into the copy or written through a link, and that
 //! host files are unchanged. Runs as root and rootless.
 
-#[path = "hardening_common.rs"]
-mod common;
+use crate::hardening_common as common;
 
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
