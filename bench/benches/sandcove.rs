@@ -144,7 +144,7 @@ finally:
                 None => {
                     return Err(format!(
                         "skipped: no Python with the pinned e2b SDK (set SANDCOVE_BENCH_PYTHON, \
-                         or run `cargo test -p sandcove-cli --test e2b_sdk` once to provision {})",
+                         or run `cargo test -p sandcove-cli --test it -- e2b_sdk::` once to provision {})",
                         sdk.display()
                     ))
                 }
@@ -233,7 +233,7 @@ for (let i = 0; i < Number(process.argv[2]); i++) {
     let mut cmd = if language == "python" {
         let venv = provisioned("py-pins-daytona-").ok_or(
             "skipped: no Python with the pinned daytona SDK (run `cargo test -p sandcove-cli \
-             --test daytona_sdk` once to provision it)",
+             --test it -- daytona_sdk::` once to provision it)",
         )?;
         let mut c = std::process::Command::new(venv.join("bin/python"));
         c.args(["-c", PYTHON, &DAYTONA_CREATES.to_string()]);
@@ -241,7 +241,7 @@ for (let i = 0; i < Number(process.argv[2]); i++) {
     } else {
         let project = provisioned("js-daytona-").ok_or(
             "skipped: no node project with the pinned @daytonaio/sdk (run `cargo test -p \
-             sandcove-cli --test daytona_sdk` once to provision it)",
+             sandcove-cli --test it -- daytona_sdk::` once to provision it)",
         )?;
         // An ES module resolves packages from its own directory: write it into the project.
         let program = project.join(format!("bench-create-{}.mjs", std::process::id()));
