@@ -1,5 +1,5 @@
-//! Metrics: `SandboxMetrics`, the builder of `get_metrics(...)`, and the sample shared with the wire
-//! protocol.
+//! Metrics: `SandboxMetrics`, the builder of `get_metrics(...)`, and the sample shared with the
+//! wire protocol.
 
 use std::future::IntoFuture;
 
