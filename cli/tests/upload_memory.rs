@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use sandcove::conformance::eventually;
 use sandcove::{Backend, LocalBackend};
 use sandcove_compat_support::multipart::{UploadBudget, WORKING_SET};
+use sandcove_conformance::eventually;
 use sandcove_tests::PrivateState;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

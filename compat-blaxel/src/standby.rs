@@ -416,13 +416,13 @@ impl Layer for Standby {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandcove::conformance::{eventually, PATIENCE};
+    use sandcove_conformance::{eventually, PATIENCE};
 
     /// Attack (fails): calls naming sandboxes that do not exist (or ended elsewhere) must not
     /// leave a record each behind for the life of the server.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn records_of_gone_sandboxes_are_dropped() {
-        let dir = std::env::temp_dir().join(sandcove::conformance::unique("standby-records"));
+        let dir = std::env::temp_dir().join(sandcove_conformance::unique("standby-records"));
         let engine = sandcove::LocalBackend::with_state_dir(&dir)
             .expect("engine")
             .with_warm_pool(0);

@@ -10,7 +10,7 @@ mod common;
 
 use blaxel::SandboxInstance;
 use common::unique;
-use sandcove::conformance::{eventually, PATIENCE};
+use sandcove_conformance::{eventually, PATIENCE};
 use serde_json::json;
 
 /// The test's quiet period: short, yet long against one call's round trip.

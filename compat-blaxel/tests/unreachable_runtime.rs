@@ -4,7 +4,7 @@
 // One test in this binary: it points the whole program at the unreachable server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_is_unavailable_not_unsupported() {
-    sandcove::conformance::unreachable_runtime().await;
+    sandcove_conformance::unreachable_runtime().await;
     let err = blaxel::SandboxInstance::create(
         serde_json::json!({"name": "unreach", "volumes": [{"name": "data", "mountPath": "/data"}]}),
     )

@@ -6,7 +6,7 @@ use daytona::{CreateSandboxFromSnapshotParams, Daytona, DaytonaConfig, DaytonaEr
 // One test in this binary: it points the whole program at the unreachable server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_is_unavailable_not_unsupported() {
-    let client = sandcove::conformance::unreachable_runtime().await;
+    let client = sandcove_conformance::unreachable_runtime().await;
     let daytona = Daytona::with_client(client, DaytonaConfig::default());
     let err = daytona.volume.list().await.expect_err("no server");
     assert!(

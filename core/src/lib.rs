@@ -38,9 +38,6 @@ pub use sandcove_core::{
     capability, error, layer, listen, operation, reference, secret, types, validate, wire,
 };
 
-#[cfg(feature = "conformance")]
-pub mod conformance;
-
 /// `sandcove serve` (crate `sandcove-server`).
 #[cfg(feature = "server")]
 pub use sandcove_server as server;

@@ -19,11 +19,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use sandcove::conformance::unique;
 use sandcove::{
     Backend, ByteStream, Client, Command, ErrorCode, ListOptions, LocalBackend, ProcessEvent,
     ProcessSpec, Resources, SandboxState, Signal, WriteOptions,
 };
+use sandcove_conformance::unique;
 
 use common::{bash, equals, eventually, holds, host_process_count, Env, PATIENCE};
 

@@ -16,8 +16,8 @@ mod common;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use sandcove::conformance::{run, unique};
 use sandcove::{Command, ProcessSpec};
+use sandcove_conformance::{run, unique};
 
 use common::{Canaries, Env};
 

@@ -12,8 +12,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use sandcove::conformance::unique;
 use sandcove::{Command, ListOptions, ProcessSpec, WriteOptions};
+use sandcove_conformance::unique;
 
 use common::{equals, eventually, host_process_count, Env};
 

@@ -6,9 +6,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
 use sandcove::backend::http::{ALLOW_INSECURE_HTTP_ENV, CA_FILE_ENV};
-use sandcove::conformance::{test_options, unique};
 use sandcove::server::{load_tls, LocalServer, ServerConfig};
 use sandcove::{Backend, Client, Command, ErrorCode, HttpBackend, LocalBackend, ProcessSpec};
+use sandcove_conformance::{test_options, unique};
 
 #[tokio::test(flavor = "current_thread")]
 async fn https_with_a_private_ca_and_no_clear_text_beyond_loopback() {

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use sandcove::conformance::{eventually, PATIENCE};
 use sandcove::{Backend, CreateOptions, LocalBackend};
+use sandcove_conformance::{eventually, PATIENCE};
 
 // The helpers of the main test binary; this one uses part of them.
 #[allow(dead_code, unused_imports)]

@@ -18,8 +18,8 @@ mod common;
 
 use std::time::Duration;
 
-use sandcove::conformance::{run, unique};
 use sandcove::{Command, ErrorCode, ProcessSpec, Resources};
+use sandcove_conformance::{run, unique};
 
 use common::Env;
 

@@ -1,6 +1,6 @@
 //! The conformance cases that have a meaning in every vendor's SDK, run through each facade.
 //!
-//! `sandcove::conformance` proves each backend behaves; these cases prove each facade
+//! `sandcove_conformance` proves each backend behaves; these cases prove each facade
 //! translates that behaviour the same way: what a command prints and returns, how envs and the
 //! working directory reach it, what a file holds after a round trip between the file API and a
 //! process, how directories are listed, what a missing file or sandbox raises. Each facade

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use crate::common::bin;
 use sandcove::backend::agent_client::{RemoteAgent, TcpDialer};
 use sandcove::backend::agent_server::{token_sha256_hex, ROOT_ENV, TOKEN_SHA256_ENV};
-use sandcove::conformance::unique;
 use sandcove::{Error, ProcessSpec};
+use sandcove_conformance::unique;
 
 /// Whether the built binary can be run from here (a test binary copied elsewhere and run as
 /// another user may not reach the build directory; the test then skips, saying so).

@@ -21,7 +21,7 @@ const PINS: &str = "pins-blaxel-0.4.24.txt";
 const ANNOUNCE: &str = "Blaxel wire protocol";
 
 fn start() -> Server {
-    Server::start("blaxel", ANNOUNCE, &sandcove::conformance::unique("bl-key"))
+    Server::start("blaxel", ANNOUNCE, &sandcove_conformance::unique("bl-key"))
 }
 
 /// The sandboxes of a list answer (a bare array, or a page's `data`).

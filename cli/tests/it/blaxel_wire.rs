@@ -3,8 +3,8 @@
 //! `Host: api.blaxel.ai` requests), `//` paths, NDJSON exec streams, bad input and gaps. The
 //! router runs in this process over the embedded engine with a private state directory.
 
-use sandcove::conformance::{eventually, next_millisecond};
 use sandcove::Backend;
+use sandcove_conformance::{eventually, next_millisecond};
 use serde_json::{json, Value};
 
 use crate::common::{self, WireEnv};

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use sandcove::conformance::eventually;
 use sandcove::Backend;
+use sandcove_conformance::eventually;
 use serde_json::{json, Value};
 
 use crate::common::{self, WireEnv};
@@ -630,7 +630,7 @@ async fn a_pre_auth_client_that_pings_and_never_reads_is_cut_at_the_deadline() {
         .timeout(Duration::from_millis(500))
         .build()
         .unwrap();
-    sandcove::conformance::eventually(
+    sandcove_conformance::eventually(
         Duration::from_secs(20),
         "the attacker's slot is freed",
         || async {
@@ -645,7 +645,7 @@ async fn a_pre_auth_client_that_pings_and_never_reads_is_cut_at_the_deadline() {
     .await;
     // The attacker's connection is gone (its next write, or the one after, fails).
     let attacker = std::sync::Arc::new(tokio::sync::Mutex::new(attacker));
-    sandcove::conformance::eventually(
+    sandcove_conformance::eventually(
         Duration::from_secs(20),
         "the attacker is disconnected",
         || {

@@ -366,7 +366,7 @@ async fn port_forwarding_reaches_only_e2b_sandboxes() {
         }
         req.send()
     };
-    let text = sandcove::conformance::eventually(
+    let text = sandcove_conformance::eventually(
         std::time::Duration::from_secs(30),
         "the E2B sandbox's server answers without a credential",
         || async {
@@ -392,7 +392,7 @@ async fn port_forwarding_reaches_only_e2b_sandboxes() {
     );
     // The native sandbox serves the same port, and stays out of reach.
     let native_sandbox = sandcove::Client::new(env.backend.clone()).sandbox(&native);
-    sandcove::conformance::eventually(
+    sandcove_conformance::eventually(
         std::time::Duration::from_secs(30),
         "the native sandbox's server answers inside it",
         || async {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use sandcove::conformance::eventually;
 use sandcove::{Backend, LocalBackend};
+use sandcove_conformance::eventually;
 use sandcove_tests::PrivateState;
 use serde_json::{json, Value};
 
@@ -1756,7 +1756,7 @@ async fn snapshots_and_fork_answer_as_e2b_does() {
         assert!(sandbox["envdAccessToken"].is_string(), "{fork}");
         let fork_id = sandbox["sandboxID"].as_str().unwrap();
         assert_ne!(fork_id, id);
-        let read = sandcove::conformance::names_in(&*env.backend, fork_id, "/home/user").await;
+        let read = sandcove_conformance::names_in(&*env.backend, fork_id, "/home/user").await;
         assert!(read.contains(&"state.txt".to_string()), "{read:?}");
         env.backend.destroy(fork_id).await.unwrap();
     }

@@ -6,8 +6,8 @@ use std::process::Command;
 use std::sync::Arc;
 
 use crate::common::{bin, ServeChild};
-use sandcove::conformance::{test_options, unique};
 use sandcove::{Backend, HttpBackend, LocalBackend, ProcessSpec};
+use sandcove_conformance::{test_options, unique};
 
 /// The native listener's announcement.
 const LISTENING: &str = "sandcove serve: listening on";

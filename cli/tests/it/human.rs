@@ -10,7 +10,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::{Output, Stdio};
 
 use crate::common::{bin, ServeChild};
-use sandcove::conformance::{eventually, holds, unique, PATIENCE};
+use sandcove_conformance::{eventually, holds, unique, PATIENCE};
 use sandcove_tests::PrivateState;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;

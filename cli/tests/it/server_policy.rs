@@ -8,9 +8,9 @@ use std::process::Command;
 use std::sync::Arc;
 
 use crate::common::{bin, ServeChild};
-use sandcove::conformance::{test_options, unique};
 use sandcove::server::{LocalServer, PolicyBackend, ServerConfig, ServerPolicy};
 use sandcove::{Backend, Error, HttpBackend, LocalBackend, NetworkPolicy};
+use sandcove_conformance::{test_options, unique};
 use sandcove_tests::PrivateState;
 
 /// The native listener's announcement.

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::common::{self, sandbox};
 use blaxel::{SandboxAPIError, SandboxFilesystemFile, WatchEvent};
-use sandcove::conformance::{eventually, holds, PATIENCE};
+use sandcove_conformance::{eventually, holds, PATIENCE};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::common::{sandbox, unique};
 use blaxel::{ProcessRequest, ProcessResponseStatus, SandboxInstance};
-use sandcove::conformance::{equals, eventually, PATIENCE};
+use sandcove_conformance::{equals, eventually, PATIENCE};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

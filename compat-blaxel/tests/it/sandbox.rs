@@ -2,7 +2,7 @@
 
 use crate::common::{self, sandbox, unique};
 use blaxel::{SandboxAPIError, SandboxInstance, SandboxUpdateMetadata};
-use sandcove::conformance::{eventually, next_millisecond};
+use sandcove_conformance::{eventually, next_millisecond};
 use serde_json::json;
 use std::time::Duration;
 
@@ -496,7 +496,7 @@ async fn sandbox_code_cannot_rewrite_facade_records() {
 /// files. A sandbox with a policy (`ttl`) is deleted at its end, as on Blaxel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_deletion_policy_the_lease_end_is_standby_not_deletion() {
-    use sandcove::conformance::PATIENCE;
+    use sandcove_conformance::PATIENCE;
     let client = sandcove::Client::from_env().expect("runtime");
     let caps = client.ready().await.expect("capabilities");
     let with_ttl = sandbox("standby-ttl").await;

@@ -164,7 +164,7 @@ async fn labels_list_get_by_name() {
         .unwrap();
     // `b` is created in a later millisecond than `a`: the order asserted below is the
     // creation order, not a tie broken by id.
-    sandcove::conformance::next_millisecond().await;
+    sandcove_conformance::next_millisecond().await;
     let b = d
         .create(CreateSandboxFromSnapshotParams {
             name: Some(format!("{tag}-b")),

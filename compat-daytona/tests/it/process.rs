@@ -91,12 +91,12 @@ async fn exec_cwd_env_and_timeout() {
     // The whole process group was killed: no sleeper is left behind.
     // Orphans are reaped by PID 1 on its own schedule: wait for them to be gone.
     let sb = &sb;
-    sandcove::conformance::eventually(
-        sandcove::conformance::PATIENCE,
+    sandcove_conformance::eventually(
+        sandcove_conformance::PATIENCE,
         "no sleeper is left",
         || async move {
             let r = sb.process.exec("pgrep -x sleep | wc -l").await.unwrap();
-            sandcove::conformance::equals(r.result.trim().to_string(), "0".to_string())
+            sandcove_conformance::equals(r.result.trim().to_string(), "0".to_string())
         },
     )
     .await;

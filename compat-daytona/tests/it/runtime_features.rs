@@ -60,7 +60,7 @@ async fn serve(sb: &Sandbox, port: u16) {
 /// GET until the server in the sandbox answers (it needs a moment to start).
 async fn get_when_up(url: &str, headers: &[(&str, &str)]) -> (u16, String) {
     let what = format!("the preview at {url} answers");
-    sandcove::conformance::eventually(sandcove::conformance::PATIENCE, &what, || async {
+    sandcove_conformance::eventually(sandcove_conformance::PATIENCE, &what, || async {
         match http_get(url, headers).await {
             Ok((status, body)) if status != 502 && status != 0 => Ok((status, body)),
             other => Err(format!("{other:?}")),

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::common::{assert_not_supported, caps, sandbox};
-use sandcove::conformance::{equals, eventually, holds, PATIENCE};
+use sandcove_conformance::{equals, eventually, holds, PATIENCE};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreground_run_returns_the_result_and_streams_chunks() {

@@ -4,7 +4,7 @@ use crate::common::{assert_not_supported, caps, sandbox, skip, unique};
 use std::sync::{Arc, Mutex};
 
 use e2b::{read_format, FileType, FilesystemEvent, FilesystemEventType, WriteEntry};
-use sandcove::conformance::{eventually, holds, PATIENCE};
+use sandcove_conformance::{eventually, holds, PATIENCE};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_read_and_info() {

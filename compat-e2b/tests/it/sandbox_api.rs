@@ -6,7 +6,7 @@ use e2b::{
     DateTime, Sandbox, SandboxLifecycle, SandboxNetworkOpts, SandboxQuery, SandboxState,
     ALL_TRAFFIC,
 };
-use sandcove::conformance::{equals, eventually, next_millisecond, PATIENCE};
+use sandcove_conformance::{equals, eventually, next_millisecond, PATIENCE};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_gives_e2b_user_home_envs_and_info() {

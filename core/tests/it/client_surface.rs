@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use sandcove::conformance::{test_options, unique};
 use sandcove::{
     Backend, ByteStream, Capabilities, Client, Command, Error, ErrorCode, Feature, ListDirOptions,
     ListOptions, LocalBackend, MkdirOptions, NetworkPolicy, PreviewOptions, ProcessEvent,
     ProcessSelector, PtySize, ReadOptions, RemoveOptions, Resources, Result, SandboxState, Signal,
     StatOptions, TimeoutAction, VolumeMount, WatchOptions, WriteOptions,
 };
+use sandcove_conformance::{test_options, unique};
 use tokio::io::AsyncWriteExt;
 
 use crate::passthrough_common as passthrough;
@@ -22,7 +22,7 @@ use passthrough::{Adapt, Passthrough};
 
 async fn clients() -> Vec<(&'static str, Client)> {
     let engine = Arc::new(LocalBackend::new().expect("local engine"));
-    let remote = sandcove::conformance::served(engine.clone()).await;
+    let remote = sandcove_conformance::served(engine.clone()).await;
     vec![
         ("embedded", Client::new(engine)),
         ("http", Client::new(Arc::new(remote) as Arc<dyn Backend>)),
@@ -220,7 +220,7 @@ const MASKABLE: [Feature; 11] = [
 
 /// `backend` as a client used directly and as one over a loopback server wrapping it.
 async fn embedded_and_http(backend: Arc<dyn Backend>) -> Vec<(&'static str, Client)> {
-    let remote = sandcove::conformance::served(backend.clone()).await;
+    let remote = sandcove_conformance::served(backend.clone()).await;
     vec![
         ("embedded", Client::new(backend)),
         ("http", Client::new(Arc::new(remote) as Arc<dyn Backend>)),

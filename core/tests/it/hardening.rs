@@ -15,12 +15,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures::StreamExt;
-use sandcove::conformance::{run, unique};
 use sandcove::{
     Backend, Command, CreateOptions, ErrorCode, ListDirOptions, MkdirOptions, NetworkPolicy,
     Output, PreviewOptions, ProcessSelector, ProcessSpec, PtySize, RemoveOptions, Resources,
     Signal, VolumeMount, WatchOptions, WriteOptions,
 };
+use sandcove_conformance::{run, unique};
 
 use common::{bash, bytes, has_python, python, read_all, Canaries, Env, Gen, HostSleeper};
 

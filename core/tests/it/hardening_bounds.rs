@@ -10,8 +10,8 @@ use crate::hardening_common as common;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use sandcove::conformance::unique;
 use sandcove::{Backend, ErrorCode, LocalBackend};
+use sandcove_conformance::unique;
 
 use common::Env;
 
@@ -173,7 +173,7 @@ async fn tmpfs_inodes_are_bounded_by_the_disk_size() {
         if let Some(user) = user {
             spec = spec.user(user);
         }
-        let out = sandcove::conformance::run(&*env.backend, &id, spec).await;
+        let out = sandcove_conformance::run(&*env.backend, &id, spec).await;
         let text = out.stdout_lossy();
         let mut words = text.split_whitespace();
         let total: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);

@@ -12,11 +12,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use sandcove::conformance::{
+use sandcove::{Backend, Command, CreateOptions, LocalBackend, Output, ProcessSpec};
+pub use sandcove_conformance::{
     equals, eventually, holds, host_process_count, host_processes_named, PATIENCE,
 };
-use sandcove::conformance::{run, unique};
-use sandcove::{Backend, Command, CreateOptions, LocalBackend, Output, ProcessSpec};
+use sandcove_conformance::{run, unique};
 
 /// Label every hardening sandbox carries (with the test's own marker as its value).
 pub const LABEL: &str = "hardening";

@@ -11,8 +11,8 @@ use crate::hardening_common as common;
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
-use sandcove::conformance::{eventually, names_in, unique};
 use sandcove::{Command, CopyOptions, ErrorCode, FileKind, ListDirOptions, ProcessSpec};
+use sandcove_conformance::{eventually, names_in, unique};
 
 use common::{bash, Canaries, Env};
 
@@ -172,7 +172,7 @@ async fn copy_racing_swapped_directories_stays_in_the_tree() {
             spec
         }
     };
-    let setup = sandcove::conformance::run(
+    let setup = sandcove_conformance::run(
         b,
         &id,
         as_root(
@@ -224,7 +224,7 @@ async fn copy_racing_swapped_directories_stays_in_the_tree() {
         }
         // Nothing from outside the tree in the copy (wherever its directory was moved),
         // nothing in the trap; then put the source back and clear up for the next round.
-        let check = sandcove::conformance::run(
+        let check = sandcove_conformance::run(
             b,
             &id,
             as_root(&format!(

@@ -8,8 +8,8 @@ use crate::hardening_common as common;
 
 use std::os::unix::fs::MetadataExt;
 
-use sandcove::conformance::unique;
 use sandcove::ErrorCode;
+use sandcove_conformance::unique;
 
 use common::{bash, Env};
 

@@ -11,8 +11,8 @@ use crate::hardening_common as common;
 
 use std::path::PathBuf;
 
-use sandcove::conformance::{run, unique};
 use sandcove::{Command, ErrorCode, ProcessSpec, VolumeMount};
+use sandcove_conformance::{run, unique};
 
 use common::{bash, Canaries, Env};
 
@@ -332,7 +332,7 @@ async fn memory_and_cpu_limits_are_enforced_or_refused() {
         std::time::Duration::from_secs(30),
         "the sandbox's cgroup goes with it",
         || {
-            let gone = sandcove::conformance::holds(!dir.exists(), dir.clone());
+            let gone = sandcove_conformance::holds(!dir.exists(), dir.clone());
             async move { gone }
         },
     )

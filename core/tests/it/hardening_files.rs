@@ -18,11 +18,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use sandcove::conformance::{run, unique};
 use sandcove::{
     Backend, Command, ErrorCode, FileKind, ListDirOptions, MkdirOptions, ProcessSpec,
     RemoveOptions, WatchOptions, WriteOptions,
 };
+use sandcove_conformance::{run, unique};
 
 use common::{bash, bytes, read_all, Canaries, Env};
 
@@ -170,7 +170,7 @@ async fn writes_through_magic_links_are_refused_and_copy_nothing() {
             "write {path}"
         );
     }
-    let names = sandcove::conformance::names_in(&*env.backend, &id, "/workspace").await;
+    let names = sandcove_conformance::names_in(&*env.backend, &id, "/workspace").await;
     assert_eq!(
         names,
         ["exe", "viaroot"],

@@ -14,12 +14,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use sandcove::conformance::unique;
 use sandcove::server::{serve, LocalServer, ServerConfig};
 use sandcove::{
     Backend, ByteStream, Command, CreateOptions, ErrorCode, HttpBackend, HttpOptions,
     ListDirOptions, ProcessSelector, ProcessSpec, WriteOptions,
 };
+use sandcove_conformance::unique;
 use serde_json::Value;
 
 use common::Env;
@@ -699,7 +699,7 @@ async fn serve_survives_half_sent_heads() {
         "half-open connections are closed after the head timeout",
         || {
             let closed =
-                sandcove::conformance::holds(slow::all_closed(&mut attack), "some still open");
+                sandcove_conformance::holds(slow::all_closed(&mut attack), "some still open");
             async move { closed }
         },
     )
@@ -740,7 +740,7 @@ http.server.ThreadingHTTPServer(("127.0.0.1", {port}), H).serve_forever()
     let probe = format!(
         "for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}))' 2>/dev/null && exit 0; sleep 0.1; done; exit 1"
     );
-    let out = sandcove::conformance::run(backend, id, ProcessSpec::new(Command::sh(&probe))).await;
+    let out = sandcove_conformance::run(backend, id, ProcessSpec::new(Command::sh(&probe))).await;
     assert!(out.exit_status().success(), "server on {port} is up");
 }
 
@@ -780,7 +780,7 @@ async fn private_previews_survive_half_sent_heads() {
         .unwrap();
     let out = tokio::time::timeout(
         Duration::from_secs(60),
-        sandcove::conformance::run(
+        sandcove_conformance::run(
             env.backend.as_ref(),
             &id,
             ProcessSpec::new(Command::sh("echo still-served")),
@@ -791,7 +791,7 @@ async fn private_previews_survive_half_sent_heads() {
     assert_eq!(out.stdout, b"still-served\n");
     let answered = tokio::time::timeout(
         Duration::from_secs(60),
-        sandcove::conformance::http_get(
+        sandcove_conformance::http_get(
             &preview.host,
             "/through",
             &[(preview.token_header.as_str(), token.as_str())],
@@ -805,7 +805,7 @@ async fn private_previews_survive_half_sent_heads() {
         "half-open preview connections are closed after the head timeout",
         || {
             let closed =
-                sandcove::conformance::holds(slow::all_closed(&mut attack), "some still open");
+                sandcove_conformance::holds(slow::all_closed(&mut attack), "some still open");
             async move { closed }
         },
     )
@@ -869,7 +869,7 @@ async fn a_second_request_on_a_preview_connection_is_not_forwarded() {
         );
         assert!(!text.contains("/second"), "second request answered: {text}");
     }
-    let log = sandcove::conformance::run(
+    let log = sandcove_conformance::run(
         env.backend.as_ref(),
         &id,
         ProcessSpec::new(Command::sh("cat /tmp/paths.log")),
@@ -989,7 +989,7 @@ async fn unclaimed_warm_pool_members_are_unknown() {
         .await
         .expect("the claimed sandbox over HTTP");
     let out =
-        sandcove::conformance::run(&client, &claimed, ProcessSpec::new(Command::sh("echo ok")))
+        sandcove_conformance::run(&client, &claimed, ProcessSpec::new(Command::sh("echo ok")))
             .await;
     assert_eq!(out.stdout, b"ok\n");
     for id in [first, claimed] {
@@ -1127,7 +1127,7 @@ async fn a_silent_stream_is_not_cut_by_the_write_stall_bound() {
         .expect("start");
     let id = env.sandbox(&unique("silent")).await;
     let client = HttpBackend::new(&server.url(), KEY).unwrap();
-    let out = sandcove::conformance::run(
+    let out = sandcove_conformance::run(
         &client,
         &id,
         ProcessSpec::new(Command::argv(["sh", "-c", "sleep 2; echo done"])),

@@ -15,10 +15,10 @@ use axum::http::header;
 use axum::Router;
 use rustls::client::danger::ServerCertVerifier;
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
-use sandcove::conformance::{unique, PATIENCE};
 use sandcove::server::intercept::{SandcoveCa, CA_NAME};
 use sandcove::server::{serve_router_intercepting, ConnectionLimits};
 use sandcove::ErrorCode;
+use sandcove_conformance::{unique, PATIENCE};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

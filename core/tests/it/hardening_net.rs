@@ -15,8 +15,8 @@ use crate::hardening_common as common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandcove::conformance::{run, unique};
 use sandcove::{Backend, Command, ErrorCode, LocalBackend, NetworkPolicy, ProcessSpec};
+use sandcove_conformance::{run, unique};
 
 use common::{
     alive, all_processes, eventually, has_python, monitor_and_agent, python, signal, Env,
@@ -199,7 +199,7 @@ async fn destroy_and_a_killed_monitor_leave_no_network_helper() {
         Duration::from_secs(30),
         &format!("the helper {helper_a} outlived its destroyed sandbox"),
         || {
-            let gone = sandcove::conformance::holds(!alive(helper_a), helper_a);
+            let gone = sandcove_conformance::holds(!alive(helper_a), helper_a);
             async move { gone }
         },
     )
@@ -210,7 +210,7 @@ async fn destroy_and_a_killed_monitor_leave_no_network_helper() {
         Duration::from_secs(30),
         &format!("the helper {helper_b} outlived its killed monitor"),
         || {
-            let gone = sandcove::conformance::holds(!alive(helper_b), helper_b);
+            let gone = sandcove_conformance::holds(!alive(helper_b), helper_b);
             async move { gone }
         },
     )

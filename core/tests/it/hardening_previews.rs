@@ -53,7 +53,7 @@ while True:
 /// A sandbox running [`STREAMER`], or `None` (said loudly) where python3 is missing.
 async fn streaming_sandbox(env: &Env, marker: &str) -> Option<String> {
     let id = env.sandbox(marker).await;
-    let check = sandcove::conformance::run(
+    let check = sandcove_conformance::run(
         &*env.backend,
         &id,
         ProcessSpec::new(Command::argv([

@@ -8,10 +8,10 @@ use sandcove::{Backend, LocalBackend};
 /// A fresh loopback server wrapping a new engine, and a client connected to it.
 async fn served() -> Arc<dyn Backend> {
     let engine = Arc::new(LocalBackend::new().expect("local engine"));
-    Arc::new(sandcove::conformance::served(engine).await)
+    Arc::new(sandcove_conformance::served(engine).await)
 }
 
-sandcove::conformance_tests!(served());
+sandcove_conformance::conformance_tests!(served());
 
 /// The client reports the served backend's capabilities.
 #[tokio::test]

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandcove::conformance::{eventually, sh, test_options, unique, PATIENCE};
 use sandcove::server::{LocalServer, ServerConfig};
 use sandcove::{
     Backend, ByteStream, Client, Command, CopyOptions, Error, FileKind, FileStat, HttpBackend,
@@ -14,6 +13,7 @@ use sandcove::{
     ProcessEvent, ProcessSpec, ReadOptions, RemoveOptions, RenameOptions, StatOptions,
     WriteOptions,
 };
+use sandcove_conformance::{eventually, sh, test_options, unique, PATIENCE};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 

@@ -8,7 +8,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use sandcove::backend::http::{IDEMPOTENCY_HEADER, OPENAPI_PATH};
-use sandcove::conformance::{test_options, unique};
 use sandcove::server::{LocalServer, ServerConfig};
 use sandcove::{
     Backend, ByteStream, Capabilities, Command, CreateOptions, Error, ErrorCode, FileStat,
@@ -17,6 +16,7 @@ use sandcove::{
     PtySize, RemoveOptions, ResourceKind, Result, SandboxInfo, Signal, SnapshotInfo, Tombstone,
     VolumeInfo, WatchOptions, WatchStream, WriteOptions,
 };
+use sandcove_conformance::{test_options, unique};
 use serde_json::Value;
 
 /// A backend that answers every call `NotSupported { feature: <method name> }` and counts

@@ -8,12 +8,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use sandcove::backend::http::{frame, FRAMES_CONTENT_TYPE};
-use sandcove::conformance::{equals, eventually, test_options, unique, PATIENCE};
 use sandcove::server::{LocalServer, ServerConfig};
 use sandcove::{
     Backend, ByteStream, Capabilities, Error, ErrorCode, FileStat, HttpBackend, LocalBackend,
     Result, WriteOptions,
 };
+use sandcove_conformance::{equals, eventually, test_options, unique, PATIENCE};
 
 use crate::passthrough_common as passthrough;
 
@@ -92,7 +92,7 @@ async fn served_capped(
 }
 
 async fn names(backend: &dyn Backend, id: &str) -> Vec<String> {
-    sandcove::conformance::names_in(backend, id, "/workspace").await
+    sandcove_conformance::names_in(backend, id, "/workspace").await
 }
 
 fn chunks(items: Vec<Result<Vec<u8>>>) -> ByteStream {

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use crate::kube_fake::FakeCluster;
 use sandcove::backend::kube::AgentReach;
-use sandcove::conformance::{eventually, holds, http_get, test_options, unique, PATIENCE};
 use sandcove::{
     AnnotationUpdate, Backend, Command, ErrorCode, KubeBackend, KubeConfig, ListOptions,
     PreviewOptions, ProcessSpec,
 };
+use sandcove_conformance::{eventually, holds, http_get, test_options, unique, PATIENCE};
 
 const KEY: [u8; 32] = [7; 32];
 

@@ -42,7 +42,7 @@ async fn kube_reached(reach: AgentReach) -> Arc<dyn Backend> {
     )
 }
 
-sandcove::conformance_tests!(kube());
+sandcove_conformance::conformance_tests!(kube());
 
 /// The same cases, each agent connection carried by the API server's port-forward.
 mod port_forward {
@@ -55,7 +55,7 @@ mod port_forward {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
                     let backend = kube_reached(AgentReach::PortForward).await;
-                    sandcove::conformance::$case(&*backend).await;
+                    sandcove_conformance::$case(&*backend).await;
                 }
             )*
         };

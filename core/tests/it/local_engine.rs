@@ -2,16 +2,16 @@
 
 use std::sync::Arc;
 
-use sandcove::conformance::{
+use sandcove::{Backend, Command, ErrorCode, LocalBackend, ProcessSelector, ProcessSpec};
+use sandcove_conformance::{
     equals, eventually, host_process_count, run, sh, test_options, unique, PATIENCE,
 };
-use sandcove::{Backend, Command, ErrorCode, LocalBackend, ProcessSelector, ProcessSpec};
 
 fn local() -> Arc<dyn Backend> {
     Arc::new(LocalBackend::new().expect("local engine"))
 }
 
-sandcove::conformance_tests!(async { local() });
+sandcove_conformance::conformance_tests!(async { local() });
 
 /// Env var through which the cross-process test tells its child what to do.
 const CHILD_ENV: &str = "SANDCOVE_TEST_CHILD_SANDBOX";
@@ -211,7 +211,7 @@ async fn names_of_dead_holders_are_reclaimed_and_of_creating_ones_are_not() {
     ));
     eventually(PATIENCE, "a dead holder's entry is collected", || async {
         backend.collect_stale();
-        sandcove::conformance::holds(
+        sandcove_conformance::holds(
             std::fs::symlink_metadata(names.join("left-behind")).is_err(),
             "still there",
         )
@@ -636,7 +636,7 @@ async fn a_claimed_warm_sandbox_matches_a_cold_one() {
     })
     .await;
     let claims = warm.warm_claims();
-    sandcove::conformance::claimed_sandbox_matches_a_cold_one(&warm, &cold).await;
+    sandcove_conformance::claimed_sandbox_matches_a_cold_one(&warm, &cold).await;
     assert_eq!(
         warm.warm_claims(),
         claims + 1,
@@ -647,7 +647,7 @@ async fn a_claimed_warm_sandbox_matches_a_cold_one() {
         equals(warm.warm_ready(), 1)
     })
     .await;
-    sandcove::conformance::claimed_sandbox_with_the_default_user_matches_a_cold_one(&warm, &cold)
+    sandcove_conformance::claimed_sandbox_with_the_default_user_matches_a_cold_one(&warm, &cold)
         .await;
     assert_eq!(
         warm.warm_claims(),
@@ -1088,7 +1088,7 @@ async fn the_root_keeps_large_files_in_large_folios_and_small_ones_small() {
         )
         .await
         .expect("write");
-    let back = sandcove::conformance::read(&*backend, &id, "/workspace/large.bin")
+    let back = sandcove_conformance::read(&*backend, &id, "/workspace/large.bin")
         .await
         .expect("read");
     assert!(back == data, "the large file came back changed");

@@ -18,8 +18,8 @@ use futures::StreamExt;
 use sandcove::backend::agent_client::{AgentDialer, AgentIo, RemoteAgent, TcpDialer};
 use sandcove::backend::agent_server::{spawn_local_pod_agent, token_sha256_hex, PodAgentConfig};
 use sandcove::backend::{Backend, ByteStream, ProcessStream, WatchStream};
-use sandcove::conformance::{eventually, unique, PATIENCE};
 use sandcove::*;
+use sandcove_conformance::{eventually, unique, PATIENCE};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// One agent process.
@@ -378,7 +378,7 @@ async fn pods() -> Arc<dyn Backend> {
     Arc::new(PodAgents::default())
 }
 
-sandcove::conformance_tests!(@cases pods();
+sandcove_conformance::conformance_tests!(@cases pods();
     argv_and_shell_commands,
     exit_codes_and_stderr,
     output_is_binary_safe,

@@ -14,4 +14,4 @@ fn unisolated() -> Arc<dyn Backend> {
     Arc::new(LocalBackend::unisolated(dir).expect("un-isolated engine"))
 }
 
-sandcove::conformance_tests!(async { unisolated() });
+sandcove_conformance::conformance_tests!(async { unisolated() });

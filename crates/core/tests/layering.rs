@@ -35,6 +35,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "sandcove-kube",
         ],
     ),
+    ("sandcove-conformance", &["sandcove"]),
     ("sandcove-compat-support", &["sandcove"]),
     ("sandcove-interpreter", &["sandcove"]),
     (

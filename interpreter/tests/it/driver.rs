@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandcove::conformance::eventually;
 use sandcove::{Backend, CreateOptions, ErrorCode, LocalBackend};
+use sandcove_conformance::eventually;
 use sandcove_interpreter::{
     mime, CellError, CellResult, ContextOptions, Event, Execution, Interpreter, RunOptions,
 };
@@ -17,7 +17,7 @@ async fn local() -> Arc<dyn Backend> {
 
 async fn served() -> Arc<dyn Backend> {
     let engine = Arc::new(LocalBackend::new().expect("local engine"));
-    Arc::new(sandcove::conformance::served(engine).await)
+    Arc::new(sandcove_conformance::served(engine).await)
 }
 
 /// A fresh sandbox (with a lease, so a failed test leaves nothing for long) and its

@@ -450,7 +450,7 @@ pub async fn list_and_attach_processes(backend: &dyn Backend) {
 
 /// The events of an attach up to its [`ProcessEvent::Live`] marker (which must come, and
 /// promptly: it follows the retained history without waiting for the process).
-async fn history_of(stream: &mut crate::ProcessStream) -> Vec<ProcessEvent> {
+async fn history_of(stream: &mut sandcove::ProcessStream) -> Vec<ProcessEvent> {
     let mut seen = Vec::new();
     loop {
         let next = tokio::time::timeout(PATIENCE, stream.events.next()).await;

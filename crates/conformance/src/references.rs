@@ -4,15 +4,15 @@ use super::*;
 
 /// Expect `result` to be the tombstone of `kind` `id`, with its time and reason in words.
 fn assert_destroyed<T: std::fmt::Debug>(
-    result: crate::Result<T>,
+    result: sandcove::Result<T>,
     kind: &str,
     id: &str,
     reason: &str,
 ) {
     match result {
-        Err(e @ crate::Error::Destroyed { .. }) => {
+        Err(e @ sandcove::Error::Destroyed { .. }) => {
             let text = e.to_string();
-            let crate::Error::Destroyed {
+            let sandcove::Error::Destroyed {
                 kind: k,
                 id: i,
                 at,
@@ -23,7 +23,7 @@ fn assert_destroyed<T: std::fmt::Debug>(
             };
             assert_eq!((k.as_str(), i.as_str()), (kind, id), "{text}");
             assert!(r.contains(reason), "{text}");
-            let now = crate::now_millis();
+            let now = sandcove::now_millis();
             assert!(at <= now && now - at < 600_000, "ended just now: {text}");
             assert!(text.contains("destroyed at 20"), "{text}");
         }
@@ -35,8 +35,8 @@ fn assert_destroyed<T: std::fmt::Debug>(
 /// typed outcome otherwise: another runtime's reference is `Forbidden`, an unknown id
 /// `NotFound`, an id of another kind `Conflict`, and a resource that ended a `Destroyed`
 /// tombstone (distinct from `NotFound`) naming when and why.
-pub async fn references_reopen_or_say_what_became_of_them(client: crate::Client) {
-    use crate::{Error, Reference, Reopened};
+pub async fn references_reopen_or_say_what_became_of_them(client: sandcove::Client) {
+    use sandcove::{Error, Reference, Reopened};
     let caps = client.ready().await.expect("capabilities");
     let runtime = client
         .runtime_id()
@@ -140,7 +140,7 @@ pub async fn references_reopen_or_say_what_became_of_them(client: crate::Client)
 
     // A volume, deleted: its tombstone.
     if caps.volumes {
-        let name = format!("refs-{}", crate::random_id(12));
+        let name = format!("refs-{}", sandcove::random_id(12));
         let vol = client.create_volume(&name).await.expect("volume");
         let vr = client.volume_reference(&vol).await.unwrap();
         match client.reopen(&vr).await.expect("reopen") {
@@ -167,7 +167,7 @@ pub async fn references_reopen_or_say_what_became_of_them(client: crate::Client)
 }
 
 /// A sandbox whose lease ended leaves a tombstone saying so.
-pub async fn references_to_a_sandbox_whose_lease_ended_are_destroyed(client: crate::Client) {
+pub async fn references_to_a_sandbox_whose_lease_ended_are_destroyed(client: sandcove::Client) {
     let mut options = test_options(&unique("refs-lease"));
     options.timeout = Some(Duration::from_secs(1));
     let sandbox = client.create(options).await.expect("create");
@@ -189,8 +189,8 @@ pub async fn references_to_a_sandbox_whose_lease_ended_are_destroyed(client: cra
 
 /// Reopen only reads: a paused sandbox (even one that resumes on any request) stays paused
 /// with the same lease, and a process in it is not looked up by waking it.
-pub async fn reopen_never_resumes_or_extends(client: crate::Client) {
-    use crate::Reopened;
+pub async fn reopen_never_resumes_or_extends(client: sandcove::Client) {
+    use sandcove::Reopened;
     let caps = client.ready().await.expect("capabilities");
     let mut options = test_options(&unique("refs-paused"));
     options.auto_resume = caps.pause;
@@ -218,7 +218,7 @@ pub async fn reopen_never_resumes_or_extends(client: crate::Client) {
     let process = client.reopen(&pr).await;
     if caps.pause {
         match process {
-            Err(crate::Error::InvalidState { state, .. }) => assert_eq!(state, "paused"),
+            Err(sandcove::Error::InvalidState { state, .. }) => assert_eq!(state, "paused"),
             other => panic!("a paused sandbox's process: {other:?}"),
         }
     } else {

@@ -103,7 +103,7 @@ pub async fn previews_serve_and_guard_private_ports(backend: &dyn Backend) {
     // Extra tokens with an expiry: one far enough ahead that no request outlives it, and one
     // whose expiry is the subject (refused once it has passed, never before).
     let long = backend
-        .create_preview_token(&id, port, Some(crate::now_millis() + 600_000))
+        .create_preview_token(&id, port, Some(sandcove::now_millis() + 600_000))
         .await
         .expect("token");
     let (status, _) = http_get(&private.host, "/", &[("X-Test-Token", &long.value)])
@@ -128,7 +128,7 @@ pub async fn previews_serve_and_guard_private_ports(backend: &dyn Backend) {
         ErrorCode::NotFound,
         "revoking a token twice",
     );
-    let expires_at = crate::now_millis() + 1_000;
+    let expires_at = sandcove::now_millis() + 1_000;
     let short = backend
         .create_preview_token(&id, port, Some(expires_at))
         .await
@@ -141,7 +141,7 @@ pub async fn previews_serve_and_guard_private_ports(backend: &dyn Backend) {
             .ok_or("no answer")?;
         // The server checked the token at some moment before the answer came back: a refusal
         // answered before the expiry is certainly early; one answered later may be on time.
-        let answered_at = crate::now_millis();
+        let answered_at = sandcove::now_millis();
         match status {
             401 if answered_at < expires_at => {
                 panic!(

@@ -93,7 +93,7 @@ pub async fn lease_end_can_pause(backend: &dyn Backend) {
     })
     .await;
     let info = backend.resume(&id).await.expect("resume");
-    assert!(info.ends_at > crate::now_millis(), "a new lease");
+    assert!(info.ends_at > sandcove::now_millis(), "a new lease");
     assert_eq!(sh(backend, &id, "cat /workspace/f").await.stdout, b"kept\n");
     backend.destroy(&id).await.expect("destroy");
 }

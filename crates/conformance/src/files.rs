@@ -17,7 +17,7 @@ pub async fn file_calls_as_a_user(backend: &dyn Backend) {
             let chunks: Vec<_> = stream.collect().await;
             chunks
                 .into_iter()
-                .collect::<crate::Result<Vec<_>>>()
+                .collect::<sandcove::Result<Vec<_>>>()
                 .map(|c| c.concat())
         }
     };
@@ -359,7 +359,7 @@ pub async fn large_file_round_trip(backend: &dyn Backend) {
             state as u8
         })
         .collect();
-    let chunks: Vec<crate::Result<Vec<u8>>> =
+    let chunks: Vec<sandcove::Result<Vec<u8>>> =
         data.chunks(3_000_001).map(|c| Ok(c.to_vec())).collect();
     let stream: ByteStream = Box::pin(futures::stream::iter(chunks));
     let stat = backend
@@ -379,7 +379,7 @@ pub async fn large_file_round_trip(backend: &dyn Backend) {
 pub async fn file_byte_bounds(backend: &dyn Backend) {
     let caps = backend.capabilities();
     assert!(
-        caps.max_file_bytes < u64::MAX && caps.max_file_bytes >= crate::MAX_MEMORY_FILE_BYTES,
+        caps.max_file_bytes < u64::MAX && caps.max_file_bytes >= sandcove::MAX_MEMORY_FILE_BYTES,
         "a real largest file is reported: {}",
         caps.max_file_bytes
     );
@@ -391,7 +391,7 @@ pub async fn file_byte_bounds(backend: &dyn Backend) {
         .read_file(&id, "big.bin", ReadOptions::default().max_bytes(1 << 20))
         .await;
     match refused {
-        Err(crate::Error::FileTooLarge { limit, .. }) => assert_eq!(limit, 1 << 20),
+        Err(sandcove::Error::FileTooLarge { limit, .. }) => assert_eq!(limit, 1 << 20),
         Err(e) => panic!("a read over its bound: expected FileTooLarge, got {e:?}"),
         Ok(_) => panic!("a read over its bound was served"),
     }
@@ -403,14 +403,15 @@ pub async fn file_byte_bounds(backend: &dyn Backend) {
     let chunks: Vec<_> = back.collect().await;
     let back: Vec<u8> = chunks
         .into_iter()
-        .collect::<crate::Result<Vec<_>>>()
+        .collect::<sandcove::Result<Vec<_>>>()
         .expect("read")
         .concat();
     assert!(back == two_mib, "a read at its bound is whole");
     // A write over its bound, in several chunks: refused, nothing kept.
     write(backend, &id, "kept.bin", b"original").await;
     for target in ["kept.bin", "new.bin"] {
-        let chunks: Vec<crate::Result<Vec<u8>>> = (0..4).map(|_| Ok(vec![1u8; 400_000])).collect();
+        let chunks: Vec<sandcove::Result<Vec<u8>>> =
+            (0..4).map(|_| Ok(vec![1u8; 400_000])).collect();
         let result = backend
             .write_file(
                 &id,
@@ -734,7 +735,7 @@ pub async fn copy_files_and_trees(backend: &dyn Backend) {
 pub async fn exists_tells_missing_from_unknown(backend: &dyn Backend) {
     let id = create(backend, &unique("exists")).await;
     let exists =
-        |path: &'static str| crate::client::exists(backend, &id, path, StatOptions::default());
+        |path: &'static str| sandcove::client::exists(backend, &id, path, StatOptions::default());
     write(backend, &id, "file", b"x").await;
     assert!(exists("file").await.expect("exists"));
     assert!(!exists("nope").await.expect("a missing path"));
@@ -758,7 +759,7 @@ pub async fn exists_tells_missing_from_unknown(backend: &dyn Backend) {
         let out = run(backend, &id, spec).await;
         assert_eq!(out.exit_code(), 0, "{out:?}");
         let as_me = StatOptions::default().user(info.user.name.clone());
-        let result = crate::client::exists(backend, &id, "/srv/closed/x", as_me).await;
+        let result = sandcove::client::exists(backend, &id, "/srv/closed/x", as_me).await;
         expect_code(
             result,
             ErrorCode::PermissionDenied,
@@ -766,13 +767,13 @@ pub async fn exists_tells_missing_from_unknown(backend: &dyn Backend) {
         );
     }
     backend.destroy(&id).await.expect("destroy");
-    let gone = crate::client::exists(backend, &id, "file", StatOptions::default()).await;
+    let gone = sandcove::client::exists(backend, &id, "file", StatOptions::default()).await;
     expect_code(
         gone,
         ErrorCode::NotFound,
         "a destroyed sandbox is not 'no such file'",
     );
-    let gone = crate::client::exists(backend, &id, "nope", StatOptions::default()).await;
+    let gone = sandcove::client::exists(backend, &id, "nope", StatOptions::default()).await;
     assert!(gone.is_err(), "a destroyed sandbox: {gone:?}");
 }
 
@@ -786,7 +787,7 @@ pub async fn directory_operations(backend: &dyn Backend) {
     write(backend, &id, "a/top.txt", b"1").await;
     write(backend, &id, "a/b/mid.txt", b"22").await;
     write(backend, &id, "a/b/c/deep.txt", b"333").await;
-    let names = |entries: Vec<crate::FileStat>| -> Vec<String> {
+    let names = |entries: Vec<sandcove::FileStat>| -> Vec<String> {
         entries.into_iter().map(|e| e.path).collect()
     };
     let one = backend
@@ -927,7 +928,7 @@ pub async fn file_errors_are_typed(backend: &dyn Backend) {
     // and the sandbox keeps working.
     let failing: ByteStream = Box::pin(futures::stream::iter(vec![
         Ok(vec![7u8; 300_000]),
-        Err(crate::Error::invalid("the source broke")),
+        Err(sandcove::Error::invalid("the source broke")),
     ]));
     let result = tokio::time::timeout(
         PATIENCE,
@@ -957,7 +958,7 @@ pub async fn failed_uploads_leave_nothing_behind(backend: &dyn Backend) {
         let failing: ByteStream = Box::pin(futures::stream::iter(vec![
             Ok(vec![round as u8; 200_000]),
             Ok(vec![round as u8; 200_000]),
-            Err(crate::Error::invalid("the source broke")),
+            Err(sandcove::Error::invalid("the source broke")),
         ]));
         let result = tokio::time::timeout(
             Duration::from_secs(20),

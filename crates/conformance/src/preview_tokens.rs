@@ -33,7 +33,7 @@ pub async fn preview_tokens_are_bounded_and_never_reach_the_sandbox(backend: &dy
         "ttl 0",
     );
     let mut long = options.clone();
-    long.token_ttl = Some(crate::validate::MAX_PREVIEW_TOKEN_TTL * 2);
+    long.token_ttl = Some(sandcove::validate::MAX_PREVIEW_TOKEN_TTL * 2);
     expect_code(
         backend.expose_port(&id, long).await,
         ErrorCode::InvalidArgument,
@@ -79,7 +79,7 @@ pub async fn preview_tokens_are_bounded_and_never_reach_the_sandbox(backend: &dy
         .clone()
         .expect("a private preview has a token")
         .value;
-    let now = crate::now_millis();
+    let now = sandcove::now_millis();
     expect_code(
         backend
             .create_preview_token(&id, port, Some(now.saturating_sub(1)))

@@ -8,7 +8,7 @@ pub async fn create_get_list_destroy(backend: &dyn Backend) {
     let mut options = test_options(&label);
     options.envs.insert("GREETING".into(), "hi".into());
     let info = backend.create(options).await.expect("create");
-    assert_eq!(info.state, crate::SandboxState::Running);
+    assert_eq!(info.state, sandcove::SandboxState::Running);
     assert_eq!(info.labels.get("conformance"), Some(&label));
     assert!(
         info.ends_at > info.created_at,
@@ -217,13 +217,13 @@ pub async fn missing_sandbox_is_not_found(backend: &dyn Backend) {
 /// `set_timeout` moves the end of the lease to "now + timeout".
 pub async fn set_timeout_moves_the_lease(backend: &dyn Backend) {
     let id = create(backend, &unique("lease")).await;
-    let before = crate::now_millis();
+    let before = sandcove::now_millis();
     let info = backend
         .set_timeout(&id, Duration::from_secs(600))
         .await
         .expect("set_timeout");
     assert!(
-        info.ends_at >= before + 599_000 && info.ends_at <= crate::now_millis() + 601_000,
+        info.ends_at >= before + 599_000 && info.ends_at <= sandcove::now_millis() + 601_000,
         "ends_at {} not ~600s from now",
         info.ends_at
     );

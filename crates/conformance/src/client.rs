@@ -6,8 +6,8 @@ use super::*;
 /// runtime can serve is supported with what will hold, an image it cannot provide or a
 /// feature it lacks is unsupported with the alternative, and nothing is created by any
 /// check. `create` runs the same check first: the refused image creates nothing either.
-pub async fn check_create_evaluates_without_allocating(client: crate::Client) {
-    use crate::CheckStatus;
+pub async fn check_create_evaluates_without_allocating(client: sandcove::Client) {
+    use sandcove::CheckStatus;
     let label = unique("check");
     let caps = client.ready().await.expect("capabilities");
     assert!(
@@ -59,10 +59,10 @@ pub async fn check_create_evaluates_without_allocating(client: crate::Client) {
     limited.resources.memory_mib = Some(64);
     match client.check_create(&limited).await.expect("check") {
         CheckStatus::Supported(g) if caps.memory_limit => {
-            assert_eq!(g.limits_enforced, [crate::Feature::MemoryLimit.name()]);
+            assert_eq!(g.limits_enforced, [sandcove::Feature::MemoryLimit.name()]);
         }
         CheckStatus::Unsupported { feature, .. } if !caps.memory_limit => {
-            assert_eq!(feature, crate::Feature::MemoryLimit.name());
+            assert_eq!(feature, sandcove::Feature::MemoryLimit.name());
         }
         other => panic!(
             "a memory limit (enforced: {}): {other:?}",
@@ -94,7 +94,7 @@ pub async fn check_create_evaluates_without_allocating(client: crate::Client) {
 
 /// `renew` reports the bounds and the lease it resolved; a zero lease and one past the
 /// maximum are refused before any effect, leaving the lease as it was.
-pub async fn leases_report_their_bounds_and_refuse_zero(client: crate::Client) {
+pub async fn leases_report_their_bounds_and_refuse_zero(client: sandcove::Client) {
     let sandbox = client
         .create(test_options(&unique("lease-bounds")))
         .await
@@ -103,10 +103,10 @@ pub async fn leases_report_their_bounds_and_refuse_zero(client: crate::Client) {
     for refused in [
         Duration::ZERO,
         Duration::from_millis(999),
-        crate::MAX_SANDBOX_TIMEOUT * 2,
+        sandcove::MAX_SANDBOX_TIMEOUT * 2,
     ] {
         match sandbox.set_timeout(refused).await {
-            Err(crate::Error::InvalidArgument { message }) => {
+            Err(sandcove::Error::InvalidArgument { message }) => {
                 assert!(message.contains("at least"), "{message}");
             }
             other => panic!("lease {refused:?}: {other:?}"),
@@ -128,7 +128,7 @@ pub async fn leases_report_their_bounds_and_refuse_zero(client: crate::Client) {
     );
     assert!(renewal.resolved >= renewal.requested);
     assert_eq!(renewal.resolved.as_millis() as u64 % bounds.step_ms, 0);
-    let now = crate::now_millis();
+    let now = sandcove::now_millis();
     let ends = renewal.info.ends_at;
     assert!(
         ends <= now + renewal.resolved.as_millis() as u64 && ends + 60_000 > now + 120_500,
@@ -141,7 +141,7 @@ pub async fn leases_report_their_bounds_and_refuse_zero(client: crate::Client) {
 
 /// A failing process is data (`Ok` with its status); `expect_success` turns it into an error
 /// that keeps the output; a signal death names the signal.
-pub async fn exits_are_data_and_checked_runs_keep_the_output(client: crate::Client) {
+pub async fn exits_are_data_and_checked_runs_keep_the_output(client: sandcove::Client) {
     let sandbox = client
         .create(test_options(&unique("exits")))
         .await
@@ -156,7 +156,7 @@ pub async fn exits_are_data_and_checked_runs_keep_the_output(client: crate::Clie
         .expect_success()
         .await
     {
-        Err(crate::RunError::Failed(out)) => {
+        Err(sandcove::RunError::Failed(out)) => {
             assert_eq!(out.stdout, b"out\n");
             assert_eq!(out.stderr, b"err\n");
             assert_eq!(out.exit_code(), 3);
@@ -182,7 +182,7 @@ pub async fn exits_are_data_and_checked_runs_keep_the_output(client: crate::Clie
 }
 
 /// A fork's envs are added over its source's: the source's stay, the fork's win.
-pub async fn fork_adds_envs_over_the_sources(client: crate::Client) {
+pub async fn fork_adds_envs_over_the_sources(client: sandcove::Client) {
     let options = test_options(&unique("fork-envs"))
         .env("FROM_SOURCE", "s")
         .env("SHARED", "source");

@@ -153,12 +153,15 @@ pub async fn stop_pauses_the_lease(backend: &dyn Backend) {
     options.timeout = Some(LEASE);
     let info = backend.create(options).await.expect("create");
     let id = info.id;
-    let left_before = info.ends_at.saturating_sub(crate::now_millis());
+    let left_before = info.ends_at.saturating_sub(sandcove::now_millis());
     backend.stop(&id).await.expect("stop");
     // Time passing is the subject: wait until the original lease has ended.
     let original_end = info.ends_at + 1000;
     eventually(PATIENCE, "the original lease has passed", || async {
-        holds(crate::now_millis() > original_end, crate::now_millis())
+        holds(
+            sandcove::now_millis() > original_end,
+            sandcove::now_millis(),
+        )
     })
     .await;
     let stopped = backend
@@ -167,7 +170,7 @@ pub async fn stop_pauses_the_lease(backend: &dyn Backend) {
         .expect("a stopped sandbox outlives its lease");
     assert_eq!(stopped.state, SandboxState::Stopped);
     let started = backend.start(&id).await.expect("start");
-    let left_after = started.ends_at.saturating_sub(crate::now_millis());
+    let left_after = started.ends_at.saturating_sub(sandcove::now_millis());
     assert!(
         left_after + 3000 >= left_before && left_after <= left_before + 500,
         "start gives back the time left at stop: {left_before} ms before, {left_after} ms after"

@@ -208,7 +208,7 @@ pub async fn fork_copies_annotations(backend: &dyn Backend) {
     );
     // A fork whose own annotations would overflow the bounds is refused before it is made.
     let mut too_many = test_options(&unique("annotforkbad"));
-    too_many.annotations = (0..crate::MAX_ANNOTATIONS - 1)
+    too_many.annotations = (0..sandcove::MAX_ANNOTATIONS - 1)
         .map(|i| (format!("k{i}"), String::new()))
         .collect();
     expect_code(
@@ -224,14 +224,14 @@ pub async fn fork_copies_annotations(backend: &dyn Backend) {
 /// Out-of-bounds annotations are `InvalidArgument`: at create nothing is made, on update
 /// nothing changes.
 pub async fn annotation_bounds_are_refused_with_nothing_changed(backend: &dyn Backend) {
-    let big = "x".repeat(crate::MAX_ANNOTATION_VALUE + 1);
-    let long_key = "k".repeat(crate::MAX_ANNOTATION_KEY + 1);
-    let many: BTreeMap<String, String> = (0..=crate::MAX_ANNOTATIONS)
+    let big = "x".repeat(sandcove::MAX_ANNOTATION_VALUE + 1);
+    let long_key = "k".repeat(sandcove::MAX_ANNOTATION_KEY + 1);
+    let many: BTreeMap<String, String> = (0..=sandcove::MAX_ANNOTATIONS)
         .map(|i| (format!("k{i}"), String::new()))
         .collect();
     let bulky: BTreeMap<String, String> =
-        (0..crate::MAX_ANNOTATIONS_BYTES / crate::MAX_ANNOTATION_VALUE + 1)
-            .map(|i| (format!("k{i}"), "y".repeat(crate::MAX_ANNOTATION_VALUE)))
+        (0..sandcove::MAX_ANNOTATIONS_BYTES / sandcove::MAX_ANNOTATION_VALUE + 1)
+            .map(|i| (format!("k{i}"), "y".repeat(sandcove::MAX_ANNOTATION_VALUE)))
             .collect();
     let bad_maps: Vec<(&str, BTreeMap<String, String>)> = vec![
         ("an empty key", map(&[("", "v")])),
@@ -284,7 +284,7 @@ pub async fn annotation_bounds_are_refused_with_nothing_changed(backend: &dyn Ba
         "removing a malformed key",
     );
     // Bounds hold on the result too: keys that are fine one by one, too many together.
-    let half: BTreeMap<String, String> = (0..crate::MAX_ANNOTATIONS / 2 + 1)
+    let half: BTreeMap<String, String> = (0..sandcove::MAX_ANNOTATIONS / 2 + 1)
         .map(|i| (format!("k{i}"), String::new()))
         .collect();
     backend
@@ -295,7 +295,7 @@ pub async fn annotation_bounds_are_refused_with_nothing_changed(backend: &dyn Ba
         })
         .await
         .expect("half the allowed keys");
-    let other_half: BTreeMap<String, String> = (0..crate::MAX_ANNOTATIONS / 2 + 1)
+    let other_half: BTreeMap<String, String> = (0..sandcove::MAX_ANNOTATIONS / 2 + 1)
         .map(|i| (format!("j{i}"), String::new()))
         .collect();
     expect_code(
@@ -313,7 +313,7 @@ pub async fn annotation_bounds_are_refused_with_nothing_changed(backend: &dyn Ba
     assert_eq!(after.get("keep").map(String::as_str), Some("me"));
     assert_eq!(
         after.len(),
-        crate::MAX_ANNOTATIONS / 2 + 2,
+        sandcove::MAX_ANNOTATIONS / 2 + 2,
         "the refused update changed nothing"
     );
     backend.destroy(&id).await.expect("destroy");

@@ -1,4 +1,5 @@
-//! The conformance suite: behaviour every [`Backend`] must show, as `pub async fn` cases.
+//! The conformance suite (crate `sandcove-conformance`): behaviour every [`Backend`] must
+//! show, as `pub async fn` cases, split by concern into modules and re-exported here.
 //!
 //! Each case creates what it needs, asserts, and destroys it; a failed assertion panics with a
 //! message naming the expectation. Cases read [`Backend::capabilities`] and check the refusal
@@ -9,18 +10,22 @@
 //! [`conformance_tests!`](crate::conformance_tests) expands to one `#[tokio::test]` per case:
 //!
 //! ```ignore
-//! sandcove::conformance_tests!(async {
+//! sandcove_conformance::conformance_tests!(async {
 //!     std::sync::Arc::new(sandcove::LocalBackend::new().unwrap()) as std::sync::Arc<dyn sandcove::Backend>
 //! });
 //! ```
+
+/// The umbrella crate, for the paths [`conformance_tests!`] expands to.
+#[doc(hidden)]
+pub use sandcove;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
-use crate::client::collect;
-use crate::{
+use sandcove::client::collect;
+use sandcove::{
     AnnotationUpdate, Backend, ByteStream, Command, CopyOptions, CreateOptions, ErrorCode,
     FileKind, FsEventKind, ListDirOptions, ListOptions, MkdirOptions, Output, PreviewOptions,
     ProcessEvent, ProcessSelector, ProcessSpec, PtySize, ReadOptions, RemoveOptions, RenameOptions,
@@ -104,8 +109,8 @@ macro_rules! conformance_tests {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
-                let backend: std::sync::Arc<dyn $crate::Backend> = $make.await;
-                $crate::conformance::$case($crate::Client::new(backend)).await;
+                let backend: std::sync::Arc<dyn $crate::sandcove::Backend> = $make.await;
+                $crate::$case($crate::sandcove::Client::new(backend)).await;
             }
         )*
     };
@@ -113,8 +118,8 @@ macro_rules! conformance_tests {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
-                let backend: std::sync::Arc<dyn $crate::Backend> = $make.await;
-                $crate::conformance::$case(&*backend).await;
+                let backend: std::sync::Arc<dyn $crate::sandcove::Backend> = $make.await;
+                $crate::$case(&*backend).await;
             }
         )*
     };
@@ -146,14 +151,15 @@ pub async fn names_in(backend: &dyn Backend, id: &str, dir: &str) -> Vec<String>
 /// A client of a fresh loopback server (`127.0.0.1:0`, a random key) serving `engine`: the
 /// way every suite runs its cases "over HTTP". The server task belongs to the calling test's
 /// runtime and ends with it.
-#[cfg(all(feature = "server", feature = "http"))]
-pub async fn served(engine: std::sync::Arc<dyn Backend>) -> crate::HttpBackend {
+pub async fn served(engine: std::sync::Arc<dyn Backend>) -> sandcove::HttpBackend {
     let key = unique("key");
-    let server =
-        crate::server::LocalServer::start(engine, crate::server::ServerConfig::new(key.clone()))
-            .await
-            .expect("start the server");
-    let client = crate::HttpBackend::connect(&server.url(), &key)
+    let server = sandcove::server::LocalServer::start(
+        engine,
+        sandcove::server::ServerConfig::new(key.clone()),
+    )
+    .await
+    .expect("start the server");
+    let client = sandcove::HttpBackend::connect(&server.url(), &key)
         .await
         .expect("connect to the server");
     // Dropping the handle would stop the server; the runtime's end stops it instead.
@@ -163,25 +169,32 @@ pub async fn served(engine: std::sync::Arc<dyn Backend>) -> crate::HttpBackend {
 
 /// A random-enough token for labels and markers.
 pub fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}-{}", std::process::id(), crate::random_id(20))
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        sandcove::random_id(20)
+    )
 }
 
 /// Point this whole program at a `sandcove serve` that cannot be reached (`SANDCOVE_URL` on a
 /// loopback port nothing listens on, a placeholder key) and check the core's view of it:
 /// capabilities never observed, and a create needing volumes checks as
-/// [`CheckStatus::Unavailable`](crate::CheckStatus) saying it "cannot reach" the server, never
+/// [`CheckStatus::Unavailable`](sandcove::CheckStatus) saying it "cannot reach" the server, never
 /// as unsupported. The facades' unreachable-runtime tests start here and then check their own
 /// errors. It sets the process environment: call it from a test binary's only test, before
 /// anything reads the runtime.
-pub async fn unreachable_runtime() -> crate::Client {
+pub async fn unreachable_runtime() -> sandcove::Client {
     // A port the kernel chose, released at once: nothing listens there.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free loopback port")
         .port();
-    std::env::set_var(crate::client::URL_ENV, format!("http://127.0.0.1:{port}"));
-    std::env::set_var(crate::client::API_KEY_ENV, "unused-key");
-    let client = crate::Client::from_env().expect("a client (nothing sent yet)");
+    std::env::set_var(
+        sandcove::client::URL_ENV,
+        format!("http://127.0.0.1:{port}"),
+    );
+    std::env::set_var(sandcove::client::API_KEY_ENV, "unused-key");
+    let client = sandcove::Client::from_env().expect("a client (nothing sent yet)");
     assert_eq!(client.capabilities().observed_at, None, "never observed");
     let mut options = CreateOptions::default();
     options.volumes.push(VolumeMount::new("data", "/data"));
@@ -190,7 +203,7 @@ pub async fn unreachable_runtime() -> crate::Client {
         .await
         .expect("a check answers")
     {
-        crate::CheckStatus::Unavailable { reason, .. } => {
+        sandcove::CheckStatus::Unavailable { reason, .. } => {
             assert!(reason.contains("cannot reach"), "{reason}")
         }
         other => panic!("unreachable server: {other:?}"),
@@ -240,7 +253,7 @@ async fn write(backend: &dyn Backend, id: &str, path: &str, data: &[u8]) {
 }
 
 /// Read a whole file of sandbox `id` through the file API, its chunks joined.
-pub async fn read(backend: &dyn Backend, id: &str, path: &str) -> crate::Result<Vec<u8>> {
+pub async fn read(backend: &dyn Backend, id: &str, path: &str) -> sandcove::Result<Vec<u8>> {
     let mut stream = backend.read_file(id, path, Default::default()).await?;
     let mut out = Vec::new();
     while let Some(chunk) = stream.next().await {
@@ -249,7 +262,7 @@ pub async fn read(backend: &dyn Backend, id: &str, path: &str) -> crate::Result<
     Ok(out)
 }
 
-fn expect_code<T: std::fmt::Debug>(result: crate::Result<T>, code: ErrorCode, what: &str) {
+fn expect_code<T: std::fmt::Debug>(result: sandcove::Result<T>, code: ErrorCode, what: &str) {
     match result {
         Err(e) if e.code() == code => {}
         other => panic!("{what}: expected {code:?}, got {other:?}"),
@@ -372,11 +385,11 @@ pub fn equals<T: PartialEq + std::fmt::Debug>(seen: T, wanted: T) -> Result<T, S
 /// milliseconds and listings order ties by id, so a test that asserts a creation order waits
 /// on this between creates (a warm create can take less than a millisecond).
 pub async fn next_millisecond() {
-    let now = crate::now_millis();
+    let now = sandcove::now_millis();
     eventually(
         Duration::from_secs(5),
         "the clock passes a millisecond",
-        || async { holds(crate::now_millis() > now, now) },
+        || async { holds(sandcove::now_millis() > now, now) },
     )
     .await;
 }
@@ -396,7 +409,7 @@ pub fn holds<S: std::fmt::Debug>(ok: bool, seen: S) -> Result<(), S> {
 
 /// Read stdout until `pred` holds on everything seen so far (or [`PATIENCE`] passes).
 async fn read_until(
-    stream: &mut crate::ProcessStream,
+    stream: &mut sandcove::ProcessStream,
     seen: &mut Vec<u8>,
     pred: impl Fn(&str) -> bool,
 ) {
@@ -428,11 +441,11 @@ async fn fresh_view(
     backend: &dyn Backend,
     options: CreateOptions,
     lease: Duration,
-) -> (String, crate::SandboxInfo) {
+) -> (String, sandcove::SandboxInfo) {
     let asked_name = options.name.clone().expect("the case names its sandboxes");
-    let before = crate::now_millis();
+    let before = sandcove::now_millis();
     let info = backend.create(options).await.expect("create");
-    let after = crate::now_millis();
+    let after = sandcove::now_millis();
     let id = info.id.clone();
     // The lease and the creation time start at this create, not when a pool made it.
     assert!(
