@@ -374,7 +374,8 @@ impl Sandbox {
     }
 
     async fn start_process(&self, spec: ProcessSpec) -> Result<ProcessHandle> {
-        spec.validate()?;
+        // Validated once, by the backend that takes the call (every Backend validates its
+        // input at its entry; see `Backend::spawn`).
         self.backend.ready().await?.check_spawn(&spec)?;
         let stream = self.backend.spawn(&self.id, spec).await?;
         Ok(self.handle(stream))

@@ -317,9 +317,10 @@ impl RemoteAgent {
         self.done_call(AgentRequest::Ping).await
     }
 
-    /// Start a process (see [`Backend::spawn`](sandcove_core::Backend::spawn)).
+    /// Start a process (see [`Backend::spawn`](sandcove_core::Backend::spawn)). The backend
+    /// calling this has validated `spec`; the agent validates what it receives again, at its
+    /// own process boundary.
     pub async fn spawn(&self, spec: ProcessSpec) -> Result<ProcessStream> {
-        spec.validate()?;
         self.process_stream(AgentRequest::Spawn { spec }).await
     }
 

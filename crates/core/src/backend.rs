@@ -1,7 +1,15 @@
 //! The [`Backend`] trait: the one interface every runtime implements.
 //!
 //! It is deliberately small and options-first: each call takes the sandbox id and an options
-//! value, and nothing has a default body, so a wrapper cannot silently lose an override.
+//! value, and nothing has a default body, so a wrapper cannot silently lose an override
+//! (a wrapper that changes only some calls is a [`Layer`](crate::Layer)).
+//!
+//! **Validation happens once, at the backend that takes a call**: every implementation
+//! validates its input (`CreateOptions::validate`, `ProcessSpec::validate`, …) before any
+//! effect, so callers above it (`sandcove::Client`, the facades, the server) do not repeat it
+//! and the agent client below it does not either; the sandbox agent validates again what it
+//! receives across its process boundary.
+//!
 //! Conveniences (collecting output, reading a file whole) live on `sandcove::Client` and
 //! `sandcove::Sandbox`, above every backend.
 
@@ -89,7 +97,8 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Destroy the sandbox: every process in it ends and its state is removed.
     async fn destroy(&self, id: &str) -> Result<()>;
 
-    /// Start a process and stream its events.
+    /// Start a process and stream its events. `spec` is validated here, by the backend
+    /// ([`ProcessSpec::validate`](crate::ProcessSpec::validate)), before any effect.
     async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream>;
 
     /// Attach to a running (or recently finished) process: its retained output, then live
