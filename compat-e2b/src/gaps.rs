@@ -95,8 +95,8 @@ pub const GAPS: &[Gap] = &[
     },
     Gap {
         key: "keep_memory_false",
-        feature: "pause(keep_memory=False) (filesystem-only pause)",
-        alternative: "pause() keeps memory and processes; or create_snapshot then kill",
+        feature: "lifecycle auto-pause with keep_memory=False (a filesystem-only pause at the timeout)",
+        alternative: "auto-pause keeps memory and processes; or call pause(keep_memory=False) before the timeout",
     },
 ];
 

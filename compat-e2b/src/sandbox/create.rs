@@ -435,8 +435,11 @@ pub(crate) async fn connect_on(
         }
         Err(e) => return Err(e.into()),
     };
-    if info.state == sandcove::SandboxState::Paused {
-        info = sandbox.resume().await?;
+    match info.state {
+        sandcove::SandboxState::Paused => info = sandbox.resume().await?,
+        // Paused with keep_memory=False: its files, fresh processes.
+        sandcove::SandboxState::Stopped => info = sandbox.start().await?,
+        _ => {}
     }
     let wanted = sandcove::now_millis() + timeout.as_millis() as u64;
     if info.ends_at < wanted {

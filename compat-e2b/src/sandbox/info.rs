@@ -104,7 +104,11 @@ impl SandboxInfo {
             metadata: info.labels.clone(),
             started_at: DateTime::from_unix_millis(info.created_at),
             end_at: DateTime::from_unix_millis(info.ends_at),
-            state: if info.state == sandcove::SandboxState::Paused {
+            // A stopped sandbox is one paused with keep_memory=False.
+            state: if matches!(
+                info.state,
+                sandcove::SandboxState::Paused | sandcove::SandboxState::Stopped
+            ) {
                 SandboxState::Paused
             } else {
                 SandboxState::Running

@@ -112,7 +112,16 @@ impl SandboxPaginator {
             .clone()
             .unwrap_or_else(|| vec![SandboxState::Running, SandboxState::Paused])
             .into_iter()
-            .map(SandboxState::core)
+            .flat_map(|s| match s {
+                // Paused covers both kinds of pause (a stopped sandbox kept only its files).
+                SandboxState::Paused => {
+                    vec![
+                        sandcove::SandboxState::Paused,
+                        sandcove::SandboxState::Stopped,
+                    ]
+                }
+                other => vec![other.core()],
+            })
             .collect();
         let mut all: Vec<sandcove::SandboxInfo> = client
             .list(options)

@@ -422,15 +422,21 @@ pub(crate) async fn pause_on(
     sandbox_id: &str,
     keep_memory: bool,
 ) -> Result<bool> {
-    if !keep_memory {
-        return Err(refuse("keep_memory_false"));
-    }
     let sandbox = client.sandbox(sandbox_id);
     let info = sandbox.info().await?;
-    if info.state == sandcove::SandboxState::Paused {
+    if matches!(
+        info.state,
+        sandcove::SandboxState::Paused | sandcove::SandboxState::Stopped
+    ) {
         return Ok(false);
     }
-    sandbox.pause().await?;
+    if keep_memory {
+        sandbox.pause().await?;
+    } else {
+        // A filesystem-only pause is the runtime's stop: processes end, files stay, the
+        // lease waits; `connect` starts it again.
+        sandbox.stop().await?;
+    }
     Ok(true)
 }
 
@@ -444,7 +450,8 @@ pub struct PauseBuilder {
 }
 
 impl PauseBuilder {
-    /// `keep_memory=`: `True` (default) keeps processes and memory; `False` is not supported.
+    /// `keep_memory=`: `True` (default) keeps processes and memory; `False` keeps the files
+    /// only (the runtime's stop: processes end; `connect` starts the sandbox again).
     pub fn keep_memory(mut self, keep: bool) -> Self {
         self.keep_memory = keep;
         self

@@ -372,9 +372,8 @@ async fn connect(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: ConnectBody = parse_json(&body)?;
-    if req.memory == Some(false) {
-        return Err(ApiError(crate::gaps::refuse("keep_memory_false")));
-    }
+    // Either kind of pause resumes here (`memory` only says what the pause kept).
+    let _ = req.memory;
     let info = sandbox::connect_on(&wire.client, &id, req.timeout).await?;
     Ok(axum::Json(sandbox_body(&wire, &info, &headers)).into_response())
 }

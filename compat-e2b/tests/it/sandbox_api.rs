@@ -328,15 +328,42 @@ async fn gaps_are_refused_before_any_effect() {
         sbx.update_network(SandboxNetworkOpts::default()).await,
         "update_network",
     );
-    assert_not_supported(
-        sbx.pause().keep_memory(false).await,
-        "pause keep_memory=False",
-    );
     assert!(
         sbx.is_running().await.expect("still running"),
         "refusals had no effect"
     );
-    sbx.kill().await.expect("kill");
+    // A filesystem-only pause keeps the files, ends the processes, and `connect` runs the
+    // sandbox again.
+    sbx.files
+        .write("kept.txt", "files stay")
+        .await
+        .expect("write");
+    sbx.commands
+        .run("sleep 600")
+        .background(true)
+        .await
+        .expect("a process to end");
+    assert!(sbx.pause().keep_memory(false).await.expect("pause"));
+    assert!(!sbx.is_running().await.expect("state"));
+    assert_eq!(
+        sbx.get_info().await.expect("info").state,
+        e2b::SandboxState::Paused
+    );
+    assert!(!sbx.pause().keep_memory(false).await.expect("pause again"));
+    let again = Sandbox::connect(sbx.sandbox_id.clone())
+        .await
+        .expect("connect");
+    assert!(again.is_running().await.expect("running"));
+    assert_eq!(
+        again.files.read("kept.txt").await.expect("read"),
+        "files stay"
+    );
+    let sleeping = again.commands.list().await.expect("list");
+    assert!(
+        sleeping.iter().all(|p| !p.args.join(" ").contains("sleep")),
+        "processes ended: {sleeping:?}"
+    );
+    again.kill().await.expect("kill");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
