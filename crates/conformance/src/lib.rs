@@ -345,7 +345,7 @@ pub const PATIENCE: Duration = Duration::from_secs(60);
 ///
 /// ```no_run
 /// # async fn demo(marker: &str) {
-/// use sandcove::conformance::{equals, eventually, host_process_count, PATIENCE};
+/// use sandcove_conformance::{equals, eventually, host_process_count, PATIENCE};
 /// let n = eventually(PATIENCE, "two sleepers run", || async {
 ///     equals(host_process_count(marker), 2)
 /// })

@@ -180,17 +180,19 @@ pub(super) fn setup_sandbox(
                 m.path
             ))
         };
+        // A subpath a sandbox renames while its tree is being attached can vanish under the
+        // detached tree (ENOENT at the attach or at a step on the attached mount after it):
+        // the caller's subpath is gone, not the runtime.
+        let lost = |step: &str, e: std::io::Error| match &m.subpath {
+            Some(sub) if e.raw_os_error() == Some(libc::ENOENT) => {
+                super::volumes::subpath_error(&m.path, sub, e)
+            }
+            _ => unavailable(step, e),
+        };
         let target =
             super::volumes::dirs_beneath(root_fd.as_fd(), rel, true, None, false).map_err(shown)?;
         if m.bounded {
-            // A subpath a sandbox renames while its tree is attached can vanish under the
-            // detached tree (ENOENT): the caller's subpath is gone, not the runtime.
-            sys::attach_mount(dir, &target).map_err(|e| match &m.subpath {
-                Some(sub) if e.raw_os_error() == Some(libc::ENOENT) => {
-                    super::volumes::subpath_error(&m.path, sub, e)
-                }
-                _ => unavailable("attach a volume", e),
-            })?;
+            sys::attach_mount(dir, &target).map_err(|e| lost("attach a volume", e))?;
         } else {
             sys::mount(
                 Some(&sys::fd_path(dir.as_raw_fd())),
@@ -206,7 +208,7 @@ pub(super) fn setup_sandbox(
         // flags the host's mount locks are kept, as the kernel requires.
         let target = sys::open_beneath(root_fd.as_fd(), rel, libc::O_PATH, false).map_err(shown)?;
         let target = sys::fd_path(target.as_raw_fd());
-        let keep = sys::locked_mount_flags(&target).map_err(|e| unavailable("statvfs", e))?;
+        let keep = sys::locked_mount_flags(&target).map_err(|e| lost("statvfs", e))?;
         let read_only = if m.read_only { libc::MS_RDONLY } else { 0 };
         sys::mount(
             None,
@@ -215,7 +217,7 @@ pub(super) fn setup_sandbox(
             libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV | read_only | keep,
             None,
         )
-        .map_err(|e| unavailable("remount a volume nosuid and nodev", e))?;
+        .map_err(|e| lost("remount a volume nosuid and nodev", e))?;
     }
 
     // /proc of the new PID namespace.
