@@ -405,6 +405,63 @@ async fn oversized_bodies_are_refused() {
 }
 
 #[tokio::test]
+async fn a_body_that_is_not_an_object_is_400_and_nothing_is_made() {
+    let env = env().await;
+    let before = env.backend.list(Default::default()).await.unwrap().len();
+    let r = env
+        .http
+        .post(format!("{}/v2/sandboxes", env.url))
+        .header("X-API-KEY", KEY)
+        .header("Content-Type", "application/json")
+        .body(r#"["base"]"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["message"].as_str().unwrap().contains("JSON object"),
+        "{body}"
+    );
+    assert_eq!(
+        env.backend.list(Default::default()).await.unwrap().len(),
+        before
+    );
+}
+
+#[tokio::test]
+async fn metrics_answer_the_sample_only_inside_the_range_whatever_its_ends() {
+    let env = env().await;
+    let (id, _) = env.create().await;
+    let metrics = |query: &str| {
+        env.http
+            .get(format!("{}/sandboxes/{id}/metrics{query}", env.url))
+            .header("X-API-KEY", KEY)
+            .send()
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    for (query, samples) in [
+        (String::new(), 1),
+        (format!("?start={}&end={}", now - 60, now + 60), 1),
+        // The end second holds every millisecond of it: a sample taken in the second `now`
+        // or a later one is outside `end=now-1` and inside `start=now`.
+        (format!("?start={}", now), 1),
+        (format!("?end={}", now - 1), 0),
+        (format!("?start={}", now + 3600), 0),
+        (format!("?start=0&end={}", i64::MAX), 1),
+        (format!("?start={}&end={}", i64::MIN, i64::MIN), 0),
+    ] {
+        let r = metrics(&query).await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{query}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body.as_array().unwrap().len(), samples, "{query}: {body}");
+    }
+}
+
+#[tokio::test]
 async fn a_watcher_answers_only_its_own_sandbox() {
     let env = env().await;
     let (a, a_token) = env.create().await;

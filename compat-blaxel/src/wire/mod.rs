@@ -547,28 +547,19 @@ pub(crate) fn bad_request(message: impl Into<String>) -> SandboxAPIError {
     SandboxAPIError::api(400, "BAD_REQUEST", message)
 }
 
-/// Parse a JSON body (`{}` when empty) of at most `wire`'s JSON limit (the router's own
-/// limit is the larger upload one).
+/// Parse a JSON body (`{}` when empty; an object) of at most `wire`'s JSON limit (the
+/// router's own limit is the larger upload one), refused in Blaxel's error shape.
 pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
     wire: &Wire,
     body: &[u8],
 ) -> Result<T, SandboxAPIError> {
-    if body.len() > wire.config.max_body_bytes {
-        return Err(SandboxAPIError::api(
-            413,
-            "PAYLOAD_TOO_LARGE",
-            format!(
-                "the request body is larger than {} bytes",
-                wire.config.max_body_bytes
-            ),
-        ));
-    }
-    let body = if body.iter().all(u8::is_ascii_whitespace) {
-        &b"{}"[..]
-    } else {
-        body
-    };
-    serde_json::from_slice(body).map_err(|e| bad_request(format!("invalid request body: {e}")))
+    use sandcove::server::json_body::{decode, JsonBodyError};
+    decode(body, wire.config.max_body_bytes).map_err(|e| match e {
+        JsonBodyError::TooLarge { .. } => {
+            SandboxAPIError::api(413, "PAYLOAD_TOO_LARGE", e.to_string())
+        }
+        JsonBodyError::Malformed(_) => bad_request(e.to_string()),
+    })
 }
 
 #[cfg(test)]

@@ -385,30 +385,19 @@ pub(crate) fn bad_request(message: impl Into<String>) -> ApiError {
     ApiError(DaytonaError::validation(message))
 }
 
-/// Parse a JSON body (`{}` when empty) of at most `wire`'s JSON limit (the router's own
-/// limit is the larger upload one).
+/// Parse a JSON body (`{}` when empty; an object) of at most `wire`'s JSON limit (the
+/// router's own limit is the larger upload one), refused in Daytona's error shape.
 pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
     wire: &Wire,
     body: &[u8],
 ) -> Result<T, ApiError> {
-    if body.len() > wire.config.max_body_bytes {
-        return Err(ApiError(DaytonaError::BadRequest(
-            crate::errors::ErrorDetails::new(
-                format!(
-                    "the request body is larger than {} bytes",
-                    wire.config.max_body_bytes
-                ),
-                Some(413),
-                Some("PAYLOAD_TOO_LARGE"),
-            ),
-        )));
-    }
-    let body = if body.iter().all(u8::is_ascii_whitespace) {
-        &b"{}"[..]
-    } else {
-        body
-    };
-    serde_json::from_slice(body).map_err(|e| bad_request(format!("invalid request body: {e}")))
+    use sandcove::server::json_body::{decode, JsonBodyError};
+    decode(body, wire.config.max_body_bytes).map_err(|e| match e {
+        JsonBodyError::TooLarge { .. } => ApiError(DaytonaError::BadRequest(
+            crate::errors::ErrorDetails::new(e.to_string(), Some(413), Some("PAYLOAD_TOO_LARGE")),
+        )),
+        JsonBodyError::Malformed(_) => bad_request(e.to_string()),
+    })
 }
 
 #[cfg(test)]

@@ -65,21 +65,34 @@ impl IntoFuture for MetricsBuilder {
         let limit = self.request_timeout;
         with_request_timeout(
             Box::pin(async move {
-                let sample = metrics_on(&client()?, &self.sandbox_id).await?;
-                let in_range = self.start.is_none_or(|s| sample.timestamp >= s)
-                    && self.end.is_none_or(|e| sample.timestamp <= e);
-                Ok(if in_range { vec![sample] } else { Vec::new() })
+                let range = (
+                    self.start.map(|s| s.unix_millis),
+                    self.end.map(|e| e.unix_millis),
+                );
+                metrics_in_range(&client()?, &self.sandbox_id, range).await
             }),
             limit,
         )
     }
 }
 
-/// One metrics sample of a sandbox, as E2B reports it (shared with the wire protocol).
-pub(crate) async fn metrics_on(
+/// The metrics samples of a sandbox inside `range` (Unix milliseconds, both ends included
+/// when given), as E2B reports them; shared with the wire protocol, which gives its range in
+/// seconds. The runtime keeps no history: the one sample is taken now, and listed only when
+/// the range holds it.
+pub(crate) async fn metrics_in_range(
     client: &sandcove::Client,
     sandbox_id: &str,
-) -> Result<SandboxMetrics> {
+    (start, end): (Option<u64>, Option<u64>),
+) -> Result<Vec<SandboxMetrics>> {
+    let sample = metrics_on(client, sandbox_id).await?;
+    let at = sample.timestamp.unix_millis;
+    let in_range = start.is_none_or(|s| at >= s) && end.is_none_or(|e| at <= e);
+    Ok(if in_range { vec![sample] } else { Vec::new() })
+}
+
+/// One metrics sample of a sandbox, as E2B reports it.
+async fn metrics_on(client: &sandcove::Client, sandbox_id: &str) -> Result<SandboxMetrics> {
     let m = client.sandbox(sandbox_id).metrics().await?;
     Ok(SandboxMetrics {
         cpu_count: i64::from(m.cpu_count),

@@ -133,11 +133,11 @@ fn bad_request(message: impl Into<String>) -> ApiError {
     ApiError(SandboxException::invalid_argument(message.into()))
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    if body.is_empty() {
-        return serde_json::from_slice(b"{}").map_err(|e| bad_request(format!("{e}")));
-    }
-    serde_json::from_slice(body).map_err(|e| bad_request(format!("invalid request body: {e}")))
+/// Parse a JSON body (`{}` when empty; an object) in E2B's error shape. The router's body
+/// limit (the listener's JSON limit) has already answered `413` to a longer body.
+fn parse_json<T: serde::de::DeserializeOwned>(wire: &Wire, body: &[u8]) -> Result<T, ApiError> {
+    sandcove::server::json_body::decode(body, wire.config.max_body_bytes)
+        .map_err(|e| bad_request(e.to_string()))
 }
 
 /// RFC 3339 in UTC with microseconds, as E2B's API writes times.
@@ -216,7 +216,7 @@ async fn create(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let req: NewSandbox = parse_json(&body)?;
+    let req: NewSandbox = parse_json(&wire, &body)?;
     let mut builder = Sandbox::create();
     if let Some(t) = req.template_id.filter(|t| !t.is_empty()) {
         builder = builder.template(t);
@@ -351,7 +351,7 @@ async fn set_timeout(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let req: TimeoutBody = parse_json(&body)?;
+    let req: TimeoutBody = parse_json(&wire, &body)?;
     let Some(secs) = req.timeout else {
         return Err(bad_request("timeout is required"));
     };
@@ -371,7 +371,7 @@ async fn connect(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let req: ConnectBody = parse_json(&body)?;
+    let req: ConnectBody = parse_json(&wire, &body)?;
     // Either kind of pause resumes here (`memory` only says what the pause kept).
     let _ = req.memory;
     let info = sandbox::connect_on(&wire.client, &id, req.timeout).await?;
@@ -390,7 +390,7 @@ async fn pause(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let req: PauseBody = parse_json(&body)?;
+    let req: PauseBody = parse_json(&wire, &body)?;
     let _ = req.require_healthy_guest;
     if sandbox::pause_on(&wire.client, &id, req.memory.unwrap_or(true)).await? {
         Ok(StatusCode::NO_CONTENT.into_response())
@@ -414,24 +414,31 @@ async fn metrics(
     Path(id): Path<String>,
     Query(range): Query<MetricsQuery>,
 ) -> Result<Response, ApiError> {
-    let m = sandbox::metrics_on(&wire.client, &id).await?;
-    // One sample, taken now: listed only when the asked range holds it.
-    let second = (m.timestamp.unix_millis / 1000) as i64;
-    if range.start.is_some_and(|s| second < s) || range.end.is_some_and(|e| second > e) {
-        return Ok(axum::Json(json!([])).into_response());
-    }
-    Ok(axum::Json(json!([{
-        "timestamp": rfc3339(m.timestamp.unix_millis),
-        "timestampUnix": m.timestamp.unix_millis / 1000,
-        "cpuCount": m.cpu_count,
-        "cpuUsedPct": m.cpu_used_pct,
-        "memUsed": m.mem_used,
-        "memTotal": m.mem_total,
-        "memCache": m.mem_cache,
-        "diskUsed": m.disk_used,
-        "diskTotal": m.disk_total,
-    }]))
-    .into_response())
+    // Whole seconds on E2B's wire: `end` holds every millisecond of its second.
+    let range = (
+        range.start.map(|s| (s.max(0) as u64).saturating_mul(1000)),
+        range
+            .end
+            .map(|e| (e.max(0) as u64).saturating_mul(1000).saturating_add(999)),
+    );
+    let samples = sandbox::metrics_in_range(&wire.client, &id, range).await?;
+    let body: Vec<Value> = samples
+        .iter()
+        .map(|m| {
+            json!({
+                "timestamp": rfc3339(m.timestamp.unix_millis),
+                "timestampUnix": m.timestamp.unix_millis / 1000,
+                "cpuCount": m.cpu_count,
+                "cpuUsedPct": m.cpu_used_pct,
+                "memUsed": m.mem_used,
+                "memTotal": m.mem_total,
+                "memCache": m.mem_cache,
+                "diskUsed": m.disk_used,
+                "diskTotal": m.disk_total,
+            })
+        })
+        .collect();
+    Ok(axum::Json(body).into_response())
 }
 
 /// `SandboxSnapshotRequest`.
@@ -453,7 +460,7 @@ async fn create_snapshot(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let req: SnapshotBody = parse_json(&body)?;
+    let req: SnapshotBody = parse_json(&wire, &body)?;
     let _ = req.memory;
     let name = req.name.filter(|n| !n.is_empty());
     let taken = sandbox::create_snapshot_of(&wire.client.sandbox(&id), name).await?;
@@ -525,7 +532,7 @@ async fn fork(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let req: ForkBody = parse_json(&body)?;
+    let req: ForkBody = parse_json(&wire, &body)?;
     let forks = sandbox::fork_on(&wire.client, &id, req.timeout, req.count).await?;
     let entries = forks
         .into_iter()

@@ -69,6 +69,7 @@ mod drain;
 mod files;
 mod idempotency;
 pub mod intercept;
+pub mod json_body;
 mod observe;
 pub use observe::{observe_listener, ServerMetrics};
 mod openapi;
@@ -916,20 +917,14 @@ async fn read_json<T: DeserializeOwned>(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(T, Bytes), ApiError> {
-    let bytes = read_body(headers, body, state.config.max_body_bytes).await?;
-    let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-        b"{}"
-    } else {
-        &bytes
-    };
-    // Every body is an object: serde would otherwise accept a struct in its array form.
-    let value: serde_json::Value =
-        serde_json::from_slice(text).map_err(|e| Error::invalid(format!("request body: {e}")))?;
-    if !value.is_object() {
-        return Err(Error::invalid("request body: expected a JSON object").into());
-    }
-    let value =
-        serde_json::from_value(value).map_err(|e| Error::invalid(format!("request body: {e}")))?;
+    let limit = state.config.max_body_bytes;
+    let bytes = read_body(headers, body, limit).await?;
+    let value = json_body::decode(&bytes, limit).map_err(|e| match e {
+        json_body::JsonBodyError::TooLarge { limit } => too_large(limit as u64),
+        json_body::JsonBodyError::Malformed(reason) => {
+            ApiError::from(Error::invalid(format!("request body: {reason}")))
+        }
+    })?;
     Ok((value, bytes))
 }
 
