@@ -28,6 +28,7 @@
 //! sandbox.destroy().await?;
 //! # Ok(()) }
 //! ```
+#![forbid(unsafe_code)]
 
 pub mod backend;
 pub mod client;

@@ -14,6 +14,7 @@
 //!     std::sync::Arc::new(sandcove::LocalBackend::new().unwrap()) as std::sync::Arc<dyn sandcove::Backend>
 //! });
 //! ```
+#![forbid(unsafe_code)]
 
 /// The umbrella crate, for the paths [`conformance_tests!`] expands to.
 #[doc(hidden)]

@@ -31,6 +31,7 @@
 //!   pauses the lease; **start** gives the lease back. What Kubernetes has no equivalent for
 //!   (pause, snapshots, fork) is [`Error::NotSupported`] with the alternative, declared in
 //!   [`Capabilities`](sandcove_core::Capabilities).
+#![forbid(unsafe_code)]
 
 mod agent;
 mod backend_impl;
