@@ -148,6 +148,27 @@ fn python3() -> Check {
     }
 }
 
+/// Whether E2B's `get_host(port)` names (`PORT-ID.localhost:PORT`) reach the loopback for
+/// programs that use the system's resolver.
+fn localhost_names() -> Check {
+    match crate::localhost::this_host() {
+        Ok(module) => check(
+            "localhost names",
+            Level::Ok,
+            format!("*.localhost resolves to the loopback (nss module {module})"),
+            None,
+        ),
+        Err(why) => check(
+            "localhost names",
+            Level::Warn,
+            format!(
+                "{why}: E2B's get_host(port) names reach the listener only from programs that                  resolve *.localhost themselves (curl, browsers)"
+            ),
+            Some(crate::localhost::REMEDY.into()),
+        ),
+    }
+}
+
 /// `sandcove doctor`.
 pub fn doctor(json: bool) -> Outcome {
     let mut checks = vec![user_namespaces(), seccomp()];
@@ -263,6 +284,7 @@ pub fn doctor(json: bool) -> Outcome {
         });
     }
     checks.push(python3());
+    checks.push(localhost_names());
     if json {
         out::print_json(&serde_json::json!({
             "runtime": runtime_name,

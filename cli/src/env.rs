@@ -65,6 +65,12 @@ pub fn env_command(vendor: &str, state_dir: Option<PathBuf>) -> ExitCode {
     println!("export E2B_API_URL={}", shell_quote(&url));
     println!("export E2B_SANDBOX_URL={}", shell_quote(&url));
     println!("export E2B_API_KEY={}", shell_quote(&key));
+    if let Err(why) = crate::localhost::this_host() {
+        eprintln!(
+            "sandcove env: warning: {why}, so `get_host(port)` names (PORT-ID.localhost) may              not resolve here; {}",
+            crate::localhost::REMEDY
+        );
+    }
     ExitCode::SUCCESS
 }
 

@@ -13,6 +13,7 @@ mod bounds;
 mod cp;
 mod doctor;
 mod env;
+mod localhost;
 mod out;
 mod procs;
 mod record;

@@ -639,6 +639,7 @@ async fn doctor_reports(t: &Target) {
         "cgroup limits",
         "user-mode networking",
         "python3",
+        "localhost names",
         "create a sandbox",
     ] {
         assert!(names.contains(&name), "{name} in {doc}");
