@@ -164,7 +164,8 @@ pub struct CreateSandboxBaseParams {
 /// Python `CreateSandboxFromSnapshotParams`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CreateSandboxFromSnapshotParams {
-    /// `snapshot`: name or id; `None` = the default (the host's toolchain, read-only).
+    /// `snapshot`: name or id; `None` or `"host"` = the default (the host's toolchain,
+    /// read-only; see [`DEFAULT_SNAPSHOT`](crate::snapshot::DEFAULT_SNAPSHOT)).
     pub snapshot: Option<String>,
     /// See [`CreateSandboxBaseParams::name`].
     pub name: Option<String>,
@@ -435,14 +436,26 @@ impl Daytona {
         sandbox.delete()
     }
 
-    /// `start(sandbox, timeout=60)`: delegates to `sandbox.start` (which updates `sandbox`).
-    pub fn start<'a>(&self, sandbox: &'a mut Sandbox) -> crate::sandbox::StartBuilder<'a> {
-        sandbox.start()
+    /// `start(sandbox, timeout=60)`: as `sandbox.start`. Pass `&mut sandbox` to have its
+    /// fields refreshed, as Python's object is, or `&sandbox` (see [`SandboxArg`]).
+    ///
+    /// [`SandboxArg`]: crate::sandbox::SandboxArg
+    pub fn start<'a>(
+        &self,
+        sandbox: impl Into<crate::sandbox::SandboxArg<'a>>,
+    ) -> crate::sandbox::StartBuilder<'a> {
+        crate::sandbox::StartBuilder::new(sandbox.into())
     }
 
-    /// `stop(sandbox, timeout=60)`: delegates to `sandbox.stop` (which updates `sandbox`).
-    pub fn stop<'a>(&self, sandbox: &'a mut Sandbox) -> crate::sandbox::StopBuilder<'a> {
-        sandbox.stop()
+    /// `stop(sandbox, timeout=60)`: as `sandbox.stop`. Pass `&mut sandbox` to have its
+    /// fields refreshed, as Python's object is, or `&sandbox` (see [`SandboxArg`]).
+    ///
+    /// [`SandboxArg`]: crate::sandbox::SandboxArg
+    pub fn stop<'a>(
+        &self,
+        sandbox: impl Into<crate::sandbox::SandboxArg<'a>>,
+    ) -> crate::sandbox::StopBuilder<'a> {
+        crate::sandbox::StopBuilder::new(sandbox.into())
     }
 
     pub(crate) async fn load(&self, info: sandcove::SandboxInfo) -> Result<Sandbox> {
@@ -732,9 +745,9 @@ impl CreateBuilder {
             mount.subpath = v.subpath.clone();
             volumes.push(mount);
         }
-        let snapshot = match &p.snapshot {
-            None => None,
-            Some(s) => Some(self.daytona.snapshot.get(s.clone()).await?.id),
+        let snapshot = match p.snapshot.as_deref() {
+            None | Some(crate::snapshot::DEFAULT_SNAPSHOT) => None,
+            Some(s) => Some(self.daytona.snapshot.get(s).await?.id),
         };
         let auto_stop = p.auto_stop_interval.unwrap_or(translate::DEFAULT_AUTO_STOP);
         let auto_delete = if p.ephemeral == Some(true) {

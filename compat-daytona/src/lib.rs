@@ -66,9 +66,12 @@ pub use process::{
     SessionCommandLogsResponse, SessionExecuteRequest, SessionExecuteResponse,
 };
 pub use sandbox::{
-    CodeInterpreter, ComputerUse, PortPreviewUrl, Sandbox, SandboxState, SignedPortPreviewUrl,
+    CodeInterpreter, ComputerUse, PortPreviewUrl, Sandbox, SandboxArg, SandboxState,
+    SignedPortPreviewUrl,
 };
-pub use snapshot::{CreateSnapshotParams, Image, PaginatedSnapshots, Snapshot, SnapshotService};
+pub use snapshot::{
+    CreateSnapshotParams, Image, PaginatedSnapshots, Snapshot, SnapshotService, DEFAULT_SNAPSHOT,
+};
 pub use volume::{Volume, VolumeService};
 
 /// A string keyword Python also accepts as `None` (MIRRORING.md rule 3), shared by the facades.

@@ -335,7 +335,12 @@ impl Sandbox {
             let caps = self.ctx.core.client().capabilities();
             caps.runtime_id.unwrap_or_else(|| caps.backend.clone())
         });
-        self.snapshot = meta.snapshot.clone();
+        // Daytona names the snapshot of every sandbox, the default one included.
+        self.snapshot = Some(
+            meta.snapshot
+                .clone()
+                .unwrap_or_else(|| crate::snapshot::DEFAULT_SNAPSHOT.to_string()),
+        );
         self.user = info.user.name.clone();
         self.env = Some(info.envs.clone().into_iter().collect());
         let labels = meta.labels.clone().unwrap_or_else(|| {
@@ -456,19 +461,13 @@ impl Sandbox {
     /// `start(timeout=60)`: start a stopped (or archived, or paused) sandbox and wait until
     /// it is `started`; this object's fields are then refreshed (`state` reads `started`).
     pub fn start(&mut self) -> StartBuilder<'_> {
-        StartBuilder {
-            sandbox: self,
-            timeout: 60.0,
-        }
+        StartBuilder::new(SandboxArg::Mut(self))
     }
 
     /// `stop(timeout=60, force=False)`: every process ends (the filesystem stays), as a
     /// Daytona stop; this object's fields are then refreshed (`state` reads `stopped`).
     pub fn stop(&mut self) -> StopBuilder<'_> {
-        StopBuilder {
-            sandbox: self,
-            timeout: 60.0,
-        }
+        StopBuilder::new(SandboxArg::Mut(self))
     }
 
     /// `delete(timeout=60, wait=False)`: destroy the sandbox.
@@ -658,6 +657,13 @@ impl Sandbox {
 
     /// `create_snapshot(name, timeout=60)`: snapshot the sandbox's files under `name`.
     pub async fn create_snapshot(&self, name: &str) -> Result<()> {
+        if name == crate::snapshot::DEFAULT_SNAPSHOT {
+            return Err(DaytonaError::Conflict(crate::errors::ErrorDetails::new(
+                format!("Failed to create snapshot: snapshot {name:?} already exists (the default snapshot)"),
+                Some(409),
+                Some("CONFLICT"),
+            )));
+        }
         self.ctx
             .core
             .snapshot(Some(name.to_string()))
@@ -776,25 +782,76 @@ macro_rules! awaitable_mut {
     };
 }
 
+/// The sandbox `daytona.start(…)` / `daytona.stop(…)` act on, as Python passes the object:
+/// `&mut sandbox` (its fields are refreshed when the call returns, as Python updates the
+/// object in place) or `&sandbox` (the sandbox's state changes all the same, for every
+/// handle of it; this handle's fields are read as they were until its `refresh_data()`).
+#[derive(Debug)]
+pub enum SandboxArg<'a> {
+    /// Refreshed after the call.
+    Mut(&'a mut Sandbox),
+    /// Left as it was: refresh it to read the new state.
+    Shared(&'a Sandbox),
+}
+
+impl<'a> From<&'a mut Sandbox> for SandboxArg<'a> {
+    fn from(sandbox: &'a mut Sandbox) -> Self {
+        SandboxArg::Mut(sandbox)
+    }
+}
+
+impl<'a> From<&'a Sandbox> for SandboxArg<'a> {
+    fn from(sandbox: &'a Sandbox) -> Self {
+        SandboxArg::Shared(sandbox)
+    }
+}
+
+impl SandboxArg<'_> {
+    fn get(&self) -> &Sandbox {
+        match self {
+            SandboxArg::Mut(s) => s,
+            SandboxArg::Shared(s) => s,
+        }
+    }
+
+    /// Start (`true`) or stop the sandbox, then refresh the fields of a `&mut` one.
+    async fn start_or_stop(self, start: bool) -> Result<()> {
+        let sandbox = self.get();
+        if start {
+            sandbox.do_start().await?;
+        } else {
+            sandbox.do_stop().await?;
+        }
+        match self {
+            SandboxArg::Mut(s) => s.refresh_data().await,
+            SandboxArg::Shared(_) => Ok(()),
+        }
+    }
+}
+
 /// Builder of [`Sandbox::start`]; await it.
 #[derive(Debug)]
 #[must_use = "await the builder to run the call"]
 pub struct StartBuilder<'a> {
-    sandbox: &'a mut Sandbox,
+    sandbox: SandboxArg<'a>,
     timeout: f64,
 }
 
-impl StartBuilder<'_> {
+impl<'a> StartBuilder<'a> {
+    pub(crate) fn new(sandbox: SandboxArg<'a>) -> Self {
+        StartBuilder {
+            sandbox,
+            timeout: 60.0,
+        }
+    }
+
     timeout_setter!();
 
     async fn run(self) -> Result<()> {
         let sb = self.sandbox;
-        with_timeout("start", self.timeout, async {
-            sb.do_start().await?;
-            sb.refresh_data().await
-        })
-        .await
-        .ctx("Failed to start sandbox: ")
+        with_timeout("start", self.timeout, sb.start_or_stop(true))
+            .await
+            .ctx("Failed to start sandbox: ")
     }
 }
 awaitable_mut!(StartBuilder => ());
@@ -803,11 +860,18 @@ awaitable_mut!(StartBuilder => ());
 #[derive(Debug)]
 #[must_use = "await the builder to run the call"]
 pub struct StopBuilder<'a> {
-    sandbox: &'a mut Sandbox,
+    sandbox: SandboxArg<'a>,
     timeout: f64,
 }
 
-impl StopBuilder<'_> {
+impl<'a> StopBuilder<'a> {
+    pub(crate) fn new(sandbox: SandboxArg<'a>) -> Self {
+        StopBuilder {
+            sandbox,
+            timeout: 60.0,
+        }
+    }
+
     timeout_setter!();
 
     /// `force=False`: processes are always killed at once here.
@@ -817,12 +881,9 @@ impl StopBuilder<'_> {
 
     async fn run(self) -> Result<()> {
         let sb = self.sandbox;
-        with_timeout("stop", self.timeout, async {
-            sb.do_stop().await?;
-            sb.refresh_data().await
-        })
-        .await
-        .ctx("Failed to stop sandbox: ")
+        with_timeout("stop", self.timeout, sb.start_or_stop(false))
+            .await
+            .ctx("Failed to stop sandbox: ")
     }
 }
 awaitable_mut!(StopBuilder => ());

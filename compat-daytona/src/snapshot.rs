@@ -72,6 +72,34 @@ impl From<SnapshotInfo> for Snapshot {
     }
 }
 
+/// The snapshot a sandbox is created from when none is named: the host's toolchain,
+/// read-only. It is listed, got and named like Daytona's default snapshot (`general`,
+/// `active`, never deleted), so code that lists snapshots and creates from one it finds
+/// works; `create(snapshot="host")` is the same as naming none.
+pub const DEFAULT_SNAPSHOT: &str = "host";
+
+/// The [`DEFAULT_SNAPSHOT`] as a `Snapshot`.
+pub(crate) fn default_snapshot() -> Snapshot {
+    Snapshot {
+        id: DEFAULT_SNAPSHOT.into(),
+        organization_id: String::new(),
+        general: true,
+        name: DEFAULT_SNAPSHOT.into(),
+        image_name: DEFAULT_SNAPSHOT.into(),
+        state: "active".into(),
+        size: None,
+        entrypoint: None,
+        cpu: 1.0,
+        gpu: 0.0,
+        mem: 1.0,
+        disk: 3.0,
+        error_reason: None,
+        created_at: translate::rfc3339(0),
+        updated_at: translate::rfc3339(0),
+        last_used_at: None,
+    }
+}
+
 /// Python `PaginatedSnapshots`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PaginatedSnapshots {
@@ -246,8 +274,16 @@ impl SnapshotService {
         }
     }
 
-    /// `delete(snapshot)`.
+    /// `delete(snapshot)`; the default snapshot cannot be deleted (`403`, as a general
+    /// snapshot on Daytona).
     pub async fn delete(&self, snapshot: &Snapshot) -> Result<()> {
+        if snapshot.id == DEFAULT_SNAPSHOT {
+            return Err(DaytonaError::Forbidden(ErrorDetails::new(
+                format!("Failed to delete snapshot: the default snapshot {DEFAULT_SNAPSHOT:?} cannot be deleted"),
+                Some(403),
+                Some("FORBIDDEN"),
+            )));
+        }
         self.client
             .delete_snapshot(&snapshot.id)
             .await
@@ -297,12 +333,17 @@ impl ListSnapshotsBuilder {
         }
         let mut all = self.service.client.snapshots().await.ctx(P)?;
         all.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+        // Newest first; the default snapshot, oldest of all, last.
+        let all: Vec<Snapshot> = all
+            .into_iter()
+            .map(Snapshot::from)
+            .chain([default_snapshot()])
+            .collect();
         let total = all.len() as i64;
         let items = all
             .into_iter()
             .skip(((page - 1) * limit) as usize)
             .take(limit as usize)
-            .map(Snapshot::from)
             .collect();
         Ok(PaginatedSnapshots {
             items,
@@ -325,6 +366,9 @@ pub struct GetSnapshotBuilder {
 impl GetSnapshotBuilder {
     async fn run(self) -> Result<Snapshot> {
         const P: &str = "Failed to get snapshot: ";
+        if self.name == DEFAULT_SNAPSHOT {
+            return Ok(default_snapshot());
+        }
         let all = self.service.client.snapshots().await.ctx(P)?;
         all.into_iter()
             .find(|s| s.id == self.name || s.name.as_deref() == Some(self.name.as_str()))

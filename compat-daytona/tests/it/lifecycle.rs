@@ -270,6 +270,21 @@ async fn stop_start_archive_and_intervals() {
     d.start(&mut sb).timeout(30).await.unwrap();
     assert_eq!(sb.state, Some(SandboxState::Started));
     sb.wait_for_sandbox_start().timeout(10).await.unwrap();
+    // A shared handle works as Python's object: the sandbox's state changes for every
+    // handle of it (this one's fields until its refresh, the other's at once).
+    let other = sb.clone();
+    d.stop(&other).await.unwrap();
+    assert_eq!(
+        other.state,
+        Some(SandboxState::Started),
+        "a shared handle is not rewritten"
+    );
+    sb.refresh_data().await.unwrap();
+    assert_eq!(sb.state, Some(SandboxState::Stopped));
+    d.start(&sb).await.unwrap();
+    let mut seen = other.clone();
+    seen.refresh_data().await.unwrap();
+    assert_eq!(seen.state, Some(SandboxState::Started));
     // The instance forms update the object as well.
     sb.stop().await.unwrap();
     assert_eq!(sb.state, Some(SandboxState::Stopped));

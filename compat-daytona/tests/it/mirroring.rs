@@ -13,12 +13,26 @@ async fn rule_1_calls_update_the_sandbox(
     daytona: &Daytona,
     sandbox: &mut Sandbox,
 ) -> daytona::Result<()> {
-    daytona.stop(sandbox).await?;
+    daytona.stop(&mut *sandbox).await?;
     assert_eq!(sandbox.state, Some(SandboxState::Stopped));
-    daytona.start(sandbox).timeout(60).await?;
+    daytona.start(&mut *sandbox).timeout(60).await?;
     sandbox.stop().timeout(60).await?;
     sandbox.start().await?;
     sandbox.wait_for_sandbox_start().await?;
+    Ok(())
+}
+
+/// Python passes the object, which Rust code often holds shared: `daytona.stop(&sandbox)`
+/// changes the sandbox, read through any handle once refreshed.
+#[allow(dead_code)]
+async fn rule_1_calls_take_a_shared_sandbox(
+    daytona: &Daytona,
+    sandbox: &Sandbox,
+) -> daytona::Result<()> {
+    daytona.stop(sandbox).await?;
+    daytona.start(sandbox).timeout(60).await?;
+    let mut again = sandbox.clone();
+    again.refresh_data().await?;
     Ok(())
 }
 

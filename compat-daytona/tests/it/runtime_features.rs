@@ -256,6 +256,32 @@ async fn snapshots_fork_and_pause() {
         d.snapshot.delete(&snap).await.unwrap();
         assert!(d.snapshot.get(name).await.unwrap_err().is_not_found());
     }
+    // The default snapshot: listed, got by name, what a plain create names, never deleted.
+    let listed = d.snapshot.list().limit(1000).await.unwrap();
+    let default = listed.items.last().expect("the default snapshot is listed");
+    assert_eq!(
+        (
+            default.name.as_str(),
+            default.general,
+            default.state.as_str()
+        ),
+        (daytona::DEFAULT_SNAPSHOT, true, "active")
+    );
+    assert_eq!(
+        &d.snapshot.get(daytona::DEFAULT_SNAPSHOT).await.unwrap(),
+        default
+    );
+    assert_eq!(sb.snapshot.as_deref(), Some(daytona::DEFAULT_SNAPSHOT));
+    let err = d.snapshot.delete(default).await.unwrap_err();
+    assert!(
+        matches!(err, daytona::DaytonaError::Forbidden(_)),
+        "{err:?}"
+    );
+    let err = sb
+        .create_snapshot(daytona::DEFAULT_SNAPSHOT)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, daytona::DaytonaError::Conflict(_)), "{err:?}");
     let image = daytona::CreateSnapshotParams {
         name: "img".into(),
         image: "python:3.12".into(),
