@@ -556,6 +556,33 @@ impl CommandHandle {
         }
     }
 
+    /// What a stream that broke off with `e` raises, as the SDK decides after its health
+    /// probe: the sandbox gone (killed, or at the end of its life) is a `Timeout`; anything
+    /// else is `e`.
+    async fn broken(ctx: &Ctx, e: sandcove::Error) -> SandboxException {
+        use sandcove::ErrorCode;
+        let connection_level = matches!(
+            e.code(),
+            ErrorCode::Backend | ErrorCode::Io | ErrorCode::Unavailable | ErrorCode::Destroyed
+        );
+        if !connection_level {
+            return e.into();
+        }
+        let gone = match ctx.core.info().await {
+            Ok(info) => info.state == sandcove::SandboxState::Destroyed,
+            Err(probe) => probe.is_not_found() || probe.code() == ErrorCode::Destroyed,
+        };
+        if !gone {
+            return e.into();
+        }
+        SandboxException::Timeout {
+            message: format!(
+                "{e}: The sandbox was killed or reached its end of life while the request was in flight."
+            ),
+            source: Some(Box::new(e)),
+        }
+    }
+
     /// The next `(stdout, stderr, pty)` item; `None` once the process has ended (Python's
     /// `for stdout, stderr, pty in handle`).
     pub async fn next(&mut self) -> Option<Result<CommandOutput>> {
@@ -580,7 +607,7 @@ impl CommandHandle {
                 }
                 Some(Err(e)) => {
                     self.events = None;
-                    return Some(Err(e.into()));
+                    return Some(Err(Self::broken(&self.ctx, e).await));
                 }
                 Some(Ok(e)) => e,
             };

@@ -118,6 +118,10 @@ pub struct EntryInfo {
     pub symlink_target: Option<String>,
     /// `metadata`.
     pub metadata: Option<BTreeMap<String, String>>,
+    /// What envd's `type` field carries: a link's final target's type (`None` when the link
+    /// does not resolve), otherwise `r#type`. The SDK reports `SYMLINK` for a link (envd's
+    /// `is_symlink`); older SDKs read this instead.
+    pub(crate) wire_type: Option<FileType>,
 }
 
 impl EntryInfo {
@@ -134,8 +138,105 @@ impl EntryInfo {
             modified_time: DateTime::from_unix_millis(s.modified),
             symlink_target: s.symlink_target.clone(),
             metadata: None,
+            wire_type: FileType::from_kind(s.kind),
         }
     }
+}
+
+/// Most symbolic links followed while resolving one path, as Go's `filepath.EvalSymlinks`
+/// (which E2B's daemon uses) allows.
+const MAX_LINK_HOPS: usize = 255;
+
+impl EntryInfo {
+    /// The entry E2B's daemon reports for `s`. A symbolic link is `SYMLINK`, as the SDK
+    /// reports it, with its final target's permission bits and that target's absolute path,
+    /// every link on the way resolved (`EvalSymlinks`); envd's `type` field (kept for the
+    /// wire) is the target's type. A link that does not resolve (dangling, a loop, a
+    /// component `user` may not search) has mode `0`, no target type, and its own path as the
+    /// target. Size, times and the permission string stay the link's own, as there.
+    pub(crate) async fn resolved(ctx: &Ctx, s: &FileStat, user: Option<String>) -> EntryInfo {
+        let mut entry = EntryInfo::from_stat(ctx, s);
+        if s.kind != FileKind::Symlink {
+            return entry;
+        }
+        match resolve_links(ctx, &s.path, user).await {
+            Some((target, st)) => {
+                entry.wire_type = FileType::from_kind(st.kind);
+                entry.mode = i64::from(st.mode & 0o777);
+                entry.symlink_target = Some(ctx.e2b_path(&target));
+            }
+            None => {
+                entry.wire_type = None;
+                entry.mode = 0;
+                entry.symlink_target = Some(entry.path.clone());
+            }
+        }
+        entry
+    }
+
+    /// What envd's `type` field carries for this entry (see [`EntryInfo::resolved`]).
+    pub(crate) fn wire_type(&self) -> Option<FileType> {
+        self.wire_type
+    }
+}
+
+/// Resolve every symbolic link in the absolute runtime path `path`, component by component
+/// (each looked up as `user`, so no link leads where that user could not go): the final
+/// path and what is there, or `None` when a component is missing or the links go round.
+async fn resolve_links(ctx: &Ctx, path: &str, user: Option<String>) -> Option<(String, FileStat)> {
+    let mut pending: std::collections::VecDeque<String> =
+        path.split('/').map(str::to_string).collect();
+    let mut resolved: Vec<String> = Vec::new();
+    let mut last: Option<FileStat> = None;
+    let mut hops = 0;
+    while let Some(part) = pending.pop_front() {
+        match part.as_str() {
+            "" | "." => continue,
+            ".." => {
+                resolved.pop();
+                last = None;
+                continue;
+            }
+            _ => {}
+        }
+        let parent = resolved.join("/");
+        let candidate = if parent.is_empty() {
+            format!("/{part}")
+        } else {
+            format!("/{parent}/{part}")
+        };
+        let mut options = sandcove::StatOptions::default();
+        options.user = user.clone();
+        let st = ctx.core.stat_with(&candidate, options).await.ok()?;
+        if st.kind == FileKind::Symlink {
+            hops += 1;
+            if hops > MAX_LINK_HOPS {
+                return None;
+            }
+            let target = st.symlink_target?;
+            if target.starts_with('/') {
+                resolved.clear();
+            }
+            for piece in target.split('/').rev() {
+                pending.push_front(piece.to_string());
+            }
+            last = None;
+        } else {
+            resolved.push(part);
+            last = Some(st);
+        }
+    }
+    let at = format!("/{}", resolved.join("/"));
+    let st = match last {
+        Some(st) => st,
+        // The path ended at the root or on `..`: look at where it is.
+        None => {
+            let mut options = sandcove::StatOptions::default();
+            options.user = user;
+            ctx.core.stat_with(&at, options).await.ok()?
+        }
+    };
+    Some((at, st))
 }
 
 impl fmt::Debug for EntryInfo {
@@ -300,7 +401,7 @@ pub(crate) async fn watch_event(
     // shows its temporary files: events map one to one.
     let entry = if include_entry {
         match ctx.core.stat_with(&event.path, Default::default()).await {
-            Ok(st) => Some(EntryInfo::from_stat(ctx, &st)),
+            Ok(st) => Some(EntryInfo::resolved(ctx, &st, None).await),
             Err(_) => None,
         }
     } else {
@@ -543,8 +644,9 @@ impl Filesystem {
         FsCall::new(&self.ctx, move |ctx, common| async move {
             let mut options = sandcove::StatOptions::default();
             options.user = common.file_user(&ctx);
+            let user = options.user.clone();
             let s = ctx.core.stat_with(&ctx.path(&path), options).await?;
-            Ok(EntryInfo::from_stat(&ctx, &s))
+            Ok(EntryInfo::resolved(&ctx, &s, user).await)
         })
     }
 
@@ -587,9 +689,9 @@ impl Filesystem {
                 }
             }
             let mut options = sandcove::RenameOptions::default();
-            options.user = user;
+            options.user = user.clone();
             let s = ctx.core.rename_with(&from, &to, options).await?;
-            Ok(EntryInfo::from_stat(&ctx, &s))
+            Ok(EntryInfo::resolved(&ctx, &s, user).await)
         })
     }
 
@@ -880,15 +982,19 @@ impl IntoFuture for ListBuilder {
                     .list_dir_with(&ctx.path(&self.path), {
                         let mut options = ListDirOptions::default()
                             .depth(u32::try_from(depth).unwrap_or(u32::MAX));
-                        options.user = user;
+                        options.user = user.clone();
                         options
                     })
                     .await?;
-                let mut entries: Vec<EntryInfo> = listed
-                    .iter()
-                    .filter(|s| s.kind != FileKind::Other)
-                    .map(|s| EntryInfo::from_stat(&ctx, s))
-                    .collect();
+                let mut entries: Vec<EntryInfo> = Vec::with_capacity(listed.len());
+                // The SDK skips an entry whose `type` it does not know: anything but a file, a
+                // directory or a link that resolves to one of them.
+                for s in listed.iter().filter(|s| s.kind != FileKind::Other) {
+                    let entry = EntryInfo::resolved(&ctx, s, user.clone()).await;
+                    if entry.wire_type().is_some() {
+                        entries.push(entry);
+                    }
+                }
                 translate::sort_entries(&mut entries, |e| &e.path);
                 Ok(entries)
             }),

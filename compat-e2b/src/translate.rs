@@ -132,42 +132,27 @@ pub fn py_dict(map: &BTreeMap<String, String>) -> String {
     format!("{{{}}}", inner.join(", "))
 }
 
-/// `ls -l`-style permission string, e.g. `-rw-r--r--` or `drwxr-xr-x`.
+/// The permission string E2B's daemon reports: Go's `FileMode.String()`, e.g.
+/// `-rw-r--r--`, `drwxr-xr-x`, `Lrwxrwxrwx` for a link, and set-user-ID, set-group-ID and
+/// sticky as leading letters (`urwxr-xr-x`, `dtrwxrwxrwx`), not `ls`'s `s`/`t`.
 pub fn permissions_string(kind: FileKind, mode: u32) -> String {
-    let mut s = String::with_capacity(10);
-    s.push(match kind {
-        FileKind::Dir => 'd',
-        FileKind::Symlink => 'l',
-        FileKind::File => '-',
-        FileKind::Other => '?',
-    });
-    let bits = [
-        (0o400, 'r'),
-        (0o200, 'w'),
-        (0o100, 'x'),
-        (0o040, 'r'),
-        (0o020, 'w'),
-        (0o010, 'x'),
-        (0o004, 'r'),
-        (0o002, 'w'),
-        (0o001, 'x'),
-    ];
-    for (i, (bit, c)) in bits.iter().enumerate() {
-        let on = mode & bit != 0;
-        let special = match i {
-            2 => mode & 0o4000 != 0,
-            5 => mode & 0o2000 != 0,
-            8 => mode & 0o1000 != 0,
-            _ => false,
-        };
-        s.push(match (on, special, i) {
-            (true, true, 8) => 't',
-            (false, true, 8) => 'T',
-            (true, true, _) => 's',
-            (false, true, _) => 'S',
-            (true, false, _) => *c,
-            (false, false, _) => '-',
-        });
+    let mut s = String::with_capacity(12);
+    match kind {
+        FileKind::Dir => s.push('d'),
+        FileKind::Symlink => s.push('L'),
+        FileKind::Other => s.push('?'),
+        FileKind::File => {}
+    }
+    for (bit, c) in [(0o4000, 'u'), (0o2000, 'g'), (0o1000, 't')] {
+        if mode & bit != 0 {
+            s.push(c);
+        }
+    }
+    if s.is_empty() {
+        s.push('-');
+    }
+    for (i, c) in "rwxrwxrwx".chars().enumerate() {
+        s.push(if mode & (0o400 >> i) != 0 { c } else { '-' });
     }
     s
 }
@@ -363,10 +348,11 @@ mod tests {
         let table = [
             (FileKind::File, 0o644, "-rw-r--r--"),
             (FileKind::Dir, 0o755, "drwxr-xr-x"),
-            (FileKind::Symlink, 0o777, "lrwxrwxrwx"),
-            (FileKind::Dir, 0o1777, "drwxrwxrwt"),
-            (FileKind::File, 0o4755, "-rwsr-xr-x"),
-            (FileKind::File, 0o2644, "-rw-r-Sr--"),
+            (FileKind::Symlink, 0o777, "Lrwxrwxrwx"),
+            (FileKind::Dir, 0o1777, "dtrwxrwxrwx"),
+            (FileKind::File, 0o4755, "urwxr-xr-x"),
+            (FileKind::File, 0o2644, "grw-r--r--"),
+            (FileKind::File, 0o6000, "ug---------"),
         ];
         for (kind, mode, want) in table {
             assert_eq!(permissions_string(kind, mode), want, "{mode:o}");

@@ -344,6 +344,26 @@ fn end_event(status: &sandcove::ExitStatus) -> Value {
     json!({ "end": end })
 }
 
+/// How a process stream that breaks after its start ends, as envd's does when the sandbox
+/// goes away mid-command: the runtime losing the process's events (the sandbox destroyed,
+/// its agent gone) is `unavailable` with a message that does not say why, so the SDK asks
+/// `/health`, learns the sandbox "was not found" and raises its `TimeoutException`
+/// (`SandboxNotRunningException`); any other error maps as usual.
+fn broken_stream(e: sandcove::Error) -> ConnectError {
+    use sandcove::ErrorCode;
+    match e.code() {
+        ErrorCode::Backend
+        | ErrorCode::Io
+        | ErrorCode::Unavailable
+        | ErrorCode::Destroyed
+        | ErrorCode::NotFound => ConnectError::new(
+            Code::Unavailable,
+            format!("the connection to the sandbox ended before the stream completed ({e})"),
+        ),
+        _ => ConnectError::from(e),
+    }
+}
+
 /// Pump a process's events into a Connect stream body.
 fn process_body(
     pid: u32,
@@ -402,7 +422,7 @@ fn process_body(
                     break None;
                 }
                 Some(Ok(_)) => continue,
-                Some(Err(e)) => break Some(ConnectError::from(e)),
+                Some(Err(e)) => break Some(broken_stream(e)),
                 None => {
                     break Some(ConnectError::new(
                         Code::Unavailable,
@@ -744,7 +764,8 @@ async fn update(
 
 /// `EntryInfo` as envd's JSON.
 fn entry_json(e: &EntryInfo) -> Value {
-    let kind = match e.r#type {
+    // envd reports a link's target's type here and marks the link with `isSymlink`.
+    let kind = match e.wire_type() {
         Some(FileType::File) => "FILE_TYPE_FILE",
         Some(FileType::Dir) => "FILE_TYPE_DIRECTORY",
         Some(FileType::Symlink) => "FILE_TYPE_SYMLINK",

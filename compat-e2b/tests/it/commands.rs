@@ -324,3 +324,26 @@ async fn connect_timeout_ends_the_stream_not_the_process() {
     assert!(h.kill().await.expect("kill"));
     sbx.kill().await.expect("kill");
 }
+
+/// Killing a sandbox while a command's handle is waited on raises `Timeout` ("killed or
+/// reached its end of life"), as the SDK does once its health probe finds the sandbox gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_killed_while_a_command_is_waited_on_raises_timeout() {
+    let sbx = e2b::Sandbox::create().timeout(60).await.expect("create");
+    let mut handle = sbx
+        .commands
+        .run("sleep 600")
+        .background(true)
+        .await
+        .expect("run");
+    e2b::Sandbox::kill(sbx.sandbox_id.clone())
+        .await
+        .expect("kill");
+    let err = handle.wait().await.unwrap_err();
+    assert!(err.is_timeout(), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("killed or reached its end of life"),
+        "{err}"
+    );
+}

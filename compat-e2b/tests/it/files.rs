@@ -486,3 +486,54 @@ async fn watch_dir_follows_the_capability() {
     }
     sbx.kill().await.expect("kill");
 }
+
+/// A link reports what envd reports, read as the SDK reads it: `SYMLINK`, its final
+/// target's mode, the target's absolute path with every link on the way resolved, the link's
+/// own permission string; a dangling link (or a loop) has mode 0 and its own path as target,
+/// and `list` leaves it out (envd's type for it is unknown).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn symlinks_report_their_resolved_target() {
+    let sbx = sandbox("symlinks").await;
+    sbx.files.write("t/file.txt", "x").await.expect("write");
+    let made = sbx
+        .commands
+        .run(
+            "cd /home/user && mkdir -p t/d/e && chmod 700 t/d/e && ln -s file.txt t/rel && \
+             ln -s d t/dl && ln -s dl/e t/chain && ln -s ../rel t/d/up && \
+             ln -s nowhere t/dangling && ln -s loop2 t/loop1 && ln -s loop1 t/loop2",
+        )
+        .await
+        .expect("links");
+    assert_eq!(made.exit_code, 0);
+    let info = |path: &'static str| {
+        let sbx = &sbx;
+        async move { sbx.files.get_info(path).await.expect(path) }
+    };
+    let rel = info("t/rel").await;
+    assert_eq!(
+        (rel.r#type, rel.mode, rel.permissions.as_str()),
+        (Some(FileType::Symlink), 0o644, "Lrwxrwxrwx")
+    );
+    assert_eq!(rel.symlink_target.as_deref(), Some("/home/user/t/file.txt"));
+    assert_eq!(rel.path, "/home/user/t/rel");
+    let chain = info("t/chain").await;
+    assert_eq!((chain.r#type, chain.mode), (Some(FileType::Symlink), 0o700));
+    assert_eq!(chain.symlink_target.as_deref(), Some("/home/user/t/d/e"));
+    let up = info("t/d/up").await;
+    assert_eq!(up.symlink_target.as_deref(), Some("/home/user/t/file.txt"));
+    for broken in ["t/dangling", "t/loop1"] {
+        let b = info(broken).await;
+        assert_eq!((b.r#type, b.mode), (Some(FileType::Symlink), 0), "{broken}");
+        assert_eq!(b.symlink_target, Some(format!("/home/user/{broken}")));
+    }
+    let listed = sbx.files.list("t").await.expect("list");
+    let names: Vec<&str> = listed.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, ["chain", "d", "dl", "file.txt", "rel"], "{listed:?}");
+    let chain = listed.iter().find(|e| e.name == "chain").expect("chain");
+    assert_eq!(chain.symlink_target.as_deref(), Some("/home/user/t/d/e"));
+    let file = listed.iter().find(|e| e.name == "file.txt").expect("file");
+    assert_eq!(
+        (file.r#type, file.symlink_target.as_deref()),
+        (Some(FileType::File), None)
+    );
+}
