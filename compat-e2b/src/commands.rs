@@ -174,9 +174,13 @@ pub(crate) fn process_spec(
     timeout: Option<std::time::Duration>,
 ) -> ProcessSpec {
     let mut spec = ProcessSpec::new(command);
-    spec.cwd = cwd.filter(|c| !c.is_empty()).map(|c| ctx.path(c));
-    spec.envs = translate::process_envs(&ctx.envs, &ctx.id, envs);
     spec.user = ctx.runtime_user(user);
+    // As envd: a relative cwd, and no cwd at all, are the user's home (root's is `/root`).
+    spec.cwd = match cwd.filter(|c| !c.is_empty()) {
+        Some(c) => Some(ctx.path_as(c, spec.user.as_deref())),
+        None => spec.user.as_deref().map(|u| ctx.path_as("~", Some(u))),
+    };
+    spec.envs = translate::process_envs(&ctx.envs, &ctx.id, envs);
     spec.stdin = stdin;
     spec.timeout = timeout;
     spec

@@ -386,9 +386,13 @@ pub(crate) async fn open_watch(
         user: user.map(str::to_string),
         request_timeout: None,
     };
-    let mut options = sandcove::WatchOptions::default().recursive(recursive);
+    // E2B's daemon chowns a file it creates before writing it: create, chmod, write.
+    let mut options = sandcove::WatchOptions::default()
+        .recursive(recursive)
+        .report_ownership(true);
     options.user = common.file_user(ctx);
-    Ok(ctx.core.watch(&ctx.path(path), options).await?)
+    let path = ctx.path_as(path, options.user.as_deref());
+    Ok(ctx.core.watch(&path, options).await?)
 }
 
 /// A runtime watch event as E2B's, with the entry's info when asked for.
@@ -397,8 +401,8 @@ pub(crate) async fn watch_event(
     event: sandcove::FsEvent,
     include_entry: bool,
 ) -> FilesystemEvent {
-    // The runtime already reports API writes as E2B does (create, then write) and never
-    // shows its temporary files: events map one to one.
+    // The runtime reports API writes as E2B does (create, chmod, write; see the watch's
+    // options) and never shows its temporary files: events map one to one.
     let entry = if include_entry {
         match ctx.core.stat_with(&event.path, Default::default()).await {
             Ok(st) => Some(EntryInfo::resolved(ctx, &st, None).await),
@@ -423,7 +427,8 @@ pub(crate) async fn open_read(ctx: &Ctx, path: &str, user: Option<&str>) -> Resu
     };
     let mut options = sandcove::ReadOptions::default();
     options.user = common.file_user(ctx);
-    Ok(ctx.core.read_stream_with(&ctx.path(path), options).await?)
+    let path = ctx.path_as(path, options.user.as_deref());
+    Ok(ctx.core.read_stream_with(&path, options).await?)
 }
 
 /// Write `data` to `path` as E2B's `user`, creating parent directories (shared by
@@ -434,10 +439,9 @@ pub(crate) async fn write_stream(
     data: ByteStream,
     user: Option<&str>,
 ) -> Result<WriteInfo> {
-    let s = ctx
-        .core
-        .write_stream(&ctx.path(path), data, write_options(ctx, user))
-        .await?;
+    let options = write_options(ctx, user);
+    let path = ctx.path_as(path, options.user.as_deref());
+    let s = ctx.core.write_stream(&path, data, options).await?;
     Ok(write_info(ctx, &s))
 }
 
@@ -634,7 +638,8 @@ impl Filesystem {
             options.user = common.file_user(&ctx);
             // `false` only when the path is not there; anything that keeps the question from
             // being answered is raised.
-            Ok(ctx.core.exists_with(&ctx.path(&path), options).await?)
+            let path = ctx.path_as(&path, options.user.as_deref());
+            Ok(ctx.core.exists_with(&path, options).await?)
         })
     }
 
@@ -645,7 +650,8 @@ impl Filesystem {
             let mut options = sandcove::StatOptions::default();
             options.user = common.file_user(&ctx);
             let user = options.user.clone();
-            let s = ctx.core.stat_with(&ctx.path(&path), options).await?;
+            let path = ctx.path_as(&path, user.as_deref());
+            let s = ctx.core.stat_with(&path, options).await?;
             Ok(EntryInfo::resolved(&ctx, &s, user).await)
         })
     }
@@ -657,7 +663,8 @@ impl Filesystem {
         FsCall::new(&self.ctx, move |ctx, common| async move {
             let mut options = RemoveOptions::default().recursive(true);
             options.user = common.file_user(&ctx);
-            match ctx.core.remove_with(&ctx.path(&path), options).await {
+            let path = ctx.path_as(&path, options.user.as_deref());
+            match ctx.core.remove_with(&path, options).await {
                 Ok(()) => Ok(()),
                 Err(e) if e.is_not_found() => Ok(()),
                 Err(e) => Err(e.into()),
@@ -676,8 +683,8 @@ impl Filesystem {
         let (from, to) = (old_path.into(), new_path.into());
         FsCall::new(&self.ctx, move |ctx, common| async move {
             let user = common.file_user(&ctx);
-            let from = ctx.path(&from);
-            let to = ctx.path(&to);
+            let from = ctx.path_as(&from, user.as_deref());
+            let to = ctx.path_as(&to, user.as_deref());
             let mut stat = sandcove::StatOptions::default();
             stat.user = user.clone();
             ctx.core.stat_with(&from, stat).await?;
@@ -700,7 +707,7 @@ impl Filesystem {
     pub fn make_dir(&self, path: impl Into<String>) -> FsCall<bool> {
         let path = path.into();
         FsCall::new(&self.ctx, move |ctx, common| async move {
-            let p = ctx.path(&path);
+            let p = ctx.path_as(&path, common.file_user(&ctx).as_deref());
             match ctx.core.stat_with(&p, Default::default()).await {
                 Ok(s) if s.kind == FileKind::Dir => return Ok(false),
                 Ok(_) => {
@@ -791,7 +798,8 @@ impl<F> ReadBuilder<F> {
         let mut options =
             sandcove::ReadOptions::default().max_bytes(sandcove::MAX_MEMORY_FILE_BYTES);
         options.user = common.file_user(&ctx);
-        Ok(ctx.core.read_with(&ctx.path(&path), options).await?)
+        let path = ctx.path_as(&path, options.user.as_deref());
+        Ok(ctx.core.read_with(&path, options).await?)
     }
 }
 
@@ -979,7 +987,7 @@ impl IntoFuture for ListBuilder {
                 let user = self.common.file_user(&ctx);
                 let listed = ctx
                     .core
-                    .list_dir_with(&ctx.path(&self.path), {
+                    .list_dir_with(&ctx.path_as(&self.path, user.as_deref()), {
                         let mut options = ListDirOptions::default()
                             .depth(u32::try_from(depth).unwrap_or(u32::MAX));
                         options.user = user.clone();

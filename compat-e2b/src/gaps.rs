@@ -93,11 +93,6 @@ pub const GAPS: &[Gap] = &[
         feature: "metrics of several sandboxes at once (GET /sandboxes/metrics)",
         alternative: "get_metrics() of each sandbox",
     },
-    Gap {
-        key: "keep_memory_false",
-        feature: "lifecycle auto-pause with keep_memory=False (a filesystem-only pause at the timeout)",
-        alternative: "auto-pause keeps memory and processes; or call pause(keep_memory=False) before the timeout",
-    },
 ];
 
 /// The gap with this key. Panics on an unknown key: that is a bug in this crate, caught by

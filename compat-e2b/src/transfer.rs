@@ -124,7 +124,9 @@ impl FileUrlBuilder {
         };
         let mut url = format!("{}/files?", preview.url.trim_end_matches('/'));
         if !self.path.is_empty() {
-            url.push_str(&format!("path={}&", percent_encode(&ctx.path(&self.path))));
+            let user = ctx.runtime_user(self.user.as_deref());
+            let path = ctx.path_as(&self.path, user.as_deref());
+            url.push_str(&format!("path={}&", percent_encode(&path)));
         }
         url.push_str(&format!(
             "username={}&signature={}",

@@ -134,6 +134,13 @@ fn python_sdk_file_urls_gzip_and_stream_input() {
     check_program(E2B_PINS, "e2b_urls");
 }
 
+/// `lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}}`: the runtime's stop
+/// at the timeout, reported as paused, started again by `connect`.
+#[test]
+fn python_sdk_filesystem_only_auto_pause() {
+    check_program(E2B_PINS, "e2b_lifecycle");
+}
+
 #[test]
 fn python_sdk_sandboxes() {
     check_program(E2B_PINS, "e2b_sandboxes");

@@ -461,6 +461,41 @@ async fn metrics_answer_the_sample_only_inside_the_range_whatever_its_ends() {
     }
 }
 
+/// An upload as `root` (`username=root`) lands in root's home when its path is relative, as
+/// envd resolves it (where the runtime has one uid, the upload is refused instead).
+#[tokio::test]
+async fn an_upload_as_root_resolves_against_roots_home() {
+    let env = env().await;
+    let (id, token) = env.create().await;
+    let r = env
+        .http
+        .post(format!("{}/files?path=hello.txt&username=root", env.url))
+        .header("E2b-Sandbox-Id", &id)
+        .header("X-Access-Token", &token)
+        .header("Content-Type", "application/octet-stream")
+        .body("as root")
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let body: Value = r.json().await.unwrap();
+    if !env.backend.capabilities().multiple_users {
+        assert_ne!(status, 200, "{body}");
+        return;
+    }
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body[0]["path"], "/root/hello.txt", "{body}");
+    let read = env
+        .http
+        .get(format!("{}/files?path=~/hello.txt&username=root", env.url))
+        .header("E2b-Sandbox-Id", &id)
+        .header("X-Access-Token", &token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.text().await.unwrap(), "as root");
+}
+
 #[tokio::test]
 async fn a_watcher_answers_only_its_own_sandbox() {
     let env = env().await;

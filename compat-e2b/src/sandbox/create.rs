@@ -300,10 +300,28 @@ impl<S> CreateBuilder<S> {
                     "keep_memory can only be given with the pause action",
                 ));
             }
-            if lc.keep_memory == Some(false) {
-                return Err(refuse("keep_memory_false"));
+            let files_only = lc.keep_memory == Some(false);
+            if files_only && lc.auto_resume == Some(true) {
+                // The SDK refuses it too: traffic cannot wake what has no memory to restore.
+                return Err(SandboxException::invalid_argument(
+                    "auto_resume: True is not a valid value with keep_memory=False: a \
+                     filesystem-only pause is resumed with Sandbox.connect()",
+                ));
             }
-            if pause {
+            if pause && files_only {
+                // A filesystem-only auto-pause is the runtime's stop at the lease's end: files
+                // kept, processes ended, reported as paused; `connect` starts it again.
+                if !caps.lease_stop {
+                    return Err(sandcove::Error::not_supported(
+                        "lifecycle auto-pause with keep_memory=False",
+                        "this runtime cannot stop a sandbox at its timeout; use \
+                         on_timeout='kill' with a longer timeout, or pause(keep_memory=False) \
+                         before it",
+                    )
+                    .into());
+                }
+                options.on_timeout = TimeoutAction::Stop;
+            } else if pause {
                 if !caps.pause {
                     return Err(sandcove::Error::not_supported(
                         "lifecycle on_timeout='pause'",

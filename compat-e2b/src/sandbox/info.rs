@@ -131,7 +131,9 @@ impl SandboxInfo {
             allow_internet_access: detail.then_some(info.network != NetworkPolicy::None),
             lifecycle: detail.then(|| SandboxInfoLifecycle {
                 on_timeout: match info.on_timeout {
-                    sandcove::TimeoutAction::Pause => "pause".into(),
+                    sandcove::TimeoutAction::Pause | sandcove::TimeoutAction::Stop => {
+                        "pause".into()
+                    }
                     _ => "kill".into(),
                 },
                 auto_resume: info.auto_resume,

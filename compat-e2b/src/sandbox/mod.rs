@@ -77,6 +77,29 @@ impl Inner {
         translate::to_runtime_path(path, &self.home)
     }
 
+    /// `path` as the runtime names it when looked up as `runtime_user` (what
+    /// [`Inner::runtime_user`] gives; `None` is the default user): a relative or `~` path
+    /// resolves against that user's home, as envd resolves it — root's is `/root`.
+    pub(crate) fn path_as(&self, path: &str, runtime_user: Option<&str>) -> String {
+        let Some(user) = runtime_user else {
+            return self.path(path);
+        };
+        let home = if user == "root" {
+            "/root".to_string()
+        } else {
+            format!("/home/{user}")
+        };
+        if path.is_empty() || path == "~" {
+            home
+        } else if let Some(rest) = path.strip_prefix("~/") {
+            format!("{home}/{rest}")
+        } else if !path.starts_with('/') {
+            format!("{home}/{path}")
+        } else {
+            self.path(path)
+        }
+    }
+
     pub(crate) fn e2b_path(&self, path: &str) -> String {
         translate::to_e2b_path(path, &self.home)
     }

@@ -1273,7 +1273,8 @@ async fn upload_inner(
                 };
                 let data = write_data(Upload::data(part));
                 let options = files::write_options(&ctx, user);
-                staged.write(&ctx.path(&path), data, options).await?;
+                let path = ctx.path_as(&path, options.user.as_deref());
+                staged.write(&path, data, options).await?;
             }
             Ok(())
         };

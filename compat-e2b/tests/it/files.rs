@@ -273,6 +273,27 @@ async fn file_calls_act_as_the_given_user() {
         sbx.kill().await.expect("kill");
         return;
     }
+    // Relative paths and the working directory are the user's home, as envd resolves them:
+    // root's is /root.
+    let written = sbx
+        .files
+        .write("hello.txt", "as root")
+        .user("root")
+        .await
+        .expect("write as root");
+    assert_eq!(written.path, "/root/hello.txt");
+    assert_eq!(
+        sbx.files
+            .read("~/hello.txt")
+            .user("root")
+            .await
+            .expect("read as root"),
+        "as root"
+    );
+    let pwd = sbx.commands.run("pwd").user("root").await.expect("pwd");
+    assert_eq!(pwd.stdout, "/root\n");
+    let pwd = sbx.commands.run("pwd").user("root").cwd("sub").await;
+    assert!(pwd.is_err(), "a relative cwd is under root's home: {pwd:?}");
     let setup = "echo s3cret > /tmp/secret && chmod 600 /tmp/secret && \
                  mkdir -m 700 /tmp/vault && touch /tmp/vault/in";
     let r = sbx.commands.run(setup).user("root").await.expect("setup");
@@ -368,7 +389,7 @@ async fn file_calls_act_as_the_given_user() {
     );
     let w = sbx
         .files
-        .write("by-root.txt", "x")
+        .write("/home/user/by-root.txt", "x")
         .user("root")
         .await
         .expect("write as root");

@@ -77,6 +77,37 @@ pub async fn watch_reports_changes(backend: &dyn Backend) {
         api_events,
         [FsEventKind::Create, FsEventKind::Write, FsEventKind::Write]
     );
+    // Asked for, a file an API write creates shows its ownership being set between the
+    // two, as E2B's daemon reports it; an overwrite is still one write. Recursively too.
+    let mut owned = backend
+        .watch(&id, "w", options.clone().report_ownership(true))
+        .await
+        .expect("watch reporting ownership");
+    write(backend, &id, "w/sub/owned.txt", b"1").await;
+    write(backend, &id, "w/sub/owned.txt", b"2").await;
+    let mut owned_events = Vec::new();
+    while owned_events
+        .iter()
+        .filter(|k| **k == FsEventKind::Write)
+        .count()
+        < 2
+    {
+        match tokio::time::timeout(PATIENCE, owned.next()).await {
+            Ok(Some(Ok(ev))) if ev.name == "sub/owned.txt" => owned_events.push(ev.kind),
+            Ok(Some(Ok(_))) => {}
+            other => panic!("expected API write events, saw {owned_events:?}, then {other:?}"),
+        }
+    }
+    assert_eq!(
+        owned_events,
+        [
+            FsEventKind::Create,
+            FsEventKind::Chmod,
+            FsEventKind::Write,
+            FsEventKind::Write
+        ]
+    );
+    drop(owned);
     // Files made in a directory before its watch was added are reported too.
     sh(
         backend,

@@ -98,6 +98,60 @@ pub async fn lease_end_can_pause(backend: &dyn Backend) {
     backend.destroy(&id).await.expect("destroy");
 }
 
+/// `on_timeout: Stop` stops instead of destroying: the processes end, the files stay, and
+/// `start` runs it again with a new lease. `auto_resume` cannot be asked with it.
+pub async fn lease_end_can_stop(backend: &dyn Backend) {
+    let mut both = test_options(&unique("leasestopresume"));
+    both.on_timeout = TimeoutAction::Stop;
+    both.auto_resume = true;
+    expect_code(
+        backend.create(both).await,
+        ErrorCode::InvalidArgument,
+        "auto_resume with a lease that stops",
+    );
+    let mut options = test_options(&unique("leasestop"));
+    options.on_timeout = TimeoutAction::Stop;
+    if !backend.capabilities().lease_stop {
+        expect_code(
+            backend.create(options).await,
+            ErrorCode::NotSupported,
+            "a lease that stops without lease_stop",
+        );
+        return;
+    }
+    let id = backend.create(options).await.expect("create").id;
+    sh(backend, &id, "echo kept > /workspace/f").await;
+    let sleeper = backend
+        .spawn(&id, ProcessSpec::new(Command::argv(["sleep", "600"])))
+        .await
+        .expect("a process to end");
+    // A short lease only once the file is written, so a slow machine cannot stop it first.
+    backend
+        .set_timeout(&id, Duration::from_secs(1))
+        .await
+        .expect("set_timeout");
+    eventually(PATIENCE, "stopped at the end of the lease", || async {
+        let state = backend.get(&id).await.map(|i| i.state);
+        holds(matches!(state, Ok(SandboxState::Stopped)), state)
+    })
+    .await;
+    let info = backend.start(&id).await.expect("start");
+    assert!(
+        info.ends_at > sandcove::now_millis() + 10_000,
+        "a new lease, not the one that ran out"
+    );
+    assert_eq!(sh(backend, &id, "cat /workspace/f").await.stdout, b"kept\n");
+    let listed = backend.list_processes(&id).await.expect("list");
+    assert!(
+        listed
+            .iter()
+            .filter(|p| p.pid == sleeper.pid)
+            .all(|p| p.exit.is_some()),
+        "the stop ended the process: {listed:?}"
+    );
+    backend.destroy(&id).await.expect("destroy");
+}
+
 /// A sandbox created with `auto_resume` resumes when work arrives.
 pub async fn auto_resume_on_request(backend: &dyn Backend) {
     let mut options = test_options(&unique("autoresume"));

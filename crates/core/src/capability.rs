@@ -48,6 +48,9 @@ pub struct Capabilities {
     pub output_limit: u64,
     /// Pause and resume keep processes and memory.
     pub pause: bool,
+    /// A lease can end in a stop ([`TimeoutAction::Stop`]): processes end, files are kept.
+    #[serde(default)]
+    pub lease_stop: bool,
     /// Ports can be exposed as preview URLs.
     pub previews: bool,
     /// Filesystem snapshots and fork.
@@ -106,6 +109,7 @@ impl Capabilities {
             max_file_bytes: 0,
             output_limit: 0,
             pause: false,
+            lease_stop: false,
             previews: false,
             snapshots: false,
             volumes: false,
@@ -217,6 +221,8 @@ impl Capabilities {
 pub enum Feature {
     /// Pause and resume ([`Capabilities::pause`]), also a lease that pauses and auto-resume.
     Pause,
+    /// A lease that ends in a stop ([`Capabilities::lease_stop`]).
+    LeaseStop,
     /// Preview URLs ([`Capabilities::previews`]).
     Previews,
     /// Snapshots and fork ([`Capabilities::snapshots`]).
@@ -244,6 +250,7 @@ impl Feature {
     pub fn name(self) -> &'static str {
         match self {
             Feature::Pause => "pausing sandboxes",
+            Feature::LeaseStop => "a lease that stops the sandbox (on_timeout: Stop)",
             Feature::Previews => "preview URLs",
             Feature::Snapshots => "snapshots and fork",
             Feature::Volumes => "named volumes",
@@ -262,6 +269,10 @@ impl Feature {
         match self {
             Feature::Pause => {
                 "destroy the sandbox when done and keep its files elsewhere, or use stop/start                  (files kept, processes end)"
+            }
+            Feature::LeaseStop => {
+                "let the lease destroy the sandbox and keep its files in a snapshot or a volume, \
+                 or stop it yourself before the lease ends"
             }
             Feature::Previews => {
                 "reach the port from a process inside the sandbox, or use a backend with previews"
@@ -289,6 +300,7 @@ impl Capabilities {
     pub fn supports(&self, feature: Feature) -> bool {
         match feature {
             Feature::Pause => self.pause,
+            Feature::LeaseStop => self.lease_stop,
             Feature::Previews => self.previews,
             Feature::Snapshots => self.snapshots,
             Feature::Volumes => self.volumes,
@@ -384,6 +396,9 @@ impl Capabilities {
         }
         if options.on_timeout == TimeoutAction::Pause || options.auto_resume {
             needs.push(Feature::Pause);
+        }
+        if options.on_timeout == TimeoutAction::Stop {
+            needs.push(Feature::LeaseStop);
         }
         let r = &options.resources;
         let mut limits = Vec::new();
@@ -563,6 +578,7 @@ mod tests {
             max_file_bytes: 1,
             output_limit: 1,
             pause: true,
+            lease_stop: true,
             previews: true,
             snapshots: true,
             volumes: true,
@@ -582,6 +598,7 @@ mod tests {
         let mut caps = all();
         let flag = match feature {
             Feature::Pause => &mut caps.pause,
+            Feature::LeaseStop => &mut caps.lease_stop,
             Feature::Previews => &mut caps.previews,
             Feature::Snapshots => &mut caps.snapshots,
             Feature::Volumes => &mut caps.volumes,
@@ -609,6 +626,10 @@ mod tests {
                 Feature::Volumes,
             ),
             (CreateOptions::default().snapshot("s"), Feature::Snapshots),
+            (
+                CreateOptions::default().on_timeout(TimeoutAction::Stop),
+                Feature::LeaseStop,
+            ),
             (
                 CreateOptions::default().on_timeout(TimeoutAction::Pause),
                 Feature::Pause,

@@ -139,6 +139,11 @@ pub enum TimeoutAction {
     Destroy,
     /// Pause it: processes and memory kept until resumed or destroyed.
     Pause,
+    /// Stop it: its processes end, its files are kept until it is started again (with a
+    /// fresh lease) or destroyed — E2B's filesystem-only auto-pause. Needs
+    /// [`Capabilities::lease_stop`](crate::Capabilities::lease_stop); `auto_resume` resumes
+    /// only a paused sandbox, so it is refused with this action.
+    Stop,
 }
 
 /// A named volume mounted into a sandbox.
@@ -289,6 +294,11 @@ pub struct WatchOptions {
     /// Watch as this sandbox user (see [`ReadOptions::user`]): the directories are looked up
     /// and watched with that user's permissions, so one the user may not read is refused.
     pub user: Option<String>,
+    /// Report a file an API write creates as create, chmod, write — its ownership set
+    /// between its creation and its content, the events E2B's daemon raises — instead of
+    /// create, write. Writes of existing files and changes made by processes are reported
+    /// as they happen either way.
+    pub report_ownership: bool,
 }
 
 /// Size of a pseudo-terminal.

@@ -30,7 +30,8 @@ const RESERVED_DIRS: &[&str] = &[
 
 impl CreateOptions {
     /// Refuse options no backend can honour: bad envs or labels, a malformed name, hostname,
-    /// user or home, a lease over [`MAX_SANDBOX_TIMEOUT`], a zero resource limit.
+    /// user or home, a lease over [`MAX_SANDBOX_TIMEOUT`], `auto_resume` with a lease that
+    /// stops, a zero resource limit.
     /// (Whether a backend supports a template or a resource is its own check.)
     pub fn validate(&self) -> Result<()> {
         validate_envs(&self.envs)?;
@@ -43,6 +44,12 @@ impl CreateOptions {
         }
         if let Some(t) = self.timeout {
             validate_sandbox_timeout(t)?;
+        }
+        if self.on_timeout == crate::TimeoutAction::Stop && self.auto_resume {
+            return Err(Error::invalid(
+                "auto_resume resumes a paused sandbox; one its lease stopped is run again with \
+                 start",
+            ));
         }
         let r = &self.resources;
         if r.disk_mib == Some(0) || r.max_processes == Some(0) || r.max_open_files == Some(0) {

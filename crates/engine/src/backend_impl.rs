@@ -31,6 +31,7 @@ impl Backend for LocalBackend {
         caps.max_file_bytes = self.max_file_bytes;
         caps.output_limit = DEFAULT_OUTPUT_LIMIT as u64;
         caps.pause = !self.unisolated;
+        caps.lease_stop = !self.unisolated;
         caps.previews = true;
         caps.snapshots = !self.unisolated;
         caps.volumes = !self.unisolated;

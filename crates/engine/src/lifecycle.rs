@@ -318,6 +318,8 @@ fn check_unisolated(options: &CreateOptions) -> Result<()> {
         "volumes and snapshots"
     } else if options.on_timeout == sandcove_core::TimeoutAction::Pause || options.auto_resume {
         "pausing (on_timeout: Pause, auto_resume)"
+    } else if options.on_timeout == sandcove_core::TimeoutAction::Stop {
+        "a lease that stops the sandbox (on_timeout: Stop)"
     } else if options.resources.max_processes.is_some() {
         "a per-sandbox process limit (max_processes)"
     } else if options.resources.disk_mib.is_some() {

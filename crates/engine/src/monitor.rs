@@ -939,7 +939,8 @@ async fn bury(monitor: &Monitor, reason: &'static str) {
     let _ = tokio::task::spawn_blocking(move || super::refs::record(&state_dir, &tombstone)).await;
 }
 
-/// The lease ran out: pause when asked to (returns `true`: keep running), else end.
+/// The lease ran out: pause or stop when asked to (returns `true`: keep the sandbox), else
+/// end.
 async fn lease_ended(monitor: &Monitor) -> bool {
     let (action, already) = {
         let record = monitor.record.lock().unwrap_or_else(|e| e.into_inner());
@@ -953,6 +954,17 @@ async fn lease_ended(monitor: &Monitor) -> bool {
         monitor.state(),
         SandboxState::Stopped | SandboxState::Failed
     );
+    if action == TimeoutAction::Stop && !already && !ended {
+        // Noted as ended by its lease first, so the stop keeps a fresh lease for `start`
+        // (the one that ran out has no time left), as a resume after a lease pause gets.
+        monitor
+            .record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .notes
+            .insert(PAUSED_BY_LEASE_NOTE.into(), now_millis().to_string());
+        return monitor.stop().await.is_ok();
+    }
     if action != TimeoutAction::Pause || already || ended {
         return false;
     }

@@ -393,13 +393,14 @@ impl Backend for HttpBackend {
 
     async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
         let url = self.sandbox_url(id, &["files", "watch"])?;
-        let query = with_user(
-            vec![
-                ("path", path.to_string()),
-                ("recursive", options.recursive.to_string()),
-            ],
-            options.user,
-        );
+        let mut query = vec![
+            ("path", path.to_string()),
+            ("recursive", options.recursive.to_string()),
+        ];
+        if options.report_ownership {
+            query.push(("report_ownership", "true".to_string()));
+        }
+        let query = with_user(query, options.user);
         let response = self
             .send(Req {
                 method: Method::GET,

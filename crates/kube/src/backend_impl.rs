@@ -44,6 +44,10 @@ impl KubeBackend {
         if options.on_timeout == sandcove_core::TimeoutAction::Pause || options.auto_resume {
             return refuse(sandcove_core::Feature::Pause);
         }
+        // The lease reaper deletes Pods; it does not stop them.
+        if options.on_timeout == sandcove_core::TimeoutAction::Stop {
+            return refuse(sandcove_core::Feature::LeaseStop);
+        }
         if options.network == NetworkPolicy::Host {
             return refuse(sandcove_core::Feature::HostNetwork);
         }

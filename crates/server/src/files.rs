@@ -125,7 +125,7 @@ pub(super) fn routes() -> Vec<Route> {
             "Filesystem events under a directory, as frames",
             watch,
         )
-        .query(&["path", "recursive", "user"])
+        .query(&["path", "recursive", "user", "report_ownership"])
         .output(Out::Frames("filesystem events")),
     ]
 }
@@ -624,6 +624,8 @@ struct WatchQuery {
     #[serde(default)]
     recursive: bool,
     user: Option<String>,
+    #[serde(default)]
+    report_ownership: bool,
 }
 
 async fn watch(
@@ -634,6 +636,7 @@ async fn watch(
     let mut options = WatchOptions::default();
     options.recursive = q.recursive;
     options.user = q.user;
+    options.report_ownership = q.report_ownership;
     let events = state.backend.watch(&id, &q.path, options).await?;
     Ok(frames_response(&state, watch_frames(events), &[]))
 }

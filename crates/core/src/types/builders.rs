@@ -153,6 +153,8 @@ impl WatchOptions {
     value_setters! {
         /// Set [`WatchOptions::recursive`].
         recursive: bool;
+        /// Set [`WatchOptions::report_ownership`].
+        report_ownership: bool;
     }
     string_setters! {
         /// Set [`WatchOptions::user`].

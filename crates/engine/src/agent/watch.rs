@@ -162,11 +162,14 @@ pub(super) async fn watch(
                         None
                     };
                     if let Some(existed) = landed {
-                        let mut kinds = vec![FsEventKind::Write];
-                        if !existed {
-                            kinds.insert(0, FsEventKind::Create);
-                        }
-                        for kind in kinds {
+                        let kinds: &[FsEventKind] = match (existed, options.report_ownership) {
+                            (true, _) => &[FsEventKind::Write],
+                            (false, false) => &[FsEventKind::Create, FsEventKind::Write],
+                            (false, true) => {
+                                &[FsEventKind::Create, FsEventKind::Chmod, FsEventKind::Write]
+                            }
+                        };
+                        for &kind in kinds {
                             let event = event_of(&full, kind);
                             if proto::write_frame(&mut wr, &AgentReply::FsEvent { event }, &[]).await.is_err() {
                                 return Ok(());
