@@ -29,6 +29,11 @@ pub const GAPS: &[Gap] = &[
         alternative: "allow_internet_access=False (loopback only) or True (isolated internet: no host, private or link-local address)",
     },
     Gap {
+        key: "private_traffic",
+        feature: "Sandbox.create(network={\"allow_public_traffic\": False}) from Rust",
+        alternative: "create it through `sandcove serve --e2b`, whose port forwarding asks for the sandbox's traffic access token, or keep traffic public and expose ports with the runtime's private previews (sandcove::PreviewOptions)",
+    },
+    Gap {
         key: "update_network",
         feature: "Sandbox.update_network",
         alternative: "choose the network at create (allow_internet_access)",

@@ -8,8 +8,8 @@ use std::marker::PhantomData;
 use sandcove::{CreateOptions, NetworkPolicy, TimeoutAction};
 
 use super::{
-    whole_seconds, ConnectionConfig, Inner, Sandbox, ALL_TRAFFIC, SANDBOX_DOMAIN,
-    TEMPLATE_ANNOTATION,
+    whole_seconds, ConnectionConfig, Inner, Sandbox, ALL_TRAFFIC, PRIVATE_TRAFFIC_ANNOTATION,
+    SANDBOX_DOMAIN, TEMPLATE_ANNOTATION,
 };
 use crate::call::{client, with_request_timeout, BoxFuture, IntoSeconds};
 use crate::errors::{Result, SandboxException};
@@ -60,6 +60,9 @@ pub struct CreateBuilder<S = Sandbox> {
     iam: bool,
     volume_mounts: BTreeMap<String, String>,
     config: ConnectionConfig,
+    /// Set by the wire listener, whose port forwarding checks the sandbox's traffic token:
+    /// only there can `allow_public_traffic=False` be honoured.
+    pub(crate) traffic_checked_by_listener: bool,
     _target: PhantomData<fn() -> S>,
 }
 
@@ -78,6 +81,7 @@ impl<S> Default for CreateBuilder<S> {
             iam: false,
             volume_mounts: BTreeMap::new(),
             config: ConnectionConfig::default(),
+            traffic_checked_by_listener: false,
             _target: PhantomData,
         }
     }
@@ -262,10 +266,18 @@ impl<S> CreateBuilder<S> {
                 || (net.deny_out.is_some() && !deny_all)
                 || net.rules.is_some()
                 || net.egress_proxy.is_some()
-                || net.mask_request_host.is_some()
-                || net.allow_public_traffic == Some(false);
+                || net.mask_request_host.is_some();
             if unsupported {
                 return Err(refuse("network_rules"));
+            }
+            if net.allow_public_traffic == Some(false) {
+                if !self.traffic_checked_by_listener {
+                    return Err(refuse("private_traffic"));
+                }
+                // The listener's port forwarding then asks for the traffic token.
+                options
+                    .annotations
+                    .insert(PRIVATE_TRAFFIC_ANNOTATION.into(), "true".into());
             }
             if deny_all {
                 internet = Some(false);

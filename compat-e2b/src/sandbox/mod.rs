@@ -509,3 +509,7 @@ pub async fn runtime_capabilities() -> Result<sandcove::Capabilities> {
 /// sandboxes made through E2B's API (the wire listener's port forwarding and signed URLs
 /// serve only those).
 pub(crate) const TEMPLATE_ANNOTATION: &str = "e2b/template";
+
+/// The annotation of a sandbox created with `network={"allow_public_traffic": False}`: the
+/// wire listener's port forwarding then requires its traffic access token.
+pub(crate) const PRIVATE_TRAFFIC_ANNOTATION: &str = "e2b/private-traffic";

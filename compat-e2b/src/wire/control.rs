@@ -237,6 +237,7 @@ async fn create(
         if net.dns_servers.is_some() || net.https_ports.is_some() {
             return Err(ApiError(crate::gaps::refuse("network_rules")));
         }
+        builder.traffic_checked_by_listener = true;
         builder = builder.network(SandboxNetworkOpts {
             allow_out: net.allow_out,
             deny_out: net.deny_out,

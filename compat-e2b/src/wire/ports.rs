@@ -163,6 +163,25 @@ impl Forwarded {
     }
 }
 
+/// Whether sandbox `info` was created with `allow_public_traffic=False`.
+fn is_private(info: &sandcove::SandboxInfo) -> bool {
+    info.annotations
+        .get(crate::sandbox::PRIVATE_TRAFFIC_ANNOTATION)
+        .is_some_and(|v| v == "true")
+}
+
+/// E2B's proxy's answer to a request without the traffic token for a sandbox that needs it:
+/// `403` with its JSON body.
+fn missing_traffic_token(id: &str) -> Response {
+    let body = serde_json::json!({
+        "sandboxId": id,
+        "message": "Sandbox is secured with traffic access token. Token header \
+                    'e2b-traffic-access-token' is missing",
+        "code": 403,
+    });
+    (StatusCode::FORBIDDEN, axum::Json(body)).into_response()
+}
+
 /// The answer for a sandbox port that is not reachable this way: the same as for a sandbox
 /// that does not exist, so nothing about other sandboxes leaks.
 fn unreachable(id: &str) -> Response {
@@ -311,7 +330,13 @@ pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, mut request: Reque
     }
     let sandbox = wire.client.sandbox(id);
     match sandbox.info().await {
-        Ok(info) if super::is_e2b_sandbox(&info) => {}
+        Ok(info) if super::is_e2b_sandbox(&info) => {
+            // Created with `allow_public_traffic=False`: the traffic token is required, as
+            // E2B's proxy requires it (a wrong one was refused above).
+            if is_private(&info) && credential.principal != Principal::TrafficToken {
+                return missing_traffic_token(id);
+            }
+        }
         Ok(_) => return unreachable(id),
         Err(e) if e.is_not_found() => {
             wire.forwarded.forget(id);
