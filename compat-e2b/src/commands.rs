@@ -413,8 +413,9 @@ impl IntoFuture for BackgroundRunBuilder {
             let mut handle = self.run.start().await?;
             if !self.background {
                 handle.drain().await?;
+                return Ok(handle);
             }
-            Ok(handle)
+            Ok(handle.pump_in_background())
         })
     }
 }
@@ -502,7 +503,7 @@ impl IntoFuture for ConnectBuilder {
             handle.on_stdout = self.on_stdout;
             handle.on_stderr = self.on_stderr;
             handle.on_pty = self.on_pty;
-            Ok(handle)
+            Ok(handle.pump_in_background())
         });
         with_request_timeout(attach, limit)
     }
@@ -525,6 +526,9 @@ pub struct CommandHandle {
     pub(crate) on_stdout: Option<OutputHandler>,
     pub(crate) on_stderr: Option<OutputHandler>,
     pub(crate) on_pty: Option<PtyHandler>,
+    /// The task reading the output when callbacks were given at the start (see
+    /// [`CommandHandle::pump_in_background`]).
+    pump: Option<tokio::task::JoinHandle<Result<CommandResult>>>,
 }
 
 impl fmt::Debug for CommandHandle {
@@ -557,7 +561,38 @@ impl CommandHandle {
             on_stdout: None,
             on_stderr: None,
             on_pty: None,
+            pump: None,
         }
+    }
+
+    /// With callbacks given at the start (`commands.run(..., background=True, on_stdout=…)`,
+    /// `commands.connect(pid, on_stdout=…)`, `pty.create(size, on_data)`), read the output
+    /// on a task of its own, as the async SDK's handle does: the callbacks fire as output
+    /// arrives, whether or not anyone waits, until the process ends or `disconnect()`.
+    /// `wait()` then awaits that task (callbacks given to `wait` are not called), and
+    /// iterating the handle yields nothing: its output went to the callbacks.
+    pub(crate) fn pump_in_background(mut self) -> Self {
+        if self.on_stdout.is_none() && self.on_stderr.is_none() && self.on_pty.is_none() {
+            return self;
+        }
+        let mut reader = CommandHandle {
+            pid: self.pid,
+            ctx: self.ctx.clone(),
+            events: self.events.take(),
+            pty: self.pty,
+            deadline: self.deadline.take(),
+            out: std::mem::take(&mut self.out),
+            err: std::mem::take(&mut self.err),
+            stdout: std::mem::take(&mut self.stdout),
+            stderr: std::mem::take(&mut self.stderr),
+            finished: None,
+            on_stdout: self.on_stdout.take(),
+            on_stderr: self.on_stderr.take(),
+            on_pty: self.on_pty.take(),
+            pump: None,
+        };
+        self.pump = Some(tokio::spawn(async move { reader.wait().await }));
+        self
     }
 
     /// What a stream that broke off with `e` raises, as the SDK decides after its health
@@ -715,6 +750,9 @@ impl CommandHandle {
     /// with `commands.connect(pid)`).
     pub async fn disconnect(&mut self) {
         self.events = None;
+        if let Some(pump) = self.pump.take() {
+            pump.abort();
+        }
     }
 
     /// `handle.send_stdin(data, request_timeout=None)`.
@@ -804,6 +842,13 @@ impl<'a> IntoFuture for WaitBuilder<'a> {
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
             let h = self.handle;
+            if let Some(pump) = h.pump.take() {
+                h.finished = Some(pump.await.unwrap_or_else(|e| {
+                    Err(SandboxException::sandbox(format!(
+                        "the task reading the command's output ended: {e}"
+                    )))
+                }));
+            }
             if self.on_stdout.is_some() {
                 h.on_stdout = self.on_stdout;
             }

@@ -176,20 +176,20 @@ impl IntoFuture for PtyCreateBuilder {
             ]);
             envs.extend(self.envs);
             let mut spec = ProcessSpec::new(Command::argv(["/bin/bash", "-i", "-l"]));
-            spec.cwd = self
-                .cwd
-                .as_deref()
-                .filter(|c| !c.is_empty())
-                .map(|c| ctx.path(c));
-            spec.envs = translate::process_envs(&ctx.envs, &ctx.id, &envs);
             spec.user = ctx.runtime_user(self.user.as_deref());
+            // As a command's: a relative cwd, and none, are the user's home.
+            spec.cwd = match self.cwd.as_deref().filter(|c| !c.is_empty()) {
+                Some(c) => Some(ctx.path_as(c, spec.user.as_deref())),
+                None => spec.user.as_deref().map(|u| ctx.path_as("~", Some(u))),
+            };
+            spec.envs = translate::process_envs(&ctx.envs, &ctx.id, &envs);
             spec.stdin = true;
             spec.timeout = translate::timeout_secs(self.timeout);
             spec.pty = Some(self.size.core()?);
             let stream = ctx.core.spawn(spec).await?.into_stream();
             let mut handle = CommandHandle::new(ctx, stream, true, None);
             handle.on_pty = Some(self.on_data);
-            Ok(handle)
+            Ok(handle.pump_in_background())
         });
         with_request_timeout(start, limit)
     }

@@ -347,3 +347,60 @@ async fn a_sandbox_killed_while_a_command_is_waited_on_raises_timeout() {
         "{err}"
     );
 }
+
+/// Callbacks given at the start fire as output arrives, from a task of their own, as the
+/// async SDK's do: a program that waits for a prompt before calling `wait()` sees it. The
+/// output went to the callbacks, so iterating the handle yields nothing; `wait()` still
+/// returns the whole result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_callbacks_fire_before_anyone_waits() {
+    let sbx = e2b::Sandbox::create().timeout(60).await.expect("create");
+    let seen = Arc::new(Mutex::new(String::new()));
+    let sink = seen.clone();
+    let mut handle = sbx
+        .commands
+        .run("echo ready; read line; echo got $line")
+        .background(true)
+        .stdin(true)
+        .on_stdout(move |s| sink.lock().unwrap().push_str(&s))
+        .await
+        .expect("run");
+    eventually(PATIENCE, "the prompt reached the callback", || async {
+        let s = seen.lock().unwrap().clone();
+        holds(s.contains("ready"), s)
+    })
+    .await;
+    handle.send_stdin("x\n").await.expect("stdin");
+    let result = handle.wait().await.expect("wait");
+    assert_eq!(result.stdout, "ready\ngot x\n");
+    assert_eq!(seen.lock().unwrap().as_str(), "ready\ngot x\n");
+    assert!(handle.next().await.is_none());
+    // A terminal's `on_data` likewise, with nobody waiting.
+    let bytes = Arc::new(Mutex::new(Vec::new()));
+    let sink = bytes.clone();
+    let term = sbx
+        .pty
+        .create(e2b::PtySize { rows: 24, cols: 80 }, move |b| {
+            sink.lock().unwrap().extend(b)
+        })
+        .await;
+    if !caps().await.pty {
+        assert_not_supported(term, "pty");
+        return;
+    }
+    let mut term = term.expect("pty");
+    term.send_stdin("echo pty-$((40+2))\n")
+        .await
+        .expect("stdin");
+    eventually(
+        PATIENCE,
+        "the terminal's output reached on_data",
+        || async {
+            let b = String::from_utf8_lossy(&bytes.lock().unwrap()).to_string();
+            holds(b.contains("pty-42"), b)
+        },
+    )
+    .await;
+    term.kill().await.expect("kill");
+    let _ = term.wait().await;
+}
