@@ -152,7 +152,14 @@ impl SandboxInfo {
     }
 }
 
+/// The host's memory in MiB, read from `/proc/meminfo` once (it does not change while the
+/// program runs, and an info call on the async runtime then reads no file).
 fn host_memory_mb() -> i64 {
+    static HOST_MEMORY_MB: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *HOST_MEMORY_MB.get_or_init(read_host_memory_mb)
+}
+
+fn read_host_memory_mb() -> i64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|t| {
