@@ -1537,7 +1537,7 @@ mod tests {
     #[tokio::test]
     async fn late_heads_get_408_and_idle_connections_are_closed() {
         let sandbox = Arc::new(FakeSandbox::default());
-        let limits = PreviewLimits::default().head_timeout_ms(300);
+        let limits = PreviewLimits::default().head_timeout_ms(1000);
         let (_set, preview) = preview_of(&sandbox, true, limits).await;
         let got = raw(&preview.host, b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ").await;
         assert!(got.starts_with("HTTP/1.1 408 "), "{got:?}");
