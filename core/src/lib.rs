@@ -43,6 +43,12 @@ pub use sandcove_core::{
 #[cfg(feature = "server")]
 pub use sandcove_server as server;
 
+/// Requests forwarded to a port inside a sandbox under bounds on the sandbox's answer: the
+/// preview listeners' forwarding, which a `sandcove serve` handler forwarding to a sandbox port
+/// (E2B's `get_host`) uses too (crate `sandcove-agent`).
+#[cfg(any(feature = "local", feature = "server", feature = "kubernetes"))]
+pub use sandcove_agent::forward;
+
 #[cfg(feature = "http")]
 pub use backend::http::{HttpBackend, HttpOptions};
 #[cfg(feature = "kubernetes")]

@@ -1563,7 +1563,11 @@ async fn slow_server(env: &Env) -> (String, String) {
             let get = env.host_get(&host, "/ready");
             async move {
                 let r = get.send().await.map_err(|e| e.to_string())?;
-                match r.status().as_u16() {
+                let status = r.status().as_u16();
+                // Read whole: a forwarded request holds its place in the sandbox's cap until
+                // its answer's body is out, which may come after its head.
+                r.text().await.map_err(|e| e.to_string())?;
+                match status {
                     200 => Ok(()),
                     s => Err(format!("status {s}")),
                 }
@@ -1680,7 +1684,23 @@ async fn get_host_requests_per_sandbox_are_capped() {
     config.max_host_requests_per_sandbox = 1;
     let env = env_with(config).await;
     let (_, host) = slow_server(&env).await;
-    let holding = tokio::spawn(env.host_get(&host, "/silent").send());
+    let (http, silent) = (env.http.clone(), format!("{}/silent", env.url));
+    let silent_host = host.clone();
+    let holding = tokio::spawn(async move {
+        // Sent again while a probe below has the sandbox's one place: which of two requests
+        // reaches the listener first is not up to the test.
+        loop {
+            let sent = http
+                .get(&silent)
+                .header("Host", &silent_host)
+                .timeout(Duration::from_secs(30))
+                .send()
+                .await;
+            if !matches!(&sent, Ok(r) if r.status().as_u16() == 503) {
+                return sent;
+            }
+        }
+    });
     let retry_after = eventually(
         Duration::from_secs(30),
         "a second request is refused while the first runs",

@@ -26,12 +26,14 @@
 //! ways until either side ends, nothing moves for `UPGRADED_IDLE`, or the listener stops.
 //! The spliced connection keeps its slot in the listener's connection cap.
 //!
-//! Since such a request needs no credential, the sandbox's answer is bounded
-//! (`sandcove::server::upstream`): its head must arrive within the listener's
+//! Since such a request needs no credential, the sandbox's answer is bounded by the forwarding
+//! the previews use too (`sandcove::forward`, with the listener's bounds from
+//! `sandcove::server::upstream`): its head must arrive within the listener's
 //! `upstream_answer_timeout` (60 s unless configured) of the last byte of the request the
-//! sandbox took, else the client gets `504` and the
-//! connection to the sandbox is dropped; once the head is in, a body that brings no byte for
-//! the listener's body idle bound ends, and the client's connection with it. At most
+//! sandbox took, else the client gets `504` (`408` when it is the client that stopped sending
+//! the request's body) and the connection to the sandbox is dropped; once the head is in, a
+//! body that brings no byte for the listener's body idle bound ends, and the client's
+//! connection with it. At most
 //! [`WireConfig::max_host_requests_per_sandbox`](super::WireConfig) such requests (upgraded
 //! connections included) run at once per sandbox; more get `503` with `Retry-After`, so whoever
 //! knows one sandbox's id cannot take the listener's whole connection cap through it.
@@ -286,12 +288,13 @@ fn too_many(id: &str, max: usize) -> Response {
 /// Forward `request` to `port` in sandbox `id` through the engine's preview of that port
 /// (made private on first use, reused after).
 pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, mut request: Request) -> Response {
+    use sandcove::forward;
     use sandcove::server::{upgrade, upstream};
     let max = wire.config.max_host_requests_per_sandbox;
     let Some(slot) = wire.host_requests.take(id, max) else {
         return too_many(id, max);
     };
-    let bounds = upstream::UpstreamBounds::of(&request);
+    let bounds = upstream::of(&request);
     // Taken before anything reaches the sandbox: a listener that cannot bound the upgraded
     // connection refuses it.
     let upgrade = if upgrade::is_upgrade(&request) {
@@ -384,12 +387,6 @@ pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, mut request: Reque
         Ok(t) => t,
         Err(e) => return bad_gateway(format!("port {port} of sandbox {id}: {e}")),
     };
-    let (mut sender, connection) =
-        match hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await {
-            Ok(pair) => pair,
-            Err(e) => return bad_gateway(format!("port {port} of sandbox {id}: {e}")),
-        };
-    let connection = tokio::spawn(connection.with_upgrades());
     let (mut parts, body) = request.into_parts();
     if let Ok(host) = HeaderValue::from_str(&preview.host) {
         parts.headers.insert(header::HOST, host);
@@ -408,39 +405,29 @@ pub(crate) async fn forward(wire: &Wire, port: u16, id: &str, mut request: Reque
             parts.uri = uri;
         }
     }
-    let (body, overdue) = bounds.watch_request(body);
-    let answer = tokio::select! {
-        answer = sender.send_request(axum::http::Request::from_parts(parts, body)) => Some(answer),
-        () = overdue => None,
-    };
-    let Some(answer) = answer else {
+    let what = format!("port {port} of sandbox {id}");
+    let request = axum::http::Request::from_parts(parts, body);
+    let mut response = match forward::forward(tcp, request, bounds).await {
+        Ok(response) => response,
+        Err(forward::Failure::Broken(e)) => return bad_gateway(format!("{what}: {e}")),
         // Dropped, not left to the sandbox: nothing more comes from or goes to it.
-        connection.abort();
-        return upstream::gateway_timeout(
-            &format!("port {port} of sandbox {id}"),
-            bounds.answer_timeout,
-        );
+        Err(failure) => return failure.answer(&what, &bounds).map(Body::from),
     };
-    match answer {
-        Ok(mut response) => {
-            if let Some(upgrade) = upgrade {
-                if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-                    let upstream = hyper::upgrade::on(&mut response);
-                    upgrade.run(move |mut client| async move {
-                        let _slot = (slot, port_use);
-                        let Ok(upstream) = upstream.await else {
-                            return;
-                        };
-                        let mut upstream = hyper_util::rt::TokioIo::new(upstream);
-                        let _ = upgrade::splice(&mut client, &mut upstream, UPGRADED_IDLE).await;
-                    });
-                    return response.map(Body::new);
-                }
-            }
-            response.map(|body| bounds.answer_body(body, (slot, port_use)))
+    if let Some(upgrade) = upgrade {
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            let upstream = hyper::upgrade::on(&mut response);
+            upgrade.run(move |mut client| async move {
+                let _slot = (slot, port_use);
+                let Ok(upstream) = upstream.await else {
+                    return;
+                };
+                let mut upstream = hyper_util::rt::TokioIo::new(upstream);
+                let _ = upgrade::splice(&mut client, &mut upstream, UPGRADED_IDLE).await;
+            });
+            return response.map(Body::new);
         }
-        Err(e) => bad_gateway(format!("port {port} of sandbox {id}: {e}")),
     }
+    response.map(|body| Body::new(body.holding((slot, port_use))))
 }
 
 #[cfg(test)]

@@ -814,7 +814,8 @@ async fn private_previews_survive_half_sent_heads() {
 }
 
 /// Finding: the token was checked on a connection's first request only. A second request
-/// without a token on the same kept-alive connection never reaches the sandbox.
+/// without a token on the same kept-alive connection (sent after the first answer, or
+/// pipelined behind it) never reaches the sandbox: it gets `401` and the connection closes.
 #[tokio::test]
 async fn a_second_request_on_a_preview_connection_is_not_forwarded() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -1,6 +1,6 @@
 //! Preview URLs under attack by a client that once held access: a token revoked while its
 //! request head is on the way, a connection (a streamed answer, an upgraded tunnel, a public
-//! preview's tunnel) kept open after its token is revoked or expires or its preview
+//! preview's streamed answer) kept open after its token is revoked or expires or its preview
 //! closed, and a caller minting tokens without end. Each must fail.
 //!
 //! Runs as root and rootless. Every connection is to a preview listener on 127.0.0.1.
@@ -207,8 +207,8 @@ async fn a_token_revoked_while_the_head_is_in_flight_opens_nothing() {
 }
 
 /// Attack (fails): keep what a token let through — a streamed answer and an upgraded
-/// tunnel — after the token is revoked; keep a public preview's tunnel after the preview is
-/// closed. Each connection is cut.
+/// tunnel — after the token is revoked; keep a public preview's streamed answer after the
+/// preview is closed. Each connection is cut.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoking_or_closing_cuts_the_connections_already_let_through() {
     let env = Env::new("pv-cut");
@@ -286,7 +286,7 @@ async fn revoking_or_closing_cuts_the_connections_already_let_through() {
     env.backend.close_preview(&id, PORT).await.expect("close");
     until_closed(&mut kept, "a stream whose preview was closed").await;
 
-    // A public preview's tunnel ends when the preview closes.
+    // A public preview's streamed answer ends when the preview closes.
     let preview = env
         .backend
         .expose_port(&id, PreviewOptions::new(PORT).public(true))
@@ -296,7 +296,7 @@ async fn revoking_or_closing_cuts_the_connections_already_let_through() {
     let (mut open, got) = request(&preview.host, "GET /stream HTTP/1.1\r\nHost: x\r\n\r\n").await;
     assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
     env.backend.close_preview(&id, PORT).await.expect("close");
-    until_closed(&mut open, "a public preview's tunnel after it closed").await;
+    until_closed(&mut open, "a public preview's stream after it closed").await;
     env.backend.destroy(&id).await.expect("destroy");
 }
 

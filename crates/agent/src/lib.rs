@@ -1,6 +1,7 @@
 //! What a host needs to drive a sandbox agent it did not start: the agent protocol
 //! ([`proto`]), its client [`client::RemoteAgent`], the preview proxy that serves a sandbox
-//! port over a token-checked listener ([`preview`]), and the in-pod agent's contract
+//! port over a token-checked listener ([`preview`]) and the bounded forwarding to a sandbox
+//! port it shares with E2B's `get_host` ([`forward`]), and the in-pod agent's contract
 //! ([`pod`]).
 //!
 //! The embedded engine (`sandcove-engine`) and the Kubernetes backend (`sandcove-kube`) both
@@ -11,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod forward;
 pub mod pod;
 pub mod preview;
 pub mod proto;

@@ -2,45 +2,80 @@
 //! held by whatever serves the sandbox: the engine's monitor, or the Kubernetes backend's
 //! serving process.
 //!
-//! Each accepted connection asks an [`Upstream`] for a byte stream connected to the port
-//! inside the sandbox (the monitor asks its agent, which lives in the sandbox's network
-//! namespace, for a connected socket; the Kubernetes backend opens an agent tunnel) and then
-//! copies bytes both ways. A private preview first reads the HTTP request head (within
-//! [`PreviewLimits::head_timeout_ms`], else `408`) and requires a live token in the
-//! configured header or query parameter; a malformed head gets `400`, a missing or dead
-//! token `401`, and the sandbox is never contacted.
+//! Each listener is an HTTP/1.1 reverse proxy built on hyper, server and client: nothing here
+//! reads an HTTP head by hand. A connection is served with keep-alive, and **every request on
+//! it is checked** as its head arrives, against the preview and its tokens as they are then:
+//! a private preview needs a live token in the configured header or query parameter (a
+//! missing or dead one gets `401`, a closed preview `404`) before the sandbox is contacted; a
+//! public one needs none, and is otherwise served the same way (it is no longer a raw byte
+//! tunnel: a port that does not speak HTTP/1 cannot be previewed). A head hyper cannot parse gets `400` (`431` past [`MAX_HEAD`]
+//! bytes); a head that has not come whole within [`PreviewLimits::head_timeout_ms`] gets
+//! `408` (an idle kept-alive connection is closed then, without one). A refusal closes the
+//! connection, so a client that sends a request without a token never gets another one read.
 //!
-//! A private preview carries **one request per connection**: the forwarded head says
-//! `Connection: close`, exactly the request's body is forwarded (by `Content-Length` or
-//! chunked framing), and a client that sends anything more on that connection is cut off, so
-//! every request is checked for a token. The sandbox's answer is bounded: its head must come
-//! within [`PreviewLimits::answer_timeout_ms`] of the request's end (else `504`), and no step
-//! of its body may take longer than [`PreviewLimits::answer_idle_ms`] (else both connections
-//! close), so a port that keeps requests unanswered holds no connection for ever. The request
-//! itself ends once none of it has moved into the sandbox for the head bound (`504` when the
-//! port takes none, `408` when the client sends none). A WebSocket
-//! upgrade becomes a raw tunnel only once the sandbox answers `101`. Each listener serves at most [`PreviewLimits::max_connections`]
-//! connections at once; the rest wait in the kernel's backlog. Revoking a token, changing a
-//! preview's settings or closing it cuts the connections it no longer allows.
+//! A request let through is forwarded with [`forward::forward`] over its own connection to
+//! the port, opened by the listener's [`Upstream`] (the monitor asks its agent, which lives in
+//! the sandbox's network namespace, for a connected socket; the Kubernetes backend opens an
+//! agent tunnel): one upstream connection per request, as before keep-alive (so an answer can
+//! only ever belong to the request it follows, and cutting one request drops exactly its
+//! connection). Before it leaves, the token is removed (its header, its query
+//! parameter, and any other header or query pair carrying it, such as a `Referer` or a
+//! cookie), as are the hop-by-hop headers (RFC 9110 §7.6.1: `Connection` and the headers it
+//! names, `Keep-Alive`, `Proxy-Connection`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`,
+//! `Proxy-Authorization`); the request says `Connection: close`. Header names keep the
+//! client's spelling. The body is framed anew by hyper, so no framing the client chose reaches
+//! the sandbox (a request with both `Content-Length` and chunked framing is read as chunked,
+//! per RFC 9112, and its connection closes after it). `CONNECT` is refused (`405`).
+//!
+//! The sandbox's answer is bounded (the forwarding module's bounds, the same as E2B's
+//! `get_host`): its head must come within [`PreviewLimits::answer_timeout_ms`] of the
+//! request's end (else `504`), and the request itself ends once none of it has moved into the
+//! sandbox for that long (`504` when the port takes none, `408` when the client sends none).
+//! Once the head is in, no byte of the body may take longer than
+//! [`PreviewLimits::answer_idle_ms`] to move, whether the sandbox stops sending or the client
+//! stops taking (else both connections close). A WebSocket (any `Connection: upgrade`)
+//! becomes a raw tunnel only once the sandbox answers `101`. Each listener serves at most
+//! [`PreviewLimits::max_connections`] connections at once (a tunnel keeps its slot); the rest
+//! wait in the kernel's backlog. Revoking a token, its expiry, changing a preview's settings
+//! or closing it cuts the requests, answers and tunnels it no longer allows; a kept-alive
+//! connection between requests holds no access, its next request is checked afresh.
 //!
 //! [`PreviewSet`] is that whole behaviour for one sandbox; its holder supplies only the
 //! [`Upstream`]. Tokens live in the holder's memory.
+//!
+//! The bounded forwarding lives in [`crate::forward`] rather than here or in
+//! `sandcove-server` because both the preview listeners and E2B's `get_host` forwarding (a
+//! handler of a `sandcove serve` listener, which sees this crate through the umbrella) use it,
+//! and the server and this crate may not depend on each other.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_TYPE, UPGRADE};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
-
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit};
+use tokio::time::Instant;
 
 use crate::client::AgentIo;
+use crate::forward::{self, AnswerBody, BoxError, UpstreamBounds};
 use sandcove_core::{now_millis, Error, Preview, PreviewOptions, PreviewToken, Result};
 
-/// Largest request head read while checking a token.
+/// Largest request head a preview reads; a larger one (or one of more than hyper's 100
+/// header fields) gets `431`.
 pub const MAX_HEAD: usize = 64 * 1024;
 
 /// Most live tokens one preview holds at once (expired ones are dropped when another is
@@ -209,19 +244,20 @@ pub fn describe(
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct PreviewLimits {
-    /// How long a client may take to send a private preview's request head, in ms; a
-    /// slower one gets `408` and is closed.
+    /// How long a client may take to send a request head, in ms, on a new connection or
+    /// after the previous answer; a slower one gets `408` and is closed (an idle kept-alive
+    /// connection is closed without it).
     pub head_timeout_ms: u64,
     /// Connections served at once per preview; further ones wait in the kernel's backlog.
     pub max_connections: usize,
-    /// How long the sandbox may take for the head of its answer to a private preview's
-    /// request, in ms; then the client gets `504` and both connections close. Also the
+    /// How long the sandbox may take for the head of its answer to a request, in ms, from
+    /// the request's end; then the client gets `504` and both connections close. Also the
     /// longest the request's own bytes may stop moving into the sandbox (then `504`, or
     /// `408` when it is the client that sends nothing).
     #[serde(default = "default_answer_ms")]
     pub answer_timeout_ms: u64,
-    /// How long the answer to a private preview's request may bring no byte (or the client
-    /// take none of it) once its head is in, in ms; then both connections close.
+    /// How long the answer to a request may bring no byte (or the client take none of it)
+    /// once its head is in, in ms; then both connections close.
     #[serde(default = "default_answer_ms")]
     pub answer_idle_ms: u64,
 }
@@ -232,7 +268,7 @@ fn default_answer_ms() -> u64 {
 }
 
 impl PreviewLimits {
-    /// These limits with `ms` milliseconds for a private preview's request head.
+    /// These limits with `ms` milliseconds for a request head.
     pub fn head_timeout_ms(mut self, ms: u64) -> Self {
         self.head_timeout_ms = ms;
         self
@@ -245,14 +281,14 @@ impl PreviewLimits {
     }
 
     /// These limits with `ms` milliseconds for the head of the sandbox's answer to a
-    /// private preview's request.
+    /// request.
     pub fn answer_timeout_ms(mut self, ms: u64) -> Self {
         self.answer_timeout_ms = ms;
         self
     }
 
-    /// These limits with `ms` milliseconds without a byte of a private preview's answer
-    /// moving, once its head is in.
+    /// These limits with `ms` milliseconds without a byte of an answer moving, once its head
+    /// is in.
     pub fn answer_idle_ms(mut self, ms: u64) -> Self {
         self.answer_idle_ms = ms;
         self
@@ -272,399 +308,7 @@ impl Default for PreviewLimits {
     }
 }
 
-/// Why a request head is not forwarded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// Not a well-formed HTTP/1.x request head (`400`).
-    Malformed(&'static str),
-    /// No live token (`401`).
-    Unauthorized,
-}
-
-/// How the body of an accepted request is framed, i.e. how many bytes of the client's
-/// stream belong to this request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Framing {
-    /// No body, or exactly this many bytes.
-    Length(u64),
-    /// `Transfer-Encoding: chunked`.
-    Chunked,
-    /// A protocol upgrade (WebSocket): raw bytes follow once the sandbox answers `101`.
-    Upgrade,
-}
-
-/// A private preview's request head that carries a live token: what to send upstream.
-#[derive(Debug)]
-pub struct Accepted {
-    /// The head to forward, with `Connection: close` unless it asks for an upgrade.
-    pub head: Vec<u8>,
-    /// Body framing.
-    pub framing: Framing,
-    /// The token that let the request through.
-    pub token: PreviewToken,
-}
-
-/// Check a complete request head (through its blank line): well-formed, carrying a live
-/// token in the preview's header or query parameter. A request is forwarded alone: its head
-/// is rewritten to `Connection: close`, so the next request needs a new connection and is
-/// checked again.
-pub fn check(
-    head: &[u8],
-    preview: &Preview,
-    tokens: &[PreviewToken],
-) -> std::result::Result<Accepted, Refusal> {
-    let text = head
-        .strip_suffix(b"\r\n\r\n")
-        .ok_or(Refusal::Malformed("incomplete request head"))?;
-    let mut lines = text
-        .split(|&b| b == b'\n')
-        .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
-    let request_line = lines.next().unwrap_or_default();
-    let request_line = std::str::from_utf8(request_line)
-        .ok()
-        .filter(|l| l.bytes().all(|b| b.is_ascii_graphic() || b == b' '))
-        .ok_or(Refusal::Malformed("bad request line"))?;
-    let mut parts = request_line.split(' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(Refusal::Malformed("bad request line"));
-    };
-    if method.is_empty() || !method.bytes().all(is_token_byte) || target.is_empty() {
-        return Err(Refusal::Malformed("bad request line"));
-    }
-    if version != "HTTP/1.1" && version != "HTTP/1.0" {
-        return Err(Refusal::Malformed("only HTTP/1.x is proxied"));
-    }
-    let mut offered: Vec<Vec<u8>> = Vec::new();
-    // The token never reaches the sandboxed server (code in the sandbox could log it or use
-    // it): the target is forwarded without its token parameters, the head without its token
-    // header.
-    let mut upstream_target = target.to_string();
-    if let Some((path, rest)) = target.split_once('?') {
-        let (query, fragment) = match rest.split_once('#') {
-            Some((q, f)) => (q, Some(f)),
-            None => (rest, None),
-        };
-        let mut kept: Vec<&str> = Vec::new();
-        for pair in query.split('&') {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let k = percent_decode(k).ok_or(Refusal::Malformed("bad percent-encoding"))?;
-            if k == preview.token_query.as_bytes() {
-                offered.push(percent_decode(v).ok_or(Refusal::Malformed("bad percent-encoding"))?);
-            } else {
-                kept.push(pair);
-            }
-        }
-        upstream_target = path.to_string();
-        if !kept.is_empty() {
-            upstream_target.push('?');
-            upstream_target.push_str(&kept.join("&"));
-        }
-        if let Some(f) = fragment {
-            upstream_target.push('#');
-            upstream_target.push_str(f);
-        }
-    }
-    let mut forwarded = Vec::with_capacity(head.len() + 20);
-    forwarded.extend_from_slice(format!("{method} {upstream_target} {version}\r\n").as_bytes());
-    let mut kept_lines: Vec<&[u8]> = Vec::new();
-    let mut length: Option<u64> = None;
-    let mut chunked = false;
-    let mut upgrade = false;
-    let mut connection_upgrade = false;
-    for line in lines {
-        let colon = line
-            .iter()
-            .position(|&b| b == b':')
-            .ok_or(Refusal::Malformed("bad header line"))?;
-        let (name, value) = (&line[..colon], trim(&line[colon + 1..]));
-        if name.is_empty() || !name.iter().copied().all(is_token_byte) {
-            return Err(Refusal::Malformed("bad header name"));
-        }
-        if value.iter().any(|&b| b == b'\r' || b == 0) {
-            return Err(Refusal::Malformed("bad header value"));
-        }
-        let name = std::str::from_utf8(name).unwrap_or_default();
-        let is_token = name.eq_ignore_ascii_case(&preview.token_header);
-        if is_token {
-            offered.push(value.to_vec());
-        }
-        if name.eq_ignore_ascii_case("content-length") {
-            let n = std::str::from_utf8(value)
-                .ok()
-                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|v| v.parse::<u64>().ok())
-                .ok_or(Refusal::Malformed("bad Content-Length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(Refusal::Malformed("conflicting Content-Length"));
-            }
-            length = Some(n);
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            // Only a final `chunked` can be framed; anything else cannot be delimited.
-            let last = value
-                .rsplit(|&b| b == b',')
-                .next()
-                .map(trim)
-                .unwrap_or_default();
-            if !last.eq_ignore_ascii_case(b"chunked") {
-                return Err(Refusal::Malformed("unsupported Transfer-Encoding"));
-            }
-            chunked = true;
-        } else if name.eq_ignore_ascii_case("upgrade") {
-            upgrade = true;
-        } else if name.eq_ignore_ascii_case("connection") {
-            connection_upgrade |= value
-                .split(|&b| b == b',')
-                .any(|t| trim(t).eq_ignore_ascii_case(b"upgrade"));
-        }
-        let hop = ["connection", "keep-alive", "proxy-connection"];
-        if !is_token && !hop.iter().any(|h| name.eq_ignore_ascii_case(h)) {
-            kept_lines.push(line);
-        }
-    }
-    if chunked && length.is_some() {
-        // Two framings at once is how requests are smuggled past a proxy.
-        return Err(Refusal::Malformed(
-            "both Content-Length and Transfer-Encoding",
-        ));
-    }
-    let now = now_millis();
-    let live = offered.iter().find_map(|o| {
-        tokens.iter().find(|t| {
-            sandcove_core::secret::secrets_match(o, t.value.as_bytes())
-                && t.expires_at.is_none_or(|e| now < e)
-        })
-    });
-    let Some(token) = live.cloned() else {
-        return Err(Refusal::Unauthorized);
-    };
-    // Nor in any other header: a browser repeats the URL it came from (with its token
-    // parameter) in `Referer`, and a client may carry it in a cookie.
-    for line in kept_lines {
-        if !contains(line, token.value.as_bytes()) {
-            forwarded.extend_from_slice(line);
-            forwarded.extend_from_slice(b"\r\n");
-        }
-    }
-    let framing = if upgrade && connection_upgrade && !chunked && length.unwrap_or(0) == 0 {
-        forwarded.extend_from_slice(b"Connection: upgrade\r\n");
-        Framing::Upgrade
-    } else {
-        forwarded.extend_from_slice(b"Connection: close\r\n");
-        if chunked {
-            Framing::Chunked
-        } else {
-            Framing::Length(length.unwrap_or(0))
-        }
-    };
-    forwarded.extend_from_slice(b"\r\n");
-    Ok(Accepted {
-        head: forwarded,
-        framing,
-        token,
-    })
-}
-
-/// Whether `needle` (non-empty) occurs in `haystack`.
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
-}
-
-fn is_token_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
-}
-
-fn trim(v: &[u8]) -> &[u8] {
-    let start = v
-        .iter()
-        .position(|b| !b" \t".contains(b))
-        .unwrap_or(v.len());
-    let end = v
-        .iter()
-        .rposition(|b| !b" \t".contains(b))
-        .map_or(start, |e| e + 1);
-    &v[start..end]
-}
-
-/// Decode `%XX` escapes and `+`; `None` for a `%` not followed by two hex digits (the
-/// decoder alone would pass such a `%` through, and a token must match exactly as sent).
-fn percent_decode(s: &str) -> Option<Vec<u8>> {
-    let bytes = s.as_bytes();
-    let well_formed = bytes.iter().enumerate().all(|(i, b)| {
-        *b != b'%'
-            || (bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
-                && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
-    });
-    well_formed.then(|| percent_encoding::percent_decode_str(&s.replace('+', " ")).collect())
-}
-
-/// Bytes read from a client beyond what was consumed so far, and the stream they came from.
-pub struct Incoming<'a, S: ?Sized = TcpStream> {
-    stream: &'a mut S,
-    buf: Vec<u8>,
-}
-
-impl<'a, S: AsyncRead + AsyncWrite + Unpin + ?Sized> Incoming<'a, S> {
-    /// Start reading `stream`.
-    pub fn new(stream: &'a mut S) -> Self {
-        Incoming {
-            stream,
-            buf: Vec::new(),
-        }
-    }
-
-    async fn fill(&mut self) -> std::io::Result<()> {
-        let mut chunk = [0u8; 8192];
-        let n = self.stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        self.buf.extend_from_slice(&chunk[..n]);
-        Ok(())
-    }
-
-    /// The request head through its blank line, or `None` when the client sent more than
-    /// [`MAX_HEAD`] bytes without one. Bytes after the head stay buffered.
-    pub async fn head(&mut self) -> std::io::Result<Option<Vec<u8>>> {
-        loop {
-            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                let rest = self.buf.split_off(end + 4);
-                return Ok(Some(std::mem::replace(&mut self.buf, rest)));
-            }
-            if self.buf.len() >= MAX_HEAD {
-                return Ok(None);
-            }
-            self.fill().await?;
-        }
-    }
-
-    /// Copy exactly `n` bytes to `out`.
-    async fn copy_exact<W: AsyncWrite + Unpin + ?Sized>(
-        &mut self,
-        mut n: u64,
-        out: &mut W,
-    ) -> std::io::Result<()> {
-        while n > 0 {
-            if self.buf.is_empty() {
-                self.fill().await?;
-            }
-            let take = self.buf.len().min(usize::try_from(n).unwrap_or(usize::MAX));
-            out.write_all(&self.buf[..take]).await?;
-            self.buf.drain(..take);
-            n -= take as u64;
-        }
-        Ok(())
-    }
-
-    /// Copy one line (through its LF, at most `max` bytes) to `out` and return it.
-    async fn copy_line<W: AsyncWrite + Unpin + ?Sized>(
-        &mut self,
-        max: usize,
-        out: &mut W,
-    ) -> std::io::Result<Vec<u8>> {
-        loop {
-            if let Some(end) = self.buf.iter().position(|&b| b == b'\n') {
-                let rest = self.buf.split_off(end + 1);
-                let line = std::mem::replace(&mut self.buf, rest);
-                out.write_all(&line).await?;
-                return Ok(line);
-            }
-            if self.buf.len() >= max {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    "chunk line too long",
-                ));
-            }
-            self.fill().await?;
-        }
-    }
-
-    /// Copy the body of the request just accepted to `out`, and no byte more.
-    pub async fn copy_body<W: AsyncWrite + Unpin + ?Sized>(
-        &mut self,
-        framing: Framing,
-        out: &mut W,
-    ) -> std::io::Result<()> {
-        match framing {
-            Framing::Length(n) => self.copy_exact(n, out).await,
-            Framing::Upgrade => Ok(()),
-            Framing::Chunked => loop {
-                let line = self.copy_line(4096, out).await?;
-                let text = std::str::from_utf8(&line).unwrap_or_default();
-                let size = text.split(';').next().unwrap_or_default().trim();
-                let size = u64::from_str_radix(size, 16).map_err(|_| {
-                    std::io::Error::new(std::io::ErrorKind::InvalidData, "bad chunk size")
-                })?;
-                if size == 0 {
-                    // Trailer fields, then the blank line that ends the body.
-                    loop {
-                        let line = self.copy_line(MAX_HEAD, out).await?;
-                        if line == b"\r\n" || line == b"\n" {
-                            return Ok(());
-                        }
-                    }
-                }
-                self.copy_exact(size, out).await?;
-                let end = self.copy_line(2, out).await?;
-                if end != b"\r\n" && end != b"\n" {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::InvalidData,
-                        "chunk not followed by CRLF",
-                    ));
-                }
-            },
-        }
-    }
-
-    /// Hand over the bytes read ahead (for a raw tunnel after an upgrade).
-    pub fn take_buffered(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.buf)
-    }
-
-    /// The client stream.
-    pub fn stream(&mut self) -> &mut S {
-        self.stream
-    }
-
-    /// The client stream, dropping what was read ahead.
-    pub fn into_stream(self) -> &'a mut S {
-        self.stream
-    }
-}
-
-/// Read a response head from the sandbox (through its blank line, at most [`MAX_HEAD`]
-/// bytes) and return it with its status code.
-pub async fn read_response_head<S: AsyncRead + AsyncWrite + Unpin + ?Sized>(
-    upstream: &mut S,
-) -> std::io::Result<(Vec<u8>, u16)> {
-    let mut incoming = Incoming::new(upstream);
-    let head = incoming.head().await?.ok_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::InvalidData, "response head too large")
-    })?;
-    let mut all = head;
-    all.extend(incoming.take_buffered());
-    let status = all
-        .split(|&b| b == b' ')
-        .nth(1)
-        .and_then(|s| std::str::from_utf8(s).ok())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    Ok((all, status))
-}
-
-/// Answer a refused request and close.
-pub async fn refuse<S: AsyncWrite + Unpin + ?Sized>(stream: &mut S, status: &str, message: &str) {
-    let body = format!("{message}\n");
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = stream.write_all(response.as_bytes()).await;
-    let _ = stream.shutdown().await;
-}
-
-/// Why a preview connection cannot reach the sandbox's port; the client is told and the
+/// Why a forwarded request cannot reach the sandbox's port; the client is told and its
 /// connection closed.
 #[derive(Debug)]
 pub enum UpstreamError {
@@ -676,9 +320,10 @@ pub enum UpstreamError {
     Closed,
 }
 
-/// Opens the byte stream behind one preview connection: the engine's monitor asks its agent
-/// for a socket connected inside the sandbox, the Kubernetes backend opens an agent tunnel.
-/// Everything else (tokens, limits, revocation) is [`PreviewSet`]'s, shared by both.
+/// Opens the byte stream a forwarded request travels on (one per request): the engine's
+/// monitor asks its agent for a socket connected inside the sandbox, the Kubernetes backend
+/// opens an agent tunnel. Everything else (HTTP, tokens, limits, revocation) is
+/// [`PreviewSet`]'s, shared by both.
 #[async_trait]
 pub trait Upstream: Send + Sync {
     /// A stream connected to `port` inside the sandbox.
@@ -769,12 +414,14 @@ impl PreviewSet {
             let mut acceptor = sandcove_core::listen::Acceptor::new(limits.max_connections);
             loop {
                 let ((conn, _), permit) = acceptor.next(|| listener.accept()).await;
-                let served = served.clone();
-                let upstream = upstream.clone();
-                tokio::spawn(async move {
-                    proxy(&served, upstream.as_ref(), port, conn, limits).await;
-                    drop(permit);
-                });
+                tokio::spawn(serve_connection(
+                    served.clone(),
+                    upstream.clone(),
+                    port,
+                    limits,
+                    conn,
+                    permit,
+                ));
             }
         });
         let (changed, changes) = tokio::sync::watch::channel(());
@@ -933,423 +580,1026 @@ async fn access_lost(
     }
 }
 
-/// Serve one preview connection (see the module docs for what is checked). A connection
-/// lasts only as long as what let it through: revoking its token or closing the preview
-/// cuts it, even mid-stream or as an upgraded tunnel.
-async fn proxy(
-    previews: &Previews,
-    upstream: &dyn Upstream,
+/// The bounds [`forward`] holds a preview's requests to.
+fn upstream_bounds(limits: &PreviewLimits) -> UpstreamBounds {
+    UpstreamBounds::new(
+        Duration::from_millis(limits.answer_timeout_ms),
+        Duration::from_millis(limits.answer_idle_ms),
+    )
+}
+
+/// What a preview connection is doing, for the watch its driver keeps on it.
+enum Phase {
+    /// Waiting for a request head since `since`. `first`: none has come on this connection
+    /// yet; `read_at`: the bytes read from the client by `since`.
+    Head {
+        since: Instant,
+        first: bool,
+        read_at: u64,
+    },
+    /// Answering without the sandbox (a refusal) since `since`; the connection closes after.
+    Refusing { since: Instant },
+    /// Forwarding request `number`, let through by `access`, which must stay allowed while
+    /// it lasts; once its answer flows, `answer` notes when bytes of it last moved.
+    Forwarding {
+        number: u64,
+        access: Access,
+        answer: Option<Arc<forward::Progress>>,
+    },
+}
+
+/// What let a request through: its token (`None`: a public preview's) and the preview's
+/// change signal as it stood when the token was checked, so a change made since is seen.
+#[derive(Clone)]
+struct Access {
+    token: Option<PreviewToken>,
+    changes: watch::Receiver<()>,
+}
+
+/// What the driver of a connection watches for, from its [`Phase`].
+enum Watch {
+    /// A head due by then (`true`), or a refusal to be written by then (`false`).
+    Deadline(Instant, bool),
+    /// A forwarded request: what let it through, and its answer's progress once it flows.
+    Forwarding(Access, Option<Arc<forward::Progress>>),
+}
+
+/// Why the driver stops serving a connection before hyper is done with it.
+enum Stop {
+    /// No request head came in time.
+    HeadLate,
+    /// What let the request through is gone, its answer stalled, or a refusal is stuck.
+    Cut,
+}
+
+/// The service's error: end the connection without an answer.
+#[derive(Debug)]
+struct Cut;
+
+impl std::fmt::Display for Cut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("preview connection cut")
+    }
+}
+
+impl std::error::Error for Cut {}
+
+/// A preview's answer body: a refusal's text or the sandbox's answer.
+type Reply = UnsyncBoxBody<Bytes, BoxError>;
+
+/// One client connection of a preview listener: what its requests share.
+struct Connection {
+    previews: Previews,
+    upstream: Arc<dyn Upstream>,
     port: u16,
-    mut conn: TcpStream,
     limits: PreviewLimits,
-) {
-    let Some((entry, _, changes)) = preview_now(previews, port) else {
-        return;
-    };
-    if entry.public {
-        let tunnel = async {
-            let Some(mut up) = connect_upstream(upstream, port, &mut conn).await else {
-                return;
+    /// The connection's slot in the listener's cap, held as long as the connection or the
+    /// tunnel an upgrade makes of it.
+    _permit: OwnedSemaphorePermit,
+    phase: Mutex<Phase>,
+    /// Told when `phase` changes.
+    phase_changed: Notify,
+    /// Requests seen so far.
+    requests: AtomicU64,
+    /// Bytes read from the client so far.
+    read: AtomicU64,
+    /// Whether the last write to the client waits for it to take bytes.
+    write_waiting: AtomicBool,
+}
+
+impl Connection {
+    fn phase(&self) -> std::sync::MutexGuard<'_, Phase> {
+        self.phase.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_phase(&self, phase: Phase) {
+        *self.phase() = phase;
+        self.phase_changed.notify_one();
+    }
+
+    /// Request `number`'s answer is out (or dropped): the next head is awaited from now.
+    fn answered(&self, number: u64) {
+        let mut phase = self.phase();
+        if matches!(*phase, Phase::Forwarding { number: n, .. } if n == number) {
+            *phase = Phase::Head {
+                since: Instant::now(),
+                first: false,
+                read_at: self.read.load(Ordering::Relaxed),
             };
-            let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
-        };
-        tokio::select! {
-            _ = tunnel => {}
-            _ = access_lost(previews, port, None, changes) => {}
+            drop(phase);
+            self.phase_changed.notify_one();
         }
-        return;
     }
-    drop(changes);
-    let mut incoming = Incoming::new(&mut conn);
-    let timeout = Duration::from_millis(limits.head_timeout_ms);
-    let head = match tokio::time::timeout(timeout, incoming.head()).await {
-        Ok(Ok(Some(head))) => head,
-        Ok(Ok(None)) => {
-            let message = "request head too large";
-            refuse(
-                incoming.stream(),
-                "431 Request Header Fields Too Large",
-                message,
-            )
-            .await;
-            return;
-        }
-        Ok(Err(_)) => return,
-        Err(_) => {
-            let message = "the request head did not arrive in time";
-            refuse(incoming.stream(), "408 Request Timeout", message).await;
-            return;
-        }
-    };
-    // The tokens as they are now that the head is here, not as they were when the
-    // connection opened: one revoked (or a preview closed) meanwhile lets nothing through.
-    let Some((entry, tokens, changes)) = preview_now(previews, port) else {
-        refuse(incoming.stream(), "404 Not Found", "this preview is closed").await;
-        return;
-    };
-    let accepted = match check(&head, &entry, &tokens) {
-        Ok(a) => a,
-        Err(Refusal::Malformed(why)) => {
-            refuse(incoming.stream(), "400 Bad Request", why).await;
-            return;
-        }
-        Err(Refusal::Unauthorized) => {
-            let message = format!(
-                "this preview is private: send its token in the {} header or the {} query parameter",
-                entry.token_header, entry.token_query
-            );
-            refuse(incoming.stream(), "401 Unauthorized", &message).await;
-            return;
-        }
-    };
-    let token = accepted.token.clone();
-    tokio::select! {
-        _ = forward(upstream, port, incoming, accepted, limits) => {}
-        _ = access_lost(previews, port, Some(token), changes) => {}
-    }
-}
 
-/// Forward a private preview's accepted request and its answer (or the tunnel it upgrades
-/// to). The answer is held to `limits`: its head must come within
-/// [`PreviewLimits::answer_timeout_ms`] (else `504`), then no step of copying it (a read from
-/// the sandbox and the write to the client it leads to) may take longer than
-/// [`PreviewLimits::answer_idle_ms`]; either ends both connections.
-async fn forward(
-    upstream: &dyn Upstream,
-    port: u16,
-    mut incoming: Incoming<'_>,
-    accepted: Accepted,
-    limits: PreviewLimits,
-) {
-    let Some(mut up) = connect_upstream(upstream, port, incoming.stream()).await else {
-        return;
-    };
-    // The request itself is held to the head bound too: bytes of it (from the client, into
-    // the sandbox) that stop moving for that long end the connection, whichever side stalls.
-    let timeout = Duration::from_millis(limits.answer_timeout_ms);
-    let moved = Progress::new();
-    let sent = {
-        let mut to_sandbox = Noted {
-            inner: &mut up,
-            progress: &moved,
-        };
-        let send = async {
-            to_sandbox.write_all(&accepted.head).await?;
-            incoming.copy_body(accepted.framing, &mut to_sandbox).await
-        };
-        tokio::select! {
-            sent = send => Some(sent.is_ok()),
-            () = moved.stalled(timeout) => None,
+    fn watch(&self) -> Watch {
+        let head = Duration::from_millis(self.limits.head_timeout_ms);
+        match &*self.phase() {
+            Phase::Head { since, .. } => Watch::Deadline(*since + head, true),
+            Phase::Refusing { since } => Watch::Deadline(*since + head, false),
+            Phase::Forwarding { access, answer, .. } => {
+                Watch::Forwarding(access.clone(), answer.clone())
+            }
         }
-    };
-    match sent {
-        Some(true) => {}
-        Some(false) => return,
-        None => {
-            let (status, message) = if moved.writing() {
-                (
-                    "504 Gateway Timeout",
-                    format!(
-                        "port {port} of the sandbox did not take the request within {} ms",
-                        limits.answer_timeout_ms
-                    ),
-                )
-            } else {
-                (
-                    "408 Request Timeout",
-                    format!(
-                        "the request body brought no byte for {} ms",
-                        limits.answer_timeout_ms
-                    ),
-                )
+    }
+
+    /// Resolves when what `watch` watches for happens.
+    async fn until(&self, watch: Watch) -> Stop {
+        match watch {
+            Watch::Deadline(at, head) => {
+                tokio::time::sleep_until(at).await;
+                if head {
+                    Stop::HeadLate
+                } else {
+                    Stop::Cut
+                }
+            }
+            Watch::Forwarding(access, answer) => {
+                let idle = Duration::from_millis(self.limits.answer_idle_ms);
+                let stalled = async {
+                    match answer {
+                        Some(progress) => progress.idle_for(idle).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = access_lost(&self.previews, self.port, access.token, access.changes) => {}
+                    () = stalled => {}
+                }
+                Stop::Cut
+            }
+        }
+    }
+
+    /// Whether a head that did not come in time gets `408`: part of one came (or none at all
+    /// on a new connection; an idle kept-alive one is just closed), and no write to the
+    /// client is stuck (hyper's unwritten bytes would be lost before it).
+    fn late_head_is_answered(&self) -> bool {
+        match *self.phase() {
+            Phase::Head { first, read_at, .. } => {
+                !self.write_waiting.load(Ordering::Relaxed)
+                    && (first || self.read.load(Ordering::Relaxed) > read_at)
+            }
+            _ => false,
+        }
+    }
+
+    /// A refusal, the connection then closed.
+    fn refuse(&self, status: StatusCode, message: impl Into<String>) -> Response<Reply> {
+        self.set_phase(Phase::Refusing {
+            since: Instant::now(),
+        });
+        let mut response = Response::new(message.into() + "\n");
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        closing(response)
+    }
+
+    /// Answer one request (see the module docs).
+    async fn serve(
+        self: Arc<Self>,
+        mut request: Request<Incoming>,
+    ) -> Result<Response<Reply>, Cut> {
+        let number = self.requests.fetch_add(1, Ordering::Relaxed) + 1;
+        self.set_phase(Phase::Refusing {
+            since: Instant::now(),
+        });
+        // The preview and its tokens as they are now that the head is here, not as they were
+        // when the connection opened: a token revoked (or a preview closed) meanwhile lets
+        // nothing through.
+        let Some((preview, tokens, changes)) = preview_now(&self.previews, self.port) else {
+            return Ok(self.refuse(StatusCode::NOT_FOUND, "this preview is closed"));
+        };
+        let token = if preview.public {
+            None
+        } else {
+            let Some(token) = live_token(&request, &preview, &tokens) else {
+                let message = format!(
+                    "this preview is private: send its token in the {} header or the {} query parameter",
+                    preview.token_header, preview.token_query
+                );
+                return Ok(self.refuse(StatusCode::UNAUTHORIZED, message));
             };
-            refuse(incoming.stream(), status, &message).await;
-            return;
-        }
-    }
-    if accepted.framing == Framing::Upgrade {
-        // Raw bytes only once the sandbox agrees to switch protocols.
-        let Some((answer, status)) = answer_head(&mut up, incoming.stream(), port, limits).await
-        else {
-            return;
+            Some(token)
         };
-        if incoming.stream().write_all(&answer).await.is_err() {
-            return;
+        if request.method() == Method::CONNECT {
+            let message = "a preview forwards requests to the sandbox's server; it opens no tunnel";
+            return Ok(self.refuse(StatusCode::METHOD_NOT_ALLOWED, message));
         }
-        if status == 101 {
-            let early = incoming.take_buffered();
-            if !early.is_empty() && up.write_all(&early).await.is_err() {
-                return;
+        let upgrade = wants_upgrade(request.headers());
+        let client_side = upgrade.then(|| hyper::upgrade::on(&mut request));
+        let Some(outgoing) = outgoing(request, &preview, token.as_ref(), upgrade) else {
+            return Ok(self.refuse(StatusCode::BAD_REQUEST, "bad request target"));
+        };
+        let access = Access { token, changes };
+        self.set_phase(Phase::Forwarding {
+            number,
+            access: access.clone(),
+            answer: None,
+        });
+        let io = match self.upstream.connect(self.port).await {
+            Ok(io) => io,
+            Err(UpstreamError::Unavailable(why)) => {
+                return Ok(self.refuse(StatusCode::SERVICE_UNAVAILABLE, why))
             }
-            let _ = tokio::io::copy_bidirectional(incoming.stream(), &mut up).await;
-            return;
-        }
-    }
-    // The request is complete: only the answer flows now. A client that sends more is
-    // starting a second request on this connection, which is never forwarded.
-    let pipelined = !incoming.take_buffered().is_empty();
-    let upgraded_refusal = accepted.framing == Framing::Upgrade;
-    let conn = incoming.into_stream();
-    let (mut client_read, mut client_write) = conn.split();
-    let answer = async {
-        if !upgraded_refusal {
-            let (head, _) = answer_head(&mut up, &mut client_write, port, limits).await?;
-            client_write.write_all(&head).await.ok()?;
-        }
-        copy_progressing(&mut up, &mut client_write, limits.answer_idle_ms).await
-    };
-    tokio::pin!(answer);
-    if pipelined {
-        // Answer the first request only, then close.
-        let _ = answer.await;
-        return;
-    }
-    let mut probe = [0u8; 1];
-    tokio::select! {
-        _ = &mut answer => {}
-        read = client_read.read(&mut probe) => {
-            // The client closed its sending side: let the answer finish. Anything else
-            // (more bytes, an error) ends the connection.
-            if matches!(read, Ok(0)) {
-                let _ = answer.await;
+            Err(UpstreamError::BadGateway(why)) => {
+                return Ok(self.refuse(StatusCode::BAD_GATEWAY, why))
             }
-        }
-    }
-}
-
-/// When bytes of a request last moved into the sandbox, and whether a write to it is
-/// waiting now (the sandbox not reading) rather than a read from the client.
-struct Progress {
-    base: tokio::time::Instant,
-    last_ms: std::sync::atomic::AtomicU64,
-    writing: std::sync::atomic::AtomicBool,
-}
-
-impl Progress {
-    fn new() -> Self {
-        Progress {
-            base: tokio::time::Instant::now(),
-            last_ms: std::sync::atomic::AtomicU64::new(0),
-            writing: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
-
-    fn last(&self) -> tokio::time::Instant {
-        let ms = self.last_ms.load(std::sync::atomic::Ordering::Relaxed);
-        self.base + Duration::from_millis(ms)
-    }
-
-    fn writing(&self) -> bool {
-        self.writing.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Resolves once nothing has moved for `timeout`.
-    async fn stalled(&self, timeout: Duration) {
-        loop {
-            let deadline = self.last() + timeout;
-            if tokio::time::Instant::now() >= deadline {
-                return;
+            Err(UpstreamError::Closed) => return Err(Cut),
+        };
+        let bounds = upstream_bounds(&self.limits);
+        let what = format!("port {} of the sandbox", self.port);
+        let mut answer = match forward::forward(io, outgoing, bounds).await {
+            Ok(answer) => answer,
+            Err(failure) => {
+                return Ok(self.refuse(failure.status(), failure.message(&what, &bounds)));
             }
-            tokio::time::sleep_until(deadline).await;
+        };
+        let switched = answer.status() == StatusCode::SWITCHING_PROTOCOLS;
+        if switched {
+            // Raw bytes only once the sandbox agrees to switch protocols, and only when asked.
+            let Some(client_side) = client_side else {
+                let message = format!("{what} switched protocols unasked");
+                return Ok(self.refuse(StatusCode::BAD_GATEWAY, message));
+            };
+            let sandbox_side = hyper::upgrade::on(&mut answer);
+            tokio::spawn(tunnel(
+                self.clone(),
+                access.clone(),
+                client_side,
+                sandbox_side,
+            ));
         }
+        strip_hop_by_hop(answer.headers_mut(), switched);
+        self.set_phase(Phase::Forwarding {
+            number,
+            access,
+            answer: Some(answer.body().progress()),
+        });
+        let connection = self.clone();
+        Ok(answer.map(|body| {
+            Tracked {
+                body,
+                connection,
+                number,
+            }
+            .boxed_unsync()
+        }))
     }
 }
 
-/// A writer that notes its progress in a [`Progress`].
-struct Noted<'a, W: ?Sized> {
-    inner: &'a mut W,
-    progress: &'a Progress,
+/// `response` (a refusal's) with `Connection: close` and its text as the body.
+fn closing(mut response: Response<String>) -> Response<Reply> {
+    response
+        .headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    response.map(|text| {
+        Full::new(Bytes::from(text))
+            .map_err(|never| match never {})
+            .boxed_unsync()
+    })
 }
 
-impl<W: AsyncWrite + Unpin + ?Sized> AsyncWrite for Noted<'_, W> {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        use std::sync::atomic::Ordering::Relaxed;
+/// A forwarded answer's body, which tells its connection when it is out.
+struct Tracked {
+    body: AnswerBody,
+    connection: Arc<Connection>,
+    number: u64,
+}
+
+impl Body for Tracked {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<std::result::Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.connection.answered(self.number);
+    }
+}
+
+/// The client's connection as hyper serves it, noting what the driver needs: bytes read, and
+/// whether a write waits for the client.
+struct ClientIo {
+    tcp: TcpStream,
+    connection: Arc<Connection>,
+}
+
+impl AsyncRead for ClientIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
-        let polled = std::pin::Pin::new(&mut *this.inner).poll_write(cx, buf);
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.tcp).poll_read(cx, buf);
+        let read = (buf.filled().len() - before) as u64;
+        this.connection.read.fetch_add(read, Ordering::Relaxed);
+        polled
+    }
+}
+
+impl AsyncWrite for ClientIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.tcp).poll_write(cx, buf);
         let waiting = polled.is_pending();
-        this.progress.writing.store(waiting, Relaxed);
-        if !waiting {
-            let ms = this.progress.base.elapsed().as_millis();
-            let ms = u64::try_from(ms).unwrap_or(u64::MAX);
-            this.progress.last_ms.fetch_max(ms, Relaxed);
-        }
+        this.connection
+            .write_waiting
+            .store(waiting, Ordering::Relaxed);
         polled
     }
 
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut *self.get_mut().inner).poll_flush(cx)
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.tcp).poll_write_vectored(cx, bufs);
+        let waiting = polled.is_pending();
+        this.connection
+            .write_waiting
+            .store(waiting, Ordering::Relaxed);
+        polled
     }
 
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut *self.get_mut().inner).poll_shutdown(cx)
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
     }
 }
 
-/// The head of the sandbox's answer (with what came after it in the same reads) and its
-/// status, or `None` after telling `client` why not: `504` when it did not come within
-/// [`PreviewLimits::answer_timeout_ms`], nothing when the sandbox closed or sent garbage.
-async fn answer_head<S, C>(
-    up: &mut S,
-    client: &mut C,
+/// Serve one accepted connection of the preview of `port` until it ends, or until the
+/// driver's watch (head deadline, lost access, stalled answer) ends it.
+async fn serve_connection(
+    previews: Previews,
+    upstream: Arc<dyn Upstream>,
     port: u16,
     limits: PreviewLimits,
-) -> Option<(Vec<u8>, u16)>
-where
-    S: AsyncRead + AsyncWrite + Unpin + ?Sized,
-    C: AsyncWrite + Unpin + ?Sized,
-{
-    let timeout = Duration::from_millis(limits.answer_timeout_ms);
-    match tokio::time::timeout(timeout, read_response_head(up)).await {
-        Ok(Ok(head)) => Some(head),
-        Ok(Err(_)) => None,
-        Err(_) => {
-            let message = format!(
-                "port {port} of the sandbox did not answer within {} ms",
-                limits.answer_timeout_ms
+    tcp: TcpStream,
+    permit: OwnedSemaphorePermit,
+) {
+    // No Nagle: an answer's small pieces (a stream of events) leave at once.
+    let _ = tcp.set_nodelay(true);
+    let connection = Arc::new(Connection {
+        previews,
+        upstream,
+        port,
+        limits,
+        _permit: permit,
+        phase: Mutex::new(Phase::Head {
+            since: Instant::now(),
+            first: true,
+            read_at: 0,
+        }),
+        phase_changed: Notify::new(),
+        requests: AtomicU64::new(0),
+        read: AtomicU64::new(0),
+        write_waiting: AtomicBool::new(false),
+    });
+    let io = ClientIo {
+        tcp,
+        connection: connection.clone(),
+    };
+    let service = {
+        let connection = connection.clone();
+        hyper::service::service_fn(move |request| {
+            let connection = connection.clone();
+            Box::pin(connection.serve(request))
+        })
+    };
+    let mut http = hyper::server::conn::http1::Builder::new();
+    // The head deadline is the driver's (hyper's own closes without a `408`); a client may
+    // close its sending side and still get its answer.
+    http.header_read_timeout(None)
+        .half_close(true)
+        .max_buf_size(MAX_HEAD)
+        .max_header_size(MAX_HEAD)
+        .preserve_header_case(true);
+    let mut served = http
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades();
+    let stop = loop {
+        let watch = connection.watch();
+        tokio::select! {
+            biased;
+            _ = &mut served => return,
+            () = connection.phase_changed.notified() => {}
+            stop = connection.until(watch) => break stop,
+        }
+    };
+    if matches!(stop, Stop::HeadLate) && connection.late_head_is_answered() {
+        if let Some(parts) = served.into_parts() {
+            // hyper has written nothing it still holds (no write waits) and parsed no head:
+            // the fixed answer goes straight to the client, bounded like a head.
+            let mut client = parts.io.into_inner();
+            let body = "the request head did not arrive in time\n";
+            let answer = format!(
+                "HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
             );
-            refuse(client, "504 Gateway Timeout", &message).await;
-            None
+            let head = Duration::from_millis(limits.head_timeout_ms);
+            let _ = tokio::time::timeout(head, async {
+                client.write_all(answer.as_bytes()).await?;
+                client.shutdown().await
+            })
+            .await;
         }
     }
 }
 
-/// Copy `from` to `to` until `from` ends; `None` once a read and the write it leads to took
-/// longer than `idle_ms` together, or on an error.
-async fn copy_progressing<R, W>(from: &mut R, to: &mut W, idle_ms: u64) -> Option<()>
-where
-    R: AsyncRead + Unpin + ?Sized,
-    W: AsyncWrite + Unpin + ?Sized,
-{
-    let idle = Duration::from_millis(idle_ms);
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let step = async {
-            let n = from.read(&mut buf).await?;
-            to.write_all(&buf[..n]).await?;
-            std::io::Result::Ok(n)
+/// Once both sides have switched protocols, copy bytes both ways until either ends or what
+/// let the upgrade through is no longer allowed.
+async fn tunnel(
+    connection: Arc<Connection>,
+    access: Access,
+    client_side: hyper::upgrade::OnUpgrade,
+    sandbox_side: hyper::upgrade::OnUpgrade,
+) {
+    let copy = async {
+        let (client, sandbox) = tokio::join!(client_side, sandbox_side);
+        let (Ok(client), Ok(sandbox)) = (client, sandbox) else {
+            return;
         };
-        match tokio::time::timeout(idle, step).await {
-            Ok(Ok(0)) => return to.flush().await.ok(),
-            Ok(Ok(_)) => {}
-            Ok(Err(_)) | Err(_) => return None,
-        }
+        let mut client = TokioIo::new(client);
+        let mut sandbox = TokioIo::new(sandbox);
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut sandbox).await;
+    };
+    tokio::select! {
+        () = copy => {}
+        () = access_lost(&connection.previews, connection.port, access.token, access.changes) => {}
     }
 }
 
-/// A stream connected to `port` inside the sandbox, or `None` after answering the client
-/// with why not.
-async fn connect_upstream(
-    upstream: &dyn Upstream,
-    port: u16,
-    conn: &mut TcpStream,
-) -> Option<Box<dyn AgentIo>> {
-    match upstream.connect(port).await {
-        Ok(up) => Some(up),
-        Err(UpstreamError::Unavailable(why)) => {
-            refuse(conn, "503 Service Unavailable", &why).await;
-            None
-        }
-        Err(UpstreamError::BadGateway(why)) => {
-            refuse(conn, "502 Bad Gateway", &why).await;
-            None
-        }
-        Err(UpstreamError::Closed) => None,
+/// Whether a request asks to switch protocols: an `Upgrade` header and `upgrade` among the
+/// `Connection` options.
+fn wants_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(UPGRADE) && connection_options(headers).any(|o| o == "upgrade")
+}
+
+/// The options of the `Connection` headers, lowercased.
+fn connection_options(headers: &HeaderMap) -> impl Iterator<Item = String> + '_ {
+    headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|o| o.trim().to_ascii_lowercase())
+        .filter(|o| !o.is_empty())
+}
+
+/// Headers that concern one hop only (RFC 9110 §7.6.1), besides those `Connection` names.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Remove the hop-by-hop headers; with `upgrade`, keep the protocol asked for (or agreed to)
+/// and say `Connection: upgrade`.
+fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+    let protocol = headers.get(UPGRADE).cloned();
+    let named: Vec<HeaderName> = connection_options(headers)
+        .filter_map(|o| HeaderName::from_bytes(o.as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
     }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    if let (true, Some(protocol)) = (upgrade, protocol) {
+        headers.insert(UPGRADE, protocol);
+        headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+}
+
+/// The live token `request` carries in the preview's header or query parameter, if any.
+fn live_token(
+    request: &Request<Incoming>,
+    preview: &Preview,
+    tokens: &[PreviewToken],
+) -> Option<PreviewToken> {
+    let mut offered: Vec<Vec<u8>> = Vec::new();
+    if let Ok(name) = HeaderName::from_bytes(preview.token_header.as_bytes()) {
+        offered.extend(
+            request
+                .headers()
+                .get_all(name)
+                .iter()
+                .map(|v| v.as_bytes().to_vec()),
+        );
+    }
+    if let Some(query) = request.uri().query() {
+        offered.extend(
+            form_urlencoded::parse(query.as_bytes())
+                .filter(|(k, _)| *k == preview.token_query)
+                .map(|(_, v)| v.into_owned().into_bytes()),
+        );
+    }
+    let now = now_millis();
+    offered.iter().find_map(|o| {
+        tokens
+            .iter()
+            .find(|t| {
+                sandcove_core::secret::secrets_match(o, t.value.as_bytes())
+                    && t.expires_at.is_none_or(|e| now < e)
+            })
+            .cloned()
+    })
+}
+
+/// `request` as the sandbox gets it: the target in origin form, without the token (see the
+/// module docs) and the hop-by-hop headers, saying `Connection: close` unless it asks for an
+/// `upgrade`. `None` when the target left is not a valid one.
+fn outgoing(
+    request: Request<Incoming>,
+    preview: &Preview,
+    token: Option<&PreviewToken>,
+    upgrade: bool,
+) -> Option<Request<Incoming>> {
+    let (mut parts, body) = request.into_parts();
+    let path = match parts.uri.path() {
+        "" => "/",
+        path => path,
+    };
+    let query = match (parts.uri.query(), token) {
+        (Some(query), Some(token)) => without_token(query, &preview.token_query, &token.value),
+        (Some(query), None) => query.to_string(),
+        (None, _) => String::new(),
+    };
+    let target = if query.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path}?{query}")
+    };
+    parts.uri = target.parse().ok()?;
+    strip_hop_by_hop(&mut parts.headers, upgrade);
+    if let Some(token) = token {
+        // The token never reaches the sandboxed server (code in the sandbox could log it or
+        // use it): not in its header, nor in any other (a browser repeats the URL it came
+        // from, token parameter included, in `Referer`; a client may keep it in a cookie).
+        let named = HeaderName::from_bytes(preview.token_header.as_bytes()).ok();
+        let all = std::mem::take(&mut parts.headers);
+        for (name, value) in &all {
+            if Some(name) != named.as_ref() && !carries(value.as_bytes(), &token.value) {
+                parts.headers.append(name.clone(), value.clone());
+            }
+        }
+    }
+    if !upgrade {
+        parts
+            .headers
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    Some(Request::from_parts(parts, body))
+}
+
+/// `query` without the pairs named `name` and those carrying `token`, however encoded; the
+/// others unchanged, in order.
+fn without_token(query: &str, name: &str, token: &str) -> String {
+    query
+        .split('&')
+        .filter(|pair| {
+            let decoded = form_urlencoded::parse(pair.as_bytes()).next();
+            let carrying = carries(pair.as_bytes(), token)
+                || decoded
+                    .is_some_and(|(k, v)| k == name || k.contains(token) || v.contains(token));
+            !carrying
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+/// Whether `value` holds `token`, as it is or percent-decoded.
+fn carries(value: &[u8], token: &str) -> bool {
+    let token = token.as_bytes();
+    let holds = |haystack: &[u8]| haystack.windows(token.len()).any(|w| w == token);
+    !token.is_empty()
+        && (holds(value) || holds(&percent_encoding::percent_decode(value).collect::<Vec<u8>>()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::Empty;
+    use tokio::io::AsyncReadExt;
 
-    #[test]
-    fn percent_decoding_is_strict() {
-        assert_eq!(percent_decode("a%2Bb+c").unwrap(), b"a+b c");
-        assert_eq!(percent_decode("%C3%BC").unwrap(), "ü".as_bytes());
-        for bad in ["%", "%4", "%zz", "a%g1"] {
-            assert_eq!(percent_decode(bad), None, "{bad:?}");
+    /// Longest wait for anything in these tests (loopback and in-process only).
+    const PATIENCE: Duration = Duration::from_secs(20);
+
+    /// What the fake sandbox saw of one request: its target and headers.
+    #[derive(Debug, Clone)]
+    struct Seen {
+        target: String,
+        headers: Vec<(String, String)>,
+    }
+
+    /// A sandbox port served in-process by hyper: answers `200` with the request's target
+    /// (and a `Keep-Alive` header of its own), or `101` and an echo to a request asking to
+    /// upgrade; notes every request and every connection opened to it.
+    #[derive(Default)]
+    struct FakeSandbox {
+        seen: Arc<Mutex<Vec<Seen>>>,
+        connections: AtomicU64,
+    }
+
+    impl FakeSandbox {
+        fn seen(&self) -> Vec<Seen> {
+            self.seen.lock().unwrap().clone()
         }
     }
 
-    fn preview() -> (Preview, Vec<PreviewToken>) {
+    async fn sandbox_answer(
+        seen: Arc<Mutex<Vec<Seen>>>,
+        mut request: Request<Incoming>,
+    ) -> std::result::Result<Response<Full<Bytes>>, std::convert::Infallible> {
+        seen.lock().unwrap().push(Seen {
+            target: request.uri().to_string(),
+            headers: request
+                .headers()
+                .iter()
+                .map(|(n, v)| (n.to_string(), String::from_utf8_lossy(v.as_bytes()).into()))
+                .collect(),
+        });
+        if request.headers().contains_key(UPGRADE) {
+            let upgraded = hyper::upgrade::on(&mut request);
+            tokio::spawn(async move {
+                if let Ok(io) = upgraded.await {
+                    let (mut from, mut to) = tokio::io::split(TokioIo::new(io));
+                    let _ = tokio::io::copy(&mut from, &mut to).await;
+                }
+            });
+            let mut answer = Response::new(Full::new(Bytes::new()));
+            *answer.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+            let headers = answer.headers_mut();
+            headers.insert(UPGRADE, HeaderValue::from_static("echo"));
+            headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+            return Ok(answer);
+        }
+        let mut answer = Response::new(Full::new(Bytes::from(request.uri().to_string())));
+        answer
+            .headers_mut()
+            .insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        Ok(answer)
+    }
+
+    #[async_trait]
+    impl Upstream for FakeSandbox {
+        async fn connect(
+            &self,
+            _port: u16,
+        ) -> std::result::Result<Box<dyn AgentIo>, UpstreamError> {
+            self.connections.fetch_add(1, Ordering::SeqCst);
+            let (ours, theirs) = tokio::io::duplex(64 * 1024);
+            let seen = self.seen.clone();
+            let service =
+                hyper::service::service_fn(move |request| sandbox_answer(seen.clone(), request));
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(theirs), service)
+                    .with_upgrades(),
+            );
+            Ok(Box::new(ours))
+        }
+    }
+
+    const HEADER: &str = "X-Blaxel-Preview-Token";
+    const QUERY: &str = "bl_preview_token";
+
+    /// A preview of port 3000 of `sandbox` with `limits`, private unless `public`.
+    async fn preview_of(
+        sandbox: &Arc<FakeSandbox>,
+        public: bool,
+        limits: PreviewLimits,
+    ) -> (PreviewSet, Preview) {
+        let set = PreviewSet::default();
         let mut options = PreviewOptions::default();
         options.port = 3000;
-        options.token_header = "X-Blaxel-Preview-Token".into();
-        options.token_query = "bl_preview_token".into();
-        describe(&options, "http://x".into(), "x".into())
+        options.public = public;
+        options.token_header = HEADER.into();
+        options.token_query = QUERY.into();
+        let preview = set
+            .expose(options, limits, sandbox.clone())
+            .await
+            .expect("expose");
+        (set, preview)
     }
 
-    fn ok(head: &[u8], p: &Preview, tokens: &[PreviewToken]) -> bool {
-        check(head, p, tokens).is_ok()
+    type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+
+    /// A kept-alive client connection to `host`.
+    async fn client(host: &str) -> Sender {
+        let tcp = TcpStream::connect(host).await.expect("connect the preview");
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .expect("handshake");
+        tokio::spawn(connection.with_upgrades());
+        sender
     }
 
-    #[test]
-    fn tokens_are_accepted_in_the_header_or_the_query() {
-        let (p, tokens) = preview();
-        let t = &tokens[0].value;
-        let by_header = format!("GET / HTTP/1.1\r\nHost: x\r\nx-blaxel-preview-token: {t}\r\n\r\n");
-        let by_query = format!("GET /a?b=1&bl_preview_token={t} HTTP/1.1\r\nHost: x\r\n\r\n");
-        assert!(ok(by_header.as_bytes(), &p, &tokens));
-        assert!(ok(by_query.as_bytes(), &p, &tokens));
-        assert!(!ok(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", &p, &tokens));
-        let wrong = "GET / HTTP/1.1\r\nX-Blaxel-Preview-Token: nope\r\n\r\n";
-        assert!(!ok(wrong.as_bytes(), &p, &tokens));
-    }
-
-    /// The token (header or query parameter, however it is encoded) is never forwarded to
-    /// the sandboxed server; everything else in the head is.
-    #[test]
-    fn tokens_are_stripped_before_forwarding() {
-        let (p, tokens) = preview();
-        let t = &tokens[0].value;
-        for head in [
-            format!("GET /a?b=1&bl_preview_token={t}&c=2 HTTP/1.1\r\nHost: x\r\n\r\n"),
-            format!("GET /a?bl%5Fpreview%5Ftoken={t}&b=1&c=2 HTTP/1.1\r\nHost: x\r\n\r\n"),
-            format!("GET /a?b=1&c=2 HTTP/1.1\r\nHost: x\r\nX-Blaxel-Preview-Token: {t}\r\n\r\n"),
-        ] {
-            let accepted = check(head.as_bytes(), &p, &tokens).expect("a live token");
-            let sent = String::from_utf8(accepted.head).unwrap();
-            assert!(!sent.contains(t.as_str()), "{sent}");
-            assert!(!sent.to_ascii_lowercase().contains("preview"), "{sent}");
-            assert!(sent.starts_with("GET /a?b=1&c=2 HTTP/1.1\r\n"), "{sent}");
-            assert!(sent.contains("\r\nHost: x\r\n"), "{sent}");
+    /// `GET target` with `headers` on `sender`: the answer's status, headers and text.
+    async fn get(
+        sender: &mut Sender,
+        target: &str,
+        headers: &[(&str, &str)],
+    ) -> std::result::Result<(StatusCode, HeaderMap, String), hyper::Error> {
+        let mut request = Request::get(target).header("Host", "preview");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
         }
-        // Nor does it travel in another header: a browser's Referer (the URL it came from,
-        // token included) or a cookie.
-        let referred = format!(
-            "GET /b HTTP/1.1\r\nHost: x\r\nX-Blaxel-Preview-Token: {t}\r\nReferer: http://x/a?bl_preview_token={t}\r\nCookie: s={t}\r\nAccept: */*\r\n\r\n"
+        let exchange = async {
+            sender.ready().await?;
+            let answer = sender
+                .send_request(request.body(Empty::new()).unwrap())
+                .await?;
+            let (parts, body) = answer.into_parts();
+            let text = body.collect().await?.to_bytes();
+            Ok((
+                parts.status,
+                parts.headers,
+                String::from_utf8_lossy(&text).into_owned(),
+            ))
+        };
+        tokio::time::timeout(PATIENCE, exchange)
+            .await
+            .expect("an answer in time")
+    }
+
+    /// Send `bytes` on a new connection to `host` and read until the proxy closes it.
+    async fn raw(host: &str, bytes: &[u8]) -> String {
+        let mut tcp = TcpStream::connect(host).await.expect("connect the preview");
+        tcp.write_all(bytes).await.expect("send");
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(PATIENCE, tcp.read_to_end(&mut got))
+            .await
+            .expect("closed in time");
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    /// With keep-alive, every request on a connection is checked: two with a live token (in
+    /// the header, then in the query) are forwarded on one client connection, the next one
+    /// without a token gets `401`, the connection closes, and the sandbox never sees it.
+    #[tokio::test]
+    async fn every_request_on_a_kept_alive_connection_is_checked() {
+        let sandbox = Arc::new(FakeSandbox::default());
+        let (_set, preview) = preview_of(&sandbox, false, PreviewLimits::default()).await;
+        let token = preview.token.clone().expect("a token").value;
+        let mut sender = client(&preview.host).await;
+        let (status, _, text) = get(&mut sender, "/first", &[(HEADER, &token)])
+            .await
+            .unwrap();
+        assert_eq!((status.as_u16(), text.as_str()), (200, "/first"));
+        let (status, _, text) = get(&mut sender, &format!("/second?{QUERY}={token}"), &[])
+            .await
+            .unwrap();
+        assert_eq!((status.as_u16(), text.as_str()), (200, "/second"));
+        let (status, headers, text) = get(&mut sender, "/third", &[]).await.unwrap();
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{text}");
+        assert_eq!(headers.get(CONNECTION).unwrap(), "close");
+        assert!(
+            get(&mut sender, "/fourth", &[(HEADER, &token)])
+                .await
+                .is_err(),
+            "the connection closed after the refusal"
         );
-        let sent =
-            String::from_utf8(check(referred.as_bytes(), &p, &tokens).unwrap().head).unwrap();
-        assert!(!sent.contains(t.as_str()), "{sent}");
-        assert!(sent.contains("\r\nAccept: */*\r\n"), "{sent}");
-        let only = format!("GET /p?bl_preview_token={t} HTTP/1.0\r\n\r\n");
-        let sent = check(only.as_bytes(), &p, &tokens)
-            .expect("a live token")
-            .head;
-        assert!(sent.starts_with(b"GET /p HTTP/1.0\r\n"));
+        let targets: Vec<String> = sandbox.seen().into_iter().map(|s| s.target).collect();
+        assert_eq!(targets, ["/first", "/second"]);
+        assert_eq!(
+            sandbox.connections.load(Ordering::SeqCst),
+            2,
+            "one upstream connection per forwarded request"
+        );
     }
 
-    #[test]
-    fn expired_tokens_are_refused() {
-        let (p, mut tokens) = preview();
-        tokens[0].expires_at = Some(now_millis() - 1);
-        let t = &tokens[0].value;
-        let req = format!("GET /?bl_preview_token={t} HTTP/1.1\r\n\r\n");
-        assert!(!ok(req.as_bytes(), &p, &tokens));
+    /// The token (header, query parameter however its name is encoded, or inside another
+    /// header or pair) and the hop-by-hop headers never reach the sandbox; everything else
+    /// does, and the sandbox's own hop-by-hop headers never reach the client.
+    #[tokio::test]
+    async fn tokens_and_hop_by_hop_headers_never_reach_the_sandbox() {
+        let sandbox = Arc::new(FakeSandbox::default());
+        let (_set, preview) = preview_of(&sandbox, false, PreviewLimits::default()).await;
+        let t = preview.token.clone().expect("a token").value;
+        let referer = format!("http://preview/a?{QUERY}={t}");
+        let cookie = format!("s={t}");
+        let cases: Vec<(String, Vec<(&str, &str)>)> = vec![
+            (format!("/a?b=1&{QUERY}={t}&c=2"), vec![]),
+            (format!("/a?bl%5Fpreview%5Ftoken={t}&b=1&c=2"), vec![]),
+            (format!("/a?b=1&c=2&other=x{t}"), vec![(HEADER, &t)]),
+            (
+                "/a?b=1&c=2".to_string(),
+                vec![
+                    (HEADER, &t),
+                    ("Referer", &referer),
+                    ("Cookie", &cookie),
+                    ("Accept", "*/*"),
+                    ("Keep-Alive", "timeout=5"),
+                    ("Proxy-Connection", "keep-alive"),
+                    ("Connection", "x-hop"),
+                    ("X-Hop", "1"),
+                ],
+            ),
+        ];
+        for (target, headers) in &cases {
+            let mut sender = client(&preview.host).await;
+            let (status, answer_headers, text) = get(&mut sender, target, headers).await.unwrap();
+            assert_eq!(status, 200, "{target}: {text}");
+            assert_eq!(text, "/a?b=1&c=2", "{target}");
+            assert!(
+                answer_headers.get("keep-alive").is_none(),
+                "{answer_headers:?}"
+            );
+        }
+        let seen = sandbox.seen();
+        assert_eq!(seen.len(), cases.len());
+        for request in &seen {
+            for (name, value) in &request.headers {
+                assert!(!value.contains(&t), "{name}: {value}");
+                let name = name.to_ascii_lowercase();
+                assert!(
+                    ![
+                        HEADER.to_ascii_lowercase().as_str(),
+                        "keep-alive",
+                        "proxy-connection",
+                        "x-hop"
+                    ]
+                    .contains(&name.as_str()),
+                    "{name} reached the sandbox"
+                );
+            }
+            assert!(request
+                .headers
+                .contains(&("connection".to_string(), "close".to_string())));
+        }
+        let last = &seen[3].headers;
+        assert!(
+            last.contains(&("accept".to_string(), "*/*".to_string())),
+            "{last:?}"
+        );
     }
 
-    #[test]
-    fn public_previews_have_no_token() {
+    /// Requests hyper cannot read, or without a live token, are refused and the sandbox is
+    /// never contacted.
+    #[tokio::test]
+    async fn malformed_and_unauthorized_requests_never_reach_the_sandbox() {
+        let sandbox = Arc::new(FakeSandbox::default());
+        let (_set, preview) = preview_of(&sandbox, false, PreviewLimits::default()).await;
+        let t = preview.token.clone().expect("a token").value;
+        let good = format!("{HEADER}: {t}");
+        let cases = [
+            (format!("GET  / HTTP/1.1\r\n{good}\r\n\r\n"), "400"),
+            (
+                format!("GET / HTTP/1.1\r\n{good}\r\nbroken line\r\n\r\n"),
+                "400",
+            ),
+            (format!("G\u{e9}T / HTTP/1.1\r\n{good}\r\n\r\n"), "400"),
+            (
+                format!(
+                    "POST / HTTP/1.1\r\n{good}\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"
+                ),
+                "400",
+            ),
+            (
+                format!("POST / HTTP/1.1\r\n{good}\r\nContent-Length: 1x\r\n\r\n"),
+                "400",
+            ),
+            (
+                format!(
+                    "GET / HTTP/1.1\r\nX-Big: {}\r\n{good}\r\n\r\n",
+                    "a".repeat(MAX_HEAD)
+                ),
+                "431",
+            ),
+            (
+                format!(
+                    "GET / HTTP/1.1\r\nX-Big: {}\r\n{good}\r\n\r\n",
+                    "a".repeat(4 * MAX_HEAD)
+                ),
+                "431",
+            ),
+            ("GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_string(), "401"),
+            (format!("GET /?{QUERY}=nope HTTP/1.1\r\n\r\n"), "401"),
+            (format!("GET /?{QUERY}=%zz{t} HTTP/1.1\r\n\r\n"), "401"),
+            (
+                format!("POST / HTTP/1.1\r\n{good}\r\nTransfer-Encoding: gzip\r\n\r\n"),
+                "400",
+            ),
+            (format!("CONNECT x:1 HTTP/1.1\r\n{good}\r\n\r\n"), "405"),
+        ];
+        for (request, status) in cases {
+            let got = raw(&preview.host, request.as_bytes()).await;
+            let shown = &request[..request.len().min(80)];
+            assert!(
+                got.starts_with(&format!("HTTP/1.1 {status} ")),
+                "{shown:?}: {got:?}"
+            );
+        }
+        assert_eq!(sandbox.connections.load(Ordering::SeqCst), 0);
+    }
+
+    /// A head that does not come whole in time gets `408`; a kept-alive connection with no
+    /// next request is closed at the same bound, without one.
+    #[tokio::test]
+    async fn late_heads_get_408_and_idle_connections_are_closed() {
+        let sandbox = Arc::new(FakeSandbox::default());
+        let limits = PreviewLimits::default().head_timeout_ms(1000);
+        let (_set, preview) = preview_of(&sandbox, true, limits).await;
+        let got = raw(&preview.host, b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ").await;
+        assert!(got.starts_with("HTTP/1.1 408 "), "{got:?}");
+        assert!(
+            got.ends_with("the request head did not arrive in time\n"),
+            "{got:?}"
+        );
+        let got = raw(&preview.host, b"").await;
+        assert!(
+            got.starts_with("HTTP/1.1 408 "),
+            "a connection that sends nothing: {got:?}"
+        );
+        let got = raw(&preview.host, b"GET /once HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(got.starts_with("HTTP/1.1 200 "), "{got:?}");
+        assert!(
+            got.ends_with("/once"),
+            "only the answer, no 408 after it: {got:?}"
+        );
+        assert_eq!(sandbox.seen().len(), 1);
+    }
+
+    /// A public preview forwards without a token; an upgrade becomes a tunnel once the
+    /// sandbox answers `101`, and closing the preview cuts the tunnel.
+    #[tokio::test]
+    async fn upgrades_tunnel_after_101_until_the_preview_closes() {
+        let sandbox = Arc::new(FakeSandbox::default());
+        let (set, preview) = preview_of(&sandbox, true, PreviewLimits::default()).await;
+        let mut sender = client(&preview.host).await;
+        let request = Request::get("/ws")
+            .header("Host", "preview")
+            .header(UPGRADE, "echo")
+            .header(CONNECTION, "Upgrade")
+            .body(Empty::new())
+            .unwrap();
+        let answer = tokio::time::timeout(PATIENCE, sender.send_request(request))
+            .await
+            .expect("in time")
+            .expect("an answer");
+        assert_eq!(answer.status(), StatusCode::SWITCHING_PROTOCOLS);
+        assert_eq!(answer.headers().get(UPGRADE).unwrap(), "echo");
+        let upgraded = tokio::time::timeout(PATIENCE, hyper::upgrade::on(answer))
+            .await
+            .expect("in time")
+            .expect("upgraded");
+        let mut tunnel = TokioIo::new(upgraded);
+        tunnel.write_all(b"ping").await.unwrap();
+        let mut echo = [0u8; 4];
+        tokio::time::timeout(PATIENCE, tunnel.read_exact(&mut echo))
+            .await
+            .expect("in time")
+            .expect("echo");
+        assert_eq!(&echo, b"ping");
+        let seen = sandbox.seen();
+        assert_eq!(seen[0].target, "/ws");
+        set.close(3000).expect("close");
+        let mut rest = Vec::new();
+        let ended = tokio::time::timeout(PATIENCE, tunnel.read_to_end(&mut rest)).await;
+        assert!(ended.is_ok(), "the tunnel ended with its preview");
+    }
+
+    #[tokio::test]
+    async fn public_previews_have_no_token() {
         let mut options = PreviewOptions::default();
         options.port = 1;
         options.public = true;
@@ -1357,93 +1607,24 @@ mod tests {
         assert!(p.token.is_none() && tokens.is_empty());
     }
 
-    /// Hostile heads never panic: each gets the refusal it deserves, and a good token in a
-    /// bad head is still refused.
     #[test]
-    fn malformed_heads_are_refused_not_crashed_on() {
-        let (p, tokens) = preview();
-        let t = tokens[0].value.clone();
-        let good = format!("x-blaxel-preview-token: {t}");
-        let bad = Refusal::Malformed("");
-        let cases: Vec<(String, Option<Refusal>)> = vec![
-            (format!("GET /?tok=%aé HTTP/1.1\r\n{good}\r\n\r\n"), Some(bad)),
-            (format!("GET /?tok=%a HTTP/1.1\r\n{good}\r\n\r\n"), None),
-            (format!("GET /?bl_preview_token=%aé HTTP/1.1\r\n{good}\r\n\r\n"), Some(bad)),
-            ("GET /?bl_preview_token=%zz HTTP/1.1\r\n\r\n".to_string(), Some(bad)),
-            ("GET /?bl_preview_token=% HTTP/1.1\r\n\r\n".to_string(), Some(bad)),
-            ("GET /?bl_preview_token=é%e HTTP/1.1\r\n\r\n".to_string(), Some(bad)),
-            (format!("GET /?%=x&bl_preview_token={t} HTTP/1.1\r\n\r\n"), Some(bad)),
-            ("GET /?bl_preview_token HTTP/1.1\r\n\r\n".to_string(), Some(Refusal::Unauthorized)),
-            (format!("GET /?bl_preview_token={t}#frag HTTP/1.1\r\n\r\n"), None),
-            (format!("GET /?bl%5Fpreview%5Ftoken={t} HTTP/1.1\r\n\r\n"), None),
-            (format!("GET / HTTP/1.1\r\n{good}\r\n"), Some(bad)),
-            (format!("GET / HTTP/1.1\r\n{good}\r\nbroken line\r\n\r\n"), Some(bad)),
-            (format!("GET / HTTP/1.1\r\n{good}\r\n folded: x\r\n\r\n"), Some(bad)),
-            (format!("GET / HTTP/2\r\n{good}\r\n\r\n"), Some(bad)),
-            (format!("GET  / HTTP/1.1\r\n{good}\r\n\r\n"), Some(bad)),
-            (format!("G\u{e9}T / HTTP/1.1\r\n{good}\r\n\r\n"), Some(bad)),
-            ("\r\n\r\n".to_string(), Some(bad)),
-            (format!("POST / HTTP/1.1\r\n{good}\r\nContent-Length: 1x\r\n\r\n"), Some(bad)),
-            (format!("POST / HTTP/1.1\r\n{good}\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"), Some(bad)),
-            (format!("POST / HTTP/1.1\r\n{good}\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"), Some(bad)),
-            (format!("POST / HTTP/1.1\r\n{good}\r\nTransfer-Encoding: gzip\r\n\r\n"), Some(bad)),
-            (format!("POST / HTTP/1.1\r\n{good}\r\nContent-Length: 99999999999999999999999\r\n\r\n"), Some(bad)),
-            (format!("GET / HTTP/1.1\r\n{good}\r\n\r\n"), None),
-        ];
-        for (head, want) in cases {
-            let got = check(head.as_bytes(), &p, &tokens);
-            match (want, &got) {
-                (None, Ok(_)) => {}
-                (Some(Refusal::Malformed(_)), Err(Refusal::Malformed(_))) => {}
-                (Some(Refusal::Unauthorized), Err(Refusal::Unauthorized)) => {}
-                _ => panic!("{head:?}: expected {want:?}, got {got:?}"),
-            }
+    fn tokens_are_stripped_from_queries_however_encoded() {
+        let t = "0123456789abcdef0123456789abcdef";
+        for (query, kept) in [
+            (format!("b=1&{QUERY}={t}&c=2"), "b=1&c=2"),
+            (format!("{QUERY}={t}"), ""),
+            (format!("bl%5Fpreview%5Ftoken={t}&b=1"), "b=1"),
+            (format!("{QUERY}=other&b=1"), "b=1"),
+            (
+                "b=%30123456789abcdef0123456789abcdef&c=2".to_string(),
+                "c=2",
+            ),
+            ("b=1&&c=%zz".to_string(), "b=1&&c=%zz"),
+        ] {
+            assert_eq!(without_token(&query, QUERY, t), kept, "{query}");
         }
-        // Arbitrary bytes after a valid prefix never panic either.
-        let alphabet = b"%a\xc3\xa9:\r\n =&?#+0fZ";
-        let mut seed = 0x2545_f491_u32;
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 17;
-            seed ^= seed << 5;
-            seed
-        };
-        for _ in 0..2000 {
-            let mut head = b"GET /?bl_preview_token=".to_vec();
-            for _ in 0..(next() % 40) {
-                head.push(alphabet[next() as usize % alphabet.len()]);
-            }
-            head.extend_from_slice(b"\r\n\r\n");
-            let _ = check(&head, &p, &tokens);
-        }
-    }
-
-    #[test]
-    fn forwarded_heads_close_after_one_request() {
-        let (p, tokens) = preview();
-        let t = &tokens[0].value;
-        let head = format!(
-            "POST /x HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nx-blaxel-preview-token: {t}\r\nContent-Length: 4\r\n\r\n"
-        );
-        let accepted = check(head.as_bytes(), &p, &tokens).unwrap();
-        let text = String::from_utf8(accepted.head).unwrap();
-        assert!(text.ends_with("Connection: close\r\n\r\n"), "{text}");
-        assert!(!text.to_ascii_lowercase().contains("keep-alive"), "{text}");
-        assert_eq!(accepted.framing, Framing::Length(4));
-        let ws = format!(
-            "GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nx-blaxel-preview-token: {t}\r\n\r\n"
-        );
-        let accepted = check(ws.as_bytes(), &p, &tokens).unwrap();
-        assert_eq!(accepted.framing, Framing::Upgrade);
-        assert!(String::from_utf8(accepted.head)
-            .unwrap()
-            .contains("Connection: upgrade\r\n"));
-        let chunked = format!(
-            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nx-blaxel-preview-token: {t}\r\n\r\n"
-        );
-        assert_eq!(
-            check(chunked.as_bytes(), &p, &tokens).unwrap().framing,
-            Framing::Chunked
-        );
+        assert!(carries(format!("http://x/?{QUERY}={t}").as_bytes(), t));
+        assert!(carries(b"s=%30123456789abcdef0123456789abcdef", t));
+        assert!(!carries(b"s=0123456789abcdef", t));
     }
 }

@@ -1,5 +1,6 @@
 //! Accept loops that survive floods: a connection cap per listener and a pause on
-//! descriptor exhaustion, shared by the preview listeners and `sandcove serve`.
+//! descriptor exhaustion, shared by the preview listeners and `sandcove serve`; and the
+//! bounds those listeners hold a sandbox's answer to ([`UpstreamBounds`]).
 //!
 //! A permit is taken *before* `accept`, so connections beyond the cap wait in the kernel's
 //! backlog instead of costing a descriptor and a task each. When `accept` fails for lack of
@@ -76,6 +77,45 @@ impl Acceptor {
                     self.pause = (self.pause * 2).min(MAX_PAUSE);
                 }
             }
+        }
+    }
+}
+
+/// How long a sandbox may take for the head of its answer to a forwarded request, unless the
+/// listener sets another.
+pub const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The bounds on a sandbox's answer to a request forwarded to one of its ports: the numbers a
+/// listener sets (a preview listener from its `PreviewLimits`, `sandcove serve`'s listeners
+/// from their connection limits). The forwarding that applies them is
+/// `sandcove_agent::forward`; this plain value lives here because the server and the agent
+/// crate both name it and neither may depend on the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UpstreamBounds {
+    /// Longest wait for the answer's head after the last byte of the request the sandbox
+    /// took; also how long the request's own bytes may stop moving.
+    pub answer_timeout: Duration,
+    /// Longest wait for the next byte of the answer's body.
+    pub body_idle: Duration,
+}
+
+impl Default for UpstreamBounds {
+    /// 60 s for the head, 60 s without a byte of the body.
+    fn default() -> Self {
+        UpstreamBounds {
+            answer_timeout: DEFAULT_ANSWER_TIMEOUT,
+            body_idle: Duration::from_secs(60),
+        }
+    }
+}
+
+impl UpstreamBounds {
+    /// Bounds of `answer_timeout` for the head and `body_idle` between body bytes.
+    pub fn new(answer_timeout: Duration, body_idle: Duration) -> Self {
+        UpstreamBounds {
+            answer_timeout,
+            body_idle,
         }
     }
 }

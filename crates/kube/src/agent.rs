@@ -324,7 +324,7 @@ pub(super) async fn tunnel(b: &KubeBackend, id: &str, port: u16) -> Result<Box<d
 }
 
 /// How the previews this process serves reach a sandbox's port: an agent tunnel per
-/// connection. Holds the backend weakly, so previews never keep a dropped backend alive.
+/// forwarded request. Holds the backend weakly, so previews never keep a dropped backend alive.
 pub(super) struct PreviewUpstream {
     backend: Weak<Inner>,
     id: String,

@@ -57,32 +57,31 @@ impl std::fmt::Debug for Upgraded {
     }
 }
 
-/// When an upgraded connection (or a forwarded request's body, see `upstream`) last moved a
-/// byte, in milliseconds after `base`.
-pub(super) struct Activity {
+/// When an upgraded connection last moved a byte, in milliseconds after `base`.
+struct Activity {
     base: Instant,
     last_ms: AtomicU64,
 }
 
 impl Activity {
-    pub(super) fn new() -> Self {
+    fn new() -> Self {
         Activity {
             base: Instant::now(),
             last_ms: AtomicU64::new(0),
         }
     }
 
-    pub(super) fn touch(&self) {
+    fn touch(&self) {
         let ms = self.base.elapsed().as_millis().min(u128::from(u64::MAX)) as u64;
         self.last_ms.fetch_max(ms, Ordering::Relaxed);
     }
 
-    pub(super) fn last(&self) -> Instant {
+    fn last(&self) -> Instant {
         self.base + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
     }
 
     /// Resolves once nothing has moved for `idle`.
-    pub(super) async fn idle_for(&self, idle: Duration) {
+    async fn idle_for(&self, idle: Duration) {
         loop {
             let deadline = self.last() + idle;
             if Instant::now() >= deadline {
