@@ -90,9 +90,9 @@ pub const GAPS: &[Gap] = &[
         alternative: "use the URL in preview.spec.url",
     },
     Gap {
-        key: "preview request_headers/response_headers",
-        feature: "preview request_headers/response_headers",
-        alternative: "set headers in the server running in the sandbox",
+        key: "previews of the same port with other headers",
+        feature: "two named previews of one port with different request_headers/response_headers",
+        alternative: "give both previews the same headers (the runtime has one preview per port), or serve the other headers from another port",
     },
     Gap {
         key: "preview expires/ttl",

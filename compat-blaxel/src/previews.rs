@@ -321,9 +321,6 @@ impl SandboxPreviews {
         if s.prefix_url.is_some() || s.custom_domain.is_some() {
             return Err(gaps::refuse("preview prefix_url/custom_domain"));
         }
-        if s.request_headers.is_some() || s.response_headers.is_some() {
-            return Err(gaps::refuse("preview request_headers/response_headers"));
-        }
         if s.expires.is_some() || s.ttl.is_some() {
             return Err(gaps::refuse("preview expires/ttl"));
         }
@@ -362,22 +359,44 @@ impl SandboxPreviews {
             .values()
             .find(|p| p.spec.port == Some(i64::from(port)))
             .cloned();
+        let request_headers = s.request_headers.clone().unwrap_or_default();
+        let response_headers = s.response_headers.clone().unwrap_or_default();
         let live = match sharing {
             Some(other) if other.spec.public.unwrap_or(false) != public => {
                 return Err(gaps::refuse("public and private previews of the same port"))
             }
+            Some(other)
+                if other.spec.request_headers.clone().unwrap_or_default() != request_headers
+                    || other.spec.response_headers.clone().unwrap_or_default()
+                        != response_headers =>
+            {
+                return Err(gaps::refuse("previews of the same port with other headers"))
+            }
             Some(other) => self.live(&other).await?,
-            None => self
-                .ctx
-                .core
-                .expose_port(
-                    sandcove::PreviewOptions::new(port)
-                        .public(public)
-                        .token_header(TOKEN_HEADER)
-                        .token_query(TOKEN_QUERY),
-                )
-                .await
-                .map_err(unexpected)?,
+            None => {
+                let mut options = sandcove::PreviewOptions::new(port)
+                    .public(public)
+                    .token_header(TOKEN_HEADER)
+                    .token_query(TOKEN_QUERY);
+                // Set by the preview proxy on every request it forwards to the port and on
+                // every answer (CORS headers, say), as Blaxel's preview gateway does.
+                options.request_headers = request_headers;
+                options.response_headers = response_headers;
+                self.ctx
+                    .core
+                    .expose_port(options)
+                    .await
+                    .map_err(|e| match e {
+                        e @ sandcove::Error::InvalidArgument { .. } => {
+                            SandboxAPIError::UnexpectedStatus {
+                                status_code: 400,
+                                content: serde_json::json!({ "error": e.to_string() }).to_string(),
+                                source: Some(Box::new(e)),
+                            }
+                        }
+                        e => unexpected(e),
+                    })?
+            }
         };
         // One annotation per name, set only if still absent: two programs creating one name
         // at once cannot both win.

@@ -203,7 +203,6 @@ async fn preview_gaps_are_refused_first() {
     for spec in [
         json!({"port": 3000, "public": true, "prefix_url": "my-app"}),
         json!({"port": 3000, "public": true, "custom_domain": "x.example"}),
-        json!({"port": 3000, "public": true, "request_headers": {"a": "b"}}),
         json!({"port": 3000, "public": true, "ttl": "1h"}),
     ] {
         let err = sb
@@ -225,6 +224,81 @@ async fn preview_gaps_are_refused_first() {
         .await
         .unwrap_err();
     assert!(matches!(err, blaxel::SandboxAPIError::ValueError { .. }));
+    sb.delete().await.unwrap();
+}
+
+/// `spec.request_headers` reach the sandboxed server on every request and
+/// `spec.response_headers` (CORS, say) every answer, set by the preview proxy; a header the
+/// proxy decides itself is a 400; a second preview of the port must agree on them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preview_headers_are_set_on_requests_and_answers() {
+    let sb = sandbox("pheaders").await;
+    if !common::capabilities().await.previews {
+        eprintln!("LOUD SKIP: the runtime has no previews");
+        sb.delete().await.unwrap();
+        return;
+    }
+    let server = r#"import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = (self.headers.get('X-Inside') or 'none').encode()
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(body)))
+        self.send_header('Access-Control-Allow-Origin', 'https://sandbox.example')
+        self.end_headers()
+        self.wfile.write(body)
+http.server.HTTPServer(('0.0.0.0', 3100), H).serve_forever()
+"#;
+    sb.fs.write("/blaxel/echo.py", server).await.unwrap();
+    sb.process
+        .exec(json!({"name": "echo", "command": "python3 /blaxel/echo.py", "wait_for_ports": [3100], "timeout": 30}))
+        .await
+        .expect("server");
+    let preview = sb
+        .previews
+        .create(json!({"metadata": {"name": "cors"}, "spec": {
+            "port": 3100, "public": true,
+            "request_headers": {"X-Inside": "from the preview"},
+            "response_headers": {"Access-Control-Allow-Origin": "*", "X-Served-By": "preview"},
+        }}))
+        .await
+        .expect("create");
+    let url = preview.spec.url.clone().expect("url");
+    let host = url.strip_prefix("http://").expect("http URL");
+    let host = host.split('/').next().unwrap();
+    let raw = {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(host).await.expect("connect");
+        let req = format!("GET / HTTP/1.0\r\nHost: {host}\r\nX-Inside: from the client\r\n\r\n");
+        stream.write_all(req.as_bytes()).await.expect("send");
+        let mut buf = Vec::new();
+        let _ = stream.read_to_end(&mut buf).await;
+        String::from_utf8_lossy(&buf).to_ascii_lowercase()
+    };
+    assert!(
+        raw.starts_with("http/1.1 200") || raw.starts_with("http/1.0 200"),
+        "{raw}"
+    );
+    assert!(raw.contains("access-control-allow-origin: *\r\n"), "{raw}");
+    assert!(!raw.contains("https://sandbox.example"), "replaced: {raw}");
+    assert!(raw.contains("x-served-by: preview\r\n"), "{raw}");
+    assert!(raw.ends_with("from the preview"), "{raw}");
+    let err = sb
+        .previews
+        .create(json!({"metadata": {"name": "other"}, "spec": {
+            "port": 3100, "public": true, "response_headers": {"X-Other": "1"},
+        }}))
+        .await
+        .unwrap_err();
+    assert!(err.is_not_supported(), "{err}");
+    let err = sb
+        .previews
+        .create(json!({"metadata": {"name": "hop"}, "spec": {
+            "port": 3200, "public": true, "request_headers": {"Transfer-Encoding": "chunked"},
+        }}))
+        .await
+        .unwrap_err();
+    assert_eq!(err.status_code(), Some(400), "{err}");
     sb.delete().await.unwrap();
 }
 

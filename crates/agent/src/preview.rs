@@ -233,6 +233,8 @@ pub fn describe(
             token: tokens.first().cloned(),
             token_header: options.token_header.clone(),
             token_query: options.token_query.clone(),
+            request_headers: options.request_headers.clone(),
+            response_headers: options.response_headers.clone(),
         },
         tokens,
     )
@@ -383,6 +385,7 @@ impl PreviewSet {
                 return Err(Error::invalid(format!("bad token parameter name {name:?}")));
             }
         }
+        options.validate()?;
         let full = || {
             Error::invalid(format!(
                 "the sandbox already exposes {MAX_PREVIEWS} ports: close a preview first"
@@ -833,6 +836,7 @@ impl Connection {
             ));
         }
         strip_hop_by_hop(answer.headers_mut(), switched);
+        set_headers(answer.headers_mut(), &preview.response_headers);
         self.set_phase(Phase::Forwarding {
             number,
             access,
@@ -1182,12 +1186,26 @@ fn outgoing(
             }
         }
     }
+    set_headers(&mut parts.headers, &preview.request_headers);
     if !upgrade {
         parts
             .headers
             .insert(CONNECTION, HeaderValue::from_static("close"));
     }
     Some(Request::from_parts(parts, body))
+}
+
+/// Set each of a preview's `headers` on a forwarded message, replacing what it had under
+/// that name ([`PreviewOptions::validate`] admitted only valid names and values).
+fn set_headers(headers: &mut HeaderMap, set: &BTreeMap<String, String>) {
+    for (name, value) in set {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            headers.insert(name, value);
+        }
+    }
 }
 
 /// `query` without the pairs named `name` and those carrying `token`, however encoded; the
@@ -1405,6 +1423,62 @@ mod tests {
             2,
             "one upstream connection per forwarded request"
         );
+    }
+
+    /// A preview's request headers replace the client's of the same name on the way in; its
+    /// answer headers replace the sandbox's on the way out; settings a proxy cannot honour
+    /// are refused when the preview is made.
+    #[tokio::test]
+    async fn a_previews_headers_are_set_both_ways() {
+        let sandbox = Arc::new(FakeSandbox::default());
+        let set = PreviewSet::default();
+        let options = PreviewOptions::new(3000)
+            .public(true)
+            .request_header("Authorization", "Bearer inside")
+            .request_header("X-Added", "in")
+            .response_header("Access-Control-Allow-Origin", "*")
+            .response_header("Keep-Alive-Not", "x");
+        let preview = set
+            .expose(options, PreviewLimits::default(), sandbox.clone())
+            .await
+            .expect("expose");
+        assert_eq!(preview.response_headers["Access-Control-Allow-Origin"], "*");
+        let mut sender = client(&preview.host).await;
+        let (status, headers, _) = get(&mut sender, "/x", &[("Authorization", "Bearer client")])
+            .await
+            .unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(headers["access-control-allow-origin"], "*");
+        assert_eq!(headers["keep-alive-not"], "x");
+        let seen = sandbox.seen();
+        let header = |name: &str| -> Vec<&str> {
+            seen[0]
+                .headers
+                .iter()
+                .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_str())
+                .collect()
+        };
+        assert_eq!(header("authorization"), ["Bearer inside"]);
+        assert_eq!(header("x-added"), ["in"]);
+        for refused in [
+            PreviewOptions::new(3001).request_header("Host", "elsewhere"),
+            PreviewOptions::new(3001).response_header("Transfer-Encoding", "chunked"),
+            PreviewOptions::new(3001).request_header("X-Bad", "a\r\nInjected: 1"),
+            PreviewOptions::new(3001).request_header("Bad Name", "x"),
+            PreviewOptions::new(3001).request_header("x-sandcove-preview-token", "x"),
+        ] {
+            let e = set
+                .expose(refused.clone(), PreviewLimits::default(), sandbox.clone())
+                .await
+                .expect_err("refused");
+            assert_eq!(
+                e.code(),
+                sandcove_core::ErrorCode::InvalidArgument,
+                "{refused:?}"
+            );
+        }
+        assert_eq!(set.list().len(), 1, "nothing refused was exposed");
     }
 
     /// The token (header, query parameter however its name is encoded, or inside another

@@ -215,6 +215,14 @@ pub struct PreviewOptions {
     pub token_header: String,
     /// Query parameter carrying the token (e.g. `bl_preview_token`).
     pub token_query: String,
+    /// Headers set on every request forwarded to the port (replacing the client's of the same
+    /// name), e.g. an `Authorization` the sandboxed server expects. At most
+    /// [`MAX_PREVIEW_HEADERS`](crate::validate::MAX_PREVIEW_HEADERS); names and values as
+    /// [`PreviewOptions::validate`] checks them.
+    pub request_headers: BTreeMap<String, String>,
+    /// Headers set on every answer the port gives (replacing its own of the same name), e.g.
+    /// CORS's `Access-Control-Allow-Origin`.
+    pub response_headers: BTreeMap<String, String>,
 }
 
 impl Default for PreviewOptions {
@@ -225,6 +233,8 @@ impl Default for PreviewOptions {
             token_ttl: None,
             token_header: "x-sandcove-preview-token".into(),
             token_query: "sandcove_preview_token".into(),
+            request_headers: BTreeMap::new(),
+            response_headers: BTreeMap::new(),
         }
     }
 }
@@ -255,6 +265,12 @@ pub struct Preview {
     pub token_header: String,
     /// Query parameter that carries the token.
     pub token_query: String,
+    /// Headers set on every request forwarded to the port ([`PreviewOptions::request_headers`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub request_headers: BTreeMap<String, String>,
+    /// Headers set on every answer of the port ([`PreviewOptions::response_headers`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub response_headers: BTreeMap<String, String>,
 }
 
 /// Kind of a filesystem change seen by a watch.

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::{CreateOptions, Error, ProcessSpec, Result};
+use crate::{CreateOptions, Error, PreviewOptions, ProcessSpec, Result};
 
 /// The longest lease a sandbox can have (`CreateOptions::timeout`, `set_timeout`).
 pub const MAX_SANDBOX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -80,6 +80,75 @@ impl CreateOptions {
                 return Err(Error::invalid(format!(
                     "home {home:?} must be an absolute path outside the system directories"
                 )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Most headers a preview sets on requests, and on answers.
+pub const MAX_PREVIEW_HEADERS: usize = 32;
+
+/// Longest value of a header a preview sets, in bytes.
+pub const MAX_PREVIEW_HEADER_VALUE: usize = 4096;
+
+/// Headers a preview may not set: they frame the connection or the message (hop-by-hop,
+/// RFC 9110 §7.6.1; `Host`, `Content-Length`), which the proxy itself decides.
+const PREVIEW_RESERVED_HEADERS: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+];
+
+impl PreviewOptions {
+    /// Refuse settings no proxy can honour: more than [`MAX_PREVIEW_HEADERS`] request or
+    /// answer headers, a header name that is not an HTTP token or is one the proxy decides
+    /// (hop-by-hop, `Host`, `Content-Length`, the token header), a value with a control
+    /// character or longer than [`MAX_PREVIEW_HEADER_VALUE`].
+    pub fn validate(&self) -> Result<()> {
+        for (which, headers) in [
+            ("request", &self.request_headers),
+            ("response", &self.response_headers),
+        ] {
+            if headers.len() > MAX_PREVIEW_HEADERS {
+                return Err(Error::invalid(format!(
+                    "a preview sets at most {MAX_PREVIEW_HEADERS} {which} headers"
+                )));
+            }
+            for (name, value) in headers {
+                let token = !name.is_empty()
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+                if !token {
+                    return Err(Error::invalid(format!(
+                        "preview {which} header name {name:?} is not an HTTP token"
+                    )));
+                }
+                let lower = name.to_ascii_lowercase();
+                if PREVIEW_RESERVED_HEADERS.contains(&lower.as_str())
+                    || lower == self.token_header.to_ascii_lowercase()
+                {
+                    return Err(Error::invalid(format!(
+                        "preview {which} header {name:?} is set by the proxy itself"
+                    )));
+                }
+                if value.len() > MAX_PREVIEW_HEADER_VALUE
+                    || value.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f)
+                {
+                    return Err(Error::invalid(format!(
+                        "preview {which} header {name:?} has a value longer than \
+                         {MAX_PREVIEW_HEADER_VALUE} bytes or with a control character"
+                    )));
+                }
             }
         }
         Ok(())

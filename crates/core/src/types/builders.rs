@@ -147,6 +147,18 @@ impl PreviewOptions {
         self.token_query = query.into();
         self
     }
+
+    /// Add one of [`PreviewOptions::request_headers`].
+    pub fn request_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.request_headers.insert(name.into(), value.into());
+        self
+    }
+
+    /// Add one of [`PreviewOptions::response_headers`].
+    pub fn response_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.response_headers.insert(name.into(), value.into());
+        self
+    }
 }
 
 impl WatchOptions {
