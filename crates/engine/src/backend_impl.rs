@@ -1,9 +1,11 @@
 //! The engine as a [`Backend`]: each call checked, then answered from the state directory or
-//! passed to the sandbox's monitor or agent.
+//! passed to the sandbox's monitor or agent (the calls its agent answers, as every runtime
+//! that drives agents passes them: [`AgentBackend`]).
 
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sandcove_agent::forward::AgentBackend;
 use sandcove_core::{
     now_millis, AnnotationUpdate, Backend, ByteStream, Capabilities, CopyOptions, CreateOptions,
     Error, FileStat, ListDirOptions, ListOptions, Metrics, MkdirOptions, Preview, PreviewOptions,
@@ -181,45 +183,37 @@ impl Backend for LocalBackend {
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
-        spec.validate()?;
-        let agent = self.agent(id)?;
-        self.checked(id, agent.spawn(spec).await)
+        AgentBackend::spawn(self, id, spec).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.attach(process).await)
+        AgentBackend::attach(self, id, process).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.write_stdin(process, data).await)
+        AgentBackend::write_stdin(self, id, process, data).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.close_stdin(process).await)
+        AgentBackend::close_stdin(self, id, process).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.signal(process, signal).await)
+        AgentBackend::signal(self, id, process, signal).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.list_processes().await)
+        AgentBackend::list_processes(self, id).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.read_file(path, options).await)
+        AgentBackend::read_file(self, id, path, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
@@ -238,8 +232,7 @@ impl Backend for LocalBackend {
         if engine_bound {
             options.max_bytes = Some(self.max_file_bytes);
         }
-        let agent = self.agent(id)?;
-        match self.checked(id, agent.write_file(path, data, options).await) {
+        match AgentBackend::write_file(self, id, path, data, options).await {
             Err(Error::FileTooLarge { what, limit, .. }) if engine_bound => {
                 Err(Error::FileTooLarge {
                     what,
@@ -260,26 +253,22 @@ impl Backend for LocalBackend {
         path: &str,
         options: ListDirOptions,
     ) -> Result<Vec<FileStat>> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.list_dir(path, options).await)
+        AgentBackend::list_dir(self, id, path, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.stat(path, options).await)
+        AgentBackend::stat(self, id, path, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn mkdir(&self, id: &str, path: &str, options: MkdirOptions) -> Result<FileStat> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.mkdir(path, options).await)
+        AgentBackend::mkdir(self, id, path, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn remove(&self, id: &str, path: &str, options: RemoveOptions) -> Result<()> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.remove(path, options).await)
+        AgentBackend::remove(self, id, path, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
@@ -290,20 +279,17 @@ impl Backend for LocalBackend {
         to: &str,
         options: RenameOptions,
     ) -> Result<FileStat> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.rename(from, to, options).await)
+        AgentBackend::rename(self, id, from, to, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn copy(&self, id: &str, from: &str, to: &str, options: CopyOptions) -> Result<FileStat> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.copy(from, to, options).await)
+        AgentBackend::copy(self, id, from, to, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.chmod(path, mode).await)
+        AgentBackend::chmod(self, id, path, mode).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
@@ -330,20 +316,17 @@ impl Backend for LocalBackend {
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn metrics(&self, id: &str) -> Result<Metrics> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.metrics().await)
+        AgentBackend::metrics(self, id).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.resize_pty(process, size).await)
+        AgentBackend::resize_pty(self, id, process, size).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.watch(path, options).await)
+        AgentBackend::watch(self, id, path, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]

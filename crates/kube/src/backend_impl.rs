@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::PostParams;
+use sandcove_agent::forward::AgentBackend;
 use sandcove_agent::preview::PreviewSet;
 use sandcove_core::{
     AnnotationUpdate, Backend, ByteStream, Capabilities, CopyOptions, CreateOptions, Error,
@@ -316,31 +317,31 @@ impl Backend for KubeBackend {
     }
 
     async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
-        agent::spawn(self, id, spec).await
+        AgentBackend::spawn(self, id, spec).await
     }
 
     async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream> {
-        agent::attach(self, id, process).await
+        AgentBackend::attach(self, id, process).await
     }
 
     async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
-        agent::write_stdin(self, id, process, data).await
+        AgentBackend::write_stdin(self, id, process, data).await
     }
 
     async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()> {
-        agent::close_stdin(self, id, process).await
+        AgentBackend::close_stdin(self, id, process).await
     }
 
     async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
-        agent::signal(self, id, process, signal).await
+        AgentBackend::signal(self, id, process, signal).await
     }
 
     async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
-        agent::list_processes(self, id).await
+        AgentBackend::list_processes(self, id).await
     }
 
     async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream> {
-        agent::read_file(self, id, path, options).await
+        AgentBackend::read_file(self, id, path, options).await
     }
 
     async fn write_file(
@@ -350,7 +351,7 @@ impl Backend for KubeBackend {
         data: ByteStream,
         options: WriteOptions,
     ) -> Result<FileStat> {
-        agent::write_file(self, id, path, data, options).await
+        AgentBackend::write_file(self, id, path, data, options).await
     }
 
     async fn list_dir(
@@ -359,19 +360,19 @@ impl Backend for KubeBackend {
         path: &str,
         options: ListDirOptions,
     ) -> Result<Vec<FileStat>> {
-        agent::list_dir(self, id, path, options).await
+        AgentBackend::list_dir(self, id, path, options).await
     }
 
     async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat> {
-        agent::stat(self, id, path, options).await
+        AgentBackend::stat(self, id, path, options).await
     }
 
     async fn mkdir(&self, id: &str, path: &str, options: MkdirOptions) -> Result<FileStat> {
-        agent::mkdir(self, id, path, options).await
+        AgentBackend::mkdir(self, id, path, options).await
     }
 
     async fn remove(&self, id: &str, path: &str, options: RemoveOptions) -> Result<()> {
-        agent::remove(self, id, path, options).await
+        AgentBackend::remove(self, id, path, options).await
     }
 
     async fn rename(
@@ -381,15 +382,15 @@ impl Backend for KubeBackend {
         to: &str,
         options: RenameOptions,
     ) -> Result<FileStat> {
-        agent::rename(self, id, from, to, options).await
+        AgentBackend::rename(self, id, from, to, options).await
     }
 
     async fn copy(&self, id: &str, from: &str, to: &str, options: CopyOptions) -> Result<FileStat> {
-        agent::copy(self, id, from, to, options).await
+        AgentBackend::copy(self, id, from, to, options).await
     }
 
     async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
-        agent::chmod(self, id, path, mode).await
+        AgentBackend::chmod(self, id, path, mode).await
     }
 
     async fn pause(&self, id: &str) -> Result<SandboxInfo> {
@@ -448,15 +449,15 @@ impl Backend for KubeBackend {
     }
 
     async fn metrics(&self, id: &str) -> Result<Metrics> {
-        agent::metrics(self, id).await
+        AgentBackend::metrics(self, id).await
     }
 
     async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
-        agent::resize_pty(self, id, process, size).await
+        AgentBackend::resize_pty(self, id, process, size).await
     }
 
     async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
-        agent::watch(self, id, path, options).await
+        AgentBackend::watch(self, id, path, options).await
     }
 
     async fn expose_port(&self, id: &str, options: PreviewOptions) -> Result<Preview> {
