@@ -19,9 +19,10 @@
 
 use async_trait::async_trait;
 use sandcove_core::{
-    ByteStream, CopyOptions, Error, FileStat, ListDirOptions, Metrics, MkdirOptions, ProcessInfo,
-    ProcessSelector, ProcessSpec, ProcessStream, PtySize, ReadOptions, RemoveOptions,
-    RenameOptions, Result, Signal, StatOptions, WatchOptions, WatchStream, WriteOptions,
+    ByteStream, ChmodOptions, CopyOptions, Error, FileStat, ListDirOptions, Metrics, MkdirOptions,
+    ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, ReadOptions, RemoveOptions,
+    RenameOptions, ResizePtyOptions, Result, SignalOptions, StatOptions, WatchOptions, WatchStream,
+    WriteOptions, WriteStdinOptions,
 };
 
 use crate::client::RemoteAgent;
@@ -66,9 +67,14 @@ pub trait AgentBackend: Send + Sync {
     }
 
     /// [`Backend::write_stdin`](sandcove_core::Backend::write_stdin).
-    async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
+    async fn write_stdin(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: WriteStdinOptions,
+    ) -> Result<()> {
         let agent = self.agent_for(id).await?;
-        self.agent_result(id, agent.write_stdin(process, data).await)
+        self.agent_result(id, agent.write_stdin(process, options).await)
             .await
     }
 
@@ -80,9 +86,14 @@ pub trait AgentBackend: Send + Sync {
     }
 
     /// [`Backend::signal`](sandcove_core::Backend::signal).
-    async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
+    async fn signal(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: SignalOptions,
+    ) -> Result<()> {
         let agent = self.agent_for(id).await?;
-        self.agent_result(id, agent.signal(process, signal).await)
+        self.agent_result(id, agent.signal(process, options).await)
             .await
     }
 
@@ -165,9 +176,10 @@ pub trait AgentBackend: Send + Sync {
     }
 
     /// [`Backend::chmod`](sandcove_core::Backend::chmod).
-    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
+    async fn chmod(&self, id: &str, path: &str, options: ChmodOptions) -> Result<FileStat> {
         let agent = self.agent_for(id).await?;
-        self.agent_result(id, agent.chmod(path, mode).await).await
+        self.agent_result(id, agent.chmod(path, options).await)
+            .await
     }
 
     /// [`Backend::metrics`](sandcove_core::Backend::metrics).
@@ -177,9 +189,14 @@ pub trait AgentBackend: Send + Sync {
     }
 
     /// [`Backend::resize_pty`](sandcove_core::Backend::resize_pty).
-    async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
+    async fn resize_pty(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: ResizePtyOptions,
+    ) -> Result<()> {
         let agent = self.agent_for(id).await?;
-        self.agent_result(id, agent.resize_pty(process, size).await)
+        self.agent_result(id, agent.resize_pty(process, options).await)
             .await
     }
 

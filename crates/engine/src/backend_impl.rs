@@ -2,16 +2,16 @@
 //! passed to the sandbox's monitor or agent (the calls its agent answers, as every runtime
 //! that drives agents passes them: [`AgentBackend`]).
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use sandcove_agent::forward::AgentBackend;
 use sandcove_core::{
-    now_millis, AnnotationUpdate, Backend, ByteStream, Capabilities, CopyOptions, CreateOptions,
-    Error, FileStat, ListDirOptions, ListOptions, Metrics, MkdirOptions, Preview, PreviewOptions,
-    PreviewToken, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, PtySize, ReadOptions,
-    RemoveOptions, RenameOptions, Result, SandboxInfo, SandboxState, Signal, SnapshotInfo,
-    StatOptions, VolumeInfo, WatchOptions, WatchStream, WriteOptions, DEFAULT_OUTPUT_LIMIT,
+    now_millis, AnnotationUpdate, Backend, ByteStream, Capabilities, ChmodOptions, CopyOptions,
+    CreateOptions, Error, FileStat, ListDirOptions, ListOptions, Metrics, MkdirOptions, Preview,
+    PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessInfo, ProcessSelector, ProcessSpec,
+    ProcessStream, ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions, Result,
+    SandboxInfo, SandboxState, SetLabelsOptions, SetTimeoutOptions, SignalOptions, SnapshotInfo,
+    SnapshotOptions, StatOptions, VolumeInfo, WatchOptions, WatchStream, WriteOptions,
+    WriteStdinOptions, DEFAULT_OUTPUT_LIMIT,
 };
 
 use crate::config::{SandboxDir, UidMapping};
@@ -124,24 +124,21 @@ impl Backend for LocalBackend {
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
-    async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo> {
-        sandcove_core::validate::validate_sandbox_timeout(timeout)?;
+    async fn set_timeout(&self, id: &str, options: SetTimeoutOptions) -> Result<SandboxInfo> {
+        sandcove_core::validate::validate_sandbox_timeout(options.timeout)?;
         self.monitor_info(
             id,
             MonitorRequest::SetTimeout {
-                secs: timeout.as_secs_f64(),
+                secs: options.timeout.as_secs_f64(),
             },
         )
         .await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
-    async fn set_labels(
-        &self,
-        id: &str,
-        labels: std::collections::BTreeMap<String, String>,
-    ) -> Result<SandboxInfo> {
-        sandcove_core::validate::validate_labels(&labels)?;
+    async fn set_labels(&self, id: &str, options: SetLabelsOptions) -> Result<SandboxInfo> {
+        sandcove_core::validate::validate_labels(&options.labels)?;
+        let labels = options.labels;
         self.monitor_info(id, MonitorRequest::SetLabels { labels })
             .await
     }
@@ -192,8 +189,13 @@ impl Backend for LocalBackend {
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
-    async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
-        AgentBackend::write_stdin(self, id, process, data).await
+    async fn write_stdin(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: WriteStdinOptions,
+    ) -> Result<()> {
+        AgentBackend::write_stdin(self, id, process, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
@@ -202,8 +204,13 @@ impl Backend for LocalBackend {
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
-    async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
-        AgentBackend::signal(self, id, process, signal).await
+    async fn signal(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: SignalOptions,
+    ) -> Result<()> {
+        AgentBackend::signal(self, id, process, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
@@ -288,8 +295,8 @@ impl Backend for LocalBackend {
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
-    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
-        AgentBackend::chmod(self, id, path, mode).await
+    async fn chmod(&self, id: &str, path: &str, options: ChmodOptions) -> Result<FileStat> {
+        AgentBackend::chmod(self, id, path, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
@@ -320,8 +327,13 @@ impl Backend for LocalBackend {
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
-    async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
-        AgentBackend::resize_pty(self, id, process, size).await
+    async fn resize_pty(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: ResizePtyOptions,
+    ) -> Result<()> {
+        AgentBackend::resize_pty(self, id, process, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
@@ -373,8 +385,9 @@ impl Backend for LocalBackend {
         &self,
         id: &str,
         port: u16,
-        expires_at: Option<u64>,
+        options: PreviewTokenOptions,
     ) -> Result<PreviewToken> {
+        let expires_at = options.expires_at;
         sandcove_core::validate::validate_token_expiry(expires_at, now_millis())?;
         match self
             .monitor_call(id, MonitorRequest::CreateToken { port, expires_at })
@@ -398,7 +411,7 @@ impl Backend for LocalBackend {
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
-    async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
+    async fn snapshot(&self, id: &str, options: SnapshotOptions) -> Result<SnapshotInfo> {
         if self.unisolated {
             return Err(Error::not_supported(
                 "snapshots without isolation",
@@ -411,7 +424,7 @@ impl Backend for LocalBackend {
             self.pause(id).await?;
         }
         let disk_mib = info.resources.disk_mib.unwrap_or(config::DEFAULT_DISK_MIB);
-        let result = self.capture(id, name, disk_mib).await;
+        let result = self.capture(id, options.name, disk_mib).await;
         if was_running {
             return snapshot_outcome(result, self.resume(id).await.map(|_| ()));
         }
@@ -474,7 +487,9 @@ impl Backend for LocalBackend {
         annotations.append(&mut options.annotations);
         sandcove_core::check_annotations(&annotations)?;
         options.annotations = annotations;
-        let snap = self.snapshot(id, Some(format!("fork of {id}"))).await?;
+        let snap = self
+            .snapshot(id, SnapshotOptions::default().name(format!("fork of {id}")))
+            .await?;
         options.snapshot = Some(snap.id.clone());
         let created = self.create(options).await;
         let _ = self.delete_snapshot(&snap.id).await;

@@ -14,7 +14,7 @@ use super::{agent_token, sandbox_what, AgentReach, Inner, KubeBackend};
 use sandcove_agent::client::{AgentDialer, AgentIo, RemoteAgent, TcpDialer};
 use sandcove_agent::forward::AgentBackend;
 use sandcove_agent::preview::{Upstream, UpstreamError};
-use sandcove_core::{Error, ProcessSelector, Result, Signal};
+use sandcove_core::{Error, ProcessSelector, Result, Signal, SignalOptions};
 
 /// The agent address of a ready Pod.
 fn agent_addr(backend: &KubeBackend, id: &str, pod: &Pod) -> Result<SocketAddr> {
@@ -118,7 +118,10 @@ pub(super) async fn end_every_process(backend: &KubeBackend, id: &str, pod: &Pod
             return Ok(());
         }
         for pid in running {
-            match agent.signal(ProcessSelector::Pid(pid), Signal::Kill).await {
+            match agent
+                .signal(ProcessSelector::Pid(pid), SignalOptions::new(Signal::Kill))
+                .await
+            {
                 Ok(()) => {}
                 // Ended meanwhile.
                 Err(e) if e.is_not_found() => {}

@@ -11,12 +11,13 @@ use kube::api::PostParams;
 use sandcove_agent::forward::AgentBackend;
 use sandcove_agent::preview::PreviewSet;
 use sandcove_core::{
-    AnnotationUpdate, Backend, ByteStream, Capabilities, CopyOptions, CreateOptions, Error,
-    FileStat, ListDirOptions, ListOptions, Metrics, MkdirOptions, NetworkPolicy, OperationId,
-    OperationStatus, Preview, PreviewOptions, PreviewToken, ProcessInfo, ProcessSelector,
-    ProcessSpec, ProcessStream, PtySize, ReadOptions, RemoveOptions, RenameOptions, ResourceKind,
-    Result, SandboxInfo, SandboxState, Signal, SnapshotInfo, StatOptions, Tombstone, UserInfo,
-    VolumeInfo, WatchOptions, WatchStream, WriteOptions,
+    AnnotationUpdate, Backend, ByteStream, Capabilities, ChmodOptions, CopyOptions, CreateOptions,
+    Error, FileStat, ListDirOptions, ListOptions, Metrics, MkdirOptions, NetworkPolicy,
+    OperationId, OperationStatus, Preview, PreviewOptions, PreviewToken, PreviewTokenOptions,
+    ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, ReadOptions, RemoveOptions,
+    RenameOptions, ResizePtyOptions, ResourceKind, Result, SandboxInfo, SandboxState,
+    SetLabelsOptions, SetTimeoutOptions, SignalOptions, SnapshotInfo, SnapshotOptions, StatOptions,
+    Tombstone, UserInfo, VolumeInfo, WatchOptions, WatchStream, WriteOptions, WriteStdinOptions,
 };
 
 use crate::spec::PodRecord;
@@ -230,8 +231,8 @@ impl Backend for KubeBackend {
         Ok(out)
     }
 
-    async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo> {
-        let lease = self.lease_bounds().resolve(timeout)?;
+    async fn set_timeout(&self, id: &str, options: SetTimeoutOptions) -> Result<SandboxInfo> {
+        let lease = self.lease_bounds().resolve(options.timeout)?;
         let max = self.inner.config.max_lifetime.as_millis() as u64;
         let (pod, ends_at) = self
             .update_pod(id, |_, record, _| {
@@ -262,7 +263,8 @@ impl Backend for KubeBackend {
         spec::info_of(&pod).ok_or_else(|| Error::not_found(sandbox_what(id)))
     }
 
-    async fn set_labels(&self, id: &str, labels: BTreeMap<String, String>) -> Result<SandboxInfo> {
+    async fn set_labels(&self, id: &str, options: SetLabelsOptions) -> Result<SandboxInfo> {
+        let labels = options.labels;
         sandcove_core::validate::validate_labels(&labels)?;
         let (pod, ()) = self
             .update_pod(id, |pod, record, _| {
@@ -324,16 +326,26 @@ impl Backend for KubeBackend {
         AgentBackend::attach(self, id, process).await
     }
 
-    async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
-        AgentBackend::write_stdin(self, id, process, data).await
+    async fn write_stdin(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: WriteStdinOptions,
+    ) -> Result<()> {
+        AgentBackend::write_stdin(self, id, process, options).await
     }
 
     async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()> {
         AgentBackend::close_stdin(self, id, process).await
     }
 
-    async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
-        AgentBackend::signal(self, id, process, signal).await
+    async fn signal(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: SignalOptions,
+    ) -> Result<()> {
+        AgentBackend::signal(self, id, process, options).await
     }
 
     async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
@@ -389,8 +401,8 @@ impl Backend for KubeBackend {
         AgentBackend::copy(self, id, from, to, options).await
     }
 
-    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
-        AgentBackend::chmod(self, id, path, mode).await
+    async fn chmod(&self, id: &str, path: &str, options: ChmodOptions) -> Result<FileStat> {
+        AgentBackend::chmod(self, id, path, options).await
     }
 
     async fn pause(&self, id: &str) -> Result<SandboxInfo> {
@@ -452,8 +464,13 @@ impl Backend for KubeBackend {
         AgentBackend::metrics(self, id).await
     }
 
-    async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
-        AgentBackend::resize_pty(self, id, process, size).await
+    async fn resize_pty(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: ResizePtyOptions,
+    ) -> Result<()> {
+        AgentBackend::resize_pty(self, id, process, options).await
     }
 
     async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
@@ -511,8 +528,9 @@ impl Backend for KubeBackend {
         &self,
         id: &str,
         port: u16,
-        expires_at: Option<u64>,
+        options: PreviewTokenOptions,
     ) -> Result<PreviewToken> {
+        let expires_at = options.expires_at;
         sandcove_core::validate::validate_token_expiry(expires_at, sandcove_core::now_millis())?;
         self.live_pod(id).await?;
         self.previews_or_not_found(id, port)?
@@ -525,7 +543,7 @@ impl Backend for KubeBackend {
             .revoke_token(port, token)
     }
 
-    async fn snapshot(&self, id: &str, _name: Option<String>) -> Result<SnapshotInfo> {
+    async fn snapshot(&self, id: &str, _options: SnapshotOptions) -> Result<SnapshotInfo> {
         self.live_pod(id).await?;
         Err(snapshots_refused())
     }
