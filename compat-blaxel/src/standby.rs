@@ -28,10 +28,11 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::Stream;
 use sandcove::{
-    Backend, ByteStream, CopyOptions, CreateOptions, FileStat, Layer, ListDirOptions, MkdirOptions,
-    Preview, PreviewOptions, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, PtySize,
-    ReadOptions, RemoveOptions, RenameOptions, Result, SandboxInfo, SandboxState, Signal,
-    SnapshotInfo, StatOptions, WatchOptions, WatchStream, WriteOptions,
+    Backend, ByteStream, ChmodOptions, CopyOptions, CreateOptions, FileStat, Layer, ListDirOptions,
+    MkdirOptions, Preview, PreviewOptions, ProcessInfo, ProcessSelector, ProcessSpec,
+    ProcessStream, ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions, Result,
+    SandboxInfo, SandboxState, SignalOptions, SnapshotInfo, SnapshotOptions, StatOptions,
+    WatchOptions, WatchStream, WriteOptions, WriteStdinOptions,
 };
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
@@ -280,9 +281,14 @@ impl Layer for Standby {
         ))
     }
 
-    async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
+    async fn write_stdin(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: WriteStdinOptions,
+    ) -> Result<()> {
         let _activity = self.active(id).await;
-        self.inner.write_stdin(id, process, data).await
+        self.inner.write_stdin(id, process, options).await
     }
 
     async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()> {
@@ -290,9 +296,14 @@ impl Layer for Standby {
         self.inner.close_stdin(id, process).await
     }
 
-    async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
+    async fn signal(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: SignalOptions,
+    ) -> Result<()> {
         let _activity = self.active(id).await;
-        self.inner.signal(id, process, signal).await
+        self.inner.signal(id, process, options).await
     }
 
     async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
@@ -361,9 +372,9 @@ impl Layer for Standby {
         self.inner.copy(id, from, to, options).await
     }
 
-    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
+    async fn chmod(&self, id: &str, path: &str, options: ChmodOptions) -> Result<FileStat> {
         let _activity = self.active(id).await;
-        self.inner.chmod(id, path, mode).await
+        self.inner.chmod(id, path, options).await
     }
 
     async fn resume(&self, id: &str) -> Result<SandboxInfo> {
@@ -376,9 +387,14 @@ impl Layer for Standby {
         self.inner.start(id).await
     }
 
-    async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
+    async fn resize_pty(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: ResizePtyOptions,
+    ) -> Result<()> {
         let _activity = self.active(id).await;
-        self.inner.resize_pty(id, process, size).await
+        self.inner.resize_pty(id, process, options).await
     }
 
     async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
@@ -400,9 +416,9 @@ impl Layer for Standby {
         self.inner.close_preview(id, port).await
     }
 
-    async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
+    async fn snapshot(&self, id: &str, options: SnapshotOptions) -> Result<SnapshotInfo> {
         let _activity = self.active(id).await;
-        self.inner.snapshot(id, name).await
+        self.inner.snapshot(id, options).await
     }
 
     async fn fork(&self, id: &str, options: CreateOptions) -> Result<SandboxInfo> {

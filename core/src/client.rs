@@ -10,7 +10,6 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt};
 
-use crate::CopyOptions;
 use crate::{
     capability::{CheckStatus, LeaseBounds},
     Backend, ByteStream, Capabilities, CreateOptions, Error, Feature, FileStat, ListDirOptions,
@@ -19,6 +18,10 @@ use crate::{
     RemoveOptions, RenameOptions, Result, SandboxInfo, Signal, SnapshotInfo, StatOptions,
     VolumeInfo, WatchOptions, WatchStream, WriteOptions, DEFAULT_MEMORY_FILE_BYTES,
     DEFAULT_OUTPUT_LIMIT, MAX_MEMORY_FILE_BYTES,
+};
+use crate::{
+    ChmodOptions, CopyOptions, PreviewTokenOptions, ResizePtyOptions, SetLabelsOptions,
+    SetTimeoutOptions, SignalOptions, SnapshotOptions, WriteStdinOptions,
 };
 
 /// Env var naming a remote `sandcove serve` to use instead of the embedded engine.
@@ -340,7 +343,10 @@ impl Sandbox {
             .lease
             .unwrap_or_else(LeaseBounds::engine);
         let resolved = bounds.resolve(timeout)?;
-        let info = self.backend.set_timeout(&self.id, resolved).await?;
+        let info = self
+            .backend
+            .set_timeout(&self.id, SetTimeoutOptions::new(resolved))
+            .await?;
         Ok(Renewal {
             info,
             requested: timeout,
@@ -404,7 +410,7 @@ impl Sandbox {
         data: impl Into<Vec<u8>>,
     ) -> Result<()> {
         self.backend
-            .write_stdin(&self.id, process, data.into())
+            .write_stdin(&self.id, process, WriteStdinOptions::new(data))
             .await
     }
 
@@ -415,18 +421,24 @@ impl Sandbox {
 
     /// Signal the process group of a process found by pid or tag.
     pub async fn signal(&self, process: ProcessSelector, signal: Signal) -> Result<()> {
-        self.backend.signal(&self.id, process, signal).await
+        self.backend
+            .signal(&self.id, process, SignalOptions::new(signal))
+            .await
     }
 
     /// Resize the pseudo-terminal of a process found by pid or tag.
     pub async fn resize_pty(&self, process: ProcessSelector, size: PtySize) -> Result<()> {
         self.require(Feature::Pty).await?;
-        self.backend.resize_pty(&self.id, process, size).await
+        self.backend
+            .resize_pty(&self.id, process, ResizePtyOptions::new(size))
+            .await
     }
 
     /// Replace the sandbox's labels.
     pub async fn set_labels(&self, labels: BTreeMap<String, String>) -> Result<SandboxInfo> {
-        self.backend.set_labels(&self.id, labels).await
+        self.backend
+            .set_labels(&self.id, SetLabelsOptions::new(labels))
+            .await
     }
 
     /// Update the sandbox's annotations atomically (see [`Backend::update_annotations`]);
@@ -506,8 +518,10 @@ impl Sandbox {
     ) -> Result<PreviewToken> {
         crate::validate::validate_token_expiry(expires_at, crate::now_millis())?;
         self.require(Feature::Previews).await?;
+        let mut options = PreviewTokenOptions::default();
+        options.expires_at = expires_at;
         self.backend
-            .create_preview_token(&self.id, port, expires_at)
+            .create_preview_token(&self.id, port, options)
             .await
     }
 
@@ -527,7 +541,9 @@ impl Sandbox {
     /// still returned, with [`SnapshotInfo::source_resume_error`] set.
     pub async fn snapshot(&self, name: Option<String>) -> Result<SnapshotInfo> {
         self.require(Feature::Snapshots).await?;
-        self.backend.snapshot(&self.id, name).await
+        let mut options = SnapshotOptions::default();
+        options.name = name;
+        self.backend.snapshot(&self.id, options).await
     }
 
     /// A new sandbox with a copy of this one's files (not its processes).
@@ -727,7 +743,9 @@ impl Sandbox {
 
     /// Change permission bits.
     pub async fn chmod(&self, path: &str, mode: u32) -> Result<FileStat> {
-        self.backend.chmod(&self.id, path, mode).await
+        self.backend
+            .chmod(&self.id, path, ChmodOptions::new(mode))
+            .await
     }
 }
 
@@ -768,7 +786,7 @@ impl ProcessHandle {
             .write_stdin(
                 &self.sandbox_id,
                 ProcessSelector::Pid(self.pid),
-                data.into(),
+                WriteStdinOptions::new(data),
             )
             .await
     }
@@ -783,7 +801,11 @@ impl ProcessHandle {
     /// Signal the process group.
     pub async fn signal(&self, signal: Signal) -> Result<()> {
         self.backend
-            .signal(&self.sandbox_id, ProcessSelector::Pid(self.pid), signal)
+            .signal(
+                &self.sandbox_id,
+                ProcessSelector::Pid(self.pid),
+                SignalOptions::new(signal),
+            )
             .await
     }
 
@@ -796,7 +818,11 @@ impl ProcessHandle {
     pub async fn resize_pty(&self, size: PtySize) -> Result<()> {
         self.backend.ready().await?.require(Feature::Pty)?;
         self.backend
-            .resize_pty(&self.sandbox_id, ProcessSelector::Pid(self.pid), size)
+            .resize_pty(
+                &self.sandbox_id,
+                ProcessSelector::Pid(self.pid),
+                ResizePtyOptions::new(size),
+            )
             .await
     }
 
@@ -1048,7 +1074,7 @@ impl tokio::io::AsyncWrite for ProcessStdin {
         this.in_flight = Some(
             async move {
                 backend
-                    .write_stdin(&id, ProcessSelector::Pid(pid), data)
+                    .write_stdin(&id, ProcessSelector::Pid(pid), WriteStdinOptions::new(data))
                     .await
             }
             .boxed(),

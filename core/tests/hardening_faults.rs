@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use sandcove::{
     Backend, ByteStream, Client, Command, ErrorCode, ListOptions, LocalBackend, ProcessEvent,
-    ProcessSpec, Resources, SandboxState, Signal, WriteOptions,
+    ProcessSpec, Resources, SandboxState, SetTimeoutOptions, Signal, SignalOptions, WriteOptions,
 };
 use sandcove_conformance::unique;
 
@@ -140,7 +140,7 @@ async fn sandboxes_outlive_a_killed_creator_and_end_at_their_lease() {
     // (by the new program), so a slow machine cannot end it before the checks above.
     for id in &ids {
         let info = again
-            .set_timeout(id, Duration::from_secs(1))
+            .set_timeout(id, SetTimeoutOptions::new(Duration::from_secs(1)))
             .await
             .expect("shorten the lease");
         assert!(
@@ -611,7 +611,11 @@ async fn a_process_ignoring_sigterm_is_ended_by_destroy() {
     .await;
     for s in [Signal::Term, Signal::Int, Signal::Hup] {
         env.backend
-            .signal(&id, sandcove::ProcessSelector::Tag("stubborn".into()), s)
+            .signal(
+                &id,
+                sandcove::ProcessSelector::Tag("stubborn".into()),
+                SignalOptions::new(s),
+            )
             .await
             .unwrap();
     }

@@ -18,7 +18,7 @@ mod common;
 
 use std::time::Duration;
 
-use sandcove::{Command, ErrorCode, ProcessSpec, Resources};
+use sandcove::{ChmodOptions, Command, ErrorCode, ProcessSpec, Resources};
 use sandcove_conformance::{run, unique};
 
 use common::Env;
@@ -287,7 +287,7 @@ async fn file_api_refuses_proc_under_other_names() {
                 leaks.push(format!("stat {path}: {st:?}"));
             }
         }
-        if b.chmod(&id, path, 0o777).await.is_ok() {
+        if b.chmod(&id, path, ChmodOptions::new(0o777)).await.is_ok() {
             leaks.push(format!("chmod {path}"));
         }
         if b.watch(&id, path, Default::default()).await.is_ok() {

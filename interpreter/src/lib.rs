@@ -59,7 +59,7 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use sandcove::{
     Backend, Command, Error, ProcessEvent, ProcessSelector, ProcessSpec, ProcessStream, Result,
-    Signal,
+    Signal, SignalOptions, WriteStdinOptions,
 };
 use tokio::time::Instant;
 
@@ -584,7 +584,11 @@ impl Interpreter {
     async fn signal_pid(&self, pid: u32, signal: Signal) -> Result<()> {
         match self
             .backend
-            .signal(&self.sandbox_id, ProcessSelector::Pid(pid), signal)
+            .signal(
+                &self.sandbox_id,
+                ProcessSelector::Pid(pid),
+                SignalOptions::new(signal),
+            )
             .await
         {
             Err(e) if e.is_not_found() => Ok(()),
@@ -759,7 +763,11 @@ impl Context {
             };
             match interp
                 .backend
-                .write_stdin(&interp.sandbox_id, ProcessSelector::Pid(pid), line.clone())
+                .write_stdin(
+                    &interp.sandbox_id,
+                    ProcessSelector::Pid(pid),
+                    WriteStdinOptions::new(line.clone()),
+                )
                 .await
             {
                 Ok(()) => break (generation, pid, reader),
@@ -824,7 +832,11 @@ impl Context {
         let interp = self.interp();
         interp
             .backend
-            .signal(&interp.sandbox_id, ProcessSelector::Tag(tag), Signal::Int)
+            .signal(
+                &interp.sandbox_id,
+                ProcessSelector::Tag(tag),
+                SignalOptions::new(Signal::Int),
+            )
             .await
     }
 
@@ -1072,7 +1084,7 @@ impl Run {
                     .write_stdin(
                         &interp.sandbox_id,
                         ProcessSelector::Pid(self.pid),
-                        line.into_bytes(),
+                        WriteStdinOptions::new(line),
                     )
                     .await
                 {

@@ -16,9 +16,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use sandcove::{
-    Backend, Command, CreateOptions, ErrorCode, ListDirOptions, MkdirOptions, NetworkPolicy,
-    Output, PreviewOptions, ProcessSelector, ProcessSpec, PtySize, RemoveOptions, Resources,
-    Signal, VolumeMount, WatchOptions, WriteOptions,
+    Backend, ChmodOptions, Command, CreateOptions, ErrorCode, ListDirOptions, MkdirOptions,
+    NetworkPolicy, Output, PreviewOptions, PreviewTokenOptions, ProcessSelector, ProcessSpec,
+    PtySize, RemoveOptions, ResizePtyOptions, Resources, SetTimeoutOptions, Signal, SignalOptions,
+    SnapshotOptions, VolumeMount, WatchOptions, WriteOptions, WriteStdinOptions,
 };
 use sandcove_conformance::{run, unique};
 
@@ -207,7 +208,7 @@ async fn a_sandbox_of_another_protocol_version_is_listed_refused_and_destroyed()
             .map(|_| ())
             .unwrap_err(),
         env.backend
-            .set_timeout(old, Duration::from_secs(60))
+            .set_timeout(old, SetTimeoutOptions::new(Duration::from_secs(60)))
             .await
             .map(|_| ())
             .unwrap_err(),
@@ -478,7 +479,10 @@ async fn system_directories_cannot_be_changed() {
         refused += 2;
     }
     let attempts = [
-        env.backend.chmod(&id, "/usr/bin/env", 0o777).await.err(),
+        env.backend
+            .chmod(&id, "/usr/bin/env", ChmodOptions::new(0o777))
+            .await
+            .err(),
         env.backend
             .remove(&id, "/usr/bin/env", RemoveOptions::default())
             .await
@@ -860,7 +864,7 @@ async fn the_snapshot_helper_loads_nothing_the_sandbox_wrote() {
         return;
     }
     // Whatever the snapshot's outcome, its helper must not have run the sandbox's code.
-    let _ = b.snapshot(&id, None).await;
+    let _ = b.snapshot(&id, SnapshotOptions::default()).await;
     match read_all(b, &id, "/tmp/proof").await {
         Err(_) => {}
         Ok(proof) => panic!(
@@ -1280,7 +1284,10 @@ async fn generated_paths_never_touch_host_files() {
                     .await
                     .map(drop)
             }
-            "chmod" => b.chmod(&id, &path, 0o777).await.map(drop),
+            "chmod" => b
+                .chmod(&id, &path, ChmodOptions::new(0o777))
+                .await
+                .map(drop),
             "read" => match read_all(b, &id, &path).await {
                 Ok(content) => {
                     assert_ne!(
@@ -1415,7 +1422,7 @@ async fn symlink_swapped_during_file_calls_never_reaches_the_host() {
                 .await
                 .map(drop),
             _ => b
-                .chmod(&id, "/workspace/race/x/secret", 0o777)
+                .chmod(&id, "/workspace/race/x/secret", ChmodOptions::new(0o777))
                 .await
                 .map(drop),
         };
@@ -1948,16 +1955,25 @@ async fn unknown_and_malformed_ids_are_not_found_everywhere() {
             }};
         }
         check!(b.get(id), "get");
-        check!(b.set_timeout(id, Duration::from_secs(5)), "set_timeout");
+        check!(
+            b.set_timeout(id, SetTimeoutOptions::new(Duration::from_secs(5))),
+            "set_timeout"
+        );
         check!(b.destroy(id), "destroy");
         check!(
             b.spawn(id, ProcessSpec::new(Command::argv(["true"]))),
             "spawn"
         );
         check!(b.attach(id, sel()), "attach");
-        check!(b.write_stdin(id, sel(), b"x".to_vec()), "write_stdin");
+        check!(
+            b.write_stdin(id, sel(), WriteStdinOptions::new(b"x")),
+            "write_stdin"
+        );
         check!(b.close_stdin(id, sel()), "close_stdin");
-        check!(b.signal(id, sel(), Signal::Kill), "signal");
+        check!(
+            b.signal(id, sel(), SignalOptions::new(Signal::Kill)),
+            "signal"
+        );
         check!(b.list_processes(id), "list_processes");
         check!(
             b.read_file(id, "/etc/hostname", Default::default()),
@@ -1978,20 +1994,27 @@ async fn unknown_and_malformed_ids_are_not_found_everywhere() {
             "remove"
         );
         check!(b.rename(id, "/a", "/b", Default::default()), "rename");
-        check!(b.chmod(id, "/", 0o777), "chmod");
+        check!(b.chmod(id, "/", ChmodOptions::new(0o777)), "chmod");
         check!(b.pause(id), "pause");
         check!(b.resume(id), "resume");
         check!(b.metrics(id), "metrics");
         check!(
-            b.resize_pty(id, sel(), PtySize { cols: 80, rows: 24 }),
+            b.resize_pty(
+                id,
+                sel(),
+                ResizePtyOptions::new(PtySize { cols: 80, rows: 24 })
+            ),
             "resize_pty"
         );
         check!(b.watch(id, "/workspace", WatchOptions::default()), "watch");
         check!(b.expose_port(id, PreviewOptions::new(80)), "expose_port");
         check!(b.list_previews(id), "list_previews");
         check!(b.close_preview(id, 80), "close_preview");
-        check!(b.create_preview_token(id, 80, None), "create_preview_token");
-        check!(b.snapshot(id, None), "snapshot");
+        check!(
+            b.create_preview_token(id, 80, PreviewTokenOptions::default()),
+            "create_preview_token"
+        );
+        check!(b.snapshot(id, SnapshotOptions::default()), "snapshot");
         check!(b.fork(id, CreateOptions::default()), "fork");
         check!(b.delete_snapshot(id), "delete_snapshot");
         assert!(
@@ -2055,7 +2078,7 @@ async fn bad_paths_timeouts_and_names_are_refused_and_change_nothing() {
                     .await,
             ),
             code_of(b.rename(&id, "/workspace", path, Default::default()).await),
-            code_of(b.chmod(&id, path, 0o777).await),
+            code_of(b.chmod(&id, path, ChmodOptions::new(0o777)).await),
             code_of(b.watch(&id, path, WatchOptions::default()).await),
         ];
         for (i, code) in results.iter().enumerate() {
@@ -2074,7 +2097,7 @@ async fn bad_paths_timeouts_and_names_are_refused_and_change_nothing() {
         Duration::from_secs(400 * 24 * 3600),
     ] {
         assert_eq!(
-            code_of(b.set_timeout(&id, t).await),
+            code_of(b.set_timeout(&id, SetTimeoutOptions::new(t)).await),
             Some(ErrorCode::InvalidArgument),
             "{t:?}"
         );

@@ -11,7 +11,9 @@ use crate::hardening_common as common;
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
-use sandcove::{Command, CopyOptions, ErrorCode, FileKind, ListDirOptions, ProcessSpec};
+use sandcove::{
+    Command, CopyOptions, ErrorCode, FileKind, ListDirOptions, ProcessSpec, SignalOptions,
+};
 use sandcove_conformance::{eventually, names_in, unique};
 
 use common::{bash, Canaries, Env};
@@ -244,7 +246,7 @@ async fn copy_racing_swapped_directories_stays_in_the_tree() {
     b.signal(
         &id,
         sandcove::ProcessSelector::Pid(racer_proc.pid),
-        sandcove::Signal::Kill,
+        SignalOptions::new(sandcove::Signal::Kill),
     )
     .await
     .expect("stop the racer");

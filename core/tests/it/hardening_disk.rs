@@ -9,6 +9,7 @@ use crate::hardening_common as common;
 use std::os::unix::fs::MetadataExt;
 
 use sandcove::ErrorCode;
+use sandcove::SnapshotOptions;
 use sandcove_conformance::unique;
 
 use common::{bash, Env};
@@ -48,7 +49,11 @@ async fn sparse_files_are_snapshotted_and_forked_sparse() {
     assert_eq!(made.stdout_lossy(), "made\n", "{made:?}");
 
     let started = std::time::Instant::now();
-    let snap = env.backend.snapshot(&id, None).await.expect("snapshot");
+    let snap = env
+        .backend
+        .snapshot(&id, SnapshotOptions::default())
+        .await
+        .expect("snapshot");
     let tar = env.dir.join("snapshots").join(format!("{}.tar", snap.id));
     assert!(
         snap.size < 4 << 20,
@@ -121,7 +126,7 @@ async fn a_snapshot_over_the_disk_bound_is_refused_and_leaves_nothing() {
     .await;
     assert_eq!(made.stdout_lossy(), "made\n", "{made:?}");
     let limit = (DISK_MIB << 20) + (2 << 20);
-    match env.backend.snapshot(&id, None).await {
+    match env.backend.snapshot(&id, SnapshotOptions::default()).await {
         Err(sandcove::Error::FileTooLarge { limit: l, what, .. }) => {
             assert_eq!(l, limit, "the bound named");
             assert!(what.contains(&id), "{what}");
@@ -152,7 +157,7 @@ async fn a_snapshot_over_the_disk_bound_is_refused_and_leaves_nothing() {
     assert_eq!(out.stdout_lossy(), "ok\n", "{out:?}");
     let snap = env
         .backend
-        .snapshot(&id, None)
+        .snapshot(&id, SnapshotOptions::default())
         .await
         .expect("under the bound");
     assert!(snap.size <= limit && snap.size > 15 << 20, "{}", snap.size);

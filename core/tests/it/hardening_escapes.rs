@@ -11,7 +11,7 @@ use crate::hardening_common as common;
 
 use std::path::PathBuf;
 
-use sandcove::{Command, ErrorCode, ProcessSpec, VolumeMount};
+use sandcove::{Command, ErrorCode, ProcessSpec, SnapshotOptions, VolumeMount};
 use sandcove_conformance::{run, unique};
 
 use common::{bash, Canaries, Env};
@@ -401,7 +401,10 @@ async fn snapshots_and_forks_cut_off_midway_leave_nothing_behind() {
                     .await
                     .map(|info| info.id)
             } else {
-                backend.snapshot(&source, None).await.map(|info| info.id)
+                backend
+                    .snapshot(&source, SnapshotOptions::default())
+                    .await
+                    .map(|info| info.id)
             }
         });
         common::eventually(common::PATIENCE, "the archive is being written", || {

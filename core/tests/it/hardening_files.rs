@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use sandcove::{
-    Backend, Command, ErrorCode, FileKind, ListDirOptions, MkdirOptions, ProcessSpec,
+    Backend, ChmodOptions, Command, ErrorCode, FileKind, ListDirOptions, MkdirOptions, ProcessSpec,
     RemoveOptions, WatchOptions, WriteOptions,
 };
 use sandcove_conformance::{run, unique};
@@ -218,12 +218,15 @@ async fn every_file_call_refuses_proc_and_its_magic_links() {
         assert_eq!(code_of(read_all(b, &id, path).await), denied, "read {path}");
     }
     assert_eq!(
-        code_of(b.chmod(&id, "/proc/1/exe", 0o4777).await),
+        code_of(b.chmod(&id, "/proc/1/exe", ChmodOptions::new(0o4777)).await),
         denied,
         "chmod the agent's exe"
     );
     assert_eq!(
-        code_of(b.chmod(&id, "/proc/1/root/workspace/keep", 0o777).await),
+        code_of(
+            b.chmod(&id, "/proc/1/root/workspace/keep", ChmodOptions::new(0o777))
+                .await
+        ),
         denied,
         "chmod through /proc/1/root"
     );

@@ -17,7 +17,8 @@ use futures::StreamExt;
 use sandcove::server::{serve, LocalServer, ServerConfig};
 use sandcove::{
     Backend, ByteStream, Command, CreateOptions, ErrorCode, HttpBackend, HttpOptions,
-    ListDirOptions, ProcessSelector, ProcessSpec, WriteOptions,
+    ListDirOptions, ProcessSelector, ProcessSpec, SetTimeoutOptions, SnapshotOptions, WriteOptions,
+    WriteStdinOptions,
 };
 use sandcove_conformance::unique;
 use serde_json::Value;
@@ -429,12 +430,12 @@ async fn bad_input_through_the_client_keeps_its_error_code() {
         tried += 3;
     }
     let a = direct
-        .set_timeout(&id, Duration::MAX)
+        .set_timeout(&id, SetTimeoutOptions::new(Duration::MAX))
         .await
         .map(drop)
         .expect_err("direct");
     let b = remote
-        .set_timeout(&id, Duration::MAX)
+        .set_timeout(&id, SetTimeoutOptions::new(Duration::MAX))
         .await
         .map(drop)
         .expect_err("remote");
@@ -569,7 +570,11 @@ async fn a_restarted_server_never_hangs_its_client() {
         "read_file"
     );
     while_down!(
-        client.write_stdin(&id, ProcessSelector::Tag("live".into()), b"x".to_vec()),
+        client.write_stdin(
+            &id,
+            ProcessSelector::Tag("live".into()),
+            WriteStdinOptions::new(b"x")
+        ),
         "write_stdin"
     );
 
@@ -890,7 +895,10 @@ async fn calls_on(backend: &dyn Backend, id: &str) -> Vec<(&'static str, Option<
         ("get", backend.get(id).await.err()),
         (
             "set_timeout",
-            backend.set_timeout(id, Duration::from_secs(60)).await.err(),
+            backend
+                .set_timeout(id, SetTimeoutOptions::new(Duration::from_secs(60)))
+                .await
+                .err(),
         ),
         (
             "spawn",
@@ -931,7 +939,10 @@ async fn calls_on(backend: &dyn Backend, id: &str) -> Vec<(&'static str, Option<
         ),
         ("list_previews", backend.list_previews(id).await.err()),
         ("pause", backend.pause(id).await.err()),
-        ("snapshot", backend.snapshot(id, None).await.err()),
+        (
+            "snapshot",
+            backend.snapshot(id, SnapshotOptions::default()).await.err(),
+        ),
         (
             "fork",
             backend.fork(id, CreateOptions::default()).await.err(),

@@ -7,7 +7,7 @@
 
 use crate::hardening_common as common;
 
-use sandcove::{Command, ErrorCode, PreviewOptions, ProcessSpec};
+use sandcove::{Command, ErrorCode, PreviewOptions, PreviewTokenOptions, ProcessSpec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -179,7 +179,7 @@ async fn a_token_revoked_while_the_head_is_in_flight_opens_nothing() {
     // The same with the preview closed (then opened again, with a new token) meanwhile.
     let second = env
         .backend
-        .create_preview_token(&id, PORT, None)
+        .create_preview_token(&id, PORT, PreviewTokenOptions::default())
         .await
         .expect("a second token")
         .value;
@@ -227,7 +227,7 @@ async fn revoking_or_closing_cuts_the_connections_already_let_through() {
     // A streamed answer.
     let doomed = env
         .backend
-        .create_preview_token(&id, PORT, None)
+        .create_preview_token(&id, PORT, PreviewTokenOptions::default())
         .await
         .expect("token")
         .value;
@@ -240,7 +240,7 @@ async fn revoking_or_closing_cuts_the_connections_already_let_through() {
     // An upgraded tunnel, by another token.
     let doomed_too = env
         .backend
-        .create_preview_token(&id, PORT, None)
+        .create_preview_token(&id, PORT, PreviewTokenOptions::default())
         .await
         .expect("token")
         .value;
@@ -322,7 +322,11 @@ async fn an_expiring_token_cuts_the_connections_it_let_through() {
     let expires_at = sandcove::now_millis() + 4_000;
     let short = env
         .backend
-        .create_preview_token(&id, PORT, Some(expires_at))
+        .create_preview_token(
+            &id,
+            PORT,
+            PreviewTokenOptions::default().expires_at(expires_at),
+        )
         .await
         .expect("a short-lived token")
         .value;
@@ -374,7 +378,8 @@ async fn preview_tokens_per_preview_are_bounded() {
         .expect("expose");
     let mut made = Vec::new();
     let refused = loop {
-        let in_a_minute = Some(sandcove::now_millis() + 60_000);
+        let in_a_minute =
+            PreviewTokenOptions::default().expires_at(sandcove::now_millis() + 60_000);
         match env
             .backend
             .create_preview_token(&id, PORT, in_a_minute)
@@ -396,7 +401,7 @@ async fn preview_tokens_per_preview_are_bounded() {
         .await
         .expect("revoke one");
     env.backend
-        .create_preview_token(&id, PORT, None)
+        .create_preview_token(&id, PORT, PreviewTokenOptions::default())
         .await
         .expect("room after a revocation");
     env.backend.destroy(&id).await.expect("destroy");

@@ -9,7 +9,8 @@ use sandcove::backend::http::{frame, IDEMPOTENCY_HEADER, PID_HEADER};
 use sandcove::client::collect;
 use sandcove::{
     Backend, CreateOptions, ErrorCode, HttpBackend, HttpOptions, NetworkPolicy, ProcessEvent,
-    ProcessSpec, Resources, SandboxInfo, SandboxState, UserInfo,
+    ProcessSpec, Resources, SandboxInfo, SandboxState, SetLabelsOptions, SetTimeoutOptions,
+    UserInfo,
 };
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate};
@@ -457,10 +458,16 @@ async fn bad_input_is_refused_before_anything_is_sent() {
         .unwrap_err();
     assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
     let labels = BTreeMap::from([(String::new(), "v".to_string())]);
-    let e = backend.set_labels("sb", labels).await.unwrap_err();
+    let e = backend
+        .set_labels("sb", SetLabelsOptions::new(labels))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
     let e = backend
-        .set_timeout("sb", sandcove::MAX_SANDBOX_TIMEOUT * 2)
+        .set_timeout(
+            "sb",
+            SetTimeoutOptions::new(sandcove::MAX_SANDBOX_TIMEOUT * 2),
+        )
         .await
         .unwrap_err();
     assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use sandcove::server::{LocalServer, ServerConfig};
 use sandcove::{
-    Backend, ByteStream, Client, Command, CopyOptions, Error, FileKind, FileStat, HttpBackend,
-    HttpOptions, ListOptions, LocalBackend, MkdirOptions, OperationId, OperationStatus,
-    ProcessEvent, ProcessSpec, ReadOptions, RemoveOptions, RenameOptions, StatOptions,
-    WriteOptions,
+    Backend, ByteStream, ChmodOptions, Client, Command, CopyOptions, Error, FileKind, FileStat,
+    HttpBackend, HttpOptions, ListOptions, LocalBackend, MkdirOptions, OperationId,
+    OperationStatus, ProcessEvent, ProcessSpec, ReadOptions, RemoveOptions, RenameOptions,
+    StatOptions, WriteOptions,
 };
 use sandcove_conformance::{eventually, sh, test_options, unique, PATIENCE};
 use tokio::io::AsyncReadExt;
@@ -697,7 +697,7 @@ async fn file_changes_repeated_under_their_operation_id_act_once() {
     })
     .await;
     let moded = twice(&OperationId::new(), || {
-        backend.chmod(&id, "/workspace/d/c", 0o600)
+        backend.chmod(&id, "/workspace/d/c", ChmodOptions::new(0o600))
     })
     .await;
     assert_eq!(moded.mode, 0o600);

@@ -10,11 +10,13 @@ use futures::StreamExt;
 use sandcove::backend::http::{IDEMPOTENCY_HEADER, OPENAPI_PATH};
 use sandcove::server::{LocalServer, ServerConfig};
 use sandcove::{
-    Backend, ByteStream, Capabilities, Command, CreateOptions, Error, ErrorCode, FileStat,
-    HttpBackend, ListDirOptions, ListOptions, LocalBackend, Metrics, MkdirOptions, Preview,
-    PreviewOptions, PreviewToken, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream,
-    PtySize, RemoveOptions, ResourceKind, Result, SandboxInfo, Signal, SnapshotInfo, Tombstone,
-    VolumeInfo, WatchOptions, WatchStream, WriteOptions,
+    Backend, ByteStream, Capabilities, ChmodOptions, Command, CreateOptions, Error, ErrorCode,
+    FileStat, HttpBackend, ListDirOptions, ListOptions, LocalBackend, Metrics, MkdirOptions,
+    Preview, PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessInfo, ProcessSelector,
+    ProcessSpec, ProcessStream, PtySize, RemoveOptions, ResizePtyOptions, ResourceKind, Result,
+    SandboxInfo, SetLabelsOptions, SetTimeoutOptions, Signal, SignalOptions, SnapshotInfo,
+    SnapshotOptions, Tombstone, VolumeInfo, WatchOptions, WatchStream, WriteOptions,
+    WriteStdinOptions,
 };
 use sandcove_conformance::{test_options, unique};
 use serde_json::Value;
@@ -50,14 +52,10 @@ impl Backend for Refuser {
     async fn list(&self, _: ListOptions) -> Result<Vec<SandboxInfo>> {
         self.no("list")
     }
-    async fn set_timeout(&self, _: &str, _: Duration) -> Result<SandboxInfo> {
+    async fn set_timeout(&self, _: &str, _: SetTimeoutOptions) -> Result<SandboxInfo> {
         self.no("set_timeout")
     }
-    async fn set_labels(
-        &self,
-        _: &str,
-        _: std::collections::BTreeMap<String, String>,
-    ) -> Result<SandboxInfo> {
+    async fn set_labels(&self, _: &str, _: SetLabelsOptions) -> Result<SandboxInfo> {
         self.no("set_labels")
     }
     async fn destroy(&self, _: &str) -> Result<()> {
@@ -69,13 +67,13 @@ impl Backend for Refuser {
     async fn attach(&self, _: &str, _: ProcessSelector) -> Result<ProcessStream> {
         self.no("attach")
     }
-    async fn write_stdin(&self, _: &str, _: ProcessSelector, _: Vec<u8>) -> Result<()> {
+    async fn write_stdin(&self, _: &str, _: ProcessSelector, _: WriteStdinOptions) -> Result<()> {
         self.no("write_stdin")
     }
     async fn close_stdin(&self, _: &str, _: ProcessSelector) -> Result<()> {
         self.no("close_stdin")
     }
-    async fn signal(&self, _: &str, _: ProcessSelector, _: Signal) -> Result<()> {
+    async fn signal(&self, _: &str, _: ProcessSelector, _: SignalOptions) -> Result<()> {
         self.no("signal")
     }
     async fn list_processes(&self, _: &str) -> Result<Vec<ProcessInfo>> {
@@ -117,7 +115,7 @@ impl Backend for Refuser {
     async fn copy(&self, _: &str, _: &str, _: &str, _: sandcove::CopyOptions) -> Result<FileStat> {
         self.no("copy")
     }
-    async fn chmod(&self, _: &str, _: &str, _: u32) -> Result<FileStat> {
+    async fn chmod(&self, _: &str, _: &str, _: ChmodOptions) -> Result<FileStat> {
         self.no("chmod")
     }
     async fn pause(&self, _: &str) -> Result<SandboxInfo> {
@@ -142,7 +140,7 @@ impl Backend for Refuser {
     async fn metrics(&self, _: &str) -> Result<Metrics> {
         self.no("metrics")
     }
-    async fn resize_pty(&self, _: &str, _: ProcessSelector, _: PtySize) -> Result<()> {
+    async fn resize_pty(&self, _: &str, _: ProcessSelector, _: ResizePtyOptions) -> Result<()> {
         self.no("resize_pty")
     }
     async fn watch(&self, _: &str, _: &str, _: WatchOptions) -> Result<WatchStream> {
@@ -157,13 +155,18 @@ impl Backend for Refuser {
     async fn close_preview(&self, _: &str, _: u16) -> Result<()> {
         self.no("close_preview")
     }
-    async fn create_preview_token(&self, _: &str, _: u16, _: Option<u64>) -> Result<PreviewToken> {
+    async fn create_preview_token(
+        &self,
+        _: &str,
+        _: u16,
+        _: PreviewTokenOptions,
+    ) -> Result<PreviewToken> {
         self.no("create_preview_token")
     }
     async fn revoke_preview_token(&self, _: &str, _: u16, _: &str) -> Result<()> {
         self.no("revoke_preview_token")
     }
-    async fn snapshot(&self, _: &str, _: Option<String>) -> Result<SnapshotInfo> {
+    async fn snapshot(&self, _: &str, _: SnapshotOptions) -> Result<SnapshotInfo> {
         self.no("snapshot")
     }
     async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
@@ -466,7 +469,9 @@ async fn every_client_method_round_trips_the_backends_answer() {
         ("list", c.list(Default::default()).await.map(drop)),
         (
             "set_timeout",
-            c.set_timeout("a", Duration::from_secs(5)).await.map(drop),
+            c.set_timeout("a", SetTimeoutOptions::new(Duration::from_secs(5)))
+                .await
+                .map(drop),
         ),
         (
             "set_labels",
@@ -483,13 +488,17 @@ async fn every_client_method_round_trips_the_backends_answer() {
         ("attach", c.attach("a", sel()).await.map(drop)),
         (
             "write_stdin",
-            c.write_stdin("a", sel(), b"x".to_vec()).await,
+            c.write_stdin("a", sel(), WriteStdinOptions::new(b"x"))
+                .await,
         ),
         (
             "close_stdin",
             c.close_stdin("a", ProcessSelector::Pid(3)).await,
         ),
-        ("signal", c.signal("a", sel(), Signal::Int).await),
+        (
+            "signal",
+            c.signal("a", sel(), SignalOptions::new(Signal::Int)).await,
+        ),
         ("list_processes", c.list_processes("a").await.map(drop)),
         (
             "read_file",
@@ -521,7 +530,10 @@ async fn every_client_method_round_trips_the_backends_answer() {
             "copy",
             c.copy("a", "/d", "/e", Default::default()).await.map(drop),
         ),
-        ("chmod", c.chmod("a", "/d", 0o700).await.map(drop)),
+        (
+            "chmod",
+            c.chmod("a", "/d", ChmodOptions::new(0o700)).await.map(drop),
+        ),
         ("pause", c.pause("a").await.map(drop)),
         ("resume", c.resume("a").await.map(drop)),
         ("stop", c.stop("a").await.map(drop)),
@@ -529,7 +541,12 @@ async fn every_client_method_round_trips_the_backends_answer() {
         ("metrics", c.metrics("a").await.map(drop)),
         (
             "resize_pty",
-            c.resize_pty("a", sel(), PtySize { cols: 1, rows: 1 }).await,
+            c.resize_pty(
+                "a",
+                sel(),
+                ResizePtyOptions::new(PtySize { cols: 1, rows: 1 }),
+            )
+            .await,
         ),
         (
             "watch",
@@ -543,7 +560,9 @@ async fn every_client_method_round_trips_the_backends_answer() {
         ("close_preview", c.close_preview("a", 80).await),
         (
             "create_preview_token",
-            c.create_preview_token("a", 80, Some(5)).await.map(drop),
+            c.create_preview_token("a", 80, PreviewTokenOptions::default().expires_at(5))
+                .await
+                .map(drop),
         ),
         (
             "revoke_preview_token",
@@ -551,7 +570,9 @@ async fn every_client_method_round_trips_the_backends_answer() {
         ),
         (
             "snapshot",
-            c.snapshot("a", Some("n".into())).await.map(drop),
+            c.snapshot("a", SnapshotOptions::default().name("n"))
+                .await
+                .map(drop),
         ),
         ("list_snapshots", c.list_snapshots().await.map(drop)),
         ("delete_snapshot", c.delete_snapshot("s").await),

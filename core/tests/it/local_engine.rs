@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use sandcove::{Backend, Command, ErrorCode, LocalBackend, ProcessSelector, ProcessSpec};
+use sandcove::{
+    Backend, Command, ErrorCode, LocalBackend, ProcessSelector, ProcessSpec, WriteStdinOptions,
+};
 use sandcove_conformance::{
     equals, eventually, host_process_count, run, sh, test_options, unique, PATIENCE,
 };
@@ -71,7 +73,11 @@ async fn second_program_child() {
         .await
         .expect("attach from another program");
     backend
-        .write_stdin(&id, ProcessSelector::Tag("bg".into()), b"hello\n".to_vec())
+        .write_stdin(
+            &id,
+            ProcessSelector::Tag("bg".into()),
+            WriteStdinOptions::new(b"hello\n"),
+        )
         .await
         .expect("stdin from another program");
     let out = sandcove::client::collect(attached, usize::MAX)

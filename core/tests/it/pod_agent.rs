@@ -206,14 +206,10 @@ impl Backend for PodAgents {
             .map(|p| p.info.clone())
             .collect())
     }
-    async fn set_timeout(&self, _id: &str, _timeout: Duration) -> Result<SandboxInfo> {
+    async fn set_timeout(&self, _id: &str, _options: SetTimeoutOptions) -> Result<SandboxInfo> {
         Err(unsupported("set_timeout"))
     }
-    async fn set_labels(
-        &self,
-        _id: &str,
-        _labels: BTreeMap<String, String>,
-    ) -> Result<SandboxInfo> {
+    async fn set_labels(&self, _id: &str, _options: SetLabelsOptions) -> Result<SandboxInfo> {
         Err(unsupported("set_labels"))
     }
     async fn update_annotations(
@@ -237,14 +233,24 @@ impl Backend for PodAgents {
     async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream> {
         self.agent(id)?.attach(process).await
     }
-    async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
-        self.agent(id)?.write_stdin(process, data).await
+    async fn write_stdin(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: WriteStdinOptions,
+    ) -> Result<()> {
+        self.agent(id)?.write_stdin(process, options).await
     }
     async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()> {
         self.agent(id)?.close_stdin(process).await
     }
-    async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
-        self.agent(id)?.signal(process, signal).await
+    async fn signal(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: SignalOptions,
+    ) -> Result<()> {
+        self.agent(id)?.signal(process, options).await
     }
     async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
         self.agent(id)?.list_processes().await
@@ -290,8 +296,8 @@ impl Backend for PodAgents {
     async fn copy(&self, id: &str, from: &str, to: &str, options: CopyOptions) -> Result<FileStat> {
         self.agent(id)?.copy(from, to, options).await
     }
-    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
-        self.agent(id)?.chmod(path, mode).await
+    async fn chmod(&self, id: &str, path: &str, options: ChmodOptions) -> Result<FileStat> {
+        self.agent(id)?.chmod(path, options).await
     }
     async fn pause(&self, _id: &str) -> Result<SandboxInfo> {
         Err(unsupported("pause"))
@@ -308,8 +314,13 @@ impl Backend for PodAgents {
     async fn metrics(&self, id: &str) -> Result<Metrics> {
         self.agent(id)?.metrics().await
     }
-    async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
-        self.agent(id)?.resize_pty(process, size).await
+    async fn resize_pty(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: ResizePtyOptions,
+    ) -> Result<()> {
+        self.agent(id)?.resize_pty(process, options).await
     }
     async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
         self.agent(id)?.watch(path, options).await
@@ -327,14 +338,14 @@ impl Backend for PodAgents {
         &self,
         _id: &str,
         _port: u16,
-        _expires_at: Option<UnixMillis>,
+        _options: PreviewTokenOptions,
     ) -> Result<PreviewToken> {
         Err(unsupported("previews"))
     }
     async fn revoke_preview_token(&self, _id: &str, _port: u16, _token: &str) -> Result<()> {
         Err(unsupported("previews"))
     }
-    async fn snapshot(&self, _id: &str, _name: Option<String>) -> Result<SnapshotInfo> {
+    async fn snapshot(&self, _id: &str, _options: SnapshotOptions) -> Result<SnapshotInfo> {
         Err(unsupported("snapshots"))
     }
     async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
@@ -886,7 +897,10 @@ async fn connections_are_reused_and_a_cancelled_stream_does_not_poison_the_pool(
     agent.ready().await.expect("ping after an error");
     assert_eq!(dials(), before + 1);
     agent
-        .signal(ProcessSelector::Pid(sleeper), Signal::Kill)
+        .signal(
+            ProcessSelector::Pid(sleeper),
+            SignalOptions::new(Signal::Kill),
+        )
         .await
         .expect("end the sleeper");
 }

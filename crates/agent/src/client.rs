@@ -28,9 +28,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::proto::{self, AgentReply, AgentRequest, Hello, PROTOCOL_VERSION};
 use sandcove_core::{ByteStream, ProcessStream, WatchStream};
 use sandcove_core::{
-    CopyOptions, Error, FileStat, ListDirOptions, Metrics, MkdirOptions, ProcessEvent, ProcessInfo,
-    ProcessSelector, ProcessSpec, PtySize, ReadOptions, RemoveOptions, RenameOptions, Result,
-    Signal, StatOptions, WatchOptions, WriteOptions,
+    ChmodOptions, CopyOptions, Error, FileStat, ListDirOptions, Metrics, MkdirOptions,
+    ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, ReadOptions, RemoveOptions,
+    RenameOptions, ResizePtyOptions, Result, SignalOptions, StatOptions, WatchOptions,
+    WriteOptions, WriteStdinOptions,
 };
 
 /// A byte connection to an agent (a TCP or unix stream, or a test double).
@@ -330,7 +331,12 @@ impl RemoteAgent {
     }
 
     /// Write bytes to a process's stdin.
-    pub async fn write_stdin(&self, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
+    pub async fn write_stdin(
+        &self,
+        process: ProcessSelector,
+        options: WriteStdinOptions,
+    ) -> Result<()> {
+        let data = options.data;
         let body: ByteStream = Box::pin(futures::stream::once(async move { Ok(data) }));
         let mut stream = self
             .upload(AgentRequest::WriteStdin { process }, body)
@@ -350,7 +356,8 @@ impl RemoteAgent {
     }
 
     /// Signal a process's group.
-    pub async fn signal(&self, process: ProcessSelector, signal: Signal) -> Result<()> {
+    pub async fn signal(&self, process: ProcessSelector, options: SignalOptions) -> Result<()> {
+        let signal = options.signal;
         self.done_call(AgentRequest::Signal { process, signal })
             .await
     }
@@ -455,10 +462,10 @@ impl RemoteAgent {
     }
 
     /// Change permission bits.
-    pub async fn chmod(&self, path: &str, mode: u32) -> Result<FileStat> {
+    pub async fn chmod(&self, path: &str, options: ChmodOptions) -> Result<FileStat> {
         self.stat_call(AgentRequest::Chmod {
             path: path.to_string(),
-            mode,
+            mode: options.mode,
         })
         .await
     }
@@ -472,7 +479,12 @@ impl RemoteAgent {
     }
 
     /// Resize a process's terminal.
-    pub async fn resize_pty(&self, process: ProcessSelector, size: PtySize) -> Result<()> {
+    pub async fn resize_pty(
+        &self,
+        process: ProcessSelector,
+        options: ResizePtyOptions,
+    ) -> Result<()> {
+        let size = options.size;
         self.done_call(AgentRequest::ResizePty { process, size })
             .await
     }

@@ -1,8 +1,8 @@
 //! What a host needs to drive a sandbox agent it did not start: the agent protocol
-//! ([`proto`]), its client [`client::RemoteAgent`], the preview proxy that serves a sandbox
-//! port over a token-checked listener ([`preview`]) and the bounded forwarding to a sandbox
-//! port it shares with E2B's `get_host` ([`forward`]), and the in-pod agent's contract
-//! ([`pod`]).
+//! ([`proto`]), its client [`client::RemoteAgent`], the sandbox-scoped backend calls passed
+//! to it ([`agent_backend::AgentBackend`]), the preview proxy that serves a sandbox port over
+//! a token-checked listener ([`preview`]) and the bounded forwarding to a sandbox port it
+//! shares with E2B's `get_host` ([`forward`]), and the in-pod agent's contract ([`pod`]).
 //!
 //! The embedded engine (`sandcove-engine`) and the Kubernetes backend (`sandcove-kube`) both
 //! build on this crate, and neither on the other: the Kubernetes backend never compiles the
@@ -11,6 +11,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod agent_backend;
 pub mod client;
 pub mod forward;
 pub mod pod;

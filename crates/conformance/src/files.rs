@@ -1,6 +1,7 @@
 //! Files: reads and writes, metadata, bounds, renames and copies, directories, typed errors, and the file API's confinement.
 
 use super::*;
+use sandcove::ChmodOptions;
 
 /// File calls as a user get that user's permissions and ownership; an unknown user is refused
 /// before anything happens; where the sandbox has one uid, other users are `NotSupported`.
@@ -332,7 +333,10 @@ pub async fn file_round_trip_and_metadata(backend: &dyn Backend) {
     );
     write(backend, &id, "empty", b"").await;
     assert!(read(backend, &id, "empty").await.expect("read").is_empty());
-    let stat = backend.chmod(&id, "empty", 0o640).await.expect("chmod");
+    let stat = backend
+        .chmod(&id, "empty", ChmodOptions::new(0o640))
+        .await
+        .expect("chmod");
     assert_eq!(stat.mode, 0o640);
     assert_eq!(sh(backend, &id, "stat -c %a empty").await.stdout, b"640\n");
     // Symlinks are reported, not followed.

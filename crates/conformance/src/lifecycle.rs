@@ -1,6 +1,7 @@
 //! Creating, finding, naming, leasing and destroying sandboxes.
 
 use super::*;
+use sandcove::{SetLabelsOptions, SetTimeoutOptions};
 
 /// Create reports what was asked; get and list find it; destroy makes it gone everywhere.
 pub async fn create_get_list_destroy(backend: &dyn Backend) {
@@ -27,7 +28,7 @@ pub async fn create_get_list_destroy(backend: &dyn Backend) {
     let mut relabeled = BTreeMap::from([("conformance".to_string(), label.clone())]);
     relabeled.insert("stage".into(), "two".into());
     let updated = backend
-        .set_labels(&info.id, relabeled.clone())
+        .set_labels(&info.id, SetLabelsOptions::new(relabeled.clone()))
         .await
         .expect("set labels");
     assert_eq!(updated.labels, relabeled);
@@ -37,7 +38,10 @@ pub async fn create_get_list_destroy(backend: &dyn Backend) {
     assert_eq!(backend.get(&info.id).await.expect("get").labels, relabeled);
     expect_code(
         backend
-            .set_labels(&info.id, BTreeMap::from([(String::new(), "x".to_string())]))
+            .set_labels(
+                &info.id,
+                SetLabelsOptions::new(BTreeMap::from([(String::new(), "x".to_string())])),
+            )
             .await,
         ErrorCode::InvalidArgument,
         "an empty label key",
@@ -219,7 +223,7 @@ pub async fn set_timeout_moves_the_lease(backend: &dyn Backend) {
     let id = create(backend, &unique("lease")).await;
     let before = sandcove::now_millis();
     let info = backend
-        .set_timeout(&id, Duration::from_secs(600))
+        .set_timeout(&id, SetTimeoutOptions::new(Duration::from_secs(600)))
         .await
         .expect("set_timeout");
     assert!(
@@ -230,7 +234,10 @@ pub async fn set_timeout_moves_the_lease(backend: &dyn Backend) {
     assert_eq!(backend.get(&id).await.expect("get").ends_at, info.ends_at);
     expect_code(
         backend
-            .set_timeout(&id, Duration::from_secs(10 * 365 * 24 * 3600))
+            .set_timeout(
+                &id,
+                SetTimeoutOptions::new(Duration::from_secs(10 * 365 * 24 * 3600)),
+            )
             .await,
         ErrorCode::InvalidArgument,
         "absurd timeout",
@@ -251,7 +258,7 @@ pub async fn lease_end_destroys_the_sandbox(backend: &dyn Backend) {
     .await;
     // Shorten the lease only now: however slow the machine, the process was seen first.
     backend
-        .set_timeout(&id, Duration::from_secs(1))
+        .set_timeout(&id, SetTimeoutOptions::new(Duration::from_secs(1)))
         .await
         .expect("set_timeout");
     // The lease is what is tested here: wait for its end, then for the sandbox to be gone.

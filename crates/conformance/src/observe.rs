@@ -1,6 +1,7 @@
 //! Watching files, terminals and metrics.
 
 use super::*;
+use sandcove::{ResizePtyOptions, WriteStdinOptions};
 
 /// A watch reports creates, writes, chmods, renames and removes; dropping it stops it.
 pub async fn watch_reports_changes(backend: &dyn Backend) {
@@ -154,7 +155,7 @@ pub async fn pty_processes(backend: &dyn Backend) {
         .write_stdin(
             &id,
             sel.clone(),
-            b"tty; stty size; echo MARK$((40+2))\n".to_vec(),
+            WriteStdinOptions::new(b"tty; stty size; echo MARK$((40+2))\n"),
         )
         .await
         .expect("input");
@@ -166,15 +167,19 @@ pub async fn pty_processes(backend: &dyn Backend) {
         .resize_pty(
             &id,
             sel.clone(),
-            PtySize {
+            ResizePtyOptions::new(PtySize {
                 cols: 100,
                 rows: 30,
-            },
+            }),
         )
         .await
         .expect("resize");
     backend
-        .write_stdin(&id, sel.clone(), b"stty size; exit 7\n".to_vec())
+        .write_stdin(
+            &id,
+            sel.clone(),
+            WriteStdinOptions::new(b"stty size; exit 7\n"),
+        )
         .await
         .expect("input");
     let rest = collect(stream, usize::MAX).await.expect("collect");
@@ -193,7 +198,7 @@ pub async fn pty_processes(backend: &dyn Backend) {
             .resize_pty(
                 &id,
                 ProcessSelector::Pid(plain.pid),
-                PtySize { cols: 1, rows: 1 },
+                ResizePtyOptions::new(PtySize { cols: 1, rows: 1 }),
             )
             .await,
         ErrorCode::InvalidArgument,

@@ -1,6 +1,7 @@
 //! Pause and resume, by call, at the lease's end and on a request.
 
 use super::*;
+use sandcove::SetTimeoutOptions;
 
 /// A counter loop stops printing while paused and continues from where it stopped.
 pub async fn pause_stops_and_resume_continues(backend: &dyn Backend) {
@@ -84,7 +85,7 @@ pub async fn lease_end_can_pause(backend: &dyn Backend) {
     sh(backend, &id, "echo kept > /workspace/f").await;
     // A short lease only once the file is written, so a slow machine cannot pause it first.
     backend
-        .set_timeout(&id, Duration::from_secs(1))
+        .set_timeout(&id, SetTimeoutOptions::new(Duration::from_secs(1)))
         .await
         .expect("set_timeout");
     eventually(PATIENCE, "paused at the end of the lease", || async {
@@ -127,7 +128,7 @@ pub async fn lease_end_can_stop(backend: &dyn Backend) {
         .expect("a process to end");
     // A short lease only once the file is written, so a slow machine cannot stop it first.
     backend
-        .set_timeout(&id, Duration::from_secs(1))
+        .set_timeout(&id, SetTimeoutOptions::new(Duration::from_secs(1)))
         .await
         .expect("set_timeout");
     eventually(PATIENCE, "stopped at the end of the lease", || async {

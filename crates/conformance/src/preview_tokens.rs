@@ -1,6 +1,7 @@
 //! Preview tokens: bounded, and never visible inside the sandbox.
 
 use super::*;
+use sandcove::PreviewTokenOptions;
 
 /// Preview token lifetimes are bounded, and the token (header or query parameter) is
 /// checked and removed before the request reaches the sandboxed server, which echoes what it
@@ -82,14 +83,22 @@ pub async fn preview_tokens_are_bounded_and_never_reach_the_sandbox(backend: &dy
     let now = sandcove::now_millis();
     expect_code(
         backend
-            .create_preview_token(&id, port, Some(now.saturating_sub(1)))
+            .create_preview_token(
+                &id,
+                port,
+                PreviewTokenOptions::default().expires_at(now.saturating_sub(1)),
+            )
             .await,
         ErrorCode::InvalidArgument,
         "an expiry already past",
     );
     expect_code(
         backend
-            .create_preview_token(&id, port, Some(now + 8 * 24 * 3600 * 1000))
+            .create_preview_token(
+                &id,
+                port,
+                PreviewTokenOptions::default().expires_at(now + 8 * 24 * 3600 * 1000),
+            )
             .await,
         ErrorCode::InvalidArgument,
         "an expiry past a week",

@@ -1,6 +1,7 @@
 //! Previews: serving a sandbox port, and guarding private ones.
 
 use super::*;
+use sandcove::PreviewTokenOptions;
 
 /// A raw HTTP/1.1 GET: `(status, body)`; `None` when the connection is refused.
 pub async fn http_get(host: &str, target: &str, headers: &[(&str, &str)]) -> Option<(u16, String)> {
@@ -103,7 +104,11 @@ pub async fn previews_serve_and_guard_private_ports(backend: &dyn Backend) {
     // Extra tokens with an expiry: one far enough ahead that no request outlives it, and one
     // whose expiry is the subject (refused once it has passed, never before).
     let long = backend
-        .create_preview_token(&id, port, Some(sandcove::now_millis() + 600_000))
+        .create_preview_token(
+            &id,
+            port,
+            PreviewTokenOptions::default().expires_at(sandcove::now_millis() + 600_000),
+        )
         .await
         .expect("token");
     let (status, _) = http_get(&private.host, "/", &[("X-Test-Token", &long.value)])
@@ -130,7 +135,11 @@ pub async fn previews_serve_and_guard_private_ports(backend: &dyn Backend) {
     );
     let expires_at = sandcove::now_millis() + 1_000;
     let short = backend
-        .create_preview_token(&id, port, Some(expires_at))
+        .create_preview_token(
+            &id,
+            port,
+            PreviewTokenOptions::default().expires_at(expires_at),
+        )
         .await
         .expect("token");
     let host = &private.host;

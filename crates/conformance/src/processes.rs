@@ -1,6 +1,7 @@
 //! Processes: commands, output, environment, users, stdin, signals, timeouts, attach and restarts.
 
 use super::*;
+use sandcove::{SignalOptions, WriteStdinOptions};
 
 /// Argv runs without a shell; shell scripts run through the named shell.
 pub async fn argv_and_shell_commands(backend: &dyn Backend) {
@@ -275,11 +276,11 @@ pub async fn stdin_write_and_close(backend: &dyn Backend) {
     let stream = backend.spawn(&id, spec).await.expect("spawn");
     let sel = ProcessSelector::Pid(stream.pid);
     backend
-        .write_stdin(&id, sel.clone(), b"hello \x00\xff".to_vec())
+        .write_stdin(&id, sel.clone(), WriteStdinOptions::new(b"hello \x00\xff"))
         .await
         .expect("write stdin");
     backend
-        .write_stdin(&id, sel.clone(), b"world".to_vec())
+        .write_stdin(&id, sel.clone(), WriteStdinOptions::new(b"world"))
         .await
         .expect("write stdin");
     backend.close_stdin(&id, sel.clone()).await.expect("close");
@@ -298,7 +299,11 @@ pub async fn stdin_write_and_close(backend: &dyn Backend) {
         .expect("spawn");
     expect_code(
         backend
-            .write_stdin(&id, ProcessSelector::Pid(stream.pid), b"x".to_vec())
+            .write_stdin(
+                &id,
+                ProcessSelector::Pid(stream.pid),
+                WriteStdinOptions::new(b"x"),
+            )
             .await,
         ErrorCode::InvalidArgument,
         "stdin not enabled",
@@ -327,7 +332,11 @@ pub async fn signals_and_kill_mid_stream(backend: &dyn Backend) {
         }
     }
     backend
-        .signal(&id, ProcessSelector::Pid(stream.pid), Signal::Kill)
+        .signal(
+            &id,
+            ProcessSelector::Pid(stream.pid),
+            SignalOptions::new(Signal::Kill),
+        )
         .await
         .expect("kill");
     let rest = collect(stream, usize::MAX).await.expect("collect");
@@ -338,7 +347,11 @@ pub async fn signals_and_kill_mid_stream(backend: &dyn Backend) {
     let out = sh(backend, &id, "true").await;
     expect_code(
         backend
-            .signal(&id, ProcessSelector::Pid(out.pid), Signal::Term)
+            .signal(
+                &id,
+                ProcessSelector::Pid(out.pid),
+                SignalOptions::new(Signal::Term),
+            )
             .await,
         ErrorCode::NotFound,
         "signal a finished process",
@@ -417,7 +430,11 @@ pub async fn list_and_attach_processes(backend: &dyn Backend) {
         other => panic!("expected the first output, got {other:?}"),
     }
     backend
-        .write_stdin(&id, ProcessSelector::Tag("worker".into()), b"x\n".to_vec())
+        .write_stdin(
+            &id,
+            ProcessSelector::Tag("worker".into()),
+            WriteStdinOptions::new(b"x\n"),
+        )
         .await
         .expect("stdin");
     let rest = collect(attached, usize::MAX).await.expect("collect");
@@ -546,7 +563,11 @@ pub async fn attach_marks_where_live_output_starts(backend: &dyn Backend) {
     drop(again);
     // After the marker: only what happens now.
     backend
-        .write_stdin(&id, ProcessSelector::Pid(pid), b"x\n".to_vec())
+        .write_stdin(
+            &id,
+            ProcessSelector::Pid(pid),
+            WriteStdinOptions::new(b"x\n"),
+        )
         .await
         .expect("stdin");
     let live = collect(attached, usize::MAX).await.expect("live part");
@@ -689,7 +710,11 @@ pub async fn restart_policy_restarts_failures(backend: &dyn Backend) {
     ));
     history_of(&mut by_tag).await;
     backend
-        .signal(&id, ProcessSelector::Tag("phoenix".into()), Signal::Kill)
+        .signal(
+            &id,
+            ProcessSelector::Tag("phoenix".into()),
+            SignalOptions::new(Signal::Kill),
+        )
         .await
         .expect("kill");
     let rest = collect(by_tag, usize::MAX).await.expect("rest");

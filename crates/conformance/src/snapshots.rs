@@ -1,13 +1,14 @@
 //! Snapshots, forks and volumes.
 
 use super::*;
+use sandcove::SnapshotOptions;
 
 /// Snapshots capture files (not processes); sandboxes start from them; fork copies files.
 pub async fn snapshots_and_fork_copy_files_not_processes(backend: &dyn Backend) {
     let id = create(backend, &unique("snap")).await;
     if !backend.capabilities().snapshots {
         expect_code(
-            backend.snapshot(&id, None).await,
+            backend.snapshot(&id, SnapshotOptions::default()).await,
             ErrorCode::NotSupported,
             "snapshot",
         );
@@ -25,7 +26,7 @@ pub async fn snapshots_and_fork_copy_files_not_processes(backend: &dyn Backend) 
     let spec = ProcessSpec::new(Command::bash_login(format!("exec -a {marker} sleep 600")));
     drop(backend.spawn(&id, spec).await.expect("spawn"));
     let snap = backend
-        .snapshot(&id, Some("first".into()))
+        .snapshot(&id, SnapshotOptions::default().name("first"))
         .await
         .expect("snapshot");
     assert_eq!(snap.sandbox_id, id);

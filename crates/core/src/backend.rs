@@ -1,8 +1,10 @@
 //! The [`Backend`] trait: the one interface every runtime implements.
 //!
-//! It is deliberately small and options-first: each call takes the sandbox id and an options
-//! value, and nothing has a default body, so a wrapper cannot silently lose an override
-//! (a wrapper that changes only some calls is a [`Layer`](crate::Layer)).
+//! It is deliberately small and options-first: a call takes the sandbox id, what it acts on
+//! (a path, a process, a port, a token), and everything else in one options value
+//! (`#[non_exhaustive]`, so an option can be added without changing the call); nothing has a
+//! default body, so a wrapper cannot silently lose an override (a wrapper that changes only
+//! some calls is a [`Layer`](crate::Layer)).
 //!
 //! **Validation happens once, at the backend that takes a call**: every implementation
 //! validates its input (`CreateOptions::validate`, `ProcessSpec::validate`, …) before any
@@ -15,17 +17,17 @@
 
 use std::fmt;
 use std::pin::Pin;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::Stream;
 
 use crate::{
-    AnnotationUpdate, Capabilities, CopyOptions, CreateOptions, FileStat, FsEvent, ListDirOptions,
-    ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus, Preview, PreviewOptions,
-    PreviewToken, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, PtySize, ReadOptions,
-    RemoveOptions, RenameOptions, ResourceKind, Result, SandboxInfo, Signal, SnapshotInfo,
-    StatOptions, Tombstone, VolumeInfo, WatchOptions, WriteOptions,
+    AnnotationUpdate, Capabilities, ChmodOptions, CopyOptions, CreateOptions, FileStat, FsEvent,
+    ListDirOptions, ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus, Preview,
+    PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessEvent, ProcessInfo, ProcessSelector,
+    ProcessSpec, ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions, ResourceKind, Result,
+    SandboxInfo, SetLabelsOptions, SetTimeoutOptions, SignalOptions, SnapshotInfo, SnapshotOptions,
+    StatOptions, Tombstone, VolumeInfo, WatchOptions, WriteOptions, WriteStdinOptions,
 };
 
 /// A stream of byte chunks (file contents). Errors end the stream; a stream that ends without
@@ -73,15 +75,11 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// All live sandboxes that pass the filter, from every program of this user.
     async fn list(&self, options: ListOptions) -> Result<Vec<SandboxInfo>>;
 
-    /// Move the end of the sandbox's lease to `timeout` from now.
-    async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo>;
+    /// Move the end of the sandbox's lease to `options.timeout` from now.
+    async fn set_timeout(&self, id: &str, options: SetTimeoutOptions) -> Result<SandboxInfo>;
 
-    /// Replace the sandbox's labels (works while it is paused).
-    async fn set_labels(
-        &self,
-        id: &str,
-        labels: std::collections::BTreeMap<String, String>,
-    ) -> Result<SandboxInfo>;
+    /// Replace the sandbox's labels with `options.labels` (works while it is paused).
+    async fn set_labels(&self, id: &str, options: SetLabelsOptions) -> Result<SandboxInfo>;
 
     /// Change the sandbox's annotations ([`SandboxInfo::annotations`]) atomically, as
     /// `update` says (compare-and-set included); returns the map now in force. Works in
@@ -105,14 +103,25 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// events until it exits.
     async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream>;
 
-    /// Write bytes to a process's stdin (it must have been started with `stdin: true`).
-    async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()>;
+    /// Write `options.data` to a process's stdin (it must have been started with
+    /// `stdin: true`).
+    async fn write_stdin(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: WriteStdinOptions,
+    ) -> Result<()>;
 
     /// Close a process's stdin so it reads end-of-file.
     async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()>;
 
-    /// Send a signal to a process's whole process group.
-    async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()>;
+    /// Send `options.signal` to a process's whole process group.
+    async fn signal(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: SignalOptions,
+    ) -> Result<()>;
 
     /// Processes started through the API that are running or finished recently.
     async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>>;
@@ -161,8 +170,8 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// (see [`CopyOptions`]); returns the copy's metadata.
     async fn copy(&self, id: &str, from: &str, to: &str, options: CopyOptions) -> Result<FileStat>;
 
-    /// Change permission bits.
-    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat>;
+    /// Change a path's permission bits to `options.mode`.
+    async fn chmod(&self, id: &str, path: &str, options: ChmodOptions) -> Result<FileStat>;
 
     // ----- lifecycle beyond create/destroy -----
 
@@ -192,7 +201,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
     // ----- terminals -----
 
     /// Resize the pseudo-terminal of a process started with [`ProcessSpec::pty`].
-    async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()>;
+    async fn resize_pty(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: ResizePtyOptions,
+    ) -> Result<()>;
 
     // ----- watching -----
 
@@ -211,13 +225,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Close a preview; later requests to its URL are refused.
     async fn close_preview(&self, id: &str, port: u16) -> Result<()>;
 
-    /// Issue an additional token for a private preview, valid until `expires_at` (ms since
-    /// the epoch) or for the sandbox's life.
+    /// Issue an additional token for a private preview, valid until `options.expires_at`
+    /// (ms since the epoch) or for the sandbox's life.
     async fn create_preview_token(
         &self,
         id: &str,
         port: u16,
-        expires_at: Option<u64>,
+        options: PreviewTokenOptions,
     ) -> Result<PreviewToken>;
 
     /// Revoke one token of a private preview (named by its value): later requests carrying it
@@ -228,7 +242,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
     // ----- snapshots and fork -----
 
     /// Snapshot the sandbox's writable filesystem (paused while it is captured).
-    async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo>;
+    async fn snapshot(&self, id: &str, options: SnapshotOptions) -> Result<SnapshotInfo>;
 
     /// All snapshots.
     async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>>;

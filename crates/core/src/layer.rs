@@ -29,16 +29,17 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use async_trait::async_trait;
 
 use crate::{
-    AnnotationUpdate, Backend, ByteStream, Capabilities, CopyOptions, CreateOptions, FileStat,
-    ListDirOptions, ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus, Preview,
-    PreviewOptions, PreviewToken, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream,
-    PtySize, ReadOptions, RemoveOptions, RenameOptions, ResourceKind, Result, SandboxInfo, Signal,
-    SnapshotInfo, StatOptions, Tombstone, VolumeInfo, WatchOptions, WatchStream, WriteOptions,
+    AnnotationUpdate, Backend, ByteStream, Capabilities, ChmodOptions, CopyOptions, CreateOptions,
+    FileStat, ListDirOptions, ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus,
+    Preview, PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessInfo, ProcessSelector,
+    ProcessSpec, ProcessStream, ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions,
+    ResourceKind, Result, SandboxInfo, SetLabelsOptions, SetTimeoutOptions, SignalOptions,
+    SnapshotInfo, SnapshotOptions, StatOptions, Tombstone, VolumeInfo, WatchOptions, WatchStream,
+    WriteOptions, WriteStdinOptions,
 };
 
 /// A backend wrapping [`Layer::inner`]: every [`Backend`] call, passed on unchanged unless the
@@ -74,13 +75,13 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
     }
 
     /// [`Backend::set_timeout`], passed to [`Layer::inner`] unless overridden.
-    async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo> {
-        self.inner().set_timeout(id, timeout).await
+    async fn set_timeout(&self, id: &str, options: SetTimeoutOptions) -> Result<SandboxInfo> {
+        self.inner().set_timeout(id, options).await
     }
 
     /// [`Backend::set_labels`], passed to [`Layer::inner`] unless overridden.
-    async fn set_labels(&self, id: &str, labels: BTreeMap<String, String>) -> Result<SandboxInfo> {
-        self.inner().set_labels(id, labels).await
+    async fn set_labels(&self, id: &str, options: SetLabelsOptions) -> Result<SandboxInfo> {
+        self.inner().set_labels(id, options).await
     }
 
     /// [`Backend::update_annotations`], passed to [`Layer::inner`] unless overridden.
@@ -108,8 +109,13 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
     }
 
     /// [`Backend::write_stdin`], passed to [`Layer::inner`] unless overridden.
-    async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
-        self.inner().write_stdin(id, process, data).await
+    async fn write_stdin(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: WriteStdinOptions,
+    ) -> Result<()> {
+        self.inner().write_stdin(id, process, options).await
     }
 
     /// [`Backend::close_stdin`], passed to [`Layer::inner`] unless overridden.
@@ -118,8 +124,13 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
     }
 
     /// [`Backend::signal`], passed to [`Layer::inner`] unless overridden.
-    async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
-        self.inner().signal(id, process, signal).await
+    async fn signal(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: SignalOptions,
+    ) -> Result<()> {
+        self.inner().signal(id, process, options).await
     }
 
     /// [`Backend::list_processes`], passed to [`Layer::inner`] unless overridden.
@@ -185,8 +196,8 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
     }
 
     /// [`Backend::chmod`], passed to [`Layer::inner`] unless overridden.
-    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
-        self.inner().chmod(id, path, mode).await
+    async fn chmod(&self, id: &str, path: &str, options: ChmodOptions) -> Result<FileStat> {
+        self.inner().chmod(id, path, options).await
     }
 
     /// [`Backend::pause`], passed to [`Layer::inner`] unless overridden.
@@ -215,8 +226,13 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
     }
 
     /// [`Backend::resize_pty`], passed to [`Layer::inner`] unless overridden.
-    async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
-        self.inner().resize_pty(id, process, size).await
+    async fn resize_pty(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: ResizePtyOptions,
+    ) -> Result<()> {
+        self.inner().resize_pty(id, process, options).await
     }
 
     /// [`Backend::watch`], passed to [`Layer::inner`] unless overridden.
@@ -244,11 +260,9 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
         &self,
         id: &str,
         port: u16,
-        expires_at: Option<u64>,
+        options: PreviewTokenOptions,
     ) -> Result<PreviewToken> {
-        self.inner()
-            .create_preview_token(id, port, expires_at)
-            .await
+        self.inner().create_preview_token(id, port, options).await
     }
 
     /// [`Backend::revoke_preview_token`], passed to [`Layer::inner`] unless overridden.
@@ -257,8 +271,8 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
     }
 
     /// [`Backend::snapshot`], passed to [`Layer::inner`] unless overridden.
-    async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
-        self.inner().snapshot(id, name).await
+    async fn snapshot(&self, id: &str, options: SnapshotOptions) -> Result<SnapshotInfo> {
+        self.inner().snapshot(id, options).await
     }
 
     /// [`Backend::list_snapshots`], passed to [`Layer::inner`] unless overridden.
@@ -329,12 +343,12 @@ impl<L: Layer> Backend for L {
         Layer::list(self, options).await
     }
 
-    async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo> {
-        Layer::set_timeout(self, id, timeout).await
+    async fn set_timeout(&self, id: &str, options: SetTimeoutOptions) -> Result<SandboxInfo> {
+        Layer::set_timeout(self, id, options).await
     }
 
-    async fn set_labels(&self, id: &str, labels: BTreeMap<String, String>) -> Result<SandboxInfo> {
-        Layer::set_labels(self, id, labels).await
+    async fn set_labels(&self, id: &str, options: SetLabelsOptions) -> Result<SandboxInfo> {
+        Layer::set_labels(self, id, options).await
     }
 
     async fn update_annotations(
@@ -357,16 +371,26 @@ impl<L: Layer> Backend for L {
         Layer::attach(self, id, process).await
     }
 
-    async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
-        Layer::write_stdin(self, id, process, data).await
+    async fn write_stdin(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: WriteStdinOptions,
+    ) -> Result<()> {
+        Layer::write_stdin(self, id, process, options).await
     }
 
     async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()> {
         Layer::close_stdin(self, id, process).await
     }
 
-    async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
-        Layer::signal(self, id, process, signal).await
+    async fn signal(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: SignalOptions,
+    ) -> Result<()> {
+        Layer::signal(self, id, process, options).await
     }
 
     async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
@@ -422,8 +446,8 @@ impl<L: Layer> Backend for L {
         Layer::copy(self, id, from, to, options).await
     }
 
-    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
-        Layer::chmod(self, id, path, mode).await
+    async fn chmod(&self, id: &str, path: &str, options: ChmodOptions) -> Result<FileStat> {
+        Layer::chmod(self, id, path, options).await
     }
 
     async fn pause(&self, id: &str) -> Result<SandboxInfo> {
@@ -446,8 +470,13 @@ impl<L: Layer> Backend for L {
         Layer::metrics(self, id).await
     }
 
-    async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
-        Layer::resize_pty(self, id, process, size).await
+    async fn resize_pty(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: ResizePtyOptions,
+    ) -> Result<()> {
+        Layer::resize_pty(self, id, process, options).await
     }
 
     async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
@@ -470,17 +499,17 @@ impl<L: Layer> Backend for L {
         &self,
         id: &str,
         port: u16,
-        expires_at: Option<u64>,
+        options: PreviewTokenOptions,
     ) -> Result<PreviewToken> {
-        Layer::create_preview_token(self, id, port, expires_at).await
+        Layer::create_preview_token(self, id, port, options).await
     }
 
     async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()> {
         Layer::revoke_preview_token(self, id, port, token).await
     }
 
-    async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
-        Layer::snapshot(self, id, name).await
+    async fn snapshot(&self, id: &str, options: SnapshotOptions) -> Result<SnapshotInfo> {
+        Layer::snapshot(self, id, options).await
     }
 
     async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {

@@ -199,6 +199,14 @@ pub struct SnapshotInfo {
     pub source_resume_error: Option<String>,
 }
 
+/// Options for snapshotting a sandbox ([`Backend::snapshot`](crate::Backend::snapshot)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SnapshotOptions {
+    /// A name for the snapshot ([`SnapshotInfo::name`]).
+    pub name: Option<String>,
+}
+
 /// Options for exposing a sandbox port on the host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -245,6 +253,16 @@ pub struct PreviewToken {
     /// The secret.
     pub value: String,
     /// When it stops working; `None` lasts as long as the sandbox.
+    pub expires_at: Option<UnixMillis>,
+}
+
+/// Options for issuing an additional token of a private preview
+/// ([`Backend::create_preview_token`](crate::Backend::create_preview_token)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PreviewTokenOptions {
+    /// When the token stops working, in ms since the epoch; `None` lasts as long as the
+    /// sandbox.
     pub expires_at: Option<UnixMillis>,
 }
 
@@ -325,6 +343,15 @@ pub struct PtySize {
     pub cols: u16,
     /// Rows.
     pub rows: u16,
+}
+
+/// Options for resizing a process's pseudo-terminal
+/// ([`Backend::resize_pty`](crate::Backend::resize_pty)); made by [`ResizePtyOptions::new`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ResizePtyOptions {
+    /// The terminal's new size.
+    pub size: PtySize,
 }
 
 /// Resource usage of a sandbox at one moment.
@@ -465,6 +492,26 @@ pub struct SandboxInfo {
     /// or destroy it. As [`SnapshotInfo::source_resume_error`] for a snapshot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_resume_error: Option<String>,
+}
+
+/// Options for moving the end of a sandbox's lease
+/// ([`Backend::set_timeout`](crate::Backend::set_timeout)); made by
+/// [`SetTimeoutOptions::new`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SetTimeoutOptions {
+    /// The lease ends this long from now (within the runtime's
+    /// [`LeaseBounds`](crate::LeaseBounds)).
+    pub timeout: Duration,
+}
+
+/// Options for replacing a sandbox's labels
+/// ([`Backend::set_labels`](crate::Backend::set_labels)); the default clears them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SetLabelsOptions {
+    /// The new labels, replacing every old one.
+    pub labels: BTreeMap<String, String>,
 }
 
 /// One atomic change to a sandbox's annotations ([`Backend::update_annotations`](crate::Backend::update_annotations)):
@@ -1123,6 +1170,25 @@ impl Signal {
     }
 }
 
+/// Options for signalling a process ([`Backend::signal`](crate::Backend::signal)); made by
+/// [`SignalOptions::new`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SignalOptions {
+    /// The signal, sent to the process's whole process group.
+    pub signal: Signal,
+}
+
+/// Options for writing to a process's stdin
+/// ([`Backend::write_stdin`](crate::Backend::write_stdin)); made by
+/// [`WriteStdinOptions::new`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WriteStdinOptions {
+    /// The bytes to write.
+    pub data: Vec<u8>,
+}
+
 /// Kind of a filesystem entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -1357,6 +1423,15 @@ pub struct RemoveOptions {
     /// Remove as this sandbox user (see [`ReadOptions::user`]): the kernel checks that user's
     /// permissions on the directories it removes from.
     pub user: Option<String>,
+}
+
+/// Options for changing a path's permission bits
+/// ([`Backend::chmod`](crate::Backend::chmod)); made by [`ChmodOptions::new`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ChmodOptions {
+    /// The new permission bits (at most `0o7777`).
+    pub mode: u32,
 }
 
 /// Serde helper: `Option<Duration>` as fractional seconds.

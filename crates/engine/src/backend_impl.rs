@@ -1,15 +1,17 @@
 //! The engine as a [`Backend`]: each call checked, then answered from the state directory or
-//! passed to the sandbox's monitor or agent.
-
-use std::time::Duration;
+//! passed to the sandbox's monitor or agent (the calls its agent answers, as every runtime
+//! that drives agents passes them: [`AgentBackend`]).
 
 use async_trait::async_trait;
+use sandcove_agent::agent_backend::AgentBackend;
 use sandcove_core::{
-    now_millis, AnnotationUpdate, Backend, ByteStream, Capabilities, CopyOptions, CreateOptions,
-    Error, FileStat, ListDirOptions, ListOptions, Metrics, MkdirOptions, Preview, PreviewOptions,
-    PreviewToken, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, PtySize, ReadOptions,
-    RemoveOptions, RenameOptions, Result, SandboxInfo, SandboxState, Signal, SnapshotInfo,
-    StatOptions, VolumeInfo, WatchOptions, WatchStream, WriteOptions, DEFAULT_OUTPUT_LIMIT,
+    now_millis, AnnotationUpdate, Backend, ByteStream, Capabilities, ChmodOptions, CopyOptions,
+    CreateOptions, Error, FileStat, ListDirOptions, ListOptions, Metrics, MkdirOptions, Preview,
+    PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessInfo, ProcessSelector, ProcessSpec,
+    ProcessStream, ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions, Result,
+    SandboxInfo, SandboxState, SetLabelsOptions, SetTimeoutOptions, SignalOptions, SnapshotInfo,
+    SnapshotOptions, StatOptions, VolumeInfo, WatchOptions, WatchStream, WriteOptions,
+    WriteStdinOptions, DEFAULT_OUTPUT_LIMIT,
 };
 
 use crate::config::{SandboxDir, UidMapping};
@@ -123,24 +125,21 @@ impl Backend for LocalBackend {
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
-    async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo> {
-        sandcove_core::validate::validate_sandbox_timeout(timeout)?;
+    async fn set_timeout(&self, id: &str, options: SetTimeoutOptions) -> Result<SandboxInfo> {
+        sandcove_core::validate::validate_sandbox_timeout(options.timeout)?;
         self.monitor_info(
             id,
             MonitorRequest::SetTimeout {
-                secs: timeout.as_secs_f64(),
+                secs: options.timeout.as_secs_f64(),
             },
         )
         .await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
-    async fn set_labels(
-        &self,
-        id: &str,
-        labels: std::collections::BTreeMap<String, String>,
-    ) -> Result<SandboxInfo> {
-        sandcove_core::validate::validate_labels(&labels)?;
+    async fn set_labels(&self, id: &str, options: SetLabelsOptions) -> Result<SandboxInfo> {
+        sandcove_core::validate::validate_labels(&options.labels)?;
+        let labels = options.labels;
         self.monitor_info(id, MonitorRequest::SetLabels { labels })
             .await
     }
@@ -182,45 +181,47 @@ impl Backend for LocalBackend {
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
-        spec.validate()?;
-        let agent = self.agent(id)?;
-        self.checked(id, agent.spawn(spec).await)
+        AgentBackend::spawn(self, id, spec).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.attach(process).await)
+        AgentBackend::attach(self, id, process).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
-    async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.write_stdin(process, data).await)
+    async fn write_stdin(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: WriteStdinOptions,
+    ) -> Result<()> {
+        AgentBackend::write_stdin(self, id, process, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.close_stdin(process).await)
+        AgentBackend::close_stdin(self, id, process).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
-    async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.signal(process, signal).await)
+    async fn signal(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: SignalOptions,
+    ) -> Result<()> {
+        AgentBackend::signal(self, id, process, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.list_processes().await)
+        AgentBackend::list_processes(self, id).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.read_file(path, options).await)
+        AgentBackend::read_file(self, id, path, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
@@ -239,8 +240,7 @@ impl Backend for LocalBackend {
         if engine_bound {
             options.max_bytes = Some(self.max_file_bytes);
         }
-        let agent = self.agent(id)?;
-        match self.checked(id, agent.write_file(path, data, options).await) {
+        match AgentBackend::write_file(self, id, path, data, options).await {
             Err(Error::FileTooLarge { what, limit, .. }) if engine_bound => {
                 Err(Error::FileTooLarge {
                     what,
@@ -261,26 +261,22 @@ impl Backend for LocalBackend {
         path: &str,
         options: ListDirOptions,
     ) -> Result<Vec<FileStat>> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.list_dir(path, options).await)
+        AgentBackend::list_dir(self, id, path, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.stat(path, options).await)
+        AgentBackend::stat(self, id, path, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn mkdir(&self, id: &str, path: &str, options: MkdirOptions) -> Result<FileStat> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.mkdir(path, options).await)
+        AgentBackend::mkdir(self, id, path, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn remove(&self, id: &str, path: &str, options: RemoveOptions) -> Result<()> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.remove(path, options).await)
+        AgentBackend::remove(self, id, path, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
@@ -291,20 +287,17 @@ impl Backend for LocalBackend {
         to: &str,
         options: RenameOptions,
     ) -> Result<FileStat> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.rename(from, to, options).await)
+        AgentBackend::rename(self, id, from, to, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn copy(&self, id: &str, from: &str, to: &str, options: CopyOptions) -> Result<FileStat> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.copy(from, to, options).await)
+        AgentBackend::copy(self, id, from, to, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
-    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.chmod(path, mode).await)
+    async fn chmod(&self, id: &str, path: &str, options: ChmodOptions) -> Result<FileStat> {
+        AgentBackend::chmod(self, id, path, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
@@ -331,20 +324,22 @@ impl Backend for LocalBackend {
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn metrics(&self, id: &str) -> Result<Metrics> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.metrics().await)
+        AgentBackend::metrics(self, id).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
-    async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.resize_pty(process, size).await)
+    async fn resize_pty(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: ResizePtyOptions,
+    ) -> Result<()> {
+        AgentBackend::resize_pty(self, id, process, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
-        let agent = self.agent(id)?;
-        self.checked(id, agent.watch(path, options).await)
+        AgentBackend::watch(self, id, path, options).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
@@ -391,8 +386,9 @@ impl Backend for LocalBackend {
         &self,
         id: &str,
         port: u16,
-        expires_at: Option<u64>,
+        options: PreviewTokenOptions,
     ) -> Result<PreviewToken> {
+        let expires_at = options.expires_at;
         sandcove_core::validate::validate_token_expiry(expires_at, now_millis())?;
         match self
             .monitor_call(id, MonitorRequest::CreateToken { port, expires_at })
@@ -416,7 +412,7 @@ impl Backend for LocalBackend {
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
-    async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
+    async fn snapshot(&self, id: &str, options: SnapshotOptions) -> Result<SnapshotInfo> {
         if self.unisolated {
             return Err(Error::not_supported(
                 "snapshots without isolation",
@@ -429,7 +425,7 @@ impl Backend for LocalBackend {
             self.pause(id).await?;
         }
         let disk_mib = info.resources.disk_mib.unwrap_or(config::DEFAULT_DISK_MIB);
-        let result = self.capture(id, name, disk_mib).await;
+        let result = self.capture(id, options.name, disk_mib).await;
         if was_running {
             return snapshot_outcome(result, self.resume(id).await.map(|_| ()));
         }
@@ -492,7 +488,9 @@ impl Backend for LocalBackend {
         annotations.append(&mut options.annotations);
         sandcove_core::check_annotations(&annotations)?;
         options.annotations = annotations;
-        let snap = self.snapshot(id, Some(format!("fork of {id}"))).await?;
+        let snap = self
+            .snapshot(id, SnapshotOptions::default().name(format!("fork of {id}")))
+            .await?;
         options.snapshot = Some(snap.id.clone());
         let created = self.create(options).await;
         let _ = self.delete_snapshot(&snap.id).await;

@@ -7,6 +7,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use async_trait::async_trait;
+use sandcove_agent::agent_backend::AgentBackend;
 use sandcove_agent::client::{AgentDialer, AgentIo, RemoteAgent};
 use sandcove_core::{Error, Result, SandboxInfo};
 use tokio::net::UnixStream;
@@ -55,10 +56,7 @@ impl LocalBackend {
             }
         }
         .await;
-        result.map_err(|e| match e {
-            Error::Backend { .. } => self.or_gone(id, e),
-            other => other,
-        })
+        result.map_err(|e| self.broken_or_gone(id, e))
     }
 
     /// A monitor request answered with the sandbox's info.
@@ -87,20 +85,20 @@ impl LocalBackend {
         ))
     }
 
-    /// An agent call's result, with a broken connection to a sandbox that went away under it
-    /// reported as `NotFound`.
-    pub(crate) fn checked<T>(&self, id: &str, result: Result<T>) -> Result<T> {
-        result.map_err(|e| match e {
-            Error::Backend { .. } => self.or_gone(id, e),
-            other => other,
-        })
-    }
-
     /// Whether sandbox `id` no longer exists (its directory is gone or its monitor is dead).
     fn is_gone(&self, id: &str) -> bool {
         match self.dir(id) {
             Ok(dir) => !dir.dir.exists() || !dir.socket().exists() || lock_is_free(&dir.lock()),
             Err(_) => true,
+        }
+    }
+
+    /// A failed call to sandbox `id`'s monitor or agent, with a broken connection to a sandbox
+    /// that went away under it reported as `NotFound`.
+    fn broken_or_gone(&self, id: &str, err: Error) -> Error {
+        match err {
+            Error::Backend { .. } => self.or_gone(id, err),
+            other => other,
         }
     }
 
@@ -112,6 +110,19 @@ impl LocalBackend {
         } else {
             err
         }
+    }
+}
+
+/// The sandbox-scoped calls [`LocalBackend`]'s [`Backend`](sandcove_core::Backend)
+/// implementation passes to the agent, reached through the sandbox's monitor.
+#[async_trait]
+impl AgentBackend for LocalBackend {
+    async fn agent_for(&self, id: &str) -> Result<RemoteAgent> {
+        self.agent(id)
+    }
+
+    async fn agent_failed(&self, id: &str, error: Error) -> Error {
+        self.broken_or_gone(id, error)
     }
 }
 

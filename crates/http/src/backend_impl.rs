@@ -2,17 +2,17 @@
 //! its route with the retry policy its effect allows.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use reqwest::Method;
 use sandcove_core::wire::{body, FRAMES_CONTENT_TYPE, IDEMPOTENCY_HEADER};
 use sandcove_core::{
-    Backend, ByteStream, Capabilities, CopyOptions, CreateOptions, Error, FileStat, ListDirOptions,
-    ListOptions, Metrics, MkdirOptions, Preview, PreviewOptions, PreviewToken, ProcessInfo,
-    ProcessSelector, ProcessSpec, ProcessStream, PtySize, ReadOptions, RemoveOptions,
-    RenameOptions, Result, SandboxInfo, Signal, SnapshotInfo, StatOptions, VolumeInfo,
-    WatchOptions, WatchStream, WriteOptions,
+    Backend, ByteStream, Capabilities, ChmodOptions, CopyOptions, CreateOptions, Error, FileStat,
+    ListDirOptions, ListOptions, Metrics, MkdirOptions, Preview, PreviewOptions, PreviewToken,
+    PreviewTokenOptions, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, ReadOptions,
+    RemoveOptions, RenameOptions, ResizePtyOptions, Result, SandboxInfo, SetLabelsOptions,
+    SetTimeoutOptions, SignalOptions, SnapshotInfo, SnapshotOptions, StatOptions, VolumeInfo,
+    WatchOptions, WatchStream, WriteOptions, WriteStdinOptions,
 };
 
 use crate::streams::{download, frames, upload_frames, watch_events, Abandon};
@@ -68,24 +68,22 @@ impl Backend for HttpBackend {
         .await
     }
 
-    async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo> {
-        sandcove_core::validate::validate_sandbox_timeout(timeout)?;
+    async fn set_timeout(&self, id: &str, options: SetTimeoutOptions) -> Result<SandboxInfo> {
+        sandcove_core::validate::validate_sandbox_timeout(options.timeout)?;
         let url = self.sandbox_url(id, &["timeout"])?;
         let body = body::SetTimeout {
-            timeout: timeout.as_secs_f64(),
+            timeout: options.timeout.as_secs_f64(),
         };
         self.call(Method::PUT, url, &[], Some(&body), Retry::Idempotent)
             .await
     }
 
-    async fn set_labels(
-        &self,
-        id: &str,
-        labels: std::collections::BTreeMap<String, String>,
-    ) -> Result<SandboxInfo> {
-        sandcove_core::validate::validate_labels(&labels)?;
+    async fn set_labels(&self, id: &str, options: SetLabelsOptions) -> Result<SandboxInfo> {
+        sandcove_core::validate::validate_labels(&options.labels)?;
         let url = self.sandbox_url(id, &["labels"])?;
-        let body = body::SetLabels { labels };
+        let body = body::SetLabels {
+            labels: options.labels,
+        };
         self.call(Method::PUT, url, &[], Some(&body), Retry::Idempotent)
             .await
     }
@@ -142,13 +140,18 @@ impl Backend for HttpBackend {
         self.process_stream(response).await
     }
 
-    async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
+    async fn write_stdin(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: WriteStdinOptions,
+    ) -> Result<()> {
         let url = self.sandbox_url(id, &["processes", "stdin"])?;
         self.call_unit(
             Method::POST,
             url,
             &selector_query(&process),
-            Payload::Raw(data),
+            Payload::Raw(options.data),
             Retry::Unsafe,
         )
         .await
@@ -166,9 +169,16 @@ impl Backend for HttpBackend {
         .await
     }
 
-    async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
+    async fn signal(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: SignalOptions,
+    ) -> Result<()> {
         let url = self.sandbox_url(id, &["processes", "signal"])?;
-        let body = to_json(&body::SignalBody { signal })?;
+        let body = to_json(&body::SignalBody {
+            signal: options.signal,
+        })?;
         self.call_unit(
             Method::POST,
             url,
@@ -338,11 +348,11 @@ impl Backend for HttpBackend {
             .await
     }
 
-    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
+    async fn chmod(&self, id: &str, path: &str, options: ChmodOptions) -> Result<FileStat> {
         let url = self.sandbox_url(id, &["files", "chmod"])?;
         let body = body::Chmod {
             path: path.to_string(),
-            mode,
+            mode: options.mode,
         };
         self.op_call(Method::POST, url, &[], Payload::Json(to_json(&body)?))
             .await
@@ -379,13 +389,18 @@ impl Backend for HttpBackend {
             .await
     }
 
-    async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
+    async fn resize_pty(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: ResizePtyOptions,
+    ) -> Result<()> {
         let url = self.sandbox_url(id, &["processes", "resize"])?;
         self.call_unit(
             Method::POST,
             url,
             &selector_query(&process),
-            Payload::Json(to_json(&size)?),
+            Payload::Json(to_json(&options.size)?),
             Retry::Idempotent,
         )
         .await
@@ -438,11 +453,14 @@ impl Backend for HttpBackend {
         &self,
         id: &str,
         port: u16,
-        expires_at: Option<u64>,
+        options: PreviewTokenOptions,
     ) -> Result<PreviewToken> {
         let port = port.to_string();
         let url = self.sandbox_url(id, &["previews", &port, "tokens"])?;
-        self.create_call(url, &body::NewToken { expires_at }).await
+        let body = body::NewToken {
+            expires_at: options.expires_at,
+        };
+        self.create_call(url, &body).await
     }
 
     async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()> {
@@ -463,9 +481,10 @@ impl Backend for HttpBackend {
         .await
     }
 
-    async fn snapshot(&self, id: &str, name: Option<String>) -> Result<SnapshotInfo> {
+    async fn snapshot(&self, id: &str, options: SnapshotOptions) -> Result<SnapshotInfo> {
         let url = self.sandbox_url(id, &["snapshots"])?;
-        self.create_call(url, &body::NewSnapshot { name }).await
+        let body = body::NewSnapshot { name: options.name };
+        self.create_call(url, &body).await
     }
 
     async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {

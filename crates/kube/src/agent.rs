@@ -1,24 +1,20 @@
-//! Sandbox-scoped calls of [`KubeBackend`]: each goes to the sandbox's in-pod agent through
-//! the one agent client ([`RemoteAgent`]), at the Pod IP and the agent port (or through the
-//! API server's port-forward, [`AgentReach::PortForward`]), with the sandbox's derived
-//! token. A call that cannot reach the agent asks the API server whether the Pod still
-//! exists, so a sandbox deleted behind our back is [`Error::NotFound`], not a connection
-//! error.
+//! Sandbox-scoped calls of [`KubeBackend`]: each goes to the sandbox's in-pod agent
+//! ([`AgentBackend`]) through the one agent client ([`RemoteAgent`]), at the Pod IP and the
+//! agent port (or through the API server's port-forward, [`AgentReach::PortForward`]), with
+//! the sandbox's derived token. A call that cannot reach the agent asks the API server whether
+//! the Pod still exists, so a sandbox deleted behind our back is [`Error::NotFound`], not a
+//! connection error.
 
-use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Weak};
 
 use k8s_openapi::api::core::v1::Pod;
 
 use super::{agent_token, sandbox_what, AgentReach, Inner, KubeBackend};
+use sandcove_agent::agent_backend::AgentBackend;
 use sandcove_agent::client::{AgentDialer, AgentIo, RemoteAgent, TcpDialer};
 use sandcove_agent::preview::{Upstream, UpstreamError};
-use sandcove_core::{
-    ByteStream, CopyOptions, Error, FileStat, ListDirOptions, Metrics, MkdirOptions, ProcessInfo,
-    ProcessSelector, ProcessSpec, ProcessStream, PtySize, ReadOptions, RemoveOptions,
-    RenameOptions, Result, Signal, StatOptions, WatchOptions, WatchStream, WriteOptions,
-};
+use sandcove_core::{Error, ProcessSelector, Result, Signal, SignalOptions};
 
 /// The agent address of a ready Pod.
 fn agent_addr(backend: &KubeBackend, id: &str, pod: &Pod) -> Result<SocketAddr> {
@@ -122,7 +118,10 @@ pub(super) async fn end_every_process(backend: &KubeBackend, id: &str, pod: &Pod
             return Ok(());
         }
         for pid in running {
-            match agent.signal(ProcessSelector::Pid(pid), Signal::Kill).await {
+            match agent
+                .signal(ProcessSelector::Pid(pid), SignalOptions::new(Signal::Kill))
+                .await
+            {
                 Ok(()) => {}
                 // Ended meanwhile.
                 Err(e) if e.is_not_found() => {}
@@ -141,186 +140,46 @@ pub(super) async fn end_every_process(backend: &KubeBackend, id: &str, pod: &Pod
     })
 }
 
-/// Run `call` against the sandbox's agent; a failure to reach it is `NotFound` when the Pod
-/// is gone.
-async fn with_agent<T, F, Fut>(backend: &KubeBackend, id: &str, call: F) -> Result<T>
-where
-    F: FnOnce(RemoteAgent) -> Fut,
-    Fut: Future<Output = Result<T>>,
-{
-    let agent = agent(backend, id).await?;
-    match call(agent).await {
-        // A refused token means the cached address reached another sandbox's agent (the
-        // Pod is gone and its IP went to another Pod), or this server's key is not the one
-        // the sandbox was made with: the address is looked up again next time either way.
-        Err(e @ Error::Unauthenticated { .. }) => {
-            forget(backend, id);
-            match backend.live_pod(id).await {
-                Err(gone) if gone.is_not_found() => Err(gone),
-                _ => Err(e),
-            }
-        }
-        Err(e @ (Error::Backend { .. } | Error::Timeout { .. } | Error::Io { .. })) => {
-            match backend.live_pod(id).await {
-                Err(gone) if gone.is_not_found() => {
-                    forget(backend, id);
-                    Err(gone)
+/// The sandbox-scoped calls [`KubeBackend`]'s [`Backend`](sandcove_core::Backend)
+/// implementation passes to the sandbox's agent.
+#[async_trait::async_trait]
+impl AgentBackend for KubeBackend {
+    async fn agent_for(&self, id: &str) -> Result<RemoteAgent> {
+        agent(self, id).await
+    }
+
+    /// A failure to reach the agent is `NotFound` when the Pod is gone.
+    async fn agent_failed(&self, id: &str, error: Error) -> Error {
+        match error {
+            // A refused token means the cached address reached another sandbox's agent (the
+            // Pod is gone and its IP went to another Pod), or this server's key is not the
+            // one the sandbox was made with: the address is looked up again next time either
+            // way.
+            Error::Unauthenticated { .. } => {
+                forget(self, id);
+                match self.live_pod(id).await {
+                    Err(gone) if gone.is_not_found() => gone,
+                    _ => error,
                 }
-                _ => Err(e),
             }
+            Error::Backend { .. } | Error::Timeout { .. } | Error::Io { .. } => {
+                match self.live_pod(id).await {
+                    Err(gone) if gone.is_not_found() => {
+                        forget(self, id);
+                        gone
+                    }
+                    _ => error,
+                }
+            }
+            other => other,
         }
-        other => other,
     }
 }
 
-pub(super) async fn spawn(b: &KubeBackend, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
-    spec.validate()?;
-    with_agent(b, id, |a| async move { a.spawn(spec).await }).await
-}
-
-pub(super) async fn attach(
-    b: &KubeBackend,
-    id: &str,
-    process: ProcessSelector,
-) -> Result<ProcessStream> {
-    with_agent(b, id, |a| async move { a.attach(process).await }).await
-}
-
-pub(super) async fn write_stdin(
-    b: &KubeBackend,
-    id: &str,
-    process: ProcessSelector,
-    data: Vec<u8>,
-) -> Result<()> {
-    with_agent(b, id, |a| async move { a.write_stdin(process, data).await }).await
-}
-
-pub(super) async fn close_stdin(b: &KubeBackend, id: &str, process: ProcessSelector) -> Result<()> {
-    with_agent(b, id, |a| async move { a.close_stdin(process).await }).await
-}
-
-pub(super) async fn signal(
-    b: &KubeBackend,
-    id: &str,
-    process: ProcessSelector,
-    signal: Signal,
-) -> Result<()> {
-    with_agent(b, id, |a| async move { a.signal(process, signal).await }).await
-}
-
-pub(super) async fn list_processes(b: &KubeBackend, id: &str) -> Result<Vec<ProcessInfo>> {
-    with_agent(b, id, |a| async move { a.list_processes().await }).await
-}
-
-pub(super) async fn read_file(
-    b: &KubeBackend,
-    id: &str,
-    path: &str,
-    options: ReadOptions,
-) -> Result<ByteStream> {
-    with_agent(b, id, |a| async move { a.read_file(path, options).await }).await
-}
-
-pub(super) async fn write_file(
-    b: &KubeBackend,
-    id: &str,
-    path: &str,
-    data: ByteStream,
-    options: WriteOptions,
-) -> Result<FileStat> {
-    with_agent(
-        b,
-        id,
-        |a| async move { a.write_file(path, data, options).await },
-    )
-    .await
-}
-
-pub(super) async fn list_dir(
-    b: &KubeBackend,
-    id: &str,
-    path: &str,
-    options: ListDirOptions,
-) -> Result<Vec<FileStat>> {
-    with_agent(b, id, |a| async move { a.list_dir(path, options).await }).await
-}
-
-pub(super) async fn stat(
-    b: &KubeBackend,
-    id: &str,
-    path: &str,
-    options: StatOptions,
-) -> Result<FileStat> {
-    with_agent(b, id, |a| async move { a.stat(path, options).await }).await
-}
-
-pub(super) async fn mkdir(
-    b: &KubeBackend,
-    id: &str,
-    path: &str,
-    options: MkdirOptions,
-) -> Result<FileStat> {
-    with_agent(b, id, |a| async move { a.mkdir(path, options).await }).await
-}
-
-pub(super) async fn remove(
-    b: &KubeBackend,
-    id: &str,
-    path: &str,
-    options: RemoveOptions,
-) -> Result<()> {
-    with_agent(b, id, |a| async move { a.remove(path, options).await }).await
-}
-
-pub(super) async fn rename(
-    b: &KubeBackend,
-    id: &str,
-    from: &str,
-    to: &str,
-    options: RenameOptions,
-) -> Result<FileStat> {
-    with_agent(b, id, |a| async move { a.rename(from, to, options).await }).await
-}
-
-pub(super) async fn copy(
-    b: &KubeBackend,
-    id: &str,
-    from: &str,
-    to: &str,
-    options: CopyOptions,
-) -> Result<FileStat> {
-    with_agent(b, id, |a| async move { a.copy(from, to, options).await }).await
-}
-
-pub(super) async fn chmod(b: &KubeBackend, id: &str, path: &str, mode: u32) -> Result<FileStat> {
-    with_agent(b, id, |a| async move { a.chmod(path, mode).await }).await
-}
-
-pub(super) async fn metrics(b: &KubeBackend, id: &str) -> Result<Metrics> {
-    with_agent(b, id, |a| async move { a.metrics().await }).await
-}
-
-pub(super) async fn resize_pty(
-    b: &KubeBackend,
-    id: &str,
-    process: ProcessSelector,
-    size: PtySize,
-) -> Result<()> {
-    with_agent(b, id, |a| async move { a.resize_pty(process, size).await }).await
-}
-
-pub(super) async fn watch(
-    b: &KubeBackend,
-    id: &str,
-    path: &str,
-    options: WatchOptions,
-) -> Result<WatchStream> {
-    with_agent(b, id, |a| async move { a.watch(path, options).await }).await
-}
-
 /// A byte stream to `port` on the sandbox's loopback, through its agent.
-pub(super) async fn tunnel(b: &KubeBackend, id: &str, port: u16) -> Result<Box<dyn AgentIo>> {
-    with_agent(b, id, |a| async move { a.tunnel(port).await }).await
+async fn tunnel(b: &KubeBackend, id: &str, port: u16) -> Result<Box<dyn AgentIo>> {
+    let agent = b.agent_for(id).await?;
+    b.agent_result(id, agent.tunnel(port).await).await
 }
 
 /// How the previews this process serves reach a sandbox's port: an agent tunnel per

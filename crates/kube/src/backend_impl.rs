@@ -8,14 +8,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::PostParams;
+use sandcove_agent::agent_backend::AgentBackend;
 use sandcove_agent::preview::PreviewSet;
 use sandcove_core::{
-    AnnotationUpdate, Backend, ByteStream, Capabilities, CopyOptions, CreateOptions, Error,
-    FileStat, ListDirOptions, ListOptions, Metrics, MkdirOptions, NetworkPolicy, OperationId,
-    OperationStatus, Preview, PreviewOptions, PreviewToken, ProcessInfo, ProcessSelector,
-    ProcessSpec, ProcessStream, PtySize, ReadOptions, RemoveOptions, RenameOptions, ResourceKind,
-    Result, SandboxInfo, SandboxState, Signal, SnapshotInfo, StatOptions, Tombstone, UserInfo,
-    VolumeInfo, WatchOptions, WatchStream, WriteOptions,
+    AnnotationUpdate, Backend, ByteStream, Capabilities, ChmodOptions, CopyOptions, CreateOptions,
+    Error, FileStat, ListDirOptions, ListOptions, Metrics, MkdirOptions, NetworkPolicy,
+    OperationId, OperationStatus, Preview, PreviewOptions, PreviewToken, PreviewTokenOptions,
+    ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, ReadOptions, RemoveOptions,
+    RenameOptions, ResizePtyOptions, ResourceKind, Result, SandboxInfo, SandboxState,
+    SetLabelsOptions, SetTimeoutOptions, SignalOptions, SnapshotInfo, SnapshotOptions, StatOptions,
+    Tombstone, UserInfo, VolumeInfo, WatchOptions, WatchStream, WriteOptions, WriteStdinOptions,
 };
 
 use crate::spec::PodRecord;
@@ -233,8 +235,8 @@ impl Backend for KubeBackend {
         Ok(out)
     }
 
-    async fn set_timeout(&self, id: &str, timeout: Duration) -> Result<SandboxInfo> {
-        let lease = self.lease_bounds().resolve(timeout)?;
+    async fn set_timeout(&self, id: &str, options: SetTimeoutOptions) -> Result<SandboxInfo> {
+        let lease = self.lease_bounds().resolve(options.timeout)?;
         let max = self.inner.config.max_lifetime.as_millis() as u64;
         let (pod, ends_at) = self
             .update_pod(id, |_, record, _| {
@@ -265,7 +267,8 @@ impl Backend for KubeBackend {
         spec::info_of(&pod).ok_or_else(|| Error::not_found(sandbox_what(id)))
     }
 
-    async fn set_labels(&self, id: &str, labels: BTreeMap<String, String>) -> Result<SandboxInfo> {
+    async fn set_labels(&self, id: &str, options: SetLabelsOptions) -> Result<SandboxInfo> {
+        let labels = options.labels;
         sandcove_core::validate::validate_labels(&labels)?;
         let (pod, ()) = self
             .update_pod(id, |pod, record, _| {
@@ -320,31 +323,41 @@ impl Backend for KubeBackend {
     }
 
     async fn spawn(&self, id: &str, spec: ProcessSpec) -> Result<ProcessStream> {
-        agent::spawn(self, id, spec).await
+        AgentBackend::spawn(self, id, spec).await
     }
 
     async fn attach(&self, id: &str, process: ProcessSelector) -> Result<ProcessStream> {
-        agent::attach(self, id, process).await
+        AgentBackend::attach(self, id, process).await
     }
 
-    async fn write_stdin(&self, id: &str, process: ProcessSelector, data: Vec<u8>) -> Result<()> {
-        agent::write_stdin(self, id, process, data).await
+    async fn write_stdin(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: WriteStdinOptions,
+    ) -> Result<()> {
+        AgentBackend::write_stdin(self, id, process, options).await
     }
 
     async fn close_stdin(&self, id: &str, process: ProcessSelector) -> Result<()> {
-        agent::close_stdin(self, id, process).await
+        AgentBackend::close_stdin(self, id, process).await
     }
 
-    async fn signal(&self, id: &str, process: ProcessSelector, signal: Signal) -> Result<()> {
-        agent::signal(self, id, process, signal).await
+    async fn signal(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: SignalOptions,
+    ) -> Result<()> {
+        AgentBackend::signal(self, id, process, options).await
     }
 
     async fn list_processes(&self, id: &str) -> Result<Vec<ProcessInfo>> {
-        agent::list_processes(self, id).await
+        AgentBackend::list_processes(self, id).await
     }
 
     async fn read_file(&self, id: &str, path: &str, options: ReadOptions) -> Result<ByteStream> {
-        agent::read_file(self, id, path, options).await
+        AgentBackend::read_file(self, id, path, options).await
     }
 
     async fn write_file(
@@ -354,7 +367,7 @@ impl Backend for KubeBackend {
         data: ByteStream,
         options: WriteOptions,
     ) -> Result<FileStat> {
-        agent::write_file(self, id, path, data, options).await
+        AgentBackend::write_file(self, id, path, data, options).await
     }
 
     async fn list_dir(
@@ -363,19 +376,19 @@ impl Backend for KubeBackend {
         path: &str,
         options: ListDirOptions,
     ) -> Result<Vec<FileStat>> {
-        agent::list_dir(self, id, path, options).await
+        AgentBackend::list_dir(self, id, path, options).await
     }
 
     async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat> {
-        agent::stat(self, id, path, options).await
+        AgentBackend::stat(self, id, path, options).await
     }
 
     async fn mkdir(&self, id: &str, path: &str, options: MkdirOptions) -> Result<FileStat> {
-        agent::mkdir(self, id, path, options).await
+        AgentBackend::mkdir(self, id, path, options).await
     }
 
     async fn remove(&self, id: &str, path: &str, options: RemoveOptions) -> Result<()> {
-        agent::remove(self, id, path, options).await
+        AgentBackend::remove(self, id, path, options).await
     }
 
     async fn rename(
@@ -385,15 +398,15 @@ impl Backend for KubeBackend {
         to: &str,
         options: RenameOptions,
     ) -> Result<FileStat> {
-        agent::rename(self, id, from, to, options).await
+        AgentBackend::rename(self, id, from, to, options).await
     }
 
     async fn copy(&self, id: &str, from: &str, to: &str, options: CopyOptions) -> Result<FileStat> {
-        agent::copy(self, id, from, to, options).await
+        AgentBackend::copy(self, id, from, to, options).await
     }
 
-    async fn chmod(&self, id: &str, path: &str, mode: u32) -> Result<FileStat> {
-        agent::chmod(self, id, path, mode).await
+    async fn chmod(&self, id: &str, path: &str, options: ChmodOptions) -> Result<FileStat> {
+        AgentBackend::chmod(self, id, path, options).await
     }
 
     async fn pause(&self, id: &str) -> Result<SandboxInfo> {
@@ -452,15 +465,20 @@ impl Backend for KubeBackend {
     }
 
     async fn metrics(&self, id: &str) -> Result<Metrics> {
-        agent::metrics(self, id).await
+        AgentBackend::metrics(self, id).await
     }
 
-    async fn resize_pty(&self, id: &str, process: ProcessSelector, size: PtySize) -> Result<()> {
-        agent::resize_pty(self, id, process, size).await
+    async fn resize_pty(
+        &self,
+        id: &str,
+        process: ProcessSelector,
+        options: ResizePtyOptions,
+    ) -> Result<()> {
+        AgentBackend::resize_pty(self, id, process, options).await
     }
 
     async fn watch(&self, id: &str, path: &str, options: WatchOptions) -> Result<WatchStream> {
-        agent::watch(self, id, path, options).await
+        AgentBackend::watch(self, id, path, options).await
     }
 
     async fn expose_port(&self, id: &str, options: PreviewOptions) -> Result<Preview> {
@@ -514,8 +532,9 @@ impl Backend for KubeBackend {
         &self,
         id: &str,
         port: u16,
-        expires_at: Option<u64>,
+        options: PreviewTokenOptions,
     ) -> Result<PreviewToken> {
+        let expires_at = options.expires_at;
         sandcove_core::validate::validate_token_expiry(expires_at, sandcove_core::now_millis())?;
         self.live_pod(id).await?;
         self.previews_or_not_found(id, port)?
@@ -528,7 +547,7 @@ impl Backend for KubeBackend {
             .revoke_token(port, token)
     }
 
-    async fn snapshot(&self, id: &str, _name: Option<String>) -> Result<SnapshotInfo> {
+    async fn snapshot(&self, id: &str, _options: SnapshotOptions) -> Result<SnapshotInfo> {
         self.live_pod(id).await?;
         Err(snapshots_refused())
     }

@@ -22,7 +22,7 @@ use sandcove_core::{
     ByteStream, Error, ErrorBody, ListDirOptions, RemoveOptions, WatchOptions, WatchStream,
     WriteOptions,
 };
-use sandcove_core::{ReadOptions, StatOptions};
+use sandcove_core::{ChmodOptions, ReadOptions, StatOptions};
 
 /// Largest file chunk put in one frame.
 const CHUNK: usize = 1024 * 1024;
@@ -113,7 +113,7 @@ pub(super) fn routes() -> Vec<Route> {
             "chmod",
             "Change permission bits (honours Idempotency-Key)",
             recorded("chmod", |b, id, r: Chmod| async move {
-                b.chmod(&id, &r.path, r.mode).await
+                b.chmod(&id, &r.path, ChmodOptions::new(r.mode)).await
             }),
         )
         .input(In::Json("Chmod"))

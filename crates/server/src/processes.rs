@@ -15,7 +15,10 @@ use super::{
 };
 use sandcove_core::wire::body::SignalBody;
 use sandcove_core::wire::{frame, PID_HEADER};
-use sandcove_core::{Error, ProcessEvent, ProcessSelector, ProcessSpec, ProcessStream, PtySize};
+use sandcove_core::{
+    Error, ProcessEvent, ProcessSelector, ProcessSpec, ProcessStream, PtySize, ResizePtyOptions,
+    SignalOptions, WriteStdinOptions,
+};
 
 const SELECTOR: &[&str] = &["pid", "tag"];
 
@@ -200,7 +203,7 @@ async fn write_stdin(
     let data = read_body(&headers, body, state.config.max_body_bytes).await?;
     state
         .backend
-        .write_stdin(&id, selector, data.to_vec())
+        .write_stdin(&id, selector, WriteStdinOptions::new(data.to_vec()))
         .await?;
     Ok(done())
 }
@@ -223,7 +226,8 @@ async fn signal(
 ) -> Result<Response, ApiError> {
     let selector = selector.get()?;
     let (req, _) = read_json::<SignalBody>(&state, &headers, body).await?;
-    state.backend.signal(&id, selector, req.signal).await?;
+    let options = SignalOptions::new(req.signal);
+    state.backend.signal(&id, selector, options).await?;
     Ok(done())
 }
 
@@ -236,6 +240,7 @@ async fn resize_pty(
 ) -> Result<Response, ApiError> {
     let selector = selector.get()?;
     let (size, _) = read_json::<PtySize>(&state, &headers, body).await?;
-    state.backend.resize_pty(&id, selector, size).await?;
+    let options = ResizePtyOptions::new(size);
+    state.backend.resize_pty(&id, selector, options).await?;
     Ok(done())
 }

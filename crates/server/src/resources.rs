@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use super::idempotency::Stored;
 use super::{done, json, read_json, ApiError, AppState, In, Out, Route};
 use sandcove_core::wire::body::{NewSnapshot, NewToken, NewVolume, RevokeToken};
-use sandcove_core::PreviewOptions;
+use sandcove_core::{PreviewOptions, PreviewTokenOptions, SnapshotOptions};
 
 pub(super) fn routes() -> Vec<Route> {
     vec![
@@ -155,16 +155,14 @@ async fn create_preview_token(
         Ok(v) => v,
         Err(e) => return e.into_response(),
     };
+    let mut options = PreviewTokenOptions::default();
+    options.expires_at = req.expires_at;
     let backend = state.backend.clone();
     let scope = format!("preview-token {id} {port}");
     state
         .idempotency
         .run(&headers, &scope, &raw, async move {
-            Stored::of(
-                backend
-                    .create_preview_token(&id, port, req.expires_at)
-                    .await,
-            )
+            Stored::of(backend.create_preview_token(&id, port, options).await)
         })
         .await
 }
@@ -193,12 +191,14 @@ async fn snapshot(
         Ok(v) => v,
         Err(e) => return e.into_response(),
     };
+    let mut options = SnapshotOptions::default();
+    options.name = req.name;
     let backend = state.backend.clone();
     let scope = format!("snapshot {id}");
     state
         .idempotency
         .run(&headers, &scope, &raw, async move {
-            Stored::of(backend.snapshot(&id, req.name).await)
+            Stored::of(backend.snapshot(&id, options).await)
         })
         .await
 }

@@ -11,7 +11,9 @@ use serde::Deserialize;
 use super::idempotency::Stored;
 use super::{json, read_json, ApiError, AppState, In, Out, Route};
 use sandcove_core::wire::body::{SetLabels, SetTimeout};
-use sandcove_core::{AnnotationUpdate, CreateOptions, Error, ListOptions};
+use sandcove_core::{
+    AnnotationUpdate, CreateOptions, Error, ListOptions, SetLabelsOptions, SetTimeoutOptions,
+};
 
 pub(super) fn routes() -> Vec<Route> {
     vec![
@@ -203,8 +205,8 @@ async fn set_timeout(
     if !(req.timeout.is_finite() && (0.0..1e12).contains(&req.timeout)) {
         return Err(Error::invalid(format!("timeout {} is out of range", req.timeout)).into());
     }
-    let timeout = Duration::from_secs_f64(req.timeout);
-    Ok(json(&state.backend.set_timeout(&id, timeout).await?))
+    let options = SetTimeoutOptions::new(Duration::from_secs_f64(req.timeout));
+    Ok(json(&state.backend.set_timeout(&id, options).await?))
 }
 
 async fn set_labels(
@@ -214,7 +216,8 @@ async fn set_labels(
     body: Body,
 ) -> Result<Response, ApiError> {
     let (req, _) = read_json::<SetLabels>(&state, &headers, body).await?;
-    Ok(json(&state.backend.set_labels(&id, req.labels).await?))
+    let options = SetLabelsOptions::new(req.labels);
+    Ok(json(&state.backend.set_labels(&id, options).await?))
 }
 
 async fn update_annotations(

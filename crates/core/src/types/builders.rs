@@ -358,6 +358,68 @@ impl RemoveOptions {
     }
 }
 
+impl SetTimeoutOptions {
+    /// End the lease `timeout` from now.
+    pub fn new(timeout: Duration) -> Self {
+        SetTimeoutOptions { timeout }
+    }
+}
+
+impl SetLabelsOptions {
+    /// Replace the labels with `labels`.
+    pub fn new(labels: BTreeMap<String, String>) -> Self {
+        SetLabelsOptions { labels }
+    }
+
+    /// Also set this label ([`SetLabelsOptions::labels`]).
+    pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.labels.insert(key.into(), value.into());
+        self
+    }
+}
+
+impl WriteStdinOptions {
+    /// Write `data`.
+    pub fn new(data: impl Into<Vec<u8>>) -> Self {
+        WriteStdinOptions { data: data.into() }
+    }
+}
+
+impl SignalOptions {
+    /// Send `signal`.
+    pub fn new(signal: Signal) -> Self {
+        SignalOptions { signal }
+    }
+}
+
+impl ResizePtyOptions {
+    /// Resize the terminal to `size`.
+    pub fn new(size: PtySize) -> Self {
+        ResizePtyOptions { size }
+    }
+}
+
+impl ChmodOptions {
+    /// Set the permission bits to `mode`.
+    pub fn new(mode: u32) -> Self {
+        ChmodOptions { mode }
+    }
+}
+
+impl PreviewTokenOptions {
+    option_setters! {
+        /// Set [`PreviewTokenOptions::expires_at`].
+        expires_at: UnixMillis;
+    }
+}
+
+impl SnapshotOptions {
+    string_setters! {
+        /// Set [`SnapshotOptions::name`].
+        name;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -387,5 +449,16 @@ mod tests {
         assert_eq!(WatchOptions::default().user("u").user.as_deref(), Some("u"));
         assert_eq!(PreviewOptions::new(80).port, 80);
         assert_eq!(RestartPolicy::at_most(2).max_restarts, Some(2));
+        assert_eq!(
+            SnapshotOptions::default().name("s").name.as_deref(),
+            Some("s")
+        );
+        assert_eq!(
+            PreviewTokenOptions::default().expires_at(7).expires_at,
+            Some(7)
+        );
+        let labels = SetLabelsOptions::default().label("k", "v").labels;
+        assert_eq!(labels.get("k").map(String::as_str), Some("v"));
+        assert_eq!(WriteStdinOptions::new("hi").data, b"hi");
     }
 }
