@@ -7,11 +7,12 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
-use sandcove::{ByteStream, FileKind, FileStat, ListDirOptions, MkdirOptions, RemoveOptions};
+use sandcove::{
+    ByteStream, FileAttributes, FileKind, FileStat, ListDirOptions, MkdirOptions, RemoveOptions,
+};
 
 use crate::call::{with_request_timeout, BoxFuture, Call, IntoSeconds};
 use crate::errors::{Result, SandboxException};
-use crate::gaps::refuse;
 use crate::sandbox::Ctx;
 use crate::translate::{self, py_opt_str, py_str, DateTime};
 
@@ -65,6 +66,92 @@ fn py_metadata(m: &Option<BTreeMap<String, String>>) -> String {
     m.as_ref()
         .map(translate::py_dict)
         .unwrap_or_else(|| "None".into())
+}
+
+/// The extended-attribute namespace E2B's daemon keeps a file's `metadata` in: key `k` is
+/// attribute `user.e2b.k`.
+pub(crate) const METADATA_ATTRIBUTE_PREFIX: &str = "user.e2b.";
+
+/// E2B's daemon's bound of one file's metadata: every key with its attribute prefix, plus
+/// its value, in bytes.
+const MAX_METADATA_BYTES: usize = 4096;
+
+/// The longest metadata key E2B's daemon takes: an attribute name is at most 255 bytes.
+const MAX_METADATA_KEY_BYTES: usize = 255 - METADATA_ATTRIBUTE_PREFIX.len();
+
+/// Check `metadata=` as the SDK does before it sends anything: keys travel as
+/// `X-Metadata-<key>` header names (HTTP token characters), values as header values
+/// (printable US-ASCII).
+fn check_sdk_metadata(metadata: &[(String, String)]) -> Result<()> {
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    for (key, value) in metadata {
+        if key.is_empty() || !key.bytes().all(token) {
+            return Err(SandboxException::invalid_argument(format!(
+                "Invalid metadata key {}: keys must be non-empty and use only HTTP token \
+                 characters (letters, digits and !#$%&'*+-.^_`|~).",
+                py_str(key)
+            )));
+        }
+        if !value.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+            return Err(SandboxException::invalid_argument(format!(
+                "Invalid metadata value for key {}: values must be printable US-ASCII.",
+                py_str(key)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The core attributes a write with E2B `metadata` gets, as E2B's daemon stores it: each key
+/// lowercased (the first of keys equal but for case wins, as the daemon reads headers) as
+/// `user.e2b.<key>`; keys and values printable US-ASCII, a key at most 246 bytes, all of it
+/// at most 4096 bytes, else `InvalidArgumentException` (the daemon's `400`) before anything
+/// is written.
+pub(crate) fn metadata_attributes(metadata: &[(String, String)]) -> Result<FileAttributes> {
+    let invalid =
+        |why: String| SandboxException::invalid_argument(format!("invalid metadata: {why}"));
+    let printable = |s: &str| s.bytes().all(|b| (0x20..=0x7e).contains(&b));
+    let mut attributes = FileAttributes::new();
+    let mut total = 0;
+    for (key, value) in metadata {
+        let key = key.to_ascii_lowercase();
+        let name = format!("{METADATA_ATTRIBUTE_PREFIX}{key}");
+        if key.is_empty() || attributes.contains_key(&name) {
+            continue;
+        }
+        if key.len() > MAX_METADATA_KEY_BYTES {
+            return Err(invalid(format!(
+                "metadata key {key:?} exceeds {MAX_METADATA_KEY_BYTES} bytes"
+            )));
+        }
+        if !printable(&key) || !printable(value) {
+            return Err(invalid(format!(
+                "metadata key {key:?} or its value contains a byte that is not printable ASCII"
+            )));
+        }
+        total += name.len() + value.len();
+        attributes.insert(name, value.as_bytes().to_vec());
+    }
+    if total > MAX_METADATA_BYTES {
+        return Err(invalid(format!(
+            "total metadata size {total} exceeds {MAX_METADATA_BYTES} bytes"
+        )));
+    }
+    Ok(attributes)
+}
+
+/// E2B's `metadata` of an entry: its `user.e2b.*` attributes, prefix stripped (values that
+/// are not UTF-8 left out, as E2B's daemon leaves them out); `None` when it has none.
+pub(crate) fn metadata_of(attributes: Option<&FileAttributes>) -> Option<BTreeMap<String, String>> {
+    let metadata: BTreeMap<String, String> = attributes?
+        .iter()
+        .filter_map(|(name, value)| {
+            let key = name.strip_prefix(METADATA_ATTRIBUTE_PREFIX)?;
+            let value = String::from_utf8(value.clone()).ok()?;
+            Some((key.to_string(), value))
+        })
+        .collect();
+    (!metadata.is_empty()).then_some(metadata)
 }
 
 /// `WriteInfo`: what `write` returns.
@@ -137,7 +224,7 @@ impl EntryInfo {
             group: s.group.clone(),
             modified_time: DateTime::from_unix_millis(s.modified),
             symlink_target: s.symlink_target.clone(),
-            metadata: None,
+            metadata: metadata_of(s.attributes.as_ref()),
             wire_type: FileType::from_kind(s.kind),
         }
     }
@@ -153,7 +240,9 @@ impl EntryInfo {
     /// every link on the way resolved (`EvalSymlinks`); envd's `type` field (kept for the
     /// wire) is the target's type. A link that does not resolve (dangling, a loop, a
     /// component `user` may not search) has mode `0`, no target type, and its own path as the
-    /// target. Size, times and the permission string stay the link's own, as there.
+    /// target. Size, times and the permission string stay the link's own, as there; `metadata`
+    /// is the target's, as the daemon reads it through the link. `s` carries the entry's
+    /// attributes (stat and list are asked for them), which give its `metadata`.
     pub(crate) async fn resolved(ctx: &Ctx, s: &FileStat, user: Option<String>) -> EntryInfo {
         let mut entry = EntryInfo::from_stat(ctx, s);
         if s.kind != FileKind::Symlink {
@@ -164,6 +253,7 @@ impl EntryInfo {
                 entry.wire_type = FileType::from_kind(st.kind);
                 entry.mode = i64::from(st.mode & 0o777);
                 entry.symlink_target = Some(ctx.e2b_path(&target));
+                entry.metadata = metadata_of(st.attributes.as_ref());
             }
             None => {
                 entry.wire_type = None;
@@ -205,7 +295,7 @@ async fn resolve_links(ctx: &Ctx, path: &str, user: Option<String>) -> Option<(S
         } else {
             format!("/{parent}/{part}")
         };
-        let mut options = sandcove::StatOptions::default();
+        let mut options = sandcove::StatOptions::default().attributes(true);
         options.user = user.clone();
         let st = ctx.core.stat_with(&candidate, options).await.ok()?;
         if st.kind == FileKind::Symlink {
@@ -231,7 +321,7 @@ async fn resolve_links(ctx: &Ctx, path: &str, user: Option<String>) -> Option<(S
         Some(st) => st,
         // The path ended at the root or on `..`: look at where it is.
         None => {
-            let mut options = sandcove::StatOptions::default();
+            let mut options = sandcove::StatOptions::default().attributes(true);
             options.user = user;
             ctx.core.stat_with(&at, options).await.ok()?
         }
@@ -243,10 +333,11 @@ impl fmt::Debug for EntryInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "EntryInfo(name={}, type={}, path={}, size={}, mode=0o{:o}, permissions={}, owner={}, group={}, modified_time={:?}, symlink_target={})",
+            "EntryInfo(name={}, type={}, path={}, metadata={}, size={}, mode=0o{:o}, permissions={}, owner={}, group={}, modified_time={:?}, symlink_target={})",
             py_str(&self.name),
             py_type(&self.r#type),
             py_str(&self.path),
+            py_metadata(&self.metadata),
             self.size,
             self.mode,
             py_str(&self.permissions),
@@ -404,7 +495,8 @@ pub(crate) async fn watch_event(
     // The runtime reports API writes as E2B does (create, chmod, write; see the watch's
     // options) and never shows its temporary files: events map one to one.
     let entry = if include_entry {
-        match ctx.core.stat_with(&event.path, Default::default()).await {
+        let options = sandcove::StatOptions::default().attributes(true);
+        match ctx.core.stat_with(&event.path, options).await {
             Ok(st) => Some(EntryInfo::resolved(ctx, &st, None).await),
             Err(_) => None,
         }
@@ -431,38 +523,47 @@ pub(crate) async fn open_read(ctx: &Ctx, path: &str, user: Option<&str>) -> Resu
     Ok(ctx.core.read_stream_with(&path, options).await?)
 }
 
-/// Write `data` to `path` as E2B's `user`, creating parent directories (shared by
-/// `files.write` and the wire's `POST /files`).
+/// Write `data` to `path` as E2B's `user`, creating parent directories, with exactly the
+/// given `metadata` attributes (see [`metadata_attributes`]; shared by `files.write` and the
+/// wire's `POST /files`).
 pub(crate) async fn write_stream(
     ctx: &Ctx,
     path: &str,
     data: ByteStream,
     user: Option<&str>,
+    metadata: &FileAttributes,
 ) -> Result<WriteInfo> {
-    let options = write_options(ctx, user);
+    let options = write_options(ctx, user, metadata);
     let path = ctx.path_as(path, options.user.as_deref());
     let s = ctx.core.write_stream(&path, data, options).await?;
     Ok(write_info(ctx, &s))
 }
 
-/// The core options of a write as E2B's `user`, creating parent directories.
-pub(crate) fn write_options(ctx: &Ctx, user: Option<&str>) -> sandcove::WriteOptions {
+/// The core options of a write as E2B's `user`, creating parent directories, giving the file
+/// the `metadata` attributes (and no others: E2B's daemon clears the metadata an upload does
+/// not name, and a core write lands a new file).
+pub(crate) fn write_options(
+    ctx: &Ctx,
+    user: Option<&str>,
+    metadata: &FileAttributes,
+) -> sandcove::WriteOptions {
     let common = Common {
         user: user.map(str::to_string),
         request_timeout: None,
     };
     let mut options = sandcove::WriteOptions::default().create_parents(true);
     options.user = common.file_user(ctx);
+    options.attributes = metadata.clone();
     options
 }
 
-/// `WriteInfo` of a written file.
+/// `WriteInfo` of a written file: its `metadata` as read back from it.
 pub(crate) fn write_info(ctx: &Ctx, s: &sandcove::FileStat) -> WriteInfo {
     WriteInfo {
         name: s.name.clone(),
         r#type: FileType::from_kind(s.kind),
         path: ctx.e2b_path(&s.path),
-        metadata: None,
+        metadata: metadata_of(s.attributes.as_ref()),
     }
 }
 
@@ -604,7 +705,7 @@ impl Filesystem {
             ctx: self.ctx.clone(),
             entries: vec![WriteEntry::new(path, data)],
             common: Common::default(),
-            metadata: false,
+            metadata: Vec::new(),
         }
     }
 
@@ -614,7 +715,7 @@ impl Filesystem {
             ctx: self.ctx.clone(),
             entries: files,
             common: Common::default(),
-            metadata: false,
+            metadata: Vec::new(),
         })
     }
 
@@ -643,11 +744,12 @@ impl Filesystem {
         })
     }
 
-    /// `files.get_info(path, user=None, request_timeout=None) -> EntryInfo`.
+    /// `files.get_info(path, user=None, request_timeout=None) -> EntryInfo`, with the
+    /// entry's `metadata` (its `user.e2b.*` attributes, however they were set).
     pub fn get_info(&self, path: impl Into<String>) -> FsCall<EntryInfo> {
         let path = path.into();
         FsCall::new(&self.ctx, move |ctx, common| async move {
-            let mut options = sandcove::StatOptions::default();
+            let mut options = sandcove::StatOptions::default().attributes(true);
             options.user = common.file_user(&ctx);
             let user = options.user.clone();
             let path = ctx.path_as(&path, user.as_deref());
@@ -674,7 +776,8 @@ impl Filesystem {
 
     /// `files.rename(old_path, new_path, user=None, request_timeout=None) -> EntryInfo`:
     /// creates the destination's parent directories; as `user`, the engine acts as that
-    /// user (the kernel checks its permissions on both directories).
+    /// user (the kernel checks its permissions on both directories). The entry keeps its
+    /// `metadata`, which the result reports.
     pub fn rename(
         &self,
         old_path: impl Into<String>,
@@ -685,9 +788,10 @@ impl Filesystem {
             let user = common.file_user(&ctx);
             let from = ctx.path_as(&from, user.as_deref());
             let to = ctx.path_as(&to, user.as_deref());
-            let mut stat = sandcove::StatOptions::default();
+            let mut stat = sandcove::StatOptions::default().attributes(true);
             stat.user = user.clone();
-            ctx.core.stat_with(&from, stat).await?;
+            // Its attributes, which the rename keeps, are the result's.
+            let before = ctx.core.stat_with(&from, stat).await?;
             if let Some((parent, _)) = to.rsplit_once('/') {
                 if !parent.is_empty() {
                     let mut mkdir = MkdirOptions::default();
@@ -697,7 +801,8 @@ impl Filesystem {
             }
             let mut options = sandcove::RenameOptions::default();
             options.user = user.clone();
-            let s = ctx.core.rename_with(&from, &to, options).await?;
+            let mut s = ctx.core.rename_with(&from, &to, options).await?;
+            s.attributes = before.attributes;
             Ok(EntryInfo::resolved(&ctx, &s, user).await)
         })
     }
@@ -848,7 +953,7 @@ pub struct WriteBuilder {
     ctx: Ctx,
     entries: Vec<WriteEntry>,
     common: Common,
-    metadata: bool,
+    metadata: Vec<(String, String)>,
 }
 
 impl WriteBuilder {
@@ -864,19 +969,26 @@ impl WriteBuilder {
         self
     }
 
-    /// `metadata=`: not supported (see MAPPING.md).
+    /// `metadata=`: kept on the file as its `user.e2b.<key>` extended attributes (keys
+    /// lowercased), and the only metadata it has afterwards; `get_info`, `list` and `rename`
+    /// report it, with any a process set. Keys must be HTTP token characters and values
+    /// printable US-ASCII (else `InvalidArgumentException`, before anything is written), all
+    /// of it at most 4096 bytes. Where the file's filesystem has no user attributes, the
+    /// write is refused (`NotSupported`) and nothing is written.
     pub fn metadata<K: Into<String>, V: Into<String>>(
         mut self,
-        _metadata: impl IntoIterator<Item = (K, V)>,
+        metadata: impl IntoIterator<Item = (K, V)>,
     ) -> Self {
-        self.metadata = true;
+        self.metadata = metadata
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
         self
     }
 
     async fn run(self) -> Result<Vec<WriteInfo>> {
-        if self.metadata {
-            return Err(refuse("file_metadata"));
-        }
+        check_sdk_metadata(&self.metadata)?;
+        let metadata = metadata_attributes(&self.metadata)?;
         let ctx = self.ctx;
         let mut out = Vec::with_capacity(self.entries.len());
         for entry in self.entries {
@@ -886,6 +998,7 @@ impl WriteBuilder {
                     &entry.path,
                     entry.data.into_stream(),
                     self.common.user.as_deref(),
+                    &metadata,
                 )
                 .await?,
             );
@@ -932,7 +1045,7 @@ impl WriteFilesBuilder {
         self
     }
 
-    /// `metadata=`: not supported.
+    /// `metadata=`: the same metadata on every file (see [`WriteBuilder::metadata`]).
     pub fn metadata<K: Into<String>, V: Into<String>>(
         self,
         metadata: impl IntoIterator<Item = (K, V)>,
@@ -989,7 +1102,8 @@ impl IntoFuture for ListBuilder {
                     .core
                     .list_dir_with(&ctx.path_as(&self.path, user.as_deref()), {
                         let mut options = ListDirOptions::default()
-                            .depth(u32::try_from(depth).unwrap_or(u32::MAX));
+                            .depth(u32::try_from(depth).unwrap_or(u32::MAX))
+                            .attributes(true);
                         options.user = user.clone();
                         options
                     })

@@ -44,11 +44,6 @@ pub const GAPS: &[Gap] = &[
         alternative: "template=None/'base' (the host's system directories) or a snapshot id; install tools with commands.run",
     },
     Gap {
-        key: "file_metadata",
-        feature: "files.write(..., metadata=...) (user.e2b.* xattrs)",
-        alternative: "keep metadata in a sidecar file",
-    },
-    Gap {
         key: "file_user",
         feature: "files.upload_url/download_url(..., user=<another user>)",
         alternative: "run the operation as that user with commands.run(..., user=...)",

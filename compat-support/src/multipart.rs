@@ -502,8 +502,19 @@ impl Upload {
 #[derive(Debug)]
 pub struct Staged {
     sandbox: sandcove::Sandbox,
-    /// (temporary path, destination, user), in the order written.
-    files: Vec<(String, String, Option<String>)>,
+    /// The files written, in order.
+    files: Vec<StagedFile>,
+}
+
+/// One file of a [`Staged`] upload.
+#[derive(Debug)]
+struct StagedFile {
+    temporary: String,
+    destination: String,
+    /// Who moves it into place.
+    user: Option<String>,
+    /// The attributes its write reported, which the move keeps.
+    attributes: Option<sandcove::FileAttributes>,
 }
 
 impl Staged {
@@ -517,14 +528,15 @@ impl Staged {
 
     /// Write `data` for `destination` (an absolute sandbox path) under a temporary name in
     /// its directory (`.sandcove-upload-…`), with `options` (whose user also moves it into
-    /// place). A destination staged already in this upload is refused.
+    /// place; its attributes stay with the file). A destination staged already in this upload
+    /// is refused.
     pub async fn write(
         &mut self,
         destination: &str,
         data: sandcove::ByteStream,
         options: sandcove::WriteOptions,
     ) -> sandcove::Result<()> {
-        if self.files.iter().any(|(_, d, _)| d == destination) {
+        if self.files.iter().any(|f| f.destination == destination) {
             return Err(sandcove::Error::invalid(format!(
                 "{destination} is uploaded twice in one request"
             )));
@@ -535,30 +547,36 @@ impl Staged {
             None => name,
         };
         let user = options.user.clone();
-        self.sandbox.write_stream(&temporary, data, options).await?;
-        self.files.push((temporary, destination.to_string(), user));
+        let written = self.sandbox.write_stream(&temporary, data, options).await?;
+        self.files.push(StagedFile {
+            temporary,
+            destination: destination.to_string(),
+            user,
+            attributes: written.attributes,
+        });
         Ok(())
     }
 
-    /// Move every staged file into place, in order; their metadata. A move that fails
-    /// removes the files not moved yet and is the error.
+    /// Move every staged file into place, in order; their metadata (with the attributes their
+    /// writes reported). A move that fails removes the files not moved yet and is the error.
     pub async fn commit(mut self) -> sandcove::Result<Vec<sandcove::FileStat>> {
         let files = std::mem::take(&mut self.files);
         let mut moved = Vec::with_capacity(files.len());
         let mut rest = files.into_iter();
-        while let Some((temporary, destination, user)) = rest.next() {
+        while let Some(file) = rest.next() {
             let mut options = sandcove::RenameOptions::default();
-            options.user = user;
+            options.user = file.user.clone();
             match self
                 .sandbox
-                .rename_with(&temporary, &destination, options)
+                .rename_with(&file.temporary, &file.destination, options)
                 .await
             {
-                Ok(stat) => moved.push(stat),
+                Ok(mut stat) => {
+                    stat.attributes = file.attributes;
+                    moved.push(stat);
+                }
                 Err(e) => {
-                    self.files = std::iter::once((temporary, destination, None))
-                        .chain(rest)
-                        .collect();
+                    self.files = std::iter::once(file).chain(rest).collect();
                     self.abort().await;
                     return Err(e);
                 }
@@ -569,8 +587,8 @@ impl Staged {
 
     /// Remove every staged file (best effort: a sandbox that is gone takes them with it).
     pub async fn abort(self) {
-        for (temporary, _, _) in &self.files {
-            let _ = self.sandbox.remove(temporary).await;
+        for file in &self.files {
+            let _ = self.sandbox.remove(&file.temporary).await;
         }
     }
 }

@@ -496,6 +496,91 @@ async fn an_upload_as_root_resolves_against_roots_home() {
     assert_eq!(read.text().await.unwrap(), "as root");
 }
 
+/// `X-Metadata-<key>` headers on an upload become the file's `user.e2b.<key>` attributes
+/// (keys lowercased), which the upload's answer and `Stat` report; an upload without them
+/// leaves none; metadata past envd's bound is a `400` and writes nothing.
+#[tokio::test]
+async fn upload_metadata_is_kept_as_attributes_and_bad_metadata_writes_nothing() {
+    let env = env().await;
+    let (id, token) = env.create().await;
+    let upload = |path: &str, metadata: &[(&str, String)]| {
+        let mut r = env
+            .http
+            .post(format!("{}/files?path={path}", env.url))
+            .header("E2b-Sandbox-Id", &id)
+            .header("X-Access-Token", &token)
+            .header("Content-Type", "application/octet-stream");
+        for (key, value) in metadata {
+            r = r.header(format!("X-Metadata-{key}"), value.as_str());
+        }
+        r.body("x").send()
+    };
+    let stat = |path: &'static str| {
+        env.envd("/filesystem.Filesystem/Stat", &id, &token)
+            .header("Content-Type", "application/json")
+            .json(&json!({ "path": path }))
+            .send()
+    };
+    let r = upload("/home/user/meta.txt", &[("Origin", "wire".into())])
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body[0]["metadata"], json!({"origin": "wire"}), "{body}");
+    let entry: Value = stat("/home/user/meta.txt")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        entry["entry"]["metadata"],
+        json!({"origin": "wire"}),
+        "{entry}"
+    );
+    let attributes = env
+        .backend
+        .stat(
+            &id,
+            "/home/user/meta.txt",
+            sandcove::StatOptions::default().attributes(true),
+        )
+        .await
+        .unwrap()
+        .attributes;
+    assert_eq!(
+        attributes,
+        Some([("user.e2b.origin".to_string(), b"wire".to_vec())].into())
+    );
+    // An upload without metadata leaves the file none (envd clears what it does not name).
+    let r = upload("/home/user/meta.txt", &[]).await.unwrap();
+    let body: Value = r.json().await.unwrap();
+    assert!(body[0].get("metadata").is_none(), "{body}");
+    let entry: Value = stat("/home/user/meta.txt")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(entry["entry"].get("metadata").is_none(), "{entry}");
+    // Past envd's 4096 bytes: refused, nothing written.
+    let r = upload("/home/user/big.txt", &[("Big", "v".repeat(4096))])
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["message"].as_str().unwrap().contains("metadata"),
+        "{body}"
+    );
+    let err = env
+        .backend
+        .stat(&id, "/home/user/big.txt", Default::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+}
+
 #[tokio::test]
 async fn a_watcher_answers_only_its_own_sandbox() {
     let env = env().await;
@@ -964,21 +1049,7 @@ async fn gaps_are_refused_with_the_alternative_before_any_effect() {
             &format!("{method} {path}"),
         );
     }
-    // envd: file metadata on an upload (Connect `unimplemented`). (A remove and a rename as
-    // another user are served: the engine acts as that user.)
-    let r = env
-        .http
-        .post(format!("{}/files?path=/home/user/meta.txt", env.url))
-        .header("E2b-Sandbox-Id", &id)
-        .header("X-Access-Token", &token)
-        .header("Content-Type", "application/octet-stream")
-        .header("X-Metadata-Origin", "gaps")
-        .body("x")
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    refused(status, &r.json().await.unwrap(), "metadata upload");
+    // envd: a rename as another user is served (the engine acts as that user).
     let r = env
         .envd("/filesystem.Filesystem/Move", &id, &token)
         .header("Content-Type", "application/json")
@@ -1014,12 +1085,6 @@ async fn gaps_are_refused_with_the_alternative_before_any_effect() {
         env.backend.list_snapshots().await.map(|s| s.len()).ok(),
         snapshots_before
     );
-    let err = env
-        .backend
-        .stat(&id, "/home/user/meta.txt", Default::default())
-        .await
-        .unwrap_err();
-    assert!(err.is_not_found(), "{err}");
     env.backend
         .stat(&id, "/home/user", Default::default())
         .await

@@ -786,6 +786,9 @@ fn entry_json(e: &EntryInfo) -> Value {
         v["symlinkTarget"] = json!(target);
         v["isSymlink"] = json!(true);
     }
+    if let Some(metadata) = &e.metadata {
+        v["metadata"] = json!(metadata);
+    }
     v
 }
 
@@ -1128,11 +1131,15 @@ async fn upload(
             let list: Vec<Value> = written
                 .iter()
                 .map(|w| {
-                    json!({
+                    let mut entry = json!({
                         "name": w.name,
                         "type": w.r#type.as_ref().map(|t| t.value()).unwrap_or("file"),
                         "path": w.path,
-                    })
+                    });
+                    if let Some(metadata) = &w.metadata {
+                        entry["metadata"] = json!(metadata);
+                    }
+                    entry
                 })
                 .collect();
             axum::Json(Value::Array(list)).into_response()
@@ -1164,7 +1171,9 @@ fn write_data(data: multipart::PartData) -> sandcove::ByteStream {
 /// URL, whose path it is) the body carries exactly one file, written there: a second `file`
 /// part fails the upload before the first lands (envd would write the first and refuse the
 /// second). Without, each part is written to its filename. A signed URL also fixes the user
-/// and refuses a part whose filename names another path.
+/// and refuses a part whose filename names another path. `X-Metadata-<key>` headers are the
+/// metadata every file written gets (see [`files::metadata_attributes`]), checked before
+/// anything is written.
 async fn upload_inner(
     wire: &Wire,
     id: &str,
@@ -1186,12 +1195,18 @@ async fn upload_inner(
             ))
         }
     };
-    if headers
-        .keys()
-        .any(|k| k.as_str().starts_with("x-metadata-"))
-    {
-        return Err(crate::gaps::refuse("file_metadata").into());
-    }
+    // Every value of every such header, in order (the first of a key wins, as in envd).
+    let metadata: Vec<(String, String)> = headers
+        .iter()
+        .filter_map(|(name, value)| {
+            let key = name.as_str().strip_prefix("x-metadata-")?;
+            Some((
+                key.to_string(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            ))
+        })
+        .collect();
+    let metadata = files::metadata_attributes(&metadata)?;
     // What the request may write: a signed URL's path and user, else the query's.
     let (path, user) = match &signed {
         Some(s) if s.operation != "write" => {
@@ -1234,7 +1249,7 @@ async fn upload_inner(
         } else {
             Box::pin(raw.map(|chunk| chunk.map(|b| b.to_vec())))
         };
-        let written = files::write_stream(&ctx, &path, stream, user).await?;
+        let written = files::write_stream(&ctx, &path, stream, user, &metadata).await?;
         return Ok(vec![written]);
     }
     if multipart::boundary(&content_type).is_none() {
@@ -1272,7 +1287,7 @@ async fn upload_inner(
                     ));
                 };
                 let data = write_data(Upload::data(part));
-                let options = files::write_options(&ctx, user);
+                let options = files::write_options(&ctx, user, &metadata);
                 let path = ctx.path_as(&path, options.user.as_deref());
                 staged.write(&path, data, options).await?;
             }
@@ -1335,7 +1350,7 @@ async fn upload_inner(
             ),
         },
     );
-    let written = files::write_stream(&ctx, &path, write_data(data), user).await?;
+    let written = files::write_stream(&ctx, &path, write_data(data), user, &metadata).await?;
     Ok(vec![written])
 }
 

@@ -62,9 +62,8 @@ pub const ENVD_PORT: &str = "49983";
 /// The code interpreter's port.
 pub const CODE_INTERPRETER_PORT: &str = "49999";
 /// The envd version advertised: the highest whose SDK-gated features are served (stdin,
-/// default user, `close_stdin`, octet-stream uploads, the watch's `entry` and network-mounts
-/// flag). File metadata (0.6.2) then reaches the server, which refuses it (`file_metadata`)
-/// before writing anything, instead of the SDK raising a version error.
+/// default user, `close_stdin`, octet-stream uploads, file metadata, the watch's `entry` and
+/// network-mounts flag).
 pub const WIRE_ENVD_VERSION: &str = "0.6.4";
 
 /// Settings of the E2B listener.

@@ -56,7 +56,7 @@ async fn write_read_and_info() {
     assert_eq!((info.owner.as_str(), info.group.as_str()), ("user", "user"));
     let shown = format!("{info:?}");
     assert!(
-        shown.starts_with("EntryInfo(name='test_file.txt', type=<FileType.FILE: 'file'>, path='/home/user/test_file.txt', size=13, mode=0o644, permissions='-rw-r--r--', owner='user', group='user', modified_time=datetime.datetime("),
+        shown.starts_with("EntryInfo(name='test_file.txt', type=<FileType.FILE: 'file'>, path='/home/user/test_file.txt', metadata=None, size=13, mode=0o644, permissions='-rw-r--r--', owner='user', group='user', modified_time=datetime.datetime("),
         "{shown}"
     );
     assert!(shown.ends_with(", symlink_target=None)"), "{shown}");
@@ -227,14 +227,6 @@ async fn write_files_list_exists_remove_rename() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gaps_in_files_are_refused_before_any_effect() {
     let sbx = sandbox("filegaps").await;
-    assert_not_supported(
-        sbx.files.write("m.txt", "x").metadata([("k", "v")]).await,
-        "write metadata",
-    );
-    assert!(
-        !sbx.files.exists("m.txt").await.expect("exists"),
-        "nothing written"
-    );
     // A rename as another user is no gap any more: the engine acts as that user (where the
     // runtime has one uid, another user is refused as for every file call).
     sbx.files.write("/tmp/a", "x").await.expect("write");
@@ -253,6 +245,95 @@ async fn gaps_in_files_are_refused_before_any_effect() {
     assert_eq!(
         sbx.files.read("u.txt").user("user").await.expect("read"),
         "x"
+    );
+    sbx.kill().await.expect("kill");
+}
+
+/// `metadata=` is kept on the file (E2B's `user.e2b.*` attributes, keys lowercased): the
+/// write, `get_info`, `list` and `rename` report it, with what a process set; a write without
+/// it leaves none; bad or oversized metadata is refused before anything is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_metadata_is_kept_reported_and_replaced() {
+    let sbx = sandbox("filemeta").await;
+    let meta = |pairs: &[(&str, &str)]| {
+        Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<std::collections::BTreeMap<_, _>>(),
+        )
+    };
+    let w = sbx
+        .files
+        .write("m.txt", "x")
+        .metadata([("Origin", "sdk"), ("k", "v")])
+        .await
+        .expect("write with metadata");
+    assert_eq!(w.metadata, meta(&[("k", "v"), ("origin", "sdk")]));
+    assert!(
+        format!("{w:?}").ends_with("metadata={'k': 'v', 'origin': 'sdk'})"),
+        "{w:?}"
+    );
+    let info = sbx.files.get_info("m.txt").await.expect("get_info");
+    assert_eq!(info.metadata, meta(&[("k", "v"), ("origin", "sdk")]));
+    assert!(
+        format!("{info:?}").contains("metadata={'k': 'v', 'origin': 'sdk'}, size=1,"),
+        "{info:?}"
+    );
+    // Set by a process: its `user.e2b.*` attributes are metadata, other ones are not.
+    let set =
+        "python3 -c \"import os; os.setxattr('/home/user/m.txt', 'user.e2b.by', b'process'); \
+               os.setxattr('/home/user/m.txt', 'user.other', b'x')\"";
+    sbx.commands.run(set).await.expect("setxattr");
+    let three = meta(&[("by", "process"), ("k", "v"), ("origin", "sdk")]);
+    let listed = sbx.files.list("/home/user").await.expect("list");
+    let entry = listed.iter().find(|e| e.name == "m.txt").expect("listed");
+    assert_eq!(entry.metadata, three);
+    let moved = sbx
+        .files
+        .rename("m.txt", "moved/m.txt")
+        .await
+        .expect("rename");
+    assert_eq!(moved.metadata, three, "kept by the rename");
+    // A write without metadata leaves none; write_files gives every file the same.
+    let w = sbx
+        .files
+        .write("moved/m.txt", "y")
+        .await
+        .expect("overwrite");
+    assert_eq!(w.metadata, None);
+    let info = sbx.files.get_info("moved/m.txt").await.expect("get_info");
+    assert_eq!(info.metadata, None);
+    let many = sbx
+        .files
+        .write_files(vec![
+            WriteEntry::new("a.txt", "a"),
+            WriteEntry::new("b.txt", "b"),
+        ])
+        .metadata([("batch", "1")])
+        .await
+        .expect("write_files");
+    assert!(
+        many.iter().all(|w| w.metadata == meta(&[("batch", "1")])),
+        "{many:?}"
+    );
+    // Refused before anything is written: a key that is no header token, a value that is not
+    // printable ASCII, more than E2B's daemon keeps.
+    for bad in [
+        sbx.files.write("bad.txt", "x").metadata([("a key", "v")]),
+        sbx.files
+            .write("bad.txt", "x")
+            .metadata([("k", "caf\u{e9}")]),
+        sbx.files
+            .write("bad.txt", "x")
+            .metadata([("big", "v".repeat(4096))]),
+    ] {
+        let err = bad.await.expect_err("bad metadata");
+        assert!(err.is_invalid_argument(), "{err:?}");
+    }
+    assert!(
+        !sbx.files.exists("bad.txt").await.expect("exists"),
+        "nothing written"
     );
     sbx.kill().await.expect("kill");
 }

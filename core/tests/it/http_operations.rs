@@ -463,6 +463,20 @@ async fn a_lost_write_answer_is_observed_and_a_retry_writes_once() {
         matches!(elsewhere, Err(Error::Conflict { .. })),
         "{elsewhere:?}"
     );
+    // The attributes are part of the write: the same content with others is another write.
+    let relabelled = op
+        .clone()
+        .scope(direct.write_file(
+            &id,
+            path,
+            upload(b"first", 5),
+            WriteOptions::default().attribute("user.origin", "retry"),
+        ))
+        .await;
+    assert!(
+        matches!(relabelled, Err(Error::Conflict { .. })),
+        "{relabelled:?}"
+    );
     assert_eq!(contents(&direct, &id, path).await, b"second");
     let stat = direct
         .stat(&id, "/workspace/elsewhere", StatOptions::default())

@@ -388,6 +388,8 @@ impl RemoteAgent {
         data: ByteStream,
         options: WriteOptions,
     ) -> Result<FileStat> {
+        // Refused before any byte is sent (the agent checks again).
+        options.validate()?;
         let request = AgentRequest::WriteFile {
             path: path.to_string(),
             options,

@@ -42,7 +42,10 @@ use sandcove_core::{
 ///   reply means the request was never served: the client may send it again on a fresh
 ///   connection, through the monitor, which applies the sandbox's state again. The
 ///   monitor's `claim` may hand its connection to the agent after its reply (`handoff`), so
-///   a warm-pool claim is one round trip.
+///   a warm-pool claim is one round trip. Added to v5 without a bump of its own, since it is
+///   left out of every message that does not use it: file extended attributes
+///   (`WriteOptions::attributes`, the `attributes` flag of stat and list options,
+///   `FileStat::attributes`).
 ///
 /// Whatever the version, the frame layout and two requests are frozen so a sandbox made by
 /// another build can still be described and destroyed: a hello frame carrying `info` or

@@ -350,6 +350,204 @@ pub async fn file_round_trip_and_metadata(backend: &dyn Backend) {
     backend.destroy(&id).await.expect("destroy");
 }
 
+/// Extended attributes in the `user.` namespace: a write sets them (and reports them, read
+/// back), stat and list return them when asked and only then, a rename keeps them, a write over
+/// the file leaves exactly its own, an append adds to them, ones a process sets are returned
+/// too (bytes as they are), and a user who may not read a file is not shown its attributes.
+/// Names outside `user.` or past the bounds are refused with nothing written.
+pub async fn file_attributes(backend: &dyn Backend) {
+    let id = create(backend, &unique("xattrs")).await;
+    let attrs = |pairs: &[(&str, &[u8])]| -> sandcove::FileAttributes {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_vec()))
+            .collect()
+    };
+    let stat_attrs = |path: &'static str, user: Option<String>| {
+        let id = id.clone();
+        async move {
+            let mut options = StatOptions::default().attributes(true);
+            options.user = user;
+            backend.stat(&id, path, options).await
+        }
+    };
+    let written = backend
+        .write_file(
+            &id,
+            "attrs/a.txt",
+            bytes_stream(b"one".to_vec()),
+            WriteOptions::default()
+                .attribute("user.origin", "upload")
+                .attribute("user.e2b.k", "v"),
+        )
+        .await
+        .expect("a write with attributes");
+    let both = attrs(&[("user.e2b.k", b"v"), ("user.origin", b"upload")]);
+    assert_eq!(
+        written.attributes.as_ref(),
+        Some(&both),
+        "reported by the write"
+    );
+    assert_eq!(
+        read(backend, &id, "attrs/a.txt").await.expect("read"),
+        b"one"
+    );
+    let plain = backend
+        .stat(&id, "attrs/a.txt", StatOptions::default())
+        .await
+        .expect("stat");
+    assert_eq!(plain.attributes, None, "not read unless asked for");
+    let st = stat_attrs("attrs/a.txt", None).await.expect("stat");
+    assert_eq!(st.attributes.as_ref(), Some(&both));
+    // Processes see them, and what they set is returned too, bytes as they are.
+    let out = sh(
+        backend,
+        &id,
+        "python3 -c \"import os; print(os.getxattr('attrs/a.txt', 'user.origin').decode()); \
+         os.setxattr('attrs/a.txt', 'user.bin', bytes([0, 255]))\"",
+    )
+    .await;
+    assert_eq!(out.stdout_lossy().trim(), "upload", "{out:?}");
+    let st = stat_attrs("attrs/a.txt", None).await.expect("stat");
+    let three = attrs(&[
+        ("user.bin", &[0, 255]),
+        ("user.e2b.k", b"v"),
+        ("user.origin", b"upload"),
+    ]);
+    assert_eq!(st.attributes.as_ref(), Some(&three), "set by a process");
+    // A rename keeps them.
+    backend
+        .rename(&id, "attrs/a.txt", "attrs/b.txt", RenameOptions::default())
+        .await
+        .expect("rename");
+    let st = stat_attrs("attrs/b.txt", None).await.expect("stat");
+    assert_eq!(st.attributes.as_ref(), Some(&three), "kept by a rename");
+    // A listing reports each entry's: a directory's own, none for a symlink.
+    sh(backend, &id, "ln -s b.txt attrs/link && mkdir attrs/sub").await;
+    let listed = backend
+        .list_dir(&id, "attrs", ListDirOptions::default().attributes(true))
+        .await
+        .expect("list");
+    let by_name: BTreeMap<_, _> = listed
+        .iter()
+        .map(|e| (e.name.as_str(), e.attributes.clone()))
+        .collect();
+    assert_eq!(
+        by_name,
+        BTreeMap::from([
+            ("b.txt", Some(three.clone())),
+            ("link", Some(BTreeMap::new())),
+            ("sub", Some(BTreeMap::new())),
+        ])
+    );
+    let listed = backend
+        .list_dir(&id, "attrs", ListDirOptions::default())
+        .await
+        .expect("list");
+    assert!(listed.iter().all(|e| e.attributes.is_none()), "{listed:?}");
+    // A write over the file: exactly its own attributes, none of the old ones.
+    let written = backend
+        .write_file(
+            &id,
+            "attrs/b.txt",
+            bytes_stream(b"two".to_vec()),
+            WriteOptions::default().attribute("user.e2b.k", "w"),
+        )
+        .await
+        .expect("overwrite");
+    let only = attrs(&[("user.e2b.k", b"w")]);
+    assert_eq!(written.attributes.as_ref(), Some(&only));
+    assert_eq!(
+        stat_attrs("attrs/b.txt", None)
+            .await
+            .expect("stat")
+            .attributes,
+        Some(only.clone())
+    );
+    write(backend, &id, "attrs/b.txt", b"three").await;
+    assert_eq!(
+        stat_attrs("attrs/b.txt", None)
+            .await
+            .expect("stat")
+            .attributes,
+        Some(BTreeMap::new()),
+        "a write without attributes leaves none"
+    );
+    // An append adds to the file's attributes.
+    backend
+        .write_file(
+            &id,
+            "attrs/b.txt",
+            bytes_stream(b"+".to_vec()),
+            WriteOptions::default()
+                .append(true)
+                .attribute("user.e2b.k", "w"),
+        )
+        .await
+        .expect("append with an attribute");
+    assert_eq!(
+        read(backend, &id, "attrs/b.txt").await.expect("read"),
+        b"three+"
+    );
+    assert_eq!(
+        stat_attrs("attrs/b.txt", None)
+            .await
+            .expect("stat")
+            .attributes,
+        Some(only)
+    );
+    // Refused before anything is written: another namespace, a bare prefix, too much.
+    for options in [
+        WriteOptions::default().attribute("trusted.k", "v"),
+        WriteOptions::default().attribute("user.", "v"),
+        WriteOptions::default().attribute(
+            "user.big",
+            vec![b'x'; sandcove::validate::MAX_FILE_ATTRIBUTE_BYTES],
+        ),
+    ] {
+        expect_code(
+            backend
+                .write_file(
+                    &id,
+                    "attrs/refused.txt",
+                    bytes_stream(b"x".to_vec()),
+                    options,
+                )
+                .await,
+            ErrorCode::InvalidArgument,
+            "bad attributes",
+        );
+        expect_code(
+            backend
+                .stat(&id, "attrs/refused.txt", StatOptions::default())
+                .await,
+            ErrorCode::NotFound,
+            "nothing written for bad attributes",
+        );
+    }
+    // A user who may not read a file is not shown its attributes.
+    if backend.capabilities().multiple_users {
+        let me = backend.get(&id).await.expect("get").user.name;
+        let mut options = WriteOptions::default()
+            .attribute("user.k", "secret")
+            .mode(0o600);
+        options.user = Some("root".into());
+        backend
+            .write_file(&id, "attrs/root-only", bytes_stream(b"r".to_vec()), options)
+            .await
+            .expect("write as root");
+        let mine = stat_attrs("attrs/root-only", Some(me))
+            .await
+            .expect("stat as the user");
+        assert_eq!(mine.attributes, None, "unreadable to the user");
+        let roots = stat_attrs("attrs/root-only", Some("root".into()))
+            .await
+            .expect("stat as root");
+        assert_eq!(roots.attributes, Some(attrs(&[("user.k", b"secret")])));
+    }
+    backend.destroy(&id).await.expect("destroy");
+}
+
 /// A 50 MB file written in chunks reads back identical.
 pub async fn large_file_round_trip(backend: &dyn Backend) {
     let id = create(backend, &unique("bigfile")).await;

@@ -64,6 +64,7 @@ macro_rules! conformance_tests {
             restart_policy_restarts_failures,
             file_calls_as_a_user,
             file_round_trip_and_metadata,
+            file_attributes,
             large_file_round_trip,
             file_byte_bounds,
             no_clobber_writes_renames_and_copies,

@@ -1228,6 +1228,27 @@ pub struct FileStat {
     pub modified: UnixMillis,
     /// Where a symlink points, verbatim.
     pub symlink_target: Option<String>,
+    /// The entry's extended attributes in the `user.` namespace (`user.origin` → its value),
+    /// read when the call asks for them ([`StatOptions::attributes`],
+    /// [`ListDirOptions::attributes`]) and reported by a write that set some
+    /// ([`WriteOptions::attributes`], read back from the file). `None` when not asked for,
+    /// and for an entry whose attributes the acting user may not read (reading them opens the
+    /// entry, so the kernel checks read permission on it). An empty map: none set, a
+    /// symbolic link or special file (never opened: they have none here), or a filesystem
+    /// without user attributes. Attributes whose name is not UTF-8, and those past the bounds
+    /// of [`validate`](crate::validate) ([`MAX_FILE_ATTRIBUTES`](crate::validate::MAX_FILE_ATTRIBUTES),
+    /// [`MAX_FILE_ATTRIBUTE_BYTES`](crate::validate::MAX_FILE_ATTRIBUTE_BYTES)) in name order,
+    /// are left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attributes: Option<FileAttributes>,
+}
+
+/// Extended attributes of a file: full names in the `user.` namespace (`user.origin`) to
+/// their values (bytes, as the kernel keeps them).
+pub type FileAttributes = BTreeMap<String, Vec<u8>>;
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// Options for listing a directory.
@@ -1241,6 +1262,11 @@ pub struct ListDirOptions {
     /// identity.
     #[serde(default)]
     pub user: Option<String>,
+    /// Also read each entry's extended attributes in the `user.` namespace into
+    /// [`FileStat::attributes`] (as the listing user: see there). Off by default: it opens
+    /// every regular file and directory listed.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub attributes: bool,
 }
 
 impl Default for ListDirOptions {
@@ -1248,6 +1274,7 @@ impl Default for ListDirOptions {
         ListDirOptions {
             depth: 1,
             user: None,
+            attributes: false,
         }
     }
 }
@@ -1278,6 +1305,10 @@ pub struct StatOptions {
     /// Look the path up as this sandbox user (see [`ReadOptions::user`]): a path under a
     /// directory the user may not search is refused.
     pub user: Option<String>,
+    /// Also read the entry's extended attributes in the `user.` namespace into
+    /// [`FileStat::attributes`] (as the acting user: see there).
+    #[serde(skip_serializing_if = "is_false")]
+    pub attributes: bool,
 }
 
 /// Options for writing a file.
@@ -1306,6 +1337,16 @@ pub struct WriteOptions {
     /// [`Error::FileTooLarge`](crate::Error::FileTooLarge) (nothing is kept). `None` takes
     /// the backend's own bound ([`Capabilities::max_file_bytes`](crate::Capabilities)).
     pub max_bytes: Option<u64>,
+    /// Extended attributes to give the file: names in the `user.` namespace only
+    /// (`user.origin`), within the bounds of [`validate`](crate::validate)
+    /// ([`WriteOptions::validate`]). A write lands a new file, so afterwards the file has
+    /// exactly these (none of the file it replaced); an append sets them on the existing file,
+    /// replacing same-named ones and keeping the others. They are set before the file lands
+    /// (before an append's first byte), so where the filesystem refuses user attributes the
+    /// write is [`Error::NotSupported`](crate::Error::NotSupported) and nothing changes. A write
+    /// that sets some reports them in [`FileStat::attributes`]; a rename keeps them.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub attributes: FileAttributes,
 }
 
 impl Default for WriteOptions {
@@ -1317,6 +1358,7 @@ impl Default for WriteOptions {
             user: None,
             overwrite: true,
             max_bytes: None,
+            attributes: BTreeMap::new(),
         }
     }
 }

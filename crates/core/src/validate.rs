@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::{CreateOptions, Error, PreviewOptions, ProcessSpec, Result};
+use crate::{
+    CreateOptions, Error, FileAttributes, PreviewOptions, ProcessSpec, Result, WriteOptions,
+};
 
 /// The longest lease a sandbox can have (`CreateOptions::timeout`, `set_timeout`).
 pub const MAX_SANDBOX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -21,6 +23,23 @@ pub const MIN_PREVIEW_TOKEN_TTL: Duration = Duration::from_secs(1);
 /// The longest lifetime a preview token with an expiry can be given: a week. (A token without
 /// one lasts as long as its sandbox.)
 pub const MAX_PREVIEW_TOKEN_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The most extended attributes one write sets ([`WriteOptions::attributes`]), and the most
+/// one entry reports ([`FileStat::attributes`](crate::FileStat)).
+pub const MAX_FILE_ATTRIBUTES: usize = 64;
+
+/// The longest name of an extended attribute, `user.` included, in bytes: the kernel's own
+/// bound (`XATTR_NAME_MAX`).
+pub const MAX_FILE_ATTRIBUTE_NAME_BYTES: usize = 255;
+
+/// The most bytes of extended attributes (names and values together) one write sets, and one
+/// entry reports. Filesystems keep less: ext4 fits all of a file's attributes in one block
+/// (usually 4 KiB), and refuses more with an [`Error::Io`] of errno `ENOSPC`.
+pub const MAX_FILE_ATTRIBUTE_BYTES: usize = 16 * 1024;
+
+/// The namespace every attribute name the file API sets or reports is in: the one the kernel
+/// lets a file's owner (and anyone with write permission on it) set.
+pub const USER_ATTRIBUTE_PREFIX: &str = "user.";
 
 /// System directories a sandbox's home may not be, or be under.
 const RESERVED_DIRS: &[&str] = &[
@@ -197,6 +216,49 @@ impl ProcessSpec {
     }
 }
 
+impl WriteOptions {
+    /// Refuse a write no backend can honour: attributes outside the `user.` namespace, a name
+    /// that is empty after `user.`, holds a NUL byte or is longer than
+    /// [`MAX_FILE_ATTRIBUTE_NAME_BYTES`], more than [`MAX_FILE_ATTRIBUTES`] of them, or more
+    /// than [`MAX_FILE_ATTRIBUTE_BYTES`] of names and values together.
+    pub fn validate(&self) -> Result<()> {
+        validate_file_attributes(&self.attributes)
+    }
+}
+
+/// See [`WriteOptions::validate`].
+pub fn validate_file_attributes(attributes: &FileAttributes) -> Result<()> {
+    if attributes.len() > MAX_FILE_ATTRIBUTES {
+        return Err(Error::invalid(format!(
+            "{} extended attributes: at most {MAX_FILE_ATTRIBUTES} can be set on a file",
+            attributes.len()
+        )));
+    }
+    let mut total = 0usize;
+    for (name, value) in attributes {
+        let ok = name
+            .strip_prefix(USER_ATTRIBUTE_PREFIX)
+            .is_some_and(|rest| !rest.is_empty())
+            && !name.contains('\0')
+            && name.len() <= MAX_FILE_ATTRIBUTE_NAME_BYTES;
+        if !ok {
+            return Err(Error::invalid(format!(
+                "extended attribute name {name:?}: a name is `user.` and then 1 or more \
+                 characters, no NUL byte, at most {MAX_FILE_ATTRIBUTE_NAME_BYTES} bytes in all \
+                 (the file API sets attributes in the user namespace only)"
+            )));
+        }
+        total += name.len() + value.len();
+    }
+    if total > MAX_FILE_ATTRIBUTE_BYTES {
+        return Err(Error::invalid(format!(
+            "{total} bytes of extended attributes (names and values): at most \
+             {MAX_FILE_ATTRIBUTE_BYTES} can be set on a file"
+        )));
+    }
+    Ok(())
+}
+
 /// Whether `name` is a portable environment variable name (`[A-Za-z_][A-Za-z0-9_]*`).
 pub fn is_portable_env_name(name: &str) -> bool {
     let mut bytes = name.bytes();
@@ -342,6 +404,40 @@ mod tests {
             assert!(refused(o.validate()), "{home:?}");
         }
         assert!(with(|o| o.home = Some("/srv/me".into())).is_ok());
+    }
+
+    #[test]
+    fn file_attributes_are_bounded_and_in_the_user_namespace() {
+        let with = |pairs: &[(&str, usize)]| {
+            let mut o = WriteOptions::default();
+            for (name, len) in pairs {
+                o.attributes.insert(name.to_string(), vec![b'v'; *len]);
+            }
+            o.validate()
+        };
+        assert!(with(&[]).is_ok());
+        assert!(with(&[("user.origin", 10), ("user.e2b.k", 0)]).is_ok());
+        for name in [
+            "origin",
+            "user.",
+            "trusted.x",
+            "security.selinux",
+            "user.a\0b",
+            "USER.x",
+        ] {
+            assert!(refused(with(&[(name, 1)])), "{name:?}");
+        }
+        let longest = format!("user.{}", "n".repeat(MAX_FILE_ATTRIBUTE_NAME_BYTES - 5));
+        assert!(with(&[(&longest, 1)]).is_ok());
+        assert!(refused(with(&[(&format!("{longest}n"), 1)])));
+        assert!(refused(with(&[("user.big", MAX_FILE_ATTRIBUTE_BYTES)])));
+        assert!(with(&[("user.big", MAX_FILE_ATTRIBUTE_BYTES - 8)]).is_ok());
+        let many: Vec<String> = (0..=MAX_FILE_ATTRIBUTES)
+            .map(|i| format!("user.{i}"))
+            .collect();
+        let many: Vec<(&str, usize)> = many.iter().map(|n| (n.as_str(), 1)).collect();
+        assert!(refused(with(&many)));
+        assert!(with(&many[1..]).is_ok());
     }
 
     #[test]

@@ -16,7 +16,11 @@
 //!   links lead to host objects);
 //! - reads take regular files only (checked on an `O_PATH` descriptor before any real open,
 //!   so a FIFO or device is never opened) and stop at the size the file had when opened;
-//! - file names that are not UTF-8 travel in a reversible form ([`encode_name`]).
+//! - file names that are not UTF-8 travel in a reversible form ([`encode_name`]);
+//! - extended attributes are set on the written file's descriptor before it lands, and read
+//!   from a descriptor of the entry opened beneath its held directory (an `O_PATH` probe
+//!   first, reopened for reading only once it is known to be the regular file or directory
+//!   that was looked at), never by name.
 //!
 //! Everything here blocks; the agent runs it on its blocking pool, never on its event loop.
 
@@ -27,7 +31,12 @@ use std::path::{Component, Path, PathBuf};
 
 use super::config::Record;
 use super::sys;
-use sandcove_core::{now_millis, Error, FileKind, FileStat, ListDirOptions, MkdirOptions, Result};
+use sandcove_core::validate::{
+    MAX_FILE_ATTRIBUTES, MAX_FILE_ATTRIBUTE_BYTES, USER_ATTRIBUTE_PREFIX,
+};
+use sandcove_core::{
+    now_millis, Error, FileAttributes, FileKind, FileStat, ListDirOptions, MkdirOptions, Result,
+};
 
 /// Resolution from the sandbox root: in-sandbox symlinks followed, magic links refused.
 const FROM_ROOT: u64 = sys::RESOLVE_IN_ROOT | sys::RESOLVE_NO_MAGICLINKS;
@@ -264,15 +273,133 @@ fn stat_of(record: &Record, rel: &Path, st: &rustix::fs::Stat, link: Option<OsSt
         group: name_of(&record.users, st.st_gid, true),
         modified: mtime,
         symlink_target: link.map(|l| encode_name(&l)),
+        attributes: None,
     }
 }
 
-/// Stat entry `name` of `dir` itself (a symlink is reported, not followed).
+/// Whether an attribute call failed because the filesystem has no user attributes.
+fn attributes_unsupported(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EOPNOTSUPP)
+}
+
+/// A failure to set attributes on `shown`, typed: a filesystem without user attributes is
+/// `NotSupported`, one without room for them an `Io` error of errno `ENOSPC`.
+fn attribute_err(e: std::io::Error, shown: &str) -> Error {
+    match e.raw_os_error() {
+        Some(libc::EOPNOTSUPP) => Error::not_supported(
+            format!("extended attributes on the filesystem holding {shown}"),
+            "keep them in a sidecar file beside it, or write the file where the sandbox's own \
+             filesystem is (its root has user attributes)",
+        ),
+        Some(libc::ENOSPC | libc::E2BIG | libc::EDQUOT) => Error::Io {
+            message: format!("{shown}: no room for these extended attributes on its filesystem"),
+            errno: Some(libc::ENOSPC),
+        },
+        _ => Error::from_io(&e, shown),
+    }
+}
+
+/// Set `attributes` (validated names) on the file `fd` holds.
+fn set_attributes(fd: BorrowedFd<'_>, attributes: &FileAttributes, shown: &str) -> Result<()> {
+    for (name, value) in attributes {
+        sys::set_attribute(fd, name, value).map_err(|e| attribute_err(e, shown))?;
+    }
+    Ok(())
+}
+
+/// Buffers for reading attributes, reused across the entries of a listing.
+struct AttributeReader {
+    names: Vec<u8>,
+    value: Vec<u8>,
+}
+
+impl AttributeReader {
+    fn new() -> AttributeReader {
+        AttributeReader {
+            names: vec![0; sys::XATTR_MAX],
+            value: vec![0; sys::XATTR_MAX],
+        }
+    }
+
+    /// The `user.` attributes of the file `fd` holds, in name order within the bounds
+    /// (names that are not UTF-8 left out); none where the filesystem has no user attributes.
+    fn read(&mut self, fd: BorrowedFd<'_>) -> std::io::Result<FileAttributes> {
+        let mut out = FileAttributes::new();
+        let len = match sys::list_attributes(fd, &mut self.names) {
+            Ok(len) => len,
+            Err(e) if attributes_unsupported(&e) => return Ok(out),
+            Err(e) => return Err(e),
+        };
+        let mut names: Vec<&str> = self.names[..len]
+            .split(|b| *b == 0)
+            .filter_map(|n| std::str::from_utf8(n).ok())
+            .filter(|n| n.starts_with(USER_ATTRIBUTE_PREFIX))
+            .collect();
+        names.sort_unstable();
+        let mut total = 0usize;
+        for name in names {
+            let len = match sys::get_attribute(fd, name.as_bytes(), &mut self.value) {
+                Ok(len) => len,
+                // Removed since it was listed.
+                Err(e) if e.raw_os_error() == Some(libc::ENODATA) => continue,
+                Err(e) => return Err(e),
+            };
+            total += name.len() + len;
+            if out.len() == MAX_FILE_ATTRIBUTES || total > MAX_FILE_ATTRIBUTE_BYTES {
+                break;
+            }
+            out.insert(name.to_string(), self.value[..len].to_vec());
+        }
+        Ok(out)
+    }
+
+    /// The attributes of entry `name` of `dir`, which `lstat_at` just described as `st`.
+    /// Only a regular file or a directory is opened (others have none here), and only once an
+    /// `O_PATH` probe shows it is still what `st` describes, so a FIFO or device swapped in
+    /// meanwhile is never opened. `None` when it cannot be read (the acting user may not read
+    /// it, or it is gone).
+    fn of_entry(
+        &mut self,
+        dir: BorrowedFd<'_>,
+        name: &OsStr,
+        st: &rustix::fs::Stat,
+    ) -> Option<FileAttributes> {
+        let flags = match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
+            libc::S_IFDIR => libc::O_RDONLY | libc::O_DIRECTORY,
+            _ => return Some(FileAttributes::new()),
+        };
+        let probe = open_entry(dir, name, libc::O_PATH, 0).ok()?;
+        self.of_probe(&probe, st, flags)
+    }
+
+    /// The attributes of what `probe` (an `O_PATH` descriptor) holds, opened with `flags`
+    /// only if it is the object `st` describes.
+    fn of_probe(
+        &mut self,
+        probe: &OwnedFd,
+        st: &rustix::fs::Stat,
+        flags: libc::c_int,
+    ) -> Option<FileAttributes> {
+        let now = sys::fstat(probe.as_fd()).ok()?;
+        if (now.st_dev, now.st_ino, now.st_mode & libc::S_IFMT)
+            != (st.st_dev, st.st_ino, st.st_mode & libc::S_IFMT)
+        {
+            return None;
+        }
+        let fd = sys::reopen(probe.as_raw_fd(), flags).ok()?;
+        self.read(fd.as_fd()).ok()
+    }
+}
+
+/// Stat entry `name` of `dir` itself (a symlink is reported, not followed), with its
+/// attributes when `attributes` holds buffers to read them.
 fn stat_entry(
     record: &Record,
     dir: &OwnedFd,
     name: &OsStr,
     rel: &Path,
+    attributes: Option<&mut AttributeReader>,
 ) -> std::io::Result<FileStat> {
     let st = sys::lstat_at(dir.as_fd(), name)?;
     let link = if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
@@ -280,17 +407,27 @@ fn stat_entry(
     } else {
         None
     };
-    Ok(stat_of(record, rel, &st, link))
+    let mut stat = stat_of(record, rel, &st, link);
+    if let Some(reader) = attributes {
+        stat.attributes = reader.of_entry(dir.as_fd(), name, &st);
+    }
+    Ok(stat)
 }
 
 /// Metadata of a path; symlinks are reported, not followed. A path through something that
-/// is not a directory names nothing (`ENOTDIR` is not found, as for `exists`).
-pub(super) fn stat(record: &Record, path: &str) -> Result<FileStat> {
+/// is not a directory names nothing (`ENOTDIR` is not found, as for `exists`). With
+/// `attributes`, the entry's `user.` attributes too (see [`FileStat::attributes`]).
+pub(super) fn stat(record: &Record, path: &str, attributes: bool) -> Result<FileStat> {
     let root = open_root(record)?;
     let t = Target::parse(record, path)?;
+    let mut reader = attributes.then(AttributeReader::new);
     if t.name().is_none() {
         let st = sys::fstat(root.as_fd()).map_err(|e| Error::from_io(&e, path))?;
-        return Ok(stat_of(record, &t.rel, &st, None));
+        let mut stat = stat_of(record, &t.rel, &st, None);
+        if let Some(reader) = &mut reader {
+            stat.attributes = reader.of_probe(&root, &st, libc::O_RDONLY | libc::O_DIRECTORY);
+        }
+        return Ok(stat);
     }
     let missing = |e: std::io::Error| {
         if e.raw_os_error() == Some(libc::ENOTDIR) {
@@ -315,7 +452,7 @@ pub(super) fn stat(record: &Record, path: &str) -> Result<FileStat> {
     )
     .map_err(missing)?;
     refuse_procfs(&dir, path)?;
-    stat_entry(record, &dir, &name, &t.rel).map_err(missing)
+    stat_entry(record, &dir, &name, &t.rel, reader.as_mut()).map_err(missing)
 }
 
 /// The entries of a held directory, sorted by name.
@@ -357,6 +494,7 @@ pub(super) fn list_dir(
     let root = open_root(record)?;
     let (top, rel) = open_dir(&root, record, path)?;
     let mut out = Vec::new();
+    let mut reader = options.attributes.then(AttributeReader::new);
     let mut queue = std::collections::VecDeque::from([(top, rel, 1u32)]);
     while let Some((dir, rel, level)) = queue.pop_front() {
         let names = match entries(&dir) {
@@ -368,7 +506,7 @@ pub(super) fn list_dir(
         };
         for name in names {
             let child = rel.join(&name);
-            let Ok(stat) = stat_entry(record, &dir, &name, &child) else {
+            let Ok(stat) = stat_entry(record, &dir, &name, &child, reader.as_mut()) else {
                 continue; // gone meanwhile
             };
             if stat.kind == FileKind::Dir && level < options.depth {
@@ -454,7 +592,7 @@ pub(super) fn mkdir(record: &Record, path: &str, options: MkdirOptions) -> Resul
     };
     let Some(name) = t.name().map(OsStr::to_os_string) else {
         return if options.parents {
-            stat(record, "/")
+            stat(record, "/", false)
         } else {
             Err(exists())
         };
@@ -479,7 +617,7 @@ pub(super) fn mkdir(record: &Record, path: &str, options: MkdirOptions) -> Resul
             if !is_dir {
                 return Err(exists());
             }
-            stat_entry(record, &parent, &name, &t.rel).map_err(|e| Error::from_io(&e, path))
+            stat_entry(record, &parent, &name, &t.rel, None).map_err(|e| Error::from_io(&e, path))
         }
     }
 }
@@ -554,7 +692,7 @@ pub(super) fn rename(record: &Record, from: &str, to: &str, overwrite: bool) -> 
     sys::lstat_at(fdir.as_fd(), &fname).map_err(|e| Error::from_io(&e, from))?;
     land(&fdir, &fname, &tdir, &tname, overwrite)
         .map_err(|e| landing_err(e, &format!("{from} -> {to}"), to))?;
-    stat_entry(record, &tdir, &tname, &t.rel).map_err(|e| Error::from_io(&e, to))
+    stat_entry(record, &tdir, &tname, &t.rel, None).map_err(|e| Error::from_io(&e, to))
 }
 
 /// Move `from` (in `fdir`) to `to` (in `tdir`): replacing, or refusing any existing `to`.
@@ -627,7 +765,7 @@ pub(super) fn copy(
         made: Vec::new(),
     };
     job.entry(&fdir, &fname, &tdir, &tname, options.overwrite, 0)?;
-    stat_entry(record, &tdir, &tname, &t.rel).map_err(|e| Error::from_io(&e, to))
+    stat_entry(record, &tdir, &tname, &t.rel, None).map_err(|e| Error::from_io(&e, to))
 }
 
 impl Copy<'_> {
@@ -869,6 +1007,8 @@ pub(super) struct PendingWrite {
     owner: Option<(u32, u32)>,
     mode: Option<u32>,
     rel: PathBuf,
+    /// Whether the write set attributes (reported, read back, when it lands).
+    attributes: bool,
     /// The file, written by the caller.
     pub file: std::fs::File,
 }
@@ -907,6 +1047,7 @@ pub(super) fn begin_write(
     path: &str,
     options: &sandcove_core::WriteOptions,
 ) -> Result<PendingWrite> {
+    options.validate()?;
     let root = open_root(record)?;
     let user = options.user.as_deref();
     record.user(user)?;
@@ -1006,6 +1147,13 @@ pub(super) fn begin_write(
         }
         sys::set_nonblocking(file.as_fd(), false).map_err(|e| Error::from_io(&e, path))?;
         let new = existing.is_none();
+        if let Err(e) = set_attributes(file.as_fd(), &options.attributes, path) {
+            // A file this append created is removed again: a refused append leaves no trace.
+            if new {
+                let _ = sys::unlink_at(dir.as_fd(), &name, false);
+            }
+            return Err(e);
+        }
         return Ok(PendingWrite {
             dir,
             name,
@@ -1018,6 +1166,7 @@ pub(super) fn begin_write(
                 mode
             },
             rel: t.rel,
+            attributes: !options.attributes.is_empty(),
             file: std::fs::File::from(file),
         });
     }
@@ -1041,7 +1190,7 @@ pub(super) fn begin_write(
         }
     };
     let mode = mode.or(existing.as_ref().map(|st| st.st_mode & 0o7777));
-    Ok(PendingWrite {
+    let pending = PendingWrite {
         dir,
         name,
         temp: Some(temp),
@@ -1049,8 +1198,16 @@ pub(super) fn begin_write(
         owner,
         mode: Some(mode.unwrap_or(0o644)),
         rel: t.rel,
+        attributes: !options.attributes.is_empty(),
         file: std::fs::File::from(file),
-    })
+    };
+    // On the temporary file, before any byte is taken: a refusal leaves nothing behind, and
+    // the file lands with its attributes (the rename keeps them).
+    if let Err(e) = set_attributes(pending.file.as_fd(), &options.attributes, path) {
+        pending.discard();
+        return Err(e);
+    }
+    Ok(pending)
 }
 
 /// The root-relative path of a held directory (where a relative symlink in it starts).
@@ -1088,7 +1245,13 @@ impl PendingWrite {
             return Err(e);
         }
         let st = sys::fstat(fd).map_err(|e| Error::from_io(&e, shown))?;
-        Ok(stat_of(record, &self.rel, &st, None))
+        let mut stat = stat_of(record, &self.rel, &st, None);
+        if self.attributes {
+            // Read back through the descriptor written to (attribute calls do not depend on
+            // its access mode): what the file really has, not what was asked for.
+            stat.attributes = AttributeReader::new().read(fd).ok();
+        }
+        Ok(stat)
     }
 
     /// Abandon the write: the temporary file is gone when this returns.
@@ -1126,6 +1289,28 @@ mod tests {
             encode_name(OsStr::new("\u{FFFD}")),
             "distinct names stay distinct"
         );
+    }
+
+    #[test]
+    fn attribute_refusals_are_typed() {
+        use sandcove_core::ErrorCode;
+        let err = |errno| attribute_err(std::io::Error::from_raw_os_error(errno), "/data/f");
+        let refused = err(libc::EOPNOTSUPP);
+        assert_eq!(refused.code(), ErrorCode::NotSupported, "{refused}");
+        assert!(refused.to_string().contains("sidecar"), "{refused}");
+        for errno in [libc::ENOSPC, libc::E2BIG, libc::EDQUOT] {
+            assert!(
+                matches!(
+                    err(errno),
+                    Error::Io {
+                        errno: Some(libc::ENOSPC),
+                        ..
+                    }
+                ),
+                "{errno}"
+            );
+        }
+        assert_eq!(err(libc::EPERM).code(), ErrorCode::PermissionDenied);
     }
 
     #[test]

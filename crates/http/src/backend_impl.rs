@@ -223,6 +223,7 @@ impl Backend for HttpBackend {
         options: WriteOptions,
     ) -> Result<FileStat> {
         let url = self.sandbox_url(id, &["files"])?;
+        options.validate()?;
         let options = String::from_utf8(to_json(&options)?).expect("JSON is UTF-8");
         // The operation id lets the server answer a repeat of this write (same path, options
         // and content) with the first outcome instead of writing again.
@@ -275,27 +276,28 @@ impl Backend for HttpBackend {
         options: ListDirOptions,
     ) -> Result<Vec<FileStat>> {
         let url = self.sandbox_url(id, &["files", "list"])?;
-        let query = with_user(
+        let mut query = with_user(
             vec![
                 ("path", path.to_string()),
                 ("depth", options.depth.to_string()),
             ],
             options.user,
         );
+        if options.attributes {
+            query.push(("attributes", "true".to_string()));
+        }
         self.call(Method::GET, url, &query, None::<&()>, Retry::Idempotent)
             .await
     }
 
     async fn stat(&self, id: &str, path: &str, options: StatOptions) -> Result<FileStat> {
         let url = self.sandbox_url(id, &["files", "stat"])?;
-        self.call(
-            Method::GET,
-            url,
-            &with_user(vec![("path", path.to_string())], options.user),
-            None::<&()>,
-            Retry::Idempotent,
-        )
-        .await
+        let mut query = with_user(vec![("path", path.to_string())], options.user);
+        if options.attributes {
+            query.push(("attributes", "true".to_string()));
+        }
+        self.call(Method::GET, url, &query, None::<&()>, Retry::Idempotent)
+            .await
     }
 
     async fn mkdir(&self, id: &str, path: &str, options: MkdirOptions) -> Result<FileStat> {

@@ -60,19 +60,19 @@ pub(super) fn routes() -> Vec<Route> {
             Method::GET,
             "/v1/sandboxes/{id}/files/list",
             "list_dir",
-            "List a directory to `depth` levels",
+            "List a directory to `depth` levels (`attributes=true`: with each entry's `user.` extended attributes)",
             list_dir,
         )
-        .query(&["path", "depth", "user"])
+        .query(&["path", "depth", "user", "attributes"])
         .output(Out::Json("FileStat[]")),
         Route::new(
             Method::GET,
             "/v1/sandboxes/{id}/files/stat",
             "stat",
-            "Metadata of one path, symlinks not followed",
+            "Metadata of one path, symlinks not followed (`attributes=true`: with its `user.` extended attributes)",
             stat,
         )
-        .query(&["path", "user"])
+        .query(&["path", "user", "attributes"])
         .output(Out::Json("FileStat")),
         Route::new(
             Method::POST,
@@ -211,6 +211,7 @@ async fn write_file(
             serde_json::from_str(text).map_err(|e| Error::invalid(format!("options: {e}")))?
         }
     };
+    options.validate()?;
     // The server's bound, and never past the backend's largest file or the caller's own
     // (0 is a remote backend's "not learned yet": no bound of its own known).
     let backend_max = match state.backend.capabilities().max_file_bytes {
@@ -544,6 +545,7 @@ struct ListQuery {
     path: String,
     depth: Option<u32>,
     user: Option<String>,
+    attributes: Option<bool>,
 }
 
 /// A read: the path, the user to act as, the bound.
@@ -554,11 +556,12 @@ struct ReadQuery {
     max_bytes: Option<u64>,
 }
 
-/// A path and the sandbox user to act as (stat).
+/// A path, the sandbox user to act as, whether to read attributes (stat).
 #[derive(Deserialize)]
-struct UserPathQuery {
+struct StatQuery {
     path: String,
     user: Option<String>,
+    attributes: Option<bool>,
 }
 
 async fn list_dir(
@@ -569,16 +572,18 @@ async fn list_dir(
     let mut options = ListDirOptions::default();
     options.depth = q.depth.unwrap_or(ListDirOptions::default().depth);
     options.user = q.user;
+    options.attributes = q.attributes.unwrap_or(false);
     Ok(json(&state.backend.list_dir(&id, &q.path, options).await?))
 }
 
 async fn stat(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    Query(q): Query<UserPathQuery>,
+    Query(q): Query<StatQuery>,
 ) -> Result<Response, ApiError> {
     let mut options = StatOptions::default();
     options.user = q.user;
+    options.attributes = q.attributes.unwrap_or(false);
     Ok(json(&state.backend.stat(&id, &q.path, options).await?))
 }
 

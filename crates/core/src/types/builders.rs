@@ -265,6 +265,10 @@ impl ListDirOptions {
         /// Set [`ListDirOptions::user`].
         user;
     }
+    value_setters! {
+        /// Set [`ListDirOptions::attributes`].
+        attributes: bool;
+    }
 }
 
 impl ReadOptions {
@@ -282,6 +286,10 @@ impl StatOptions {
     string_setters! {
         /// Set [`StatOptions::user`].
         user;
+    }
+    value_setters! {
+        /// Set [`StatOptions::attributes`].
+        attributes: bool;
     }
 }
 
@@ -305,6 +313,12 @@ impl WriteOptions {
     value_setters! {
         /// Set [`WriteOptions::overwrite`].
         overwrite: bool;
+    }
+
+    /// Add one of [`WriteOptions::attributes`]: `attribute("user.origin", "upload")`.
+    pub fn attribute(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        self.attributes.insert(name.into(), value.into());
+        self
     }
 }
 
@@ -443,6 +457,13 @@ mod tests {
             (Some(0o600), Some("root"))
         );
         assert!(write.create_parents, "defaults are kept");
+        let write = WriteOptions::default().attribute("user.k", "v");
+        assert_eq!(
+            write.attributes.get("user.k").map(Vec::as_slice),
+            Some(&b"v"[..])
+        );
+        assert!(StatOptions::default().attributes(true).attributes);
+        assert!(ListDirOptions::default().attributes(true).attributes);
         assert_eq!(ListDirOptions::default().depth(3).depth, 3);
         let remove = RemoveOptions::default().recursive(true).user("u");
         assert!(remove.recursive && remove.user.as_deref() == Some("u"));

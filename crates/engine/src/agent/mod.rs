@@ -759,8 +759,9 @@ async fn handle(agent: &Arc<Agent>, stream: &mut impl Conn, request: AgentReques
         }
         AgentRequest::Stat { path, options } => {
             let rec = agent.record();
+            let attributes = options.attributes;
             let stat = as_user(&agent.record(), options.user, move || {
-                files::stat(&rec, &path)
+                files::stat(&rec, &path, attributes)
             })
             .await?;
             proto::write_frame(stream, &AgentReply::Stat { stat }, &[]).await

@@ -124,6 +124,32 @@ pub fn readlink_at(dir: impl AsFd, name: &std::ffi::OsStr) -> io::Result<std::ff
     Ok(std::ffi::OsString::from_vec(buf))
 }
 
+/// The kernel's bound of one extended attribute's value (`XATTR_SIZE_MAX`) and of the list
+/// of a file's attribute names (`XATTR_LIST_MAX`): buffers this large always fit.
+pub const XATTR_MAX: usize = 65536;
+
+/// `flistxattr(2)` into `buf`: the file's attribute names, each ending in NUL; the length.
+pub fn list_attributes(fd: impl AsFd, buf: &mut [u8]) -> io::Result<usize> {
+    Ok(rustix::fs::flistxattr(fd, buf)?)
+}
+
+/// `fgetxattr(2)` into `buf`: the value of attribute `name`; its length.
+pub fn get_attribute(fd: impl AsFd, name: &[u8], buf: &mut [u8]) -> io::Result<usize> {
+    let name = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    Ok(rustix::fs::fgetxattr(fd, name.as_c_str(), buf)?)
+}
+
+/// `fsetxattr(2)`: create or replace attribute `name` of the file `fd` holds.
+pub fn set_attribute(fd: impl AsFd, name: &str, value: &[u8]) -> io::Result<()> {
+    let name = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    Ok(rustix::fs::fsetxattr(
+        fd,
+        name.as_c_str(),
+        value,
+        rustix::fs::XattrFlags::empty(),
+    )?)
+}
+
 /// `mkdirat(2)`.
 pub fn mkdir_at(dir: impl AsFd, name: &std::ffi::OsStr, mode: u32) -> io::Result<()> {
     Ok(rustix::fs::mkdirat(
