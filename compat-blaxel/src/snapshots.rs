@@ -225,6 +225,13 @@ pub(crate) async fn create_on(
             e if e.is_not_found() => not_found(sandbox_name),
             e => cp(e),
         })?;
+    if let Some(why) = &taken.source_resume_error {
+        return Err(source_not_resumed(
+            &format!("snapshot {}", taken.id),
+            sandbox_name,
+            why,
+        ));
+    }
     let catalog = Catalog {
         snapshots: vec![taken.clone()],
         live: vec![info.clone()],
@@ -441,7 +448,18 @@ pub(crate) async fn fork_on(
         options.resources.memory_mib = Some(sandbox.spec.runtime.memory.max(1) as u64);
     }
     let made = match (live, snapshot) {
-        (Some(info), _) => client.sandbox(&info.id).fork(options).await,
+        (Some(info), _) => match client.sandbox(&info.id).fork_described(options).await {
+            Ok((_, made)) if made.source_resume_error.is_some() => {
+                let why = made.source_resume_error.clone().unwrap_or_default();
+                let source = info.labels.get(NAME_LABEL).map_or("", String::as_str);
+                return Err(source_not_resumed(
+                    &format!("fork {}", made.id),
+                    source,
+                    &why,
+                ));
+            }
+            made => made.map(|(sandbox, _)| sandbox),
+        },
         (None, Some(s)) => {
             options.snapshot = Some(s.id.clone());
             client.create(options).await
@@ -878,6 +896,15 @@ impl CreateSnapshotBuilder {
     }
 }
 crate::sandbox::into_future!(CreateSnapshotBuilder => Snapshot);
+
+/// A snapshot or fork was made (and is kept), but its source, paused for it, could not be
+/// resumed: raised rather than dropped, naming what was made and what to do with the source.
+fn source_not_resumed(made: &str, source: &str, why: &str) -> SandboxAPIError {
+    SandboxAPIError::exception(format!(
+        "{made} was made and is kept, but sandbox {source}, paused for it, could not be \
+         resumed ({why}): resume or delete it"
+    ))
+}
 
 #[cfg(test)]
 mod tests {

@@ -639,8 +639,14 @@ impl Sandbox {
         options.home = Some(info.user.home.clone());
         options.network = info.network.clone();
         // The runtime copies the facade state (an annotation) into the fork.
-        let forked = self.ctx.core.fork(options).await.ctx(P)?;
-        let forked = forked.info().await.ctx(P)?;
+        let (_, forked) = self.ctx.core.fork_described(options).await.ctx(P)?;
+        if let Some(why) = &forked.source_resume_error {
+            return Err(source_not_resumed(
+                &format!("fork {}", forked.id),
+                &self.id,
+                why,
+            ));
+        }
         let meta = meta_of(&forked);
         let config = DaytonaConfig {
             organization_id: self.organization.clone(),
@@ -664,11 +670,19 @@ impl Sandbox {
                 Some("CONFLICT"),
             )));
         }
-        self.ctx
+        let taken = self
+            .ctx
             .core
             .snapshot(Some(name.to_string()))
             .await
             .ctx("Failed to create snapshot: ")?;
+        if let Some(why) = &taken.source_resume_error {
+            return Err(source_not_resumed(
+                &format!("snapshot {name:?}"),
+                &self.id,
+                why,
+            ));
+        }
         Ok(())
     }
 
@@ -1008,6 +1022,19 @@ impl SignedPreviewBuilder {
     }
 }
 awaitable!(SignedPreviewBuilder => SignedPortPreviewUrl);
+
+/// A snapshot or fork was made (and is kept), but the sandbox, paused for it, could not be
+/// resumed: raised rather than dropped, naming what was made and what to do with the sandbox.
+pub(crate) fn source_not_resumed(made: &str, sandbox: &str, why: &str) -> DaytonaError {
+    DaytonaError::Error(crate::errors::ErrorDetails::new(
+        format!(
+            "{made} was made and is kept, but sandbox {sandbox}, paused for it, could not be \
+             resumed ({why}): start it again, or delete it"
+        ),
+        None,
+        None,
+    ))
+}
 
 #[cfg(test)]
 mod tests {

@@ -540,9 +540,19 @@ impl Sandbox {
     /// sandbox is paused for it and resumed after; when that resume fails the snapshot is
     /// still returned, with [`SnapshotInfo::source_resume_error`] set.
     pub async fn snapshot(&self, name: Option<String>) -> Result<SnapshotInfo> {
-        self.require(Feature::Snapshots).await?;
         let mut options = SnapshotOptions::default();
         options.name = name;
+        self.snapshot_with(options).await
+    }
+
+    /// [`Sandbox::snapshot`] with every option: asking for
+    /// [`memory`](SnapshotOptions::memory) where snapshots keep files only is
+    /// [`Error::NotSupported`](crate::Error::NotSupported), before any effect.
+    pub async fn snapshot_with(&self, options: SnapshotOptions) -> Result<SnapshotInfo> {
+        self.require(Feature::Snapshots).await?;
+        if options.memory {
+            self.require(Feature::SnapshotMemory).await?;
+        }
         self.backend.snapshot(&self.id, options).await
     }
 

@@ -581,6 +581,81 @@ async fn upload_metadata_is_kept_as_attributes_and_bad_metadata_writes_nothing()
     assert!(err.is_not_found(), "{err}");
 }
 
+/// The engine with one fault injected: every snapshot's source fails to resume after it
+/// (the runtime reports that in `SnapshotInfo::source_resume_error`; making a real agent fail
+/// at that moment is not possible from a test).
+#[derive(Debug)]
+struct ResumeFails(Arc<LocalBackend>);
+
+#[async_trait::async_trait]
+impl sandcove::Layer for ResumeFails {
+    fn inner(&self) -> &dyn Backend {
+        &*self.0
+    }
+
+    async fn snapshot(
+        &self,
+        id: &str,
+        options: sandcove::SnapshotOptions,
+    ) -> sandcove::Result<sandcove::SnapshotInfo> {
+        let mut taken = Backend::snapshot(&*self.0, id, options).await?;
+        taken.source_resume_error = Some("injected: the agent is gone".into());
+        Ok(taken)
+    }
+}
+
+/// A snapshot whose sandbox could not be resumed after it is not a plain success: the SDK
+/// gets an error naming the snapshot, which is kept and listed.
+#[tokio::test]
+async fn a_snapshot_whose_source_was_not_resumed_says_so_and_is_kept() {
+    let state = PrivateState::new();
+    let engine = Arc::new(LocalBackend::with_state_dir(&state.dir).expect("engine"));
+    if !engine.ready().await.expect("ready").snapshots {
+        eprintln!("LOUD SKIP: this engine has no snapshots");
+        drop(engine);
+        let _ = std::thread::spawn(move || drop(state)).join();
+        return;
+    }
+    let app = e2b::wire::router(
+        Arc::new(ResumeFails(engine.clone())),
+        e2b::wire::WireConfig::new(KEY),
+    );
+    let (url, stop) = common::serve_in_process_with(app, common::test_limits()).await;
+    let env = Env {
+        url,
+        http: reqwest::Client::new(),
+        backend: engine,
+        stop: Some(stop),
+        state: Some(state),
+    };
+    let (id, _) = env.create().await;
+    let r = env
+        .http
+        .post(format!("{}/sandboxes/{id}/snapshots", env.url))
+        .header("X-API-KEY", KEY)
+        .json(&json!({"name": "kept-anyway"}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let body: Value = r.json().await.unwrap();
+    assert!(status >= 400, "{status} {body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("was made and is kept") && message.contains("injected"),
+        "{body}"
+    );
+    let kept = env.backend.list_snapshots().await.expect("list");
+    assert!(
+        kept.iter()
+            .any(|s| s.name.as_deref() == Some("kept-anyway")),
+        "{kept:?}"
+    );
+    for s in kept {
+        let _ = env.backend.delete_snapshot(&s.id).await;
+    }
+}
+
 #[tokio::test]
 async fn a_watcher_answers_only_its_own_sandbox() {
     let env = env().await;

@@ -391,6 +391,7 @@ impl SandboxInstance {
         SnapshotBuilder {
             ctx: self.ctx.clone(),
             name: None,
+            mode: None,
         }
     }
 

@@ -129,6 +129,7 @@ impl IntoFuture for SnapshotPaginator {
 pub struct SnapshotBuilder {
     pub(super) ctx: Ctx,
     pub(super) name: Option<String>,
+    pub(super) mode: Option<String>,
 }
 
 impl SnapshotBuilder {
@@ -137,13 +138,33 @@ impl SnapshotBuilder {
         self.name = name.into_optional();
         self
     }
+
+    /// `mode=`: `"filesystem"` (what the runtime's snapshots keep) or `"full"` (memory and
+    /// processes too: refused with `NotSupported` before any effect where snapshots keep
+    /// files only). Unset, the snapshot keeps the files (MAPPING.md).
+    pub fn mode(mut self, mode: impl crate::OptionalString) -> Self {
+        self.mode = mode.into_optional();
+        self
+    }
 }
 
 impl IntoFuture for SnapshotBuilder {
     type Output = Result<SnapshotInfo>;
     type IntoFuture = BoxFuture<'static, SnapshotInfo>;
     fn into_future(self) -> Self::IntoFuture {
-        Box::pin(async move { create_snapshot_of(&self.ctx.core, self.name).await })
+        Box::pin(async move {
+            let memory = match self.mode.as_deref() {
+                None => None,
+                Some("full") => Some(true),
+                Some("filesystem") => Some(false),
+                Some(other) => {
+                    return Err(SandboxException::invalid_argument(format!(
+                        "mode must be 'full' or 'filesystem', got '{other}'"
+                    )))
+                }
+            };
+            create_snapshot_of(&self.ctx.core, self.name, memory).await
+        })
     }
 }
 
@@ -232,18 +253,53 @@ pub(crate) async fn fork_on(
             .await
             .map(|(_, info)| info)
             .map_err(SandboxException::from);
-        out.push(made);
+        match made {
+            // The fork exists; its entry says so, and the source is left paused: stop here.
+            Ok(info) if info.source_resume_error.is_some() => {
+                let why = info.source_resume_error.clone().unwrap_or_default();
+                out.push(Err(source_not_resumed(
+                    &format!("fork {}", info.id),
+                    sandbox_id,
+                    &why,
+                )));
+                break;
+            }
+            made => out.push(made),
+        }
     }
     Ok(out)
 }
 
 /// `create_snapshot(name)` of `sandbox` (the facade's instance or the wire's).
+/// `memory`: `Some(true)` when the caller asked for a full snapshot (memory and processes),
+/// which the runtime refuses before any effect where snapshots keep files only. A snapshot
+/// whose source could not be resumed after it is an error naming the snapshot (it is kept).
 pub(crate) async fn create_snapshot_of(
     sandbox: &sandcove::Sandbox,
     name: Option<String>,
+    memory: Option<bool>,
 ) -> Result<SnapshotInfo> {
-    let s = sandbox.snapshot(name).await?;
+    let mut options = sandcove::SnapshotOptions::default();
+    options.name = name;
+    options.memory = memory == Some(true);
+    let s = sandbox.snapshot_with(options).await?;
+    if let Some(why) = &s.source_resume_error {
+        return Err(source_not_resumed(
+            &format!("snapshot {}", s.id),
+            sandbox.id(),
+            why,
+        ));
+    }
     Ok(SnapshotInfo::from_core(&s))
+}
+
+/// A snapshot or fork was made (and is kept), but its source, paused for it, could not be
+/// resumed: raised rather than dropped, naming what was made and what to do with the source.
+pub(crate) fn source_not_resumed(made: &str, source: &str, why: &str) -> SandboxException {
+    SandboxException::sandbox(format!(
+        "{made} was made and is kept, but sandbox {source}, paused for it, could not be \
+         resumed ({why}): connect to it to resume it, or kill it"
+    ))
 }
 
 /// `delete_snapshot(snapshot_id)` on `client`'s runtime: `false` when there is none.

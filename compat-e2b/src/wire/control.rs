@@ -462,9 +462,8 @@ async fn create_snapshot(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: SnapshotBody = parse_json(&wire, &body)?;
-    let _ = req.memory;
     let name = req.name.filter(|n| !n.is_empty());
-    let taken = sandbox::create_snapshot_of(&wire.client.sandbox(&id), name).await?;
+    let taken = sandbox::create_snapshot_of(&wire.client.sandbox(&id), name, req.memory).await?;
     Ok((StatusCode::CREATED, axum::Json(snapshot_body(&taken))).into_response())
 }
 

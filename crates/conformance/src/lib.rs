@@ -81,6 +81,7 @@ macro_rules! conformance_tests {
             pause_stops_and_resume_continues,
             lease_end_can_pause,
             lease_end_can_stop,
+            a_snapshot_asked_to_keep_memory_is_refused_first,
             auto_resume_on_request,
             previews_serve_and_guard_private_ports,
             snapshots_and_fork_copy_files_not_processes,

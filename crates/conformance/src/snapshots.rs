@@ -205,3 +205,29 @@ pub async fn volumes_outlive_sandboxes(backend: &dyn Backend) {
         "mount a missing volume",
     );
 }
+
+/// A snapshot asked to keep processes and memory, where snapshots keep files only, is
+/// refused before any effect: no files-only snapshot the caller did not ask for.
+pub async fn a_snapshot_asked_to_keep_memory_is_refused_first(backend: &dyn Backend) {
+    let id = create(backend, &unique("snapmem")).await;
+    let before = backend.list_snapshots().await.map(|s| s.len()).ok();
+    let asked = SnapshotOptions::default()
+        .name(unique("withmemory"))
+        .memory(true);
+    expect_code(
+        backend.snapshot(&id, asked).await,
+        ErrorCode::NotSupported,
+        "a snapshot that keeps memory",
+    );
+    assert_eq!(
+        backend.list_snapshots().await.map(|s| s.len()).ok(),
+        before,
+        "nothing was taken"
+    );
+    assert_eq!(
+        backend.get(&id).await.expect("get").state,
+        SandboxState::Running,
+        "the sandbox was not paused for it"
+    );
+    backend.destroy(&id).await.expect("destroy");
+}

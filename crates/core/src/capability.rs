@@ -51,6 +51,11 @@ pub struct Capabilities {
     /// A lease can end in a stop ([`TimeoutAction::Stop`]): processes end, files are kept.
     #[serde(default)]
     pub lease_stop: bool,
+    /// Snapshots can keep processes and memory
+    /// ([`SnapshotOptions::memory`](crate::SnapshotOptions::memory)); without it a snapshot
+    /// keeps the files ([`SNAPSHOT_PRESERVES`]).
+    #[serde(default)]
+    pub snapshot_memory: bool,
     /// Ports can be exposed as preview URLs.
     pub previews: bool,
     /// Filesystem snapshots and fork.
@@ -110,6 +115,7 @@ impl Capabilities {
             output_limit: 0,
             pause: false,
             lease_stop: false,
+            snapshot_memory: false,
             previews: false,
             snapshots: false,
             volumes: false,
@@ -223,6 +229,8 @@ pub enum Feature {
     Pause,
     /// A lease that ends in a stop ([`Capabilities::lease_stop`]).
     LeaseStop,
+    /// Snapshots that keep processes and memory ([`Capabilities::snapshot_memory`]).
+    SnapshotMemory,
     /// Preview URLs ([`Capabilities::previews`]).
     Previews,
     /// Snapshots and fork ([`Capabilities::snapshots`]).
@@ -251,6 +259,7 @@ impl Feature {
         match self {
             Feature::Pause => "pausing sandboxes",
             Feature::LeaseStop => "a lease that stops the sandbox (on_timeout: Stop)",
+            Feature::SnapshotMemory => "snapshots that keep processes and memory",
             Feature::Previews => "preview URLs",
             Feature::Snapshots => "snapshots and fork",
             Feature::Volumes => "named volumes",
@@ -273,6 +282,10 @@ impl Feature {
             Feature::LeaseStop => {
                 "let the lease destroy the sandbox and keep its files in a snapshot or a volume, \
                  or stop it yourself before the lease ends"
+            }
+            Feature::SnapshotMemory => {
+                "take a files-only snapshot (the files are kept; start the programs again after \
+                 creating from it), or pause the sandbox to keep its processes as they are"
             }
             Feature::Previews => {
                 "reach the port from a process inside the sandbox, or use a backend with previews"
@@ -301,6 +314,7 @@ impl Capabilities {
         match feature {
             Feature::Pause => self.pause,
             Feature::LeaseStop => self.lease_stop,
+            Feature::SnapshotMemory => self.snapshot_memory,
             Feature::Previews => self.previews,
             Feature::Snapshots => self.snapshots,
             Feature::Volumes => self.volumes,
@@ -579,6 +593,7 @@ mod tests {
             output_limit: 1,
             pause: true,
             lease_stop: true,
+            snapshot_memory: true,
             previews: true,
             snapshots: true,
             volumes: true,
@@ -599,6 +614,7 @@ mod tests {
         let flag = match feature {
             Feature::Pause => &mut caps.pause,
             Feature::LeaseStop => &mut caps.lease_stop,
+            Feature::SnapshotMemory => &mut caps.snapshot_memory,
             Feature::Previews => &mut caps.previews,
             Feature::Snapshots => &mut caps.snapshots,
             Feature::Volumes => &mut caps.volumes,

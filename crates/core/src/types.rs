@@ -205,6 +205,12 @@ pub struct SnapshotInfo {
 pub struct SnapshotOptions {
     /// A name for the snapshot ([`SnapshotInfo::name`]).
     pub name: Option<String>,
+    /// Keep the processes and memory too, not only the files. A backend whose snapshots keep
+    /// files only ([`Capabilities::snapshot_memory`](crate::Capabilities::snapshot_memory)
+    /// `false`, every backend here) refuses it with
+    /// [`Error::NotSupported`](crate::Error::NotSupported) before any effect, instead of
+    /// taking a files-only snapshot the caller did not ask for.
+    pub memory: bool,
 }
 
 /// Options for exposing a sandbox port on the host.

@@ -358,6 +358,9 @@ pub mod body {
         /// Optional name.
         #[serde(default)]
         pub name: Option<String>,
+        /// Keep processes and memory too ([`SnapshotOptions::memory`](crate::SnapshotOptions::memory)).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        pub memory: bool,
     }
 
     /// `POST /v1/volumes`.

@@ -413,6 +413,11 @@ impl Backend for LocalBackend {
 
     #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
     async fn snapshot(&self, id: &str, options: SnapshotOptions) -> Result<SnapshotInfo> {
+        // The engine's snapshots keep files only: asked for memory, nothing is taken.
+        if options.memory {
+            let feature = sandcove_core::Feature::SnapshotMemory;
+            return Err(Error::not_supported(feature.name(), feature.alternative()));
+        }
         if self.unisolated {
             return Err(Error::not_supported(
                 "snapshots without isolation",

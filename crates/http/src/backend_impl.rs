@@ -485,7 +485,10 @@ impl Backend for HttpBackend {
 
     async fn snapshot(&self, id: &str, options: SnapshotOptions) -> Result<SnapshotInfo> {
         let url = self.sandbox_url(id, &["snapshots"])?;
-        let body = body::NewSnapshot { name: options.name };
+        let body = body::NewSnapshot {
+            name: options.name,
+            memory: options.memory,
+        };
         self.create_call(url, &body).await
     }
 

@@ -193,6 +193,7 @@ async fn snapshot(
     };
     let mut options = SnapshotOptions::default();
     options.name = req.name;
+    options.memory = req.memory;
     let backend = state.backend.clone();
     let scope = format!("snapshot {id}");
     state

@@ -432,6 +432,10 @@ impl SnapshotOptions {
         /// Set [`SnapshotOptions::name`].
         name;
     }
+    value_setters! {
+        /// Set [`SnapshotOptions::memory`].
+        memory: bool;
+    }
 }
 
 #[cfg(test)]
