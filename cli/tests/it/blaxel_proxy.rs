@@ -182,6 +182,16 @@ fn python_sdk_data_plane_after_the_proxy() {
     assert_expected("blaxel_data_plane", &out);
 }
 
+/// Large files through the Python SDK's own upload paths: a 3 MiB text file in one JSON
+/// request (under the SDK's 5 MiB multipart threshold, over the listener's 1 MiB JSON limit)
+/// and a 12 MiB binary file as a multipart upload of 5 MiB parts, each read back equal.
+#[test]
+fn python_sdk_writes_large_files() {
+    let server = start();
+    let out = run_python(PINS, "blaxel_large_files", &server, &[]);
+    assert_expected("blaxel_large_files", &out);
+}
+
 /// Snapshots and fork as the Python SDK calls them through the proxy: `sandbox.snapshots`
 /// (create, list, get by name, restore by name, delete by name), the deprecated `snapshot` and
 /// `list_snapshots`, fork live and from a snapshot (with envs), the workspace `Snapshot` class

@@ -45,6 +45,7 @@ async fn env() -> Env {
         let mut config = blaxel::wire::WireConfig::new(KEY, url);
         config.max_body_bytes = 64 * 1024;
         config.max_upload_bytes = 1024 * 1024;
+        config.max_inline_file_bytes = 1024 * 1024;
         blaxel::wire::router(backend, config)
     })
     .await
@@ -501,7 +502,32 @@ async fn multipart_uploads_are_bounded_and_assembled_in_order() {
 async fn file_reads_are_bounded_as_json_and_streamed_as_bytes() {
     let env = env().await;
     env.create("reads").await;
-    // Sandbox code grows a file past the listener's upload limit (1 MiB here).
+    // A text write is one JSON body, which the SDKs send up to their multipart threshold
+    // (5 MiB): past the JSON limit (64 KiB here), up to the limit of a file in a JSON
+    // answer (1 MiB here).
+    let text = "t".repeat(200 * 1024);
+    let (status, put) = env
+        .call(
+            "PUT",
+            "/blaxel-sbx/reads/filesystem//tmp/text",
+            Some(json!({ "content": text })),
+        )
+        .await;
+    assert_eq!(status, 200, "{put}");
+    let (status, got) = env
+        .call("GET", "/blaxel-sbx/reads/filesystem//tmp/text", None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(got["content"].as_str().map(str::len), Some(200 * 1024));
+    let (status, over) = env
+        .call(
+            "PUT",
+            "/blaxel-sbx/reads/filesystem//tmp/text",
+            Some(json!({ "content": "t".repeat(1100 * 1024) })),
+        )
+        .await;
+    assert_eq!(status, 413, "{over}");
+    // Sandbox code grows a file past the listener's limit of a file in a JSON answer.
     let (status, made) = env
         .call(
             "POST",

@@ -345,12 +345,27 @@ pub(crate) fn ok_json<T: serde::Serialize>(value: &T) -> Response {
 
 /// A JSON body of at most the JSON limit, as the data plane's 400 when malformed.
 pub(crate) fn parse(wire: &Wire, body: &[u8]) -> Result<Value, ApiError> {
-    super::parse_json::<Value>(wire, body).map_err(|e| {
+    parse_within(body, wire.config.max_body_bytes)
+}
+
+/// [`parse`] with a limit of its own.
+fn parse_within(body: &[u8], limit: usize) -> Result<Value, ApiError> {
+    super::parse_json_within::<Value>(body, limit).map_err(|e| {
         ApiError::data(SandboxAPIError::response(
             e.status_code().unwrap_or(400),
             message(&e),
         ))
     })
+}
+
+/// The largest JSON body of a file write (`{"content"}`): the SDKs send text below their
+/// multipart threshold (5 MiB) this way, which JSON escaping may make several times larger,
+/// so the bound is the one of a file in a JSON answer ([`super::WireConfig::max_inline_file_bytes`]),
+/// never less than the JSON limit.
+fn file_write_limit(wire: &Wire) -> usize {
+    wire.config
+        .max_body_bytes
+        .max(wire.config.max_inline_file_bytes)
 }
 
 fn message(e: &SandboxAPIError) -> String {
@@ -721,8 +736,8 @@ async fn read_path(
         )
             .into_response());
     }
-    // The JSON form carries the whole file: bounded by the upload limit.
-    let limit = wire.config.max_upload_bytes;
+    // The JSON form carries the whole file: held here, so bounded by its own limit.
+    let limit = wire.config.max_inline_file_bytes;
     let mut bytes = Vec::new();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(not_found)?;
@@ -784,7 +799,7 @@ async fn write_path(
         // URL's, and sends 0644, the facade's mode: read past); the file is replaced only
         // once the whole form is in and carried no second file.
         let instance = sandbox(wire, name).await?;
-        let limit = wire.config.max_upload_bytes as u64;
+        let limit = wire.config.max_upload_bytes;
         let file = super::uploads::sole_file(wire, request, limit).await?;
         let done = instance
             .fs
@@ -793,18 +808,16 @@ async fn write_path(
             .map_err(data)?;
         return Ok(ok_json(&done));
     }
-    let body = axum::body::to_bytes(request.into_body(), wire.config.max_body_bytes)
+    let limit = file_write_limit(wire);
+    let body = axum::body::to_bytes(request.into_body(), limit)
         .await
         .map_err(|_| {
             data(SandboxAPIError::response(
                 413,
-                format!(
-                    "the request body is larger than {} bytes",
-                    wire.config.max_body_bytes
-                ),
+                format!("the request body is larger than {limit} bytes"),
             ))
         })?;
-    let body = parse(wire, &body)?;
+    let body = parse_within(&body, limit)?;
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields, rename_all = "camelCase")]
     struct Put {
