@@ -632,7 +632,18 @@ impl SandboxInstance {
             let (end, idle) = lease_end(&record.sandbox, created, now)?;
             record.idle_secs = idle;
             let remaining = end.saturating_sub(now).max(1000);
+            // What the lease's end does follows the record as it is now: a deletion policy
+            // added to a sandbox made without one deletes it, and removing the last one
+            // keeps it in standby (see `standby_at_lease_end`).
+            let action = lease_end_action(&record.sandbox, &client.ready().await.map_err(cp)?);
+            let action_changed = action != info.on_timeout;
+            if action_changed {
+                core.set_on_timeout(action).await.map_err(cp)?;
+            }
             if let Err(e) = core.set_timeout(Duration::from_millis(remaining)).await {
+                if action_changed {
+                    let _ = core.set_on_timeout(info.on_timeout).await;
+                }
                 let _ = state::write_annotation(&core, SANDBOX_KEY, &before).await;
                 return Err(cp(e));
             }
@@ -1044,11 +1055,20 @@ pub(crate) fn standby_at_lease_end(
     caps: &sandcove::Capabilities,
     options: &mut sandcove::CreateOptions,
 ) {
-    if caps.pause {
-        options.auto_resume = true;
-        if !has_deletion_policy(sandbox) {
-            options.on_timeout = sandcove::TimeoutAction::Pause;
-        }
+    options.auto_resume = caps.pause;
+    options.on_timeout = lease_end_action(sandbox, caps);
+}
+
+/// What the end of `sandbox`'s lease does: pause a sandbox without a deletion policy where
+/// the runtime can pause (see [`standby_at_lease_end`]), destroy any other.
+pub(crate) fn lease_end_action(
+    sandbox: &Sandbox,
+    caps: &sandcove::Capabilities,
+) -> sandcove::TimeoutAction {
+    if caps.pause && !has_deletion_policy(sandbox) {
+        sandcove::TimeoutAction::Pause
+    } else {
+        sandcove::TimeoutAction::Destroy
     }
 }
 

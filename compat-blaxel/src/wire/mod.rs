@@ -86,7 +86,8 @@ pub struct WireConfig {
     /// given clones of one budget (see `sandcove_compat_support::multipart`).
     pub upload_memory: sandcove_compat_support::multipart::UploadBudget,
     /// The quiet period after which a sandbox goes to standby ([`crate::standby`]); `None`
-    /// keeps sandboxes running until their lease ends.
+    /// keeps sandboxes running until their lease ends (activity still renews `ttl-idle`
+    /// leases).
     pub standby_after: Option<std::time::Duration>,
 }
 

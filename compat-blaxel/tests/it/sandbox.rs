@@ -556,3 +556,91 @@ async fn without_a_deletion_policy_the_lease_end_is_standby_not_deletion() {
     );
     got.delete().await.expect("delete");
 }
+
+/// A deletion policy added after creation deletes the sandbox at its end, as on Blaxel,
+/// although it was made to pause there; removing the last policy makes the end standby
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_policy_added_later_deletes_at_its_end() {
+    use sandcove_conformance::PATIENCE;
+    let client = sandcove::Client::from_env().expect("runtime");
+    let caps = client.ready().await.expect("capabilities");
+    let name = unique("late-ttl");
+    let sb = SandboxInstance::create(json!({"name": name}))
+        .await
+        .expect("create");
+    let core = client.sandbox(sb.sandcove_id());
+    if !caps.pause {
+        eprintln!("SKIPPED: standby: the runtime cannot pause; every lease end deletes");
+        sb.delete().await.expect("delete");
+        return;
+    }
+    assert_eq!(
+        core.info().await.expect("info").on_timeout,
+        sandcove::TimeoutAction::Pause
+    );
+    // A ttl counts from creation: one second has (nearly) passed, so the end is at once.
+    SandboxInstance::update_ttl(&name, "1s")
+        .await
+        .expect("update_ttl");
+    assert_eq!(
+        core.info().await.expect("info").on_timeout,
+        sandcove::TimeoutAction::Destroy
+    );
+    let name = &name;
+    eventually(PATIENCE, "deleted at the ttl's end", || async move {
+        match SandboxInstance::get(name).await {
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => panic!("{e}"),
+            Ok(sb) => Err(format!("still there: {:?}", sb.sandbox.state)),
+        }
+    })
+    .await;
+
+    // And back: a sandbox made with a policy that loses it pauses at its end.
+    let sb = sandbox("late-none").await;
+    let core = client.sandbox(sb.sandcove_id());
+    assert_eq!(
+        core.info().await.expect("info").on_timeout,
+        sandcove::TimeoutAction::Destroy
+    );
+    SandboxInstance::update_ttl(&sb.metadata.name, None)
+        .await
+        .expect("update_ttl");
+    assert_eq!(
+        core.info().await.expect("info").on_timeout,
+        sandcove::TimeoutAction::Pause
+    );
+    sb.delete().await.expect("delete");
+}
+
+/// A `ttl-idle` lease is renewed by file calls too, not only by `get` and `exec`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_calls_renew_an_idle_lease() {
+    use sandcove_conformance::PATIENCE;
+    let client = sandcove::Client::from_env().expect("runtime");
+    let sb = SandboxInstance::create(json!({
+        "name": unique("idle-files"),
+        "lifecycle": {"expiration_policies": [{"type": "ttl-idle", "value": "1h", "action": "delete"}]}
+    }))
+    .await
+    .expect("create");
+    let core = client.sandbox(sb.sandcove_id());
+    let first_end = core.info().await.expect("info").ends_at;
+    let (sb, core) = (&sb, &core);
+    eventually(
+        PATIENCE,
+        "a file call to move the idle lease's end",
+        || async move {
+            sb.fs.write("/blaxel/touch.txt", "x").await.expect("write");
+            let end = core.info().await.expect("info").ends_at;
+            if end > first_end {
+                Ok(())
+            } else {
+                Err(format!("still ends at {end}"))
+            }
+        },
+    )
+    .await;
+    sb.delete().await.expect("delete");
+}

@@ -80,6 +80,7 @@ macro_rules! conformance_tests {
             sandbox_sees_only_its_own_processes,
             pause_stops_and_resume_continues,
             lease_end_can_pause,
+            lease_end_action_can_change,
             lease_end_can_stop,
             auto_resume_on_request,
             previews_serve_and_guard_private_ports,
