@@ -15,7 +15,7 @@ use serde_json::Value;
 use crate::errors::{Result, SandboxAPIError};
 use crate::models::{
     self, Env, Metadata, Sandbox, SandboxCreateConfiguration, SandboxForkResponse,
-    SandboxLifecycle, SandboxSnapshot, SandboxSpec, SandboxUpdateMetadata,
+    SandboxLifecycle, SandboxSnapshot, SandboxSpec, SandboxUpdateMetadata, VolumeBinding,
 };
 use crate::state::{self, SandboxRecord, NAME_LABEL, SANDBOX_KEY};
 use crate::translate::{self, DEFAULT_IMAGE, DEFAULT_MEMORY, HOME};
@@ -1111,6 +1111,45 @@ pub(crate) fn core_options(
     ))
 }
 
+/// Make the top directory of each read-write volume in `volumes` writable by root, who runs
+/// every process of a Blaxel sandbox (as on Blaxel, whose volumes root owns). A runtime
+/// whose sandboxes have several users gives a new volume's top directory to its default
+/// user (uid 1000, mode 0755), which root without capabilities cannot write; the runtime's
+/// own file access (`chmod`) adds write and search for everyone (mode 0777, kept by the
+/// volume: the default user still owns it). A directory root can write already is left as
+/// it is.
+pub(crate) async fn open_volume_roots(
+    core: &sandcove::Sandbox,
+    volumes: &[VolumeBinding],
+) -> Result<()> {
+    for v in volumes.iter().filter(|v| !v.read_only) {
+        let stat = core.stat(&v.mount_path).await.map_err(cp)?;
+        let mode = stat.mode & 0o7777;
+        let root_can_write = if stat.uid == 0 {
+            mode & 0o300 == 0o300
+        } else if stat.gid == 0 {
+            mode & 0o030 == 0o030
+        } else {
+            mode & 0o003 == 0o003
+        };
+        if !root_can_write {
+            core.chmod(&v.mount_path, mode | 0o777)
+                .await
+                .map_err(|e| SandboxAPIError::Api {
+                    message: format!(
+                        "volume {:?} at {}: its top directory is not writable by root, who \
+                         runs the sandbox's processes, and could not be made so: {e}",
+                        v.name, v.mount_path
+                    ),
+                    status_code: Some(500),
+                    code: Some("VOLUME_NOT_WRITABLE".into()),
+                    source: Some(Box::new(e)),
+                })?;
+        }
+    }
+    Ok(())
+}
+
 /// Check a create configuration and turn it into the Blaxel record (defaults applied). Gaps
 /// are refused here, before anything is created.
 pub(crate) fn sandbox_from_config(config: SandboxCreateConfiguration) -> Result<Sandbox> {
@@ -1277,6 +1316,7 @@ pub(crate) async fn create_sandbox(
     sandbox.metadata.created_at = Some(translate::format_rfc3339(info.created_at));
     sandbox.metadata.updated_at = sandbox.metadata.created_at.clone();
     let setup = async {
+        open_volume_roots(&core, &sandbox.spec.volumes).await?;
         state::write_annotation(
             &core,
             SANDBOX_KEY,

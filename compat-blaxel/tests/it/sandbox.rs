@@ -644,3 +644,79 @@ async fn file_calls_renew_an_idle_lease() {
     .await;
     sb.delete().await.expect("delete");
 }
+
+/// A new volume mounted read-write is writable by the sandbox's processes, which run as root
+/// as on Blaxel, and what they write outlives the sandbox; a read-only mount stays read-only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_read_write_volume_is_writable_by_root() {
+    let client = sandcove::Client::from_env().expect("runtime");
+    let caps = client.ready().await.expect("capabilities");
+    if !caps.volumes {
+        eprintln!("SKIPPED: volumes: the runtime has none");
+        return;
+    }
+    let volume = unique("vol");
+    match client.create_volume(&volume).await {
+        Ok(_) => {}
+        Err(e @ sandcove::Error::Unavailable { .. }) => {
+            eprintln!("SKIPPED: volumes: {e}");
+            return;
+        }
+        Err(e) => panic!("create_volume: {e}"),
+    }
+    let sb = SandboxInstance::create(json!({
+        "name": unique("vol-rw"),
+        "ttl": "5m",
+        "volumes": [
+            {"name": volume, "mount_path": "/data", "read_only": false},
+            {"name": volume, "mount_path": "/seen", "read_only": true}
+        ]
+    }))
+    .await
+    .expect("create");
+    let p = sb
+        .process
+        .exec(json!({
+            "command": "id -u; echo hello > /data/made-by-root.txt && mkdir /data/dir && cat /data/made-by-root.txt; touch /seen/x 2>/dev/null || echo read-only",
+            "wait_for_completion": true
+        }))
+        .await
+        .expect("exec");
+    assert_eq!(
+        (p.exit_code, p.stdout.as_str()),
+        (0, "0\nhello\nread-only\n"),
+        "{p:?}"
+    );
+    sb.fs
+        .write("/data/by-the-api.txt", "api")
+        .await
+        .expect("the file API writes there too");
+    sb.delete().await.expect("delete");
+
+    // The files outlive the sandbox.
+    let again = SandboxInstance::create(json!({
+        "name": unique("vol-again"),
+        "ttl": "5m",
+        "volumes": [{"name": volume, "mount_path": "/data"}]
+    }))
+    .await
+    .expect("create");
+    assert_eq!(
+        again.fs.read("/data/made-by-root.txt").await.expect("read"),
+        "hello\n"
+    );
+    again.delete().await.expect("delete");
+    let volume = &volume;
+    let client = &client;
+    sandcove_conformance::eventually(
+        sandcove_conformance::PATIENCE,
+        "the volume deleted once no sandbox mounts it",
+        || async move {
+            client
+                .delete_volume(volume)
+                .await
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await;
+}
