@@ -79,13 +79,45 @@ pub fn standby_after() -> Result<Option<Duration>> {
 /// `backend` with its activity watched: standby after `quiet` (none: never), `ttl-idle`
 /// leases renewed either way.
 pub(crate) fn wrap(backend: Arc<dyn Backend>, quiet: Option<Duration>) -> Arc<dyn Backend> {
-    Arc::new(Standby {
+    let wrapper = Arc::new(Standby {
         shared: Shared {
             inner: backend,
             quiet,
             sandboxes: Default::default(),
         },
-    })
+    });
+    let mut wrappers = WRAPPERS.lock().unwrap_or_else(|e| e.into_inner());
+    wrappers.retain(|w| w.strong_count() > 0);
+    wrappers.push(Arc::downgrade(&wrapper));
+    wrapper
+}
+
+/// The wrappers of this program, so that work the facade does outside the runtime's calls
+/// (a `fetch` through a preview) counts as activity as a call does ([`hold`]).
+static WRAPPERS: Mutex<Vec<std::sync::Weak<Standby>>> = Mutex::new(Vec::new());
+
+/// Activity on sandbox `id`, for as long as the value is held, when `backend` is one of this
+/// module's wrappers (nothing otherwise): it waits out a pause under way, keeps the sandbox
+/// from standby and renews its `ttl-idle` lease.
+pub(crate) async fn hold(backend: &Arc<dyn Backend>, id: &str) -> Option<Hold> {
+    // Addresses compared as numbers: the same allocation is the same wrapper.
+    let target = Arc::as_ptr(backend) as *const () as usize;
+    let wrapper = WRAPPERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter_map(std::sync::Weak::upgrade)
+        .find(|w| Arc::as_ptr(w) as *const () as usize == target)?;
+    Some(Hold(wrapper.active(id).await))
+}
+
+/// Activity held by [`hold`].
+pub(crate) struct Hold(#[allow(dead_code)] Activity);
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Hold").field(&self.0.id).finish()
+    }
 }
 
 /// The wrapper (see the module docs).

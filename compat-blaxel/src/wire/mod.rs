@@ -8,7 +8,7 @@
 //! |---|---|
 //! | [`api`] | the control plane under `/v0` (`/v0/sandboxes…`, previews): REST + JSON |
 //! | [`snapshots`] | snapshots (per sandbox and workspace-wide), restore and fork under `/v0` |
-//! | [`sandbox_api`] | every sandbox's API under `/blaxel-sbx/{name}` (processes, files) |
+//! | [`sandbox_api`] | every sandbox's API under `/blaxel-sbx/{name}` (processes, stdin, files, `fetch` to a port) |
 //! | [`uploads`] | the sandbox API's multipart uploads (files over 5 MiB) |
 //!
 //! Routing looks at the request path only, never at `Host`, so one router serves the plain
@@ -378,12 +378,9 @@ fn gap_of_path(path: &str) -> Option<&'static str> {
         ["v0", "sandboxes", _, "schedules", ..]
         | ["v0", "sandboxes", _, "schedule-executions", ..] => "schedules",
         ["v0", "drives", ..] => "drives",
-        ["v0", "sandboxes", _, "archive" | "unarchive"] => "archive",
-        ["v0", "sandboxes", "by-external-id", ..] => "external ids",
         ["blaxel-sbx", _, "codegen", ..] => "codegen",
         ["blaxel-sbx", _, "drives", ..] => "drives",
         ["blaxel-sbx", _, "upgrade", ..] => "system.upgrade",
-        ["blaxel-sbx", _, "network", ..] | ["blaxel-sbx", _, "port", ..] => "fetch",
         _ => return None,
     };
     Some(gap)
@@ -679,7 +676,7 @@ mod tests {
         for (path, gap) in [
             ("/v0/sandboxes/a/schedules", Some("schedules")),
             ("/v0/sandboxes/a/fork", None),
-            ("/v0/sandboxes/a/archive", Some("archive")),
+            ("/v0/sandboxes/a/archive", None),
             ("/blaxel-sbx/a/codegen/fastapply/x", Some("codegen")),
             ("/v0/sandboxes/a", None),
         ] {
