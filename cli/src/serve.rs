@@ -516,7 +516,10 @@ pub fn run(args: ServeArgs) -> ExitCode {
                     config.standby_after = blaxel_standby;
                     config.workspace = BLAXEL_WORKSPACE.to_string();
                     config.max_body_bytes = max_body_bytes;
-                    config.max_upload_bytes = daytona_upload_cap(max_upload_bytes);
+                    // Uploads stream into the sandbox: the server's limit. A file read into a
+                    // JSON answer is held in memory: capped as the Daytona listener's are.
+                    config.max_upload_bytes = max_upload_bytes;
+                    config.max_inline_file_bytes = daytona_upload_cap(max_upload_bytes);
                     config.upload_memory = upload_memory.clone();
                     let app = server::observe_listener(blaxel::wire::router(backend.clone(), config), "blaxel", &metrics);
                     tasks.push(tokio::spawn(server::serve_router_intercepting(
@@ -609,9 +612,9 @@ fn build_engine(
         })
 }
 
-/// The upload and download cap of the Daytona (and Blaxel) listener: the server's upload
-/// limit, but never more than 64 MiB, since their downloads are framed in memory (uploads
-/// stream).
+/// The upload and download cap of the Daytona listener (and of the Blaxel listener's files
+/// read into JSON answers): the server's upload limit, but never more than 64 MiB, since
+/// those downloads are framed in memory (uploads stream).
 fn daytona_upload_cap(max_upload_bytes: u64) -> usize {
     usize::try_from(max_upload_bytes.min(64 * 1024 * 1024)).unwrap_or(usize::MAX)
 }

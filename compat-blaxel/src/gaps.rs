@@ -40,11 +40,6 @@ pub const GAPS: &[Gap] = &[
         alternative: "schedule on the host (cron, a timer) and call process.exec",
     },
     Gap {
-        key: "fetch",
-        feature: "fetch",
-        alternative: "expose the port with previews.create and request the preview URL",
-    },
-    Gap {
         key: "network",
         feature: "network",
         alternative: "omit `network`: sandboxes get isolated internet access (no host, private or link-local address) where the runtime has it, else loopback only",
@@ -114,21 +109,6 @@ pub const GAPS: &[Gap] = &[
         key: "spec changes",
         feature: "spec changes",
         alternative: "image, memory, ports, envs, volumes and region are fixed at creation: create a new sandbox with the new spec; labels, display name, ttl, expires and lifecycle can be updated",
-    },
-    Gap {
-        key: "external ids",
-        feature: "external ids",
-        alternative: "identify sandboxes by name (or by a label, listed with SandboxInstance.list)",
-    },
-    Gap {
-        key: "archive",
-        feature: "archive",
-        alternative: "snapshot the sandbox (sandbox.snapshots.create) and fork or restore it later, or keep it running until its ttl",
-    },
-    Gap {
-        key: "process stdin",
-        alternative: "pass input in the command (a here-document or a file written with fs.write first)",
-        feature: "process stdin",
     },
     Gap {
         key: "fuzzy file search",
@@ -265,18 +245,6 @@ impl SandboxSchedules {
     /// `schedules.executions()`: not supported.
     pub async fn executions(&self) -> Result<Vec<Value>> {
         Err(refuse("schedules"))
-    }
-}
-
-/// `sandbox.network` (not supported).
-#[derive(Debug, Clone, Default)]
-pub struct SandboxNetwork {}
-
-impl SandboxNetwork {
-    /// `network.fetch(port, path="/", …)`: not supported.
-    pub async fn fetch(&self, port: i64, path: &str) -> Result<Value> {
-        let _ = (port, path);
-        Err(refuse("fetch"))
     }
 }
 

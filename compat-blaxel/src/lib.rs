@@ -12,6 +12,7 @@
 //! | [`process`] | `sandbox.process` | exec, get, list, logs, wait, stop, kill, stream_logs |
 //! | [`fs`] | `sandbox.fs` | read, write, ls, find, grep, cp, rm, watch, … |
 //! | [`previews`] | `sandbox.previews` | preview URLs and tokens |
+//! | [`network`] | `sandbox.network`, `sandbox.fetch` | HTTP requests to ports in the sandbox |
 //! | [`code_interpreter`] | `CodeInterpreter` | stateful Python `run_code` |
 //! | [`models`] | `blaxel.core.client.models`, sandbox-API models | records and requests |
 //! | [`errors`] | `SandboxAPIError`, `ResponseError` | the one error type |
@@ -51,6 +52,7 @@ pub mod errors;
 pub mod fs;
 pub mod gaps;
 pub mod models;
+pub mod network;
 pub mod previews;
 pub mod process;
 pub mod sandbox;
@@ -66,6 +68,7 @@ pub use errors::{ResponseError, Result, SandboxAPIError};
 pub use fs::{AsyncWatchHandle, SandboxFileSystem};
 pub use gaps::hosting::{bl_agent, bl_model, bl_tools};
 pub use models::*;
+pub use network::{FetchResponse, SandboxNetwork};
 pub use previews::{SandboxPreview, SandboxPreviewToken, SandboxPreviews};
 pub use process::{AsyncStreamHandle, ProcessResponseWithLog, SandboxProcess};
 pub use sandbox::{AsyncPaginatedList, SandboxHandle, SandboxInstance};

@@ -156,6 +156,11 @@ pub struct SandboxCreateConfiguration {
     /// Kernel-variant switches (not supported).
     #[serde(default, alias = "extra_args")]
     pub extra_args: Option<BTreeMap<String, String>>,
+    /// The caller's own identifier of the sandbox (`metadata.external_id` of a full
+    /// `Sandbox`, the TypeScript configuration's `externalId`): at most 64 letters, digits
+    /// and `-`; found again with `SandboxInstance::get_by_external_id`.
+    #[serde(default, alias = "external_id")]
+    pub external_id: Option<String>,
 }
 
 /// Control-plane metadata of a sandbox (`Metadata`).
@@ -187,6 +192,14 @@ pub struct Metadata {
     /// Workspace (`BL_WORKSPACE`, if set; recorded only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<String>,
+    /// The caller's own identifier, given at creation (see
+    /// [`SandboxCreateConfiguration::external_id`]).
+    #[serde(
+        default,
+        alias = "external_id",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub external_id: Option<String>,
 }
 
 /// The runtime part of a sandbox spec (`SandboxRuntime`).
@@ -388,6 +401,10 @@ pub struct ProcessRequest {
     /// Keep the sandbox up while it runs; its `timeout` kills it.
     #[serde(default, alias = "keep_alive")]
     pub keep_alive: Option<bool>,
+    /// Open a writable stdin pipe, fed with `process.write_stdin` and closed with
+    /// `process.close_stdin` (without it the process reads an empty stdin).
+    #[serde(default)]
+    pub stdin: Option<bool>,
 }
 
 /// Status of a process (`ProcessResponseStatus`); compares equal to its lowercase name.

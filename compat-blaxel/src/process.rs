@@ -449,7 +449,7 @@ impl SandboxProcess {
     ///
     /// `process` is a [`ProcessRequest`] or a `json!` dict with `command`, `name`,
     /// `working_dir`, `env`, `wait_for_completion`, `timeout` (s), `wait_for_ports`,
-    /// `restart_on_failure`, `max_restarts`, `keep_alive`. Callbacks are the setters
+    /// `restart_on_failure`, `max_restarts`, `keep_alive`, `stdin`. Callbacks are the setters
     /// `on_log`/`on_stdout`/`on_stderr`.
     pub fn exec(&self, process: impl IntoProcessRequest) -> ExecBuilder {
         ExecBuilder {
@@ -513,6 +513,67 @@ impl SandboxProcess {
             .await?;
         Ok(SuccessResponse {
             message: "Process killed successfully".into(),
+            path: None,
+        })
+    }
+
+    /// `process.write_stdin(identifier, data)`: `data` (text or bytes) to the stdin of a
+    /// process started with `stdin: true`, verbatim (add the newline your program reads by).
+    /// A process without an open stdin pipe (started without one, closed, or ended) is a
+    /// `ResponseError` 409; an unknown one 404.
+    pub async fn write_stdin(
+        &self,
+        identifier: &str,
+        data: impl Into<Vec<u8>>,
+    ) -> Result<SuccessResponse> {
+        crate::sandbox::touch(&self.ctx.core).await;
+        let info = find(&self.ctx, identifier).await?;
+        let sent = self
+            .ctx
+            .core
+            .write_stdin(sandcove::ProcessSelector::Pid(info.pid), data.into())
+            .await;
+        match sent {
+            Ok(()) => Ok(SuccessResponse {
+                message: "Data written to stdin".into(),
+                path: None,
+            }),
+            Err(e @ sandcove::Error::InvalidArgument { .. }) => {
+                Err(SandboxAPIError::response_from(
+                    409,
+                    format!(
+                        "process {identifier} has no open stdin (start it with stdin: true, and \
+                         write before close_stdin and before it ends)"
+                    ),
+                    e,
+                ))
+            }
+            Err(e) if e.is_not_found() => Err(SandboxAPIError::response_from(
+                404,
+                format!("process with identifier '{identifier}' not found"),
+                e,
+            )),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// `process.close_stdin(identifier)`: the process reads end-of-file. Idempotent; a process
+    /// without a stdin pipe is left as it is.
+    pub async fn close_stdin(&self, identifier: &str) -> Result<SuccessResponse> {
+        let info = find(&self.ctx, identifier).await?;
+        match self
+            .ctx
+            .core
+            .close_stdin(sandcove::ProcessSelector::Pid(info.pid))
+            .await
+        {
+            Ok(()) => {}
+            // Ended meanwhile: its stdin is closed.
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(SuccessResponse {
+            message: "Stdin closed".into(),
             path: None,
         })
     }
@@ -783,6 +844,7 @@ async fn exec(
     }
     spec.envs = req.env.clone().unwrap_or_default();
     spec.tag = Some(name.clone());
+    spec.stdin = req.stdin.unwrap_or(false);
     if keep_alive {
         let t = match req.timeout {
             None => 600,

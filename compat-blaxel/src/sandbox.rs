@@ -15,9 +15,9 @@ use serde_json::Value;
 use crate::errors::{Result, SandboxAPIError};
 use crate::models::{
     self, Env, Metadata, Sandbox, SandboxCreateConfiguration, SandboxForkResponse,
-    SandboxLifecycle, SandboxSnapshot, SandboxSpec, SandboxUpdateMetadata,
+    SandboxLifecycle, SandboxSnapshot, SandboxSpec, SandboxUpdateMetadata, VolumeBinding,
 };
-use crate::state::{self, SandboxRecord, NAME_LABEL, SANDBOX_KEY};
+use crate::state::{self, SandboxRecord, EXTERNAL_ID_LABEL, NAME_LABEL, SANDBOX_KEY};
 use crate::translate::{self, DEFAULT_IMAGE, DEFAULT_MEMORY, HOME};
 use crate::{fs, gaps, previews, process, snapshots};
 
@@ -69,6 +69,7 @@ impl IntoSandboxCreate for Sandbox {
             snapshot_enabled: r.snapshot_enabled,
             labels: Some(self.metadata.labels).filter(|l| !l.is_empty()),
             extra_args: None,
+            external_id: self.metadata.external_id,
         })
     }
 }
@@ -125,8 +126,8 @@ pub struct SandboxHandle {
     pub previews: previews::SandboxPreviews,
     /// Sessions (not supported).
     pub sessions: gaps::SandboxSessions,
-    /// Network helpers (not supported).
-    pub network: gaps::SandboxNetwork,
+    /// HTTP requests to ports in the sandbox.
+    pub network: crate::network::SandboxNetwork,
     /// Sandbox-API system calls.
     pub system: gaps::SandboxSystem,
     /// Agent drives (not supported).
@@ -236,7 +237,14 @@ impl ListBuilder {
     }
 
     async fn run(self) -> Result<AsyncPaginatedList<SandboxInstance>> {
-        list_page(&state::client()?, self.limit, self.cursor.as_deref(), false).await
+        list_page(
+            &state::client()?,
+            self.limit,
+            self.cursor.as_deref(),
+            false,
+            None,
+        )
+        .await
     }
 }
 into_future!(ListBuilder => AsyncPaginatedList<SandboxInstance>);
@@ -247,16 +255,21 @@ into_future!(ListBuilder => AsyncPaginatedList<SandboxInstance>);
 /// The cursor names the last sandbox of the previous page (its creation time and id), not
 /// an offset, so sandboxes created or deleted while a caller pages never make a page repeat
 /// an item or skip one that existed throughout; a cursor this listing did not hand out is a
-/// 400.
+/// 400. With `external_id`, only the sandboxes created with it.
 pub(crate) async fn list_page(
     client: &sandcove::Client,
     limit: i64,
     cursor: Option<&str>,
     newest_first: bool,
+    external_id: Option<&str>,
 ) -> Result<AsyncPaginatedList<SandboxInstance>> {
     let after = cursor.map(parse_list_cursor).transpose()?;
+    let mut filter = sandcove::ListOptions::default();
+    if let Some(id) = external_id {
+        filter = filter.label(EXTERNAL_ID_LABEL, id);
+    }
     let mut all: Vec<sandcove::SandboxInfo> = client
-        .list(sandcove::ListOptions::default())
+        .list(filter)
         .await
         .map_err(|e| SandboxAPIError::from(e).into_control_plane())?
         .into_iter()
@@ -460,7 +473,94 @@ impl WaitBuilder {
 }
 into_future!(WaitBuilder => SandboxHandle);
 
+/// Builder of `archive(sandbox_name, wait=True, max_wait=1800000, interval=2000)` and of
+/// `unarchive` (both ms; the class and the instance form): the sandbox is archived (or back)
+/// when the call answers, so the waiting options change nothing.
+#[derive(Debug)]
+pub struct ArchiveBuilder {
+    client: Result<sandcove::Client>,
+    sandbox_name: String,
+    archive: bool,
+    wait: bool,
+    max_wait: i64,
+    interval: i64,
+}
+
+impl ArchiveBuilder {
+    fn new(client: Result<sandcove::Client>, sandbox_name: &str, archive: bool) -> Self {
+        ArchiveBuilder {
+            client,
+            sandbox_name: sandbox_name.to_string(),
+            archive,
+            wait: true,
+            max_wait: 1_800_000,
+            interval: 2000,
+        }
+    }
+    /// `wait=` (the call answers once it is done either way).
+    pub fn wait(mut self, wait: bool) -> Self {
+        self.wait = wait;
+        self
+    }
+    /// `max_wait=` in ms (nothing to wait for).
+    pub fn max_wait(mut self, ms: i64) -> Self {
+        self.max_wait = ms;
+        self
+    }
+    /// `interval=` in ms (nothing to poll).
+    pub fn interval(mut self, ms: i64) -> Self {
+        self.interval = ms;
+        self
+    }
+    async fn run(self) -> Result<SandboxInstance> {
+        let _ = (self.wait, self.max_wait, self.interval);
+        SandboxInstance::archive_on(&self.client?, &self.sandbox_name, self.archive).await
+    }
+}
+into_future!(ArchiveBuilder => SandboxInstance);
+
 impl SandboxInstance {
+    /// `SandboxInstance.archive(sandbox_name, wait=True, max_wait=…, interval=…)`: the
+    /// sandbox's processes end and its files are kept (the core's `stop`; status
+    /// `ARCHIVED`), until `unarchive`. Its lease stops counting meanwhile; the runtime keeps
+    /// an archived sandbox for its retention of stopped sandboxes (30 days on the embedded
+    /// engine), then deletes it. Archiving an archived sandbox changes nothing.
+    pub fn archive(sandbox_name: &str) -> ArchiveBuilder {
+        ArchiveBuilder::new(state::client(), sandbox_name, true)
+    }
+
+    /// `SandboxInstance.unarchive(sandbox_name, wait=True, …)`: an archived sandbox runs
+    /// again with its files and no processes (the core's `start`; status `DEPLOYED`), its
+    /// lease counting on from where it stopped. A sandbox that is not archived is left as it
+    /// is.
+    pub fn unarchive(sandbox_name: &str) -> ArchiveBuilder {
+        ArchiveBuilder::new(state::client(), sandbox_name, false)
+    }
+
+    /// `archive` (or, with `archive` false, `unarchive`) on a given runtime client (the wire
+    /// router's).
+    pub(crate) async fn archive_on(
+        client: &sandcove::Client,
+        sandbox_name: &str,
+        archive: bool,
+    ) -> Result<Self> {
+        let info = state::find_by_name(client, sandbox_name)
+            .await
+            .map_err(SandboxAPIError::into_control_plane)?
+            .ok_or_else(|| not_found(sandbox_name))?;
+        let core = client.sandbox(&info.id);
+        let done = if archive {
+            core.stop().await
+        } else {
+            core.start().await
+        };
+        let info = done.map_err(|e| match e {
+            e if e.is_not_found() => not_found(sandbox_name),
+            e => cp(e),
+        })?;
+        instance_from_info(client, info).await
+    }
+
     /// `SandboxInstance.create(sandbox=None, safe=False, create_if_not_exist=False)`.
     ///
     /// `sandbox` is a [`SandboxCreateConfiguration`], a full [`Sandbox`], a `json!` dict of
@@ -513,6 +613,43 @@ impl SandboxInstance {
             );
         };
         let instance = instance_from_info(client, info).await?;
+        instance.touch().await;
+        Ok(instance)
+    }
+
+    /// The sandbox created with `external_id` (the TypeScript SDK's
+    /// `SandboxInstance.getByExternalId`, the Python API client's
+    /// `get_sandbox_by_external_id`): the newest live one, should several share it; `404`
+    /// when none does.
+    pub async fn get_by_external_id(external_id: &str) -> Result<Self> {
+        Self::get_by_external_id_on(&state::client()?, external_id).await
+    }
+
+    /// `get_by_external_id` on a given runtime client (the wire router's).
+    pub(crate) async fn get_by_external_id_on(
+        client: &sandcove::Client,
+        external_id: &str,
+    ) -> Result<Self> {
+        let missing = || {
+            SandboxAPIError::api(
+                404,
+                "Sandbox not found",
+                format!("no sandbox has the externalId {external_id:?}"),
+            )
+        };
+        if check_external_id(external_id).is_err() {
+            return Err(missing());
+        }
+        let filter = sandcove::ListOptions::default().label(EXTERNAL_ID_LABEL, external_id);
+        let newest = client
+            .list(filter)
+            .await
+            .map_err(cp)?
+            .into_iter()
+            .filter(|i| i.labels.contains_key(NAME_LABEL))
+            .max_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)))
+            .ok_or_else(missing)?;
+        let instance = instance_from_info(client, newest).await?;
         instance.touch().await;
         Ok(instance)
     }
@@ -632,7 +769,18 @@ impl SandboxInstance {
             let (end, idle) = lease_end(&record.sandbox, created, now)?;
             record.idle_secs = idle;
             let remaining = end.saturating_sub(now).max(1000);
+            // What the lease's end does follows the record as it is now: a deletion policy
+            // added to a sandbox made without one deletes it, and removing the last one
+            // keeps it in standby (see `standby_at_lease_end`).
+            let action = lease_end_action(&record.sandbox, &client.ready().await.map_err(cp)?);
+            let action_changed = action != info.on_timeout;
+            if action_changed {
+                core.set_on_timeout(action).await.map_err(cp)?;
+            }
             if let Err(e) = core.set_timeout(Duration::from_millis(remaining)).await {
+                if action_changed {
+                    let _ = core.set_on_timeout(info.on_timeout).await;
+                }
                 let _ = state::write_annotation(&core, SANDBOX_KEY, &before).await;
                 return Err(cp(e));
             }
@@ -696,6 +844,16 @@ impl SandboxHandle {
         delete_info(&client, info).await
     }
 
+    /// `instance.archive(wait=True, …)`: see [`SandboxInstance::archive`].
+    pub fn archive(&self) -> ArchiveBuilder {
+        ArchiveBuilder::new(Ok(self.ctx.core.client()), &self.ctx.name, true)
+    }
+
+    /// `instance.unarchive(wait=True, …)`: see [`SandboxInstance::unarchive`].
+    pub fn unarchive(&self) -> ArchiveBuilder {
+        ArchiveBuilder::new(Ok(self.ctx.core.client()), &self.ctx.name, false)
+    }
+
     /// `instance.snapshot(name=None)`: a filesystem snapshot of the sandbox.
     pub fn snapshot(&self) -> SnapshotBuilder {
         SnapshotBuilder {
@@ -749,11 +907,10 @@ impl SandboxHandle {
         }
     }
 
-    /// `instance.fetch(port, path="/", …)`: not supported; expose the port with
-    /// `previews.create` and request its URL.
-    pub async fn fetch(&self, port: i64, path: &str) -> Result<Value> {
-        let _ = (port, path);
-        Err(gaps::refuse("fetch"))
+    /// `instance.fetch(port, path="/", method="GET", …)`: the answer of the server on `port`
+    /// in the sandbox, whatever its status (see [`crate::network`]).
+    pub fn fetch(&self, port: i64) -> crate::network::FetchBuilder {
+        self.network.fetch(port)
     }
 
     /// The runtime's id of this sandbox (not a Blaxel attribute).
@@ -848,11 +1005,13 @@ async fn read_record(core: &sandcove::Sandbox) -> Result<SandboxRecord> {
 pub(crate) fn record_from_info(info: &sandcove::SandboxInfo) -> SandboxRecord {
     let mut labels = info.labels.clone();
     let name = labels.remove(NAME_LABEL).unwrap_or_default();
+    let external_id = labels.remove(EXTERNAL_ID_LABEL);
     SandboxRecord {
         sandbox: Sandbox {
             metadata: Metadata {
                 name,
                 labels,
+                external_id,
                 created_at: Some(translate::format_rfc3339(info.created_at)),
                 ..Default::default()
             },
@@ -898,9 +1057,11 @@ fn build_instance(
     mut sandbox: Sandbox,
 ) -> SandboxInstance {
     let now = sandcove::now_millis();
-    sandbox.status = Some("DEPLOYED".into());
+    // An archived sandbox is the runtime's stopped one: nothing runs, as in standby.
+    let archived = info.state == sandcove::SandboxState::Stopped;
+    sandbox.status = Some(if archived { "ARCHIVED" } else { "DEPLOYED" }.into());
     sandbox.state = Some(
-        if info.state == sandcove::SandboxState::Paused {
+        if archived || info.state == sandcove::SandboxState::Paused {
             "STANDBY"
         } else {
             "RUNNING"
@@ -928,7 +1089,7 @@ fn build_instance(
             fs: fs::SandboxFileSystem::new(ctx.clone()),
             previews: previews::SandboxPreviews::new(ctx.clone()),
             sessions: gaps::SandboxSessions::default(),
-            network: gaps::SandboxNetwork::default(),
+            network: crate::network::SandboxNetwork::new(ctx.clone()),
             system: gaps::SandboxSystem::new(ctx.clone()),
             drives: gaps::SandboxDrive::default(),
             codegen: gaps::SandboxCodegen::default(),
@@ -1044,11 +1205,20 @@ pub(crate) fn standby_at_lease_end(
     caps: &sandcove::Capabilities,
     options: &mut sandcove::CreateOptions,
 ) {
-    if caps.pause {
-        options.auto_resume = true;
-        if !has_deletion_policy(sandbox) {
-            options.on_timeout = sandcove::TimeoutAction::Pause;
-        }
+    options.auto_resume = caps.pause;
+    options.on_timeout = lease_end_action(sandbox, caps);
+}
+
+/// What the end of `sandbox`'s lease does: pause a sandbox without a deletion policy where
+/// the runtime can pause (see [`standby_at_lease_end`]), destroy any other.
+pub(crate) fn lease_end_action(
+    sandbox: &Sandbox,
+    caps: &sandcove::Capabilities,
+) -> sandcove::TimeoutAction {
+    if caps.pause && !has_deletion_policy(sandbox) {
+        sandcove::TimeoutAction::Pause
+    } else {
+        sandcove::TimeoutAction::Destroy
     }
 }
 
@@ -1068,6 +1238,10 @@ pub(crate) fn core_options(
     }
     let mut labels = sandbox.metadata.labels.clone();
     labels.insert(NAME_LABEL.into(), sandbox.metadata.name.clone());
+    // The external id is a label too, so the runtime's list finds it.
+    if let Some(id) = &sandbox.metadata.external_id {
+        labels.insert(EXTERNAL_ID_LABEL.into(), id.clone());
+    }
     let mut volumes = Vec::new();
     for v in &sandbox.spec.volumes {
         volumes.push(
@@ -1089,6 +1263,45 @@ pub(crate) fn core_options(
         },
         idle,
     ))
+}
+
+/// Make the top directory of each read-write volume in `volumes` writable by root, who runs
+/// every process of a Blaxel sandbox (as on Blaxel, whose volumes root owns). A runtime
+/// whose sandboxes have several users gives a new volume's top directory to its default
+/// user (uid 1000, mode 0755), which root without capabilities cannot write; the runtime's
+/// own file access (`chmod`) adds write and search for everyone (mode 0777, kept by the
+/// volume: the default user still owns it). A directory root can write already is left as
+/// it is.
+pub(crate) async fn open_volume_roots(
+    core: &sandcove::Sandbox,
+    volumes: &[VolumeBinding],
+) -> Result<()> {
+    for v in volumes.iter().filter(|v| !v.read_only) {
+        let stat = core.stat(&v.mount_path).await.map_err(cp)?;
+        let mode = stat.mode & 0o7777;
+        let root_can_write = if stat.uid == 0 {
+            mode & 0o300 == 0o300
+        } else if stat.gid == 0 {
+            mode & 0o030 == 0o030
+        } else {
+            mode & 0o003 == 0o003
+        };
+        if !root_can_write {
+            core.chmod(&v.mount_path, mode | 0o777)
+                .await
+                .map_err(|e| SandboxAPIError::Api {
+                    message: format!(
+                        "volume {:?} at {}: its top directory is not writable by root, who \
+                         runs the sandbox's processes, and could not be made so: {e}",
+                        v.name, v.mount_path
+                    ),
+                    status_code: Some(500),
+                    code: Some("VOLUME_NOT_WRITABLE".into()),
+                    source: Some(Box::new(e)),
+                })?;
+        }
+    }
+    Ok(())
 }
 
 /// Check a create configuration and turn it into the Blaxel record (defaults applied). Gaps
@@ -1162,16 +1375,23 @@ pub(crate) fn sandbox_from_config(config: SandboxCreateConfiguration) -> Result<
         return Err(invalid_name(&name));
     }
     if let Some(labels) = &config.labels {
-        if labels.contains_key(NAME_LABEL) {
-            return Err(SandboxAPIError::value_error(format!(
-                "the label {NAME_LABEL:?} is reserved"
-            )));
+        for reserved in [NAME_LABEL, EXTERNAL_ID_LABEL] {
+            if labels.contains_key(reserved) {
+                return Err(SandboxAPIError::value_error(format!(
+                    "the label {reserved:?} is reserved"
+                )));
+            }
         }
+    }
+    let external_id = config.external_id.filter(|id| !id.is_empty());
+    if let Some(id) = &external_id {
+        check_external_id(id)?;
     }
     Ok(Sandbox {
         metadata: Metadata {
             name,
             labels: config.labels.unwrap_or_default(),
+            external_id,
             ..Default::default()
         },
         spec: SandboxSpec {
@@ -1191,6 +1411,22 @@ pub(crate) fn sandbox_from_config(config: SandboxCreateConfiguration) -> Result<
         },
         ..Default::default()
     })
+}
+
+/// Blaxel's form of an external id: 1 to 64 ASCII letters, digits and `-`.
+pub(crate) fn check_external_id(id: &str) -> Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(SandboxAPIError::api(
+            400,
+            "INVALID_EXTERNAL_ID",
+            format!("invalid externalId {id:?}: at most 64 letters, digits and -"),
+        ))
+    }
 }
 
 /// How often `create_if_not_exists` retries when its name is taken by a sandbox it cannot
@@ -1257,6 +1493,7 @@ pub(crate) async fn create_sandbox(
     sandbox.metadata.created_at = Some(translate::format_rfc3339(info.created_at));
     sandbox.metadata.updated_at = sandbox.metadata.created_at.clone();
     let setup = async {
+        open_volume_roots(&core, &sandbox.spec.volumes).await?;
         state::write_annotation(
             &core,
             SANDBOX_KEY,

@@ -486,6 +486,12 @@ pub(crate) async fn fork_on(
         sandbox,
         idle_secs: idle,
     };
+    // The source's volumes were opened to root when it was made; a source made before that
+    // was done is opened now.
+    if let Err(e) = crate::sandbox::open_volume_roots(&core, &record.sandbox.spec.volumes).await {
+        let _ = core.destroy().await;
+        return Err(e);
+    }
     let mut update =
         sandcove::AnnotationUpdate::set(SANDBOX_KEY, state::encode(SANDBOX_KEY, &record)?);
     update.remove = foreign_records(&info);

@@ -16,6 +16,8 @@ use crate::models::Sandbox;
 
 /// Core label holding the Blaxel sandbox name.
 pub(crate) const NAME_LABEL: &str = "blaxel.name";
+/// Core label holding a sandbox's external id (`metadata.externalId`), for lookups.
+pub(crate) const EXTERNAL_ID_LABEL: &str = "blaxel.external-id";
 /// Annotation holding the sandbox record ([`SandboxRecord`]).
 pub(crate) const SANDBOX_KEY: &str = "blaxel/sandbox";
 /// Prefix of the annotation holding one named preview (`blaxel/preview/<name>`).

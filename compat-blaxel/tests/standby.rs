@@ -84,3 +84,133 @@ async fn an_idle_sandbox_goes_to_standby_and_the_next_call_wakes_it() {
     .await;
     sb.delete().await.expect("delete");
 }
+
+/// A process started through `process.exec` keeps its sandbox awake until it exits, with
+/// `keep_alive` or without, though no call is in flight: the sandbox goes to standby only
+/// a quiet period after the process ended, and the process ran to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_process_keeps_its_sandbox_awake_until_it_exits() {
+    std::env::set_var(blaxel::standby::STANDBY_AFTER_ENV, QUIET_MS.to_string());
+    let caps = common::capabilities().await;
+    let client = sandcove::Client::from_env().expect("runtime");
+    if !caps.pause {
+        eprintln!("SKIPPED: standby: the runtime cannot pause, so nothing goes to standby");
+        return;
+    }
+    const RUNS_MS: u64 = 4 * QUIET_MS;
+    let mut sandboxes = Vec::new();
+    for keep_alive in [true, false] {
+        let sb = SandboxInstance::create(json!({"name": unique("busy"), "ttl": "10m"}))
+            .await
+            .expect("create");
+        let started = std::time::Instant::now();
+        sb.process
+            .exec(json!({
+                "name": "job",
+                "command": format!("sleep {}; echo done", RUNS_MS as f64 / 1000.0),
+                "keep_alive": keep_alive
+            }))
+            .await
+            .expect("exec");
+        sandboxes.push((sb, started, keep_alive));
+    }
+    for (sb, started, keep_alive) in &sandboxes {
+        let core = client.sandbox(sb.sandcove_id());
+        let core = &core;
+        // Reading the record neither wakes the sandbox nor keeps it awake.
+        eventually(
+            PATIENCE,
+            "standby once the process has ended",
+            || async move {
+                match core.info().await {
+                    Ok(i) if i.state == sandcove::SandboxState::Paused => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await;
+        assert!(
+            started.elapsed() >= std::time::Duration::from_millis(RUNS_MS),
+            "keep_alive {keep_alive}: put in standby after {:?}, while the process ran",
+            started.elapsed()
+        );
+        let job = sb.process.get("job").await.expect("get wakes it");
+        assert_eq!(
+            (job.status.as_str(), job.stdout.as_str()),
+            ("completed", "done\n"),
+            "keep_alive {keep_alive}"
+        );
+    }
+    for (sb, _, _) in sandboxes {
+        sb.delete().await.expect("delete");
+    }
+}
+
+/// A `ttl-idle` lease counts a preview request as activity: one that wakes the sandbox from
+/// standby (a server left running by an exec that ended, so nothing else keeps it awake)
+/// moves the lease's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preview_request_renews_an_idle_lease() {
+    std::env::set_var(blaxel::standby::STANDBY_AFTER_ENV, QUIET_MS.to_string());
+    let caps = common::capabilities().await;
+    let client = sandcove::Client::from_env().expect("runtime");
+    if !caps.pause || !caps.previews {
+        eprintln!("SKIPPED: standby and previews are needed");
+        return;
+    }
+    let sb = SandboxInstance::create(json!({
+        "name": unique("idle-preview"),
+        "lifecycle": {"expiration_policies": [{"type": "ttl-idle", "value": "1h", "action": "delete"}]}
+    }))
+    .await
+    .expect("create");
+    // The shell that starts the server ends at once; the server stays, as a stray child.
+    let port = 8123;
+    sb.process
+        .exec(json!({
+            "command": format!(
+                "mkdir -p /blaxel/site && echo hello > /blaxel/site/index.html && \
+                 (cd /blaxel/site && nohup python3 -m http.server {port} >/dev/null 2>&1 &)"
+            ),
+            "wait_for_completion": true,
+            "wait_for_ports": [port]
+        }))
+        .await
+        .expect("start the server");
+    let preview = sb
+        .previews
+        .create(json!({"metadata": {"name": "site"}, "spec": {"port": port, "public": true}}))
+        .await
+        .expect("preview");
+    let url = preview.spec.url.clone().expect("url");
+    let core = client.sandbox(sb.sandcove_id());
+    let core = &core;
+    eventually(PATIENCE, "standby", || async move {
+        match core.info().await {
+            Ok(i) if i.state == sandcove::SandboxState::Paused => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let asleep_end = core.info().await.expect("info").ends_at;
+    let (status, body) = common::http_get(&format!("{url}/index.html"), &[]).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "hello\n"),
+        "the request wakes it"
+    );
+    eventually(
+        PATIENCE,
+        "the wake-up to renew the idle lease",
+        || async move {
+            let end = core.info().await.expect("info").ends_at;
+            if end > asleep_end {
+                Ok(())
+            } else {
+                Err(format!("still ends at {end}"))
+            }
+        },
+    )
+    .await;
+    sb.delete().await.expect("delete");
+}

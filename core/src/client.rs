@@ -355,6 +355,15 @@ impl Sandbox {
         })
     }
 
+    /// Change what the end of the lease does ([`CreateOptions::on_timeout`]): destroy the
+    /// sandbox, pause it (where [`Capabilities::pause`] holds) or stop it (where
+    /// [`Capabilities::lease_stop`] does).
+    pub async fn set_on_timeout(&self, action: crate::TimeoutAction) -> Result<SandboxInfo> {
+        self.backend
+            .set_on_timeout(&self.id, crate::SetOnTimeoutOptions::new(action))
+            .await
+    }
+
     /// Destroy the sandbox.
     pub async fn destroy(&self) -> Result<()> {
         self.backend.destroy(&self.id).await

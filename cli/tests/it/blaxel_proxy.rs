@@ -182,6 +182,28 @@ fn python_sdk_data_plane_after_the_proxy() {
     assert_expected("blaxel_data_plane", &out);
 }
 
+/// Large files through the Python SDK's own upload paths: a 3 MiB text file in one JSON
+/// request (under the SDK's 5 MiB multipart threshold, over the listener's 1 MiB JSON limit)
+/// and a 12 MiB binary file as a multipart upload of 5 MiB parts, each read back equal.
+#[test]
+fn python_sdk_writes_large_files() {
+    let server = start();
+    let out = run_python(PINS, "blaxel_large_files", &server, &[]);
+    assert_expected("blaxel_large_files", &out);
+}
+
+/// What were gaps, as the Python SDK calls them: a full `Sandbox` with
+/// `metadata.external_id` and the API client's `get_sandbox_by_external_id`, `stdin` with
+/// `write_stdin`/`close_stdin` (409 without an open stdin), `fetch`/`network.fetch` to a
+/// server in the sandbox (the SDK's credentials not passed on, a 404 returned), and
+/// `archive`/`unarchive`.
+#[test]
+fn python_sdk_external_ids_stdin_fetch_and_archive() {
+    let server = start();
+    let out = run_python(PINS, "blaxel_fetch_stdin_archive", &server, &[]);
+    assert_expected("blaxel_fetch_stdin_archive", &out);
+}
+
 /// Snapshots and fork as the Python SDK calls them through the proxy: `sandbox.snapshots`
 /// (create, list, get by name, restore by name, delete by name), the deprecated `snapshot` and
 /// `list_snapshots`, fork live and from a snapshot (with envs), the workspace `Snapshot` class

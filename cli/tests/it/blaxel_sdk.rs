@@ -179,6 +179,32 @@ fn typescript_sdk_snapshots_restore_and_fork() {
     check_node(DIR, "blaxel_snapshots", &server, Duration::from_secs(300));
 }
 
+/// Large files through the SDK's own upload paths: a 3 MiB text file in one JSON request
+/// (under the SDK's 5 MiB multipart threshold, over the listener's 1 MiB JSON limit) and a
+/// 70 MiB binary file as a multipart upload of 5 MiB parts (over the 64 MiB the listener
+/// once capped uploads at), each read back equal; no part file left behind.
+#[test]
+fn typescript_sdk_writes_large_files() {
+    let server = Server::start("blaxel", ANNOUNCE, "large-files-key");
+    check_node(DIR, "blaxel_large_files", &server, Duration::from_secs(300));
+}
+
+/// What were gaps, as the TypeScript SDK calls them: `externalId` at creation and
+/// `getByExternalId`, `stdin: true` with `writeStdin`/`closeStdin` (409 without an open
+/// stdin), `fetch`/`network.fetch` to a server in the sandbox (method, path, query, body and
+/// headers passed on, the SDK's credentials not, a 404 returned, no named preview left), and
+/// `archive`/`unarchive` (status `ARCHIVED`, files kept, processes ended).
+#[test]
+fn typescript_sdk_external_ids_stdin_fetch_and_archive() {
+    let server = Server::start("blaxel", ANNOUNCE, "fetch-stdin-key");
+    check_node(
+        DIR,
+        "blaxel_fetch_stdin_archive",
+        &server,
+        Duration::from_secs(300),
+    );
+}
+
 /// A wrong key is the SDK's 401, and nothing is created.
 #[test]
 fn typescript_sdk_with_a_wrong_key_is_refused() {

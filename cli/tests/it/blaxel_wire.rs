@@ -45,6 +45,7 @@ async fn env() -> Env {
         let mut config = blaxel::wire::WireConfig::new(KEY, url);
         config.max_body_bytes = 64 * 1024;
         config.max_upload_bytes = 1024 * 1024;
+        config.max_inline_file_bytes = 1024 * 1024;
         blaxel::wire::router(backend, config)
     })
     .await
@@ -391,11 +392,6 @@ async fn gaps_name_their_alternative_before_any_effect() {
         ),
         ("GET", "/v0/sandboxes/gaps/schedules", json!(null)),
         (
-            "POST",
-            "/blaxel-sbx/gaps/process",
-            json!({"command": "cat", "stdin": true}),
-        ),
-        (
             "PUT",
             "/v0/sandboxes/gaps",
             json!({"metadata": {"name": "gaps"}, "spec": {"runtime": {"memory": 8192}}}),
@@ -501,7 +497,32 @@ async fn multipart_uploads_are_bounded_and_assembled_in_order() {
 async fn file_reads_are_bounded_as_json_and_streamed_as_bytes() {
     let env = env().await;
     env.create("reads").await;
-    // Sandbox code grows a file past the listener's upload limit (1 MiB here).
+    // A text write is one JSON body, which the SDKs send up to their multipart threshold
+    // (5 MiB): past the JSON limit (64 KiB here), up to the limit of a file in a JSON
+    // answer (1 MiB here).
+    let text = "t".repeat(200 * 1024);
+    let (status, put) = env
+        .call(
+            "PUT",
+            "/blaxel-sbx/reads/filesystem//tmp/text",
+            Some(json!({ "content": text })),
+        )
+        .await;
+    assert_eq!(status, 200, "{put}");
+    let (status, got) = env
+        .call("GET", "/blaxel-sbx/reads/filesystem//tmp/text", None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(got["content"].as_str().map(str::len), Some(200 * 1024));
+    let (status, over) = env
+        .call(
+            "PUT",
+            "/blaxel-sbx/reads/filesystem//tmp/text",
+            Some(json!({ "content": "t".repeat(1100 * 1024) })),
+        )
+        .await;
+    assert_eq!(status, 413, "{over}");
+    // Sandbox code grows a file past the listener's limit of a file in a JSON answer.
     let (status, made) = env
         .call(
             "POST",
@@ -1216,4 +1237,135 @@ async fn broken_off_uploads_write_nothing_and_parts_are_cleaned_up() {
         .await
         .unwrap_err();
     assert!(gone.is_not_found(), "the part files are removed: {gone}");
+}
+
+/// `fetch` over the wire: the request reaches the port's server with the listener's
+/// credentials left out (the key sent as `Authorization` too), its body bounded by the
+/// upload limit before anything is sent, a bad port refused; `stdin` data past the JSON
+/// limit is a 413; the external id lists, finds, and cannot be changed by an update.
+#[tokio::test]
+async fn fetch_stdin_and_external_ids_are_bounded_and_keep_credentials_out() {
+    let env = env().await;
+    let (status, sb) = env
+        .call(
+            "POST",
+            "/v0/sandboxes",
+            Some(json!({"metadata": {"name": "fx", "externalId": "ext-fx"}})),
+        )
+        .await;
+    assert_eq!(status, 200, "{sb}");
+    assert_eq!(sb["metadata"]["externalId"], "ext-fx");
+    assert_eq!(
+        sb["metadata"]["labels"],
+        json!({}),
+        "the label stays internal"
+    );
+    // A server echoing the headers it got.
+    let echo = "import http.server\n\
+        class H(http.server.BaseHTTPRequestHandler):\n\
+        \x20   def do_GET(self):\n\
+        \x20       out = str(sorted(k.lower() for k in self.headers.keys())).encode()\n\
+        \x20       self.send_response(200); self.send_header('content-length', str(len(out)))\n\
+        \x20       self.end_headers(); self.wfile.write(out)\n\
+        \x20   def log_message(self, *a): pass\n\
+        http.server.HTTPServer(('0.0.0.0', 8001), H).serve_forever()\n";
+    let (status, _) = env
+        .call(
+            "PUT",
+            "/blaxel-sbx/fx/filesystem//tmp/echo.py",
+            Some(json!({ "content": echo })),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (status, started) = env
+        .call(
+            "POST",
+            "/blaxel-sbx/fx/process",
+            Some(json!({"command": "python3 /tmp/echo.py", "waitForPorts": [8001]})),
+        )
+        .await;
+    assert_eq!(status, 200, "{started}");
+    let resp = env
+        .http
+        .get(format!("{}/blaxel-sbx/fx/port/8001/", env.url))
+        .header("Authorization", format!("Bearer {KEY}"))
+        .header("X-Blaxel-Workspace", "sandcove")
+        .header("X-Kept", "1")
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let seen = resp.text().await.unwrap();
+    assert_eq!(status, 200, "{seen}");
+    assert!(seen.contains("x-kept"), "{seen}");
+    assert!(
+        !seen.contains("authorization") && !seen.contains("x-blaxel"),
+        "credentials reached the sandbox: {seen}"
+    );
+    let (status, over) = Env::send(
+        env.request("POST", "/blaxel-sbx/fx/port/8001/", Some(KEY))
+            .body(vec![b'x'; 1024 * 1024 + 1]),
+    )
+    .await;
+    assert_eq!(status, 413, "{over}");
+    for port in ["0", "70000", "http"] {
+        let (status, _) = env
+            .call("GET", &format!("/blaxel-sbx/fx/port/{port}/"), None)
+            .await;
+        assert_eq!(status, 400, "port {port}");
+    }
+    // Stdin: one write is at most the JSON limit (64 KiB here).
+    let (status, _) = env
+        .call(
+            "POST",
+            "/blaxel-sbx/fx/process",
+            Some(json!({"name": "cat", "command": "cat", "stdin": true})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (status, over) = Env::send(
+        env.request("POST", "/blaxel-sbx/fx/process/cat/stdin", Some(KEY))
+            .body(vec![b'x'; 64 * 1024 + 1]),
+    )
+    .await;
+    assert_eq!(status, 413, "{over}");
+    let (status, done) = Env::send(
+        env.request("POST", "/blaxel-sbx/fx/process/cat/stdin", Some(KEY))
+            .body("in\n"),
+    )
+    .await;
+    assert_eq!(status, 200, "{done}");
+    // The external id: listed, found, fixed.
+    let (status, page) = env
+        .call("GET", "/v0/sandboxes?externalId=ext-fx", None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(page["data"].as_array().map(Vec::len), Some(1), "{page}");
+    let (_, none) = env
+        .call("GET", "/v0/sandboxes?externalId=other", None)
+        .await;
+    assert_eq!(none["data"], json!([]));
+    let (status, found) = env
+        .call("GET", "/v0/sandboxes/by-external-id/ext-fx", None)
+        .await;
+    assert_eq!(
+        (status, found["metadata"]["name"].as_str()),
+        (200, Some("fx"))
+    );
+    let (status, changed) = env
+        .call(
+            "PUT",
+            "/v0/sandboxes/fx",
+            Some(json!({"metadata": {"name": "fx", "externalId": "ext-other"}})),
+        )
+        .await;
+    assert_eq!(status, 400, "{changed}");
+    let (status, same) = env
+        .call(
+            "PUT",
+            "/v0/sandboxes/fx",
+            Some(json!({"metadata": {"name": "fx", "externalId": "ext-fx", "labels": {"a": "b"}}})),
+        )
+        .await;
+    assert_eq!(status, 200, "{same}");
 }

@@ -28,6 +28,24 @@ pub(crate) fn routes() -> Routes<Wire> {
         .route(Method::POST, "/sandboxes", SERVER_KEY, create)
         .route(Method::GET, "/sandboxes", SERVER_KEY, list)
         .route(Method::GET, "/sandboxes/{name}", SERVER_KEY, get_sandbox)
+        .route(
+            Method::GET,
+            "/sandboxes/by-external-id/{external_id}",
+            SERVER_KEY,
+            get_by_external_id,
+        )
+        .route(
+            Method::POST,
+            "/sandboxes/{name}/archive",
+            SERVER_KEY,
+            archive,
+        )
+        .route(
+            Method::POST,
+            "/sandboxes/{name}/unarchive",
+            SERVER_KEY,
+            unarchive,
+        )
         .route(Method::PUT, "/sandboxes/{name}", SERVER_KEY, update)
         .route(Method::DELETE, "/sandboxes/{name}", SERVER_KEY, delete)
         .route(
@@ -138,9 +156,6 @@ pub(crate) fn create_config(body: &Value) -> Result<SandboxCreateConfiguration, 
     let mut known_meta = vec!["name", "labels", "displayName", "externalId"];
     known_meta.extend_from_slice(ECHOED_METADATA);
     reject_unknown("metadata", metadata, &known_meta)?;
-    if present(metadata.get("externalId")).is_some() {
-        return Err(crate::gaps::refuse("external ids"));
-    }
     let spec = object_at(obj, "spec")?.unwrap_or(&empty);
     reject_unknown(
         "spec",
@@ -178,6 +193,7 @@ pub(crate) fn create_config(body: &Value) -> Result<SandboxCreateConfiguration, 
     };
     copy(metadata, "name", "name");
     copy(metadata, "labels", "labels");
+    copy(metadata, "externalId", "externalId");
     copy(spec, "region", "region");
     copy(spec, "volumes", "volumes");
     copy(spec, "lifecycle", "lifecycle");
@@ -273,6 +289,40 @@ async fn get_sandbox(
     ))
 }
 
+/// `GET /v0/sandboxes/by-external-id/{externalId}`.
+async fn get_by_external_id(
+    State(wire): State<Wire>,
+    Path(external_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let instance = SandboxInstance::get_by_external_id_on(&wire.client, &external_id).await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &sandbox_json(&wire, &instance.sandbox),
+    ))
+}
+
+/// `POST /v0/sandboxes/{name}/archive`: answers once archived (status `ARCHIVED`), so the
+/// SDKs' wait ends at once.
+async fn archive(State(wire): State<Wire>, Path(name): Path<String>) -> Result<Response, ApiError> {
+    let instance = SandboxInstance::archive_on(&wire.client, &name, true).await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &sandbox_json(&wire, &instance.sandbox),
+    ))
+}
+
+/// `POST /v0/sandboxes/{name}/unarchive`: answers once running again (status `DEPLOYED`).
+async fn unarchive(
+    State(wire): State<Wire>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let instance = SandboxInstance::archive_on(&wire.client, &name, false).await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &sandbox_json(&wire, &instance.sandbox),
+    ))
+}
+
 #[derive(Debug, Deserialize)]
 struct ListQuery {
     #[serde(default)]
@@ -281,6 +331,10 @@ struct ListQuery {
     cursor: Option<String>,
     #[serde(default)]
     sort: Option<String>,
+    /// Only the sandboxes created with this external id (the Python API client's
+    /// `list_sandboxes(external_id=…)`).
+    #[serde(default, rename = "externalId")]
+    external_id: Option<String>,
 }
 
 /// `GET /v0/sandboxes?limit=&cursor=&sort=`: one page, `{data, meta: {hasMore, nextCursor}}`.
@@ -303,7 +357,14 @@ async fn list(
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(bad_request(format!("limit must be between 1 and {MAX_PAGE}")).into());
     }
-    let page = list_page(&wire.client, limit, query.cursor.as_deref(), descending).await?;
+    let page = list_page(
+        &wire.client,
+        limit,
+        query.cursor.as_deref(),
+        descending,
+        query.external_id.as_deref().filter(|id| !id.is_empty()),
+    )
+    .await?;
     let data: Vec<Value> = page
         .data
         .iter()
@@ -393,6 +454,15 @@ async fn update(
                 .is_some_and(|g| Some(g) != current.spec.region.as_ref());
         if fixed_changed {
             return Err(crate::gaps::refuse("spec changes"));
+        }
+        if wanted
+            .external_id
+            .as_ref()
+            .is_some_and(|id| Some(id) != current.metadata.external_id.as_ref())
+        {
+            return Err(bad_request(
+                "metadata.externalId is fixed at creation: create a sandbox with the new one",
+            ));
         }
         let lease_changed = wanted.ttl != r.ttl
             || wanted.expires != r.expires
@@ -637,7 +707,8 @@ mod tests {
         let e = create_config(&bad).unwrap_err();
         assert_eq!(e.status_code(), Some(400));
         assert!(e.to_string().contains("gpu"), "{e}");
-        let e = create_config(&json!({"metadata": {"externalId": "x"}})).unwrap_err();
-        assert!(e.is_not_supported(), "{e:?}");
+        // The external id is kept (and looked up by).
+        let c = create_config(&json!({"metadata": {"externalId": "x-1"}})).unwrap();
+        assert_eq!(c.external_id.as_deref(), Some("x-1"));
     }
 }

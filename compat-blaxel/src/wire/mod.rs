@@ -8,7 +8,7 @@
 //! |---|---|
 //! | [`api`] | the control plane under `/v0` (`/v0/sandboxes…`, previews): REST + JSON |
 //! | [`snapshots`] | snapshots (per sandbox and workspace-wide), restore and fork under `/v0` |
-//! | [`sandbox_api`] | every sandbox's API under `/blaxel-sbx/{name}` (processes, files) |
+//! | [`sandbox_api`] | every sandbox's API under `/blaxel-sbx/{name}` (processes, stdin, files, `fetch` to a port) |
 //! | [`uploads`] | the sandbox API's multipart uploads (files over 5 MiB) |
 //!
 //! Routing looks at the request path only, never at `Host`, so one router serves the plain
@@ -54,6 +54,13 @@ use crate::errors::SandboxAPIError;
 /// The path prefix of every sandbox's data plane on this listener (`metadata.url`).
 pub const DATA_PLANE_PREFIX: &str = "/blaxel-sbx";
 
+/// [`WireConfig::max_upload_bytes`] unless configured otherwise: 4 GiB, what
+/// `sandcove serve --max-upload-bytes` defaults to.
+pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 4 * 1024 * 1024 * 1024;
+
+/// [`WireConfig::max_inline_file_bytes`] unless configured otherwise: 64 MiB.
+pub const DEFAULT_MAX_INLINE_FILE_BYTES: usize = 64 * 1024 * 1024;
+
 /// Settings of the Blaxel listener.
 #[derive(Clone)]
 pub struct WireConfig {
@@ -67,27 +74,34 @@ pub struct WireConfig {
     pub workspace: String,
     /// Largest JSON request body, in bytes.
     pub max_body_bytes: usize,
-    /// Largest file upload (one request, or one multipart upload's parts together), in
-    /// bytes: uploads stream into the sandbox; downloads held in memory obey it too.
-    pub max_upload_bytes: usize,
+    /// Largest file upload, in bytes: one request, or one multipart upload's parts together
+    /// (each part as large as the SDK makes it, 5 MiB). Uploads stream into the sandbox, so
+    /// this bounds the sandbox's disk, not memory (`sandcove serve --max-upload-bytes`).
+    pub max_upload_bytes: u64,
+    /// Largest file read into a JSON answer (`GET …/filesystem/{path}` without
+    /// `Accept: application/octet-stream`, whose `content` carries the whole file), in bytes:
+    /// the one file body this listener holds in memory. Raw reads stream and are not bounded.
+    pub max_inline_file_bytes: usize,
     /// The memory uploads may hold, shared with the server's other listeners when they are
     /// given clones of one budget (see `sandcove_compat_support::multipart`).
     pub upload_memory: sandcove_compat_support::multipart::UploadBudget,
     /// The quiet period after which a sandbox goes to standby ([`crate::standby`]); `None`
-    /// keeps sandboxes running until their lease ends.
+    /// keeps sandboxes running until their lease ends (activity still renews `ttl-idle`
+    /// leases).
     pub standby_after: Option<std::time::Duration>,
 }
 
 impl WireConfig {
-    /// Defaults: workspace `sandcove`, 1 MiB JSON bodies, 64 MiB uploads, a budget of its
-    /// own for upload memory, standby after Blaxel's quiet period ([`crate::standby::DEFAULT_STANDBY_AFTER`]).
+    /// Defaults: workspace `sandcove`, 1 MiB JSON bodies, 4 GiB uploads, 64 MiB files in a
+    /// JSON answer, a budget of its own for upload memory, standby after Blaxel's quiet period ([`crate::standby::DEFAULT_STANDBY_AFTER`]).
     pub fn new(api_key: impl Into<String>, base_url: impl Into<String>) -> Self {
         WireConfig {
             api_key: api_key.into(),
             base_url: base_url.into().trim_end_matches('/').to_string(),
             workspace: "sandcove".into(),
             max_body_bytes: 1024 * 1024,
-            max_upload_bytes: 64 * 1024 * 1024,
+            max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
+            max_inline_file_bytes: DEFAULT_MAX_INLINE_FILE_BYTES,
             upload_memory: Default::default(),
             standby_after: Some(crate::standby::DEFAULT_STANDBY_AFTER),
         }
@@ -102,6 +116,7 @@ impl std::fmt::Debug for WireConfig {
             .field("workspace", &self.workspace)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_upload_bytes", &self.max_upload_bytes)
+            .field("max_inline_file_bytes", &self.max_inline_file_bytes)
             .field("upload_memory", &self.upload_memory)
             .finish_non_exhaustive()
     }
@@ -164,7 +179,9 @@ impl Wire {
 /// connection cap and head timeouts: `sandcove::server::serve_router`, or the intercepting
 /// proxy in front of it). Routes on the request path only.
 pub fn router(backend: Arc<dyn Backend>, config: WireConfig) -> Router {
-    let body_limit = config.max_body_bytes.max(config.max_upload_bytes);
+    // Upload bodies are read as streams, bounded by their handlers; this bounds what an
+    // extractor buffers (JSON bodies, the largest of which is a text file's `content`).
+    let body_limit = config.max_body_bytes.max(config.max_inline_file_bytes);
     let wire = Wire {
         client: Client::new(crate::standby::wrap(backend, config.standby_after)),
         config: Arc::new(config),
@@ -361,12 +378,9 @@ fn gap_of_path(path: &str) -> Option<&'static str> {
         ["v0", "sandboxes", _, "schedules", ..]
         | ["v0", "sandboxes", _, "schedule-executions", ..] => "schedules",
         ["v0", "drives", ..] => "drives",
-        ["v0", "sandboxes", _, "archive" | "unarchive"] => "archive",
-        ["v0", "sandboxes", "by-external-id", ..] => "external ids",
         ["blaxel-sbx", _, "codegen", ..] => "codegen",
         ["blaxel-sbx", _, "drives", ..] => "drives",
         ["blaxel-sbx", _, "upgrade", ..] => "system.upgrade",
-        ["blaxel-sbx", _, "network", ..] | ["blaxel-sbx", _, "port", ..] => "fetch",
         _ => return None,
     };
     Some(gap)
@@ -548,13 +562,22 @@ pub(crate) fn bad_request(message: impl Into<String>) -> SandboxAPIError {
 }
 
 /// Parse a JSON body (`{}` when empty; an object) of at most `wire`'s JSON limit (the
-/// router's own limit is the larger upload one), refused in Blaxel's error shape.
+/// router's own limit is the larger one of a text file's write), refused in Blaxel's error
+/// shape.
 pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
     wire: &Wire,
     body: &[u8],
 ) -> Result<T, SandboxAPIError> {
+    parse_json_within(body, wire.config.max_body_bytes)
+}
+
+/// [`parse_json`] with a limit of its own.
+pub(crate) fn parse_json_within<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    limit: usize,
+) -> Result<T, SandboxAPIError> {
     use sandcove::server::json_body::{decode, JsonBodyError};
-    decode(body, wire.config.max_body_bytes).map_err(|e| match e {
+    decode(body, limit).map_err(|e| match e {
         JsonBodyError::TooLarge { .. } => {
             SandboxAPIError::api(413, "PAYLOAD_TOO_LARGE", e.to_string())
         }
@@ -653,7 +676,7 @@ mod tests {
         for (path, gap) in [
             ("/v0/sandboxes/a/schedules", Some("schedules")),
             ("/v0/sandboxes/a/fork", None),
-            ("/v0/sandboxes/a/archive", Some("archive")),
+            ("/v0/sandboxes/a/archive", None),
             ("/blaxel-sbx/a/codegen/fastapply/x", Some("codegen")),
             ("/v0/sandboxes/a", None),
         ] {

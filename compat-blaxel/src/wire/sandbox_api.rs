@@ -146,7 +146,22 @@ const OVERFLOW_NOTE: &str = "[sandcove: live output dropped here: the process wr
 /// The data plane's routes (nested under `/blaxel-sbx/{name}`).
 pub(crate) fn routes() -> Routes<Wire> {
     use super::uploads;
-    Routes::new(super::refuse)
+    let mut routes = Routes::new(super::refuse);
+    // `sandbox.fetch(port, path, method)`: any method a server may serve.
+    for method in [
+        Method::GET,
+        Method::POST,
+        Method::PUT,
+        Method::PATCH,
+        Method::DELETE,
+        Method::OPTIONS,
+    ] {
+        routes = routes
+            .route(method.clone(), "/port/{port}", SERVER_KEY, fetch_port)
+            .route(method.clone(), "/port/{port}/", SERVER_KEY, fetch_port)
+            .route(method, "/port/{port}/{*path}", SERVER_KEY, fetch_port);
+    }
+    routes
         .route(Method::POST, "/process", SERVER_KEY, exec)
         .route(Method::GET, "/process", SERVER_KEY, list_processes)
         .route(Method::GET, "/process/{id}", SERVER_KEY, get_process)
@@ -165,8 +180,13 @@ pub(crate) fn routes() -> Routes<Wire> {
             SERVER_KEY,
             stream_logs,
         )
-        .route(Method::POST, "/process/{id}/stdin", SERVER_KEY, stdin_gap)
-        .route(Method::DELETE, "/process/{id}/stdin", SERVER_KEY, stdin_gap)
+        .route(Method::POST, "/process/{id}/stdin", SERVER_KEY, write_stdin)
+        .route(
+            Method::DELETE,
+            "/process/{id}/stdin",
+            SERVER_KEY,
+            close_stdin,
+        )
         .route(Method::GET, "/filesystem", SERVER_KEY, fs_root)
         .route(Method::PUT, "/filesystem", SERVER_KEY, fs_put_root)
         .route(Method::GET, "/filesystem/", SERVER_KEY, fs_root)
@@ -345,12 +365,27 @@ pub(crate) fn ok_json<T: serde::Serialize>(value: &T) -> Response {
 
 /// A JSON body of at most the JSON limit, as the data plane's 400 when malformed.
 pub(crate) fn parse(wire: &Wire, body: &[u8]) -> Result<Value, ApiError> {
-    super::parse_json::<Value>(wire, body).map_err(|e| {
+    parse_within(body, wire.config.max_body_bytes)
+}
+
+/// [`parse`] with a limit of its own.
+fn parse_within(body: &[u8], limit: usize) -> Result<Value, ApiError> {
+    super::parse_json_within::<Value>(body, limit).map_err(|e| {
         ApiError::data(SandboxAPIError::response(
             e.status_code().unwrap_or(400),
             message(&e),
         ))
     })
+}
+
+/// The largest JSON body of a file write (`{"content"}`): the SDKs send text below their
+/// multipart threshold (5 MiB) this way, which JSON escaping may make several times larger,
+/// so the bound is the one of a file in a JSON answer ([`super::WireConfig::max_inline_file_bytes`]),
+/// never less than the JSON limit.
+fn file_write_limit(wire: &Wire) -> usize {
+    wire.config
+        .max_body_bytes
+        .max(wire.config.max_inline_file_bytes)
 }
 
 fn message(e: &SandboxAPIError) -> String {
@@ -360,20 +395,9 @@ fn message(e: &SandboxAPIError) -> String {
     }
 }
 
-/// The facade's process request of a wire body. `stdin: true` (a writable stdin pipe) is a
-/// gap; `stdin: false` means nothing.
+/// The facade's process request of a wire body (absent optional keys are sent as null).
 fn process_request(mut body: Value) -> Result<ProcessRequest, ApiError> {
     if let Some(obj) = body.as_object_mut() {
-        match obj.remove("stdin") {
-            Some(Value::Bool(true)) => return Err(data(crate::gaps::refuse("process stdin"))),
-            Some(Value::Bool(false)) | Some(Value::Null) | None => {}
-            Some(_) => {
-                return Err(data(SandboxAPIError::response(
-                    400,
-                    "stdin must be a boolean",
-                )))
-            }
-        }
         obj.retain(|_, v| !v.is_null());
     }
     models::from_value(body, "ProcessRequest")
@@ -643,8 +667,125 @@ async fn stream_logs(
         .into_response())
 }
 
-async fn stdin_gap() -> ApiError {
-    data(crate::gaps::refuse("process stdin"))
+/// `/port/{port}/{path}` (any method): the request, its body streamed (at most the upload
+/// limit), to the server on `port` in the sandbox, and its answer streamed back whatever its
+/// status (see [`crate::network`]). The listener's credentials are not passed on.
+async fn fetch_port(
+    State(wire): State<Wire>,
+    Path(params): Path<BTreeMap<String, String>>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let name = params.get("name").cloned().unwrap_or_default();
+    let port_text = params.get("port").cloned().unwrap_or_default();
+    let port = port_text
+        .parse::<i64>()
+        .map_err(|_| {
+            data(SandboxAPIError::response(
+                400,
+                format!("invalid port {port_text:?}"),
+            ))
+        })
+        .and_then(|p| crate::network::port_of(p).map_err(data))?;
+    // The path after `/port/{port}` as sent (still percent-encoded), then the query.
+    let uri = request.uri();
+    let marker = format!("/port/{port_text}");
+    let rest = uri
+        .path()
+        .find(&marker)
+        .map(|at| &uri.path()[at + marker.len()..])
+        .unwrap_or("");
+    let mut target = if rest.is_empty() {
+        "/".to_string()
+    } else {
+        rest.to_string()
+    };
+    if let Some(query) = uri.query() {
+        target.push('?');
+        target.push_str(query);
+    }
+    let method = request.method().clone();
+    let mut headers = request.headers().clone();
+    if super::bearer(&headers) == Some(wire.config.api_key.as_str()) {
+        headers.remove(header::AUTHORIZATION);
+    }
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|n| n.trim().parse::<u64>().ok());
+    let has_body =
+        headers.contains_key(header::TRANSFER_ENCODING) || declared.is_some_and(|n| n > 0);
+    let limit = wire.config.max_upload_bytes;
+    if declared.is_some_and(|n| n > limit) {
+        return Err(data(SandboxAPIError::response(
+            413,
+            format!("the request body is larger than {limit} bytes"),
+        )));
+    }
+    let body = has_body.then(|| {
+        let mut seen = 0u64;
+        reqwest::Body::wrap_stream(request.into_body().into_data_stream().map(move |chunk| {
+            let chunk = chunk.map_err(std::io::Error::other)?;
+            seen += chunk.len() as u64;
+            if seen > limit {
+                return Err(std::io::Error::other(format!(
+                    "the request body is larger than {limit} bytes"
+                )));
+            }
+            Ok(chunk)
+        }))
+    });
+    let instance = sandbox(&wire, &name).await?;
+    let fetched = crate::network::send(&instance.ctx, port, method, &target, headers, body)
+        .await
+        .map_err(data)?;
+    let mut answer = Response::builder().status(fetched.response.status());
+    for (k, v) in crate::network::answer_headers(fetched.response.headers()) {
+        answer = answer.header(k, v);
+    }
+    // The guard lives as long as the answer's body: the sandbox stays active, the token
+    // valid, until it has been read (or the client went away).
+    let guard = fetched.guard;
+    let body = fetched.response.bytes_stream().map(move |chunk| {
+        let _ = &guard;
+        chunk.map_err(std::io::Error::other)
+    });
+    answer
+        .body(Body::from_stream(body))
+        .map_err(|e| data(SandboxAPIError::exception(format!("the answer: {e}"))))
+}
+
+/// `POST /process/{id}/stdin`: the raw body (at most the JSON limit) to the process's stdin.
+async fn write_stdin(
+    State(wire): State<Wire>,
+    Path((name, id)): Path<(String, String)>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let limit = wire.config.max_body_bytes;
+    let body = axum::body::to_bytes(request.into_body(), limit)
+        .await
+        .map_err(|_| {
+            data(SandboxAPIError::response(
+                413,
+                format!("stdin data is larger than {limit} bytes in one request: send it in parts"),
+            ))
+        })?;
+    let instance = sandbox(&wire, &name).await?;
+    let done = instance
+        .process
+        .write_stdin(&id, body.to_vec())
+        .await
+        .map_err(data)?;
+    Ok(ok_json(&done))
+}
+
+/// `DELETE /process/{id}/stdin`: end-of-file on the process's stdin.
+async fn close_stdin(
+    State(wire): State<Wire>,
+    Path((name, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let instance = sandbox(&wire, &name).await?;
+    let done = instance.process.close_stdin(&id).await.map_err(data)?;
+    Ok(ok_json(&done))
 }
 
 async fn fs_root(
@@ -721,8 +862,8 @@ async fn read_path(
         )
             .into_response());
     }
-    // The JSON form carries the whole file: bounded by the upload limit.
-    let limit = wire.config.max_upload_bytes;
+    // The JSON form carries the whole file: held here, so bounded by its own limit.
+    let limit = wire.config.max_inline_file_bytes;
     let mut bytes = Vec::new();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(not_found)?;
@@ -784,7 +925,7 @@ async fn write_path(
         // URL's, and sends 0644, the facade's mode: read past); the file is replaced only
         // once the whole form is in and carried no second file.
         let instance = sandbox(wire, name).await?;
-        let limit = wire.config.max_upload_bytes as u64;
+        let limit = wire.config.max_upload_bytes;
         let file = super::uploads::sole_file(wire, request, limit).await?;
         let done = instance
             .fs
@@ -793,18 +934,16 @@ async fn write_path(
             .map_err(data)?;
         return Ok(ok_json(&done));
     }
-    let body = axum::body::to_bytes(request.into_body(), wire.config.max_body_bytes)
+    let limit = file_write_limit(wire);
+    let body = axum::body::to_bytes(request.into_body(), limit)
         .await
         .map_err(|_| {
             data(SandboxAPIError::response(
                 413,
-                format!(
-                    "the request body is larger than {} bytes",
-                    wire.config.max_body_bytes
-                ),
+                format!("the request body is larger than {limit} bytes"),
             ))
         })?;
-    let body = parse(wire, &body)?;
+    let body = parse_within(&body, limit)?;
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields, rename_all = "camelCase")]
     struct Put {
@@ -1076,13 +1215,15 @@ mod tests {
     }
 
     #[test]
-    fn process_requests_refuse_stdin_pipes_and_unknown_keys() {
+    fn process_requests_take_stdin_and_refuse_unknown_keys() {
         let ok = process_request(json!({"command": "ls", "workingDir": "/tmp",
             "waitForCompletion": true, "stdin": false, "env": null}))
         .unwrap();
         assert_eq!(ok.working_dir.as_deref(), Some("/tmp"));
-        let e = process_request(json!({"command": "cat", "stdin": true})).unwrap_err();
-        assert!(e.error.is_not_supported(), "{e:?}");
+        let piped = process_request(json!({"command": "cat", "stdin": true})).unwrap();
+        assert_eq!(piped.stdin, Some(true));
+        let e = process_request(json!({"command": "cat", "stdin": "yes"})).unwrap_err();
+        assert_eq!(e.error.status_code(), Some(400));
         let e = process_request(json!({"command": "ls", "cwd": "/"})).unwrap_err();
         assert_eq!(e.error.status_code(), Some(400));
     }

@@ -1,14 +1,21 @@
-//! The sandbox API's multipart uploads (`/filesystem-multipart/…`), which the TypeScript SDK
-//! uses for files over 5 MiB: initiate, parts (a `multipart/form-data` body each), complete
-//! (the parts joined in order and written as the facade's `fs.write_binary` writes), abort.
+//! The sandbox API's multipart uploads (`/filesystem-multipart/…`), which both SDKs use for
+//! files over 5 MiB, in parts of 5 MiB (the last one shorter): initiate, parts (a
+//! `multipart/form-data` body each), complete (the parts joined in order and written as the
+//! facade's `fs.write_binary` writes), abort.
 //!
 //! Nothing of an upload is held in memory: each part streams into a file of its own in the
 //! sandbox (under [`PARTS_DIR`], as Blaxel's own sandbox API keeps them in its temp
 //! directory), and `complete` streams those files, in order, into the destination, which is
 //! replaced only once all of it is written; the part files are then removed, as they are on
-//! abort and when an upload left unfinished is dropped after [`UPLOAD_TTL`]. An upload's
-//! parts together are bounded by the listener's upload limit, and at most [`MAX_UPLOADS`]
-//! are open at once.
+//! abort and when an upload left unfinished is dropped after [`UPLOAD_TTL`].
+//!
+//! **Limits.** A part may be as large as the upload limit, and an upload's parts together
+//! (a part sent again counts once) at most the upload limit as well:
+//! [`WireConfig::max_upload_bytes`](super::WireConfig::max_upload_bytes), which
+//! `sandcove serve --max-upload-bytes` sets (default 4 GiB). A part past what is left is
+//! `413` and keeps nothing. Part numbers run from 1 to [`MAX_PART_NUMBER`], and at most
+//! [`MAX_UPLOADS`] uploads are open at once. Memory stays bounded by the server's upload
+//! budget whatever the sizes (see `sandcove_compat_support::multipart`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -26,6 +33,8 @@ use super::sandbox_api::{data, ok_json, parse, sandbox, user_path};
 use super::{ApiError, Wire};
 use crate::errors::SandboxAPIError;
 
+/// The highest part number (S3's bound, which Blaxel's API follows).
+pub const MAX_PART_NUMBER: u32 = 10_000;
 /// Uploads open at once (all sandboxes of the listener).
 pub const MAX_UPLOADS: usize = 16;
 /// How long an upload may stay unfinished.
@@ -228,19 +237,22 @@ pub(crate) async fn part(
                     .filter(|(n, _)| **n != q.part_number)
                     .map(|(_, size)| size)
                     .sum();
-                let room = (wire.config.max_upload_bytes as u64).saturating_sub(others);
+                let room = wire.config.max_upload_bytes.saturating_sub(others);
                 (u.core.clone(), u.part_file(q.part_number), room)
             }
             _ => return Err(missing(&upload)),
         }
     };
-    if q.part_number == 0 || q.part_number > 10_000 {
+    if q.part_number == 0 || q.part_number > MAX_PART_NUMBER {
         return Err(data(SandboxAPIError::response(
             400,
-            "partNumber must be between 1 and 10000",
+            format!("partNumber must be between 1 and {MAX_PART_NUMBER}"),
         )));
     }
-    let max_body = wire.config.max_upload_bytes as u64 + multipart::MAX_FORM_BYTES as u64;
+    let max_body = wire
+        .config
+        .max_upload_bytes
+        .saturating_add(multipart::MAX_FORM_BYTES as u64);
     let stream = sole_file(&wire, request, max_body).await?;
     let options = sandcove::WriteOptions::default()
         .create_parents(true)
@@ -353,7 +365,7 @@ async fn assemble(
             }
         })
         .flatten();
-    let limit = wire.config.max_upload_bytes as u64;
+    let limit = wire.config.max_upload_bytes;
     let done = instance
         .fs
         .write_binary_stream(&entry.path, Box::pin(joined), Some(limit))

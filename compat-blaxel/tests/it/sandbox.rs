@@ -302,13 +302,6 @@ async fn gap_sub_apis_refuse() {
         .unwrap_err()
         .is_not_supported());
     assert!(sb.schedules.list().await.unwrap_err().is_not_supported());
-    assert!(sb
-        .network
-        .fetch(3000, "/")
-        .await
-        .unwrap_err()
-        .is_not_supported());
-    assert!(sb.fetch(3000, "/").await.unwrap_err().is_not_supported());
     assert!(sb.system.upgrade().await.unwrap_err().is_not_supported());
     assert_eq!(sb.system.health().await.expect("health").status, "ok");
     assert!(blaxel::bl_agent("x").await.unwrap_err().is_not_supported());
@@ -555,4 +548,344 @@ async fn without_a_deletion_policy_the_lease_end_is_standby_not_deletion() {
         sandcove::SandboxState::Running
     );
     got.delete().await.expect("delete");
+}
+
+/// A deletion policy added after creation deletes the sandbox at its end, as on Blaxel,
+/// although it was made to pause there; removing the last policy makes the end standby
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_policy_added_later_deletes_at_its_end() {
+    use sandcove_conformance::PATIENCE;
+    let client = sandcove::Client::from_env().expect("runtime");
+    let caps = client.ready().await.expect("capabilities");
+    let name = unique("late-ttl");
+    let sb = SandboxInstance::create(json!({"name": name}))
+        .await
+        .expect("create");
+    let core = client.sandbox(sb.sandcove_id());
+    if !caps.pause {
+        eprintln!("SKIPPED: standby: the runtime cannot pause; every lease end deletes");
+        sb.delete().await.expect("delete");
+        return;
+    }
+    assert_eq!(
+        core.info().await.expect("info").on_timeout,
+        sandcove::TimeoutAction::Pause
+    );
+    // A ttl counts from creation: one second has (nearly) passed, so the end is at once.
+    SandboxInstance::update_ttl(&name, "1s")
+        .await
+        .expect("update_ttl");
+    assert_eq!(
+        core.info().await.expect("info").on_timeout,
+        sandcove::TimeoutAction::Destroy
+    );
+    let name = &name;
+    eventually(PATIENCE, "deleted at the ttl's end", || async move {
+        match SandboxInstance::get(name).await {
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => panic!("{e}"),
+            Ok(sb) => Err(format!("still there: {:?}", sb.sandbox.state)),
+        }
+    })
+    .await;
+
+    // And back: a sandbox made with a policy that loses it pauses at its end.
+    let sb = sandbox("late-none").await;
+    let core = client.sandbox(sb.sandcove_id());
+    assert_eq!(
+        core.info().await.expect("info").on_timeout,
+        sandcove::TimeoutAction::Destroy
+    );
+    SandboxInstance::update_ttl(&sb.metadata.name, None)
+        .await
+        .expect("update_ttl");
+    assert_eq!(
+        core.info().await.expect("info").on_timeout,
+        sandcove::TimeoutAction::Pause
+    );
+    sb.delete().await.expect("delete");
+}
+
+/// A `ttl-idle` lease is renewed by file calls too, not only by `get` and `exec`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_calls_renew_an_idle_lease() {
+    use sandcove_conformance::PATIENCE;
+    let client = sandcove::Client::from_env().expect("runtime");
+    let sb = SandboxInstance::create(json!({
+        "name": unique("idle-files"),
+        "lifecycle": {"expiration_policies": [{"type": "ttl-idle", "value": "1h", "action": "delete"}]}
+    }))
+    .await
+    .expect("create");
+    let core = client.sandbox(sb.sandcove_id());
+    let first_end = core.info().await.expect("info").ends_at;
+    let (sb, core) = (&sb, &core);
+    eventually(
+        PATIENCE,
+        "a file call to move the idle lease's end",
+        || async move {
+            sb.fs.write("/blaxel/touch.txt", "x").await.expect("write");
+            let end = core.info().await.expect("info").ends_at;
+            if end > first_end {
+                Ok(())
+            } else {
+                Err(format!("still ends at {end}"))
+            }
+        },
+    )
+    .await;
+    sb.delete().await.expect("delete");
+}
+
+/// A new volume mounted read-write is writable by the sandbox's processes, which run as root
+/// as on Blaxel, and what they write outlives the sandbox; a read-only mount stays read-only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_read_write_volume_is_writable_by_root() {
+    let client = sandcove::Client::from_env().expect("runtime");
+    let caps = client.ready().await.expect("capabilities");
+    if !caps.volumes {
+        eprintln!("SKIPPED: volumes: the runtime has none");
+        return;
+    }
+    let volume = unique("vol");
+    match client.create_volume(&volume).await {
+        Ok(_) => {}
+        Err(e @ sandcove::Error::Unavailable { .. }) => {
+            eprintln!("SKIPPED: volumes: {e}");
+            return;
+        }
+        Err(e) => panic!("create_volume: {e}"),
+    }
+    let sb = SandboxInstance::create(json!({
+        "name": unique("vol-rw"),
+        "ttl": "5m",
+        "volumes": [
+            {"name": volume, "mount_path": "/data", "read_only": false},
+            {"name": volume, "mount_path": "/seen", "read_only": true}
+        ]
+    }))
+    .await
+    .expect("create");
+    let p = sb
+        .process
+        .exec(json!({
+            "command": "id -u; echo hello > /data/made-by-root.txt && mkdir /data/dir && cat /data/made-by-root.txt; touch /seen/x 2>/dev/null || echo read-only",
+            "wait_for_completion": true
+        }))
+        .await
+        .expect("exec");
+    assert_eq!(
+        (p.exit_code, p.stdout.as_str()),
+        (0, "0\nhello\nread-only\n"),
+        "{p:?}"
+    );
+    sb.fs
+        .write("/data/by-the-api.txt", "api")
+        .await
+        .expect("the file API writes there too");
+    sb.delete().await.expect("delete");
+
+    // The files outlive the sandbox.
+    let again = SandboxInstance::create(json!({
+        "name": unique("vol-again"),
+        "ttl": "5m",
+        "volumes": [{"name": volume, "mount_path": "/data"}]
+    }))
+    .await
+    .expect("create");
+    assert_eq!(
+        again.fs.read("/data/made-by-root.txt").await.expect("read"),
+        "hello\n"
+    );
+    again.delete().await.expect("delete");
+    let volume = &volume;
+    let client = &client;
+    sandcove_conformance::eventually(
+        sandcove_conformance::PATIENCE,
+        "the volume deleted once no sandbox mounts it",
+        || async move {
+            client
+                .delete_volume(volume)
+                .await
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await;
+}
+
+/// `fetch` reaches a server on a port in the sandbox with no preview made by the caller:
+/// method, path, query, headers and body passed on, any status returned, the preview it
+/// used none of the sandbox's named previews; a private named preview of the port is used
+/// with a token of the fetch's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetch_reaches_a_port_in_the_sandbox() {
+    let caps = common::capabilities().await;
+    let sb = sandbox("fetch").await;
+    if !caps.previews {
+        let err = sb.fetch(3000).await.unwrap_err();
+        assert!(err.is_not_supported(), "{err}");
+        eprintln!("SKIPPED: fetch: the runtime has no previews");
+        sb.delete().await.expect("delete");
+        return;
+    }
+    let server = r#"import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def reply(self):
+        n = int(self.headers.get('content-length') or 0)
+        body = self.rfile.read(n).decode()
+        out = ('%s %s %s %s' % (self.command, self.path, self.headers.get('x-test'), body)).encode()
+        self.send_response(418 if self.path == '/teapot' else 200)
+        self.send_header('content-length', str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+    do_GET = do_POST = reply
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(('0.0.0.0', 8002), H).serve_forever()
+"#;
+    sb.fs.write("/blaxel/srv.py", server).await.expect("write");
+    sb.process
+        .exec(json!({"name": "srv", "command": "python3 /blaxel/srv.py", "wait_for_ports": [8002]}))
+        .await
+        .expect("start the server");
+    let got = sb.fetch(8002).path("hello?q=1").await.expect("fetch");
+    assert_eq!(
+        (got.status_code, got.text()),
+        (200, "GET /hello?q=1 None ".into())
+    );
+    let posted = sb
+        .network
+        .fetch(8002)
+        .path("/echo")
+        .method("post")
+        .headers([("x-test", "yes")])
+        .content("body")
+        .await
+        .expect("fetch");
+    assert_eq!(posted.text(), "POST /echo yes body");
+    let teapot = sb
+        .fetch(8002)
+        .path("/teapot")
+        .await
+        .expect("a status is an answer");
+    assert_eq!(teapot.status_code, 418);
+    assert!(teapot.header("Content-Length").is_some());
+    assert!(sb.previews.list().await.expect("list").is_empty());
+    // A named private preview of the port: fetch still gets through, with its own token.
+    sb.previews
+        .create(json!({"metadata": {"name": "srv"}, "spec": {"port": 8002, "public": false}}))
+        .await
+        .expect("preview");
+    assert_eq!(sb.fetch(8002).await.expect("fetch").status_code, 200);
+    let err = sb.fetch(70000).await.unwrap_err();
+    assert_eq!(err.status_code(), Some(400), "{err}");
+    sb.delete().await.expect("delete");
+}
+
+/// A process started with `stdin` reads what `write_stdin` sends until `close_stdin`; one
+/// without an open stdin is a 409, an unknown one a 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdin_is_written_and_closed() {
+    let sb = sandbox("stdin").await;
+    sb.process
+        .exec(json!({"name": "wc", "command": "wc -c", "stdin": true}))
+        .await
+        .expect("exec");
+    sb.process.write_stdin("wc", "12345").await.expect("write");
+    sb.process
+        .write_stdin("wc", vec![b'6'; 5])
+        .await
+        .expect("write bytes");
+    sb.process.close_stdin("wc").await.expect("close");
+    sb.process
+        .close_stdin("wc")
+        .await
+        .expect("close again (idempotent)");
+    let done = sb
+        .process
+        .wait("wc")
+        .max_wait(60_000)
+        .interval(100)
+        .await
+        .expect("wait");
+    assert_eq!(done.stdout.trim(), "10");
+    let err = sb.process.write_stdin("wc", "late").await.unwrap_err();
+    assert_eq!(err.status_code(), Some(409), "{err}");
+    sb.process
+        .exec(json!({"name": "plain", "command": "sleep 30"}))
+        .await
+        .expect("exec");
+    let err = sb.process.write_stdin("plain", "x").await.unwrap_err();
+    assert_eq!(err.status_code(), Some(409), "{err}");
+    let err = sb.process.write_stdin("nobody", "x").await.unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    sb.delete().await.expect("delete");
+}
+
+/// An external id given at creation is reported and found (not shown among the labels);
+/// one of the wrong form is a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn external_ids_are_kept_and_found() {
+    let name = unique("ext");
+    let external_id = format!("id-{name}");
+    let sb =
+        SandboxInstance::create(json!({"name": name, "external_id": external_id, "ttl": "5m"}))
+            .await
+            .expect("create");
+    assert_eq!(
+        sb.metadata.external_id.as_deref(),
+        Some(external_id.as_str())
+    );
+    assert!(sb.metadata.labels.is_empty(), "{:?}", sb.metadata.labels);
+    let found = SandboxInstance::get_by_external_id(&external_id)
+        .await
+        .expect("found");
+    assert_eq!(found.metadata.name, name);
+    let again = SandboxInstance::get(&name).await.expect("get");
+    assert_eq!(
+        again.metadata.external_id.as_deref(),
+        Some(external_id.as_str())
+    );
+    let err = SandboxInstance::get_by_external_id("id-nobody")
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    let err =
+        SandboxInstance::create(json!({"name": unique("ext-bad"), "external_id": "no spaces"}))
+            .await
+            .unwrap_err();
+    assert_eq!(err.status_code(), Some(400), "{err}");
+    sb.delete().await.expect("delete");
+}
+
+/// `archive` ends the processes and keeps the files (status `ARCHIVED`, also for `get`);
+/// `unarchive` runs the sandbox again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archive_keeps_files_and_unarchive_runs_again() {
+    let sb = sandbox("archive").await;
+    sb.fs
+        .write("/blaxel/kept.txt", "kept")
+        .await
+        .expect("write");
+    sb.process
+        .exec(json!({"name": "long", "command": "sleep 600"}))
+        .await
+        .expect("exec");
+    let archived = SandboxInstance::archive(&sb.metadata.name)
+        .wait(true)
+        .await
+        .expect("archive");
+    assert_eq!(archived.status.as_deref(), Some("ARCHIVED"));
+    let got = SandboxInstance::get(&sb.metadata.name).await.expect("get");
+    assert_eq!(got.status.as_deref(), Some("ARCHIVED"));
+    let back = got.unarchive().await.expect("unarchive");
+    assert_eq!(back.status.as_deref(), Some("DEPLOYED"));
+    assert_eq!(sb.fs.read("/blaxel/kept.txt").await.expect("read"), "kept");
+    let long = sb.process.get("long").await;
+    assert!(
+        long.as_ref()
+            .map_or(true, |p| p.status.as_str() != "running"),
+        "{long:?}"
+    );
+    sb.delete().await.expect("delete");
 }

@@ -55,6 +55,13 @@ impl Backend for Refuser {
     async fn set_timeout(&self, _: &str, _: SetTimeoutOptions) -> Result<SandboxInfo> {
         self.no("set_timeout")
     }
+    async fn set_on_timeout(
+        &self,
+        _: &str,
+        _: sandcove::SetOnTimeoutOptions,
+    ) -> Result<SandboxInfo> {
+        self.no("set_on_timeout")
+    }
     async fn set_labels(&self, _: &str, _: SetLabelsOptions) -> Result<SandboxInfo> {
         self.no("set_labels")
     }
@@ -202,11 +209,12 @@ impl Backend for Refuser {
 const KEY: &str = "the-right-key";
 
 /// Every async method of the `Backend` trait.
-const METHODS: [&str; 43] = [
+const METHODS: [&str; 44] = [
     "create",
     "get",
     "list",
     "set_timeout",
+    "set_on_timeout",
     "set_labels",
     "update_annotations",
     "destroy",
@@ -283,6 +291,7 @@ fn operations(doc: &Value) -> Vec<(String, String, String, &'static str, Vec<u8>
             let body: Vec<u8> = match op_name.as_str() {
                 "spawn" => br#"{"command":{"argv":["true"]},"cwd":null,"envs":{},"user":null,"tag":null,"stdin":false,"timeout":null}"#.to_vec(),
                 "set_timeout" => br#"{"timeout":60}"#.to_vec(),
+                "set_on_timeout" => br#"{"on_timeout":"destroy"}"#.to_vec(),
                 "set_labels" => br#"{"labels":{"a":"b"}}"#.to_vec(),
                 "signal" => br#"{"signal":"TERM"}"#.to_vec(),
                 "resize_pty" => br#"{"cols":80,"rows":24}"#.to_vec(),
@@ -472,6 +481,15 @@ async fn every_client_method_round_trips_the_backends_answer() {
             c.set_timeout("a", SetTimeoutOptions::new(Duration::from_secs(5)))
                 .await
                 .map(drop),
+        ),
+        (
+            "set_on_timeout",
+            c.set_on_timeout(
+                "a",
+                sandcove::SetOnTimeoutOptions::new(sandcove::TimeoutAction::Destroy),
+            )
+            .await
+            .map(drop),
         ),
         (
             "set_labels",

@@ -209,6 +209,13 @@ impl Backend for PodAgents {
     async fn set_timeout(&self, _id: &str, _options: SetTimeoutOptions) -> Result<SandboxInfo> {
         Err(unsupported("set_timeout"))
     }
+    async fn set_on_timeout(
+        &self,
+        _id: &str,
+        _options: SetOnTimeoutOptions,
+    ) -> Result<SandboxInfo> {
+        Err(unsupported("set_on_timeout"))
+    }
     async fn set_labels(&self, _id: &str, _options: SetLabelsOptions) -> Result<SandboxInfo> {
         Err(unsupported("set_labels"))
     }

@@ -106,6 +106,11 @@ pub enum MonitorRequest {
         /// Seconds from now.
         secs: f64,
     },
+    /// Change what the lease's end does.
+    SetOnTimeout {
+        /// The new action.
+        action: sandcove_core::TimeoutAction,
+    },
     /// Replace the labels.
     SetLabels {
         /// The new labels.

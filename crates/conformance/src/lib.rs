@@ -80,6 +80,7 @@ macro_rules! conformance_tests {
             sandbox_sees_only_its_own_processes,
             pause_stops_and_resume_continues,
             lease_end_can_pause,
+            lease_end_action_can_change,
             lease_end_can_stop,
             a_snapshot_asked_to_keep_memory_is_refused_first,
             auto_resume_on_request,

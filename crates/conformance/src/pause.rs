@@ -1,7 +1,7 @@
 //! Pause and resume, by call, at the lease's end and on a request.
 
 use super::*;
-use sandcove::SetTimeoutOptions;
+use sandcove::{SetOnTimeoutOptions, SetTimeoutOptions};
 
 /// A counter loop stops printing while paused and continues from where it stopped.
 pub async fn pause_stops_and_resume_continues(backend: &dyn Backend) {
@@ -151,6 +151,79 @@ pub async fn lease_end_can_stop(backend: &dyn Backend) {
         "the stop ended the process: {listed:?}"
     );
     backend.destroy(&id).await.expect("destroy");
+}
+
+/// `set_on_timeout` changes what the lease's end does after creation: a sandbox made to
+/// pause is destroyed once told so, one made to be destroyed pauses.
+pub async fn lease_end_action_can_change(backend: &dyn Backend) {
+    if !backend.capabilities().pause {
+        let id = backend
+            .create(test_options(&unique("leaseaction")))
+            .await
+            .expect("create")
+            .id;
+        expect_code(
+            backend
+                .set_on_timeout(&id, SetOnTimeoutOptions::new(TimeoutAction::Pause))
+                .await,
+            ErrorCode::NotSupported,
+            "a lease that pauses without pause",
+        );
+        let info = backend
+            .set_on_timeout(&id, SetOnTimeoutOptions::new(TimeoutAction::Destroy))
+            .await
+            .expect("set_on_timeout");
+        assert_eq!(info.on_timeout, TimeoutAction::Destroy);
+        backend.destroy(&id).await.expect("destroy");
+        return;
+    }
+    let mut options = test_options(&unique("leaseaction"));
+    options.on_timeout = TimeoutAction::Pause;
+    let paused_one = backend.create(options).await.expect("create").id;
+    let info = backend
+        .set_on_timeout(
+            &paused_one,
+            SetOnTimeoutOptions::new(TimeoutAction::Destroy),
+        )
+        .await
+        .expect("set_on_timeout");
+    assert_eq!(info.on_timeout, TimeoutAction::Destroy);
+    assert_eq!(
+        backend.get(&paused_one).await.expect("get").on_timeout,
+        TimeoutAction::Destroy
+    );
+    let destroyed_one = backend
+        .create(test_options(&unique("leaseaction")))
+        .await
+        .expect("create")
+        .id;
+    let info = backend
+        .set_on_timeout(
+            &destroyed_one,
+            SetOnTimeoutOptions::new(TimeoutAction::Pause),
+        )
+        .await
+        .expect("set_on_timeout");
+    assert_eq!(info.on_timeout, TimeoutAction::Pause);
+    for id in [&paused_one, &destroyed_one] {
+        backend
+            .set_timeout(id, SetTimeoutOptions::new(Duration::from_secs(1)))
+            .await
+            .expect("set_timeout");
+    }
+    eventually(
+        PATIENCE,
+        "the first destroyed, the second paused",
+        || async {
+            let first = backend.get(&paused_one).await.map(|i| i.state);
+            let second = backend.get(&destroyed_one).await.map(|i| i.state);
+            let done = matches!(&first, Err(e) if e.is_not_found())
+                && matches!(second, Ok(SandboxState::Paused));
+            holds(done, (first, second))
+        },
+    )
+    .await;
+    backend.destroy(&destroyed_one).await.expect("destroy");
 }
 
 /// A sandbox created with `auto_resume` resumes when work arrives.

@@ -26,8 +26,9 @@ use crate::{
     ListDirOptions, ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus, Preview,
     PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessEvent, ProcessInfo, ProcessSelector,
     ProcessSpec, ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions, ResourceKind, Result,
-    SandboxInfo, SetLabelsOptions, SetTimeoutOptions, SignalOptions, SnapshotInfo, SnapshotOptions,
-    StatOptions, Tombstone, VolumeInfo, WatchOptions, WriteOptions, WriteStdinOptions,
+    SandboxInfo, SetLabelsOptions, SetOnTimeoutOptions, SetTimeoutOptions, SignalOptions,
+    SnapshotInfo, SnapshotOptions, StatOptions, Tombstone, VolumeInfo, WatchOptions, WriteOptions,
+    WriteStdinOptions,
 };
 
 /// A stream of byte chunks (file contents). Errors end the stream; a stream that ends without
@@ -77,6 +78,15 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Move the end of the sandbox's lease to `options.timeout` from now.
     async fn set_timeout(&self, id: &str, options: SetTimeoutOptions) -> Result<SandboxInfo>;
+
+    /// Change what happens when the sandbox's lease ends to `options.on_timeout`
+    /// ([`CreateOptions::on_timeout`]), as a program does whose idea of the sandbox's end
+    /// changed after it was created (a vendor's deletion policy added to a sandbox made to
+    /// pause). A pause needs [`Capabilities::pause`], a stop
+    /// [`Capabilities::lease_stop`] (and a sandbox made without `auto_resume`). The action
+    /// applies at the lease's next end; a sandbox its lease has paused already is destroyed
+    /// at the end of its retention, as before.
+    async fn set_on_timeout(&self, id: &str, options: SetOnTimeoutOptions) -> Result<SandboxInfo>;
 
     /// Replace the sandbox's labels with `options.labels` (works while it is paused).
     async fn set_labels(&self, id: &str, options: SetLabelsOptions) -> Result<SandboxInfo>;

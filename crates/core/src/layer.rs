@@ -37,9 +37,9 @@ use crate::{
     FileStat, ListDirOptions, ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus,
     Preview, PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessInfo, ProcessSelector,
     ProcessSpec, ProcessStream, ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions,
-    ResourceKind, Result, SandboxInfo, SetLabelsOptions, SetTimeoutOptions, SignalOptions,
-    SnapshotInfo, SnapshotOptions, StatOptions, Tombstone, VolumeInfo, WatchOptions, WatchStream,
-    WriteOptions, WriteStdinOptions,
+    ResourceKind, Result, SandboxInfo, SetLabelsOptions, SetOnTimeoutOptions, SetTimeoutOptions,
+    SignalOptions, SnapshotInfo, SnapshotOptions, StatOptions, Tombstone, VolumeInfo, WatchOptions,
+    WatchStream, WriteOptions, WriteStdinOptions,
 };
 
 /// A backend wrapping [`Layer::inner`]: every [`Backend`] call, passed on unchanged unless the
@@ -77,6 +77,11 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
     /// [`Backend::set_timeout`], passed to [`Layer::inner`] unless overridden.
     async fn set_timeout(&self, id: &str, options: SetTimeoutOptions) -> Result<SandboxInfo> {
         self.inner().set_timeout(id, options).await
+    }
+
+    /// [`Backend::set_on_timeout`], passed to [`Layer::inner`] unless overridden.
+    async fn set_on_timeout(&self, id: &str, options: SetOnTimeoutOptions) -> Result<SandboxInfo> {
+        self.inner().set_on_timeout(id, options).await
     }
 
     /// [`Backend::set_labels`], passed to [`Layer::inner`] unless overridden.
@@ -345,6 +350,10 @@ impl<L: Layer> Backend for L {
 
     async fn set_timeout(&self, id: &str, options: SetTimeoutOptions) -> Result<SandboxInfo> {
         Layer::set_timeout(self, id, options).await
+    }
+
+    async fn set_on_timeout(&self, id: &str, options: SetOnTimeoutOptions) -> Result<SandboxInfo> {
+        Layer::set_on_timeout(self, id, options).await
     }
 
     async fn set_labels(&self, id: &str, options: SetLabelsOptions) -> Result<SandboxInfo> {

@@ -511,6 +511,16 @@ pub struct SetTimeoutOptions {
     pub timeout: Duration,
 }
 
+/// Options for changing what the end of a sandbox's lease does
+/// ([`Backend::set_on_timeout`](crate::Backend::set_on_timeout)); made by
+/// [`SetOnTimeoutOptions::new`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SetOnTimeoutOptions {
+    /// What the lease's end does from now on ([`CreateOptions::on_timeout`]).
+    pub on_timeout: TimeoutAction,
+}
+
 /// Options for replacing a sandbox's labels
 /// ([`Backend::set_labels`](crate::Backend::set_labels)); the default clears them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -278,6 +278,13 @@ pub mod body {
         pub timeout: f64,
     }
 
+    /// `PUT …/on-timeout`.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct SetOnTimeout {
+        /// What the lease's end does (`destroy` or `pause`).
+        pub on_timeout: crate::TimeoutAction,
+    }
+
     /// `PUT …/labels`.
     #[derive(Debug, Clone, Serialize, Deserialize)]
     pub struct SetLabels {

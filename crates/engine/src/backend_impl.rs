@@ -9,9 +9,9 @@ use sandcove_core::{
     CreateOptions, Error, FileStat, ListDirOptions, ListOptions, Metrics, MkdirOptions, Preview,
     PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessInfo, ProcessSelector, ProcessSpec,
     ProcessStream, ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions, Result,
-    SandboxInfo, SandboxState, SetLabelsOptions, SetTimeoutOptions, SignalOptions, SnapshotInfo,
-    SnapshotOptions, StatOptions, VolumeInfo, WatchOptions, WatchStream, WriteOptions,
-    WriteStdinOptions, DEFAULT_OUTPUT_LIMIT,
+    SandboxInfo, SandboxState, SetLabelsOptions, SetOnTimeoutOptions, SetTimeoutOptions,
+    SignalOptions, SnapshotInfo, SnapshotOptions, StatOptions, TimeoutAction, VolumeInfo,
+    WatchOptions, WatchStream, WriteOptions, WriteStdinOptions, DEFAULT_OUTPUT_LIMIT,
 };
 
 use crate::config::{SandboxDir, UidMapping};
@@ -131,6 +131,24 @@ impl Backend for LocalBackend {
             id,
             MonitorRequest::SetTimeout {
                 secs: options.timeout.as_secs_f64(),
+            },
+        )
+        .await
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
+    async fn set_on_timeout(&self, id: &str, options: SetOnTimeoutOptions) -> Result<SandboxInfo> {
+        match options.on_timeout {
+            TimeoutAction::Pause => self.capabilities().require(sandcove_core::Feature::Pause)?,
+            TimeoutAction::Stop => self
+                .capabilities()
+                .require(sandcove_core::Feature::LeaseStop)?,
+            TimeoutAction::Destroy => {}
+        }
+        self.monitor_info(
+            id,
+            MonitorRequest::SetOnTimeout {
+                action: options.on_timeout,
             },
         )
         .await

@@ -1122,6 +1122,28 @@ async fn serve_client(
             let _ = stop.send(()).await;
             return;
         }
+        Some(MonitorRequest::SetOnTimeout { action }) => {
+            let changed = {
+                let mut record = monitor.record.lock().unwrap_or_else(|e| e.into_inner());
+                // As at creation (`CreateOptions::validate`): a lease that stops cannot go
+                // with `auto_resume`.
+                if action == TimeoutAction::Stop && record.options.auto_resume {
+                    Err(Error::invalid(
+                        "auto_resume resumes a paused sandbox; one its lease stopped is run \
+                         again with start",
+                    ))
+                } else {
+                    record.options.on_timeout = action;
+                    Ok(())
+                }
+            };
+            changed.map(|()| {
+                monitor.write_info();
+                MonitorReply::Info {
+                    info: Box::new(monitor.info()),
+                }
+            })
+        }
         Some(MonitorRequest::SetLabels { labels }) => {
             match sandcove_core::validate::validate_labels(&labels) {
                 Ok(()) => {

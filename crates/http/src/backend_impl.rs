@@ -78,6 +78,19 @@ impl Backend for HttpBackend {
             .await
     }
 
+    async fn set_on_timeout(
+        &self,
+        id: &str,
+        options: sandcove_core::SetOnTimeoutOptions,
+    ) -> Result<SandboxInfo> {
+        let url = self.sandbox_url(id, &["on-timeout"])?;
+        let body = body::SetOnTimeout {
+            on_timeout: options.on_timeout,
+        };
+        self.call(Method::PUT, url, &[], Some(&body), Retry::Idempotent)
+            .await
+    }
+
     async fn set_labels(&self, id: &str, options: SetLabelsOptions) -> Result<SandboxInfo> {
         sandcove_core::validate::validate_labels(&options.labels)?;
         let url = self.sandbox_url(id, &["labels"])?;

@@ -235,6 +235,25 @@ impl Backend for KubeBackend {
         Ok(out)
     }
 
+    async fn set_on_timeout(
+        &self,
+        id: &str,
+        options: sandcove_core::SetOnTimeoutOptions,
+    ) -> Result<SandboxInfo> {
+        // Pods neither pause nor stop at their lease's end: every lease here ends in a
+        // destroy.
+        match options.on_timeout {
+            sandcove_core::TimeoutAction::Destroy => {}
+            sandcove_core::TimeoutAction::Pause => {
+                self.capabilities().require(sandcove_core::Feature::Pause)?
+            }
+            sandcove_core::TimeoutAction::Stop => self
+                .capabilities()
+                .require(sandcove_core::Feature::LeaseStop)?,
+        }
+        self.get(id).await
+    }
+
     async fn set_timeout(&self, id: &str, options: SetTimeoutOptions) -> Result<SandboxInfo> {
         let lease = self.lease_bounds().resolve(options.timeout)?;
         let max = self.inner.config.max_lifetime.as_millis() as u64;

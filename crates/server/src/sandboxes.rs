@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use super::idempotency::Stored;
 use super::{json, read_json, ApiError, AppState, In, Out, Route};
-use sandcove_core::wire::body::{SetLabels, SetTimeout};
+use sandcove_core::wire::body::{SetLabels, SetOnTimeout, SetTimeout};
 use sandcove_core::{
     AnnotationUpdate, CreateOptions, Error, ListOptions, SetLabelsOptions, SetTimeoutOptions,
 };
@@ -66,6 +66,15 @@ pub(super) fn routes() -> Vec<Route> {
             set_timeout,
         )
         .input(In::Json("SetTimeout"))
+        .output(Out::Json("SandboxInfo")),
+        Route::new(
+            Method::PUT,
+            "/v1/sandboxes/{id}/on-timeout",
+            "set_on_timeout",
+            "Change what the end of the lease does (`destroy`, `pause` or `stop`)",
+            set_on_timeout,
+        )
+        .input(In::Json("SetOnTimeout"))
         .output(Out::Json("SandboxInfo")),
         Route::new(
             Method::PUT,
@@ -207,6 +216,17 @@ async fn set_timeout(
     }
     let options = SetTimeoutOptions::new(Duration::from_secs_f64(req.timeout));
     Ok(json(&state.backend.set_timeout(&id, options).await?))
+}
+
+async fn set_on_timeout(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (req, _) = read_json::<SetOnTimeout>(&state, &headers, body).await?;
+    let options = sandcove_core::SetOnTimeoutOptions::new(req.on_timeout);
+    Ok(json(&state.backend.set_on_timeout(&id, options).await?))
 }
 
 async fn set_labels(

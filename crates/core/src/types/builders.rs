@@ -379,6 +379,13 @@ impl SetTimeoutOptions {
     }
 }
 
+impl SetOnTimeoutOptions {
+    /// End the lease with `on_timeout`.
+    pub fn new(on_timeout: TimeoutAction) -> Self {
+        SetOnTimeoutOptions { on_timeout }
+    }
+}
+
 impl SetLabelsOptions {
     /// Replace the labels with `labels`.
     pub fn new(labels: BTreeMap<String, String>) -> Self {
