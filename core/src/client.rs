@@ -556,7 +556,7 @@ impl Sandbox {
 
     /// [`Sandbox::snapshot`] with every option: asking for
     /// [`memory`](SnapshotOptions::memory) where snapshots keep files only is
-    /// [`Error::NotSupported`](crate::Error::NotSupported), before any effect.
+    /// [`Error::NotSupported`], before any effect.
     pub async fn snapshot_with(&self, options: SnapshotOptions) -> Result<SnapshotInfo> {
         self.require(Feature::Snapshots).await?;
         if options.memory {
