@@ -175,11 +175,7 @@ pub(crate) fn process_spec(
 ) -> ProcessSpec {
     let mut spec = ProcessSpec::new(command);
     spec.user = ctx.runtime_user(user);
-    // As envd: a relative cwd, and no cwd at all, are the user's home (root's is `/root`).
-    spec.cwd = match cwd.filter(|c| !c.is_empty()) {
-        Some(c) => Some(ctx.path_as(c, spec.user.as_deref())),
-        None => spec.user.as_deref().map(|u| ctx.path_as("~", Some(u))),
-    };
+    spec.cwd = ctx.cwd_as(cwd, spec.user.as_deref());
     spec.envs = translate::process_envs(&ctx.envs, &ctx.id, envs);
     spec.stdin = stdin;
     spec.timeout = timeout;
@@ -599,17 +595,12 @@ impl CommandHandle {
     /// probe: the sandbox gone (killed, or at the end of its life) is a `Timeout`; anything
     /// else is `e`.
     async fn broken(ctx: &Ctx, e: sandcove::Error) -> SandboxException {
-        use sandcove::ErrorCode;
-        let connection_level = matches!(
-            e.code(),
-            ErrorCode::Backend | ErrorCode::Io | ErrorCode::Unavailable | ErrorCode::Destroyed
-        );
-        if !connection_level {
+        if !crate::errors::broke_the_connection(&e) {
             return e.into();
         }
         let gone = match ctx.core.info().await {
             Ok(info) => info.state == sandcove::SandboxState::Destroyed,
-            Err(probe) => probe.is_not_found() || probe.code() == ErrorCode::Destroyed,
+            Err(probe) => probe.is_not_found() || probe.code() == sandcove::ErrorCode::Destroyed,
         };
         if !gone {
             return e.into();

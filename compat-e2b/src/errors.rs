@@ -289,6 +289,17 @@ impl From<sandcove::Error> for SandboxException {
     }
 }
 
+/// Whether `e`, met by a process stream after its start, means the connection to the sandbox
+/// broke (its agent or the sandbox went away) rather than an answer about the request: what
+/// the SDK tells apart with its health probe.
+pub(crate) fn broke_the_connection(e: &sandcove::Error) -> bool {
+    use sandcove::ErrorCode;
+    matches!(
+        e.code(),
+        ErrorCode::Backend | ErrorCode::Io | ErrorCode::Unavailable | ErrorCode::Destroyed
+    )
+}
+
 impl SandboxException {
     /// A plain `SandboxException` with a message.
     pub fn sandbox(message: impl Into<String>) -> Self {

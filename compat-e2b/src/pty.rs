@@ -177,11 +177,7 @@ impl IntoFuture for PtyCreateBuilder {
             envs.extend(self.envs);
             let mut spec = ProcessSpec::new(Command::argv(["/bin/bash", "-i", "-l"]));
             spec.user = ctx.runtime_user(self.user.as_deref());
-            // As a command's: a relative cwd, and none, are the user's home.
-            spec.cwd = match self.cwd.as_deref().filter(|c| !c.is_empty()) {
-                Some(c) => Some(ctx.path_as(c, spec.user.as_deref())),
-                None => spec.user.as_deref().map(|u| ctx.path_as("~", Some(u))),
-            };
+            spec.cwd = ctx.cwd_as(self.cwd.as_deref(), spec.user.as_deref());
             spec.envs = translate::process_envs(&ctx.envs, &ctx.id, &envs);
             spec.stdin = true;
             spec.timeout = translate::timeout_secs(self.timeout);

@@ -77,6 +77,15 @@ impl Inner {
         translate::to_runtime_path(path, &self.home)
     }
 
+    /// A process's working directory as envd picks it: `cwd` (relative to the user's home),
+    /// else the home of `runtime_user` (`None`, the default user: the runtime's default).
+    pub(crate) fn cwd_as(&self, cwd: Option<&str>, runtime_user: Option<&str>) -> Option<String> {
+        match cwd.filter(|c| !c.is_empty()) {
+            Some(c) => Some(self.path_as(c, runtime_user)),
+            None => runtime_user.map(|u| self.path_as("~", Some(u))),
+        }
+    }
+
     /// `path` as the runtime names it when looked up as `runtime_user` (what
     /// [`Inner::runtime_user`] gives; `None` is the default user): a relative or `~` path
     /// resolves against that user's home, as envd resolves it — root's is `/root`.

@@ -350,17 +350,14 @@ fn end_event(status: &sandcove::ExitStatus) -> Value {
 /// `/health`, learns the sandbox "was not found" and raises its `TimeoutException`
 /// (`SandboxNotRunningException`); any other error maps as usual.
 fn broken_stream(e: sandcove::Error) -> ConnectError {
-    use sandcove::ErrorCode;
-    match e.code() {
-        ErrorCode::Backend
-        | ErrorCode::Io
-        | ErrorCode::Unavailable
-        | ErrorCode::Destroyed
-        | ErrorCode::NotFound => ConnectError::new(
+    // The sandbox found missing mid-stream is the same break, seen from the runtime's side.
+    if crate::errors::broke_the_connection(&e) || e.code() == sandcove::ErrorCode::NotFound {
+        ConnectError::new(
             Code::Unavailable,
             format!("the connection to the sandbox ended before the stream completed ({e})"),
-        ),
-        _ => ConnectError::from(e),
+        )
+    } else {
+        ConnectError::from(e)
     }
 }
 
