@@ -210,10 +210,10 @@ fn start(dir: &SandboxDir) -> Result<Started> {
         }
         f
     };
-    // A sandbox at its memory limit loses the process that asked, never its agent, so it
-    // stays controllable (files can be removed, processes killed): the agent inherits an
-    // OOM score that spares it (needs privilege; rootless it keeps the default), and sandbox
-    // processes set theirs back to 0 before exec.
+    // A sandbox at its memory limit loses a sandbox process, never its agent, so it stays
+    // controllable (files can be removed, processes killed): sandbox processes start with
+    // the highest OOM score (`agent::OomScore`), which needs no privilege, and where the
+    // host grants CAP_SYS_RESOURCE the agent also inherits a score that exempts it.
     let spare_agent = record.cgroup.is_some() && sys::set_oom_score_adj(-1000).is_ok();
     // Internet: what the agent blocks, read from the host's tables before the clone.
     let internet = record.options.network == sandcove_core::NetworkPolicy::Internet;

@@ -71,6 +71,9 @@ pub fn run(
     volume_trees: Vec<OwnedFd>,
     net: Option<Plan>,
 ) -> ! {
+    // While our credentials are still the monitor's: later /proc/self belongs to the host's
+    // root, and sandbox processes get their OOM score through this descriptor.
+    let oom_score = OomScore::open();
     // Into the sandbox's v1 cgroup before anything else, so all the agent does is charged
     // (single-threaded here, as `cgroup::join` needs). A failed move fails the setup below.
     let joined = super::cgroup::join(&cgroup_tasks);
@@ -115,7 +118,9 @@ pub fn run(
         Ok(rt) => rt,
         Err(_) => sys::exit_now(1),
     };
-    runtime.block_on(serve(Arc::new(Agent::new(record)), ctrl));
+    let mut agent = Agent::new(record);
+    agent.oom_score = oom_score.ok();
+    runtime.block_on(serve(Arc::new(agent), ctrl));
     sys::exit_now(0)
 }
 
@@ -142,6 +147,60 @@ struct Agent {
     epoch: tokio::sync::watch::Sender<u64>,
     /// Set while the sandbox is paused: no reused connection is served meanwhile.
     frozen: std::sync::atomic::AtomicBool,
+    /// The agent's own OOM score, which sandbox processes inherit raised (none in a pod, or
+    /// where it could not be opened: isolated sandboxes then start no process).
+    oom_score: Option<OomScore>,
+}
+
+/// The agent's OOM score adjustment, written through a descriptor opened at start.
+///
+/// At a sandbox's memory limit the kernel must end a sandbox process, never the agent, yet
+/// the agent may not lower its own score (that needs `CAP_SYS_RESOURCE` of the host) and a
+/// child may not raise its own before exec (until exec it shares the agent's memory, so its
+/// /proc files belong to the host's root). So the agent raises its own score around each
+/// spawn, the child inherits it, and the agent returns to its resting score: lowering back
+/// to a score it held before needs no privilege.
+struct OomScore {
+    file: Mutex<std::fs::File>,
+    /// The score the agent keeps between spawns (inherited from the monitor).
+    resting: i16,
+}
+
+impl OomScore {
+    fn open() -> std::io::Result<Self> {
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/proc/self/oom_score_adj")?;
+        let mut text = String::new();
+        file.read_to_string(&mut text)?;
+        let resting = text
+            .trim()
+            .parse()
+            .map_err(|_| std::io::Error::other(format!("oom_score_adj reads {text:?}")))?;
+        Ok(OomScore {
+            file: Mutex::new(file),
+            resting,
+        })
+    }
+
+    /// Hold the agent's score at `score` while `spawn` runs (one spawn at a time), then
+    /// return to the resting score.
+    fn raised_for<T>(
+        &self,
+        score: i16,
+        spawn: impl FnOnce() -> std::io::Result<T>,
+    ) -> std::io::Result<T> {
+        use std::io::Write;
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        file.write_all(score.to_string().as_bytes())?;
+        let spawned = spawn();
+        // Returning to a score held before needs no privilege; were it refused all the same,
+        // the agent would only be as likely a victim as its processes, and the process just
+        // started must be tracked, not orphaned by an error.
+        let _ = file.write_all(self.resting.to_string().as_bytes());
+        spawned
+    }
 }
 
 impl Agent {
@@ -152,6 +211,7 @@ impl Agent {
             pod: false,
             epoch: tokio::sync::watch::channel(0).0,
             frozen: std::sync::atomic::AtomicBool::new(false),
+            oom_score: None,
         }
     }
 

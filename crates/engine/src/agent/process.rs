@@ -4,6 +4,13 @@
 use super::*;
 use std::os::fd::AsFd;
 
+/// The OOM score adjustment of every sandbox process: the maximum, so the kernel ends a
+/// sandbox process before the agent at the sandbox's memory limit (the agent's resident
+/// size can exceed a small process's), and sandbox processes before the host's own in a
+/// host-wide shortage. Sandbox code may lower its own back to 0 (never below without
+/// privilege); that exposes only its own sandbox's agent.
+const SANDBOX_PROCESS_OOM_SCORE_ADJ: i16 = 1000;
+
 #[derive(Default)]
 pub(super) struct ProcTable {
     pub(super) by_pid: HashMap<u32, Arc<Proc>>,
@@ -319,9 +326,6 @@ pub(super) fn launch(agent: &Arc<Agent>, spec: &ProcessSpec) -> Result<Incarnati
         // Only stdio reaches the program: every other descriptor closes at exec.
         sys::cloexec_from(3)?;
         if isolated {
-            // Undo the agent's OOM protection (see the monitor): sandbox processes are
-            // what a sandbox at its memory limit gives up.
-            let _ = sys::set_oom_score_adj(0);
             sys::harden_child(uid, gid, nproc, nofile)?;
         } else {
             sys::setsid()?;
@@ -333,7 +337,19 @@ pub(super) fn launch(agent: &Arc<Agent>, spec: &ProcessSpec) -> Result<Incarnati
         }
         Ok(())
     };
-    let pid = sys::spawn(&mut plan, hook).map_err(|e| {
+    // Sandbox processes are what a sandbox at its memory limit gives up, never its agent:
+    // each inherits the highest OOM score from the agent (see `OomScore`), on every host,
+    // whatever the agent's size. Without the agent's score file nothing starts.
+    let spawned = match (&agent.oom_score, isolated) {
+        (_, false) => sys::spawn(&mut plan, hook),
+        (Some(score), true) => score.raised_for(SANDBOX_PROCESS_OOM_SCORE_ADJ, || {
+            sys::spawn(&mut plan, hook)
+        }),
+        (None, true) => Err(std::io::Error::other(
+            "the agent cannot set the OOM score of sandbox processes",
+        )),
+    };
+    let pid = spawned.map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             Error::not_found(format!("program {:?}", argv[0]))
         } else {
