@@ -184,9 +184,18 @@ fn env_blaxel(state_dir: Option<PathBuf>) -> ExitCode {
         return ExitCode::FAILURE;
     }
     println!("export HTTPS_PROXY={}", shell_quote(&url));
-    println!(
-        "export SSL_CERT_FILE={}",
-        shell_quote(&bundle.display().to_string())
-    );
+    // Where the host keeps its roots under hashed names, a directory list: OpenSSL reads it
+    // lazily, where a bundle is parsed whole for every TLS context the SDK makes (one per
+    // sandbox). `SSL_CERT_FILE` is unset then, as Python's HTTP clients prefer it.
+    match intercept::ssl_cert_dir(&blaxel_ca_dir(&state_dir)) {
+        Some(dirs) => {
+            println!("unset SSL_CERT_FILE");
+            println!("export SSL_CERT_DIR={}", shell_quote(&dirs));
+        }
+        None => println!(
+            "export SSL_CERT_FILE={}",
+            shell_quote(&bundle.display().to_string())
+        ),
+    }
     ExitCode::SUCCESS
 }

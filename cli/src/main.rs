@@ -91,8 +91,10 @@ enum Cmd {
     /// and, for the Python SDK (whose URL is fixed to https://api.blaxel.ai):
     ///   HTTPS_PROXY      the Blaxel listener, which intercepts only Blaxel's own host names
     ///                    (other hosts are refused: list them in NO_PROXY);
-    ///   SSL_CERT_FILE    the bundle in <state dir>/blaxel-ca: the host's public roots plus
-    ///                    the Sandcove CA (see `sandcove ca`).
+    ///   SSL_CERT_DIR     <state dir>/blaxel-ca/certs (the Sandcove CA, see `sandcove ca`),
+    ///                    then the host's hashed roots (/etc/ssl/certs), with SSL_CERT_FILE
+    ///                    unset; where the host has no hashed roots, SSL_CERT_FILE instead:
+    ///                    the bundle in <state dir>/blaxel-ca (the host's roots plus the CA).
     ///
     /// Exits 1 with a message when no server with that vendor's listener is running or
     /// SANDCOVE_API_KEY is unset.
@@ -108,8 +110,8 @@ enum Cmd {
     /// Show where the local CA of `sandcove serve --blaxel` lives, what it can sign, and how
     /// to remove it.
     ///
-    /// The CA exists only in <state dir>/blaxel-ca (its key, its certificate and the bundle
-    /// `sandcove env blaxel` names in SSL_CERT_FILE); nothing is installed into the system
+    /// The CA exists only in <state dir>/blaxel-ca (its key, its certificate, the bundle and
+    /// the hashed directory `sandcove env blaxel` names); nothing is installed into the system
     /// trust store. Stop the server and delete that directory to remove it; the next
     /// `sandcove serve --blaxel` creates a new one.
     Ca {

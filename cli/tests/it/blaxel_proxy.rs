@@ -4,7 +4,7 @@
 //! The Python SDK's control-plane URL is fixed (`https://api.blaxel.ai/v0`), so it reaches
 //! Sandcove the way a user's program does: with `HTTPS_PROXY` (the Blaxel listener, which
 //! terminates `CONNECT api.blaxel.ai:443` with a leaf from the Sandcove CA) and
-//! `SSL_CERT_FILE` (the bundle of the host's roots plus that CA), exactly as `sandcove env
+//! `SSL_CERT_DIR` (that CA's hashed directory, then the host's roots), exactly as `sandcove env
 //! blaxel` prints them; never a patched SDK. Each test provisions the pinned SDK
 //! (`fixtures/python/pins-blaxel-0.4.24.txt`) on first use through the shared harness,
 //! starts the built server with a private state directory, runs one program from
@@ -80,13 +80,20 @@ fn env_and_ca_name_the_proxy_and_the_bundle() {
             .unwrap_or_else(|| panic!("{name} in {vars:?}"))
     };
     assert_eq!(var("HTTPS_PROXY"), server.origin);
-    let bundle = var("SSL_CERT_FILE");
-    assert_eq!(
-        std::path::PathBuf::from(&bundle),
-        server.state.dir.join("blaxel-ca").join("bundle.pem")
-    );
+    let ca_dir = server.state.dir.join("blaxel-ca");
+    let bundle = ca_dir.join("bundle.pem").display().to_string();
     let text = std::fs::read_to_string(&bundle).expect("the bundle exists");
     assert!(text.contains("BEGIN CERTIFICATE"), "{bundle}");
+    // The hashed directories where the host has hashed roots (this suite's SDK programs
+    // then verify through them), else the bundle.
+    match sandcove::server::intercept::ssl_cert_dir(&ca_dir) {
+        Some(dirs) => {
+            assert_eq!(var("SSL_CERT_DIR"), dirs);
+            assert!(dirs.starts_with(&format!("{}:", ca_dir.join("certs").display())));
+            assert!(!vars.iter().any(|(k, _)| k == "SSL_CERT_FILE"), "{vars:?}");
+        }
+        None => assert_eq!(var("SSL_CERT_FILE"), bundle),
+    }
     assert_eq!(var("BL_API_URL"), format!("{}/v0", server.origin));
 
     let out = Command::new(bin())

@@ -21,8 +21,10 @@
 //! - **Where it lives**: in the directory given to [`SandcoveCa::open`] (`sandcove serve`
 //!   uses `<state dir>/blaxel-ca`): `ca/key.pem` (the private key, created with mode 0600 by
 //!   an exclusive create and refused when group or others may read it), `ca/cert.pem`, and
-//!   `bundle.pem` (the host's public roots followed by this CA, for `SSL_CERT_FILE`). Nothing
-//!   is installed into the system trust store; deleting the directory removes the CA.
+//!   `bundle.pem` (the host's public roots followed by this CA, for `SSL_CERT_FILE`), and
+//!   `certs/` (this CA alone, named by OpenSSL's subject hash, for `SSL_CERT_DIR` beside the
+//!   host's hashed roots: see [`ssl_cert_dir`]). Nothing is installed into the system trust
+//!   store; deleting the directory removes the CA.
 //! - **Lifetime**: the CA is valid for [`CA_LIFETIME`]; it is replaced (key, certificate and
 //!   bundle) once it would expire before a leaf minted now, i.e. with fewer than
 //!   [`LEAF_LIFETIME`] left, which is checked at open and whenever a leaf is minted. Leaves
@@ -68,8 +70,18 @@ pub const SYSTEM_BUNDLES: &[&str] = &[
     "/etc/ssl/ca-bundle.pem",
     "/etc/ssl/cert.pem",
 ];
+/// Where the host's public roots are kept one file per certificate under OpenSSL's
+/// subject-hash names (`c_rehash`), which `SSL_CERT_DIR` reads lazily: the first of these
+/// holding such names is used (Debian and Ubuntu, Fedora and RHEL, openSUSE, Alpine).
+pub const SYSTEM_CERT_DIRS: &[&str] = &[
+    "/etc/ssl/certs",
+    "/etc/pki/ca-trust/extracted/pem/directory-hash",
+    "/var/lib/ca-certificates/openssl",
+];
 /// Largest system bundle read.
 const MAX_SYSTEM_BUNDLE: u64 = 8 * 1024 * 1024;
+/// Entries of a system certificate directory looked at for a hashed name.
+const MAX_DIR_PROBE: usize = 4096;
 /// Slack on `not_before` for clocks slightly behind ours.
 const CLOCK_SKEW: Duration = Duration::from_secs(3600);
 
@@ -260,8 +272,23 @@ impl SandcoveCa {
         }))
     }
 
-    /// Write `bundle.pem` (system roots, then the CA), replacing it atomically.
+    /// Write `bundle.pem` (system roots, then the CA) and the CA's hashed entry in `certs/`,
+    /// each replaced atomically.
     fn write_bundle(&self) -> sandcove_core::Result<()> {
+        let cert = read_bounded(&self.cert_path(), super::MAX_PEM_BYTES)?;
+        let hash = openssl_subject_hash(&self.material_now().der).ok_or_else(|| {
+            Error::invalid(format!(
+                "{}: the CA's subject has no OpenSSL hash form",
+                self.cert_path().display()
+            ))
+        })?;
+        let certs = cert_dir_path(&self.dir);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&certs)
+            .map_err(|e| Error::from_io(&e, &format!("create {}", certs.display())))?;
+        replace_file(&certs, &certs.join(format!("{hash:08x}.0")), &cert, 0o644)?;
         let mut text = Vec::new();
         if let Some(system) = &self.system_roots {
             let roots = read_bounded(system, MAX_SYSTEM_BUNDLE)?;
@@ -285,7 +312,6 @@ impl SandcoveCa {
                 SYSTEM_BUNDLES.join(", ")
             );
         }
-        let cert = read_bounded(&self.cert_path(), super::MAX_PEM_BYTES)?;
         text.extend_from_slice(
             format!(
                 "# {CA_NAME} (name-constrained to {})\n",
@@ -301,6 +327,118 @@ impl SandcoveCa {
 /// Where [`SandcoveCa::open`] on `dir` puts the bundle (without opening anything).
 pub fn bundle_path(dir: &Path) -> PathBuf {
     dir.join("bundle.pem")
+}
+
+/// Where [`SandcoveCa::open`] on `dir` puts the CA under its hashed name (without opening
+/// anything).
+pub fn cert_dir_path(dir: &Path) -> PathBuf {
+    dir.join("certs")
+}
+
+/// The `SSL_CERT_DIR` value that trusts the CA kept in `dir` and the host's public roots:
+/// `<dir>/certs:<system dir>`, when the CA's hashed entry exists, the host keeps its roots
+/// under hashed names ([`SYSTEM_CERT_DIRS`]) and no path holds the list separator.
+///
+/// OpenSSL loads a directory's certificates on demand, where `SSL_CERT_FILE` parses the whole
+/// bundle each time a TLS context is made: Python SDKs make one per client (Blaxel's, one per
+/// sandbox), and parsing the host's ~150 roots took 15–40 ms each time here.
+pub fn ssl_cert_dir(dir: &Path) -> Option<String> {
+    let ours = cert_dir_path(dir);
+    let has_hashed_entry = |d: &Path| {
+        std::fs::read_dir(d).is_ok_and(|entries| {
+            entries
+                .take(MAX_DIR_PROBE)
+                .filter_map(|e| e.ok())
+                .any(|e| is_hashed_name(&e.file_name().to_string_lossy()))
+        })
+    };
+    if !has_hashed_entry(&ours) {
+        return None;
+    }
+    let system = SYSTEM_CERT_DIRS
+        .iter()
+        .map(Path::new)
+        .find(|d| has_hashed_entry(d))?;
+    let value = format!("{}:{}", ours.display(), system.display());
+    (value.matches(':').count() == 1).then_some(value)
+}
+
+/// `c_rehash`'s names: eight lower-case hex digits, a dot, a decimal sequence number.
+fn is_hashed_name(name: &str) -> bool {
+    name.split_once('.').is_some_and(|(hash, n)| {
+        hash.len() == 8
+            && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            && !n.is_empty()
+            && n.bytes().all(|b| b.is_ascii_digit())
+    })
+}
+
+/// OpenSSL's subject name hash of a certificate (`X509_subject_name_hash`, the name of its
+/// file in a hashed directory): the first four bytes, little-endian, of the SHA-1 of the
+/// name's canonical form. The canonical form is each RDN's DER `SET` (no outer `SEQUENCE`),
+/// with every string value re-encoded as a `UTF8String` trimmed, with runs of white space
+/// made one space, and ASCII lower-cased. Only the string types a CA of ours can carry are
+/// handled (ASCII in UTF8String, PrintableString, IA5String or VisibleString); `None`
+/// otherwise.
+fn openssl_subject_hash(cert_der: &[u8]) -> Option<u32> {
+    let (_, certificate, _) = der_element(cert_der).filter(|(tag, _, _)| *tag == 0x30)?;
+    let (_, tbs, _) = der_element(certificate).filter(|(tag, _, _)| *tag == 0x30)?;
+    let mut rest = tbs;
+    if rest.first() == Some(&0xa0) {
+        rest = der_element(rest)?.2;
+    }
+    // serial, signature algorithm, issuer, validity; then the subject.
+    for _ in 0..4 {
+        rest = der_element(rest)?.2;
+    }
+    let (_, mut rdns, _) = der_element(rest).filter(|(tag, _, _)| *tag == 0x30)?;
+    let mut canon = Vec::new();
+    while !rdns.is_empty() {
+        let (_, mut set, next) = der_element(rdns).filter(|(tag, _, _)| *tag == 0x31)?;
+        rdns = next;
+        let mut entries = Vec::new();
+        while !set.is_empty() {
+            let (_, attribute, next) = der_element(set).filter(|(tag, _, _)| *tag == 0x30)?;
+            set = next;
+            let (_, oid, value) = der_element(attribute).filter(|(tag, _, _)| *tag == 0x06)?;
+            let (tag, text, end) = der_element(value)?;
+            if !end.is_empty() || !matches!(tag, 0x0c | 0x13 | 0x16 | 0x1a) || !text.is_ascii() {
+                return None;
+            }
+            let folded = std::str::from_utf8(text)
+                .ok()?
+                .split(|c: char| matches!(c, ' ' | '\t' | '\n' | '\x0b' | '\x0c' | '\r'))
+                .filter(|w| !w.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ")
+                .to_ascii_lowercase();
+            let mut entry = der_encode(0x06, oid);
+            entry.extend(der_encode(0x0c, folded.as_bytes()));
+            entries.push(der_encode(0x30, &entry));
+        }
+        // DER orders a SET OF by encoding.
+        entries.sort();
+        canon.extend(der_encode(0x31, &entries.concat()));
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, &canon);
+    let bytes = digest.as_ref();
+    Some(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+}
+
+/// One DER element: `tag`, the definite length, `contents`.
+fn der_encode(tag: u8, contents: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    let len = contents.len();
+    if len < 0x80 {
+        out.push(len as u8);
+    } else {
+        let bytes = len.to_be_bytes();
+        let skip = bytes.iter().take_while(|b| **b == 0).count();
+        out.push(0x80 | (bytes.len() - skip) as u8);
+        out.extend_from_slice(&bytes[skip..]);
+    }
+    out.extend_from_slice(contents);
+    out
 }
 
 fn normalize_hosts(hosts: &[&str]) -> sandcove_core::Result<Vec<String>> {
@@ -779,6 +917,92 @@ mod tests {
     use super::*;
 
     const HOSTS: &[&str] = &["api.sandcove.test", "run.sandcove.test"];
+
+    /// A self-signed certificate with `names` as its subject.
+    fn cert_named(names: &[(rcgen::DnType, &str)]) -> Vec<u8> {
+        let mut params = rcgen::CertificateParams::default();
+        let mut name = rcgen::DistinguishedName::new();
+        for (kind, value) in names {
+            name.push(kind.clone(), *value);
+        }
+        params.distinguished_name = name;
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    /// The hashes `openssl x509 -hash` prints for these subjects (checked once with OpenSSL
+    /// 3.0): the CA's own, and one that needs folding (case, runs of white space, ends).
+    #[test]
+    fn subject_hashes_are_openssls() {
+        let ca = cert_named(&[
+            (rcgen::DnType::OrganizationName, "Sandcove"),
+            (rcgen::DnType::CommonName, CA_NAME),
+        ]);
+        assert_eq!(openssl_subject_hash(&ca), Some(0xe11d0a73));
+        let folded = cert_named(&[
+            (rcgen::DnType::OrganizationName, "  Some \t  ORG "),
+            (rcgen::DnType::CommonName, "Mixed   Case Name"),
+        ]);
+        assert_eq!(
+            format!("{:08x}", openssl_subject_hash(&folded).unwrap()),
+            "228b2bff"
+        );
+        // Text beyond ASCII is not folded here: no name rather than a wrong one.
+        let other = cert_named(&[(rcgen::DnType::CommonName, "Zürich")]);
+        assert_eq!(openssl_subject_hash(&other), None);
+    }
+
+    #[test]
+    fn hashed_names_are_c_rehashs() {
+        assert!(is_hashed_name("e11d0a73.0"));
+        assert!(is_hashed_name("0123abcd.12"));
+        for name in [
+            "E11D0A73.0",
+            "e11d0a7.0",
+            "e11d0a73",
+            "e11d0a73.",
+            "ca.pem",
+            "e11d0a73.r0",
+        ] {
+            assert!(!is_hashed_name(name), "{name}");
+        }
+    }
+
+    /// The CA's directory names it under its hash, and `SSL_CERT_DIR` lists it before the
+    /// host's hashed roots (where the host has them).
+    #[test]
+    fn the_ca_is_found_by_its_hash() {
+        let tmp =
+            std::env::temp_dir().join(format!("sandcove-ca-hash-{}", sandcove_core::random_id(8)));
+        std::fs::create_dir(&tmp).unwrap();
+        let dir = tmp.join("ca-dir");
+        let ca = SandcoveCa::open(&dir, HOSTS).unwrap();
+        let hash = openssl_subject_hash(&ca.cert_der()).unwrap();
+        let entry = cert_dir_path(&dir).join(format!("{hash:08x}.0"));
+        assert_eq!(
+            std::fs::read(&entry).unwrap(),
+            std::fs::read(ca.cert_path()).unwrap()
+        );
+        let system = SYSTEM_CERT_DIRS.iter().find(|d| {
+            std::fs::read_dir(d).is_ok_and(|mut e| {
+                e.any(|e| e.is_ok_and(|e| is_hashed_name(&e.file_name().to_string_lossy())))
+            })
+        });
+        match system {
+            Some(system) => assert_eq!(
+                ssl_cert_dir(&dir),
+                Some(format!("{}:{system}", cert_dir_path(&dir).display()))
+            ),
+            None => assert_eq!(ssl_cert_dir(&dir), None),
+        }
+        std::fs::remove_file(&entry).unwrap();
+        assert_eq!(
+            ssl_cert_dir(&dir),
+            None,
+            "no entry of ours, no directory list"
+        );
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
 
     /// A CA in `dir/ca` that ends at `not_after`, as an older server would have left it.
     fn plant(dir: &Path, not_after: SystemTime) -> CertificateDer<'static> {
