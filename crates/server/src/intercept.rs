@@ -407,7 +407,7 @@ fn openssl_subject_hash(cert_der: &[u8]) -> Option<u32> {
             }
             let folded = std::str::from_utf8(text)
                 .ok()?
-                .split(|c: char| matches!(c, ' ' | '\t' | '\n' | '\x0b' | '\x0c' | '\r'))
+                .split([' ', '\t', '\n', '\x0b', '\x0c', '\r'])
                 .filter(|w| !w.is_empty())
                 .collect::<Vec<_>>()
                 .join(" ")
