@@ -5,7 +5,8 @@
 //! through the embedded engine or the server `SANDCOVE_URL` names.
 //!
 //! Modules: `serve` (the server), `env` (`env`, `ca`), `sandboxes` (lifecycle), `procs`
-//! (processes), `cp` (files), `store` (snapshots, volumes), `doctor`, `out` (what the human
+//! (processes), `cp` (files), `store` (snapshots, volumes), `doctor`, `tls` (`tls init`: a
+//! private CA and the server's certificate), `out` (what the human
 //! commands share: errors, tables, JSON), `record` (the running server's listeners).
 #![forbid(unsafe_code)]
 
@@ -20,6 +21,7 @@ mod record;
 mod sandboxes;
 mod serve;
 mod store;
+mod tls;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -120,6 +122,9 @@ enum Cmd {
         #[arg(long)]
         state_dir: Option<PathBuf>,
     },
+    /// Certificates for `sandcove serve --tls-cert/--tls-key`.
+    #[command(subcommand)]
+    Tls(tls::TlsCmd),
     /// List sandboxes: id, name, vendor, state, age, lease left, labels.
     Ls(sandboxes::LsArgs),
     /// Describe one sandbox.
@@ -215,6 +220,7 @@ fn main() -> ExitCode {
         Cmd::Env { vendor, state_dir } => env::env_command(&vendor, state_dir),
         Cmd::Ca { state_dir } => env::ca_command(state_dir),
         Cmd::Serve(args) => serve::run(args),
+        Cmd::Tls(cmd) => tls::tls(cmd, json),
         Cmd::Ls(args) => out::finish("ls", sandboxes::ls(args, json)),
         Cmd::Info { id } => out::finish("info", sandboxes::info(&id, json)),
         Cmd::Create(args) => out::finish("create", sandboxes::create(args, json)),

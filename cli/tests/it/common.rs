@@ -51,7 +51,10 @@ impl ServeChild {
                 break;
             }
             if let Some(rest) = line.trim().strip_prefix(announce) {
-                if let Some(url) = rest.split_whitespace().find(|w| w.starts_with("http://")) {
+                if let Some(url) = rest
+                    .split_whitespace()
+                    .find(|w| w.starts_with("http://") || w.starts_with("https://"))
+                {
                     let url = url.to_string();
                     return Some(ServeChild { child, stderr, url });
                 }

@@ -15,7 +15,7 @@ const LISTENING: &str = "sandcove serve: listening on";
 /// Whether the built binary can be run from here. A test binary copied elsewhere and run as
 /// another user (as CI's rootless pass does) may not reach the build directory: those tests
 /// then skip, saying so.
-fn runnable() -> bool {
+pub fn runnable() -> bool {
     match Command::new(bin()).arg("--version").output() {
         Ok(out) if out.status.success() => true,
         other => {

@@ -18,3 +18,4 @@ mod http_binary;
 mod human;
 mod sdk_harness;
 mod server_policy;
+mod tls;

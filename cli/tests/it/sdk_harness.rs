@@ -175,10 +175,17 @@ impl Server {
     /// Start `sandcove serve --<vendor> 127.0.0.1:0` with API key `key`. `announce` is how
     /// the server names the listener on stderr (`Daytona wire protocol`).
     pub fn start(vendor: &str, announce: &str, key: &str) -> Server {
+        Server::start_with(vendor, announce, key, &[])
+    }
+
+    /// [`Server::start`] with more `sandcove serve` arguments (`--tls-cert …`).
+    pub fn start_with(vendor: &str, announce: &str, key: &str, more: &[&str]) -> Server {
         let state = PrivateState::new();
         let flag = format!("--{vendor}");
+        let mut args = vec!["--listen", "127.0.0.1:0", &flag, "127.0.0.1:0"];
+        args.extend_from_slice(more);
         let native = ServeChild::start(
-            &["--listen", "127.0.0.1:0", &flag, "127.0.0.1:0"],
+            &args,
             &[
                 ("SANDCOVE_API_KEY", key.as_ref()),
                 ("SANDCOVE_STATE_DIR", state.dir.as_os_str()),

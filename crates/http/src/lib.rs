@@ -30,9 +30,11 @@ use sandcove_core::{Capabilities, Error, Result};
 pub use sandcove_core::wire::*;
 
 mod backend_impl;
+mod certificate;
 mod streams;
 mod transport;
 
+pub use self::certificate::CertificateProblem;
 use self::transport::fetch_capabilities;
 
 /// Timeouts and retry policy of an [`HttpBackend`].
@@ -75,7 +77,10 @@ pub struct HttpBackend {
 }
 
 /// Env var naming a PEM file of the certificates that alone are trusted to sign the
-/// server's certificate (a private CA, or the server's self-signed certificate).
+/// server's certificate: the `ca.pem` `sandcove tls init` makes, another private CA, or the
+/// server's own self-signed certificate when that is not a CA certificate (`CA:FALSE`).
+/// A certificate the client refuses fails the call with [`CertificateProblem`]'s one line
+/// and remedy, never retried.
 pub const CA_FILE_ENV: &str = "SANDCOVE_CA_FILE";
 /// Env var that, set to `1`, allows plain `http://` to a non-loopback server.
 pub const ALLOW_INSECURE_HTTP_ENV: &str = "SANDCOVE_ALLOW_INSECURE_HTTP";

@@ -138,7 +138,9 @@ impl HttpBackend {
                     (err, retryable, retry_after, false)
                 }
                 Err(e) => {
-                    let retryable = e.is_connect() || retry == Retry::Idempotent;
+                    // A certificate the client refuses is refused again on every attempt.
+                    let refused = crate::CertificateProblem::find(&e).is_some();
+                    let retryable = !refused && (e.is_connect() || retry == Retry::Idempotent);
                     let lost = !(e.is_connect() || e.is_builder());
                     (transport_error(&e, &method, &url), retryable, None, lost)
                 }
@@ -314,7 +316,9 @@ pub(crate) async fn read_error(response: reqwest::Response, limit: Duration) -> 
 
 pub(crate) fn transport_error(e: &reqwest::Error, method: &Method, url: &Url) -> Error {
     let what = format!("{method} {}", url.path());
-    if e.is_timeout() {
+    if let Some(problem) = crate::CertificateProblem::find(e) {
+        problem.into_error(&url.origin().ascii_serialization())
+    } else if e.is_timeout() {
         Error::Timeout { what }
     } else if e.is_connect() {
         Error::Unavailable {

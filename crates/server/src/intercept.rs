@@ -580,7 +580,8 @@ fn leaf_config(
     Ok(Arc::new(config))
 }
 
-fn random_serial() -> sandcove_core::Result<[u8; 16]> {
+/// A random certificate serial number: 16 bytes, positive and non-zero as DER wants.
+pub fn random_serial() -> sandcove_core::Result<[u8; 16]> {
     let mut serial = [0u8; 16];
     getrandom::fill(&mut serial).map_err(|e| Error::backend(format!("randomness: {e}")))?;
     // Positive and non-zero as DER INTEGERs must be.
@@ -771,8 +772,9 @@ fn cert_not_after(der: &[u8]) -> Option<SystemTime> {
     )
 }
 
-/// Create `path` exclusively with `mode` (never following a link) and write `bytes` durably.
-fn write_new(path: &Path, bytes: &[u8], mode: u32) -> sandcove_core::Result<()> {
+/// Create `path` exclusively with `mode` (never following a link) and write `bytes` durably:
+/// a key is private from its first byte, with no window between create and chmod.
+pub fn write_new(path: &Path, bytes: &[u8], mode: u32) -> sandcove_core::Result<()> {
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -785,8 +787,14 @@ fn write_new(path: &Path, bytes: &[u8], mode: u32) -> sandcove_core::Result<()> 
         .map_err(|e| Error::from_io(&e, &format!("write {}", path.display())))
 }
 
-/// Replace `target` (in `dir`) atomically with a new file holding `bytes`.
-fn replace_file(dir: &Path, target: &Path, bytes: &[u8], mode: u32) -> sandcove_core::Result<()> {
+/// Replace `target` (in `dir`) atomically with a new file holding `bytes`, created as
+/// [`write_new`] does.
+pub fn replace_file(
+    dir: &Path,
+    target: &Path,
+    bytes: &[u8],
+    mode: u32,
+) -> sandcove_core::Result<()> {
     let temp = dir.join(format!(".write-{}", sandcove_core::random_id(12)));
     write_new(&temp, bytes, mode)?;
     std::fs::rename(&temp, target).map_err(|e| {

@@ -65,6 +65,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod certificate;
 mod drain;
 mod files;
 mod idempotency;
@@ -619,7 +620,8 @@ const MAX_PEM_BYTES: u64 = 1024 * 1024;
 /// A TLS configuration from PEM files: `cert` holds the server's certificate chain (leaf
 /// first), `key` its private key (PKCS#8, PKCS#1 or SEC1). Files are read bounded; a key
 /// readable by group or others is refused, since it would let other local users impersonate
-/// the server. Serves HTTP/1.1 only.
+/// the server; so is a leaf every client would refuse (a CA certificate, no subjectAltName,
+/// not for servers, expired or not yet valid: see [`certificate`]). Serves HTTP/1.1 only.
 pub fn load_tls(
     cert: &std::path::Path,
     key: &std::path::Path,
@@ -635,6 +637,17 @@ pub fn load_tls(
         return Err(Error::invalid(format!(
             "certificate file {} holds no PEM certificate",
             cert.display()
+        )));
+    }
+    // Refused here, with the fix, rather than by every client later with a cryptic error.
+    if let Err(refusal) =
+        certificate::check_server_certificate(&certs[0], std::time::SystemTime::now())
+    {
+        return Err(Error::invalid(format!(
+            "certificate file {}: the server's certificate will not be accepted by TLS \
+             clients: {refusal}; {}",
+            cert.display(),
+            refusal.remedy()
         )));
     }
     let key_der = PrivateKeyDer::from_pem_slice(&key_pem)
