@@ -285,6 +285,128 @@ for (let i = 0; i < Number(process.argv[2]); i++) {
         .collect()
 }
 
+/// Sandboxes each official Python SDK makes, uses and deletes in the `sdk-cycle` rows.
+const SDK_CYCLES: usize = 20;
+
+/// A virtualenv with the pinned packages of `fixtures/python/<pins>`, made by the bench under
+/// its build directory the first time (from PyPI, as the tests provision theirs).
+fn bench_venv(pins: &str) -> Result<std::path::PathBuf, String> {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/python");
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("bench-sdk")
+        .join(pins.trim_end_matches(".txt"));
+    if dir.join(".complete").exists() {
+        return Ok(dir);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = |cmd: &mut std::process::Command| -> Result<(), String> {
+        let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{cmd:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    };
+    run(std::process::Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&dir))?;
+    run(std::process::Command::new(dir.join("bin/pip"))
+        .args(["install", "--quiet", "--disable-pip-version-check", "-r"])
+        .arg(fixtures.join(pins)))?;
+    std::fs::write(dir.join(".complete"), b"").map_err(|e| e.to_string())?;
+    Ok(dir)
+}
+
+/// Each vendor's official Python SDK making a sandbox, running `echo hi` in it to its end and
+/// deleting it, `SDK_CYCLES` times after one warm-up: seconds per cycle, one line each.
+const SDK_CYCLE_PROGRAMS: [(&str, &str, &str); 3] = [
+    (
+        "e2b",
+        "pins-e2b-2.63.0.txt",
+        r#"
+import sys, time
+from e2b import Sandbox
+def cycle():
+    sb = Sandbox.create()
+    sb.commands.run("echo hi")
+    sb.kill()
+cycle()
+for _ in range(int(sys.argv[1])):
+    t = time.perf_counter(); cycle(); print(time.perf_counter() - t, flush=True)
+"#,
+    ),
+    (
+        "daytona",
+        "pins-daytona-0.226.1.txt",
+        r#"
+import sys, time
+from daytona import Daytona
+d = Daytona()
+def cycle():
+    sb = d.create()
+    sb.process.exec("echo hi")
+    d.delete(sb)
+cycle()
+for _ in range(int(sys.argv[1])):
+    t = time.perf_counter(); cycle(); print(time.perf_counter() - t, flush=True)
+"#,
+    ),
+    (
+        "blaxel",
+        "pins-blaxel-0.4.24.txt",
+        r#"
+import asyncio, os, sys, time
+from blaxel.core import SandboxInstance
+async def cycle(n):
+    sb = await SandboxInstance.create({"name": f"bench-{os.getpid()}-{n}"})
+    await sb.process.exec({"command": "echo hi", "wait_for_completion": True})
+    await SandboxInstance.delete(sb.metadata.name)
+async def main():
+    await cycle(-1)
+    for n in range(int(sys.argv[1])):
+        t = time.perf_counter(); await cycle(n); print(time.perf_counter() - t, flush=True)
+asyncio.run(main())
+"#,
+    ),
+];
+
+/// One vendor's `sdk-cycle` samples, with `vars` (what `sandcove env VENDOR` prints) as the
+/// program's only environment besides `PATH` and `HOME`; `Err` says why the row was skipped.
+fn sdk_cycles(vendor: &str, vars: &[(String, String)]) -> Result<Vec<Duration>, String> {
+    let (_, pins, program) = SDK_CYCLE_PROGRAMS
+        .iter()
+        .find(|(v, _, _)| *v == vendor)
+        .ok_or("no program")?;
+    let venv = bench_venv(pins).map_err(|e| format!("skipped: cannot provision {pins}: {e}"))?;
+    let out = std::process::Command::new(venv.join("bin/python"))
+        .args(["-c", program, &SDK_CYCLES.to_string()])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", std::env::var_os("HOME").unwrap_or_default())
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .envs(vars.iter().map(|(k, v)| (k, v)))
+        .output()
+        .map_err(|e| format!("{vendor}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the {vendor} SDK program failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            l.trim()
+                .parse::<f64>()
+                .map(Duration::from_secs_f64)
+                .map_err(|e| format!("{l:?}: {e}"))
+        })
+        .collect()
+}
+
 /// `POST /api/sandbox` on the Daytona listener, timed to its answer (what the SDK's
 /// `create()` waits for at least), then deleted.
 async fn daytona_wire_create(
@@ -1016,6 +1138,94 @@ async fn main() -> Result<(), BoxError> {
             Err(why) => println!("daytona-sdk-create ({language}): {why}"),
         }
     }
+
+    // The three vendors' official Python SDKs, create → first command to its end → delete,
+    // each through its listener exactly as `sandcove env VENDOR` points it (Blaxel's through
+    // the listener's HTTPS proxy and the Sandcove CA, as `sandcove serve --blaxel` serves it).
+    let blaxel_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let blaxel_origin = format!("http://{}", blaxel_listener.local_addr()?);
+    let ca_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("bench-blaxel-ca-{}", std::process::id()));
+    let ca = sandcove::server::intercept::SandcoveCa::open(
+        &ca_dir,
+        &["api.blaxel.ai", "run.blaxel.ai"],
+    )?;
+    let mut blaxel_config = blaxel::wire::WireConfig::new(key.clone(), blaxel_origin.clone());
+    blaxel_config.workspace = "sandcove".into();
+    let (blaxel_stop_tx, blaxel_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let blaxel_server = tokio::spawn(sandcove::server::serve_router_intercepting(
+        blaxel_listener,
+        blaxel::wire::router(local.clone(), blaxel_config),
+        sandcove::server::ConnectionLimits {
+            max_connections: 64,
+            head_timeout: Duration::from_secs(10),
+            body_idle_timeout: Duration::from_secs(60),
+            write_stall_timeout: Duration::from_secs(60),
+            upstream_answer_timeout: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(1),
+            tls: None,
+        },
+        ca,
+        async move {
+            let _ = blaxel_stop_rx.await;
+        },
+    ));
+    let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
+    let trust = match sandcove::server::intercept::ssl_cert_dir(&ca_dir) {
+        Some(dirs) => pair("SSL_CERT_DIR", &dirs),
+        None => pair(
+            "SSL_CERT_FILE",
+            &sandcove::server::intercept::bundle_path(&ca_dir)
+                .display()
+                .to_string(),
+        ),
+    };
+    let vendors = [
+        (
+            "e2b",
+            vec![
+                pair("E2B_API_URL", &e2b_url),
+                pair("E2B_SANDBOX_URL", &e2b_url),
+                pair("E2B_API_KEY", &key),
+            ],
+        ),
+        (
+            "daytona",
+            vec![
+                pair("DAYTONA_API_URL", &daytona_api),
+                pair("DAYTONA_API_KEY", &key),
+            ],
+        ),
+        (
+            "blaxel",
+            vec![
+                pair("BL_WORKSPACE", "sandcove"),
+                pair("BL_API_KEY", &key),
+                pair("HTTPS_PROXY", &blaxel_origin),
+                trust,
+            ],
+        ),
+    ];
+    for (vendor, vars) in vendors {
+        match tokio::task::spawn_blocking(move || sdk_cycles(vendor, &vars)).await? {
+            Ok(samples) => {
+                let mut row = Row::new("sdk-cycle", "");
+                row.samples = samples;
+                println!(
+                    "sdk-cycle ({vendor}): official Python SDK create → `echo hi` to its end → \
+                     delete, {} cycles: p50 {} ms, p95 {} ms",
+                    row.samples.len(),
+                    ms(row.pct(0.5)),
+                    ms(row.pct(0.95)),
+                );
+            }
+            Err(why) => println!("sdk-cycle ({vendor}): {why}"),
+        }
+    }
+    let _ = blaxel_stop_tx.send(());
+    let _ = blaxel_server.await;
+    let _ = std::fs::remove_dir_all(&ca_dir);
+
     let _ = daytona_stop_tx.send(());
     let _ = daytona_server.await;
 
