@@ -129,27 +129,9 @@ finally:
 "#;
     let python = match std::env::var_os("SANDCOVE_BENCH_PYTHON") {
         Some(p) => std::path::PathBuf::from(p),
-        None => {
-            // The virtualenv the official-SDK tests provision (cli/tests/e2b_sdk.rs).
-            let sdk = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("sdk");
-            let found = std::fs::read_dir(&sdk).ok().and_then(|dir| {
-                dir.filter_map(|e| e.ok()).map(|e| e.path()).find(|p| {
-                    p.file_name()
-                        .is_some_and(|n| n.to_string_lossy().starts_with("py-pins-e2b-2.63.0-"))
-                        && p.join(".complete").exists()
-                })
-            });
-            match found {
-                Some(venv) => venv.join("bin/python"),
-                None => {
-                    return Err(format!(
-                        "skipped: no Python with the pinned e2b SDK (set SANDCOVE_BENCH_PYTHON, \
-                         or run `cargo test -p sandcove-cli --test it -- e2b_sdk::` once to provision {})",
-                        sdk.display()
-                    ))
-                }
-            }
-        }
+        None => bench_venv("pins-e2b-2.63.0.txt")
+            .map_err(|e| format!("skipped: cannot provision the pinned e2b SDK: {e}"))?
+            .join("bin/python"),
     };
     let out = std::process::Command::new(&python)
         .args(["-c", PROGRAM])
@@ -231,10 +213,8 @@ for (let i = 0; i < Number(process.argv[2]); i++) {
 }
 "#;
     let mut cmd = if language == "python" {
-        let venv = provisioned("py-pins-daytona-").ok_or(
-            "skipped: no Python with the pinned daytona SDK (run `cargo test -p sandcove-cli \
-             --test it -- daytona_sdk::` once to provision it)",
-        )?;
+        let venv = bench_venv("pins-daytona-0.226.1.txt")
+            .map_err(|e| format!("skipped: cannot provision the pinned daytona SDK: {e}"))?;
         let mut c = std::process::Command::new(venv.join("bin/python"));
         c.args(["-c", PYTHON, &DAYTONA_CREATES.to_string()]);
         c
