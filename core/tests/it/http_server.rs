@@ -170,6 +170,13 @@ impl Backend for Refuser {
     ) -> Result<PreviewToken> {
         self.no("create_preview_token")
     }
+    async fn create_file_url(
+        &self,
+        _: &str,
+        _: sandcove::FileUrlOptions,
+    ) -> Result<sandcove::FileUrl> {
+        self.no("create_file_url")
+    }
     async fn revoke_preview_token(&self, _: &str, _: u16, _: &str) -> Result<()> {
         self.no("revoke_preview_token")
     }
