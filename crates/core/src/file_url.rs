@@ -16,7 +16,7 @@
 //! parameter if any, a multipart upload's file name) before any effect, then streams through a
 //! [`FileAccess`], the file API with its path confinement, user checks and bounds. A refusal
 //! is an [`Error`] (unknown, tampered or expired token `401 unauthenticated`, another
-//! operation or path `403 forbidden`) as a JSON [`ErrorBody`](sandcove_core::ErrorBody).
+//! operation or path `403 forbidden`) as a JSON [`ErrorBody`](crate::ErrorBody).
 
 use std::sync::Arc;
 
