@@ -14,7 +14,7 @@
 //! | [`products`] | `Volume`, `Template`, `Secret`, `sandbox.git`: refused |
 //! | [`code_interpreter`] | `e2b_code_interpreter`: stateful `run_code` and code contexts |
 //! | [`errors`] | [`SandboxException`] and [`CommandExitException`] |
-//! | [`transfer`] | `upload_url` / `download_url`: file URLs served from the sandbox |
+//! | [`transfer`] | `upload_url` / `download_url`: the runtime's signed file URLs |
 //! | [`translate`] | pure translation of paths, envs, exit statuses and Python-style printing |
 //! | [`gaps`] | the E2B features Sandcove refuses, with what to do instead |
 //! | `wire` | (feature `wire`) E2B's wire protocol for the official SDKs, as an axum router |

@@ -12,12 +12,12 @@ use futures::{FutureExt, Stream, StreamExt};
 
 use crate::{
     capability::{CheckStatus, LeaseBounds},
-    Backend, ByteStream, Capabilities, CreateOptions, Error, Feature, FileStat, ListDirOptions,
-    ListOptions, Metrics, MkdirOptions, Output, Preview, PreviewOptions, PreviewToken,
-    ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, PtySize, ReadOptions,
-    RemoveOptions, RenameOptions, Result, SandboxInfo, Signal, SnapshotInfo, StatOptions,
-    VolumeInfo, WatchOptions, WatchStream, WriteOptions, DEFAULT_MEMORY_FILE_BYTES,
-    DEFAULT_OUTPUT_LIMIT, MAX_MEMORY_FILE_BYTES,
+    Backend, ByteStream, Capabilities, CreateOptions, Error, Feature, FileStat, FileUrl,
+    FileUrlOptions, ListDirOptions, ListOptions, Metrics, MkdirOptions, Output, Preview,
+    PreviewOptions, PreviewToken, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec,
+    ProcessStream, PtySize, ReadOptions, RemoveOptions, RenameOptions, Result, SandboxInfo, Signal,
+    SnapshotInfo, StatOptions, VolumeInfo, WatchOptions, WatchStream, WriteOptions,
+    DEFAULT_MEMORY_FILE_BYTES, DEFAULT_OUTPUT_LIMIT, MAX_MEMORY_FILE_BYTES,
 };
 use crate::{
     ChmodOptions, CopyOptions, PreviewTokenOptions, ResizePtyOptions, SetLabelsOptions,
@@ -514,6 +514,29 @@ impl Sandbox {
     pub async fn close_preview(&self, port: u16) -> Result<()> {
         self.require(Feature::Previews).await?;
         self.backend.close_preview(&self.id, port).await
+    }
+
+    /// A signed URL for one operation on one path of this sandbox, as one user, until
+    /// `options.expires_at` (at most
+    /// [`MAX_FILE_URL_TTL`](crate::MAX_FILE_URL_TTL) ahead) or the sandbox's end: whoever
+    /// holds it reads the file with a plain `GET` or writes it with `PUT`/`POST` (the raw
+    /// body, or one `file` part of a `multipart/form-data` body), no other credential needed.
+    /// It is served outside the sandbox (the embedded engine's monitor, or `sandcove serve`)
+    /// through the file API, with its path confinement, user checks and bounds; nothing runs
+    /// in the sandbox for it. A request for another operation or path is refused before any
+    /// effect, as is a tampered, expired or destroyed sandbox's URL.
+    ///
+    /// ```no_run
+    /// # async fn f(sandbox: sandcove::Sandbox) -> sandcove::Result<()> {
+    /// use sandcove::FileUrlOptions;
+    /// let upload = sandbox.file_url(FileUrlOptions::write("report.csv")).await?;
+    /// println!("curl -T report.csv {}", upload.url);
+    /// # Ok(()) }
+    /// ```
+    pub async fn file_url(&self, options: FileUrlOptions) -> Result<FileUrl> {
+        options.validate(crate::now_millis())?;
+        self.require(Feature::FileUrls).await?;
+        self.backend.create_file_url(&self.id, options).await
     }
 
     /// Another token for the private preview of `port`, valid until `expires_at` (ms since

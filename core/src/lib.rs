@@ -60,6 +60,7 @@ pub use sandcove_core::capability::{
     Capabilities, CheckStatus, Feature, Guarantees, LeaseBounds, HOST_BASE_TEMPLATES,
 };
 pub use sandcove_core::error::{Error, ErrorBody, ErrorCode, Result};
+pub use sandcove_core::file_url;
 pub use sandcove_core::operation::{OperationId, OperationStatus};
 pub use sandcove_core::reference::{Reference, Reopened, ResourceKind, Tombstone};
 pub use sandcove_core::types::*;

@@ -36,13 +36,45 @@ enum Presented {
     Nothing,
     WrongKey,
     ServerKey,
+    /// A valid signed file URL for the request's operation: presented as the path of the
+    /// routes that take one (`{signed}`), not presentable elsewhere.
+    SignedUrl,
 }
 
+/// What a request's headers can carry.
 const PRESENTED: [Presented; 3] = [
     Presented::Nothing,
     Presented::WrongKey,
     Presented::ServerKey,
 ];
+
+/// Everything the matrix presents: the headers' kinds, and a signed URL where a route takes one.
+const MATRIX: [Presented; 4] = [
+    Presented::Nothing,
+    Presented::WrongKey,
+    Presented::ServerKey,
+    Presented::SignedUrl,
+];
+
+/// Whether `presented` can be presented on `route` at all.
+fn presentable(route: &RouteAuth, presented: Presented) -> bool {
+    presented != Presented::SignedUrl || route.path.contains("{signed}")
+}
+
+/// `route`'s path for sandbox `sandbox`, presenting `presented`: a signed URL's route gets a
+/// valid token signed with the server's key for `sandbox` and the route's operation.
+fn path_for(route: &RouteAuth, listener: &Listener, sandbox: &str, presented: Presented) -> String {
+    if presented != Presented::SignedUrl {
+        return fill(&route.path, listener.sandbox_params, sandbox);
+    }
+    let options = match route.method {
+        Some(Method::GET) => sandcove::FileUrlOptions::read(MARKER_PATH),
+        _ => sandcove::FileUrlOptions::write(MARKER_PATH),
+    };
+    let key = sandcove::file_url::FileUrlKey::derived_from(KEY.as_bytes());
+    let token = key.sign(&sandcove::FileGrant::new(sandbox, &options));
+    route.path.replace("{signed}", &token)
+}
 
 /// What the table says a request presenting `presented` gets on `route`: through, or the
 /// refusal's status. Worked out here from `accepts` alone: no credential passes only where
@@ -55,6 +87,8 @@ fn expected(route: &RouteAuth, presented: Presented) -> Result<(), u16> {
         Presented::Nothing | Presented::WrongKey => Err(401),
         Presented::ServerKey if route.accepts.contains(&Principal::ServerKey) => Ok(()),
         Presented::ServerKey => Err(403),
+        Presented::SignedUrl if route.accepts.contains(&Principal::SignedUrl) => Ok(()),
+        Presented::SignedUrl => Err(403),
     }
 }
 
@@ -64,7 +98,10 @@ fn assert_presentable(listener: &str, table: &[RouteAuth]) {
     for route in table {
         for p in route.accepts {
             assert!(
-                matches!(p, Principal::ServerKey | Principal::Anonymous),
+                matches!(
+                    p,
+                    Principal::ServerKey | Principal::Anonymous | Principal::SignedUrl
+                ),
                 "{listener}: {} {} accepts {p:?}, which this matrix does not present yet",
                 route.method_name(),
                 route.path
@@ -327,6 +364,8 @@ async fn send(
         Presented::ServerKey => {
             request = request.header(listener.key_header, format!("Bearer {KEY}"))
         }
+        // The URL is the credential: nothing more to send.
+        Presented::SignedUrl => {}
     }
     if matches!(*method, Method::POST | Method::PUT | Method::PATCH) {
         request = request.json(&json!({}));
@@ -362,11 +401,14 @@ async fn run_matrix(
     let mut refused = 0;
     for route in &routes {
         let method = route.method.clone().expect("a routed route has a method");
-        for presented in PRESENTED {
+        for presented in MATRIX {
+            if !presentable(route, presented) {
+                continue;
+            }
             let Err(status) = expected(route, presented) else {
                 continue;
             };
-            let path = fill(&route.path, listener.sandbox_params, &victim.name);
+            let path = path_for(route, listener, &victim.name, presented);
             let (got, body) = send(http, base, listener, &method, &path, presented).await;
             assert_eq!(
                 got, status,
@@ -401,11 +443,11 @@ async fn run_matrix(
     let mut accepted = 0;
     for route in &routes {
         let method = route.method.clone().expect("a routed route has a method");
-        for presented in PRESENTED {
-            if expected(route, presented).is_err() {
+        for presented in MATRIX {
+            if !presentable(route, presented) || expected(route, presented).is_err() {
                 continue;
             }
-            let path = fill(&route.path, listener.sandbox_params, ABSENT);
+            let path = path_for(route, listener, ABSENT, presented);
             let (got, body) = send(http, base, listener, &method, &path, presented).await;
             assert!(
                 got != 401 && got != 403,
@@ -542,6 +584,7 @@ async fn check_event_socket(env: &Env, route: &RouteAuth) {
             Presented::Nothing => json!({}),
             Presented::WrongKey => json!({"token": format!("{KEY}-wrong")}),
             Presented::ServerKey => json!({"token": KEY}),
+            Presented::SignedUrl => unreachable!("not a header credential"),
         };
         ws_send(&mut conn, &format!("40{packet}")).await;
         let answer = ws_read_text(&mut conn).await;
@@ -662,6 +705,7 @@ async fn assert_table_covers_router(
     let served =
         |r: &RouteAuth| r.method.is_some() && r.path.starts_with('/') && !r.path.contains(' ');
     let mut probes: Vec<(Method, String)> = Vec::new();
+    let mut refused_paths = BTreeSet::new();
     for path in outside {
         assert!(
             !listener.table.iter().any(|r| r.path == *path),
@@ -677,6 +721,14 @@ async fn assert_table_covers_router(
         .filter(|r| served(r))
         .map(|r| r.path.as_str())
         .collect();
+    // A path whose routes take no server key (a signed URL's) refuses it on any method.
+    let key_refused = |path: &str| {
+        listener
+            .table
+            .iter()
+            .filter(|r| r.path == path)
+            .all(|r| !r.accepts.contains(&Principal::ServerKey))
+    };
     for path in paths {
         for method in [
             Method::GET,
@@ -691,6 +743,9 @@ async fn assert_table_covers_router(
                 .any(|r| r.path == path && r.method.as_ref() == Some(&method));
             if !declared {
                 probes.push((method, fill(path, listener.sandbox_params, ABSENT)));
+                if key_refused(path) {
+                    refused_paths.insert(fill(path, listener.sandbox_params, ABSENT));
+                }
             }
         }
     }
@@ -705,10 +760,11 @@ async fn assert_table_covers_router(
                     listener.name
                 ),
                 Presented::ServerKey => assert!(
-                    found.contains(&got),
+                    found.contains(&got) || (got == 403 && refused_paths.contains(path)),
                     "{}: {method} {path} is not in the table but answered {got}",
                     listener.name
                 ),
+                Presented::SignedUrl => unreachable!("not a header credential"),
             }
         }
     }

@@ -371,10 +371,10 @@ impl SandboxInstance {
     }
 
     /// `sbx.upload_url(path=None, user=None, use_signature_expiration=None)`: a URL that
-    /// takes a `POST` multipart/form-data upload (field `file`) into `path` (`""`: the
-    /// part's filename), with no other credential. Unlike E2B's pure function it starts the
-    /// sandbox's file server and exposes it (so it is `async`); it needs the runtime's
-    /// previews.
+    /// takes a `POST` (or `PUT`) multipart/form-data upload (field `file`) or raw body into
+    /// `path`, with no other credential: the runtime's signed file URL
+    /// ([`sandcove::Sandbox::file_url`]), served outside the sandbox. Unlike E2B's pure
+    /// function it asks the runtime to sign (so it is `async`); a path is required.
     pub fn upload_url(&self, path: impl Into<String>) -> crate::transfer::FileUrlBuilder {
         crate::transfer::FileUrlBuilder::upload(self.ctx.clone(), path.into())
     }

@@ -170,6 +170,13 @@ impl Backend for Refuser {
     ) -> Result<PreviewToken> {
         self.no("create_preview_token")
     }
+    async fn create_file_url(
+        &self,
+        _: &str,
+        _: sandcove::FileUrlOptions,
+    ) -> Result<sandcove::FileUrl> {
+        self.no("create_file_url")
+    }
     async fn revoke_preview_token(&self, _: &str, _: u16, _: &str) -> Result<()> {
         self.no("revoke_preview_token")
     }
@@ -209,6 +216,14 @@ impl Backend for Refuser {
 const KEY: &str = "the-right-key";
 
 /// Every async method of the `Backend` trait.
+/// The native API's signed file URL operations (see `every_documented_route_reaches_its_backend_method`).
+const SIGNED_URL_OPS: [&str; 4] = [
+    "create_file_url",
+    "read_file_url",
+    "write_file_url",
+    "post_file_url",
+];
+
 const METHODS: [&str; 44] = [
     "create",
     "get",
@@ -342,7 +357,13 @@ async fn every_documented_route_reaches_its_backend_method() {
     let refuser = Arc::new(Refuser::default());
     let server = start(refuser.clone(), ServerConfig::new(KEY)).await;
     let doc = fetch_document(&server).await;
-    let ops = operations(&doc);
+    // Signed file URLs are the server's own: it signs them with its key (asking the backend
+    // only whether the sandbox exists) and serves them with the backend's file calls, the
+    // URL alone as credential (the conformance suite and the authorization matrix cover them).
+    let ops: Vec<_> = operations(&doc)
+        .into_iter()
+        .filter(|o| !SIGNED_URL_OPS.contains(&o.2.as_str()))
+        .collect();
     let mut documented: Vec<&str> = ops.iter().map(|o| o.2.as_str()).collect();
     documented.sort_unstable();
     let mut expected: Vec<&str> = METHODS.to_vec();

@@ -349,6 +349,13 @@ impl Backend for PodAgents {
     ) -> Result<PreviewToken> {
         Err(unsupported("previews"))
     }
+    async fn create_file_url(
+        &self,
+        _: &str,
+        _: sandcove::FileUrlOptions,
+    ) -> Result<sandcove::FileUrl> {
+        Err(unsupported("file URLs"))
+    }
     async fn revoke_preview_token(&self, _id: &str, _port: u16, _token: &str) -> Result<()> {
         Err(unsupported("previews"))
     }

@@ -2,7 +2,8 @@
 //! ([`proto`]), its client [`client::RemoteAgent`], the sandbox-scoped backend calls passed
 //! to it ([`agent_backend::AgentBackend`]), the preview proxy that serves a sandbox port over
 //! a token-checked listener ([`preview`]) and the bounded forwarding to a sandbox port it
-//! shares with E2B's `get_host` ([`forward`]), and the in-pod agent's contract ([`pod`]).
+//! shares with E2B's `get_host` ([`forward`]), the engine's listener for signed file URLs
+//! ([`file_url`]), and the in-pod agent's contract ([`pod`]).
 //!
 //! The embedded engine (`sandcove-engine`) and the Kubernetes backend (`sandcove-kube`) both
 //! build on this crate, and neither on the other: the Kubernetes backend never compiles the
@@ -13,6 +14,7 @@
 
 pub mod agent_backend;
 pub mod client;
+pub mod file_url;
 pub mod forward;
 pub mod pod;
 pub mod preview;

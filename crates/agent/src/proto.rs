@@ -155,6 +155,12 @@ pub enum MonitorRequest {
         /// The token's value.
         token: String,
     },
+    /// Sign a file URL served by the monitor's file-URL listener (bound on first use);
+    /// replies `FileUrl`.
+    FileUrl {
+        /// What the URL is for.
+        options: sandcove_core::FileUrlOptions,
+    },
     /// Hand a warm-pool sandbox to its claimer: its options (name, envs, labels, user,
     /// lease, annotations) and users replace the pool's, its lease and creation time start
     /// now, and it becomes visible to `list`. Refused unless the sandbox is an unclaimed pool
@@ -355,6 +361,11 @@ pub enum MonitorReply {
     Token {
         /// It.
         token: PreviewToken,
+    },
+    /// A signed file URL.
+    FileUrl {
+        /// It.
+        url: sandcove_core::FileUrl,
     },
 }
 

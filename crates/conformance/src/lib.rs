@@ -99,6 +99,7 @@ macro_rules! conformance_tests {
             stop_ends_processes_keeps_files_and_start_runs_again,
             stop_pauses_the_lease,
             preview_tokens_are_bounded_and_never_reach_the_sandbox,
+            file_urls_move_one_file_outside_the_sandbox,
         );
         $crate::conformance_tests!(@client_cases $make;
             check_create_evaluates_without_allocating,
@@ -516,6 +517,7 @@ fn free_host_port() -> u16 {
 
 mod annotations;
 mod client;
+mod file_urls;
 mod files;
 mod isolation;
 mod lifecycle;
@@ -531,6 +533,7 @@ mod warm_pool;
 
 pub use self::annotations::*;
 pub use self::client::*;
+pub use self::file_urls::*;
 pub use self::files::*;
 pub use self::isolation::*;
 pub use self::lifecycle::*;

@@ -22,13 +22,13 @@ use async_trait::async_trait;
 use futures::Stream;
 
 use crate::{
-    AnnotationUpdate, Capabilities, ChmodOptions, CopyOptions, CreateOptions, FileStat, FsEvent,
-    ListDirOptions, ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus, Preview,
-    PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessEvent, ProcessInfo, ProcessSelector,
-    ProcessSpec, ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions, ResourceKind, Result,
-    SandboxInfo, SetLabelsOptions, SetOnTimeoutOptions, SetTimeoutOptions, SignalOptions,
-    SnapshotInfo, SnapshotOptions, StatOptions, Tombstone, VolumeInfo, WatchOptions, WriteOptions,
-    WriteStdinOptions,
+    AnnotationUpdate, Capabilities, ChmodOptions, CopyOptions, CreateOptions, FileStat, FileUrl,
+    FileUrlOptions, FsEvent, ListDirOptions, ListOptions, Metrics, MkdirOptions, OperationId,
+    OperationStatus, Preview, PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessEvent,
+    ProcessInfo, ProcessSelector, ProcessSpec, ReadOptions, RemoveOptions, RenameOptions,
+    ResizePtyOptions, ResourceKind, Result, SandboxInfo, SetLabelsOptions, SetOnTimeoutOptions,
+    SetTimeoutOptions, SignalOptions, SnapshotInfo, SnapshotOptions, StatOptions, Tombstone,
+    VolumeInfo, WatchOptions, WriteOptions, WriteStdinOptions,
 };
 
 /// A stream of byte chunks (file contents). Errors end the stream; a stream that ends without
@@ -248,6 +248,16 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// are refused. A token that is unknown (never issued, or already revoked) is
     /// [`Error::NotFound`](crate::Error::NotFound).
     async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()>;
+
+    /// A signed URL for one operation on one path of sandbox `id`
+    /// ([`FileUrlOptions`]), served outside the sandbox by the runtime's own listener (the
+    /// embedded engine's monitor, a server's listener) through the file API: the same path
+    /// confinement, user checks and bounds as a [`read_file`](Backend::read_file) or
+    /// [`write_file`](Backend::write_file) call. Nothing runs in the sandbox for it; the URL
+    /// stops working when it expires or the sandbox is destroyed. A runtime without a
+    /// listener for them answers [`Error::NotSupported`](crate::Error::NotSupported)
+    /// ([`Capabilities::file_urls`](crate::Capabilities::file_urls)).
+    async fn create_file_url(&self, id: &str, options: FileUrlOptions) -> Result<FileUrl>;
 
     // ----- snapshots and fork -----
 

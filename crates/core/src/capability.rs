@@ -58,6 +58,11 @@ pub struct Capabilities {
     pub snapshot_memory: bool,
     /// Ports can be exposed as preview URLs.
     pub previews: bool,
+    /// Signed file URLs ([`Backend::create_file_url`](crate::Backend::create_file_url)):
+    /// one path of one sandbox, read or written with a plain HTTP request, served outside
+    /// the sandbox.
+    #[serde(default)]
+    pub file_urls: bool,
     /// Filesystem snapshots and fork.
     pub snapshots: bool,
     /// Named persistent volumes.
@@ -117,6 +122,7 @@ impl Capabilities {
             lease_stop: false,
             snapshot_memory: false,
             previews: false,
+            file_urls: false,
             snapshots: false,
             volumes: false,
             watch: false,
@@ -233,6 +239,8 @@ pub enum Feature {
     SnapshotMemory,
     /// Preview URLs ([`Capabilities::previews`]).
     Previews,
+    /// Signed file URLs ([`Capabilities::file_urls`]).
+    FileUrls,
     /// Snapshots and fork ([`Capabilities::snapshots`]).
     Snapshots,
     /// Named volumes ([`Capabilities::volumes`]).
@@ -261,6 +269,7 @@ impl Feature {
             Feature::LeaseStop => "a lease that stops the sandbox (on_timeout: Stop)",
             Feature::SnapshotMemory => "snapshots that keep processes and memory",
             Feature::Previews => "preview URLs",
+            Feature::FileUrls => "signed file URLs",
             Feature::Snapshots => "snapshots and fork",
             Feature::Volumes => "named volumes",
             Feature::Watch => "directory watches",
@@ -290,6 +299,10 @@ impl Feature {
             Feature::Previews => {
                 "reach the port from a process inside the sandbox, or use a backend with previews"
             }
+            Feature::FileUrls => {
+                "move the file with the file API (read_file / write_file), or serve the runtime \
+                 with `sandcove serve`, whose listener serves signed file URLs"
+            }
             Feature::Snapshots => "create a new sandbox and copy the files in with the file API",
             Feature::Volumes => {
                 "keep shared files outside the sandbox and copy them in with the file API"
@@ -316,6 +329,7 @@ impl Capabilities {
             Feature::LeaseStop => self.lease_stop,
             Feature::SnapshotMemory => self.snapshot_memory,
             Feature::Previews => self.previews,
+            Feature::FileUrls => self.file_urls,
             Feature::Snapshots => self.snapshots,
             Feature::Volumes => self.volumes,
             Feature::Watch => self.watch,
@@ -595,6 +609,7 @@ mod tests {
             lease_stop: true,
             snapshot_memory: true,
             previews: true,
+            file_urls: true,
             snapshots: true,
             volumes: true,
             watch: true,
@@ -616,6 +631,7 @@ mod tests {
             Feature::LeaseStop => &mut caps.lease_stop,
             Feature::SnapshotMemory => &mut caps.snapshot_memory,
             Feature::Previews => &mut caps.previews,
+            Feature::FileUrls => &mut caps.file_urls,
             Feature::Snapshots => &mut caps.snapshots,
             Feature::Volumes => &mut caps.volumes,
             Feature::Watch => &mut caps.watch,

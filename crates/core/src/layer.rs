@@ -34,12 +34,12 @@ use async_trait::async_trait;
 
 use crate::{
     AnnotationUpdate, Backend, ByteStream, Capabilities, ChmodOptions, CopyOptions, CreateOptions,
-    FileStat, ListDirOptions, ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus,
-    Preview, PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessInfo, ProcessSelector,
-    ProcessSpec, ProcessStream, ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions,
-    ResourceKind, Result, SandboxInfo, SetLabelsOptions, SetOnTimeoutOptions, SetTimeoutOptions,
-    SignalOptions, SnapshotInfo, SnapshotOptions, StatOptions, Tombstone, VolumeInfo, WatchOptions,
-    WatchStream, WriteOptions, WriteStdinOptions,
+    FileStat, FileUrl, FileUrlOptions, ListDirOptions, ListOptions, Metrics, MkdirOptions,
+    OperationId, OperationStatus, Preview, PreviewOptions, PreviewToken, PreviewTokenOptions,
+    ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, ReadOptions, RemoveOptions,
+    RenameOptions, ResizePtyOptions, ResourceKind, Result, SandboxInfo, SetLabelsOptions,
+    SetOnTimeoutOptions, SetTimeoutOptions, SignalOptions, SnapshotInfo, SnapshotOptions,
+    StatOptions, Tombstone, VolumeInfo, WatchOptions, WatchStream, WriteOptions, WriteStdinOptions,
 };
 
 /// A backend wrapping [`Layer::inner`]: every [`Backend`] call, passed on unchanged unless the
@@ -295,6 +295,11 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
         self.inner().fork(id, options).await
     }
 
+    /// [`Backend::create_file_url`], passed to [`Layer::inner`] unless overridden.
+    async fn create_file_url(&self, id: &str, options: FileUrlOptions) -> Result<FileUrl> {
+        self.inner().create_file_url(id, options).await
+    }
+
     /// [`Backend::create_volume`], passed to [`Layer::inner`] unless overridden.
     async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {
         self.inner().create_volume(name).await
@@ -531,6 +536,10 @@ impl<L: Layer> Backend for L {
 
     async fn fork(&self, id: &str, options: CreateOptions) -> Result<SandboxInfo> {
         Layer::fork(self, id, options).await
+    }
+
+    async fn create_file_url(&self, id: &str, options: FileUrlOptions) -> Result<FileUrl> {
+        Layer::create_file_url(self, id, options).await
     }
 
     async fn create_volume(&self, name: &str) -> Result<VolumeInfo> {

@@ -23,6 +23,7 @@
 //! | [`operation`] | [`OperationId`]s of calls with a remote effect |
 //! | [`reference`](mod@reference) | saved [`Reference`]s that a later program reopens, and tombstones |
 //! | [`wire`] | the native HTTP API's routes, frames and request bodies |
+//! | [`file_url`] | signed file URLs: the token, its key, and the one code serving them |
 //! | [`listen`] | accept loops with a connection cap, shared by every listener |
 
 #![forbid(unsafe_code)]
@@ -30,6 +31,7 @@
 pub mod backend;
 pub mod capability;
 pub mod error;
+pub mod file_url;
 pub mod layer;
 pub mod listen;
 pub mod operation;

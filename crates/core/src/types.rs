@@ -272,6 +272,230 @@ pub struct PreviewTokenOptions {
     pub expires_at: Option<UnixMillis>,
 }
 
+/// The one operation a signed file URL allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileUrlOperation {
+    /// `GET` the file's bytes.
+    Read,
+    /// `PUT` or `POST` the file's new bytes (a raw body, or one `file` part of a
+    /// `multipart/form-data` body).
+    Write,
+}
+
+impl FileUrlOperation {
+    /// `read` or `write`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FileUrlOperation::Read => "read",
+            FileUrlOperation::Write => "write",
+        }
+    }
+}
+
+/// Longest path a signed file URL names, in bytes (the URL carries it).
+pub const MAX_FILE_URL_PATH_BYTES: usize = 4096;
+
+/// Longest a signed file URL may stay valid: 7 days, as E2B's and S3's pre-signed URLs.
+pub const MAX_FILE_URL_TTL: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// What a signed file URL is for ([`Backend::create_file_url`](crate::Backend::create_file_url)):
+/// one path, one operation, one user, until an optional expiry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct FileUrlOptions {
+    /// The path, as the file API takes it (relative paths are under the sandbox's home).
+    pub path: String,
+    /// What the URL does.
+    pub operation: FileUrlOperation,
+    /// The sandbox user the transfer runs as (see [`ReadOptions::user`]); `None`: the file
+    /// API's own identity, as a call without a user.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// When the URL stops working, in ms since the epoch; `None` lasts as long as the
+    /// sandbox. At most [`MAX_FILE_URL_TTL`] from now.
+    #[serde(default)]
+    pub expires_at: Option<UnixMillis>,
+    /// Largest upload a write URL takes, in bytes (the backend's own bound applies too).
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
+}
+
+impl FileUrlOptions {
+    /// A URL that reads `path`.
+    pub fn read(path: impl Into<String>) -> Self {
+        FileUrlOptions {
+            path: path.into(),
+            operation: FileUrlOperation::Read,
+            user: None,
+            expires_at: None,
+            max_bytes: None,
+        }
+    }
+
+    /// A URL that writes `path` (parents created, an existing file replaced).
+    pub fn write(path: impl Into<String>) -> Self {
+        FileUrlOptions {
+            operation: FileUrlOperation::Write,
+            ..FileUrlOptions::read(path)
+        }
+    }
+
+    /// Transfer as sandbox user `user`.
+    pub fn user(mut self, user: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self
+    }
+
+    /// Stop working at `at` (ms since the epoch).
+    pub fn expires_at(mut self, at: UnixMillis) -> Self {
+        self.expires_at = Some(at);
+        self
+    }
+
+    /// Take at most `bytes` bytes (a write URL).
+    pub fn max_bytes(mut self, bytes: u64) -> Self {
+        self.max_bytes = Some(bytes);
+        self
+    }
+
+    /// Refuse options no URL can be made of, before any effect: an empty, too long or
+    /// NUL-carrying path or user, an expiry not in the future or beyond [`MAX_FILE_URL_TTL`].
+    pub fn validate(&self, now: UnixMillis) -> crate::Result<()> {
+        if self.path.is_empty() || self.path.len() > MAX_FILE_URL_PATH_BYTES {
+            return Err(crate::Error::invalid(format!(
+                "a signed file URL needs a path of 1 to {MAX_FILE_URL_PATH_BYTES} bytes"
+            )));
+        }
+        if self.path.contains('\0') {
+            return Err(crate::Error::invalid("a path cannot contain NUL"));
+        }
+        if let Some(user) = &self.user {
+            if user.is_empty() || user.len() > 256 || user.contains('\0') {
+                return Err(crate::Error::invalid(format!("bad user name {user:?}")));
+            }
+        }
+        if let Some(at) = self.expires_at {
+            let max = now.saturating_add(MAX_FILE_URL_TTL.as_millis() as u64);
+            if at <= now || at > max {
+                return Err(crate::Error::invalid(format!(
+                    "a signed file URL must expire in the future and at most {}s from now \
+                     (expires_at {at} is {})",
+                    MAX_FILE_URL_TTL.as_secs(),
+                    if at <= now { "past" } else { "too far" }
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A signed file URL ([`Backend::create_file_url`](crate::Backend::create_file_url)). The URL
+/// is the credential: whoever holds it may do its one operation on its one path, until it
+/// expires or the sandbox is destroyed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct FileUrl {
+    /// The URL: `GET` it (read) or `PUT`/`POST` to it (write).
+    pub url: String,
+    /// The path it is for.
+    pub path: String,
+    /// What it does.
+    pub operation: FileUrlOperation,
+    /// When it stops working; `None` lasts as long as the sandbox.
+    pub expires_at: Option<UnixMillis>,
+}
+
+impl FileUrl {
+    /// A URL record.
+    pub fn new(url: String, grant: &FileGrant) -> Self {
+        FileUrl {
+            url,
+            path: grant.path.clone(),
+            operation: grant.operation,
+            expires_at: grant.expires_at,
+        }
+    }
+}
+
+/// What a verified signed file URL allows: the content its signature covers. Whoever serves
+/// signed URLs verifies one into this and checks each request against it
+/// ([`FileGrant::check`]) before any effect.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileGrant {
+    /// The sandbox.
+    #[serde(rename = "s")]
+    pub sandbox: String,
+    /// The path.
+    #[serde(rename = "p")]
+    pub path: String,
+    /// The operation.
+    #[serde(rename = "o")]
+    pub operation: FileUrlOperation,
+    /// The user.
+    #[serde(rename = "u", default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// The expiry (ms since the epoch).
+    #[serde(rename = "e", default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<UnixMillis>,
+    /// The largest upload.
+    #[serde(rename = "m", default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    /// A random nonce, so two URLs for the same grant differ.
+    #[serde(rename = "n", default)]
+    pub nonce: String,
+}
+
+impl FileGrant {
+    /// The grant of `options` for sandbox `sandbox`, with a fresh nonce.
+    pub fn new(sandbox: impl Into<String>, options: &FileUrlOptions) -> Self {
+        FileGrant {
+            sandbox: sandbox.into(),
+            path: options.path.clone(),
+            operation: options.operation,
+            user: options.user.clone(),
+            expires_at: options.expires_at,
+            max_bytes: options.max_bytes,
+            nonce: random_id(16),
+        }
+    }
+
+    /// Whether a request doing `operation` on `path` (`None`: the request names none and
+    /// takes the grant's) at `now` is covered: an expired grant is
+    /// [`Error::Unauthenticated`](crate::Error::Unauthenticated), another operation or path
+    /// [`Error::Forbidden`](crate::Error::Forbidden).
+    pub fn check(
+        &self,
+        operation: FileUrlOperation,
+        path: Option<&str>,
+        now: UnixMillis,
+    ) -> crate::Result<()> {
+        if self.expires_at.is_some_and(|at| at <= now) {
+            return Err(crate::Error::Unauthenticated {
+                message: "this signed file URL has expired".into(),
+            });
+        }
+        if operation != self.operation {
+            return Err(crate::Error::Forbidden {
+                what: format!(
+                    "this signed URL is for {}ing {}, not {}ing",
+                    self.operation.name().trim_end_matches('e'),
+                    self.path,
+                    operation.name().trim_end_matches('e')
+                ),
+            });
+        }
+        if let Some(other) = path.filter(|p| *p != self.path) {
+            return Err(crate::Error::Forbidden {
+                what: format!("this signed URL is for {} only, not {other}", self.path),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// A sandbox port reachable from the host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Preview {

@@ -44,6 +44,11 @@ use crate::{Error, ErrorBody, ErrorCode};
 
 /// Path prefix of every API route.
 pub const API_PREFIX: &str = "/v1";
+/// The path segment under [`API_PREFIX`] of the server's signed file URLs:
+/// `/v1/file-urls/{token}` (`GET` reads, `PUT` or `POST` writes). A sandbox's are minted by
+/// `POST /v1/sandboxes/{id}/file-urls`, which answers a [`FileUrl`](crate::FileUrl) whose
+/// `url` is that path; the client puts its own origin in front.
+pub const FILE_URLS_SEGMENT: &str = "file-urls";
 /// Path of the server's OpenAPI document.
 pub const OPENAPI_PATH: &str = "/openapi.json";
 /// Request header naming one logical operation (the [`OperationId`](crate::OperationId));

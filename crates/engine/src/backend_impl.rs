@@ -6,12 +6,12 @@ use async_trait::async_trait;
 use sandcove_agent::agent_backend::AgentBackend;
 use sandcove_core::{
     now_millis, AnnotationUpdate, Backend, ByteStream, Capabilities, ChmodOptions, CopyOptions,
-    CreateOptions, Error, FileStat, ListDirOptions, ListOptions, Metrics, MkdirOptions, Preview,
-    PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessInfo, ProcessSelector, ProcessSpec,
-    ProcessStream, ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions, Result,
-    SandboxInfo, SandboxState, SetLabelsOptions, SetOnTimeoutOptions, SetTimeoutOptions,
-    SignalOptions, SnapshotInfo, SnapshotOptions, StatOptions, TimeoutAction, VolumeInfo,
-    WatchOptions, WatchStream, WriteOptions, WriteStdinOptions, DEFAULT_OUTPUT_LIMIT,
+    CreateOptions, Error, FileStat, FileUrl, FileUrlOptions, ListDirOptions, ListOptions, Metrics,
+    MkdirOptions, Preview, PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessInfo,
+    ProcessSelector, ProcessSpec, ProcessStream, ReadOptions, RemoveOptions, RenameOptions,
+    ResizePtyOptions, Result, SandboxInfo, SandboxState, SetLabelsOptions, SetOnTimeoutOptions,
+    SetTimeoutOptions, SignalOptions, SnapshotInfo, SnapshotOptions, StatOptions, TimeoutAction,
+    VolumeInfo, WatchOptions, WatchStream, WriteOptions, WriteStdinOptions, DEFAULT_OUTPUT_LIMIT,
 };
 
 use crate::config::{SandboxDir, UidMapping};
@@ -35,6 +35,7 @@ impl Backend for LocalBackend {
         caps.pause = !self.unisolated;
         caps.lease_stop = !self.unisolated;
         caps.previews = true;
+        caps.file_urls = true;
         caps.snapshots = !self.unisolated;
         caps.volumes = !self.unisolated;
         caps.watch = true;
@@ -413,6 +414,26 @@ impl Backend for LocalBackend {
             .await?
         {
             MonitorReply::Token { token } => Ok(token),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(sandbox = id), err(level = "debug"))]
+    async fn create_file_url(&self, id: &str, options: FileUrlOptions) -> Result<FileUrl> {
+        options.validate(now_millis())?;
+        // The engine's configured bound, where it is tighter than the URL's: the monitor's
+        // listener applies the bound the URL carries.
+        let mut options = options;
+        if self.max_file_bytes < MAX_FILE_BYTES
+            && options.max_bytes.is_none_or(|m| m > self.max_file_bytes)
+        {
+            options.max_bytes = Some(self.max_file_bytes);
+        }
+        match self
+            .monitor_call(id, MonitorRequest::FileUrl { options })
+            .await?
+        {
+            MonitorReply::FileUrl { url } => Ok(url),
             other => Err(unexpected(&other)),
         }
     }

@@ -23,7 +23,9 @@ use super::config::{Record, SandboxDir};
 use super::preview::{self, PreviewSet};
 use super::proto::{self, Control, MonitorReply, MonitorRequest};
 use super::{agent, net, sys, volumes};
-use sandcove_agent::client::AgentIo;
+use sandcove_agent::client::{AgentDialer, AgentIo, RemoteAgent};
+use sandcove_agent::file_url::FileUrlListener;
+use sandcove_core::file_url::{self, FileAccess, FileUrlKey};
 use sandcove_core::{
     now_millis, Error, Preview, PreviewOptions, Result, SandboxInfo, SandboxState, TimeoutAction,
     DEFAULT_TIMEOUT,
@@ -57,6 +59,9 @@ struct Monitor {
     next_req: AtomicU64,
     deadline_changed: tokio::sync::Notify,
     previews: PreviewSet,
+    /// The listener serving this sandbox's signed file URLs, bound on the first URL, with
+    /// the key they are signed with (random, held in this process only).
+    file_urls: tokio::sync::OnceCell<(Arc<FileUrlKey>, FileUrlListener)>,
     /// Serializes pause/resume so concurrent callers see consistent states.
     transition: tokio::sync::Mutex<()>,
     /// The networking helper of an Internet sandbox, kept for the monitor's life (it also
@@ -439,6 +444,7 @@ impl Monitor {
             next_req: AtomicU64::new(1),
             deadline_changed: tokio::sync::Notify::new(),
             previews: PreviewSet::default(),
+            file_urls: tokio::sync::OnceCell::new(),
             transition: tokio::sync::Mutex::new(()),
             _helper: helper,
         })
@@ -841,6 +847,109 @@ impl preview::Upstream for MonitorUpstream {
     }
 }
 
+impl Monitor {
+    /// A signed URL for `options` on this sandbox, served by the monitor's file-URL
+    /// listener (bound now if this is the first).
+    async fn file_url(
+        self: &Arc<Self>,
+        options: sandcove_core::FileUrlOptions,
+    ) -> Result<sandcove_core::FileUrl> {
+        options.validate(now_millis())?;
+        let (key, listener) = self
+            .file_urls
+            .get_or_try_init(|| async {
+                let key = Arc::new(FileUrlKey::random()?);
+                let limits = self
+                    .record
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .preview_limits;
+                let access = Arc::new(MonitorFiles(Arc::downgrade(self)));
+                let listener = FileUrlListener::bind(
+                    std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+                    key.clone(),
+                    self.id(),
+                    access,
+                    limits,
+                    sandcove_agent::MAX_FILE_BYTES,
+                )
+                .await?;
+                Ok::<_, Error>((key, listener))
+            })
+            .await?;
+        let grant = sandcove_core::FileGrant::new(self.id(), &options);
+        Ok(sandcove_core::FileUrl::new(
+            listener.url(&key.sign(&grant)),
+            &grant,
+        ))
+    }
+}
+
+/// How the monitor's file URLs reach the sandbox's files: the agent's file API, over a
+/// connection handed to it as a client's would be (admitted only while the sandbox runs).
+struct MonitorFiles(std::sync::Weak<Monitor>);
+
+impl MonitorFiles {
+    fn agent(&self) -> Result<RemoteAgent> {
+        let monitor = self
+            .0
+            .upgrade()
+            .ok_or_else(|| Error::not_found("the sandbox"))?;
+        let id = monitor.id();
+        Ok(RemoteAgent::without_token(
+            &id,
+            Arc::new(HandoffDialer(self.0.clone())),
+            Arc::new(sandcove_agent::client::ConnPool::new()),
+        )
+        .with_pool(None))
+    }
+}
+
+#[async_trait::async_trait]
+impl FileAccess for MonitorFiles {
+    async fn read(&self, grant: &sandcove_core::FileGrant) -> Result<sandcove_core::ByteStream> {
+        self.agent()?
+            .read_file(&grant.path, file_url::read_options(grant))
+            .await
+    }
+
+    async fn write(
+        &self,
+        grant: &sandcove_core::FileGrant,
+        data: sandcove_core::ByteStream,
+        max_bytes: u64,
+    ) -> Result<sandcove_core::FileStat> {
+        self.agent()?
+            .write_file(&grant.path, data, file_url::write_options(grant, max_bytes))
+            .await
+    }
+}
+
+/// Opens a connection to the agent from inside the monitor: one end of a socket pair, whose
+/// other end the monitor takes as it takes a client's connection (its hello read, then
+/// admitted to the agent only while the sandbox can serve, as [`admit_to_agent`] does).
+#[derive(Debug)]
+struct HandoffDialer(std::sync::Weak<Monitor>);
+
+#[async_trait::async_trait]
+impl AgentDialer for HandoffDialer {
+    async fn dial(&self) -> Result<Box<dyn AgentIo>> {
+        let monitor = self
+            .0
+            .upgrade()
+            .ok_or_else(|| Error::not_found("the sandbox"))?;
+        let (ours, theirs) = UnixStream::pair()?;
+        tokio::spawn(async move {
+            let mut theirs = theirs;
+            // The client's hello is the monitor's to read; the request after it, the agent's.
+            if let Ok(Some(_)) = proto::read_frame::<_, serde_json::Value>(&mut theirs).await {
+                admit_to_agent(&monitor, theirs).await;
+            }
+        });
+        Ok(Box::new(ours))
+    }
+}
+
 async fn run(monitor: Arc<Monitor>, listener: UnixListener) -> i32 {
     let (stop_tx, mut stop_rx) = tokio::sync::mpsc::channel::<()>(1);
     tokio::spawn(watch_agent(monitor.clone()));
@@ -1194,6 +1303,10 @@ async fn serve_client(
             .previews
             .revoke_token(port, &token)
             .map(|_| MonitorReply::Done),
+        Some(MonitorRequest::FileUrl { options }) => monitor
+            .file_url(options)
+            .await
+            .map(|url| MonitorReply::FileUrl { url }),
         Some(MonitorRequest::Claim {
             options,
             users,

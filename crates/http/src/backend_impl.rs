@@ -5,14 +5,14 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use reqwest::Method;
-use sandcove_core::wire::{body, FRAMES_CONTENT_TYPE, IDEMPOTENCY_HEADER};
+use sandcove_core::wire::{body, FILE_URLS_SEGMENT, FRAMES_CONTENT_TYPE, IDEMPOTENCY_HEADER};
 use sandcove_core::{
     Backend, ByteStream, Capabilities, ChmodOptions, CopyOptions, CreateOptions, Error, FileStat,
-    ListDirOptions, ListOptions, Metrics, MkdirOptions, Preview, PreviewOptions, PreviewToken,
-    PreviewTokenOptions, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, ReadOptions,
-    RemoveOptions, RenameOptions, ResizePtyOptions, Result, SandboxInfo, SetLabelsOptions,
-    SetTimeoutOptions, SignalOptions, SnapshotInfo, SnapshotOptions, StatOptions, VolumeInfo,
-    WatchOptions, WatchStream, WriteOptions, WriteStdinOptions,
+    FileUrl, FileUrlOptions, ListDirOptions, ListOptions, Metrics, MkdirOptions, Preview,
+    PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessInfo, ProcessSelector, ProcessSpec,
+    ProcessStream, ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions, Result,
+    SandboxInfo, SetLabelsOptions, SetTimeoutOptions, SignalOptions, SnapshotInfo, SnapshotOptions,
+    StatOptions, VolumeInfo, WatchOptions, WatchStream, WriteOptions, WriteStdinOptions,
 };
 
 use crate::streams::{download, frames, upload_frames, watch_events, Abandon};
@@ -476,6 +476,25 @@ impl Backend for HttpBackend {
             expires_at: options.expires_at,
         };
         self.create_call(url, &body).await
+    }
+
+    async fn create_file_url(&self, id: &str, options: FileUrlOptions) -> Result<FileUrl> {
+        options.validate(sandcove_core::now_millis())?;
+        let url = self.sandbox_url(id, &[FILE_URLS_SEGMENT])?;
+        // Minting changes nothing on the server (the URL is stored nowhere): safe to retry.
+        let mut minted: FileUrl = self
+            .call(Method::POST, url, &[], Some(&options), Retry::Idempotent)
+            .await?;
+        // The server answers its route's path; the origin is the one this client reaches it at.
+        let token = minted
+            .url
+            .rsplit('/')
+            .next()
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| Error::backend("the server answered a file URL without a token"))?
+            .to_string();
+        minted.url = self.url_for(&[FILE_URLS_SEGMENT, &token])?.to_string();
+        Ok(minted)
     }
 
     async fn revoke_preview_token(&self, id: &str, port: u16, token: &str) -> Result<()> {

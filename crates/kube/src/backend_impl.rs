@@ -12,12 +12,13 @@ use sandcove_agent::agent_backend::AgentBackend;
 use sandcove_agent::preview::PreviewSet;
 use sandcove_core::{
     AnnotationUpdate, Backend, ByteStream, Capabilities, ChmodOptions, CopyOptions, CreateOptions,
-    Error, FileStat, ListDirOptions, ListOptions, Metrics, MkdirOptions, NetworkPolicy,
-    OperationId, OperationStatus, Preview, PreviewOptions, PreviewToken, PreviewTokenOptions,
-    ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, ReadOptions, RemoveOptions,
-    RenameOptions, ResizePtyOptions, ResourceKind, Result, SandboxInfo, SandboxState,
-    SetLabelsOptions, SetTimeoutOptions, SignalOptions, SnapshotInfo, SnapshotOptions, StatOptions,
-    Tombstone, UserInfo, VolumeInfo, WatchOptions, WatchStream, WriteOptions, WriteStdinOptions,
+    Error, FileStat, FileUrl, FileUrlOptions, ListDirOptions, ListOptions, Metrics, MkdirOptions,
+    NetworkPolicy, OperationId, OperationStatus, Preview, PreviewOptions, PreviewToken,
+    PreviewTokenOptions, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, ReadOptions,
+    RemoveOptions, RenameOptions, ResizePtyOptions, ResourceKind, Result, SandboxInfo,
+    SandboxState, SetLabelsOptions, SetTimeoutOptions, SignalOptions, SnapshotInfo,
+    SnapshotOptions, StatOptions, Tombstone, UserInfo, VolumeInfo, WatchOptions, WatchStream,
+    WriteOptions, WriteStdinOptions,
 };
 
 use crate::spec::PodRecord;
@@ -545,6 +546,13 @@ impl Backend for KubeBackend {
             "closed",
         );
         Ok(())
+    }
+
+    async fn create_file_url(&self, _id: &str, _options: FileUrlOptions) -> Result<FileUrl> {
+        // This process holds no listener of its own for them (previews are per port); a
+        // server serving this backend mints and serves its own.
+        let feature = sandcove_core::Feature::FileUrls;
+        Err(Error::not_supported(feature.name(), feature.alternative()))
     }
 
     async fn create_preview_token(

@@ -303,7 +303,7 @@ async fn check(
     }
 }
 
-/// The previews' table: each exposed port is a listener of its own (the engine's monitor or
+/// The previews' table (and the engine's file-URL listener's): each exposed port is a listener of its own (the engine's monitor or
 /// the Kubernetes backend's serving process holds it), so a preview token is bound to one
 /// port of one sandbox by where it is presented; a private preview checks it on every
 /// request before the sandbox is contacted, a public one asks for nothing.
@@ -318,6 +318,24 @@ pub fn preview_table() -> Vec<RouteAuth> {
             method: None,
             path: "a public preview's listener (any path)".into(),
             accepts: &[Principal::Anonymous],
+        },
+        // The embedded engine's file-URL listener (one per sandbox, held by its monitor): the
+        // token in the path is the credential, checked against the monitor's key and bound to
+        // its own sandbox before the file API is touched.
+        RouteAuth {
+            method: Some(Method::GET),
+            path: "the engine's file-URL listener: /files/{token}".into(),
+            accepts: &[Principal::SignedUrl],
+        },
+        RouteAuth {
+            method: Some(Method::PUT),
+            path: "the engine's file-URL listener: /files/{token}".into(),
+            accepts: &[Principal::SignedUrl],
+        },
+        RouteAuth {
+            method: Some(Method::POST),
+            path: "the engine's file-URL listener: /files/{token}".into(),
+            accepts: &[Principal::SignedUrl],
         },
     ]
 }

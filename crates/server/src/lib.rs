@@ -67,6 +67,7 @@
 pub mod auth;
 pub mod certificate;
 mod drain;
+mod file_urls;
 mod files;
 mod idempotency;
 pub mod intercept;
@@ -203,6 +204,9 @@ struct AppState {
     config: Arc<ServerConfig>,
     idempotency: Arc<Idempotency>,
     shutdown: Arc<watch::Sender<bool>>,
+    /// The key signed file URLs are signed with, derived from the API key (see
+    /// `file_urls`).
+    file_urls: Arc<sandcove_core::file_url::FileUrlKey>,
 }
 
 /// The kind of a request body, for the OpenAPI document.
@@ -237,6 +241,8 @@ struct Route {
     query: &'static [&'static str],
     input: In,
     output: Out,
+    /// The credentials it accepts: the server key unless [`Route::accepts`] says otherwise.
+    accepts: &'static [auth::Principal],
     handler: MethodRouter<AppState>,
 }
 
@@ -261,6 +267,7 @@ impl Route {
             query: &[],
             input: In::None,
             output: Out::Empty,
+            accepts: auth::SERVER_KEY,
             handler: on(filter, handler),
         }
     }
@@ -279,6 +286,11 @@ impl Route {
         self.output = output;
         self
     }
+
+    fn accepts(mut self, accepts: &'static [auth::Principal]) -> Self {
+        self.accepts = accepts;
+        self
+    }
 }
 
 /// Every route, in documentation order.
@@ -294,6 +306,7 @@ fn routes() -> Vec<Route> {
     all.extend(sandboxes::routes());
     all.extend(processes::routes());
     all.extend(files::routes());
+    all.extend(file_urls::routes());
     all.extend(resources::routes());
     all.extend(operations::routes());
     all
@@ -312,6 +325,9 @@ fn state(backend: Arc<dyn Backend>, config: ServerConfig) -> AppState {
             config.max_operations,
         )),
         backend,
+        file_urls: Arc::new(sandcove_core::file_url::FileUrlKey::derived_from(
+            config.api_key.as_bytes(),
+        )),
         config: Arc::new(config),
         shutdown: Arc::new(watch::channel(false).0),
     }
@@ -323,9 +339,10 @@ fn build(state: AppState) -> Router {
     let mut table = Vec::new();
     for route in routes() {
         table.push((route.method.clone(), route.path, route.op));
-        declared = declared.method_route(route.method, route.path, auth::SERVER_KEY, route.handler);
+        declared = declared.method_route(route.method, route.path, route.accepts, route.handler);
     }
     let (router, _) = declared.into_parts();
+    let credentials = (key, state.file_urls.clone());
     // Spans and metrics: one layer around everything (see `observe`).
     let observer = Arc::new(observe::Observer::new(table, &state.config.metrics));
     let metrics = Router::new()
@@ -336,16 +353,17 @@ fn build(state: AppState) -> Router {
         .with_state(state)
         .merge(metrics)
         .layer(middleware::map_response(json_errors))
-        .layer(middleware::from_fn_with_state(key, authenticate))
+        .layer(middleware::from_fn_with_state(credentials, authenticate))
         .layer(middleware::from_fn_with_state(observer, observe::observe))
 }
 
 /// The native API's authorization table: every route and the credentials it accepts (the
-/// server key, for every one of them; `GET /metrics` too).
+/// server key for every one of them, `GET /metrics` too, except the signed file URLs'
+/// route, which takes the URL alone).
 pub fn route_table() -> Vec<auth::RouteAuth> {
     let mut declared = auth::Routes::<AppState>::new(refuse);
     for route in routes() {
-        declared = declared.method_route(route.method, route.path, auth::SERVER_KEY, route.handler);
+        declared = declared.method_route(route.method, route.path, route.accepts, route.handler);
     }
     declared
         .declare(Some(Method::GET), observe::METRICS_PATH, auth::SERVER_KEY)
@@ -354,13 +372,20 @@ pub fn route_table() -> Vec<auth::RouteAuth> {
 }
 
 /// A route's refusal as the native API answers it.
-fn refuse(_: &auth::RouteAuth, refusal: auth::Refusal) -> Response {
-    let error = match refusal {
-        auth::Refusal::Unauthenticated => Error::Unauthenticated {
+fn refuse(route: &auth::RouteAuth, refusal: auth::Refusal) -> Response {
+    let signed = route.accepts.contains(&auth::Principal::SignedUrl);
+    let error = match (refusal, signed) {
+        (auth::Refusal::Unauthenticated, false) => Error::Unauthenticated {
             message: "missing API key (Authorization: Bearer <key>)".into(),
         },
-        auth::Refusal::Forbidden => Error::Forbidden {
+        (auth::Refusal::Unauthenticated, true) => Error::Unauthenticated {
+            message: "invalid signed file URL".into(),
+        },
+        (auth::Refusal::Forbidden, false) => Error::Forbidden {
             what: "this route needs the server's API key".into(),
+        },
+        (auth::Refusal::Forbidden, true) => Error::Forbidden {
+            what: "this route takes a signed file URL alone, not the server's API key".into(),
         },
     };
     ApiError::from(error).into_response()
@@ -840,7 +865,11 @@ fn too_large(limit: u64) -> ApiError {
 
 /// The native API's credential check: the server key (compared in constant time) or a
 /// refusal; what it proves is recorded for the routes' own checks.
-async fn authenticate(State(key): State<Arc<str>>, request: Request, next: Next) -> Response {
+async fn authenticate(
+    State((key, file_urls)): State<(Arc<str>, Arc<sandcove_core::file_url::FileUrlKey>)>,
+    request: Request,
+    next: Next,
+) -> Response {
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
@@ -859,10 +888,29 @@ async fn authenticate(State(key): State<Arc<str>>, request: Request, next: Next)
             message: "wrong API key".into(),
         })
         .into_response(),
-        None => ApiError::from(Error::Unauthenticated {
-            message: "missing API key (Authorization: Bearer <key>)".into(),
-        })
-        .into_response(),
+        None => {
+            // A signed file URL: its token is the credential, bound to its sandbox; one that
+            // does not verify (unknown, tampered, expired) is refused here, before routing.
+            let prefix = file_urls::prefix();
+            let Some(token) = sandcove_core::file_url::token_in_path(request.uri().path(), &prefix)
+            else {
+                return ApiError::from(Error::Unauthenticated {
+                    message: "missing API key (Authorization: Bearer <key>)".into(),
+                })
+                .into_response();
+            };
+            match file_urls.verify(token, sandcove_core::now_millis()) {
+                Ok(grant) => {
+                    let mut request = request;
+                    let credential =
+                        auth::Credential::for_sandbox(auth::Principal::SignedUrl, &grant.sandbox);
+                    request.extensions_mut().insert(credential);
+                    request.extensions_mut().insert(grant);
+                    next.run(request).await
+                }
+                Err(e) => ApiError::from(e).into_response(),
+            }
+        }
     }
 }
 

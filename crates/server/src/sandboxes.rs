@@ -148,7 +148,11 @@ pub(super) fn routes() -> Vec<Route> {
 
 async fn capabilities(State(state): State<AppState>) -> Response {
     match state.backend.ready().await {
-        Ok(caps) => json(&caps),
+        // This server signs and serves file URLs itself, whatever its backend does.
+        Ok(mut caps) => {
+            caps.file_urls = true;
+            json(&caps)
+        }
         Err(e) => ApiError::from(e).into_response(),
     }
 }

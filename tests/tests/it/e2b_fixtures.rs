@@ -80,7 +80,7 @@ fn e2b_persistence() {
 
 #[test]
 fn e2b_signed_urls() {
-    if has(capabilities().previews, "e2b_signed_urls", "previews") {
+    if has(capabilities().file_urls, "e2b_signed_urls", "file_urls") {
         check_everywhere("e2b_signed_urls", env!("CARGO_BIN_EXE_fx_e2b_signed_urls"));
     }
 }
