@@ -687,3 +687,40 @@ async fn a_private_previews_request_body_that_stops_moving_ends_the_connection()
     assert!(text.contains("request body"), "{text}");
     env.backend.destroy(&id).await.unwrap();
 }
+
+/// Finding (review of the signed file URLs): the engine's file-URL listener bounded a
+/// request's head but not its body, so a holder of an upload URL could send part of a body
+/// and stop, keeping a connection slot (and the upload open) for ever. Now a body that brings
+/// no byte for `answer_idle_ms` fails the upload, which keeps nothing, and the connection ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_url_upload_that_stops_sending_ends_and_keeps_nothing() {
+    let mut env = Env::new("fu-stall");
+    env.local = env.local.clone().with_preview_limits(
+        sandcove::backend::local::PreviewLimits::default().answer_idle_ms(2000),
+    );
+    env.backend = std::sync::Arc::new(env.local.clone());
+    let id = env.sandbox("fu-stall").await;
+    let url = env
+        .backend
+        .create_file_url(&id, sandcove::FileUrlOptions::write("stalled.bin"))
+        .await
+        .expect("an upload URL");
+    let rest = url.url.strip_prefix("http://").expect("a plain http URL");
+    let (host, path) = rest.split_at(rest.find('/').expect("a path"));
+    let mut stream = TcpStream::connect(host).await.expect("connect");
+    stream
+        .write_all(
+            format!("PUT {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nten bytes.")
+                .as_bytes(),
+        )
+        .await
+        .expect("send part of the body");
+    let got = read_until_closed(&mut stream, "a stalled upload").await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(!text.starts_with("HTTP/1.1 2"), "{text}");
+    let listed = common::bash(&*env.backend, &id, "ls stalled.bin 2>&1 || true").await;
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains("No such file"),
+        "the stalled upload kept a file: {listed:?}"
+    );
+}

@@ -9,6 +9,7 @@ use hyper::{Request, Response};
 use sandcove_core::file_url::{
     error_response, serve, token_in_path, FileAccess, FileUrlKey, Reply,
 };
+use sandcove_core::stall::{IdleBody, StallIo};
 use sandcove_core::{now_millis, Error, Result};
 
 /// The path prefix of URLs a [`FileUrlListener`] serves: `/files/{token}`.
@@ -49,8 +50,13 @@ impl FileUrlListener {
                 let (key, sandbox, access) = (key.clone(), sandbox.clone(), access.clone());
                 tokio::spawn(async move {
                     let _permit = permit;
-                    let service = hyper::service::service_fn(move |request| {
+                    // No-progress bounds, as the server's listener has: a body that stops
+                    // coming fails the upload, an answer the client stops taking ends the
+                    // connection; either frees its slot.
+                    let idle = std::time::Duration::from_millis(limits.answer_idle_ms);
+                    let service = hyper::service::service_fn(move |request: Request<_>| {
                         let (key, sandbox, access) = (key.clone(), sandbox.clone(), access.clone());
+                        let request = request.map(|body| IdleBody::new(body, idle));
                         async move {
                             let answer =
                                 answer(request, &key, &sandbox, &*access, max_upload).await;
@@ -64,7 +70,10 @@ impl FileUrlListener {
                         ))
                         .max_buf_size(crate::preview::MAX_HEAD);
                     let _ = http
-                        .serve_connection(hyper_util::rt::TokioIo::new(conn), service)
+                        .serve_connection(
+                            hyper_util::rt::TokioIo::new(StallIo::new(conn, idle, Arc::default())),
+                            service,
+                        )
                         .await;
                 });
             }
@@ -81,7 +90,7 @@ impl FileUrlListener {
 /// One request to a [`FileUrlListener`]: its token verified and bound to the listener's
 /// sandbox, then served.
 async fn answer(
-    request: Request<hyper::body::Incoming>,
+    request: Request<IdleBody<hyper::body::Incoming>>,
     key: &FileUrlKey,
     sandbox: &str,
     access: &dyn FileAccess,

@@ -46,11 +46,14 @@ use sandcove_core::{
 ///   left out of every message that does not use it: file extended attributes
 ///   (`WriteOptions::attributes`, the `attributes` flag of stat and list options,
 ///   `FileStat::attributes`).
+/// - v6: the monitor's `file_url` request (signed file URLs, served by the monitor's own
+///   listener). A v5 monitor cannot decode it, so its sandboxes are refused everything but
+///   describe and destroy, as any other version's.
 ///
 /// Whatever the version, the frame layout and two requests are frozen so a sandbox made by
 /// another build can still be described and destroyed: a hello frame carrying `info` or
 /// `destroy` (`FROZEN_OPS`), answered by an `info`, `done` or `error` frame.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Monitor requests whose encoding never changes, served to a client of any version.
 pub const FROZEN_OPS: [&str; 2] = ["info", "destroy"];

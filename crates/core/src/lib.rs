@@ -37,6 +37,7 @@ pub mod listen;
 pub mod operation;
 pub mod reference;
 pub mod secret;
+pub mod stall;
 pub mod types;
 pub mod validate;
 pub mod wire;

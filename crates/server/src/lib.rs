@@ -81,7 +81,7 @@ pub use policy::{PolicyBackend, ServerPolicy};
 mod processes;
 mod resources;
 mod sandboxes;
-mod stall;
+use sandcove_core::stall;
 pub mod upgrade;
 pub mod upstream;
 

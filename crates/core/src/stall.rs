@@ -1,6 +1,6 @@
-//! Stalled peers lose their connection: every connection served by the connection loop
-//! (the native API, the vendor listeners and what comes through a `CONNECT` tunnel) is held
-//! to two no-progress bounds, so an authenticated client cannot keep a slot of the
+//! Stalled peers lose their connection: every connection served by the server's connection
+//! loop (the native API, the vendor listeners and what comes through a `CONNECT` tunnel) and
+//! by the embedded engine's file-URL listener is held to two no-progress bounds, so an authenticated client cannot keep a slot of the
 //! connection cap, and whatever a handler holds for it (an upload's temporary file, a
 //! backend call), for ever.
 //!
@@ -20,8 +20,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Bytes;
-use hyper::body::{Frame, SizeHint};
+use bytes::Bytes;
+
+use crate::file_url::BoxError;
+use http_body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
@@ -29,7 +31,7 @@ use tokio::time::{Instant, Sleep};
 ///
 /// The clock runs only while the reader waits: a handler that does not read for a while
 /// (its backend is slow to take the bytes) does not count against the client.
-pub(super) struct IdleBody<B> {
+pub struct IdleBody<B> {
     /// `None` once the body timed out: the client's body is let go.
     inner: Option<B>,
     idle: Duration,
@@ -40,7 +42,8 @@ pub(super) struct IdleBody<B> {
 }
 
 impl<B> IdleBody<B> {
-    pub(super) fn new(inner: B, idle: Duration) -> Self {
+    /// `inner`, failing once a wait for its next frame has lasted `idle`.
+    pub fn new(inner: B, idle: Duration) -> Self {
         IdleBody {
             inner: Some(inner),
             idle,
@@ -50,18 +53,18 @@ impl<B> IdleBody<B> {
     }
 }
 
-impl<B> hyper::body::Body for IdleBody<B>
+impl<B> http_body::Body for IdleBody<B>
 where
-    B: hyper::body::Body<Data = Bytes> + Unpin,
-    B::Error: Into<axum::BoxError>,
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
 {
     type Data = Bytes;
-    type Error = axum::BoxError;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::BoxError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
@@ -91,13 +94,13 @@ where
     fn is_end_stream(&self) -> bool {
         self.inner
             .as_ref()
-            .is_none_or(hyper::body::Body::is_end_stream)
+            .is_none_or(http_body::Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
         self.inner
             .as_ref()
-            .map(hyper::body::Body::size_hint)
+            .map(http_body::Body::size_hint)
             .unwrap_or_else(|| SizeHint::with_exact(0))
     }
 }
@@ -107,7 +110,7 @@ where
 /// The clock starts when a write (or flush) finds the client's side full and stops at the
 /// next write that moves a byte. Once `exempt` is set (the connection was taken over by an
 /// upgrade, which has its own idle limit) the bound no longer applies.
-pub(super) struct StallIo<T> {
+pub struct StallIo<T> {
     io: T,
     limit: Duration,
     /// Made at the first write that waits.
@@ -118,7 +121,9 @@ pub(super) struct StallIo<T> {
 }
 
 impl<T> StallIo<T> {
-    pub(super) fn new(io: T, limit: Duration, exempt: Arc<AtomicBool>) -> Self {
+    /// `io`, whose writes fail once one has waited `limit` for the peer, until `exempt` is
+    /// set.
+    pub fn new(io: T, limit: Duration, exempt: Arc<AtomicBool>) -> Self {
         StallIo {
             io,
             limit,
@@ -299,14 +304,20 @@ mod tests {
     type Sender = futures::channel::mpsc::Sender<Result<Bytes, io::Error>>;
 
     /// A request body fed by the returned sender, under an idle bound of [`LIMIT`].
-    fn fed_body() -> (Sender, IdleBody<axum::body::Body>) {
+    fn fed_body() -> (Sender, IdleBody<Fed>) {
+        use futures::StreamExt;
         let (tx, rx) = futures::channel::mpsc::channel(4);
-        (tx, IdleBody::new(axum::body::Body::from_stream(rx), LIMIT))
+        let body = http_body_util::StreamBody::new(
+            rx.map(|r: Result<Bytes, io::Error>| r.map(Frame::data)),
+        );
+        (tx, IdleBody::new(Fed::new(body), LIMIT))
     }
 
-    async fn next(body: &mut IdleBody<axum::body::Body>) -> Option<Result<Bytes, String>> {
+    type Fed = http_body_util::combinators::UnsyncBoxBody<Bytes, io::Error>;
+
+    async fn next(body: &mut IdleBody<Fed>) -> Option<Result<Bytes, String>> {
         let frame =
-            std::future::poll_fn(|cx| hyper::body::Body::poll_frame(Pin::new(&mut *body), cx))
+            std::future::poll_fn(|cx| http_body::Body::poll_frame(Pin::new(&mut *body), cx))
                 .await?;
         Some(
             frame
@@ -325,7 +336,7 @@ mod tests {
         assert!(err.contains("no byte"), "{err}");
         assert!(started.elapsed() >= LIMIT);
         assert!(tx.is_closed(), "the client's body was let go");
-        assert!(hyper::body::Body::is_end_stream(&body));
+        assert!(http_body::Body::is_end_stream(&body));
         assert_eq!(next(&mut body).await, None);
     }
 
