@@ -33,6 +33,7 @@
 
 pub mod api;
 mod events;
+mod file_urls;
 pub mod pty;
 pub mod toolbox;
 mod ws;
@@ -297,6 +298,21 @@ async fn authenticate(State(wire): State<Wire>, mut request: Request, next: Next
     // header, so the socket checks it there (against `event_socket_route`).
     if request.uri().path().starts_with("/api/socket.io") {
         return events::socket(State(wire), request).await;
+    }
+    // A pre-signed file URL carries no header: its signature is checked here, before
+    // routing and any effect, and what it allows goes on as the request's grant.
+    if credential.principal == Principal::Anonymous {
+        let (method, uri) = (request.method().clone(), request.uri().clone());
+        match file_urls::verify(&wire, &method, &uri).await {
+            Ok(Some(grant)) => {
+                credential = Credential::for_sandbox(Principal::SignedUrl, grant.sandbox.clone());
+                request.extensions_mut().insert(grant);
+            }
+            Ok(None) => {}
+            Err(file_urls::Invalid(why)) => {
+                return error_response(StatusCode::UNAUTHORIZED, why.into(), None)
+            }
+        }
     }
     request.extensions_mut().insert(credential);
     next.run(request).await
