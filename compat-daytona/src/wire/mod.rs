@@ -17,8 +17,9 @@
 //! SDK's first poll of `GET /api/sandbox/{id}` in any wait already sees the final state.
 //!
 //! **Authorization** follows `sandcove::server::auth`: every route is declared with the
-//! credentials it accepts ([`route_table`]; today the server's API key for every one), and the
-//! router is built from those declarations. The listener's check reads the key the SDKs send
+//! credentials it accepts ([`route_table`]; the server's API key for every one but the
+//! pre-signed file URLs of `file_urls`, which take their signature), and the router is built
+//! from those declarations. The listener's check reads the key the SDKs send
 //! as `Authorization: Bearer KEY` (built from `DAYTONA_API_KEY`, compared in constant time):
 //! a wrong key is `401 {"statusCode":401,…}` at once, which the SDK raises as
 //! `DaytonaAuthenticationError`; a request without one reaches only routes that accept no
