@@ -34,6 +34,8 @@ pub(crate) struct Meta {
     pub snapshot: Option<String>,
     pub target: Option<String>,
     pub volumes: Vec<(String, String, Option<String>)>,
+    /// The salt of the wire's file-URL signing key; a rotation replaces it.
+    pub signing_salt: Option<String>,
 }
 
 /// A handle to one sandbox for the sub-APIs: the runtime's own handle (every call goes

@@ -77,9 +77,9 @@ pub const GAPS: &[Gap] = &[
         alternative: "give create_signed_preview_url a short expires_in_seconds; tokens then expire by themselves",
     },
     Gap {
-        key: "pre-signed file URLs",
-        feature: "pre-signed file URLs",
-        alternative: "fs.download_file / fs.upload_file",
+        key: "rotate_signing_key",
+        feature: "rotate_signing_key",
+        alternative: "give download_url/upload_url a short ttl_seconds; URLs then expire by themselves, and all end with the sandbox",
     },
     Gap {
         key: "object storage",

@@ -66,8 +66,8 @@ pub use process::{
     SessionCommandLogsResponse, SessionExecuteRequest, SessionExecuteResponse,
 };
 pub use sandbox::{
-    CodeInterpreter, ComputerUse, PortPreviewUrl, Sandbox, SandboxArg, SandboxState,
-    SignedPortPreviewUrl,
+    CodeInterpreter, ComputerUse, FileUrlBuilder, PortPreviewUrl, Sandbox, SandboxArg,
+    SandboxState, SignedPortPreviewUrl,
 };
 pub use snapshot::{
     CreateSnapshotParams, Image, PaginatedSnapshots, Snapshot, SnapshotService, DEFAULT_SNAPSHOT,

@@ -266,8 +266,8 @@ pub struct Sandbox {
     pub code_interpreter: CodeInterpreter,
     /// `sandbox.computer_use` (a gap).
     pub computer_use: ComputerUse,
-    ctx: Ctx,
-    meta: Meta,
+    pub(crate) ctx: Ctx,
+    pub(crate) meta: Meta,
     organization: Option<String>,
     target_config: Option<String>,
 }
@@ -732,14 +732,23 @@ impl Sandbox {
         Err(gap("ssh access"))
     }
 
-    /// `download_url(path, ttl_seconds=None)`: a gap.
-    pub async fn download_url(&self, _path: &str) -> Result<String> {
-        Err(gap("pre-signed file URLs"))
+    /// `download_url(path, ttl_seconds=None)`: a URL that downloads the file with a plain
+    /// `GET`, no credential (see [`FileUrlBuilder`]).
+    pub fn download_url(&self, path: &str) -> FileUrlBuilder {
+        FileUrlBuilder::new(self, path, sandcove::FileUrlOperation::Read)
     }
 
-    /// `upload_url(path, ttl_seconds=None)`: a gap.
-    pub async fn upload_url(&self, _path: &str) -> Result<String> {
-        Err(gap("pre-signed file URLs"))
+    /// `upload_url(path, ttl_seconds=None)`: a URL that uploads the file with a plain `POST`
+    /// of `multipart/form-data` (one `file` part), no credential (see [`FileUrlBuilder`]).
+    pub fn upload_url(&self, path: &str) -> FileUrlBuilder {
+        FileUrlBuilder::new(self, path, sandcove::FileUrlOperation::Write)
+    }
+
+    /// `rotate_signing_key()`: a gap. The URLs of `download_url`/`upload_url` are the
+    /// runtime's signed file URLs, which end at their expiry or with the sandbox and cannot
+    /// be revoked before.
+    pub async fn rotate_signing_key(&self) -> Result<()> {
+        Err(gap("rotate_signing_key"))
     }
 
     async fn do_stop(&self) -> Result<()> {
@@ -1022,6 +1031,65 @@ impl SignedPreviewBuilder {
     }
 }
 awaitable!(SignedPreviewBuilder => SignedPortPreviewUrl);
+
+/// Daytona's default lifetime of a file URL, in seconds.
+const DEFAULT_FILE_URL_TTL: i64 = 3600;
+
+/// Builder of [`Sandbox::download_url`] / [`Sandbox::upload_url`]; await it for the URL.
+///
+/// The URL is the runtime's signed file URL ([`sandcove::Sandbox::file_url`]): one path, one
+/// operation, until its expiry, verified and served outside the sandbox (the embedded
+/// engine's monitor, or `sandcove serve`) through the file API; nothing runs in the sandbox
+/// for it. A relative path is under the work dir, as the `fs` calls take it.
+#[derive(Debug)]
+#[must_use = "await the builder to run the call"]
+pub struct FileUrlBuilder {
+    ctx: crate::ctx::Ctx,
+    path: String,
+    operation: sandcove::FileUrlOperation,
+    ttl_seconds: Option<i64>,
+}
+
+impl FileUrlBuilder {
+    fn new(sandbox: &Sandbox, path: &str, operation: sandcove::FileUrlOperation) -> Self {
+        FileUrlBuilder {
+            ctx: sandbox.ctx.clone(),
+            path: path.to_string(),
+            operation,
+            ttl_seconds: None,
+        }
+    }
+
+    /// `ttl_seconds=None`: how long the URL works (3600 s by default; zero or negative: as
+    /// long as the sandbox; at most 7 days).
+    pub fn ttl_seconds(mut self, seconds: impl Into<Option<i64>>) -> Self {
+        self.ttl_seconds = seconds.into();
+        self
+    }
+
+    async fn run(self) -> Result<String> {
+        let prefix = match self.operation {
+            sandcove::FileUrlOperation::Read => "Failed to create download URL: ",
+            _ => "Failed to create upload URL: ",
+        };
+        if self.path.is_empty() {
+            return Err(DaytonaError::validation("path is required")).ctx(prefix);
+        }
+        let path = self.ctx.resolve(&self.path);
+        let mut options = match self.operation {
+            sandcove::FileUrlOperation::Read => sandcove::FileUrlOptions::read(path),
+            _ => sandcove::FileUrlOptions::write(path),
+        };
+        let ttl = self.ttl_seconds.unwrap_or(DEFAULT_FILE_URL_TTL);
+        if ttl > 0 {
+            let ms = (ttl as u64).saturating_mul(1000);
+            options = options.expires_at(sandcove::now_millis().saturating_add(ms));
+        }
+        let url = self.ctx.core.file_url(options).await.ctx(prefix)?;
+        Ok(url.url)
+    }
+}
+awaitable!(FileUrlBuilder => String);
 
 /// A snapshot or fork was made (and is kept), but the sandbox, paused for it, could not be
 /// resumed: raised rather than dropped, naming what was made and what to do with the sandbox.

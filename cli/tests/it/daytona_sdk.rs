@@ -148,6 +148,17 @@ fn python_sdk_fork_pause_and_signed_previews() {
     assert_expected("daytona_fork_pause_previews", &out);
 }
 
+/// Pre-signed file URLs: `upload_url` and `download_url` used with a plain HTTP client and
+/// no credential (one that never expires too); another path, another method, the other
+/// operation, another sandbox, another sandbox's key, an expired signature and a rotated key
+/// are refused before any effect.
+#[test]
+fn python_sdk_pre_signed_file_urls() {
+    let server = Server::start("daytona", ANNOUNCE, "file-urls-key");
+    let out = run_python(PINS, "daytona_file_urls", &server, &[]);
+    assert_expected("daytona_file_urls", &out);
+}
+
 /// Auto-stop/archive/delete intervals, `refresh_activity`, home and work directories, list
 /// filtered by state, the client's `start`/`stop`, and `delete(wait=True)`.
 #[test]

@@ -94,6 +94,18 @@ pub(crate) fn routes() -> Routes<Wire> {
         .route(Method::POST, "/sandbox/{id}/fork", SERVER_KEY, fork)
         .route(
             Method::GET,
+            "/sandbox/{id}/signing-key",
+            SERVER_KEY,
+            signing_key,
+        )
+        .route(
+            Method::POST,
+            "/sandbox/{id}/signing-key/rotate",
+            SERVER_KEY,
+            rotate_signing_key,
+        )
+        .route(
+            Method::GET,
             "/sandbox/{id}/ports/{port}/signed-preview-url",
             SERVER_KEY,
             signed_preview_url,
@@ -450,6 +462,41 @@ async fn fork(
     let sb = wire.daytona().get(id).await?;
     let forked = sb.fork().await?;
     Ok(Json(sandbox_dto(&wire, &forked)))
+}
+
+/// `GET /sandbox/{id}/signing-key`: the key the SDK signs `download_url`/`upload_url`
+/// with (see `file_urls`), as a JSON string.
+async fn signing_key(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let sb = wire.daytona().get(id).await?;
+    let salt = sb.meta.signing_salt.as_deref().unwrap_or_default();
+    Ok(Json(json!(super::file_urls::signing_key(
+        &wire.config.api_key,
+        &sb.id,
+        salt
+    ))))
+}
+
+/// `POST /sandbox/{id}/signing-key/rotate`: a new key (a fresh salt in the facade's state),
+/// which ends every URL signed with the old one; answers the new key.
+async fn rotate_signing_key(
+    State(wire): State<Wire>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let sb = wire.daytona().get(id).await?;
+    let salt = super::file_urls::new_salt().map_err(|e| ApiError(e.into()))?;
+    let meta = sb
+        .ctx
+        .update_meta(|m| m.signing_salt = Some(salt.clone()))
+        .await
+        .map_err(|e| ApiError(e.into()))?;
+    Ok(Json(json!(super::file_urls::signing_key(
+        &wire.config.api_key,
+        &sb.id,
+        meta.signing_salt.as_deref().unwrap_or_default()
+    ))))
 }
 
 async fn signed_preview_url(

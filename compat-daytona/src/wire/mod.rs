@@ -17,8 +17,9 @@
 //! SDK's first poll of `GET /api/sandbox/{id}` in any wait already sees the final state.
 //!
 //! **Authorization** follows `sandcove::server::auth`: every route is declared with the
-//! credentials it accepts ([`route_table`]; today the server's API key for every one), and the
-//! router is built from those declarations. The listener's check reads the key the SDKs send
+//! credentials it accepts ([`route_table`]; the server's API key for every one but the
+//! pre-signed file URLs of `file_urls`, which take their signature), and the router is built
+//! from those declarations. The listener's check reads the key the SDKs send
 //! as `Authorization: Bearer KEY` (built from `DAYTONA_API_KEY`, compared in constant time):
 //! a wrong key is `401 {"statusCode":401,…}` at once, which the SDK raises as
 //! `DaytonaAuthenticationError`; a request without one reaches only routes that accept no
@@ -33,6 +34,7 @@
 
 pub mod api;
 mod events;
+mod file_urls;
 pub mod pty;
 pub mod toolbox;
 mod ws;
@@ -297,6 +299,21 @@ async fn authenticate(State(wire): State<Wire>, mut request: Request, next: Next
     // header, so the socket checks it there (against `event_socket_route`).
     if request.uri().path().starts_with("/api/socket.io") {
         return events::socket(State(wire), request).await;
+    }
+    // A pre-signed file URL carries no header: its signature is checked here, before
+    // routing and any effect, and what it allows goes on as the request's grant.
+    if credential.principal == Principal::Anonymous {
+        let (method, uri) = (request.method().clone(), request.uri().clone());
+        match file_urls::verify(&wire, &method, &uri).await {
+            Ok(Some(grant)) => {
+                credential = Credential::for_sandbox(Principal::SignedUrl, grant.sandbox.clone());
+                request.extensions_mut().insert(grant);
+            }
+            Ok(None) => {}
+            Err(file_urls::Invalid(why)) => {
+                return error_response(StatusCode::UNAUTHORIZED, why.into(), None)
+            }
+        }
     }
     request.extensions_mut().insert(credential);
     next.run(request).await

@@ -19,9 +19,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -33,7 +34,8 @@ use crate::fs::FileInfo;
 use crate::process::{CodeRunParams, ExecuteResponse, SessionExecuteRequest};
 use crate::sandbox::Sandbox;
 use futures::StreamExt;
-use sandcove::server::auth::{Routes, SERVER_KEY};
+use sandcove::server::auth::{Principal, Routes, SERVER_KEY};
+use sandcove::FileGrant;
 use sandcove_compat_support::multipart::{self, Upload, UploadError, UploadErrorKind};
 
 /// The toolbox's routes (nested under `/toolbox/{id}`): the server key only (Daytona's
@@ -101,7 +103,8 @@ pub(crate) fn routes() -> Routes<Wire> {
             SERVER_KEY,
             bulk_download,
         )
-        .route(Method::GET, "/files/download", SERVER_KEY, download)
+        .route(Method::GET, "/files/download", KEY_OR_SIGNED_URL, download)
+        .route(Method::POST, "/files/upload-v2", SIGNED_URL, upload_signed)
         .route(Method::GET, "/git/status", SERVER_KEY, git_status)
         .route(Method::POST, "/git/add", SERVER_KEY, git_add)
         .route(Method::POST, "/git/commit", SERVER_KEY, git_commit)
@@ -582,12 +585,38 @@ async fn bulk_download(
 }
 
 /// `GET /files/download?path=`: the bytes (older SDKs).
+/// What `GET /files/download` accepts: the server's key, or a URL of `download_url`.
+const KEY_OR_SIGNED_URL: &[Principal] = &[Principal::ServerKey, Principal::SignedUrl];
+
+/// What `POST /files/upload-v2` accepts: a URL of `upload_url` (the SDKs upload with the key
+/// through `/files/bulk-upload`).
+const SIGNED_URL: &[Principal] = &[Principal::SignedUrl];
+
+/// `POST /files/upload-v2?path&expires&signature`: an upload through a URL of `upload_url`,
+/// verified before routing (see `file_urls`).
+async fn upload_signed(
+    State(wire): State<Wire>,
+    grant: Option<Extension<FileGrant>>,
+    request: Request,
+) -> Response {
+    match grant {
+        Some(Extension(grant)) => super::file_urls::serve(&wire, &grant, request).await,
+        None => super::unauthorized(),
+    }
+}
+
+/// `GET /files/download?path`: the file's bytes, to the server's key or through a URL of
+/// `download_url` (then streamed by the runtime's file-URL code).
 async fn download(
     State(wire): State<Wire>,
     Path(id): Path<String>,
-    RawQuery(raw): RawQuery,
+    grant: Option<Extension<FileGrant>>,
+    request: Request,
 ) -> Result<Response, ApiError> {
-    let q = query(raw);
+    if let Some(Extension(grant)) = grant {
+        return Ok(super::file_urls::serve(&wire, &grant, request).await);
+    }
+    let q = query(request.uri().query().map(str::to_string));
     let path = required(&q, "path")?;
     let sb = sandbox(&wire, &id).await?;
     let data = sb

@@ -13,6 +13,16 @@ async fn capabilities() -> sandcove::Capabilities {
 
 /// A plain HTTP/1.1 GET; returns the status line and body.
 async fn http_get(url: &str, headers: &[(&str, &str)]) -> std::io::Result<(u16, String)> {
+    http_request("GET", url, headers, b"").await
+}
+
+/// A plain HTTP/1.1 request with `body`; returns the status line and body.
+async fn http_request(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<(u16, String)> {
     let rest = url.strip_prefix("http://").expect("http url");
     let (host, path) = match rest.find(['/', '?']) {
         Some(i) if rest[i..].starts_with('?') => (&rest[..i], format!("/{}", &rest[i..])),
@@ -20,12 +30,16 @@ async fn http_get(url: &str, headers: &[(&str, &str)]) -> std::io::Result<(u16, 
         None => (rest, "/".to_string()),
     };
     let mut s = tokio::net::TcpStream::connect(host).await?;
-    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
     req.push_str("\r\n");
     s.write_all(req.as_bytes()).await?;
+    s.write_all(body).await?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await?;
     let text = String::from_utf8_lossy(&buf).into_owned();
@@ -331,5 +345,76 @@ async fn default_network_does_not_reach_host_loopback() {
         assert_eq!(r.result.trim(), "111", "host 127.0.0.1:{port} reached");
         assert!(host.accept().is_err(), "the host listener got a connection");
     }
+    sb.delete().await.unwrap();
+}
+
+/// `upload_url` / `download_url`: the runtime's signed file URLs, used with a plain HTTP
+/// client and no credential; a relative path is under the work dir as for `fs`; a download
+/// URL does not upload, a tampered token is refused, nothing runs in the sandbox for them.
+#[tokio::test]
+async fn upload_and_download_urls_work_with_plain_http() {
+    if !capabilities().await.file_urls {
+        return;
+    }
+    let (_d, sb) = common::sandbox().await;
+    let sessions = sb.process.list_sessions().await.unwrap().len();
+    let up = sb
+        .upload_url("urls/demo.txt")
+        .ttl_seconds(600)
+        .await
+        .unwrap();
+    let boundary = "XyZbOuNdArY";
+    let body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"demo.txt\"\r\n\
+         Content-Type: application/octet-stream\r\n\r\nuploaded content\r\n--{boundary}--\r\n"
+    );
+    let content_type = format!("multipart/form-data; boundary={boundary}");
+    let (status, reply) = http_request(
+        "POST",
+        &up,
+        &[("Content-Type", content_type.as_str())],
+        body.as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(
+        sb.fs.download_file("urls/demo.txt").await.unwrap(),
+        b"uploaded content"
+    );
+    let down = sb.download_url("urls/demo.txt").await.unwrap();
+    let (status, reply) = http_get(&down, &[]).await.unwrap();
+    // The body may come chunked.
+    assert!(
+        status == 200 && reply.contains("uploaded content"),
+        "{status} {reply}"
+    );
+    let forever = sb
+        .download_url("urls/demo.txt")
+        .ttl_seconds(0)
+        .await
+        .unwrap();
+    assert_eq!(http_get(&forever, &[]).await.unwrap().0, 200);
+
+    let (status, _) = http_request("POST", &down, &[], b"x").await.unwrap();
+    assert_eq!(status, 403, "a download URL does not upload");
+    let tampered = format!("{}x", down.trim_end_matches(|c| c != '.'));
+    let (status, _) = http_get(&tampered, &[]).await.unwrap();
+    assert_eq!(status, 401, "a tampered token");
+    assert_eq!(
+        sb.fs.download_file("urls/demo.txt").await.unwrap(),
+        b"uploaded content"
+    );
+    assert_eq!(sb.process.list_sessions().await.unwrap().len(), sessions);
+
+    assert!(sb.download_url("").await.unwrap_err().is_validation());
+    let too_long = sb.download_url("x").ttl_seconds(8 * 24 * 3600).await;
+    assert!(too_long.is_err(), "more than 7 days");
+    assert!(sb
+        .rotate_signing_key()
+        .await
+        .unwrap_err()
+        .to_string()
+        .contains("ttl_seconds"));
     sb.delete().await.unwrap();
 }
