@@ -513,6 +513,17 @@ pub(crate) async fn watch_event(
 /// Open `path` for reading as E2B's `user` (shared by `files.read` and the wire's
 /// `GET /files`).
 pub(crate) async fn open_read(ctx: &Ctx, path: &str, user: Option<&str>) -> Result<ByteStream> {
+    let (path, options) = read_target(ctx, path, user);
+    Ok(ctx.core.read_stream_with(&path, options).await?)
+}
+
+/// The core path and read options of reading E2B's `path` as E2B's `user` (a relative path
+/// resolves against that user's home, as envd resolves it).
+pub(crate) fn read_target(
+    ctx: &Ctx,
+    path: &str,
+    user: Option<&str>,
+) -> (String, sandcove::ReadOptions) {
     let common = Common {
         user: user.map(str::to_string),
         request_timeout: None,
@@ -520,7 +531,7 @@ pub(crate) async fn open_read(ctx: &Ctx, path: &str, user: Option<&str>) -> Resu
     let mut options = sandcove::ReadOptions::default();
     options.user = common.file_user(ctx);
     let path = ctx.path_as(path, options.user.as_deref());
-    Ok(ctx.core.read_stream_with(&path, options).await?)
+    (path, options)
 }
 
 /// Write `data` to `path` as E2B's `user`, creating parent directories, with exactly the

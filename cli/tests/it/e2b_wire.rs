@@ -2249,6 +2249,82 @@ async fn a_signed_upload_url_writes_as_its_signed_user() {
         .is_ok());
 }
 
+/// A signed URL's upload and download move their bytes through the core's signed file
+/// transfer (`sandcove::file_url::transfer`), the one every signed file URL goes through:
+/// its bound on a raw upload (past the listener's largest upload, the core's refusal, which
+/// names the URL's bound, and nothing written) holds over E2B's wire too, and what envd adds
+/// around the transfer stays: a gzip-encoded body, `X-Metadata-*`, E2B's entry list.
+#[tokio::test]
+async fn signed_transfers_go_through_the_core_transfer() {
+    use std::io::Write as _;
+    let mut config = e2b::wire::WireConfig::new(KEY);
+    config.max_upload_bytes = 1024;
+    let env = env_with(config).await;
+    let (id, token) = env.create().await;
+    let path = "/home/user/through-core.txt";
+    let url = |op: &str| {
+        format!(
+            "{}/files?path={}&signature={}",
+            env.url,
+            path.replace('/', "%2F"),
+            sdk_signature(path, op, &token, None)
+                .replace('+', "%2B")
+                .replace('/', "%2F")
+        )
+    };
+    let r = env
+        .http
+        .post(url("write"))
+        .header("Content-Type", "application/octet-stream")
+        .body(vec![b'x'; 2048])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["code"], json!(400), "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("the URL's bound"),
+        "the core's bound: {body}"
+    );
+    let err = env
+        .backend
+        .stat(&id, path, Default::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "nothing written: {err}");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(b"through the core").unwrap();
+    let r = env
+        .http
+        .post(url("write"))
+        .header("Content-Type", "application/octet-stream")
+        .header("Content-Encoding", "gzip")
+        .header("X-Metadata-Origin", "wire")
+        .body(gz.finish().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let entries: Value = r.json().await.unwrap();
+    assert_eq!(
+        entries,
+        json!([{"name": "through-core.txt", "type": "file", "path": path,
+                "metadata": {"origin": "wire"}}])
+    );
+    let r = env.http.get(url("read")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        r.headers()["content-type"],
+        "application/octet-stream",
+        "envd's download"
+    );
+    assert_eq!(r.text().await.unwrap(), "through the core");
+}
+
 /// An upload without `path` (each part's filename its path) streams each file into the
 /// sandbox as it arrives and moves them into place once the body is complete: broken off
 /// during the second file, it leaves neither; with a path, a second file part fails the

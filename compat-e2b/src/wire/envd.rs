@@ -24,13 +24,15 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use base64::Engine as _;
 use futures::StreamExt;
+use sandcove::file_url::{self, FileAccess, Served};
 use sandcove::server::auth::{Principal, Routes};
+use sandcove::FileGrant;
 use sandcove_compat_support::multipart::{self, Staged, Upload, UploadError, UploadErrorKind};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::connect::{self, Code, ConnectError};
-use super::{read_body, SandboxId, SignedFileUrl, Wire};
+use super::{read_body, SandboxId, Wire};
 use crate::commands::{process_spec, Commands};
 use crate::errors::SandboxException;
 use crate::files::{self, EntryInfo, FileType, Filesystem};
@@ -1071,42 +1073,45 @@ struct FilesQuery {
 async fn download(
     State(wire): State<Wire>,
     Extension(SandboxId(id)): Extension<SandboxId>,
-    signed: Option<Extension<SignedFileUrl>>,
+    grant: Option<Extension<FileGrant>>,
     Query(q): Query<FilesQuery>,
+    request: Request,
 ) -> Response {
-    let inner = async {
-        // A signed URL reads exactly its path as its user.
-        let (path, user) = match &signed {
-            Some(Extension(s)) if s.operation == "read" => (s.path.clone(), signed_user(s)),
-            Some(_) => return Err(signed_refusal("this signed URL is not for reading")),
-            None => (q.path.unwrap_or_default(), q.username),
+    if let Some(Extension(grant)) = grant {
+        return match signed_transfer(&wire, &id, &grant, request, 0).await {
+            Ok((_, Served::Read(stream))) => download_response(stream),
+            Ok((_, Served::Written(_))) => rest_error(ConnectError::new(
+                Code::Internal,
+                "a signed download wrote instead of reading",
+            )),
+            Err(e) => rest_error(e),
         };
+    }
+    let inner = async {
         let ctx = context(&wire, &id).await?;
-        let stream = files::open_read(&ctx, &path, user.as_deref()).await?;
+        let path = q.path.unwrap_or_default();
+        let stream = files::open_read(&ctx, &path, q.username.as_deref()).await?;
         Ok::<_, ConnectError>(stream)
     };
     match inner.await {
-        Ok(stream) => {
-            let body = Body::from_stream(stream.map(|chunk| {
-                chunk
-                    .map(Bytes::from)
-                    .map_err(|e| std::io::Error::other(e.to_string()))
-            }));
-            let mut response = Response::new(body);
-            response.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/octet-stream"),
-            );
-            response
-        }
+        Ok(stream) => download_response(stream),
         Err(e) => rest_error(e),
     }
 }
 
-/// The user a signed URL acts as: the one it names, else (signed without one) the
-/// default, as a request without `username` would.
-fn signed_user(signed: &SignedFileUrl) -> Option<String> {
-    Some(signed.user.clone()).filter(|u| !u.is_empty())
+/// A download's answer: the file's bytes, streamed.
+fn download_response(stream: sandcove::ByteStream) -> Response {
+    let body = Body::from_stream(stream.map(|chunk| {
+        chunk
+            .map(Bytes::from)
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    }));
+    let mut response = Response::new(body);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    response
 }
 
 /// A request a signed URL does not cover: E2B's 403, before any effect.
@@ -1114,16 +1119,166 @@ fn signed_refusal(why: impl Into<String>) -> ConnectError {
     ConnectError::new(Code::PermissionDenied, why)
 }
 
+/// [`FileAccess`] for a grant built from an E2B signature: its path and user resolved as
+/// envd resolves them (a relative path against the user's home, the default user when none
+/// is named), and the `X-Metadata-*` attributes of the upload given to the file written.
+struct EnvdFiles {
+    ctx: Ctx,
+    metadata: sandcove::FileAttributes,
+}
+
+#[async_trait::async_trait]
+impl FileAccess for EnvdFiles {
+    async fn read(&self, grant: &FileGrant) -> sandcove::Result<sandcove::ByteStream> {
+        let (path, options) = files::read_target(&self.ctx, &grant.path, grant.user.as_deref());
+        self.ctx.core.read_stream_with(&path, options).await
+    }
+
+    async fn write(
+        &self,
+        grant: &FileGrant,
+        data: sandcove::ByteStream,
+        max_bytes: u64,
+    ) -> sandcove::Result<sandcove::FileStat> {
+        let mut options = files::write_options(&self.ctx, grant.user.as_deref(), &self.metadata);
+        options.max_bytes = Some(max_bytes);
+        let path = self.ctx.path_as(&grant.path, options.user.as_deref());
+        self.ctx.core.write_stream(&path, data, options).await
+    }
+}
+
+/// A `/files` request let in by an E2B signature: envd's own checks on the request (its
+/// content encoding, content type and metadata, as for any upload), then the core's signed
+/// file transfer under `grant`, which checks the request against the grant (operation, path,
+/// one `file` part whose filename names no other path) before any effect. Uploads take at
+/// most `max_upload` bytes.
+async fn signed_transfer(
+    wire: &Wire,
+    id: &str,
+    grant: &FileGrant,
+    request: Request,
+    max_upload: u64,
+) -> Result<(Ctx, Served), ConnectError> {
+    let mut metadata = sandcove::FileAttributes::new();
+    let mut request = request;
+    if grant.operation == sandcove::FileUrlOperation::Write {
+        if grant.path.is_empty() {
+            return Err(signed_refusal("this signed URL names no path to write"));
+        }
+        let headers = request.headers();
+        let gzipped = gzipped(headers)?;
+        metadata = upload_metadata(headers)?;
+        upload_content_type(headers)?;
+        if gzipped {
+            // The encoding is the transport's: the transfer sees the decoded body.
+            let (mut parts, body) = request.into_parts();
+            parts.headers.remove(header::CONTENT_ENCODING);
+            let decoded = super::gzip::gunzip_stream(
+                body.into_data_stream(),
+                max_upload.saturating_add(MULTIPART_HEAD_SLACK),
+                axum::Error::new,
+            );
+            request = Request::from_parts(parts, Body::from_stream(decoded));
+        }
+    }
+    let ctx = context(wire, id).await?;
+    let access = EnvdFiles {
+        ctx: ctx.clone(),
+        metadata,
+    };
+    let served = file_url::transfer(request, grant, &access, max_upload).await?;
+    Ok((ctx, served))
+}
+
+/// What a gzip-decoded upload may grow past its file bound: the multipart framing around it.
+const MULTIPART_HEAD_SLACK: u64 = 64 * 1024;
+
+/// Whether an upload is gzip-encoded (`Content-Encoding`), as envd accepts it.
+fn gzipped(headers: &HeaderMap) -> Result<bool, ConnectError> {
+    match headers.get(header::CONTENT_ENCODING).map(|v| v.as_bytes()) {
+        None | Some(b"identity") => Ok(false),
+        Some(b"gzip") | Some(b"x-gzip") => Ok(true),
+        Some(other) => Err(ConnectError::new(
+            Code::InvalidArgument,
+            format!(
+                "unknown Content-Encoding '{}': send gzip or identity",
+                String::from_utf8_lossy(other)
+            ),
+        )),
+    }
+}
+
+/// The metadata an upload's `X-Metadata-<key>` headers give every file it writes: every value
+/// of every such header, in order (the first of a key wins, as in envd), checked before
+/// anything is written (see [`files::metadata_attributes`]).
+fn upload_metadata(headers: &HeaderMap) -> Result<sandcove::FileAttributes, ConnectError> {
+    let metadata: Vec<(String, String)> = headers
+        .iter()
+        .filter_map(|(name, value)| {
+            let key = name.as_str().strip_prefix("x-metadata-")?;
+            Some((
+                key.to_string(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            ))
+        })
+        .collect();
+    Ok(files::metadata_attributes(&metadata)?)
+}
+
+/// An upload's content type, `application/octet-stream` or `multipart/form-data` with a
+/// boundary; anything else is refused.
+fn upload_content_type(headers: &HeaderMap) -> Result<String, ConnectError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    if content_type.starts_with("application/octet-stream")
+        || multipart::boundary(&content_type).is_some()
+    {
+        return Ok(content_type);
+    }
+    Err(ConnectError::new(
+        Code::InvalidArgument,
+        "uploads must be multipart/form-data or application/octet-stream",
+    ))
+}
+
 async fn upload(
     State(wire): State<Wire>,
     Extension(SandboxId(id)): Extension<SandboxId>,
-    signed: Option<Extension<SignedFileUrl>>,
+    grant: Option<Extension<FileGrant>>,
     Query(q): Query<FilesQuery>,
-    headers: HeaderMap,
-    body: Body,
+    request: Request,
 ) -> Response {
-    let signed = signed.map(|Extension(s)| s);
-    match upload_inner(&wire, &id, q, signed, &headers, body).await {
+    let written = match grant {
+        Some(Extension(grant)) => {
+            let content_type = request
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            // envd's bounds: a multipart body is bounded as a whole, raw bytes as a file.
+            let max_upload = if content_type.starts_with("application/octet-stream") {
+                wire.config.max_upload_bytes
+            } else {
+                wire.config.max_multipart_bytes as u64
+            };
+            match signed_transfer(&wire, &id, &grant, request, max_upload).await {
+                Ok((ctx, Served::Written(stat))) => Ok(vec![files::write_info(&ctx, &stat)]),
+                Ok((_, Served::Read(_))) => Err(ConnectError::new(
+                    Code::Internal,
+                    "a signed upload read instead of writing",
+                )),
+                Err(e) => Err(e),
+            }
+        }
+        None => {
+            let (parts, body) = request.into_parts();
+            upload_inner(&wire, &id, q, &parts.headers, body).await
+        }
+    };
+    match written {
         Ok(written) => {
             let list: Vec<Value> = written
                 .iter()
@@ -1162,65 +1317,25 @@ fn write_data(data: multipart::PartData) -> sandcove::ByteStream {
     Box::pin(data.map(|chunk| chunk.map(|b| b.to_vec()).map_err(upload_error)))
 }
 
-/// `POST /files`: an `application/octet-stream` body is the file at `path`; a
-/// `multipart/form-data` body carries `file` parts, streamed one by one into the sandbox
-/// (never held whole: see `sandcove_compat_support::multipart`). With `path` (or a signed
-/// URL, whose path it is) the body carries exactly one file, written there: a second `file`
-/// part fails the upload before the first lands (envd would write the first and refuse the
-/// second). Without, each part is written to its filename. A signed URL also fixes the user
-/// and refuses a part whose filename names another path. `X-Metadata-<key>` headers are the
-/// metadata every file written gets (see [`files::metadata_attributes`]), checked before
-/// anything is written.
+/// `POST /files` with its credential in headers: an `application/octet-stream` body is the
+/// file at `path`; a `multipart/form-data` body carries `file` parts, streamed one by one into
+/// the sandbox (never held whole: see `sandcove_compat_support::multipart`). With `path` the
+/// body carries exactly one file, written there: a second `file` part fails the upload before
+/// the first lands (envd would write the first and refuse the second). Without, each part is
+/// written to its filename. `X-Metadata-<key>` headers are the metadata every file written
+/// gets (see [`upload_metadata`]). A signed URL's upload goes through [`signed_transfer`].
 async fn upload_inner(
     wire: &Wire,
     id: &str,
     q: FilesQuery,
-    signed: Option<SignedFileUrl>,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Vec<files::WriteInfo>, ConnectError> {
-    let gzipped = match headers.get(header::CONTENT_ENCODING).map(|v| v.as_bytes()) {
-        None | Some(b"identity") => false,
-        Some(b"gzip") | Some(b"x-gzip") => true,
-        Some(other) => {
-            return Err(ConnectError::new(
-                Code::InvalidArgument,
-                format!(
-                    "unknown Content-Encoding '{}': send gzip or identity",
-                    String::from_utf8_lossy(other)
-                ),
-            ))
-        }
-    };
-    // Every value of every such header, in order (the first of a key wins, as in envd).
-    let metadata: Vec<(String, String)> = headers
-        .iter()
-        .filter_map(|(name, value)| {
-            let key = name.as_str().strip_prefix("x-metadata-")?;
-            Some((
-                key.to_string(),
-                String::from_utf8_lossy(value.as_bytes()).into_owned(),
-            ))
-        })
-        .collect();
-    let metadata = files::metadata_attributes(&metadata)?;
-    // What the request may write: a signed URL's path and user, else the query's.
-    let (path, user) = match &signed {
-        Some(s) if s.operation != "write" => {
-            return Err(signed_refusal("this signed URL is not for writing"))
-        }
-        Some(s) if s.path.is_empty() => {
-            return Err(signed_refusal("this signed URL names no path to write"))
-        }
-        Some(s) => (Some(s.path.clone()), signed_user(s)),
-        None => (q.path.filter(|p| !p.is_empty()), q.username),
-    };
-    let user = user.as_deref();
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
+    let gzipped = gzipped(headers)?;
+    let metadata = upload_metadata(headers)?;
+    let path = q.path.filter(|p| !p.is_empty());
+    let user = q.username.as_deref();
+    let content_type = upload_content_type(headers)?;
     let ctx = context(wire, id).await?;
     if content_type.starts_with("application/octet-stream") {
         let Some(path) = path else {
@@ -1248,12 +1363,6 @@ async fn upload_inner(
         };
         let written = files::write_stream(&ctx, &path, stream, user, &metadata).await?;
         return Ok(vec![written]);
-    }
-    if multipart::boundary(&content_type).is_none() {
-        return Err(ConnectError::new(
-            Code::InvalidArgument,
-            "uploads must be multipart/form-data or application/octet-stream",
-        ));
     }
     let limit = wire.config.max_multipart_bytes as u64;
     let raw = multipart::body_stream(body.into_data_stream());
@@ -1316,35 +1425,15 @@ async fn upload_inner(
             Some(part) => upload.skip(part).await.map_err(upload_error)?,
         }
     };
-    let signed_path = signed.map(|s| s.path);
-    if let Some(signed_path) = &signed_path {
-        if let Some(other) = first
-            .filename
-            .as_deref()
-            .filter(|f| f.contains('/') && *f != signed_path.as_str())
-        {
-            return Err(signed_refusal(format!(
-                "this signed URL writes {signed_path} only; the upload names {other}"
-            )));
-        }
-    }
     let data = upload.sole_file(
         first,
         |part| part.name == "file",
-        move |part| match &signed_path {
-            Some(signed) => UploadError::new(
-                UploadErrorKind::Forbidden,
-                format!(
-                    "this signed URL writes one file, {signed}; the upload carries another \
-                     ({:?})",
-                    part.filename.as_deref().unwrap_or("")
-                ),
-            ),
-            None => UploadError::new(
+        |_| {
+            UploadError::new(
                 UploadErrorKind::Malformed,
                 "with a path, an upload carries exactly one file (a second `file` part was \
                  sent): upload several files without `path`, each part's filename its path",
-            ),
+            )
         },
     );
     let written = files::write_stream(&ctx, &path, write_data(data), user, &metadata).await?;

@@ -414,11 +414,12 @@ async fn authenticate(
         // A URL from `download_url`/`upload_url`: no headers, a signature in the query.
         let (method, uri) = (request.method().clone(), request.uri().clone());
         match signed_file_url(&wire, &method, &uri).await {
-            Ok(Some((id, signed))) => {
+            Ok(Some(grant)) => {
+                let id = grant.sandbox.clone();
                 if credential.principal == Principal::Anonymous {
                     credential = Credential::for_sandbox(Principal::SignedUrl, id.clone());
                 }
-                request.extensions_mut().insert(signed);
+                request.extensions_mut().insert(grant);
                 bound = Some(id);
             }
             Ok(None) => {}
@@ -492,18 +493,32 @@ fn file_signature(
     )
 }
 
-/// What a signed `/files` URL authorises, inserted into the request's extensions when its
-/// signature let the request in: one operation on one path as one user. The `/files`
-/// handlers then read or write exactly that path as that user, and an upload carries exactly
-/// one file.
-#[derive(Debug, Clone)]
-pub(crate) struct SignedFileUrl {
-    /// The signed path.
-    pub path: String,
-    /// `read` or `write`.
-    pub operation: &'static str,
-    /// The signed user (empty: the sandbox's default).
-    pub user: String,
+/// The core grant an E2B signature stands for, inserted into the request's extensions when
+/// the signature let the request in: one operation on one path as one user, until the
+/// signature's expiration. The `/files` handlers then move the bytes through
+/// [`sandcove::file_url::transfer`], the one transfer every signed file URL goes through,
+/// which checks the request against the grant before any effect.
+///
+/// The path and user are E2B's, as signed (a relative path, an empty user for the default):
+/// the wire's [`FileAccess`](sandcove::file_url::FileAccess) resolves them as envd does.
+/// E2B's expiration is in whole seconds and still valid during its last second, so the grant
+/// expires at the end of that second. No nonce: the grant is never signed again.
+pub(crate) fn e2b_grant(
+    sandbox: &str,
+    path: &str,
+    operation: sandcove::FileUrlOperation,
+    user: &str,
+    expiration_secs: Option<u64>,
+) -> sandcove::FileGrant {
+    sandcove::FileGrant {
+        sandbox: sandbox.to_string(),
+        path: path.to_string(),
+        operation,
+        user: Some(user.to_string()).filter(|u| !u.is_empty()),
+        expires_at: expiration_secs.map(|s| s.saturating_add(1).saturating_mul(1000)),
+        max_bytes: None,
+        nonce: String::new(),
+    }
 }
 
 /// The sandbox a signed `/files` URL (`download_url`, `upload_url`) was made for: the one
@@ -519,7 +534,7 @@ async fn signed_file_url(
     wire: &Wire,
     method: &axum::http::Method,
     uri: &axum::http::Uri,
-) -> Result<Option<(String, SignedFileUrl)>, connect::ConnectError> {
+) -> Result<Option<sandcove::FileGrant>, connect::ConnectError> {
     let Ok(axum::extract::Query(q)) = axum::extract::Query::<SignedQuery>::try_from_uri(uri) else {
         return Ok(None);
     };
@@ -532,9 +547,9 @@ async fn signed_file_url(
         connect::ConnectError::new(connect::Code::Unauthenticated, message.to_string())
     };
     let invalid = || refused("invalid signature");
-    let operation = match *method {
-        axum::http::Method::GET => "read",
-        axum::http::Method::POST => "write",
+    let (operation, signed_operation) = match *method {
+        axum::http::Method::GET => (sandcove::FileUrlOperation::Read, "read"),
+        axum::http::Method::POST => (sandcove::FileUrlOperation::Write, "write"),
         _ => return Err(invalid()),
     };
     let expires_at = match &q.signature_expiration {
@@ -546,7 +561,7 @@ async fn signed_file_url(
     let matches = |token: &str| {
         let expected = file_signature(
             &path,
-            operation,
+            signed_operation,
             &user,
             token,
             q.signature_expiration.as_deref(),
@@ -573,14 +588,7 @@ async fn signed_file_url(
         wire.known.forget(&id);
         return Err(invalid());
     }
-    Ok(Some((
-        id,
-        SignedFileUrl {
-            path,
-            operation,
-            user,
-        },
-    )))
+    Ok(Some(e2b_grant(&id, &path, operation, &user, expires_at)))
 }
 
 /// The E2B sandboxes this listener knows, with their envd tokens, so a signed URL is checked
@@ -717,6 +725,36 @@ mod tests {
             file_signature("/a", "read", "", "tok", Some("1")),
             file_signature("/a", "read", "", "tok", Some("2"))
         );
+    }
+
+    #[test]
+    fn an_e2b_signature_stands_for_a_core_grant_with_all_it_signed() {
+        use sandcove::FileUrlOperation::{Read, Write};
+        let grant = e2b_grant("sbx-a", "dir/a.txt", Write, "root", Some(1_000));
+        assert_eq!(grant.sandbox, "sbx-a");
+        assert_eq!(grant.path, "dir/a.txt", "E2B's path, as signed");
+        assert_eq!(grant.operation, Write);
+        assert_eq!(grant.user.as_deref(), Some("root"));
+        assert_eq!(grant.max_bytes, None, "the listener bounds the upload");
+        // E2B's expiration (seconds) still holds during its last second, not after.
+        let check = |op, path, now| grant.check(op, path, now);
+        assert!(check(Write, Some("dir/a.txt"), 1_000_999).is_ok());
+        assert!(matches!(
+            check(Write, None, 1_001_000),
+            Err(sandcove::Error::Unauthenticated { .. })
+        ));
+        // The core's check then holds the request to what E2B signed.
+        assert!(matches!(
+            check(Read, None, 0),
+            Err(sandcove::Error::Forbidden { .. })
+        ));
+        assert!(matches!(
+            check(Write, Some("dir/b.txt"), 0),
+            Err(sandcove::Error::Forbidden { .. })
+        ));
+        // Signed without a user: the sandbox's default; without an expiration: none.
+        let grant = e2b_grant("sbx-a", "/a", Read, "", None);
+        assert_eq!((grant.user, grant.expires_at), (None, None));
     }
 
     #[test]
