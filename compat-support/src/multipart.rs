@@ -164,6 +164,13 @@ impl UploadBudget {
         self.total - self.semaphore.available_permits().min(self.total)
     }
 
+    /// One upload's working set of this budget, held until the returned permit is dropped:
+    /// for an upload streamed by other code than [`Upload`] (a signed URL's transfer), so it
+    /// counts against the same bound. `Busy` once the budget's wait is over.
+    pub async fn reserve_working_set(&self) -> Result<OwnedSemaphorePermit, UploadError> {
+        self.reserve().await
+    }
+
     async fn reserve(&self) -> Result<OwnedSemaphorePermit, UploadError> {
         let n = u32::try_from(WORKING_SET).unwrap_or(u32::MAX);
         match tokio::time::timeout(self.wait, self.semaphore.clone().acquire_many_owned(n)).await {

@@ -1186,6 +1186,29 @@ async fn signed_transfer(
         ctx: ctx.clone(),
         metadata,
     };
+    // A multipart upload holds a working set of the server's upload memory for as long as
+    // it runs, as the unsigned ones do: the bound on what uploads in progress hold is one.
+    let multipart = grant.operation == sandcove::FileUrlOperation::Write
+        && request
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| {
+                t.trim_start()
+                    .to_ascii_lowercase()
+                    .starts_with("multipart/")
+            });
+    let _reservation = if multipart {
+        Some(
+            wire.config
+                .upload_memory
+                .reserve_working_set()
+                .await
+                .map_err(upload_error)?,
+        )
+    } else {
+        None
+    };
     let served = file_url::transfer(request, grant, &access, max_upload).await?;
     Ok((ctx, served))
 }
