@@ -143,9 +143,27 @@ finally:
         .env("E2B_API_KEY", key)
         .output()
         .map_err(|e| format!("{}: {e}", python.display()))?;
+    seconds_per_line(&out, "Python")
+}
+
+/// The connection limits of the bench's vendor listeners.
+fn listener_limits() -> sandcove::server::ConnectionLimits {
+    sandcove::server::ConnectionLimits {
+        max_connections: 64,
+        head_timeout: Duration::from_secs(10),
+        body_idle_timeout: Duration::from_secs(60),
+        write_stall_timeout: Duration::from_secs(60),
+        upstream_answer_timeout: Duration::from_secs(60),
+        shutdown_grace: Duration::from_secs(1),
+        tls: None,
+    }
+}
+
+/// The samples a timing program printed (seconds, one per line), or why it failed.
+fn seconds_per_line(out: &std::process::Output, sdk: &str) -> Result<Vec<Duration>, String> {
     if !out.status.success() {
         return Err(format!(
-            "the Python SDK program failed: {}",
+            "the {sdk} SDK program failed: {}",
             String::from_utf8_lossy(&out.stderr)
         ));
     }
@@ -248,21 +266,7 @@ for (let i = 0; i < Number(process.argv[2]); i++) {
         }
     }
     let out = out?;
-    if !out.status.success() {
-        return Err(format!(
-            "the {language} SDK program failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| {
-            l.trim()
-                .parse::<f64>()
-                .map(Duration::from_secs_f64)
-                .map_err(|e| format!("{l:?}: {e}"))
-        })
-        .collect()
+    seconds_per_line(&out, language)
 }
 
 /// Sandboxes each official Python SDK makes, uses and deletes in the `sdk-cycle` rows.
@@ -370,21 +374,7 @@ fn sdk_cycles(vendor: &str, vars: &[(String, String)]) -> Result<Vec<Duration>, 
         .envs(vars.iter().map(|(k, v)| (k, v)))
         .output()
         .map_err(|e| format!("{vendor}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "the {vendor} SDK program failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| {
-            l.trim()
-                .parse::<f64>()
-                .map(Duration::from_secs_f64)
-                .map_err(|e| format!("{l:?}: {e}"))
-        })
-        .collect()
+    seconds_per_line(&out, vendor)
 }
 
 /// `POST /api/sandbox` on the Daytona listener, timed to its answer (what the SDK's
@@ -796,15 +786,7 @@ async fn main() -> Result<(), BoxError> {
     let e2b_server = tokio::spawn(sandcove::server::serve_router(
         e2b_listener,
         e2b::wire::router(local.clone(), e2b::wire::WireConfig::new(key.clone())),
-        sandcove::server::ConnectionLimits {
-            max_connections: 64,
-            head_timeout: Duration::from_secs(10),
-            body_idle_timeout: Duration::from_secs(60),
-            write_stall_timeout: Duration::from_secs(60),
-            upstream_answer_timeout: Duration::from_secs(60),
-            shutdown_grace: Duration::from_secs(1),
-            tls: None,
-        },
+        listener_limits(),
         async move {
             let _ = e2b_stop_rx.await;
         },
@@ -1071,15 +1053,7 @@ async fn main() -> Result<(), BoxError> {
             local.clone(),
             daytona::wire::WireConfig::new(key.clone(), daytona_origin.clone()),
         ),
-        sandcove::server::ConnectionLimits {
-            max_connections: 64,
-            head_timeout: Duration::from_secs(10),
-            body_idle_timeout: Duration::from_secs(60),
-            write_stall_timeout: Duration::from_secs(60),
-            upstream_answer_timeout: Duration::from_secs(60),
-            shutdown_grace: Duration::from_secs(1),
-            tls: None,
-        },
+        listener_limits(),
         async move {
             let _ = daytona_stop_rx.await;
         },
@@ -1136,15 +1110,7 @@ async fn main() -> Result<(), BoxError> {
     let blaxel_server = tokio::spawn(sandcove::server::serve_router_intercepting(
         blaxel_listener,
         blaxel::wire::router(local.clone(), blaxel_config),
-        sandcove::server::ConnectionLimits {
-            max_connections: 64,
-            head_timeout: Duration::from_secs(10),
-            body_idle_timeout: Duration::from_secs(60),
-            write_stall_timeout: Duration::from_secs(60),
-            upstream_answer_timeout: Duration::from_secs(60),
-            shutdown_grace: Duration::from_secs(1),
-            tls: None,
-        },
+        listener_limits(),
         ca,
         async move {
             let _ = blaxel_stop_rx.await;
