@@ -34,6 +34,7 @@ mod http_conformance;
 mod http_operations;
 mod http_server;
 mod http_upload;
+mod image_roots;
 #[cfg(feature = "kubernetes")]
 mod kube;
 #[cfg(feature = "kubernetes")]

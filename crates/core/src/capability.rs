@@ -142,7 +142,7 @@ impl Capabilities {
 /// an empty writable `/workspace`. `None` and `""` mean the same. Any other name is refused
 /// with [`Error::NotSupported`] before any effect: a sandbox never silently runs the host base
 /// in place of an image it was asked for.
-pub const HOST_BASE_TEMPLATES: &[&str] = &["base"];
+pub const HOST_BASE_TEMPLATES: &[&str] = &["base", "host"];
 
 /// Whether `template` names the host base (see [`HOST_BASE_TEMPLATES`]).
 pub fn is_host_base(template: Option<&str>) -> bool {

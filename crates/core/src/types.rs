@@ -94,7 +94,11 @@ pub struct CreateOptions {
     /// free again once its sandbox is destroyed or its lease has ended. Find a sandbox by name
     /// with [`ListOptions::name`]. A fork never inherits its source's name.
     pub name: Option<String>,
-    /// Base filesystem. `None` (or `"base"`) is the host's system directories, read-only.
+    /// Base filesystem. `None` (or `"base"`, `"host"`) is the host's system directories,
+    /// read-only. Any other value names an image (an OCI reference such as `python:3.12-slim`,
+    /// or a name the runtime maps to one): its layers, read-only, become the sandbox's root
+    /// under a writable layer of its own, on runtimes whose
+    /// [`Capabilities::templates`](crate::Capabilities::templates) list it.
     pub template: Option<String>,
     /// Environment variables every process in the sandbox inherits.
     pub envs: BTreeMap<String, String>,

@@ -47,6 +47,11 @@ impl Backend for LocalBackend {
             .iter()
             .map(|t| t.to_string())
             .collect();
+        // The images stored here, by every reference they are known by (an isolated engine
+        // only: an image's root needs the sandbox's own mount namespace).
+        if let Some(images) = self.images.as_ref().filter(|_| !self.unisolated) {
+            caps.templates.extend(images.references());
+        }
         caps.lease = Some(sandcove_core::capability::LeaseBounds::engine());
         caps.observed_at = Some(self.probed_at);
         caps.runtime_id = Some(self.runtime_id.clone());
@@ -60,7 +65,7 @@ impl Backend for LocalBackend {
 
     #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
     async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
-        check_create(&options, self.cgroups.is_some())?;
+        check_create(&options, self.cgroups.is_some(), self.images.is_some())?;
         if !self.unisolated && pool::serves(&options, self.mapping) {
             if let Some(id) = self.pool.take(self) {
                 let claimed = pool::as_pool_work(self.claim(&id, &options)).await;
@@ -518,7 +523,7 @@ impl Backend for LocalBackend {
                 "fork takes its files from the sandbox, not a snapshot",
             ));
         }
-        check_create(&options, self.cgroups.is_some())?;
+        check_create(&options, self.cgroups.is_some(), self.images.is_some())?;
         // Annotations are copied on purpose, never inherited through the files: the source's,
         // then the fork's own on top, checked before anything is made.
         let source = self.get(id).await?;
@@ -598,11 +603,12 @@ impl Backend for LocalBackend {
     }
 }
 
-/// The engine's own checks after the shared ones ([`CreateOptions::validate`]): its one
-/// template and the resources its cgroups can enforce.
-fn check_create(options: &CreateOptions, cgroups: bool) -> Result<()> {
+/// The engine's own checks after the shared ones ([`CreateOptions::validate`]): a template
+/// other than the host base only with an image source, and the resources its cgroups can
+/// enforce. (Whether the image is stored is the source's answer, at create.)
+fn check_create(options: &CreateOptions, cgroups: bool, images: bool) -> Result<()> {
     options.validate()?;
-    if !sandcove_core::capability::is_host_base(options.template.as_deref()) {
+    if !images && !sandcove_core::capability::is_host_base(options.template.as_deref()) {
         return Err(Error::not_supported(
             format!(
                 "template or image {:?}",

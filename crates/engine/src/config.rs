@@ -138,6 +138,9 @@ pub struct Record {
     /// per-user-namespace limits its agent writes, default processes).
     #[serde(default)]
     pub bounds: super::bounds::SandboxBounds,
+    /// The image the sandbox's root is made of; `None` for the host base.
+    #[serde(default)]
+    pub image: Option<super::images::ImageRoot>,
 }
 
 fn first_protocol_version() -> u32 {

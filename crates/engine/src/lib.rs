@@ -27,6 +27,7 @@ pub(crate) mod config;
 mod connect;
 mod entry;
 mod files;
+pub mod images;
 mod landlock;
 mod lifecycle;
 mod locale;
@@ -116,6 +117,9 @@ pub struct LocalBackend {
     /// archive (see `locale`): made at the first create, off the caller's event loop, not
     /// by engines that only list or destroy (shared by clones).
     locale: std::sync::Arc<std::sync::OnceLock<Option<PathBuf>>>,
+    /// Where images named at create are found ([`LocalBackend::with_images`]); none: only
+    /// the host base.
+    images: Option<std::sync::Arc<dyn images::ImageSource>>,
 }
 
 impl LocalBackend {
@@ -185,9 +189,18 @@ impl LocalBackend {
             runtime_id,
             conns: std::sync::Arc::new(ConnPool::new()),
             locale: Default::default(),
+            images: None,
         };
         backend.collect_stale();
         Ok(backend)
+    }
+
+    /// Run images named at create (a template other than the host base) from `source`: their
+    /// layers become the sandbox's read-only root under a writable layer of its own (see
+    /// [`images`]). Without a source, a create naming an image is refused as not supported.
+    pub fn with_images(mut self, source: std::sync::Arc<dyn images::ImageSource>) -> Self {
+        self.images = Some(source);
+        self
     }
 
     /// Use `helper` as the user-mode networking helper (`pasta`) for

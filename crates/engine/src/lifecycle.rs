@@ -51,6 +51,7 @@ impl LocalBackend {
             },
             _ => None,
         };
+        let image = self.image_for(&options)?;
         let mounts = volumes::mounts_for(self, &options.volumes)?;
         let snapshot = match &options.snapshot {
             Some(snap) => Some(self.snapshot_paths(snap)?.1),
@@ -126,6 +127,7 @@ impl LocalBackend {
             pooled,
             locale: None,
             bounds: self.bounds,
+            image,
         };
         let (state_dir, locale_dir) = (self.state_dir.clone(), self.locale.clone());
         let info = info_of(&record, SandboxState::Running);
@@ -152,6 +154,83 @@ impl LocalBackend {
             }
         }
         Ok(info)
+    }
+
+    /// The image `options` names, resolved through the engine's image source; `None` for the
+    /// host base. Refused before any effect: an image without a source, or without isolation
+    /// (the image's root needs the sandbox's own mount namespace), or one with more layers
+    /// than a root stacks.
+    pub(crate) fn image_for(
+        &self,
+        options: &CreateOptions,
+    ) -> Result<Option<crate::images::ImageRoot>> {
+        let reference = match options.template.as_deref() {
+            t if sandcove_core::capability::is_host_base(t) => return Ok(None),
+            Some(reference) => reference,
+            None => return Ok(None),
+        };
+        let Some(source) = &self.images else {
+            return Err(Error::not_supported(
+                format!("template or image {reference:?}"),
+                sandcove_core::capability::HOST_BASE_ALTERNATIVE,
+            ));
+        };
+        if self.unisolated {
+            return Err(Error::not_supported(
+                format!("image {reference:?} without isolation"),
+                "run on a host with user namespaces (an image's root is mounted in the \
+                 sandbox's own mount namespace), or use the host base",
+            ));
+        }
+        if options.snapshot.is_some() {
+            return Err(Error::not_supported(
+                format!("image {reference:?} with a snapshot"),
+                "a snapshot holds a host-base sandbox's files: create from the snapshot \
+                 alone, or from the image alone",
+            ));
+        }
+        let image = source.resolve(reference)?;
+        if image.layers.len() > crate::images::MAX_LAYERS {
+            return Err(Error::not_supported(
+                format!("image {reference:?} with {} layers", image.layers.len()),
+                format!(
+                    "squash it to at most {} layers (e.g. a multi-stage build)",
+                    crate::images::MAX_LAYERS
+                ),
+            ));
+        }
+        Ok(Some(image))
+    }
+
+    /// The digests of the images the live sandboxes of this state directory run: what an
+    /// image store's prune must keep. Read from the sandboxes' records, so a sandbox that
+    /// ended without its client is never counted.
+    pub fn images_in_use(&self) -> Vec<String> {
+        let mut digests = Vec::new();
+        let Ok(entries) = std::fs::read_dir(self.sandboxes_dir()) else {
+            return digests;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !config::valid_id(&name) {
+                continue;
+            }
+            let sdir = SandboxDir::new(&self.state_dir, &name);
+            if crate::lock_is_free(&sdir.lock()) {
+                continue;
+            }
+            let Ok(text) = std::fs::read(sdir.record()) else {
+                continue;
+            };
+            if let Ok(record) = serde_json::from_slice::<Record>(&text) {
+                if let Some(image) = record.image {
+                    if !digests.contains(&image.digest) {
+                        digests.push(image.digest);
+                    }
+                }
+            }
+        }
+        digests
     }
 
     /// This engine without a pool: what the pool's own task makes members with (holding

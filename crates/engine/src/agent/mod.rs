@@ -23,6 +23,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
 mod file_calls;
+mod image_root;
 mod metrics;
 pub(crate) mod pod;
 mod process;
@@ -897,6 +898,16 @@ async fn handle(agent: &Arc<Agent>, stream: &mut impl Conn, request: AgentReques
             "filesystem snapshots of a pod",
             "copy files out with read_file, or snapshot the volume behind the pod",
         )),
+        // The agent's `tar` keeps capabilities no sandbox process has: it is the host's in a
+        // host-base sandbox, but an image's root holds the image's own `tar`, which must never
+        // run with them.
+        AgentRequest::ExportFs | AgentRequest::ImportFs if agent.record().image.is_some() => {
+            Err(Error::not_supported(
+                "filesystem snapshots and forks of an image sandbox",
+                "snapshot a host-base sandbox, or copy files out with read_file and into a \
+                 new sandbox of the same image",
+            ))
+        }
         AgentRequest::ExportFs => export_fs(agent, stream).await,
         AgentRequest::ImportFs => import_fs(agent, stream).await,
         AgentRequest::ApplyClaim { options, users } => {

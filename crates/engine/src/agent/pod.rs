@@ -187,6 +187,8 @@ fn prepare(config: &PodAgentConfig) -> Result<Record> {
         pooled: false,
         locale: None,
         bounds: Default::default(),
+        // A Pod's root is its container image, which Kubernetes mounts.
+        image: None,
     };
     // The home exists before anything runs in it (an emptyDir in a Pod usually; made here
     // otherwise, by the agent, before any sandbox code runs).

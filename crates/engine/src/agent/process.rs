@@ -201,15 +201,23 @@ pub(super) fn launch(agent: &Arc<Agent>, spec: &ProcessSpec) -> Result<Incarnati
     let record = agent.record();
     let record = &*record;
     let user = record.user(spec.user.as_deref())?.clone();
+    // Where the call names no directory: the image's working directory, if it has one (as a
+    // container runtime starts there), else the user's home.
+    let image_dir = record
+        .image
+        .as_ref()
+        .and_then(|image| image.working_dir.clone())
+        .filter(|dir| dir.starts_with('/'));
+    let default_dir = image_dir.unwrap_or_else(|| user.home.clone());
     let cwd = match &spec.cwd {
         Some(c) => resolve(record, c)?,
-        None => host_path(record, Path::new(&user.home)),
+        None => host_path(record, Path::new(&default_dir)),
     };
     // Resolved like every file call (beneath the sandbox root, no magic links, not /proc), and
     // entered through that descriptor: the child changes into exactly the directory checked
     // (before it drops privileges), whatever the path names by then.
     let cwd_fd = {
-        let shown = spec.cwd.clone().unwrap_or_else(|| user.home.clone());
+        let shown = spec.cwd.clone().unwrap_or_else(|| default_dir.clone());
         let root = files::open_root(record)?;
         // Errors keep naming the working directory (facades map a missing one specially).
         let subject = format!("working directory {}", cwd.display());
@@ -236,6 +244,14 @@ pub(super) fn launch(agent: &Arc<Agent>, spec: &ProcessSpec) -> Result<Incarnati
     envs.insert("SHELL".into(), "/bin/bash".into());
     envs.insert("LANG".into(), "C.UTF-8".into());
     envs.insert("PWD".into(), cwd.to_string_lossy().into_owned());
+    // The image's environment (its PATH first of all) under the sandbox's and the call's.
+    if let Some(image) = &record.image {
+        envs.extend(
+            image
+                .env_pairs()
+                .map(|(name, value)| (name.to_string(), value.to_string())),
+        );
+    }
     envs.extend(record.options.envs.clone());
     envs.extend(spec.envs.clone());
 

@@ -30,6 +30,13 @@ pub(super) fn setup_sandbox(
         .locale
         .as_deref()
         .and_then(|dir| sys::open_dir_path(Path::new(dir)).ok());
+    // An image's layers, opened likewise, and the host's resolvers for its `/etc/resolv.conf`
+    // (the host base shows the host's own).
+    let layers = match &record.image {
+        Some(image) => Some(super::image_root::open_layers(image)?),
+        None => None,
+    };
+    let resolv_conf = layers.as_ref().and_then(|_| host_resolv_conf());
     // Become root of the new user namespace (a no-op in the single-uid mapping).
     become_ns_root().map_err(|e| unavailable("setuid in the user namespace", e))?;
     // Before anything else runs here: this namespace's share of the engine user's inotify,
@@ -72,100 +79,25 @@ pub(super) fn setup_sandbox(
         record.bounds.inodes_for(record.disk_mib()),
     )
     .map_err(|e| unavailable("mount the sandbox root", e))?;
+    // An image's root: its layers under a writable layer kept on that tmpfs.
+    let root = match &layers {
+        Some(layers) => super::image_root::mount(&root, layers)?,
+        None => root,
+    };
     let r = |p: &str| root.join(p.trim_start_matches('/'));
     let fs_err = |step: &str| {
         let step = step.to_string();
         move |e: std::io::Error| unavailable(&step, e)
     };
 
-    // Host system directories, read-only. One that is a symlink on the host (`/lib64 ->
-    // usr/lib64` on merged-/usr hosts) is not recreated as one: a symlink in the sandbox's
-    // root is the sandbox root's to replace, and the agent's `tar`, which keeps the agent's
-    // capabilities, finds its loader and libraries through `/lib64` and `/lib`. The
-    // directory it leads to is bound instead, a mount point no sandbox process can rename;
-    // one leading outside the directories bound here is left out, as it led nowhere.
-    const SYSTEM_DIRS: [&str; 9] = [
-        "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt",
-    ];
-    let bound_whole = |d: &str| {
-        let host = Path::new("/").join(d);
-        std::fs::symlink_metadata(&host).is_ok_and(|m| m.is_dir())
-    };
-    for d in SYSTEM_DIRS {
-        let host = Path::new("/").join(d);
-        let Ok(meta) = std::fs::symlink_metadata(&host) else {
-            continue;
-        };
-        if meta.file_type().is_symlink() {
-            let Ok(target) = std::fs::canonicalize(&host) else {
-                continue;
-            };
-            let inside = SYSTEM_DIRS
-                .iter()
-                .any(|s| bound_whole(s) && target.starts_with(Path::new("/").join(s)));
-            if inside && target.is_dir() {
-                bind_readonly(&target, &r(d))?;
-            }
-        } else if meta.is_dir() {
-            bind_readonly(&host, &r(d))?;
-        }
-    }
-    if let Some(dir) = &locale {
-        bind_locale(dir, &r(super::super::locale::HOST_LOCALE_DIR))?;
-    }
-    for d in [
-        "workspace",
-        "tmp",
-        "var/tmp",
-        "root",
-        "home",
-        "run",
-        "proc",
-        "dev",
-        "mnt",
-        "srv",
-        ".sandcove",
-    ] {
-        std::fs::create_dir_all(r(d)).map_err(fs_err("create sandbox directories"))?;
-    }
-    for d in ["tmp", "var/tmp"] {
-        std::fs::set_permissions(r(d), std::fs::Permissions::from_mode(0o1777))
-            .map_err(fs_err("chmod /tmp"))?;
-    }
-    std::fs::set_permissions(r("root"), std::fs::Permissions::from_mode(0o700))
-        .map_err(fs_err("chmod /root"))?;
-    for user in &record.users {
-        let home = r(&user.home);
-        std::fs::create_dir_all(&home).map_err(fs_err("create a home directory"))?;
-        std::os::unix::fs::chown(&home, Some(user.uid), Some(user.gid))
-            .map_err(fs_err("chown a home directory"))?;
-    }
-
-    // Our own user database, hostname and hosts file over the read-only /etc.
     let hostname = record
         .options
         .hostname
         .clone()
         .unwrap_or_else(|| record.id.chars().take(12).collect());
-    let etc_files = [
-        ("passwd", record.passwd()),
-        ("group", record.group()),
-        ("hostname", format!("{hostname}\n")),
-        (
-            "hosts",
-            format!("127.0.0.1 localhost {hostname}\n::1 localhost ip6-localhost\n"),
-        ),
-    ];
-    if r("etc").is_dir() {
-        for (name, contents) in etc_files {
-            let src = r(".sandcove").join(name);
-            std::fs::write(&src, contents).map_err(fs_err("write /etc files"))?;
-            let dst = r("etc").join(name);
-            if dst.exists() {
-                sys::mount(Some(&src), &dst, None, libc::MS_BIND, None)
-                    .map_err(|e| unavailable("bind /etc files", e))?;
-            }
-        }
+    match &layers {
+        Some(_) => super::image_root::prepare(&root, record, &hostname, resolv_conf.as_deref())?,
+        None => host_base(&root, record, &hostname, locale.as_ref())?,
     }
 
     // Volumes (staged by the monitor where the host path is out of our reach).
@@ -321,6 +253,109 @@ pub(super) fn setup_sandbox(
     super::landlock::confine_to_root(record.landlock_optional)?;
     super::seccomp::install()?;
     Ok(())
+}
+
+/// The host base's root under `root`: the host's system directories read-only, the engine's
+/// directories, the users' homes, and the engine's `/etc` files bound over the host's.
+fn host_base(root: &Path, record: &Record, hostname: &str, locale: Option<&OwnedFd>) -> Result<()> {
+    let r = |p: &str| root.join(p.trim_start_matches('/'));
+    let fs_err = |step: &str| {
+        let step = step.to_string();
+        move |e: std::io::Error| unavailable(&step, e)
+    };
+    // Host system directories, read-only. One that is a symlink on the host (`/lib64 ->
+    // usr/lib64` on merged-/usr hosts) is not recreated as one: a symlink in the sandbox's
+    // root is the sandbox root's to replace, and the agent's `tar`, which keeps the agent's
+    // capabilities, finds its loader and libraries through `/lib64` and `/lib`. The
+    // directory it leads to is bound instead, a mount point no sandbox process can rename;
+    // one leading outside the directories bound here is left out, as it led nowhere.
+    const SYSTEM_DIRS: [&str; 9] = [
+        "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt",
+    ];
+    let bound_whole = |d: &str| {
+        let host = Path::new("/").join(d);
+        std::fs::symlink_metadata(&host).is_ok_and(|m| m.is_dir())
+    };
+    for d in SYSTEM_DIRS {
+        let host = Path::new("/").join(d);
+        let Ok(meta) = std::fs::symlink_metadata(&host) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            let Ok(target) = std::fs::canonicalize(&host) else {
+                continue;
+            };
+            let inside = SYSTEM_DIRS
+                .iter()
+                .any(|s| bound_whole(s) && target.starts_with(Path::new("/").join(s)));
+            if inside && target.is_dir() {
+                bind_readonly(&target, &r(d))?;
+            }
+        } else if meta.is_dir() {
+            bind_readonly(&host, &r(d))?;
+        }
+    }
+    if let Some(dir) = locale {
+        bind_locale(dir, &r(super::super::locale::HOST_LOCALE_DIR))?;
+    }
+    for d in [
+        "workspace",
+        "tmp",
+        "var/tmp",
+        "root",
+        "home",
+        "run",
+        "proc",
+        "dev",
+        "mnt",
+        "srv",
+        ".sandcove",
+    ] {
+        std::fs::create_dir_all(r(d)).map_err(fs_err("create sandbox directories"))?;
+    }
+    for d in ["tmp", "var/tmp"] {
+        std::fs::set_permissions(r(d), std::fs::Permissions::from_mode(0o1777))
+            .map_err(fs_err("chmod /tmp"))?;
+    }
+    std::fs::set_permissions(r("root"), std::fs::Permissions::from_mode(0o700))
+        .map_err(fs_err("chmod /root"))?;
+    for user in &record.users {
+        let home = r(&user.home);
+        std::fs::create_dir_all(&home).map_err(fs_err("create a home directory"))?;
+        std::os::unix::fs::chown(&home, Some(user.uid), Some(user.gid))
+            .map_err(fs_err("chown a home directory"))?;
+    }
+
+    // Our own user database, hostname and hosts file over the read-only /etc.
+    let etc_files = [
+        ("passwd", record.passwd()),
+        ("group", record.group()),
+        ("hostname", format!("{hostname}\n")),
+        (
+            "hosts",
+            format!("127.0.0.1 localhost {hostname}\n::1 localhost ip6-localhost\n"),
+        ),
+    ];
+    if r("etc").is_dir() {
+        for (name, contents) in etc_files {
+            let src = r(".sandcove").join(name);
+            std::fs::write(&src, contents).map_err(fs_err("write /etc files"))?;
+            let dst = r("etc").join(name);
+            if dst.exists() {
+                sys::mount(Some(&src), &dst, None, libc::MS_BIND, None)
+                    .map_err(|e| unavailable("bind /etc files", e))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The host's `/etc/resolv.conf` (bounded), for an image sandbox's own.
+fn host_resolv_conf() -> Option<Vec<u8>> {
+    let file = std::fs::File::open("/etc/resolv.conf").ok()?;
+    let mut text = Vec::new();
+    file.take(64 << 10).read_to_end(&mut text).ok()?;
+    Some(text)
 }
 
 pub(super) fn become_ns_root() -> std::io::Result<()> {
