@@ -57,7 +57,7 @@ pub const GAPS: &[Gap] = &[
     Gap {
         key: "image other than blaxel/base-image",
         feature: "image other than blaxel/base-image",
-        alternative: "omit `image` or name `blaxel/base-image` (the host base: the host's read-only system directories with sh, python3 and coreutils, a writable /blaxel); to get what the image holds, install it with process.exec and snapshot the result, or run the image on Blaxel",
+        alternative: "on a runtime without images: omit `image` or name `blaxel/base-image` (the host base: the host's read-only system directories with sh, python3 and coreutils, a writable /blaxel); the embedded engine and `sandcove serve` run any image they have stored (`sandcove image pull NAME`)",
     },
     Gap {
         key: "ephemeral volumes",

@@ -1307,11 +1307,8 @@ pub(crate) async fn open_volume_roots(
 /// Check a create configuration and turn it into the Blaxel record (defaults applied). Gaps
 /// are refused here, before anything is created.
 pub(crate) fn sandbox_from_config(config: SandboxCreateConfiguration) -> Result<Sandbox> {
-    if let Some(image) = config.image.as_deref() {
-        if !translate::is_host_base_image(image) {
-            return Err(gaps::refuse("image other than blaxel/base-image"));
-        }
-    }
+    // An image other than the host base is the runtime's to run: checked at create
+    // ([`image_template`]), where its capabilities are known.
     if config.network.as_ref().is_some_and(|n| !n.is_null()) {
         return Err(gaps::refuse("network"));
     }
@@ -1429,6 +1426,20 @@ pub(crate) fn check_external_id(id: &str) -> Result<()> {
     }
 }
 
+/// The template a create with Blaxel `image` runs: `None` for the host base
+/// (`blaxel/base-image`, the interpreter's `blaxel/jupyter-server`), the image itself where
+/// the runtime runs images (it must have it stored), else refused before any effect, never
+/// run as the host base.
+pub(crate) fn image_template(image: &str, images: bool) -> Result<Option<String>> {
+    if translate::is_host_base_image(image) {
+        Ok(None)
+    } else if images {
+        Ok(Some(image.to_string()))
+    } else {
+        Err(gaps::refuse("image other than blaxel/base-image"))
+    }
+}
+
 /// How often `create_if_not_exists` retries when its name is taken by a sandbox it cannot
 /// list yet (about a second in all).
 pub(crate) const NAME_RACE_ATTEMPTS: u32 = 50;
@@ -1453,6 +1464,7 @@ pub(crate) async fn create_sandbox(
     // Blaxel sandboxes reach the internet by default: isolated internet where the runtime
     // has it, else loopback only with a warning. Never the host's network.
     let caps = client.ready().await?;
+    options.template = image_template(&sandbox.spec.runtime.image, caps.images)?;
     options.network = caps.vendor_internet_default();
     standby_at_lease_end(&sandbox, &caps, &mut options);
     // Blaxel's `memory` (MB) is the sandbox's limit where the runtime enforces one.
@@ -1553,10 +1565,21 @@ mod tests {
         assert!(refused(json!({"name": "a", "network": {"proxy": {}}})).is_not_supported());
         assert!(refused(json!({"name": "a", "extra_args": {"tun": "enabled"}})).is_not_supported());
         assert!(refused(json!({"name": "Bad_Name"})).status_code() == Some(400));
-        // An image the runtime cannot provide is refused, never run as the host base.
-        let image = refused(json!({"name": "a", "image": "myorg/custom-ml:1.2"}));
+        // An image the runtime cannot provide is refused, never run as the host base; one
+        // it runs is its template.
+        let image = image_template("myorg/custom-ml:1.2", false).expect_err("no images");
         assert!(image.is_not_supported(), "{image:?}");
         assert!(image.to_string().contains("blaxel/base-image"), "{image}");
+        assert_eq!(
+            image_template("myorg/custom-ml:1.2", true)
+                .unwrap()
+                .as_deref(),
+            Some("myorg/custom-ml:1.2")
+        );
+        assert_eq!(
+            image_template("blaxel/base-image:latest", true).unwrap(),
+            None
+        );
         for base in [
             "blaxel/base-image",
             "blaxel/base-image:latest",

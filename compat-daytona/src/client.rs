@@ -631,6 +631,8 @@ impl CreateBuilder {
 
     async fn run_inner(self) -> Result<Sandbox> {
         let mut resources = sandcove::Resources::default();
+        // The image a create from an image runs (`None`: the host base).
+        let mut image_template: Option<String> = None;
         let p = match self.params {
             None => CreateSandboxFromSnapshotParams::default(),
             Some(CreateSandboxParams::Snapshot(p)) => p,
@@ -650,11 +652,16 @@ impl CreateBuilder {
                     ImageSource::Name(n) => Some(n.as_str()),
                     ImageSource::Image(_) => None,
                 };
-                // Only the engine on this machine runs this machine's base.
+                // Only the engine on this machine runs this machine's base; any other image
+                // named by reference runs where the runtime runs images (it must have it
+                // stored: pulled or imported).
                 let host_image = caps.backend == "local"
                     && name.is_some_and(|n| translate::denotes_host_base(n, &host));
                 if !host_image {
-                    return Err(image_refusal(name, &host));
+                    match name {
+                        Some(n) if caps.images => image_template = Some(n.to_string()),
+                        _ => return Err(image_refusal(name, &host, caps.images)),
+                    }
                 }
                 if let Some(r) = &p.resources {
                     // The disk is the sandbox's tmpfs, sized by the engine when isolated;
@@ -791,6 +798,7 @@ impl CreateBuilder {
         options.user = Some(user);
         options.home = Some(home);
         options.snapshot = snapshot;
+        options.template = image_template;
         options.volumes = volumes;
         options.resources = resources;
         // The runtime keeps names unique, atomically and wherever it runs.
@@ -883,7 +891,16 @@ async fn host_base() -> translate::HostBase {
 
 /// The refusal of an image the runtime cannot provide: what runs instead, and where to get
 /// the real one.
-fn image_refusal(name: Option<&str>, host: &translate::HostBase) -> DaytonaError {
+fn image_refusal(name: Option<&str>, host: &translate::HostBase, images: bool) -> DaytonaError {
+    if images {
+        // The runtime runs images, but not one described in code.
+        return DaytonaError::not_supported(
+            "creating a sandbox from a declarative Image (it builds on top of a base)",
+            "build the image elsewhere and import it (`sandcove image import`), or pull an \
+             image that has what it adds, and create from it by name \
+             (CreateSandboxFromImageParams(image=\"NAME\"))",
+        );
+    }
     let what = match name {
         Some(n) => format!("the image {n:?}"),
         None => "a declarative Image (it builds on top of a base)".to_string(),
@@ -901,10 +918,11 @@ fn image_refusal(name: Option<&str>, host: &translate::HostBase) -> DaytonaError
     DaytonaError::not_supported(
         format!("creating a sandbox from {what}"),
         format!(
-            "this runtime cannot pull or build images: every sandbox runs {base}. Create from \
+            "this runtime runs no images: every sandbox runs {base}. Create from \
              the default snapshot or an image naming that base{names}, install what the image \
              adds with process.exec and keep the result with sandbox.create_snapshot(name); \
-             to run the real image, use Daytona itself or a container runtime"
+             to run the real image, use a runtime with images (the embedded engine or \
+             `sandcove serve` with an image store) or Daytona itself"
         ),
     )
 }

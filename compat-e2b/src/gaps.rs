@@ -40,8 +40,8 @@ pub const GAPS: &[Gap] = &[
     },
     Gap {
         key: "custom_template",
-        feature: "Sandbox.create(template=<custom template>)",
-        alternative: "template=None/'base' (the host's system directories) or a snapshot id; install tools with commands.run",
+        feature: "Sandbox.create(template=<custom template>) on a runtime without images",
+        alternative: "template=None/'base' (the host's system directories) or a snapshot id; the embedded engine and `sandcove serve` run a template that names a stored image (`sandcove image pull NAME`) or one mapped to an image (SANDCOVE_E2B_TEMPLATES=NAME=IMAGE,...)",
     },
     Gap {
         key: "file_user",

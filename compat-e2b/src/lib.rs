@@ -46,6 +46,7 @@ pub mod gaps;
 pub mod products;
 pub mod pty;
 pub mod sandbox;
+pub mod templates;
 pub mod transfer;
 pub mod translate;
 #[cfg(feature = "wire")]

@@ -88,7 +88,9 @@ impl<S> Default for CreateBuilder<S> {
 }
 
 impl<S> CreateBuilder<S> {
-    /// `template=`: `None`/`"base"` is the host's system directories; a snapshot id works too.
+    /// `template=`: `None`/`"base"` is the host's system directories (or the image
+    /// [`templates`](crate::templates) maps it to); a snapshot id works too, and on a runtime
+    /// with images an image reference or a name the template table maps to one.
     pub fn template(mut self, template: impl crate::OptionalString) -> Self {
         self.template = template.into_optional();
         self
@@ -208,9 +210,16 @@ impl<S> CreateBuilder<S> {
             .template
             .clone()
             .unwrap_or_else(|| translate::DEFAULT_TEMPLATE.into());
-        if template != translate::DEFAULT_TEMPLATE
-            && template != crate::code_interpreter::DEFAULT_TEMPLATE
-        {
+        let is_default = template == translate::DEFAULT_TEMPLATE
+            || template == crate::code_interpreter::DEFAULT_TEMPLATE;
+        let mapped = crate::templates::image_for(&template);
+        if let (true, Some(image)) = (is_default, &mapped) {
+            // A default template the table maps to an image runs it (where images run).
+            if !caps.images {
+                return Err(refuse("custom_template"));
+            }
+            options.template = Some(image.clone());
+        } else if !is_default {
             let snapshot = if caps.snapshots {
                 client
                     .snapshots()
@@ -235,10 +244,15 @@ impl<S> CreateBuilder<S> {
                     } else {
                         None
                     };
-                    return Err(match deleted {
-                        Some(t) => t.to_error().into(),
-                        None => refuse("custom_template"),
-                    });
+                    match deleted {
+                        Some(t) => return Err(t.to_error().into()),
+                        // Not a snapshot: an image, mapped by the table or named directly,
+                        // where the runtime runs images (it must have it stored).
+                        None if caps.images => {
+                            options.template = Some(mapped.unwrap_or_else(|| template.clone()))
+                        }
+                        None => return Err(refuse("custom_template")),
+                    }
                 }
             }
         }

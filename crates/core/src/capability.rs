@@ -80,12 +80,16 @@ pub struct Capabilities {
     /// CPU limits are enforced (cgroups); without it, asking for CPU cores is `NotSupported`.
     #[serde(default)]
     pub cpu_limit: bool,
-    /// Template names this runtime provides ([`CreateOptions::template`]); every one of them
-    /// is the host base (see [`HOST_BASE_TEMPLATES`]) on the engines in this crate. Empty when
-    /// the runtime did not say (an older server): a template request is then
-    /// [`CheckStatus::Unknown`].
+    /// Template names this runtime provides ([`CreateOptions::template`]): the host base's
+    /// (see [`HOST_BASE_TEMPLATES`]), then, where [`Capabilities::images`] holds, the
+    /// references of the images it has stored. Empty when the runtime did not say (an older
+    /// server): a template request is then [`CheckStatus::Unknown`].
     #[serde(default)]
     pub templates: Vec<String>,
+    /// OCI images run as sandbox roots: a template naming an image the runtime has stored
+    /// (pulled or imported) runs that image's filesystem.
+    #[serde(default)]
+    pub images: bool,
     /// The leases `set_timeout` and
     /// [`CreateOptions::timeout`] accept; `None` when the runtime did not say.
     #[serde(default)]
@@ -131,6 +135,7 @@ impl Capabilities {
             memory_limit: false,
             cpu_limit: false,
             templates: Vec::new(),
+            images: false,
             lease: None,
             observed_at: None,
             runtime_id: None,
@@ -370,6 +375,15 @@ impl Capabilities {
             if self.templates.is_empty() {
                 return CheckStatus::Unknown {
                     what: format!("whether {} provides template {template:?}", self.backend),
+                };
+            }
+            if !self.templates.iter().any(|t| t == template) && self.images {
+                return CheckStatus::Unknown {
+                    what: format!(
+                        "whether {} holds image {template:?} under another reference (pull or \
+                         import it first: `sandcove image pull {template}`)",
+                        self.backend
+                    ),
                 };
             }
             if !self.templates.iter().any(|t| t == template) {

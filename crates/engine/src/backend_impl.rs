@@ -50,6 +50,7 @@ impl Backend for LocalBackend {
         // The images stored here, by every reference they are known by (an isolated engine
         // only: an image's root needs the sandbox's own mount namespace).
         if let Some(images) = self.images.as_ref().filter(|_| !self.unisolated) {
+            caps.images = true;
             caps.templates.extend(images.references());
         }
         caps.lease = Some(sandcove_core::capability::LeaseBounds::engine());
