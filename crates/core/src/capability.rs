@@ -632,6 +632,7 @@ mod tests {
             memory_limit: true,
             cpu_limit: true,
             templates: vec!["base".into()],
+            images: false,
             lease: Some(LeaseBounds::engine()),
             observed_at: Some(1),
             runtime_id: Some("rt-test".into()),
