@@ -35,6 +35,10 @@ pub struct CreateArgs {
     /// networking; the host's own addresses stay unreachable).
     #[arg(long, value_enum, default_value_t = Network::None)]
     pub network: Network,
+    /// The image the sandbox's root is made of (a reference such as `python:3.12-slim`,
+    /// stored first with `sandcove image pull` or `import`). Default: the host base.
+    #[arg(long, value_name = "REFERENCE")]
+    pub image: Option<String>,
 }
 
 /// The network policies a human may pick (sharing the host's network is for programs that
@@ -176,6 +180,7 @@ pub fn create(args: CreateArgs, json: bool) -> Outcome {
     options.labels = out::parse_pairs("label", &args.labels)?;
     options.envs = out::parse_pairs("env", &args.envs)?;
     options.timeout = args.timeout;
+    options.template = args.image;
     options.network = match args.network {
         Network::None => NetworkPolicy::None,
         Network::Internet => NetworkPolicy::Internet,

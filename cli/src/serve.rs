@@ -97,6 +97,12 @@ pub struct ServeArgs {
     /// same API key (sent by the SDKs as X-API-KEY), same TLS settings.
     #[arg(long, value_name = "ADDR")]
     pub e2b: Option<SocketAddr>,
+    /// E2B: the image a template name runs (NAME=IMAGE; repeatable), for
+    /// `Sandbox.create(template=NAME)`; `base` and `code-interpreter-v1` run the host base
+    /// unless mapped. A template that is not mapped names an image directly. Also read from
+    /// SANDCOVE_E2B_TEMPLATES (NAME=IMAGE,...) when no flag is given.
+    #[arg(long = "e2b-template", value_name = "NAME=IMAGE")]
+    pub e2b_templates: Vec<String>,
     /// Also serve Daytona's wire protocol (the `/api` control plane and the toolbox) on
     /// this address, for Daytona's official Python and TypeScript SDKs (see `sandcove env
     /// daytona`). Same engine, same API key (sent by the SDKs as Authorization: Bearer),
@@ -277,6 +283,7 @@ pub fn run(args: ServeArgs) -> ExitCode {
         upstream_answer_timeout_ms,
         write_stall_timeout_ms,
         e2b,
+        e2b_templates,
         daytona,
         blaxel,
         backend: backend_choice,
@@ -438,6 +445,17 @@ pub fn run(args: ServeArgs) -> ExitCode {
     config.upstream_answer_timeout = Duration::from_millis(upstream_answer_timeout_ms);
     config.write_stall_timeout = Duration::from_millis(write_stall_timeout_ms);
     config.tls = tls;
+    if !e2b_templates.is_empty() {
+        match e2b::templates::parse(&e2b_templates.join(",")) {
+            Ok(table) => {
+                e2b::templates::configure(table);
+            }
+            Err(e) => {
+                eprintln!("sandcove serve: --e2b-template: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     // One set of counters for the native API and every vendor listener: one scrape.
     let metrics = config.metrics.clone();
     let limits = ConnectionLimits::from(&config);
