@@ -1,0 +1,196 @@
+//! Importing without a registry: an OCI layout directory, an `oci-archive`, a `docker save`.
+
+use sandcove_image::{ImageError, Store, StoreOptions};
+
+use crate::support::{
+    check_rich_layers, rich_layers, tar_directory, Compression, TempDir, TestImage,
+};
+
+fn rich_image() -> TestImage {
+    let layers = rich_layers();
+    TestImage::new(vec![
+        (layers[0].clone(), Compression::Gzip),
+        (layers[1].clone(), Compression::Zstd),
+    ])
+}
+
+#[tokio::test]
+async fn an_oci_layout_directory_is_imported_under_its_ref_name() {
+    let root = TempDir::new("import-layout");
+    let image = rich_image();
+    image.write_oci_layout(
+        &root.path().join("layout"),
+        Some("example.test/tools/app:1.0"),
+    );
+    let store = Store::open(root.path().join("store"), StoreOptions::default()).unwrap();
+    let infos = store
+        .import(&root.path().join("layout"), None)
+        .await
+        .unwrap();
+    assert_eq!(infos.len(), 1);
+    assert_eq!(
+        infos[0].references,
+        vec!["example.test/tools/app:1.0".to_string()]
+    );
+    assert_eq!(infos[0].digest, image.digest());
+    let resolved = store.resolve("example.test/tools/app:1.0").unwrap();
+    check_rich_layers(&resolved.layers);
+    assert_eq!(
+        resolved.config.env,
+        vec![
+            "PATH=/usr/bin:/bin".to_string(),
+            "GREETING=hello".to_string()
+        ]
+    );
+    assert_eq!(resolved.config.working_dir.as_deref(), Some("/work"));
+    assert_eq!(resolved.config.user.as_deref(), Some("1000:1000"));
+    assert_eq!(resolved.config.entrypoint, vec!["/entry".to_string()]);
+    let details = store.inspect(&image.digest()).unwrap();
+    assert_eq!(details.skipped_entries, 2, "{:?}", details.layers);
+    assert!(details.layers[0].skipped.iter().any(|s| s == "dev-null"));
+    // Importing again reuses the layers.
+    let again = store
+        .import(
+            &root.path().join("layout"),
+            Some("example.test/tools/app:again"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again[0].digest, image.digest());
+    assert_eq!(store.list().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn an_oci_archive_is_imported_under_the_tag_given() {
+    let root = TempDir::new("import-archive");
+    let image = rich_image();
+    let layout = root.path().join("layout");
+    image.write_oci_layout(&layout, Some("latest"));
+    tar_directory(&layout, &root.path().join("image.tar"));
+    let store = Store::open(root.path().join("store"), StoreOptions::default()).unwrap();
+    let infos = store
+        .import(
+            &root.path().join("image.tar"),
+            Some("localhost/imported:v1"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        infos[0].references,
+        vec!["localhost/imported:v1".to_string()]
+    );
+    check_rich_layers(&store.resolve("localhost/imported:v1").unwrap().layers);
+    assert!(
+        root.path()
+            .join("store/tmp")
+            .read_dir()
+            .unwrap()
+            .next()
+            .is_none(),
+        "the spool is removed"
+    );
+}
+
+#[tokio::test]
+async fn a_docker_save_tarball_with_uncompressed_layers_is_imported() {
+    let root = TempDir::new("import-docker");
+    let layers = rich_layers();
+    let image = TestImage::new(vec![
+        (layers[0].clone(), Compression::None),
+        (layers[1].clone(), Compression::None),
+    ]);
+    image.docker_save(&root.path().join("saved.tar"), "myapp:2", &layers);
+    let store = Store::open(root.path().join("store"), StoreOptions::default()).unwrap();
+    let infos = store
+        .import(&root.path().join("saved.tar"), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        infos[0].references,
+        vec!["docker.io/library/myapp:2".to_string()]
+    );
+    let resolved = store.resolve("myapp:2").unwrap();
+    check_rich_layers(&resolved.layers);
+    assert_eq!(resolved.config.cmd, vec!["/bin/sh".to_string()]);
+}
+
+#[tokio::test]
+async fn an_archive_that_is_neither_format_is_refused() {
+    let root = TempDir::new("import-neither");
+    std::fs::create_dir(root.path().join("empty")).unwrap();
+    let store = Store::open(root.path().join("store"), StoreOptions::default()).unwrap();
+    let result = store.import(&root.path().join("empty"), None).await;
+    assert!(
+        matches!(result, Err(ImageError::Malformed { .. })),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
+async fn remove_hold_and_prune_keep_what_is_used() {
+    let root = TempDir::new("prune");
+    let image = rich_image();
+    image.write_oci_layout(&root.path().join("layout"), Some("example.test/app:1"));
+    let store = Store::open(root.path().join("store"), StoreOptions::default()).unwrap();
+    store
+        .import(&root.path().join("layout"), None)
+        .await
+        .unwrap();
+    let resolved = store.resolve("example.test/app:1").unwrap();
+    store.hold(&resolved.digest, "sandbox-1").unwrap();
+    store.remove("example.test/app:1").unwrap();
+    assert!(matches!(
+        store.resolve("example.test/app:1"),
+        Err(ImageError::NotFound { .. })
+    ));
+    // Untagged but held: prune keeps it and its layers; removing it by digest is refused.
+    let report = store.prune().unwrap();
+    assert!(
+        report.images.is_empty() && report.layers.is_empty(),
+        "{report:?}"
+    );
+    assert!(store.resolve(&resolved.digest).is_ok());
+    assert!(matches!(
+        store.remove(&resolved.digest),
+        Err(ImageError::InUse { .. })
+    ));
+    store.release("sandbox-1").unwrap();
+    let report = store.prune().unwrap();
+    assert_eq!(report.images, vec![resolved.digest.clone()]);
+    assert_eq!(report.layers.len(), 2);
+    assert!(
+        resolved.layers.iter().all(|l| !l.exists()),
+        "layers (with a read-only directory) removed"
+    );
+    assert!(store.list().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn the_store_bound_refuses_an_import_that_would_pass_it() {
+    let root = TempDir::new("bound");
+    let image = rich_image();
+    image.write_oci_layout(&root.path().join("layout"), Some("example.test/app:1"));
+    let options = StoreOptions {
+        max_store_bytes: Some(100),
+        ..StoreOptions::default()
+    };
+    let store = Store::open(root.path().join("store"), options).unwrap();
+    let result = store.import(&root.path().join("layout"), None).await;
+    assert!(
+        matches!(result, Err(ImageError::TooLarge { .. })),
+        "{result:?}"
+    );
+    assert!(store.list().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn the_store_root_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = TempDir::new("private");
+    Store::open(root.path().join("store"), StoreOptions::default()).unwrap();
+    let mode = std::fs::metadata(root.path().join("store"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+}
