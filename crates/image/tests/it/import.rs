@@ -194,3 +194,71 @@ async fn the_store_root_is_private() {
         .mode();
     assert_eq!(mode & 0o777, 0o700);
 }
+
+#[tokio::test]
+async fn shifted_ownership_chowns_each_entry_beneath_the_base() {
+    use std::os::unix::fs::MetadataExt;
+    if !rustix::process::geteuid().is_root() {
+        eprintln!(
+            "SKIP: OwnerMap::Shift chowns files, which needs root; this test runs as root in CI"
+        );
+        return;
+    }
+    let root = TempDir::new("shift");
+    let base = 0x7000_0000u32;
+    let layers = rich_layers();
+    let extra = crate::support::Layer::new()
+        .owned_file("high-id", 0o644, 70_000, 70_000, b"h")
+        .tar();
+    let image = TestImage::new(vec![
+        (layers[0].clone(), Compression::Gzip),
+        (extra, Compression::Gzip),
+    ]);
+    image.write_oci_layout(&root.path().join("layout"), Some("example.test/shift:1"));
+    let options = StoreOptions {
+        owner: sandcove_image::OwnerMap::Shift { base, count: 65536 },
+        ..StoreOptions::default()
+    };
+    let store = Store::open(root.path().join("store"), options).unwrap();
+    store
+        .import(&root.path().join("layout"), None)
+        .await
+        .unwrap();
+    let layers = store.resolve("example.test/shift:1").unwrap().layers;
+    let owner = |path: &std::path::Path| {
+        let meta = std::fs::symlink_metadata(path).unwrap();
+        (meta.uid(), meta.gid())
+    };
+    assert_eq!(
+        owner(&layers[0]),
+        (base, base),
+        "the layer root is in-image root's"
+    );
+    assert_eq!(
+        owner(&layers[0].join("home-file")),
+        (base + 1000, base + 1000)
+    );
+    assert_eq!(owner(&layers[0].join("etc/hostname")), (base, base));
+    assert_eq!(
+        owner(&layers[0].join("etc/link")),
+        (base, base),
+        "symlinks are chowned too"
+    );
+    assert_eq!(
+        std::fs::metadata(layers[0].join("setuid-tool"))
+            .unwrap()
+            .mode()
+            & 0o7777,
+        0o755
+    );
+    assert_eq!(
+        crate::support::xattr(&layers[0].join("home-file"), "user.sandcove.owner"),
+        None
+    );
+    let overflow = base + sandcove_image::OVERFLOW_ID;
+    assert_eq!(
+        owner(&layers[1].join("high-id")),
+        (overflow, overflow),
+        "ids past the count become nobody"
+    );
+}
