@@ -357,9 +357,14 @@ impl Client {
             if let Some(header) = &cached {
                 request = request.header(reqwest::header::AUTHORIZATION, header);
             }
-            let response = request
-                .send()
+            // A registry that accepts the connection and never answers is a stall too.
+            let stall = self.config.stall_timeout;
+            let response = tokio::time::timeout(stall, request.send())
                 .await
+                .map_err(|_| ImageError::Stalled {
+                    what: format!("{method} {url}"),
+                    seconds: stall.as_secs(),
+                })?
                 .map_err(|e| self.unreachable(endpoint, e))?;
             if response.status() != reqwest::StatusCode::UNAUTHORIZED {
                 if response.status() == reqwest::StatusCode::FORBIDDEN {

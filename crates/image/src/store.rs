@@ -360,7 +360,12 @@ impl Store {
 
     /// Whether an image is in the store, could be pulled, or neither; never pulls.
     pub async fn check(&self, reference: &str) -> Availability {
-        if self.resolve(reference).is_ok() {
+        let local = reference.to_string();
+        if self
+            .blocking(move |store| store.resolve(&local))
+            .await
+            .is_ok()
+        {
             return Availability::Available;
         }
         let Ok(parsed) = Reference::parse(reference) else {
@@ -716,14 +721,20 @@ impl Store {
             tag: parsed.tagged(),
         });
 
-        let missing: u64 = manifest
-            .layers
+        let sizes: Vec<(Digest, u64)> = diff_ids
             .iter()
-            .zip(&diff_ids)
-            .filter(|(_, d)| !self.has_layer(d))
-            .map(|(l, _)| l.size)
-            .sum();
-        self.check_room(missing)?;
+            .cloned()
+            .zip(manifest.layers.iter().map(|l| l.size))
+            .collect();
+        self.blocking(move |store| {
+            let missing = sizes
+                .iter()
+                .filter(|(d, _)| !store.has_layer(d))
+                .map(|(_, size)| size)
+                .sum();
+            store.check_room(missing)
+        })
+        .await?;
         let count = manifest.layers.len();
         for (index, layer) in manifest.layers.iter().enumerate() {
             progress(PullProgress {
@@ -801,7 +812,11 @@ impl Store {
         };
         let lock = self.inflight(diff_id);
         let _guard = lock.lock().await;
-        if self.has_layer(diff_id) {
+        let wanted = diff_id.clone();
+        if self
+            .blocking(move |store| Ok(store.has_layer(&wanted)))
+            .await?
+        {
             report(LayerState::Cached, layer.size);
             return Ok(());
         }
@@ -828,6 +843,22 @@ impl Store {
         result?;
         report(LayerState::Done, layer.size);
         Ok(())
+    }
+
+    /// Runs store work that makes syscalls on a blocking thread, off the event loop.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Store) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || work(&store))
+            .await
+            .map_err(|e| {
+                ImageError::io(
+                    "a blocking task of the store",
+                    std::io::Error::other(e.to_string()),
+                )
+            })?
     }
 
     /// Imports images from an OCI layout directory, an `oci-archive` tar or a `docker save`

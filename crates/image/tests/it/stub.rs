@@ -501,3 +501,51 @@ async fn a_mirror_serves_a_registry_name() {
         Err(ImageError::Malformed { .. })
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_pulls_fetch_a_layer_once_and_two_stores_on_one_directory_cooperate() {
+    let stub = start(test_image(), Blobs::Honest, None).await;
+    let reference = format!("{}/test/app:v1", stub.host());
+    let root = TempDir::new("dedup");
+    let store = Store::open(root.path().join("store"), options(Duration::from_secs(30))).unwrap();
+    let (a, b) = tokio::join!(
+        store.pull(&reference, &|_| {}),
+        store.pull(&reference, &|_| {})
+    );
+    assert_eq!(a.unwrap().digest, b.unwrap().digest);
+    assert_eq!(
+        stub.blob_requests.load(Ordering::SeqCst),
+        1,
+        "one download for two pulls in one process"
+    );
+
+    // Two stores opened on one directory, as two programs would (each its own lock file
+    // description): both pulls succeed and the store ends consistent.
+    let shared = root.path().join("shared");
+    let pulls: Vec<_> = (0..2)
+        .map(|_| {
+            let store = Store::open(&shared, options(Duration::from_secs(30))).unwrap();
+            let reference = reference.clone();
+            // Spawned: the pull's future is Send, as a server or an engine needs it to be.
+            tokio::spawn(async move {
+                let progress = |_: sandcove_image::PullProgress| {};
+                store.pull(&reference, &progress).await
+            })
+        })
+        .collect();
+    for pull in pulls {
+        assert_eq!(pull.await.unwrap().unwrap().digest, stub.image.digest());
+    }
+    let store = Store::open(&shared, StoreOptions::default()).unwrap();
+    assert_eq!(store.list().unwrap().len(), 1);
+    assert!(store.resolve(&reference).unwrap().layers[0]
+        .join("hello")
+        .is_file());
+    assert_nothing_partial(&shared);
+    let layer_dirs = std::fs::read_dir(shared.join("layers"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .count();
+    assert_eq!(layer_dirs, 1);
+}
