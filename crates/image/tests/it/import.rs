@@ -262,3 +262,86 @@ async fn shifted_ownership_chowns_each_entry_beneath_the_base() {
         "ids past the count become nobody"
     );
 }
+
+/// Cross-check with another implementation: `umoci unpack --rootless` (Debian package umoci)
+/// of the same layer gives the same files, contents, link targets and permission bits.
+#[tokio::test]
+async fn the_unpack_agrees_with_umoci() {
+    use std::os::unix::fs::MetadataExt;
+    let Some(umoci) = ["/usr/bin/umoci", "/usr/sbin/umoci"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+    else {
+        eprintln!("SKIP: umoci is not installed (Debian package umoci); the cross-check needs it");
+        return;
+    };
+    let root = TempDir::new("umoci");
+    let layer = rich_layers()[0].clone();
+    let image = TestImage::new(vec![(layer, Compression::Gzip)]);
+    let layout = root.path().join("layout");
+    image.write_oci_layout(&layout, Some("v1"));
+    let bundle = root.path().join("bundle");
+    let output = std::process::Command::new(umoci)
+        .args(["unpack", "--rootless", "--image"])
+        .arg(format!("{}:v1", layout.display()))
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "umoci: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let store = Store::open(root.path().join("store"), StoreOptions::default()).unwrap();
+    store
+        .import(&layout, Some("localhost/cross:check"))
+        .await
+        .unwrap();
+    let ours = &store.resolve("localhost/cross:check").unwrap().layers[0];
+    let theirs = bundle.join("rootfs");
+    let listed = |dir: &std::path::Path| -> Vec<String> {
+        crate::support::tree(dir)
+            .into_iter()
+            .filter(|p| {
+                let t = std::fs::symlink_metadata(dir.join(p)).unwrap().file_type();
+                t.is_file() || t.is_dir() || t.is_symlink()
+            })
+            .collect()
+    };
+    // Device nodes: umoci, rootless, leaves empty files where we create nothing.
+    let skipped = store.inspect("localhost/cross:check").unwrap().layers[0]
+        .skipped
+        .clone();
+    assert_eq!(skipped, vec!["dev-null".to_string(), "pipe".to_string()]);
+    let theirs_listed: Vec<String> = listed(&theirs)
+        .into_iter()
+        .filter(|p| !skipped.contains(p))
+        .collect();
+    assert_eq!(listed(ours), theirs_listed);
+    for path in listed(ours) {
+        let (a, b) = (ours.join(&path), theirs.join(&path));
+        let (ma, mb) = (
+            std::fs::symlink_metadata(&a).unwrap(),
+            std::fs::symlink_metadata(&b).unwrap(),
+        );
+        assert_eq!(ma.file_type(), mb.file_type(), "{path}");
+        if ma.is_symlink() {
+            assert_eq!(
+                std::fs::read_link(&a).unwrap(),
+                std::fs::read_link(&b).unwrap(),
+                "{path}"
+            );
+            continue;
+        }
+        // Permission bits agree; setuid/setgid are ours to strip (umoci keeps them).
+        assert_eq!(ma.mode() & 0o1777, mb.mode() & 0o1777, "{path}");
+        if ma.is_file() {
+            assert_eq!(
+                std::fs::read(&a).unwrap(),
+                std::fs::read(&b).unwrap(),
+                "{path}"
+            );
+            assert_eq!(ma.mtime(), mb.mtime(), "{path}");
+        }
+    }
+}
