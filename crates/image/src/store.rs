@@ -289,10 +289,14 @@ impl Store {
         }
         let parsed = Reference::parse(reference)?;
         if let Some(digest) = &parsed.digest {
-            return self
-                .by_digest(digest)?
-                .map(|r| (parsed.full(), r))
-                .ok_or_else(not_found);
+            let record = self.by_digest(digest)?.ok_or_else(not_found)?;
+            let key = format!("{}@{digest}", parsed.name());
+            let name = if self.tags()?.contains_key(&key) {
+                key
+            } else {
+                parsed.full()
+            };
+            return Ok((name, record));
         }
         let key = parsed.tagged().ok_or_else(not_found)?;
         let digest = self.tags()?.get(&key).cloned().ok_or_else(not_found)?;
@@ -718,7 +722,13 @@ impl Store {
         let commit = Arc::new(Commit {
             blobs,
             record,
-            tag: parsed.tagged(),
+            // Pulled by digest alone: the `name@digest` reference keeps it, as a tag would.
+            tag: parsed.tagged().or_else(|| {
+                parsed
+                    .digest
+                    .as_ref()
+                    .map(|d| format!("{}@{d}", parsed.name()))
+            }),
         });
 
         let sizes: Vec<(Digest, u64)> = diff_ids

@@ -347,9 +347,29 @@ impl<'a> Unpacker<'a> {
         let mode = header
             .mode()
             .map_err(|e| ImageError::malformed("layer entry", format!("{shown:?}: mode: {e}")))?;
-        let uid = header.uid().unwrap_or(0);
-        let gid = header.gid().unwrap_or(0);
-        let mtime = header.mtime().ok();
+        let mut uid = header.uid().unwrap_or(0);
+        let mut gid = header.gid().unwrap_or(0);
+        let mut mtime = header.mtime().ok();
+        // PAX records carry ids and times too large for the header's fields.
+        if let Ok(Some(extensions)) = entry.pax_extensions() {
+            for extension in extensions.flatten() {
+                let value = extension.value().ok().map(str::trim);
+                match extension.key() {
+                    Ok("uid") => uid = value.and_then(|v| v.parse().ok()).unwrap_or(uid),
+                    Ok("gid") => gid = value.and_then(|v| v.parse().ok()).unwrap_or(gid),
+                    Ok("mtime") => {
+                        let seconds = value
+                            .and_then(|v| v.split('.').next())
+                            .and_then(|v| v.parse().ok());
+                        mtime = seconds.or(mtime);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // Ids past 32 bits are nobody's, never truncated onto another id.
+        let uid = u64::from(u32::try_from(uid).unwrap_or(OVERFLOW_ID));
+        let gid = u64::from(u32::try_from(gid).unwrap_or(OVERFLOW_ID));
         let Some((name, parent_parts)) = parts.split_last() else {
             // `./`: the layer's root directory.
             if kind == tar::EntryType::Directory {

@@ -345,3 +345,39 @@ async fn the_unpack_agrees_with_umoci() {
         }
     }
 }
+
+#[tokio::test]
+async fn pax_ids_and_times_are_honoured_and_ids_past_32_bits_become_nobody() {
+    use std::os::unix::fs::MetadataExt;
+    let root = TempDir::new("pax");
+    let layer = crate::support::Layer::new()
+        .pax(&[
+            ("uid", "100000000"),
+            ("gid", "100000001"),
+            ("mtime", "1600000000.5"),
+        ])
+        .file("big-ids", 0o644, b"b")
+        .pax(&[("uid", "4294967296"), ("gid", "0")])
+        .file("too-big", 0o644, b"t")
+        .tar();
+    let image = TestImage::new(vec![(layer, Compression::None)]);
+    image.write_oci_layout(&root.path().join("layout"), Some("example.test/pax:1"));
+    let store = Store::open(root.path().join("store"), StoreOptions::default()).unwrap();
+    store
+        .import(&root.path().join("layout"), None)
+        .await
+        .unwrap();
+    let layer = &store.resolve("example.test/pax:1").unwrap().layers[0];
+    assert_eq!(
+        crate::support::xattr(&layer.join("big-ids"), "user.sandcove.owner").as_deref(),
+        Some("100000000:100000001")
+    );
+    assert_eq!(
+        std::fs::metadata(layer.join("big-ids")).unwrap().mtime(),
+        1_600_000_000
+    );
+    assert_eq!(
+        crate::support::xattr(&layer.join("too-big"), "user.sandcove.owner").as_deref(),
+        Some("65534:0")
+    );
+}

@@ -319,3 +319,33 @@ async fn indexes_docker_manifests_and_concurrent_pulls() {
         "{missing:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_pulled_by_digest_is_kept_by_that_reference() {
+    let Some(registry) = Registry::start().await else {
+        return;
+    };
+    let image = TestImage::new(vec![(
+        Layer::new().file("pinned", 0o644, b"p").tar(),
+        Compression::Zstd,
+    )]);
+    registry.push("test/pinned", "v1", &image).await;
+    let root = TempDir::new("pull-digest");
+    let store = Store::open(root.path().join("store"), StoreOptions::default()).unwrap();
+    let pinned = format!("{}/test/pinned@{}", registry.host, image.digest());
+    let info = store.pull(&pinned, &|_| {}).await.unwrap();
+    assert_eq!(info.references, vec![pinned.clone()]);
+    assert!(
+        store.prune().unwrap().images.is_empty(),
+        "a digest reference is not dangling"
+    );
+    assert!(store.resolve(&pinned).unwrap().layers[0]
+        .join("pinned")
+        .is_file());
+    store.remove(&pinned).unwrap();
+    assert!(matches!(
+        store.resolve(&pinned),
+        Err(ImageError::NotFound { .. })
+    ));
+    assert_eq!(store.prune().unwrap().layers.len(), 1);
+}

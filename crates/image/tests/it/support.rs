@@ -147,6 +147,27 @@ impl Layer {
         self.append(header, &[])
     }
 
+    /// A PAX extended header for the next entry (`key=value` records).
+    pub fn pax(self, records: &[(&str, &str)]) -> Layer {
+        let mut data = Vec::new();
+        for (key, value) in records {
+            let body = format!(" {key}={value}\n");
+            // The record's length counts its own digits.
+            let mut length = body.len() + 1;
+            while format!("{length}{body}").len() != length {
+                length += 1;
+            }
+            data.extend_from_slice(format!("{length}{body}").as_bytes());
+        }
+        let header = Self::header(
+            "PaxHeader",
+            tar::EntryType::XHeader,
+            0o644,
+            data.len() as u64,
+        );
+        self.append(header, &data)
+    }
+
     pub fn tar(self) -> Vec<u8> {
         self.builder.into_inner().unwrap()
     }
