@@ -12,12 +12,21 @@
 //!   layers/<diff-id hex>/       one unpacked layer, overlayfs format (see below)
 //!   layers/<diff-id hex>.json   its record: size, entries, skipped device nodes
 //!   images/<digest hex>.json    one image: manifest digest, config, layers
-//!   tags.json                   `registry/repository:tag` -> manifest digest
+//!   tags.json                   `registry/repository:tag` (or `@sha256:…` when pulled by
+//!                               digest alone) -> manifest digest
 //!   holds.json                  holder (a sandbox) -> the image digest it uses
 //!   tmp/                        downloads in progress
 //! ```
 //!
+//! Two programs sharing a store cooperate: records change only under the lock, a layer is
+//! renamed into place whole (the second program to finish one drops its copy), and a pull
+//! whose layer a concurrent `prune` removed fetches it again before recording the image. In one
+//! process, concurrent pulls of a layer download it once.
+//!
 //! # Layer directories
+//!
+//! The store's file system must support user extended attributes (ext4, xfs, btrfs; tmpfs
+//! from Linux 6.6).
 //!
 //! A whiteout `.wh.NAME` becomes a character device 0:0 named `NAME`, an opaque marker
 //! `.wh..wh..opq` the xattr `user.overlay.opaque=y` on its directory (overlayfs mounted with
@@ -239,6 +248,17 @@ pub struct PruneReport {
     pub layers: Vec<String>,
     /// Bytes freed, approximately (layers' unpacked sizes and blobs).
     pub bytes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_store_is_clone_send_and_sync() {
+        fn shareable<T: Clone + Send + Sync + 'static>() {}
+        shareable::<crate::Store>();
+        fn error<T: std::error::Error + Send + Sync + 'static>() {}
+        error::<crate::ImageError>();
+    }
 }
 
 /// Whether an image could be used, as `check` finds it without pulling.
