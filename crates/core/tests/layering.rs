@@ -24,6 +24,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("sandcove-http", &["sandcove-core"]),
     ("sandcove-server", &["sandcove-core"]),
     ("sandcove-kube", &["sandcove-core", "sandcove-agent"]),
+    // The image store stands alone: the engine, the CLI and the server use it.
+    ("sandcove-image", &[]),
     (
         "sandcove",
         &[

@@ -1,0 +1,873 @@
+//! Unpacking a layer tar as hostile input, into overlayfs format.
+//!
+//! Every entry is created beneath the layer directory's fd: each parent is reached with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`, files are created
+//! `O_CREAT | O_EXCL | O_NOFOLLOW`, and metadata is set through the fd held (for symlinks, with
+//! `AT_SYMLINK_NOFOLLOW` on the parent's fd). No path is ever followed by name, so neither a
+//! `..`, an absolute name, a symlinked parent nor a name swapped mid-unpack reaches outside.
+//! The layer is built in a temporary directory beside its final place and renamed there only
+//! when complete and its diff id checked.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::io::{self, BufRead, BufReader, Read};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::rc::Rc;
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Timespec, Timestamps, XattrFlags};
+use rustix::io::Errno;
+use serde::{Deserialize, Serialize};
+
+use crate::digest::{Digest, Hasher};
+use crate::error::{ImageError, Result};
+use crate::OwnerMap;
+
+/// Marks an overlayfs opaque directory when the overlay is mounted with `userxattr`.
+pub(crate) const XATTR_OPAQUE: &str = "user.overlay.opaque";
+/// The in-image `uid:gid` of an entry not owned by 0:0 ([`OwnerMap::Caller`]).
+pub const XATTR_OWNER: &str = "user.sandcove.owner";
+/// The in-image mode (octal) of an entry whose setuid/setgid bits were stripped on disk.
+pub const XATTR_MODE: &str = "user.sandcove.mode";
+/// The id that in-image ids at or past an [`OwnerMap::Shift`]'s count become: `nobody`, as
+/// the kernel shows ids a user namespace does not map.
+pub const OVERFLOW_ID: u32 = 65534;
+
+const WHITEOUT_PREFIX: &[u8] = b".wh.";
+const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
+const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_SYMLINKS)
+    .union(ResolveFlags::NO_MAGICLINKS);
+
+/// The bounds and ownership an unpack applies.
+#[derive(Clone, Debug)]
+pub(crate) struct UnpackLimits {
+    pub(crate) max_bytes: u64,
+    pub(crate) max_entries: u64,
+    pub(crate) owner: OwnerMap,
+}
+
+/// What the store records of an unpacked layer (`layers/<diff-id hex>.json`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct LayerRecord {
+    pub(crate) diff_id: String,
+    /// The decompressed tar stream's size.
+    pub(crate) unpacked_bytes: u64,
+    pub(crate) entries: u64,
+    /// Device nodes, fifos and entries of unknown type: not created, named here.
+    pub(crate) skipped: Vec<String>,
+}
+
+/// Unpacks `blob` (gzip, zstd or plain tar, recognised by its first bytes) into
+/// `<layers_dir>/<diff_id hex>/`, or returns the record of the layer already there.
+pub(crate) fn unpack_layer(
+    layers_dir: &Path,
+    diff_id: &Digest,
+    blob: impl Read,
+    limits: &UnpackLimits,
+) -> Result<LayerRecord> {
+    if let Some(record) = read_record(layers_dir, diff_id)? {
+        return Ok(record);
+    }
+    let layers = open_dir(layers_dir)?;
+    let temp = format!(
+        ".partial-{}-{}-{:08x}",
+        diff_id.hex(),
+        std::process::id(),
+        random_u32()
+    );
+    rustix::fs::mkdirat(&layers, temp.as_str(), Mode::from_raw_mode(0o700)).map_err(|e| {
+        ImageError::io(
+            format!("creating {}", layers_dir.join(&temp).display()),
+            e.into(),
+        )
+    })?;
+    let outcome = (|| {
+        let root = rustix::fs::openat2(
+            &layers,
+            temp.as_str(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            RESOLVE,
+        )
+        .map_err(|e| ImageError::io("opening the layer's temporary directory", e.into()))?;
+        let record = Unpacker::new(root.as_fd(), limits).run(diff_id, blob)?;
+        write_record(layers_dir, diff_id, &record)?;
+        match rustix::fs::renameat(&layers, temp.as_str(), &layers, diff_id.hex()) {
+            Ok(()) => Ok(record),
+            // Another process placed the same layer first: its copy is as good as ours.
+            Err(Errno::EXIST) | Err(Errno::NOTEMPTY) => {
+                let _ = remove_beneath(layers.as_fd(), temp.as_bytes());
+                Ok(record)
+            }
+            Err(e) => Err(ImageError::io(
+                "moving the unpacked layer into place",
+                e.into(),
+            )),
+        }
+    })();
+    if outcome.is_err() {
+        let _ = remove_beneath(layers.as_fd(), temp.as_bytes());
+    }
+    outcome
+}
+
+fn record_path(layers_dir: &Path, diff_id: &Digest) -> std::path::PathBuf {
+    layers_dir.join(format!("{}.json", diff_id.hex()))
+}
+
+/// The record of a layer whose directory is in place, if it is.
+pub(crate) fn read_record(layers_dir: &Path, diff_id: &Digest) -> Result<Option<LayerRecord>> {
+    if !layers_dir.join(diff_id.hex()).is_dir() {
+        return Ok(None);
+    }
+    match std::fs::read(record_path(layers_dir, diff_id)) {
+        Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ImageError::io("reading a layer record", e)),
+    }
+}
+
+fn write_record(layers_dir: &Path, diff_id: &Digest, record: &LayerRecord) -> Result<()> {
+    let bytes = serde_json::to_vec_pretty(record).expect("a layer record serialises");
+    crate::store::write_atomically(&record_path(layers_dir, diff_id), &bytes)
+}
+
+pub(crate) fn random_u32() -> u32 {
+    let mut bytes = [0u8; 4];
+    getrandom::fill(&mut bytes).expect("the kernel's random source");
+    u32::from_ne_bytes(bytes)
+}
+
+fn open_dir(path: &Path) -> Result<OwnedFd> {
+    rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| ImageError::io(format!("opening {}", path.display()), e.into()))
+}
+
+/// A reader that stops with an error once more than `limit` bytes passed, and hashes them.
+struct Bounded<R> {
+    inner: R,
+    hasher: Hasher,
+    count: u64,
+    limit: u64,
+    exceeded: Rc<Cell<bool>>,
+}
+
+impl<R: Read> Read for Bounded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count += n as u64;
+        if self.count > self.limit {
+            self.exceeded.set(true);
+            return Err(io::Error::other(
+                "the layer's decompressed size bound was passed",
+            ));
+        }
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// zstd streams of one or more frames.
+struct Zstd<R: Read> {
+    decoder: Option<ruzstd::decoding::StreamingDecoder<R, ruzstd::decoding::FrameDecoder>>,
+}
+
+impl<R: BufRead> Read for Zstd<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let Some(decoder) = self.decoder.as_mut() else {
+                return Ok(0);
+            };
+            let n = decoder.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            let mut inner = self.decoder.take().expect("present").into_inner();
+            if inner.fill_buf()?.is_empty() {
+                return Ok(0);
+            }
+            self.decoder = Some(
+                ruzstd::decoding::StreamingDecoder::new(inner)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?,
+            );
+        }
+    }
+}
+
+/// The blob decompressed, by its magic bytes: gzip, zstd, or an uncompressed tar.
+pub(crate) fn decompress<'a>(blob: impl Read + 'a) -> Result<Box<dyn Read + 'a>> {
+    let mut reader = BufReader::with_capacity(1 << 16, blob);
+    let head = reader
+        .fill_buf()
+        .map_err(|e| ImageError::io("reading a layer", e))?
+        .to_vec();
+    if head.starts_with(&[0x1f, 0x8b]) {
+        Ok(Box::new(flate2::bufread::MultiGzDecoder::new(reader)))
+    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        let decoder = ruzstd::decoding::StreamingDecoder::new(reader)
+            .map_err(|e| ImageError::malformed("zstd layer", e.to_string()))?;
+        Ok(Box::new(Zstd {
+            decoder: Some(decoder),
+        }))
+    } else if head.starts_with(b"BZh") || head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z']) {
+        Err(ImageError::Unsupported {
+            what: "bzip2 and xz layers (gzip, zstd and plain tar are)".into(),
+        })
+    } else {
+        Ok(Box::new(reader))
+    }
+}
+
+/// A directory's mode and time, applied once every entry beneath it is in place (a read-only
+/// directory could not take its entries otherwise).
+struct DirMeta {
+    mode: u32,
+    mtime: Option<u64>,
+}
+
+struct Unpacker<'a> {
+    root: BorrowedFd<'a>,
+    limits: &'a UnpackLimits,
+    dirs: HashMap<Vec<u8>, DirMeta>,
+    skipped: Vec<String>,
+}
+
+/// An entry's path split into validated components (no `.`, `..`, empty or absolute).
+fn components<'p>(path: &'p [u8], shown: &str) -> Result<Vec<&'p [u8]>> {
+    if path.starts_with(b"/") {
+        return Err(ImageError::hostile(shown, "absolute path"));
+    }
+    let mut parts = Vec::new();
+    for part in path.split(|&b| b == b'/') {
+        match part {
+            b"" | b"." => continue,
+            b".." => return Err(ImageError::hostile(shown, "path contains `..`")),
+            _ => parts.push(part),
+        }
+    }
+    Ok(parts)
+}
+
+fn io_err(entry: &str, what: &str, e: Errno) -> ImageError {
+    ImageError::io(format!("layer entry {entry:?}: {what}"), e.into())
+}
+
+impl<'a> Unpacker<'a> {
+    fn new(root: BorrowedFd<'a>, limits: &'a UnpackLimits) -> Self {
+        Unpacker {
+            root,
+            limits,
+            dirs: HashMap::new(),
+            skipped: Vec::new(),
+        }
+    }
+
+    fn run(mut self, diff_id: &Digest, blob: impl Read) -> Result<LayerRecord> {
+        let exceeded = Rc::new(Cell::new(false));
+        let too_large = || ImageError::TooLarge {
+            what: format!("layer {diff_id}"),
+            reason: format!("decompresses past {} bytes", self.limits.max_bytes),
+        };
+        let bounded = Bounded {
+            inner: decompress(blob)?,
+            hasher: Hasher::new(),
+            count: 0,
+            limit: self.limits.max_bytes,
+            exceeded: exceeded.clone(),
+        };
+        if let OwnerMap::Shift { .. } = self.limits.owner {
+            self.set_owner_and_mode_xattr(self.root, ".", 0, 0, 0o755, true)?;
+        }
+        let mut archive = tar::Archive::new(bounded);
+        let mut entries = 0u64;
+        let read_error = |e: io::Error| {
+            if exceeded.get() {
+                too_large()
+            } else {
+                ImageError::malformed(format!("layer {diff_id}"), format!("tar: {e}"))
+            }
+        };
+        for entry in archive.entries().map_err(read_error)? {
+            let mut entry = entry.map_err(read_error)?;
+            entries += 1;
+            if entries > self.limits.max_entries {
+                return Err(ImageError::TooLarge {
+                    what: format!("layer {diff_id}"),
+                    reason: format!("holds more than {} entries", self.limits.max_entries),
+                });
+            }
+            self.entry(&mut entry).map_err(|e| match e {
+                ImageError::Io { .. } if exceeded.get() => too_large(),
+                ImageError::Io { context, source }
+                    if source.kind() == io::ErrorKind::UnexpectedEof
+                        || source.kind() == io::ErrorKind::InvalidData =>
+                {
+                    ImageError::malformed(
+                        format!("layer {diff_id}"),
+                        format!("{context}: {source}"),
+                    )
+                }
+                other => other,
+            })?;
+        }
+        // The diff id covers the whole decompressed stream, the tar's end padding included.
+        let mut rest = archive.into_inner();
+        io::copy(&mut rest, &mut io::sink()).map_err(read_error)?;
+        let actual = rest.hasher.finish();
+        diff_id.check(&actual, "layer diff id (the decompressed layer)")?;
+        self.apply_dir_metadata()?;
+        Ok(LayerRecord {
+            diff_id: diff_id.to_string(),
+            unpacked_bytes: rest.count,
+            entries,
+            skipped: self.skipped,
+        })
+    }
+
+    fn entry<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> Result<()> {
+        let raw_path = entry.path_bytes().into_owned();
+        let shown = String::from_utf8_lossy(&raw_path).into_owned();
+        let kind = entry.header().entry_type();
+        if matches!(
+            kind,
+            tar::EntryType::XGlobalHeader
+                | tar::EntryType::XHeader
+                | tar::EntryType::GNULongName
+                | tar::EntryType::GNULongLink
+        ) {
+            return Ok(());
+        }
+        let parts = components(&raw_path, &shown)?;
+        let header = entry.header();
+        let mode = header
+            .mode()
+            .map_err(|e| ImageError::malformed("layer entry", format!("{shown:?}: mode: {e}")))?;
+        let mut uid = header.uid().unwrap_or(0);
+        let mut gid = header.gid().unwrap_or(0);
+        let mut mtime = header.mtime().ok();
+        // PAX records carry ids and times too large for the header's fields.
+        if let Ok(Some(extensions)) = entry.pax_extensions() {
+            for extension in extensions.flatten() {
+                let value = extension.value().ok().map(str::trim);
+                match extension.key() {
+                    Ok("uid") => uid = value.and_then(|v| v.parse().ok()).unwrap_or(uid),
+                    Ok("gid") => gid = value.and_then(|v| v.parse().ok()).unwrap_or(gid),
+                    Ok("mtime") => {
+                        let seconds = value
+                            .and_then(|v| v.split('.').next())
+                            .and_then(|v| v.parse().ok());
+                        mtime = seconds.or(mtime);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // Ids past 32 bits are nobody's, never truncated onto another id.
+        let uid = u64::from(u32::try_from(uid).unwrap_or(OVERFLOW_ID));
+        let gid = u64::from(u32::try_from(gid).unwrap_or(OVERFLOW_ID));
+        let Some((name, parent_parts)) = parts.split_last() else {
+            // `./`: the layer's root directory.
+            if kind == tar::EntryType::Directory {
+                self.set_owner_and_mode_xattr(
+                    self.root, &shown, uid as u32, gid as u32, mode, true,
+                )?;
+                self.dirs.insert(
+                    Vec::new(),
+                    DirMeta {
+                        mode: strip(mode),
+                        mtime,
+                    },
+                );
+            }
+            return Ok(());
+        };
+        let name: &[u8] = name;
+        let parent = self.parent(parent_parts, &shown)?;
+
+        if name == OPAQUE_MARKER {
+            return rustix::fs::fsetxattr(&parent, XATTR_OPAQUE, b"y", XattrFlags::empty())
+                .map_err(|e| io_err(&shown, "marking the directory opaque", e));
+        }
+        if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX) {
+            if hidden.starts_with(WHITEOUT_PREFIX) {
+                // Other `.wh..wh.` metadata (aufs hard-link dirs): not part of the image.
+                return Ok(());
+            }
+            if hidden.is_empty() || hidden == b"." || hidden == b".." {
+                return Err(ImageError::hostile(
+                    &shown,
+                    "whiteout of `.`, `..` or nothing",
+                ));
+            }
+            self.clear(&parent, hidden, &shown)?;
+            return rustix::fs::mknodat(
+                &parent,
+                hidden,
+                FileType::CharacterDevice,
+                Mode::empty(),
+                rustix::fs::makedev(0, 0),
+            )
+            .map_err(|e| io_err(&shown, "creating the whiteout", e));
+        }
+
+        match kind {
+            tar::EntryType::Directory => {
+                let existing = rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW);
+                match existing {
+                    Ok(stat) if FileType::from_raw_mode(stat.st_mode) == FileType::Directory => {}
+                    Ok(_) => {
+                        self.clear(&parent, name, &shown)?;
+                        self.mkdir(&parent, name, &shown)?;
+                    }
+                    Err(Errno::NOENT) => self.mkdir(&parent, name, &shown)?,
+                    Err(e) => return Err(io_err(&shown, "examining", e)),
+                }
+                let dir = rustix::fs::openat2(
+                    &parent,
+                    name,
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                    RESOLVE,
+                )
+                .map_err(|e| resolve_err(&shown, e))?;
+                self.set_owner_and_mode_xattr(
+                    dir.as_fd(),
+                    &shown,
+                    uid as u32,
+                    gid as u32,
+                    mode,
+                    true,
+                )?;
+                let key = parts.join(&b'/');
+                self.dirs.insert(
+                    key,
+                    DirMeta {
+                        mode: strip(mode),
+                        mtime,
+                    },
+                );
+                Ok(())
+            }
+            tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
+                self.clear(&parent, name, &shown)?;
+                let file = rustix::fs::openat(
+                    &parent,
+                    name,
+                    OFlags::WRONLY
+                        | OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::NOFOLLOW
+                        | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o600),
+                )
+                .map_err(|e| io_err(&shown, "creating the file", e))?;
+                let mut out = std::fs::File::from(file);
+                io::copy(entry, &mut out)
+                    .map_err(|e| ImageError::io(format!("layer entry {shown:?}: writing"), e))?;
+                let fd = out.as_fd();
+                self.set_owner_and_mode_xattr(fd, &shown, uid as u32, gid as u32, mode, false)?;
+                rustix::fs::fchmod(fd, Mode::from_raw_mode(strip(mode)))
+                    .map_err(|e| io_err(&shown, "setting the mode", e))?;
+                if let Some(mtime) = mtime {
+                    rustix::fs::futimens(fd, &times(mtime))
+                        .map_err(|e| io_err(&shown, "setting the time", e))?;
+                }
+                Ok(())
+            }
+            tar::EntryType::Symlink => {
+                let target = entry
+                    .link_name_bytes()
+                    .ok_or_else(|| {
+                        ImageError::malformed(
+                            "layer entry",
+                            format!("{shown:?}: symlink without a target"),
+                        )
+                    })?
+                    .into_owned();
+                if target.is_empty() {
+                    return Err(ImageError::malformed(
+                        "layer entry",
+                        format!("{shown:?}: symlink with an empty target"),
+                    ));
+                }
+                self.clear(&parent, name, &shown)?;
+                // The target is stored as text and never followed here; inside the sandbox it
+                // resolves within the sandbox's root.
+                rustix::fs::symlinkat(target.as_slice(), &parent, name)
+                    .map_err(|e| io_err(&shown, "creating the symlink", e))?;
+                if let OwnerMap::Shift { .. } = self.limits.owner {
+                    let (u, g) = self.shifted(uid as u32, gid as u32);
+                    rustix::fs::chownat(
+                        &parent,
+                        name,
+                        Some(rustix::fs::Uid::from_raw(u)),
+                        Some(rustix::fs::Gid::from_raw(g)),
+                        AtFlags::SYMLINK_NOFOLLOW,
+                    )
+                    .map_err(|e| io_err(&shown, "changing the symlink's owner", e))?;
+                }
+                if let Some(mtime) = mtime {
+                    rustix::fs::utimensat(&parent, name, &times(mtime), AtFlags::SYMLINK_NOFOLLOW)
+                        .map_err(|e| io_err(&shown, "setting the symlink's time", e))?;
+                }
+                Ok(())
+            }
+            tar::EntryType::Link => {
+                let target = entry
+                    .link_name_bytes()
+                    .ok_or_else(|| {
+                        ImageError::malformed(
+                            "layer entry",
+                            format!("{shown:?}: hard link without a target"),
+                        )
+                    })?
+                    .into_owned();
+                let target_parts = components(&target, &shown).map_err(|_| {
+                    ImageError::hostile(&shown, "hard link to a path outside the layer")
+                })?;
+                let Some((target_name, target_parent_parts)) = target_parts.split_last() else {
+                    return Err(ImageError::hostile(&shown, "hard link to the layer's root"));
+                };
+                if target_parts == parts {
+                    return Ok(());
+                }
+                let target_parent = self.existing_dir(target_parent_parts).map_err(|reason| {
+                    ImageError::hostile(&shown, format!("hard link target: {reason}"))
+                })?;
+                match rustix::fs::statat(&target_parent, *target_name, AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(stat) if FileType::from_raw_mode(stat.st_mode) == FileType::RegularFile => {}
+                    Ok(_) => {
+                        return Err(ImageError::hostile(
+                            &shown,
+                            "hard link to something other than a regular file",
+                        ))
+                    }
+                    Err(Errno::NOENT) => {
+                        return Err(ImageError::hostile(
+                            &shown,
+                            "hard link to a file not in this layer",
+                        ))
+                    }
+                    Err(e) => return Err(io_err(&shown, "examining the hard link's target", e)),
+                }
+                self.clear(&parent, name, &shown)?;
+                rustix::fs::linkat(
+                    &target_parent,
+                    *target_name,
+                    &parent,
+                    name,
+                    AtFlags::empty(),
+                )
+                .map_err(|e| io_err(&shown, "creating the hard link", e))
+            }
+            tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo => {
+                // Device nodes and fifos are never created from an image (a device node would
+                // be a door to the host's hardware); recorded so `inspect` can say so.
+                self.skipped.push(shown);
+                Ok(())
+            }
+            other => {
+                self.skipped.push(format!(
+                    "{shown} (tar entry type {:?})",
+                    other.as_byte() as char
+                ));
+                Ok(())
+            }
+        }
+    }
+
+    fn mkdir(&mut self, parent: &OwnedFd, name: &[u8], shown: &str) -> Result<()> {
+        rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700))
+            .map_err(|e| io_err(shown, "creating the directory", e))
+    }
+
+    /// Removes an earlier entry of this name in this layer (a later entry replaces it).
+    fn clear(&mut self, parent: &OwnedFd, name: &[u8], shown: &str) -> Result<()> {
+        match remove_beneath(parent.as_fd(), name) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(io_err(shown, "replacing an earlier entry", e)),
+        }
+    }
+
+    /// The entry's parent directory, created (mode 0755 in the image) where the layer did
+    /// not name it; refused if any component is a symlink or not a directory.
+    fn parent(&mut self, parts: &[&[u8]], shown: &str) -> Result<OwnedFd> {
+        let joined = if parts.is_empty() {
+            b".".to_vec()
+        } else {
+            parts.join(&b'/')
+        };
+        for _ in 0..8 {
+            match rustix::fs::openat2(
+                self.root,
+                joined.as_slice(),
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+                RESOLVE,
+            ) {
+                Ok(fd) => return Ok(fd),
+                Err(Errno::AGAIN) => continue,
+                Err(Errno::NOENT) => return self.create_parents(parts, shown),
+                Err(e) => return Err(resolve_err(shown, e)),
+            }
+        }
+        Err(ImageError::hostile(
+            shown,
+            "the parent directory kept changing while it was resolved",
+        ))
+    }
+
+    fn create_parents(&mut self, parts: &[&[u8]], shown: &str) -> Result<OwnedFd> {
+        let mut current = rustix::fs::openat2(
+            self.root,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            RESOLVE,
+        )
+        .map_err(|e| resolve_err(shown, e))?;
+        for (depth, part) in parts.iter().enumerate() {
+            let open = |dir: &OwnedFd| {
+                rustix::fs::openat2(
+                    dir,
+                    *part,
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                    RESOLVE,
+                )
+            };
+            current = match open(&current) {
+                Ok(fd) => fd,
+                Err(Errno::NOENT) => {
+                    match rustix::fs::mkdirat(&current, *part, Mode::from_raw_mode(0o700)) {
+                        Ok(()) | Err(Errno::EXIST) => {}
+                        Err(e) => return Err(io_err(shown, "creating a parent directory", e)),
+                    }
+                    let fd = open(&current).map_err(|e| resolve_err(shown, e))?;
+                    if let OwnerMap::Shift { .. } = self.limits.owner {
+                        self.set_owner_and_mode_xattr(fd.as_fd(), shown, 0, 0, 0o755, true)?;
+                    }
+                    self.dirs
+                        .entry(parts[..=depth].join(&b'/'))
+                        .or_insert(DirMeta {
+                            mode: 0o755,
+                            mtime: None,
+                        });
+                    fd
+                }
+                Err(e) => return Err(resolve_err(shown, e)),
+            };
+        }
+        Ok(current)
+    }
+
+    /// A directory that must already exist in this layer (a hard link's target's parent).
+    fn existing_dir(&self, parts: &[&[u8]]) -> std::result::Result<OwnedFd, String> {
+        let joined = if parts.is_empty() {
+            b".".to_vec()
+        } else {
+            parts.join(&b'/')
+        };
+        rustix::fs::openat2(
+            self.root,
+            joined.as_slice(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            RESOLVE,
+        )
+        .map_err(|e| match e {
+            Errno::NOENT => "not in this layer".to_string(),
+            Errno::LOOP => "a parent directory is a symlink".to_string(),
+            Errno::XDEV => "resolves outside the layer".to_string(),
+            other => other.to_string(),
+        })
+    }
+
+    fn shifted(&self, uid: u32, gid: u32) -> (u32, u32) {
+        match self.limits.owner {
+            OwnerMap::Caller => (uid, gid),
+            OwnerMap::Shift { base, count } => {
+                let map = |id: u32| base + if id < count { id } else { OVERFLOW_ID };
+                (map(uid), map(gid))
+            }
+        }
+    }
+
+    /// Applies the in-image owner (chown when shifting, else the owner xattr where not 0:0)
+    /// and records a stripped setuid/setgid mode. Before the final chmod: user xattrs need
+    /// write permission on the inode.
+    fn set_owner_and_mode_xattr(
+        &self,
+        fd: BorrowedFd<'_>,
+        shown: &str,
+        uid: u32,
+        gid: u32,
+        mode: u32,
+        is_dir: bool,
+    ) -> Result<()> {
+        let _ = is_dir;
+        if mode & 0o6000 != 0 {
+            rustix::fs::fsetxattr(
+                fd,
+                XATTR_MODE,
+                format!("{:o}", mode & 0o7777).as_bytes(),
+                XattrFlags::empty(),
+            )
+            .map_err(|e| io_err(shown, "recording the mode", e))?;
+        }
+        match self.limits.owner {
+            OwnerMap::Caller => {
+                if (uid, gid) != (0, 0) {
+                    rustix::fs::fsetxattr(
+                        fd,
+                        XATTR_OWNER,
+                        format!("{uid}:{gid}").as_bytes(),
+                        XattrFlags::empty(),
+                    )
+                    .map_err(|e| io_err(shown, "recording the owner", e))?;
+                }
+            }
+            OwnerMap::Shift { .. } => {
+                let (u, g) = self.shifted(uid, gid);
+                rustix::fs::fchown(
+                    fd,
+                    Some(rustix::fs::Uid::from_raw(u)),
+                    Some(rustix::fs::Gid::from_raw(g)),
+                )
+                .map_err(|e| io_err(shown, "changing the owner", e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Directories' modes and times, deepest first, once every entry is in place.
+    fn apply_dir_metadata(&mut self) -> Result<()> {
+        self.dirs.entry(Vec::new()).or_insert(DirMeta {
+            mode: 0o755,
+            mtime: None,
+        });
+        let mut dirs: Vec<_> = self.dirs.drain().collect();
+        dirs.sort_by_key(|(path, _)| {
+            std::cmp::Reverse(
+                path.iter().filter(|&&b| b == b'/').count() + usize::from(!path.is_empty()),
+            )
+        });
+        for (path, meta) in dirs {
+            let shown = String::from_utf8_lossy(&path).into_owned();
+            let target: &[u8] = if path.is_empty() { b"." } else { &path };
+            let dir = rustix::fs::openat2(
+                self.root,
+                target,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+                RESOLVE,
+            );
+            let dir = match dir {
+                Ok(dir) => dir,
+                // Replaced by a later entry (or whited out): nothing to apply.
+                Err(Errno::NOENT) | Err(Errno::NOTDIR) | Err(Errno::LOOP) => continue,
+                Err(e) => return Err(resolve_err(&shown, e)),
+            };
+            rustix::fs::fchmod(&dir, Mode::from_raw_mode(meta.mode))
+                .map_err(|e| io_err(&shown, "setting the mode", e))?;
+            if let Some(mtime) = meta.mtime {
+                rustix::fs::futimens(&dir, &times(mtime))
+                    .map_err(|e| io_err(&shown, "setting the time", e))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The mode on disk: permission and sticky bits only; setuid and setgid never.
+fn strip(mode: u32) -> u32 {
+    mode & 0o1777
+}
+
+fn times(mtime: u64) -> Timestamps {
+    let at = Timespec {
+        tv_sec: mtime.min(i64::MAX as u64) as i64,
+        tv_nsec: 0,
+    };
+    Timestamps {
+        last_access: at,
+        last_modification: at,
+    }
+}
+
+fn resolve_err(shown: &str, e: Errno) -> ImageError {
+    match e {
+        Errno::LOOP => ImageError::hostile(shown, "a parent directory is a symlink"),
+        Errno::XDEV => ImageError::hostile(shown, "resolves outside the layer"),
+        Errno::NOTDIR => ImageError::hostile(shown, "a parent is not a directory"),
+        other => io_err(shown, "resolving the parent directory", other),
+    }
+}
+
+/// Removes `name` beneath `dir` (a whole tree if it is a directory) without following any
+/// symlink; directories the store made unreadable are opened up first.
+pub(crate) fn remove_beneath(dir: BorrowedFd<'_>, name: &[u8]) -> std::result::Result<(), Errno> {
+    let stat = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::Directory {
+        return rustix::fs::unlinkat(dir, name, AtFlags::empty());
+    }
+    let open = || {
+        rustix::fs::openat2(
+            dir,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            RESOLVE,
+        )
+    };
+    let child = match open() {
+        Ok(fd) => fd,
+        Err(Errno::ACCESS) => {
+            rustix::fs::chmodat(dir, name, Mode::from_raw_mode(0o700), AtFlags::empty())?;
+            open()?
+        }
+        Err(e) => return Err(e),
+    };
+    if stat.st_mode & 0o700 != 0o700 {
+        rustix::fs::fchmod(&child, Mode::from_raw_mode(0o700))?;
+    }
+    let mut names = Vec::new();
+    let mut listing = rustix::fs::Dir::read_from(&child)?;
+    while let Some(entry) = listing.read() {
+        let entry = entry?;
+        let entry_name = entry.file_name().to_bytes();
+        if entry_name != b"." && entry_name != b".." {
+            names.push(entry_name.to_vec());
+        }
+    }
+    for entry_name in names {
+        match remove_beneath(child.as_fd(), &entry_name) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)
+}
+
+/// Removes a path inside the store (a layer, a temporary directory) with [`remove_beneath`].
+pub(crate) fn remove_path(path: &Path) -> io::Result<()> {
+    let parent = path.parent().ok_or_else(|| io::Error::other("no parent"))?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::other("no name"))?;
+    let dir = rustix::fs::open(
+        parent,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    use std::os::unix::ffi::OsStrExt;
+    match remove_beneath(dir.as_fd(), name.as_bytes()) {
+        Ok(()) | Err(Errno::NOENT) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,296 @@
+//! Hostile layers, imported from an OCI layout (the same unpack a pull runs): each is a
+//! typed error, nothing lands outside the store, nothing partial is kept.
+
+use sandcove_image::{ImageError, Store, StoreOptions};
+
+use crate::support::{assert_nothing_partial, tree, Compression, Layer, TempDir, TestImage};
+
+struct Attempt {
+    root: TempDir,
+    result: Result<Vec<sandcove_image::ImageInfo>, ImageError>,
+}
+
+async fn import_image(image: &TestImage, options: StoreOptions) -> Attempt {
+    let root = TempDir::new("hostile");
+    std::fs::create_dir(root.path().join("outside")).unwrap();
+    let layout = root.path().join("layout");
+    image.write_oci_layout(&layout, Some("hostile.test/layer:v1"));
+    let store = Store::open(root.path().join("store"), options).unwrap();
+    let result = store.import(&layout, None).await;
+    Attempt { root, result }
+}
+
+async fn import_layer(layer: Layer) -> Attempt {
+    import_image(
+        &TestImage::new(vec![(layer.tar(), Compression::Gzip)]),
+        StoreOptions::default(),
+    )
+    .await
+}
+
+/// Nothing outside the store changed, no layer or image was kept.
+fn assert_contained(attempt: &Attempt) {
+    let root = attempt.root.path();
+    let outside = tree(&root.join("outside"));
+    assert!(outside.is_empty(), "written outside the layer: {outside:?}");
+    let escaped: Vec<String> = tree(root)
+        .into_iter()
+        .filter(|p| p.ends_with("escape"))
+        .collect();
+    assert!(escaped.is_empty(), "escaped entries: {escaped:?}");
+    let store = root.join("store");
+    assert_nothing_partial(&store);
+    let layers: Vec<String> = tree(&store.join("layers"));
+    assert!(layers.is_empty(), "layers kept: {layers:?}");
+    assert!(tree(&store.join("images")).is_empty());
+}
+
+fn expect_hostile(attempt: &Attempt, wanted_entry: &str) {
+    match &attempt.result {
+        Err(ImageError::HostileLayer { entry, reason }) => {
+            assert_eq!(entry, wanted_entry, "{reason}");
+        }
+        other => panic!("expected HostileLayer for {wanted_entry}, got {other:?}"),
+    }
+    assert_contained(attempt);
+}
+
+#[tokio::test]
+async fn dot_dot_entries_are_refused() {
+    let attempt = import_layer(Layer::new().file("ok", 0o644, b"x").file(
+        "../../../../escape",
+        0o644,
+        b"x",
+    ))
+    .await;
+    expect_hostile(&attempt, "../../../../escape");
+    let attempt = import_layer(
+        Layer::new()
+            .dir("a", 0o755)
+            .file("a/../../escape", 0o644, b"x"),
+    )
+    .await;
+    expect_hostile(&attempt, "a/../../escape");
+}
+
+#[tokio::test]
+async fn absolute_entries_are_refused() {
+    let name = format!("/tmp/sandcove-image-absolute-{}-escape", std::process::id());
+    let attempt = import_layer(Layer::new().file(&name, 0o644, b"x")).await;
+    expect_hostile(&attempt, &name);
+    assert!(!std::path::Path::new(&name).exists());
+}
+
+#[tokio::test]
+async fn entries_beneath_a_symlinked_parent_are_refused() {
+    // The symlink points at a real directory outside the store: following it would write there.
+    let attempt = import_layer(Layer::new().symlink("up", "../../../../..").file(
+        "up/escape",
+        0o644,
+        b"x",
+    ))
+    .await;
+    expect_hostile(&attempt, "up/escape");
+    let attempt = import_layer(
+        Layer::new()
+            .symlink("abs", "/tmp")
+            .file("abs/escape", 0o644, b"x"),
+    )
+    .await;
+    expect_hostile(&attempt, "abs/escape");
+}
+
+#[tokio::test]
+async fn a_directory_swapped_for_a_symlink_mid_layer_is_refused() {
+    // `a` is a directory, then an entry replaces it with a symlink to outside, then an entry
+    // writes beneath `a`: the swap is seen when the parent is resolved.
+    let attempt = import_layer(
+        Layer::new()
+            .dir("a", 0o755)
+            .file("a/first", 0o644, b"1")
+            .symlink("a", "/tmp")
+            .file("a/escape", 0o644, b"x"),
+    )
+    .await;
+    expect_hostile(&attempt, "a/escape");
+}
+
+#[tokio::test]
+async fn hard_links_to_outside_or_to_non_files_are_refused() {
+    let attempt =
+        import_layer(Layer::new().hardlink("escape-link", "../../../../../etc/passwd")).await;
+    expect_hostile(&attempt, "escape-link");
+    let attempt = import_layer(Layer::new().hardlink("abs-link", "/etc/passwd")).await;
+    expect_hostile(&attempt, "abs-link");
+    let attempt = import_layer(Layer::new().hardlink("missing-link", "not-here")).await;
+    expect_hostile(&attempt, "missing-link");
+    let attempt = import_layer(
+        Layer::new()
+            .symlink("sym", "/etc/passwd")
+            .hardlink("sym-link", "sym"),
+    )
+    .await;
+    expect_hostile(&attempt, "sym-link");
+    let attempt = import_layer(Layer::new().dir("d", 0o755).hardlink("dir-link", "d")).await;
+    expect_hostile(&attempt, "dir-link");
+    let attempt = import_layer(
+        Layer::new()
+            .symlink("up", "/etc")
+            .hardlink("via-link", "up/passwd"),
+    )
+    .await;
+    expect_hostile(&attempt, "via-link");
+}
+
+#[tokio::test]
+async fn whiteouts_of_dot_dot_are_refused() {
+    let attempt = import_layer(Layer::new().file(".wh...", 0o644, b"")).await;
+    expect_hostile(&attempt, ".wh...");
+}
+
+#[tokio::test]
+async fn layers_past_the_entry_bound_are_refused() {
+    let mut layer = Layer::new();
+    for i in 0..20 {
+        layer = layer.file(&format!("f{i}"), 0o644, b"x");
+    }
+    let options = StoreOptions {
+        max_layer_entries: 10,
+        ..StoreOptions::default()
+    };
+    let attempt = import_image(
+        &TestImage::new(vec![(layer.tar(), Compression::Gzip)]),
+        options,
+    )
+    .await;
+    assert!(
+        matches!(attempt.result, Err(ImageError::TooLarge { .. })),
+        "{:?}",
+        attempt.result
+    );
+    assert_contained(&attempt);
+}
+
+#[tokio::test]
+async fn layers_decompressing_past_the_byte_bound_are_refused() {
+    // 4 MiB of zeros: a few KiB compressed (a small decompression bomb).
+    for compression in [Compression::Gzip, Compression::Zstd] {
+        let options = StoreOptions {
+            max_layer_bytes: 1 << 20,
+            ..StoreOptions::default()
+        };
+        let image = TestImage::new(vec![(
+            Layer::new().file("zeros", 0o644, &vec![0u8; 4 << 20]).tar(),
+            compression,
+        )]);
+        assert!(image.layers[0].0.len() < 1 << 20);
+        let attempt = import_image(&image, options).await;
+        assert!(
+            matches!(attempt.result, Err(ImageError::TooLarge { .. })),
+            "{compression:?}: {:?}",
+            attempt.result
+        );
+        assert_contained(&attempt);
+    }
+}
+
+#[tokio::test]
+async fn a_layer_whose_diff_id_differs_from_the_config_is_refused() {
+    let mut image = TestImage::new(vec![(
+        Layer::new().file("a", 0o644, b"a").tar(),
+        Compression::Gzip,
+    )]);
+    // The config names another tar's diff id; manifest rebuilt so only the diff id lies.
+    let other = crate::support::sha256(&Layer::new().file("b", 0o644, b"b").tar());
+    let mut config: serde_json::Value = serde_json::from_slice(&image.config).unwrap();
+    config["rootfs"]["diff_ids"][0] = other.into();
+    image.config = serde_json::to_vec(&config).unwrap();
+    let mut manifest: serde_json::Value = serde_json::from_slice(&image.manifest).unwrap();
+    manifest["config"]["digest"] = crate::support::sha256(&image.config).into();
+    manifest["config"]["size"] = image.config.len().into();
+    image.manifest = serde_json::to_vec(&manifest).unwrap();
+    let attempt = import_image(&image, StoreOptions::default()).await;
+    assert!(
+        matches!(attempt.result, Err(ImageError::DigestMismatch { .. })),
+        "{:?}",
+        attempt.result
+    );
+    assert_contained(&attempt);
+}
+
+#[tokio::test]
+async fn a_blob_whose_content_differs_from_its_digest_is_refused() {
+    let image = TestImage::new(vec![(
+        Layer::new().file("a", 0o644, b"a").tar(),
+        Compression::Gzip,
+    )]);
+    let root = TempDir::new("mismatch");
+    let layout = root.path().join("layout");
+    image.write_oci_layout(&layout, Some("hostile.test/x:v1"));
+    let layer_digest = crate::support::sha256(&image.layers[0].0);
+    let blob = layout
+        .join("blobs/sha256")
+        .join(&layer_digest["sha256:".len()..]);
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&blob, bytes).unwrap();
+    let store = Store::open(root.path().join("store"), StoreOptions::default()).unwrap();
+    let result = store.import(&layout, None).await;
+    assert!(
+        matches!(result, Err(ImageError::DigestMismatch { .. })),
+        "{result:?}"
+    );
+    assert_nothing_partial(&root.path().join("store"));
+    assert!(store.list().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn malformed_manifests_and_configs_are_refused() {
+    let image = TestImage::new(vec![(
+        Layer::new().file("a", 0o644, b"a").tar(),
+        Compression::Gzip,
+    )]);
+    // Garbage where the manifest is.
+    let mut broken = image.clone();
+    broken.manifest = b"{not json".to_vec();
+    let attempt = import_image(&broken, StoreOptions::default()).await;
+    assert!(
+        matches!(attempt.result, Err(ImageError::Malformed { .. })),
+        "{:?}",
+        attempt.result
+    );
+    assert_contained(&attempt);
+    // A config naming two diff ids for one layer.
+    let mut broken = image.clone();
+    let mut config: serde_json::Value = serde_json::from_slice(&broken.config).unwrap();
+    config["rootfs"]["diff_ids"]
+        .as_array_mut()
+        .unwrap()
+        .push(image.layers[0].2.clone().into());
+    broken.config = serde_json::to_vec(&config).unwrap();
+    let mut manifest: serde_json::Value = serde_json::from_slice(&broken.manifest).unwrap();
+    manifest["config"]["digest"] = crate::support::sha256(&broken.config).into();
+    manifest["config"]["size"] = broken.config.len().into();
+    broken.manifest = serde_json::to_vec(&manifest).unwrap();
+    let attempt = import_image(&broken, StoreOptions::default()).await;
+    assert!(
+        matches!(attempt.result, Err(ImageError::Malformed { .. })),
+        "{:?}",
+        attempt.result
+    );
+    assert_contained(&attempt);
+    // A truncated layer blob (digest matching the truncated bytes): the tar ends early.
+    let tar = Layer::new().file("big", 0o644, &vec![7u8; 100_000]).tar();
+    let truncated = TestImage::new(vec![(tar[..50_000].to_vec(), Compression::None)]);
+    let attempt = import_image(&truncated, StoreOptions::default()).await;
+    assert!(
+        matches!(
+            attempt.result,
+            Err(ImageError::Malformed { .. }) | Err(ImageError::DigestMismatch { .. })
+        ),
+        "{:?}",
+        attempt.result
+    );
+    assert_contained(&attempt);
+}
