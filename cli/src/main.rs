@@ -14,6 +14,7 @@ mod bounds;
 mod cp;
 mod doctor;
 mod env;
+mod images;
 mod localhost;
 mod out;
 mod procs;
@@ -179,6 +180,10 @@ enum Cmd {
     /// Named volumes.
     #[command(subcommand)]
     Volume(store::VolumeCmd),
+    /// OCI images sandboxes run (`sandcove create --image REF`): pull, import, ls, inspect,
+    /// rm, prune.
+    #[command(subcommand)]
+    Image(images::ImageCmd),
     /// Check what this host supports, with a remedy for each missing piece; exits 1 when
     /// sandboxes cannot be created.
     Doctor,
@@ -224,6 +229,7 @@ fn main() -> ExitCode {
         Cmd::Ls(args) => out::finish("ls", sandboxes::ls(args, json)),
         Cmd::Info { id } => out::finish("info", sandboxes::info(&id, json)),
         Cmd::Create(args) => out::finish("create", sandboxes::create(args, json)),
+        Cmd::Image(cmd) => out::finish("image", images::image(cmd, json)),
         Cmd::Kill(args) => out::finish("kill", sandboxes::kill(args, json)),
         Cmd::Pause { id } => out::finish(
             "pause",

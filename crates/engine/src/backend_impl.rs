@@ -198,7 +198,15 @@ impl Backend for LocalBackend {
             .monitor_call_as(id, MonitorRequest::Destroy, peer)
             .await
         {
-            Ok(MonitorReply::Done) => Ok(()),
+            Ok(MonitorReply::Done) => {
+                // Its image (if it ran one) is no longer kept for it.
+                // (Off the event loop: the store's lock may be held by a prune.)
+                if let Some(images) = &self.images {
+                    let (images, holder) = (images.clone(), id.to_string());
+                    let _ = tokio::task::spawn_blocking(move || images.release(&holder)).await;
+                }
+                Ok(())
+            }
             Ok(other) => Err(unexpected(&other)),
             Err(e) => Err(e),
         }

@@ -17,11 +17,13 @@
 //!
 //! [`is_host_base`]: sandcove_core::capability::is_host_base
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
-use sandcove_core::Result;
+use sandcove_core::{Error, Result};
+use sandcove_image::{ImageError, OwnerMap, Store, StoreOptions};
 
 /// Where the engine finds images: the image store, or a test's own layers. Which images are in
 /// use is the engine's to say ([`LocalBackend::images_in_use`]), from the records of its live
@@ -39,6 +41,18 @@ pub trait ImageSource: Send + Sync + std::fmt::Debug {
     /// The references of the images stored here (as [`ImageSource::resolve`] takes them),
     /// which the engine's capabilities list as templates.
     fn references(&self) -> Vec<String>;
+
+    /// Keep `digest`'s image while the sandbox `holder` may use it (its remove and prune
+    /// leave it). Called before the sandbox starts; the default keeps nothing.
+    fn hold(&self, digest: &str, holder: &str) -> Result<()> {
+        let _ = (digest, holder);
+        Ok(())
+    }
+
+    /// The sandbox `holder` no longer uses its image (destroyed). The default does nothing.
+    fn release(&self, holder: &str) {
+        let _ = holder;
+    }
 }
 
 /// One image, unpacked: what a sandbox's root is made of, kept in its record.
@@ -78,3 +92,146 @@ impl ImageRoot {
 /// The most layers one root stacks: overlayfs takes 500 lower layers at most, and the mount
 /// options naming them must fit one page.
 pub const MAX_LAYERS: usize = 128;
+
+/// The directory of an engine's image store: `<state dir>/images`.
+pub fn store_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("images")
+}
+
+/// The image store of the engine keeping state in `state_dir`, with layer files owned as this
+/// process's sandboxes see them: shifted into the sandboxes' uid range when the engine runs
+/// as root, the caller's own otherwise (see [`OwnerMap`]). Every program sharing the state
+/// directory shares the store (its records are locked).
+pub fn open_store(state_dir: &Path) -> Result<Store> {
+    let owner = match crate::config::UidMapping::for_host(crate::sys::geteuid(), 0) {
+        crate::config::UidMapping::Range => OwnerMap::Shift {
+            base: crate::config::HOST_ID_BASE,
+            count: crate::config::HOST_ID_COUNT,
+        },
+        crate::config::UidMapping::Single { .. } => OwnerMap::Caller,
+    };
+    let options = StoreOptions {
+        owner,
+        ..StoreOptions::default()
+    };
+    Store::open(store_dir(state_dir), options).map_err(image_error)
+}
+
+/// An image store error as the core's: a missing image is `NotFound` with how to get it;
+/// bad input is `InvalidArgument`; the rest says what failed.
+pub fn image_error(err: ImageError) -> Error {
+    match err {
+        ImageError::NotFound { reference } => Error::not_found(format!(
+            "image {reference} (not stored here: pull it with `sandcove image pull \
+             {reference}` or import it with `sandcove image import`)"
+        )),
+        e @ (ImageError::InvalidReference { .. } | ImageError::InUse { .. }) => {
+            Error::invalid(e.to_string())
+        }
+        e @ ImageError::Unauthorized { .. } => Error::Unauthenticated {
+            message: e.to_string(),
+        },
+        e @ ImageError::Unsupported { .. } => Error::NotSupported {
+            feature: e.to_string(),
+            alternative: "use an image for this host's platform in a supported format".into(),
+        },
+        e @ (ImageError::Registry { .. } | ImageError::Stalled { .. } | ImageError::Io { .. }) => {
+            Error::Unavailable {
+                reason: e.to_string(),
+                remedy: "check the registry's address and the network, then retry".into(),
+            }
+        }
+        e => Error::invalid(e.to_string()),
+    }
+}
+
+/// The engine's own image source: its state directory's store, opened at first use (an
+/// engine that never runs an image never touches it).
+pub(crate) struct StoreSource {
+    state_dir: PathBuf,
+    store: OnceLock<Store>,
+}
+
+impl std::fmt::Debug for StoreSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreSource")
+            .field("dir", &store_dir(&self.state_dir))
+            .finish()
+    }
+}
+
+impl StoreSource {
+    pub(crate) fn new(state_dir: &Path) -> StoreSource {
+        StoreSource {
+            state_dir: state_dir.to_path_buf(),
+            store: OnceLock::new(),
+        }
+    }
+
+    fn store(&self) -> Result<&Store> {
+        if let Some(store) = self.store.get() {
+            return Ok(store);
+        }
+        let store = open_store(&self.state_dir)?;
+        Ok(self.store.get_or_init(|| store))
+    }
+}
+
+impl ImageSource for StoreSource {
+    fn resolve(&self, reference: &str) -> Result<ImageRoot> {
+        let image = self.store()?.resolve(reference).map_err(image_error)?;
+        Ok(ImageRoot {
+            reference: reference.to_string(),
+            digest: image.digest,
+            layers: image.layers,
+            env: image.config.env,
+            working_dir: image.config.working_dir.filter(|d| !d.is_empty()),
+            user: image.config.user.filter(|u| !u.is_empty()),
+            entrypoint: image.config.entrypoint,
+            cmd: image.config.cmd,
+        })
+    }
+
+    fn references(&self) -> Vec<String> {
+        // Not opened just to list: no store directory, no images.
+        if self.store.get().is_none() && !store_dir(&self.state_dir).is_dir() {
+            return Vec::new();
+        }
+        let Ok(store) = self.store() else {
+            return Vec::new();
+        };
+        let mut out: Vec<String> = store
+            .list()
+            .unwrap_or_default()
+            .into_iter()
+            .flat_map(|image| image.references)
+            .collect();
+        // Docker Hub's library images answer to their short names too.
+        let short: Vec<String> = out
+            .iter()
+            .filter_map(|r| r.strip_prefix("docker.io/library/").map(str::to_string))
+            .collect();
+        out.extend(short);
+        out
+    }
+
+    fn hold(&self, digest: &str, holder: &str) -> Result<()> {
+        self.store()?.hold(digest, holder).map_err(image_error)
+    }
+
+    fn release(&self, holder: &str) {
+        // Every destroy comes here: one that held nothing (a host-base sandbox, which its
+        // create never holds for) costs one read, no lock. A hold is written before its
+        // sandbox starts, so it is there to be seen by then.
+        let holds = store_dir(&self.state_dir).join("holds.json");
+        match std::fs::read(&holds) {
+            Ok(text) if text.windows(holder.len()).any(|w| w == holder.as_bytes()) => {}
+            _ => return,
+        }
+        if let Ok(store) = self.store() {
+            if let Err(e) = store.release(holder) {
+                tracing::warn!("image store: cannot release {holder}'s hold: {e}");
+            }
+        }
+    }
+}

@@ -69,6 +69,8 @@ pub use self::pool::{
     SERVER_WARM_POOL, WARM_POOL_ENV,
 };
 pub use self::preview::PreviewLimits;
+/// The image store the engine runs images from (see [`images`]).
+pub use sandcove_image;
 /// The version of the client ↔ monitor ↔ agent protocol this build speaks; a sandbox created
 /// by a build speaking another version can be listed, inspected and destroyed, nothing else.
 pub use self::proto::PROTOCOL_VERSION;
@@ -117,8 +119,8 @@ pub struct LocalBackend {
     /// archive (see `locale`): made at the first create, off the caller's event loop, not
     /// by engines that only list or destroy (shared by clones).
     locale: std::sync::Arc<std::sync::OnceLock<Option<PathBuf>>>,
-    /// Where images named at create are found ([`LocalBackend::with_images`]); none: only
-    /// the host base.
+    /// Where images named at create are found: the state directory's image store, unless
+    /// [`LocalBackend::with_images`] chose another source.
     images: Option<std::sync::Arc<dyn images::ImageSource>>,
 }
 
@@ -191,13 +193,19 @@ impl LocalBackend {
             locale: Default::default(),
             images: None,
         };
+        // Images from this state directory's store (opened at first use).
+        let mut backend = backend;
+        backend.images = Some(std::sync::Arc::new(images::StoreSource::new(
+            &backend.state_dir,
+        )));
         backend.collect_stale();
         Ok(backend)
     }
 
-    /// Run images named at create (a template other than the host base) from `source`: their
-    /// layers become the sandbox's read-only root under a writable layer of its own (see
-    /// [`images`]). Without a source, a create naming an image is refused as not supported.
+    /// Run images named at create (a template other than the host base) from `source`
+    /// instead of the state directory's image store (`<state dir>/images`, see
+    /// [`images::open_store`]): their layers become the sandbox's read-only root under a
+    /// writable layer of its own (see [`images`]).
     pub fn with_images(mut self, source: std::sync::Arc<dyn images::ImageSource>) -> Self {
         self.images = Some(source);
         self

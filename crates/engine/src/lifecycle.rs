@@ -129,6 +129,15 @@ impl LocalBackend {
             bounds: self.bounds,
             image,
         };
+        // The image is kept for this sandbox before it starts (a prune meanwhile leaves it).
+        // (Off the event loop: the store's lock may be held by a prune removing layers.)
+        if let (Some(image), Some(source)) = (&record.image, &self.images) {
+            let (source, digest, holder) = (source.clone(), image.digest.clone(), id.clone());
+            tokio::task::spawn_blocking(move || source.hold(&digest, &holder))
+                .await
+                .map_err(|e| Error::backend(format!("image hold task failed: {e}")))??;
+        }
+        let held = record.image.is_some();
         let (state_dir, locale_dir) = (self.state_dir.clone(), self.locale.clone());
         let info = info_of(&record, SandboxState::Running);
         let first = tokio::task::spawn_blocking(move || {
@@ -142,7 +151,19 @@ impl LocalBackend {
             start_monitor(&state_dir, &record)
         })
         .await
-        .map_err(|e| Error::backend(format!("create task failed: {e}")))??;
+        .map_err(|e| Error::backend(format!("create task failed: {e}")))
+        .and_then(|started| started);
+        let first = match first {
+            Ok(first) => first,
+            Err(e) => {
+                // Nothing started: the image is not kept for it.
+                if let (true, Some(source)) = (held, &self.images) {
+                    let (source, holder) = (source.clone(), id.clone());
+                    let _ = tokio::task::spawn_blocking(move || source.release(&holder)).await;
+                }
+                return Err(e);
+            }
+        };
         // The creator's first call goes on the connection that came with the report.
         if let Some(conn) = first.and_then(|fd| agent_stream(fd).ok()) {
             self.conns.put(&id, Box::new(conn));
@@ -231,6 +252,34 @@ impl LocalBackend {
             }
         }
         digests
+    }
+
+    /// Remove what the image store holds that nothing uses (see
+    /// [`Store::prune`](sandcove_image::Store::prune)): images without a tag that no live
+    /// sandbox runs, and the layers and blobs no image needs. Holds of sandboxes that are gone
+    /// (ended at their lease, or destroyed by a program that did not release them) are
+    /// released first; a sandbox being created (its state directory or its staging one
+    /// exists) keeps its image.
+    pub fn prune_images(&self) -> Result<sandcove_image::PruneReport> {
+        let store = crate::images::open_store(&self.state_dir)?;
+        let holds = store
+            .holds_by_holder()
+            .map_err(crate::images::image_error)?;
+        let sandboxes = self.sandboxes_dir();
+        for holder in holds.keys() {
+            let present = config::valid_id(holder)
+                && (sandboxes.join(holder).exists() || sandboxes.join(format!(".{holder}")).exists());
+            let live = present && {
+                let sdir = SandboxDir::new(&self.state_dir, holder);
+                !sdir.dir.exists() || !crate::lock_is_free(&sdir.lock())
+            };
+            if !live {
+                store
+                    .release(holder)
+                    .map_err(crate::images::image_error)?;
+            }
+        }
+        store.prune().map_err(crate::images::image_error)
     }
 
     /// This engine without a pool: what the pool's own task makes members with (holding

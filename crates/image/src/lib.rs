@@ -159,7 +159,7 @@ pub struct ImageConfig {
 }
 
 /// An image in a listing.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ImageInfo {
     /// The tags naming it (`docker.io/library/python:3.12`), possibly none.
     pub references: Vec<String>,
@@ -172,7 +172,7 @@ pub struct ImageInfo {
 }
 
 /// One layer of an image.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct LayerDetails {
     /// The blob's digest as the manifest names it.
     pub digest: String,
@@ -189,7 +189,7 @@ pub struct LayerDetails {
 }
 
 /// Everything the store knows of an image.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct ImageDetails {
     /// Its listing.
     pub info: ImageInfo,
@@ -208,7 +208,8 @@ pub struct ImageDetails {
 }
 
 /// Where a layer's pull is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum LayerState {
     /// Queued behind other layers.
     Waiting,
@@ -223,7 +224,7 @@ pub enum LayerState {
 }
 
 /// A pull's progress, reported per layer.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct PullProgress {
     /// The layer's blob digest.
     pub layer: String,
@@ -240,7 +241,7 @@ pub struct PullProgress {
 }
 
 /// What `prune` removed.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PruneReport {
     /// Digests of the images removed (untagged and not held).
     pub images: Vec<String>,
@@ -262,7 +263,8 @@ mod tests {
 }
 
 /// Whether an image could be used, as `check` finds it without pulling.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Availability {
     /// In the store.
     Available,

@@ -32,7 +32,9 @@ pub struct Store {
 struct Inner {
     dir: PathBuf,
     options: StoreOptions,
-    client: Client,
+    /// Made at the first registry call: opening a store (every engine does) loads no TLS
+    /// roots.
+    client: std::sync::OnceLock<Client>,
     /// Layers being fetched in this process, by diff id: a second pull of one layer waits
     /// for the first instead of fetching it again.
     inflight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -153,12 +155,11 @@ impl Store {
             std::fs::create_dir_all(&path)
                 .map_err(|e| ImageError::io(format!("creating {}", path.display()), e))?;
         }
-        let client = Client::new(options.registries.clone())?;
         let store = Store {
             inner: Arc::new(Inner {
                 dir,
                 options,
-                client,
+                client: std::sync::OnceLock::new(),
                 inflight: Mutex::new(HashMap::new()),
             }),
         };
@@ -167,6 +168,15 @@ impl Store {
             store.remove_abandoned()?;
         }
         Ok(store)
+    }
+
+    /// The registry client, made on first use.
+    fn client(&self) -> Result<&Client> {
+        if let Some(client) = self.inner.client.get() {
+            return Ok(client);
+        }
+        let client = Client::new(self.inner.options.registries.clone())?;
+        Ok(self.inner.client.get_or_init(|| client))
     }
 
     fn lock(&self) -> Result<LockGuard> {
@@ -375,7 +385,10 @@ impl Store {
         let Ok(parsed) = Reference::parse(reference) else {
             return Availability::Unknown;
         };
-        if self.inner.client.has_manifest(&parsed).await {
+        let Ok(client) = self.client() else {
+            return Availability::Unknown;
+        };
+        if client.has_manifest(&parsed).await {
             Availability::Pullable
         } else {
             Availability::Unknown
@@ -561,6 +574,12 @@ impl Store {
         write_json(&self.inner.dir.join("holds.json"), &holds)
     }
 
+    /// The holders with a hold, and the digest each holds.
+    pub fn holds_by_holder(&self) -> Result<BTreeMap<String, String>> {
+        let _lock = self.lock()?;
+        self.holds()
+    }
+
     /// Ends `holder`'s hold (a no-op if it holds nothing).
     pub fn release(&self, holder: &str) -> Result<()> {
         let _lock = self.lock()?;
@@ -686,7 +705,7 @@ impl Store {
         progress: &(dyn Fn(PullProgress) + Send + Sync),
     ) -> Result<crate::ImageInfo> {
         let parsed = Reference::parse(reference)?;
-        let client = &self.inner.client;
+        let client = self.client()?;
         let (bytes, content_type, digest) =
             client.manifest(&parsed, &parsed.manifest_key()).await?;
         let mut blobs = Vec::new();
@@ -832,8 +851,7 @@ impl Store {
         }
         let temp = self.temp_path("blob");
         let result = async {
-            self.inner
-                .client
+            self.client()?
                 .download(reference, layer, &temp, &|done| {
                     report(LayerState::Downloading, done)
                 })

@@ -1,0 +1,263 @@
+//! `sandcove image`: the embedded engine's image store (`<state dir>/images`): pull, import,
+//! list, inspect, remove, prune. A sandbox runs a stored image with `sandcove create --image`
+//! (or a vendor SDK naming it).
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use clap::Subcommand;
+use sandcove::backend::local::images::{image_error, open_store};
+use sandcove::backend::local::sandcove_image::{LayerState, PullProgress, Store};
+use sandcove::client::URL_ENV;
+use sandcove::LocalBackend;
+
+use crate::out::{self, Failure, Outcome};
+
+/// `sandcove image …`.
+#[derive(Debug, Subcommand)]
+pub enum ImageCmd {
+    /// Pull an image from its registry (Docker Hub names as Docker reads them:
+    /// `python:3.12` is `docker.io/library/python:3.12`). Credentials come from
+    /// ~/.docker/config.json or SANDCOVE_REGISTRY_AUTH; mirrors and plain-HTTP registries from
+    /// the JSON file SANDCOVE_REGISTRIES names (a registry on a loopback address may be plain
+    /// HTTP without it).
+    Pull {
+        /// The image reference.
+        reference: String,
+    },
+    /// Import images without a registry: an OCI image layout directory, an `oci-archive`
+    /// tarball, or a `docker save` / `podman save` tarball.
+    Import {
+        /// The directory or tarball.
+        path: PathBuf,
+        /// The reference to tag the image with (an archive of one image without a name
+        /// needs one to be created by name).
+        #[arg(long)]
+        tag: Option<String>,
+    },
+    /// List the stored images: references, digest, size, creation time.
+    Ls,
+    /// Everything stored of one image, as JSON: config, platform, layers.
+    Inspect {
+        /// A reference or digest.
+        reference: String,
+    },
+    /// Remove references (the image goes with its last one, unless a live sandbox runs it).
+    Rm {
+        /// References or digests.
+        #[arg(required = true)]
+        references: Vec<String>,
+    },
+    /// Remove what nothing uses: images without a reference that no live sandbox runs,
+    /// and every layer and blob no image needs.
+    Prune,
+}
+
+/// Run an image command.
+pub fn image(cmd: ImageCmd, json: bool) -> Outcome {
+    if std::env::var(URL_ENV).is_ok_and(|url| !url.is_empty()) {
+        return Err(Failure::usage(format!(
+            "image commands act on this host's image store, and {URL_ENV} names a server: \
+             run them on the server's host (its store is <state dir>/images), or unset {URL_ENV}"
+        )));
+    }
+    let state_dir = sandcove::backend::local::default_state_dir();
+    let store = || open_store(&state_dir).map_err(Failure::from);
+    match cmd {
+        ImageCmd::Pull { reference } => pull(&store()?, &reference, json),
+        ImageCmd::Import { path, tag } => {
+            let store = store()?;
+            let images = out::runtime()?
+                .block_on(store.import(&path, tag.as_deref()))
+                .map_err(|e| Failure::from(image_error(e)))?;
+            if json {
+                out::print_json(&images)?;
+            } else {
+                for image in images {
+                    println!("{} {}", image.digest, image.references.join(" "));
+                }
+            }
+            Ok(0)
+        }
+        ImageCmd::Ls => {
+            let list = store()?
+                .list()
+                .map_err(|e| Failure::from(image_error(e)))?;
+            if json {
+                return out::print_json(&list).map(|_| 0);
+            }
+            let rows: Vec<Vec<String>> = list
+                .iter()
+                .map(|image| {
+                    vec![
+                        if image.references.is_empty() {
+                            "-".into()
+                        } else {
+                            image.references.join(", ")
+                        },
+                        short_digest(&image.digest),
+                        human_size(image.size),
+                        image.created.clone().unwrap_or_else(|| "-".into()),
+                    ]
+                })
+                .collect();
+            out::print_table(&["REFERENCES", "DIGEST", "SIZE", "CREATED"], &rows);
+            Ok(0)
+        }
+        ImageCmd::Inspect { reference } => {
+            let details = store()?
+                .inspect(&reference)
+                .map_err(|e| Failure::from(image_error(e)))?;
+            out::print_json(&details).map(|_| 0)
+        }
+        ImageCmd::Rm { references } => {
+            let store = store()?;
+            let mut status = 0;
+            for reference in references {
+                match store.remove(&reference) {
+                    Ok(()) if !json => println!("{reference}"),
+                    Ok(()) => {}
+                    Err(e) => {
+                        eprintln!(
+                            "sandcove image rm: {}",
+                            out::describe(&image_error(e)).replace('\n', " ")
+                        );
+                        status = out::FAILED;
+                    }
+                }
+            }
+            Ok(status)
+        }
+        ImageCmd::Prune => {
+            let engine = LocalBackend::with_state_dir(&state_dir)?;
+            let report = engine.prune_images()?;
+            if json {
+                out::print_json(&report)?;
+            } else {
+                println!(
+                    "removed {} images, {} layers, {}",
+                    report.images.len(),
+                    report.layers.len(),
+                    human_size(report.bytes)
+                );
+            }
+            Ok(0)
+        }
+    }
+}
+
+/// Pull with a line per layer: redrawn in place on a terminal, else one line each time a
+/// layer changes state (never a line per chunk in a log).
+fn pull(store: &Store, reference: &str, json: bool) -> Outcome {
+    let terminal = std::io::stderr().is_terminal() && !json;
+    let board = Mutex::new(Board::default());
+    let progress = |p: PullProgress| {
+        let mut board = board.lock().unwrap_or_else(|e| e.into_inner());
+        board.update(p, terminal);
+    };
+    let info = out::runtime()?
+        .block_on(store.pull(reference, &progress))
+        .map_err(|e| Failure::from(image_error(e)))?;
+    if json {
+        out::print_json(&info)?;
+    } else {
+        println!("{} {}", info.digest, info.references.join(" "));
+    }
+    Ok(0)
+}
+
+/// The layers of a pull as last reported, and how many lines are on the terminal.
+#[derive(Default)]
+struct Board {
+    layers: BTreeMap<usize, PullProgress>,
+    drawn: usize,
+}
+
+impl Board {
+    fn update(&mut self, progress: PullProgress, terminal: bool) {
+        let changed = self
+            .layers
+            .get(&progress.index)
+            .is_none_or(|old| old.state != progress.state);
+        self.layers.insert(progress.index, progress.clone());
+        let mut err = std::io::stderr().lock();
+        if !terminal {
+            if changed {
+                let _ = writeln!(err, "{}", line(&progress));
+            }
+            return;
+        }
+        if self.drawn > 0 {
+            let _ = write!(err, "\x1b[{}A", self.drawn);
+        }
+        for layer in self.layers.values() {
+            let _ = writeln!(err, "\x1b[2K{}", line(layer));
+        }
+        self.drawn = self.layers.len();
+    }
+}
+
+/// One layer's line: `layer 2/5 sha256:0123456789ab downloading  12.0 MB / 30.1 MB`.
+fn line(p: &PullProgress) -> String {
+    let state = match p.state {
+        LayerState::Waiting => "waiting",
+        LayerState::Downloading => "downloading",
+        LayerState::Unpacking => "unpacking",
+        LayerState::Done => "done",
+        LayerState::Cached => "already stored",
+    };
+    let bytes = match p.state {
+        LayerState::Downloading => {
+            format!("  {} / {}", human_size(p.done), human_size(p.total))
+        }
+        LayerState::Done | LayerState::Unpacking => format!("  {}", human_size(p.total)),
+        _ => String::new(),
+    };
+    format!(
+        "layer {}/{} {} {state}{bytes}",
+        p.index + 1,
+        p.layers,
+        short_digest(&p.layer)
+    )
+}
+
+/// `sha256:` and the first 12 hex digits.
+fn short_digest(digest: &str) -> String {
+    match digest.split_once(':') {
+        Some((algorithm, hex)) => format!("{algorithm}:{}", &hex[..hex.len().min(12)]),
+        None => digest.to_string(),
+    }
+}
+
+/// Bytes in decimal units, one decimal.
+fn human_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1000.0 && unit < UNITS.len() - 1 {
+        value /= 1000.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{human_size, short_digest};
+
+    #[test]
+    fn sizes_and_digests_read_short() {
+        assert_eq!(human_size(999), "999 B");
+        assert_eq!(human_size(12_345_678), "12.3 MB");
+        assert_eq!(
+            short_digest(&format!("sha256:{}", "a".repeat(64))),
+            "sha256:aaaaaaaaaaaa"
+        );
+    }
+}
