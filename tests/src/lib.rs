@@ -278,6 +278,41 @@ pub fn has(available: bool, name: &str, what: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// Every program in `fixtures/src/bin` is a `[[bin]]` of the fixtures package and an
+    /// `fx_` one of this one, each with `test = false`: a program missing here would never be
+    /// run, and a test harness of each would be one more large link in every `cargo test`.
+    #[test]
+    fn every_fixture_program_is_built_once() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+        let read = |p: &str| std::fs::read_to_string(format!("{root}/{p}")).expect(p);
+        let blocks = |manifest: &str| -> Vec<String> {
+            manifest
+                .split("[[bin]]")
+                .skip(1)
+                .map(|b| b.split("\n\n").next().unwrap_or_default().to_string())
+                .collect()
+        };
+        let (fixtures, ours) = (read("fixtures/Cargo.toml"), read("tests/Cargo.toml"));
+        for block in blocks(&fixtures).iter().chain(&blocks(&ours)) {
+            assert!(block.contains("test = false"), "[[bin]]{block}");
+        }
+        let programs = std::fs::read_dir(format!("{root}/fixtures/src/bin")).expect("bins");
+        for entry in programs.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(stem) = name.strip_suffix(".rs") else {
+                continue;
+            };
+            assert!(
+                fixtures.contains(&format!("name = \"{stem}\"")),
+                "{stem} is not a [[bin]] of fixtures/Cargo.toml"
+            );
+            assert!(
+                ours.contains(&format!("name = \"fx_{stem}\"")),
+                "{stem} is not an fx_ [[bin]] of tests/Cargo.toml"
+            );
+        }
+    }
+
     #[test]
     fn the_loopback_server_serves_until_its_guard_drops() {
         let (runtime, guard) = start_loopback_server();
