@@ -58,10 +58,7 @@ pub enum ImageCmd {
 /// Run an image command.
 pub fn image(cmd: ImageCmd, json: bool) -> Outcome {
     if std::env::var(URL_ENV).is_ok_and(|url| !url.is_empty()) {
-        return Err(Failure::usage(format!(
-            "image commands act on this host's image store, and {URL_ENV} names a server: \
-             run them on the server's host (its store is <state dir>/images), or unset {URL_ENV}"
-        )));
+        return remote(cmd, json);
     }
     let state_dir = sandcove::backend::local::default_state_dir();
     let store = || open_store(&state_dir).map_err(Failure::from);
@@ -82,25 +79,14 @@ pub fn image(cmd: ImageCmd, json: bool) -> Outcome {
             Ok(0)
         }
         ImageCmd::Ls => {
-            let list = store()?
-                .list()
-                .map_err(|e| Failure::from(image_error(e)))?;
+            let list = store()?.list().map_err(|e| Failure::from(image_error(e)))?;
             if json {
                 return out::print_json(&list).map(|_| 0);
             }
             let rows: Vec<Vec<String>> = list
                 .iter()
                 .map(|image| {
-                    vec![
-                        if image.references.is_empty() {
-                            "-".into()
-                        } else {
-                            image.references.join(", ")
-                        },
-                        short_digest(&image.digest),
-                        human_size(image.size),
-                        image.created.clone().unwrap_or_else(|| "-".into()),
-                    ]
+                    listing_row(&image.references, &image.digest, image.size, &image.created)
                 })
                 .collect();
             out::print_table(&["REFERENCES", "DIGEST", "SIZE", "CREATED"], &rows);
@@ -146,6 +132,93 @@ pub fn image(cmd: ImageCmd, json: bool) -> Outcome {
             Ok(0)
         }
     }
+}
+
+/// An image command against the server `SANDCOVE_URL` names: its store. `import` and
+/// `inspect` read files on this host and the store's own records: run on the server's host.
+fn remote(cmd: ImageCmd, json: bool) -> Outcome {
+    let client = out::client()?;
+    let runtime = out::runtime()?;
+    match cmd {
+        ImageCmd::Pull { reference } => {
+            let image = runtime.block_on(client.pull_image(&reference))?;
+            if json {
+                out::print_json(&image)?;
+            } else {
+                println!("{} {}", image.digest, image.references.join(" "));
+            }
+        }
+        ImageCmd::Ls => {
+            let list = runtime.block_on(client.images())?;
+            if json {
+                return out::print_json(&list).map(|_| 0);
+            }
+            let rows: Vec<Vec<String>> = list
+                .iter()
+                .map(|image| {
+                    listing_row(&image.references, &image.digest, image.size, &image.created)
+                })
+                .collect();
+            out::print_table(&["REFERENCES", "DIGEST", "SIZE", "CREATED"], &rows);
+        }
+        ImageCmd::Rm { references } => {
+            let mut status = 0;
+            for reference in references {
+                match runtime.block_on(client.remove_image(&reference)) {
+                    Ok(()) if !json => println!("{reference}"),
+                    Ok(()) => {}
+                    Err(e) => {
+                        eprintln!(
+                            "sandcove image rm: {}",
+                            out::describe(&e).replace('\n', " ")
+                        );
+                        status = out::FAILED;
+                    }
+                }
+            }
+            return Ok(status);
+        }
+        ImageCmd::Prune => {
+            let report = runtime.block_on(client.prune_images())?;
+            if json {
+                out::print_json(&report)?;
+            } else {
+                println!(
+                    "removed {} images, {} layers, {}",
+                    report.images.len(),
+                    report.layers.len(),
+                    human_size(report.bytes)
+                );
+            }
+        }
+        ImageCmd::Import { .. } | ImageCmd::Inspect { .. } => {
+            return Err(Failure::usage(format!(
+                "`sandcove image import` and `inspect` act on this host's image store, and \
+                 {URL_ENV} names a server: run them on the server's host (its store is \
+                 <state dir>/images), or unset {URL_ENV}"
+            )));
+        }
+    }
+    Ok(0)
+}
+
+/// One row of `sandcove image ls`.
+fn listing_row(
+    references: &[String],
+    digest: &str,
+    size: u64,
+    created: &Option<String>,
+) -> Vec<String> {
+    vec![
+        if references.is_empty() {
+            "-".into()
+        } else {
+            references.join(", ")
+        },
+        short_digest(digest),
+        human_size(size),
+        created.clone().unwrap_or_else(|| "-".into()),
+    ]
 }
 
 /// Pull with a line per layer: redrawn in place on a terminal, else one line each time a

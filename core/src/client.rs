@@ -245,6 +245,27 @@ impl Client {
         self.backend.delete_volume(name).await
     }
 
+    /// The images the runtime has stored ([`Capabilities::images`](crate::Capabilities::images)):
+    /// a sandbox created with a template naming one of their references runs it.
+    pub async fn images(&self) -> Result<Vec<crate::ImageSummary>> {
+        self.backend.list_images().await
+    }
+
+    /// Pull an image from its registry into the runtime's store; answers once it is stored.
+    pub async fn pull_image(&self, reference: &str) -> Result<crate::ImageSummary> {
+        self.backend.pull_image(reference).await
+    }
+
+    /// Remove an image reference from the runtime's store.
+    pub async fn remove_image(&self, reference: &str) -> Result<()> {
+        self.backend.remove_image(reference).await
+    }
+
+    /// Remove the images and layers nothing uses from the runtime's store.
+    pub async fn prune_images(&self) -> Result<crate::ImagePruneReport> {
+        self.backend.prune_images().await
+    }
+
     /// What happened to an operation (see [`crate::operation`]): after a call failed with
     /// [`Error::OutcomeUnknown`], this says whether it took effect (and what it made)
     /// without doing it again. A remote server answers from its record; the embedded engine

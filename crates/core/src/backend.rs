@@ -23,12 +23,13 @@ use futures::Stream;
 
 use crate::{
     AnnotationUpdate, Capabilities, ChmodOptions, CopyOptions, CreateOptions, FileStat, FileUrl,
-    FileUrlOptions, FsEvent, ListDirOptions, ListOptions, Metrics, MkdirOptions, OperationId,
-    OperationStatus, Preview, PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessEvent,
-    ProcessInfo, ProcessSelector, ProcessSpec, ReadOptions, RemoveOptions, RenameOptions,
-    ResizePtyOptions, ResourceKind, Result, SandboxInfo, SetLabelsOptions, SetOnTimeoutOptions,
-    SetTimeoutOptions, SignalOptions, SnapshotInfo, SnapshotOptions, StatOptions, Tombstone,
-    VolumeInfo, WatchOptions, WriteOptions, WriteStdinOptions,
+    FileUrlOptions, FsEvent, ImagePruneReport, ImageSummary, ListDirOptions, ListOptions, Metrics,
+    MkdirOptions, OperationId, OperationStatus, Preview, PreviewOptions, PreviewToken,
+    PreviewTokenOptions, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, ReadOptions,
+    RemoveOptions, RenameOptions, ResizePtyOptions, ResourceKind, Result, SandboxInfo,
+    SetLabelsOptions, SetOnTimeoutOptions, SetTimeoutOptions, SignalOptions, SnapshotInfo,
+    SnapshotOptions, StatOptions, Tombstone, VolumeInfo, WatchOptions, WriteOptions,
+    WriteStdinOptions,
 };
 
 /// A stream of byte chunks (file contents). Errors end the stream; a stream that ends without
@@ -54,6 +55,16 @@ impl fmt::Debug for ProcessStream {
 
 /// Filesystem changes under a watched directory. Dropping the stream stops the watch.
 pub type WatchStream = Pin<Box<dyn Stream<Item = Result<FsEvent>> + Send>>;
+
+/// The refusal of an image call by a runtime without images.
+fn images_not_supported(call: &str) -> crate::Error {
+    crate::Error::NotSupported {
+        feature: format!("{call}: images on this runtime"),
+        alternative: "use the embedded engine or `sandcove serve` on it, which keep an image \
+                      store (`sandcove image`)"
+            .into(),
+    }
+}
 
 /// A sandbox runtime: the embedded local engine, or a remote server over HTTP.
 #[async_trait]
@@ -286,6 +297,34 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Delete a volume.
     async fn delete_volume(&self, name: &str) -> Result<()>;
+
+    // ----- images -----
+
+    /// The images this runtime has stored ([`Capabilities::images`](crate::Capabilities::images));
+    /// a runtime without images answers `NotSupported`.
+    async fn list_images(&self) -> Result<Vec<ImageSummary>> {
+        Err(images_not_supported("list_images"))
+    }
+
+    /// Pull an image from its registry into this runtime's store (a no-op for the layers it
+    /// has already). The runtime's registry configuration (mirrors, credentials) applies.
+    async fn pull_image(&self, reference: &str) -> Result<ImageSummary> {
+        let _ = reference;
+        Err(images_not_supported("pull_image"))
+    }
+
+    /// Remove a reference from the store (the image goes with its last one, unless a live
+    /// sandbox runs it).
+    async fn remove_image(&self, reference: &str) -> Result<()> {
+        let _ = reference;
+        Err(images_not_supported("remove_image"))
+    }
+
+    /// Remove the images without a reference that no live sandbox runs, and every layer no
+    /// image needs.
+    async fn prune_images(&self) -> Result<ImagePruneReport> {
+        Err(images_not_supported("prune_images"))
+    }
 
     // ----- references -----
 

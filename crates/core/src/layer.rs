@@ -34,12 +34,13 @@ use async_trait::async_trait;
 
 use crate::{
     AnnotationUpdate, Backend, ByteStream, Capabilities, ChmodOptions, CopyOptions, CreateOptions,
-    FileStat, FileUrl, FileUrlOptions, ListDirOptions, ListOptions, Metrics, MkdirOptions,
-    OperationId, OperationStatus, Preview, PreviewOptions, PreviewToken, PreviewTokenOptions,
-    ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, ReadOptions, RemoveOptions,
-    RenameOptions, ResizePtyOptions, ResourceKind, Result, SandboxInfo, SetLabelsOptions,
-    SetOnTimeoutOptions, SetTimeoutOptions, SignalOptions, SnapshotInfo, SnapshotOptions,
-    StatOptions, Tombstone, VolumeInfo, WatchOptions, WatchStream, WriteOptions, WriteStdinOptions,
+    FileStat, FileUrl, FileUrlOptions, ImagePruneReport, ImageSummary, ListDirOptions, ListOptions,
+    Metrics, MkdirOptions, OperationId, OperationStatus, Preview, PreviewOptions, PreviewToken,
+    PreviewTokenOptions, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, ReadOptions,
+    RemoveOptions, RenameOptions, ResizePtyOptions, ResourceKind, Result, SandboxInfo,
+    SetLabelsOptions, SetOnTimeoutOptions, SetTimeoutOptions, SignalOptions, SnapshotInfo,
+    SnapshotOptions, StatOptions, Tombstone, VolumeInfo, WatchOptions, WatchStream, WriteOptions,
+    WriteStdinOptions,
 };
 
 /// A backend wrapping [`Layer::inner`]: every [`Backend`] call, passed on unchanged unless the
@@ -320,6 +321,26 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
         self.inner().delete_volume(name).await
     }
 
+    /// [`Backend::list_images`], passed to [`Layer::inner`] unless overridden.
+    async fn list_images(&self) -> Result<Vec<ImageSummary>> {
+        self.inner().list_images().await
+    }
+
+    /// [`Backend::pull_image`], passed to [`Layer::inner`] unless overridden.
+    async fn pull_image(&self, reference: &str) -> Result<ImageSummary> {
+        self.inner().pull_image(reference).await
+    }
+
+    /// [`Backend::remove_image`], passed to [`Layer::inner`] unless overridden.
+    async fn remove_image(&self, reference: &str) -> Result<()> {
+        self.inner().remove_image(reference).await
+    }
+
+    /// [`Backend::prune_images`], passed to [`Layer::inner`] unless overridden.
+    async fn prune_images(&self) -> Result<ImagePruneReport> {
+        self.inner().prune_images().await
+    }
+
     /// [`Backend::tombstone`], passed to [`Layer::inner`] unless overridden.
     async fn tombstone(&self, kind: ResourceKind, id: &str) -> Result<Option<Tombstone>> {
         self.inner().tombstone(kind, id).await
@@ -556,6 +577,22 @@ impl<L: Layer> Backend for L {
 
     async fn delete_volume(&self, name: &str) -> Result<()> {
         Layer::delete_volume(self, name).await
+    }
+
+    async fn list_images(&self) -> Result<Vec<ImageSummary>> {
+        Layer::list_images(self).await
+    }
+
+    async fn pull_image(&self, reference: &str) -> Result<ImageSummary> {
+        Layer::pull_image(self, reference).await
+    }
+
+    async fn remove_image(&self, reference: &str) -> Result<()> {
+        Layer::remove_image(self, reference).await
+    }
+
+    async fn prune_images(&self) -> Result<ImagePruneReport> {
+        Layer::prune_images(self).await
     }
 
     async fn tombstone(&self, kind: ResourceKind, id: &str) -> Result<Option<Tombstone>> {

@@ -167,6 +167,62 @@ pub struct VolumeMount {
     pub read_only: bool,
 }
 
+/// An image a runtime has stored: what a sandbox created with [`CreateOptions::template`]
+/// naming one of its references runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ImageSummary {
+    /// The references naming it (`docker.io/library/python:3.12-slim`), possibly none.
+    pub references: Vec<String>,
+    /// Its manifest digest (`sha256:…`).
+    pub digest: String,
+    /// The unpacked size of its layers, in bytes.
+    pub size: u64,
+    /// The config's creation time (RFC 3339), when it has one.
+    #[serde(default)]
+    pub created: Option<String>,
+}
+
+impl ImageSummary {
+    /// A summary of an image (for runtimes outside this crate).
+    pub fn new(
+        references: Vec<String>,
+        digest: String,
+        size: u64,
+        created: Option<String>,
+    ) -> Self {
+        ImageSummary {
+            references,
+            digest,
+            size,
+            created,
+        }
+    }
+}
+
+/// What an image prune removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ImagePruneReport {
+    /// Digests of the images removed (without a reference, and run by no live sandbox).
+    pub images: Vec<String>,
+    /// Layers removed (needed by no image left).
+    pub layers: Vec<String>,
+    /// Bytes freed, approximately.
+    pub bytes: u64,
+}
+
+impl ImagePruneReport {
+    /// A report (for runtimes outside this crate).
+    pub fn new(images: Vec<String>, layers: Vec<String>, bytes: u64) -> Self {
+        ImagePruneReport {
+            images,
+            layers,
+            bytes,
+        }
+    }
+}
+
 /// A named persistent volume.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeInfo {

@@ -381,4 +381,12 @@ pub mod body {
         /// Volume name.
         pub name: String,
     }
+
+    /// `POST /v1/images/pull` and `POST /v1/images/remove`: an image reference (in the body,
+    /// since references hold `/` and `:`).
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct ImageReference {
+        /// The reference (`python:3.12-slim`, `registry.example/team/app@sha256:…`).
+        pub reference: String,
+    }
 }

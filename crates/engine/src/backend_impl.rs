@@ -578,6 +578,37 @@ impl Backend for LocalBackend {
     }
 
     #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
+    async fn list_images(&self) -> Result<Vec<sandcove_core::ImageSummary>> {
+        let store = self.image_store()?;
+        let list = blocking(move || store.list().map_err(crate::images::image_error)).await?;
+        Ok(list.into_iter().map(summary).collect())
+    }
+
+    async fn pull_image(&self, reference: &str) -> Result<sandcove_core::ImageSummary> {
+        let store = self.image_store()?;
+        let info = store
+            .pull(reference, &|_| {})
+            .await
+            .map_err(crate::images::image_error)?;
+        Ok(summary(info))
+    }
+
+    async fn remove_image(&self, reference: &str) -> Result<()> {
+        let store = self.image_store()?;
+        let reference = reference.to_string();
+        blocking(move || store.remove(&reference).map_err(crate::images::image_error)).await
+    }
+
+    async fn prune_images(&self) -> Result<sandcove_core::ImagePruneReport> {
+        let engine = self.clone();
+        let report = blocking(move || LocalBackend::prune_images(&engine)).await?;
+        Ok(sandcove_core::ImagePruneReport::new(
+            report.images,
+            report.layers,
+            report.bytes,
+        ))
+    }
+
     async fn delete_volume(&self, name: &str) -> Result<()> {
         self.volumes_supported()?;
         volumes::delete(self, name).await?;
@@ -638,5 +669,34 @@ fn embedded_observe(operation: &sandcove_core::OperationId) -> sandcove_core::Op
              answer reaches its caller unless the program ends first; to find a sandbox whose \
              create was interrupted, list sandboxes by a label set at create"
         ),
+    }
+}
+
+/// Run blocking store work (file locks, unpacking, removing layers) off the event loop.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::backend(format!("image store task failed: {e}")))?
+}
+
+/// A store listing as the core's.
+fn summary(info: sandcove_image::ImageInfo) -> sandcove_core::ImageSummary {
+    sandcove_core::ImageSummary::new(info.references, info.digest, info.size, info.created)
+}
+
+impl LocalBackend {
+    /// The state directory's image store, for the image calls (refused without isolation,
+    /// where images cannot run).
+    fn image_store(&self) -> Result<sandcove_image::Store> {
+        if self.unisolated {
+            return Err(Error::not_supported(
+                "images without isolation",
+                "run on a host with user namespaces (an image's root is mounted in the \
+                 sandbox's own mount namespace)",
+            ));
+        }
+        crate::images::open_store(&self.state_dir)
     }
 }

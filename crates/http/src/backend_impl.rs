@@ -569,6 +569,40 @@ impl Backend for HttpBackend {
             .await
     }
 
+    async fn list_images(&self) -> Result<Vec<sandcove_core::ImageSummary>> {
+        let url = self.url_for(&["images"])?;
+        self.call(Method::GET, url, &[], None::<&()>, Retry::Idempotent)
+            .await
+    }
+
+    async fn pull_image(&self, reference: &str) -> Result<sandcove_core::ImageSummary> {
+        // Pulling again stores nothing twice: a retried pull only finishes the first.
+        let url = self.url_for(&["images", "pull"])?;
+        let body = body::ImageReference {
+            reference: reference.to_string(),
+        };
+        self.call(Method::POST, url, &[], Some(&body), Retry::Idempotent)
+            .await
+    }
+
+    async fn remove_image(&self, reference: &str) -> Result<()> {
+        let url = self.url_for(&["images", "remove"])?;
+        let body = body::ImageReference {
+            reference: reference.to_string(),
+        };
+        let payload = crate::transport::Payload::Json(
+            serde_json::to_vec(&body).map_err(|e| Error::invalid(e.to_string()))?,
+        );
+        self.call_unit(Method::POST, url, &[], payload, Retry::Unsafe)
+            .await
+    }
+
+    async fn prune_images(&self) -> Result<sandcove_core::ImagePruneReport> {
+        let url = self.url_for(&["images", "prune"])?;
+        self.call(Method::POST, url, &[], None::<&()>, Retry::Idempotent)
+            .await
+    }
+
     async fn observe(
         &self,
         operation: &sandcove_core::OperationId,

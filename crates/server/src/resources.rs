@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::idempotency::Stored;
 use super::{done, json, read_json, ApiError, AppState, In, Out, Route};
-use sandcove_core::wire::body::{NewSnapshot, NewToken, NewVolume, RevokeToken};
+use sandcove_core::wire::body::{ImageReference, NewSnapshot, NewToken, NewVolume, RevokeToken};
 use sandcove_core::{PreviewOptions, PreviewTokenOptions, SnapshotOptions};
 
 pub(super) fn routes() -> Vec<Route> {
@@ -109,6 +109,39 @@ pub(super) fn routes() -> Vec<Route> {
             "Delete a volume (honours Idempotency-Key)",
             delete_volume,
         ),
+        Route::new(
+            Method::GET,
+            "/v1/images",
+            "list_images",
+            "The images the runtime has stored",
+            list_images,
+        )
+        .output(Out::Json("ImageSummary[]")),
+        Route::new(
+            Method::POST,
+            "/v1/images/pull",
+            "pull_image",
+            "Pull an image from its registry into the runtime's store (answers once it is stored)",
+            pull_image,
+        )
+        .input(In::Json("ImageReference"))
+        .output(Out::Json("ImageSummary")),
+        Route::new(
+            Method::POST,
+            "/v1/images/remove",
+            "remove_image",
+            "Remove an image reference from the store",
+            remove_image,
+        )
+        .input(In::Json("ImageReference")),
+        Route::new(
+            Method::POST,
+            "/v1/images/prune",
+            "prune_images",
+            "Remove the images and layers nothing uses",
+            prune_images,
+        )
+        .output(Out::Json("ImagePruneReport")),
         Route::new(
             Method::GET,
             "/v1/tombstones/{kind}/{id}",
@@ -235,6 +268,33 @@ async fn create_volume(State(state): State<AppState>, headers: HeaderMap, body: 
             Stored::of(backend.create_volume(&req.name).await)
         })
         .await
+}
+
+async fn list_images(State(state): State<AppState>) -> Result<Response, ApiError> {
+    Ok(json(&state.backend.list_images().await?))
+}
+
+async fn pull_image(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (req, _) = read_json::<ImageReference>(&state, &headers, body).await?;
+    Ok(json(&state.backend.pull_image(&req.reference).await?))
+}
+
+async fn remove_image(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (req, _) = read_json::<ImageReference>(&state, &headers, body).await?;
+    state.backend.remove_image(&req.reference).await?;
+    Ok(done())
+}
+
+async fn prune_images(State(state): State<AppState>) -> Result<Response, ApiError> {
+    Ok(json(&state.backend.prune_images().await?))
 }
 
 async fn list_volumes(State(state): State<AppState>) -> Result<Response, ApiError> {
