@@ -27,10 +27,11 @@
 //! before any claim can hand it out. The host's subnets and resolvers are those of when the
 //! member was made; a claim reads them again and hands out only a member made with the same
 //! (others are retired), so a warm sandbox blocks exactly what a cold one made then would.
-//! Both the monitor and the agent refuse a claim whose network is not the member's. Everything else the served creates carry is applied at
-//! claim: name, envs, labels, default user and home, lease, what happens at its end,
-//! annotations: what the Daytona and E2B listeners' default creates carry (internet, their
-//! user and home), so those are served warm. A sandbox with resources, a network policy
+//! Both the monitor and the agent refuse a claim whose network is not the member's.
+//! Everything else the served creates carry is applied at claim: name, envs, labels, default
+//! user and home, lease, what happens at its end, annotations; with the network, that is
+//! what the Daytona and E2B listeners' default creates carry (internet, their user and
+//! home), so those are served warm. A sandbox with resources, a network policy
 //! other than those two (the host's), volumes, a snapshot, a hostname or a template other
 //! than the host base, or, under a uid range, root as its default user (another user table:
 //! the member's uid-1000 user would go), is always created cold.
@@ -41,8 +42,9 @@
 //! pool of two holds two Internet members after two E2B or Daytona creates, and one of each
 //! shape after one native create and one vendor create. A member of a shape no longer
 //! wanted is destroyed before its replacement is made: the pool never holds more than
-//! `size` members whatever their shapes (an Internet member's memory is a member's plus its
-//! `pasta` process), members of a shape nobody asks for do not pile up, and the pool
+//! `size` members whatever their shapes (an Internet member holds a member's memory plus its
+//! `pasta` process's, about 30 MB resident, as any Internet sandbox does: an operator sizing
+//! the pool counts with it), members of a shape nobody asks for do not pile up, and the pool
 //! follows a change of workload within `size` creates. The first create of a shape the pool
 //! does not hold goes cold.
 //!
