@@ -1061,16 +1061,18 @@ async fn main() -> Result<(), BoxError> {
     let daytona_http = reqwest::Client::new();
     daytona_wire_create(&daytona_http, &daytona_api, &key).await?;
     let mut daytona_wire = Row::new("daytona-wire-create", "");
+    let claims = warm_engine.warm_claims();
     for _ in 0..DAYTONA_CREATES {
         daytona_wire
             .samples
             .push(daytona_wire_create(&daytona_http, &daytona_api, &key).await?);
     }
     println!(
-        "daytona-wire-create: `POST /api/sandbox` answered (Rust client), {} calls: p50 {} ms, p95 {} ms",
+        "daytona-wire-create: `POST /api/sandbox` answered (Rust client), {} calls: p50 {} ms, p95 {} ms; {} claimed from the warm pool",
         daytona_wire.samples.len(),
         ms(daytona_wire.pct(0.5)),
         ms(daytona_wire.pct(0.95)),
+        warm_engine.warm_claims() - claims,
     );
     for (language, label) in [
         ("python", "daytona==0.226.1"),
@@ -1153,16 +1155,20 @@ async fn main() -> Result<(), BoxError> {
         ),
     ];
     for (vendor, vars) in vendors {
+        let claims = warm_engine.warm_claims();
         match tokio::task::spawn_blocking(move || sdk_cycles(vendor, &vars)).await? {
             Ok(samples) => {
                 let mut row = Row::new("sdk-cycle", "");
                 row.samples = samples;
                 println!(
                     "sdk-cycle ({vendor}): official Python SDK create → `echo hi` to its end → \
-                     delete, {} cycles: p50 {} ms, p95 {} ms",
+                     delete, {} cycles: p50 {} ms, p95 {} ms; {} of the {} creates (warm-up \
+                     included) claimed from the warm pool",
                     row.samples.len(),
                     ms(row.pct(0.5)),
                     ms(row.pct(0.95)),
+                    warm_engine.warm_claims() - claims,
+                    row.samples.len() + 1,
                 );
             }
             Err(why) => println!("sdk-cycle ({vendor}): {why}"),

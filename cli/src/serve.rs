@@ -57,8 +57,9 @@ pub struct ServeArgs {
     /// fails with ENOSPC (on Kubernetes, each volume's storage request).
     #[arg(long, value_name = "MIB", default_value_t = sandcove::backend::local::DEFAULT_VOLUME_SIZE_MIB)]
     pub volume_size_mib: u64,
-    /// Sandboxes of the default shape the engine keeps created ahead, claimed by the next
-    /// creates (0 turns the pool off, at most 64). Default: SANDCOVE_WARM_POOL, else 2.
+    /// Sandboxes the engine keeps created ahead, in the shapes of its recent creates
+    /// (loopback-only or internet, as the vendor listeners create by default), claimed by the
+    /// next creates (0 turns the pool off, at most 64). Default: SANDCOVE_WARM_POOL, else 2.
     #[arg(long, value_name = "N")]
     pub warm_pool: Option<usize>,
     #[command(flatten)]

@@ -152,9 +152,19 @@ impl WireEnv {
     pub async fn start(
         router: impl FnOnce(std::sync::Arc<sandcove::LocalBackend>, String) -> axum::Router,
     ) -> WireEnv {
+        WireEnv::start_with_warm_pool(0, router).await
+    }
+
+    /// [`WireEnv::start`] over an engine keeping `size` warm sandboxes.
+    pub async fn start_with_warm_pool(
+        size: usize,
+        router: impl FnOnce(std::sync::Arc<sandcove::LocalBackend>, String) -> axum::Router,
+    ) -> WireEnv {
         let state = sandcove_tests::PrivateState::new();
         let backend = std::sync::Arc::new(
-            sandcove::LocalBackend::with_state_dir(&state.dir).expect("engine"),
+            sandcove::LocalBackend::with_state_dir(&state.dir)
+                .expect("engine")
+                .with_warm_pool(size),
         );
         let (listener, url) = loopback_listener().await;
         let stop = serve_on(

@@ -78,6 +78,39 @@ impl Env {
     }
 }
 
+/// Issue 36 (item 24): the create the SDK's `create()` sends is served by the warm pool (the
+/// first one goes cold and has the pool keep its shape), in Daytona's shape: internet where
+/// the engine has it, the `daytona` user and its home.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_default_create_is_served_from_the_warm_pool() {
+    let env = Env(WireEnv::start_with_warm_pool(1, |backend, url| {
+        daytona::wire::router(backend, daytona::wire::WireConfig::new(KEY, url))
+    })
+    .await);
+    let first = env.create().await;
+    let path = format!("/api/sandbox/{}", first["id"].as_str().unwrap());
+    assert_eq!(env.call("DELETE", &path, None).await.0, 200);
+    eventually(
+        Duration::from_secs(60),
+        "the pool holds a member",
+        || async { sandcove_conformance::equals(env.backend.warm_ready(), 1) },
+    )
+    .await;
+    let claims = env.backend.warm_claims();
+    let sb = env.create().await;
+    assert_eq!(env.backend.warm_claims(), claims + 1, "served by the pool");
+    let id = sb["id"].as_str().unwrap();
+    let info = env.backend.get(id).await.unwrap();
+    assert_eq!(
+        info.network,
+        env.backend.capabilities().vendor_internet_default()
+    );
+    let out = sandcove_conformance::sh(&*env.backend, id, "id -un; echo $HOME; stat -c %U ~").await;
+    assert_eq!(out.stdout_lossy(), "daytona\n/home/daytona\ndaytona\n");
+    let path = format!("/api/sandbox/{id}");
+    assert_eq!(env.call("DELETE", &path, None).await.0, 200);
+}
+
 /// Daytona's 23 state values: anything else fails the SDK's enum validation.
 const STATES: &[&str] = &[
     "creating",

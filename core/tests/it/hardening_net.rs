@@ -93,13 +93,60 @@ async fn internet_sandbox_reaches_no_host_private_or_metadata_address() {
     // port detection would forward it into the sandbox's loopback.
     let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("host listener");
     tcp.set_nonblocking(true).unwrap();
-    let port = tcp.local_addr().unwrap().port();
     let id = internet_sandbox(&env, &unique("inet")).await;
+    assert_reaches_nothing_of_the_host(&*env.backend, &id, &tcp).await;
+}
+
+/// The same of a warm Internet sandbox, claimed from the pool in the shape the Daytona and
+/// E2B listeners create (internet, the vendor's user and home): its member was made before
+/// the listener existed, and its blocks were in force before it was handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_internet_sandbox_reaches_no_host_private_or_metadata_address() {
+    let Some(env) = internet_env("inet-warm") else {
+        return;
+    };
+    let warm = env.local.clone().with_warm_pool(1);
+    let vendor = || {
+        let mut opts = env
+            .options(&unique("inet-warm"))
+            .user("user")
+            .home("/home/user");
+        opts.network = NetworkPolicy::Internet;
+        opts
+    };
+    // The first create goes cold and has the pool keep its shape warm.
+    let first = warm.create(vendor()).await.expect("create").id;
+    warm.destroy(&first).await.expect("destroy");
+    eventually(common::PATIENCE, "a warm Internet member", || {
+        let ready = warm.warm_ready_for(&vendor());
+        async move { sandcove_conformance::equals(ready, 1) }
+    })
+    .await;
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").expect("host listener");
+    tcp.set_nonblocking(true).unwrap();
+    let claims = warm.warm_claims();
+    let id = warm.create(vendor()).await.expect("create").id;
+    assert_eq!(warm.warm_claims(), claims + 1, "served by the pool");
+    assert_reaches_nothing_of_the_host(&warm, &id, &tcp).await;
+    warm.destroy(&id).await.expect("destroy");
+    drop(warm);
+    env.assert_nothing_left("warm internet sandboxes").await;
+}
+
+/// Internet sandbox `id` reaches no host, private or metadata address, nor `tcp` (a
+/// listener on the host's loopback), and has its internet path (an interface, a default
+/// route, the host's resolvers).
+async fn assert_reaches_nothing_of_the_host(
+    backend: &dyn Backend,
+    id: &str,
+    tcp: &std::net::TcpListener,
+) {
+    let port = tcp.local_addr().unwrap().port();
     assert_eq!(
-        env.backend.get(&id).await.expect("info").network,
+        backend.get(id).await.expect("info").network,
         NetworkPolicy::Internet
     );
-    if !has_python(&*env.backend, &id).await {
+    if !has_python(backend, id).await {
         return;
     }
     let blocked = [
@@ -111,7 +158,7 @@ async fn internet_sandbox_reaches_no_host_private_or_metadata_address() {
         "fd00::1",
         "fe80::1",
     ];
-    let text = python(&*env.backend, &id, &probe(port, &blocked)).await;
+    let text = python(backend, id, &probe(port, &blocked)).await;
     for addr in blocked {
         assert!(
             text.contains(&format!("route {addr} blocked ENETUNREACH"))
@@ -141,8 +188,8 @@ async fn internet_sandbox_reaches_no_host_private_or_metadata_address() {
         "an interface besides lo: {text}"
     );
     let resolv = run(
-        &*env.backend,
-        &id,
+        backend,
+        id,
         ProcessSpec::new(Command::argv(["cat", "/etc/resolv.conf"])),
     )
     .await;

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use sandcove::{
-    Backend, Command, ErrorCode, LocalBackend, ProcessSelector, ProcessSpec, WriteStdinOptions,
+    Backend, Command, ErrorCode, LocalBackend, NetworkPolicy, ProcessSelector, ProcessSpec,
+    WriteStdinOptions,
 };
 use sandcove_conformance::{
     equals, eventually, host_process_count, run, sh, test_options, unique, PATIENCE,
@@ -661,6 +662,127 @@ async fn a_claimed_warm_sandbox_matches_a_cold_one() {
         "the second sandbox was claimed"
     );
     assert_eq!(cold.warm_claims(), 0);
+}
+
+/// The shape the Daytona and E2B listeners create by default (internet where the engine has
+/// it, the vendor's user and home) is served by the pool once a create asked for it, and the
+/// claimed sandbox matches a cold one: its home made and owned as a cold create's, its
+/// network the policy's (the claim keeps the member's namespace and helper).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vendor_shaped_create_is_served_warm_and_matches_a_cold_one() {
+    let warm = LocalBackend::new().expect("engine").with_warm_pool(1);
+    let cold = LocalBackend::new().expect("engine").with_warm_pool(0);
+    let network = warm.capabilities().vendor_internet_default();
+    let vendor = |marker: &str| {
+        let mut o = test_options(marker).user("daytona").home("/home/daytona");
+        o.network = network.clone();
+        o
+    };
+    // The first create of the shape goes cold and has the pool keep that shape warm.
+    let first = warm
+        .create(vendor(&unique("vendor-start")))
+        .await
+        .expect("create");
+    warm.destroy(&first.id).await.expect("destroy");
+    eventually(PATIENCE, "the pool holds a member", || async {
+        equals(warm.warm_ready(), 1)
+    })
+    .await;
+    let claims = warm.warm_claims();
+    sandcove_conformance::claimed_sandbox_in_a_vendor_shape_matches_a_cold_one(
+        &warm, &cold, network,
+    )
+    .await;
+    assert_eq!(warm.warm_claims(), claims + 1, "served by the pool");
+}
+
+/// Two creates at once with a pool of two members of their shape get two different members,
+/// both warm; a create of another shape then has the pool follow it, never holding more
+/// than its size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creates_get_different_members_and_the_pool_follows_the_shapes_asked_for() {
+    let dir = std::env::temp_dir().join(unique("pool-shapes"));
+    let warm = LocalBackend::with_state_dir(&dir)
+        .expect("engine")
+        .with_warm_pool(2);
+    let network = warm.capabilities().vendor_internet_default();
+    let vendor = |marker: &str| {
+        let mut o = test_options(marker).user("user").home("/home/user");
+        o.network = network.clone();
+        o
+    };
+    let entries = || {
+        std::fs::read_dir(dir.join("sandboxes"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let first = warm
+        .create(vendor(&unique("pool-shapes")))
+        .await
+        .expect("create");
+    warm.destroy(&first.id).await.expect("destroy");
+    eventually(PATIENCE, "two members ready", || async {
+        equals((warm.warm_ready(), entries()), (2, 2))
+    })
+    .await;
+    let claims = warm.warm_claims();
+    let (a, b) = tokio::join!(
+        warm.create(vendor(&unique("pool-shapes"))),
+        warm.create(vendor(&unique("pool-shapes")))
+    );
+    let (a, b) = (a.expect("create"), b.expect("create"));
+    assert_ne!(a.id, b.id, "one member each");
+    assert_eq!(warm.warm_claims(), claims + 2, "both served by the pool");
+    for info in [&a, &b] {
+        assert_eq!(info.network, network);
+        let out = sh(&warm, &info.id, "id -un; echo $HOME").await;
+        assert_eq!(out.stdout_lossy(), "user\n/home/user\n");
+    }
+    // A native create of the default shape: the pool now keeps one of each. It never holds
+    // more members than its size (the claimed two are the caller's).
+    let native = warm
+        .create(test_options(&unique("pool-shapes")))
+        .await
+        .expect("create");
+    let native_shape = test_options("shape");
+    let vendor_shape = vendor("shape");
+    eventually(PATIENCE, "one member of each shape", || async {
+        let ready = (
+            warm.warm_ready_for(&native_shape),
+            warm.warm_ready_for(&vendor_shape),
+        );
+        // Without internet here, both creates are of the default shape.
+        let expected = if network == NetworkPolicy::Internet {
+            (1, 1)
+        } else {
+            (2, 2)
+        };
+        equals((ready, entries()), (expected, 5))
+    })
+    .await;
+    let claims = warm.warm_claims();
+    let again = warm
+        .create(test_options(&unique("pool-shapes")))
+        .await
+        .expect("create");
+    assert_eq!(
+        warm.warm_claims(),
+        claims + 1,
+        "the default shape is warm again"
+    );
+    for id in [a.id, b.id, native.id, again.id] {
+        warm.destroy(&id).await.expect("destroy");
+    }
+    drop(warm);
+    eventually(PATIENCE, "the members end with their engine", || async {
+        equals(entries(), 0)
+    })
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Pool members never show in `list`, of this program or another one, though they exist;

@@ -28,10 +28,10 @@ use futures::StreamExt;
 use sandcove::client::collect;
 use sandcove::{
     AnnotationUpdate, Backend, ByteStream, Command, CopyOptions, CreateOptions, ErrorCode,
-    FileKind, FsEventKind, ListDirOptions, ListOptions, MkdirOptions, Output, PreviewOptions,
-    ProcessEvent, ProcessSelector, ProcessSpec, PtySize, ReadOptions, RemoveOptions, RenameOptions,
-    RestartPolicy, SandboxState, Signal, StatOptions, TimeoutAction, VolumeMount, WatchOptions,
-    WriteOptions,
+    FileKind, FsEventKind, ListDirOptions, ListOptions, MkdirOptions, NetworkPolicy, Output,
+    PreviewOptions, ProcessEvent, ProcessSelector, ProcessSpec, PtySize, ReadOptions,
+    RemoveOptions, RenameOptions, RestartPolicy, SandboxState, Signal, StatOptions, TimeoutAction,
+    VolumeMount, WatchOptions, WriteOptions,
 };
 
 /// Expand to one `#[tokio::test]` per conformance case. `$make` is an expression evaluating
@@ -488,7 +488,9 @@ async fn fresh_view(
                   echo --; cat /etc/passwd /etc/group /etc/hostname /etc/hosts; \
                   echo --; for p in /proc/[0-9]*; do read -r c < $p/comm; echo \"$c\"; done; \
                   echo --; ulimit -a; umask; \
-                  echo --; ls -la / /workspace | awk '{print $1, $3, $4, $NF}'";
+                  echo --; ls -la / /workspace | awk '{print $1, $3, $4, $NF}'; \
+                  echo --; ls -lan /home \"$HOME\" | awk '{print $1, $3, $4, $NF}'; \
+                  echo --; tail -n +3 /proc/net/dev | cut -d: -f1 | sort";
     let out = sh(backend, &id, script).await;
     assert_eq!(out.exit_code(), 0, "{}", out.stderr_lossy());
     let hostname: String = id.chars().take(12).collect();

@@ -20,7 +20,36 @@ pub async fn claimed_sandbox_with_the_default_user_matches_a_cold_one(
     claimed_matches_cold(first, second, None).await
 }
 
+/// [`claimed_sandbox_matches_a_cold_one`] in the shape the Daytona and E2B listeners create
+/// by default: a user and a home of the vendor's (`daytona`, `/home/daytona`) and `network`
+/// (their default is [`NetworkPolicy::Internet`] where the runtime has it). The claim makes
+/// the home and leaves `/workspace` as a cold create does.
+pub async fn claimed_sandbox_in_a_vendor_shape_matches_a_cold_one(
+    first: &dyn Backend,
+    second: &dyn Backend,
+    network: NetworkPolicy,
+) {
+    let shape = |mut o: CreateOptions| {
+        o.home = Some("/home/daytona".into());
+        o.network = network.clone();
+        o
+    };
+    let view = claimed_matches_cold_as(first, second, Some("daytona"), shape).await;
+    assert!(view.contains("\n/home/daytona\n"), "{view}");
+}
+
 async fn claimed_matches_cold(first: &dyn Backend, second: &dyn Backend, user: Option<&str>) {
+    claimed_matches_cold_as(first, second, user, |o| o).await;
+}
+
+/// The case with `user` as default user and `shape` applied to the options; what a process
+/// of the claimed sandbox sees.
+async fn claimed_matches_cold_as(
+    first: &dyn Backend,
+    second: &dyn Backend,
+    user: Option<&str>,
+    shape: impl Fn(CreateOptions) -> CreateOptions,
+) -> String {
     let lease = Duration::from_secs(321);
     let marker = unique("claim");
     let options = |name: &str| {
@@ -31,7 +60,7 @@ async fn claimed_matches_cold(first: &dyn Backend, second: &dyn Backend, user: O
             .timeout(lease);
         o.name = Some(name.to_string());
         o.user = user.map(str::to_string);
-        o
+        shape(o)
     };
     let (warm_view, warm_info) = fresh_view(first, options(&unique("warm")), lease).await;
     let (cold_view, cold_info) = fresh_view(second, options(&unique("cold")), lease).await;
@@ -41,4 +70,5 @@ async fn claimed_matches_cold(first: &dyn Backend, second: &dyn Backend, user: O
     if let Some(user) = user {
         assert!(warm_view.starts_with(&format!("{user}\n")), "{warm_view}");
     }
+    warm_view
 }

@@ -231,10 +231,12 @@ impl LocalBackend {
 
     /// The same engine keeping `size` warm sandboxes (at most [`MAX_WARM_POOL`]; `0` turns
     /// the pool off) instead of what [`WARM_POOL_ENV`] or [`DEFAULT_WARM_POOL`] said. The
-    /// pool fills in the background from the first `create` on; sandboxes of the default
-    /// shape (any name, envs, labels, user, lease and annotations) are then claimed from it,
-    /// every other shape is created cold. Members are never listed and end at a short lease
-    /// ([`MEMBER_LEASE`]) when the program exits. Without isolation there is no pool.
+    /// pool fills in the background from the first `create` on, in the shapes of recent
+    /// creates (loopback-only or Internet networking; any name, envs, labels, user and home,
+    /// lease and annotations), which are then claimed from it; every other shape (resources,
+    /// volumes, a snapshot, a hostname, the host's network) is created cold. Members are never
+    /// listed and end at a short lease ([`MEMBER_LEASE`]) when the program exits. Without
+    /// isolation there is no pool.
     pub fn with_warm_pool(mut self, size: usize) -> Self {
         let size = if self.unisolated { 0 } else { size };
         self.pool = std::sync::Arc::new(pool::Pool::new(size));
@@ -245,6 +247,15 @@ impl LocalBackend {
     /// filling the pool).
     pub fn warm_ready(&self) -> usize {
         self.pool.ready()
+    }
+
+    /// Warm sandboxes ready right now that a create with `options` could claim (none for a
+    /// shape the pool never serves).
+    pub fn warm_ready_for(&self, options: &sandcove_core::CreateOptions) -> usize {
+        match pool::shape_of(options, self.mapping, self.pasta.is_ok()) {
+            Some(shape) if !self.unisolated => self.pool.ready_of(shape),
+            _ => 0,
+        }
     }
 
     /// How many creates this engine served from its warm pool so far.

@@ -289,12 +289,16 @@ impl LocalBackend {
         engine
     }
 
-    /// Make a pool member: the default shape, lease `lease`, hidden from `list`. Returns its
-    /// id and lease end.
-    pub(crate) async fn create_member(&self, lease: Duration) -> Result<(String, u64)> {
-        let info = self
-            .create_cold(CreateOptions::default().timeout(lease), true)
-            .await?;
+    /// Make a pool member of `shape` (otherwise the default options), lease `lease`, hidden
+    /// from `list`. Returns its id and lease end.
+    pub(crate) async fn create_member(
+        &self,
+        shape: pool::Shape,
+        lease: Duration,
+    ) -> Result<(String, u64)> {
+        let mut options = CreateOptions::default().timeout(lease);
+        options.network = shape.network();
+        let info = self.create_cold(options, true).await?;
         Ok((info.id, info.ends_at))
     }
 
@@ -318,11 +322,12 @@ impl LocalBackend {
         )
     }
 
-    /// Hand warm member `id` to a create with `options` (a shape the pool serves). `Ok(None)`:
-    /// the member could not be used (it is destroyed) and the create goes cold.
+    /// Hand warm member `id`, of `shape`, to a create with `options` (of that shape).
+    /// `Ok(None)`: the member could not be used (it is destroyed) and the create goes cold.
     pub(crate) async fn claim(
         &self,
         id: &str,
+        shape: pool::Shape,
         options: &CreateOptions,
     ) -> Result<Option<SandboxInfo>> {
         // The name first: a name held elsewhere fails this create as a cold one would, and
@@ -334,7 +339,7 @@ impl LocalBackend {
                     .await
                     .map_err(|e| Error::backend(format!("create task failed: {e}")))?;
             if let Err(e) = taken {
-                self.pool.put_back(id.to_string());
+                self.pool.put_back(id.to_string(), shape);
                 return Err(e);
             }
         }

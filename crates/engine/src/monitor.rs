@@ -624,7 +624,8 @@ impl Monitor {
 
     /// Hand this warm-pool member to its claimer (the agent took the claim first): the
     /// claimer's options and users replace the pool's, creation time and lease start now, and
-    /// the sandbox becomes visible. A sandbox claimed already (or never pooled) is refused.
+    /// the sandbox becomes visible. A sandbox claimed already (or never pooled), or a claim
+    /// with another network than the member's, is refused.
     fn claim(
         &self,
         options: sandcove_core::CreateOptions,
@@ -635,6 +636,12 @@ impl Monitor {
             if !record.pooled {
                 return Err(Error::invalid(
                     "this sandbox is not an unclaimed warm-pool member",
+                ));
+            }
+            // The network was set up for the member's policy (namespace, helper, blocks).
+            if options.network != record.options.network {
+                return Err(Error::invalid(
+                    "a claim cannot change a warm-pool member's network",
                 ));
             }
             let now = now_millis();

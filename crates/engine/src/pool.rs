@@ -1,5 +1,6 @@
-//! The warm pool: sandboxes of the default shape made in the background, so that `create`
-//! mostly claims one instead of building namespaces and a root while the caller waits.
+//! The warm pool: sandboxes made in the background in the shapes recent creates asked for,
+//! so that `create` mostly claims one instead of building namespaces and a root while the
+//! caller waits.
 //!
 //! A member is an ordinary sandbox made by the cold path with a short lease
 //! ([`MEMBER_LEASE`]) and marked `pooled` in its record: its monitor publishes no info (so
@@ -14,11 +15,38 @@
 //!
 //! A claim happens in three steps, each of which falls back to a cold create on failure:
 //! the claimer's name is taken for the member, the agent takes the claim (the claimer's envs
-//! and users, `/etc/passwd` and `/etc/group` rewritten; refused if anything ever ran in the
-//! member), then the monitor takes it (options, users, creation time and lease start now,
-//! and the sandbox appears in `list`). Only shapes a member was made with are served: a
-//! sandbox with resources, a network policy, volumes, a snapshot, a home, a hostname or a
-//! template other than the host base is always created cold.
+//! and users; when the users differ, `/etc/passwd` and `/etc/group` rewritten and the home
+//! directories made and owned as a cold create's setup makes them; refused if anything ever
+//! ran in the member), then the monitor takes it (options, users, creation time and lease
+//! start now, and the sandbox appears in `list`).
+//!
+//! **Shapes.** What a claim cannot change is fixed when a member is made, its [`Shape`]: its
+//! network, a loopback-only namespace (the default policy) or the Internet policy's, where
+//! the monitor started `pasta` and the agent installed the blocks (host, link-local, private
+//! and special-purpose ranges, the host's subnets) before the member reported ready, so
+//! before any claim can hand it out. The host's subnets and resolvers are those of when the
+//! member was made; a claim reads them again and hands out only a member made with the same
+//! (others are retired), so a warm sandbox blocks exactly what a cold one made then would.
+//! Both the monitor and the agent refuse a claim whose network is not the member's.
+//! Everything else the served creates carry is applied at claim: name, envs, labels, default
+//! user and home, lease, what happens at its end, annotations; with the network, that is
+//! what the Daytona and E2B listeners' default creates carry (internet, their user and
+//! home), so those are served warm. A sandbox with resources, a network policy
+//! other than those two (the host's), volumes, a snapshot, a hostname or a template other
+//! than the host base, or, under a uid range, root as its default user (another user table:
+//! the member's uid-1000 user would go), is always created cold.
+//!
+//! **Which shapes are kept warm.** The pool remembers the shapes of the last `size` creates
+//! it could serve (whether a member served them or not) and keeps one member per remembered
+//! create; until `size` creates were seen, the newest one's shape stands for the rest. So a
+//! pool of two holds two Internet members after two E2B or Daytona creates, and one of each
+//! shape after one native create and one vendor create. A member of a shape no longer
+//! wanted is destroyed before its replacement is made: the pool never holds more than
+//! `size` members whatever their shapes (an Internet member holds a member's memory plus its
+//! `pasta` process's, about 30 MB resident, as any Internet sandbox does: an operator sizing
+//! the pool counts with it), members of a shape nobody asks for do not pile up, and the pool
+//! follows a change of workload within `size` creates. The first create of a shape the pool
+//! does not hold goes cold.
 //!
 //! Until a claim has handed it out, a member does not exist for the engine's callers: every
 //! call naming its id is `NotFound`, exactly as for an unknown id (the id is random and never
@@ -31,8 +59,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::config::UidMapping;
+use super::net::Plan;
 use super::LocalBackend;
-use sandcove_core::{now_millis, CreateOptions};
+use sandcove_core::{now_millis, CreateOptions, NetworkPolicy};
 
 /// Env var setting the number of warm sandboxes an engine keeps (`0` turns the pool off).
 pub const WARM_POOL_ENV: &str = "SANDCOVE_WARM_POOL";
@@ -79,24 +108,55 @@ pub fn size_from_env_or(default: usize) -> usize {
     }
 }
 
-/// Whether a sandbox with `options` can be a claimed member: only what a claim replaces
-/// (name, envs, labels, user, lease, what happens at its end, annotations) may differ from
-/// the default shape the members were made with.
-pub fn serves(options: &CreateOptions, mapping: UidMapping) -> bool {
-    let default_shape = sandcove_core::capability::is_host_base(options.template.as_deref())
+/// What a member is made with and a claim cannot change (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// A network namespace of its own with loopback only ([`NetworkPolicy::None`]).
+    Loopback,
+    /// [`NetworkPolicy::Internet`]: `pasta` running, the agent's blocks in force.
+    Internet,
+}
+
+impl Shape {
+    const ALL: [Shape; 2] = [Shape::Loopback, Shape::Internet];
+
+    /// The network policy a member of this shape is made with.
+    pub(crate) fn network(self) -> NetworkPolicy {
+        match self {
+            Shape::Loopback => NetworkPolicy::None,
+            Shape::Internet => NetworkPolicy::Internet,
+        }
+    }
+}
+
+/// The shape of member that can serve a create with `options`, if any: only what a claim
+/// replaces (name, envs, labels, user and home, lease, what happens at its end,
+/// annotations) may differ from what members are made with. `internet`: whether this engine
+/// gives Internet sandboxes (without it, such a create fails cold).
+pub(crate) fn shape_of(
+    options: &CreateOptions,
+    mapping: UidMapping,
+    internet: bool,
+) -> Option<Shape> {
+    let fixed = sandcove_core::capability::is_host_base(options.template.as_deref())
         && options.resources == sandcove_core::Resources::default()
-        && options.network == sandcove_core::NetworkPolicy::default()
-        && options.home.is_none()
         && options.hostname.is_none()
         && options.snapshot.is_none()
         && options.volumes.is_empty();
     // Under a uid range, a sandbox whose default user is root has no uid-1000 user: another
-    // user table and home owner than a member's.
+    // user table than a member's.
     let same_users = match mapping {
         UidMapping::Range => options.user.as_deref() != Some("root"),
         UidMapping::Single { .. } => true,
     };
-    default_shape && same_users
+    if !(fixed && same_users) {
+        return None;
+    }
+    match options.network {
+        NetworkPolicy::None => Some(Shape::Loopback),
+        NetworkPolicy::Internet if internet => Some(Shape::Internet),
+        NetworkPolicy::Internet | NetworkPolicy::Host => None,
+    }
 }
 
 /// A ready member.
@@ -105,6 +165,9 @@ struct Member {
     id: String,
     /// Its lease end, ms since the epoch.
     ends_at: u64,
+    shape: Shape,
+    /// Internet: the blocks the host's tables gave when it was made (see [`pick`]).
+    plan: Option<Plan>,
 }
 
 #[derive(Debug, Default)]
@@ -118,6 +181,9 @@ struct State {
     /// When the first claim not yet replaced took its member (see [`refill_wait`]). A
     /// monotonic clock: a wall clock set back would hold the refill off until it caught up.
     short_since: Option<Instant>,
+    /// The shapes of the last creates the pool could serve, newest last (as many as the
+    /// pool's size): what it keeps warm (see [`wanted`]).
+    recent: VecDeque<Shape>,
 }
 
 /// What the engine's clones and the pool's task share.
@@ -155,19 +221,33 @@ impl Pool {
         self.shared.lock().ready.len()
     }
 
+    /// Members of `shape` ready to be claimed now.
+    pub(super) fn ready_of(&self, shape: Shape) -> usize {
+        let state = self.shared.lock();
+        state.ready.iter().filter(|m| m.shape == shape).count()
+    }
+
     /// Sandboxes handed out by this pool so far.
     pub fn claims(&self) -> u64 {
         self.shared.lock().claims
     }
 
-    /// Take a ready member with enough lease left, and have the task make its replacement.
-    /// Starts the task (on the current runtime) when it is not running.
-    pub(super) fn take(&self, engine: &LocalBackend) -> Option<String> {
+    /// Take a ready member of `shape` with enough lease left, and have the task make its
+    /// replacement; the create asking for it counts among the recent ones either way. Starts
+    /// the task (on the current runtime) when it is not running.
+    pub(super) fn take(&self, engine: &LocalBackend, shape: Shape) -> Option<String> {
         if self.size == 0 {
             return None;
         }
+        // What a cold create's monitor would block now (a few small reads of /proc and
+        // /etc): an Internet member is handed out only with exactly these blocks.
+        let host_plan = (shape == Shape::Internet).then(Plan::for_host);
         let member = {
             let mut state = self.shared.lock();
+            state.recent.push_back(shape);
+            while state.recent.len() > self.size {
+                state.recent.pop_front();
+            }
             let running = state.task.as_ref().is_some_and(|t| !t.is_finished());
             if !running && !state.closed {
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -177,7 +257,7 @@ impl Pool {
                 }
             }
             let fresh_until = now_millis() + RETIRE_MARGIN.as_millis() as u64 / 2;
-            let at = state.ready.iter().position(|m| m.ends_at > fresh_until);
+            let at = pick(&mut state.ready, shape, host_plan.as_ref(), fresh_until);
             let member = at.and_then(|i| state.ready.remove(i));
             if member.is_some() {
                 state.short_since.get_or_insert_with(Instant::now);
@@ -188,12 +268,20 @@ impl Pool {
         member.map(|m| m.id)
     }
 
-    /// Put back a member taken but not changed (the claimer's name was taken elsewhere).
-    pub(super) fn put_back(&self, id: String) {
+    /// Put back a member of `shape` taken but not changed (the claimer's name was taken
+    /// elsewhere).
+    pub(super) fn put_back(&self, id: String, shape: Shape) {
+        // Its blocks were those of the host's tables a moment ago (see [`Pool::take`]).
+        let plan = (shape == Shape::Internet).then(Plan::for_host);
         // Its lease end is unknown here; the task retires it first (as if it were expiring)
         // unless a claim takes it sooner.
         let ends_at = now_millis() + RETIRE_MARGIN.as_millis() as u64;
-        self.shared.lock().ready.push_front(Member { id, ends_at });
+        self.shared.lock().ready.push_front(Member {
+            id,
+            ends_at,
+            shape,
+            plan,
+        });
         self.shared.wake.notify_one();
     }
 
@@ -231,7 +319,8 @@ impl Drop for Pool {
     }
 }
 
-/// Keep `size` members ready until the pool is closed, then destroy them.
+/// Keep `size` members of the [`wanted`] shapes ready until the pool is closed, then destroy
+/// them.
 async fn fill(shared: Arc<Shared>, engine: LocalBackend, size: usize) {
     let mut backoff = Duration::from_millis(250);
     loop {
@@ -254,19 +343,25 @@ async fn fill(shared: Arc<Shared>, engine: LocalBackend, size: usize) {
         if closed {
             return;
         }
-        let (missing, defer) = {
+        let (make, surplus, defer) = {
             let mut state = shared.lock();
-            let missing = size.saturating_sub(state.ready.len());
+            let wanted = wanted(&state.recent, size);
+            let (make, surplus) = plan(&state.ready, &wanted);
             let defer = refill_wait(
                 state.short_since,
                 Instant::now(),
-                state.ready.len(),
-                missing,
+                state.ready.len() - surplus.len(),
+                make.len(),
             );
+            let mut retired = Vec::new();
             if defer.is_none() {
                 state.short_since = None;
+                // Highest index first, so the lower ones still point at their members.
+                for i in surplus.into_iter().rev() {
+                    retired.extend(state.ready.remove(i));
+                }
             }
-            (missing, defer)
+            (make, retired, defer)
         };
         if let Some(wait) = defer {
             tokio::select! {
@@ -275,9 +370,25 @@ async fn fill(shared: Arc<Shared>, engine: LocalBackend, size: usize) {
             }
             continue;
         }
+        // Members of a shape no longer wanted go first: the pool never holds more than
+        // `size`.
+        for member in surplus {
+            let _ = engine.destroy_member(&member.id).await;
+            shared.lock().members.remove(&member.id);
+        }
         let mut failed = false;
-        for _ in 0..missing {
-            match engine.create_member(MEMBER_LEASE).await {
+        for shape in make {
+            // The host's tables before and after: the member's monitor read them in between,
+            // so when both agree they are what its blocks were made from.
+            let plan_before = (shape == Shape::Internet).then(Plan::for_host);
+            let made = engine.create_member(shape, MEMBER_LEASE).await;
+            let plan = (shape == Shape::Internet).then(Plan::for_host);
+            match made {
+                Ok((id, _)) if plan != plan_before => {
+                    // The host's routes or resolvers changed meanwhile: not knowing which
+                    // its blocks follow, it is not kept (the next pass makes another).
+                    let _ = engine.destroy_member(&id).await;
+                }
                 Ok((id, ends_at)) => {
                     let kept = {
                         let mut state = shared.lock();
@@ -286,6 +397,8 @@ async fn fill(shared: Arc<Shared>, engine: LocalBackend, size: usize) {
                             state.ready.push_back(Member {
                                 id: id.clone(),
                                 ends_at,
+                                shape,
+                                plan,
                             });
                         }
                         !state.closed
@@ -345,6 +458,61 @@ fn refill_wait(
     (missing > 0 && ready > 0 && !left.is_zero()).then_some(left)
 }
 
+/// The position in `ready` of a member of `shape` that can serve a create now: at least
+/// `fresh_until` (ms) as its lease end and, for an Internet member, made with `host_plan`,
+/// the blocks the host's tables give now (a cold create reads them as it starts; a member
+/// made before the host's routes or resolvers changed would block other subnets). A member
+/// of the shape made with other blocks is marked for retirement (its lease end set past),
+/// which the task carries out on its next pass.
+fn pick(
+    ready: &mut VecDeque<Member>,
+    shape: Shape,
+    host_plan: Option<&Plan>,
+    fresh_until: u64,
+) -> Option<usize> {
+    for member in ready.iter_mut() {
+        if member.shape == shape && member.plan.as_ref() != host_plan {
+            member.ends_at = 0;
+        }
+    }
+    ready
+        .iter()
+        .position(|m| m.shape == shape && m.ends_at > fresh_until)
+}
+
+/// The shapes of the members the pool keeps, one per remembered create (`recent`, newest
+/// last), the newest shape standing for creates not seen yet; none before any create.
+fn wanted(recent: &VecDeque<Shape>, size: usize) -> Vec<Shape> {
+    let Some(&newest) = recent.back() else {
+        return Vec::new();
+    };
+    recent
+        .iter()
+        .copied()
+        .chain(std::iter::repeat(newest))
+        .take(size)
+        .collect()
+}
+
+/// What brings the `ready` members to the `wanted` shapes: the shapes to make, and the
+/// positions in `ready` of the members to retire (in increasing order; of each shape in
+/// surplus, those nearest their lease end).
+fn plan(ready: &VecDeque<Member>, wanted: &[Shape]) -> (Vec<Shape>, Vec<usize>) {
+    let mut make = Vec::new();
+    let mut retire = Vec::new();
+    for shape in Shape::ALL {
+        let want = wanted.iter().filter(|s| **s == shape).count();
+        let mut have: Vec<usize> = (0..ready.len())
+            .filter(|&i| ready[i].shape == shape)
+            .collect();
+        have.sort_by_key(|&i| ready[i].ends_at);
+        retire.extend(have.iter().take(have.len().saturating_sub(want)));
+        make.extend(std::iter::repeat_n(shape, want.saturating_sub(have.len())));
+    }
+    retire.sort_unstable();
+    (make, retire)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -370,44 +538,127 @@ mod tests {
     }
 
     #[test]
-    fn only_the_default_shape_is_served() {
+    fn only_shapes_a_claim_can_finish_are_served() {
         let range = UidMapping::Range;
         let single = UidMapping::Single {
             host_uid: 1000,
             host_gid: 1000,
         };
+        let serves = |o: &CreateOptions, mapping| shape_of(o, mapping, true);
         let plain = CreateOptions::default()
             .timeout(Duration::from_secs(5))
             .env("A", "1")
             .label("k", "v")
             .name("n");
-        assert!(serves(&plain, range));
+        assert_eq!(serves(&plain, range), Some(Shape::Loopback));
         let mut user = plain.clone();
         user.user = Some("alice".into());
-        assert!(serves(&user, range) && serves(&user, single));
+        assert!(serves(&user, range).is_some() && serves(&user, single).is_some());
         user.user = Some("root".into());
-        assert!(
-            !serves(&user, range),
+        assert_eq!(
+            serves(&user, range),
+            None,
             "root as default user is another table"
         );
-        assert!(serves(&user, single));
-        let mut o = plain.clone();
-        o.network = sandcove_core::NetworkPolicy::Host;
-        assert!(!serves(&o, range));
-        let mut o = plain.clone();
-        o.hostname = Some("h".into());
-        assert!(!serves(&o, range));
+        assert!(serves(&user, single).is_some());
+        // What the Daytona and E2B listeners' default creates carry: internet, a user and
+        // a home of their own.
+        let mut vendor = plain.clone().user("daytona").home("/home/daytona");
+        vendor.network = NetworkPolicy::Internet;
+        assert_eq!(serves(&vendor, range), Some(Shape::Internet));
+        assert_eq!(serves(&vendor, single), Some(Shape::Internet));
+        assert_eq!(
+            shape_of(&vendor, range, false),
+            None,
+            "no internet here: the create fails cold"
+        );
         let mut o = plain.clone();
         o.home = Some("/home/x".into());
-        assert!(!serves(&o, range));
+        assert_eq!(serves(&o, range), Some(Shape::Loopback));
+        let mut o = plain.clone();
+        o.network = NetworkPolicy::Host;
+        assert_eq!(serves(&o, range), None);
+        let mut o = plain.clone();
+        o.hostname = Some("h".into());
+        assert_eq!(serves(&o, range), None);
         let mut o = plain.clone();
         o.snapshot = Some("snap-x".into());
-        assert!(!serves(&o, range));
+        assert_eq!(serves(&o, range), None);
         let mut o = plain.clone();
         o.resources.memory_mib = Some(512);
-        assert!(!serves(&o, range));
+        assert_eq!(serves(&o, range), None);
         let mut o = plain;
         o.template = Some("python".into());
-        assert!(!serves(&o, range));
+        assert_eq!(serves(&o, range), None);
+    }
+
+    #[test]
+    fn the_pool_keeps_the_shapes_of_recent_creates() {
+        use Shape::{Internet, Loopback};
+        let recent = |shapes: &[Shape]| shapes.iter().copied().collect::<VecDeque<_>>();
+        assert_eq!(wanted(&recent(&[]), 2), vec![]);
+        assert_eq!(wanted(&recent(&[Internet]), 2), vec![Internet, Internet]);
+        assert_eq!(
+            wanted(&recent(&[Loopback, Internet]), 2),
+            vec![Loopback, Internet]
+        );
+        assert_eq!(wanted(&recent(&[Internet, Internet]), 3), vec![Internet; 3]);
+
+        let member = |id: &str, ends_at, shape| Member {
+            id: id.into(),
+            ends_at,
+            shape,
+            plan: None,
+        };
+        // Full and as wanted: nothing to do.
+        let ready: VecDeque<Member> = [member("a", 5, Loopback), member("b", 6, Internet)].into();
+        assert_eq!(plan(&ready, &[Internet, Loopback]), (vec![], vec![]));
+        // One claimed: its shape is made again.
+        let ready: VecDeque<Member> = [member("b", 6, Internet)].into();
+        assert_eq!(
+            plan(&ready, &[Internet, Loopback]),
+            (vec![Loopback], vec![])
+        );
+        // The workload moved to internet: the loopback members nearest their end go first,
+        // and as many internet ones are made, never more than the pool's size in all.
+        let ready: VecDeque<Member> = [
+            member("a", 9, Loopback),
+            member("b", 6, Internet),
+            member("c", 5, Loopback),
+        ]
+        .into();
+        assert_eq!(
+            plan(&ready, &[Internet, Internet, Loopback]),
+            (vec![Internet], vec![2])
+        );
+        assert_eq!(
+            plan(&ready, &[Internet; 3]),
+            (vec![Internet, Internet], vec![0, 2])
+        );
+    }
+
+    #[test]
+    fn an_internet_member_is_handed_out_only_with_the_blocks_of_the_host_now() {
+        use std::net::{IpAddr, Ipv4Addr};
+        let subnet = |third| (IpAddr::V4(Ipv4Addr::new(203, 0, third, 0)), 24);
+        let (then, now) = (Plan::new(&[subnet(1)], &[]), Plan::new(&[subnet(2)], &[]));
+        let member = |id: &str, shape, plan: Option<&Plan>| Member {
+            id: id.into(),
+            ends_at: 100,
+            shape,
+            plan: plan.cloned(),
+        };
+        let mut ready: VecDeque<Member> = [
+            member("old", Shape::Internet, Some(&then)),
+            member("loop", Shape::Loopback, None),
+            member("new", Shape::Internet, Some(&now)),
+        ]
+        .into();
+        assert_eq!(pick(&mut ready, Shape::Internet, Some(&now), 50), Some(2));
+        assert_eq!(ready[0].ends_at, 0, "the stale one is retired");
+        assert_eq!(ready[2].ends_at, 100);
+        assert_eq!(pick(&mut ready, Shape::Loopback, None, 50), Some(1));
+        assert_eq!(pick(&mut ready, Shape::Internet, Some(&then), 50), None);
+        assert_eq!(ready[2].ends_at, 0);
     }
 }

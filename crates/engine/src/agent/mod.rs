@@ -235,11 +235,13 @@ impl Agent {
         self.record.lock().unwrap_or_else(|e| e.into_inner()).users != users
     }
 
-    /// Take this warm-pool member for a claimer: once, and only while nothing ever ran in
-    /// it (so no sandbox code can have touched the files rewritten here). The claimer's
-    /// envs and users replace the pool's, and `/etc/passwd` and `/etc/group` are rewritten
-    /// when the users differ (the bind mounts over `/etc` share these files' inodes), only
-    /// if `may_write` (else the claim is refused).
+    /// Take this warm-pool member for a claimer: once, only while nothing ever ran in it (so
+    /// no sandbox code can have touched the files rewritten here), and only with the network
+    /// it was made with (its namespace, helper and blocks are fixed). The claimer's envs and
+    /// users replace the pool's; when the users differ, `/etc/passwd` and `/etc/group` are
+    /// rewritten (the bind mounts over `/etc` share these files' inodes) and the home
+    /// directories made as setup makes them ([`claim_homes`]), only if `may_write` (else the
+    /// claim is refused).
     fn apply_claim(
         &self,
         options: sandcove_core::CreateOptions,
@@ -256,6 +258,11 @@ impl Agent {
                 "this sandbox is not an unclaimed warm-pool member",
             ));
         }
+        if options.network != current.options.network {
+            return Err(Error::invalid(
+                "a claim cannot change a warm-pool member's network",
+            ));
+        }
         let rewrite = current.users != users;
         if rewrite && !may_write {
             return Err(Error::invalid("this claim rewrites the user database"));
@@ -268,6 +275,7 @@ impl Agent {
             for (name, contents) in [("passwd", next.passwd()), ("group", next.group())] {
                 write_sandcove_file(name, contents.as_bytes())?;
             }
+            claim_homes(&current.users, &next.users)?;
         }
         *current = Arc::new(next);
         Ok(())
@@ -347,6 +355,39 @@ fn write_sandcove_file(name: &str, contents: &[u8]) -> Result<()> {
         .map_err(|e| Error::from_io(&e, &format!("claim: {}", path.display())))?;
     file.write_all(contents)
         .map_err(|e| Error::from_io(&e, &format!("claim: {}", path.display())))
+}
+
+/// A claim's home directories, left as a cold create's setup leaves them: each of the
+/// claimer's users has its home, made if missing and owned by the user; a home of the
+/// member's users that none of the claimer's has goes back to root (a member's are
+/// directories setup makes for every sandbox, `/workspace` and `/root`, which a cold create
+/// leaves root's unless they are a home). Nothing ran in the member, so every path is as
+/// setup made it.
+fn claim_homes(
+    member: &[sandcove_core::UserInfo],
+    claimer: &[sandcove_core::UserInfo],
+) -> Result<()> {
+    let path = |home: &str| Path::new("/").join(home.trim_start_matches('/'));
+    let fail = |home: &str| {
+        let home = home.to_string();
+        move |e: std::io::Error| Error::from_io(&e, &format!("claim: home {home}"))
+    };
+    for user in member
+        .iter()
+        .filter(|m| !claimer.iter().any(|c| c.home == m.home))
+    {
+        match std::os::unix::fs::lchown(path(&user.home), Some(0), Some(0)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(fail(&user.home)(e)),
+            _ => {}
+        }
+    }
+    for user in claimer {
+        let home = path(&user.home);
+        std::fs::create_dir_all(&home).map_err(fail(&user.home))?;
+        std::os::unix::fs::chown(&home, Some(user.uid), Some(user.gid))
+            .map_err(fail(&user.home))?;
+    }
+    Ok(())
 }
 
 fn describe(sel: &ProcessSelector) -> String {
