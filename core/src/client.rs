@@ -180,7 +180,27 @@ impl Client {
     /// [`Client::create`], also returning the new sandbox's description as the backend made
     /// it (no second round trip for a caller that needs its user, home or envs).
     pub async fn create_described(&self, options: CreateOptions) -> Result<(Sandbox, SandboxInfo)> {
-        self.check_create(&options).await?.into_result()?;
+        options.validate()?;
+        let status = match self.runtime_status().await? {
+            Ok(caps) => {
+                // Whether a runtime with images holds the one named is its store's answer, at
+                // the create (`NotFound` when it does not); everything else is checked here.
+                let unlisted = caps.images
+                    && options
+                        .template
+                        .as_ref()
+                        .is_some_and(|t| !caps.templates.contains(t));
+                if unlisted {
+                    let mut rest = options.clone();
+                    rest.template = None;
+                    caps.evaluate_create(&rest)
+                } else {
+                    caps.evaluate_create(&options)
+                }
+            }
+            Err(status) => status,
+        };
+        status.into_result()?;
         let info = self.backend.create(options).await?;
         Ok((self.sandbox(info.id.clone()), info))
     }

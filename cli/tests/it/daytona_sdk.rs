@@ -200,9 +200,9 @@ fn host_base_image() -> String {
 }
 
 /// Create from an image and with resources: the host's base image is accepted (with
-/// resources within the host's, the disk size applied), another image or a declarative one
-/// is the SDK's error naming the base that runs instead and where to get the real one, and
-/// resources above the host's are Daytona's 400; refusals create nothing.
+/// resources within the host's, the disk size applied), an image the store lacks is the SDK's
+/// not-found saying how to pull it, a declarative one is refused saying how to import one,
+/// and resources above the host's are Daytona's 400; refusals create nothing.
 #[test]
 fn python_sdk_images_and_resources_against_the_host() {
     let server = Server::start("daytona", ANNOUNCE, "images-key");

@@ -300,7 +300,7 @@ async fn unknown_and_unsupported_create_options_are_refused_before_any_effect() 
     for body in [
         json!({"kvm": true}),
         json!({"someFutureOption": 1}),
-        json!({"buildInfo": {"dockerfileContent": "FROM python:3.12"}}),
+        json!({"buildInfo": {"dockerfileContent": "FROM python:3.12\nRUN pip install numpy"}}),
         json!({"gpu": 1}),
         json!({"networkAllowList": "10.0.0.0/8"}),
         json!({"cpu": 64}),
@@ -309,6 +309,22 @@ async fn unknown_and_unsupported_create_options_are_refused_before_any_effect() 
         assert_eq!(status, 400, "{body} -> {answer}");
         assert_eq!(answer["statusCode"], 400);
     }
+    // An image named by the SDK (a Dockerfile of one `FROM`) that the store lacks: 404,
+    // saying how to pull it.
+    let (status, answer) = env
+        .call(
+            "POST",
+            "/api/sandbox",
+            Some(json!({"buildInfo": {"dockerfileContent": "FROM python:3.12"}})),
+        )
+        .await;
+    assert_eq!(status, 404, "{answer}");
+    assert!(
+        answer["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("sandcove image pull")),
+        "{answer}"
+    );
     let (_, answer) = env
         .call("POST", "/api/sandbox", Some(json!({"kvm": true})))
         .await;

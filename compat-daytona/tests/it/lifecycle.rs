@@ -115,14 +115,21 @@ async fn create_validates_like_daytona() {
     assert!(bad_mount.is_validation());
     let marker: std::collections::HashMap<String, String> =
         [("refused".to_string(), format!("r{}", std::process::id()))].into();
-    for err in [
-        d.create(CreateSandboxFromImageParams {
+    // An image the engine's store does not hold: not found (with how to get it), nothing made.
+    let missing = d
+        .create(CreateSandboxFromImageParams {
             image: "python:3.12".into(),
             labels: Some(marker.clone()),
             ..Default::default()
         })
         .await
-        .unwrap_err(),
+        .unwrap_err();
+    assert!(missing.is_not_found(), "{missing}");
+    assert!(
+        missing.to_string().contains("sandcove image pull"),
+        "{missing}"
+    );
+    for err in [
         d.create(CreateSandboxFromSnapshotParams {
             network_allow_list: Some("10.0.0.0/8".into()),
             labels: Some(marker.clone()),

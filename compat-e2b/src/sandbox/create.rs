@@ -381,10 +381,30 @@ impl<S> CreateBuilder<S> {
     pub(crate) async fn run(self) -> Result<Sandbox> {
         let client = client()?;
         let options = self.options(&client).await?;
-        let (_, info) = client.create_described(options).await?;
+        let info = create_described(&client, options).await?;
         let mut config = self.config;
         config.domain = SANDBOX_DOMAIN.into();
         Ok(Sandbox::from_ctx(Inner::from_info(&client, &info), config))
+    }
+}
+
+/// The core create of an E2B create (the facade's and the wire listener's): a template that
+/// names an image the runtime lacks is E2B's answer to an unknown template (a 404, raised as
+/// a `SandboxException` subclass: `NotFoundException`), not a missing file.
+pub(crate) async fn create_described(
+    client: &sandcove::Client,
+    options: sandcove::CreateOptions,
+) -> Result<sandcove::SandboxInfo> {
+    let image = options.template.clone();
+    match client.create_described(options).await {
+        Ok((_, info)) => Ok(info),
+        Err(sandcove::Error::NotFound { what }) if image.is_some() => {
+            Err(SandboxException::NotFound {
+                message: format!("404: template not found: {what}"),
+                source: Some(Box::new(sandcove::Error::NotFound { what })),
+            })
+        }
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -21,7 +21,7 @@ use crate::gaps::refuse;
 use crate::pty::Pty;
 use crate::translate;
 
-mod create;
+pub(crate) mod create;
 mod info;
 mod list;
 mod metrics;

@@ -268,7 +268,15 @@ async fn gaps_are_refused_before_any_effect() {
     let base = || Sandbox::create().timeout(30).metadata(meta);
     assert_not_supported(base().mcp(serde_json::json!({"x": {}})).await, "mcp");
     assert_not_supported(base().iam(serde_json::json!({})).await, "iam");
-    assert_not_supported(base().template("my-custom-template").await, "template");
+    // A template that names no snapshot: an image, which this runtime's store lacks (a
+    // runtime without images refuses it as a gap).
+    match base().template("my-custom-template").await {
+        Err(e) if caps().await.images => {
+            assert!(e.is_not_found(), "{e:?}");
+            assert!(e.to_string().contains("my-custom-template"), "{e}");
+        }
+        other => assert_not_supported(other, "template"),
+    }
     let rules = SandboxNetworkOpts {
         allow_out: Some(vec!["1.1.1.1".into()]),
         ..Default::default()
