@@ -550,3 +550,33 @@ async fn kube_another_agent_at_a_gone_pods_address_is_not_found() {
         .expect_err("still not this sandbox");
     assert!(e.is_not_found(), "{e:?}");
 }
+
+/// A sandbox of another image: the Pod runs it with the agent copied in by an init
+/// container of the sandbox image, and the sandbox works; an image the cluster cannot pull
+/// is NotFound and leaves no Pod behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_runs_an_image_with_the_agent_brought_in() {
+    let fake = FakeCluster::start();
+    let backend = backend(&fake).await;
+    assert!(backend.capabilities().images);
+    let mut options = test_options(&unique("image"));
+    options.template = Some("pullable/python:3.12-slim".into());
+    let info = backend.create(options).await.expect("create");
+    assert_eq!(info.template, "pullable/python:3.12-slim");
+    let pod = fake.pod(&pod_name(&info.id)).expect("its Pod");
+    assert_eq!(
+        pod["spec"]["containers"][0]["image"],
+        "pullable/python:3.12-slim"
+    );
+    assert_eq!(pod["spec"]["initContainers"][0]["image"], "sandcove:test");
+    assert_eq!(echo(&backend, &info.id).await.expect("echo"), b"hi\n");
+    backend.destroy(&info.id).await.expect("destroy");
+
+    let mut missing = test_options(&unique("image"));
+    missing.template = Some("nowhere/absent:1".into());
+    let before = fake.pod_names().len();
+    let err = backend.create(missing).await.expect_err("cannot pull");
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+    assert!(err.to_string().contains("cannot pull"), "{err}");
+    assert_eq!(fake.pod_names().len(), before, "no Pod left behind");
+}

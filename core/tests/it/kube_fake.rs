@@ -82,6 +82,9 @@ struct State {
     scratch: Scratch,
 }
 
+/// The image of the sandbox Pods the tests configure (`KubeConfig::new`'s).
+pub const SANDBOX_IMAGE: &str = "sandcove:test";
+
 /// A running fake API server and kubelet. Dropping it kills every agent it started.
 pub struct FakeCluster {
     state: Arc<State>,
@@ -592,6 +595,38 @@ fn schedule(state: Arc<State>, name: String, pod: Value) {
     let ip = next_pod_ip();
     let root = state.scratch.pod_root(&name);
     let container = &pod["spec"]["containers"][0];
+    // Images: the sandbox image (what an init container brings the agent from) and those
+    // named `pullable/…` can be pulled; any other waits in ErrImagePull, as a kubelet whose
+    // registry lacks it. (The agent runs from this host either way: the fake has no images.)
+    let pullable = |image: &str| image == SANDBOX_IMAGE || image.starts_with("pullable/");
+    let images = pod["spec"]["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain(std::iter::once(container))
+        .filter_map(|c| Some((c["name"].as_str()?, c["image"].as_str()?)))
+        .collect::<Vec<_>>();
+    if let Some((container_name, image)) = images.iter().find(|(_, image)| !pullable(image)) {
+        let mut store = state.store.lock().unwrap();
+        let Some(mut pod) = store.pods.get(&name).cloned() else {
+            return;
+        };
+        pod["status"] = json!({
+            "phase": "Pending",
+            "containerStatuses": [{
+                "name": container_name, "image": image, "imageID": "", "ready": false,
+                "restartCount": 0,
+                "state": {"waiting": {
+                    "reason": "ErrImagePull",
+                    "message": format!("rpc error: {image}: not found (fake kubelet)"),
+                }},
+            }],
+        });
+        bump(&mut store, &mut pod);
+        store.pods.insert(name.clone(), pod.clone());
+        emit(&state, &mut store, "MODIFIED", pod);
+        return;
+    }
     let context = |key: &str| {
         container["securityContext"][key]
             .as_u64()

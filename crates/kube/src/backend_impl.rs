@@ -28,15 +28,16 @@ impl KubeBackend {
     /// Refuse what Kubernetes cannot honour, before any effect.
     fn check_create(&self, options: &CreateOptions) -> Result<()> {
         options.validate()?;
-        if !sandcove_core::capability::is_host_base(options.template.as_deref()) {
-            return Err(Error::not_supported(
-                format!(
-                    "template or image {:?}",
-                    options.template.as_deref().unwrap_or_default()
-                ),
-                "this deployment runs one image, its configured sandbox image (template None or \
-                 \"base\"); run another deployment for another image",
-            ));
+        // Another image is the Pod's container image: the kubelet pulls it (a reference it
+        // cannot pull is NotFound at the create); it must hold no NUL or whitespace.
+        if let Some(image) = options
+            .template
+            .as_deref()
+            .filter(|t| !sandcove_core::capability::is_host_base(Some(t)))
+        {
+            if image.len() > 1024 || image.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(Error::invalid(format!("image reference {image:?}")));
+            }
         }
         let refuse = |feature: sandcove_core::Feature| {
             Err(Error::not_supported(feature.name(), feature.alternative()))
@@ -110,6 +111,8 @@ impl Backend for KubeBackend {
             .iter()
             .map(|t| t.to_string())
             .collect();
+        // Any image the cluster can pull runs, as the Pod's container image.
+        caps.images = true;
         caps.lease = Some(self.lease_bounds());
         caps.observed_at = Some(self.inner.probed_at);
         caps.runtime_id = Some(self.inner.runtime_id.clone());
@@ -137,7 +140,11 @@ impl Backend for KubeBackend {
         let record = PodRecord {
             id: id.clone(),
             name: options.name.clone(),
-            template: "base".into(),
+            template: options
+                .template
+                .clone()
+                .filter(|t| !sandcove_core::capability::is_host_base(Some(t)))
+                .unwrap_or_else(|| "base".into()),
             labels: options.labels.clone(),
             envs: options.envs.clone(),
             resources: options.resources.clone(),

@@ -219,6 +219,11 @@ impl KubeBackend {
                 WatchEvent::Added(pod) | WatchEvent::Modified(pod) => {
                     if spec::is_ready(pod) {
                         Some(Ok(pod.clone()))
+                    } else if let Some(why) = spec::image_pull_failure(pod) {
+                        Some(Err(Error::not_found(format!(
+                            "the image of {}: the cluster cannot pull it ({why})",
+                            sandbox_what(id)
+                        ))))
                     } else if matches!(spec::phase(pod), Some("Failed") | Some("Succeeded")) {
                         let why = pod
                             .status

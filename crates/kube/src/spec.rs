@@ -46,6 +46,13 @@ pub const VOLUME_ANNOTATION: &str = "sandcove.dev/volume";
 pub const VOLUME_LABEL: &str = "sandcove.dev/volume";
 /// The container's name in every sandbox Pod.
 pub const CONTAINER: &str = "sandbox";
+/// The init container that brings the agent into a sandbox running another image.
+pub const AGENT_INIT_CONTAINER: &str = "sandcove-agent";
+/// Where the agent's static binary is mounted in a sandbox running another image (an
+/// `emptyDir` the init container fills from the sandbox image, read-only in the sandbox).
+pub const AGENT_DIR: &str = "/.sandcove";
+/// Where the sandbox image keeps the static `sandcove` binary (deploy/Containerfile).
+pub const AGENT_IN_IMAGE: &str = "/usr/local/bin/sandcove";
 /// The namespace-wide policy denying all egress to Pods labelled `network=none`.
 pub const DENY_EGRESS_POLICY: &str = "sandcove-deny-egress";
 /// The namespace-wide policy letting Pods labelled `network=internet` reach the public
@@ -95,7 +102,8 @@ pub struct PodRecord {
     /// The unique name, if any.
     #[serde(default)]
     pub name: Option<String>,
-    /// Template name (always the configured image's, `base`).
+    /// Template name: `base` (the configured sandbox image), or the image reference the
+    /// sandbox's container runs (the agent brought in by an init container).
     pub template: String,
     /// The sandbox's labels, all of them (only some fit Kubernetes labels).
     #[serde(default)]
@@ -343,11 +351,52 @@ pub fn pod(
     if let Some(n) = record.resources.max_open_files {
         envs.push(env(ENV_MAX_OPEN_FILES, n.to_string()));
     }
+    // A sandbox of another image runs that image, with the agent's static binary copied
+    // in by an init container of the sandbox image (an `emptyDir`, read-only in the sandbox).
+    let own_image = (!sandcove_core::capability::is_host_base(Some(&record.template)))
+        .then(|| record.template.clone());
+    let mut init_containers = Vec::new();
+    if own_image.is_some() {
+        volumes.push(Volume {
+            name: "sandcove-agent".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                size_limit: Some(Quantity("128Mi".into())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(KubeVolumeMount {
+            name: "sandcove-agent".into(),
+            mount_path: AGENT_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+        init_containers.push(Container {
+            name: AGENT_INIT_CONTAINER.into(),
+            image: Some(params.image.clone()),
+            command: Some(vec![
+                "cp".into(),
+                AGENT_IN_IMAGE.into(),
+                format!("{AGENT_DIR}/sandcove"),
+            ]),
+            volume_mounts: Some(vec![KubeVolumeMount {
+                name: "sandcove-agent".into(),
+                mount_path: AGENT_DIR.into(),
+                ..Default::default()
+            }]),
+            security_context: Some(hardened(params.uid)),
+            ..Default::default()
+        });
+    }
     let container = Container {
         name: CONTAINER.into(),
-        image: Some(params.image.clone()),
-        // The image's entrypoint is the `sandcove` binary; the agent's port is the one this
-        // backend dials, and the environment configures the rest.
+        image: Some(own_image.clone().unwrap_or_else(|| params.image.clone())),
+        // The sandbox image's entrypoint is the `sandcove` binary; another image gets it
+        // named. The agent's port is the one this backend dials, and the environment
+        // configures the rest.
+        command: own_image
+            .as_ref()
+            .map(|_| vec![format!("{AGENT_DIR}/sandcove")]),
         args: Some(vec![
             "agent".into(),
             "--listen".into(),
@@ -370,23 +419,7 @@ pub fn pod(
             ..Default::default()
         }),
         resources: resources(&record.resources),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            privileged: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            run_as_user: Some(params.uid),
-            run_as_group: Some(params.uid),
-            capabilities: Some(KubeCaps {
-                drop: Some(vec!["ALL".into()]),
-                add: None,
-            }),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".into(),
-                localhost_profile: None,
-            }),
-            ..Default::default()
-        }),
+        security_context: Some(hardened(params.uid)),
         volume_mounts: Some(mounts),
         ..Default::default()
     };
@@ -403,6 +436,7 @@ pub fn pod(
         },
         spec: Some(PodSpec {
             containers: vec![container],
+            init_containers: (!init_containers.is_empty()).then_some(init_containers),
             restart_policy: Some("Never".into()),
             active_deadline_seconds: Some(params.deadline_seconds),
             automount_service_account_token: Some(false),
@@ -433,6 +467,28 @@ pub fn pod(
     })
 }
 
+/// Every container's security context: never root, no privilege, no capability, a
+/// read-only root filesystem, the runtime's default seccomp profile.
+fn hardened(uid: i64) -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        run_as_user: Some(uid),
+        run_as_group: Some(uid),
+        capabilities: Some(KubeCaps {
+            drop: Some(vec!["ALL".into()]),
+            add: None,
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            localhost_profile: None,
+        }),
+        ..Default::default()
+    }
+}
+
 /// The record and annotations a Pod carries, or `None` for a Pod that is not a well-formed
 /// sandbox Pod (never served, never trusted).
 pub fn record_of(pod: &Pod) -> Option<(PodRecord, BTreeMap<String, String>)> {
@@ -454,6 +510,31 @@ pub fn is_ready(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Why the kubelet cannot pull one of the Pod's images (`ErrImagePull`, `ImagePullBackOff`,
+/// `InvalidImageName`, with its message), if that is where a container waits.
+pub fn image_pull_failure(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    let statuses = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten());
+    for container in statuses {
+        let waiting = container.state.as_ref().and_then(|s| s.waiting.as_ref());
+        if let Some(waiting) = waiting {
+            let reason = waiting.reason.as_deref().unwrap_or_default();
+            if matches!(
+                reason,
+                "ErrImagePull" | "ImagePullBackOff" | "InvalidImageName"
+            ) {
+                let message = waiting.message.as_deref().unwrap_or_default();
+                return Some(format!("{reason}: {message}"));
+            }
+        }
+    }
+    None
 }
 
 /// The Pod's phase (`Pending`, `Running`, `Succeeded`, `Failed`), if reported.

@@ -154,6 +154,59 @@ fn the_pod_is_hardened_and_carries_its_state() {
     assert!(!pod.to_string().contains(&token));
 }
 
+/// A sandbox of another image: the Pod's container runs that image, named to the agent's
+/// binary, which an init container of the sandbox image copies into a read-only `emptyDir`;
+/// every container is hardened alike. A kubelet that cannot pull it is a not-found.
+#[test]
+fn an_image_is_the_container_image_with_the_agent_brought_in() {
+    let mut of_image = record();
+    of_image.template = "python:3.12-slim".into();
+    let pod = spec::pod(&params(), &of_image, "f00d", &BTreeMap::new()).unwrap();
+    let pod = serde_json::to_value(&pod).unwrap();
+    let spec = &pod["spec"];
+    let c = &spec["containers"][0];
+    assert_eq!(c["image"], "python:3.12-slim");
+    assert_eq!(c["command"], json!(["/.sandcove/sandcove"]));
+    assert_eq!(c["args"], json!(["agent", "--listen", "0.0.0.0:7711"]));
+    let agent_mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == "/.sandcove")
+        .expect("the agent's directory is mounted");
+    assert_eq!(agent_mount["readOnly"], true);
+    let init = &spec["initContainers"][0];
+    assert_eq!(init["image"], "registry.example/sandcove:1");
+    assert_eq!(
+        init["command"],
+        json!(["cp", "/usr/local/bin/sandcove", "/.sandcove/sandcove"])
+    );
+    assert_eq!(init["securityContext"], c["securityContext"]);
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert!(spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|v| v["name"] == "sandcove-agent" && v["emptyDir"].is_object()));
+    // The host base's Pod has neither.
+    let base = spec::pod(&params(), &record(), "f00d", &BTreeMap::new()).unwrap();
+    let base = serde_json::to_value(&base).unwrap();
+    assert!(base["spec"]["initContainers"].is_null());
+    assert!(base["spec"]["containers"][0]["command"].is_null());
+    let pulling: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "status": {"containerStatuses": [{
+            "name": "sandbox", "image": "python:3.12-slim", "imageID": "", "ready": false,
+            "restartCount": 0,
+            "state": {"waiting": {"reason": "ImagePullBackOff", "message": "not found"}}
+        }]}
+    }))
+    .unwrap();
+    assert_eq!(
+        spec::image_pull_failure(&pulling).as_deref(),
+        Some("ImagePullBackOff: not found")
+    );
+}
+
 #[test]
 fn volumes_become_claims_mounted_at_their_paths() {
     let mut r = record();
