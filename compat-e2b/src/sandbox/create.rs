@@ -400,7 +400,7 @@ pub(crate) async fn create_described(
         Ok((_, info)) => Ok(info),
         Err(sandcove::Error::NotFound { what }) if image.is_some() => {
             Err(SandboxException::NotFound {
-                message: format!("404: template not found: {what}"),
+                message: format!("template not found: {what}"),
                 source: Some(Box::new(sandcove::Error::NotFound { what })),
             })
         }
