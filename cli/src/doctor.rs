@@ -170,6 +170,32 @@ fn localhost_names() -> Check {
 }
 
 /// `sandcove doctor`.
+/// Whether this host's engine can run images: a sandbox of a one-layer image, created and
+/// destroyed (its root is overlayfs mounted in the sandbox's own user namespace).
+fn image_roots(rt: &tokio::runtime::Runtime) -> Check {
+    let probed = sandcove::LocalBackend::new()
+        .and_then(|engine| rt.block_on(sandcove::backend::local::images::probe(&engine)));
+    match probed {
+        Ok(()) => check(
+            "images",
+            Level::Ok,
+            "image roots mount (overlayfs in a user namespace)",
+            None,
+        ),
+        Err(e) => check(
+            "images",
+            Level::Warn,
+            format!("sandboxes cannot run images here: {}", out::describe(&e)),
+            Some(
+                "Linux 5.11 or later with overlayfs (mountable in user namespaces, with \
+                 userxattr) and user xattrs on the state directory's file system; the host \
+                 base still runs"
+                    .into(),
+            ),
+        ),
+    }
+}
+
 pub fn doctor(json: bool) -> Outcome {
     let mut checks = vec![user_namespaces(), seccomp()];
     let runtime_name = match std::env::var(URL_ENV).ok().filter(|u| !u.is_empty()) {
@@ -282,6 +308,10 @@ pub fn doctor(json: bool) -> Outcome {
             }
             Err(e) => check("create a sandbox", Level::Fail, out::describe(&e), None),
         });
+    }
+    // Images, on this host's engine (a server answers for its own host).
+    if can_create && std::env::var(URL_ENV).map_or(true, |u| u.is_empty()) {
+        checks.push(image_roots(&rt));
     }
     checks.push(python3());
     checks.push(localhost_names());

@@ -235,3 +235,69 @@ impl ImageSource for StoreSource {
         }
     }
 }
+
+/// Whether this host can run images: a sandbox of a one-layer image made here is created
+/// (its root mounted as every image's is) and destroyed. `Err` says why not, as the create
+/// said it. For `sandcove doctor`.
+pub async fn probe(engine: &crate::LocalBackend) -> Result<()> {
+    use sandcove_core::Backend;
+    let dir = engine.state_dir().join(format!(
+        ".image-probe-{}-{}",
+        std::process::id(),
+        sandcove_agent::new_id()
+    ));
+    let layer = dir.join("layer");
+    let made = (|| -> std::io::Result<()> {
+        std::fs::create_dir_all(layer.join("etc"))?;
+        std::fs::write(layer.join("etc/probe"), b"image root\n")?;
+        if crate::sys::geteuid() == 0 {
+            // As the store does for an engine running as root: in the sandboxes' id range.
+            let base = crate::config::HOST_ID_BASE;
+            for path in [&dir, &layer, &layer.join("etc"), &layer.join("etc/probe")] {
+                std::os::unix::fs::lchown(path, Some(base), Some(base))?;
+            }
+        }
+        Ok(())
+    })();
+    let outcome = match made {
+        Err(e) => Err(Error::from_io(&e, "make a probe image")),
+        Ok(()) => {
+            let root = ImageRoot {
+                reference: "sandcove.local/probe:1".into(),
+                digest: format!("sha256:{}", "0".repeat(64)),
+                layers: vec![layer.clone()],
+                env: Vec::new(),
+                working_dir: None,
+                user: None,
+                entrypoint: Vec::new(),
+                cmd: Vec::new(),
+            };
+            let probing = engine
+                .clone()
+                .with_images(std::sync::Arc::new(ProbeImage(root)));
+            let mut options = sandcove_core::CreateOptions::default();
+            options.template = Some("sandcove.local/probe:1".into());
+            options.timeout = Some(std::time::Duration::from_secs(60));
+            match probing.create(options).await {
+                Ok(info) => probing.destroy(&info.id).await,
+                Err(e) => Err(e),
+            }
+        }
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome
+}
+
+/// The probe's one image.
+#[derive(Debug)]
+struct ProbeImage(ImageRoot);
+
+impl ImageSource for ProbeImage {
+    fn resolve(&self, _reference: &str) -> Result<ImageRoot> {
+        Ok(self.0.clone())
+    }
+
+    fn references(&self) -> Vec<String> {
+        vec![self.0.reference.clone()]
+    }
+}
