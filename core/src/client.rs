@@ -135,11 +135,36 @@ impl Client {
     /// [`Error::InvalidArgument`]; an error that says nothing about the runtime's
     /// availability (a wrong API key) is returned as it is. [`Client::create`] runs the same
     /// check before any effect.
+    ///
+    /// An image the runtime's capabilities do not list (on a runtime with images) is asked
+    /// of its store, which never pulls: stored, it is checked as any create; pullable, the
+    /// create is [`CheckStatus::Unavailable`] until it is pulled; neither, unknown.
     pub async fn check_create(&self, options: &CreateOptions) -> Result<CheckStatus> {
         options.validate()?;
-        Ok(match self.runtime_status().await? {
-            Ok(caps) => caps.evaluate_create(options),
-            Err(status) => status,
+        let caps = match self.runtime_status().await? {
+            Ok(caps) => caps,
+            Err(status) => return Ok(status),
+        };
+        let Some(image) = unlisted_image(&caps, options) else {
+            return Ok(caps.evaluate_create(options));
+        };
+        let mut rest = options.clone();
+        rest.template = None;
+        Ok(match self.backend.image_availability(&image).await {
+            Ok(crate::ImageAvailability::Available) => caps.evaluate_create(&rest),
+            Ok(crate::ImageAvailability::Pullable) => CheckStatus::Unavailable {
+                reason: format!("image {image:?} is not stored here; its registry has it"),
+                remedy: format!(
+                    "pull it first (`sandcove image pull {image}`, Client::pull_image)"
+                ),
+            },
+            Ok(crate::ImageAvailability::Unknown) => CheckStatus::Unknown {
+                what: format!(
+                    "image {image:?}: not stored here, and no registry confirmed it (a \
+                     reference to check, or a registry that cannot be reached)"
+                ),
+            },
+            Err(_) => caps.evaluate_create(options),
         })
     }
 
@@ -185,12 +210,7 @@ impl Client {
             Ok(caps) => {
                 // Whether a runtime with images holds the one named is its store's answer, at
                 // the create (`NotFound` when it does not); everything else is checked here.
-                let unlisted = caps.images
-                    && options
-                        .template
-                        .as_ref()
-                        .is_some_and(|t| !caps.templates.contains(t));
-                if unlisted {
+                if unlisted_image(&caps, &options).is_some() {
                     let mut rest = options.clone();
                     rest.template = None;
                     caps.evaluate_create(&rest)
@@ -1298,4 +1318,14 @@ mod tests {
         fn check_send<T: Send>() {}
         check_send::<ProcessHandle>();
     }
+}
+
+/// The image `options` names that a runtime with images does not list among its templates
+/// (its store may still hold it under another reference, or a registry have it).
+fn unlisted_image(caps: &crate::Capabilities, options: &CreateOptions) -> Option<String> {
+    options
+        .template
+        .clone()
+        .filter(|t| caps.images && !caps.templates.contains(t))
+        .filter(|t| !crate::capability::is_host_base(Some(t)))
 }

@@ -23,10 +23,10 @@ use futures::Stream;
 
 use crate::{
     AnnotationUpdate, Capabilities, ChmodOptions, CopyOptions, CreateOptions, FileStat, FileUrl,
-    FileUrlOptions, FsEvent, ImagePruneReport, ImageSummary, ListDirOptions, ListOptions, Metrics,
-    MkdirOptions, OperationId, OperationStatus, Preview, PreviewOptions, PreviewToken,
-    PreviewTokenOptions, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec, ReadOptions,
-    RemoveOptions, RenameOptions, ResizePtyOptions, ResourceKind, Result, SandboxInfo,
+    FileUrlOptions, FsEvent, ImageAvailability, ImagePruneReport, ImageSummary, ListDirOptions,
+    ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus, Preview, PreviewOptions,
+    PreviewToken, PreviewTokenOptions, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec,
+    ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions, ResourceKind, Result, SandboxInfo,
     SetLabelsOptions, SetOnTimeoutOptions, SetTimeoutOptions, SignalOptions, SnapshotInfo,
     SnapshotOptions, StatOptions, Tombstone, VolumeInfo, WatchOptions, WriteOptions,
     WriteStdinOptions,
@@ -311,6 +311,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     async fn pull_image(&self, reference: &str) -> Result<ImageSummary> {
         let _ = reference;
         Err(images_not_supported("pull_image"))
+    }
+
+    /// Whether the image `reference` names is stored, could be pulled, or neither: never
+    /// pulls. A runtime without images answers `NotSupported`.
+    async fn image_availability(&self, reference: &str) -> Result<ImageAvailability> {
+        let _ = reference;
+        Err(images_not_supported("image_availability"))
     }
 
     /// Remove a reference from the store (the image goes with its last one, unless a live

@@ -34,13 +34,13 @@ use async_trait::async_trait;
 
 use crate::{
     AnnotationUpdate, Backend, ByteStream, Capabilities, ChmodOptions, CopyOptions, CreateOptions,
-    FileStat, FileUrl, FileUrlOptions, ImagePruneReport, ImageSummary, ListDirOptions, ListOptions,
-    Metrics, MkdirOptions, OperationId, OperationStatus, Preview, PreviewOptions, PreviewToken,
-    PreviewTokenOptions, ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, ReadOptions,
-    RemoveOptions, RenameOptions, ResizePtyOptions, ResourceKind, Result, SandboxInfo,
-    SetLabelsOptions, SetOnTimeoutOptions, SetTimeoutOptions, SignalOptions, SnapshotInfo,
-    SnapshotOptions, StatOptions, Tombstone, VolumeInfo, WatchOptions, WatchStream, WriteOptions,
-    WriteStdinOptions,
+    FileStat, FileUrl, FileUrlOptions, ImageAvailability, ImagePruneReport, ImageSummary,
+    ListDirOptions, ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus, Preview,
+    PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessInfo, ProcessSelector, ProcessSpec,
+    ProcessStream, ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions, ResourceKind,
+    Result, SandboxInfo, SetLabelsOptions, SetOnTimeoutOptions, SetTimeoutOptions, SignalOptions,
+    SnapshotInfo, SnapshotOptions, StatOptions, Tombstone, VolumeInfo, WatchOptions, WatchStream,
+    WriteOptions, WriteStdinOptions,
 };
 
 /// A backend wrapping [`Layer::inner`]: every [`Backend`] call, passed on unchanged unless the
@@ -331,6 +331,11 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
         self.inner().pull_image(reference).await
     }
 
+    /// [`Backend::image_availability`], passed to [`Layer::inner`] unless overridden.
+    async fn image_availability(&self, reference: &str) -> Result<ImageAvailability> {
+        self.inner().image_availability(reference).await
+    }
+
     /// [`Backend::remove_image`], passed to [`Layer::inner`] unless overridden.
     async fn remove_image(&self, reference: &str) -> Result<()> {
         self.inner().remove_image(reference).await
@@ -589,6 +594,10 @@ impl<L: Layer> Backend for L {
 
     async fn remove_image(&self, reference: &str) -> Result<()> {
         Layer::remove_image(self, reference).await
+    }
+
+    async fn image_availability(&self, reference: &str) -> Result<ImageAvailability> {
+        Layer::image_availability(self, reference).await
     }
 
     async fn prune_images(&self) -> Result<ImagePruneReport> {

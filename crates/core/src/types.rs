@@ -200,6 +200,19 @@ impl ImageSummary {
     }
 }
 
+/// Whether a runtime could run an image, as it finds without pulling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImageAvailability {
+    /// Stored: a create naming it runs it.
+    Available,
+    /// Not stored; its registry has it (`pull_image` stores it).
+    Pullable,
+    /// Neither stored nor confirmed by a registry (a bad reference, a registry that cannot be
+    /// reached or refuses).
+    Unknown,
+}
+
 /// What an image prune removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]

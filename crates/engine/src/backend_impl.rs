@@ -594,6 +594,18 @@ impl Backend for LocalBackend {
         Ok(summary(info))
     }
 
+    async fn image_availability(
+        &self,
+        reference: &str,
+    ) -> Result<sandcove_core::ImageAvailability> {
+        let store = self.image_store()?;
+        Ok(match store.check(reference).await {
+            sandcove_image::Availability::Available => sandcove_core::ImageAvailability::Available,
+            sandcove_image::Availability::Pullable => sandcove_core::ImageAvailability::Pullable,
+            sandcove_image::Availability::Unknown => sandcove_core::ImageAvailability::Unknown,
+        })
+    }
+
     async fn remove_image(&self, reference: &str) -> Result<()> {
         let store = self.image_store()?;
         let reference = reference.to_string();

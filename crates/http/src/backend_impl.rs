@@ -585,6 +585,18 @@ impl Backend for HttpBackend {
             .await
     }
 
+    async fn image_availability(
+        &self,
+        reference: &str,
+    ) -> Result<sandcove_core::ImageAvailability> {
+        let url = self.url_for(&["images", "check"])?;
+        let body = body::ImageReference {
+            reference: reference.to_string(),
+        };
+        self.call(Method::POST, url, &[], Some(&body), Retry::Idempotent)
+            .await
+    }
+
     async fn remove_image(&self, reference: &str) -> Result<()> {
         let url = self.url_for(&["images", "remove"])?;
         let body = body::ImageReference {

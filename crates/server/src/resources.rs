@@ -128,6 +128,15 @@ pub(super) fn routes() -> Vec<Route> {
         .output(Out::Json("ImageSummary")),
         Route::new(
             Method::POST,
+            "/v1/images/check",
+            "image_availability",
+            "Whether an image is stored, could be pulled, or neither (never pulls)",
+            image_availability,
+        )
+        .input(In::Json("ImageReference"))
+        .output(Out::Json("ImageAvailability")),
+        Route::new(
+            Method::POST,
             "/v1/images/remove",
             "remove_image",
             "Remove an image reference from the store",
@@ -281,6 +290,17 @@ async fn pull_image(
 ) -> Result<Response, ApiError> {
     let (req, _) = read_json::<ImageReference>(&state, &headers, body).await?;
     Ok(json(&state.backend.pull_image(&req.reference).await?))
+}
+
+async fn image_availability(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (req, _) = read_json::<ImageReference>(&state, &headers, body).await?;
+    Ok(json(
+        &state.backend.image_availability(&req.reference).await?,
+    ))
 }
 
 async fn remove_image(
