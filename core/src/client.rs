@@ -1262,6 +1262,16 @@ fn append_limited(buf: &mut Vec<u8>, bytes: &[u8], limit: usize, truncated: &mut
     buf.extend_from_slice(&bytes[..bytes.len().min(room)]);
 }
 
+/// The image `options` names that a runtime with images does not list among its templates
+/// (its store may still hold it under another reference, or a registry have it).
+fn unlisted_image(caps: &crate::Capabilities, options: &CreateOptions) -> Option<String> {
+    options
+        .template
+        .clone()
+        .filter(|t| caps.images && !caps.templates.contains(t))
+        .filter(|t| !crate::capability::is_host_base(Some(t)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1318,14 +1328,4 @@ mod tests {
         fn check_send<T: Send>() {}
         check_send::<ProcessHandle>();
     }
-}
-
-/// The image `options` names that a runtime with images does not list among its templates
-/// (its store may still hold it under another reference, or a registry have it).
-fn unlisted_image(caps: &crate::Capabilities, options: &CreateOptions) -> Option<String> {
-    options
-        .template
-        .clone()
-        .filter(|t| caps.images && !caps.templates.contains(t))
-        .filter(|t| !crate::capability::is_host_base(Some(t)))
 }
