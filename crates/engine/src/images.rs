@@ -93,6 +93,10 @@ impl ImageRoot {
 /// options naming them must fit one page.
 pub const MAX_LAYERS: usize = 128;
 
+/// The environment variable bounding the image store (MiB): a pull or import that would take
+/// it past this is refused before it starts. Unset: the file system's space is the bound.
+pub const STORE_MAX_MIB_ENV: &str = "SANDCOVE_IMAGE_STORE_MAX_MIB";
+
 /// The directory of an engine's image store: `<state dir>/images`.
 pub fn store_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("images")
@@ -110,8 +114,23 @@ pub fn open_store(state_dir: &Path) -> Result<Store> {
         },
         crate::config::UidMapping::Single { .. } => OwnerMap::Caller,
     };
+    let max_store_bytes = match std::env::var(STORE_MAX_MIB_ENV) {
+        Ok(text) => Some(
+            text.trim()
+                .parse::<u64>()
+                .ok()
+                .and_then(|mib| mib.checked_mul(1 << 20))
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "{STORE_MAX_MIB_ENV}={text:?} is not a number of MiB"
+                    ))
+                })?,
+        ),
+        Err(_) => None,
+    };
     let options = StoreOptions {
         owner,
+        max_store_bytes,
         ..StoreOptions::default()
     };
     Store::open(store_dir(state_dir), options).map_err(image_error)
