@@ -82,9 +82,7 @@ pub fn image(cmd: ImageCmd, json: bool) -> Outcome {
             Ok(0)
         }
         ImageCmd::Ls => {
-            let list = store()?
-                .list()
-                .map_err(|e| Failure::from(image_error(e)))?;
+            let list = store()?.list().map_err(|e| Failure::from(image_error(e)))?;
             if json {
                 return out::print_json(&list).map(|_| 0);
             }

@@ -172,7 +172,9 @@ impl Client {
     /// Create a sandbox. Bad options are [`Error::InvalidArgument`]; otherwise the
     /// [`Client::check_create`] evaluation runs first and anything but supported is its
     /// error ([`Error::NotSupported`], or [`Error::Unavailable`] for unavailable and
-    /// unknown), all before anything is sent.
+    /// unknown), all before anything is sent. One unknown is the runtime's to settle: an
+    /// image it did not list ([`Capabilities::image_left_to_runtime`]) is resolved by the
+    /// runtime, [`Error::NotFound`] when it holds no such image.
     pub async fn create(&self, options: CreateOptions) -> Result<Sandbox> {
         Ok(self.create_described(options).await?.0)
     }
@@ -180,7 +182,17 @@ impl Client {
     /// [`Client::create`], also returning the new sandbox's description as the backend made
     /// it (no second round trip for a caller that needs its user, home or envs).
     pub async fn create_described(&self, options: CreateOptions) -> Result<(Sandbox, SandboxInfo)> {
-        self.check_create(&options).await?.into_result()?;
+        match self.check_create(&options).await? {
+            CheckStatus::Unknown { .. } if self.ready().await?.image_left_to_runtime(&options) => {
+                // Everything but the image, checked as for the host base.
+                let mut rest = options.clone();
+                rest.template = None;
+                self.check_create(&rest).await?.into_result()?;
+            }
+            status => {
+                status.into_result()?;
+            }
+        }
         let info = self.backend.create(options).await?;
         Ok((self.sandbox(info.id.clone()), info))
     }

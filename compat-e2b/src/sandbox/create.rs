@@ -378,10 +378,34 @@ impl<S> CreateBuilder<S> {
         Ok(options)
     }
 
+    /// Create the sandbox `options` (made by [`CreateBuilder::options`]) describe: an image
+    /// the runtime does not hold is E2B's 404 "template 'NAME' not found", naming the
+    /// template as given and how to store the image.
+    pub(crate) async fn create(
+        &self,
+        client: &sandcove::Client,
+        options: CreateOptions,
+    ) -> Result<sandcove::SandboxInfo> {
+        match client.create_described(options).await {
+            Ok((_, info)) => Ok(info),
+            Err(sandcove::Error::NotFound { what }) if what.starts_with("image ") => {
+                let template = self
+                    .template
+                    .as_deref()
+                    .unwrap_or(translate::DEFAULT_TEMPLATE);
+                Err(SandboxException::NotFound {
+                    message: format!("template '{template}' not found: {what}"),
+                    source: Some(Box::new(sandcove::Error::NotFound { what })),
+                })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     pub(crate) async fn run(self) -> Result<Sandbox> {
         let client = client()?;
         let options = self.options(&client).await?;
-        let (_, info) = client.create_described(options).await?;
+        let info = self.create(&client, options).await?;
         let mut config = self.config;
         config.domain = SANDBOX_DOMAIN.into();
         Ok(Sandbox::from_ctx(Inner::from_info(&client, &info), config))

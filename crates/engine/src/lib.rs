@@ -69,12 +69,12 @@ pub use self::pool::{
     SERVER_WARM_POOL, WARM_POOL_ENV,
 };
 pub use self::preview::PreviewLimits;
-/// The image store the engine runs images from (see [`images`]).
-pub use sandcove_image;
 /// The version of the client ↔ monitor ↔ agent protocol this build speaks; a sandbox created
 /// by a build speaking another version can be listed, inspected and destroyed, nothing else.
 pub use self::proto::PROTOCOL_VERSION;
 pub use self::volumes::{DEFAULT_VOLUME_SIZE_MIB, MAX_VOLUME_SIZE_MIB, MIN_VOLUME_SIZE_MIB};
+/// The image store the engine runs images from (see [`images`]).
+pub use sandcove_image;
 
 /// Keep the hook that turns a re-executed program into the monitor spawner or an in-pod
 /// agent linked into the running program, whatever else it uses of this crate.

@@ -268,15 +268,14 @@ impl LocalBackend {
         let sandboxes = self.sandboxes_dir();
         for holder in holds.keys() {
             let present = config::valid_id(holder)
-                && (sandboxes.join(holder).exists() || sandboxes.join(format!(".{holder}")).exists());
+                && (sandboxes.join(holder).exists()
+                    || sandboxes.join(format!(".{holder}")).exists());
             let live = present && {
                 let sdir = SandboxDir::new(&self.state_dir, holder);
                 !sdir.dir.exists() || !crate::lock_is_free(&sdir.lock())
             };
             if !live {
-                store
-                    .release(holder)
-                    .map_err(crate::images::image_error)?;
+                store.release(holder).map_err(crate::images::image_error)?;
             }
         }
         store.prune().map_err(crate::images::image_error)
@@ -486,6 +485,7 @@ pub(crate) fn info_of(record: &Record, state: SandboxState) -> SandboxInfo {
         annotations: record.options.annotations.clone(),
         note: None,
         source_resume_error: None,
+        working_dir: record.image.as_ref().and_then(|i| i.working_dir.clone()),
     }
 }
 
