@@ -278,7 +278,8 @@ async fn an_image_symlink_never_leads_the_engine_into_the_host() {
     engine.destroy(&id).await.expect("destroy");
 }
 
-/// Without the image, or naming one the source lacks, a create is refused before any effect;
+/// Naming an image the source lacks (a plain engine's source is its state directory's image
+/// store, which does not hold the test's image), a create is refused before any effect;
 /// the host base still works beside images; an image sandbox refuses snapshots (its root's
 /// `tar` is the image's, which must not run with the agent's capabilities).
 #[tokio::test]
@@ -293,8 +294,8 @@ async fn image_creates_refuse_what_they_cannot_run() {
     let err = plain
         .create(fixture.options())
         .await
-        .expect_err("no image source");
-    assert_eq!(err.code(), ErrorCode::NotSupported, "{err}");
+        .expect_err("not in the engine's own image store");
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
     let host = engine
         .create(test_options("image-root-host"))
         .await
