@@ -115,14 +115,23 @@ async fn create_validates_like_daytona() {
     assert!(bad_mount.is_validation());
     let marker: std::collections::HashMap<String, String> =
         [("refused".to_string(), format!("r{}", std::process::id()))].into();
-    for err in [
-        d.create(CreateSandboxFromImageParams {
+    // An image this engine has not stored: Daytona's not-found, saying how to store it.
+    let absent = d
+        .create(CreateSandboxFromImageParams {
             image: "python:3.12".into(),
             labels: Some(marker.clone()),
             ..Default::default()
         })
         .await
-        .unwrap_err(),
+        .unwrap_err();
+    assert!(
+        absent.is_not_found()
+            && absent
+                .to_string()
+                .contains("sandcove image pull python:3.12"),
+        "{absent}"
+    );
+    for err in [
         d.create(CreateSandboxFromSnapshotParams {
             network_allow_list: Some("10.0.0.0/8".into()),
             labels: Some(marker.clone()),
