@@ -12,7 +12,7 @@ pub use sandcove_compat_support::Gap;
 /// All gaps of the Daytona facade.
 pub const GAPS: &[Gap] = &[
     Gap {
-        key: "CreateSandboxFromImageParams",
+        key: "CreateSandboxFromImageParams on a runtime without images, or with a declarative Image",
         feature: "CreateSandboxFromImageParams on a runtime without images, or with a declarative Image",
         alternative: "name a stored image (`sandcove image pull NAME`) on the embedded engine or `sandcove serve`; elsewhere create from the default snapshot (CreateSandboxFromSnapshotParams): it has the host's toolchain read-only; install packages into the home directory, then sandbox.create_snapshot(name) to reuse the result",
     },

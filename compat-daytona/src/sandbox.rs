@@ -281,7 +281,12 @@ impl Sandbox {
     ) -> Self {
         let ctx = Ctx {
             core: client.sandbox(info.id.clone()),
-            work_dir: info.user.home.clone().into(),
+            // The image's WORKDIR where it has one, else the home (as Daytona).
+            work_dir: info
+                .working_dir
+                .clone()
+                .unwrap_or_else(|| info.user.home.clone())
+                .into(),
         };
         let mut sb = Sandbox {
             id: info.id.clone(),
@@ -418,9 +423,16 @@ impl Sandbox {
         Ok(info.user.home)
     }
 
-    /// `get_work_dir() -> str` (the home directory: there is no image `WORKDIR`).
+    /// `get_work_dir() -> str`: the image's `WORKDIR` where the sandbox runs an image that
+    /// names one, else the home directory.
     pub async fn get_work_dir(&self) -> Result<String> {
-        self.get_user_home_dir().await
+        let info = self
+            .ctx
+            .core
+            .info()
+            .await
+            .ctx("Failed to get working directory path: ")?;
+        Ok(info.working_dir.unwrap_or(info.user.home))
     }
 
     /// The runtime's saved reference to this sandbox (not a Daytona attribute):

@@ -15,6 +15,7 @@ use std::process::Command;
 
 use crate::common::bin;
 use crate::sdk_harness::{self, assert_expected, run_python, Server};
+use sandcove_conformance::images::{shell_image, MARKER_PATH};
 use serde_json::Value;
 
 const PINS: &str = "pins-blaxel-0.4.24.txt";
@@ -450,4 +451,26 @@ fn python_sdk_wrong_workspace() {
     let (status, list) = get(&server, "/v0/sandboxes");
     assert_eq!(status, 200, "{list}");
     assert!(items(&list).is_empty(), "nothing created: {list}");
+}
+
+/// `SandboxInstance.create({"image": …})` naming an image imported into the server's store
+/// runs that image: its files, environment and working directory; an image that is not
+/// stored is the control plane's 404 (the generated client's `UnexpectedStatus`), saying how
+/// to store it.
+#[test]
+fn python_sdk_runs_an_imported_image() {
+    let server = start();
+    let reference = "test.local/blaxel-sdk:1";
+    crate::images::import(
+        &server.state.dir,
+        &shell_image("blaxel-image-marker").build(),
+        reference,
+    );
+    let out = run_python(
+        PINS,
+        "blaxel_images",
+        &server,
+        &[("IMAGE", reference), ("MARKER_PATH", MARKER_PATH)],
+    );
+    assert_expected("blaxel_images", &out);
 }

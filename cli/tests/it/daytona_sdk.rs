@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use crate::common::bin;
 use crate::sdk_harness::{assert_expected, check_node, check_node_with, run_python, Server};
+use sandcove_conformance::images::{shell_image, MARKER_PATH};
 use serde_json::Value;
 
 const PINS: &str = "pins-daytona-0.226.1.txt";
@@ -199,19 +200,31 @@ fn host_base_image() -> String {
     )
 }
 
-/// Create from an image and with resources: the host's base image is accepted (with
-/// resources within the host's, the disk size applied), an image the store lacks is the SDK's
-/// not-found saying how to pull it, a declarative one is refused saying how to import one,
-/// and resources above the host's are Daytona's 400; refusals create nothing.
+/// Create from an image and with resources: an image imported into the server's store
+/// (`sandcove image import`) is the sandbox's file system, environment and work dir (its
+/// `WORKDIR`); the host's base image is accepted (with resources within the host's, the disk
+/// size applied); an image that is not stored is the SDK's `DaytonaNotFoundError` (404)
+/// saying how to store it, a declarative one its `DaytonaBadRequestError` (400), and
+/// resources above the host's are Daytona's 400; refusals create nothing.
 #[test]
-fn python_sdk_images_and_resources_against_the_host() {
+fn python_sdk_images_and_resources() {
     let server = Server::start("daytona", ANNOUNCE, "images-key");
-    let image = host_base_image();
+    let reference = "test.local/daytona-sdk:1";
+    crate::images::import(
+        &server.state.dir,
+        &shell_image("daytona-image-marker").build(),
+        reference,
+    );
+    let host_image = host_base_image();
     let out = run_python(
         PINS,
         "daytona_images",
         &server,
-        &[("HOST_BASE_IMAGE", image.as_str())],
+        &[
+            ("IMAGE", reference),
+            ("MARKER_PATH", MARKER_PATH),
+            ("HOST_BASE_IMAGE", host_image.as_str()),
+        ],
     );
     assert_expected("daytona_images", &out);
 }
@@ -252,17 +265,28 @@ fn js_sdk_git_volumes_snapshots_fork_and_gaps() {
     check_node("daytona", "daytona_more", &server, Duration::from_secs(120));
 }
 
-/// Followed logs, PTY sessions, images and resources in TypeScript.
+/// Followed logs, PTY sessions, images (one imported into the server's store) and
+/// resources in TypeScript.
 #[test]
 fn js_sdk_follows_logs_drives_pty_sessions_and_checks_images() {
     let server = Server::start("daytona", ANNOUNCE, "js-streams-key");
-    let image = host_base_image();
+    let reference = "test.local/daytona-js:1";
+    crate::images::import(
+        &server.state.dir,
+        &shell_image("daytona-js-image-marker").build(),
+        reference,
+    );
+    let host_image = host_base_image();
     check_node_with(
         "daytona",
         "daytona_streams",
         &server,
         Duration::from_secs(120),
-        &[("HOST_BASE_IMAGE", image.as_str())],
+        &[
+            ("HOST_BASE_IMAGE", host_image.as_str()),
+            ("IMAGE", reference),
+            ("MARKER_PATH", MARKER_PATH),
+        ],
     );
 }
 

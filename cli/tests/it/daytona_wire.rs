@@ -293,7 +293,8 @@ async fn errors_have_daytonas_shape_and_status() {
 }
 
 /// Options this runtime cannot honour, and options it does not know, are refused before any
-/// sandbox exists.
+/// sandbox exists; so is an image (a Dockerfile that only names one) this runtime has not
+/// stored, as Daytona's not-found saying how to store it.
 #[tokio::test]
 async fn unknown_and_unsupported_create_options_are_refused_before_any_effect() {
     let env = env().await;
@@ -331,6 +332,16 @@ async fn unknown_and_unsupported_create_options_are_refused_before_any_effect() 
     assert!(
         answer["message"].as_str().unwrap().contains("instead"),
         "a gap names its alternative: {answer}"
+    );
+    let body = json!({"buildInfo": {"dockerfileContent": "FROM python:3.12"}});
+    let (status, answer) = env.call("POST", "/api/sandbox", Some(body)).await;
+    assert_eq!(status, 404, "{answer}");
+    assert!(
+        answer["message"]
+            .as_str()
+            .unwrap()
+            .contains("sandcove image pull python:3.12"),
+        "says how to store it: {answer}"
     );
     assert_eq!(env.sandbox_count().await, 0, "nothing was created");
 }

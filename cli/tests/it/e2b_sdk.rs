@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use crate::common::bin;
 use crate::sdk_harness::{assert_expected, check_node, run_python, Server};
+use sandcove_conformance::images::{shell_image, MARKER_PATH};
 
 /// The plain SDK (`e2b`).
 const E2B_PINS: &str = "pins-e2b-2.63.0.txt";
@@ -144,6 +145,38 @@ fn python_sdk_filesystem_only_auto_pause() {
 #[test]
 fn python_sdk_sandboxes() {
     check_program(E2B_PINS, "e2b_sandboxes");
+}
+
+/// `Sandbox.create(template=…)` naming an image imported into the server's store, or a
+/// name the server maps to it (`--e2b-template NAME=IMAGE`): the image's files, environment
+/// and working directory; a template that is neither is the SDK's `SandboxException`, 404
+/// "template '…' not found".
+#[test]
+fn python_sdk_templates_that_are_images() {
+    let reference = "test.local/e2b-sdk:1";
+    let mapping = format!("my-template={reference}");
+    let server = Server::start_with(
+        "e2b",
+        ANNOUNCE,
+        &format!("sdk-test-{}", std::process::id()),
+        &["--e2b-template", &mapping],
+    );
+    crate::images::import(
+        &server.state.dir,
+        &shell_image("e2b-image-marker").build(),
+        reference,
+    );
+    let out = run_python(
+        E2B_PINS,
+        "e2b_images",
+        &server,
+        &[
+            ("IMAGE", reference),
+            ("TEMPLATE", "my-template"),
+            ("MARKER_PATH", MARKER_PATH),
+        ],
+    );
+    assert_expected("e2b_images", &out);
 }
 
 /// `e2b-code-interpreter`'s README quickstart, verbatim.

@@ -26,10 +26,11 @@ pub fn py_fixtures() -> PathBuf {
     fixtures_root().join("python")
 }
 
-/// Where this user's SDKs are provisioned: under the build directory when this user can
+/// Where this user's SDKs (and the image tests' Debian root file system) are provisioned:
+/// under the build directory when this user can
 /// write there, else a private directory of this user in the temp dir (refused when someone
 /// else made it or others may write it, since the tests run what it holds).
-fn sdk_root() -> PathBuf {
+pub fn sdk_root() -> PathBuf {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let uid = std::fs::metadata("/proc/self").expect("/proc/self").uid();
     let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("sdk-uid{uid}"));

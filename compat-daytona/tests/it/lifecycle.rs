@@ -115,8 +115,8 @@ async fn create_validates_like_daytona() {
     assert!(bad_mount.is_validation());
     let marker: std::collections::HashMap<String, String> =
         [("refused".to_string(), format!("r{}", std::process::id()))].into();
-    // An image the engine's store does not hold: not found (with how to get it), nothing made.
-    let missing = d
+    // An image this engine has not stored: Daytona's not-found, saying how to store it.
+    let absent = d
         .create(CreateSandboxFromImageParams {
             image: "python:3.12".into(),
             labels: Some(marker.clone()),
@@ -124,10 +124,12 @@ async fn create_validates_like_daytona() {
         })
         .await
         .unwrap_err();
-    assert!(missing.is_not_found(), "{missing}");
     assert!(
-        missing.to_string().contains("sandcove image pull"),
-        "{missing}"
+        absent.is_not_found()
+            && absent
+                .to_string()
+                .contains("sandcove image pull python:3.12"),
+        "{absent}"
     );
     for err in [
         d.create(CreateSandboxFromSnapshotParams {

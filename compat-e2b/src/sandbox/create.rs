@@ -378,33 +378,37 @@ impl<S> CreateBuilder<S> {
         Ok(options)
     }
 
+    /// Create the sandbox `options` (made by [`CreateBuilder::options`]) describe: an image
+    /// the runtime does not hold is E2B's 404 "template 'NAME' not found", naming the
+    /// template as given and how to store the image.
+    pub(crate) async fn create(
+        &self,
+        client: &sandcove::Client,
+        options: CreateOptions,
+    ) -> Result<sandcove::SandboxInfo> {
+        match client.create_described(options).await {
+            Ok((_, info)) => Ok(info),
+            Err(sandcove::Error::NotFound { what }) if what.starts_with("image ") => {
+                let template = self
+                    .template
+                    .as_deref()
+                    .unwrap_or(translate::DEFAULT_TEMPLATE);
+                Err(SandboxException::NotFound {
+                    message: format!("template '{template}' not found: {what}"),
+                    source: Some(Box::new(sandcove::Error::NotFound { what })),
+                })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     pub(crate) async fn run(self) -> Result<Sandbox> {
         let client = client()?;
         let options = self.options(&client).await?;
-        let info = create_described(&client, options).await?;
+        let info = self.create(&client, options).await?;
         let mut config = self.config;
         config.domain = SANDBOX_DOMAIN.into();
         Ok(Sandbox::from_ctx(Inner::from_info(&client, &info), config))
-    }
-}
-
-/// The core create of an E2B create (the facade's and the wire listener's): a template that
-/// names an image the runtime lacks is E2B's answer to an unknown template (a 404, raised as
-/// a `SandboxException` subclass: `NotFoundException`), not a missing file.
-pub(crate) async fn create_described(
-    client: &sandcove::Client,
-    options: sandcove::CreateOptions,
-) -> Result<sandcove::SandboxInfo> {
-    let image = options.template.clone();
-    match client.create_described(options).await {
-        Ok((_, info)) => Ok(info),
-        Err(sandcove::Error::NotFound { what }) if image.is_some() => {
-            Err(SandboxException::NotFound {
-                message: format!("template not found: {what}"),
-                source: Some(Box::new(sandcove::Error::NotFound { what })),
-            })
-        }
-        Err(e) => Err(e.into()),
     }
 }
 

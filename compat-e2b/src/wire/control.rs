@@ -275,7 +275,7 @@ async fn create(
     }
     // The facade's own checks and translation, then the create itself.
     let options = builder.options(&wire.client).await?;
-    let info = crate::sandbox::create::create_described(&wire.client, options).await?;
+    let info = builder.create(&wire.client, options).await?;
     Ok((
         StatusCode::CREATED,
         axum::Json(sandbox_body(&wire, &info, &headers)),

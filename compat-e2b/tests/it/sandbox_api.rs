@@ -268,13 +268,15 @@ async fn gaps_are_refused_before_any_effect() {
     let base = || Sandbox::create().timeout(30).metadata(meta);
     assert_not_supported(base().mcp(serde_json::json!({"x": {}})).await, "mcp");
     assert_not_supported(base().iam(serde_json::json!({})).await, "iam");
-    // A template that names no snapshot: an image, which this runtime's store lacks (a
-    // runtime without images refuses it as a gap).
+    // A template the runtime has not stored: where it runs images, E2B's not-found saying
+    // how to store it; elsewhere a gap.
     match base().template("my-custom-template").await {
-        Err(e) if caps().await.images => {
-            assert!(e.is_not_found(), "{e:?}");
-            assert!(e.to_string().contains("my-custom-template"), "{e}");
-        }
+        Err(e) if caps().await.images => assert!(
+            e.is_not_found()
+                && e.to_string()
+                    .contains("template 'my-custom-template' not found"),
+            "{e}"
+        ),
         other => assert_not_supported(other, "template"),
     }
     let rules = SandboxNetworkOpts {

@@ -55,6 +55,7 @@ fn info(id: &str) -> SandboxInfo {
         annotations: BTreeMap::new(),
         note: None,
         source_resume_error: None,
+        working_dir: None,
     }
 }
 

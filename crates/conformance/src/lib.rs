@@ -521,6 +521,7 @@ mod annotations;
 mod client;
 mod file_urls;
 mod files;
+pub mod images;
 mod isolation;
 mod lifecycle;
 mod observe;

@@ -501,6 +501,21 @@ impl Capabilities {
         })
     }
 
+    /// Whether `options` name an image this runtime may hold under a reference it did not
+    /// list: it runs images, listed its templates, and the template is neither the host
+    /// base nor one of them. [`Capabilities::evaluate_create`] then answers
+    /// [`CheckStatus::Unknown`] (an image is known by many references: a short Docker Hub
+    /// name, a digest), and a create leaves the question to the runtime, which resolves the
+    /// reference and answers [`Error::NotFound`] when it holds no such image.
+    pub fn image_left_to_runtime(&self, options: &CreateOptions) -> bool {
+        let template = options.template.as_deref();
+        self.observed_at.is_some()
+            && self.images
+            && !self.templates.is_empty()
+            && !is_host_base(template)
+            && !self.templates.iter().any(|t| Some(t.as_str()) == template)
+    }
+
     /// Every feature a create (or fork) with `options` needs, as an error: `Ok` only when
     /// [`Capabilities::evaluate_create`] answers [`CheckStatus::Supported`].
     pub fn check_create(&self, options: &CreateOptions) -> Result<()> {
@@ -767,8 +782,24 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        let mut images = all();
+        images.images = true;
+        assert!(images.image_left_to_runtime(&image));
+        assert!(matches!(
+            images.evaluate_create(&image),
+            CheckStatus::Unknown { .. }
+        ));
+        assert!(
+            !all().image_left_to_runtime(&image),
+            "a runtime without images"
+        );
+        assert!(!images.image_left_to_runtime(&plain), "the host base");
         let mut silent = all();
         silent.templates.clear();
+        assert!(
+            !silent.image_left_to_runtime(&image),
+            "templates not reported"
+        );
         assert!(matches!(
             silent.evaluate_create(&image),
             CheckStatus::Unknown { .. }

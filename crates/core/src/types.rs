@@ -795,6 +795,10 @@ pub struct SandboxInfo {
     /// or destroy it. As [`SnapshotInfo::source_resume_error`] for a snapshot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_resume_error: Option<String>,
+    /// Where a process starts when its call names no directory, if not the default user's
+    /// home: the `WorkingDir` of the image the sandbox runs (vendors' "work dir").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
 }
 
 /// Options for moving the end of a sandbox's lease

@@ -490,6 +490,7 @@ pub(crate) fn info_of(record: &Record, state: SandboxState) -> SandboxInfo {
         annotations: record.options.annotations.clone(),
         note: None,
         source_resume_error: None,
+        working_dir: record.image.as_ref().and_then(|i| i.working_dir.clone()),
     }
 }
 

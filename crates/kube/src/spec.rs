@@ -580,6 +580,7 @@ pub fn info_of(pod: &Pod) -> Option<SandboxInfo> {
         annotations,
         note: None,
         source_resume_error: None,
+        working_dir: None,
     })
 }
 
