@@ -2,10 +2,14 @@
 //!
 //! `cargo bench -p sandcove-bench` (add `-- --quick` for a shorter run, `-- --scale` for the
 //! 1,000-sandbox rows, which need a few GiB of memory, `-- --files` for the files rows
-//! alone). Every latency row is sampled once per round, rounds interleave all rows, so a
+//! alone, `-- --images` for the pull rows against skopeo + umoci and the 100 sandboxes of
+//! one image: Debian's docker-registry, skopeo and umoci installed). Every latency row is sampled once per round, rounds interleave all rows, so a
 //! noisy neighbour slows every row alike and the ratios to the floor stay meaningful.
 //! Nothing here asserts a timing.
 #![forbid(unsafe_code)]
+
+#[path = "parts/images.rs"]
+mod images;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -1023,6 +1027,13 @@ async fn main() -> Result<(), BoxError> {
     );
     if scale {
         scale_rows(local.clone()).await;
+    }
+    println!();
+    let cold_engine = LocalBackend::new()?.with_warm_pool(0);
+    images::create_rows(&cold_engine, (rounds / 4).max(10)).await?;
+    if std::env::args().any(|a| a == "--images") {
+        println!();
+        images::pull_rows(&cold_engine, if quick { 2 } else { 5 }).await?;
     }
 
     match &python {

@@ -248,57 +248,11 @@ fn an_imported_image_runs_through_the_server() {
     an_imported_image_runs(&Target::served());
 }
 
-/// A `docker-registry` (Debian's package of the Distribution registry) on a free loopback
-/// port, its storage in a scratch directory; `None` where it is not installed.
-struct Registry {
-    child: std::process::Child,
-    host: String,
-    _dir: Scratch,
-}
-
-impl Registry {
-    fn start() -> Option<Registry> {
-        let binary = ["/usr/bin/docker-registry", "/usr/sbin/docker-registry"]
-            .into_iter()
-            .find(|p| Path::new(p).exists())?;
-        let dir = Scratch::new("registry");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free loopback port")
-            .port();
-        let config = format!(
-            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  \
-             filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
-            dir.0.join("data").display()
-        );
-        std::fs::write(dir.0.join("config.yml"), config).expect("the registry's config");
-        let child = Command::new(binary)
-            .arg("serve")
-            .arg(dir.0.join("config.yml"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start docker-registry");
-        Some(Registry {
-            child,
-            host: format!("127.0.0.1:{port}"),
-            _dir: dir,
-        })
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// An image pushed to a registry on loopback is pulled with `sandcove image pull` (plain
 /// HTTP, as for any loopback registry) and runs.
 #[test]
 fn a_pulled_image_runs() {
-    let Some(registry) = Registry::start() else {
+    let Some(registry) = sandcove_conformance::images::Registry::start() else {
         eprintln!("SKIP: docker-registry is not installed (Debian package docker-registry); the pull test did not run");
         return;
     };
@@ -307,19 +261,7 @@ fn a_pulled_image_runs() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let http = reqwest::Client::builder().no_proxy().build().unwrap();
-        let url = format!("http://{}/v2/", registry.host);
-        sandcove_conformance::eventually(
-            sandcove_conformance::PATIENCE,
-            "the registry answers",
-            || async {
-                match http.get(&url).send().await {
-                    Ok(r) if r.status().is_success() => Ok(()),
-                    other => Err(format!("{other:?}")),
-                }
-            },
-        )
-        .await;
+        registry.ready().await;
         shell_image("pulled-marker")
             .build()
             .push(&registry.host, "sandcove/pulled", "1")

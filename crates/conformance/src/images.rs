@@ -402,3 +402,70 @@ pub fn shell_image(marker: &str) -> ImageBuilder {
         .working_dir(WORKING_DIR)
         .cmd(&["/bin/sh"])
 }
+
+/// A `docker-registry` (Debian's package of the Distribution registry) on a free loopback
+/// port, its storage in a directory of its own removed with it; ended when dropped.
+pub struct Registry {
+    child: std::process::Child,
+    /// `127.0.0.1:PORT`, the registry's host as references name it.
+    pub host: String,
+    dir: PathBuf,
+}
+
+impl Registry {
+    /// Start one; `None` where `docker-registry` is not installed. Wait for it with
+    /// [`Registry::ready`] before pushing.
+    pub fn start() -> Option<Registry> {
+        let binary = ["/usr/bin/docker-registry", "/usr/sbin/docker-registry"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())?;
+        let dir = std::env::temp_dir().join(crate::unique("registry"));
+        std::fs::create_dir_all(&dir).expect("the registry's directory");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free loopback port")
+            .port();
+        let config = format!(
+            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  \
+             filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            dir.join("data").display()
+        );
+        std::fs::write(dir.join("config.yml"), config).expect("the registry's config");
+        let child = std::process::Command::new(binary)
+            .arg("serve")
+            .arg(dir.join("config.yml"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start docker-registry");
+        Some(Registry {
+            child,
+            host: format!("127.0.0.1:{port}"),
+            dir,
+        })
+    }
+
+    /// Wait until the registry answers its API's base route.
+    pub async fn ready(&self) {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("an HTTP client");
+        let url = format!("http://{}/v2/", self.host);
+        crate::eventually(crate::PATIENCE, "the registry answers", || async {
+            match http.get(&url).send().await {
+                Ok(r) if r.status().is_success() => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
