@@ -39,12 +39,47 @@ const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS);
 
-/// The bounds and ownership an unpack applies.
+/// The bounds and ownership an unpack applies (a layer's, or [`unpack_archive`]'s).
 #[derive(Clone, Debug)]
-pub(crate) struct UnpackLimits {
-    pub(crate) max_bytes: u64,
-    pub(crate) max_entries: u64,
-    pub(crate) owner: OwnerMap,
+pub struct UnpackLimits {
+    /// The most bytes the (decompressed) tar stream may hold: past it, [`ImageError::TooLarge`].
+    pub max_bytes: u64,
+    /// The most entries the tar may hold: past it, [`ImageError::TooLarge`].
+    pub max_entries: u64,
+    /// How entries are owned on disk.
+    pub owner: OwnerMap,
+}
+
+/// What [`unpack_archive`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ArchiveSummary {
+    /// The tar stream's size.
+    pub bytes: u64,
+    /// Its entries.
+    pub entries: u64,
+    /// Device nodes, fifos and entries of unknown type: not created, named here.
+    pub skipped: Vec<String>,
+}
+
+/// Unpacks a tar in the OCI layer format (`.wh.` whiteouts, `.wh..wh..opq` opaque markers)
+/// into the directory `root`, in overlayfs's format, as hostile input, exactly as a layer is
+/// unpacked (see the module's documentation: beneath `root`, no symlink followed, no device
+/// node made, setuid and setgid stripped, `limits` enforced) but with no digest to check: the
+/// writable layer of a sandbox restored from a snapshot, whose archive a sandbox wrote. An
+/// error leaves what was unpacked so far in `root`; the caller discards it. `what` names the
+/// archive in errors.
+pub fn unpack_archive(
+    root: BorrowedFd<'_>,
+    archive: impl Read,
+    limits: &UnpackLimits,
+    what: &str,
+) -> Result<ArchiveSummary> {
+    let record = Unpacker::new(root, limits).run(what, None, archive)?;
+    Ok(ArchiveSummary {
+        bytes: record.unpacked_bytes,
+        entries: record.entries,
+        skipped: record.skipped,
+    })
 }
 
 /// What the store records of an unpacked layer (`layers/<diff-id hex>.json`).
@@ -91,7 +126,8 @@ pub(crate) fn unpack_layer(
             RESOLVE,
         )
         .map_err(|e| ImageError::io("opening the layer's temporary directory", e.into()))?;
-        let record = Unpacker::new(root.as_fd(), limits).run(diff_id, blob)?;
+        let what = format!("layer {diff_id}");
+        let record = Unpacker::new(root.as_fd(), limits).run(&what, Some(diff_id), blob)?;
         write_record(layers_dir, diff_id, &record)?;
         match rustix::fs::renameat(&layers, temp.as_str(), &layers, diff_id.hex()) {
             Ok(()) => Ok(record),
@@ -267,10 +303,12 @@ impl<'a> Unpacker<'a> {
         }
     }
 
-    fn run(mut self, diff_id: &Digest, blob: impl Read) -> Result<LayerRecord> {
+    /// Unpacks `blob`, `what` in errors; checks the decompressed stream against `diff_id`
+    /// where there is one.
+    fn run(mut self, what: &str, diff_id: Option<&Digest>, blob: impl Read) -> Result<LayerRecord> {
         let exceeded = Rc::new(Cell::new(false));
         let too_large = || ImageError::TooLarge {
-            what: format!("layer {diff_id}"),
+            what: what.to_string(),
             reason: format!("decompresses past {} bytes", self.limits.max_bytes),
         };
         let bounded = Bounded {
@@ -289,7 +327,7 @@ impl<'a> Unpacker<'a> {
             if exceeded.get() {
                 too_large()
             } else {
-                ImageError::malformed(format!("layer {diff_id}"), format!("tar: {e}"))
+                ImageError::malformed(what, format!("tar: {e}"))
             }
         };
         for entry in archive.entries().map_err(read_error)? {
@@ -297,7 +335,7 @@ impl<'a> Unpacker<'a> {
             entries += 1;
             if entries > self.limits.max_entries {
                 return Err(ImageError::TooLarge {
-                    what: format!("layer {diff_id}"),
+                    what: what.to_string(),
                     reason: format!("holds more than {} entries", self.limits.max_entries),
                 });
             }
@@ -307,10 +345,7 @@ impl<'a> Unpacker<'a> {
                     if source.kind() == io::ErrorKind::UnexpectedEof
                         || source.kind() == io::ErrorKind::InvalidData =>
                 {
-                    ImageError::malformed(
-                        format!("layer {diff_id}"),
-                        format!("{context}: {source}"),
-                    )
+                    ImageError::malformed(what, format!("{context}: {source}"))
                 }
                 other => other,
             })?;
@@ -319,10 +354,12 @@ impl<'a> Unpacker<'a> {
         let mut rest = archive.into_inner();
         io::copy(&mut rest, &mut io::sink()).map_err(read_error)?;
         let actual = rest.hasher.finish();
-        diff_id.check(&actual, "layer diff id (the decompressed layer)")?;
+        if let Some(diff_id) = diff_id {
+            diff_id.check(&actual, "layer diff id (the decompressed layer)")?;
+        }
         self.apply_dir_metadata()?;
         Ok(LayerRecord {
-            diff_id: diff_id.to_string(),
+            diff_id: diff_id.map(Digest::to_string).unwrap_or_default(),
             unpacked_bytes: rest.count,
             entries,
             skipped: self.skipped,
@@ -467,7 +504,12 @@ impl<'a> Unpacker<'a> {
                 )
                 .map_err(|e| io_err(&shown, "creating the file", e))?;
                 let mut out = std::fs::File::from(file);
-                io::copy(entry, &mut out)
+                let written = if kind == tar::EntryType::GNUSparse {
+                    copy_sparse(entry, &mut out)
+                } else {
+                    io::copy(entry, &mut out)
+                };
+                written
                     .map_err(|e| ImageError::io(format!("layer entry {shown:?}: writing"), e))?;
                 let fd = out.as_fd();
                 self.set_owner_and_mode_xattr(fd, &shown, uid as u32, gid as u32, mode, false)?;
@@ -782,6 +824,28 @@ impl<'a> Unpacker<'a> {
         }
         Ok(())
     }
+}
+
+/// Copies a sparse entry's contents (its holes read as zeros) leaving every all-zero block a
+/// hole: a file whose apparent size is far larger than its data costs only its data on disk.
+fn copy_sparse(from: &mut impl Read, to: &mut std::fs::File) -> io::Result<u64> {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut buf = vec![0u8; 1 << 16];
+    let mut total = 0u64;
+    loop {
+        let n = from.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        if buf[..n].iter().all(|&b| b == 0) {
+            to.seek(SeekFrom::Current(n as i64))?;
+        } else {
+            to.write_all(&buf[..n])?;
+        }
+        total += n as u64;
+    }
+    to.set_len(total)?;
+    Ok(total)
 }
 
 /// The mode on disk: permission and sticky bits only; setuid and setgid never.
