@@ -66,14 +66,14 @@ fn whiteout(path: &Path) {
     assert!(status.success(), "mknod a whiteout");
 }
 
-/// The host's `/bin/sh` with the libraries it loads, as `ldd` names them.
-fn shell_files() -> Vec<String> {
+/// The host's program `program` with the libraries it loads, as `ldd` names them.
+fn program_files(program: &str) -> Vec<String> {
     let out = std::process::Command::new("ldd")
-        .arg("/bin/sh")
+        .arg(program)
         .output()
         .expect("ldd");
     let text = String::from_utf8_lossy(&out.stdout);
-    let mut files = vec!["/bin/sh".to_string()];
+    let mut files = vec![program.to_string()];
     for line in text.lines() {
         let path = match line.split_once("=>") {
             Some((_, right)) => right.split_whitespace().next(),
@@ -111,7 +111,11 @@ impl Fixture {
         std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
         let scratch = Scratch(base.clone());
         let (lower, upper) = (base.join("layer0"), base.join("layer1"));
-        for file in shell_files() {
+        // A shell, and `truncate` and `tail` for sparse files.
+        for file in ["/bin/sh", "/usr/bin/truncate", "/usr/bin/tail"]
+            .into_iter()
+            .flat_map(program_files)
+        {
             copy_in(&lower, &file);
         }
         let w = |layer: &Path, path: &str, text: &str| {
@@ -456,6 +460,62 @@ async fn an_image_sandbox_snapshots_and_forks_with_its_writable_layer() {
     assert!(err.to_string().contains(&fixture.reference), "{err}");
 
     for sandbox in [&id, &restored.id, &fork.id] {
+        engine.destroy(sandbox).await.expect("destroy");
+    }
+    engine.delete_snapshot(&snap.id).await.expect("delete");
+}
+
+/// A 3 GiB sparse file in a 32 MiB image sandbox: its snapshot is archived sparse (a few MiB,
+/// within the archive bound), and a 32 MiB sandbox restored from it, and a fork, have the file
+/// with its apparent size and its data (its holes kept: written out they would not fit).
+#[tokio::test]
+async fn an_image_sandbox_snapshot_keeps_sparse_files_sparse() {
+    let fixture = Fixture::new();
+    let engine = fixture.engine();
+    let small = |mut options: CreateOptions| {
+        options.resources.disk_mib = Some(32);
+        as_root(options)
+    };
+    let id = engine
+        .create(small(fixture.options()))
+        .await
+        .expect("create")
+        .id;
+    let made = sh(
+        &*engine,
+        &id,
+        "truncate -s 3G /workspace/f && echo hello >> /workspace/f && echo made",
+    )
+    .await;
+    assert_eq!(
+        made.stdout,
+        b"made\n",
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let snap = engine
+        .snapshot(&id, Default::default())
+        .await
+        .expect("snapshot");
+    assert!(snap.size < 4 << 20, "archived sparse: {} bytes", snap.size);
+    let mut from = small(test_options("image-root-sparse"));
+    from.snapshot = Some(snap.id.clone());
+    let restored = engine.create(from).await.expect("restore").id;
+    let fork = engine
+        .fork(&id, small(test_options("image-root-sparse")))
+        .await
+        .expect("fork")
+        .id;
+    for sandbox in [&restored, &fork] {
+        let stat = engine
+            .stat(sandbox, "/workspace/f", Default::default())
+            .await
+            .expect("stat");
+        assert_eq!(stat.size, (3 << 30) + 6, "apparent size kept");
+        let tail = sh(&*engine, sandbox, "tail -c 6 /workspace/f").await;
+        assert_eq!(tail.stdout, b"hello\n", "the data kept");
+    }
+    for sandbox in [&id, &restored, &fork] {
         engine.destroy(sandbox).await.expect("destroy");
     }
     engine.delete_snapshot(&snap.id).await.expect("delete");

@@ -37,8 +37,10 @@
 //! [`OVERFLOW_ID`] (`nobody`, as the kernel shows unmapped ids) rather than refusing images
 //! that use high ids. setuid/setgid bits never reach the disk: they are stripped and the
 //! in-image mode recorded (octal) in [`XATTR_MODE`]. Device nodes and fifos are not created:
-//! they are counted and named in the layer's record ([`LayerDetails::skipped`]). A GNU sparse
-//! entry's all-zero blocks stay holes. [`unpack_archive`] applies the same unpacker, without a
+//! they are counted and named in the layer's record ([`LayerDetails::skipped`]). A sparse file
+//! keeps its holes: a PAX (format 1.0) sparse entry's segments are written at their offsets,
+//! the holes never read; an old-format GNU sparse entry's all-zero blocks are skipped, its
+//! apparent size within the layer's byte bound. [`unpack_archive`] applies the same unpacker, without a
 //! digest, to other layer-format archives (an image sandbox's snapshot). Extended
 //! attributes inside a layer (file capabilities among them) are not applied.
 //!

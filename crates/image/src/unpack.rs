@@ -387,6 +387,8 @@ impl<'a> Unpacker<'a> {
         let mut uid = header.uid().unwrap_or(0);
         let mut gid = header.gid().unwrap_or(0);
         let mut mtime = header.mtime().ok();
+        // A PAX sparse file (format 1.0): its map heads its data; `(major, minor, real size)`.
+        let mut sparse: (Option<String>, Option<String>, Option<u64>) = (None, None, None);
         // PAX records carry ids and times too large for the header's fields.
         if let Ok(Some(extensions)) = entry.pax_extensions() {
             for extension in extensions.flatten() {
@@ -394,6 +396,9 @@ impl<'a> Unpacker<'a> {
                 match extension.key() {
                     Ok("uid") => uid = value.and_then(|v| v.parse().ok()).unwrap_or(uid),
                     Ok("gid") => gid = value.and_then(|v| v.parse().ok()).unwrap_or(gid),
+                    Ok("GNU.sparse.major") => sparse.0 = value.map(str::to_string),
+                    Ok("GNU.sparse.minor") => sparse.1 = value.map(str::to_string),
+                    Ok("GNU.sparse.realsize") => sparse.2 = value.and_then(|v| v.parse().ok()),
                     Ok("mtime") => {
                         let seconds = value
                             .and_then(|v| v.split('.').next())
@@ -504,10 +509,16 @@ impl<'a> Unpacker<'a> {
                 )
                 .map_err(|e| io_err(&shown, "creating the file", e))?;
                 let mut out = std::fs::File::from(file);
-                let written = if kind == tar::EntryType::GNUSparse {
-                    copy_sparse(entry, &mut out)
-                } else {
-                    io::copy(entry, &mut out)
+                let written = match (kind, &sparse) {
+                    (tar::EntryType::Regular, (Some(major), Some(minor), Some(real_size)))
+                        if major == "1" && minor == "0" =>
+                    {
+                        copy_sparse_map(entry, &mut out, *real_size)
+                    }
+                    (tar::EntryType::GNUSparse, _) => {
+                        copy_sparse(entry, &mut out, self.limits.max_bytes)
+                    }
+                    _ => io::copy(entry, &mut out),
                 };
                 written
                     .map_err(|e| ImageError::io(format!("layer entry {shown:?}: writing"), e))?;
@@ -826,26 +837,106 @@ impl<'a> Unpacker<'a> {
     }
 }
 
-/// Copies a sparse entry's contents (its holes read as zeros) leaving every all-zero block a
-/// hole: a file whose apparent size is far larger than its data costs only its data on disk.
-fn copy_sparse(from: &mut impl Read, to: &mut std::fs::File) -> io::Result<u64> {
+/// Copies an old-format GNU sparse entry's contents (the tar reader hands its holes over as
+/// zeros) leaving every all-zero block a hole: a file whose apparent size is far larger than
+/// its data costs only its data on disk. Its apparent size is bounded by `limit` (the unpack's
+/// byte bound), as scanning the holes takes time in proportion to it.
+fn copy_sparse(from: &mut impl Read, to: &mut std::fs::File, limit: u64) -> io::Result<u64> {
     use std::io::{Seek, SeekFrom, Write};
-    let mut buf = vec![0u8; 1 << 16];
+    const BLOCK: usize = 1 << 16;
+    let zeros = vec![0u8; BLOCK];
+    let mut buf = vec![0u8; BLOCK];
     let mut total = 0u64;
     loop {
         let n = from.read(&mut buf)?;
         if n == 0 {
             break;
         }
-        if buf[..n].iter().all(|&b| b == 0) {
+        // A slice comparison (memcmp): a hole of gigabytes is scanned in well under a second.
+        if buf[..n] == zeros[..n] {
             to.seek(SeekFrom::Current(n as i64))?;
         } else {
             to.write_all(&buf[..n])?;
         }
         total += n as u64;
+        if total > limit {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a sparse file's apparent size passes {limit} bytes"),
+            ));
+        }
     }
     to.set_len(total)?;
     Ok(total)
+}
+
+/// The most data segments a PAX sparse map may list (each holds at least one byte of data
+/// and takes a few bytes of map, so the archive's byte bound holds long before this).
+const MAX_SPARSE_SEGMENTS: u64 = 1 << 24;
+
+/// Copies a PAX sparse entry (format 1.0: the map, `count` then `offset` and `length` per
+/// segment, one decimal number per line, padded to a block, then the segments' data) into
+/// `to`, writing each segment at its offset and leaving the rest holes: the holes are never
+/// read or scanned, whatever the file's apparent size. A map out of order, past the real size
+/// or longer than the entry is `InvalidData`.
+fn copy_sparse_map(
+    from: &mut impl Read,
+    to: &mut std::fs::File,
+    real_size: u64,
+) -> io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let bad =
+        |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("sparse map: {what}"));
+    let mut consumed = 0u64;
+    let mut number = |from: &mut dyn Read| -> io::Result<u64> {
+        let mut digits = Vec::new();
+        loop {
+            let mut byte = [0u8; 1];
+            from.read_exact(&mut byte)?;
+            consumed += 1;
+            match byte[0] {
+                b'\n' => break,
+                b'0'..=b'9' if digits.len() < 20 => digits.push(byte[0]),
+                _ => return Err(bad("not a decimal number per line")),
+            }
+        }
+        std::str::from_utf8(&digits)
+            .ok()
+            .and_then(|d| d.parse().ok())
+            .ok_or_else(|| bad("not a number"))
+    };
+    let count = number(from)?;
+    if count > MAX_SPARSE_SEGMENTS {
+        return Err(bad("too many segments"));
+    }
+    let mut segments = Vec::new();
+    let mut end = 0u64;
+    for _ in 0..count {
+        let offset = number(from)?;
+        let length = number(from)?;
+        let stop = offset
+            .checked_add(length)
+            .filter(|&stop| offset >= end && stop <= real_size)
+            .ok_or_else(|| bad("segments out of order or past the file's size"))?;
+        end = stop;
+        segments.push((offset, length));
+    }
+    let padding = (512 - consumed % 512) % 512;
+    io::copy(&mut from.by_ref().take(padding), &mut io::sink())?;
+    let mut written = 0u64;
+    for (offset, length) in segments {
+        to.seek(SeekFrom::Start(offset))?;
+        let n = io::copy(&mut from.by_ref().take(length), to)?;
+        if n != length {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "a sparse file's data ends before its map does",
+            ));
+        }
+        written += n;
+    }
+    to.set_len(real_size)?;
+    Ok(written)
 }
 
 /// The mode on disk: permission and sticky bits only; setuid and setgid never.

@@ -8,7 +8,8 @@
 //! symlinks as text, never following one. overlayfs's own format becomes the OCI layer format
 //! the image store unpacks: a whiteout (a 0:0 character device) is a `.wh.NAME` entry, an
 //! opaque directory (`user.overlay.opaque=y`) a `.wh..wh..opq` entry in it. A file with holes
-//! goes in as a GNU sparse entry holding its data only, as the host base's `tar --sparse` does.
+//! goes in as a sparse entry (PAX format 1.0) holding its data only, as the host base's
+//! `tar --sparse` keeps it.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -28,9 +29,6 @@ const XATTR_OPAQUE: &str = "user.overlay.opaque";
 /// Top-level directories of the root that are the engine's, not the sandbox's files (as the
 /// host base's export leaves them out).
 const EXCLUDED: &[&[u8]] = &[b".sandcove"];
-/// GNU sparse map entries in the header, and in each extension block after it.
-const SPARSE_IN_HEADER: usize = 4;
-const SPARSE_PER_EXTENSION: usize = 21;
 
 /// Write the layer beneath `upper` (overlayfs's upper directory) to `out` as a tar.
 pub(super) fn write_layer(upper: BorrowedFd<'_>, out: impl Write) -> io::Result<()> {
@@ -130,10 +128,8 @@ fn append_file(
     let size = stat.st_size as u64;
     let segments = data_segments(file.as_fd(), size)?;
     let data: u64 = segments.iter().map(|(_, len)| len).sum();
-    // Sparse only where it saves something and the GNU format can say it: every segment but
-    // the last a whole number of 512-byte blocks (holes are page-aligned, so this holds).
-    let aligned = segments.iter().rev().skip(1).all(|(_, len)| len % 512 == 0);
-    if data == size || !aligned {
+    // Sparse only where it saves something.
+    if data == size {
         let mut header = header_of(&stat, tar::EntryType::Regular);
         header.set_size(size);
         let contents = Exactly {
@@ -145,9 +141,11 @@ fn append_file(
     append_sparse(builder, &stat, path, file, &segments, data)
 }
 
-/// A GNU sparse entry (old format): the map in the header and extension blocks after it, then
-/// the data segments. A map ending before the file does ends with an empty segment at the
-/// file's size, as GNU tar writes it.
+/// A sparse entry in the PAX format 1.0 (as GNU tar writes it): PAX records saying so and
+/// giving the real size, then an entry whose data is the map (`count`, then `offset` and
+/// `length` per segment, one decimal number per line, padded to a block) and the segments.
+/// Unpacking it writes each segment at its offset and never reads the holes, however large
+/// the file's apparent size (the old GNU format's reader hands holes over as zeros).
 fn append_sparse(
     builder: &mut tar::Builder<impl Write>,
     stat: &Stat,
@@ -157,42 +155,44 @@ fn append_sparse(
     data: u64,
 ) -> io::Result<()> {
     let size = stat.st_size as u64;
-    let mut map = segments.to_vec();
-    if map.last().is_none_or(|(offset, len)| offset + len < size) {
-        map.push((size, 0));
+    let mut records = Vec::new();
+    for (key, value) in [
+        ("GNU.sparse.major", "1".to_string()),
+        ("GNU.sparse.minor", "0".to_string()),
+        ("GNU.sparse.realsize", size.to_string()),
+    ] {
+        records.extend_from_slice(&pax_record(key, &value));
     }
-    let mut header = header_of(stat, tar::EntryType::GNUSparse);
-    header.set_size(data);
-    let (in_header, rest) = map.split_at(map.len().min(SPARSE_IN_HEADER));
-    let gnu = header
-        .as_gnu_mut()
-        .ok_or_else(|| io::Error::other("a GNU header"))?;
-    gnu.set_real_size(size);
-    for (slot, (offset, len)) in gnu.sparse.iter_mut().zip(in_header) {
-        slot.set_offset(*offset);
-        slot.set_length(*len);
+    let mut pax = tar::Header::new_ustar();
+    pax.set_entry_type(tar::EntryType::XHeader);
+    pax.set_mode(0o644);
+    pax.set_size(records.len() as u64);
+    builder.append_data(&mut pax, "PaxHeader", &records[..])?;
+    let mut map = format!("{}\n", segments.len());
+    for (offset, len) in segments {
+        map.push_str(&format!("{offset}\n{len}\n"));
     }
-    gnu.isextended[0] = u8::from(!rest.is_empty());
-    let mut extensions = Vec::new();
-    let chunks: Vec<_> = rest.chunks(SPARSE_PER_EXTENSION).collect();
-    for (i, chunk) in chunks.iter().enumerate() {
-        let mut ext = tar::GnuExtSparseHeader::new();
-        for (slot, (offset, len)) in ext.sparse_mut().iter_mut().zip(chunk.iter()) {
-            slot.set_offset(*offset);
-            slot.set_length(*len);
-        }
-        ext.set_is_extended(i + 1 < chunks.len());
-        extensions.extend_from_slice(ext.as_bytes());
-    }
-    // The extension blocks go right after the header, uncounted in its size; they are whole
-    // blocks, so the padding after the data is the same.
-    let contents = io::Cursor::new(extensions).chain(Segments {
+    let mut map = map.into_bytes();
+    map.resize(map.len().div_ceil(512) * 512, 0);
+    let mut header = header_of(stat, tar::EntryType::Regular);
+    header.set_size(map.len() as u64 + data);
+    let contents = io::Cursor::new(map).chain(Segments {
         file: std::fs::File::from(file),
         segments: segments.to_vec(),
         index: 0,
         done: 0,
     });
     builder.append_data(&mut header, as_path(path), contents)
+}
+
+/// One PAX record: `LENGTH KEY=VALUE\n`, its length counting itself.
+fn pax_record(key: &str, value: &str) -> Vec<u8> {
+    let body = format!(" {key}={value}\n");
+    let mut length = body.len() + 1;
+    while (length.to_string().len() + body.len()) != length {
+        length = length.to_string().len() + body.len();
+    }
+    format!("{length}{body}").into_bytes()
 }
 
 /// The file's data segments `(offset, length)`, found with `SEEK_DATA`/`SEEK_HOLE`; the
@@ -351,8 +351,8 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     /// A layer written here unpacks, through the image store's hostile-input unpacker, into
-    /// the same tree: files, a symlink (never followed), a hard link, a sparse file kept
-    /// sparse, whiteouts and an opaque directory.
+    /// the same tree: files, a symlink (never followed), a hard link, a 64 GiB sparse file kept
+    /// sparse (its holes neither archived nor read), whiteouts and an opaque directory.
     #[test]
     fn a_written_layer_unpacks_to_the_same_tree() {
         let base = std::env::temp_dir().join(format!(
@@ -372,8 +372,8 @@ mod tests {
         std::fs::hard_link(upper.join("dir/file"), upper.join("dir/sub/link")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", upper.join("dir/abs")).unwrap();
         let sparse = std::fs::File::create(upper.join("sparse")).unwrap();
-        sparse.set_len(64 << 20).unwrap();
-        std::os::unix::fs::FileExt::write_at(&sparse, b"middle", 32 << 20).unwrap();
+        sparse.set_len(64 << 30).unwrap();
+        std::os::unix::fs::FileExt::write_at(&sparse, b"middle", 32 << 30).unwrap();
         drop(sparse);
         let status = std::process::Command::new("mknod")
             .arg(upper.join("dir/gone"))
@@ -423,7 +423,7 @@ mod tests {
             Path::new("/etc/passwd")
         );
         let sparse = std::fs::metadata(restored.join("sparse")).unwrap();
-        assert_eq!(sparse.len(), 64 << 20);
+        assert_eq!(sparse.len(), 64 << 30);
         assert!(
             sparse.blocks() * 512 < 1 << 20,
             "restored sparse: {}",
@@ -433,7 +433,7 @@ mod tests {
         std::os::unix::fs::FileExt::read_exact_at(
             &std::fs::File::open(restored.join("sparse")).unwrap(),
             &mut buf,
-            32 << 20,
+            32 << 30,
         )
         .unwrap();
         assert_eq!(&buf, b"middle");
