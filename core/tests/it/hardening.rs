@@ -1637,10 +1637,11 @@ async fn bad_create_options_are_refused_and_create_nothing() {
             with(&|o| o.resources.max_open_files = Some(0)),
             ErrorCode::InvalidArgument,
         ),
+        // The engine runs images: a template is an image reference, and this is none.
         (
-            "unknown template",
+            "template that is no image reference",
             with(&|o| o.template = Some("../../etc".into())),
-            ErrorCode::NotSupported,
+            ErrorCode::InvalidArgument,
         ),
         (
             "cpu limit",

@@ -8,9 +8,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sandcove::backend::local::images::{ImageRoot, ImageSource};
-use sandcove::{Backend, Command, CreateOptions, ErrorCode, LocalBackend, ProcessSpec};
+use sandcove::{
+    Backend, ByteStream, Command, CreateOptions, ErrorCode, LocalBackend, MkdirOptions,
+    ProcessSpec, RemoveOptions, WriteOptions,
+};
 use sandcove_conformance::images::host_program_files;
-use sandcove_conformance::{run, sh, test_options, unique};
+use sandcove_conformance::{names_in, read, run, sh, test_options, unique};
 
 /// The uid the engine's root maps sandbox root to (its `HOST_ID_BASE`): as the store does when
 /// the engine runs as root, layer files are owned by it.
@@ -89,8 +92,12 @@ impl Fixture {
         std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
         let scratch = Scratch(base.clone());
         let (lower, upper) = (base.join("layer0"), base.join("layer1"));
-        // The host's `/bin/sh` with the libraries it loads (the image tests' shared list).
-        for file in host_program_files("/bin/sh") {
+        // A shell, and `truncate` and `tail` for sparse files (with the libraries they load:
+        // the image tests' shared list).
+        for file in ["/bin/sh", "/usr/bin/truncate", "/usr/bin/tail"]
+            .into_iter()
+            .flat_map(host_program_files)
+        {
             copy_in(&lower, &file.to_string_lossy());
         }
         let w = |layer: &Path, path: &str, text: &str| {
@@ -278,10 +285,8 @@ async fn an_image_symlink_never_leads_the_engine_into_the_host() {
     engine.destroy(&id).await.expect("destroy");
 }
 
-/// Naming an image the source lacks (a plain engine's source is its state directory's image
-/// store, which does not hold the test's image), a create is refused before any effect;
-/// the host base still works beside images; an image sandbox refuses snapshots (its root's
-/// `tar` is the image's, which must not run with the agent's capabilities).
+/// Naming an image the source (or the engine's own store) lacks, a create is refused before
+/// any effect; the host base still works beside images.
 #[tokio::test]
 async fn image_creates_refuse_what_they_cannot_run() {
     let fixture = Fixture::new();
@@ -302,11 +307,428 @@ async fn image_creates_refuse_what_they_cannot_run() {
         .expect("host base");
     assert_eq!(sh(&*engine, &host.id, "echo ok").await.stdout, b"ok\n");
     engine.destroy(&host.id).await.expect("destroy");
-    let id = engine.create(fixture.options()).await.expect("create").id;
-    let err = engine
+}
+
+/// Write `data` to `path` of sandbox `id`, its parents made.
+async fn put(engine: &dyn Backend, id: &str, path: &str, data: &[u8]) {
+    let body: ByteStream = Box::pin(futures::stream::once({
+        let data = data.to_vec();
+        async move { Ok(data) }
+    }));
+    let mut options = WriteOptions::default();
+    options.create_parents = true;
+    engine
+        .write_file(id, path, body, options)
+        .await
+        .unwrap_or_else(|e| panic!("write {path}: {e}"));
+}
+
+/// The fixture's options as its root user (who may change the image's `/etc`).
+fn as_root(mut options: CreateOptions) -> CreateOptions {
+    options.user = Some("root".into());
+    options
+}
+
+/// What [`an_image_sandbox_snapshots_and_forks_with_its_writable_layer`] changed, seen in
+/// sandbox `id`: written and changed files there, the deleted file and the replaced
+/// directory's old entries gone, the image's own files intact.
+async fn assert_changed_view(engine: &dyn Backend, id: &str) {
+    let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
+    let file = |path: &'static str| async move { read(engine, id, path).await.map(text) };
+    assert_eq!(file("/data/new").await.unwrap(), "made\n");
+    assert_eq!(file("/data/keep").await.unwrap(), "changed\n");
+    assert_eq!(
+        file("/workspace/deep/file").await.unwrap(),
+        "in the workspace\n"
+    );
+    let gone = read(engine, id, "/etc/motd").await.expect_err("deleted");
+    assert_eq!(gone.code(), ErrorCode::NotFound, "{gone}");
+    // The directory made anew hides the image's entries (an opaque directory).
+    assert_eq!(
+        names_in(engine, id, "/opq").await,
+        vec!["again".to_string()]
+    );
+    // The image's files: its users (and the sandbox's), its shell, its whiteout.
+    assert!(file("/etc/passwd")
+        .await
+        .unwrap()
+        .contains("img:x:4242:4242:"));
+    assert_eq!(sh(engine, id, "echo ok").await.stdout, b"ok\n");
+    let whiteout = read(engine, id, "/data/gone")
+        .await
+        .expect_err("whited out");
+    assert_eq!(whiteout.code(), ErrorCode::NotFound, "{whiteout}");
+}
+
+/// A snapshot of an image sandbox holds its writable layer and its image: a sandbox created
+/// from it, and a fork, run the same image with the same files (written, changed, deleted,
+/// a directory replaced), the image's layers untouched. A template that disagrees with the
+/// snapshot's image is `InvalidArgument`; an image no longer there is `NotFound`, named.
+#[tokio::test]
+async fn an_image_sandbox_snapshots_and_forks_with_its_writable_layer() {
+    let fixture = Fixture::new();
+    let engine = fixture.engine();
+    let id = engine
+        .create(as_root(fixture.options()))
+        .await
+        .expect("create")
+        .id;
+    put(&*engine, &id, "/data/new", b"made\n").await;
+    put(&*engine, &id, "/data/keep", b"changed\n").await;
+    put(&*engine, &id, "/workspace/deep/file", b"in the workspace\n").await;
+    engine
+        .remove(&id, "/etc/motd", RemoveOptions::default())
+        .await
+        .expect("remove an image file");
+    let mut recursive = RemoveOptions::default();
+    recursive.recursive = true;
+    engine
+        .remove(&id, "/opq", recursive)
+        .await
+        .expect("remove an image directory");
+    engine
+        .mkdir(&id, "/opq", MkdirOptions::default())
+        .await
+        .expect("make it anew");
+    put(&*engine, &id, "/opq/again", b"again\n").await;
+    assert_changed_view(&*engine, &id).await;
+
+    let snap = engine
         .snapshot(&id, Default::default())
         .await
-        .expect_err("no snapshot of an image sandbox");
-    assert_eq!(err.code(), ErrorCode::NotSupported, "{err}");
+        .expect("snapshot an image sandbox");
+    let mut from = as_root(test_options("image-root-restored"));
+    from.snapshot = Some(snap.id.clone());
+    let restored = engine.create(from).await.expect("create from the snapshot");
+    assert_eq!(restored.template, fixture.reference);
+    assert_changed_view(&*engine, &restored.id).await;
+    let fork = engine
+        .fork(&id, as_root(test_options("image-root-fork")))
+        .await
+        .expect("fork an image sandbox");
+    assert_eq!(fork.template, fixture.reference);
+    assert_changed_view(&*engine, &fork.id).await;
+    // The image's layers were never written.
+    let (lower, upper) = (&fixture.root.layers[0], &fixture.root.layers[1]);
+    assert_eq!(
+        std::fs::read_to_string(lower.join("data/keep")).unwrap(),
+        "kept\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(upper.join("etc/motd")).unwrap(),
+        "upper\n"
+    );
+    assert!(!lower.join("data/new").exists() && !upper.join("data/new").exists());
+
+    // A template naming something else than the snapshot's image.
+    let mut other = test_options("image-root-restored");
+    other.snapshot = Some(snap.id.clone());
+    other.template = Some("base".into());
+    let err = engine.create(other).await.expect_err("disagrees");
+    assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    // An engine whose images lack the snapshot's.
+    let elsewhere: Arc<dyn Backend> = Arc::new(LocalBackend::new().expect("engine").with_images(
+        Arc::new(TestImages {
+            reference: "test.local/other:1".into(),
+            root: fixture.root.clone(),
+        }),
+    ));
+    let mut again = test_options("image-root-restored");
+    again.snapshot = Some(snap.id.clone());
+    let err = elsewhere.create(again).await.expect_err("image gone");
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+    assert!(err.to_string().contains(&fixture.reference), "{err}");
+
+    for sandbox in [&id, &restored.id, &fork.id] {
+        engine.destroy(sandbox).await.expect("destroy");
+    }
+    engine.delete_snapshot(&snap.id).await.expect("delete");
+}
+
+/// A 3 GiB sparse file in a 32 MiB image sandbox: its snapshot is archived sparse (a few MiB,
+/// within the archive bound), and a 32 MiB sandbox restored from it, and a fork, have the file
+/// with its apparent size and its data (its holes kept: written out they would not fit).
+#[tokio::test]
+async fn an_image_sandbox_snapshot_keeps_sparse_files_sparse() {
+    let fixture = Fixture::new();
+    let engine = fixture.engine();
+    let small = |mut options: CreateOptions| {
+        options.resources.disk_mib = Some(32);
+        as_root(options)
+    };
+    let id = engine
+        .create(small(fixture.options()))
+        .await
+        .expect("create")
+        .id;
+    let made = sh(
+        &*engine,
+        &id,
+        "truncate -s 3G /workspace/f && echo hello >> /workspace/f && echo made",
+    )
+    .await;
+    assert_eq!(
+        made.stdout,
+        b"made\n",
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let snap = engine
+        .snapshot(&id, Default::default())
+        .await
+        .expect("snapshot");
+    assert!(snap.size < 4 << 20, "archived sparse: {} bytes", snap.size);
+    let mut from = small(test_options("image-root-sparse"));
+    from.snapshot = Some(snap.id.clone());
+    let restored = engine.create(from).await.expect("restore").id;
+    let fork = engine
+        .fork(&id, small(test_options("image-root-sparse")))
+        .await
+        .expect("fork")
+        .id;
+    for sandbox in [&restored, &fork] {
+        let stat = engine
+            .stat(sandbox, "/workspace/f", Default::default())
+            .await
+            .expect("stat");
+        assert_eq!(stat.size, (3 << 30) + 6, "apparent size kept");
+        let tail = sh(&*engine, sandbox, "tail -c 6 /workspace/f").await;
+        assert_eq!(tail.stdout, b"hello\n", "the data kept");
+    }
+    for sandbox in [&id, &restored, &fork] {
+        engine.destroy(sandbox).await.expect("destroy");
+    }
+    engine.delete_snapshot(&snap.id).await.expect("delete");
+}
+
+/// One entry of a hand-made archive: its name, kind, link target and contents.
+type RawEntry<'a> = (&'a [u8], tar::EntryType, &'a [u8], &'a [u8]);
+
+/// A plain tar for a hand-made snapshot archive: entries with any name (`..` and absolute
+/// ones too, which `tar::Builder` refuses), written header by header.
+fn raw_tar(entries: &[RawEntry<'_>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, kind, link, data) in entries {
+        let mut header = tar::Header::new_gnu();
+        header.as_old_mut().name[..name.len()].copy_from_slice(name);
+        header.as_old_mut().linkname[..link.len()].copy_from_slice(link);
+        header.set_entry_type(*kind);
+        header.set_mode(0o644);
+        header.set_size(data.len() as u64);
+        if *kind == tar::EntryType::Char {
+            header.set_device_major(1).unwrap();
+            header.set_device_minor(3).unwrap();
+        }
+        header.set_cksum();
+        out.extend_from_slice(header.as_bytes());
+        out.extend_from_slice(data);
+        out.resize(out.len().div_ceil(512) * 512, 0);
+    }
+    out.resize(out.len() + 1024, 0);
+    out
+}
+
+/// A snapshot archive is a sandbox's output, so hostile input: restored into a new image
+/// sandbox, entries named with `..`, absolute names and entries beneath a symlink are refused
+/// (`InvalidArgument`, no sandbox made) with nothing written outside, and a device node is
+/// never made.
+#[tokio::test]
+async fn a_hostile_snapshot_archive_is_refused_with_nothing_outside() {
+    let fixture = Fixture::new();
+    let base = &fixture.scratch.0;
+    let state = base.join("state");
+    let engine: Arc<dyn Backend> = Arc::new(
+        LocalBackend::with_state_dir(&state)
+            .expect("engine")
+            .with_images(Arc::new(TestImages {
+                reference: fixture.reference.clone(),
+                root: fixture.root.clone(),
+            })),
+    );
+    let outside = base.join("outside");
+    let absolute = format!("{}/absolute", outside.display());
+    let outside_name = outside.to_string_lossy().into_owned();
+    let file = tar::EntryType::Regular;
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "dot-dot",
+            raw_tar(&[(b"../../../../../outside/escaped", file, b"", b"x\n")]),
+        ),
+        (
+            "absolute",
+            raw_tar(&[(absolute.as_bytes(), file, b"", b"x\n")]),
+        ),
+        (
+            "symlinked-parent",
+            raw_tar(&[
+                (
+                    b"link",
+                    tar::EntryType::Symlink,
+                    outside_name.as_bytes(),
+                    b"",
+                ),
+                (b"link/through", file, b"", b"x\n"),
+            ]),
+        ),
+    ];
+    std::fs::create_dir_all(state.join("snapshots")).unwrap();
+    let snapshot = |name: &str, archive: &[u8]| {
+        let id = format!("snap-hostile-{name}");
+        let meta = serde_json::json!({
+            "id": id, "name": null, "sandbox_id": "made-by-hand", "created_at": 1,
+            "size": archive.len(),
+            "image": {"reference": fixture.reference, "digest": fixture.root.digest},
+        });
+        let dir = state.join("snapshots");
+        std::fs::write(dir.join(format!("{id}.tar")), archive).unwrap();
+        std::fs::write(dir.join(format!("{id}.json")), meta.to_string()).unwrap();
+        id
+    };
+    for (name, archive) in &cases {
+        let mut options = test_options("image-root-hostile");
+        options.snapshot = Some(snapshot(name, archive));
+        let err = engine.create(options).await.expect_err(name);
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{name}: {err}");
+        assert!(err.to_string().contains("hostile"), "{name}: {err}");
+        assert_eq!(
+            std::fs::read_dir(&outside).unwrap().count(),
+            0,
+            "{name}: nothing outside"
+        );
+        assert!(!base.join("escaped").exists() && !Path::new("/outside").exists());
+    }
+    assert_eq!(
+        std::fs::read_to_string(base.join("sentinel")).unwrap(),
+        "host file\n"
+    );
+    // A device node in the archive is skipped: the sandbox is made without it.
+    let mut options = test_options("image-root-hostile");
+    options.snapshot = Some(snapshot(
+        "device",
+        &raw_tar(&[
+            (b"data/mem", tar::EntryType::Char, b"", b""),
+            (b"data/plain", file, b"", b"plain\n"),
+        ]),
+    ));
+    let id = engine.create(options).await.expect("create").id;
+    assert_eq!(
+        read(&*engine, &id, "/data/plain").await.unwrap(),
+        b"plain\n"
+    );
+    let err = engine
+        .stat(&id, "/data/mem", Default::default())
+        .await
+        .expect_err("no device node");
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
     engine.destroy(&id).await.expect("destroy");
+}
+
+/// SHA-256 of `bytes` as an OCI digest.
+fn sha256(bytes: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// An OCI image layout in `dir` of a one-layer image holding `/hello`.
+fn write_small_layout(dir: &Path) {
+    let mut layer = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_mode(0o644);
+    header.set_size(6);
+    layer
+        .append_data(&mut header, "hello", &b"hello\n"[..])
+        .unwrap();
+    let layer = layer.into_inner().unwrap();
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": arch, "os": "linux",
+        "config": {},
+        "rootfs": {"type": "layers", "diff_ids": [sha256(&layer)]},
+    }))
+    .unwrap();
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": sha256(&config), "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": sha256(&layer), "size": layer.len()}],
+    }))
+    .unwrap();
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    for blob in [&layer, &config, &manifest] {
+        std::fs::write(blobs.join(&sha256(blob)["sha256:".len()..]), blob).unwrap();
+    }
+    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    let index = serde_json::json!({"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "digest": sha256(&manifest), "size": manifest.len(),
+    }]});
+    std::fs::write(dir.join("index.json"), index.to_string()).unwrap();
+}
+
+/// A snapshot keeps its image in the engine's store: with its tag removed and the sandbox
+/// gone, a prune leaves it and a create from the snapshot still runs it; once the snapshot is
+/// deleted, a prune removes it.
+#[tokio::test]
+async fn a_snapshot_holds_its_image_against_prune() {
+    let base = std::env::temp_dir().join(unique("image-snap-prune"));
+    std::fs::create_dir_all(&base).unwrap();
+    let _scratch = Scratch(base.clone());
+    let state = base.join("state");
+    let engine: Arc<dyn Backend> = Arc::new(LocalBackend::with_state_dir(&state).expect("engine"));
+    let store = sandcove::backend::local::images::open_store(&state).expect("store");
+    write_small_layout(&base.join("layout"));
+    let tag = format!("test.local/{}:1", unique("snap"));
+    let imported = store
+        .import(&base.join("layout"), Some(&tag))
+        .await
+        .expect("import");
+    let digest = imported[0].digest.clone();
+    let stored = || {
+        store
+            .list()
+            .expect("list")
+            .iter()
+            .any(|image| image.digest == digest)
+    };
+
+    let mut options = as_root(test_options("image-snap-prune"));
+    options.template = Some(tag.clone());
+    let id = engine.create(options).await.expect("create").id;
+    put(&*engine, &id, "/workspace/kept", b"kept\n").await;
+    let snap = engine
+        .snapshot(&id, Default::default())
+        .await
+        .expect("snapshot");
+    engine.destroy(&id).await.expect("destroy");
+    engine.remove_image(&tag).await.expect("remove the tag");
+    engine.prune_images().await.expect("prune");
+    assert!(stored(), "the snapshot keeps its image");
+
+    let mut from = as_root(test_options("image-snap-prune"));
+    from.snapshot = Some(snap.id.clone());
+    let restored = engine.create(from).await.expect("create from the snapshot");
+    assert_eq!(
+        read(&*engine, &restored.id, "/workspace/kept")
+            .await
+            .unwrap(),
+        b"kept\n"
+    );
+    assert_eq!(
+        read(&*engine, &restored.id, "/hello").await.unwrap(),
+        b"hello\n"
+    );
+    engine.destroy(&restored.id).await.expect("destroy");
+
+    engine.delete_snapshot(&snap.id).await.expect("delete");
+    engine.prune_images().await.expect("prune");
+    assert!(!stored(), "nothing keeps it any more");
 }

@@ -484,7 +484,8 @@ impl Backend for LocalBackend {
             self.pause(id).await?;
         }
         let disk_mib = info.resources.disk_mib.unwrap_or(config::DEFAULT_DISK_MIB);
-        let result = self.capture(id, options.name, disk_mib).await;
+        let image = self.image_of(id);
+        let result = self.capture(id, options.name, disk_mib, image).await;
         if was_running {
             return snapshot_outcome(result, self.resume(id).await.map(|_| ()));
         }
@@ -517,6 +518,8 @@ impl Backend for LocalBackend {
         std::fs::remove_file(&meta)
             .map_err(|e| Error::from_io(&e, &format!("snapshot {snapshot_id:?}")))?;
         let _ = std::fs::remove_file(tar);
+        // An image sandbox's snapshot no longer keeps its image.
+        self.release_image(snapshot_id).await;
         self.bury(
             sandcove_core::ResourceKind::Snapshot,
             snapshot_id.to_string(),
@@ -700,6 +703,17 @@ fn summary(info: sandcove_image::ImageInfo) -> sandcove_core::ImageSummary {
 }
 
 impl LocalBackend {
+    /// The image sandbox `id` runs, as its snapshot records it (`None`: the host base).
+    fn image_of(&self, id: &str) -> Option<crate::snapshots::SnapshotImage> {
+        let dir = crate::config::SandboxDir::new(&self.state_dir, id);
+        let text = std::fs::read(dir.record()).ok()?;
+        let record: crate::config::Record = serde_json::from_slice(&text).ok()?;
+        record.image.map(|image| crate::snapshots::SnapshotImage {
+            reference: image.reference,
+            digest: image.digest,
+        })
+    }
+
     /// The state directory's image store, for the image calls (refused without isolation,
     /// where images cannot run).
     fn image_store(&self) -> Result<sandcove_image::Store> {

@@ -141,6 +141,10 @@ pub struct Record {
     /// The image the sandbox's root is made of; `None` for the host base.
     #[serde(default)]
     pub image: Option<super::images::ImageRoot>,
+    /// A snapshot archive of an image sandbox (its writable layer, as an OCI layer tar) that
+    /// the agent unpacks into this sandbox's writable layer before mounting its root.
+    #[serde(default)]
+    pub restore_archive: Option<String>,
 }
 
 fn first_protocol_version() -> u32 {

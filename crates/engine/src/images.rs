@@ -15,6 +15,11 @@
 //! The layer directories are in overlayfs's own format (whiteouts as 0:0 character devices,
 //! opaque directories marked `user.overlay.opaque`), as the image store unpacks them.
 //!
+//! A snapshot of an image sandbox is its writable layer as an OCI layer tar, written by the
+//! agent (never by a program of the image), and the image's reference and digest; a sandbox
+//! made from it runs that image with the archive unpacked, as hostile input, into its own
+//! writable layer (see the engine's `snapshots` module).
+//!
 //! [`is_host_base`]: sandcove_core::capability::is_host_base
 
 use std::path::{Path, PathBuf};
@@ -27,8 +32,9 @@ use sandcove_image::{ImageError, OwnerMap, Store, StoreOptions};
 
 /// Where the engine finds images: the image store, or a test's own layers. Which images are in
 /// use is the engine's to say ([`LocalBackend::images_in_use`]), from the records of its live
-/// sandboxes, so a sandbox that ends without its client (at its lease, in its monitor) never
-/// leaves a stale claim behind.
+/// sandboxes and the metadata of its snapshots, so a sandbox that ends without its client (at
+/// its lease, in its monitor) never leaves a stale claim behind. An image sandbox's snapshot
+/// holds its image under the snapshot's id ([`ImageSource::hold`]) until it is deleted.
 ///
 /// [`LocalBackend::images_in_use`]: crate::LocalBackend::images_in_use
 pub trait ImageSource: Send + Sync + std::fmt::Debug {

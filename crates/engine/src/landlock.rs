@@ -10,7 +10,7 @@
 //! A kernel without Landlock is refused at create time unless the operator opts out with
 //! [`ALLOW_NO_LANDLOCK_ENV`]: a missing protection is never a silent downgrade.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use landlock::{
@@ -26,22 +26,34 @@ pub const ALLOW_NO_LANDLOCK_ENV: &str = "SANDCOVE_ALLOW_NO_LANDLOCK";
 /// The filesystem rights handled: everything up to ABI 5 that the kernel knows.
 const HANDLED: ABI = ABI::V5;
 
-/// A ruleset granting every filesystem right beneath `root` and nothing elsewhere, or `None`
-/// when this kernel has no Landlock.
-pub fn ruleset_beneath(root: &Path) -> std::result::Result<Option<OwnedFd>, String> {
+/// A ruleset granting every filesystem right beneath `root`, reading (files and directory
+/// listings) beneath `readable`, and nothing elsewhere, or `None` when this kernel has no
+/// Landlock.
+pub fn ruleset_beneath(
+    root: &Path,
+    readable: Option<BorrowedFd<'_>>,
+) -> std::result::Result<Option<OwnedFd>, String> {
     let all = AccessFs::from_all(HANDLED);
     let root = PathFd::new(root).map_err(|e| e.to_string())?;
-    let created = Ruleset::default()
+    let mut created = Ruleset::default()
         .handle_access(all)
         .and_then(|r| r.create())
         .and_then(|r| r.add_rule(PathBeneath::new(root, all)))
         .map_err(|e| e.to_string())?;
+    if let Some(dir) = readable {
+        let read = AccessFs::ReadFile | AccessFs::ReadDir;
+        created = created
+            .add_rule(PathBeneath::new(dir, read))
+            .map_err(|e| e.to_string())?;
+    }
     Ok(created.into())
 }
 
 /// Confine the calling process (and all it starts) to the tree beneath `/`, as the agent
-/// does after `pivot_root`. Errors when Landlock is missing unless `optional`.
-pub fn confine_to_root(optional: bool) -> Result<()> {
+/// does after `pivot_root`, and reading beneath `also_readable` (an image sandbox's writable
+/// layer, which its snapshots read and no path inside reaches). Errors when Landlock is
+/// missing unless `optional`.
+pub fn confine_to_root(optional: bool, also_readable: Option<BorrowedFd<'_>>) -> Result<()> {
     let unavailable = |reason: String| Error::Unavailable {
         reason,
         remedy: format!(
@@ -50,7 +62,7 @@ pub fn confine_to_root(optional: bool) -> Result<()> {
              namespaces and seccomp only"
         ),
     };
-    let ruleset = ruleset_beneath(Path::new("/"))
+    let ruleset = ruleset_beneath(Path::new("/"), also_readable)
         .map_err(|e| unavailable(format!("cannot build the Landlock ruleset: {e}")))?;
     match ruleset {
         Some(fd) => sys::set_no_new_privs()
@@ -75,7 +87,7 @@ mod tests {
         std::fs::create_dir_all(&inside).unwrap();
         std::fs::write(inside.join("ok"), "in").unwrap();
         std::fs::write(base.join("outside"), "out").unwrap();
-        let Some(ruleset) = super::ruleset_beneath(&inside).unwrap() else {
+        let Some(ruleset) = super::ruleset_beneath(&inside, None).unwrap() else {
             // Loud, not silent: the engine refuses sandboxes on such a kernel.
             eprintln!("SKIPPED: this kernel has no Landlock");
             return;

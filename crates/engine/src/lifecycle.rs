@@ -26,7 +26,7 @@ impl LocalBackend {
     /// a warm-pool member (hidden from `list` until claimed).
     pub(crate) async fn create_cold(
         &self,
-        options: CreateOptions,
+        mut options: CreateOptions,
         pooled: bool,
     ) -> Result<SandboxInfo> {
         let id = config::new_id();
@@ -51,8 +51,6 @@ impl LocalBackend {
             },
             _ => None,
         };
-        let image = self.image_for(&options)?;
-        let mounts = volumes::mounts_for(self, &options.volumes)?;
         let snapshot = match &options.snapshot {
             Some(snap) => Some(self.snapshot_paths(snap)?.1),
             None => None,
@@ -65,6 +63,18 @@ impl LocalBackend {
                 )));
             }
         }
+        let image = self.image_for(&options)?;
+        // A sandbox made from an image sandbox's snapshot runs that image (and says so).
+        if let (Some(image), None) = (&image, &options.template) {
+            options.template = Some(image.reference.clone());
+        }
+        let mounts = volumes::mounts_for(self, &options.volumes)?;
+        // An image sandbox's snapshot is unpacked into the new writable layer by the agent at
+        // setup; a host-base one is restored into the running sandbox below.
+        let (snapshot, restore_archive) = match (snapshot, &image) {
+            (Some(tar), Some(_)) => (None, Some(tar.to_string_lossy().into_owned())),
+            (snapshot, _) => (snapshot, None),
+        };
         let now = now_millis();
         let timeout = options.timeout.unwrap_or(DEFAULT_TIMEOUT);
         let mapping = if self.unisolated {
@@ -128,6 +138,7 @@ impl LocalBackend {
             locale: None,
             bounds: self.bounds,
             image,
+            restore_archive,
         };
         // The image is kept for this sandbox before it starts (a prune meanwhile leaves it).
         // (Off the event loop: the store's lock may be held by a prune removing layers.)
@@ -180,11 +191,15 @@ impl LocalBackend {
     /// The image `options` names, resolved through the engine's image source; `None` for the
     /// host base. Refused before any effect: an image without a source, or without isolation
     /// (the image's root needs the sandbox's own mount namespace), or one with more layers
-    /// than a root stacks.
+    /// than a root stacks. A create from a snapshot runs the snapshot's image (see
+    /// [`LocalBackend::snapshot_image_for`]).
     pub(crate) fn image_for(
         &self,
         options: &CreateOptions,
     ) -> Result<Option<crate::images::ImageRoot>> {
+        if let Some(snapshot) = &options.snapshot {
+            return self.snapshot_image_for(snapshot, options.template.as_deref());
+        }
         let reference = match options.template.as_deref() {
             t if sandcove_core::capability::is_host_base(t) => return Ok(None),
             Some(reference) => reference,
@@ -203,14 +218,16 @@ impl LocalBackend {
                  sandbox's own mount namespace), or use the host base",
             ));
         }
-        if options.snapshot.is_some() {
-            return Err(Error::not_supported(
-                format!("image {reference:?} with a snapshot"),
-                "a snapshot holds a host-base sandbox's files: create from the snapshot \
-                 alone, or from the image alone",
-            ));
-        }
         let image = source.resolve(reference)?;
+        self.check_layers(image)
+    }
+
+    /// An image with more layers than a root stacks is refused.
+    fn check_layers(
+        &self,
+        image: crate::images::ImageRoot,
+    ) -> Result<Option<crate::images::ImageRoot>> {
+        let reference = image.reference.clone();
         if image.layers.len() > crate::images::MAX_LAYERS {
             return Err(Error::not_supported(
                 format!("image {reference:?} with {} layers", image.layers.len()),
@@ -223,8 +240,74 @@ impl LocalBackend {
         Ok(Some(image))
     }
 
-    /// The digests of the images the live sandboxes of this state directory run: what an
-    /// image store's prune must keep. Read from the sandboxes' records, so a sandbox that
+    /// The image a create from `snapshot_id` runs: the one the snapshot was taken from
+    /// (`None`: a host-base sandbox's snapshot). A template the create names must agree (the
+    /// same reference, or one naming the same digest), else `InvalidArgument`; an image no
+    /// longer stored is `NotFound`, naming it.
+    fn snapshot_image_for(
+        &self,
+        snapshot_id: &str,
+        template: Option<&str>,
+    ) -> Result<Option<crate::images::ImageRoot>> {
+        let named = template.filter(|t| !t.is_empty());
+        let Some(recorded) = self.snapshot_image(snapshot_id)? else {
+            if !sandcove_core::capability::is_host_base(named) {
+                return Err(Error::invalid(format!(
+                    "snapshot {snapshot_id:?} holds a host-base sandbox's files, not those of \
+                     image {:?}: create from the snapshot without a template",
+                    named.unwrap_or_default()
+                )));
+            }
+            return Ok(None);
+        };
+        let Some(source) = self.images.as_ref().filter(|_| !self.unisolated) else {
+            return Err(Error::not_supported(
+                format!("image {:?} of snapshot {snapshot_id:?}", recorded.reference),
+                "create from it on an isolated engine with images",
+            ));
+        };
+        let disagree = || {
+            Error::invalid(format!(
+                "snapshot {snapshot_id:?} was taken from image {} ({}), not {:?}: create from \
+                 it without a template, or with that image",
+                recorded.reference,
+                recorded.digest,
+                named.unwrap_or_default()
+            ))
+        };
+        match named {
+            None => {}
+            Some(t) if t == recorded.reference || t == recorded.digest => {}
+            Some(t) if sandcove_core::capability::is_host_base(Some(t)) => return Err(disagree()),
+            Some(t) => match source.resolve(t) {
+                Ok(image) if image.digest == recorded.digest => {}
+                _ => return Err(disagree()),
+            },
+        }
+        // By its reference while that still names the same image, else by its digest.
+        let image = match source.resolve(&recorded.reference) {
+            Ok(image) if image.digest == recorded.digest => image,
+            _ => source
+                .resolve(&recorded.digest)
+                .ok()
+                .filter(|image| image.digest == recorded.digest)
+                .map(|image| crate::images::ImageRoot {
+                    reference: recorded.reference.clone(),
+                    ..image
+                })
+                .ok_or_else(|| {
+                    Error::not_found(format!(
+                        "image {} ({}), which snapshot {snapshot_id:?} was taken from, is no \
+                         longer stored here: pull or import it again",
+                        recorded.reference, recorded.digest
+                    ))
+                })?,
+        };
+        self.check_layers(image)
+    }
+
+    /// The digests of the images the live sandboxes of this state directory run, and those
+    /// its snapshots were taken from: what an image store's prune must keep. Read from the sandboxes' records, so a sandbox that
     /// ended without its client is never counted.
     pub fn images_in_use(&self) -> Vec<String> {
         let mut digests = Vec::new();
@@ -251,6 +334,11 @@ impl LocalBackend {
                 }
             }
         }
+        for digest in self.snapshot_images() {
+            if !digests.contains(&digest) {
+                digests.push(digest);
+            }
+        }
         digests
     }
 
@@ -267,6 +355,13 @@ impl LocalBackend {
             .map_err(crate::images::image_error)?;
         let sandboxes = self.sandboxes_dir();
         for holder in holds.keys() {
+            // A snapshot holds its image until it is deleted.
+            if self
+                .snapshot_image(holder)
+                .is_ok_and(|image| image.is_some())
+            {
+                continue;
+            }
             let present = config::valid_id(holder)
                 && (sandboxes.join(holder).exists()
                     || sandboxes.join(format!(".{holder}")).exists());

@@ -1,14 +1,40 @@
 //! Snapshots: where their archives and metadata live, capturing a paused sandbox's filesystem into
 //! one (bounded by its disk size), restoring one into a fresh sandbox, and the outcome of a
 //! snapshot or fork whose source then failed to resume.
+//!
+//! A host-base sandbox's snapshot is a tar of its root tmpfs (the host's directories left
+//! out). An image sandbox's is its writable layer only, as an OCI layer tar, with the image
+//! it runs recorded in the metadata ([`SnapshotImage`]) and held in the image store by the
+//! snapshot's id (released when the snapshot is deleted), so neither `image rm` nor `prune`
+//! takes it away; a sandbox created from it runs that image with the archive unpacked into
+//! its writable layer at setup.
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use futures::StreamExt;
 use sandcove_core::{now_millis, Error, Result, SandboxInfo, SnapshotInfo};
+use serde::{Deserialize, Serialize};
 
 use crate::{config, proto, LocalBackend};
+
+/// The image an image sandbox's snapshot was taken from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SnapshotImage {
+    /// The reference its sandbox was created with.
+    pub(crate) reference: String,
+    /// The image's manifest digest.
+    pub(crate) digest: String,
+}
+
+/// A snapshot's metadata file: what the API shows, and the image (none for the host base).
+#[derive(Serialize, Deserialize)]
+struct SnapshotMeta {
+    #[serde(flatten)]
+    info: SnapshotInfo,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    image: Option<SnapshotImage>,
+}
 
 impl LocalBackend {
     pub(crate) fn snapshots_dir(&self) -> PathBuf {
@@ -32,11 +58,14 @@ impl LocalBackend {
     /// [`Error::FileTooLarge`] and nothing of it is kept. The agent's `tar` stores sparse
     /// files sparse, but the bound is counted here, on the host side, whatever the sandbox
     /// streams.
+    /// An image sandbox's snapshot (`image`) holds the image for the snapshot before its
+    /// metadata is written.
     pub(crate) async fn capture(
         &self,
         id: &str,
         name: Option<String>,
         disk_mib: u64,
+        image: Option<SnapshotImage>,
     ) -> Result<SnapshotInfo> {
         use tokio::io::AsyncWriteExt as _;
         let snapshot_id = format!("snap-{}", config::new_id());
@@ -87,22 +116,85 @@ impl LocalBackend {
             return Err(Error::from_io(&e, "snapshot file"));
         }
         let info = SnapshotInfo {
-            id: snapshot_id,
+            id: snapshot_id.clone(),
             name,
             sandbox_id: id.to_string(),
             created_at: now_millis(),
             size,
             source_resume_error: None,
         };
-        let text = serde_json::to_vec_pretty(&info)
-            .map_err(|e| Error::backend(format!("encode snapshot: {e}")))?;
+        if let Some(image) = &image {
+            if let Err(e) = self.hold_image(&image.digest, &snapshot_id).await {
+                let _ = std::fs::remove_file(&tar);
+                return Err(e);
+            }
+        }
+        let held = image.is_some();
+        let text = serde_json::to_vec_pretty(&SnapshotMeta {
+            info: info.clone(),
+            image,
+        })
+        .map_err(|e| Error::backend(format!("encode snapshot: {e}")))?;
         if let Err(e) = std::fs::write(&meta, text) {
             // No snapshot without its metadata: nothing half-made stays behind.
             let _ = std::fs::remove_file(&meta);
             let _ = std::fs::remove_file(&tar);
+            if held {
+                self.release_image(&snapshot_id).await;
+            }
             return Err(Error::from_io(&e, "snapshot metadata"));
         }
         Ok(info)
+    }
+
+    /// The image a snapshot was taken from (`None`: a host-base sandbox's), or `NotFound`.
+    pub(crate) fn snapshot_image(&self, snapshot_id: &str) -> Result<Option<SnapshotImage>> {
+        let (meta, _) = self.snapshot_paths(snapshot_id)?;
+        let text = std::fs::read(&meta).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Error::not_found(format!("snapshot {snapshot_id:?}"))
+            } else {
+                Error::from_io(&e, "snapshot metadata")
+            }
+        })?;
+        let meta: SnapshotMeta = serde_json::from_slice(&text)
+            .map_err(|e| Error::backend(format!("snapshot {snapshot_id:?}: {e}")))?;
+        Ok(meta.image)
+    }
+
+    /// The images the snapshots of this state directory were taken from (digests).
+    pub(crate) fn snapshot_images(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(self.snapshots_dir()) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|entry| {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let id = name.strip_suffix(".json")?;
+                self.snapshot_image(id).ok().flatten().map(|i| i.digest)
+            })
+            .collect()
+    }
+
+    /// Keep `digest`'s image in the store for `holder` (off the event loop: the store's lock
+    /// may be held by a prune).
+    async fn hold_image(&self, digest: &str, holder: &str) -> Result<()> {
+        let Some(source) = self.images.clone() else {
+            return Ok(());
+        };
+        let (digest, holder) = (digest.to_string(), holder.to_string());
+        tokio::task::spawn_blocking(move || source.hold(&digest, &holder))
+            .await
+            .map_err(|e| Error::backend(format!("image hold task failed: {e}")))?
+    }
+
+    /// End `holder`'s hold on its image (a no-op where it holds none).
+    pub(crate) async fn release_image(&self, holder: &str) {
+        if let Some(source) = self.images.clone() {
+            let holder = holder.to_string();
+            let _ = tokio::task::spawn_blocking(move || source.release(&holder)).await;
+        }
     }
 
     /// Unpack a snapshot archive into a fresh sandbox.

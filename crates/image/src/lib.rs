@@ -37,7 +37,11 @@
 //! [`OVERFLOW_ID`] (`nobody`, as the kernel shows unmapped ids) rather than refusing images
 //! that use high ids. setuid/setgid bits never reach the disk: they are stripped and the
 //! in-image mode recorded (octal) in [`XATTR_MODE`]. Device nodes and fifos are not created:
-//! they are counted and named in the layer's record ([`LayerDetails::skipped`]). Extended
+//! they are counted and named in the layer's record ([`LayerDetails::skipped`]). A sparse file
+//! keeps its holes: a PAX (format 1.0) sparse entry's segments are written at their offsets,
+//! the holes never read; an old-format GNU sparse entry's all-zero blocks are skipped, its
+//! apparent size within the layer's byte bound. [`unpack_archive`] applies the same unpacker, without a
+//! digest, to other layer-format archives (an image sandbox's snapshot). Extended
 //! attributes inside a layer (file capabilities among them) are not applied.
 //!
 //! # Registry client
@@ -78,7 +82,9 @@ use std::path::PathBuf;
 pub use error::ImageError;
 pub use registry::{Credential, RegistryConfig};
 pub use store::Store;
-pub use unpack::{OVERFLOW_ID, XATTR_MODE, XATTR_OWNER};
+pub use unpack::{
+    unpack_archive, ArchiveSummary, UnpackLimits, OVERFLOW_ID, XATTR_MODE, XATTR_OWNER,
+};
 
 /// How layer files are owned on the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -39,12 +39,47 @@ const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS);
 
-/// The bounds and ownership an unpack applies.
+/// The bounds and ownership an unpack applies (a layer's, or [`unpack_archive`]'s).
 #[derive(Clone, Debug)]
-pub(crate) struct UnpackLimits {
-    pub(crate) max_bytes: u64,
-    pub(crate) max_entries: u64,
-    pub(crate) owner: OwnerMap,
+pub struct UnpackLimits {
+    /// The most bytes the (decompressed) tar stream may hold: past it, [`ImageError::TooLarge`].
+    pub max_bytes: u64,
+    /// The most entries the tar may hold: past it, [`ImageError::TooLarge`].
+    pub max_entries: u64,
+    /// How entries are owned on disk.
+    pub owner: OwnerMap,
+}
+
+/// What [`unpack_archive`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ArchiveSummary {
+    /// The tar stream's size.
+    pub bytes: u64,
+    /// Its entries.
+    pub entries: u64,
+    /// Device nodes, fifos and entries of unknown type: not created, named here.
+    pub skipped: Vec<String>,
+}
+
+/// Unpacks a tar in the OCI layer format (`.wh.` whiteouts, `.wh..wh..opq` opaque markers)
+/// into the directory `root`, in overlayfs's format, as hostile input, exactly as a layer is
+/// unpacked (see the module's documentation: beneath `root`, no symlink followed, no device
+/// node made, setuid and setgid stripped, `limits` enforced) but with no digest to check: the
+/// writable layer of a sandbox restored from a snapshot, whose archive a sandbox wrote. An
+/// error leaves what was unpacked so far in `root`; the caller discards it. `what` names the
+/// archive in errors.
+pub fn unpack_archive(
+    root: BorrowedFd<'_>,
+    archive: impl Read,
+    limits: &UnpackLimits,
+    what: &str,
+) -> Result<ArchiveSummary> {
+    let record = Unpacker::new(root, limits).run(what, None, archive)?;
+    Ok(ArchiveSummary {
+        bytes: record.unpacked_bytes,
+        entries: record.entries,
+        skipped: record.skipped,
+    })
 }
 
 /// What the store records of an unpacked layer (`layers/<diff-id hex>.json`).
@@ -91,7 +126,8 @@ pub(crate) fn unpack_layer(
             RESOLVE,
         )
         .map_err(|e| ImageError::io("opening the layer's temporary directory", e.into()))?;
-        let record = Unpacker::new(root.as_fd(), limits).run(diff_id, blob)?;
+        let what = format!("layer {diff_id}");
+        let record = Unpacker::new(root.as_fd(), limits).run(&what, Some(diff_id), blob)?;
         write_record(layers_dir, diff_id, &record)?;
         match rustix::fs::renameat(&layers, temp.as_str(), &layers, diff_id.hex()) {
             Ok(()) => Ok(record),
@@ -267,10 +303,12 @@ impl<'a> Unpacker<'a> {
         }
     }
 
-    fn run(mut self, diff_id: &Digest, blob: impl Read) -> Result<LayerRecord> {
+    /// Unpacks `blob`, `what` in errors; checks the decompressed stream against `diff_id`
+    /// where there is one.
+    fn run(mut self, what: &str, diff_id: Option<&Digest>, blob: impl Read) -> Result<LayerRecord> {
         let exceeded = Rc::new(Cell::new(false));
         let too_large = || ImageError::TooLarge {
-            what: format!("layer {diff_id}"),
+            what: what.to_string(),
             reason: format!("decompresses past {} bytes", self.limits.max_bytes),
         };
         let bounded = Bounded {
@@ -289,7 +327,7 @@ impl<'a> Unpacker<'a> {
             if exceeded.get() {
                 too_large()
             } else {
-                ImageError::malformed(format!("layer {diff_id}"), format!("tar: {e}"))
+                ImageError::malformed(what, format!("tar: {e}"))
             }
         };
         for entry in archive.entries().map_err(read_error)? {
@@ -297,7 +335,7 @@ impl<'a> Unpacker<'a> {
             entries += 1;
             if entries > self.limits.max_entries {
                 return Err(ImageError::TooLarge {
-                    what: format!("layer {diff_id}"),
+                    what: what.to_string(),
                     reason: format!("holds more than {} entries", self.limits.max_entries),
                 });
             }
@@ -307,10 +345,7 @@ impl<'a> Unpacker<'a> {
                     if source.kind() == io::ErrorKind::UnexpectedEof
                         || source.kind() == io::ErrorKind::InvalidData =>
                 {
-                    ImageError::malformed(
-                        format!("layer {diff_id}"),
-                        format!("{context}: {source}"),
-                    )
+                    ImageError::malformed(what, format!("{context}: {source}"))
                 }
                 other => other,
             })?;
@@ -319,10 +354,12 @@ impl<'a> Unpacker<'a> {
         let mut rest = archive.into_inner();
         io::copy(&mut rest, &mut io::sink()).map_err(read_error)?;
         let actual = rest.hasher.finish();
-        diff_id.check(&actual, "layer diff id (the decompressed layer)")?;
+        if let Some(diff_id) = diff_id {
+            diff_id.check(&actual, "layer diff id (the decompressed layer)")?;
+        }
         self.apply_dir_metadata()?;
         Ok(LayerRecord {
-            diff_id: diff_id.to_string(),
+            diff_id: diff_id.map(Digest::to_string).unwrap_or_default(),
             unpacked_bytes: rest.count,
             entries,
             skipped: self.skipped,
@@ -350,6 +387,8 @@ impl<'a> Unpacker<'a> {
         let mut uid = header.uid().unwrap_or(0);
         let mut gid = header.gid().unwrap_or(0);
         let mut mtime = header.mtime().ok();
+        // A PAX sparse file (format 1.0): its map heads its data; `(major, minor, real size)`.
+        let mut sparse: (Option<String>, Option<String>, Option<u64>) = (None, None, None);
         // PAX records carry ids and times too large for the header's fields.
         if let Ok(Some(extensions)) = entry.pax_extensions() {
             for extension in extensions.flatten() {
@@ -357,6 +396,9 @@ impl<'a> Unpacker<'a> {
                 match extension.key() {
                     Ok("uid") => uid = value.and_then(|v| v.parse().ok()).unwrap_or(uid),
                     Ok("gid") => gid = value.and_then(|v| v.parse().ok()).unwrap_or(gid),
+                    Ok("GNU.sparse.major") => sparse.0 = value.map(str::to_string),
+                    Ok("GNU.sparse.minor") => sparse.1 = value.map(str::to_string),
+                    Ok("GNU.sparse.realsize") => sparse.2 = value.and_then(|v| v.parse().ok()),
                     Ok("mtime") => {
                         let seconds = value
                             .and_then(|v| v.split('.').next())
@@ -467,7 +509,18 @@ impl<'a> Unpacker<'a> {
                 )
                 .map_err(|e| io_err(&shown, "creating the file", e))?;
                 let mut out = std::fs::File::from(file);
-                io::copy(entry, &mut out)
+                let written = match (kind, &sparse) {
+                    (tar::EntryType::Regular, (Some(major), Some(minor), Some(real_size)))
+                        if major == "1" && minor == "0" =>
+                    {
+                        copy_sparse_map(entry, &mut out, *real_size)
+                    }
+                    (tar::EntryType::GNUSparse, _) => {
+                        copy_sparse(entry, &mut out, self.limits.max_bytes)
+                    }
+                    _ => io::copy(entry, &mut out),
+                };
+                written
                     .map_err(|e| ImageError::io(format!("layer entry {shown:?}: writing"), e))?;
                 let fd = out.as_fd();
                 self.set_owner_and_mode_xattr(fd, &shown, uid as u32, gid as u32, mode, false)?;
@@ -782,6 +835,108 @@ impl<'a> Unpacker<'a> {
         }
         Ok(())
     }
+}
+
+/// Copies an old-format GNU sparse entry's contents (the tar reader hands its holes over as
+/// zeros) leaving every all-zero block a hole: a file whose apparent size is far larger than
+/// its data costs only its data on disk. Its apparent size is bounded by `limit` (the unpack's
+/// byte bound), as scanning the holes takes time in proportion to it.
+fn copy_sparse(from: &mut impl Read, to: &mut std::fs::File, limit: u64) -> io::Result<u64> {
+    use std::io::{Seek, SeekFrom, Write};
+    const BLOCK: usize = 1 << 16;
+    let zeros = vec![0u8; BLOCK];
+    let mut buf = vec![0u8; BLOCK];
+    let mut total = 0u64;
+    loop {
+        let n = from.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        // A slice comparison (memcmp): a hole of gigabytes is scanned in well under a second.
+        if buf[..n] == zeros[..n] {
+            to.seek(SeekFrom::Current(n as i64))?;
+        } else {
+            to.write_all(&buf[..n])?;
+        }
+        total += n as u64;
+        if total > limit {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a sparse file's apparent size passes {limit} bytes"),
+            ));
+        }
+    }
+    to.set_len(total)?;
+    Ok(total)
+}
+
+/// The most data segments a PAX sparse map may list (each holds at least one byte of data
+/// and takes a few bytes of map, so the archive's byte bound holds long before this).
+const MAX_SPARSE_SEGMENTS: u64 = 1 << 24;
+
+/// Copies a PAX sparse entry (format 1.0: the map, `count` then `offset` and `length` per
+/// segment, one decimal number per line, padded to a block, then the segments' data) into
+/// `to`, writing each segment at its offset and leaving the rest holes: the holes are never
+/// read or scanned, whatever the file's apparent size. A map out of order, past the real size
+/// or longer than the entry is `InvalidData`.
+fn copy_sparse_map(
+    from: &mut impl Read,
+    to: &mut std::fs::File,
+    real_size: u64,
+) -> io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let bad =
+        |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("sparse map: {what}"));
+    let mut consumed = 0u64;
+    let mut number = |from: &mut dyn Read| -> io::Result<u64> {
+        let mut digits = Vec::new();
+        loop {
+            let mut byte = [0u8; 1];
+            from.read_exact(&mut byte)?;
+            consumed += 1;
+            match byte[0] {
+                b'\n' => break,
+                b'0'..=b'9' if digits.len() < 20 => digits.push(byte[0]),
+                _ => return Err(bad("not a decimal number per line")),
+            }
+        }
+        std::str::from_utf8(&digits)
+            .ok()
+            .and_then(|d| d.parse().ok())
+            .ok_or_else(|| bad("not a number"))
+    };
+    let count = number(from)?;
+    if count > MAX_SPARSE_SEGMENTS {
+        return Err(bad("too many segments"));
+    }
+    let mut segments = Vec::new();
+    let mut end = 0u64;
+    for _ in 0..count {
+        let offset = number(from)?;
+        let length = number(from)?;
+        let stop = offset
+            .checked_add(length)
+            .filter(|&stop| offset >= end && stop <= real_size)
+            .ok_or_else(|| bad("segments out of order or past the file's size"))?;
+        end = stop;
+        segments.push((offset, length));
+    }
+    let padding = (512 - consumed % 512) % 512;
+    io::copy(&mut from.by_ref().take(padding), &mut io::sink())?;
+    let mut written = 0u64;
+    for (offset, length) in segments {
+        to.seek(SeekFrom::Start(offset))?;
+        let n = io::copy(&mut from.by_ref().take(length), to)?;
+        if n != length {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "a sparse file's data ends before its map does",
+            ));
+        }
+        written += n;
+    }
+    to.set_len(real_size)?;
+    Ok(written)
 }
 
 /// The mode on disk: permission and sticky bits only; setuid and setgid never.

@@ -36,14 +36,24 @@ pub(super) fn open_layers(image: &crate::images::ImageRoot) -> Result<Vec<OwnedF
 
 /// Mount the image's root under `tmp` (the sandbox's root tmpfs, which holds the writable
 /// layer, so the disk limit bounds what the sandbox writes) and return the merged root's
-/// path. `layers` come from [`open_layers`].
-pub(super) fn mount(tmp: &Path, layers: &[OwnedFd]) -> Result<PathBuf> {
+/// path and the writable layer (`O_PATH`). `layers` come from [`open_layers`]; `restore` is a
+/// snapshot's archive, unpacked into the writable layer before the mount.
+pub(super) fn mount(
+    tmp: &Path,
+    layers: &[OwnedFd],
+    restore: Option<std::fs::File>,
+    record: &Record,
+) -> Result<(PathBuf, OwnedFd)> {
     let step = |what: &str| {
         let what = what.to_string();
         move |e: std::io::Error| super::setup::unavailable(&what, e)
     };
     for dir in ["upper", "work", "root"] {
         std::fs::create_dir(tmp.join(dir)).map_err(step("make the image's writable layer"))?;
+    }
+    let upper = sys::open_dir_path(&tmp.join("upper")).map_err(step("open the writable layer"))?;
+    if let Some(archive) = restore {
+        restore_layer(upper.as_fd(), archive, record)?;
     }
     // Each lower layer through our own descriptor (`/proc/self/fd/N`): overlayfs resolves the
     // magic link to exactly the directory opened above, whatever the store's path names now.
@@ -71,7 +81,51 @@ pub(super) fn mount(tmp: &Path, layers: &[OwnedFd]) -> Result<PathBuf> {
                  userxattr), or create the sandbox on the host base"
             .into(),
     })?;
-    Ok(root)
+    Ok((root, upper))
+}
+
+/// Unpack a snapshot's archive (an OCI layer tar a sandbox's files made, so hostile input)
+/// into the writable layer `upper`, before the overlay is mounted on it: with the image
+/// store's unpacker (entries beneath the layer only, no symlink followed, no device node,
+/// `.wh.` entries as whiteouts), bounded as the snapshot was (its bytes by the archive bound
+/// of the sandbox's disk, its entries by the root's inodes; the tmpfs bounds what lands).
+/// Owners are the archive's where the sandbox's user namespace maps them.
+fn restore_layer(upper: BorrowedFd<'_>, archive: std::fs::File, record: &Record) -> Result<()> {
+    let dir = sys::open_beneath(
+        upper,
+        Path::new("."),
+        libc::O_RDONLY | libc::O_DIRECTORY,
+        false,
+    )
+    .map_err(|e| super::setup::unavailable("open the writable layer", e))?;
+    let disk_mib = record.disk_mib();
+    let limits = sandcove_image::UnpackLimits {
+        max_bytes: crate::snapshots::snapshot_limit(disk_mib),
+        max_entries: record.bounds.inodes_for(disk_mib),
+        owner: match record.mapping {
+            // Ids as they are: the namespace maps 0..HOST_ID_COUNT (nobody among them).
+            crate::config::UidMapping::Range => sandcove_image::OwnerMap::Shift {
+                base: 0,
+                count: crate::config::HOST_ID_COUNT,
+            },
+            // One id: everything is its; other owners are recorded, as an image's are.
+            crate::config::UidMapping::Single { .. } => sandcove_image::OwnerMap::Caller,
+        },
+    };
+    let reader = std::io::BufReader::with_capacity(1 << 16, archive);
+    sandcove_image::unpack_archive(dir.as_fd(), reader, &limits, "the snapshot's archive")
+        .map(|_| ())
+        .map_err(|e| match e {
+            e @ (sandcove_image::ImageError::HostileLayer { .. }
+            | sandcove_image::ImageError::Malformed { .. }
+            | sandcove_image::ImageError::TooLarge { .. }) => {
+                Error::invalid(format!("the snapshot cannot be restored: {e}"))
+            }
+            other => Error::Unavailable {
+                reason: format!("cannot restore the snapshot's files: {other}"),
+                remedy: "check the sandbox's disk size (the snapshot's files must fit it)".into(),
+            },
+        })
 }
 
 /// Shape the merged root for the engine: the directories every sandbox has, the users' homes,

@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 
 mod file_calls;
 mod image_root;
+mod layer_tar;
 mod metrics;
 pub(crate) mod pod;
 mod process;
@@ -92,19 +93,21 @@ pub fn run(
         Err(super::monitor::cgroup_unavailable(e))
     } else if record.unisolated {
         // Orphans of sandbox processes come to us, so destroy can find and end them.
-        sys::set_child_subreaper().map_err(|e| Error::from_io(&e, "become a subreaper"))
+        sys::set_child_subreaper()
+            .map(|()| None)
+            .map_err(|e| Error::from_io(&e, "become a subreaper"))
     } else {
         setup_sandbox(&record, volume_trees, net.as_ref())
     };
     let reply = match &setup {
-        Ok(()) => Control::Ready,
+        Ok(_) => Control::Ready,
         Err(e) => Control::SetupFailed { error: e.to_body() },
     };
     let msg = serde_json::to_vec(&reply).unwrap_or_default();
     let _ = sys::send_with_fds(ctrl.as_raw_fd(), &msg, &[]);
-    if setup.is_err() {
+    let Ok(upper) = setup else {
         sys::exit_now(1);
-    }
+    };
     let _ = sys::set_non_dumpable();
     if !record.unisolated {
         // Our inherited stdio is the monitor's log in the host state directory; reachable
@@ -121,6 +124,7 @@ pub fn run(
     };
     let mut agent = Agent::new(record);
     agent.oom_score = oom_score.ok();
+    agent.upper = upper;
     runtime.block_on(serve(Arc::new(agent), ctrl));
     sys::exit_now(0)
 }
@@ -151,6 +155,9 @@ struct Agent {
     /// The agent's own OOM score, which sandbox processes inherit raised (none in a pod, or
     /// where it could not be opened: isolated sandboxes then start no process).
     oom_score: Option<OomScore>,
+    /// An image sandbox's writable layer (overlayfs's upper directory, `O_PATH`), kept from
+    /// setup: once the agent has pivoted, no path reaches it. Snapshots read it.
+    upper: Option<OwnedFd>,
 }
 
 /// The agent's OOM score adjustment, written through a descriptor opened at start.
@@ -213,6 +220,7 @@ impl Agent {
             epoch: tokio::sync::watch::channel(0).0,
             frozen: std::sync::atomic::AtomicBool::new(false),
             oom_score: None,
+            upper: None,
         }
     }
 
@@ -941,14 +949,15 @@ async fn handle(agent: &Arc<Agent>, stream: &mut impl Conn, request: AgentReques
         )),
         // The agent's `tar` keeps capabilities no sandbox process has: it is the host's in a
         // host-base sandbox, but an image's root holds the image's own `tar`, which must never
-        // run with them.
-        AgentRequest::ExportFs | AgentRequest::ImportFs if agent.record().image.is_some() => {
-            Err(Error::not_supported(
-                "filesystem snapshots and forks of an image sandbox",
-                "snapshot a host-base sandbox, or copy files out with read_file and into a \
-                 new sandbox of the same image",
-            ))
+        // run with them. An image sandbox's writable layer is written by the agent itself, and
+        // a snapshot of one is unpacked into a new sandbox's layer at its setup.
+        AgentRequest::ExportFs if agent.record().image.is_some() => {
+            export_layer(agent, stream).await
         }
+        AgentRequest::ImportFs if agent.record().image.is_some() => Err(Error::not_supported(
+            "restoring files into a running image sandbox",
+            "create a sandbox from the snapshot: its writable layer is applied at setup",
+        )),
         AgentRequest::ExportFs => export_fs(agent, stream).await,
         AgentRequest::ImportFs => import_fs(agent, stream).await,
         AgentRequest::ApplyClaim { options, users } => {

@@ -157,6 +157,7 @@ fn prepare(config: &PodAgentConfig) -> Result<Record> {
     options.resources.max_open_files = config.max_open_files;
     let now = now_millis();
     let record = Record {
+        restore_archive: None,
         id: config.sandbox.clone(),
         options,
         users: vec![sandcove_core::UserInfo {

@@ -17,12 +17,13 @@ pub(super) fn unavailable(step: &str, err: std::io::Error) -> Error {
 
 /// Build the sandbox root: a tmpfs with the host's system directories read-only, a private
 /// `/workspace`, `/tmp`, `/proc` and `/dev`, then pivot into it. `volume_trees` are the
-/// detached mounts of the bounded volumes, in the order of their mounts.
+/// detached mounts of the bounded volumes, in the order of their mounts. Returns an image
+/// sandbox's writable layer (`O_PATH`), which no path reaches after the pivot.
 pub(super) fn setup_sandbox(
     record: &Record,
     volume_trees: Vec<OwnedFd>,
     net: Option<&Plan>,
-) -> Result<()> {
+) -> Result<Option<OwnedFd>> {
     // The engine's locale directory, opened while we still hold the engine's own host uid:
     // the state directory it lies in may be closed to the sandbox's root (see `locale`).
     // Without it, sandboxes read the host's locale files as they are.
@@ -37,6 +38,15 @@ pub(super) fn setup_sandbox(
         None => None,
     };
     let resolv_conf = layers.as_ref().and_then(|_| host_resolv_conf());
+    // A snapshot's archive for an image sandbox's writable layer, likewise (the engine's
+    // snapshot directory is closed to the sandbox's root).
+    let restore = match &record.restore_archive {
+        Some(path) => Some(
+            std::fs::File::open(path)
+                .map_err(|e| Error::from_io(&e, "open the snapshot's archive"))?,
+        ),
+        None => None,
+    };
     // Become root of the new user namespace (a no-op in the single-uid mapping).
     become_ns_root().map_err(|e| unavailable("setuid in the user namespace", e))?;
     // Before anything else runs here: this namespace's share of the engine user's inotify,
@@ -79,10 +89,14 @@ pub(super) fn setup_sandbox(
         record.bounds.inodes_for(record.disk_mib()),
     )
     .map_err(|e| unavailable("mount the sandbox root", e))?;
-    // An image's root: its layers under a writable layer kept on that tmpfs.
-    let root = match &layers {
-        Some(layers) => super::image_root::mount(&root, layers)?,
-        None => root,
+    // An image's root: its layers under a writable layer kept on that tmpfs (a snapshot's
+    // files unpacked into it first).
+    let (root, upper) = match &layers {
+        Some(layers) => {
+            let (merged, upper) = super::image_root::mount(&root, layers, restore, record)?;
+            (merged, Some(upper))
+        }
+        None => (root, None),
     };
     let r = |p: &str| root.join(p.trim_start_matches('/'));
     let fs_err = |step: &str| {
@@ -250,9 +264,14 @@ pub(super) fn setup_sandbox(
     // filter goes last, on the agent itself: nothing the agent does from here on needs a
     // call it refuses, and every process it starts inherits it (with `no_new_privs`, which
     // `install` sets: the one place it is set for an isolated sandbox).
-    super::landlock::confine_to_root(record.landlock_optional)?;
+    // The writable layer stays readable to the agent's snapshots (and to nothing else: no
+    // sandbox process holds a descriptor or a path to it).
+    super::landlock::confine_to_root(
+        record.landlock_optional,
+        upper.as_ref().map(|fd| fd.as_fd()),
+    )?;
     super::seccomp::install()?;
-    Ok(())
+    Ok(upper)
 }
 
 /// The host base's root under `root`: the host's system directories read-only, the engine's

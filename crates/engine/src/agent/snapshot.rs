@@ -1,4 +1,5 @@
-//! Filesystem export and import for snapshots and forks, through helper tools.
+//! Filesystem export and import for snapshots and forks: through the host's `tar` in a
+//! host-base sandbox, by the agent itself for an image sandbox's writable layer.
 
 use super::*;
 
@@ -213,4 +214,71 @@ pub(super) async fn import_fs(agent: &Agent, stream: &mut impl Conn) -> Result<(
         )));
     }
     done(stream).await
+}
+
+/// Stream an image sandbox's writable layer to the client as an OCI layer tar, written by the
+/// agent itself (see [`super::layer_tar`]): no program of the image runs for it.
+pub(super) async fn export_layer(agent: &Agent, stream: &mut impl Conn) -> Result<()> {
+    let upper = agent
+        .upper
+        .as_ref()
+        .ok_or_else(|| Error::backend("the image sandbox's writable layer was not kept"))?
+        .try_clone()
+        .map_err(|e| Error::from_io(&e, "snapshot"))?;
+    let (chunks, mut received) = mpsc::channel::<Vec<u8>>(4);
+    let writer = tokio::task::spawn_blocking(move || {
+        let out = ChunkWriter {
+            chunks,
+            pending: Vec::with_capacity(CHUNK),
+        };
+        super::layer_tar::write_layer(upper.as_fd(), out)
+    });
+    let copied: Result<()> = async {
+        while let Some(chunk) = received.recv().await {
+            proto::write_frame(stream, &AgentReply::Data, &chunk).await?;
+        }
+        Ok(())
+    }
+    .await;
+    // Closing the channel ends a writer still running (the client went away).
+    drop(received);
+    let written = writer
+        .await
+        .map_err(|e| Error::backend(format!("snapshot task failed: {e}")))?;
+    copied?;
+    written.map_err(|e| Error::from_io(&e, "snapshot of the image sandbox's layer"))?;
+    proto::write_frame(stream, &AgentReply::End, &[]).await
+}
+
+/// A `Write` handing `CHUNK`-sized pieces to the async side; fails once that side is gone.
+struct ChunkWriter {
+    chunks: mpsc::Sender<Vec<u8>>,
+    pending: Vec<u8>,
+}
+
+impl ChunkWriter {
+    fn send(&mut self) -> std::io::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let chunk = std::mem::replace(&mut self.pending, Vec::with_capacity(CHUNK));
+        self.chunks
+            .blocking_send(chunk)
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+    }
+}
+
+impl std::io::Write for ChunkWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(CHUNK - self.pending.len());
+        self.pending.extend_from_slice(&buf[..n]);
+        if self.pending.len() == CHUNK {
+            self.send()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.send()
+    }
 }

@@ -294,3 +294,66 @@ async fn malformed_manifests_and_configs_are_refused() {
     );
     assert_contained(&attempt);
 }
+
+/// A PAX sparse file's entry (format 1.0): its map, padded to a block, then its data.
+fn sparse_layer(map: &str, real_size: &str, data: &[u8]) -> Layer {
+    let mut content = map.as_bytes().to_vec();
+    content.resize(content.len().div_ceil(512) * 512, 0);
+    content.extend_from_slice(data);
+    Layer::new()
+        .pax(&[
+            ("GNU.sparse.major", "1"),
+            ("GNU.sparse.minor", "0"),
+            ("GNU.sparse.realsize", real_size),
+        ])
+        .file("sparse", 0o644, &content)
+}
+
+/// A PAX sparse file unpacks with its data at its offsets and its holes never read or
+/// written (a 1 TiB file takes a block); a map out of order, past the file's size or longer
+/// than the entry is malformed, with nothing kept.
+#[tokio::test]
+async fn pax_sparse_maps_are_applied_or_refused() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let attempt = import_layer(sparse_layer(
+        "1\n1073741824\n5\n",
+        "1099511627776",
+        b"hello",
+    ))
+    .await;
+    attempt.result.as_ref().expect("a sparse layer imports");
+    let layers = attempt.root.path().join("store/layers");
+    let file = std::fs::read_dir(&layers)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join("sparse"))
+        .find(|p| p.exists())
+        .expect("the sparse file");
+    let meta = std::fs::metadata(&file).unwrap();
+    assert_eq!(meta.len(), 1 << 40, "its apparent size");
+    assert!(
+        meta.blocks() * 512 <= 1 << 20,
+        "its holes: {} blocks",
+        meta.blocks()
+    );
+    let mut buf = [0u8; 5];
+    std::fs::File::open(&file)
+        .unwrap()
+        .read_exact_at(&mut buf, 1 << 30)
+        .unwrap();
+    assert_eq!(&buf, b"hello");
+
+    for (map, real_size, data) in [
+        ("1\n100\n10\n", "50", &b"0123456789"[..]),
+        ("2\n100\n5\n0\n5\n", "200", b"helloworld"),
+        ("1\n0\n100\n", "200", b"short"),
+        ("x\n", "10", b""),
+    ] {
+        let attempt = import_layer(sparse_layer(map, real_size, data)).await;
+        match &attempt.result {
+            Err(ImageError::Malformed { .. }) => {}
+            other => panic!("{map:?}: expected Malformed, got {other:?}"),
+        }
+        assert_contained(&attempt);
+    }
+}
