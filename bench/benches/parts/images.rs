@@ -39,7 +39,7 @@ async fn import_echo_image(engine: &LocalBackend) -> Result<(), BoxError> {
     let scratch = Scratch::new("bench-image");
     let layout = scratch.0.join("layout");
     shell_image("bench")
-        .layer(Layer::new().host_programs(&["echo"]))
+        .layer(Layer::new().host_programs(&["/bin/echo"]))
         .build()
         .write_layout(&layout);
     open_store(engine.state_dir())?
