@@ -204,6 +204,21 @@ impl Backend for Refuser {
     async fn delete_volume(&self, _: &str) -> Result<()> {
         self.no("delete_volume")
     }
+    async fn list_images(&self) -> Result<Vec<sandcove::ImageSummary>> {
+        self.no("list_images")
+    }
+    async fn pull_image(&self, _: &str) -> Result<sandcove::ImageSummary> {
+        self.no("pull_image")
+    }
+    async fn image_availability(&self, _: &str) -> Result<sandcove::ImageAvailability> {
+        self.no("image_availability")
+    }
+    async fn remove_image(&self, _: &str) -> Result<()> {
+        self.no("remove_image")
+    }
+    async fn prune_images(&self) -> Result<sandcove::ImagePruneReport> {
+        self.no("prune_images")
+    }
     async fn observe(&self, _: &sandcove::OperationId) -> Result<sandcove::OperationStatus> {
         self.no("observe")
     }
@@ -224,7 +239,7 @@ const SIGNED_URL_OPS: [&str; 4] = [
     "post_file_url",
 ];
 
-const METHODS: [&str; 44] = [
+const METHODS: [&str; 49] = [
     "create",
     "get",
     "list",
@@ -268,6 +283,11 @@ const METHODS: [&str; 44] = [
     "get_volume",
     "list_volumes",
     "delete_volume",
+    "list_images",
+    "pull_image",
+    "image_availability",
+    "remove_image",
+    "prune_images",
     "tombstone",
 ];
 
@@ -313,6 +333,9 @@ fn operations(doc: &Value) -> Vec<(String, String, String, &'static str, Vec<u8>
                 "mkdir" | "chmod" => br#"{"path":"/workspace/d","mode":448}"#.to_vec(),
                 "rename" | "copy" => br#"{"from":"/a","to":"/b"}"#.to_vec(),
                 "expose_port" => br#"{"port":8080}"#.to_vec(),
+                "pull_image" | "image_availability" | "remove_image" => {
+                    br#"{"reference":"python:3.12-slim"}"#.to_vec()
+                }
                 "revoke_preview_token" => br#"{"token":"t"}"#.to_vec(),
                 "create_volume" => br#"{"name":"vol1"}"#.to_vec(),
                 "write_stdin" | "write_file" => b"bytes".to_vec(),
@@ -620,6 +643,17 @@ async fn every_client_method_round_trips_the_backends_answer() {
         ("get_volume", c.get_volume("v").await.map(drop)),
         ("list_volumes", c.list_volumes().await.map(drop)),
         ("delete_volume", c.delete_volume("v").await),
+        ("list_images", c.list_images().await.map(drop)),
+        (
+            "pull_image",
+            c.pull_image("python:3.12-slim").await.map(drop),
+        ),
+        (
+            "image_availability",
+            c.image_availability("python:3.12-slim").await.map(drop),
+        ),
+        ("remove_image", c.remove_image("python:3.12-slim").await),
+        ("prune_images", c.prune_images().await.map(drop)),
         (
             "tombstone",
             c.tombstone(ResourceKind::Sandbox, "a").await.map(drop),

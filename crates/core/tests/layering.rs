@@ -3,7 +3,7 @@
 //! here (and, for the crates themselves, does not compile).
 //!
 //! ```text
-//! sandcove-core  <-  sandcove-agent  <-  sandcove-engine
+//! sandcove-core  <-  sandcove-agent  <-  sandcove-engine  ->  sandcove-image (stands alone)
 //!       ^                  ^
 //!       |                  +------------  sandcove-kube
 //!       +---  sandcove-http, sandcove-server
@@ -20,11 +20,15 @@ use serde_json::Value;
 const ALLOWED: &[(&str, &[&str])] = &[
     ("sandcove-core", &[]),
     ("sandcove-agent", &["sandcove-core"]),
-    ("sandcove-engine", &["sandcove-core", "sandcove-agent"]),
+    (
+        "sandcove-engine",
+        &["sandcove-core", "sandcove-agent", "sandcove-image"],
+    ),
     ("sandcove-http", &["sandcove-core"]),
     ("sandcove-server", &["sandcove-core"]),
     ("sandcove-kube", &["sandcove-core", "sandcove-agent"]),
-    // The image store stands alone: the engine, the CLI and the server use it.
+    // The image store stands alone: the engine runs images from it (the CLI reaches it
+    // through the engine).
     ("sandcove-image", &[]),
     (
         "sandcove",
