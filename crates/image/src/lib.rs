@@ -86,6 +86,10 @@ pub use unpack::{
     unpack_archive, ArchiveSummary, UnpackLimits, OVERFLOW_ID, XATTR_MODE, XATTR_OWNER,
 };
 
+/// The most layers an image may have: a manifest listing more is refused before any layer is
+/// fetched (each may unpack to the layer bound; a sandbox's root stacks no more).
+pub const MAX_IMAGE_LAYERS: usize = 128;
+
 /// How layer files are owned on the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum OwnerMap {

@@ -156,6 +156,18 @@ pub(crate) fn parse_document(bytes: &[u8], content_type: Option<&str>) -> Result
         ));
     }
     Digest::parse(&manifest.config.digest)?;
+    // Each layer may unpack to the layer bound: their number is bounded too, before any is
+    // fetched (and a root stacks no more).
+    if manifest.layers.len() > crate::MAX_IMAGE_LAYERS {
+        return Err(ImageError::TooLarge {
+            what: "image manifest".into(),
+            reason: format!(
+                "{} layers (at most {})",
+                manifest.layers.len(),
+                crate::MAX_IMAGE_LAYERS
+            ),
+        });
+    }
     for layer in &manifest.layers {
         Digest::parse(&layer.digest)?;
     }
@@ -241,4 +253,34 @@ pub(crate) fn select_platform(index: &Index) -> Result<&Descriptor> {
                 .join(", ")
         ),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A manifest listing more layers than a root stacks is refused before any is fetched.
+    #[test]
+    fn a_manifest_with_too_many_layers_is_refused() {
+        let digest = format!("sha256:{}", "a".repeat(64));
+        let layer = serde_json::json!({
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": digest, "size": 1,
+        });
+        let manifest = |n: usize| {
+            serde_json::to_vec(&serde_json::json!({
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                           "digest": digest, "size": 1},
+                "layers": vec![layer.clone(); n],
+            }))
+            .unwrap()
+        };
+        assert!(parse_document(&manifest(crate::MAX_IMAGE_LAYERS), None).is_ok());
+        assert!(matches!(
+            parse_document(&manifest(crate::MAX_IMAGE_LAYERS + 1), None),
+            Err(ImageError::TooLarge { .. })
+        ));
+    }
 }

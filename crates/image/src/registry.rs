@@ -180,6 +180,54 @@ fn registry_key(key: &str) -> String {
     }
 }
 
+/// Why a registry's redirect to `to` is not followed, if it is not: past 10 redirects; to
+/// plain HTTP unless the chain began over plain HTTP and `to`'s host may be reached so; to an
+/// address literal that is unspecified, link-local or private, or loopback unless the chain
+/// began on loopback.
+fn redirect_refusal(
+    rules: &RegistryConfig,
+    to: &reqwest::Url,
+    first: Option<&reqwest::Url>,
+    followed: usize,
+) -> Option<String> {
+    if followed >= 10 {
+        return Some("more than 10 redirects".into());
+    }
+    let host = to.host_str().unwrap_or("");
+    let authority = match to.port() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_string(),
+    };
+    let began_plain = first.is_some_and(|u| u.scheme() == "http");
+    let began_on_loopback = first.and_then(|u| u.host_str()).is_some_and(is_loopback);
+    match to.scheme() {
+        "https" => {}
+        "http"
+            if began_plain
+                && (rules.plain_http_allowed(&authority) || rules.plain_http_allowed(host)) => {}
+        _ => return Some(format!("a redirect to {to} is refused (plain HTTP)")),
+    }
+    let literal = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = literal.parse::<std::net::IpAddr>() {
+        let private = match ip {
+            std::net::IpAddr::V4(v4) => {
+                v4.is_private() || v4.is_link_local() || v4.is_unspecified() || v4.is_broadcast()
+            }
+            std::net::IpAddr::V6(v6) => {
+                v6.is_unspecified()
+                    || (v6.segments()[0] & 0xfe00) == 0xfc00
+                    || (v6.segments()[0] & 0xffc0) == 0xfe80
+            }
+        };
+        if private || (ip.is_loopback() && !began_on_loopback) {
+            return Some(format!(
+                "a redirect to {to} is refused (an address of this host or a private network)"
+            ));
+        }
+    }
+    None
+}
+
 fn host_only(host: &str) -> &str {
     if let Some(rest) = host.strip_prefix('[') {
         return rest.split(']').next().unwrap_or(rest);
@@ -219,8 +267,24 @@ const RESUME_ATTEMPTS: u32 = 3;
 
 impl Client {
     pub(crate) fn new(config: RegistryConfig) -> Result<Client> {
+        let rules = config.clone();
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(30))
+            // A registry may send blobs elsewhere (a CDN), but never around the plain-HTTP rule
+            // nor to an address literal of this host's or a private network (a registry is
+            // not a way to reach them).
+            .redirect(reqwest::redirect::Policy::custom(move |attempt| {
+                let refusal = redirect_refusal(
+                    &rules,
+                    attempt.url(),
+                    attempt.previous().first(),
+                    attempt.previous().len(),
+                );
+                match refusal {
+                    None => attempt.follow(),
+                    Some(why) => attempt.error(why),
+                }
+            }))
             .user_agent(concat!("sandcove/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| ImageError::Registry {
@@ -433,8 +497,11 @@ impl Client {
                     Some(port) => format!("{realm_host}:{port}"),
                     None => realm_host.clone(),
                 };
+                // A plain-HTTP realm only for a registry reached over plain HTTP itself:
+                // a remote registry must not send its credentials to a loopback port.
                 if url.scheme() != "https"
                     && !(url.scheme() == "http"
+                        && endpoint.plain_allowed
                         && (self.config.plain_http_allowed(&realm_authority)
                             || self.config.plain_http_allowed(&realm_host)))
                 {
@@ -822,6 +889,41 @@ async fn read_bounded(response: reqwest::Response, limit: u64, what: &str) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redirects_keep_to_https_and_off_this_host_and_private_networks() {
+        let rules = RegistryConfig::default();
+        let url = |u: &str| reqwest::Url::parse(u).unwrap();
+        let remote = url("https://registry.example/v2/x/blobs/sha256:00");
+        let local = url("http://127.0.0.1:5000/v2/x/blobs/sha256:00");
+        let refused = |to: &str, from: &reqwest::Url| {
+            redirect_refusal(&rules, &url(to), Some(from), 1).is_some()
+        };
+        // A CDN over HTTPS: followed.
+        assert!(!refused("https://cdn.example/blob", &remote));
+        // Plain HTTP, an address of this host or of a private network: refused from a
+        // remote registry.
+        for to in [
+            "http://cdn.example/blob",
+            "http://127.0.0.1:8080/",
+            "https://127.0.0.1/",
+            "https://169.254.169.254/latest/meta-data/",
+            "https://10.1.2.3/",
+            "https://192.168.0.1/",
+            "https://[fd00::1]/",
+            "https://[fe80::1]/",
+            "https://0.0.0.0/",
+        ] {
+            assert!(refused(to, &remote), "{to}");
+        }
+        // A loopback registry may send to loopback, over plain HTTP too.
+        assert!(!refused("http://127.0.0.1:5001/blob", &local));
+        assert!(!refused("https://localhost:5001/blob", &local));
+        assert!(refused("http://cdn.example/blob", &local));
+        assert!(
+            redirect_refusal(&rules, &url("https://cdn.example/"), Some(&remote), 10).is_some()
+        );
+    }
 
     #[test]
     fn challenges_are_parsed() {
