@@ -11,7 +11,6 @@ use clap::Subcommand;
 use sandcove::backend::local::images::{image_error, open_store};
 use sandcove::backend::local::sandcove_image::{LayerState, PullProgress, Store};
 use sandcove::client::URL_ENV;
-use sandcove::LocalBackend;
 
 use crate::out::{self, Failure, Outcome};
 
@@ -78,59 +77,16 @@ pub fn image(cmd: ImageCmd, json: bool) -> Outcome {
             }
             Ok(0)
         }
-        ImageCmd::Ls => {
-            let list = store()?.list().map_err(|e| Failure::from(image_error(e)))?;
-            if json {
-                return out::print_json(&list).map(|_| 0);
-            }
-            let rows: Vec<Vec<String>> = list
-                .iter()
-                .map(|image| {
-                    listing_row(&image.references, &image.digest, image.size, &image.created)
-                })
-                .collect();
-            out::print_table(&["REFERENCES", "DIGEST", "SIZE", "CREATED"], &rows);
-            Ok(0)
-        }
         ImageCmd::Inspect { reference } => {
             let details = store()?
                 .inspect(&reference)
                 .map_err(|e| Failure::from(image_error(e)))?;
             out::print_json(&details).map(|_| 0)
         }
-        ImageCmd::Rm { references } => {
-            let store = store()?;
-            let mut status = 0;
-            for reference in references {
-                match store.remove(&reference) {
-                    Ok(()) if !json => println!("{reference}"),
-                    Ok(()) => {}
-                    Err(e) => {
-                        eprintln!(
-                            "sandcove image rm: {}",
-                            out::describe(&image_error(e)).replace('\n', " ")
-                        );
-                        status = out::FAILED;
-                    }
-                }
-            }
-            Ok(status)
-        }
-        ImageCmd::Prune => {
-            let engine = LocalBackend::with_state_dir(&state_dir)?;
-            let report = engine.prune_images()?;
-            if json {
-                out::print_json(&report)?;
-            } else {
-                println!(
-                    "removed {} images, {} layers, {}",
-                    report.images.len(),
-                    report.layers.len(),
-                    human_size(report.bytes)
-                );
-            }
-            Ok(0)
-        }
+        // The engine's own image calls, as a server's: one code path for both.
+        ImageCmd::Ls => list(json),
+        ImageCmd::Rm { references } => remove(references, json),
+        ImageCmd::Prune => prune(json),
     }
 }
 
@@ -148,49 +104,9 @@ fn remote(cmd: ImageCmd, json: bool) -> Outcome {
                 println!("{} {}", image.digest, image.references.join(" "));
             }
         }
-        ImageCmd::Ls => {
-            let list = runtime.block_on(client.images())?;
-            if json {
-                return out::print_json(&list).map(|_| 0);
-            }
-            let rows: Vec<Vec<String>> = list
-                .iter()
-                .map(|image| {
-                    listing_row(&image.references, &image.digest, image.size, &image.created)
-                })
-                .collect();
-            out::print_table(&["REFERENCES", "DIGEST", "SIZE", "CREATED"], &rows);
-        }
-        ImageCmd::Rm { references } => {
-            let mut status = 0;
-            for reference in references {
-                match runtime.block_on(client.remove_image(&reference)) {
-                    Ok(()) if !json => println!("{reference}"),
-                    Ok(()) => {}
-                    Err(e) => {
-                        eprintln!(
-                            "sandcove image rm: {}",
-                            out::describe(&e).replace('\n', " ")
-                        );
-                        status = out::FAILED;
-                    }
-                }
-            }
-            return Ok(status);
-        }
-        ImageCmd::Prune => {
-            let report = runtime.block_on(client.prune_images())?;
-            if json {
-                out::print_json(&report)?;
-            } else {
-                println!(
-                    "removed {} images, {} layers, {}",
-                    report.images.len(),
-                    report.layers.len(),
-                    human_size(report.bytes)
-                );
-            }
-        }
+        ImageCmd::Ls => return list(json),
+        ImageCmd::Rm { references } => return remove(references, json),
+        ImageCmd::Prune => return prune(json),
         ImageCmd::Import { .. } | ImageCmd::Inspect { .. } => {
             return Err(Failure::usage(format!(
                 "`sandcove image import` and `inspect` act on this host's image store, and \
@@ -198,6 +114,57 @@ fn remote(cmd: ImageCmd, json: bool) -> Outcome {
                  <state dir>/images), or unset {URL_ENV}"
             )));
         }
+    }
+    Ok(0)
+}
+
+/// `sandcove image ls` through the runtime's image calls (`Client`): the embedded engine's
+/// store, or the store of the server `SANDCOVE_URL` names (as `rm` and `prune`).
+fn list(json: bool) -> Outcome {
+    let list = out::runtime()?.block_on(out::client()?.images())?;
+    if json {
+        return out::print_json(&list).map(|_| 0);
+    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|image| listing_row(&image.references, &image.digest, image.size, &image.created))
+        .collect();
+    out::print_table(&["REFERENCES", "DIGEST", "SIZE", "CREATED"], &rows);
+    Ok(0)
+}
+
+/// `sandcove image rm`: every reference tried; exit 1 if any could not be removed.
+fn remove(references: Vec<String>, json: bool) -> Outcome {
+    let (client, runtime) = (out::client()?, out::runtime()?);
+    let mut status = 0;
+    for reference in references {
+        match runtime.block_on(client.remove_image(&reference)) {
+            Ok(()) if !json => println!("{reference}"),
+            Ok(()) => {}
+            Err(e) => {
+                eprintln!(
+                    "sandcove image rm: {}",
+                    out::describe(&e).replace('\n', " ")
+                );
+                status = out::FAILED;
+            }
+        }
+    }
+    Ok(status)
+}
+
+/// `sandcove image prune`.
+fn prune(json: bool) -> Outcome {
+    let report = out::runtime()?.block_on(out::client()?.prune_images())?;
+    if json {
+        out::print_json(&report)?;
+    } else {
+        println!(
+            "removed {} images, {} layers, {}",
+            report.images.len(),
+            report.layers.len(),
+            human_size(report.bytes)
+        );
     }
     Ok(0)
 }
