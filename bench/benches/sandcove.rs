@@ -410,8 +410,16 @@ async fn daytona_wire_create(
 
 /// Create → first byte of `echo hi` → destroy.
 async fn create_cycle(backend: &dyn Backend) -> Result<Duration, BoxError> {
+    create_cycle_with(backend, short_options()).await
+}
+
+/// [`create_cycle`] with `options`.
+async fn create_cycle_with(
+    backend: &dyn Backend,
+    options: CreateOptions,
+) -> Result<Duration, BoxError> {
     let start = Instant::now();
-    let id = backend.create(short_options()).await?.id;
+    let id = backend.create(options).await?.id;
     let mut stream = backend
         .spawn(&id, ProcessSpec::new(Command::argv(["echo", "hi"])))
         .await?;

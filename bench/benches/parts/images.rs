@@ -5,13 +5,12 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use sandcove::backend::local::images::open_store;
 use sandcove::backend::local::sandcove_image::{Store, StoreOptions};
-use sandcove::{Backend, Command, CreateOptions, LocalBackend, ProcessEvent, ProcessSpec};
+use sandcove::{Backend, LocalBackend};
 use sandcove_conformance::images::{shell_image, ImageBuilder, Layer, Registry};
 
-use super::{ms, short_options, BoxError, Row};
+use super::{create_cycle_with, ms, short_options, BoxError, Row};
 
 /// The reference the create rows' image is imported under.
 const CREATE_IMAGE: &str = "bench.local/echo:1";
@@ -48,24 +47,6 @@ async fn import_echo_image(engine: &LocalBackend) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// Create → first byte of `echo hi` → destroy, with `options`.
-async fn cycle(backend: &dyn Backend, options: CreateOptions) -> Result<Duration, BoxError> {
-    let start = Instant::now();
-    let id = backend.create(options).await?.id;
-    let mut stream = backend
-        .spawn(&id, ProcessSpec::new(Command::argv(["echo", "hi"])))
-        .await?;
-    while let Some(ev) = stream.events.next().await {
-        if let ProcessEvent::Stdout(_) = ev? {
-            break;
-        }
-    }
-    let elapsed = start.elapsed();
-    drop(stream);
-    backend.destroy(&id).await?;
-    Ok(elapsed)
-}
-
 /// The create rows: the host base and a stored image, both cold (images are never pooled),
 /// taking turns, `rounds` each. Printed as a table with their ratio.
 pub async fn create_rows(cold: &LocalBackend, rounds: usize) -> Result<(), BoxError> {
@@ -83,15 +64,21 @@ pub async fn create_rows(cold: &LocalBackend, rounds: usize) -> Result<(), BoxEr
         "create-image",
         "the same from a stored image (the host's sh and echo: 2 layers), no pool",
     );
-    cycle(cold, short_options()).await?;
-    cycle(cold, image_options()).await?;
+    create_cycle_with(cold, short_options()).await?;
+    create_cycle_with(cold, image_options()).await?;
     for round in 0..rounds {
         if round % 2 == 0 {
-            host.samples.push(cycle(cold, short_options()).await?);
-            image.samples.push(cycle(cold, image_options()).await?);
+            host.samples
+                .push(create_cycle_with(cold, short_options()).await?);
+            image
+                .samples
+                .push(create_cycle_with(cold, image_options()).await?);
         } else {
-            image.samples.push(cycle(cold, image_options()).await?);
-            host.samples.push(cycle(cold, short_options()).await?);
+            image
+                .samples
+                .push(create_cycle_with(cold, image_options()).await?);
+            host.samples
+                .push(create_cycle_with(cold, short_options()).await?);
         }
     }
     println!("| row | p50 ms | p95 ms | what |");
