@@ -732,3 +732,90 @@ async fn a_snapshot_holds_its_image_against_prune() {
     engine.prune_images().await.expect("prune");
     assert!(!stored(), "nothing keeps it any more");
 }
+
+/// With a warm pool, a create naming an image has the pool keep a member of that image, and
+/// the next create of it is a claim that matches a cold one: the image's files, env and
+/// working directory, the claimer's envs, name and user table. A member of an image is never
+/// handed to a create of another image or of the host base.
+#[tokio::test]
+async fn the_warm_pool_keeps_members_per_image() {
+    use sandcove_conformance::{equals, eventually};
+    use std::time::Duration;
+    let fixture = Fixture::new();
+    let warm = LocalBackend::new()
+        .expect("local engine")
+        .with_images(Arc::new(TestImages {
+            reference: fixture.reference.clone(),
+            root: fixture.root.clone(),
+        }))
+        .with_warm_pool(1);
+    let options = fixture.options();
+    // The first create of the image goes cold and has the pool keep one of it.
+    let first = warm.create(options.clone()).await.expect("create");
+    warm.destroy(&first.id).await.expect("destroy");
+    eventually(Duration::from_secs(60), "an image member ready", || async {
+        equals(warm.warm_ready_for(&options), 1)
+    })
+    .await;
+    assert_eq!(
+        warm.warm_ready_for(&test_options("host")),
+        0,
+        "not a host-base member"
+    );
+    let claims = warm.warm_claims();
+    let mut claimer = options.clone();
+    claimer.name = Some(unique("warm-image"));
+    claimer.envs.insert("FROM_CREATE".into(), "yes".into());
+    let info = warm.create(claimer.clone()).await.expect("claim");
+    assert_eq!(warm.warm_claims(), claims + 1, "served by the pool");
+    assert_eq!(info.name, claimer.name);
+    assert_eq!(info.template, fixture.reference);
+    assert_eq!(info.working_dir.as_deref(), Some("/data"));
+    let script = "echo $FOO $FROM_CREATE; pwd; read l < /etc/motd; echo $l; \
+                  while read l; do case $l in img:*) echo $l;; esac; done < /etc/passwd; \
+                  test -e /data/gone || echo whiteout";
+    let out = sh(&warm, &info.id, script).await;
+    let cold = fixture.engine();
+    let cold_id = cold
+        .create(claimer.clone().name(unique("cold-image")))
+        .await;
+    let cold_id = cold_id.expect("cold create").id;
+    let cold_out = sh(&*cold, &cold_id, script).await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "from-image yes\n/data\nupper\nimg:x:4242:4242::/nonexistent:/bin/sh\nwhiteout\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, cold_out.stdout, "warm and cold agree");
+    let whoami = "while read k v rest; do [ \"$k\" = Uid: ] && echo $v; done < /proc/self/status; \
+                  echo $HOME $USER";
+    assert_eq!(
+        sh(&warm, &info.id, whoami).await.stdout,
+        sh(&*cold, &cold_id, whoami).await.stdout
+    );
+    // The host base is not served by the image's member (the pool refills with one of the
+    // image: the newest create's shape).
+    eventually(
+        Duration::from_secs(60),
+        "the image member made again",
+        || async { equals(warm.warm_ready_for(&options), 1) },
+    )
+    .await;
+    let claims = warm.warm_claims();
+    let host = warm.create(test_options("host")).await.expect("host base");
+    assert_eq!(warm.warm_claims(), claims, "the host base goes cold");
+    assert_eq!(
+        sh(&warm, &host.id, "test -e /data/keep || echo host")
+            .await
+            .stdout,
+        b"host\n"
+    );
+    for (engine, id) in [
+        (&warm as &dyn Backend, &info.id),
+        (&warm, &host.id),
+        (&*cold, &cold_id),
+    ] {
+        engine.destroy(id).await.expect("destroy");
+    }
+}

@@ -67,10 +67,9 @@ impl Backend for LocalBackend {
     #[tracing::instrument(level = "debug", skip_all, err(level = "debug"))]
     async fn create(&self, options: CreateOptions) -> Result<SandboxInfo> {
         check_create(&options, self.cgroups.is_some(), self.images.is_some())?;
-        let shape = pool::shape_of(&options, self.mapping, self.pasta.is_ok());
-        if let Some(shape) = shape.filter(|_| !self.unisolated) {
-            if let Some(id) = self.pool.take(self, shape) {
-                let claimed = pool::as_pool_work(self.claim(&id, shape, &options)).await;
+        if let Some(shape) = self.pool_shape(&options) {
+            if let Some(id) = self.pool.take(self, &shape) {
+                let claimed = pool::as_pool_work(self.claim(&id, &shape, &options)).await;
                 if claimed.is_ok() {
                     // Handed out, or destroyed; an error put it back, still hidden.
                     self.pool.release(&id);

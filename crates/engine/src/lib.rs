@@ -252,10 +252,27 @@ impl LocalBackend {
     /// Warm sandboxes ready right now that a create with `options` could claim (none for a
     /// shape the pool never serves).
     pub fn warm_ready_for(&self, options: &sandcove_core::CreateOptions) -> usize {
-        match pool::shape_of(options, self.mapping, self.pasta.is_ok()) {
-            Some(shape) if !self.unisolated => self.pool.ready_of(shape),
-            _ => 0,
+        match self.pool_shape(options) {
+            Some(shape) => self.pool.ready_of(&shape),
+            None => 0,
         }
+    }
+
+    /// The shape of warm member that could serve a create with `options` (`None`: it goes
+    /// cold). An image is looked up in the engine's source for the digest its reference names
+    /// now; one not found there goes cold, where the create says why.
+    pub(crate) fn pool_shape(&self, options: &sandcove_core::CreateOptions) -> Option<pool::Shape> {
+        if self.unisolated {
+            return None;
+        }
+        let digest = match options.template.as_deref() {
+            template if sandcove_core::capability::is_host_base(template) => None,
+            Some(reference) if options.snapshot.is_none() => {
+                Some(self.images.as_ref()?.resolve(reference).ok()?.digest)
+            }
+            _ => return None,
+        };
+        pool::shape_of(options, self.mapping, self.pasta.is_ok(), digest.as_deref())
     }
 
     /// How many creates this engine served from its warm pool so far.

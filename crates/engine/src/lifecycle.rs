@@ -388,11 +388,10 @@ impl LocalBackend {
     /// from `list`. Returns its id and lease end.
     pub(crate) async fn create_member(
         &self,
-        shape: pool::Shape,
+        shape: &pool::Shape,
         lease: Duration,
     ) -> Result<(String, u64)> {
-        let mut options = CreateOptions::default().timeout(lease);
-        options.network = shape.network();
+        let options = shape.member_options(lease);
         let info = self.create_cold(options, true).await?;
         Ok((info.id, info.ends_at))
     }
@@ -422,7 +421,7 @@ impl LocalBackend {
     pub(crate) async fn claim(
         &self,
         id: &str,
-        shape: pool::Shape,
+        shape: &pool::Shape,
         options: &CreateOptions,
     ) -> Result<Option<SandboxInfo>> {
         // The name first: a name held elsewhere fails this create as a cold one would, and
@@ -434,7 +433,7 @@ impl LocalBackend {
                     .await
                     .map_err(|e| Error::backend(format!("create task failed: {e}")))?;
             if let Err(e) = taken {
-                self.pool.put_back(id.to_string(), shape);
+                self.pool.put_back(id.to_string(), shape.clone());
                 return Err(e);
             }
         }

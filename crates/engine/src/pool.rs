@@ -32,9 +32,19 @@
 //! user and home, lease, what happens at its end, annotations; with the network, that is
 //! what the Daytona and E2B listeners' default creates carry (internet, their user and
 //! home), so those are served warm. A sandbox with resources, a network policy
-//! other than those two (the host's), volumes, a snapshot, a hostname or a template other
-//! than the host base, or, under a uid range, root as its default user (another user table:
-//! the member's uid-1000 user would go), is always created cold.
+//! other than those two (the host's), volumes, a snapshot or a hostname, or, on the host base
+//! under a uid range, root as its default user (another user table: the member's uid-1000
+//! user would go), is always created cold.
+//!
+//! **Images.** A create naming an image is served by a member of that image: its shape also
+//! holds the image's reference, the digest the reference named when the create came (a
+//! member of an image since pulled again under that name is never handed out: it is
+//! retired as no longer wanted), and the create's user and home. Those two are part of an
+//! image member's shape because its user table lives in the image's own `/etc/passwd`, which
+//! the agent merged at setup and a claim does not rewrite (the agent refuses a claim that
+//! would, and the create goes cold). An image member holds its image as any sandbox does, so
+//! a prune leaves it; its env, working directory and user are the image's, as a cold
+//! create's are.
 //!
 //! **Which shapes are kept warm.** The pool remembers the shapes of the last `size` creates
 //! it could serve (whether a member served them or not) and keeps one member per remembered
@@ -109,54 +119,111 @@ pub fn size_from_env_or(default: usize) -> usize {
 }
 
 /// What a member is made with and a claim cannot change (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Shape {
+    /// Its network.
+    pub(crate) net: Net,
+    /// Its image, for an image member; `None`: the host base.
+    pub(crate) image: Option<Arc<ImageShape>>,
+}
+
+/// A member's network: what a claim can never change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Shape {
+pub(crate) enum Net {
     /// A network namespace of its own with loopback only ([`NetworkPolicy::None`]).
     Loopback,
     /// [`NetworkPolicy::Internet`]: `pasta` running, the agent's blocks in force.
     Internet,
 }
 
-impl Shape {
-    const ALL: [Shape; 2] = [Shape::Loopback, Shape::Internet];
+/// What an image member is made with beyond its network (see the module docs, "Images").
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct ImageShape {
+    /// The reference the create named (its template), which members are made with.
+    pub(crate) reference: String,
+    /// The image's digest that reference named when the create came.
+    pub(crate) digest: String,
+    /// The create's default user (`None`: as a cold create decides it).
+    pub(crate) user: Option<String>,
+    /// The create's home.
+    pub(crate) home: Option<String>,
+}
 
-    /// The network policy a member of this shape is made with.
-    pub(crate) fn network(self) -> NetworkPolicy {
-        match self {
-            Shape::Loopback => NetworkPolicy::None,
-            Shape::Internet => NetworkPolicy::Internet,
+impl Shape {
+    /// A host-base member with loopback only.
+    #[cfg(test)]
+    pub(crate) const LOOPBACK: Shape = Shape {
+        net: Net::Loopback,
+        image: None,
+    };
+    /// A host-base member with the Internet policy.
+    #[cfg(test)]
+    pub(crate) const INTERNET: Shape = Shape {
+        net: Net::Internet,
+        image: None,
+    };
+
+    /// Whether members of this shape run `pasta` and the agent's blocks.
+    pub(crate) fn internet(&self) -> bool {
+        self.net == Net::Internet
+    }
+
+    /// The options a member of this shape is made with (lease `lease`).
+    pub(crate) fn member_options(&self, lease: Duration) -> CreateOptions {
+        let mut options = CreateOptions::default().timeout(lease);
+        options.network = match self.net {
+            Net::Loopback => NetworkPolicy::None,
+            Net::Internet => NetworkPolicy::Internet,
+        };
+        if let Some(image) = &self.image {
+            options.template = Some(image.reference.clone());
+            options.user = image.user.clone();
+            options.home = image.home.clone();
         }
+        options
     }
 }
 
 /// The shape of member that can serve a create with `options`, if any: only what a claim
 /// replaces (name, envs, labels, user and home, lease, what happens at its end,
 /// annotations) may differ from what members are made with. `internet`: whether this engine
-/// gives Internet sandboxes (without it, such a create fails cold).
+/// gives Internet sandboxes (without it, such a create fails cold). `image_digest`: for a
+/// create naming an image, the digest its reference names in the engine's store now (`None`
+/// there: the create goes cold, and says why).
 pub(crate) fn shape_of(
     options: &CreateOptions,
     mapping: UidMapping,
     internet: bool,
+    image_digest: Option<&str>,
 ) -> Option<Shape> {
-    let fixed = sandcove_core::capability::is_host_base(options.template.as_deref())
-        && options.resources == sandcove_core::Resources::default()
+    let fixed = options.resources == sandcove_core::Resources::default()
         && options.hostname.is_none()
         && options.snapshot.is_none()
         && options.volumes.is_empty();
-    // Under a uid range, a sandbox whose default user is root has no uid-1000 user: another
-    // user table than a member's.
-    let same_users = match mapping {
-        UidMapping::Range => options.user.as_deref() != Some("root"),
-        UidMapping::Single { .. } => true,
-    };
-    if !(fixed && same_users) {
+    if !fixed {
         return None;
     }
-    match options.network {
-        NetworkPolicy::None => Some(Shape::Loopback),
-        NetworkPolicy::Internet if internet => Some(Shape::Internet),
-        NetworkPolicy::Internet | NetworkPolicy::Host => None,
-    }
+    let image = if sandcove_core::capability::is_host_base(options.template.as_deref()) {
+        // Under a uid range, a sandbox whose default user is root has no uid-1000 user:
+        // another user table than a member's.
+        if mapping == UidMapping::Range && options.user.as_deref() == Some("root") {
+            return None;
+        }
+        None
+    } else {
+        Some(Arc::new(ImageShape {
+            reference: options.template.clone()?,
+            digest: image_digest?.to_string(),
+            user: options.user.clone(),
+            home: options.home.clone(),
+        }))
+    };
+    let net = match options.network {
+        NetworkPolicy::None => Net::Loopback,
+        NetworkPolicy::Internet if internet => Net::Internet,
+        NetworkPolicy::Internet | NetworkPolicy::Host => return None,
+    };
+    Some(Shape { net, image })
 }
 
 /// A ready member.
@@ -222,9 +289,9 @@ impl Pool {
     }
 
     /// Members of `shape` ready to be claimed now.
-    pub(super) fn ready_of(&self, shape: Shape) -> usize {
+    pub(super) fn ready_of(&self, shape: &Shape) -> usize {
         let state = self.shared.lock();
-        state.ready.iter().filter(|m| m.shape == shape).count()
+        state.ready.iter().filter(|m| m.shape == *shape).count()
     }
 
     /// Sandboxes handed out by this pool so far.
@@ -235,16 +302,16 @@ impl Pool {
     /// Take a ready member of `shape` with enough lease left, and have the task make its
     /// replacement; the create asking for it counts among the recent ones either way. Starts
     /// the task (on the current runtime) when it is not running.
-    pub(super) fn take(&self, engine: &LocalBackend, shape: Shape) -> Option<String> {
+    pub(super) fn take(&self, engine: &LocalBackend, shape: &Shape) -> Option<String> {
         if self.size == 0 {
             return None;
         }
         // What a cold create's monitor would block now (a few small reads of /proc and
         // /etc): an Internet member is handed out only with exactly these blocks.
-        let host_plan = (shape == Shape::Internet).then(Plan::for_host);
+        let host_plan = shape.internet().then(Plan::for_host);
         let member = {
             let mut state = self.shared.lock();
-            state.recent.push_back(shape);
+            state.recent.push_back(shape.clone());
             while state.recent.len() > self.size {
                 state.recent.pop_front();
             }
@@ -272,7 +339,7 @@ impl Pool {
     /// elsewhere).
     pub(super) fn put_back(&self, id: String, shape: Shape) {
         // Its blocks were those of the host's tables a moment ago (see [`Pool::take`]).
-        let plan = (shape == Shape::Internet).then(Plan::for_host);
+        let plan = shape.internet().then(Plan::for_host);
         // Its lease end is unknown here; the task retires it first (as if it were expiring)
         // unless a claim takes it sooner.
         let ends_at = now_millis() + RETIRE_MARGIN.as_millis() as u64;
@@ -380,9 +447,9 @@ async fn fill(shared: Arc<Shared>, engine: LocalBackend, size: usize) {
         for shape in make {
             // The host's tables before and after: the member's monitor read them in between,
             // so when both agree they are what its blocks were made from.
-            let plan_before = (shape == Shape::Internet).then(Plan::for_host);
-            let made = engine.create_member(shape, MEMBER_LEASE).await;
-            let plan = (shape == Shape::Internet).then(Plan::for_host);
+            let plan_before = shape.internet().then(Plan::for_host);
+            let made = engine.create_member(&shape, MEMBER_LEASE).await;
+            let plan = shape.internet().then(Plan::for_host);
             match made {
                 Ok((id, _)) if plan != plan_before => {
                     // The host's routes or resolvers changed meanwhile: not knowing which
@@ -466,31 +533,31 @@ fn refill_wait(
 /// which the task carries out on its next pass.
 fn pick(
     ready: &mut VecDeque<Member>,
-    shape: Shape,
+    shape: &Shape,
     host_plan: Option<&Plan>,
     fresh_until: u64,
 ) -> Option<usize> {
     for member in ready.iter_mut() {
-        if member.shape == shape && member.plan.as_ref() != host_plan {
+        if member.shape == *shape && member.plan.as_ref() != host_plan {
             member.ends_at = 0;
         }
     }
     ready
         .iter()
-        .position(|m| m.shape == shape && m.ends_at > fresh_until)
+        .position(|m| m.shape == *shape && m.ends_at > fresh_until)
 }
 
 /// The shapes of the members the pool keeps, one per remembered create (`recent`, newest
 /// last), the newest shape standing for creates not seen yet; none before any create.
 fn wanted(recent: &VecDeque<Shape>, size: usize) -> Vec<Shape> {
-    let Some(&newest) = recent.back() else {
+    let Some(newest) = recent.back() else {
         return Vec::new();
     };
     recent
         .iter()
-        .copied()
         .chain(std::iter::repeat(newest))
         .take(size)
+        .cloned()
         .collect()
 }
 
@@ -500,14 +567,24 @@ fn wanted(recent: &VecDeque<Shape>, size: usize) -> Vec<Shape> {
 fn plan(ready: &VecDeque<Member>, wanted: &[Shape]) -> (Vec<Shape>, Vec<usize>) {
     let mut make = Vec::new();
     let mut retire = Vec::new();
-    for shape in Shape::ALL {
-        let want = wanted.iter().filter(|s| **s == shape).count();
+    // Every shape wanted or held, once each, in the order first seen.
+    let mut shapes: Vec<&Shape> = Vec::new();
+    for shape in wanted.iter().chain(ready.iter().map(|m| &m.shape)) {
+        if !shapes.contains(&shape) {
+            shapes.push(shape);
+        }
+    }
+    for shape in shapes {
+        let want = wanted.iter().filter(|s| *s == shape).count();
         let mut have: Vec<usize> = (0..ready.len())
-            .filter(|&i| ready[i].shape == shape)
+            .filter(|&i| ready[i].shape == *shape)
             .collect();
         have.sort_by_key(|&i| ready[i].ends_at);
         retire.extend(have.iter().take(have.len().saturating_sub(want)));
-        make.extend(std::iter::repeat_n(shape, want.saturating_sub(have.len())));
+        make.extend(std::iter::repeat_n(
+            shape.clone(),
+            want.saturating_sub(have.len()),
+        ));
     }
     retire.sort_unstable();
     (make, retire)
@@ -544,13 +621,13 @@ mod tests {
             host_uid: 1000,
             host_gid: 1000,
         };
-        let serves = |o: &CreateOptions, mapping| shape_of(o, mapping, true);
+        let serves = |o: &CreateOptions, mapping| shape_of(o, mapping, true, None);
         let plain = CreateOptions::default()
             .timeout(Duration::from_secs(5))
             .env("A", "1")
             .label("k", "v")
             .name("n");
-        assert_eq!(serves(&plain, range), Some(Shape::Loopback));
+        assert_eq!(serves(&plain, range), Some(Shape::LOOPBACK));
         let mut user = plain.clone();
         user.user = Some("alice".into());
         assert!(serves(&user, range).is_some() && serves(&user, single).is_some());
@@ -565,16 +642,16 @@ mod tests {
         // a home of their own.
         let mut vendor = plain.clone().user("daytona").home("/home/daytona");
         vendor.network = NetworkPolicy::Internet;
-        assert_eq!(serves(&vendor, range), Some(Shape::Internet));
-        assert_eq!(serves(&vendor, single), Some(Shape::Internet));
+        assert_eq!(serves(&vendor, range), Some(Shape::INTERNET));
+        assert_eq!(serves(&vendor, single), Some(Shape::INTERNET));
         assert_eq!(
-            shape_of(&vendor, range, false),
+            shape_of(&vendor, range, false, None),
             None,
             "no internet here: the create fails cold"
         );
         let mut o = plain.clone();
         o.home = Some("/home/x".into());
-        assert_eq!(serves(&o, range), Some(Shape::Loopback));
+        assert_eq!(serves(&o, range), Some(Shape::LOOPBACK));
         let mut o = plain.clone();
         o.network = NetworkPolicy::Host;
         assert_eq!(serves(&o, range), None);
@@ -589,20 +666,87 @@ mod tests {
         assert_eq!(serves(&o, range), None);
         let mut o = plain;
         o.template = Some("python".into());
-        assert_eq!(serves(&o, range), None);
+        assert_eq!(
+            serves(&o, range),
+            None,
+            "an image not in the store goes cold"
+        );
+    }
+
+    #[test]
+    fn an_image_create_is_served_by_a_member_of_that_image_digest_and_users() {
+        let range = UidMapping::Range;
+        let mut options = CreateOptions::default().name("n").env("A", "1");
+        options.template = Some("python:3.12".into());
+        let shape = shape_of(&options, range, true, Some("sha256:aa")).expect("served");
+        assert_eq!(shape.net, Net::Loopback);
+        let image = shape.image.as_deref().expect("an image member");
+        assert_eq!(
+            (image.reference.as_str(), image.digest.as_str()),
+            ("python:3.12", "sha256:aa")
+        );
+        // The members it makes run that image with the create's user and home.
+        let made = shape.member_options(MEMBER_LEASE);
+        assert_eq!(made.template.as_deref(), Some("python:3.12"));
+        assert_eq!((made.user, made.home), (None, None));
+        // Another digest under the same name, another user or home: another shape.
+        assert_ne!(
+            shape_of(&options, range, true, Some("sha256:bb")),
+            Some(shape.clone())
+        );
+        let mut rooted = options.clone();
+        rooted.user = Some("root".into());
+        let rooted = shape_of(&rooted, range, true, Some("sha256:aa")).expect("served");
+        assert_ne!(
+            rooted, shape,
+            "root in the image's own table: its own members"
+        );
+        assert_eq!(
+            rooted.member_options(MEMBER_LEASE).user.as_deref(),
+            Some("root")
+        );
+        let mut homed = options.clone();
+        homed.home = Some("/home/x".into());
+        assert_ne!(
+            shape_of(&homed, range, true, Some("sha256:aa")),
+            Some(shape.clone())
+        );
+        // What a claim takes over (envs, name, labels, lease) does not matter.
+        let mut other = options.clone().name("m").env("B", "2");
+        other.timeout = Some(Duration::from_secs(9));
+        assert_eq!(
+            shape_of(&other, range, true, Some("sha256:aa")),
+            Some(shape.clone())
+        );
+        // The pool keeps image members next to host-base ones and retires those of a digest
+        // no longer named.
+        let member = |id: &str, ends_at, shape: &Shape| Member {
+            id: id.into(),
+            ends_at,
+            shape: shape.clone(),
+            plan: None,
+        };
+        let stale = shape_of(&options, range, true, Some("sha256:old")).expect("served");
+        let ready: VecDeque<Member> =
+            [member("a", 5, &Shape::LOOPBACK), member("b", 6, &stale)].into();
+        assert_eq!(
+            plan(&ready, &[shape.clone(), Shape::LOOPBACK]),
+            (vec![shape], vec![1])
+        );
     }
 
     #[test]
     fn the_pool_keeps_the_shapes_of_recent_creates() {
-        use Shape::{Internet, Loopback};
-        let recent = |shapes: &[Shape]| shapes.iter().copied().collect::<VecDeque<_>>();
+        const INTERNET: Shape = Shape::INTERNET;
+        const LOOPBACK: Shape = Shape::LOOPBACK;
+        let recent = |shapes: &[Shape]| shapes.iter().cloned().collect::<VecDeque<_>>();
         assert_eq!(wanted(&recent(&[]), 2), vec![]);
-        assert_eq!(wanted(&recent(&[Internet]), 2), vec![Internet, Internet]);
+        assert_eq!(wanted(&recent(&[INTERNET]), 2), vec![INTERNET, INTERNET]);
         assert_eq!(
-            wanted(&recent(&[Loopback, Internet]), 2),
-            vec![Loopback, Internet]
+            wanted(&recent(&[LOOPBACK, INTERNET]), 2),
+            vec![LOOPBACK, INTERNET]
         );
-        assert_eq!(wanted(&recent(&[Internet, Internet]), 3), vec![Internet; 3]);
+        assert_eq!(wanted(&recent(&[INTERNET, INTERNET]), 3), vec![INTERNET; 3]);
 
         let member = |id: &str, ends_at, shape| Member {
             id: id.into(),
@@ -611,29 +755,29 @@ mod tests {
             plan: None,
         };
         // Full and as wanted: nothing to do.
-        let ready: VecDeque<Member> = [member("a", 5, Loopback), member("b", 6, Internet)].into();
-        assert_eq!(plan(&ready, &[Internet, Loopback]), (vec![], vec![]));
+        let ready: VecDeque<Member> = [member("a", 5, LOOPBACK), member("b", 6, INTERNET)].into();
+        assert_eq!(plan(&ready, &[INTERNET, LOOPBACK]), (vec![], vec![]));
         // One claimed: its shape is made again.
-        let ready: VecDeque<Member> = [member("b", 6, Internet)].into();
+        let ready: VecDeque<Member> = [member("b", 6, INTERNET)].into();
         assert_eq!(
-            plan(&ready, &[Internet, Loopback]),
-            (vec![Loopback], vec![])
+            plan(&ready, &[INTERNET, LOOPBACK]),
+            (vec![LOOPBACK], vec![])
         );
         // The workload moved to internet: the loopback members nearest their end go first,
         // and as many internet ones are made, never more than the pool's size in all.
         let ready: VecDeque<Member> = [
-            member("a", 9, Loopback),
-            member("b", 6, Internet),
-            member("c", 5, Loopback),
+            member("a", 9, LOOPBACK),
+            member("b", 6, INTERNET),
+            member("c", 5, LOOPBACK),
         ]
         .into();
         assert_eq!(
-            plan(&ready, &[Internet, Internet, Loopback]),
-            (vec![Internet], vec![2])
+            plan(&ready, &[INTERNET, INTERNET, LOOPBACK]),
+            (vec![INTERNET], vec![2])
         );
         assert_eq!(
-            plan(&ready, &[Internet; 3]),
-            (vec![Internet, Internet], vec![0, 2])
+            plan(&ready, &[INTERNET; 3]),
+            (vec![INTERNET, INTERNET], vec![0, 2])
         );
     }
 
@@ -649,16 +793,16 @@ mod tests {
             plan: plan.cloned(),
         };
         let mut ready: VecDeque<Member> = [
-            member("old", Shape::Internet, Some(&then)),
-            member("loop", Shape::Loopback, None),
-            member("new", Shape::Internet, Some(&now)),
+            member("old", Shape::INTERNET, Some(&then)),
+            member("loop", Shape::LOOPBACK, None),
+            member("new", Shape::INTERNET, Some(&now)),
         ]
         .into();
-        assert_eq!(pick(&mut ready, Shape::Internet, Some(&now), 50), Some(2));
+        assert_eq!(pick(&mut ready, &Shape::INTERNET, Some(&now), 50), Some(2));
         assert_eq!(ready[0].ends_at, 0, "the stale one is retired");
         assert_eq!(ready[2].ends_at, 100);
-        assert_eq!(pick(&mut ready, Shape::Loopback, None, 50), Some(1));
-        assert_eq!(pick(&mut ready, Shape::Internet, Some(&then), 50), None);
+        assert_eq!(pick(&mut ready, &Shape::LOOPBACK, None, 50), Some(1));
+        assert_eq!(pick(&mut ready, &Shape::INTERNET, Some(&then), 50), None);
         assert_eq!(ready[2].ends_at, 0);
     }
 }

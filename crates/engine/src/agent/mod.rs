@@ -275,6 +275,14 @@ impl Agent {
         if rewrite && !may_write {
             return Err(Error::invalid("this claim rewrites the user database"));
         }
+        // An image member's users were merged into the image's own `/etc/passwd` at setup:
+        // the pool hands one out only to a create of the same users (its shape), and anything
+        // else is refused here rather than rewritten over the image's table.
+        if rewrite && current.image.is_some() {
+            return Err(Error::invalid(
+                "a claim cannot change an image member's users",
+            ));
+        }
         let mut next = (**current).clone();
         next.options = options;
         next.users = users;
