@@ -284,9 +284,26 @@ fn a_pulled_image_runs() {
 }
 
 /// The Debian release the real image is built from.
-const DEBIAN_SUITE: &str = "bookworm";
-/// What it holds: GNU `hello` (a program hosts lack) and what a shell session needs.
-const DEBIAN_PACKAGES: &[&str] = &["base-files", "dash", "coreutils", "hello"];
+pub const DEBIAN_SUITE: &str = "bookworm";
+/// What it holds: GNU `hello` (a program hosts lack), what a shell session needs, and what
+/// the conformance cases run on an image call (`image_conformance`): bash, Python, `ps`, `ss`
+/// and `ip`, `nc`, `mount`.
+const DEBIAN_PACKAGES: &[&str] = &[
+    "base-files",
+    "dash",
+    "bash",
+    "coreutils",
+    "hello",
+    "findutils",
+    "grep",
+    "sed",
+    "procps",
+    "iproute2",
+    "netcat-openbsd",
+    "python3",
+    "mount",
+    "util-linux",
+];
 
 /// The Debian mirror this host's apt uses for the suite (its `/etc/apt/sources.list*`), else
 /// Debian's own redirector.
@@ -339,7 +356,7 @@ fn debian_mirror() -> String {
 /// maintainer scripts run: nothing here needs them, and it needs no chroot), built once per
 /// package list, suite and mirror, and kept where this user's SDKs are provisioned; `Err`
 /// with the reason where it cannot be built (no `mmdebstrap`, or no route to the mirror).
-fn debian_rootfs() -> Result<PathBuf, String> {
+pub fn debian_rootfs() -> Result<PathBuf, String> {
     static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
     BUILT.get_or_init(build_debian_rootfs).clone()
 }

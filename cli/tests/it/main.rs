@@ -16,6 +16,7 @@ mod e2b_sdk;
 mod e2b_wire;
 mod http_binary;
 mod human;
+mod image_conformance;
 mod images;
 mod sdk_harness;
 mod server_policy;
