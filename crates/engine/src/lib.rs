@@ -122,6 +122,8 @@ pub struct LocalBackend {
     /// Where images named at create are found: the state directory's image store, unless
     /// [`LocalBackend::with_images`] chose another source.
     images: Option<std::sync::Arc<dyn images::ImageSource>>,
+    /// How image roots are composed ([`LocalBackend::with_image_root_mode`]).
+    image_root_mode: images::ImageRootMode,
 }
 
 impl LocalBackend {
@@ -192,6 +194,7 @@ impl LocalBackend {
             conns: std::sync::Arc::new(ConnPool::new()),
             locale: Default::default(),
             images: None,
+            image_root_mode: images::ImageRootMode::from_env()?,
         };
         // Images from this state directory's store (opened at first use).
         let mut backend = backend;
@@ -208,6 +211,13 @@ impl LocalBackend {
     /// writable layer of its own (see [`images`]).
     pub fn with_images(mut self, source: std::sync::Arc<dyn images::ImageSource>) -> Self {
         self.images = Some(source);
+        self
+    }
+
+    /// Compose image roots as `mode` says instead of as [`images::IMAGE_ROOT_ENV`] does
+    /// (unset: [`images::ImageRootMode::Auto`], overlayfs where it mounts, else a copy).
+    pub fn with_image_root_mode(mut self, mode: images::ImageRootMode) -> Self {
+        self.image_root_mode = mode;
         self
     }
 

@@ -34,7 +34,8 @@
 //! home), so those are served warm. A sandbox with resources, a network policy
 //! other than those two (the host's), volumes, a snapshot, a hostname or a template other
 //! than the host base, or, under a uid range, root as its default user (another user table:
-//! the member's uid-1000 user would go), is always created cold.
+//! the member's uid-1000 user would go), is always created cold; so is every image sandbox,
+//! whose default user its image's `User` may decide (see the `images` module).
 //!
 //! **Which shapes are kept warm.** The pool remembers the shapes of the last `size` creates
 //! it could serve (whether a member served them or not) and keeps one member per remembered
@@ -587,6 +588,7 @@ mod tests {
         let mut o = plain.clone();
         o.resources.memory_mib = Some(512);
         assert_eq!(serves(&o, range), None);
+        // An image: cold, where its `User` may decide the default user.
         let mut o = plain;
         o.template = Some("python".into());
         assert_eq!(serves(&o, range), None);
