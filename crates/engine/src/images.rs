@@ -19,6 +19,12 @@
 //! The layer directories are in overlayfs's own format (whiteouts as 0:0 character devices,
 //! opaque directories marked `user.overlay.opaque`), as the image store unpacks them.
 //!
+//! Where overlayfs cannot be mounted (or the operator chose so, [`IMAGE_ROOT_ENV`]), the
+//! agent copies the layers into a directory of the root tmpfs instead ([`ImageRootMode`]):
+//! the same root, bounded by the sandbox's disk; its snapshots hold the whole root, an OCI
+//! layer tar whose first entry marks its root opaque, and a sandbox made from one runs that
+//! root as it is (under overlayfs or not).
+//!
 //! A snapshot of an image sandbox is its writable layer as an OCI layer tar, written by the
 //! agent (never by a program of the image), and the image's reference and digest; a sandbox
 //! made from it runs that image with the archive unpacked, as hostile input, into its own
@@ -389,10 +395,32 @@ impl ImageSource for StoreSource {
     }
 }
 
-/// Whether this host can run images: a sandbox of a one-layer image made here is created
-/// (its root mounted as every image's is) and destroyed. `Err` says why not, as the create
-/// said it. For `sandcove doctor`.
-pub async fn probe(engine: &crate::LocalBackend) -> Result<()> {
+/// Whether this host can run images, and how it composes their roots: a sandbox of a
+/// one-layer image made here is created and destroyed, with overlayfs first (unless the
+/// engine's mode is `copy`), then, where that fails and the mode allows, with the layers
+/// copied. `Ok` is the mode that worked (`Overlay` or `Copy`); `Err` says why none did, as the
+/// create said it. For `sandcove doctor`.
+pub async fn probe(engine: &crate::LocalBackend) -> Result<ImageRootMode> {
+    let tries: &[ImageRootMode] = match engine.image_root_mode() {
+        ImageRootMode::Auto => &[ImageRootMode::Overlay, ImageRootMode::Copy],
+        ImageRootMode::Overlay => &[ImageRootMode::Overlay],
+        ImageRootMode::Copy => &[ImageRootMode::Copy],
+    };
+    let mut failed = None;
+    for &mode in tries {
+        match probe_with(&engine.clone().with_image_root_mode(mode)).await {
+            Ok(()) => return Ok(mode),
+            // The first failure says most (why overlayfs cannot be used).
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    Err(failed.unwrap_or_else(|| Error::backend("no image root mode to probe")))
+}
+
+/// One probe sandbox created and destroyed by `engine`.
+async fn probe_with(engine: &crate::LocalBackend) -> Result<()> {
     use sandcove_core::Backend;
     let dir = engine.state_dir().join(format!(
         ".image-probe-{}-{}",

@@ -221,6 +221,11 @@ impl LocalBackend {
         self
     }
 
+    /// How this engine composes image roots (see [`LocalBackend::with_image_root_mode`]).
+    pub fn image_root_mode(&self) -> images::ImageRootMode {
+        self.image_root_mode
+    }
+
     /// Use `helper` as the user-mode networking helper (`pasta`) for
     /// [`NetworkPolicy::Internet`](sandcove_core::NetworkPolicy::Internet), or none. By default it is
     /// `$SANDCOVE_PASTA` when set (empty: none), else `pasta` from the system directories;
