@@ -170,13 +170,25 @@ fn localhost_names() -> Check {
 }
 
 /// `sandcove doctor`.
-/// Whether this host's engine can run images: a sandbox of a one-layer image, created and
-/// destroyed (its root is overlayfs mounted in the sandbox's own user namespace).
+/// Whether this host's engine can run images, and how: a sandbox of a one-layer image,
+/// created and destroyed (its root overlayfs mounted in the sandbox's own user namespace,
+/// else the layers copied, as the engine's mode allows).
 fn image_roots(rt: &tokio::runtime::Runtime) -> Check {
+    use sandcove::backend::local::images::{ImageRootMode, IMAGE_ROOT_ENV};
     let probed = sandcove::LocalBackend::new()
         .and_then(|engine| rt.block_on(sandcove::backend::local::images::probe(&engine)));
     match probed {
-        Ok(()) => check(
+        Ok(ImageRootMode::Copy) => check(
+            "images",
+            Level::Ok,
+            format!(
+                "image roots are copied into each sandbox's disk (overlayfs unavailable, or \
+                 {IMAGE_ROOT_ENV}=copy): creates are slower, the image counts against the \
+                 disk, snapshots hold the whole root"
+            ),
+            None,
+        ),
+        Ok(_) => check(
             "images",
             Level::Ok,
             "image roots mount (overlayfs in a user namespace)",

@@ -58,7 +58,9 @@ fn image_state() -> &'static Result<(PathBuf, String), String> {
             .env("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
             .cmd(&["/bin/bash"])
             .build();
-        let uid = std::fs::metadata("/proc/self").map_err(|e| e.to_string())?.uid();
+        let uid = std::fs::metadata("/proc/self")
+            .map_err(|e| e.to_string())?
+            .uid();
         let digest = image.digest();
         let short = &digest[digest.len() - 8..];
         let dir = std::env::temp_dir().join(format!("sc-imgconf-{uid}-{short}"));

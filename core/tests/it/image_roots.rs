@@ -7,12 +7,12 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use sandcove::backend::local::images::{ImageRoot, ImageSource};
+use sandcove::backend::local::images::{ImageRoot, ImageRootMode, ImageSource};
 use sandcove::{
     Backend, ByteStream, Command, CreateOptions, ErrorCode, LocalBackend, MkdirOptions,
     ProcessSpec, RemoveOptions, WriteOptions,
 };
-use sandcove_conformance::images::host_program_files;
+use sandcove_conformance::images::{host_program_files, shell_image, Layer};
 use sandcove_conformance::{names_in, read, run, sh, test_options, unique};
 
 /// The uid the engine's root maps sandbox root to (its `HOST_ID_BASE`): as the store does when
@@ -83,10 +83,17 @@ struct Fixture {
     scratch: Scratch,
     reference: String,
     root: ImageRoot,
+    /// How its engines compose the root.
+    mode: ImageRootMode,
 }
 
 impl Fixture {
+    /// The fixture with its engines composing roots as the host allows (overlayfs here).
     fn new() -> Fixture {
+        Fixture::with_mode(ImageRootMode::Auto)
+    }
+
+    fn with_mode(mode: ImageRootMode) -> Fixture {
         let base = std::env::temp_dir().join(unique("image-root"));
         std::fs::create_dir_all(&base).unwrap();
         std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -114,6 +121,27 @@ impl Fixture {
         w(&lower, "data/gone", "deleted by the next layer\n");
         w(&lower, "opq/old", "hidden by an opaque directory\n");
         w(&lower, "etc/motd", "lower\n");
+        // As the store leaves a setuid program: the bit stripped on disk, the image's mode
+        // recorded aside.
+        w(&lower, "bin/tool", "#!/bin/sh\n");
+        std::fs::set_permissions(
+            lower.join("bin/tool"),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        let tool =
+            std::ffi::CString::new(lower.join("bin/tool").to_string_lossy().as_bytes()).unwrap();
+        // SAFETY: valid C strings and a value buffer of the given length.
+        let set = unsafe {
+            libc::setxattr(
+                tool.as_ptr(),
+                c"user.sandcove.mode".as_ptr(),
+                b"4755".as_ptr().cast(),
+                4,
+                0,
+            )
+        };
+        assert_eq!(set, 0, "record the setuid mode");
         // Writable by the sandbox's default user (not root when the engine runs as root).
         for (path, mode) in [("data", 0o777), ("data/keep", 0o666)] {
             std::fs::set_permissions(lower.join(path), std::fs::Permissions::from_mode(mode))
@@ -167,6 +195,7 @@ impl Fixture {
             scratch,
             reference,
             root,
+            mode,
         }
     }
 
@@ -174,6 +203,7 @@ impl Fixture {
         Arc::new(
             LocalBackend::new()
                 .expect("local engine")
+                .with_image_root_mode(self.mode)
                 .with_images(Arc::new(TestImages {
                     reference: self.reference.clone(),
                     root: self.root.clone(),
@@ -192,7 +222,16 @@ impl Fixture {
 /// working directory, under the engine's own directories and `/etc` files.
 #[tokio::test]
 async fn an_image_is_the_sandbox_root() {
-    let fixture = Fixture::new();
+    image_is_the_sandbox_root(Fixture::new()).await;
+}
+
+/// As [`an_image_is_the_sandbox_root`], with the layers copied instead of overlaid.
+#[tokio::test]
+async fn a_copied_image_is_the_sandbox_root() {
+    image_is_the_sandbox_root(Fixture::with_mode(ImageRootMode::Copy)).await;
+}
+
+async fn image_is_the_sandbox_root(fixture: Fixture) {
     let engine = fixture.engine();
     let id = engine.create(fixture.options()).await.expect("create").id;
     let out = sh(
@@ -243,6 +282,12 @@ async fn an_image_is_the_sandbox_root() {
     let mut spec = ProcessSpec::new(Command::sh("echo $FOO"));
     spec.envs.insert("FOO".into(), "from-call".into());
     assert_eq!(run(&*engine, &id, spec).await.stdout, b"from-call\n");
+    // The store's setuid program: its bit stays stripped, whichever way the root is made.
+    let tool = engine
+        .stat(&id, "/bin/tool", Default::default())
+        .await
+        .expect("stat");
+    assert_eq!(tool.mode & 0o7777, 0o755);
     engine.destroy(&id).await.expect("destroy");
 }
 
@@ -251,7 +296,17 @@ async fn an_image_is_the_sandbox_root() {
 /// layer and never follows them: the host's files stay as they were.
 #[tokio::test]
 async fn an_image_symlink_never_leads_the_engine_into_the_host() {
-    let fixture = Fixture::new();
+    symlink_never_leads_into_the_host(Fixture::new()).await;
+}
+
+/// As [`an_image_symlink_never_leads_the_engine_into_the_host`], the layers copied: the copy
+/// writes the symlinks as they are and never follows one.
+#[tokio::test]
+async fn a_copied_image_symlink_never_leads_the_engine_into_the_host() {
+    symlink_never_leads_into_the_host(Fixture::with_mode(ImageRootMode::Copy)).await;
+}
+
+async fn symlink_never_leads_into_the_host(fixture: Fixture) {
     let engine = fixture.engine();
     let id = engine.create(fixture.options()).await.expect("create").id;
     let base = &fixture.scratch.0;
@@ -366,7 +421,17 @@ async fn assert_changed_view(engine: &dyn Backend, id: &str) {
 /// snapshot's image is `InvalidArgument`; an image no longer there is `NotFound`, named.
 #[tokio::test]
 async fn an_image_sandbox_snapshots_and_forks_with_its_writable_layer() {
-    let fixture = Fixture::new();
+    snapshots_and_forks(Fixture::new()).await;
+}
+
+/// As [`an_image_sandbox_snapshots_and_forks_with_its_writable_layer`], the layers copied:
+/// the snapshot holds the whole root, and the sandboxes made from it run that root.
+#[tokio::test]
+async fn a_copied_image_sandbox_snapshots_and_forks_with_its_root() {
+    snapshots_and_forks(Fixture::with_mode(ImageRootMode::Copy)).await;
+}
+
+async fn snapshots_and_forks(fixture: Fixture) {
     let engine = fixture.engine();
     let id = engine
         .create(as_root(fixture.options()))
@@ -427,12 +492,15 @@ async fn an_image_sandbox_snapshots_and_forks_with_its_writable_layer() {
     let err = engine.create(other).await.expect_err("disagrees");
     assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
     // An engine whose images lack the snapshot's.
-    let elsewhere: Arc<dyn Backend> = Arc::new(LocalBackend::new().expect("engine").with_images(
-        Arc::new(TestImages {
-            reference: "test.local/other:1".into(),
-            root: fixture.root.clone(),
-        }),
-    ));
+    let elsewhere: Arc<dyn Backend> = Arc::new(
+        LocalBackend::new()
+            .expect("engine")
+            .with_image_root_mode(fixture.mode)
+            .with_images(Arc::new(TestImages {
+                reference: "test.local/other:1".into(),
+                root: fixture.root.clone(),
+            })),
+    );
     let mut again = test_options("image-root-restored");
     again.snapshot = Some(snap.id.clone());
     let err = elsewhere.create(again).await.expect_err("image gone");
@@ -818,4 +886,87 @@ async fn the_warm_pool_keeps_members_per_image() {
     ] {
         engine.destroy(id).await.expect("destroy");
     }
+}
+
+/// The image's `User` decides the default user of a create that names none: a name is the
+/// default user's (with the engine's uid for it), `0` is root, another uid is the engine's
+/// default user; a create's `user` wins. Seen from inside (`whoami`, `id -u`) and in the
+/// sandbox's info.
+#[tokio::test]
+async fn the_image_user_is_the_default_user() {
+    let base = std::env::temp_dir().join(unique("image-user"));
+    std::fs::create_dir_all(&base).unwrap();
+    let _scratch = Scratch(base.clone());
+    let state = base.join("state");
+    let engine: Arc<dyn Backend> = Arc::new(LocalBackend::with_state_dir(&state).expect("engine"));
+    let store = sandcove::backend::local::images::open_store(&state).expect("store");
+    // Under a uid range (an engine running as root) the default user has uid 1000; rootless,
+    // the one mapped uid 0 is every user's.
+    let user_uid = if unsafe { libc::geteuid() } == 0 {
+        1000
+    } else {
+        0
+    };
+    let mut references = Vec::new();
+    for (image_user, tag) in [("node:node", "named"), ("0:0", "root"), ("4242", "uid")] {
+        let layout = base.join(tag);
+        shell_image("image user")
+            .layer(Layer::new().host_programs(&["/usr/bin/id", "/usr/bin/whoami"]))
+            .user(image_user)
+            .build()
+            .write_layout(&layout);
+        let reference = format!("test.local/{}:{tag}", unique("user"));
+        store
+            .import(&layout, Some(&reference))
+            .await
+            .expect("import");
+        references.push(reference);
+    }
+    let cases = [
+        (&references[0], None, "node", user_uid),
+        (&references[1], None, "root", 0),
+        (&references[2], None, "user", user_uid),
+        (&references[0], Some("alice"), "alice", user_uid),
+        (&references[1], Some("bob"), "bob", user_uid),
+    ];
+    for (reference, create_user, name, uid) in cases {
+        let mut options = test_options("image-user");
+        options.template = Some(reference.clone());
+        options.user = create_user.map(str::to_string);
+        let info = engine.create(options).await.expect("create");
+        assert_eq!((info.user.name.as_str(), info.user.uid), (name, uid));
+        let out = sh(&*engine, &info.id, "whoami; id -u").await;
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            format!("{name}\n{uid}\n"),
+            "{reference} as {create_user:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        engine.destroy(&info.id).await.expect("destroy");
+    }
+}
+
+/// Copied, an image larger than the sandbox's disk does not fit: the create is
+/// `InvalidArgument` naming the disk, and nothing is left running.
+#[tokio::test]
+async fn a_copied_image_larger_than_the_disk_is_refused() {
+    let fixture = Fixture::with_mode(ImageRootMode::Copy);
+    let big = fixture.root.layers[1].join("big");
+    std::fs::write(&big, vec![7u8; 24 << 20]).unwrap();
+    if unsafe { libc::geteuid() } == 0 {
+        std::os::unix::fs::lchown(&big, Some(HOST_ID_BASE), Some(HOST_ID_BASE)).unwrap();
+    }
+    let engine = fixture.engine();
+    let mut options = fixture.options();
+    options.resources.disk_mib = Some(16);
+    let err = engine.create(options).await.expect_err("does not fit");
+    assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    assert!(err.to_string().contains("16 MiB"), "{err}");
+    // With room for it, the same image runs.
+    let mut options = fixture.options();
+    options.resources.disk_mib = Some(64);
+    let id = engine.create(options).await.expect("create").id;
+    let out = sh(&*engine, &id, "test -s /big && echo big").await;
+    assert_eq!(out.stdout, b"big\n");
+    engine.destroy(&id).await.expect("destroy");
 }

@@ -1,6 +1,6 @@
 //! OCI images written by tests, for every package's image tests to share: layers made of files
 //! the test names (or a whole root file system's tar, which is then the one layer), an image
-//! config with `Env`, `WorkingDir` and `Cmd`, written as an OCI image layout (what
+//! config with `Env`, `WorkingDir`, `User` and `Cmd`, written as an OCI image layout (what
 //! `sandcove image import` takes) or pushed to a registry.
 //!
 //! [`shell_image`] is the smallest image a sandbox can do work in: the host's own `/bin/sh`
@@ -203,6 +203,7 @@ pub struct ImageBuilder {
     layers: Vec<(Vec<u8>, &'static str, String)>,
     env: Vec<String>,
     working_dir: Option<String>,
+    user: Option<String>,
     cmd: Vec<String>,
 }
 
@@ -245,6 +246,12 @@ impl ImageBuilder {
         self
     }
 
+    /// The config's `User` (`name`, `uid`, either with `:group`).
+    pub fn user(mut self, user: &str) -> ImageBuilder {
+        self.user = Some(user.to_string());
+        self
+    }
+
     /// The config's `Cmd`.
     pub fn cmd(mut self, argv: &[&str]) -> ImageBuilder {
         self.cmd = argv.iter().map(|s| s.to_string()).collect();
@@ -259,6 +266,9 @@ impl ImageBuilder {
         });
         if let Some(dir) = &self.working_dir {
             config["WorkingDir"] = json!(dir);
+        }
+        if let Some(user) = &self.user {
+            config["User"] = json!(user);
         }
         let config = serde_json::to_vec(&json!({
             "architecture": host_arch(),

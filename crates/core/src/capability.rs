@@ -90,6 +90,14 @@ pub struct Capabilities {
     /// (pulled or imported) runs that image's filesystem.
     #[serde(default)]
     pub images: bool,
+    /// How this runtime composes an image's root, where it says: `overlay` (the image's
+    /// layers, read-only, under a writable layer of the sandbox's: creates are quick and a
+    /// snapshot holds what the sandbox changed) or `copy` (the layers copied into the
+    /// sandbox's own disk, where overlayfs is unavailable or the operator chose it: creates
+    /// take longer, the image counts against the sandbox's disk, and a snapshot holds the
+    /// whole root). `None`: no images, or the runtime did not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_root: Option<String>,
     /// The leases `set_timeout` and
     /// [`CreateOptions::timeout`] accept; `None` when the runtime did not say.
     #[serde(default)]
@@ -136,6 +144,7 @@ impl Capabilities {
             cpu_limit: false,
             templates: Vec::new(),
             images: false,
+            image_root: None,
             lease: None,
             observed_at: None,
             runtime_id: None,
@@ -648,6 +657,7 @@ mod tests {
             cpu_limit: true,
             templates: vec!["base".into()],
             images: false,
+            image_root: None,
             lease: Some(LeaseBounds::engine()),
             observed_at: Some(1),
             runtime_id: Some("rt-test".into()),

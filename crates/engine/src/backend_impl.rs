@@ -51,6 +51,9 @@ impl Backend for LocalBackend {
         // only: an image's root needs the sandbox's own mount namespace).
         if let Some(images) = self.images.as_ref().filter(|_| !self.unisolated) {
             caps.images = true;
+            // What this host is expected to use (a create under `auto` still copies where
+            // its overlay mount is refused: see `images::ImageRootMode`).
+            caps.image_root = Some(self.image_root_mode.host_default().as_str().to_string());
             caps.templates.extend(images.references());
         }
         caps.lease = Some(sandcove_core::capability::LeaseBounds::engine());

@@ -141,6 +141,9 @@ pub struct Record {
     /// The image the sandbox's root is made of; `None` for the host base.
     #[serde(default)]
     pub image: Option<super::images::ImageRoot>,
+    /// How the image's root is composed (overlayfs, a copy, or overlayfs where it mounts).
+    #[serde(default)]
+    pub image_root_mode: super::images::ImageRootMode,
     /// A snapshot archive of an image sandbox (its writable layer, as an OCI layer tar) that
     /// the agent unpacks into this sandbox's writable layer before mounting its root.
     #[serde(default)]

@@ -12,8 +12,18 @@
 //! an image's contents are untrusted, and until the agent pivots into the root the host's
 //! tree is what an absolute symlink would name.
 //!
+//! The sandbox's default user is the create's `user`, else the one the image's `User` names
+//! ([`ImageRoot::default_user`]), else the engine's. (An image create is never served by the
+//! warm pool, whose members run the host base, so this is decided by the cold create only.)
+//!
 //! The layer directories are in overlayfs's own format (whiteouts as 0:0 character devices,
 //! opaque directories marked `user.overlay.opaque`), as the image store unpacks them.
+//!
+//! Where overlayfs cannot be mounted (or the operator chose so, [`IMAGE_ROOT_ENV`]), the
+//! agent copies the layers into a directory of the root tmpfs instead ([`ImageRootMode`]):
+//! the same root, bounded by the sandbox's disk; its snapshots hold the whole root, an OCI
+//! layer tar whose first entry marks its root opaque, and a sandbox made from one runs that
+//! root as it is (under overlayfs or not).
 //!
 //! A snapshot of an image sandbox is its writable layer as an OCI layer tar, written by the
 //! agent (never by a program of the image), and the image's reference and digest; a sandbox
@@ -76,7 +86,8 @@ pub struct ImageRoot {
     /// The image's working directory: where processes start when the call names none.
     #[serde(default)]
     pub working_dir: Option<String>,
-    /// The image's user, recorded (the sandbox's default user is the create's `user`).
+    /// The image's `User` (`name`, `uid`, either with `:group`): the sandbox's default user
+    /// when the create names none (see [`ImageRoot::default_user`]).
     #[serde(default)]
     pub user: Option<String>,
     /// The image's entrypoint and command, recorded for the facades; never run implicitly.
@@ -93,6 +104,129 @@ impl ImageRoot {
     pub fn env_pairs(&self) -> impl Iterator<Item = (&str, &str)> {
         self.env.iter().filter_map(|kv| kv.split_once('='))
     }
+
+    /// The name of the sandbox's default user as the image's `User` decides it, for a create
+    /// that names no `user` (a create's own `user` always wins):
+    /// - `root` or uid `0` (any `:group`): root;
+    /// - a name: the default user takes that name (its uid stays the engine's default user's,
+    ///   and the image's `/etc/passwd` line of that name gives way to the sandbox's);
+    /// - a non-zero uid, or no `User`: `None`, the engine's default user.
+    ///
+    /// The group part is not applied (a sandbox user's group is its own). A name the create's
+    /// `user` could not be either is `InvalidArgument`, saying to name a user at create.
+    pub fn default_user(&self) -> Result<Option<String>> {
+        let Some(user) = self.user.as_deref() else {
+            return Ok(None);
+        };
+        let name = user.split(':').next().unwrap_or_default().trim();
+        if name.is_empty() {
+            return Ok(None);
+        }
+        if name == "root" {
+            return Ok(Some("root".into()));
+        }
+        if name.bytes().all(|b| b.is_ascii_digit()) {
+            // A uid has no name to give the default user; 0 is root whatever it is called.
+            return Ok(name.bytes().all(|b| b == b'0').then(|| "root".to_string()));
+        }
+        let valid = name.len() <= 32
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+        if !valid {
+            return Err(Error::invalid(format!(
+                "image {}'s User {user:?} is not a user name a sandbox can have (1-32 \
+                 letters, digits, '-', '_' or '.'): name the sandbox's user at create",
+                self.reference
+            )));
+        }
+        Ok(Some(name.to_string()))
+    }
+}
+
+/// How an image sandbox's root is composed from the image's layers.
+///
+/// The engine does not probe ahead: under [`ImageRootMode::Auto`] each create's agent tries
+/// overlayfs (one mount call, cheap where it fails) and copies the layers where the mount is
+/// refused, so a host whose kernel gains or loses overlayfs in user namespaces needs no
+/// restart. [`ImageRootMode::host_default`] says which of the two this host is expected to
+/// use (the capabilities' and `sandcove doctor`'s answer; [`probe`] tells for sure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImageRootMode {
+    /// overlayfs where the sandbox's namespaces can mount it, else a copy.
+    #[default]
+    Auto,
+    /// overlayfs only: where it cannot be mounted, the create fails (`Unavailable`).
+    Overlay,
+    /// The layers copied, lowest first, into a directory on the sandbox's root tmpfs (so the
+    /// disk limit bounds the image as it bounds what the sandbox writes): whiteouts delete,
+    /// opaque directories clear, files, directories and symlinks are copied with their modes
+    /// and owners (hard links within a layer become copies). Creates are slower and each
+    /// sandbox's disk holds the whole image; an image larger than the disk is
+    /// `InvalidArgument`, naming the disk size. A snapshot of such a sandbox holds its whole
+    /// root (not only what it changed), and a sandbox made from it runs that root as a copy.
+    Copy,
+}
+
+/// The environment variable choosing how image roots are composed: `overlay`, `copy`, or
+/// `auto` (unset: auto). See [`ImageRootMode`].
+pub const IMAGE_ROOT_ENV: &str = "SANDCOVE_IMAGE_ROOT";
+
+impl ImageRootMode {
+    /// The mode [`IMAGE_ROOT_ENV`] names ([`ImageRootMode::Auto`] when unset or empty); any
+    /// other value is `InvalidArgument`.
+    pub fn from_env() -> Result<ImageRootMode> {
+        match std::env::var(IMAGE_ROOT_ENV) {
+            Err(_) => Ok(ImageRootMode::Auto),
+            Ok(text) => match text.trim() {
+                "" | "auto" => Ok(ImageRootMode::Auto),
+                "overlay" => Ok(ImageRootMode::Overlay),
+                "copy" => Ok(ImageRootMode::Copy),
+                other => Err(Error::invalid(format!(
+                    "{IMAGE_ROOT_ENV}={other:?}: expected `overlay`, `copy` or `auto`"
+                ))),
+            },
+        }
+    }
+
+    /// The mode's name: `auto`, `overlay` or `copy`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImageRootMode::Auto => "auto",
+            ImageRootMode::Overlay => "overlay",
+            ImageRootMode::Copy => "copy",
+        }
+    }
+
+    /// What this setting amounts to on this host: `Overlay` or `Copy` as forced, and under
+    /// `Auto` overlay where the kernel has overlayfs and mounts it in user namespaces (Linux
+    /// 5.11 or later with `overlay` in `/proc/filesystems`), copy otherwise. An expectation:
+    /// a create under `Auto` still copies where its mount is refused.
+    pub fn host_default(self) -> ImageRootMode {
+        match self {
+            ImageRootMode::Auto if overlay_expected() => ImageRootMode::Overlay,
+            ImageRootMode::Auto => ImageRootMode::Copy,
+            forced => forced,
+        }
+    }
+}
+
+/// Whether this kernel should mount overlayfs in a user namespace with `userxattr`.
+fn overlay_expected() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut numbers = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    let listed = std::fs::read_to_string("/proc/filesystems")
+        .map(|text| {
+            text.lines()
+                .any(|l| l.split_whitespace().last() == Some("overlay"))
+        })
+        .unwrap_or(false);
+    version >= (5, 11) && listed
 }
 
 /// The most layers one root stacks: overlayfs takes 500 lower layers at most, and the mount
@@ -261,10 +395,32 @@ impl ImageSource for StoreSource {
     }
 }
 
-/// Whether this host can run images: a sandbox of a one-layer image made here is created
-/// (its root mounted as every image's is) and destroyed. `Err` says why not, as the create
-/// said it. For `sandcove doctor`.
-pub async fn probe(engine: &crate::LocalBackend) -> Result<()> {
+/// Whether this host can run images, and how it composes their roots: a sandbox of a
+/// one-layer image made here is created and destroyed, with overlayfs first (unless the
+/// engine's mode is `copy`), then, where that fails and the mode allows, with the layers
+/// copied. `Ok` is the mode that worked (`Overlay` or `Copy`); `Err` says why none did, as the
+/// create said it. For `sandcove doctor`.
+pub async fn probe(engine: &crate::LocalBackend) -> Result<ImageRootMode> {
+    let tries: &[ImageRootMode] = match engine.image_root_mode() {
+        ImageRootMode::Auto => &[ImageRootMode::Overlay, ImageRootMode::Copy],
+        ImageRootMode::Overlay => &[ImageRootMode::Overlay],
+        ImageRootMode::Copy => &[ImageRootMode::Copy],
+    };
+    let mut failed = None;
+    for &mode in tries {
+        match probe_with(&engine.clone().with_image_root_mode(mode)).await {
+            Ok(()) => return Ok(mode),
+            // The first failure says most (why overlayfs cannot be used).
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    Err(failed.unwrap_or_else(|| Error::backend("no image root mode to probe")))
+}
+
+/// One probe sandbox created and destroyed by `engine`.
+async fn probe_with(engine: &crate::LocalBackend) -> Result<()> {
     use sandcove_core::Backend;
     let dir = engine.state_dir().join(format!(
         ".image-probe-{}-{}",
@@ -324,5 +480,50 @@ impl ImageSource for ProbeImage {
 
     fn references(&self) -> Vec<String> {
         vec![self.0.reference.clone()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ImageRoot;
+
+    fn with_user(user: Option<&str>) -> ImageRoot {
+        ImageRoot {
+            reference: "test.local/user:1".into(),
+            digest: format!("sha256:{}", "0".repeat(64)),
+            layers: Vec::new(),
+            env: Vec::new(),
+            working_dir: None,
+            user: user.map(str::to_string),
+            entrypoint: Vec::new(),
+            cmd: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_image_user_decides_the_default_user() {
+        let decided = |user: Option<&str>| with_user(user).default_user().unwrap();
+        for root in ["root", "0", "root:root", "0:0", "0:1000", "000"] {
+            assert_eq!(decided(Some(root)), Some("root".into()), "{root}");
+        }
+        for (user, name) in [
+            ("node", "node"),
+            ("app:app", "app"),
+            ("www-data:33", "www-data"),
+        ] {
+            assert_eq!(decided(Some(user)), Some(name.into()), "{user}");
+        }
+        for engine_default in ["1000", "1000:1000", "65534", ":staff"] {
+            assert_eq!(decided(Some(engine_default)), None, "{engine_default}");
+        }
+        assert_eq!(with_user(None).default_user().unwrap(), None);
+        for bad in ["a b", "x/y", &"n".repeat(33)] {
+            let err = with_user(Some(bad)).default_user().expect_err(bad);
+            assert_eq!(
+                err.code(),
+                sandcove_core::ErrorCode::InvalidArgument,
+                "{bad}"
+            );
+        }
     }
 }

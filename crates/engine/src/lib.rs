@@ -122,6 +122,8 @@ pub struct LocalBackend {
     /// Where images named at create are found: the state directory's image store, unless
     /// [`LocalBackend::with_images`] chose another source.
     images: Option<std::sync::Arc<dyn images::ImageSource>>,
+    /// How image roots are composed ([`LocalBackend::with_image_root_mode`]).
+    image_root_mode: images::ImageRootMode,
 }
 
 impl LocalBackend {
@@ -192,6 +194,7 @@ impl LocalBackend {
             conns: std::sync::Arc::new(ConnPool::new()),
             locale: Default::default(),
             images: None,
+            image_root_mode: images::ImageRootMode::from_env()?,
         };
         // Images from this state directory's store (opened at first use).
         let mut backend = backend;
@@ -209,6 +212,18 @@ impl LocalBackend {
     pub fn with_images(mut self, source: std::sync::Arc<dyn images::ImageSource>) -> Self {
         self.images = Some(source);
         self
+    }
+
+    /// Compose image roots as `mode` says instead of as [`images::IMAGE_ROOT_ENV`] does
+    /// (unset: [`images::ImageRootMode::Auto`], overlayfs where it mounts, else a copy).
+    pub fn with_image_root_mode(mut self, mode: images::ImageRootMode) -> Self {
+        self.image_root_mode = mode;
+        self
+    }
+
+    /// How this engine composes image roots (see [`LocalBackend::with_image_root_mode`]).
+    pub fn image_root_mode(&self) -> images::ImageRootMode {
+        self.image_root_mode
     }
 
     /// Use `helper` as the user-mode networking helper (`pasta`) for
@@ -265,14 +280,14 @@ impl LocalBackend {
         if self.unisolated {
             return None;
         }
-        let digest = match options.template.as_deref() {
+        let image = match options.template.as_deref() {
             template if sandcove_core::capability::is_host_base(template) => None,
             Some(reference) if options.snapshot.is_none() => {
-                Some(self.images.as_ref()?.resolve(reference).ok()?.digest)
+                Some(self.images.as_ref()?.resolve(reference).ok()?)
             }
             _ => return None,
         };
-        pool::shape_of(options, self.mapping, self.pasta.is_ok(), digest.as_deref())
+        pool::shape_of(options, self.mapping, self.pasta.is_ok(), image.as_ref())
     }
 
     /// How many creates this engine served from its warm pool so far.

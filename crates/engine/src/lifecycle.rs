@@ -30,10 +30,6 @@ impl LocalBackend {
         pooled: bool,
     ) -> Result<SandboxInfo> {
         let id = config::new_id();
-        let default_name = options
-            .user
-            .clone()
-            .unwrap_or_else(|| config::DEFAULT_USER_NAME.into());
         if self.unisolated {
             check_unisolated(&options)?;
         }
@@ -64,6 +60,13 @@ impl LocalBackend {
             }
         }
         let image = self.image_for(&options)?;
+        // The create's user, else the one the image's `User` names, else the engine's.
+        let default_name = match (&options.user, &image) {
+            (Some(user), _) => Some(user.clone()),
+            (None, Some(image)) => image.default_user()?,
+            (None, None) => None,
+        }
+        .unwrap_or_else(|| config::DEFAULT_USER_NAME.into());
         // A sandbox made from an image sandbox's snapshot runs that image (and says so).
         if let (Some(image), None) = (&image, &options.template) {
             options.template = Some(image.reference.clone());
@@ -138,6 +141,7 @@ impl LocalBackend {
             locale: None,
             bounds: self.bounds,
             image,
+            image_root_mode: self.image_root_mode,
             restore_archive,
         };
         // The image is kept for this sandbox before it starts (a prune meanwhile leaves it).
@@ -437,7 +441,11 @@ impl LocalBackend {
                 return Err(e);
             }
         }
-        let users = self.users_for(options);
+        // An image member's default user is its shape's (the image's `User` may have named it).
+        let users = match &shape.image {
+            Some(image) => self.users_for(&options.clone().user(image.user.clone())),
+            None => self.users_for(options),
+        };
         // One round trip: the monitor takes its half, answers, and hands the connection to
         // the agent, which reads its half (sent in the same write) and answers on it.
         let applied = async {

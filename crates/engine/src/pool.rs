@@ -143,8 +143,9 @@ pub(crate) struct ImageShape {
     pub(crate) reference: String,
     /// The image's digest that reference named when the create came.
     pub(crate) digest: String,
-    /// The create's default user (`None`: as a cold create decides it).
-    pub(crate) user: Option<String>,
+    /// The sandbox's default user: the create's, else the one the image's `User` names,
+    /// else the engine's (as a cold create decides it).
+    pub(crate) user: String,
     /// The create's home.
     pub(crate) home: Option<String>,
 }
@@ -177,7 +178,7 @@ impl Shape {
         };
         if let Some(image) = &self.image {
             options.template = Some(image.reference.clone());
-            options.user = image.user.clone();
+            options.user = Some(image.user.clone());
             options.home = image.home.clone();
         }
         options
@@ -187,14 +188,14 @@ impl Shape {
 /// The shape of member that can serve a create with `options`, if any: only what a claim
 /// replaces (name, envs, labels, user and home, lease, what happens at its end,
 /// annotations) may differ from what members are made with. `internet`: whether this engine
-/// gives Internet sandboxes (without it, such a create fails cold). `image_digest`: for a
-/// create naming an image, the digest its reference names in the engine's store now (`None`
-/// there: the create goes cold, and says why).
+/// gives Internet sandboxes (without it, such a create fails cold). `image`: for a create
+/// naming an image, the image its reference names in the engine's store now (`None` there:
+/// the create goes cold, and says why).
 pub(crate) fn shape_of(
     options: &CreateOptions,
     mapping: UidMapping,
     internet: bool,
-    image_digest: Option<&str>,
+    image: Option<&crate::images::ImageRoot>,
 ) -> Option<Shape> {
     let fixed = options.resources == sandcove_core::Resources::default()
         && options.hostname.is_none()
@@ -211,10 +212,19 @@ pub(crate) fn shape_of(
         }
         None
     } else {
+        let image = image?;
+        // An image `User` a create cannot use is the cold create's error to give.
+        let user = match &options.user {
+            Some(user) => user.clone(),
+            None => image
+                .default_user()
+                .ok()?
+                .unwrap_or_else(|| crate::config::DEFAULT_USER_NAME.into()),
+        };
         Some(Arc::new(ImageShape {
             reference: options.template.clone()?,
-            digest: image_digest?.to_string(),
-            user: options.user.clone(),
+            digest: image.digest.clone(),
+            user,
             home: options.home.clone(),
         }))
     };
@@ -676,27 +686,55 @@ mod tests {
     #[test]
     fn an_image_create_is_served_by_a_member_of_that_image_digest_and_users() {
         let range = UidMapping::Range;
+        let image = |digest: &str, user: Option<&str>| crate::images::ImageRoot {
+            reference: "python:3.12".into(),
+            digest: digest.into(),
+            layers: Vec::new(),
+            env: Vec::new(),
+            working_dir: None,
+            user: user.map(str::to_string),
+            entrypoint: Vec::new(),
+            cmd: Vec::new(),
+        };
+        let (aa, bb, old) = (
+            image("sha256:aa", None),
+            image("sha256:bb", None),
+            image("sha256:old", None),
+        );
         let mut options = CreateOptions::default().name("n").env("A", "1");
         options.template = Some("python:3.12".into());
-        let shape = shape_of(&options, range, true, Some("sha256:aa")).expect("served");
+        let shape = shape_of(&options, range, true, Some(&aa)).expect("served");
         assert_eq!(shape.net, Net::Loopback);
-        let image = shape.image.as_deref().expect("an image member");
+        let held = shape.image.as_deref().expect("an image member");
         assert_eq!(
-            (image.reference.as_str(), image.digest.as_str()),
+            (held.reference.as_str(), held.digest.as_str()),
             ("python:3.12", "sha256:aa")
         );
         // The members it makes run that image with the create's user and home.
         let made = shape.member_options(MEMBER_LEASE);
         assert_eq!(made.template.as_deref(), Some("python:3.12"));
-        assert_eq!((made.user, made.home), (None, None));
+        assert_eq!((made.user.as_deref(), made.home), (Some("user"), None));
+        // The image's `User` decides a default user the create leaves unnamed, as cold.
+        let rooted_image = image("sha256:aa", Some("0:0"));
+        let by_image = shape_of(&options, range, true, Some(&rooted_image)).expect("served");
+        assert_eq!(
+            by_image.image.as_deref().map(|i| i.user.as_str()),
+            Some("root")
+        );
+        let bad = image("sha256:aa", Some("no such user!"));
+        assert_eq!(
+            shape_of(&options, range, true, Some(&bad)),
+            None,
+            "the cold create refuses it"
+        );
         // Another digest under the same name, another user or home: another shape.
         assert_ne!(
-            shape_of(&options, range, true, Some("sha256:bb")),
+            shape_of(&options, range, true, Some(&bb)),
             Some(shape.clone())
         );
         let mut rooted = options.clone();
         rooted.user = Some("root".into());
-        let rooted = shape_of(&rooted, range, true, Some("sha256:aa")).expect("served");
+        let rooted = shape_of(&rooted, range, true, Some(&aa)).expect("served");
         assert_ne!(
             rooted, shape,
             "root in the image's own table: its own members"
@@ -708,14 +746,14 @@ mod tests {
         let mut homed = options.clone();
         homed.home = Some("/home/x".into());
         assert_ne!(
-            shape_of(&homed, range, true, Some("sha256:aa")),
+            shape_of(&homed, range, true, Some(&aa)),
             Some(shape.clone())
         );
         // What a claim takes over (envs, name, labels, lease) does not matter.
         let mut other = options.clone().name("m").env("B", "2");
         other.timeout = Some(Duration::from_secs(9));
         assert_eq!(
-            shape_of(&other, range, true, Some("sha256:aa")),
+            shape_of(&other, range, true, Some(&aa)),
             Some(shape.clone())
         );
         // The pool keeps image members next to host-base ones and retires those of a digest
@@ -726,7 +764,7 @@ mod tests {
             shape: shape.clone(),
             plan: None,
         };
-        let stale = shape_of(&options, range, true, Some("sha256:old")).expect("served");
+        let stale = shape_of(&options, range, true, Some(&old)).expect("served");
         let ready: VecDeque<Member> =
             [member("a", 5, &Shape::LOOPBACK), member("b", 6, &stale)].into();
         assert_eq!(

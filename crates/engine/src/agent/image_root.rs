@@ -34,26 +34,76 @@ pub(super) fn open_layers(image: &crate::images::ImageRoot) -> Result<Vec<OwnedF
         .collect()
 }
 
-/// Mount the image's root under `tmp` (the sandbox's root tmpfs, which holds the writable
-/// layer, so the disk limit bounds what the sandbox writes) and return the merged root's
-/// path and the writable layer (`O_PATH`). `layers` come from [`open_layers`]; `restore` is a
-/// snapshot's archive, unpacked into the writable layer before the mount.
+/// An image sandbox's root as setup made it.
+pub(super) struct ImageRootMade {
+    /// The root's path (a mount point, for the pivot).
+    pub(super) root: PathBuf,
+    /// What its snapshots archive (`O_PATH`, opened before anything was mounted in the root):
+    /// overlayfs's upper directory, or the whole root where [`ImageRootMade::whole_root`].
+    pub(super) writable: OwnedFd,
+    /// The root is a copy, not an overlay: a snapshot holds all of it.
+    pub(super) whole_root: bool,
+}
+
+/// Compose the image's root under `tmp` (the sandbox's root tmpfs, which holds the writable
+/// layer, so the disk limit bounds what the sandbox writes): overlayfs where the record's
+/// mode allows and the mount succeeds, else the layers copied (see [`super::image_copy`]).
+/// `layers` come from [`open_layers`] (top first); `restore` is a snapshot's archive,
+/// unpacked into the writable layer first (a whole root's snapshot is that root as it is).
 pub(super) fn mount(
     tmp: &Path,
     layers: &[OwnedFd],
     restore: Option<std::fs::File>,
     record: &Record,
-) -> Result<(PathBuf, OwnedFd)> {
+) -> Result<ImageRootMade> {
+    use crate::images::ImageRootMode;
     let step = |what: &str| {
         let what = what.to_string();
         move |e: std::io::Error| super::setup::unavailable(&what, e)
     };
-    for dir in ["upper", "work", "root"] {
-        std::fs::create_dir(tmp.join(dir)).map_err(step("make the image's writable layer"))?;
-    }
+    std::fs::create_dir(tmp.join("upper")).map_err(step("make the image's writable layer"))?;
     let upper = sys::open_dir_path(&tmp.join("upper")).map_err(step("open the writable layer"))?;
+    let mut whole_root = false;
     if let Some(archive) = restore {
+        let (archive, whole) = whole_root_archive(archive)
+            .map_err(|e| Error::from_io(&e, "read the snapshot's archive"))?;
+        whole_root = whole;
         restore_layer(upper.as_fd(), archive, record)?;
+    }
+    if whole_root {
+        // The snapshot of a copied root: its files are the whole root, nothing under them.
+        return bind_as_root(tmp, "upper", upper);
+    }
+    let mode = record.image_root_mode;
+    if mode != ImageRootMode::Copy {
+        match mount_overlay(tmp, layers) {
+            Ok(root) => {
+                return Ok(ImageRootMade {
+                    root,
+                    writable: upper,
+                    whole_root: false,
+                })
+            }
+            Err(e) if mode == ImageRootMode::Overlay => return Err(e),
+            // Auto: this host's kernel or policy refuses it; the copy needs neither.
+            Err(_) => {}
+        }
+    }
+    copy_layers(tmp, layers, upper, record)
+}
+
+/// overlayfs on `tmp/root`: the layers under `tmp/upper`.
+fn mount_overlay(tmp: &Path, layers: &[OwnedFd]) -> Result<PathBuf> {
+    for dir in ["work", "root"] {
+        match std::fs::create_dir(tmp.join(dir)) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                return Err(super::setup::unavailable(
+                    "make the image's writable layer",
+                    e,
+                ))
+            }
+            _ => {}
+        }
     }
     // Each lower layer through our own descriptor (`/proc/self/fd/N`): overlayfs resolves the
     // magic link to exactly the directory opened above, whatever the store's path names now.
@@ -77,11 +127,83 @@ pub(super) fn mount(
     )
     .map_err(|e| Error::Unavailable {
         reason: format!("cannot mount the image's layers (overlayfs): {e}"),
-        remedy: "run on Linux 5.11 or later with overlayfs (mounted in user namespaces with \
-                 userxattr), or create the sandbox on the host base"
-            .into(),
+        remedy: format!(
+            "run on Linux 5.11 or later with overlayfs (mounted in user namespaces with \
+             userxattr), or let the engine copy the layers ({}=copy or auto), or create the \
+             sandbox on the host base",
+            crate::images::IMAGE_ROOT_ENV
+        ),
     })?;
-    Ok((root, upper))
+    Ok(root)
+}
+
+/// The layers copied, lowest first, into `tmp/copy`, then the restored writable layer
+/// `upper` (a snapshot's changes) over them; `upper` is removed after.
+fn copy_layers(
+    tmp: &Path,
+    layers: &[OwnedFd],
+    upper: OwnedFd,
+    record: &Record,
+) -> Result<ImageRootMade> {
+    let reference = record
+        .image
+        .as_ref()
+        .map(|image| image.reference.as_str())
+        .unwrap_or_default();
+    let disk_mib = record.disk_mib();
+    let failed = |e: std::io::Error| match e.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT) => Error::invalid(format!(
+            "image {reference} does not fit the sandbox's disk ({disk_mib} MiB) as a copied \
+             root (this host runs images by copying their layers): create it with a larger \
+             disk (resources.disk_mib)"
+        )),
+        _ => super::setup::unavailable("copy the image's layers", e),
+    };
+    std::fs::create_dir(tmp.join("copy")).map_err(failed)?;
+    let copy = sys::open_dir_path(&tmp.join("copy")).map_err(failed)?;
+    for layer in layers.iter().rev().chain(std::iter::once(&upper)) {
+        super::image_copy::apply_layer(layer.as_fd(), copy.as_fd()).map_err(failed)?;
+    }
+    let tmp_fd = sys::open_dir_path(tmp).map_err(failed)?;
+    super::image_copy::remove_entry(tmp_fd.as_fd(), b"upper").map_err(failed)?;
+    drop(upper);
+    bind_as_root(tmp, "copy", copy)
+}
+
+/// `tmp/name` bound onto itself (the pivot needs a mount point), `dir` (opened before: it
+/// sees none of the mounts setup makes in the root) kept for snapshots.
+fn bind_as_root(tmp: &Path, name: &str, dir: OwnedFd) -> Result<ImageRootMade> {
+    let root = tmp.join(name);
+    sys::mount(
+        Some(&root),
+        &root,
+        None,
+        libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV,
+        None,
+    )
+    .map_err(|e| super::setup::unavailable("bind the image's copied root", e))?;
+    Ok(ImageRootMade {
+        root,
+        writable: dir,
+        whole_root: true,
+    })
+}
+
+/// Whether `archive` is a whole root's snapshot (its first entry the root's opaque marker,
+/// as [`super::layer_tar::write_layer`] writes one), with the archive to unpack: past that
+/// marker (the root needs no mark), or from its start.
+fn whole_root_archive(mut archive: std::fs::File) -> std::io::Result<(std::fs::File, bool)> {
+    use std::io::Seek;
+    let mut block = [0u8; 512];
+    let whole = match archive.read_exact(&mut block) {
+        Ok(()) => super::layer_tar::is_root_marker(&block),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => false,
+        Err(e) => return Err(e),
+    };
+    if !whole {
+        archive.rewind()?;
+    }
+    Ok((archive, whole))
 }
 
 /// Unpack a snapshot's archive (an OCI layer tar a sandbox's files made, so hostile input)
@@ -90,7 +212,7 @@ pub(super) fn mount(
 /// `.wh.` entries as whiteouts), bounded as the snapshot was (its bytes by the archive bound
 /// of the sandbox's disk, its entries by the root's inodes; the tmpfs bounds what lands).
 /// Owners are the archive's where the sandbox's user namespace maps them.
-fn restore_layer(upper: BorrowedFd<'_>, archive: std::fs::File, record: &Record) -> Result<()> {
+fn restore_layer(upper: BorrowedFd<'_>, archive: impl Read, record: &Record) -> Result<()> {
     let dir = sys::open_beneath(
         upper,
         Path::new("."),

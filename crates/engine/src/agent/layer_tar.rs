@@ -23,16 +23,29 @@ use rustix::io::Errno;
 
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
-    .union(ResolveFlags::NO_MAGICLINKS);
+    .union(ResolveFlags::NO_MAGICLINKS)
+    .union(ResolveFlags::NO_XDEV);
+/// The first entry of a whole root's archive: its root directory's opaque marker.
+const ROOT_MARKER: &[u8] = b".wh..wh..opq";
 /// overlayfs's opaque-directory mark under `userxattr` (`y`: opaque).
 const XATTR_OPAQUE: &str = "user.overlay.opaque";
 /// Top-level directories of the root that are the engine's, not the sandbox's files (as the
 /// host base's export leaves them out).
 const EXCLUDED: &[&[u8]] = &[b".sandcove"];
 
-/// Write the layer beneath `upper` (overlayfs's upper directory) to `out` as a tar.
-pub(super) fn write_layer(upper: BorrowedFd<'_>, out: impl Write) -> io::Result<()> {
+/// Write the layer beneath `upper` (overlayfs's upper directory) to `out` as a tar. With
+/// `whole_root` (`upper` is a copied root, see `image_copy`), the tar's first entry marks
+/// its root opaque: it is the whole root, nothing of the image's layers under it (see
+/// [`is_root_marker`]). Mounts beneath `upper` are never entered.
+pub(super) fn write_layer(
+    upper: BorrowedFd<'_>,
+    whole_root: bool,
+    out: impl Write,
+) -> io::Result<()> {
     let mut builder = tar::Builder::new(out);
+    if whole_root {
+        append_marker(&mut builder, ROOT_MARKER)?;
+    }
     // Hard links: the path each multiply-linked inode was first archived under.
     let mut first_paths: HashMap<(u64, u64), Vec<u8>> = HashMap::new();
     // Directories still to list, by path beneath the layer (empty: the layer's root).
@@ -41,8 +54,9 @@ pub(super) fn write_layer(upper: BorrowedFd<'_>, out: impl Write) -> io::Result<
         let dir = match open_beneath(upper, &rel, OFlags::RDONLY | OFlags::DIRECTORY) {
             Ok(dir) => dir,
             // Removed or replaced since it was listed (the sandbox is paused, but an export
-            // never trusts that): nothing to archive there.
-            Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => continue,
+            // never trusts that): nothing to archive there. A mount point (`/proc`, `/dev`,
+            // a volume) is not the sandbox's files either.
+            Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP | Errno::XDEV) => continue,
             Err(e) => return Err(e.into()),
         };
         if !rel.is_empty() {
@@ -50,7 +64,7 @@ pub(super) fn write_layer(upper: BorrowedFd<'_>, out: impl Write) -> io::Result<
             let mut header = header_of(&stat, tar::EntryType::Directory);
             builder.append_data(&mut header, as_path(&rel), io::empty())?;
         }
-        if is_opaque(dir.as_fd()) {
+        if is_opaque(dir.as_fd()) && !(rel.is_empty() && whole_root) {
             append_marker(&mut builder, &join(&rel, b".wh..wh..opq"))?;
         }
         let mut names = list(dir.as_fd())?;
@@ -110,7 +124,7 @@ fn append_file(
         RESOLVE,
     ) {
         Ok(file) => file,
-        Err(Errno::NOENT | Errno::LOOP) => return Ok(()),
+        Err(Errno::NOENT | Errno::LOOP | Errno::XDEV) => return Ok(()),
         Err(e) => return Err(e.into()),
     };
     let stat = rustix::fs::fstat(&file)?;
@@ -306,6 +320,15 @@ fn append_marker(builder: &mut tar::Builder<impl Write>, path: &[u8]) -> io::Res
     builder.append_data(&mut header, as_path(path), io::empty())
 }
 
+/// Whether `block`, an archive's first 512 bytes, is the header [`write_layer`] begins a whole
+/// root's archive with (the root's opaque marker: an empty regular file of that name).
+pub(super) fn is_root_marker(block: &[u8; 512]) -> bool {
+    let header = tar::Header::from_byte_slice(block);
+    header.entry_type() == tar::EntryType::Regular
+        && header.size().ok() == Some(0)
+        && header.path_bytes().as_ref() == ROOT_MARKER
+}
+
 fn open_beneath(root: BorrowedFd<'_>, rel: &[u8], flags: OFlags) -> rustix::io::Result<OwnedFd> {
     let rel: &[u8] = if rel.is_empty() { b"." } else { rel };
     rustix::fs::openat2(root, rel, flags | OFlags::CLOEXEC, Mode::empty(), RESOLVE)
@@ -394,7 +417,7 @@ mod tests {
         )
         .unwrap();
         let mut archive = Vec::new();
-        write_layer(upper_fd.as_fd(), &mut archive).unwrap();
+        write_layer(upper_fd.as_fd(), false, &mut archive).unwrap();
         assert!(
             archive.len() < 1 << 20,
             "the sparse file's holes are not archived: {} bytes",

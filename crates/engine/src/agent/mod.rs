@@ -23,6 +23,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
 mod file_calls;
+mod image_copy;
 mod image_root;
 mod layer_tar;
 mod metrics;
@@ -124,7 +125,10 @@ pub fn run(
     };
     let mut agent = Agent::new(record);
     agent.oom_score = oom_score.ok();
-    agent.upper = upper;
+    if let Some((writable, whole_root)) = upper {
+        agent.upper = Some(writable);
+        agent.upper_is_root = whole_root;
+    }
     runtime.block_on(serve(Arc::new(agent), ctrl));
     sys::exit_now(0)
 }
@@ -158,6 +162,9 @@ struct Agent {
     /// An image sandbox's writable layer (overlayfs's upper directory, `O_PATH`), kept from
     /// setup: once the agent has pivoted, no path reaches it. Snapshots read it.
     upper: Option<OwnedFd>,
+    /// `upper` is the whole root (the layers were copied, see `image_copy`): a snapshot
+    /// holds all of it.
+    upper_is_root: bool,
 }
 
 /// The agent's OOM score adjustment, written through a descriptor opened at start.
@@ -221,6 +228,7 @@ impl Agent {
             frozen: std::sync::atomic::AtomicBool::new(false),
             oom_score: None,
             upper: None,
+            upper_is_root: false,
         }
     }
 

@@ -190,6 +190,7 @@ fn prepare(config: &PodAgentConfig) -> Result<Record> {
         bounds: Default::default(),
         // A Pod's root is its container image, which Kubernetes mounts.
         image: None,
+        image_root_mode: Default::default(),
     };
     // The home exists before anything runs in it (an emptyDir in a Pod usually; made here
     // otherwise, by the agent, before any sandbox code runs).

@@ -18,12 +18,13 @@ pub(super) fn unavailable(step: &str, err: std::io::Error) -> Error {
 /// Build the sandbox root: a tmpfs with the host's system directories read-only, a private
 /// `/workspace`, `/tmp`, `/proc` and `/dev`, then pivot into it. `volume_trees` are the
 /// detached mounts of the bounded volumes, in the order of their mounts. Returns an image
-/// sandbox's writable layer (`O_PATH`), which no path reaches after the pivot.
+/// sandbox's writable layer (`O_PATH`), which no path reaches after the pivot, and whether
+/// it is the whole root (a copied root) rather than overlayfs's upper directory.
 pub(super) fn setup_sandbox(
     record: &Record,
     volume_trees: Vec<OwnedFd>,
     net: Option<&Plan>,
-) -> Result<Option<OwnedFd>> {
+) -> Result<Option<(OwnedFd, bool)>> {
     // The engine's locale directory, opened while we still hold the engine's own host uid:
     // the state directory it lies in may be closed to the sandbox's root (see `locale`).
     // Without it, sandboxes read the host's locale files as they are.
@@ -93,8 +94,8 @@ pub(super) fn setup_sandbox(
     // files unpacked into it first).
     let (root, upper) = match &layers {
         Some(layers) => {
-            let (merged, upper) = super::image_root::mount(&root, layers, restore, record)?;
-            (merged, Some(upper))
+            let made = super::image_root::mount(&root, layers, restore, record)?;
+            (made.root, Some((made.writable, made.whole_root)))
         }
         None => (root, None),
     };
@@ -268,7 +269,7 @@ pub(super) fn setup_sandbox(
     // sandbox process holds a descriptor or a path to it).
     super::landlock::confine_to_root(
         record.landlock_optional,
-        upper.as_ref().map(|fd| fd.as_fd()),
+        upper.as_ref().map(|(fd, _)| fd.as_fd()),
     )?;
     super::seccomp::install()?;
     Ok(upper)

@@ -225,13 +225,14 @@ pub(super) async fn export_layer(agent: &Agent, stream: &mut impl Conn) -> Resul
         .ok_or_else(|| Error::backend("the image sandbox's writable layer was not kept"))?
         .try_clone()
         .map_err(|e| Error::from_io(&e, "snapshot"))?;
+    let whole_root = agent.upper_is_root;
     let (chunks, mut received) = mpsc::channel::<Vec<u8>>(4);
     let writer = tokio::task::spawn_blocking(move || {
         let out = ChunkWriter {
             chunks,
             pending: Vec::with_capacity(CHUNK),
         };
-        super::layer_tar::write_layer(upper.as_fd(), out)
+        super::layer_tar::write_layer(upper.as_fd(), whole_root, out)
     });
     let copied: Result<()> = async {
         while let Some(chunk) = received.recv().await {
