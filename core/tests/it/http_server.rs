@@ -210,6 +210,13 @@ impl Backend for Refuser {
     async fn pull_image(&self, _: &str) -> Result<sandcove::ImageSummary> {
         self.no("pull_image")
     }
+    async fn import_image(
+        &self,
+        _: ByteStream,
+        _: Option<&str>,
+    ) -> Result<Vec<sandcove::ImageSummary>> {
+        self.no("import_image")
+    }
     async fn image_availability(&self, _: &str) -> Result<sandcove::ImageAvailability> {
         self.no("image_availability")
     }
@@ -239,7 +246,7 @@ const SIGNED_URL_OPS: [&str; 4] = [
     "post_file_url",
 ];
 
-const METHODS: [&str; 49] = [
+const METHODS: [&str; 50] = [
     "create",
     "get",
     "list",
@@ -285,6 +292,7 @@ const METHODS: [&str; 49] = [
     "delete_volume",
     "list_images",
     "pull_image",
+    "import_image",
     "image_availability",
     "remove_image",
     "prune_images",
