@@ -9,8 +9,8 @@ use std::sync::Mutex;
 
 use clap::Subcommand;
 use sandcove::backend::local::images::{image_error, open_store};
-use sandcove::backend::local::sandcove_image::{LayerState, PullProgress, Store};
 use sandcove::client::URL_ENV;
+use sandcove::{ImageLayerState, ImagePullProgress};
 
 use crate::out::{self, Failure, Outcome};
 
@@ -27,7 +27,8 @@ pub enum ImageCmd {
         reference: String,
     },
     /// Import images without a registry: an OCI image layout directory, an `oci-archive`
-    /// tarball, or a `docker save` / `podman save` tarball.
+    /// tarball, or a `docker save` / `podman save` tarball. With SANDCOVE_URL, a tarball is
+    /// sent to that server's store.
     Import {
         /// The directory or tarball.
         path: PathBuf,
@@ -62,7 +63,6 @@ pub fn image(cmd: ImageCmd, json: bool) -> Outcome {
     let state_dir = sandcove::backend::local::default_state_dir();
     let store = || open_store(&state_dir).map_err(Failure::from);
     match cmd {
-        ImageCmd::Pull { reference } => pull(&store()?, &reference, json),
         ImageCmd::Import { path, tag } => {
             let store = store()?;
             let images = out::runtime()?
@@ -84,38 +84,49 @@ pub fn image(cmd: ImageCmd, json: bool) -> Outcome {
             out::print_json(&details).map(|_| 0)
         }
         // The engine's own image calls, as a server's: one code path for both.
+        ImageCmd::Pull { reference } => pull(&reference, json),
         ImageCmd::Ls => list(json),
         ImageCmd::Rm { references } => remove(references, json),
         ImageCmd::Prune => prune(json),
     }
 }
 
-/// An image command against the server `SANDCOVE_URL` names: its store. `import` and
-/// `inspect` read files on this host and the store's own records: run on the server's host.
+/// An image command against the server `SANDCOVE_URL` names: its store. An import sends an
+/// archive file to it; an OCI layout directory, and `inspect`, which reads the store's own
+/// records, need the server's host.
 fn remote(cmd: ImageCmd, json: bool) -> Outcome {
-    let client = out::client()?;
-    let runtime = out::runtime()?;
     match cmd {
-        ImageCmd::Pull { reference } => {
-            let image = runtime.block_on(client.pull_image(&reference))?;
-            if json {
-                out::print_json(&image)?;
-            } else {
-                println!("{} {}", image.digest, image.references.join(" "));
+        ImageCmd::Pull { reference } => pull(&reference, json),
+        ImageCmd::Import { path, tag } => {
+            if path.is_dir() {
+                return Err(Failure::usage(format!(
+                    "{} is a directory (an OCI image layout), and {URL_ENV} names a server: \
+                     send it as an oci-archive (`tar -cf image.tar -C {} .`, then `sandcove \
+                     image import image.tar`), or import it on the server's host",
+                    path.display(),
+                    path.display()
+                )));
             }
+            let (client, runtime) = (out::client()?, out::runtime()?);
+            let images = runtime.block_on(client.import_image_file(&path, tag.as_deref()))?;
+            if json {
+                out::print_json(&images)?;
+            } else {
+                for image in images {
+                    println!("{} {}", image.digest, image.references.join(" "));
+                }
+            }
+            Ok(0)
         }
-        ImageCmd::Ls => return list(json),
-        ImageCmd::Rm { references } => return remove(references, json),
-        ImageCmd::Prune => return prune(json),
-        ImageCmd::Import { .. } | ImageCmd::Inspect { .. } => {
-            return Err(Failure::usage(format!(
-                "`sandcove image import` and `inspect` act on this host's image store, and \
-                 {URL_ENV} names a server: run them on the server's host (its store is \
-                 <state dir>/images), or unset {URL_ENV}"
-            )));
-        }
+        ImageCmd::Ls => list(json),
+        ImageCmd::Rm { references } => remove(references, json),
+        ImageCmd::Prune => prune(json),
+        ImageCmd::Inspect { .. } => Err(Failure::usage(format!(
+            "`sandcove image inspect` reads this host's image store, and {URL_ENV} names a \
+             server: run it on the server's host (its store is <state dir>/images), or unset \
+             {URL_ENV}"
+        ))),
     }
-    Ok(0)
 }
 
 /// `sandcove image ls` through the runtime's image calls (`Client`): the embedded engine's
@@ -188,18 +199,18 @@ fn listing_row(
     ]
 }
 
-/// Pull with a line per layer: redrawn in place on a terminal, else one line each time a
-/// layer changes state (never a line per chunk in a log).
-fn pull(store: &Store, reference: &str, json: bool) -> Outcome {
+/// Pull through the runtime (the embedded engine's store, or the server's) with a line per
+/// layer: redrawn in place on a terminal, else one line each time a layer changes state
+/// (never a line per chunk in a log).
+fn pull(reference: &str, json: bool) -> Outcome {
     let terminal = std::io::stderr().is_terminal() && !json;
     let board = Mutex::new(Board::default());
-    let progress = |p: PullProgress| {
+    let progress = |p: ImagePullProgress| {
         let mut board = board.lock().unwrap_or_else(|e| e.into_inner());
         board.update(p, terminal);
     };
-    let info = out::runtime()?
-        .block_on(store.pull(reference, &progress))
-        .map_err(|e| Failure::from(image_error(e)))?;
+    let (client, runtime) = (out::client()?, out::runtime()?);
+    let info = runtime.block_on(client.pull_image_with_progress(reference, &progress))?;
     if json {
         out::print_json(&info)?;
     } else {
@@ -211,12 +222,12 @@ fn pull(store: &Store, reference: &str, json: bool) -> Outcome {
 /// The layers of a pull as last reported, and how many lines are on the terminal.
 #[derive(Default)]
 struct Board {
-    layers: BTreeMap<usize, PullProgress>,
+    layers: BTreeMap<usize, ImagePullProgress>,
     drawn: usize,
 }
 
 impl Board {
-    fn update(&mut self, progress: PullProgress, terminal: bool) {
+    fn update(&mut self, progress: ImagePullProgress, terminal: bool) {
         let changed = self
             .layers
             .get(&progress.index)
@@ -240,19 +251,22 @@ impl Board {
 }
 
 /// One layer's line: `layer 2/5 sha256:0123456789ab downloading  12.0 MB / 30.1 MB`.
-fn line(p: &PullProgress) -> String {
+fn line(p: &ImagePullProgress) -> String {
     let state = match p.state {
-        LayerState::Waiting => "waiting",
-        LayerState::Downloading => "downloading",
-        LayerState::Unpacking => "unpacking",
-        LayerState::Done => "done",
-        LayerState::Cached => "already stored",
+        ImageLayerState::Waiting => "waiting",
+        ImageLayerState::Downloading => "downloading",
+        ImageLayerState::Unpacking => "unpacking",
+        ImageLayerState::Done => "done",
+        ImageLayerState::Cached => "already stored",
+        _ => "in progress",
     };
     let bytes = match p.state {
-        LayerState::Downloading => {
+        ImageLayerState::Downloading => {
             format!("  {} / {}", human_size(p.done), human_size(p.total))
         }
-        LayerState::Done | LayerState::Unpacking => format!("  {}", human_size(p.total)),
+        ImageLayerState::Done | ImageLayerState::Unpacking => {
+            format!("  {}", human_size(p.total))
+        }
         _ => String::new(),
     };
     format!(

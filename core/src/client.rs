@@ -296,6 +296,46 @@ impl Client {
         self.backend.pull_image(reference).await
     }
 
+    /// [`pull_image`](Self::pull_image), reporting each layer's progress to `progress` as
+    /// the runtime reports it (the embedded engine and a server both do; `progress` runs on
+    /// the pull's task: keep it short).
+    pub async fn pull_image_with_progress(
+        &self,
+        reference: &str,
+        progress: &(dyn Fn(crate::ImagePullProgress) + Send + Sync),
+    ) -> Result<crate::ImageSummary> {
+        self.backend
+            .pull_image_with_progress(reference, progress)
+            .await
+    }
+
+    /// Import the images of an archive (an `oci-archive`, or a `docker save` / `podman save`
+    /// tarball, compressed or not), streamed from `archive`, into the runtime's store; `tag`
+    /// names the image of a one-image archive. An error item in `archive` abandons the import
+    /// with nothing stored. A server bounds the archive (its largest upload and its store's
+    /// bound, `FileTooLarge` past either).
+    pub async fn import_image(
+        &self,
+        archive: ByteStream,
+        tag: Option<&str>,
+    ) -> Result<Vec<crate::ImageSummary>> {
+        self.backend.import_image(archive, tag).await
+    }
+
+    /// [`import_image`](Self::import_image) of the archive in the file `path` on this host,
+    /// read as it is sent (never whole in memory).
+    pub async fn import_image_file(
+        &self,
+        path: &std::path::Path,
+        tag: Option<&str>,
+    ) -> Result<Vec<crate::ImageSummary>> {
+        let what = format!("open the image archive {}", path.display());
+        let file = tokio::fs::File::open(path)
+            .await
+            .map_err(|e| Error::from_io(&e, &what))?;
+        self.import_image(file_chunks(file, path), tag).await
+    }
+
     /// Remove an image reference from the runtime's store.
     pub async fn remove_image(&self, reference: &str) -> Result<()> {
         self.backend.remove_image(reference).await
@@ -1260,6 +1300,28 @@ fn append_limited(buf: &mut Vec<u8>, bytes: &[u8], limit: usize, truncated: &mut
         *truncated = true;
     }
     buf.extend_from_slice(&bytes[..bytes.len().min(room)]);
+}
+
+/// A file's bytes as a stream of chunks of at most 1 MiB, an error item when a read fails.
+fn file_chunks(file: tokio::fs::File, path: &std::path::Path) -> ByteStream {
+    use tokio::io::AsyncReadExt;
+    const CHUNK: usize = 1024 * 1024;
+    let what = format!("read the image archive {}", path.display());
+    Box::pin(futures::stream::unfold(Some(file), move |file| {
+        let what = what.clone();
+        async move {
+            let mut file = file?;
+            let mut chunk = vec![0; CHUNK];
+            match file.read(&mut chunk).await {
+                Ok(0) => None,
+                Ok(n) => {
+                    chunk.truncate(n);
+                    Some((Ok(chunk), Some(file)))
+                }
+                Err(e) => Some((Err(Error::from_io(&e, &what)), None)),
+            }
+        }
+    }))
 }
 
 /// The image `options` names that a runtime with images does not list among its templates

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use sandcove_conformance::images::{
-    shell_image, ImageBuilder, OciImage, MARKER_ENV, MARKER_PATH, WORKING_DIR,
+    shell_image, ImageBuilder, Layer, OciImage, MARKER_ENV, MARKER_PATH, WORKING_DIR,
 };
 use sandcove_conformance::unique;
 use sandcove_tests::PrivateState;
@@ -107,8 +107,15 @@ impl Target {
     }
 
     fn served() -> Target {
+        Target::served_with(&[])
+    }
+
+    /// [`Target::served`] with `envs` added to the server's environment.
+    fn served_with(envs: &[(&str, &OsStr)]) -> Target {
         let state = PrivateState::new();
         let key = unique("key");
+        let mut server_env = vec![("SANDCOVE_API_KEY", OsStr::new(&key))];
+        server_env.extend_from_slice(envs);
         let serve = ServeChild::start(
             &[
                 "--listen",
@@ -116,7 +123,7 @@ impl Target {
                 "--state-dir",
                 state.dir.to_str().unwrap(),
             ],
-            &[("SANDCOVE_API_KEY", OsStr::new(&key))],
+            &server_env,
             &[],
             "sandcove serve: listening on",
         )
@@ -281,6 +288,153 @@ fn a_pulled_image_runs() {
     ]);
     assert_eq!(out, "pulled-marker\npulled-marker\n");
     t.ok(&["kill", &id]);
+}
+
+/// A pull through a server (`SANDCOVE_URL`) reports each layer as the embedded engine's
+/// does: `sandcove image pull`, its stderr not a terminal, prints a line each time a layer
+/// changes state, each layer ends `done`, and the image runs.
+#[test]
+fn a_pull_through_the_server_reports_each_layer_then_runs() {
+    let Some(registry) = sandcove_conformance::images::Registry::start() else {
+        eprintln!("SKIP: docker-registry is not installed (Debian package docker-registry); the pull test did not run");
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let image = shell_image("served-pull-marker")
+        .layer(Layer::new().file("/extra/notes", 0o644, b"a second layer\n"))
+        .build();
+    runtime.block_on(async {
+        registry.ready().await;
+        image.push(&registry.host, "sandcove/served", "1").await;
+    });
+    let t = Target::served();
+    let reference = format!("{}/sandcove/served:1", registry.host);
+    let out = t.run(&["image", "pull", &reference]);
+    assert!(out.status.success(), "{}", show(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(&image.digest()), "{stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for index in 1..=2 {
+        let layer: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with(&format!("layer {index}/2 ")))
+            .collect();
+        assert!(
+            layer.last().is_some_and(|l| l.contains(" done ")),
+            "layer {index} reported, ending done: {stderr}"
+        );
+    }
+    let id = t.create(&reference);
+    let out = t.ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        &format!("read line < {MARKER_PATH}; echo $line; read notes < /extra/notes; echo $notes"),
+    ]);
+    assert_eq!(out, "served-pull-marker\na second layer\n");
+    t.ok(&["kill", &id]);
+}
+
+/// `sandcove image import` of an `oci-archive` through a server sends the archive to the
+/// server's store, where a sandbox runs it.
+#[test]
+fn an_archive_imported_through_the_server_runs() {
+    let t = Target::served();
+    let marker = unique("archived");
+    let image = shell_image(&marker).build();
+    let scratch = Scratch::new("archive");
+    let archive = scratch.0.join("image.tar");
+    std::fs::write(&archive, image.oci_archive()).expect("write the archive");
+    let reference = "test.local/archived:1";
+    let out = t.ok(&[
+        "image",
+        "import",
+        archive.to_str().unwrap(),
+        "--tag",
+        reference,
+    ]);
+    assert!(out.contains(&image.digest()), "{out}");
+    assert!(
+        image_ls(&t.state.dir).contains(reference),
+        "stored in the server's store"
+    );
+    let id = t.create(reference);
+    let out = t.ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        &format!("read line < {MARKER_PATH}; echo $line"),
+    ]);
+    assert_eq!(out, format!("{marker}\n"));
+    t.ok(&["kill", &id]);
+}
+
+/// Bytes that do not compress (xorshift), so an archive holding them is at least this big.
+fn incompressible(len: usize) -> Vec<u8> {
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+/// An archive larger than the server's store bound (`SANDCOVE_IMAGE_STORE_MAX_MIB`) is
+/// refused as it arrives, with `FileTooLarge`, and leaves nothing: no image, no file in the
+/// store's temporary directory.
+#[test]
+fn an_oversized_import_through_the_server_is_refused_and_leaves_nothing() {
+    let t = Target::served_with(&[("SANDCOVE_IMAGE_STORE_MAX_MIB", OsStr::new("1"))]);
+    let image = ImageBuilder::new()
+        .layer_tar(
+            Layer::new()
+                .file("/big", 0o644, &incompressible(3 << 20))
+                .tar(),
+            true,
+        )
+        .build();
+    let scratch = Scratch::new("oversized");
+    let archive = scratch.0.join("image.tar");
+    std::fs::write(&archive, image.oci_archive()).expect("write the archive");
+    let out = t.run(&[
+        "image",
+        "import",
+        archive.to_str().unwrap(),
+        "--tag",
+        "test.local/oversized:1",
+    ]);
+    assert!(!out.status.success(), "{}", show(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "the image archive is larger than {} bytes",
+            1 << 20
+        )),
+        "FileTooLarge, naming the archive and the bound: {stderr}"
+    );
+    assert!(
+        !image_ls(&t.state.dir).contains("oversized"),
+        "nothing imported"
+    );
+    let tmp = sandcove::backend::local::images::store_dir(&t.state.dir).join("tmp");
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        left.is_empty(),
+        "nothing left in {}: {left:?}",
+        tmp.display()
+    );
 }
 
 /// The Debian release the real image is built from.

@@ -210,6 +210,13 @@ impl Backend for Refuser {
     async fn pull_image(&self, _: &str) -> Result<sandcove::ImageSummary> {
         self.no("pull_image")
     }
+    async fn import_image(
+        &self,
+        _: ByteStream,
+        _: Option<&str>,
+    ) -> Result<Vec<sandcove::ImageSummary>> {
+        self.no("import_image")
+    }
     async fn image_availability(&self, _: &str) -> Result<sandcove::ImageAvailability> {
         self.no("image_availability")
     }
@@ -239,7 +246,7 @@ const SIGNED_URL_OPS: [&str; 4] = [
     "post_file_url",
 ];
 
-const METHODS: [&str; 49] = [
+const METHODS: [&str; 50] = [
     "create",
     "get",
     "list",
@@ -285,6 +292,7 @@ const METHODS: [&str; 49] = [
     "delete_volume",
     "list_images",
     "pull_image",
+    "import_image",
     "image_availability",
     "remove_image",
     "prune_images",
@@ -649,6 +657,12 @@ async fn every_client_method_round_trips_the_backends_answer() {
             c.pull_image("python:3.12-slim").await.map(drop),
         ),
         (
+            "import_image",
+            c.import_image(data(), Some("test.local/x:1"))
+                .await
+                .map(drop),
+        ),
+        (
             "image_availability",
             c.image_availability("python:3.12-slim").await.map(drop),
         ),
@@ -672,6 +686,15 @@ async fn every_client_method_round_trips_the_backends_answer() {
         results.len(),
         "one backend call per client call: NotSupported is not retried"
     );
+    // A pull with progress is the pull route streaming: the backend's refusal arrives as
+    // the stream's error frame, typed as it was.
+    let streamed = c
+        .pull_image_with_progress("python:3.12-slim", &|_| {})
+        .await;
+    match streamed {
+        Err(Error::NotSupported { feature, .. }) => assert_eq!(feature, "pull_image"),
+        other => panic!("pull_image_with_progress: {other:?}"),
+    }
 }
 
 /// Bodies over the limits are 413 before the backend sees them.
@@ -692,6 +715,7 @@ async fn oversized_bodies_are_413() {
             vec![0u8; 4096],
         ),
         ("PUT", "/v1/sandboxes/sb1/files?path=/x", vec![1u8; 4096]),
+        ("POST", "/v1/images/import", vec![1u8; 4096]),
     ];
     for (method, path, body) in cases {
         let response = http
@@ -703,8 +727,9 @@ async fn oversized_bodies_are_413() {
             .unwrap();
         assert_eq!(response.status().as_u16(), 413, "{method} {path}");
         let answer: Value = response.json().await.unwrap();
-        // A file upload says which file and its bound; other bodies are bad arguments.
-        let code = if path.contains("/files") {
+        // A file upload or image archive says what and its bound; other bodies are bad
+        // arguments.
+        let code = if path.contains("/files") || path.contains("/images/import") {
             "file_too_large"
         } else {
             "invalid_argument"

@@ -344,6 +344,38 @@ impl OciImage {
         .expect("the layout's index.json");
     }
 
+    /// An `oci-archive` of this one image: its OCI image layout (see
+    /// [`OciImage::write_layout`]) as an uncompressed tar, in memory.
+    pub fn oci_archive(&self) -> Vec<u8> {
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut add = |name: &str, bytes: &[u8]| {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(bytes.len() as u64);
+            header.set_mode(0o644);
+            header.set_entry_type(tar::EntryType::Regular);
+            tar.append_data(&mut header, name, bytes)
+                .expect("a tar entry in memory");
+        };
+        add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#);
+        let index = json!({
+            "schemaVersion": 2,
+            "manifests": [{"mediaType": MANIFEST, "digest": self.digest(), "size": self.manifest.len()}],
+        });
+        add(
+            "index.json",
+            &serde_json::to_vec(&index).expect("the index as JSON"),
+        );
+        let mut blobs: Vec<&[u8]> = vec![&self.config, &self.manifest];
+        blobs.extend(self.layers.iter().map(|(blob, _)| blob.as_slice()));
+        for blob in blobs {
+            add(
+                &format!("blobs/sha256/{}", &sha256(blob)["sha256:".len()..]),
+                blob,
+            );
+        }
+        tar.into_inner().expect("the archive in memory")
+    }
+
     /// Push the image to the registry at `host` (`127.0.0.1:5000`, plain HTTP) as
     /// `repository:tag`: every blob in one upload each, then the manifest.
     pub async fn push(&self, host: &str, repository: &str, tag: &str) {

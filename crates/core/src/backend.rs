@@ -23,12 +23,12 @@ use futures::Stream;
 
 use crate::{
     AnnotationUpdate, Capabilities, ChmodOptions, CopyOptions, CreateOptions, FileStat, FileUrl,
-    FileUrlOptions, FsEvent, ImageAvailability, ImagePruneReport, ImageSummary, ListDirOptions,
-    ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus, Preview, PreviewOptions,
-    PreviewToken, PreviewTokenOptions, ProcessEvent, ProcessInfo, ProcessSelector, ProcessSpec,
-    ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions, ResourceKind, Result, SandboxInfo,
-    SetLabelsOptions, SetOnTimeoutOptions, SetTimeoutOptions, SignalOptions, SnapshotInfo,
-    SnapshotOptions, StatOptions, Tombstone, VolumeInfo, WatchOptions, WriteOptions,
+    FileUrlOptions, FsEvent, ImageAvailability, ImagePruneReport, ImagePullProgress, ImageSummary,
+    ListDirOptions, ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus, Preview,
+    PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessEvent, ProcessInfo, ProcessSelector,
+    ProcessSpec, ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions, ResourceKind, Result,
+    SandboxInfo, SetLabelsOptions, SetOnTimeoutOptions, SetTimeoutOptions, SignalOptions,
+    SnapshotInfo, SnapshotOptions, StatOptions, Tombstone, VolumeInfo, WatchOptions, WriteOptions,
     WriteStdinOptions,
 };
 
@@ -311,6 +311,32 @@ pub trait Backend: Send + Sync + fmt::Debug {
     async fn pull_image(&self, reference: &str) -> Result<ImageSummary> {
         let _ = reference;
         Err(images_not_supported("pull_image"))
+    }
+
+    /// [`pull_image`](Backend::pull_image) reporting each layer's progress to `progress` as
+    /// it goes (called from the pull's own task: keep it short; it must not block). A runtime
+    /// that cannot report progress pulls without reports, which is the default.
+    async fn pull_image_with_progress(
+        &self,
+        reference: &str,
+        progress: &(dyn Fn(ImagePullProgress) + Send + Sync),
+    ) -> Result<ImageSummary> {
+        let _ = progress;
+        self.pull_image(reference).await
+    }
+
+    /// Import the images of an archive streamed in `archive` (an `oci-archive` or a
+    /// `docker save` tarball, compressed or not) into this runtime's store; `tag` names the
+    /// image when the archive holds exactly one (and replaces the names it carries). An
+    /// `archive` stream that ends in an error item abandons the import: nothing is stored.
+    /// The default answers `NotSupported`.
+    async fn import_image(
+        &self,
+        archive: ByteStream,
+        tag: Option<&str>,
+    ) -> Result<Vec<ImageSummary>> {
+        let _ = (archive, tag);
+        Err(images_not_supported("import_image"))
     }
 
     /// Whether the image `reference` names is stored, could be pulled, or neither: never

@@ -88,7 +88,8 @@ pub enum Error {
     },
     /// A file is larger than the bound of the call: an in-memory read or write
     /// ([`DEFAULT_MEMORY_FILE_BYTES`](crate::DEFAULT_MEMORY_FILE_BYTES) unless raised), or the
-    /// backend's largest file, or a snapshot archive over its sandbox's disk bound. Nothing
+    /// backend's largest file, a snapshot archive over its sandbox's disk bound, or an
+    /// image archive past a server's largest upload or its image store's bound. Nothing
     /// was kept; `remedy` says what to call instead.
     #[error("{what} is larger than {limit} bytes ({remedy})")]
     FileTooLarge {

@@ -34,13 +34,13 @@ use async_trait::async_trait;
 
 use crate::{
     AnnotationUpdate, Backend, ByteStream, Capabilities, ChmodOptions, CopyOptions, CreateOptions,
-    FileStat, FileUrl, FileUrlOptions, ImageAvailability, ImagePruneReport, ImageSummary,
-    ListDirOptions, ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus, Preview,
-    PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessInfo, ProcessSelector, ProcessSpec,
-    ProcessStream, ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions, ResourceKind,
-    Result, SandboxInfo, SetLabelsOptions, SetOnTimeoutOptions, SetTimeoutOptions, SignalOptions,
-    SnapshotInfo, SnapshotOptions, StatOptions, Tombstone, VolumeInfo, WatchOptions, WatchStream,
-    WriteOptions, WriteStdinOptions,
+    FileStat, FileUrl, FileUrlOptions, ImageAvailability, ImagePruneReport, ImagePullProgress,
+    ImageSummary, ListDirOptions, ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus,
+    Preview, PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessInfo, ProcessSelector,
+    ProcessSpec, ProcessStream, ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions,
+    ResourceKind, Result, SandboxInfo, SetLabelsOptions, SetOnTimeoutOptions, SetTimeoutOptions,
+    SignalOptions, SnapshotInfo, SnapshotOptions, StatOptions, Tombstone, VolumeInfo, WatchOptions,
+    WatchStream, WriteOptions, WriteStdinOptions,
 };
 
 /// A backend wrapping [`Layer::inner`]: every [`Backend`] call, passed on unchanged unless the
@@ -331,6 +331,26 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
         self.inner().pull_image(reference).await
     }
 
+    /// [`Backend::pull_image_with_progress`], passed to [`Layer::inner`] unless overridden.
+    async fn pull_image_with_progress(
+        &self,
+        reference: &str,
+        progress: &(dyn Fn(ImagePullProgress) + Send + Sync),
+    ) -> Result<ImageSummary> {
+        self.inner()
+            .pull_image_with_progress(reference, progress)
+            .await
+    }
+
+    /// [`Backend::import_image`], passed to [`Layer::inner`] unless overridden.
+    async fn import_image(
+        &self,
+        archive: ByteStream,
+        tag: Option<&str>,
+    ) -> Result<Vec<ImageSummary>> {
+        self.inner().import_image(archive, tag).await
+    }
+
     /// [`Backend::image_availability`], passed to [`Layer::inner`] unless overridden.
     async fn image_availability(&self, reference: &str) -> Result<ImageAvailability> {
         self.inner().image_availability(reference).await
@@ -590,6 +610,22 @@ impl<L: Layer> Backend for L {
 
     async fn pull_image(&self, reference: &str) -> Result<ImageSummary> {
         Layer::pull_image(self, reference).await
+    }
+
+    async fn pull_image_with_progress(
+        &self,
+        reference: &str,
+        progress: &(dyn Fn(ImagePullProgress) + Send + Sync),
+    ) -> Result<ImageSummary> {
+        Layer::pull_image_with_progress(self, reference, progress).await
+    }
+
+    async fn import_image(
+        &self,
+        archive: ByteStream,
+        tag: Option<&str>,
+    ) -> Result<Vec<ImageSummary>> {
+        Layer::import_image(self, archive, tag).await
     }
 
     async fn remove_image(&self, reference: &str) -> Result<()> {

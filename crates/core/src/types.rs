@@ -200,6 +200,64 @@ impl ImageSummary {
     }
 }
 
+/// Where one layer of an image pull is ([`ImagePullProgress::state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ImageLayerState {
+    /// Queued behind other layers.
+    Waiting,
+    /// Its bytes are arriving.
+    Downloading,
+    /// Being unpacked into the store.
+    Unpacking,
+    /// Stored by this pull.
+    Done,
+    /// Already in the store: nothing fetched.
+    Cached,
+}
+
+/// One layer's progress during an image pull
+/// ([`Backend::pull_image_with_progress`](crate::Backend::pull_image_with_progress)): each
+/// report replaces the last one for the same [`index`](Self::index).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ImagePullProgress {
+    /// The layer's blob digest, as the manifest names it.
+    pub layer: String,
+    /// Its position in the image, lowest first.
+    pub index: usize,
+    /// How many layers the image has.
+    pub layers: usize,
+    /// Where it is.
+    pub state: ImageLayerState,
+    /// Bytes received.
+    pub done: u64,
+    /// The blob's size in bytes.
+    pub total: u64,
+}
+
+impl ImagePullProgress {
+    /// A progress report (for runtimes outside this crate).
+    pub fn new(
+        layer: String,
+        index: usize,
+        layers: usize,
+        state: ImageLayerState,
+        done: u64,
+        total: u64,
+    ) -> Self {
+        ImagePullProgress {
+            layer,
+            index,
+            layers,
+            state,
+            done,
+            total,
+        }
+    }
+}
+
 /// Whether a runtime could run an image, as it finds without pulling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

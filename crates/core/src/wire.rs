@@ -18,11 +18,12 @@
 //!   | `o` | stdout bytes, raw |
 //!   | `e` | stderr bytes, raw |
 //!   | `d` | file bytes, raw |
-//!   | `j` | one JSON value: a [`ProcessEvent`](crate::ProcessEvent) other than output (start, gap, exit) or an [`FsEvent`](crate::FsEvent) |
+//!   | `j` | one JSON value: a [`ProcessEvent`](crate::ProcessEvent) other than output (start, gap, exit), an [`FsEvent`](crate::FsEvent), or an image pull's [`PullEvent`](body::PullEvent) |
 //!   | `x` | end of a download or watch (empty) |
 //!   | `!` | an [`ErrorBody`]; the stream ends after it |
 //!
-//!   A process stream ends with its exit event, a download or watch with `x`. A body that ends
+//!   A process stream ends with its exit event, a download or watch with `x`, an image pull
+//!   with its `pulled` event. A body that ends
 //!   any other way (connection cut, server stopped, a truncated frame) yields an error as the
 //!   stream's last item: output is never silently short.
 //! - **Spawn** answers with the pid in the [`PID_HEADER`] header, then streams the events.
@@ -34,6 +35,10 @@
 //!   its backend has discarded what it received: a failed upload leaves nothing behind by the
 //!   time its error is returned. A framed body that ends without `x` or `!` is abandoned too,
 //!   as is a raw body (`application/octet-stream`, for plain HTTP tools) that breaks off.
+//!   An image import (`POST /v1/images/import`) sends its archive the same way.
+//! - **Image pulls** answer one JSON [`ImageSummary`](crate::ImageSummary) once stored, or,
+//!   asked with `Accept:` [`FRAMES_CONTENT_TYPE`], a frame stream of each layer's progress
+//!   ([`PullEvent`](body::PullEvent)) ending with the image.
 //! - **Stdin** is a `POST` whose raw body is written to the process.
 
 use std::time::Duration;
@@ -388,5 +393,25 @@ pub mod body {
     pub struct ImageReference {
         /// The reference (`python:3.12-slim`, `registry.example/team/app@sha256:…`).
         pub reference: String,
+    }
+
+    /// One `j` frame of `POST /v1/images/pull` answered as a frame stream (asked for with
+    /// `Accept:` [`FRAMES_CONTENT_TYPE`](super::FRAMES_CONTENT_TYPE)): layers' progress, then
+    /// the pulled image, which ends the stream; a failure is an `!` frame instead.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum PullEvent {
+        /// One layer's progress.
+        Progress(crate::ImagePullProgress),
+        /// The image is stored: the last frame.
+        Pulled(crate::ImageSummary),
+    }
+
+    /// The query of `POST /v1/images/import`, whose body is the archive.
+    #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+    pub struct ImportQuery {
+        /// The reference to name the image with (an archive of one image only).
+        #[serde(default)]
+        pub tag: Option<String>,
     }
 }

@@ -591,12 +591,34 @@ impl Backend for LocalBackend {
     }
 
     async fn pull_image(&self, reference: &str) -> Result<sandcove_core::ImageSummary> {
+        self.pull_image_with_progress(reference, &|_| {}).await
+    }
+
+    async fn pull_image_with_progress(
+        &self,
+        reference: &str,
+        progress: &(dyn Fn(sandcove_core::ImagePullProgress) + Send + Sync),
+    ) -> Result<sandcove_core::ImageSummary> {
         let store = self.image_store()?;
+        let report = |p: sandcove_image::PullProgress| progress(crate::images::pull_progress(p));
         let info = store
-            .pull(reference, &|_| {})
+            .pull(reference, &report)
             .await
             .map_err(crate::images::image_error)?;
         Ok(summary(info))
+    }
+
+    async fn import_image(
+        &self,
+        archive: sandcove_core::ByteStream,
+        tag: Option<&str>,
+    ) -> Result<Vec<sandcove_core::ImageSummary>> {
+        let store = self.image_store()?;
+        let staged = crate::images::stage_archive(&store, archive).await?;
+        let imported = store.import(staged.path(), tag).await;
+        drop(staged);
+        let imported = imported.map_err(crate::images::image_error)?;
+        Ok(imported.into_iter().map(summary).collect())
     }
 
     async fn image_availability(

@@ -276,6 +276,79 @@ pub fn open_store(state_dir: &Path) -> Result<Store> {
     Store::open(store_dir(state_dir), options).map_err(image_error)
 }
 
+/// A store's pull progress as the core's.
+pub fn pull_progress(p: sandcove_image::PullProgress) -> sandcove_core::ImagePullProgress {
+    use sandcove_core::ImageLayerState as Core;
+    use sandcove_image::LayerState;
+    let state = match p.state {
+        LayerState::Waiting => Core::Waiting,
+        LayerState::Downloading => Core::Downloading,
+        LayerState::Unpacking => Core::Unpacking,
+        LayerState::Done => Core::Done,
+        LayerState::Cached => Core::Cached,
+    };
+    sandcove_core::ImagePullProgress::new(p.layer, p.index, p.layers, state, p.done, p.total)
+}
+
+/// An archive received for an import, in the store's temporary directory; removed when
+/// dropped.
+pub(crate) struct StagedArchive(PathBuf);
+
+impl StagedArchive {
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for StagedArchive {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Write `archive` to a file in `store`'s temporary directory as it arrives (never whole in
+/// memory), refusing it once it passes the store's bound ([`STORE_MAX_MIB_ENV`]): an archive
+/// larger than the whole store cannot be imported into it. A stream that fails, or passes
+/// the bound, leaves no file behind.
+pub(crate) async fn stage_archive(
+    store: &Store,
+    mut archive: sandcove_core::ByteStream,
+) -> Result<StagedArchive> {
+    use futures::StreamExt;
+    use tokio::io::AsyncWriteExt;
+    let staged = StagedArchive(store.staging_path());
+    let limit = store.max_store_bytes();
+    let mut file = tokio::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(staged.path())
+        .await
+        .map_err(|e| Error::from_io(&e, "create a file for the image archive"))?;
+    let mut received: u64 = 0;
+    while let Some(chunk) = archive.next().await {
+        let chunk = chunk?;
+        received = received.saturating_add(chunk.len() as u64);
+        if let Some(limit) = limit.filter(|limit| received > *limit) {
+            return Err(Error::FileTooLarge {
+                what: "the image archive".into(),
+                limit,
+                remedy: format!(
+                    "the image store is bounded to {limit} bytes ({STORE_MAX_MIB_ENV} of the \
+                     runtime): import a smaller archive or raise the bound"
+                ),
+            });
+        }
+        file.write_all(&chunk)
+            .await
+            .map_err(|e| Error::from_io(&e, "write the image archive"))?;
+    }
+    file.flush()
+        .await
+        .map_err(|e| Error::from_io(&e, "write the image archive"))?;
+    Ok(staged)
+}
+
 /// An image store error as the core's: a missing image is `NotFound` with how to get it;
 /// bad input is `InvalidArgument`; the rest says what failed.
 pub fn image_error(err: ImageError) -> Error {

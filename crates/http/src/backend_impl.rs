@@ -15,7 +15,7 @@ use sandcove_core::{
     StatOptions, VolumeInfo, WatchOptions, WatchStream, WriteOptions, WriteStdinOptions,
 };
 
-use crate::streams::{download, frames, upload_frames, watch_events, Abandon};
+use crate::streams::{download, frames, pull_events, upload_frames, watch_events, Abandon};
 use crate::transport::{
     decode_json, outcome_lost, read_error, to_json, transport_error, unknown_capabilities, Payload,
     Req, Retry,
@@ -583,6 +583,70 @@ impl Backend for HttpBackend {
         };
         self.call(Method::POST, url, &[], Some(&body), Retry::Idempotent)
             .await
+    }
+
+    async fn pull_image_with_progress(
+        &self,
+        reference: &str,
+        progress: &(dyn Fn(sandcove_core::ImagePullProgress) + Send + Sync),
+    ) -> Result<sandcove_core::ImageSummary> {
+        // The same route as `pull_image`, asked for frames: the server streams each layer's
+        // progress, then the image.
+        let url = self.url_for(&["images", "pull"])?;
+        let body = to_json(&body::ImageReference {
+            reference: reference.to_string(),
+        })?;
+        let response = self
+            .send(Req {
+                method: Method::POST,
+                url,
+                query: &[],
+                payload: Payload::Json(body),
+                idempotency_key: None,
+                retry: Retry::Idempotent,
+                stream: true,
+            })
+            .await?;
+        pull_events(response, progress).await
+    }
+
+    async fn import_image(
+        &self,
+        archive: ByteStream,
+        tag: Option<&str>,
+    ) -> Result<Vec<sandcove_core::ImageSummary>> {
+        let url = self.url_for(&["images", "import"])?;
+        let query: Vec<(&str, String)> = tag.map(|t| ("tag", t.to_string())).into_iter().collect();
+        // As an upload (see `write_file`): never retried, and a failing source abandons the
+        // body with an error frame, answered once the server has discarded what it received.
+        let abandon = Arc::new(Abandon::default());
+        let body = reqwest::Body::wrap_stream(upload_frames(archive, abandon.clone()));
+        let send = self
+            .http
+            .post(url.clone())
+            .bearer_auth(&*self.api_key)
+            .query(&query)
+            .header(reqwest::header::CONTENT_TYPE, FRAMES_CONTENT_TYPE)
+            .body(body)
+            .send();
+        let sent = tokio::select! {
+            sent = send => Some(sent),
+            () = abandon.deadline() => None,
+        };
+        if let Some(error) = abandon.take() {
+            return Err(error);
+        }
+        match sent {
+            Some(Ok(response)) if response.status().is_success() => decode_json(response)
+                .await
+                .map_err(|e| outcome_lost(e, None)),
+            Some(Ok(response)) => Err(read_error(response, self.options.request_timeout).await),
+            Some(Err(e)) if e.is_connect() || e.is_builder() => {
+                Err(transport_error(&e, &Method::POST, &url))
+            }
+            Some(Err(e)) => Err(outcome_lost(transport_error(&e, &Method::POST, &url), None)),
+            None => Err(Error::backend("the import was abandoned")),
+        }
     }
 
     async fn image_availability(

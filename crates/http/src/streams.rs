@@ -6,9 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
+use sandcove_core::wire::body::PullEvent;
 use sandcove_core::wire::{frame, PID_HEADER, UPLOAD_CLEANUP_WAIT};
 use sandcove_core::{
-    ByteStream, Error, ErrorBody, FsEvent, ProcessEvent, ProcessStream, Result, WatchStream,
+    ByteStream, Error, ErrorBody, FsEvent, ImagePullProgress, ImageSummary, ProcessEvent,
+    ProcessStream, Result, WatchStream,
 };
 
 use crate::transport::error_chain;
@@ -41,6 +43,14 @@ type Frame = Result<(u8, Vec<u8>)>;
 /// yields an error item; a clean end of body just ends the stream (the caller knows whether
 /// its terminal frame came).
 pub(crate) fn frames(response: reqwest::Response) -> impl Stream<Item = Frame> + Send {
+    frames_within(response, frame::MAX_PAYLOAD)
+}
+
+/// [`frames`] refusing any frame over `max_payload` bytes (an error item ends the stream).
+pub(crate) fn frames_within(
+    response: reqwest::Response,
+    max_payload: usize,
+) -> impl Stream<Item = Frame> + Send {
     struct State<S> {
         body: S,
         decoder: frame::Decoder,
@@ -48,7 +58,7 @@ pub(crate) fn frames(response: reqwest::Response) -> impl Stream<Item = Frame> +
     }
     let state = State {
         body: Box::pin(response.bytes_stream()),
-        decoder: frame::Decoder::default(),
+        decoder: frame::Decoder::with_max_payload(max_payload),
         done: false,
     };
     futures::stream::unfold(state, |mut st| async move {
@@ -172,6 +182,39 @@ pub(crate) fn watch_events(frames: impl Stream<Item = Frame> + Send + 'static) -
             )),
         }
     }))
+}
+
+/// The largest frame of an image pull's stream: one progress report or the pulled image's
+/// summary (a server sending more is broken, and is not buffered for).
+const MAX_PULL_EVENT: usize = 64 * 1024;
+
+/// Reads an image pull's frame stream (see `sandcove_core::wire::body::PullEvent`): each
+/// progress report goes to `progress`; the stream's `pulled` event is the answer. An error
+/// frame, an oversized or undecodable frame, or a stream that ends before `pulled` is an
+/// error.
+pub(crate) async fn pull_events(
+    response: reqwest::Response,
+    progress: &(dyn Fn(ImagePullProgress) + Send + Sync),
+) -> Result<ImageSummary> {
+    let mut frames = Box::pin(frames_within(response, MAX_PULL_EVENT));
+    loop {
+        match frames.next().await {
+            None => return Err(cut(" before the image was stored")),
+            Some(Err(e)) => return Err(e),
+            Some(Ok((frame::JSON, json))) => match serde_json::from_slice::<PullEvent>(&json) {
+                Ok(PullEvent::Progress(report)) => progress(report),
+                Ok(PullEvent::Pulled(image)) => return Ok(image),
+                Err(e) => return Err(Error::backend(format!("undecodable pull event: {e}"))),
+            },
+            Some(Ok((frame::ERROR, body))) => return Err(frame_error(&body)),
+            Some(Ok((kind, _))) => {
+                return Err(Error::backend(format!(
+                    "unexpected frame {:?} in an image pull",
+                    kind as char
+                )))
+            }
+        }
+    }
 }
 
 /// The error of an upload's source stream, kept for the caller while the body carries an

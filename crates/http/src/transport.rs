@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode, Url};
-use sandcove_core::wire::{error_from_response, API_PREFIX, IDEMPOTENCY_HEADER};
+use sandcove_core::wire::{
+    error_from_response, API_PREFIX, FRAMES_CONTENT_TYPE, IDEMPOTENCY_HEADER,
+};
 use sandcove_core::{Capabilities, Error, Result};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -100,7 +102,11 @@ impl HttpBackend {
                     .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
                     .body(body.clone()),
             };
-            if !stream {
+            if stream {
+                // Every streamed answer is a frame stream; a route that can answer either
+                // way (an image pull) streams when asked.
+                request = request.header(reqwest::header::ACCEPT, FRAMES_CONTENT_TYPE);
+            } else {
                 request = request.timeout(self.options.request_timeout);
             }
             let sent = if stream {

@@ -215,6 +215,18 @@ impl Store {
         ))
     }
 
+    /// A fresh path in the store's temporary directory, for an archive received from
+    /// elsewhere (a network upload) before [`Store::import`] reads it. The caller removes it;
+    /// one left behind by a process that ended is removed when the store is next opened.
+    pub fn staging_path(&self) -> PathBuf {
+        self.temp_path("received")
+    }
+
+    /// The bound on the store's size ([`StoreOptions::max_store_bytes`]), if it has one.
+    pub fn max_store_bytes(&self) -> Option<u64> {
+        self.inner.options.max_store_bytes
+    }
+
     pub(crate) fn limits(&self) -> UnpackLimits {
         UnpackLimits {
             max_bytes: self.inner.options.max_layer_bytes,

@@ -223,9 +223,7 @@ async fn write_file(
         .max_upload_bytes
         .min(backend_max)
         .min(options.max_bytes.unwrap_or(u64::MAX));
-    let framed = headers
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes() == FRAMES_CONTENT_TYPE.as_bytes());
+    let framed = is_framed(&headers);
     // A raw body's length is the file's; a framed body's adds five bytes a frame, so there
     // only the decoder can count.
     if !framed && content_length(&headers).is_some_and(|len| len > limit) {
@@ -313,32 +311,9 @@ impl Upload {
         if let Some(content) = content {
             data = hashed(data, content);
         }
-        // The write runs in a task of its own: when the client goes away, hyper drops this
-        // handler, and the backend must still finish discarding what it received.
         let target = path.clone();
-        let mut task =
-            tokio::spawn(async move { backend.write_file(&id, &target, data, options).await });
-        // An abandoned upload (over the limit, broken off, or abandoned by the client) hands
-        // the backend an error item; the backend answers once it has cleaned up, and so do
-        // we, so the client sees the error only after the cleanup. A backend that never
-        // answers is waited for a bounded time only.
-        let joined = tokio::select! {
-            joined = &mut task => Some(joined),
-            () = async {
-                over.notify.notified().await;
-                tokio::time::sleep(UPLOAD_CLEANUP_WAIT).await;
-            } => None,
-        };
-        if over.flag.load(Ordering::SeqCst) {
-            return Err(too_large(&path, limit));
-        }
-        match joined {
-            Some(Ok(result)) => result,
-            Some(Err(e)) => Err(Error::backend(format!("the write task failed: {e}"))),
-            None => Err(Error::Timeout {
-                what: "discarding an abandoned upload".into(),
-            }),
-        }
+        let write = async move { backend.write_file(&id, &target, data, options).await };
+        hand_over(write, over, &path, limit).await
     }
 
     /// The digest of the body's content, read through and discarded (a repeat of a recorded
@@ -366,8 +341,57 @@ impl Upload {
     }
 }
 
+/// A request body as the bytes it carries: a frame stream (`framed`) or raw bytes, ending in
+/// an error item when it breaks off, is abandoned or passes `limit` (which `over` records).
+/// Give the stream to its consumer with [`hand_over`].
+pub(super) fn received(body: Body, framed: bool, limit: u64) -> (ByteStream, Arc<Over>) {
+    let over = Arc::new(Over::default());
+    (Upload::data(body, framed, limit, over.clone()), over)
+}
+
+/// Run `work`, which consumes an upload's stream (see [`received`]), and answer its outcome;
+/// an upload past its bound answers [`Error::FileTooLarge`] naming `what`.
+pub(super) async fn hand_over<T: Send + 'static>(
+    work: impl std::future::Future<Output = sandcove_core::Result<T>> + Send + 'static,
+    over: Arc<Over>,
+    what: &str,
+    limit: u64,
+) -> sandcove_core::Result<T> {
+    // The work runs in a task of its own: when the client goes away, hyper drops this
+    // handler, and the backend must still finish discarding what it received.
+    let mut task = tokio::spawn(work);
+    // An abandoned upload (over the limit, broken off, or abandoned by the client) hands
+    // the backend an error item; the backend answers once it has cleaned up, and so do
+    // we, so the client sees the error only after the cleanup. A backend that never
+    // answers is waited for a bounded time only.
+    let joined = tokio::select! {
+        joined = &mut task => Some(joined),
+        () = async {
+            over.notify.notified().await;
+            tokio::time::sleep(UPLOAD_CLEANUP_WAIT).await;
+        } => None,
+    };
+    if over.flag.load(Ordering::SeqCst) {
+        return Err(too_large(what, limit));
+    }
+    match joined {
+        Some(Ok(result)) => result,
+        Some(Err(e)) => Err(Error::backend(format!("the upload's task failed: {e}"))),
+        None => Err(Error::Timeout {
+            what: "discarding an abandoned upload".into(),
+        }),
+    }
+}
+
+/// Whether a request body is a frame stream (else raw bytes).
+pub(super) fn is_framed(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes() == FRAMES_CONTENT_TYPE.as_bytes())
+}
+
 /// An upload over its bound: [`Error::FileTooLarge`] (413), saying what bounds it.
-fn upload_too_large(path: &str, limit: u64) -> ApiError {
+pub(super) fn upload_too_large(path: &str, limit: u64) -> ApiError {
     too_large(path, limit).into()
 }
 
@@ -383,7 +407,7 @@ fn too_large(path: &str, limit: u64) -> Error {
 /// An upload's abandonment: `notify` fires when its stream yields an error item (the client
 /// broke off or abandoned it, or it passed its limit, which also sets `flag`).
 #[derive(Default)]
-struct Over {
+pub(super) struct Over {
     flag: AtomicBool,
     notify: tokio::sync::Notify,
 }

@@ -82,6 +82,13 @@ fn build() -> Value {
             }
             Out::Empty => json!({"description": "done, no body"}),
         };
+        if route.op == "pull_image" {
+            // Asked for with `Accept:`, the pull streams its progress instead.
+            op["responses"]["200"]["content"][FRAMES_CONTENT_TYPE] = json!({"schema": {
+                "type": "string", "format": "binary",
+                "description": "with `Accept: application/vnd.sandcove.frames`: `j` frames of PullEvent (`{\"progress\": ImagePullProgress}` for each layer's progress, then `{\"pulled\": ImageSummary}`), or an `!` frame (an Error)",
+            }});
+        }
         if matches!(route.output, Out::Empty) {
             let ok = op["responses"]["200"].take();
             op["responses"]

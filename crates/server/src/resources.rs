@@ -1,14 +1,27 @@
-//! Previews, snapshots and volumes.
+//! Previews, snapshots, volumes and images.
+
+use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, Method};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, Method};
 use axum::response::{IntoResponse, Response};
+use futures::stream::BoxStream;
+use futures::StreamExt;
 
 use super::idempotency::Stored;
-use super::{done, json, read_json, ApiError, AppState, In, Out, Route};
-use sandcove_core::wire::body::{ImageReference, NewSnapshot, NewToken, NewVolume, RevokeToken};
-use sandcove_core::{PreviewOptions, PreviewTokenOptions, SnapshotOptions};
+use super::{
+    content_length, done, error_frame, files, frames_response, json, json_frame, read_json,
+    ApiError, AppState, In, Out, Route,
+};
+use sandcove_core::wire::body::{
+    ImageReference, ImportQuery, NewSnapshot, NewToken, NewVolume, PullEvent, RevokeToken,
+};
+use sandcove_core::wire::FRAMES_CONTENT_TYPE;
+use sandcove_core::{
+    Backend, Error, ImagePullProgress, ImageSummary, PreviewOptions, PreviewTokenOptions,
+    SnapshotOptions,
+};
 
 pub(super) fn routes() -> Vec<Route> {
     vec![
@@ -121,11 +134,21 @@ pub(super) fn routes() -> Vec<Route> {
             Method::POST,
             "/v1/images/pull",
             "pull_image",
-            "Pull an image from its registry into the runtime's store (answers once it is stored)",
+            "Pull an image from its registry into the runtime's store (answers once it is stored; asked with `Accept: application/vnd.sandcove.frames`, streams each layer's progress first)",
             pull_image,
         )
         .input(In::Json("ImageReference"))
         .output(Out::Json("ImageSummary")),
+        Route::new(
+            Method::POST,
+            "/v1/images/import",
+            "import_image",
+            "Import the images of an archive (`oci-archive` or `docker save` tarball, compressed or not): the body is the archive, a frame stream (`d` data, then `x` to commit or `!` to abandon) or the raw bytes, streamed to the store and bounded by the largest upload and the store's own bound; `tag` names the image of a one-image archive",
+            import_image,
+        )
+        .query(&["tag"])
+        .input(In::Upload)
+        .output(Out::Json("ImageSummary[]")),
         Route::new(
             Method::POST,
             "/v1/images/check",
@@ -289,8 +312,129 @@ async fn pull_image(
     body: Body,
 ) -> Result<Response, ApiError> {
     let (req, _) = read_json::<ImageReference>(&state, &headers, body).await?;
-    Ok(json(&state.backend.pull_image(&req.reference).await?))
+    let streamed = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains(FRAMES_CONTENT_TYPE));
+    if !streamed {
+        return Ok(json(&state.backend.pull_image(&req.reference).await?));
+    }
+    let frames = pull_frames(state.backend.clone(), req.reference);
+    Ok(frames_response(&state, frames, &[]))
 }
+
+/// Progress reported and not yet sent: each layer's latest report per state, so a client
+/// that reads slowly costs a few entries per layer, never one per chunk downloaded, and
+/// still sees every state a layer went through.
+#[derive(Default)]
+struct PendingProgress {
+    reports: std::sync::Mutex<std::collections::VecDeque<ImagePullProgress>>,
+    arrived: tokio::sync::Notify,
+}
+
+impl PendingProgress {
+    fn push(&self, report: ImagePullProgress) {
+        let mut reports = self.reports.lock().unwrap_or_else(|e| e.into_inner());
+        match reports
+            .iter_mut()
+            .find(|r| r.index == report.index && r.state == report.state)
+        {
+            Some(older) => *older = report,
+            None => reports.push_back(report),
+        }
+        drop(reports);
+        self.arrived.notify_one();
+    }
+
+    fn pop(&self) -> Option<ImagePullProgress> {
+        self.reports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front()
+    }
+}
+
+/// A pull as frames: `progress` events as the backend reports them, then `pulled` (or an
+/// error frame). The pull runs in a task of its own, aborted when the client goes away (as a
+/// JSON pull is cancelled with its request).
+fn pull_frames(backend: Arc<dyn Backend>, reference: String) -> BoxStream<'static, Vec<u8>> {
+    let pending = Arc::new(PendingProgress::default());
+    let reporter = pending.clone();
+    let task = tokio::spawn(async move {
+        let report = move |p: ImagePullProgress| reporter.push(p);
+        backend.pull_image_with_progress(&reference, &report).await
+    });
+    struct St {
+        task: Option<AbortOnDrop>,
+        pending: Arc<PendingProgress>,
+        last: Option<Vec<u8>>,
+    }
+    let st = St {
+        task: Some(AbortOnDrop(task)),
+        pending,
+        last: None,
+    };
+    futures::stream::unfold(Some(st), |st| async move {
+        let mut st = st?;
+        loop {
+            // Every report made before the pull ended goes out before its outcome.
+            if let Some(report) = st.pending.pop() {
+                return Some((json_frame(&PullEvent::Progress(report)), Some(st)));
+            }
+            if let Some(last) = st.last.take() {
+                return Some((last, None));
+            }
+            let task = st.task.as_mut()?;
+            tokio::select! {
+                () = st.pending.arrived.notified() => {}
+                joined = &mut task.0 => {
+                    st.task = None;
+                    st.last = Some(match joined {
+                        Ok(Ok(image)) => json_frame(&PullEvent::Pulled(image)),
+                        Ok(Err(e)) => error_frame(&e),
+                        Err(e) => error_frame(&Error::backend(format!("the pull task failed: {e}"))),
+                    });
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
+/// A task aborted when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<sandcove_core::Result<ImageSummary>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The archive streams to the backend as it arrives (see `files::received`): never whole in
+/// memory here, and past the largest upload it is refused with nothing imported.
+async fn import_image(
+    State(state): State<AppState>,
+    Query(q): Query<ImportQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let limit = state.config.max_upload_bytes;
+    let framed = files::is_framed(&headers);
+    // A raw body's length is the archive's; a framed body's only the decoder can count.
+    if !framed && content_length(&headers).is_some_and(|len| len > limit) {
+        return Err(files::upload_too_large(IMPORT_WHAT, limit));
+    }
+    let (archive, over) = files::received(body, framed, limit);
+    let backend = state.backend.clone();
+    let import = async move { backend.import_image(archive, q.tag.as_deref()).await };
+    Ok(json(
+        &files::hand_over(import, over, IMPORT_WHAT, limit).await?,
+    ))
+}
+
+/// What an import's `413` names.
+const IMPORT_WHAT: &str = "the image archive";
 
 async fn image_availability(
     State(state): State<AppState>,
