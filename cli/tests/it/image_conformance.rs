@@ -95,7 +95,7 @@ macro_rules! on_image {
                 let Some((engine, image)) = super::engine(stringify!($case)) else {
                     return;
                 };
-                let backend = super::wrap(engine, image).await;
+                let backend = wrap(engine, image).await;
                 sandcove_conformance::$case(&*backend).await;
             }
         )*

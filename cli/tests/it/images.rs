@@ -374,6 +374,18 @@ fn an_archive_imported_through_the_server_runs() {
     ]);
     assert_eq!(out, format!("{marker}\n"));
     t.ok(&["kill", &id]);
+    // A malformed archive is a typed error naming the archive, never the server's own path
+    // for it.
+    let junk = scratch.0.join("junk.tar");
+    std::fs::write(&junk, b"not a tar archive at all").expect("write the junk");
+    let out = t.run(&["image", "import", junk.to_str().unwrap()]);
+    assert!(!out.status.success(), "{}", show(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let state = t.state.dir.to_string_lossy();
+    assert!(
+        !stderr.contains(state.as_ref()),
+        "no server path in the error: {stderr}"
+    );
 }
 
 /// Bytes that do not compress (xorshift), so an archive holding them is at least this big.
@@ -447,6 +459,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "dash",
     "bash",
     "coreutils",
+    "diffutils",
     "hello",
     "findutils",
     "grep",

@@ -616,8 +616,19 @@ impl Backend for LocalBackend {
         let store = self.image_store()?;
         let staged = crate::images::stage_archive(&store, archive).await?;
         let imported = store.import(staged.path(), tag).await;
+        // The staged file's path is this host's business: errors name the archive instead.
+        let staged_path = staged.path().to_string_lossy().into_owned();
         drop(staged);
-        let imported = imported.map_err(crate::images::image_error)?;
+        let imported = imported.map_err(|e| {
+            let mut body = crate::images::image_error(e).to_body();
+            body.message = body.message.replace(&staged_path, "the uploaded archive");
+            for value in body.fields.values_mut() {
+                if let serde_json::Value::String(text) = value {
+                    *text = text.replace(&staged_path, "the uploaded archive");
+                }
+            }
+            sandcove_core::Error::from_body(&body)
+        })?;
         Ok(imported.into_iter().map(summary).collect())
     }
 
