@@ -513,6 +513,58 @@ async fn snapshots_and_forks(fixture: Fixture) {
     engine.delete_snapshot(&snap.id).await.expect("delete");
 }
 
+/// A sandbox file named `.wh.NAME` would come back from the snapshot's layer as a whiteout
+/// hiding the image's `NAME`: the snapshot (and a fork) is refused as `InvalidArgument` naming
+/// it, and once it is renamed the snapshot is taken and restores the image's file intact.
+#[tokio::test]
+async fn an_image_sandbox_file_named_like_a_whiteout_is_refused_by_its_snapshot() {
+    let fixture = Fixture::new();
+    let engine = fixture.engine();
+    let id = engine
+        .create(as_root(fixture.options()))
+        .await
+        .expect("create")
+        .id;
+    put(&*engine, &id, "/data/.wh.keep", b"mine\n").await;
+    let err = engine
+        .snapshot(&id, Default::default())
+        .await
+        .expect_err("a snapshot with a .wh. file");
+    assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    assert!(err.to_string().contains("data/.wh.keep"), "{err}");
+    let err = engine
+        .fork(&id, as_root(test_options("image-root-wh-fork")))
+        .await
+        .expect_err("a fork with a .wh. file");
+    assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    // Renamed (the image has no `mv`: removed and written anew).
+    engine
+        .remove(&id, "/data/.wh.keep", RemoveOptions::default())
+        .await
+        .expect("remove it");
+    put(&*engine, &id, "/data/wh.keep", b"mine\n").await;
+    let snap = engine
+        .snapshot(&id, Default::default())
+        .await
+        .expect("snapshot once renamed");
+    let mut from = as_root(test_options("image-root-wh-restored"));
+    from.snapshot = Some(snap.id.clone());
+    let restored = engine.create(from).await.expect("restore").id;
+    let read = |path: &'static str| read(&*engine, &restored, path);
+    assert_eq!(
+        read("/data/keep").await.expect("the image's file"),
+        b"kept\n"
+    );
+    assert_eq!(
+        read("/data/wh.keep").await.expect("the renamed file"),
+        b"mine\n"
+    );
+    for sandbox in [&id, &restored] {
+        engine.destroy(sandbox).await.expect("destroy");
+    }
+    engine.delete_snapshot(&snap.id).await.expect("delete");
+}
+
 /// A 3 GiB sparse file in a 32 MiB image sandbox: its snapshot is archived sparse (a few MiB,
 /// within the archive bound), and a 32 MiB sandbox restored from it, and a fork, have the file
 /// with its apparent size and its data (its holes kept: written out they would not fit).

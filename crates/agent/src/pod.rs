@@ -34,6 +34,22 @@ pub const MAX_CONNECTIONS_ENV: &str = "SANDCOVE_AGENT_MAX_CONNECTIONS";
 /// the embedded engine).
 pub const MAX_OPEN_FILES_ENV: &str = "SANDCOVE_AGENT_MAX_OPEN_FILES";
 
+/// Every variable [`PodAgentConfig::from_env`] reads. A Pod sets each one explicitly (an
+/// empty value is the default), since a container's `env` comes after its image's `Env`:
+/// an image run as a sandbox can then configure none of them.
+pub const CONFIG_ENVS: &[&str] = &[
+    LISTEN_ENV,
+    TOKEN_SHA256_ENV,
+    USER_ENV,
+    HOME_ENV,
+    ROOT_ENV,
+    SANDBOX_ENV,
+    ENVS_ENV,
+    HELLO_TIMEOUT_ENV,
+    MAX_CONNECTIONS_ENV,
+    MAX_OPEN_FILES_ENV,
+];
+
 /// The role value that makes a re-executed program a pod agent (in `__SANDCOVE_ROLE`).
 pub const ROLE_POD_AGENT: &str = "pod-agent";
 
@@ -185,5 +201,24 @@ mod tests {
         assert_eq!(bytes[0], 0xba);
         assert!(parse_sha256("xyz").is_err());
         assert!(parse_sha256(&"g".repeat(64)).is_err());
+    }
+
+    /// A variable added to this contract is listed in [`CONFIG_ENVS`], so a Pod sets it.
+    #[test]
+    fn every_agent_variable_is_listed() {
+        let defined: Vec<&str> = include_str!("pod.rs")
+            .lines()
+            .filter(|line| line.starts_with("pub const "))
+            .filter_map(|line| line.split_once("= \"SANDCOVE_AGENT_"))
+            .filter_map(|(_, rest)| rest.split_once('"'))
+            .map(|(name, _)| name)
+            .collect();
+        assert_eq!(defined.len(), CONFIG_ENVS.len(), "{defined:?}");
+        for name in defined {
+            assert!(
+                CONFIG_ENVS.contains(&format!("SANDCOVE_AGENT_{name}").as_str()),
+                "{name} is not in CONFIG_ENVS"
+            );
+        }
     }
 }

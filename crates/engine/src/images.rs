@@ -59,7 +59,8 @@ pub trait ImageSource: Send + Sync + std::fmt::Debug {
     fn references(&self) -> Vec<String>;
 
     /// Keep `digest`'s image while the sandbox `holder` may use it (its remove and prune
-    /// leave it). Called before the sandbox starts; the default keeps nothing.
+    /// leave it). Called before the sandbox starts, once its staging directory exists (so a
+    /// prune never takes it for a sandbox that is gone); the default keeps nothing.
     fn hold(&self, digest: &str, holder: &str) -> Result<()> {
         let _ = (digest, holder);
         Ok(())

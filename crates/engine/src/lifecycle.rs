@@ -144,15 +144,17 @@ impl LocalBackend {
             image_root_mode: self.image_root_mode,
             restore_archive,
         };
-        // The image is kept for this sandbox before it starts (a prune meanwhile leaves it).
+        // The image is kept for this sandbox before it starts (a prune meanwhile leaves it),
+        // held by `start_monitor` once the sandbox's staging directory exists (see there).
         // (Off the event loop: the store's lock may be held by a prune removing layers.)
-        if let (Some(image), Some(source)) = (&record.image, &self.images) {
-            let (source, digest, holder) = (source.clone(), image.digest.clone(), id.clone());
-            tokio::task::spawn_blocking(move || source.hold(&digest, &holder))
-                .await
-                .map_err(|e| Error::backend(format!("image hold task failed: {e}")))??;
-        }
-        let held = record.image.is_some();
+        let hold: Option<ImageHold> = match (&record.image, &self.images) {
+            (Some(image), Some(source)) => {
+                let (source, digest, holder) = (source.clone(), image.digest.clone(), id.clone());
+                Some(Box::new(move || source.hold(&digest, &holder)))
+            }
+            _ => None,
+        };
+        let held = hold.is_some();
         let (state_dir, locale_dir) = (self.state_dir.clone(), self.locale.clone());
         let info = info_of(&record, SandboxState::Running);
         let first = tokio::task::spawn_blocking(move || {
@@ -163,7 +165,7 @@ impl LocalBackend {
                     .as_ref()
                     .map(|dir| dir.to_string_lossy().into_owned());
             }
-            start_monitor(&state_dir, &record)
+            start_monitor(&state_dir, &record, hold)
         })
         .await
         .map_err(|e| Error::backend(format!("create task failed: {e}")))
@@ -357,7 +359,6 @@ impl LocalBackend {
         let holds = store
             .holds_by_holder()
             .map_err(crate::images::image_error)?;
-        let sandboxes = self.sandboxes_dir();
         for holder in holds.keys() {
             // A snapshot holds its image until it is deleted.
             if self
@@ -366,18 +367,33 @@ impl LocalBackend {
             {
                 continue;
             }
-            let present = config::valid_id(holder)
-                && (sandboxes.join(holder).exists()
-                    || sandboxes.join(format!(".{holder}")).exists());
-            let live = present && {
-                let sdir = SandboxDir::new(&self.state_dir, holder);
-                !sdir.dir.exists() || !crate::lock_is_free(&sdir.lock())
-            };
-            if !live {
+            if !self.holder_is_live(holder) {
                 store.release(holder).map_err(crate::images::image_error)?;
             }
         }
         store.prune().map_err(crate::images::image_error)
+    }
+
+    /// Whether the sandbox `holder`, whose image hold a prune has read, may still use it:
+    /// its staging directory exists, or its directory does with its lock held.
+    ///
+    /// Why a create's hold is never released this way: a create holds its image only once
+    /// its staging directory `.ID` exists (`start_monitor`), and renames it to `ID` while
+    /// holding the sandbox's lock, which its monitor then keeps for the sandbox's life; the
+    /// directories go only when the sandbox ends or its create fails. So a hold the prune has
+    /// read had `.ID` or `ID` behind it when it was read. The staging name is looked at first:
+    /// if it is gone by then, the rename (or the end) came before, and `ID` is seen next, with
+    /// its lock held while the sandbox lives. (Looking at `ID` first, a rename between the two
+    /// looks would hide both.) A create that failed leaves neither, and releases its hold
+    /// itself.
+    fn holder_is_live(&self, holder: &str) -> bool {
+        if !config::valid_id(holder) {
+            return false;
+        }
+        let sdir = SandboxDir::new(&self.state_dir, holder);
+        let staged = self.sandboxes_dir().join(format!(".{holder}")).exists();
+        let present = staged || sdir.dir.exists();
+        present && (!sdir.dir.exists() || !crate::lock_is_free(&sdir.lock()))
     }
 
     /// This engine without a pool: what the pool's own task makes members with (holding
@@ -610,7 +626,21 @@ const MONITOR_ENV: &[&str] = &["PATH", "LANG", "LC_ALL", "TZ", "RUST_BACKTRACE",
 
 /// Create the state directory and start the monitor; returns once the sandbox is ready,
 /// with a connection to its agent when the monitor made one.
-fn start_monitor(state_dir: &Path, record: &Record) -> Result<Option<OwnedFd>> {
+/// Keeps a create's image in the store for its sandbox ([`ImageSource::hold`]).
+///
+/// [`ImageSource::hold`]: crate::images::ImageSource::hold
+type ImageHold = Box<dyn FnOnce() -> Result<()> + Send>;
+
+/// Writes the sandbox's directory (staged as `.ID`, renamed to `ID` once complete) and starts
+/// its monitor. `hold` keeps its image, called once the staging directory exists and the
+/// sandbox's lock is held, never before: a prune of the image store treats a holder with
+/// neither directory as gone and releases its hold (see `LocalBackend::holder_is_live`), so a
+/// hold made earlier could be released before the sandbox had a directory to show.
+fn start_monitor(
+    state_dir: &Path,
+    record: &Record,
+    hold: Option<ImageHold>,
+) -> Result<Option<OwnedFd>> {
     let sandboxes = state_dir.join("sandboxes");
     let staging = sandboxes.join(format!(".{}", record.id));
     let final_dir = SandboxDir::new(state_dir, &record.id);
@@ -646,6 +676,9 @@ fn start_monitor(state_dir: &Path, record: &Record) -> Result<Option<OwnedFd>> {
             let _ = std::fs::remove_dir_all(&staging);
             return Err(e);
         }
+    }
+    if let Some(hold) = hold {
+        hold().map_err(cleanup)?;
     }
     let text = serde_json::to_vec_pretty(record)
         .map_err(|e| cleanup(Error::backend(format!("encode record: {e}"))))?;
@@ -688,4 +721,87 @@ fn start_monitor(state_dir: &Path, record: &Record) -> Result<Option<OwnedFd>> {
     let result = monitor::read_ready(ready_read);
     drop(lock);
     result.map_err(cleanup)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::sync::{Arc, Mutex};
+
+    use sandcove_core::{CreateOptions, Error, Result};
+
+    use crate::images::{ImageRoot, ImageSource};
+    use crate::LocalBackend;
+
+    /// An image source whose hold records whether its holder's sandbox directory (staged or
+    /// not) existed at that moment, then refuses, so the create ends there.
+    #[derive(Debug)]
+    struct WatchingHolds {
+        sandboxes: PathBuf,
+        seen: Mutex<Vec<(String, bool)>>,
+    }
+
+    impl ImageSource for WatchingHolds {
+        fn resolve(&self, reference: &str) -> Result<ImageRoot> {
+            Ok(ImageRoot {
+                reference: reference.to_string(),
+                digest: format!("sha256:{}", "0".repeat(64)),
+                layers: Vec::new(),
+                env: Vec::new(),
+                working_dir: None,
+                user: None,
+                entrypoint: Vec::new(),
+                cmd: Vec::new(),
+            })
+        }
+
+        fn references(&self) -> Vec<String> {
+            Vec::new()
+        }
+
+        fn hold(&self, _digest: &str, holder: &str) -> Result<()> {
+            let staged = self.sandboxes.join(format!(".{holder}")).is_dir()
+                || self.sandboxes.join(holder).is_dir();
+            self.seen.lock().unwrap().push((holder.to_string(), staged));
+            Err(Error::invalid("refused by the test's image source"))
+        }
+    }
+
+    /// A create holds its image only once its sandbox's staging directory exists, so a prune
+    /// (which releases the holds of holders with no directory) can never release it in
+    /// between; a refused hold leaves no directory behind.
+    #[tokio::test]
+    async fn a_create_holds_its_image_only_once_its_staging_directory_exists() {
+        let state = std::env::temp_dir().join(format!(
+            "sandcove-hold-order-{}-{}",
+            std::process::id(),
+            crate::config::new_id()
+        ));
+        let engine = LocalBackend::with_state_dir(&state).unwrap();
+        if engine.unisolated {
+            eprintln!("SKIP: images need isolation, which this host cannot give");
+            let _ = std::fs::remove_dir_all(&state);
+            return;
+        }
+        let source = Arc::new(WatchingHolds {
+            sandboxes: engine.sandboxes_dir(),
+            seen: Mutex::new(Vec::new()),
+        });
+        let engine = engine.with_images(source.clone());
+        let mut options = CreateOptions::default();
+        options.template = Some("hold-order.test/image:1".into());
+        let err = engine.create_cold(options, false).await.unwrap_err();
+        assert!(err.to_string().contains("refused by the test"), "{err}");
+        let seen = source.seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert!(
+            seen[0].1,
+            "the hold came before the staging directory: {seen:?}"
+        );
+        let left: Vec<_> = std::fs::read_dir(engine.sandboxes_dir())
+            .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "left behind: {left:?}");
+        let _ = std::fs::remove_dir_all(&state);
+    }
 }

@@ -2,8 +2,12 @@
 //! or a `docker save` / `podman save` tar.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::{Read, Seek, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+
+use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
 
 use crate::digest::{Digest, HashingReader};
 use crate::error::{ImageError, Result};
@@ -16,7 +20,9 @@ use crate::ImageInfo;
 
 /// The files of a layout or archive, by their path inside it.
 struct Files {
-    root: Option<PathBuf>,
+    /// A layout directory (its path for errors, and its descriptor): every file of it is
+    /// opened beneath that descriptor with no symlink followed.
+    root: Option<(PathBuf, OwnedFd)>,
     spooled: HashMap<String, PathBuf>,
     /// The spool directory, removed when the import ends.
     spool: Option<PathBuf>,
@@ -46,36 +52,100 @@ fn clean(name: &str) -> Option<String> {
     Some(parts.join("/"))
 }
 
+/// How the files of a layout directory are reached beneath it: no symlink, magic link or
+/// `..` followed, so a layout cannot make any other file the importing user can read (an SSH
+/// key, another user's layer) part of an image.
+const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_SYMLINKS)
+    .union(ResolveFlags::NO_MAGICLINKS);
+
 impl Files {
-    fn path(&self, name: &str) -> Result<PathBuf> {
-        let missing = || {
-            ImageError::malformed(
-                "image archive",
-                format!("it names {name:?}, which it does not hold"),
-            )
-        };
-        let name = clean(name).ok_or_else(missing)?;
-        match &self.root {
-            Some(root) => {
-                let path = root.join(&name);
-                if path.is_file() {
-                    Ok(path)
-                } else {
-                    Err(missing())
-                }
-            }
-            None => self.spooled.get(&name).cloned().ok_or_else(missing),
-        }
+    /// A layout directory's files, beneath its descriptor.
+    fn directory(path: &Path) -> Result<Files> {
+        let dir = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| ImageError::io(format!("opening {}", path.display()), e.into()))?;
+        Ok(Files {
+            root: Some((path.to_path_buf(), dir)),
+            spooled: HashMap::new(),
+            spool: None,
+        })
     }
 
-    fn has(&self, name: &str) -> bool {
-        self.path(name).is_ok()
+    fn missing(name: &str) -> ImageError {
+        ImageError::malformed(
+            "image archive",
+            format!("it names {name:?}, which it does not hold"),
+        )
+    }
+
+    /// Opens the regular file `name` of the layout or archive; `Ok(None)` when there is none.
+    /// In a layout directory, a name reached through a symlink is [`ImageError::Malformed`].
+    fn try_open(&self, name: &str) -> Result<Option<std::fs::File>> {
+        let Some(name) = clean(name) else {
+            return Ok(None);
+        };
+        let Some((dir_path, dir)) = &self.root else {
+            return match self.spooled.get(&name) {
+                Some(path) => std::fs::File::open(path)
+                    .map(Some)
+                    .map_err(|e| ImageError::io(format!("opening {name}"), e)),
+                None => Ok(None),
+            };
+        };
+        let refused = |reason: &str| {
+            ImageError::malformed(
+                format!("OCI layout {}", dir_path.display()),
+                format!("{name:?} {reason}"),
+            )
+        };
+        // Non-blocking: a fifo planted in the layout must not hang the import on its open.
+        let file = match rustix::fs::openat2(
+            dir,
+            name.as_str(),
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+            RESOLVE,
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) | Err(Errno::NOTDIR) => return Ok(None),
+            Err(Errno::LOOP) => {
+                return Err(refused(
+                    "is reached through a symlink (a layout's files are read beneath it, \
+                     never through one)",
+                ))
+            }
+            Err(Errno::XDEV) => return Err(refused("resolves outside the layout")),
+            Err(e) => {
+                return Err(ImageError::io(
+                    format!("opening {name} in {}", dir_path.display()),
+                    e.into(),
+                ))
+            }
+        };
+        let stat = rustix::fs::fstat(&file)
+            .map_err(|e| ImageError::io(format!("examining {name}"), e.into()))?;
+        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+            return Err(refused("is not a regular file"));
+        }
+        Ok(Some(std::fs::File::from(file)))
+    }
+
+    /// Opens the regular file `name`; one the layout or archive does not hold is
+    /// [`ImageError::Malformed`].
+    fn open(&self, name: &str) -> Result<std::fs::File> {
+        self.try_open(name)?.ok_or_else(|| Self::missing(name))
+    }
+
+    fn has(&self, name: &str) -> Result<bool> {
+        Ok(self.try_open(name)?.is_some())
     }
 
     fn document(&self, name: &str) -> Result<Vec<u8>> {
-        let path = self.path(name)?;
-        let file =
-            std::fs::File::open(&path).map_err(|e| ImageError::io(format!("opening {name}"), e))?;
+        let file = self.open(name)?;
         let mut bytes = Vec::new();
         file.take(MAX_DOCUMENT_BYTES + 1)
             .read_to_end(&mut bytes)
@@ -146,8 +216,8 @@ struct Found {
     manifest: Manifest,
     manifest_bytes: Vec<u8>,
     config_bytes: Vec<u8>,
-    /// The layers' files, in the manifest's order.
-    layer_files: Vec<PathBuf>,
+    /// The names of the layers' files in the layout or archive, in the manifest's order.
+    layer_files: Vec<String>,
     /// Whether the layer files must match the manifest's digests (OCI), or the manifest was
     /// made here from them (`docker save`).
     names: Vec<String>,
@@ -158,17 +228,13 @@ pub(crate) fn import(store: &Store, path: &Path, tag: Option<&str>) -> Result<Ve
     let metadata = std::fs::metadata(path)
         .map_err(|e| ImageError::io(format!("reading {}", path.display()), e))?;
     let files = if metadata.is_dir() {
-        Files {
-            root: Some(path.to_path_buf()),
-            spooled: HashMap::new(),
-            spool: None,
-        }
+        Files::directory(path)?
     } else {
         spool(store, path)?
     };
-    let found = if files.has("manifest.json") {
+    let found = if files.has("manifest.json")? {
         docker_save(&files)?
-    } else if files.has("index.json") {
+    } else if files.has("index.json")? {
         oci_layout(&files)?
     } else {
         return Err(ImageError::malformed(
@@ -184,12 +250,17 @@ pub(crate) fn import(store: &Store, path: &Path, tag: Option<&str>) -> Result<Ve
     }
     let mut infos = Vec::new();
     for image in found {
-        infos.push(store_image(store, image, tag.as_ref())?);
+        infos.push(store_image(store, &files, image, tag.as_ref())?);
     }
     Ok(infos)
 }
 
-fn store_image(store: &Store, image: Found, tag: Option<&Reference>) -> Result<ImageInfo> {
+fn store_image(
+    store: &Store,
+    files: &Files,
+    image: Found,
+    tag: Option<&Reference>,
+) -> Result<ImageInfo> {
     let (config, diff_ids) =
         manifest::parse_config(&image.config_bytes, image.manifest.layers.len())?;
     let config_digest = Digest::of(&image.config_bytes);
@@ -233,13 +304,15 @@ fn store_image(store: &Store, image: Found, tag: Option<&Reference>) -> Result<I
                 continue;
             }
             let expected = Digest::parse(&layer.digest)?;
-            let mut reader = HashingReader::new(
-                std::fs::File::open(file).map_err(|e| ImageError::io("opening a layer", e))?,
-            );
+            // One open file is checked, then unpacked: never a name resolved twice.
+            let mut reader = HashingReader::new(files.open(file)?);
             std::io::copy(&mut reader, &mut std::io::sink())
                 .map_err(|e| ImageError::io("reading a layer", e))?;
             expected.check(&reader.hasher.finish(), format!("layer blob {expected}"))?;
-            store.unpack_file(diff_id, file)?;
+            let mut blob = reader.inner;
+            blob.seek(std::io::SeekFrom::Start(0))
+                .map_err(|e| ImageError::io("reading a layer", e))?;
+            store.unpack_reader(diff_id, blob)?;
         }
         let mut all_tags: Vec<Option<String>> = names.iter().map(|n| n.tagged()).collect();
         if all_tags.is_empty() {
@@ -285,8 +358,7 @@ fn docker_save(files: &Files) -> Result<Vec<Found>> {
         let mut layers = Vec::new();
         let mut layer_files = Vec::new();
         for layer in &entry.layers {
-            let file = files.path(layer)?;
-            let (digest, size, media_type) = describe_layer(&file)?;
+            let (digest, size, media_type) = describe_layer(files.open(layer)?)?;
             layers.push(Descriptor {
                 media_type,
                 digest: digest.to_string(),
@@ -294,7 +366,7 @@ fn docker_save(files: &Files) -> Result<Vec<Found>> {
                 platform: None,
                 annotations: Default::default(),
             });
-            layer_files.push(file);
+            layer_files.push(layer.clone());
         }
         // `docker save` has no manifest: one is made from the config and the layer files, as
         // other tools do, so the image has a manifest digest like a pulled one.
@@ -323,10 +395,8 @@ fn docker_save(files: &Files) -> Result<Vec<Found>> {
 }
 
 /// A layer file's digest, size and media type (by its first bytes).
-fn describe_layer(file: &Path) -> Result<(Digest, u64, String)> {
-    let mut reader = HashingReader::new(
-        std::fs::File::open(file).map_err(|e| ImageError::io("opening a layer", e))?,
-    );
+fn describe_layer(file: std::fs::File) -> Result<(Digest, u64, String)> {
+    let mut reader = HashingReader::new(file);
     let mut head = [0u8; 4];
     let n = reader
         .read(&mut head)
@@ -385,7 +455,7 @@ fn oci_layout(files: &Files) -> Result<Vec<Found>> {
         let layer_files = manifest
             .layers
             .iter()
-            .map(|l| files.path(&format!("blobs/sha256/{}", Digest::parse(&l.digest)?.hex())))
+            .map(|l| Ok(format!("blobs/sha256/{}", Digest::parse(&l.digest)?.hex())))
             .collect::<Result<Vec<_>>>()?;
         found.push(Found {
             manifest,

@@ -39,8 +39,10 @@
 //! in-image mode recorded (octal) in [`XATTR_MODE`]. Device nodes and fifos are not created:
 //! they are counted and named in the layer's record ([`LayerDetails::skipped`]). A sparse file
 //! keeps its holes: a PAX (format 1.0) sparse entry's segments are written at their offsets,
-//! the holes never read; an old-format GNU sparse entry's all-zero blocks are skipped, its
-//! apparent size within the layer's byte bound. [`unpack_archive`] applies the same unpacker, without a
+//! the holes never read; an old-format GNU sparse entry's all-zero blocks are skipped, and
+//! since the tar reader hands its holes over as zeros to scan, its holes count against the
+//! layer's byte bound, with the stream and the holes of the entries before it, before any is
+//! scanned. [`unpack_archive`] applies the same unpacker, without a
 //! digest, to other layer-format archives (an image sandbox's snapshot). Extended
 //! attributes inside a layer (file capabilities among them) are not applied.
 //!
@@ -118,7 +120,10 @@ pub struct StoreOptions {
     /// The bound on one layer's entries (default 1 000 000).
     pub max_layer_entries: u64,
     /// Pulls and imports are refused ([`ImageError::TooLarge`]) when the store's size plus
-    /// the new layers' would pass this.
+    /// the new layers' compressed sizes would pass this; and as each layer unpacks, its
+    /// decompressed bytes are charged against the room left (shared by the unpacks running
+    /// at once in this process), so one decompressing past it is `TooLarge` too, with
+    /// nothing of it kept.
     pub max_store_bytes: Option<u64>,
     /// Mirrors, plain-HTTP hosts and credentials.
     pub registries: RegistryConfig,

@@ -14,7 +14,7 @@ use crate::error::{ImageError, Result};
 use crate::manifest::{self, Descriptor, Document, ImageConfigFile, Manifest};
 use crate::reference::Reference;
 use crate::registry::Client;
-use crate::unpack::{self, LayerRecord, UnpackLimits};
+use crate::unpack::{self, LayerRecord, StoreRoom, UnpackLimits};
 use crate::{
     Availability, ImageConfig, ImageDetails, ImageInfo, LayerDetails, LayerState, OwnerMap,
     PruneReport, PullProgress, ResolvedImage, StoreOptions,
@@ -38,6 +38,8 @@ struct Inner {
     /// Layers being fetched in this process, by diff id: a second pull of one layer waits
     /// for the first instead of fetching it again.
     inflight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The room `max_store_bytes` leaves, charged by every layer unpack as it decompresses.
+    room: Option<StoreRoom>,
 }
 
 /// One image (`images/<digest hex>.json`).
@@ -158,6 +160,7 @@ impl Store {
         let store = Store {
             inner: Arc::new(Inner {
                 dir,
+                room: options.max_store_bytes.map(StoreRoom::new),
                 options,
                 client: std::sync::OnceLock::new(),
                 inflight: Mutex::new(HashMap::new()),
@@ -650,11 +653,28 @@ impl Store {
     pub(crate) fn unpack_file(&self, diff_id: &Digest, blob: &Path) -> Result<LayerRecord> {
         let file = std::fs::File::open(blob)
             .map_err(|e| ImageError::io(format!("opening {}", blob.display()), e))?;
+        self.unpack_reader(diff_id, file)
+    }
+
+    /// Unpacks a layer blob read from `blob` (blocking). Its decompressed bytes are bounded by
+    /// the layer bound and by the room the store's bound has left, whichever is smaller: a
+    /// layer decompressing past either is [`ImageError::TooLarge`], with nothing of it kept.
+    pub(crate) fn unpack_reader(
+        &self,
+        diff_id: &Digest,
+        blob: impl std::io::Read,
+    ) -> Result<LayerRecord> {
+        let room = self
+            .inner
+            .room
+            .as_ref()
+            .map(|room| room.enter(|| self.usage()));
         unpack::unpack_layer(
             &self.layers_dir(),
             diff_id,
-            std::io::BufReader::with_capacity(1 << 16, file),
+            std::io::BufReader::with_capacity(1 << 16, blob),
             &self.limits(),
+            room.as_ref(),
         )
     }
 

@@ -74,7 +74,7 @@ pub fn unpack_archive(
     limits: &UnpackLimits,
     what: &str,
 ) -> Result<ArchiveSummary> {
-    let record = Unpacker::new(root, limits).run(what, None, archive)?;
+    let record = Unpacker::new(root, limits).run(what, None, archive, None)?;
     Ok(ArchiveSummary {
         bytes: record.unpacked_bytes,
         entries: record.entries,
@@ -94,12 +94,15 @@ pub(crate) struct LayerRecord {
 }
 
 /// Unpacks `blob` (gzip, zstd or plain tar, recognised by its first bytes) into
-/// `<layers_dir>/<diff_id hex>/`, or returns the record of the layer already there.
+/// `<layers_dir>/<diff_id hex>/`, or returns the record of the layer already there. Its
+/// decompressed bytes are charged to `room`, the store's, where the store has a bound: the
+/// unpack's byte bound is the smaller of the layer's and the room the store has left.
 pub(crate) fn unpack_layer(
     layers_dir: &Path,
     diff_id: &Digest,
     blob: impl Read,
     limits: &UnpackLimits,
+    room: Option<&RoomEntry<'_>>,
 ) -> Result<LayerRecord> {
     if let Some(record) = read_record(layers_dir, diff_id)? {
         return Ok(record);
@@ -127,7 +130,7 @@ pub(crate) fn unpack_layer(
         )
         .map_err(|e| ImageError::io("opening the layer's temporary directory", e.into()))?;
         let what = format!("layer {diff_id}");
-        let record = Unpacker::new(root.as_fd(), limits).run(&what, Some(diff_id), blob)?;
+        let record = Unpacker::new(root.as_fd(), limits).run(&what, Some(diff_id), blob, room)?;
         write_record(layers_dir, diff_id, &record)?;
         match rustix::fs::renameat(&layers, temp.as_str(), &layers, diff_id.hex()) {
             Ok(()) => Ok(record),
@@ -184,24 +187,110 @@ fn open_dir(path: &Path) -> Result<OwnedFd> {
     .map_err(|e| ImageError::io(format!("opening {}", path.display()), e.into()))
 }
 
-/// A reader that stops with an error once more than `limit` bytes passed, and hashes them.
-struct Bounded<R> {
-    inner: R,
-    hasher: Hasher,
-    count: u64,
-    limit: u64,
-    exceeded: Rc<Cell<bool>>,
+/// Which byte bound an unpack passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Passed {
+    /// The layer's own ([`UnpackLimits::max_bytes`]): its stream, or its stream and the
+    /// holes its old-format sparse files declare.
+    Layer,
+    /// The room the store's bound left ([`StoreRoom`]).
+    Store,
 }
 
-impl<R: Read> Read for Bounded<R> {
+/// The room a store bound (`max_store_bytes`) leaves, shared by the layer unpacks of one
+/// store running at once in this process: every decompressed byte is charged as it is read,
+/// and an unpack that would take the store past its bound stops there. The store's size is
+/// measured when an unpack starts with none other under way, and the bytes every unpack
+/// reads from then on are added to it until none is under way again (a layer finished
+/// meanwhile is counted once, by its bytes; a refused one too, which only errs on the safe
+/// side), so unpacks running together can never share out more than the room there was.
+pub(crate) struct StoreRoom {
+    limit: u64,
+    state: std::sync::Mutex<RoomState>,
+}
+
+#[derive(Default)]
+struct RoomState {
+    /// Unpacks under way.
+    active: usize,
+    /// The store's size when the first of them started, plus every byte charged since.
+    used: u64,
+}
+
+/// An unpack's place in a [`StoreRoom`]: charges it, and leaves it when dropped.
+pub(crate) struct RoomEntry<'r> {
+    room: &'r StoreRoom,
+}
+
+impl StoreRoom {
+    /// The room under a store bound of `limit` bytes.
+    pub(crate) fn new(limit: u64) -> StoreRoom {
+        StoreRoom {
+            limit,
+            state: std::sync::Mutex::new(RoomState::default()),
+        }
+    }
+
+    /// Starts an unpack; `usage` (the store's size on disk) is measured when no other unpack
+    /// is under way.
+    pub(crate) fn enter(&self, usage: impl FnOnce() -> u64) -> RoomEntry<'_> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.active == 0 {
+            state.used = usage();
+        }
+        state.active += 1;
+        RoomEntry { room: self }
+    }
+
+    /// The store's bound.
+    pub(crate) fn limit(&self) -> u64 {
+        self.limit
+    }
+}
+
+impl RoomEntry<'_> {
+    /// Charges `bytes`; `false` once the store's size would pass its bound.
+    fn charge(&self, bytes: u64) -> bool {
+        let mut state = self.room.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.used = state.used.saturating_add(bytes);
+        state.used <= self.room.limit
+    }
+}
+
+impl Drop for RoomEntry<'_> {
+    fn drop(&mut self) {
+        let mut state = self.room.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.active -= 1;
+    }
+}
+
+/// A reader that stops with an error once more than `limit` bytes passed (or the store's
+/// room is used up), and hashes them.
+struct Bounded<'r, R> {
+    inner: R,
+    hasher: Hasher,
+    /// Bytes read so far (shared with the unpacker, which counts sparse holes against the
+    /// same bound).
+    count: Rc<Cell<u64>>,
+    limit: u64,
+    room: Option<&'r RoomEntry<'r>>,
+    passed: Rc<Cell<Option<Passed>>>,
+}
+
+impl<R: Read> Read for Bounded<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.count += n as u64;
-        if self.count > self.limit {
-            self.exceeded.set(true);
+        let count = self.count.get() + n as u64;
+        self.count.set(count);
+        if count > self.limit {
+            self.passed.set(Some(Passed::Layer));
             return Err(io::Error::other(
                 "the layer's decompressed size bound was passed",
             ));
+        }
+        if self.room.is_some_and(|room| !room.charge(n as u64)) {
+            self.passed.set(Some(Passed::Store));
+            return Err(io::Error::other("the image store's size bound was passed"));
         }
         self.hasher.update(&buf[..n]);
         Ok(n)
@@ -271,6 +360,11 @@ struct Unpacker<'a> {
     limits: &'a UnpackLimits,
     dirs: HashMap<Vec<u8>, DirMeta>,
     skipped: Vec<String>,
+    /// The decompressed bytes read so far (the [`Bounded`] reader's count).
+    stream: Rc<Cell<u64>>,
+    /// The holes old-format sparse entries declared so far: counted with the stream against
+    /// the byte bound, since the tar reader hands them over as zeros to scan.
+    holes: u64,
 }
 
 /// An entry's path split into validated components (no `.`, `..`, empty or absolute).
@@ -300,35 +394,49 @@ impl<'a> Unpacker<'a> {
             limits,
             dirs: HashMap::new(),
             skipped: Vec::new(),
+            stream: Rc::new(Cell::new(0)),
+            holes: 0,
         }
     }
 
     /// Unpacks `blob`, `what` in errors; checks the decompressed stream against `diff_id`
-    /// where there is one.
-    fn run(mut self, what: &str, diff_id: Option<&Digest>, blob: impl Read) -> Result<LayerRecord> {
-        let exceeded = Rc::new(Cell::new(false));
-        let too_large = || ImageError::TooLarge {
+    /// where there is one, and charges it to the store's room where there is one.
+    fn run(
+        mut self,
+        what: &str,
+        diff_id: Option<&Digest>,
+        blob: impl Read,
+        room: Option<&RoomEntry<'_>>,
+    ) -> Result<LayerRecord> {
+        let passed = Rc::new(Cell::new(None));
+        let max_bytes = self.limits.max_bytes;
+        let store_limit = room.map(|r| r.room.limit());
+        let too_large = |bound: Passed| ImageError::TooLarge {
             what: what.to_string(),
-            reason: format!("decompresses past {} bytes", self.limits.max_bytes),
+            reason: match bound {
+                Passed::Layer => format!("decompresses past {max_bytes} bytes"),
+                Passed::Store => format!(
+                    "decompresses past the room the image store's bound of {} bytes leaves",
+                    store_limit.unwrap_or_default()
+                ),
+            },
         };
         let bounded = Bounded {
             inner: decompress(blob)?,
             hasher: Hasher::new(),
-            count: 0,
-            limit: self.limits.max_bytes,
-            exceeded: exceeded.clone(),
+            count: self.stream.clone(),
+            limit: max_bytes,
+            room,
+            passed: passed.clone(),
         };
         if let OwnerMap::Shift { .. } = self.limits.owner {
             self.set_owner_and_mode_xattr(self.root, ".", 0, 0, 0o755, true)?;
         }
         let mut archive = tar::Archive::new(bounded);
         let mut entries = 0u64;
-        let read_error = |e: io::Error| {
-            if exceeded.get() {
-                too_large()
-            } else {
-                ImageError::malformed(what, format!("tar: {e}"))
-            }
+        let read_error = |e: io::Error| match passed.get() {
+            Some(bound) => too_large(bound),
+            None => ImageError::malformed(what, format!("tar: {e}")),
         };
         for entry in archive.entries().map_err(read_error)? {
             let mut entry = entry.map_err(read_error)?;
@@ -339,16 +447,21 @@ impl<'a> Unpacker<'a> {
                     reason: format!("holds more than {} entries", self.limits.max_entries),
                 });
             }
-            self.entry(&mut entry).map_err(|e| match e {
-                ImageError::Io { .. } if exceeded.get() => too_large(),
-                ImageError::Io { context, source }
-                    if source.kind() == io::ErrorKind::UnexpectedEof
-                        || source.kind() == io::ErrorKind::InvalidData =>
-                {
-                    ImageError::malformed(what, format!("{context}: {source}"))
-                }
-                other => other,
-            })?;
+            self.entry(&mut entry)
+                .map_err(|e| match (e, passed.get()) {
+                    (ImageError::Io { .. }, Some(bound)) => too_large(bound),
+                    (ImageError::TooLarge { reason, .. }, _) => ImageError::TooLarge {
+                        what: what.to_string(),
+                        reason,
+                    },
+                    (ImageError::Io { context, source }, None)
+                        if source.kind() == io::ErrorKind::UnexpectedEof
+                            || source.kind() == io::ErrorKind::InvalidData =>
+                    {
+                        ImageError::malformed(what, format!("{context}: {source}"))
+                    }
+                    (other, _) => other,
+                })?;
         }
         // The diff id covers the whole decompressed stream, the tar's end padding included.
         let mut rest = archive.into_inner();
@@ -360,10 +473,38 @@ impl<'a> Unpacker<'a> {
         self.apply_dir_metadata()?;
         Ok(LayerRecord {
             diff_id: diff_id.map(Digest::to_string).unwrap_or_default(),
-            unpacked_bytes: rest.count,
+            unpacked_bytes: rest.count.get(),
             entries,
             skipped: self.skipped,
         })
+    }
+
+    /// Counts an old-format GNU sparse entry's holes against the byte bound, with the stream
+    /// read so far and the holes of the entries before it, before a byte of it is scanned:
+    /// the tar reader hands its holes over as zeros, so scanning them takes time in
+    /// proportion to the apparent size, which a few header bytes can declare.
+    fn count_holes<R: Read>(&mut self, entry: &tar::Entry<'_, R>, shown: &str) -> Result<()> {
+        // For an old-format sparse entry the reader's size is the apparent one, and the
+        // header's entry size the data the archive holds.
+        let apparent = entry.size();
+        let stored = entry
+            .header()
+            .entry_size()
+            .map_err(|e| ImageError::malformed("layer entry", format!("{shown:?}: size: {e}")))?;
+        self.holes = self.holes.saturating_add(apparent.saturating_sub(stored));
+        let counted = self.stream.get().saturating_add(self.holes);
+        if counted > self.limits.max_bytes {
+            // `what` is the archive's, filled in by `run`.
+            return Err(ImageError::TooLarge {
+                what: String::new(),
+                reason: format!(
+                    "the apparent size of its sparse file {shown:?} takes it past {} bytes \
+                     (an old-format sparse file's holes count as its data)",
+                    self.limits.max_bytes
+                ),
+            });
+        }
+        Ok(())
     }
 
     fn entry<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> Result<()> {
@@ -388,7 +529,7 @@ impl<'a> Unpacker<'a> {
         let mut gid = header.gid().unwrap_or(0);
         let mut mtime = header.mtime().ok();
         // A PAX sparse file (format 1.0): its map heads its data; `(major, minor, real size)`.
-        let mut sparse: (Option<String>, Option<String>, Option<u64>) = (None, None, None);
+        let mut sparse: (Option<String>, Option<String>, Option<String>) = (None, None, None);
         // PAX records carry ids and times too large for the header's fields.
         if let Ok(Some(extensions)) = entry.pax_extensions() {
             for extension in extensions.flatten() {
@@ -398,7 +539,7 @@ impl<'a> Unpacker<'a> {
                     Ok("gid") => gid = value.and_then(|v| v.parse().ok()).unwrap_or(gid),
                     Ok("GNU.sparse.major") => sparse.0 = value.map(str::to_string),
                     Ok("GNU.sparse.minor") => sparse.1 = value.map(str::to_string),
-                    Ok("GNU.sparse.realsize") => sparse.2 = value.and_then(|v| v.parse().ok()),
+                    Ok("GNU.sparse.realsize") => sparse.2 = value.map(str::to_string),
                     Ok("mtime") => {
                         let seconds = value
                             .and_then(|v| v.split('.').next())
@@ -496,6 +637,35 @@ impl<'a> Unpacker<'a> {
                 Ok(())
             }
             tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
+                if kind == tar::EntryType::GNUSparse {
+                    self.count_holes(entry, &shown)?;
+                }
+                // A PAX sparse entry's real size. Its holes are never read or scanned (each
+                // segment is written at its offset), so it is not counted against the byte
+                // bound (a sandbox's 3 GiB sparse file restores within a 36 MiB archive
+                // bound); it must be a size a file can have.
+                let pax_sparse = match (&sparse.0, &sparse.1) {
+                    (Some(major), Some(minor))
+                        if kind == tar::EntryType::Regular && major == "1" && minor == "0" =>
+                    {
+                        let real_size = sparse
+                            .2
+                            .as_deref()
+                            .and_then(|v| v.parse::<u64>().ok())
+                            .filter(|&n| i64::try_from(n).is_ok())
+                            .ok_or_else(|| {
+                                ImageError::malformed(
+                                    "layer entry",
+                                    format!(
+                                        "{shown:?}: a sparse file without a valid \
+                                         GNU.sparse.realsize"
+                                    ),
+                                )
+                            })?;
+                        Some(real_size)
+                    }
+                    _ => None,
+                };
                 self.clear(&parent, name, &shown)?;
                 let file = rustix::fs::openat(
                     &parent,
@@ -509,12 +679,8 @@ impl<'a> Unpacker<'a> {
                 )
                 .map_err(|e| io_err(&shown, "creating the file", e))?;
                 let mut out = std::fs::File::from(file);
-                let written = match (kind, &sparse) {
-                    (tar::EntryType::Regular, (Some(major), Some(minor), Some(real_size)))
-                        if major == "1" && minor == "0" =>
-                    {
-                        copy_sparse_map(entry, &mut out, *real_size)
-                    }
+                let written = match (kind, pax_sparse) {
+                    (_, Some(real_size)) => copy_sparse_map(entry, &mut out, real_size),
                     (tar::EntryType::GNUSparse, _) => {
                         copy_sparse(entry, &mut out, self.limits.max_bytes)
                     }
@@ -839,8 +1005,9 @@ impl<'a> Unpacker<'a> {
 
 /// Copies an old-format GNU sparse entry's contents (the tar reader hands its holes over as
 /// zeros) leaving every all-zero block a hole: a file whose apparent size is far larger than
-/// its data costs only its data on disk. Its apparent size is bounded by `limit` (the unpack's
-/// byte bound), as scanning the holes takes time in proportion to it.
+/// its data costs only its data on disk. Its apparent size was counted against the unpack's
+/// byte bound before (`Unpacker::count_holes`), as scanning the holes takes time in proportion
+/// to it; `limit` stops the scan all the same.
 fn copy_sparse(from: &mut impl Read, to: &mut std::fs::File, limit: u64) -> io::Result<u64> {
     use std::io::{Seek, SeekFrom, Write};
     const BLOCK: usize = 1 << 16;

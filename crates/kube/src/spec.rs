@@ -348,9 +348,30 @@ pub fn pod(
         env(ENV_ENVS, envs_json),
         env("HOME", home.clone()),
     ];
-    if let Some(n) = record.resources.max_open_files {
-        envs.push(env(ENV_MAX_OPEN_FILES, n.to_string()));
-    }
+    // Every other variable the agent reads is set too (empty: its default), after the
+    // image's `Env` as a container's `env` is: an image's `Env` configures none of them.
+    envs.extend([
+        env(
+            sandcove_agent::pod::HELLO_TIMEOUT_ENV,
+            sandcove_agent::pod::DEFAULT_HELLO_TIMEOUT
+                .as_millis()
+                .to_string(),
+        ),
+        env(
+            sandcove_agent::pod::MAX_CONNECTIONS_ENV,
+            sandcove_agent::pod::DEFAULT_MAX_CONNECTIONS.to_string(),
+        ),
+        // The container's own `/`.
+        env(sandcove_agent::pod::ROOT_ENV, String::new()),
+        env(
+            ENV_MAX_OPEN_FILES,
+            record
+                .resources
+                .max_open_files
+                .map(|n| n.to_string())
+                .unwrap_or_default(),
+        ),
+    ]);
     // A sandbox of another image runs that image, with the agent's static binary copied
     // in by an init container of the sandbox image (an `emptyDir`, read-only in the sandbox).
     let own_image = (!sandcove_core::capability::is_host_base(Some(&record.template)))

@@ -127,6 +127,10 @@ fn the_pod_is_hardened_and_carries_its_state() {
             {"name": "SANDCOVE_AGENT_HOME", "value": "/workspace"},
             {"name": "SANDCOVE_AGENT_ENVS", "value": r#"{"GREETING":"hi"}"#},
             {"name": "HOME", "value": "/workspace"},
+            {"name": "SANDCOVE_AGENT_HELLO_TIMEOUT_MS", "value": "10000"},
+            {"name": "SANDCOVE_AGENT_MAX_CONNECTIONS", "value": "256"},
+            {"name": "SANDCOVE_AGENT_ROOT", "value": ""},
+            {"name": "SANDCOVE_AGENT_MAX_OPEN_FILES", "value": ""},
         ])
     );
     let quantities = json!({"cpu": "1500m", "memory": "512Mi", "ephemeral-storage": "2048Mi"});
@@ -373,4 +377,26 @@ fn pod_state_follows_phase_readiness_and_deletion() {
     // A Pod whose name does not match its record is not served.
     pod.metadata.name = Some("sandcove-other".into());
     assert!(spec::record_of(&pod).is_none());
+}
+
+/// An image's `Env` comes before a container's `env`, so a Pod that sets every variable the
+/// in-pod agent reads leaves an image none to set (its hello timeout, connection cap, root):
+/// each is in the container's `env`, once, with its value or empty for the default.
+#[test]
+fn every_agent_variable_is_set_so_an_image_env_sets_none() {
+    let mut of_image = record();
+    of_image.template = "python:3.12-slim".into();
+    for record in [record(), of_image] {
+        let pod = spec::pod(&params(), &record, "f00d", &BTreeMap::new()).unwrap();
+        let pod = serde_json::to_value(&pod).unwrap();
+        let env = pod["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .clone();
+        for name in sandcove_agent::pod::CONFIG_ENVS {
+            let set: Vec<_> = env.iter().filter(|e| e["name"] == *name).collect();
+            assert_eq!(set.len(), 1, "{name} set once: {env:?}");
+            assert!(set[0]["value"].is_string(), "{name} has a value: {env:?}");
+        }
+    }
 }

@@ -10,6 +10,11 @@
 //! opaque directory (`user.overlay.opaque=y`) a `.wh..wh..opq` entry in it. A file with holes
 //! goes in as a sparse entry (PAX format 1.0) holding its data only, as the host base's
 //! `tar --sparse` keeps it.
+//!
+//! A sandbox file, directory or symlink whose name starts with `.wh.` cannot be archived: the
+//! layer format would read it back as a whiteout (or an opaque mark), so it would come back
+//! from the snapshot as the removal of another file. The snapshot is refused with an
+//! `InvalidInput` error naming it.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -27,6 +32,9 @@ const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_XDEV);
 /// The first entry of a whole root's archive: its root directory's opaque marker.
 const ROOT_MARKER: &[u8] = b".wh..wh..opq";
+/// The OCI layer format's whiteout prefix: `.wh.NAME` removes `NAME`, `.wh..wh..opq` makes
+/// its directory opaque.
+const WHITEOUT_PREFIX: &[u8] = b".wh.";
 /// overlayfs's opaque-directory mark under `userxattr` (`y`: opaque).
 const XATTR_OPAQUE: &str = "user.overlay.opaque";
 /// Top-level directories of the root that are the engine's, not the sandbox's files (as the
@@ -74,6 +82,20 @@ pub(super) fn write_layer(
                 continue;
             }
             let path = join(&rel, &name);
+            // In the layer format a `.wh.` name is a whiteout (or an opaque mark), whatever
+            // the entry: archived, the sandbox's own file would come back from its snapshot
+            // as the removal of another. Refused, naming it, rather than silently dropped.
+            if name.starts_with(WHITEOUT_PREFIX) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{:?} is named `{}…`, which an image layer reads as a whiteout: \
+                         rename or remove it to snapshot this sandbox",
+                        String::from_utf8_lossy(&path),
+                        String::from_utf8_lossy(WHITEOUT_PREFIX),
+                    ),
+                ));
+            }
             let stat = match rustix::fs::statat(&dir, name.as_slice(), AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(stat) => stat,
                 Err(Errno::NOENT) => continue,
@@ -94,7 +116,7 @@ pub(super) fn write_layer(
                     builder.append_link(&mut header, as_path(&path), as_path(target.as_bytes()))?;
                 }
                 FileType::CharacterDevice if stat.st_rdev == 0 => {
-                    let mut whiteout = b".wh.".to_vec();
+                    let mut whiteout = WHITEOUT_PREFIX.to_vec();
                     whiteout.extend_from_slice(&name);
                     append_marker(&mut builder, &join(&rel, &whiteout))?;
                 }
@@ -474,5 +496,37 @@ mod tests {
             assert_eq!(n.ok(), Some(1), "opaque again");
         }
         let _ = std::fs::remove_dir_all(&base);
+    }
+
+    /// A sandbox's own entry named `.wh.…` (a file, an opaque mark's name, a directory) is
+    /// never archived as a whiteout: the layer is refused, naming it.
+    #[test]
+    fn a_sandbox_file_named_like_a_whiteout_is_refused() {
+        for (case, made) in [
+            ("file", "dir/.wh.passwd"),
+            ("opaque mark", ".wh..wh..opq"),
+            ("directory", "dir/.wh.sub/inner"),
+        ] {
+            let upper = std::env::temp_dir().join(format!(
+                "sandcove-layer-tar-wh-{}-{}",
+                std::process::id(),
+                crate::config::new_id()
+            ));
+            let file = upper.join(made);
+            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+            std::fs::write(&file, "mine\n").unwrap();
+            std::fs::write(upper.join("other"), "kept\n").unwrap();
+            let upper_fd = rustix::fs::open(
+                &upper,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .unwrap();
+            let err = write_layer(upper_fd.as_fd(), false, io::sink()).unwrap_err();
+            let named = made.trim_end_matches("/inner");
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{case}: {err}");
+            assert!(err.to_string().contains(named), "{case}: {err}");
+            let _ = std::fs::remove_dir_all(&upper);
+        }
     }
 }

@@ -357,3 +357,124 @@ async fn pax_sparse_maps_are_applied_or_refused() {
         assert_contained(&attempt);
     }
 }
+
+/// A layer of old-format GNU sparse entries (type `S`), each holding one 512-byte block of
+/// data at the end of a file of `apparent` bytes: a few blocks of archive declaring holes of
+/// any size, which the tar reader hands over as zeros.
+fn old_sparse_layer(apparent: &[u64]) -> Vec<u8> {
+    let mut tar = Vec::new();
+    for (i, &size) in apparent.iter().enumerate() {
+        let mut header = tar::Header::new_gnu();
+        header.set_path(format!("sparse{i}")).unwrap();
+        header.set_entry_type(tar::EntryType::GNUSparse);
+        header.set_mode(0o644);
+        header.set_mtime(1_700_000_000);
+        header.set_size(512);
+        let gnu = header.as_gnu_mut().unwrap();
+        gnu.set_real_size(size);
+        gnu.sparse[0].set_offset(size - 512);
+        gnu.sparse[0].set_length(512);
+        header.set_cksum();
+        tar.extend_from_slice(header.as_bytes());
+        tar.extend_from_slice(&[b'x'; 512]);
+    }
+    tar.extend_from_slice(&[0u8; 1024]);
+    tar
+}
+
+/// An old-format sparse file's apparent size counts against the layer's byte bound before any
+/// of its holes is scanned: a tiny layer declaring a 1 TiB hole is `TooLarge` (never scanned
+/// up to the bound and then called malformed), and so are entries each within the bound whose
+/// holes together pass it (each used to be bounded alone, so a layer of many could keep an
+/// unpack scanning zeros for hours).
+#[tokio::test]
+async fn old_format_sparse_holes_count_against_the_byte_bound() {
+    let image = TestImage::new(vec![(old_sparse_layer(&[1 << 40]), Compression::Gzip)]);
+    assert!(image.layers[0].0.len() < 4096, "a tiny layer");
+    let attempt = import_image(&image, StoreOptions::default()).await;
+    match &attempt.result {
+        Err(ImageError::TooLarge { reason, .. }) => {
+            assert!(reason.contains("sparse0"), "names the entry: {reason}")
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert_contained(&attempt);
+
+    let options = || StoreOptions {
+        max_layer_bytes: 64 << 20,
+        ..StoreOptions::default()
+    };
+    let many = TestImage::new(vec![(
+        old_sparse_layer(&[48 << 20, 48 << 20, 48 << 20]),
+        Compression::Gzip,
+    )]);
+    let attempt = import_image(&many, options()).await;
+    match &attempt.result {
+        Err(ImageError::TooLarge { reason, .. }) => {
+            assert!(reason.contains("sparse1"), "the second passes: {reason}")
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert_contained(&attempt);
+
+    // Within the bound, an old-format sparse file unpacks with its holes kept.
+    let one = TestImage::new(vec![(old_sparse_layer(&[48 << 20]), Compression::Gzip)]);
+    let attempt = import_image(&one, options()).await;
+    attempt
+        .result
+        .as_ref()
+        .expect("a sparse file within the bound");
+}
+
+/// The store's bound holds for decompressed bytes, not only the compressed sizes checked
+/// before a pull or import starts: a layer that decompresses past the room the store has left
+/// is `TooLarge`, with nothing of it kept, while the images already stored stay.
+#[tokio::test]
+async fn layers_decompressing_past_the_store_room_are_refused() {
+    // 4 MiB of zeros each: a few KiB compressed, far within the store's bound that way.
+    let zeros = |name: &str| {
+        TestImage::new(vec![(
+            Layer::new().file(name, 0o644, &vec![0u8; 4 << 20]).tar(),
+            Compression::Gzip,
+        )])
+    };
+    let options = |mib: u64| StoreOptions {
+        max_store_bytes: Some(mib << 20),
+        ..StoreOptions::default()
+    };
+    let attempt = import_image(&zeros("a"), options(1)).await;
+    match &attempt.result {
+        Err(ImageError::TooLarge { reason, .. }) => {
+            assert!(reason.contains("store"), "the store's bound: {reason}")
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert_contained(&attempt);
+
+    // Room for one such layer and not two: the first is stored, the second refused.
+    let root = TempDir::new("room");
+    let store = Store::open(root.path().join("store"), options(6)).unwrap();
+    for (name, image) in [("a", zeros("a")), ("b", zeros("b"))] {
+        let layout = root.path().join(format!("layout-{name}"));
+        image.write_oci_layout(&layout, Some(&format!("room.test/{name}:v1")));
+        let result = store.import(&layout, None).await;
+        if name == "a" {
+            result.expect("the first fits");
+        } else {
+            assert!(
+                matches!(result, Err(ImageError::TooLarge { .. })),
+                "{result:?}"
+            );
+        }
+    }
+    let stored: Vec<_> = store
+        .list()
+        .unwrap()
+        .into_iter()
+        .flat_map(|i| i.references)
+        .collect();
+    assert_eq!(stored, ["room.test/a:v1"]);
+    assert_nothing_partial(&root.path().join("store"));
+    let layers = std::fs::read_dir(root.path().join("store/layers")).unwrap();
+    assert_eq!(layers.count(), 2, "one layer and its record");
+}

@@ -381,3 +381,70 @@ async fn pax_ids_and_times_are_honoured_and_ids_past_32_bits_become_nobody() {
         Some("65534:0")
     );
 }
+
+/// A layout directory's files are opened beneath it with no symlink followed: a layer blob,
+/// an `index.json` or a `blobs` directory that is a symlink (here to a copy of what it should
+/// be, so following it would import the image) is a `Malformed` error naming the file, and
+/// nothing is stored. A fifo in the layout's place of a blob is refused without hanging.
+#[tokio::test]
+async fn a_layout_directory_is_read_beneath_it_with_no_symlink_followed() {
+    let image = rich_image();
+    let blob_name = |bytes: &[u8]| crate::support::sha256(bytes)["sha256:".len()..].to_string();
+    let layer = blob_name(&image.layers[0].0);
+    // (what is replaced, how it is named in the error)
+    let cases: [(&str, &str); 3] = [
+        ("layer", "blobs/sha256/"),
+        ("index", "index.json"),
+        ("blobs", "blobs/sha256/"),
+    ];
+    for (case, named) in cases {
+        let root = TempDir::new("import-symlink");
+        let layout = root.path().join("layout");
+        image.write_oci_layout(&layout, Some("example.test/link:1"));
+        let elsewhere = root.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        let relink = |relative: &str| {
+            let inside = layout.join(relative);
+            let outside = elsewhere.join(relative.replace('/', "-"));
+            std::fs::rename(&inside, &outside).unwrap();
+            std::os::unix::fs::symlink(&outside, &inside).unwrap();
+        };
+        match case {
+            "layer" => relink(&format!("blobs/sha256/{layer}")),
+            "index" => relink("index.json"),
+            _ => relink("blobs"),
+        }
+        let store = Store::open(root.path().join("store"), StoreOptions::default()).unwrap();
+        let result = store.import(&layout, None).await;
+        match &result {
+            Err(ImageError::Malformed { reason, .. }) => {
+                assert!(
+                    reason.contains(named) && reason.contains("symlink"),
+                    "{case}: {reason}"
+                )
+            }
+            other => panic!("{case}: expected Malformed, got {other:?}"),
+        }
+        assert!(store.list().unwrap().is_empty(), "{case}: nothing stored");
+    }
+
+    let root = TempDir::new("import-fifo");
+    let layout = root.path().join("layout");
+    image.write_oci_layout(&layout, Some("example.test/fifo:1"));
+    let blob = layout.join(format!("blobs/sha256/{layer}"));
+    std::fs::remove_file(&blob).unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &blob,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    let store = Store::open(root.path().join("store"), StoreOptions::default()).unwrap();
+    let result = store.import(&layout, None).await;
+    assert!(
+        matches!(&result, Err(ImageError::Malformed { reason, .. }) if reason.contains("not a regular file")),
+        "{result:?}"
+    );
+}
