@@ -92,3 +92,30 @@ fn the_agent_command_refuses_to_start_without_a_token_hash() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(TOKEN_SHA256_ENV), "{stderr}");
 }
+
+/// An empty `__SANDCOVE_ROLE` is no role: the program runs as itself (a Kubernetes Pod sets it
+/// empty after its image's `Env`, so an image cannot turn the agent into another role);
+/// another value is a role, and an unknown one is refused before `main`.
+#[test]
+fn an_empty_role_is_the_program_itself() {
+    let out = std::process::Command::new(crate::common::bin())
+        .env("__SANDCOVE_ROLE", "")
+        .arg("--version")
+        .output()
+        .expect("run sandcove");
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("sandcove "),
+        "{out:?}"
+    );
+    let out = std::process::Command::new(crate::common::bin())
+        .env("__SANDCOVE_ROLE", "no-such-role")
+        .arg("--version")
+        .output()
+        .expect("run sandcove");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown role"),
+        "{out:?}"
+    );
+}

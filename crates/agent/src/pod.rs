@@ -50,7 +50,11 @@ pub const CONFIG_ENVS: &[&str] = &[
     MAX_OPEN_FILES_ENV,
 ];
 
-/// The role value that makes a re-executed program a pod agent (in `__SANDCOVE_ROLE`).
+/// The variable naming the role of a re-executed program (read before `main`); empty is the
+/// same as unset, so a Pod sets it empty after its image's `Env`, which then names no role.
+pub const ROLE_ENV: &str = "__SANDCOVE_ROLE";
+
+/// The role value that makes a re-executed program a pod agent (in [`ROLE_ENV`]).
 pub const ROLE_POD_AGENT: &str = "pod-agent";
 
 /// Default time a connection has to send its hello.

@@ -3,8 +3,8 @@
 
 use super::{spawner, sys};
 
-/// Env var carrying the role of a re-executed process.
-pub(super) const ROLE_ENV: &str = "__SANDCOVE_ROLE";
+/// Env var carrying the role of a re-executed process (empty: none, as a Pod sets it).
+pub(super) const ROLE_ENV: &str = sandcove_agent::pod::ROLE_ENV;
 /// The monitor spawner's role (see `spawner`).
 pub(super) const ROLE_SPAWNER: &str = "spawner";
 /// A bounded volume's holder (see `volume_holder`).
@@ -27,6 +27,11 @@ extern "C" fn entry(
     // Not inherited by anything the role starts.
     // SAFETY: we are before `main`, single-threaded: nothing else reads the environment.
     unsafe { std::env::remove_var(ROLE_ENV) };
+    if role.is_empty() {
+        // No role: the program itself (a Pod's agent sets the variable empty, so its image's
+        // `Env` cannot name one).
+        return;
+    }
     sys::ignore_sigpipe();
     if role == ROLE_SPAWNER {
         spawner::main();

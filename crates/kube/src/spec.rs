@@ -362,6 +362,7 @@ pub fn pod(
             sandcove_agent::pod::DEFAULT_MAX_CONNECTIONS.to_string(),
         ),
         // The container's own `/`.
+        env(sandcove_agent::pod::ROLE_ENV, String::new()),
         env(sandcove_agent::pod::ROOT_ENV, String::new()),
         env(
             ENV_MAX_OPEN_FILES,

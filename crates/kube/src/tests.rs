@@ -129,6 +129,7 @@ fn the_pod_is_hardened_and_carries_its_state() {
             {"name": "HOME", "value": "/workspace"},
             {"name": "SANDCOVE_AGENT_HELLO_TIMEOUT_MS", "value": "10000"},
             {"name": "SANDCOVE_AGENT_MAX_CONNECTIONS", "value": "256"},
+            {"name": "__SANDCOVE_ROLE", "value": ""},
             {"name": "SANDCOVE_AGENT_ROOT", "value": ""},
             {"name": "SANDCOVE_AGENT_MAX_OPEN_FILES", "value": ""},
         ])
@@ -393,6 +394,15 @@ fn every_agent_variable_is_set_so_an_image_env_sets_none() {
             .as_array()
             .unwrap()
             .clone();
+        let role: Vec<_> = env
+            .iter()
+            .filter(|e| e["name"] == sandcove_agent::pod::ROLE_ENV)
+            .collect();
+        assert_eq!(role.len(), 1, "the role variable set once: {env:?}");
+        assert_eq!(
+            role[0]["value"], "",
+            "set empty: no role, whatever the image's Env"
+        );
         for name in sandcove_agent::pod::CONFIG_ENVS {
             let set: Vec<_> = env.iter().filter(|e| e["name"] == *name).collect();
             assert_eq!(set.len(), 1, "{name} set once: {env:?}");
