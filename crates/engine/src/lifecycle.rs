@@ -26,8 +26,20 @@ impl LocalBackend {
     /// a warm-pool member (hidden from `list` until claimed).
     pub(crate) async fn create_cold(
         &self,
+        options: CreateOptions,
+        pooled: bool,
+    ) -> Result<SandboxInfo> {
+        self.create_cold_pinned(options, pooled, None).await
+    }
+
+    /// [`LocalBackend::create_cold`], refused before any effect when `digest` is given and
+    /// the image the template names is another (the name was pulled again meanwhile): a warm
+    /// member is made of exactly the image its shape names.
+    pub(crate) async fn create_cold_pinned(
+        &self,
         mut options: CreateOptions,
         pooled: bool,
+        digest: Option<&str>,
     ) -> Result<SandboxInfo> {
         let id = config::new_id();
         if self.unisolated {
@@ -60,6 +72,20 @@ impl LocalBackend {
             }
         }
         let image = self.image_for(&options)?;
+        if let Some(pinned) = digest {
+            match &image {
+                Some(image) if image.digest == pinned => {}
+                other => {
+                    return Err(Error::invalid(format!(
+                        "{:?} names {} now, not {pinned}",
+                        options.template.clone().unwrap_or_default(),
+                        other
+                            .as_ref()
+                            .map_or("the host base", |i| i.digest.as_str())
+                    )))
+                }
+            }
+        }
         // The create's user, else the one the image's `User` names, else the engine's.
         let default_name = match (&options.user, &image) {
             (Some(user), _) => Some(user.clone()),
@@ -412,7 +438,8 @@ impl LocalBackend {
         lease: Duration,
     ) -> Result<(String, u64)> {
         let options = shape.member_options(lease);
-        let info = self.create_cold(options, true).await?;
+        let pinned = shape.image.as_ref().map(|image| image.digest.as_str());
+        let info = self.create_cold_pinned(options, true, pinned).await?;
         Ok((info.id, info.ends_at))
     }
 
@@ -802,6 +829,45 @@ mod tests {
             .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
             .unwrap_or_default();
         assert!(left.is_empty(), "left behind: {left:?}");
+        let _ = std::fs::remove_dir_all(&state);
+    }
+
+    /// A warm member is made of exactly the digest its shape names: where the template names
+    /// another image now (pulled again meanwhile), it is not made at all, before any effect.
+    #[tokio::test]
+    async fn a_member_is_never_made_of_another_digest_than_its_shape() {
+        let state = std::env::temp_dir().join(format!(
+            "sandcove-pin-{}-{}",
+            std::process::id(),
+            crate::config::new_id()
+        ));
+        let engine = LocalBackend::with_state_dir(&state).unwrap();
+        if engine.unisolated {
+            eprintln!("SKIP: images need isolation, which this host cannot give");
+            let _ = std::fs::remove_dir_all(&state);
+            return;
+        }
+        let source = Arc::new(WatchingHolds {
+            sandboxes: engine.sandboxes_dir(),
+            seen: Mutex::new(Vec::new()),
+        });
+        let engine = engine.with_images(source.clone());
+        let mut options = CreateOptions::default();
+        options.template = Some("pin.test/image:1".into());
+        let stale = format!("sha256:{}", "1".repeat(64));
+        let err = engine
+            .create_cold_pinned(options.clone(), true, Some(&stale))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("names sha256:000"), "{err}");
+        assert!(source.seen.lock().unwrap().is_empty(), "nothing was held");
+        // The digest it names now passes the pin (and ends at the test source's hold).
+        let now = format!("sha256:{}", "0".repeat(64));
+        let err = engine
+            .create_cold_pinned(options, true, Some(&now))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("refused by the test"), "{err}");
         let _ = std::fs::remove_dir_all(&state);
     }
 }
