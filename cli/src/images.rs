@@ -77,13 +77,8 @@ pub fn image(cmd: ImageCmd, json: bool) -> Outcome {
             }
             Ok(0)
         }
-        ImageCmd::Inspect { reference } => {
-            let details = store()?
-                .inspect(&reference)
-                .map_err(|e| Failure::from(image_error(e)))?;
-            out::print_json(&details).map(|_| 0)
-        }
         // The engine's own image calls, as a server's: one code path for both.
+        ImageCmd::Inspect { reference } => inspect(&reference),
         ImageCmd::Pull { reference } => pull(&reference, json),
         ImageCmd::Ls => list(json),
         ImageCmd::Rm { references } => remove(references, json),
@@ -92,8 +87,7 @@ pub fn image(cmd: ImageCmd, json: bool) -> Outcome {
 }
 
 /// An image command against the server `SANDCOVE_URL` names: its store. An import sends an
-/// archive file to it; an OCI layout directory, and `inspect`, which reads the store's own
-/// records, need the server's host.
+/// archive file to it; an OCI layout directory needs the server's host.
 fn remote(cmd: ImageCmd, json: bool) -> Outcome {
     match cmd {
         ImageCmd::Pull { reference } => pull(&reference, json),
@@ -121,12 +115,16 @@ fn remote(cmd: ImageCmd, json: bool) -> Outcome {
         ImageCmd::Ls => list(json),
         ImageCmd::Rm { references } => remove(references, json),
         ImageCmd::Prune => prune(json),
-        ImageCmd::Inspect { .. } => Err(Failure::usage(format!(
-            "`sandcove image inspect` reads this host's image store, and {URL_ENV} names a \
-             server: run it on the server's host (its store is <state dir>/images), or unset \
-             {URL_ENV}"
-        ))),
+        ImageCmd::Inspect { reference } => inspect(&reference),
     }
+}
+
+/// `sandcove image inspect` through the runtime's image calls (`Client`), the embedded
+/// engine's store or the server's: always JSON, `--json` or not (the details nest too deep
+/// for a table).
+fn inspect(reference: &str) -> Outcome {
+    let details = out::runtime()?.block_on(out::client()?.inspect_image(reference))?;
+    out::print_json(&details).map(|_| 0)
 }
 
 /// `sandcove image ls` through the runtime's image calls (`Client`): the embedded engine's

@@ -336,6 +336,13 @@ impl Client {
         self.import_image(file_chunks(file, path), tag).await
     }
 
+    /// Everything the runtime's store has of the image `reference` (a reference or a
+    /// digest) names: its config's run settings (`Env`, `WorkingDir`, `User`, `Entrypoint`,
+    /// `Cmd`), platform and layers. `NotFound` when it is not stored; never pulls.
+    pub async fn inspect_image(&self, reference: &str) -> Result<crate::ImageDetails> {
+        self.backend.inspect_image(reference).await
+    }
+
     /// Remove an image reference from the runtime's store.
     pub async fn remove_image(&self, reference: &str) -> Result<()> {
         self.backend.remove_image(reference).await

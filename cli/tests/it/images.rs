@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use sandcove_conformance::images::{
-    shell_image, ImageBuilder, Layer, OciImage, MARKER_ENV, MARKER_PATH, WORKING_DIR,
+    host_arch, sha256, shell_image, ImageBuilder, Layer, OciImage, MARKER_ENV, MARKER_PATH,
+    WORKING_DIR,
 };
 use sandcove_conformance::unique;
 use sandcove_tests::PrivateState;
@@ -446,6 +447,78 @@ fn an_oversized_import_through_the_server_is_refused_and_leaves_nothing() {
         left.is_empty(),
         "nothing left in {}: {left:?}",
         tmp.display()
+    );
+}
+
+/// `sandcove image inspect` through a server answers with the server's store's record of an
+/// image: its config's `Env`, `WorkingDir`, `User` and `Cmd`, its platform and its layers,
+/// lowest first; the very JSON the same command prints on the server's host. A reference
+/// the store lacks is `NotFound`, typed as such across the wire.
+#[test]
+fn an_image_inspected_through_the_server_shows_its_config_and_layers() {
+    let t = Target::served();
+    let lower = Layer::new().file("/etc/lower", 0o644, b"lower\n").tar();
+    let upper = Layer::new().file("/etc/upper", 0o644, b"upper\n").tar();
+    let image = ImageBuilder::new()
+        .layer_tar(lower.clone(), true)
+        .layer_tar(upper.clone(), false)
+        .env("PATH=/usr/bin:/bin")
+        .env("GREETING=hello there")
+        .working_dir("/srv/inspected")
+        .user("1000:1000")
+        .cmd(&["/bin/sh", "-c", "echo hi"])
+        .build();
+    let reference = "test.local/inspected:1";
+    import(&t.state.dir, &image, reference);
+
+    let served = t.ok(&["image", "inspect", reference]);
+    let details: serde_json::Value = serde_json::from_str(&served).expect("inspect prints JSON");
+    assert_eq!(details["info"]["digest"], image.digest(), "{served}");
+    assert_eq!(
+        details["info"]["references"],
+        serde_json::json!([reference])
+    );
+    assert_eq!(details["info"]["created"], "2024-01-02T03:04:05Z");
+    assert_eq!(details["config_digest"], sha256(&image.config));
+    assert_eq!(details["platform"], format!("linux/{}", host_arch()));
+    assert_eq!(
+        details["config"],
+        serde_json::json!({
+            "env": ["PATH=/usr/bin:/bin", "GREETING=hello there"],
+            "working_dir": "/srv/inspected",
+            "user": "1000:1000",
+            "entrypoint": [],
+            "cmd": ["/bin/sh", "-c", "echo hi"],
+        })
+    );
+    let layers = details["layers"].as_array().expect("a list of layers");
+    assert_eq!(layers.len(), 2, "{served}");
+    for ((layer, (blob, _)), tar) in layers.iter().zip(&image.layers).zip([&lower, &upper]) {
+        assert_eq!(layer["digest"], sha256(blob), "{served}");
+        assert_eq!(layer["diff_id"], sha256(tar), "{served}");
+        assert_eq!(layer["compressed_size"], blob.len(), "{served}");
+        assert!(layer["entries"].as_u64().unwrap() >= 2, "{served}");
+    }
+    assert_eq!(details["skipped_entries"], 0);
+
+    // On the server's host, without `SANDCOVE_URL`: the same store, the same answer.
+    let out = Command::new(bin())
+        .args(["image", "inspect", reference])
+        .env("SANDCOVE_STATE_DIR", &t.state.dir)
+        .env_remove("SANDCOVE_URL")
+        .output()
+        .expect("run sandcove image inspect");
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), served);
+
+    let out = t.run(&["image", "inspect", "test.local/absent:1"]);
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("image test.local/absent:1 (not stored here")
+            // What the CLI adds to a `NotFound` alone.
+            && stderr.contains("(list what exists with `sandcove ls`)"),
+        "{stderr}"
     );
 }
 

@@ -220,6 +220,9 @@ impl Backend for Refuser {
     async fn image_availability(&self, _: &str) -> Result<sandcove::ImageAvailability> {
         self.no("image_availability")
     }
+    async fn inspect_image(&self, _: &str) -> Result<sandcove::ImageDetails> {
+        self.no("inspect_image")
+    }
     async fn remove_image(&self, _: &str) -> Result<()> {
         self.no("remove_image")
     }
@@ -246,7 +249,7 @@ const SIGNED_URL_OPS: [&str; 4] = [
     "post_file_url",
 ];
 
-const METHODS: [&str; 50] = [
+const METHODS: [&str; 51] = [
     "create",
     "get",
     "list",
@@ -294,6 +297,7 @@ const METHODS: [&str; 50] = [
     "pull_image",
     "import_image",
     "image_availability",
+    "inspect_image",
     "remove_image",
     "prune_images",
     "tombstone",
@@ -341,7 +345,7 @@ fn operations(doc: &Value) -> Vec<(String, String, String, &'static str, Vec<u8>
                 "mkdir" | "chmod" => br#"{"path":"/workspace/d","mode":448}"#.to_vec(),
                 "rename" | "copy" => br#"{"from":"/a","to":"/b"}"#.to_vec(),
                 "expose_port" => br#"{"port":8080}"#.to_vec(),
-                "pull_image" | "image_availability" | "remove_image" => {
+                "pull_image" | "image_availability" | "inspect_image" | "remove_image" => {
                     br#"{"reference":"python:3.12-slim"}"#.to_vec()
                 }
                 "revoke_preview_token" => br#"{"token":"t"}"#.to_vec(),
@@ -665,6 +669,10 @@ async fn every_client_method_round_trips_the_backends_answer() {
         (
             "image_availability",
             c.image_availability("python:3.12-slim").await.map(drop),
+        ),
+        (
+            "inspect_image",
+            c.inspect_image("python:3.12-slim").await.map(drop),
         ),
         ("remove_image", c.remove_image("python:3.12-slim").await),
         ("prune_images", c.prune_images().await.map(drop)),

@@ -23,13 +23,13 @@ use futures::Stream;
 
 use crate::{
     AnnotationUpdate, Capabilities, ChmodOptions, CopyOptions, CreateOptions, FileStat, FileUrl,
-    FileUrlOptions, FsEvent, ImageAvailability, ImagePruneReport, ImagePullProgress, ImageSummary,
-    ListDirOptions, ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus, Preview,
-    PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessEvent, ProcessInfo, ProcessSelector,
-    ProcessSpec, ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions, ResourceKind, Result,
-    SandboxInfo, SetLabelsOptions, SetOnTimeoutOptions, SetTimeoutOptions, SignalOptions,
-    SnapshotInfo, SnapshotOptions, StatOptions, Tombstone, VolumeInfo, WatchOptions, WriteOptions,
-    WriteStdinOptions,
+    FileUrlOptions, FsEvent, ImageAvailability, ImageDetails, ImagePruneReport, ImagePullProgress,
+    ImageSummary, ListDirOptions, ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus,
+    Preview, PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessEvent, ProcessInfo,
+    ProcessSelector, ProcessSpec, ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions,
+    ResourceKind, Result, SandboxInfo, SetLabelsOptions, SetOnTimeoutOptions, SetTimeoutOptions,
+    SignalOptions, SnapshotInfo, SnapshotOptions, StatOptions, Tombstone, VolumeInfo, WatchOptions,
+    WriteOptions, WriteStdinOptions,
 };
 
 /// A stream of byte chunks (file contents). Errors end the stream; a stream that ends without
@@ -344,6 +344,14 @@ pub trait Backend: Send + Sync + fmt::Debug {
     async fn image_availability(&self, reference: &str) -> Result<ImageAvailability> {
         let _ = reference;
         Err(images_not_supported("image_availability"))
+    }
+
+    /// Everything the store has of the image `reference` (a reference or a digest) names:
+    /// its config's run settings, platform and layers. `NotFound` when it is not stored
+    /// (never pulls). A runtime without images answers `NotSupported`.
+    async fn inspect_image(&self, reference: &str) -> Result<ImageDetails> {
+        let _ = reference;
+        Err(images_not_supported("inspect_image"))
     }
 
     /// Remove a reference from the store (the image goes with its last one, unless a live

@@ -34,13 +34,13 @@ use async_trait::async_trait;
 
 use crate::{
     AnnotationUpdate, Backend, ByteStream, Capabilities, ChmodOptions, CopyOptions, CreateOptions,
-    FileStat, FileUrl, FileUrlOptions, ImageAvailability, ImagePruneReport, ImagePullProgress,
-    ImageSummary, ListDirOptions, ListOptions, Metrics, MkdirOptions, OperationId, OperationStatus,
-    Preview, PreviewOptions, PreviewToken, PreviewTokenOptions, ProcessInfo, ProcessSelector,
-    ProcessSpec, ProcessStream, ReadOptions, RemoveOptions, RenameOptions, ResizePtyOptions,
-    ResourceKind, Result, SandboxInfo, SetLabelsOptions, SetOnTimeoutOptions, SetTimeoutOptions,
-    SignalOptions, SnapshotInfo, SnapshotOptions, StatOptions, Tombstone, VolumeInfo, WatchOptions,
-    WatchStream, WriteOptions, WriteStdinOptions,
+    FileStat, FileUrl, FileUrlOptions, ImageAvailability, ImageDetails, ImagePruneReport,
+    ImagePullProgress, ImageSummary, ListDirOptions, ListOptions, Metrics, MkdirOptions,
+    OperationId, OperationStatus, Preview, PreviewOptions, PreviewToken, PreviewTokenOptions,
+    ProcessInfo, ProcessSelector, ProcessSpec, ProcessStream, ReadOptions, RemoveOptions,
+    RenameOptions, ResizePtyOptions, ResourceKind, Result, SandboxInfo, SetLabelsOptions,
+    SetOnTimeoutOptions, SetTimeoutOptions, SignalOptions, SnapshotInfo, SnapshotOptions,
+    StatOptions, Tombstone, VolumeInfo, WatchOptions, WatchStream, WriteOptions, WriteStdinOptions,
 };
 
 /// A backend wrapping [`Layer::inner`]: every [`Backend`] call, passed on unchanged unless the
@@ -356,6 +356,11 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
         self.inner().image_availability(reference).await
     }
 
+    /// [`Backend::inspect_image`], passed to [`Layer::inner`] unless overridden.
+    async fn inspect_image(&self, reference: &str) -> Result<ImageDetails> {
+        self.inner().inspect_image(reference).await
+    }
+
     /// [`Backend::remove_image`], passed to [`Layer::inner`] unless overridden.
     async fn remove_image(&self, reference: &str) -> Result<()> {
         self.inner().remove_image(reference).await
@@ -630,6 +635,10 @@ impl<L: Layer> Backend for L {
 
     async fn remove_image(&self, reference: &str) -> Result<()> {
         Layer::remove_image(self, reference).await
+    }
+
+    async fn inspect_image(&self, reference: &str) -> Result<ImageDetails> {
+        Layer::inspect_image(self, reference).await
     }
 
     async fn image_availability(&self, reference: &str) -> Result<ImageAvailability> {

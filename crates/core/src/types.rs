@@ -200,6 +200,138 @@ impl ImageSummary {
     }
 }
 
+/// Everything a runtime has stored of one image
+/// ([`Backend::inspect_image`](crate::Backend::inspect_image)): its listing, where it came
+/// from, its run settings and its layers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ImageDetails {
+    /// Its listing: references, digest, size, creation time. Serialized as `info`, the
+    /// name `sandcove image inspect --json` has always printed.
+    #[serde(rename = "info")]
+    pub summary: ImageSummary,
+    /// The digest of the index (a multi-platform list) it was chosen from, when pulled
+    /// through one.
+    #[serde(default)]
+    pub index_digest: Option<String>,
+    /// The digest of its config blob.
+    pub config_digest: String,
+    /// Its platform: `linux/amd64`, `linux/arm64/v8`, …
+    pub platform: String,
+    /// What it asks of the process that runs in it.
+    pub config: ImageConfig,
+    /// Its layers, lowest first.
+    pub layers: Vec<ImageLayer>,
+    /// How many entries across its layers were not created (device nodes, fifos): the sum
+    /// of the layers' [`skipped`](ImageLayer::skipped).
+    pub skipped_entries: u64,
+}
+
+impl ImageDetails {
+    /// An image's details (for runtimes outside this crate);
+    /// [`skipped_entries`](Self::skipped_entries) is counted from `layers`.
+    pub fn new(
+        summary: ImageSummary,
+        index_digest: Option<String>,
+        config_digest: String,
+        platform: String,
+        config: ImageConfig,
+        layers: Vec<ImageLayer>,
+    ) -> Self {
+        let skipped_entries = layers.iter().map(|l| l.skipped.len() as u64).sum();
+        ImageDetails {
+            summary,
+            index_digest,
+            config_digest,
+            platform,
+            config,
+            layers,
+            skipped_entries,
+        }
+    }
+}
+
+/// The run settings of an image's config ([`ImageDetails::config`]), as the OCI image
+/// config names them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ImageConfig {
+    /// `Env`: `NAME=value` lines.
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// `WorkingDir`.
+    #[serde(default)]
+    pub working_dir: Option<String>,
+    /// `User` (`name`, `uid`, `uid:gid`, …).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// `Entrypoint`.
+    #[serde(default)]
+    pub entrypoint: Vec<String>,
+    /// `Cmd`.
+    #[serde(default)]
+    pub cmd: Vec<String>,
+}
+
+impl ImageConfig {
+    /// An image's run settings (for runtimes outside this crate).
+    pub fn new(
+        env: Vec<String>,
+        working_dir: Option<String>,
+        user: Option<String>,
+        entrypoint: Vec<String>,
+        cmd: Vec<String>,
+    ) -> Self {
+        ImageConfig {
+            env,
+            working_dir,
+            user,
+            entrypoint,
+            cmd,
+        }
+    }
+}
+
+/// One layer of a stored image ([`ImageDetails::layers`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ImageLayer {
+    /// The blob's digest, as the manifest names it.
+    pub digest: String,
+    /// The digest of its uncompressed tar (the OCI `diff_id`).
+    pub diff_id: String,
+    /// The blob's size in bytes.
+    pub compressed_size: u64,
+    /// The uncompressed tar's size in bytes.
+    pub unpacked_size: u64,
+    /// How many entries the tar holds.
+    pub entries: u64,
+    /// The entries not created (device nodes, fifos, entries of unknown types).
+    #[serde(default)]
+    pub skipped: Vec<String>,
+}
+
+impl ImageLayer {
+    /// A layer's details (for runtimes outside this crate).
+    pub fn new(
+        digest: String,
+        diff_id: String,
+        compressed_size: u64,
+        unpacked_size: u64,
+        entries: u64,
+        skipped: Vec<String>,
+    ) -> Self {
+        ImageLayer {
+            digest,
+            diff_id,
+            compressed_size,
+            unpacked_size,
+            entries,
+            skipped,
+        }
+    }
+}
+
 /// Where one layer of an image pull is ([`ImagePullProgress::state`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

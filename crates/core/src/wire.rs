@@ -387,8 +387,8 @@ pub mod body {
         pub name: String,
     }
 
-    /// `POST /v1/images/pull` and `POST /v1/images/remove`: an image reference (in the body,
-    /// since references hold `/` and `:`).
+    /// `POST /v1/images/pull`, `/check`, `/inspect` and `/remove`: an image reference (in
+    /// the body, since references hold `/` and `:`).
     #[derive(Debug, Clone, Serialize, Deserialize)]
     pub struct ImageReference {
         /// The reference (`python:3.12-slim`, `registry.example/team/app@sha256:…`).

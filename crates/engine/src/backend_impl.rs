@@ -644,6 +644,18 @@ impl Backend for LocalBackend {
         })
     }
 
+    async fn inspect_image(&self, reference: &str) -> Result<sandcove_core::ImageDetails> {
+        let store = self.image_store()?;
+        let reference = reference.to_string();
+        let details = blocking(move || {
+            store
+                .inspect(&reference)
+                .map_err(crate::images::image_error)
+        })
+        .await?;
+        Ok(details_of(details))
+    }
+
     async fn remove_image(&self, reference: &str) -> Result<()> {
         let store = self.image_store()?;
         let reference = reference.to_string();
@@ -735,6 +747,39 @@ async fn blocking<T: Send + 'static>(
 /// A store listing as the core's.
 fn summary(info: sandcove_image::ImageInfo) -> sandcove_core::ImageSummary {
     sandcove_core::ImageSummary::new(info.references, info.digest, info.size, info.created)
+}
+
+/// The store's details of an image as the core's.
+fn details_of(details: sandcove_image::ImageDetails) -> sandcove_core::ImageDetails {
+    let config = details.config;
+    let layers = details
+        .layers
+        .into_iter()
+        .map(|layer| {
+            sandcove_core::ImageLayer::new(
+                layer.digest,
+                layer.diff_id,
+                layer.compressed_size,
+                layer.unpacked_size,
+                layer.entries,
+                layer.skipped,
+            )
+        })
+        .collect();
+    sandcove_core::ImageDetails::new(
+        summary(details.info),
+        details.index_digest,
+        details.config_digest,
+        details.platform,
+        sandcove_core::ImageConfig::new(
+            config.env,
+            config.working_dir,
+            config.user,
+            config.entrypoint,
+            config.cmd,
+        ),
+        layers,
+    )
 }
 
 impl LocalBackend {

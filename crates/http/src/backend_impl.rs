@@ -661,6 +661,16 @@ impl Backend for HttpBackend {
             .await
     }
 
+    async fn inspect_image(&self, reference: &str) -> Result<sandcove_core::ImageDetails> {
+        let url = self.url_for(&["images", "inspect"])?;
+        let body = body::ImageReference {
+            reference: reference.to_string(),
+        };
+        // A read: safe to repeat.
+        self.call(Method::POST, url, &[], Some(&body), Retry::Idempotent)
+            .await
+    }
+
     async fn remove_image(&self, reference: &str) -> Result<()> {
         let url = self.url_for(&["images", "remove"])?;
         let body = body::ImageReference {

@@ -160,6 +160,15 @@ pub(super) fn routes() -> Vec<Route> {
         .output(Out::Json("ImageAvailability")),
         Route::new(
             Method::POST,
+            "/v1/images/inspect",
+            "inspect_image",
+            "Everything the store has of one image (a reference or a digest): its config's run settings, platform and layers (never pulls)",
+            inspect_image,
+        )
+        .input(In::Json("ImageReference"))
+        .output(Out::Json("ImageDetails")),
+        Route::new(
+            Method::POST,
             "/v1/images/remove",
             "remove_image",
             "Remove an image reference from the store",
@@ -445,6 +454,15 @@ async fn image_availability(
     Ok(json(
         &state.backend.image_availability(&req.reference).await?,
     ))
+}
+
+async fn inspect_image(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (req, _) = read_json::<ImageReference>(&state, &headers, body).await?;
+    Ok(json(&state.backend.inspect_image(&req.reference).await?))
 }
 
 async fn remove_image(
