@@ -3,7 +3,8 @@
 //! `cargo bench -p sandcove-bench` (add `-- --quick` for a shorter run, `-- --scale` for the
 //! 1,000-sandbox rows, which need a few GiB of memory, `-- --files` for the files rows
 //! alone, `-- --images` for the pull rows against skopeo + umoci and the 100 sandboxes of
-//! one image: Debian's docker-registry, skopeo and umoci installed). Every latency row is sampled once per round, rounds interleave all rows, so a
+//! one image: Debian's docker-registry, skopeo and umoci installed; `-- --create-images` for
+//! the image create rows alone). Every latency row is sampled once per round, rounds interleave all rows, so a
 //! noisy neighbour slows every row alike and the ratios to the floor stay meaningful.
 //! Nothing here asserts a timing.
 #![forbid(unsafe_code)]
@@ -752,6 +753,13 @@ async fn main() -> Result<(), BoxError> {
     let rounds = if quick { 30 } else { 200 };
     let scale = std::env::args().any(|a| a == "--scale");
     let files_only = std::env::args().any(|a| a == "--files");
+    if std::env::args().any(|a| a == "--create-images") {
+        // `--create-images`: only the image create rows (and their host-base twin).
+        println!("Sandcove benchmark — the image create rows only");
+        println!();
+        let cold_engine = LocalBackend::new()?.with_warm_pool(0);
+        return images::create_rows(&cold_engine, (rounds / 4).max(10)).await;
+    }
     // The default state directory: the facade finds its runtime the same way. `local` keeps
     // a warm pool of two (the default, set explicitly so the environment cannot change the
     // row); `cold` is the same engine without one, for the cold-create row.
