@@ -1022,3 +1022,34 @@ async fn a_copied_image_larger_than_the_disk_is_refused() {
     assert_eq!(out.stdout, b"big\n");
     engine.destroy(&id).await.expect("destroy");
 }
+
+/// Copied, a sparse file of an image stays sparse: a file of 1 GiB apparent size and a few
+/// bytes of data fits a disk of 32 MiB, and reads back as it is.
+#[tokio::test]
+async fn a_copied_image_keeps_its_sparse_files_sparse() {
+    use std::os::unix::fs::FileExt;
+    let fixture = Fixture::with_mode(ImageRootMode::Copy);
+    let sparse = fixture.root.layers[1].join("sparse");
+    let file = std::fs::File::create(&sparse).unwrap();
+    file.write_all_at(b"sparse-start\n", 0).unwrap();
+    file.write_all_at(b"sparse-end\n", (1 << 30) - 11).unwrap();
+    drop(file);
+    if unsafe { libc::geteuid() } == 0 {
+        std::os::unix::fs::lchown(&sparse, Some(HOST_ID_BASE), Some(HOST_ID_BASE)).unwrap();
+    }
+    let engine = fixture.engine();
+    let mut options = fixture.options();
+    options.resources.disk_mib = Some(32);
+    let id = engine.create(options).await.expect("create").id;
+    let out = sh(
+        &*engine,
+        &id,
+        "tail -c 11 /sparse; read line < /sparse; echo $line",
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "sparse-end\nsparse-start\n"
+    );
+    engine.destroy(&id).await.expect("destroy");
+}

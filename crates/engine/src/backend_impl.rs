@@ -616,19 +616,13 @@ impl Backend for LocalBackend {
         let store = self.image_store()?;
         let staged = crate::images::stage_archive(&store, archive).await?;
         let imported = store.import(staged.path(), tag).await;
-        // The staged file's path is this host's business: errors name the archive instead.
-        let staged_path = staged.path().to_string_lossy().into_owned();
+        // The store's paths are this host's business: errors name the archive and the store
+        // instead.
+        let staged_path = staged.path().to_path_buf();
         drop(staged);
-        let imported = imported.map_err(|e| {
-            let mut body = crate::images::image_error(e).to_body();
-            body.message = body.message.replace(&staged_path, "the uploaded archive");
-            for value in body.fields.values_mut() {
-                if let serde_json::Value::String(text) = value {
-                    *text = text.replace(&staged_path, "the uploaded archive");
-                }
-            }
-            sandcove_core::Error::from_body(&body)
-        })?;
+        let store_dir = crate::images::store_dir(&self.state_dir);
+        let imported =
+            imported.map_err(|e| crate::images::import_error(e, &staged_path, &store_dir))?;
         Ok(imported.into_iter().map(summary).collect())
     }
 

@@ -308,17 +308,22 @@ impl Drop for StagedArchive {
 }
 
 /// Write `archive` to a file in `store`'s temporary directory as it arrives (never whole in
-/// memory), refusing it once it passes the store's bound ([`STORE_MAX_MIB_ENV`]): an archive
-/// larger than the whole store cannot be imported into it. A stream that fails, or passes
-/// the bound, leaves no file behind.
+/// memory), refusing it once it passes the room the store's bound ([`STORE_MAX_MIB_ENV`])
+/// leaves: the received file takes that room while it lasts, and an archive that does not
+/// fit in it cannot be imported. A stream that fails, or passes the bound, leaves no file
+/// behind.
 pub(crate) async fn stage_archive(
     store: &Store,
     mut archive: sandcove_core::ByteStream,
 ) -> Result<StagedArchive> {
     use futures::StreamExt;
     use tokio::io::AsyncWriteExt;
+    let bound = store.max_store_bytes();
+    let measured = store.clone();
+    let room = tokio::task::spawn_blocking(move || measured.room_left())
+        .await
+        .map_err(|e| Error::backend(format!("measuring the image store: {e}")))?;
     let staged = StagedArchive(store.staging_path());
-    let limit = store.max_store_bytes();
     let mut file = tokio::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -330,13 +335,15 @@ pub(crate) async fn stage_archive(
     while let Some(chunk) = archive.next().await {
         let chunk = chunk?;
         received = received.saturating_add(chunk.len() as u64);
-        if let Some(limit) = limit.filter(|limit| received > *limit) {
+        if let Some(room) = room.filter(|room| received > *room) {
             return Err(Error::FileTooLarge {
                 what: "the image archive".into(),
-                limit,
+                limit: room,
                 remedy: format!(
-                    "the image store is bounded to {limit} bytes ({STORE_MAX_MIB_ENV} of the \
-                     runtime): import a smaller archive or raise the bound"
+                    "the image store is bounded to {} bytes ({STORE_MAX_MIB_ENV} of the \
+                     runtime), which leaves {room}: import a smaller archive, remove unused \
+                     images, or raise the bound",
+                    bound.unwrap_or_default()
                 ),
             });
         }
@@ -348,6 +355,27 @@ pub(crate) async fn stage_archive(
         .await
         .map_err(|e| Error::from_io(&e, "write the image archive"))?;
     Ok(staged)
+}
+
+/// An import's error as the core's, naming no path of this host: the staged upload becomes
+/// "the uploaded archive", and any other path in the store (its spool, its layers) is named
+/// relative to "the image store". Callers over HTTP see the error; the state directory's
+/// place is none of their business.
+pub(crate) fn import_error(err: ImageError, staged: &Path, store_dir: &Path) -> Error {
+    let staged = staged.to_string_lossy();
+    let store_dir = store_dir.to_string_lossy();
+    let hide = |text: &str| {
+        text.replace(staged.as_ref(), "the uploaded archive")
+            .replace(store_dir.as_ref(), "the image store")
+    };
+    let mut body = image_error(err).to_body();
+    body.message = hide(&body.message);
+    for value in body.fields.values_mut() {
+        if let serde_json::Value::String(text) = value {
+            *text = hide(text);
+        }
+    }
+    Error::from_body(&body)
 }
 
 /// An image store error as the core's: a missing image is `NotFound` with how to get it;
@@ -560,6 +588,67 @@ impl ImageSource for ProbeImage {
 #[cfg(test)]
 mod tests {
     use super::ImageRoot;
+
+    #[tokio::test]
+    async fn an_upload_is_staged_against_the_room_left_not_the_whole_bound() {
+        let dir = std::env::temp_dir().join(format!(
+            "sandcove-stage-room-{}-{}",
+            std::process::id(),
+            crate::sys::geteuid()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let options = sandcove_image::StoreOptions {
+            max_store_bytes: Some(1 << 20),
+            ..sandcove_image::StoreOptions::default()
+        };
+        let store = sandcove_image::Store::open(&dir, options).unwrap();
+        // Another upload under way takes 600 KiB of the 1 MiB.
+        let other = store.staging_path();
+        std::fs::write(&other, vec![0u8; 600 << 10]).unwrap();
+        let chunks: Vec<sandcove_core::Result<Vec<u8>>> =
+            (0..6).map(|_| Ok(vec![1u8; 100 << 10])).collect();
+        let result = super::stage_archive(&store, Box::pin(futures::stream::iter(chunks))).await;
+        match result {
+            Err(sandcove_core::Error::FileTooLarge { limit, .. }) => {
+                assert_eq!(limit, (1 << 20) - (600 << 10))
+            }
+            other => panic!("{:?}", other.map(|s| s.path().to_path_buf())),
+        }
+        std::fs::remove_file(&other).unwrap();
+        let left: Vec<_> = std::fs::read_dir(dir.join("tmp")).unwrap().collect();
+        assert!(left.is_empty(), "the refused upload is removed: {left:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_import_error_names_no_path_of_the_store() {
+        let store_dir = std::path::Path::new("/srv/state/images");
+        let staged = store_dir.join("tmp/received-1-0000abcd");
+        let spool = store_dir.join("tmp/import-1-0000beef/3");
+        for err in [
+            sandcove_image::ImageError::Io {
+                context: format!("opening {}", spool.display()),
+                source: std::io::Error::other("gone"),
+            },
+            sandcove_image::ImageError::Malformed {
+                what: format!("image archive {}", staged.display()),
+                reason: "bad tar".into(),
+            },
+        ] {
+            let text = super::import_error(err, &staged, store_dir).to_string();
+            assert!(!text.contains("/srv/state"), "{text}");
+        }
+        let text = super::import_error(
+            sandcove_image::ImageError::Io {
+                context: format!("opening {}", spool.display()),
+                source: std::io::Error::other("gone"),
+            },
+            &staged,
+            store_dir,
+        )
+        .to_string();
+        assert!(text.contains("the image store/tmp/import-"), "{text}");
+    }
 
     fn with_user(user: Option<&str>) -> ImageRoot {
         ImageRoot {

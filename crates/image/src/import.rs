@@ -16,19 +16,25 @@ use crate::manifest::{
 };
 use crate::reference::Reference;
 use crate::store::{image_record, Commit, Store};
-use crate::ImageInfo;
+use crate::unpack::RoomEntry;
+use crate::{
+    ImageInfo, MAX_ARCHIVE_BYTES, MAX_ARCHIVE_ENTRIES, MAX_ARCHIVE_IMAGES, MAX_IMAGE_LAYERS,
+};
 
 /// The files of a layout or archive, by their path inside it.
-struct Files {
+struct Files<'s> {
     /// A layout directory (its path for errors, and its descriptor): every file of it is
     /// opened beneath that descriptor with no symlink followed.
     root: Option<(PathBuf, OwnedFd)>,
     spooled: HashMap<String, PathBuf>,
     /// The spool directory, removed when the import ends.
     spool: Option<PathBuf>,
+    /// The spool's place in the store's room, held until the import ends: the layers
+    /// unpacked meanwhile are charged on top of the spooled bytes, which take room as long.
+    room: Option<RoomEntry<'s>>,
 }
 
-impl Drop for Files {
+impl Drop for Files<'_> {
     fn drop(&mut self) {
         if let Some(spool) = &self.spool {
             let _ = crate::unpack::remove_path(spool);
@@ -59,9 +65,9 @@ const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS);
 
-impl Files {
+impl Files<'_> {
     /// A layout directory's files, beneath its descriptor.
-    fn directory(path: &Path) -> Result<Files> {
+    fn directory(path: &Path) -> Result<Files<'static>> {
         let dir = rustix::fs::open(
             path,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -72,6 +78,7 @@ impl Files {
             root: Some((path.to_path_buf(), dir)),
             spooled: HashMap::new(),
             spool: None,
+            room: None,
         })
     }
 
@@ -167,24 +174,46 @@ impl Files {
 }
 
 /// Copies every regular file of a tar (compressed or not) into a spool directory of the
-/// store, each under a number: the archive's names never become paths.
-fn spool(store: &Store, path: &Path) -> Result<Files> {
+/// store, each under a number: the archive's names never become paths. The decompressed bytes
+/// written are bounded by [`MAX_ARCHIVE_BYTES`] and charged to the room the store's bound
+/// leaves, as a layer unpack's are; the entries by [`MAX_ARCHIVE_ENTRIES`].
+fn spool<'s>(store: &'s Store, path: &Path) -> Result<Files<'s>> {
+    spool_bounded(store, path, MAX_ARCHIVE_BYTES, MAX_ARCHIVE_ENTRIES)
+}
+
+fn spool_bounded<'s>(
+    store: &'s Store,
+    path: &Path,
+    max_bytes: u64,
+    max_entries: u64,
+) -> Result<Files<'s>> {
     let spool_dir = store.temp_path("import");
     std::fs::create_dir(&spool_dir)
-        .map_err(|e| ImageError::io(format!("creating {}", spool_dir.display()), e))?;
+        .map_err(|e| ImageError::io("creating the import's spool in the image store", e))?;
+    // From here the spool is removed however the import ends.
     let mut files = Files {
         root: None,
         spooled: HashMap::new(),
         spool: Some(spool_dir.clone()),
+        room: store.enter_room(),
     };
     let archive_file = std::fs::File::open(path)
         .map_err(|e| ImageError::io(format!("opening {}", path.display()), e))?;
     let mut archive = tar::Archive::new(crate::unpack::decompress(archive_file)?);
-    let limit = store.limits().max_bytes;
-    let bad = |e: std::io::Error| {
-        ImageError::malformed(format!("image archive {}", path.display()), e.to_string())
-    };
+    let layer_limit = store.limits().max_bytes;
+    let what = || format!("image archive {}", path.display());
+    let bad = |e: std::io::Error| ImageError::malformed(what(), e.to_string());
+    let spool_error = |e: std::io::Error| ImageError::io("spooling an archive", e);
+    let mut total: u64 = 0;
+    let mut buf = vec![0u8; 1 << 16];
     for (number, entry) in archive.entries().map_err(bad)?.enumerate() {
+        // Every entry counts, written or not: each costs a header's parse.
+        if number as u64 >= max_entries {
+            return Err(ImageError::TooLarge {
+                what: what(),
+                reason: format!("holds more than {max_entries} entries"),
+            });
+        }
         let mut entry = entry.map_err(bad)?;
         if !matches!(
             entry.header().entry_type(),
@@ -194,18 +223,41 @@ fn spool(store: &Store, path: &Path) -> Result<Files> {
         }
         let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
         let Some(name) = clean(&name) else { continue };
-        if entry.size() > limit {
+        if entry.size() > layer_limit {
             return Err(ImageError::TooLarge {
-                what: format!("{name} in {}", path.display()),
-                reason: format!("past {limit} bytes"),
+                what: format!("{name} in {}", what()),
+                reason: format!("past {layer_limit} bytes"),
             });
         }
         let target = spool_dir.join(number.to_string());
-        let mut out =
-            std::fs::File::create(&target).map_err(|e| ImageError::io("spooling an archive", e))?;
-        std::io::copy(&mut entry, &mut out).map_err(bad)?;
-        out.flush()
-            .map_err(|e| ImageError::io("spooling an archive", e))?;
+        let mut out = std::fs::File::create(&target).map_err(spool_error)?;
+        loop {
+            let n = entry.read(&mut buf).map_err(bad)?;
+            if n == 0 {
+                break;
+            }
+            total += n as u64;
+            if total > max_bytes {
+                return Err(ImageError::TooLarge {
+                    what: what(),
+                    reason: format!("its files decompress past {max_bytes} bytes"),
+                });
+            }
+            if let Some(room) = &files.room {
+                if !room.charge(n as u64) {
+                    return Err(ImageError::TooLarge {
+                        what: what(),
+                        reason: format!(
+                            "its files decompress past the room the image store's bound of \
+                             {} bytes leaves",
+                            room.limit()
+                        ),
+                    });
+                }
+            }
+            out.write_all(&buf[..n]).map_err(spool_error)?;
+        }
+        out.flush().map_err(spool_error)?;
         files.spooled.insert(name, target);
     }
     Ok(files)
@@ -352,13 +404,37 @@ fn docker_save(files: &Files) -> Result<Vec<Found>> {
     }
     let entries: Vec<Entry> = serde_json::from_slice(&files.document("manifest.json")?)
         .map_err(|e| ImageError::malformed("docker save manifest.json", e.to_string()))?;
+    // Every count is checked before any file is hashed: a manifest listing one file a
+    // million times must not hash it a million times.
+    check_image_count(entries.len(), "docker save manifest.json")?;
+    for entry in &entries {
+        if entry.layers.len() > MAX_IMAGE_LAYERS {
+            return Err(ImageError::TooLarge {
+                what: "docker save manifest.json".into(),
+                reason: format!(
+                    "an image of {} layers (at most {MAX_IMAGE_LAYERS})",
+                    entry.layers.len()
+                ),
+            });
+        }
+    }
+    // Each layer file is described once, however many images or times name it.
+    let mut described: HashMap<String, (Digest, u64, String)> = HashMap::new();
     let mut found = Vec::new();
     for entry in entries {
         let config_bytes = files.document(&entry.config)?;
         let mut layers = Vec::new();
         let mut layer_files = Vec::new();
         for layer in &entry.layers {
-            let (digest, size, media_type) = describe_layer(files.open(layer)?)?;
+            let key = clean(layer).unwrap_or_else(|| layer.clone());
+            let (digest, size, media_type) = match described.get(&key) {
+                Some(description) => description.clone(),
+                None => {
+                    let description = describe_layer(files.open(layer)?)?;
+                    described.insert(key, description.clone());
+                    description
+                }
+            };
             layers.push(Descriptor {
                 media_type,
                 digest: digest.to_string(),
@@ -394,6 +470,17 @@ fn docker_save(files: &Files) -> Result<Vec<Found>> {
     Ok(found)
 }
 
+/// Refuses an archive or layout of more than [`MAX_ARCHIVE_IMAGES`] images.
+fn check_image_count(images: usize, what: &str) -> Result<()> {
+    if images > MAX_ARCHIVE_IMAGES {
+        return Err(ImageError::TooLarge {
+            what: what.into(),
+            reason: format!("it lists {images} images (at most {MAX_ARCHIVE_IMAGES})"),
+        });
+    }
+    Ok(())
+}
+
 /// A layer file's digest, size and media type (by its first bytes).
 fn describe_layer(file: std::fs::File) -> Result<(Digest, u64, String)> {
     let mut reader = HashingReader::new(file);
@@ -423,6 +510,7 @@ fn oci_layout(files: &Files) -> Result<Vec<Found>> {
             "not an image index",
         ));
     };
+    check_image_count(index.manifests.len(), "OCI layout index.json")?;
     let mut found = Vec::new();
     for descriptor in &index.manifests {
         let name = descriptor
@@ -466,4 +554,70 @@ fn oci_layout(files: &Files) -> Result<Vec<Found>> {
         });
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(root: &Path) -> Store {
+        Store::open(root.join("store"), crate::StoreOptions::default()).unwrap()
+    }
+
+    fn archive(path: &Path, files: &[(&str, usize)]) {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (name, size) in files {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(*size as u64);
+            header.set_mode(0o644);
+            header.set_entry_type(tar::EntryType::Regular);
+            builder
+                .append_data(&mut header, name, &vec![7u8; *size][..])
+                .unwrap();
+        }
+        std::fs::write(path, builder.into_inner().unwrap()).unwrap();
+    }
+
+    fn temp_root(what: &str) -> PathBuf {
+        let root = std::env::temp_dir().join(format!(
+            "sandcove-image-{what}-{}-{:08x}",
+            std::process::id(),
+            crate::unpack::random_u32()
+        ));
+        std::fs::create_dir_all(&root).unwrap();
+        root
+    }
+
+    fn spool_is_empty(root: &Path) -> bool {
+        std::fs::read_dir(root.join("store/tmp"))
+            .unwrap()
+            .next()
+            .is_none()
+    }
+
+    #[test]
+    fn the_spool_bounds_the_archive_s_total_bytes_and_entries_and_is_removed() {
+        let root = temp_root("spool-bounds");
+        let store = store(&root);
+        let path = root.join("a.tar");
+        archive(&path, &[("a", 600), ("b", 600), ("c", 1)]);
+        // Each file is under the bound; together they pass it.
+        let result = spool_bounded(&store, &path, 1000, 100).map(|_| ());
+        assert!(
+            matches!(&result, Err(ImageError::TooLarge { reason, .. }) if reason.contains("1000 bytes")),
+            "{result:?}"
+        );
+        assert!(spool_is_empty(&root));
+        let result = spool_bounded(&store, &path, 10_000, 2).map(|_| ());
+        assert!(
+            matches!(&result, Err(ImageError::TooLarge { reason, .. }) if reason.contains("2 entries")),
+            "{result:?}"
+        );
+        assert!(spool_is_empty(&root));
+        let files = spool_bounded(&store, &path, 1201, 3).unwrap();
+        assert_eq!(files.spooled.len(), 3);
+        drop(files);
+        assert!(spool_is_empty(&root));
+        let _ = std::fs::remove_dir_all(&root);
+    }
 }

@@ -92,6 +92,20 @@ pub use unpack::{
 /// fetched (each may unpack to the layer bound; a sandbox's root stacks no more).
 pub const MAX_IMAGE_LAYERS: usize = 128;
 
+/// The most bytes an imported archive's files may decompress to in the store's temporary
+/// directory (64 GiB), where the room the store's bound leaves is not smaller: past it the
+/// import is [`ImageError::TooLarge`] and nothing of it is kept.
+pub const MAX_ARCHIVE_BYTES: u64 = 64 << 30;
+
+/// The most entries an imported archive may hold: past it, [`ImageError::TooLarge`]. An
+/// archive of [`MAX_ARCHIVE_IMAGES`] images of [`MAX_IMAGE_LAYERS`] layers each holds fewer.
+pub const MAX_ARCHIVE_ENTRIES: u64 = 65_536;
+
+/// The most images one imported archive or layout may hold (`docker save`'s manifest.json
+/// entries, an OCI index's manifests): more is [`ImageError::TooLarge`] before any file of
+/// it is hashed.
+pub const MAX_ARCHIVE_IMAGES: usize = 64;
+
 /// How layer files are owned on the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum OwnerMap {

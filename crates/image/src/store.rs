@@ -230,6 +230,25 @@ impl Store {
         self.inner.options.max_store_bytes
     }
 
+    /// The bytes the store's bound leaves (its bound less its size, counting archives being
+    /// received or spooled), if it has a bound: what an archive received from elsewhere may
+    /// take before [`Store::import`] reads it. Blocking (it measures the store).
+    pub fn room_left(&self) -> Option<u64> {
+        self.inner
+            .options
+            .max_store_bytes
+            .map(|limit| limit.saturating_sub(self.usage()))
+    }
+
+    /// A place in the store's room ([`StoreRoom`]) where it has a bound, for bytes about to
+    /// be written into it: charged by the caller, left when dropped.
+    pub(crate) fn enter_room(&self) -> Option<unpack::RoomEntry<'_>> {
+        self.inner
+            .room
+            .as_ref()
+            .map(|room| room.enter(|| self.usage()))
+    }
+
     pub(crate) fn limits(&self) -> UnpackLimits {
         UnpackLimits {
             max_bytes: self.inner.options.max_layer_bytes,
@@ -605,7 +624,9 @@ impl Store {
         Ok(())
     }
 
-    /// The store's size as its records count it: unpacked layers and blobs.
+    /// The store's size as its records count it: unpacked layers and blobs, and the archives
+    /// being received ([`Store::staging_path`]) or spooled by an import, which take room
+    /// as surely while they last.
     fn usage(&self) -> u64 {
         let layers_dir = self.layers_dir();
         let mut total = 0;
@@ -627,6 +648,34 @@ impl Store {
                 .filter_map(|e| e.metadata().ok())
                 .map(|m| m.len())
                 .sum::<u64>();
+        }
+        total + self.transient_usage()
+    }
+
+    /// The bytes of the staged uploads (`tmp/received-*`) and import spools (`tmp/import-*`,
+    /// a directory of files).
+    fn transient_usage(&self) -> u64 {
+        let Ok(entries) = std::fs::read_dir(self.inner.dir.join("tmp")) else {
+            return 0;
+        };
+        let mut total = 0;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Ok(metadata) = entry.metadata() else {
+                continue;
+            };
+            if name.starts_with("received-") && metadata.is_file() {
+                total += metadata.len();
+            } else if name.starts_with("import-") && metadata.is_dir() {
+                if let Ok(spooled) = std::fs::read_dir(entry.path()) {
+                    total += spooled
+                        .flatten()
+                        .filter_map(|e| e.metadata().ok())
+                        .filter(|m| m.is_file())
+                        .map(|m| m.len())
+                        .sum::<u64>();
+                }
+            }
         }
         total
     }
@@ -664,11 +713,7 @@ impl Store {
         diff_id: &Digest,
         blob: impl std::io::Read,
     ) -> Result<LayerRecord> {
-        let room = self
-            .inner
-            .room
-            .as_ref()
-            .map(|room| room.enter(|| self.usage()));
+        let room = self.enter_room();
         unpack::unpack_layer(
             &self.layers_dir(),
             diff_id,

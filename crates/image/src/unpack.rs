@@ -249,8 +249,15 @@ impl StoreRoom {
 }
 
 impl RoomEntry<'_> {
+    /// The store's bound (see [`StoreRoom::limit`]).
+    pub(crate) fn limit(&self) -> u64 {
+        self.room.limit
+    }
+}
+
+impl RoomEntry<'_> {
     /// Charges `bytes`; `false` once the store's size would pass its bound.
-    fn charge(&self, bytes: u64) -> bool {
+    pub(crate) fn charge(&self, bytes: u64) -> bool {
         let mut state = self.room.state.lock().unwrap_or_else(|e| e.into_inner());
         state.used = state.used.saturating_add(bytes);
         state.used <= self.room.limit

@@ -110,12 +110,35 @@ fn copy_file(
         OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::from_raw_mode(0o600),
     )?;
-    let mut out = std::fs::File::from(made);
-    io::copy(&mut std::fs::File::from(source), &mut out)?;
+    let out = std::fs::File::from(made);
+    copy_data(&std::fs::File::from(source), &out, stat.st_size as u64)?;
     set_owner(out.as_fd(), stat)?;
     rustix::fs::fchmod(&out, mode_of(stat))?;
     rustix::fs::futimens(&out, &times_of(stat))?;
     Ok(())
+}
+
+/// Copy the `size` bytes of `source` into the empty `out`: only its data segments are
+/// written, and the size is set after, so a sparse file's holes stay holes (written out as
+/// zeros, a file of a few KiB of data and a large apparent size would fill the sandbox's
+/// disk).
+fn copy_data(source: &std::fs::File, out: &std::fs::File, size: u64) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; 1 << 16];
+    for (offset, length) in super::layer_tar::data_segments(source.as_fd(), size)? {
+        let mut done = 0u64;
+        while done < length {
+            let want = (length - done).min(buf.len() as u64) as usize;
+            let n = source.read_at(&mut buf[..want], offset + done)?;
+            // The file shrank: what is left reads as the hole the size leaves.
+            if n == 0 {
+                break;
+            }
+            out.write_all_at(&buf[..n], offset + done)?;
+            done += n as u64;
+        }
+    }
+    out.set_len(size)
 }
 
 /// Own `fd` as the layer's entry is owned, as this namespace sees it.
@@ -232,6 +255,42 @@ fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
 mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    /// A sparse file is copied as its data segments: the holes stay holes, the size and
+    /// the bytes are the source's.
+    #[test]
+    fn a_sparse_file_is_copied_sparse() {
+        use std::os::unix::fs::FileExt;
+        let base = std::env::temp_dir().join(format!(
+            "sandcove-sparse-copy-{}-{}",
+            std::process::id(),
+            crate::config::new_id()
+        ));
+        std::fs::create_dir_all(&base).unwrap();
+        let (source, copy) = (base.join("source"), base.join("copy"));
+        let file = std::fs::File::create(&source).unwrap();
+        file.write_all_at(b"head", 0).unwrap();
+        file.write_all_at(&[9u8; 4096], 512 << 20).unwrap();
+        file.set_len(1 << 30).unwrap();
+        let out = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&copy)
+            .unwrap();
+        copy_data(&std::fs::File::open(&source).unwrap(), &out, 1 << 30).unwrap();
+        let meta = std::fs::metadata(&copy).unwrap();
+        assert_eq!(meta.len(), 1 << 30);
+        assert!(meta.blocks() * 512 < 1 << 20, "{} blocks", meta.blocks());
+        let mut buf = [0u8; 4];
+        out.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"head");
+        out.read_exact_at(&mut buf, (512 << 20) + 4092).unwrap();
+        assert_eq!(buf, [9u8; 4]);
+        out.read_exact_at(&mut buf, (1 << 30) - 4).unwrap();
+        assert_eq!(buf, [0u8; 4]);
+        let _ = std::fs::remove_dir_all(&base);
+    }
 
     /// Two layers copied as overlayfs stacks them: a whiteout deletes, an opaque directory
     /// hides the lower one's entries, a symlink is copied as text (never followed), a file

@@ -233,7 +233,7 @@ fn pax_record(key: &str, value: &str) -> Vec<u8> {
 
 /// The file's data segments `(offset, length)`, found with `SEEK_DATA`/`SEEK_HOLE`; the
 /// file's offset is back at its start after.
-fn data_segments(file: BorrowedFd<'_>, size: u64) -> io::Result<Vec<(u64, u64)>> {
+pub(super) fn data_segments(file: BorrowedFd<'_>, size: u64) -> io::Result<Vec<(u64, u64)>> {
     let mut segments = Vec::new();
     let mut at = 0u64;
     while at < size {

@@ -3,7 +3,8 @@
 use sandcove_image::{ImageError, Store, StoreOptions};
 
 use crate::support::{
-    check_rich_layers, rich_layers, tar_directory, Compression, TempDir, TestImage,
+    assert_nothing_partial, check_rich_layers, compress, rich_layers, tar_directory, Compression,
+    TempDir, TestImage,
 };
 
 fn rich_image() -> TestImage {
@@ -445,6 +446,121 @@ async fn a_layout_directory_is_read_beneath_it_with_no_symlink_followed() {
     let result = store.import(&layout, None).await;
     assert!(
         matches!(&result, Err(ImageError::Malformed { reason, .. }) if reason.contains("not a regular file")),
+        "{result:?}"
+    );
+}
+
+/// A tar of `files` (name, content), compressed as asked.
+fn archive_of(files: &[(&str, &[u8])], compression: Compression) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (name, bytes) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(bytes.len() as u64);
+        header.set_mode(0o644);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder.append_data(&mut header, name, *bytes).unwrap();
+    }
+    compress(&builder.into_inner().unwrap(), compression)
+}
+
+#[tokio::test]
+async fn an_archive_decompressing_past_the_room_left_is_refused_and_its_spool_removed() {
+    let root = TempDir::new("spool-room");
+    // 4 MiB of zeros compress to a few KiB: only the spool's decompressed bytes pass the bound.
+    let zeros = vec![0u8; 4 << 20];
+    let archive = root.path().join("bomb.tar.gz");
+    std::fs::write(
+        &archive,
+        archive_of(&[("filler", &zeros), ("more", &zeros)], Compression::Gzip),
+    )
+    .unwrap();
+    assert!(std::fs::metadata(&archive).unwrap().len() < 1 << 20);
+    let options = StoreOptions {
+        max_store_bytes: Some(2 << 20),
+        ..StoreOptions::default()
+    };
+    let store = Store::open(root.path().join("store"), options).unwrap();
+    let result = store.import(&archive, None).await;
+    assert!(
+        matches!(&result, Err(ImageError::TooLarge { reason, .. }) if reason.contains("room")),
+        "{result:?}"
+    );
+    assert_nothing_partial(&root.path().join("store"));
+}
+
+#[tokio::test]
+async fn a_staged_upload_counts_against_the_room_left() {
+    let root = TempDir::new("staged-room");
+    let options = StoreOptions {
+        max_store_bytes: Some(1 << 20),
+        ..StoreOptions::default()
+    };
+    let store = Store::open(root.path().join("store"), options).unwrap();
+    assert_eq!(store.room_left(), Some(1 << 20));
+    std::fs::write(store.staging_path(), vec![0u8; 4096]).unwrap();
+    assert_eq!(store.room_left(), Some((1 << 20) - 4096));
+    let unbounded = Store::open(root.path().join("other"), StoreOptions::default()).unwrap();
+    assert_eq!(unbounded.room_left(), None);
+}
+
+#[tokio::test]
+async fn a_docker_save_listing_too_many_layers_or_images_is_refused_before_hashing() {
+    let root = TempDir::new("docker-counts");
+    let store = Store::open(root.path().join("store"), StoreOptions::default()).unwrap();
+    // The files named are missing: only a check made before any is opened refuses as TooLarge.
+    let too_many_layers = serde_json::json!([{
+        "Config": "missing.json",
+        "Layers": vec!["missing.tar"; sandcove_image::MAX_IMAGE_LAYERS + 1],
+    }]);
+    let one_image = serde_json::json!({"Config": "missing.json", "Layers": ["missing.tar"]});
+    let too_many_images =
+        serde_json::Value::Array(vec![one_image; sandcove_image::MAX_ARCHIVE_IMAGES + 1]);
+    for (case, manifest) in [("layers", too_many_layers), ("images", too_many_images)] {
+        let archive = root.path().join(format!("{case}.tar"));
+        let manifest = serde_json::to_vec(&manifest).unwrap();
+        std::fs::write(
+            &archive,
+            archive_of(&[("manifest.json", &manifest)], Compression::None),
+        )
+        .unwrap();
+        let result = store.import(&archive, None).await;
+        assert!(
+            matches!(result, Err(ImageError::TooLarge { .. })),
+            "{case}: {result:?}"
+        );
+    }
+    assert_nothing_partial(&root.path().join("store"));
+}
+
+#[tokio::test]
+async fn an_oci_index_listing_too_many_images_is_refused_before_reading_them() {
+    let root = TempDir::new("oci-counts");
+    let layout = root.path().join("layout");
+    std::fs::create_dir(&layout).unwrap();
+    let missing = serde_json::json!({
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "digest": format!("sha256:{}", "ab".repeat(32)),
+        "size": 100,
+    });
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": vec![missing; sandcove_image::MAX_ARCHIVE_IMAGES + 1],
+    });
+    std::fs::write(
+        layout.join("index.json"),
+        serde_json::to_vec(&index).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(
+        layout.join("oci-layout"),
+        br#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
+    .unwrap();
+    let store = Store::open(root.path().join("store"), StoreOptions::default()).unwrap();
+    let result = store.import(&layout, None).await;
+    assert!(
+        matches!(result, Err(ImageError::TooLarge { .. })),
         "{result:?}"
     );
 }
