@@ -66,6 +66,12 @@ pub trait ImageSource: Send + Sync + std::fmt::Debug {
         Ok(())
     }
 
+    /// [`ImageSource::hold`] for a sandbox, whose hold cannot outlive the machine (a store
+    /// may keep it without waiting for the disk). The default is [`ImageSource::hold`].
+    fn hold_for_sandbox(&self, digest: &str, holder: &str) -> Result<()> {
+        self.hold(digest, holder)
+    }
+
     /// The sandbox `holder` no longer uses its image (destroyed). The default does nothing.
     fn release(&self, holder: &str) {
         let _ = holder;
@@ -480,14 +486,23 @@ impl ImageSource for StoreSource {
         self.store()?.hold(digest, holder).map_err(image_error)
     }
 
+    fn hold_for_sandbox(&self, digest: &str, holder: &str) -> Result<()> {
+        self.store()?
+            .hold_transient(digest, holder)
+            .map_err(image_error)
+    }
+
     fn release(&self, holder: &str) {
         // Every destroy comes here: one that held nothing (a host-base sandbox, which its
-        // create never holds for) costs one read, no lock. A hold is written before its
+        // create never holds for) costs a read or two, no lock. A hold is written before its
         // sandbox starts, so it is there to be seen by then.
-        let holds = store_dir(&self.state_dir).join("holds.json");
-        match std::fs::read(&holds) {
-            Ok(text) if text.windows(holder.len()).any(|w| w == holder.as_bytes()) => {}
-            _ => return,
+        let dir = store_dir(&self.state_dir);
+        let named = |file: &str| {
+            std::fs::read(dir.join(file))
+                .is_ok_and(|text| text.windows(holder.len()).any(|w| w == holder.as_bytes()))
+        };
+        if !named("transient-holds.json") && !named("holds.json") {
+            return;
         }
         if let Ok(store) = self.store() {
             if let Err(e) = store.release(holder) {

@@ -176,7 +176,7 @@ impl LocalBackend {
         let hold: Option<ImageHold> = match (&record.image, &self.images) {
             (Some(image), Some(source)) => {
                 let (source, digest, holder) = (source.clone(), image.digest.clone(), id.clone());
-                Some(Box::new(move || source.hold(&digest, &holder)))
+                Some(Box::new(move || source.hold_for_sandbox(&digest, &holder)))
             }
             _ => None,
         };

@@ -14,7 +14,9 @@
 //!   images/<digest hex>.json    one image: manifest digest, config, layers
 //!   tags.json                   `registry/repository:tag` (or `@sha256:…` when pulled by
 //!                               digest alone) -> manifest digest
-//!   holds.json                  holder (a sandbox) -> the image digest it uses
+//!   holds.json                  holder (a snapshot) -> the image digest it keeps (synced)
+//!   transient-holds.json        holder (a running sandbox) -> the image digest it uses (not
+//!                               synced: a crash ends its holders too)
 //!   tmp/                        downloads in progress
 //! ```
 //!

@@ -72,8 +72,16 @@ pub(crate) struct Commit {
     pub(crate) tag: Option<String>,
 }
 
-/// Writes a file whole or not at all (a temporary file renamed over it).
+/// Writes a file whole or not at all (a temporary file renamed over it), synced to the disk
+/// before the rename.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_replacing(path, bytes, true)
+}
+
+/// [`write_atomically`], the data synced first only when `durable`: a file whose loss in a
+/// crash costs nothing (what it records ends with the machine) skips the `fsync`, which is
+/// most of a small write's time.
+fn write_replacing(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
     let temp = path.with_file_name(format!(
         ".{}.{}-{:08x}",
         path.file_name()
@@ -85,7 +93,9 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let write = || -> std::io::Result<()> {
         let mut file = std::fs::File::create(&temp)?;
         file.write_all(bytes)?;
-        file.sync_all()?;
+        if durable {
+            file.sync_all()?;
+        }
         std::fs::rename(&temp, path)
     };
     write().map_err(|e| {
@@ -279,8 +289,26 @@ impl Store {
         read_json(&self.inner.dir.join("tags.json"))
     }
 
+    /// Every hold: the durable ones (`holds.json`) and the live sandboxes' (see
+    /// [`Store::hold_transient`]).
     fn holds(&self) -> Result<BTreeMap<String, String>> {
+        let mut holds = self.durable_holds()?;
+        holds.extend(self.transient_holds());
+        Ok(holds)
+    }
+
+    fn durable_holds(&self) -> Result<BTreeMap<String, String>> {
         read_json(&self.inner.dir.join("holds.json"))
+    }
+
+    /// The transient holds; a file a crash left torn holds none (its holders ended with the
+    /// machine).
+    fn transient_holds(&self) -> BTreeMap<String, String> {
+        read_json(&self.transient_holds_path()).unwrap_or_default()
+    }
+
+    fn transient_holds_path(&self) -> PathBuf {
+        self.inner.dir.join("transient-holds.json")
     }
 
     fn image(&self, digest: &Digest) -> Result<Option<ImageRecord>> {
@@ -603,9 +631,25 @@ impl Store {
     pub fn hold(&self, digest: &str, holder: &str) -> Result<()> {
         let _lock = self.lock()?;
         let (_, record) = self.find(digest)?;
-        let mut holds = self.holds()?;
+        let mut holds = self.durable_holds()?;
         holds.insert(holder.to_string(), record.digest);
         write_json(&self.inner.dir.join("holds.json"), &holds)
+    }
+
+    /// [`Store::hold`] for a holder that cannot outlive the machine (a running sandbox): kept
+    /// as every hold is by `remove` and `prune`, but written without waiting for the disk, so
+    /// a create does not pay an `fsync` for it. A crash may lose it, and with it nothing: its
+    /// holder is gone too.
+    pub fn hold_transient(&self, digest: &str, holder: &str) -> Result<()> {
+        let _lock = self.lock()?;
+        let (_, record) = self.find(digest)?;
+        let mut holds = self.transient_holds();
+        holds.insert(holder.to_string(), record.digest);
+        write_replacing(
+            &self.transient_holds_path(),
+            &serde_json::to_vec(&holds).expect("records serialise"),
+            false,
+        )
     }
 
     /// The holders with a hold, and the digest each holds.
@@ -617,7 +661,15 @@ impl Store {
     /// Ends `holder`'s hold (a no-op if it holds nothing).
     pub fn release(&self, holder: &str) -> Result<()> {
         let _lock = self.lock()?;
-        let mut holds = self.holds()?;
+        let mut transient = self.transient_holds();
+        if transient.remove(holder).is_some() {
+            write_replacing(
+                &self.transient_holds_path(),
+                &serde_json::to_vec(&transient).expect("records serialise"),
+                false,
+            )?;
+        }
+        let mut holds = self.durable_holds()?;
         if holds.remove(holder).is_some() {
             write_json(&self.inner.dir.join("holds.json"), &holds)?;
         }

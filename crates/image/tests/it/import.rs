@@ -166,6 +166,43 @@ async fn remove_hold_and_prune_keep_what_is_used() {
     assert!(store.list().unwrap().is_empty());
 }
 
+/// A running sandbox's hold (transient: not synced) keeps its image from `remove` and `prune`
+/// as a snapshot's does; both are listed, each released alone; a transient record a crash
+/// left torn holds nothing and breaks nothing.
+#[tokio::test]
+async fn transient_holds_keep_images_as_durable_ones_do() {
+    let root = TempDir::new("transient");
+    let image = rich_image();
+    image.write_oci_layout(&root.path().join("layout"), Some("example.test/app:1"));
+    let store = Store::open(root.path().join("store"), StoreOptions::default()).unwrap();
+    store
+        .import(&root.path().join("layout"), None)
+        .await
+        .unwrap();
+    let digest = store.resolve("example.test/app:1").unwrap().digest;
+    store.hold_transient(&digest, "sandbox-1").unwrap();
+    store.hold(&digest, "snapshot-1").unwrap();
+    let holds = store.holds_by_holder().unwrap();
+    assert_eq!(holds.get("sandbox-1"), Some(&digest));
+    assert_eq!(holds.get("snapshot-1"), Some(&digest));
+    assert!(matches!(
+        store.remove(&digest),
+        Err(ImageError::InUse { .. })
+    ));
+    store.release("snapshot-1").unwrap();
+    assert!(
+        matches!(store.remove(&digest), Err(ImageError::InUse { .. })),
+        "the sandbox's hold alone keeps it"
+    );
+    assert!(store.prune().unwrap().images.is_empty());
+    // A crash mid-write: the transient record is torn; it holds nothing, and the store works.
+    std::fs::write(root.path().join("store/transient-holds.json"), b"{\"sandb").unwrap();
+    assert!(store.holds_by_holder().unwrap().is_empty());
+    store.hold_transient(&digest, "sandbox-2").unwrap();
+    store.release("sandbox-2").unwrap();
+    store.remove(&digest).unwrap();
+}
+
 #[tokio::test]
 async fn the_store_bound_refuses_an_import_that_would_pass_it() {
     let root = TempDir::new("bound");
