@@ -396,7 +396,7 @@ pub mod body {
     }
 
     /// One `j` frame of `POST /v1/images/pull` answered as a frame stream (asked for with
-    /// `Accept:` [`FRAMES_CONTENT_TYPE`](super::FRAMES_CONTENT_TYPE)): layers' progress, then
+    /// `Accept:` [`FRAMES_CONTENT_TYPE`]): layers' progress, then
     /// the pulled image, which ends the stream; a failure is an `!` frame instead.
     #[derive(Debug, Clone, Serialize, Deserialize)]
     #[serde(rename_all = "snake_case")]
