@@ -703,17 +703,17 @@ impl Interpreter {
     /// a live context has that id; `NotSupported` for a language without a kernel (naming
     /// the kernel to install), before anything is started.
     pub async fn create_context(&self, options: ContextOptions) -> Result<Context> {
-        let (language, kernel) = self
-            .capabilities()
-            .await?
-            .resolve(options.language.as_deref())?;
-        let language = language.as_str();
         let id = match options.id {
             Some(id) => id,
             None => sandcove::random_id(12),
         };
         check_id(&id)?;
         check_envs(&options.envs)?;
+        let (language, kernel) = self
+            .capabilities()
+            .await?
+            .resolve(options.language.as_deref())?;
+        let language = language.as_str();
         let spawn = SpawnSpec {
             tag: make_tag(language, &id),
             cwd: options.cwd,
