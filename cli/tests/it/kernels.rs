@@ -210,10 +210,27 @@ async fn python_contexts_run_ipykernel_on_an_image_with_jupyter() {
     let events = run(&ctx, "x").await;
     assert_eq!(main_text(&events).as_deref(), Some("41"), "state survived");
 
-    // A restart starts a fresh kernel.
+    // A restart starts a fresh kernel, and the old one ends with its driver.
+    let events = run(&ctx, "os.getpid()").await;
+    let old_kernel = main_text(&events).expect("the kernel's pid");
     ctx.restart().await.expect("restart");
     let events = run(&ctx, "'x' in globals()").await;
     assert_eq!(main_text(&events).as_deref(), Some("False"));
+    let gone = format!(
+        "import os, time\n\
+         def gone(pid):\n    \
+             try:\n        return open(f'/proc/{{pid}}/stat').read().split(')')[-1].split()[0] in 'ZX'\n    \
+             except OSError:\n        return True\n\
+         deadline = time.monotonic() + 30\n\
+         while not gone({old_kernel}) and time.monotonic() < deadline:\n    time.sleep(0.05)\n\
+         gone({old_kernel})"
+    );
+    let events = run(&ctx, &gone).await;
+    assert_eq!(
+        main_text(&events).as_deref(),
+        Some("True"),
+        "the old kernel ended"
+    );
 
     ctx.delete().await.expect("delete");
     engine.destroy(&info.id).await.expect("destroy");
