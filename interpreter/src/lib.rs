@@ -767,9 +767,13 @@ impl Interpreter {
         let Some(id) = options.id.clone() else {
             return Err(Error::invalid("get_or_create_context needs an id"));
         };
-        self.capabilities()
-            .await?
-            .resolve(options.language.as_deref())?;
+        // A language other than Python is checked up front (a probe); Python, the common
+        // case, needs none when the context already runs.
+        if let Some(language) = options.language.as_deref() {
+            if normalize_language(language) != PYTHON {
+                self.capabilities().await?.resolve(Some(language))?;
+            }
+        }
         match self.context(&id).await {
             Err(e) if e.is_not_found() => {}
             other => return other,
