@@ -10,6 +10,27 @@
 //! | [`Event`] | stdout / stderr bytes, results (MIME data), the error, the execution count, the end |
 //! | [`Utf8Decoder`] | bytes to text across chunk boundaries, for facades that show text |
 //!
+//! **Jupyter kernels where the sandbox has them.** When the sandbox's `python3` imports
+//! `jupyter_client` and a kernelspec for the asked language is in the standard Jupyter paths
+//! ([`Interpreter::capabilities`]), a context is that kernel (`python3` is ipykernel, so
+//! `!cmd`, `%magics` and rich display work), started *inside* the sandbox by a second small
+//! driver ([`KERNEL_DRIVER_SOURCE`]) that speaks to it with `jupyter_client`'s
+//! `KernelManager` and blocking client and relays its messages as the same frames the
+//! built-in driver writes: `stream` as stdout/stderr, `execute_result` and `display_data` as
+//! results with their whole MIME bundle, `error` with its name, value and traceback, the
+//! execution count, then the end. Why a driver in the sandbox rather than a ZeroMQ client on
+//! the host (such as `runtimelib`): the kernel's ports and connection file stay on the
+//! sandbox's own loopback and never reach the host or the agent, the agent needs no ZeroMQ,
+//! and `jupyter_client` is the protocol's reference implementation. A cell in the kernel
+//! never holds the frame channel nor a run's token, so it cannot fake frames at all.
+//! Interrupts go to the driver as before, which interrupts the kernel's process group; a
+//! restart replaces the driver, and the kernel dies with it (`PR_SET_PDEATHSIG`), so a fresh
+//! kernel starts. Where there is no Jupyter (the host base without ipykernel), Python
+//! contexts run the built-in driver described below; any other language without a kernel is
+//! a typed `NotSupported` naming the kernel to install. Per-run environment variables apply
+//! in Python kernels (set before the cell, put back after); other kernels see only the
+//! context's.
+//!
 //! Why a crate and not a core module: the driver is Python and serves vendor-shaped facades; it
 //! needs nothing from the engine's internals and talks to a sandbox only through the public
 //! [`sandcove::Backend`] trait, so it works on the embedded engine and over HTTP alike, and the
@@ -141,6 +162,29 @@ impl CellResult {
 /// The driver's source, run with `python3 -c` (no file in the sandbox to swap or edit).
 pub const DRIVER_SOURCE: &str = include_str!("driver.py");
 
+/// The kernel driver's source, run with `python3 -c` and a kernelspec name: it starts that
+/// Jupyter kernel inside the sandbox with `jupyter_client` and relays its messages as the
+/// built-in driver's frames.
+pub const KERNEL_DRIVER_SOURCE: &str = include_str!("kernel_driver.py");
+
+/// What tells whether the sandbox has Jupyter: prints one JSON line of its kernelspecs.
+const PROBE_SOURCE: &str = r#"
+import json
+try:
+    from jupyter_client.kernelspec import KernelSpecManager
+    specs = KernelSpecManager().get_all_specs()
+    out = {"jupyter": True, "kernels": [
+        {"name": n, "language": str(s["spec"].get("language", "")),
+         "display_name": str(s["spec"].get("display_name", ""))}
+        for n, s in sorted(specs.items())]}
+except Exception as e:
+    out = {"jupyter": False, "kernels": []}
+print(json.dumps(out))
+"#;
+
+/// How long the capability probe may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Compiles the driver under its own file name, so the driver can tell its frames from a
 /// cell's when a SIGINT arrives.
 const BOOTSTRAP: &str = "import sys; exec(compile(sys.argv[1], '<sandcove-driver>', 'exec'))";
@@ -178,7 +222,9 @@ fn parse_tag(tag: &str) -> Option<(&str, &str)> {
     tag.strip_prefix(TAG_PREFIX)?.split_once(':')
 }
 
-/// The language name a context runs, or `NotSupported` for anything but Python.
+/// The language the built-in driver runs (Python), or `NotSupported` for anything else.
+/// Where the sandbox has Jupyter kernels, [`Interpreter::capabilities`] says which languages
+/// contexts can run.
 pub fn check_language(language: Option<&str>) -> Result<&'static str> {
     match language {
         None | Some("python") | Some("python3") => Ok(PYTHON),
@@ -426,6 +472,128 @@ impl RunOptions {
 pub struct Interpreter {
     backend: Arc<dyn Backend>,
     sandbox_id: String,
+    /// Probed once per interpreter handle (and its clones).
+    capabilities: Arc<tokio::sync::OnceCell<Capabilities>>,
+}
+
+/// One Jupyter kernelspec found in the sandbox's standard Jupyter paths.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelSpec {
+    /// Its name (`python3`, `ir`, `deno`, …): what [`ContextOptions::language`] may also name.
+    pub name: String,
+    /// The language it runs, as the kernelspec says (`python`, `R`, `typescript`).
+    pub language: String,
+    /// Its display name.
+    pub display_name: String,
+}
+
+/// What runs code contexts in a sandbox ([`Interpreter::capabilities`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Capabilities {
+    /// The sandbox's `python3` imports `jupyter_client`: contexts whose language has a
+    /// kernelspec run that kernel. Otherwise Python contexts run the built-in driver.
+    pub jupyter: bool,
+    /// The kernelspecs found (empty without Jupyter).
+    pub kernels: Vec<KernelSpec>,
+}
+
+impl Capabilities {
+    /// The languages contexts can run, lower case: `python` always (a kernel, or the built-in
+    /// driver), then every kernel's language.
+    pub fn languages(&self) -> Vec<String> {
+        let mut out = vec![PYTHON.to_string()];
+        for k in &self.kernels {
+            let language = language_label(&k.language);
+            if !language.is_empty() && !out.contains(&language) {
+                out.push(language);
+            }
+        }
+        out
+    }
+
+    /// The kernelspec serving `language` (a language or a kernelspec name; `python3`, `js`,
+    /// `ts` and `sh` are aliases), if any. Python prefers the kernelspec named `python3`.
+    pub fn kernel_for(&self, language: &str) -> Option<&KernelSpec> {
+        if !self.jupyter {
+            return None;
+        }
+        let wanted = normalize_language(language);
+        self.kernels
+            .iter()
+            .find(|k| k.name == language || (wanted == PYTHON && k.name == "python3"))
+            .or_else(|| {
+                self.kernels
+                    .iter()
+                    .find(|k| language_label(&k.language) == wanted)
+            })
+    }
+
+    /// `(language, kernel)` of a context asked for `language` (`None`: Python): the kernel
+    /// when one serves it, the built-in driver for Python without one, else `NotSupported`
+    /// naming the kernel to install.
+    pub fn resolve(&self, language: Option<&str>) -> Result<(String, Option<String>)> {
+        let asked = language.unwrap_or(PYTHON);
+        if let Some(k) = self.kernel_for(asked) {
+            let label = language_label(&k.language);
+            let label = if label.is_empty() {
+                normalize_language(asked)
+            } else {
+                label
+            };
+            return Ok((label, Some(k.name.clone())));
+        }
+        let wanted = normalize_language(asked);
+        if wanted == PYTHON {
+            return Ok((PYTHON.into(), None));
+        }
+        let kernel = match wanted.as_str() {
+            "r" => "IRkernel (Debian: r-cran-irkernel)",
+            "javascript" => "a JavaScript kernel (ijavascript, or Deno's `deno jupyter --install`)",
+            "typescript" => "a TypeScript kernel (Deno's `deno jupyter --install`)",
+            "java" => "IJava",
+            "bash" => "bash_kernel (`pip install bash_kernel && python3 -m bash_kernel.install`)",
+            _ => "a Jupyter kernel for it",
+        };
+        let jupyter = if self.jupyter {
+            ""
+        } else {
+            " and jupyter_client for the sandbox's python3 (Debian: python3-jupyter-client)"
+        };
+        Err(Error::NotSupported {
+            feature: format!(
+                "code contexts in language {asked:?} (no kernel for it in this sandbox)"
+            ),
+            alternative: format!("install {kernel}{jupyter} in the sandbox's image"),
+        })
+    }
+}
+
+/// A language as contexts name it: lower case, aliases resolved, only `[a-z0-9_+-]` (it goes
+/// in a process tag).
+fn language_label(language: &str) -> String {
+    language
+        .to_ascii_lowercase()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '+' | '-'))
+        .collect()
+}
+
+fn normalize_language(language: &str) -> String {
+    let label = language_label(language);
+    match label.as_str() {
+        "python3" => PYTHON.into(),
+        "js" | "node" => "javascript".into(),
+        "ts" => "typescript".into(),
+        "sh" => "bash".into(),
+        _ => label,
+    }
+}
+
+/// The kernelspec a context's process runs, from its argv (`None`: the built-in driver).
+fn kernel_of(argv: &[String]) -> Option<String> {
+    (argv.get(4).map(String::as_str) == Some(KERNEL_DRIVER_SOURCE))
+        .then(|| argv.get(5).cloned())
+        .flatten()
 }
 
 /// A live context as listed: enough to show it or to reach it with [`Interpreter::context`].
@@ -433,8 +601,10 @@ pub struct Interpreter {
 pub struct ContextInfo {
     /// The context id.
     pub id: String,
-    /// Its language (`python`).
+    /// Its language, lower case (`python`, or a kernel's language such as `r`).
     pub language: String,
+    /// The Jupyter kernelspec it runs (`python3`), or `None` for the built-in Python driver.
+    pub kernel: Option<String>,
     /// The interpreter's working directory (a sandbox path).
     pub cwd: String,
     /// The interpreter's pid in the sandbox.
@@ -447,7 +617,80 @@ impl Interpreter {
         Interpreter {
             backend,
             sandbox_id: sandbox_id.into(),
+            capabilities: Default::default(),
         }
+    }
+
+    /// Whether the sandbox has Jupyter and which kernels: asked of the sandbox's `python3`
+    /// once per handle. A sandbox without `python3` has neither.
+    pub async fn capabilities(&self) -> Result<Capabilities> {
+        self.capabilities
+            .get_or_try_init(|| self.probe())
+            .await
+            .cloned()
+    }
+
+    /// The languages contexts can run ([`Capabilities::languages`]).
+    pub async fn languages(&self) -> Result<Vec<String>> {
+        Ok(self.capabilities().await?.languages())
+    }
+
+    async fn probe(&self) -> Result<Capabilities> {
+        #[derive(serde::Deserialize)]
+        struct Probed {
+            jupyter: bool,
+            kernels: Vec<ProbedKernel>,
+        }
+        #[derive(serde::Deserialize)]
+        struct ProbedKernel {
+            name: String,
+            language: String,
+            display_name: String,
+        }
+        let spec = ProcessSpec::new(Command::argv(["python3", "-c", PROBE_SOURCE]))
+            .tag(format!("{TAG_PREFIX}probe-{}", sandcove::random_id(12)));
+        let mut stream = match self.backend.spawn(&self.sandbox_id, spec).await {
+            Ok(s) => s,
+            Err(e) if e.is_not_found() => return Ok(Capabilities::default()),
+            Err(e) => return Err(e),
+        };
+        let mut out = Vec::new();
+        let read = async {
+            while let Some(event) = stream.events.next().await {
+                match event? {
+                    ProcessEvent::Stdout(bytes) if out.len() < (1 << 20) => {
+                        out.extend_from_slice(&bytes)
+                    }
+                    ProcessEvent::Exit(_) => break,
+                    _ => {}
+                }
+            }
+            Ok::<(), Error>(())
+        };
+        match tokio::time::timeout(PROBE_TIMEOUT, read).await {
+            Ok(r) => r?,
+            Err(_) => {
+                let _ = self.signal_pid(stream.pid, Signal::Kill).await;
+                return Err(Error::Timeout {
+                    what: "probing the sandbox for Jupyter kernels".into(),
+                });
+            }
+        }
+        let Ok(probed) = serde_json::from_slice::<Probed>(out.trim_ascii()) else {
+            return Ok(Capabilities::default());
+        };
+        Ok(Capabilities {
+            jupyter: probed.jupyter,
+            kernels: probed
+                .kernels
+                .into_iter()
+                .map(|k| KernelSpec {
+                    name: k.name,
+                    language: k.language,
+                    display_name: k.display_name,
+                })
+                .collect(),
+        })
     }
 
     /// The contexts of `sandbox`.
@@ -455,20 +698,27 @@ impl Interpreter {
         Self::new(sandbox.backend().clone(), sandbox.id())
     }
 
-    /// Start a new context. `AlreadyExists` when a live context has that id; `NotSupported`
-    /// for a language other than Python, before anything is started.
+    /// Start a new context: a Jupyter kernel where the sandbox has one for the language
+    /// ([`Interpreter::capabilities`]), else the built-in Python driver. `AlreadyExists` when
+    /// a live context has that id; `NotSupported` for a language without a kernel (naming
+    /// the kernel to install), before anything is started.
     pub async fn create_context(&self, options: ContextOptions) -> Result<Context> {
-        let language = check_language(options.language.as_deref())?;
         let id = match options.id {
             Some(id) => id,
             None => sandcove::random_id(12),
         };
         check_id(&id)?;
         check_envs(&options.envs)?;
+        let (language, kernel) = self
+            .capabilities()
+            .await?
+            .resolve(options.language.as_deref())?;
+        let language = language.as_str();
         let spawn = SpawnSpec {
             tag: make_tag(language, &id),
             cwd: options.cwd,
             envs: options.envs,
+            kernel: kernel.clone(),
         };
         let stream = self.spawn_driver(&spawn).await?;
         let pid = stream.pid;
@@ -483,6 +733,7 @@ impl Interpreter {
         let info = ContextInfo {
             id,
             language: language.into(),
+            kernel,
             cwd,
             pid,
         };
@@ -505,6 +756,7 @@ impl Interpreter {
             tag: make_tag(&info.language, &info.id),
             cwd: Some(info.cwd.clone()),
             envs,
+            kernel: info.kernel.clone(),
         };
         Ok(Context::new(self.clone(), info, spawn, None))
     }
@@ -515,7 +767,13 @@ impl Interpreter {
         let Some(id) = options.id.clone() else {
             return Err(Error::invalid("get_or_create_context needs an id"));
         };
-        check_language(options.language.as_deref())?;
+        // A language other than Python is checked up front (a probe); Python, the common
+        // case, needs none when the context already runs.
+        if let Some(language) = options.language.as_deref() {
+            if normalize_language(language) != PYTHON {
+                self.capabilities().await?.resolve(Some(language))?;
+            }
+        }
         match self.context(&id).await {
             Err(e) if e.is_not_found() => {}
             other => return other,
@@ -537,6 +795,7 @@ impl Interpreter {
                 Some(ContextInfo {
                     id: id.into(),
                     language: language.into(),
+                    kernel: kernel_of(&p.argv),
                     cwd: p.cwd,
                     pid: p.pid,
                 })
@@ -556,6 +815,7 @@ impl Interpreter {
                     ContextInfo {
                         id: id.into(),
                         language: language.into(),
+                        kernel: kernel_of(&p.argv),
                         cwd: p.cwd.clone(),
                         pid: p.pid,
                     },
@@ -566,15 +826,20 @@ impl Interpreter {
     }
 
     async fn spawn_driver(&self, spawn: &SpawnSpec) -> Result<ProcessStream> {
-        let mut spec = ProcessSpec::new(Command::argv([
-            "python3",
-            "-u",
-            "-c",
-            BOOTSTRAP,
-            DRIVER_SOURCE,
-        ]))
-        .tag(spawn.tag.clone())
-        .stdin(true);
+        let argv = match &spawn.kernel {
+            Some(kernel) => vec![
+                "python3",
+                "-u",
+                "-c",
+                BOOTSTRAP,
+                KERNEL_DRIVER_SOURCE,
+                kernel.as_str(),
+            ],
+            None => vec!["python3", "-u", "-c", BOOTSTRAP, DRIVER_SOURCE],
+        };
+        let mut spec = ProcessSpec::new(Command::argv(argv))
+            .tag(spawn.tag.clone())
+            .stdin(true);
         spec.cwd = spawn.cwd.clone();
         spec.envs = spawn.envs.clone();
         self.backend.spawn(&self.sandbox_id, spec).await
@@ -603,6 +868,8 @@ struct SpawnSpec {
     tag: String,
     cwd: Option<String>,
     envs: BTreeMap<String, String>,
+    /// The kernelspec the kernel driver starts; `None`: the built-in driver.
+    kernel: Option<String>,
 }
 
 // ----- a context -----
@@ -1304,6 +1571,79 @@ mod tests {
         assert_eq!(
             check_language(Some("r")).unwrap_err().code(),
             sandcove::ErrorCode::NotSupported
+        );
+    }
+
+    fn caps(jupyter: bool, kernels: &[(&str, &str)]) -> Capabilities {
+        Capabilities {
+            jupyter,
+            kernels: kernels
+                .iter()
+                .map(|(name, language)| KernelSpec {
+                    name: name.to_string(),
+                    language: language.to_string(),
+                    display_name: name.to_string(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn languages_resolve_to_kernels_or_the_builtin_driver() {
+        let none = caps(false, &[]);
+        assert_eq!(none.resolve(None).unwrap(), ("python".into(), None));
+        assert_eq!(
+            none.resolve(Some("python3")).unwrap(),
+            ("python".into(), None)
+        );
+        let err = none.resolve(Some("r")).unwrap_err();
+        assert_eq!(err.code(), sandcove::ErrorCode::NotSupported);
+        assert!(err.to_string().contains("IRkernel"), "{err}");
+        assert_eq!(none.languages(), ["python"]);
+
+        let some = caps(
+            true,
+            &[("ir", "R"), ("other-py", "python"), ("python3", "python")],
+        );
+        assert_eq!(
+            some.resolve(None).unwrap(),
+            ("python".into(), Some("python3".into())),
+            "python prefers the kernelspec named python3"
+        );
+        assert_eq!(
+            some.resolve(Some("r")).unwrap(),
+            ("r".into(), Some("ir".into()))
+        );
+        assert_eq!(
+            some.resolve(Some("ir")).unwrap(),
+            ("r".into(), Some("ir".into()))
+        );
+        assert_eq!(
+            some.resolve(Some("other-py")).unwrap(),
+            ("python".into(), Some("other-py".into()))
+        );
+        let err = some.resolve(Some("ts")).unwrap_err();
+        assert!(err.to_string().contains("deno"), "{err}");
+        assert_eq!(some.languages(), ["python", "r"]);
+    }
+
+    #[test]
+    fn a_kernel_context_is_told_by_its_argv() {
+        let argv = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            kernel_of(&argv(&[
+                "python3",
+                "-u",
+                "-c",
+                BOOTSTRAP,
+                KERNEL_DRIVER_SOURCE,
+                "ir"
+            ])),
+            Some("ir".into())
+        );
+        assert_eq!(
+            kernel_of(&argv(&["python3", "-u", "-c", BOOTSTRAP, DRIVER_SOURCE])),
+            None
         );
     }
 

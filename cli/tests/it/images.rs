@@ -597,11 +597,29 @@ fn debian_mirror() -> String {
 /// package list, suite and mirror, and kept where this user's SDKs are provisioned; `Err`
 /// with the reason where it cannot be built (no `mmdebstrap`, or no route to the mirror).
 pub fn debian_rootfs() -> Result<PathBuf, String> {
-    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
-    BUILT.get_or_init(build_debian_rootfs).clone()
+    debian_rootfs_with(&[])
 }
 
-fn build_debian_rootfs() -> Result<PathBuf, String> {
+/// [`debian_rootfs`] with `extra` packages besides the base list, built once per list.
+pub fn debian_rootfs_with(extra: &[&str]) -> Result<PathBuf, String> {
+    type Built = std::sync::Arc<std::sync::OnceLock<Result<PathBuf, String>>>;
+    static BUILT: std::sync::Mutex<Vec<(Vec<String>, Built)>> = std::sync::Mutex::new(Vec::new());
+    let key: Vec<String> = extra.iter().map(|p| p.to_string()).collect();
+    let cell = {
+        let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+        match built.iter().find(|(k, _)| *k == key) {
+            Some((_, cell)) => cell.clone(),
+            None => {
+                let cell = Built::default();
+                built.push((key, cell.clone()));
+                cell
+            }
+        }
+    };
+    cell.get_or_init(|| build_debian_rootfs(extra)).clone()
+}
+
+fn build_debian_rootfs(extra: &[&str]) -> Result<PathBuf, String> {
     match Command::new("mmdebstrap").arg("--version").output() {
         Ok(out) if out.status.success() => {}
         other => {
@@ -624,7 +642,15 @@ fn build_debian_rootfs() -> Result<PathBuf, String> {
     let mut args = vec![
         "--quiet".to_string(),
         "--variant=extract".to_string(),
-        format!("--include={}", DEBIAN_PACKAGES.join(",")),
+        format!(
+            "--include={}",
+            DEBIAN_PACKAGES
+                .iter()
+                .chain(extra)
+                .copied()
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
         // Documentation and translations: a third of the size, nothing the test runs.
         "--dpkgopt=path-exclude=/usr/share/doc/*".to_string(),
         "--dpkgopt=path-exclude=/usr/share/man/*".to_string(),

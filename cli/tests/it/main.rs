@@ -18,6 +18,7 @@ mod http_binary;
 mod human;
 mod image_conformance;
 mod images;
+mod kernels;
 mod sdk_harness;
 mod server_policy;
 mod tls;
