@@ -18,11 +18,13 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 
+// The layer walk's small helpers, shared with the snapshot writer (which reads the same
+// overlayfs format).
+use super::layer_tar::{is_opaque, join, list};
+
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS);
-/// overlayfs's opaque-directory mark under `userxattr` (`y`: opaque), as the store writes it.
-const XATTR_OPAQUE: &str = "user.overlay.opaque";
 
 /// Apply the layer beneath `layer` onto the root beneath `root` (see the module docs).
 pub(super) fn apply_layer(layer: BorrowedFd<'_>, root: BorrowedFd<'_>) -> io::Result<()> {
@@ -221,36 +223,6 @@ fn open_beneath(root: BorrowedFd<'_>, rel: &[u8], flags: OFlags) -> rustix::io::
     rustix::fs::openat2(root, rel, flags | OFlags::CLOEXEC, Mode::empty(), RESOLVE)
 }
 
-fn is_opaque(dir: BorrowedFd<'_>) -> bool {
-    let mut value = [0u8; 8];
-    matches!(
-        rustix::fs::fgetxattr(dir, XATTR_OPAQUE, &mut value),
-        Ok(1) if value[0] == b'y'
-    )
-}
-
-fn list(dir: BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
-    let mut names = Vec::new();
-    let mut listing = rustix::fs::Dir::read_from(dir)?;
-    while let Some(entry) = listing.read() {
-        let name = entry?.file_name().to_bytes().to_vec();
-        if name != b"." && name != b".." {
-            names.push(name);
-        }
-    }
-    Ok(names)
-}
-
-fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
-    if rel.is_empty() {
-        return name.to_vec();
-    }
-    let mut path = rel.to_vec();
-    path.push(b'/');
-    path.extend_from_slice(name);
-    path
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,7 +299,7 @@ mod tests {
         assert!(status.success());
         rustix::fs::setxattr(
             upper.join("opq"),
-            XATTR_OPAQUE,
+            crate::agent::layer_tar::XATTR_OPAQUE,
             b"y",
             rustix::fs::XattrFlags::empty(),
         )

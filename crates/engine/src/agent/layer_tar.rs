@@ -36,7 +36,7 @@ const ROOT_MARKER: &[u8] = b".wh..wh..opq";
 /// its directory opaque.
 const WHITEOUT_PREFIX: &[u8] = b".wh.";
 /// overlayfs's opaque-directory mark under `userxattr` (`y`: opaque).
-const XATTR_OPAQUE: &str = "user.overlay.opaque";
+pub(super) const XATTR_OPAQUE: &str = "user.overlay.opaque";
 /// Top-level directories of the root that are the engine's, not the sandbox's files (as the
 /// host base's export leaves them out).
 const EXCLUDED: &[&[u8]] = &[b".sandcove"];
@@ -356,7 +356,7 @@ fn open_beneath(root: BorrowedFd<'_>, rel: &[u8], flags: OFlags) -> rustix::io::
     rustix::fs::openat2(root, rel, flags | OFlags::CLOEXEC, Mode::empty(), RESOLVE)
 }
 
-fn is_opaque(dir: BorrowedFd<'_>) -> bool {
+pub(super) fn is_opaque(dir: BorrowedFd<'_>) -> bool {
     let mut value = [0u8; 8];
     matches!(
         rustix::fs::fgetxattr(dir, XATTR_OPAQUE, &mut value),
@@ -364,7 +364,7 @@ fn is_opaque(dir: BorrowedFd<'_>) -> bool {
     )
 }
 
-fn list(dir: BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
+pub(super) fn list(dir: BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
     let mut names = Vec::new();
     let mut listing = rustix::fs::Dir::read_from(dir)?;
     while let Some(entry) = listing.read() {
@@ -376,7 +376,7 @@ fn list(dir: BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
     Ok(names)
 }
 
-fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
+pub(super) fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
     if rel.is_empty() {
         return name.to_vec();
     }
